@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class AgentsApiConfig(AppConfig):
+    name = "agents_api"
+    verbose_name = "agents"

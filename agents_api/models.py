@@ -1,0 +1,101 @@
+"""Agents and their always-in-context memory blocks."""
+
+import uuid
+
+from django.db import models
+from django.db.models import F, Q
+from django.db.models.functions import Length
+from django.db.models.lookups import LessThanOrEqual
+from django.utils import timezone
+
+from conversations.models import PRINCIPAL_MAX_LENGTH
+from memsvc.db import json_is_object
+from memsvc.validators import no_nul_characters
+
+AGENT_PRINCIPAL_PREFIX = "agent:"
+DEFAULT_BLOCK_LIMIT = 5_000
+
+
+class Agent(models.Model):
+    """An agent: a principal (``agent:<id>``) that can be a member of conversation groups."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # Who created the agent: a user id, or "local" for agents of the local compatibility API.
+    owner_principal = models.CharField(max_length=PRINCIPAL_MAX_LENGTH)
+    name = models.CharField(max_length=200, validators=[no_nul_characters])
+    description = models.TextField(blank=True, default="", validators=[no_nul_characters])
+    metadata = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        db_table = "agent"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner_principal", "name"], name="agent_name_unique_per_owner"
+            ),
+            models.CheckConstraint(condition=~Q(name=""), name="agent_name_not_empty"),
+            json_is_object("metadata", name="agent_metadata_is_object"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def principal_id(self) -> str:
+        return f"{AGENT_PRINCIPAL_PREFIX}{self.id}"
+
+
+class MemoryBlock(models.Model):
+    """A labelled piece of text that an agent keeps in every prompt (Letta's core memory).
+
+    Blocks belong to an agent and optionally to one user of that agent (``user_id``).
+    ``limit`` is a hard cap in characters, held by a check constraint so that no write path
+    can exceed it. Every change of ``value`` is kept as a :class:`MemoryBlockRevision`.
+    """
+
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="memory_blocks")
+    # "" for a block of the agent itself, shared by all of its users.
+    user_id = models.CharField(
+        max_length=PRINCIPAL_MAX_LENGTH, blank=True, default="", validators=[no_nul_characters]
+    )
+    label = models.CharField(max_length=100, validators=[no_nul_characters])
+    value = models.TextField(blank=True, default="", validators=[no_nul_characters])
+    description = models.TextField(blank=True, default="", validators=[no_nul_characters])
+    limit = models.PositiveIntegerField(default=DEFAULT_BLOCK_LIMIT)
+    read_only = models.BooleanField(default=False)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        db_table = "memory_block"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["agent", "user_id", "label"],
+                name="memory_block_unique_label",
+            ),
+            models.CheckConstraint(
+                condition=LessThanOrEqual(Length("value"), F("limit")),
+                name="memory_block_value_within_limit",
+            ),
+            models.CheckConstraint(condition=Q(limit__gt=0), name="memory_block_limit_positive"),
+            models.CheckConstraint(condition=~Q(label=""), name="memory_block_label_not_empty"),
+        ]
+
+    def __str__(self) -> str:
+        return self.label
+
+
+class MemoryBlockRevision(models.Model):
+    """The value of a memory block after one change, and who made it."""
+
+    block = models.ForeignKey(MemoryBlock, on_delete=models.CASCADE, related_name="revisions")
+    value = models.TextField(blank=True)
+    actor_principal = models.CharField(max_length=PRINCIPAL_MAX_LENGTH)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        db_table = "memory_block_revision"
+        indexes = [models.Index(fields=["block", "-created_at"], name="block_revision_recent")]
+
+    def __str__(self) -> str:
+        return f"{self.block_id} @ {self.created_at:%Y-%m-%d %H:%M:%S}"

@@ -1,0 +1,225 @@
+"""Admin pages for inspecting conversations and messages.
+
+Message lists stay fast at millions of rows: no full COUNT (``LargeTableAdmin``), one join
+for the conversation column, search through the GIN-indexed full-text column instead of
+``ILIKE``, and foreign keys as raw ids instead of select boxes of every row.
+"""
+
+import uuid
+
+from django.contrib import admin
+from django.contrib.postgres.search import SearchQuery
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.text import Truncator
+
+from conversations.models import (
+    TEXT_SEARCH_CONFIG,
+    Conversation,
+    ConversationGroup,
+    Membership,
+    Message,
+    OwnershipTransfer,
+)
+from memsvc.admin_tools import LargeTableAdmin
+
+
+def _admin_link(obj, label=None):
+    if obj is None:
+        return "-"
+    url = reverse(f"admin:{obj._meta.app_label}_{obj._meta.model_name}_change", args=[obj.pk])
+    return format_html('<a href="{}">{}</a>', url, label or obj)
+
+
+def _as_uuid(term: str) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(term.strip())
+    except ValueError:
+        return None
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 0
+    fields = ("principal_id", "access_level", "created_at")
+    readonly_fields = ("created_at",)
+
+
+class TransferInline(admin.TabularInline):
+    model = OwnershipTransfer
+    extra = 0
+    fields = ("from_principal", "to_principal", "status", "created_at", "resolved_at")
+    readonly_fields = fields
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(ConversationGroup)
+class ConversationGroupAdmin(LargeTableAdmin):
+    list_display = ("id", "created_at")
+    search_fields = ("=id", "memberships__principal_id")
+    readonly_fields = ("id", "created_at", "conversation_tree")
+    inlines = (MembershipInline, TransferInline)
+
+    @admin.display(description="conversations")
+    def conversation_tree(self, group):
+        conversations = group.conversations.order_by("created_at").select_related(
+            "forked_at_message"
+        )
+        return format_html_join(
+            "",
+            "<div>{} {}</div>",
+            (
+                (
+                    _admin_link(c),
+                    f"(fork at message #{c.forked_at_message.seq})"
+                    if c.forked_at_message
+                    else ("(fork at the start)" if c.forked_at_conversation_id else "(root)"),
+                )
+                for c in conversations
+            ),
+        )
+
+
+@admin.register(Conversation)
+class ConversationAdmin(LargeTableAdmin):
+    list_display = ("__str__", "id", "group_link", "parent_link", "created_at", "updated_at")
+    list_select_related = ("group", "forked_at_conversation")
+    search_fields = ("title",)
+    raw_id_fields = ("group", "forked_at_conversation", "forked_at_message")
+    readonly_fields = (
+        "id",
+        "created_at",
+        "vectorized_at",
+        "fork_lineage",
+        "messages_link",
+    )
+    date_hierarchy = None
+    ordering = ("-updated_at",)
+
+    def get_search_results(self, request, queryset, search_term):
+        conversation_id = _as_uuid(search_term)
+        if conversation_id is not None:
+            return queryset.filter(id=conversation_id), False
+        return super().get_search_results(request, queryset, search_term)
+
+    @admin.display(description="group")
+    def group_link(self, conversation):
+        return _admin_link(conversation.group)
+
+    @admin.display(description="forked from")
+    def parent_link(self, conversation):
+        return _admin_link(conversation.forked_at_conversation)
+
+    @admin.display(description="fork lineage (root first)")
+    def fork_lineage(self, conversation):
+        chain = []
+        node = conversation
+        while node is not None:  # one query per ancestor; fork chains are short
+            chain.append(node)
+            node = node.forked_at_conversation
+        chain.reverse()
+        return format_html_join(
+            " &rarr; ",
+            "{}",
+            ((_admin_link(c),) for c in chain),
+        )
+
+    @admin.display(description="messages")
+    def messages_link(self, conversation):
+        url = reverse("admin:conversations_message_changelist")
+        return format_html(
+            '<a href="{}?conversation__id__exact={}">own messages</a>', url, conversation.id
+        )
+
+
+class EmbeddedFilter(admin.SimpleListFilter):
+    title = "embedded"
+    parameter_name = "embedded"
+
+    def lookups(self, request, model_admin):
+        return (("yes", "yes"), ("no", "no (pending)"))
+
+    def queryset(self, request, queryset):
+        if self.value() == "yes":
+            return queryset.filter(embedded_at__isnull=False)
+        if self.value() == "no":
+            return queryset.filter(embedded_at__isnull=True)
+        return queryset
+
+
+@admin.register(Message)
+class MessageAdmin(LargeTableAdmin):
+    list_display = (
+        "seq",
+        "short_content",
+        "conversation_link",
+        "channel",
+        "role",
+        "visibility",
+        "author_name",
+        "embedding_info",
+        "created_at",
+    )
+    list_filter = ("channel", "role", "visibility", EmbeddedFilter)
+    list_select_related = ("conversation",)
+    # Searched through the full-text index; see get_search_results.
+    search_fields = ("content",)
+    search_help_text = "Words of the message or its speaker (full-text), or a message id."
+    raw_id_fields = ("conversation", "parent_message")
+    exclude = ("embedding",)
+    readonly_fields = (
+        "id",
+        "seq",
+        "embedding_info",
+        "embedding_model",
+        "embedded_at",
+        "fork_lineage",
+    )
+    ordering = ("-seq",)
+
+    def get_search_results(self, request, queryset, search_term):
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        message_id = _as_uuid(term)
+        if message_id is not None:
+            return queryset.filter(id=message_id), False
+        query = SearchQuery(term, search_type="websearch", config=TEXT_SEARCH_CONFIG)
+        return queryset.filter(search_vector=query), False
+
+    @admin.display(description="content")
+    def short_content(self, message):
+        return Truncator(message.content).chars(80)
+
+    @admin.display(description="conversation")
+    def conversation_link(self, message):
+        return _admin_link(message.conversation)
+
+    @admin.display(description="embedding")
+    def embedding_info(self, message):
+        if message.embedding is None:
+            return "pending"
+        return f"{message.embedding_model} ({message.embedding_dimension} dims)"
+
+    @admin.display(description="conversation lineage")
+    def fork_lineage(self, message):
+        return ConversationAdmin.fork_lineage(self, message.conversation)
+
+
+@admin.register(Membership)
+class MembershipAdmin(LargeTableAdmin):
+    list_display = ("principal_id", "access_level", "group", "created_at")
+    list_filter = ("access_level",)
+    search_fields = ("=principal_id",)
+    raw_id_fields = ("group",)
+
+
+@admin.register(OwnershipTransfer)
+class OwnershipTransferAdmin(LargeTableAdmin):
+    list_display = ("id", "group", "from_principal", "to_principal", "status", "created_at")
+    list_filter = ("status",)
+    search_fields = ("=from_principal", "=to_principal")
+    raw_id_fields = ("group",)

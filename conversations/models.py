@@ -1,0 +1,325 @@
+"""Conversations, their groups and forks, who may see them, and their messages.
+
+Access control and ownership live on the *group*: every fork of a conversation belongs to
+the group of the conversation it was forked from, so sharing a conversation shares all of
+its branches. A principal is a user id (the JWT ``sub``, any string) or an agent
+(``agent:<uuid>``).
+"""
+
+import uuid
+
+from django.conf import settings
+from django.contrib.postgres.indexes import GinIndex
+from django.contrib.postgres.search import SearchVector, SearchVectorField
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Concat
+from django.utils import timezone
+from pgvector.django import HnswIndex, VectorField
+
+from memsvc.db import json_is_object
+from memsvc.validators import no_nul_characters
+
+PRINCIPAL_MAX_LENGTH = 255
+TITLE_MAX_LENGTH = 500
+
+# Text search configuration of the message full-text index (stemming, stop words).
+TEXT_SEARCH_CONFIG = "english"
+
+
+class AccessLevel(models.TextChoices):
+    OWNER = "owner"
+    MANAGER = "manager"
+    WRITER = "writer"
+    READER = "reader"
+
+    @property
+    def rank(self) -> int:
+        return _ACCESS_RANK[self]
+
+    def allows(self, needed: "AccessLevel") -> bool:
+        """True when this level includes everything ``needed`` may do."""
+        return self.rank >= AccessLevel(needed).rank
+
+
+_ACCESS_RANK = {
+    AccessLevel.READER: 1,
+    AccessLevel.WRITER: 2,
+    AccessLevel.MANAGER: 3,
+    AccessLevel.OWNER: 4,
+}
+
+
+class ConversationGroup(models.Model):
+    """A conversation and all of its forks. Memberships and ownership belong here.
+
+    Invariant (a deferred constraint trigger, see migration 0002): when a transaction
+    commits, every group has exactly one membership with access level ``owner``.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        db_table = "conversation_group"
+
+    def __str__(self) -> str:
+        return str(self.id)
+
+
+class Conversation(models.Model):
+    """One branch of a conversation group.
+
+    A fork stores only where it left its parent: ``forked_at_conversation`` and
+    ``forked_at_message`` (the last HISTORY message the fork shares with the parent, null
+    when the fork starts before the parent's first message). No message is ever copied.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    group = models.ForeignKey(
+        ConversationGroup, on_delete=models.CASCADE, related_name="conversations"
+    )
+    title = models.CharField(
+        max_length=TITLE_MAX_LENGTH, blank=True, default="", validators=[no_nul_characters]
+    )
+    metadata = models.JSONField(default=dict, blank=True)
+    forked_at_conversation = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,  # deleting a conversation deletes the forks below it
+        related_name="forks",
+    )
+    forked_at_message = models.ForeignKey(
+        "Message",
+        null=True,
+        blank=True,
+        on_delete=models.RESTRICT,  # unless the fork goes too (cascade)
+        related_name="+",
+    )
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    updated_at = models.DateTimeField(default=timezone.now)
+    vectorized_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "conversation"
+        indexes = [
+            models.Index(fields=["group", "created_at"], name="conversation_group_created"),
+            models.Index(fields=["-updated_at", "id"], name="conversation_updated"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(forked_at_message__isnull=True)
+                | Q(forked_at_conversation__isnull=False),
+                name="conversation_fork_point_needs_parent",
+            ),
+            models.CheckConstraint(
+                condition=~Q(forked_at_conversation=models.F("id")),
+                name="conversation_not_its_own_parent",
+            ),
+            json_is_object("metadata", name="conversation_metadata_is_object"),
+        ]
+
+    def __str__(self) -> str:
+        return self.title or str(self.id)
+
+
+class Membership(models.Model):
+    """A principal's access to a conversation group."""
+
+    group = models.ForeignKey(
+        ConversationGroup, on_delete=models.CASCADE, related_name="memberships"
+    )
+    principal_id = models.CharField(max_length=PRINCIPAL_MAX_LENGTH, validators=[no_nul_characters])
+    access_level = models.CharField(max_length=16, choices=AccessLevel.choices)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        db_table = "membership"
+        indexes = [models.Index(fields=["principal_id", "group"], name="membership_principal")]
+        constraints = [
+            models.UniqueConstraint(fields=["group", "principal_id"], name="membership_unique"),
+            models.UniqueConstraint(
+                fields=["group"],
+                condition=Q(access_level=AccessLevel.OWNER),
+                name="membership_one_owner_per_group",
+            ),
+            models.CheckConstraint(
+                condition=Q(access_level__in=AccessLevel.values),
+                name="membership_access_level_valid",
+            ),
+            models.CheckConstraint(
+                condition=~Q(principal_id=""), name="membership_principal_not_empty"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.principal_id} ({self.access_level})"
+
+
+class TransferStatus(models.TextChoices):
+    PENDING = "pending"
+    ACCEPTED = "accepted"
+    DECLINED = "declined"
+    CANCELLED = "cancelled"
+
+
+class OwnershipTransfer(models.Model):
+    """An offer to hand a group over to another principal; at most one pending per group."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    group = models.ForeignKey(
+        ConversationGroup, on_delete=models.CASCADE, related_name="ownership_transfers"
+    )
+    from_principal = models.CharField(max_length=PRINCIPAL_MAX_LENGTH)
+    to_principal = models.CharField(max_length=PRINCIPAL_MAX_LENGTH, validators=[no_nul_characters])
+    status = models.CharField(
+        max_length=16, choices=TransferStatus.choices, default=TransferStatus.PENDING
+    )
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "ownership_transfer"
+        indexes = [
+            models.Index(fields=["to_principal", "status"], name="transfer_to"),
+            models.Index(fields=["from_principal", "status"], name="transfer_from"),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["group"],
+                condition=Q(status=TransferStatus.PENDING),
+                name="transfer_one_pending_per_group",
+            ),
+            models.CheckConstraint(
+                condition=Q(status__in=TransferStatus.values), name="transfer_status_valid"
+            ),
+            models.CheckConstraint(
+                condition=~Q(from_principal=models.F("to_principal")),
+                name="transfer_to_someone_else",
+            ),
+            models.CheckConstraint(
+                condition=Q(status=TransferStatus.PENDING, resolved_at__isnull=True)
+                | (~Q(status=TransferStatus.PENDING) & Q(resolved_at__isnull=False)),
+                name="transfer_resolved_at_matches_status",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.from_principal} -> {self.to_principal} ({self.status})"
+
+
+class Channel(models.TextChoices):
+    HISTORY = "history"
+    MEMORY = "memory"
+    SUMMARY = "summary"
+
+
+class Role(models.TextChoices):
+    USER = "user"
+    ASSISTANT = "assistant"
+    SYSTEM = "system"
+    TOOL = "tool"
+    AGENT = "agent"
+
+
+class Visibility(models.TextChoices):
+    USER = "user"
+    AGENT = "agent"
+    SYSTEM = "system"
+
+
+class Message(models.Model):
+    """One message of one conversation.
+
+    ``seq`` is a global, strictly increasing number drawn from a database sequence: the
+    order of messages (within a conversation and across a fork's ancestry) and the key of
+    every cursor. The full-text vector is generated by PostgreSQL from the speaker's name and
+    the content, the same text that is embedded.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    seq = models.BigIntegerField(
+        unique=True,
+        editable=False,
+        db_default=models.Func(
+            models.Value("message_seq"), function="nextval", output_field=models.BigIntegerField()
+        ),
+    )
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.CASCADE, related_name="messages"
+    )
+    channel = models.CharField(max_length=16, choices=Channel.choices, default=Channel.HISTORY)
+    role = models.CharField(max_length=16, choices=Role.choices)
+    visibility = models.CharField(
+        max_length=16, choices=Visibility.choices, default=Visibility.USER
+    )
+    author_principal = models.CharField(max_length=PRINCIPAL_MAX_LENGTH)
+    author_name = models.CharField(
+        max_length=PRINCIPAL_MAX_LENGTH, blank=True, default="", validators=[no_nul_characters]
+    )
+    content = models.TextField(validators=[no_nul_characters])
+    metadata = models.JSONField(default=dict, blank=True)
+    parent_message = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="replies"
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    embedding = VectorField(dimensions=settings.MEMORY_EMBEDDING_DIMENSION, null=True, blank=True)
+    embedding_model = models.CharField(max_length=200, blank=True, default="")
+    embedded_at = models.DateTimeField(null=True, blank=True)
+
+    search_vector = models.GeneratedField(
+        expression=SearchVector(
+            Concat(
+                "author_name",
+                models.Value(": "),
+                "content",
+                output_field=models.TextField(),
+            ),
+            config=TEXT_SEARCH_CONFIG,
+        ),
+        output_field=SearchVectorField(),
+        db_persist=True,
+    )
+
+    class Meta:
+        db_table = "message"
+        indexes = [
+            models.Index(fields=["conversation", "seq"], name="message_conversation_seq"),
+            GinIndex(fields=["search_vector"], name="message_search_vector"),
+            HnswIndex(
+                name="message_embedding_hnsw",
+                fields=["embedding"],
+                m=16,
+                ef_construction=64,
+                opclasses=["vector_cosine_ops"],
+            ),
+            # Keeps the embedding backlog (the sweep, /v1/health) cheap at any table size.
+            models.Index(
+                fields=["seq"], condition=Q(embedded_at__isnull=True), name="message_unembedded"
+            ),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(channel__in=Channel.values), name="message_channel_valid"
+            ),
+            models.CheckConstraint(condition=Q(role__in=Role.values), name="message_role_valid"),
+            models.CheckConstraint(
+                condition=Q(visibility__in=Visibility.values), name="message_visibility_valid"
+            ),
+            models.CheckConstraint(condition=~Q(content=""), name="message_content_not_empty"),
+            json_is_object("metadata", name="message_metadata_is_object"),
+            models.CheckConstraint(
+                condition=Q(embedding__isnull=True)
+                | (Q(embedded_at__isnull=False) & ~Q(embedding_model="")),
+                name="message_embedding_has_model",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.seq} {self.role}: {self.content[:60]}"
+
+    @property
+    def embedding_dimension(self) -> int | None:
+        return None if self.embedding is None else len(self.embedding)

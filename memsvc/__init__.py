@@ -1,0 +1,1 @@
+"""memsvc: a memory service for LLM applications."""

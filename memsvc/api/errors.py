@@ -1,0 +1,132 @@
+"""The one error shape of the /v1 API: ``{"error": ..., "code": ..., "details": {...}}``.
+
+Services raise the ``ApiError`` subclasses below (or Django's ``ValidationError``); DRF's own
+exceptions (parse errors, authentication failures, throttling) are translated here too, so a
+client sees the same shape whatever refused its request.
+"""
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import Http404, JsonResponse
+from rest_framework import exceptions as drf
+from rest_framework.response import Response
+
+
+class ApiError(Exception):
+    status_code = 400
+    code = "error"
+    default_message = "request refused"
+
+    def __init__(self, message: str | None = None, *, details: dict | None = None):
+        self.message = message or self.default_message
+        self.details = details or {}
+        super().__init__(self.message)
+
+
+class InvalidInput(ApiError):
+    status_code = 400
+    code = "validation_error"
+    default_message = "invalid input"
+
+    @classmethod
+    def for_field(cls, field: str, problem: str) -> "InvalidInput":
+        return cls(f"{field}: {problem}", details={field: [problem]})
+
+
+class Unauthorized(ApiError):
+    status_code = 401
+    code = "unauthorized"
+    default_message = "missing or invalid credentials"
+
+
+class Forbidden(ApiError):
+    status_code = 403
+    code = "forbidden"
+    default_message = "not allowed"
+
+
+class NotFound(ApiError):
+    status_code = 404
+    code = "not_found"
+    default_message = "not found"
+
+
+class Conflict(ApiError):
+    status_code = 409
+    code = "conflict"
+    default_message = "conflicts with the current state"
+
+
+class RateLimited(ApiError):
+    status_code = 429
+    code = "rate_limited"
+    default_message = "too many requests"
+
+
+def error_body(message: str, code: str, details: dict | None = None) -> dict:
+    return {"error": message, "code": code, "details": details or {}}
+
+
+def _flatten_details(detail) -> dict:
+    """DRF's nested error detail -> ``{"field": ["problem", ...]}`` with dotted paths."""
+    flat: dict[str, list[str]] = {}
+
+    def walk(value, path):
+        if isinstance(value, dict):
+            for key, sub in value.items():
+                walk(sub, f"{path}.{key}" if path else str(key))
+        elif isinstance(value, list) and value and not all(isinstance(v, str) for v in value):
+            for index, sub in enumerate(value):
+                walk(sub, f"{path}[{index}]" if path else f"[{index}]")
+        else:
+            items = value if isinstance(value, list) else [value]
+            flat.setdefault(path or "non_field_errors", []).extend(str(v) for v in items)
+
+    walk(detail, "")
+    return flat
+
+
+def _validation_response(details: dict) -> Response:
+    first_field = next(iter(details), "non_field_errors")
+    message = f"{first_field}: {details[first_field][0]}" if details else "invalid input"
+    return Response(error_body(message, InvalidInput.code, details), status=400)
+
+
+def exception_handler(exc, context):
+    if isinstance(exc, ApiError):
+        response = Response(error_body(exc.message, exc.code, exc.details), exc.status_code)
+        if isinstance(exc, Unauthorized):
+            response["WWW-Authenticate"] = "Bearer"
+        return response
+    if isinstance(exc, DjangoValidationError):
+        if hasattr(exc, "error_dict"):
+            return _validation_response(_flatten_details(exc.message_dict))
+        return _validation_response({"non_field_errors": exc.messages})
+    if isinstance(exc, drf.ValidationError):
+        return _validation_response(_flatten_details(exc.detail))
+    if isinstance(exc, drf.ParseError):
+        return _validation_response({"body": [str(exc.detail)]})
+    if isinstance(exc, drf.NotAuthenticated | drf.AuthenticationFailed):
+        response = Response(error_body(str(exc.detail), Unauthorized.code), status=401)
+        response["WWW-Authenticate"] = "Bearer"
+        return response
+    if isinstance(exc, drf.PermissionDenied | DjangoPermissionDenied):
+        return Response(error_body("not allowed", Forbidden.code), status=403)
+    if isinstance(exc, drf.NotFound | Http404):
+        return Response(error_body("not found", NotFound.code), status=404)
+    if isinstance(exc, drf.Throttled):
+        response = Response(error_body(str(exc.detail), RateLimited.code), status=429)
+        if exc.wait:
+            response["Retry-After"] = str(int(exc.wait))
+        return response
+    if isinstance(exc, drf.MethodNotAllowed):
+        return Response(error_body(str(exc.detail), "method_not_allowed"), status=405)
+    if isinstance(exc, drf.UnsupportedMediaType):
+        return Response(error_body(str(exc.detail), "unsupported_media_type"), status=415)
+    if isinstance(exc, drf.NotAcceptable):
+        return Response(error_body(str(exc.detail), "not_acceptable"), status=406)
+    return None  # anything else is a bug: let it be a 500 and reach the logs
+
+
+def not_found_view(request, *args, **kwargs):
+    return JsonResponse(error_body("no such route", NotFound.code), status=404)

@@ -1,0 +1,53 @@
+from django.conf import settings
+from django.db import DatabaseError, connection
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.permissions import AllowAny
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from search.selectors import pending_embedding_count
+
+HealthResponse = inline_serializer(
+    "Health",
+    fields={
+        "status": serializers.ChoiceField(choices=["ok", "unavailable"]),
+        "database": serializers.CharField(),
+        "embeddingBackend": serializers.CharField(),
+        "embeddingModel": serializers.CharField(),
+        "embeddingDimension": serializers.IntegerField(),
+        "pendingEmbeddings": serializers.IntegerField(allow_null=True),
+        "reason": serializers.CharField(required=False),
+    },
+)
+
+
+class HealthView(APIView):
+    """Readiness and liveness: 200 when the database answers, 503 with a reason when not."""
+
+    authentication_classes = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(
+        tags=["system"],
+        operation_id="health",
+        responses={200: HealthResponse, 503: HealthResponse},
+    )
+    def get(self, request):
+        body = {
+            "status": "ok",
+            "database": "embedded" if settings.DATABASE_URL is None else "external",
+            "embeddingBackend": settings.MEMORY_EMBEDDING_BACKEND,
+            "embeddingModel": settings.MEMORY_EMBEDDING_MODEL,
+            "embeddingDimension": settings.MEMORY_EMBEDDING_DIMENSION,
+            "pendingEmbeddings": None,
+        }
+        try:
+            body["pendingEmbeddings"] = pending_embedding_count()
+        except DatabaseError as exc:
+            # A broken connection must not stick to this worker thread: drop it so the next
+            # request reconnects once the database is back.
+            connection.close_if_unusable_or_obsolete()
+            body.update(status="unavailable", reason=f"database unreachable: {exc}".strip())
+            return Response(body, status=503)
+        return Response(body)

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class MemsvcConfig(AppConfig):
+    name = "memsvc"
+    verbose_name = "memsvc"

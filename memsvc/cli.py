@@ -1,0 +1,193 @@
+"""The ``memsvc`` command line.
+
+``memsvc serve`` is the whole service on one machine: it migrates, then runs gunicorn and a
+Celery worker (with the beat scheduler for periodic sweeps) as child processes, and stops
+them all, and the embedded database if it started it, on Ctrl-C or SIGTERM.
+"""
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+
+SHUTDOWN_GRACE_SECONDS = 20
+
+
+def _setup_django() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memsvc.settings")
+    import django
+
+    django.setup()
+
+
+def _gunicorn_command(host: str, port: int) -> list[str]:
+    from memsvc.env import env_int
+
+    workers = env_int("MEMSVC_WEB_WORKERS", 2, minimum=1)
+    threads = env_int("MEMSVC_WEB_THREADS", 4, minimum=1)
+    return [
+        sys.executable,
+        "-m",
+        "gunicorn",
+        "memsvc.wsgi:application",
+        "--bind",
+        f"{host}:{port}",
+        "--workers",
+        str(workers),
+        "--threads",
+        str(threads),
+        "--worker-class",
+        "gthread",
+        "--timeout",
+        "60",
+        "--graceful-timeout",
+        "10",
+        "--access-logfile",
+        "-",
+    ]
+
+
+def _worker_command(*, beat: bool, extra: list[str] | None = None) -> list[str]:
+    from django.conf import settings
+
+    from memsvc.env import env_int
+
+    command = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "memsvc.celery",
+        "worker",
+        "--loglevel",
+        "INFO",
+        "--concurrency",
+        str(env_int("MEMSVC_WORKER_CONCURRENCY", 1, minimum=1)),
+    ]
+    if settings.CELERY_BROKER_URL.startswith("filesystem://"):
+        # The filesystem transport has no broadcast: no worker-to-worker chatter.
+        command += ["--without-mingle", "--without-gossip", "--without-heartbeat"]
+    if beat:
+        schedule = settings.MEMSVC_DATA_DIR / "celerybeat-schedule"
+        command += ["--beat", "--schedule", str(schedule)]
+    return command + (extra or [])
+
+
+class _Supervisor:
+    """Runs child processes until one of them exits or we are told to stop."""
+
+    def __init__(self) -> None:
+        self.children: list[subprocess.Popen] = []
+        self.stopping = False
+        # Installed before anything slow (start-up, migrations) so that a SIGTERM at any
+        # moment still ends in an orderly stop.
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, self.request_stop)
+
+    def start(self, command: list[str]) -> None:
+        self.children.append(subprocess.Popen(command))  # noqa: S603 (our own interpreter)
+
+    def request_stop(self, signum, frame) -> None:
+        self.stopping = True
+
+    def run(self) -> int:
+        exit_code = 0
+        while not self.stopping:
+            for child in self.children:
+                code = child.poll()
+                if code is not None:
+                    print(f"memsvc: {child.args[2:5]} exited with {code}", file=sys.stderr)
+                    exit_code = code or 1
+                    self.stopping = True
+            time.sleep(0.2)
+        self.stop_all()
+        return exit_code
+
+    def stop_all(self) -> None:
+        for child in self.children:
+            if child.poll() is None:
+                child.terminate()
+        deadline = time.monotonic() + SHUTDOWN_GRACE_SECONDS
+        for child in self.children:
+            try:
+                child.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    supervisor = _Supervisor()
+    _setup_django()
+    from django.conf import settings
+    from django.core.management import call_command
+
+    from memsvc import embedded_db
+
+    host = args.host or settings.MEMORY_SERVER_HOST
+    port = args.port or settings.MEMORY_SERVER_PORT
+    try:
+        call_command("migrate", interactive=False, verbosity=0)
+        if supervisor.stopping:
+            return 0
+        supervisor.start(_gunicorn_command(host, port))
+        if not args.no_worker:
+            supervisor.start(_worker_command(beat=True))
+        print(f"memsvc: serving on http://{host}:{port}", file=sys.stderr, flush=True)
+        return supervisor.run()
+    finally:
+        supervisor.stop_all()
+        embedded_db.stop_server()
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    supervisor = _Supervisor()
+    _setup_django()
+    supervisor.start(_worker_command(beat=args.beat, extra=args.celery_args))
+    try:
+        return supervisor.run()
+    finally:
+        from memsvc import embedded_db
+
+        embedded_db.stop_server()
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    _setup_django()
+    from memsvc.tokens import mint_user_token
+
+    print(mint_user_token(args.user_id, ttl_seconds=args.ttl))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="memsvc", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    serve = commands.add_parser("serve", help="migrate, then run the web server and a worker")
+    serve.add_argument("--host", help="default: MEMORY_SERVER_HOST (127.0.0.1)")
+    serve.add_argument("--port", type=int, help="default: MEMORY_SERVER_PORT (8283)")
+    serve.add_argument("--no-worker", action="store_true", help="run the web server only")
+    serve.set_defaults(func=cmd_serve)
+
+    worker = commands.add_parser("worker", help="run a Celery worker")
+    worker.add_argument("--beat", action="store_true", help="also run the periodic scheduler")
+    worker.add_argument("celery_args", nargs=argparse.REMAINDER, help="passed to celery worker")
+    worker.set_defaults(func=cmd_worker)
+
+    token = commands.add_parser("token", help="print a local HS256 JWT for a user id")
+    token.add_argument("user_id")
+    token.add_argument("--ttl", type=int, default=3600, help="lifetime in seconds (3600)")
+    token.set_defaults(func=cmd_token)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

