@@ -126,6 +126,8 @@ STATIC_ROOT = env_path("DJANGO_STATIC_ROOT", MEMSVC_DATA_DIR / "static")
 # WhiteNoise serves the admin's and the docs' static files from gunicorn. Without a
 # collectstatic run (local mode) it finds them in the installed apps.
 WHITENOISE_USE_FINDERS = True
+if LOCAL_MODE:
+    STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 
 LOGGING = {
     "version": 1,

@@ -1,0 +1,35 @@
+"""Shared fixtures: the alice (owner) / bob (shared with) / charlie (stranger) personas.
+
+The database is the embedded PostgreSQL + pgvector of local mode; pytest-django creates the
+test database on it once per session.
+"""
+
+from dataclasses import dataclass
+
+import pytest
+
+from memsvc.tokens import mint_user_token
+
+
+@dataclass(frozen=True)
+class Persona:
+    id: str
+
+    def auth_headers(self, ttl_seconds: int = 600) -> dict[str, str]:
+        """Real ``Authorization`` headers, as a chat frontend would send them."""
+        return {"HTTP_AUTHORIZATION": f"Bearer {mint_user_token(self.id, ttl_seconds=ttl_seconds)}"}
+
+
+@pytest.fixture
+def alice() -> Persona:
+    return Persona("alice")
+
+
+@pytest.fixture
+def bob() -> Persona:
+    return Persona("bob")
+
+
+@pytest.fixture
+def charlie() -> Persona:
+    return Persona("charlie")

@@ -1,0 +1,94 @@
+"""factory_boy factories for every model.
+
+Groups are created with their owner's membership, as the database requires at commit.
+"""
+
+import factory
+from factory.django import DjangoModelFactory
+
+from agents_api.models import Agent, MemoryBlock, MemoryBlockRevision
+from conversations.models import (
+    AccessLevel,
+    Conversation,
+    ConversationGroup,
+    Membership,
+    Message,
+    OwnershipTransfer,
+    Role,
+)
+
+
+class ConversationGroupFactory(DjangoModelFactory):
+    class Meta:
+        model = ConversationGroup
+        skip_postgeneration_save = True
+
+    @factory.post_generation
+    def owner(group, create, extracted, **kwargs):
+        if create:
+            Membership.objects.create(
+                group=group, principal_id=extracted or "alice", access_level=AccessLevel.OWNER
+            )
+
+
+class ConversationFactory(DjangoModelFactory):
+    class Meta:
+        model = Conversation
+
+    group = factory.SubFactory(ConversationGroupFactory)
+    title = factory.Sequence(lambda n: f"Conversation {n}")
+
+
+class MembershipFactory(DjangoModelFactory):
+    class Meta:
+        model = Membership
+
+    group = factory.SubFactory(ConversationGroupFactory)
+    principal_id = factory.Sequence(lambda n: f"user-{n}")
+    access_level = AccessLevel.READER
+
+
+class OwnershipTransferFactory(DjangoModelFactory):
+    class Meta:
+        model = OwnershipTransfer
+
+    group = factory.SubFactory(ConversationGroupFactory)
+    from_principal = "alice"
+    to_principal = "bob"
+
+
+class MessageFactory(DjangoModelFactory):
+    class Meta:
+        model = Message
+
+    conversation = factory.SubFactory(ConversationFactory)
+    role = Role.USER
+    author_principal = "alice"
+    author_name = "Alice"
+    content = factory.Faker("sentence")
+
+
+class AgentFactory(DjangoModelFactory):
+    class Meta:
+        model = Agent
+
+    owner_principal = "alice"
+    name = factory.Sequence(lambda n: f"agent-{n}")
+
+
+class MemoryBlockFactory(DjangoModelFactory):
+    class Meta:
+        model = MemoryBlock
+
+    agent = factory.SubFactory(AgentFactory)
+    label = factory.Sequence(lambda n: f"block-{n}")
+    value = "The user prefers Python."
+
+
+class MemoryBlockRevisionFactory(DjangoModelFactory):
+    class Meta:
+        model = MemoryBlockRevision
+
+    block = factory.SubFactory(MemoryBlockFactory)
+    value = factory.SelfAttribute("block.value")
+    actor_principal = "alice"

@@ -1,0 +1,118 @@
+"""The admin shows memory to operators, and its lists stay cheap as tables grow."""
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+
+from conversations.models import Message
+from tests.factories import (
+    AgentFactory,
+    ConversationFactory,
+    MembershipFactory,
+    MemoryBlockFactory,
+    MemoryBlockRevisionFactory,
+    MessageFactory,
+    OwnershipTransferFactory,
+)
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def operator(client, django_user_model):
+    user = django_user_model.objects.create_superuser("ops", "ops@example.com", "a-long-password")
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def memory():
+    conversation = ConversationFactory(title="Dogs")
+    shared = MessageFactory(
+        conversation=conversation, author_name="Caroline", content="I adopted a puppy"
+    )
+    fork = ConversationFactory(
+        group=conversation.group,
+        title="Dogs (fork)",
+        forked_at_conversation=conversation,
+        forked_at_message=shared,
+    )
+    MessageFactory(conversation=fork, content="Tell me about cats")
+    MembershipFactory(group=conversation.group, principal_id="bob")
+    OwnershipTransferFactory(group=conversation.group)
+    MemoryBlockRevisionFactory(block=MemoryBlockFactory(agent=AgentFactory()))
+    return conversation, fork
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        "conversations.conversationgroup",
+        "conversations.conversation",
+        "conversations.membership",
+        "conversations.ownershiptransfer",
+        "conversations.message",
+        "agents_api.agent",
+        "agents_api.memoryblock",
+        "agents_api.memoryblockrevision",
+    ],
+)
+def test_every_model_has_a_list_and_a_change_page(operator, memory, model):
+    app_label, model_name = model.split(".")
+    response = operator.get(reverse(f"admin:{app_label}_{model_name}_changelist"))
+    assert response.status_code == 200
+    from django.apps import apps
+
+    obj = apps.get_model(app_label, model_name).objects.first()
+    response = operator.get(reverse(f"admin:{app_label}_{model_name}_change", args=[obj.pk]))
+    assert response.status_code == 200
+
+
+def test_messages_are_found_by_words_and_speaker(operator, memory):
+    url = reverse("admin:conversations_message_changelist")
+    page = operator.get(url, {"q": "caroline puppies"}).content.decode()
+    assert "I adopted a puppy" in page
+    assert "Tell me about cats" not in page
+
+
+def test_messages_filter_by_embedding_state_and_show_model_and_dimension(
+    operator, memory, settings
+):
+    message = Message.objects.get(content="I adopted a puppy")
+    Message.objects.filter(pk=message.pk).update(
+        embedding=[0.5] * settings.MEMORY_EMBEDDING_DIMENSION,
+        embedding_model="all-MiniLM-L6-v2",
+        embedded_at=message.created_at,
+    )
+    url = reverse("admin:conversations_message_changelist")
+    embedded = operator.get(url, {"embedded": "yes"}).content.decode()
+    assert "I adopted a puppy" in embedded
+    assert "all-MiniLM-L6-v2 (384 dims)" in embedded
+    assert "Tell me about cats" not in embedded
+    pending = operator.get(url, {"embedded": "no"}).content.decode()
+    assert "Tell me about cats" in pending
+    assert "I adopted a puppy" not in pending
+    change = operator.get(reverse("admin:conversations_message_change", args=[message.pk]))
+    assert "0.5, 0.5" not in change.content.decode()  # the vector itself is not dumped
+
+
+def test_the_conversation_page_shows_its_fork_lineage(operator, memory):
+    _, fork = memory
+    page = operator.get(
+        reverse("admin:conversations_conversation_change", args=[fork.pk])
+    ).content.decode()
+    assert page.index("Dogs</a>") < page.index("Dogs (fork)</a>")
+
+
+def test_the_message_list_costs_the_same_queries_at_any_size(operator):
+    url = reverse("admin:conversations_message_changelist")
+    MessageFactory.create_batch(3)
+    with CaptureQueriesContext(connection) as small:
+        assert operator.get(url).status_code == 200
+    MessageFactory.create_batch(60, conversation=ConversationFactory())
+    with CaptureQueriesContext(connection) as large:
+        assert operator.get(url).status_code == 200
+    assert len(large) == len(small)
+    counts = [q["sql"] for q in large if "COUNT(" in q["sql"].upper()]
+    assert counts and all("LIMIT" in sql.upper() for sql in counts)

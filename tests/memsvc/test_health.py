@@ -1,0 +1,41 @@
+import pytest
+
+from conversations.models import Message
+from tests.factories import MessageFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def test_health_reports_database_embeddings_and_backlog(client, settings):
+    MessageFactory.create_batch(3)
+    embedded = MessageFactory()
+    Message.objects.filter(pk=embedded.pk).update(
+        embedding=[0.0] * settings.MEMORY_EMBEDDING_DIMENSION,
+        embedding_model="test-model",
+        embedded_at=embedded.created_at,
+    )
+
+    response = client.get("/v1/health")
+
+    assert response.status_code == 200
+    assert response.json() == {
+        "status": "ok",
+        "database": "embedded",
+        "embeddingBackend": "local",
+        "embeddingModel": "all-MiniLM-L6-v2",
+        "embeddingDimension": 384,
+        "pendingEmbeddings": 3,
+    }
+
+
+def test_unknown_v1_routes_answer_in_the_error_shape(client):
+    for path in ("/v1/nope", "/v1/user/conversations/x/y/z", "/v1"):
+        response = client.get(path)
+        assert response.status_code == 404
+        assert response.json() == {"error": "no such route", "code": "not_found", "details": {}}
+
+
+def test_health_needs_no_credentials_but_refuses_writes(client):
+    response = client.post("/v1/health")
+    assert response.status_code == 405
+    assert response.json()["code"] == "method_not_allowed"

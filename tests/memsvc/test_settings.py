@@ -1,0 +1,88 @@
+"""Configuration comes from the environment and fails loudly when it is wrong."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from memsvc import embedded_db
+from memsvc.env import env_bool, env_choice, env_int, env_list
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_typed_helpers_read_values(monkeypatch):
+    monkeypatch.setenv("X_INT", "7")
+    monkeypatch.setenv("X_BOOL", "yes")
+    monkeypatch.setenv("X_LIST", "a, b,,c")
+    assert env_int("X_INT", 1) == 7
+    assert env_int("X_MISSING", 3) == 3
+    assert env_bool("X_BOOL", False) is True
+    assert env_list("X_LIST", []) == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize(
+    ("value", "read"),
+    [
+        ("seven", lambda: env_int("X", 1)),
+        ("0", lambda: env_int("X", 1, minimum=1)),
+        ("maybe", lambda: env_bool("X", False)),
+        ("chroma", lambda: env_choice("X", "local", ("local", "openai"))),
+    ],
+)
+def test_malformed_values_are_errors_not_defaults(monkeypatch, value, read):
+    monkeypatch.setenv("X", value)
+    with pytest.raises(ImproperlyConfigured, match="X must"):
+        read()
+
+
+def run_django(env_overrides: dict[str, str], code: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "DJANGO_SECRET_KEY"}}
+    env.update(env_overrides, DJANGO_SETTINGS_MODULE="memsvc.settings")
+    return subprocess.run(
+        [sys.executable, "-c", f"import django; django.setup(); {code}"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_outside_local_mode_a_missing_secret_stops_start_up(tmp_path):
+    result = run_django(
+        {"DATABASE_URL": "postgres://nobody@127.0.0.1:1/none", "MEMSVC_DATA_DIR": str(tmp_path)},
+        "print('started')",
+    )
+    assert result.returncode != 0
+    assert "DJANGO_SECRET_KEY must be set" in result.stderr
+    assert "started" not in result.stdout
+
+
+def test_with_database_url_no_embedded_server_is_started(tmp_path, settings):
+    db = settings.DATABASES["default"]
+    url = f"postgres://{db['USER']}@{quote(db['HOST'], safe='')}:{db['PORT']}/{db['NAME']}"
+    result = run_django(
+        {
+            "DATABASE_URL": url,
+            "DJANGO_SECRET_KEY": "test-secret",
+            "MEMSVC_DATA_DIR": str(tmp_path / "data"),
+        },
+        "from django.db import connection; connection.ensure_connection();"
+        "print(connection.settings_dict['NAME'])",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == db["NAME"]
+    assert not (tmp_path / "data" / "pgdata").exists()
+
+
+def test_local_secrets_are_generated_once_and_private(tmp_path):
+    first = embedded_db.local_secrets(tmp_path)
+    second = embedded_db.local_secrets(tmp_path)
+    assert first == second
+    assert len(first["MEMSVC_JWT_SECRET"]) >= 32
+    assert (tmp_path / "secrets.json").stat().st_mode & 0o077 == 0
