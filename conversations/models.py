@@ -171,6 +171,10 @@ class OwnershipTransfer(models.Model):
     group = models.ForeignKey(
         ConversationGroup, on_delete=models.CASCADE, related_name="ownership_transfers"
     )
+    # The conversation the offer was made from: what the recipient is shown.
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.CASCADE, related_name="ownership_transfers"
+    )
     from_principal = models.CharField(max_length=PRINCIPAL_MAX_LENGTH)
     to_principal = models.CharField(max_length=PRINCIPAL_MAX_LENGTH, validators=[no_nul_characters])
     status = models.CharField(

@@ -156,6 +156,7 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "A memory service for LLM applications.",
     "VERSION": "0.1.0",
     "OAS_VERSION": "3.1.0",
+    "CAMELIZE_NAMES": True,  # {conversationId}, as the seed names path parameters
     "SERVE_INCLUDE_SCHEMA": False,
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",

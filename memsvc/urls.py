@@ -1,11 +1,25 @@
 from django.contrib import admin
-from django.urls import path, re_path
+from django.urls import include, path, re_path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from memsvc.api.errors import not_found_view
 from memsvc.api.health import HealthView
 
 v1 = [
     path("v1/health", HealthView.as_view(), name="health"),
+    path(
+        "v1/schema",
+        SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[]),
+        name="schema",
+    ),
+    path(
+        "v1/docs",
+        SpectacularSwaggerView.as_view(
+            url_name="schema", authentication_classes=[], permission_classes=[]
+        ),
+        name="docs",
+    ),
+    path("v1/user/", include("conversations.api.urls")),
     # Unknown routes under /v1 answer in the API's error shape, not Django's HTML page.
     re_path(r"^v1(?:/.*)?$", not_found_view),
 ]

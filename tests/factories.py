@@ -52,7 +52,8 @@ class OwnershipTransferFactory(DjangoModelFactory):
     class Meta:
         model = OwnershipTransfer
 
-    group = factory.SubFactory(ConversationGroupFactory)
+    conversation = factory.SubFactory(ConversationFactory)
+    group = factory.SelfAttribute("conversation.group")
     from_principal = "alice"
     to_principal = "bob"
 

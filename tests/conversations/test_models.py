@@ -103,25 +103,27 @@ def test_unknown_access_levels_are_refused():
 
 
 def test_at_most_one_pending_transfer_per_group():
-    group = ConversationGroupFactory(owner="alice")
-    OwnershipTransferFactory(group=group, to_principal="bob")
+    conversation = ConversationFactory()
+    OwnershipTransferFactory(conversation=conversation, to_principal="bob")
     with refused(IntegrityError, match="transfer_one_pending_per_group"):
-        OwnershipTransferFactory(group=group, to_principal="charlie")
+        OwnershipTransferFactory(conversation=conversation, to_principal="charlie")
 
 
 def test_resolved_transfers_do_not_block_a_new_one():
-    group = ConversationGroupFactory(owner="alice")
+    conversation = ConversationFactory()
     OwnershipTransferFactory(
-        group=group, status=TransferStatus.DECLINED, resolved_at=timezone.now()
+        conversation=conversation, status=TransferStatus.DECLINED, resolved_at=timezone.now()
     )
-    OwnershipTransferFactory(group=group, to_principal="charlie")
-    assert OwnershipTransfer.objects.filter(group=group).count() == 2
+    OwnershipTransferFactory(conversation=conversation, to_principal="charlie")
+    assert OwnershipTransfer.objects.filter(group=conversation.group).count() == 2
 
 
 def test_a_transfer_to_oneself_is_refused():
-    group = ConversationGroupFactory(owner="alice")
+    conversation = ConversationFactory()
     with pytest.raises(IntegrityError, match="transfer_to_someone_else"), transaction.atomic():
-        OwnershipTransferFactory(group=group, from_principal="alice", to_principal="alice")
+        OwnershipTransferFactory(
+            conversation=conversation, from_principal="alice", to_principal="alice"
+        )
 
 
 # --- messages --------------------------------------------------------------------------------

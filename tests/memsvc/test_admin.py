@@ -40,7 +40,7 @@ def memory():
     )
     MessageFactory(conversation=fork, content="Tell me about cats")
     MembershipFactory(group=conversation.group, principal_id="bob")
-    OwnershipTransferFactory(group=conversation.group)
+    OwnershipTransferFactory(conversation=conversation)
     MemoryBlockRevisionFactory(block=MemoryBlockFactory(agent=AgentFactory()))
     return conversation, fork
 

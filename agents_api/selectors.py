@@ -1,0 +1,26 @@
+"""Reads of agents."""
+
+import uuid
+
+from agents_api.models import AGENT_PRINCIPAL_PREFIX, Agent
+from memsvc.api.errors import InvalidInput
+
+
+def agent_by_id(agent_id, *, field: str) -> Agent:
+    """The agent a request names (users know agents by the id of ``GET /v1/agent/me``)."""
+    try:
+        agent = Agent.objects.filter(id=uuid.UUID(str(agent_id))).first()
+    except ValueError:
+        agent = None
+    if agent is None:
+        raise InvalidInput.for_field(field, "no such agent")
+    return agent
+
+
+def principal_for_sharing(principal_id: str, *, field: str) -> str:
+    """A principal to share with: any user id, or ``agent:<id>`` of an existing agent."""
+    if principal_id.startswith(AGENT_PRINCIPAL_PREFIX):
+        return agent_by_id(
+            principal_id.removeprefix(AGENT_PRINCIPAL_PREFIX), field=field
+        ).principal_id
+    return principal_id

@@ -1,0 +1,303 @@
+"""The user API (``/v1/user``): thin views that parse, check access, call one service or
+selector, and serialize."""
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from agents_api.selectors import agent_by_id, principal_for_sharing
+from conversations import selectors, services
+from conversations.api import serializers as s
+from conversations.models import AccessLevel, TransferStatus
+from memsvc.api.errors import InvalidInput
+from memsvc.api.jwt_auth import JWTAuthentication
+from memsvc.api.pagination import decode_cursor, encode_cursor, page, parse_limit
+from memsvc.api.schema import errors
+
+LIMIT = OpenApiParameter("limit", int, description="1..200, default 20")
+AFTER = OpenApiParameter("after", str, description="`nextCursor` of the previous page")
+
+ConversationPage = s.paged(s.ConversationSummaryOut, "ConversationSummaryPage")
+MessagePage = s.paged(s.MessageOut, "MessagePage")
+ForkList = s.listed(s.ForkOut, "ConversationForkList")
+MembershipList = s.listed(s.MembershipOut, "ConversationMembershipList")
+TransferList = s.listed(s.TransferOut, "OwnershipTransferList")
+
+
+def user_operation(operation_id: str, **kwargs):
+    return extend_schema(operation_id=operation_id, tags=["user"], **kwargs)
+
+
+class UserApiView(APIView):
+    authentication_classes = [JWTAuthentication]
+    permission_classes = [IsAuthenticated]
+
+
+class ConversationsView(UserApiView):
+    @user_operation(
+        "listConversations",
+        parameters=[
+            LIMIT,
+            AFTER,
+            OpenApiParameter("query", str, description="Words of the title or metadata"),
+        ],
+        responses={200: ConversationPage, **errors(400, 401)},
+    )
+    def get(self, request):
+        limit = parse_limit(request.query_params.get("limit"))
+        after = request.query_params.get("after")
+        rows = selectors.conversation_list(
+            request.principal,
+            query=request.query_params.get("query") or None,
+            after=decode_cursor(after, types=(str, str)) if after else None,
+            limit=limit,
+        )
+        rows, next_cursor = page(
+            rows, limit, lambda c: encode_cursor(c.updated_at.isoformat(), str(c.id))
+        )
+        return Response(
+            {"data": s.ConversationSummaryOut(rows, many=True).data, "nextCursor": next_cursor}
+        )
+
+    @user_operation(
+        "createConversation",
+        request=s.CreateConversationIn,
+        responses={201: s.ConversationOut, **errors(400, 401)},
+    )
+    def post(self, request):
+        data = s.CreateConversationIn.parse(request.data)
+        agent_id = data.get("agentId")
+        writers = [agent_by_id(agent_id, field="agentId").principal_id] if agent_id else []
+        conversation = services.conversation_create(
+            request.principal,
+            title=data.get("title", ""),
+            metadata=data.get("metadata"),
+            writer_ids=writers,
+        )
+        conversation = selectors.access_conversation(request.principal, conversation.id)
+        return Response(s.ConversationOut(conversation).data, status=201)
+
+
+class ConversationView(UserApiView):
+    @user_operation("getConversation", responses={200: s.ConversationOut, **errors(401, 404)})
+    def get(self, request, conversation_id):
+        conversation = selectors.access_conversation(request.principal, conversation_id)
+        return Response(s.ConversationOut(conversation).data)
+
+    @user_operation(
+        "updateConversation",
+        request=s.UpdateConversationIn,
+        responses={200: s.ConversationOut, **errors(400, 401, 403, 404)},
+    )
+    def patch(self, request, conversation_id):
+        conversation = selectors.access_conversation(
+            request.principal, conversation_id, need=AccessLevel.WRITER
+        )
+        data = s.UpdateConversationIn.parse(request.data)
+        services.conversation_update(
+            request.principal,
+            conversation=conversation,
+            title=data.get("title"),
+            metadata=data.get("metadata"),
+        )
+        conversation = selectors.access_conversation(request.principal, conversation_id)
+        return Response(s.ConversationOut(conversation).data)
+
+    @user_operation("deleteConversation", responses={204: None, **errors(401, 403, 404)})
+    def delete(self, request, conversation_id):
+        conversation = selectors.access_conversation(
+            request.principal, conversation_id, need=AccessLevel.OWNER
+        )
+        services.conversation_delete(request.principal, conversation=conversation)
+        return Response(status=204)
+
+
+class MessagesView(UserApiView):
+    @user_operation(
+        "listMessages",
+        parameters=[LIMIT, AFTER],
+        responses={200: MessagePage, **errors(400, 401, 404)},
+    )
+    def get(self, request, conversation_id):
+        conversation = selectors.access_conversation(request.principal, conversation_id)
+        limit = parse_limit(request.query_params.get("limit"))
+        messages = selectors.conversation_messages(conversation)
+        after = request.query_params.get("after")
+        if after:
+            [after_seq] = decode_cursor(after, types=(int,))
+            messages = messages.filter(seq__gt=after_seq)
+        rows, next_cursor = page(list(messages[: limit + 1]), limit, lambda m: encode_cursor(m.seq))
+        return Response({"data": s.MessageOut(rows, many=True).data, "nextCursor": next_cursor})
+
+    @user_operation(
+        "appendMessage",
+        request=s.CreateUserMessageIn,
+        responses={201: s.MessageOut, **errors(400, 401, 403, 404)},
+    )
+    def post(self, request, conversation_id):
+        conversation = selectors.access_conversation(
+            request.principal, conversation_id, need=AccessLevel.WRITER
+        )
+        data = s.CreateUserMessageIn.parse(request.data)
+        message = services.message_append(request.principal, conversation=conversation, **data)
+        return Response(s.MessageOut(message).data, status=201)
+
+
+class ForkView(UserApiView):
+    @user_operation(
+        "forkConversation",
+        request=s.ForkIn,
+        responses={201: s.ConversationOut, **errors(400, 401, 403, 404)},
+    )
+    def post(self, request, conversation_id, message_id):
+        conversation = selectors.access_conversation(
+            request.principal, conversation_id, need=AccessLevel.WRITER
+        )
+        message = selectors.message_in_view(conversation, message_id)
+        data = s.ForkIn.parse(request.data)
+        fork = services.conversation_fork(
+            request.principal,
+            conversation=conversation,
+            message=message,
+            title=data.get("title"),
+            new_message=data.get("newMessage"),
+        )
+        fork = selectors.access_conversation(request.principal, fork.id)
+        return Response(s.ConversationOut(fork).data, status=201)
+
+
+class ForksView(UserApiView):
+    @user_operation("listForks", responses={200: ForkList, **errors(401, 404)})
+    def get(self, request, conversation_id):
+        conversation = selectors.access_conversation(request.principal, conversation_id)
+        forks = selectors.conversation_forks(conversation)
+        data = s.ForkOut(forks, many=True, context={"current_id": conversation.id}).data
+        return Response({"data": data})
+
+
+class MembershipsView(UserApiView):
+    @user_operation("listMemberships", responses={200: MembershipList, **errors(401, 404)})
+    def get(self, request, conversation_id):
+        conversation = selectors.access_conversation(request.principal, conversation_id)
+        memberships = selectors.group_memberships(conversation)
+        context = {"conversation_id": conversation.id}
+        return Response({"data": s.MembershipOut(memberships, many=True, context=context).data})
+
+    @user_operation(
+        "shareConversation",
+        request=s.ShareIn,
+        responses={201: s.MembershipOut, **errors(400, 401, 403, 404, 409)},
+    )
+    def post(self, request, conversation_id):
+        conversation = selectors.access_conversation(
+            request.principal, conversation_id, need=AccessLevel.MANAGER
+        )
+        data = s.ShareIn.parse(request.data)
+        principal_id = principal_for_sharing(data["userId"], field="userId")
+        membership = services.membership_create(
+            request.principal,
+            conversation=conversation,
+            principal_id=principal_id,
+            access_level=data["accessLevel"],
+        )
+        context = {"conversation_id": conversation.id}
+        return Response(s.MembershipOut(membership, context=context).data, status=201)
+
+
+class MembershipView(UserApiView):
+    @user_operation(
+        "updateMembership",
+        request=s.UpdateMembershipIn,
+        responses={200: s.MembershipOut, **errors(400, 401, 403, 404)},
+    )
+    def patch(self, request, conversation_id, user_id):
+        conversation = selectors.access_conversation(
+            request.principal, conversation_id, need=AccessLevel.MANAGER
+        )
+        membership = selectors.membership_of(conversation, user_id)
+        data = s.UpdateMembershipIn.parse(request.data)
+        membership = services.membership_update(
+            request.principal, membership=membership, access_level=data["accessLevel"]
+        )
+        context = {"conversation_id": conversation.id}
+        return Response(s.MembershipOut(membership, context=context).data)
+
+    @user_operation("revokeMembership", responses={204: None, **errors(401, 403, 404)})
+    def delete(self, request, conversation_id, user_id):
+        leaving = user_id == request.principal.id  # any member but the owner may leave
+        conversation = selectors.access_conversation(
+            request.principal,
+            conversation_id,
+            need=AccessLevel.READER if leaving else AccessLevel.MANAGER,
+        )
+        membership = selectors.membership_of(conversation, user_id)
+        services.membership_delete(request.principal, membership=membership)
+        return Response(status=204)
+
+
+class TransferOwnershipView(UserApiView):
+    @user_operation(
+        "transferOwnership",
+        request=s.TransferIn,
+        responses={202: s.TransferOut, **errors(400, 401, 403, 404, 409)},
+    )
+    def post(self, request, conversation_id):
+        conversation = selectors.access_conversation(
+            request.principal, conversation_id, need=AccessLevel.OWNER
+        )
+        data = s.TransferIn.parse(request.data)
+        transfer = services.ownership_transfer_start(
+            request.principal, conversation=conversation, to_principal=data["newOwnerUserId"]
+        )
+        return Response(s.TransferOut(transfer).data, status=202)
+
+
+class TransfersView(UserApiView):
+    @user_operation(
+        "listOwnershipTransfers",
+        parameters=[
+            OpenApiParameter(
+                "status", str, enum=TransferStatus.values, description="default: pending"
+            )
+        ],
+        responses={200: TransferList, **errors(400, 401)},
+    )
+    def get(self, request):
+        status = request.query_params.get("status") or None
+        if status is not None and status not in TransferStatus.values:
+            raise InvalidInput.for_field("status", f"must be one of {', '.join(TransferStatus)}")
+        transfers = selectors.transfers_for(request.principal, status=status)
+        return Response({"data": s.TransferOut(transfers, many=True).data})
+
+
+class TransferView(UserApiView):
+    @user_operation("cancelOwnershipTransfer", responses={204: None, **errors(401, 403, 404, 409)})
+    def delete(self, request, transfer_id):
+        transfer = selectors.access_transfer(request.principal, transfer_id)
+        services.ownership_transfer_cancel(request.principal, transfer=transfer)
+        return Response(status=204)
+
+
+class AcceptTransferView(UserApiView):
+    @user_operation(
+        "acceptOwnershipTransfer",
+        request=None,
+        responses={200: s.TransferOut, **errors(401, 403, 404, 409)},
+    )
+    def post(self, request, transfer_id):
+        transfer = selectors.access_transfer(request.principal, transfer_id)
+        transfer = services.ownership_transfer_accept(request.principal, transfer=transfer)
+        return Response(s.TransferOut(transfer).data)
+
+
+class DeclineTransferView(UserApiView):
+    @user_operation(
+        "declineOwnershipTransfer",
+        request=None,
+        responses={200: s.TransferOut, **errors(401, 403, 404, 409)},
+    )
+    def post(self, request, transfer_id):
+        transfer = selectors.access_transfer(request.principal, transfer_id)
+        transfer = services.ownership_transfer_decline(request.principal, transfer=transfer)
+        return Response(s.TransferOut(transfer).data)

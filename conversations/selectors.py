@@ -1,0 +1,287 @@
+"""Reads of conversations and messages, always starting from what the principal may see.
+
+``conversations_visible_to`` is the one place that decides visibility; every list, get and
+search goes through it (directly or through ``access_conversation``).
+"""
+
+import uuid
+from dataclasses import dataclass
+
+from django.db import connection
+from django.db.models import (
+    Case,
+    CharField,
+    F,
+    FilteredRelation,
+    IntegerField,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    TextField,
+    Value,
+    When,
+)
+from django.db.models.functions import Cast, Coalesce, Least, Left
+
+from conversations.models import (
+    AccessLevel,
+    Channel,
+    Conversation,
+    Membership,
+    Message,
+    OwnershipTransfer,
+    TransferStatus,
+    Visibility,
+)
+from memsvc.api.errors import Forbidden, NotFound
+from memsvc.api.principals import Principal
+
+PREVIEW_CHARS = 200
+
+_RANKS = [(level, level.rank) for level in AccessLevel]
+
+
+def _rank_of(expression):
+    return Case(
+        *[When(**{expression: level.value}, then=Value(rank)) for level, rank in _RANKS],
+        output_field=IntegerField(),
+    )
+
+
+def _level_of(rank_expression):
+    return Case(
+        *[When(**{rank_expression: rank}, then=Value(level.value)) for level, rank in _RANKS],
+        output_field=CharField(),
+    )
+
+
+def conversations_visible_to(principal: Principal) -> QuerySet[Conversation]:
+    """Every conversation the principal is a member of, annotated with ``access_level``.
+
+    An agent acting for a user needs both memberships; its level is the lower of the two.
+    """
+    queryset = Conversation.objects.all()
+    for index, member_id in enumerate(principal.member_ids):
+        queryset = queryset.annotate(
+            **{
+                f"_member{index}": FilteredRelation(
+                    "group__memberships",
+                    condition=Q(group__memberships__principal_id=member_id),
+                )
+            }
+        ).filter(**{f"_member{index}__isnull": False})
+    if len(principal.member_ids) == 1:
+        return queryset.annotate(access_level=F("_member0__access_level"))
+    ranks = [_rank_of(f"_member{i}__access_level") for i in range(len(principal.member_ids))]
+    return queryset.annotate(_access_rank=Least(*ranks)).annotate(
+        access_level=_level_of("_access_rank")
+    )
+
+
+def _with_summary_fields(queryset: QuerySet[Conversation]) -> QuerySet[Conversation]:
+    """Owner and last message preview, in the same query (no per-row lookups)."""
+    last_message = (
+        Message.objects.filter(
+            conversation=OuterRef("pk"), channel=Channel.HISTORY, visibility=Visibility.USER
+        )
+        .order_by("-seq")
+        .values("content")[:1]
+    )
+    return queryset.annotate(
+        _owner=FilteredRelation(
+            "group__memberships",
+            condition=Q(group__memberships__access_level=AccessLevel.OWNER),
+        ),
+        owner_id=F("_owner__principal_id"),
+        last_message_preview=Left(
+            Coalesce(Subquery(last_message), F("forked_at_message__content")), PREVIEW_CHARS
+        ),
+    )
+
+
+def access_conversation(
+    principal: Principal, conversation_id, *, need: AccessLevel = AccessLevel.READER
+) -> Conversation:
+    """The conversation if the principal may do what ``need`` allows.
+
+    404 when it does not exist *or* the principal is not a member (a stranger cannot tell
+    the two apart); 403 for a member whose level is below ``need``.
+    """
+    try:
+        conversation_id = uuid.UUID(str(conversation_id))
+    except ValueError:
+        raise NotFound("conversation not found") from None
+    conversation = (
+        _with_summary_fields(conversations_visible_to(principal))
+        .select_related("forked_at_message")
+        .filter(id=conversation_id)
+        .first()
+    )
+    if conversation is None:
+        raise NotFound("conversation not found")
+    if not AccessLevel(conversation.access_level).allows(need):
+        raise Forbidden(f"this needs {AccessLevel(need).value} access to the conversation")
+    return conversation
+
+
+def conversation_list(
+    principal: Principal,
+    *,
+    query: str | None = None,
+    after: tuple[str, str] | None = None,
+    limit: int,
+) -> list[Conversation]:
+    """A page (``limit + 1`` rows, for the next cursor) sorted by ``updated_at`` desc, id."""
+    queryset = _with_summary_fields(conversations_visible_to(principal))
+    if query:
+        queryset = queryset.annotate(_metadata_text=Cast("metadata", TextField())).filter(
+            Q(title__icontains=query) | Q(_metadata_text__icontains=query)
+        )
+    if after is not None:
+        updated_at, conversation_id = after
+        queryset = queryset.filter(
+            Q(updated_at__lt=updated_at) | Q(updated_at=updated_at, id__gt=conversation_id)
+        )
+    return list(queryset.order_by("-updated_at", "id")[: limit + 1])
+
+
+# --- messages through fork ancestry ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LineageStep:
+    conversation_id: uuid.UUID
+    # Messages of this conversation that belong to the view: seq <= max_seq (None: all).
+    max_seq: int | None
+
+
+_LINEAGE_SQL = """
+WITH RECURSIVE chain(id, parent_id, fork_seq, depth) AS (
+    SELECT c.id, c.forked_at_conversation_id, m.seq, 0
+    FROM conversation c LEFT JOIN message m ON m.id = c.forked_at_message_id
+    WHERE c.id = %s
+  UNION ALL
+    SELECT p.id, p.forked_at_conversation_id, pm.seq, chain.depth + 1
+    FROM conversation p
+    JOIN chain ON p.id = chain.parent_id
+    LEFT JOIN message pm ON pm.id = p.forked_at_message_id
+)
+SELECT id, parent_id, fork_seq FROM chain ORDER BY depth
+"""
+
+
+def conversation_lineage(conversation: Conversation) -> list[LineageStep]:
+    """The conversation and its ancestors, each with how far into it the view reaches.
+
+    A fork sees its parent's view up to and including its fork point, recursively. ``seq``
+    is global, so "up to the fork point" is ``seq <= fork point's seq``, and the bound of an
+    ancestor is the smallest bound on the way down to it. One query, whatever the depth.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(_LINEAGE_SQL, [conversation.id])
+        rows = cursor.fetchall()
+    steps = []
+    bound: int | None = None
+    for index, (conversation_id, _parent_id, _fork_seq) in enumerate(rows):
+        if index > 0:
+            # The fork point of the child (previous row) bounds everything above it.
+            child_fork_seq = rows[index - 1][2]
+            child_bound = child_fork_seq if child_fork_seq is not None else 0
+            bound = child_bound if bound is None else min(bound, child_bound)
+        steps.append(LineageStep(conversation_id, bound))
+    return steps
+
+
+def _lineage_filter(lineage: list[LineageStep]) -> Q:
+    condition = Q(pk__in=[])
+    for step in lineage:
+        if step.max_seq is None:
+            condition |= Q(conversation_id=step.conversation_id)
+        elif step.max_seq > 0:
+            condition |= Q(conversation_id=step.conversation_id, seq__lte=step.max_seq)
+    return condition
+
+
+def conversation_messages(conversation: Conversation, *, for_agent: bool = False):
+    """Every message in the conversation's view, fork ancestry included, in ``seq`` order.
+
+    Users see the HISTORY channel's user-visible messages only; agents see every channel.
+    """
+    queryset = Message.objects.filter(_lineage_filter(conversation_lineage(conversation)))
+    if not for_agent:
+        queryset = queryset.filter(channel=Channel.HISTORY, visibility=Visibility.USER)
+    return queryset.order_by("seq")
+
+
+def message_in_view(conversation: Conversation, message_id) -> Message:
+    """A message of the conversation's view (any channel); 404 otherwise."""
+    try:
+        message_id = uuid.UUID(str(message_id))
+    except ValueError:
+        raise NotFound("message not found") from None
+    message = conversation_messages(conversation, for_agent=True).filter(id=message_id).first()
+    if message is None:
+        raise NotFound("message not found")
+    return message
+
+
+def history_message_before(conversation: Conversation, message: Message) -> Message | None:
+    """The last HISTORY message of the view that precedes ``message`` (a fork point)."""
+    return (
+        conversation_messages(conversation, for_agent=True)
+        .filter(channel=Channel.HISTORY, seq__lt=message.seq)
+        .order_by("-seq")
+        .first()
+    )
+
+
+def conversation_forks(conversation: Conversation) -> list[Conversation]:
+    """Every conversation of the group, root first, then by creation."""
+    return list(
+        Conversation.objects.filter(group_id=conversation.group_id)
+        .select_related("forked_at_message")
+        .order_by(F("forked_at_conversation").asc(nulls_first=True), "created_at", "id")
+    )
+
+
+# --- memberships and transfers ---------------------------------------------------------------
+
+
+def group_memberships(conversation: Conversation) -> list[Membership]:
+    return list(
+        Membership.objects.filter(group_id=conversation.group_id).order_by("created_at", "id")
+    )
+
+
+def membership_of(conversation: Conversation, principal_id: str) -> Membership:
+    membership = Membership.objects.filter(
+        group_id=conversation.group_id, principal_id=principal_id
+    ).first()
+    if membership is None:
+        raise NotFound("membership not found")
+    return membership
+
+
+def transfers_for(principal: Principal, *, status: str | None) -> list[OwnershipTransfer]:
+    """Transfers the principal made or received, newest first; pending ones by default."""
+    return list(
+        OwnershipTransfer.objects.filter(
+            Q(from_principal=principal.id) | Q(to_principal=principal.id),
+            status=status or TransferStatus.PENDING,
+        ).order_by("-created_at", "id")
+    )
+
+
+def access_transfer(principal: Principal, transfer_id) -> OwnershipTransfer:
+    """A transfer the principal made or received; 404 for anyone else."""
+    try:
+        transfer_id = uuid.UUID(str(transfer_id))
+    except ValueError:
+        raise NotFound("ownership transfer not found") from None
+    transfer = OwnershipTransfer.objects.filter(
+        Q(from_principal=principal.id) | Q(to_principal=principal.id), id=transfer_id
+    ).first()
+    if transfer is None:
+        raise NotFound("ownership transfer not found")
+    return transfer

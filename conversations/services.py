@@ -1,0 +1,280 @@
+"""Every write to conversations, memberships, transfers and messages.
+
+One function per operation, the acting principal first. Callers have already checked that
+the actor may reach the conversation at the needed level (``selectors.access_conversation``);
+the policies that depend on *what* is written (never grant ``owner``, never remove the
+owner) are enforced here. Each top-level operation is one transaction.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from conversations.models import (
+    AccessLevel,
+    Channel,
+    Conversation,
+    ConversationGroup,
+    Membership,
+    Message,
+    OwnershipTransfer,
+    Role,
+    TransferStatus,
+    Visibility,
+)
+from conversations.selectors import history_message_before
+from memsvc.api.errors import Conflict, Forbidden, InvalidInput
+from memsvc.api.principals import Principal
+
+# --- conversations ---------------------------------------------------------------------------
+
+
+@transaction.atomic
+def conversation_create(
+    actor: Principal,
+    *,
+    title: str = "",
+    metadata: dict | None = None,
+    writer_ids: Sequence[str] = (),
+) -> Conversation:
+    """A new conversation in a new group, owned by ``actor.owner_id``.
+
+    ``writer_ids`` become writers (an agent the conversation is for, or the agent acting
+    for its user).
+    """
+    group = ConversationGroup.objects.create()
+    Membership.objects.create(group=group, principal_id=actor.owner_id, access_level="owner")
+    for principal_id in dict.fromkeys(writer_ids):
+        if principal_id != actor.owner_id:
+            Membership.objects.create(
+                group=group, principal_id=principal_id, access_level=AccessLevel.WRITER
+            )
+    return Conversation.objects.create(group=group, title=title, metadata=metadata or {})
+
+
+@transaction.atomic
+def conversation_update(
+    actor: Principal,
+    *,
+    conversation: Conversation,
+    title: str | None = None,
+    metadata: dict | None = None,
+) -> Conversation:
+    fields = ["updated_at"]
+    if title is not None:
+        conversation.title = title
+        fields.append("title")
+    if metadata is not None:
+        conversation.metadata = metadata
+        fields.append("metadata")
+    conversation.updated_at = timezone.now()
+    conversation.save(update_fields=fields)
+    return conversation
+
+
+@transaction.atomic
+def conversation_delete(actor: Principal, *, conversation: Conversation) -> None:
+    """Delete the conversation and every fork below it; the root takes its group along."""
+    if conversation.forked_at_conversation_id is None:
+        ConversationGroup.objects.filter(pk=conversation.group_id).delete()
+    else:
+        Conversation.objects.filter(pk=conversation.pk).delete()
+
+
+# --- messages --------------------------------------------------------------------------------
+
+
+@dataclass
+class NewMessage:
+    content: str
+    role: str = Role.USER
+    channel: str = Channel.HISTORY
+    visibility: str = Visibility.USER
+    metadata: dict = field(default_factory=dict)
+    author_name: str | None = None
+    parent_message: Message | None = None
+    created_at: datetime | None = None
+
+
+def _build_message(actor: Principal, conversation: Conversation, new: NewMessage) -> Message:
+    return Message(
+        conversation=conversation,
+        role=new.role,
+        channel=new.channel,
+        visibility=new.visibility,
+        author_principal=actor.id,
+        author_name=new.author_name or actor.on_behalf_of or actor.id,
+        content=new.content,
+        metadata=new.metadata,
+        parent_message=new.parent_message,
+        **({"created_at": new.created_at} if new.created_at else {}),
+    )
+
+
+@transaction.atomic
+def messages_append(
+    actor: Principal, *, conversation: Conversation, messages: Sequence[NewMessage]
+) -> list[Message]:
+    """Append messages in order, all or nothing."""
+    created = Message.objects.bulk_create(
+        [_build_message(actor, conversation, new) for new in messages]
+    )
+    Conversation.objects.filter(pk=conversation.pk).update(updated_at=timezone.now())
+    return created
+
+
+def message_append(
+    actor: Principal, *, conversation: Conversation, content: str, metadata: dict | None = None
+) -> Message:
+    """A user's message: role user, HISTORY channel, visible to users."""
+    [message] = messages_append(
+        actor,
+        conversation=conversation,
+        messages=[NewMessage(content=content, metadata=metadata or {})],
+    )
+    return message
+
+
+# --- forks -----------------------------------------------------------------------------------
+
+
+@transaction.atomic
+def conversation_fork(
+    actor: Principal,
+    *,
+    conversation: Conversation,
+    message: Message,
+    title: str | None = None,
+    new_message: dict | None = None,
+) -> Conversation:
+    """Fork ``conversation`` at ``message`` (a user's HISTORY message of its view).
+
+    The fork shares everything before ``message`` and nothing is copied: the new row records
+    its parent and the last HISTORY message before ``message``. A constant number of queries,
+    whatever the length of the conversation.
+    """
+    if message.channel != Channel.HISTORY or message.role != Role.USER:
+        raise InvalidInput.for_field("messageId", "a fork starts at a user message of the history")
+    fork = Conversation.objects.create(
+        group_id=conversation.group_id,
+        title=conversation.title if title is None else title,
+        metadata=conversation.metadata,
+        forked_at_conversation=conversation,
+        forked_at_message=history_message_before(conversation, message),
+    )
+    if new_message is not None:
+        message_append(actor, conversation=fork, **new_message)
+    return fork
+
+
+# --- memberships -----------------------------------------------------------------------------
+
+
+def _refuse_owner_level(access_level: str) -> None:
+    if access_level == AccessLevel.OWNER:
+        raise Forbidden("ownership is given by a transfer, not by sharing")
+
+
+@transaction.atomic
+def membership_create(
+    actor: Principal, *, conversation: Conversation, principal_id: str, access_level: str
+) -> Membership:
+    _refuse_owner_level(access_level)
+    try:
+        with transaction.atomic():
+            return Membership.objects.create(
+                group_id=conversation.group_id, principal_id=principal_id, access_level=access_level
+            )
+    except IntegrityError:
+        raise Conflict(f"{principal_id} is already a member; change their access instead") from None
+
+
+@transaction.atomic
+def membership_update(actor: Principal, *, membership: Membership, access_level: str) -> Membership:
+    _refuse_owner_level(access_level)
+    if membership.access_level == AccessLevel.OWNER:
+        raise Forbidden("the owner's access changes only by an ownership transfer")
+    membership.access_level = access_level
+    membership.save(update_fields=["access_level"])
+    return membership
+
+
+@transaction.atomic
+def membership_delete(actor: Principal, *, membership: Membership) -> None:
+    if membership.access_level == AccessLevel.OWNER:
+        raise Forbidden("the owner cannot be removed; transfer ownership first")
+    membership.delete()
+
+
+# --- ownership transfers ---------------------------------------------------------------------
+
+
+@transaction.atomic
+def ownership_transfer_start(
+    actor: Principal, *, conversation: Conversation, to_principal: str
+) -> OwnershipTransfer:
+    if to_principal == actor.id:
+        raise InvalidInput.for_field("newOwnerUserId", "you already own this conversation")
+    try:
+        with transaction.atomic():
+            return OwnershipTransfer.objects.create(
+                group_id=conversation.group_id,
+                conversation=conversation,
+                from_principal=actor.id,
+                to_principal=to_principal,
+            )
+    except IntegrityError:
+        raise Conflict("this conversation already has a pending ownership transfer") from None
+
+
+def _lock_pending(transfer: OwnershipTransfer) -> OwnershipTransfer:
+    locked = OwnershipTransfer.objects.select_for_update().get(pk=transfer.pk)
+    if locked.status != TransferStatus.PENDING:
+        raise Conflict(f"this transfer is already {locked.status}")
+    return locked
+
+
+def _resolve(transfer: OwnershipTransfer, status: str) -> OwnershipTransfer:
+    transfer.status = status
+    transfer.resolved_at = timezone.now()
+    transfer.save(update_fields=["status", "resolved_at"])
+    return transfer
+
+
+@transaction.atomic
+def ownership_transfer_accept(
+    actor: Principal, *, transfer: OwnershipTransfer
+) -> OwnershipTransfer:
+    """The recipient becomes owner and the old owner a manager, in one transaction."""
+    if transfer.to_principal != actor.id:
+        raise Forbidden("only the recipient can accept a transfer")
+    transfer = _lock_pending(transfer)
+    memberships = Membership.objects.select_for_update().filter(group_id=transfer.group_id)
+    memberships.filter(access_level=AccessLevel.OWNER).update(access_level=AccessLevel.MANAGER)
+    Membership.objects.update_or_create(
+        group_id=transfer.group_id,
+        principal_id=actor.id,
+        defaults={"access_level": AccessLevel.OWNER},
+    )
+    return _resolve(transfer, TransferStatus.ACCEPTED)
+
+
+@transaction.atomic
+def ownership_transfer_decline(
+    actor: Principal, *, transfer: OwnershipTransfer
+) -> OwnershipTransfer:
+    if transfer.to_principal != actor.id:
+        raise Forbidden("only the recipient can decline a transfer")
+    return _resolve(_lock_pending(transfer), TransferStatus.DECLINED)
+
+
+@transaction.atomic
+def ownership_transfer_cancel(
+    actor: Principal, *, transfer: OwnershipTransfer
+) -> OwnershipTransfer:
+    if transfer.from_principal != actor.id:
+        raise Forbidden("only the owner who offered a transfer can cancel it")
+    return _resolve(_lock_pending(transfer), TransferStatus.CANCELLED)

@@ -1,0 +1,91 @@
+"""Input fields shared by every API that accepts messages and metadata.
+
+The user API, the agent API and the local compatibility API all validate a message's
+content, a title or a metadata object with these, so the rules (and their messages) are the
+same everywhere.
+"""
+
+import json
+
+from django.conf import settings
+from rest_framework import serializers
+
+METADATA_MAX_BYTES = 16 * 1024
+
+
+def _refuse_nul(value: str) -> str:
+    if "\x00" in value:
+        raise serializers.ValidationError("must not contain NUL characters")
+    return value
+
+
+class TextField(serializers.CharField):
+    """A string that keeps its whitespace and never holds NUL."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("trim_whitespace", False)
+        super().__init__(**kwargs)
+        self.validators.append(_refuse_nul)
+
+
+class MessageContentField(TextField):
+    def __init__(self, **kwargs):
+        kwargs.setdefault("allow_blank", False)
+        kwargs.setdefault("max_length", settings.MEMSVC_MAX_MESSAGE_CHARS)
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        if not value.strip():
+            raise serializers.ValidationError("must not be empty")
+        return value
+
+
+class TitleField(TextField):
+    def __init__(self, **kwargs):
+        kwargs.setdefault("max_length", 500)
+        kwargs.setdefault("allow_blank", True)
+        super().__init__(**kwargs)
+
+
+def _contains_nul(value) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_contains_nul(k) or _contains_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_contains_nul(v) for v in value)
+    return False
+
+
+class MetadataField(serializers.JSONField):
+    """A JSON object of at most 16 KiB (serialized), without NUL characters."""
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        if not isinstance(value, dict):
+            raise serializers.ValidationError("must be a JSON object")
+        if len(json.dumps(value, ensure_ascii=False).encode()) > METADATA_MAX_BYTES:
+            raise serializers.ValidationError(f"must be at most {METADATA_MAX_BYTES} bytes")
+        if _contains_nul(value):
+            raise serializers.ValidationError("must not contain NUL characters")
+        return value
+
+
+class InputSerializer(serializers.Serializer):
+    """A request body: unknown fields are an error, not silently ignored."""
+
+    def to_internal_value(self, data):
+        if not isinstance(data, dict):
+            raise serializers.ValidationError({"body": ["must be a JSON object"]})
+        unknown = sorted(set(data) - set(self.fields))
+        if unknown:
+            raise serializers.ValidationError({name: ["unknown field"] for name in unknown})
+        return super().to_internal_value(data)
+
+    @classmethod
+    def parse(cls, data, **context) -> dict:
+        """Validated data, or ValidationError (400 ``validation_error`` naming the field)."""
+        serializer = cls(data=data, context=context)
+        serializer.is_valid(raise_exception=True)
+        return serializer.validated_data

@@ -1,0 +1,81 @@
+"""JWT bearer authentication for the user API.
+
+Two kinds of token are accepted, each with its own algorithms, so a key can never be used
+as another kind of key (no HS/RS confusion, never ``none``):
+
+- HS256 signed with ``MEMSVC_JWT_SECRET`` (local mode, tests, simple deployments);
+- RS256/RS384/RS512/ES256/ES384 from an OIDC issuer's key set at ``MEMSVC_JWT_JWKS_URL``
+  (fetched once and cached), with ``MEMSVC_JWT_ISSUER`` and ``MEMSVC_JWT_AUDIENCE`` checked.
+
+Every token needs ``exp`` and ``sub``; the user id is ``sub``.
+"""
+
+import functools
+
+import jwt
+from django.conf import settings
+from rest_framework.authentication import BaseAuthentication, get_authorization_header
+
+from memsvc.api.errors import Unauthorized
+from memsvc.api.principals import Principal
+
+SHARED_SECRET_ALGORITHMS = ("HS256",)
+ISSUER_ALGORITHMS = ("RS256", "RS384", "RS512", "ES256", "ES384")
+API_KEY_PREFIX = "msk_"
+
+
+@functools.cache
+def _jwks_client(url: str) -> jwt.PyJWKClient:
+    return jwt.PyJWKClient(url, cache_keys=True, lifespan=3600, timeout=5)
+
+
+def decode_user_token(token: str) -> dict:
+    """The verified claims of ``token``; raises ``Unauthorized`` for anything else."""
+    try:
+        algorithm = jwt.get_unverified_header(token).get("alg")
+        if algorithm in SHARED_SECRET_ALGORITHMS and settings.MEMSVC_JWT_SECRET:
+            key = settings.MEMSVC_JWT_SECRET
+        elif algorithm in ISSUER_ALGORITHMS and settings.MEMSVC_JWT_JWKS_URL:
+            key = _jwks_client(settings.MEMSVC_JWT_JWKS_URL).get_signing_key_from_jwt(token).key
+        else:
+            raise Unauthorized(f"tokens signed with {algorithm!r} are not accepted")
+        claims = jwt.decode(
+            token,
+            key,
+            algorithms=[algorithm],
+            issuer=settings.MEMSVC_JWT_ISSUER,
+            audience=settings.MEMSVC_JWT_AUDIENCE,
+            options={"require": ["exp", "sub"], "verify_aud": bool(settings.MEMSVC_JWT_AUDIENCE)},
+            leeway=30,
+        )
+    except jwt.ExpiredSignatureError:
+        raise Unauthorized("token expired") from None
+    except (jwt.InvalidTokenError, jwt.PyJWKClientError) as exc:
+        raise Unauthorized(f"invalid token: {exc}") from None
+    subject = claims["sub"]
+    if not isinstance(subject, str) or not subject or "\x00" in subject:
+        raise Unauthorized("invalid token: sub must be a non-empty string")
+    return claims
+
+
+class JWTAuthentication(BaseAuthentication):
+    """``Authorization: Bearer <jwt>`` -> a user principal."""
+
+    def authenticate(self, request):
+        parts = get_authorization_header(request).split()
+        if not parts:
+            return None  # the permission check answers 401
+        if parts[0].lower() != b"bearer" or len(parts) != 2:
+            raise Unauthorized("expected 'Authorization: Bearer <token>'")
+        try:
+            token = parts[1].decode("ascii")
+        except UnicodeDecodeError:
+            raise Unauthorized("invalid token") from None
+        if token.startswith(API_KEY_PREFIX):
+            raise Unauthorized("an API key is not accepted here: the user API needs a user token")
+        principal = Principal.user(decode_user_token(token)["sub"])
+        request._request.principal = principal
+        return principal, token
+
+    def authenticate_header(self, request):
+        return "Bearer"
