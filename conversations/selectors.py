@@ -237,11 +237,9 @@ def history_message_before(conversation: Conversation, message: Message) -> Mess
 
 
 def conversation_forks(conversation: Conversation) -> list[Conversation]:
-    """Every conversation of the group, root first, then by creation."""
+    """Every conversation of the group in order of creation (so the root comes first)."""
     return list(
-        Conversation.objects.filter(group_id=conversation.group_id)
-        .select_related("forked_at_message")
-        .order_by(F("forked_at_conversation").asc(nulls_first=True), "created_at", "id")
+        Conversation.objects.filter(group_id=conversation.group_id).order_by("created_at", "id")
     )
 
 

@@ -33,3 +33,10 @@ def bob() -> Persona:
 @pytest.fixture
 def charlie() -> Persona:
     return Persona("charlie")
+
+
+@pytest.fixture
+def api(client):
+    from tests.api import Api
+
+    return Api(client)

@@ -20,12 +20,17 @@ def _refuse_nul(value: str) -> str:
 
 
 class TextField(serializers.CharField):
-    """A string that keeps its whitespace and never holds NUL."""
+    """A JSON string (not a number turned into one) that keeps its whitespace, without NUL."""
 
     def __init__(self, **kwargs):
         kwargs.setdefault("trim_whitespace", False)
         super().__init__(**kwargs)
         self.validators.append(_refuse_nul)
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
 
 
 class MessageContentField(TextField):

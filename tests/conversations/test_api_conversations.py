@@ -1,0 +1,268 @@
+"""Conversations and messages through the user API: contents, paging, validation."""
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from conversations.models import Conversation, Membership, Message
+from tests.factories import AgentFactory, ConversationFactory, MembershipFactory, MessageFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def create(api, persona, **body):
+    response = api.post("/v1/user/conversations", body, as_=persona)
+    assert response.status_code == 201, response.content
+    return response.json()
+
+
+def walk(api, persona, path, limit, on_each_page=None):
+    """Every item of a paged list, following ``nextCursor``."""
+    items, cursor = [], None
+    while True:
+        params = {"limit": str(limit)}
+        if cursor:
+            params["after"] = cursor
+        response = api.get(path, as_=persona, **params)
+        assert response.status_code == 200, response.content
+        body = response.json()
+        assert len(body["data"]) <= limit
+        items.extend(body["data"])
+        if on_each_page:
+            on_each_page()
+        cursor = body["nextCursor"]
+        if cursor is None:
+            return items
+
+
+def test_create_get_patch_conversation(api, alice):
+    created = create(api, alice, title="Plans", metadata={"topic": "travel"})
+    assert created["ownerUserId"] == "alice"
+    assert created["accessLevel"] == "owner"
+    assert created["forkedAtConversationId"] is None
+    assert created["lastMessagePreview"] is None
+
+    fetched = api.get(f"/v1/user/conversations/{created['id']}", as_=alice).json()
+    assert fetched == created
+
+    patched = api.patch(
+        f"/v1/user/conversations/{created['id']}", {"metadata": {"topic": "food"}}, as_=alice
+    ).json()
+    assert patched["title"] == "Plans"
+    assert Conversation.objects.get(id=created["id"]).metadata == {"topic": "food"}
+    assert patched["updatedAt"] > created["updatedAt"]
+
+
+def test_creating_for_an_agent_makes_it_a_writer(api, alice):
+    agent = AgentFactory()
+    created = create(api, alice, agentId=str(agent.id))
+    memberships = dict(
+        Membership.objects.filter(group__conversations__id=created["id"]).values_list(
+            "principal_id", "access_level"
+        )
+    )
+    assert memberships == {"alice": "owner", f"agent:{agent.id}": "writer"}
+
+
+def test_an_unknown_agent_is_refused_and_nothing_is_created(api, alice):
+    response = api.post(
+        "/v1/user/conversations",
+        {"agentId": "00000000-0000-4000-8000-000000000000"},
+        as_=alice,
+    )
+    assert response.status_code == 400
+    assert response.json()["details"] == {"agentId": ["no such agent"]}
+    assert not Conversation.objects.exists()
+
+
+def test_appended_messages_have_the_documented_shape(api, alice):
+    conversation = create(api, alice)
+    response = api.post(
+        f"/v1/user/conversations/{conversation['id']}/messages",
+        {"content": "  Hello  ", "metadata": {"client": "web"}},
+        as_=alice,
+    )
+    assert response.status_code == 201
+    message = response.json()
+    assert set(message) == {
+        "id",
+        "conversationId",
+        "role",
+        "channel",
+        "visibility",
+        "authorName",
+        "content",
+        "metadata",
+        "parentMessageId",
+        "createdAt",
+    }
+    assert message["content"] == "  Hello  "
+    assert (message["role"], message["channel"], message["visibility"]) == (
+        "user",
+        "history",
+        "user",
+    )
+    assert message["authorName"] == "alice"
+    listed = api.get("/v1/user/conversations", as_=alice).json()["data"]
+    assert listed[0]["lastMessagePreview"] == "  Hello  "
+
+
+def test_the_list_is_newest_activity_first_and_searchable(api, alice, bob):
+    old = create(api, alice, title="Old news")
+    new = create(api, alice, title="Fresh", metadata={"project": "apollo"})
+    shared = ConversationFactory(group__owner="bob", title="Bob's")
+    MembershipFactory(group=shared.group, principal_id="alice", access_level="reader")
+    api.post(f"/v1/user/conversations/{old['id']}/messages", {"content": "bump"}, as_=alice)
+
+    listed = api.get("/v1/user/conversations", as_=alice).json()["data"]
+    assert [c["id"] for c in listed] == [old["id"], str(shared.id), new["id"]]
+    assert [c["updatedAt"] for c in listed] == sorted(
+        (c["updatedAt"] for c in listed), reverse=True
+    )
+    levels = {c["id"]: (c["accessLevel"], c["ownerUserId"]) for c in listed}
+    assert levels[str(shared.id)] == ("reader", "bob")
+
+    by_title = api.get("/v1/user/conversations", as_=alice, query="old").json()["data"]
+    assert [c["id"] for c in by_title] == [old["id"]]
+    by_metadata = api.get("/v1/user/conversations", as_=alice, query="apollo").json()["data"]
+    assert [c["id"] for c in by_metadata] == [new["id"]]
+
+
+def test_walking_conversation_pages_returns_each_once(api, alice):
+    ids = {create(api, alice, title=f"c{i}")["id"] for i in range(7)}
+    walked = walk(api, alice, "/v1/user/conversations", limit=3)
+    assert [c["id"] for c in walked if c["id"] in ids] == [c["id"] for c in walked]
+    assert sorted(c["id"] for c in walked) == sorted(ids)
+
+
+def test_walking_message_pages_while_messages_arrive_returns_each_once(api, alice):
+    conversation = create(api, alice)
+    path = f"/v1/user/conversations/{conversation['id']}/messages"
+    for i in range(10):
+        api.post(path, {"content": f"m{i}"}, as_=alice)
+    arrivals = iter(range(10, 14))
+
+    def someone_writes():
+        index = next(arrivals, None)
+        if index is not None:
+            api.post(path, {"content": f"m{index}"}, as_=alice)
+
+    walked = [m["content"] for m in walk(api, alice, path, limit=3, on_each_page=someone_writes)]
+
+    assert walked == [f"m{i}" for i in range(14)]
+
+
+@pytest.mark.parametrize("rows", [3, 30])
+def test_lists_run_a_bounded_number_of_queries(api, alice, rows, django_assert_max_num_queries):
+    for _ in range(rows):
+        conversation = ConversationFactory(group__owner="alice")
+        MessageFactory.create_batch(2, conversation=conversation)
+    [last] = Conversation.objects.order_by("-created_at")[:1]
+    MembershipFactory(group=last.group, principal_id="bob")
+
+    with django_assert_max_num_queries(1):
+        assert api.get("/v1/user/conversations", as_=alice, limit="50").status_code == 200
+    with django_assert_max_num_queries(3):
+        assert api.get(f"/v1/user/conversations/{last.id}/messages", as_=alice).status_code == 200
+    with django_assert_max_num_queries(2):
+        assert (
+            api.get(f"/v1/user/conversations/{last.id}/memberships", as_=alice).status_code == 200
+        )
+    with django_assert_max_num_queries(2):
+        assert api.get(f"/v1/user/conversations/{last.id}/forks", as_=alice).status_code == 200
+
+
+def test_appending_takes_a_constant_number_of_queries(api, alice):
+    conversation = create(api, alice)
+    path = f"/v1/user/conversations/{conversation['id']}/messages"
+    api.post(path, {"content": "warm up"}, as_=alice)
+    with CaptureQueriesContext(connection) as first:
+        api.post(path, {"content": "one"}, as_=alice)
+    MessageFactory.create_batch(50, conversation_id=conversation["id"])
+    with CaptureQueriesContext(connection) as later:
+        api.post(path, {"content": "two"}, as_=alice)
+    assert len(first) == len(later)
+
+
+BAD_INPUT = [
+    ("POST", "/conversations", {"title": "x" * 501}, "title"),
+    ("POST", "/conversations", {"title": "a\x00b"}, "title"),
+    ("POST", "/conversations", {"metadata": ["not", "an", "object"]}, "metadata"),
+    ("POST", "/conversations", {"metadata": {"big": "x" * 17_000}}, "metadata"),
+    ("POST", "/conversations", {"metadata": {"k": "a\x00"}}, "metadata"),
+    ("POST", "/conversations", {"agentId": "not-a-uuid"}, "agentId"),
+    ("POST", "/conversations", {"titel": "typo"}, "titel"),
+    ("POST", "/conversations", ["not", "an", "object"], "body"),
+    ("PATCH", "/conversations/{c}", {"title": 5}, "title"),
+    ("POST", "/conversations/{c}/messages", {}, "content"),
+    ("POST", "/conversations/{c}/messages", {"content": ""}, "content"),
+    ("POST", "/conversations/{c}/messages", {"content": "   "}, "content"),
+    ("POST", "/conversations/{c}/messages", {"content": "x" * 100_001}, "content"),
+    ("POST", "/conversations/{c}/messages", {"content": "nul\x00here"}, "content"),
+    ("POST", "/conversations/{c}/messages", {"content": "ok", "metadata": "s"}, "metadata"),
+    ("POST", "/conversations/{c}/messages", {"content": ["a"]}, "content"),
+    ("POST", "/conversations/{c}/messages/{m}/fork", {"newMessage": {"content": ""}}, "newMessage.content"),
+    ("POST", "/conversations/{c}/memberships", {"userId": "bob", "accessLevel": "admin"}, "accessLevel"),
+    ("POST", "/conversations/{c}/memberships", {"accessLevel": "reader"}, "userId"),
+    ("PATCH", "/conversations/{c}/memberships/bob", {"accessLevel": "boss"}, "accessLevel"),
+    ("POST", "/conversations/{c}/transfer-ownership", {}, "newOwnerUserId"),
+    ("POST", "/conversations/{c}/transfer-ownership", {"newOwnerUserId": "alice"}, "newOwnerUserId"),
+]  # fmt: skip
+
+
+def everything():
+    return (
+        sorted(Conversation.objects.values_list("id", "title", "metadata", "updated_at")),
+        sorted(Membership.objects.values_list("principal_id", "access_level")),
+        Message.objects.count(),
+    )
+
+
+@pytest.mark.parametrize(("method", "path", "body", "field"), BAD_INPUT)
+def test_bad_input_is_a_400_naming_the_field_and_writes_nothing(
+    api, alice, method, path, body, field
+):
+    conversation = ConversationFactory(group__owner="alice")
+    message = MessageFactory(conversation=conversation)
+    MembershipFactory(group=conversation.group, principal_id="bob")
+    before = everything()
+
+    response = api.call(
+        method, "/v1/user" + path.format(c=conversation.id, m=message.id), as_=alice, body=body
+    )
+
+    assert response.status_code == 400, response.content
+    error = response.json()
+    assert error["code"] == "validation_error"
+    assert field in error["details"]
+    assert field in error["error"]
+    assert everything() == before
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({"limit": "0"}, "limit"),
+        ({"limit": "201"}, "limit"),
+        ({"limit": "ten"}, "limit"),
+        ({"after": "not a cursor"}, "after"),
+        ({"after": "WyJ4Il0"}, "after"),  # base64 of ["x"]: ours in form, not in content
+    ],
+)
+def test_bad_paging_parameters_are_400(api, alice, params, field):
+    conversation = ConversationFactory(group__owner="alice")
+    for path in ["/v1/user/conversations", f"/v1/user/conversations/{conversation.id}/messages"]:
+        response = api.get(path, as_=alice, **params)
+        assert response.status_code == 400, path
+        assert field in response.json()["details"]
+
+
+def test_a_body_that_is_not_json_is_400(api, alice, client):
+    response = client.post(
+        "/v1/user/conversations",
+        data="{not json",
+        content_type="application/json",
+        **alice.auth_headers(),
+    )
+    assert response.status_code == 400
+    assert response.json()["code"] == "validation_error"

@@ -1,0 +1,193 @@
+"""Forks: O(1) to create, and each branch reads its ancestors up to the fork point."""
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from conversations.models import Channel, Conversation, Message, Role, Visibility
+from tests.factories import ConversationFactory, MessageFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def say(api, persona, conversation_id, content):
+    response = api.post(
+        f"/v1/user/conversations/{conversation_id}/messages", {"content": content}, as_=persona
+    )
+    assert response.status_code == 201, response.content
+    return response.json()
+
+
+def fork(api, persona, conversation_id, message_id, **body):
+    return api.post(
+        f"/v1/user/conversations/{conversation_id}/messages/{message_id}/fork", body, as_=persona
+    )
+
+
+def contents(api, persona, conversation_id):
+    response = api.get(f"/v1/user/conversations/{conversation_id}/messages", as_=persona)
+    assert response.status_code == 200
+    return [m["content"] for m in response.json()["data"]]
+
+
+@pytest.fixture
+def root(api, alice):
+    conversation = api.post("/v1/user/conversations", {"title": "Root"}, as_=alice).json()
+    for text in ["a1", "a2", "a3", "a4"]:
+        say(api, alice, conversation["id"], text)
+    return conversation
+
+
+def message_id(api, persona, conversation_id, content):
+    return next(
+        m["id"]
+        for m in api.get(f"/v1/user/conversations/{conversation_id}/messages", as_=persona).json()[
+            "data"
+        ]
+        if m["content"] == content
+    )
+
+
+def test_a_fork_reads_the_parent_up_to_the_fork_point_then_its_own(api, alice, root):
+    response = fork(
+        api, alice, root["id"], message_id(api, alice, root["id"], "a3"), title="B",
+        newMessage={"content": "b3"},
+    )  # fmt: skip
+    assert response.status_code == 201
+    branch = response.json()
+    assert branch["title"] == "B"
+    assert branch["forkedAtConversationId"] == root["id"]
+    assert branch["forkedAtMessageId"] == message_id(api, alice, root["id"], "a2")
+    assert branch["conversationGroupId"] == root["conversationGroupId"]
+
+    say(api, alice, root["id"], "a5")  # the parent goes on; the fork must not see it
+    say(api, alice, branch["id"], "b4")
+
+    assert contents(api, alice, branch["id"]) == ["a1", "a2", "b3", "b4"]
+    assert contents(api, alice, root["id"]) == ["a1", "a2", "a3", "a4", "a5"]
+
+
+def test_a_fork_of_a_fork_reads_through_every_ancestor(api, alice, root):
+    branch = fork(
+        api, alice, root["id"], message_id(api, alice, root["id"], "a4"),
+        newMessage={"content": "b4"},
+    ).json()  # fmt: skip
+    say(api, alice, branch["id"], "b5")
+    twig = fork(
+        api, alice, branch["id"], message_id(api, alice, branch["id"], "b5"),
+        newMessage={"content": "c5"},
+    ).json()  # fmt: skip
+    say(api, alice, branch["id"], "b6")
+    say(api, alice, root["id"], "a5")
+
+    assert contents(api, alice, twig["id"]) == ["a1", "a2", "a3", "b4", "c5"]
+    assert contents(api, alice, branch["id"]) == ["a1", "a2", "a3", "b4", "b5", "b6"]
+
+    # A fork at an inherited message: the twig's parent shares a2 with root.
+    sprout = fork(
+        api, alice, twig["id"], message_id(api, alice, twig["id"], "a2"),
+        newMessage={"content": "d2"},
+    ).json()  # fmt: skip
+    assert contents(api, alice, sprout["id"]) == ["a1", "d2"]
+
+
+def test_forking_at_the_first_message_shares_nothing(api, alice, root):
+    branch = fork(api, alice, root["id"], message_id(api, alice, root["id"], "a1")).json()
+    assert branch["forkedAtMessageId"] is None
+    assert contents(api, alice, branch["id"]) == []
+    say(api, alice, branch["id"], "fresh start")
+    assert contents(api, alice, branch["id"]) == ["fresh start"]
+
+
+def test_forks_lists_every_branch_root_first(api, alice, root):
+    first = fork(api, alice, root["id"], message_id(api, alice, root["id"], "a2")).json()
+    second = fork(api, alice, first["id"], message_id(api, alice, first["id"], "a1")).json()
+
+    listed = api.get(f"/v1/user/conversations/{first['id']}/forks", as_=alice).json()["data"]
+
+    assert [f["conversationId"] for f in listed] == [root["id"], first["id"], second["id"]]
+    assert [f["isCurrentFork"] for f in listed] == [False, True, False]
+    assert listed[0]["forkedAtConversationId"] is None
+    assert listed[1]["forkedAtConversationId"] == root["id"]
+    assert listed[1]["forkedFromMessageId"] == listed[1]["forkedAtMessageId"]
+    assert listed[1]["forkedAtMessageId"] == message_id(api, alice, root["id"], "a1")
+
+
+@pytest.mark.parametrize(
+    ("role", "channel"),
+    [
+        (Role.ASSISTANT, Channel.HISTORY),
+        (Role.USER, Channel.MEMORY),
+        (Role.USER, Channel.SUMMARY),
+    ],
+)
+def test_a_fork_starts_only_at_a_user_history_message(api, alice, role, channel):
+    conversation = ConversationFactory(group__owner="alice")
+    target = MessageFactory(conversation=conversation, role=role, channel=channel)
+    before = Conversation.objects.count()
+
+    response = fork(api, alice, conversation.id, target.id)
+
+    assert response.status_code == 400
+    assert response.json()["code"] == "validation_error"
+    assert "messageId" in response.json()["details"]
+    assert Conversation.objects.count() == before
+
+
+def test_a_message_of_another_conversation_is_not_a_fork_point(api, alice):
+    mine = ConversationFactory(group__owner="alice")
+    other = MessageFactory(conversation=ConversationFactory(group__owner="alice"))
+    assert fork(api, alice, mine.id, other.id).status_code == 404
+
+
+def test_forking_costs_the_same_queries_for_10000_messages_as_for_one(api, alice):
+    short = ConversationFactory(group__owner="alice")
+    short_target = MessageFactory(conversation=short)
+    long = ConversationFactory(group__owner="alice")
+    Message.objects.bulk_create(
+        Message(conversation=long, role="user", author_principal="alice", content=f"m{i}")
+        for i in range(10_000)
+    )
+    long_target = Message.objects.filter(conversation=long).order_by("-seq").first()
+
+    with CaptureQueriesContext(connection) as one:
+        assert fork(api, alice, short.id, short_target.id).status_code == 201
+    with CaptureQueriesContext(connection) as many:
+        assert fork(api, alice, long.id, long_target.id).status_code == 201
+
+    assert len(many) == len(one)
+    writes = [q["sql"] for q in many if q["sql"].startswith(("INSERT", "UPDATE", "DELETE"))]
+    assert len(writes) == 1  # the new conversation row; no message is copied
+    assert Message.objects.count() == 10_001
+
+
+def test_users_never_see_agent_only_memory_or_summary_messages(api, alice):
+    conversation = ConversationFactory(group__owner="alice")
+    MessageFactory(conversation=conversation, content="visible")
+    MessageFactory(conversation=conversation, content="agent note", visibility=Visibility.AGENT)
+    MessageFactory(conversation=conversation, content="memory", channel=Channel.MEMORY)
+    MessageFactory(
+        conversation=conversation,
+        content="summary",
+        channel=Channel.SUMMARY,
+        visibility=Visibility.AGENT,
+    )
+    MessageFactory(conversation=conversation, content="system", visibility=Visibility.SYSTEM)
+
+    assert contents(api, alice, conversation.id) == ["visible"]
+    listed = api.get("/v1/user/conversations", as_=alice).json()["data"]
+    assert listed[0]["lastMessagePreview"] == "visible"
+
+
+def test_deleting_a_fork_keeps_its_parent_and_deleting_the_root_removes_the_group(api, alice, root):
+    branch = fork(api, alice, root["id"], message_id(api, alice, root["id"], "a3")).json()
+    twig = fork(api, alice, branch["id"], message_id(api, alice, branch["id"], "a2")).json()
+
+    assert api.delete(f"/v1/user/conversations/{branch['id']}", as_=alice).status_code == 204
+    assert not Conversation.objects.filter(id__in=[branch["id"], twig["id"]]).exists()
+    assert contents(api, alice, root["id"]) == ["a1", "a2", "a3", "a4"]
+
+    assert api.delete(f"/v1/user/conversations/{root['id']}", as_=alice).status_code == 204
+    assert not Conversation.objects.exists()
+    assert not Message.objects.exists()
+    assert api.get(f"/v1/user/conversations/{root['id']}", as_=alice).status_code == 404

@@ -1,0 +1,197 @@
+"""Sharing and ownership transfer through the user API."""
+
+import pytest
+
+from conversations.models import Membership, OwnershipTransfer
+from tests.conftest import Persona
+from tests.factories import AgentFactory, ConversationFactory, MembershipFactory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def conversation(alice):
+    return ConversationFactory(group__owner=alice.id)
+
+
+def url(conversation, suffix=""):
+    return f"/v1/user/conversations/{conversation.id}{suffix}"
+
+
+def levels(conversation):
+    return dict(
+        Membership.objects.filter(group=conversation.group).values_list(
+            "principal_id", "access_level"
+        )
+    )
+
+
+def test_share_update_and_revoke(api, alice, bob, conversation):
+    shared = api.post(
+        url(conversation, "/memberships"), {"userId": "bob", "accessLevel": "reader"}, as_=alice
+    )
+    assert shared.status_code == 201
+    assert shared.json()["conversationId"] == str(conversation.id)
+    assert api.get(url(conversation), as_=bob).json()["accessLevel"] == "reader"
+
+    updated = api.patch(url(conversation, "/memberships/bob"), {"accessLevel": "writer"}, as_=alice)
+    assert updated.json()["accessLevel"] == "writer"
+    assert api.post(url(conversation, "/messages"), {"content": "hi"}, as_=bob).status_code == 201
+
+    assert api.delete(url(conversation, "/memberships/bob"), as_=alice).status_code == 204
+    assert api.get(url(conversation), as_=bob).status_code == 404
+
+
+def test_sharing_reaches_every_fork_of_the_group(api, alice, bob, conversation):
+    fork = ConversationFactory(group=conversation.group, forked_at_conversation=conversation)
+    api.post(
+        url(conversation, "/memberships"), {"userId": "bob", "accessLevel": "reader"}, as_=alice
+    )
+    assert api.get(url(fork), as_=bob).status_code == 200
+
+
+def test_sharing_twice_is_a_conflict(api, alice, conversation):
+    body = {"userId": "bob", "accessLevel": "reader"}
+    assert api.post(url(conversation, "/memberships"), body, as_=alice).status_code == 201
+    response = api.post(
+        url(conversation, "/memberships"), {**body, "accessLevel": "writer"}, as_=alice
+    )
+    assert response.status_code == 409
+    assert levels(conversation)["bob"] == "reader"
+
+
+def test_sharing_with_an_agent_needs_an_existing_agent(api, alice, conversation):
+    agent = AgentFactory()
+    ok = api.post(
+        url(conversation, "/memberships"),
+        {"userId": f"agent:{agent.id}", "accessLevel": "writer"},
+        as_=alice,
+    )
+    assert ok.status_code == 201
+    missing = api.post(
+        url(conversation, "/memberships"),
+        {"userId": "agent:00000000-0000-4000-8000-000000000000", "accessLevel": "writer"},
+        as_=alice,
+    )
+    assert missing.status_code == 400
+    assert "userId" in missing.json()["details"]
+
+
+@pytest.mark.parametrize("actor_level", ["manager", "owner"])
+def test_nobody_grants_or_removes_owner_through_memberships(api, conversation, actor_level):
+    actor = Persona("mia") if actor_level == "manager" else Persona("alice")
+    if actor_level == "manager":
+        MembershipFactory(group=conversation.group, principal_id="mia", access_level="manager")
+    MembershipFactory(group=conversation.group, principal_id="bob", access_level="reader")
+    before = levels(conversation)
+
+    grant = api.post(
+        url(conversation, "/memberships"), {"userId": "carl", "accessLevel": "owner"}, as_=actor
+    )
+    promote = api.patch(url(conversation, "/memberships/bob"), {"accessLevel": "owner"}, as_=actor)
+    demote = api.patch(
+        url(conversation, "/memberships/alice"), {"accessLevel": "reader"}, as_=actor
+    )
+    remove = api.delete(url(conversation, "/memberships/alice"), as_=actor)
+
+    assert [r.status_code for r in (grant, promote, demote, remove)] == [403, 403, 403, 403]
+    assert all(r.json()["code"] == "forbidden" for r in (grant, promote, demote, remove))
+    assert levels(conversation) == before
+
+
+def test_a_member_may_leave_but_not_remove_others(api, conversation):
+    MembershipFactory(group=conversation.group, principal_id="rita", access_level="reader")
+    MembershipFactory(group=conversation.group, principal_id="will", access_level="writer")
+    rita = Persona("rita")
+    assert api.delete(url(conversation, "/memberships/will"), as_=rita).status_code == 403
+    assert api.delete(url(conversation, "/memberships/rita"), as_=rita).status_code == 204
+    assert "rita" not in levels(conversation)
+
+
+def test_ownership_transfer_accepted(api, alice, bob, conversation):
+    MembershipFactory(group=conversation.group, principal_id="bob", access_level="writer")
+    offered = api.post(
+        url(conversation, "/transfer-ownership"), {"newOwnerUserId": "bob"}, as_=alice
+    )
+    assert offered.status_code == 202
+    transfer = offered.json()
+    assert (transfer["fromUserId"], transfer["toUserId"], transfer["status"]) == (
+        "alice",
+        "bob",
+        "pending",
+    )
+    assert transfer["conversationId"] == str(conversation.id)
+    assert [t["id"] for t in api.get("/v1/user/ownership-transfers", as_=bob).json()["data"]] == [
+        transfer["id"]
+    ]
+    assert [t["id"] for t in api.get("/v1/user/ownership-transfers", as_=alice).json()["data"]] == [
+        transfer["id"]
+    ]
+
+    accepted = api.post(f"/v1/user/ownership-transfers/{transfer['id']}/accept", as_=bob)
+
+    assert accepted.status_code == 200
+    assert accepted.json()["status"] == "accepted"
+    assert levels(conversation) == {"alice": "manager", "bob": "owner"}
+    assert api.get(url(conversation), as_=bob).json()["ownerUserId"] == "bob"
+    assert api.get("/v1/user/ownership-transfers", as_=bob).json()["data"] == []
+    history = api.get("/v1/user/ownership-transfers", as_=bob, status="accepted").json()["data"]
+    assert [t["id"] for t in history] == [transfer["id"]]
+    # Once accepted, it cannot be accepted, declined or cancelled again.
+    assert (
+        api.post(f"/v1/user/ownership-transfers/{transfer['id']}/accept", as_=bob).status_code
+        == 409
+    )
+
+
+def test_a_transfer_to_a_non_member_makes_them_owner(api, alice, conversation):
+    transfer = api.post(
+        url(conversation, "/transfer-ownership"), {"newOwnerUserId": "dora"}, as_=alice
+    ).json()
+    api.post(f"/v1/user/ownership-transfers/{transfer['id']}/accept", as_=Persona("dora"))
+    assert levels(conversation) == {"alice": "manager", "dora": "owner"}
+
+
+def test_a_second_pending_transfer_is_a_conflict(api, alice, conversation):
+    first = api.post(url(conversation, "/transfer-ownership"), {"newOwnerUserId": "bob"}, as_=alice)
+    second = api.post(
+        url(conversation, "/transfer-ownership"), {"newOwnerUserId": "carl"}, as_=alice
+    )
+    assert (first.status_code, second.status_code) == (202, 409)
+    assert second.json()["code"] == "conflict"
+    assert OwnershipTransfer.objects.count() == 1
+
+
+def test_declined_and_cancelled_transfers(api, alice, bob, charlie, conversation):
+    first = api.post(
+        url(conversation, "/transfer-ownership"), {"newOwnerUserId": "bob"}, as_=alice
+    ).json()
+    # Only the recipient decides; only the sender cancels; strangers do not see it.
+    assert (
+        api.post(f"/v1/user/ownership-transfers/{first['id']}/accept", as_=alice).status_code == 403
+    )
+    assert api.delete(f"/v1/user/ownership-transfers/{first['id']}", as_=bob).status_code == 403
+    assert (
+        api.post(f"/v1/user/ownership-transfers/{first['id']}/decline", as_=charlie).status_code
+        == 404
+    )
+
+    declined = api.post(f"/v1/user/ownership-transfers/{first['id']}/decline", as_=bob)
+    assert declined.json()["status"] == "declined"
+    assert levels(conversation) == {"alice": "owner"}
+
+    second = api.post(
+        url(conversation, "/transfer-ownership"), {"newOwnerUserId": "bob"}, as_=alice
+    ).json()
+    assert api.delete(f"/v1/user/ownership-transfers/{second['id']}", as_=alice).status_code == 204
+    assert OwnershipTransfer.objects.get(id=second["id"]).status == "cancelled"
+    assert (
+        api.post(f"/v1/user/ownership-transfers/{second['id']}/accept", as_=bob).status_code == 409
+    )
+    assert levels(conversation) == {"alice": "owner"}
+
+
+def test_an_unknown_transfer_status_filter_is_400(api, alice):
+    response = api.get("/v1/user/ownership-transfers", as_=alice, status="lost")
+    assert response.status_code == 400
+    assert "status" in response.json()["details"]
