@@ -9,10 +9,10 @@ from django.db.models.lookups import LessThanOrEqual
 from django.utils import timezone
 
 from conversations.models import PRINCIPAL_MAX_LENGTH
+from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX
 from memsvc.db import json_is_object
 from memsvc.validators import no_nul_characters
 
-AGENT_PRINCIPAL_PREFIX = "agent:"
 DEFAULT_BLOCK_LIMIT = 5_000
 
 
@@ -99,3 +99,62 @@ class MemoryBlockRevision(models.Model):
 
     def __str__(self) -> str:
         return f"{self.block_id} @ {self.created_at:%Y-%m-%d %H:%M:%S}"
+
+
+class Scope(models.TextChoices):
+    READ = "read"
+    WRITE = "write"
+    IMPERSONATE = "impersonate"
+
+
+class ApiKey(models.Model):
+    """An agent's credential: ``msk_<public_id>_<secret>``.
+
+    Only the public id, a display prefix and an HMAC of the secret (keyed by the Django
+    secret key) are stored; the secret is shown once, when the key is created.
+    """
+
+    public_id = models.CharField(max_length=32, unique=True, editable=False)
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=200, blank=True, default="")
+    prefix = models.CharField(max_length=64, editable=False)
+    secret_hmac = models.CharField(max_length=64, editable=False)
+    scopes = models.JSONField(default=list)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "api_key"
+        verbose_name = "API key"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(scopes__contained_by=Scope.values), name="api_key_scopes_valid"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.agent.name})"
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None
+
+
+class IdempotentRequest(models.Model):
+    """The result of a request sent with an ``Idempotency-Key``: a retry gets it back."""
+
+    principal_id = models.CharField(max_length=PRINCIPAL_MAX_LENGTH)
+    key = models.CharField(max_length=255)
+    request_hash = models.CharField(max_length=64)
+    message_ids = models.JSONField(default=list)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        db_table = "idempotent_request"
+        constraints = [
+            models.UniqueConstraint(fields=["principal_id", "key"], name="idempotency_key_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.principal_id}: {self.key}"

@@ -2,8 +2,9 @@
 
 import uuid
 
-from agents_api.models import AGENT_PRINCIPAL_PREFIX, Agent
-from memsvc.api.errors import InvalidInput
+from agents_api.models import Agent, MemoryBlock, MemoryBlockRevision
+from memsvc.api.errors import InvalidInput, NotFound
+from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX
 
 
 def agent_by_id(agent_id, *, field: str) -> Agent:
@@ -24,3 +25,18 @@ def principal_for_sharing(principal_id: str, *, field: str) -> str:
             principal_id.removeprefix(AGENT_PRINCIPAL_PREFIX), field=field
         ).principal_id
     return principal_id
+
+
+def memory_blocks(agent: Agent, *, user_id: str) -> list[MemoryBlock]:
+    return list(MemoryBlock.objects.filter(agent=agent, user_id=user_id).order_by("label"))
+
+
+def memory_block(agent: Agent, *, user_id: str, label: str) -> MemoryBlock:
+    block = MemoryBlock.objects.filter(agent=agent, user_id=user_id, label=label).first()
+    if block is None:
+        raise NotFound(f"no memory block labelled {label!r}")
+    return block
+
+
+def memory_block_revisions(block: MemoryBlock) -> list[MemoryBlockRevision]:
+    return list(block.revisions.order_by("-created_at", "-id"))

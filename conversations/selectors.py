@@ -214,6 +214,37 @@ def conversation_messages(conversation: Conversation, *, for_agent: bool = False
     return queryset.order_by("seq")
 
 
+@dataclass(frozen=True)
+class ContextPage:
+    messages: list[Message]
+    has_more: bool
+
+
+def conversation_context(
+    conversation: Conversation, *, after: Message | None = None, limit: int
+) -> ContextPage:
+    """What an agent puts in its next prompt: the latest summary, then every message after
+    the one it covers (fork ancestry included, all channels but older summaries), by ``seq``.
+
+    ``after`` continues a previous page.
+    """
+    view = conversation_messages(conversation, for_agent=True)
+    summary = view.filter(channel=Channel.SUMMARY).order_by("-seq").first()
+    rest = view.exclude(channel=Channel.SUMMARY)
+    head: list[Message] = []
+    if summary is not None:
+        until = view.filter(id=summary.metadata.get("untilMessageId")).values("seq").first()
+        rest = rest.filter(seq__gt=until["seq"] if until else summary.seq)
+        if after is None:
+            head = [summary]
+    if after is not None and after.channel != Channel.SUMMARY:
+        # (A page that ended on the summary continues right after what it covers.)
+        rest = rest.filter(seq__gt=after.seq)
+    remaining = limit - len(head)
+    rows = list(rest[: remaining + 1])
+    return ContextPage(messages=head + rows[:remaining], has_more=len(rows) > remaining)
+
+
 def message_in_view(conversation: Conversation, message_id) -> Message:
     """A message of the conversation's view (any channel); 404 otherwise."""
     try:

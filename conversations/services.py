@@ -138,6 +138,38 @@ def message_append(
     return message
 
 
+@transaction.atomic
+def summary_create(
+    actor: Principal,
+    *,
+    conversation: Conversation,
+    title: str,
+    summary: str,
+    until_message: Message,
+    summarized_at: datetime,
+) -> Message:
+    """An agent's summary of the view up to ``until_message``: a SUMMARY message that agents
+    see in place of what it covers, and the conversation's new title."""
+    [message] = messages_append(
+        actor,
+        conversation=conversation,
+        messages=[
+            NewMessage(
+                content=summary,
+                role=Role.SYSTEM,
+                channel=Channel.SUMMARY,
+                visibility=Visibility.AGENT,
+                metadata={
+                    "untilMessageId": str(until_message.id),
+                    "summarizedAt": summarized_at.isoformat(),
+                },
+            )
+        ],
+    )
+    Conversation.objects.filter(pk=conversation.pk).update(title=title)
+    return message
+
+
 # --- forks -----------------------------------------------------------------------------------
 
 

@@ -162,6 +162,53 @@ def cmd_token(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_apikey_create(args: argparse.Namespace) -> int:
+    _setup_django()
+    from agents_api.services import agent_get_or_create, api_key_create
+
+    agent, created = agent_get_or_create(owner_principal=args.owner, name=args.agent)
+    api_key, full_key = api_key_create(agent=agent, scopes=args.scope, name=args.name or "")
+    print(
+        f"{'created' if created else 'existing'} agent {agent.name!r} (id {agent.id}); "
+        f"key {api_key.public_id} with scopes {', '.join(api_key.scopes)}. "
+        "The key is shown only now:",
+        file=sys.stderr,
+    )
+    print(full_key)
+    return 0
+
+
+def cmd_apikey_list(args: argparse.Namespace) -> int:
+    _setup_django()
+    from agents_api.models import ApiKey
+
+    keys = ApiKey.objects.select_related("agent").order_by("created_at")
+    if args.agent:
+        keys = keys.filter(agent__name=args.agent)
+    for key in keys:
+        state = f"revoked {key.revoked_at:%Y-%m-%d %H:%M}" if key.revoked_at else "active"
+        used = f"{key.last_used_at:%Y-%m-%d %H:%M}" if key.last_used_at else "never"
+        print(
+            f"{key.public_id}\t{key.agent.name}\t{key.agent_id}\t{','.join(key.scopes)}"
+            f"\t{state}\tlast used {used}"
+        )
+    return 0
+
+
+def cmd_apikey_revoke(args: argparse.Namespace) -> int:
+    _setup_django()
+    from agents_api.models import ApiKey
+    from agents_api.services import api_key_revoke
+
+    api_key = ApiKey.objects.filter(public_id=args.key_id).first()
+    if api_key is None:
+        print(f"no API key {args.key_id!r}", file=sys.stderr)
+        return 1
+    api_key_revoke(api_key=api_key)
+    print(f"revoked {api_key.public_id}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="memsvc", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -181,6 +228,26 @@ def build_parser() -> argparse.ArgumentParser:
     token.add_argument("user_id")
     token.add_argument("--ttl", type=int, default=3600, help="lifetime in seconds (3600)")
     token.set_defaults(func=cmd_token)
+
+    apikey = commands.add_parser("apikey", help="create, list and revoke agents' API keys")
+    apikey_commands = apikey.add_subparsers(dest="apikey_command", required=True)
+    create = apikey_commands.add_parser("create", help="a new key for an agent (made if missing)")
+    create.add_argument("agent", help="the agent's name")
+    create.add_argument(
+        "--scope",
+        action="append",
+        choices=["read", "write", "impersonate"],
+        help="repeat for several (default: read and write)",
+    )
+    create.add_argument("--owner", default="local", help="who owns the agent (default: local)")
+    create.add_argument("--name", help="a note to tell keys apart")
+    create.set_defaults(func=cmd_apikey_create)
+    listing = apikey_commands.add_parser("list", help="every key (never the secrets)")
+    listing.add_argument("--agent", help="only this agent's keys")
+    listing.set_defaults(func=cmd_apikey_list)
+    revoke = apikey_commands.add_parser("revoke", help="revoke a key by its id")
+    revoke.add_argument("key_id")
+    revoke.set_defaults(func=cmd_apikey_revoke)
     return parser
 
 

@@ -25,6 +25,29 @@ MembershipList = s.listed(s.MembershipOut, "ConversationMembershipList")
 TransferList = s.listed(s.TransferOut, "OwnershipTransferList")
 
 
+def conversation_page(request) -> dict:
+    """A page of the conversations ``request.principal`` may see (user and agent APIs)."""
+    limit = parse_limit(request.query_params.get("limit"))
+    after = request.query_params.get("after")
+    rows = selectors.conversation_list(
+        request.principal,
+        query=request.query_params.get("query") or None,
+        after=decode_cursor(after, types=(str, str)) if after else None,
+        limit=limit,
+    )
+    rows, next_cursor = page(
+        rows, limit, lambda c: encode_cursor(c.updated_at.isoformat(), str(c.id))
+    )
+    return {"data": s.ConversationSummaryOut(rows, many=True).data, "nextCursor": next_cursor}
+
+
+LIST_PARAMETERS = [
+    LIMIT,
+    AFTER,
+    OpenApiParameter("query", str, description="Words of the title or metadata"),
+]
+
+
 def user_operation(operation_id: str, **kwargs):
     return extend_schema(operation_id=operation_id, tags=["user"], **kwargs)
 
@@ -37,28 +60,11 @@ class UserApiView(APIView):
 class ConversationsView(UserApiView):
     @user_operation(
         "listConversations",
-        parameters=[
-            LIMIT,
-            AFTER,
-            OpenApiParameter("query", str, description="Words of the title or metadata"),
-        ],
+        parameters=LIST_PARAMETERS,
         responses={200: ConversationPage, **errors(400, 401)},
     )
     def get(self, request):
-        limit = parse_limit(request.query_params.get("limit"))
-        after = request.query_params.get("after")
-        rows = selectors.conversation_list(
-            request.principal,
-            query=request.query_params.get("query") or None,
-            after=decode_cursor(after, types=(str, str)) if after else None,
-            limit=limit,
-        )
-        rows, next_cursor = page(
-            rows, limit, lambda c: encode_cursor(c.updated_at.isoformat(), str(c.id))
-        )
-        return Response(
-            {"data": s.ConversationSummaryOut(rows, many=True).data, "nextCursor": next_cursor}
-        )
+        return Response(conversation_page(request))
 
     @user_operation(
         "createConversation",

@@ -17,7 +17,7 @@ from django.conf import settings
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 
 from memsvc.api.errors import Unauthorized
-from memsvc.api.principals import Principal
+from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, Principal
 
 SHARED_SECRET_ALGORITHMS = ("HS256",)
 ISSUER_ALGORITHMS = ("RS256", "RS384", "RS512", "ES256", "ES384")
@@ -36,7 +36,9 @@ def decode_user_token(token: str) -> dict:
         if algorithm in SHARED_SECRET_ALGORITHMS and settings.MEMSVC_JWT_SECRET:
             key = settings.MEMSVC_JWT_SECRET
         elif algorithm in ISSUER_ALGORITHMS and settings.MEMSVC_JWT_JWKS_URL:
-            key = _jwks_client(settings.MEMSVC_JWT_JWKS_URL).get_signing_key_from_jwt(token).key
+            # The PyJWK itself, not its bare key: PyJWT then refuses an ``alg`` that does not
+            # fit the key the ``kid`` names (an RSA key with ES256, say).
+            key = _jwks_client(settings.MEMSVC_JWT_JWKS_URL).get_signing_key_from_jwt(token)
         else:
             raise Unauthorized(f"tokens signed with {algorithm!r} are not accepted")
         claims = jwt.decode(
@@ -50,11 +52,17 @@ def decode_user_token(token: str) -> dict:
         )
     except jwt.ExpiredSignatureError:
         raise Unauthorized("token expired") from None
-    except (jwt.InvalidTokenError, jwt.PyJWKClientError) as exc:
+    except (jwt.PyJWTError, ValueError) as exc:
+        # Every way a token or the issuer's key set can be wrong (ValueError: a key set that
+        # is not JSON) is the caller's 401, never a 500.
         raise Unauthorized(f"invalid token: {exc}") from None
     subject = claims["sub"]
     if not isinstance(subject, str) or not subject or "\x00" in subject:
         raise Unauthorized("invalid token: sub must be a non-empty string")
+    if subject.startswith(AGENT_PRINCIPAL_PREFIX):
+        # Agent principals come from API keys only; a user named "agent:..." would borrow
+        # an agent's memberships.
+        raise Unauthorized("invalid token: sub must not name an agent")
     return claims
 
 

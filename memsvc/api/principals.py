@@ -2,6 +2,9 @@
 
 from dataclasses import dataclass, field
 
+# Principal ids of agents: ``agent:<uuid>``. Anything else is a user id.
+AGENT_PRINCIPAL_PREFIX = "agent:"
+
 
 @dataclass(frozen=True)
 class Principal:

@@ -54,3 +54,16 @@ class JWTAuthenticationScheme(OpenApiAuthenticationExtension):
             "bearerFormat": "JWT",
             "description": "A user's JWT (`sub` is the user id).",
         }
+
+
+class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):
+    target_class = "agents_api.authentication.ApiKeyAuthentication"
+    name = "AgentApiKey"
+
+    def get_security_definition(self, auto_schema):
+        return {
+            "type": "http",
+            "scheme": "bearer",
+            "bearerFormat": "msk_<id>_<secret>",
+            "description": "An agent's API key (also accepted as `X-API-Key`).",
+        }

@@ -201,13 +201,28 @@ BAD_INPUT = [
     ("POST", "/conversations/{c}/messages", {"content": "nul\x00here"}, "content"),
     ("POST", "/conversations/{c}/messages", {"content": "ok", "metadata": "s"}, "metadata"),
     ("POST", "/conversations/{c}/messages", {"content": ["a"]}, "content"),
-    ("POST", "/conversations/{c}/messages/{m}/fork", {"newMessage": {"content": ""}}, "newMessage.content"),
-    ("POST", "/conversations/{c}/memberships", {"userId": "bob", "accessLevel": "admin"}, "accessLevel"),
+    (
+        "POST",
+        "/conversations/{c}/messages/{m}/fork",
+        {"newMessage": {"content": ""}},
+        "newMessage.content",
+    ),
+    (
+        "POST",
+        "/conversations/{c}/memberships",
+        {"userId": "bob", "accessLevel": "admin"},
+        "accessLevel",
+    ),
     ("POST", "/conversations/{c}/memberships", {"accessLevel": "reader"}, "userId"),
     ("PATCH", "/conversations/{c}/memberships/bob", {"accessLevel": "boss"}, "accessLevel"),
     ("POST", "/conversations/{c}/transfer-ownership", {}, "newOwnerUserId"),
-    ("POST", "/conversations/{c}/transfer-ownership", {"newOwnerUserId": "alice"}, "newOwnerUserId"),
-]  # fmt: skip
+    (
+        "POST",
+        "/conversations/{c}/transfer-ownership",
+        {"newOwnerUserId": "alice"},
+        "newOwnerUserId",
+    ),
+]
 
 
 def everything():

@@ -1,0 +1,173 @@
+"""The JSON of the agent API (camelCase), in and out."""
+
+from datetime import timedelta
+
+from django.utils import timezone
+from rest_framework import serializers
+
+from agents_api.models import DEFAULT_BLOCK_LIMIT, Scope
+from conversations.api.serializers import MessageOut, listed
+from conversations.models import Channel, Role, Visibility
+from memsvc.api.fields import (
+    InputSerializer,
+    MessageContentField,
+    MetadataField,
+    TextField,
+    TitleField,
+)
+
+MAX_BULK_MESSAGES = 100
+CLOCK_SKEW = timedelta(seconds=60)
+
+
+class MeOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    name = serializers.CharField()
+    principalId = serializers.CharField(source="principal_id")
+    scopes = serializers.ListField(child=serializers.ChoiceField(choices=Scope.choices))
+
+    class Meta:
+        ref_name = "Agent"
+
+
+class CreateAgentConversationIn(InputSerializer):
+    title = TitleField(required=False)
+    metadata = MetadataField(required=False)
+
+    class Meta:
+        ref_name = "CreateAgentConversationRequest"
+
+
+class CreateAgentMessageIn(InputSerializer):
+    role = serializers.ChoiceField(choices=Role.choices)
+    visibility = serializers.ChoiceField(choices=Visibility.choices, default=Visibility.USER)
+    channel = serializers.ChoiceField(
+        choices=[Channel.HISTORY, Channel.MEMORY], default=Channel.HISTORY
+    )
+    content = MessageContentField()
+    metadata = MetadataField(required=False)
+    parentMessageId = serializers.UUIDField(required=False, allow_null=True)
+    authorName = TextField(required=False, max_length=255, allow_blank=False)
+    createdAt = serializers.DateTimeField(required=False)
+
+    class Meta:
+        ref_name = "CreateAgentMessageRequest"
+
+    def validate_createdAt(self, value):
+        if value > timezone.now() + CLOCK_SKEW:
+            raise serializers.ValidationError("must not be in the future")
+        return value
+
+
+class BulkMessagesIn(InputSerializer):
+    messages = CreateAgentMessageIn(many=True, allow_empty=False, max_length=MAX_BULK_MESSAGES)
+
+    class Meta:
+        ref_name = "AppendAgentMessagesRequest"
+
+
+MessageList = listed(MessageOut, "MessageList")
+
+
+class ContextOut(serializers.Serializer):
+    conversationId = serializers.UUIDField()
+    messages = MessageOut(many=True)
+    nextAfterMessageId = serializers.UUIDField(allow_null=True)
+
+    class Meta:
+        ref_name = "ConversationContext"
+
+
+class SummaryIn(InputSerializer):
+    title = TitleField()
+    summary = MessageContentField()
+    untilMessageId = serializers.UUIDField()
+    summarizedAt = serializers.DateTimeField()
+
+    class Meta:
+        ref_name = "CreateSummaryRequest"
+
+
+class MemoryBlockOut(serializers.Serializer):
+    label = serializers.CharField()
+    value = serializers.CharField()
+    description = serializers.CharField()
+    limit = serializers.IntegerField()
+    readOnly = serializers.BooleanField(source="read_only")
+    userId = serializers.CharField(source="user_id", allow_null=True)
+    createdAt = serializers.DateTimeField(source="created_at")
+    updatedAt = serializers.DateTimeField(source="updated_at")
+
+    class Meta:
+        ref_name = "MemoryBlock"
+
+    def to_representation(self, instance):
+        data = super().to_representation(instance)
+        data["userId"] = data["userId"] or None
+        return data
+
+
+class MemoryBlockRevisionOut(serializers.Serializer):
+    value = serializers.CharField()
+    actor = serializers.CharField(source="actor_principal")
+    createdAt = serializers.DateTimeField(source="created_at")
+
+    class Meta:
+        ref_name = "MemoryBlockRevision"
+
+
+class LabelField(TextField):
+    def __init__(self, **kwargs):
+        super().__init__(max_length=100, allow_blank=False, **kwargs)
+
+
+class BlockLimitField(serializers.IntegerField):
+    def __init__(self, **kwargs):
+        super().__init__(min_value=1, max_value=1_000_000, **kwargs)
+
+
+class CreateMemoryBlockIn(InputSerializer):
+    label = LabelField()
+    value = TextField(required=False, allow_blank=True, default="")
+    description = TextField(required=False, allow_blank=True, default="", max_length=2000)
+    limit = BlockLimitField(required=False, default=DEFAULT_BLOCK_LIMIT)
+    readOnly = serializers.BooleanField(required=False, default=False)
+
+    class Meta:
+        ref_name = "CreateMemoryBlockRequest"
+
+
+class PutMemoryBlockIn(InputSerializer):
+    value = TextField(allow_blank=True)
+    description = TextField(required=False, allow_blank=True, max_length=2000)
+    limit = BlockLimitField(required=False)
+
+    class Meta:
+        ref_name = "ReplaceMemoryBlockRequest"
+
+
+class ReplaceTextIn(InputSerializer):
+    old = TextField(allow_blank=False)
+    new = TextField(allow_blank=True)
+
+    class Meta:
+        ref_name = "MemoryBlockReplace"
+
+
+class PatchMemoryBlockIn(InputSerializer):
+    value = TextField(required=False, allow_blank=True)
+    append = TextField(required=False, allow_blank=False)
+    replace = ReplaceTextIn(required=False)
+    description = TextField(required=False, allow_blank=True, max_length=2000)
+    limit = BlockLimitField(required=False)
+
+    class Meta:
+        ref_name = "UpdateMemoryBlockRequest"
+
+    def validate(self, attrs):
+        edits = [name for name in ("value", "append", "replace") if name in attrs]
+        if len(edits) > 1:
+            raise serializers.ValidationError(
+                {edits[1]: [f"give one of value, append, replace (got {', '.join(edits)})"]}
+            )
+        return attrs

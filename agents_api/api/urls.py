@@ -1,0 +1,14 @@
+from django.urls import path
+
+from agents_api.api import views
+
+urlpatterns = [
+    path("me", views.MeView.as_view()),
+    path("conversations", views.ConversationsView.as_view()),
+    path("conversations/<uuid:conversation_id>/messages", views.MessagesView.as_view()),
+    path("conversations/<uuid:conversation_id>/context", views.ContextView.as_view()),
+    path("conversations/<uuid:conversation_id>/summaries", views.SummariesView.as_view()),
+    path("memory-blocks", views.MemoryBlocksView.as_view()),
+    path("memory-blocks/<str:label>", views.MemoryBlockView.as_view()),
+    path("memory-blocks/<str:label>/revisions", views.MemoryBlockRevisionsView.as_view()),
+]

@@ -1,0 +1,332 @@
+"""The agent API (``/v1/agent``): thin views over the same services as the user API."""
+
+import hashlib
+import json
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from agents_api import selectors as agent_selectors
+from agents_api import services as agent_services
+from agents_api.api import serializers as s
+from agents_api.authentication import ON_BEHALF_HEADER, ApiKeyAuthentication, HasScope
+from conversations import selectors, services
+from conversations.api.serializers import ConversationOut, MessageOut, listed
+from conversations.api.views import LIST_PARAMETERS, ConversationPage, conversation_page
+from conversations.models import AccessLevel, Role
+from conversations.services import NewMessage
+from memsvc.api.errors import Forbidden, InvalidInput, NotFound
+from memsvc.api.pagination import parse_limit
+from memsvc.api.schema import errors
+
+ON_BEHALF = OpenApiParameter(
+    ON_BEHALF_HEADER,
+    str,
+    location=OpenApiParameter.HEADER,
+    description="Act for this user (needs the `impersonate` scope); the user's access applies too.",
+)
+USER_ID = OpenApiParameter(
+    "userId", str, description="The user whose blocks these are (default: the agent's own)."
+)
+
+
+def agent_operation(operation_id: str, *, parameters=(), **kwargs):
+    return extend_schema(
+        operation_id=operation_id, tags=["agent"], parameters=[ON_BEHALF, *parameters], **kwargs
+    )
+
+
+class AgentApiView(APIView):
+    authentication_classes = [ApiKeyAuthentication]
+    permission_classes = [IsAuthenticated, HasScope]
+
+
+class MeView(AgentApiView):
+    @agent_operation("getAgent", responses={200: s.MeOut, **errors(401, 403)})
+    def get(self, request):
+        agent = request.agent
+        return Response(
+            s.MeOut(
+                {
+                    "id": agent.id,
+                    "name": agent.name,
+                    "principal_id": agent.principal_id,
+                    "scopes": sorted(request.principal.scopes),
+                }
+            ).data
+        )
+
+
+class ConversationsView(AgentApiView):
+    @agent_operation(
+        "agentListConversations",
+        parameters=LIST_PARAMETERS,
+        responses={200: ConversationPage, **errors(400, 401, 403)},
+    )
+    def get(self, request):
+        return Response(conversation_page(request))
+
+    @agent_operation(
+        "agentCreateConversation",
+        request=s.CreateAgentConversationIn,
+        responses={201: ConversationOut, **errors(400, 401, 403)},
+    )
+    def post(self, request):
+        data = s.CreateAgentConversationIn.parse(request.data)
+        principal = request.principal
+        conversation = services.conversation_create(
+            principal,
+            title=data.get("title", ""),
+            metadata=data.get("metadata"),
+            writer_ids=[principal.id] if principal.on_behalf_of else [],
+        )
+        conversation = selectors.access_conversation(principal, conversation.id)
+        return Response(ConversationOut(conversation).data, status=201)
+
+
+def _request_hash(conversation_id, data) -> str:
+    canonical = json.dumps([str(conversation_id), data], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _in_view(conversation, message_id, field: str):
+    """A message of the conversation's view named in a request body: 400, not 404."""
+    try:
+        return selectors.message_in_view(conversation, message_id)
+    except NotFound:
+        raise InvalidInput.for_field(field, "not a message of this conversation") from None
+
+
+class MessagesView(AgentApiView):
+    @agent_operation(
+        "agentAppendMessages",
+        parameters=[
+            OpenApiParameter(
+                "Idempotency-Key",
+                str,
+                location=OpenApiParameter.HEADER,
+                description="A retry with the same key returns the first result, writing nothing.",
+            )
+        ],
+        request=s.BulkMessagesIn,
+        responses={201: s.MessageList, **errors(400, 401, 403, 404, 409)},
+    )
+    def post(self, request, conversation_id):
+        conversation = selectors.access_conversation(
+            request.principal, conversation_id, need=AccessLevel.WRITER
+        )
+        data = s.BulkMessagesIn.parse(request.data)
+        new_messages = []
+        for index, item in enumerate(data["messages"]):
+            parent_id = item.get("parentMessageId")
+            author = item.get("authorName") or (
+                request.principal.on_behalf_of or conversation.owner_id
+                if item["role"] == Role.USER
+                else request.agent.name
+            )
+            new_messages.append(
+                NewMessage(
+                    content=item["content"],
+                    role=item["role"],
+                    channel=item["channel"],
+                    visibility=item["visibility"],
+                    metadata=item.get("metadata", {}),
+                    author_name=author,
+                    parent_message=_in_view(
+                        conversation, parent_id, f"messages[{index}].parentMessageId"
+                    )
+                    if parent_id
+                    else None,
+                    created_at=item.get("createdAt"),
+                )
+            )
+        key = request.headers.get("Idempotency-Key")
+        messages, created = agent_services.agent_messages_append(
+            request.principal,
+            conversation=conversation,
+            messages=new_messages,
+            idempotency_key=key.strip() if key else None,
+            request_hash=_request_hash(conversation.id, request.data),
+        )
+        response = Response({"data": MessageOut(messages, many=True).data}, status=201)
+        if not created:
+            response["Idempotent-Replayed"] = "true"
+        return response
+
+
+class ContextView(AgentApiView):
+    @agent_operation(
+        "agentGetContext",
+        parameters=[
+            OpenApiParameter(
+                "afterMessageId", str, description="`nextAfterMessageId` of the last page"
+            ),
+            OpenApiParameter("limit", int, description="1..200, default 20"),
+        ],
+        responses={200: s.ContextOut, **errors(400, 401, 403, 404)},
+    )
+    def get(self, request, conversation_id):
+        conversation = selectors.access_conversation(request.principal, conversation_id)
+        limit = parse_limit(request.query_params.get("limit"))
+        after_id = request.query_params.get("afterMessageId")
+        after = _in_view(conversation, after_id, "afterMessageId") if after_id else None
+        context = selectors.conversation_context(conversation, after=after, limit=limit)
+        return Response(
+            s.ContextOut(
+                {
+                    "conversationId": conversation.id,
+                    "messages": context.messages,
+                    "nextAfterMessageId": context.messages[-1].id if context.has_more else None,
+                }
+            ).data
+        )
+
+
+class SummariesView(AgentApiView):
+    @agent_operation(
+        "agentCreateSummary",
+        request=s.SummaryIn,
+        responses={201: MessageOut, **errors(400, 401, 403, 404)},
+    )
+    def post(self, request, conversation_id):
+        conversation = selectors.access_conversation(
+            request.principal, conversation_id, need=AccessLevel.WRITER
+        )
+        data = s.SummaryIn.parse(request.data)
+        message = services.summary_create(
+            request.principal,
+            conversation=conversation,
+            title=data["title"],
+            summary=data["summary"],
+            until_message=_in_view(conversation, data["untilMessageId"], "untilMessageId"),
+            summarized_at=data["summarizedAt"],
+        )
+        return Response(MessageOut(message).data, status=201)
+
+
+# --- memory blocks ---------------------------------------------------------------------------
+
+BlockList = listed(s.MemoryBlockOut, "MemoryBlockList")
+RevisionList = listed(s.MemoryBlockRevisionOut, "MemoryBlockRevisionList")
+
+
+def _block_owner(request) -> str:
+    """Whose blocks: ``?userId=``, or the user the agent acts for, or the agent's own ("")."""
+    user_id = request.query_params.get("userId", "")
+    acting_for = request.principal.on_behalf_of
+    if acting_for:
+        if user_id and user_id != acting_for:
+            raise Forbidden(f"acting for {acting_for}, this request cannot reach another user")
+        return acting_for
+    if "\x00" in user_id or len(user_id) > 255:
+        raise InvalidInput.for_field("userId", "must be a user id")
+    return user_id
+
+
+class MemoryBlocksView(AgentApiView):
+    @agent_operation(
+        "agentListMemoryBlocks",
+        parameters=[USER_ID],
+        responses={200: BlockList, **errors(401, 403)},
+    )
+    def get(self, request):
+        blocks = agent_selectors.memory_blocks(request.agent, user_id=_block_owner(request))
+        return Response({"data": s.MemoryBlockOut(blocks, many=True).data})
+
+    @agent_operation(
+        "agentCreateMemoryBlock",
+        parameters=[USER_ID],
+        request=s.CreateMemoryBlockIn,
+        responses={201: s.MemoryBlockOut, **errors(400, 401, 403, 409)},
+    )
+    def post(self, request):
+        user_id = _block_owner(request)
+        data = s.CreateMemoryBlockIn.parse(request.data)
+        block = agent_services.memory_block_create(
+            request.principal,
+            agent=request.agent,
+            user_id=user_id,
+            label=data["label"],
+            value=data["value"],
+            description=data["description"],
+            limit=data["limit"],
+            read_only=data["readOnly"],
+        )
+        return Response(s.MemoryBlockOut(block).data, status=201)
+
+
+def _requested_block(request, label):
+    return agent_selectors.memory_block(request.agent, user_id=_block_owner(request), label=label)
+
+
+class MemoryBlockView(AgentApiView):
+    @agent_operation(
+        "agentGetMemoryBlock",
+        parameters=[USER_ID],
+        responses={200: s.MemoryBlockOut, **errors(401, 403, 404)},
+    )
+    def get(self, request, label):
+        return Response(s.MemoryBlockOut(_requested_block(request, label)).data)
+
+    @agent_operation(
+        "agentReplaceMemoryBlock",
+        parameters=[USER_ID],
+        request=s.PutMemoryBlockIn,
+        responses={200: s.MemoryBlockOut, **errors(400, 401, 403, 404)},
+    )
+    def put(self, request, label):
+        block = _requested_block(request, label)
+        data = s.PutMemoryBlockIn.parse(request.data)
+        block = agent_services.memory_block_update(
+            request.principal,
+            block=block,
+            value=data["value"],
+            description=data.get("description"),
+            limit=data.get("limit"),
+        )
+        return Response(s.MemoryBlockOut(block).data)
+
+    @agent_operation(
+        "agentUpdateMemoryBlock",
+        parameters=[USER_ID],
+        request=s.PatchMemoryBlockIn,
+        responses={200: s.MemoryBlockOut, **errors(400, 401, 403, 404, 409)},
+    )
+    def patch(self, request, label):
+        block = _requested_block(request, label)
+        data = s.PatchMemoryBlockIn.parse(request.data)
+        replace = data.get("replace")
+        block = agent_services.memory_block_update(
+            request.principal,
+            block=block,
+            value=data.get("value"),
+            append=data.get("append"),
+            replace=(replace["old"], replace["new"]) if replace else None,
+            description=data.get("description"),
+            limit=data.get("limit"),
+        )
+        return Response(s.MemoryBlockOut(block).data)
+
+    @agent_operation(
+        "agentDeleteMemoryBlock",
+        parameters=[USER_ID],
+        responses={204: None, **errors(401, 403, 404)},
+    )
+    def delete(self, request, label):
+        agent_services.memory_block_delete(
+            request.principal, block=_requested_block(request, label)
+        )
+        return Response(status=204)
+
+
+class MemoryBlockRevisionsView(AgentApiView):
+    @agent_operation(
+        "agentListMemoryBlockRevisions",
+        parameters=[USER_ID],
+        responses={200: RevisionList, **errors(401, 403, 404)},
+    )
+    def get(self, request, label):
+        revisions = agent_selectors.memory_block_revisions(_requested_block(request, label))
+        return Response({"data": s.MemoryBlockRevisionOut(revisions, many=True).data})

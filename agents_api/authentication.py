@@ -1,0 +1,92 @@
+"""API key authentication for the agent API (and, outside local mode, the local API)."""
+
+from datetime import timedelta
+
+from django.utils import timezone
+from rest_framework.authentication import BaseAuthentication, get_authorization_header
+from rest_framework.permissions import SAFE_METHODS, BasePermission
+
+from agents_api.keys import KEY_PREFIX, secret_matches, split_key
+from agents_api.models import ApiKey, Scope
+from memsvc.api.errors import Forbidden, InvalidInput, Unauthorized
+from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, Principal
+
+LAST_USED_GRANULARITY = timedelta(minutes=1)
+ON_BEHALF_HEADER = "X-On-Behalf-Of"
+
+
+def _presented_key(request) -> str | None:
+    header_key = request.headers.get("X-API-Key")
+    if header_key:
+        return header_key.strip()
+    parts = get_authorization_header(request).split()
+    if not parts:
+        return None
+    if parts[0].lower() != b"bearer" or len(parts) != 2:
+        raise Unauthorized("expected 'Authorization: Bearer msk_...' or 'X-API-Key: msk_...'")
+    token = parts[1].decode("latin-1")
+    if not token.startswith(KEY_PREFIX):
+        raise Unauthorized("a user token is not accepted here: the agent API needs an API key")
+    return token
+
+
+def authenticate_key(key: str) -> ApiKey:
+    """The active key; one 401 for every way a key can be wrong (unknown, bad secret, revoked)."""
+    public_id, secret = split_key(key) or ("", "")
+    api_key = ApiKey.objects.select_related("agent").filter(public_id=public_id).first()
+    # The HMAC is computed for unknown ids too, so timing does not tell them apart.
+    if not secret_matches(secret, api_key.secret_hmac if api_key else "0" * 64):
+        api_key = None
+    if api_key is None or not api_key.is_active:
+        raise Unauthorized("invalid API key")
+    now = timezone.now()
+    if api_key.last_used_at is None or now - api_key.last_used_at >= LAST_USED_GRANULARITY:
+        # At most one write a minute per key, however busy the agent is.
+        ApiKey.objects.filter(pk=api_key.pk).update(last_used_at=now)
+    return api_key
+
+
+def principal_for_key(api_key: ApiKey, on_behalf_of: str | None) -> Principal:
+    scopes = frozenset(api_key.scopes)
+    if on_behalf_of is not None:
+        if Scope.IMPERSONATE not in scopes:
+            raise Forbidden(f"{ON_BEHALF_HEADER} needs a key with the 'impersonate' scope")
+        if not on_behalf_of or "\x00" in on_behalf_of or len(on_behalf_of) > 255:
+            raise InvalidInput.for_field(ON_BEHALF_HEADER, "must be a user id")
+        if on_behalf_of.startswith(AGENT_PRINCIPAL_PREFIX):
+            raise InvalidInput.for_field(ON_BEHALF_HEADER, "an agent acts for users, not agents")
+    return Principal(
+        id=api_key.agent.principal_id,
+        kind="agent",
+        scopes=scopes,
+        agent_id=str(api_key.agent_id),
+        on_behalf_of=on_behalf_of,
+    )
+
+
+class ApiKeyAuthentication(BaseAuthentication):
+    """``Authorization: Bearer msk_...`` or ``X-API-Key: msk_...`` -> an agent principal."""
+
+    def authenticate(self, request):
+        key = _presented_key(request)
+        if key is None:
+            return None
+        api_key = authenticate_key(key)
+        on_behalf_of = request.headers.get(ON_BEHALF_HEADER)
+        principal = principal_for_key(api_key, on_behalf_of.strip() if on_behalf_of else None)
+        request._request.principal = principal
+        request._request.agent = api_key.agent
+        return principal, api_key
+
+    def authenticate_header(self, request):
+        return "Bearer"
+
+
+class HasScope(BasePermission):
+    """Reads need the ``read`` scope, writes the ``write`` scope."""
+
+    def has_permission(self, request, view):
+        needed = Scope.READ if request.method in SAFE_METHODS else Scope.WRITE
+        if needed not in request.principal.scopes:
+            raise Forbidden(f"this API key lacks the '{needed}' scope")
+        return True

@@ -1,0 +1,500 @@
+"""JWT bearer authentication of the user API (``memsvc/api/jwt_auth.py``), end to end.
+
+Every refusal is a 401 in the API's error shape with ``WWW-Authenticate: Bearer``, never a
+500. Issuer (OIDC) tokens are checked against a key set served by a real HTTP server on
+127.0.0.1.
+"""
+
+import base64
+import hashlib
+import hmac
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import jwt
+import pytest
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+from django.test import Client
+from jwt.algorithms import ECAlgorithm, RSAAlgorithm
+
+from memsvc.api.jwt_auth import _jwks_client
+from memsvc.tokens import mint_user_token
+
+pytestmark = pytest.mark.django_db
+
+PATH = "/v1/user/conversations"
+SECRET = "test-shared-secret-for-hs256-tokens-" + "0123456789abcdef" * 2
+ISSUER = "https://issuer.test"
+AUDIENCE = "memsvc"
+
+RSA_KEY = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+OTHER_RSA_KEY = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+EC_KEY = ec.generate_private_key(ec.SECP256R1())
+RSA_KID = "rsa-1"
+EC_KID = "ec-1"
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def claims(**overrides) -> dict:
+    """Valid claims for user ``alice``; an override of ``None`` removes the claim."""
+    now = int(time.time())
+    base = {"sub": "alice", "iat": now, "exp": now + 600}
+    base.update(overrides)
+    return {name: value for name, value in base.items() if value is not None}
+
+
+def oidc_claims(**overrides) -> dict:
+    return claims(**{"iss": ISSUER, "aud": AUDIENCE, **overrides})
+
+
+def token(claims: dict, key, alg: str = "HS256", headers: dict | None = None) -> str:
+    return jwt.encode(claims, key, algorithm=alg, headers=headers)
+
+
+def b64url(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def hand_made_token(header: dict, claims: dict, sign=lambda signing_input: b"") -> str:
+    """A token built without PyJWT, for what PyJWT refuses to sign (``none``, PEM secrets)."""
+    signing_input = f"{b64url(json.dumps(header).encode())}.{b64url(json.dumps(claims).encode())}"
+    return f"{signing_input}.{b64url(sign(signing_input.encode('ascii')))}"
+
+
+def bearer(value: str) -> dict:
+    return {"HTTP_AUTHORIZATION": f"Bearer {value}"}
+
+
+def assert_unauthorized(response, message_contains: str | None = None) -> dict:
+    assert response.status_code == 401, (
+        f"expected a 401, got a {response.status_code}: {response.content[:300]!r}"
+    )
+    body = response.json()
+    assert body == {"error": body["error"], "code": "unauthorized", "details": {}}
+    assert isinstance(body["error"], str)
+    assert body["error"]
+    assert response["WWW-Authenticate"] == "Bearer"
+    if message_contains is not None:
+        assert message_contains in body["error"]
+    return body
+
+
+def assert_accepted(response) -> None:
+    assert response.status_code == 200, (
+        f"expected a 200, got a {response.status_code}: {response.content[:300]!r}"
+    )
+    assert response.json() == {"data": [], "nextCursor": None}
+
+
+def owner_of_new_conversation(api, token_: str) -> str:
+    response = api.post(PATH, {"title": "x"}, as_=bearer(token_))
+    assert response.status_code == 201, response.content
+    return response.json()["ownerUserId"]
+
+
+# --- fixtures --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def client():
+    """The test client, answering a server error with its 500 instead of raising it, so that
+    "never a 500" is checked by the status code assertions (the ``api`` fixture uses it)."""
+    return Client(raise_request_exception=False)
+
+
+@pytest.fixture(autouse=True)
+def jwt_settings(settings):
+    """Local mode: HS256 tokens with ``SECRET``, no issuer, no audience, no key set."""
+    settings.MEMSVC_JWT_SECRET = SECRET
+    settings.MEMSVC_JWT_JWKS_URL = None
+    settings.MEMSVC_JWT_ISSUER = None
+    settings.MEMSVC_JWT_AUDIENCE = None
+    return settings
+
+
+class JwksServer:
+    """Serves ``document`` (a JSON object, or raw bytes) and counts the requests."""
+
+    def __init__(self, document: dict | bytes):
+        self.document = document
+        self.requests = 0
+        self.lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                with server.lock:
+                    server.requests += 1
+                payload = server.document
+                if isinstance(payload, dict):
+                    payload = json.dumps(payload).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+
+            def log_message(self, format, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/.well-known/jwks.json"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.01,), daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=5)
+
+
+def public_jwk(public_key, algorithm, kid: str) -> dict:
+    return {**algorithm.to_jwk(public_key, as_dict=True), "kid": kid, "use": "sig"}
+
+
+@pytest.fixture
+def jwks_server():
+    document = {
+        "keys": [
+            public_jwk(RSA_KEY.public_key(), RSAAlgorithm, RSA_KID),
+            public_jwk(EC_KEY.public_key(), ECAlgorithm, EC_KID),
+        ]
+    }
+    with JwksServer(document) as server:
+        yield server
+
+
+@pytest.fixture
+def oidc(jwt_settings, jwks_server):
+    """An OIDC issuer's key set, issuer and audience; no shared secret."""
+    jwt_settings.MEMSVC_JWT_SECRET = None
+    jwt_settings.MEMSVC_JWT_JWKS_URL = jwks_server.url
+    jwt_settings.MEMSVC_JWT_ISSUER = ISSUER
+    jwt_settings.MEMSVC_JWT_AUDIENCE = AUDIENCE
+    _jwks_client.cache_clear()
+    yield jwks_server
+    _jwks_client.cache_clear()
+
+
+def rs256(claims: dict, kid: str | None = RSA_KID, key=RSA_KEY) -> str:
+    return token(claims, key, "RS256", headers={"kid": kid} if kid else None)
+
+
+def es256(claims: dict, kid: str = EC_KID) -> str:
+    return token(claims, EC_KEY, "ES256", headers={"kid": kid})
+
+
+# --- malformed Authorization headers ---------------------------------------------------------
+
+
+def test_no_authorization_header(api):
+    assert_unauthorized(api.get(PATH))
+
+
+@pytest.mark.parametrize(
+    "header",
+    [
+        "Basic abc",
+        "Token abc",
+        "Bearer",
+        "Bearer ",
+        "Bearer a b",
+        "abc",
+    ],
+)
+def test_malformed_authorization_header(api, header):
+    assert_unauthorized(api.get(PATH, as_={"HTTP_AUTHORIZATION": header}))
+
+
+@pytest.mark.parametrize(
+    "value", ["garbage", "a.b.c", "....", "eyJhbGciOiJIUzI1NiJ9.e30.", "x" * 5000]
+)
+def test_garbage_token(api, value):
+    assert_unauthorized(api.get(PATH, as_=bearer(value)))
+
+
+def test_non_ascii_token(api):
+    # A WSGI/ASGI server hands headers over as latin-1 strings: UTF-8 "é" arrives as "Ã©".
+    value = token(claims(), SECRET) + "é".encode().decode("latin-1")
+    assert_unauthorized(api.get(PATH, as_=bearer(value)), "invalid token")
+
+
+def test_api_key_is_refused_with_a_hint(api):
+    assert_unauthorized(api.get(PATH, as_=bearer("msk_abc_def")), "user token")
+
+
+# --- HS256 with the shared secret ------------------------------------------------------------
+
+
+def test_hs256_token_is_accepted(api):
+    assert_accepted(api.get(PATH, as_=bearer(token(claims(), SECRET))))
+
+
+def test_minted_token_is_accepted(api, alice):
+    assert_accepted(api.get(PATH, as_=alice))
+
+
+def test_principal_is_the_sub_claim(api):
+    assert owner_of_new_conversation(api, token(claims(sub="user-42@example.com"), SECRET)) == (
+        "user-42@example.com"
+    )
+
+
+def test_expiry_has_a_30_second_leeway(api):
+    assert_accepted(api.get(PATH, as_=bearer(token(claims(exp=int(time.time()) - 10), SECRET))))
+
+
+def test_expired_token(api):
+    expired = token(claims(exp=int(time.time()) - 120), SECRET)
+    assert_unauthorized(api.get(PATH, as_=bearer(expired)), "expired")
+
+
+def test_token_not_yet_valid(api):
+    early = token(claims(nbf=int(time.time()) + 600), SECRET)
+    assert_unauthorized(api.get(PATH, as_=bearer(early)))
+
+
+@pytest.mark.parametrize("claim", ["exp", "sub"])
+def test_required_claim_missing(api, claim):
+    assert_unauthorized(api.get(PATH, as_=bearer(token(claims(**{claim: None}), SECRET))), claim)
+
+
+@pytest.mark.parametrize("exp", ["tomorrow", [1], {"at": 1}])
+def test_exp_not_a_number(api, exp):
+    assert_unauthorized(api.get(PATH, as_=bearer(token(claims(exp=exp), SECRET))))
+
+
+@pytest.mark.parametrize("sub", [42, "", ["alice"], {"id": "alice"}, True, "ali\x00ce"])
+def test_sub_not_a_non_empty_string(api, sub):
+    assert_unauthorized(api.get(PATH, as_=bearer(token(claims(sub=sub), SECRET))))
+
+
+def test_json_null_sub(api):
+    assert_unauthorized(api.get(PATH, as_=bearer(token({**claims(), "sub": None}, SECRET))))
+
+
+def test_hs256_signed_with_another_secret(api):
+    forged = token(claims(), "another-secret-of-sufficient-length-0123456789")
+    assert_unauthorized(api.get(PATH, as_=bearer(forged)), "invalid token")
+
+
+def test_tampered_payload(api):
+    header, _, signature = token(claims(sub="alice"), SECRET).split(".")
+    payload = b64url(json.dumps(claims(sub="bob")).encode())
+    assert_unauthorized(api.get(PATH, as_=bearer(f"{header}.{payload}.{signature}")))
+
+
+@pytest.mark.parametrize("alg", ["none", "None", "NONE", ""])
+def test_unsigned_token(api, alg):
+    unsigned = hand_made_token({"alg": alg, "typ": "JWT"}, claims())
+    assert_unauthorized(api.get(PATH, as_=bearer(unsigned)))
+
+
+def test_unsigned_token_made_by_pyjwt(api):
+    assert_unauthorized(api.get(PATH, as_=bearer(token(claims(), None, "none"))))
+
+
+def test_header_without_alg(api):
+    assert_unauthorized(api.get(PATH, as_=bearer(hand_made_token({"typ": "JWT"}, claims()))))
+
+
+@pytest.mark.parametrize("alg", ["HS384", "HS512"])
+def test_other_hmac_algorithms_are_refused(api, alg):
+    assert_unauthorized(api.get(PATH, as_=bearer(token(claims(), SECRET, alg))), alg)
+
+
+def test_hs256_with_configured_issuer_and_audience(api, jwt_settings):
+    jwt_settings.MEMSVC_JWT_ISSUER = ISSUER
+    jwt_settings.MEMSVC_JWT_AUDIENCE = AUDIENCE
+    assert_accepted(api.get(PATH, as_=bearer(token(oidc_claims(), SECRET))))
+    assert_accepted(api.get(PATH, as_=bearer(mint_user_token("alice"))))
+    assert_unauthorized(api.get(PATH, as_=bearer(token(claims(), SECRET))))
+    assert_unauthorized(api.get(PATH, as_=bearer(token(oidc_claims(iss="https://x"), SECRET))))
+    assert_unauthorized(api.get(PATH, as_=bearer(token(oidc_claims(aud="other"), SECRET))))
+
+
+def test_no_secret_and_no_key_set_accepts_nothing(api, jwt_settings):
+    jwt_settings.MEMSVC_JWT_SECRET = None
+    assert_unauthorized(api.get(PATH, as_=bearer(token(claims(), SECRET))), "HS256")
+    assert_unauthorized(api.get(PATH, as_=bearer(rs256(claims()))), "RS256")
+
+
+def test_empty_secret_accepts_nothing(api, jwt_settings):
+    jwt_settings.MEMSVC_JWT_SECRET = ""
+    assert_unauthorized(api.get(PATH, as_=bearer(token(claims(), SECRET))), "HS256")
+
+
+# --- OIDC: RS256/ES256 from the issuer's key set ----------------------------------------------
+
+
+def test_rs256_token_from_the_issuer(api, oidc):
+    assert_accepted(api.get(PATH, as_=bearer(rs256(oidc_claims()))))
+
+
+def test_es256_token_from_the_issuer(api, oidc):
+    assert_accepted(api.get(PATH, as_=bearer(es256(oidc_claims()))))
+
+
+def test_issuer_token_principal_is_the_sub_claim(api, oidc):
+    sub = "a1b2c3d4-0000-4000-8000-000000000001"
+    assert owner_of_new_conversation(api, rs256(oidc_claims(sub=sub))) == sub
+
+
+def test_issuer_token_with_wrong_audience(api, oidc):
+    assert_unauthorized(api.get(PATH, as_=bearer(rs256(oidc_claims(aud="someone-else")))))
+
+
+def test_issuer_token_without_audience(api, oidc):
+    assert_unauthorized(api.get(PATH, as_=bearer(rs256(oidc_claims(aud=None)))))
+
+
+def test_issuer_token_with_audience_list(api, oidc):
+    assert_accepted(api.get(PATH, as_=bearer(rs256(oidc_claims(aud=["other", AUDIENCE])))))
+
+
+def test_issuer_token_with_wrong_issuer(api, oidc):
+    assert_unauthorized(api.get(PATH, as_=bearer(rs256(oidc_claims(iss="https://evil.test")))))
+
+
+def test_issuer_token_without_issuer(api, oidc):
+    assert_unauthorized(api.get(PATH, as_=bearer(rs256(oidc_claims(iss=None)))))
+
+
+def test_expired_issuer_token(api, oidc):
+    expired = rs256(oidc_claims(exp=int(time.time()) - 120))
+    assert_unauthorized(api.get(PATH, as_=bearer(expired)), "expired")
+
+
+@pytest.mark.parametrize("claim", ["exp", "sub"])
+def test_issuer_token_without_required_claim(api, oidc, claim):
+    assert_unauthorized(api.get(PATH, as_=bearer(rs256(oidc_claims(**{claim: None})))))
+
+
+def test_issuer_token_signed_by_another_key_with_the_same_kid(api, oidc):
+    forged = rs256(oidc_claims(), key=OTHER_RSA_KEY)
+    assert_unauthorized(api.get(PATH, as_=bearer(forged)), "invalid token")
+
+
+def test_issuer_token_with_unknown_kid(api, oidc):
+    assert_unauthorized(api.get(PATH, as_=bearer(rs256(oidc_claims(), kid="unknown"))))
+
+
+def test_issuer_token_without_kid(api, oidc):
+    assert_unauthorized(api.get(PATH, as_=bearer(rs256(oidc_claims(), kid=None))))
+
+
+def test_unsigned_token_with_a_known_kid(api, oidc):
+    unsigned = hand_made_token({"alg": "none", "kid": RSA_KID}, oidc_claims())
+    assert_unauthorized(api.get(PATH, as_=bearer(unsigned)))
+
+
+def rsa_public_pems() -> list[bytes]:
+    public_key = RSA_KEY.public_key()
+    return [
+        public_key.public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+        ),
+        public_key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.PKCS1),
+        public_key.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH),
+    ]
+
+
+@pytest.mark.parametrize("public_key", rsa_public_pems())
+@pytest.mark.parametrize("shared_secret", [None, SECRET])
+def test_algorithm_confusion_hs256_signed_with_the_rsa_public_key(
+    api, oidc, jwt_settings, public_key, shared_secret
+):
+    """The classic attack: HMAC over the token with the issuer's *public* key as secret."""
+    jwt_settings.MEMSVC_JWT_SECRET = shared_secret
+    forged = hand_made_token(
+        {"alg": "HS256", "typ": "JWT", "kid": RSA_KID},
+        oidc_claims(),
+        lambda signing_input: hmac.new(public_key, signing_input, hashlib.sha256).digest(),
+    )
+    assert_unauthorized(api.get(PATH, as_=bearer(forged)))
+
+
+def test_hs256_token_refused_when_only_the_issuer_is_configured(api, oidc):
+    assert_unauthorized(api.get(PATH, as_=bearer(token(oidc_claims(), SECRET))), "HS256")
+
+
+def test_shared_secret_and_issuer_together(api, oidc, jwt_settings):
+    jwt_settings.MEMSVC_JWT_SECRET = SECRET
+    assert_accepted(api.get(PATH, as_=bearer(token(oidc_claims(), SECRET))))
+    assert_accepted(api.get(PATH, as_=bearer(rs256(oidc_claims()))))
+
+
+def test_key_set_is_fetched_once_and_cached(api, oidc):
+    for _ in range(3):
+        assert_accepted(api.get(PATH, as_=bearer(rs256(oidc_claims()))))
+        assert_accepted(api.get(PATH, as_=bearer(es256(oidc_claims()))))
+    assert oidc.requests == 1
+
+
+def test_unknown_kids_do_not_refetch_the_key_set_every_time(api, oidc):
+    """A flood of made-up ``kid``s must not turn into a flood of requests to the issuer."""
+    assert_accepted(api.get(PATH, as_=bearer(rs256(oidc_claims()))))
+    for number in range(5):
+        unknown = rs256(oidc_claims(), kid=f"unknown-{number}")
+        assert_unauthorized(api.get(PATH, as_=bearer(unknown)))
+    assert oidc.requests == 1
+
+
+def test_unreachable_key_set(api, oidc, jwt_settings):
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    jwt_settings.MEMSVC_JWT_JWKS_URL = f"http://127.0.0.1:{port}/jwks.json"
+    assert_unauthorized(api.get(PATH, as_=bearer(rs256(oidc_claims()))))
+
+
+@pytest.mark.parametrize(
+    ("alg", "kid"),
+    [
+        ("RS256", EC_KID),  # an RSA algorithm naming the EC key
+        ("ES256", RSA_KID),  # an EC algorithm naming the RSA key
+        ("ES384", EC_KID),  # ES384 naming a P-256 key
+    ],
+)
+def test_kid_of_a_key_of_another_type_is_refused(api, oidc, alg, kid):
+    """Anyone can name any ``kid`` with any accepted ``alg``: no signature is needed to get
+    this far, so it must be a 401, not a server error.
+
+    Fails today (500): ``decode_user_token`` passes the bare key (``PyJWK.key``) to
+    ``jwt.decode``, so PyJWT prepares an EC key for an RSA algorithm (``TypeError``) or a
+    P-256 key for ES384 (``InvalidKeyError``, not an ``InvalidTokenError``); neither is caught.
+    """
+    mismatched = hand_made_token({"alg": alg, "typ": "JWT", "kid": kid}, oidc_claims())
+    assert_unauthorized(api.get(PATH, as_=bearer(mismatched)))
+
+
+@pytest.mark.parametrize(
+    "document",
+    [{"keys": []}, {"nothing": "here"}, b"<html>not json</html>", b"[]"],
+    ids=["no-keys", "no-keys-member", "not-json", "not-an-object"],
+)
+def test_broken_key_set(api, oidc, jwt_settings, document):
+    """An issuer answering nonsense: like an unreachable one, a 401 and not a server error.
+
+    Fails today (500) for all but "not-an-object": ``PyJWKSetError`` (no usable keys) and
+    ``json.JSONDecodeError`` (a body that is not JSON) escape ``decode_user_token``, which only
+    catches ``InvalidTokenError`` and ``PyJWKClientError``.
+    """
+    with JwksServer(document) as broken:
+        jwt_settings.MEMSVC_JWT_JWKS_URL = broken.url
+        assert_unauthorized(api.get(PATH, as_=bearer(rs256(oidc_claims()))))
+
+
+def test_a_user_token_cannot_name_an_agent(api):
+    """Agent principals come from API keys; a ``sub`` of ``agent:<id>`` would borrow access."""
+    response = api.get(PATH, as_=bearer(token(claims(sub="agent:1234"), SECRET)))
+    assert_unauthorized(response, "agent")
