@@ -8,7 +8,7 @@ owner) are enforced here. Each top-level operation is one transaction.
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -161,7 +161,9 @@ def summary_create(
                 visibility=Visibility.AGENT,
                 metadata={
                     "untilMessageId": str(until_message.id),
-                    "summarizedAt": summarized_at.isoformat(),
+                    "summarizedAt": summarized_at.astimezone(UTC)
+                    .isoformat()
+                    .replace("+00:00", "Z"),
                 },
             )
         ],

@@ -74,7 +74,10 @@ def _flatten_details(detail) -> dict:
     def walk(value, path):
         if isinstance(value, dict):
             for key, sub in value.items():
-                walk(sub, f"{path}.{key}" if path else str(key))
+                if isinstance(key, int):  # DRF reports a list's bad items by index
+                    walk(sub, f"{path}[{key}]")
+                else:
+                    walk(sub, f"{path}.{key}" if path else str(key))
         elif isinstance(value, list) and value and not all(isinstance(v, str) for v in value):
             for index, sub in enumerate(value):
                 walk(sub, f"{path}[{index}]" if path else f"[{index}]")

@@ -50,9 +50,13 @@ def message_id(api, persona, conversation_id, content):
 
 def test_a_fork_reads_the_parent_up_to_the_fork_point_then_its_own(api, alice, root):
     response = fork(
-        api, alice, root["id"], message_id(api, alice, root["id"], "a3"), title="B",
+        api,
+        alice,
+        root["id"],
+        message_id(api, alice, root["id"], "a3"),
+        title="B",
         newMessage={"content": "b3"},
-    )  # fmt: skip
+    )
     assert response.status_code == 201
     branch = response.json()
     assert branch["title"] == "B"
@@ -69,14 +73,20 @@ def test_a_fork_reads_the_parent_up_to_the_fork_point_then_its_own(api, alice, r
 
 def test_a_fork_of_a_fork_reads_through_every_ancestor(api, alice, root):
     branch = fork(
-        api, alice, root["id"], message_id(api, alice, root["id"], "a4"),
+        api,
+        alice,
+        root["id"],
+        message_id(api, alice, root["id"], "a4"),
         newMessage={"content": "b4"},
-    ).json()  # fmt: skip
+    ).json()
     say(api, alice, branch["id"], "b5")
     twig = fork(
-        api, alice, branch["id"], message_id(api, alice, branch["id"], "b5"),
+        api,
+        alice,
+        branch["id"],
+        message_id(api, alice, branch["id"], "b5"),
         newMessage={"content": "c5"},
-    ).json()  # fmt: skip
+    ).json()
     say(api, alice, branch["id"], "b6")
     say(api, alice, root["id"], "a5")
 
@@ -85,9 +95,12 @@ def test_a_fork_of_a_fork_reads_through_every_ancestor(api, alice, root):
 
     # A fork at an inherited message: the twig's parent shares a2 with root.
     sprout = fork(
-        api, alice, twig["id"], message_id(api, alice, twig["id"], "a2"),
+        api,
+        alice,
+        twig["id"],
+        message_id(api, alice, twig["id"], "a2"),
         newMessage={"content": "d2"},
-    ).json()  # fmt: skip
+    ).json()
     assert contents(api, alice, sprout["id"]) == ["a1", "d2"]
 
 

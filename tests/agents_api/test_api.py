@@ -1,0 +1,481 @@
+"""The agent API: keys, isolation between agents, acting for users, messages, context."""
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+
+from agents_api.models import ApiKey, IdempotentRequest
+from agents_api.services import api_key_revoke
+from conversations.models import Conversation, Membership, Message
+from tests.agents_api.conftest import make_agent
+from tests.factories import ConversationFactory, MembershipFactory, MessageFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def agent_conversation(api, credential, **body):
+    response = api.post("/v1/agent/conversations", body, as_=credential)
+    assert response.status_code == 201, response.content
+    return response.json()
+
+
+def append(api, credential, conversation_id, *messages, **headers):
+    return api.post(
+        f"/v1/agent/conversations/{conversation_id}/messages",
+        {"messages": list(messages)},
+        as_={**credential.auth_headers(), **headers},
+    )
+
+
+# --- keys ------------------------------------------------------------------------------------
+
+
+def test_me_names_the_agent_and_its_scopes(api, helper):
+    response = api.get("/v1/agent/me", as_=helper)
+    assert response.status_code == 200
+    assert response.json() == {
+        "id": str(helper.agent.id),
+        "name": "helper",
+        "principalId": f"agent:{helper.agent.id}",
+        "scopes": ["impersonate", "read", "write"],
+    }
+
+
+def test_the_key_also_works_as_x_api_key(api, helper):
+    response = api.get("/v1/agent/me", as_={"HTTP_X_API_KEY": helper.key})
+    assert response.status_code == 200
+
+
+def test_only_an_hmac_of_the_secret_is_stored(helper):
+    stored = ApiKey.objects.get(agent=helper.agent)
+    secret = helper.key.rsplit("_", 1)[1]
+    assert secret not in str(stored.__dict__)
+    assert helper.key.startswith(stored.prefix)
+
+
+@pytest.mark.parametrize(
+    "credential",
+    [
+        None,
+        "Bearer msk_nope_wrong",
+        "Bearer msk_",
+        "Bearer not-a-key",
+        "Basic msk_a_b",
+    ],
+)
+def test_bad_credentials_are_401(api, helper, credential):
+    headers = {"HTTP_AUTHORIZATION": credential} if credential else None
+    response = api.get("/v1/agent/me", as_=headers)
+    assert response.status_code == 401
+    assert response.json()["code"] == "unauthorized"
+    assert response["WWW-Authenticate"] == "Bearer"
+
+
+def test_an_unknown_id_and_a_wrong_secret_look_the_same(api, helper):
+    public_id = ApiKey.objects.get(agent=helper.agent).public_id
+    wrong_secret = api.get("/v1/agent/me", as_={"HTTP_X_API_KEY": f"msk_{public_id}_nope"})
+    unknown_id = api.get("/v1/agent/me", as_={"HTTP_X_API_KEY": "msk_000000000000_nope"})
+    assert wrong_secret.status_code == unknown_id.status_code == 401
+    assert wrong_secret.json() == unknown_id.json()
+
+
+def test_a_user_token_is_401_on_the_agent_api(api, alice):
+    response = api.get("/v1/agent/me", as_=alice)
+    assert response.status_code == 401
+    assert "API key" in response.json()["error"]
+
+
+def test_an_api_key_is_401_on_the_user_api(api, helper):
+    assert api.get("/v1/user/conversations", as_=helper).status_code == 401
+
+
+def test_a_revoked_key_is_401(api, helper):
+    api_key_revoke(api_key=ApiKey.objects.get(agent=helper.agent))
+    assert api.get("/v1/agent/me", as_=helper).status_code == 401
+
+
+def test_last_used_is_written_at_most_once_a_minute(api, helper):
+    api.get("/v1/agent/me", as_=helper)
+    first = ApiKey.objects.get(agent=helper.agent).last_used_at
+    assert first is not None
+    api.get("/v1/agent/me", as_=helper)
+    assert ApiKey.objects.get(agent=helper.agent).last_used_at == first
+    ApiKey.objects.filter(agent=helper.agent).update(last_used_at=first - timedelta(minutes=2))
+    api.get("/v1/agent/me", as_=helper)
+    assert ApiKey.objects.get(agent=helper.agent).last_used_at > first
+
+
+def test_a_read_key_cannot_write(api, alice):
+    reader = make_agent("reader", scopes=("read",))
+    before = Conversation.objects.count()
+    response = api.post("/v1/agent/conversations", {"title": "x"}, as_=reader)
+    assert response.status_code == 403
+    assert "write" in response.json()["error"]
+    assert Conversation.objects.count() == before
+    assert api.get("/v1/agent/conversations", as_=reader).status_code == 200
+
+
+# --- isolation and acting for users ----------------------------------------------------------
+
+
+def test_agents_never_see_each_others_conversations(api, helper, rival):
+    mine = agent_conversation(api, helper, title="helper's")
+    append(api, helper, mine["id"], {"role": "assistant", "content": "secret plan"})
+
+    assert api.get("/v1/agent/conversations", as_=rival).json()["data"] == []
+    for method, path, body in [
+        ("GET", f"/v1/agent/conversations/{mine['id']}/context", None),
+        (
+            "POST",
+            f"/v1/agent/conversations/{mine['id']}/messages",
+            {"messages": [{"role": "user", "content": "x"}]},
+        ),
+        (
+            "POST",
+            f"/v1/agent/conversations/{mine['id']}/summaries",
+            {
+                "title": "t",
+                "summary": "s",
+                "untilMessageId": mine["id"],
+                "summarizedAt": "2026-01-01T00:00:00Z",
+            },
+        ),
+    ]:
+        response = api.call(method, path, as_=rival, body=body)
+        assert response.status_code == 404, path
+    assert Message.objects.count() == 1
+
+
+def test_an_agent_sees_a_conversation_a_user_made_for_it(api, alice, helper):
+    created = api.post(
+        "/v1/user/conversations", {"title": "Ask", "agentId": str(helper.agent.id)}, as_=alice
+    ).json()
+    listed = api.get("/v1/agent/conversations", as_=helper).json()["data"]
+    assert [c["id"] for c in listed] == [created["id"]]
+    assert listed[0]["accessLevel"] == "writer"
+    assert (
+        append(api, helper, created["id"], {"role": "assistant", "content": "hi"}).status_code
+        == 201
+    )
+
+
+def test_acting_for_a_user_needs_the_impersonate_scope(api, alice):
+    plain = make_agent("plain").acting_for("alice")
+    response = api.post("/v1/agent/conversations", {}, as_=plain)
+    assert response.status_code == 403
+    assert "impersonate" in response.json()["error"]
+    assert not Conversation.objects.exists()
+
+
+def test_a_conversation_created_for_a_user_belongs_to_the_user(api, alice, helper):
+    created = agent_conversation(api, helper.acting_for("alice"), title="For Alice")
+    assert created["ownerUserId"] == "alice"
+    levels = dict(Membership.objects.values_list("principal_id", "access_level"))
+    assert levels == {"alice": "owner", f"agent:{helper.agent.id}": "writer"}
+    listed = api.get("/v1/user/conversations", as_=alice).json()["data"]
+    assert [c["id"] for c in listed] == [created["id"]]
+
+
+def test_acting_for_a_user_applies_the_users_access_too(api, helper):
+    conversation = ConversationFactory(group__owner="alice")
+    MembershipFactory(
+        group=conversation.group, principal_id=helper.agent.principal_id, access_level="writer"
+    )
+    MembershipFactory(group=conversation.group, principal_id="rita", access_level="reader")
+    path = f"/v1/agent/conversations/{conversation.id}/context"
+
+    assert api.get(path, as_=helper).status_code == 200
+    assert api.get(path, as_=helper.acting_for("alice")).status_code == 200
+    assert api.get(path, as_=helper.acting_for("charlie")).status_code == 404  # a stranger
+    # rita only reads: acting for her, the agent cannot write either.
+    write = append(
+        api, helper.acting_for("rita"), conversation.id, {"role": "user", "content": "x"}
+    )
+    assert write.status_code == 403
+    assert not Message.objects.exists()
+
+
+# --- bulk append -----------------------------------------------------------------------------
+
+
+def test_a_hundred_messages_in_one_call_keep_their_order(api, helper):
+    conversation = agent_conversation(api, helper)
+    messages = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}"} for i in range(100)
+    ]
+    response = append(api, helper, conversation["id"], *messages)
+    assert response.status_code == 201
+    assert [m["content"] for m in response.json()["data"]] == [f"turn {i}" for i in range(100)]
+    stored = Message.objects.filter(conversation_id=conversation["id"]).order_by("seq")
+    assert [m.content for m in stored] == [f"turn {i}" for i in range(100)]
+
+
+def test_more_than_a_hundred_or_none_is_400(api, helper):
+    conversation = agent_conversation(api, helper)
+    too_many = [{"role": "user", "content": "x"}] * 101
+    assert append(api, helper, conversation["id"], *too_many).status_code == 400
+    assert append(api, helper, conversation["id"]).status_code == 400
+    assert not Message.objects.exists()
+
+
+def test_one_invalid_message_stores_none(api, helper):
+    conversation = agent_conversation(api, helper)
+    response = append(
+        api,
+        helper,
+        conversation["id"],
+        {"role": "user", "content": "fine"},
+        {"role": "robot", "content": "not fine"},
+        {"role": "assistant", "content": "fine too"},
+    )
+    assert response.status_code == 400
+    assert "messages[1].role" in response.json()["details"]
+    assert not Message.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("message", "field"),
+    [
+        ({"role": "user", "content": "x", "channel": "summary"}, "messages[0].channel"),
+        ({"role": "user", "content": "x", "visibility": "public"}, "messages[0].visibility"),
+        ({"role": "user", "content": ""}, "messages[0].content"),
+        (
+            {"role": "user", "content": "x", "createdAt": "2999-01-01T00:00:00Z"},
+            "messages[0].createdAt",
+        ),
+        (
+            {
+                "role": "user",
+                "content": "x",
+                "parentMessageId": "00000000-0000-4000-8000-000000000000",
+            },
+            "messages[0].parentMessageId",
+        ),
+        ({"role": "user", "content": "x", "authorName": ""}, "messages[0].authorName"),
+    ],
+)
+def test_invalid_fields_are_named(api, helper, message, field):
+    conversation = agent_conversation(api, helper)
+    response = append(api, helper, conversation["id"], message)
+    assert response.status_code == 400
+    assert field in response.json()["details"]
+    assert not Message.objects.exists()
+
+
+def test_author_names_created_at_and_parents(api, helper):
+    conversation = agent_conversation(api, helper.acting_for("alice"))
+    first = append(api, helper, conversation["id"], {"role": "user", "content": "hi"}).json()
+    response = append(
+        api,
+        helper,
+        conversation["id"],
+        {"role": "assistant", "content": "hello", "parentMessageId": first["data"][0]["id"]},
+        {
+            "role": "user",
+            "content": "I'm Caroline",
+            "authorName": "Caroline",
+            "createdAt": "2023-05-08T13:56:00Z",
+            "metadata": {"dia_id": "D1:3"},
+        },
+    )
+    assert response.status_code == 201
+    reply, imported = response.json()["data"]
+    assert first["data"][0]["authorName"] == "alice"  # role user: the conversation's user
+    assert reply["authorName"] == "helper"  # the agent's name otherwise
+    assert reply["parentMessageId"] == first["data"][0]["id"]
+    assert imported["authorName"] == "Caroline"
+    assert imported["createdAt"] == "2023-05-08T13:56:00Z"
+    assert imported["metadata"] == {"dia_id": "D1:3"}
+    seqs = list(Message.objects.order_by("seq").values_list("content", flat=True))
+    assert seqs == ["hi", "hello", "I'm Caroline"]  # seq, not createdAt, fixes the order
+
+
+def test_the_same_idempotency_key_twice_stores_one_set(api, helper):
+    conversation = agent_conversation(api, helper)
+    body = [{"role": "user", "content": "once"}, {"role": "assistant", "content": "only"}]
+    first = append(api, helper, conversation["id"], *body, HTTP_IDEMPOTENCY_KEY="k-1")
+    again = append(api, helper, conversation["id"], *body, HTTP_IDEMPOTENCY_KEY="k-1")
+    assert first.status_code == again.status_code == 201
+    assert first.json() == again.json()
+    assert again["Idempotent-Replayed"] == "true"
+    assert Message.objects.count() == 2
+
+    different = append(
+        api,
+        helper,
+        conversation["id"],
+        {"role": "user", "content": "other"},
+        HTTP_IDEMPOTENCY_KEY="k-1",
+    )
+    assert different.status_code == 409
+    assert Message.objects.count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_retries_with_one_key_store_one_set(live_server):
+    import httpx
+
+    with transaction.atomic():
+        helper = make_agent("racer")
+        conversation = ConversationFactory(group__owner=helper.agent.principal_id)
+    url = f"{live_server.url}/v1/agent/conversations/{conversation.id}/messages"
+    headers = {"Authorization": f"Bearer {helper.key}", "Idempotency-Key": "race"}
+    body = {"messages": [{"role": "user", "content": "exactly once"}]}
+    results = []
+
+    def send():
+        results.append(httpx.post(url, json=body, headers=headers, timeout=30).status_code)
+
+    threads = [threading.Thread(target=send) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert results == [201] * 4
+    assert Message.objects.filter(conversation=conversation).count() == 1
+    assert IdempotentRequest.objects.count() == 1
+    connection.close()
+
+
+# --- summaries and context -------------------------------------------------------------------
+
+
+def context(api, credential, conversation_id, **params):
+    response = api.get(
+        f"/v1/agent/conversations/{conversation_id}/context", as_=credential, **params
+    )
+    assert response.status_code == 200, response.content
+    return response.json()
+
+
+def test_context_without_a_summary_is_every_message(api, helper):
+    conversation = agent_conversation(api, helper)
+    append(
+        api,
+        helper,
+        conversation["id"],
+        {"role": "user", "content": "q1"},
+        {"role": "assistant", "content": "a1"},
+        {"role": "agent", "content": "note", "channel": "memory", "visibility": "agent"},
+    )
+    body = context(api, helper, conversation["id"])
+    assert body["conversationId"] == conversation["id"]
+    assert [m["content"] for m in body["messages"]] == ["q1", "a1", "note"]
+    assert body["nextAfterMessageId"] is None
+
+
+def test_after_a_summary_the_context_is_the_summary_then_later_messages(api, helper, alice):
+    conversation = agent_conversation(api, helper.acting_for("alice"))
+    stored = append(
+        api,
+        helper,
+        conversation["id"],
+        *[{"role": "user", "content": f"m{i}"} for i in range(5)],
+    ).json()["data"]
+    summary = api.post(
+        f"/v1/agent/conversations/{conversation['id']}/summaries",
+        {
+            "title": "Five messages",
+            "summary": "The user said m0 to m2.",
+            "untilMessageId": stored[2]["id"],
+            "summarizedAt": "2026-11-01T10:00:00Z",
+        },
+        as_=helper,
+    )
+    assert summary.status_code == 201
+    assert summary.json()["channel"] == "summary"
+    assert summary.json()["visibility"] == "agent"
+    assert summary.json()["metadata"] == {
+        "untilMessageId": stored[2]["id"],
+        "summarizedAt": "2026-11-01T10:00:00Z",
+    }
+    append(api, helper, conversation["id"], {"role": "user", "content": "m5"})
+
+    body = context(api, helper, conversation["id"])
+    assert [m["content"] for m in body["messages"]] == ["The user said m0 to m2.", "m3", "m4", "m5"]
+    assert Conversation.objects.get(id=conversation["id"]).title == "Five messages"
+    # The user never sees the summary.
+    user_view = api.get(f"/v1/user/conversations/{conversation['id']}/messages", as_=alice)
+    assert [m["content"] for m in user_view.json()["data"]] == [f"m{i}" for i in range(6)]
+
+
+def test_context_pages_walk_every_message_once(api, helper):
+    conversation = agent_conversation(api, helper)
+    stored = append(
+        api, helper, conversation["id"], *[{"role": "user", "content": f"m{i}"} for i in range(7)]
+    ).json()["data"]
+    api.post(
+        f"/v1/agent/conversations/{conversation['id']}/summaries",
+        {
+            "title": "t",
+            "summary": "S",
+            "untilMessageId": stored[1]["id"],
+            "summarizedAt": "2026-11-01T10:00:00Z",
+        },
+        as_=helper,
+    )
+    seen, after = [], None
+    while True:
+        params = {"limit": "2", **({"afterMessageId": after} if after else {})}
+        body = context(api, helper, conversation["id"], **params)
+        seen += [m["content"] for m in body["messages"]]
+        after = body["nextAfterMessageId"]
+        if after is None:
+            break
+    assert seen == ["S", "m2", "m3", "m4", "m5", "m6"]
+
+
+def test_context_of_a_fork_reads_the_ancestors_up_to_the_fork_point(api, helper, alice):
+    conversation = agent_conversation(api, helper.acting_for("alice"))
+    stored = append(
+        api, helper, conversation["id"], *[{"role": "user", "content": f"m{i}"} for i in range(4)]
+    ).json()["data"]
+    fork = api.post(
+        f"/v1/user/conversations/{conversation['id']}/messages/{stored[2]['id']}/fork",
+        {"newMessage": {"content": "f2"}},
+        as_=alice,
+    ).json()
+    assert [m["content"] for m in context(api, helper, fork["id"])["messages"]] == [
+        "m0",
+        "m1",
+        "f2",
+    ]
+
+
+def test_a_summary_must_cover_a_message_of_the_conversation(api, helper):
+    conversation = agent_conversation(api, helper)
+    other = MessageFactory()
+    response = api.post(
+        f"/v1/agent/conversations/{conversation['id']}/summaries",
+        {
+            "title": "t",
+            "summary": "s",
+            "untilMessageId": str(other.id),
+            "summarizedAt": "2026-11-01T10:00:00Z",
+        },
+        as_=helper,
+    )
+    assert response.status_code == 400
+    assert "untilMessageId" in response.json()["details"]
+    assert Message.objects.filter(conversation_id=conversation["id"]).count() == 0
+    assert Conversation.objects.get(id=conversation["id"]).title == ""
+
+
+def test_bad_context_parameters_are_400(api, helper):
+    conversation = agent_conversation(api, helper)
+    path = f"/v1/agent/conversations/{conversation['id']}/context"
+    assert api.get(path, as_=helper, limit="0").status_code == 400
+    assert api.get(path, as_=helper, afterMessageId="nope").status_code == 400
+
+
+def test_created_at_in_the_past_is_kept(api, helper):
+    conversation = agent_conversation(api, helper)
+    long_ago = (timezone.now() - timedelta(days=900)).isoformat()
+    response = append(
+        api, helper, conversation["id"], {"role": "user", "content": "x", "createdAt": long_ago}
+    )
+    assert response.status_code == 201

@@ -1,0 +1,173 @@
+"""Memory blocks through the agent API: limits, read-only blocks, append / replace, revisions."""
+
+import threading
+
+import httpx
+import pytest
+from django.db import transaction
+
+from agents_api.models import MemoryBlock, MemoryBlockRevision
+from tests.agents_api.conftest import make_agent
+from tests.factories import MemoryBlockFactory
+
+pytestmark = pytest.mark.django_db
+
+BLOCKS = "/v1/agent/memory-blocks"
+
+
+def create_block(api, credential, user_id=None, **body):
+    path = BLOCKS + (f"?userId={user_id}" if user_id else "")
+    response = api.post(path, body, as_=credential)
+    assert response.status_code == 201, response.content
+    return response.json()
+
+
+def stored(helper, label, user_id=""):
+    return MemoryBlock.objects.get(agent=helper.agent, user_id=user_id, label=label)
+
+
+def test_create_read_list_and_delete(api, helper):
+    block = create_block(api, helper, label="persona", value="I am helpful.", limit=100)
+    assert block == {
+        "label": "persona",
+        "value": "I am helpful.",
+        "description": "",
+        "limit": 100,
+        "readOnly": False,
+        "userId": None,
+        "createdAt": block["createdAt"],
+        "updatedAt": block["updatedAt"],
+    }
+    assert api.get(f"{BLOCKS}/persona", as_=helper).json()["value"] == "I am helpful."
+    assert [b["label"] for b in api.get(BLOCKS, as_=helper).json()["data"]] == ["persona"]
+    assert api.delete(f"{BLOCKS}/persona", as_=helper).status_code == 204
+    assert api.get(f"{BLOCKS}/persona", as_=helper).status_code == 404
+
+
+def test_a_duplicate_label_is_a_conflict(api, helper):
+    create_block(api, helper, label="human")
+    response = api.post(BLOCKS, {"label": "human", "value": "again"}, as_=helper)
+    assert response.status_code == 409
+    assert stored(helper, "human").value == ""
+
+
+def test_blocks_per_user_are_separate(api, helper):
+    create_block(api, helper, user_id="alice", label="human", value="Alice likes Python")
+    create_block(api, helper, user_id="bob", label="human", value="Bob likes Go")
+    alice_block = api.get(f"{BLOCKS}/human?userId=alice", as_=helper).json()
+    assert alice_block["value"] == "Alice likes Python"
+    assert alice_block["userId"] == "alice"
+    assert api.get(f"{BLOCKS}/human", as_=helper).status_code == 404  # no agent-wide block
+    # Acting for alice reaches alice's blocks only.
+    as_alice = helper.acting_for("alice")
+    assert api.get(f"{BLOCKS}/human", as_=as_alice).json()["value"] == "Alice likes Python"
+    assert api.get(f"{BLOCKS}/human?userId=bob", as_=as_alice).status_code == 403
+
+
+def test_an_agent_never_sees_another_agents_blocks(api, helper, rival):
+    create_block(api, helper, label="secret", value="helper only")
+    assert api.get(f"{BLOCKS}/secret", as_=rival).status_code == 404
+    assert api.get(BLOCKS, as_=rival).json()["data"] == []
+    assert api.delete(f"{BLOCKS}/secret", as_=rival).status_code == 404
+    assert stored(helper, "secret").value == "helper only"
+
+
+@pytest.mark.parametrize(
+    ("method", "body", "field"),
+    [
+        ("PUT", {"value": "x" * 11}, "value"),
+        ("PATCH", {"value": "x" * 11}, "value"),
+        ("PATCH", {"append": "y" * 10}, "append"),
+        ("PATCH", {"replace": {"old": "short", "new": "much too long"}}, "replace"),
+        ("PATCH", {"limit": 3}, "limit"),
+    ],
+)
+def test_the_limit_holds_on_every_write_path(api, helper, method, body, field):
+    create_block(api, helper, label="tiny", value="short", limit=10)
+    response = api.call(method, f"{BLOCKS}/tiny", as_=helper, body=body)
+    assert response.status_code == 400
+    assert response.json()["code"] == "validation_error"
+    assert field in response.json()["details"]
+    assert stored(helper, "tiny").value == "short"
+    assert MemoryBlockRevision.objects.filter(block__label="tiny").count() == 1
+
+
+def test_creating_over_the_limit_is_refused(api, helper):
+    response = api.post(BLOCKS, {"label": "big", "value": "x" * 11, "limit": 10}, as_=helper)
+    assert response.status_code == 400
+    assert not MemoryBlock.objects.exists()
+
+
+def test_read_only_blocks_refuse_writes(api, helper):
+    create_block(api, helper, label="rules", value="Be kind.", readOnly=True)
+    for method, body in [
+        ("PUT", {"value": "Be rude."}),
+        ("PATCH", {"append": "Be rude."}),
+        ("PATCH", {"replace": {"old": "kind", "new": "rude"}}),
+        ("DELETE", None),
+    ]:
+        response = api.call(method, f"{BLOCKS}/rules", as_=helper, body=body)
+        assert response.status_code == 403, method
+    assert stored(helper, "rules").value == "Be kind."
+
+
+def test_append_and_replace(api, helper):
+    create_block(api, helper, label="human", value="Name: Alice")
+    appended = api.patch(f"{BLOCKS}/human", {"append": "Likes: Python"}, as_=helper).json()
+    assert appended["value"] == "Name: Alice\nLikes: Python"
+    replaced = api.patch(
+        f"{BLOCKS}/human", {"replace": {"old": "Python", "new": "Rust"}}, as_=helper
+    ).json()
+    assert replaced["value"] == "Name: Alice\nLikes: Rust"
+
+    missing = api.patch(f"{BLOCKS}/human", {"replace": {"old": "Go", "new": "Zig"}}, as_=helper)
+    assert missing.status_code == 409
+    assert stored(helper, "human").value == "Name: Alice\nLikes: Rust"
+
+    both = api.patch(f"{BLOCKS}/human", {"value": "a", "append": "b"}, as_=helper)
+    assert both.status_code == 400
+
+
+def test_every_change_keeps_a_revision(api, helper):
+    create_block(api, helper, label="notes", value="v1")
+    api.call("PUT", f"{BLOCKS}/notes", as_=helper, body={"value": "v2"})
+    api.patch(f"{BLOCKS}/notes", {"append": "v3"}, as_=helper)
+    api.patch(f"{BLOCKS}/notes", {"description": "no value change"}, as_=helper)
+    revisions = api.get(f"{BLOCKS}/notes/revisions", as_=helper).json()["data"]
+    assert [r["value"] for r in revisions] == ["v2\nv3", "v2", "v1"]
+    assert {r["actor"] for r in revisions} == {helper.agent.principal_id}
+
+
+def test_a_block_of_the_local_api_is_the_same_row(helper):
+    # Blocks are one table for every API: a block made elsewhere is visible here.
+    MemoryBlockFactory(agent=helper.agent, label="shared", value="from elsewhere")
+    assert stored(helper, "shared").value == "from elsewhere"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_appends_lose_no_text(live_server):
+    with transaction.atomic():
+        helper = make_agent("busy")
+    url = f"{live_server.url}{BLOCKS}"
+    headers = {"Authorization": f"Bearer {helper.key}"}
+    httpx.post(url, json={"label": "log", "limit": 10_000}, headers=headers).raise_for_status()
+    failures = []
+
+    def append_lines(thread_name):
+        with httpx.Client(headers=headers, timeout=30) as client:
+            for i in range(50):
+                response = client.patch(f"{url}/log", json={"append": f"{thread_name}-{i}"})
+                if response.status_code != 200:
+                    failures.append(response.text)
+
+    threads = [threading.Thread(target=append_lines, args=(name,)) for name in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert failures == []
+    lines = MemoryBlock.objects.get(agent=helper.agent, label="log").value.split("\n")
+    assert len(lines) == 100
+    assert sorted(lines) == sorted([f"a-{i}" for i in range(50)] + [f"b-{i}" for i in range(50)])
+    assert [line for line in lines if line.startswith("a-")] == [f"a-{i}" for i in range(50)]
