@@ -5,6 +5,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
+from agents_api.services import api_key_create
 from conversations.models import Message
 from tests.factories import (
     AgentFactory,
@@ -42,6 +43,7 @@ def memory():
     MembershipFactory(group=conversation.group, principal_id="bob")
     OwnershipTransferFactory(conversation=conversation)
     MemoryBlockRevisionFactory(block=MemoryBlockFactory(agent=AgentFactory()))
+    api_key_create(agent=AgentFactory())
     return conversation, fork
 
 
@@ -56,6 +58,7 @@ def memory():
         "agents_api.agent",
         "agents_api.memoryblock",
         "agents_api.memoryblockrevision",
+        "agents_api.apikey",
     ],
 )
 def test_every_model_has_a_list_and_a_change_page(operator, memory, model):
@@ -116,3 +119,27 @@ def test_the_message_list_costs_the_same_queries_at_any_size(operator):
     assert len(large) == len(small)
     counts = [q["sql"] for q in large if "COUNT(" in q["sql"].upper()]
     assert counts and all("LIMIT" in sql.upper() for sql in counts)
+
+
+def test_an_api_key_made_in_the_admin_is_shown_once_and_works(operator, api):
+    agent = AgentFactory(name="from-admin")
+    response = operator.post(
+        reverse("admin:agents_api_apikey_add"),
+        {"agent": str(agent.id), "name": "laptop", "scopes": ["read"]},
+        follow=True,
+    )
+    assert response.status_code == 200
+    shown = [str(m) for m in response.context["messages"] if "api-key" in m.tags]
+    assert len(shown) == 1
+    key = shown[0].rsplit(" ", 1)[1]
+    assert key.startswith("msk_")
+    me = api.get("/v1/agent/me", as_={"HTTP_X_API_KEY": key})
+    assert me.json()["scopes"] == ["read"]
+    assert me.json()["name"] == "from-admin"
+    # The change page never shows the secret again.
+    from agents_api.models import ApiKey
+
+    change = operator.get(
+        reverse("admin:agents_api_apikey_change", args=[ApiKey.objects.get().pk])
+    ).content.decode()
+    assert key not in change

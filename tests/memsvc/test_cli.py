@@ -1,6 +1,7 @@
 import time
 
 import jwt
+import pytest
 
 from memsvc import cli
 
@@ -11,3 +12,31 @@ def test_token_prints_a_local_jwt_for_the_user(capsys, settings):
     claims = jwt.decode(token, settings.MEMSVC_JWT_SECRET, algorithms=["HS256"])
     assert claims["sub"] == "alice"
     assert 110 <= claims["exp"] - time.time() <= 121
+
+
+@pytest.mark.django_db
+def test_apikey_create_list_and_revoke(capsys, api):
+    assert cli.main(["apikey", "create", "scribe", "--scope", "read", "--scope", "write"]) == 0
+    out, err = capsys.readouterr()
+    key = out.strip()
+    assert key.startswith("msk_")
+    assert "shown only now" in err
+    me = api.get("/v1/agent/me", as_={"HTTP_X_API_KEY": key})
+    assert me.status_code == 200
+    assert me.json()["name"] == "scribe"
+
+    # A second key for the same agent: the agent is reused.
+    assert cli.main(["apikey", "create", "scribe"]) == 0
+    second = capsys.readouterr().out.strip()
+    assert api.get("/v1/agent/me", as_={"HTTP_X_API_KEY": second}).json()["id"] == me.json()["id"]
+
+    assert cli.main(["apikey", "list", "--agent", "scribe"]) == 0
+    listing = capsys.readouterr().out
+    public_id = key.removeprefix("msk_").split("_")[0]
+    assert public_id in listing
+    assert key not in listing and second not in listing
+
+    assert cli.main(["apikey", "revoke", public_id]) == 0
+    assert api.get("/v1/agent/me", as_={"HTTP_X_API_KEY": key}).status_code == 401
+    assert api.get("/v1/agent/me", as_={"HTTP_X_API_KEY": second}).status_code == 200
+    assert cli.main(["apikey", "revoke", "nope"]) == 1
