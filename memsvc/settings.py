@@ -161,6 +161,10 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "memsvc.api.schema.forbid_unknown_request_fields",
+    ],
 }
 
 # --- Messages and search ---------------------------------------------------------------------

@@ -22,7 +22,7 @@ v1 = [
     path("v1/user/", include("conversations.api.urls")),
     path("v1/agent/", include("agents_api.api.urls")),
     # Unknown routes under /v1 answer in the API's error shape, not Django's HTML page.
-    re_path(r"^v1(?:/.*)?$", not_found_view),
+    re_path(r"^v1(?:/[\s\S]*)?$", not_found_view),
 ]
 
 urlpatterns = [

@@ -18,7 +18,7 @@ from conversations.api.views import LIST_PARAMETERS, ConversationPage, conversat
 from conversations.models import AccessLevel, Role
 from conversations.services import NewMessage
 from memsvc.api.errors import Forbidden, InvalidInput, NotFound
-from memsvc.api.pagination import parse_limit
+from memsvc.api.pagination import LIMIT_PARAMETER, parse_limit
 from memsvc.api.schema import errors
 
 ON_BEHALF = OpenApiParameter(
@@ -163,7 +163,7 @@ class ContextView(AgentApiView):
             OpenApiParameter(
                 "afterMessageId", str, description="`nextAfterMessageId` of the last page"
             ),
-            OpenApiParameter("limit", int, description="1..200, default 20"),
+            LIMIT_PARAMETER,
         ],
         responses={200: s.ContextOut, **errors(400, 401, 403, 404)},
     )

@@ -12,10 +12,15 @@ from conversations.api import serializers as s
 from conversations.models import AccessLevel, TransferStatus
 from memsvc.api.errors import InvalidInput
 from memsvc.api.jwt_auth import JWTAuthentication
-from memsvc.api.pagination import decode_cursor, encode_cursor, page, parse_limit
+from memsvc.api.pagination import (
+    LIMIT_PARAMETER,
+    decode_cursor,
+    encode_cursor,
+    page,
+    parse_limit,
+)
 from memsvc.api.schema import errors
 
-LIMIT = OpenApiParameter("limit", int, description="1..200, default 20")
 AFTER = OpenApiParameter("after", str, description="`nextCursor` of the previous page")
 
 ConversationPage = s.paged(s.ConversationSummaryOut, "ConversationSummaryPage")
@@ -42,7 +47,7 @@ def conversation_page(request) -> dict:
 
 
 LIST_PARAMETERS = [
-    LIMIT,
+    LIMIT_PARAMETER,
     AFTER,
     OpenApiParameter("query", str, description="Words of the title or metadata"),
 ]
@@ -122,7 +127,7 @@ class ConversationView(UserApiView):
 class MessagesView(UserApiView):
     @user_operation(
         "listMessages",
-        parameters=[LIMIT, AFTER],
+        parameters=[LIMIT_PARAMETER, AFTER],
         responses={200: MessagePage, **errors(400, 401, 404)},
     )
     def get(self, request, conversation_id):

@@ -8,6 +8,7 @@ client sees the same shape whatever refused its request.
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
 
@@ -131,5 +132,6 @@ def exception_handler(exc, context):
     return None  # anything else is a bug: let it be a 500 and reach the logs
 
 
+@csrf_exempt  # an API route: no cookies, so no CSRF; and a 404 must not become a 403
 def not_found_view(request, *args, **kwargs):
     return JsonResponse(error_body("no such route", NotFound.code), status=404)

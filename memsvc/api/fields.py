@@ -8,6 +8,7 @@ same everywhere.
 import json
 
 from django.conf import settings
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 METADATA_MAX_BYTES = 16 * 1024
@@ -24,6 +25,8 @@ class TextField(serializers.CharField):
 
     def __init__(self, **kwargs):
         kwargs.setdefault("trim_whitespace", False)
+        if not kwargs.get("allow_blank", False):
+            kwargs.setdefault("min_length", 1)  # documents in the schema what allow_blank means
         super().__init__(**kwargs)
         self.validators.append(_refuse_nul)
 
@@ -63,6 +66,7 @@ def _contains_nul(value) -> bool:
     return False
 
 
+@extend_schema_field({"type": "object", "additionalProperties": True})
 class MetadataField(serializers.JSONField):
     """A JSON object of at most 16 KiB (serialized), without NUL characters."""
 

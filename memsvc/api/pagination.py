@@ -10,10 +10,18 @@ import base64
 import binascii
 import json
 
+from drf_spectacular.utils import OpenApiParameter
+
 from memsvc.api.errors import InvalidInput
 
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 200
+
+LIMIT_PARAMETER = OpenApiParameter(
+    "limit",
+    {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": DEFAULT_LIMIT},
+    description=f"Items per page, 1..{MAX_LIMIT}.",
+)
 
 
 def encode_cursor(*key) -> str:

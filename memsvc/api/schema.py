@@ -67,3 +67,22 @@ class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):
             "bearerFormat": "msk_<id>_<secret>",
             "description": "An agent's API key (also accepted as `X-API-Key`).",
         }
+
+
+def forbid_unknown_request_fields(result, generator, request, public):
+    """Request bodies refuse unknown fields (``InputSerializer``); say so in the schema."""
+    from memsvc.api.fields import InputSerializer
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    names = {
+        getattr(getattr(c, "Meta", None), "ref_name", None) for c in subclasses(InputSerializer)
+    }
+    names = {n for n in names if n} | {f"Patched{n}" for n in names if n}
+    for name, component in result.get("components", {}).get("schemas", {}).items():
+        if name in names and component.get("type") == "object":
+            component["additionalProperties"] = False
+    return result

@@ -1,0 +1,151 @@
+"""The OpenAPI document: committed, served, and the interactive docs served from local assets."""
+
+import difflib
+import re
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from drf_spectacular.drainage import GENERATOR_STATS
+
+COMMITTED_SCHEMA = Path(__file__).resolve().parents[2] / "openapi" / "schema.yaml"
+REGENERATE = (
+    "MEMSVC_DATA_DIR=$PWD/.data/dev .venv/bin/python manage.py spectacular "
+    "--validate --fail-on-warn --file openapi/schema.yaml"
+)
+USER_PREFIX = "/v1/user/"
+HTTP_METHODS = {"get", "put", "post", "delete", "options", "head", "patch", "trace"}
+
+
+def generate_schema(path: Path) -> bytes:
+    # The warning counters are process-wide: start from zero so that --fail-on-warn judges
+    # this generation only, not whatever an earlier test made drf-spectacular warn about.
+    GENERATOR_STATS.reset()
+    call_command("spectacular", "--validate", "--fail-on-warn", "--file", str(path))
+    return path.read_bytes()
+
+
+def test_the_committed_schema_is_up_to_date(tmp_path):
+    first = generate_schema(tmp_path / "first.yaml")
+    second = generate_schema(tmp_path / "second.yaml")
+    assert first == second, "schema generation is not deterministic: two runs differ"
+
+    committed = COMMITTED_SCHEMA.read_bytes() if COMMITTED_SCHEMA.exists() else b""
+    if first != committed:
+        diff = difflib.unified_diff(
+            committed.decode().splitlines(),
+            first.decode().splitlines(),
+            "openapi/schema.yaml (committed)",
+            "openapi/schema.yaml (generated)",
+            lineterm="",
+        )
+        shown = "\n".join(list(diff)[:80])
+        pytest.fail(
+            "openapi/schema.yaml does not match the schema the code generates.\n"
+            f"Regenerate it from the project root with:\n\n    {REGENERATE}\n\n"
+            f"and commit the result. Difference (first lines):\n{shown}",
+            pytrace=False,
+        )
+
+
+# --- /v1/schema ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def served_schema(django_test_environment):
+    from django.test import Client
+
+    response = Client().get("/v1/schema", HTTP_ACCEPT="application/json")
+    assert response.status_code == 200, response.content[:500]
+    return response.json()
+
+
+def user_operations(schema):
+    return [
+        (method, path, operation)
+        for path, item in schema["paths"].items()
+        if path.startswith(USER_PREFIX)
+        for method, operation in item.items()
+        if method in HTTP_METHODS
+    ]
+
+
+def test_the_schema_is_served_without_credentials(client):
+    response = client.get("/v1/schema")
+    assert response.status_code == 200
+    assert response.content.startswith(b"openapi: 3.1.0\n")
+
+
+def test_the_schema_is_openapi_3_1(served_schema):
+    assert served_schema["openapi"] == "3.1.0"
+
+
+def test_the_user_operations_are_tagged_user(served_schema):
+    operations = user_operations(served_schema)
+    assert operations, "no /v1/user operation in the schema"
+    untagged = [f"{m.upper()} {p}" for m, p, op in operations if "user" not in op.get("tags", [])]
+    assert untagged == []
+    tagged_elsewhere = [
+        f"{method.upper()} {path}"
+        for path, item in served_schema["paths"].items()
+        if not path.startswith(USER_PREFIX)
+        for method, operation in item.items()
+        if method in HTTP_METHODS and "user" in operation.get("tags", [])
+    ]
+    assert tagged_elsewhere == []
+
+
+def test_every_user_operation_declares_401(served_schema):
+    missing = [
+        f"{method.upper()} {path}"
+        for method, path, operation in user_operations(served_schema)
+        if "401" not in operation["responses"]
+    ]
+    assert missing == []
+    for _, _, operation in user_operations(served_schema):
+        error = operation["responses"]["401"]["content"]["application/json"]["schema"]
+        assert error == {"$ref": "#/components/schemas/Error"}
+
+
+def test_every_user_operation_needs_the_bearer_token(served_schema):
+    schemes = served_schema["components"]["securitySchemes"]
+    bearer = {
+        name
+        for name, scheme in schemes.items()
+        if scheme.get("type") == "http" and scheme.get("scheme", "").lower() == "bearer"
+    }
+    assert bearer, "no bearer security scheme"
+    wrong = [
+        f"{method.upper()} {path}: {operation.get('security')}"
+        for method, path, operation in user_operations(served_schema)
+        # Every alternative must be a bearer scheme: an empty {} would make it optional.
+        if not operation.get("security")
+        or any(
+            not requirement or set(requirement) - bearer for requirement in operation["security"]
+        )
+    ]
+    assert wrong == []
+
+
+# --- /v1/docs --------------------------------------------------------------------------------
+
+ASSET = re.compile(r"""<(?:script|link|img)\b[^>]*?\b(?:src|href)\s*=\s*["']([^"']+)["']""", re.I)
+
+
+def test_the_docs_page_is_served_without_credentials_from_local_assets(client):
+    response = client.get("/v1/docs")
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/html")
+    page = response.content.decode()
+    for cdn in ("cdn.jsdelivr.net", "unpkg.com", "cdnjs.cloudflare.com"):
+        assert cdn not in page
+    assets = ASSET.findall(page)
+    assert any(asset.endswith(".js") for asset in assets), assets
+    assert any(asset.endswith(".css") for asset in assets), assets
+    for asset in assets:
+        assert asset.startswith("/static/"), f"{asset} is not a local static file"
+        # WhiteNoise (with finders) serves them, so the page works offline.
+        served = client.get(asset)
+        assert served.status_code == 200, asset
+        served.close()
+    assert '"/v1/schema"' in page
