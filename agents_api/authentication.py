@@ -83,10 +83,12 @@ class ApiKeyAuthentication(BaseAuthentication):
 
 
 class HasScope(BasePermission):
-    """Reads need the ``read`` scope, writes the ``write`` scope."""
+    """Reads need the ``read`` scope, writes the ``write`` scope (a view may name its own)."""
 
     def has_permission(self, request, view):
-        needed = Scope.READ if request.method in SAFE_METHODS else Scope.WRITE
+        needed = getattr(view, "required_scope", None) or (
+            Scope.READ if request.method in SAFE_METHODS else Scope.WRITE
+        )
         if needed not in request.principal.scopes:
             raise Forbidden(f"this API key lacks the '{needed}' scope")
         return True

@@ -28,6 +28,7 @@ from conversations.models import (
 from conversations.selectors import history_message_before
 from memsvc.api.errors import Conflict, Forbidden, InvalidInput
 from memsvc.api.principals import Principal
+from search.services import enqueue_embedding
 
 # --- conversations ---------------------------------------------------------------------------
 
@@ -118,11 +119,13 @@ def _build_message(actor: Principal, conversation: Conversation, new: NewMessage
 def messages_append(
     actor: Principal, *, conversation: Conversation, messages: Sequence[NewMessage]
 ) -> list[Message]:
-    """Append messages in order, all or nothing."""
+    """Append messages in order, all or nothing; they are queued for embedding on commit."""
     created = Message.objects.bulk_create(
         [_build_message(actor, conversation, new) for new in messages]
     )
     Conversation.objects.filter(pk=conversation.pk).update(updated_at=timezone.now())
+    message_ids = [message.id for message in created]
+    transaction.on_commit(lambda: enqueue_embedding(message_ids))
     return created
 
 

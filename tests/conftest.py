@@ -40,3 +40,13 @@ def api(client):
     from tests.api import Api
 
     return Api(client)
+
+
+@pytest.fixture(autouse=True)
+def celery_runs_tasks_inline():
+    """Tasks run in the calling process (a real worker is tested in tests/search)."""
+    from memsvc.celery import app
+
+    app.conf.task_always_eager = True
+    yield
+    app.conf.task_always_eager = False

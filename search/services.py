@@ -1,0 +1,171 @@
+"""Writes of the search app: message vectors and the keyword statistics.
+
+A message is committed first and embedded afterwards (``enqueue_embedding`` runs on commit).
+Whatever the queue loses, the periodic sweep finds again: a message is never left
+unsearchable because of a broker problem, and keywords find it meanwhile.
+"""
+
+import logging
+from collections.abc import Sequence
+from datetime import timedelta
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from conversations.models import Channel, Conversation, Message
+from search.embeddings import EmbeddingBackend, configured_backend, embedding_text
+
+logger = logging.getLogger(__name__)
+
+EMBED_BATCH = 256
+
+_UPDATE_VECTOR = """
+UPDATE message SET embedding = %s::vector, embedding_model = %s, embedded_at = %s
+WHERE id = %s {only_pending}
+RETURNING id
+"""
+
+# Adds the lexemes of newly embedded messages to the keyword statistics. Lexemes are taken
+# in sorted order so that concurrent workers lock the same rows in the same order.
+_COUNT_TERMS = """
+INSERT INTO search_term_stat (lexeme, document_count)
+SELECT lexeme, count(*) FROM message, unnest(search_vector) AS term(lexeme, positions, weights)
+WHERE message.id = ANY(%s)
+GROUP BY lexeme ORDER BY lexeme
+ON CONFLICT (lexeme) DO UPDATE SET document_count = search_term_stat.document_count + EXCLUDED.document_count
+"""
+
+_COUNT_CORPUS = """
+INSERT INTO search_corpus_stat (id, document_count, total_length)
+SELECT 1, count(*), coalesce(sum(length(search_vector)), 0) FROM message WHERE id = ANY(%s)
+ON CONFLICT (id) DO UPDATE SET
+    document_count = search_corpus_stat.document_count + EXCLUDED.document_count,
+    total_length = search_corpus_stat.total_length + EXCLUDED.total_length
+"""
+
+
+def embed_messages(
+    message_ids: Sequence, *, backend: EmbeddingBackend | None = None, force: bool = False
+) -> int:
+    """Embed these messages; returns how many got a vector.
+
+    Idempotent: without ``force`` only messages still waiting (``embedded_at IS NULL``) are
+    embedded, and the write is conditional on that, so two workers racing for one message
+    write it once and count its words once. ``force`` re-embeds (a new model).
+    """
+    backend = backend or configured_backend()
+    rows = Message.objects.filter(id__in=list(message_ids))
+    if not force:
+        rows = rows.filter(embedded_at__isnull=True)
+    rows = list(rows.values_list("id", "author_name", "content", "channel", "conversation_id"))
+    if not rows:
+        return 0
+    vectors = backend.embed([embedding_text(author, content) for _, author, content, _, _ in rows])
+    now = timezone.now()
+    sql = _UPDATE_VECTOR.format(only_pending="" if force else "AND embedded_at IS NULL")
+    written = []
+    with transaction.atomic(), connection.cursor() as cursor:
+        for (message_id, *_), vector in zip(rows, vectors, strict=True):
+            cursor.execute(sql, [_vector_literal(vector), backend.model, now, message_id])
+            if cursor.fetchone():
+                written.append(message_id)
+        if written and not force:
+            cursor.execute(_COUNT_TERMS, [written])
+            cursor.execute(_COUNT_CORPUS, [written])
+        summarized = {
+            c for m, _, _, channel, c in rows if channel == Channel.SUMMARY and m in written
+        }
+        if summarized:
+            Conversation.objects.filter(id__in=summarized).update(vectorized_at=now)
+    return len(written)
+
+
+def _vector_literal(vector) -> str:
+    return "[" + ",".join(f"{x:.7g}" for x in vector) + "]"
+
+
+def pending_message_ids(*, older_than_seconds: float = 0, limit: int = EMBED_BATCH) -> list:
+    """Messages waiting for a vector, oldest first (served by the partial index)."""
+    waiting = Message.objects.filter(embedded_at__isnull=True)
+    if older_than_seconds:
+        # Leave the newest to the task queued for them. (Imported messages carry old
+        # times and may be embedded by both: the conditional write keeps that harmless.)
+        waiting = waiting.filter(
+            created_at__lt=timezone.now() - timedelta(seconds=older_than_seconds)
+        )
+    return list(waiting.order_by("seq").values_list("id", flat=True)[:limit])
+
+
+def embed_pending(
+    *, older_than_seconds: float = 0, backend=None, max_batches: int | None = None
+) -> int:
+    """Embed what is waiting, batch by batch (the sweep, ``memsvc reindex``)."""
+    total = 0
+    batches = 0
+    while max_batches is None or batches < max_batches:
+        ids = pending_message_ids(older_than_seconds=older_than_seconds)
+        if not ids:
+            break
+        done = embed_messages(ids, backend=backend)
+        total += done
+        batches += 1
+        if done == 0:
+            break  # someone else is on these; the next sweep will see
+    return total
+
+
+def reembed_all(*, backend=None) -> int:
+    """Re-embed every message with the configured model (after a model change)."""
+    backend = backend or configured_backend()
+    total, last_seq = 0, 0
+    while True:
+        batch = list(
+            Message.objects.filter(seq__gt=last_seq)
+            .order_by("seq")
+            .values_list("seq", "id")[:EMBED_BATCH]
+        )
+        if not batch:
+            break
+        last_seq = batch[-1][0]
+        total += embed_messages(
+            [message_id for _, message_id in batch], backend=backend, force=True
+        )
+    rebuild_term_stats()
+    return total
+
+
+@transaction.atomic
+def rebuild_term_stats() -> None:
+    """Recount the keyword statistics over every embedded message (fixes drift from deletes)."""
+    with connection.cursor() as cursor:
+        cursor.execute("LOCK TABLE search_term_stat, search_corpus_stat IN EXCLUSIVE MODE")
+        cursor.execute("DELETE FROM search_term_stat")
+        cursor.execute(
+            """
+            INSERT INTO search_term_stat (lexeme, document_count)
+            SELECT word, ndoc FROM ts_stat('SELECT search_vector FROM message WHERE embedded_at IS NOT NULL')
+            """
+        )
+        cursor.execute(
+            """
+            INSERT INTO search_corpus_stat (id, document_count, total_length)
+            SELECT 1, count(*), coalesce(sum(length(search_vector)), 0)
+            FROM message WHERE embedded_at IS NOT NULL
+            ON CONFLICT (id) DO UPDATE SET document_count = EXCLUDED.document_count,
+                                           total_length = EXCLUDED.total_length
+            """
+        )
+
+
+def enqueue_embedding(message_ids: Sequence) -> None:
+    """Hand committed messages to a worker. A broker that is down loses nothing: the sweep
+    embeds whatever is still waiting, so the error is logged and the request goes on."""
+    from search.tasks import embed_messages_task
+
+    ids = [str(message_id) for message_id in message_ids]
+    try:
+        embed_messages_task.apply_async(args=[ids], retry=False)
+    except Exception as exc:  # any broker failure: kombu, redis, amqp, OS errors
+        logger.warning(
+            "could not enqueue %d messages for embedding (%s); the sweep will", len(ids), exc
+        )

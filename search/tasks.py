@@ -1,0 +1,50 @@
+"""Celery tasks of the search app: they take ids, and call a service that reloads the rows."""
+
+from celery.utils.log import get_task_logger
+
+from memsvc.celery import app
+from search import services
+from search.embeddings import EmbeddingError
+
+logger = get_task_logger(__name__)
+
+# Messages younger than this are left to the task queued when they were committed.
+SWEEP_GRACE_SECONDS = 30
+
+
+class TransientEmbeddingError(Exception):
+    """Raised to make Celery retry: the backend may answer next time."""
+
+
+@app.task(
+    name="search.embed_messages",
+    autoretry_for=(TransientEmbeddingError,),
+    retry_backoff=2,
+    retry_backoff_max=300,
+    retry_jitter=True,
+    max_retries=8,
+    acks_late=True,
+)
+def embed_messages_task(message_ids: list[str]) -> int:
+    try:
+        return services.embed_messages(message_ids)
+    except EmbeddingError as exc:
+        if exc.transient:
+            raise TransientEmbeddingError(str(exc)) from exc
+        # Not worth retrying (a bad model name, say): the sweep tries again later, and the
+        # messages stay findable by keywords meanwhile.
+        logger.error("embedding failed for %d messages: %s", len(message_ids), exc)
+        return 0
+
+
+@app.task(name="search.sweep_unembedded", acks_late=True)
+def sweep_unembedded_task() -> int:
+    """Embed whatever the queue lost (broker down, worker killed). Runs every minute."""
+    try:
+        embedded = services.embed_pending(older_than_seconds=SWEEP_GRACE_SECONDS, max_batches=40)
+    except EmbeddingError as exc:
+        logger.warning("sweep stopped: %s", exc)
+        return 0
+    if embedded:
+        logger.info("sweep embedded %d messages", embedded)
+    return embedded
