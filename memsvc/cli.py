@@ -46,6 +46,8 @@ def _gunicorn_command(host: str, port: int) -> list[str]:
         "10",
         "--access-logfile",
         "-",
+        "--config",
+        "python:memsvc.gunicorn_conf",
     ]
 
 
@@ -125,11 +127,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from django.core.management import call_command
 
     from memsvc import embedded_db
+    from search.checks import check_embedding_dimension
 
     host = args.host or settings.MEMORY_SERVER_HOST
     port = args.port or settings.MEMORY_SERVER_PORT
     try:
         call_command("migrate", interactive=False, verbosity=0)
+        check_embedding_dimension()
         if supervisor.stopping:
             return 0
         supervisor.start(_gunicorn_command(host, port))
@@ -145,6 +149,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     supervisor = _Supervisor()
     _setup_django()
+    from search.checks import check_embedding_dimension
+
+    check_embedding_dimension()
     supervisor.start(_worker_command(beat=args.beat, extra=args.celery_args))
     try:
         return supervisor.run()
@@ -152,6 +159,17 @@ def cmd_worker(args: argparse.Namespace) -> int:
         from memsvc import embedded_db
 
         embedded_db.stop_server()
+
+
+def cmd_reindex(args: argparse.Namespace) -> int:
+    _setup_django()
+    from search.services import embed_pending, reembed_all
+
+    started = time.monotonic()
+    count = reembed_all() if args.all else embed_pending()
+    elapsed = time.monotonic() - started
+    print(f"embedded {count} messages in {elapsed:.1f} s", file=sys.stderr)
+    return 0
 
 
 def cmd_token(args: argparse.Namespace) -> int:
@@ -223,6 +241,12 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--beat", action="store_true", help="also run the periodic scheduler")
     worker.add_argument("celery_args", nargs=argparse.REMAINDER, help="passed to celery worker")
     worker.set_defaults(func=cmd_worker)
+
+    reindex = commands.add_parser("reindex", help="embed what is waiting (--all: everything)")
+    reindex.add_argument(
+        "--all", action="store_true", help="re-embed every message (after a model change)"
+    )
+    reindex.set_defaults(func=cmd_reindex)
 
     token = commands.add_parser("token", help="print a local HS256 JWT for a user id")
     token.add_argument("user_id")

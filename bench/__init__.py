@@ -1,0 +1,22 @@
+"""Benchmarks of memsvc, run against a live server over its HTTP API.
+
+Every benchmark either starts a private ``memsvc serve`` of its own (a fresh data directory,
+embedded PostgreSQL, a free port, an agent API key made with ``memsvc apikey create``) and
+stops it at the end, or talks to a running server given with ``--url`` and ``--api-key``.
+Results are printed as a table and written as JSON under ``bench-results/`` (git-ignored).
+
+- ``python -m bench.locomo``: retrieval quality and latency of ``/v1/agent/search/messages``
+  on the LoCoMo development split (``../shared/bench/locomo/locomo-dev.json``, read in place,
+  never copied into the repository)::
+
+      .venv/bin/python -m bench.locomo --data ../shared/bench/locomo/locomo-dev.json \\
+          --mode hybrid --mode semantic --mode keyword
+
+  Add ``--keep-server`` to leave the loaded server running; it prints a URL and a key to
+  re-evaluate with ``--url URL --api-key KEY --skip-load``. ``--limit-questions N`` makes a
+  quick run. ``python -m bench.locomo --help`` lists everything.
+
+``bench.common`` holds what the benchmarks share: the private server, waiting for health and
+for the embedding backlog, API calls that fail with the status and body, percentiles, and
+writing results.
+"""

@@ -1,0 +1,202 @@
+"""Embedding backends. The local model runs for real; the remote ones talk HTTP to a local
+test server standing in for Ollama / OpenAI (outside services, so faked at the HTTP level)."""
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+
+from search.checks import check_embedding_dimension
+from search.embeddings import (
+    EmbeddingError,
+    LocalBackend,
+    OllamaBackend,
+    OpenAIBackend,
+    configured_backend,
+    embedding_text,
+    get_embedding_backend,
+)
+
+
+class FakeEmbeddingServer:
+    """A local HTTP server: each request is recorded; ``respond(path, body)`` answers it."""
+
+    def __init__(self, respond):
+        self.requests: list[tuple[str, dict]] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.requests.append((self.path, body))
+                status, payload = respond(self.path, body)
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def __enter__(self):
+        threading.Thread(target=self.httpd.serve_forever, args=(0.01,), daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def fake_vector(text: str, dimension: int = 8) -> list[float]:
+    rng = np.random.default_rng(abs(hash(text)) % 2**32)
+    return rng.normal(size=dimension).tolist()
+
+
+# --- local ------------------------------------------------------------------------------------
+
+
+def test_the_local_model_loads_from_the_package_and_embeds():
+    backend = LocalBackend()
+    assert backend.declared_dimension() == 384
+    vectors = backend.embed(
+        ["I adopted a puppy", "We got a new dog from the shelter", "The stock market fell"]
+    )
+    assert vectors.shape == (3, 384)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-4)
+    dog, puppy, stocks = vectors[1], vectors[0], vectors[2]
+    assert dog @ puppy > dog @ stocks + 0.2
+    assert backend.embed([]).shape == (0, 384)
+
+
+def test_the_text_embedded_names_the_speaker():
+    assert embedding_text("Caroline", "I went to a support group") == (
+        "Caroline: I went to a support group"
+    )
+    assert embedding_text("", "no speaker") == "no speaker"
+
+
+def test_the_factory_builds_each_kind():
+    assert isinstance(get_embedding_backend("local"), LocalBackend)
+    assert isinstance(
+        get_embedding_backend("ollama", model="m", base_url="http://x"), OllamaBackend
+    )
+    assert isinstance(get_embedding_backend("openai", model="m"), OpenAIBackend)
+    with pytest.raises(ImproperlyConfigured):
+        get_embedding_backend("chroma")
+
+
+# --- ollama -----------------------------------------------------------------------------------
+
+
+def test_ollama_embeds_in_one_call_and_learns_the_dimension():
+    def respond(path, body):
+        assert path == "/api/embed"
+        return 200, {"embeddings": [fake_vector(text) for text in body["input"]]}
+
+    with FakeEmbeddingServer(respond) as server:
+        backend = OllamaBackend("nomic-embed-text", base_url=server.url)
+        vectors = backend.embed(["a", "b", "c"])
+        assert vectors.shape == (3, 8)
+        assert backend.dimension == 8
+        assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0)
+    assert server.requests[0] == (
+        "/api/embed",
+        {"model": "nomic-embed-text", "input": ["a", "b", "c"]},
+    )
+
+
+def test_an_older_ollama_is_asked_one_text_at_a_time():
+    def respond(path, body):
+        if path == "/api/embed":
+            return 404, {"error": "not found"}
+        return 200, {"embedding": fake_vector(body["prompt"])}
+
+    with FakeEmbeddingServer(respond) as server:
+        vectors = OllamaBackend("m", base_url=server.url).embed(["a", "b"])
+    assert vectors.shape == (2, 8)
+    assert [path for path, _ in server.requests] == [
+        "/api/embed",
+        "/api/embeddings",
+        "/api/embeddings",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("status", "transient"), [(500, True), (503, True), (429, True), (400, False)]
+)
+def test_ollama_errors_say_whether_to_retry(status, transient):
+    with (
+        FakeEmbeddingServer(lambda path, body: (status, {"error": "boom"})) as server,
+        pytest.raises(EmbeddingError) as excinfo,
+    ):
+        OllamaBackend("m", base_url=server.url).embed(["a"])
+    assert excinfo.value.transient is transient
+
+
+def test_an_unreachable_ollama_is_a_transient_error():
+    with pytest.raises(EmbeddingError) as excinfo:
+        OllamaBackend("m", base_url="http://127.0.0.1:9", timeout=2).embed(["a"])
+    assert excinfo.value.transient
+
+
+# --- openai -----------------------------------------------------------------------------------
+
+
+def test_openai_uses_the_embeddings_endpoint_of_any_compatible_server():
+    def respond(path, body):
+        assert path == "/v1/embeddings"
+        data = [
+            {"object": "embedding", "index": i, "embedding": fake_vector(text, 16)}
+            for i, text in enumerate(body["input"])
+        ]
+        # Out of order on purpose: the backend must sort by index.
+        return 200, {
+            "object": "list",
+            "data": list(reversed(data)),
+            "model": body["model"],
+            "usage": {"prompt_tokens": 1, "total_tokens": 1},
+        }
+
+    with FakeEmbeddingServer(respond) as server:
+        backend = OpenAIBackend(
+            "text-embedding-3-small", api_key="test-key", base_url=f"{server.url}/v1"
+        )
+        vectors = backend.embed(["first", "second"])
+    expected = np.array([fake_vector("first", 16), fake_vector("second", 16)])
+    expected /= np.linalg.norm(expected, axis=1, keepdims=True)
+    assert np.allclose(vectors, expected, atol=1e-5)
+    assert server.requests[0][1]["model"] == "text-embedding-3-small"
+
+
+@pytest.mark.parametrize(("status", "transient"), [(500, True), (429, True), (401, False)])
+def test_openai_errors_say_whether_to_retry(status, transient):
+    with FakeEmbeddingServer(lambda path, body: (status, {"error": {"message": "no"}})) as server:
+        backend = OpenAIBackend("m", api_key="k", base_url=f"{server.url}/v1")
+        with pytest.raises(EmbeddingError) as excinfo:
+            backend.embed(["a"])
+    assert excinfo.value.transient is transient
+
+
+# --- start-up check ---------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_model_of_another_width_than_the_column_stops_start_up():
+    check_embedding_dimension(configured_backend())  # the default fits
+
+    def respond(path, body):
+        return 200, {"embeddings": [fake_vector(text, 768) for text in body["input"]]}
+
+    with (
+        FakeEmbeddingServer(respond) as server,
+        pytest.raises(ImproperlyConfigured, match=r"768-dimensional.*holds 384"),
+    ):
+        check_embedding_dimension(OllamaBackend("nomic-embed-text", base_url=server.url))
