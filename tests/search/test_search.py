@@ -1,0 +1,185 @@
+"""Search finds what a principal may see, and only that; keywords work before embedding."""
+
+import pytest
+
+from conversations.models import Channel, Message, Visibility
+from search.models import TermStat
+from search.services import embed_messages, embed_pending
+from tests.agents_api.conftest import make_agent
+from tests.factories import ConversationFactory, MembershipFactory, MessageFactory
+
+pytestmark = pytest.mark.django_db
+
+SEARCH = "/v1/user/search/messages"
+
+
+def search(api, persona, query, **body):
+    response = api.post(SEARCH, {"query": query, **body}, as_=persona)
+    assert response.status_code == 200, response.content
+    return response.json()["data"]
+
+
+def contents(results):
+    return [r["message"]["content"] for r in results]
+
+
+@pytest.fixture
+def pets(alice):
+    conversation = ConversationFactory(group__owner=alice.id, title="Pets")
+    for text in [
+        "I adopted a puppy named Rex last week",
+        "The weather in Paris is rainy today",
+        "My cat sleeps all day long",
+        "We should book flights to Tokyo",
+    ]:
+        MessageFactory(conversation=conversation, author_name="alice", content=text)
+    return conversation
+
+
+def test_keywords_find_a_message_before_it_is_embedded(api, alice, pets):
+    assert Message.objects.filter(embedded_at__isnull=False).count() == 0
+    results = search(api, alice, "puppy adopted", mode="hybrid")
+    assert contents(results)[0] == "I adopted a puppy named Rex last week"
+    assert "<b>puppy</b>" in results[0]["highlights"]
+    assert search(api, alice, "dog", mode="semantic") == []
+
+
+def test_after_embedding_meaning_finds_it_without_shared_words(api, alice, pets):
+    embed_pending()
+    results = search(api, alice, "new dog", mode="semantic")
+    assert contents(results)[0] == "I adopted a puppy named Rex last week"
+    hybrid = search(api, alice, "new dog")
+    assert contents(hybrid)[0] == "I adopted a puppy named Rex last week"
+    assert hybrid[0]["conversationId"] == str(pets.id)
+    assert hybrid[0]["score"] >= hybrid[-1]["score"]
+
+
+def test_the_speaker_is_searchable_by_keyword_and_by_meaning(api, alice):
+    conversation = ConversationFactory(group__owner=alice.id)
+    MessageFactory(conversation=conversation, author_name="Caroline", content="I love painting")
+    MessageFactory(conversation=conversation, author_name="Melanie", content="I love painting")
+    assert contents(search(api, alice, "Caroline", mode="keyword")) == ["I love painting"]
+    embed_pending()
+    [first, *_] = search(api, alice, "what does Caroline love", mode="semantic")
+    assert first["message"]["authorName"] == "Caroline"
+
+
+def test_top_k_and_the_documented_result_shape(api, alice, pets):
+    embed_pending()
+    results = search(api, alice, "day", topK=2)
+    assert len(results) == 2
+    assert set(results[0]) == {"message", "conversationId", "score", "highlights"}
+    assert len(search(api, alice, "the")) <= 5  # the default topK
+
+
+def test_strangers_find_nothing_and_members_find_it(api, alice, bob, charlie, pets):
+    embed_pending()
+    assert search(api, charlie, "puppy") == []
+    assert search(api, bob, "puppy") == []
+    membership = MembershipFactory(group=pets.group, principal_id=bob.id, access_level="reader")
+    assert contents(search(api, bob, "puppy"))[0].startswith("I adopted a puppy")
+    membership.delete()
+    assert search(api, bob, "puppy") == []
+    assert search(api, bob, "puppy", mode="semantic") == []
+
+
+def test_users_never_find_agent_only_messages_but_agents_do(api, alice):
+    agent = make_agent("finder")
+    conversation = ConversationFactory(group__owner=alice.id)
+    MembershipFactory(
+        group=conversation.group, principal_id=agent.agent.principal_id, access_level="writer"
+    )
+    MessageFactory(conversation=conversation, content="zebra in the history")
+    MessageFactory(
+        conversation=conversation, content="zebra agent note", visibility=Visibility.AGENT
+    )
+    MessageFactory(conversation=conversation, content="zebra memory", channel=Channel.MEMORY)
+    MessageFactory(
+        conversation=conversation,
+        content="zebra summary",
+        channel=Channel.SUMMARY,
+        visibility=Visibility.AGENT,
+    )
+    embed_pending()
+    assert contents(search(api, alice, "zebra")) == ["zebra in the history"]
+    agent_results = api.post(
+        "/v1/agent/search/messages", {"query": "zebra", "topK": 10}, as_=agent
+    ).json()["data"]
+    assert sorted(contents(agent_results)) == sorted(
+        ["zebra in the history", "zebra agent note", "zebra memory", "zebra summary"]
+    )
+    rival = make_agent("rival")
+    assert api.post("/v1/agent/search/messages", {"query": "zebra"}, as_=rival).json()["data"] == []
+
+
+def test_fork_inherited_messages_appear_once_under_their_own_conversation(api, alice):
+    root = ConversationFactory(group__owner=alice.id)
+    shared = MessageFactory(conversation=root, content="giraffe facts")
+    after = MessageFactory(conversation=root, content="giraffe after the fork")
+    fork = ConversationFactory(
+        group=root.group, forked_at_conversation=root, forked_at_message=shared
+    )
+    MessageFactory(conversation=fork, content="giraffe in the fork")
+    embed_pending()
+
+    everything = search(api, alice, "giraffe", topK=10)
+    assert sorted(contents(everything)) == sorted(
+        ["giraffe facts", "giraffe after the fork", "giraffe in the fork"]
+    )
+    owners = {r["message"]["content"]: r["conversationId"] for r in everything}
+    assert owners["giraffe facts"] == str(root.id)
+
+    in_fork = search(api, alice, "giraffe", topK=10, conversationIds=[str(fork.id)])
+    assert sorted(contents(in_fork)) == ["giraffe facts", "giraffe in the fork"]
+    assert after.content not in contents(in_fork)
+
+
+def test_search_within_conversations_and_before_a_message(api, alice, pets):
+    other = ConversationFactory(group__owner=alice.id)
+    MessageFactory(conversation=other, content="a puppy in another conversation")
+    later = MessageFactory(conversation=pets, content="another puppy story")
+    embed_pending()
+    only_pets = search(api, alice, "puppy", conversationIds=[str(pets.id)], topK=10)
+    assert "a puppy in another conversation" not in contents(only_pets)
+    before = search(api, alice, "puppy", before=str(later.id), topK=10)
+    assert "another puppy story" not in contents(before)
+    hidden = ConversationFactory(group__owner="someone-else")
+    MessageFactory(conversation=hidden, content="secret puppy")
+    embed_pending()
+    assert search(api, alice, "puppy", conversationIds=[str(hidden.id)]) == []
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({}, "query"),
+        ({"query": "   "}, "query"),
+        ({"query": "x", "topK": 0}, "topK"),
+        ({"query": "x", "topK": 21}, "topK"),
+        ({"query": "x", "mode": "fuzzy"}, "mode"),
+        ({"query": "x", "conversationIds": ["nope"]}, "conversationIds[0]"),
+        ({"query": "x", "before": "00000000-0000-4000-8000-000000000000"}, "before"),
+        ({"query": "x", "extra": 1}, "extra"),
+    ],
+)
+def test_bad_search_requests_are_400(api, alice, body, field):
+    response = api.post(SEARCH, body, as_=alice)
+    assert response.status_code == 400
+    assert field in response.json()["details"]
+
+
+def test_search_needs_a_user_token(api):
+    assert api.post(SEARCH, {"query": "x"}).status_code == 401
+
+
+def test_a_read_only_agent_key_may_search(api):
+    reader = make_agent("reader", scopes=("read",))
+    assert api.post("/v1/agent/search/messages", {"query": "x"}, as_=reader).status_code == 200
+
+
+def test_embedding_twice_writes_once_and_counts_words_once(pets):
+    ids = list(Message.objects.values_list("id", flat=True))
+    assert embed_messages(ids) == 4
+    assert embed_messages(ids) == 0
+    assert TermStat.objects.get(lexeme="puppi").document_count == 1
+    assert TermStat.objects.get(lexeme="alic").document_count == 4

@@ -1,0 +1,108 @@
+"""A real Celery worker, fed through Redis, embeds a message end to end."""
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+from urllib.parse import quote
+
+import pytest
+import redis
+from django.conf import settings
+
+from conversations.models import Message
+from memsvc.celery import app
+from tests.search.conftest import reconnect_broker
+
+REDIS_URL = "redis://127.0.0.1:6379/14"
+DEADLINE_SECONDS = 120  # a ceiling for a slow machine (the model loads in ~6 s here)
+
+
+def worker_database_url() -> str:
+    db = settings.DATABASES["default"]
+    host = quote(db["HOST"], safe="")
+    return f"postgres://{db['USER']}@{host}:{db['PORT']}/{db['NAME']}"
+
+
+@pytest.fixture
+def redis_broker():
+    try:
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=2).ping()
+    except redis.ConnectionError as exc:
+        pytest.fail(f"this test needs Redis on {REDIS_URL}: {exc}")
+    queue = f"memsvc-test-{uuid.uuid4().hex[:8]}"
+    previous = (app.conf.broker_url, app.conf.task_always_eager, app.conf.task_default_queue)
+    app.conf.broker_url = REDIS_URL
+    app.conf.task_always_eager = False
+    app.conf.task_default_queue = queue
+    reconnect_broker()
+    yield queue
+    app.conf.broker_url, app.conf.task_always_eager, app.conf.task_default_queue = previous
+    reconnect_broker()
+    redis.Redis.from_url(REDIS_URL).delete(queue)
+
+
+@pytest.fixture
+def worker(redis_broker, tmp_path):
+    env = {
+        **os.environ,
+        "CELERY_BROKER_URL": REDIS_URL,
+        "DATABASE_URL": worker_database_url(),
+        "MEMSVC_LOCAL_MODE": "1",  # the test data dir's secrets, as the tests use
+    }
+    log = (tmp_path / "worker.log").open("w")
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "memsvc.celery",
+            "worker",
+            "--pool",
+            "solo",
+            "--queues",
+            redis_broker,
+            "--loglevel",
+            "INFO",
+            "--without-mingle",
+            "--without-gossip",
+            "--hostname",
+            f"{redis_broker}@%h",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    yield process, tmp_path / "worker.log"
+    process.terminate()
+    process.wait(timeout=30)
+    log.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_real_worker_embeds_a_message_through_redis(api, alice, worker):
+    process, log = worker
+    conversation = api.post("/v1/user/conversations", {}, as_=alice).json()
+    response = api.post(
+        f"/v1/user/conversations/{conversation['id']}/messages",
+        {"content": "Caroline went to the support group"},
+        as_=alice,
+    )
+    assert response.status_code == 201
+    message = Message.objects.get(id=response.json()["id"])
+
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    while message.embedded_at is None and time.monotonic() < deadline:
+        assert process.poll() is None, log.read_text()
+        time.sleep(0.5)
+        message.refresh_from_db()
+
+    assert message.embedded_at is not None, log.read_text()
+    assert message.embedding_model == "all-MiniLM-L6-v2"
+    assert "search.embed_messages" in log.read_text()
+    found = api.post(
+        "/v1/user/search/messages", {"query": "support group", "mode": "semantic"}, as_=alice
+    ).json()["data"]
+    assert found[0]["message"]["id"] == str(message.id)
