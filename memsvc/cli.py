@@ -163,10 +163,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_reindex(args: argparse.Namespace) -> int:
     _setup_django()
-    from search.services import embed_pending, reembed_all
+    from search.services import embed_pending, rebuild_term_stats, reembed_all
 
     started = time.monotonic()
     count = reembed_all() if args.all else embed_pending()
+    rebuild_term_stats()  # recounted from scratch: also covers rows loaded by other means
     elapsed = time.monotonic() - started
     print(f"embedded {count} messages in {elapsed:.1f} s", file=sys.stderr)
     return 0
@@ -242,7 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("celery_args", nargs=argparse.REMAINDER, help="passed to celery worker")
     worker.set_defaults(func=cmd_worker)
 
-    reindex = commands.add_parser("reindex", help="embed what is waiting (--all: everything)")
+    reindex = commands.add_parser(
+        "reindex", help="embed what is waiting (--all: everything), recount keyword statistics"
+    )
     reindex.add_argument(
         "--all", action="store_true", help="re-embed every message (after a model change)"
     )

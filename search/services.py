@@ -115,7 +115,9 @@ def embed_pending(
 
 
 def reembed_all(*, backend=None) -> int:
-    """Re-embed every message with the configured model (after a model change)."""
+    """Re-embed every message with the configured model (after a model change).
+
+    The keyword statistics are not touched: call ``rebuild_term_stats`` afterwards."""
     backend = backend or configured_backend()
     total, last_seq = 0, 0
     while True:
