@@ -26,7 +26,7 @@ def _presented_key(request) -> str | None:
         raise Unauthorized("expected 'Authorization: Bearer msk_...' or 'X-API-Key: msk_...'")
     token = parts[1].decode("latin-1")
     if not token.startswith(KEY_PREFIX):
-        raise Unauthorized("a user token is not accepted here: the agent API needs an API key")
+        raise Unauthorized("this API needs an agent API key (msk_...), not a user token")
     return token
 
 

@@ -48,6 +48,8 @@ def _gunicorn_command(host: str, port: int) -> list[str]:
         "-",
         "--config",
         "python:memsvc.gunicorn_conf",
+        # gunicorn's control socket is one path per user: two servers would share it.
+        "--no-control-socket",
     ]
 
 
