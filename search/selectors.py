@@ -10,8 +10,16 @@ Two retrievers run in PostgreSQL, each over the principal's scope only:
 
 Hybrid search takes the candidates of both, scores every candidate by both measures
 (so a message found by one retriever is not penalised for missing from the other's short
-list), normalises each measure over the candidates, and adds them with fixed weights tuned
-on the LoCoMo development split (``python -m bench.locomo``).
+list), normalises each measure over the candidates, and adds them with fixed weights. A
+conversation is a sequence: the turn next to a good match is often the answer, so a
+candidate also gets a share of its best direct neighbour's score.
+
+The constants below were tuned once, as a whole, on the LoCoMo development split
+(``python -m bench.locomo``; see docs/benchmarks.md), never per question:
+
+- BM25 without length normalisation (b = 0): turns are short and of similar length, and
+  normalising by length mostly promotes one-word turns ("Wow!") that happen to share a word;
+- equal weights for the two measures, and 0.2 of the best neighbour's score.
 """
 
 import math
@@ -31,9 +39,10 @@ MODES = ("hybrid", "semantic", "keyword")
 
 # BM25 parameters (the usual ones) and the fusion weights.
 BM25_K1 = 1.2
-BM25_B = 0.75
+BM25_B = 0.0
 SEMANTIC_WEIGHT = 0.5
 KEYWORD_WEIGHT = 0.5
+NEIGHBOUR_WEIGHT = 0.2
 # Each retriever proposes this many candidates per requested result (at least MIN).
 CANDIDATES_PER_RESULT = 10
 MIN_CANDIDATES = 50
@@ -215,6 +224,31 @@ def _normalised(scores: dict, ids) -> dict:
     return {i: ((scores[i] - low) / spread if spread else 1.0) if i in scores else 0.0 for i in ids}
 
 
+_NEIGHBOURS = """
+SELECT c.id,
+       (SELECT p.id FROM message p
+        WHERE p.conversation_id = c.conversation_id AND p.seq < c.seq
+        ORDER BY p.seq DESC LIMIT 1),
+       (SELECT n.id FROM message n
+        WHERE n.conversation_id = c.conversation_id AND n.seq > c.seq
+        ORDER BY n.seq LIMIT 1)
+FROM message c WHERE c.id = ANY(%s)
+"""
+
+
+def _with_neighbours(cursor, scores: dict) -> dict:
+    """Each candidate plus ``NEIGHBOUR_WEIGHT`` of its best neighbour's score (the messages
+    just before and after it in its conversation; a neighbour that is no candidate adds 0)."""
+    if not scores:
+        return scores
+    cursor.execute(_NEIGHBOURS, [list(scores)])
+    return {
+        message_id: scores[message_id]
+        + NEIGHBOUR_WEIGHT * max(scores.get(before, 0.0), scores.get(after, 0.0))
+        for message_id, before, after in cursor.fetchall()
+    }
+
+
 def fuse(semantic: dict, keyword: dict) -> dict:
     """One score per candidate from both measures, each normalised over the candidates."""
     ids = set(semantic) | set(keyword)
@@ -256,7 +290,7 @@ def search_messages(
             semantic.update(
                 _similarities_of(cursor, set(keyword) - set(semantic), query_vector, backend.model)
             )
-            scores = fuse(semantic, keyword)
+            scores = _with_neighbours(cursor, fuse(semantic, keyword))
         else:
             scores = semantic or keyword
     ranked = sorted(scores.items(), key=lambda item: (-item[1], str(item[0])))[:top_k]
