@@ -1,0 +1,359 @@
+"""Search speed at scale: ``python -m bench.search --messages 100000 [--users 1000]``.
+
+It starts a private memsvc (see ``bench.common``) and builds a corpus in three steps:
+
+1. Conversations (100 messages each) owned by ``--users`` users, created through the agent
+   API on their behalf; an "auditor" user is made a reader of every conversation and a
+   "visitor" of 1% of them, through the user API.
+2. ``--http-messages`` real messages appended through the API in bulk (100 per call, from
+   ``--clients`` threads): this measures ingest (messages/s accepted); the worker embeds
+   them with the local model: this measures embedding (messages/s embedded).
+3. The rest of the corpus is copied straight into PostgreSQL: each row repeats the text of
+   one of the embedded messages, with that message's real vector plus a small random
+   perturbation (then normalised), so the vector index holds distinct vectors of a
+   realistic distribution without embedding 100,000 texts. ``memsvc reindex`` then
+   recounts the keyword statistics.
+
+Then it measures ``POST /v1/user/search/messages`` over HTTP, query embedding included,
+for the auditor (sees everything) and the visitor (sees 1%): p50/p95/p99 of sequential
+requests, per mode. Texts and questions come from the LoCoMo file when it is there (read
+in place), otherwise from a small generator.
+"""
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import jwt
+import numpy as np
+import psycopg
+
+from bench.common import (
+    BenchError,
+    api_call,
+    create_api_key,
+    log,
+    make_client,
+    percentile,
+    private_env,
+    start_private_server,
+    wait_for_embeddings,
+    write_json,
+)
+
+MESSAGES_PER_CONVERSATION = 100
+BULK = 100
+PERTURBATION = 0.02
+DEFAULT_DATA = Path(__file__).resolve().parents[1].parent / "shared/bench/locomo/locomo-dev.json"
+
+
+# --- texts ------------------------------------------------------------------------------------
+
+
+def corpus_texts(data: Path, seed: int) -> tuple[list[tuple[str, str]], list[str]]:
+    """(speaker, text) turns and questions: LoCoMo's when the file is there, else generated."""
+    if data.exists():
+        samples = json.loads(data.read_text())
+        turns, questions = [], []
+        for sample in samples:
+            conversation = sample["conversation"]
+            for key, value in conversation.items():
+                if key.startswith("session_") and isinstance(value, list):
+                    turns += [(turn["speaker"], turn["text"]) for turn in value]
+            questions += [qa["question"] for qa in sample["qa"] if qa.get("category") != 5]
+        log(f"texts: {len(turns)} LoCoMo turns and {len(questions)} questions from {data}")
+        return turns, questions
+    rng = random.Random(seed)
+    subjects = ["I", "We", "My sister", "The team", "Our neighbour", "Grandma"]
+    verbs = ["adopted", "painted", "visited", "cooked", "read about", "wrote to", "planned"]
+    things = ["a puppy", "the beach", "a novel", "Tokyo", "a cake", "the museum", "a garden"]
+    turns = [
+        (
+            rng.choice(["Ann", "Ben"]),
+            f"{rng.choice(subjects)} {rng.choice(verbs)} {rng.choice(things)}",
+        )
+        for _ in range(3000)
+    ]
+    questions = [f"Who {rng.choice(verbs)} {rng.choice(things)}?" for _ in range(500)]
+    log(f"texts: LoCoMo data not found at {data}; using {len(turns)} generated sentences")
+    return turns, questions
+
+
+# --- building the corpus ----------------------------------------------------------------------
+
+
+def user_token(secret: str, user_id: str) -> str:
+    now = int(time.time())
+    return jwt.encode({"sub": user_id, "iat": now, "exp": now + 86_400}, secret, algorithm="HS256")
+
+
+def create_conversations(client, url, count: int, users: int) -> list[tuple[str, str]]:
+    """(conversation id, owner) for ``count`` conversations owned round-robin by the users."""
+    made = []
+    for index in range(count):
+        owner = f"user-{index % users}"
+        response = api_call(
+            client,
+            "POST",
+            f"{url}/v1/agent/conversations",
+            json_body={"title": f"bench {index}"},
+            headers={"X-On-Behalf-Of": owner},
+            expect=201,
+        )
+        made.append((response.json()["id"], owner))
+    return made
+
+
+def share(url, secret, conversations, reader: str) -> None:
+    with httpx.Client(timeout=60) as client:
+        for conversation_id, owner in conversations:
+            api_call(
+                client,
+                "POST",
+                f"{url}/v1/user/conversations/{conversation_id}/memberships",
+                json_body={"userId": reader, "accessLevel": "reader"},
+                headers={"Authorization": f"Bearer {user_token(secret, owner)}"},
+                expect=201,
+            )
+
+
+def ingest(url, key, conversations, turns, total: int, clients: int, rng) -> float:
+    """Append ``total`` messages through the API, ``BULK`` per call; the seconds it took."""
+    batches = []
+    for index in range(0, total, BULK):
+        conversation_id = conversations[index // MESSAGES_PER_CONVERSATION][0]
+        batch = []
+        for _ in range(min(BULK, total - index)):
+            speaker, text = rng.choice(turns)
+            batch.append({"role": "user", "authorName": speaker, "content": text})
+        batches.append((conversation_id, batch))
+    local = threading.local()
+
+    def send(item):
+        if not hasattr(local, "client"):
+            local.client = make_client(key)
+        conversation_id, batch = item
+        api_call(
+            local.client,
+            "POST",
+            f"{url}/v1/agent/conversations/{conversation_id}/messages",
+            json_body={"messages": batch},
+            expect=201,
+        )
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=clients) as pool:
+        list(pool.map(send, batches))
+    return time.monotonic() - started
+
+
+def database(data_dir: Path) -> psycopg.Connection:
+    """A connection to the private server's embedded PostgreSQL (from its postmaster.pid)."""
+    lines = (data_dir / "pgdata" / "postmaster.pid").read_text().splitlines()
+    return psycopg.connect(host=lines[4], port=int(lines[3]), user="postgres", dbname="memsvc")
+
+
+def copy_perturbed(conn, conversations, first_conversation: int, count: int, rng) -> float:
+    """Copy ``count`` rows repeating embedded messages with perturbed vectors; seconds taken."""
+    base = conn.execute(
+        "SELECT author_name, content, embedding::text, embedding_model FROM message "
+        "WHERE embedding IS NOT NULL"
+    ).fetchall()
+    if not base:
+        raise BenchError("no embedded message to copy vectors from")
+    vectors = np.array([json.loads(row[2]) for row in base], dtype=np.float32)
+    noise = np.random.default_rng(rng.randrange(2**32))
+    started = time.monotonic()
+    with (
+        conn.cursor() as cursor,
+        cursor.copy(
+            "COPY message (id, conversation_id, channel, role, visibility, author_principal, "
+            "author_name, content, metadata, created_at, embedding, embedding_model, embedded_at) "
+            "FROM STDIN"
+        ) as copy,
+    ):
+        for index in range(count):
+            pick = rng.randrange(len(base))
+            vector = vectors[pick] + noise.normal(0, PERTURBATION, vectors.shape[1])
+            vector /= np.linalg.norm(vector)
+            conversation = conversations[first_conversation + index // MESSAGES_PER_CONVERSATION]
+            author, content, _, model = base[pick]
+            copy.write_row(
+                (
+                    uuid.uuid4(),
+                    conversation[0],
+                    "history",
+                    "user",
+                    "user",
+                    conversation[1],
+                    author,
+                    content,
+                    "{}",
+                    "now",
+                    "[" + ",".join(f"{x:.6f}" for x in vector) + "]",
+                    model,
+                    "now",
+                )
+            )
+    conn.commit()
+    return time.monotonic() - started
+
+
+# --- measuring --------------------------------------------------------------------------------
+
+
+def measure(url, token, questions, *, mode: str, count: int, rng) -> dict:
+    """Sequential searches: latency percentiles in ms and the mean number of results."""
+    picked = [rng.choice(questions) for _ in range(count + 10)]
+    latencies, results = [], []
+    with httpx.Client(timeout=60, headers={"Authorization": f"Bearer {token}"}) as client:
+        for index, question in enumerate(picked):
+            started = time.perf_counter()
+            response = api_call(
+                client,
+                "POST",
+                f"{url}/v1/user/search/messages",
+                json_body={"query": question, "topK": 5, "mode": mode},
+                expect=200,
+            )
+            elapsed = (time.perf_counter() - started) * 1000
+            if index >= 10:  # the first ten warm caches up
+                latencies.append(elapsed)
+                results.append(len(response.json()["data"]))
+    return {
+        "requests": len(latencies),
+        "p50_ms": round(percentile(latencies, 50), 2),
+        "p95_ms": round(percentile(latencies, 95), 2),
+        "p99_ms": round(percentile(latencies, 99), 2),
+        "mean_results": round(sum(results) / len(results), 2),
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.search", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--users", type=int, default=1000)
+    parser.add_argument(
+        "--http-messages", type=int, default=10_000, help="appended through the API"
+    )
+    parser.add_argument("--clients", type=int, default=4, help="threads appending in parallel")
+    parser.add_argument("--queries", type=int, default=200, help="timed searches per user and mode")
+    parser.add_argument("--mode", action="append", choices=["hybrid", "semantic", "keyword"])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--out", type=Path, default=Path("bench-results/search.json"))
+    args = parser.parse_args(argv)
+    modes = args.mode or ["hybrid", "semantic", "keyword"]
+    if args.http_messages > args.messages:
+        parser.error("--http-messages cannot exceed --messages")
+    rng = random.Random(args.seed)
+    turns, questions = corpus_texts(args.data, args.seed)
+    conversations_needed = -(-args.messages // MESSAGES_PER_CONVERSATION)
+
+    client = make_client()
+    server = start_private_server(client, agent_name="search-bench")
+    try:
+        env = private_env(server.data_dir)
+        key = create_api_key(
+            env, agent_name="search-bench", scopes=("read", "write", "impersonate")
+        )
+        client.headers["Authorization"] = f"Bearer {key}"
+        secret = json.loads((server.data_dir / "secrets.json").read_text())["MEMSVC_JWT_SECRET"]
+
+        started = time.monotonic()
+        conversations = create_conversations(client, server.url, conversations_needed, args.users)
+        share(server.url, secret, conversations, "auditor")
+        share(server.url, secret, conversations[::100], "visitor")  # 1% of them
+        setup_seconds = time.monotonic() - started
+        log(f"{len(conversations)} conversations and memberships in {setup_seconds:.1f} s")
+
+        log(f"appending {args.http_messages} messages through the API ({args.clients} clients)")
+        ingest_seconds = ingest(
+            server.url, key, conversations, turns, args.http_messages, args.clients, rng
+        )
+        ingest_rate = args.http_messages / ingest_seconds
+        log(f"  accepted {ingest_rate:.0f} messages/s")
+        pending_at_end = client.get(f"{server.url}/v1/health").json()["pendingEmbeddings"]
+        drain_seconds = wait_for_embeddings(client, server.url)
+        embed_rate_drain = pending_at_end / drain_seconds if drain_seconds else None
+        embed_rate_total = args.http_messages / (ingest_seconds + drain_seconds)
+        log(
+            f"  embedded {embed_rate_total:.0f} messages/s overall, {embed_rate_drain or 0:.0f}/s once ingest ended"
+        )
+
+        rest = args.messages - args.http_messages
+        first = -(-args.http_messages // MESSAGES_PER_CONVERSATION)
+        with database(server.data_dir) as conn:
+            copy_seconds = copy_perturbed(conn, conversations, first, rest, rng) if rest else 0.0
+            log(f"copied {rest} perturbed rows in {copy_seconds:.1f} s")
+            conn.autocommit = True
+            conn.execute("VACUUM ANALYZE message")
+            total = conn.execute("SELECT count(*) FROM message").fetchone()[0]
+        subprocess.run(  # noqa: S603 (our own console script, recounts keyword statistics)
+            [str(Path(sys.executable).with_name("memsvc")), "reindex"],
+            env=env,
+            check=True,
+            capture_output=True,
+        )
+
+        results = {}
+        for user in ("auditor", "visitor"):
+            token = user_token(secret, user)
+            for mode in modes:
+                results[f"{user}/{mode}"] = measure(
+                    server.url, token, questions, mode=mode, count=args.queries, rng=rng
+                )
+                log(f"  {user:8} {mode:8} {results[f'{user}/{mode}']}")
+    finally:
+        server.stop()
+
+    print(
+        f"\nsearch benchmark: {total} messages, {len(conversations)} conversations, {args.users} users"
+    )
+    print(
+        f"ingest: {ingest_rate:.0f} messages/s accepted ({args.http_messages} through the API, {args.clients} clients)"
+    )
+    print(
+        f"embedding: {embed_rate_total:.0f} messages/s overall, {embed_rate_drain or 0:.0f}/s after ingest"
+    )
+    print(f"\n{'user':10}{'mode':10}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'results':>9}")
+    for name, row in results.items():
+        user, mode = name.split("/")
+        print(
+            f"{user:10}{mode:10}{row['p50_ms']:9.1f}{row['p95_ms']:9.1f}{row['p99_ms']:9.1f}{row['mean_results']:9.1f}"
+        )
+    path = write_json(
+        args.out,
+        {
+            "config": vars(args) | {"modes": modes, "data": str(args.data), "out": str(args.out)},
+            "messages": total,
+            "conversations": len(conversations),
+            "visitor_conversations": len(conversations[::100]),
+            "setup_seconds": round(setup_seconds, 1),
+            "ingest_messages_per_second": round(ingest_rate, 1),
+            "embedding_messages_per_second": round(embed_rate_total, 1),
+            "embedding_messages_per_second_after_ingest": round(embed_rate_drain or 0, 1),
+            "copy_seconds": round(copy_seconds, 1),
+            "latency": results,
+        },
+    )
+    print(f"\nresults written to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except BenchError as exc:
+        print(f"bench.search: {exc}", file=sys.stderr)
+        sys.exit(1)
