@@ -185,7 +185,9 @@ def agent_messages_append(
     if not created:
         if record.request_hash != request_hash:
             raise Conflict("this Idempotency-Key was already used for a different request")
-        return list(Message.objects.filter(id__in=record.message_ids).order_by("seq")), False
+        return list(
+            Message.objects.without_search_data().filter(id__in=record.message_ids).order_by("seq")
+        ), False
     appended = messages_append(actor, conversation=conversation, messages=messages)
     record.message_ids = [str(m.id) for m in appended]
     record.save(update_fields=["message_ids"])

@@ -233,6 +233,13 @@ class Visibility(models.TextChoices):
     SYSTEM = "system"
 
 
+class MessageQuerySet(models.QuerySet):
+    def without_search_data(self):
+        """Skip the vector and the full-text columns: APIs never show them, and a vector is
+        384 floats to send and parse per row."""
+        return self.defer("embedding", "search_vector")
+
+
 class Message(models.Model):
     """One message of one conversation.
 
@@ -286,6 +293,8 @@ class Message(models.Model):
         output_field=SearchVectorField(),
         db_persist=True,
     )
+
+    objects = MessageQuerySet.as_manager()
 
     class Meta:
         db_table = "message"

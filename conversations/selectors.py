@@ -208,7 +208,9 @@ def conversation_messages(conversation: Conversation, *, for_agent: bool = False
 
     Users see the HISTORY channel's user-visible messages only; agents see every channel.
     """
-    queryset = Message.objects.filter(_lineage_filter(conversation_lineage(conversation)))
+    queryset = Message.objects.without_search_data().filter(
+        _lineage_filter(conversation_lineage(conversation))
+    )
     if not for_agent:
         queryset = queryset.filter(channel=Channel.HISTORY, visibility=Visibility.USER)
     return queryset.order_by("seq")

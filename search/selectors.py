@@ -49,7 +49,7 @@ MIN_CANDIDATES = 50
 # Keyword matching looks at most at this many messages, so it ignores words found in more
 # messages than that (unless the query has nothing rarer): they would crowd out the rest.
 # Such words still count in the score of the messages found.
-KEYWORD_MATCH_CAP = 2000
+KEYWORD_MATCH_CAP = 1000
 HNSW_EF_SEARCH = 100
 
 
@@ -236,12 +236,19 @@ FROM message c WHERE c.id = ANY(%s)
 """
 
 
-def _with_neighbours(cursor, scores: dict) -> dict:
+def _with_neighbours(cursor, scores: dict, top_k: int) -> dict:
     """Each candidate plus ``NEIGHBOUR_WEIGHT`` of its best neighbour's score (the messages
-    just before and after it in its conversation; a neighbour that is no candidate adds 0)."""
+    just before and after it in its conversation; a neighbour that is no candidate adds 0).
+
+    Only candidates that could still reach the top ``top_k`` are looked at: a boost adds at
+    most ``NEIGHBOUR_WEIGHT`` times the best score, and the ``top_k``-th score only grows.
+    """
     if not scores:
         return scores
-    cursor.execute(_NEIGHBOURS, [list(scores)])
+    ranked = sorted(scores.values(), reverse=True)
+    floor = ranked[min(top_k, len(ranked)) - 1] - NEIGHBOUR_WEIGHT * ranked[0]
+    contenders = [message_id for message_id, score in scores.items() if score >= floor]
+    cursor.execute(_NEIGHBOURS, [contenders])
     return {
         message_id: scores[message_id]
         + NEIGHBOUR_WEIGHT * max(scores.get(before, 0.0), scores.get(after, 0.0))
@@ -290,7 +297,7 @@ def search_messages(
             semantic.update(
                 _similarities_of(cursor, set(keyword) - set(semantic), query_vector, backend.model)
             )
-            scores = _with_neighbours(cursor, fuse(semantic, keyword))
+            scores = _with_neighbours(cursor, fuse(semantic, keyword), top_k)
         else:
             scores = semantic or keyword
     ranked = sorted(scores.items(), key=lambda item: (-item[1], str(item[0])))[:top_k]
@@ -302,16 +309,20 @@ def _hits(ranked: list[tuple], query: str) -> list[SearchHit]:
         return []
     ids = [message_id for message_id, _ in ranked]
     words = SearchQuery(query, search_type="websearch", config=TEXT_SEARCH_CONFIG)
-    messages = Message.objects.filter(id__in=ids).annotate(
-        headline=SearchHeadline(
-            "content",
-            words,
-            config=TEXT_SEARCH_CONFIG,
-            max_fragments=2,
-            max_words=20,
-            min_words=5,
-            start_sel="<b>",
-            stop_sel="</b>",
+    messages = (
+        Message.objects.without_search_data()
+        .filter(id__in=ids)
+        .annotate(
+            headline=SearchHeadline(
+                "content",
+                words,
+                config=TEXT_SEARCH_CONFIG,
+                max_fragments=2,
+                max_words=20,
+                min_words=5,
+                start_sel="<b>",
+                stop_sel="</b>",
+            )
         )
     )
     by_id = {message.id: message for message in messages}

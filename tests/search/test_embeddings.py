@@ -19,6 +19,7 @@ from search.embeddings import (
     embedding_text,
     get_embedding_backend,
 )
+from search.onnx_encoder import OnnxSentenceEncoder
 
 
 class FakeEmbeddingServer:
@@ -74,6 +75,18 @@ def test_the_local_model_loads_from_the_package_and_embeds():
     dog, puppy, stocks = vectors[1], vectors[0], vectors[2]
     assert dog @ puppy > dog @ stocks + 0.2
     assert backend.embed([]).shape == (0, 384)
+
+
+def test_onnx_runtime_and_torch_give_the_same_vectors(tmp_path):
+    texts = ["Caroline: I went to a support group", "short", "a much longer sentence " * 20]
+    onnx = LocalBackend(runtime="onnx", cache_dir=tmp_path)
+    torch = LocalBackend(runtime="torch")
+    fast, reference = onnx.embed(texts), torch.embed(texts)
+    assert isinstance(onnx._load(), OnnxSentenceEncoder)
+    assert list(tmp_path.glob("*.onnx"))  # exported once, from the packaged weights
+    assert np.allclose(fast, reference, atol=1e-4)
+    # A second backend reuses the exported graph.
+    assert np.allclose(LocalBackend(runtime="onnx", cache_dir=tmp_path).embed(texts), fast)
 
 
 def test_the_text_embedded_names_the_speaker():
