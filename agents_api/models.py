@@ -26,6 +26,14 @@ class Agent(models.Model):
     description = models.TextField(blank=True, default="", validators=[no_nul_characters])
     metadata = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
+    # Where the local compatibility API keeps this agent's messages (made on first use).
+    local_conversation = models.OneToOneField(
+        "conversations.Conversation",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="local_agent",
+    )
 
     class Meta:
         db_table = "agent"

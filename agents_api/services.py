@@ -14,7 +14,7 @@ from agents_api.models import (
     Scope,
 )
 from conversations.models import Message
-from conversations.services import NewMessage, messages_append
+from conversations.services import NewMessage, conversation_create, messages_append
 from memsvc.api.errors import Conflict, Forbidden, InvalidInput
 from memsvc.api.principals import Principal
 
@@ -192,3 +192,27 @@ def agent_messages_append(
     record.message_ids = [str(m.id) for m in appended]
     record.save(update_fields=["message_ids"])
     return appended, True
+
+
+# --- the local compatibility API -------------------------------------------------------------
+
+LOCAL_OWNER = "local"
+
+
+@transaction.atomic
+def local_conversation_for(agent: Agent):
+    """The conversation holding a local agent's messages, made on first use.
+
+    The agent owns it, so its messages are embedded, searched and shown (the admin, the
+    agent API) like any other conversation's.
+    """
+    agent = Agent.objects.select_for_update().get(pk=agent.pk)
+    if agent.local_conversation_id is None:
+        conversation = conversation_create(
+            Principal(id=agent.principal_id, kind="agent", agent_id=str(agent.id)),
+            title=f"{agent.name} (local)",
+            metadata={"local_agent": agent.name},
+        )
+        agent.local_conversation = conversation
+        agent.save(update_fields=["local_conversation"])
+    return agent.local_conversation

@@ -28,4 +28,6 @@ v1 = [
 urlpatterns = [
     path("admin/", admin.site.urls),
     *v1,
+    # The local compatibility API (seeds/local-memory-server.md) keeps the seed's paths.
+    path("", include("agents_api.local_api.urls")),
 ]

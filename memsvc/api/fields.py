@@ -82,13 +82,16 @@ class MetadataField(serializers.JSONField):
 
 
 class InputSerializer(serializers.Serializer):
-    """A request body: unknown fields are an error, not silently ignored."""
+    # A request body: unknown fields are an error, not silently ignored (unless a subclass
+    # mimics an API that ignores them). A comment, not a docstring: drf-spectacular would
+    # copy a docstring into the description of every request schema.
+    ignore_unknown_fields = False
 
     def to_internal_value(self, data):
         if not isinstance(data, dict):
             raise serializers.ValidationError({"body": ["must be a JSON object"]})
         unknown = sorted(set(data) - set(self.fields))
-        if unknown:
+        if unknown and not self.ignore_unknown_fields:
             raise serializers.ValidationError({name: ["unknown field"] for name in unknown})
         return super().to_internal_value(data)
 

@@ -1,0 +1,127 @@
+"""The JSON of the local compatibility API: the seed's snake_case shapes."""
+
+from django.conf import settings
+from rest_framework import serializers
+
+from agents_api.models import Agent, MemoryBlock
+from conversations.models import Message, Role
+from memsvc.api.errors import InvalidInput
+from memsvc.api.fields import InputSerializer, MessageContentField, MetadataField, TextField
+
+
+def _time(value) -> str:
+    return serializers.DateTimeField().to_representation(value)
+
+
+def agent_out(agent: Agent) -> dict:
+    return {
+        "id": str(agent.id),
+        "name": agent.name,
+        "created_at": _time(agent.created_at),
+        "metadata": agent.metadata or None,
+    }
+
+
+def message_out(message: Message, agent: Agent, *, similarity: float | None = None) -> dict:
+    return {
+        "id": str(message.id),
+        "agent_id": str(agent.id),
+        "role": message.role,
+        "content": message.content,
+        "created_at": _time(message.created_at),
+        "metadata": message.metadata or None,
+        "similarity": similarity,
+    }
+
+
+def block_out(block: MemoryBlock) -> dict:
+    return {
+        "id": str(block.pk),
+        "agent_id": str(block.agent_id),
+        "label": block.label,
+        "value": block.value,
+        "created_at": _time(block.created_at),
+        "updated_at": _time(block.updated_at),
+    }
+
+
+def validation_detail(detail, path=("body",)) -> list[dict]:
+    """DRF's errors as FastAPI's 422 ``detail``: ``[{"type", "loc", "msg"}, ...]``."""
+    issues = []
+    if isinstance(detail, dict):
+        for key, sub in detail.items():
+            issues += validation_detail(sub, (*path, key) if key != "non_field_errors" else path)
+    elif isinstance(detail, list):
+        for item in detail:
+            issues += validation_detail(item, path)
+    else:
+        code = getattr(detail, "code", "value_error")
+        issues.append(
+            {
+                "type": "missing" if code == "required" else code,
+                "loc": list(path),
+                "msg": str(detail),
+            }
+        )
+    return issues
+
+
+def parse_limit(raw: str | None, *, default: int, maximum: int) -> int:
+    if raw is None or raw == "":
+        return default
+    try:
+        limit = int(raw)
+    except ValueError:
+        raise InvalidInput.for_field("limit", "must be an integer") from None
+    if not 1 <= limit <= maximum:
+        raise InvalidInput.for_field("limit", f"must be between 1 and {maximum}")
+    return limit
+
+
+class LocalInput(InputSerializer):
+    # The seed's pydantic models ignore fields they do not know; so do these.
+    ignore_unknown_fields = True
+
+
+class AgentNameField(TextField):
+    def __init__(self, **kwargs):
+        super().__init__(max_length=200, **kwargs)
+
+
+class CreateAgentIn(LocalInput):
+    name = AgentNameField()
+    metadata = MetadataField(required=False, allow_null=True)
+
+
+class CreateMessageIn(LocalInput):
+    agent_name = AgentNameField()
+    role = serializers.ChoiceField(choices=[Role.USER, Role.ASSISTANT, Role.SYSTEM])
+    content = MessageContentField()
+    metadata = MetadataField(required=False, allow_null=True)
+
+
+class SearchIn(LocalInput):
+    agent_name = AgentNameField()
+    query = TextField(max_length=2000)
+    limit = serializers.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=settings.MEMORY_MAX_SEARCH_LIMIT,
+        default=settings.MEMORY_DEFAULT_SEARCH_LIMIT,
+    )
+
+
+class CreateBlockIn(LocalInput):
+    agent_name = AgentNameField()
+    label = TextField(max_length=100)
+    value = TextField(allow_blank=True)
+
+
+class UpdateBlockIn(LocalInput):
+    value = TextField(allow_blank=True)
+
+
+class ContextIn(LocalInput):
+    # The path names the agent; the seed's clients send it in the body too.
+    agent_name = AgentNameField(required=False)
+    query = TextField(allow_blank=True, max_length=2000)

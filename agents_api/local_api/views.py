@@ -1,0 +1,289 @@
+"""The local compatibility API (``seeds/local-memory-server.md``), mounted at the root.
+
+Clients written for the seed's FastAPI server work unchanged: the same paths, snake_case
+fields, status codes and ``{"detail": ...}`` errors (422 naming the field). Storage is the
+platform's: a local agent is an ``Agent``, its messages live in a conversation of its own
+(``services.local_conversation_for``), its blocks are its memory blocks, and every
+operation goes through the same services and selectors as the ``/v1`` APIs.
+
+Auth: in local mode, requests from a loopback address need no key and reach every local
+agent; otherwise an agent API key is required and reaches only its own agent.
+"""
+
+from django.conf import settings
+from django.db import DatabaseError, connection
+from drf_spectacular.utils import extend_schema
+from rest_framework import exceptions as drf
+from rest_framework.authentication import BaseAuthentication
+from rest_framework.permissions import AllowAny, BasePermission
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from agents_api import selectors as agent_selectors
+from agents_api import services as agent_services
+from agents_api.authentication import ApiKeyAuthentication
+from agents_api.local_api import serializers as s
+from agents_api.models import Agent
+from conversations.models import Message, Role
+from conversations.services import NewMessage, messages_append
+from memsvc.api.errors import ApiError, InvalidInput, NotFound
+from memsvc.api.principals import Principal
+from search.selectors import search_messages
+
+LOOPBACK = {"127.0.0.1", "::1"}
+MAX_LIST_LIMIT = 1000
+
+
+class LocalCaller:
+    """Who calls the local API: this machine (any local agent) or one agent's key."""
+
+    is_authenticated = True
+
+    def __init__(self, agent: Agent | None):
+        self.agent = agent  # None: a loopback caller in local mode
+
+    def reaches(self, agent: Agent) -> bool:
+        return self.agent is None or self.agent.pk == agent.pk
+
+
+class LocalAuthentication(BaseAuthentication):
+    def authenticate(self, request):
+        if settings.LOCAL_MODE and request.META.get("REMOTE_ADDR") in LOOPBACK:
+            return LocalCaller(None), None
+        result = ApiKeyAuthentication().authenticate(request)
+        if result is None:
+            raise drf.NotAuthenticated("an API key is required (X-API-Key or Bearer msk_...)")
+        return LocalCaller(result[1].agent), None
+
+    def authenticate_header(self, request):
+        return "Bearer"
+
+
+class IsLocalCaller(BasePermission):
+    def has_permission(self, request, view):
+        return isinstance(request.user, LocalCaller)
+
+
+def _fastapi_errors(exc, context):
+    """Errors as the seed's FastAPI server answers them."""
+    if isinstance(exc, drf.ValidationError | drf.ParseError):
+        detail = exc.detail if isinstance(exc, drf.ValidationError) else {"body": [str(exc.detail)]}
+        return Response({"detail": s.validation_detail(detail)}, status=422)
+    if isinstance(exc, InvalidInput):
+        issues = [
+            {"type": "value_error", "loc": ["body", field], "msg": problem}
+            for field, problems in exc.details.items()
+            for problem in problems
+        ]
+        return Response({"detail": issues or exc.message}, status=422)
+    if isinstance(exc, ApiError):
+        return Response({"detail": exc.message}, status=exc.status_code)
+    if isinstance(exc, drf.APIException):
+        return Response({"detail": str(exc.detail)}, status=exc.status_code)
+    return None
+
+
+class LocalView(APIView):
+    authentication_classes = [LocalAuthentication]
+    permission_classes = [IsLocalCaller]
+
+    def get_exception_handler(self):
+        return _fastapi_errors
+
+
+def _agent(request, name: str) -> Agent:
+    """The named local agent, if the caller may reach it; 404 otherwise."""
+    caller = request.user
+    agent = (
+        caller.agent
+        if caller.agent is not None and caller.agent.name == name
+        else Agent.objects.filter(owner_principal=agent_services.LOCAL_OWNER, name=name).first()
+    )
+    if agent is None or not caller.reaches(agent):
+        raise NotFound("Agent not found")
+    return agent
+
+
+def _as_agent(agent: Agent) -> Principal:
+    return Principal(
+        id=agent.principal_id,
+        kind="agent",
+        scopes=frozenset({"read", "write"}),
+        agent_id=str(agent.id),
+    )
+
+
+def _search(agent: Agent, query: str, limit: int) -> list[dict]:
+    """The agent's messages most relevant to ``query``, best first, ``similarity`` filled."""
+    if agent.local_conversation_id is None:
+        return []
+    hits = search_messages(
+        _as_agent(agent),
+        query=query,
+        top_k=limit,
+        conversation_ids=[agent.local_conversation_id],
+        for_agent=True,
+    )
+    return [s.message_out(hit.message, agent, similarity=hit.score) for hit in hits]
+
+
+class HealthView(LocalView):
+    authentication_classes = []
+    permission_classes = [AllowAny]
+
+    @extend_schema(exclude=True)
+    def get(self, request):
+        if settings.DATABASE_URL:
+            database = f"postgresql: {connection.settings_dict['NAME']}"
+        else:
+            database = str(settings.MEMSVC_DATA_DIR / "pgdata")
+        try:
+            connection.ensure_connection()
+        except DatabaseError as exc:
+            return Response({"status": "unavailable", "detail": str(exc)}, status=503)
+        return Response(
+            {
+                "status": "ok",
+                "embedding_backend": settings.MEMORY_EMBEDDING_BACKEND,
+                "embedding_dimension": settings.MEMORY_EMBEDDING_DIMENSION,
+                "database_path": database,
+            }
+        )
+
+
+class AgentsView(LocalView):
+    @extend_schema(exclude=True)
+    def post(self, request):
+        data = s.CreateAgentIn.parse(request.data)
+        caller = request.user
+        if caller.agent is not None:
+            # A key's only agent is its own: "create or return" returns it by name.
+            return Response(s.agent_out(_agent(request, data["name"])))
+        agent, _ = agent_services.agent_get_or_create(
+            owner_principal=agent_services.LOCAL_OWNER,
+            name=data["name"],
+            metadata=data.get("metadata") or {},
+        )
+        return Response(s.agent_out(agent))
+
+
+class AgentView(LocalView):
+    @extend_schema(exclude=True)
+    def get(self, request, name):
+        return Response(s.agent_out(_agent(request, name)))
+
+
+def _list_messages(request, agent_name: str) -> Response:
+    agent = _agent(request, agent_name)
+    limit = s.parse_limit(request.query_params.get("limit"), default=100, maximum=MAX_LIST_LIMIT)
+    if agent.local_conversation_id is None:
+        return Response([])
+    messages = (
+        Message.objects.without_search_data()
+        .filter(conversation_id=agent.local_conversation_id)
+        .order_by("-seq")[:limit]
+    )
+    return Response([s.message_out(m, agent) for m in messages])
+
+
+class MessagesView(LocalView):
+    @extend_schema(exclude=True)
+    def post(self, request):
+        data = s.CreateMessageIn.parse(request.data)
+        agent = _agent(request, data["agent_name"])
+        conversation = agent_services.local_conversation_for(agent)
+        speaker = {Role.USER: "user", Role.ASSISTANT: agent.name, Role.SYSTEM: "system"}
+        [message] = messages_append(
+            _as_agent(agent),
+            conversation=conversation,
+            messages=[
+                NewMessage(
+                    content=data["content"],
+                    role=data["role"],
+                    metadata=data.get("metadata") or {},
+                    author_name=speaker[data["role"]],
+                )
+            ],
+        )
+        return Response(s.message_out(message, agent))
+
+
+class AgentMessagesView(LocalView):
+    @extend_schema(exclude=True)
+    def get(self, request, agent_name):
+        return _list_messages(request, agent_name)
+
+
+class MessageSearchView(LocalView):
+    """``POST /messages/search``; a GET here lists the messages of an agent named "search",
+    as the seed's router would."""
+
+    @extend_schema(exclude=True)
+    def post(self, request):
+        data = s.SearchIn.parse(request.data)
+        agent = _agent(request, data["agent_name"])
+        return Response(_search(agent, data["query"], data["limit"]))
+
+    @extend_schema(exclude=True)
+    def get(self, request):
+        return _list_messages(request, "search")
+
+
+class MemoryBlocksView(LocalView):
+    @extend_schema(exclude=True)
+    def post(self, request):
+        data = s.CreateBlockIn.parse(request.data)
+        agent = _agent(request, data["agent_name"])
+        block = agent_services.memory_block_create(
+            _as_agent(agent), agent=agent, label=data["label"], value=data["value"]
+        )
+        return Response(s.block_out(block))
+
+
+class AgentMemoryBlocksView(LocalView):
+    @extend_schema(exclude=True)
+    def get(self, request, agent_name):
+        agent = _agent(request, agent_name)
+        return Response([s.block_out(b) for b in agent_selectors.memory_blocks(agent, user_id="")])
+
+
+class MemoryBlockView(LocalView):
+    def _block(self, request, agent_name, label):
+        agent = _agent(request, agent_name)
+        try:
+            return agent, agent_selectors.memory_block(agent, user_id="", label=label)
+        except NotFound:
+            raise NotFound("Memory block not found") from None
+
+    @extend_schema(exclude=True)
+    def get(self, request, agent_name, label):
+        _, block = self._block(request, agent_name, label)
+        return Response(s.block_out(block))
+
+    @extend_schema(exclude=True)
+    def put(self, request, agent_name, label):
+        agent, block = self._block(request, agent_name, label)
+        data = s.UpdateBlockIn.parse(request.data)
+        block = agent_services.memory_block_update(
+            _as_agent(agent), block=block, value=data["value"]
+        )
+        return Response(s.block_out(block))
+
+
+class ContextView(LocalView):
+    @extend_schema(exclude=True)
+    def post(self, request, agent_name):
+        agent = _agent(request, agent_name)
+        data = s.ContextIn.parse(request.data)
+        return Response(
+            {
+                "memory_blocks": [
+                    s.block_out(b) for b in agent_selectors.memory_blocks(agent, user_id="")
+                ],
+                "relevant_messages": _search(
+                    agent, data["query"], settings.MEMORY_MAX_CONTEXT_MESSAGES
+                )
+                if data["query"].strip()
+                else [],
+            }
+        )

@@ -1,0 +1,253 @@
+"""The local compatibility API: the seed's paths, fields, status codes and errors, on the
+platform's storage."""
+
+import pytest
+
+from agents_api.models import Agent, MemoryBlock
+from conversations.models import Message
+from search.services import embed_pending
+from tests.agents_api.conftest import make_agent
+
+pytestmark = pytest.mark.django_db
+
+REMOTE = {"REMOTE_ADDR": "192.0.2.10"}  # not loopback
+
+
+@pytest.fixture
+def local(client):
+    """Requests from this machine, as the seed's clients send them (JSON, no credentials)."""
+
+    class Local:
+        def call(self, method, path, body=None, **extra):
+            kwargs = dict(extra)
+            if body is not None:
+                kwargs.update(data=body, content_type="application/json")
+            return getattr(client, method.lower())(path, **kwargs)
+
+        def post(self, path, body=None, **extra):
+            return self.call("POST", path, body if body is not None else {}, **extra)
+
+        def get(self, path, **extra):
+            return self.call("GET", path, **extra)
+
+        def put(self, path, body, **extra):
+            return self.call("PUT", path, body, **extra)
+
+    return Local()
+
+
+def make(local, name="my_agent"):
+    response = local.post("/agents", {"name": name})
+    assert response.status_code == 200, response.content
+    return response.json()
+
+
+def store(local, agent, role, content, **extra):
+    response = local.post(
+        "/messages", {"agent_name": agent, "role": role, "content": content, **extra}
+    )
+    assert response.status_code == 200, response.content
+    return response.json()
+
+
+def test_health(local):
+    body = local.get("/health").json()
+    assert body["status"] == "ok"
+    assert body["embedding_backend"] == "local"
+    assert body["embedding_dimension"] == 384
+    assert body["database_path"].endswith("pgdata")
+
+
+def test_agents_are_created_once_and_found_by_name(local):
+    first = local.post("/agents", {"name": "my_agent", "metadata": {"team": "a"}}).json()
+    again = local.post("/agents", {"name": "my_agent"}).json()
+    assert first == again
+    assert set(first) == {"id", "name", "created_at", "metadata"}
+    assert first["metadata"] == {"team": "a"}
+    assert local.get("/agents/my_agent").json() == first
+    assert Agent.objects.filter(name="my_agent").count() == 1
+
+    missing = local.get("/agents/nobody")
+    assert missing.status_code == 404
+    assert missing.json() == {"detail": "Agent not found"}
+
+
+def test_messages_are_stored_in_the_agents_own_conversation(local):
+    agent = make(local)
+    stored = store(local, "my_agent", "user", "My name is Alice", metadata={"model": "gpt-4"})
+    assert set(stored) == {
+        "id",
+        "agent_id",
+        "role",
+        "content",
+        "created_at",
+        "metadata",
+        "similarity",
+    }
+    assert stored["agent_id"] == agent["id"]
+    assert stored["similarity"] is None
+    store(local, "my_agent", "assistant", "Nice to meet you, Alice")
+
+    message = Message.objects.get(id=stored["id"])
+    assert message.conversation == Agent.objects.get(name="my_agent").local_conversation
+    assert message.author_name == "user"
+
+    listed = local.get("/messages/my_agent").json()
+    assert [m["content"] for m in listed] == ["Nice to meet you, Alice", "My name is Alice"]
+    assert [m["content"] for m in local.get("/messages/my_agent?limit=1").json()] == [
+        "Nice to meet you, Alice"
+    ]
+
+
+def test_a_message_is_found_at_once_by_keywords_and_later_by_meaning(local):
+    make(local)
+    store(local, "my_agent", "user", "My name is Alice and I prefer Python")
+    store(local, "my_agent", "user", "The weather is nice today")
+
+    right_away = local.post(
+        "/messages/search", {"agent_name": "my_agent", "query": "Python"}
+    ).json()
+    assert [m["content"] for m in right_away] == ["My name is Alice and I prefer Python"]
+    assert right_away[0]["similarity"] > 0
+
+    embed_pending()
+    by_meaning = local.post(
+        "/messages/search", {"agent_name": "my_agent", "query": "which programming language?"}
+    ).json()
+    assert by_meaning[0]["content"] == "My name is Alice and I prefer Python"
+    similarities = [m["similarity"] for m in by_meaning]
+    assert similarities == sorted(similarities, reverse=True)
+
+
+def test_search_limit_default_and_maximum(local, settings):
+    make(local)
+    for i in range(8):
+        store(local, "my_agent", "user", f"note number {i} about tea")
+    embed_pending()
+    found = local.post("/messages/search", {"agent_name": "my_agent", "query": "tea"}).json()
+    assert len(found) == settings.MEMORY_DEFAULT_SEARCH_LIMIT
+    too_many = local.post(
+        "/messages/search", {"agent_name": "my_agent", "query": "tea", "limit": 21}
+    )
+    assert too_many.status_code == 422
+    assert too_many.json()["detail"][0]["loc"] == ["body", "limit"]
+
+
+def test_memory_blocks(local):
+    make(local)
+    created = local.post(
+        "/memory-blocks", {"agent_name": "my_agent", "label": "human", "value": "Name: Alice"}
+    )
+    assert created.status_code == 200
+    block = created.json()
+    assert set(block) == {"id", "agent_id", "label", "value", "created_at", "updated_at"}
+
+    duplicate = local.post(
+        "/memory-blocks", {"agent_name": "my_agent", "label": "human", "value": "again"}
+    )
+    assert duplicate.status_code == 409
+    assert "detail" in duplicate.json()
+
+    assert local.get("/memory-blocks/my_agent/human").json()["value"] == "Name: Alice"
+    updated = local.put("/memory-blocks/my_agent/human", {"value": "Name: Alice\nCity: NYC"})
+    assert updated.json()["value"] == "Name: Alice\nCity: NYC"
+    assert [b["label"] for b in local.get("/memory-blocks/my_agent").json()] == ["human"]
+    # The platform's blocks: the agent API and the admin see the same row, with revisions.
+    stored = MemoryBlock.objects.get(agent__name="my_agent", label="human")
+    assert stored.revisions.count() == 2
+
+    assert local.get("/memory-blocks/my_agent/persona").status_code == 404
+    assert local.put("/memory-blocks/my_agent/persona", {"value": "x"}).status_code == 404
+    assert local.get("/memory-blocks/nobody").status_code == 404
+
+
+def test_context_has_blocks_and_relevant_messages(local, settings):
+    make(local)
+    local.post("/memory-blocks", {"agent_name": "my_agent", "label": "human", "value": "Alice"})
+    store(local, "my_agent", "user", "My name is Alice and I prefer Python")
+    for i in range(12):
+        store(local, "my_agent", "user", f"unrelated chatter {i} about the weather")
+    embed_pending()
+    context = local.post(
+        "/context/my_agent", {"agent_name": "my_agent", "query": "What's my name?"}
+    ).json()
+    assert [b["label"] for b in context["memory_blocks"]] == ["human"]
+    relevant = context["relevant_messages"]
+    assert len(relevant) == settings.MEMORY_MAX_CONTEXT_MESSAGES
+    assert relevant[0]["content"] == "My name is Alice and I prefer Python"
+    assert relevant[0]["similarity"] is not None
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/agents", {}, "name"),
+        ("/messages", {"agent_name": "my_agent", "content": "hi"}, "role"),
+        ("/messages", {"agent_name": "my_agent", "role": "tool", "content": "hi"}, "role"),
+        ("/messages", {"agent_name": "my_agent", "role": "user"}, "content"),
+        ("/messages/search", {"agent_name": "my_agent"}, "query"),
+        ("/memory-blocks", {"agent_name": "my_agent", "value": "x"}, "label"),
+        ("/context/my_agent", {}, "query"),
+    ],
+)
+def test_invalid_bodies_are_422_naming_the_field(local, path, body, field):
+    make(local)
+    before = Message.objects.count(), MemoryBlock.objects.count()
+    response = local.post(path, body)
+    assert response.status_code == 422
+    assert ["body", field] in [issue["loc"] for issue in response.json()["detail"]]
+    assert (Message.objects.count(), MemoryBlock.objects.count()) == before
+
+
+def test_unknown_agents_are_404_everywhere(local):
+    for method, path, body in [
+        ("POST", "/messages", {"agent_name": "ghost", "role": "user", "content": "x"}),
+        ("GET", "/messages/ghost", None),
+        ("POST", "/messages/search", {"agent_name": "ghost", "query": "x"}),
+        ("POST", "/memory-blocks", {"agent_name": "ghost", "label": "a", "value": "b"}),
+        ("POST", "/context/ghost", {"query": "x"}),
+    ]:
+        response = local.call(method, path, body)
+        assert response.status_code == 404, path
+        assert response.json() == {"detail": "Agent not found"}
+
+
+def test_agents_are_isolated(local):
+    make(local, "work")
+    make(local, "home")
+    store(local, "work", "user", "the quarterly report is due Friday")
+    embed_pending()
+    assert local.get("/messages/home").json() == []
+    assert local.post("/messages/search", {"agent_name": "home", "query": "report"}).json() == []
+    assert local.post("/context/home", {"query": "report"}).json()["relevant_messages"] == []
+
+
+def test_unknown_fields_are_ignored_as_by_the_seeds_server(local):
+    response = local.post("/agents", {"name": "my_agent", "color": "blue"})
+    assert response.status_code == 200
+
+
+def test_away_from_loopback_a_key_is_needed_and_reaches_only_its_agent(local):
+    make(local)  # a local agent, reachable from this machine only
+    credential = make_agent("remote-agent")
+    key = {"HTTP_X_API_KEY": credential.key}
+
+    assert local.get("/agents/my_agent", **REMOTE).status_code == 401
+    assert local.get("/agents/my_agent", **REMOTE, **key).status_code == 404
+    own = local.get("/agents/remote-agent", **REMOTE, **key)
+    assert own.status_code == 200
+    assert own.json()["id"] == str(credential.agent.id)
+    stored = local.post(
+        "/messages",
+        {"agent_name": "remote-agent", "role": "user", "content": "hello"},
+        **REMOTE,
+        **key,
+    )
+    assert stored.status_code == 200
+    assert local.post("/agents", {"name": "other"}, **REMOTE, **key).status_code == 404
+
+
+def test_outside_local_mode_even_loopback_needs_a_key(local, settings):
+    settings.LOCAL_MODE = False
+    assert local.get("/agents/my_agent").status_code == 401
+    assert local.get("/health").status_code == 200
