@@ -1,0 +1,238 @@
+"""``learning()`` end to end: the real ``openai`` package, a local OpenAI-compatible test
+server (tests/fake_openai.py) and a real memsvc (Django's live server, or ``memsvc serve``)."""
+
+import asyncio
+import logging
+import subprocess
+import sys
+
+import openai
+import pytest
+from openai.resources.chat.completions import AsyncCompletions, Completions
+from openai.resources.responses import Responses
+
+from agents_api.models import Agent
+from conversations.models import Message
+from memsvc.client import MemoryServerUnavailable, format_context, inject, learning
+from tests.fake_openai import FakeOpenAI
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ORIGINAL_CREATE = Completions.create
+ORIGINAL_ACREATE = AsyncCompletions.create
+ORIGINAL_RESPONSES_CREATE = Responses.create
+
+
+@pytest.fixture
+def llm():
+    with FakeOpenAI() as fake:
+        yield fake
+
+
+@pytest.fixture
+def client(llm):
+    return openai.OpenAI(base_url=llm.base_url, api_key="test-key")
+
+
+def ask(client, text, **kwargs):
+    return client.chat.completions.create(
+        model="gpt-test", messages=[{"role": "user", "content": text}], **kwargs
+    )
+
+
+def stored(agent: str) -> list[tuple[str, str]]:
+    return list(
+        Message.objects.filter(conversation__local_agent__name=agent)
+        .order_by("seq")
+        .values_list("role", "content")
+    )
+
+
+def test_the_second_session_remembers_the_first(live_server, client, llm):
+    with learning(agent="my_agent", server_url=live_server.url):
+        first = ask(client, "My name is Alice and I prefer Python.")
+    assert first.choices[0].message.content == "Use Python, Alice."
+    assert stored("my_agent") == [
+        ("user", "My name is Alice and I prefer Python."),
+        ("assistant", "Use Python, Alice."),
+    ]
+
+    with learning(agent="my_agent", server_url=live_server.url):
+        ask(client, "What programming language should I use?")
+
+    [memory] = llm.system_messages()
+    assert memory.startswith("The following is context from your memory:")
+    assert "**User**: My name is Alice and I prefer Python." in memory
+    assert len(stored("my_agent")) == 4
+
+
+def test_the_seeds_integration_scenario(live_server, client, llm):
+    """A fresh database; the user says their name; a new block asks for it."""
+    assert not Agent.objects.exists()
+    with learning(agent="assistant", server_url=live_server.url):
+        ask(client, "Hi! My name is Zoltan.")
+    with learning(agent="assistant", server_url=live_server.url):
+        ask(client, "what's my name?")
+    request = llm.requests[-1]["body"]
+    assert "Zoltan" in " ".join(m["content"] for m in request["messages"])
+
+
+def test_memory_goes_after_an_existing_system_message(live_server, client, llm):
+    with learning(agent="a", server_url=live_server.url):
+        ask(client, "I live in Lisbon")
+        client.chat.completions.create(
+            model="gpt-test",
+            messages=[
+                {"role": "system", "content": "You are terse."},
+                {"role": "user", "content": [{"type": "text", "text": "Where do I live?"}]},
+            ],
+        )
+    messages = llm.requests[-1]["body"]["messages"]
+    assert [m["role"] for m in messages] == ["system", "system", "user"]
+    assert messages[0]["content"] == "You are terse."
+    assert "I live in Lisbon" in messages[1]["content"]
+    assert ("user", "Where do I live?") in stored("a")
+
+
+def test_capture_only_stores_and_never_injects(live_server, client, llm):
+    with learning(agent="logger", server_url=live_server.url, capture_only=True):
+        ask(client, "remember this")
+        ask(client, "and this")
+    assert all(llm.system_messages(i) == [] for i in range(len(llm.requests)))
+    assert [content for _, content in stored("logger")] == [
+        "remember this",
+        "Use Python, Alice.",
+        "and this",
+        "Use Python, Alice.",
+    ]
+
+
+def test_the_originals_are_restored_even_after_an_error(live_server):
+    with pytest.raises(ZeroDivisionError), learning(agent="a", server_url=live_server.url):
+        assert Completions.create is not ORIGINAL_CREATE
+        1 / 0  # noqa: B018
+    assert Completions.create is ORIGINAL_CREATE
+    assert AsyncCompletions.create is ORIGINAL_ACREATE
+    assert Responses.create is ORIGINAL_RESPONSES_CREATE
+
+
+def test_nested_blocks_use_the_innermost_agent_then_the_outer_again(live_server, client):
+    with learning(agent="outer", server_url=live_server.url):
+        ask(client, "outer one")
+        with learning(agent="inner", server_url=live_server.url):
+            ask(client, "inner one")
+        ask(client, "outer two")
+        assert Completions.create is not ORIGINAL_CREATE
+    assert Completions.create is ORIGINAL_CREATE
+    assert [c for r, c in stored("outer") if r == "user"] == ["outer one", "outer two"]
+    assert [c for r, c in stored("inner") if r == "user"] == ["inner one"]
+
+
+def test_streaming_passes_chunks_through_and_stores_the_whole_reply(live_server, client):
+    with learning(agent="streamer", server_url=live_server.url):
+        chunks = [
+            chunk.choices[0].delta.content or ""
+            for chunk in ask(client, "Tell me something", stream=True)
+        ]
+    assert "".join(chunks) == "Use Python, Alice."
+    assert len(chunks) == 3
+    assert stored("streamer") == [
+        ("user", "Tell me something"),
+        ("assistant", "Use Python, Alice."),
+    ]
+
+
+def test_async_calls_and_async_streams(live_server, llm):
+    async def session():
+        client = openai.AsyncOpenAI(base_url=llm.base_url, api_key="test-key")
+        async with learning(agent="async", server_url=live_server.url):
+            await client.chat.completions.create(
+                model="gpt-test", messages=[{"role": "user", "content": "I like tea"}]
+            )
+            stream = await client.chat.completions.create(
+                model="gpt-test",
+                messages=[{"role": "user", "content": "What do I like?"}],
+                stream=True,
+            )
+            return [chunk async for chunk in stream]
+
+    chunks = asyncio.run(session())
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Use Python, Alice."
+    assert "I like tea" in llm.system_messages()[0]
+    assert [c for r, c in stored("async") if r == "user"] == ["I like tea", "What do I like?"]
+    assert AsyncCompletions.create is ORIGINAL_ACREATE
+
+
+def test_the_responses_api_gets_memory_in_its_instructions(live_server, client, llm):
+    with learning(agent="responder", server_url=live_server.url):
+        client.responses.create(model="gpt-test", input="I have a cat named Tom")
+        reply = client.responses.create(
+            model="gpt-test", input="What is my cat called?", instructions="Be brief."
+        )
+    assert reply.output_text == "Use Python, Alice."
+    instructions = llm.requests[-1]["body"]["instructions"]
+    assert instructions.startswith("Be brief.")
+    assert "I have a cat named Tom" in instructions
+    assert ("user", "What is my cat called?") in stored("responder")
+
+
+def test_an_unreachable_server_is_a_clear_error_at_entry():
+    with (
+        pytest.raises(MemoryServerUnavailable, match="memsvc serve"),
+        learning(agent="a", server_url="http://127.0.0.1:9"),
+    ):
+        pass
+    assert Completions.create is ORIGINAL_CREATE
+
+
+def test_importing_the_client_needs_no_django():
+    code = "import sys, memsvc.client; print('django' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={"PATH": ""}
+    )
+    assert result.stdout.strip() == "False"
+
+
+def test_a_memory_server_that_stops_mid_block_degrades_to_plain_calls(tmp_path, llm, caplog):
+    from tests.memsvc.test_serve import Served
+
+    served = Served(tmp_path)
+    try:
+        served.wait_until_healthy()
+        client = openai.OpenAI(base_url=llm.base_url, api_key="test-key")
+        with learning(agent="fragile", server_url=served.url):
+            ask(client, "My name is Alice")
+            served.terminate()
+            with caplog.at_level(logging.WARNING, logger="memsvc.client"):
+                reply = ask(client, "What is my name?")
+        assert reply.choices[0].message.content == "Use Python, Alice."
+        assert "going on without memory" in caplog.text
+        assert llm.system_messages() == []
+    finally:
+        served.kill()
+
+
+# --- formatting -------------------------------------------------------------------------------
+
+
+def test_the_context_format_and_long_messages_cut():
+    text = format_context(
+        {
+            "memory_blocks": [{"label": "human", "value": "Name: Alice"}],
+            "relevant_messages": [
+                {"role": "assistant", "content": "Hi Alice", "created_at": "2026-01-02"},
+                {"role": "user", "content": "x" * 600, "created_at": "2026-01-01"},
+            ],
+        }
+    )
+    assert text.startswith("The following is context from your memory:\n\n## Memory\n\n### human")
+    user_line, assistant_line = text.split("## Relevant Past Conversations\n\n")[1].split("\n\n")
+    assert user_line == "**User**: " + "x" * 500 + "…"
+    assert assistant_line == "**Assistant**: Hi Alice"
+    assert format_context({"memory_blocks": [], "relevant_messages": []}) is None
+
+
+def test_injection_keeps_the_callers_list_unchanged():
+    messages = [{"role": "user", "content": "hi"}]
+    assert inject(messages, "ctx") == [{"role": "system", "content": "ctx"}, messages[0]]
+    assert messages == [{"role": "user", "content": "hi"}]
