@@ -252,6 +252,9 @@ def main(argv=None) -> int:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", type=Path, default=Path("bench-results/search.json"))
+    parser.add_argument(
+        "--keep-server", action="store_true", help="leave the server running (prints its URL)"
+    )
     args = parser.parse_args(argv)
     modes = args.mode or ["hybrid", "semantic", "keyword"]
     if args.http_messages > args.messages:
@@ -315,7 +318,12 @@ def main(argv=None) -> int:
                 )
                 log(f"  {user:8} {mode:8} {results[f'{user}/{mode}']}")
     finally:
-        server.stop()
+        if args.keep_server:
+            log(
+                f"the server keeps running at {server.url} (pid {server.process.pid}, data {server.data_dir})"
+            )
+        else:
+            server.stop()
 
     print(
         f"\nsearch benchmark: {total} messages, {len(conversations)} conversations, {args.users} users"

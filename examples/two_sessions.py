@@ -73,7 +73,7 @@ def main() -> None:
 
         if args.test_llm:
             print("\nwhat the model received in session 2:")
-            for message in llm.requests[-1]["body"]["messages"]:
+            for message in llm.requests[-1].body["messages"]:
                 print(f"--- {message['role']}\n{message['content']}")
 
 

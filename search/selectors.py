@@ -46,10 +46,11 @@ NEIGHBOUR_WEIGHT = 0.2
 # Each retriever proposes this many candidates per requested result (at least MIN).
 CANDIDATES_PER_RESULT = 10
 MIN_CANDIDATES = 50
-# Keyword matching looks at most at this many messages, so it ignores words found in more
-# messages than that (unless the query has nothing rarer): they would crowd out the rest.
-# Such words still count in the score of the messages found.
-KEYWORD_MATCH_CAP = 1000
+# Keyword candidates are the messages holding the query's rarest words, taken rarest first
+# while together they occur in at most this many messages (the rarest one always counts);
+# commoner words still add to the score of the messages found. BM25 ranks those matches
+# by what they have in common with the query, at a cost proportional to their number.
+KEYWORD_MATCH_CAP = 500
 HNSW_EF_SEARCH = 100
 
 
@@ -126,7 +127,7 @@ def _semantic_candidates(cursor, scope: _Scope, query_vector: str, model: str, l
 
 def _query_terms(cursor, text: str) -> tuple[list[str], list[float], float, list[str]]:
     """The query's lexemes with their BM25 IDF, the average message length, and the
-    lexemes worth matching on (the rare ones)."""
+    lexemes to match on (the rarest, see ``KEYWORD_MATCH_CAP``)."""
     cursor.execute(
         """
         SELECT q.lexeme, coalesce(t.document_count, 0), c.document_count, c.total_length
@@ -141,14 +142,19 @@ def _query_terms(cursor, text: str) -> tuple[list[str], list[float], float, list
         return [], [], 1.0, []
     documents = max(rows[0][2] or 0, 1)
     average_length = (rows[0][3] or documents) / documents
-    lexemes, idfs, rare = [], [], []
+    lexemes, idfs, frequencies = [], [], {}
     for lexeme, frequency, _, _ in rows:
         frequency = min(frequency, documents)
         lexemes.append(lexeme)
         idfs.append(math.log(1 + (documents - frequency + 0.5) / (frequency + 0.5)))
-        if frequency <= KEYWORD_MATCH_CAP:
-            rare.append(lexeme)
-    return lexemes, idfs, average_length, rare or lexemes
+        frequencies[lexeme] = frequency
+    match_on, covered = [], 0
+    for lexeme in sorted(lexemes, key=lambda word: (frequencies[word], word)):
+        if match_on and covered + frequencies[lexeme] > KEYWORD_MATCH_CAP:
+            break
+        match_on.append(lexeme)
+        covered += frequencies[lexeme]
+    return lexemes, idfs, average_length, match_on
 
 
 _BM25 = """
@@ -176,7 +182,7 @@ def _keyword_candidates(cursor, scope: _Scope, terms, limit: int):
     lexemes, idfs, average_length, match_on = terms
     if not lexemes:
         return {}
-    # Any rare word of the query matches (OR): quoting each lexeme keeps it literal.
+    # Any of the words to match on will do (OR); quoting each lexeme keeps it literal.
     tsquery = " | ".join("'" + lexeme.replace("'", "''") + "'" for lexeme in match_on)
     candidates = (
         "SELECT m.id, m.search_vector FROM message m "

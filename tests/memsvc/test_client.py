@@ -73,7 +73,7 @@ def test_the_seeds_integration_scenario(live_server, client, llm):
         ask(client, "Hi! My name is Zoltan.")
     with learning(agent="assistant", server_url=live_server.url):
         ask(client, "what's my name?")
-    request = llm.requests[-1]["body"]
+    request = llm.requests[-1].body
     assert "Zoltan" in " ".join(m["content"] for m in request["messages"])
 
 
@@ -87,7 +87,7 @@ def test_memory_goes_after_an_existing_system_message(live_server, client, llm):
                 {"role": "user", "content": [{"type": "text", "text": "Where do I live?"}]},
             ],
         )
-    messages = llm.requests[-1]["body"]["messages"]
+    messages = llm.requests[-1].body["messages"]
     assert [m["role"] for m in messages] == ["system", "system", "user"]
     assert messages[0]["content"] == "You are terse."
     assert "I live in Lisbon" in messages[1]["content"]
@@ -170,7 +170,7 @@ def test_the_responses_api_gets_memory_in_its_instructions(live_server, client, 
             model="gpt-test", input="What is my cat called?", instructions="Be brief."
         )
     assert reply.output_text == "Use Python, Alice."
-    instructions = llm.requests[-1]["body"]["instructions"]
+    instructions = llm.requests[-1].body["instructions"]
     assert instructions.startswith("Be brief.")
     assert "I have a cat named Tom" in instructions
     assert ("user", "What is my cat called?") in stored("responder")

@@ -10,9 +10,7 @@ import hashlib
 import hmac
 import json
 import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import jwt
 import pytest
@@ -23,6 +21,7 @@ from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 
 from memsvc.api.jwt_auth import _jwks_client
 from memsvc.tokens import mint_user_token
+from tests.local_http import LocalHttpServer, Reply
 
 pytestmark = pytest.mark.django_db
 
@@ -118,43 +117,17 @@ def jwt_settings(settings):
     return settings
 
 
-class JwksServer:
+class JwksServer(LocalHttpServer):
     """Serves ``document`` (a JSON object, or raw bytes) and counts the requests."""
 
     def __init__(self, document: dict | bytes):
         self.document = document
-        self.requests = 0
-        self.lock = threading.Lock()
-        server = self
+        super().__init__(lambda method, path, body: Reply(payload=self.document))
+        self.url = f"{self.url}/.well-known/jwks.json"
 
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
-                with server.lock:
-                    server.requests += 1
-                payload = server.document
-                if isinstance(payload, dict):
-                    payload = json.dumps(payload).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(payload)))
-                self.end_headers()
-                self.wfile.write(payload)
-
-            def log_message(self, format, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/.well-known/jwks.json"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, args=(0.01,), daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.thread.join(timeout=5)
+    @property
+    def request_count(self) -> int:
+        return len(self.requests)
 
 
 def public_jwk(public_key, algorithm, kid: str) -> dict:
@@ -437,7 +410,7 @@ def test_key_set_is_fetched_once_and_cached(api, oidc):
     for _ in range(3):
         assert_accepted(api.get(PATH, as_=bearer(rs256(oidc_claims()))))
         assert_accepted(api.get(PATH, as_=bearer(es256(oidc_claims()))))
-    assert oidc.requests == 1
+    assert oidc.request_count == 1
 
 
 def test_unknown_kids_do_not_refetch_the_key_set_every_time(api, oidc):
@@ -446,7 +419,7 @@ def test_unknown_kids_do_not_refetch_the_key_set_every_time(api, oidc):
     for number in range(5):
         unknown = rs256(oidc_claims(), kid=f"unknown-{number}")
         assert_unauthorized(api.get(PATH, as_=bearer(unknown)))
-    assert oidc.requests == 1
+    assert oidc.request_count == 1
 
 
 def test_unreachable_key_set(api, oidc, jwt_settings):

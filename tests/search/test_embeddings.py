@@ -1,10 +1,6 @@
 """Embedding backends. The local model runs for real; the remote ones talk HTTP to a local
 test server standing in for Ollama / OpenAI (outside services, so faked at the HTTP level)."""
 
-import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 import numpy as np
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -20,40 +16,14 @@ from search.embeddings import (
     get_embedding_backend,
 )
 from search.onnx_encoder import OnnxSentenceEncoder
+from tests.local_http import LocalHttpServer, Reply
 
 
-class FakeEmbeddingServer:
-    """A local HTTP server: each request is recorded; ``respond(path, body)`` answers it."""
+class FakeEmbeddingServer(LocalHttpServer):
+    """Answers each request with ``respond(path, body) -> (status, payload)``."""
 
     def __init__(self, respond):
-        self.requests: list[tuple[str, dict]] = []
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                server.requests.append((self.path, body))
-                status, payload = respond(self.path, body)
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def __enter__(self):
-        threading.Thread(target=self.httpd.serve_forever, args=(0.01,), daemon=True).start()
-        return self
-
-    def __exit__(self, *exc):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        super().__init__(lambda method, path, body: Reply(*respond(path, body)))
 
 
 def fake_vector(text: str, dimension: int = 8) -> list[float]:
@@ -120,7 +90,7 @@ def test_ollama_embeds_in_one_call_and_learns_the_dimension():
         assert vectors.shape == (3, 8)
         assert backend.dimension == 8
         assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0)
-    assert server.requests[0] == (
+    assert (server.requests[0].path, server.requests[0].body) == (
         "/api/embed",
         {"model": "nomic-embed-text", "input": ["a", "b", "c"]},
     )
@@ -135,7 +105,7 @@ def test_an_older_ollama_is_asked_one_text_at_a_time():
     with FakeEmbeddingServer(respond) as server:
         vectors = OllamaBackend("m", base_url=server.url).embed(["a", "b"])
     assert vectors.shape == (2, 8)
-    assert [path for path, _ in server.requests] == [
+    assert [r.path for r in server.requests] == [
         "/api/embed",
         "/api/embeddings",
         "/api/embeddings",
@@ -186,7 +156,7 @@ def test_openai_uses_the_embeddings_endpoint_of_any_compatible_server():
     expected = np.array([fake_vector("first", 16), fake_vector("second", 16)])
     expected /= np.linalg.norm(expected, axis=1, keepdims=True)
     assert np.allclose(vectors, expected, atol=1e-5)
-    assert server.requests[0][1]["model"] == "text-embedding-3-small"
+    assert server.requests[0].body["model"] == "text-embedding-3-small"
 
 
 @pytest.mark.parametrize(("status", "transient"), [(500, True), (429, True), (401, False)])

@@ -1,0 +1,82 @@
+"""A small HTTP server on 127.0.0.1 for tests that stand in for outside services (an OIDC
+key set, an embedding API, an LLM). It records every request and answers through a
+``respond(method, path, body) -> Reply`` callback."""
+
+import json
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+@dataclass
+class Reply:
+    status: int = 200
+    payload: object = None  # JSON-able, or bytes sent as they are
+    events: Iterable[str] | None = None  # server-sent events, streamed in order
+
+    def body(self) -> bytes:
+        return (
+            self.payload if isinstance(self.payload, bytes) else json.dumps(self.payload).encode()
+        )
+
+
+@dataclass
+class Recorded:
+    method: str
+    path: str
+    body: dict | None = field(default=None)
+
+
+class LocalHttpServer:
+    def __init__(self, respond: Callable[[str, str, dict | None], Reply]):
+        self.requests: list[Recorded] = []
+        self._lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _handle(self):
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length)) if length else None
+                with server._lock:
+                    server.requests.append(Recorded(self.command, self.path, body))
+                reply = respond(self.command, self.path, body)
+                if reply.events is not None:
+                    return self._stream(reply.events)
+                data = reply.body()
+                self.send_response(reply.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = _handle
+
+            def _stream(self, events):
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for event in events:
+                    data = f"data: {event}\n\n".encode()
+                    self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                    self.wfile.flush()
+                self.wfile.write(b"0\r\n\r\n")
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, args=(0.01,), daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self._thread.join(timeout=5)
