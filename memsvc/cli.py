@@ -90,8 +90,9 @@ class _Supervisor:
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
 
-    def start(self, command: list[str]) -> None:
-        self.children.append(subprocess.Popen(command))  # noqa: S603 (our own interpreter)
+    def start(self, command: list[str], env: dict[str, str] | None = None) -> None:
+        environment = {**os.environ, **(env or {})}
+        self.children.append(subprocess.Popen(command, env=environment))  # noqa: S603 (our own interpreter)
 
     def request_stop(self, signum, frame) -> None:
         self.stopping = True
@@ -138,7 +139,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         check_embedding_dimension()
         if supervisor.stopping:
             return 0
-        supervisor.start(_gunicorn_command(host, port))
+        # One embedding thread per web process: a search embeds one short query while the
+        # same process talks to PostgreSQL, and the other core serves the next request.
+        supervisor.start(
+            _gunicorn_command(host, port),
+            env={"MEMSVC_EMBEDDING_THREADS": os.environ.get("MEMSVC_EMBEDDING_THREADS", "1")},
+        )
         if not args.no_worker:
             supervisor.start(_worker_command(beat=True))
         print(f"memsvc: serving on http://{host}:{port}", file=sys.stderr, flush=True)

@@ -186,6 +186,10 @@ MEMORY_EMBEDDING_MODEL = env_str("MEMORY_EMBEDDING_MODEL", _DEFAULT_EMBEDDING[0]
 # The width of the vector columns. It is fixed when the tables are created: changing it
 # means a migration of the columns and a re-embed (`memsvc reindex --all`).
 MEMORY_EMBEDDING_DIMENSION = env_int("MEMORY_EMBEDDING_DIMENSION", _DEFAULT_EMBEDDING[1], minimum=1)
+# CPU threads the local model may use per process (0: as many as there are cores). Web
+# processes embed one query at a time beside their database work: `memsvc serve` gives
+# them 1; the worker embeds batches with all cores.
+MEMSVC_EMBEDDING_THREADS = env_int("MEMSVC_EMBEDDING_THREADS", 0, minimum=0)
 OLLAMA_BASE_URL = env_str("OLLAMA_BASE_URL", "http://127.0.0.1:11434")
 OPENAI_API_KEY = env_str("OPENAI_API_KEY")
 OPENAI_BASE_URL = env_str("OPENAI_BASE_URL")

@@ -4,7 +4,7 @@ Two retrievers run in PostgreSQL, each over the principal's scope only:
 
 - semantic: cosine distance on the HNSW index of ``message.embedding`` (pgvector 0.8's
   iterative scan keeps looking when access filters reject the nearest rows);
-- keyword: the GIN-indexed ``search_vector``, matched with any word of the query and
+- keyword: the GIN-indexed ``search_vector``, matched with the query's rarest words and
   ranked by BM25 (PostgreSQL's ``ts_rank`` ignores how rare a word is; BM25 weighs it by
   the corpus statistics of ``search.models``).
 
@@ -17,13 +17,15 @@ candidate also gets a share of its best direct neighbour's score.
 The constants below were tuned once, as a whole, on the LoCoMo development split
 (``python -m bench.locomo``; see docs/benchmarks.md), never per question:
 
-- BM25 without length normalisation (b = 0): turns are short and of similar length, and
-  normalising by length mostly promotes one-word turns ("Wow!") that happen to share a word;
+- BM25 without length normalisation (b = 0) and each word counted once per message: turns
+  are short and of similar length, and normalising by length mostly promotes one-word
+  turns ("Wow!") that happen to share a word;
 - equal weights for the two measures, and 0.2 of the best neighbour's score.
 """
 
 import math
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from django.contrib.postgres.search import SearchHeadline, SearchQuery
@@ -33,19 +35,17 @@ from conversations.models import TEXT_SEARCH_CONFIG, Channel, Message, Visibilit
 from conversations.selectors import conversation_lineage, conversations_visible_to
 from memsvc.api.errors import InvalidInput
 from memsvc.api.principals import Principal
-from search.embeddings import configured_backend
+from search.embeddings import configured_backend, vector_literal
 
 MODES = ("hybrid", "semantic", "keyword")
 
-# BM25 parameters (the usual ones) and the fusion weights.
-BM25_K1 = 1.2
-BM25_B = 0.0
+# The fusion weights.
 SEMANTIC_WEIGHT = 0.5
 KEYWORD_WEIGHT = 0.5
 NEIGHBOUR_WEIGHT = 0.2
 # Each retriever proposes this many candidates per requested result (at least MIN).
-CANDIDATES_PER_RESULT = 10
-MIN_CANDIDATES = 50
+CANDIDATES_PER_RESULT = 5
+MIN_CANDIDATES = 30
 # Keyword candidates are the messages holding the query's rarest words, taken rarest first
 # while together they occur in at most this many messages (the rarest one always counts);
 # commoner words still add to the score of the messages found. BM25 ranks those matches
@@ -105,13 +105,16 @@ def _scope(principal: Principal, *, for_agent: bool, conversation_ids, before_me
     return _Scope(" AND ".join(clauses), params)
 
 
-def _vector_literal(vector) -> str:
-    return "[" + ",".join(f"{x:.7g}" for x in vector) + "]"
+def _hnsw_settings(cursor, limit: int) -> None:
+    # pgvector 0.8: keep scanning the graph when access filters drop the nearest rows.
+    cursor.execute(
+        "SET LOCAL hnsw.iterative_scan = relaxed_order; "
+        f"SET LOCAL hnsw.ef_search = {max(HNSW_EF_SEARCH, int(limit))}"
+    )
 
 
 def _semantic_candidates(cursor, scope: _Scope, query_vector: str, model: str, limit: int):
-    cursor.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
-    cursor.execute(f"SET LOCAL hnsw.ef_search = {max(HNSW_EF_SEARCH, limit)}")
+    _hnsw_settings(cursor, limit)
     cursor.execute(
         f"""
         SELECT m.id, 1 - (m.embedding <=> %s::vector) AS similarity
@@ -125,12 +128,36 @@ def _semantic_candidates(cursor, scope: _Scope, query_vector: str, model: str, l
     return dict(cursor.fetchall())
 
 
-def _query_terms(cursor, text: str) -> tuple[list[str], list[float], float, list[str]]:
-    """The query's lexemes with their BM25 IDF, the average message length, and the
-    lexemes to match on (the rarest, see ``KEYWORD_MATCH_CAP``)."""
+@dataclass(frozen=True)
+class Terms:
+    """The query's lexemes with their IDF, and the ones to match on (``KEYWORD_MATCH_CAP``)."""
+
+    idf: dict[str, float]
+    match_on: list[str]
+
+    @staticmethod
+    def _literal(lexeme: str) -> str:
+        return "'" + lexeme.replace("'", "''") + "'"  # quoted: a lexeme, never an operator
+
+    def score_sql(self, column: str) -> tuple[str, list]:
+        """BM25 of ``column`` with b = 0 and each word counted once (a turn rarely says a word
+        twice, and counting positions costs more than it gains), which is the sum of the IDFs
+        of the query words the message holds. One ``@@`` test per word, no unnesting."""
+        parts, params = [], []
+        for lexeme, weight in self.idf.items():
+            parts.append(f"(CASE WHEN {column} @@ %s::tsquery THEN %s ELSE 0 END)")
+            params += [self._literal(lexeme), weight]
+        return " + ".join(parts) or "0", params
+
+    def match_sql(self) -> str:
+        """A tsquery matching any of the words to match on."""
+        return " | ".join(self._literal(lexeme) for lexeme in self.match_on)
+
+
+def _query_terms(cursor, text: str) -> Terms:
     cursor.execute(
         """
-        SELECT q.lexeme, coalesce(t.document_count, 0), c.document_count, c.total_length
+        SELECT q.lexeme, coalesce(t.document_count, 0), c.document_count
         FROM unnest(tsvector_to_array(to_tsvector(%s::regconfig, %s))) AS q(lexeme)
         LEFT JOIN search_term_stat t ON t.lexeme = q.lexeme
         LEFT JOIN search_corpus_stat c ON c.id = 1
@@ -139,85 +166,78 @@ def _query_terms(cursor, text: str) -> tuple[list[str], list[float], float, list
     )
     rows = cursor.fetchall()
     if not rows:
-        return [], [], 1.0, []
+        return Terms({}, [])
     documents = max(rows[0][2] or 0, 1)
-    average_length = (rows[0][3] or documents) / documents
-    lexemes, idfs, frequencies = [], [], {}
-    for lexeme, frequency, _, _ in rows:
-        frequency = min(frequency, documents)
-        lexemes.append(lexeme)
-        idfs.append(math.log(1 + (documents - frequency + 0.5) / (frequency + 0.5)))
-        frequencies[lexeme] = frequency
+    frequencies = {lexeme: min(frequency, documents) for lexeme, frequency, _ in rows}
+    idf = {
+        lexeme: math.log(1 + (documents - frequency + 0.5) / (frequency + 0.5))
+        for lexeme, frequency in frequencies.items()
+    }
     match_on, covered = [], 0
-    for lexeme in sorted(lexemes, key=lambda word: (frequencies[word], word)):
+    for lexeme in sorted(frequencies, key=lambda word: (frequencies[word], word)):
         if match_on and covered + frequencies[lexeme] > KEYWORD_MATCH_CAP:
             break
         match_on.append(lexeme)
         covered += frequencies[lexeme]
-    return lexemes, idfs, average_length, match_on
+    return Terms(idf, match_on)
 
 
-_BM25 = """
-WITH q AS (SELECT * FROM unnest(%s::text[], %s::float8[]) AS q(lexeme, idf)),
-candidates AS ({candidates})
-SELECT c.id,
-       sum(q.idf * (tf.n * {k1_plus_1}) / (tf.n + {k1} * (1 - {b} + {b} * length(c.search_vector) / %s)))
-FROM candidates c
-CROSS JOIN LATERAL unnest(c.search_vector) AS t(lexeme, positions, weights)
-JOIN q ON q.lexeme = t.lexeme
-CROSS JOIN LATERAL (SELECT coalesce(array_length(t.positions, 1), 1)::float8 AS n) tf
-GROUP BY c.id
-ORDER BY 2 DESC
-LIMIT %s
-"""
-
-
-def _bm25(cursor, candidates_sql, candidate_params, lexemes, idfs, average_length, limit):
-    sql = _BM25.format(candidates=candidates_sql, k1=BM25_K1, k1_plus_1=BM25_K1 + 1, b=BM25_B)
-    cursor.execute(sql, [lexemes, idfs, *candidate_params, average_length, limit])
-    return {message_id: float(score) for message_id, score in cursor.fetchall()}
-
-
-def _keyword_candidates(cursor, scope: _Scope, terms, limit: int):
-    lexemes, idfs, average_length, match_on = terms
-    if not lexemes:
+def _keyword_candidates(cursor, scope: _Scope, terms: Terms, limit: int) -> dict:
+    if not terms.idf:
         return {}
-    # Any of the words to match on will do (OR); quoting each lexeme keeps it literal.
-    tsquery = " | ".join("'" + lexeme.replace("'", "''") + "'" for lexeme in match_on)
-    candidates = (
-        "SELECT m.id, m.search_vector FROM message m "
-        f"WHERE m.search_vector @@ to_tsquery('simple', %s) AND {scope.sql} LIMIT %s"
-    )
-    return _bm25(
-        cursor,
-        candidates,
-        [tsquery, *scope.params, KEYWORD_MATCH_CAP],
-        lexemes,
-        idfs,
-        average_length,
-        limit,
-    )
-
-
-def _keyword_scores_of(cursor, ids, terms):
-    lexemes, idfs, average_length, _ = terms
-    if not ids or not lexemes:
-        return {}
-    candidates = "SELECT m.id, m.search_vector FROM message m WHERE m.id = ANY(%s)"
-    return _bm25(cursor, candidates, [list(ids)], lexemes, idfs, average_length, len(ids))
-
-
-def _similarities_of(cursor, ids, query_vector: str, model: str):
-    if not ids:
-        return {}
+    score, score_params = terms.score_sql("m.search_vector")
     cursor.execute(
-        """
-        SELECT id, 1 - (embedding <=> %s::vector) FROM message
+        f"""
+        SELECT id, score FROM (
+            SELECT m.id, {score} AS score FROM message m
+            WHERE m.search_vector @@ to_tsquery('simple', %s) AND {scope.sql}
+            LIMIT %s
+        ) matches
+        ORDER BY score DESC LIMIT %s
+        """,
+        [*score_params, terms.match_sql(), *scope.params, KEYWORD_MATCH_CAP, limit],
+    )
+    return {message_id: float(value) for message_id, value in cursor.fetchall()}
+
+
+def _semantic_candidates_and_fills(
+    cursor, scope: _Scope, query_vector: str, model: str, limit: int, terms: Terms, keyword: dict
+) -> tuple[dict, dict]:
+    """Hybrid, in one round trip: the semantic candidates with their keyword scores, and the
+    similarity of the keyword candidates the semantic list missed."""
+    _hnsw_settings(cursor, limit)
+    score, score_params = terms.score_sql("search_vector")
+    cursor.execute(
+        f"""
+        SELECT id, similarity, {score} FROM (
+            SELECT m.id, m.search_vector, 1 - (m.embedding <=> %s::vector) AS similarity
+            FROM message m
+            WHERE m.embedding IS NOT NULL AND m.embedding_model = %s AND {scope.sql}
+            ORDER BY m.embedding <=> %s::vector
+            LIMIT %s
+        ) nearest
+        UNION ALL
+        SELECT id, 1 - (embedding <=> %s::vector), NULL FROM message
         WHERE id = ANY(%s) AND embedding IS NOT NULL AND embedding_model = %s
         """,
-        [query_vector, list(ids), model],
+        [
+            *score_params,
+            query_vector,
+            model,
+            *scope.params,
+            query_vector,
+            limit,
+            query_vector,
+            list(keyword),
+            model,
+        ],
     )
-    return dict(cursor.fetchall())
+    semantic, keyword = {}, dict(keyword)
+    for message_id, similarity, keyword_score in cursor.fetchall():
+        semantic[message_id] = similarity
+        if keyword_score is not None:
+            keyword.setdefault(message_id, float(keyword_score))
+    return semantic, keyword
 
 
 def _normalised(scores: dict, ids) -> dict:
@@ -288,26 +308,32 @@ def search_messages(
     )
     candidates = max(MIN_CANDIDATES, CANDIDATES_PER_RESULT * top_k)
     backend = configured_backend()
-    query_vector = None
+    # The query is embedded on another thread while the keyword search runs here (the model
+    # releases the GIL): the two slowest steps of a hybrid search overlap.
+    embedding = None
     if mode in ("hybrid", "semantic"):
-        query_vector = _vector_literal(backend.embed([query])[0])
+        embedding = _QUERY_EMBEDDER.submit(backend.embed, [query])
     with transaction.atomic(), connection.cursor() as cursor:
-        semantic, keyword = {}, {}
-        if mode in ("hybrid", "semantic"):
-            semantic = _semantic_candidates(cursor, scope, query_vector, backend.model, candidates)
-        if mode in ("hybrid", "keyword"):
-            terms = _query_terms(cursor, query)
-            keyword = _keyword_candidates(cursor, scope, terms, candidates)
-        if mode == "hybrid":
-            keyword.update(_keyword_scores_of(cursor, set(semantic) - set(keyword), terms))
-            semantic.update(
-                _similarities_of(cursor, set(keyword) - set(semantic), query_vector, backend.model)
-            )
-            scores = _with_neighbours(cursor, fuse(semantic, keyword), top_k)
+        terms = _query_terms(cursor, query) if mode != "semantic" else Terms({}, [])
+        keyword = (
+            _keyword_candidates(cursor, scope, terms, candidates) if mode != "semantic" else {}
+        )
+        if embedding is None:
+            scores = keyword
         else:
-            scores = semantic or keyword
+            vector = vector_literal(embedding.result()[0])
+            if mode == "semantic":
+                scores = _semantic_candidates(cursor, scope, vector, backend.model, candidates)
+            else:
+                semantic, keyword = _semantic_candidates_and_fills(
+                    cursor, scope, vector, backend.model, candidates, terms, keyword
+                )
+                scores = _with_neighbours(cursor, fuse(semantic, keyword), top_k)
     ranked = sorted(scores.items(), key=lambda item: (-item[1], str(item[0])))[:top_k]
     return _hits(ranked, query)
+
+
+_QUERY_EMBEDDER = ThreadPoolExecutor(max_workers=4, thread_name_prefix="query-embedding")
 
 
 def _hits(ranked: list[tuple], query: str) -> list[SearchHit]:

@@ -13,16 +13,25 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from conversations.models import Channel, Conversation, Message
-from search.embeddings import EmbeddingBackend, configured_backend, embedding_text
+from search.embeddings import (
+    EmbeddingBackend,
+    configured_backend,
+    embedding_text,
+    vector_literal,
+)
 
 logger = logging.getLogger(__name__)
 
 EMBED_BATCH = 256
 
-_UPDATE_VECTOR = """
-UPDATE message SET embedding = %s::vector, embedding_model = %s, embedded_at = %s
-WHERE id = %s {only_pending}
-RETURNING id
+# One statement for a whole batch; the condition on embedded_at makes a racing worker's
+# second write (and a second count of the same words) impossible.
+_UPDATE_VECTORS = """
+UPDATE message AS m
+SET embedding = v.embedding::vector, embedding_model = %s, embedded_at = %s
+FROM unnest(%s::uuid[], %s::text[]) AS v(id, embedding)
+WHERE m.id = v.id {only_pending}
+RETURNING m.id
 """
 
 # Adds the lexemes of newly embedded messages to the keyword statistics. Lexemes are taken
@@ -62,26 +71,27 @@ def embed_messages(
         return 0
     vectors = backend.embed([embedding_text(author, content) for _, author, content, _, _ in rows])
     now = timezone.now()
-    sql = _UPDATE_VECTOR.format(only_pending="" if force else "AND embedded_at IS NULL")
-    written = []
+    sql = _UPDATE_VECTORS.format(only_pending="" if force else "AND m.embedded_at IS NULL")
     with transaction.atomic(), connection.cursor() as cursor:
-        for (message_id, *_), vector in zip(rows, vectors, strict=True):
-            cursor.execute(sql, [_vector_literal(vector), backend.model, now, message_id])
-            if cursor.fetchone():
-                written.append(message_id)
+        cursor.execute(
+            sql,
+            [
+                backend.model,
+                now,
+                [message_id for message_id, *_ in rows],
+                [vector_literal(vector) for vector in vectors],
+            ],
+        )
+        written = {message_id for (message_id,) in cursor.fetchall()}
         if written and not force:
-            cursor.execute(_COUNT_TERMS, [written])
-            cursor.execute(_COUNT_CORPUS, [written])
+            cursor.execute(_COUNT_TERMS, [list(written)])
+            cursor.execute(_COUNT_CORPUS, [list(written)])
         summarized = {
             c for m, _, _, channel, c in rows if channel == Channel.SUMMARY and m in written
         }
         if summarized:
             Conversation.objects.filter(id__in=summarized).update(vectorized_at=now)
     return len(written)
-
-
-def _vector_literal(vector) -> str:
-    return "[" + ",".join(f"{x:.7g}" for x in vector) + "]"
 
 
 def pending_message_ids(*, older_than_seconds: float = 0, limit: int = EMBED_BATCH) -> list:
