@@ -150,6 +150,7 @@ def summary_create(
     summary: str,
     until_message: Message,
     summarized_at: datetime,
+    author_name: str | None = None,
 ) -> Message:
     """An agent's summary of the view up to ``until_message``: a SUMMARY message that agents
     see in place of what it covers, and the conversation's new title."""
@@ -159,6 +160,7 @@ def summary_create(
         messages=[
             NewMessage(
                 content=summary,
+                author_name=author_name,
                 role=Role.SYSTEM,
                 channel=Channel.SUMMARY,
                 visibility=Visibility.AGENT,

@@ -202,6 +202,7 @@ class SummariesView(AgentApiView):
             summary=data["summary"],
             until_message=_in_view(conversation, data["untilMessageId"], "untilMessageId"),
             summarized_at=data["summarizedAt"],
+            author_name=request.agent.name,
         )
         return Response(MessageOut(message).data, status=201)
 

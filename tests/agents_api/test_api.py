@@ -389,6 +389,7 @@ def test_after_a_summary_the_context_is_the_summary_then_later_messages(api, hel
     assert summary.status_code == 201
     assert summary.json()["channel"] == "summary"
     assert summary.json()["visibility"] == "agent"
+    assert summary.json()["authorName"] == "helper"
     assert summary.json()["metadata"] == {
         "untilMessageId": stored[2]["id"],
         "summarizedAt": "2026-11-01T10:00:00Z",
