@@ -52,6 +52,10 @@ MIN_CANDIDATES = 30
 # by what they have in common with the query, at a cost proportional to their number.
 KEYWORD_MATCH_CAP = 500
 HNSW_EF_SEARCH = 100
+# Below this many messages in scope (a user who sees little, or one conversation), the
+# exact distance to each is cheaper than walking the HNSW graph past everything filtered
+# out, and it finds the true nearest.
+EXACT_SEARCH_BELOW = 3000
 
 
 def pending_embedding_count() -> int:
@@ -72,14 +76,33 @@ class _Scope:
     params: list
 
 
+_VISIBLE_SQL: dict[int, str] = {}
+
+
+def _visible_conversations_sql(principal: Principal) -> tuple[str, tuple]:
+    """The SQL of ``conversations_visible_to(principal)`` (ids only) and its parameters.
+
+    Compiling the queryset costs more than running it, and its text depends only on how
+    many memberships the principal needs, so the text is kept once its parameters are
+    known to be exactly those member ids.
+    """
+    members = tuple(principal.member_ids)
+    cached = _VISIBLE_SQL.get(len(members))
+    if cached is not None:
+        return cached, members
+    sql, params = conversations_visible_to(principal).values("id").query.sql_with_params()
+    if tuple(params) == members:
+        _VISIBLE_SQL[len(members)] = sql
+    return sql, params
+
+
 def _scope(principal: Principal, *, for_agent: bool, conversation_ids, before_message_id) -> _Scope:
     """The SQL condition (on alias ``m``) of the messages the principal may find.
 
     Visibility is ``conversations_visible_to``; a fork's inherited messages belong to the
     conversation that owns them and are found there, once.
     """
-    visible = conversations_visible_to(principal).values("id")
-    visible_sql, visible_params = visible.query.sql_with_params()
+    visible_sql, visible_params = _visible_conversations_sql(principal)
     clauses = [f"m.conversation_id IN ({visible_sql})"]
     params = list(visible_params)
     if not for_agent:
@@ -105,22 +128,31 @@ def _scope(principal: Principal, *, for_agent: bool, conversation_ids, before_me
     return _Scope(" AND ".join(clauses), params)
 
 
-def _hnsw_settings(cursor, limit: int) -> None:
+def _nearest_order(cursor, scope: _Scope, limit: int) -> str:
+    """The ORDER BY for the nearest vectors: the HNSW index for a large scope, exact
+    distances for a small one (``EXACT_SEARCH_BELOW``)."""
+    cursor.execute(
+        f"SELECT count(*) FROM (SELECT 1 FROM message m WHERE {scope.sql} LIMIT %s) s",
+        [*scope.params, EXACT_SEARCH_BELOW],
+    )
+    if cursor.fetchone()[0] < EXACT_SEARCH_BELOW:
+        return "(m.embedding <=> %s::vector) + 0"  # an expression the index cannot serve
     # pgvector 0.8: keep scanning the graph when access filters drop the nearest rows.
     cursor.execute(
         "SET LOCAL hnsw.iterative_scan = relaxed_order; "
         f"SET LOCAL hnsw.ef_search = {max(HNSW_EF_SEARCH, int(limit))}"
     )
+    return "m.embedding <=> %s::vector"
 
 
 def _semantic_candidates(cursor, scope: _Scope, query_vector: str, model: str, limit: int):
-    _hnsw_settings(cursor, limit)
+    order = _nearest_order(cursor, scope, limit)
     cursor.execute(
         f"""
         SELECT m.id, 1 - (m.embedding <=> %s::vector) AS similarity
         FROM message m
         WHERE m.embedding IS NOT NULL AND m.embedding_model = %s AND {scope.sql}
-        ORDER BY m.embedding <=> %s::vector
+        ORDER BY {order}
         LIMIT %s
         """,
         [query_vector, model, *scope.params, query_vector, limit],
@@ -205,7 +237,7 @@ def _semantic_candidates_and_fills(
 ) -> tuple[dict, dict]:
     """Hybrid, in one round trip: the semantic candidates with their keyword scores, and the
     similarity of the keyword candidates the semantic list missed."""
-    _hnsw_settings(cursor, limit)
+    order = _nearest_order(cursor, scope, limit)
     score, score_params = terms.score_sql("search_vector")
     cursor.execute(
         f"""
@@ -213,7 +245,7 @@ def _semantic_candidates_and_fills(
             SELECT m.id, m.search_vector, 1 - (m.embedding <=> %s::vector) AS similarity
             FROM message m
             WHERE m.embedding IS NOT NULL AND m.embedding_model = %s AND {scope.sql}
-            ORDER BY m.embedding <=> %s::vector
+            ORDER BY {order}
             LIMIT %s
         ) nearest
         UNION ALL

@@ -3,6 +3,7 @@
 import pytest
 
 from conversations.models import Channel, Message, Visibility
+from search import selectors
 from search.models import TermStat
 from search.services import embed_messages, embed_pending
 from tests.agents_api.conftest import make_agent
@@ -21,6 +22,13 @@ def search(api, persona, query, **body):
 
 def contents(results):
     return [r["message"]["content"] for r in results]
+
+
+@pytest.fixture(params=["exact", "hnsw"])
+def nearest(request, monkeypatch):
+    """Run a test with each way of finding the nearest vectors (see EXACT_SEARCH_BELOW)."""
+    monkeypatch.setattr(selectors, "EXACT_SEARCH_BELOW", 10**9 if request.param == "exact" else 0)
+    return request.param
 
 
 @pytest.fixture
@@ -44,7 +52,7 @@ def test_keywords_find_a_message_before_it_is_embedded(api, alice, pets):
     assert search(api, alice, "dog", mode="semantic") == []
 
 
-def test_after_embedding_meaning_finds_it_without_shared_words(api, alice, pets):
+def test_after_embedding_meaning_finds_it_without_shared_words(api, alice, pets, nearest):
     embed_pending()
     results = search(api, alice, "new dog", mode="semantic")
     assert contents(results)[0] == "I adopted a puppy named Rex last week"
@@ -72,7 +80,7 @@ def test_top_k_and_the_documented_result_shape(api, alice, pets):
     assert len(search(api, alice, "the")) <= 5  # the default topK
 
 
-def test_strangers_find_nothing_and_members_find_it(api, alice, bob, charlie, pets):
+def test_strangers_find_nothing_and_members_find_it(api, alice, bob, charlie, pets, nearest):
     embed_pending()
     assert search(api, charlie, "puppy") == []
     assert search(api, bob, "puppy") == []
@@ -83,7 +91,7 @@ def test_strangers_find_nothing_and_members_find_it(api, alice, bob, charlie, pe
     assert search(api, bob, "puppy", mode="semantic") == []
 
 
-def test_users_never_find_agent_only_messages_but_agents_do(api, alice):
+def test_users_never_find_agent_only_messages_but_agents_do(api, alice, nearest):
     agent = make_agent("finder")
     conversation = ConversationFactory(group__owner=alice.id)
     MembershipFactory(
@@ -112,7 +120,7 @@ def test_users_never_find_agent_only_messages_but_agents_do(api, alice):
     assert api.post("/v1/agent/search/messages", {"query": "zebra"}, as_=rival).json()["data"] == []
 
 
-def test_fork_inherited_messages_appear_once_under_their_own_conversation(api, alice):
+def test_fork_inherited_messages_appear_once_under_their_own_conversation(api, alice, nearest):
     root = ConversationFactory(group__owner=alice.id)
     shared = MessageFactory(conversation=root, content="giraffe facts")
     after = MessageFactory(conversation=root, content="giraffe after the fork")
