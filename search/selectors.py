@@ -54,8 +54,10 @@ KEYWORD_MATCH_CAP = 500
 HNSW_EF_SEARCH = 100
 # Below this many messages in scope (a user who sees little, or one conversation), the
 # exact distance to each is cheaper than walking the HNSW graph past everything filtered
-# out, and it finds the true nearest.
+# out, and it finds the true nearest. Messages are only counted when the principal sees
+# few conversations, so a principal who sees many pays nothing for the check.
 EXACT_SEARCH_BELOW = 3000
+FEW_CONVERSATIONS = 20
 
 
 def pending_embedding_count() -> int:
@@ -74,6 +76,8 @@ class SearchHit:
 class _Scope:
     sql: str
     params: list
+    visible_sql: str  # the conversations the principal may see (ids)
+    visible_params: tuple
 
 
 _VISIBLE_SQL: dict[int, str] = {}
@@ -125,15 +129,28 @@ def _scope(principal: Principal, *, for_agent: bool, conversation_ids, before_me
             raise InvalidInput.for_field("before", "no such message")
         clauses.append("m.seq < %s")
         params.append(before)
-    return _Scope(" AND ".join(clauses), params)
+    return _Scope(" AND ".join(clauses), params, visible_sql, tuple(visible_params))
 
 
 def _nearest_order(cursor, scope: _Scope, limit: int) -> str:
     """The ORDER BY for the nearest vectors: the HNSW index for a large scope, exact
     distances for a small one (``EXACT_SEARCH_BELOW``)."""
     cursor.execute(
-        f"SELECT count(*) FROM (SELECT 1 FROM message m WHERE {scope.sql} LIMIT %s) s",
-        [*scope.params, EXACT_SEARCH_BELOW],
+        f"""
+        SELECT CASE
+            WHEN (SELECT count(*) FROM (SELECT 1 FROM ({scope.visible_sql}) v LIMIT %s) c) > %s
+            THEN %s
+            ELSE (SELECT count(*) FROM (SELECT 1 FROM message m WHERE {scope.sql} LIMIT %s) s)
+        END
+        """,
+        [
+            *scope.visible_params,
+            FEW_CONVERSATIONS + 1,
+            FEW_CONVERSATIONS,
+            EXACT_SEARCH_BELOW,
+            *scope.params,
+            EXACT_SEARCH_BELOW,
+        ],
     )
     if cursor.fetchone()[0] < EXACT_SEARCH_BELOW:
         return "(m.embedding <=> %s::vector) + 0"  # an expression the index cannot serve
