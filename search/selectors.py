@@ -3,12 +3,14 @@
 Two retrievers run in PostgreSQL, each over the principal's scope only:
 
 - semantic: cosine distance on the HNSW index of ``message.embedding`` (pgvector 0.8's
-  iterative scan keeps looking when access filters reject the nearest rows);
+  iterative scan keeps looking when access filters reject the nearest rows), or exact
+  distances when the scope is small (``EXACT_SEARCH_BELOW``);
 - keyword: the GIN-indexed ``search_vector``, matched with the query's rarest words and
   ranked by BM25 (PostgreSQL's ``ts_rank`` ignores how rare a word is; BM25 weighs it by
   the corpus statistics of ``search.models``).
 
-Hybrid search takes the candidates of both, scores every candidate by both measures
+The query is embedded on a thread while the keyword search runs. Hybrid search takes the
+candidates of both, scores every candidate by both measures
 (so a message found by one retriever is not penalised for missing from the other's short
 list), normalises each measure over the candidates, and adds them with fixed weights. A
 conversation is a sequence: the turn next to a good match is often the answer, so a
@@ -134,14 +136,18 @@ def _scope(principal: Principal, *, for_agent: bool, conversation_ids, before_me
 
 def _nearest_order(cursor, scope: _Scope, limit: int) -> str:
     """The ORDER BY for the nearest vectors: the HNSW index for a large scope, exact
-    distances for a small one (``EXACT_SEARCH_BELOW``)."""
+    distances for a small one (``EXACT_SEARCH_BELOW``). One round trip, which also sets the
+    index's scan for this transaction (pgvector 0.8: keep scanning the graph when access
+    filters drop the nearest rows)."""
     cursor.execute(
         f"""
         SELECT CASE
             WHEN (SELECT count(*) FROM (SELECT 1 FROM ({scope.visible_sql}) v LIMIT %s) c) > %s
             THEN %s
             ELSE (SELECT count(*) FROM (SELECT 1 FROM message m WHERE {scope.sql} LIMIT %s) s)
-        END
+        END,
+        set_config('hnsw.iterative_scan', 'relaxed_order', true),
+        set_config('hnsw.ef_search', %s, true)
         """,
         [
             *scope.visible_params,
@@ -150,15 +156,11 @@ def _nearest_order(cursor, scope: _Scope, limit: int) -> str:
             EXACT_SEARCH_BELOW,
             *scope.params,
             EXACT_SEARCH_BELOW,
+            str(max(HNSW_EF_SEARCH, int(limit))),
         ],
     )
     if cursor.fetchone()[0] < EXACT_SEARCH_BELOW:
         return "(m.embedding <=> %s::vector) + 0"  # an expression the index cannot serve
-    # pgvector 0.8: keep scanning the graph when access filters drop the nearest rows.
-    cursor.execute(
-        "SET LOCAL hnsw.iterative_scan = relaxed_order; "
-        f"SET LOCAL hnsw.ef_search = {max(HNSW_EF_SEARCH, int(limit))}"
-    )
     return "m.embedding <=> %s::vector"
 
 
