@@ -247,6 +247,13 @@ def conversation_context(
     return ContextPage(messages=head + rows[:remaining], has_more=len(rows) > remaining)
 
 
+def messages_in_view(conversation: Conversation, message_ids) -> list[Message]:
+    """Those of ``message_ids`` that are in the conversation's view (any channel)."""
+    if not message_ids:
+        return []
+    return list(conversation_messages(conversation, for_agent=True).filter(id__in=message_ids))
+
+
 def message_in_view(conversation: Conversation, message_id) -> Message:
     """A message of the conversation's view (any channel); 404 otherwise."""
     try:

@@ -99,6 +99,19 @@ def _in_view(conversation, message_id, field: str):
         raise InvalidInput.for_field(field, "not a message of this conversation") from None
 
 
+def _parents_in_view(conversation, items: list[dict]) -> dict:
+    """The messages named as parents, in one query; 400 naming the first that is not in the
+    conversation's view."""
+    wanted = {item["parentMessageId"] for item in items if item.get("parentMessageId")}
+    found = {m.id: m for m in selectors.messages_in_view(conversation, wanted)}
+    for index, item in enumerate(items):
+        if item.get("parentMessageId") and item["parentMessageId"] not in found:
+            raise InvalidInput.for_field(
+                f"messages[{index}].parentMessageId", "not a message of this conversation"
+            )
+    return found
+
+
 class MessagesView(AgentApiView):
     @agent_operation(
         "agentAppendMessages",
@@ -118,9 +131,9 @@ class MessagesView(AgentApiView):
             request.principal, conversation_id, need=AccessLevel.WRITER
         )
         data = s.BulkMessagesIn.parse(request.data)
+        parents = _parents_in_view(conversation, data["messages"])
         new_messages = []
-        for index, item in enumerate(data["messages"]):
-            parent_id = item.get("parentMessageId")
+        for item in data["messages"]:
             author = item.get("authorName") or (
                 request.principal.on_behalf_of or conversation.owner_id
                 if item["role"] == Role.USER
@@ -134,11 +147,7 @@ class MessagesView(AgentApiView):
                     visibility=item["visibility"],
                     metadata=item.get("metadata", {}),
                     author_name=author,
-                    parent_message=_in_view(
-                        conversation, parent_id, f"messages[{index}].parentMessageId"
-                    )
-                    if parent_id
-                    else None,
+                    parent_message=parents.get(item.get("parentMessageId")),
                     created_at=item.get("createdAt"),
                 )
             )

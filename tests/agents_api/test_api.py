@@ -480,3 +480,25 @@ def test_created_at_in_the_past_is_kept(api, helper):
         api, helper, conversation["id"], {"role": "user", "content": "x", "createdAt": long_ago}
     )
     assert response.status_code == 201
+
+
+def test_parents_of_a_bulk_append_are_looked_up_in_one_query(api, helper):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    conversation = agent_conversation(api, helper)
+    [root] = append(api, helper, conversation["id"], {"role": "user", "content": "root"}).json()[
+        "data"
+    ]
+
+    def replies(count):
+        return [
+            {"role": "assistant", "content": f"reply {i}", "parentMessageId": root["id"]}
+            for i in range(count)
+        ]
+
+    with CaptureQueriesContext(connection) as few:
+        assert append(api, helper, conversation["id"], *replies(2)).status_code == 201
+    with CaptureQueriesContext(connection) as many:
+        assert append(api, helper, conversation["id"], *replies(60)).status_code == 201
+    assert len(many) == len(few)
