@@ -55,13 +55,7 @@ def principal_for_key(api_key: ApiKey, on_behalf_of: str | None) -> Principal:
             raise InvalidInput.for_field(ON_BEHALF_HEADER, "must be a user id")
         if on_behalf_of.startswith(AGENT_PRINCIPAL_PREFIX):
             raise InvalidInput.for_field(ON_BEHALF_HEADER, "an agent acts for users, not agents")
-    return Principal(
-        id=api_key.agent.principal_id,
-        kind="agent",
-        scopes=scopes,
-        agent_id=str(api_key.agent_id),
-        on_behalf_of=on_behalf_of,
-    )
+    return Principal.for_agent(api_key.agent_id, scopes=scopes, on_behalf_of=on_behalf_of)
 
 
 class ApiKeyAuthentication(BaseAuthentication):

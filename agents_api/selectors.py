@@ -40,3 +40,19 @@ def memory_block(agent: Agent, *, user_id: str, label: str) -> MemoryBlock:
 
 def memory_block_revisions(block: MemoryBlock) -> list[MemoryBlockRevision]:
     return list(block.revisions.order_by("-created_at", "-id"))
+
+
+LOCAL_OWNER = "local"  # owner_principal of the local compatibility API's agents
+
+
+def local_agent(caller_agent: Agent | None, name: str) -> Agent:
+    """The named agent of the local API, as a caller may reach it: a loopback caller in
+    local mode (``caller_agent`` None) reaches every local agent, a key only its own agent.
+    404 otherwise."""
+    if caller_agent is not None:
+        agent = caller_agent if caller_agent.name == name else None
+    else:
+        agent = Agent.objects.filter(owner_principal=LOCAL_OWNER, name=name).first()
+    if agent is None:
+        raise NotFound("Agent not found")
+    return agent

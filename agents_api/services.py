@@ -13,7 +13,7 @@ from agents_api.models import (
     MemoryBlockRevision,
     Scope,
 )
-from conversations.models import Message
+from conversations.models import Message, Role
 from conversations.services import NewMessage, conversation_create, messages_append
 from memsvc.api.errors import Conflict, Forbidden, InvalidInput
 from memsvc.api.principals import Principal
@@ -196,8 +196,6 @@ def agent_messages_append(
 
 # --- the local compatibility API -------------------------------------------------------------
 
-LOCAL_OWNER = "local"
-
 
 @transaction.atomic
 def local_conversation_for(agent: Agent):
@@ -208,11 +206,29 @@ def local_conversation_for(agent: Agent):
     """
     agent = Agent.objects.select_for_update().get(pk=agent.pk)
     if agent.local_conversation_id is None:
-        conversation = conversation_create(
-            Principal(id=agent.principal_id, kind="agent", agent_id=str(agent.id)),
+        agent.local_conversation = conversation_create(
+            Principal.for_agent(agent.id),
             title=f"{agent.name} (local)",
             metadata={"local_agent": agent.name},
         )
-        agent.local_conversation = conversation
         agent.save(update_fields=["local_conversation"])
     return agent.local_conversation
+
+
+@transaction.atomic
+def local_message_append(
+    agent: Agent, *, role: str, content: str, metadata: dict | None = None
+) -> Message:
+    """A message of the local compatibility API, in the agent's own conversation. One
+    transaction: a refused message leaves no conversation made for it."""
+    speaker = {Role.USER: "user", Role.ASSISTANT: agent.name, Role.SYSTEM: "system"}
+    [message] = messages_append(
+        Principal.for_agent(agent.id),
+        conversation=local_conversation_for(agent),
+        messages=[
+            NewMessage(
+                content=content, role=role, metadata=metadata or {}, author_name=speaker[role]
+            )
+        ],
+    )
+    return message

@@ -260,10 +260,10 @@ def message_in_view(conversation: Conversation, message_id) -> Message:
         message_id = uuid.UUID(str(message_id))
     except ValueError:
         raise NotFound("message not found") from None
-    message = conversation_messages(conversation, for_agent=True).filter(id=message_id).first()
-    if message is None:
+    found = messages_in_view(conversation, [message_id])
+    if not found:
         raise NotFound("message not found")
-    return message
+    return found[0]
 
 
 def history_message_before(conversation: Conversation, message: Message) -> Message | None:

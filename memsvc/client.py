@@ -113,13 +113,24 @@ class _MemoryServer:
     def __init__(self, url: str, api_key: str | None):
         self.url = url.rstrip("/")
         self.headers = {"X-API-Key": api_key} if api_key else {}
+        # Every model call makes two or three memory calls: one keep-alive connection for
+        # the whole block, not a new one each time. (Async calls open a client per call: an
+        # AsyncClient belongs to the event loop that made it.)
+        self._client: httpx.Client | None = None
 
     def _request(self, method: str, path: str, body=None):
-        response = httpx.request(
-            method, self.url + path, json=body, headers=self.headers, timeout=TIMEOUT_SECONDS
-        )
+        if self._client is None:
+            self._client = httpx.Client(
+                base_url=self.url, headers=self.headers, timeout=TIMEOUT_SECONDS
+            )
+        response = self._client.request(method, path, json=body)
         response.raise_for_status()
         return response.json()
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
 
     async def _arequest(self, method: str, path: str, body=None):
         async with httpx.AsyncClient(timeout=TIMEOUT_SECONDS, headers=self.headers) as client:
@@ -338,7 +349,11 @@ class learning:
     # with / async with
 
     def __enter__(self):
-        self.server.check(self.agent)
+        try:
+            self.server.check(self.agent)
+        except BaseException:
+            self.server.close()
+            raise
         with _lock:
             if not _active:
                 _patch()
@@ -351,6 +366,7 @@ class learning:
                 _active.remove(self)
             if not _active:
                 _unpatch()
+        self.server.close()
         return False
 
     async def __aenter__(self):

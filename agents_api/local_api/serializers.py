@@ -5,7 +5,6 @@ from rest_framework import serializers
 
 from agents_api.models import Agent, MemoryBlock
 from conversations.models import Message, Role
-from memsvc.api.errors import InvalidInput
 from memsvc.api.fields import InputSerializer, MessageContentField, MetadataField, TextField
 
 
@@ -64,18 +63,6 @@ def validation_detail(detail, path=("body",)) -> list[dict]:
             }
         )
     return issues
-
-
-def parse_limit(raw: str | None, *, default: int, maximum: int) -> int:
-    if raw is None or raw == "":
-        return default
-    try:
-        limit = int(raw)
-    except ValueError:
-        raise InvalidInput.for_field("limit", "must be an integer") from None
-    if not 1 <= limit <= maximum:
-        raise InvalidInput.for_field("limit", f"must be between 1 and {maximum}")
-    return limit
 
 
 class LocalInput(InputSerializer):

@@ -3,7 +3,7 @@
 Clients written for the seed's FastAPI server work unchanged: the same paths, snake_case
 fields, status codes and ``{"detail": ...}`` errors (422 naming the field). Storage is the
 platform's: a local agent is an ``Agent``, its messages live in a conversation of its own
-(``services.local_conversation_for``), its blocks are its memory blocks, and every
+(``services.local_message_append``), its blocks are its memory blocks, and every
 operation goes through the same services and selectors as the ``/v1`` APIs.
 
 Auth: in local mode, requests from a loopback address need no key and reach every local
@@ -24,9 +24,9 @@ from agents_api import services as agent_services
 from agents_api.authentication import ApiKeyAuthentication
 from agents_api.local_api import serializers as s
 from agents_api.models import Agent
-from conversations.models import Message, Role
-from conversations.services import NewMessage, messages_append
+from conversations.selectors import conversation_messages
 from memsvc.api.errors import ApiError, InvalidInput, NotFound
+from memsvc.api.pagination import parse_limit
 from memsvc.api.principals import Principal
 from search.selectors import search_messages
 
@@ -40,10 +40,7 @@ class LocalCaller:
     is_authenticated = True
 
     def __init__(self, agent: Agent | None):
-        self.agent = agent  # None: a loopback caller in local mode
-
-    def reaches(self, agent: Agent) -> bool:
-        return self.agent is None or self.agent.pk == agent.pk
+        self.agent = agent  # None: a loopback caller in local mode (see selectors.local_agent)
 
 
 class LocalAuthentication(BaseAuthentication):
@@ -92,25 +89,7 @@ class LocalView(APIView):
 
 
 def _agent(request, name: str) -> Agent:
-    """The named local agent, if the caller may reach it; 404 otherwise."""
-    caller = request.user
-    agent = (
-        caller.agent
-        if caller.agent is not None and caller.agent.name == name
-        else Agent.objects.filter(owner_principal=agent_services.LOCAL_OWNER, name=name).first()
-    )
-    if agent is None or not caller.reaches(agent):
-        raise NotFound("Agent not found")
-    return agent
-
-
-def _as_agent(agent: Agent) -> Principal:
-    return Principal(
-        id=agent.principal_id,
-        kind="agent",
-        scopes=frozenset({"read", "write"}),
-        agent_id=str(agent.id),
-    )
+    return agent_selectors.local_agent(request.user.agent, name)
 
 
 def _search(agent: Agent, query: str, limit: int) -> list[dict]:
@@ -118,7 +97,7 @@ def _search(agent: Agent, query: str, limit: int) -> list[dict]:
     if agent.local_conversation_id is None:
         return []
     hits = search_messages(
-        _as_agent(agent),
+        Principal.for_agent(agent.id),
         query=query,
         top_k=limit,
         conversation_ids=[agent.local_conversation_id],
@@ -160,7 +139,7 @@ class AgentsView(LocalView):
             # A key's only agent is its own: "create or return" returns it by name.
             return Response(s.agent_out(_agent(request, data["name"])))
         agent, _ = agent_services.agent_get_or_create(
-            owner_principal=agent_services.LOCAL_OWNER,
+            owner_principal=agent_selectors.LOCAL_OWNER,
             name=data["name"],
             metadata=data.get("metadata") or {},
         )
@@ -175,15 +154,11 @@ class AgentView(LocalView):
 
 def _list_messages(request, agent_name: str) -> Response:
     agent = _agent(request, agent_name)
-    limit = s.parse_limit(request.query_params.get("limit"), default=100, maximum=MAX_LIST_LIMIT)
-    if agent.local_conversation_id is None:
+    limit = parse_limit(request.query_params.get("limit"), default=100, maximum=MAX_LIST_LIMIT)
+    if agent.local_conversation is None:
         return Response([])
-    messages = (
-        Message.objects.without_search_data()
-        .filter(conversation_id=agent.local_conversation_id)
-        .order_by("-seq")[:limit]
-    )
-    return Response([s.message_out(m, agent) for m in messages])
+    newest_first = conversation_messages(agent.local_conversation, for_agent=True).order_by("-seq")
+    return Response([s.message_out(m, agent) for m in newest_first[:limit]])
 
 
 class MessagesView(LocalView):
@@ -191,19 +166,8 @@ class MessagesView(LocalView):
     def post(self, request):
         data = s.CreateMessageIn.parse(request.data)
         agent = _agent(request, data["agent_name"])
-        conversation = agent_services.local_conversation_for(agent)
-        speaker = {Role.USER: "user", Role.ASSISTANT: agent.name, Role.SYSTEM: "system"}
-        [message] = messages_append(
-            _as_agent(agent),
-            conversation=conversation,
-            messages=[
-                NewMessage(
-                    content=data["content"],
-                    role=data["role"],
-                    metadata=data.get("metadata") or {},
-                    author_name=speaker[data["role"]],
-                )
-            ],
+        message = agent_services.local_message_append(
+            agent, role=data["role"], content=data["content"], metadata=data.get("metadata")
         )
         return Response(s.message_out(message, agent))
 
@@ -235,7 +199,7 @@ class MemoryBlocksView(LocalView):
         data = s.CreateBlockIn.parse(request.data)
         agent = _agent(request, data["agent_name"])
         block = agent_services.memory_block_create(
-            _as_agent(agent), agent=agent, label=data["label"], value=data["value"]
+            Principal.for_agent(agent.id), agent=agent, label=data["label"], value=data["value"]
         )
         return Response(s.block_out(block))
 
@@ -265,7 +229,7 @@ class MemoryBlockView(LocalView):
         agent, block = self._block(request, agent_name, label)
         data = s.UpdateBlockIn.parse(request.data)
         block = agent_services.memory_block_update(
-            _as_agent(agent), block=block, value=data["value"]
+            Principal.for_agent(agent.id), block=block, value=data["value"]
         )
         return Response(s.block_out(block))
 

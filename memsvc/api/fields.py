@@ -11,13 +11,9 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from memsvc.validators import no_nul_characters
+
 METADATA_MAX_BYTES = 16 * 1024
-
-
-def _refuse_nul(value: str) -> str:
-    if "\x00" in value:
-        raise serializers.ValidationError("must not contain NUL characters")
-    return value
 
 
 class TextField(serializers.CharField):
@@ -28,7 +24,7 @@ class TextField(serializers.CharField):
         if not kwargs.get("allow_blank", False):
             kwargs.setdefault("min_length", 1)  # documents in the schema what allow_blank means
         super().__init__(**kwargs)
-        self.validators.append(_refuse_nul)
+        self.validators.append(no_nul_characters)  # the models' own check (DRF reports it as 400)
 
     def to_internal_value(self, data):
         if not isinstance(data, str):

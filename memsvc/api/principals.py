@@ -27,6 +27,22 @@ class Principal:
     def user(cls, user_id: str) -> "Principal":
         return cls(id=user_id, kind="user")
 
+    @classmethod
+    def for_agent(
+        cls,
+        agent_id,
+        *,
+        scopes: frozenset[str] = frozenset({"read", "write"}),
+        on_behalf_of: str | None = None,
+    ) -> "Principal":
+        return cls(
+            id=f"{AGENT_PRINCIPAL_PREFIX}{agent_id}",
+            kind="agent",
+            scopes=scopes,
+            agent_id=str(agent_id),
+            on_behalf_of=on_behalf_of,
+        )
+
     @property
     def member_ids(self) -> tuple[str, ...]:
         """Every principal whose membership a request needs (one, or the agent and its user)."""

@@ -251,3 +251,21 @@ def test_outside_local_mode_even_loopback_needs_a_key(local, settings):
     settings.LOCAL_MODE = False
     assert local.get("/agents/my_agent").status_code == 401
     assert local.get("/health").status_code == 200
+
+
+def test_a_refused_message_leaves_no_conversation_behind(local):
+    """The first message of a local agent makes its conversation and the message in one
+    transaction: when the database refuses the message (here an empty content, which only
+    the database stops at this layer), no empty conversation is left."""
+    from django.db import IntegrityError
+
+    from agents_api.services import local_message_append
+    from conversations.models import Conversation
+
+    make(local)
+    agent = Agent.objects.get(name="my_agent")
+    with pytest.raises(IntegrityError, match="message_content_not_empty"):
+        local_message_append(agent, role="user", content="")
+    assert not Conversation.objects.exists()
+    agent.refresh_from_db()
+    assert agent.local_conversation_id is None

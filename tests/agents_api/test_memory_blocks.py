@@ -8,7 +8,6 @@ from django.db import transaction
 
 from agents_api.models import MemoryBlock, MemoryBlockRevision
 from tests.agents_api.conftest import make_agent
-from tests.factories import MemoryBlockFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -138,10 +137,24 @@ def test_every_change_keeps_a_revision(api, helper):
     assert {r["actor"] for r in revisions} == {helper.agent.principal_id}
 
 
-def test_a_block_of_the_local_api_is_the_same_row(helper):
-    # Blocks are one table for every API: a block made elsewhere is visible here.
-    MemoryBlockFactory(agent=helper.agent, label="shared", value="from elsewhere")
-    assert stored(helper, "shared").value == "from elsewhere"
+def test_the_local_api_and_the_agent_api_share_one_block(api, client, helper):
+    """One table, one service: a block written through the local API (with the agent's key,
+    from another machine) is the block the agent API reads and changes, revisions included."""
+    remote = {"REMOTE_ADDR": "192.0.2.10", "HTTP_X_API_KEY": helper.key}
+    created = client.post(
+        "/memory-blocks",
+        {"agent_name": "helper", "label": "human", "value": "Name: Alice"},
+        content_type="application/json",
+        **remote,
+    )
+    assert created.status_code == 200, created.content
+    assert api.get(f"{BLOCKS}/human", as_=helper).json()["value"] == "Name: Alice"
+
+    api.patch(f"{BLOCKS}/human", {"append": "Likes: tea"}, as_=helper)
+    local = client.get("/memory-blocks/helper/human", **remote).json()
+    assert local["value"] == "Name: Alice\nLikes: tea"
+    revisions = api.get(f"{BLOCKS}/human/revisions", as_=helper).json()["data"]
+    assert [r["value"] for r in revisions] == ["Name: Alice\nLikes: tea", "Name: Alice"]
 
 
 @pytest.mark.django_db(transaction=True)
