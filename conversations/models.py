@@ -257,8 +257,9 @@ class Message(models.Model):
             models.Value("message_seq"), function="nextval", output_field=models.BigIntegerField()
         ),
     )
+    # Indexed by ``message_conversation_seq``, whose first column it is.
     conversation = models.ForeignKey(
-        Conversation, on_delete=models.CASCADE, related_name="messages"
+        Conversation, on_delete=models.CASCADE, related_name="messages", db_index=False
     )
     channel = models.CharField(max_length=16, choices=Channel.choices, default=Channel.HISTORY)
     role = models.CharField(max_length=16, choices=Role.choices)
@@ -271,8 +272,14 @@ class Message(models.Model):
     )
     content = models.TextField(validators=[no_nul_characters])
     metadata = models.JSONField(default=dict, blank=True)
+    # Indexed by ``message_parent`` (replies only: most messages have no parent).
     parent_message = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="replies"
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="replies",
+        db_index=False,
     )
     created_at = models.DateTimeField(default=timezone.now)
 
@@ -307,6 +314,11 @@ class Message(models.Model):
                 m=16,
                 ef_construction=64,
                 opclasses=["vector_cosine_ops"],
+            ),
+            models.Index(
+                fields=["parent_message"],
+                condition=Q(parent_message__isnull=False),
+                name="message_parent",
             ),
             # Keeps the embedding backlog (the sweep, /v1/health) cheap at any table size.
             models.Index(

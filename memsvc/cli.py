@@ -53,10 +53,24 @@ def _gunicorn_command(host: str, port: int) -> list[str]:
     ]
 
 
-def _worker_command(*, beat: bool, extra: list[str] | None = None) -> list[str]:
-    from django.conf import settings
-
+def _worker_processes() -> int:
+    """Worker processes: one per core (at most 4). The model computes fastest with one thread
+    per process, and one process embeds while another waits for PostgreSQL."""
     from memsvc.env import env_int
+
+    return env_int("MEMSVC_WORKER_CONCURRENCY", min(4, os.cpu_count() or 1), minimum=1)
+
+
+def _worker_env(processes: int) -> dict[str, str]:
+    """The worker's share of the cores for each process's model (unless set by hand)."""
+    threads = os.environ.get("MEMSVC_EMBEDDING_THREADS") or str(
+        max(1, (os.cpu_count() or 1) // processes)
+    )
+    return {"MEMSVC_EMBEDDING_THREADS": threads}
+
+
+def _worker_command(*, beat: bool, processes: int, extra: list[str] | None = None) -> list[str]:
+    from django.conf import settings
 
     command = [
         sys.executable,
@@ -68,7 +82,7 @@ def _worker_command(*, beat: bool, extra: list[str] | None = None) -> list[str]:
         "--loglevel",
         "INFO",
         "--concurrency",
-        str(env_int("MEMSVC_WORKER_CONCURRENCY", 1, minimum=1)),
+        str(processes),
     ]
     if settings.CELERY_BROKER_URL.startswith("filesystem://"):
         # The filesystem transport has no broadcast: no worker-to-worker chatter.
@@ -146,7 +160,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             env={"MEMSVC_EMBEDDING_THREADS": os.environ.get("MEMSVC_EMBEDDING_THREADS", "1")},
         )
         if not args.no_worker:
-            supervisor.start(_worker_command(beat=True))
+            processes = _worker_processes()
+            supervisor.start(
+                _worker_command(beat=True, processes=processes), env=_worker_env(processes)
+            )
         print(f"memsvc: serving on http://{host}:{port}", file=sys.stderr, flush=True)
         return supervisor.run()
     finally:
@@ -160,7 +177,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from search.checks import check_embedding_dimension
 
     check_embedding_dimension()
-    supervisor.start(_worker_command(beat=args.beat, extra=args.celery_args))
+    processes = _worker_processes()
+    supervisor.start(
+        _worker_command(beat=args.beat, processes=processes, extra=args.celery_args),
+        env=_worker_env(processes),
+    )
     try:
         return supervisor.run()
     finally:

@@ -73,6 +73,9 @@ def embed_messages(
     now = timezone.now()
     sql = _UPDATE_VECTORS.format(only_pending="" if force else "AND m.embedded_at IS NULL")
     with transaction.atomic(), connection.cursor() as cursor:
+        # A vector can always be made again: if a crash loses this commit, the message is
+        # still waiting and the sweep embeds it. So the worker need not wait for the flush.
+        cursor.execute("SET LOCAL synchronous_commit = off")
         cursor.execute(
             sql,
             [

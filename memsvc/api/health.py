@@ -6,6 +6,7 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from search.embeddings import configured_backend
 from search.selectors import pending_embedding_count
 
 HealthResponse = inline_serializer(
@@ -38,7 +39,7 @@ class HealthView(APIView):
             "status": "ok",
             "database": "embedded" if settings.DATABASE_URL is None else "external",
             "embeddingBackend": settings.MEMORY_EMBEDDING_BACKEND,
-            "embeddingModel": settings.MEMORY_EMBEDDING_MODEL,
+            "embeddingModel": configured_backend().model,
             "embeddingDimension": settings.MEMORY_EMBEDDING_DIMENSION,
             "pendingEmbeddings": None,
         }

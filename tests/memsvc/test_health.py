@@ -22,7 +22,7 @@ def test_health_reports_database_embeddings_and_backlog(client, settings):
         "status": "ok",
         "database": "embedded",
         "embeddingBackend": "local",
-        "embeddingModel": "all-MiniLM-L6-v2",
+        "embeddingModel": "all-MiniLM-L6-v2@int8",
         "embeddingDimension": 384,
         "pendingEmbeddings": 3,
     }

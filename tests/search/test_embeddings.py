@@ -49,14 +49,52 @@ def test_the_local_model_loads_from_the_package_and_embeds():
 
 def test_onnx_runtime_and_torch_give_the_same_vectors(tmp_path):
     texts = ["Caroline: I went to a support group", "short", "a much longer sentence " * 20]
-    onnx = LocalBackend(runtime="onnx", cache_dir=tmp_path)
-    torch = LocalBackend(runtime="torch")
+    onnx = LocalBackend(precision="float32", runtime="onnx", cache_dir=tmp_path)
+    torch = LocalBackend(precision="float32", runtime="torch")
     fast, reference = onnx.embed(texts), torch.embed(texts)
     assert isinstance(onnx._load(), OnnxSentenceEncoder)
     assert list(tmp_path.glob("*.onnx"))  # exported once, from the packaged weights
     assert np.allclose(fast, reference, atol=1e-4)
     # A second backend reuses the exported graph.
-    assert np.allclose(LocalBackend(runtime="onnx", cache_dir=tmp_path).embed(texts), fast)
+    assert np.allclose(
+        LocalBackend(precision="float32", runtime="onnx", cache_dir=tmp_path).embed(texts), fast
+    )
+    assert onnx.model == torch.model == "all-MiniLM-L6-v2"
+
+
+def test_int8_weights_keep_the_vectors_close_and_the_ranking(tmp_path):
+    texts = [
+        "Caroline: I went to a LGBTQ support group yesterday and it was so powerful.",
+        "Melanie: I painted a lake sunrise last year, it's special to me.",
+        "Caroline: I'm keen on counseling or working in mental health.",
+        "Melanie: We went camping in the mountains with the kids.",
+        "Jon: I lost my job as a banker, so I'm starting a dance studio.",
+    ]
+    questions = [
+        "When did Caroline go to the support group?",
+        "What did Melanie paint?",
+        "What career does Caroline want?",
+        "Where did Melanie camp?",
+        "What business is Jon starting?",
+    ]
+    int8 = LocalBackend(cache_dir=tmp_path)
+    reference = LocalBackend(precision="float32", runtime="onnx", cache_dir=tmp_path)
+    assert int8.model == "all-MiniLM-L6-v2@int8"  # stored with its vectors: never mixed
+    quantised, exact = int8.embed(texts), reference.embed(texts)
+    assert len(list(tmp_path.glob("*-int8.onnx"))) == 1
+    cosines = (quantised * exact).sum(axis=1)
+    assert cosines.min() > 0.97, cosines
+    # Each question still finds its own turn first.
+    for backend, turns in ((int8, quantised), (reference, exact)):
+        ranking = (backend.embed(questions) @ turns.T).argmax(axis=1)
+        assert ranking.tolist() == list(range(len(texts)))
+
+
+def test_int8_needs_onnx_runtime():
+    with pytest.raises(ImproperlyConfigured):
+        LocalBackend(runtime="torch")
+    with pytest.raises(ImproperlyConfigured):
+        LocalBackend(precision="float16")
 
 
 def test_the_text_embedded_names_the_speaker():

@@ -40,7 +40,7 @@ def test_a_message_is_embedded_once_its_transaction_commits(
 
     message.refresh_from_db()
     assert message.embedded_at is not None
-    assert message.embedding_model == "all-MiniLM-L6-v2"
+    assert message.embedding_model == "all-MiniLM-L6-v2@int8"
     assert len(message.embedding) == 384
 
 

@@ -100,7 +100,7 @@ def test_a_real_worker_embeds_a_message_through_redis(api, alice, worker):
         message.refresh_from_db()
 
     assert message.embedded_at is not None, log.read_text()
-    assert message.embedding_model == "all-MiniLM-L6-v2"
+    assert message.embedding_model == "all-MiniLM-L6-v2@int8"
     assert "search.embed_messages" in log.read_text()
     found = api.post(
         "/v1/user/search/messages", {"query": "support group", "mode": "semantic"}, as_=alice
