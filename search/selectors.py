@@ -164,8 +164,9 @@ def _nearest_order(cursor, scope: _Scope, limit: int) -> str:
     return "m.embedding <=> %s::vector"
 
 
-def _semantic_candidates(cursor, scope: _Scope, query_vector: str, model: str, limit: int):
-    order = _nearest_order(cursor, scope, limit)
+def _semantic_candidates(
+    cursor, scope: _Scope, order: str, query_vector: str, model: str, limit: int
+):
     cursor.execute(
         f"""
         SELECT m.id, 1 - (m.embedding <=> %s::vector) AS similarity
@@ -252,24 +253,42 @@ def _keyword_candidates(cursor, scope: _Scope, terms: Terms, limit: int) -> dict
 
 
 def _semantic_candidates_and_fills(
-    cursor, scope: _Scope, query_vector: str, model: str, limit: int, terms: Terms, keyword: dict
-) -> tuple[dict, dict]:
-    """Hybrid, in one round trip: the semantic candidates with their keyword scores, and the
-    similarity of the keyword candidates the semantic list missed."""
-    order = _nearest_order(cursor, scope, limit)
+    cursor,
+    scope: _Scope,
+    order: str,
+    query_vector: str,
+    model: str,
+    limit: int,
+    terms: Terms,
+    keyword: dict,
+) -> tuple[dict, dict, dict]:
+    """Hybrid, in one round trip: the semantic candidates with their keyword scores, the
+    similarity of the keyword candidates the semantic list missed, and the messages just
+    before and after each candidate in its conversation (``_with_neighbours``)."""
     score, score_params = terms.score_sql("search_vector")
     cursor.execute(
         f"""
-        SELECT id, similarity, {score} FROM (
-            SELECT m.id, m.search_vector, 1 - (m.embedding <=> %s::vector) AS similarity
-            FROM message m
-            WHERE m.embedding IS NOT NULL AND m.embedding_model = %s AND {scope.sql}
-            ORDER BY {order}
-            LIMIT %s
-        ) nearest
-        UNION ALL
-        SELECT id, 1 - (embedding <=> %s::vector), NULL FROM message
-        WHERE id = ANY(%s) AND embedding IS NOT NULL AND embedding_model = %s
+        SELECT c.id, c.similarity, c.keyword_score,
+               (SELECT p.id FROM message p
+                WHERE p.conversation_id = c.conversation_id AND p.seq < c.seq
+                ORDER BY p.seq DESC LIMIT 1),
+               (SELECT n.id FROM message n
+                WHERE n.conversation_id = c.conversation_id AND n.seq > c.seq
+                ORDER BY n.seq LIMIT 1)
+        FROM (
+            SELECT id, conversation_id, seq, similarity, {score} AS keyword_score FROM (
+                SELECT m.id, m.conversation_id, m.seq, m.search_vector,
+                       1 - (m.embedding <=> %s::vector) AS similarity
+                FROM message m
+                WHERE m.embedding IS NOT NULL AND m.embedding_model = %s AND {scope.sql}
+                ORDER BY {order}
+                LIMIT %s
+            ) nearest
+            UNION ALL
+            SELECT id, conversation_id, seq,
+                   CASE WHEN embedding_model = %s THEN 1 - (embedding <=> %s::vector) END, NULL
+            FROM message WHERE id = ANY(%s)
+        ) c
         """,
         [
             *score_params,
@@ -278,17 +297,19 @@ def _semantic_candidates_and_fills(
             *scope.params,
             query_vector,
             limit,
+            model,
             query_vector,
             list(keyword),
-            model,
         ],
     )
-    semantic, keyword = {}, dict(keyword)
-    for message_id, similarity, keyword_score in cursor.fetchall():
-        semantic[message_id] = similarity
+    semantic, keyword, neighbours = {}, dict(keyword), {}
+    for message_id, similarity, keyword_score, before, after in cursor.fetchall():
+        if similarity is not None:
+            semantic[message_id] = similarity
         if keyword_score is not None:
             keyword.setdefault(message_id, float(keyword_score))
-    return semantic, keyword
+        neighbours[message_id] = (before, after)
+    return semantic, keyword, neighbours
 
 
 def _normalised(scores: dict, ids) -> dict:
@@ -301,35 +322,14 @@ def _normalised(scores: dict, ids) -> dict:
     return {i: ((scores[i] - low) / spread if spread else 1.0) if i in scores else 0.0 for i in ids}
 
 
-_NEIGHBOURS = """
-SELECT c.id,
-       (SELECT p.id FROM message p
-        WHERE p.conversation_id = c.conversation_id AND p.seq < c.seq
-        ORDER BY p.seq DESC LIMIT 1),
-       (SELECT n.id FROM message n
-        WHERE n.conversation_id = c.conversation_id AND n.seq > c.seq
-        ORDER BY n.seq LIMIT 1)
-FROM message c WHERE c.id = ANY(%s)
-"""
-
-
-def _with_neighbours(cursor, scores: dict, top_k: int) -> dict:
+def _with_neighbours(scores: dict, neighbours: dict) -> dict:
     """Each candidate plus ``NEIGHBOUR_WEIGHT`` of its best neighbour's score (the messages
-    just before and after it in its conversation; a neighbour that is no candidate adds 0).
-
-    Only candidates that could still reach the top ``top_k`` are looked at: a boost adds at
-    most ``NEIGHBOUR_WEIGHT`` times the best score, and the ``top_k``-th score only grows.
-    """
-    if not scores:
-        return scores
-    ranked = sorted(scores.values(), reverse=True)
-    floor = ranked[min(top_k, len(ranked)) - 1] - NEIGHBOUR_WEIGHT * ranked[0]
-    contenders = [message_id for message_id, score in scores.items() if score >= floor]
-    cursor.execute(_NEIGHBOURS, [contenders])
+    just before and after it in its conversation; a neighbour that is no candidate adds 0)."""
     return {
-        message_id: scores[message_id]
-        + NEIGHBOUR_WEIGHT * max(scores.get(before, 0.0), scores.get(after, 0.0))
-        for message_id, before, after in cursor.fetchall()
+        message_id: score
+        + NEIGHBOUR_WEIGHT
+        * max(scores.get(neighbour, 0.0) for neighbour in neighbours.get(message_id, (None,)))
+        for message_id, score in scores.items()
     }
 
 
@@ -372,14 +372,17 @@ def search_messages(
         if embedding is None:
             scores = keyword
         else:
+            order = _nearest_order(cursor, scope, candidates)  # while the query embeds
             vector = vector_literal(embedding.result()[0])
             if mode == "semantic":
-                scores = _semantic_candidates(cursor, scope, vector, backend.model, candidates)
-            else:
-                semantic, keyword = _semantic_candidates_and_fills(
-                    cursor, scope, vector, backend.model, candidates, terms, keyword
+                scores = _semantic_candidates(
+                    cursor, scope, order, vector, backend.model, candidates
                 )
-                scores = _with_neighbours(cursor, fuse(semantic, keyword), top_k)
+            else:
+                semantic, keyword, neighbours = _semantic_candidates_and_fills(
+                    cursor, scope, order, vector, backend.model, candidates, terms, keyword
+                )
+                scores = _with_neighbours(fuse(semantic, keyword), neighbours)
     ranked = sorted(scores.items(), key=lambda item: (-item[1], str(item[0])))[:top_k]
     return _hits(ranked, query)
 
