@@ -79,6 +79,18 @@ def conversations_visible_to(principal: Principal) -> QuerySet[Conversation]:
     )
 
 
+def visible_conversation_ids(principal: Principal) -> QuerySet:
+    """The ids of ``conversations_visible_to(principal)``, as a filter: a semi-join on the
+    principal's memberships, without the access level (about half the planning time, which
+    counts in a search that filters three statements by it)."""
+    queryset = Conversation.objects.all()
+    for member_id in principal.member_ids:
+        queryset = queryset.filter(
+            group_id__in=Membership.objects.filter(principal_id=member_id).values("group_id")
+        )
+    return queryset.values("id")
+
+
 def _with_summary_fields(queryset: QuerySet[Conversation]) -> QuerySet[Conversation]:
     """Owner and last message preview, in the same query (no per-row lookups)."""
     last_message = (

@@ -34,7 +34,11 @@ from django.contrib.postgres.search import SearchHeadline, SearchQuery
 from django.db import connection, transaction
 
 from conversations.models import TEXT_SEARCH_CONFIG, Channel, Message, Visibility
-from conversations.selectors import conversation_lineage, conversations_visible_to
+from conversations.selectors import (
+    conversation_lineage,
+    conversations_visible_to,
+    visible_conversation_ids,
+)
 from memsvc.api.errors import InvalidInput
 from memsvc.api.principals import Principal
 from search.embeddings import configured_backend, vector_literal
@@ -86,7 +90,7 @@ _VISIBLE_SQL: dict[int, str] = {}
 
 
 def _visible_conversations_sql(principal: Principal) -> tuple[str, tuple]:
-    """The SQL of ``conversations_visible_to(principal)`` (ids only) and its parameters.
+    """The SQL of ``visible_conversation_ids(principal)`` and its parameters.
 
     Compiling the queryset costs more than running it, and its text depends only on how
     many memberships the principal needs, so the text is kept once its parameters are
@@ -96,7 +100,7 @@ def _visible_conversations_sql(principal: Principal) -> tuple[str, tuple]:
     cached = _VISIBLE_SQL.get(len(members))
     if cached is not None:
         return cached, members
-    sql, params = conversations_visible_to(principal).values("id").query.sql_with_params()
+    sql, params = visible_conversation_ids(principal).query.sql_with_params()
     if tuple(params) == members:
         _VISIBLE_SQL[len(members)] = sql
     return sql, params
