@@ -144,13 +144,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from django.core.management import call_command
 
     from memsvc import embedded_db
-    from search.checks import check_embedding_dimension
+    from search.checks import check_embedding_dimension, warn_about_other_vector_models
 
     host = args.host or settings.MEMORY_SERVER_HOST
     port = args.port or settings.MEMORY_SERVER_PORT
     try:
         call_command("migrate", interactive=False, verbosity=0)
         check_embedding_dimension()
+        warn_about_other_vector_models()
         if supervisor.stopping:
             return 0
         # One embedding thread per web process: a search embeds one short query while the
@@ -174,9 +175,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     supervisor = _Supervisor()
     _setup_django()
-    from search.checks import check_embedding_dimension
+    from search.checks import check_embedding_dimension, warn_about_other_vector_models
 
     check_embedding_dimension()
+    warn_about_other_vector_models()
     processes = _worker_processes()
     supervisor.start(
         _worker_command(beat=args.beat, processes=processes, extra=args.celery_args),

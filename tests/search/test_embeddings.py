@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
-from search.checks import check_embedding_dimension
+from search.checks import check_embedding_dimension, other_vector_models
 from search.embeddings import (
     EmbeddingError,
     LocalBackend,
@@ -16,6 +16,7 @@ from search.embeddings import (
     get_embedding_backend,
 )
 from search.onnx_encoder import OnnxSentenceEncoder
+from tests.factories import MessageFactory
 from tests.local_http import LocalHttpServer, Reply
 
 
@@ -221,3 +222,20 @@ def test_a_model_of_another_width_than_the_column_stops_start_up():
         pytest.raises(ImproperlyConfigured, match=r"768-dimensional.*holds 384"),
     ):
         check_embedding_dimension(OllamaBackend("nomic-embed-text", base_url=server.url))
+
+
+@pytest.mark.django_db
+def test_vectors_of_another_model_are_found_at_start_up(settings):
+    backend = configured_backend()
+    MessageFactory()  # not embedded yet: nothing to say
+    current = MessageFactory()
+    assert other_vector_models(backend) == []
+    vector = [0.5] * settings.MEMORY_EMBEDDING_DIMENSION
+    current.embedding, current.embedding_model = vector, backend.model
+    current.embedded_at = current.created_at
+    current.save()
+    assert other_vector_models(backend) == []
+    MessageFactory(
+        embedding=vector, embedding_model="all-MiniLM-L6-v2", embedded_at=current.created_at
+    )
+    assert other_vector_models(backend) == ["all-MiniLM-L6-v2"]
