@@ -168,22 +168,6 @@ def _nearest_order(cursor, scope: _Scope, limit: int) -> str:
     return "m.embedding <=> %s::vector"
 
 
-def _semantic_candidates(
-    cursor, scope: _Scope, order: str, query_vector: str, model: str, limit: int
-):
-    cursor.execute(
-        f"""
-        SELECT m.id, 1 - (m.embedding <=> %s::vector) AS similarity
-        FROM message m
-        WHERE m.embedding IS NOT NULL AND m.embedding_model = %s AND {scope.sql}
-        ORDER BY {order}
-        LIMIT %s
-        """,
-        [query_vector, model, *scope.params, query_vector, limit],
-    )
-    return dict(cursor.fetchall())
-
-
 @dataclass(frozen=True)
 class Terms:
     """The query's lexemes with their IDF, and the ones to match on (``KEYWORD_MATCH_CAP``)."""
@@ -378,14 +362,13 @@ def search_messages(
         else:
             order = _nearest_order(cursor, scope, candidates)  # while the query embeds
             vector = vector_literal(embedding.result()[0])
+            # Semantic mode is the same statement with no keyword terms or candidates.
+            semantic, keyword, neighbours = _semantic_candidates_and_fills(
+                cursor, scope, order, vector, backend.model, candidates, terms, keyword
+            )
             if mode == "semantic":
-                scores = _semantic_candidates(
-                    cursor, scope, order, vector, backend.model, candidates
-                )
+                scores = semantic
             else:
-                semantic, keyword, neighbours = _semantic_candidates_and_fills(
-                    cursor, scope, order, vector, backend.model, candidates, terms, keyword
-                )
                 scores = _with_neighbours(fuse(semantic, keyword), neighbours)
     ranked = sorted(scores.items(), key=lambda item: (-item[1], str(item[0])))[:top_k]
     return _hits(ranked, query)
