@@ -13,6 +13,7 @@ import sys
 import time
 
 SHUTDOWN_GRACE_SECONDS = 20
+KEEP_ALIVE_SECONDS = 75
 
 
 def _setup_django() -> None:
@@ -44,6 +45,10 @@ def _gunicorn_command(host: str, port: int) -> list[str]:
         "60",
         "--graceful-timeout",
         "10",
+        # Longer than any client keeps an idle connection (httpx: 5 s), so the server never
+        # closes one just as a client sends on it (a "connection reset" for that request).
+        "--keep-alive",
+        str(KEEP_ALIVE_SECONDS),
         "--access-logfile",
         "-",
         "--config",

@@ -12,6 +12,7 @@ under ``<MEMSVC_DATA_DIR>/models``; tokenisation and mean pooling are done here 
 sentence-transformers does them for models with mean pooling.
 """
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -135,16 +136,21 @@ def graph_path(model_dir: Path, cache_dir: Path, precision: str) -> Path:
         raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
     stem = f"{model_dir.name}-{_fingerprint(model_dir)}"
     float32 = cache_dir / f"{stem}.onnx"
-    if not float32.exists():
-        logger.info("exporting %s to ONNX at %s (once)", model_dir, float32)
-        _export(model_dir, float32)
-    if precision == "float32":
-        return float32
     int8 = cache_dir / f"{stem}-int8.onnx"
-    if not int8.exists():
-        logger.info("quantising %s to int8 at %s (once)", float32, int8)
-        _quantize(float32, int8)
-    return int8
+    wanted = float32 if precision == "float32" else int8
+    if wanted.exists():
+        return wanted
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    # Web and worker processes start together: one makes the graph, the others wait for it.
+    with (cache_dir / f"{stem}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not float32.exists():
+            logger.info("exporting %s to ONNX at %s (once)", model_dir, float32)
+            _export(model_dir, float32)
+        if precision == "int8" and not int8.exists():
+            logger.info("quantising %s to int8 at %s (once)", float32, int8)
+            _quantize(float32, int8)
+    return wanted
 
 
 class OnnxSentenceEncoder:

@@ -1,10 +1,15 @@
 """Embedding backends. The local model runs for real; the remote ones talk HTTP to a local
 test server standing in for Ollama / OpenAI (outside services, so faked at the HTTP level)."""
 
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
 import numpy as np
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 
+from search import onnx_encoder
 from search.checks import check_embedding_dimension, other_vector_models
 from search.embeddings import (
     EmbeddingError,
@@ -89,6 +94,30 @@ def test_int8_weights_keep_the_vectors_close_and_the_ranking(tmp_path):
     for backend, turns in ((int8, quantised), (reference, exact)):
         ranking = (backend.embed(questions) @ turns.T).argmax(axis=1)
         assert ranking.tolist() == list(range(len(texts)))
+
+
+def test_processes_starting_together_make_the_graph_once(tmp_path, monkeypatch):
+    made = []
+
+    def slow_write(kind):
+        def write(source, target):
+            made.append(kind)
+            time.sleep(0.2)  # long enough for the other caller to arrive meanwhile
+            target.write_bytes(b"graph")
+
+        return write
+
+    monkeypatch.setattr(onnx_encoder, "_export", slow_write("export"))
+    monkeypatch.setattr(onnx_encoder, "_quantize", slow_write("quantize"))
+    model_dir = LocalBackend()._model_path()
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        paths = list(
+            pool.map(lambda _: onnx_encoder.graph_path(Path(model_dir), tmp_path, "int8"), range(3))
+        )
+    assert made == ["export", "quantize"]
+    assert len(set(paths)) == 1 and paths[0].read_bytes() == b"graph"
+    assert onnx_encoder.graph_path(Path(model_dir), tmp_path, "float32").exists()
+    assert made == ["export", "quantize"]
 
 
 def test_int8_needs_onnx_runtime():
