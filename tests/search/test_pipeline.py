@@ -1,8 +1,10 @@
 """The embedding pipeline: commit first, embed after; a broken queue loses nothing."""
 
+import random
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from conversations.models import Conversation, Message
@@ -123,3 +125,20 @@ def test_reindex_embeds_the_backlog_and_all_re_embeds_everything(api, alice, con
     second.refresh_from_db()
     assert first.embedded_at > embedded_at
     assert second.embedded_at is not None
+
+
+def test_a_long_message_keeps_its_vector_in_the_row(api, alice, conversation):
+    # 1,500 characters that do not compress: the row passes 2 kB, and PostgreSQL moves
+    # something out of line. It must be the text, never the vector every search reads.
+    text = " ".join(f"{word:x}" for word in random.Random(1).choices(range(16**6), k=215))
+    message = post_message(api, alice, conversation, text)
+    assert cli.main(["reindex"]) == 0
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_column_toast_chunk_id(embedding), pg_column_toast_chunk_id(content) "
+            "FROM message WHERE id = %s",
+            [message.id],
+        )
+        vector_chunk, text_chunk = cursor.fetchone()
+    assert vector_chunk is None
+    assert text_chunk is not None
