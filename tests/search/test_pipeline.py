@@ -1,6 +1,6 @@
 """The embedding pipeline: commit first, embed after; a broken queue loses nothing."""
 
-import random
+import secrets
 from datetime import timedelta
 
 import pytest
@@ -130,7 +130,7 @@ def test_reindex_embeds_the_backlog_and_all_re_embeds_everything(api, alice, con
 def test_a_long_message_keeps_its_vector_in_the_row(api, alice, conversation):
     # 1,500 characters that do not compress: the row passes 2 kB, and PostgreSQL moves
     # something out of line. It must be the text, never the vector every search reads.
-    text = " ".join(f"{word:x}" for word in random.Random(1).choices(range(16**6), k=215))
+    text = " ".join(secrets.token_hex(3) for _ in range(215))
     message = post_message(api, alice, conversation, text)
     assert cli.main(["reindex"]) == 0
     with connection.cursor() as cursor:
