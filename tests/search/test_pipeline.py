@@ -127,18 +127,27 @@ def test_reindex_embeds_the_backlog_and_all_re_embeds_everything(api, alice, con
     assert second.embedded_at is not None
 
 
-def test_a_long_message_keeps_its_vector_in_the_row(api, alice, conversation):
-    # 1,500 characters that do not compress: the row passes 2 kB, and PostgreSQL moves
-    # something out of line. It must be the text, never the vector every search reads.
-    text = " ".join(secrets.token_hex(3) for _ in range(215))
-    message = post_message(api, alice, conversation, text)
-    assert cli.main(["reindex"]) == 0
+def toasted(message, *columns) -> list[bool]:
+    """For each column: was its value compressed or moved out of the row?"""
+    tests = [
+        f"pg_column_toast_chunk_id({c}) IS NOT NULL OR pg_column_compression({c}) IS NOT NULL"
+        for c in columns
+    ]
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT pg_column_toast_chunk_id(embedding), pg_column_toast_chunk_id(content) "
-            "FROM message WHERE id = %s",
+            f"SELECT {', '.join(tests)} FROM message WHERE id = %s",
             [message.id],
         )
-        vector_chunk, text_chunk = cursor.fetchone()
-    assert vector_chunk is None
-    assert text_chunk is not None
+        return list(cursor.fetchone())
+
+
+def test_search_reads_vectors_and_words_from_the_row_itself(api, alice, conversation):
+    # A 2.5 kB row: PostgreSQL's default would have moved the vector out of line.
+    turn = post_message(api, alice, conversation, "We hiked to the lake and camped. " * 12)
+    # 3,000 characters that do not compress: something must go out; the text, not the vector.
+    essay = post_message(
+        api, alice, conversation, " ".join(secrets.token_hex(3) for _ in range(430))
+    )
+    assert cli.main(["reindex"]) == 0
+    assert toasted(turn, "embedding", "search_vector", "content") == [False, False, False]
+    assert toasted(essay, "embedding", "content") == [False, True]
