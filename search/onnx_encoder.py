@@ -176,6 +176,11 @@ class OnnxSentenceEncoder:
         graph = graph_path(model_dir, cache_dir, precision)
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = threads or min(4, os.cpu_count() or 1)
+        # With more than one thread, ONNX Runtime's pool threads spin after each run, waiting
+        # for more work: that takes the cores from PostgreSQL just when a search needs them
+        # (with 2 threads, a hybrid search in a Django process ran 4 ms slower). `memsvc
+        # serve` gives web processes one thread, which has no pool, so this is for the rest.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = onnxruntime.InferenceSession(
             str(graph), options, providers=["CPUExecutionProvider"]
         )

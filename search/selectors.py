@@ -30,7 +30,6 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from django.contrib.postgres.search import SearchHeadline, SearchQuery
 from django.db import connection, transaction
 
 from conversations.models import TEXT_SEARCH_CONFIG, Channel, Message, Visibility
@@ -380,23 +379,9 @@ _QUERY_EMBEDDER = ThreadPoolExecutor(max_workers=4, thread_name_prefix="query-em
 def _hits(ranked: list[tuple], query: str) -> list[SearchHit]:
     if not ranked:
         return []
-    ids = [message_id for message_id, _ in ranked]
-    words = SearchQuery(query, search_type="websearch", config=TEXT_SEARCH_CONFIG)
-    messages = (
-        Message.objects.without_search_data()
-        .filter(id__in=ids)
-        .annotate(
-            headline=SearchHeadline(
-                "content",
-                words,
-                config=TEXT_SEARCH_CONFIG,
-                max_fragments=2,
-                max_words=20,
-                min_words=5,
-                start_sel="<b>",
-                stop_sel="</b>",
-            )
-        )
+    messages = Message.objects.raw(
+        _HITS_SQL,
+        [TEXT_SEARCH_CONFIG, TEXT_SEARCH_CONFIG, query, _HEADLINE_OPTIONS, [i for i, _ in ranked]],
     )
     by_id = {message.id: message for message in messages}
     return [
@@ -404,3 +389,13 @@ def _hits(ranked: list[tuple], query: str) -> list[SearchHit]:
         for i, score in ranked
         if i in by_id
     ]
+
+
+# The found messages, each with a highlighted extract: the columns the APIs show, in one
+# fixed statement (compiling it per search as a queryset cost about a millisecond).
+_HITS_SQL = f"""
+SELECT {", ".join(field.column for field in Message.shown_fields())},
+       ts_headline(%s::regconfig, content, websearch_to_tsquery(%s::regconfig, %s), %s) AS headline
+FROM message WHERE id = ANY(%s)
+"""
+_HEADLINE_OPTIONS = "MaxFragments=2, MaxWords=20, MinWords=5, StartSel=<b>, StopSel=</b>"
