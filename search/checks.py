@@ -5,7 +5,7 @@ import sys
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 
-from search.embeddings import EmbeddingBackend, EmbeddingError, configured_backend
+from search.embeddings import EmbeddingBackend, EmbeddingError, LocalBackend, configured_backend
 
 
 def column_dimension() -> int:
@@ -19,12 +19,15 @@ def column_dimension() -> int:
 
 
 def check_embedding_dimension(backend: EmbeddingBackend | None = None) -> None:
-    """Refuse to start when the model's vectors do not fit the database column.
+    """Refuse to start when the model's vectors do not fit the database column, or when a
+    local model cannot run at the configured precision.
 
     A remote backend that cannot be reached now is not an error here (it may come back);
     a backend that answers with the wrong width is.
     """
     backend = backend or configured_backend()
+    if isinstance(backend, LocalBackend):
+        backend.check_runtime()  # an int8 model ONNX Runtime cannot run stops start-up too
     try:
         dimension = backend.dimension
     except EmbeddingError:

@@ -112,17 +112,25 @@ class LocalBackend:
                 self._encoder = self._onnx_encoder() or self._torch_encoder()
         return self._encoder
 
+    def _onnx_required(self) -> bool:
+        return self.runtime == "onnx" or self.precision == "int8"
+
+    def check_runtime(self) -> None:
+        """Raise ImproperlyConfigured if the model cannot run as configured (read from its
+        files, without loading it: a start-up check)."""
+        if self._onnx_required() and not onnx_supports(Path(self._model_path())):
+            raise ImproperlyConfigured(
+                f"{self.source} cannot run on ONNX Runtime here (a local sentence-"
+                "transformers model with mean pooling is needed); use float32 precision"
+            )
+
     def _onnx_encoder(self):
         path = Path(self._model_path())
-        required = self.runtime == "onnx" or self.precision == "int8"
+        required = self._onnx_required()
         if self.runtime == "torch" or self.device != "cpu":
             return None
+        self.check_runtime()
         if not onnx_supports(path):
-            if required:
-                raise ImproperlyConfigured(
-                    f"{self.source} cannot run on ONNX Runtime here (a local sentence-"
-                    "transformers model with mean pooling is needed); use float32 precision"
-                )
             return None
         try:
             encoder = OnnxSentenceEncoder(

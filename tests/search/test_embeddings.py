@@ -253,6 +253,17 @@ def test_a_model_of_another_width_than_the_column_stops_start_up():
         check_embedding_dimension(OllamaBackend("nomic-embed-text", base_url=server.url))
 
 
+def test_a_local_model_int8_cannot_run_stops_start_up(tmp_path):
+    # A model that pools by its first token: ONNX Runtime here does mean pooling only.
+    model = tmp_path / "cls-model"
+    (model / "1_Pooling").mkdir(parents=True)
+    (model / "1_Pooling" / "config.json").write_text('{"pooling_mode_cls_token": true}')
+    (model / "modules.json").write_text("[]")
+    with pytest.raises(ImproperlyConfigured, match="use float32 precision"):
+        check_embedding_dimension(LocalBackend(str(model)))
+    LocalBackend(str(model), precision="float32").check_runtime()  # torch can run it
+
+
 @pytest.mark.django_db
 def test_vectors_of_another_model_are_found_at_start_up(settings):
     backend = configured_backend()
