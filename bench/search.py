@@ -203,7 +203,7 @@ def copy_perturbed(
     ).fetchall()
     if not base:
         raise BenchError("no embedded message to copy vectors from")
-    vectors = np.stack([np.asarray(row[2].to_numpy()) for row in base]).astype(np.float32)
+    vectors = np.stack([row[2].to_numpy() for row in base]).astype(np.float32)
     noise = np.random.default_rng(rng.randrange(2**32))
     definitions = dict(
         conn.execute(
@@ -236,11 +236,21 @@ def copy_perturbed(
                     first_conversation + index // MESSAGES_PER_CONVERSATION
                 ]
                 author, content, _, model = base[pick]
-                copy.write_row(
+                copy.write_row(  # in the order of COPY_COLUMNS
                     (
-                        *(uuid.uuid4(), uuid.UUID(conversation[0]), "history", "user", "user"),
-                        *(conversation[1], author, content, Jsonb({}), now),
-                        *(vector, model, now),
+                        uuid.uuid4(),
+                        uuid.UUID(conversation[0]),
+                        "history",
+                        "user",
+                        "user",
+                        conversation[1],
+                        author,
+                        content,
+                        Jsonb({}),
+                        now,
+                        vector,
+                        model,
+                        now,
                     )
                 )
     conn.commit()
