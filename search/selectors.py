@@ -249,12 +249,14 @@ def _without_nested_loops(cursor):
     sees a hundred conversations it planned the keyword statement as one scan of the word
     per conversation: 120 ms at a million messages. One scan joined to the visible
     conversations took 5 ms there, and the same as before for a principal who sees all.
+
+    Afterwards the server's configured value applies again. If a statement inside fails,
+    the transaction is aborted and the setting ends with it: nothing is sent then, so the
+    statement's own error is the one raised.
     """
     cursor.execute("SET LOCAL enable_nestloop = off")
-    try:
-        yield
-    finally:
-        cursor.execute("SET LOCAL enable_nestloop = on")
+    yield
+    cursor.execute("SET LOCAL enable_nestloop TO DEFAULT")
 
 
 def _semantic_candidates_and_fills(

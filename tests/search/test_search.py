@@ -1,6 +1,7 @@
 """Search finds what a principal may see, and only that; keywords work before embedding."""
 
 import pytest
+from django.db import connection
 
 from conversations.models import Channel, Message, Visibility
 from search import selectors
@@ -50,6 +51,16 @@ def test_keywords_find_a_message_before_it_is_embedded(api, alice, pets):
     assert contents(results)[0] == "I adopted a puppy named Rex last week"
     assert "<b>puppy</b>" in results[0]["highlights"]
     assert search(api, alice, "dog", mode="semantic") == []
+
+
+def test_keyword_search_leaves_the_planner_as_configured(api, alice, pets):
+    # The keyword statement is planned without nested loops; nothing after it may be.
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW enable_nestloop")
+        configured = cursor.fetchone()
+        assert contents(search(api, alice, "puppy", mode="keyword"))
+        cursor.execute("SHOW enable_nestloop")
+        assert cursor.fetchone() == configured == ("on",)
 
 
 def test_after_embedding_meaning_finds_it_without_shared_words(api, alice, pets, nearest):
