@@ -53,14 +53,38 @@ def test_keywords_find_a_message_before_it_is_embedded(api, alice, pets):
     assert search(api, alice, "dog", mode="semantic") == []
 
 
-def test_keyword_search_leaves_the_planner_as_configured(api, alice, pets):
-    # The keyword statement is planned without nested loops; nothing after it may be.
+def test_search_leaves_the_planner_as_configured(api, alice, pets, nearest):
+    # Keyword and nearest-vector statements are planned without some methods; nothing after
+    # them may be.
+    embed_pending()
+    settings = "SELECT current_setting('enable_nestloop'), current_setting('enable_sort')"
     with connection.cursor() as cursor:
-        cursor.execute("SHOW enable_nestloop")
+        cursor.execute(settings)
         configured = cursor.fetchone()
-        assert contents(search(api, alice, "puppy", mode="keyword"))
-        cursor.execute("SHOW enable_nestloop")
-        assert cursor.fetchone() == configured == ("on",)
+        for mode in selectors.MODES:
+            assert contents(search(api, alice, "puppy", mode=mode))
+            cursor.execute(settings)
+            assert cursor.fetchone() == configured == ("on", "on")
+
+
+def test_a_wide_scope_walks_the_vector_index_whatever_the_statistics_say(api, alice, pets):
+    # Counted wide enough for the index (EXACT_SEARCH_BELOW 0), the nearest vectors come
+    # from the HNSW index, though the planner would sort these four rows by distance: it
+    # must not overrule the count with estimates (statistics lag behind new memberships).
+    embed_pending()
+    plans = []
+
+    def explain_nearest(execute, sql, params, many, context):
+        if "ORDER BY m.embedding <=>" in sql and not sql.startswith("EXPLAIN"):
+            context["cursor"].execute(f"EXPLAIN (COSTS OFF) {sql}", params)
+            plans.append("\n".join(row[0] for row in context["cursor"].fetchall()))
+        return execute(sql, params, many, context)
+
+    with pytest.MonkeyPatch.context() as patch, connection.execute_wrapper(explain_nearest):
+        patch.setattr(selectors, "EXACT_SEARCH_BELOW", 0)
+        assert contents(search(api, alice, "new dog", mode="semantic"))[0].startswith("I adopted")
+    assert len(plans) == 1
+    assert "Index Scan using message_embedding_hnsw" in plans[0], plans[0]
 
 
 def test_after_embedding_meaning_finds_it_without_shared_words(api, alice, pets, nearest):
