@@ -4,6 +4,7 @@
 search goes through it (directly or through ``access_conversation``).
 """
 
+import itertools
 import uuid
 from dataclasses import dataclass
 
@@ -164,45 +165,57 @@ def conversation_list(
 @dataclass(frozen=True)
 class LineageStep:
     conversation_id: uuid.UUID
-    # Messages of this conversation that belong to the view: seq <= max_seq (None: all).
+    # Messages of this conversation that belong to the view: seq <= max_seq (None: all; a
+    # lineage holds no step its view does not reach).
     max_seq: int | None
 
 
-_LINEAGE_SQL = """
-WITH RECURSIVE chain(id, parent_id, fork_seq, depth) AS (
-    SELECT c.id, c.forked_at_conversation_id, m.seq, 0
+_LINEAGES_SQL = """
+WITH RECURSIVE chain(root, id, fork_seq, parent_id, depth) AS (
+    SELECT c.id, c.id, m.seq, c.forked_at_conversation_id, 0
     FROM conversation c LEFT JOIN message m ON m.id = c.forked_at_message_id
-    WHERE c.id = %s
+    WHERE c.id = ANY(%s)
   UNION ALL
-    SELECT p.id, p.forked_at_conversation_id, pm.seq, chain.depth + 1
+    SELECT chain.root, p.id, pm.seq, p.forked_at_conversation_id, chain.depth + 1
     FROM conversation p
     JOIN chain ON p.id = chain.parent_id
     LEFT JOIN message pm ON pm.id = p.forked_at_message_id
 )
-SELECT id, parent_id, fork_seq FROM chain ORDER BY depth
+SELECT root, id, fork_seq FROM chain ORDER BY root, depth
 """
 
 
-def conversation_lineage(conversation: Conversation) -> list[LineageStep]:
-    """The conversation and its ancestors, each with how far into it the view reaches.
+def conversation_lineages(conversation_ids) -> dict[uuid.UUID, list[LineageStep]]:
+    """Each conversation's view: the conversation and the ancestors whose messages it sees,
+    each with how far into it the view reaches. One query for all, whatever the depths.
 
     A fork sees its parent's view up to and including its fork point, recursively. ``seq``
     is global, so "up to the fork point" is ``seq <= fork point's seq``, and the bound of an
-    ancestor is the smallest bound on the way down to it. One query, whatever the depth.
+    ancestor is the smallest bound on the way down to it. An ancestor the view does not
+    reach (a fork made before its parent had messages) ends the lineage.
     """
     with connection.cursor() as cursor:
-        cursor.execute(_LINEAGE_SQL, [conversation.id])
+        cursor.execute(_LINEAGES_SQL, [list(conversation_ids)])
         rows = cursor.fetchall()
-    steps = []
-    bound: int | None = None
-    for index, (conversation_id, _parent_id, _fork_seq) in enumerate(rows):
-        if index > 0:
-            # The fork point of the child (previous row) bounds everything above it.
-            child_fork_seq = rows[index - 1][2]
-            child_bound = child_fork_seq if child_fork_seq is not None else 0
-            bound = child_bound if bound is None else min(bound, child_bound)
-        steps.append(LineageStep(conversation_id, bound))
-    return steps
+    lineages: dict[uuid.UUID, list[LineageStep]] = {}
+    for root, chain in itertools.groupby(rows, key=lambda row: row[0]):
+        steps, bound, child_fork_seq = [], None, None
+        for depth, (_root, conversation_id, fork_seq) in enumerate(chain):
+            if depth > 0:
+                # The fork point of the child (previous row) bounds everything above it.
+                child_bound = child_fork_seq or 0  # no fork point: forked before any message
+                bound = child_bound if bound is None else min(bound, child_bound)
+                if bound == 0:
+                    break
+            steps.append(LineageStep(conversation_id, bound))
+            child_fork_seq = fork_seq
+        lineages[root] = steps
+    return lineages
+
+
+def conversation_lineage(conversation: Conversation) -> list[LineageStep]:
+    """The view of one conversation (``conversation_lineages``)."""
+    return conversation_lineages([conversation.id])[conversation.id]
 
 
 def _lineage_filter(lineage: list[LineageStep]) -> Q:
@@ -210,7 +223,7 @@ def _lineage_filter(lineage: list[LineageStep]) -> Q:
     for step in lineage:
         if step.max_seq is None:
             condition |= Q(conversation_id=step.conversation_id)
-        elif step.max_seq > 0:
+        else:
             condition |= Q(conversation_id=step.conversation_id, seq__lte=step.max_seq)
     return condition
 

@@ -35,7 +35,7 @@ from django.db import connection, transaction
 
 from conversations.models import TEXT_SEARCH_CONFIG, Channel, Message, Visibility
 from conversations.selectors import (
-    conversation_lineage,
+    conversation_lineages,
     conversations_visible_to,
     visible_conversation_ids,
 )
@@ -119,13 +119,14 @@ def _scope(principal: Principal, *, for_agent: bool, conversation_ids, before_me
         clauses.append("m.channel = %s AND m.visibility = %s")
         params += [Channel.HISTORY, Visibility.USER]
     if conversation_ids is not None:
+        chosen = conversations_visible_to(principal).filter(id__in=conversation_ids)
         views = []
-        for conversation in conversations_visible_to(principal).filter(id__in=conversation_ids):
-            for step in conversation_lineage(conversation):
+        for lineage in conversation_lineages(chosen.values_list("id", flat=True)).values():
+            for step in lineage:
                 if step.max_seq is None:
                     views.append("m.conversation_id = %s")
                     params.append(step.conversation_id)
-                elif step.max_seq > 0:
+                else:
                     views.append("(m.conversation_id = %s AND m.seq <= %s)")
                     params += [step.conversation_id, step.max_seq]
         clauses.append(f"({' OR '.join(views) or 'FALSE'})")

@@ -2,6 +2,7 @@
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from conversations.models import Channel, Message, Visibility
 from search import selectors
@@ -175,6 +176,51 @@ def test_fork_inherited_messages_appear_once_under_their_own_conversation(api, a
     in_fork = search(api, alice, "giraffe", topK=10, conversationIds=[str(fork.id)])
     assert sorted(contents(in_fork)) == ["giraffe facts", "giraffe in the fork"]
     assert after.content not in contents(in_fork)
+
+
+def test_many_conversation_ids_cost_no_more_queries_than_one(api, alice):
+    root = ConversationFactory(group__owner=alice.id)
+    first = MessageFactory(conversation=root, content="otter one")
+    MessageFactory(conversation=root, content="otter two")
+    fork = ConversationFactory(
+        group=root.group, forked_at_conversation=root, forked_at_message=first
+    )
+    in_fork = MessageFactory(conversation=fork, content="otter in the fork")
+    MessageFactory(conversation=fork, content="otter late in the fork")
+    deeper = ConversationFactory(
+        group=root.group, forked_at_conversation=fork, forked_at_message=in_fork
+    )
+    MessageFactory(conversation=deeper, content="otter deeper")
+    empty_fork = ConversationFactory(group=root.group, forked_at_conversation=root)
+    MessageFactory(conversation=empty_fork, content="otter on a blank page")
+
+    def within(*conversations):
+        with CaptureQueriesContext(connection) as queries:
+            found = search(
+                api,
+                alice,
+                "otter",
+                mode="keyword",
+                topK=10,
+                conversationIds=[str(c.id) for c in conversations],
+            )
+        return sorted(contents(found)), len(queries)
+
+    assert within(deeper)[0] == ["otter deeper", "otter in the fork", "otter one"]
+    assert within(empty_fork)[0] == ["otter on a blank page"]
+    one = within(root)
+    together = within(deeper, empty_fork, fork, root)
+    assert together[0] == sorted(
+        [
+            "otter one",
+            "otter two",
+            "otter in the fork",
+            "otter late in the fork",
+            "otter deeper",
+            "otter on a blank page",
+        ]
+    )
+    assert together[1] == one[1]
 
 
 def test_search_within_conversations_and_before_a_message(api, alice, pets):
