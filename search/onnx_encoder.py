@@ -100,8 +100,9 @@ def _quantize(source: Path, target: Path) -> None:
 
     Only the MatMuls by a weight matrix are quantised; the two per attention head that
     multiply activations by activations lose too much and stay in float32. The weights get
-    one scale per output channel and 7 bits (``reduce_range``): without VNNI, which the
-    AVX2 machines here lack, the u8 x s8 products of the full range can saturate.
+    one scale per output channel and 7 bits (``reduce_range``): without VNNI (the machines
+    of this kind have been AVX2-only AMD as well as Intel with VNNI), the u8 x s8 products
+    of the full range can saturate, and one graph must give the same vectors on both.
     """
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic

@@ -5,8 +5,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from conversations.models import Channel, Message, Visibility
+from memsvc.api.principals import Principal
 from search import selectors
-from search.models import TermStat
+from search.models import CorpusStat, TermStat
 from search.services import embed_messages, embed_pending
 from tests.agents_api.conftest import make_agent
 from tests.factories import ConversationFactory, MembershipFactory, MessageFactory
@@ -26,10 +27,17 @@ def contents(results):
     return [r["message"]["content"] for r in results]
 
 
+def always_search(way, monkeypatch):
+    """Find the nearest vectors one way whatever the scope (see HNSW_COST_PER_EXACT)."""
+    exact = way == "exact"
+    monkeypatch.setattr(selectors, "EXACT_SEARCH_BELOW", 10**9 if exact else 0)
+    monkeypatch.setattr(selectors, "HNSW_COST_PER_EXACT", 10**9 if exact else 0)
+
+
 @pytest.fixture(params=["exact", "hnsw"])
 def nearest(request, monkeypatch):
-    """Run a test with each way of finding the nearest vectors (see EXACT_SEARCH_BELOW)."""
-    monkeypatch.setattr(selectors, "EXACT_SEARCH_BELOW", 10**9 if request.param == "exact" else 0)
+    """Run a test with each way of finding the nearest vectors."""
+    always_search(request.param, monkeypatch)
     return request.param
 
 
@@ -69,7 +77,7 @@ def test_search_leaves_the_planner_as_configured(api, alice, pets, nearest):
 
 
 def test_a_wide_scope_walks_the_vector_index_whatever_the_statistics_say(api, alice, pets):
-    # Counted wide enough for the index (EXACT_SEARCH_BELOW 0), the nearest vectors come
+    # Counted wide enough for the index (``always_search``), the nearest vectors come
     # from the HNSW index, though the planner would sort these four rows by distance: it
     # must not overrule the count with estimates (statistics lag behind new memberships).
     embed_pending()
@@ -82,10 +90,32 @@ def test_a_wide_scope_walks_the_vector_index_whatever_the_statistics_say(api, al
         return execute(sql, params, many, context)
 
     with pytest.MonkeyPatch.context() as patch, connection.execute_wrapper(explain_nearest):
-        patch.setattr(selectors, "EXACT_SEARCH_BELOW", 0)
+        always_search("hnsw", patch)
         assert contents(search(api, alice, "new dog", mode="semantic"))[0].startswith("I adopted")
     assert len(plans) == 1
     assert "Index Scan using message_embedding_hnsw" in plans[0], plans[0]
+
+
+@pytest.mark.parametrize(("corpus", "way"), [(4, "hnsw"), (64, "exact"), (10**6, "exact")])
+def test_the_same_scope_is_searched_exactly_once_the_corpus_around_it_grows(
+    alice, pets, monkeypatch, corpus, way
+):
+    # Alice's scope is 4 messages. The graph visits about 30 x corpus / 4 vectors to find 30
+    # of hers, the exact scan 4: with one graph vector costing 0.1 exact distances, exact
+    # wins once 4 < sqrt(0.1 x 30 x corpus), from a corpus of 6 messages.
+    embed_pending()
+    CorpusStat.objects.update_or_create(id=1, defaults={"document_count": corpus})
+    monkeypatch.setattr(selectors, "EXACT_SEARCH_BELOW", 0)
+    monkeypatch.setattr(selectors, "HNSW_COST_PER_EXACT", 0.1)
+    scope = selectors._scope(
+        Principal(id=alice.id, kind="user"),
+        for_agent=False,
+        conversation_ids=None,
+        before_message_id=None,
+    )
+    with connection.cursor() as cursor:
+        order = selectors._nearest_order(cursor, scope, 30)
+    assert order == {"hnsw": selectors.INDEX_ORDER, "exact": selectors.EXACT_ORDER}[way]
 
 
 def test_after_embedding_meaning_finds_it_without_shared_words(api, alice, pets, nearest):
