@@ -61,11 +61,12 @@ HNSW_EF_SEARCH = 100
 # Exact distances or the HNSW graph: for a small scope (a user who sees little, or one
 # conversation) the exact distance to each message is cheaper than walking the graph past
 # everything the access filter rejects, and it finds the true nearest. The exact scan costs
-# in proportion to the scope; the graph visits about candidates x corpus / scope vectors,
-# each HNSW_COST_PER_EXACT times the cost of one exact distance (measured at a million
-# messages: 16 us a vector visited, 1.5 us a message scanned). So the exact scan wins below
-# sqrt(HNSW_COST_PER_EXACT x candidates x corpus) messages: about 5,500 at 100,000 embedded
-# messages and 17,000 at a million, with 30 candidates; never below EXACT_SEARCH_BELOW.
+# in proportion to the scope; the graph returns about candidates x corpus / scope rows
+# before enough of them are in scope, each costing HNSW_COST_PER_EXACT exact distances
+# (measured at a million messages: 16 us a row returned, 1.5 us a message scanned
+# exactly). So the exact scan wins below sqrt(HNSW_COST_PER_EXACT x candidates x corpus)
+# messages in scope: about 5,500 in 100,000 embedded messages and 17,000 in a million,
+# with 30 candidates; never below EXACT_SEARCH_BELOW.
 HNSW_COST_PER_EXACT = 10
 EXACT_SEARCH_BELOW = 3000
 # Messages are only counted when the principal sees at most this many conversations, so a
