@@ -214,8 +214,8 @@ def conversation_lineages(conversation_ids) -> dict[uuid.UUID, list[LineageStep]
 
 
 def conversation_lineage(conversation: Conversation) -> list[LineageStep]:
-    """The view of one conversation (``conversation_lineages``)."""
-    return conversation_lineages([conversation.id])[conversation.id]
+    """The view of one conversation (``conversation_lineages``; none if it is gone)."""
+    return conversation_lineages([conversation.id]).get(conversation.id, [])
 
 
 def _lineage_filter(lineage: list[LineageStep]) -> Q:
