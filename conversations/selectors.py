@@ -194,8 +194,11 @@ def conversation_lineages(conversation_ids) -> dict[uuid.UUID, list[LineageStep]
     ancestor is the smallest bound on the way down to it. An ancestor the view does not
     reach (a fork made before its parent had messages) ends the lineage.
     """
+    conversation_ids = list(conversation_ids)
+    if not conversation_ids:
+        return {}
     with connection.cursor() as cursor:
-        cursor.execute(_LINEAGES_SQL, [list(conversation_ids)])
+        cursor.execute(_LINEAGES_SQL, [conversation_ids])
         rows = cursor.fetchall()
     lineages: dict[uuid.UUID, list[LineageStep]] = {}
     for root, chain in itertools.groupby(rows, key=lambda row: row[0]):

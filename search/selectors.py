@@ -25,6 +25,7 @@ The constants below were tuned once, as a whole, on the LoCoMo development split
 - equal weights for the two measures, and 0.2 of the best neighbour's score.
 """
 
+import functools
 import math
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -69,9 +70,14 @@ HNSW_EF_SEARCH = 100
 # with 30 candidates; never below EXACT_SEARCH_BELOW.
 HNSW_COST_PER_EXACT = 10
 EXACT_SEARCH_BELOW = 3000
-# Messages are only counted when the principal sees at most this many conversations, so a
-# principal who sees many pays nothing for the check and walks the graph.
+# The messages of a principal's whole scope are only counted when the principal sees at most
+# this many conversations, so one who sees many pays nothing for the check and walks the
+# graph. A scope narrowed to some conversations (or to messages before one) is always counted.
 FEW_CONVERSATIONS = 200
+# The graph walk gives up after this many rows (pgvector's default): a principal who sees many
+# conversations but few messages among a great many can starve it, and then the exact
+# distances are computed after all (``_semantic_candidates_and_fills``).
+HNSW_MAX_SCAN_TUPLES = 20_000
 
 
 def pending_embedding_count() -> int:
@@ -92,6 +98,7 @@ class _Scope:
     params: list
     visible_sql: str  # the conversations the principal may see (ids)
     visible_params: tuple
+    narrowed: bool  # to some conversations or to messages before one: smaller than visible_sql
 
 
 _VISIBLE_SQL: dict[int, str] = {}
@@ -144,7 +151,18 @@ def _scope(principal: Principal, *, for_agent: bool, conversation_ids, before_me
             raise InvalidInput.for_field("before", "no such message")
         clauses.append("m.seq < %s")
         params.append(before)
-    return _Scope(" AND ".join(clauses), params, visible_sql, tuple(visible_params))
+    return _Scope(
+        " AND ".join(clauses),
+        params,
+        visible_sql,
+        tuple(visible_params),
+        narrowed=conversation_ids is not None or before_message_id is not None,
+    )
+
+
+# By distance on the HNSW index, or by an expression the index cannot serve: exact distances.
+INDEX_ORDER = "m.embedding <=> %s::vector"
+EXACT_ORDER = "(m.embedding <=> %s::vector) + 0"
 
 
 def _nearest_order(cursor, scope: _Scope, limit: int) -> str:
@@ -152,39 +170,39 @@ def _nearest_order(cursor, scope: _Scope, limit: int) -> str:
     distances for a small one (``HNSW_COST_PER_EXACT``). One round trip, which also sets the
     index's scan for this transaction (pgvector 0.8: keep scanning the graph when access
     filters drop the nearest rows)."""
+    many_conversations, many_params = "false", []
+    if not scope.narrowed:
+        many_conversations = (
+            f"(SELECT count(*) FROM (SELECT 1 FROM ({scope.visible_sql}) v LIMIT %s) c) > %s"
+        )
+        many_params = [*scope.visible_params, FEW_CONVERSATIONS + 1, FEW_CONVERSATIONS]
     cursor.execute(
         f"""
         WITH exact_below AS (
-            SELECT greatest(%s, sqrt(%s::float8 * %s * coalesce(max(document_count), 0)))::bigint AS n
+            SELECT greatest(%s, ceil(sqrt(%s::float8 * %s * coalesce(max(document_count), 0))))::bigint AS n
             FROM search_corpus_stat
         )
         SELECT CASE
-            WHEN (SELECT count(*) FROM (SELECT 1 FROM ({scope.visible_sql}) v LIMIT %s) c) > %s
-            THEN true
+            WHEN {many_conversations} THEN true
             ELSE (SELECT count(*) FROM (
                     SELECT 1 FROM message m WHERE {scope.sql} LIMIT (SELECT n FROM exact_below)
                  ) s) >= (SELECT n FROM exact_below)
         END,
         set_config('hnsw.iterative_scan', 'relaxed_order', true),
+        set_config('hnsw.max_scan_tuples', %s, true),
         set_config('hnsw.ef_search', %s, true)
         """,
         [
             EXACT_SEARCH_BELOW,
             HNSW_COST_PER_EXACT,
             int(limit),
-            *scope.visible_params,
-            FEW_CONVERSATIONS + 1,
-            FEW_CONVERSATIONS,
+            *many_params,
             *scope.params,
+            str(HNSW_MAX_SCAN_TUPLES),
             str(max(HNSW_EF_SEARCH, int(limit))),
         ],
     )
     return INDEX_ORDER if cursor.fetchone()[0] else EXACT_ORDER
-
-
-# By distance on the HNSW index, or by an expression the index cannot serve: exact distances.
-INDEX_ORDER = "m.embedding <=> %s::vector"
-EXACT_ORDER = "(m.embedding <=> %s::vector) + 0"
 
 
 @dataclass(frozen=True)
@@ -270,11 +288,12 @@ def _planned_without(cursor, *methods: str):
       keyword statement as one scan of the word per conversation: 120 ms at a million
       messages. One scan joined to the visible conversations took 5 ms there, and the same
       as before for a principal who sees all.
-    - ``sort`` for nearest vectors once ``_nearest_order`` has counted a wide scope: the
-      planner estimates the scope from the statistics of memberships, which lag behind a
-      principal who has just joined many conversations. Without statistics it took a
-      reader of 1,000 conversations for a reader of 2 and sorted all their 100,000
-      messages by distance: 110 ms instead of 3 ms on the vector index.
+    - ``sort`` for nearest vectors once ``_nearest_order`` has chosen the index (the scope
+      counted, or too many conversations to count): the planner estimates the scope from
+      the statistics of memberships, which lag behind a principal who has just joined many
+      conversations. Without statistics it took a reader of 1,000 conversations for a
+      reader of 2 and sorted all their 100,000 messages by distance: searches took 110 ms
+      instead of 11.
 
     Afterwards the server's configured values apply again. If a statement inside fails,
     the transaction is aborted and the settings end with it: nothing is sent then, so the
@@ -300,6 +319,29 @@ def _semantic_candidates_and_fills(
     """Hybrid, in one round trip: the semantic candidates with their keyword scores, the
     similarity of the keyword candidates the semantic list missed, and the messages just
     before and after each candidate in its conversation (``_with_neighbours``)."""
+    statement = functools.partial(
+        _nearest_with_fills, cursor, scope, query_vector, model, limit, terms, list(keyword)
+    )
+    rows = statement(order)
+    if order == INDEX_ORDER and sum(nearest for *_, nearest in rows) < limit:
+        # The graph walk gave up (HNSW_MAX_SCAN_TUPLES) before it found enough messages in
+        # scope, or the scope holds fewer: exact distances find all there are.
+        rows = statement(EXACT_ORDER)
+    semantic, keyword, neighbours = {}, dict(keyword), {}
+    for message_id, similarity, keyword_score, before, after, _nearest in rows:
+        if similarity is not None:
+            semantic[message_id] = similarity
+        if keyword_score is not None:
+            keyword.setdefault(message_id, float(keyword_score))
+        neighbours[message_id] = (before, after)
+    return semantic, keyword, neighbours
+
+
+def _nearest_with_fills(
+    cursor, scope: _Scope, query_vector: str, model: str, limit: int, terms, fills, order: str
+) -> list[tuple]:
+    """The rows of ``_semantic_candidates_and_fills``, each marked as one of the nearest or a
+    fill, for one order."""
     score, score_params = terms.score_sql("search_vector")
     # The order was chosen by counting the scope; the planner must not overrule it by its
     # statistics (``_planned_without``).
@@ -312,9 +354,12 @@ def _semantic_candidates_and_fills(
                     ORDER BY p.seq DESC LIMIT 1),
                    (SELECT n.id FROM message n
                     WHERE n.conversation_id = c.conversation_id AND n.seq > c.seq
-                    ORDER BY n.seq LIMIT 1)
+                    ORDER BY n.seq LIMIT 1),
+                   c.nearest
             FROM (
-                SELECT id, conversation_id, seq, similarity, {score} AS keyword_score FROM (
+                SELECT id, conversation_id, seq, similarity, {score} AS keyword_score,
+                       true AS nearest
+                FROM (
                     SELECT m.id, m.conversation_id, m.seq, m.search_vector,
                            1 - (m.embedding <=> %s::vector) AS similarity
                     FROM message m
@@ -325,7 +370,7 @@ def _semantic_candidates_and_fills(
                 UNION ALL
                 SELECT id, conversation_id, seq,
                        CASE WHEN embedding_model = %s THEN 1 - (embedding <=> %s::vector) END,
-                       NULL
+                       NULL, false
                 FROM message WHERE id = ANY(%s)
             ) c
             """,
@@ -338,18 +383,10 @@ def _semantic_candidates_and_fills(
                 limit,
                 model,
                 query_vector,
-                list(keyword),
+                fills,
             ],
         )
-        rows = cursor.fetchall()
-    semantic, keyword, neighbours = {}, dict(keyword), {}
-    for message_id, similarity, keyword_score, before, after in rows:
-        if similarity is not None:
-            semantic[message_id] = similarity
-        if keyword_score is not None:
-            keyword.setdefault(message_id, float(keyword_score))
-        neighbours[message_id] = (before, after)
-    return semantic, keyword, neighbours
+        return cursor.fetchall()
 
 
 def _normalised(scores: dict, ids) -> dict:

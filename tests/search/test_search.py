@@ -1,12 +1,15 @@
 """Search finds what a principal may see, and only that; keywords work before embedding."""
 
+import numpy as np
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from conversations.models import Channel, Message, Visibility
 from memsvc.api.principals import Principal
 from search import selectors
+from search.embeddings import configured_backend
 from search.models import CorpusStat, TermStat
 from search.services import embed_messages, embed_pending
 from tests.agents_api.conftest import make_agent
@@ -96,7 +99,9 @@ def test_a_wide_scope_walks_the_vector_index_whatever_the_statistics_say(api, al
     assert "Index Scan using message_embedding_hnsw" in plans[0], plans[0]
 
 
-@pytest.mark.parametrize(("corpus", "way"), [(4, "hnsw"), (64, "exact"), (10**6, "exact")])
+@pytest.mark.parametrize(
+    ("corpus", "way"), [(4, "hnsw"), (5, "hnsw"), (6, "exact"), (64, "exact"), (10**6, "exact")]
+)
 def test_the_same_scope_is_searched_exactly_once_the_corpus_around_it_grows(
     alice, pets, monkeypatch, corpus, way
 ):
@@ -116,6 +121,60 @@ def test_the_same_scope_is_searched_exactly_once_the_corpus_around_it_grows(
     with connection.cursor() as cursor:
         order = selectors._nearest_order(cursor, scope, 30)
     assert order == {"hnsw": selectors.INDEX_ORDER, "exact": selectors.EXACT_ORDER}[way]
+
+
+@pytest.mark.parametrize("narrowed_by", ["conversationIds", "before"])
+def test_a_narrowed_scope_is_counted_however_many_conversations_are_visible(
+    alice, pets, monkeypatch, narrowed_by
+):
+    # Alice "sees many conversations" (FEW_CONVERSATIONS 0), which alone would send her
+    # search to the graph; narrowed to one conversation or to the messages before one, her
+    # scope is counted, and its 4 messages are searched exactly.
+    embed_pending()
+    monkeypatch.setattr(selectors, "FEW_CONVERSATIONS", 0)
+    last = Message.objects.filter(conversation=pets).order_by("seq").last()
+    scope = selectors._scope(
+        Principal(id=alice.id, kind="user"),
+        for_agent=False,
+        conversation_ids=[pets.id] if narrowed_by == "conversationIds" else None,
+        before_message_id=last.id if narrowed_by == "before" else None,
+    )
+    with connection.cursor() as cursor:
+        assert selectors._nearest_order(cursor, scope, 30) == selectors.EXACT_ORDER
+    whole = selectors._scope(
+        Principal(id=alice.id, kind="user"),
+        for_agent=False,
+        conversation_ids=None,
+        before_message_id=None,
+    )
+    with connection.cursor() as cursor:
+        assert selectors._nearest_order(cursor, whole, 30) == selectors.INDEX_ORDER
+
+
+def test_a_starved_graph_walk_falls_back_to_exact_distances(api, alice, pets, monkeypatch):
+    # Someone else's 300 messages lie nearer the query than any of Alice's 4. A graph walk
+    # that gives up after its first 30 rows (ef_search) finds none of hers; the exact
+    # distances then find all four.
+    embed_pending()
+    backend = configured_backend()
+    query = backend.embed(["new dog"])[0]
+    rng = np.random.default_rng(5)
+    elsewhere = ConversationFactory(group__owner="someone-else")
+    for _ in range(300):
+        near = query + rng.normal(0, 0.01, query.shape).astype(np.float32)
+        MessageFactory(
+            conversation=elsewhere,
+            content="near the query",
+            embedding=near / np.linalg.norm(near),
+            embedding_model=backend.model,
+            embedded_at=timezone.now(),
+        )
+    always_search("hnsw", monkeypatch)
+    monkeypatch.setattr(selectors, "HNSW_EF_SEARCH", 1)
+    monkeypatch.setattr(selectors, "HNSW_MAX_SCAN_TUPLES", 1)
+    results = search(api, alice, "new dog", mode="semantic", topK=5)
+    assert len(results) == 4
+    assert contents(results)[0] == "I adopted a puppy named Rex last week"
 
 
 def test_after_embedding_meaning_finds_it_without_shared_words(api, alice, pets, nearest):
