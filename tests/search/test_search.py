@@ -99,6 +99,18 @@ def test_a_wide_scope_walks_the_vector_index_whatever_the_statistics_say(api, al
     assert "Index Scan using message_embedding_hnsw" in plans[0], plans[0]
 
 
+def nearest_order(persona, *, conversation_ids=None, before=None) -> str:
+    """How a user's search would find the nearest vectors: ``INDEX_ORDER`` or ``EXACT_ORDER``."""
+    scope = selectors._scope(
+        Principal(id=persona.id, kind="user"),
+        for_agent=False,
+        conversation_ids=conversation_ids,
+        before_message_id=before,
+    )
+    with connection.cursor() as cursor:
+        return selectors._nearest_order(cursor, scope, 30)
+
+
 @pytest.mark.parametrize(
     ("corpus", "way"), [(4, "hnsw"), (5, "hnsw"), (6, "exact"), (64, "exact"), (10**6, "exact")]
 )
@@ -112,15 +124,8 @@ def test_the_same_scope_is_searched_exactly_once_the_corpus_around_it_grows(
     CorpusStat.objects.update_or_create(id=1, defaults={"document_count": corpus})
     monkeypatch.setattr(selectors, "EXACT_SEARCH_BELOW", 0)
     monkeypatch.setattr(selectors, "HNSW_COST_PER_EXACT", 0.1)
-    scope = selectors._scope(
-        Principal(id=alice.id, kind="user"),
-        for_agent=False,
-        conversation_ids=None,
-        before_message_id=None,
-    )
-    with connection.cursor() as cursor:
-        order = selectors._nearest_order(cursor, scope, 30)
-    assert order == {"hnsw": selectors.INDEX_ORDER, "exact": selectors.EXACT_ORDER}[way]
+    expected = {"hnsw": selectors.INDEX_ORDER, "exact": selectors.EXACT_ORDER}[way]
+    assert nearest_order(alice) == expected
 
 
 @pytest.mark.parametrize("narrowed_by", ["conversationIds", "before"])
@@ -133,22 +138,11 @@ def test_a_narrowed_scope_is_counted_however_many_conversations_are_visible(
     embed_pending()
     monkeypatch.setattr(selectors, "FEW_CONVERSATIONS", 0)
     last = Message.objects.filter(conversation=pets).order_by("seq").last()
-    scope = selectors._scope(
-        Principal(id=alice.id, kind="user"),
-        for_agent=False,
-        conversation_ids=[pets.id] if narrowed_by == "conversationIds" else None,
-        before_message_id=last.id if narrowed_by == "before" else None,
+    narrowing = (
+        {"conversation_ids": [pets.id]} if narrowed_by == "conversationIds" else {"before": last.id}
     )
-    with connection.cursor() as cursor:
-        assert selectors._nearest_order(cursor, scope, 30) == selectors.EXACT_ORDER
-    whole = selectors._scope(
-        Principal(id=alice.id, kind="user"),
-        for_agent=False,
-        conversation_ids=None,
-        before_message_id=None,
-    )
-    with connection.cursor() as cursor:
-        assert selectors._nearest_order(cursor, whole, 30) == selectors.INDEX_ORDER
+    assert nearest_order(alice, **narrowing) == selectors.EXACT_ORDER
+    assert nearest_order(alice) == selectors.INDEX_ORDER
 
 
 def test_a_starved_graph_walk_falls_back_to_exact_distances(api, alice, pets, monkeypatch):
