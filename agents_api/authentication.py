@@ -9,7 +9,7 @@ from rest_framework.permissions import SAFE_METHODS, BasePermission
 from agents_api.keys import KEY_PREFIX, secret_matches, split_key
 from agents_api.models import ApiKey, Scope
 from memsvc.api.errors import Forbidden, InvalidInput, Unauthorized
-from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, Principal
+from memsvc.api.principals import Principal, user_id_problem
 
 LAST_USED_GRANULARITY = timedelta(minutes=1)
 ON_BEHALF_HEADER = "X-On-Behalf-Of"
@@ -51,11 +51,10 @@ def principal_for_key(api_key: ApiKey, on_behalf_of: str | None) -> Principal:
     if on_behalf_of is not None:
         if Scope.IMPERSONATE not in scopes:
             raise Forbidden(f"{ON_BEHALF_HEADER} needs a key with the 'impersonate' scope")
-        if not on_behalf_of or "\x00" in on_behalf_of or len(on_behalf_of) > 255:
-            raise InvalidInput.for_field(ON_BEHALF_HEADER, "must be a user id")
-        if on_behalf_of.startswith(AGENT_PRINCIPAL_PREFIX):
-            raise InvalidInput.for_field(ON_BEHALF_HEADER, "an agent acts for users, not agents")
-    return Principal.for_agent(api_key.agent_id, scopes=scopes, on_behalf_of=on_behalf_of)
+        problem = user_id_problem(on_behalf_of)
+        if problem:
+            raise InvalidInput.for_field(ON_BEHALF_HEADER, problem)
+    return api_key.agent.as_principal(scopes=scopes, on_behalf_of=on_behalf_of)
 
 
 class ApiKeyAuthentication(BaseAuthentication):

@@ -8,8 +8,7 @@ from django.db.models.functions import Length
 from django.db.models.lookups import LessThanOrEqual
 from django.utils import timezone
 
-from conversations.models import PRINCIPAL_MAX_LENGTH
-from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX
+from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, PRINCIPAL_MAX_LENGTH, Principal
 from memsvc.db import json_is_object
 from memsvc.validators import no_nul_characters
 
@@ -51,6 +50,10 @@ class Agent(models.Model):
     @property
     def principal_id(self) -> str:
         return f"{AGENT_PRINCIPAL_PREFIX}{self.id}"
+
+    def as_principal(self, **kwargs) -> Principal:
+        """This agent as the actor of a request (``Principal.for_agent``'s options)."""
+        return Principal.for_agent(self.id, name=self.name, **kwargs)
 
 
 class MemoryBlock(models.Model):

@@ -1,30 +1,25 @@
-"""Reads of agents."""
-
-import uuid
+"""Reads of agents: their memory blocks, and whose memory a request reaches."""
 
 from agents_api.models import Agent, MemoryBlock, MemoryBlockRevision
-from memsvc.api.errors import InvalidInput, NotFound
-from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX
+from memsvc.api.errors import Forbidden, InvalidInput, NotFound
+from memsvc.api.principals import Principal, user_id_problem
 
 
-def agent_by_id(agent_id, *, field: str) -> Agent:
-    """The agent a request names (users know agents by the id of ``GET /v1/agent/me``)."""
-    try:
-        agent = Agent.objects.filter(id=uuid.UUID(str(agent_id))).first()
-    except ValueError:
-        agent = None
-    if agent is None:
-        raise InvalidInput.for_field(field, "no such agent")
-    return agent
-
-
-def principal_for_sharing(principal_id: str, *, field: str) -> str:
-    """A principal to share with: any user id, or ``agent:<id>`` of an existing agent."""
-    if principal_id.startswith(AGENT_PRINCIPAL_PREFIX):
-        return agent_by_id(
-            principal_id.removeprefix(AGENT_PRINCIPAL_PREFIX), field=field
-        ).principal_id
-    return principal_id
+def memory_subject(principal: Principal, *, user_id: str | None, field: str = "userId") -> str:
+    """Whose memory (blocks, memories) an agent's request reaches: the user it acts for
+    (``X-On-Behalf-Of``, which cannot reach another user), else the user it names, else its
+    own (""). Any user id will do: agents learn about users they have not served yet."""
+    acting_for = principal.on_behalf_of
+    if acting_for:
+        if user_id and user_id != acting_for:
+            raise Forbidden(f"acting for {acting_for}, this request cannot reach another user")
+        return acting_for
+    if not user_id:
+        return ""
+    problem = user_id_problem(user_id)
+    if problem:
+        raise InvalidInput.for_field(field, problem)
+    return user_id
 
 
 def memory_blocks(agent: Agent, *, user_id: str) -> list[MemoryBlock]:

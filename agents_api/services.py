@@ -207,7 +207,7 @@ def local_conversation_for(agent: Agent):
     agent = Agent.objects.select_for_update().get(pk=agent.pk)
     if agent.local_conversation_id is None:
         agent.local_conversation = conversation_create(
-            Principal.for_agent(agent.id),
+            agent.as_principal(),
             title=f"{agent.name} (local)",
             metadata={"local_agent": agent.name},
         )
@@ -221,14 +221,13 @@ def local_message_append(
 ) -> Message:
     """A message of the local compatibility API, in the agent's own conversation. One
     transaction: a refused message leaves no conversation made for it."""
-    speaker = {Role.USER: "user", Role.ASSISTANT: agent.name, Role.SYSTEM: "system"}
+    # The seed's server has no user ids: its speakers are "user", the agent and "system".
+    speaker = {Role.USER: "user", Role.SYSTEM: "system"}.get(role)
     [message] = messages_append(
-        Principal.for_agent(agent.id),
+        agent.as_principal(),
         conversation=local_conversation_for(agent),
         messages=[
-            NewMessage(
-                content=content, role=role, metadata=metadata or {}, author_name=speaker[role]
-            )
+            NewMessage(content=content, role=role, metadata=metadata or {}, author_name=speaker)
         ],
     )
     return message

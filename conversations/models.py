@@ -17,10 +17,10 @@ from django.db.models.functions import Concat
 from django.utils import timezone
 from pgvector.django import HnswIndex, VectorField
 
+from memsvc.api.principals import PRINCIPAL_MAX_LENGTH
 from memsvc.db import json_is_object
 from memsvc.validators import no_nul_characters
 
-PRINCIPAL_MAX_LENGTH = 255
 TITLE_MAX_LENGTH = 500
 
 # Text search configuration of the message full-text index (stemming, stop words).

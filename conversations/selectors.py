@@ -36,6 +36,7 @@ from conversations.models import (
     Visibility,
 )
 from memsvc.api.errors import Forbidden, NotFound
+from memsvc.api.pagination import Page, keyset_page
 from memsvc.api.principals import Principal
 
 PREVIEW_CHARS = 200
@@ -138,25 +139,31 @@ def access_conversation(
     return conversation
 
 
-def conversation_list(
-    principal: Principal,
-    *,
-    query: str | None = None,
-    after: tuple[str, str] | None = None,
-    limit: int,
-) -> list[Conversation]:
-    """A page (``limit + 1`` rows, for the next cursor) sorted by ``updated_at`` desc, id."""
+def conversation_page(
+    principal: Principal, *, query: str | None = None, after: str | None = None, limit: int
+) -> Page:
+    """A page of the conversations the principal may see, latest activity first; ``query``
+    matches words of the title or metadata."""
     queryset = _with_summary_fields(conversations_visible_to(principal))
     if query:
         queryset = queryset.annotate(_metadata_text=Cast("metadata", TextField())).filter(
             Q(title__icontains=query) | Q(_metadata_text__icontains=query)
         )
-    if after is not None:
-        updated_at, conversation_id = after
-        queryset = queryset.filter(
-            Q(updated_at__lt=updated_at) | Q(updated_at=updated_at, id__gt=conversation_id)
+    return keyset_page(queryset, order=("-updated_at", "id"), after=after, limit=limit)
+
+
+def conversation_owner_id(conversation: Conversation) -> str:
+    """The owner's principal id (annotated by ``access_conversation``, else looked up)."""
+    owner_id = getattr(conversation, "owner_id", None)
+    if owner_id is None:
+        owner_id = (
+            Membership.objects.filter(
+                group_id=conversation.group_id, access_level=AccessLevel.OWNER
+            )
+            .values_list("principal_id", flat=True)
+            .get()
         )
-    return list(queryset.order_by("-updated_at", "id")[: limit + 1])
+    return owner_id
 
 
 # --- messages through fork ancestry ----------------------------------------------------------
@@ -242,6 +249,13 @@ def conversation_messages(conversation: Conversation, *, for_agent: bool = False
     if not for_agent:
         queryset = queryset.filter(channel=Channel.HISTORY, visibility=Visibility.USER)
     return queryset.order_by("seq")
+
+
+def message_page(conversation: Conversation, *, after: str | None = None, limit: int) -> Page:
+    """A page of the messages a user sees in the conversation's view, oldest first."""
+    return keyset_page(
+        conversation_messages(conversation), order=("seq",), after=after, limit=limit
+    )
 
 
 @dataclass(frozen=True)

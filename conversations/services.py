@@ -25,8 +25,8 @@ from conversations.models import (
     TransferStatus,
     Visibility,
 )
-from conversations.selectors import history_message_before
-from memsvc.api.errors import Conflict, Forbidden, InvalidInput
+from conversations.selectors import conversation_owner_id, history_message_before
+from memsvc.api.errors import Conflict, Forbidden, InvalidInput, NotFound
 from memsvc.api.principals import Principal
 from search.services import enqueue_embedding
 
@@ -100,14 +100,38 @@ class NewMessage:
     created_at: datetime | None = None
 
 
-def _build_message(actor: Principal, conversation: Conversation, new: NewMessage) -> Message:
+def _author_names(actor: Principal, conversation: Conversation, messages: Sequence[NewMessage]):
+    """The name each message is signed with, unless the writer gave one. It is part of the
+    embedded and indexed text ("<author>: <content>"), so it is decided here only.
+
+    A user's turn is signed by that user: the user the actor acts for, the actor itself, or,
+    for an agent recording its conversation's turns on its own, the conversation's owner.
+    Every other turn is signed by the actor (an agent's name).
+    """
+    users_turn = None
+    for new in messages:
+        if new.author_name:
+            yield new.author_name
+        elif new.role == Role.USER:
+            if users_turn is None:
+                users_turn = actor.on_behalf_of or (
+                    actor.id if actor.kind == "user" else conversation_owner_id(conversation)
+                )
+            yield users_turn
+        else:
+            yield actor.name or actor.id
+
+
+def _build_message(
+    actor: Principal, conversation: Conversation, new: NewMessage, author_name: str
+) -> Message:
     return Message(
         conversation=conversation,
         role=new.role,
         channel=new.channel,
         visibility=new.visibility,
         author_principal=actor.id,
-        author_name=new.author_name or actor.on_behalf_of or actor.id,
+        author_name=author_name,
         content=new.content,
         metadata=new.metadata,
         parent_message=new.parent_message,
@@ -120,8 +144,12 @@ def messages_append(
     actor: Principal, *, conversation: Conversation, messages: Sequence[NewMessage]
 ) -> list[Message]:
     """Append messages in order, all or nothing; they are queued for embedding on commit."""
+    authors = _author_names(actor, conversation, messages)
     created = Message.objects.bulk_create(
-        [_build_message(actor, conversation, new) for new in messages]
+        [
+            _build_message(actor, conversation, new, author)
+            for new, author in zip(messages, authors, strict=True)
+        ]
     )
     Conversation.objects.filter(pk=conversation.pk).update(updated_at=timezone.now())
     message_ids = [message.id for message in created]
@@ -150,7 +178,6 @@ def summary_create(
     summary: str,
     until_message: Message,
     summarized_at: datetime,
-    author_name: str | None = None,
 ) -> Message:
     """An agent's summary of the view up to ``until_message``: a SUMMARY message that agents
     see in place of what it covers, and the conversation's new title."""
@@ -160,7 +187,6 @@ def summary_create(
         messages=[
             NewMessage(
                 content=summary,
-                author_name=author_name,
                 role=Role.SYSTEM,
                 channel=Channel.SUMMARY,
                 visibility=Visibility.AGENT,
@@ -212,6 +238,23 @@ def conversation_fork(
 # --- memberships -----------------------------------------------------------------------------
 
 
+def _lock_group(group_id) -> None:
+    """Serialise the changes of one group's memberships (sharing, changing, removing, a
+    transfer being accepted): each reads the memberships it changes only after this lock,
+    so none acts on a level that another has just changed (a manager demoting the member
+    who has just become owner)."""
+    ConversationGroup.objects.select_for_update().filter(pk=group_id).first()
+
+
+def _locked_membership(membership: Membership) -> Membership:
+    """``membership`` as it is now, under its group's lock; 404 if it is gone meanwhile."""
+    _lock_group(membership.group_id)
+    current = Membership.objects.filter(pk=membership.pk).first()
+    if current is None:
+        raise NotFound("membership not found")
+    return current
+
+
 def _refuse_owner_level(access_level: str) -> None:
     if access_level == AccessLevel.OWNER:
         raise Forbidden("ownership is given by a transfer, not by sharing")
@@ -222,6 +265,7 @@ def membership_create(
     actor: Principal, *, conversation: Conversation, principal_id: str, access_level: str
 ) -> Membership:
     _refuse_owner_level(access_level)
+    _lock_group(conversation.group_id)
     try:
         with transaction.atomic():
             return Membership.objects.create(
@@ -234,6 +278,7 @@ def membership_create(
 @transaction.atomic
 def membership_update(actor: Principal, *, membership: Membership, access_level: str) -> Membership:
     _refuse_owner_level(access_level)
+    membership = _locked_membership(membership)
     if membership.access_level == AccessLevel.OWNER:
         raise Forbidden("the owner's access changes only by an ownership transfer")
     membership.access_level = access_level
@@ -243,6 +288,7 @@ def membership_update(actor: Principal, *, membership: Membership, access_level:
 
 @transaction.atomic
 def membership_delete(actor: Principal, *, membership: Membership) -> None:
+    membership = _locked_membership(membership)
     if membership.access_level == AccessLevel.OWNER:
         raise Forbidden("the owner cannot be removed; transfer ownership first")
     membership.delete()
@@ -291,8 +337,10 @@ def ownership_transfer_accept(
     if transfer.to_principal != actor.id:
         raise Forbidden("only the recipient can accept a transfer")
     transfer = _lock_pending(transfer)
-    memberships = Membership.objects.select_for_update().filter(group_id=transfer.group_id)
-    memberships.filter(access_level=AccessLevel.OWNER).update(access_level=AccessLevel.MANAGER)
+    _lock_group(transfer.group_id)
+    Membership.objects.filter(group_id=transfer.group_id, access_level=AccessLevel.OWNER).update(
+        access_level=AccessLevel.MANAGER
+    )
     Membership.objects.update_or_create(
         group_id=transfer.group_id,
         principal_id=actor.id,

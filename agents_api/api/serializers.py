@@ -6,7 +6,7 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from agents_api.models import DEFAULT_BLOCK_LIMIT, Scope
-from conversations.api.serializers import MessageOut, listed
+from conversations.api.serializers import MessageOut
 from conversations.models import Channel, Role, Visibility
 from memsvc.api.fields import (
     InputSerializer,
@@ -15,6 +15,7 @@ from memsvc.api.fields import (
     TextField,
     TitleField,
 )
+from memsvc.api.schema import listed
 
 MAX_BULK_MESSAGES = 100
 CLOCK_SKEW = timedelta(seconds=60)

@@ -1,7 +1,6 @@
 from django.urls import path
 
 from agents_api.api import views
-from search.api.views import AgentSearchView
 
 urlpatterns = [
     path("me", views.MeView.as_view()),
@@ -9,7 +8,7 @@ urlpatterns = [
     path("conversations/<uuid:conversation_id>/messages", views.MessagesView.as_view()),
     path("conversations/<uuid:conversation_id>/context", views.ContextView.as_view()),
     path("conversations/<uuid:conversation_id>/summaries", views.SummariesView.as_view()),
-    path("search/messages", AgentSearchView.as_view()),
+    path("search/messages", views.SearchView.as_view()),
     path("memory-blocks", views.MemoryBlocksView.as_view()),
     path("memory-blocks/<str:label>", views.MemoryBlockView.as_view()),
     path("memory-blocks/<str:label>/revisions", views.MemoryBlockRevisionsView.as_view()),

@@ -3,6 +3,7 @@
 import hashlib
 import json
 
+from django.conf import settings
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
@@ -12,14 +13,23 @@ from agents_api import selectors as agent_selectors
 from agents_api import services as agent_services
 from agents_api.api import serializers as s
 from agents_api.authentication import ON_BEHALF_HEADER, ApiKeyAuthentication, HasScope
+from agents_api.models import Scope
 from conversations import selectors, services
-from conversations.api.serializers import ConversationOut, MessageOut, listed
-from conversations.api.views import LIST_PARAMETERS, ConversationPage, conversation_page
-from conversations.models import AccessLevel, Role
+from conversations.api.serializers import (
+    CONVERSATION_LIST_PARAMETERS,
+    ConversationOut,
+    ConversationPage,
+    ConversationSummaryOut,
+    MessageOut,
+    SearchMessagesIn,
+    SearchResultsOut,
+)
+from conversations.models import AccessLevel
 from conversations.services import NewMessage
-from memsvc.api.errors import Forbidden, InvalidInput, NotFound
-from memsvc.api.pagination import LIMIT_PARAMETER, parse_limit
-from memsvc.api.schema import errors
+from memsvc.api.errors import InvalidInput, NotFound
+from memsvc.api.pagination import LIMIT_PARAMETER, page_data, page_params, parse_limit
+from memsvc.api.schema import errors, listed
+from search.selectors import search_messages
 
 ON_BEHALF = OpenApiParameter(
     ON_BEHALF_HEADER,
@@ -62,11 +72,14 @@ class MeView(AgentApiView):
 class ConversationsView(AgentApiView):
     @agent_operation(
         "agentListConversations",
-        parameters=LIST_PARAMETERS,
+        parameters=CONVERSATION_LIST_PARAMETERS,
         responses={200: ConversationPage, **errors(400, 401, 403)},
     )
     def get(self, request):
-        return Response(conversation_page(request))
+        page = selectors.conversation_page(
+            request.principal, query=request.query_params.get("query"), **page_params(request)
+        )
+        return Response(page_data(page, ConversationSummaryOut))
 
     @agent_operation(
         "agentCreateConversation",
@@ -132,25 +145,19 @@ class MessagesView(AgentApiView):
         )
         data = s.BulkMessagesIn.parse(request.data)
         parents = _parents_in_view(conversation, data["messages"])
-        new_messages = []
-        for item in data["messages"]:
-            author = item.get("authorName") or (
-                request.principal.on_behalf_of or conversation.owner_id
-                if item["role"] == Role.USER
-                else request.agent.name
+        new_messages = [
+            NewMessage(
+                content=item["content"],
+                role=item["role"],
+                channel=item["channel"],
+                visibility=item["visibility"],
+                metadata=item.get("metadata", {}),
+                author_name=item.get("authorName"),
+                parent_message=parents.get(item.get("parentMessageId")),
+                created_at=item.get("createdAt"),
             )
-            new_messages.append(
-                NewMessage(
-                    content=item["content"],
-                    role=item["role"],
-                    channel=item["channel"],
-                    visibility=item["visibility"],
-                    metadata=item.get("metadata", {}),
-                    author_name=author,
-                    parent_message=parents.get(item.get("parentMessageId")),
-                    created_at=item.get("createdAt"),
-                )
-            )
+            for item in data["messages"]
+        ]
         key = request.headers.get("Idempotency-Key")
         messages, created = agent_services.agent_messages_append(
             request.principal,
@@ -211,9 +218,30 @@ class SummariesView(AgentApiView):
             summary=data["summary"],
             until_message=_in_view(conversation, data["untilMessageId"], "untilMessageId"),
             summarized_at=data["summarizedAt"],
-            author_name=request.agent.name,
         )
         return Response(MessageOut(message).data, status=201)
+
+
+class SearchView(AgentApiView):
+    required_scope = Scope.READ  # a POST, but searching changes nothing
+
+    @agent_operation(
+        "agentSearchMessages",
+        request=SearchMessagesIn,
+        responses={200: SearchResultsOut, **errors(400, 401, 403)},
+    )
+    def post(self, request):
+        data = SearchMessagesIn.parse(request.data)
+        hits = search_messages(
+            request.principal,
+            query=data["query"],
+            top_k=data.get("topK", settings.MEMORY_DEFAULT_SEARCH_LIMIT),
+            mode=data["mode"],
+            conversation_ids=data.get("conversationIds"),
+            before_message_id=data.get("before"),
+            for_agent=True,
+        )
+        return Response(SearchResultsOut({"data": hits}).data)
 
 
 # --- memory blocks ---------------------------------------------------------------------------
@@ -223,16 +251,9 @@ RevisionList = listed(s.MemoryBlockRevisionOut, "MemoryBlockRevisionList")
 
 
 def _block_owner(request) -> str:
-    """Whose blocks: ``?userId=``, or the user the agent acts for, or the agent's own ("")."""
-    user_id = request.query_params.get("userId", "")
-    acting_for = request.principal.on_behalf_of
-    if acting_for:
-        if user_id and user_id != acting_for:
-            raise Forbidden(f"acting for {acting_for}, this request cannot reach another user")
-        return acting_for
-    if "\x00" in user_id or len(user_id) > 255:
-        raise InvalidInput.for_field("userId", "must be a user id")
-    return user_id
+    return agent_selectors.memory_subject(
+        request.principal, user_id=request.query_params.get("userId")
+    )
 
 
 class MemoryBlocksView(AgentApiView):

@@ -27,7 +27,6 @@ from agents_api.models import Agent
 from conversations.selectors import conversation_messages
 from memsvc.api.errors import ApiError, InvalidInput, NotFound
 from memsvc.api.pagination import parse_limit
-from memsvc.api.principals import Principal
 from search.selectors import search_messages
 
 LOOPBACK = {"127.0.0.1", "::1"}
@@ -97,7 +96,7 @@ def _search(agent: Agent, query: str, limit: int) -> list[dict]:
     if agent.local_conversation_id is None:
         return []
     hits = search_messages(
-        Principal.for_agent(agent.id),
+        agent.as_principal(),
         query=query,
         top_k=limit,
         conversation_ids=[agent.local_conversation_id],
@@ -199,7 +198,7 @@ class MemoryBlocksView(LocalView):
         data = s.CreateBlockIn.parse(request.data)
         agent = _agent(request, data["agent_name"])
         block = agent_services.memory_block_create(
-            Principal.for_agent(agent.id), agent=agent, label=data["label"], value=data["value"]
+            agent.as_principal(), agent=agent, label=data["label"], value=data["value"]
         )
         return Response(s.block_out(block))
 
@@ -229,7 +228,7 @@ class MemoryBlockView(LocalView):
         agent, block = self._block(request, agent_name, label)
         data = s.UpdateBlockIn.parse(request.data)
         block = agent_services.memory_block_update(
-            Principal.for_agent(agent.id), block=block, value=data["value"]
+            agent.as_principal(), block=block, value=data["value"]
         )
         return Response(s.block_out(block))
 

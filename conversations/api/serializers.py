@@ -1,22 +1,21 @@
 """The JSON of the user API (camelCase), in and out."""
 
+from django.conf import settings
+from drf_spectacular.utils import OpenApiParameter
 from rest_framework import serializers
 
-from conversations.models import PRINCIPAL_MAX_LENGTH, AccessLevel, TransferStatus
+from conversations.models import AccessLevel, TransferStatus
 from memsvc.api.fields import (
     InputSerializer,
     MessageContentField,
     MetadataField,
+    PrincipalIdField,
     TextField,
     TitleField,
 )
-
-
-class PrincipalIdField(TextField):
-    def __init__(self, **kwargs):
-        kwargs.setdefault("max_length", PRINCIPAL_MAX_LENGTH)
-        super().__init__(**kwargs)
-
+from memsvc.api.pagination import AFTER_PARAMETER, LIMIT_PARAMETER
+from memsvc.api.schema import paged
+from search.selectors import MODES
 
 # --- out -------------------------------------------------------------------------------------
 
@@ -108,26 +107,29 @@ class TransferOut(serializers.Serializer):
         ref_name = "OwnershipTransfer"
 
 
-def paged(serializer_class, name: str):
-    """The schema of a paged list: ``{"data": [...], "nextCursor": ...}``."""
-    return type(
-        name,
-        (serializers.Serializer,),
-        {
-            "data": serializer_class(many=True),
-            "nextCursor": serializers.CharField(allow_null=True),
-            "Meta": type("Meta", (), {"ref_name": name}),
-        },
-    )
+ConversationPage = paged(ConversationSummaryOut, "ConversationSummaryPage")
+CONVERSATION_LIST_PARAMETERS = [
+    LIMIT_PARAMETER,
+    AFTER_PARAMETER,
+    OpenApiParameter("query", str, description="Words of the title or metadata"),
+]
 
 
-def listed(serializer_class, name: str):
-    """The schema of an unpaged list: ``{"data": [...]}``."""
-    return type(
-        name,
-        (serializers.Serializer,),
-        {"data": serializer_class(many=True), "Meta": type("Meta", (), {"ref_name": name})},
-    )
+class SearchResultOut(serializers.Serializer):
+    message = MessageOut()
+    conversationId = serializers.UUIDField(source="message.conversation_id")
+    score = serializers.FloatField()
+    highlights = serializers.CharField(allow_null=True)
+
+    class Meta:
+        ref_name = "SearchResult"
+
+
+class SearchResultsOut(serializers.Serializer):
+    data = SearchResultOut(many=True)
+
+    class Meta:
+        ref_name = "SearchResults"
 
 
 # --- in --------------------------------------------------------------------------------------
@@ -186,3 +188,23 @@ class TransferIn(InputSerializer):
 
     class Meta:
         ref_name = "TransferOwnershipRequest"
+
+
+class SearchMessagesIn(InputSerializer):
+    query = TextField(max_length=2000)
+    topK = serializers.IntegerField(
+        required=False, min_value=1, max_value=settings.MEMORY_MAX_SEARCH_LIMIT
+    )
+    conversationIds = serializers.ListField(
+        child=serializers.UUIDField(), required=False, max_length=100
+    )
+    before = serializers.UUIDField(required=False, help_text="Only messages before this one.")
+    mode = serializers.ChoiceField(choices=MODES, default="hybrid")
+
+    class Meta:
+        ref_name = "SearchMessagesRequest"
+
+    def validate_query(self, value):
+        if not value.strip():
+            raise serializers.ValidationError("must not be empty")
+        return value

@@ -1,7 +1,6 @@
 from django.urls import path
 
 from conversations.api import views
-from search.api.views import UserSearchView
 
 urlpatterns = [
     path("conversations", views.ConversationsView.as_view()),
@@ -21,7 +20,7 @@ urlpatterns = [
         "conversations/<uuid:conversation_id>/transfer-ownership",
         views.TransferOwnershipView.as_view(),
     ),
-    path("search/messages", UserSearchView.as_view()),
+    path("search/messages", views.SearchView.as_view()),
     path("ownership-transfers", views.TransfersView.as_view()),
     path("ownership-transfers/<uuid:transfer_id>", views.TransferView.as_view()),
     path("ownership-transfers/<uuid:transfer_id>/accept", views.AcceptTransferView.as_view()),

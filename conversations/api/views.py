@@ -1,56 +1,26 @@
 """The user API (``/v1/user``): thin views that parse, check access, call one service or
 selector, and serialize."""
 
+from django.conf import settings
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from agents_api.selectors import agent_by_id, principal_for_sharing
 from conversations import selectors, services
 from conversations.api import serializers as s
 from conversations.models import AccessLevel, TransferStatus
 from memsvc.api.errors import InvalidInput
 from memsvc.api.jwt_auth import JWTAuthentication
-from memsvc.api.pagination import (
-    LIMIT_PARAMETER,
-    decode_cursor,
-    encode_cursor,
-    page,
-    parse_limit,
-)
-from memsvc.api.schema import errors
+from memsvc.api.pagination import AFTER_PARAMETER, LIMIT_PARAMETER, page_data, page_params
+from memsvc.api.principals import agent_principal_id, principal_for_sharing
+from memsvc.api.schema import errors, listed, paged
+from search.selectors import search_messages
 
-AFTER = OpenApiParameter("after", str, description="`nextCursor` of the previous page")
-
-ConversationPage = s.paged(s.ConversationSummaryOut, "ConversationSummaryPage")
-MessagePage = s.paged(s.MessageOut, "MessagePage")
-ForkList = s.listed(s.ForkOut, "ConversationForkList")
-MembershipList = s.listed(s.MembershipOut, "ConversationMembershipList")
-TransferList = s.listed(s.TransferOut, "OwnershipTransferList")
-
-
-def conversation_page(request) -> dict:
-    """A page of the conversations ``request.principal`` may see (user and agent APIs)."""
-    limit = parse_limit(request.query_params.get("limit"))
-    after = request.query_params.get("after")
-    rows = selectors.conversation_list(
-        request.principal,
-        query=request.query_params.get("query") or None,
-        after=decode_cursor(after, types=(str, str)) if after else None,
-        limit=limit,
-    )
-    rows, next_cursor = page(
-        rows, limit, lambda c: encode_cursor(c.updated_at.isoformat(), str(c.id))
-    )
-    return {"data": s.ConversationSummaryOut(rows, many=True).data, "nextCursor": next_cursor}
-
-
-LIST_PARAMETERS = [
-    LIMIT_PARAMETER,
-    AFTER,
-    OpenApiParameter("query", str, description="Words of the title or metadata"),
-]
+MessagePage = paged(s.MessageOut, "MessagePage")
+ForkList = listed(s.ForkOut, "ConversationForkList")
+MembershipList = listed(s.MembershipOut, "ConversationMembershipList")
+TransferList = listed(s.TransferOut, "OwnershipTransferList")
 
 
 def user_operation(operation_id: str, **kwargs):
@@ -65,11 +35,14 @@ class UserApiView(APIView):
 class ConversationsView(UserApiView):
     @user_operation(
         "listConversations",
-        parameters=LIST_PARAMETERS,
-        responses={200: ConversationPage, **errors(400, 401)},
+        parameters=s.CONVERSATION_LIST_PARAMETERS,
+        responses={200: s.ConversationPage, **errors(400, 401)},
     )
     def get(self, request):
-        return Response(conversation_page(request))
+        page = selectors.conversation_page(
+            request.principal, query=request.query_params.get("query"), **page_params(request)
+        )
+        return Response(page_data(page, s.ConversationSummaryOut))
 
     @user_operation(
         "createConversation",
@@ -79,7 +52,7 @@ class ConversationsView(UserApiView):
     def post(self, request):
         data = s.CreateConversationIn.parse(request.data)
         agent_id = data.get("agentId")
-        writers = [agent_by_id(agent_id, field="agentId").principal_id] if agent_id else []
+        writers = [agent_principal_id(agent_id, field="agentId")] if agent_id else []
         conversation = services.conversation_create(
             request.principal,
             title=data.get("title", ""),
@@ -127,19 +100,13 @@ class ConversationView(UserApiView):
 class MessagesView(UserApiView):
     @user_operation(
         "listMessages",
-        parameters=[LIMIT_PARAMETER, AFTER],
+        parameters=[LIMIT_PARAMETER, AFTER_PARAMETER],
         responses={200: MessagePage, **errors(400, 401, 404)},
     )
     def get(self, request, conversation_id):
         conversation = selectors.access_conversation(request.principal, conversation_id)
-        limit = parse_limit(request.query_params.get("limit"))
-        messages = selectors.conversation_messages(conversation)
-        after = request.query_params.get("after")
-        if after:
-            [after_seq] = decode_cursor(after, types=(int,))
-            messages = messages.filter(seq__gt=after_seq)
-        rows, next_cursor = page(list(messages[: limit + 1]), limit, lambda m: encode_cursor(m.seq))
-        return Response({"data": s.MessageOut(rows, many=True).data, "nextCursor": next_cursor})
+        page = selectors.message_page(conversation, **page_params(request))
+        return Response(page_data(page, s.MessageOut))
 
     @user_operation(
         "appendMessage",
@@ -262,6 +229,25 @@ class TransferOwnershipView(UserApiView):
             request.principal, conversation=conversation, to_principal=data["newOwnerUserId"]
         )
         return Response(s.TransferOut(transfer).data, status=202)
+
+
+class SearchView(UserApiView):
+    @user_operation(
+        "searchMessages",
+        request=s.SearchMessagesIn,
+        responses={200: s.SearchResultsOut, **errors(400, 401)},
+    )
+    def post(self, request):
+        data = s.SearchMessagesIn.parse(request.data)
+        hits = search_messages(
+            request.principal,
+            query=data["query"],
+            top_k=data.get("topK", settings.MEMORY_DEFAULT_SEARCH_LIMIT),
+            mode=data["mode"],
+            conversation_ids=data.get("conversationIds"),
+            before_message_id=data.get("before"),
+        )
+        return Response(s.SearchResultsOut({"data": hits}).data)
 
 
 class TransfersView(UserApiView):

@@ -11,6 +11,7 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from memsvc.api.principals import PRINCIPAL_MAX_LENGTH, user_id_problem
 from memsvc.validators import no_nul_characters
 
 METADATA_MAX_BYTES = 16 * 1024
@@ -30,6 +31,25 @@ class TextField(serializers.CharField):
         if not isinstance(data, str):
             self.fail("invalid")
         return super().to_internal_value(data)
+
+
+class PrincipalIdField(TextField):
+    """A user id, or ``agent:<id>`` where an agent may stand (sharing)."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("max_length", PRINCIPAL_MAX_LENGTH)
+        super().__init__(**kwargs)
+
+
+class UserIdField(PrincipalIdField):
+    """A user id (``user_id_problem``)."""
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        problem = user_id_problem(value)
+        if problem:
+            raise serializers.ValidationError(problem)
+        return value
 
 
 class MessageContentField(TextField):

@@ -17,7 +17,7 @@ from django.conf import settings
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 
 from memsvc.api.errors import Unauthorized
-from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, Principal
+from memsvc.api.principals import Principal, user_id_problem
 
 SHARED_SECRET_ALGORITHMS = ("HS256",)
 ISSUER_ALGORITHMS = ("RS256", "RS384", "RS512", "ES256", "ES384")
@@ -56,13 +56,10 @@ def decode_user_token(token: str) -> dict:
         # Every way a token or the issuer's key set can be wrong (ValueError: a key set that
         # is not JSON) is the caller's 401, never a 500.
         raise Unauthorized(f"invalid token: {exc}") from None
-    subject = claims["sub"]
-    if not isinstance(subject, str) or not subject or "\x00" in subject:
-        raise Unauthorized("invalid token: sub must be a non-empty string")
-    if subject.startswith(AGENT_PRINCIPAL_PREFIX):
-        # Agent principals come from API keys only; a user named "agent:..." would borrow
-        # an agent's memberships.
-        raise Unauthorized("invalid token: sub must not name an agent")
+    # Agent principals come from API keys only (``user_id_problem``).
+    problem = user_id_problem(claims["sub"])
+    if problem:
+        raise Unauthorized(f"invalid token: sub {problem}")
     return claims
 
 

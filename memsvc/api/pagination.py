@@ -8,8 +8,14 @@ twice, and no page costs more than its own rows.
 
 import base64
 import binascii
+import functools
 import json
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
 
+from django.core.exceptions import ValidationError
+from django.db.models import Q, QuerySet
 from drf_spectacular.utils import OpenApiParameter
 
 from memsvc.api.errors import InvalidInput
@@ -22,6 +28,7 @@ LIMIT_PARAMETER = OpenApiParameter(
     {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": DEFAULT_LIMIT},
     description=f"Items per page, 1..{MAX_LIMIT}.",
 )
+AFTER_PARAMETER = OpenApiParameter("after", str, description="`nextCursor` of the previous page")
 
 
 def encode_cursor(*key) -> str:
@@ -62,9 +69,68 @@ def parse_limit(
     return limit
 
 
-def page(rows: list, limit: int, cursor_of) -> tuple[list, str | None]:
-    """Split ``limit + 1`` fetched rows into the page and the cursor of the next one."""
-    if len(rows) > limit:
-        rows = rows[:limit]
-        return rows, cursor_of(rows[-1])
-    return rows, None
+def page_params(request) -> dict:
+    """``after`` and ``limit`` of a list request, for a page selector (400 on a bad limit)."""
+    return {
+        "after": request.query_params.get("after") or None,
+        "limit": parse_limit(request.query_params.get("limit")),
+    }
+
+
+def page_data(page: "Page", serializer_class, **kwargs) -> dict:
+    """The JSON of a paged list: ``{"data": [...], "nextCursor": ...}``."""
+    return {
+        "data": serializer_class(page.rows, many=True, **kwargs).data,
+        "nextCursor": page.next_cursor,
+    }
+
+
+@dataclass(frozen=True)
+class Page:
+    rows: list
+    next_cursor: str | None
+
+
+def keyset_page(queryset: QuerySet, *, order: Sequence[str], after: str | None, limit: int) -> Page:
+    """One page of ``queryset`` sorted by ``order`` (field names, ``-`` for descending; the
+    last one unique, so the order is total), starting after the cursor ``after``.
+
+    The cursor holds the last row's sort key; the page is ``WHERE key beyond cursor ORDER BY
+    key LIMIT limit + 1``, the extra row telling whether there is a next page.
+    """
+    fields = [name.removeprefix("-") for name in order]
+    if after:
+        model_fields = [queryset.model._meta.get_field(name) for name in fields]
+        raw_key = decode_cursor(after, types=tuple(_json_type(f) for f in model_fields))
+        try:
+            key = [f.to_python(value) for f, value in zip(model_fields, raw_key, strict=True)]
+        except ValidationError:
+            raise InvalidInput.for_field("after", "malformed cursor") from None
+        queryset = queryset.filter(_beyond(order, key))
+    rows = list(queryset.order_by(*order)[: limit + 1])
+    if len(rows) <= limit:
+        return Page(rows, None)
+    rows = rows[:limit]
+    last = rows[-1]
+    return Page(rows, encode_cursor(*(_json_value(getattr(last, name)) for name in fields)))
+
+
+def _beyond(order: Sequence[str], key: list) -> Q:
+    """Rows after ``key`` in ``order``: (k1 beyond) OR (k1 equal AND k2 beyond) OR ..."""
+    conditions = []
+    for position, name in enumerate(order):
+        field = name.removeprefix("-")
+        lookup = "lt" if name.startswith("-") else "gt"
+        equal = {order[i].removeprefix("-"): key[i] for i in range(position)}
+        conditions.append(Q(**equal, **{f"{field}__{lookup}": key[position]}))
+    return functools.reduce(operator.or_, conditions)
+
+
+def _json_type(field) -> type:
+    return int if field.get_internal_type().endswith(("IntegerField", "AutoField")) else str
+
+
+def _json_value(value):
+    if isinstance(value, int | str):
+        return value
+    return value.isoformat() if hasattr(value, "isoformat") else str(value)

@@ -1,9 +1,32 @@
-"""Who is asking: the one object the rest of the code sees as ``request.principal``."""
+"""Who is asking: the one object the rest of the code sees as ``request.principal``; and
+which principal ids exist."""
 
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from memsvc.api.errors import InvalidInput
 
 # Principal ids of agents: ``agent:<uuid>``. Anything else is a user id.
 AGENT_PRINCIPAL_PREFIX = "agent:"
+# The width of every column that holds a principal id.
+PRINCIPAL_MAX_LENGTH = 255
+
+
+def user_id_problem(value) -> str | None:
+    """Why ``value`` cannot be a user id (a JWT ``sub``, ``X-On-Behalf-Of``, a ``userId``
+    parameter), or None when it can: a non-empty string PostgreSQL can store in a principal
+    column, that does not name an agent (a user called ``agent:...`` would borrow that
+    agent's memberships)."""
+    if not isinstance(value, str) or not value:
+        return "must be a non-empty string"
+    if "\x00" in value:
+        return "must not contain NUL characters"
+    if len(value) > PRINCIPAL_MAX_LENGTH:
+        return f"must be at most {PRINCIPAL_MAX_LENGTH} characters"
+    if value.startswith(AGENT_PRINCIPAL_PREFIX):
+        return "must name a user, not an agent"
+    return None
 
 
 @dataclass(frozen=True)
@@ -19,19 +42,22 @@ class Principal:
     scopes: frozenset[str] = field(default_factory=frozenset)
     agent_id: str | None = None
     on_behalf_of: str | None = None
+    # How the principal signs what it writes: an agent's name; a user's id.
+    name: str = ""
 
     # DRF's IsAuthenticated reads this from request.user.
     is_authenticated = True
 
     @classmethod
     def user(cls, user_id: str) -> "Principal":
-        return cls(id=user_id, kind="user")
+        return cls(id=user_id, kind="user", name=user_id)
 
     @classmethod
     def for_agent(
         cls,
         agent_id,
         *,
+        name: str = "",
         scopes: frozenset[str] = frozenset({"read", "write"}),
         on_behalf_of: str | None = None,
     ) -> "Principal":
@@ -41,6 +67,7 @@ class Principal:
             scopes=scopes,
             agent_id=str(agent_id),
             on_behalf_of=on_behalf_of,
+            name=name,
         )
 
     @property
@@ -52,3 +79,35 @@ class Principal:
     def owner_id(self) -> str:
         """Who owns what this principal creates."""
         return self.on_behalf_of or self.id
+
+
+# --- which agents exist ----------------------------------------------------------------------
+
+# Conversations are shared with agents, but agents are built on conversations: the
+# conversations app cannot import the agents app. The agents app tells, at start-up
+# (``AgentsApiConfig.ready``), how to know whether an agent exists.
+_agent_exists: Callable[[uuid.UUID], bool] | None = None
+
+
+def register_agent_lookup(exists: Callable[[uuid.UUID], bool]) -> None:
+    global _agent_exists
+    _agent_exists = exists
+
+
+def agent_principal_id(agent_id, *, field: str) -> str:
+    """``agent:<id>`` of an existing agent (users know agents by the id of
+    ``GET /v1/agent/me``); 400 naming ``field`` otherwise."""
+    try:
+        agent_uuid = uuid.UUID(str(agent_id))
+    except ValueError:
+        agent_uuid = None
+    if agent_uuid is None or _agent_exists is None or not _agent_exists(agent_uuid):
+        raise InvalidInput.for_field(field, "no such agent")
+    return f"{AGENT_PRINCIPAL_PREFIX}{agent_uuid}"
+
+
+def principal_for_sharing(principal_id: str, *, field: str) -> str:
+    """A principal to share with: any user id, or ``agent:<id>`` of an existing agent."""
+    if principal_id.startswith(AGENT_PRINCIPAL_PREFIX):
+        return agent_principal_id(principal_id.removeprefix(AGENT_PRINCIPAL_PREFIX), field=field)
+    return principal_id

@@ -37,6 +37,28 @@ _DESCRIPTIONS = {
 }
 
 
+def paged(serializer_class, name: str):
+    """The schema of a paged list: ``{"data": [...], "nextCursor": ...}``."""
+    return type(
+        name,
+        (serializers.Serializer,),
+        {
+            "data": serializer_class(many=True),
+            "nextCursor": serializers.CharField(allow_null=True),
+            "Meta": type("Meta", (), {"ref_name": name}),
+        },
+    )
+
+
+def listed(serializer_class, name: str):
+    """The schema of an unpaged list: ``{"data": [...]}``."""
+    return type(
+        name,
+        (serializers.Serializer,),
+        {"data": serializer_class(many=True), "Meta": type("Meta", (), {"ref_name": name})},
+    )
+
+
 def errors(*codes: int) -> dict[int, OpenApiResponse]:
     return {
         code: OpenApiResponse(ErrorSerializer, description=_DESCRIPTIONS[code]) for code in codes
