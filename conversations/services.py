@@ -28,7 +28,7 @@ from conversations.models import (
 from conversations.selectors import conversation_owner_id, history_message_before
 from memsvc.api.errors import Conflict, Forbidden, InvalidInput, NotFound
 from memsvc.api.principals import Principal
-from search.services import enqueue_embedding
+from search.tasks import enqueue_embedding
 
 # --- conversations ---------------------------------------------------------------------------
 

@@ -1,11 +1,10 @@
 """Writes of the search app: message vectors and the keyword statistics.
 
-A message is committed first and embedded afterwards (``enqueue_embedding`` runs on commit).
+A message is committed first and embedded afterwards (``tasks.enqueue_embedding`` runs on commit).
 Whatever the queue loses, the periodic sweep finds again: a message is never left
 unsearchable because of a broker problem, and keywords find it meanwhile.
 """
 
-import logging
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -19,8 +18,6 @@ from search.embeddings import (
     embedding_text,
     vector_literal,
 )
-
-logger = logging.getLogger(__name__)
 
 EMBED_BATCH = 256
 
@@ -169,18 +166,4 @@ def rebuild_term_stats() -> None:
             ON CONFLICT (id) DO UPDATE SET document_count = EXCLUDED.document_count,
                                            total_length = EXCLUDED.total_length
             """
-        )
-
-
-def enqueue_embedding(message_ids: Sequence) -> None:
-    """Hand committed messages to a worker. A broker that is down loses nothing: the sweep
-    embeds whatever is still waiting, so the error is logged and the request goes on."""
-    from search.tasks import embed_messages_task
-
-    ids = [str(message_id) for message_id in message_ids]
-    try:
-        embed_messages_task.apply_async(args=[ids], retry=False)
-    except Exception as exc:  # any broker failure: kombu, redis, amqp, OS errors
-        logger.warning(
-            "could not enqueue %d messages for embedding (%s); the sweep will", len(ids), exc
         )

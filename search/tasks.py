@@ -1,5 +1,7 @@
 """Celery tasks of the search app: they take ids, and call a service that reloads the rows."""
 
+from collections.abc import Sequence
+
 from celery.utils.log import get_task_logger
 
 from memsvc.celery import app
@@ -48,3 +50,15 @@ def sweep_unembedded_task() -> int:
     if embedded:
         logger.info("sweep embedded %d messages", embedded)
     return embedded
+
+
+def enqueue_embedding(message_ids: Sequence) -> None:
+    """Hand committed messages to a worker. A broker that is down loses nothing: the sweep
+    embeds whatever is still waiting, so the error is logged and the request goes on."""
+    ids = [str(message_id) for message_id in message_ids]
+    try:
+        embed_messages_task.apply_async(args=[ids], retry=False)
+    except Exception as exc:  # any broker failure: kombu, redis, amqp, OS errors
+        logger.warning(
+            "could not enqueue %d messages for embedding (%s); the sweep will", len(ids), exc
+        )
