@@ -1,22 +1,38 @@
-"""Every write to agents, API keys and memory blocks. The acting principal comes first."""
+"""Every write to agents, API keys, memory blocks and long-term memories. The acting
+principal comes first."""
 
-from django.db import IntegrityError, transaction
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.db import IntegrityError, connection, transaction
+from django.db.models import F, Func
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from agents_api.keys import hash_secret, new_key
 from agents_api.models import (
     DEFAULT_BLOCK_LIMIT,
+    MEMORY_TTL,
     Agent,
     ApiKey,
     IdempotentRequest,
+    Memory,
     MemoryBlock,
     MemoryBlockRevision,
+    MemorySource,
     Scope,
+    content_hash,
+    default_expiry,
 )
 from conversations.models import Message, Role
 from conversations.services import NewMessage, conversation_create, messages_append
 from memsvc.api.errors import Conflict, Forbidden, InvalidInput
 from memsvc.api.principals import Principal
+from search.embeddings import EmbeddingError, configured_backend, vector_literal
+
+logger = logging.getLogger(__name__)
 
 # --- agents and keys -------------------------------------------------------------------------
 
@@ -231,3 +247,261 @@ def local_message_append(
         ],
     )
     return message
+
+
+# --- long-term memories ----------------------------------------------------------------------
+
+# A new memory this close (cosine similarity) to one the agent already keeps about the same
+# user is the same fact in other words: it is merged into that one.
+NEAR_DUPLICATE_SIMILARITY = 0.95
+# kagent: a memory used this often by the time it expires is kept another MEMORY_TTL.
+POPULAR_ACCESS_COUNT = 10
+
+
+@dataclass
+class NewMemory:
+    content: str
+    summary: str = ""
+    importance: float = 0.5
+    tags: Sequence[str] = ()
+    metadata: dict = field(default_factory=dict)
+    expires_at: datetime | None = None
+
+
+def _memory_vectors(texts: list[str]):
+    """Vectors for new memories, in one call; None when the backend fails (the memories are
+    stored anyway, found by keywords, and embedded later by the sweep)."""
+    backend = configured_backend()
+    try:
+        return backend.model, list(backend.embed(texts))
+    except EmbeddingError as exc:
+        logger.warning("memories saved without vectors (%s); the sweep will embed them", exc)
+        return None, None
+
+
+_NEAREST_MEMORY = """
+SELECT id FROM memory
+WHERE agent_id = %s AND user_id = %s AND embedding_model = %s
+  AND (embedding <=> %s::vector) <= %s
+ORDER BY (embedding <=> %s::vector) + 0
+LIMIT 1
+"""
+
+
+def _same_memory(agent: Agent, user_id: str, new: NewMemory, model, vector) -> Memory | None:
+    """The stored memory that ``new`` repeats: the same normalised text, or (with a vector)
+    one at ``NEAR_DUPLICATE_SIMILARITY`` or closer. Locked for the merge."""
+    same = Memory.objects.select_for_update().filter(
+        agent=agent, user_id=user_id, content_hash=content_hash(new.content)
+    )
+    found = same.first()
+    if found is None and vector is not None:
+        distance = 1 - NEAR_DUPLICATE_SIMILARITY
+        with connection.cursor() as cursor:
+            # Exact distances over this agent's memories of this user (+ 0: not the graph,
+            # whose walk may stop short inside a scope this narrow).
+            cursor.execute(_NEAREST_MEMORY, [agent.id, user_id, model, vector, distance, vector])
+            row = cursor.fetchone()
+        if row is not None:
+            found = Memory.objects.select_for_update().get(pk=row[0])
+    return found
+
+
+def _merge(memory: Memory, new: NewMemory) -> Memory:
+    """What saving a known fact again changes: the higher importance, every tag, and a life
+    at least as long as the new one would have had."""
+    memory.importance = max(memory.importance, new.importance)
+    memory.tags = list(dict.fromkeys([*memory.tags, *new.tags]))
+    memory.expires_at = max(memory.expires_at, new.expires_at or default_expiry())
+    memory.updated_at = timezone.now()
+    memory.save(update_fields=["importance", "tags", "expires_at", "updated_at"])
+    return memory
+
+
+@transaction.atomic
+def memories_save(
+    actor: Principal,
+    *,
+    agent: Agent,
+    user_id: str = "",
+    memories: Sequence[NewMemory],
+    source: str = MemorySource.API,
+) -> list[tuple[Memory, bool]]:
+    """Save memories of ``agent`` about ``user_id`` ("" for its own), all or nothing.
+
+    Each is (memory, created): a memory that repeats a stored one (``_same_memory``, or an
+    earlier one of the same batch) is merged into it instead of stored twice. All are
+    embedded in one call before the transaction, so a near-duplicate is caught at once.
+    """
+    model, vectors = _memory_vectors([new.content for new in memories])
+    now = timezone.now()
+    saved = []
+    for index, new in enumerate(memories):
+        vector = vectors[index] if vectors else None
+        existing = _same_memory(agent, user_id, new, model, vector)
+        if existing is not None:
+            saved.append((_merge(existing, new), False))
+            continue
+        memory = Memory(
+            agent=agent,
+            user_id=user_id,
+            content=new.content,
+            content_hash=content_hash(new.content),
+            summary=new.summary,
+            tags=list(dict.fromkeys(new.tags)),
+            importance=new.importance,
+            metadata=new.metadata,
+            source=source,
+            expires_at=new.expires_at or now + MEMORY_TTL,
+            created_at=now,
+            updated_at=now,
+        )
+        if vector is not None:
+            memory.embedding, memory.embedding_model, memory.embedded_at = vector, model, now
+        try:
+            with transaction.atomic():
+                memory.save(force_insert=True)
+        except IntegrityError:
+            # The same fact saved by a concurrent request: the unique content hash makes it
+            # one row, which is merged into now that it is visible.
+            saved.append((_merge(_same_memory(agent, user_id, new, None, None), new), False))
+            continue
+        saved.append((memory, True))
+    return saved
+
+
+def memory_save(
+    actor: Principal, *, agent: Agent, user_id: str = "", source=MemorySource.API, **fields
+):
+    """One memory (``memories_save``): (memory, created)."""
+    [result] = memories_save(
+        actor, agent=agent, user_id=user_id, memories=[NewMemory(**fields)], source=source
+    )
+    return result
+
+
+@transaction.atomic
+def memory_update(
+    actor: Principal,
+    *,
+    memory: Memory,
+    content: str | None = None,
+    summary: str | None = None,
+    importance: float | None = None,
+    tags: Sequence[str] | None = None,
+    metadata: dict | None = None,
+    expires_at: datetime | None = None,
+) -> Memory:
+    """Change a memory; new content gets a new vector (or waits for the sweep)."""
+    memory = Memory.objects.select_for_update().get(pk=memory.pk)
+    if content is not None and content != memory.content:
+        memory.content = content
+        memory.content_hash = content_hash(content)
+        model, vectors = _memory_vectors([content])
+        memory.embedding = vectors[0] if vectors else None
+        memory.embedding_model = model or ""
+        memory.embedded_at = timezone.now() if vectors else None
+    for name, value in (
+        ("summary", summary),
+        ("importance", importance),
+        ("metadata", metadata),
+        ("expires_at", expires_at),
+    ):
+        if value is not None:
+            setattr(memory, name, value)
+    if tags is not None:
+        memory.tags = list(dict.fromkeys(tags))
+    memory.updated_at = timezone.now()
+    try:
+        with transaction.atomic():
+            memory.save()
+    except IntegrityError:
+        raise Conflict("the agent already keeps a memory with this content") from None
+    return Memory.objects.get(pk=memory.pk)
+
+
+@transaction.atomic
+def memory_delete(actor: Principal, *, memory: Memory) -> None:
+    memory.delete()
+
+
+@transaction.atomic
+def memories_delete(actor: Principal, *, memories) -> int:
+    """Delete every memory of a queryset the caller chose (``selectors.memories_of``)."""
+    deleted, _ = memories.delete()
+    return deleted
+
+
+def memories_touch(memory_ids: Sequence) -> int:
+    """Count one more use of each memory a search returned."""
+    return Memory.objects.filter(id__in=list(memory_ids)).update(
+        access_count=F("access_count") + 1, last_accessed_at=timezone.now()
+    )
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    deleted: int
+    extended: int
+
+
+@transaction.atomic
+def memories_prune(*, now: datetime | None = None) -> PruneResult:
+    """kagent's lifecycle: an expired memory used fewer than ``POPULAR_ACCESS_COUNT`` times
+    is deleted; a more popular one lives another ``MEMORY_TTL`` and counts its uses afresh.
+
+    Safe to run twice at once: each statement re-checks its condition on rows another run
+    has just changed (READ COMMITTED), so a memory is deleted or extended once.
+    """
+    now = now or timezone.now()
+    expired = Memory.objects.filter(expires_at__lte=now)
+    deleted, _ = expired.filter(access_count__lt=POPULAR_ACCESS_COUNT).delete()
+    extended = expired.filter(access_count__gte=POPULAR_ACCESS_COUNT).update(
+        expires_at=Greatest(F("expires_at"), Func(function="now")) + MEMORY_TTL,
+        access_count=0,
+    )
+    return PruneResult(deleted=deleted, extended=extended)
+
+
+def memories_embed(memory_ids: Sequence, *, backend=None, force: bool = False) -> int:
+    """Give these memories a vector (saved while the backend was down, or a new model).
+    Without ``force`` only those still waiting; the write is conditional, so racing
+    sweeps write each once."""
+    backend = backend or configured_backend()
+    rows = Memory.objects.filter(id__in=list(memory_ids))
+    if not force:
+        rows = rows.filter(embedded_at__isnull=True)
+    rows = list(rows.values_list("id", "content"))
+    if not rows:
+        return 0
+    vectors = backend.embed([content for _, content in rows])
+    now = timezone.now()
+    written = 0
+    with transaction.atomic():
+        for (memory_id, _), vector in zip(rows, vectors, strict=True):
+            waiting = Memory.objects.filter(pk=memory_id)
+            if not force:
+                waiting = waiting.filter(embedded_at__isnull=True)
+            written += waiting.update(
+                embedding=vector, embedding_model=backend.model, embedded_at=now
+            )
+    return written
+
+
+def memories_embed_pending(
+    *, backend=None, batch: int = 256, max_batches: int | None = None
+) -> int:
+    """Embed every memory still waiting for a vector, oldest first (the sweep, reindex)."""
+    total = batches = 0
+    while max_batches is None or batches < max_batches:
+        ids = list(
+            Memory.objects.filter(embedded_at__isnull=True)
+            .order_by("created_at")
+            .values_list("id", flat=True)[:batch]
+        )
+        done = memories_embed(ids, backend=backend) if ids else 0
+        total += done
+        batches += 1
+        if done == 0:
+            break
+    return total
