@@ -300,7 +300,8 @@ def _same_memory(agent: Agent, user_id: str, new: NewMemory, model, vector) -> M
         with connection.cursor() as cursor:
             # Exact distances over this agent's memories of this user (+ 0: not the graph,
             # whose walk may stop short inside a scope this narrow).
-            cursor.execute(_NEAREST_MEMORY, [agent.id, user_id, model, vector, distance, vector])
+            literal = vector_literal(vector)
+            cursor.execute(_NEAREST_MEMORY, [agent.id, user_id, model, literal, distance, literal])
             row = cursor.fetchone()
         if row is not None:
             found = Memory.objects.select_for_update().get(pk=row[0])
