@@ -1,5 +1,7 @@
 """Search finds what a principal may see, and only that; keywords work before embedding."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from django.db import connection
@@ -12,6 +14,9 @@ from search import selectors
 from search.embeddings import configured_backend
 from search.models import CorpusStat, TermStat
 from search.services import embed_messages, embed_pending
+from search.statements import EXACT_ORDER, INDEX_ORDER
+from search.statements import nearest_order as nearest_order_sql
+from search.tuning import DEFAULT_TUNING, configured_tuning
 from tests.agents_api.conftest import make_agent
 from tests.factories import ConversationFactory, MembershipFactory, MessageFactory
 
@@ -30,17 +35,26 @@ def contents(results):
     return [r["message"]["content"] for r in results]
 
 
-def always_search(way, monkeypatch):
-    """Find the nearest vectors one way whatever the scope (see HNSW_COST_PER_EXACT)."""
+def tuned(settings, **changes):
+    """Search with these tunables changed (``settings.SEARCH_TUNING``)."""
+    settings.SEARCH_TUNING = replace(DEFAULT_TUNING, **changes)
+
+
+def always_search(way, settings, **changes):
+    """Find the nearest vectors one way whatever the scope (see ``hnsw_cost_per_exact``)."""
     exact = way == "exact"
-    monkeypatch.setattr(selectors, "EXACT_SEARCH_BELOW", 10**9 if exact else 0)
-    monkeypatch.setattr(selectors, "HNSW_COST_PER_EXACT", 10**9 if exact else 0)
+    tuned(
+        settings,
+        exact_search_below=10**9 if exact else 0,
+        hnsw_cost_per_exact=10**9 if exact else 0,
+        **changes,
+    )
 
 
 @pytest.fixture(params=["exact", "hnsw"])
-def nearest(request, monkeypatch):
+def nearest(request, settings):
     """Run a test with each way of finding the nearest vectors."""
-    always_search(request.param, monkeypatch)
+    always_search(request.param, settings)
     return request.param
 
 
@@ -79,7 +93,9 @@ def test_search_leaves_the_planner_as_configured(api, alice, pets, nearest):
             assert cursor.fetchone() == configured == ("on", "on")
 
 
-def test_a_wide_scope_walks_the_vector_index_whatever_the_statistics_say(api, alice, pets):
+def test_a_wide_scope_walks_the_vector_index_whatever_the_statistics_say(
+    api, alice, pets, settings
+):
     # Counted wide enough for the index (``always_search``), the nearest vectors come
     # from the HNSW index, though the planner would sort these four rows by distance: it
     # must not overrule the count with estimates (statistics lag behind new memberships).
@@ -92,8 +108,8 @@ def test_a_wide_scope_walks_the_vector_index_whatever_the_statistics_say(api, al
             plans.append("\n".join(row[0] for row in context["cursor"].fetchall()))
         return execute(sql, params, many, context)
 
-    with pytest.MonkeyPatch.context() as patch, connection.execute_wrapper(explain_nearest):
-        always_search("hnsw", patch)
+    always_search("hnsw", settings)
+    with connection.execute_wrapper(explain_nearest):
         assert contents(search(api, alice, "new dog", mode="semantic"))[0].startswith("I adopted")
     assert len(plans) == 1
     assert "Index Scan using message_embedding_hnsw" in plans[0], plans[0]
@@ -101,51 +117,50 @@ def test_a_wide_scope_walks_the_vector_index_whatever_the_statistics_say(api, al
 
 def nearest_order(persona, *, conversation_ids=None, before=None) -> str:
     """How a user's search would find the nearest vectors: ``INDEX_ORDER`` or ``EXACT_ORDER``."""
-    scope = selectors._scope(
+    scope = selectors.message_scope(
         Principal(id=persona.id, kind="user"),
         for_agent=False,
         conversation_ids=conversation_ids,
         before_message_id=before,
     )
     with connection.cursor() as cursor:
-        return selectors._nearest_order(cursor, scope, 30)
+        return nearest_order_sql(cursor, selectors.MESSAGES, scope, 30, configured_tuning())
 
 
 @pytest.mark.parametrize(
     ("corpus", "way"), [(4, "hnsw"), (5, "hnsw"), (6, "exact"), (64, "exact"), (10**6, "exact")]
 )
 def test_the_same_scope_is_searched_exactly_once_the_corpus_around_it_grows(
-    alice, pets, monkeypatch, corpus, way
+    alice, pets, settings, corpus, way
 ):
     # Alice's scope is 4 messages. The graph visits about 30 x corpus / 4 vectors to find 30
     # of hers, the exact scan 4: with one graph vector costing 0.1 exact distances, exact
     # wins once 4 < sqrt(0.1 x 30 x corpus), from a corpus of 6 messages.
     embed_pending()
     CorpusStat.objects.update_or_create(id=1, defaults={"document_count": corpus})
-    monkeypatch.setattr(selectors, "EXACT_SEARCH_BELOW", 0)
-    monkeypatch.setattr(selectors, "HNSW_COST_PER_EXACT", 0.1)
-    expected = {"hnsw": selectors.INDEX_ORDER, "exact": selectors.EXACT_ORDER}[way]
+    tuned(settings, exact_search_below=0, hnsw_cost_per_exact=0.1)
+    expected = {"hnsw": INDEX_ORDER, "exact": EXACT_ORDER}[way]
     assert nearest_order(alice) == expected
 
 
 @pytest.mark.parametrize("narrowed_by", ["conversationIds", "before"])
 def test_a_narrowed_scope_is_counted_however_many_conversations_are_visible(
-    alice, pets, monkeypatch, narrowed_by
+    alice, pets, settings, narrowed_by
 ):
     # Alice "sees many conversations" (FEW_CONVERSATIONS 0), which alone would send her
     # search to the graph; narrowed to one conversation or to the messages before one, her
     # scope is counted, and its 4 messages are searched exactly.
     embed_pending()
-    monkeypatch.setattr(selectors, "FEW_CONVERSATIONS", 0)
+    tuned(settings, few_conversations=0)
     last = Message.objects.filter(conversation=pets).order_by("seq").last()
     narrowing = (
         {"conversation_ids": [pets.id]} if narrowed_by == "conversationIds" else {"before": last.id}
     )
-    assert nearest_order(alice, **narrowing) == selectors.EXACT_ORDER
-    assert nearest_order(alice) == selectors.INDEX_ORDER
+    assert nearest_order(alice, **narrowing) == EXACT_ORDER
+    assert nearest_order(alice) == INDEX_ORDER
 
 
-def test_a_starved_graph_walk_falls_back_to_exact_distances(api, alice, pets, monkeypatch):
+def test_a_starved_graph_walk_falls_back_to_exact_distances(api, alice, pets, settings):
     # Someone else's 300 messages lie nearer the query than any of Alice's 4. A graph walk
     # that gives up after its first 30 rows (ef_search) finds none of hers; the exact
     # distances then find all four.
@@ -163,9 +178,7 @@ def test_a_starved_graph_walk_falls_back_to_exact_distances(api, alice, pets, mo
             embedding_model=backend.model,
             embedded_at=timezone.now(),
         )
-    always_search("hnsw", monkeypatch)
-    monkeypatch.setattr(selectors, "HNSW_EF_SEARCH", 1)
-    monkeypatch.setattr(selectors, "HNSW_MAX_SCAN_TUPLES", 1)
+    always_search("hnsw", settings, hnsw_ef_search=1, hnsw_max_scan_tuples=1)
     results = search(api, alice, "new dog", mode="semantic", topK=5)
     assert len(results) == 4
     assert contents(results)[0] == "I adopted a puppy named Rex last week"

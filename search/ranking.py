@@ -1,0 +1,88 @@
+"""The arithmetic of ranking: numbers in, numbers out, no database.
+
+- BM25 without length normalisation (b = 0) and each word counted once per row: turns and
+  memories are short and of similar length, and normalising by length mostly promotes
+  one-word turns ("Wow!") that happen to share a word. A row's keyword score is then the
+  sum of the IDFs of the query words it holds.
+- Hybrid fusion: each measure min-max normalised over the candidates (a candidate found by
+  one retriever is scored by both, so it is not penalised for missing from the other's
+  short list), then weighted and added.
+"""
+
+import math
+from collections.abc import Iterable, Mapping
+
+
+def bm25_idf(frequencies: Mapping[str, int], documents: int) -> dict[str, float]:
+    """BM25's inverse document frequency of each word, from how many of ``documents`` rows
+    hold it."""
+    documents = max(documents, 1)
+    return {
+        word: math.log(1 + (documents - f + 0.5) / (f + 0.5))
+        for word, f in ((w, min(f, documents)) for w, f in frequencies.items())
+    }
+
+
+def rarest_within(frequencies: Mapping[str, int], cap: int) -> list[str]:
+    """The words to match candidates on: rarest first while together they occur in at most
+    ``cap`` rows; the rarest one always."""
+    chosen, covered = [], 0
+    for word in sorted(frequencies, key=lambda w: (frequencies[w], w)):
+        if chosen and covered + frequencies[word] > cap:
+            break
+        chosen.append(word)
+        covered += frequencies[word]
+    return chosen
+
+
+def normalised(scores: Mapping, ids: Iterable) -> dict:
+    """Min-max over the candidates; a candidate without a score gets 0."""
+    ids = list(ids)
+    values = [scores[i] for i in ids if i in scores]
+    if not values:
+        return dict.fromkeys(ids, 0.0)
+    low, high = min(values), max(values)
+    spread = high - low
+    return {i: ((scores[i] - low) / spread if spread else 1.0) if i in scores else 0.0 for i in ids}
+
+
+def fuse(semantic: Mapping, keyword: Mapping, *, semantic_weight: float, keyword_weight: float):
+    """One score per candidate from both measures, each normalised over the candidates."""
+    ids = set(semantic) | set(keyword)
+    s, k = normalised(semantic, ids), normalised(keyword, ids)
+    return {i: semantic_weight * s[i] + keyword_weight * k[i] for i in ids}
+
+
+def with_neighbours(scores: Mapping, neighbours: Mapping, *, weight: float) -> dict:
+    """Each candidate plus ``weight`` x its best neighbour's score (a neighbour that is no
+    candidate adds 0)."""
+    return {
+        i: score + weight * max(scores.get(n, 0.0) for n in neighbours.get(i, (None,)))
+        for i, score in scores.items()
+    }
+
+
+def top(scores: Mapping, k: int) -> list[tuple]:
+    """The ``k`` best (id, score), ties broken by id so that the order is stable."""
+    return sorted(scores.items(), key=lambda item: (-item[1], str(item[0])))[:k]
+
+
+def keyword_coverage(score: float, idf: Mapping[str, float]) -> float:
+    """A keyword score as a share of the best possible (a row holding every query word):
+    comparable across queries, unlike the score itself."""
+    best = sum(idf.values())
+    return min(score / best, 1.0) if best > 0 else 0.0
+
+
+def recency(age_days: float, *, days: float) -> float:
+    """1 for a row made now, 1/e after ``days``."""
+    return math.exp(-max(age_days, 0.0) / days)
+
+
+def memory_rank(relevance: float, importance: float, age_days: float, ranking) -> float:
+    """A memory's place among the found (``MemoryRanking``)."""
+    return (
+        ranking.relevance * relevance
+        + ranking.importance * importance
+        + ranking.recency * recency(age_days, days=ranking.recency_days)
+    )

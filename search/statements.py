@@ -1,0 +1,279 @@
+"""The SQL of search and the planner settings it needs, for any corpus of short texts with
+a vector and a full-text column (messages, memories).
+
+Two retrievers run in PostgreSQL, each over the caller's scope only:
+
+- semantic: cosine distance on the corpus's HNSW index (pgvector 0.8's iterative scan keeps
+  looking when access filters reject the nearest rows), or exact distances when the scope
+  is small (``nearest_order``);
+- keyword: the GIN-indexed ``search_vector``, matched with the query's rarest words and
+  scored by BM25 (PostgreSQL's ``ts_rank`` ignores how rare a word is).
+"""
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from conversations.models import TEXT_SEARCH_CONFIG
+from search.ranking import bm25_idf, rarest_within
+from search.tuning import SearchTuning
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """A table search can read: ``id``, ``embedding`` (+ ``embedding_model``) and
+    ``search_vector`` columns, the HNSW and GIN indexes on them."""
+
+    table: str
+    # One number: how many rows the vector index holds (exact distances or the graph).
+    size_sql: str
+    # Conversations: the turns just before and after each candidate count for it
+    # (``conversation_id`` and ``seq`` columns).
+    neighbours: bool = False
+    # Where word frequencies come from: the corpus statistics kept as rows are embedded
+    # (``search.models``), or a count within the scope at query time.
+    kept_statistics: bool = False
+
+
+@dataclass
+class Scope:
+    """The SQL condition (on alias ``m``) of the rows a caller may find, and its parameters."""
+
+    sql: str
+    params: list
+    # Smaller than the caller's whole view (some conversations, one user's memories): its
+    # rows are always counted to choose between exact distances and the graph.
+    narrowed: bool = True
+    # Not narrowed: the conversations the principal may see (ids), counted first.
+    visible_sql: str = ""
+    visible_params: tuple = ()
+
+
+# By distance on the HNSW index, or by an expression the index cannot serve: exact distances.
+INDEX_ORDER = "m.embedding <=> %s::vector"
+EXACT_ORDER = "(m.embedding <=> %s::vector) + 0"
+
+
+def nearest_order(cursor, corpus: Corpus, scope: Scope, limit: int, tuning: SearchTuning) -> str:
+    """The ORDER BY for the nearest vectors: the HNSW index for a large scope, exact
+    distances for a small one (``SearchTuning.hnsw_cost_per_exact``). One round trip, which
+    also sets the index's scan for this transaction (pgvector 0.8: keep scanning the graph
+    when access filters drop the nearest rows)."""
+    many_conversations, many_params = "false", []
+    if not scope.narrowed:
+        many_conversations = (
+            f"(SELECT count(*) FROM (SELECT 1 FROM ({scope.visible_sql}) v LIMIT %s) c) > %s"
+        )
+        many_params = [
+            *scope.visible_params,
+            tuning.few_conversations + 1,
+            tuning.few_conversations,
+        ]
+    cursor.execute(
+        f"""
+        WITH exact_below AS (
+            SELECT greatest(%s, ceil(sqrt(%s::float8 * %s * ({corpus.size_sql}))))::bigint AS n
+        )
+        SELECT CASE
+            WHEN {many_conversations} THEN true
+            ELSE (SELECT count(*) FROM (
+                    SELECT 1 FROM {corpus.table} m WHERE {scope.sql}
+                    LIMIT (SELECT n FROM exact_below)
+                 ) s) >= (SELECT n FROM exact_below)
+        END,
+        set_config('hnsw.iterative_scan', 'relaxed_order', true),
+        set_config('hnsw.max_scan_tuples', %s, true),
+        set_config('hnsw.ef_search', %s, true)
+        """,
+        [
+            tuning.exact_search_below,
+            tuning.hnsw_cost_per_exact,
+            int(limit),
+            *many_params,
+            *scope.params,
+            str(tuning.hnsw_max_scan_tuples),
+            str(max(tuning.hnsw_ef_search, int(limit))),
+        ],
+    )
+    return INDEX_ORDER if cursor.fetchone()[0] else EXACT_ORDER
+
+
+@dataclass(frozen=True)
+class Terms:
+    """The query's lexemes with their IDF, and the ones to match candidates on."""
+
+    idf: dict[str, float]
+    match_on: list[str]
+
+    @staticmethod
+    def _literal(lexeme: str) -> str:
+        return "'" + lexeme.replace("'", "''") + "'"  # quoted: a lexeme, never an operator
+
+    def score_sql(self, column: str) -> tuple[str, list]:
+        """The BM25 score of ``column`` (``search.ranking``): the sum of the IDFs of the
+        query words it holds. One ``@@`` test per word, no unnesting."""
+        parts, params = [], []
+        for lexeme, weight in self.idf.items():
+            parts.append(f"(CASE WHEN {column} @@ %s::tsquery THEN %s ELSE 0 END)")
+            params += [self._literal(lexeme), weight]
+        return " + ".join(parts) or "0", params
+
+    def match_sql(self) -> str:
+        """A tsquery matching any of the words to match on."""
+        return " | ".join(self._literal(lexeme) for lexeme in self.match_on)
+
+
+NO_TERMS = Terms({}, [])
+
+
+def query_terms(cursor, corpus: Corpus, scope: Scope, text: str, tuning: SearchTuning) -> Terms:
+    """The query's words, weighted by how rare they are in the corpus (kept statistics) or
+    in the scope (counted up to ``scoped_frequency_cap`` rows)."""
+    if corpus.kept_statistics:
+        cursor.execute(
+            """
+            SELECT q.lexeme, coalesce(t.document_count, 0), c.document_count
+            FROM unnest(tsvector_to_array(to_tsvector(%s::regconfig, %s))) AS q(lexeme)
+            LEFT JOIN search_term_stat t ON t.lexeme = q.lexeme
+            LEFT JOIN search_corpus_stat c ON c.id = 1
+            """,
+            [TEXT_SEARCH_CONFIG, text],
+        )
+    else:
+        cap = tuning.scoped_frequency_cap
+        cursor.execute(
+            f"""
+            SELECT q.lexeme,
+                   (SELECT count(*) FROM (
+                        SELECT 1 FROM {corpus.table} m
+                        WHERE m.search_vector @@ to_tsquery('simple', quote_literal(q.lexeme))
+                          AND {scope.sql}
+                        LIMIT %s) f),
+                   (SELECT count(*) FROM (SELECT 1 FROM {corpus.table} m WHERE {scope.sql} LIMIT %s) d)
+            FROM unnest(tsvector_to_array(to_tsvector(%s::regconfig, %s))) AS q(lexeme)
+            """,
+            [*scope.params, cap, *scope.params, cap, TEXT_SEARCH_CONFIG, text],
+        )
+    rows = cursor.fetchall()
+    if not rows:
+        return NO_TERMS
+    documents = max(rows[0][2] or 0, 1)
+    frequencies = {lexeme: min(frequency, documents) for lexeme, frequency, _ in rows}
+    return Terms(
+        bm25_idf(frequencies, documents), rarest_within(frequencies, tuning.keyword_match_cap)
+    )
+
+
+@contextmanager
+def planned_without(cursor, *methods: str):
+    """Plan the statements inside without these plan methods (``enable_<method>``, this
+    transaction only), where the planner's estimates are known to lead it astray:
+
+    - ``nestloop`` for keyword candidates: PostgreSQL rates a GIN bitmap scan of a common
+      word as cheap, and for a principal who sees a hundred conversations it planned the
+      keyword statement as one scan of the word per conversation instead of one scan
+      joined to the visible conversations (docs/benchmarks.md).
+    - ``sort`` for nearest vectors once ``nearest_order`` has chosen the index (the scope
+      counted, or too many conversations to count): the planner estimates the scope from
+      the statistics of memberships, which lag behind a principal who has just joined many
+      conversations, and then sorted a large scope by distance instead of walking the graph.
+
+    Afterwards the server's configured values apply again. If a statement inside fails,
+    the transaction is aborted and the settings end with it: nothing is sent then, so the
+    statement's own error is the one raised.
+    """
+    for method in methods:
+        cursor.execute(f"SET LOCAL enable_{method} = off")
+    yield
+    for method in methods:
+        cursor.execute(f"SET LOCAL enable_{method} TO DEFAULT")
+
+
+def keyword_candidates(
+    cursor, corpus: Corpus, scope: Scope, terms: Terms, limit: int, tuning: SearchTuning
+) -> dict:
+    """Up to ``limit`` rows holding the query's rarest words, with their BM25 scores."""
+    if not terms.idf:
+        return {}
+    score, score_params = terms.score_sql("m.search_vector")
+    with planned_without(cursor, "nestloop"):
+        cursor.execute(
+            f"""
+            SELECT id, score FROM (
+                SELECT m.id, {score} AS score FROM {corpus.table} m
+                WHERE m.search_vector @@ to_tsquery('simple', %s) AND {scope.sql}
+                LIMIT %s
+            ) matches
+            ORDER BY score DESC LIMIT %s
+            """,
+            [*score_params, terms.match_sql(), *scope.params, tuning.keyword_match_cap, limit],
+        )
+        return {row_id: float(value) for row_id, value in cursor.fetchall()}
+
+
+def nearest_with_fills(
+    cursor,
+    corpus: Corpus,
+    scope: Scope,
+    query_vector: str,
+    model: str,
+    limit: int,
+    terms: Terms,
+    fills: list,
+    order: str,
+) -> list[tuple]:
+    """In one round trip: the ``limit`` nearest rows with their keyword scores, and the
+    similarity of the ``fills`` (keyword candidates) to the query. Each row: (id,
+    similarity, keyword score, the row before, the row after, is one of the nearest). The
+    rows before and after are the conversation's neighbouring turns (``Corpus.neighbours``),
+    else null."""
+    score, score_params = terms.score_sql("search_vector")
+    if corpus.neighbours:
+        position = "m.conversation_id, m.seq,"
+        outer_position = "conversation_id, seq,"
+        around = f"""
+            (SELECT p.id FROM {corpus.table} p
+             WHERE p.conversation_id = c.conversation_id AND p.seq < c.seq
+             ORDER BY p.seq DESC LIMIT 1),
+            (SELECT n.id FROM {corpus.table} n
+             WHERE n.conversation_id = c.conversation_id AND n.seq > c.seq
+             ORDER BY n.seq LIMIT 1),"""
+    else:
+        position = outer_position = ""
+        around = "NULL, NULL,"
+    # The order was chosen by counting the scope; the planner must not overrule it by its
+    # statistics (``planned_without``).
+    with planned_without(cursor, *(["sort"] if order == INDEX_ORDER else [])):
+        cursor.execute(
+            f"""
+            SELECT c.id, c.similarity, c.keyword_score, {around} c.nearest
+            FROM (
+                SELECT id, {outer_position} similarity, {score} AS keyword_score,
+                       true AS nearest
+                FROM (
+                    SELECT m.id, {position} m.search_vector,
+                           1 - (m.embedding <=> %s::vector) AS similarity
+                    FROM {corpus.table} m
+                    WHERE m.embedding IS NOT NULL AND m.embedding_model = %s AND {scope.sql}
+                    ORDER BY {order}
+                    LIMIT %s
+                ) nearest
+                UNION ALL
+                SELECT id, {outer_position}
+                       CASE WHEN embedding_model = %s THEN 1 - (embedding <=> %s::vector) END,
+                       NULL, false
+                FROM {corpus.table} WHERE id = ANY(%s)
+            ) c
+            """,
+            [
+                *score_params,
+                query_vector,
+                model,
+                *scope.params,
+                query_vector,
+                limit,
+                model,
+                query_vector,
+                fills,
+            ],
+        )
+        return cursor.fetchall()

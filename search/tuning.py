@@ -1,0 +1,70 @@
+"""The tunables of search, in one object: defaults chosen on benchmarks (docs/benchmarks.md),
+replaced as a whole by a test or a deployment (``settings.SEARCH_TUNING``), never patched
+piece by piece."""
+
+from dataclasses import dataclass
+
+from django.conf import settings
+
+
+@dataclass(frozen=True)
+class SearchTuning:
+    # The fusion weights of the two measures, and the share of a candidate's best direct
+    # neighbour's score it gets (a conversation's turn next to a good match is often the
+    # answer). Tuned as a whole on the LoCoMo development split, never per question.
+    semantic_weight: float = 0.5
+    keyword_weight: float = 0.5
+    neighbour_weight: float = 0.2
+    # Each retriever proposes this many candidates per requested result (at least min).
+    candidates_per_result: int = 5
+    min_candidates: int = 30
+    # Keyword candidates are the rows holding the query's rarest words, taken rarest first
+    # while together they occur in at most this many rows (the rarest one always counts);
+    # commoner words still add to the score of the rows found. BM25 ranks those matches at
+    # a cost proportional to their number.
+    keyword_match_cap: int = 500
+    hnsw_ef_search: int = 100
+    # Exact distances or the HNSW graph. The exact scan costs in proportion to the scope;
+    # the graph returns about candidates x corpus / scope rows before enough of them are in
+    # scope, each costing ``hnsw_cost_per_exact`` exact distances (measured, see
+    # docs/benchmarks.md). So the exact scan wins below sqrt(cost x candidates x corpus)
+    # rows in scope; never below ``exact_search_below``.
+    hnsw_cost_per_exact: float = 10
+    exact_search_below: int = 3000
+    # A principal's whole scope is only counted when it sees at most this many
+    # conversations, so one who sees many pays nothing for the check and walks the graph. A
+    # scope narrowed to some conversations (or to messages before one) is always counted.
+    few_conversations: int = 200
+    # The graph walk gives up after this many rows (pgvector's default); a walk starved by
+    # the access filter is redone with exact distances.
+    hnsw_max_scan_tuples: int = 20_000
+    # Memories count how rare a word is within the scope searched, up to this many rows:
+    # exact for one user's memories, and for larger stores every word commoner than this
+    # counts as common (its weight near 0) while rarer ones keep their order.
+    scoped_frequency_cap: int = 2000
+
+
+@dataclass(frozen=True)
+class MemoryRanking:
+    """How a memory's rank mixes its relevance to the query (the hybrid engine's fused
+    score), its importance (0..1) and its recency (``exp(-age_days / recency_days)``)."""
+
+    relevance: float = 0.7
+    importance: float = 0.15
+    recency: float = 0.15
+    recency_days: float = 30.0
+
+
+# OpenMemory's ranking: importance x 0.6 + recency x 0.4, relevance only as a filter.
+OPENMEMORY_RANKING = MemoryRanking(relevance=0.0, importance=0.6, recency=0.4)
+
+DEFAULT_TUNING = SearchTuning()
+DEFAULT_MEMORY_RANKING = MemoryRanking()
+
+
+def configured_tuning() -> SearchTuning:
+    return getattr(settings, "SEARCH_TUNING", DEFAULT_TUNING)
+
+
+def configured_memory_ranking() -> MemoryRanking:
+    return getattr(settings, "MEMORY_RANKING", DEFAULT_MEMORY_RANKING)
