@@ -16,7 +16,7 @@ from bench.common import (
     make_client,
     wait_for_embeddings,
 )
-from bench.locomo.dataset import CATEGORIES, read_samples
+from bench.locomo.dataset import CATEGORIES, read_dataset
 from bench.locomo.evaluate import (
     TOP_K,
     WARM_UP_SEARCHES_PER_MODE,
@@ -74,7 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> dict:
     """The whole benchmark; the results (also written to ``args.out``)."""
     modes = list(dict.fromkeys(args.modes or ["hybrid"]))
-    samples, evidence_stats = read_samples(args.data)
+    dataset = read_dataset(args.data)
+    samples, evidence_stats = dataset.samples, dataset.question_evidence
     turns = sum(len(sample.turns) for sample in samples)
     photos = sum(turn.has_photo for sample in samples for turn in sample.turns)
     log(f"{args.data}: {len(samples)} conversations, {turns} turns ({photos} with a photo caption)")
