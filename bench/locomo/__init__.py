@@ -27,8 +27,10 @@ Exit status: 0 done; 1 the benchmark failed (server, API); 2 bad arguments or no
 
 Run from the checkout: ``.venv/bin/python -m bench.locomo --help``.
 
-The package, one job a module: ``dataset`` reads the file; ``load`` puts it into memsvc
-through the agent API (or finds what a previous run loaded); ``evaluate`` searches the
-questions and scores the results; ``report`` prints the tables and writes the JSON;
-``__main__`` is the command.
+The package, one job a module: ``dataset`` reads the file (samples, sessions, turns,
+questions, observations); ``load`` puts it into memsvc through the agent API (or finds what
+a previous run loaded); ``evaluate`` chooses the questions, searches them and scores the
+results with ``metrics`` (hit@k, recall@k, reciprocal rank, means per category: pure
+functions); ``report`` prints the tables and writes the JSON; ``__main__`` is the command.
+Another benchmark on LoCoMo imports ``dataset`` and ``metrics`` rather than copying them.
 """

@@ -105,7 +105,8 @@ def run(args: argparse.Namespace) -> dict:
         timings["embeddingWaitSeconds"] = wait_for_embeddings(client, url)
         _, health = get_health(client, url)
 
-        plan = plan_questions(samples, loaded, args.limit_questions)
+        findable = {sample_id: conv.message_ids for sample_id, conv in loaded.items()}
+        plan = plan_questions(samples, findable, args.limit_questions)
         log(f"searching {len(plan.questions)} questions in {', '.join(modes)}")
         if plan.questions:
             warm_up(client, url, loaded[plan.questions[0].sample_id].conversation_id, modes)

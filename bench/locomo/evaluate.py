@@ -2,6 +2,7 @@
 results against the evidence turns."""
 
 import time
+from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
 
 import httpx
@@ -9,8 +10,9 @@ import httpx
 from bench.common import api_call, log, mean, percentile
 from bench.locomo.dataset import CATEGORIES, Question, Sample
 from bench.locomo.load import REQUEST_RETRIES, LoadedConversation
+from bench.locomo.metrics import DEPTH, by_category, mean_metrics, ranking_metrics
 
-TOP_K = 10
+TOP_K = DEPTH  # as many results as a question is scored on
 WARM_UP_SEARCHES_PER_MODE = 4
 
 
@@ -19,7 +21,7 @@ class Plan:
     """The questions to search, and those left out (with why)."""
 
     questions: list[Question]
-    evidence: dict[tuple[str, int], tuple[str, ...]]  # question key -> evidence turns loaded
+    evidence: dict[tuple[str, int], tuple[str, ...]]  # question key -> evidence turns findable
     category_5: int = 0
     no_evidence: list[dict] = field(default_factory=list)
     unknown_evidence: list[dict] = field(default_factory=list)
@@ -27,12 +29,13 @@ class Plan:
 
 
 def plan_questions(
-    samples: list[Sample], loaded: dict[str, LoadedConversation], limit: int | None
+    samples: list[Sample], findable: Mapping[str, Container[str]], limit: int | None
 ) -> Plan:
-    """Questions of categories 1-4 whose evidence names loaded turns (the first ``limit``)."""
+    """Questions of categories 1-4 whose evidence names turns that can be found (the first
+    ``limit``). ``findable``: sample_id -> the dia_ids a search can reach (the loaded turns)."""
     plan = Plan(questions=[], evidence={})
     for sample in samples:
-        turns = loaded[sample.sample_id].message_ids
+        turns = findable[sample.sample_id]
         for question in sample.questions:
             if question.category not in CATEGORIES:
                 plan.category_5 += 1
@@ -82,18 +85,6 @@ def search(
     return response.json()["data"], elapsed_ms
 
 
-def ranking_metrics(ranked: list[str | None], evidence: set[str]) -> dict:
-    """hit@5, recall@5, recall@10 and reciprocal rank of one ranking (dia_ids, best first)."""
-    found_at = [rank for rank, dia_id in enumerate(ranked[:TOP_K], start=1) if dia_id in evidence]
-    in_top = {k: len(set(ranked[:k]) & evidence) for k in (5, 10)}
-    return {
-        "hit@5": 1.0 if found_at and found_at[0] <= 5 else 0.0,
-        "recall@5": in_top[5] / len(evidence),
-        "recall@10": in_top[10] / len(evidence),
-        "mrr": 1.0 / found_at[0] if found_at else 0.0,
-    }
-
-
 def warm_up(client: httpx.Client, url: str, conversation_id: str, modes: list[str]) -> None:
     """A few untimed searches per mode, so every web worker has its model loaded."""
     for mode in modes:
@@ -125,13 +116,14 @@ def evaluate(
         for mode in modes:
             results, elapsed_ms = search(client, url, conversation_id, question.text, mode)
             ranked = [(r["message"].get("metadata") or {}).get("dia_id") for r in results]
+            reached = [{dia_id} if dia_id else set() for dia_id in ranked]
             foreign = sum(1 for r in results if r.get("conversationId") != conversation_id)
             record["modes"][mode] = {
                 "ranked": ranked,
                 "scores": [r.get("score") for r in results],
                 "latencyMs": round(elapsed_ms, 2),
                 "foreignResults": foreign,
-                **ranking_metrics(ranked, set(evidence)),
+                **ranking_metrics(reached, set(evidence)),
             }
         records.append(record)
         if number % 50 == 0 or number == total:
@@ -139,15 +131,12 @@ def evaluate(
     return records
 
 
-METRICS = ("hit@5", "recall@5", "recall@10", "mrr")
-
-
 def summarise(records: list[dict], mode: str) -> dict:
     """The metrics of ``mode`` over ``records``: means of the per-question metrics, latency."""
     runs = [record["modes"][mode] for record in records]
     latencies = [run["latencyMs"] for run in runs]
     summary = {"questions": len(runs)}
-    summary.update({name: mean(run[name] for run in runs) for name in METRICS})
+    summary.update(mean_metrics(runs))
     summary["latencyMs"] = {
         "p50": percentile(latencies, 50),
         "p95": percentile(latencies, 95),
@@ -161,10 +150,7 @@ def summarise(records: list[dict], mode: str) -> dict:
 
 def summarise_by_category(records: list[dict], mode: str) -> dict:
     """``summarise`` per category (keys are the category numbers as strings)."""
-    by_category = {}
-    for category, name in CATEGORIES.items():
-        subset = [record for record in records if record["category"] == category]
-        if subset:
-            summary = summarise(subset, mode)
-            by_category[str(category)] = {"name": name, **summary}
-    return by_category
+    return {
+        str(category): {"name": CATEGORIES[category], **summarise(subset, mode)}
+        for category, subset in by_category(records, lambda record: record["category"]).items()
+    }

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from bench.common import write_json
-from bench.locomo.evaluate import METRICS
+from bench.locomo.metrics import METRICS
 
 
 def _number(value, digits: int = 3) -> str:
