@@ -5,7 +5,7 @@ PostgreSQL fills itself (``seq`` from its sequence, the generated ``search_vecto
 binary types are the table's, read from the catalogue. The caller gives a value for each
 column it cares about, by name; every other column gets the model's default, as
 ``Message.objects.create`` would write it, and a column with neither a default nor NULL
-allowed stops the copy before it starts, naming the column. So a column added to the model
+allowed stops the copy before its first row, naming the column. So a column added to the model
 can neither shift the values of a hand-kept list nor be left out of the copy unnoticed.
 """
 

@@ -303,7 +303,8 @@ def main(argv=None) -> int:
         "--build-memory",
         default="2GB",
         help="PostgreSQL maintenance_work_mem for building the indexes after the copy "
-        "(the HNSW graph of 1M 384-float vectors needs about 2GB to build in memory)",
+        "(the default builds the HNSW graph of a million messages in memory: see "
+        "docs/benchmarks.md)",
     )
     parser.add_argument("--out", type=Path, default=Path("bench-results/search.json"))
     parser.add_argument(
