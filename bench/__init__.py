@@ -16,7 +16,12 @@ Results are printed as a table and written as JSON under ``bench-results/`` (git
   re-evaluate with ``--url URL --api-key KEY --skip-load``. ``--limit-questions N`` makes a
   quick run. ``python -m bench.locomo --help`` lists everything.
 
+- ``python -m bench.search``: search latency, ingest and embedding throughput at scale
+  (``--messages 100000``); most of the corpus is copied straight into PostgreSQL
+  (``bench.message_copy``: binary COPY in the columns of the Message model).
+
 ``bench.common`` holds what the benchmarks share: the private server, waiting for health and
 for the embedding backlog, API calls that fail with the status and body, percentiles, and
-writing results.
+writing results. A benchmark on LoCoMo reads the data with ``bench.locomo.dataset`` and
+scores rankings with ``bench.locomo.metrics``.
 """

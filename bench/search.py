@@ -30,6 +30,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
@@ -53,6 +54,7 @@ from bench.common import (
     wait_for_embeddings,
     write_json,
 )
+from bench.message_copy import MessageCopy, setup_django
 
 MESSAGES_PER_CONVERSATION = 100
 BULK = 100
@@ -172,27 +174,49 @@ def database(data_dir: Path) -> psycopg.Connection:
 # many times faster than inserting a million vectors into it one at a time.
 BULK_BUILT_INDEXES = ("message_embedding_hnsw", "message_search_vector")
 COPY_CHUNK = 10_000
-COPY_COLUMNS = {
-    "id": "uuid",
-    "conversation_id": "uuid",
-    "channel": "text",
-    "role": "text",
-    "visibility": "text",
-    "author_principal": "text",
-    "author_name": "text",
-    "content": "text",
-    "metadata": "jsonb",
-    "created_at": "timestamptz",
-    "embedding": "vector",
-    "embedding_model": "text",
-    "embedded_at": "timestamptz",
-}
+
+
+def perturbed_messages(
+    base, conversations, first_conversation: int, count: int, rng
+) -> Iterator[dict]:
+    """``count`` messages, each repeating the text of one of ``base`` (author, content,
+    vector, model) with its vector perturbed and normalised again; by column name."""
+    vectors = np.stack([row[2].to_numpy() for row in base]).astype(np.float32)
+    noise = np.random.default_rng(rng.randrange(2**32))
+    now = datetime.now(UTC)
+    for chunk_start in range(0, count, COPY_CHUNK):
+        size = min(COPY_CHUNK, count - chunk_start)
+        picks = [rng.randrange(len(base)) for _ in range(size)]
+        chunk = vectors[picks] + noise.normal(0, PERTURBATION, (size, vectors.shape[1]))
+        chunk /= np.linalg.norm(chunk, axis=1, keepdims=True)
+        for offset, (pick, vector) in enumerate(zip(picks, chunk.astype(np.float32), strict=True)):
+            index = chunk_start + offset
+            conversation_id, owner = conversations[
+                first_conversation + index // MESSAGES_PER_CONVERSATION
+            ]
+            author, content, _, model = base[pick]
+            yield {
+                "id": uuid.uuid4(),
+                "conversation_id": uuid.UUID(conversation_id),
+                "channel": "history",
+                "role": "user",
+                "visibility": "user",
+                "author_principal": owner,
+                "author_name": author,
+                "content": content,
+                "metadata": Jsonb({}),
+                "created_at": now,
+                "embedding": vector,
+                "embedding_model": model,
+                "embedded_at": now,
+            }
 
 
 def copy_perturbed(
     conn, conversations, first_conversation: int, count: int, rng, *, build_memory: str
 ) -> dict:
-    """Copy ``count`` rows repeating embedded messages with perturbed vectors.
+    """Copy ``count`` rows repeating embedded messages with perturbed vectors
+    (``perturbed_messages``), in the columns of the Message model (``MessageCopy``).
 
     The vector and full-text indexes are dropped for the copy and built again afterwards
     (same definitions), in ``build_memory`` of maintenance memory. Returns the seconds each
@@ -203,8 +227,7 @@ def copy_perturbed(
     ).fetchall()
     if not base:
         raise BenchError("no embedded message to copy vectors from")
-    vectors = np.stack([row[2].to_numpy() for row in base]).astype(np.float32)
-    noise = np.random.default_rng(rng.randrange(2**32))
+    layout = MessageCopy(conn)
     definitions = dict(
         conn.execute(
             "SELECT indexname, indexdef FROM pg_indexes WHERE indexname = ANY(%s)",
@@ -215,44 +238,11 @@ def copy_perturbed(
     started = time.monotonic()
     for name in definitions:
         conn.execute(f'DROP INDEX "{name}"')
-    with (
-        conn.cursor() as cursor,
-        cursor.copy(
-            f"COPY message ({', '.join(COPY_COLUMNS)}) FROM STDIN WITH (FORMAT BINARY)"
-        ) as copy,
-    ):
-        copy.set_types(list(COPY_COLUMNS.values()))
-        now = datetime.now(UTC)
-        for chunk_start in range(0, count, COPY_CHUNK):
-            size = min(COPY_CHUNK, count - chunk_start)
-            picks = [rng.randrange(len(base)) for _ in range(size)]
-            chunk = vectors[picks] + noise.normal(0, PERTURBATION, (size, vectors.shape[1]))
-            chunk /= np.linalg.norm(chunk, axis=1, keepdims=True)
-            for offset, (pick, vector) in enumerate(
-                zip(picks, chunk.astype(np.float32), strict=True)
-            ):
-                index = chunk_start + offset
-                conversation = conversations[
-                    first_conversation + index // MESSAGES_PER_CONVERSATION
-                ]
-                author, content, _, model = base[pick]
-                copy.write_row(  # in the order of COPY_COLUMNS
-                    (
-                        uuid.uuid4(),
-                        uuid.UUID(conversation[0]),
-                        "history",
-                        "user",
-                        "user",
-                        conversation[1],
-                        author,
-                        content,
-                        Jsonb({}),
-                        now,
-                        vector,
-                        model,
-                        now,
-                    )
-                )
+    with conn.cursor() as cursor, cursor.copy(layout.statement) as copy:
+        copy.set_types(layout.types)
+        messages = perturbed_messages(base, conversations, first_conversation, count, rng)
+        for row in layout.rows(messages):
+            copy.write_row(row)
     conn.commit()
     timings["copy_seconds"] = round(time.monotonic() - started, 1)
     conn.autocommit = True
@@ -313,7 +303,8 @@ def main(argv=None) -> int:
         "--build-memory",
         default="2GB",
         help="PostgreSQL maintenance_work_mem for building the indexes after the copy "
-        "(the HNSW graph of 1M 384-float vectors needs about 2GB to build in memory)",
+        "(the default builds the HNSW graph of a million messages in memory: see "
+        "docs/benchmarks.md)",
     )
     parser.add_argument("--out", type=Path, default=Path("bench-results/search.json"))
     parser.add_argument(
@@ -361,6 +352,7 @@ def main(argv=None) -> int:
         rest = args.messages - args.http_messages
         first = -(-args.http_messages // MESSAGES_PER_CONVERSATION)
         with database(server.data_dir) as conn:
+            setup_django(conn, server.data_dir)
             build = (
                 copy_perturbed(
                     conn, conversations, first, rest, rng, build_memory=args.build_memory
