@@ -1,8 +1,33 @@
-"""Reads of agents: their memory blocks, and whose memory a request reaches."""
+"""Reads of agents: their memory blocks and long-term memories, and whose memory a request
+reaches."""
 
-from agents_api.models import Agent, MemoryBlock, MemoryBlockRevision
+import re
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from agents_api.models import Agent, Memory, MemoryBlock, MemoryBlockRevision
 from memsvc.api.errors import Forbidden, InvalidInput, NotFound
+from memsvc.api.pagination import Page, keyset_page
 from memsvc.api.principals import Principal, user_id_problem
+from search import ranking
+from search.engine import find_candidates
+from search.statements import Corpus, Scope
+from search.tuning import MemoryRanking, configured_memory_ranking, configured_tuning
+
+
+def agent_by_id(agent_id, *, field: str) -> Agent:
+    """The agent a request names by id; 400 naming ``field`` when there is none."""
+    try:
+        agent = Agent.objects.filter(id=uuid.UUID(str(agent_id))).first()
+    except ValueError:
+        agent = None
+    if agent is None:
+        raise InvalidInput.for_field(field, "no such agent")
+    return agent
 
 
 def memory_subject(principal: Principal, *, user_id: str | None, field: str = "userId") -> str:
@@ -51,3 +76,138 @@ def local_agent(caller_agent: Agent | None, name: str) -> Agent:
     if agent is None:
         raise NotFound("Agent not found")
     return agent
+
+
+# --- long-term memories ----------------------------------------------------------------------
+
+MEMORIES = Corpus(
+    "memory",
+    # The planner's estimate of the table's rows: enough to choose exact or graph search.
+    size_sql="SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = 'memory'::regclass",
+)
+
+MEMORY_ORDERS = {"recent": ("-created_at", "id"), "popular": ("-access_count", "-created_at", "id")}
+
+
+def memories_of(
+    agent: Agent | None = None, *, user_id: str | None = None, tag: str | None = None
+) -> QuerySet[Memory]:
+    """Memories of an agent (about ``user_id``, "" for its own), or every agent's memories
+    of a user (``agent`` None: what is kept about that user)."""
+    memories = Memory.objects.defer(*Memory.SEARCH_DATA)
+    if agent is not None:
+        memories = memories.filter(agent=agent)
+    if user_id is not None:
+        memories = memories.filter(user_id=user_id)
+    if tag:
+        memories = memories.filter(tags__contains=[tag])
+    return memories
+
+
+def memory_page(memories: QuerySet[Memory], *, order: str, after: str | None, limit: int) -> Page:
+    return keyset_page(memories, order=MEMORY_ORDERS[order], after=after, limit=limit)
+
+
+def memory_of(memories: QuerySet[Memory], memory_id) -> Memory:
+    """One of ``memories`` (``memories_of``); 404 for any other id, another agent's too."""
+    try:
+        memory_id = uuid.UUID(str(memory_id))
+    except ValueError:
+        raise NotFound("memory not found") from None
+    memory = memories.filter(id=memory_id).first()
+    if memory is None:
+        raise NotFound("memory not found")
+    return memory
+
+
+@dataclass
+class MemoryHit:
+    memory: Memory
+    score: float  # the rank: relevance fused with importance and recency
+    relevance: float  # how well it answers the query, comparable across queries (0..1)
+
+
+def _memory_scope(agent: Agent | None, user_id: str | None, tags: Sequence[str]) -> Scope:
+    clauses, params = ["m.expires_at > now()"], []
+    if agent is not None:
+        clauses.append("m.agent_id = %s")
+        params.append(agent.id)
+    if user_id is not None:
+        clauses.append("m.user_id = %s")
+        params.append(user_id)
+    if tags:
+        clauses.append("m.tags && %s::varchar[]")  # any of the tags
+        params.append(list(tags))
+    return Scope(" AND ".join(clauses), params)
+
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
+
+
+def prefetch_queries(query: str) -> list[str]:
+    """kagent's prefetch: each sentence of a message is a query of its own (a long first
+    message asks several things)."""
+    sentences = [part.strip() for part in _SENTENCE_END.split(query)]
+    return list(dict.fromkeys(s for s in sentences if s)) or [query]
+
+
+def memory_search(
+    agent: Agent | None,
+    *,
+    user_id: str | None,
+    query: str,
+    limit: int,
+    tags: Sequence[str] = (),
+    min_score: float = 0.0,
+    mode: str = "hybrid",
+    prefetch: bool = False,
+    ranking_: MemoryRanking | None = None,
+) -> list[MemoryHit]:
+    """The ``limit`` memories that best answer ``query``, ranked by relevance fused with
+    importance and recency (``MemoryRanking``). Expired memories are not found.
+
+    ``min_score`` filters on relevance, measured so that it means the same for every query:
+    the cosine similarity to the query or the share of the query's words (by weight) a
+    memory holds, whichever is higher. With ``prefetch`` each sentence of the query is
+    searched and a memory keeps its best result.
+    """
+    tuning = configured_tuning()
+    ranking_ = ranking_ or configured_memory_ranking()
+    scope = _memory_scope(agent, user_id, tags)
+    best: dict = {}
+    for text in prefetch_queries(query) if prefetch else [query]:
+        found = find_candidates(MEMORIES, scope, text, mode=mode, top_k=limit, tuning=tuning)
+        fused = found.scores(mode, tuning)
+        for memory_id, relevance in ranking.normalised(fused, fused).items():
+            absolute = max(
+                found.semantic.get(memory_id, 0.0) if mode != "keyword" else 0.0,
+                ranking.keyword_coverage(found.keyword.get(memory_id, 0.0), found.idf)
+                if mode != "semantic"
+                else 0.0,
+            )
+            if absolute < min_score:
+                continue
+            if memory_id not in best or best[memory_id][0] < relevance:
+                best[memory_id] = (relevance, absolute)
+    if not best:
+        return []
+    memories = Memory.objects.defer(*Memory.SEARCH_DATA).in_bulk(list(best))
+    now = timezone.now()
+    hits = [
+        MemoryHit(
+            memory=memory,
+            score=round(
+                ranking.memory_rank(
+                    best[memory.id][0],
+                    memory.importance,
+                    (now - memory.created_at).total_seconds() / 86400,
+                    ranking_,
+                ),
+                6,
+            ),
+            relevance=round(best[memory.id][1], 6),
+        )
+        for memory in memories.values()
+    ]
+    hits.sort(key=lambda hit: (-hit.score, str(hit.memory.id)))
+    return hits[:limit]

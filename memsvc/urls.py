@@ -20,6 +20,7 @@ v1 = [
         name="docs",
     ),
     path("v1/user/", include("conversations.api.urls")),
+    path("v1/user/", include("agents_api.api.user_urls")),
     path("v1/agent/", include("agents_api.api.urls")),
     # Unknown routes under /v1 answer in the API's error shape, not Django's HTML page.
     re_path(r"^v1(?:/[\s\S]*)?$", not_found_view),

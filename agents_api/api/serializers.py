@@ -5,7 +5,13 @@ from datetime import timedelta
 from django.utils import timezone
 from rest_framework import serializers
 
-from agents_api.models import DEFAULT_BLOCK_LIMIT, Scope
+from agents_api.models import (
+    DEFAULT_BLOCK_LIMIT,
+    MEMORY_MAX_TAGS,
+    MEMORY_TAG_MAX_LENGTH,
+    Scope,
+)
+from agents_api.selectors import MEMORY_ORDERS
 from conversations.api.serializers import MessageOut
 from conversations.models import Channel, Role, Visibility
 from memsvc.api.fields import (
@@ -14,8 +20,10 @@ from memsvc.api.fields import (
     MetadataField,
     TextField,
     TitleField,
+    UserIdField,
 )
-from memsvc.api.schema import listed
+from memsvc.api.schema import listed, paged
+from search.engine import MODES
 
 MAX_BULK_MESSAGES = 100
 CLOCK_SKEW = timedelta(seconds=60)
@@ -172,3 +180,164 @@ class PatchMemoryBlockIn(InputSerializer):
                 {edits[1]: [f"give one of value, append, replace (got {', '.join(edits)})"]}
             )
         return attrs
+
+
+# --- long-term memories ----------------------------------------------------------------------
+
+MAX_BATCH_MEMORIES = 100
+
+
+class MemoryOut(serializers.Serializer):
+    id = serializers.UUIDField()
+    agentId = serializers.UUIDField(source="agent_id")
+    userId = serializers.SerializerMethodField(help_text="null: the agent's own memory")
+    content = serializers.CharField()
+    summary = serializers.CharField()
+    importance = serializers.FloatField()
+    tags = serializers.ListField(child=serializers.CharField())
+    metadata = serializers.DictField()
+    source = serializers.CharField()
+    accessCount = serializers.IntegerField(source="access_count")
+    lastAccessedAt = serializers.DateTimeField(source="last_accessed_at", allow_null=True)
+    expiresAt = serializers.DateTimeField(source="expires_at")
+    createdAt = serializers.DateTimeField(source="created_at")
+    updatedAt = serializers.DateTimeField(source="updated_at")
+
+    class Meta:
+        ref_name = "Memory"
+
+    def get_userId(self, memory) -> str | None:
+        return memory.user_id or None
+
+
+class MemoryHitOut(MemoryOut):
+    score = serializers.FloatField(help_text="The rank: relevance with importance and recency.")
+    relevance = serializers.FloatField(
+        help_text="How well it answers the query (0..1): cosine similarity or keyword coverage."
+    )
+
+    class Meta:
+        ref_name = "MemorySearchResult"
+
+    def to_representation(self, hit):
+        return {
+            **MemoryOut(hit.memory).data,
+            "score": hit.score,
+            "relevance": hit.relevance,
+        }
+
+
+MemoryList = listed(MemoryOut, "MemoryList")
+MemoryPage = paged(MemoryOut, "MemoryPage")
+MemoryHitList = listed(MemoryHitOut, "MemorySearchResults")
+
+
+class DeletedOut(serializers.Serializer):
+    deleted = serializers.IntegerField()
+
+    class Meta:
+        ref_name = "DeletedCount"
+
+
+class TagsField(serializers.ListField):
+    def __init__(self, **kwargs):
+        super().__init__(
+            child=TextField(max_length=MEMORY_TAG_MAX_LENGTH),
+            max_length=MEMORY_MAX_TAGS,
+            **kwargs,
+        )
+
+
+class ImportanceField(serializers.FloatField):
+    def __init__(self, **kwargs):
+        super().__init__(min_value=0.0, max_value=1.0, **kwargs)
+
+
+def _future(value):
+    if value is not None and value <= timezone.now():
+        raise serializers.ValidationError("must be in the future")
+    return value
+
+
+class NewMemoryIn(InputSerializer):
+    content = MessageContentField()
+    summary = TextField(required=False, allow_blank=True, max_length=10_000)
+    importance = ImportanceField(required=False)
+    tags = TagsField(required=False)
+    metadata = MetadataField(required=False)
+    expiresAt = serializers.DateTimeField(required=False, help_text="default: 15 days from now")
+
+    class Meta:
+        ref_name = "NewMemory"
+
+    def validate_expiresAt(self, value):
+        return _future(value)
+
+
+class CreateMemoryIn(NewMemoryIn):
+    userId = UserIdField(required=False, help_text="default: the agent's own memory")
+
+    class Meta:
+        ref_name = "CreateMemoryRequest"
+
+
+class BatchMemoriesIn(InputSerializer):
+    userId = UserIdField(required=False, help_text="default: the agent's own memories")
+    memories = NewMemoryIn(many=True, allow_empty=False, max_length=MAX_BATCH_MEMORIES)
+
+    class Meta:
+        ref_name = "BatchMemoriesRequest"
+
+
+class UpdateMemoryIn(InputSerializer):
+    content = MessageContentField(required=False)
+    summary = TextField(required=False, allow_blank=True, max_length=10_000)
+    importance = ImportanceField(required=False)
+    tags = TagsField(required=False)
+    metadata = MetadataField(required=False)
+    expiresAt = serializers.DateTimeField(required=False)
+
+    class Meta:
+        ref_name = "UpdateMemoryRequest"
+
+    def validate_expiresAt(self, value):
+        return _future(value)
+
+
+class SearchMemoriesIn(InputSerializer):
+    query = TextField(max_length=2000)
+    limit = serializers.IntegerField(required=False, min_value=1, max_value=20, default=5)
+    tags = TagsField(required=False, help_text="Only memories with any of these tags.")
+    minScore = serializers.FloatField(
+        required=False,
+        min_value=0.0,
+        max_value=1.0,
+        default=0.3,
+        help_text="The least relevance (cosine similarity or keyword coverage) of a result.",
+    )
+    mode = serializers.ChoiceField(choices=MODES, default="hybrid")
+    prefetch = serializers.BooleanField(
+        required=False, default=False, help_text="Search each sentence of the query."
+    )
+
+    def validate_query(self, value):
+        if not value.strip():
+            raise serializers.ValidationError("must not be empty")
+        return value
+
+
+class AgentSearchMemoriesIn(SearchMemoriesIn):
+    userId = UserIdField(required=False, help_text="default: the agent's own memories")
+
+    class Meta:
+        ref_name = "SearchMemoriesRequest"
+
+
+class UserSearchMemoriesIn(SearchMemoriesIn):
+    agentId = serializers.UUIDField(required=False, help_text="Only what this agent keeps.")
+
+    class Meta:
+        ref_name = "UserSearchMemoriesRequest"
+
+
+MEMORY_ORDER_CHOICES = tuple(MEMORY_ORDERS)

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from agents_api.api import views
+from agents_api.api import memories, views
 
 urlpatterns = [
     path("me", views.MeView.as_view()),
@@ -9,6 +9,10 @@ urlpatterns = [
     path("conversations/<uuid:conversation_id>/context", views.ContextView.as_view()),
     path("conversations/<uuid:conversation_id>/summaries", views.SummariesView.as_view()),
     path("search/messages", views.SearchView.as_view()),
+    path("memories", memories.AgentMemoriesView.as_view()),
+    path("memories/batch", memories.AgentMemoryBatchView.as_view()),
+    path("memories/search", memories.AgentMemorySearchView.as_view()),
+    path("memories/<uuid:memory_id>", memories.AgentMemoryView.as_view()),
     path("memory-blocks", views.MemoryBlocksView.as_view()),
     path("memory-blocks/<str:label>", views.MemoryBlockView.as_view()),
     path("memory-blocks/<str:label>/revisions", views.MemoryBlockRevisionsView.as_view()),

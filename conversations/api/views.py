@@ -2,34 +2,23 @@
 selector, and serialize."""
 
 from django.conf import settings
-from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework.permissions import IsAuthenticated
+from drf_spectacular.utils import OpenApiParameter
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from conversations import selectors, services
 from conversations.api import serializers as s
 from conversations.models import AccessLevel, TransferStatus
 from memsvc.api.errors import InvalidInput
-from memsvc.api.jwt_auth import JWTAuthentication
 from memsvc.api.pagination import AFTER_PARAMETER, LIMIT_PARAMETER, page_data, page_params
 from memsvc.api.principals import agent_principal_id, principal_for_sharing
 from memsvc.api.schema import errors, listed, paged
+from memsvc.api.views import UserApiView, user_operation
 from search.selectors import search_messages
 
 MessagePage = paged(s.MessageOut, "MessagePage")
 ForkList = listed(s.ForkOut, "ConversationForkList")
 MembershipList = listed(s.MembershipOut, "ConversationMembershipList")
 TransferList = listed(s.TransferOut, "OwnershipTransferList")
-
-
-def user_operation(operation_id: str, **kwargs):
-    return extend_schema(operation_id=operation_id, tags=["user"], **kwargs)
-
-
-class UserApiView(APIView):
-    authentication_classes = [JWTAuthentication]
-    permission_classes = [IsAuthenticated]
 
 
 class ConversationsView(UserApiView):

@@ -1,0 +1,239 @@
+"""Long-term memories through both doors: the agent that keeps them (``/v1/agent/memories``)
+and the user they are about (``/v1/user/memories``). Thin views over
+``agents_api.selectors`` and ``agents_api.services``."""
+
+from drf_spectacular.utils import OpenApiParameter
+from rest_framework.response import Response
+
+from agents_api import selectors, services
+from agents_api.api import serializers as s
+from agents_api.api.views import USER_ID, AgentApiView, agent_operation
+from agents_api.models import Agent, Scope
+from agents_api.services import NewMemory
+from agents_api.tasks import enqueue_memory_touch
+from memsvc.api.errors import InvalidInput
+from memsvc.api.pagination import AFTER_PARAMETER, LIMIT_PARAMETER, page_data, page_params
+from memsvc.api.schema import errors
+from memsvc.api.views import UserApiView, user_operation
+
+ORDER = OpenApiParameter(
+    "order", str, enum=list(s.MEMORY_ORDER_CHOICES), description="recent (default) or popular"
+)
+TAG = OpenApiParameter("tag", str, description="Only memories with this tag.")
+AGENT_ID = OpenApiParameter("agentId", str, description="Only what this agent keeps.")
+
+
+def _new_memory(data: dict) -> NewMemory:
+    return NewMemory(
+        content=data["content"],
+        summary=data.get("summary", ""),
+        importance=data.get("importance", 0.5),
+        tags=data.get("tags", ()),
+        metadata=data.get("metadata", {}),
+        expires_at=data.get("expiresAt"),
+    )
+
+
+def _order(request) -> str:
+    order = request.query_params.get("order") or "recent"
+    if order not in s.MEMORY_ORDER_CHOICES:
+        raise InvalidInput.for_field("order", f"must be one of {', '.join(s.MEMORY_ORDER_CHOICES)}")
+    return order
+
+
+def _search(agent, *, user_id, data) -> list:
+    hits = selectors.memory_search(
+        agent,
+        user_id=user_id,
+        query=data["query"],
+        limit=data["limit"],
+        tags=data.get("tags", ()),
+        min_score=data["minScore"],
+        mode=data["mode"],
+        prefetch=data["prefetch"],
+    )
+    enqueue_memory_touch([hit.memory.id for hit in hits])
+    return hits
+
+
+# --- the agent's door ------------------------------------------------------------------------
+
+
+def _reachable(request):
+    """The memories this request may name by id: the agent's, and only the user's it acts
+    for (``X-On-Behalf-Of``)."""
+    return selectors.memories_of(request.agent, user_id=request.principal.on_behalf_of)
+
+
+def _subject(request, user_id) -> str:
+    return selectors.memory_subject(request.principal, user_id=user_id)
+
+
+class AgentMemoriesView(AgentApiView):
+    @agent_operation(
+        "agentListMemories",
+        parameters=[USER_ID, TAG, ORDER, LIMIT_PARAMETER, AFTER_PARAMETER],
+        responses={200: s.MemoryPage, **errors(400, 401, 403)},
+    )
+    def get(self, request):
+        memories = selectors.memories_of(
+            request.agent,
+            user_id=_subject(request, request.query_params.get("userId")),
+            tag=request.query_params.get("tag"),
+        )
+        page = selectors.memory_page(memories, order=_order(request), **page_params(request))
+        return Response(page_data(page, s.MemoryOut))
+
+    @agent_operation(
+        "agentSaveMemory",
+        request=s.CreateMemoryIn,
+        responses={
+            201: s.MemoryOut,
+            200: s.MemoryOut,  # the same memory was already kept: merged into it
+            **errors(400, 401, 403),
+        },
+    )
+    def post(self, request):
+        data = s.CreateMemoryIn.parse(request.data)
+        memory, created = services.memory_save(
+            request.principal,
+            agent=request.agent,
+            user_id=_subject(request, data.get("userId")),
+            **vars(_new_memory(data)),
+        )
+        return Response(s.MemoryOut(memory).data, status=201 if created else 200)
+
+    @agent_operation(
+        "agentDeleteMemories",
+        parameters=[USER_ID],
+        responses={200: s.DeletedOut, **errors(400, 401, 403)},
+    )
+    def delete(self, request):
+        memories = selectors.memories_of(
+            request.agent, user_id=_subject(request, request.query_params.get("userId"))
+        )
+        deleted = services.memories_delete(request.principal, memories=memories)
+        return Response({"deleted": deleted})
+
+
+class AgentMemoryBatchView(AgentApiView):
+    @agent_operation(
+        "agentSaveMemories",
+        request=s.BatchMemoriesIn,
+        responses={201: s.MemoryList, **errors(400, 401, 403)},
+    )
+    def post(self, request):
+        data = s.BatchMemoriesIn.parse(request.data)
+        saved = services.memories_save(
+            request.principal,
+            agent=request.agent,
+            user_id=_subject(request, data.get("userId")),
+            memories=[_new_memory(item) for item in data["memories"]],
+        )
+        memories = [memory for memory, _ in saved]
+        return Response({"data": s.MemoryOut(memories, many=True).data}, status=201)
+
+
+class AgentMemorySearchView(AgentApiView):
+    required_scope = Scope.READ  # a POST, but searching changes nothing the agent wrote
+
+    @agent_operation(
+        "agentSearchMemories",
+        request=s.AgentSearchMemoriesIn,
+        responses={200: s.MemoryHitList, **errors(400, 401, 403)},
+    )
+    def post(self, request):
+        data = s.AgentSearchMemoriesIn.parse(request.data)
+        hits = _search(request.agent, user_id=_subject(request, data.get("userId")), data=data)
+        return Response({"data": s.MemoryHitOut(hits, many=True).data})
+
+
+class AgentMemoryView(AgentApiView):
+    @agent_operation("agentGetMemory", responses={200: s.MemoryOut, **errors(401, 403, 404)})
+    def get(self, request, memory_id):
+        return Response(s.MemoryOut(selectors.memory_of(_reachable(request), memory_id)).data)
+
+    @agent_operation(
+        "agentUpdateMemory",
+        request=s.UpdateMemoryIn,
+        responses={200: s.MemoryOut, **errors(400, 401, 403, 404, 409)},
+    )
+    def patch(self, request, memory_id):
+        memory = selectors.memory_of(_reachable(request), memory_id)
+        data = s.UpdateMemoryIn.parse(request.data)
+        memory = services.memory_update(
+            request.principal,
+            memory=memory,
+            content=data.get("content"),
+            summary=data.get("summary"),
+            importance=data.get("importance"),
+            tags=data.get("tags"),
+            metadata=data.get("metadata"),
+            expires_at=data.get("expiresAt"),
+        )
+        return Response(s.MemoryOut(memory).data)
+
+    @agent_operation("agentDeleteMemory", responses={204: None, **errors(401, 403, 404)})
+    def delete(self, request, memory_id):
+        memory = selectors.memory_of(_reachable(request), memory_id)
+        services.memory_delete(request.principal, memory=memory)
+        return Response(status=204)
+
+
+# --- the user's door: what agents keep about them ------------------------------------------
+
+
+def _agent_filter(raw, field: str = "agentId") -> Agent | None:
+    """``agentId`` narrows a user's memories to one agent's; an agent that keeps nothing
+    about the user simply has no memories to show (no 404: agents are not secrets here)."""
+    if not raw:
+        return None
+    return selectors.agent_by_id(raw, field=field)
+
+
+class UserMemoriesView(UserApiView):
+    @user_operation(
+        "listMyMemories",
+        parameters=[AGENT_ID, TAG, ORDER, LIMIT_PARAMETER, AFTER_PARAMETER],
+        responses={200: s.MemoryPage, **errors(400, 401)},
+    )
+    def get(self, request):
+        memories = selectors.memories_of(
+            _agent_filter(request.query_params.get("agentId")),
+            user_id=request.principal.id,
+            tag=request.query_params.get("tag"),
+        )
+        page = selectors.memory_page(memories, order=_order(request), **page_params(request))
+        return Response(page_data(page, s.MemoryOut))
+
+    @user_operation(
+        "deleteMyMemories",
+        parameters=[AGENT_ID],
+        responses={200: s.DeletedOut, **errors(400, 401)},
+    )
+    def delete(self, request):
+        memories = selectors.memories_of(
+            _agent_filter(request.query_params.get("agentId")), user_id=request.principal.id
+        )
+        return Response({"deleted": services.memories_delete(request.principal, memories=memories)})
+
+
+class UserMemorySearchView(UserApiView):
+    @user_operation(
+        "searchMyMemories",
+        request=s.UserSearchMemoriesIn,
+        responses={200: s.MemoryHitList, **errors(400, 401)},
+    )
+    def post(self, request):
+        data = s.UserSearchMemoriesIn.parse(request.data)
+        agent = _agent_filter(data.get("agentId"))
+        hits = _search(agent, user_id=request.principal.id, data=data)
+        return Response({"data": s.MemoryHitOut(hits, many=True).data})
+
+
+class UserMemoryView(UserApiView):
+    @user_operation("deleteMyMemory", responses={204: None, **errors(401, 404)})
+    def delete(self, request, memory_id):
+        memory = selectors.memory_of(selectors.memories_of(user_id=request.principal.id), memory_id)
+        services.memory_delete(request.principal, memory=memory)
+        return Response(status=204)
