@@ -77,6 +77,8 @@ def _flatten_details(detail) -> dict:
             for key, sub in value.items():
                 if isinstance(key, int):  # DRF reports a list's bad items by index
                     walk(sub, f"{path}[{key}]")
+                elif key == "non_field_errors" and path:
+                    walk(sub, path)  # a nested list's own problem (too long, empty)
                 else:
                     walk(sub, f"{path}.{key}" if path else str(key))
         elif isinstance(value, list) and value and not all(isinstance(v, str) for v in value):

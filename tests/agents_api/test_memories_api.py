@@ -1,0 +1,401 @@
+"""Long-term memories through the agent API and the user API: dedup, search, ranking,
+paging, who reaches what, and bad input refused with nothing written."""
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from agents_api.models import Memory
+from memsvc.api.pagination import encode_cursor
+from search.embeddings import EmbeddingError
+from tests.agents_api.conftest import make_agent
+
+pytestmark = pytest.mark.django_db
+
+MEMORIES = "/v1/agent/memories"
+MINE = "/v1/user/memories"
+
+
+def save(api, credential, content, **body):
+    response = api.post(MEMORIES, {"content": content, **body}, as_=credential)
+    assert response.status_code in (200, 201), response.content
+    return response.json()
+
+
+def search(api, credential, query, **body):
+    response = api.post(f"{MEMORIES}/search", {"query": query, **body}, as_=credential)
+    assert response.status_code == 200, response.content
+    return response.json()["data"]
+
+
+def contents(items):
+    return [item["content"] for item in items]
+
+
+def snapshot():
+    return sorted(
+        Memory.objects.values_list(
+            "id", "content", "importance", "tags", "access_count", "expires_at", "user_id"
+        )
+    )
+
+
+@pytest.fixture
+def alices_facts(api, helper):
+    for content in [
+        "Alice has a golden retriever named Rex",
+        "Alice works as a nurse at Boston General",
+        "Alice is allergic to peanuts",
+        "Alice wants to visit Kyoto in the autumn",
+    ]:
+        save(api, helper, content, userId="alice")
+
+
+def test_save_returns_the_documented_memory(api, helper):
+    saved = api.post(
+        MEMORIES,
+        {"content": "Prefers short answers", "importance": 0.9, "tags": ["style"]},
+        as_=helper,
+    )
+    assert saved.status_code == 201
+    memory = saved.json()
+    assert memory == {
+        "id": memory["id"],
+        "agentId": str(helper.agent.id),
+        "userId": None,
+        "content": "Prefers short answers",
+        "summary": "",
+        "importance": 0.9,
+        "tags": ["style"],
+        "metadata": {},
+        "source": "api",
+        "accessCount": 0,
+        "lastAccessedAt": None,
+        "expiresAt": memory["expiresAt"],
+        "createdAt": memory["createdAt"],
+        "updatedAt": memory["updatedAt"],
+    }
+    stored = Memory.objects.get(id=memory["id"])
+    # Embedded on the request path: a near-duplicate can be caught at once.
+    assert stored.embedding is not None and stored.embedding_model
+    assert stored.expires_at - stored.created_at == timedelta(days=15)
+
+
+def test_the_same_fact_again_is_one_memory_with_the_higher_importance_and_every_tag(api, helper):
+    first = save(api, helper, "Alice likes green tea", userId="alice", importance=0.8, tags=["a"])
+    again = api.post(
+        MEMORIES,
+        {
+            "content": "  alice LIKES green   tea ",
+            "userId": "alice",
+            "importance": 0.2,
+            "tags": ["b"],
+        },
+        as_=helper,
+    )
+    assert again.status_code == 200
+    assert again.json()["id"] == first["id"]
+    assert (again.json()["importance"], again.json()["tags"]) == (0.8, ["a", "b"])
+    near = api.post(MEMORIES, {"content": "Alice likes green tea.", "userId": "alice"}, as_=helper)
+    assert near.status_code == 200 and near.json()["id"] == first["id"]
+    # About another user, or kept by another agent, it is another memory.
+    assert (
+        api.post(
+            MEMORIES, {"content": "Alice likes green tea", "userId": "bob"}, as_=helper
+        ).status_code
+        == 201
+    )
+    other = make_agent("other")
+    assert (
+        api.post(
+            MEMORIES, {"content": "Alice likes green tea", "userId": "alice"}, as_=other
+        ).status_code
+        == 201
+    )
+    assert Memory.objects.count() == 3
+
+
+def test_a_batch_saves_all_in_one_go_and_merges_repeats(api, helper):
+    response = api.post(
+        f"{MEMORIES}/batch",
+        {
+            "userId": "alice",
+            "memories": [
+                {"content": "Alice plays the cello"},
+                {"content": "Alice runs marathons", "importance": 0.7},
+                {"content": "alice plays the cello", "tags": ["music"]},
+            ],
+        },
+        as_=helper,
+    )
+    assert response.status_code == 201
+    data = response.json()["data"]
+    assert len(data) == 3 and data[0]["id"] == data[2]["id"]
+    assert data[2]["tags"] == ["music"]
+    assert Memory.objects.filter(user_id="alice").count() == 2
+
+
+def test_search_finds_by_meaning_and_counts_each_use(api, helper, alices_facts):
+    results = search(api, helper, "What kind of dog does she have?", userId="alice")
+    assert contents(results)[0] == "Alice has a golden retriever named Rex"
+    assert set(results[0]) >= {"score", "relevance", "accessCount"}
+    assert results[0]["score"] >= results[-1]["score"]
+    found = Memory.objects.get(content="Alice has a golden retriever named Rex")
+    # Counted off the request path (the task runs inline in tests).
+    assert found.access_count == 1 and found.last_accessed_at is not None
+    assert Memory.objects.get(content="Alice is allergic to peanuts").access_count == len(
+        [r for r in results if r["content"] == "Alice is allergic to peanuts"]
+    )
+
+
+def test_min_score_filters_on_relevance(api, helper, alices_facts):
+    assert search(api, helper, "quantum chromodynamics lattice", userId="alice", minScore=0.5) == []
+    everything = search(api, helper, "quantum chromodynamics lattice", userId="alice", minScore=0)
+    assert len(everything) == 4
+    assert all(0 <= r["relevance"] < 0.5 for r in everything)
+
+
+def test_importance_breaks_a_tie_of_relevance(api, helper):
+    save(api, helper, "The user likes jazz", importance=0.1)
+    save(api, helper, "The user likes jazz music a lot", importance=1.0)
+    results = search(api, helper, "jazz", mode="keyword", minScore=0)
+    assert contents(results)[0] == "The user likes jazz music a lot"
+
+
+def test_prefetch_searches_each_sentence(api, helper, alices_facts):
+    # Each sentence finds its own memory; a memory keeps its best sentence's result.
+    query = "I am going to travel to Japan soon. Can I eat peanut butter?"
+    prefetched = search(api, helper, query, userId="alice", limit=2, prefetch=True, minScore=0)
+    assert sorted(contents(prefetched)) == [
+        "Alice is allergic to peanuts",
+        "Alice wants to visit Kyoto in the autumn",
+    ]
+    assert len({r["id"] for r in prefetched}) == 2
+
+
+def test_tags_filter_search_and_list(api, helper):
+    save(api, helper, "Deploys happen on Tuesdays", tags=["ops"])
+    save(api, helper, "Tuesdays are for team lunch", tags=["social"])
+    assert contents(search(api, helper, "Tuesdays", tags=["ops"], minScore=0)) == [
+        "Deploys happen on Tuesdays"
+    ]
+    listed = api.get(MEMORIES, as_=helper, tag="social").json()["data"]
+    assert contents(listed) == ["Tuesdays are for team lunch"]
+
+
+def test_expired_memories_are_not_found(api, helper):
+    memory = save(api, helper, "A fact about bicycles")
+    Memory.objects.filter(id=memory["id"]).update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert search(api, helper, "bicycles", minScore=0) == []
+
+
+def test_a_memory_is_found_by_keyword_before_it_has_a_vector(api, helper, monkeypatch):
+    class Down:
+        model = "down"
+
+        def embed(self, texts):
+            raise EmbeddingError("embedding service unreachable", transient=True)
+
+    # The embedding service is outside memsvc: its failure is simulated.
+    monkeypatch.setattr("agents_api.services.configured_backend", lambda: Down())
+    memory = save(api, helper, "The staging database password rotates monthly")
+    assert Memory.objects.get(id=memory["id"]).embedding is None
+    monkeypatch.undo()
+    assert contents(search(api, helper, "staging database", minScore=0)) == [
+        "The staging database password rotates monthly"
+    ]
+
+
+def test_list_pages_recent_or_popular(api, helper):
+    for index in range(5):
+        save(
+            api,
+            helper,
+            f"Fact number {index} about the {['sea', 'sky', 'hills', 'city', 'woods'][index]}",
+        )
+    Memory.objects.filter(content__contains="number 2").update(access_count=9)
+    first = api.get(MEMORIES, as_=helper, limit=2).json()
+    assert len(first["data"]) == 2 and first["nextCursor"]
+    seen = contents(first["data"])
+    cursor = first["nextCursor"]
+    while cursor:
+        page = api.get(MEMORIES, as_=helper, limit=2, after=cursor).json()
+        seen += contents(page["data"])
+        cursor = page["nextCursor"]
+    assert len(seen) == len(set(seen)) == 5
+    assert seen[0].startswith("Fact number 4")  # newest first
+    popular = api.get(MEMORIES, as_=helper, order="popular").json()["data"]
+    assert popular[0]["content"].startswith("Fact number 2")
+    assert api.get(MEMORIES, as_=helper, order="oldest").status_code == 400
+    assert api.get(MEMORIES, as_=helper, after="garbage!").status_code == 400
+    # A cursor of the right shape whose time is no time: 400 too, not a database error.
+    assert api.get(MEMORIES, as_=helper, after=encode_cursor("yesterday", "x")).status_code == 400
+
+
+def test_get_patch_and_delete(api, helper):
+    memory = save(api, helper, "Uses vim", tags=["editor"])
+    url = f"{MEMORIES}/{memory['id']}"
+    assert api.get(url, as_=helper).json()["content"] == "Uses vim"
+    changed = api.patch(url, {"content": "Uses emacs", "importance": 0.9}, as_=helper)
+    assert changed.status_code == 200
+    assert (changed.json()["content"], changed.json()["importance"]) == ("Uses emacs", 0.9)
+    assert contents(search(api, helper, "emacs", mode="keyword", minScore=0)) == ["Uses emacs"]
+    assert api.delete(url, as_=helper).status_code == 204
+    assert api.get(url, as_=helper).status_code == 404
+
+
+def test_patching_into_another_memorys_content_is_a_conflict(api, helper):
+    save(api, helper, "Drinks coffee")
+    tea = save(api, helper, "Drinks tea")
+    response = api.patch(f"{MEMORIES}/{tea['id']}", {"content": "drinks COFFEE"}, as_=helper)
+    assert response.status_code == 409
+    assert Memory.objects.get(id=tea["id"]).content == "Drinks tea"
+
+
+def test_delete_by_user(api, helper):
+    save(api, helper, "Alice fact one", userId="alice")
+    save(api, helper, "Alice fact two", userId="alice")
+    save(api, helper, "Bob fact", userId="bob")
+    response = api.call("DELETE", f"{MEMORIES}?userId=alice", as_=helper)
+    assert response.json() == {"deleted": 2}
+    assert list(Memory.objects.values_list("user_id", flat=True)) == ["bob"]
+
+
+# --- who reaches what ------------------------------------------------------------------------
+
+
+def test_another_agents_memory_is_404_and_untouched(api, helper, rival):
+    memory = save(api, helper, "Helper's private note", userId="alice")
+    before = snapshot()
+    url = f"{MEMORIES}/{memory['id']}"
+    assert api.get(url, as_=rival).status_code == 404
+    assert api.patch(url, {"content": "defaced"}, as_=rival).status_code == 404
+    assert api.delete(url, as_=rival).status_code == 404
+    assert api.get(MEMORIES, as_=rival, userId="alice").json()["data"] == []
+    assert search(api, rival, "private note", userId="alice", minScore=0) == []
+    assert api.call("DELETE", f"{MEMORIES}?userId=alice", as_=rival).json() == {"deleted": 0}
+    assert snapshot() == before
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("POST", MEMORIES, {"content": "x"}),
+        ("POST", f"{MEMORIES}/batch", {"memories": [{"content": "x"}]}),
+        ("PATCH", f"{MEMORIES}/{{id}}", {"content": "y"}),
+        ("DELETE", f"{MEMORIES}/{{id}}", None),
+        ("DELETE", MEMORIES, None),
+    ],
+)
+def test_a_read_key_cannot_write(api, helper, method, path, body):
+    memory = save(api, helper, "Written by the helper")
+    reader = make_agent("helper", scopes=["read"])
+    before = snapshot()
+    response = api.call(method, path.format(id=memory["id"]), as_=reader, body=body)
+    assert response.status_code == 403
+    assert response.json()["code"] == "forbidden"
+    assert snapshot() == before
+    # Reading is what the key is for.
+    assert api.get(MEMORIES, as_=reader).status_code == 200
+    assert search(api, reader, "written", minScore=0)
+
+
+def test_a_write_only_key_cannot_search_or_list(api, helper):
+    writer = make_agent("helper", scopes=["write"])
+    assert api.post(f"{MEMORIES}/search", {"query": "x"}, as_=writer).status_code == 403
+    assert api.get(MEMORIES, as_=writer).status_code == 403
+
+
+def test_acting_for_a_user_reaches_that_users_memories_only(api, helper):
+    bobs = save(api, helper, "Bob's fact", userId="bob")
+    as_alice = helper.acting_for("alice")
+    mine = save(api, as_alice, "Alice's fact")  # the user's id is implied
+    assert mine["userId"] == "alice"
+    assert api.get(f"{MEMORIES}/{bobs['id']}", as_=as_alice).status_code == 404
+    assert api.get(MEMORIES, as_=as_alice, userId="bob").status_code == 403
+    assert contents(api.get(MEMORIES, as_=as_alice).json()["data"]) == ["Alice's fact"]
+
+
+def test_without_a_key_it_is_401(api):
+    assert api.get(MEMORIES).status_code == 401
+    assert api.post(f"{MEMORIES}/search", {"query": "x"}).status_code == 401
+
+
+# --- bad input: 400 naming the field, nothing written ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        (MEMORIES, {"content": "x", "importance": 1.5}, "importance"),
+        (MEMORIES, {"content": "x", "importance": -0.1}, "importance"),
+        (MEMORIES, {"content": ""}, "content"),
+        (MEMORIES, {"content": "   "}, "content"),
+        (MEMORIES, {"content": "nul\x00here"}, "content"),
+        (MEMORIES, {"content": "x", "tags": [f"t{i}" for i in range(51)]}, "tags"),
+        (MEMORIES, {"content": "x", "tags": ["t" * 101]}, "tags"),
+        (MEMORIES, {"content": "x", "userId": "agent:someone"}, "userId"),
+        (MEMORIES, {"content": "x", "expiresAt": "2001-01-01T00:00:00Z"}, "expiresAt"),
+        (MEMORIES, {"content": "x", "colour": "red"}, "colour"),
+        (f"{MEMORIES}/batch", {"memories": [{"content": "x"}] * 101}, "memories"),
+        (f"{MEMORIES}/batch", {"memories": []}, "memories"),
+        (
+            f"{MEMORIES}/batch",
+            {"memories": [{"content": "fine"}, {"content": "bad", "importance": 2}]},
+            "memories",
+        ),
+        (f"{MEMORIES}/search", {"query": "x", "limit": 0}, "limit"),
+        (f"{MEMORIES}/search", {"query": "x", "limit": 21}, "limit"),
+        (f"{MEMORIES}/search", {"query": " "}, "query"),
+        (f"{MEMORIES}/search", {"query": "x", "mode": "fuzzy"}, "mode"),
+    ],
+)
+def test_bad_input_is_400_naming_the_field_and_writes_nothing(api, helper, path, body, field):
+    save(api, helper, "Already here")
+    before = snapshot()
+    response = api.post(path, body, as_=helper)
+    assert response.status_code == 400, response.content
+    assert response.json()["code"] == "validation_error"
+    # The field, or an item of it (``tags[0]``, ``memories[1].importance``).
+    assert any(name.split("[")[0] == field for name in response.json()["details"])
+    assert snapshot() == before
+
+
+def test_an_agent_may_learn_about_a_user_it_has_never_served(api, helper):
+    assert save(api, helper, "New user likes chess", userId="newcomer")["userId"] == "newcomer"
+
+
+# --- the user's door -------------------------------------------------------------------------
+
+
+def test_a_user_sees_searches_and_deletes_what_every_agent_keeps_about_them(
+    api, helper, rival, alice, bob
+):
+    save(api, helper, "Alice prefers window seats", userId="alice")
+    kept_by_rival = save(api, rival, "Alice is vegetarian", userId="alice")
+    save(api, helper, "Bob prefers aisle seats", userId="bob")
+    save(api, helper, "The helper's own note")
+
+    listed = api.get(MINE, as_=alice).json()
+    assert sorted(contents(listed["data"])) == ["Alice is vegetarian", "Alice prefers window seats"]
+    only_rival = api.get(MINE, as_=alice, agentId=str(rival.agent.id)).json()["data"]
+    assert contents(only_rival) == ["Alice is vegetarian"]
+    assert api.get(MINE, as_=alice, agentId="not-an-agent").status_code == 400
+
+    found = api.post(f"{MINE}/search", {"query": "what does she eat?"}, as_=alice).json()["data"]
+    assert contents(found)[0] == "Alice is vegetarian"
+
+    # Bob cannot reach Alice's memory; Alice can delete it.
+    assert api.delete(f"{MINE}/{kept_by_rival['id']}", as_=bob).status_code == 404
+    assert api.delete(f"{MINE}/{kept_by_rival['id']}", as_=alice).status_code == 204
+    assert api.call("DELETE", MINE, as_=alice).json() == {"deleted": 1}
+    assert sorted(Memory.objects.values_list("content", flat=True)) == [
+        "Bob prefers aisle seats",
+        "The helper's own note",
+    ]
+
+
+def test_the_user_api_needs_a_users_token(api, helper):
+    assert api.get(MINE).status_code == 401
+    assert api.get(MINE, as_=helper).status_code == 401  # an agent key is the wrong credential
