@@ -69,14 +69,14 @@ class LocalBackend:
         model: str = DEFAULT_LOCAL_MODEL,
         *,
         precision: str = "int8",
-        batch_size: int = 16,  # on 2 CPU cores, smaller batches pad less and run faster
+        batch_size: int = 16,  # smaller batches pad short texts less
         device: str = "cpu",
         runtime: str = "auto",
         cache_dir: Path | None = None,
     ):
         """``precision``: ``int8`` (int8 weights on ONNX Runtime, the fastest on CPU) or
         ``float32`` (the model's own vectors). ``runtime`` (float32 only): ``onnx`` (ONNX
-        Runtime, ~3x faster on CPU than torch), ``torch``, or ``auto`` (ONNX Runtime when
+        Runtime, faster on CPU than torch), ``torch``, or ``auto`` (ONNX Runtime when
         the model allows it, else torch).
 
         ``model`` names what is stored with each vector: the model, and ``@int8`` when its

@@ -1,11 +1,10 @@
 """A sentence-transformers model run by ONNX Runtime, in float32 or with int8 weights.
 
-- ``float32``: the same vectors as PyTorch (to 1e-4), about 3x faster on CPU.
+- ``float32``: the same vectors as PyTorch (to 1e-4), faster on CPU.
 - ``int8``: the weights of the linear layers quantised to int8, per output channel; the
   activations are quantised on the fly, and attention, normalisation and pooling stay in
-  float32. About 1.6x faster again, for vectors at a mean cosine of 0.99 to the float32
-  ones (all-MiniLM-L6-v2 on LoCoMo turns; semantic hit@5 on the LoCoMo development split
-  0.431 against 0.428). See docs/benchmarks.md.
+  float32. Faster again, for vectors very close to the float32 ones. How much faster and
+  how close: docs/benchmarks.md, "The local model in int8".
 
 The graphs are made once from the model's own weights on disk (no download) and cached
 under ``<MEMSVC_DATA_DIR>/models``; tokenisation and mean pooling are done here exactly as
@@ -179,8 +178,8 @@ class OnnxSentenceEncoder:
         options.intra_op_num_threads = threads or min(4, os.cpu_count() or 1)
         # With more than one thread, ONNX Runtime's pool threads spin after each run, waiting
         # for more work: that takes the cores from PostgreSQL just when a search needs them
-        # (with 2 threads, a hybrid search in a Django process ran 4 ms slower). `memsvc
-        # serve` gives web processes one thread, which has no pool, so this is for the rest.
+        # (docs/benchmarks.md, "Where a search's time goes"). `memsvc serve` gives web
+        # processes one thread, which has no pool, so this is for the rest.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = onnxruntime.InferenceSession(
             str(graph), options, providers=["CPUExecutionProvider"]
