@@ -14,11 +14,11 @@ from django.db.models import F, Q
 from django.db.models.functions import Concat, Length
 from django.db.models.lookups import LessThanOrEqual
 from django.utils import timezone
-from pgvector.django import HnswIndex, VectorField
+from pgvector.django import VectorField
 
 from conversations.models import TEXT_SEARCH_CONFIG
 from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, PRINCIPAL_MAX_LENGTH, Principal
-from memsvc.db import json_is_object
+from memsvc.db import embedding_has_model, embedding_index, json_is_object
 from memsvc.validators import no_nul_characters
 
 DEFAULT_BLOCK_LIMIT = 5_000
@@ -258,13 +258,7 @@ class Memory(models.Model):
             models.Index(fields=["expires_at"], name="memory_expiry"),
             GinIndex(fields=["search_vector"], name="memory_search_vector"),
             GinIndex(fields=["tags"], name="memory_tags"),
-            HnswIndex(
-                name="memory_embedding_hnsw",
-                fields=["embedding"],
-                m=16,
-                ef_construction=64,
-                opclasses=["vector_cosine_ops"],
-            ),
+            embedding_index("memory_embedding_hnsw"),
             models.Index(
                 fields=["created_at"],
                 condition=Q(embedded_at__isnull=True),
@@ -284,11 +278,7 @@ class Memory(models.Model):
                 condition=Q(source__in=MemorySource.values), name="memory_source_valid"
             ),
             json_is_object("metadata", name="memory_metadata_is_object"),
-            models.CheckConstraint(
-                condition=Q(embedding__isnull=True)
-                | (Q(embedded_at__isnull=False) & ~Q(embedding_model="")),
-                name="memory_embedding_has_model",
-            ),
+            embedding_has_model("memory_embedding_has_model"),
         ]
 
     def __str__(self) -> str:

@@ -15,10 +15,10 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Concat
 from django.utils import timezone
-from pgvector.django import HnswIndex, VectorField
+from pgvector.django import VectorField
 
 from memsvc.api.principals import PRINCIPAL_MAX_LENGTH
-from memsvc.db import json_is_object
+from memsvc.db import embedding_has_model, embedding_index, json_is_object
 from memsvc.validators import no_nul_characters
 
 TITLE_MAX_LENGTH = 500
@@ -310,13 +310,7 @@ class Message(models.Model):
         indexes = [
             models.Index(fields=["conversation", "seq"], name="message_conversation_seq"),
             GinIndex(fields=["search_vector"], name="message_search_vector"),
-            HnswIndex(
-                name="message_embedding_hnsw",
-                fields=["embedding"],
-                m=16,
-                ef_construction=64,
-                opclasses=["vector_cosine_ops"],
-            ),
+            embedding_index("message_embedding_hnsw"),
             models.Index(
                 fields=["parent_message"],
                 condition=Q(parent_message__isnull=False),
@@ -337,11 +331,7 @@ class Message(models.Model):
             ),
             models.CheckConstraint(condition=~Q(content=""), name="message_content_not_empty"),
             json_is_object("metadata", name="message_metadata_is_object"),
-            models.CheckConstraint(
-                condition=Q(embedding__isnull=True)
-                | (Q(embedded_at__isnull=False) & ~Q(embedding_model="")),
-                name="message_embedding_has_model",
-            ),
+            embedding_has_model("message_embedding_has_model"),
         ]
 
     def __str__(self) -> str:

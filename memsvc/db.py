@@ -1,7 +1,9 @@
 """Small database expressions shared by the models of every app."""
 
 from django.db import models
+from django.db.models import Q
 from django.db.models.lookups import Exact
+from pgvector.django import HnswIndex
 
 
 def json_is_object(field: str, name: str) -> models.CheckConstraint:
@@ -11,5 +13,23 @@ def json_is_object(field: str, name: str) -> models.CheckConstraint:
             models.Func(models.F(field), function="jsonb_typeof", output_field=models.TextField()),
             "object",
         ),
+        name=name,
+    )
+
+
+def embedding_index(name: str) -> HnswIndex:
+    """The HNSW index (cosine) on a table's ``embedding`` column, built alike for every
+    corpus search reads."""
+    return HnswIndex(
+        name=name, fields=["embedding"], m=16, ef_construction=64, opclasses=["vector_cosine_ops"]
+    )
+
+
+def embedding_has_model(name: str) -> models.CheckConstraint:
+    """A vector is never stored without the model (and the time) that made it: vectors of
+    two models are never compared by mistake."""
+    return models.CheckConstraint(
+        condition=Q(embedding__isnull=True)
+        | (Q(embedded_at__isnull=False) & ~Q(embedding_model="")),
         name=name,
     )

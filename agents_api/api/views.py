@@ -3,7 +3,6 @@
 import hashlib
 import json
 
-from django.conf import settings
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
@@ -231,15 +230,8 @@ class SearchView(AgentApiView):
         responses={200: SearchResultsOut, **errors(400, 401, 403)},
     )
     def post(self, request):
-        data = SearchMessagesIn.parse(request.data)
         hits = search_messages(
-            request.principal,
-            query=data["query"],
-            top_k=data.get("topK", settings.MEMORY_DEFAULT_SEARCH_LIMIT),
-            mode=data["mode"],
-            conversation_ids=data.get("conversationIds"),
-            before_message_id=data.get("before"),
-            for_agent=True,
+            request.principal, for_agent=True, **SearchMessagesIn.search_arguments(request.data)
         )
         return Response(SearchResultsOut({"data": hits}).data)
 

@@ -208,3 +208,15 @@ class SearchMessagesIn(InputSerializer):
         if not value.strip():
             raise serializers.ValidationError("must not be empty")
         return value
+
+    @classmethod
+    def search_arguments(cls, body) -> dict:
+        """The request, parsed, as arguments of ``search.selectors.search_messages``."""
+        data = cls.parse(body)
+        return {
+            "query": data["query"],
+            "top_k": data.get("topK", settings.MEMORY_DEFAULT_SEARCH_LIMIT),
+            "mode": data["mode"],
+            "conversation_ids": data.get("conversationIds"),
+            "before_message_id": data.get("before"),
+        }

@@ -1,7 +1,6 @@
 """The user API (``/v1/user``): thin views that parse, check access, call one service or
 selector, and serialize."""
 
-from django.conf import settings
 from drf_spectacular.utils import OpenApiParameter
 from rest_framework.response import Response
 
@@ -227,14 +226,8 @@ class SearchView(UserApiView):
         responses={200: s.SearchResultsOut, **errors(400, 401)},
     )
     def post(self, request):
-        data = s.SearchMessagesIn.parse(request.data)
         hits = search_messages(
-            request.principal,
-            query=data["query"],
-            top_k=data.get("topK", settings.MEMORY_DEFAULT_SEARCH_LIMIT),
-            mode=data["mode"],
-            conversation_ids=data.get("conversationIds"),
-            before_message_id=data.get("before"),
+            request.principal, **s.SearchMessagesIn.search_arguments(request.data)
         )
         return Response(s.SearchResultsOut({"data": hits}).data)
 
