@@ -308,6 +308,12 @@ def _same_memory(agent: Agent, user_id: str, new: NewMemory, model, vector) -> M
     return found
 
 
+def _violates(exc: IntegrityError, constraint: str) -> bool:
+    """Whether PostgreSQL refused the row because of ``constraint`` (and not another one)."""
+    diag = getattr(exc.__cause__, "diag", None)
+    return getattr(diag, "constraint_name", None) == constraint
+
+
 def _merge(memory: Memory, new: NewMemory) -> Memory:
     """What saving a known fact again changes: the higher importance, every tag, and a life
     at least as long as the new one would have had."""
@@ -362,9 +368,12 @@ def memories_save(
         try:
             with transaction.atomic():
                 memory.save(force_insert=True)
-        except IntegrityError:
+        except IntegrityError as exc:
             # The same fact saved by a concurrent request: the unique content hash makes it
-            # one row, which is merged into now that it is visible.
+            # one row, which is merged into now that it is visible. Any other refusal (a
+            # check constraint) is the caller's error.
+            if not _violates(exc, "memory_unique_content"):
+                raise
             saved.append((_merge(_same_memory(agent, user_id, new, None, None), new), False))
             continue
         saved.append((memory, True))
@@ -416,7 +425,9 @@ def memory_update(
     try:
         with transaction.atomic():
             memory.save()
-    except IntegrityError:
+    except IntegrityError as exc:
+        if not _violates(exc, "memory_unique_content"):
+            raise
         raise Conflict("the agent already keeps a memory with this content") from None
     return Memory.objects.get(pk=memory.pk)
 

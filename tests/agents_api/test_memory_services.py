@@ -1,0 +1,132 @@
+"""The long-term memory services: one fact is one row, and the database refuses bad rows.
+
+Vectors come from the real local model, so "near-duplicate" means what it will mean in use.
+"""
+
+import pytest
+from django.db import IntegrityError
+
+from agents_api.models import Memory
+from agents_api.services import NewMemory, memories_save, memory_save, memory_update
+from memsvc.api.errors import Conflict
+from tests.db import refused
+from tests.factories import AgentFactory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def agent():
+    return AgentFactory(name="helper")
+
+
+def save(agent, content, user_id="alice", **fields):
+    return memory_save(
+        agent.as_principal(), agent=agent, user_id=user_id, content=content, **fields
+    )
+
+
+def test_the_same_words_in_another_case_and_spacing_are_one_memory(agent):
+    first, created = save(agent, "Alice likes  Python", importance=0.4, tags=["lang", "pref"])
+    assert created
+    again, created = save(agent, "  alice LIKES python\n", importance=0.9, tags=["pref", "work"])
+    assert not created
+    assert again.id == first.id
+    stored = Memory.objects.get()
+    assert stored.content == "Alice likes  Python"  # the first wording stays
+    assert stored.importance == 0.9
+    assert stored.tags == ["lang", "pref", "work"]
+    # Saving it again with a lower importance keeps the higher one.
+    save(agent, "alice likes python", importance=0.1)
+    assert Memory.objects.get().importance == 0.9
+
+
+def test_a_near_duplicate_is_merged_into_the_memory_it_repeats(agent):
+    first, _ = save(agent, "Alice's favourite colour is blue.", tags=["colour"])
+    again, created = save(agent, "Alice's favorite colour is blue", importance=0.8, tags=["pref"])
+    assert not created
+    assert again.id == first.id
+    assert Memory.objects.get().tags == ["colour", "pref"]
+
+
+def test_a_different_fact_in_similar_words_is_kept_apart(agent):
+    save(agent, "Alice's favourite colour is blue.")
+    _, created = save(agent, "Alice's favourite colour is green.")
+    assert created
+    assert Memory.objects.count() == 2
+
+
+def test_memories_of_other_users_or_other_agents_never_merge(agent):
+    other_agent = AgentFactory(name="other")
+    results = [
+        save(agent, "Likes tea", user_id="alice"),
+        save(agent, "Likes tea", user_id="bob"),
+        save(agent, "Likes tea", user_id=""),  # the agent's own
+        save(other_agent, "Likes tea", user_id="alice"),
+        # Near-duplicates across users do not merge either.
+        save(agent, "Alice's favourite colour is blue.", user_id="alice"),
+        save(agent, "Alice's favorite colour is blue", user_id="bob"),
+    ]
+    assert all(created for _, created in results)
+    assert Memory.objects.count() == 6
+
+
+def test_a_batch_that_repeats_itself_is_merged_inside(agent):
+    saved = memories_save(
+        agent.as_principal(),
+        agent=agent,
+        user_id="alice",
+        memories=[
+            NewMemory("Works at ACME", importance=0.3, tags=["job"]),
+            NewMemory("Has a dog called Rex"),
+            NewMemory("works at  acme", importance=0.7, tags=["company"]),
+            NewMemory("Alice's favourite colour is blue."),
+            NewMemory("Alice's favorite colour is blue"),
+        ],
+    )
+    assert [created for _, created in saved] == [True, True, False, True, False]
+    assert saved[2][0].id == saved[0][0].id
+    assert saved[4][0].id == saved[3][0].id
+    assert Memory.objects.count() == 3
+    acme = Memory.objects.get(content="Works at ACME")
+    assert (acme.importance, acme.tags) == (0.7, ["job", "company"])
+
+
+def test_saved_memories_carry_a_vector_of_the_configured_model(agent):
+    memory, _ = save(agent, "Alice lives in Lisbon")
+    memory.refresh_from_db()
+    assert memory.embedding_model == "all-MiniLM-L6-v2@int8"
+    assert len(memory.embedding) == 384
+    assert memory.embedded_at is not None
+
+
+@pytest.mark.parametrize(
+    ("fields", "constraint"),
+    [
+        ({"content": "fine", "importance": 1.5}, "memory_importance_0_1"),
+        ({"content": "fine", "importance": -0.1}, "memory_importance_0_1"),
+        ({"content": ""}, "memory_content_not_empty"),
+    ],
+)
+def test_the_database_refuses_what_the_api_should_have(agent, fields, constraint):
+    # The API validates first; these reach the database only through a bug, and stop there.
+    with refused(IntegrityError, match=constraint):
+        save(agent, **fields)
+    assert Memory.objects.count() == 0
+
+
+def test_merging_an_invalid_importance_is_refused_too(agent):
+    save(agent, "Likes tea", importance=0.5)
+    with refused(IntegrityError, match="memory_importance_0_1"):
+        save(agent, "likes tea", importance=2.0)
+    assert Memory.objects.get().importance == 0.5
+
+
+def test_an_update_to_content_the_agent_already_keeps_is_a_conflict(agent):
+    save(agent, "Likes tea")
+    coffee, _ = save(agent, "Likes coffee")
+    with pytest.raises(Conflict):
+        memory_update(agent.as_principal(), memory=coffee, content="likes TEA")
+    with refused(IntegrityError, match="memory_importance_0_1"):
+        memory_update(agent.as_principal(), memory=coffee, importance=3.0)
+    assert Memory.objects.get(pk=coffee.pk).content == "Likes coffee"
