@@ -3,8 +3,10 @@
 Vectors come from the real local model, so "near-duplicate" means what it will mean in use.
 """
 
+import threading
+
 import pytest
-from django.db import IntegrityError
+from django.db import IntegrityError, connection, transaction
 
 from agents_api.models import Memory
 from agents_api.services import NewMemory, memories_save, memory_save, memory_update
@@ -98,6 +100,36 @@ def test_saved_memories_carry_a_vector_of_the_configured_model(agent):
     assert memory.embedding_model == "all-MiniLM-L6-v2@int8"
     assert len(memory.embedding) == 384
     assert memory.embedded_at is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_same_fact_saved_twice_at_once_is_one_memory():
+    """The second save waits on the unique content hash until the first commits, then
+    merges into the row it can now see; neither fails."""
+    agent = AgentFactory(name="busy")
+    outcome = {}
+
+    def save_again():
+        try:
+            outcome["second"] = save(agent, "likes TEA", importance=0.9, tags=["drink"])
+        except Exception as exc:  # the test's point: it must not fail
+            outcome["second"] = exc
+        finally:
+            connection.close()
+
+    with transaction.atomic():
+        first, created = save(agent, "Likes tea", tags=["pref"])
+        assert created
+        second_save = threading.Thread(target=save_again)
+        second_save.start()
+        second_save.join(timeout=1.0)
+        assert second_save.is_alive()  # waiting for the first save's row
+    second_save.join(timeout=10)
+
+    memory, created = outcome["second"]
+    assert (memory.id, created) == (first.id, False)
+    stored = Memory.objects.get()
+    assert (stored.importance, stored.tags) == (0.9, ["pref", "drink"])
 
 
 @pytest.mark.parametrize(
