@@ -7,8 +7,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F, Func
-from django.db.models.functions import Greatest
+from django.db.models import F
 from django.utils import timezone
 
 from agents_api.keys import hash_secret, new_key
@@ -469,7 +468,10 @@ def memories_prune(*, now: datetime | None = None) -> PruneResult:
     expired = Memory.objects.filter(expires_at__lte=now)
     deleted, _ = expired.filter(access_count__lt=POPULAR_ACCESS_COUNT).delete()
     extended = expired.filter(access_count__gte=POPULAR_ACCESS_COUNT).update(
-        expires_at=Greatest(F("expires_at"), Func(function="now")) + MEMORY_TTL,
+        # From ``now``, not from the old expiry: one that a late run finds long expired
+        # would come out expired still, and be deleted next time with its count reset.
+        # The caller's ``now``, not the database's clock: a run told the time extends past it.
+        expires_at=now + MEMORY_TTL,
         access_count=0,
     )
     return PruneResult(deleted=deleted, extended=extended)
@@ -498,6 +500,22 @@ def memories_embed(memory_ids: Sequence, *, backend=None, force: bool = False) -
                 embedding=vector, embedding_model=backend.model, embedded_at=now
             )
     return written
+
+
+def memories_reembed_all(*, backend=None, batch: int = 256) -> int:
+    """Re-embed every memory with the configured model (after a model change), batch by
+    batch in id order. Memories saved meanwhile get that model's vector when saved."""
+    backend = backend or configured_backend()
+    total, last_id = 0, None
+    while True:
+        rows = Memory.objects.order_by("id")
+        if last_id is not None:
+            rows = rows.filter(id__gt=last_id)
+        ids = list(rows.values_list("id", flat=True)[:batch])
+        if not ids:
+            return total
+        last_id = ids[-1]
+        total += memories_embed(ids, backend=backend, force=True)
 
 
 def memories_embed_pending(

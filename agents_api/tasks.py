@@ -3,10 +3,18 @@
 import logging
 from collections.abc import Sequence
 
+from django.db import DatabaseError, transaction
+
 from agents_api import services
 from memsvc.celery import app
+from search.embeddings import EmbeddingError
+from search.tasks import TransientEmbeddingError
 
 logger = logging.getLogger(__name__)
+
+# Batches per sweep, as many as the message sweep's: a large backlog is worked off over
+# several runs, not by one run that outlasts many minutes.
+SWEEP_MAX_BATCHES = 40
 
 
 @app.task(name="agents_api.touch_memories", acks_late=True)
@@ -22,6 +30,50 @@ def enqueue_memory_touch(memory_ids: Sequence) -> None:
         return
     try:
         touch_memories_task.apply_async(args=[ids], retry=False)
+        return
     except Exception as exc:  # any broker failure: kombu, redis, amqp, OS errors
         logger.warning("could not enqueue a memory touch (%s); counted now", exc)
-        services.memories_touch(ids)
+    try:
+        # A savepoint: a failed UPDATE must not break a transaction the caller is in.
+        with transaction.atomic():
+            services.memories_touch(ids)
+    except DatabaseError as exc:
+        logger.warning("could not count a use of %d memories: %s", len(ids), exc)
+
+
+@app.task(name="agents_api.prune_memories", acks_late=True)
+def prune_memories_task() -> dict[str, int]:
+    """The daily lifecycle run (``memsvc prune`` does the same by hand)."""
+    result = services.memories_prune()
+    logger.info("pruned memories: %d deleted, %d extended", result.deleted, result.extended)
+    return {"deleted": result.deleted, "extended": result.extended}
+
+
+@app.task(
+    name="agents_api.sweep_unembedded_memories",
+    autoretry_for=(TransientEmbeddingError,),
+    # A backend that is restarting is tried again within the minute; a longer outage is
+    # left to the next runs, so retries of one run never pile up behind the next.
+    retry_backoff=2,
+    retry_backoff_max=16,
+    retry_jitter=True,
+    max_retries=3,
+    acks_late=True,
+)
+def sweep_unembedded_memories_task() -> int:
+    """Embed memories saved while the embedding backend was down. Runs every minute.
+
+    A memory is embedded when it is saved, so there is no task per memory to race with:
+    whatever is waiting is the sweep's. Keywords find those memories meanwhile.
+    """
+    try:
+        embedded = services.memories_embed_pending(max_batches=SWEEP_MAX_BATCHES)
+    except EmbeddingError as exc:
+        if exc.transient:
+            raise TransientEmbeddingError(str(exc)) from exc
+        # Not worth retrying (a bad model name, say): logged, and tried again next minute.
+        logger.error("memory sweep stopped: %s", exc)
+        return 0
+    if embedded:
+        logger.info("sweep embedded %d memories", embedded)
+    return embedded

@@ -8,4 +8,4 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memsvc.settings")
 
 app = Celery("memsvc")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["search"])
+app.autodiscover_tasks(["search", "agents_api"])

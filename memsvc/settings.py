@@ -232,6 +232,9 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_BROKER_CONNECTION_TIMEOUT = 3
 CELERY_BEAT_SCHEDULE = {
     "sweep-unembedded": {"task": "search.sweep_unembedded", "schedule": 60.0},
+    "sweep-unembedded-memories": {"task": "agents_api.sweep_unembedded_memories", "schedule": 60.0},
+    # Daily, counted from the last run (kept in beat's schedule file across restarts).
+    "prune-memories": {"task": "agents_api.prune_memories", "schedule": 24 * 60 * 60.0},
 }
 # Tests and scripts may run tasks in the calling process instead of a worker.
 CELERY_TASK_EAGER_PROPAGATES = True

@@ -50,3 +50,18 @@ def celery_runs_tasks_inline():
     app.conf.task_always_eager = True
     yield
     app.conf.task_always_eager = False
+
+
+@pytest.fixture
+def dead_broker():
+    """A broker nobody listens on, and tasks really sent to it (not run inline)."""
+    from memsvc.celery import app
+    from tests.search.conftest import reconnect_broker
+
+    previous = app.conf.broker_url, app.conf.task_always_eager
+    app.conf.broker_url = "redis://127.0.0.1:1/0"
+    app.conf.task_always_eager = False
+    reconnect_broker()
+    yield
+    app.conf.broker_url, app.conf.task_always_eager = previous
+    reconnect_broker()

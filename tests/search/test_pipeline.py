@@ -9,10 +9,8 @@ from django.utils import timezone
 
 from conversations.models import Conversation, Message
 from memsvc import cli
-from memsvc.celery import app
 from search.tasks import sweep_unembedded_task
 from tests.agents_api.conftest import make_agent
-from tests.search.conftest import reconnect_broker
 
 pytestmark = pytest.mark.django_db
 
@@ -44,18 +42,6 @@ def test_a_message_is_embedded_once_its_transaction_commits(
     assert message.embedded_at is not None
     assert message.embedding_model == "all-MiniLM-L6-v2@int8"
     assert len(message.embedding) == 384
-
-
-@pytest.fixture
-def dead_broker():
-    """A broker nobody listens on, and tasks really sent to it (not run inline)."""
-    previous = app.conf.broker_url, app.conf.task_always_eager
-    app.conf.broker_url = "redis://127.0.0.1:1/0"
-    app.conf.task_always_eager = False
-    reconnect_broker()
-    yield
-    app.conf.broker_url, app.conf.task_always_eager = previous
-    reconnect_broker()
 
 
 def test_with_the_broker_down_the_api_answers_and_the_sweep_embeds_later(

@@ -1,0 +1,240 @@
+"""The life of a long-term memory after it is saved: uses counted, pruned when stale,
+embedded later when the backend was down."""
+
+import threading
+from datetime import timedelta
+
+import numpy as np
+import pytest
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from agents_api.models import MEMORY_TTL, Memory
+from agents_api.services import (
+    POPULAR_ACCESS_COUNT,
+    PruneResult,
+    memories_prune,
+    memories_touch,
+    memory_delete,
+    memory_save,
+)
+from agents_api.tasks import (
+    enqueue_memory_touch,
+    prune_memories_task,
+    sweep_unembedded_memories_task,
+    touch_memories_task,
+)
+from memsvc.celery import app
+from search.embeddings import EmbeddingError, configured_backend
+from tests.factories import AgentFactory
+
+NOW = timezone.now()
+
+
+def save(agent, content, *, expires_in: timedelta = MEMORY_TTL, used: int = 0) -> Memory:
+    memory, _ = memory_save(
+        agent.as_principal(), agent=agent, user_id="alice", content=content, expires_at=NOW
+    )
+    Memory.objects.filter(pk=memory.pk).update(expires_at=NOW + expires_in)
+    for _ in range(used):
+        memories_touch([memory.id])
+    memory.refresh_from_db()
+    return memory
+
+
+def lives(agent) -> dict[str, tuple]:
+    """Every memory of the agent: content -> (expires_at, access_count)."""
+    return {
+        m.content: (m.expires_at, m.access_count)
+        for m in Memory.objects.filter(agent=agent).order_by("content")
+    }
+
+
+def a_mixed_crowd(agent) -> None:
+    hour = timedelta(hours=1)
+    save(agent, "stale", expires_in=-hour, used=3)
+    save(agent, "almost popular", expires_in=-hour, used=POPULAR_ACCESS_COUNT - 1)
+    save(agent, "expires this instant", expires_in=timedelta(0))
+    save(agent, "popular", expires_in=-hour, used=POPULAR_ACCESS_COUNT)
+    save(agent, "popular, found a month late", expires_in=-timedelta(days=30), used=12)
+    save(agent, "fresh", expires_in=hour)
+    save(agent, "fresh and popular", expires_in=hour, used=50)
+
+
+@pytest.mark.django_db
+def test_prune_deletes_stale_memories_extends_popular_ones_and_leaves_the_rest():
+    agent = AgentFactory()
+    a_mixed_crowd(agent)
+    before = lives(agent)
+
+    with CaptureQueriesContext(connection) as queries:
+        assert memories_prune(now=NOW) == PruneResult(deleted=3, extended=2)
+    # One DELETE and one UPDATE, each with the whole condition: PostgreSQL re-checks it on a
+    # row that changed while the statement waited for it (the two-prunes test below).
+    statements = [q["sql"] for q in queries if q["sql"].startswith(("DELETE", "UPDATE"))]
+    assert len(statements) == 2
+    assert all('"expires_at" <=' in sql and '"access_count"' in sql for sql in statements)
+
+    after = lives(agent)
+    assert set(after) == {"popular", "popular, found a month late", "fresh", "fresh and popular"}
+    # Another 15 days from the run, and the uses are counted afresh.
+    assert after["popular"] == (NOW + MEMORY_TTL, 0)
+    assert after["popular, found a month late"] == (NOW + MEMORY_TTL, 0)
+    assert after["fresh"] == before["fresh"]
+    assert after["fresh and popular"] == before["fresh and popular"]
+
+    # A second run finds nothing to do.
+    assert memories_prune(now=NOW) == PruneResult(deleted=0, extended=0)
+    assert lives(agent) == after
+
+
+@pytest.mark.django_db
+def test_the_daily_task_prunes_with_the_clock(caplog):
+    agent = AgentFactory()
+    save(agent, "stale", expires_in=-timedelta(minutes=1))
+    save(agent, "popular", expires_in=-timedelta(minutes=1), used=POPULAR_ACCESS_COUNT)
+    assert prune_memories_task.apply().get() == {"deleted": 1, "extended": 1}
+    assert "1 deleted, 1 extended" in caplog.text
+    [(expires_at, uses)] = lives(agent).values()
+    assert uses == 0
+    assert expires_at > timezone.now() + MEMORY_TTL - timedelta(minutes=1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_prunes_at_once_delete_or_extend_each_memory_exactly_once():
+    """The second run starts while the first holds its rows; it waits, re-checks the rows
+    the first changed, and finds nothing left to do."""
+    agent = AgentFactory()
+    a_mixed_crowd(agent)
+    outcome = {}
+
+    def prune_again():
+        try:
+            outcome["second"] = memories_prune(now=NOW)
+        except Exception as exc:  # the test's point: it must not fail
+            outcome["second"] = exc
+        finally:
+            connection.close()
+
+    with transaction.atomic():
+        first = memories_prune(now=NOW)
+        second_run = threading.Thread(target=prune_again)
+        second_run.start()
+        second_run.join(timeout=1.0)
+        assert second_run.is_alive()  # waiting for the first run's row locks
+    second_run.join(timeout=10)
+
+    assert first == PruneResult(deleted=3, extended=2)
+    assert outcome["second"] == PruneResult(deleted=0, extended=0)
+    after = lives(agent)
+    assert len(after) == 4
+    assert after["popular"] == (NOW + MEMORY_TTL, 0)
+
+
+# --- the sweep -------------------------------------------------------------------------------
+
+
+class BrokenBackend:
+    """An embedding backend that is down (the outside dependency, so it may be faked)."""
+
+    name = "broken"
+    model = "all-MiniLM-L6-v2@int8"
+    dimension = 384
+
+    def __init__(self, *, transient: bool = True):
+        self.transient = transient
+        self.calls = 0
+
+    def embed(self, texts):
+        self.calls += 1
+        raise EmbeddingError("connection refused", transient=self.transient)
+
+
+@pytest.fixture
+def backend_down(monkeypatch):
+    """The embedding backend fails from now on, until the test puts the real one back."""
+    broken = BrokenBackend()
+    monkeypatch.setattr("agents_api.services.configured_backend", lambda: broken)
+    return broken
+
+
+@pytest.mark.django_db
+def test_a_memory_saved_while_the_backend_is_down_is_embedded_by_the_sweep(
+    backend_down, monkeypatch
+):
+    agent = AgentFactory()
+    memory = save(agent, "Alice's favourite colour is blue.")
+    assert (memory.embedding, memory.embedding_model, memory.embedded_at) == (None, "", None)
+
+    monkeypatch.undo()  # the backend is back
+    assert sweep_unembedded_memories_task.apply().get() == 1
+
+    memory.refresh_from_db()
+    assert memory.embedding_model == "all-MiniLM-L6-v2@int8"
+    assert memory.embedded_at is not None
+    [expected] = configured_backend().embed([memory.content])
+    assert np.dot(memory.embedding, expected) > 0.999
+    assert sweep_unembedded_memories_task.apply().get() == 0  # nothing left
+
+
+@pytest.fixture
+def retries_run_inline():
+    """Tasks run here retry here, one try after another as a worker would, and end in a
+    result instead of raising the first failure. (Celery's eager retries read this setting,
+    not the argument given to ``apply``.)"""
+    previous = app.conf.task_eager_propagates
+    app.conf.task_eager_propagates = False
+    yield
+    app.conf.task_eager_propagates = previous
+
+
+@pytest.mark.django_db
+def test_the_sweep_retries_a_transient_failure_a_few_times_then_leaves_it_for_later(
+    backend_down, retries_run_inline
+):
+    memory = save(AgentFactory(), "Alice lives in Lisbon")
+    calls_at_save = backend_down.calls
+    result = sweep_unembedded_memories_task.apply()
+    assert result.failed()  # retries exhausted; the next run tries again
+    assert backend_down.calls - calls_at_save == 1 + sweep_unembedded_memories_task.max_retries
+    backend_down.transient = False
+    calls = backend_down.calls
+    assert sweep_unembedded_memories_task.apply().get() == 0  # not worth retrying
+    assert backend_down.calls == calls + 1
+    memory.refresh_from_db()
+    assert memory.embedded_at is None
+
+
+# --- counting uses ---------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_touch_counts_one_use_of_each_memory_and_ignores_deleted_ones():
+    agent = AgentFactory()
+    tea, coffee = save(agent, "Likes tea"), save(agent, "Likes coffee")
+    gone = save(agent, "Forgotten")
+    gone_id = gone.id
+    memory_delete(agent.as_principal(), memory=gone)
+
+    before = timezone.now()
+    assert touch_memories_task.apply(args=[[str(tea.id), str(gone_id)]]).get() == 1
+    enqueue_memory_touch([tea.id, coffee.id])
+
+    tea.refresh_from_db()
+    coffee.refresh_from_db()
+    assert tea.access_count == 2
+    assert coffee.access_count == 1
+    assert tea.last_accessed_at >= before
+    assert coffee.last_accessed_at >= tea.created_at
+
+
+@pytest.mark.django_db
+def test_with_the_broker_down_a_touch_is_counted_inline(dead_broker, caplog):
+    memory = save(AgentFactory(), "Likes tea")
+    enqueue_memory_touch([memory.id])
+    assert "counted now" in caplog.text
+    assert "Connection refused" in caplog.text
+    memory.refresh_from_db()
+    assert memory.access_count == 1
+    assert memory.last_accessed_at is not None
