@@ -199,13 +199,24 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_reindex(args: argparse.Namespace) -> int:
     _setup_django()
+    from agents_api.services import memories_embed_pending, memories_reembed_all
     from search.services import embed_pending, rebuild_term_stats, reembed_all
 
     started = time.monotonic()
     count = reembed_all() if args.all else embed_pending()
     rebuild_term_stats()  # recounted from scratch: also covers rows loaded by other means
+    memories = memories_reembed_all() if args.all else memories_embed_pending()
     elapsed = time.monotonic() - started
-    print(f"embedded {count} messages in {elapsed:.1f} s", file=sys.stderr)
+    print(f"embedded {count} messages and {memories} memories in {elapsed:.1f} s", file=sys.stderr)
+    return 0
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    _setup_django()
+    from agents_api.services import memories_prune
+
+    result = memories_prune()
+    print(f"memories: {result.deleted} deleted, {result.extended} extended")
     return 0
 
 
@@ -283,9 +294,14 @@ def build_parser() -> argparse.ArgumentParser:
         "reindex", help="embed what is waiting (--all: everything), recount keyword statistics"
     )
     reindex.add_argument(
-        "--all", action="store_true", help="re-embed every message (after a model change)"
+        "--all", action="store_true", help="re-embed every message and memory (a new model)"
     )
     reindex.set_defaults(func=cmd_reindex)
+
+    prune = commands.add_parser(
+        "prune", help="the memory lifecycle now: delete expired memories, extend popular ones"
+    )
+    prune.set_defaults(func=cmd_prune)
 
     token = commands.add_parser("token", help="print a local HS256 JWT for a user id")
     token.add_argument("user_id")

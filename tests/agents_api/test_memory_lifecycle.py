@@ -25,6 +25,7 @@ from agents_api.tasks import (
     sweep_unembedded_memories_task,
     touch_memories_task,
 )
+from memsvc import cli
 from memsvc.celery import app
 from search.embeddings import EmbeddingError, configured_backend
 from tests.factories import AgentFactory
@@ -132,6 +133,18 @@ def test_two_prunes_at_once_delete_or_extend_each_memory_exactly_once():
     assert after["popular"] == (NOW + MEMORY_TTL, 0)
 
 
+@pytest.mark.django_db
+def test_memsvc_prune_prints_the_counts(capsys):
+    agent = AgentFactory()
+    save(agent, "stale", expires_in=-timedelta(minutes=1))
+    save(agent, "popular", expires_in=-timedelta(minutes=1), used=POPULAR_ACCESS_COUNT)
+    save(agent, "fresh")
+    assert cli.main(["prune"]) == 0
+    assert capsys.readouterr().out == "memories: 1 deleted, 1 extended\n"
+    assert cli.main(["prune"]) == 0
+    assert capsys.readouterr().out == "memories: 0 deleted, 0 extended\n"
+
+
 # --- the sweep -------------------------------------------------------------------------------
 
 
@@ -204,6 +217,27 @@ def test_the_sweep_retries_a_transient_failure_a_few_times_then_leaves_it_for_la
     assert backend_down.calls == calls + 1
     memory.refresh_from_db()
     assert memory.embedded_at is None
+
+
+@pytest.mark.django_db
+def test_reindex_embeds_waiting_memories_and_all_re_embeds_every_one(
+    backend_down, monkeypatch, capsys
+):
+    agent = AgentFactory()
+    waiting = save(agent, "saved while the backend was down")
+    monkeypatch.undo()
+    embedded = save(agent, "saved with a vector")
+    embedded_at = embedded.embedded_at
+
+    assert cli.main(["reindex"]) == 0
+    assert "and 1 memories" in capsys.readouterr().err
+    waiting.refresh_from_db()
+    assert waiting.embedded_at is not None
+
+    assert cli.main(["reindex", "--all"]) == 0
+    assert "and 2 memories" in capsys.readouterr().err
+    embedded.refresh_from_db()
+    assert embedded.embedded_at > embedded_at
 
 
 # --- counting uses ---------------------------------------------------------------------------
