@@ -1,10 +1,18 @@
+from urllib.parse import urlencode
+
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.postgres.search import SearchQuery
+from django.db.models import Q
 from django.utils import timezone
+from django.utils.html import format_html_join
+from django.utils.text import Truncator
 
-from agents_api.models import Agent, ApiKey, MemoryBlock, MemoryBlockRevision, Scope
-from agents_api.services import api_key_create, api_key_revoke
-from memsvc.admin_tools import LargeTableAdmin
+from agents_api.models import Agent, ApiKey, Memory, MemoryBlock, MemoryBlockRevision, Scope
+from agents_api.services import api_key_create, api_key_revoke, memories_delete, memory_delete
+from conversations.models import TEXT_SEARCH_CONFIG
+from memsvc.admin_tools import EmbeddedFilter, LargeTableAdmin, as_uuid
+from memsvc.api.principals import Principal
 
 
 @admin.register(Agent)
@@ -115,3 +123,99 @@ class ApiKeyAdmin(admin.ModelAdmin):
         for api_key in queryset.filter(revoked_at__isnull=True):
             api_key_revoke(api_key=api_key)
         self.message_user(request, f"revoked at {timezone.now():%Y-%m-%d %H:%M}")
+
+
+class TagFilter(admin.SimpleListFilter):
+    """Memories carrying one tag (the GIN index on tags answers it).
+
+    Tags are chosen by clicking one in the list, not from a menu of every tag: listing the
+    distinct tags would read the whole table on every page.
+    """
+
+    title = "tag"
+    parameter_name = "tag"
+
+    def lookups(self, request, model_admin):
+        tag = request.GET.get(self.parameter_name)
+        return [(tag, tag)] if tag else []
+
+    def queryset(self, request, queryset):
+        if self.value():
+            return queryset.filter(tags__contains=[self.value()])
+        return queryset
+
+
+@admin.register(Memory)
+class MemoryAdmin(LargeTableAdmin):
+    """Long-term memories, to inspect and delete.
+
+    Read-only otherwise: a change of text must go through ``memory_update``, which keeps the
+    duplicate check, the content hash and the vector in step with it (the agent API does).
+    """
+
+    list_display = (
+        "short_content",
+        "agent",
+        "user_id",
+        "tag_links",
+        "importance",
+        "access_count",
+        "last_accessed_at",
+        "expires_at",
+        "source",
+        "embedded",
+    )
+    list_filter = ("agent", "source", TagFilter, EmbeddedFilter)
+    list_select_related = ("agent",)
+    # Searched through the full-text index, or by exact user id; see get_search_results.
+    search_fields = ("content",)
+    search_help_text = "Words of the memory or its summary (full-text), a user id, or a memory id."
+    exclude = ("embedding",)  # 384 floats are no use to read
+    readonly_fields = ("id", "created_at")
+    # The memories prune reaches first. Also what the expiry index serves: newest first
+    # would sort the whole table for every page (created_at has no index of its own).
+    ordering = ("expires_at",)
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).defer(*Memory.SEARCH_DATA)
+
+    def get_search_results(self, request, queryset, search_term):
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        memory_id = as_uuid(term)
+        if memory_id is not None:
+            return queryset.filter(id=memory_id), False
+        words = SearchQuery(term, search_type="websearch", config=TEXT_SEARCH_CONFIG)
+        return queryset.filter(Q(search_vector=words) | Q(user_id=term)), False
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def delete_model(self, request, obj):
+        memory_delete(self._actor(request), memory=obj)
+
+    def delete_queryset(self, request, queryset):
+        memories_delete(self._actor(request), memories=queryset)
+
+    @staticmethod
+    def _actor(request) -> Principal:
+        # An operator is a user of the web pages: the username is the principal id.
+        return Principal.user(request.user.get_username())
+
+    @admin.display(description="content")
+    def short_content(self, memory):
+        return Truncator(memory.content).chars(80)
+
+    @admin.display(description="tags")
+    def tag_links(self, memory):
+        return format_html_join(
+            ", ", '<a href="?{}">{}</a>', ((urlencode({"tag": t}), t) for t in memory.tags)
+        )
+
+    @admin.display(description="embedded", boolean=True)
+    def embedded(self, memory):
+        return memory.embedded_at is not None

@@ -251,6 +251,7 @@ class Memory(models.Model):
 
     class Meta:
         db_table = "memory"
+        verbose_name_plural = "memories"
         indexes = [
             models.Index(fields=["agent", "user_id", "-created_at"], name="memory_recent"),
             models.Index(fields=["agent", "user_id", "-access_count"], name="memory_popular"),

@@ -5,8 +5,6 @@ for the conversation column, search through the GIN-indexed full-text column ins
 ``ILIKE``, and foreign keys as raw ids instead of select boxes of every row.
 """
 
-import uuid
-
 from django.contrib import admin
 from django.contrib.postgres.search import SearchQuery
 from django.urls import reverse
@@ -21,7 +19,7 @@ from conversations.models import (
     Message,
     OwnershipTransfer,
 )
-from memsvc.admin_tools import LargeTableAdmin
+from memsvc.admin_tools import EmbeddedFilter, LargeTableAdmin, as_uuid
 
 
 def _admin_link(obj, label=None):
@@ -29,13 +27,6 @@ def _admin_link(obj, label=None):
         return "-"
     url = reverse(f"admin:{obj._meta.app_label}_{obj._meta.model_name}_change", args=[obj.pk])
     return format_html('<a href="{}">{}</a>', url, label or obj)
-
-
-def _as_uuid(term: str) -> uuid.UUID | None:
-    try:
-        return uuid.UUID(term.strip())
-    except ValueError:
-        return None
 
 
 class MembershipInline(admin.TabularInline):
@@ -100,7 +91,7 @@ class ConversationAdmin(LargeTableAdmin):
     ordering = ("-updated_at",)
 
     def get_search_results(self, request, queryset, search_term):
-        conversation_id = _as_uuid(search_term)
+        conversation_id = as_uuid(search_term)
         if conversation_id is not None:
             return queryset.filter(id=conversation_id), False
         return super().get_search_results(request, queryset, search_term)
@@ -133,21 +124,6 @@ class ConversationAdmin(LargeTableAdmin):
         return format_html(
             '<a href="{}?conversation__id__exact={}">own messages</a>', url, conversation.id
         )
-
-
-class EmbeddedFilter(admin.SimpleListFilter):
-    title = "embedded"
-    parameter_name = "embedded"
-
-    def lookups(self, request, model_admin):
-        return (("yes", "yes"), ("no", "no (pending)"))
-
-    def queryset(self, request, queryset):
-        if self.value() == "yes":
-            return queryset.filter(embedded_at__isnull=False)
-        if self.value() == "no":
-            return queryset.filter(embedded_at__isnull=True)
-        return queryset
 
 
 @admin.register(Message)
@@ -184,7 +160,7 @@ class MessageAdmin(LargeTableAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
-        message_id = _as_uuid(term)
+        message_id = as_uuid(term)
         if message_id is not None:
             return queryset.filter(id=message_id), False
         query = SearchQuery(term, search_type="websearch", config=TEXT_SEARCH_CONFIG)

@@ -1,5 +1,7 @@
 """Pieces shared by the admin pages of every app: they must stay fast at millions of rows."""
 
+import uuid
+
 from django.contrib import admin
 from django.core.paginator import Paginator
 from django.utils.functional import cached_property
@@ -27,3 +29,28 @@ class LargeTableAdmin(admin.ModelAdmin):
     paginator = CappedCountPaginator
     show_full_result_count = False
     list_per_page = 50
+
+
+class EmbeddedFilter(admin.SimpleListFilter):
+    """Rows with a vector, or still waiting for one (``embedded_at``)."""
+
+    title = "embedded"
+    parameter_name = "embedded"
+
+    def lookups(self, request, model_admin):
+        return (("yes", "yes"), ("no", "no (pending)"))
+
+    def queryset(self, request, queryset):
+        if self.value() == "yes":
+            return queryset.filter(embedded_at__isnull=False)
+        if self.value() == "no":
+            return queryset.filter(embedded_at__isnull=True)
+        return queryset
+
+
+def as_uuid(term: str) -> uuid.UUID | None:
+    """A search term that is an id, as one (searched by primary key, not by text)."""
+    try:
+        return uuid.UUID(term.strip())
+    except ValueError:
+        return None

@@ -5,7 +5,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from agents_api.services import api_key_create
+from agents_api.models import Memory, MemorySource
+from agents_api.services import NewMemory, api_key_create, memories_save, memory_save
 from conversations.models import Message
 from tests.factories import (
     AgentFactory,
@@ -44,6 +45,8 @@ def memory():
     OwnershipTransferFactory(conversation=conversation)
     MemoryBlockRevisionFactory(block=MemoryBlockFactory(agent=AgentFactory()))
     api_key_create(agent=AgentFactory())
+    keeper = AgentFactory()
+    memory_save(keeper.as_principal(), agent=keeper, user_id="alice", content="Likes tea")
     return conversation, fork
 
 
@@ -59,6 +62,7 @@ def memory():
         "agents_api.memoryblock",
         "agents_api.memoryblockrevision",
         "agents_api.apikey",
+        "agents_api.memory",
     ],
 )
 def test_every_model_has_a_list_and_a_change_page(operator, memory, model):
@@ -143,3 +147,99 @@ def test_an_api_key_made_in_the_admin_is_shown_once_and_works(operator, api):
         reverse("admin:agents_api_apikey_change", args=[ApiKey.objects.get().pk])
     ).content.decode()
     assert key not in change
+
+
+@pytest.fixture
+def memories():
+    helper, rival = AgentFactory(name="helper"), AgentFactory(name="rival")
+    for agent, user_id, content, tags, source in [
+        (helper, "alice", "Alice loves pizza with olives", ["food"], MemorySource.API),
+        (helper, "bob", "Bob is allergic to peanuts", ["food", "health"], MemorySource.MCP),
+        (helper, "", "I answer in French", ["style"], MemorySource.API),
+        (rival, "alice", "Alice runs on Sundays", ["sport"], MemorySource.EXTRACTED),
+    ]:
+        memory_save(
+            agent.as_principal(),
+            agent=agent,
+            user_id=user_id,
+            content=content,
+            tags=tags,
+            source=source,
+        )
+    return helper, rival
+
+
+def listed(operator, **params) -> set[str]:
+    """The memories the changelist shows for these filters / search."""
+    response = operator.get(reverse("admin:agents_api_memory_changelist"), params)
+    assert response.status_code == 200
+    shown = {memory.content for memory in response.context["cl"].result_list}
+    page = response.content.decode()
+    assert all(content in page for content in shown)
+    return shown
+
+
+def test_memories_are_filtered_by_agent_source_tag_and_embedding(operator, memories):
+    helper, rival = memories
+    assert len(listed(operator)) == 4
+    assert len(listed(operator, agent__id__exact=str(helper.id))) == 3
+    assert listed(operator, agent__id__exact=str(rival.id)) == {"Alice runs on Sundays"}
+    assert listed(operator, source__exact="mcp") == {"Bob is allergic to peanuts"}
+    assert listed(operator, tag="food") == {
+        "Alice loves pizza with olives",
+        "Bob is allergic to peanuts",
+    }
+    assert listed(operator, tag="food", agent__id__exact=str(rival.id)) == set()
+    assert len(listed(operator, embedded="yes")) == 4
+    assert listed(operator, embedded="no") == set()
+
+
+def test_memories_are_found_by_words_user_id_or_id(operator, memories):
+    assert listed(operator, q="pizza olive") == {"Alice loves pizza with olives"}
+    assert listed(operator, q="bob") == {"Bob is allergic to peanuts"}  # user id and words
+    assert listed(operator, q="alice") == {
+        "Alice loves pizza with olives",
+        "Alice runs on Sundays",
+    }
+    sundays = Memory.objects.get(content="Alice runs on Sundays")
+    assert listed(operator, q=str(sundays.id)) == {"Alice runs on Sundays"}
+
+
+def test_the_tags_of_a_memory_link_to_their_filter(operator, memories):
+    page = operator.get(reverse("admin:agents_api_memory_changelist")).content.decode()
+    assert '<a href="?tag=health">health</a>' in page
+
+
+def test_a_memory_page_shows_it_without_its_vector_and_it_can_be_deleted(operator, memories):
+    memory = Memory.objects.get(content="I answer in French")
+    url = reverse("admin:agents_api_memory_change", args=[memory.pk])
+    page = operator.get(url).content.decode()
+    assert "I answer in French" in page
+    assert "all-MiniLM-L6-v2@int8" in page  # the model of its vector, not the vector
+    assert str(memory.embedding[0])[:6] not in page
+    assert 'name="content"' not in page  # changes go through the agent API
+    assert operator.post(url, {"content": "changed"}).status_code == 403
+
+    delete = reverse("admin:agents_api_memory_delete", args=[memory.pk])
+    assert operator.post(delete, {"post": "yes"}).status_code == 302
+    assert not Memory.objects.filter(pk=memory.pk).exists()
+    assert Memory.objects.count() == 3
+
+
+def test_the_memory_list_costs_the_same_queries_at_any_size(operator):
+    url = reverse("admin:agents_api_memory_changelist")
+    agent = AgentFactory()
+
+    def save_many(n, user_id):
+        new = [NewMemory(f"fact {i} about {user_id}", tags=["t"]) for i in range(n)]
+        memories_save(agent.as_principal(), agent=agent, user_id=user_id, memories=new)
+
+    save_many(3, "alice")
+    with CaptureQueriesContext(connection) as small:
+        assert operator.get(url).status_code == 200
+    save_many(60, "bob")
+    with CaptureQueriesContext(connection) as large:
+        assert operator.get(url).status_code == 200
+    assert len(large) == len(small)
+    listing = next(q["sql"] for q in large if 'FROM "memory"' in q["sql"] and "LIMIT" in q["sql"])
+    assert '"memory"."embedding"' not in listing  # the vectors stay in the database
