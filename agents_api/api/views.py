@@ -14,7 +14,7 @@ from agents_api import services as agent_services
 from agents_api.api import serializers as s
 from agents_api.authentication import ON_BEHALF_HEADER, ApiKeyAuthentication, HasScope
 from agents_api.models import Scope
-from agents_api.tasks import enqueue_memory_touch
+from agents_api.tasks import enqueue_memory_extraction, enqueue_memory_touch
 from conversations import selectors, services
 from conversations.api.serializers import (
     CONVERSATION_LIST_PARAMETERS,
@@ -167,6 +167,8 @@ class MessagesView(AgentApiView):
             idempotency_key=key.strip() if key else None,
             request_hash=_request_hash(conversation.id, request.data),
         )
+        if created:
+            enqueue_memory_extraction(request.agent, conversation)
         response = Response({"data": MessageOut(messages, many=True).data}, status=201)
         if not created:
             response["Idempotent-Replayed"] = "true"

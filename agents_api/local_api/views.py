@@ -24,7 +24,7 @@ from agents_api import services as agent_services
 from agents_api.authentication import ApiKeyAuthentication
 from agents_api.local_api import serializers as s
 from agents_api.models import Agent
-from agents_api.tasks import enqueue_memory_touch
+from agents_api.tasks import enqueue_memory_extraction, enqueue_memory_touch
 from conversations.selectors import conversation_messages
 from memsvc.api.errors import ApiError, InvalidInput, NotFound
 from memsvc.api.pagination import parse_limit
@@ -169,6 +169,7 @@ class MessagesView(LocalView):
         message = agent_services.local_message_append(
             agent, role=data["role"], content=data["content"], metadata=data.get("metadata")
         )
+        enqueue_memory_extraction(agent, message.conversation)
         return Response(s.message_out(message, agent))
 
 
