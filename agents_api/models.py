@@ -284,3 +284,28 @@ class Memory(models.Model):
 
     def __str__(self) -> str:
         return self.content[:80]
+
+
+class MemoryExtraction(models.Model):
+    """How far an agent has distilled memories from one conversation (``extraction.py``):
+    ``through_seq`` is the ``seq`` of the last message the latest extraction read. The user
+    turns of the conversation's view after it count toward the next extraction."""
+
+    # Indexed by ``memory_extraction_unique``, whose first column it is.
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="+", db_index=False)
+    conversation = models.ForeignKey(
+        "conversations.Conversation", on_delete=models.CASCADE, related_name="+"
+    )
+    through_seq = models.BigIntegerField(default=0)
+    extracted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "memory_extraction"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["agent", "conversation"], name="memory_extraction_unique"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent_id} in {self.conversation_id} through #{self.through_seq}"

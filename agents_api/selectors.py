@@ -10,9 +10,11 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from agents_api.models import Agent, Memory, MemoryBlock, MemoryBlockRevision
+from conversations.models import Conversation
+from conversations.selectors import conversation_owner_id
 from memsvc.api.errors import Forbidden, InvalidInput, NotFound
 from memsvc.api.pagination import Page, keyset_page
-from memsvc.api.principals import Principal, user_id_problem
+from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, Principal, user_id_problem
 from search import ranking
 from search.engine import find_candidates
 from search.statements import Corpus, Scope
@@ -211,3 +213,37 @@ def memory_search(
     ]
     hits.sort(key=lambda hit: (-hit.score, str(hit.memory.id)))
     return hits[:limit]
+
+
+# --- memories in an LLM's context ------------------------------------------------------------
+
+# kagent's threshold (~0.3): a memory less relevant than this to what the user just said
+# costs prompt tokens and tells the model nothing.
+CONTEXT_MIN_RELEVANCE = 0.3
+
+
+def conversation_memory_subject(conversation: Conversation, *, on_behalf_of: str | None) -> str:
+    """Whose memories go with a conversation (into its context, and distilled from it): the
+    user an agent acts for, else the owner if a user owns it, else "" (the agent's own: a
+    conversation an agent keeps for itself, such as a local agent's)."""
+    if on_behalf_of:
+        return on_behalf_of
+    owner = conversation_owner_id(conversation)
+    return "" if owner.startswith(AGENT_PRINCIPAL_PREFIX) else owner
+
+
+def memories_for_context(agent: Agent, *, user_id: str, query: str, limit: int) -> list[MemoryHit]:
+    """The memories to put beside the messages of an LLM call: the ``limit`` most relevant to
+    ``query``, each of its sentences searched (kagent's prefetch: a message often asks
+    several things), none below ``CONTEXT_MIN_RELEVANCE``. The caller counts their use
+    (``tasks.enqueue_memory_touch``)."""
+    if limit <= 0 or not query.strip():
+        return []
+    return memory_search(
+        agent,
+        user_id=user_id,
+        query=query,
+        limit=limit,
+        min_score=CONTEXT_MIN_RELEVANCE,
+        prefetch=True,
+    )

@@ -32,6 +32,7 @@ from conversations.models import (
     Membership,
     Message,
     OwnershipTransfer,
+    Role,
     TransferStatus,
     Visibility,
 )
@@ -287,6 +288,19 @@ def conversation_context(
     remaining = limit - len(head)
     rows = list(rest[: remaining + 1])
     return ContextPage(messages=head + rows[:remaining], has_more=len(rows) > remaining)
+
+
+def latest_user_text(conversation: Conversation, *, turns: int = 3, max_chars: int = 2000) -> str:
+    """What the user said last: the text of the view's latest ``turns`` user messages, oldest
+    first, at most ``max_chars`` (the latest kept). What to search an agent's memories with
+    before it answers."""
+    latest = (
+        conversation_messages(conversation)
+        .filter(role=Role.USER)
+        .order_by("-seq")
+        .values_list("content", flat=True)[:turns]
+    )
+    return "\n".join(reversed(list(latest)))[-max_chars:]
 
 
 def messages_in_view(conversation: Conversation, message_ids) -> list[Message]:

@@ -6,9 +6,9 @@
         client.chat.completions.create(model=..., messages=[...])
 
 Inside the block, every chat completion (and Responses API call) of the ``openai`` package
-first asks the memsvc local API (``POST /context/{agent}``) for the agent's memory blocks and
-the past messages most relevant to the user's last message, and passes them to the model
-as a system message; afterwards the user's message and the reply are stored
+first asks the memsvc local API (``POST /context/{agent}``) for the agent's memory blocks, and
+the long-term memories and past messages most relevant to the user's last message, and
+passes them to the model as a system message; afterwards the user's message and the reply are stored
 (``POST /messages``). The response is returned unchanged. If memsvc fails during a call,
 a warning is logged and the call goes on without memory.
 
@@ -79,13 +79,17 @@ def _cut(text: str) -> str:
 
 
 def format_context(context: dict) -> str | None:
-    """The seed's format: memory blocks, then the relevant past messages in time order."""
+    """The seed's format: memory blocks, then the relevant long-term memories (best first),
+    then the relevant past messages in time order."""
     sections = []
     blocks = context.get("memory_blocks") or []
     if blocks:
         sections.append(
             "## Memory\n\n" + "\n\n".join(f"### {b['label']}\n{b['value']}" for b in blocks)
         )
+    memories = context.get("memories") or []  # absent from older servers' answers
+    if memories:
+        sections.append("## Memories\n\n" + "\n".join(f"- {_cut(m['content'])}" for m in memories))
     messages = sorted(context.get("relevant_messages") or [], key=lambda m: m["created_at"])
     if messages:
         lines = [f"**{m['role'].capitalize()}**: {_cut(m['content'])}" for m in messages]

@@ -204,6 +204,7 @@ MEMORY_MAX_CONTEXT_MESSAGES = env_int("MEMORY_MAX_CONTEXT_MESSAGES", 10, minimum
 
 MEMSVC_LLM_BASE_URL = env_str("MEMSVC_LLM_BASE_URL")
 MEMSVC_LLM_MODEL = env_str("MEMSVC_LLM_MODEL")
+MEMSVC_LLM_API_KEY = env_str("MEMSVC_LLM_API_KEY")  # for an LLM API that wants a key
 
 # --- Celery ----------------------------------------------------------------------------------
 

@@ -78,15 +78,6 @@ class BulkMessagesIn(InputSerializer):
 MessageList = listed(MessageOut, "MessageList")
 
 
-class ContextOut(serializers.Serializer):
-    conversationId = serializers.UUIDField()
-    messages = MessageOut(many=True)
-    nextAfterMessageId = serializers.UUIDField(allow_null=True)
-
-    class Meta:
-        ref_name = "ConversationContext"
-
-
 class SummaryIn(InputSerializer):
     title = TitleField()
     summary = MessageContentField()
@@ -341,3 +332,18 @@ class UserSearchMemoriesIn(SearchMemoriesIn):
 
 
 MEMORY_ORDER_CHOICES = tuple(MEMORY_ORDERS)
+
+
+# --- context for an LLM call -----------------------------------------------------------------
+
+
+class ContextOut(serializers.Serializer):
+    conversationId = serializers.UUIDField()
+    messages = MessageOut(many=True)
+    nextAfterMessageId = serializers.UUIDField(allow_null=True)
+    memories = MemoryOut(
+        many=True, help_text="The memories asked for with `?memories=`, best first (else [])."
+    )
+
+    class Meta:
+        ref_name = "ConversationContext"

@@ -13,6 +13,7 @@ from agents_api import services as agent_services
 from agents_api.api import serializers as s
 from agents_api.authentication import ON_BEHALF_HEADER, ApiKeyAuthentication, HasScope
 from agents_api.models import Scope
+from agents_api.tasks import enqueue_memory_extraction, enqueue_memory_touch
 from conversations import selectors, services
 from conversations.api.serializers import (
     CONVERSATION_LIST_PARAMETERS,
@@ -165,10 +166,32 @@ class MessagesView(AgentApiView):
             idempotency_key=key.strip() if key else None,
             request_hash=_request_hash(conversation.id, request.data),
         )
+        if created:
+            enqueue_memory_extraction(request.agent, conversation)
         response = Response({"data": MessageOut(messages, many=True).data}, status=201)
         if not created:
             response["Idempotent-Replayed"] = "true"
         return response
+
+
+MAX_CONTEXT_MEMORIES = 20
+
+
+def _context_memories(request, conversation, count: int) -> list:
+    """The agent's ``count`` memories about the conversation's user most relevant to what
+    that user said last; their use is counted."""
+    if not count:
+        return []
+    hits = agent_selectors.memories_for_context(
+        request.agent,
+        user_id=agent_selectors.conversation_memory_subject(
+            conversation, on_behalf_of=request.principal.on_behalf_of
+        ),
+        query=selectors.latest_user_text(conversation),
+        limit=count,
+    )
+    enqueue_memory_touch([hit.memory.id for hit in hits])
+    return [hit.memory for hit in hits]
 
 
 class ContextView(AgentApiView):
@@ -179,12 +202,27 @@ class ContextView(AgentApiView):
                 "afterMessageId", str, description="`nextAfterMessageId` of the last page"
             ),
             LIMIT_PARAMETER,
+            OpenApiParameter(
+                "memories",
+                {"type": "integer", "minimum": 0, "maximum": MAX_CONTEXT_MEMORIES, "default": 0},
+                description="Also return up to this many of the agent's long-term memories "
+                "about the conversation's user (the user in `X-On-Behalf-Of`, else the owner; "
+                "the agent's own memories when an agent owns the conversation): those most "
+                "relevant to the user's latest messages, best first. Each counts as a use.",
+            ),
         ],
         responses={200: s.ContextOut, **errors(400, 401, 403, 404)},
     )
     def get(self, request, conversation_id):
         conversation = selectors.access_conversation(request.principal, conversation_id)
         limit = parse_limit(request.query_params.get("limit"))
+        memory_count = parse_limit(
+            request.query_params.get("memories"),
+            default=0,
+            minimum=0,
+            maximum=MAX_CONTEXT_MEMORIES,
+            field="memories",
+        )
         after_id = request.query_params.get("afterMessageId")
         after = _in_view(conversation, after_id, "afterMessageId") if after_id else None
         context = selectors.conversation_context(conversation, after=after, limit=limit)
@@ -194,6 +232,7 @@ class ContextView(AgentApiView):
                     "conversationId": conversation.id,
                     "messages": context.messages,
                     "nextAfterMessageId": context.messages[-1].id if context.has_more else None,
+                    "memories": _context_memories(request, conversation, memory_count),
                 }
             ).data
         )

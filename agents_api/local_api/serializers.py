@@ -4,6 +4,7 @@ from django.conf import settings
 from rest_framework import serializers
 
 from agents_api.models import Agent, MemoryBlock
+from agents_api.selectors import MemoryHit
 from conversations.models import Message, Role
 from memsvc.api.fields import InputSerializer, MessageContentField, MetadataField, TextField
 
@@ -41,6 +42,25 @@ def block_out(block: MemoryBlock) -> dict:
         "value": block.value,
         "created_at": _time(block.created_at),
         "updated_at": _time(block.updated_at),
+    }
+
+
+def memory_out(hit: MemoryHit) -> dict:
+    """A long-term memory in a context response; ``score`` ranks it, ``relevance`` is how
+    well it answers the query (0..1)."""
+    memory = hit.memory
+    return {
+        "id": str(memory.id),
+        "agent_id": str(memory.agent_id),
+        "content": memory.content,
+        "summary": memory.summary or None,
+        "importance": memory.importance,
+        "tags": list(memory.tags),
+        "source": memory.source,
+        "created_at": _time(memory.created_at),
+        "updated_at": _time(memory.updated_at),
+        "score": hit.score,
+        "relevance": hit.relevance,
     }
 
 

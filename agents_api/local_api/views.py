@@ -24,6 +24,7 @@ from agents_api import services as agent_services
 from agents_api.authentication import ApiKeyAuthentication
 from agents_api.local_api import serializers as s
 from agents_api.models import Agent
+from agents_api.tasks import enqueue_memory_extraction, enqueue_memory_touch
 from conversations.selectors import conversation_messages
 from memsvc.api.errors import ApiError, InvalidInput, NotFound
 from memsvc.api.pagination import parse_limit
@@ -168,6 +169,7 @@ class MessagesView(LocalView):
         message = agent_services.local_message_append(
             agent, role=data["role"], content=data["content"], metadata=data.get("metadata")
         )
+        enqueue_memory_extraction(agent, message.conversation)
         return Response(s.message_out(message, agent))
 
 
@@ -234,19 +236,27 @@ class MemoryBlockView(LocalView):
 
 
 class ContextView(LocalView):
+    """The seed's context (blocks, relevant messages) and the agent's long-term memories
+    most relevant to the query (``memories``): the seed's server has no users, so a local
+    agent's memories are its own."""
+
     @extend_schema(exclude=True)
     def post(self, request, agent_name):
         agent = _agent(request, agent_name)
         data = s.ContextIn.parse(request.data)
+        query = data["query"]
+        memories = agent_selectors.memories_for_context(
+            agent, user_id="", query=query, limit=settings.MEMORY_DEFAULT_SEARCH_LIMIT
+        )
+        enqueue_memory_touch([hit.memory.id for hit in memories])
         return Response(
             {
                 "memory_blocks": [
                     s.block_out(b) for b in agent_selectors.memory_blocks(agent, user_id="")
                 ],
-                "relevant_messages": _search(
-                    agent, data["query"], settings.MEMORY_MAX_CONTEXT_MESSAGES
-                )
-                if data["query"].strip()
+                "relevant_messages": _search(agent, query, settings.MEMORY_MAX_CONTEXT_MESSAGES)
+                if query.strip()
                 else [],
+                "memories": [s.memory_out(hit) for hit in memories],
             }
         )

@@ -55,17 +55,23 @@ def decode_cursor(cursor: str, *, types: tuple[type, ...], field: str = "after")
 
 
 def parse_limit(
-    raw: str | None, *, default: int = DEFAULT_LIMIT, maximum: int = MAX_LIMIT, field: str = "limit"
+    raw: str | None,
+    *,
+    default: int = DEFAULT_LIMIT,
+    minimum: int = 1,
+    maximum: int = MAX_LIMIT,
+    field: str = "limit",
 ) -> int:
-    """``?limit=``: 1..``maximum``; 400 (``InvalidInput``) naming ``field`` otherwise."""
+    """``?limit=`` (or another count): ``minimum``..``maximum``; 400 (``InvalidInput``)
+    naming ``field`` otherwise."""
     if raw is None or raw == "":
         return default
     try:
         limit = int(raw)
     except ValueError:
         raise InvalidInput.for_field(field, "must be an integer") from None
-    if not 1 <= limit <= maximum:
-        raise InvalidInput.for_field(field, f"must be between 1 and {maximum}")
+    if not minimum <= limit <= maximum:
+        raise InvalidInput.for_field(field, f"must be between {minimum} and {maximum}")
     return limit
 
 

@@ -3,7 +3,8 @@ platform's storage."""
 
 import pytest
 
-from agents_api.models import Agent, MemoryBlock
+from agents_api.models import Agent, Memory, MemoryBlock
+from agents_api.services import memory_save
 from conversations.models import Message
 from search.services import embed_pending
 from tests.agents_api.conftest import make_agent
@@ -176,6 +177,50 @@ def test_context_has_blocks_and_relevant_messages(local, settings):
     assert len(relevant) == settings.MEMORY_MAX_CONTEXT_MESSAGES
     assert relevant[0]["content"] == "My name is Alice and I prefer Python"
     assert relevant[0]["similarity"] is not None
+
+
+def remember(agent: Agent, content: str, user_id: str = "") -> None:
+    memory_save(agent.as_principal(), agent=agent, user_id=user_id, content=content)
+
+
+def test_context_adds_the_agents_own_memories_relevant_to_the_query(local):
+    make(local)
+    agent = Agent.objects.get(name="my_agent")
+    remember(agent, "The user's favourite programming language is Python")
+    remember(agent, "The user has a cat called Tom")
+    # Not this agent's own: what it keeps about a user of the /v1 API, another agent's.
+    remember(agent, "Alice's favourite programming language is Rust", user_id="alice")
+    remember(make_agent("other").agent, "The user's favourite programming language is Go")
+
+    context = local.post(
+        "/context/my_agent",
+        {"agent_name": "my_agent", "query": "Which programming language do I like?"},
+    ).json()
+    assert set(context) == {"memory_blocks", "relevant_messages", "memories"}
+    [memory] = context["memories"]
+    assert memory["content"] == "The user's favourite programming language is Python"
+    assert memory["agent_id"] == str(agent.id)
+    assert memory["source"] == "api"
+    assert set(memory) == {
+        "id",
+        "agent_id",
+        "content",
+        "summary",
+        "importance",
+        "tags",
+        "source",
+        "created_at",
+        "updated_at",
+        "score",
+        "relevance",
+    }
+    assert memory["relevance"] >= 0.3
+    # Put in a prompt is a use (kagent's popularity: it keeps the memory alive).
+    assert Memory.objects.get(id=memory["id"]).access_count == 1
+    assert Memory.objects.filter(access_count__gt=0).count() == 1
+
+    blank = local.post("/context/my_agent", {"agent_name": "my_agent", "query": " "}).json()
+    assert blank["memories"] == []
 
 
 @pytest.mark.parametrize(

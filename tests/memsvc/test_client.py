@@ -11,7 +11,9 @@ import pytest
 from openai.resources.chat.completions import AsyncCompletions, Completions
 from openai.resources.responses import Responses
 
-from agents_api.models import Agent
+from agents_api.models import Agent, Memory
+from agents_api.selectors import LOCAL_OWNER
+from agents_api.services import agent_get_or_create, memory_save
 from conversations.models import Message
 from memsvc.client import MemoryServerUnavailable, format_context, inject, learning
 from tests.fake_openai import FakeOpenAI
@@ -64,6 +66,18 @@ def test_the_second_session_remembers_the_first(live_server, client, llm):
     assert memory.startswith("The following is context from your memory:")
     assert "**User**: My name is Alice and I prefer Python." in memory
     assert len(stored("my_agent")) == 4
+
+
+def test_the_agents_long_term_memories_reach_the_model(live_server, client, llm):
+    agent, _ = agent_get_or_create(owner_principal=LOCAL_OWNER, name="rememberer")
+    memory_save(agent.as_principal(), agent=agent, content="The user's favourite colour is green")
+    memory_save(agent.as_principal(), agent=agent, content="The user's car is a red Fiat")
+    with learning(agent="rememberer", server_url=live_server.url):
+        ask(client, "What is my favourite colour?")
+    [memory] = llm.system_messages()
+    assert "## Memories\n\n- The user's favourite colour is green" in memory
+    assert "Fiat" not in memory  # not relevant to the question
+    assert Memory.objects.get(content__contains="green").access_count == 1
 
 
 def test_the_seeds_integration_scenario(live_server, client, llm):
@@ -219,6 +233,7 @@ def test_the_context_format_and_long_messages_cut():
     text = format_context(
         {
             "memory_blocks": [{"label": "human", "value": "Name: Alice"}],
+            "memories": [{"content": "Alice likes tea"}, {"content": "y" * 600}],
             "relevant_messages": [
                 {"role": "assistant", "content": "Hi Alice", "created_at": "2026-01-02"},
                 {"role": "user", "content": "x" * 600, "created_at": "2026-01-01"},
@@ -226,10 +241,14 @@ def test_the_context_format_and_long_messages_cut():
         }
     )
     assert text.startswith("The following is context from your memory:\n\n## Memory\n\n### human")
+    memories = text.split("## Memories\n\n")[1].split("\n\n## Relevant Past Conversations")[0]
+    assert memories == "- Alice likes tea\n- " + "y" * 500 + "…"
     user_line, assistant_line = text.split("## Relevant Past Conversations\n\n")[1].split("\n\n")
     assert user_line == "**User**: " + "x" * 500 + "…"
     assert assistant_line == "**Assistant**: Hi Alice"
-    assert format_context({"memory_blocks": [], "relevant_messages": []}) is None
+    assert format_context({"memory_blocks": [], "relevant_messages": [], "memories": []}) is None
+    only_memories = format_context({"memories": [{"content": "Alice likes tea"}]})
+    assert only_memories.endswith("\n\n## Memories\n\n- Alice likes tea")
 
 
 def test_injection_keeps_the_callers_list_unchanged():

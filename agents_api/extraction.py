@@ -1,0 +1,224 @@
+"""Memories distilled from conversations (kagent's auto-save).
+
+Every N user turns of a conversation (the agent's ``memory_extraction_turns`` metadata, else
+5; 0 turns it off), the LLM reads what was said since the agent's last extraction and
+answers the facts worth keeping, which are saved as the agent's memories about the
+conversation's user (``source: extracted``; ``services.memories_save`` merges repeats).
+The memories already kept are in the prompt, so the model does not restate them.
+
+When: every write of an agent to a conversation (the agent API, the local API) asks, once
+it has committed, whether an extraction is due (``tasks.enqueue_memory_extraction``). The
+conversations app knows nothing of agents (they are built on it), so its ``/v1/user``
+append cannot ask; instead the count is of every user turn in the conversation's view
+since the agent's last extraction, whoever wrote it, and a user's turns are counted at the
+agent's next write (its reply). A conversation the agent never writes to is not distilled
+(kagent's auto-save, too, runs in the agent's own turn).
+
+Without an LLM (``memsvc.llm``) nothing is extracted; a failed or malformed answer is
+logged and extracts nothing.
+"""
+
+import logging
+import math
+
+from django.utils import timezone
+
+from agents_api import services
+from agents_api.models import Agent, Memory, MemoryExtraction, MemorySource
+from agents_api.selectors import conversation_memory_subject, memories_of
+from conversations.models import Conversation, Role
+from conversations.selectors import conversation_messages
+from memsvc.llm import LLMError, chat, json_answer, llm_configured
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_EXTRACTION_TURNS = 5  # kagent's auto-save: every 5 user turns
+EXTRACTION_TURNS_KEY = "memory_extraction_turns"  # in an agent's metadata
+
+# What one extraction reads and answers at most: the newest turns (a conversation that had
+# many turns before an LLM was configured is not sent whole), known memories (the most
+# important), and facts.
+MAX_TRANSCRIPT_MESSAGES = 100
+MAX_TRANSCRIPT_CHARS = 24_000
+MAX_MESSAGE_CHARS = 4_000
+MAX_KNOWN_MEMORIES = 50
+MAX_FACTS = 20
+MAX_FACT_CHARS = 1_000
+
+EXTRACTION_INSTRUCTIONS = """\
+You distil long-term memories from a conversation between a user and an AI assistant.
+
+Write down what is worth remembering in later conversations: facts about the user (who \
+they are, their preferences, plans, relationships, decisions) and anything they asked to \
+be remembered. Each memory is one short, self-contained fact in the third person ("The \
+user ..." or their name). Leave out small talk, questions, what only the assistant said, \
+and what is already known (listed below) unless it has changed.
+
+Give each memory an importance from 0 (trivia) to 1 (essential).
+
+Answer with JSON only, in this shape:
+{"memories": [{"content": "The user's favourite language is Python.", "importance": 0.6}]}
+When nothing is worth keeping, answer {"memories": []}."""
+
+
+def extraction_turns(agent: Agent) -> int:
+    """Every how many user turns the agent distils memories (0: never)."""
+    value = agent.metadata.get(EXTRACTION_TURNS_KEY, DEFAULT_EXTRACTION_TURNS)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        logger.warning(
+            "agent %s: %s must be a whole number >= 0, not %r; using %d",
+            agent.id,
+            EXTRACTION_TURNS_KEY,
+            value,
+            DEFAULT_EXTRACTION_TURNS,
+        )
+        return DEFAULT_EXTRACTION_TURNS
+    return value
+
+
+def _enough_turns(agent: Agent, conversation: Conversation, through_seq: int) -> bool:
+    """Whether the conversation has had ``extraction_turns`` user turns after ``through_seq``."""
+    every = extraction_turns(agent)
+    if not every:
+        return False
+    turns = conversation_messages(conversation).filter(role=Role.USER, seq__gt=through_seq)
+    return turns.count() >= every
+
+
+def extraction_due(agent: Agent, conversation: Conversation) -> bool:
+    """Whether the agent's next extraction from the conversation is due: an LLM, and enough
+    user turns since the last one."""
+    if not llm_configured():
+        return False
+    state = MemoryExtraction.objects.filter(agent=agent, conversation=conversation)
+    through_seq = state.values_list("through_seq", flat=True).first() or 0
+    return _enough_turns(agent, conversation, through_seq)
+
+
+def _claim(agent: Agent, conversation: Conversation) -> tuple[int, list] | None:
+    """Take the turns since the last extraction if there are enough: (the previous
+    ``through_seq``, the newest of the messages since). None when they are too few (another
+    worker may have just taken them), or taken by another worker meanwhile (the conditional
+    UPDATE decides)."""
+    state, _ = MemoryExtraction.objects.get_or_create(agent=agent, conversation=conversation)
+    if not _enough_turns(agent, conversation, state.through_seq):
+        return None
+    since = conversation_messages(conversation).filter(seq__gt=state.through_seq)
+    messages = list(since.order_by("-seq")[:MAX_TRANSCRIPT_MESSAGES])[::-1]
+    claimed = MemoryExtraction.objects.filter(pk=state.pk, through_seq=state.through_seq).update(
+        through_seq=messages[-1].seq, extracted_at=timezone.now()
+    )
+    return (state.through_seq, messages) if claimed else None
+
+
+def _release(agent: Agent, conversation: Conversation, previous: int, claimed: int) -> None:
+    """Give turns back after a transient failure: the agent's next write tries again."""
+    MemoryExtraction.objects.filter(
+        agent=agent, conversation=conversation, through_seq=claimed
+    ).update(through_seq=previous)
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit].rstrip() + "…"
+
+
+def extraction_prompt(messages, known: list[str]) -> list[dict]:
+    """The chat messages that ask for memories: the instructions, what is already known, and
+    the turns to read (newest kept when they are too long)."""
+    lines, size = [], 0
+    for message in reversed(messages):
+        speaker = f"{message.author_name} ({message.role})" if message.author_name else message.role
+        line = f"{speaker}: {_cut(message.content, MAX_MESSAGE_CHARS)}"
+        size += len(line) + 1
+        if lines and size > MAX_TRANSCRIPT_CHARS:
+            break
+        lines.append(line)
+    known_text = "\n".join(f"- {content}" for content in known) if known else "(nothing yet)"
+    return [
+        {"role": "system", "content": EXTRACTION_INSTRUCTIONS},
+        {
+            "role": "user",
+            "content": f"Already known:\n{known_text}\n\nThe conversation:\n"
+            + "\n".join(reversed(lines)),
+        },
+    ]
+
+
+def _importance(value) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return 0.5
+    return min(1.0, max(0.0, float(value)))
+
+
+def parse_facts(answer, *, metadata: dict) -> list[services.NewMemory]:
+    """The memories in the model's JSON: ``{"memories": [...]}`` or a bare list, each an
+    object with ``content`` (and ``importance``) or a string. Items of another shape are
+    skipped; an answer of another shape is an ``LLMError``."""
+    items = answer.get("memories") if isinstance(answer, dict) else answer
+    if not isinstance(items, list):
+        raise LLMError(f"expected a list of memories, got {str(answer)[:200]!r}")
+    facts = []
+    for item in items[:MAX_FACTS]:
+        if isinstance(item, str):
+            item = {"content": item}
+        if not isinstance(item, dict) or not isinstance(item.get("content"), str):
+            continue
+        # PostgreSQL text cannot hold NUL.
+        content = _cut(item["content"].replace("\x00", "").strip(), MAX_FACT_CHARS)
+        if content:
+            facts.append(
+                services.NewMemory(
+                    content=content,
+                    importance=_importance(item.get("importance")),
+                    metadata=metadata,
+                )
+            )
+    return facts
+
+
+def memories_extract(agent: Agent, conversation: Conversation) -> list[Memory]:
+    """Distil the agent's memories about the conversation's user from the turns since its
+    last extraction, when enough have come. Returns what was saved (a repeated fact: the
+    memory it was merged into).
+
+    The turns are claimed before the LLM is asked, so two workers never distil the same
+    turns. A malformed answer extracts nothing and those turns are not read again; a
+    transient failure (LLM unreachable, overloaded) gives them back for the next try.
+    """
+    if not llm_configured():
+        return []
+    claim = _claim(agent, conversation)
+    if claim is None:
+        return []
+    previous, messages = claim
+    user_id = conversation_memory_subject(conversation, on_behalf_of=None)
+    known = (
+        memories_of(agent, user_id=user_id)
+        .filter(expires_at__gt=timezone.now())
+        .order_by("-importance", "-created_at")
+        .values_list("content", flat=True)[:MAX_KNOWN_MEMORIES]
+    )
+    try:
+        answer = chat(extraction_prompt(messages, list(known)))
+        facts = parse_facts(json_answer(answer), metadata={"conversationId": str(conversation.id)})
+    except LLMError as exc:
+        if exc.transient:
+            _release(agent, conversation, previous, messages[-1].seq)
+        logger.warning(
+            "no memories extracted from conversation %s for agent %s%s: %s",
+            conversation.id,
+            agent.id,
+            " (tried again after its next turn)" if exc.transient else "",
+            exc,
+        )
+        return []
+    if not facts:
+        return []
+    saved = services.memories_save(
+        agent.as_principal(),
+        agent=agent,
+        user_id=user_id,
+        memories=facts,
+        source=MemorySource.EXTRACTED,
+    )
+    return [memory for memory, _ in saved]

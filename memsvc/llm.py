@@ -1,0 +1,69 @@
+"""The optional LLM: any OpenAI-compatible chat API at ``MEMSVC_LLM_BASE_URL`` serving
+``MEMSVC_LLM_MODEL`` (OpenAI itself, Ollama, vLLM, llama.cpp...), for the work memsvc does
+with a model (distilling memories from conversations). Without both settings there is no
+LLM and that work is skipped: nothing else depends on it.
+"""
+
+import json
+import re
+
+import openai
+from django.conf import settings
+
+TIMEOUT_SECONDS = 120.0
+# The client's own retries, with its backoff: enough for a blip, not for an outage.
+MAX_RETRIES = 2
+
+
+class LLMError(Exception):
+    """The LLM could not be asked, or did not answer what was asked for.
+
+    ``transient``: it may answer next time (unreachable, overloaded, rate-limited).
+    """
+
+    def __init__(self, message: str, *, transient: bool = False):
+        super().__init__(message)
+        self.transient = transient
+
+
+def llm_configured() -> bool:
+    return bool(settings.MEMSVC_LLM_BASE_URL and settings.MEMSVC_LLM_MODEL)
+
+
+def chat(messages: list[dict]) -> str:
+    """The model's reply to ``messages`` (chat completion messages); ``LLMError`` when there
+    is none."""
+    client = openai.OpenAI(
+        base_url=settings.MEMSVC_LLM_BASE_URL,
+        # Local servers want no key, but the client insists on one.
+        api_key=settings.MEMSVC_LLM_API_KEY or "none",
+        timeout=TIMEOUT_SECONDS,
+        max_retries=MAX_RETRIES,
+    )
+    try:
+        with client:
+            response = client.chat.completions.create(
+                model=settings.MEMSVC_LLM_MODEL, messages=messages
+            )
+    except (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError) as exc:
+        raise LLMError(f"{type(exc).__name__}: {exc}", transient=True) from exc
+    except openai.OpenAIError as exc:
+        raise LLMError(f"{type(exc).__name__}: {exc}") from exc
+    content = response.choices[0].message.content if response.choices else None
+    if not content:
+        raise LLMError("the model answered nothing")
+    return content
+
+
+# Models asked for JSON often wrap it in a Markdown code fence anyway.
+_FENCE = re.compile(r"^```[a-zA-Z]*\s*(.*?)\s*```$", re.DOTALL)
+
+
+def json_answer(text: str):
+    """The JSON value a model answered; ``LLMError`` when the answer is not JSON."""
+    text = text.strip()
+    fenced = _FENCE.match(text)
+    try:
+        return json.loads(fenced.group(1) if fenced else text)
+    except ValueError:
+        raise LLMError(f"the answer is not JSON: {text[:200]!r}") from None

@@ -1,0 +1,276 @@
+"""Memories distilled from conversations (kagent's auto-save), with a stand-in LLM
+(tests/fake_openai.py) that the real ``openai`` package talks to."""
+
+import json
+import logging
+import uuid
+
+import pytest
+
+from agents_api.extraction import EXTRACTION_TURNS_KEY, parse_facts
+from agents_api.models import Memory, MemoryExtraction
+from agents_api.services import memory_save
+from agents_api.tasks import extract_memories_task
+from conversations.models import Conversation
+from memsvc.llm import LLMError, json_answer
+from tests.agents_api.test_api import agent_conversation, append
+from tests.fake_openai import FakeOpenAI
+from tests.local_http import Reply
+
+# Every request commits, so what it does after committing (embedding, extraction) runs.
+pytestmark = pytest.mark.django_db(transaction=True)
+
+MARKER = "You distil long-term memories"  # the extraction prompt's first words
+GREEN = "Alice's favourite colour is green"
+
+
+def memories_answer(*facts) -> str:
+    return json.dumps({"memories": [{"content": f, "importance": 0.8} for f in facts]})
+
+
+@pytest.fixture
+def llm(settings):
+    with FakeOpenAI(reply="Noted.") as fake:
+        settings.MEMSVC_LLM_BASE_URL = fake.base_url
+        settings.MEMSVC_LLM_MODEL = "gpt-test"
+        fake.answer(MARKER, memories_answer(GREEN))
+        yield fake
+
+
+@pytest.fixture
+def conversation(api, helper):
+    """A conversation of alice's with the helper agent."""
+    return agent_conversation(api, helper.acting_for("alice"))["id"]
+
+
+def turn(api, helper, conversation_id, text: str) -> None:
+    """One user turn and the agent's reply, recorded by the agent."""
+    response = append(
+        api,
+        helper,
+        conversation_id,
+        {"role": "user", "content": text},
+        {"role": "assistant", "content": f"Noted: {text}"},
+    )
+    assert response.status_code == 201, response.content
+
+
+def turns(api, helper, conversation_id, numbers) -> None:
+    for n in numbers:
+        turn(api, helper, conversation_id, f"turn {n}: my favourite colour is green")
+
+
+def extractions(llm) -> list[dict]:
+    return llm.requests_containing(MARKER)
+
+
+def test_after_five_user_turns_a_memory_about_the_owner_is_extracted(
+    api, helper, conversation, llm
+):
+    turns(api, helper, conversation, range(1, 5))
+    assert extractions(llm) == []
+    assert not Memory.objects.exists()
+
+    turns(api, helper, conversation, [5])
+    [request] = extractions(llm)
+    assert request["model"] == "gpt-test"
+    prompt = request["messages"][1]["content"]
+    assert "Already known:\n(nothing yet)" in prompt
+    assert "alice (user): turn 1: my favourite colour is green" in prompt
+    assert "helper (assistant): Noted: turn 5: my favourite colour is green" in prompt
+
+    [memory] = Memory.objects.all()
+    assert memory.content == GREEN
+    assert memory.source == "extracted"
+    assert (memory.agent, memory.user_id) == (helper.agent, "alice")
+    assert memory.importance == 0.8
+    assert memory.metadata == {"conversationId": conversation}
+    assert memory.embedding is not None  # found by meaning at once
+
+
+def test_turns_six_to_nine_do_not_extract_again_the_tenth_does(api, helper, conversation, llm):
+    turns(api, helper, conversation, range(1, 10))
+    assert len(extractions(llm)) == 1
+
+    llm.answer(MARKER, memories_answer("Alice paints her house green"))
+    turns(api, helper, conversation, [10])
+    _, second = extractions(llm)
+    prompt = second["messages"][1]["content"]
+    # The known memory is in the prompt so the model does not restate it, and only the
+    # turns since the last extraction are read.
+    assert f"Already known:\n- {GREEN}" in prompt
+    assert "turn 6:" in prompt and "turn 10:" in prompt
+    assert "turn 5:" not in prompt
+    assert sorted(Memory.objects.values_list("content", flat=True)) == [
+        "Alice paints her house green",
+        GREEN,
+    ]
+
+
+def test_a_fact_already_kept_is_merged_not_duplicated(api, helper, conversation, llm):
+    kept, _ = memory_save(
+        helper.agent.as_principal(),
+        agent=helper.agent,
+        user_id="alice",
+        content="alice's favourite colour is GREEN",
+        importance=0.3,
+        tags=["colours"],
+    )
+    turns(api, helper, conversation, range(1, 6))
+    assert len(extractions(llm)) == 1
+    [memory] = Memory.objects.all()
+    assert memory.id == kept.id
+    assert memory.source == "api"  # still the memory the agent saved
+    assert memory.importance == 0.8  # the higher of the two
+    assert memory.tags == ["colours"]
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "The user likes green.",  # not JSON
+        '{"memories": "green"}',  # not a list
+        '{"facts": [{"text": 42}]}',
+        '[{"content": 42}, null, ""]',  # nothing usable in the list
+        "```json\n{oops}\n```",
+    ],
+)
+def test_a_garbage_answer_extracts_nothing_and_fails_nothing(
+    api, helper, conversation, llm, caplog, answer
+):
+    llm.answer(MARKER, answer)
+    with caplog.at_level(logging.WARNING):
+        turns(api, helper, conversation, range(1, 7))
+    assert len(extractions(llm)) == 1  # those turns are not read again at the 6th
+    assert not Memory.objects.exists()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_a_malformed_answer_is_logged(api, helper, conversation, llm, caplog):
+    llm.answer(MARKER, "The user likes green.")
+    with caplog.at_level(logging.WARNING, logger="agents_api.extraction"):
+        turns(api, helper, conversation, range(1, 6))
+    assert "no memories extracted" in caplog.text
+    assert "not JSON" in caplog.text
+
+
+def test_an_llm_that_is_down_extracts_nothing_and_is_asked_again_after_the_next_turn(
+    api, helper, conversation, llm, caplog
+):
+    llm.answer(MARKER, Reply(status=503, payload={"error": {"message": "overloaded"}}))
+    with caplog.at_level(logging.WARNING, logger="agents_api.extraction"):
+        turns(api, helper, conversation, range(1, 6))
+    assert extractions(llm)  # asked (and retried by the client), in vain
+    assert not Memory.objects.exists()
+    assert "tried again after its next turn" in caplog.text
+
+    llm.answer(MARKER, memories_answer(GREEN))
+    tried = len(extractions(llm))
+    turns(api, helper, conversation, [6])
+    assert len(extractions(llm)) == tried + 1
+    assert "turn 1:" in extractions(llm)[-1]["messages"][1]["content"]
+    assert Memory.objects.get().content == GREEN
+
+
+def test_without_an_llm_nothing_is_extracted(api, helper, conversation):
+    with FakeOpenAI() as unconfigured:
+        turns(api, helper, conversation, range(1, 7))
+    assert unconfigured.requests == []
+    assert not Memory.objects.exists()
+    assert not MemoryExtraction.objects.exists()
+
+
+@pytest.mark.parametrize(("every", "extracted_after"), [(2, 2), (0, None), ("often", 5)])
+def test_the_agents_metadata_sets_how_many_turns(
+    api, helper, conversation, llm, every, extracted_after
+):
+    helper.agent.metadata = {EXTRACTION_TURNS_KEY: every}  # "often": the default, 5
+    helper.agent.save(update_fields=["metadata"])
+    for n in range(1, 6):
+        turns(api, helper, conversation, [n])
+        assert Memory.objects.exists() == (extracted_after is not None and n >= extracted_after)
+
+
+def test_user_turns_through_the_user_api_count_at_the_agents_next_write(
+    api, helper, alice, conversation, llm
+):
+    for n in range(1, 6):
+        response = api.post(
+            f"/v1/user/conversations/{conversation}/messages",
+            {"content": f"turn {n}: my favourite colour is green"},
+            as_=alice,
+        )
+        assert response.status_code == 201, response.content
+    assert extractions(llm) == []  # the user API knows nothing of agents
+
+    append(api, helper, conversation, {"role": "assistant", "content": "Green it is."})
+    [request] = extractions(llm)
+    assert "alice (user): turn 5: my favourite colour is green" in request["messages"][1]["content"]
+    assert Memory.objects.get().user_id == "alice"
+
+
+def test_a_local_agent_distils_its_own_memories_and_gets_them_in_context(client, llm):
+    def post(path, body):
+        response = client.post(path, body, content_type="application/json")
+        assert response.status_code == 200, response.content
+        return response.json()
+
+    post("/agents", {"name": "my_agent"})
+    llm.answer(MARKER, memories_answer("The user's favourite colour is green"))
+    for n in range(1, 6):
+        post("/messages", {"agent_name": "my_agent", "role": "user", "content": f"green {n}"})
+        post("/messages", {"agent_name": "my_agent", "role": "assistant", "content": "Noted."})
+    assert len(extractions(llm)) == 1
+    [memory] = Memory.objects.all()
+    assert (memory.agent.name, memory.user_id, memory.source) == ("my_agent", "", "extracted")
+    # The local conversation's speakers are "user" and the agent.
+    assert "user (user): green 1" in extractions(llm)[0]["messages"][1]["content"]
+
+    context = post("/context/my_agent", {"query": "What is my favourite colour?"})
+    assert [m["content"] for m in context["memories"]] == [memory.content]
+
+
+def test_the_task_of_a_deleted_conversation_does_nothing(api, helper, conversation, llm):
+    turns(api, helper, conversation, range(1, 5))
+    Conversation.objects.filter(id=conversation).delete()
+    assert extract_memories_task(str(helper.agent.id), conversation) == 0
+    assert extract_memories_task(str(uuid.uuid4()), str(uuid.uuid4())) == 0
+    assert extractions(llm) == []
+
+
+# --- reading the model's answer (no database) -----------------------------------------------
+
+
+@pytest.mark.django_db(transaction=False)
+def test_the_answers_shapes_and_limits():
+    meta = {"conversationId": "c"}
+    facts = parse_facts(
+        [
+            "Plain string fact",
+            {"content": "  Padded\x00 fact ", "importance": 3},
+            {"content": "Bool importance", "importance": True},
+            {"content": "x" * 1500, "importance": -1},
+            {"content": "   "},
+            {"text": "no content"},
+        ],
+        metadata=meta,
+    )
+    assert [(f.content[:20], f.importance) for f in facts] == [
+        ("Plain string fact", 0.5),
+        ("Padded fact", 1.0),
+        ("Bool importance", 0.5),
+        ("x" * 20, 0.0),
+    ]
+    assert len(facts[3].content) == 1001 and facts[3].content.endswith("…")
+    assert all(f.metadata == meta for f in facts)
+    assert len(parse_facts({"memories": [f"fact {i}" for i in range(50)]}, metadata={})) == 20
+    with pytest.raises(LLMError):
+        parse_facts({"memories": {"content": "not a list"}}, metadata={})
+
+
+@pytest.mark.django_db(transaction=False)
+def test_json_in_a_code_fence_is_read():
+    assert json_answer('```json\n{"memories": []}\n```') == {"memories": []}
+    assert json_answer(" [1, 2] ") == [1, 2]
+    with pytest.raises(LLMError, match="not JSON"):
+        json_answer("Sure! Here are the memories: ...")
