@@ -168,7 +168,7 @@ class BrokenBackend:
 def backend_down(monkeypatch):
     """The embedding backend fails from now on, until the test puts the real one back."""
     broken = BrokenBackend()
-    monkeypatch.setattr("agents_api.services.configured_backend", lambda: broken)
+    monkeypatch.setattr("agents_api.services.memories.configured_backend", lambda: broken)
     return broken
 
 

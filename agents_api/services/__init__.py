@@ -1,0 +1,60 @@
+"""Every write of the agents app, one module per kind of thing (the acting principal comes
+first). Callers use ``agents_api.services.<name>``."""
+
+from agents_api.services.agents import (
+    agent_get_or_create,
+    api_key_create,
+    api_key_revoke,
+)
+from agents_api.services.blocks import (
+    memory_block_create,
+    memory_block_delete,
+    memory_block_update,
+)
+from agents_api.services.memories import (
+    NEAR_DUPLICATE_SIMILARITY,
+    POPULAR_ACCESS_COUNT,
+    NewMemory,
+    PruneResult,
+    memories_delete,
+    memories_embed,
+    memories_embed_pending,
+    memories_prune,
+    memories_reembed_all,
+    memories_save,
+    memories_touch,
+    memory_delete,
+    memory_save,
+    memory_update,
+)
+from agents_api.services.messages import (
+    agent_messages_append,
+    local_conversation_for,
+    local_message_append,
+)
+
+__all__ = [
+    "NEAR_DUPLICATE_SIMILARITY",
+    "POPULAR_ACCESS_COUNT",
+    "NewMemory",
+    "PruneResult",
+    "agent_get_or_create",
+    "agent_messages_append",
+    "api_key_create",
+    "api_key_revoke",
+    "local_conversation_for",
+    "local_message_append",
+    "memories_delete",
+    "memories_embed",
+    "memories_embed_pending",
+    "memories_prune",
+    "memories_reembed_all",
+    "memories_save",
+    "memories_touch",
+    "memory_block_create",
+    "memory_block_delete",
+    "memory_block_update",
+    "memory_delete",
+    "memory_save",
+    "memory_update",
+]

@@ -1,0 +1,52 @@
+"""Writes of agents and their API keys."""
+
+from django.db import transaction
+from django.utils import timezone
+
+from agents_api.keys import hash_secret, new_key
+from agents_api.models import (
+    Agent,
+    ApiKey,
+    Scope,
+)
+from memsvc.api.errors import InvalidInput
+
+
+@transaction.atomic
+def agent_get_or_create(
+    *, owner_principal: str, name: str, description: str = "", metadata: dict | None = None
+) -> tuple[Agent, bool]:
+    return Agent.objects.get_or_create(
+        owner_principal=owner_principal,
+        name=name,
+        defaults={"description": description, "metadata": metadata or {}},
+    )
+
+
+@transaction.atomic
+def api_key_create(
+    *, agent: Agent, scopes: list[str] | None = None, name: str = ""
+) -> tuple[ApiKey, str]:
+    """A new key for ``agent`` and its full text, which is never stored and shown only now."""
+    scopes = sorted(set(scopes or [Scope.READ, Scope.WRITE]))
+    unknown = set(scopes) - set(Scope.values)
+    if unknown:
+        raise InvalidInput.for_field("scopes", f"unknown scopes: {', '.join(sorted(unknown))}")
+    public_id, secret, full_key = new_key()
+    api_key = ApiKey.objects.create(
+        public_id=public_id,
+        agent=agent,
+        name=name,
+        prefix=full_key[: len("msk_") + len(public_id) + 5],
+        secret_hmac=hash_secret(secret),
+        scopes=scopes,
+    )
+    return api_key, full_key
+
+
+@transaction.atomic
+def api_key_revoke(*, api_key: ApiKey) -> ApiKey:
+    if api_key.revoked_at is None:
+        api_key.revoked_at = timezone.now()
+        api_key.save(update_fields=["revoked_at"])
+    return api_key

@@ -1,0 +1,107 @@
+"""Writes of memory blocks: every change checked against the block's limit and kept as a revision."""
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from agents_api.models import (
+    DEFAULT_BLOCK_LIMIT,
+    Agent,
+    MemoryBlock,
+    MemoryBlockRevision,
+)
+from memsvc.api.errors import Conflict, Forbidden, InvalidInput
+from memsvc.api.principals import Principal
+
+
+def _check_fits(value: str, limit: int, field: str) -> None:
+    if len(value) > limit:
+        raise InvalidInput.for_field(
+            field, f"the block would hold {len(value)} characters; its limit is {limit}"
+        )
+
+
+def _record(block: MemoryBlock, actor: Principal) -> None:
+    MemoryBlockRevision.objects.create(block=block, value=block.value, actor_principal=actor.id)
+
+
+@transaction.atomic
+def memory_block_create(
+    actor: Principal,
+    *,
+    agent: Agent,
+    user_id: str = "",
+    label: str,
+    value: str = "",
+    description: str = "",
+    limit: int = DEFAULT_BLOCK_LIMIT,
+    read_only: bool = False,
+) -> MemoryBlock:
+    _check_fits(value, limit, "value")
+    try:
+        with transaction.atomic():
+            block = MemoryBlock.objects.create(
+                agent=agent,
+                user_id=user_id,
+                label=label,
+                value=value,
+                description=description,
+                limit=limit,
+                read_only=read_only,
+            )
+    except IntegrityError:
+        raise Conflict(f"a memory block labelled {label!r} already exists") from None
+    _record(block, actor)
+    return block
+
+
+@transaction.atomic
+def memory_block_update(
+    actor: Principal,
+    *,
+    block: MemoryBlock,
+    value: str | None = None,
+    append: str | None = None,
+    replace: tuple[str, str] | None = None,
+    description: str | None = None,
+    limit: int | None = None,
+) -> MemoryBlock:
+    """Change a block: set its value, ``append`` a line, or ``replace`` (old, new) text.
+
+    The row is locked for the whole change, so concurrent appends never lose text.
+    Refused changes (read-only, over the limit, ``old`` not found) store nothing.
+    """
+    block = MemoryBlock.objects.select_for_update().get(pk=block.pk)
+    if block.read_only:
+        raise Forbidden(f"memory block {block.label!r} is read-only")
+    new_value = block.value
+    field = "value"
+    if value is not None:
+        new_value = value
+    if append is not None:
+        field = "append"
+        new_value = f"{new_value}\n{append}" if new_value else append
+    if replace is not None:
+        field = "replace"
+        old, new = replace
+        if not old or old not in new_value:
+            raise Conflict("the text to replace is not in the block")
+        new_value = new_value.replace(old, new, 1)
+    new_limit = block.limit if limit is None else limit
+    _check_fits(new_value, new_limit, field if limit is None else "limit")
+    changed = new_value != block.value
+    block.value = new_value
+    block.limit = new_limit
+    if description is not None:
+        block.description = description
+    block.updated_at = timezone.now()
+    block.save(update_fields=["value", "limit", "description", "updated_at"])
+    if changed:
+        _record(block, actor)
+    return block
+
+
+@transaction.atomic
+def memory_block_delete(actor: Principal, *, block: MemoryBlock) -> None:
+    if block.read_only:
+        raise Forbidden(f"memory block {block.label!r} is read-only")
+    block.delete()

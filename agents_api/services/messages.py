@@ -1,0 +1,85 @@
+"""Messages an agent writes: bulk appends with an idempotency key, and the local
+compatibility API's."""
+
+from django.db import transaction
+
+from agents_api.models import (
+    Agent,
+    IdempotentRequest,
+)
+from conversations.models import Message, Role
+from conversations.services import NewMessage, conversation_create, messages_append
+from memsvc.api.errors import Conflict, InvalidInput
+from memsvc.api.principals import Principal
+
+
+@transaction.atomic
+def agent_messages_append(
+    actor: Principal,
+    *,
+    conversation,
+    messages: list[NewMessage],
+    idempotency_key: str | None = None,
+    request_hash: str = "",
+) -> tuple[list[Message], bool]:
+    """Append like ``messages_append``; with a key, a retry returns the first result.
+
+    Returns (messages, created). A key reused for a different request is a conflict. Two
+    concurrent requests with one key serialise on the key's unique index.
+    """
+    if not idempotency_key:
+        return messages_append(actor, conversation=conversation, messages=messages), True
+    if len(idempotency_key) > 255:
+        raise InvalidInput.for_field("Idempotency-Key", "must be at most 255 characters")
+    record, created = IdempotentRequest.objects.get_or_create(
+        principal_id=actor.id, key=idempotency_key, defaults={"request_hash": request_hash}
+    )
+    if not created:
+        if record.request_hash != request_hash:
+            raise Conflict("this Idempotency-Key was already used for a different request")
+        return list(
+            Message.objects.without_search_data().filter(id__in=record.message_ids).order_by("seq")
+        ), False
+    appended = messages_append(actor, conversation=conversation, messages=messages)
+    record.message_ids = [str(m.id) for m in appended]
+    record.save(update_fields=["message_ids"])
+    return appended, True
+
+
+# --- the local compatibility API -------------------------------------------------------------
+
+
+@transaction.atomic
+def local_conversation_for(agent: Agent):
+    """The conversation holding a local agent's messages, made on first use.
+
+    The agent owns it, so its messages are embedded, searched and shown (the admin, the
+    agent API) like any other conversation's.
+    """
+    agent = Agent.objects.select_for_update().get(pk=agent.pk)
+    if agent.local_conversation_id is None:
+        agent.local_conversation = conversation_create(
+            agent.as_principal(),
+            title=f"{agent.name} (local)",
+            metadata={"local_agent": agent.name},
+        )
+        agent.save(update_fields=["local_conversation"])
+    return agent.local_conversation
+
+
+@transaction.atomic
+def local_message_append(
+    agent: Agent, *, role: str, content: str, metadata: dict | None = None
+) -> Message:
+    """A message of the local compatibility API, in the agent's own conversation. One
+    transaction: a refused message leaves no conversation made for it."""
+    # The seed's server has no user ids: its speakers are "user", the agent and "system".
+    speaker = {Role.USER: "user", Role.SYSTEM: "system"}.get(role)
+    [message] = messages_append(
+        agent.as_principal(),
+        conversation=local_conversation_for(agent),
+        messages=[
+            NewMessage(content=content, role=role, metadata=metadata or {}, author_name=speaker)
+        ],
+    )
+    return message
