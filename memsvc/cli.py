@@ -154,6 +154,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     host = args.host or settings.MEMORY_SERVER_HOST
     port = args.port or settings.MEMORY_SERVER_PORT
     try:
+        # The first connection starts the embedded database (memsvc.db_backend): this
+        # process holds it until the `finally` below.
         call_command("migrate", interactive=False, verbosity=0)
         check_embedding_dimension()
         warn_about_other_vector_models()

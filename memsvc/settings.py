@@ -3,6 +3,8 @@
 Local mode is the default: no ``DATABASE_URL`` means an embedded PostgreSQL under
 ``MEMSVC_DATA_DIR``, a filesystem Celery broker in the same directory, and secrets generated
 once and kept there. Outside local mode every secret must be given.
+
+Importing settings starts no database: the first connection does (``memsvc.db_backend``).
 """
 
 from pathlib import Path
@@ -51,12 +53,7 @@ CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
 if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
 else:
-    DATABASES = {
-        "default": {
-            **embedded_db.ensure_server(MEMSVC_DATA_DIR).database_settings(),
-            "CONN_MAX_AGE": 60,
-        }
-    }
+    DATABASES = {"default": {**embedded_db.database_settings(MEMSVC_DATA_DIR), "CONN_MAX_AGE": 60}}
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
