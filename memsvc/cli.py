@@ -153,6 +153,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     host = args.host or settings.MEMORY_SERVER_HOST
     port = args.port or settings.MEMORY_SERVER_PORT
+    if settings.LOCAL_MODE:
+        # Local mode's secrets exist from now on, for the children and for whoever wants the
+        # JWT secret of a running server.
+        embedded_db.local_secrets(settings.MEMSVC_DATA_DIR)
     try:
         # The first connection starts the embedded database (memsvc.db_backend): this
         # process holds it until the `finally` below.

@@ -11,6 +11,7 @@ server as a system user of its own.
 Local mode's secrets are kept in the same directory (``local_secrets``).
 """
 
+import fcntl
 import json
 import logging
 import os
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from django.core.exceptions import ImproperlyConfigured
+from django.utils.functional import SimpleLazyObject
 
 logger = logging.getLogger(__name__)
 
@@ -176,22 +178,40 @@ def _create_database(server: EmbeddedServer) -> None:
             logger.info("created database %s in %s", DATABASE_NAME, server.pgdata)
 
 
+SECRET_NAMES = ("DJANGO_SECRET_KEY", "MEMSVC_JWT_SECRET")
+
+
 def local_secrets(data_dir: Path) -> dict[str, str]:
-    """Secrets for local mode, generated once and kept (mode 0600) in the data directory."""
-    path = data_dir / "secrets.json"
+    """Secrets for local mode, generated once and kept (mode 0600) in the data directory.
+
+    Several processes may need them first at the same moment (two gunicorn workers, or
+    ``memsvc token`` beside a server): a lock on the directory lets one of them write the
+    file and the others read what it wrote, so every process signs with the same secrets.
+    """
     data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / "secrets.json"
+    directory = os.open(data_dir, os.O_RDONLY)
     try:
-        stored = json.loads(path.read_text())
-    except FileNotFoundError:
-        stored = {}
-    wanted = {"DJANGO_SECRET_KEY", "MEMSVC_JWT_SECRET"}
-    if wanted <= stored.keys():
+        fcntl.flock(directory, fcntl.LOCK_EX)
+        try:
+            stored = json.loads(path.read_text())
+        except FileNotFoundError:
+            stored = {}
+        missing = [name for name in SECRET_NAMES if name not in stored]
+        if missing:
+            stored.update({name: secrets.token_urlsafe(48) for name in missing})
+            tmp = path.with_suffix(".tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                json.dump(stored, handle)
+            os.replace(tmp, path)
         return stored
-    for key in wanted - stored.keys():
-        stored[key] = secrets.token_urlsafe(48)
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(stored, handle)
-    os.replace(tmp, path)
-    return stored
+    finally:
+        os.close(directory)  # and with it the lock
+
+
+def local_secret(data_dir: Path, name: str) -> SimpleLazyObject:
+    """The secret ``name`` of ``local_secrets``, as a string that reads (or makes) the file
+    when it is first used rather than now. Settings hold it so that importing them writes
+    nothing; Django and PyJWT take it for the ``str`` it stands for."""
+    return SimpleLazyObject(lambda: local_secrets(data_dir)[name])

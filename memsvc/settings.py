@@ -4,7 +4,8 @@ Local mode is the default: no ``DATABASE_URL`` means an embedded PostgreSQL unde
 ``MEMSVC_DATA_DIR``, a filesystem Celery broker in the same directory, and secrets generated
 once and kept there. Outside local mode every secret must be given.
 
-Importing settings starts no database: the first connection does (``memsvc.db_backend``).
+Importing settings writes no secrets and starts no database: the first connection starts it
+(``memsvc.db_backend``), and secrets are made by ``memsvc serve`` or when first used.
 """
 
 from pathlib import Path
@@ -33,9 +34,16 @@ LOCAL_MODE = env_bool("MEMSVC_LOCAL_MODE", DATABASE_URL is None)
 # --- Secrets ---------------------------------------------------------------------------------
 
 if LOCAL_MODE:
-    _local = embedded_db.local_secrets(MEMSVC_DATA_DIR)
-    SECRET_KEY = env_str("DJANGO_SECRET_KEY", _local["DJANGO_SECRET_KEY"])
-    MEMSVC_JWT_SECRET = env_str("MEMSVC_JWT_SECRET", _local["MEMSVC_JWT_SECRET"])
+    # The data directory's own secrets (secrets.json), read or made when a process first signs
+    # or verifies something (a session, an API key's HMAC, `memsvc token`, a bearer token), not
+    # here. The first process writes them and every later one reads the same, so a token from
+    # `memsvc token` on a fresh directory is accepted by a server started afterwards.
+    SECRET_KEY = env_str("DJANGO_SECRET_KEY") or embedded_db.local_secret(
+        MEMSVC_DATA_DIR, "DJANGO_SECRET_KEY"
+    )
+    MEMSVC_JWT_SECRET = env_str("MEMSVC_JWT_SECRET") or embedded_db.local_secret(
+        MEMSVC_DATA_DIR, "MEMSVC_JWT_SECRET"
+    )
 else:
     SECRET_KEY = env_required("DJANGO_SECRET_KEY")
     MEMSVC_JWT_SECRET = env_str("MEMSVC_JWT_SECRET")

@@ -1,5 +1,6 @@
 """Configuration comes from the environment and fails loudly when it is wrong."""
 
+import json
 import os
 import subprocess
 import sys
@@ -129,6 +130,44 @@ def test_local_secrets_are_generated_once_and_private(tmp_path):
     assert first == second
     assert len(first["MEMSVC_JWT_SECRET"]) >= 32
     assert (tmp_path / "secrets.json").stat().st_mode & 0o077 == 0
+
+
+def test_local_secrets_are_made_on_first_use_and_the_same_for_every_process(tmp_path):
+    data_dir = tmp_path / "data"
+    code = (
+        "import django; django.setup(); from django.conf import settings;"
+        "print(settings.SECRET_KEY, settings.MEMSVC_JWT_SECRET)"
+    )
+    env = django_env({"MEMSVC_DATA_DIR": str(data_dir)})
+    # Three processes need them first at the same moment: one writes, all agree.
+    first_users = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(3)
+    ]
+    printed = {process.communicate(timeout=120)[0].strip() for process in first_users}
+    stored = json.loads((data_dir / "secrets.json").read_text())
+    expected = f"{stored['DJANGO_SECRET_KEY']} {stored['MEMSVC_JWT_SECRET']}"
+    assert printed == {expected}
+
+    later = run_python({"MEMSVC_DATA_DIR": str(data_dir)}, "-c", code)
+    assert later.stdout.strip() == expected
+
+
+def test_a_token_minted_on_a_fresh_data_dir_is_accepted_by_a_later_process(tmp_path):
+    env = {"MEMSVC_DATA_DIR": str(tmp_path / "data")}
+    minted = run_python(env, "-m", "memsvc.cli", "token", "alice")
+    assert minted.returncode == 0, minted.stderr
+    assert (tmp_path / "data" / "secrets.json").exists()
+
+    verified = run_django(
+        env,
+        "from memsvc.api.jwt_auth import decode_user_token;"
+        f"print(decode_user_token({minted.stdout.strip()!r})['sub'])",
+    )
+    assert verified.returncode == 0, verified.stderr
+    assert verified.stdout.strip() == "alice"
 
 
 @pytest.mark.django_db
