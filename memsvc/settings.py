@@ -4,8 +4,8 @@ Local mode is the default: no ``DATABASE_URL`` means an embedded PostgreSQL unde
 ``MEMSVC_DATA_DIR``, a filesystem Celery broker in the same directory, and secrets generated
 once and kept there. Outside local mode every secret must be given.
 
-Importing settings writes no secrets and starts no database: the first connection starts it
-(``memsvc.db_backend``), and secrets are made by ``memsvc serve`` or when first used.
+Importing settings only reads: the database is started by the first connection
+(``memsvc.db_backend``), secrets and folders are made by ``memsvc serve`` or when first used.
 """
 
 from pathlib import Path
@@ -129,10 +129,9 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = env_path("DJANGO_STATIC_ROOT", MEMSVC_DATA_DIR / "static")
 # WhiteNoise serves the admin's and the docs' static files from gunicorn. Without a
-# collectstatic run (local mode) it finds them in the installed apps.
+# collectstatic run (local mode) it finds them in the installed apps; `memsvc serve` makes
+# the empty STATIC_ROOT, which WhiteNoise warns about when missing.
 WHITENOISE_USE_FINDERS = True
-if LOCAL_MODE:
-    STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 
 LOGGING = {
     "version": 1,
@@ -213,12 +212,11 @@ MEMSVC_LLM_MODEL = env_str("MEMSVC_LLM_MODEL")
 # --- Celery ----------------------------------------------------------------------------------
 
 # Local mode needs no broker service: kombu's filesystem transport keeps the queue in the
-# data directory. Production points CELERY_BROKER_URL at Redis or RabbitMQ.
+# data directory, in folders made when first needed (memsvc.celery). Production points
+# CELERY_BROKER_URL at Redis or RabbitMQ.
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
 if CELERY_BROKER_URL == "filesystem://":
     _queue_dir = MEMSVC_DATA_DIR / "broker"
-    for _sub in ("queue", "processed", "control"):
-        (_queue_dir / _sub).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_queue_dir / "queue"),
         "data_folder_out": str(_queue_dir / "queue"),

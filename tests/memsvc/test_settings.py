@@ -78,6 +78,24 @@ def postgres_servers_of(data_dir: Path) -> list[psutil.Process]:
     return servers
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["manage.py", "check", "--fail-level", "WARNING"],
+        # What `celery beat` and a worker's main process do before they connect to anything.
+        ["-c", "from memsvc.celery import app; app.loader.import_default_modules()"],
+    ],
+    ids=["manage.py check", "celery app"],
+)
+def test_loading_settings_starts_no_database_and_writes_nothing(tmp_path, command):
+    data_dir = tmp_path / "data"
+    result = run_python({"MEMSVC_DATA_DIR": str(data_dir)}, *command)
+    assert result.returncode == 0, result.stderr
+    # No pgdata, no secrets.json, no broker or static folder: not even the directory.
+    assert not data_dir.exists()
+    assert postgres_servers_of(data_dir) == []
+
+
 def test_the_first_query_starts_the_embedded_server_and_exit_stops_it(tmp_path):
     data_dir = tmp_path / "data"
     result = run_django(
