@@ -1,11 +1,29 @@
 """The Celery application. Configuration comes from Django settings (``CELERY_*``)."""
 
 import os
+from pathlib import Path
 
 from celery import Celery
+from celery.signals import before_task_publish, worker_init
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memsvc.settings")
 
 app = Celery("memsvc")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["search", "agents_api"])
+
+
+@worker_init.connect
+@before_task_publish.connect
+def make_local_queue_folders(**kwargs) -> None:
+    """Local mode's queue folders, made when first needed rather than when settings are read.
+
+    kombu's filesystem transport lists and writes them but never makes them: a worker lists
+    the queue folder as soon as it starts, and a publisher (a web process, beat) writes into
+    it, whichever comes first. Both are here: a worker starting, a task about to be sent.
+    """
+    if not app.conf.broker_url.startswith("filesystem://"):
+        return
+    options = app.conf.broker_transport_options
+    for folder in ("data_folder_in", "data_folder_out", "processed_folder", "control_folder"):
+        Path(options[folder]).mkdir(parents=True, exist_ok=True)

@@ -153,7 +153,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     host = args.host or settings.MEMORY_SERVER_HOST
     port = args.port or settings.MEMORY_SERVER_PORT
+    if settings.LOCAL_MODE:
+        # Local mode's secrets exist from now on, for the children and for whoever wants the
+        # JWT secret of a running server; the web processes' WhiteNoise scans STATIC_ROOT.
+        embedded_db.local_secrets(settings.MEMSVC_DATA_DIR)
+        settings.STATIC_ROOT.mkdir(parents=True, exist_ok=True)
     try:
+        # The first connection starts the embedded database (memsvc.db_backend): this
+        # process holds it until the `finally` below.
         call_command("migrate", interactive=False, verbosity=0)
         check_embedding_dimension()
         warn_about_other_vector_models()

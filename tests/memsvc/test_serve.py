@@ -86,6 +86,8 @@ def test_serve_answers_health_and_stops_everything_on_sigterm(served):
     assert response.status_code == 200
     assert response.json()["status"] == "ok"
     assert response.json()["database"] == "embedded"
+    # Made by `serve` itself, so a client can read the JWT secret of the running server.
+    assert (served.data_dir / "secrets.json").exists()
 
     # The admin's static files are served by the same process (WhiteNoise).
     css = httpx.get(f"{served.url}/static/admin/css/base.css", timeout=5)

@@ -1,11 +1,13 @@
 """Configuration comes from the environment and fails loudly when it is wrong."""
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 from urllib.parse import quote
 
+import psutil
 import pytest
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
@@ -42,17 +44,74 @@ def test_malformed_values_are_errors_not_defaults(monkeypatch, value, read):
         read()
 
 
-def run_django(env_overrides: dict[str, str], code: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "DJANGO_SECRET_KEY"}}
+def django_env(env_overrides: dict[str, str]) -> dict[str, str]:
+    """The environment of a fresh memsvc process: local mode unless told otherwise."""
+    unset = {"DATABASE_URL", "DJANGO_SECRET_KEY", "MEMSVC_JWT_SECRET", "CELERY_BROKER_URL"}
+    env = {k: v for k, v in os.environ.items() if k not in unset}
     env.update(env_overrides, DJANGO_SETTINGS_MODULE="memsvc.settings")
+    return env
+
+
+def run_python(env_overrides: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    """``python *args`` in the checkout (so its code, not an installed copy, is imported)."""
     return subprocess.run(
-        [sys.executable, "-c", f"import django; django.setup(); {code}"],
+        [sys.executable, *args],
         cwd=ROOT,
-        env=env,
+        env=django_env(env_overrides),
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def run_django(env_overrides: dict[str, str], code: str) -> subprocess.CompletedProcess:
+    return run_python(env_overrides, "-c", f"import django; django.setup(); {code}")
+
+
+def postgres_servers_of(data_dir: Path) -> list[psutil.Process]:
+    servers = []
+    for process in psutil.process_iter(["name", "cmdline"]):
+        if process.info["name"] == "postgres" and str(data_dir) in " ".join(
+            process.info["cmdline"] or []
+        ):
+            servers.append(process)
+    return servers
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["manage.py", "check", "--fail-level", "WARNING"],
+        # What `celery beat` and a worker's main process do before they connect to anything.
+        ["-c", "from memsvc.celery import app; app.loader.import_default_modules()"],
+    ],
+    ids=["manage.py check", "celery app"],
+)
+def test_loading_settings_starts_no_database_and_writes_nothing(tmp_path, command):
+    data_dir = tmp_path / "data"
+    result = run_python({"MEMSVC_DATA_DIR": str(data_dir)}, *command)
+    assert result.returncode == 0, result.stderr
+    # No pgdata, no secrets.json, no broker or static folder: not even the directory.
+    assert not data_dir.exists()
+    assert postgres_servers_of(data_dir) == []
+
+
+def test_the_first_query_starts_the_embedded_server_and_exit_stops_it(tmp_path):
+    data_dir = tmp_path / "data"
+    result = run_django(
+        {"MEMSVC_DATA_DIR": str(data_dir)},
+        "from django.db import connection; cursor = connection.cursor();"
+        "cursor.execute('SELECT current_database()'); print(cursor.fetchone()[0]);"
+        "print(connection.settings_dict['HOST'])",
+    )
+    assert result.returncode == 0, result.stderr
+    database, host = result.stdout.split()
+    assert database == embedded_db.DATABASE_NAME
+    # Settings named the socket before the server existed; the server is where they said.
+    assert host == str((data_dir / "pgdata").resolve())
+    # The process held the only handle on the server, so its exit stopped it.
+    assert not (data_dir / "pgdata" / "postmaster.pid").exists()
+    assert postgres_servers_of(data_dir) == []
 
 
 def test_outside_local_mode_a_missing_secret_stops_start_up(tmp_path):
@@ -65,6 +124,7 @@ def test_outside_local_mode_a_missing_secret_stops_start_up(tmp_path):
     assert "started" not in result.stdout
 
 
+@pytest.mark.django_db  # the test database is the outside server here: it must be up
 def test_with_database_url_no_embedded_server_is_started(tmp_path, settings):
     db = settings.DATABASES["default"]
     url = f"postgres://{db['USER']}@{quote(db['HOST'], safe='')}:{db['PORT']}/{db['NAME']}"
@@ -88,6 +148,44 @@ def test_local_secrets_are_generated_once_and_private(tmp_path):
     assert first == second
     assert len(first["MEMSVC_JWT_SECRET"]) >= 32
     assert (tmp_path / "secrets.json").stat().st_mode & 0o077 == 0
+
+
+def test_local_secrets_are_made_on_first_use_and_the_same_for_every_process(tmp_path):
+    data_dir = tmp_path / "data"
+    code = (
+        "import django; django.setup(); from django.conf import settings;"
+        "print(settings.SECRET_KEY, settings.MEMSVC_JWT_SECRET)"
+    )
+    env = django_env({"MEMSVC_DATA_DIR": str(data_dir)})
+    # Three processes need them first at the same moment: one writes, all agree.
+    first_users = [
+        subprocess.Popen(
+            [sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(3)
+    ]
+    printed = {process.communicate(timeout=120)[0].strip() for process in first_users}
+    stored = json.loads((data_dir / "secrets.json").read_text())
+    expected = f"{stored['DJANGO_SECRET_KEY']} {stored['MEMSVC_JWT_SECRET']}"
+    assert printed == {expected}
+
+    later = run_python({"MEMSVC_DATA_DIR": str(data_dir)}, "-c", code)
+    assert later.stdout.strip() == expected
+
+
+def test_a_token_minted_on_a_fresh_data_dir_is_accepted_by_a_later_process(tmp_path):
+    env = {"MEMSVC_DATA_DIR": str(tmp_path / "data")}
+    minted = run_python(env, "-m", "memsvc.cli", "token", "alice")
+    assert minted.returncode == 0, minted.stderr
+    assert (tmp_path / "data" / "secrets.json").exists()
+
+    verified = run_django(
+        env,
+        "from memsvc.api.jwt_auth import decode_user_token;"
+        f"print(decode_user_token({minted.stdout.strip()!r})['sub'])",
+    )
+    assert verified.returncode == 0, verified.stderr
+    assert verified.stdout.strip() == "alice"
 
 
 @pytest.mark.django_db
