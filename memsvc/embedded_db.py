@@ -114,8 +114,8 @@ SETTINGS_FILE = "memsvc.conf"
 
 def server_settings() -> dict[str, str]:
     """What memsvc sets on the embedded server: a quarter of the memory for its buffers
-    (PostgreSQL's own advice for a dedicated server, at most 8 GB). With the default 128 MB
-    a search over a million messages read most pages through the kernel instead. And the
+    (PostgreSQL's own advice for a dedicated server, at most 8 GB): with the default a large
+    search read most pages through the kernel (docs/benchmarks.md, 1M). And the
     port settings name, whatever ``PGPORT`` the server inherits."""
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     buffers_mb = max(128, min(memory // 4, 8 * 1024**3) // 1024**2)

@@ -190,8 +190,8 @@ MEMORY_EMBEDDING_MODEL = env_str("MEMORY_EMBEDDING_MODEL", _DEFAULT_EMBEDDING[0]
 # The width of the vector columns. It is fixed when the tables are created: changing it
 # means a migration of the columns and a re-embed (`memsvc reindex --all`).
 MEMORY_EMBEDDING_DIMENSION = env_int("MEMORY_EMBEDDING_DIMENSION", _DEFAULT_EMBEDDING[1], minimum=1)
-# The local model's weights: int8 (about 1.6x faster on CPU, vectors at a mean cosine of 0.99
-# to the model's own) or float32 (the model's own vectors). Vectors are stored with the
+# The local model's weights: int8 (faster on CPU, vectors very close to the model's own; see
+# docs/benchmarks.md) or float32 (the model's own vectors). Vectors are stored with the
 # precision in their model name: a change means `memsvc reindex --all`.
 MEMORY_EMBEDDING_PRECISION = env_choice("MEMORY_EMBEDDING_PRECISION", "int8", ("int8", "float32"))
 # CPU threads the local model may use per process (0: as many as there are cores). Web
