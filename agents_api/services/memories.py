@@ -17,9 +17,12 @@ from agents_api.models import (
     content_hash,
     default_expiry,
 )
+from agents_api.selectors import MEMORIES
 from memsvc.api.errors import Conflict
 from memsvc.api.principals import Principal
 from search.embeddings import EmbeddingError, configured_backend, vector_literal
+from search.statements import INDEX_ORDER, Scope, nearest_order, planned_without
+from search.tuning import configured_tuning
 
 logger = logging.getLogger(__name__)
 
@@ -52,13 +55,24 @@ def _memory_vectors(texts: list[str]):
         return None, None
 
 
-_NEAREST_MEMORY = """
-SELECT id FROM memory
-WHERE agent_id = %s AND user_id = %s AND embedding_model = %s
-  AND (embedding <=> %s::vector) <= %s
-ORDER BY (embedding <=> %s::vector) + 0
-LIMIT 1
-"""
+def _nearest_memory(agent: Agent, user_id: str, model: str, vector) -> tuple | None:
+    """(id, cosine distance) of the memory nearest to ``vector`` among the agent's memories
+    of this user, found as search finds its candidates: exact distances in a small scope,
+    the HNSW graph in a large one (an agent's own store of a hundred thousand memories)."""
+    scope = Scope("m.agent_id = %s AND m.user_id = %s", [agent.id, user_id])
+    literal = vector_literal(vector)
+    with connection.cursor() as cursor:
+        order = nearest_order(cursor, MEMORIES, scope, 1, configured_tuning())
+        with planned_without(cursor, *(["sort"] if order == INDEX_ORDER else [])):
+            cursor.execute(
+                f"""
+                SELECT m.id, m.embedding <=> %s::vector FROM memory m
+                WHERE m.embedding_model = %s AND {scope.sql}
+                ORDER BY {order} LIMIT 1
+                """,  # noqa: S608 (our own fragments; every value is a parameter)
+                [literal, model, *scope.params, literal],
+            )
+            return cursor.fetchone()
 
 
 def _same_memory(agent: Agent, user_id: str, new: NewMemory, model, vector) -> Memory | None:
@@ -69,13 +83,8 @@ def _same_memory(agent: Agent, user_id: str, new: NewMemory, model, vector) -> M
     )
     found = same.first()
     if found is None and vector is not None:
-        distance = 1 - NEAR_DUPLICATE_SIMILARITY
-        with connection.cursor() as cursor:
-            # Exact distances over this agent's memories of this user (+ 0: not the graph,
-            # whose walk may stop short inside a scope this narrow).
-            literal = vector_literal(vector)
-            cursor.execute(_NEAREST_MEMORY, [agent.id, user_id, model, literal, distance, literal])
-            row = cursor.fetchone()
+        nearest = _nearest_memory(agent, user_id, model, vector)
+        row = nearest if nearest and nearest[1] <= 1 - NEAR_DUPLICATE_SIMILARITY else None
         if row is not None:
             found = Memory.objects.select_for_update().get(pk=row[0])
     return found

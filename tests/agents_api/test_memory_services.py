@@ -4,6 +4,7 @@ Vectors come from the real local model, so "near-duplicate" means what it will m
 """
 
 import threading
+from dataclasses import replace
 
 import pytest
 from django.db import IntegrityError, connection, transaction
@@ -11,6 +12,7 @@ from django.db import IntegrityError, connection, transaction
 from agents_api.models import Memory
 from agents_api.services import NewMemory, memories_save, memory_save, memory_update
 from memsvc.api.errors import Conflict
+from search.tuning import DEFAULT_TUNING
 from tests.db import refused
 from tests.factories import AgentFactory
 
@@ -49,6 +51,23 @@ def test_a_near_duplicate_is_merged_into_the_memory_it_repeats(agent):
     assert not created
     assert again.id == first.id
     assert Memory.objects.get().tags == ["colour", "pref"]
+
+
+@pytest.mark.parametrize("way", ["exact", "hnsw"])
+def test_a_near_duplicate_is_found_in_a_small_or_a_large_store(agent, settings, way):
+    # A large scope (an agent's own store of many memories) is searched on the HNSW graph,
+    # a small one exactly: both find the fact the new memory repeats.
+    exact = way == "exact"
+    settings.SEARCH_TUNING = replace(
+        DEFAULT_TUNING,
+        exact_search_below=10**9 if exact else 0,
+        hnsw_cost_per_exact=10**9 if exact else 0,
+    )
+    for index, colour in enumerate(["red", "green", "yellow", "purple"]):
+        save(agent, f"Fact {index}: the user's car is {colour}.", user_id="")
+    first, _ = save(agent, "Alice's favourite colour is blue.", user_id="")
+    again, created = save(agent, "Alice's favorite colour is blue", user_id="")
+    assert (again.id, created) == (first.id, False)
 
 
 def test_a_different_fact_in_similar_words_is_kept_apart(agent):
