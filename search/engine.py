@@ -64,7 +64,7 @@ def find_candidates(
         terms = NO_TERMS
         keyword = {}
         if mode != "semantic":
-            terms = statements.query_terms(cursor, corpus, scope, query, tuning)
+            terms = statements.query_terms(cursor, corpus, query, tuning)
             keyword = statements.keyword_candidates(cursor, corpus, scope, terms, limit, tuning)
         if embedding is None:
             return Candidates(keyword=keyword, idf=terms.idf)

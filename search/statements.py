@@ -30,7 +30,7 @@ class Corpus:
     # (``conversation_id`` and ``seq`` columns).
     neighbours: bool = False
     # Where word frequencies come from: the corpus statistics kept as rows are embedded
-    # (``search.models``), or a count within the scope at query time.
+    # (``search.models``), or PostgreSQL's statistics of the column (``query_terms``).
     kept_statistics: bool = False
 
 
@@ -125,9 +125,10 @@ class Terms:
 NO_TERMS = Terms({}, [])
 
 
-def query_terms(cursor, corpus: Corpus, scope: Scope, text: str, tuning: SearchTuning) -> Terms:
-    """The query's words, weighted by how rare they are in the corpus (kept statistics) or
-    in the scope (counted up to ``scoped_frequency_cap`` rows)."""
+def query_terms(cursor, corpus: Corpus, text: str, tuning: SearchTuning) -> Terms:
+    """The query's words, weighted by how rare they are in the whole corpus: from the
+    statistics kept as rows are embedded (messages), or from PostgreSQL's own statistics
+    of the column, rare words counted."""
     if corpus.kept_statistics:
         cursor.execute(
             """
@@ -139,19 +140,38 @@ def query_terms(cursor, corpus: Corpus, scope: Scope, text: str, tuning: SearchT
             [TEXT_SEARCH_CONFIG, text],
         )
     else:
-        cap = tuning.scoped_frequency_cap
+        # The corpus's own statistics, as PostgreSQL's ANALYZE keeps them for a tsvector
+        # column: each common lexeme with the share of rows holding it. A lexeme not among
+        # them is rare, and counting its rows (up to a cap) is cheap; counting a common
+        # one, or the rows of a large scope, is what made a search of a large store slow.
+        cap = tuning.rare_word_count_cap
         cursor.execute(
             f"""
+            WITH common AS (
+                SELECT most_common_elems::text::text[] AS lexemes,
+                       most_common_elem_freqs AS shares
+                FROM pg_stats
+                WHERE schemaname = current_schema() AND tablename = %s
+                  AND attname = 'search_vector'
+            ), corpus AS (
+                SELECT greatest(({corpus.size_sql}),
+                                (SELECT count(*) FROM (SELECT 1 FROM {corpus.table} LIMIT %s) c))
+                       AS documents
+            )
             SELECT q.lexeme,
-                   (SELECT count(*) FROM (
-                        SELECT 1 FROM {corpus.table} m
-                        WHERE m.search_vector @@ to_tsquery('simple', quote_literal(q.lexeme))
-                          AND {scope.sql}
-                        LIMIT %s) f),
-                   (SELECT count(*) FROM (SELECT 1 FROM {corpus.table} m WHERE {scope.sql} LIMIT %s) d)
+                   coalesce(
+                       (SELECT round(common.shares[array_position(common.lexemes, q.lexeme)]
+                                     * corpus.documents)::bigint
+                        FROM common, corpus
+                        WHERE array_position(common.lexemes, q.lexeme) IS NOT NULL),
+                       (SELECT count(*) FROM (
+                            SELECT 1 FROM {corpus.table} m
+                            WHERE m.search_vector @@ to_tsquery('simple', quote_literal(q.lexeme))
+                            LIMIT %s) f)),
+                   (SELECT documents FROM corpus)
             FROM unnest(tsvector_to_array(to_tsvector(%s::regconfig, %s))) AS q(lexeme)
             """,
-            [*scope.params, cap, *scope.params, cap, TEXT_SEARCH_CONFIG, text],
+            [corpus.table, cap, cap, TEXT_SEARCH_CONFIG, text],
         )
     rows = cursor.fetchall()
     if not rows:

@@ -38,10 +38,10 @@ class SearchTuning:
     # The graph walk gives up after this many rows (pgvector's default); a walk starved by
     # the access filter is redone with exact distances.
     hnsw_max_scan_tuples: int = 20_000
-    # Memories count how rare a word is within the scope searched, up to this many rows:
-    # exact for one user's memories, and for larger stores every word commoner than this
-    # counts as common (its weight near 0) while rarer ones keep their order.
-    scoped_frequency_cap: int = 2000
+    # A corpus without kept statistics (memories) counts the rows holding a word that
+    # PostgreSQL's statistics do not list as common, up to this many: a word past it is
+    # common enough that its exact count no longer moves its weight much.
+    rare_word_count_cap: int = 1000
 
 
 @dataclass(frozen=True)
