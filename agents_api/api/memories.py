@@ -41,7 +41,10 @@ def _order(request) -> str:
     return order
 
 
-def _search(agent, *, user_id, data) -> list:
+def _search(agent, *, user_id, data, in_use: bool) -> list:
+    """``in_use``: an agent's search counts a use of each memory it returns (what keeps a
+    memory alive, ``memories_prune``); a user looking through what is kept about them
+    does not."""
     hits = selectors.memory_search(
         agent,
         user_id=user_id,
@@ -52,7 +55,8 @@ def _search(agent, *, user_id, data) -> list:
         mode=data["mode"],
         prefetch=data["prefetch"],
     )
-    enqueue_memory_touch([hit.memory.id for hit in hits])
+    if in_use:
+        enqueue_memory_touch([hit.memory.id for hit in hits])
     return hits
 
 
@@ -144,7 +148,9 @@ class AgentMemorySearchView(AgentApiView):
     )
     def post(self, request):
         data = s.AgentSearchMemoriesIn.parse(request.data)
-        hits = _search(request.agent, user_id=_subject(request, data.get("userId")), data=data)
+        hits = _search(
+            request.agent, user_id=_subject(request, data.get("userId")), data=data, in_use=True
+        )
         return Response({"data": s.MemoryHitOut(hits, many=True).data})
 
 
@@ -227,7 +233,7 @@ class UserMemorySearchView(UserApiView):
     def post(self, request):
         data = s.UserSearchMemoriesIn.parse(request.data)
         agent = _agent_filter(data.get("agentId"))
-        hits = _search(agent, user_id=request.principal.id, data=data)
+        hits = _search(agent, user_id=request.principal.id, data=data, in_use=False)
         return Response({"data": s.MemoryHitOut(hits, many=True).data})
 
 

@@ -385,6 +385,8 @@ def test_a_user_sees_searches_and_deletes_what_every_agent_keeps_about_them(
 
     found = api.post(f"{MINE}/search", {"query": "what does she eat?"}, as_=alice).json()["data"]
     assert contents(found)[0] == "Alice is vegetarian"
+    # Alice looking is not an agent using it: the count that keeps a memory alive stays.
+    assert Memory.objects.get(id=kept_by_rival["id"]).access_count == 0
 
     # Bob cannot reach Alice's memory; Alice can delete it.
     assert api.delete(f"{MINE}/{kept_by_rival['id']}", as_=bob).status_code == 404
