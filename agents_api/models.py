@@ -254,6 +254,9 @@ class Memory(models.Model):
         verbose_name_plural = "memories"
         indexes = [
             models.Index(fields=["agent", "user_id", "-created_at"], name="memory_recent"),
+            # What a search's scope counts (``search.statements.nearest_order``): an
+            # index-only scan, not a heap fetch per memory of a large store.
+            models.Index(fields=["agent", "user_id", "expires_at"], name="memory_scope"),
             models.Index(fields=["agent", "user_id", "-access_count"], name="memory_popular"),
             models.Index(fields=["user_id", "-created_at"], name="memory_of_user"),
             models.Index(fields=["expires_at"], name="memory_expiry"),

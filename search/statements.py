@@ -10,6 +10,7 @@ Two retrievers run in PostgreSQL, each over the caller's scope only:
   scored by BM25 (PostgreSQL's ``ts_rank`` ignores how rare a word is).
 """
 
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -128,7 +129,7 @@ NO_TERMS = Terms({}, [])
 def query_terms(cursor, corpus: Corpus, text: str, tuning: SearchTuning) -> Terms:
     """The query's words, weighted by how rare they are in the whole corpus: from the
     statistics kept as rows are embedded (messages), or from PostgreSQL's own statistics
-    of the column, rare words counted."""
+    of the column (``_column_statistics``), rare words counted."""
     if corpus.kept_statistics:
         cursor.execute(
             """
@@ -139,48 +140,106 @@ def query_terms(cursor, corpus: Corpus, text: str, tuning: SearchTuning) -> Term
             """,
             [TEXT_SEARCH_CONFIG, text],
         )
+        rows = cursor.fetchall()
+        if not rows:
+            return NO_TERMS
+        documents = rows[0][2] or 0
+        frequencies = {lexeme: frequency for lexeme, frequency, _ in rows}
     else:
-        # The corpus's own statistics, as PostgreSQL's ANALYZE keeps them for a tsvector
-        # column: each common lexeme with the share of rows holding it. A lexeme not among
-        # them is rare, and counting its rows (up to a cap) is cheap; counting a common
-        # one, or the rows of a large scope, is what made a search of a large store slow.
-        cap = tuning.rare_word_count_cap
-        cursor.execute(
-            f"""
-            WITH common AS (
-                SELECT most_common_elems::text::text[] AS lexemes,
-                       most_common_elem_freqs AS shares
-                FROM pg_stats
-                WHERE schemaname = current_schema() AND tablename = %s
-                  AND attname = 'search_vector'
-            ), corpus AS (
-                SELECT greatest(({corpus.size_sql}),
-                                (SELECT count(*) FROM (SELECT 1 FROM {corpus.table} LIMIT %s) c))
-                       AS documents
-            )
-            SELECT q.lexeme,
-                   coalesce(
-                       (SELECT round(common.shares[array_position(common.lexemes, q.lexeme)]
-                                     * corpus.documents)::bigint
-                        FROM common, corpus
-                        WHERE array_position(common.lexemes, q.lexeme) IS NOT NULL),
-                       (SELECT count(*) FROM (
-                            SELECT 1 FROM {corpus.table} m
-                            WHERE m.search_vector @@ to_tsquery('simple', quote_literal(q.lexeme))
-                            LIMIT %s) f)),
-                   (SELECT documents FROM corpus)
-            FROM unnest(tsvector_to_array(to_tsvector(%s::regconfig, %s))) AS q(lexeme)
-            """,
-            [corpus.table, cap, cap, TEXT_SEARCH_CONFIG, text],
-        )
-    rows = cursor.fetchall()
-    if not rows:
-        return NO_TERMS
-    documents = max(rows[0][2] or 0, 1)
-    frequencies = {lexeme: min(frequency, documents) for lexeme, frequency, _ in rows}
+        documents, frequencies = _column_frequencies(cursor, corpus, text, tuning)
+        if not frequencies:
+            return NO_TERMS
+    documents = max(documents, 1)
+    frequencies = {lexeme: min(f, documents) for lexeme, f in frequencies.items()}
     return Terms(
         bm25_idf(frequencies, documents), rarest_within(frequencies, tuning.keyword_match_cap)
     )
+
+
+@dataclass(frozen=True)
+class _ColumnStatistics:
+    documents: int  # the table's rows, as ANALYZE last counted them
+    shares: dict[str, float]  # each common lexeme: the share of rows holding it
+    read_at: float
+
+
+_COLUMN_STATISTICS: dict[str, _ColumnStatistics] = {}
+# ANALYZE refreshes the statistics now and then; a process reads them again this often.
+COLUMN_STATISTICS_SECONDS = 300
+
+
+def _column_statistics(cursor, corpus: Corpus) -> _ColumnStatistics | None:
+    """PostgreSQL's statistics of the corpus's ``search_vector`` (ANALYZE's most common
+    lexemes and the share of rows holding each), or None before the table was analysed.
+    Read through the ``pg_stats`` view, which costs milliseconds: kept per process."""
+    known = _COLUMN_STATISTICS.get(corpus.table)
+    if known is not None and time.monotonic() - known.read_at < COLUMN_STATISTICS_SECONDS:
+        return known
+    cursor.execute(
+        """
+        SELECT s.most_common_elems::text::text[], s.most_common_elem_freqs, c.reltuples
+        FROM pg_class c
+        LEFT JOIN pg_stats s ON s.schemaname = current_schema() AND s.tablename = c.relname
+                            AND s.attname = 'search_vector'
+        WHERE c.oid = %s::regclass
+        """,
+        [corpus.table],
+    )
+    lexemes, shares, rows = cursor.fetchone()
+    if not lexemes or rows is None or rows <= 0:
+        _COLUMN_STATISTICS.pop(corpus.table, None)
+        return None
+    known = _ColumnStatistics(
+        documents=int(rows),
+        shares=dict(zip(lexemes, shares[: len(lexemes)], strict=True)),
+        read_at=time.monotonic(),
+    )
+    _COLUMN_STATISTICS[corpus.table] = known
+    return known
+
+
+def _column_frequencies(cursor, corpus: Corpus, text: str, tuning: SearchTuning):
+    """(documents, {lexeme: rows holding it}) for the query's words. A common word's count
+    comes from the statistics; any other word holds at most about as many rows as the
+    least common of those, so counting it stops there and stays cheap. Before the table
+    was analysed, words and rows are counted up to ``rare_word_count_cap``."""
+    cursor.execute(
+        "SELECT tsvector_to_array(to_tsvector(%s::regconfig, %s))", [TEXT_SEARCH_CONFIG, text]
+    )
+    lexemes = cursor.fetchone()[0]
+    if not lexemes:
+        return 0, {}
+    statistics = _column_statistics(cursor, corpus)
+    cap = tuning.rare_word_count_cap
+    frequencies = {}
+    if statistics is not None:
+        documents = statistics.documents
+        frequencies = {
+            lexeme: round(statistics.shares[lexeme] * documents)
+            for lexeme in lexemes
+            if lexeme in statistics.shares
+        }
+        cap = max(1, round(min(statistics.shares.values()) * documents))
+    rare = [lexeme for lexeme in lexemes if lexeme not in frequencies]
+    if statistics is not None and not rare:
+        return documents, frequencies
+    cursor.execute(
+        f"""
+        SELECT q.lexeme,
+               (SELECT count(*) FROM (
+                    SELECT 1 FROM {corpus.table} m
+                    WHERE m.search_vector @@ to_tsquery('simple', quote_literal(q.lexeme))
+                    LIMIT %s) f),
+               (SELECT count(*) FROM (SELECT 1 FROM {corpus.table} LIMIT %s) d)
+        FROM unnest(%s::text[]) AS q(lexeme)
+        """,
+        [cap, tuning.rare_word_count_cap, rare],
+    )
+    for lexeme, frequency, counted in cursor.fetchall():
+        frequencies[lexeme] = frequency
+        if statistics is None:
+            documents = counted
+    return documents, frequencies
 
 
 @contextmanager

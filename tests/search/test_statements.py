@@ -8,11 +8,20 @@ from django.db import connection
 
 from agents_api.models import Memory, content_hash
 from agents_api.selectors import MEMORIES
+from search import statements
 from search.statements import query_terms
 from search.tuning import DEFAULT_TUNING
 from tests.factories import AgentFactory
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def fresh_statistics():
+    """Each test reads the statistics of its own rows (a process keeps what it read)."""
+    statements._COLUMN_STATISTICS.clear()
+    yield
+    statements._COLUMN_STATISTICS.clear()
 
 
 def memories(agent, texts):
