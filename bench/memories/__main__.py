@@ -24,14 +24,16 @@ from bench.locomo.dataset import read_dataset
 from bench.locomo.evaluate import plan_questions, summarise, summarise_by_category
 from bench.locomo.load import load_samples
 from bench.memories import locomo, report, scale, store
-from bench.memories.texts import load_texts, users_texts
+from bench.memories.texts import load_texts, probe_texts, users_texts
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2].parent / "shared/bench/locomo/locomo-dev.json"
 MODES = ("hybrid", "semantic", "keyword")
 AGENT = "memories-bench"
 STORE_AGENT = "memories-bench-store"
 LOCOMO_AGENT = "memories-locomo-bench"
-PROBE_BATCH = 100
+# Kept small: into a store of 100,000 each memory costs a scan of the store (and gunicorn
+# stops a request after 60 s).
+PROBE_BATCH = 10
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,9 +76,10 @@ def run_scale(args: argparse.Namespace) -> dict:
     store_count = args.memories if args.store_memories is None else args.store_memories
     rng = random.Random(args.seed)
     source = load_texts(args.data)
-    # One more user's texts for the saves into the whole store at the end (new facts).
-    users = users_texts(source, args.users + 1, per_user, args.seed)
-    users, probe = users[:-1], users[-1]
+    taken: set[str] = set()
+    users = users_texts(source, args.users, per_user, args.seed, taken)
+    # New facts for the saves into one user's memories and the whole store at the end.
+    probe = probe_texts(source, 2 * (PROBE_BATCH + 1), args.seed, taken)
     loads = {"start": os.getloadavg()}
 
     client = make_client()
@@ -130,7 +133,14 @@ def run_scale(args: argparse.Namespace) -> dict:
                 latency[f"{case}/{mode}"] = scale.measure_searches(server.url, key, bodies)
                 log(f"  {case:6} {mode:8} {latency[f'{case}/{mode}']}")
         loads["after_searches"] = os.getloadavg()
-        probes = probe_saves(server.url, server.api_key, store_key, probe, bool(store_count))
+        probes = probe_saves(
+            server.url,
+            server.api_key,
+            store_key,
+            probe,
+            user_id=users[0].user_id,
+            with_store=bool(store_count),
+        )
     finally:
         if args.keep_server:
             log(
@@ -148,6 +158,7 @@ def run_scale(args: argparse.Namespace) -> dict:
             "seconds": round(saved.seconds, 1),
             "perSecond": round(saved.sent / saved.seconds, 1),
             "merged": saved.merged,
+            "merges": [{"sent": sent, "keptAs": kept} for sent, kept in saved.merges],
             "callMs": scale.latency_summary(saved.call_ms),
             "savedWithoutVector": unembedded,
         },
@@ -159,14 +170,15 @@ def run_scale(args: argparse.Namespace) -> dict:
     }
 
 
-def probe_saves(url, user_key, store_key, probe, with_store: bool) -> dict:
-    """What one save and one batch of ``PROBE_BATCH`` new memories cost, into one user's
-    memories and into the whole store (the near-duplicate check scans the scope): ms."""
+def probe_saves(url, user_key, store_key, probe, *, user_id: str, with_store: bool) -> dict:
+    """What one save and one batch of ``PROBE_BATCH`` new memories cost, into the memories
+    of one user (``user_id``) and into the whole store (the near-duplicate check computes
+    the distance to every memory of the scope): ms."""
     timings = {}
-    targets = {"user": (user_key, {"userId": probe.user_id})}
+    targets = {"user": (user_key, {"userId": user_id})}
     if with_store:
         targets["store"] = (store_key, {})
-    texts = iter(probe.memories)
+    texts = iter(probe)
     with make_client() as client:
         for target, (key, extra) in targets.items():
             client.headers["Authorization"] = f"Bearer {key}"
@@ -179,7 +191,7 @@ def probe_saves(url, user_key, store_key, probe, with_store: bool) -> dict:
                 json_body={"content": next(texts), **extra},
             )
             timings[f"{target}/one"] = round((time.perf_counter() - started) * 1000, 1)
-            batch = [{"content": next(texts)} for _ in range(PROBE_BATCH // 2)]
+            batch = [{"content": next(texts)} for _ in range(PROBE_BATCH)]
             started = time.perf_counter()
             api_call(
                 client,

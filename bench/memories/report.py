@@ -23,6 +23,8 @@ def scale_report(results: dict, out: Path) -> None:
         f"{saves['merged']}; saved without a vector: {saves['savedWithoutVector']}; a call of "
         f"100: p50 {saves['callMs']['p50_ms']:.0f} ms, p95 {saves['callMs']['p95_ms']:.0f} ms"
     )
+    for merge in saves["merges"][:5]:
+        print(f"  merged: {merge['sent']!r}\n    into: {merge['keptAs']!r}")
     print(f"rows per agent: {results['rows']}; store copy: {results['storeBuild']}")
     print(f"\n{'case':8}{'mode':10}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'results':>9}")
     for name, row in results["latency"].items():

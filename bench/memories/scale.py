@@ -26,6 +26,7 @@ class SaveResult:
     sent: int
     ids: set = field(default_factory=set)
     call_ms: list = field(default_factory=list)
+    merges: list = field(default_factory=list)  # (text sent, text of the memory kept)
 
     @property
     def merged(self) -> int:
@@ -70,7 +71,10 @@ def save_users(url: str, key: str, users: list[UserTexts], *, clients: int, rng)
         elapsed = (time.perf_counter() - started) * 1000
         saved = response.json()["data"]
         with lock:
-            result.ids.update(memory["id"] for memory in saved)
+            for memory, sent in zip(saved, memories, strict=True):
+                if memory["id"] in result.ids:
+                    result.merges.append((sent["content"], memory["content"]))
+                result.ids.add(memory["id"])
             result.call_ms.append(elapsed)
             done[0] += len(memories)
             if len(result.call_ms) % 100 == 0:

@@ -158,14 +158,16 @@ def load_texts(path: Path):
     return LocomoTexts(path) if path.is_file() else GeneratedTexts()
 
 
-def users_texts(source, users: int, per_user: int, seed: int) -> list[UserTexts]:
+def users_texts(
+    source, users: int, per_user: int, seed: int, taken: set | None = None
+) -> list[UserTexts]:
     """``per_user`` distinct texts for each of ``users`` users (``user-0`` ...). Each user
     has a full name of its own (so its facts are its own across the corpus) and a friend
-    known by a first name."""
+    known by a first name. ``taken``: the normalised texts already made (updated)."""
     if users > len(FIRST_NAMES) * len(SURNAMES):
         raise BenchError(f"at most {len(FIRST_NAMES) * len(SURNAMES)} users have distinct names")
     rng = random.Random(seed)
-    taken: set[str] = set()
+    taken = set() if taken is None else taken
     made = []
     for index in range(users):
         first = FIRST_NAMES[index % len(FIRST_NAMES)]
@@ -176,3 +178,8 @@ def users_texts(source, users: int, per_user: int, seed: int) -> list[UserTexts]
         memories = source.user_memories(name, friend, per_user, rng, taken)
         made.append(UserTexts(f"user-{index}", name, friend, memories))
     return made
+
+
+def probe_texts(source, count: int, seed: int, taken: set) -> list[str]:
+    """``count`` texts about a person none of the users is (``users_texts`` made ``taken``)."""
+    return source.user_memories("Ottilie Winterbourne", "Bram", count, random.Random(seed), taken)
