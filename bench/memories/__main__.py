@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--limit-questions", type=int, metavar="N", help="--locomo: quick runs")
     parser.add_argument("--out", type=Path, help="default: bench-results/memories[-locomo].json")
     parser.add_argument("--keep-server", action="store_true", help="leave the server running")
+    parser.add_argument("--url", help="measure searches again on a kept server (no saves)")
+    parser.add_argument("--api-key", help="with --url: the first agent's key")
+    parser.add_argument("--store-api-key", help="with --url: the store agent's key")
     return parser
 
 
@@ -117,21 +120,9 @@ def run_scale(args: argparse.Namespace) -> dict:
                 ).fetchall()
             )
 
-        cases = {"user": (server.api_key, True)}
-        if store_count:
-            cases["store"] = (store_key, False)
-        latency = {}
-        for case, (key, with_user) in cases.items():
-            for mode in modes:
-                bodies = []
-                for _ in range(args.queries + scale.WARM_UP_SEARCHES):
-                    user = rng.choice(users)
-                    body = {"query": source.question(user.name, user.friend, rng), "mode": mode}
-                    if with_user:
-                        body["userId"] = user.user_id
-                    bodies.append(body)
-                latency[f"{case}/{mode}"] = scale.measure_searches(server.url, key, bodies)
-                log(f"  {case:6} {mode:8} {latency[f'{case}/{mode}']}")
+        latency = measure_latency(
+            server.url, server.api_key, store_key if store_count else None, users, source, args, rng
+        )
         loads["after_searches"] = os.getloadavg()
         probes = probe_saves(
             server.url,
@@ -144,8 +135,10 @@ def run_scale(args: argparse.Namespace) -> dict:
     finally:
         if args.keep_server:
             log(
-                f"the server keeps running at {server.url} (key {server.api_key}, "
-                f"pid {server.process.pid}, data {server.data_dir})"
+                f"the server keeps running at {server.url} (pid {server.process.pid}, data "
+                f"{server.data_dir}); measure again with: --memories {args.memories} --users "
+                f"{args.users} --seed {args.seed} --url {server.url} --api-key {server.api_key} "
+                f"--store-api-key {store_key}"
             )
         else:
             server.stop()
@@ -167,6 +160,52 @@ def run_scale(args: argparse.Namespace) -> dict:
         "latency": latency,
         "probeSaves": probes,
         "loadAverage": {k: [round(x, 2) for x in v] for k, v in loads.items()},
+    }
+
+
+def measure_latency(url, key, store_key, users, source, args, rng) -> dict:
+    """Sequential searches per case and mode: one user's memories (``key``, a random user
+    and a question renamed for them each time), and the whole store (``store_key``, no
+    user, a question renamed for a random user). The service's defaults otherwise (limit
+    5, minScore 0.3)."""
+    cases = {"user": (key, True)}
+    if store_key:
+        cases["store"] = (store_key, False)
+    latency = {}
+    for case, (case_key, with_user) in cases.items():
+        for mode in list(dict.fromkeys(args.modes or MODES)):
+            bodies = []
+            for _ in range(args.queries + scale.WARM_UP_SEARCHES):
+                user = rng.choice(users)
+                body = {"query": source.question(user.name, user.friend, rng), "mode": mode}
+                if with_user:
+                    body["userId"] = user.user_id
+                bodies.append(body)
+            latency[f"{case}/{mode}"] = scale.measure_searches(url, case_key, bodies)
+            log(f"  {case:6} {mode:8} {latency[f'{case}/{mode}']}")
+    return latency
+
+
+def remeasure(args: argparse.Namespace) -> dict:
+    """``--url``: the searches again, against a server a previous run kept (the same
+    ``--memories``, ``--users`` and ``--seed`` give the same users and texts)."""
+    source = load_texts(args.data)
+    users = users_texts(source, args.users, args.memories // args.users, args.seed)
+    before = os.getloadavg()
+    latency = measure_latency(
+        args.url.rstrip("/"),
+        args.api_key,
+        args.store_api_key,
+        users,
+        source,
+        args,
+        random.Random(args.seed + 1),
+    )
+    return {
+        "benchmark": "memories",
+        "config": vars(args) | {"modes": list(dict.fromkeys(args.modes or MODES))},
+        "latency": latency,
+        "loadAverage": {"start": before, "after_searches": os.getloadavg()},
     }
 
 
@@ -255,6 +294,10 @@ def run_locomo(args: argparse.Namespace) -> dict:
             from bench.search import database
 
             log("sweeping the hybrid weights in-process (agents_api.selectors.memory_search)")
+            # One model thread, as the server's web processes have (``memsvc serve``): the
+            # query's vector then comes out as over HTTP (the order of float sums differs
+            # with the thread count, and near ties with it).
+            os.environ["MEMSVC_EMBEDDING_THREADS"] = "1"
             with database(private.data_dir) as conn:
                 setup_django(conn, private.data_dir)
             hybrid = {
@@ -304,6 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.locomo is None and (args.users < 1 or args.memories % args.users):
         parser.error("--memories must be a multiple of --users")
+    if args.url and not args.api_key:
+        parser.error("--url needs --api-key (and --store-api-key for the store)")
     if args.locomo is not None and not args.locomo.is_file():
         parser.error(f"no LoCoMo data at {args.locomo} (it is kept outside the repository)")
     signal.signal(signal.SIGTERM, _stop_on_sigterm)
@@ -311,6 +356,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.locomo is not None:
             results = run_locomo(args)
             report.locomo_report(results, args.out or Path("bench-results/memories-locomo.json"))
+        elif args.url:
+            results = remeasure(args)
+            report.latency_report(results, args.out or Path("bench-results/memories.json"))
         else:
             results = run_scale(args)
             report.scale_report(results, args.out or Path("bench-results/memories.json"))

@@ -26,14 +26,25 @@ def scale_report(results: dict, out: Path) -> None:
     for merge in saves["merges"][:5]:
         print(f"  merged: {merge['sent']!r}\n    into: {merge['keptAs']!r}")
     print(f"rows per agent: {results['rows']}; store copy: {results['storeBuild']}")
+    print_latency(results["latency"])
+    print(f"\nsaves afterwards (ms): {results['probeSaves']}")
+    print(f"load average (1, 5, 15 min): {results['loadAverage']}")
+    print(f"results written to {write_json(out, results)}")
+
+
+def print_latency(latency: dict) -> None:
     print(f"\n{'case':8}{'mode':10}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'results':>9}")
-    for name, row in results["latency"].items():
+    for name, row in latency.items():
         case, mode = name.split("/")
         print(
             f"{case:8}{mode:10}{row['p50_ms']:9.1f}{row['p95_ms']:9.1f}{row['p99_ms']:9.1f}"
             f"{row['mean_results']:9.1f}"
         )
-    print(f"\nsaves afterwards (ms): {results['probeSaves']}")
+
+
+def latency_report(results: dict, out: Path) -> None:
+    """``--url``: the searches only."""
+    print_latency(results["latency"])
     print(f"load average (1, 5, 15 min): {results['loadAverage']}")
     print(f"results written to {write_json(out, results)}")
 
