@@ -13,5 +13,7 @@ Two jobs, each on a private server of its own (``bench.common``):
   which runs beside it on the same questions (``locomo``); then the hybrid fusion weights
   for memories compared in-process (``sweep``).
 
-``report`` prints the tables and writes the JSON (``bench-results/``).
+``report`` prints the tables and writes the JSON (``bench-results/``). ``python -m
+bench.memories.breakdown --data-dir DIR`` times each statement of a search in-process,
+against a server a run kept (``--keep-server``).
 """
