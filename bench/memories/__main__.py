@@ -331,8 +331,12 @@ def run_locomo(args: argparse.Namespace) -> dict:
         "timings": timings,
         "memories": summaries(memory_records),
         "messages": summaries(message_records) if message_records else None,
+        "paired": {mode: locomo.paired(memory_records, message_records, mode) for mode in modes}
+        if message_records
+        else None,
         "sweep": swept,
         "questions": memory_records,
+        "messageQuestions": message_records,
         "loadAverage": [round(x, 2) for x in os.getloadavg()],
     }
 

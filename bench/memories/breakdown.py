@@ -109,7 +109,7 @@ def main(argv=None) -> int:
         for name, values in steps.items():
             print(f"  {name:22}{_ms(values)}")
         for mode, values in totals.items():
-            print(f"  memory_search {mode:7}{_ms(values)}")
+            print(f"  {'memory_search ' + mode:22}{_ms(values)}")
     print(f"load average (1, 5, 15 min) at the end: {[round(x, 2) for x in os.getloadavg()]}")
     return 0
 

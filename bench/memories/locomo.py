@@ -142,6 +142,10 @@ def evaluate(
             "category": question.category,
             "question": question.text,
             "evidence": list(evidence),
+            # some memory of the sample cites an evidence turn: memories can answer it
+            "reachable": any(
+                not cited.isdisjoint(evidence) for cited in memories.evidence.values()
+            ),
             "modes": {},
         }
         for mode in modes:
@@ -186,4 +190,24 @@ def ceiling(plan: Plan, loaded: dict[str, LoadedMemories]) -> dict:
             str(category): means(subset)
             for category, subset in by_category(rows, lambda row: row[0]).items()
         },
+    }
+
+
+def paired(memory_records: list[dict], message_records: list[dict], mode: str) -> dict:
+    """hit@5 of the two searches question by question (the same questions in the same
+    order): how many both find, only one finds, neither; and on the questions memories can
+    answer (``reachable``), each search's mean hit@5."""
+    pairs = [
+        (memory["modes"][mode]["hit@5"], message["modes"][mode]["hit@5"], memory["reachable"])
+        for memory, message in zip(memory_records, message_records, strict=True)
+    ]
+    reachable = [pair for pair in pairs if pair[2]]
+    return {
+        "both": sum(1 for m, g, _ in pairs if m and g),
+        "memoriesOnly": sum(1 for m, g, _ in pairs if m and not g),
+        "messagesOnly": sum(1 for m, g, _ in pairs if g and not m),
+        "neither": sum(1 for m, g, _ in pairs if not m and not g),
+        "reachable": len(reachable),
+        "reachableMemoriesHit@5": mean(m for m, _, _ in reachable),
+        "reachableMessagesHit@5": mean(g for _, g, _ in reachable),
     }

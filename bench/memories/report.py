@@ -88,6 +88,14 @@ def locomo_report(results: dict, out: Path) -> None:
         f"ceiling through memories (an evidence turn cited by some memory): hit "
         f"{_n(ceiling['hit'])}, recall {_n(ceiling['recall'])}"
     )
+    for mode, pair in (results["paired"] or {}).items():
+        print(
+            f"{mode} hit@5 question by question: both {pair['both']}, only memories "
+            f"{pair['memoriesOnly']}, only messages {pair['messagesOnly']}, neither "
+            f"{pair['neither']}; on the {pair['reachable']} questions memories can answer: "
+            f"memories {_n(pair['reachableMemoriesHit@5'])}, messages "
+            f"{_n(pair['reachableMessagesHit@5'])}"
+        )
     by_category = {label: s["byCategory"] for label, s in rows.items()}
     for metric in ("hit@5", "recall@10"):
         print()
