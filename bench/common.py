@@ -191,12 +191,20 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+# The checkout these benchmarks belong to. Its code is what a private server runs: the
+# environment's editable install may point at another checkout (a git worktree shares the
+# main checkout's .venv), and ``memsvc serve`` would then migrate with that one's code.
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
 def private_env(data_dir: Path) -> dict[str, str]:
-    """This process's environment for a server of its own in ``data_dir``."""
+    """This process's environment for a server of its own in ``data_dir``, running the code
+    of this checkout (first on ``PYTHONPATH``)."""
     env = dict(os.environ)
     for name in SHARED_INFRASTRUCTURE_VARIABLES:
         env.pop(name, None)
     env["MEMSVC_DATA_DIR"] = str(data_dir)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CHECKOUT), env.get("PYTHONPATH")]))
     return env
 
 
