@@ -74,7 +74,7 @@ def main(argv=None) -> int:
             steps["embedding"].append(time.perf_counter() - started)
             with transaction.atomic(), connection.cursor() as cursor:
                 started = time.perf_counter()
-                terms = statements.query_terms(cursor, MEMORIES, scope, query, tuning)
+                terms = statements.query_terms(cursor, MEMORIES, query, tuning)
                 steps["terms"].append(time.perf_counter() - started)
                 started = time.perf_counter()
                 keyword = statements.keyword_candidates(
@@ -107,9 +107,9 @@ def main(argv=None) -> int:
         counts = {order: orders.count(order) for order in sorted(set(orders))}
         print(f"{case} ({agent_name}, {args.queries} questions; nearest vectors: {counts})")
         for name, values in steps.items():
-            print(f"  {name:22}{_ms(values)}")
+            print(f"  {name:24}{_ms(values)}")
         for mode, values in totals.items():
-            print(f"  {'memory_search ' + mode:22}{_ms(values)}")
+            print(f"  {'memory_search ' + mode:24}{_ms(values)}")
     print(f"load average (1, 5, 15 min) at the end: {[round(x, 2) for x in os.getloadavg()]}")
     return 0
 

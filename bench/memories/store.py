@@ -2,10 +2,9 @@
 ""), copied inside PostgreSQL from the first agent's memories, vectors included.
 
 Saving them through the API would embed 100,000 texts a second time (as long as the first
-load), and each save into one growing store looks for a near-duplicate by exact distance
-to every memory already there (``agents_api.services._same_memory``), so the load would
-slow down with every memory (``probe_store_saves`` measures what one batch costs at the
-end). The copy is one ``INSERT ... SELECT`` in every column the table stores (read from
+load), and every save looks for a near-duplicate in the growing store
+(``agents_api.services.memories._same_memory``; ``probe_saves`` in ``__main__`` measures
+what saves into the full store cost at the end). The copy is one ``INSERT ... SELECT`` in every column the table stores (read from
 the catalogue, so a new column is copied too, not forgotten) but the ones that make it the
 second agent's: a new ``id``, ``agent_id``, ``user_id`` "" and no accesses. The texts are
 distinct across users (``bench.memories.texts``), so they stay distinct in one store. The
