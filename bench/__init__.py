@@ -20,6 +20,11 @@ Results are printed as a table and written as JSON under ``bench-results/`` (git
   (``--messages 100000``); most of the corpus is copied straight into PostgreSQL
   (``bench.message_copy``: binary COPY in the columns of the Message model).
 
+- ``python -m bench.memories``: long-term memories, saved and searched at scale
+  (``--memories 100000 --users 1000``; an agent's whole store copied inside PostgreSQL),
+  and retrieval through LoCoMo's observations beside message search, with the hybrid
+  weights compared in-process (``--locomo ../shared/bench/locomo/locomo-dev.json``).
+
 ``bench.common`` holds what the benchmarks share: the private server, waiting for health and
 for the embedding backlog, API calls that fail with the status and body, percentiles, and
 writing results. A benchmark on LoCoMo reads the data with ``bench.locomo.dataset`` and
