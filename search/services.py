@@ -24,7 +24,7 @@ EMBED_BATCH = 256
 # One statement for a whole batch; the condition on embedded_at makes a racing worker's
 # second write (and a second count of the same words) impossible.
 _UPDATE_VECTORS = """
-UPDATE message AS m
+UPDATE {table} AS m
 SET embedding = v.embedding::vector, embedding_model = %s, embedded_at = %s
 FROM unnest(%s::uuid[], %s::text[]) AS v(id, embedding)
 WHERE m.id = v.id {only_pending}
@@ -68,21 +68,16 @@ def embed_messages(
         return 0
     vectors = backend.embed([embedding_text(author, content) for _, author, content, _, _ in rows])
     now = timezone.now()
-    sql = _UPDATE_VECTORS.format(only_pending="" if force else "AND m.embedded_at IS NULL")
     with transaction.atomic(), connection.cursor() as cursor:
-        # A vector can always be made again: if a crash loses this commit, the message is
-        # still waiting and the sweep embeds it. So the worker need not wait for the flush.
-        cursor.execute("SET LOCAL synchronous_commit = off")
-        cursor.execute(
-            sql,
-            [
-                backend.model,
-                now,
-                [message_id for message_id, *_ in rows],
-                [vector_literal(vector) for vector in vectors],
-            ],
+        written = write_vectors(
+            cursor,
+            "message",
+            [message_id for message_id, *_ in rows],
+            vectors,
+            model=backend.model,
+            at=now,
+            force=force,
         )
-        written = {message_id for (message_id,) in cursor.fetchall()}
         if written and not force:
             cursor.execute(_COUNT_TERMS, [list(written)])
             cursor.execute(_COUNT_CORPUS, [list(written)])
@@ -92,6 +87,24 @@ def embed_messages(
         if summarized:
             Conversation.objects.filter(id__in=summarized).update(vectorized_at=now)
     return len(written)
+
+
+def write_vectors(cursor, table: str, ids: list, vectors, *, model: str, at, force: bool) -> set:
+    """Store the vectors of these rows of ``table`` (messages, memories) in one statement;
+    the ids written. Without ``force`` only rows still waiting are written, so two workers
+    racing for a row write it once. Caller holds a transaction.
+
+    A vector can always be made again: if a crash loses this commit, the row is still
+    waiting and the sweep embeds it. So the writer need not wait for the flush.
+    """
+    cursor.execute("SET LOCAL synchronous_commit = off")
+    cursor.execute(
+        _UPDATE_VECTORS.format(
+            table=table, only_pending="" if force else "AND m.embedded_at IS NULL"
+        ),
+        [model, at, list(ids), [vector_literal(vector) for vector in vectors]],
+    )
+    return {row_id for (row_id,) in cursor.fetchall()}
 
 
 def pending_message_ids(*, older_than_seconds: float = 0, limit: int = EMBED_BATCH) -> list:

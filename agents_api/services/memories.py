@@ -21,6 +21,7 @@ from agents_api.selectors import MEMORIES
 from memsvc.api.errors import Conflict
 from memsvc.api.principals import Principal
 from search.embeddings import EmbeddingError, configured_backend, vector_literal
+from search.services import write_vectors
 from search.statements import INDEX_ORDER, Scope, nearest_order, planned_without
 from search.tuning import configured_tuning
 
@@ -107,7 +108,6 @@ def _merge(memory: Memory, new: NewMemory) -> Memory:
     return memory
 
 
-@transaction.atomic
 def memories_save(
     actor: Principal,
     *,
@@ -120,9 +120,15 @@ def memories_save(
 
     Each is (memory, created): a memory that repeats a stored one (``_same_memory``, or an
     earlier one of the same batch) is merged into it instead of stored twice. All are
-    embedded in one call before the transaction, so a near-duplicate is caught at once.
+    embedded in one call before the transaction (the model's time holds no locks), so a
+    near-duplicate is caught at once.
     """
     model, vectors = _memory_vectors([new.content for new in memories])
+    return _store_memories(agent, user_id, memories, source, model, vectors)
+
+
+@transaction.atomic
+def _store_memories(agent, user_id, memories, source, model, vectors):
     now = timezone.now()
     saved = []
     for index, new in enumerate(memories):
@@ -272,17 +278,17 @@ def memories_embed(memory_ids: Sequence, *, backend=None, force: bool = False) -
     if not rows:
         return 0
     vectors = backend.embed([content for _, content in rows])
-    now = timezone.now()
-    written = 0
-    with transaction.atomic():
-        for (memory_id, _), vector in zip(rows, vectors, strict=True):
-            waiting = Memory.objects.filter(pk=memory_id)
-            if not force:
-                waiting = waiting.filter(embedded_at__isnull=True)
-            written += waiting.update(
-                embedding=vector, embedding_model=backend.model, embedded_at=now
-            )
-    return written
+    with transaction.atomic(), connection.cursor() as cursor:
+        written = write_vectors(
+            cursor,
+            "memory",
+            [memory_id for memory_id, _ in rows],
+            vectors,
+            model=backend.model,
+            at=timezone.now(),
+            force=force,
+        )
+    return len(written)
 
 
 def memories_reembed_all(*, backend=None, batch: int = 256) -> int:
