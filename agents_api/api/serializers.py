@@ -362,7 +362,6 @@ class CreateToolRecordIn(InputSerializer):
     )
     output = JSONValueField(
         max_bytes=TOOL_JSON_MAX_BYTES,
-        allow_null=True,
         help_text="The tool's answer, any JSON, kept whole (the fact store).",
     )
     summary = TextField(

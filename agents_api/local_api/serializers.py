@@ -176,7 +176,7 @@ class NewToolRecordIn(LocalInput):
     step = serializers.IntegerField(required=False, allow_null=True, min_value=0)
     tool_name = TextField(max_length=200)
     input = JSONObjectField(max_bytes=TOOL_JSON_MAX_BYTES, required=False)
-    output = JSONValueField(max_bytes=TOOL_JSON_MAX_BYTES, allow_null=True)
+    output = JSONValueField(max_bytes=TOOL_JSON_MAX_BYTES)
     summary = TextField(required=False, allow_blank=True, max_length=10_000)
 
 

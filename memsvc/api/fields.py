@@ -92,6 +92,13 @@ class JSONValueField(serializers.JSONField):
         self.max_bytes = max_bytes
         super().__init__(**kwargs)
 
+    def validate_empty_values(self, data):
+        # ``null`` is a JSON value like any other (not "no value"), without ``allow_null``,
+        # whose schema would be ``oneOf: [{}, null]``, which a null matches twice.
+        if data is None and not self.objects_only:
+            return True, None
+        return super().validate_empty_values(data)
+
     def to_internal_value(self, data):
         value = super().to_internal_value(data)
         if self.objects_only and not isinstance(value, dict):
