@@ -75,7 +75,7 @@ def tool_output(name: str, arguments: dict):
                     "rating": round(rng.uniform(6.5, 9.8), 1),
                     "address": f"{rng.randint(1, 200)} {rng.choice(['Main', 'River', 'Station'])} St",
                 }
-                for n in range(1, 11)
+                for n in range(1, 21)
             ],
             "page": {"number": 1, "total_results": rng.randint(40, 300)},
         }
@@ -97,7 +97,7 @@ def tool_output(name: str, arguments: dict):
                         ]
                     ),
                 }
-                for _ in range(6)
+                for _ in range(10)
             ],
             "check_in": "15:00",
             "check_out": "11:00",
@@ -126,7 +126,7 @@ def tool_output(name: str, arguments: dict):
                     "high_c": rng.randint(17, 33),
                     "rain_mm": rng.randint(0, 12),
                 }
-                for day in range(1, 8)
+                for day in range(1, 15)
             ],
         }
     if name == "search_trains":
@@ -206,3 +206,37 @@ async def arun_agent(client, *, model: str, task: str = TASK, max_steps: int = 1
             break
         messages += _after(message)
     return messages
+
+
+def context_tokens(llm, tool_call, *, steps: int, server_url: str, agent: str) -> list[dict]:
+    """Run the task twice against the stand-in LLM ``llm`` (``tests.fake_openai.FakeOpenAI``,
+    whose ``ToolCall`` is ``tool_call``): sending the whole history, then inside
+    ``learning(strategy="memory_bank")``. Per step, the estimated tokens (characters / 4 of
+    the messages' JSON, ``memory_bank.estimated_tokens``) the model received either way."""
+    import openai
+
+    from memsvc.client import learning
+    from memsvc.memory_bank import estimated_tokens
+
+    client = openai.OpenAI(base_url=llm.base_url, api_key="test")
+    plan = [[tool_call(name, arguments) for name, arguments in calls] for calls in script(steps)]
+    received = {}
+    for strategy in ("whole history", "memory bank"):
+        llm.then(*plan, FINAL_ANSWER)
+        first = len(llm.requests)
+        if strategy == "memory bank":
+            with learning(agent=agent, server_url=server_url, strategy="memory_bank"):
+                run_agent(client, model="gpt-test")
+        else:
+            run_agent(client, model="gpt-test")
+        received[strategy] = [
+            estimated_tokens(request.body["messages"])
+            for request in llm.requests[first:]
+            if request.path.endswith("/chat/completions")
+        ]
+    return [
+        {"step": step, "whole_history": whole, "memory_bank": bank}
+        for step, (whole, bank) in enumerate(
+            zip(received["whole history"], received["memory bank"], strict=True), start=1
+        )
+    ]
