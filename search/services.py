@@ -5,6 +5,7 @@ Whatever the queue loses, the periodic sweep finds again: a message is never lef
 unsearchable because of a broker problem, and keywords find it meanwhile.
 """
 
+import logging
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -14,10 +15,13 @@ from django.utils import timezone
 from conversations.models import Channel, Conversation, Message
 from search.embeddings import (
     EmbeddingBackend,
+    EmbeddingError,
     configured_backend,
     embedding_text,
     vector_literal,
 )
+
+logger = logging.getLogger(__name__)
 
 EMBED_BATCH = 256
 
@@ -105,6 +109,18 @@ def write_vectors(cursor, table: str, ids: list, vectors, *, model: str, at, for
         [model, at, list(ids), [vector_literal(vector) for vector in vectors]],
     )
     return {row_id for (row_id,) in cursor.fetchall()}
+
+
+def vectors_or_none(texts: list[str], *, what: str) -> tuple:
+    """(model, vectors) for rows about to be written (memories, tool records), embedded in one
+    call; (None, None) when the backend fails: the rows are stored anyway, found by keywords,
+    and embedded later by their sweep."""
+    backend = configured_backend()
+    try:
+        return backend.model, list(backend.embed(texts))
+    except EmbeddingError as exc:
+        logger.warning("%s saved without vectors (%s); the sweep will embed them", what, exc)
+        return None, None
 
 
 def embed_rows(model, ids: Sequence, *, text_field: str, backend=None, force: bool = False) -> int:

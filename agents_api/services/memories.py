@@ -1,6 +1,5 @@
 """Writes of long-term memories: saved with their vectors and merged with what they repeat, updated, deleted, counted, pruned, embedded later."""
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -20,13 +19,10 @@ from agents_api.models import (
 from agents_api.selectors import MEMORIES
 from memsvc.api.errors import Conflict
 from memsvc.api.principals import Principal
-from search.embeddings import EmbeddingError, configured_backend, vector_literal
-from search.services import embed_pending_rows, embed_rows, reembed_all_rows
+from search.embeddings import vector_literal
+from search.services import embed_pending_rows, embed_rows, reembed_all_rows, vectors_or_none
 from search.statements import INDEX_ORDER, Scope, nearest_order, planned_without
 from search.tuning import configured_tuning
-
-logger = logging.getLogger(__name__)
-
 
 # A new memory this close (cosine similarity) to one the agent already keeps about the same
 # user is the same fact in other words: it is merged into that one.
@@ -46,14 +42,7 @@ class NewMemory:
 
 
 def _memory_vectors(texts: list[str]):
-    """Vectors for new memories, in one call; None when the backend fails (the memories are
-    stored anyway, found by keywords, and embedded later by the sweep)."""
-    backend = configured_backend()
-    try:
-        return backend.model, list(backend.embed(texts))
-    except EmbeddingError as exc:
-        logger.warning("memories saved without vectors (%s); the sweep will embed them", exc)
-        return None, None
+    return vectors_or_none(texts, what="memories")
 
 
 def _nearest_memory(agent: Agent, user_id: str, model: str, vector) -> tuple | None:

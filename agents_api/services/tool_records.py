@@ -2,7 +2,6 @@
 summarised again by the observer's LLM when there is one, deleted by task, embedded later
 when the embedding backend was down."""
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -14,10 +13,13 @@ from agents_api.models import Agent, SummarySource, ToolRecord
 from conversations.models import Conversation
 from memsvc.api.principals import Principal
 from memsvc.llm import llm_configured
-from search.embeddings import EmbeddingError, configured_backend
-from search.services import embed_pending_rows, embed_rows, reembed_all_rows, write_vectors
-
-logger = logging.getLogger(__name__)
+from search.services import (
+    embed_pending_rows,
+    embed_rows,
+    reembed_all_rows,
+    vectors_or_none,
+    write_vectors,
+)
 
 
 @dataclass
@@ -32,14 +34,7 @@ class NewToolRecord:
 
 
 def _vectors(texts: list[str]):
-    """(model, vectors) for new records' summaries, or (None, None) when the backend fails:
-    the records are stored anyway, found by keywords, and embedded later by the sweep."""
-    backend = configured_backend()
-    try:
-        return backend.model, list(backend.embed(texts))
-    except EmbeddingError as exc:
-        logger.warning("tool records saved without vectors (%s); the sweep will embed them", exc)
-        return None, None
+    return vectors_or_none(texts, what="tool records")
 
 
 def tool_records_create(

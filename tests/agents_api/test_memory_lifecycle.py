@@ -168,8 +168,7 @@ class BrokenBackend:
 def backend_down(monkeypatch):
     """The embedding backend fails from now on, until the test puts the real one back."""
     broken = BrokenBackend()
-    # Where memories are embedded when saved, and where the sweep embeds them.
-    monkeypatch.setattr("agents_api.services.memories.configured_backend", lambda: broken)
+    # Where memories are embedded when saved, and by the sweep.
     monkeypatch.setattr("search.services.configured_backend", lambda: broken)
     return broken
 

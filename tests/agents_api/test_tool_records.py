@@ -48,7 +48,7 @@ def snapshot():
 @pytest.fixture
 def backend_down(monkeypatch):
     broken = BrokenBackend()
-    monkeypatch.setattr("agents_api.services.tool_records.configured_backend", lambda: broken)
+    monkeypatch.setattr("search.services.configured_backend", lambda: broken)
     return broken
 
 
