@@ -10,7 +10,10 @@ a compressed context instead of the whole history:
 
 1. the anchor: the task's first user message (after any leading system messages);
 2. a system message "## Retrieved Context from Previous Steps" with ``[RETRIEVED RECORD n]``
-   blocks (``Summary:`` and ``Raw Data:``, cut at ``max_chars_per_record``);
+   blocks (``Summary:`` and ``Raw Data:``, cut at ``max_chars_per_record``): the ``top_k``
+   most relevant records of the task's earlier steps (the seed's retrieval also returned
+   the records just stored, copies of item 3: leaving them out saves their tokens, and at
+   step 2 the model gets exactly the history);
 3. the last tool interaction, and whatever follows it.
 
 The first step (no tool interaction yet) passes through unchanged. A task is what the
@@ -38,6 +41,7 @@ CONTEXT_HEADING = "## Retrieved Context from Previous Steps"
 RECORD_SEPARATOR = "-------------------"
 DEFAULT_TOP_K = 3
 DEFAULT_MAX_CHARS_PER_RECORD = 2000
+MAX_TOP_K = 20  # the most a tool record search returns (the server's limit)
 
 Request = tuple[str, str, dict]  # method, path, JSON body
 
@@ -165,7 +169,7 @@ class TaskState:
     task_id: str
     anchor: str | None = None
     step: int = 0
-    stored_calls: set[str] = field(default_factory=set)  # tool_call ids already stored
+    trace_ids: dict[str, str] = field(default_factory=dict)  # tool_call id -> its record
 
 
 class MemoryBank:
@@ -200,9 +204,10 @@ class MemoryBank:
         self._begin(messages)
         if last_tool_call_index(messages) is None:
             return messages  # the first step: nothing to store or retrieve yet
-        new = [i for i in tool_interactions(messages) if i.call_id not in self.task.stored_calls]
+        interactions = tool_interactions(messages)
+        new = [i for i in interactions if i.call_id not in self.task.trace_ids]
         if new:
-            yield (
+            stored = yield (
                 "POST",
                 "/tool-records",
                 {
@@ -219,22 +224,27 @@ class MemoryBank:
                     ],
                 },
             )
-            self.task.stored_calls.update(i.call_id for i in new)
-        records = yield (
+            for interaction, record in zip(new, stored, strict=True):
+                self.task.trace_ids[interaction.call_id] = record["trace_id"]
+        # The last interaction is sent whole after the records: the records retrieved are
+        # the most relevant of the earlier ones, not copies of it.
+        shown = {self.task.trace_ids.get(i.call_id) for i in interactions}
+        found = yield (
             "POST",
             "/tool-records/search",
             {
                 "agent_name": self.agent,
                 "task_id": self.task.task_id,
                 "query": RETRIEVAL_QUERY,
-                "top_k": self.top_k,
+                "top_k": min(self.top_k + len(shown), MAX_TOP_K),
             },
         )
-        result = compressed(messages, list(records or []), self.max_chars)
+        records = [r for r in found or [] if r["trace_id"] not in shown][: self.top_k]
+        result = compressed(messages, records, self.max_chars)
         logger.debug(
             "memory bank step %d: %d records retrieved, ~%d -> ~%d tokens",
             self.task.step,
-            len(records or []),
+            len(records),
             estimated_tokens(messages),
             estimated_tokens(result),
         )

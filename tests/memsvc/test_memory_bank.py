@@ -67,24 +67,31 @@ def test_each_step_sends_anchor_retrieved_records_and_the_last_interaction(live_
     assert len(requests) == 7
     # The first step passes through unchanged.
     assert requests[0] == first_messages()
-    # Every later step: the system prompt, the anchor, the retrieved records, the last
-    # tool interaction (step 5 called two tools in parallel: two tool answers).
+    # Every later step: the system prompt, the anchor, the most relevant records of the
+    # earlier steps (none yet at step 2), the last tool interaction (step 5 called two
+    # tools in parallel: two tool answers at step 6).
     for step, messages in enumerate(requests[1:], start=2):
-        parallel = step == 6
+        earlier = step - 2 + (step == 7)  # records stored before the last interaction's
+        context = ["system"] if earlier else []
         assert roles(messages) == [
             "system",
             "user",
-            "system",
+            *context,
             "assistant",
             "tool",
-            *(["tool"] if parallel else []),
+            *(["tool"] if step == 6 else []),
         ], step
         assert messages[:2] == first_messages()
-        context = messages[2]["content"]
-        assert context.startswith(CONTEXT_HEADING + "\n\n[RETRIEVED RECORD 1]\nSummary: ")
-        assert context.count("[RETRIEVED RECORD") == min(3, step - 1)  # topK 3
-        assert is_slice_of(messages[3:], history)
-        assert messages[3]["tool_calls"]
+        if earlier:
+            text = messages[2]["content"]
+            assert text.startswith(CONTEXT_HEADING + "\n\n[RETRIEVED RECORD 1]\nSummary: ")
+            assert text.count("[RETRIEVED RECORD") == min(3, earlier)  # topK 3
+        tail = messages[2 + len(context) :]
+        assert tail[0]["tool_calls"] and is_slice_of(tail, history)
+        # The last interaction is not repeated among the records.
+        if earlier:
+            for answer in tail[1:]:
+                assert answer["content"] not in messages[2]["content"]
     # The history grows with every step; what the model receives is bounded (3 records of
     # at most 2,000 characters of raw data, and one interaction).
     assert len(json.dumps(requests[-1])) < len(json.dumps(history[:-1]))
@@ -173,7 +180,8 @@ def test_async_and_streamed_calls_are_compressed_too(live_server, llm):
     assert answer == FINAL_ANSWER
     requests = sent(llm)
     assert requests[0] == first_messages()
-    assert all(CONTEXT_HEADING in m[2]["content"] for m in requests[1:])
+    assert requests[1] == history[:4]  # step 2: nothing earlier to retrieve
+    assert CONTEXT_HEADING in requests[2][2]["content"]
     [task_id] = set(ToolRecord.objects.values_list("task_id", flat=True))
     assert task_id  # a fresh id for the block's task
     assert ToolRecord.objects.count() == 3
@@ -186,7 +194,7 @@ def test_async_and_streamed_calls_are_compressed_too(live_server, llm):
         text = "".join(chunk.choices[0].delta.content or "" for chunk in stream)
     assert text == "Streamed itinerary."
     streamed = sent(llm)[-1]
-    assert roles(streamed) == ["system", "user", "system", "assistant", "tool"]
+    assert roles(streamed) == ["system", "user", "assistant", "tool"]
     # Its own task: the last interaction was stored again under a new id, nothing else.
     assert ToolRecord.objects.count() == 4
     assert len(set(ToolRecord.objects.values_list("task_id", flat=True))) == 2
@@ -203,11 +211,11 @@ def test_a_new_anchor_starts_a_new_task_counting_steps_from_one(live_server, llm
     for task_id, step in ToolRecord.objects.order_by("created_at").values_list("task_id", "step"):
         tasks.setdefault(task_id, []).append(step)
     assert list(tasks.values()) == [[2, 3], [2, 3]]
-    # Retrieval stays inside the task: the second task's first compressed step sees only
-    # its own record.
-    second_task_step_2 = sent(llm)[4]
-    assert second_task_step_2[1]["content"] == "Second task: Madrid."
-    assert second_task_step_2[2]["content"].count("[RETRIEVED RECORD") == 1
+    # Retrieval stays inside the task: at its step 3 the second task retrieves its own one
+    # earlier record, none of the first task's two.
+    second_task_step_3 = sent(llm)[5]
+    assert second_task_step_3[1]["content"] == "Second task: Madrid."
+    assert second_task_step_3[2]["content"].count("[RETRIEVED RECORD") == 1
 
 
 def test_with_memsvc_gone_the_call_gets_the_whole_history(live_server, llm, caplog):
