@@ -130,7 +130,9 @@ def enqueue_letta_observation(agent: Agent) -> None:
     capture asks again."""
 
     def enqueue():
-        if not sleeptime.observation_due(agent):
+        # As committed: the capture may have made the agent's conversation.
+        fresh = Agent.objects.filter(pk=agent.pk).first()
+        if fresh is None or not sleeptime.observation_due(fresh):
             return
         try:
             observe_letta_turns_task.apply_async(args=[str(agent.id)], retry=False)

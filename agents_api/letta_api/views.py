@@ -8,6 +8,7 @@ or selector; a route of Letta's that memsvc does not serve answers 501 naming it
 """
 
 from drf_spectacular.utils import extend_schema
+from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
@@ -30,7 +31,7 @@ class NotImplementedByMemsvc(ApiError):
 
 class LettaView(APIView):
     authentication_classes = [ApiKeyAuthentication]
-    permission_classes = [HasScope]
+    permission_classes = [IsAuthenticated, HasScope]
 
     def get_exception_handler(self):
         return fastapi_errors
