@@ -58,9 +58,10 @@ def chromium_path() -> str:
 
 @pytest.fixture(scope="package")
 def browser():
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
     executable = chromium_path()
+    expect.set_options(timeout=TIMEOUT_MS)
     # Playwright's sync API keeps an asyncio loop running in this thread from start to stop,
     # which Django takes for async code and refuses ORM calls from (SynchronousOnlyOperation).
     # The tests are plain synchronous code that only waits on the browser, so Django's guard
