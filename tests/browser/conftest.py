@@ -18,7 +18,6 @@ cannot have it. ``MEMSVC_CHROMIUM`` names another Chromium binary.
 """
 
 import functools
-import os
 import shutil
 import threading
 from collections.abc import Callable, Iterator
@@ -67,19 +66,11 @@ def browser():
     # The tests are plain synchronous code that only waits on the browser, so Django's guard
     # is lifted while the browser runs, which is only while this folder's tests run (package
     # scope), and put back after them.
-    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    playwright = sync_playwright().start()
-    try:
+    with pytest.MonkeyPatch.context() as patch, sync_playwright() as playwright:
+        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
         chromium = playwright.chromium.launch(executable_path=executable)
         yield chromium
         chromium.close()
-    finally:
-        playwright.stop()
-        if previous is None:
-            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-        else:
-            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
 
 
 @pytest.fixture
