@@ -18,7 +18,7 @@ import memsvc.validators
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("agents_api", "0007_memory_scope_index"),
+        ("agents_api", "0008_memory_uses_hot"),
         ("conversations", "0004_message_embedding_inline"),
     ]
 
