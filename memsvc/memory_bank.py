@@ -241,13 +241,14 @@ class MemoryBank:
         )
         records = [r for r in found or [] if r["trace_id"] not in shown][: self.top_k]
         result = compressed(messages, records, self.max_chars)
-        logger.debug(
-            "memory bank step %d: %d records retrieved, ~%d -> ~%d tokens",
-            self.task.step,
-            len(records),
-            estimated_tokens(messages),
-            estimated_tokens(result),
-        )
+        if logger.isEnabledFor(logging.DEBUG):  # sizing the history costs a JSON dump of it
+            logger.debug(
+                "memory bank step %d: %d records retrieved, ~%d -> ~%d tokens",
+                self.task.step,
+                len(records),
+                estimated_tokens(messages),
+                estimated_tokens(result),
+            )
         return result
 
     def prepare(self, messages: list, request: Callable[..., object]) -> list:
