@@ -17,8 +17,10 @@ CPU time is reported beside the service's.
 
 import argparse
 import asyncio
+import contextlib
 import random
 import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -99,35 +101,57 @@ def sentence(rng: random.Random, words: int) -> str:
 # --- CPU time of process trees ----------------------------------------------------------------
 
 
-def _tree_cpu(root: psutil.Process) -> float:
-    """CPU seconds of ``root`` and every live descendant, with the children each has reaped."""
-    total = 0.0
-    try:
-        processes = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0.0
-    for process in processes:
-        try:
-            times = process.cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += times.user + times.system + times.children_user + times.children_system
-    return total
-
-
-@dataclass
 class CpuMeter:
-    """CPU seconds of named groups of process trees, e.g. {"web": [...], "postgres": [...]}.
-    ``roots`` is a callable: the trees are looked up again at every reading, so a process
-    restarted meanwhile is counted from its start (the dead one's time is lost)."""
+    """CPU seconds (user + system) of named groups of process trees, e.g. {"web": [...],
+    "postgres": [...]}. ``roots`` is called at every sample, so restarted processes are
+    found; each process is counted with the last time read from it, so one that ends (a
+    killed worker) keeps what it spent. Sampled every second while a level runs: a process
+    that lives less than that between samples is missed (with a pool, PostgreSQL's backends
+    live as long as the web processes)."""
 
-    roots: "callable"
+    def __init__(self, roots):
+        self.roots = roots
+        self.seen: dict[int, tuple[str, float]] = {}
+        self.lock = threading.Lock()
+
+    def sample(self) -> None:
+        for name, processes in self.roots().items():
+            for root in processes:
+                try:
+                    members = [root, *root.children(recursive=True)]
+                except psutil.NoSuchProcess:
+                    continue
+                for process in members:
+                    try:
+                        times = process.cpu_times()
+                    except psutil.NoSuchProcess:
+                        continue
+                    with self.lock:
+                        self.seen[process.pid] = (name, times.user + times.system)
 
     def read(self) -> dict[str, float]:
-        return {
-            name: sum(_tree_cpu(root) for root in processes)
-            for name, processes in self.roots().items()
-        }
+        self.sample()
+        totals: dict[str, float] = {}
+        with self.lock:
+            for name, seconds in self.seen.values():
+                totals[name] = totals.get(name, 0.0) + seconds
+        return totals
+
+    @contextlib.contextmanager
+    def sampling(self, every: float = 1.0):
+        stop = threading.Event()
+
+        def loop():
+            while not stop.wait(every):
+                self.sample()
+
+        thread = threading.Thread(target=loop, daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
 
 
 def private_server_roots(server) -> dict[str, list[psutil.Process]]:
@@ -205,13 +229,15 @@ async def _run(urls, api_key, conversations, seconds: float, seed: int) -> Tally
     return tally
 
 
-def create_conversations(client: httpx.Client, url: str, count: int) -> list[str]:
+def create_conversations(
+    client: httpx.Client, url: str, count: int, title: str = "load"
+) -> list[str]:
     return [
         api_call(
             client,
             "POST",
             f"{url}/v1/agent/conversations",
-            json_body={"title": f"load {index}"},
+            json_body={"title": f"{title} {index}"},
             expect=201,
         ).json()["id"]
         for index in range(count)
@@ -260,7 +286,7 @@ def wait_for_drain(client: httpx.Client, urls: list[str], timeout: float) -> tup
 def warm_up(client: httpx.Client, urls: list[str], rounds: int = 20) -> None:
     """Searches until every web process has its model loaded (the first ones wait for it),
     and an empty backlog: the levels measure a warm service."""
-    conversation = create_conversations(client, urls[0], 1)[0]
+    conversation = create_conversations(client, urls[0], 1, title="warm-up")[0]
     for index in range(rounds):
         url = urls[index % len(urls)]
         api_call(
@@ -292,13 +318,14 @@ def run_level(
     load_before = psutil.getloadavg()[0]
     log(f"{clients} clients for {seconds:.0f} s against {', '.join(urls)}")
     started = time.monotonic()
-    tally = asyncio.run(_run(urls, api_key, conversations, seconds, seed))
-    elapsed = time.monotonic() - started
-    cpu_load = meter.read() if meter else {}
-    own = time.process_time() - own_before
-    load_after = psutil.getloadavg()[0]
-    backlog, drain = wait_for_drain(client, urls, drain_timeout)
-    cpu_drained = meter.read() if meter else {}
+    with meter.sampling() if meter else contextlib.nullcontext():
+        tally = asyncio.run(_run(urls, api_key, conversations, seconds, seed))
+        elapsed = time.monotonic() - started
+        cpu_load = meter.read() if meter else {}
+        own = time.process_time() - own_before
+        load_after = psutil.getloadavg()[0]
+        backlog, drain = wait_for_drain(client, urls, drain_timeout)
+        cpu_drained = meter.read() if meter else {}
     summary = summarize(tally, elapsed)
     requests = max(1, summary["requests"])
     summary.update(
@@ -311,12 +338,12 @@ def run_level(
     )
     if meter:
         summary["cpu_ms_per_request_during_load"] = {
-            name: round((cpu_load[name] - cpu_before[name]) * 1000 / requests, 2)
-            for name in cpu_before
+            name: round((cpu_load[name] - cpu_before.get(name, 0)) * 1000 / requests, 2)
+            for name in cpu_load
         }
         summary["cpu_ms_per_request_load_and_drain"] = {
-            name: round((cpu_drained[name] - cpu_before[name]) * 1000 / requests, 2)
-            for name in cpu_before
+            name: round((cpu_drained[name] - cpu_before.get(name, 0)) * 1000 / requests, 2)
+            for name in cpu_drained
         }
     log(f"  {summary}")
     return summary, tally

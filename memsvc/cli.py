@@ -163,7 +163,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     check_embedding_dimension()
     warn_about_other_vector_models()
-    _start_workers(supervisor, beat=args.beat, extra=args.celery_args)
+    # `memsvc worker -- --hostname w1@%h`: what follows "--" is Celery's.
+    extra = args.celery_args[1:] if args.celery_args[:1] == ["--"] else args.celery_args
+    _start_workers(supervisor, beat=args.beat, extra=extra)
     try:
         return supervisor.run()
     finally:
@@ -262,7 +264,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     worker = commands.add_parser("worker", help="run a Celery worker")
     worker.add_argument("--beat", action="store_true", help="also run the periodic scheduler")
-    worker.add_argument("celery_args", nargs=argparse.REMAINDER, help="passed to celery worker")
+    worker.add_argument(
+        "celery_args", nargs=argparse.REMAINDER, help="passed to celery worker (after --)"
+    )
     worker.set_defaults(func=cmd_worker)
 
     reindex = commands.add_parser(
