@@ -73,8 +73,9 @@ if DB_POOL_SIZE:
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": 1,
         "max_size": DB_POOL_SIZE,
-        # How long a request waits for a connection (all busy, or the database down).
-        "timeout": 5,
+        # How long a request waits for a connection (the database down, say: requests at
+        # work are limited to half the pool, memsvc.concurrency).
+        "timeout": 10,
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
@@ -98,8 +99,6 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    # First: a request waiting for its turn holds nothing (see the module).
-    "memsvc.concurrency.ConcurrencyLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -109,6 +108,10 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
+
+if DB_POOL_SIZE:
+    # First: a request waiting for its turn holds nothing (see the module).
+    MIDDLEWARE.insert(0, "memsvc.concurrency.ConcurrencyLimitMiddleware")
 
 ROOT_URLCONF = "memsvc.urls"
 WSGI_APPLICATION = "memsvc.wsgi.application"

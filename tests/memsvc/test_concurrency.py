@@ -1,4 +1,4 @@
-"""memsvc.concurrency: under ASGI, at most as many requests at work as the pool has
+"""memsvc.concurrency: under ASGI, at most half as many requests at work as the pool has
 connections; the others wait their turn, none is refused."""
 
 import asyncio
@@ -6,10 +6,11 @@ import asyncio
 from django.http import HttpResponse
 
 from memsvc.concurrency import ConcurrencyLimitMiddleware
+from tests.memsvc.test_settings import run_django
 
 
-def test_requests_beyond_the_pool_size_wait_their_turn(settings):
-    settings.DB_POOL_SIZE = 2
+def test_requests_beyond_half_the_pool_size_wait_their_turn(settings):
+    settings.DB_POOL_SIZE = 4
     at_work, most = 0, 0
 
     async def view(request):
@@ -30,14 +31,21 @@ def test_requests_beyond_the_pool_size_wait_their_turn(settings):
     assert most == 2
 
 
-def test_under_wsgi_or_without_a_pool_it_only_passes_requests_on(settings):
-    settings.DB_POOL_SIZE = 2
-    middleware = ConcurrencyLimitMiddleware(lambda request: HttpResponse("sync"))
-    assert middleware(object()).content == b"sync"
+def test_the_web_processes_asgi_application_waits_in_the_event_loop(tmp_path):
+    """With a pool, the middleware comes first and Django calls it as a coroutine: the views
+    after it run in a thread, and it waits in the event loop."""
+    result = run_django(
+        {"MEMSVC_DATA_DIR": str(tmp_path / "data"), "MEMSVC_DB_POOL_SIZE": "4"},
+        "from django.conf import settings; print(settings.MIDDLEWARE[0]);"
+        "from memsvc.asgi import application; from asgiref.sync import iscoroutinefunction;"
+        "print(type(application._middleware_chain).__name__,"
+        " iscoroutinefunction(application._middleware_chain))",
+    )
+    assert result.returncode == 0, result.stderr
+    first, chain = result.stdout.splitlines()
+    assert first == "memsvc.concurrency.ConcurrencyLimitMiddleware"
+    assert chain.endswith("True")
 
-    settings.DB_POOL_SIZE = 0
 
-    async def view(request):
-        return HttpResponse("async")
-
-    assert asyncio.run(ConcurrencyLimitMiddleware(view)(object())).content == b"async"
+def test_without_a_pool_it_is_not_there(settings):
+    assert "memsvc.concurrency.ConcurrencyLimitMiddleware" not in settings.MIDDLEWARE
