@@ -63,14 +63,17 @@ class Served:
         pid = int((self.data_dir / "pgdata" / "postmaster.pid").read_text().split()[0])
         return psutil.Process(pid)
 
-    def child(self, role: str) -> psutil.Process:
-        """The direct child of ``memsvc serve`` running ``role`` ("gunicorn", "worker", "beat")."""
-        [found] = [
-            child
-            for child in psutil.Process(self.process.pid).children()
-            if role in child.cmdline()
-        ]
-        return found
+    def child(self, role: str) -> psutil.Process | None:
+        """The living child of ``memsvc serve`` running ``role`` ("gunicorn", "worker",
+        "beat"); None while there is not exactly one (one just killed and not yet reaped)."""
+        found = []
+        for child in psutil.Process(self.process.pid).children():
+            try:
+                if child.status() != psutil.STATUS_ZOMBIE and role in child.cmdline():
+                    found.append(child)
+            except psutil.Error:
+                continue
+        return found[0] if len(found) == 1 else None
 
     def wait_for(self, condition, what: str, deadline: float = RECOVERY_DEADLINE_SECONDS):
         end = time.monotonic() + deadline
@@ -136,6 +139,11 @@ def test_serve_answers_health_and_stops_everything_on_sigterm(served):
     assert left == [], served.log.read_text()
 
 
+def replaced(served, role: str, old: psutil.Process) -> bool:
+    new = served.child(role)
+    return new is not None and new.pid != old.pid and alive(new)
+
+
 def healthy(served) -> bool:
     try:
         return httpx.get(f"{served.url}/v1/health", timeout=10).status_code == 200
@@ -184,6 +192,7 @@ def test_a_worker_killed_with_sigkill_is_restarted_and_leaves_nothing_behind(ser
     worker.kill()  # kill -9 of Celery's main process
 
     served.wait_for(lambda: served.log.read_text().count("ready.") >= 2, "a new worker ready")
+    served.wait_for(lambda: replaced(served, "worker", worker), "the new worker")
     assert "the worker (pid" in served.log.read_text()
     assert "was killed by signal 9; restarting" in served.log.read_text()
     assert served.child("worker").pid != worker.pid
@@ -203,9 +212,8 @@ def test_beat_and_the_web_server_are_restarted_too(served):
     beat.kill()
     web.kill()  # gunicorn's arbiter: its workers must go too, or the port stays taken
 
-    served.wait_for(lambda: healthy(served) and served.child("gunicorn").pid != web.pid, "web")
-    served.wait_for(lambda: alive(served.child("beat")), "beat")
-    assert served.child("beat").pid != beat.pid
+    served.wait_for(lambda: replaced(served, "gunicorn", web) and healthy(served), "web")
+    served.wait_for(lambda: replaced(served, "beat", beat), "beat")
     assert not any(alive(p) for p in web_workers)
     assert served.terminate() == 0
 
