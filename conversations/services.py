@@ -143,7 +143,14 @@ def _build_message(
 def messages_append(
     actor: Principal, *, conversation: Conversation, messages: Sequence[NewMessage]
 ) -> list[Message]:
-    """Append messages in order, all or nothing; they are queued for embedding on commit."""
+    """Append messages in order, all or nothing; they are queued for embedding on commit.
+
+    Within a conversation, ``seq`` order is commit order: the conversation's row is updated
+    (and so locked until commit) before the messages draw their numbers, so a second writer
+    draws its numbers only once the first has committed. A reader resuming after a message
+    (a cursor is a ``seq``) can then never pass a number that commits later.
+    """
+    Conversation.objects.filter(pk=conversation.pk).update(updated_at=timezone.now())
     authors = _author_names(actor, conversation, messages)
     created = Message.objects.bulk_create(
         [
@@ -151,7 +158,6 @@ def messages_append(
             for new, author in zip(messages, authors, strict=True)
         ]
     )
-    Conversation.objects.filter(pk=conversation.pk).update(updated_at=timezone.now())
     message_ids = [message.id for message in created]
     transaction.on_commit(lambda: enqueue_embedding(message_ids))
     return created
