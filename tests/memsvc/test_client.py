@@ -8,8 +8,7 @@ import sys
 
 import openai
 import pytest
-from openai.resources.chat.completions import AsyncCompletions, Completions
-from openai.resources.responses import Responses
+from openai._base_client import AsyncAPIClient, SyncAPIClient
 
 from agents_api.models import Agent, Memory
 from agents_api.selectors import LOCAL_OWNER
@@ -20,9 +19,15 @@ from tests.fake_openai import FakeOpenAI
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-ORIGINAL_CREATE = Completions.create
-ORIGINAL_ACREATE = AsyncCompletions.create
-ORIGINAL_RESPONSES_CREATE = Responses.create
+ORIGINALS = [
+    (cls, name, getattr(cls, name))
+    for cls in (SyncAPIClient, AsyncAPIClient)
+    for name in ("request", "_process_response")
+]
+
+
+def sdk_unpatched() -> bool:
+    return all(getattr(cls, name) is original for cls, name, original in ORIGINALS)
 
 
 @pytest.fixture
@@ -123,11 +128,9 @@ def test_capture_only_stores_and_never_injects(live_server, client, llm):
 
 def test_the_originals_are_restored_even_after_an_error(live_server):
     with pytest.raises(ZeroDivisionError), learning(agent="a", server_url=live_server.url):
-        assert Completions.create is not ORIGINAL_CREATE
+        assert not sdk_unpatched()
         1 / 0  # noqa: B018
-    assert Completions.create is ORIGINAL_CREATE
-    assert AsyncCompletions.create is ORIGINAL_ACREATE
-    assert Responses.create is ORIGINAL_RESPONSES_CREATE
+    assert sdk_unpatched()
 
 
 def test_nested_blocks_use_the_innermost_agent_then_the_outer_again(live_server, client):
@@ -136,8 +139,8 @@ def test_nested_blocks_use_the_innermost_agent_then_the_outer_again(live_server,
         with learning(agent="inner", server_url=live_server.url):
             ask(client, "inner one")
         ask(client, "outer two")
-        assert Completions.create is not ORIGINAL_CREATE
-    assert Completions.create is ORIGINAL_CREATE
+        assert not sdk_unpatched()
+    assert sdk_unpatched()
     assert [c for r, c in stored("outer") if r == "user"] == ["outer one", "outer two"]
     assert [c for r, c in stored("inner") if r == "user"] == ["inner one"]
 
@@ -174,7 +177,7 @@ def test_async_calls_and_async_streams(live_server, llm):
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Use Python, Alice."
     assert "I like tea" in llm.system_messages()[0]
     assert [c for r, c in stored("async") if r == "user"] == ["I like tea", "What do I like?"]
-    assert AsyncCompletions.create is ORIGINAL_ACREATE
+    assert sdk_unpatched()
 
 
 def test_the_responses_api_gets_memory_in_its_instructions(live_server, client, llm):
@@ -196,7 +199,7 @@ def test_an_unreachable_server_is_a_clear_error_at_entry():
         learning(agent="a", server_url="http://127.0.0.1:9"),
     ):
         pass
-    assert Completions.create is ORIGINAL_CREATE
+    assert sdk_unpatched()
 
 
 def test_importing_the_client_needs_no_django():
