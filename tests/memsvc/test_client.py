@@ -30,6 +30,16 @@ def sdk_unpatched() -> bool:
     return all(getattr(cls, name) is original for cls, name, original in ORIGINALS)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def embedding_model_loaded():
+    """The first context search loads the embedding model (seconds, more on a loaded
+    machine): load it first, as ``memsvc serve`` does when it starts, so that no test's first
+    call outlasts the client's timeout and goes on without memory."""
+    from search.embeddings import configured_backend
+
+    configured_backend().embed(["warm up"])
+
+
 @pytest.fixture
 def llm():
     with FakeOpenAI() as fake:
