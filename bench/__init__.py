@@ -25,6 +25,11 @@ Results are printed as a table and written as JSON under ``bench-results/`` (git
   and retrieval through LoCoMo's observations beside message search, with the hybrid
   weights compared in-process (``--locomo ../shared/bench/locomo/locomo-dev.json``).
 
+- ``python -m bench.learning``: the latency ``learning()`` adds to a model call (the test
+  suite's stand-in LLM, plain calls and calls inside a block in alternating rounds), sync
+  and async, back to back and with a pause between calls; ``--compare PATH`` times another
+  client module beside it.
+
 ``bench.common`` holds what the benchmarks share: the private server, waiting for health and
 for the embedding backlog, API calls that fail with the status and body, percentiles, and
 writing results. A benchmark on LoCoMo reads the data with ``bench.locomo.dataset`` and
