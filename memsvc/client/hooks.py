@@ -16,8 +16,10 @@ Anything failing in memsvc's part leaves the call as it would have been, with on
 """
 
 import contextvars
-import importlib
+import importlib.abc
+import importlib.machinery
 import logging
+import sys
 
 import httpx
 
@@ -243,34 +245,84 @@ def _atee(response, turn: Turn) -> None:
 _originals: dict[tuple[type, str], object] = {}
 
 
-def patch() -> list[str]:
-    """Wrap the SDKs that are installed; the names of those wrapped."""
-    wrapped = []
+def patch() -> None:
+    """Wrap the SDKs already imported; one imported later (inside the block) is wrapped as
+    its import ends. Importing an SDK the program may never use would cost seconds."""
     for sdk in SDKS:
-        try:
-            base = importlib.import_module(f"{sdk}._base_client")
-            classes = (base.SyncAPIClient, base.AsyncAPIClient)
-            for cls in classes:
-                cls.request, cls._process_response  # noqa: B018 (both there, or neither wrapped)
-        except (ImportError, AttributeError):
-            continue
-        for cls, is_async in zip(classes, (False, True), strict=True):
-            for name in ("request", "_process_response"):
-                _originals[(cls, name)] = cls.__dict__.get(name)
-            if is_async:
-                cls.request = _async_request(sdk, cls.request)
-                cls._process_response = _async_process_response(cls._process_response)
-            else:
-                cls.request = _sync_request(sdk, cls.request)
-                cls._process_response = _sync_process_response(cls._process_response)
-        wrapped.append(sdk)
-    return wrapped
+        if f"{sdk}._base_client" in sys.modules:
+            _patch_sdk(sdk, sys.modules[f"{sdk}._base_client"])
+        else:
+            _watcher.waiting.add(f"{sdk}._base_client")
+    if _watcher not in sys.meta_path:
+        sys.meta_path.insert(0, _watcher)
 
 
 def unpatch() -> None:
+    if _watcher in sys.meta_path:
+        sys.meta_path.remove(_watcher)
+    _watcher.waiting.clear()
     for (cls, name), original in _originals.items():
         if original is None:
             delattr(cls, name)
         else:
             setattr(cls, name, original)
     _originals.clear()
+
+
+def _patch_sdk(sdk: str, base) -> None:
+    try:
+        classes = (base.SyncAPIClient, base.AsyncAPIClient)
+        for cls in classes:
+            cls.request, cls._process_response  # noqa: B018 (both there, or neither wrapped)
+    except AttributeError as exc:
+        logger.warning("memsvc: learning() does not know this %s package (%s)", sdk, exc)
+        return
+    for cls, is_async in zip(classes, (False, True), strict=True):
+        for name in ("request", "_process_response"):
+            _originals[(cls, name)] = cls.__dict__.get(name)
+        if is_async:
+            cls.request = _async_request(sdk, cls.request)
+            cls._process_response = _async_process_response(cls._process_response)
+        else:
+            cls.request = _sync_request(sdk, cls.request)
+            cls._process_response = _sync_process_response(cls._process_response)
+
+
+class _PatchWhenImported(importlib.abc.MetaPathFinder):
+    """Wraps an SDK imported while a block is active, once its module has run."""
+
+    def __init__(self):
+        self.waiting: set[str] = set()
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in self.waiting:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is None or spec.loader is None:
+            return None
+        self.waiting.discard(fullname)
+        exec_module = spec.loader.exec_module
+        sdk = fullname.split(".", 1)[0]
+
+        def exec_and_patch(module):
+            exec_module(module)
+            if _watcher in sys.meta_path:  # the block may have ended meanwhile
+                _patch_sdk(sdk, module)
+
+        spec.loader = _Loader(spec.loader, exec_and_patch)
+        return spec
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, loader, exec_module):
+        self._loader = loader
+        self.exec_module = exec_module
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+_watcher = _PatchWhenImported()

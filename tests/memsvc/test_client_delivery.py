@@ -245,3 +245,35 @@ def test_calls_from_other_threads_use_the_block_too(llm):
         thread.join()
     assert memsvc.paths()[2:] == ["/context/a", "/messages", "/messages"]
     assert json.dumps(llm.requests[-1].body).count("Name: Alice") == 1
+
+
+def test_an_sdk_is_imported_only_by_the_program_and_wrapped_when_it_is():
+    """Entering a block imports no SDK (importing one costs seconds); one the program
+    imports inside the block is wrapped as its import ends, and unwrapped at the exit."""
+    with StandInMemsvc() as memsvc:
+        script = textwrap.dedent(
+            f"""
+            import sys
+            import openai
+            from memsvc.client import learning
+
+            with learning(agent="a", server_url={memsvc.url!r}):
+                assert "anthropic" not in sys.modules
+                assert openai._base_client.SyncAPIClient.request.__module__ == "memsvc.client.hooks"
+                import anthropic
+                from anthropic._base_client import AsyncAPIClient, SyncAPIClient
+                assert SyncAPIClient.request.__module__ == "memsvc.client.hooks"
+                assert AsyncAPIClient._process_response.__module__ == "memsvc.client.hooks"
+            assert SyncAPIClient.request.__module__ == "anthropic._base_client"
+            assert openai._base_client.SyncAPIClient.request.__module__ == "openai._base_client"
+            print("ok")
+            """
+        )
+        result = subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=CHECKOUT,
+        )
+    assert result.stdout.strip() == "ok", result.stderr
