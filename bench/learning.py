@@ -39,7 +39,7 @@ from bench.common import (
 from bench.common import (
     mean as average,
 )
-from memsvc.client import learning
+from memsvc.client import MemoryServerUnavailable, learning
 
 ROUND = 20
 AGENT = "learning-bench"
@@ -149,6 +149,21 @@ def summary(times: dict[str, list[float]]) -> dict[str, dict]:
     return rows
 
 
+def wait_until_enterable(url: str, timeout: float = 120.0) -> None:
+    """A server that has just become healthy may still be loading its model in the
+    background: too slow for a block's entry check on a loaded machine. Wait."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with learning(agent=AGENT, server_url=url):
+                return
+        except MemoryServerUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            log("  memsvc not answering a block's entry yet: waiting")
+            time.sleep(2)
+
+
 def load_average() -> float:
     return os.getloadavg()[0]
 
@@ -192,6 +207,7 @@ def main(argv=None) -> int:
             client = openai.OpenAI(base_url=llm.base_url, api_key="bench")
             log(f"history: {args.history} calls inside learning()")
             sayings = texts_forever(rng, SAYINGS)
+            wait_until_enterable(url)
             with learning(agent=AGENT, server_url=url):
                 for _ in range(args.history):
                     one_call(client, next(sayings))
