@@ -9,6 +9,9 @@ change of machine load hits both), with ``--gap-ms`` between calls (0: back to b
 model's answer takes longer than the stores, which then finish in the gap). The added
 latency is the difference of the medians (and of the 90th percentiles).
 
+``--stand-in`` puts the test suite's stand-in memsvc (``tests/fake_memsvc.py``, answering
+at once) in its place: what is left is the client's own cost.
+
 ``--compare PATH`` times another ``learning`` the same way: a client module that needs
 nothing but ``openai`` and ``httpx`` (for instance the single-file client of an earlier
 commit: ``git show <commit>:memsvc/client.py > /tmp/old_client.py``).
@@ -183,6 +186,11 @@ def main(argv=None) -> int:
     parser.add_argument("--compare", type=Path, help="another client module's learning()")
     parser.add_argument("--no-async", action="store_true", help="skip the async client")
     parser.add_argument("--url", help="a running memsvc on this machine (else a private one)")
+    parser.add_argument(
+        "--stand-in",
+        action="store_true",
+        help="the test suite's stand-in memsvc, which answers at once: the client's own cost",
+    )
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--out", type=Path, default=Path("bench-results/learning.json"))
     args = parser.parse_args(argv)
@@ -191,11 +199,15 @@ def main(argv=None) -> int:
     rng = random.Random(args.seed)
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.fake_memsvc import StandInMemsvc
     from tests.fake_openai import FakeOpenAI
 
     http = make_client()
-    server = None
-    if args.url:
+    server = stand_in = None
+    if args.stand_in:
+        stand_in = StandInMemsvc().__enter__()
+        url = stand_in.url
+    elif args.url:
         url = args.url.rstrip("/")
         wait_for_health(http, url, timeout=15)
     else:
@@ -211,7 +223,8 @@ def main(argv=None) -> int:
             with learning(agent=AGENT, server_url=url):
                 for _ in range(args.history):
                     one_call(client, next(sayings))
-            wait_for_embeddings(http, url)
+            if stand_in is None:
+                wait_for_embeddings(http, url)
             block_of = {"learning": lambda: learning(agent=AGENT, server_url=url)}
             if args.compare:
                 compared = load_learning(args.compare)
@@ -237,10 +250,11 @@ def main(argv=None) -> int:
                     atimes = asyncio.run(atimed_rounds(aclient, url, questions, gap / 1000, rounds))
                     entry["async"] = summary(atimes)
                 results["gaps"][f"{gap:g}"] = entry
-            wait_for_embeddings(http, url)
     finally:
         if server is not None:
             server.stop()
+        if stand_in is not None:
+            stand_in.__exit__(None, None, None)
     results["load_average_end"] = load_average()
     print_table(results)
     log(f"written to {write_json(args.out, results)}")

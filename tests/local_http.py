@@ -37,6 +37,9 @@ class LocalHttpServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            # The headers and the body are two writes: with Nagle's algorithm the second
+            # waits for the client's delayed ACK (~40 ms) on a kept-alive connection.
+            disable_nagle_algorithm = True
 
             def _handle(self):
                 length = int(self.headers.get("Content-Length") or 0)
