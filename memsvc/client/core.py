@@ -337,12 +337,13 @@ class Call:
 
 class Strategy(Protocol):
     """What ``learning()`` does around a model call. The shells send ``context_request``
-    (if any) before the call, pass its answer to ``prepare`` for the body actually sent,
-    and send ``stores`` in the background once the reply is known."""
+    (if any) before the call, pass its answer to ``prepare`` for the body actually sent
+    (None: nothing was asked, or memsvc failed), and send ``stores`` in the background once
+    the reply is known. A strategy is made per block, from the block's options."""
 
     def context_request(self, call: Call) -> ServerRequest | None: ...
 
-    def prepare(self, call: Call, context: dict) -> dict: ...
+    def prepare(self, call: Call, context: dict | None) -> dict: ...
 
     def stores(self, call: Call, reply: Reply) -> list[ServerRequest]: ...
 
@@ -382,4 +383,5 @@ def _message(agent: str, role: str, content: str, metadata: dict | None) -> Serv
     )
 
 
-STRATEGIES: dict[str, Strategy] = {"recall": Recall()}
+# learning(strategy=NAME): the class made for each block.
+STRATEGIES: dict[str, type] = {"recall": Recall}

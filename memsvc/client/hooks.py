@@ -50,7 +50,7 @@ class Turn:
         self.done = False
 
     def prepare_body(self, context: dict | None) -> dict:
-        return self.session.strategy.prepare(self.call, context) if context else self.call.body
+        return self.session.strategy.prepare(self.call, context)
 
     def observe(self, response) -> bool:
         """Start reading the reply from ``response``; True when its body is already read

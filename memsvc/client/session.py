@@ -75,7 +75,7 @@ class learning:
             raise ValueError(f"unknown strategy {strategy!r}; one of {', '.join(STRATEGIES)}")
         self.agent = agent
         self.capture_only = capture_only
-        self.strategy = STRATEGIES[strategy]
+        self.strategy = STRATEGIES[strategy]()
         self.url = (server_url or server_url_from_env()).rstrip("/")
         api_key = api_key or os.environ.get("MEMSVC_API_KEY")
         self.destination = Destination(self.url, (("X-API-Key", api_key),) if api_key else ())

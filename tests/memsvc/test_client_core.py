@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from memsvc.client import server_url_from_env
+from memsvc.client import learning, server_url_from_env
 from memsvc.client.core import (
     ANTHROPIC,
     CHAT,
@@ -148,6 +148,7 @@ def test_the_recall_strategy_decides_what_is_asked_injected_and_stored():
     assert prepared["instructions"].startswith("x\n\nThe following is context from your memory:")
     assert call.body["instructions"] == "x"  # the caller's body is not changed
     assert strategy.prepare(call, {"memory_blocks": []}) is call.body
+    assert strategy.prepare(call, None) is call.body  # memsvc failed: the body as it was
     stores = strategy.stores(call, Reply("hello"))
     assert [s.json["role"] for s in stores] == ["user", "assistant"]
     assert strategy.context_request(Call("a", CHAT, {"messages": []})) is None  # no user text
@@ -170,3 +171,9 @@ def test_the_recall_strategy_decides_what_is_asked_injected_and_stored():
 )
 def test_where_memsvc_is(environ, url):
     assert server_url_from_env(environ) == url
+
+
+def test_a_block_names_its_strategy():
+    assert isinstance(learning(agent="a").strategy, Recall)
+    with pytest.raises(ValueError, match="unknown strategy 'nope'; one of recall"):
+        learning(agent="a", strategy="nope")
