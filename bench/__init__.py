@@ -29,6 +29,11 @@ Results are printed as a table and written as JSON under ``bench-results/`` (git
   per step of a 30-step synthetic tool task (``bench.tool_task``) with and without
   ``learning(strategy="memory_bank")``, and tool record search latency at 10,000 records.
 
+- ``python -m bench.learning``: the latency ``learning()`` adds to a model call (the test
+  suite's stand-in LLM, plain calls and calls inside a block in alternating rounds), sync
+  and async, back to back and with a pause between calls; ``--compare PATH`` times another
+  client module beside it.
+
 ``bench.common`` holds what the benchmarks share: the private server, waiting for health and
 for the embedding backlog, API calls that fail with the status and body, percentiles, and
 writing results. A benchmark on LoCoMo reads the data with ``bench.locomo.dataset`` and

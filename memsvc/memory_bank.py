@@ -279,3 +279,42 @@ class MemoryBank:
     def _unchanged(messages: list, exc: Exception) -> list:
         logger.warning("memsvc: memory bank unavailable (%s); sending the whole history", exc)
         return messages
+
+
+class MemoryBankStrategy:
+    """``learning(strategy="memory_bank")`` as the client's strategy (``memsvc.client.core``):
+    a chat completion is sent the compressed context (its tool records stored and the
+    relevant ones retrieved by ``MemoryBank``, through the block's own connection to
+    memsvc) and stores no messages; other calls (the Responses API, Anthropic) get the
+    seed's recall. The requests are made while the body is prepared, so an async call waits
+    for them in its event loop's thread (two short requests a step)."""
+
+    def __init__(self, session, bank: MemoryBank):
+        from memsvc.client.core import Recall  # the client package imports no Django either
+
+        self.session = session
+        self.bank = bank
+        self.recall = Recall()
+
+    @staticmethod
+    def _is_chat(call) -> bool:
+        from memsvc.client.core import ChatCompletions
+
+        return isinstance(call.api, ChatCompletions) and isinstance(call.body.get("messages"), list)
+
+    def context_request(self, call):
+        return None if self._is_chat(call) else self.recall.context_request(call)
+
+    def prepare(self, call, context):
+        if not self._is_chat(call):
+            return self.recall.prepare(call, context)
+        messages = self.bank.prepare(call.body["messages"], self._request)
+        return {**call.body, "messages": messages}
+
+    def stores(self, call, reply):
+        return [] if self._is_chat(call) else self.recall.stores(call, reply)
+
+    def _request(self, method: str, path: str, body: dict):
+        response = self.session.request(method, path, body)
+        response.raise_for_status()
+        return response.json()

@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 
+import httpx
 import openai
 import pytest
 
@@ -223,8 +224,8 @@ def test_with_memsvc_gone_the_call_gets_the_whole_history(live_server, llm, capl
     client = openai.OpenAI(base_url=llm.base_url, api_key="test")
     session = learning(agent=AGENT, server_url=live_server.url, strategy="memory_bank")
     with session, caplog.at_level(logging.WARNING, logger="memsvc.client"):
-        session.server.url = "http://127.0.0.1:1"  # memsvc stops answering mid-block
-        session.server.close()
+        session._client.close()  # memsvc stops answering mid-block
+        session._client = httpx.Client(base_url="http://127.0.0.1:1")
         history = run_agent(client, model="gpt-test")
     assert sent(llm)[-1] == history[:-1]  # unchanged: the whole history
     assert "memory bank unavailable" in caplog.text
