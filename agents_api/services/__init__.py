@@ -11,6 +11,7 @@ from agents_api.services.blocks import (
     memory_block_delete,
     memory_block_update,
 )
+from agents_api.services.data_rights import Erased, user_erase
 from agents_api.services.memories import (
     NEAR_DUPLICATE_SIMILARITY,
     POPULAR_ACCESS_COUNT,
@@ -34,6 +35,7 @@ from agents_api.services.messages import (
 )
 
 __all__ = [
+    "Erased",
     "NEAR_DUPLICATE_SIMILARITY",
     "POPULAR_ACCESS_COUNT",
     "NewMemory",
@@ -57,4 +59,5 @@ __all__ = [
     "memory_delete",
     "memory_save",
     "memory_update",
+    "user_erase",
 ]
