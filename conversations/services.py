@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from conversations import selectors
 from conversations.models import (
     AccessLevel,
     Channel,
@@ -25,7 +26,6 @@ from conversations.models import (
     TransferStatus,
     Visibility,
 )
-from conversations import selectors
 from conversations.selectors import conversation_owner_id, history_message_before
 from memsvc.api.errors import Conflict, Forbidden, InvalidInput, NotFound
 from memsvc.api.principals import Principal

@@ -10,7 +10,7 @@ made anew: messages are queued for embedding, memories wait for the sweep.
 
 from dataclasses import dataclass, field
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 
 from agents_api.models import Agent, Memory, MemoryBlock, MemoryBlockRevision, content_hash
 from agents_api.portability.export import FORMAT, VERSION
@@ -128,17 +128,34 @@ def restore_memberships(user_id: str, records: list[dict]) -> int:
     return len(Membership.objects.bulk_create(Membership(**record) for record in records))
 
 
-def restore_messages(user_id: str, records: list[dict]) -> int:
-    """The messages of the user's conversations: new places in the order of all messages
-    (another server's are its own), in the order they had. Fork points and replies name
-    messages by id, so they hold."""
-    for record in records:
-        del record["seq"]
+def _store_messages(records: list[dict]) -> int:
+    """Messages in their old places in the order of all messages (``seq``) when those are
+    free, as on the server they were exported from; else (another server's messages hold
+    them) in new places at the end, in the order they had. Fork points and replies name
+    messages by id, so they hold either way."""
+    seqs = [record["seq"] for record in records]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT EXISTS (SELECT 1 FROM message WHERE seq = ANY(%s))", [seqs])
+        if cursor.fetchone()[0]:
+            for record in records:
+                del record["seq"]
     created = Message.objects.bulk_create(
         (Message(**record) for record in records), batch_size=EMBED_BATCH
     )
+    if created and "seq" in records[0]:
+        with connection.cursor() as cursor:
+            # New messages must never be given a place an imported one holds.
+            cursor.execute(
+                "SELECT setval('message_seq', %s) WHERE %s > (SELECT last_value FROM message_seq)",
+                [max(seqs), max(seqs)],
+            )
     _embed_on_commit([message.id for message in created])
     return len(created)
+
+
+def restore_messages(user_id: str, records: list[dict]) -> int:
+    """The messages of the user's conversations (``_store_messages``)."""
+    return _store_messages(records)
 
 
 def restore_transfers(user_id: str, records: list[dict]) -> int:
@@ -156,27 +173,20 @@ def restore_memberships_elsewhere(user_id: str, records: list[dict]) -> int:
             "id", flat=True
         )
     )
-    member = set(
-        Membership.objects.filter(principal_id=user_id).values_list("group_id", flat=True)
-    )
+    member = set(Membership.objects.filter(principal_id=user_id).values_list("group_id", flat=True))
     kept = [r for r in records if r["group_id"] in existing and r["group_id"] not in member]
     return len(Membership.objects.bulk_create(Membership(**record) for record in kept))
 
 
 def restore_messages_elsewhere(user_id: str, records: list[dict]) -> int:
-    """Messages in conversations that still exist, in their old places (``seq``) between
-    the others' messages."""
+    """Messages in conversations that still exist, in their old places between the others'
+    messages (``_store_messages``)."""
     existing = set(
-        Conversation.objects.filter(
-            id__in=[r["conversation_id"] for r in records]
-        ).values_list("id", flat=True)
+        Conversation.objects.filter(id__in=[r["conversation_id"] for r in records]).values_list(
+            "id", flat=True
+        )
     )
-    kept = [r for r in records if r["conversation_id"] in existing]
-    created = Message.objects.bulk_create(
-        (Message(**record) for record in kept), batch_size=EMBED_BATCH
-    )
-    _embed_on_commit([message.id for message in created])
-    return len(created)
+    return _store_messages([r for r in records if r["conversation_id"] in existing])
 
 
 def restore_transfers_elsewhere(user_id: str, records: list[dict]) -> int:
@@ -185,9 +195,9 @@ def restore_transfers_elsewhere(user_id: str, records: list[dict]) -> int:
     if strangers:
         raise ImportRefused(f"ownershipTransfersElsewhere: {strangers[0]['id']} is not {user_id}'s")
     existing = set(
-        Conversation.objects.filter(
-            id__in=[r["conversation_id"] for r in records]
-        ).values_list("id", flat=True)
+        Conversation.objects.filter(id__in=[r["conversation_id"] for r in records]).values_list(
+            "id", flat=True
+        )
     )
     kept = [r for r in records if r["conversation_id"] in existing]
     return len(OwnershipTransfer.objects.bulk_create(OwnershipTransfer(**r) for r in kept))

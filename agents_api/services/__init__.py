@@ -35,9 +35,9 @@ from agents_api.services.messages import (
 )
 
 __all__ = [
-    "Erased",
     "NEAR_DUPLICATE_SIMILARITY",
     "POPULAR_ACCESS_COUNT",
+    "Erased",
     "NewMemory",
     "PruneResult",
     "agent_get_or_create",
