@@ -68,10 +68,12 @@ def document_chunks(header: dict, sections: list[Section], subject) -> Iterator[
         yield opening[:-1]
         for section in sections:
             yield f",{_json(section.name)}:["
+            # One serializer for the section: a serializer per batch would be garbage with
+            # cycles (fields and their parent), kept until a full collection.
+            record = section.record()
             separator = ""
             for batch in _batches(section.rows(subject).iterator(chunk_size=BATCH), BATCH):
-                records = section.record(batch, many=True).data
-                yield separator + ",".join(_json(record) for record in records)
+                yield separator + ",".join(_json(record.to_representation(row)) for row in batch)
                 separator = ","
             yield "]"
         yield "}\n"
