@@ -15,6 +15,7 @@ from django.db import DatabaseError, connection
 from agents_api.models import Memory, MemoryBlock, MemoryBlockRevision
 from agents_api.services import memory_block_create, memory_block_update, memory_save, user_erase
 from conversations.models import Conversation, Membership, Message, OwnershipTransfer
+from memsvc import cli
 from memsvc.api.principals import Principal
 from search.models import CorpusStat, TermStat
 from search.services import embed_pending, rebuild_term_stats
@@ -287,3 +288,104 @@ def test_erase_is_all_or_nothing(api, alice, world):
     after = export(api, alice)
     after.pop("exportedAt")
     assert (state_of_others(), after) == before
+
+
+def test_erase_takes_the_user_turns_an_agent_wrote_for_them(api, alice, bob, helper, world):
+    """An agent acting for alice in bob's conversation signs her turns with her id."""
+    share = {"userId": helper.agent.principal_id, "accessLevel": "writer"}
+    call(api, "POST", f"/v1/user/conversations/{world.his}/memberships", bob, share, 201)
+    turns = {
+        "messages": [
+            {"role": "user", "content": "Alice dictates a note"},
+            {"role": "assistant", "content": "The agent notes it"},
+        ]
+    }
+    path = f"/v1/agent/conversations/{world.his}/messages"
+    call(api, "POST", path, helper.acting_for("alice"), turns, 201)
+    assert "Alice dictates a note" in contents(export(api, alice)["messagesElsewhere"])
+    call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    messages = call(api, "GET", f"/v1/user/conversations/{world.his}/messages", bob)["data"]
+    assert contents(messages) == [
+        "Bob keeps a quokka diary",
+        "Bob answers about quokkas",
+        "The agent notes it",
+    ]
+
+
+# --- memsvc export / memsvc import -----------------------------------------------------------
+
+
+def cli_export(tmp_path, name: str, *args) -> dict:
+    path = tmp_path / f"{name}.json"
+    assert cli.main(["export", *args, "-o", str(path)]) == 0
+    document = json.loads(path.read_text(encoding="utf-8"))
+    document.pop("exportedAt")
+    return document
+
+
+def test_a_user_round_trip_export_erase_import_gives_the_same_export(
+    api, alice, bob, tmp_path, world, capsys
+):
+    first = cli_export(tmp_path, "first", "user", "alice")
+    over_http = export(api, alice)
+    over_http.pop("exportedAt")
+    assert first == over_http
+
+    call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    assert cli.main(["import", str(tmp_path / "first.json")]) == 0
+    assert "messagesElsewhere: 1" in capsys.readouterr().err
+    assert cli_export(tmp_path, "second", "user", "alice") == first
+
+    # Her message is back in its place in bob's conversation, and her conversation works.
+    messages = call(api, "GET", f"/v1/user/conversations/{world.his}/messages", bob)["data"]
+    assert contents(messages) == [
+        "Bob keeps a quokka diary",
+        "Alice hums xylophone tunes",
+        "Bob answers about quokkas",
+    ]
+    ours = call(api, "GET", f"/v1/user/conversations/{world.ours}", bob)
+    assert ours["ownerUserId"] == "alice" and ours["accessLevel"] == "writer"
+    call(
+        api,
+        "POST",
+        f"/v1/user/conversations/{world.ours}/messages",
+        alice,
+        {"content": "Again"},
+        201,
+    )
+
+    # The same document again collides with what is stored: nothing is imported.
+    before = cli_export(tmp_path, "third", "user", "alice")
+    assert cli.main(["import", str(tmp_path / "first.json")]) == 1
+    assert "nothing imported" in capsys.readouterr().err
+    assert cli_export(tmp_path, "fourth", "user", "alice") == before
+
+
+def test_an_agent_round_trip_export_drop_import_gives_the_same_export(tmp_path, world, capsys):
+    agent, agent_id = world.agent, str(world.agent.id)
+    first = cli_export(tmp_path, "first", "agent", agent.name)
+    assert first["agent"]["id"] == str(agent.id)
+    assert {block["userId"] for block in first["memoryBlocks"]} == {"alice", "bob"}
+    assert sorted(contents(first["memories"])) == [
+        "Alice is allergic to nuts",
+        "Bob runs marathons",
+        "The agent speaks French",
+    ]
+    agent.delete()
+    assert cli.main(["import", str(tmp_path / "first.json")]) == 0
+    assert cli_export(tmp_path, "second", "agent", agent_id) == first
+
+    # Into the agent as it is now: its blocks are there already, so nothing is imported.
+    assert cli.main(["import", str(tmp_path / "first.json")]) == 1
+    assert "nothing imported" in capsys.readouterr().err
+    assert cli.main(["export", "agent", "nobody"]) == 1
+
+
+def test_import_refuses_what_is_not_an_export(tmp_path, capsys):
+    for document in ({"format": "other"}, {"format": "memsvc-export", "version": 1, "kind": "x"}):
+        path = tmp_path / "bad.json"
+        path.write_text(json.dumps(document))
+        assert cli.main(["import", str(path)]) == 1
+    path.write_text("{not json")
+    assert cli.main(["import", str(path)]) == 1
+    assert capsys.readouterr().err.count("nothing imported") == 3
