@@ -207,7 +207,8 @@ def reembed_all(*, backend=None) -> int:
 
 @transaction.atomic
 def rebuild_term_stats() -> None:
-    """Recount the keyword statistics over every embedded message (fixes drift from deletes)."""
+    """Recount the keyword statistics over every embedded message (after a new model, or
+    rows loaded or deleted by other means than the services)."""
     with connection.cursor() as cursor:
         cursor.execute("LOCK TABLE search_term_stat, search_corpus_stat IN EXCLUSIVE MODE")
         cursor.execute("DELETE FROM search_term_stat")
