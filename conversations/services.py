@@ -434,6 +434,14 @@ def user_conversations_erase(user_id: str) -> ErasedConversations:
     Others' data stays as it was, but for the user's messages in it: a fork someone made
     at one of those starts at the message before it instead.
     """
+    # Pending transfers before groups, in the order accepting one takes its locks
+    # (transfer, then group): an accept racing the erase waits, it never deadlocks.
+    list(
+        selectors.transfers_of_owned(user_id)
+        .filter(status=TransferStatus.PENDING)
+        .select_for_update(of=("self",))
+        .values_list("id", flat=True)
+    )
     owned = list(
         selectors.groups_owned_by(user_id)
         .select_for_update(of=("self",))

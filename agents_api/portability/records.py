@@ -141,6 +141,7 @@ class MemoryBlockRevisionRecord(Record):
 
 
 class MemoryBlockRecord(Record):
+    id = serializers.IntegerField(min_value=1, help_text="Letta's routes show it (block-<id>).")
     agentId = serializers.UUIDField(source="agent_id")
     userId = SubjectField(source="user_id", help_text="null: the agent's own block")
     label = serializers.CharField(max_length=100)

@@ -128,27 +128,38 @@ def restore_memberships(user_id: str, records: list[dict]) -> int:
     return len(Membership.objects.bulk_create(Membership(**record) for record in records))
 
 
-def _store_messages(records: list[dict]) -> int:
-    """Messages in their old places in the order of all messages (``seq``) when those are
-    free, as on the server they were exported from; else (another server's messages hold
-    them) in new places at the end, in the order they had. Fork points and replies name
-    messages by id, so they hold either way."""
-    seqs = [record["seq"] for record in records]
+def _keep_numbers(table: str, column: str, sequence: str, records: list[dict], key: str) -> None:
+    """Rows numbered by a sequence (a message's place ``seq``, a block's id, which Letta's
+    routes show) keep their old numbers when none is taken, as on the server they came
+    from, and the sequence moves past them so that no new row is given one. Otherwise
+    (another server's rows hold them) ``key`` is dropped: they get new numbers, in the
+    order they had."""
+    numbers = [record[key] for record in records]
+    if not numbers:
+        return
     with connection.cursor() as cursor:
-        cursor.execute("SELECT EXISTS (SELECT 1 FROM message WHERE seq = ANY(%s))", [seqs])
+        taken = f"SELECT EXISTS (SELECT 1 FROM {table} WHERE {column} = ANY(%s))"  # noqa: S608 (our names)
+        cursor.execute(taken, [numbers])
         if cursor.fetchone()[0]:
             for record in records:
-                del record["seq"]
+                del record[key]
+            return
+        cursor.execute(
+            f"""
+            SELECT setval(s, %s) FROM (SELECT {sequence}::regclass AS s) AS q
+            WHERE %s > coalesce(pg_sequence_last_value(s), 0)
+            """,  # noqa: S608 (our own names; the numbers are parameters)
+            [max(numbers), max(numbers)],
+        )
+
+
+def _store_messages(records: list[dict]) -> int:
+    """Messages in their old places in the order of all messages (``_keep_numbers``): fork
+    points and replies name messages by id, so they hold either way."""
+    _keep_numbers("message", "seq", "'message_seq'", records, "seq")
     created = Message.objects.bulk_create(
         (Message(**record) for record in records), batch_size=EMBED_BATCH
     )
-    if created and "seq" in records[0]:
-        with connection.cursor() as cursor:
-            # New messages must never be given a place an imported one holds.
-            cursor.execute(
-                "SELECT setval('message_seq', %s) WHERE %s > (SELECT last_value FROM message_seq)",
-                [max(seqs), max(seqs)],
-            )
     _embed_on_commit([message.id for message in created])
     return len(created)
 
@@ -230,9 +241,10 @@ def restore_memories(subject, records: list[dict]) -> int:
 
 
 def restore_memory_blocks(subject, records: list[dict]) -> int:
-    """Blocks with every revision they had (the limit is the block's own: a value within it
-    when exported is within it now)."""
+    """Blocks with every revision they had, under their old ids when free
+    (``_keep_numbers``)."""
     kept = _agents_for(subject, records, "memoryBlocks")
+    _keep_numbers("memory_block", "id", "pg_get_serial_sequence('memory_block', 'id')", kept, "id")
     revisions = [record.pop("exported_revisions") for record in kept]
     blocks = MemoryBlock.objects.bulk_create(MemoryBlock(**record) for record in kept)
     MemoryBlockRevision.objects.bulk_create(

@@ -9,10 +9,11 @@ import json
 import tracemalloc
 from types import SimpleNamespace
 
+import httpx
 import pytest
 from django.db import DatabaseError, connection
 
-from agents_api.models import Memory, MemoryBlock, MemoryBlockRevision
+from agents_api.models import Agent, Memory, MemoryBlock, MemoryBlockRevision
 from agents_api.services import memory_block_create, memory_block_update, memory_save, user_erase
 from conversations.models import Conversation, Membership, Message, OwnershipTransfer
 from memsvc import cli
@@ -371,9 +372,20 @@ def test_an_agent_round_trip_export_drop_import_gives_the_same_export(tmp_path, 
         "Bob runs marathons",
         "The agent speaks French",
     ]
+    block_ids = sorted(MemoryBlock.objects.filter(agent=agent).values_list("id", flat=True))
     agent.delete()
     assert cli.main(["import", str(tmp_path / "first.json")]) == 0
     assert cli_export(tmp_path, "second", "agent", agent_id) == first
+    # Blocks keep their ids (Letta's routes name them so), and new ones never take one.
+    assert sorted(MemoryBlock.objects.filter(agent_id=agent_id).values_list("id", flat=True)) == (
+        block_ids
+    )
+    newer = memory_block_create(
+        Agent.objects.get(id=agent_id).as_principal(),
+        agent=Agent.objects.get(id=agent_id),
+        label="new",
+    )
+    assert newer.id > max(block_ids)
 
     # Into the agent as it is now: its blocks are there already, so nothing is imported.
     assert cli.main(["import", str(tmp_path / "first.json")]) == 1
@@ -389,3 +401,19 @@ def test_import_refuses_what_is_not_an_export(tmp_path, capsys):
     path.write_text("{not json")
     assert cli.main(["import", str(path)]) == 1
     assert capsys.readouterr().err.count("nothing imported") == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_export_streams_over_real_http_from_one_snapshot(live_server, alice):
+    """Through a real server (its own transaction per request): chunked, not sized up
+    front, and read in a REPEATABLE READ snapshot."""
+    headers = {"Authorization": alice.auth_headers()["HTTP_AUTHORIZATION"]}
+    with httpx.Client(base_url=live_server.url, headers=headers) as http:
+        made = http.post("/v1/user/conversations", json={"title": "Live"}).json()
+        for n in range(3):
+            http.post(f"/v1/user/conversations/{made['id']}/messages", json={"content": f"m{n}"})
+        with http.stream("GET", "/v1/user/export") as response:
+            assert response.status_code == 200
+            assert "content-length" not in response.headers
+            document = json.loads(b"".join(response.iter_bytes()))
+    assert contents(document["messages"]) == ["m0", "m1", "m2"]
