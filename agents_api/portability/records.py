@@ -29,7 +29,8 @@ class SubjectField(serializers.CharField):
 
 
 class Record(serializers.Serializer):
-    """A record keeps its text as it is (no trimming): what comes back is what went out."""
+    # A record keeps its text as it is (no trimming): what comes back is what went out.
+    # (A comment: drf-spectacular would copy a docstring into every record's schema.)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
