@@ -43,8 +43,11 @@ class ErasedOut(serializers.Serializer):
     messages = serializers.IntegerField(
         help_text="The messages of those, and yours in others' conversations."
     )
-    memberships = serializers.IntegerField()
-    ownershipTransfers = serializers.IntegerField(source="ownership_transfers")
+    memberships = serializers.IntegerField(help_text="Yours, everywhere.")
+    ownershipTransfers = serializers.IntegerField(
+        source="ownership_transfers",
+        help_text="Of the conversations you owned, and those you made or were offered.",
+    )
     memories = serializers.IntegerField(help_text="What agents kept about you.")
     memoryBlocks = serializers.IntegerField(source="memory_blocks")
 

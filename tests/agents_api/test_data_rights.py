@@ -417,3 +417,25 @@ def test_the_export_streams_over_real_http_from_one_snapshot(live_server, alice)
             assert "content-length" not in response.headers
             document = json.loads(b"".join(response.iter_bytes()))
     assert contents(document["messages"]) == ["m0", "m1", "m2"]
+
+
+def test_erase_ends_the_transfers_the_user_offered(api, alice, bob, world):
+    """Her pending offer of her conversation to bob goes with the conversation; a transfer
+    bob accepted from her stays his conversation, without the record naming her."""
+    body = {"newOwnerUserId": "bob"}
+    call(api, "POST", f"/v1/user/conversations/{world.ours}/transfer-ownership", alice, body, 202)
+    given = call(api, "POST", "/v1/user/conversations", alice, {"title": "A gift"}, 201)["id"]
+    offer = call(
+        api, "POST", f"/v1/user/conversations/{given}/transfer-ownership", alice, body, 202
+    )
+    call(api, "POST", f"/v1/user/ownership-transfers/{offer['id']}/accept", bob)
+    assert len(call(api, "GET", "/v1/user/ownership-transfers", bob)["data"]) == 2  # both ways
+
+    erased = call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    assert erased["ownershipTransfers"] == 3  # hers pending, the accepted one, bob's to her
+    assert erased["memberships"] == 3  # owner of hers, writer in bob's, manager of the gift
+    assert call(api, "GET", "/v1/user/ownership-transfers", bob)["data"] == []
+    gift = call(api, "GET", f"/v1/user/conversations/{given}", bob)
+    assert (gift["ownerUserId"], gift["accessLevel"]) == ("bob", "owner")
+    accepted = call(api, "GET", "/v1/user/ownership-transfers?status=accepted", bob)["data"]
+    assert accepted == []
