@@ -149,7 +149,7 @@ def test_the_export_holds_everything_kept_about_the_user(api, alice, world):
     assert [revision["value"] for revision in block["revisions"]] == ["A", "A\nlikes tea"]
 
 
-def test_the_export_of_someone_else_is_impossible(api, alice, bob, charlie, world):
+def test_the_export_of_someone_else_is_impossible(api, alice, bob, charlie, helper, world):
     text = json.dumps(export(api, charlie))
     for theirs in ("Zanzibar", "xylophone", "quokka", "nuts", "marathons", "alice", "bob"):
         assert theirs not in text
@@ -164,6 +164,10 @@ def test_the_export_of_someone_else_is_impossible(api, alice, bob, charlie, worl
     # Only a user's own token: no token, or an agent's key, is refused.
     assert api.get("/v1/user/export").status_code == 401
     assert api.post("/v1/user/erase", {"confirm": "alice"}).status_code == 401
+    for_alice = helper.acting_for("alice")  # even with the impersonate scope
+    assert api.get("/v1/user/export", as_=for_alice).status_code == 401
+    assert api.post("/v1/user/erase", {"confirm": "alice"}, as_=for_alice).status_code == 401
+    assert Memory.objects.filter(user_id="alice").exists()
 
 
 def test_the_export_is_streamed_a_batch_at_a_time(api, alice, world):
