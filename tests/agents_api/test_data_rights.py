@@ -443,3 +443,19 @@ def test_erase_ends_the_transfers_the_user_offered(api, alice, bob, world):
     assert (gift["ownerUserId"], gift["accessLevel"]) == ("bob", "owner")
     accepted = call(api, "GET", "/v1/user/ownership-transfers?status=accepted", bob)["data"]
     assert accepted == []
+
+
+def test_an_import_renumbers_messages_whose_places_are_taken(api, alice, bob, tmp_path, world):
+    """Another server's messages hold the places: they come in new ones, in their order."""
+    document = cli_export(tmp_path, "first", "user", "alice")
+    call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    taken = Message.objects.order_by("seq").values_list("seq", flat=True)[0]
+    for offset, message in enumerate(document["messages"]):
+        message["seq"] = taken + offset  # as numbered elsewhere: one of them is bob's
+    path = tmp_path / "elsewhere.json"
+    path.write_text(json.dumps({**document, "exportedAt": None}))
+    assert cli.main(["import", str(path)]) == 0
+    messages = call(api, "GET", f"/v1/user/conversations/{world.ours}/messages", alice)["data"]
+    assert contents(messages) == ["Alice plans a trip to Zanzibar", "Bob likes the Zanzibar idea"]
+    seqs = list(Message.objects.filter(conversation_id=world.ours).values_list("seq", flat=True))
+    assert min(seqs) > Message.objects.exclude(conversation_id=world.ours).order_by("-seq")[0].seq
