@@ -7,7 +7,7 @@ What search computes again (vectors, full-text vectors) is left out: an import e
 
 from rest_framework import serializers
 
-from agents_api.models import MemorySource
+from agents_api.models import MemorySource, SummarySource
 from conversations.models import AccessLevel, Channel, Role, TransferStatus, Visibility
 from memsvc.api.principals import PRINCIPAL_MAX_LENGTH
 
@@ -172,3 +172,20 @@ class AgentRecord(Record):
 
     class Meta:
         ref_name = "ExportedAgent"
+
+
+class ToolRecordRecord(Record):
+    id = serializers.UUIDField(help_text="The trace id.")
+    agentId = serializers.UUIDField(source="agent_id")
+    conversationId = serializers.UUIDField(source="conversation_id", allow_null=True)
+    taskId = serializers.CharField(source="task_id", allow_blank=True, max_length=255)
+    step = serializers.IntegerField(min_value=0, allow_null=True)
+    toolName = serializers.CharField(source="tool_name", max_length=200)
+    input = serializers.JSONField(source="raw_input")
+    output = serializers.JSONField(source="raw_output", allow_null=True)
+    summary = serializers.CharField()
+    summarySource = serializers.ChoiceField(source="summary_source", choices=SummarySource.choices)
+    createdAt = serializers.DateTimeField(source="created_at")
+
+    class Meta:
+        ref_name = "ExportedToolRecord"

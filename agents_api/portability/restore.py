@@ -5,14 +5,22 @@ again. Conversations a user owned come back whole (their messages take new place
 order of all messages, in the order they had); what they had in conversations of others
 comes back only where those still exist, their messages in their old places. An agent's
 memory comes back into that agent (made again, with its id, when it is gone). Vectors are
-made anew: messages are queued for embedding, memories wait for the sweep.
+made anew: messages are queued for embedding, memories and tool records wait for their
+sweeps.
 """
 
 from dataclasses import dataclass, field
 
 from django.db import IntegrityError, connection, transaction
 
-from agents_api.models import Agent, Memory, MemoryBlock, MemoryBlockRevision, content_hash
+from agents_api.models import (
+    Agent,
+    Memory,
+    MemoryBlock,
+    MemoryBlockRevision,
+    ToolRecord,
+    content_hash,
+)
 from agents_api.portability.export import FORMAT, VERSION
 from agents_api.portability.records import AgentRecord
 from conversations.models import (
@@ -253,3 +261,18 @@ def restore_memory_blocks(subject, records: list[dict]) -> int:
         for revision in block_revisions
     )
     return len(blocks)
+
+
+def restore_tool_records(agent: Agent, records: list[dict]) -> int:
+    """An agent's tool records; one whose conversation is gone keeps its facts without it.
+    Their vectors wait for the sweep."""
+    kept = _agents_for(agent, records, "toolRecords")
+    existing = set(
+        Conversation.objects.filter(
+            id__in=[r["conversation_id"] for r in kept if r["conversation_id"]]
+        ).values_list("id", flat=True)
+    )
+    for record in kept:
+        if record["conversation_id"] not in existing:
+            record["conversation_id"] = None
+    return len(ToolRecord.objects.bulk_create(ToolRecord(**record) for record in kept))

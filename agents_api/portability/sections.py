@@ -68,7 +68,8 @@ USER_SECTIONS = [
     ),
 ]
 
-# An agent's memory (``memsvc export agent``), about every user and its own.
+# An agent's memory (``memsvc export agent``): blocks and memories about every user and
+# its own, and its tool records.
 AGENT_SECTIONS = [
     Section(
         "memoryBlocks",
@@ -77,4 +78,10 @@ AGENT_SECTIONS = [
         restore.restore_memory_blocks,
     ),
     Section("memories", records.MemoryRecord, _memories, restore.restore_memories),
+    Section(
+        "toolRecords",
+        records.ToolRecordRecord,
+        lambda agent: agent_selectors.tool_records_of(agent).order_by("created_at", "id"),
+        restore.restore_tool_records,
+    ),
 ]

@@ -14,7 +14,14 @@ import pytest
 from django.db import DatabaseError, connection
 
 from agents_api.models import Agent, Memory, MemoryBlock, MemoryBlockRevision
-from agents_api.services import memory_block_create, memory_block_update, memory_save, user_erase
+from agents_api.services import (
+    NewToolRecord,
+    memory_block_create,
+    memory_block_update,
+    memory_save,
+    tool_records_create,
+    user_erase,
+)
 from conversations.models import Conversation, Membership, Message, OwnershipTransfer
 from memsvc import cli
 from memsvc.api.principals import Principal
@@ -70,6 +77,16 @@ def world(api, alice, bob, charlie):
     block = memory_block_create(actor, agent=agent, user_id="alice", label="human", value="A")
     memory_block_update(actor, block=block, append="likes tea")
     memory_block_create(actor, agent=agent, user_id="bob", label="human", value="B")
+    hotels = NewToolRecord(
+        tool_name="search_hotels",
+        raw_input={"city": "Lisbon"},
+        raw_output={"results": [{"id": "htl-001", "price": 120}]},
+        task_id="trip",
+        step=1,
+        conversation=Conversation.objects.get(id=his),
+    )
+    nothing = NewToolRecord(tool_name="ping", raw_output=None, summary="No answer")
+    tool_records_create(actor, agent=agent, records=[hotels, nothing])
     embed_pending()
     return SimpleNamespace(
         ours=ours, his=his, hers=hers["id"], fork=fork["id"], offered=offered, agent=agent
@@ -376,6 +393,16 @@ def test_an_agent_round_trip_export_drop_import_gives_the_same_export(tmp_path, 
         "Bob runs marathons",
         "The agent speaks French",
     ]
+    hotels, nothing = sorted(
+        first["toolRecords"], key=lambda record: record["toolName"], reverse=True
+    )
+    assert (hotels["conversationId"], hotels["taskId"], hotels["step"]) == (world.his, "trip", 1)
+    assert hotels["output"] == {"results": [{"id": "htl-001", "price": 120}]}
+    assert (nothing["output"], nothing["summary"], nothing["summarySource"]) == (
+        None,
+        "No answer",
+        "caller",
+    )
     block_ids = sorted(MemoryBlock.objects.filter(agent=agent).values_list("id", flat=True))
     agent.delete()
     assert cli.main(["import", str(tmp_path / "first.json")]) == 0
