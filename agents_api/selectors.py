@@ -6,7 +6,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from django.db.models import Q, QuerySet
+from django.db.models import Prefetch, Q, QuerySet
 from django.utils import timezone
 
 from agents_api.models import Agent, Memory, MemoryBlock, MemoryBlockRevision, ToolRecord
@@ -62,6 +62,25 @@ def memory_block(agent: Agent, *, user_id: str, label: str) -> MemoryBlock:
 
 def memory_block_revisions(block: MemoryBlock) -> list[MemoryBlockRevision]:
     return list(block.revisions.order_by("-created_at", "-id"))
+
+
+def memory_blocks_with_revisions(
+    agent: Agent | None = None, *, user_id: str | None = None
+) -> QuerySet[MemoryBlock]:
+    """An agent's blocks (about every user and its own), or every agent's blocks about a
+    user, each with its revisions oldest first (``exported_revisions``)."""
+    blocks = MemoryBlock.objects.all()
+    if agent is not None:
+        blocks = blocks.filter(agent=agent)
+    if user_id is not None:
+        blocks = blocks.filter(user_id=user_id)
+    return blocks.order_by("agent_id", "user_id", "label").prefetch_related(
+        Prefetch(
+            "revisions",
+            queryset=MemoryBlockRevision.objects.order_by("created_at", "id"),
+            to_attr="exported_revisions",
+        )
+    )
 
 
 LOCAL_OWNER = "local"  # owner_principal of the local compatibility API's agents

@@ -262,6 +262,74 @@ def cmd_apikey_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
+def _agent_named(name_or_id: str):
+    """The agent with this id, or the one agent with this name; None (said why) otherwise."""
+    import uuid
+
+    from agents_api.models import Agent
+
+    try:
+        agents = list(Agent.objects.filter(id=uuid.UUID(name_or_id)))
+    except ValueError:
+        agents = list(Agent.objects.filter(name=name_or_id).order_by("created_at"))
+    if len(agents) == 1:
+        return agents[0]
+    if agents:
+        ids = ", ".join(f"{agent.id} (owner {agent.owner_principal})" for agent in agents)
+        print(
+            f"several agents are called {name_or_id!r}: give the id of one of {ids}",
+            file=sys.stderr,
+        )
+    else:
+        print(f"no agent {name_or_id!r}", file=sys.stderr)
+    return None
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    _setup_django()
+    from agents_api.portability.export import agent_header, document_chunks, user_header
+    from agents_api.portability.sections import AGENT_SECTIONS, USER_SECTIONS
+
+    if args.kind == "user":
+        chunks = document_chunks(user_header(args.subject), USER_SECTIONS, args.subject)
+    else:
+        agent = _agent_named(args.subject)
+        if agent is None:
+            return 1
+        chunks = document_chunks(agent_header(agent), AGENT_SECTIONS, agent)
+    if args.output in (None, "-"):
+        sys.stdout.writelines(chunks)
+        sys.stdout.flush()
+    else:
+        with open(args.output, "w", encoding="utf-8") as output:
+            output.writelines(chunks)
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    import json
+
+    _setup_django()
+    from agents_api.portability.restore import ImportRefused, document_import
+
+    try:
+        if args.file == "-":
+            document = json.load(sys.stdin)
+        else:
+            with open(args.file, encoding="utf-8") as source:
+                document = json.load(source)
+        result = document_import(document)
+    except (OSError, ValueError, ImportRefused) as exc:
+        print(f"nothing imported: {exc}", file=sys.stderr)
+        return 1
+    print(f"imported the {result.kind} {result.subject}:", file=sys.stderr)
+    for name, stored in result.stored.items():
+        skipped = result.skipped[name]
+        note = f" ({skipped} skipped: their conversation or agent is gone)" if skipped else ""
+        print(f"  {name}: {stored}{note}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="memsvc", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -316,6 +384,19 @@ def build_parser() -> argparse.ArgumentParser:
     revoke = apikey_commands.add_parser("revoke", help="revoke a key by its id")
     revoke.add_argument("key_id")
     revoke.set_defaults(func=cmd_apikey_revoke)
+
+    export = commands.add_parser(
+        "export", help="write a user's data or an agent's memory as one JSON document"
+    )
+    export.add_argument("kind", choices=["user", "agent"])
+    export.add_argument("subject", help="the user id, or the agent's id or name")
+    export.add_argument("-o", "--output", help="a file (default: standard output)")
+    export.set_defaults(func=cmd_export)
+    importing = commands.add_parser(
+        "import", help="put back what `memsvc export` wrote (all of it or nothing)"
+    )
+    importing.add_argument("file", help="the document (- for standard input)")
+    importing.set_defaults(func=cmd_import)
     return parser
 
 

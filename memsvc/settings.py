@@ -188,6 +188,12 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Enums that exports (agents_api.portability) share with the API keep the API's names.
+    "ENUM_NAME_OVERRIDES": {
+        "OwnershipTransferStatusEnum": "conversations.models.TransferStatus",
+        "MessageChannelEnum": "conversations.models.Channel",
+        "ChannelEnum": [("history", "history"), ("memory", "memory")],  # an agent may append
+    },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "memsvc.api.schema.forbid_unknown_request_fields",

@@ -53,6 +53,40 @@ ON CONFLICT (id) DO UPDATE SET
     total_length = search_corpus_stat.total_length + EXCLUDED.total_length
 """
 
+# Takes the lexemes of messages about to be deleted out of the keyword statistics (only the
+# embedded ones were counted). Their rows are locked first, in lexeme order as counting
+# locks them, so a worker counting other messages meanwhile cannot deadlock with it.
+_LOCK_TERMS = """
+SELECT lexeme FROM search_term_stat WHERE lexeme IN (
+    SELECT DISTINCT lexeme FROM message, unnest(search_vector) AS term(lexeme, positions, weights)
+    WHERE message.id = ANY(%s) AND message.embedded_at IS NOT NULL
+) ORDER BY lexeme FOR UPDATE
+"""
+
+_UNCOUNT_TERMS = """
+UPDATE search_term_stat SET document_count = search_term_stat.document_count - gone.n
+FROM (
+    SELECT lexeme, count(*) AS n FROM message, unnest(search_vector) AS term(lexeme, positions, weights)
+    WHERE message.id = ANY(%s) AND message.embedded_at IS NOT NULL
+    GROUP BY lexeme
+) AS gone
+WHERE search_term_stat.lexeme = gone.lexeme
+"""
+
+# A word nobody's messages hold any more leaves the statistics: erased text leaves no trace.
+_DROP_UNUSED_TERMS = "DELETE FROM search_term_stat WHERE lexeme = ANY(%s) AND document_count <= 0"
+
+_UNCOUNT_CORPUS = """
+UPDATE search_corpus_stat SET
+    document_count = greatest(search_corpus_stat.document_count - gone.n, 0),
+    total_length = greatest(search_corpus_stat.total_length - gone.length, 0)
+FROM (
+    SELECT count(*) AS n, coalesce(sum(length(search_vector)), 0) AS length
+    FROM message WHERE id = ANY(%s) AND embedded_at IS NOT NULL
+) AS gone
+WHERE search_corpus_stat.id = 1
+"""
+
 
 def embed_messages(
     message_ids: Sequence, *, backend: EmbeddingBackend | None = None, force: bool = False
@@ -109,6 +143,18 @@ def write_vectors(cursor, table: str, ids: list, vectors, *, model: str, at, for
         [model, at, list(ids), [vector_literal(vector) for vector in vectors]],
     )
     return {row_id for (row_id,) in cursor.fetchall()}
+
+
+def uncount_messages(cursor, message_ids: list) -> None:
+    """Take these messages out of the keyword statistics, before they are deleted in the
+    same transaction. Caller holds the messages' row locks: a worker embedding one of them
+    waits, then finds it gone and counts nothing, so each message is counted out once."""
+    cursor.execute(_LOCK_TERMS, [message_ids])
+    lexemes = [lexeme for (lexeme,) in cursor.fetchall()]
+    if lexemes:
+        cursor.execute(_UNCOUNT_TERMS, [message_ids])
+        cursor.execute(_DROP_UNUSED_TERMS, [lexemes])
+    cursor.execute(_UNCOUNT_CORPUS, [message_ids])
 
 
 def vectors_or_none(texts: list[str], *, what: str) -> tuple:
@@ -238,7 +284,8 @@ def reembed_all(*, backend=None) -> int:
 
 @transaction.atomic
 def rebuild_term_stats() -> None:
-    """Recount the keyword statistics over every embedded message (fixes drift from deletes)."""
+    """Recount the keyword statistics over every embedded message (after a new model, or
+    rows loaded or deleted by other means than the services)."""
     with connection.cursor() as cursor:
         cursor.execute("LOCK TABLE search_term_stat, search_corpus_stat IN EXCLUSIVE MODE")
         cursor.execute("DELETE FROM search_term_stat")

@@ -11,6 +11,7 @@ from agents_api.services.blocks import (
     memory_block_delete,
     memory_block_update,
 )
+from agents_api.services.data_rights import Erased, user_erase
 from agents_api.services.letta import (
     letta_agent_create,
     letta_agent_delete,
@@ -55,6 +56,7 @@ from agents_api.services.tool_records import (
 __all__ = [
     "NEAR_DUPLICATE_SIMILARITY",
     "POPULAR_ACCESS_COUNT",
+    "Erased",
     "NewMemory",
     "NewToolRecord",
     "PruneResult",
@@ -91,4 +93,5 @@ __all__ = [
     "tool_records_embed",
     "tool_records_embed_pending",
     "tool_records_reembed_all",
+    "user_erase",
 ]
