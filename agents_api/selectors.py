@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from agents_api.models import Agent, Memory, MemoryBlock, MemoryBlockRevision
+from agents_api.models import Agent, Memory, MemoryBlock, MemoryBlockRevision, UserMemorySetting
 from conversations.models import Conversation
 from conversations.selectors import conversation_owner_id
 from memsvc.api.errors import Forbidden, InvalidInput, NotFound
@@ -81,6 +81,15 @@ def local_agent(caller_agent: Agent | None, name: str) -> Agent:
 
 
 # --- long-term memories ----------------------------------------------------------------------
+
+
+def memory_enabled_for(user_id: str | None) -> bool:
+    """Whether agents may remember ``user_id`` (``UserMemorySetting``); an agent's own memory
+    ("" or None) is always on."""
+    if not user_id:
+        return True
+    return not UserMemorySetting.objects.filter(user_id=user_id, memory_enabled=False).exists()
+
 
 MEMORIES = Corpus(
     "memory",
@@ -171,8 +180,11 @@ def memory_search(
     ``min_score`` filters on relevance, measured so that it means the same for every query:
     the cosine similarity to the query or the share of the query's words (by weight) a
     memory holds, whichever is higher. With ``prefetch`` each sentence of the query is
-    searched and a memory keeps its best result.
+    searched and a memory keeps its best result. A user who turned memory off
+    (``memory_enabled_for``) has nothing found about them.
     """
+    if not memory_enabled_for(user_id):
+        return []
     tuning = configured_tuning()
     ranking_ = ranking_ or configured_memory_ranking()
     scope = _memory_scope(agent, user_id, tags)

@@ -25,6 +25,7 @@ from agents_api.services.memories import (
     memories_touch,
     memory_delete,
     memory_save,
+    memory_setting_update,
     memory_update,
 )
 from agents_api.services.messages import (
@@ -56,5 +57,6 @@ __all__ = [
     "memory_block_update",
     "memory_delete",
     "memory_save",
+    "memory_setting_update",
     "memory_update",
 ]
