@@ -6,12 +6,13 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from django.db.models import QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet, TextField, Value
+from django.db.models.functions import Cast, Concat
 from django.utils import timezone
 
 from agents_api.models import Agent, Memory, MemoryBlock, MemoryBlockRevision, UserMemorySetting
-from conversations.models import Conversation
-from conversations.selectors import conversation_owner_id
+from conversations.models import Conversation, Membership
+from conversations.selectors import conversation_owner_id, conversations_visible_to
 from memsvc.api.errors import Forbidden, InvalidInput, NotFound
 from memsvc.api.pagination import Page, keyset_page
 from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, Principal, user_id_problem
@@ -62,6 +63,23 @@ def memory_block(agent: Agent, *, user_id: str, label: str) -> MemoryBlock:
 
 def memory_block_revisions(block: MemoryBlock) -> list[MemoryBlockRevision]:
     return list(block.revisions.order_by("-created_at", "-id"))
+
+
+def agents_serving(principal: Principal) -> QuerySet[Agent]:
+    """The agents that serve a user, by name: those that keep memory blocks or memories
+    about them, or belong to a conversation the user sees."""
+    in_their_conversations = Membership.objects.filter(
+        group_id__in=conversations_visible_to(principal).values("group_id"),
+        principal_id=Concat(Value(AGENT_PRINCIPAL_PREFIX), Cast(OuterRef("id"), TextField())),
+    )
+    return (
+        Agent.objects.filter(
+            Q(Exists(Memory.objects.filter(agent=OuterRef("pk"), user_id=principal.id)))
+            | Q(Exists(MemoryBlock.objects.filter(agent=OuterRef("pk"), user_id=principal.id)))
+            | Q(Exists(in_their_conversations))
+        )
+        .order_by("name", "id")
+    )
 
 
 LOCAL_OWNER = "local"  # owner_principal of the local compatibility API's agents
