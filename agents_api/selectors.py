@@ -72,14 +72,11 @@ def agents_serving(principal: Principal) -> QuerySet[Agent]:
         group_id__in=conversations_visible_to(principal).values("group_id"),
         principal_id=Concat(Value(AGENT_PRINCIPAL_PREFIX), Cast(OuterRef("id"), TextField())),
     )
-    return (
-        Agent.objects.filter(
-            Q(Exists(Memory.objects.filter(agent=OuterRef("pk"), user_id=principal.id)))
-            | Q(Exists(MemoryBlock.objects.filter(agent=OuterRef("pk"), user_id=principal.id)))
-            | Q(Exists(in_their_conversations))
-        )
-        .order_by("name", "id")
-    )
+    return Agent.objects.filter(
+        Q(Exists(Memory.objects.filter(agent=OuterRef("pk"), user_id=principal.id)))
+        | Q(Exists(MemoryBlock.objects.filter(agent=OuterRef("pk"), user_id=principal.id)))
+        | Q(Exists(in_their_conversations))
+    ).order_by("name", "id")
 
 
 LOCAL_OWNER = "local"  # owner_principal of the local compatibility API's agents

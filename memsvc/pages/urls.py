@@ -24,6 +24,7 @@ urlpatterns = [
         conversations.fork,
         name="fork",
     ),
+    path("c/<uuid:conversation_id>/reply", conversations.reply, name="reply"),
     path("c/<uuid:conversation_id>/rename", conversations.rename, name="rename"),
     path("c/<uuid:conversation_id>/delete", conversations.delete, name="delete"),
     path("c/<uuid:conversation_id>/members", conversations.share, name="share"),

@@ -4,15 +4,19 @@ the conversation through ``access_conversation`` and calls one service or select
 
 from dataclasses import dataclass, field
 
+from django.contrib import messages as flash
+from django.http import StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 
+from agents_api.assistant import assistant_of, assistant_reply, pages_assistant
 from conversations import selectors, services
 from conversations.api import serializers as s
 from conversations.models import AccessLevel, Conversation
-from memsvc.api.errors import NotFound
+from memsvc.api.errors import Conflict, NotFound
+from memsvc.api.pagination import Page
 from memsvc.api.principals import principal_for_sharing
-from memsvc.llm import llm_configured
+from memsvc.llm import LLMError, llm_configured
 from memsvc.pages.views.common import PAGE_SIZE, action, back, fragment_or_page, page
 from search.selectors import search_messages
 
@@ -32,6 +36,7 @@ def home(request):
     context = {
         "conversations": conversations,
         "transfers": selectors.transfers_for(request.principal, status=None),
+        "llm": llm_configured(),
     }
     return fragment_or_page(request, "pages/_conversation_rows.html", "pages/home.html", context)
 
@@ -52,7 +57,12 @@ def search(request):
 @action
 def conversation_create(request):
     data = s.CreateConversationIn.parse(_form(request, "title"))
-    conversation = services.conversation_create(request.principal, title=data.get("title", ""))
+    writers = []
+    if llm_configured() and request.POST.get("assistant") == "on":
+        writers.append(pages_assistant().principal_id)
+    conversation = services.conversation_create(
+        request.principal, title=data.get("title", ""), writer_ids=writers
+    )
     return redirect("pages:conversation", conversation.id)
 
 
@@ -76,21 +86,23 @@ def _fork_tree(forks: list[Conversation]) -> list[ForkNode]:
 def conversation(request, conversation_id):
     conversation = selectors.access_conversation(request.principal, conversation_id)
     starting_at = request.GET.get("at")
-    messages = selectors.message_page(
+    message_page = selectors.message_page(
         conversation,
         after=request.GET.get("after") or None,
         limit=PAGE_SIZE,
         starting_at=selectors.message_in_view(conversation, starting_at) if starting_at else None,
     )
     level = AccessLevel(conversation.access_level)
+    llm = llm_configured()
     context = {
         "conversation": conversation,
-        "messages": messages,
+        "message_page": message_page,
         "at": starting_at,
         "can_write": level.allows(AccessLevel.WRITER),
         "can_manage": level.allows(AccessLevel.MANAGER),
         "is_owner": level == AccessLevel.OWNER,
-        "llm": llm_configured(),
+        "llm": llm,
+        "assistant": assistant_of(conversation) if llm else None,
     }
     if request.htmx:  # the next page of messages
         return render(request, "pages/_message_rows.html", context)
@@ -108,10 +120,49 @@ def _at_level(request, conversation_id, need: AccessLevel) -> Conversation:
 
 @action
 def message_append(request, conversation_id):
+    """The person's message. The page's script asks for the assistant's answer as a stream
+    (``reply``) and gets just the new message to show; without the script the assistant (if
+    any) answers before the page comes back."""
     conversation = _at_level(request, conversation_id, AccessLevel.WRITER)
     data = s.CreateUserMessageIn.parse(_form(request, "content"))
     message = services.message_append(request.principal, conversation=conversation, **data)
-    return redirect(f"{reverse('pages:conversation', args=[conversation.id])}#m-{message.id}")
+    if request.htmx:
+        context = {
+            "message_page": Page([message], None),
+            "conversation": conversation,
+            "can_write": True,
+        }
+        return render(request, "pages/_message_rows.html", context)
+    assistant = assistant_of(conversation) if llm_configured() else None
+    if assistant is not None:
+        try:
+            for _ in assistant_reply(assistant, conversation, user=request.principal):
+                pass
+        except LLMError as exc:
+            flash.error(request, f"The assistant could not answer: {exc}")
+    page_url = reverse("pages:conversation", args=[conversation.id])
+    return redirect(f"{page_url}?at={message.id}#m-{message.id}")
+
+
+@action
+def reply(request, conversation_id):
+    """The assistant's answer to the latest turns, streamed as plain text while the model
+    writes it, then kept as its message."""
+    conversation = _at_level(request, conversation_id, AccessLevel.WRITER)
+    assistant = assistant_of(conversation) if llm_configured() else None
+    if assistant is None:
+        raise Conflict("no assistant answers in this conversation")
+
+    def stream():
+        try:
+            yield from assistant_reply(assistant, conversation, user=request.principal)
+        except LLMError as exc:
+            yield f"\n[The assistant could not answer: {exc}]"
+
+    response = StreamingHttpResponse(stream(), content_type="text/plain; charset=utf-8")
+    response["Cache-Control"] = "no-store"
+    response["X-Accel-Buffering"] = "no"  # a proxy in front passes the pieces on at once
+    return response
 
 
 @action
