@@ -267,6 +267,16 @@ def message_page(
     return keyset_page(messages, order=("seq",), after=after, limit=limit)
 
 
+def latest_message_page(
+    conversation: Conversation, *, before: str | None = None, limit: int
+) -> Page:
+    """The latest messages a user sees in the conversation's view, newest first (where a
+    chat opens); the cursor continues with earlier ones."""
+    return keyset_page(
+        conversation_messages(conversation), order=("-seq",), after=before, limit=limit
+    )
+
+
 @dataclass(frozen=True)
 class ContextPage:
     messages: list[Message]

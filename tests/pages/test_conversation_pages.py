@@ -133,14 +133,24 @@ def test_messages_in_order_users_channel_only(alice_page):
     assert "No assistant is configured" in html
 
 
-def test_a_long_conversation_is_paged(alice_page):
+def test_a_long_conversation_opens_on_its_latest_messages_and_pages_back(alice_page):
     conversation = conversation_of("alice", "Long", *[f"message number {n:03d}" for n in range(60)])
     html = alice_page.get(page_of(conversation)).content.decode()
-    assert "message number 049" in html and "message number 050" not in html
-    cursor = html.split('href="?after=')[1].split('"')[0]
-    rest = alice_page.get(page_of(conversation), {"after": cursor}, headers={"HX-Request": "true"})
-    assert "message number 050" in rest.content.decode()
-    assert "message number 059" in rest.content.decode()
+    assert "message number 010" in html and "message number 009" not in html
+    assert html.index("message number 010") < html.index("message number 059")
+    cursor = html.split('href="?before=')[1].split('"')[0]
+    rest = alice_page.get(page_of(conversation), {"before": cursor}, headers={"HX-Request": "true"})
+    earlier = rest.content.decode()
+    assert "<html" not in earlier and "Earlier messages" not in earlier
+    assert earlier.index("message number 000") < earlier.index("message number 009")
+    assert "message number 010" not in earlier
+    # Opened at a message (a search hit), it pages on from there.
+    middle = Message.objects.get(content="message number 005")
+    at = alice_page.get(page_of(conversation), {"at": str(middle.id)}).content.decode()
+    assert "message number 004" not in at and "message number 054" in at
+    cursor = at.split('href="?after=')[1].split('"')[0]
+    later = alice_page.get(page_of(conversation), {"after": cursor}).content.decode()
+    assert "message number 055" in later and "message number 059" in later
 
 
 def test_a_stranger_gets_404_and_learns_nothing(charlie_page):

@@ -14,7 +14,6 @@ from conversations import selectors, services
 from conversations.api import serializers as s
 from conversations.models import AccessLevel, Conversation
 from memsvc.api.errors import Conflict, NotFound
-from memsvc.api.pagination import Page
 from memsvc.api.principals import principal_for_sharing
 from memsvc.llm import LLMError, llm_configured
 from memsvc.pages.views.common import PAGE_SIZE, action, back, fragment_or_page, page
@@ -84,19 +83,34 @@ def _fork_tree(forks: list[Conversation]) -> list[ForkNode]:
 
 @page
 def conversation(request, conversation_id):
+    """A conversation opens on its latest messages (``?before=`` pages back to earlier
+    ones); ``?at=`` opens it at a message (a search hit) and ``?after=`` pages on from
+    there. htmx asks for the rows of the next page only."""
     conversation = selectors.access_conversation(request.principal, conversation_id)
     starting_at = request.GET.get("at")
-    message_page = selectors.message_page(
-        conversation,
-        after=request.GET.get("after") or None,
-        limit=PAGE_SIZE,
-        starting_at=selectors.message_in_view(conversation, starting_at) if starting_at else None,
-    )
+    after = request.GET.get("after") or None
+    if starting_at or after:
+        forward = selectors.message_page(
+            conversation,
+            after=after,
+            limit=PAGE_SIZE,
+            starting_at=selectors.message_in_view(conversation, starting_at)
+            if starting_at
+            else None,
+        )
+        rows, earlier, later = forward.rows, None, forward.next_cursor
+    else:
+        backward = selectors.latest_message_page(
+            conversation, before=request.GET.get("before") or None, limit=PAGE_SIZE
+        )
+        rows, earlier, later = backward.rows[::-1], backward.next_cursor, None
     level = AccessLevel(conversation.access_level)
     llm = llm_configured()
     context = {
         "conversation": conversation,
-        "message_page": message_page,
+        "rows": rows,
+        "earlier": earlier,
+        "later": later,
         "at": starting_at,
         "can_write": level.allows(AccessLevel.WRITER),
         "can_manage": level.allows(AccessLevel.MANAGER),
@@ -127,11 +141,7 @@ def message_append(request, conversation_id):
     data = s.CreateUserMessageIn.parse(_form(request, "content"))
     message = services.message_append(request.principal, conversation=conversation, **data)
     if request.htmx:
-        context = {
-            "message_page": Page([message], None),
-            "conversation": conversation,
-            "can_write": True,
-        }
+        context = {"rows": [message], "conversation": conversation, "can_write": True}
         return render(request, "pages/_message_rows.html", context)
     assistant = assistant_of(conversation) if llm_configured() else None
     if assistant is not None:
@@ -141,7 +151,7 @@ def message_append(request, conversation_id):
         except LLMError as exc:
             flash.error(request, f"The assistant could not answer: {exc}")
     page_url = reverse("pages:conversation", args=[conversation.id])
-    return redirect(f"{page_url}?at={message.id}#m-{message.id}")
+    return redirect(f"{page_url}#m-{message.id}")
 
 
 @action

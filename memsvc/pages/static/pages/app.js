@@ -7,9 +7,9 @@
 document.addEventListener("submit", async (event) => {
   const form = event.target;
   const list = document.getElementById("messages");
-  // A long conversation shown from its start: the new turn belongs after pages not shown,
-  // so the form posts normally and the page opens at the new message.
-  if (!form.matches("form#append[data-reply-url]") || !list || list.querySelector(".more")) {
+  // A conversation opened at an earlier message (a search hit): the new turn belongs after
+  // pages not shown, so the form posts normally and the page opens on the latest messages.
+  if (!form.matches("form#append[data-reply-url]") || !list || list.querySelector(".more.later")) {
     return;
   }
   event.preventDefault();
