@@ -61,7 +61,7 @@ class IsLocalCaller(BasePermission):
         return isinstance(request.user, LocalCaller)
 
 
-def _fastapi_errors(exc, context):
+def fastapi_errors(exc, context):
     """Errors as the seed's FastAPI server answers them."""
     if isinstance(exc, drf.ValidationError | drf.ParseError):
         detail = exc.detail if isinstance(exc, drf.ValidationError) else {"body": [str(exc.detail)]}
@@ -85,7 +85,7 @@ class LocalView(APIView):
     permission_classes = [IsLocalCaller]
 
     def get_exception_handler(self):
-        return _fastapi_errors
+        return fastapi_errors
 
 
 def _agent(request, name: str) -> Agent:
