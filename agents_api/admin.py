@@ -8,7 +8,15 @@ from django.utils import timezone
 from django.utils.html import format_html_join
 from django.utils.text import Truncator
 
-from agents_api.models import Agent, ApiKey, Memory, MemoryBlock, MemoryBlockRevision, Scope
+from agents_api.models import (
+    Agent,
+    ApiKey,
+    Memory,
+    MemoryBlock,
+    MemoryBlockRevision,
+    Scope,
+    UserMemorySetting,
+)
 from agents_api.services import api_key_create, api_key_revoke, memories_delete, memory_delete
 from conversations.models import TEXT_SEARCH_CONFIG
 from memsvc.admin_tools import EmbeddedFilter, LargeTableAdmin, as_uuid
@@ -219,3 +227,18 @@ class MemoryAdmin(LargeTableAdmin):
     @admin.display(description="embedded", boolean=True)
     def embedded(self, memory):
         return memory.embedded_at is not None
+
+
+@admin.register(UserMemorySetting)
+class UserMemorySettingAdmin(admin.ModelAdmin):
+    """Read-only: a user turns memory on or off themselves (the memory page)."""
+
+    list_display = ("user_id", "memory_enabled", "updated_at")
+    list_filter = ("memory_enabled",)
+    search_fields = ("user_id",)
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False

@@ -28,7 +28,7 @@ def overview(request):
 @action
 def switch(request):
     services.memory_setting_update(request.principal, enabled=request.POST.get("enabled") == "on")
-    return redirect("pages:memory")
+    return back(request, "pages:memory")
 
 
 @page
