@@ -1,15 +1,18 @@
 """Render time of the web pages at size: ``python -m bench.pages``.
 
 It starts a private memsvc (``bench.common``), makes a login (``memsvc user create``) and,
-through the APIs, a user with ``--conversations`` conversations (one message each) and one
-conversation of ``--messages`` messages (an agent acting for the user appends them in bulk).
-Then a logged-in client (session cookie, as a browser) times, sequentially, over real HTTP:
+in this process through the services (Django set up on that server's database), a user with
+``--conversations`` conversations (one message each) and one conversation of ``--messages``
+messages. Then, sequentially:
 
-- ``/app/`` (the first page of the list) and every later page reached by its "More" link;
-- the long conversation's page (its first 50 messages), every later page, and the page
-  opened at a message in its middle (``?at=``, as a search hit links to it).
+- over real HTTP, with the session cookie of a login, as a browser: ``/app/`` and every
+  later page of the list by its "More conversations" link; the long conversation (its latest
+  50 messages) and every earlier page by its "Earlier messages" link; the conversation
+  opened at its middle message (``?at=``, as a search hit links to it);
+- the same pages in this process with Django's test client (view, templates and queries,
+  no HTTP or gunicorn), with the number of queries of each.
 
-Each kind is requested ``--rounds`` times; p50 / p95 / max are printed with the 1-minute load
+Each walk is repeated ``--rounds`` times; p50 / p95 / max are printed with the 1-minute load
 average, and written to ``bench-results/pages.json``.
 """
 
@@ -24,7 +27,6 @@ from pathlib import Path
 import httpx
 
 from bench.common import (
-    api_call,
     benchmark_server,
     log,
     make_client,
@@ -36,7 +38,7 @@ from bench.common import (
 
 USER = "reader"
 PASSWORD = "bench password, long enough"  # noqa: S105 (a throwaway server's login)
-NEXT = re.compile(r'href="\?after=([^"]+)"')
+NEXT = re.compile(r'href="(\?(?:after|before)=[^"]+)"')
 
 
 def memsvc(server, *args: str) -> str:
@@ -51,73 +53,42 @@ def memsvc(server, *args: str) -> str:
     return result.stdout.strip()
 
 
-def load(client: httpx.Client, url: str, token: str, *, conversations: int, messages: int):
-    """The user's conversations and the long one; returns the long one's id."""
-    user = {"Authorization": f"Bearer {token}"}
+def load(*, conversations: int, messages: int) -> tuple[str, str]:
+    """In this process, through the services (Django set up on the server's database): the
+    user's conversations, one message each, and the long one. Returns the long one's id and
+    the id of its middle message."""
+    from conversations.services import (
+        NewMessage,
+        conversation_create,
+        message_append,
+        messages_append,
+    )
+    from memsvc.api.principals import Principal
+
+    user = Principal.user(USER)
     started = time.monotonic()
     for n in range(conversations):
-        created = api_call(
-            client,
-            "POST",
-            f"{url}/v1/user/conversations",
-            expect=201,
-            json_body={"title": f"Conversation {n}"},
-            headers=user,
-        ).json()
-        api_call(
-            client,
-            "POST",
-            f"{url}/v1/user/conversations/{created['id']}/messages",
-            expect=201,
-            json_body={"content": f"Message of conversation {n}: plans for the weekend"},
-            headers=user,
+        conversation = conversation_create(user, title=f"Conversation {n}")
+        message_append(
+            user,
+            conversation=conversation,
+            content=f"Message of conversation {n}: plans for the weekend",
         )
     log(f"  {conversations} conversations in {time.monotonic() - started:.0f} s")
-    agent_id = api_call(client, "GET", f"{url}/v1/agent/me").json()["id"]
-    long = api_call(
-        client,
-        "POST",
-        f"{url}/v1/user/conversations",
-        expect=201,
-        json_body={"title": "The long one", "agentId": agent_id},
-        headers=user,
-    ).json()["id"]
+    long = conversation_create(user, title="The long one")
     started = time.monotonic()
+    ids = []
     for first in range(0, messages, 100):
         batch = [
-            {
-                "role": "user" if n % 2 == 0 else "assistant",
-                "content": f"Turn {n}: "
-                + "a few words about the trip, the dog and the weather. " * 3,
-            }
+            NewMessage(
+                role="user" if n % 2 == 0 else "assistant",
+                content=f"Turn {n}: " + "a few words about the trip, the dog and the weather. " * 3,
+            )
             for n in range(first, min(first + 100, messages))
         ]
-        api_call(
-            client,
-            "POST",
-            f"{url}/v1/agent/conversations/{long}/messages",
-            expect=201,
-            json_body={"messages": batch},
-        )
+        ids += [m.id for m in messages_append(user, conversation=long, messages=batch)]
     log(f"  {messages} messages in {time.monotonic() - started:.0f} s")
-    return long
-
-
-def message_at(client, url: str, token: str, conversation: str, index: int) -> str:
-    """The id of the conversation's ``index``-th message (through the user API's pages)."""
-    params, seen = {"limit": 200}, 0
-    while True:
-        page = api_call(
-            client,
-            "GET",
-            f"{url}/v1/user/conversations/{conversation}/messages",
-            params=params,
-            headers={"Authorization": f"Bearer {token}"},
-        ).json()
-        if index < seen + len(page["data"]):
-            return page["data"][index - seen]["id"]
-        seen += len(page["data"])
-        params = {"limit": 200, "after": page["nextCursor"]}
+    return str(long.id), str(ids[len(ids) // 2])
 
 
 def login(url: str) -> httpx.Client:
@@ -143,21 +114,48 @@ def timed(browser: httpx.Client, url: str, params=None) -> tuple[float, str]:
     return elapsed, response.text
 
 
-def walk(browser, url: str) -> list[float]:
-    """Every page of a paged list, by its "More" link: the time of each."""
-    times, params = [], None
+def walk(browser, url: str, path: str) -> tuple[list[float], list[str]]:
+    """Every page of a paged list, by its link to the next ("More conversations", "Earlier
+    messages"): the time of each, and the path of each."""
+    times, paths, query = [], [], ""
     while True:
-        elapsed, html = timed(browser, url, params)
+        elapsed, html = timed(browser, f"{url}{path}{query}")
         times.append(elapsed)
+        paths.append(f"{path}{query}")
         following = NEXT.search(html)
         if not following:
-            return times
-        params = {"after": html_unescape(following.group(1))}
+            return times, paths
+        query = html_unescape(following.group(1))
 
 
-def summary(name: str, times: list[float]) -> dict:
+def in_process(url_paths: dict[str, list[str]], rounds: int) -> dict[str, tuple[list, int]]:
+    """The same pages rendered in this process by Django's test client (view, templates and
+    queries; no HTTP, no gunicorn): times, and the queries of one rendering of each."""
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    client = Client()
+    assert client.login(username=USER, password=PASSWORD)
+    results = {}
+    for name, paths in url_paths.items():
+        times = []
+        for _ in range(rounds):
+            for path in paths:
+                started = time.perf_counter()
+                response = client.get(path)
+                times.append((time.perf_counter() - started) * 1000)
+                assert response.status_code == 200, (path, response.status_code)
+        with CaptureQueriesContext(connection) as queries:
+            client.get(paths[0])
+        results[name] = (times, len(queries))
+    return results
+
+
+def summary(name: str, times: list[float], queries: int | None = None) -> dict:
     row = {
         "page": name,
+        "queries": queries,
         "requests": len(times),
         "p50_ms": round(percentile(times, 50), 1),
         "p95_ms": round(percentile(times, 95), 1),
@@ -181,36 +179,66 @@ def main(argv=None) -> int:
     with benchmark_server(
         client, url=None, api_key=None, keep=args.keep_server, agent_name="bench-pages"
     ) as (url, server):
+        from bench.message_copy import setup_django
+        from bench.search import database
+
         memsvc(server, "user", "create", USER, "--password", PASSWORD)
-        token = memsvc(server, "token", USER)
+        with database(server.data_dir) as conn:
+            setup_django(conn, server.data_dir)
         log(f"loading {args.conversations} conversations and {args.messages} messages")
-        long = load(client, url, token, conversations=args.conversations, messages=args.messages)
+        long, middle = load(conversations=args.conversations, messages=args.messages)
+
+        # Over HTTP, as a browser: every page of both lists, by their links.
         browser = login(url)
         timed(browser, f"{url}/app/")  # warm up: templates compiled, connections open
-        middle = message_at(client, url, token, long, args.messages // 2)
         load_before = os.getloadavg()[0]
-        rows, lists, firsts, pages, ats, conversation_pages = [], [], [], [], [], []
+        lists, firsts, pages, latest, ats, paths = [], [], [], [], [], {}
         for _ in range(args.rounds):
-            walked = walk(browser, f"{url}/app/")
+            walked, list_paths = walk(browser, url, "/app/")
             firsts.append(walked[0])
             lists += walked
-            walked = walk(browser, f"{url}/app/c/{long}/")
-            conversation_pages.append(walked[0])
+            walked, message_paths = walk(browser, url, f"/app/c/{long}/")
+            latest.append(walked[0])
             pages += walked
             ats.append(timed(browser, f"{url}/app/c/{long}/", {"at": middle})[0])
         load_after = os.getloadavg()[0]
-        log(f"{'page':<46} {'n':>5} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8}")
-        rows.append(summary(f"/app/ first page ({args.conversations} conversations)", firsts))
-        rows.append(summary("/app/ every page (50 a page)", lists))
-        rows.append(
-            summary(f"conversation first page ({args.messages} messages)", conversation_pages)
+        log(f"over HTTP; load average (1 min) {load_before:.2f} before, {load_after:.2f} after")
+        header = f"{'page':<54} {'n':>5} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8} {'queries':>8}"
+        log(header)
+        http = [
+            summary(f"/app/, first page ({args.conversations} conversations)", firsts),
+            summary("/app/, every page (50 a page)", lists),
+            summary(f"conversation, latest page ({args.messages} messages)", latest),
+            summary("conversation, every page (50 a page)", pages),
+            summary("conversation opened at its middle (?at=)", ats),
+        ]
+
+        # In this process: the same pages, without HTTP and gunicorn, with their queries.
+        paths = {
+            "/app/, first page": ["/app/"],
+            "/app/, every page": list_paths,
+            "conversation, latest page": [f"/app/c/{long}/"],
+            "conversation, every page": message_paths,
+            "conversation opened at its middle (?at=)": [f"/app/c/{long}/?at={middle}"],
+        }
+        load_before_local = os.getloadavg()[0]
+        local = in_process(paths, args.rounds)
+        load_after_local = os.getloadavg()[0]
+        log(
+            f"in process (Django's test client); load average (1 min) "
+            f"{load_before_local:.2f} before, {load_after_local:.2f} after"
         )
-        rows.append(summary("conversation every page (50 a page)", pages))
-        rows.append(summary("conversation opened at its middle message (?at=)", ats))
-        log(f"load average (1 min): {load_before:.2f} before, {load_after:.2f} after")
+        log(header)
+        rendered = [summary(name, times, queries) for name, (times, queries) in local.items()]
         path = write_json(
             Path("bench-results") / "pages.json",
-            {"rows": rows, "load_average": [load_before, load_after], "args": vars(args)},
+            {
+                "http": http,
+                "http_load_average": [load_before, load_after],
+                "in_process": rendered,
+                "in_process_load_average": [load_before_local, load_after_local],
+                "args": vars(args),
+            },
         )
         log(f"written to {path}")
     return 0

@@ -380,3 +380,36 @@ def test_pages_carry_the_csp_and_refuse_framing(alice_page):
     # The page loads htmx from this site, not a CDN.
     assert "/static/django_htmx/htmx-2.min.js" in alice_page.get("/app/").content.decode()
     assert alice_page.get("/static/django_htmx/htmx-2.min.js").status_code == 200
+
+
+def test_a_page_costs_the_same_queries_whatever_it_shows(alice_page):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def queries(path) -> int:
+        with CaptureQueriesContext(connection) as captured:
+            assert alice_page.get(path).status_code == 200
+        return len(captured)
+
+    small = conversation_of("alice", "Small", "one", shared=[("bob", "reader")])
+    few_list, few_messages = queries("/app/"), queries(page_of(small))
+    for n in range(30):
+        conversation_of("alice", f"More {n}", f"message {n}")
+    big = conversation_of(
+        "alice",
+        "Big",
+        *[f"turn {n}" for n in range(60)],
+        shared=[("bob", "reader"), ("carol", "writer")],
+    )
+    messages_append(
+        Principal.user("alice"),
+        conversation=big,
+        messages=[NewMessage(content="a fork point")],
+    )
+    from conversations.services import conversation_fork
+
+    conversation_fork(
+        Principal.user("alice"), conversation=big, message=Message.objects.get(content="turn 3")
+    )
+    assert queries("/app/") == few_list
+    assert queries(page_of(big)) == few_messages
