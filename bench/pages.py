@@ -128,9 +128,12 @@ def walk(browser, url: str, path: str) -> tuple[list[float], list[str]]:
         query = html_unescape(following.group(1))
 
 
-def in_process(url_paths: dict[str, list[str]], rounds: int) -> dict[str, tuple[list, int]]:
+def in_process(url_paths: dict[str, list[str]], rounds: int) -> dict[str, dict]:
     """The same pages rendered in this process by Django's test client (view, templates and
-    queries; no HTTP, no gunicorn): times, and the queries of one rendering of each."""
+    queries; no HTTP, no gunicorn), each path once to warm up, then ``rounds`` times: the
+    wall time of each rendering, the CPU time this process spent on it (Python: the view and
+    the templates; less dependent on the machine's load than the wall time), the time its
+    queries took (wall, PostgreSQL included) and how many there were."""
     from django.db import connection
     from django.test import Client
     from django.test.utils import CaptureQueriesContext
@@ -139,30 +142,53 @@ def in_process(url_paths: dict[str, list[str]], rounds: int) -> dict[str, tuple[
     assert client.login(username=USER, password=PASSWORD)
     results = {}
     for name, paths in url_paths.items():
-        times = []
+        for path in paths:
+            client.get(path)
+        wall, cpu, sql, counts = [], [], [], set()
         for _ in range(rounds):
             for path in paths:
-                started = time.perf_counter()
-                response = client.get(path)
-                times.append((time.perf_counter() - started) * 1000)
+                with CaptureQueriesContext(connection) as queries:
+                    started, started_cpu = time.perf_counter(), time.process_time()
+                    response = client.get(path)
+                    cpu.append((time.process_time() - started_cpu) * 1000)
+                    wall.append((time.perf_counter() - started) * 1000)
                 assert response.status_code == 200, (path, response.status_code)
-        with CaptureQueriesContext(connection) as queries:
-            client.get(paths[0])
-        results[name] = (times, len(queries))
+                sql.append(sum(float(query["time"]) for query in queries) * 1000)
+                counts.add(len(queries))
+        results[name] = {"wall": wall, "cpu": cpu, "sql": sql, "queries": sorted(counts)}
     return results
 
 
-def summary(name: str, times: list[float], queries: int | None = None) -> dict:
+def summary(name: str, times: list[float]) -> dict:
     row = {
         "page": name,
-        "queries": queries,
         "requests": len(times),
         "p50_ms": round(percentile(times, 50), 1),
         "p95_ms": round(percentile(times, 95), 1),
         "max_ms": round(max(times), 1),
     }
     log(
-        f"  {name:<44} {row['requests']:>5} {row['p50_ms']:>8} {row['p95_ms']:>8} {row['max_ms']:>8}"
+        f"  {name:<52} {row['requests']:>5} {row['p50_ms']:>8} {row['p95_ms']:>8} "
+        f"{row['max_ms']:>8}"
+    )
+    return row
+
+
+def rendered_summary(name: str, measured: dict) -> dict:
+    row = {
+        "page": name,
+        "requests": len(measured["wall"]),
+        "queries": measured["queries"],
+        **{
+            f"{kind}_{p}_ms": round(percentile(measured[kind], int(p[1:])), 1)
+            for kind in ("wall", "cpu", "sql")
+            for p in ("p50", "p95")
+        },
+    }
+    log(
+        f"  {name:<44} {row['requests']:>5} {row['wall_p50_ms']:>7} {row['wall_p95_ms']:>7}"
+        f" {row['cpu_p50_ms']:>7} {row['cpu_p95_ms']:>7} {row['sql_p50_ms']:>7}"
+        f" {row['sql_p95_ms']:>7} {','.join(map(str, row['queries'])):>7}"
     )
     return row
 
@@ -203,8 +229,7 @@ def main(argv=None) -> int:
             ats.append(timed(browser, f"{url}/app/c/{long}/", {"at": middle})[0])
         load_after = os.getloadavg()[0]
         log(f"over HTTP; load average (1 min) {load_before:.2f} before, {load_after:.2f} after")
-        header = f"{'page':<54} {'n':>5} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8} {'queries':>8}"
-        log(header)
+        log(f"{'page':<54} {'n':>5} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8}")
         http = [
             summary(f"/app/, first page ({args.conversations} conversations)", firsts),
             summary("/app/, every page (50 a page)", lists),
@@ -228,8 +253,11 @@ def main(argv=None) -> int:
             f"in process (Django's test client); load average (1 min) "
             f"{load_before_local:.2f} before, {load_after_local:.2f} after"
         )
-        log(header)
-        rendered = [summary(name, times, queries) for name, (times, queries) in local.items()]
+        log(
+            f"{'page':<46} {'n':>5} {'wall':>7} {'':>7} {'cpu':>7} {'':>7} {'sql':>7} {'':>7}"
+            f" {'queries':>7}\n{'':<46} {'':>5}" + " {:>7} {:>7}".format("p50", "p95") * 3
+        )
+        rendered = [rendered_summary(name, measured) for name, measured in local.items()]
         path = write_json(
             Path("bench-results") / "pages.json",
             {
