@@ -225,6 +225,7 @@ def test_the_assistants_answer_is_streamed_into_the_page(
         send(page, "Which museums first?")
         answer = page.locator("#messages li.message.assistant .content")
         expect(answer).to_have_text("Start with the Vatican Museums, then the Borghese Gallery.")
+        expect(page.locator("#messages li.streaming")).to_have_count(0)  # the stream ended
         assert page.url == conversation_url  # streamed into the page, not a new page
         assert len(llm.requests_containing("Which museums first?")) == 1
         shots(page, "assistant")

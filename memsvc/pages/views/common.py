@@ -4,6 +4,7 @@ from functools import wraps
 
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
+from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 from rest_framework.exceptions import ValidationError
 
@@ -44,8 +45,6 @@ def action(view):
 def back(request, fallback: str, *args, **kwargs):
     """Where a form goes after its POST: the ``next`` page it names (this site's only),
     else ``fallback``."""
-    from django.utils.http import url_has_allowed_host_and_scheme
-
     target = request.POST.get("next", "")
     if target and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
         return redirect(target)
