@@ -4,6 +4,7 @@ the conversation through ``access_conversation`` and calls one service or select
 
 from dataclasses import dataclass, field
 
+from django.conf import settings
 from django.contrib import messages as flash
 from django.http import StreamingHttpResponse
 from django.shortcuts import redirect, render
@@ -18,8 +19,6 @@ from memsvc.api.principals import principal_for_sharing
 from memsvc.llm import LLMError, llm_configured
 from memsvc.pages.views.common import PAGE_SIZE, action, back, fragment_or_page, page
 from search.selectors import search_messages
-
-SEARCH_RESULTS = 20
 
 
 def _form(request, *names: str) -> dict:
@@ -47,7 +46,10 @@ def search(request):
     if query.strip():
         hits = search_messages(
             request.principal,
-            **s.SearchMessagesIn.search_arguments({"query": query, "topK": SEARCH_RESULTS}),
+            # As many hits as the API gives at most.
+            **s.SearchMessagesIn.search_arguments(
+                {"query": query, "topK": settings.MEMORY_MAX_SEARCH_LIMIT}
+            ),
         )
     context = {"query": query, "hits": hits}
     return fragment_or_page(request, "pages/_search_results.html", "pages/search.html", context)
