@@ -154,42 +154,61 @@ def test_captured_turns_are_messages_of_the_agent_listed_as_letta_messages(api, 
     assert [m["content"] for m in after] == ["I prefer window seats.", "Noted."]
 
 
-def test_without_an_llm_captures_are_stored_and_nothing_else_happens(api, helper):
-    state = create_agent(api, helper)
-    api.patch(
+OBSERVER_MARKER = "maintain the memory blocks"  # in the observer's instructions
+
+
+def every_n_captures(api, key, state, n: int) -> None:
+    response = api.patch(
         f"/v1/groups/{state['multi_agent_group']['id']}",
-        {"manager_config": {"sleeptime_agent_frequency": 1}},
-        as_=helper,
+        {"manager_config": {"sleeptime_agent_frequency": n}},
+        as_=key,
     )
-    capture(api, helper, state["id"], "My name is Ada.")
+    assert response.status_code == 200, response.content
+
+
+@pytest.fixture
+def llm(settings):
+    """The stand-in LLM as memsvc's ``MEMSVC_LLM_*``."""
+    with FakeOpenAI() as fake:
+        settings.MEMSVC_LLM_BASE_URL = fake.base_url
+        settings.MEMSVC_LLM_MODEL = "gpt-test"
+        yield fake
+
+
+@pytest.fixture
+def committed_capture(api, django_capture_on_commit_callbacks):
+    """A capture whose after-commit work (the observer's task) runs, as it would."""
+
+    def capture_and_commit(key, agent_id, text):
+        with django_capture_on_commit_callbacks(execute=True):
+            return capture(api, key, agent_id, text)
+
+    return capture_and_commit
+
+
+def test_without_an_llm_captures_are_stored_and_nothing_else_happens(
+    api, helper, committed_capture
+):
+    state = create_agent(api, helper)
+    every_n_captures(api, helper, state, 1)
+    committed_capture(helper, state["id"], "My name is Ada.")
     agent = Agent.objects.get(name="travel")
     assert not observation_due(agent)
     assert agent.memory_blocks.get().value == "Nothing known yet."
 
 
 def test_every_n_captures_the_observer_rewrites_the_human_block(
-    api, helper, settings, django_capture_on_commit_callbacks
+    api, helper, llm, committed_capture
 ):
     state = create_agent(api, helper)
-    api.patch(
-        f"/v1/groups/{state['multi_agent_group']['id']}",
-        {"manager_config": {"sleeptime_agent_frequency": 2}},
-        as_=helper,
-    )
-    with FakeOpenAI() as llm:
-        settings.MEMSVC_LLM_BASE_URL = llm.base_url
-        settings.MEMSVC_LLM_MODEL = "gpt-test"
-        llm.answer(
-            "maintain the memory blocks",
-            json.dumps({"blocks": [{"label": "human", "value": "Ada lives in Lisbon."}]}),
-        )
-        with django_capture_on_commit_callbacks(execute=True):
-            capture(api, helper, state["id"], "My name is Ada.")
-        assert llm.requests_containing("maintain the memory blocks") == []
-        with django_capture_on_commit_callbacks(execute=True):
-            capture(api, helper, state["id"], "I live in Lisbon.")
+    every_n_captures(api, helper, state, 2)
+    human = {"blocks": [{"label": "human", "value": "Ada lives in Lisbon."}]}
+    llm.answer(OBSERVER_MARKER, json.dumps(human))
+    committed_capture(helper, state["id"], "My name is Ada.")
+    assert llm.requests_containing(OBSERVER_MARKER) == []
+    committed_capture(helper, state["id"], "I live in Lisbon.")
 
-    [asked] = llm.requests_containing("maintain the memory blocks")
+    [asked] = llm.requests_containing(OBSERVER_MARKER)
     prompt = asked["messages"][1]["content"]
     assert "My name is Ada." in prompt and "I live in Lisbon." in prompt
     block = MemoryBlock.objects.get(agent__name="travel", label="human")
@@ -200,25 +219,14 @@ def test_every_n_captures_the_observer_rewrites_the_human_block(
     assert not observation_due(block.agent)  # the two turns were read
 
 
-def test_an_answer_over_the_limit_leaves_the_block_as_it_was(
-    api, helper, settings, django_capture_on_commit_callbacks
-):
+def test_an_answer_over_the_limit_leaves_the_block_as_it_was(api, helper, llm, committed_capture):
     state = create_agent(
         api, helper, memory_blocks=[{"label": "human", "value": "Unknown.", "limit": 20}]
     )
-    api.patch(
-        f"/v1/groups/{state['multi_agent_group']['id']}",
-        {"manager_config": {"sleeptime_agent_frequency": 1}},
-        as_=helper,
-    )
-    with FakeOpenAI() as llm:
-        settings.MEMSVC_LLM_BASE_URL = llm.base_url
-        settings.MEMSVC_LLM_MODEL = "gpt-test"
-        too_long = {"blocks": [{"label": "human", "value": "y" * 21}]}
-        llm.answer("maintain the memory blocks", json.dumps(too_long))
-        with django_capture_on_commit_callbacks(execute=True):
-            capture(api, helper, state["id"], "My name is Ada.")
-        assert len(llm.requests_containing("maintain the memory blocks")) == 1
+    every_n_captures(api, helper, state, 1)
+    llm.answer(OBSERVER_MARKER, json.dumps({"blocks": [{"label": "human", "value": "y" * 21}]}))
+    committed_capture(helper, state["id"], "My name is Ada.")
+    assert len(llm.requests_containing(OBSERVER_MARKER)) == 1
     assert MemoryBlock.objects.get(agent__name="travel").value == "Unknown."
 
 
