@@ -8,7 +8,7 @@ import memsvc.validators
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("agents_api", "0008_memory_uses_hot"),
+        ("agents_api", "0009_tool_records"),
     ]
 
     operations = [
