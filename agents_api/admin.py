@@ -16,6 +16,7 @@ from agents_api.models import (
     MemoryBlockRevision,
     Scope,
     ToolRecord,
+    UserMemorySetting,
 )
 from agents_api.services import (
     api_key_create,
@@ -293,3 +294,18 @@ class ToolRecordAdmin(LargeTableAdmin):
     @admin.display(description="embedded", boolean=True)
     def embedded(self, record):
         return record.embedded_at is not None
+
+
+@admin.register(UserMemorySetting)
+class UserMemorySettingAdmin(admin.ModelAdmin):
+    """Read-only: a user turns memory on or off themselves (the memory page)."""
+
+    list_display = ("user_id", "memory_enabled", "updated_at")
+    list_filter = ("memory_enabled",)
+    search_fields = ("user_id",)
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False

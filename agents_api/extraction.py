@@ -25,7 +25,7 @@ from django.utils import timezone
 
 from agents_api import services
 from agents_api.models import Agent, Memory, MemoryExtraction, MemorySource
-from agents_api.selectors import conversation_memory_subject, memories_of
+from agents_api.selectors import conversation_memory_subject, memories_of, memory_enabled_for
 from conversations.models import Conversation, Role
 from conversations.selectors import conversation_messages
 from memsvc.llm import LLMError, chat, json_answer, llm_configured
@@ -184,6 +184,8 @@ def memories_extract(agent: Agent, conversation: Conversation) -> list[Memory]:
     The turns are claimed before the LLM is asked, so two workers never distil the same
     turns. A malformed answer extracts nothing and those turns are not read again; a
     transient failure (LLM unreachable, overloaded) gives them back for the next try.
+    Nothing is distilled about a user who turned memory off: the turns of that private
+    chat are claimed and never read, not even once memory is back on.
     """
     if not llm_configured():
         return []
@@ -192,6 +194,8 @@ def memories_extract(agent: Agent, conversation: Conversation) -> list[Memory]:
         return []
     previous, messages = claim
     user_id = conversation_memory_subject(conversation, on_behalf_of=None)
+    if not memory_enabled_for(user_id):
+        return []
     known = (
         memories_of(agent, user_id=user_id)
         .filter(expires_at__gt=timezone.now())

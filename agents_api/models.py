@@ -318,6 +318,28 @@ class MemoryExtraction(models.Model):
         return f"{self.agent_id} in {self.conversation_id} through #{self.through_seq}"
 
 
+class UserMemorySetting(models.Model):
+    """What a user lets agents remember about them (OpenMemory's "private chat" switch).
+
+    While ``memory_enabled`` is off, no agent saves a new memory about the user (409 in
+    every API) and memory searches about them find nothing; what was kept stays, for the
+    user to see and delete. No row means memory is on.
+    """
+
+    user_id = models.CharField(
+        primary_key=True, max_length=PRINCIPAL_MAX_LENGTH, validators=[no_nul_characters]
+    )
+    memory_enabled = models.BooleanField(default=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        db_table = "user_memory_setting"
+        constraints = [models.CheckConstraint(condition=~Q(user_id=""), name="memory_setting_user")]
+
+    def __str__(self) -> str:
+        return f"{self.user_id}: memory {'on' if self.memory_enabled else 'off'}"
+
+
 # --- tool records (the memory bank) ---------------------------------------------------------
 
 # How much of a tool's raw output (as JSON text) the full-text index covers: every

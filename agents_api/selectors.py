@@ -6,12 +6,20 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from django.db.models import Prefetch, Q, QuerySet
+from django.db.models import Exists, OuterRef, Prefetch, Q, QuerySet, TextField, Value
+from django.db.models.functions import Cast, Concat
 from django.utils import timezone
 
-from agents_api.models import Agent, Memory, MemoryBlock, MemoryBlockRevision, ToolRecord
-from conversations.models import Conversation
-from conversations.selectors import conversation_owner_id
+from agents_api.models import (
+    Agent,
+    Memory,
+    MemoryBlock,
+    MemoryBlockRevision,
+    ToolRecord,
+    UserMemorySetting,
+)
+from conversations.models import Conversation, Membership
+from conversations.selectors import conversation_owner_id, conversations_visible_to
 from memsvc.api.errors import Forbidden, InvalidInput, NotFound
 from memsvc.api.pagination import Page, keyset_page
 from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, Principal, user_id_problem
@@ -83,6 +91,20 @@ def memory_blocks_with_revisions(
     )
 
 
+def agents_serving(principal: Principal) -> QuerySet[Agent]:
+    """The agents that serve a user, by name: those that keep memory blocks or memories
+    about them, or belong to a conversation the user sees."""
+    in_their_conversations = Membership.objects.filter(
+        group_id__in=conversations_visible_to(principal).values("group_id"),
+        principal_id=Concat(Value(AGENT_PRINCIPAL_PREFIX), Cast(OuterRef("id"), TextField())),
+    )
+    return Agent.objects.filter(
+        Q(Exists(Memory.objects.filter(agent=OuterRef("pk"), user_id=principal.id)))
+        | Q(Exists(MemoryBlock.objects.filter(agent=OuterRef("pk"), user_id=principal.id)))
+        | Q(Exists(in_their_conversations))
+    ).order_by("name", "id")
+
+
 LOCAL_OWNER = "local"  # owner_principal of the local compatibility API's agents
 
 
@@ -147,6 +169,15 @@ def letta_block(caller: Agent, block_id) -> MemoryBlock:
 
 
 # --- long-term memories ----------------------------------------------------------------------
+
+
+def memory_enabled_for(user_id: str | None) -> bool:
+    """Whether agents may remember ``user_id`` (``UserMemorySetting``); an agent's own memory
+    ("" or None) is always on."""
+    if not user_id:
+        return True
+    return not UserMemorySetting.objects.filter(user_id=user_id, memory_enabled=False).exists()
+
 
 MEMORIES = Corpus(
     "memory",
@@ -237,8 +268,11 @@ def memory_search(
     ``min_score`` filters on relevance, measured so that it means the same for every query:
     the cosine similarity to the query or the share of the query's words (by weight) a
     memory holds, whichever is higher. With ``prefetch`` each sentence of the query is
-    searched and a memory keeps its best result.
+    searched and a memory keeps its best result. A user who turned memory off
+    (``memory_enabled_for``) has nothing found about them.
     """
+    if not memory_enabled_for(user_id):
+        return []
     tuning = configured_tuning()
     ranking_ = ranking_ or configured_memory_ranking()
     scope = _memory_scope(agent, user_id, tags)

@@ -253,10 +253,28 @@ def conversation_messages(conversation: Conversation, *, for_agent: bool = False
     return queryset.order_by("seq")
 
 
-def message_page(conversation: Conversation, *, after: str | None = None, limit: int) -> Page:
-    """A page of the messages a user sees in the conversation's view, oldest first."""
+def message_page(
+    conversation: Conversation,
+    *,
+    after: str | None = None,
+    limit: int,
+    starting_at: Message | None = None,
+) -> Page:
+    """A page of the messages a user sees in the conversation's view, oldest first;
+    ``starting_at`` a message of the view (``message_in_view``), from there on."""
+    messages = conversation_messages(conversation)
+    if starting_at is not None:
+        messages = messages.filter(seq__gte=starting_at.seq)
+    return keyset_page(messages, order=("seq",), after=after, limit=limit)
+
+
+def latest_message_page(
+    conversation: Conversation, *, before: str | None = None, limit: int
+) -> Page:
+    """The latest messages a user sees in the conversation's view, newest first (where a
+    chat opens); the cursor continues with earlier ones."""
     return keyset_page(
-        conversation_messages(conversation), order=("seq",), after=after, limit=limit
+        conversation_messages(conversation), order=("-seq",), after=before, limit=limit
     )
 
 

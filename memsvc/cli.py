@@ -330,6 +330,44 @@ def cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_user_create(args: argparse.Namespace) -> int:
+    """A login for the web pages: a Django user whose username is the principal id (the
+    same id a JWT's ``sub`` gives, so the pages and the user API show the same things)."""
+    _setup_django()
+    import getpass
+
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.password_validation import validate_password
+    from django.core.exceptions import ValidationError
+
+    from memsvc.api.principals import user_id_problem
+
+    problem = user_id_problem(args.name)
+    if problem:
+        print(f"user name {problem}", file=sys.stderr)
+        return 1
+    users = get_user_model()
+    if users.objects.filter(username=args.name).exists():
+        print(f"user {args.name!r} exists already", file=sys.stderr)
+        return 1
+    password = args.password
+    if password is None:
+        password = getpass.getpass("Password: ")
+        if getpass.getpass("Password (again): ") != password:
+            print("the passwords differ", file=sys.stderr)
+            return 1
+    user = users(username=args.name)
+    try:
+        validate_password(password, user)
+    except ValidationError as exc:
+        print("\n".join(exc.messages), file=sys.stderr)
+        return 1
+    user.set_password(password)
+    user.save()
+    print(f"created user {args.name!r}: log in at /app/login/", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="memsvc", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -397,6 +435,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     importing.add_argument("file", help="the document (- for standard input)")
     importing.set_defaults(func=cmd_import)
+    user = commands.add_parser("user", help="logins for the web pages (/app/)")
+    user_commands = user.add_subparsers(dest="user_command", required=True)
+    user_create = user_commands.add_parser("create", help="a new login (its name is the user id)")
+    user_create.add_argument("name", help="the user id (a JWT's sub for the same person)")
+    user_create.add_argument("--password", help="asked for when omitted")
+    user_create.set_defaults(func=cmd_user_create)
     return parser
 
 

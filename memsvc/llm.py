@@ -6,6 +6,7 @@ LLM and that work is skipped: nothing else depends on it.
 
 import json
 import re
+from collections.abc import Iterator
 
 import openai
 from django.conf import settings
@@ -30,25 +31,49 @@ def llm_configured() -> bool:
     return bool(settings.MEMSVC_LLM_BASE_URL and settings.MEMSVC_LLM_MODEL)
 
 
-def chat(messages: list[dict]) -> str:
-    """The model's reply to ``messages`` (chat completion messages); ``LLMError`` when there
-    is none."""
-    client = openai.OpenAI(
+def _client() -> openai.OpenAI:
+    return openai.OpenAI(
         base_url=settings.MEMSVC_LLM_BASE_URL,
         # Local servers want no key, but the client insists on one.
         api_key=settings.MEMSVC_LLM_API_KEY or "none",
         timeout=TIMEOUT_SECONDS,
         max_retries=MAX_RETRIES,
     )
+
+
+def _llm_error(exc: openai.OpenAIError) -> LLMError:
+    transient = isinstance(
+        exc, openai.APIConnectionError | openai.RateLimitError | openai.InternalServerError
+    )
+    return LLMError(f"{type(exc).__name__}: {exc}", transient=transient)
+
+
+def chat_stream(messages: list[dict]) -> Iterator[str]:
+    """The model's reply to ``messages``, piece by piece as it is written; ``LLMError`` when
+    it cannot be asked or stops answering."""
     try:
-        with client:
+        with _client() as client:
+            stream = client.chat.completions.create(
+                model=settings.MEMSVC_LLM_MODEL, messages=messages, stream=True
+            )
+            for chunk in stream:
+                piece = chunk.choices[0].delta.content if chunk.choices else None
+                if piece:
+                    yield piece
+    except openai.OpenAIError as exc:
+        raise _llm_error(exc) from exc
+
+
+def chat(messages: list[dict]) -> str:
+    """The model's reply to ``messages`` (chat completion messages); ``LLMError`` when there
+    is none."""
+    try:
+        with _client() as client:
             response = client.chat.completions.create(
                 model=settings.MEMSVC_LLM_MODEL, messages=messages
             )
-    except (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError) as exc:
-        raise LLMError(f"{type(exc).__name__}: {exc}", transient=True) from exc
     except openai.OpenAIError as exc:
-        raise LLMError(f"{type(exc).__name__}: {exc}") from exc
+        raise _llm_error(exc) from exc
     content = response.choices[0].message.content if response.choices else None
     if not content:
         raise LLMError("the model answered nothing")

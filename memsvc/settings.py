@@ -94,7 +94,9 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
+    "django_htmx",
     "memsvc",
+    "memsvc.pages",
     "conversations",
     "search",
     "agents_api",
@@ -112,11 +114,26 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+    "memsvc.pages.security.ContentSecurityPolicyMiddleware",
 ]
 
 if DB_POOL_SIZE:
     # First: a request waiting for its turn holds nothing (see the module).
     MIDDLEWARE.insert(0, "memsvc.concurrency.ConcurrencyLimitMiddleware")
+
+# --- Web pages (/app/) -----------------------------------------------------------------------
+
+LOGIN_URL = "pages:login"
+LOGIN_REDIRECT_URL = "pages:home"
+LOGOUT_REDIRECT_URL = "pages:login"
+# Session and CSRF cookies: never sent by another site's requests (SameSite), never read by
+# scripts, and over HTTPS only outside local mode (a local server is plain HTTP on loopback).
+MEMSVC_SECURE_COOKIES = env_bool("MEMSVC_SECURE_COOKIES", not LOCAL_MODE)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = MEMSVC_SECURE_COOKIES
+SESSION_COOKIE_SAMESITE = CSRF_COOKIE_SAMESITE = "Lax"
+SESSION_COOKIE_HTTPONLY = CSRF_COOKIE_HTTPONLY = True
+X_FRAME_OPTIONS = "DENY"
 
 ROOT_URLCONF = "memsvc.urls"
 WSGI_APPLICATION = "memsvc.wsgi.application"

@@ -30,6 +30,7 @@ v1 = [
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    path("app/", include("memsvc.pages.urls")),
     *v1,
     # The local compatibility API (seeds/local-memory-server.md) keeps the seed's paths.
     path("", include("agents_api.local_api.urls")),

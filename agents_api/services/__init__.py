@@ -35,6 +35,7 @@ from agents_api.services.memories import (
     memories_touch,
     memory_delete,
     memory_save,
+    memory_setting_update,
     memory_update,
 )
 from agents_api.services.messages import (
@@ -86,6 +87,7 @@ __all__ = [
     "memory_block_update",
     "memory_delete",
     "memory_save",
+    "memory_setting_update",
     "memory_update",
     "tool_record_observe",
     "tool_records_create",

@@ -13,10 +13,11 @@ from agents_api.models import (
     Agent,
     Memory,
     MemorySource,
+    UserMemorySetting,
     content_hash,
     default_expiry,
 )
-from agents_api.selectors import MEMORIES
+from agents_api.selectors import MEMORIES, memory_enabled_for
 from memsvc.api.errors import Conflict
 from memsvc.api.principals import Principal
 from search.embeddings import vector_literal
@@ -110,14 +111,25 @@ def memories_save(
     Each is (memory, created): a memory that repeats a stored one (``_same_memory``, or an
     earlier one of the same batch) is merged into it instead of stored twice. All are
     embedded in one call before the transaction (the model's time holds no locks), so a
-    near-duplicate is caught at once.
+    near-duplicate is caught at once. 409 when the user turned memory off.
     """
+    _refuse_if_memory_off(user_id)
     model, vectors = _memory_vectors([new.content for new in memories])
     return _store_memories(agent, user_id, memories, source, model, vectors)
 
 
+def _refuse_if_memory_off(user_id: str) -> None:
+    if not memory_enabled_for(user_id):
+        raise Conflict(f"{user_id} has turned memory off: no new memories about them are kept")
+
+
 @transaction.atomic
 def _store_memories(agent, user_id, memories, source, model, vectors):
+    # Again under the setting's row lock: a switch turned off while the batch was embedded
+    # wins (the switch's write waits for this transaction, or this one sees it).
+    if user_id:
+        UserMemorySetting.objects.select_for_update().filter(user_id=user_id).first()
+        _refuse_if_memory_off(user_id)
     now = timezone.now()
     saved = []
     for index, new in enumerate(memories):
@@ -207,6 +219,15 @@ def memory_update(
             raise
         raise Conflict("the agent already keeps a memory with this content") from None
     return Memory.objects.get(pk=memory.pk)
+
+
+@transaction.atomic
+def memory_setting_update(actor: Principal, *, enabled: bool) -> UserMemorySetting:
+    """Turn agents' memory of the acting user on or off (``UserMemorySetting``)."""
+    setting, _ = UserMemorySetting.objects.update_or_create(
+        user_id=actor.id, defaults={"memory_enabled": enabled, "updated_at": timezone.now()}
+    )
+    return setting
 
 
 @transaction.atomic

@@ -40,3 +40,22 @@ def test_apikey_create_list_and_revoke(capsys, api):
     assert api.get("/v1/agent/me", as_={"HTTP_X_API_KEY": key}).status_code == 401
     assert api.get("/v1/agent/me", as_={"HTTP_X_API_KEY": second}).status_code == 200
     assert cli.main(["apikey", "revoke", "nope"]) == 1
+
+
+@pytest.mark.django_db
+def test_user_create_makes_a_login_for_the_pages(capsys, monkeypatch, client):
+    from django.contrib.auth import get_user_model
+
+    assert cli.main(["user", "create", "alice", "--password", "correct horse battery"]) == 0
+    assert client.login(username="alice", password="correct horse battery")
+    # Asked for when omitted, twice; a mismatch, a weak password or a taken name is refused.
+    answers = iter(["another long secret", "another long secret"])
+    monkeypatch.setattr("getpass.getpass", lambda prompt="": next(answers))
+    assert cli.main(["user", "create", "bob"]) == 0
+    answers = iter(["one long secret", "two long secret"])
+    assert cli.main(["user", "create", "carol"]) == 1
+    assert cli.main(["user", "create", "dave", "--password", "123"]) == 1
+    assert cli.main(["user", "create", "alice", "--password", "correct horse battery"]) == 1
+    assert cli.main(["user", "create", "agent:x", "--password", "correct horse battery"]) == 1
+    assert sorted(get_user_model().objects.values_list("username", flat=True)) == ["alice", "bob"]
+    assert "exists already" in capsys.readouterr().err

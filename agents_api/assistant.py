@@ -1,0 +1,112 @@
+"""An agent answering a person in a conversation (the web pages' chat), with the context an
+agent gets anywhere else: its memory blocks, its long-term memories about that person and the
+relevant past messages (the format ``learning()`` injects, ``memsvc.client.format_context``),
+then the conversation's latest turns. The reply is the agent's message, written as the agent
+acting for the person; what follows an agent's write (memory extraction) follows it too.
+"""
+
+from collections.abc import Iterator
+
+from django.conf import settings
+
+from agents_api import selectors
+from agents_api.models import Agent
+from agents_api.services import agent_get_or_create
+from agents_api.services.messages import agent_messages_append
+from agents_api.tasks import enqueue_memory_extraction, enqueue_memory_touch
+from conversations.models import AccessLevel, Conversation, Membership, Role
+from conversations.selectors import access_conversation, conversation_messages, latest_user_text
+from conversations.services import NewMessage
+from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, Principal
+from memsvc.client import format_context
+from memsvc.llm import chat_stream
+from search.selectors import search_messages
+
+RECENT_TURNS = 20  # the conversation's latest messages, verbatim, after the context
+SPEAKERS = {Role.USER: "user", Role.ASSISTANT: "assistant", Role.AGENT: "assistant"}
+
+
+# The agent that answers in conversations made on the pages (with "with the assistant").
+PAGES_ASSISTANT = ("memsvc", "assistant")  # (owner_principal, name)
+
+
+def pages_assistant() -> Agent:
+    owner, name = PAGES_ASSISTANT
+    return agent_get_or_create(
+        owner_principal=owner, name=name, description="Answers in conversations on the web pages."
+    )[0]
+
+
+def assistant_of(conversation: Conversation) -> Agent | None:
+    """The agent that answers in a conversation: the first agent that may write in it."""
+    principal_ids = (
+        Membership.objects.filter(
+            group_id=conversation.group_id,
+            principal_id__startswith=AGENT_PRINCIPAL_PREFIX,
+            access_level__in=[level for level in AccessLevel if level != AccessLevel.READER],
+        )
+        .order_by("created_at", "id")
+        .values_list("principal_id", flat=True)
+    )
+    for principal_id in principal_ids:
+        agent = Agent.objects.filter(id=principal_id.removeprefix(AGENT_PRINCIPAL_PREFIX)).first()
+        if agent is not None:
+            return agent
+    return None
+
+
+def assistant_prompt(agent: Agent, conversation: Conversation, *, user_id: str) -> list[dict]:
+    """The chat messages to send: the agent's context as a system message, then the latest
+    turns of the conversation's view. The memories used count as uses."""
+    query = latest_user_text(conversation)
+    memories = selectors.memories_for_context(
+        agent, user_id=user_id, query=query, limit=settings.MEMORY_DEFAULT_SEARCH_LIMIT
+    )
+    enqueue_memory_touch([hit.memory.id for hit in memories])
+    recent = list(conversation_messages(conversation).order_by("-seq")[:RECENT_TURNS])[::-1]
+    shown = {message.id for message in recent}
+    relevant = []
+    if query.strip():
+        hits = search_messages(
+            agent.as_principal(on_behalf_of=user_id),
+            query=query,
+            top_k=settings.MEMORY_MAX_CONTEXT_MESSAGES,
+        )
+        relevant = [hit.message for hit in hits if hit.message.id not in shown]
+    context = format_context(
+        {
+            "memory_blocks": [
+                {"label": block.label, "value": block.value}
+                for owner in ("", user_id)
+                for block in selectors.memory_blocks(agent, user_id=owner)
+            ],
+            "memories": [{"content": hit.memory.content} for hit in memories],
+            "relevant_messages": [
+                {"role": m.role, "content": m.content, "created_at": m.created_at.isoformat()}
+                for m in relevant
+            ],
+        }
+    )
+    turns = [
+        {"role": SPEAKERS.get(message.role, "user"), "content": message.content}
+        for message in recent
+    ]
+    return ([{"role": "system", "content": context}] if context else []) + turns
+
+
+def assistant_reply(agent: Agent, conversation: Conversation, *, user: Principal) -> Iterator[str]:
+    """The agent's answer, piece by piece as the model writes it; once it is whole, it is
+    appended to the conversation as the agent's message (``LLMError`` when the model fails:
+    nothing is written)."""
+    actor = agent.as_principal(on_behalf_of=user.id)
+    conversation = access_conversation(actor, conversation.id, need=AccessLevel.WRITER)
+    pieces = []
+    for piece in chat_stream(assistant_prompt(agent, conversation, user_id=user.id)):
+        pieces.append(piece)
+        yield piece
+    agent_messages_append(
+        actor,
+        conversation=conversation,
+        messages=[NewMessage(content="".join(pieces), role=Role.ASSISTANT)],
+    )
+    enqueue_memory_extraction(agent, conversation)

@@ -1,0 +1,61 @@
+// The conversation page's chat: the person's message is sent, shown, and the assistant's
+// answer is streamed into the page as the model writes it. Without this script the same form
+// posts normally and the page comes back with the answer. No inline script: the page's
+// Content-Security-Policy allows only files of this site.
+"use strict";
+
+document.addEventListener("submit", async (event) => {
+  const form = event.target;
+  const list = document.getElementById("messages");
+  // A conversation opened at an earlier message (a search hit): the new turn belongs after
+  // pages not shown, so the form posts normally and the page opens on the latest messages.
+  if (!form.matches("form#append[data-reply-url]") || !list || list.querySelector(".more.later")) {
+    return;
+  }
+  event.preventDefault();
+  const button = form.querySelector("button[type=submit]");
+  const token = form.querySelector("input[name=csrfmiddlewaretoken]").value;
+  button.disabled = true;
+  try {
+    const sent = await fetch(form.action, {
+      method: "POST",
+      body: new FormData(form),
+      headers: { "HX-Request": "true" },
+    });
+    const row = await sent.text(); // rendered (and escaped) by the server
+    if (!sent.ok) {
+      form.insertAdjacentHTML("afterbegin", row);
+      return;
+    }
+    list.querySelector(".empty")?.remove();
+    list.insertAdjacentHTML("beforeend", row);
+    form.reset();
+
+    const answer = document.createElement("li");
+    answer.className = "message assistant streaming";
+    answer.setAttribute("aria-live", "polite");
+    const who = document.createElement("p");
+    who.className = "who";
+    who.innerHTML = "<strong></strong>";
+    who.firstChild.textContent = form.dataset.assistant;
+    const content = document.createElement("div");
+    content.className = "content";
+    answer.append(who, content);
+    list.append(answer);
+
+    const reply = await fetch(form.dataset.replyUrl, {
+      method: "POST",
+      headers: { "X-CSRFToken": token },
+    });
+    const reader = reply.body.getReader();
+    const decoder = new TextDecoder();
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      content.textContent += decoder.decode(value, { stream: true });
+    }
+    answer.classList.remove("streaming");
+  } finally {
+    button.disabled = false;
+  }
+});

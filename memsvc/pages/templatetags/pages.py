@@ -1,0 +1,16 @@
+from django import template
+from django.utils.html import escape
+from django.utils.safestring import mark_safe
+
+register = template.Library()
+
+
+@register.filter
+def highlighted(headline: str | None) -> str:
+    """A search hit's ``highlights`` (PostgreSQL's ``ts_headline``, matches in ``<b>``) as
+    safe HTML: the text escaped whole, then only the ``<b>`` markers given back. A message
+    that itself holds ``<b>`` shows it bold, never anything else."""
+    if not headline:
+        return ""
+    text = escape(headline).replace("&lt;b&gt;", "<b>").replace("&lt;/b&gt;", "</b>")
+    return mark_safe(text)  # noqa: S308 (escaped above)

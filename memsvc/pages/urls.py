@@ -1,0 +1,54 @@
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from memsvc.pages.views import conversations, memory
+
+app_name = "pages"
+
+urlpatterns = [
+    path(
+        "login/",
+        auth_views.LoginView.as_view(
+            template_name="pages/login.html", redirect_authenticated_user=True
+        ),
+        name="login",
+    ),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("", conversations.home, name="home"),
+    path("search/", conversations.search, name="search"),
+    path("conversations/new", conversations.conversation_create, name="conversation_create"),
+    path("c/<uuid:conversation_id>/", conversations.conversation, name="conversation"),
+    path("c/<uuid:conversation_id>/messages", conversations.message_append, name="append"),
+    path(
+        "c/<uuid:conversation_id>/messages/<uuid:message_id>/fork",
+        conversations.fork,
+        name="fork",
+    ),
+    path("c/<uuid:conversation_id>/reply", conversations.reply, name="reply"),
+    path("c/<uuid:conversation_id>/rename", conversations.rename, name="rename"),
+    path("c/<uuid:conversation_id>/delete", conversations.delete, name="delete"),
+    path("c/<uuid:conversation_id>/members", conversations.share, name="share"),
+    path(
+        "c/<uuid:conversation_id>/members/<str:user_id>/level",
+        conversations.membership_update,
+        name="membership_update",
+    ),
+    path(
+        "c/<uuid:conversation_id>/members/<str:user_id>/remove",
+        conversations.membership_delete,
+        name="membership_delete",
+    ),
+    path("c/<uuid:conversation_id>/transfer", conversations.transfer, name="transfer"),
+    path(
+        "transfers/<uuid:transfer_id>/<str:verb>",
+        conversations.transfer_resolve,
+        name="transfer_resolve",
+    ),
+    path("memory/", memory.overview, name="memory"),
+    path("memory/switch", memory.switch, name="memory_switch"),
+    path("memory/clear", memory.memories_clear, name="memories_clear_all"),
+    path("memory/<uuid:agent_id>/", memory.agent_memory, name="agent_memory"),
+    path("memory/<uuid:agent_id>/clear", memory.memories_clear, name="memories_clear"),
+    path("memory/<uuid:agent_id>/blocks/<str:label>", memory.block_update, name="block_update"),
+    path("memories/<uuid:memory_id>/delete", memory.memory_delete, name="memory_delete"),
+]

@@ -1,0 +1,56 @@
+"""What every page shares: who is asking, and how a refusal of a service looks on a page."""
+
+from functools import wraps
+
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import redirect, render
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_POST
+from rest_framework.exceptions import ValidationError
+
+from memsvc.api.errors import ApiError, exception_handler
+from memsvc.api.principals import Principal
+
+PAGE_SIZE = 50
+
+
+def page(view):
+    """A page for a logged-in person. ``request.principal`` is that person as the API knows
+    them: the username is the principal id, the ``sub`` of their JWT, so the pages and the
+    user API show one person the same conversations. Whatever a service or selector refuses
+    (404 to a stranger, 403 below the needed level, 400, 409) is answered with the API's
+    status and message, as a page or, for htmx, as a fragment."""
+
+    @wraps(view)
+    @login_required
+    def wrapper(request, *args, **kwargs):
+        request.principal = Principal.user(request.user.get_username())
+        try:
+            return view(request, *args, **kwargs)
+        except (ApiError, ValidationError) as exc:
+            response = exception_handler(exc, None)
+            template = "pages/_refused.html" if request.htmx else "pages/refused.html"
+            return render(
+                request, template, {"error": response.data["error"]}, status=response.status_code
+            )
+
+    return wrapper
+
+
+def action(view):
+    """A form's POST (``page``): CSRF-checked by the middleware, answered by a redirect."""
+    return require_POST(page(view))
+
+
+def back(request, fallback: str, *args, **kwargs):
+    """Where a form goes after its POST: the ``next`` page it names (this site's only),
+    else ``fallback``."""
+    target = request.POST.get("next", "")
+    if target and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
+        return redirect(target)
+    return redirect(fallback, *args, **kwargs)
+
+
+def fragment_or_page(request, fragment: str, page_template: str, context: dict):
+    """An htmx request gets the fragment it swaps in; a plain one, the whole page."""
+    return render(request, fragment if request.htmx else page_template, context)

@@ -1,0 +1,265 @@
+"""The conversations pages: the list with search, one conversation with its forks, members
+and transfers. Each view parses its form with the user API's own input serializer, reaches
+the conversation through ``access_conversation`` and calls one service or selector."""
+
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.contrib import messages as flash
+from django.http import StreamingHttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+
+from agents_api.assistant import assistant_of, assistant_reply, pages_assistant
+from conversations import selectors, services
+from conversations.api import serializers as s
+from conversations.models import AccessLevel, Conversation
+from memsvc.api.errors import Conflict, NotFound
+from memsvc.api.principals import principal_for_sharing
+from memsvc.llm import LLMError, llm_configured
+from memsvc.pages.views.common import PAGE_SIZE, action, back, fragment_or_page, page
+from search.selectors import search_messages
+
+
+def _form(request, *names: str) -> dict:
+    """The named fields a form sent (absent ones left out, as in a JSON body)."""
+    return {name: request.POST[name] for name in names if name in request.POST}
+
+
+@page
+def home(request):
+    conversations = selectors.conversation_page(
+        request.principal, after=request.GET.get("after") or None, limit=PAGE_SIZE
+    )
+    context = {
+        "conversations": conversations,
+        "transfers": selectors.transfers_for(request.principal, status=None),
+        "llm": llm_configured(),
+    }
+    return fragment_or_page(request, "pages/_conversation_rows.html", "pages/home.html", context)
+
+
+@page
+def search(request):
+    query = request.GET.get("q", "")
+    hits = []
+    if query.strip():
+        hits = search_messages(
+            request.principal,
+            # As many hits as the API gives at most.
+            **s.SearchMessagesIn.search_arguments(
+                {"query": query, "topK": settings.MEMORY_MAX_SEARCH_LIMIT}
+            ),
+        )
+    context = {"query": query, "hits": hits}
+    return fragment_or_page(request, "pages/_search_results.html", "pages/search.html", context)
+
+
+@action
+def conversation_create(request):
+    data = s.CreateConversationIn.parse(_form(request, "title"))
+    writers = []
+    if llm_configured() and request.POST.get("assistant") == "on":
+        writers.append(pages_assistant().principal_id)
+    conversation = services.conversation_create(
+        request.principal, title=data.get("title", ""), writer_ids=writers
+    )
+    return redirect("pages:conversation", conversation.id)
+
+
+@dataclass
+class ForkNode:
+    conversation: Conversation
+    children: list["ForkNode"] = field(default_factory=list)
+
+
+def _fork_tree(forks: list[Conversation]) -> list[ForkNode]:
+    """The group's conversations (root first, ``conversation_forks``) as a tree to draw."""
+    nodes = {fork.id: ForkNode(fork) for fork in forks}
+    roots = []
+    for fork in forks:
+        parent = nodes.get(fork.forked_at_conversation_id)
+        (parent.children if parent else roots).append(nodes[fork.id])
+    return roots
+
+
+@page
+def conversation(request, conversation_id):
+    """A conversation opens on its latest messages (``?before=`` pages back to earlier
+    ones); ``?at=`` opens it at a message (a search hit) and ``?after=`` pages on from
+    there. htmx asks for the rows of the next page only."""
+    conversation = selectors.access_conversation(request.principal, conversation_id)
+    starting_at = request.GET.get("at")
+    after = request.GET.get("after") or None
+    if starting_at or after:
+        forward = selectors.message_page(
+            conversation,
+            after=after,
+            limit=PAGE_SIZE,
+            starting_at=selectors.message_in_view(conversation, starting_at)
+            if starting_at
+            else None,
+        )
+        rows, earlier, later = forward.rows, None, forward.next_cursor
+    else:
+        backward = selectors.latest_message_page(
+            conversation, before=request.GET.get("before") or None, limit=PAGE_SIZE
+        )
+        rows, earlier, later = backward.rows[::-1], backward.next_cursor, None
+    level = AccessLevel(conversation.access_level)
+    llm = llm_configured()
+    context = {
+        "conversation": conversation,
+        "rows": rows,
+        "earlier": earlier,
+        "later": later,
+        "at": starting_at,
+        "can_write": level.allows(AccessLevel.WRITER),
+        "can_manage": level.allows(AccessLevel.MANAGER),
+        "is_owner": level == AccessLevel.OWNER,
+        "llm": llm,
+        "assistant": assistant_of(conversation) if llm else None,
+    }
+    if request.htmx:  # the next page of messages
+        return render(request, "pages/_message_rows.html", context)
+    context.update(
+        forks=_fork_tree(selectors.conversation_forks(conversation)),
+        memberships=selectors.group_memberships(conversation),
+        levels=[level for level in AccessLevel if level != AccessLevel.OWNER],
+    )
+    return render(request, "pages/conversation.html", context)
+
+
+def _at_level(request, conversation_id, need: AccessLevel) -> Conversation:
+    return selectors.access_conversation(request.principal, conversation_id, need=need)
+
+
+@action
+def message_append(request, conversation_id):
+    """The person's message. The page's script asks for the assistant's answer as a stream
+    (``reply``) and gets just the new message to show; without the script the assistant (if
+    any) answers before the page comes back."""
+    conversation = _at_level(request, conversation_id, AccessLevel.WRITER)
+    data = s.CreateUserMessageIn.parse(_form(request, "content"))
+    message = services.message_append(request.principal, conversation=conversation, **data)
+    if request.htmx:
+        context = {"rows": [message], "conversation": conversation, "can_write": True}
+        return render(request, "pages/_message_rows.html", context)
+    assistant = assistant_of(conversation) if llm_configured() else None
+    if assistant is not None:
+        try:
+            for _ in assistant_reply(assistant, conversation, user=request.principal):
+                pass
+        except LLMError as exc:
+            flash.error(request, f"The assistant could not answer: {exc}")
+    page_url = reverse("pages:conversation", args=[conversation.id])
+    return redirect(f"{page_url}#m-{message.id}")
+
+
+@action
+def reply(request, conversation_id):
+    """The assistant's answer to the latest turns, streamed as plain text while the model
+    writes it, then kept as its message."""
+    conversation = _at_level(request, conversation_id, AccessLevel.WRITER)
+    assistant = assistant_of(conversation) if llm_configured() else None
+    if assistant is None:
+        raise Conflict("no assistant answers in this conversation")
+
+    def stream():
+        try:
+            yield from assistant_reply(assistant, conversation, user=request.principal)
+        except LLMError as exc:
+            yield f"\n[The assistant could not answer: {exc}]"
+
+    response = StreamingHttpResponse(stream(), content_type="text/plain; charset=utf-8")
+    response["Cache-Control"] = "no-store"
+    response["X-Accel-Buffering"] = "no"  # a proxy in front passes the pieces on at once
+    return response
+
+
+@action
+def fork(request, conversation_id, message_id):
+    conversation = _at_level(request, conversation_id, AccessLevel.WRITER)
+    message = selectors.message_in_view(conversation, message_id)
+    data = s.CreateUserMessageIn.parse(_form(request, "content"))
+    new = services.conversation_fork(
+        request.principal, conversation=conversation, message=message, new_message=data
+    )
+    return redirect("pages:conversation", new.id)
+
+
+@action
+def rename(request, conversation_id):
+    conversation = _at_level(request, conversation_id, AccessLevel.WRITER)
+    data = s.UpdateConversationIn.parse(_form(request, "title"))
+    services.conversation_update(request.principal, conversation=conversation, **data)
+    return redirect("pages:conversation", conversation.id)
+
+
+@action
+def delete(request, conversation_id):
+    conversation = _at_level(request, conversation_id, AccessLevel.OWNER)
+    services.conversation_delete(request.principal, conversation=conversation)
+    return redirect("pages:home")
+
+
+@action
+def share(request, conversation_id):
+    conversation = _at_level(request, conversation_id, AccessLevel.MANAGER)
+    data = s.ShareIn.parse(_form(request, "userId", "accessLevel"))
+    services.membership_create(
+        request.principal,
+        conversation=conversation,
+        principal_id=principal_for_sharing(data["userId"], field="userId"),
+        access_level=data["accessLevel"],
+    )
+    return redirect("pages:conversation", conversation.id)
+
+
+@action
+def membership_update(request, conversation_id, user_id):
+    conversation = _at_level(request, conversation_id, AccessLevel.MANAGER)
+    membership = selectors.membership_of(conversation, user_id)
+    data = s.UpdateMembershipIn.parse(_form(request, "accessLevel"))
+    services.membership_update(
+        request.principal, membership=membership, access_level=data["accessLevel"]
+    )
+    return redirect("pages:conversation", conversation.id)
+
+
+@action
+def membership_delete(request, conversation_id, user_id):
+    leaving = user_id == request.principal.id  # any member but the owner may leave
+    need = AccessLevel.READER if leaving else AccessLevel.MANAGER
+    conversation = _at_level(request, conversation_id, need)
+    membership = selectors.membership_of(conversation, user_id)
+    services.membership_delete(request.principal, membership=membership)
+    if leaving:
+        return redirect("pages:home")
+    return redirect("pages:conversation", conversation.id)
+
+
+@action
+def transfer(request, conversation_id):
+    conversation = _at_level(request, conversation_id, AccessLevel.OWNER)
+    data = s.TransferIn.parse(_form(request, "newOwnerUserId"))
+    services.ownership_transfer_start(
+        request.principal, conversation=conversation, to_principal=data["newOwnerUserId"]
+    )
+    return redirect("pages:conversation", conversation.id)
+
+
+_RESOLVE = {
+    "accept": services.ownership_transfer_accept,
+    "decline": services.ownership_transfer_decline,
+    "cancel": services.ownership_transfer_cancel,
+}
+
+
+@action
+def transfer_resolve(request, transfer_id, verb):
+    if verb not in _RESOLVE:
+        raise NotFound("no such action")
+    transfer = selectors.access_transfer(request.principal, transfer_id)
+    _RESOLVE[verb](request.principal, transfer=transfer)
+    return back(request, "pages:home")

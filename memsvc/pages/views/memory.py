@@ -1,0 +1,98 @@
+"""The memory pages: per agent that serves the user, the memory blocks about them (view,
+edit, revisions) and the long-term memories about them (search, delete one, clear all), and
+the user's memory switch. On ``agents_api.selectors`` and ``agents_api.services``, as
+``/v1/user/memories`` is."""
+
+from django.shortcuts import redirect, render
+
+from agents_api import selectors, services
+from agents_api.api import serializers as s
+from memsvc.pages.views.common import PAGE_SIZE, action, back, page
+
+SEARCH_RESULTS = 20
+
+
+def _agent(agent_id):
+    return selectors.agent_by_id(agent_id, field="agentId")
+
+
+@page
+def overview(request):
+    context = {
+        "agents": selectors.agents_serving(request.principal),
+        "memory_enabled": selectors.memory_enabled_for(request.principal.id),
+    }
+    return render(request, "pages/memory.html", context)
+
+
+@action
+def switch(request):
+    services.memory_setting_update(request.principal, enabled=request.POST.get("enabled") == "on")
+    return back(request, "pages:memory")
+
+
+@page
+def agent_memory(request, agent_id):
+    """One agent's memory about the user; ``?q=`` searches the memories, ``?after=`` pages
+    them (htmx asks for just the results or the next page)."""
+    agent = _agent(agent_id)
+    user_id = request.principal.id
+    query = request.GET.get("q", "")
+    context = {
+        "agent": agent,
+        "query": query,
+        "memory_enabled": selectors.memory_enabled_for(user_id),
+    }
+    if query:
+        data = s.UserSearchMemoriesIn.parse({"query": query, "limit": SEARCH_RESULTS})
+        context["hits"] = selectors.memory_search(
+            agent,
+            user_id=user_id,
+            query=data["query"],
+            limit=data["limit"],
+            min_score=data["minScore"],
+            mode=data["mode"],
+        )
+        if request.htmx:
+            return render(request, "pages/_memory_hits.html", context)
+    context["memories"] = selectors.memory_page(
+        selectors.memories_of(agent, user_id=user_id),
+        order="recent",
+        after=request.GET.get("after") or None,
+        limit=PAGE_SIZE,
+    )
+    if request.htmx:  # the next page of memories
+        return render(request, "pages/_memory_rows.html", context)
+    context["blocks"] = [
+        (block, selectors.memory_block_revisions(block))
+        for block in selectors.memory_blocks(agent, user_id=user_id)
+    ]
+    return render(request, "pages/agent.html", context)
+
+
+@action
+def block_update(request, agent_id, label):
+    agent = _agent(agent_id)
+    block = selectors.memory_block(agent, user_id=request.principal.id, label=label)
+    data = s.PutMemoryBlockIn.parse({"value": request.POST.get("value", "")})
+    services.memory_block_update(request.principal, block=block, value=data["value"])
+    return redirect("pages:agent_memory", agent.id)
+
+
+@action
+def memory_delete(request, memory_id):
+    memory = selectors.memory_of(selectors.memories_of(user_id=request.principal.id), memory_id)
+    services.memory_delete(request.principal, memory=memory)
+    if request.htmx:
+        return render(request, "pages/_deleted.html")
+    return back(request, "pages:memory")
+
+
+@action
+def memories_clear(request, agent_id=None):
+    agent = _agent(agent_id) if agent_id else None
+    memories = selectors.memories_of(agent, user_id=request.principal.id)
+    services.memories_delete(request.principal, memories=memories)
+    if agent is not None:
+        return redirect("pages:agent_memory", agent.id)
+    return redirect("pages:memory")

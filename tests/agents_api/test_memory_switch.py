@@ -1,0 +1,109 @@
+"""A user's memory switch (OpenMemory's "private chat"): while it is off, no API saves a new
+memory about them (409) and every memory search about them finds nothing; on again, what
+was kept is found again. Each API surface that saves or searches memories is tried."""
+
+import pytest
+
+from agents_api.models import Memory
+from agents_api.services import memory_save, memory_setting_update
+from memsvc.api.principals import Principal
+from tests.agents_api.test_api import agent_conversation, append
+from tests.agents_api.test_memory_extraction import MARKER, extractions, llm, turns  # noqa: F401
+
+MEMORIES = "/v1/agent/memories"
+
+
+def switch(user_id: str, *, on: bool) -> None:
+    memory_setting_update(Principal.user(user_id), enabled=on)
+
+
+@pytest.fixture
+def kept(helper):
+    agent = helper.agent
+    memory, _ = memory_save(
+        agent.as_principal(), agent=agent, user_id="alice", content="Alice is allergic to peanuts"
+    )
+    return memory
+
+
+def search_contents(response) -> list[str]:
+    assert response.status_code == 200, response.content
+    return [hit["content"] for hit in response.json()["data"]]
+
+
+@pytest.mark.django_db
+def test_agent_api_saves_are_refused_with_409_and_nothing_written(api, helper, kept):
+    switch("alice", on=False)
+    before = sorted(Memory.objects.values_list("id", "content", "importance", "tags"))
+    single = api.post(MEMORIES, {"content": "Alice likes jazz", "userId": "alice"}, as_=helper)
+    assert single.status_code == 409
+    assert single.json()["code"] == "conflict"
+    repeat = api.post(MEMORIES, {"content": kept.content, "userId": "alice"}, as_=helper)
+    assert repeat.status_code == 409  # not even merged into what is kept
+    batch = api.post(
+        f"{MEMORIES}/batch",
+        {"memories": [{"content": "Alice likes jazz"}], "userId": "alice"},
+        as_=helper,
+    )
+    assert batch.status_code == 409
+    acting = api.post(MEMORIES, {"content": "Alice likes jazz"}, as_=helper.acting_for("alice"))
+    assert acting.status_code == 409
+    assert sorted(Memory.objects.values_list("id", "content", "importance", "tags")) == before
+    # Other users and the agent's own memory are not affected.
+    assert (
+        api.post(MEMORIES, {"content": "Bob likes jazz", "userId": "bob"}, as_=helper).status_code
+        == 201
+    )
+    assert api.post(MEMORIES, {"content": "I like jazz"}, as_=helper).status_code == 201
+
+
+@pytest.mark.django_db
+def test_searches_about_the_user_find_nothing_until_memory_is_on_again(api, helper, alice, kept):
+    query = {"query": "what is Alice allergic to?", "userId": "alice"}
+    assert search_contents(api.post(f"{MEMORIES}/search", query, as_=helper)) == [kept.content]
+
+    switch("alice", on=False)
+    assert search_contents(api.post(f"{MEMORIES}/search", query, as_=helper)) == []
+    acting = api.post(
+        f"{MEMORIES}/search", {"query": query["query"]}, as_=helper.acting_for("alice")
+    )
+    assert search_contents(acting) == []
+    mine = api.post("/v1/user/memories/search", {"query": "peanuts"}, as_=alice)
+    assert search_contents(mine) == []
+    # What was kept stays for the user to see and delete.
+    assert [m["content"] for m in api.get("/v1/user/memories", as_=alice).json()["data"]] == [
+        kept.content
+    ]
+
+    switch("alice", on=True)
+    assert search_contents(api.post(f"{MEMORIES}/search", query, as_=helper)) == [kept.content]
+
+
+@pytest.mark.django_db
+def test_an_agents_context_carries_no_memories_of_a_user_who_turned_memory_off(api, helper, kept):
+    conversation = agent_conversation(api, helper.acting_for("alice"))
+    append(
+        api, helper, conversation["id"], {"role": "user", "content": "Am I allergic to peanuts?"}
+    )
+    path = f"/v1/agent/conversations/{conversation['id']}/context"
+    assert [m["content"] for m in api.get(path, as_=helper, memories="5").json()["memories"]] == [
+        kept.content
+    ]
+    switch("alice", on=False)
+    assert api.get(path, as_=helper, memories="5").json()["memories"] == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_private_chat_is_never_distilled_not_even_after_memory_is_on_again(
+    api,
+    helper,
+    llm,  # noqa: F811
+):
+    conversation = agent_conversation(api, helper.acting_for("alice"))["id"]
+    switch("alice", on=False)
+    turns(api, helper, conversation, range(1, 6))
+    assert extractions(llm) == []
+    switch("alice", on=True)
+    turns(api, helper, conversation, range(6, 10))
+    assert extractions(llm) == []  # turns 1-5 were the private chat's, not counted again
+    assert not Memory.objects.exists()

@@ -1,0 +1,235 @@
+"""The web pages in a real Chromium: two people log in; one creates a conversation, posts,
+forks and switches branch, shares it, and the other then sees it; search; a memory deleted;
+keyboard only; 375 px wide; no Content-Security-Policy violation on the way.
+
+With ``MEMSVC_SCREENSHOTS=1`` each page is saved into ``docs/screenshots/`` (the README
+shows them); otherwise into the test's temporary folder.
+"""
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+from django.contrib.auth import get_user_model
+from playwright.sync_api import expect
+
+from agents_api.services import agent_get_or_create, memory_block_create, memory_save
+
+PASSWORD = "a long enough password"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
+
+
+@pytest.fixture
+def shots(tmp_path):
+    folder = DOCS if os.environ.get("MEMSVC_SCREENSHOTS") == "1" else tmp_path
+
+    def shoot(page, name: str) -> None:
+        page.screenshot(path=str(folder / f"{name}.png"))
+
+    return shoot
+
+
+@pytest.fixture(scope="module", autouse=True)
+def loaded_model():
+    """The embedding model loaded before the browser waits on a page: the live server embeds
+    each new message in its request (tasks run inline in tests), and the first load of the
+    model takes seconds on a busy machine."""
+    from search.embeddings import configured_backend
+
+    configured_backend().embed(["warm up"])
+
+
+@pytest.fixture
+def people(transactional_db):
+    for name in ("alice", "bob"):
+        get_user_model().objects.create_user(username=name, password=PASSWORD)
+
+
+@pytest.fixture
+def csp_violations(page):
+    """What the browser refused under the page's Content-Security-Policy."""
+    seen = []
+    page.on(
+        "console",
+        lambda message: (
+            seen.append(message.text) if "Content Security Policy" in message.text else None
+        ),
+    )
+    return seen
+
+
+def log_in(page, live_server, name: str) -> None:
+    page.goto(f"{live_server.url}/app/login/")
+    page.get_by_label("User name").fill(name)
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    expect(page.get_by_role("heading", name="Conversations", exact=True)).to_be_visible()
+
+
+def shown(page, text: str):
+    """The messages on the page that say ``text``."""
+    return page.locator("#messages .content", has_text=text)
+
+
+def send(page, text: str) -> None:
+    page.get_by_label("Your message").fill(text)
+    page.get_by_role("button", name="Send").click()
+    expect(shown(page, text)).to_be_visible()
+
+
+def test_create_post_fork_switch_share_search(
+    browser, page, live_server, people, shots, csp_violations
+):
+    page.set_viewport_size({"width": 1100, "height": 760})
+    page.goto(f"{live_server.url}/app/login/")
+    shots(page, "login")
+    log_in(page, live_server, "alice")
+
+    page.get_by_label("Title").fill("Trip to Rome")
+    page.get_by_role("button", name="Create").click()
+    expect(page.get_by_role("heading", name="Trip to Rome")).to_be_visible()
+    send(page, "Which museums should we see in Rome?")
+    send(page, "And where do we eat <b>tonight</b>?")  # shown as text
+    expect(page.locator("#messages b")).to_have_count(0)
+
+    # Fork from the second message with another question: a new branch, same beginning.
+    second = page.locator("#messages li.message").nth(1)
+    second.get_by_text("Fork from here").click()
+    second.get_by_role("textbox").fill("And where is the best gelato?")
+    second.get_by_role("button", name="Fork").click()
+    expect(shown(page, "And where is the best gelato?")).to_be_visible()
+    expect(shown(page, "tonight")).to_have_count(0)
+    expect(shown(page, "Which museums")).to_be_visible()
+    fork_url = page.url
+
+    # Switch back to the first branch through the tree.
+    branches = page.get_by_role("navigation", name="Branches")
+    expect(branches.locator("[aria-current=page]")).to_have_count(1)
+    branches.get_by_role("link", name="Trip to Rome").click()
+    expect(shown(page, "tonight")).to_be_visible()
+    assert page.url != fork_url
+
+    # Share with bob as a reader.
+    page.get_by_label("Share with").fill("bob")
+    page.get_by_label("Access", exact=True).select_option("reader")
+    page.get_by_role("button", name="Share").click()
+    expect(page.locator(".members .member").get_by_text("bob", exact=True)).to_be_visible()
+    shots(page, "conversation")
+
+    # Search across her conversations: the hit links to its message.
+    page.get_by_role("link", name="Conversations").click()
+    page.get_by_label("Search words").fill("museums Rome")
+    page.get_by_role("button", name="Search").click()
+    hit = page.locator("#search-results li.card a").first
+    expect(hit).to_be_visible()
+    expect(page.locator("#search-results b").first).to_be_visible()  # highlighted words
+    shots(page, "conversations")
+    hit.click()
+    expect(page.locator("#messages li.target")).to_contain_text("Which museums")
+
+    # Bob, in a browser of his own, sees it, reads it, and has no controls to write.
+    bobs = browser.new_context()
+    bob = bobs.new_page()
+    log_in(bob, live_server, "bob")
+    # Both branches are shared (a group shares its members); he opens the first one.
+    expect(bob.locator("#conversation-list .branch")).to_have_count(1)
+    bob.locator("#conversation-list li", has_text="where do we eat").get_by_role("link").click()
+    expect(shown(bob, "Which museums")).to_be_visible()
+    expect(bob.get_by_label("Your message")).to_have_count(0)
+    expect(bob.get_by_text("Fork from here")).to_have_count(0)
+    bobs.close()
+    assert csp_violations == []
+
+
+def test_memory_page_deletes_a_memory_and_turns_memory_off(
+    page, live_server, people, shots, csp_violations
+):
+    helper, _ = agent_get_or_create(owner_principal="ops", name="travel-helper")
+    principal = helper.as_principal()
+    memory_block_create(
+        principal, agent=helper, user_id="alice", label="human", value="Name: Alice\nLikes: museums"
+    )
+    for fact in ["Alice is allergic to peanuts", "Alice prefers window seats"]:
+        memory_save(principal, agent=helper, user_id="alice", content=fact)
+    page.set_viewport_size({"width": 1100, "height": 760})
+    log_in(page, live_server, "alice")
+    page.get_by_role("link", name="Memory").click()
+    shots(page, "memory")
+    page.get_by_role("link", name="travel-helper").click()
+    expect(page.get_by_text("Alice is allergic to peanuts")).to_be_visible()
+    shots(page, "agent-memory")
+
+    # Delete one memory (htmx swaps the row; no page load).
+    page.get_by_role("button", name=re.compile("Delete the memory “Alice is allergic")).click()
+    expect(page.get_by_text("Deleted.")).to_be_visible()
+    expect(page.get_by_text("Alice is allergic to peanuts")).to_have_count(0)
+
+    # Search finds the other; with memory off, nothing.
+    page.get_by_label("Search memories").fill("seat on the plane")
+    page.get_by_role("button", name="Search").click()
+    expect(page.locator("#memory-hits")).to_contain_text("window seats")
+    page.get_by_role("button", name="Turn memory off (private chat)").click()
+    expect(page.get_by_text("Memory is off")).to_be_visible()
+    page.get_by_label("Search memories").fill("seat on the plane")
+    page.get_by_role("button", name="Search").click()
+    expect(page.locator("#memory-hits")).to_contain_text("No memory found")
+    assert csp_violations == []
+
+
+def test_keyboard_only_at_375_px(page, live_server, people, shots, csp_violations):
+    page.set_viewport_size({"width": 375, "height": 740})
+    log_in(page, live_server, "alice")
+    # Create a conversation and post in it with the keyboard alone.
+    page.get_by_label("Title").focus()
+    page.keyboard.type("Typed only")
+    page.keyboard.press("Enter")
+    expect(page.get_by_role("heading", name="Typed only")).to_be_visible()
+    page.get_by_label("Your message").focus()
+    page.keyboard.type("Hello from the keyboard")
+    page.keyboard.press("Tab")  # to the Send button
+    assert page.evaluate("document.activeElement.textContent.trim()") == "Send"
+    page.keyboard.press("Enter")
+    expect(shown(page, "Hello from the keyboard")).to_be_visible()
+    conversation_url = page.url
+    # The skip link is the first stop and leads to the content.
+    page.goto(f"{live_server.url}/app/")
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.textContent.trim()") == "Skip to content"
+    page.keyboard.press("Enter")
+    assert page.evaluate("document.activeElement.id") == "main"
+    # Nothing wider than the screen.
+    for path in ["/app/", conversation_url, "/app/memory/"]:
+        page.goto(path if path.startswith("http") else f"{live_server.url}{path}")
+        assert page.evaluate("document.documentElement.scrollWidth") <= 375, path
+    page.goto(f"{live_server.url}/app/")
+    shots(page, "conversations-375px")
+    assert csp_violations == []
+
+
+def test_the_assistants_answer_is_streamed_into_the_page(
+    page, live_server, people, settings, shots, csp_violations
+):
+    from tests.fake_openai import FakeOpenAI
+
+    with FakeOpenAI(reply="Start with the Vatican Museums, then the Borghese Gallery.") as llm:
+        settings.MEMSVC_LLM_BASE_URL = llm.base_url
+        settings.MEMSVC_LLM_MODEL = "gpt-test"
+        page.set_viewport_size({"width": 1100, "height": 760})
+        log_in(page, live_server, "alice")
+        page.get_by_label("Title").fill("Ask the assistant")
+        expect(page.get_by_label("with the assistant")).to_be_checked()
+        page.get_by_role("button", name="Create").click()
+        expect(page.get_by_text("assistant answers here")).to_be_visible()
+        conversation_url = page.url
+        send(page, "Which museums first?")
+        answer = page.locator("#messages li.message.assistant .content")
+        expect(answer).to_have_text("Start with the Vatican Museums, then the Borghese Gallery.")
+        expect(page.locator("#messages li.streaming")).to_have_count(0)  # the stream ended
+        assert page.url == conversation_url  # streamed into the page, not a new page
+        assert len(llm.requests_containing("Which museums first?")) == 1
+        shots(page, "assistant")
+        # Kept as the agent's message: there after a reload too.
+        page.reload()
+        expect(answer).to_have_text("Start with the Vatican Museums, then the Borghese Gallery.")
+    assert csp_violations == []

@@ -1,0 +1,92 @@
+"""With an LLM configured (the stand-in OpenAI-compatible server), an agent answers in a
+conversation with an agent's context, streamed; without one the page is a log."""
+
+import pytest
+from django.urls import reverse
+
+from agents_api.assistant import pages_assistant
+from agents_api.services import memory_block_create, memory_save
+from conversations.models import Conversation, Message
+from tests.fake_openai import FakeOpenAI
+from tests.local_http import Reply
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def llm(settings):
+    with FakeOpenAI(reply="Rex would love Brittany, Alice.") as fake:
+        settings.MEMSVC_LLM_BASE_URL = fake.base_url
+        settings.MEMSVC_LLM_MODEL = "gpt-test"
+        yield fake
+
+
+@pytest.fixture
+def chat(alice_page, llm):
+    """A conversation of alice's made on the page with the assistant, which remembers her."""
+    alice_page.post("/app/conversations/new", {"title": "Holidays", "assistant": "on"})
+    assistant = pages_assistant()
+    principal = assistant.as_principal()
+    memory_block_create(
+        principal, agent=assistant, user_id="alice", label="human", value="Name: Alice"
+    )
+    memory_save(principal, agent=assistant, user_id="alice", content="Alice has a dog named Rex")
+    return Conversation.objects.get(title="Holidays")
+
+
+def test_without_a_script_the_answer_comes_with_the_page(alice_page, chat, llm):
+    response = alice_page.post(
+        reverse("pages:append", args=[chat.id]), {"content": "Where should my dog and I go?"}
+    )
+    assert response.status_code == 302
+    said = list(
+        Message.objects.filter(conversation=chat)
+        .order_by("seq")
+        .values_list("role", "author_name", "content")
+    )
+    assert said == [
+        ("user", "alice", "Where should my dog and I go?"),
+        ("assistant", "assistant", "Rex would love Brittany, Alice."),
+    ]
+    # The model got the agent's context: its block, its memory of her, then the turn.
+    [request] = llm.requests_containing("Where should my dog")
+    system = request["messages"][0]
+    assert system["role"] == "system"
+    assert "Name: Alice" in system["content"] and "Alice has a dog named Rex" in system["content"]
+    assert request["messages"][-1] == {"role": "user", "content": "Where should my dog and I go?"}
+    html = alice_page.get(reverse("pages:conversation", args=[chat.id])).content.decode()
+    assert "assistant answers here" in html and "Rex would love Brittany" in html
+
+
+def test_the_script_gets_the_new_row_then_the_answer_streamed(alice_page, chat):
+    row = alice_page.post(
+        reverse("pages:append", args=[chat.id]),
+        {"content": "Hello"},
+        headers={"HX-Request": "true"},
+    )
+    assert row.status_code == 200 and b"<html" not in row.content and b"Hello" in row.content
+    streamed = alice_page.post(reverse("pages:reply", args=[chat.id]))
+    assert streamed.streaming and streamed["Content-Type"].startswith("text/plain")
+    pieces = [piece.decode() for piece in streamed.streaming_content]
+    assert len(pieces) > 1 and "".join(pieces) == "Rex would love Brittany, Alice."
+    assert Message.objects.filter(conversation=chat, role="assistant").count() == 1
+
+
+def test_a_failing_model_writes_nothing_and_says_so(alice_page, chat, llm):
+    llm.answer("Hello", Reply(status=400, payload={"error": {"message": "bad request"}}))
+    response = alice_page.post(
+        reverse("pages:append", args=[chat.id]), {"content": "Hello"}, follow=True
+    )
+    assert "The assistant could not answer" in response.content.decode()
+    assert not Message.objects.filter(role="assistant").exists()
+
+
+def test_a_reader_cannot_ask_and_a_log_has_no_assistant(alice_page, bob_page, llm):
+    alice_page.post("/app/conversations/new", {"title": "Just a log"})
+    log = Conversation.objects.get(title="Just a log")
+    assert alice_page.post(reverse("pages:reply", args=[log.id])).status_code == 409
+    assert (
+        "No agent answers"
+        in alice_page.get(reverse("pages:conversation", args=[log.id])).content.decode()
+    )
+    assert bob_page.post(reverse("pages:reply", args=[log.id])).status_code == 404

@@ -1,0 +1,415 @@
+"""The conversations pages with the Django test client: what each person sees and may do,
+and every refusal (a stranger's 404, a reader's 403, bad input's 400), with nothing changed."""
+
+import pytest
+from django.urls import reverse
+
+from conversations.models import (
+    AccessLevel,
+    Channel,
+    Conversation,
+    Membership,
+    Message,
+    OwnershipTransfer,
+    Visibility,
+)
+from conversations.services import NewMessage, messages_append
+from memsvc.api.principals import Principal
+from tests.pages.conftest import conversation_of
+from tests.pages.html import inline_scripts, unlabelled_controls
+
+pytestmark = pytest.mark.django_db
+
+
+def page_of(conversation) -> str:
+    return reverse("pages:conversation", args=[conversation.id])
+
+
+def snapshot():
+    return (
+        sorted(Conversation.objects.values_list("id", "title", "forked_at_conversation_id")),
+        sorted(Membership.objects.values_list("group_id", "principal_id", "access_level")),
+        sorted(Message.objects.values_list("id", "content")),
+        sorted(OwnershipTransfer.objects.values_list("id", "status")),
+    )
+
+
+# --- login -----------------------------------------------------------------------------------
+
+
+def test_pages_need_a_login_and_the_login_page_logs_in(client, alice_page):
+    response = client.get("/app/")
+    assert response.status_code == 302
+    assert response["Location"].startswith("/app/login/?next=/app/")
+    login_page = client.get("/app/login/")
+    assert login_page.status_code == 200
+    assert unlabelled_controls(login_page.content) == []
+    refused = client.post("/app/login/", {"username": "alice", "password": "wrong"})
+    assert refused.status_code == 200
+    assert b"did not match" in refused.content
+    logged_in = client.post(
+        "/app/login/", {"username": "alice", "password": "a long enough password"}
+    )
+    assert logged_in.status_code == 302 and logged_in["Location"] == "/app/"
+    assert client.get("/app/").status_code == 200
+    assert client.post("/app/logout/").status_code == 302
+    assert client.get("/app/").status_code == 302
+
+
+# --- the list --------------------------------------------------------------------------------
+
+
+def test_the_list_shows_only_what_the_person_may_see_with_their_role(alice_page, bob_page):
+    conversation_of("alice", "Alice's own", "hello")
+    conversation_of("alice", "Shared with Bob", "hi bob", shared=[("bob", "reader")])
+    conversation_of("charlie", "Charlie's secret", "psst")
+
+    alice = alice_page.get("/app/").content.decode()
+    assert "Alice&#x27;s own" in alice and "Shared with Bob" in alice
+    assert "Charlie" not in alice
+    bob = bob_page.get("/app/").content.decode()
+    assert "Shared with Bob" in bob and ">reader<" in bob
+    assert "Alice&#x27;s own" not in bob and "Charlie" not in bob
+
+
+def test_the_list_is_paged_latest_first(alice_page):
+    for n in range(52):
+        conversation_of("alice", f"Conversation number {n:02d}")
+    first = alice_page.get("/app/").content.decode()
+    assert "Conversation number 51" in first and "Conversation number 02" in first
+    assert "Conversation number 01" not in first
+    assert "More conversations" in first
+    cursor = first.split('href="?after=')[1].split('"')[0]
+    # htmx asks for the next rows only.
+    rest = alice_page.get(f"/app/?after={cursor}", headers={"HX-Request": "true"})
+    assert "<html" not in rest.content.decode()
+    assert "Conversation number 01" in rest.content.decode()
+    assert "Conversation number 00" in rest.content.decode()
+    assert "More conversations" not in rest.content.decode()
+
+
+def test_create_a_conversation(alice_page):
+    response = alice_page.post("/app/conversations/new", {"title": "Holiday"})
+    conversation = Conversation.objects.get(title="Holiday")
+    assert response["Location"] == page_of(conversation)
+    assert Membership.objects.get(group=conversation.group).principal_id == "alice"
+    too_long = alice_page.post("/app/conversations/new", {"title": "x" * 100_000})
+    assert too_long.status_code == 400
+    assert Conversation.objects.count() == 1
+
+
+def test_search_finds_what_the_person_may_see_and_links_to_the_message(alice_page, bob_page):
+    mine = conversation_of("alice", "Pets", "My dog Rex loves the beach")
+    conversation_of("charlie", "Charlie", "Charlie's dog loves the beach too")
+    response = alice_page.get("/app/search/", {"q": "dog beach"})
+    html = response.content.decode()
+    message = Message.objects.get(conversation=mine)
+    assert f"{page_of(mine)}?at={message.id}#m-{message.id}" in html
+    assert "<b>dog</b>" in html or "<b>beach</b>" in html
+    assert "Charlie" not in html
+    assert "Nothing found" in bob_page.get("/app/search/", {"q": "dog beach"}).content.decode()
+    # The link opens the conversation at that message.
+    opened = alice_page.get(page_of(mine), {"at": str(message.id)}).content.decode()
+    assert f'id="m-{message.id}"' in opened and "target" in opened
+
+
+# --- one conversation ------------------------------------------------------------------------
+
+
+def test_messages_in_order_users_channel_only(alice_page):
+    conversation = conversation_of("alice", "Chat", "first", "second")
+    messages_append(
+        Principal.user("alice"),
+        conversation=conversation,
+        messages=[
+            NewMessage(content="an agent's note", channel=Channel.MEMORY),
+            NewMessage(content="hidden thoughts", visibility=Visibility.AGENT),
+            NewMessage(content="third"),
+        ],
+    )
+    html = alice_page.get(page_of(conversation)).content.decode()
+    assert html.index("first") < html.index("second") < html.index("third")
+    assert "an agent&#x27;s note" not in html and "hidden thoughts" not in html
+    assert "No assistant is configured" in html
+
+
+def test_a_long_conversation_opens_on_its_latest_messages_and_pages_back(alice_page):
+    conversation = conversation_of("alice", "Long", *[f"message number {n:03d}" for n in range(60)])
+    html = alice_page.get(page_of(conversation)).content.decode()
+    assert "message number 010" in html and "message number 009" not in html
+    assert html.index("message number 010") < html.index("message number 059")
+    cursor = html.split('href="?before=')[1].split('"')[0]
+    rest = alice_page.get(page_of(conversation), {"before": cursor}, headers={"HX-Request": "true"})
+    earlier = rest.content.decode()
+    assert "<html" not in earlier and "Earlier messages" not in earlier
+    assert earlier.index("message number 000") < earlier.index("message number 009")
+    assert "message number 010" not in earlier
+    # Opened at a message (a search hit), it pages on from there.
+    middle = Message.objects.get(content="message number 005")
+    at = alice_page.get(page_of(conversation), {"at": str(middle.id)}).content.decode()
+    assert "message number 004" not in at and "message number 054" in at
+    cursor = at.split('href="?after=')[1].split('"')[0]
+    later = alice_page.get(page_of(conversation), {"after": cursor}).content.decode()
+    assert "message number 055" in later and "message number 059" in later
+
+
+def test_a_stranger_gets_404_and_learns_nothing(charlie_page):
+    conversation = conversation_of("alice", "Alice's secret plans", "the secret")
+    before = snapshot()
+    response = charlie_page.get(page_of(conversation))
+    assert response.status_code == 404
+    assert b"secret" not in response.content
+    message = Message.objects.get()
+    for path, data in [
+        (reverse("pages:append", args=[conversation.id]), {"content": "hi"}),
+        (reverse("pages:fork", args=[conversation.id, message.id]), {"content": "hi"}),
+        (reverse("pages:rename", args=[conversation.id]), {"title": "mine"}),
+        (
+            reverse("pages:share", args=[conversation.id]),
+            {"userId": "charlie", "accessLevel": "reader"},
+        ),
+        (reverse("pages:transfer", args=[conversation.id]), {"newOwnerUserId": "charlie"}),
+        (reverse("pages:delete", args=[conversation.id]), {}),
+        (reverse("pages:membership_delete", args=[conversation.id, "alice"]), {}),
+    ]:
+        assert charlie_page.post(path, data).status_code == 404, path
+    assert snapshot() == before
+
+
+def test_a_reader_sees_no_controls_and_cannot_post_share_or_fork(bob_page):
+    conversation = conversation_of("alice", "Read only", "hello", shared=[("bob", "reader")])
+    message = Message.objects.get()
+    html = bob_page.get(page_of(conversation)).content.decode()
+    assert "hello" in html
+    for control in [
+        'id="append"',
+        'id="share"',
+        "Fork from here",
+        "Rename",
+        "Transfer",
+        "Delete this",
+    ]:
+        assert control not in html, control
+    assert "Leave" in html  # a reader may leave
+    before = snapshot()
+    for path, data in [
+        (reverse("pages:append", args=[conversation.id]), {"content": "hi"}),
+        (reverse("pages:fork", args=[conversation.id, message.id]), {"content": "hi"}),
+        (reverse("pages:rename", args=[conversation.id]), {"title": "mine"}),
+        (
+            reverse("pages:share", args=[conversation.id]),
+            {"userId": "dave", "accessLevel": "reader"},
+        ),
+        (reverse("pages:transfer", args=[conversation.id]), {"newOwnerUserId": "bob"}),
+        (reverse("pages:delete", args=[conversation.id]), {}),
+        (reverse("pages:membership_delete", args=[conversation.id, "alice"]), {}),
+    ]:
+        response = bob_page.post(path, data)
+        assert response.status_code == 403, path
+        assert b"needs" in response.content or b"owner" in response.content
+    assert snapshot() == before
+
+
+def test_a_writer_appends_forks_and_renames_but_does_not_share(bob_page):
+    conversation = conversation_of(
+        "alice", "Plans", "Let's go to Rome", "Or Paris?", shared=[("bob", "writer")]
+    )
+    html = bob_page.get(page_of(conversation)).content.decode()
+    assert 'id="append"' in html and "Fork from here" in html and 'id="share"' not in html
+    response = bob_page.post(reverse("pages:append", args=[conversation.id]), {"content": "Rome!"})
+    assert response.status_code == 302
+    assert (
+        Message.objects.filter(conversation=conversation).order_by("seq").last().content == "Rome!"
+    )
+    assert (
+        bob_page.post(reverse("pages:append", args=[conversation.id]), {"content": ""}).status_code
+        == 400
+    )
+
+    paris = Message.objects.get(content="Or Paris?")
+    forked = bob_page.post(
+        reverse("pages:fork", args=[conversation.id, paris.id]), {"content": "Or London?"}
+    )
+    fork = Conversation.objects.get(forked_at_conversation=conversation)
+    assert forked["Location"] == page_of(fork)
+    fork_html = bob_page.get(page_of(fork)).content.decode()
+    assert "Let&#x27;s go to Rome" in fork_html and "Or London?" in fork_html
+    assert "Or Paris?" not in fork_html
+    # The tree links every branch; the current one is marked, not linked.
+    assert page_of(conversation) in fork_html and 'aria-current="page"' in fork_html
+
+    bob_page.post(reverse("pages:rename", args=[conversation.id]), {"title": "Rome or Paris"})
+    assert Conversation.objects.get(id=conversation.id).title == "Rome or Paris"
+
+
+def test_a_manager_shares_changes_and_removes_members_but_never_the_owner(alice_page, bob_page):
+    conversation = conversation_of("alice", "Team", "hi", shared=[("bob", "manager")])
+    share = reverse("pages:share", args=[conversation.id])
+    assert bob_page.post(share, {"userId": "carol", "accessLevel": "reader"}).status_code == 302
+    assert bob_page.post(share, {"userId": "carol", "accessLevel": "reader"}).status_code == 409
+    assert bob_page.post(share, {"userId": "dave", "accessLevel": "owner"}).status_code == 403
+    assert bob_page.post(share, {"userId": "dave", "accessLevel": "boss"}).status_code == 400
+    level = reverse("pages:membership_update", args=[conversation.id, "carol"])
+    assert bob_page.post(level, {"accessLevel": "writer"}).status_code == 302
+    assert Membership.objects.get(principal_id="carol").access_level == AccessLevel.WRITER
+    owner_level = reverse("pages:membership_update", args=[conversation.id, "alice"])
+    assert bob_page.post(owner_level, {"accessLevel": "reader"}).status_code == 403
+    remove_owner = reverse("pages:membership_delete", args=[conversation.id, "alice"])
+    assert bob_page.post(remove_owner).status_code == 403
+    assert (
+        bob_page.post(
+            reverse("pages:membership_delete", args=[conversation.id, "carol"])
+        ).status_code
+        == 302
+    )
+    assert sorted(Membership.objects.values_list("principal_id", flat=True)) == ["alice", "bob"]
+
+
+def test_sharing_makes_the_conversation_appear_for_the_other_person(alice_page, bob_page):
+    conversation = conversation_of("alice", "For Bob soon", "hello")
+    assert bob_page.get(page_of(conversation)).status_code == 404
+    alice_page.post(
+        reverse("pages:share", args=[conversation.id]), {"userId": "bob", "accessLevel": "reader"}
+    )
+    assert "For Bob soon" in bob_page.get("/app/").content.decode()
+    assert bob_page.get(page_of(conversation)).status_code == 200
+
+
+def test_ownership_transfer_offered_accepted_and_declined(alice_page, bob_page, charlie_page):
+    conversation = conversation_of("alice", "Handover", "hi", shared=[("bob", "writer")])
+    transfer = reverse("pages:transfer", args=[conversation.id])
+    assert alice_page.post(transfer, {"newOwnerUserId": "bob"}).status_code == 302
+    assert alice_page.post(transfer, {"newOwnerUserId": "charlie"}).status_code == 409
+    offer = OwnershipTransfer.objects.get()
+    assert "offers you" in bob_page.get("/app/").content.decode()
+    assert "You offered" in alice_page.get("/app/").content.decode()
+    # Only the recipient accepts; a stranger does not even see the offer.
+    assert (
+        alice_page.post(reverse("pages:transfer_resolve", args=[offer.id, "accept"])).status_code
+        == 403
+    )
+    assert (
+        charlie_page.post(reverse("pages:transfer_resolve", args=[offer.id, "accept"])).status_code
+        == 404
+    )
+    assert (
+        bob_page.post(reverse("pages:transfer_resolve", args=[offer.id, "steal"])).status_code
+        == 404
+    )
+    assert (
+        bob_page.post(reverse("pages:transfer_resolve", args=[offer.id, "accept"])).status_code
+        == 302
+    )
+    levels = dict(Membership.objects.values_list("principal_id", "access_level"))
+    assert levels == {"alice": "manager", "bob": "owner"}
+    # A second offer, declined.
+    bob_page.post(transfer, {"newOwnerUserId": "alice"})
+    second = OwnershipTransfer.objects.get(status="pending")
+    alice_page.post(reverse("pages:transfer_resolve", args=[second.id, "decline"]))
+    second.refresh_from_db()
+    assert second.status == "declined"
+
+
+def test_only_the_owner_deletes(alice_page, bob_page):
+    conversation = conversation_of("alice", "Doomed", "bye", shared=[("bob", "manager")])
+    delete = reverse("pages:delete", args=[conversation.id])
+    assert bob_page.post(delete).status_code == 403
+    assert alice_page.get(delete).status_code == 405
+    assert alice_page.post(delete)["Location"] == "/app/"
+    assert not Conversation.objects.exists()
+
+
+# --- safety ----------------------------------------------------------------------------------
+
+
+def test_a_message_with_markup_shows_as_text_everywhere(alice_page):
+    attack = "<script>alert(1)</script><img src=x onerror=alert(2)>"
+    conversation = conversation_of("alice", f"Title {attack}", f"look {attack} here")
+    for html in [
+        alice_page.get("/app/").content.decode(),
+        alice_page.get(page_of(conversation)).content.decode(),
+    ]:
+        assert "<script>alert" not in html and "<img src=x" not in html
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+        assert inline_scripts(html) == []
+    # A search snippet (PostgreSQL's ts_headline) is escaped too; only its <b> marks stay.
+    found = alice_page.get("/app/search/", {"q": "look here alert"}).content.decode()
+    assert "&lt;img src=x onerror=<b>alert</b>(2)&gt;" in found
+    assert "<script>alert" not in found and "<img src=x" not in found
+    assert inline_scripts(found) == []
+
+
+def test_every_form_needs_the_csrf_token(db):
+    from tests.pages.conftest import login
+
+    strict = login("alice", enforce_csrf_checks=True)
+    conversation = conversation_of("alice", "Guarded", "hi")
+    before = snapshot()
+    for path, data in [
+        ("/app/conversations/new", {"title": "forged"}),
+        (reverse("pages:append", args=[conversation.id]), {"content": "forged"}),
+        (reverse("pages:delete", args=[conversation.id]), {}),
+        (
+            reverse("pages:share", args=[conversation.id]),
+            {"userId": "eve", "accessLevel": "manager"},
+        ),
+        ("/app/memory/switch", {}),
+    ]:
+        assert strict.post(path, data).status_code == 403, path
+    assert snapshot() == before
+    # With the token the page gave, the same form goes through.
+    page = strict.get(page_of(conversation)).content.decode()
+    token = page.split('name="csrfmiddlewaretoken" value="')[1].split('"')[0]
+    response = strict.post(
+        reverse("pages:append", args=[conversation.id]),
+        {"content": "real", "csrfmiddlewaretoken": token},
+    )
+    assert response.status_code == 302
+
+
+def test_pages_carry_the_csp_and_refuse_framing(alice_page):
+    conversation = conversation_of("alice", "Headers", "hi")
+    for path in ["/app/", page_of(conversation), "/app/memory/", "/app/search/?q=hi"]:
+        response = alice_page.get(path)
+        policy = response["Content-Security-Policy"]
+        assert "script-src 'self'" in policy and "unsafe-inline" not in policy
+        assert "frame-ancestors 'none'" in policy
+        assert response["X-Frame-Options"] == "DENY"
+        assert inline_scripts(response.content) == []
+        assert unlabelled_controls(response.content) == [], path
+    # The page loads htmx from this site, not a CDN.
+    assert "/static/django_htmx/htmx-2.min.js" in alice_page.get("/app/").content.decode()
+    assert alice_page.get("/static/django_htmx/htmx-2.min.js").status_code == 200
+
+
+def test_a_page_costs_the_same_queries_whatever_it_shows(alice_page):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def queries(path) -> int:
+        with CaptureQueriesContext(connection) as captured:
+            assert alice_page.get(path).status_code == 200
+        return len(captured)
+
+    small = conversation_of("alice", "Small", "one", shared=[("bob", "reader")])
+    few_list, few_messages = queries("/app/"), queries(page_of(small))
+    for n in range(30):
+        conversation_of("alice", f"More {n}", f"message {n}")
+    big = conversation_of(
+        "alice",
+        "Big",
+        *[f"turn {n}" for n in range(60)],
+        shared=[("bob", "reader"), ("carol", "writer")],
+    )
+    messages_append(
+        Principal.user("alice"),
+        conversation=big,
+        messages=[NewMessage(content="a fork point")],
+    )
+    from conversations.services import conversation_fork
+
+    conversation_fork(
+        Principal.user("alice"), conversation=big, message=Message.objects.get(content="turn 3")
+    )
+    assert queries("/app/") == few_list
+    assert queries(page_of(big)) == few_messages
