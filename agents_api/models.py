@@ -42,6 +42,9 @@ class Agent(models.Model):
         on_delete=models.SET_NULL,
         related_name="local_agent",
     )
+    # Reachable without a key from loopback in local mode (MEMSVC_LOCAL_TRUST_LOOPBACK): only
+    # agents the local API made for a keyless caller, and only until the agent gets a key.
+    loopback_trusted = models.BooleanField(default=False)
 
     class Meta:
         db_table = "agent"

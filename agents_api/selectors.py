@@ -68,13 +68,15 @@ LOCAL_OWNER = "local"  # owner_principal of the local compatibility API's agents
 
 
 def local_agent(caller_agent: Agent | None, name: str) -> Agent:
-    """The named agent of the local API, as a caller may reach it: a loopback caller in
-    local mode (``caller_agent`` None) reaches every local agent, a key only its own agent.
-    404 otherwise."""
+    """The named agent of the local API, as a caller may reach it: a trusted keyless
+    loopback caller (``caller_agent`` None) reaches the agents the local API made for such
+    callers (``Agent.loopback_trusted``), a key only its own agent. 404 otherwise."""
     if caller_agent is not None:
         agent = caller_agent if caller_agent.name == name else None
     else:
-        agent = Agent.objects.filter(owner_principal=LOCAL_OWNER, name=name).first()
+        agent = Agent.objects.filter(
+            owner_principal=LOCAL_OWNER, name=name, loopback_trusted=True
+        ).first()
     if agent is None:
         raise NotFound("Agent not found")
     return agent

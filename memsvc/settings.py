@@ -30,6 +30,10 @@ DATABASE_URL = env_str("DATABASE_URL")
 # Local mode: the embedded database, and no credentials needed from loopback on the
 # local compatibility API. MEMSVC_LOCAL_MODE=1 asks for it with an external database too.
 LOCAL_MODE = env_bool("MEMSVC_LOCAL_MODE", DATABASE_URL is None)
+# Keyless requests from a loopback address to the local compatibility API reach the agents
+# that API made for keyless callers (README, "Loopback trust"). 0 requires a key always: set
+# it behind a reverse proxy on the same host, where every request comes from loopback.
+MEMSVC_LOCAL_TRUST_LOOPBACK = env_bool("MEMSVC_LOCAL_TRUST_LOOPBACK", LOCAL_MODE)
 
 # --- Secrets ---------------------------------------------------------------------------------
 
@@ -85,6 +89,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: refusals in the API's error shape before anything reads the request, and the
+    # last word on exceptions (memsvc/api/middleware.py).
+    "memsvc.api.middleware.ApiErrorMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -149,7 +156,7 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["memsvc.api.parsers.JSONParser"],
     "EXCEPTION_HANDLER": "memsvc.api.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
@@ -174,6 +181,17 @@ SPECTACULAR_SETTINGS = {
 # --- Messages and search ---------------------------------------------------------------------
 
 MEMSVC_MAX_MESSAGE_CHARS = env_int("MEMSVC_MAX_MESSAGE_CHARS", 100_000, minimum=1)
+# The largest request body (bytes); a larger one is refused with 413 before it is read. The
+# default admits the largest bulk append the API documents: 100 messages
+# (agents_api.api.serializers.MAX_BULK_MESSAGES) of MEMSVC_MAX_MESSAGE_CHARS characters of
+# UTF-8 (at most 4 bytes each), each with the largest metadata (16 KiB, counted twice for
+# escapes) and its other fields.
+MEMSVC_MAX_BODY_BYTES = env_int(
+    "MEMSVC_MAX_BODY_BYTES",
+    100 * (4 * MEMSVC_MAX_MESSAGE_CHARS + 2 * 16 * 1024 + 1024),
+    minimum=1024,
+)
+DATA_UPLOAD_MAX_MEMORY_SIZE = MEMSVC_MAX_BODY_BYTES
 
 MEMORY_SERVER_HOST = env_str("MEMORY_SERVER_HOST", "127.0.0.1")
 MEMORY_SERVER_PORT = env_int("MEMORY_SERVER_PORT", 8283, minimum=1)
