@@ -160,6 +160,11 @@ class ApiKey(models.Model):
         return f"{self.prefix}… ({self.agent.name})"
 
     @property
+    def rate_limit_key(self) -> str:
+        """A key's requests count together (memsvc.api.ratelimit), whoever it acts for."""
+        return f"key:{self.public_id}"
+
+    @property
     def is_active(self) -> bool:
         return self.revoked_at is None
 

@@ -92,6 +92,8 @@ MIDDLEWARE = [
     # First: refusals in the API's error shape before anything reads the request, and the
     # last word on exceptions (memsvc/api/middleware.py).
     "memsvc.api.middleware.ApiErrorMiddleware",
+    # Failed authentications per client address (memsvc/api/ratelimit.py).
+    "memsvc.api.ratelimit.RateLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -158,6 +160,8 @@ REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["memsvc.api.parsers.JSONParser"],
     "EXCEPTION_HANDLER": "memsvc.api.errors.exception_handler",
+    # Requests per principal, for every API view (memsvc/api/ratelimit.py).
+    "DEFAULT_THROTTLE_CLASSES": ["memsvc.api.ratelimit.PrincipalRateThrottle"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
 }
@@ -260,3 +264,18 @@ CELERY_BEAT_SCHEDULE = {
 }
 # Tests and scripts may run tasks in the calling process instead of a worker.
 CELERY_TASK_EAGER_PROPAGATES = True
+
+# --- Rate limits (memsvc/api/ratelimit.py) ------------------------------------------------------
+
+# Requests a minute per principal (a user, an API key, a caller without credentials by its
+# address), and failed authentications (401s) a minute per client address. 0: no limit.
+MEMSVC_RATE_LIMIT = env_int("MEMSVC_RATE_LIMIT", 1200, minimum=0)
+MEMSVC_AUTH_FAILURE_LIMIT = env_int("MEMSVC_AUTH_FAILURE_LIMIT", 60, minimum=0)
+# Where every process counts: Redis when there is one (by default the Celery broker, when
+# that is Redis), otherwise the database.
+MEMSVC_REDIS_URL = env_str(
+    "MEMSVC_REDIS_URL",
+    CELERY_BROKER_URL if CELERY_BROKER_URL.startswith(("redis://", "rediss://")) else None,
+)
+# Reverse proxies whose X-Forwarded-For names the client (their own address is not it).
+MEMSVC_TRUSTED_PROXIES = env_list("MEMSVC_TRUSTED_PROXIES", [])

@@ -13,6 +13,8 @@ reaches only the agents this API made for such callers (``Agent.loopback_trusted
 other request needs a key.
 """
 
+import logging
+
 from django.conf import settings
 from django.db import DatabaseError, connection
 from django.http import JsonResponse
@@ -33,6 +35,8 @@ from conversations.selectors import conversation_messages
 from memsvc.api.errors import ApiError, Forbidden, InvalidInput, NotFound
 from memsvc.api.pagination import parse_limit
 from search.selectors import search_messages
+
+logger = logging.getLogger(__name__)
 
 LOOPBACK = {"127.0.0.1", "::1"}
 MAX_LIST_LIMIT = 1000
@@ -132,23 +136,26 @@ def _search(agent: Agent, query: str, limit: int) -> list[dict]:
 class HealthView(LocalView):
     authentication_classes = []
     permission_classes = [AllowAny]
+    throttle_classes = []  # probes are never refused
 
     @extend_schema(exclude=True)
     def get(self, request):
-        if settings.DATABASE_URL:
-            database = f"postgresql: {connection.settings_dict['NAME']}"
-        else:
-            database = str(settings.MEMSVC_DATA_DIR / "pgdata")
         try:
             connection.ensure_connection()
-        except DatabaseError as exc:
-            return Response({"status": "unavailable", "detail": str(exc)}, status=503)
+        except DatabaseError:
+            connection.close_if_unusable_or_obsolete()
+            # The driver's message names hosts, sockets and paths: logged, never answered.
+            logger.warning("health: database unreachable", exc_info=True)
+            return Response({"status": "unavailable", "detail": "database unreachable"}, status=503)
         return Response(
             {
                 "status": "ok",
                 "embedding_backend": settings.MEMORY_EMBEDDING_BACKEND,
                 "embedding_dimension": settings.MEMORY_EMBEDDING_DIMENSION,
-                "database_path": database,
+                # The seed's field, without the path it held there: which database, not where.
+                "database_path": "postgresql (external)"
+                if settings.DATABASE_URL
+                else "postgresql (embedded)",
             }
         )
 

@@ -187,11 +187,15 @@ def render_api_error(request, error: ApiError) -> HttpResponse | None:
     except Resolver404:
         view_class = None
     render = getattr(view_class, "render_error", None)
-    if render is not None:
-        return render(error)
-    if request.path_info == "/v1" or request.path_info.startswith("/v1/"):
-        return render_v1_error(error)
-    return None
+    if render is None and (request.path_info == "/v1" or request.path_info.startswith("/v1/")):
+        render = render_v1_error
+    if render is None:
+        return None
+    response = render(error)
+    # Answered before CommonMiddleware (which would add it): without a length the server
+    # would send the few bytes chunked.
+    response["Content-Length"] = str(len(response.content))
+    return response
 
 
 @csrf_exempt  # an API route: no cookies, so no CSRF; and a 404 must not become a 403

@@ -3,8 +3,9 @@
 or for a database that is down.
 
 - Before the view: a NUL character in the path or the query (PostgreSQL cannot store or
-  compare it) -> 400; a body larger than ``MEMSVC_MAX_BODY_BYTES`` -> 413, without reading
-  it (the server discards the unread body, so a keep-alive connection stays usable).
+  compare it) -> 400; a body larger than ``MEMSVC_MAX_BODY_BYTES`` -> 413, decided from
+  ``Content-Length`` before anything parses it, the body then read and dropped so that a
+  keep-alive connection stays usable (``discard_body``).
 - After a view raised what its own handler left alone: the database unreachable (or a
   statement cancelled) -> 503 ``unavailable``; a value the database refused (``DataError``)
   -> 400; Django's own ``RequestDataTooBig`` -> 413; anything else (a bug) is logged as
@@ -23,6 +24,10 @@ from django.urls import Resolver404, resolve
 from memsvc.api.errors import ApiError, InvalidInput, PayloadTooLarge, Unavailable, render_api_error
 
 logger = logging.getLogger("django.request")
+
+# A refused body is read and dropped when it is at most this many times the cap.
+DISCARD_MAX_FACTOR = 2
+DISCARD_CHUNK_BYTES = 64 * 1024
 
 
 class InternalError(ApiError):
@@ -67,6 +72,21 @@ def request_refusal(request) -> ApiError | None:
     return None
 
 
+def discard_body(request) -> None:
+    """Read and drop a refused body (up to ``DISCARD_MAX_BYTES``), so the connection can
+    carry the client's next request: gunicorn drains at most 64 KiB of what an application
+    left unread, and closes a keep-alive connection that had more. A body past the bound is
+    left to that (the connection closes)."""
+    length = int(request.META.get("CONTENT_LENGTH") or 0)
+    if length > settings.MEMSVC_MAX_BODY_BYTES * DISCARD_MAX_FACTOR:
+        return
+    try:
+        while request.read(DISCARD_CHUNK_BYTES):
+            pass
+    except OSError:
+        pass  # the client went away: nothing to keep
+
+
 def exception_refusal(exception: Exception) -> ApiError:
     if isinstance(exception, RequestDataTooBig):
         return PayloadTooLarge(f"the body must be at most {settings.MEMSVC_MAX_BODY_BYTES} bytes")
@@ -89,6 +109,8 @@ class ApiErrorMiddleware:
         if refusal is not None:
             response = render_api_error(request, refusal)
             if response is not None:
+                if isinstance(refusal, PayloadTooLarge):
+                    discard_body(request)
                 return response
         return self.get_response(request)
 

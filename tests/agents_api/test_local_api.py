@@ -56,7 +56,7 @@ def test_health(local):
     assert body["status"] == "ok"
     assert body["embedding_backend"] == "local"
     assert body["embedding_dimension"] == 384
-    assert body["database_path"].endswith("pgdata")
+    assert body["database_path"] == "postgresql (embedded)"  # never a path
 
 
 def test_agents_are_created_once_and_found_by_name(local):
