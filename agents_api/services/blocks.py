@@ -11,6 +11,7 @@ from agents_api.models import (
 )
 from memsvc.api.errors import Conflict, Forbidden, InvalidInput
 from memsvc.api.principals import Principal
+from memsvc.db import locked_row
 
 
 def _check_fits(value: str, limit: int, field: str) -> None:
@@ -70,7 +71,7 @@ def memory_block_update(
     The row is locked for the whole change, so concurrent appends never lose text.
     Refused changes (read-only, over the limit, ``old`` not found) store nothing.
     """
-    block = MemoryBlock.objects.select_for_update().get(pk=block.pk)
+    block = locked_row(MemoryBlock.objects, block.pk, missing="memory block not found")
     if block.read_only:
         raise Forbidden(f"memory block {block.label!r} is read-only")
     new_value = block.value
