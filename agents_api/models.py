@@ -116,6 +116,9 @@ class MemoryBlockRevision(models.Model):
     actor_principal = models.CharField(max_length=PRINCIPAL_MAX_LENGTH)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 
+    # The order revisions are listed and kept in (MEMSVC_BLOCK_REVISIONS_KEPT newest).
+    NEWEST_FIRST = ("-created_at", "-id")
+
     class Meta:
         db_table = "memory_block_revision"
         indexes = [models.Index(fields=["block", "-created_at"], name="block_revision_recent")]

@@ -60,8 +60,11 @@ def memory_block(agent: Agent, *, user_id: str, label: str) -> MemoryBlock:
     return block
 
 
-def memory_block_revisions(block: MemoryBlock) -> list[MemoryBlockRevision]:
-    return list(block.revisions.order_by("-created_at", "-id"))
+def memory_block_revision_page(block: MemoryBlock, *, after: str | None, limit: int) -> Page:
+    """A page of the block's kept revisions, newest first."""
+    return keyset_page(
+        block.revisions.all(), order=MemoryBlockRevision.NEWEST_FIRST, after=after, limit=limit
+    )
 
 
 LOCAL_OWNER = "local"  # owner_principal of the local compatibility API's agents

@@ -179,7 +179,11 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "memsvc.api.schema.forbid_unknown_request_fields",
+        "memsvc.api.schema.state_enforced_constraints",
     ],
+    # Request bodies are parsed whole for PATCH too (InputSerializer.parse): a PATCH body's
+    # required fields are required, as the server enforces.
+    "COMPONENT_SPLIT_PATCH": False,
 }
 
 # --- Messages and search ---------------------------------------------------------------------
@@ -223,6 +227,9 @@ MEMSVC_EMBEDDING_THREADS = env_int("MEMSVC_EMBEDDING_THREADS", 0, minimum=0)
 OLLAMA_BASE_URL = env_str("OLLAMA_BASE_URL", "http://127.0.0.1:11434")
 OPENAI_API_KEY = env_str("OPENAI_API_KEY")
 OPENAI_BASE_URL = env_str("OPENAI_BASE_URL")
+
+# Revisions kept per memory block, newest first (0: all). Each holds the block's whole value.
+MEMSVC_BLOCK_REVISIONS_KEPT = env_int("MEMSVC_BLOCK_REVISIONS_KEPT", 50, minimum=0)
 
 MEMORY_DEFAULT_SEARCH_LIMIT = env_int("MEMORY_DEFAULT_SEARCH_LIMIT", 5, minimum=1)
 MEMORY_MAX_SEARCH_LIMIT = env_int("MEMORY_MAX_SEARCH_LIMIT", 20, minimum=1)

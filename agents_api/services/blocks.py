@@ -1,5 +1,6 @@
 """Writes of memory blocks: every change checked against the block's limit and kept as a revision."""
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -22,7 +23,13 @@ def _check_fits(value: str, limit: int, field: str) -> None:
 
 
 def _record(block: MemoryBlock, actor: Principal) -> None:
+    """Keep the block's new value as a revision, and only the newest
+    ``MEMSVC_BLOCK_REVISIONS_KEPT`` of them (0: every one)."""
     MemoryBlockRevision.objects.create(block=block, value=block.value, actor_principal=actor.id)
+    kept = settings.MEMSVC_BLOCK_REVISIONS_KEPT
+    if kept:
+        older = block.revisions.order_by(*MemoryBlockRevision.NEWEST_FIRST).values("id")[kept:]
+        MemoryBlockRevision.objects.filter(id__in=older).delete()
 
 
 @transaction.atomic
