@@ -73,10 +73,10 @@ def request_refusal(request) -> ApiError | None:
 
 
 def discard_body(request) -> None:
-    """Read and drop a refused body (up to ``DISCARD_MAX_BYTES``), so the connection can
-    carry the client's next request: gunicorn drains at most 64 KiB of what an application
-    left unread, and closes a keep-alive connection that had more. A body past the bound is
-    left to that (the connection closes)."""
+    """Read and drop a refused body (up to ``DISCARD_MAX_FACTOR`` times the cap), so the
+    connection can carry the client's next request: gunicorn drains at most 64 KiB of what
+    an application left unread, and closes a keep-alive connection that had more. A body
+    past the bound is left to that (the connection closes)."""
     length = int(request.META.get("CONTENT_LENGTH") or 0)
     if length > settings.MEMSVC_MAX_BODY_BYTES * DISCARD_MAX_FACTOR:
         return
