@@ -6,7 +6,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from agents_api.models import Agent, Memory, MemoryBlock, MemoryBlockRevision
@@ -83,6 +83,53 @@ def local_agent(caller_agent: Agent | None, name: str) -> Agent:
     if agent is None:
         raise NotFound("Agent not found")
     return agent
+
+
+# --- the Letta-compatible routes --------------------------------------------------------------
+
+
+def letta_agents(caller: Agent) -> QuerySet[Agent]:
+    """The agents a key reaches through the Letta routes: its own, and those it created
+    there (``services.letta_agent_create``)."""
+    return Agent.objects.filter(Q(pk=caller.pk) | Q(owner_principal=caller.principal_id))
+
+
+def letta_agents_tagged(
+    agents: QuerySet[Agent], tags: Sequence[str], *, match_all: bool = False
+) -> QuerySet[Agent]:
+    """Agents with any of ``tags`` (every one with ``match_all``), Letta's list filter."""
+    wanted = [Q(metadata__letta__tags__contains=[tag]) for tag in tags]
+    combined = wanted[0]
+    for condition in wanted[1:]:
+        combined = (combined & condition) if match_all else (combined | condition)
+    return agents.filter(combined)
+
+
+def letta_blocks(caller: Agent, *, label: str | None = None) -> QuerySet[MemoryBlock]:
+    blocks = MemoryBlock.objects.filter(user_id="", agent__in=letta_agents(caller))
+    if label:
+        blocks = blocks.filter(label=label)
+    return blocks.order_by("created_at", "id")
+
+
+def letta_agent(caller: Agent, agent_id) -> Agent:
+    agent = letta_agents(caller).filter(pk=agent_id).first()
+    if agent is None:
+        raise NotFound("Agent not found")
+    return agent
+
+
+def letta_block(caller: Agent, block_id) -> MemoryBlock:
+    """A block of an agent the key reaches: the agent's own (Letta has no users, so the
+    blocks an agent keeps per user are not Letta's)."""
+    block = (
+        MemoryBlock.objects.filter(pk=block_id, user_id="", agent__in=letta_agents(caller))
+        .select_related("agent")
+        .first()
+    )
+    if block is None:
+        raise NotFound("Block not found")
+    return block
 
 
 # --- long-term memories ----------------------------------------------------------------------

@@ -5,7 +5,7 @@ from collections.abc import Sequence
 
 from django.db import DatabaseError, transaction
 
-from agents_api import extraction, services
+from agents_api import extraction, services, sleeptime
 from agents_api.models import Agent
 from conversations.models import Conversation
 from memsvc.celery import app
@@ -111,5 +111,32 @@ def enqueue_memory_extraction(agent: Agent, conversation: Conversation) -> None:
             )
         except Exception as exc:  # any broker failure: kombu, redis, amqp, OS errors
             logger.warning("could not enqueue a memory extraction (%s); next turn will", exc)
+
+    transaction.on_commit(enqueue, robust=True)
+
+
+# --- Letta's sleeptime agent -----------------------------------------------------------------
+
+
+@app.task(name="agents_api.observe_letta_turns", acks_late=True)
+def observe_letta_turns_task(agent_id: str) -> list[str]:
+    agent = Agent.objects.filter(id=agent_id).first()
+    return sleeptime.blocks_observe(agent) if agent is not None else []
+
+
+def enqueue_letta_observation(agent: Agent) -> None:
+    """After the capture commits, hand the agent's blocks to the observer when enough turns
+    have come (``sleeptime.observation_due``); a broker failure is logged, and the next
+    capture asks again."""
+
+    def enqueue():
+        # As committed: the capture may have made the agent's conversation.
+        fresh = Agent.objects.filter(pk=agent.pk).first()
+        if fresh is None or not sleeptime.observation_due(fresh):
+            return
+        try:
+            observe_letta_turns_task.apply_async(args=[str(agent.id)], retry=False)
+        except Exception as exc:  # any broker failure: kombu, redis, amqp, OS errors
+            logger.warning("could not enqueue a sleeptime observation (%s); next capture will", exc)
 
     transaction.on_commit(enqueue, robust=True)

@@ -18,6 +18,7 @@ from memsvc.env import (
     env_choice,
     env_int,
     env_list,
+    env_origins,
     env_path,
     env_required,
     env_str,
@@ -79,6 +80,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django.contrib.postgres",
+    "corsheaders",
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -89,7 +91,10 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    # First: refusals in the API's error shape before anything reads the request, and the
+    # First, so that preflights are answered before anything else runs (authentication
+    # included) and every answer under /v1 gets its CORS headers, whichever layer made it.
+    "corsheaders.middleware.CorsMiddleware",
+    # Then refusals in the API's error shape before anything reads the request, and the
     # last word on exceptions (memsvc/api/middleware.py).
     "memsvc.api.middleware.ApiErrorMiddleware",
     # Failed authentications per client address (memsvc/api/ratelimit.py).
@@ -185,6 +190,19 @@ SPECTACULAR_SETTINGS = {
     # required fields are required, as the server enforces.
     "COMPONENT_SPLIT_PATCH": False,
 }
+
+# --- Browser frontends on other origins (CORS) -----------------------------------------------
+
+# Chat frontends served from their own origin call /v1 from the browser with a bearer JWT.
+# Only these origins, on /v1 only (not the local compatibility API at the root, not /mcp),
+# never `*`, never with cookies: the credentials are the Authorization header.
+MEMSVC_CORS_ALLOWED_ORIGINS = env_origins("MEMSVC_CORS_ALLOWED_ORIGINS")
+CORS_ALLOWED_ORIGINS = MEMSVC_CORS_ALLOWED_ORIGINS
+CORS_URLS_REGEX = r"^/v1(/|$)"
+CORS_ALLOW_HEADERS = ("authorization", "content-type", "idempotency-key", "x-on-behalf-of")
+# A page may read these on any answer (a 429's Retry-After); the body is always readable.
+CORS_EXPOSE_HEADERS = ("Retry-After",)
+CORS_ALLOW_CREDENTIALS = False
 
 # --- Messages and search ---------------------------------------------------------------------
 

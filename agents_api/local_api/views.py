@@ -91,7 +91,7 @@ def render_local_error(error: ApiError) -> JsonResponse:
     return response
 
 
-def _fastapi_errors(exc, context):
+def fastapi_errors(exc, context):
     """Errors as the seed's FastAPI server answers them."""
     if isinstance(exc, drf.ValidationError | drf.ParseError):
         detail = exc.detail if isinstance(exc, drf.ValidationError) else {"body": [str(exc.detail)]}
@@ -112,7 +112,7 @@ class LocalView(APIView):
     render_error = staticmethod(render_local_error)
 
     def get_exception_handler(self):
-        return _fastapi_errors
+        return fastapi_errors
 
 
 def _agent(request, name: str) -> Agent:

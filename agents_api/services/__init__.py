@@ -11,6 +11,15 @@ from agents_api.services.blocks import (
     memory_block_delete,
     memory_block_update,
 )
+from agents_api.services.letta import (
+    letta_agent_create,
+    letta_agent_delete,
+    letta_agent_update,
+    letta_block_attach,
+    letta_block_create,
+    letta_capture,
+    letta_sleeptime_update,
+)
 from agents_api.services.memories import (
     NEAR_DUPLICATE_SIMILARITY,
     POPULAR_ACCESS_COUNT,
@@ -31,6 +40,7 @@ from agents_api.services.messages import (
     agent_messages_append,
     local_conversation_for,
     local_message_append,
+    local_messages_append,
 )
 
 __all__ = [
@@ -42,8 +52,16 @@ __all__ = [
     "agent_messages_append",
     "api_key_create",
     "api_key_revoke",
+    "letta_agent_create",
+    "letta_agent_delete",
+    "letta_agent_update",
+    "letta_block_attach",
+    "letta_block_create",
+    "letta_capture",
+    "letta_sleeptime_update",
     "local_conversation_for",
     "local_message_append",
+    "local_messages_append",
     "memories_delete",
     "memories_embed",
     "memories_embed_pending",
