@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
-from agents_api.models import Agent, Memory, MemoryBlock, MemoryBlockRevision
+from agents_api.models import Agent, Memory, MemoryBlock, MemoryBlockRevision, ToolRecord
 from conversations.models import Conversation
 from conversations.selectors import conversation_owner_id
 from memsvc.api.errors import Forbidden, InvalidInput, NotFound
@@ -299,3 +299,71 @@ def memories_for_context(agent: Agent, *, user_id: str, query: str, limit: int) 
         min_score=CONTEXT_MIN_RELEVANCE,
         prefetch=True,
     )
+
+
+# --- tool records (the memory bank) ----------------------------------------------------------
+
+TOOL_RECORDS = Corpus(
+    "tool_record",
+    size_sql="SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = 'tool_record'::regclass",
+)
+TOOL_RECORD_ORDER = ("created_at", "id")  # a task's records in the order they were made
+
+
+def tool_records_of(agent: Agent, *, task_id: str | None = None) -> QuerySet[ToolRecord]:
+    """An agent's tool records (of one task, with ``task_id``). Only the agent that made a
+    record reaches it."""
+    records = ToolRecord.objects.filter(agent=agent).defer(*ToolRecord.SEARCH_DATA)
+    if task_id is not None:
+        records = records.filter(task_id=task_id)
+    return records
+
+
+def tool_record_page(records: QuerySet[ToolRecord], *, after: str | None, limit: int) -> Page:
+    return keyset_page(records, order=TOOL_RECORD_ORDER, after=after, limit=limit)
+
+
+def tool_record_of(records: QuerySet[ToolRecord], trace_id) -> ToolRecord:
+    """One of ``records`` (``tool_records_of``); 404 for any other id, another agent's too."""
+    try:
+        trace_id = uuid.UUID(str(trace_id))
+    except ValueError:
+        raise NotFound("tool record not found") from None
+    record = records.filter(id=trace_id).first()
+    if record is None:
+        raise NotFound("tool record not found")
+    return record
+
+
+@dataclass
+class ToolRecordHit:
+    record: ToolRecord
+    score: float  # the hybrid engine's fused score, 0..1 among the candidates
+
+
+def tool_record_search(
+    agent: Agent, *, query: str, top_k: int, task_id: str | None = None, mode: str = "hybrid"
+) -> list[ToolRecordHit]:
+    """The agent's ``top_k`` tool records (of one task, with ``task_id``) that best answer
+    ``query``, by the one search engine: their summaries' vectors, and the words of the
+    summary, the tool's name and the raw output (an identifier only the output holds)."""
+    clauses, params = ["m.agent_id = %s"], [agent.id]
+    if task_id is not None:
+        clauses.append("m.task_id = %s")
+        params.append(task_id)
+    tuning = configured_tuning()
+    found = find_candidates(
+        TOOL_RECORDS,
+        Scope(" AND ".join(clauses), params),
+        query,
+        mode=mode,
+        top_k=top_k,
+        tuning=tuning,
+    )
+    ranked = ranking.top(found.scores(mode, tuning), top_k)
+    records = tool_records_of(agent).in_bulk([record_id for record_id, _ in ranked])
+    return [
+        ToolRecordHit(record=records[record_id], score=round(score, 6))
+        for record_id, score in ranked
+        if record_id in records  # deleted meanwhile
+    ]

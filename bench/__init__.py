@@ -25,6 +25,10 @@ Results are printed as a table and written as JSON under ``bench-results/`` (git
   and retrieval through LoCoMo's observations beside message search, with the hybrid
   weights compared in-process (``--locomo ../shared/bench/locomo/locomo-dev.json``).
 
+- ``python -m bench.tool_records``: the memory bank (issue 17): tokens the model receives
+  per step of a 30-step synthetic tool task (``bench.tool_task``) with and without
+  ``learning(strategy="memory_bank")``, and tool record search latency at 10,000 records.
+
 ``bench.common`` holds what the benchmarks share: the private server, waiting for health and
 for the embedding backlog, API calls that fail with the status and body, percentiles, and
 writing results. A benchmark on LoCoMo reads the data with ``bench.locomo.dataset`` and

@@ -206,15 +206,25 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_reindex(args: argparse.Namespace) -> int:
     _setup_django()
-    from agents_api.services import memories_embed_pending, memories_reembed_all
+    from agents_api.services import (
+        memories_embed_pending,
+        memories_reembed_all,
+        tool_records_embed_pending,
+        tool_records_reembed_all,
+    )
     from search.services import embed_pending, rebuild_term_stats, reembed_all
 
     started = time.monotonic()
     count = reembed_all() if args.all else embed_pending()
     rebuild_term_stats()  # recounted from scratch: also covers rows loaded by other means
     memories = memories_reembed_all() if args.all else memories_embed_pending()
+    records = tool_records_reembed_all() if args.all else tool_records_embed_pending()
     elapsed = time.monotonic() - started
-    print(f"embedded {count} messages and {memories} memories in {elapsed:.1f} s", file=sys.stderr)
+    print(
+        f"embedded {count} messages, {memories} memories and {records} tool records "
+        f"in {elapsed:.1f} s",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -24,6 +24,8 @@ from collections.abc import Callable
 
 import httpx
 
+from memsvc.memory_bank import DEFAULT_MAX_CHARS_PER_RECORD, DEFAULT_TOP_K, MemoryBank
+
 logger = logging.getLogger("memsvc.client")
 
 DEFAULT_SERVER_URL = "http://127.0.0.1:8283"
@@ -334,7 +336,14 @@ class learning:
     http://127.0.0.1:8283; ``capture_only`` stores conversations without injecting memory;
     ``api_key`` is needed when memsvc is not on this machine. Blocks nest: the innermost
     one's agent serves the calls made inside it.
+
+    ``strategy="memory_bank"`` (chat completions) stores each tool interaction as a tool
+    record and sends the model a compressed context instead of the whole history
+    (``memsvc.memory_bank``): ``task_id`` (default: a fresh one per task), ``top_k``
+    records retrieved, each record's raw data cut at ``max_chars_per_record``.
     """
+
+    STRATEGIES = ("default", "memory_bank")
 
     def __init__(
         self,
@@ -342,9 +351,22 @@ class learning:
         server_url: str | None = None,
         capture_only: bool = False,
         api_key: str | None = None,
+        strategy: str = "default",
+        task_id: str | None = None,
+        top_k: int = DEFAULT_TOP_K,
+        max_chars_per_record: int = DEFAULT_MAX_CHARS_PER_RECORD,
     ):
+        if strategy not in self.STRATEGIES:
+            raise ValueError(f"strategy must be one of {', '.join(self.STRATEGIES)}")
         self.agent = agent
         self.capture_only = capture_only
+        self.bank = (
+            MemoryBank(
+                agent, task_id=task_id, top_k=top_k, max_chars_per_record=max_chars_per_record
+            )
+            if strategy == "memory_bank"
+            else None
+        )
         self.server = _MemoryServer(
             server_url or os.environ.get("MEMORY_SERVER_URL") or DEFAULT_SERVER_URL,
             api_key or os.environ.get("MEMSVC_API_KEY"),
@@ -415,6 +437,9 @@ class learning:
             self._warn("store the conversation", exc)
 
     def _call(self, original, client_self, args, kwargs, kind):
+        if self.bank is not None and kind == "chat":
+            messages = self.bank.prepare(kwargs["messages"], self.server._request)
+            return original(client_self, *args, **{**kwargs, "messages": messages})
         query = self._query(kwargs, kind)
         context = None
         if query and not self.capture_only:
@@ -430,6 +455,9 @@ class learning:
         return response
 
     async def _acall(self, original, client_self, args, kwargs, kind):
+        if self.bank is not None and kind == "chat":
+            messages = await self.bank.aprepare(kwargs["messages"], self.server._arequest)
+            return await original(client_self, *args, **{**kwargs, "messages": messages})
         query = self._query(kwargs, kind)
         context = None
         if query and not self.capture_only:

@@ -284,6 +284,10 @@ CELERY_BROKER_CONNECTION_TIMEOUT = 3
 CELERY_BEAT_SCHEDULE = {
     "sweep-unembedded": {"task": "search.sweep_unembedded", "schedule": 60.0},
     "sweep-unembedded-memories": {"task": "agents_api.sweep_unembedded_memories", "schedule": 60.0},
+    "sweep-unembedded-tool-records": {
+        "task": "agents_api.sweep_unembedded_tool_records",
+        "schedule": 60.0,
+    },
     # Daily, counted from the last run (kept in beat's schedule file across restarts).
     "prune-memories": {"task": "agents_api.prune_memories", "schedule": 24 * 60 * 60.0},
 }

@@ -5,6 +5,7 @@ Whatever the queue loses, the periodic sweep finds again: a message is never lef
 unsearchable because of a broker problem, and keywords find it meanwhile.
 """
 
+import logging
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -14,10 +15,13 @@ from django.utils import timezone
 from conversations.models import Channel, Conversation, Message
 from search.embeddings import (
     EmbeddingBackend,
+    EmbeddingError,
     configured_backend,
     embedding_text,
     vector_literal,
 )
+
+logger = logging.getLogger(__name__)
 
 EMBED_BATCH = 256
 
@@ -105,6 +109,79 @@ def write_vectors(cursor, table: str, ids: list, vectors, *, model: str, at, for
         [model, at, list(ids), [vector_literal(vector) for vector in vectors]],
     )
     return {row_id for (row_id,) in cursor.fetchall()}
+
+
+def vectors_or_none(texts: list[str], *, what: str) -> tuple:
+    """(model, vectors) for rows about to be written (memories, tool records), embedded in one
+    call; (None, None) when the backend fails: the rows are stored anyway, found by keywords,
+    and embedded later by their sweep."""
+    backend = configured_backend()
+    try:
+        return backend.model, list(backend.embed(texts))
+    except EmbeddingError as exc:
+        logger.warning("%s saved without vectors (%s); the sweep will embed them", what, exc)
+        return None, None
+
+
+def embed_rows(model, ids: Sequence, *, text_field: str, backend=None, force: bool = False) -> int:
+    """Give these rows of a corpus other than messages (memories, tool records) a vector of
+    their ``text_field``; how many got one. Without ``force`` only rows still waiting, and
+    the write is conditional (``write_vectors``), so racing sweeps write each once."""
+    backend = backend or configured_backend()
+    rows = model.objects.filter(pk__in=list(ids))
+    if not force:
+        rows = rows.filter(embedded_at__isnull=True)
+    rows = list(rows.values_list("pk", text_field))
+    if not rows:
+        return 0
+    vectors = backend.embed([text for _, text in rows])
+    with transaction.atomic(), connection.cursor() as cursor:
+        written = write_vectors(
+            cursor,
+            model._meta.db_table,
+            [row_id for row_id, _ in rows],
+            vectors,
+            model=backend.model,
+            at=timezone.now(),
+            force=force,
+        )
+    return len(written)
+
+
+def embed_pending_rows(
+    model, *, text_field: str, backend=None, batch: int = EMBED_BATCH, max_batches=None
+) -> int:
+    """Embed every row of ``model`` still waiting for a vector, oldest first (a sweep,
+    ``memsvc reindex``), served by the table's partial index on ``created_at``."""
+    total = batches = 0
+    while max_batches is None or batches < max_batches:
+        ids = list(
+            model.objects.filter(embedded_at__isnull=True)
+            .order_by("created_at")
+            .values_list("pk", flat=True)[:batch]
+        )
+        done = embed_rows(model, ids, text_field=text_field, backend=backend) if ids else 0
+        total += done
+        batches += 1
+        if done == 0:
+            break  # nothing waits, or someone else is on these: the next sweep will see
+    return total
+
+
+def reembed_all_rows(model, *, text_field: str, backend=None, batch: int = EMBED_BATCH) -> int:
+    """Re-embed every row of ``model`` with the configured model (after a model change),
+    batch by batch in id order. Rows written meanwhile get that model's vector anyway."""
+    backend = backend or configured_backend()
+    total, last_id = 0, None
+    while True:
+        rows = model.objects.order_by("pk")
+        if last_id is not None:
+            rows = rows.filter(pk__gt=last_id)
+        ids = list(rows.values_list("pk", flat=True)[:batch])
+        if not ids:
+            return total
+        last_id = ids[-1]
+        total += embed_rows(model, ids, text_field=text_field, backend=backend, force=True)
 
 
 def pending_message_ids(*, older_than_seconds: float = 0, limit: int = EMBED_BATCH) -> list:

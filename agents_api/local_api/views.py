@@ -30,6 +30,7 @@ from agents_api import services as agent_services
 from agents_api.authentication import ApiKeyAuthentication, HasScope
 from agents_api.local_api import serializers as s
 from agents_api.models import Agent, Scope
+from agents_api.services import NewToolRecord
 from agents_api.tasks import enqueue_memory_extraction, enqueue_memory_touch
 from conversations.selectors import conversation_messages
 from memsvc.api.errors import ApiError, Forbidden, InvalidInput, NotFound
@@ -300,3 +301,42 @@ class ContextView(LocalView):
                 "memories": [s.memory_out(hit) for hit in memories],
             }
         )
+
+
+class ToolRecordsView(LocalView):
+    """``POST /tool-records``: the tool interactions of one step of an agent's task (the
+    memory bank of ``learning(strategy="memory_bank")``), stored as its tool records."""
+
+    @extend_schema(exclude=True)
+    def post(self, request):
+        data = s.CreateToolRecordsIn.parse(request.data)
+        agent = _agent(request, data["agent_name"])
+        records = agent_services.tool_records_create(
+            agent.as_principal(),
+            agent=agent,
+            records=[
+                NewToolRecord(
+                    tool_name=item["tool_name"],
+                    raw_input=item.get("input", {}),
+                    raw_output=item["output"],
+                    summary=item.get("summary", ""),
+                    task_id=data.get("task_id", ""),
+                    step=item.get("step"),
+                )
+                for item in data["records"]
+            ],
+        )
+        return Response([s.tool_record_out(record) for record in records])
+
+
+class ToolRecordSearchView(LocalView):
+    required_scope = Scope.READ  # a POST, but searching changes nothing
+
+    @extend_schema(exclude=True)
+    def post(self, request):
+        data = s.ToolRecordSearchIn.parse(request.data)
+        agent = _agent(request, data["agent_name"])
+        hits = agent_selectors.tool_record_search(
+            agent, query=data["query"], top_k=data["top_k"], task_id=data.get("task_id")
+        )
+        return Response([s.tool_record_hit_out(hit) for hit in hits])

@@ -42,11 +42,21 @@ from agents_api.services.messages import (
     local_message_append,
     local_messages_append,
 )
+from agents_api.services.tool_records import (
+    NewToolRecord,
+    tool_record_observe,
+    tool_records_create,
+    tool_records_delete,
+    tool_records_embed,
+    tool_records_embed_pending,
+    tool_records_reembed_all,
+)
 
 __all__ = [
     "NEAR_DUPLICATE_SIMILARITY",
     "POPULAR_ACCESS_COUNT",
     "NewMemory",
+    "NewToolRecord",
     "PruneResult",
     "agent_get_or_create",
     "agent_messages_append",
@@ -75,4 +85,10 @@ __all__ = [
     "memory_delete",
     "memory_save",
     "memory_update",
+    "tool_record_observe",
+    "tool_records_create",
+    "tool_records_delete",
+    "tool_records_embed",
+    "tool_records_embed_pending",
+    "tool_records_reembed_all",
 ]

@@ -320,6 +320,12 @@ def test_a_read_key_cannot_write_through_the_local_api(local):
                 **key,
             ),
             local.put("/memory-blocks/reader/l", {"value": "v"}, **extra, **key),
+            local.post(
+                "/tool-records",
+                {"agent_name": "reader", "records": [{"tool_name": "t", "output": "o"}]},
+                **extra,
+                **key,
+            ),
         ]
         for response in writes:
             assert response.status_code == 403, response.content
@@ -333,6 +339,8 @@ def test_a_read_key_cannot_write_through_the_local_api(local):
         search = {"agent_name": "reader", "query": "x"}
         assert local.post("/messages/search", search, **extra, **key).status_code == 200
         assert local.post("/context/reader", {"query": "x"}, **extra, **key).status_code == 200
+        tools = {"agent_name": "reader", "query": "x"}
+        assert local.post("/tool-records/search", tools, **extra, **key).status_code == 200
 
 
 def test_a_write_only_key_cannot_read_through_the_local_api(local):

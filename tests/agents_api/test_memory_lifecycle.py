@@ -168,7 +168,8 @@ class BrokenBackend:
 def backend_down(monkeypatch):
     """The embedding backend fails from now on, until the test puts the real one back."""
     broken = BrokenBackend()
-    monkeypatch.setattr("agents_api.services.memories.configured_backend", lambda: broken)
+    # Where memories are embedded when saved, and by the sweep.
+    monkeypatch.setattr("search.services.configured_backend", lambda: broken)
     return broken
 
 
@@ -230,12 +231,12 @@ def test_reindex_embeds_waiting_memories_and_all_re_embeds_every_one(
     embedded_at = embedded.embedded_at
 
     assert cli.main(["reindex"]) == 0
-    assert "and 1 memories" in capsys.readouterr().err
+    assert ", 1 memories and" in capsys.readouterr().err
     waiting.refresh_from_db()
     assert waiting.embedded_at is not None
 
     assert cli.main(["reindex", "--all"]) == 0
-    assert "and 2 memories" in capsys.readouterr().err
+    assert ", 2 memories and" in capsys.readouterr().err
     embedded.refresh_from_db()
     assert embedded.embedded_at > embedded_at
 

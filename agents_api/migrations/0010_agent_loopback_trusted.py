@@ -12,7 +12,7 @@ def trust_existing_keyless_local_agents(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("agents_api", "0008_memory_uses_hot"),
+        ("agents_api", "0009_tool_records"),
     ]
 
     operations = [
