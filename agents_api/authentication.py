@@ -76,12 +76,14 @@ class ApiKeyAuthentication(BaseAuthentication):
 
 
 class HasScope(BasePermission):
-    """Reads need the ``read`` scope, writes the ``write`` scope (a view may name its own)."""
+    """Reads need the ``read`` scope, writes the ``write`` scope (a view may name its own).
+    The scopes are those of the authenticated caller (``request.user.scopes``): an agent
+    principal on ``/v1``, a ``LocalCaller`` on the local API."""
 
     def has_permission(self, request, view):
         needed = getattr(view, "required_scope", None) or (
             Scope.READ if request.method in SAFE_METHODS else Scope.WRITE
         )
-        if needed not in request.principal.scopes:
+        if needed not in request.user.scopes:
             raise Forbidden(f"this API key lacks the '{needed}' scope")
         return True

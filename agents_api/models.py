@@ -42,6 +42,9 @@ class Agent(models.Model):
         on_delete=models.SET_NULL,
         related_name="local_agent",
     )
+    # Reachable without a key from loopback in local mode (MEMSVC_LOCAL_TRUST_LOOPBACK): only
+    # agents the local API made for a keyless caller, and only until the agent gets a key.
+    loopback_trusted = models.BooleanField(default=False)
 
     class Meta:
         db_table = "agent"
@@ -113,6 +116,9 @@ class MemoryBlockRevision(models.Model):
     actor_principal = models.CharField(max_length=PRINCIPAL_MAX_LENGTH)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 
+    # The order revisions are listed and kept in (MEMSVC_BLOCK_REVISIONS_KEPT newest).
+    NEWEST_FIRST = ("-created_at", "-id")
+
     class Meta:
         db_table = "memory_block_revision"
         indexes = [models.Index(fields=["block", "-created_at"], name="block_revision_recent")]
@@ -155,6 +161,11 @@ class ApiKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.prefix}… ({self.agent.name})"
+
+    @property
+    def rate_limit_key(self) -> str:
+        """A key's requests count together (memsvc.api.ratelimit), whoever it acts for."""
+        return f"key:{self.public_id}"
 
     @property
     def is_active(self) -> bool:

@@ -68,8 +68,11 @@ def memory_block(agent: Agent, *, user_id: str, label: str) -> MemoryBlock:
     return block
 
 
-def memory_block_revisions(block: MemoryBlock) -> list[MemoryBlockRevision]:
-    return list(block.revisions.order_by("-created_at", "-id"))
+def memory_block_revision_page(block: MemoryBlock, *, after: str | None, limit: int) -> Page:
+    """A page of the block's kept revisions, newest first."""
+    return keyset_page(
+        block.revisions.all(), order=MemoryBlockRevision.NEWEST_FIRST, after=after, limit=limit
+    )
 
 
 def memory_blocks_with_revisions(
@@ -109,13 +112,15 @@ LOCAL_OWNER = "local"  # owner_principal of the local compatibility API's agents
 
 
 def local_agent(caller_agent: Agent | None, name: str) -> Agent:
-    """The named agent of the local API, as a caller may reach it: a loopback caller in
-    local mode (``caller_agent`` None) reaches every local agent, a key only its own agent.
-    404 otherwise."""
+    """The named agent of the local API, as a caller may reach it: a trusted keyless
+    loopback caller (``caller_agent`` None) reaches the agents the local API made for such
+    callers (``Agent.loopback_trusted``), a key only its own agent. 404 otherwise."""
     if caller_agent is not None:
         agent = caller_agent if caller_agent.name == name else None
     else:
-        agent = Agent.objects.filter(owner_principal=LOCAL_OWNER, name=name).first()
+        agent = Agent.objects.filter(
+            owner_principal=LOCAL_OWNER, name=name, loopback_trusted=True
+        ).first()
     if agent is None:
         raise NotFound("Agent not found")
     return agent

@@ -29,6 +29,7 @@ from conversations.models import (
 from conversations.selectors import conversation_owner_id, history_message_before
 from memsvc.api.errors import Conflict, Forbidden, InvalidInput, NotFound
 from memsvc.api.principals import Principal
+from memsvc.db import locked_row
 from search.services import uncount_messages
 from search.tasks import enqueue_embedding
 
@@ -66,6 +67,7 @@ def conversation_update(
     title: str | None = None,
     metadata: dict | None = None,
 ) -> Conversation:
+    conversation = locked_row(Conversation.objects, conversation.pk, missing="not found")
     fields = ["updated_at"]
     if title is not None:
         conversation.title = title
@@ -368,7 +370,7 @@ def ownership_transfer_start(
 
 
 def _lock_pending(transfer: OwnershipTransfer) -> OwnershipTransfer:
-    locked = OwnershipTransfer.objects.select_for_update().get(pk=transfer.pk)
+    locked = locked_row(OwnershipTransfer.objects, transfer.pk, missing="not found")
     if locked.status != TransferStatus.PENDING:
         raise Conflict(f"this transfer is already {locked.status}")
     return locked

@@ -5,6 +5,8 @@ from django.db.models import Q
 from django.db.models.lookups import Exact
 from pgvector.django import HnswIndex
 
+from memsvc.api.errors import NotFound
+
 
 def json_is_object(field: str, name: str) -> models.CheckConstraint:
     """A check constraint: the JSON column ``field`` holds an object (not a list or a scalar)."""
@@ -33,3 +35,13 @@ def embedding_has_model(name: str) -> models.CheckConstraint:
         | (Q(embedded_at__isnull=False) & ~Q(embedding_model="")),
         name=name,
     )
+
+
+def locked_row(queryset: models.QuerySet, pk, *, missing: str) -> models.Model:
+    """Row ``pk`` of ``queryset`` as it is now, locked (FOR UPDATE) until the caller's
+    transaction ends; ``NotFound(missing)`` when it is gone: deleted by a concurrent request
+    since the caller read it (a PATCH racing a DELETE is a 404, not a failed save)."""
+    row = queryset.select_for_update().filter(pk=pk).first()
+    if row is None:
+        raise NotFound(missing)
+    return row

@@ -31,6 +31,10 @@ DATABASE_URL = env_str("DATABASE_URL")
 # Local mode: the embedded database, and no credentials needed from loopback on the
 # local compatibility API. MEMSVC_LOCAL_MODE=1 asks for it with an external database too.
 LOCAL_MODE = env_bool("MEMSVC_LOCAL_MODE", DATABASE_URL is None)
+# Keyless requests from a loopback address to the local compatibility API reach the agents
+# that API made for keyless callers (README, "Loopback trust"). 0 requires a key always: set
+# it behind a reverse proxy on the same host, where every request comes from loopback.
+MEMSVC_LOCAL_TRUST_LOOPBACK = env_bool("MEMSVC_LOCAL_TRUST_LOOPBACK", LOCAL_MODE)
 
 # --- Secrets ---------------------------------------------------------------------------------
 
@@ -106,6 +110,11 @@ MIDDLEWARE = [
     # First, so that preflights are answered before anything else runs (authentication
     # included) and every answer under /v1 gets its CORS headers, whichever layer made it.
     "corsheaders.middleware.CorsMiddleware",
+    # Then refusals in the API's error shape before anything reads the request, and the
+    # last word on exceptions (memsvc/api/middleware.py).
+    "memsvc.api.middleware.ApiErrorMiddleware",
+    # Failed authentications per client address (memsvc/api/ratelimit.py).
+    "memsvc.api.ratelimit.RateLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -189,8 +198,10 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["memsvc.api.parsers.JSONParser"],
     "EXCEPTION_HANDLER": "memsvc.api.errors.exception_handler",
+    # Requests per principal, for every API view (memsvc/api/ratelimit.py).
+    "DEFAULT_THROTTLE_CLASSES": ["memsvc.api.ratelimit.PrincipalRateThrottle"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,
 }
@@ -214,7 +225,11 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "memsvc.api.schema.forbid_unknown_request_fields",
+        "memsvc.api.schema.state_enforced_constraints",
     ],
+    # Request bodies are parsed whole for PATCH too (InputSerializer.parse): a PATCH body's
+    # required fields are required, as the server enforces.
+    "COMPONENT_SPLIT_PATCH": False,
 }
 
 # --- Browser frontends on other origins (CORS) -----------------------------------------------
@@ -233,6 +248,17 @@ CORS_ALLOW_CREDENTIALS = False
 # --- Messages and search ---------------------------------------------------------------------
 
 MEMSVC_MAX_MESSAGE_CHARS = env_int("MEMSVC_MAX_MESSAGE_CHARS", 100_000, minimum=1)
+# The largest request body (bytes); a larger one is refused with 413 before it is read. The
+# default admits the largest bulk append the API documents: 100 messages
+# (agents_api.api.serializers.MAX_BULK_MESSAGES) of MEMSVC_MAX_MESSAGE_CHARS characters of
+# UTF-8 (at most 4 bytes each), each with the largest metadata (16 KiB, counted twice for
+# escapes) and its other fields.
+MEMSVC_MAX_BODY_BYTES = env_int(
+    "MEMSVC_MAX_BODY_BYTES",
+    100 * (4 * MEMSVC_MAX_MESSAGE_CHARS + 2 * 16 * 1024 + 1024),
+    minimum=1024,
+)
+DATA_UPLOAD_MAX_MEMORY_SIZE = MEMSVC_MAX_BODY_BYTES
 
 MEMORY_SERVER_HOST = env_str("MEMORY_SERVER_HOST", "127.0.0.1")
 MEMORY_SERVER_PORT = env_int("MEMORY_SERVER_PORT", 8283, minimum=1)
@@ -260,6 +286,9 @@ MEMSVC_EMBEDDING_THREADS = env_int("MEMSVC_EMBEDDING_THREADS", 0, minimum=0)
 OLLAMA_BASE_URL = env_str("OLLAMA_BASE_URL", "http://127.0.0.1:11434")
 OPENAI_API_KEY = env_str("OPENAI_API_KEY")
 OPENAI_BASE_URL = env_str("OPENAI_BASE_URL")
+
+# Revisions kept per memory block, newest first (0: all). Each holds the block's whole value.
+MEMSVC_BLOCK_REVISIONS_KEPT = env_int("MEMSVC_BLOCK_REVISIONS_KEPT", 50, minimum=0)
 
 MEMORY_DEFAULT_SEARCH_LIMIT = env_int("MEMORY_DEFAULT_SEARCH_LIMIT", 5, minimum=1)
 MEMORY_MAX_SEARCH_LIMIT = env_int("MEMORY_MAX_SEARCH_LIMIT", 20, minimum=1)
@@ -305,3 +334,18 @@ CELERY_BEAT_SCHEDULE = {
 }
 # Tests and scripts may run tasks in the calling process instead of a worker.
 CELERY_TASK_EAGER_PROPAGATES = True
+
+# --- Rate limits (memsvc/api/ratelimit.py) ------------------------------------------------------
+
+# Requests a minute per principal (a user, an API key, a caller without credentials by its
+# address), and failed authentications (401s) a minute per client address. 0: no limit.
+MEMSVC_RATE_LIMIT = env_int("MEMSVC_RATE_LIMIT", 1200, minimum=0)
+MEMSVC_AUTH_FAILURE_LIMIT = env_int("MEMSVC_AUTH_FAILURE_LIMIT", 60, minimum=0)
+# Where every process counts: Redis when there is one (by default the Celery broker, when
+# that is Redis), otherwise the database.
+MEMSVC_REDIS_URL = env_str(
+    "MEMSVC_REDIS_URL",
+    CELERY_BROKER_URL if CELERY_BROKER_URL.startswith(("redis://", "rediss://")) else None,
+)
+# Reverse proxies whose X-Forwarded-For names the client (their own address is not it).
+MEMSVC_TRUSTED_PROXIES = env_list("MEMSVC_TRUSTED_PROXIES", [])

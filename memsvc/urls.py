@@ -9,13 +9,19 @@ v1 = [
     path("v1/health", HealthView.as_view(), name="health"),
     path(
         "v1/schema",
-        SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[]),
+        # The schema and its docs are public documents: no credentials, no rate limit.
+        SpectacularAPIView.as_view(
+            authentication_classes=[], permission_classes=[], throttle_classes=[]
+        ),
         name="schema",
     ),
     path(
         "v1/docs",
         SpectacularSwaggerView.as_view(
-            url_name="schema", authentication_classes=[], permission_classes=[]
+            url_name="schema",
+            authentication_classes=[],
+            permission_classes=[],
+            throttle_classes=[],
         ),
         name="docs",
     ),

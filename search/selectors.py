@@ -91,7 +91,16 @@ def message_scope(
                     params += [step.conversation_id, step.max_seq]
         clauses.append(f"({' OR '.join(views) or 'FALSE'})")
     if before_message_id is not None:
-        before = Message.objects.filter(id=before_message_id).values_list("seq", flat=True).first()
+        # Only a message the principal may see marks the place: another's message is "no
+        # such message" like a random id, or the answer would tell that it exists.
+        before_messages = Message.objects.filter(
+            id=before_message_id, conversation_id__in=visible_conversation_ids(principal)
+        )
+        if not for_agent:
+            before_messages = before_messages.filter(
+                channel=Channel.HISTORY, visibility=Visibility.USER
+            )
+        before = before_messages.values_list("seq", flat=True).first()
         if before is None:
             raise InvalidInput.for_field("before", "no such message")
         clauses.append("m.seq < %s")

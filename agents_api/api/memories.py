@@ -11,7 +11,7 @@ from agents_api.api.views import USER_ID, AgentApiView, agent_operation
 from agents_api.models import Agent, Scope
 from agents_api.services import NewMemory
 from agents_api.tasks import enqueue_memory_touch
-from memsvc.api.errors import InvalidInput
+from memsvc.api.fields import query_choice
 from memsvc.api.pagination import AFTER_PARAMETER, LIMIT_PARAMETER, page_data, page_params
 from memsvc.api.schema import errors
 from memsvc.api.views import UserApiView, user_operation
@@ -35,10 +35,7 @@ def _new_memory(data: dict) -> NewMemory:
 
 
 def _order(request) -> str:
-    order = request.query_params.get("order") or "recent"
-    if order not in s.MEMORY_ORDER_CHOICES:
-        raise InvalidInput.for_field("order", f"must be one of {', '.join(s.MEMORY_ORDER_CHOICES)}")
-    return order
+    return query_choice(request, "order", list(s.MEMORY_ORDER_CHOICES), default="recent")
 
 
 def _search(agent, *, user_id, data, in_use: bool) -> list:

@@ -166,6 +166,18 @@ class PatchMemoryBlockIn(InputSerializer):
     class Meta:
         ref_name = "UpdateMemoryBlockRequest"
 
+    # What validate() enforces, for the schema (memsvc.api.schema.state_enforced_constraints).
+    schema_rules = {
+        "description": "At most one of `value`, `append` and `replace`.",
+        "not": {
+            "anyOf": [
+                {"required": ["value", "append"]},
+                {"required": ["value", "replace"]},
+                {"required": ["append", "replace"]},
+            ]
+        },
+    }
+
     def validate(self, attrs):
         edits = [name for name in ("value", "append", "replace") if name in attrs]
         if len(edits) > 1:

@@ -27,8 +27,14 @@ from conversations.api.serializers import (
 from conversations.models import AccessLevel
 from conversations.services import NewMessage
 from memsvc.api.errors import InvalidInput, NotFound
-from memsvc.api.pagination import LIMIT_PARAMETER, page_data, page_params, parse_limit
-from memsvc.api.schema import errors, listed
+from memsvc.api.pagination import (
+    AFTER_PARAMETER,
+    LIMIT_PARAMETER,
+    page_data,
+    page_params,
+    parse_limit,
+)
+from memsvc.api.schema import errors, listed, paged
 from search.selectors import search_messages
 
 ON_BEHALF = OpenApiParameter(
@@ -278,7 +284,7 @@ class SearchView(AgentApiView):
 # --- memory blocks ---------------------------------------------------------------------------
 
 BlockList = listed(s.MemoryBlockOut, "MemoryBlockList")
-RevisionList = listed(s.MemoryBlockRevisionOut, "MemoryBlockRevisionList")
+RevisionPage = paged(s.MemoryBlockRevisionOut, "MemoryBlockRevisionPage")
 
 
 def _block_owner(request) -> str:
@@ -386,9 +392,11 @@ class MemoryBlockView(AgentApiView):
 class MemoryBlockRevisionsView(AgentApiView):
     @agent_operation(
         "agentListMemoryBlockRevisions",
-        parameters=[USER_ID],
-        responses={200: RevisionList, **errors(401, 403, 404)},
+        parameters=[USER_ID, LIMIT_PARAMETER, AFTER_PARAMETER],
+        responses={200: RevisionPage, **errors(400, 401, 403, 404)},
     )
     def get(self, request, label):
-        revisions = agent_selectors.memory_block_revisions(_requested_block(request, label))
-        return Response({"data": s.MemoryBlockRevisionOut(revisions, many=True).data})
+        page = agent_selectors.memory_block_revision_page(
+            _requested_block(request, label), **page_params(request)
+        )
+        return Response(page_data(page, s.MemoryBlockRevisionOut))

@@ -15,7 +15,7 @@ from rest_framework.views import APIView
 from agents_api import selectors, services
 from agents_api.authentication import ApiKeyAuthentication, HasScope
 from agents_api.letta_api import serializers as s
-from agents_api.local_api.views import fastapi_errors
+from agents_api.local_api.views import fastapi_errors, render_local_error
 from agents_api.tasks import enqueue_letta_observation, enqueue_memory_extraction
 from conversations.selectors import conversation_messages
 from memsvc.api.errors import ApiError, InvalidInput, NotFound
@@ -32,6 +32,9 @@ class NotImplementedByMemsvc(ApiError):
 class LettaView(APIView):
     authentication_classes = [ApiKeyAuthentication]
     permission_classes = [IsAuthenticated, HasScope]
+    # Refusals outside the view (body too large, NUL in the path, database down, rate
+    # limits: memsvc.api.middleware) in Letta's shape too, not /v1's.
+    render_error = staticmethod(render_local_error)
 
     def get_exception_handler(self):
         return fastapi_errors

@@ -6,12 +6,18 @@ platform's: a local agent is an ``Agent``, its messages live in a conversation o
 (``services.local_message_append``), its blocks are its memory blocks, and every
 operation goes through the same services and selectors as the ``/v1`` APIs.
 
-Auth: in local mode, requests from a loopback address need no key and reach every local
-agent; otherwise an agent API key is required and reaches only its own agent.
+Auth: an agent API key reaches only its own agent, within the key's scopes (reads need
+``read``, writes ``write``, as on ``/v1``). Without a key, a request from a loopback address
+is trusted when ``MEMSVC_LOCAL_TRUST_LOOPBACK`` is on (the default in local mode), and
+reaches only the agents this API made for such callers (``Agent.loopback_trusted``); every
+other request needs a key.
 """
+
+import logging
 
 from django.conf import settings
 from django.db import DatabaseError, connection
+from django.http import JsonResponse
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions as drf
 from rest_framework.authentication import BaseAuthentication
@@ -21,37 +27,44 @@ from rest_framework.views import APIView
 
 from agents_api import selectors as agent_selectors
 from agents_api import services as agent_services
-from agents_api.authentication import ApiKeyAuthentication
+from agents_api.authentication import ApiKeyAuthentication, HasScope
 from agents_api.local_api import serializers as s
-from agents_api.models import Agent
+from agents_api.models import Agent, Scope
 from agents_api.services import NewToolRecord
 from agents_api.tasks import enqueue_memory_extraction, enqueue_memory_touch
 from conversations.selectors import conversation_messages
-from memsvc.api.errors import ApiError, InvalidInput, NotFound
+from memsvc.api.errors import ApiError, Forbidden, InvalidInput, NotFound
 from memsvc.api.pagination import parse_limit
 from search.selectors import search_messages
+
+logger = logging.getLogger(__name__)
 
 LOOPBACK = {"127.0.0.1", "::1"}
 MAX_LIST_LIMIT = 1000
 
 
 class LocalCaller:
-    """Who calls the local API: this machine (any local agent) or one agent's key."""
+    """Who calls the local API: a trusted loopback caller (the agents this API made for such
+    callers, every scope) or one agent's key (that agent, the key's scopes)."""
 
     is_authenticated = True
 
-    def __init__(self, agent: Agent | None):
-        self.agent = agent  # None: a loopback caller in local mode (see selectors.local_agent)
+    def __init__(self, agent: Agent | None, scopes: frozenset[str]):
+        self.agent = agent  # None: a trusted loopback caller (see selectors.local_agent)
+        self.scopes = scopes
 
 
 class LocalAuthentication(BaseAuthentication):
     def authenticate(self, request):
-        if settings.LOCAL_MODE and request.META.get("REMOTE_ADDR") in LOOPBACK:
-            return LocalCaller(None), None
+        # A key, when one is presented, is the credential, from loopback too: its agent and
+        # its scopes, never more.
         result = ApiKeyAuthentication().authenticate(request)
-        if result is None:
-            raise drf.NotAuthenticated("an API key is required (X-API-Key or Bearer msk_...)")
-        return LocalCaller(result[1].agent), None
+        if result is not None:
+            principal, api_key = result
+            return LocalCaller(api_key.agent, principal.scopes), api_key
+        if settings.MEMSVC_LOCAL_TRUST_LOOPBACK and request.META.get("REMOTE_ADDR") in LOOPBACK:
+            return LocalCaller(None, frozenset(Scope.values)), None
+        raise drf.NotAuthenticated("an API key is required (X-API-Key or Bearer msk_...)")
 
     def authenticate_header(self, request):
         return "Bearer"
@@ -62,20 +75,30 @@ class IsLocalCaller(BasePermission):
         return isinstance(request.user, LocalCaller)
 
 
+def render_local_error(error: ApiError) -> JsonResponse:
+    """An ``ApiError`` as the seed's FastAPI server answers: ``{"detail": ...}``, bad input
+    as 422 naming where it is."""
+    if isinstance(error, InvalidInput):
+        issues = [
+            {"type": "value_error", "loc": [error.location, field], "msg": problem}
+            for field, problems in error.details.items()
+            for problem in problems
+        ]
+        response = JsonResponse({"detail": issues or error.message}, status=422)
+    else:
+        response = JsonResponse({"detail": error.message}, status=error.status_code)
+    for name, value in error.headers.items():
+        response[name] = value
+    return response
+
+
 def fastapi_errors(exc, context):
     """Errors as the seed's FastAPI server answers them."""
     if isinstance(exc, drf.ValidationError | drf.ParseError):
         detail = exc.detail if isinstance(exc, drf.ValidationError) else {"body": [str(exc.detail)]}
         return Response({"detail": s.validation_detail(detail)}, status=422)
-    if isinstance(exc, InvalidInput):
-        issues = [
-            {"type": "value_error", "loc": ["body", field], "msg": problem}
-            for field, problems in exc.details.items()
-            for problem in problems
-        ]
-        return Response({"detail": issues or exc.message}, status=422)
     if isinstance(exc, ApiError):
-        return Response({"detail": exc.message}, status=exc.status_code)
+        return render_local_error(exc)
     if isinstance(exc, drf.APIException):
         return Response({"detail": str(exc.detail)}, status=exc.status_code)
     return None
@@ -83,7 +106,11 @@ def fastapi_errors(exc, context):
 
 class LocalView(APIView):
     authentication_classes = [LocalAuthentication]
-    permission_classes = [IsLocalCaller]
+    permission_classes = [IsLocalCaller, HasScope]
+
+    # How memsvc.api.errors.render_api_error answers for this API outside the view's own
+    # handling (body too large, NUL in the path, database down, rate limits).
+    render_error = staticmethod(render_local_error)
 
     def get_exception_handler(self):
         return fastapi_errors
@@ -110,28 +137,34 @@ def _search(agent: Agent, query: str, limit: int) -> list[dict]:
 class HealthView(LocalView):
     authentication_classes = []
     permission_classes = [AllowAny]
+    throttle_classes = []  # probes are never refused
 
     @extend_schema(exclude=True)
     def get(self, request):
-        if settings.DATABASE_URL:
-            database = f"postgresql: {connection.settings_dict['NAME']}"
-        else:
-            database = str(settings.MEMSVC_DATA_DIR / "pgdata")
         try:
             connection.ensure_connection()
-        except DatabaseError as exc:
-            return Response({"status": "unavailable", "detail": str(exc)}, status=503)
+        except DatabaseError:
+            connection.close_if_unusable_or_obsolete()
+            # The driver's message names hosts, sockets and paths: logged, never answered.
+            logger.warning("health: database unreachable", exc_info=True)
+            return Response({"status": "unavailable", "detail": "database unreachable"}, status=503)
         return Response(
             {
                 "status": "ok",
                 "embedding_backend": settings.MEMORY_EMBEDDING_BACKEND,
                 "embedding_dimension": settings.MEMORY_EMBEDDING_DIMENSION,
-                "database_path": database,
+                # The seed's field, without the path it held there: which database, not where.
+                "database_path": "postgresql (external)"
+                if settings.DATABASE_URL
+                else "postgresql (embedded)",
             }
         )
 
 
 class AgentsView(LocalView):
+    # With a key this only returns the key's agent: a read. A keyless caller has every scope.
+    required_scope = Scope.READ
+
     @extend_schema(exclude=True)
     def post(self, request):
         data = s.CreateAgentIn.parse(request.data)
@@ -143,7 +176,10 @@ class AgentsView(LocalView):
             owner_principal=agent_selectors.LOCAL_OWNER,
             name=data["name"],
             metadata=data.get("metadata") or {},
+            loopback_trusted=True,
         )
+        if not agent.loopback_trusted:
+            raise Forbidden("this agent is reached with its API key")
         return Response(s.agent_out(agent))
 
 
@@ -183,6 +219,8 @@ class AgentMessagesView(LocalView):
 class MessageSearchView(LocalView):
     """``POST /messages/search``; a GET here lists the messages of an agent named "search",
     as the seed's router would."""
+
+    required_scope = Scope.READ  # a POST, but searching changes nothing
 
     @extend_schema(exclude=True)
     def post(self, request):
@@ -241,6 +279,8 @@ class ContextView(LocalView):
     most relevant to the query (``memories``): the seed's server has no users, so a local
     agent's memories are its own."""
 
+    required_scope = Scope.READ  # a POST, but reading the context changes nothing
+
     @extend_schema(exclude=True)
     def post(self, request, agent_name):
         agent = _agent(request, agent_name)
@@ -290,6 +330,8 @@ class ToolRecordsView(LocalView):
 
 
 class ToolRecordSearchView(LocalView):
+    required_scope = Scope.READ  # a POST, but searching changes nothing
+
     @extend_schema(exclude=True)
     def post(self, request):
         data = s.ToolRecordSearchIn.parse(request.data)

@@ -14,12 +14,24 @@ from memsvc.api.errors import InvalidInput
 
 @transaction.atomic
 def agent_get_or_create(
-    *, owner_principal: str, name: str, description: str = "", metadata: dict | None = None
+    *,
+    owner_principal: str,
+    name: str,
+    description: str = "",
+    metadata: dict | None = None,
+    loopback_trusted: bool = False,
 ) -> tuple[Agent, bool]:
+    """The named agent of ``owner_principal``, made if missing. ``loopback_trusted``: made by
+    the local API for a keyless loopback caller, who may reach it without a key (an existing
+    agent keeps what it was)."""
     return Agent.objects.get_or_create(
         owner_principal=owner_principal,
         name=name,
-        defaults={"description": description, "metadata": metadata or {}},
+        defaults={
+            "description": description,
+            "metadata": metadata or {},
+            "loopback_trusted": loopback_trusted,
+        },
     )
 
 
@@ -41,6 +53,9 @@ def api_key_create(
         secret_hmac=hash_secret(secret),
         scopes=scopes,
     )
+    # An agent with a key is reached with its key: no longer without one from loopback.
+    Agent.objects.filter(pk=agent.pk, loopback_trusted=True).update(loopback_trusted=False)
+    agent.loopback_trusted = False
     return api_key, full_key
 
 

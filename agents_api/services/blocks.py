@@ -1,5 +1,6 @@
 """Writes of memory blocks: every change checked against the block's limit and kept as a revision."""
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -11,6 +12,7 @@ from agents_api.models import (
 )
 from memsvc.api.errors import Conflict, Forbidden, InvalidInput
 from memsvc.api.principals import Principal
+from memsvc.db import locked_row
 
 
 def _check_fits(value: str, limit: int, field: str) -> None:
@@ -21,7 +23,13 @@ def _check_fits(value: str, limit: int, field: str) -> None:
 
 
 def _record(block: MemoryBlock, actor: Principal) -> None:
+    """Keep the block's new value as a revision, and only the newest
+    ``MEMSVC_BLOCK_REVISIONS_KEPT`` of them (0: every one)."""
     MemoryBlockRevision.objects.create(block=block, value=block.value, actor_principal=actor.id)
+    kept = settings.MEMSVC_BLOCK_REVISIONS_KEPT
+    if kept:
+        older = block.revisions.order_by(*MemoryBlockRevision.NEWEST_FIRST).values("id")[kept:]
+        MemoryBlockRevision.objects.filter(id__in=older).delete()
 
 
 @transaction.atomic
@@ -70,7 +78,7 @@ def memory_block_update(
     The row is locked for the whole change, so concurrent appends never lose text.
     Refused changes (read-only, over the limit, ``old`` not found) store nothing.
     """
-    block = MemoryBlock.objects.select_for_update().get(pk=block.pk)
+    block = locked_row(MemoryBlock.objects, block.pk, missing="memory block not found")
     if block.read_only:
         raise Forbidden(f"memory block {block.label!r} is read-only")
     new_value = block.value

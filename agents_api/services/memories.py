@@ -20,6 +20,7 @@ from agents_api.models import (
 from agents_api.selectors import MEMORIES, memory_enabled_for
 from memsvc.api.errors import Conflict
 from memsvc.api.principals import Principal
+from memsvc.db import locked_row
 from search.embeddings import vector_literal
 from search.services import embed_pending_rows, embed_rows, reembed_all_rows, vectors_or_none
 from search.statements import INDEX_ORDER, Scope, nearest_order, planned_without
@@ -192,7 +193,7 @@ def memory_update(
     expires_at: datetime | None = None,
 ) -> Memory:
     """Change a memory; new content gets a new vector (or waits for the sweep)."""
-    memory = Memory.objects.select_for_update().get(pk=memory.pk)
+    memory = locked_row(Memory.objects, memory.pk, missing="memory not found")
     if content is not None and content != memory.content:
         memory.content = content
         memory.content_hash = content_hash(content)

@@ -7,7 +7,7 @@ from rest_framework.response import Response
 from conversations import selectors, services
 from conversations.api import serializers as s
 from conversations.models import AccessLevel, TransferStatus
-from memsvc.api.errors import InvalidInput
+from memsvc.api.fields import query_choice
 from memsvc.api.pagination import AFTER_PARAMETER, LIMIT_PARAMETER, page_data, page_params
 from memsvc.api.principals import agent_principal_id, principal_for_sharing
 from memsvc.api.schema import errors, listed, paged
@@ -243,9 +243,7 @@ class TransfersView(UserApiView):
         responses={200: TransferList, **errors(400, 401)},
     )
     def get(self, request):
-        status = request.query_params.get("status") or None
-        if status is not None and status not in TransferStatus.values:
-            raise InvalidInput.for_field("status", f"must be one of {', '.join(TransferStatus)}")
+        status = query_choice(request, "status", TransferStatus.values)
         transfers = selectors.transfers_for(request.principal, status=status)
         return Response({"data": s.TransferOut(transfers, many=True).data})
 

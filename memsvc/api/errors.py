@@ -7,7 +7,8 @@ client sees the same shape whatever refused its request.
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.http import Http404, JsonResponse
+from django.http import Http404, HttpResponse, JsonResponse
+from django.urls import Resolver404, resolve
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
@@ -18,9 +19,16 @@ class ApiError(Exception):
     code = "error"
     default_message = "request refused"
 
-    def __init__(self, message: str | None = None, *, details: dict | None = None):
+    def __init__(
+        self,
+        message: str | None = None,
+        *,
+        details: dict | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         self.message = message or self.default_message
         self.details = details or {}
+        self.headers = headers or {}
         super().__init__(self.message)
 
 
@@ -29,9 +37,14 @@ class InvalidInput(ApiError):
     code = "validation_error"
     default_message = "invalid input"
 
+    # Where the named fields are ("body", "path", "query"): the local API's 422 says it.
+    location = "body"
+
     @classmethod
-    def for_field(cls, field: str, problem: str) -> "InvalidInput":
-        return cls(f"{field}: {problem}", details={field: [problem]})
+    def for_field(cls, field: str, problem: str, *, location: str = "body") -> "InvalidInput":
+        error = cls(f"{field}: {problem}", details={field: [problem]})
+        error.location = location
+        return error
 
 
 class Unauthorized(ApiError):
@@ -58,10 +71,25 @@ class Conflict(ApiError):
     default_message = "conflicts with the current state"
 
 
+class PayloadTooLarge(ApiError):
+    status_code = 413
+    code = "payload_too_large"
+    default_message = "request body too large"
+
+
 class RateLimited(ApiError):
     status_code = 429
     code = "rate_limited"
     default_message = "too many requests"
+
+    def __init__(self, retry_after: int, message: str | None = None):
+        super().__init__(message, headers={"Retry-After": str(max(1, retry_after))})
+
+
+class Unavailable(ApiError):
+    status_code = 503
+    code = "unavailable"
+    default_message = "the service is unavailable, try again shortly"
 
 
 def error_body(message: str, code: str, details: dict | None = None) -> dict:
@@ -101,6 +129,8 @@ def _validation_response(details: dict) -> Response:
 def exception_handler(exc, context):
     if isinstance(exc, ApiError):
         response = Response(error_body(exc.message, exc.code, exc.details), exc.status_code)
+        for name, value in exc.headers.items():
+            response[name] = value
         if isinstance(exc, Unauthorized):
             response["WWW-Authenticate"] = "Bearer"
         return response
@@ -132,6 +162,40 @@ def exception_handler(exc, context):
     if isinstance(exc, drf.NotAcceptable):
         return Response(error_body(str(exc.detail), "not_acceptable"), status=406)
     return None  # anything else is a bug: let it be a 500 and reach the logs
+
+
+def render_v1_error(error: ApiError) -> JsonResponse:
+    response = JsonResponse(
+        error_body(error.message, error.code, error.details), status=error.status_code
+    )
+    for name, value in error.headers.items():
+        response[name] = value
+    return response
+
+
+def render_api_error(request, error: ApiError) -> HttpResponse | None:
+    """``error`` as the API that serves ``request.path_info`` answers errors, or None for a
+    path that is no API's (the admin, web pages: Django's own pages).
+
+    The shape belongs to the view: a view class with a ``render_error(error)`` static method
+    (the local compatibility API's ``LocalView``) answers in its own shape; anything under
+    ``/v1`` in the ``/v1`` shape. Used where a refusal happens outside a view's own error
+    handling: the middleware (body too large, NUL in the path, database down, rate limits).
+    """
+    try:
+        view_class = getattr(resolve(request.path_info).func, "view_class", None)
+    except Resolver404:
+        view_class = None
+    render = getattr(view_class, "render_error", None)
+    if render is None and (request.path_info == "/v1" or request.path_info.startswith("/v1/")):
+        render = render_v1_error
+    if render is None:
+        return None
+    response = render(error)
+    # Answered before CommonMiddleware (which would add it): without a length the server
+    # would send the few bytes chunked.
+    response["Content-Length"] = str(len(response.content))
+    return response
 
 
 @csrf_exempt  # an API route: no cookies, so no CSRF; and a 404 must not become a 403

@@ -11,6 +11,7 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from memsvc.api.errors import InvalidInput
 from memsvc.api.principals import PRINCIPAL_MAX_LENGTH, user_id_problem
 from memsvc.validators import no_nul_characters
 
@@ -143,3 +144,14 @@ class InputSerializer(serializers.Serializer):
         serializer = cls(data=data, context=context)
         serializer.is_valid(raise_exception=True)
         return serializer.validated_data
+
+
+def query_choice(request, name: str, choices, default: str | None = None) -> str | None:
+    """The query parameter ``name``: one of ``choices``, or ``default`` when absent. Present
+    but empty (``?name=``) is not absent: 400, as the schema's enum says."""
+    value = request.query_params.get(name)
+    if value is None:
+        return default
+    if value not in choices:
+        raise InvalidInput.for_field(name, f"must be one of {', '.join(choices)}")
+    return value

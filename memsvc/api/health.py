@@ -1,3 +1,5 @@
+import logging
+
 from django.conf import settings
 from django.db import DatabaseError, connection
 from drf_spectacular.utils import extend_schema, inline_serializer
@@ -8,6 +10,8 @@ from rest_framework.views import APIView
 
 from search.embeddings import configured_backend
 from search.selectors import pending_embedding_count
+
+logger = logging.getLogger(__name__)
 
 HealthResponse = inline_serializer(
     "Health",
@@ -28,6 +32,7 @@ class HealthView(APIView):
 
     authentication_classes = []
     permission_classes = [AllowAny]
+    throttle_classes = []  # probes are never refused
 
     @extend_schema(
         tags=["system"],
@@ -45,10 +50,13 @@ class HealthView(APIView):
         }
         try:
             body["pendingEmbeddings"] = pending_embedding_count()
-        except DatabaseError as exc:
+        except DatabaseError:
             # A broken connection must not stick to this worker thread: drop it so the next
             # request reconnects once the database is back.
             connection.close_if_unusable_or_obsolete()
-            body.update(status="unavailable", reason=f"database unreachable: {exc}".strip())
+            # The driver's message names hosts, sockets and paths: for the logs, not for
+            # whoever probes the service.
+            logger.warning("health: database unreachable", exc_info=True)
+            body.update(status="unavailable", reason="database unreachable")
             return Response(body, status=503)
         return Response(body)

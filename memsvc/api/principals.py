@@ -71,6 +71,11 @@ class Principal:
         )
 
     @property
+    def rate_limit_key(self) -> str:
+        """Whose requests this one counts with (memsvc.api.ratelimit)."""
+        return self.id if self.kind == "agent" else f"user:{self.id}"
+
+    @property
     def member_ids(self) -> tuple[str, ...]:
         """Every principal whose membership a request needs (one, or the agent and its user)."""
         return (self.id, self.on_behalf_of) if self.on_behalf_of else (self.id,)

@@ -18,6 +18,8 @@ class ErrorSerializer(serializers.Serializer):
             "method_not_allowed",
             "unsupported_media_type",
             "not_acceptable",
+            "payload_too_large",
+            "unavailable",
         ]
     )
     details = serializers.DictField(
@@ -34,6 +36,9 @@ _DESCRIPTIONS = {
     403: "A member below the needed level, a missing scope, or a refused policy.",
     404: "Missing, or not visible to the caller.",
     409: "Conflicts with the current state.",
+    413: "The body is larger than the server takes (`payload_too_large`).",
+    429: "Over a rate limit (`rate_limited`); `Retry-After` says when to try again.",
+    503: "The database is unreachable (`unavailable`); try again shortly.",
 }
 
 
@@ -91,8 +96,8 @@ class ApiKeyAuthenticationScheme(OpenApiAuthenticationExtension):
         }
 
 
-def forbid_unknown_request_fields(result, generator, request, public):
-    """Request bodies refuse unknown fields (``InputSerializer``); say so in the schema."""
+def _input_serializers():
+    """Every request body class (``InputSerializer`` subclasses) with its component name."""
     from memsvc.api.fields import InputSerializer
 
     def subclasses(cls):
@@ -100,11 +105,67 @@ def forbid_unknown_request_fields(result, generator, request, public):
             yield sub
             yield from subclasses(sub)
 
-    names = {
-        getattr(getattr(c, "Meta", None), "ref_name", None) for c in subclasses(InputSerializer)
-    }
-    names = {n for n in names if n} | {f"Patched{n}" for n in names if n}
+    for cls in subclasses(InputSerializer):
+        name = getattr(getattr(cls, "Meta", None), "ref_name", None)
+        if name:
+            yield name, cls
+
+
+def forbid_unknown_request_fields(result, generator, request, public):
+    """Request bodies refuse unknown fields (``InputSerializer``); say so in the schema."""
+    names = {name for name, _ in _input_serializers()}
+    names |= {f"Patched{n}" for n in names}
     for name, component in result.get("components", {}).get("schemas", {}).items():
         if name in names and component.get("type") == "object":
             component["additionalProperties"] = False
+    return result
+
+
+def state_enforced_constraints(result, generator, request, public):
+    """What the server refuses and drf-spectacular does not write down, written down:
+
+    - list sizes of request bodies (``allow_empty=False`` -> ``minItems: 1``, ``max_length``
+      -> ``maxItems``);
+    - a body's own rules across fields (``InputSerializer.schema_rules``, JSON Schema: the
+      block PATCH's "at most one of value, append, replace");
+    - the refusals any ``/v1`` operation may answer whatever its input: 429 (rate limits),
+      503 (database down), and 413 for those with a body.
+    """
+    from rest_framework import serializers
+
+    schemas = result.get("components", {}).get("schemas", {})
+    for name, cls in _input_serializers():
+        component = schemas.get(name)
+        if component is None:
+            continue
+        properties = component.get("properties", {})
+        for field_name, field in cls().fields.items():
+            prop = properties.get(field_name)
+            if prop is None or not isinstance(
+                field, serializers.ListSerializer | serializers.ListField
+            ):
+                continue
+            if not field.allow_empty:
+                prop["minItems"] = max(prop.get("minItems", 1), 1)
+            if field.min_length is not None:
+                prop["minItems"] = field.min_length
+            if field.max_length is not None:
+                prop["maxItems"] = field.max_length
+        component.update(getattr(cls, "schema_rules", {}))
+
+    for path, operations in result.get("paths", {}).items():
+        if not path.startswith("/v1/") or path == "/v1/health":
+            continue
+        for operation in operations.values():
+            codes = (413, 429, 503) if "requestBody" in operation else (429, 503)
+            for code, response in errors(*codes).items():
+                operation["responses"].setdefault(
+                    str(code),
+                    {
+                        "content": {
+                            "application/json": {"schema": {"$ref": "#/components/schemas/Error"}}
+                        },
+                        "description": response.description,
+                    },
+                )
     return result

@@ -1,5 +1,6 @@
 """The agent API: keys, isolation between agents, acting for users, messages, context."""
 
+import json
 import threading
 from datetime import timedelta
 
@@ -211,6 +212,42 @@ def test_a_hundred_messages_in_one_call_keep_their_order(api, helper):
     assert [m["content"] for m in response.json()["data"]] == [f"turn {i}" for i in range(100)]
     stored = Message.objects.filter(conversation_id=conversation["id"]).order_by("seq")
     assert [m.content for m in stored] == [f"turn {i}" for i in range(100)]
+
+
+def test_the_body_cap_admits_the_largest_documented_bulk_append(api, helper, settings):
+    """100 messages of the longest content (4-byte characters in UTF-8), each with metadata
+    of the largest size, fit under the default cap; 30 such messages of plain text (refused
+    by Django's old 2.5 MB limit) are stored."""
+    from agents_api.api.serializers import MAX_BULK_MESSAGES
+    from memsvc.api.fields import METADATA_MAX_BYTES
+
+    longest = {
+        "role": "user",
+        "content": "\U0001f600" * settings.MEMSVC_MAX_MESSAGE_CHARS,
+        "metadata": {"k": "\u20ac" * ((METADATA_MAX_BYTES - 20) // 3)},
+        "authorName": "x" * 255,
+    }
+    largest = json.dumps({"messages": [longest] * MAX_BULK_MESSAGES}, ensure_ascii=False)
+    assert len(largest.encode()) <= settings.MEMSVC_MAX_BODY_BYTES
+
+    conversation = agent_conversation(api, helper)
+    thirty = [{"role": "user", "content": "x" * settings.MEMSVC_MAX_MESSAGE_CHARS}] * 30
+    response = append(api, helper, conversation["id"], *thirty)
+    assert response.status_code == 201, response.content[:300]
+    assert Message.objects.filter(conversation_id=conversation["id"]).count() == 30
+
+
+def test_a_body_over_the_cap_is_413_in_the_error_shape(api, helper, settings):
+    settings.MEMSVC_MAX_BODY_BYTES = 10_000
+    conversation = agent_conversation(api, helper)
+    response = append(api, helper, conversation["id"], {"role": "user", "content": "x" * 10_000})
+    assert response.status_code == 413
+    assert response.json() == {
+        "error": "the body must be at most 10000 bytes",
+        "code": "payload_too_large",
+        "details": {},
+    }
+    assert not Message.objects.exists()
 
 
 def test_more_than_a_hundred_or_none_is_400(api, helper):

@@ -56,7 +56,7 @@ def test_health(local):
     assert body["status"] == "ok"
     assert body["embedding_backend"] == "local"
     assert body["embedding_dimension"] == 384
-    assert body["database_path"].endswith("pgdata")
+    assert body["database_path"] == "postgresql (embedded)"  # never a path
 
 
 def test_agents_are_created_once_and_found_by_name(local):
@@ -292,10 +292,88 @@ def test_away_from_loopback_a_key_is_needed_and_reaches_only_its_agent(local):
     assert local.post("/agents", {"name": "other"}, **REMOTE, **key).status_code == 404
 
 
-def test_outside_local_mode_even_loopback_needs_a_key(local, settings):
-    settings.LOCAL_MODE = False
+def test_without_loopback_trust_even_loopback_needs_a_key(local, settings):
+    make(local)
+    settings.MEMSVC_LOCAL_TRUST_LOOPBACK = False
     assert local.get("/agents/my_agent").status_code == 401
+    assert local.post("/agents", {"name": "another"}).status_code == 401
     assert local.get("/health").status_code == 200
+
+
+def test_a_read_key_cannot_write_through_the_local_api(local):
+    """The key's scopes hold here as on /v1, from loopback too (a key is the credential
+    whenever one is presented)."""
+    reader = make_agent("reader", scopes=("read",))
+    key = {"HTTP_X_API_KEY": reader.key}
+    for extra in (REMOTE, {}):
+        writes = [
+            local.post(
+                "/messages",
+                {"agent_name": "reader", "role": "user", "content": "x"},
+                **extra,
+                **key,
+            ),
+            local.post(
+                "/memory-blocks",
+                {"agent_name": "reader", "label": "l", "value": "v"},
+                **extra,
+                **key,
+            ),
+            local.put("/memory-blocks/reader/l", {"value": "v"}, **extra, **key),
+            local.post(
+                "/tool-records",
+                {"agent_name": "reader", "records": [{"tool_name": "t", "output": "o"}]},
+                **extra,
+                **key,
+            ),
+        ]
+        for response in writes:
+            assert response.status_code == 403, response.content
+            assert response.json() == {"detail": "this API key lacks the 'write' scope"}
+        assert not Message.objects.exists() and not MemoryBlock.objects.exists()
+        # Reads, searches and the context are reads.
+        assert local.get("/agents/reader", **extra, **key).status_code == 200
+        assert local.post("/agents", {"name": "reader"}, **extra, **key).status_code == 200
+        assert local.get("/messages/reader", **extra, **key).status_code == 200
+        assert local.get("/memory-blocks/reader", **extra, **key).status_code == 200
+        search = {"agent_name": "reader", "query": "x"}
+        assert local.post("/messages/search", search, **extra, **key).status_code == 200
+        assert local.post("/context/reader", {"query": "x"}, **extra, **key).status_code == 200
+        tools = {"agent_name": "reader", "query": "x"}
+        assert local.post("/tool-records/search", tools, **extra, **key).status_code == 200
+
+
+def test_a_write_only_key_cannot_read_through_the_local_api(local):
+    writer = make_agent("writer", scopes=("write",))
+    key = {"HTTP_X_API_KEY": writer.key, **REMOTE}
+    assert local.get("/messages/writer", **key).status_code == 403
+    assert local.post("/context/writer", {"query": "x"}, **key).status_code == 403
+    message = {"agent_name": "writer", "role": "user", "content": "x"}
+    assert local.post("/messages", message, **key).status_code == 200
+
+
+def test_keyless_loopback_reaches_only_agents_the_local_api_made(local, capsys):
+    """An agent made with `memsvc apikey create` (owner "local", as by default) is reached
+    with its key only, even from this machine; so is a local agent once it has a key."""
+    from memsvc import cli
+
+    assert cli.main(["apikey", "create", "keyed"]) == 0
+    key = {"HTTP_X_API_KEY": capsys.readouterr().out.strip()}
+    assert local.get("/agents/keyed").status_code == 404
+    message = {"agent_name": "keyed", "role": "user", "content": "x"}
+    assert local.post("/messages", message).status_code == 404
+    assert local.get("/memory-blocks/keyed").status_code == 404
+    assert local.post("/context/keyed", {"query": "x"}).status_code == 404
+    refused = local.post("/agents", {"name": "keyed"})
+    assert refused.status_code == 403
+    assert refused.json() == {"detail": "this agent is reached with its API key"}
+    assert not Message.objects.exists()
+    assert local.post("/messages", message, **key).status_code == 200
+
+    make(local, "mine")
+    assert local.get("/agents/mine").status_code == 200
+    assert cli.main(["apikey", "create", "mine"]) == 0
+    assert local.get("/agents/mine").status_code == 404
 
 
 def test_a_refused_message_leaves_no_conversation_behind(local):

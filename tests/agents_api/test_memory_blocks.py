@@ -137,6 +137,43 @@ def test_every_change_keeps_a_revision(api, helper):
     assert {r["actor"] for r in revisions} == {helper.agent.principal_id}
 
 
+def test_revisions_are_paged_newest_first(api, helper):
+    create_block(api, helper, label="notes", value="v0")
+    for i in range(1, 5):
+        api.call("PUT", f"{BLOCKS}/notes", as_=helper, body={"value": f"v{i}"})
+    first = api.get(f"{BLOCKS}/notes/revisions", as_=helper, limit=2).json()
+    assert [r["value"] for r in first["data"]] == ["v4", "v3"]
+    second = api.get(
+        f"{BLOCKS}/notes/revisions", as_=helper, limit=2, after=first["nextCursor"]
+    ).json()
+    assert [r["value"] for r in second["data"]] == ["v2", "v1"]
+    last = api.get(
+        f"{BLOCKS}/notes/revisions", as_=helper, limit=2, after=second["nextCursor"]
+    ).json()
+    assert last == {"data": [{**last["data"][0], "value": "v0"}], "nextCursor": None}
+    # The default page, not every revision.
+    default = api.get(f"{BLOCKS}/notes/revisions", as_=helper).json()
+    assert len(default["data"]) == 5 and default["nextCursor"] is None
+    assert api.get(f"{BLOCKS}/notes/revisions", as_=helper, limit=201).status_code == 400
+
+
+def test_only_the_newest_revisions_are_kept(api, helper, settings):
+    settings.MEMSVC_BLOCK_REVISIONS_KEPT = 3
+    create_block(api, helper, label="notes", value="v0")
+    create_block(api, helper, label="other", value="w0")
+    for i in range(1, 6):
+        api.call("PUT", f"{BLOCKS}/notes", as_=helper, body={"value": f"v{i}"})
+    kept = MemoryBlockRevision.objects.filter(block__label="notes").order_by("created_at", "id")
+    assert [r.value for r in kept] == ["v3", "v4", "v5"]
+    # Another block's revisions are its own to keep.
+    assert MemoryBlockRevision.objects.filter(block__label="other").count() == 1
+
+    settings.MEMSVC_BLOCK_REVISIONS_KEPT = 0  # keep every one
+    for i in range(6, 9):
+        api.call("PUT", f"{BLOCKS}/notes", as_=helper, body={"value": f"v{i}"})
+    assert MemoryBlockRevision.objects.filter(block__label="notes").count() == 6
+
+
 def test_the_local_api_and_the_agent_api_share_one_block(api, client, helper):
     """One table, one service: a block written through the local API (with the agent's key,
     from another machine) is the block the agent API reads and changes, revisions included."""

@@ -85,7 +85,10 @@ def test_the_second_session_remembers_the_first(live_server, client, llm):
 
 
 def test_the_agents_long_term_memories_reach_the_model(live_server, client, llm):
-    agent, _ = agent_get_or_create(owner_principal=LOCAL_OWNER, name="rememberer")
+    # As the local API makes an agent for a keyless caller on this machine.
+    agent, _ = agent_get_or_create(
+        owner_principal=LOCAL_OWNER, name="rememberer", loopback_trusted=True
+    )
     memory_save(agent.as_principal(), agent=agent, content="The user's favourite colour is green")
     memory_save(agent.as_principal(), agent=agent, content="The user's car is a red Fiat")
     with learning(agent="rememberer", server_url=live_server.url):

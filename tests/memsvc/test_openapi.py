@@ -127,6 +127,31 @@ def test_every_user_operation_needs_the_bearer_token(served_schema):
     assert wrong == []
 
 
+# --- what the server enforces, stated ----------------------------------------------------------
+
+
+def component(schema, name):
+    return schema["components"]["schemas"][name]
+
+
+def test_every_operation_declares_the_refusals_any_request_may_meet(served_schema):
+    missing = []
+    for path, item in served_schema["paths"].items():
+        if not path.startswith("/v1/") or path == "/v1/health":
+            continue
+        for method, operation in item.items():
+            if method not in HTTP_METHODS:
+                continue
+            expected = {"429", "503"} | ({"413"} if "requestBody" in operation else set())
+            if expected - set(operation["responses"]):
+                missing.append(f"{method.upper()} {path}")
+    assert missing == []
+    codes = component(served_schema, "Error")["properties"]["code"]
+    assert {"payload_too_large", "rate_limited", "unavailable"} <= set(codes.get("enum", [])) or (
+        "$ref" in codes
+    )
+
+
 # --- /v1/docs --------------------------------------------------------------------------------
 
 ASSET = re.compile(r"""<(?:script|link|img)\b[^>]*?\b(?:src|href)\s*=\s*["']([^"']+)["']""", re.I)

@@ -222,3 +222,23 @@ def test_the_embedded_server_runs_with_memsvc_settings():
         buffers_mb = cursor.fetchone()[0]
     assert f"{buffers_mb}MB" == embedded_db.server_settings()["shared_buffers"]
     assert buffers_mb > 128  # more than PostgreSQL's default on any machine with over 512 MB
+
+
+@pytest.mark.parametrize(
+    ("env", "trusted"),
+    [
+        ({}, "True"),  # local mode
+        ({"MEMSVC_LOCAL_TRUST_LOOPBACK": "0"}, "False"),
+        (
+            {"DATABASE_URL": "postgresql://db.example/memsvc", "DJANGO_SECRET_KEY": "k" * 50},
+            "False",
+        ),
+    ],
+)
+def test_loopback_trust_is_on_in_local_mode_only_unless_turned_off(tmp_path, env, trusted):
+    result = run_django(
+        {"MEMSVC_DATA_DIR": str(tmp_path), **env},
+        "from django.conf import settings; print(settings.MEMSVC_LOCAL_TRUST_LOOPBACK)",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == trusted

@@ -1,5 +1,6 @@
 """Search finds what a principal may see, and only that; keywords work before embedding."""
 
+import uuid
 from dataclasses import replace
 
 import numpy as np
@@ -332,6 +333,22 @@ def test_search_within_conversations_and_before_a_message(api, alice, pets):
     MessageFactory(conversation=hidden, content="secret puppy")
     embed_pending()
     assert search(api, alice, "puppy", conversationIds=[str(hidden.id)]) == []
+
+
+def test_before_a_message_the_user_cannot_see_is_like_before_no_message(api, alice, pets):
+    """No existence oracle: a message id from a stranger's conversation, or one hidden from
+    users, is answered exactly as an id that names nothing."""
+    stranger = MessageFactory(conversation=ConversationFactory(group__owner="charlie"))
+    agent_only = MessageFactory(conversation=pets, visibility="agent")
+    answers = [
+        api.post(
+            "/v1/user/search/messages", {"query": "puppy", "before": str(message_id)}, as_=alice
+        )
+        for message_id in (stranger.id, agent_only.id, uuid.uuid4())
+    ]
+    assert {response.status_code for response in answers} == {400}
+    assert answers[0].json() == answers[1].json() == answers[2].json()
+    assert answers[0].json()["details"] == {"before": ["no such message"]}
 
 
 @pytest.mark.parametrize(

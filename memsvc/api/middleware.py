@@ -1,0 +1,133 @@
+"""Refusals outside any view's own error handling, answered in the shape of the API asked
+(``errors.render_api_error``): never Django's HTML pages, never a 500 for a client's input
+or for a database that is down.
+
+- Before the view: a NUL character in the path or the query (PostgreSQL cannot store or
+  compare it) -> 400; a body larger than ``MEMSVC_MAX_BODY_BYTES`` -> 413, decided from
+  ``Content-Length`` before anything parses it, the body then read and dropped so that a
+  keep-alive connection stays usable (``discard_body``).
+- After a view raised what its own handler left alone: the database unreachable (or a
+  statement cancelled) -> 503 ``unavailable``; a value the database refused (``DataError``)
+  -> 400; Django's own ``RequestDataTooBig`` -> 413; anything else (a bug) is logged as
+  Django logs it and answered as a JSON 500.
+"""
+
+import logging
+from urllib.parse import unquote_plus
+
+from django.conf import settings
+from django.core import signals
+from django.core.exceptions import RequestDataTooBig
+from django.db import DataError, InterfaceError, OperationalError, connections
+from django.urls import Resolver404, resolve
+
+from memsvc.api.errors import ApiError, InvalidInput, PayloadTooLarge, Unavailable, render_api_error
+
+logger = logging.getLogger("django.request")
+
+# A refused body is read and dropped when it is at most this many times the cap.
+DISCARD_MAX_FACTOR = 2
+DISCARD_CHUNK_BYTES = 64 * 1024
+
+
+class InternalError(ApiError):
+    status_code = 500
+    code = "internal_error"
+    default_message = "internal error"
+
+
+def _nul_path_parameter(path: str) -> str:
+    """The name of the path parameter that holds a NUL character (``path`` when none does)."""
+    try:
+        kwargs = resolve(path).kwargs
+    except Resolver404:
+        kwargs = {}
+    return next((name for name, value in kwargs.items() if "\x00" in str(value)), "path")
+
+
+def request_refusal(request) -> ApiError | None:
+    """What makes ``request`` unanswerable before any view reads it, or None."""
+    if "\x00" in request.path_info:
+        return InvalidInput.for_field(
+            _nul_path_parameter(request.path_info),
+            "must not contain NUL characters",
+            location="path",
+        )
+    query = request.META.get("QUERY_STRING", "")
+    if "\x00" in unquote_plus(query):
+        for name, values in request.GET.lists():
+            if "\x00" in name or any("\x00" in value for value in values):
+                return InvalidInput.for_field(
+                    name.replace("\x00", "\\x00"),
+                    "must not contain NUL characters",
+                    location="query",
+                )
+        return InvalidInput.for_field("query", "must not contain NUL characters", location="query")
+    try:
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        return InvalidInput.for_field("Content-Length", "must be a number")
+    if length > settings.MEMSVC_MAX_BODY_BYTES:
+        return PayloadTooLarge(f"the body must be at most {settings.MEMSVC_MAX_BODY_BYTES} bytes")
+    return None
+
+
+def discard_body(request) -> None:
+    """Read and drop a refused body (up to ``DISCARD_MAX_FACTOR`` times the cap), so the
+    connection can carry the client's next request: gunicorn drains at most 64 KiB of what
+    an application left unread, and closes a keep-alive connection that had more. A body
+    past the bound is left to that (the connection closes)."""
+    length = int(request.META.get("CONTENT_LENGTH") or 0)
+    if length > settings.MEMSVC_MAX_BODY_BYTES * DISCARD_MAX_FACTOR:
+        return
+    try:
+        while request.read(DISCARD_CHUNK_BYTES):
+            pass
+    except OSError:
+        pass  # the client went away: nothing to keep
+
+
+def exception_refusal(exception: Exception) -> ApiError:
+    if isinstance(exception, RequestDataTooBig):
+        return PayloadTooLarge(f"the body must be at most {settings.MEMSVC_MAX_BODY_BYTES} bytes")
+    if isinstance(exception, OperationalError | InterfaceError):
+        # A broken connection must not stay with this thread: the next request reconnects.
+        for connection in connections.all(initialized_only=True):
+            connection.close_if_unusable_or_obsolete()
+        return Unavailable()
+    if isinstance(exception, DataError):
+        return InvalidInput("a value in the request cannot be stored")
+    return InternalError()
+
+
+class ApiErrorMiddleware:
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        refusal = request_refusal(request)
+        if refusal is not None:
+            response = render_api_error(request, refusal)
+            if response is not None:
+                if isinstance(refusal, PayloadTooLarge):
+                    discard_body(request)
+                return response
+        return self.get_response(request)
+
+    def process_exception(self, request, exception):
+        refusal = exception_refusal(exception)
+        response = render_api_error(request, refusal)
+        if response is None:
+            return None  # not an API: Django's own handling
+        if isinstance(refusal, InternalError | Unavailable):
+            logger.error(
+                "%s: %s",
+                refusal.message,
+                request.path,
+                exc_info=exception,
+                extra={"status_code": refusal.status_code, "request": request},
+            )
+        if isinstance(refusal, InternalError):
+            # What Django sends for an unhandled exception (the test client re-raises it).
+            signals.got_request_exception.send(sender=None, request=request)
+        return response

@@ -1,0 +1,58 @@
+"""The JSON parser of every API (``/v1`` and the local API): a body PostgreSQL can store.
+
+Python's ``json`` accepts two things the rest of the code cannot take: a lone surrogate
+(``"\\ud800"``: no UTF-8 encoding exists, so any later ``encode`` fails) and nesting deep
+enough to exhaust the interpreter's recursion limit (``RecursionError`` in the decoder, or in
+whatever walks the value next). Both are refused here, as a bad body (400 ``validation_error``
+on ``/v1``, 422 on the local API), naming where in the body the problem is.
+"""
+
+from rest_framework import parsers
+from rest_framework.exceptions import ParseError, ValidationError
+
+# Far deeper than any real metadata, far below the recursion limit (1000) of the code that
+# walks a value (the decoder, the serializers, the JSON renderer).
+MAX_JSON_DEPTH = 64
+
+
+def json_problem(value) -> tuple[tuple, str] | None:
+    """``(path, problem)`` for the first part of a parsed JSON value that cannot be stored
+    (``path``: the keys and indexes that lead to it), or None. Iterative, so the check itself
+    cannot run out of stack."""
+    stack = [(value, (), 0)]
+    while stack:
+        item, path, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            return path, f"must not be nested more than {MAX_JSON_DEPTH} levels deep"
+        if isinstance(item, str):
+            if not item.isascii():
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:
+                    return path, "must not contain lone surrogate characters"
+        elif isinstance(item, dict):
+            for key, sub in item.items():
+                stack.append((key, path, depth + 1))
+                stack.append((sub, (*path, key), depth + 1))
+        elif isinstance(item, list):
+            stack.extend((sub, (*path, index), depth + 1) for index, sub in enumerate(item))
+    return None
+
+
+class JSONParser(parsers.JSONParser):
+    def parse(self, stream, media_type=None, parser_context=None):
+        try:
+            data = super().parse(stream, media_type, parser_context)
+        except RecursionError:
+            raise ParseError(
+                f"JSON parse error - nested more than {MAX_JSON_DEPTH} levels deep"
+            ) from None
+        problem = json_problem(data)
+        if problem:
+            path, message = problem
+            # Nested as DRF nests a field's errors: each API names the place its own way.
+            detail = [message]
+            for part in reversed(path or ("body",)):
+                detail = {part: detail}
+            raise ValidationError(detail)
+        return data

@@ -1,0 +1,262 @@
+"""Rate limits: requests per principal, failed authentications per client address.
+
+Two limits, per minute (fixed one-minute windows), ``0`` turning one off:
+
+- ``MEMSVC_RATE_LIMIT`` (1200): requests of one principal: a user (JWT ``sub``), an API key,
+  or, for a caller without credentials (a keyless loopback caller of the local API, the
+  schema), its address.
+- ``MEMSVC_AUTH_FAILURE_LIMIT`` (60): answers 401 to one client address. Past the limit,
+  every request from that address that carries credentials is refused until the window
+  ends, the right ones too: guessing secrets or tokens gets nowhere.
+
+Over a limit: 429 ``rate_limited`` with ``Retry-After`` (seconds to the next window), in the
+shape of the API asked. The counts are shared by every process of the service: in Redis when
+one is configured (``MEMSVC_REDIS_URL``, by default the Celery broker when that is Redis),
+otherwise in the database (``memsvc.models.RateLimitCounter``).
+
+Using it on a new surface:
+
+- a DRF view gets the per-principal limit by default (``PrincipalRateThrottle`` is in
+  ``REST_FRAMEWORK["DEFAULT_THROTTLE_CLASSES"]``); ``throttle_classes = []`` exempts one
+  (health checks);
+- anything else calls ``limit_principal(identity)`` once it knows who is asking (it raises
+  ``RateLimited``), or wraps a Django view in ``@rate_limited(identity_of)``;
+- a 401 from any API path is counted against its address by ``RateLimitMiddleware``; code
+  that refuses credentials without answering 401 (a stdio protocol, say) calls
+  ``note_auth_failure(address)`` itself.
+"""
+
+import functools
+import ipaddress
+import logging
+import time
+from collections.abc import Callable
+
+from django.conf import settings
+from django.db import DatabaseError, connection
+from django.http import HttpResponse
+from rest_framework.throttling import BaseThrottle
+
+from memsvc.api.errors import RateLimited, render_api_error
+
+logger = logging.getLogger(__name__)
+
+WINDOW_SECONDS = 60
+CREDENTIAL_HEADERS = ("HTTP_AUTHORIZATION", "HTTP_X_API_KEY")
+
+
+# --- counting ----------------------------------------------------------------------------------
+
+
+class DatabaseCounter:
+    """One row per bucket, reset when a new window starts; every process updates the same
+    row, so the count is the service's, not a process's."""
+
+    def hit(self, bucket: str, window_start: int) -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """
+                INSERT INTO rate_limit_counter AS c (bucket, window_start, hits)
+                VALUES (%s, %s, 1)
+                ON CONFLICT (bucket) DO UPDATE SET
+                    hits = CASE WHEN c.window_start = EXCLUDED.window_start
+                                THEN c.hits + 1 ELSE 1 END,
+                    window_start = EXCLUDED.window_start
+                RETURNING hits
+                """,
+                [bucket, window_start],
+            )
+            return cursor.fetchone()[0]
+
+    def count(self, bucket: str, window_start: int) -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT hits FROM rate_limit_counter WHERE bucket = %s AND window_start = %s",
+                [bucket, window_start],
+            )
+            row = cursor.fetchone()
+        return row[0] if row else 0
+
+
+class RedisCounter:
+    """A key per bucket and window, expiring with the window."""
+
+    def __init__(self, url: str):
+        import redis
+
+        self.redis = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
+
+    @staticmethod
+    def _key(bucket: str, window_start: int) -> str:
+        return f"memsvc:rate:{bucket}:{window_start}"
+
+    def hit(self, bucket: str, window_start: int) -> int:
+        key = self._key(bucket, window_start)
+        pipeline = self.redis.pipeline()
+        pipeline.incr(key)
+        pipeline.expire(key, WINDOW_SECONDS + 5)
+        return pipeline.execute()[0]
+
+    def count(self, bucket: str, window_start: int) -> int:
+        return int(self.redis.get(self._key(bucket, window_start)) or 0)
+
+
+@functools.cache
+def _redis_counter(url: str) -> RedisCounter:
+    return RedisCounter(url)
+
+
+def _counter():
+    if settings.MEMSVC_REDIS_URL:
+        return _redis_counter(settings.MEMSVC_REDIS_URL)
+    return DatabaseCounter()
+
+
+def _window() -> tuple[int, int]:
+    """The current window's start and the seconds left in it (at least 1)."""
+    now = time.time()
+    start = int(now // WINDOW_SECONDS * WINDOW_SECONDS)
+    return start, max(1, int(start + WINDOW_SECONDS - now + 0.999))
+
+
+def _counted(operation: str, bucket: str) -> tuple[int, int] | None:
+    """``(count, seconds left)`` after ``operation`` ("hit" or "count") on ``bucket``; None
+    when Redis cannot be reached: the limits then let requests through (logged), rather
+    than take the service down with them. A database error propagates (the request would
+    fail anyway: 503)."""
+    window_start, left = _window()
+    counter = _counter()
+    if isinstance(counter, RedisCounter):
+        import redis
+
+        try:
+            return getattr(counter, operation)(bucket, window_start), left
+        except redis.RedisError as exc:
+            logger.warning("rate limits not enforced: Redis unreachable (%s)", exc)
+            return None
+    return getattr(counter, operation)(bucket, window_start), left
+
+
+# --- the limits --------------------------------------------------------------------------------
+
+
+def enforce(bucket: str, limit: int) -> None:
+    """Count one event in ``bucket``; ``RateLimited`` when that is more than ``limit`` in
+    the current window (0: no limit, nothing counted)."""
+    if not limit:
+        return
+    counted = _counted("hit", bucket)
+    if counted is not None and counted[0] > limit:
+        raise RateLimited(counted[1], f"rate limit of {limit} requests a minute exceeded")
+
+
+def limit_principal(identity: str) -> None:
+    """The per-principal limit (``MEMSVC_RATE_LIMIT``) for one request of ``identity``
+    (``"user:<id>"``, ``"key:<public id>"``, ``"address:<ip>"``...). Raises ``RateLimited``."""
+    enforce(f"principal:{identity}", settings.MEMSVC_RATE_LIMIT)
+
+
+def note_auth_failure(address: str) -> None:
+    """Count a refused credential from ``address``."""
+    if settings.MEMSVC_AUTH_FAILURE_LIMIT:
+        _counted("hit", f"auth-failures:{address}")
+
+
+def auth_lockout(address: str) -> RateLimited | None:
+    """The refusal for ``address`` when it has failed authentication too often in this
+    window, or None."""
+    limit = settings.MEMSVC_AUTH_FAILURE_LIMIT
+    if not limit:
+        return None
+    counted = _counted("count", f"auth-failures:{address}")
+    if counted is not None and counted[0] >= limit:
+        return RateLimited(
+            counted[1], f"too many failed authentications from this address ({limit} a minute)"
+        )
+    return None
+
+
+def client_address(request) -> str:
+    """The client's address: ``REMOTE_ADDR``, or, when that is a proxy named in
+    ``MEMSVC_TRUSTED_PROXIES``, the address that proxy put last in ``X-Forwarded-For``."""
+    address = request.META.get("REMOTE_ADDR", "")
+    if address in settings.MEMSVC_TRUSTED_PROXIES:
+        forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "").split(",")[-1].strip()
+        try:
+            return str(ipaddress.ip_address(forwarded))
+        except ValueError:
+            pass
+    return address
+
+
+def principal_identity(request) -> str:
+    """Who a request counts against: the credential's or principal's ``rate_limit_key``
+    (an API key, a user), else the client's address."""
+    for holder in (getattr(request, "auth", None), getattr(request, "user", None)):
+        key = getattr(holder, "rate_limit_key", None)
+        if key:
+            return key
+    return f"address:{client_address(request)}"
+
+
+class PrincipalRateThrottle(BaseThrottle):
+    """DRF's hook for ``limit_principal``: runs after authentication, so the principal is
+    known. Over the limit it raises ``RateLimited`` itself (the API's shape, Retry-After)."""
+
+    def allow_request(self, request, view):
+        limit_principal(principal_identity(request))
+        return True
+
+
+def rate_limited(identity_of: Callable = principal_identity):
+    """For a plain Django view: ``@rate_limited()`` (or ``@rate_limited(lambda request:
+    ...)``) applies the per-principal limit before the view runs, answering 429 in the
+    shape of the API (``render_api_error``)."""
+
+    def decorate(view):
+        @functools.wraps(view)
+        def wrapper(request, *args, **kwargs):
+            try:
+                limit_principal(identity_of(request))
+            except RateLimited as refusal:
+                response = render_api_error(request, refusal) or HttpResponse(
+                    refusal.message, status=429, content_type="text/plain"
+                )
+                for name, value in refusal.headers.items():
+                    response[name] = value
+                return response
+            return view(request, *args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+class RateLimitMiddleware:
+    """Failed authentications per address: refuses requests with credentials from an
+    address past ``MEMSVC_AUTH_FAILURE_LIMIT``, and counts every 401 an API answers."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        if any(request.META.get(header) for header in CREDENTIAL_HEADERS):
+            refusal = self._guarded(auth_lockout, client_address(request))
+            if refusal is not None:
+                response = render_api_error(request, refusal)
+                if response is not None:
+                    return response
+        response = self.get_response(request)
+        if response.status_code == 401:
+            self._guarded(note_auth_failure, client_address(request))
+        return response
+
+    @staticmethod
+    def _guarded(check, address):
+        # A middleware's exception would be Django's HTML 500: with the database down the
+        # request goes on without this check, and its view answers 503.
+        try:
+            return check(address)
+        except DatabaseError:
+            logger.warning("failed authentications not counted: database unreachable")
+            return None

@@ -1,0 +1,140 @@
+"""Refusals of client input that reach no view's own validation, in each API's error shape:
+never Django's HTML pages, never a 500 (issue 15, "No 500s, one error shape")."""
+
+import json
+
+import pytest
+from django.db import connection
+
+from conversations.models import Conversation
+from memsvc.api.parsers import MAX_JSON_DEPTH
+from tests.agents_api.conftest import make_agent
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def client(client):
+    # A 500 must show as a 500 here, not as the view's exception re-raised into the test.
+    client.raise_request_exception = False
+    return client
+
+
+def assert_v1_error(response, status, code="validation_error"):
+    assert response.status_code == status, response.content
+    assert response["Content-Type"] == "application/json"
+    body = response.json()
+    assert set(body) == {"error", "code", "details"} and body["code"] == code
+    return body
+
+
+def assert_local_422(response):
+    assert response.status_code == 422, response.content
+    assert response["Content-Type"] == "application/json"
+    return response.json()["detail"]
+
+
+def deep(depth: int):
+    return json.loads("[" * depth + "]" * depth)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/v1/user/conversations?query=a%00b",
+        "/v1/user/conversations/a%00b",
+        "/v1/user/conversations/a%00b/memberships/x",
+        "/v1/user/conversations/00000000-0000-0000-0000-000000000000/memberships/a%00b",
+        "/v1/user/conversations?a%00=b",
+    ],
+)
+def test_nul_in_a_user_api_path_or_query_is_a_400(client, alice, path):
+    body = assert_v1_error(client.get(path, **alice.auth_headers()), 400)
+    assert "NUL" in body["error"]
+
+
+def test_nul_in_an_agent_api_path_names_the_parameter(client):
+    helper = make_agent("nul-helper")
+    body = assert_v1_error(
+        client.get("/v1/agent/memory-blocks/a%00b", **helper.auth_headers()), 400
+    )
+    assert body["details"] == {"label": ["must not contain NUL characters"]}
+
+
+@pytest.mark.parametrize(
+    "method,path,parameter",
+    [
+        ("get", "/agents/a%00b", "name"),
+        ("post", "/context/a%00b", "agent_name"),
+        ("get", "/messages/a%00b", "agent_name"),
+        ("get", "/memory-blocks/x/a%00b", "label"),
+    ],
+)
+def test_nul_in_a_local_api_path_is_a_422(client, method, path, parameter):
+    detail = assert_local_422(getattr(client, method)(path, content_type="application/json"))
+    assert detail == [
+        {
+            "type": "value_error",
+            "loc": ["path", parameter],
+            "msg": "must not contain NUL characters",
+        }
+    ]
+
+
+def test_a_lone_surrogate_in_metadata_is_a_400_naming_it(client, alice):
+    response = client.post(
+        "/v1/user/conversations",
+        data='{"title": "t", "metadata": {"note": "\\ud800"}}',
+        content_type="application/json",
+        **alice.auth_headers(),
+    )
+    body = assert_v1_error(response, 400)
+    assert body["details"] == {"metadata.note": ["must not contain lone surrogate characters"]}
+
+
+def test_a_lone_surrogate_reaches_no_local_api_store(client):
+    response = client.post(
+        "/messages",
+        data='{"agent_name": "a", "role": "user", "content": "x", "metadata": {"k": "\\udfff"}}',
+        content_type="application/json",
+    )
+    assert assert_local_422(response)[0]["loc"] == ["body", "metadata", "k"]
+
+
+@pytest.mark.parametrize("depth", [MAX_JSON_DEPTH + 5, 950, 5000])
+def test_json_nested_too_deep_is_a_400(client, alice, depth):
+    response = client.post(
+        "/v1/user/conversations",
+        data='{"title": "t", "metadata": {"a": ' + "[" * depth + "]" * depth + "}}",
+        content_type="application/json",
+        **alice.auth_headers(),
+    )
+    assert "nested more than" in assert_v1_error(response, 400)["error"]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM conversation")
+        assert cursor.fetchone() == (0,)
+
+
+def test_json_nested_too_deep_is_a_local_422(client):
+    depth = 950
+    response = client.post(
+        "/messages",
+        data='{"agent_name": "a", "role": "user", "content": "x", "metadata": {"a": '
+        + "[" * depth
+        + "]" * depth
+        + "}}",
+        content_type="application/json",
+    )
+    assert "nested more than" in assert_local_422(response)[0]["msg"]
+
+
+def test_json_as_deep_as_allowed_is_stored(client, alice):
+    value = {"a": deep(MAX_JSON_DEPTH - 2)}
+    response = client.post(
+        "/v1/user/conversations",
+        data=json.dumps({"title": "t", "metadata": value}),
+        content_type="application/json",
+        **alice.auth_headers(),
+    )
+    assert response.status_code == 201, response.content
+    assert Conversation.objects.get(pk=response.json()["id"]).metadata == value

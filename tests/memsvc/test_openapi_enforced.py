@@ -1,0 +1,52 @@
+"""The schema states what the server refuses on its own rules, and the server refuses it:
+a client (or a schema-driven test) that follows the schema meets no surprise 400."""
+
+import pytest
+
+from tests.agents_api.conftest import make_agent
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def served_schema(client):
+    response = client.get("/v1/schema", HTTP_ACCEPT="application/json")
+    assert response.status_code == 200
+    return response.json()
+
+
+def component(schema, name):
+    return schema["components"]["schemas"][name]
+
+
+def test_the_schema_states_what_the_server_refuses(served_schema, api, alice):
+    """Each refusal the server makes on its own rules is in the schema, so a client (or a
+    schema-driven test) that follows the schema is never surprised by a 400."""
+    # An empty membership PATCH: accessLevel is required.
+    assert component(served_schema, "UpdateMembershipRequest")["required"] == ["accessLevel"]
+    conversation = api.post("/v1/user/conversations", {"title": "t"}, as_=alice).json()
+    api.post(
+        f"/v1/user/conversations/{conversation['id']}/memberships",
+        {"userId": "bob", "accessLevel": "reader"},
+        as_=alice,
+    )
+    empty = api.patch(f"/v1/user/conversations/{conversation['id']}/memberships/bob", {}, as_=alice)
+    assert empty.status_code == 400
+
+    # A block PATCH takes at most one of value, append, replace.
+    rules = component(served_schema, "UpdateMemoryBlockRequest")["not"]["anyOf"]
+    assert {"required": ["value", "append"]} in rules
+    helper = make_agent("schema-helper")
+    api.post("/v1/agent/memory-blocks", {"label": "notes"}, as_=helper)
+    both = api.patch("/v1/agent/memory-blocks/notes", {"value": "a", "append": "b"}, as_=helper)
+    assert both.status_code == 400
+
+    # A bulk append holds 1..100 messages.
+    messages = component(served_schema, "AppendAgentMessagesRequest")["properties"]["messages"]
+    assert (messages["minItems"], messages["maxItems"]) == (1, 100)
+
+    # An enum query value that is present but empty is not in the enum, and is refused.
+    assert api.get("/v1/agent/memories", as_=helper, order="").status_code == 400
+    assert api.get("/v1/agent/memories", as_=helper).status_code == 200
+    assert api.get("/v1/user/ownership-transfers", as_=alice, status="").status_code == 400
+    assert api.get("/v1/user/ownership-transfers", as_=alice).status_code == 200

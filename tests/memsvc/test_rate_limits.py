@@ -1,0 +1,168 @@
+"""Rate limits (memsvc/api/ratelimit.py): requests per principal, failed authentications
+per address, 429 ``rate_limited`` with ``Retry-After`` in each API's shape, counted where
+every process sees the same count."""
+
+import json
+import uuid
+
+import httpx
+import pytest
+import redis
+from django.http import JsonResponse
+from django.test import RequestFactory
+
+from memsvc.api.ratelimit import rate_limited
+from tests.agents_api.conftest import make_agent
+from tests.conftest import Persona
+from tests.web_server import WebServer, shared_database_env
+
+pytestmark = pytest.mark.django_db
+
+REDIS_URL = "redis://127.0.0.1:6379/15"
+
+
+@pytest.fixture(params=["database", "redis"])
+def backend(request, settings):
+    """Each test runs with the counts in the database (local mode) and in Redis."""
+    settings.MEMSVC_REDIS_URL = REDIS_URL if request.param == "redis" else None
+    return request.param
+
+
+def someone() -> Persona:
+    # Redis keeps its counts between runs: a fresh principal each time.
+    return Persona(f"user-{uuid.uuid4()}")
+
+
+def assert_rate_limited(response):
+    assert response.status_code == 429, response.content
+    assert 1 <= int(response["Retry-After"]) <= 60
+
+
+def test_requests_per_user_past_the_limit_are_429(client, settings, backend):
+    settings.MEMSVC_RATE_LIMIT = 5
+    user, other = someone(), someone()
+    for _ in range(5):
+        assert client.get("/v1/user/conversations", **user.auth_headers()).status_code == 200
+    refused = client.get("/v1/user/conversations", **user.auth_headers())
+    assert_rate_limited(refused)
+    assert refused.json() == {
+        "error": "rate limit of 5 requests a minute exceeded",
+        "code": "rate_limited",
+        "details": {},
+    }
+    # Another principal has its own count; health checks are never limited.
+    assert client.get("/v1/user/conversations", **other.auth_headers()).status_code == 200
+    assert client.get("/v1/health").status_code == 200
+    assert client.get("/health").status_code == 200
+
+
+def test_requests_per_api_key_are_limited_on_both_apis(client, settings, backend):
+    settings.MEMSVC_RATE_LIMIT = 3
+    agent = make_agent(f"agent-{uuid.uuid4()}")
+    key = {"HTTP_X_API_KEY": agent.key}
+    assert client.get("/v1/agent/me", **key).status_code == 200
+    assert client.get(f"/agents/{agent.agent.name}", **key).status_code == 200
+    assert client.get("/v1/agent/me", **key).status_code == 200
+    assert_rate_limited(client.get("/v1/agent/me", **key))
+    local = client.get(f"/agents/{agent.agent.name}", **key)
+    assert_rate_limited(local)
+    assert local.json() == {"detail": "rate limit of 3 requests a minute exceeded"}
+
+
+def test_keyless_loopback_callers_are_limited_by_address(client, settings, backend):
+    settings.MEMSVC_RATE_LIMIT = 2
+    address = {"REMOTE_ADDR": "127.0.0.1" if backend == "database" else "::1"}
+    if backend == "redis":
+        redis.Redis.from_url(REDIS_URL).delete(
+            *redis.Redis.from_url(REDIS_URL).keys("*::1*") or ["-"]
+        )
+    assert client.post("/agents", {"name": "a"}, "application/json", **address).status_code == 200
+    assert client.get("/agents/a", **address).status_code == 200
+    assert_rate_limited(client.get("/agents/a", **address))
+
+
+@pytest.mark.parametrize("bad", ["key", "jwt"])
+def test_failed_authentications_lock_the_address_out(client, settings, backend, bad):
+    """Past the limit of 401s, every request with credentials from that address is refused,
+    the right ones too (a guessed secret gets no 200); other addresses are not affected."""
+    settings.MEMSVC_AUTH_FAILURE_LIMIT = 4
+    address = f"192.0.2.{uuid.uuid4().int % 250 + 1}"
+    if backend == "redis":
+        redis.Redis.from_url(REDIS_URL).delete(
+            *redis.Redis.from_url(REDIS_URL).keys(f"*{address}:*") or ["-"]
+        )
+    agent, user = make_agent(f"agent-{uuid.uuid4()}"), someone()
+    wrong = (
+        {"HTTP_X_API_KEY": agent.key[:-4] + "AAAA"}
+        if bad == "key"
+        else {"HTTP_AUTHORIZATION": "Bearer eyJhbGciOiJIUzI1NiJ9.e30.bad"}
+    )
+    path = "/v1/agent/me" if bad == "key" else "/v1/user/conversations"
+    for _ in range(4):
+        assert client.get(path, REMOTE_ADDR=address, **wrong).status_code == 401
+    locked = client.get(path, REMOTE_ADDR=address, **wrong)
+    assert_rate_limited(locked)
+    assert locked.json()["code"] == "rate_limited"
+    assert_rate_limited(client.get("/v1/agent/me", REMOTE_ADDR=address, **agent.auth_headers()))
+    assert_rate_limited(
+        client.get("/v1/user/conversations", REMOTE_ADDR=address, **user.auth_headers())
+    )
+    assert (
+        client.get("/v1/agent/me", REMOTE_ADDR="192.0.2.251", **agent.auth_headers()).status_code
+        == 200
+    )
+
+
+def test_a_zero_limit_is_no_limit(client, settings):
+    settings.MEMSVC_RATE_LIMIT = 0
+    settings.MEMSVC_AUTH_FAILURE_LIMIT = 0
+    user = someone()
+    for _ in range(3):
+        assert client.get("/v1/user/conversations", **user.auth_headers()).status_code == 200
+        assert client.get("/v1/agent/me", HTTP_X_API_KEY="msk_x_y").status_code == 401
+
+
+def test_redis_unreachable_lets_requests_through(client, settings):
+    settings.MEMSVC_REDIS_URL = "redis://127.0.0.1:1/0"
+    settings.MEMSVC_RATE_LIMIT = 1
+    user = someone()
+    for _ in range(2):
+        assert client.get("/v1/user/conversations", **user.auth_headers()).status_code == 200
+
+
+def test_the_decorator_limits_a_plain_django_view(settings, backend):
+    settings.MEMSVC_RATE_LIMIT = 1
+    identity = f"mcp:{uuid.uuid4()}"
+
+    @rate_limited(lambda request: identity)
+    def view(request):
+        return JsonResponse({"ok": True})
+
+    assert view(RequestFactory().get("/v1/anything")).status_code == 200
+    refused = view(RequestFactory().get("/v1/anything"))
+    assert_rate_limited(refused)
+    assert json.loads(refused.content)["code"] == "rate_limited"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_count_is_shared_by_separate_server_processes(tmp_path, settings):
+    """Two web servers on one database (local mode: the counts are in the database): the
+    limit holds for their requests together."""
+    env = {
+        **shared_database_env(),
+        "MEMSVC_RATE_LIMIT": "6",
+        "MEMSVC_JWT_SECRET": str(settings.MEMSVC_JWT_SECRET),
+    }
+    servers = [WebServer(tmp_path / name, env) for name in ("a", "b")]
+    try:
+        headers = {"Authorization": someone().auth_headers()["HTTP_AUTHORIZATION"]}
+        statuses = [
+            httpx.get(
+                f"{servers[i % 2].url}/v1/user/conversations", headers=headers, timeout=30
+            ).status_code
+            for i in range(9)
+        ]
+        assert statuses == [200] * 6 + [429] * 3
+    finally:
+        for server in servers:
+            server.stop()

@@ -1,0 +1,90 @@
+"""What only a real server shows (gunicorn, as `memsvc serve` runs it): a body over the cap
+is a 413 in the error shape on a connection that stays usable; a database that is down is a
+503 ``unavailable`` everywhere but the health checks, which say so without internals."""
+
+import socket
+
+import httpx
+import pytest
+
+from memsvc.tokens import mint_user_token
+from tests.web_server import WebServer, raw_exchange
+
+BODY_CAP = 100_000
+
+
+@pytest.fixture
+def no_database(tmp_path):
+    server = WebServer(
+        tmp_path,
+        {
+            "DATABASE_URL": "postgres://memsvc@127.0.0.1:1/memsvc",  # nobody listens there
+            "MEMSVC_LOCAL_MODE": "1",
+            "DJANGO_SECRET_KEY": "k" * 50,
+            "MEMSVC_JWT_SECRET": "jwt-secret-for-this-test-of-32-bytes-or-more",
+            "MEMSVC_MAX_BODY_BYTES": str(BODY_CAP),
+        },
+    )
+    yield server
+    server.stop()
+
+
+def test_database_down_is_503_unavailable_but_for_health(no_database, settings):
+    settings.MEMSVC_JWT_SECRET = "jwt-secret-for-this-test-of-32-bytes-or-more"
+    user = {"Authorization": f"Bearer {mint_user_token('alice', ttl_seconds=600)}"}
+    key = {"X-API-Key": "msk_abcdefabcdef_secretsecretsecret"}
+    with httpx.Client(base_url=no_database.url, timeout=30) as client:
+        for method, path, headers, body in [
+            ("GET", "/v1/user/conversations", user, None),
+            ("POST", "/v1/user/conversations", user, {"title": "t"}),
+            ("POST", "/v1/user/search/messages", user, {"query": "x"}),
+            ("GET", "/v1/agent/me", key, None),
+            ("POST", "/v1/agent/conversations", key, {}),
+        ]:
+            response = client.request(method, path, headers=headers, json=body)
+            assert response.status_code == 503, (path, response.text)
+            assert response.headers["content-type"] == "application/json"
+            assert response.json()["code"] == "unavailable"
+
+        for method, path, body in [
+            ("GET", "/agents/a", None),
+            ("POST", "/agents", {"name": "a"}),
+            ("POST", "/messages", {"agent_name": "a", "role": "user", "content": "x"}),
+            ("POST", "/context/a", {"query": "x"}),
+        ]:
+            response = client.request(method, path, json=body)
+            assert response.status_code == 503, (path, response.text)
+            assert set(response.json()) == {"detail"}
+
+        health = client.get("/v1/health")
+        assert health.status_code == 503
+        assert health.json()["status"] == "unavailable"
+        assert health.json()["reason"] == "database unreachable"
+        local_health = client.get("/health")
+        assert local_health.status_code == 503
+        assert local_health.json() == {"status": "unavailable", "detail": "database unreachable"}
+        for text in (health.text, local_health.text):
+            assert "127.0.0.1" not in text and "/" not in text.replace("\\/", "")
+
+
+def test_a_body_over_the_cap_is_413_and_the_connection_stays_open(no_database):
+    """Refused before any view (or the database) is reached; the unread body is discarded
+    and the next request on the same connection is answered."""
+    body = b'{"title": "' + b"x" * BODY_CAP + b'"}'
+    with socket.create_connection(("127.0.0.1", no_database.port), timeout=30) as sock:
+        for path in ("/v1/user/conversations", "/messages"):
+            response = raw_exchange(
+                sock,
+                f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                + body,
+            )
+            head, _, payload = response.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 413"), response[:300]
+            assert b"connection: close" not in head.lower()
+            if path.startswith("/v1"):
+                assert b'"code": "payload_too_large"' in payload
+            else:
+                assert payload.startswith(b'{"detail": "the body must be at most')
+        again = raw_exchange(sock, b"GET /v1/nope HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert again.startswith(b"HTTP/1.1 404")
