@@ -180,6 +180,7 @@ def service_env(root: Path, database_url: str, broker_url: str) -> dict[str, str
         MEMSVC_DATA_DIR=str(root / "data"),
         PYTHONPATH=os.pathsep.join(filter(None, [str(CHECKOUT), env.get("PYTHONPATH")])),
     )
+    env.setdefault("MEMSVC_RATE_LIMIT", "0")  # one key for every client: as bench.common
     return env
 
 
