@@ -109,18 +109,20 @@ def test_a_question_in_two_parts_finds_the_evidence_of_both(api, alice, settings
 @pytestmark_db
 def test_a_relative_date_favours_the_messages_written_then(api, alice, settings):
     conversation = ConversationFactory(group__owner=alice.id)
+    for text in ["I bought new running shoes", "The cat slept all afternoon"]:
+        MessageFactory(conversation=conversation, author_name="alice", content=text)
     now = timezone.now()
     monday = now - timedelta(days=now.weekday())
     older = MessageFactory(
         conversation=conversation,
         author_name="alice",
-        content="We went swimming in the lake",
+        content="We went swimming in the lake again",
         created_at=monday - timedelta(days=40),
     )
     last_week = MessageFactory(
         conversation=conversation,
         author_name="alice",
-        content="We went swimming in the lake near the old mill",
+        content="We went swimming in the lake",
         created_at=monday - timedelta(days=4),
     )
     embed_pending()
@@ -135,9 +137,7 @@ def test_a_relative_date_favours_the_messages_written_then(api, alice, settings)
 def test_context_expansion_never_shows_a_turn_outside_the_scope(api, alice, settings):
     conversation = ConversationFactory(group__owner=alice.id)
     MessageFactory(conversation=conversation, content="Did you see the zebra?")
-    MessageFactory(
-        conversation=conversation, content="agent note", visibility=Visibility.AGENT
-    )
+    MessageFactory(conversation=conversation, content="agent note", visibility=Visibility.AGENT)
     MessageFactory(conversation=conversation, content="yes, a big one")
     embed_pending()
     tuned(settings, expansion_weight=0.9)
