@@ -83,6 +83,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --loo: compare only these settings (repeat; default: all)",
     )
     parser.add_argument(
+        "--loo-only",
+        action="store_true",
+        help="with --loo: skip the searches over HTTP (only the in-process comparison)",
+    )
+    parser.add_argument(
         "--data-dir",
         type=Path,
         help="with --url and --loo: the data directory of that (kept private) server",
@@ -127,7 +132,9 @@ def run(args: argparse.Namespace) -> dict:
         findable = {sample_id: conv.message_ids for sample_id, conv in loaded.items()}
         plan = plan_questions(samples, findable, args.limit_questions)
         log(f"searching {len(plan.questions)} questions in {', '.join(modes)}")
-        if plan.questions:
+        if args.loo_only:
+            modes = []
+        if plan.questions and modes:
             warm_up(client, url, loaded[plan.questions[0].sample_id].conversation_id, modes)
         started = time.monotonic()
         records = evaluate(client, url, plan, loaded, modes)

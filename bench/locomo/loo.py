@@ -15,8 +15,11 @@ rule is worth on conversations it was not chosen on; each setting's plain figure
 conversations) is reported beside it.
 """
 
+import json
+import sys
 from collections.abc import Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from bench.common import log, mean
 from bench.locomo.evaluate import TOP_K, Plan
@@ -42,12 +45,20 @@ def settings() -> dict[str, object]:
         "expansion 0.8": replace(d, expansion_weight=0.8),
         "parts 3 x 1.0": replace(d, query_parts=3, part_weight=1.0),
         "parts 3 x 0.8": replace(d, query_parts=3, part_weight=0.8),
+        "dates 0.05": replace(d, date_weight=0.05),
         "dates 0.1": replace(d, date_weight=0.1),
+        "dates 0.15": replace(d, date_weight=0.15),
         "dates 0.1 +7 days": replace(d, date_weight=0.1, date_slack_days=7),
         "dates 0.2 +7 days": replace(d, date_weight=0.2, date_slack_days=7),
         "dates 0.2 +31 days": replace(d, date_weight=0.2, date_slack_days=31),
         "keywords cap 2000": replace(d, keyword_match_cap=2000),
         "candidates 10 per result": replace(d, candidates_per_result=10),
+        # The directions that helped on their own, together.
+        "combined dates 0.1 + expansion 0.5": replace(d, date_weight=0.1, expansion_weight=0.5),
+        "combined dates 0.1 + neighbours 0.3": replace(d, date_weight=0.1, neighbour_weight=0.3),
+        "combined dates 0.1 + expansion 0.5 + parts 3": replace(
+            d, date_weight=0.1, expansion_weight=0.5, query_parts=3
+        ),
     }
 
 
@@ -138,6 +149,25 @@ def compare(agent_name: str, plan: Plan, loaded: Mapping, chosen: list[str] | No
             )
             reached = [{(hit.message.metadata or {}).get("dia_id")} - {None} for hit in hits]
             scores[label][key] = ranking_metrics(reached, set(plan.evidence[key]))
+    tunings = {label: vars_of(every[label]) for label in labels}
+    return conclude(plan.questions, scores, tunings)
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What the choice needs of a question."""
+
+    sample_id: str
+    index: int
+    category: int
+
+
+def conclude(questions: list, scores: dict[str, dict], tunings: dict[str, dict]) -> dict:
+    """The summaries of the settings in ``scores`` (label -> question key -> metrics, in
+    order of preference), each direction's choice against the first (the default) and the
+    choice among all, leaving one conversation out."""
+    plan = Plan(questions=list(questions), evidence={})
+    labels = list(scores)
     order = {label: position for position, label in enumerate(labels)}
 
     def preference(label):
@@ -148,7 +178,7 @@ def compare(agent_name: str, plan: Plan, loaded: Mapping, chosen: list[str] | No
         directions.setdefault(direction(label), [labels[0]]).append(label)
     return {
         "settings": {
-            label: {"tuning": vars_of(every[label]), **summary(plan, per_question)}
+            label: {"tuning": tunings[label], **summary(plan, per_question)}
             for label, per_question in scores.items()
         },
         "byDirection": {
@@ -156,7 +186,34 @@ def compare(agent_name: str, plan: Plan, loaded: Mapping, chosen: list[str] | No
             for name, group in directions.items()
         },
         "leaveOneOut": leave_one_out(plan, scores, preference),
+        # Per setting, per question: runs of some settings each can be put together
+        # (``merge``).
+        "tunings": tunings,
+        "questionList": [[q.sample_id, q.index, q.category] for q in plan.questions],
+        "perQuestion": {
+            label: {f"{s}/{i}": metrics for (s, i), metrics in per_question.items()}
+            for label, per_question in scores.items()
+        },
     }
+
+
+def merge(paths: list[Path]) -> dict:
+    """``conclude`` over the settings of several ``--loo`` runs on the same questions (the
+    first run's default first, then each label once, in the order of ``settings``)."""
+    runs = [json.loads(path.read_text())["loo"] for path in paths]
+    questions = [Asked(*q) for q in runs[0]["questionList"]]
+    scores, tunings = {}, {}
+    for run in runs:
+        for label, per_question in run["perQuestion"].items():
+            if label not in scores:
+                scores[label] = {
+                    (key.rsplit("/", 1)[0], int(key.rsplit("/", 1)[1])): metrics
+                    for key, metrics in per_question.items()
+                }
+                tunings[label] = run["tunings"][label]
+    known = list(settings())
+    ordered = sorted(scores, key=lambda label: known.index(label) if label in known else len(known))
+    return conclude(questions, {label: scores[label] for label in ordered}, tunings)
 
 
 def vars_of(tuning) -> dict:
@@ -168,3 +225,9 @@ def vars_of(tuning) -> dict:
         for name, value in vars(tuning).items()
         if getattr(DEFAULT_TUNING, name) != value
     }
+
+
+if __name__ == "__main__":  # python -m bench.locomo.loo RUN.json RUN.json ...: put runs together
+    from bench.locomo.report import format_loo
+
+    print(format_loo(merge([Path(p) for p in sys.argv[1:]])))

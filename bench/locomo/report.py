@@ -63,14 +63,13 @@ def format_loo(compared: dict) -> str:
             for c in categories
         ]
         lines.append(
-            f"{label:<{width}} {_number(row['hit@5'])}/{_number(row['recall@10']):>6} "
+            f"{label:<{width}} {_number(row['hit@5']):>6}/{_number(row['recall@10'])} "
             f"{_number(row['mrr']):>6} " + " ".join(f"{cell:>13}" for cell in cells)
         )
-    if compared["leaveOneOut"]:
-        lines.append(
-            "chosen: "
-            + ", ".join(f"{s}: {label}" for s, label in compared["leaveOneOut"]["chosen"].items())
-        )
+    for label, row in rows.items():
+        if "chosen" in row:
+            picks = ", ".join(f"{s}: {choice}" for s, choice in row["chosen"].items())
+            lines.append(f"{label} chose {picks}")
     return "\n".join(lines)
 
 
