@@ -9,8 +9,8 @@ this process by the same local model, with one thread as the server's web proces
 
 A setting is chosen leaving one conversation out: for each conversation, the setting with
 the best mean hit@5 on the other conversations' questions (then recall@10, then the earlier
-in ``SETTINGS``: the default first, simpler before more), scored on that conversation's
-questions. The mean over all questions of those held-out scores is what choosing by this
+in ``settings()``: the search before issue 21 first, simpler before more), scored on that
+conversation's questions. The mean over all questions of those held-out scores is what choosing by this
 rule is worth on conversations it was not chosen on; each setting's plain figure (all four
 conversations) is reported beside it.
 """
@@ -29,13 +29,15 @@ Key = tuple[str, int]  # (sample id, question index)
 
 
 def settings() -> dict[str, object]:
-    """The settings compared, label -> ``SearchTuning``: the default first. A label's first
-    word names its direction; each direction is also chosen on its own (against the
-    default), leaving one conversation out."""
-    from search.tuning import DEFAULT_TUNING as d
+    """The settings compared, label -> ``SearchTuning``, in order of preference: the search
+    before issue 21 first (no dates, no expansion), the current default last. A label's
+    first word names its direction; each direction is also chosen on its own (against the
+    first), leaving one conversation out."""
+    from search.tuning import DEFAULT_TUNING
 
+    d = replace(DEFAULT_TUNING, expansion_weight=0.0, date_weight=0.0, query_parts=0)
     return {
-        "default": d,
+        "before": d,
         "neighbours 0.1": replace(d, neighbour_weight=0.1),
         "neighbours 0.3": replace(d, neighbour_weight=0.3),
         "weights semantic 0.4": replace(d, semantic_weight=0.4, keyword_weight=0.6),
@@ -59,6 +61,7 @@ def settings() -> dict[str, object]:
         "combined dates 0.1 + expansion 0.5 + parts 3": replace(
             d, date_weight=0.1, expansion_weight=0.5, query_parts=3
         ),
+        "default": DEFAULT_TUNING,
     }
 
 
@@ -164,8 +167,8 @@ class Asked:
 
 def conclude(questions: list, scores: dict[str, dict], tunings: dict[str, dict]) -> dict:
     """The summaries of the settings in ``scores`` (label -> question key -> metrics, in
-    order of preference), each direction's choice against the first (the default) and the
-    choice among all, leaving one conversation out."""
+    order of preference), each direction's choice against the first (the search before)
+    and the choice among all, leaving one conversation out."""
     plan = Plan(questions=list(questions), evidence={})
     labels = list(scores)
     order = {label: position for position, label in enumerate(labels)}
@@ -199,7 +202,7 @@ def conclude(questions: list, scores: dict[str, dict], tunings: dict[str, dict])
 
 def merge(paths: list[Path]) -> dict:
     """``conclude`` over the settings of several ``--loo`` runs on the same questions (the
-    first run's default first, then each label once, in the order of ``settings``)."""
+    first run's first setting first, then each label once, in the order of ``settings``)."""
     runs = [json.loads(path.read_text())["loo"] for path in paths]
     questions = [Asked(*q) for q in runs[0]["questionList"]]
     scores, tunings = {}, {}
