@@ -101,15 +101,16 @@ def ranked(
         found_ids |= found.semantic.keys() | found.keyword.keys()
     weights = [1.0] + [tuning.part_weight] * (len(texts) - 1)
     scores = ranking.best_of(rankings, weights) if len(texts) > 1 else rankings[0]
-    best = ranking.top(scores, top_k)
-    reached = [i for i, _ in best if i not in found_ids]
-    if reached:
+    checked = set(found_ids)
+    while True:
+        best = ranking.top(scores, top_k)
+        reached = [i for i, _ in best if i not in checked]
+        if not reached:
+            return best
         with connection.cursor() as cursor:
             kept = statements.in_scope(cursor, corpus, scope, reached)
-        outside = set(reached) - kept
-        if outside:
-            best = ranking.top({i: s for i, s in scores.items() if i not in outside}, top_k)
-    return best
+        checked |= kept
+        scores = {i: s for i, s in scores.items() if i in kept or i not in reached}
 
 
 def find_candidates(
