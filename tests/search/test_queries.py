@@ -11,6 +11,7 @@ from conversations.models import Visibility
 from search import ranking
 from search.queries import parts, periods, within
 from search.services import embed_pending
+from search.tuning import DEFAULT_TUNING
 from tests.factories import ConversationFactory, MessageFactory
 from tests.search.test_search import contents, search, tuned
 
@@ -81,8 +82,6 @@ def test_the_best_of_several_rankings_weighted():
     }
 
 
-pytestmark_db = pytest.mark.django_db
-
 HOLIDAY = [
     "Anna spent her summer holiday in Lisbon, walking the old town every day",
     "Anna said the holiday in Lisbon was the best holiday she ever had",
@@ -92,7 +91,7 @@ HOLIDAY = [
 DINNER = "Ben made a mushroom risotto"
 
 
-@pytestmark_db
+@pytest.mark.django_db
 def test_a_question_in_two_parts_finds_the_evidence_of_both(api, alice, settings):
     conversation = ConversationFactory(group__owner=alice.id)
     for text in [*HOLIDAY, "The weather was grey all week", DINNER, "Nothing else happened"]:
@@ -106,7 +105,7 @@ def test_a_question_in_two_parts_finds_the_evidence_of_both(api, alice, settings
     assert HOLIDAY[0] in found and DINNER in found
 
 
-@pytestmark_db
+@pytest.mark.django_db
 def test_a_relative_date_favours_the_messages_written_then(api, alice, settings):
     conversation = ConversationFactory(group__owner=alice.id)
     for text in ["I bought new running shoes", "The cat slept all afternoon"]:
@@ -129,11 +128,11 @@ def test_a_relative_date_favours_the_messages_written_then(api, alice, settings)
     question = "Where did we go swimming last week?"
     tuned(settings, date_weight=0.0)
     assert contents(search(api, alice, question, topK=1)) == [older.content]
-    tuned(settings, date_weight=0.2)
+    settings.SEARCH_TUNING = DEFAULT_TUNING  # dates count by default
     assert contents(search(api, alice, question, topK=1)) == [last_week.content]
 
 
-@pytestmark_db
+@pytest.mark.django_db
 def test_context_expansion_never_shows_a_turn_outside_the_scope(api, alice, settings):
     conversation = ConversationFactory(group__owner=alice.id)
     MessageFactory(conversation=conversation, content="Did you see the zebra?")
