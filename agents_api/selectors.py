@@ -1,7 +1,6 @@
 """Reads of agents: their memory blocks and long-term memories, and whose memory a request
 reaches."""
 
-import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,7 +22,7 @@ from conversations.selectors import conversation_owner_id, conversations_visible
 from memsvc.api.errors import Forbidden, InvalidInput, NotFound
 from memsvc.api.pagination import Page, keyset_page
 from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, Principal, user_id_problem
-from search import ranking
+from search import queries, ranking
 from search.engine import find_candidates
 from search.statements import Corpus, Scope
 from search.tuning import MemoryRanking, configured_memory_ranking, configured_tuning
@@ -245,14 +244,10 @@ def _memory_scope(agent: Agent | None, user_id: str | None, tags: Sequence[str])
     return Scope(" AND ".join(clauses), params)
 
 
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
-
-
 def prefetch_queries(query: str) -> list[str]:
     """kagent's prefetch: each sentence of a message is a query of its own (a long first
     message asks several things)."""
-    sentences = [part.strip() for part in _SENTENCE_END.split(query)]
-    return list(dict.fromkeys(s for s in sentences if s)) or [query]
+    return queries.sentences(query)
 
 
 def memory_search(

@@ -1,5 +1,7 @@
 """Hybrid search over one corpus and one scope: the candidates of both retrievers, each
-scored by both measures (``search.statements``), fused (``search.ranking``).
+scored by both measures (``search.statements``), fused (``search.ranking``); optionally
+with what the query says besides its words (``search.queries``: its parts, the time it
+names) and the turns around the candidates (``SearchTuning``).
 
 The query is embedded on a thread while the keyword search runs (the model releases the
 GIL): the two slowest steps of a hybrid search overlap.
@@ -8,10 +10,12 @@ GIL): the two slowest steps of a hybrid search overlap.
 import functools
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 from django.db import connection, transaction
+from django.utils import timezone
 
-from search import ranking, statements
+from search import queries, ranking, statements
 from search.embeddings import configured_backend, vector_literal
 from search.statements import EXACT_ORDER, INDEX_ORDER, NO_TERMS, Corpus, Scope
 from search.tuning import SearchTuning
@@ -40,10 +44,19 @@ class Candidates:
     keyword: dict = field(default_factory=dict)
     neighbours: dict = field(default_factory=dict)
     idf: dict = field(default_factory=dict)
+    created: dict = field(default_factory=dict)  # when each candidate was written
 
-    def scores(self, mode: str, tuning: SearchTuning, *, neighbours: bool = False) -> dict:
+    def scores(
+        self,
+        mode: str,
+        tuning: SearchTuning,
+        *,
+        neighbours: bool = False,
+        periods: list[queries.Period] = (),
+    ) -> dict:
         """One score per candidate for ``mode``: a measure alone, or both fused (plus a
-        share of the best neighbour's, for conversation turns)."""
+        share of the best neighbour's, for conversation turns, and ``date_weight`` for
+        those written in one of ``periods``)."""
         if mode == "semantic":
             return dict(self.semantic)
         if mode == "keyword":
@@ -54,9 +67,59 @@ class Candidates:
             semantic_weight=tuning.semantic_weight,
             keyword_weight=tuning.keyword_weight,
         )
+        if periods and tuning.date_weight:
+            slack = timedelta(days=tuning.date_slack_days)
+            dated = {i for i in fused if queries.within(self.created.get(i), periods, slack=slack)}
+            fused = ranking.with_dates(fused, dated, weight=tuning.date_weight)
         if neighbours:
-            fused = ranking.with_neighbours(fused, self.neighbours, weight=tuning.neighbour_weight)
+            fused = ranking.with_neighbours(
+                fused,
+                self.neighbours,
+                weight=tuning.neighbour_weight,
+                expansion=tuning.expansion_weight,
+            )
         return fused
+
+
+def ranked(
+    corpus: Corpus,
+    scope: Scope,
+    query: str,
+    *,
+    mode: str,
+    top_k: int,
+    tuning: SearchTuning,
+    now: datetime | None = None,
+) -> list[tuple]:
+    """The ``top_k`` best (id, score) of ``query`` in ``scope``: ``find_candidates`` scored
+    for ``mode``; with ``SearchTuning.query_parts``, each part of a query that asks several
+    things searched too (a row keeps its best score); rows reached only as a candidate's
+    neighbour kept if the scope holds them."""
+    texts = [query]
+    if tuning.query_parts:
+        split = queries.parts(query)
+        if len(split) > 1:
+            texts += split[: tuning.query_parts]
+    periods = []
+    if tuning.date_weight and mode == "hybrid":
+        periods = queries.periods(query, now or timezone.now())
+    rankings, found_ids = [], set()
+    for text in texts:
+        found = find_candidates(corpus, scope, text, mode=mode, top_k=top_k, tuning=tuning)
+        rankings.append(found.scores(mode, tuning, neighbours=corpus.neighbours, periods=periods))
+        found_ids |= found.semantic.keys() | found.keyword.keys()
+    weights = [1.0] + [tuning.part_weight] * (len(texts) - 1)
+    scores = ranking.best_of(rankings, weights) if len(texts) > 1 else rankings[0]
+    checked = set(found_ids)
+    while True:
+        best = ranking.top(scores, top_k)
+        reached = [i for i, _ in best if i not in checked]
+        if not reached:
+            return best
+        with connection.cursor() as cursor:
+            kept = statements.in_scope(cursor, corpus, scope, reached)
+        checked |= kept
+        scores = {i: s for i, s in scores.items() if i in kept or i not in reached}
 
 
 def find_candidates(
@@ -92,15 +155,16 @@ def find_candidates(
             list(keyword),
         )
         rows = statement(order)
-        if order == INDEX_ORDER and sum(nearest for *_, nearest in rows) < limit:
+        if order == INDEX_ORDER and sum(row[5] for row in rows) < limit:
             # The graph walk gave up (hnsw_max_scan_tuples) before it found enough rows in
             # scope, or the scope holds fewer: exact distances find all there are.
             rows = statement(EXACT_ORDER)
     found = Candidates(keyword=dict(keyword), idf=terms.idf)
-    for row_id, similarity, keyword_score, before, after, _nearest in rows:
+    for row_id, similarity, keyword_score, before, after, _nearest, created in rows:
         if similarity is not None:
             found.semantic[row_id] = similarity
         if keyword_score is not None:
             found.keyword.setdefault(row_id, float(keyword_score))
         found.neighbours[row_id] = (before, after)
+        found.created[row_id] = created
     return found

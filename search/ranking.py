@@ -53,13 +53,37 @@ def fuse(semantic: Mapping, keyword: Mapping, *, semantic_weight: float, keyword
     return {i: semantic_weight * s[i] + keyword_weight * k[i] for i in ids}
 
 
-def with_neighbours(scores: Mapping, neighbours: Mapping, *, weight: float) -> dict:
+def with_neighbours(
+    scores: Mapping, neighbours: Mapping, *, weight: float, expansion: float = 0.0
+) -> dict:
     """Each candidate plus ``weight`` x its best neighbour's score (a neighbour that is no
-    candidate adds 0)."""
-    return {
+    candidate adds 0). With ``expansion``, a neighbour that is no candidate joins them with
+    ``expansion`` x its best candidate neighbour's score (the turn next to a match)."""
+    result = {
         i: score + weight * max(scores.get(n, 0.0) for n in neighbours.get(i, (None,)))
         for i, score in scores.items()
     }
+    if expansion:
+        for i, around in neighbours.items():
+            for n in around:
+                if n is not None and n not in scores and i in scores:
+                    result[n] = max(result.get(n, 0.0), expansion * scores[i])
+    return result
+
+
+def with_dates(scores: Mapping, dated: Mapping, *, weight: float) -> dict:
+    """Each score plus ``weight`` for the ids in ``dated`` (those written in a span of
+    time the query names)."""
+    return {i: score + (weight if i in dated else 0.0) for i, score in scores.items()}
+
+
+def best_of(rankings: list[Mapping], weights: list[float]) -> dict:
+    """One score per id from several rankings: its best weighted score among them."""
+    best: dict = {}
+    for scores, weight in zip(rankings, weights, strict=True):
+        for i, score in scores.items():
+            best[i] = max(best.get(i, float("-inf")), weight * score)
+    return best
 
 
 def top(scores: Mapping, k: int) -> list[tuple]:

@@ -17,8 +17,7 @@ from conversations.selectors import (
 )
 from memsvc.api.errors import InvalidInput
 from memsvc.api.principals import Principal
-from search import ranking
-from search.engine import MODES, find_candidates
+from search.engine import MODES, ranked
 from search.statements import Corpus, Scope
 from search.tuning import SearchTuning, configured_tuning
 
@@ -133,9 +132,7 @@ def search_messages(
         conversation_ids=conversation_ids,
         before_message_id=before_message_id,
     )
-    found = find_candidates(MESSAGES, scope, query, mode=mode, top_k=top_k, tuning=tuning)
-    scores = found.scores(mode, tuning, neighbours=True)
-    return _hits(ranking.top(scores, top_k), query)
+    return _hits(ranked(MESSAGES, scope, query, mode=mode, top_k=top_k, tuning=tuning), query)
 
 
 def _hits(ranked: list[tuple], query: str) -> list[SearchHit]:

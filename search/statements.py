@@ -302,9 +302,9 @@ def nearest_with_fills(
 ) -> list[tuple]:
     """In one round trip: the ``limit`` nearest rows with their keyword scores, and the
     similarity of the ``fills`` (keyword candidates) to the query. Each row: (id,
-    similarity, keyword score, the row before, the row after, is one of the nearest). The
-    rows before and after are the conversation's neighbouring turns (``Corpus.neighbours``),
-    else null."""
+    similarity, keyword score, the row before, the row after, is one of the nearest, when
+    it was written). The rows before and after are the conversation's neighbouring turns
+    (``Corpus.neighbours``), else null."""
     score, score_params = terms.score_sql("search_vector")
     if corpus.neighbours:
         position = "m.conversation_id, m.seq,"
@@ -324,12 +324,12 @@ def nearest_with_fills(
     with planned_without(cursor, *(["sort"] if order == INDEX_ORDER else [])):
         cursor.execute(
             f"""
-            SELECT c.id, c.similarity, c.keyword_score, {around} c.nearest
+            SELECT c.id, c.similarity, c.keyword_score, {around} c.nearest, c.created_at
             FROM (
                 SELECT id, {outer_position} similarity, {score} AS keyword_score,
-                       true AS nearest
+                       true AS nearest, created_at
                 FROM (
-                    SELECT m.id, {position} m.search_vector,
+                    SELECT m.id, {position} m.search_vector, m.created_at,
                            1 - (m.embedding <=> %s::vector) AS similarity
                     FROM {corpus.table} m
                     WHERE m.embedding IS NOT NULL AND m.embedding_model = %s AND {scope.sql}
@@ -339,7 +339,7 @@ def nearest_with_fills(
                 UNION ALL
                 SELECT id, {outer_position}
                        CASE WHEN embedding_model = %s THEN 1 - (embedding <=> %s::vector) END,
-                       NULL, false
+                       NULL, false, created_at
                 FROM {corpus.table} WHERE id = ANY(%s)
             ) c
             """,
@@ -356,3 +356,15 @@ def nearest_with_fills(
             ],
         )
         return cursor.fetchall()
+
+
+def in_scope(cursor, corpus: Corpus, scope: Scope, ids: list) -> set:
+    """Those of ``ids`` the scope holds (rows reached otherwise than through it: the
+    neighbours of candidates)."""
+    if not ids:
+        return set()
+    cursor.execute(
+        f"SELECT m.id FROM {corpus.table} m WHERE m.id = ANY(%s) AND {scope.sql}",
+        [list(ids), *scope.params],
+    )
+    return {row[0] for row in cursor.fetchall()}

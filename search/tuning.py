@@ -15,6 +15,23 @@ class SearchTuning:
     semantic_weight: float = 0.5
     keyword_weight: float = 0.5
     neighbour_weight: float = 0.2
+    # Context expansion: a candidate's neighbour that no retriever found joins the results
+    # with this share of the candidate's score. 0.5 found a little more on LoCoMo (chosen
+    # leaving one conversation out, docs/benchmarks.md), but a turn reached that way must
+    # be checked against the scope, a statement more in some searches: off (0) by default.
+    expansion_weight: float = 0.0
+    # A query that asks several things (sentences, clauses: ``search.queries.parts``) is
+    # also searched part by part, up to ``query_parts`` parts; a row keeps its best score,
+    # a part's weighted by ``part_weight``. Off (0) by default: it did not move LoCoMo
+    # (5 of its questions have parts), and each part costs a search of its own.
+    query_parts: int = 0
+    part_weight: float = 1.0
+    # Temporal grounding: a row written in a span of time the query names ("in May", "last
+    # week": ``search.queries.periods``, relative to the moment of the search), or up to
+    # ``date_slack_days`` after it, gets this much more (0: off). Chosen leaving one LoCoMo
+    # conversation out (docs/benchmarks.md).
+    date_weight: float = 0.1
+    date_slack_days: int = 0
     # Each retriever proposes this many candidates per requested result (at least min).
     candidates_per_result: int = 5
     min_candidates: int = 30

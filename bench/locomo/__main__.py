@@ -1,6 +1,7 @@
 """The command: ``python -m bench.locomo`` (see the package docstring)."""
 
 import argparse
+import os
 import signal
 import sys
 import time
@@ -68,6 +69,29 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --url: reuse the conversations a previous run loaded (found by title)",
     )
+    parser.add_argument(
+        "--loo",
+        action="store_true",
+        help="also compare the search settings of bench/locomo/loo.py in-process and choose "
+        "one leaving one conversation out (needs the private server, or --data-dir)",
+    )
+    parser.add_argument(
+        "--setting",
+        action="append",
+        dest="settings",
+        metavar="LABEL",
+        help="with --loo: compare only these settings (repeat; default: all)",
+    )
+    parser.add_argument(
+        "--loo-only",
+        action="store_true",
+        help="with --loo: skip the searches over HTTP (only the in-process comparison)",
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        help="with --url and --loo: the data directory of that (kept private) server",
+    )
     return parser
 
 
@@ -108,11 +132,20 @@ def run(args: argparse.Namespace) -> dict:
         findable = {sample_id: conv.message_ids for sample_id, conv in loaded.items()}
         plan = plan_questions(samples, findable, args.limit_questions)
         log(f"searching {len(plan.questions)} questions in {', '.join(modes)}")
-        if plan.questions:
+        if args.loo_only:
+            modes = []
+        if plan.questions and modes:
             warm_up(client, url, loaded[plan.questions[0].sample_id].conversation_id, modes)
         started = time.monotonic()
         records = evaluate(client, url, plan, loaded, modes)
         timings["evaluationSeconds"] = time.monotonic() - started
+        compared = None
+        if args.loo:
+            started = time.monotonic()
+            compared = compare_settings(
+                args, private.data_dir if private else args.data_dir, plan, loaded
+            )
+            timings["looSeconds"] = time.monotonic() - started
 
     per_mode = {mode: summarise(records, mode) for mode in modes}
     for mode in modes:
@@ -158,8 +191,25 @@ def run(args: argparse.Namespace) -> dict:
         "evidenceFixes": [{"raw": raw, "ids": ids} for raw, ids in evidence_stats.fixed],
         "evidenceNotLoaded": plan.unknown_evidence,
         "skippedQuestions": plan.no_evidence,
+        "loo": compared,
+        "loadAverage": [round(x, 2) for x in os.getloadavg()],
         "questions": records,
     }
+
+
+def compare_settings(args: argparse.Namespace, data_dir: Path, plan, loaded) -> dict:
+    """``bench.locomo.loo.compare`` in this process, on the server's database."""
+    from bench.locomo.loo import compare
+    from bench.message_copy import setup_django
+    from bench.search import database
+
+    log("comparing search settings in-process (--loo)")
+    # One model thread, as the server's web processes have: the query's vector then comes
+    # out as over HTTP.
+    os.environ["MEMSVC_EMBEDDING_THREADS"] = "1"
+    with database(data_dir) as conn:
+        setup_django(conn, data_dir)
+    return compare(AGENT_NAME, plan, loaded, args.settings)
 
 
 def _stop_on_sigterm(signum, frame) -> None:
@@ -177,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
         print(
             "--skip-load needs --url and --api-key (a private server starts empty)", file=sys.stderr
         )
+        return EXIT_USAGE
+    if args.loo and args.url and not args.data_dir:
+        print("--loo with --url needs that server's --data-dir", file=sys.stderr)
         return EXIT_USAGE
     if not args.data.is_file():
         print(

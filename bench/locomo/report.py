@@ -3,6 +3,7 @@
 from pathlib import Path
 
 from bench.common import write_json
+from bench.locomo.dataset import CATEGORIES
 from bench.locomo.metrics import METRICS
 
 
@@ -40,6 +41,38 @@ def format_category_table(per_mode: dict, metric: str = "hit@5") -> str:
     return "\n".join(lines)
 
 
+def format_loo(compared: dict) -> str:
+    """Settings as rows (then the leave-one-out choice): hit@5 / recall@10 overall and per
+    category."""
+    rows = dict(compared["settings"])
+    for name, chosen in compared.get("byDirection", {}).items():
+        if chosen:
+            rows[f"leave-one-out: {name}"] = chosen
+    if compared["leaveOneOut"]:
+        rows["leave-one-out: all"] = compared["leaveOneOut"]
+    categories = list(next(iter(rows.values()))["byCategory"])
+    names = {str(k): v for k, v in CATEGORIES.items()}
+    width = max(len(label) for label in rows)
+    header = f"{'setting':<{width}} {'hit@5/rec@10':>13} {'MRR':>6} " + " ".join(
+        f"{names.get(c, c):>13}" for c in categories
+    )
+    lines = [header, "-" * len(header)]
+    for label, row in rows.items():
+        cells = [
+            f"{_number(row['byCategory'][c]['hit@5'])}/{_number(row['byCategory'][c]['recall@10'])}"
+            for c in categories
+        ]
+        lines.append(
+            f"{label:<{width}} {_number(row['hit@5']):>6}/{_number(row['recall@10'])} "
+            f"{_number(row['mrr']):>6} " + " ".join(f"{cell:>13}" for cell in cells)
+        )
+    for label, row in rows.items():
+        if "chosen" in row:
+            picks = ", ".join(f"{s}: {choice}" for s, choice in row["chosen"].items())
+            lines.append(f"{label} chose {picks}")
+    return "\n".join(lines)
+
+
 def report(results: dict, out: Path) -> None:
     """Print the tables and the counts; write the JSON."""
     counts, timings = results["counts"], results["timings"]
@@ -69,6 +102,10 @@ def report(results: dict, out: Path) -> None:
         for metric in METRICS:
             print(format_category_table(results["modes"], metric))
             print()
+    if results.get("loo"):
+        print("settings compared in-process (hybrid), and chosen leaving one conversation out:")
+        print(format_loo(results["loo"]))
+        print()
     foreign = {m: s["foreignResults"] for m, s in results["modes"].items() if s["foreignResults"]}
     if foreign:
         print(f"WARNING: results from other conversations than the one searched: {foreign}")

@@ -22,9 +22,9 @@ on that sample's; the mean over all questions is what choosing by this rule is w
 
 from dataclasses import replace
 
-from bench.common import log, mean
+from bench.common import log
 from bench.locomo.evaluate import Plan
-from bench.locomo.metrics import METRICS
+from bench.locomo.loo import leave_one_out, summary
 from bench.memories.locomo import LIMIT, LoadedMemories, score
 
 SEMANTIC_WEIGHTS = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0)
@@ -87,60 +87,17 @@ def sweep(
                         differing.append(
                             {"key": list(key), "http": http_ranked[key], "inProcess": ranked}
                         )
+    weights = {_label(weight): weight for weight in SEMANTIC_WEIGHTS}
     return {
-        "settings": {label: _summary(plan, per_question) for label, per_question in scores.items()},
-        "leaveOneOut": _leave_one_out(
+        "settings": {label: summary(plan, per_question) for label, per_question in scores.items()},
+        # The best on the other samples, then the nearest to the default weight.
+        "leaveOneOut": leave_one_out(
             plan,
             {label: scores[label] for label in map(_label, SEMANTIC_WEIGHTS)},
-            default_weight=DEFAULT_TUNING.semantic_weight,
+            lambda label: -abs(weights[label] - DEFAULT_TUNING.semantic_weight),
         ),
         "defaultSetting": default_label,
         "defaultSameAsHttp": same_as_http,
         "defaultDifferentFromHttp": differing,
         "questions": len(plan.questions),
     }
-
-
-def _means(per_question: dict, keys) -> dict:
-    return {name: mean(per_question[key][name] for key in keys) for name in METRICS}
-
-
-def _summary(plan: Plan, per_question: dict) -> dict:
-    keys = [(q.sample_id, q.index) for q in plan.questions]
-    by_sample, by_category = {}, {}
-    for question in plan.questions:
-        key = (question.sample_id, question.index)
-        by_sample.setdefault(question.sample_id, []).append(key)
-        by_category.setdefault(str(question.category), []).append(key)
-    return {
-        **_means(per_question, keys),
-        "bySample": {sample: _means(per_question, ks) for sample, ks in by_sample.items()},
-        "byCategory": {c: _means(per_question, ks) for c, ks in sorted(by_category.items())},
-    }
-
-
-def _leave_one_out(plan: Plan, scores: dict[str, dict], *, default_weight: float) -> dict:
-    """Per held-out sample: the setting chosen on the others and its metrics there; then
-    the mean over every question of the held-out scores."""
-    samples = list(dict.fromkeys(q.sample_id for q in plan.questions))
-    if len(samples) < 2:
-        return {}  # nothing to choose on (a run with --limit-questions)
-    labels = list(scores)
-    chosen, held_out = {}, {}
-    for sample in samples:
-        others = [(q.sample_id, q.index) for q in plan.questions if q.sample_id != sample]
-        here = [(q.sample_id, q.index) for q in plan.questions if q.sample_id == sample]
-
-        def merit(label, others=others):
-            means = _means(scores[label], others)
-            weight = SEMANTIC_WEIGHTS[labels.index(label)]
-            return (
-                round(means["hit@5"], 6),
-                round(means["recall@10"], 6),
-                -abs(weight - default_weight),
-            )
-
-        best = max(labels, key=merit)
-        chosen[sample] = best
-        held_out.update({key: scores[best][key] for key in here})
-    return {"chosen": chosen, **_means(held_out, list(held_out))}

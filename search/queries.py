@@ -1,0 +1,146 @@
+"""What a query says besides its words: the parts it asks about separately, and the time
+it names. Plain functions, no database.
+
+- ``parts``: a question that asks several things ("Where did Anna go? And what did Ben
+  cook?") is searched part by part, so that the best match of one part does not crowd out
+  the other's (``search.engine``). Split by sentence (kagent's prefetch), then by clause
+  (``;``, or ``, and`` / ``, but`` joining two clauses).
+- ``periods``: the spans of time a query names ("in May", "May 2023", "in 2022",
+  "yesterday", "last week", "3 days ago"), relative ones resolved against a reference
+  moment (the time of the search): a message written in that span is more likely the one
+  meant (``SearchTuning.date_weight``).
+"""
+
+import calendar
+import re
+from datetime import UTC, date, datetime, timedelta
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
+_CLAUSE_BREAK = re.compile(r"\s*;\s*|,\s+(?=(?:and|but|also)\s)", re.IGNORECASE)
+# A part must say something of its own: fewer words than this join the part before.
+MIN_PART_WORDS = 3
+
+
+def sentences(text: str) -> list[str]:
+    """Each sentence of ``text`` once, in order (``[text]`` when it has none)."""
+    found = [part.strip() for part in _SENTENCE_END.split(text)]
+    return list(dict.fromkeys(s for s in found if s)) or [text]
+
+
+def parts(text: str) -> list[str]:
+    """The parts of a query that ask separately: its sentences, each split at clause
+    breaks; a part of fewer than ``MIN_PART_WORDS`` words stays with the one before.
+    One part (the query itself) when there is nothing to split."""
+    pieces: list[str] = []
+    for sentence in sentences(text):
+        for clause in _CLAUSE_BREAK.split(sentence):
+            clause = clause.strip(" ,;")
+            if not clause:
+                continue
+            if pieces and len(clause.split()) < MIN_PART_WORDS:
+                pieces[-1] = f"{pieces[-1]} {clause}"
+            else:
+                pieces.append(clause)
+    pieces = list(dict.fromkeys(pieces))
+    return pieces if len(pieces) > 1 else [text]
+
+
+_MONTHS = {name.lower(): number for number, name in enumerate(calendar.month_name) if name}
+_MONTHS.update({name.lower(): number for number, name in enumerate(calendar.month_abbr) if name})
+del _MONTHS["may"]  # "may" the verb: only the full name counts, checked below
+_MONTH_WORDS = "|".join(sorted(_MONTHS, key=len, reverse=True))
+_MONTH = re.compile(
+    rf"\b(?:(in|of|during)\s+)?({_MONTH_WORDS}|may)\b\.?(?:,?\s+((?:19|20)\d\d))?", re.I
+)
+_YEAR = re.compile(r"\b((?:19|20)\d\d)\b")
+_UNITS = {"day": 1, "week": 7, "month": 30, "year": 365}
+_AGO = re.compile(
+    r"\b(\d+|a|an|one|two|three|four|five|six)\s+(day|week|month|year)s?\s+ago\b", re.I
+)
+_COUNTS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6}
+_RELATIVE = re.compile(
+    r"\b(yesterday|today|last night|(?:last|this|past)\s+(?:week|weekend|month|year))\b", re.I
+)
+
+Period = tuple[datetime, datetime]  # [start, end)
+
+
+def _day(moment: date) -> datetime:
+    return datetime(moment.year, moment.month, moment.day, tzinfo=UTC)
+
+
+def _month_span(year: int, month: int) -> Period:
+    start = datetime(year, month, 1, tzinfo=UTC)
+    following = datetime(year + month // 12, month % 12 + 1, 1, tzinfo=UTC)
+    return start, following
+
+
+def _relative(phrase: str, today: datetime) -> Period:
+    phrase = " ".join(phrase.lower().split())
+    if phrase in ("yesterday", "last night"):
+        return today - timedelta(days=1), today
+    if phrase == "today":
+        return today, today + timedelta(days=1)
+    which, unit = phrase.split()
+    if unit == "weekend":  # the Saturday and Sunday before (or of) this week
+        saturday = today - timedelta(days=(today.weekday() - 5) % 7 or 7)
+        return saturday, saturday + timedelta(days=2)
+    if unit == "week":
+        monday = today - timedelta(days=today.weekday())
+        if which == "this":
+            return monday, monday + timedelta(days=7)
+        if which == "past":
+            return today - timedelta(days=7), today + timedelta(days=1)
+        return monday - timedelta(days=7), monday
+    if unit == "month":
+        if which == "past":
+            return today - timedelta(days=31), today + timedelta(days=1)
+        year, month = today.year, today.month
+        if which == "last":
+            year, month = (year - 1, 12) if month == 1 else (year, month - 1)
+        return _month_span(year, month)
+    if which == "past":
+        return today - timedelta(days=365), today + timedelta(days=1)
+    year = today.year - (which == "last")
+    return datetime(year, 1, 1, tzinfo=UTC), datetime(year + 1, 1, 1, tzinfo=UTC)
+
+
+def periods(text: str, now: datetime) -> list[Period]:
+    """The spans of time ``text`` names, relative ones resolved against ``now``. A month
+    without a year means that month of any year from ten years before ``now`` to ``now``'s
+    (a long memory holds several Junes)."""
+    today = _day(now.astimezone(UTC).date())
+    found: list[Period] = []
+    taken: list[tuple[int, int]] = []
+    for match in _MONTH.finditer(text):
+        preposition, name, year = match.groups()
+        if name.lower() == "may" and not (preposition or year or name == "May"):
+            continue  # "may" the verb
+        month = _MONTHS.get(name.lower().rstrip("."), 5)
+        taken.append(match.span())
+        if year:
+            found.append(_month_span(int(year), month))
+        else:
+            found += [_month_span(y, month) for y in range(today.year - 10, today.year + 1)]
+    for match in _YEAR.finditer(text):
+        if any(start <= match.start() < end for start, end in taken):
+            continue
+        year = int(match.group(1))
+        found.append((datetime(year, 1, 1, tzinfo=UTC), datetime(year + 1, 1, 1, tzinfo=UTC)))
+    for match in _AGO.finditer(text):
+        count = match.group(1).lower()
+        days = (int(count) if count.isdigit() else _COUNTS[count]) * _UNITS[match.group(2).lower()]
+        slack = max(1, days // 7)
+        middle = today - timedelta(days=days)
+        found.append((middle - timedelta(days=slack), middle + timedelta(days=slack + 1)))
+    for match in _RELATIVE.finditer(text):
+        found.append(_relative(match.group(1), today))
+    return found
+
+
+def within(moment: datetime | None, spans: list[Period], *, slack: timedelta) -> bool:
+    """Whether ``moment`` falls in one of ``spans`` or up to ``slack`` after its end (a
+    message tells of the recent past)."""
+    if moment is None:
+        return False
+    return any(start <= moment < end + slack for start, end in spans)

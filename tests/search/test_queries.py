@@ -1,0 +1,145 @@
+"""What a query says besides its words (``search.queries``), and how search uses it: a
+question asking several things is searched part by part, a date it names favours the
+messages written then, and the turns next to a match may join the results."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.utils import timezone
+
+from conversations.models import Visibility
+from search import ranking
+from search.queries import parts, periods, within
+from search.services import embed_pending
+from search.tuning import DEFAULT_TUNING
+from tests.factories import ConversationFactory, MessageFactory
+from tests.search.test_search import contents, search, tuned
+
+NOW = datetime(2026, 11, 23, 15, 30, tzinfo=UTC)  # a Monday
+
+
+def days(first: datetime, end: datetime) -> tuple:
+    return first.date(), end.date()
+
+
+def test_a_question_splits_into_its_sentences_and_clauses():
+    assert parts("Where did Anna go on holiday? What did Ben cook?") == [
+        "Where did Anna go on holiday?",
+        "What did Ben cook?",
+    ]
+    assert parts("Where did Anna go on holiday, and what did Ben cook for dinner?") == [
+        "Where did Anna go on holiday",
+        "and what did Ben cook for dinner?",
+    ]
+    assert parts("What did Anna cook for Ben?") == ["What did Anna cook for Ben?"]
+    # A fragment too short to ask anything stays with the part before it.
+    assert parts("What did Anna cook? And why?") == ["What did Anna cook? And why?"]
+
+
+def test_relative_dates_resolve_against_the_moment_of_the_search():
+    assert [days(*p) for p in periods("what did we say yesterday", NOW)] == [
+        (datetime(2026, 11, 22).date(), datetime(2026, 11, 23).date())
+    ]
+    # Last week: Monday to Monday before this week's.
+    assert [days(*p) for p in periods("Where did we go last week?", NOW)] == [
+        (datetime(2026, 11, 16).date(), datetime(2026, 11, 23).date())
+    ]
+    assert [days(*p) for p in periods("the talk 3 days ago", NOW)] == [
+        (datetime(2026, 11, 19).date(), datetime(2026, 11, 22).date())
+    ]
+    assert [days(*p) for p in periods("What did Nate win in November 2022?", NOW)] == [
+        (datetime(2022, 11, 1).date(), datetime(2022, 12, 1).date())
+    ]
+    june = periods("When did Melanie go camping in June?", NOW)
+    assert (datetime(2023, 6, 1, tzinfo=UTC), datetime(2023, 7, 1, tzinfo=UTC)) in june
+    assert all(start.month == 6 for start, _ in june)
+    assert periods("Caroline may go camping", NOW) == []  # the verb
+    assert periods("What did Anna cook?", NOW) == []
+
+
+def test_a_moment_within_a_period_or_its_slack_after_it():
+    [june] = periods("in June 2023", NOW)
+    assert within(datetime(2023, 6, 30, tzinfo=UTC), [june], slack=timedelta(0))
+    assert not within(datetime(2023, 7, 3, tzinfo=UTC), [june], slack=timedelta(0))
+    assert within(datetime(2023, 7, 3, tzinfo=UTC), [june], slack=timedelta(days=7))
+    assert not within(None, [june], slack=timedelta(days=7))
+
+
+def test_the_turn_next_to_a_match_joins_with_a_share_of_its_score():
+    scores = {"b": 1.0, "x": 0.5}
+    neighbours = {"b": ("a", "c"), "x": ("c", None)}
+    expanded = ranking.with_neighbours(scores, neighbours, weight=0.2, expansion=0.5)
+    assert expanded["a"] == pytest.approx(0.5)
+    assert expanded["c"] == pytest.approx(0.5)  # the best of its two candidate neighbours
+    assert expanded["b"] == pytest.approx(1.0)
+    assert "a" not in ranking.with_neighbours(scores, neighbours, weight=0.2)
+
+
+def test_the_best_of_several_rankings_weighted():
+    assert ranking.best_of([{"a": 1.0, "b": 0.2}, {"b": 0.9}], [1.0, 0.5]) == {
+        "a": 1.0,
+        "b": pytest.approx(0.45),
+    }
+
+
+HOLIDAY = [
+    "Anna spent her summer holiday in Lisbon, walking the old town every day",
+    "Anna said the holiday in Lisbon was the best holiday she ever had",
+    "Anna posted holiday photos from Lisbon and the beaches near it",
+    "Anna wants to go back to Lisbon for another holiday next summer",
+]
+DINNER = "Ben made a mushroom risotto"
+
+
+@pytest.mark.django_db
+def test_a_question_in_two_parts_finds_the_evidence_of_both(api, alice, settings):
+    conversation = ConversationFactory(group__owner=alice.id)
+    for text in [*HOLIDAY, "The weather was grey all week", DINNER, "Nothing else happened"]:
+        MessageFactory(conversation=conversation, author_name="alice", content=text)
+    embed_pending()
+    question = "Where did Anna spend her summer holiday? What did Ben cook for dinner?"
+    tuned(settings, query_parts=0)
+    assert DINNER not in contents(search(api, alice, question, topK=3))
+    tuned(settings, query_parts=3)
+    found = contents(search(api, alice, question, topK=3))
+    assert HOLIDAY[0] in found and DINNER in found
+
+
+@pytest.mark.django_db
+def test_a_relative_date_favours_the_messages_written_then(api, alice, settings):
+    conversation = ConversationFactory(group__owner=alice.id)
+    for text in ["I bought new running shoes", "The cat slept all afternoon"]:
+        MessageFactory(conversation=conversation, author_name="alice", content=text)
+    now = timezone.now()
+    monday = now - timedelta(days=now.weekday())
+    older = MessageFactory(
+        conversation=conversation,
+        author_name="alice",
+        content="We went swimming in the lake again",
+        created_at=monday - timedelta(days=40),
+    )
+    last_week = MessageFactory(
+        conversation=conversation,
+        author_name="alice",
+        content="We went swimming in the lake",
+        created_at=monday - timedelta(days=4),
+    )
+    embed_pending()
+    question = "Where did we go swimming last week?"
+    tuned(settings, date_weight=0.0)
+    assert contents(search(api, alice, question, topK=1)) == [older.content]
+    settings.SEARCH_TUNING = DEFAULT_TUNING  # dates count by default
+    assert contents(search(api, alice, question, topK=1)) == [last_week.content]
+
+
+@pytest.mark.django_db
+def test_context_expansion_never_shows_a_turn_outside_the_scope(api, alice, settings):
+    conversation = ConversationFactory(group__owner=alice.id)
+    MessageFactory(conversation=conversation, content="Did you see the zebra?")
+    MessageFactory(conversation=conversation, content="agent note", visibility=Visibility.AGENT)
+    MessageFactory(conversation=conversation, content="yes, a big one")
+    embed_pending()
+    tuned(settings, expansion_weight=0.9)
+    found = contents(search(api, alice, "zebra", topK=5))
+    assert "Did you see the zebra?" in found
+    assert "agent note" not in found
