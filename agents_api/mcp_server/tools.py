@@ -101,13 +101,18 @@ class Outcome:
         return json.dumps(self.data, ensure_ascii=False, separators=(",", ":"))
 
 
-def compact(value):
-    """``value`` without null or empty fields, at any depth."""
+def compact(result: dict) -> dict:
+    """A tool's result without null fields, and its objects (memories, messages, blocks)
+    without empty ones either; the result's own fields stay (``"data": []`` says "none")."""
+    return {key: _compact(value) for key, value in result.items() if value is not None}
+
+
+def _compact(value):
     if isinstance(value, dict):
-        kept = {key: compact(item) for key, item in value.items()}
+        kept = {key: _compact(item) for key, item in value.items()}
         return {key: item for key, item in kept.items() if item not in (None, "", [], {})}
     if isinstance(value, list):
-        return [compact(item) for item in value]
+        return [_compact(item) for item in value]
     return value
 
 
