@@ -137,7 +137,8 @@ _HOP_BY_HOP = {b"content-length", b"connection", b"transfer-encoding"}
 
 
 class McpView(APIView):
-    """``POST /mcp``: one JSON-RPC message of the Model Context Protocol, for an agent key."""
+    """``POST /mcp``: one JSON-RPC message of the Model Context Protocol, for an agent key.
+    Other methods answer 405 (no SSE stream to GET, no session to DELETE)."""
 
     authentication_classes = [ApiKeyAuthentication]
     permission_classes = [IsAuthenticated]
@@ -157,21 +158,3 @@ class McpView(APIView):
             if name.lower() not in _HOP_BY_HOP:
                 response[name.decode("latin-1")] = value.decode("latin-1")
         return response
-
-    def get(self, request):
-        return _method_not_allowed()
-
-    def delete(self, request):
-        return _method_not_allowed()
-
-
-def _method_not_allowed():
-    response = Response(
-        error_body(
-            "this MCP endpoint is stateless: POST one JSON-RPC message per request",
-            "method_not_allowed",
-        ),
-        status=405,
-    )
-    response["Allow"] = "POST"
-    return response

@@ -115,7 +115,8 @@ async def memory_session(client) -> dict:
         },
     )
     out["save_again"] = await call(
-        "memory_save", {"content": "the user prefers TypeScript over  JavaScript", "importance": 0.9}
+        "memory_save",
+        {"content": "the user prefers TypeScript over  JavaScript", "importance": 0.9},
     )
     out["other"] = await call("memory_save", {"content": "The deploy target is Kubernetes"})
     out["search"] = await call("memory_search", {"query": "Which language does the user prefer?"})
@@ -251,7 +252,11 @@ def test_stdio_with_a_read_key_acts_as_its_agent_and_cannot_write():
     [
         (["mcp"], {}, "name the agent (--agent NAME) or set MEMSVC_API_KEY"),
         (["mcp", "--agent", "x"], {"MEMSVC_API_KEY": "msk_nope_nope"}, "invalid API key"),
-        (["mcp", "--agent", "x"], {"MEMSVC_LOCAL_MODE": "0", "DJANGO_SECRET_KEY": "s"}, "outside local mode"),
+        (
+            ["mcp", "--agent", "x"],
+            {"MEMSVC_LOCAL_MODE": "0", "DJANGO_SECRET_KEY": "s"},
+            "outside local mode",
+        ),
     ],
 )
 def test_stdio_refuses_to_start_without_an_agent_it_may_act_as(args, env, message):
@@ -298,23 +303,30 @@ def test_stdout_carries_nothing_but_protocol():
             "params": {"name": "no_such_tool", "arguments": {}},
         },
     ]
-    done = subprocess.run(
+    process = subprocess.Popen(
         [str(MEMSVC), "mcp", "--agent", "raw"],
-        input="".join(json.dumps(m) + "\n" for m in messages),
         env=server_env(),
         cwd=REPO,
-        capture_output=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=120,
-        check=False,
     )
-    assert done.returncode == 0, done.stderr
-    answers = [json.loads(line) for line in done.stdout.splitlines()]
-    assert [a["id"] for a in answers] == [1, 2, 3]
+    process.stdin.write("".join(json.dumps(m) + "\n" for m in messages))
+    process.stdin.flush()
+    # A client keeps stdin open until its answers are in (EOF ends the session at once).
+    lines = [process.stdout.readline() for _ in range(3)]
+    process.stdin.close()
+    assert process.wait(timeout=60) == 0
+    assert process.stdout.read() == ""
+    stderr = process.stderr.read()
+    # Requests are served concurrently: answers come as they are ready.
+    answers = sorted((json.loads(line) for line in lines), key=lambda a: a["id"])
+    assert [a["id"] for a in answers] == [1, 2, 3], stderr
     assert answers[0]["result"]["serverInfo"]["name"] == "memsvc"
     assert answers[1]["result"]["isError"] is False
     assert answers[2]["error"]["message"] == "Unknown tool: no_such_tool"
-    assert "serving agent 'raw' over stdio" in done.stderr
+    assert "serving agent 'raw' over stdio" in stderr
 
 
 # --- streamable HTTP -------------------------------------------------------------------------
@@ -348,9 +360,14 @@ def served(django_db_setup, django_db_blocker, tmp_path_factory):
     process.wait(timeout=60)
 
 
-def http(url: str, key: str):
+def http(url: str, key: str, **headers: str):
+    """The SDK's streamable HTTP transport with an API key (and a patient read timeout: the
+    server's first search may wait for its model to load on a busy machine)."""
     return streamable_http_client(
-        url, http_client=httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"})
+        url,
+        http_client=httpx2.AsyncClient(
+            headers={"Authorization": f"Bearer {key}", **headers}, timeout=120
+        ),
     )
 
 
@@ -393,13 +410,7 @@ def test_http_acts_for_the_user_of_an_impersonating_key(served):
     async def session(client):
         return await client.call_tool("memory_save", {"content": "Bob is vegetarian"})
 
-    transport = streamable_http_client(
-        served,
-        http_client=httpx2.AsyncClient(
-            headers={"Authorization": f"Bearer {key}", "X-On-Behalf-Of": "bob"}
-        ),
-    )
-    saved = body(run(transport, session))
+    saved = body(run(http(served, key, **{"X-On-Behalf-Of": "bob"}), session))
     assert Memory.objects.get(id=saved["id"]).user_id == "bob"
 
 
@@ -430,4 +441,5 @@ def test_http_refuses_requests_without_a_valid_key(served):
     assert "Mcp-Session-Id" not in response.headers  # stateless: nothing kept between requests
     stream = httpx.get(served, headers=authorized, timeout=10)
     assert stream.status_code == 405
-    assert stream.headers["Allow"] == "POST"
+    assert "POST" in stream.headers["Allow"] and "GET" not in stream.headers["Allow"]
+    assert stream.json()["code"] == "method_not_allowed"
