@@ -411,7 +411,8 @@ def test_http_acts_for_the_user_of_an_impersonating_key(served):
         return await client.call_tool("memory_save", {"content": "Bob is vegetarian"})
 
     saved = body(run(http(served, key, **{"X-On-Behalf-Of": "bob"}), session))
-    assert Memory.objects.get(id=saved["id"]).user_id == "bob"
+    memory = Memory.objects.get(id=saved["id"])
+    assert (memory.agent_id, memory.user_id) == (agent.id, "bob")
 
 
 def test_http_refuses_requests_without_a_valid_key(served):
