@@ -7,18 +7,19 @@ JSON-RPC message and gets its whole answer as one JSON body. Nothing is kept bet
 requests, so any web process can answer any request, and no request holds a connection open
 (no SSE stream, no session: GET and DELETE answer 405, as the transport allows).
 
-The SDK is asynchronous and the web server may be WSGI (gunicorn's threads): each process
-runs one event loop in a thread of its own with the session manager in it, and a request's
-thread waits for its exchange there. Under ASGI the same view runs in Django's thread for
-synchronous views and waits the same way: one code path for both servers.
+The SDK is asynchronous and the web server may be WSGI (gunicorn's threads): the request's
+thread runs the exchange on an event loop of its own, and the tool in the tool pool
+(``server``): two thread hops a call, the fewest an ORM call off the event loop allows.
+Under ASGI the same view runs in Django's thread for synchronous views and does the same:
+one code path for both servers.
 """
 
 import asyncio
-import os
-import threading
-from concurrent.futures import TimeoutError as FutureTimeout
+import functools
 
+import anyio
 from django.http import HttpResponse
+from mcp.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
@@ -34,36 +35,21 @@ from memsvc.api.errors import error_body
 EXCHANGE_TIMEOUT_SECONDS = 50
 
 
-class _Bridge:
-    """The process's event loop thread, with the SDK's session manager running in it."""
+@functools.cache
+def _server() -> Server:
+    return build_server()
 
-    def __init__(self) -> None:
-        self.pid = os.getpid()
-        self.loop = asyncio.new_event_loop()
-        self.manager = StreamableHTTPSessionManager(
-            app=build_server(), stateless=True, json_response=True
-        )
-        started = threading.Event()
-        threading.Thread(target=self._run, args=(started,), name="mcp-http", daemon=True).start()
-        started.wait()
 
-    def _run(self, started: threading.Event) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(self._serve(started))
+def _exchange_here(scope: dict, body: bytes) -> tuple[int, list, bytes]:
+    """One HTTP exchange through the SDK, on an event loop of this thread's own."""
 
-    async def _serve(self, started: threading.Event) -> None:
-        async with self.manager.run():
-            started.set()
-            await asyncio.Event().wait()  # until the process ends (a daemon thread)
+    async def main():
+        manager = StreamableHTTPSessionManager(app=_server(), stateless=True, json_response=True)
+        async with manager.run():
+            with anyio.fail_after(EXCHANGE_TIMEOUT_SECONDS):
+                return await _exchange(manager, scope, body)
 
-    def exchange(self, scope: dict, body: bytes) -> tuple[int, list, bytes]:
-        """One HTTP exchange through the SDK: (status, headers, body)."""
-        future = asyncio.run_coroutine_threadsafe(_exchange(self.manager, scope, body), self.loop)
-        try:
-            return future.result(timeout=EXCHANGE_TIMEOUT_SECONDS)
-        except FutureTimeout:
-            future.cancel()
-            raise
+    return anyio.run(main)
 
 
 async def _exchange(manager: StreamableHTTPSessionManager, scope: dict, body: bytes):
@@ -93,20 +79,6 @@ async def _exchange(manager: StreamableHTTPSessionManager, scope: dict, body: by
     finally:
         answered.set()
     return status, headers, b"".join(chunks)
-
-
-_bridge: _Bridge | None = None
-_bridge_lock = threading.Lock()
-
-
-def _the_bridge() -> _Bridge:
-    """This process's bridge, started by its first MCP request (after gunicorn's fork: a
-    thread does not survive a fork, so a bridge inherited from a parent is not used)."""
-    global _bridge
-    with _bridge_lock:
-        if _bridge is None or _bridge.pid != os.getpid():
-            _bridge = _Bridge()
-        return _bridge
 
 
 def _asgi_scope(request, caller: Caller) -> dict:
@@ -147,10 +119,10 @@ class McpView(APIView):
     def post(self, request):
         caller = Caller(principal=request.principal, agent=request.agent)
         try:
-            status, headers, body = _the_bridge().exchange(
+            status, headers, body = _exchange_here(
                 _asgi_scope(request, caller), request._request.body
             )
-        except FutureTimeout:
+        except TimeoutError:
             return Response(error_body("the MCP call took too long", "timeout"), status=504)
         # The SDK's body is JSON-RPC already: passed through as it is, not re-rendered.
         response = HttpResponse(body, status=status)

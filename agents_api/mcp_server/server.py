@@ -80,6 +80,11 @@ async def _call_tool(
     )
 
 
+def _input_schema(name: str) -> dict | None:
+    tool = TOOLS.get(name)
+    return tool.input_schema if tool else None
+
+
 def build_server(caller: Caller | None = None) -> Server:
     """The MCP server: over stdio for ``caller``; over HTTP (``caller`` None) for whoever
     each request's API key names."""
@@ -94,6 +99,9 @@ def build_server(caller: Caller | None = None) -> Server:
         title="memsvc memory",
         instructions=INSTRUCTIONS,
         lifespan=lifespan,
+        # The schema a call's Mcp-Param headers are checked against, without listing the
+        # tools again for every call.
+        get_tool_input_schema=_input_schema,
         on_list_tools=_list_tools,
         on_call_tool=_call_tool,
     )
