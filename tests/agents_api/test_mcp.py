@@ -440,6 +440,17 @@ def test_http_refuses_requests_without_a_valid_key(served):
     assert response.headers["content-type"].startswith("application/json")
     assert response.json()["result"]["serverInfo"]["name"] == "memsvc"
     assert "Mcp-Session-Id" not in response.headers  # stateless: nothing kept between requests
+    # So a call needs no handshake before it (the README's curl example).
+    call = {
+        "jsonrpc": "2.0",
+        "id": 2,
+        "method": "tools/call",
+        "params": {"name": "memory_block_list", "arguments": {}},
+    }
+    response = httpx.post(served, json=call, headers=authorized, timeout=60)
+    assert response.status_code == 200
+    [block] = json.loads(response.json()["result"]["content"][0]["text"])["data"]
+    assert block["value"] == "Name: Ada"
     stream = httpx.get(served, headers=authorized, timeout=10)
     assert stream.status_code == 405
     assert "POST" in stream.headers["Allow"] and "GET" not in stream.headers["Allow"]
