@@ -7,6 +7,7 @@ on the event loop, and a long-lived thread keeps its database connection between
 """
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -25,13 +26,17 @@ CALLER_SCOPE_KEY = "memsvc.caller"
 TOOL_THREADS = 4
 
 _pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
 
 
 def _tool_pool() -> ThreadPoolExecutor:
+    """The process's tool threads, made by its first call (a web process's request threads
+    each run an event loop of their own, and share these)."""
     global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=TOOL_THREADS, thread_name_prefix="mcp-tool")
-    return _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=TOOL_THREADS, thread_name_prefix="mcp-tool")
+        return _pool
 
 
 def _tool_listing() -> types.ListToolsResult:
