@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="LoCoMo texts, if there")
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--out", type=Path, default=Path("bench-results/mcp.json"))
+    parser.add_argument(
+        "--keep-server", action="store_true", help="leave the private server running after"
+    )
     return parser
 
 
@@ -128,7 +131,17 @@ def run(args) -> dict:
     users = users_texts(source, -(-args.memories // per_user), per_user, args.seed)
     texts = [text for user in users for text in user.memories][: args.memories]
     client = make_client()
-    with benchmark_server(client, url=None, api_key=None, keep=False, agent_name=AGENT) as (
+    with benchmark_server(
+        client,
+        url=None,
+        api_key=None,
+        keep=args.keep_server,
+        agent_name=AGENT,
+        # No Celery worker: kombu's filesystem transport can crash it under a stream of
+        # use counts (docs/benchmarks.md), and `memsvc serve` then stops the web server too.
+        # A search still queues its use count (a file), as with a worker.
+        serve_args=("--no-worker",),
+    ) as (
         url,
         server,
     ):
