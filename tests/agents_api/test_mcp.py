@@ -332,14 +332,13 @@ def test_stdout_carries_nothing_but_protocol():
 # --- streamable HTTP -------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def served(django_db_setup, django_db_blocker, tmp_path_factory):
-    """``memsvc serve`` (the web server only) on the test database."""
+def serve(command: list[str], log_path: Path):
+    """A web server of the test database (``command`` with ``{port}``), until the generator
+    is closed; yields its /mcp URL."""
     port = free_port()
-    log_path = tmp_path_factory.mktemp("mcp-serve") / "serve.log"
     with log_path.open("w") as log:
         process = subprocess.Popen(
-            [str(MEMSVC), "serve", "--no-worker", "--port", str(port)],
+            [part.format(port=port) for part in command],
             env=server_env(MEMSVC_WEB_WORKERS="1"),
             cwd=REPO,
             stdout=log,
@@ -358,6 +357,21 @@ def served(django_db_setup, django_db_blocker, tmp_path_factory):
     yield f"{url}/mcp"
     process.send_signal(signal.SIGTERM)
     process.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def served(django_db_setup, django_db_blocker, tmp_path_factory):
+    """``memsvc serve`` (the web server only) on the test database."""
+    log_path = tmp_path_factory.mktemp("mcp-serve") / "serve.log"
+    yield from serve([str(MEMSVC), "serve", "--no-worker", "--port", "{port}"], log_path)
+
+
+@pytest.fixture(scope="module")
+def served_asgi(django_db_setup, django_db_blocker, tmp_path_factory):
+    """The same Django project under an ASGI server (uvicorn, which the SDK brings)."""
+    log_path = tmp_path_factory.mktemp("mcp-asgi") / "serve.log"
+    command = [sys.executable, "-m", "uvicorn", "memsvc.asgi:application", "--port", "{port}"]
+    yield from serve(command, log_path)
 
 
 def http(url: str, key: str, **headers: str):
@@ -455,3 +469,20 @@ def test_http_refuses_requests_without_a_valid_key(served):
     assert stream.status_code == 405
     assert "POST" in stream.headers["Allow"] and "GET" not in stream.headers["Allow"]
     assert stream.json()["code"] == "method_not_allowed"
+
+
+def test_http_works_the_same_under_an_asgi_server(served_asgi):
+    agent, key = keyed_agent("asgi-agent")
+
+    async def session(client):
+        return (
+            await client.call_tool("memory_save", {"content": "The team meets on Mondays"}),
+            await client.call_tool("memory_search", {"query": "when does the team meet"}),
+            await client.call_tool("memory_block_list", {}),
+        )
+
+    saved, found, blocks = run(http(served_asgi, key), session)
+    assert body(found)["data"][0]["id"] == body(saved)["id"]
+    assert body(blocks)["data"][0]["value"] == "Name: Ada"
+    assert Memory.objects.get(id=body(saved)["id"]).agent_id == agent.id
+    assert httpx.post(served_asgi, json={}, timeout=10).status_code == 401
