@@ -19,6 +19,7 @@ import functools
 
 import anyio
 from django.http import HttpResponse
+from drf_spectacular.utils import extend_schema
 from mcp.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from rest_framework.permissions import IsAuthenticated
@@ -116,6 +117,7 @@ class McpView(APIView):
     permission_classes = [IsAuthenticated]
     parser_classes = []  # the SDK reads the body itself
 
+    @extend_schema(exclude=True)  # JSON-RPC, described by the MCP specification, not OpenAPI
     def post(self, request):
         caller = Caller(principal=request.principal, agent=request.agent)
         try:
