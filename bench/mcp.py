@@ -13,7 +13,9 @@ import argparse
 import os
 import random
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import anyio
@@ -50,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rest-calls", type=int, default=300, help="timed REST searches")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="LoCoMo texts, if there")
     parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--clients", type=int, default=4, help="threads saving the store")
     parser.add_argument("--out", type=Path, default=Path("bench-results/mcp.json"))
     parser.add_argument(
         "--keep-server", action="store_true", help="leave the private server running after"
@@ -72,25 +75,36 @@ def summary(latencies_ms: list[float], load_before: float) -> dict:
     }
 
 
-def fill_store(client, url: str, texts: list[str], rng: random.Random) -> int:
-    """The texts as the agent's own memories, through the batch API; how many are stored
-    (a near-duplicate is merged into the memory it repeats)."""
-    ids = set()
-    for start in range(0, len(texts), BATCH):
-        memories = [
+def fill_store(key: str, url: str, texts: list[str], rng: random.Random, clients: int) -> int:
+    """The texts as the agent's own memories, through the batch API from ``clients``
+    threads; how many are stored (a near-duplicate is merged into the memory it repeats)."""
+    batches = [
+        [
             {"content": text, "importance": round(rng.uniform(0.1, 0.9), 2)}
             for text in texts[start : start + BATCH]
         ]
+        for start in range(0, len(texts), BATCH)
+    ]
+    local = threading.local()
+
+    def send(memories: list[dict]) -> list[str]:
+        if not hasattr(local, "client"):
+            local.client = make_client(key)
         response = api_call(
-            client,
+            local.client,
             "POST",
             f"{url}/v1/agent/memories/batch",
             json_body={"memories": memories},
             expect=201,
         )
-        ids.update(memory["id"] for memory in response.json()["data"])
-        if (start // BATCH) % 10 == 9:
-            log(f"  saved {start + len(memories)}/{len(texts)} (load {load_average()})")
+        return [memory["id"] for memory in response.json()["data"]]
+
+    ids = set()
+    with ThreadPoolExecutor(max_workers=clients) as pool:
+        for done, saved in enumerate(pool.map(send, batches), start=1):
+            ids.update(saved)
+            if done % 10 == 0:
+                log(f"  saved {done * BATCH}/{len(texts)} (load {load_average()})")
     return len(ids)
 
 
@@ -147,7 +161,7 @@ def run(args) -> dict:
     ):
         log(f"saving {len(texts)} memories as {AGENT}'s own (load {load_average()})")
         started = time.monotonic()
-        stored = fill_store(client, url, texts, rng)
+        stored = fill_store(server.api_key, url, texts, rng, args.clients)
         log(f"  {stored} stored in {time.monotonic() - started:.0f} s")
         queries = queries_from(texts, args.calls, rng)
         results = {"memories_stored": stored, "queries": len(queries)}
