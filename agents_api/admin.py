@@ -8,11 +8,43 @@ from django.utils import timezone
 from django.utils.html import format_html_join
 from django.utils.text import Truncator
 
-from agents_api.models import Agent, ApiKey, Memory, MemoryBlock, MemoryBlockRevision, Scope
-from agents_api.services import api_key_create, api_key_revoke, memories_delete, memory_delete
+from agents_api.models import (
+    Agent,
+    ApiKey,
+    Memory,
+    MemoryBlock,
+    MemoryBlockRevision,
+    Scope,
+    ToolRecord,
+)
+from agents_api.services import (
+    api_key_create,
+    api_key_revoke,
+    memories_delete,
+    memory_delete,
+    tool_records_delete,
+)
 from conversations.models import TEXT_SEARCH_CONFIG
 from memsvc.admin_tools import EmbeddedFilter, LargeTableAdmin, as_uuid
 from memsvc.api.principals import Principal
+
+
+def _operator(request) -> Principal:
+    # An operator is a user of the web pages: the username is the principal id.
+    return Principal.user(request.user.get_username())
+
+
+def _id_words_or_exact(queryset, search_term: str, exact_field: str):
+    """An admin search of a searchable corpus: a row's id, else the words of its full-text
+    index, or the exact value of ``exact_field``."""
+    term = search_term.strip()
+    if not term:
+        return queryset
+    row_id = as_uuid(term)
+    if row_id is not None:
+        return queryset.filter(id=row_id)
+    words = SearchQuery(term, search_type="websearch", config=TEXT_SEARCH_CONFIG)
+    return queryset.filter(Q(search_vector=words) | Q(**{exact_field: term}))
 
 
 @admin.register(Agent)
@@ -180,14 +212,7 @@ class MemoryAdmin(LargeTableAdmin):
         return super().get_queryset(request).defer(*Memory.SEARCH_DATA)
 
     def get_search_results(self, request, queryset, search_term):
-        term = search_term.strip()
-        if not term:
-            return queryset, False
-        memory_id = as_uuid(term)
-        if memory_id is not None:
-            return queryset.filter(id=memory_id), False
-        words = SearchQuery(term, search_type="websearch", config=TEXT_SEARCH_CONFIG)
-        return queryset.filter(Q(search_vector=words) | Q(user_id=term)), False
+        return _id_words_or_exact(queryset, search_term, "user_id"), False
 
     def has_add_permission(self, request):
         return False
@@ -196,15 +221,10 @@ class MemoryAdmin(LargeTableAdmin):
         return False
 
     def delete_model(self, request, obj):
-        memory_delete(self._actor(request), memory=obj)
+        memory_delete(_operator(request), memory=obj)
 
     def delete_queryset(self, request, queryset):
-        memories_delete(self._actor(request), memories=queryset)
-
-    @staticmethod
-    def _actor(request) -> Principal:
-        # An operator is a user of the web pages: the username is the principal id.
-        return Principal.user(request.user.get_username())
+        memories_delete(_operator(request), memories=queryset)
 
     @admin.display(description="content")
     def short_content(self, memory):
@@ -219,3 +239,57 @@ class MemoryAdmin(LargeTableAdmin):
     @admin.display(description="embedded", boolean=True)
     def embedded(self, memory):
         return memory.embedded_at is not None
+
+
+@admin.register(ToolRecord)
+class ToolRecordAdmin(LargeTableAdmin):
+    """Tool records of the memory bank, to inspect and delete. Read-only otherwise: the
+    summary and its vector are the observer's to keep in step."""
+
+    list_display = (
+        "tool_name",
+        "agent",
+        "task_id",
+        "step",
+        "short_summary",
+        "summary_source",
+        "embedded",
+        "created_at",
+    )
+    list_filter = ("agent", "summary_source", EmbeddedFilter)
+    list_select_related = ("agent",)
+    search_fields = ("summary",)
+    search_help_text = (
+        "Words of the summary, the tool's name or its raw output (full-text), a task id, "
+        "or a trace id."
+    )
+    exclude = ("embedding",)
+    readonly_fields = ("id", "created_at")
+    # A task's records in order, as the index ``tool_record_task`` holds them.
+    ordering = ("agent", "task_id", "created_at", "id")
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).defer(*ToolRecord.SEARCH_DATA)
+
+    def get_search_results(self, request, queryset, search_term):
+        return _id_words_or_exact(queryset, search_term, "task_id"), False
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def delete_model(self, request, obj):
+        tool_records_delete(_operator(request), records=ToolRecord.objects.filter(pk=obj.pk))
+
+    def delete_queryset(self, request, queryset):
+        tool_records_delete(_operator(request), records=queryset)
+
+    @admin.display(description="summary")
+    def short_summary(self, record):
+        return Truncator(record.summary).chars(80)
+
+    @admin.display(description="embedded", boolean=True)
+    def embedded(self, record):
+        return record.embedded_at is not None

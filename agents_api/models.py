@@ -11,7 +11,7 @@ from django.contrib.postgres.indexes import GinIndex
 from django.contrib.postgres.search import SearchVector, SearchVectorField
 from django.db import models
 from django.db.models import F, Q
-from django.db.models.functions import Concat, Length
+from django.db.models.functions import Cast, Concat, Left, Length
 from django.db.models.lookups import LessThanOrEqual
 from django.utils import timezone
 from pgvector.django import VectorField
@@ -215,6 +215,11 @@ class Memory(models.Model):
     PostgreSQL, so keywords find it from the start. ``content_hash`` makes the same fact
     saved twice one row. ``importance``, recency and ``access_count`` rank it beside its
     relevance; ``expires_at`` and ``access_count`` decide its life (``memories_prune``).
+
+    Every search counts a use of what it returns (``memories_touch``), so the use columns
+    are in no index and the table leaves room on each page (fillfactor 70, migration 0008):
+    a count is then a HOT update, which writes no index entry (the HNSW graph's would cost
+    milliseconds). Listing by popularity sorts the scope's rows instead of reading an index.
     """
 
     SEARCH_DATA = ("embedding", "search_vector")
@@ -257,7 +262,6 @@ class Memory(models.Model):
             # What a search's scope counts (``search.statements.nearest_order``): an
             # index-only scan, not a heap fetch per memory of a large store.
             models.Index(fields=["agent", "user_id", "expires_at"], name="memory_scope"),
-            models.Index(fields=["agent", "user_id", "-access_count"], name="memory_popular"),
             models.Index(fields=["user_id", "-created_at"], name="memory_of_user"),
             models.Index(fields=["expires_at"], name="memory_expiry"),
             GinIndex(fields=["search_vector"], name="memory_search_vector"),
@@ -312,3 +316,103 @@ class MemoryExtraction(models.Model):
 
     def __str__(self) -> str:
         return f"{self.agent_id} in {self.conversation_id} through #{self.through_seq}"
+
+
+# --- tool records (the memory bank) ---------------------------------------------------------
+
+# How much of a tool's raw output (as JSON text) the full-text index covers: every
+# identifier of an ordinary answer, and a bound on the index entry of a huge one.
+TOOL_OUTPUT_INDEXED_CHARS = 100_000
+
+
+class SummarySource(models.TextChoices):
+    CALLER = "caller"  # given with the record
+    FALLBACK = "fallback"  # written at once from the output (``observer.fallback_summary``)
+    LLM = "llm"  # the observer's model
+
+
+class ToolRecord(models.Model):
+    """One tool interaction of an agent (seed: memory-bank-strategy), both of the seed's
+    stores in one row: the fact store is the raw input and output, kept whole; the insight
+    store is the summary's vector. ``id`` is the seed's trace id.
+
+    A record always has a summary (the caller's, else a deterministic one from the output,
+    later the observer's LLM's), and its full-text vector covers the summary, the tool's
+    name and the raw output's text, so an identifier that only the output holds (a hotel id)
+    finds the record by keyword from the moment it is written.
+    """
+
+    SEARCH_DATA = ("embedding", "search_vector")
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="tool_records")
+    # The conversation the interaction belongs to, when the agent says so (one it sees).
+    conversation = models.ForeignKey(
+        "conversations.Conversation",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="+",
+    )
+    # The caller's task (any string; "" for none): what a search or a clean-up is limited to.
+    task_id = models.CharField(
+        max_length=255, blank=True, default="", validators=[no_nul_characters]
+    )
+    step = models.PositiveIntegerField(null=True, blank=True)
+    tool_name = models.CharField(max_length=200, validators=[no_nul_characters])
+    raw_input = models.JSONField(default=dict, blank=True)
+    raw_output = models.JSONField(null=True, blank=True)  # any JSON value
+    summary = models.TextField(validators=[no_nul_characters])
+    summary_source = models.CharField(
+        max_length=16, choices=SummarySource.choices, default=SummarySource.FALLBACK
+    )
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    embedding = VectorField(dimensions=settings.MEMORY_EMBEDDING_DIMENSION, null=True, blank=True)
+    embedding_model = models.CharField(max_length=200, blank=True, default="")
+    embedded_at = models.DateTimeField(null=True, blank=True)
+    search_vector = models.GeneratedField(
+        expression=SearchVector(
+            Concat(
+                "tool_name",
+                models.Value(" "),
+                "summary",
+                models.Value(" "),
+                Left(
+                    Cast("raw_output", output_field=models.TextField()),
+                    TOOL_OUTPUT_INDEXED_CHARS,
+                ),
+                output_field=models.TextField(),
+            ),
+            config=TEXT_SEARCH_CONFIG,
+        ),
+        output_field=SearchVectorField(),
+        db_persist=True,
+    )
+
+    class Meta:
+        db_table = "tool_record"
+        indexes = [
+            # A task's records in order (the list), and what a search's scope counts.
+            models.Index(fields=["agent", "task_id", "created_at", "id"], name="tool_record_task"),
+            GinIndex(fields=["search_vector"], name="tool_record_search_vector"),
+            embedding_index("tool_record_embedding_hnsw"),
+            models.Index(
+                fields=["created_at"],
+                condition=Q(embedded_at__isnull=True),
+                name="tool_record_unembedded",
+            ),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=~Q(tool_name=""), name="tool_record_tool_name_set"),
+            models.CheckConstraint(condition=~Q(summary=""), name="tool_record_summary_set"),
+            models.CheckConstraint(
+                condition=Q(summary_source__in=SummarySource.values),
+                name="tool_record_summary_source_valid",
+            ),
+            json_is_object("raw_input", name="tool_record_input_is_object"),
+            embedding_has_model("tool_record_embedding_has_model"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool_name} #{self.step}" if self.step is not None else self.tool_name

@@ -6,10 +6,10 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from django.db.models import QuerySet
+from django.db.models import Prefetch, Q, QuerySet
 from django.utils import timezone
 
-from agents_api.models import Agent, Memory, MemoryBlock, MemoryBlockRevision
+from agents_api.models import Agent, Memory, MemoryBlock, MemoryBlockRevision, ToolRecord
 from conversations.models import Conversation
 from conversations.selectors import conversation_owner_id
 from memsvc.api.errors import Forbidden, InvalidInput, NotFound
@@ -64,6 +64,25 @@ def memory_block_revisions(block: MemoryBlock) -> list[MemoryBlockRevision]:
     return list(block.revisions.order_by("-created_at", "-id"))
 
 
+def memory_blocks_with_revisions(
+    agent: Agent | None = None, *, user_id: str | None = None
+) -> QuerySet[MemoryBlock]:
+    """An agent's blocks (about every user and its own), or every agent's blocks about a
+    user, each with its revisions oldest first (``exported_revisions``)."""
+    blocks = MemoryBlock.objects.all()
+    if agent is not None:
+        blocks = blocks.filter(agent=agent)
+    if user_id is not None:
+        blocks = blocks.filter(user_id=user_id)
+    return blocks.order_by("agent_id", "user_id", "label").prefetch_related(
+        Prefetch(
+            "revisions",
+            queryset=MemoryBlockRevision.objects.order_by("created_at", "id"),
+            to_attr="exported_revisions",
+        )
+    )
+
+
 LOCAL_OWNER = "local"  # owner_principal of the local compatibility API's agents
 
 
@@ -78,6 +97,53 @@ def local_agent(caller_agent: Agent | None, name: str) -> Agent:
     if agent is None:
         raise NotFound("Agent not found")
     return agent
+
+
+# --- the Letta-compatible routes --------------------------------------------------------------
+
+
+def letta_agents(caller: Agent) -> QuerySet[Agent]:
+    """The agents a key reaches through the Letta routes: its own, and those it created
+    there (``services.letta_agent_create``)."""
+    return Agent.objects.filter(Q(pk=caller.pk) | Q(owner_principal=caller.principal_id))
+
+
+def letta_agents_tagged(
+    agents: QuerySet[Agent], tags: Sequence[str], *, match_all: bool = False
+) -> QuerySet[Agent]:
+    """Agents with any of ``tags`` (every one with ``match_all``), Letta's list filter."""
+    wanted = [Q(metadata__letta__tags__contains=[tag]) for tag in tags]
+    combined = wanted[0]
+    for condition in wanted[1:]:
+        combined = (combined & condition) if match_all else (combined | condition)
+    return agents.filter(combined)
+
+
+def letta_blocks(caller: Agent, *, label: str | None = None) -> QuerySet[MemoryBlock]:
+    blocks = MemoryBlock.objects.filter(user_id="", agent__in=letta_agents(caller))
+    if label:
+        blocks = blocks.filter(label=label)
+    return blocks.order_by("created_at", "id")
+
+
+def letta_agent(caller: Agent, agent_id) -> Agent:
+    agent = letta_agents(caller).filter(pk=agent_id).first()
+    if agent is None:
+        raise NotFound("Agent not found")
+    return agent
+
+
+def letta_block(caller: Agent, block_id) -> MemoryBlock:
+    """A block of an agent the key reaches: the agent's own (Letta has no users, so the
+    blocks an agent keeps per user are not Letta's)."""
+    block = (
+        MemoryBlock.objects.filter(pk=block_id, user_id="", agent__in=letta_agents(caller))
+        .select_related("agent")
+        .first()
+    )
+    if block is None:
+        raise NotFound("Block not found")
+    return block
 
 
 # --- long-term memories ----------------------------------------------------------------------
@@ -247,3 +313,71 @@ def memories_for_context(agent: Agent, *, user_id: str, query: str, limit: int) 
         min_score=CONTEXT_MIN_RELEVANCE,
         prefetch=True,
     )
+
+
+# --- tool records (the memory bank) ----------------------------------------------------------
+
+TOOL_RECORDS = Corpus(
+    "tool_record",
+    size_sql="SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = 'tool_record'::regclass",
+)
+TOOL_RECORD_ORDER = ("created_at", "id")  # a task's records in the order they were made
+
+
+def tool_records_of(agent: Agent, *, task_id: str | None = None) -> QuerySet[ToolRecord]:
+    """An agent's tool records (of one task, with ``task_id``). Only the agent that made a
+    record reaches it."""
+    records = ToolRecord.objects.filter(agent=agent).defer(*ToolRecord.SEARCH_DATA)
+    if task_id is not None:
+        records = records.filter(task_id=task_id)
+    return records
+
+
+def tool_record_page(records: QuerySet[ToolRecord], *, after: str | None, limit: int) -> Page:
+    return keyset_page(records, order=TOOL_RECORD_ORDER, after=after, limit=limit)
+
+
+def tool_record_of(records: QuerySet[ToolRecord], trace_id) -> ToolRecord:
+    """One of ``records`` (``tool_records_of``); 404 for any other id, another agent's too."""
+    try:
+        trace_id = uuid.UUID(str(trace_id))
+    except ValueError:
+        raise NotFound("tool record not found") from None
+    record = records.filter(id=trace_id).first()
+    if record is None:
+        raise NotFound("tool record not found")
+    return record
+
+
+@dataclass
+class ToolRecordHit:
+    record: ToolRecord
+    score: float  # the hybrid engine's fused score, 0..1 among the candidates
+
+
+def tool_record_search(
+    agent: Agent, *, query: str, top_k: int, task_id: str | None = None, mode: str = "hybrid"
+) -> list[ToolRecordHit]:
+    """The agent's ``top_k`` tool records (of one task, with ``task_id``) that best answer
+    ``query``, by the one search engine: their summaries' vectors, and the words of the
+    summary, the tool's name and the raw output (an identifier only the output holds)."""
+    clauses, params = ["m.agent_id = %s"], [agent.id]
+    if task_id is not None:
+        clauses.append("m.task_id = %s")
+        params.append(task_id)
+    tuning = configured_tuning()
+    found = find_candidates(
+        TOOL_RECORDS,
+        Scope(" AND ".join(clauses), params),
+        query,
+        mode=mode,
+        top_k=top_k,
+        tuning=tuning,
+    )
+    ranked = ranking.top(found.scores(mode, tuning), top_k)
+    records = tool_records_of(agent).in_bulk([record_id for record_id, _ in ranked])
+    return [
+        ToolRecordHit(record=records[record_id], score=round(score, 6))
+        for record_id, score in ranked
+        if record_id in records  # deleted meanwhile
+    ]

@@ -5,14 +5,20 @@ from collections.abc import Sequence
 
 from django.db import DatabaseError, transaction
 
-from agents_api import extraction, services
+from agents_api import extraction, services, sleeptime
 from agents_api.models import Agent
 from conversations.models import Conversation
 from memsvc.celery import app
+from memsvc.llm import LLMError
 from search.embeddings import EmbeddingError
 from search.tasks import TransientEmbeddingError
 
 logger = logging.getLogger(__name__)
+
+
+class TransientLLMError(Exception):
+    """Raised to make Celery retry: the LLM may answer next time."""
+
 
 # Batches per sweep, as many as the message sweep's: a large backlog is worked off over
 # several runs, not by one run that outlasts many minutes.
@@ -111,5 +117,93 @@ def enqueue_memory_extraction(agent: Agent, conversation: Conversation) -> None:
             )
         except Exception as exc:  # any broker failure: kombu, redis, amqp, OS errors
             logger.warning("could not enqueue a memory extraction (%s); next turn will", exc)
+
+    transaction.on_commit(enqueue, robust=True)
+
+
+# --- the memory bank's observer --------------------------------------------------------------
+
+
+@app.task(
+    name="agents_api.observe_tool_record",
+    autoretry_for=(TransientLLMError,),
+    retry_backoff=5,
+    retry_backoff_max=300,
+    retry_jitter=True,
+    max_retries=5,
+    acks_late=True,
+)
+def observe_tool_record_task(record_id: str) -> bool:
+    """The observer LLM's summary of one tool record (``services.tool_record_observe``).
+    A model that is unreachable or overloaded is asked again later; one that answers
+    nothing (or refuses) leaves the record its deterministic summary."""
+    try:
+        return services.tool_record_observe(record_id)
+    except LLMError as exc:
+        if exc.transient:
+            raise TransientLLMError(str(exc)) from exc
+        logger.warning("tool record %s keeps its fallback summary: %s", record_id, exc)
+        return False
+
+
+def enqueue_observation(record_ids: Sequence) -> None:
+    """Hand committed tool records to the observer, one task each (the seed: parallel calls,
+    one observer call each). A broker that is down costs only the better summary: each
+    record already has its deterministic one."""
+    for record_id in record_ids:
+        try:
+            observe_tool_record_task.apply_async(args=[str(record_id)], retry=False)
+        except Exception as exc:  # any broker failure: kombu, redis, amqp, OS errors
+            logger.warning("could not enqueue the observer (%s); fallback summaries kept", exc)
+            return
+
+
+@app.task(
+    name="agents_api.sweep_unembedded_tool_records",
+    autoretry_for=(TransientEmbeddingError,),
+    retry_backoff=2,
+    retry_backoff_max=16,
+    retry_jitter=True,
+    max_retries=3,
+    acks_late=True,
+)
+def sweep_unembedded_tool_records_task() -> int:
+    """Embed tool records written while the embedding backend was down (or whose LLM
+    summary came then). Runs every minute, as the memory sweep does."""
+    try:
+        embedded = services.tool_records_embed_pending(max_batches=SWEEP_MAX_BATCHES)
+    except EmbeddingError as exc:
+        if exc.transient:
+            raise TransientEmbeddingError(str(exc)) from exc
+        logger.error("tool record sweep stopped: %s", exc)
+        return 0
+    if embedded:
+        logger.info("sweep embedded %d tool records", embedded)
+    return embedded
+
+
+# --- Letta's sleeptime agent -----------------------------------------------------------------
+
+
+@app.task(name="agents_api.observe_letta_turns", acks_late=True)
+def observe_letta_turns_task(agent_id: str) -> list[str]:
+    agent = Agent.objects.filter(id=agent_id).first()
+    return sleeptime.blocks_observe(agent) if agent is not None else []
+
+
+def enqueue_letta_observation(agent: Agent) -> None:
+    """After the capture commits, hand the agent's blocks to the observer when enough turns
+    have come (``sleeptime.observation_due``); a broker failure is logged, and the next
+    capture asks again."""
+
+    def enqueue():
+        # As committed: the capture may have made the agent's conversation.
+        fresh = Agent.objects.filter(pk=agent.pk).first()
+        if fresh is None or not sleeptime.observation_due(fresh):
+            return
+        try:
+            observe_letta_turns_task.apply_async(args=[str(agent.id)], retry=False)
+        except Exception as exc:  # any broker failure: kombu, redis, amqp, OS errors
+            logger.warning("could not enqueue a sleeptime observation (%s); next capture will", exc)
 
     transaction.on_commit(enqueue, robust=True)

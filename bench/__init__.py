@@ -25,6 +25,15 @@ Results are printed as a table and written as JSON under ``bench-results/`` (git
   and retrieval through LoCoMo's observations beside message search, with the hybrid
   weights compared in-process (``--locomo ../shared/bench/locomo/locomo-dev.json``).
 
+- ``python -m bench.tool_records``: the memory bank (issue 17): tokens the model receives
+  per step of a 30-step synthetic tool task (``bench.tool_task``) with and without
+  ``learning(strategy="memory_bank")``, and tool record search latency at 10,000 records.
+
+- ``python -m bench.learning``: the latency ``learning()`` adds to a model call (the test
+  suite's stand-in LLM, plain calls and calls inside a block in alternating rounds), sync
+  and async, back to back and with a pause between calls; ``--compare PATH`` times another
+  client module beside it.
+
 - ``python -m bench.mcp``: the MCP server's ``memory_search`` round trip with the SDK's
   client, over streamable HTTP (``/mcp``) and over stdio (``memsvc mcp``), beside the REST
   search of the same queries (``--memories 10000 --calls 1000``).

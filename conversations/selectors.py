@@ -29,6 +29,7 @@ from conversations.models import (
     AccessLevel,
     Channel,
     Conversation,
+    ConversationGroup,
     Membership,
     Message,
     OwnershipTransfer,
@@ -38,7 +39,7 @@ from conversations.models import (
 )
 from memsvc.api.errors import Forbidden, NotFound
 from memsvc.api.pagination import Page, keyset_page
-from memsvc.api.principals import Principal
+from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, Principal
 
 PREVIEW_CHARS = 200
 
@@ -322,14 +323,17 @@ def message_in_view(conversation: Conversation, message_id) -> Message:
     return found[0]
 
 
-def history_message_before(conversation: Conversation, message: Message) -> Message | None:
-    """The last HISTORY message of the view that precedes ``message`` (a fork point)."""
-    return (
-        conversation_messages(conversation, for_agent=True)
-        .filter(channel=Channel.HISTORY, seq__lt=message.seq)
-        .order_by("-seq")
-        .first()
+def history_message_before(
+    conversation: Conversation, message: Message, *, excluding: QuerySet | None = None
+) -> Message | None:
+    """The last HISTORY message of the view that precedes ``message`` (a fork point), not
+    one of ``excluding`` (messages about to be deleted)."""
+    before = conversation_messages(conversation, for_agent=True).filter(
+        channel=Channel.HISTORY, seq__lt=message.seq
     )
+    if excluding is not None:
+        before = before.exclude(id__in=excluding.values("id"))
+    return before.order_by("-seq").first()
 
 
 def conversation_forks(conversation: Conversation) -> list[Conversation]:
@@ -379,3 +383,91 @@ def access_transfer(principal: Principal, transfer_id) -> OwnershipTransfer:
     if transfer is None:
         raise NotFound("ownership transfer not found")
     return transfer
+
+
+# --- what is kept about a user (export, erase) -----------------------------------------------
+# A user's own id is the only way in: these serve the user themself (``/v1/user/export``,
+# ``/v1/user/erase``) and the operator's ``memsvc export``, never another caller.
+
+
+def groups_owned_by(user_id: str) -> QuerySet[ConversationGroup]:
+    return ConversationGroup.objects.filter(
+        memberships__principal_id=user_id, memberships__access_level=AccessLevel.OWNER
+    )
+
+
+def conversations_owned_by(user_id: str) -> QuerySet[Conversation]:
+    """Every conversation of the user's groups, forks included, parents before forks."""
+    return Conversation.objects.filter(group__in=groups_owned_by(user_id)).order_by(
+        "group_id", "created_at", "id"
+    )
+
+
+def messages_owned_by(user_id: str) -> QuerySet[Message]:
+    """Every message of the user's conversations (whoever wrote it), in ``seq`` order."""
+    return (
+        Message.objects.without_search_data()
+        .filter(conversation__group__in=groups_owned_by(user_id))
+        .order_by("seq")
+    )
+
+
+def memberships_of_owned(user_id: str) -> QuerySet[Membership]:
+    """The memberships of the user's groups (the user's own, as owner, among them)."""
+    return Membership.objects.filter(group__in=groups_owned_by(user_id)).order_by(
+        "group_id", "created_at", "id"
+    )
+
+
+def memberships_elsewhere(user_id: str) -> QuerySet[Membership]:
+    """The user's memberships of groups someone else owns (a group has one owner), each with
+    the id of the group's first conversation (``conversation_id``), the one people share."""
+    first_conversation = (
+        Conversation.objects.filter(group_id=OuterRef("group_id"))
+        .order_by("created_at", "id")
+        .values("id")[:1]
+    )
+    return (
+        Membership.objects.filter(principal_id=user_id)
+        .exclude(access_level=AccessLevel.OWNER)
+        .annotate(conversation_id=Subquery(first_conversation))
+        .order_by("created_at", "id")
+    )
+
+
+def messages_elsewhere(user_id: str) -> QuerySet[Message]:
+    """The user's messages in conversations someone else owns: those the user wrote, and the
+    user turns an agent wrote for them (signed with their id) where they are a member.
+
+    (``author_principal`` has no index: an export or an erase reads the message table once.)
+    """
+    member_of = Membership.objects.filter(principal_id=user_id).values("group_id")
+    return (
+        Message.objects.without_search_data()
+        .filter(
+            Q(author_principal=user_id)
+            | Q(
+                role=Role.USER,
+                author_name=user_id,
+                author_principal__startswith=AGENT_PRINCIPAL_PREFIX,
+                conversation__group_id__in=member_of,
+            )
+        )
+        .exclude(conversation__group__in=groups_owned_by(user_id))
+        .order_by("seq")
+    )
+
+
+def transfers_of_owned(user_id: str) -> QuerySet[OwnershipTransfer]:
+    return OwnershipTransfer.objects.filter(group__in=groups_owned_by(user_id)).order_by(
+        "created_at", "id"
+    )
+
+
+def transfers_elsewhere(user_id: str) -> QuerySet[OwnershipTransfer]:
+    """Transfers the user made or was offered of groups they do not own (now)."""
+    return (
+        OwnershipTransfer.objects.filter(Q(from_principal=user_id) | Q(to_principal=user_id))
+        .exclude(group__in=groups_owned_by(user_id))
+        .order_by("created_at", "id")
+    )

@@ -10,9 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from conversations import selectors
 from conversations.models import (
     AccessLevel,
     Channel,
@@ -28,6 +29,7 @@ from conversations.models import (
 from conversations.selectors import conversation_owner_id, history_message_before
 from memsvc.api.errors import Conflict, Forbidden, InvalidInput, NotFound
 from memsvc.api.principals import Principal
+from search.services import uncount_messages
 from search.tasks import enqueue_embedding
 
 # --- conversations ---------------------------------------------------------------------------
@@ -76,12 +78,27 @@ def conversation_update(
     return conversation
 
 
+_SUBTREE_SQL = """
+WITH RECURSIVE subtree(id) AS (
+    SELECT %s::uuid
+  UNION ALL
+    SELECT c.id FROM conversation c JOIN subtree ON c.forked_at_conversation_id = subtree.id
+)
+SELECT id FROM subtree
+"""
+
+
 @transaction.atomic
 def conversation_delete(actor: Principal, *, conversation: Conversation) -> None:
     """Delete the conversation and every fork below it; the root takes its group along."""
     if conversation.forked_at_conversation_id is None:
+        _messages_delete(Message.objects.filter(conversation__group_id=conversation.group_id))
         ConversationGroup.objects.filter(pk=conversation.group_id).delete()
     else:
+        with connection.cursor() as cursor:
+            cursor.execute(_SUBTREE_SQL, [conversation.pk])
+            subtree = [conversation_id for (conversation_id,) in cursor.fetchall()]
+        _messages_delete(Message.objects.filter(conversation_id__in=subtree))
         Conversation.objects.filter(pk=conversation.pk).delete()
 
 
@@ -143,7 +160,14 @@ def _build_message(
 def messages_append(
     actor: Principal, *, conversation: Conversation, messages: Sequence[NewMessage]
 ) -> list[Message]:
-    """Append messages in order, all or nothing; they are queued for embedding on commit."""
+    """Append messages in order, all or nothing; they are queued for embedding on commit.
+
+    Within a conversation, ``seq`` order is commit order: the conversation's row is updated
+    (and so locked until commit) before the messages draw their numbers, so a second writer
+    draws its numbers only once the first has committed. A reader resuming after a message
+    (a cursor is a ``seq``) can then never pass a number that commits later.
+    """
+    Conversation.objects.filter(pk=conversation.pk).update(updated_at=timezone.now())
     authors = _author_names(actor, conversation, messages)
     created = Message.objects.bulk_create(
         [
@@ -151,7 +175,6 @@ def messages_append(
             for new, author in zip(messages, authors, strict=True)
         ]
     )
-    Conversation.objects.filter(pk=conversation.pk).update(updated_at=timezone.now())
     message_ids = [message.id for message in created]
     transaction.on_commit(lambda: enqueue_embedding(message_ids))
     return created
@@ -201,6 +224,35 @@ def summary_create(
     )
     Conversation.objects.filter(pk=conversation.pk).update(title=title)
     return message
+
+
+def _messages_delete(messages) -> int:
+    """Delete these messages (a queryset), their words counted out of the keyword statistics
+    (``search.services.uncount_messages``); replies to them lose their parent. Caller makes
+    sure no conversation that stays is forked at one of them (``_forks_moved_off``)."""
+    ids = list(messages.select_for_update(of=("self",)).values_list("id", flat=True))
+    if not ids:
+        return 0
+    with connection.cursor() as cursor:
+        uncount_messages(cursor, ids)
+        cursor.execute(
+            "UPDATE message SET parent_message_id = NULL WHERE parent_message_id = ANY(%s)", [ids]
+        )
+        cursor.execute("DELETE FROM message WHERE id = ANY(%s)", [ids])
+        return cursor.rowcount
+
+
+def _forks_moved_off(messages) -> None:
+    """Forks made at one of ``messages`` (about to be deleted) start instead at the history
+    message before it that stays: they keep what they shared with their parent but those."""
+    forks = Conversation.objects.filter(
+        forked_at_message__in=messages.values("id"), forked_at_conversation__isnull=False
+    ).select_related("forked_at_conversation", "forked_at_message")
+    for fork in forks:
+        point = history_message_before(
+            fork.forked_at_conversation, fork.forked_at_message, excluding=messages
+        )
+        Conversation.objects.filter(pk=fork.pk).update(forked_at_message=point)
 
 
 # --- forks -----------------------------------------------------------------------------------
@@ -365,3 +417,56 @@ def ownership_transfer_cancel(
     if transfer.from_principal != actor.id:
         raise Forbidden("only the owner who offered a transfer can cancel it")
     return _resolve(_lock_pending(transfer), TransferStatus.CANCELLED)
+
+
+# --- a user's data, erased -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ErasedConversations:
+    conversations: int  # in the groups the user owned, forks included
+    messages: int  # of those conversations, and the user's own elsewhere
+    memberships: int  # the user's own, everywhere
+    ownership_transfers: int  # of the user's groups, and those made to or by the user
+
+
+@transaction.atomic
+def user_conversations_erase(user_id: str) -> ErasedConversations:
+    """Erase what the conversations app keeps about a user: the groups they own (every
+    conversation, message, membership and transfer in them), their messages in others'
+    conversations, their memberships, and the transfers they made or were offered
+    (a pending offer to them goes, as if declined). One transaction.
+
+    Others' data stays as it was, but for the user's messages in it: a fork someone made
+    at one of those starts at the message before it instead.
+    """
+    # Pending transfers before groups, in the order accepting one takes its locks
+    # (transfer, then group): an accept racing the erase waits, it never deadlocks.
+    list(
+        selectors.transfers_of_owned(user_id)
+        .filter(status=TransferStatus.PENDING)
+        .select_for_update(of=("self",))
+        .values_list("id", flat=True)
+    )
+    owned = list(
+        selectors.groups_owned_by(user_id)
+        .select_for_update(of=("self",))
+        .order_by("id")
+        .values_list("id", flat=True)
+    )
+    conversations = Conversation.objects.filter(group_id__in=owned).count()
+    messages = _messages_delete(Message.objects.filter(conversation__group_id__in=owned))
+    transfers = OwnershipTransfer.objects.filter(group_id__in=owned).count()
+    ConversationGroup.objects.filter(id__in=owned).delete()
+
+    elsewhere = selectors.messages_elsewhere(user_id)
+    _forks_moved_off(elsewhere)
+    messages += _messages_delete(elsewhere)
+    memberships, _ = Membership.objects.filter(principal_id=user_id).delete()
+    others, _ = selectors.transfers_elsewhere(user_id).delete()
+    return ErasedConversations(
+        conversations=conversations,
+        messages=messages,
+        memberships=memberships + len(owned),
+        ownership_transfers=transfers + others,
+    )

@@ -22,12 +22,12 @@ from pathlib import Path
 import httpx
 from openai import OpenAI
 
-from memsvc.client import learning
+from memsvc.client import learning, server_url_from_env
 
 
 def wait_until_embedded(timeout: float = 60.0) -> None:
     """memsvc embeds in the background; a real second session comes later than this one."""
-    url = os.environ.get("MEMORY_SERVER_URL", "http://127.0.0.1:8283")
+    url = server_url_from_env()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if httpx.get(f"{url}/v1/health", timeout=5).json().get("pendingEmbeddings") == 0:

@@ -5,8 +5,14 @@ from pathlib import Path
 
 from celery import Celery
 from celery.signals import before_task_publish, worker_init
+from kombu.transport import TRANSPORT_ALIASES
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memsvc.settings")
+
+# ``filesystem://`` (local mode's broker) is kombu's transport with whole-message writes and a
+# reader that survives a bad file (memsvc.broker). Named here, before any connection resolves
+# the alias, in every process that sends or receives tasks.
+TRANSPORT_ALIASES["filesystem"] = "memsvc.broker:Transport"
 
 app = Celery("memsvc")
 app.config_from_object("django.conf:settings", namespace="CELERY")

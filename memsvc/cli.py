@@ -1,19 +1,20 @@
 """The ``memsvc`` command line.
 
-``memsvc serve`` is the whole service on one machine: it migrates, then runs gunicorn and a
-Celery worker (with the beat scheduler for periodic sweeps) as child processes, and stops
-them all, and the embedded database if it started it, on Ctrl-C or SIGTERM.
+``memsvc serve`` is the whole service on one machine: it migrates, then runs the web server,
+a Celery worker and the beat scheduler (periodic sweeps) as child processes, restarts any of
+them that dies and the embedded database if it stops (memsvc.supervisor), and stops them
+all, and the embedded database if it started it, on Ctrl-C or SIGTERM.
 """
 
 import argparse
 import os
-import signal
-import subprocess
 import sys
 import time
 
-SHUTDOWN_GRACE_SECONDS = 20
+from memsvc.supervisor import Supervisor, log
+
 KEEP_ALIVE_SECONDS = 75
+WEB_DB_POOL_SIZE = 8
 
 
 def _setup_django() -> None:
@@ -23,24 +24,24 @@ def _setup_django() -> None:
     django.setup()
 
 
-def _gunicorn_command(host: str, port: int) -> list[str]:
+def _web_command(host: str, port: int) -> list[str]:
+    """gunicorn managing uvicorn workers, serving the ASGI application: a request reaches a
+    thread only once its headers and body are in, so slow clients cost a socket each, never a
+    request thread (docs/benchmarks.md, "Slow clients")."""
     from memsvc.env import env_int
 
     workers = env_int("MEMSVC_WEB_WORKERS", 2, minimum=1)
-    threads = env_int("MEMSVC_WEB_THREADS", 4, minimum=1)
     return [
         sys.executable,
         "-m",
         "gunicorn",
-        "memsvc.wsgi:application",
+        "memsvc.asgi:application",
         "--bind",
         f"{host}:{port}",
         "--workers",
         str(workers),
-        "--threads",
-        str(threads),
         "--worker-class",
-        "gthread",
+        "uvicorn_worker.UvicornWorker",
         "--timeout",
         "60",
         "--graceful-timeout",
@@ -56,6 +57,16 @@ def _gunicorn_command(host: str, port: int) -> list[str]:
         # gunicorn's control socket is one path per user: two servers would share it.
         "--no-control-socket",
     ]
+
+
+def _web_env() -> dict[str, str]:
+    """One embedding thread per web process: a search embeds one short query while the same
+    process talks to PostgreSQL, and the other core serves the next request. And a pool of
+    database connections (settings.DB_POOL_SIZE): under ASGI a request has a thread of its own."""
+    return {
+        "MEMSVC_EMBEDDING_THREADS": os.environ.get("MEMSVC_EMBEDDING_THREADS", "1"),
+        "MEMSVC_DB_POOL_SIZE": os.environ.get("MEMSVC_DB_POOL_SIZE", str(WEB_DB_POOL_SIZE)),
+    }
 
 
 def _worker_processes() -> int:
@@ -74,76 +85,41 @@ def _worker_env(processes: int) -> dict[str, str]:
     return {"MEMSVC_EMBEDDING_THREADS": threads}
 
 
-def _worker_command(*, beat: bool, processes: int, extra: list[str] | None = None) -> list[str]:
+def _celery(*arguments: str) -> list[str]:
+    return [sys.executable, "-m", "celery", "-A", "memsvc.celery", *arguments]
+
+
+def _worker_command(*, processes: int, extra: list[str] | None = None) -> list[str]:
     from django.conf import settings
 
-    command = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "memsvc.celery",
-        "worker",
-        "--loglevel",
-        "INFO",
-        "--concurrency",
-        str(processes),
-    ]
+    command = _celery("worker", "--loglevel", "INFO", "--concurrency", str(processes))
     if settings.CELERY_BROKER_URL.startswith("filesystem://"):
         # The filesystem transport has no broadcast: no worker-to-worker chatter.
         command += ["--without-mingle", "--without-gossip", "--without-heartbeat"]
-    if beat:
-        schedule = settings.MEMSVC_DATA_DIR / "celerybeat-schedule"
-        command += ["--beat", "--schedule", str(schedule)]
     return command + (extra or [])
 
 
-class _Supervisor:
-    """Runs child processes until one of them exits or we are told to stop."""
+def _beat_command() -> list[str]:
+    """The periodic scheduler, a process of its own (not inside a worker, where the worker's
+    death would orphan it); its schedule file remembers the last runs across restarts."""
+    from django.conf import settings
 
-    def __init__(self) -> None:
-        self.children: list[subprocess.Popen] = []
-        self.stopping = False
-        # Installed before anything slow (start-up, migrations) so that a SIGTERM at any
-        # moment still ends in an orderly stop.
-        signal.signal(signal.SIGTERM, self.request_stop)
-        signal.signal(signal.SIGINT, self.request_stop)
+    schedule = settings.MEMSVC_DATA_DIR / "celerybeat-schedule"
+    # No pid file: the supervisor is what keeps a single beat.
+    return _celery("beat", "--loglevel", "INFO", "--schedule", str(schedule), "--pidfile=")
 
-    def start(self, command: list[str], env: dict[str, str] | None = None) -> None:
-        environment = {**os.environ, **(env or {})}
-        self.children.append(subprocess.Popen(command, env=environment))  # noqa: S603 (our own interpreter)
 
-    def request_stop(self, signum, frame) -> None:
-        self.stopping = True
-
-    def run(self) -> int:
-        exit_code = 0
-        while not self.stopping:
-            for child in self.children:
-                code = child.poll()
-                if code is not None:
-                    print(f"memsvc: {child.args[2:5]} exited with {code}", file=sys.stderr)
-                    exit_code = code or 1
-                    self.stopping = True
-            time.sleep(0.2)
-        self.stop_all()
-        return exit_code
-
-    def stop_all(self) -> None:
-        for child in self.children:
-            if child.poll() is None:
-                child.terminate()
-        deadline = time.monotonic() + SHUTDOWN_GRACE_SECONDS
-        for child in self.children:
-            try:
-                child.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
+def _start_workers(supervisor: Supervisor, *, beat: bool, extra: list[str] | None = None) -> None:
+    processes = _worker_processes()
+    supervisor.start(
+        "worker", _worker_command(processes=processes, extra=extra), env=_worker_env(processes)
+    )
+    if beat:
+        supervisor.start("beat", _beat_command())
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    supervisor = _Supervisor()
+    supervisor = Supervisor()
     _setup_django()
     from django.conf import settings
     from django.core.management import call_command
@@ -160,24 +136,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
         settings.STATIC_ROOT.mkdir(parents=True, exist_ok=True)
     try:
         # The first connection starts the embedded database (memsvc.db_backend): this
-        # process holds it until the `finally` below.
+        # process holds it until the `finally` below, and starts it again if it stops.
         call_command("migrate", interactive=False, verbosity=0)
         check_embedding_dimension()
         warn_about_other_vector_models()
         if supervisor.stopping:
             return 0
-        # One embedding thread per web process: a search embeds one short query while the
-        # same process talks to PostgreSQL, and the other core serves the next request.
-        supervisor.start(
-            _gunicorn_command(host, port),
-            env={"MEMSVC_EMBEDDING_THREADS": os.environ.get("MEMSVC_EMBEDDING_THREADS", "1")},
-        )
-        if not args.no_worker:
-            processes = _worker_processes()
-            supervisor.start(
-                _worker_command(beat=True, processes=processes), env=_worker_env(processes)
+        if settings.DATABASE_URL is None:
+            supervisor.watch(
+                "embedded PostgreSQL", embedded_db.server_running, embedded_db.restart_server
             )
-        print(f"memsvc: serving on http://{host}:{port}", file=sys.stderr, flush=True)
+        supervisor.start("web server", _web_command(host, port), env=_web_env())
+        if not args.no_worker:
+            _start_workers(supervisor, beat=True)
+        log(f"serving on http://{host}:{port}")
         return supervisor.run()
     finally:
         supervisor.stop_all()
@@ -185,17 +157,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    supervisor = _Supervisor()
+    supervisor = Supervisor()
     _setup_django()
     from search.checks import check_embedding_dimension, warn_about_other_vector_models
 
     check_embedding_dimension()
     warn_about_other_vector_models()
-    processes = _worker_processes()
-    supervisor.start(
-        _worker_command(beat=args.beat, processes=processes, extra=args.celery_args),
-        env=_worker_env(processes),
-    )
+    # `memsvc worker -- --hostname w1@%h`: what follows "--" is Celery's.
+    extra = args.celery_args[1:] if args.celery_args[:1] == ["--"] else args.celery_args
+    _start_workers(supervisor, beat=args.beat, extra=extra)
     try:
         return supervisor.run()
     finally:
@@ -206,15 +176,25 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_reindex(args: argparse.Namespace) -> int:
     _setup_django()
-    from agents_api.services import memories_embed_pending, memories_reembed_all
+    from agents_api.services import (
+        memories_embed_pending,
+        memories_reembed_all,
+        tool_records_embed_pending,
+        tool_records_reembed_all,
+    )
     from search.services import embed_pending, rebuild_term_stats, reembed_all
 
     started = time.monotonic()
     count = reembed_all() if args.all else embed_pending()
     rebuild_term_stats()  # recounted from scratch: also covers rows loaded by other means
     memories = memories_reembed_all() if args.all else memories_embed_pending()
+    records = tool_records_reembed_all() if args.all else tool_records_embed_pending()
     elapsed = time.monotonic() - started
-    print(f"embedded {count} messages and {memories} memories in {elapsed:.1f} s", file=sys.stderr)
+    print(
+        f"embedded {count} messages, {memories} memories and {records} tool records "
+        f"in {elapsed:.1f} s",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -320,6 +300,74 @@ def cmd_apikey_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
+def _agent_named(name_or_id: str):
+    """The agent with this id, or the one agent with this name; None (said why) otherwise."""
+    import uuid
+
+    from agents_api.models import Agent
+
+    try:
+        agents = list(Agent.objects.filter(id=uuid.UUID(name_or_id)))
+    except ValueError:
+        agents = list(Agent.objects.filter(name=name_or_id).order_by("created_at"))
+    if len(agents) == 1:
+        return agents[0]
+    if agents:
+        ids = ", ".join(f"{agent.id} (owner {agent.owner_principal})" for agent in agents)
+        print(
+            f"several agents are called {name_or_id!r}: give the id of one of {ids}",
+            file=sys.stderr,
+        )
+    else:
+        print(f"no agent {name_or_id!r}", file=sys.stderr)
+    return None
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    _setup_django()
+    from agents_api.portability.export import agent_header, document_chunks, user_header
+    from agents_api.portability.sections import AGENT_SECTIONS, USER_SECTIONS
+
+    if args.kind == "user":
+        chunks = document_chunks(user_header(args.subject), USER_SECTIONS, args.subject)
+    else:
+        agent = _agent_named(args.subject)
+        if agent is None:
+            return 1
+        chunks = document_chunks(agent_header(agent), AGENT_SECTIONS, agent)
+    if args.output in (None, "-"):
+        sys.stdout.writelines(chunks)
+        sys.stdout.flush()
+    else:
+        with open(args.output, "w", encoding="utf-8") as output:
+            output.writelines(chunks)
+    return 0
+
+
+def cmd_import(args: argparse.Namespace) -> int:
+    import json
+
+    _setup_django()
+    from agents_api.portability.restore import ImportRefused, document_import
+
+    try:
+        if args.file == "-":
+            document = json.load(sys.stdin)
+        else:
+            with open(args.file, encoding="utf-8") as source:
+                document = json.load(source)
+        result = document_import(document)
+    except (OSError, ValueError, ImportRefused) as exc:
+        print(f"nothing imported: {exc}", file=sys.stderr)
+        return 1
+    print(f"imported the {result.kind} {result.subject}:", file=sys.stderr)
+    for name, stored in result.stored.items():
+        skipped = result.skipped[name]
+        note = f" ({skipped} skipped: their conversation or agent is gone)" if skipped else ""
+        print(f"  {name}: {stored}{note}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="memsvc", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -332,7 +380,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     worker = commands.add_parser("worker", help="run a Celery worker")
     worker.add_argument("--beat", action="store_true", help="also run the periodic scheduler")
-    worker.add_argument("celery_args", nargs=argparse.REMAINDER, help="passed to celery worker")
+    worker.add_argument(
+        "celery_args", nargs=argparse.REMAINDER, help="passed to celery worker (after --)"
+    )
     worker.set_defaults(func=cmd_worker)
 
     reindex = commands.add_parser(
@@ -382,6 +432,19 @@ def build_parser() -> argparse.ArgumentParser:
     revoke = apikey_commands.add_parser("revoke", help="revoke a key by its id")
     revoke.add_argument("key_id")
     revoke.set_defaults(func=cmd_apikey_revoke)
+
+    export = commands.add_parser(
+        "export", help="write a user's data or an agent's memory as one JSON document"
+    )
+    export.add_argument("kind", choices=["user", "agent"])
+    export.add_argument("subject", help="the user id, or the agent's id or name")
+    export.add_argument("-o", "--output", help="a file (default: standard output)")
+    export.set_defaults(func=cmd_export)
+    importing = commands.add_parser(
+        "import", help="put back what `memsvc export` wrote (all of it or nothing)"
+    )
+    importing.add_argument("file", help="the document (- for standard input)")
+    importing.set_defaults(func=cmd_import)
     return parser
 
 

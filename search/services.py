@@ -5,6 +5,7 @@ Whatever the queue loses, the periodic sweep finds again: a message is never lef
 unsearchable because of a broker problem, and keywords find it meanwhile.
 """
 
+import logging
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -14,10 +15,13 @@ from django.utils import timezone
 from conversations.models import Channel, Conversation, Message
 from search.embeddings import (
     EmbeddingBackend,
+    EmbeddingError,
     configured_backend,
     embedding_text,
     vector_literal,
 )
+
+logger = logging.getLogger(__name__)
 
 EMBED_BATCH = 256
 
@@ -47,6 +51,40 @@ SELECT 1, count(*), coalesce(sum(length(search_vector)), 0) FROM message WHERE i
 ON CONFLICT (id) DO UPDATE SET
     document_count = search_corpus_stat.document_count + EXCLUDED.document_count,
     total_length = search_corpus_stat.total_length + EXCLUDED.total_length
+"""
+
+# Takes the lexemes of messages about to be deleted out of the keyword statistics (only the
+# embedded ones were counted). Their rows are locked first, in lexeme order as counting
+# locks them, so a worker counting other messages meanwhile cannot deadlock with it.
+_LOCK_TERMS = """
+SELECT lexeme FROM search_term_stat WHERE lexeme IN (
+    SELECT DISTINCT lexeme FROM message, unnest(search_vector) AS term(lexeme, positions, weights)
+    WHERE message.id = ANY(%s) AND message.embedded_at IS NOT NULL
+) ORDER BY lexeme FOR UPDATE
+"""
+
+_UNCOUNT_TERMS = """
+UPDATE search_term_stat SET document_count = search_term_stat.document_count - gone.n
+FROM (
+    SELECT lexeme, count(*) AS n FROM message, unnest(search_vector) AS term(lexeme, positions, weights)
+    WHERE message.id = ANY(%s) AND message.embedded_at IS NOT NULL
+    GROUP BY lexeme
+) AS gone
+WHERE search_term_stat.lexeme = gone.lexeme
+"""
+
+# A word nobody's messages hold any more leaves the statistics: erased text leaves no trace.
+_DROP_UNUSED_TERMS = "DELETE FROM search_term_stat WHERE lexeme = ANY(%s) AND document_count <= 0"
+
+_UNCOUNT_CORPUS = """
+UPDATE search_corpus_stat SET
+    document_count = greatest(search_corpus_stat.document_count - gone.n, 0),
+    total_length = greatest(search_corpus_stat.total_length - gone.length, 0)
+FROM (
+    SELECT count(*) AS n, coalesce(sum(length(search_vector)), 0) AS length
+    FROM message WHERE id = ANY(%s) AND embedded_at IS NOT NULL
+) AS gone
+WHERE search_corpus_stat.id = 1
 """
 
 
@@ -107,6 +145,91 @@ def write_vectors(cursor, table: str, ids: list, vectors, *, model: str, at, for
     return {row_id for (row_id,) in cursor.fetchall()}
 
 
+def uncount_messages(cursor, message_ids: list) -> None:
+    """Take these messages out of the keyword statistics, before they are deleted in the
+    same transaction. Caller holds the messages' row locks: a worker embedding one of them
+    waits, then finds it gone and counts nothing, so each message is counted out once."""
+    cursor.execute(_LOCK_TERMS, [message_ids])
+    lexemes = [lexeme for (lexeme,) in cursor.fetchall()]
+    if lexemes:
+        cursor.execute(_UNCOUNT_TERMS, [message_ids])
+        cursor.execute(_DROP_UNUSED_TERMS, [lexemes])
+    cursor.execute(_UNCOUNT_CORPUS, [message_ids])
+
+
+def vectors_or_none(texts: list[str], *, what: str) -> tuple:
+    """(model, vectors) for rows about to be written (memories, tool records), embedded in one
+    call; (None, None) when the backend fails: the rows are stored anyway, found by keywords,
+    and embedded later by their sweep."""
+    backend = configured_backend()
+    try:
+        return backend.model, list(backend.embed(texts))
+    except EmbeddingError as exc:
+        logger.warning("%s saved without vectors (%s); the sweep will embed them", what, exc)
+        return None, None
+
+
+def embed_rows(model, ids: Sequence, *, text_field: str, backend=None, force: bool = False) -> int:
+    """Give these rows of a corpus other than messages (memories, tool records) a vector of
+    their ``text_field``; how many got one. Without ``force`` only rows still waiting, and
+    the write is conditional (``write_vectors``), so racing sweeps write each once."""
+    backend = backend or configured_backend()
+    rows = model.objects.filter(pk__in=list(ids))
+    if not force:
+        rows = rows.filter(embedded_at__isnull=True)
+    rows = list(rows.values_list("pk", text_field))
+    if not rows:
+        return 0
+    vectors = backend.embed([text for _, text in rows])
+    with transaction.atomic(), connection.cursor() as cursor:
+        written = write_vectors(
+            cursor,
+            model._meta.db_table,
+            [row_id for row_id, _ in rows],
+            vectors,
+            model=backend.model,
+            at=timezone.now(),
+            force=force,
+        )
+    return len(written)
+
+
+def embed_pending_rows(
+    model, *, text_field: str, backend=None, batch: int = EMBED_BATCH, max_batches=None
+) -> int:
+    """Embed every row of ``model`` still waiting for a vector, oldest first (a sweep,
+    ``memsvc reindex``), served by the table's partial index on ``created_at``."""
+    total = batches = 0
+    while max_batches is None or batches < max_batches:
+        ids = list(
+            model.objects.filter(embedded_at__isnull=True)
+            .order_by("created_at")
+            .values_list("pk", flat=True)[:batch]
+        )
+        done = embed_rows(model, ids, text_field=text_field, backend=backend) if ids else 0
+        total += done
+        batches += 1
+        if done == 0:
+            break  # nothing waits, or someone else is on these: the next sweep will see
+    return total
+
+
+def reembed_all_rows(model, *, text_field: str, backend=None, batch: int = EMBED_BATCH) -> int:
+    """Re-embed every row of ``model`` with the configured model (after a model change),
+    batch by batch in id order. Rows written meanwhile get that model's vector anyway."""
+    backend = backend or configured_backend()
+    total, last_id = 0, None
+    while True:
+        rows = model.objects.order_by("pk")
+        if last_id is not None:
+            rows = rows.filter(pk__gt=last_id)
+        ids = list(rows.values_list("pk", flat=True)[:batch])
+        if not ids:
+            return total
+        last_id = ids[-1]
+        total += embed_rows(model, ids, text_field=text_field, backend=backend, force=True)
+
+
 def pending_message_ids(*, older_than_seconds: float = 0, limit: int = EMBED_BATCH) -> list:
     """Messages waiting for a vector, oldest first (served by the partial index)."""
     waiting = Message.objects.filter(embedded_at__isnull=True)
@@ -161,7 +284,8 @@ def reembed_all(*, backend=None) -> int:
 
 @transaction.atomic
 def rebuild_term_stats() -> None:
-    """Recount the keyword statistics over every embedded message (fixes drift from deletes)."""
+    """Recount the keyword statistics over every embedded message (after a new model, or
+    rows loaded or deleted by other means than the services)."""
     with connection.cursor() as cursor:
         cursor.execute("LOCK TABLE search_term_stat, search_corpus_stat IN EXCLUSIVE MODE")
         cursor.execute("DELETE FROM search_term_stat")

@@ -17,6 +17,8 @@ from conversations.api.serializers import MessageOut
 from conversations.models import Channel, Role, Visibility
 from memsvc.api.fields import (
     InputSerializer,
+    JSONObjectField,
+    JSONValueField,
     MessageContentField,
     MetadataField,
     TextField,
@@ -346,6 +348,91 @@ class UserSearchMemoriesIn(SearchMemoriesIn):
 
 
 MEMORY_ORDER_CHOICES = tuple(MEMORY_ORDERS)
+
+
+# --- tool records (the memory bank) ----------------------------------------------------------
+
+# A tool's raw input and output are kept whole, up to this size each (serialized JSON).
+TOOL_JSON_MAX_BYTES = 1024 * 1024
+TOOL_RECORD_MAX_TOP_K = 20
+
+
+class TaskIdField(TextField):
+    def __init__(self, **kwargs):
+        super().__init__(max_length=255, **kwargs)
+
+
+class CreateToolRecordIn(InputSerializer):
+    taskId = TaskIdField(
+        required=False, help_text="The caller's task: what search and delete narrow to."
+    )
+    conversationId = serializers.UUIDField(
+        required=False, allow_null=True, help_text="A conversation the agent sees."
+    )
+    step = serializers.IntegerField(required=False, allow_null=True, min_value=0)
+    toolName = TextField(max_length=200)
+    input = JSONObjectField(
+        max_bytes=TOOL_JSON_MAX_BYTES, required=False, help_text="The tool's arguments."
+    )
+    output = JSONValueField(
+        max_bytes=TOOL_JSON_MAX_BYTES,
+        help_text="The tool's answer, any JSON, kept whole (the fact store).",
+    )
+    summary = TextField(
+        required=False,
+        allow_blank=True,
+        max_length=10_000,
+        help_text="default: the observer's (the LLM's when configured, else one made from "
+        "the output's identifiers and sizes)",
+    )
+
+    class Meta:
+        ref_name = "CreateToolRecordRequest"
+
+
+class ToolRecordOut(serializers.Serializer):
+    traceId = serializers.UUIDField(source="id")
+    taskId = serializers.SerializerMethodField()
+    conversationId = serializers.UUIDField(source="conversation_id", allow_null=True)
+    step = serializers.IntegerField(allow_null=True)
+    toolName = serializers.CharField(source="tool_name")
+    input = serializers.DictField(source="raw_input")
+    output = serializers.JSONField(source="raw_output")
+    summary = serializers.CharField()
+    createdAt = serializers.DateTimeField(source="created_at")
+
+    class Meta:
+        ref_name = "ToolRecord"
+
+    def get_taskId(self, record) -> str | None:
+        return record.task_id or None
+
+
+class ToolRecordHitOut(ToolRecordOut):
+    score = serializers.FloatField(help_text="The hybrid engine's fused score (0..1).")
+
+    class Meta:
+        ref_name = "ToolRecordSearchResult"
+
+    def to_representation(self, hit):
+        return {**ToolRecordOut(hit.record).data, "score": hit.score}
+
+
+class SearchToolRecordsIn(InputSerializer):
+    query = TextField(max_length=2000)
+    taskId = TaskIdField(required=False, help_text="Only this task's records.")
+    topK = serializers.IntegerField(
+        required=False, min_value=1, max_value=TOOL_RECORD_MAX_TOP_K, default=3
+    )
+
+    class Meta:
+        ref_name = "SearchToolRecordsRequest"
+
+    validate_query = SearchMemoriesIn.validate_query
+
+
+ToolRecordPage = paged(ToolRecordOut, "ToolRecordPage")
+ToolRecordHitList = listed(ToolRecordHitOut, "ToolRecordSearchResults")
 
 
 # --- context for an LLM call -----------------------------------------------------------------

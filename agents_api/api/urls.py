@@ -1,6 +1,6 @@
 from django.urls import path
 
-from agents_api.api import memories, views
+from agents_api.api import memories, tool_records, views
 
 urlpatterns = [
     path("me", views.MeView.as_view()),
@@ -13,6 +13,9 @@ urlpatterns = [
     path("memories/batch", memories.AgentMemoryBatchView.as_view()),
     path("memories/search", memories.AgentMemorySearchView.as_view()),
     path("memories/<uuid:memory_id>", memories.AgentMemoryView.as_view()),
+    path("tool-records", tool_records.ToolRecordsView.as_view()),
+    path("tool-records/search", tool_records.ToolRecordSearchView.as_view()),
+    path("tool-records/<uuid:trace_id>", tool_records.ToolRecordView.as_view()),
     path("memory-blocks", views.MemoryBlocksView.as_view()),
     path("memory-blocks/<str:label>", views.MemoryBlockView.as_view()),
     path("memory-blocks/<str:label>/revisions", views.MemoryBlockRevisionsView.as_view()),

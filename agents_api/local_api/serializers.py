@@ -3,10 +3,23 @@
 from django.conf import settings
 from rest_framework import serializers
 
+from agents_api.api.serializers import (
+    TOOL_JSON_MAX_BYTES,
+    TOOL_RECORD_MAX_TOP_K,
+    SearchToolRecordsIn,
+    TaskIdField,
+)
 from agents_api.models import Agent, MemoryBlock
-from agents_api.selectors import MemoryHit
+from agents_api.selectors import MemoryHit, ToolRecordHit
 from conversations.models import Message, Role
-from memsvc.api.fields import InputSerializer, MessageContentField, MetadataField, TextField
+from memsvc.api.fields import (
+    InputSerializer,
+    JSONObjectField,
+    JSONValueField,
+    MessageContentField,
+    MetadataField,
+    TextField,
+)
 
 
 def _time(value) -> str:
@@ -62,6 +75,26 @@ def memory_out(hit: MemoryHit) -> dict:
         "score": hit.score,
         "relevance": hit.relevance,
     }
+
+
+def tool_record_out(record, *, score: float | None = None) -> dict:
+    """A tool record of the memory bank (``/tool-records``), snake_case."""
+    return {
+        "trace_id": str(record.id),
+        "agent_id": str(record.agent_id),
+        "task_id": record.task_id or None,
+        "step": record.step,
+        "tool_name": record.tool_name,
+        "input": record.raw_input,
+        "output": record.raw_output,
+        "summary": record.summary,
+        "created_at": _time(record.created_at),
+        "score": score,
+    }
+
+
+def tool_record_hit_out(hit: ToolRecordHit) -> dict:
+    return tool_record_out(hit.record, score=hit.score)
 
 
 def validation_detail(detail, path=("body",)) -> list[dict]:
@@ -132,3 +165,33 @@ class ContextIn(LocalInput):
     # The path names the agent; the seed's clients send it in the body too.
     agent_name = AgentNameField(required=False)
     query = TextField(allow_blank=True, max_length=2000)
+
+
+# --- tool records (the memory bank of ``learning(strategy="memory_bank")``) -------------------
+
+MAX_TOOL_RECORDS = 100
+
+
+class NewToolRecordIn(LocalInput):
+    step = serializers.IntegerField(required=False, allow_null=True, min_value=0)
+    tool_name = TextField(max_length=200)
+    input = JSONObjectField(max_bytes=TOOL_JSON_MAX_BYTES, required=False)
+    output = JSONValueField(max_bytes=TOOL_JSON_MAX_BYTES)
+    summary = TextField(required=False, allow_blank=True, max_length=10_000)
+
+
+class CreateToolRecordsIn(LocalInput):
+    agent_name = AgentNameField()
+    task_id = TaskIdField(required=False)
+    records = NewToolRecordIn(many=True, allow_empty=False, max_length=MAX_TOOL_RECORDS)
+
+
+class ToolRecordSearchIn(LocalInput):
+    agent_name = AgentNameField()
+    query = TextField(max_length=2000)
+    task_id = TaskIdField(required=False)
+    top_k = serializers.IntegerField(
+        required=False, min_value=1, max_value=TOOL_RECORD_MAX_TOP_K, default=3
+    )
+
+    validate_query = SearchToolRecordsIn.validate_query

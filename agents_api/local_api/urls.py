@@ -15,4 +15,6 @@ urlpatterns = [
     path("memory-blocks/<str:agent_name>", views.AgentMemoryBlocksView.as_view()),
     path("memory-blocks/<str:agent_name>/<str:label>", views.MemoryBlockView.as_view()),
     path("context/<str:agent_name>", views.ContextView.as_view()),
+    path("tool-records", views.ToolRecordsView.as_view()),
+    path("tool-records/search", views.ToolRecordSearchView.as_view()),
 ]

@@ -24,6 +24,7 @@ from agents_api import services as agent_services
 from agents_api.authentication import ApiKeyAuthentication
 from agents_api.local_api import serializers as s
 from agents_api.models import Agent
+from agents_api.services import NewToolRecord
 from agents_api.tasks import enqueue_memory_extraction, enqueue_memory_touch
 from conversations.selectors import conversation_messages
 from memsvc.api.errors import ApiError, InvalidInput, NotFound
@@ -61,7 +62,7 @@ class IsLocalCaller(BasePermission):
         return isinstance(request.user, LocalCaller)
 
 
-def _fastapi_errors(exc, context):
+def fastapi_errors(exc, context):
     """Errors as the seed's FastAPI server answers them."""
     if isinstance(exc, drf.ValidationError | drf.ParseError):
         detail = exc.detail if isinstance(exc, drf.ValidationError) else {"body": [str(exc.detail)]}
@@ -85,7 +86,7 @@ class LocalView(APIView):
     permission_classes = [IsLocalCaller]
 
     def get_exception_handler(self):
-        return _fastapi_errors
+        return fastapi_errors
 
 
 def _agent(request, name: str) -> Agent:
@@ -260,3 +261,40 @@ class ContextView(LocalView):
                 "memories": [s.memory_out(hit) for hit in memories],
             }
         )
+
+
+class ToolRecordsView(LocalView):
+    """``POST /tool-records``: the tool interactions of one step of an agent's task (the
+    memory bank of ``learning(strategy="memory_bank")``), stored as its tool records."""
+
+    @extend_schema(exclude=True)
+    def post(self, request):
+        data = s.CreateToolRecordsIn.parse(request.data)
+        agent = _agent(request, data["agent_name"])
+        records = agent_services.tool_records_create(
+            agent.as_principal(),
+            agent=agent,
+            records=[
+                NewToolRecord(
+                    tool_name=item["tool_name"],
+                    raw_input=item.get("input", {}),
+                    raw_output=item["output"],
+                    summary=item.get("summary", ""),
+                    task_id=data.get("task_id", ""),
+                    step=item.get("step"),
+                )
+                for item in data["records"]
+            ],
+        )
+        return Response([s.tool_record_out(record) for record in records])
+
+
+class ToolRecordSearchView(LocalView):
+    @extend_schema(exclude=True)
+    def post(self, request):
+        data = s.ToolRecordSearchIn.parse(request.data)
+        agent = _agent(request, data["agent_name"])
+        hits = agent_selectors.tool_record_search(
+            agent, query=data["query"], top_k=data["top_k"], task_id=data.get("task_id")
+        )
+        return Response([s.tool_record_hit_out(hit) for hit in hits])

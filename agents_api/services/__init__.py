@@ -11,6 +11,16 @@ from agents_api.services.blocks import (
     memory_block_delete,
     memory_block_update,
 )
+from agents_api.services.data_rights import Erased, user_erase
+from agents_api.services.letta import (
+    letta_agent_create,
+    letta_agent_delete,
+    letta_agent_update,
+    letta_block_attach,
+    letta_block_create,
+    letta_capture,
+    letta_sleeptime_update,
+)
 from agents_api.services.memories import (
     NEAR_DUPLICATE_SIMILARITY,
     POPULAR_ACCESS_COUNT,
@@ -31,19 +41,39 @@ from agents_api.services.messages import (
     agent_messages_append,
     local_conversation_for,
     local_message_append,
+    local_messages_append,
+)
+from agents_api.services.tool_records import (
+    NewToolRecord,
+    tool_record_observe,
+    tool_records_create,
+    tool_records_delete,
+    tool_records_embed,
+    tool_records_embed_pending,
+    tool_records_reembed_all,
 )
 
 __all__ = [
     "NEAR_DUPLICATE_SIMILARITY",
     "POPULAR_ACCESS_COUNT",
+    "Erased",
     "NewMemory",
+    "NewToolRecord",
     "PruneResult",
     "agent_get_or_create",
     "agent_messages_append",
     "api_key_create",
     "api_key_revoke",
+    "letta_agent_create",
+    "letta_agent_delete",
+    "letta_agent_update",
+    "letta_block_attach",
+    "letta_block_create",
+    "letta_capture",
+    "letta_sleeptime_update",
     "local_conversation_for",
     "local_message_append",
+    "local_messages_append",
     "memories_delete",
     "memories_embed",
     "memories_embed_pending",
@@ -57,4 +87,11 @@ __all__ = [
     "memory_delete",
     "memory_save",
     "memory_update",
+    "tool_record_observe",
+    "tool_records_create",
+    "tool_records_delete",
+    "tool_records_embed",
+    "tool_records_embed_pending",
+    "tool_records_reembed_all",
+    "user_erase",
 ]

@@ -1,6 +1,5 @@
 """Writes of long-term memories: saved with their vectors and merged with what they repeat, updated, deleted, counted, pruned, embedded later."""
 
-import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -20,13 +19,10 @@ from agents_api.models import (
 from agents_api.selectors import MEMORIES
 from memsvc.api.errors import Conflict
 from memsvc.api.principals import Principal
-from search.embeddings import EmbeddingError, configured_backend, vector_literal
-from search.services import write_vectors
+from search.embeddings import vector_literal
+from search.services import embed_pending_rows, embed_rows, reembed_all_rows, vectors_or_none
 from search.statements import INDEX_ORDER, Scope, nearest_order, planned_without
 from search.tuning import configured_tuning
-
-logger = logging.getLogger(__name__)
-
 
 # A new memory this close (cosine similarity) to one the agent already keeps about the same
 # user is the same fact in other words: it is merged into that one.
@@ -46,14 +42,7 @@ class NewMemory:
 
 
 def _memory_vectors(texts: list[str]):
-    """Vectors for new memories, in one call; None when the backend fails (the memories are
-    stored anyway, found by keywords, and embedded later by the sweep)."""
-    backend = configured_backend()
-    try:
-        return backend.model, list(backend.embed(texts))
-    except EmbeddingError as exc:
-        logger.warning("memories saved without vectors (%s); the sweep will embed them", exc)
-        return None, None
+    return vectors_or_none(texts, what="memories")
 
 
 def _nearest_memory(agent: Agent, user_id: str, model: str, vector) -> tuple | None:
@@ -267,60 +256,19 @@ def memories_prune(*, now: datetime | None = None) -> PruneResult:
 
 
 def memories_embed(memory_ids: Sequence, *, backend=None, force: bool = False) -> int:
-    """Give these memories a vector (saved while the backend was down, or a new model).
-    Without ``force`` only those still waiting; the write is conditional, so racing
-    sweeps write each once."""
-    backend = backend or configured_backend()
-    rows = Memory.objects.filter(id__in=list(memory_ids))
-    if not force:
-        rows = rows.filter(embedded_at__isnull=True)
-    rows = list(rows.values_list("id", "content"))
-    if not rows:
-        return 0
-    vectors = backend.embed([content for _, content in rows])
-    with transaction.atomic(), connection.cursor() as cursor:
-        written = write_vectors(
-            cursor,
-            "memory",
-            [memory_id for memory_id, _ in rows],
-            vectors,
-            model=backend.model,
-            at=timezone.now(),
-            force=force,
-        )
-    return len(written)
+    """Give these memories a vector (saved while the backend was down, or a new model)."""
+    return embed_rows(Memory, memory_ids, text_field="content", backend=backend, force=force)
 
 
 def memories_reembed_all(*, backend=None, batch: int = 256) -> int:
-    """Re-embed every memory with the configured model (after a model change), batch by
-    batch in id order. Memories saved meanwhile get that model's vector when saved."""
-    backend = backend or configured_backend()
-    total, last_id = 0, None
-    while True:
-        rows = Memory.objects.order_by("id")
-        if last_id is not None:
-            rows = rows.filter(id__gt=last_id)
-        ids = list(rows.values_list("id", flat=True)[:batch])
-        if not ids:
-            return total
-        last_id = ids[-1]
-        total += memories_embed(ids, backend=backend, force=True)
+    """Re-embed every memory with the configured model (after a model change)."""
+    return reembed_all_rows(Memory, text_field="content", backend=backend, batch=batch)
 
 
 def memories_embed_pending(
     *, backend=None, batch: int = 256, max_batches: int | None = None
 ) -> int:
     """Embed every memory still waiting for a vector, oldest first (the sweep, reindex)."""
-    total = batches = 0
-    while max_batches is None or batches < max_batches:
-        ids = list(
-            Memory.objects.filter(embedded_at__isnull=True)
-            .order_by("created_at")
-            .values_list("id", flat=True)[:batch]
-        )
-        done = memories_embed(ids, backend=backend) if ids else 0
-        total += done
-        batches += 1
-        if done == 0:
-            break
-    return total
+    return embed_pending_rows(
+        Memory, text_field="content", backend=backend, batch=batch, max_batches=max_batches
+    )

@@ -68,18 +68,24 @@ def local_conversation_for(agent: Agent):
 
 
 @transaction.atomic
+def local_messages_append(agent: Agent, messages: list[NewMessage]) -> list[Message]:
+    """Messages of the agent's own conversation (the local compatibility API's, the Letta
+    routes' captured turns). One transaction: a refused message leaves no conversation made
+    for it, and no message of the batch."""
+    # These APIs have no user ids: their speakers are "user", the agent and "system".
+    for message in messages:
+        if message.author_name is None:
+            message.author_name = {Role.USER: "user", Role.SYSTEM: "system"}.get(message.role)
+    return messages_append(
+        agent.as_principal(), conversation=local_conversation_for(agent), messages=messages
+    )
+
+
 def local_message_append(
     agent: Agent, *, role: str, content: str, metadata: dict | None = None
 ) -> Message:
-    """A message of the local compatibility API, in the agent's own conversation. One
-    transaction: a refused message leaves no conversation made for it."""
-    # The seed's server has no user ids: its speakers are "user", the agent and "system".
-    speaker = {Role.USER: "user", Role.SYSTEM: "system"}.get(role)
-    [message] = messages_append(
-        agent.as_principal(),
-        conversation=local_conversation_for(agent),
-        messages=[
-            NewMessage(content=content, role=role, metadata=metadata or {}, author_name=speaker)
-        ],
+    """One message of the local compatibility API, in the agent's own conversation."""
+    [message] = local_messages_append(
+        agent, [NewMessage(content=content, role=role, metadata=metadata or {})]
     )
     return message

@@ -82,19 +82,45 @@ def _contains_nul(value) -> bool:
     return False
 
 
-@extend_schema_field({"type": "object", "additionalProperties": True})
-class MetadataField(serializers.JSONField):
-    """A JSON object of at most 16 KiB (serialized), without NUL characters."""
+class JSONValueField(serializers.JSONField):
+    """Any JSON value of at most ``max_bytes`` (serialized), without NUL characters (which
+    PostgreSQL's jsonb cannot hold); with ``objects_only``, a JSON object."""
+
+    objects_only = False
+
+    def __init__(self, *, max_bytes: int, **kwargs):
+        self.max_bytes = max_bytes
+        super().__init__(**kwargs)
+
+    def validate_empty_values(self, data):
+        # ``null`` is a JSON value like any other (not "no value"), without ``allow_null``,
+        # whose schema would be ``oneOf: [{}, null]``, which a null matches twice.
+        if data is None and not self.objects_only:
+            return True, None
+        return super().validate_empty_values(data)
 
     def to_internal_value(self, data):
         value = super().to_internal_value(data)
-        if not isinstance(value, dict):
+        if self.objects_only and not isinstance(value, dict):
             raise serializers.ValidationError("must be a JSON object")
-        if len(json.dumps(value, ensure_ascii=False).encode()) > METADATA_MAX_BYTES:
-            raise serializers.ValidationError(f"must be at most {METADATA_MAX_BYTES} bytes")
+        if len(json.dumps(value, ensure_ascii=False).encode()) > self.max_bytes:
+            raise serializers.ValidationError(f"must be at most {self.max_bytes} bytes")
         if _contains_nul(value):
             raise serializers.ValidationError("must not contain NUL characters")
         return value
+
+
+@extend_schema_field({"type": "object", "additionalProperties": True})
+class JSONObjectField(JSONValueField):
+    objects_only = True
+
+
+class MetadataField(JSONObjectField):
+    """A JSON object of at most 16 KiB (serialized), without NUL characters."""
+
+    def __init__(self, **kwargs):
+        kwargs.setdefault("max_bytes", METADATA_MAX_BYTES)
+        super().__init__(**kwargs)
 
 
 class InputSerializer(serializers.Serializer):

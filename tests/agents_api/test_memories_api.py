@@ -198,7 +198,7 @@ def test_a_memory_is_found_by_keyword_before_it_has_a_vector(api, helper, monkey
             raise EmbeddingError("embedding service unreachable", transient=True)
 
     # The embedding service is outside memsvc: its failure is simulated.
-    monkeypatch.setattr("agents_api.services.memories.configured_backend", lambda: Down())
+    monkeypatch.setattr("search.services.configured_backend", lambda: Down())
     memory = save(api, helper, "The staging database password rotates monthly")
     assert Memory.objects.get(id=memory["id"]).embedding is None
     monkeypatch.undo()

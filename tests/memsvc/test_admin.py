@@ -5,8 +5,15 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from agents_api.models import Memory, MemorySource
-from agents_api.services import NewMemory, api_key_create, memories_save, memory_save
+from agents_api.models import Memory, MemorySource, ToolRecord
+from agents_api.services import (
+    NewMemory,
+    NewToolRecord,
+    api_key_create,
+    memories_save,
+    memory_save,
+    tool_records_create,
+)
 from conversations.models import Message
 from tests.factories import (
     AgentFactory,
@@ -47,6 +54,11 @@ def memory():
     api_key_create(agent=AgentFactory())
     keeper = AgentFactory()
     memory_save(keeper.as_principal(), agent=keeper, user_id="alice", content="Likes tea")
+    tool_records_create(
+        keeper.as_principal(),
+        agent=keeper,
+        records=[NewToolRecord("search_hotels", {"city": "Lisbon"}, {"id": "htl-001"})],
+    )
     return conversation, fork
 
 
@@ -63,6 +75,7 @@ def memory():
         "agents_api.memoryblockrevision",
         "agents_api.apikey",
         "agents_api.memory",
+        "agents_api.toolrecord",
     ],
 )
 def test_every_model_has_a_list_and_a_change_page(operator, memory, model):
@@ -243,3 +256,29 @@ def test_the_memory_list_costs_the_same_queries_at_any_size(operator):
     assert len(large) == len(small)
     listing = next(q["sql"] for q in large if 'FROM "memory"' in q["sql"] and "LIMIT" in q["sql"])
     assert '"memory"."embedding"' not in listing  # the vectors stay in the database
+
+
+def test_tool_records_are_found_by_output_words_task_or_id_and_can_be_deleted(operator):
+    agent = AgentFactory()
+    hotels, weather = tool_records_create(
+        agent.as_principal(),
+        agent=agent,
+        records=[
+            NewToolRecord("search_hotels", {}, {"id": "htl-001"}, summary="Hotels.", task_id="a"),
+            NewToolRecord("get_weather", {}, {"forecast": "rain"}, task_id="b"),
+        ],
+    )
+    url = reverse("admin:agents_api_toolrecord_changelist")
+
+    def found(q):
+        page = operator.get(url, {"q": q}).content.decode()
+        return {r.tool_name for r in (hotels, weather) if str(r.pk) in page}
+
+    assert found("htl-001") == {"search_hotels"}  # a word only the raw output holds
+    assert found("b") == {"get_weather"}  # the task id
+    assert found(str(hotels.pk)) == {"search_hotels"}
+    page = operator.get(reverse("admin:agents_api_toolrecord_change", args=[hotels.pk]))
+    assert "Hotels." in page.content.decode() and 'name="summary"' not in page.content.decode()
+    delete = reverse("admin:agents_api_toolrecord_delete", args=[hotels.pk])
+    assert operator.post(delete, {"post": "yes"}).status_code == 302
+    assert list(ToolRecord.objects.values_list("tool_name", flat=True)) == ["get_weather"]

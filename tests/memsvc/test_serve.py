@@ -12,8 +12,14 @@ import httpx
 import psutil
 import pytest
 
-MEMSVC = Path(sys.executable).parent / "memsvc"
+# This checkout's code (a worktree shares the environment, whose console script may import
+# another checkout's).
+CHECKOUT = Path(__file__).resolve().parents[2]
+MEMSVC = [sys.executable, "-m", "memsvc.cli"]
 START_DEADLINE_SECONDS = 60  # a generous ceiling for slow CI machines, not a speed target
+RECOVERY_DEADLINE_SECONDS = 90  # the same for a restart (a worker loads its model again)
+SLOW_CLIENTS = 16  # more than the 8 request threads the review starved with 12
+PROBE_TIMEOUT_SECONDS = 5
 
 
 def free_port() -> int:
@@ -33,11 +39,14 @@ class Served:
             "MEMSVC_DATA_DIR": str(self.data_dir),
             "MEMORY_SERVER_PORT": str(self.port),
             "MEMSVC_WEB_WORKERS": "1",
+            "MEMSVC_WORKER_CONCURRENCY": "1",
+            "PYTHONPATH": str(CHECKOUT),
         }
         env.pop("DATABASE_URL", None)
+        env.pop("CELERY_BROKER_URL", None)
         with self.log.open("w") as log:
             self.process = subprocess.Popen(
-                [str(MEMSVC), "serve"], env=env, stdout=log, stderr=subprocess.STDOUT
+                [*MEMSVC, "serve"], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=CHECKOUT
             )
 
     def wait_until_healthy(self) -> httpx.Response:
@@ -53,6 +62,28 @@ class Served:
     def postmaster(self) -> psutil.Process:
         pid = int((self.data_dir / "pgdata" / "postmaster.pid").read_text().split()[0])
         return psutil.Process(pid)
+
+    def child(self, role: str) -> psutil.Process | None:
+        """The living child of ``memsvc serve`` running ``role`` ("gunicorn", "worker",
+        "beat"); None while there is not exactly one (one just killed and not yet reaped)."""
+        found = []
+        for child in psutil.Process(self.process.pid).children():
+            try:
+                if child.status() != psutil.STATUS_ZOMBIE and role in child.cmdline():
+                    found.append(child)
+            except psutil.Error:
+                continue
+        return found[0] if len(found) == 1 else None
+
+    def wait_for(self, condition, what: str, deadline: float = RECOVERY_DEADLINE_SECONDS):
+        end = time.monotonic() + deadline
+        while time.monotonic() < end:
+            assert self.process.poll() is None, self.log.read_text()
+            found = condition()
+            if found:
+                return found
+            time.sleep(0.2)
+        pytest.fail(f"{what}: not within {deadline} s\n{self.log.read_text()}")
 
     def process_tree(self) -> list[psutil.Process]:
         return [psutil.Process(self.process.pid), *psutil.Process(self.process.pid).children(True)]
@@ -97,7 +128,9 @@ def test_serve_answers_health_and_stops_everything_on_sigterm(served):
     tree = served.process_tree()
     commands = " ".join(" ".join(p.cmdline()) for p in tree)
     assert "gunicorn" in commands
-    assert "celery" in commands
+    assert "memsvc.asgi:application" in commands
+    assert "celery -A memsvc.celery worker" in commands
+    assert "celery -A memsvc.celery beat" in commands
     postmaster = served.postmaster()
     assert alive(postmaster)
 
@@ -106,16 +139,117 @@ def test_serve_answers_health_and_stops_everything_on_sigterm(served):
     assert left == [], served.log.read_text()
 
 
+def replaced(served, role: str, old: psutil.Process) -> bool:
+    new = served.child(role)
+    return new is not None and new.pid != old.pid and alive(new)
+
+
+def healthy(served) -> bool:
+    try:
+        return httpx.get(f"{served.url}/v1/health", timeout=10).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
 def test_health_is_503_with_a_reason_while_the_database_is_down(served):
     assert served.wait_until_healthy().status_code == 200
+    supervisor = psutil.Process(served.process.pid)
+    supervisor.suspend()  # or it starts the database again before we look
+    try:
+        postmaster = served.postmaster()
+        postmaster.send_signal(signal.SIGINT)  # PostgreSQL's "fast shutdown"
+        postmaster.wait(timeout=30)
 
+        response = httpx.get(f"{served.url}/v1/health", timeout=20)
+        assert response.status_code == 503
+        body = response.json()
+        assert body["status"] == "unavailable"
+        assert "database unreachable" in body["reason"]
+    finally:
+        supervisor.resume()
+    assert served.terminate() == 0
+
+
+def test_a_stopped_database_is_started_again(served):
+    served.wait_until_healthy()
     postmaster = served.postmaster()
-    postmaster.send_signal(signal.SIGINT)  # PostgreSQL's "fast shutdown"
+    postmaster.send_signal(signal.SIGINT)
     postmaster.wait(timeout=30)
 
-    response = httpx.get(f"{served.url}/v1/health", timeout=10)
-    assert response.status_code == 503
-    body = response.json()
-    assert body["status"] == "unavailable"
-    assert "database unreachable" in body["reason"]
+    served.wait_for(lambda: healthy(served), "health 200 again")
+    assert served.postmaster().pid != postmaster.pid
+    assert "the embedded PostgreSQL is running again" in served.log.read_text()
+    assert served.terminate() == 0
+
+
+def test_a_worker_killed_with_sigkill_is_restarted_and_leaves_nothing_behind(served):
+    served.wait_until_healthy()
+    served.wait_for(lambda: "ready." in served.log.read_text(), "the worker ready")
+    worker, beat, web = served.child("worker"), served.child("beat"), served.child("gunicorn")
+    pool = worker.children()
+    assert pool, "the worker's pool processes"
+
+    worker.kill()  # kill -9 of Celery's main process
+
+    served.wait_for(lambda: served.log.read_text().count("ready.") >= 2, "a new worker ready")
+    served.wait_for(lambda: replaced(served, "worker", worker), "the new worker")
+    assert "the worker (pid" in served.log.read_text()
+    assert "was killed by signal 9; restarting" in served.log.read_text()
+    assert served.child("worker").pid != worker.pid
+    assert not any(alive(p) for p in pool)  # its pool went with it
+    # The scheduler and the web server never noticed: same processes, still serving.
+    assert served.child("beat").pid == beat.pid and alive(beat)
+    assert served.child("gunicorn").pid == web.pid
+    assert healthy(served)
+    assert served.terminate() == 0
+    assert not any(alive(p) for p in [beat, web])
+
+
+def test_beat_and_the_web_server_are_restarted_too(served):
+    served.wait_until_healthy()
+    beat, web = served.child("beat"), served.child("gunicorn")
+    web_workers = web.children()
+    beat.kill()
+    web.kill()  # gunicorn's arbiter: its workers must go too, or the port stays taken
+
+    served.wait_for(lambda: replaced(served, "gunicorn", web) and healthy(served), "web")
+    served.wait_for(lambda: replaced(served, "beat", beat), "beat")
+    assert not any(alive(p) for p in web_workers)
+    assert served.terminate() == 0
+
+
+def test_a_file_in_the_local_queue_that_holds_no_message_does_not_stop_the_worker(served):
+    """kombu #1551: a reader that met an empty message file ended the worker, and the service."""
+    served.wait_until_healthy()
+    served.wait_for(lambda: "ready." in served.log.read_text(), "the worker ready")
+    worker = served.child("worker")
+    queue = served.data_dir / "broker" / "queue"
+    (queue / "1_00000000-0000-0000-0000-000000000000.celery.msg").write_bytes(b"")
+
+    rejected = served.data_dir / "broker" / "rejected"
+    served.wait_for(lambda: rejected.exists() and any(rejected.iterdir()), "the file set aside")
+    time.sleep(1)
+    assert served.child("worker").pid == worker.pid and alive(worker)
+    assert "holds no message" in served.log.read_text()
+    assert served.terminate() == 0
+
+
+def test_slow_clients_do_not_starve_the_web_server(served):
+    """Connections that trickle their headers hold no request thread: probes still answer."""
+    served.wait_until_healthy()
+    slow = []
+    for _ in range(SLOW_CLIENTS):
+        sock = socket.create_connection(("127.0.0.1", served.port))
+        sock.sendall(b"GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        slow.append(sock)
+    try:
+        for _ in range(5):
+            for sock in slow:
+                sock.sendall(b"X-Slow: 1\r\n")  # never the blank line that ends the headers
+            response = httpx.get(f"{served.url}/v1/health", timeout=PROBE_TIMEOUT_SECONDS)
+            assert response.status_code == 200
+            time.sleep(0.5)
+    finally:
+        for sock in slow:
+            sock.close()
     assert served.terminate() == 0

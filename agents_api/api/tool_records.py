@@ -1,0 +1,106 @@
+"""Tool records, the memory bank's store (``/v1/agent/tool-records``): thin views over
+``agents_api.selectors`` and ``agents_api.services``. A record is its agent's alone."""
+
+from drf_spectacular.utils import OpenApiParameter
+from rest_framework.response import Response
+
+from agents_api import selectors, services
+from agents_api.api import serializers as s
+from agents_api.api.views import AgentApiView, agent_operation
+from agents_api.models import Scope
+from agents_api.services import NewToolRecord
+from conversations.selectors import access_conversation
+from memsvc.api.errors import InvalidInput, NotFound
+from memsvc.api.pagination import AFTER_PARAMETER, LIMIT_PARAMETER, page_data, page_params
+from memsvc.api.schema import errors
+
+TASK_ID = OpenApiParameter("taskId", str, description="Only this task's records.")
+REQUIRED_TASK_ID = OpenApiParameter(
+    "taskId", str, required=True, description="The task whose records are deleted."
+)
+
+
+def _conversation(request, conversation_id):
+    """The conversation a record names: one the agent sees, else 400 naming the field."""
+    if conversation_id is None:
+        return None
+    try:
+        return access_conversation(request.principal, conversation_id)
+    except NotFound:
+        raise InvalidInput.for_field("conversationId", "no such conversation") from None
+
+
+class ToolRecordsView(AgentApiView):
+    @agent_operation(
+        "agentCreateToolRecord",
+        request=s.CreateToolRecordIn,
+        responses={201: s.ToolRecordOut, **errors(400, 401, 403)},
+    )
+    def post(self, request):
+        data = s.CreateToolRecordIn.parse(request.data)
+        [record] = services.tool_records_create(
+            request.principal,
+            agent=request.agent,
+            records=[
+                NewToolRecord(
+                    tool_name=data["toolName"],
+                    raw_input=data.get("input", {}),
+                    raw_output=data["output"],
+                    summary=data.get("summary", ""),
+                    task_id=data.get("taskId", ""),
+                    step=data.get("step"),
+                    conversation=_conversation(request, data.get("conversationId")),
+                )
+            ],
+        )
+        return Response(s.ToolRecordOut(record).data, status=201)
+
+    @agent_operation(
+        "agentListToolRecords",
+        parameters=[TASK_ID, LIMIT_PARAMETER, AFTER_PARAMETER],
+        responses={200: s.ToolRecordPage, **errors(400, 401, 403)},
+    )
+    def get(self, request):
+        records = selectors.tool_records_of(
+            request.agent, task_id=request.query_params.get("taskId")
+        )
+        page = selectors.tool_record_page(records, **page_params(request))
+        return Response(page_data(page, s.ToolRecordOut))
+
+    @agent_operation(
+        "agentDeleteToolRecords",
+        parameters=[REQUIRED_TASK_ID],
+        responses={200: s.DeletedOut, **errors(400, 401, 403)},
+    )
+    def delete(self, request):
+        task_id = request.query_params.get("taskId")
+        if not task_id:
+            raise InvalidInput.for_field("taskId", "name the task whose records to delete")
+        records = selectors.tool_records_of(request.agent, task_id=task_id)
+        deleted = services.tool_records_delete(request.principal, records=records)
+        return Response({"deleted": deleted})
+
+
+class ToolRecordSearchView(AgentApiView):
+    required_scope = Scope.READ  # a POST, but searching changes nothing
+
+    @agent_operation(
+        "agentSearchToolRecords",
+        request=s.SearchToolRecordsIn,
+        responses={200: s.ToolRecordHitList, **errors(400, 401, 403)},
+    )
+    def post(self, request):
+        data = s.SearchToolRecordsIn.parse(request.data)
+        hits = selectors.tool_record_search(
+            request.agent, query=data["query"], top_k=data["topK"], task_id=data.get("taskId")
+        )
+        return Response({"data": s.ToolRecordHitOut(hits, many=True).data})
+
+
+class ToolRecordView(AgentApiView):
+    @agent_operation(
+        "agentGetToolRecord", responses={200: s.ToolRecordOut, **errors(401, 403, 404)}
+    )
+    def get(self, request, trace_id):
+        records = selectors.tool_records_of(request.agent)
+        return Response(s.ToolRecordOut(selectors.tool_record_of(records, trace_id)).data)

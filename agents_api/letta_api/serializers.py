@@ -1,0 +1,192 @@
+"""Letta's JSON: its inputs (snake_case, unknown fields ignored as Letta's server does) and
+its objects (``AgentState``, ``Block``, ``Group``, messages) built from memsvc's rows, with
+Letta's prefixed ids (``agent-<uuid>``, ``block-<id>``, ``group-<agent uuid>``,
+``message-<uuid>``). Letta's clients parse answers leniently; every field they require is
+here, the optional ones memsvc has nothing for are left out."""
+
+import uuid
+
+from django.conf import settings
+from rest_framework import serializers
+
+from agents_api.local_api.serializers import AgentNameField, LocalInput
+from agents_api.models import DEFAULT_BLOCK_LIMIT, Agent, MemoryBlock
+from agents_api.services.letta import letta_settings
+from conversations.models import Message, Role
+from memsvc.api.errors import NotFound
+from memsvc.api.fields import TextField
+
+AGENT_ID_PREFIX = "agent-"
+BLOCK_ID_PREFIX = "block-"
+GROUP_ID_PREFIX = "group-"
+MESSAGE_ID_PREFIX = "message-"
+# Letta's context window for a model it does not know; memsvc does not run the model.
+DEFAULT_CONTEXT_WINDOW = 128_000
+EMBEDDING_ENDPOINT_TYPES = {"local": "hugging-face", "ollama": "ollama", "openai": "openai"}
+
+
+def _time(value) -> str | None:
+    return serializers.DateTimeField().to_representation(value) if value else None
+
+
+def parse_uuid_id(raw: str, prefix: str, what: str) -> uuid.UUID:
+    """``agent-<uuid>`` -> the uuid; anything else names no such object (404)."""
+    try:
+        return uuid.UUID(raw.removeprefix(prefix))
+    except ValueError:
+        raise NotFound(f"{what} not found") from None
+
+
+def parse_block_id(raw: str) -> int:
+    digits = raw.removeprefix(BLOCK_ID_PREFIX)
+    if not digits.isdigit() or len(digits) > 18:
+        raise NotFound("Block not found")
+    return int(digits)
+
+
+def agent_id(agent: Agent) -> str:
+    return f"{AGENT_ID_PREFIX}{agent.id}"
+
+
+def block_out(block: MemoryBlock) -> dict:
+    return {
+        "id": f"{BLOCK_ID_PREFIX}{block.pk}",
+        "label": block.label,
+        "value": block.value,
+        "description": block.description,
+        "limit": block.limit,
+        "read_only": block.read_only,
+        "metadata": {},
+        "is_template": False,
+        "hidden": False,
+    }
+
+
+def group_out(agent: Agent) -> dict:
+    """The sleeptime group Letta makes with an agent. memsvc's observer is a task, not a
+    second agent: the group names the agent itself."""
+    return {
+        "id": f"{GROUP_ID_PREFIX}{agent.id}",
+        "agent_ids": [agent_id(agent)],
+        "description": f"sleeptime memory of {agent.name}",
+        "manager_type": "sleeptime",
+        "manager_agent_id": agent_id(agent),
+        "sleeptime_agent_frequency": letta_settings(agent).get("sleeptime_agent_frequency"),
+    }
+
+
+def agent_out(agent: Agent, blocks: list[MemoryBlock]) -> dict:
+    letta = letta_settings(agent)
+    model = letta.get("model") or "unknown"
+    provider, _, model_name = model.rpartition("/")
+    blocks_out = [block_out(block) for block in blocks]
+    group = group_out(agent) if letta.get("enable_sleeptime") else None
+    return {
+        "id": agent_id(agent),
+        "name": agent.name,
+        "agent_type": letta.get("agent_type") or "letta_v1_agent",
+        "system": letta.get("system") or "",
+        "description": letta.get("description") or agent.description,
+        "tags": list(letta.get("tags", [])),
+        "metadata": agent.metadata,
+        "model": model,
+        "embedding": letta.get("embedding"),
+        "enable_sleeptime": bool(letta.get("enable_sleeptime")),
+        "llm_config": {
+            "model": model_name or model,
+            "model_endpoint_type": provider or "openai",
+            "context_window": DEFAULT_CONTEXT_WINDOW,
+        },
+        # What memsvc embeds with, whatever the SDK asked for.
+        "embedding_config": {
+            "embedding_model": settings.MEMORY_EMBEDDING_MODEL,
+            "embedding_endpoint_type": EMBEDDING_ENDPOINT_TYPES[settings.MEMORY_EMBEDDING_BACKEND],
+            "embedding_dim": settings.MEMORY_EMBEDDING_DIMENSION,
+        },
+        "memory": {"blocks": blocks_out, "file_blocks": []},
+        "blocks": blocks_out,
+        "tools": [],
+        "sources": [],
+        "multi_agent_group": group,
+        "managed_group": group,
+        "created_at": _time(agent.created_at),
+    }
+
+
+MESSAGE_TYPES = {
+    Role.USER: "user_message",
+    Role.ASSISTANT: "assistant_message",
+    Role.SYSTEM: "system_message",
+}
+
+
+def message_out(message: Message, agent: Agent) -> dict:
+    return {
+        "id": f"{MESSAGE_ID_PREFIX}{message.id}",
+        "message_type": MESSAGE_TYPES.get(message.role, "assistant_message"),
+        "content": message.content,
+        "date": _time(message.created_at),
+        "name": message.author_name or None,
+        "sender_id": agent_id(agent) if message.role == Role.ASSISTANT else None,
+        "seq_id": message.seq,
+    }
+
+
+# --- inputs ----------------------------------------------------------------------------------
+
+
+class LettaInput(LocalInput):
+    """A Letta request body: Letta's server ignores what it does not use; so does this."""
+
+
+class BlockIn(LettaInput):
+    label = TextField(max_length=100)
+    value = TextField(allow_blank=True, required=False, default="")
+    description = TextField(allow_blank=True, required=False, allow_null=True, default="")
+    limit = serializers.IntegerField(
+        required=False, allow_null=True, min_value=1, default=DEFAULT_BLOCK_LIMIT
+    )
+
+
+class BlockUpdateIn(LettaInput):
+    value = TextField(allow_blank=True, required=False)
+    description = TextField(allow_blank=True, required=False, allow_null=True)
+    limit = serializers.IntegerField(required=False, min_value=1)
+
+
+class AgentIn(LettaInput):
+    name = AgentNameField()
+    tags = serializers.ListField(child=TextField(max_length=100), required=False, default=list)
+    memory_blocks = serializers.ListField(child=BlockIn(), required=False, default=list)
+    agent_type = TextField(max_length=100, required=False)
+    model = TextField(max_length=200, required=False, allow_null=True)
+    embedding = TextField(max_length=200, required=False, allow_null=True)
+    system = TextField(allow_blank=True, required=False, allow_null=True)
+    description = TextField(allow_blank=True, required=False, allow_null=True)
+    enable_sleeptime = serializers.BooleanField(required=False, allow_null=True)
+
+
+class AgentUpdateIn(LettaInput):
+    model = TextField(max_length=200, required=False, allow_null=True)
+    system = TextField(allow_blank=True, required=False, allow_null=True)
+    description = TextField(allow_blank=True, required=False, allow_null=True)
+
+
+class ManagerConfigIn(LettaInput):
+    manager_type = TextField(max_length=50, required=False)
+    sleeptime_agent_frequency = serializers.IntegerField(
+        required=False, allow_null=True, min_value=1, max_value=1000
+    )
+
+
+class GroupUpdateIn(LettaInput):
+    manager_config = ManagerConfigIn(required=False, allow_null=True)
+
+
+class CaptureIn(LettaInput):
+    provider = TextField(max_length=100, required=False, allow_blank=True, default="")
+    model = TextField(max_length=200, required=False, allow_blank=True, default="")
+    request_messages = serializers.ListField(
+        child=serializers.DictField(), required=False, default=list, max_length=1000
+    )
+    response_dict = serializers.DictField(required=False, default=dict)

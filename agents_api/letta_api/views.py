@@ -1,0 +1,238 @@
+"""Letta's routes, for Letta's own clients: the ``agentic-learning`` SDK's ``learning()``
+and its agents / memory / messages helpers work against memsvc unmodified.
+
+Authentication is a memsvc API key as the bearer (the SDK sends ``LETTA_API_KEY``); reads
+need the ``read`` scope and writes ``write``, as on ``/v1/agent``. Errors are FastAPI's
+``{"detail": ...}``, as Letta's server answers them. Every operation is a memsvc service
+or selector; a route of Letta's that memsvc does not serve answers 501 naming it.
+"""
+
+from drf_spectacular.utils import extend_schema
+from rest_framework.permissions import IsAuthenticated
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from agents_api import selectors, services
+from agents_api.authentication import ApiKeyAuthentication, HasScope
+from agents_api.letta_api import serializers as s
+from agents_api.local_api.views import fastapi_errors
+from agents_api.tasks import enqueue_letta_observation, enqueue_memory_extraction
+from conversations.selectors import conversation_messages
+from memsvc.api.errors import ApiError, InvalidInput, NotFound
+from memsvc.api.pagination import parse_limit
+
+MAX_LIST_LIMIT = 1000
+
+
+class NotImplementedByMemsvc(ApiError):
+    status_code = 501
+    code = "not_implemented"
+
+
+class LettaView(APIView):
+    authentication_classes = [ApiKeyAuthentication]
+    permission_classes = [IsAuthenticated, HasScope]
+
+    def get_exception_handler(self):
+        return fastapi_errors
+
+    def caller(self, request):
+        """The key's agent: the agents it reaches are ``selectors.letta_agents``."""
+        return request.auth.agent
+
+    def agent(self, request, agent_id: str):
+        return selectors.letta_agent(
+            self.caller(request), s.parse_uuid_id(agent_id, s.AGENT_ID_PREFIX, "Agent")
+        )
+
+    def block(self, request, block_id: str):
+        return selectors.letta_block(self.caller(request), s.parse_block_id(block_id))
+
+
+def _agent_state(agent) -> dict:
+    return s.agent_out(agent, selectors.memory_blocks(agent, user_id=""))
+
+
+class AgentsView(LettaView):
+    @extend_schema(exclude=True)
+    def get(self, request):
+        params = request.query_params
+        agents = selectors.letta_agents(self.caller(request)).order_by("created_at", "id")
+        if params.get("name"):
+            agents = agents.filter(name=params["name"])
+        tags = params.getlist("tags")
+        if tags:
+            match_all = params.get("match_all_tags", "").lower() == "true"
+            agents = selectors.letta_agents_tagged(agents, tags, match_all=match_all)
+        limit = parse_limit(params.get("limit"), default=50, maximum=MAX_LIST_LIMIT)
+        return Response([_agent_state(agent) for agent in agents[:limit]])
+
+    @extend_schema(exclude=True)
+    def post(self, request):
+        data = s.AgentIn.parse(request.data)
+        agent = services.letta_agent_create(
+            self.caller(request),
+            name=data.pop("name"),
+            tags=data.pop("tags"),
+            memory_blocks=data.pop("memory_blocks"),
+            settings=data,
+        )
+        return Response(_agent_state(agent))
+
+
+class AgentView(LettaView):
+    @extend_schema(exclude=True)
+    def get(self, request, agent_id):
+        return Response(_agent_state(self.agent(request, agent_id)))
+
+    @extend_schema(exclude=True)
+    def patch(self, request, agent_id):
+        agent = self.agent(request, agent_id)
+        data = s.AgentUpdateIn.parse(request.data)
+        return Response(_agent_state(services.letta_agent_update(agent, settings=data)))
+
+    @extend_schema(exclude=True)
+    def delete(self, request, agent_id):
+        services.letta_agent_delete(self.caller(request), agent=self.agent(request, agent_id))
+        return Response(None)
+
+
+class AgentMessagesView(LettaView):
+    @extend_schema(exclude=True)
+    def get(self, request, agent_id):
+        agent = self.agent(request, agent_id)
+        params = request.query_params
+        limit = parse_limit(params.get("limit"), default=100, maximum=MAX_LIST_LIMIT)
+        order = params.get("order") or "desc"
+        if order not in ("asc", "desc"):
+            raise InvalidInput.for_field("order", "must be 'asc' or 'desc'")
+        if agent.local_conversation is None:
+            return Response([])
+        messages = conversation_messages(agent.local_conversation, for_agent=True)
+        for cursor, after in (("after", True), ("before", False)):
+            if params.get(cursor):
+                seq = self._cursor_seq(messages, params[cursor])
+                messages = messages.filter(seq__gt=seq) if after else messages.filter(seq__lt=seq)
+        messages = messages.order_by("seq" if order == "asc" else "-seq")[:limit]
+        return Response([s.message_out(message, agent) for message in messages])
+
+    @staticmethod
+    def _cursor_seq(messages, raw: str) -> int:
+        message_id = s.parse_uuid_id(raw, s.MESSAGE_ID_PREFIX, "Message")
+        seq = messages.filter(id=message_id).values_list("seq", flat=True).first()
+        if seq is None:
+            raise NotFound("Message not found")
+        return seq
+
+    @extend_schema(exclude=True)
+    def post(self, request, agent_id):
+        raise NotImplementedByMemsvc(
+            "memsvc does not run agents: POST /v1/agents/{agent_id}/messages is not served "
+            "(store turns with POST /v1/agents/{agent_id}/messages/capture)"
+        )
+
+
+class CaptureView(LettaView):
+    @extend_schema(exclude=True)
+    def post(self, request, agent_id):
+        agent = self.agent(request, agent_id)
+        data = s.CaptureIn.parse(request.data)
+        messages = services.letta_capture(
+            agent,
+            request_messages=data["request_messages"],
+            response=data["response_dict"],
+            model=data["model"],
+            provider=data["provider"],
+        )
+        if messages:
+            enqueue_memory_extraction(agent, messages[0].conversation)
+            enqueue_letta_observation(agent)
+        return Response({"success": True, "message_ids": [f"message-{m.id}" for m in messages]})
+
+
+class AttachBlockView(LettaView):
+    @extend_schema(exclude=True)
+    def patch(self, request, agent_id, block_id):
+        agent = self.agent(request, agent_id)
+        services.letta_block_attach(agent, block=self.block(request, block_id))
+        return Response(_agent_state(agent))
+
+
+class GroupView(LettaView):
+    def _agent(self, request, group_id):
+        return selectors.letta_agent(
+            self.caller(request), s.parse_uuid_id(group_id, s.GROUP_ID_PREFIX, "Group")
+        )
+
+    @extend_schema(exclude=True)
+    def get(self, request, group_id):
+        return Response(s.group_out(self._agent(request, group_id)))
+
+    @extend_schema(exclude=True)
+    def patch(self, request, group_id):
+        agent = self._agent(request, group_id)
+        config = s.GroupUpdateIn.parse(request.data).get("manager_config") or {}
+        agent = services.letta_sleeptime_update(
+            agent, frequency=config.get("sleeptime_agent_frequency")
+        )
+        return Response(s.group_out(agent))
+
+
+class BlocksView(LettaView):
+    @extend_schema(exclude=True)
+    def get(self, request):
+        blocks = selectors.letta_blocks(
+            self.caller(request), label=request.query_params.get("label")
+        )
+        return Response([s.block_out(block) for block in blocks])
+
+    @extend_schema(exclude=True)
+    def post(self, request):
+        data = s.BlockIn.parse(request.data)
+        block = services.letta_block_create(
+            self.caller(request),
+            label=data["label"],
+            value=data["value"],
+            description=data["description"] or "",
+            limit=data["limit"] or s.DEFAULT_BLOCK_LIMIT,
+        )
+        return Response(s.block_out(block))
+
+
+class BlockView(LettaView):
+    @extend_schema(exclude=True)
+    def get(self, request, block_id):
+        return Response(s.block_out(self.block(request, block_id)))
+
+    @extend_schema(exclude=True)
+    def patch(self, request, block_id):
+        block = self.block(request, block_id)
+        data = s.BlockUpdateIn.parse(request.data)
+        block = services.memory_block_update(
+            block.agent.as_principal(),
+            block=block,
+            value=data.get("value"),
+            description=data.get("description"),
+            limit=data.get("limit"),
+        )
+        return Response(s.block_out(block))
+
+    @extend_schema(exclude=True)
+    def delete(self, request, block_id):
+        block = self.block(request, block_id)
+        services.memory_block_delete(block.agent.as_principal(), block=block)
+        return Response(None)
+
+
+class UnsupportedView(LettaView):
+    """Every other route under Letta's prefixes (after the key is checked): 501 naming it,
+    not a 404 that a client would take for a missing agent."""
+
+    @extend_schema(exclude=True)
+    def get(self, request, *args, **kwargs):
+        raise NotImplementedByMemsvc(
+            f"memsvc serves only the routes of Letta's API that the agentic-learning SDK "
+            f"uses; {request.method} {request.path} is not one of them"
+        )
+
+    post = put = patch = delete = get

@@ -1,0 +1,278 @@
+"""Writes: a document put back (``memsvc import``), all of it or nothing.
+
+Rows come back with their ids, so an export, an erase and an import give the same export
+again. Conversations a user owned come back whole (their messages take new places in the
+order of all messages, in the order they had); what they had in conversations of others
+comes back only where those still exist, their messages in their old places. An agent's
+memory comes back into that agent (made again, with its id, when it is gone). Vectors are
+made anew: messages are queued for embedding, memories and tool records wait for their
+sweeps.
+"""
+
+from dataclasses import dataclass, field
+
+from django.db import IntegrityError, connection, transaction
+
+from agents_api.models import (
+    Agent,
+    Memory,
+    MemoryBlock,
+    MemoryBlockRevision,
+    ToolRecord,
+    content_hash,
+)
+from agents_api.portability.export import FORMAT, VERSION
+from agents_api.portability.records import AgentRecord
+from conversations.models import (
+    Conversation,
+    ConversationGroup,
+    Membership,
+    Message,
+    OwnershipTransfer,
+)
+from search.services import EMBED_BATCH
+from search.tasks import enqueue_embedding
+
+
+class ImportRefused(Exception):
+    """The document cannot be imported (nothing was)."""
+
+
+@dataclass
+class ImportResult:
+    kind: str
+    subject: str  # the user id, or the agent's name and id
+    stored: dict[str, int] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)
+
+
+def parse_records(record_class, records, section: str) -> list[dict]:
+    if not isinstance(records, list):
+        raise ImportRefused(f"{section}: must be a list")
+    parsed = []
+    for index, record in enumerate(records):
+        serializer = record_class(data=record)
+        if not serializer.is_valid():
+            raise ImportRefused(f"{section}[{index}]: {dict(serializer.errors)}")
+        parsed.append(dict(serializer.validated_data))
+    return parsed
+
+
+def document_import(document) -> ImportResult:
+    """Store what ``document`` (an export, parsed) holds; ``ImportRefused`` when it is not
+    one of ours, contradicts itself, or collides with what is stored (then nothing is)."""
+    from agents_api.portability.sections import AGENT_SECTIONS, USER_SECTIONS
+
+    if not isinstance(document, dict) or document.get("format") != FORMAT:
+        raise ImportRefused(f"not a {FORMAT} document")
+    if document.get("version") != VERSION:
+        raise ImportRefused(f"version {document.get('version')!r} (this server reads {VERSION})")
+    kind = document.get("kind")
+    if kind == "user":
+        user_id = document.get("userId")
+        if not isinstance(user_id, str) or not user_id:
+            raise ImportRefused("userId: missing")
+        sections, result = USER_SECTIONS, ImportResult(kind, user_id)
+    elif kind == "agent":
+        [agent_data] = parse_records(AgentRecord, [document.get("agent")], "agent")
+        sections = AGENT_SECTIONS
+        result = ImportResult(kind, f"{agent_data['name']} ({agent_data['id']})")
+    else:
+        raise ImportRefused(f"kind: {kind!r} is neither user nor agent")
+    parsed = {
+        section.name: parse_records(section.record, document.get(section.name, []), section.name)
+        for section in sections
+    }
+    try:
+        with transaction.atomic():
+            subject = user_id if kind == "user" else _agent(agent_data)
+            for section in sections:
+                records = parsed[section.name]
+                stored = section.restore(subject, records)
+                result.stored[section.name] = stored
+                result.skipped[section.name] = len(records) - stored
+    except IntegrityError as exc:
+        raise ImportRefused(f"it collides with what is stored: {exc}".strip()) from None
+    return result
+
+
+def _agent(data: dict) -> Agent:
+    """The agent of an agent's document: the one with its id, or made again."""
+    agent = Agent.objects.filter(id=data["id"]).first()
+    if agent is None:
+        agent = Agent.objects.create(**data)
+    return agent
+
+
+def _belongs_to(user_id: str, records: list[dict], key: str, section: str) -> None:
+    strangers = {record[key] for record in records} - {user_id}
+    if strangers:
+        raise ImportRefused(f"{section}: records of {sorted(strangers)[0]!r}, not of {user_id!r}")
+
+
+def _embed_on_commit(message_ids: list) -> None:
+    for start in range(0, len(message_ids), EMBED_BATCH):
+        batch = message_ids[start : start + EMBED_BATCH]
+        transaction.on_commit(lambda batch=batch: enqueue_embedding(batch))
+
+
+# --- a user's conversations ------------------------------------------------------------------
+
+
+def restore_conversations(user_id: str, records: list[dict]) -> int:
+    """The user's conversations, their groups made again with them (parents, forks)."""
+    groups = {}
+    for record in records:
+        group_id = record["group_id"]
+        groups[group_id] = min(groups.get(group_id, record["created_at"]), record["created_at"])
+    ConversationGroup.objects.bulk_create(
+        ConversationGroup(id=group_id, created_at=created_at)
+        for group_id, created_at in groups.items()
+    )
+    return len(Conversation.objects.bulk_create(Conversation(**record) for record in records))
+
+
+def restore_memberships(user_id: str, records: list[dict]) -> int:
+    return len(Membership.objects.bulk_create(Membership(**record) for record in records))
+
+
+def _keep_numbers(table: str, column: str, sequence: str, records: list[dict], key: str) -> None:
+    """Rows numbered by a sequence (a message's place ``seq``, a block's id, which Letta's
+    routes show) keep their old numbers when none is taken, as on the server they came
+    from, and the sequence moves past them so that no new row is given one. Otherwise
+    (another server's rows hold them) ``key`` is dropped: they get new numbers, in the
+    order they had."""
+    numbers = [record[key] for record in records]
+    if not numbers:
+        return
+    with connection.cursor() as cursor:
+        taken = f"SELECT EXISTS (SELECT 1 FROM {table} WHERE {column} = ANY(%s))"  # noqa: S608 (our names)
+        cursor.execute(taken, [numbers])
+        if cursor.fetchone()[0]:
+            for record in records:
+                del record[key]
+            return
+        cursor.execute(
+            f"""
+            SELECT setval(s, %s) FROM (SELECT {sequence}::regclass AS s) AS q
+            WHERE %s > coalesce(pg_sequence_last_value(s), 0)
+            """,  # noqa: S608 (our own names; the numbers are parameters)
+            [max(numbers), max(numbers)],
+        )
+
+
+def _store_messages(records: list[dict]) -> int:
+    """Messages in their old places in the order of all messages (``_keep_numbers``): fork
+    points and replies name messages by id, so they hold either way."""
+    _keep_numbers("message", "seq", "'message_seq'", records, "seq")
+    created = Message.objects.bulk_create(
+        (Message(**record) for record in records), batch_size=EMBED_BATCH
+    )
+    _embed_on_commit([message.id for message in created])
+    return len(created)
+
+
+def restore_messages(user_id: str, records: list[dict]) -> int:
+    """The messages of the user's conversations (``_store_messages``)."""
+    return _store_messages(records)
+
+
+def restore_transfers(user_id: str, records: list[dict]) -> int:
+    return len(OwnershipTransfer.objects.bulk_create(OwnershipTransfer(**r) for r in records))
+
+
+# --- what the user had in others' conversations ----------------------------------------------
+
+
+def restore_memberships_elsewhere(user_id: str, records: list[dict]) -> int:
+    """Memberships of groups that still exist, where the user is not a member again."""
+    _belongs_to(user_id, records, "principal_id", "membershipsElsewhere")
+    existing = set(
+        ConversationGroup.objects.filter(id__in=[r["group_id"] for r in records]).values_list(
+            "id", flat=True
+        )
+    )
+    member = set(Membership.objects.filter(principal_id=user_id).values_list("group_id", flat=True))
+    kept = [r for r in records if r["group_id"] in existing and r["group_id"] not in member]
+    return len(Membership.objects.bulk_create(Membership(**record) for record in kept))
+
+
+def restore_messages_elsewhere(user_id: str, records: list[dict]) -> int:
+    """Messages in conversations that still exist, in their old places between the others'
+    messages (``_store_messages``)."""
+    existing = set(
+        Conversation.objects.filter(id__in=[r["conversation_id"] for r in records]).values_list(
+            "id", flat=True
+        )
+    )
+    return _store_messages([r for r in records if r["conversation_id"] in existing])
+
+
+def restore_transfers_elsewhere(user_id: str, records: list[dict]) -> int:
+    """Transfers the user made or was offered, of conversations that still exist."""
+    strangers = [r for r in records if user_id not in (r["from_principal"], r["to_principal"])]
+    if strangers:
+        raise ImportRefused(f"ownershipTransfersElsewhere: {strangers[0]['id']} is not {user_id}'s")
+    existing = set(
+        Conversation.objects.filter(id__in=[r["conversation_id"] for r in records]).values_list(
+            "id", flat=True
+        )
+    )
+    kept = [r for r in records if r["conversation_id"] in existing]
+    return len(OwnershipTransfer.objects.bulk_create(OwnershipTransfer(**r) for r in kept))
+
+
+# --- agents' memory --------------------------------------------------------------------------
+
+
+def _agents_for(subject, records: list[dict], section: str) -> list[dict]:
+    """The records whose agent is here: in an agent's document, that agent's (every record
+    is put in it); in a user's, those about the user of agents that exist (others skipped)."""
+    if isinstance(subject, Agent):
+        for record in records:
+            record["agent_id"] = subject.id
+        return records
+    _belongs_to(subject, records, "user_id", section)
+    existing = set(
+        Agent.objects.filter(id__in=[r["agent_id"] for r in records]).values_list("id", flat=True)
+    )
+    return [record for record in records if record["agent_id"] in existing]
+
+
+def restore_memories(subject, records: list[dict]) -> int:
+    kept = _agents_for(subject, records, "memories")
+    return len(
+        Memory.objects.bulk_create(
+            Memory(**record, content_hash=content_hash(record["content"])) for record in kept
+        )
+    )
+
+
+def restore_memory_blocks(subject, records: list[dict]) -> int:
+    """Blocks with every revision they had, under their old ids when free
+    (``_keep_numbers``)."""
+    kept = _agents_for(subject, records, "memoryBlocks")
+    _keep_numbers("memory_block", "id", "pg_get_serial_sequence('memory_block', 'id')", kept, "id")
+    revisions = [record.pop("exported_revisions") for record in kept]
+    blocks = MemoryBlock.objects.bulk_create(MemoryBlock(**record) for record in kept)
+    MemoryBlockRevision.objects.bulk_create(
+        MemoryBlockRevision(block=block, **revision)
+        for block, block_revisions in zip(blocks, revisions, strict=True)
+        for revision in block_revisions
+    )
+    return len(blocks)
+
+
+def restore_tool_records(agent: Agent, records: list[dict]) -> int:
+    """An agent's tool records; one whose conversation is gone keeps its facts without it.
+    Their vectors wait for the sweep."""
+    kept = _agents_for(agent, records, "toolRecords")
+    existing = set(
+        Conversation.objects.filter(
+            id__in=[r["conversation_id"] for r in kept if r["conversation_id"]]
+        ).values_list("id", flat=True)
+    )
+    for record in kept:
+        if record["conversation_id"] not in existing:
+            record["conversation_id"] = None
+    return len(ToolRecord.objects.bulk_create(ToolRecord(**record) for record in kept))

@@ -1,0 +1,45 @@
+"""A user's right to be forgotten: everything kept about them, erased in one transaction."""
+
+from dataclasses import dataclass
+
+from django.db import transaction
+
+from agents_api.models import MemoryBlock
+from agents_api.selectors import memories_of
+from agents_api.services.memories import memories_delete
+from conversations.services import user_conversations_erase
+from memsvc.api.errors import InvalidInput
+from memsvc.api.principals import Principal
+
+
+@dataclass(frozen=True)
+class Erased:
+    conversations: int
+    messages: int
+    memberships: int
+    ownership_transfers: int
+    memories: int
+    memory_blocks: int
+
+
+@transaction.atomic
+def user_erase(actor: Principal, *, confirm: str) -> Erased:
+    """Erase what is kept about the acting user: the conversations they own (with everyone's
+    messages in them), their messages and memberships elsewhere, the transfers they made or
+    were offered, and what every agent keeps about them (memories, blocks and their
+    revisions). ``confirm`` must be their id: this cannot be undone. All or nothing."""
+    if confirm != actor.id:
+        raise InvalidInput.for_field(
+            "confirm", "must be your own user id: erasing your data cannot be undone"
+        )
+    conversations = user_conversations_erase(actor.id)
+    memories = memories_delete(actor, memories=memories_of(user_id=actor.id))
+    _, deleted = MemoryBlock.objects.filter(user_id=actor.id).delete()
+    return Erased(
+        conversations=conversations.conversations,
+        messages=conversations.messages,
+        memberships=conversations.memberships,
+        ownership_transfers=conversations.ownership_transfers,
+        memories=memories,
+        memory_blocks=deleted.get(MemoryBlock._meta.label, 0),
+    )

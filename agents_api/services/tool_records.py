@@ -1,0 +1,137 @@
+"""Writes of tool records (the memory bank): saved with a summary and its vector at once,
+summarised again by the observer's LLM when there is one, deleted by task, embedded later
+when the embedding backend was down."""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from agents_api import observer, tasks
+from agents_api.models import Agent, SummarySource, ToolRecord
+from conversations.models import Conversation
+from memsvc.api.principals import Principal
+from memsvc.llm import llm_configured
+from search.services import (
+    embed_pending_rows,
+    embed_rows,
+    reembed_all_rows,
+    vectors_or_none,
+    write_vectors,
+)
+
+
+@dataclass
+class NewToolRecord:
+    tool_name: str
+    raw_input: dict = field(default_factory=dict)
+    raw_output: object = None
+    summary: str = ""  # "": the observer writes it
+    task_id: str = ""
+    step: int | None = None
+    conversation: Conversation | None = None
+
+
+def _vectors(texts: list[str]):
+    return vectors_or_none(texts, what="tool records")
+
+
+def tool_records_create(
+    actor: Principal, *, agent: Agent, records: Sequence[NewToolRecord]
+) -> list[ToolRecord]:
+    """Store tool interactions of ``agent``, all or nothing, each searchable at once: with
+    the caller's summary or the observer's deterministic one, embedded before the
+    transaction opens (the model's time holds no locks). Once committed, the observer's
+    LLM (when configured) summarises those without a caller's summary again."""
+    summaries = [
+        new.summary or observer.fallback_summary(new.tool_name, new.raw_input, new.raw_output)
+        for new in records
+    ]
+    model, vectors = _vectors(summaries)
+    now = timezone.now()
+    rows = []
+    for index, new in enumerate(records):
+        row = ToolRecord(
+            agent=agent,
+            conversation=new.conversation,
+            task_id=new.task_id,
+            step=new.step,
+            tool_name=new.tool_name,
+            raw_input=new.raw_input,
+            raw_output=new.raw_output,
+            summary=summaries[index],
+            summary_source=SummarySource.CALLER if new.summary else SummarySource.FALLBACK,
+            created_at=now,
+        )
+        if vectors is not None:
+            row.embedding, row.embedding_model, row.embedded_at = vectors[index], model, now
+        rows.append(row)
+    with transaction.atomic():
+        ToolRecord.objects.bulk_create(rows)
+        to_observe = [r.id for r in rows if r.summary_source == SummarySource.FALLBACK]
+        if to_observe and llm_configured():
+            transaction.on_commit(lambda: tasks.enqueue_observation(to_observe), robust=True)
+    return rows
+
+
+@transaction.atomic
+def tool_records_delete(actor: Principal, *, records) -> int:
+    """Delete every record of a queryset the caller chose (``selectors.tool_records_of``)."""
+    deleted, _ = records.delete()
+    return deleted
+
+
+def tool_record_observe(record_id) -> bool:
+    """Replace a record's deterministic summary by the observer LLM's, with its vector;
+    whether it was replaced. ``LLMError`` when the model fails (the record keeps what it
+    had). Returns quietly when the record is gone or already summarised otherwise."""
+    record = (
+        ToolRecord.objects.filter(id=record_id, summary_source=SummarySource.FALLBACK)
+        .only("tool_name", "raw_input", "raw_output", "summary")
+        .first()
+    )
+    if record is None:
+        return False
+    summary = observer.observe(record.tool_name, record.raw_input, record.raw_output)
+    model, vectors = _vectors([summary])
+    with transaction.atomic():
+        # Conditional: a record deleted or summarised meanwhile is left as it is.
+        changed = ToolRecord.objects.filter(
+            id=record.id, summary_source=SummarySource.FALLBACK, summary=record.summary
+        ).update(
+            summary=summary,
+            summary_source=SummarySource.LLM,
+            # Without a new vector the old one would describe the old summary: the sweep
+            # embeds the new one when the backend is back.
+            embedding=None,
+            embedding_model="",
+            embedded_at=None,
+        )
+        if changed and vectors is not None:
+            with connection.cursor() as cursor:
+                write_vectors(
+                    cursor,
+                    ToolRecord._meta.db_table,
+                    [record.id],
+                    vectors,
+                    model=model,
+                    at=timezone.now(),
+                    force=False,
+                )
+    return bool(changed)
+
+
+def tool_records_embed(record_ids: Sequence, *, backend=None, force: bool = False) -> int:
+    return embed_rows(ToolRecord, record_ids, text_field="summary", backend=backend, force=force)
+
+
+def tool_records_embed_pending(*, backend=None, max_batches: int | None = None) -> int:
+    """Embed every record still waiting for a vector, oldest first (the sweep, reindex)."""
+    return embed_pending_rows(
+        ToolRecord, text_field="summary", backend=backend, max_batches=max_batches
+    )
+
+
+def tool_records_reembed_all(*, backend=None) -> int:
+    return reembed_all_rows(ToolRecord, text_field="summary", backend=backend)

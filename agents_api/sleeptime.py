@@ -1,0 +1,150 @@
+"""Letta's sleeptime agent, as a task: every ``sleeptime_agent_frequency`` captured turns of
+an agent (``POST /v1/agents/{id}/messages/capture``), the LLM reads the new turns and
+rewrites the agent's memory blocks (the ``human`` block first) within each block's limit.
+Each change is a block revision by ``agent:<id>`` like any other write.
+
+Without an LLM (``memsvc.llm``) captures are stored and nothing else happens. The turns are
+claimed before the LLM is asked (the agent's row lock decides between two workers); a
+transient failure gives them back for the next capture, a malformed answer changes nothing.
+"""
+
+import logging
+
+from django.db import transaction
+
+from agents_api import services
+from agents_api.models import Agent
+from agents_api.selectors import memory_blocks
+from agents_api.services.letta import letta_settings
+from conversations.models import Role
+from conversations.selectors import conversation_messages
+from memsvc.api.errors import ApiError
+from memsvc.llm import LLMError, chat, json_answer, llm_configured
+
+logger = logging.getLogger(__name__)
+
+FREQUENCY_KEY = "sleeptime_agent_frequency"
+THROUGH_KEY = "observed_through_seq"  # the last message the observer has read
+MAX_TRANSCRIPT_MESSAGES = 100
+MAX_MESSAGE_CHARS = 4_000
+
+OBSERVER_INSTRUCTIONS = """\
+You maintain the memory blocks of an AI assistant: short texts it reads before every \
+conversation. Read the new conversation turns and update the blocks with what the \
+assistant should remember: in the "human" block, facts about the user (name, preferences, \
+plans, relationships); in other blocks, what their description asks for. Keep what is \
+still true, correct what changed, drop placeholders once you know something real. Each \
+block must stay within its character limit.
+
+Answer with JSON only: {"blocks": [{"label": "human", "value": "<the whole new text>"}]}, \
+listing only the blocks that change ({"blocks": []} when none does)."""
+
+
+def _frequency(agent: Agent) -> int:
+    letta = letta_settings(agent)
+    frequency = letta.get(FREQUENCY_KEY)
+    if not letta.get("enable_sleeptime") or not isinstance(frequency, int) or frequency < 1:
+        return 0
+    return frequency
+
+
+def _unread(agent: Agent):
+    """The agent's captured user turns the observer has not read, and the turns around them."""
+    if agent.local_conversation is None:
+        return None
+    through = letta_settings(agent).get(THROUGH_KEY) or 0
+    return conversation_messages(agent.local_conversation, for_agent=True).filter(seq__gt=through)
+
+
+def observation_due(agent: Agent) -> bool:
+    """An LLM, a sleeptime frequency, and at least that many captured turns unread."""
+    frequency = _frequency(agent)
+    unread = _unread(agent) if frequency and llm_configured() else None
+    return unread is not None and unread.filter(role=Role.USER).count() >= frequency
+
+
+@transaction.atomic
+def _claim(agent: Agent) -> tuple[int, list] | None:
+    """Take the unread turns when enough have come: (what was read through before, the
+    turns). The agent's row lock makes a second worker wait and then find them taken."""
+    agent = Agent.objects.select_for_update().get(pk=agent.pk)
+    if not observation_due(agent):
+        return None
+    previous = letta_settings(agent).get(THROUGH_KEY) or 0
+    turns = list(_unread(agent).order_by("-seq")[:MAX_TRANSCRIPT_MESSAGES])[::-1]
+    _set_through(agent, turns[-1].seq)
+    return previous, turns
+
+
+def _set_through(agent: Agent, seq: int) -> None:
+    letta = {**letta_settings(agent), THROUGH_KEY: seq}
+    agent.metadata = {**agent.metadata, "letta": letta}
+    agent.save(update_fields=["metadata"])
+
+
+@transaction.atomic
+def _release(agent: Agent, previous: int, claimed: int) -> None:
+    agent = Agent.objects.select_for_update().get(pk=agent.pk)
+    if letta_settings(agent).get(THROUGH_KEY) == claimed:
+        _set_through(agent, previous)
+
+
+def observer_prompt(blocks, turns) -> list[dict]:
+    ordered = sorted(blocks, key=lambda block: (block.label != "human", block.label))
+    described = "\n\n".join(
+        f'<block label="{b.label}" limit="{b.limit}" description="{b.description}">\n'
+        f"{b.value}\n</block>"
+        for b in ordered
+    )
+    transcript = "\n".join(f"{turn.role}: {turn.content[:MAX_MESSAGE_CHARS]}" for turn in turns)
+    return [
+        {"role": "system", "content": OBSERVER_INSTRUCTIONS},
+        {
+            "role": "user",
+            "content": f"The blocks now:\n{described}\n\nThe new turns:\n{transcript}",
+        },
+    ]
+
+
+def parse_block_values(answer) -> dict[str, str]:
+    """label -> new value from ``{"blocks": [{"label", "value"}]}``; other items are skipped,
+    an answer of another shape is an ``LLMError``."""
+    items = answer.get("blocks") if isinstance(answer, dict) else None
+    if not isinstance(items, list):
+        raise LLMError(f"expected {{'blocks': [...]}}, got {str(answer)[:200]!r}")
+    return {
+        item["label"]: item["value"].replace("\x00", "")
+        for item in items
+        if isinstance(item, dict)
+        and isinstance(item.get("label"), str)
+        and isinstance(item.get("value"), str)
+    }
+
+
+def blocks_observe(agent: Agent) -> list[str]:
+    """Let the LLM update the agent's blocks from the turns captured since it last did,
+    when enough have come. Returns the labels of the blocks that changed."""
+    claim = _claim(agent)
+    if claim is None:
+        return []
+    previous, turns = claim
+    blocks = {block.label: block for block in memory_blocks(agent, user_id="")}
+    try:
+        values = parse_block_values(json_answer(chat(observer_prompt(blocks.values(), turns))))
+    except LLMError as exc:
+        if exc.transient:
+            _release(agent, previous, turns[-1].seq)
+        logger.warning("sleeptime: agent %s's blocks not updated: %s", agent.id, exc)
+        return []
+    changed = []
+    for label, value in values.items():
+        block = blocks.get(label)
+        if block is None or block.value == value:
+            continue
+        try:
+            services.memory_block_update(agent.as_principal(), block=block, value=value)
+        except ApiError as exc:  # over the limit, read-only: the block keeps its value
+            logger.warning("sleeptime: block %r of agent %s kept: %s", label, agent.id, exc)
+            continue
+        changed.append(label)
+    return changed

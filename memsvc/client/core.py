@@ -1,0 +1,387 @@
+"""The I/O-free core of ``learning()``: which model calls it handles, what it asks memsvc
+before a call, how it changes the request, how it reads the reply (whole or streamed) and
+what it stores. No sockets, no threads, no SDK objects: JSON bodies and bytes in, JSON
+bodies and ``ServerRequest``s out. The shells (``memsvc.client.hooks``) do the I/O, sync
+and async alike.
+
+What to inject and what to store is a *strategy*'s decision (``Recall``, the seed's: memory
+blocks, memories and relevant messages in; the user's message and the reply out). Another
+strategy plugs in beside it by answering the same three questions.
+"""
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from memsvc.client.formatting import append_text, format_context, inject, last_user_text
+
+NO_TEXT_REPLY = "(tool calls)"
+
+
+@dataclass(frozen=True)
+class ServerRequest:
+    """One request to memsvc: what the shells send."""
+
+    method: str
+    path: str
+    json: dict | None = None
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What the model answered: its text, and its tool calls as message metadata."""
+
+    text: str = ""
+    tool_calls: tuple = ()
+
+    @property
+    def metadata(self) -> dict | None:
+        return {"tool_calls": list(self.tool_calls)} if self.tool_calls else None
+
+
+# --- the model APIs ---------------------------------------------------------------------------
+
+
+class ModelApi:
+    """One kind of model call: where the user's text is, where memory goes, how the reply
+    reads (a JSON body, or the events of a stream)."""
+
+    name = ""
+
+    def query(self, body: dict) -> str:
+        raise NotImplementedError
+
+    def with_memory(self, body: dict, text: str) -> dict:
+        raise NotImplementedError
+
+    def reply(self, data: dict) -> Reply:
+        raise NotImplementedError
+
+    def assembler(self) -> "StreamAssembler":
+        raise NotImplementedError
+
+
+class StreamAssembler:
+    """Builds a reply from the events of a stream (each a JSON object)."""
+
+    def __init__(self):
+        self.text: list[str] = []
+        self.calls: dict[int, dict] = {}
+        self.whole: Reply | None = None  # a final event that carries the whole reply
+
+    def add(self, event: str | None, data: dict) -> None:
+        raise NotImplementedError
+
+    def reply(self) -> Reply:
+        if self.whole is not None:
+            return self.whole
+        return Reply("".join(self.text), tuple(self.calls[i] for i in sorted(self.calls)))
+
+
+class ChatCompletions(ModelApi):
+    """``POST .../chat/completions``: create, parse, the stream helper, raw and streamed
+    responses all send this."""
+
+    name = "chat"
+
+    def query(self, body):
+        return last_user_text(body.get("messages"))
+
+    def with_memory(self, body, text):
+        return {**body, "messages": inject(body.get("messages") or [], text)}
+
+    def reply(self, data):
+        choices = data.get("choices") or [{}]
+        message = choices[0].get("message") or {}
+        content = message.get("content")
+        if content is None:
+            content = message.get("refusal")
+        return Reply(content or "", tuple(message.get("tool_calls") or ()))
+
+    def assembler(self):
+        return _ChatAssembler()
+
+
+class _ChatAssembler(StreamAssembler):
+    def add(self, event, data):
+        for choice in data.get("choices") or []:
+            if choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                self.text.append(delta["content"])
+            for call in delta.get("tool_calls") or []:
+                entry = self.calls.setdefault(
+                    call.get("index", 0),
+                    {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
+                )
+                entry["id"] = call.get("id") or entry["id"]
+                function = call.get("function") or {}
+                entry["function"]["name"] += function.get("name") or ""
+                entry["function"]["arguments"] += function.get("arguments") or ""
+
+
+class Responses(ModelApi):
+    """``POST .../responses``: create, parse, stream; memory goes into ``instructions``."""
+
+    name = "responses"
+
+    def query(self, body):
+        return last_user_text(body.get("input"))
+
+    def with_memory(self, body, text):
+        return {**body, "instructions": append_text(body.get("instructions"), text)}
+
+    def reply(self, data):
+        texts, calls = [], []
+        for item in data.get("output") or []:
+            if item.get("type") == "message":
+                texts += [
+                    part.get("text", "")
+                    for part in item.get("content") or []
+                    if part.get("type") == "output_text"
+                ]
+            elif item.get("type") == "function_call":
+                calls.append(
+                    {
+                        "id": item.get("call_id"),
+                        "type": "function",
+                        "function": {"name": item.get("name"), "arguments": item.get("arguments")},
+                    }
+                )
+        return Reply("".join(texts), tuple(calls))
+
+    def assembler(self):
+        return _ResponsesAssembler(self)
+
+
+class _ResponsesAssembler(StreamAssembler):
+    def __init__(self, api: Responses):
+        super().__init__()
+        self.api = api
+
+    def add(self, event, data):
+        kind = data.get("type") or event
+        if kind == "response.output_text.delta":
+            self.text.append(data.get("delta") or "")
+        elif kind == "response.completed" and isinstance(data.get("response"), dict):
+            self.whole = self.api.reply(data["response"])
+
+
+class AnthropicMessages(ModelApi):
+    """Anthropic's ``POST /v1/messages``: create and the stream helper; memory goes into
+    ``system``, the reply is read from its content blocks."""
+
+    name = "anthropic"
+
+    def query(self, body):
+        return last_user_text(body.get("messages"))
+
+    def with_memory(self, body, text):
+        return {**body, "system": append_text(body.get("system"), text)}
+
+    def reply(self, data):
+        texts, calls = [], []
+        for block in data.get("content") or []:
+            if block.get("type") == "text":
+                texts.append(block.get("text", ""))
+            elif block.get("type") == "tool_use":
+                calls.append(_tool_use(block, block.get("input")))
+        return Reply("".join(texts), tuple(calls))
+
+    def assembler(self):
+        return _AnthropicAssembler()
+
+
+def _tool_use(block: dict, arguments) -> dict:
+    return {
+        "id": block.get("id"),
+        "type": "tool_use",
+        "function": {"name": block.get("name"), "arguments": arguments},
+    }
+
+
+class _AnthropicAssembler(StreamAssembler):
+    def __init__(self):
+        super().__init__()
+        self.json_parts: dict[int, list[str]] = {}
+
+    def add(self, event, data):
+        kind = data.get("type") or event
+        index = data.get("index", 0)
+        if kind == "content_block_start":
+            block = data.get("content_block") or {}
+            if block.get("type") == "text" and block.get("text"):
+                self.text.append(block["text"])
+            elif block.get("type") == "tool_use":
+                self.calls[index] = _tool_use(block, None)
+                self.json_parts[index] = []
+        elif kind == "content_block_delta":
+            delta = data.get("delta") or {}
+            if delta.get("type") == "text_delta":
+                self.text.append(delta.get("text") or "")
+            elif delta.get("type") == "input_json_delta" and index in self.json_parts:
+                self.json_parts[index].append(delta.get("partial_json") or "")
+
+    def reply(self):
+        for index, parts in self.json_parts.items():
+            text = "".join(parts)
+            try:
+                self.calls[index]["function"]["arguments"] = json.loads(text) if text else {}
+            except ValueError:
+                self.calls[index]["function"]["arguments"] = text
+        return super().reply()
+
+
+CHAT, RESPONSES, ANTHROPIC = ChatCompletions(), Responses(), AnthropicMessages()
+
+# The calls learning() handles, by SDK: (path suffix, API). Paths end the URL, queries
+# (Anthropic's ``?beta=true``) removed; other calls of these SDKs pass through untouched.
+SURFACES = {
+    "openai": (("/chat/completions", CHAT), ("/responses", RESPONSES)),
+    "anthropic": (("/v1/messages", ANTHROPIC),),
+}
+
+
+def model_api(sdk: str, method: str, url: str, body) -> ModelApi | None:
+    """The API of a request an SDK is about to send, or None when learning() leaves it alone."""
+    if method.lower() != "post" or not isinstance(body, dict):
+        return None
+    path = url.split("?", 1)[0].rstrip("/")
+    return next((api for suffix, api in SURFACES.get(sdk, ()) if path.endswith(suffix)), None)
+
+
+# --- reading a reply --------------------------------------------------------------------------
+
+
+class ServerSentEvents:
+    """An incremental decoder of ``text/event-stream`` bytes into (event, data) pairs."""
+
+    def __init__(self):
+        self._buffer = b""
+        self._event: str | None = None
+        self._data: list[str] = []
+
+    def feed(self, chunk: bytes) -> Iterable[tuple[str | None, str]]:
+        self._buffer += chunk
+        *lines, self._buffer = self._buffer.split(b"\n")
+        for raw in lines:
+            line = raw.rstrip(b"\r").decode("utf-8", "replace")
+            if not line:
+                if self._data:
+                    yield self._event, "\n".join(self._data)
+                self._event, self._data = None, []
+            elif line.startswith("event:"):
+                self._event = line[6:].strip()
+            elif line.startswith("data:"):
+                self._data.append(line[5:].removeprefix(" "))
+
+    def close(self) -> Iterable[tuple[str | None, str]]:
+        yield from self.feed(b"\n\n")
+
+
+class ReplyReader:
+    """Reads a model's reply from the bytes of its HTTP body as the caller consumes them: a
+    JSON body, or server-sent events. ``feed`` every chunk, then ``finish`` once."""
+
+    def __init__(self, api: ModelApi, *, streamed: bool):
+        self.api = api
+        self.streamed = streamed
+        self._chunks: list[bytes] = []
+        self._events = ServerSentEvents() if streamed else None
+        self._assembler = api.assembler() if streamed else None
+
+    def feed(self, chunk: bytes) -> None:
+        if self._events is None:
+            self._chunks.append(chunk)
+            return
+        for event, data in self._events.feed(chunk):
+            self._add(event, data)
+
+    def _add(self, event, data: str) -> None:
+        if data.startswith("[DONE]"):
+            return
+        try:
+            parsed = json.loads(data)
+        except ValueError:
+            return
+        if isinstance(parsed, dict):
+            self._assembler.add(event, parsed)
+
+    def finish(self) -> Reply:
+        if self._events is None:
+            data = json.loads(b"".join(self._chunks) or b"{}")
+            return self.api.reply(data if isinstance(data, dict) else {})
+        for event, data in self._events.close():
+            self._add(event, data)
+        return self._assembler.reply()
+
+
+# --- strategies: what to inject, what to store ------------------------------------------------
+
+
+@dataclass
+class Call:
+    """One model call as an SDK is about to send it, for the agent of the active block."""
+
+    agent: str
+    api: ModelApi
+    body: dict
+    capture_only: bool = False
+    query: str = field(init=False)
+
+    def __post_init__(self):
+        self.query = self.api.query(self.body)
+
+
+class Strategy(Protocol):
+    """What ``learning()`` does around a model call. The shells send ``context_request``
+    (if any) before the call, pass its answer to ``prepare`` for the body actually sent
+    (None: nothing was asked, or memsvc failed), and send ``stores`` in the background once
+    the reply is known. A strategy is made per block, from the block's options."""
+
+    def context_request(self, call: Call) -> ServerRequest | None: ...
+
+    def prepare(self, call: Call, context: dict | None) -> dict: ...
+
+    def stores(self, call: Call, reply: Reply) -> list[ServerRequest]: ...
+
+
+class Recall:
+    """The seed's strategy: one ``POST /context/{agent}`` (memory blocks, the relevant
+    long-term memories and past messages) injected as memory; the user's message and the
+    reply stored with ``POST /messages``."""
+
+    def context_request(self, call):
+        if call.capture_only or not call.query:
+            return None
+        return ServerRequest(
+            "POST", f"/context/{call.agent}", {"agent_name": call.agent, "query": call.query}
+        )
+
+    def prepare(self, call, context):
+        text = format_context(context or {})
+        return call.api.with_memory(call.body, text) if text else call.body
+
+    def stores(self, call, reply):
+        messages = []
+        if call.query:
+            messages.append(_message(call.agent, "user", call.query, None))
+        if reply.text or reply.tool_calls:
+            messages.append(
+                _message(call.agent, "assistant", reply.text or NO_TEXT_REPLY, reply.metadata)
+            )
+        return messages
+
+
+def _message(agent: str, role: str, content: str, metadata: dict | None) -> ServerRequest:
+    return ServerRequest(
+        "POST",
+        "/messages",
+        {"agent_name": agent, "role": role, "content": content, "metadata": metadata},
+    )
+
+
+# learning(strategy=NAME): the class made for each block.
+STRATEGIES: dict[str, type] = {"recall": Recall}

@@ -1,0 +1,81 @@
+"""Text in and out of a model call: the text of a message, the memory as the model reads it
+(the seed's format), and where it goes in a list of chat messages. Pure functions."""
+
+MAX_CONTEXT_MESSAGE_CHARS = 500
+CONTEXT_HEADER = "The following is context from your memory:"
+TEXT_PART_TYPES = ("text", "input_text", "output_text")
+
+
+def text_of(content) -> str:
+    """The text of a message's content: a string, or the text parts of a list of blocks
+    (OpenAI's ``text`` / ``input_text`` parts, Anthropic's ``text`` blocks)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for block in content:
+            if isinstance(block, dict) and block.get("type") in TEXT_PART_TYPES:
+                parts.append(str(block.get("text", "")))
+            elif isinstance(block, str):
+                parts.append(block)
+        return "\n".join(part for part in parts if part)
+    return ""
+
+
+def last_user_text(messages) -> str:
+    """The text of the last message with role ``user`` (chat messages, Responses input or
+    Anthropic messages); a plain string is the user's text itself."""
+    if isinstance(messages, str):
+        return messages
+    if not isinstance(messages, list | tuple):
+        return ""
+    for message in reversed(messages):
+        if isinstance(message, dict) and message.get("role") == "user":
+            return text_of(message.get("content"))
+    return ""
+
+
+def _cut(text: str) -> str:
+    if len(text) <= MAX_CONTEXT_MESSAGE_CHARS:
+        return text
+    return text[:MAX_CONTEXT_MESSAGE_CHARS].rstrip() + "…"
+
+
+def format_context(context: dict) -> str | None:
+    """The seed's format: memory blocks, then the relevant long-term memories (best first),
+    then the relevant past messages in time order. None when there is nothing to say."""
+    sections = []
+    blocks = context.get("memory_blocks") or []
+    if blocks:
+        sections.append(
+            "## Memory\n\n" + "\n\n".join(f"### {b['label']}\n{b['value']}" for b in blocks)
+        )
+    memories = context.get("memories") or []  # absent from older servers' answers
+    if memories:
+        sections.append("## Memories\n\n" + "\n".join(f"- {_cut(m['content'])}" for m in memories))
+    messages = sorted(context.get("relevant_messages") or [], key=lambda m: m["created_at"])
+    if messages:
+        lines = [f"**{m['role'].capitalize()}**: {_cut(m['content'])}" for m in messages]
+        sections.append("## Relevant Past Conversations\n\n" + "\n\n".join(lines))
+    if not sections:
+        return None
+    return CONTEXT_HEADER + "\n\n" + "\n\n".join(sections)
+
+
+def inject(messages: list, context_text: str) -> list:
+    """A copy of ``messages`` with the context as a system message: right after a leading
+    system (or developer) message, else first."""
+    injected = {"role": "system", "content": context_text}
+    messages = list(messages)
+    first = messages[0] if messages else None
+    if isinstance(first, dict) and first.get("role") in ("system", "developer"):
+        return [first, injected, *messages[1:]]
+    return [injected, *messages]
+
+
+def append_text(instructions, text: str):
+    """``text`` after existing instructions: a string (Responses ``instructions``, Anthropic
+    ``system``) or a list of text blocks (Anthropic ``system``); ``text`` alone when none."""
+    if isinstance(instructions, list):
+        return [*instructions, {"type": "text", "text": text}]
+    return f"{instructions}\n\n{text}" if instructions else text

@@ -1,0 +1,328 @@
+"""Where ``learning()`` meets the SDKs: the thin sync and async shells around the core.
+
+Every call of the ``openai`` and ``anthropic`` packages goes through their client's
+``request`` (the body about to be sent) and ``_process_response`` (the HTTP response before
+the SDK reads it), whatever the surface: ``create``, ``parse``, the ``stream`` helpers,
+``with_raw_response``, ``with_streaming_response``, sync or async. Both are wrapped while a
+block is active:
+
+- ``request``: the core says whether this is a model call and what to ask memsvc; the
+  shell asks (sync or async) and sends the body the strategy prepared.
+- ``_process_response``: the reply is read from the response's bytes as the caller (or the
+  SDK) consumes them: nothing is read ahead and the caller gets exactly what the plain call
+  returns. Once the reply is known its stores go to the background sender.
+
+Anything failing in memsvc's part leaves the call as it would have been, with one warning.
+"""
+
+import contextvars
+import importlib.abc
+import importlib.machinery
+import logging
+import sys
+
+import httpx
+
+from memsvc.client.core import Call, ReplyReader, model_api
+
+logger = logging.getLogger("memsvc.client")
+
+SDKS = ("openai", "anthropic")
+
+# The model call being made in this thread or task: set by ``request``, read by
+# ``_process_response`` inside it.
+_current_turn: contextvars.ContextVar["Turn | None"] = contextvars.ContextVar(
+    "memsvc_learning_turn", default=None
+)
+
+
+def warn(action: str, exc: BaseException) -> None:
+    logger.warning("memsvc: could not %s (%s); going on without memory", action, exc)
+
+
+class Turn:
+    """One model call inside a block: its session, its ``Call``, the reply once read."""
+
+    def __init__(self, session, call: Call):
+        self.session = session
+        self.call = call
+        self.reader: ReplyReader | None = None
+        self.done = False
+
+    def prepare_body(self, context: dict | None) -> dict:
+        return self.session.strategy.prepare(self.call, context)
+
+    def observe(self, response) -> bool:
+        """Start reading the reply from ``response``; True when its body is already read
+        (``finish`` after the SDK has processed it), False when the reply is read as the
+        body is consumed."""
+        streamed = response.headers.get("content-type", "").startswith("text/event-stream")
+        self.reader = ReplyReader(self.call.api, streamed=streamed)
+        try:
+            content = response.content
+        except (httpx.ResponseNotRead, _not_read_error(response)):
+            return False
+        self.reader.feed(content)
+        return True
+
+    def feed(self, chunk: bytes) -> None:
+        if self.reader is None:
+            return
+        try:
+            self.reader.feed(chunk)
+        except Exception as exc:
+            self.reader = None
+            warn("read the reply", exc)
+
+    def finish(self) -> None:
+        """Once: the reply is known; its stores go to the background sender."""
+        if self.done or self.reader is None:
+            return
+        self.done = True
+        try:
+            reply = self.reader.finish()
+            self.session.store(self.session.strategy.stores(self.call, reply))
+        except Exception as exc:
+            warn("store the conversation", exc)
+
+
+def _not_read_error(response) -> type[Exception]:
+    """The ``ResponseNotRead`` of the HTTP package the SDK uses (httpx or a fork of it)."""
+    module = importlib.import_module(type(response).__module__.split(".")[0])
+    return getattr(module, "ResponseNotRead", httpx.ResponseNotRead)
+
+
+def _begin(sdk: str, options) -> Turn | None:
+    """The turn for a request about to be sent, or None when learning() leaves it alone."""
+    from memsvc.client.session import current_session
+
+    session = current_session()
+    if session is None:
+        return None
+    api = model_api(sdk, options.method, options.url, options.json_data)
+    if api is None:
+        return None
+    return Turn(session, Call(session.agent, api, options.json_data, session.capture_only))
+
+
+def _with_body(options, body: dict):
+    return options if body is options.json_data else options.model_copy(update={"json_data": body})
+
+
+# --- the shells -------------------------------------------------------------------------------
+
+
+def _sync_request(sdk, original):
+    def request(client, cast_to, options, *args, **kwargs):
+        try:
+            turn = _begin(sdk, options)
+            if turn is None:
+                return original(client, cast_to, options, *args, **kwargs)
+            sent = _with_body(options, turn.prepare_body(turn.session.fetch_context(turn.call)))
+        except Exception as exc:
+            warn("prepare the call", exc)
+            return original(client, cast_to, options, *args, **kwargs)
+        token = _current_turn.set(turn)
+        try:
+            return original(client, cast_to, sent, *args, **kwargs)
+        finally:
+            _current_turn.reset(token)
+
+    return request
+
+
+def _async_request(sdk, original):
+    async def request(client, cast_to, options, *args, **kwargs):
+        try:
+            turn = _begin(sdk, options)
+            if turn is None:
+                return await original(client, cast_to, options, *args, **kwargs)
+            context = await turn.session.afetch_context(turn.call)
+            sent = _with_body(options, turn.prepare_body(context))
+        except Exception as exc:
+            warn("prepare the call", exc)
+            return await original(client, cast_to, options, *args, **kwargs)
+        token = _current_turn.set(turn)
+        try:
+            return await original(client, cast_to, sent, *args, **kwargs)
+        finally:
+            _current_turn.reset(token)
+
+    return request
+
+
+def _claim(response) -> Turn | None:
+    """The current turn, once, for a successful response."""
+    turn = _current_turn.get()
+    if turn is None or turn.reader is not None or not getattr(response, "is_success", False):
+        return None
+    return turn
+
+
+def _sync_process_response(original):
+    def process_response(client, *args, **kwargs):
+        turn, read = _claim(kwargs.get("response")), False
+        if turn is not None:
+            try:
+                read = turn.observe(kwargs["response"])
+                if not read:
+                    _tee(kwargs["response"], turn)
+            except Exception as exc:
+                turn.reader = None
+                warn("read the reply", exc)
+        result = original(client, *args, **kwargs)
+        if read:
+            turn.finish()
+        return result
+
+    return process_response
+
+
+def _async_process_response(original):
+    async def process_response(client, *args, **kwargs):
+        turn, read = _claim(kwargs.get("response")), False
+        if turn is not None:
+            try:
+                read = turn.observe(kwargs["response"])
+                if not read:
+                    _atee(kwargs["response"], turn)
+            except Exception as exc:
+                turn.reader = None
+                warn("read the reply", exc)
+        result = await original(client, *args, **kwargs)
+        if read:
+            turn.finish()
+        return result
+
+    return process_response
+
+
+def _tee(response, turn: Turn) -> None:
+    """The caller reads the body through ``iter_bytes`` (``read``, ``iter_lines``, SSE
+    decoding all do) and ends it with ``close``: see the bytes, finish at the end."""
+    iter_bytes, close = response.iter_bytes, response.close
+
+    def observed_iter_bytes(*args, **kwargs):
+        try:
+            for chunk in iter_bytes(*args, **kwargs):
+                turn.feed(chunk)
+                yield chunk
+        finally:
+            turn.finish()
+
+    def observed_close():
+        try:
+            close()
+        finally:
+            turn.finish()
+
+    response.iter_bytes, response.close = observed_iter_bytes, observed_close
+
+
+def _atee(response, turn: Turn) -> None:
+    aiter_bytes, aclose = response.aiter_bytes, response.aclose
+
+    async def observed_aiter_bytes(*args, **kwargs):
+        try:
+            async for chunk in aiter_bytes(*args, **kwargs):
+                turn.feed(chunk)
+                yield chunk
+        finally:
+            turn.finish()
+
+    async def observed_aclose():
+        try:
+            await aclose()
+        finally:
+            turn.finish()
+
+    response.aiter_bytes, response.aclose = observed_aiter_bytes, observed_aclose
+
+
+# --- installing -------------------------------------------------------------------------------
+
+# (class, method name) -> the class's own attribute before wrapping (None: inherited).
+_originals: dict[tuple[type, str], object] = {}
+
+
+def patch() -> None:
+    """Wrap the SDKs already imported; one imported later (inside the block) is wrapped as
+    its import ends. Importing an SDK the program may never use would cost seconds."""
+    for sdk in SDKS:
+        if f"{sdk}._base_client" in sys.modules:
+            _patch_sdk(sdk, sys.modules[f"{sdk}._base_client"])
+        else:
+            _watcher.waiting.add(f"{sdk}._base_client")
+    if _watcher not in sys.meta_path:
+        sys.meta_path.insert(0, _watcher)
+
+
+def unpatch() -> None:
+    if _watcher in sys.meta_path:
+        sys.meta_path.remove(_watcher)
+    _watcher.waiting.clear()
+    for (cls, name), original in _originals.items():
+        if original is None:
+            delattr(cls, name)
+        else:
+            setattr(cls, name, original)
+    _originals.clear()
+
+
+def _patch_sdk(sdk: str, base) -> None:
+    try:
+        classes = (base.SyncAPIClient, base.AsyncAPIClient)
+        for cls in classes:
+            cls.request, cls._process_response  # noqa: B018 (both there, or neither wrapped)
+    except AttributeError as exc:
+        logger.warning("memsvc: learning() does not know this %s package (%s)", sdk, exc)
+        return
+    for cls, is_async in zip(classes, (False, True), strict=True):
+        for name in ("request", "_process_response"):
+            _originals[(cls, name)] = cls.__dict__.get(name)
+        if is_async:
+            cls.request = _async_request(sdk, cls.request)
+            cls._process_response = _async_process_response(cls._process_response)
+        else:
+            cls.request = _sync_request(sdk, cls.request)
+            cls._process_response = _sync_process_response(cls._process_response)
+
+
+class _PatchWhenImported(importlib.abc.MetaPathFinder):
+    """Wraps an SDK imported while a block is active, once its module has run."""
+
+    def __init__(self):
+        self.waiting: set[str] = set()
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in self.waiting:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is None or spec.loader is None:
+            return None
+        self.waiting.discard(fullname)
+        exec_module = spec.loader.exec_module
+        sdk = fullname.split(".", 1)[0]
+
+        def exec_and_patch(module):
+            exec_module(module)
+            if _watcher in sys.meta_path:  # the block may have ended meanwhile
+                _patch_sdk(sdk, module)
+
+        spec.loader = _Loader(spec.loader, exec_and_patch)
+        return spec
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, loader, exec_module):
+        self._loader = loader
+        self.exec_module = exec_module
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+_watcher = _PatchWhenImported()

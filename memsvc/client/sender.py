@@ -1,0 +1,152 @@
+"""The background sender: what ``learning()`` stores leaves the caller's path.
+
+One daemon thread per process sends the queued requests in order, over one keep-alive
+connection per memsvc. A block's exit and the interpreter's exit wait for the queue
+(``flush``). A request memsvc answers with 429 or 5xx is retried (``Retry-After`` honoured)
+until it is stored; when memsvc does not answer at all it is dropped with one warning per
+outage, so a stopped server never stalls the program.
+"""
+
+import atexit
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import httpx
+
+from memsvc.client.core import ServerRequest
+
+logger = logging.getLogger("memsvc.client")
+
+TIMEOUT_SECONDS = 10.0
+FLUSH_TIMEOUT_SECONDS = 30.0
+RETRY_STATUSES = {429, 500, 502, 503, 504}
+MAX_ATTEMPTS = 6
+MAX_RETRY_WAIT_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class Destination:
+    """A memsvc and the headers (API key) its requests carry."""
+
+    url: str
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+class Sender:
+    def __init__(self):
+        self._queue: deque[tuple[Destination, ServerRequest]] = deque()
+        self._condition = threading.Condition()
+        self._queued = 0  # requests ever queued; ``_done`` of them are sent or dropped
+        self._done = 0
+        self._thread: threading.Thread | None = None
+        self._clients: dict[Destination, httpx.Client] = {}
+        self._down: set[str] = set()  # memsvc URLs that did not answer (warned once)
+
+    def send(self, destination: Destination, requests: list[ServerRequest]) -> None:
+        """Queue ``requests`` (kept in order); returns at once."""
+        if not requests:
+            return
+        with self._condition:
+            self._queue.extend((destination, request) for request in requests)
+            self._queued += len(requests)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(
+                    target=self._run, name="memsvc-learning-sender", daemon=True
+                )
+                self._thread.start()
+            self._condition.notify_all()
+
+    def flush(self, timeout: float = FLUSH_TIMEOUT_SECONDS) -> bool:
+        """Wait until everything queued so far is sent or dropped; False on timeout (with a
+        warning: the rest is still being sent)."""
+        deadline = time.monotonic() + timeout
+        with self._condition:
+            target = self._queued
+            while self._done < target:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    logger.warning(
+                        "memsvc: %d stored messages still unsent after %.0f s",
+                        target - self._done,
+                        timeout,
+                    )
+                    return False
+                self._condition.wait(remaining)
+        return True
+
+    def busy(self) -> bool:
+        """Whether something queued is not yet sent."""
+        return self._done < self._queued
+
+    def mark_down(self, url: str) -> None:
+        """``url`` did not answer and the caller has warned: drop its stores quietly until
+        it answers again."""
+        with self._condition:
+            self._down.add(url)
+
+    def _run(self) -> None:
+        while True:
+            with self._condition:
+                while not self._queue:
+                    self._condition.wait()
+                destination, request = self._queue[0]
+            try:
+                self._deliver(destination, request)
+            except Exception as exc:  # never let the thread die: the queue would stall
+                logger.warning("memsvc: could not store a message (%s); dropped", exc)
+            with self._condition:
+                self._queue.popleft()
+                self._done += 1
+                self._condition.notify_all()
+
+    def _client(self, destination: Destination) -> httpx.Client:
+        client = self._clients.get(destination)
+        if client is None:
+            client = httpx.Client(
+                base_url=destination.url, headers=dict(destination.headers), timeout=TIMEOUT_SECONDS
+            )
+            self._clients[destination] = client
+        return client
+
+    def _deliver(self, destination: Destination, request: ServerRequest) -> None:
+        client = self._client(destination)
+        for attempt in range(MAX_ATTEMPTS):
+            try:
+                response = client.request(request.method, request.path, json=request.json)
+            except httpx.TransportError as exc:
+                if destination.url not in self._down:
+                    self._down.add(destination.url)
+                    logger.warning(
+                        "memsvc at %s does not answer (%s): the conversation is not stored "
+                        "until it is back",
+                        destination.url,
+                        exc,
+                    )
+                return
+            self._down.discard(destination.url)
+            if response.status_code not in RETRY_STATUSES or attempt == MAX_ATTEMPTS - 1:
+                break
+            time.sleep(_retry_wait(response, attempt))
+        if response.is_error:
+            logger.warning(
+                "memsvc: %s %s answered %d (%s); not stored",
+                request.method,
+                request.path,
+                response.status_code,
+                response.text[:200],
+            )
+
+
+def _retry_wait(response: httpx.Response, attempt: int) -> float:
+    try:
+        wait = float(response.headers.get("Retry-After", ""))
+    except ValueError:
+        wait = 0.2 * 2**attempt
+    return min(max(wait, 0.0), MAX_RETRY_WAIT_SECONDS)
+
+
+sender = Sender()
+atexit.register(sender.flush)

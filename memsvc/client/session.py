@@ -1,0 +1,213 @@
+"""``learning()``, the context manager: where memsvc is, which agent and strategy serve the
+calls of a block, and its two requests to memsvc that are not stores (the check at entry,
+the context before each call)."""
+
+import asyncio
+import logging
+import os
+import ssl
+import threading
+
+import httpx
+
+from memsvc.client import hooks
+from memsvc.client.core import STRATEGIES, Call, ServerRequest
+from memsvc.client.sender import Destination, sender
+
+logger = logging.getLogger("memsvc.client")
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8283
+TIMEOUT_SECONDS = 10.0
+# A server bound to every address is reached on this machine's loopback.
+ANY_ADDRESS = {"0.0.0.0", "::", "[::]", ""}  # noqa: S104 (compared with, never bound)
+
+
+# learning(strategy="memory_bank"): long tool-using tasks kept inside the context window
+# (memsvc.memory_bank; its options are task_id, top_k and max_chars_per_record).
+MEMORY_BANK = "memory_bank"
+
+
+class MemoryServerUnavailable(RuntimeError):
+    """memsvc did not answer when a ``learning()`` block began."""
+
+
+def server_url_from_env(environ=None) -> str:
+    """``MEMORY_SERVER_URL``, else ``http://MEMORY_SERVER_HOST:MEMORY_SERVER_PORT`` (the
+    variables ``memsvc serve`` itself reads), else http://127.0.0.1:8283."""
+    environ = os.environ if environ is None else environ
+    url = environ.get("MEMORY_SERVER_URL", "").strip()
+    if url:
+        return url.rstrip("/")
+    host = environ.get("MEMORY_SERVER_HOST", "").strip()
+    host = DEFAULT_HOST if host in ANY_ADDRESS else host
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # an IPv6 address
+    port = environ.get("MEMORY_SERVER_PORT", "").strip() or DEFAULT_PORT
+    return f"http://{host}:{port}"
+
+
+_lock = threading.Lock()
+_active: list["learning"] = []
+
+
+def current_session() -> "learning | None":
+    """The innermost active block (blocks nest; any thread's calls are served by it)."""
+    return _active[-1] if _active else None
+
+
+class learning:
+    """Give the OpenAI and Anthropic clients memory while the block runs (``with`` or
+    ``async with``).
+
+    ``agent`` names the memory; ``server_url`` defaults to ``MEMORY_SERVER_URL``, else
+    ``MEMORY_SERVER_HOST``/``MEMORY_SERVER_PORT``, else http://127.0.0.1:8283;
+    ``capture_only`` stores conversations without injecting memory; ``api_key`` (or
+    ``MEMSVC_API_KEY``) is needed when memsvc is not on this machine; ``strategy`` chooses
+    what is injected and stored (``"recall"``: the seed's; ``"memory_bank"``: tool records
+    and a compressed context for long tool-using tasks, with ``task_id``, ``top_k`` and
+    ``max_chars_per_record``). Blocks nest: the innermost one's agent serves the calls made
+    inside it.
+    """
+
+    def __init__(
+        self,
+        agent: str,
+        server_url: str | None = None,
+        capture_only: bool = False,
+        api_key: str | None = None,
+        strategy: str = "recall",
+        task_id: str | None = None,
+        top_k: int | None = None,
+        max_chars_per_record: int | None = None,
+    ):
+        if strategy not in (*STRATEGIES, MEMORY_BANK):
+            choices = ", ".join((*STRATEGIES, MEMORY_BANK))
+            raise ValueError(f"unknown strategy {strategy!r}; one of {choices}")
+        self.agent = agent
+        self.capture_only = capture_only
+        if strategy == MEMORY_BANK:
+            from memsvc import memory_bank
+
+            bank = memory_bank.MemoryBank(
+                agent,
+                task_id=task_id,
+                top_k=top_k or memory_bank.DEFAULT_TOP_K,
+                max_chars_per_record=max_chars_per_record
+                or memory_bank.DEFAULT_MAX_CHARS_PER_RECORD,
+            )
+            self.strategy = memory_bank.MemoryBankStrategy(self, bank)
+        else:
+            self.strategy = STRATEGIES[strategy]()
+        self.url = (server_url or server_url_from_env()).rstrip("/")
+        api_key = api_key or os.environ.get("MEMSVC_API_KEY")
+        self.destination = Destination(self.url, (("X-API-Key", api_key),) if api_key else ())
+        self._client: httpx.Client | None = None
+        self._ssl: ssl.SSLContext | None = None
+
+    # with / async with
+
+    def __enter__(self):
+        self._client = httpx.Client(
+            base_url=self.url, headers=dict(self.destination.headers), timeout=TIMEOUT_SECONDS
+        )
+        try:
+            self._check()
+        except BaseException:
+            self._client.close()
+            raise
+        with _lock:
+            if not _active:
+                hooks.patch()
+            _active.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        with _lock:
+            if self in _active:
+                _active.remove(self)
+            if not _active:
+                hooks.unpatch()
+        self.flush()
+        self._client.close()
+        return False
+
+    async def __aenter__(self):
+        return self.__enter__()
+
+    async def __aexit__(self, *exc):
+        return self.__exit__(*exc)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until what the block stored so far has reached memsvc (or been dropped
+        because memsvc does not answer); False if ``timeout`` seconds were not enough."""
+        return sender.flush() if timeout is None else sender.flush(timeout)
+
+    def _check(self) -> None:
+        try:
+            self._client.get("/health").raise_for_status()
+        except httpx.HTTPError as exc:
+            raise MemoryServerUnavailable(
+                f"memsvc is not reachable at {self.url} ({exc}). Start it with "
+                "`./scripts/serve` in the memsvc checkout (or `memsvc serve`), or set "
+                "MEMORY_SERVER_URL (or MEMORY_SERVER_PORT) to where it runs."
+            ) from exc
+        self._client.post("/agents", json={"name": self.agent}).raise_for_status()
+
+    # what the hooks call
+
+    # Before asking for context, what earlier calls stored must have arrived: the model
+    # remembers the previous turn even when the next call follows at once (usually the
+    # sender finished long before: a model call takes longer than two stores).
+
+    def fetch_context(self, call: Call) -> dict | None:
+        request = self.strategy.context_request(call)
+        if request is None:
+            return None
+        if sender.busy():
+            sender.flush(TIMEOUT_SECONDS)
+        try:
+            response = self._client.request(request.method, request.path, json=request.json)
+            return self._context_of(response)
+        except httpx.HTTPError as exc:
+            return self._no_context(exc)
+
+    async def afetch_context(self, call: Call) -> dict | None:
+        request = self.strategy.context_request(call)
+        if request is None:
+            return None
+        # An AsyncClient belongs to the event loop that made it: one per call, sharing one
+        # TLS context (making that is what costs, ~20 ms).
+        if self._ssl is None:
+            self._ssl = ssl.create_default_context()
+        if sender.busy():
+            await asyncio.to_thread(sender.flush, TIMEOUT_SECONDS)
+        try:
+            async with httpx.AsyncClient(
+                base_url=self.url,
+                headers=dict(self.destination.headers),
+                timeout=TIMEOUT_SECONDS,
+                verify=self._ssl,
+            ) as client:
+                response = await client.request(request.method, request.path, json=request.json)
+            return self._context_of(response)
+        except httpx.HTTPError as exc:
+            return self._no_context(exc)
+
+    @staticmethod
+    def _context_of(response: httpx.Response) -> dict:
+        response.raise_for_status()
+        return response.json()
+
+    def _no_context(self, exc: httpx.HTTPError) -> None:
+        hooks.warn("read memory", exc)
+        if isinstance(exc, httpx.TransportError):
+            sender.mark_down(self.url)  # this call's one warning says so already
+        return None
+
+    def request(self, method: str, path: str, body: dict | None = None) -> httpx.Response:
+        """One request to memsvc on the block's connection (a strategy's own requests)."""
+        return self._client.request(method, path, json=body)
+
+    def store(self, requests: list[ServerRequest]) -> None:
+        sender.send(self.destination, requests)

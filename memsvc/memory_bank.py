@@ -1,0 +1,320 @@
+"""``learning(strategy="memory_bank")``: long tool-using agent tasks kept inside the context
+window (seed: memory-bank-strategy).
+
+At every chat completion of the task, the tool interaction the messages end with (the last
+assistant message with ``tool_calls`` and the tool answers after it; parallel calls give one
+record each) is stored in memsvc as tool records: the raw output kept whole (the fact store)
+and a summary with its vector (the insight store, written by memsvc's observer). Then the
+records most relevant to "how to proceed with the task" are retrieved and the model is sent
+a compressed context instead of the whole history:
+
+1. the anchor: the task's first user message (after any leading system messages);
+2. a system message "## Retrieved Context from Previous Steps" with ``[RETRIEVED RECORD n]``
+   blocks (``Summary:`` and ``Raw Data:``, cut at ``max_chars_per_record``): the ``top_k``
+   most relevant records of the task's earlier steps (the seed's retrieval also returned
+   the records just stored, copies of item 3: leaving them out saves their tokens, and at
+   step 2 the model gets exactly the history);
+3. the last tool interaction, and whatever follows it.
+
+The first step (no tool interaction yet) passes through unchanged. A task is what the
+``learning()`` block runs, with ``task_id`` or a fresh id; a new anchor message within the
+block starts a new task (a fresh id unless ``task_id`` was given) and counts steps from 1.
+
+The work of a step is written once (``MemoryBank._step``, a generator that yields the
+requests it needs and gets their answers) and driven by a sync and an async shell. If memsvc
+fails, a warning is logged and the model gets the messages unchanged. Only ``openai`` and
+``httpx``: no Django here.
+"""
+
+import json
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Generator
+from dataclasses import dataclass, field
+
+import httpx
+
+logger = logging.getLogger("memsvc.client")
+
+RETRIEVAL_QUERY = "how to proceed with the task"  # the seed's fixed, task-agnostic query
+CONTEXT_HEADING = "## Retrieved Context from Previous Steps"
+RECORD_SEPARATOR = "-------------------"
+DEFAULT_TOP_K = 3
+DEFAULT_MAX_CHARS_PER_RECORD = 2000
+MAX_TOP_K = 20  # the most a tool record search returns (the server's limit)
+
+Request = tuple[str, str, dict]  # method, path, JSON body
+
+
+@dataclass(frozen=True)
+class ToolInteraction:
+    """One tool call and its answer, as the seed's InteractionRecord holds it."""
+
+    call_id: str
+    tool_name: str
+    raw_input: dict
+    raw_output: object
+
+
+def _text(content) -> str:
+    """A message's content as text: a string, or the text parts of a list of blocks."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            str(part.get("text", "")) if isinstance(part, dict) else str(part) for part in content
+        )
+    return "" if content is None else str(content)
+
+
+def _json(text: str):
+    """A tool's answer as JSON; anything else as ``{"_raw": text}`` (the seed)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return {"_raw": text}
+
+
+def _arguments(text) -> dict:
+    if isinstance(text, dict):
+        return text
+    value = _json(text or "{}")
+    return value if isinstance(value, dict) else {"_raw": text}
+
+
+def _get(obj, name: str, default=None):
+    """A field of a message or tool call, whether a dict or an ``openai`` model object."""
+    if isinstance(obj, dict):
+        return obj.get(name, default)
+    return getattr(obj, name, default)
+
+
+def last_tool_call_index(messages: list) -> int | None:
+    """The index of the last assistant message with ``tool_calls``."""
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if _get(message, "role") == "assistant" and _get(message, "tool_calls"):
+            return index
+    return None
+
+
+def tool_interactions(messages: list) -> list[ToolInteraction]:
+    """The seed's ``extract_tool_outputs``: each call of the last assistant message with
+    ``tool_calls`` that has its tool answer among the messages after it, in call order."""
+    index = last_tool_call_index(messages)
+    if index is None:
+        return []
+    calls = {}
+    for call in _get(messages[index], "tool_calls") or []:
+        function = _get(call, "function") or {}
+        calls[_get(call, "id")] = (_get(function, "name") or "tool", _get(function, "arguments"))
+    found = []
+    for message in messages[index + 1 :]:
+        call_id = _get(message, "tool_call_id")
+        if _get(message, "role") != "tool" or call_id not in calls:
+            continue
+        name, arguments = calls[call_id]
+        found.append(
+            ToolInteraction(
+                call_id, name, _arguments(arguments), _json(_text(_get(message, "content")))
+            )
+        )
+    return found
+
+
+def anchor_index(messages: list) -> int | None:
+    """The index of the task's anchor: its first user message."""
+    return next((i for i, m in enumerate(messages) if _get(m, "role") == "user"), None)
+
+
+def format_records(records: list[dict], max_chars: int) -> str:
+    """The seed's retrieved-context blocks, each record's raw data cut at ``max_chars``."""
+    blocks = []
+    for number, record in enumerate(records, start=1):
+        raw = json.dumps(record["output"], ensure_ascii=False)
+        if len(raw) > max_chars:
+            raw = raw[:max_chars] + "...[truncated]"
+        blocks.append(f"[RETRIEVED RECORD {number}]\nSummary: {record['summary']}\nRaw Data: {raw}")
+    return f"\n{RECORD_SEPARATOR}\n".join(blocks)
+
+
+def compressed(messages: list, records: list[dict], max_chars: int) -> list:
+    """The seed's context: the leading system messages and the anchor user message, the
+    retrieved records as a system message, then the last tool interaction onwards."""
+    last = last_tool_call_index(messages)
+    anchor = anchor_index(messages)
+    if last is None or anchor is None or anchor > last:
+        return messages
+    leading = [m for m in messages[:anchor] if _get(m, "role") in ("system", "developer")]
+    context = []
+    if records:
+        text = f"{CONTEXT_HEADING}\n\n{format_records(records, max_chars)}"
+        context = [{"role": "system", "content": text}]
+    return [*leading, messages[anchor], *context, *messages[last:]]
+
+
+def estimated_tokens(messages: list) -> int:
+    """A model-agnostic size: characters / 4 of the JSON of the messages."""
+    return len(json.dumps([_dump(m) for m in messages], ensure_ascii=False, default=str)) // 4
+
+
+def _dump(message):
+    return message.model_dump() if hasattr(message, "model_dump") else message
+
+
+@dataclass
+class TaskState:
+    """What the bank keeps between the steps of one task."""
+
+    task_id: str
+    anchor: str | None = None
+    step: int = 0
+    trace_ids: dict[str, str] = field(default_factory=dict)  # tool_call id -> its record
+
+
+class MemoryBank:
+    """The strategy's state for one ``learning()`` block, and its steps."""
+
+    def __init__(
+        self,
+        agent: str,
+        *,
+        task_id: str | None = None,
+        top_k: int = DEFAULT_TOP_K,
+        max_chars_per_record: int = DEFAULT_MAX_CHARS_PER_RECORD,
+    ):
+        self.agent = agent
+        self.fixed_task_id = task_id
+        self.top_k = top_k
+        self.max_chars = max_chars_per_record
+        self.task = TaskState(task_id or str(uuid.uuid4()))
+
+    def _begin(self, messages: list) -> None:
+        """Count the step; a new anchor message starts a new task (the seed's reset)."""
+        anchor = anchor_index(messages)
+        text = _text(_get(messages[anchor], "content")) if anchor is not None else None
+        if self.task.anchor is not None and text != self.task.anchor:
+            self.task = TaskState(self.fixed_task_id or str(uuid.uuid4()))
+        self.task.anchor = text
+        self.task.step += 1
+
+    def _step(self, messages: list) -> Generator[Request, object, list]:
+        """One step, free of I/O: yields the requests to memsvc and returns the messages to
+        send the model."""
+        self._begin(messages)
+        if last_tool_call_index(messages) is None:
+            return messages  # the first step: nothing to store or retrieve yet
+        interactions = tool_interactions(messages)
+        new = [i for i in interactions if i.call_id not in self.task.trace_ids]
+        if new:
+            stored = yield (
+                "POST",
+                "/tool-records",
+                {
+                    "agent_name": self.agent,
+                    "task_id": self.task.task_id,
+                    "records": [
+                        {
+                            "step": self.task.step,
+                            "tool_name": i.tool_name,
+                            "input": i.raw_input,
+                            "output": i.raw_output,
+                        }
+                        for i in new
+                    ],
+                },
+            )
+            for interaction, record in zip(new, stored, strict=True):
+                self.task.trace_ids[interaction.call_id] = record["trace_id"]
+        # The last interaction is sent whole after the records: the records retrieved are
+        # the most relevant of the earlier ones, not copies of it.
+        shown = {self.task.trace_ids.get(i.call_id) for i in interactions}
+        found = yield (
+            "POST",
+            "/tool-records/search",
+            {
+                "agent_name": self.agent,
+                "task_id": self.task.task_id,
+                "query": RETRIEVAL_QUERY,
+                "top_k": min(self.top_k + len(shown), MAX_TOP_K),
+            },
+        )
+        records = [r for r in found or [] if r["trace_id"] not in shown][: self.top_k]
+        result = compressed(messages, records, self.max_chars)
+        if logger.isEnabledFor(logging.DEBUG):  # sizing the history costs a JSON dump of it
+            logger.debug(
+                "memory bank step %d: %d records retrieved, ~%d -> ~%d tokens",
+                self.task.step,
+                len(records),
+                estimated_tokens(messages),
+                estimated_tokens(result),
+            )
+        return result
+
+    def prepare(self, messages: list, request: Callable[..., object]) -> list:
+        """The messages to send the model at this step (sync): ``request(method, path,
+        body)`` answers memsvc's JSON."""
+        step = self._step(list(messages))
+        try:
+            sent = next(step)
+            while True:
+                sent = step.send(request(*sent))
+        except StopIteration as done:
+            return done.value
+        except httpx.HTTPError as exc:
+            return self._unchanged(messages, exc)
+
+    async def aprepare(self, messages: list, arequest: Callable[..., Awaitable]) -> list:
+        step = self._step(list(messages))
+        try:
+            sent = next(step)
+            while True:
+                sent = step.send(await arequest(*sent))
+        except StopIteration as done:
+            return done.value
+        except httpx.HTTPError as exc:
+            return self._unchanged(messages, exc)
+
+    @staticmethod
+    def _unchanged(messages: list, exc: Exception) -> list:
+        logger.warning("memsvc: memory bank unavailable (%s); sending the whole history", exc)
+        return messages
+
+
+class MemoryBankStrategy:
+    """``learning(strategy="memory_bank")`` as the client's strategy (``memsvc.client.core``):
+    a chat completion is sent the compressed context (its tool records stored and the
+    relevant ones retrieved by ``MemoryBank``, through the block's own connection to
+    memsvc) and stores no messages; other calls (the Responses API, Anthropic) get the
+    seed's recall. The requests are made while the body is prepared, so an async call waits
+    for them in its event loop's thread (two short requests a step)."""
+
+    def __init__(self, session, bank: MemoryBank):
+        from memsvc.client.core import Recall  # the client package imports no Django either
+
+        self.session = session
+        self.bank = bank
+        self.recall = Recall()
+
+    @staticmethod
+    def _is_chat(call) -> bool:
+        from memsvc.client.core import ChatCompletions
+
+        return isinstance(call.api, ChatCompletions) and isinstance(call.body.get("messages"), list)
+
+    def context_request(self, call):
+        return None if self._is_chat(call) else self.recall.context_request(call)
+
+    def prepare(self, call, context):
+        if not self._is_chat(call):
+            return self.recall.prepare(call, context)
+        messages = self.bank.prepare(call.body["messages"], self._request)
+        return {**call.body, "messages": messages}
+
+    def stores(self, call, reply):
+        return [] if self._is_chat(call) else self.recall.stores(call, reply)
+
+    def _request(self, method: str, path: str, body: dict):
+        response = self.session.request(method, path, body)
+        response.raise_for_status()
+        return response.json()

@@ -1,0 +1,170 @@
+"""What keeps ``memsvc serve`` (and ``memsvc worker``) up: child processes restarted when they
+die, and local mode's embedded PostgreSQL restarted when it stops.
+
+Each child runs in a process group of its own, so that when its main process dies (even by
+``kill -9``) whatever it left behind (a Celery worker's pool processes, gunicorn's workers)
+is ended with it before the child is started again: nothing is orphaned, and a restarted
+web server finds its port free. Restarts back off (1 s, doubling up to 30 s, back to 1 s
+after a minute of good health) and every one is logged on stderr. A child that fails on its
+very first start (a port in use, a bad setting) ends the service instead: that is a
+mistake to report, not a crash to heal.
+"""
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+SHUTDOWN_GRACE_SECONDS = 20
+POLL_SECONDS = 0.2
+FIRST_BACKOFF_SECONDS = 1.0
+MAX_BACKOFF_SECONDS = 30.0
+HEALTHY_AFTER_SECONDS = 60.0
+# A child exiting with an error this soon after its first start failed to start.
+START_FAILURE_SECONDS = 10.0
+
+
+def log(text: str) -> None:
+    print(f"memsvc: {text}", file=sys.stderr, flush=True)
+
+
+def _backoff(failures: int) -> float:
+    return min(MAX_BACKOFF_SECONDS, FIRST_BACKOFF_SECONDS * 2 ** max(0, failures - 1))
+
+
+@dataclass
+class Child:
+    name: str
+    command: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen | None = None
+    started_at: float = 0.0
+    starts: int = 0
+    failures: int = 0  # deaths since it last ran HEALTHY_AFTER_SECONDS
+    restart_at: float | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(  # noqa: S603 (our own interpreter and arguments)
+            self.command, env={**os.environ, **self.env}, start_new_session=True
+        )
+        self.started_at = time.monotonic()
+        self.starts += 1
+        self.restart_at = None
+
+    def kill_group(self, sig: int = signal.SIGKILL) -> None:
+        """Signal every process left in the child's group (its own, made at start)."""
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, sig)
+
+
+@dataclass
+class Watched:
+    """Something that is not our child but must keep running (the embedded database):
+    ``running()`` says whether it does, ``restart()`` starts it again (raising if it cannot)."""
+
+    name: str
+    running: Callable[[], bool]
+    restart: Callable[[], None]
+    failures: int = 0
+    retry_at: float = 0.0
+
+
+class Supervisor:
+    """Runs children until told to stop (SIGTERM, SIGINT), restarting those that die."""
+
+    def __init__(self) -> None:
+        self.children: list[Child] = []
+        self.watched: list[Watched] = []
+        self.stopping = False
+        # Installed before anything slow (start-up, migrations) so that a SIGTERM at any
+        # moment still ends in an orderly stop.
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, self.request_stop)
+
+    def start(self, name: str, command: list[str], env: dict[str, str] | None = None) -> None:
+        child = Child(name=name, command=command, env=env or {})
+        child.start()
+        self.children.append(child)
+
+    def watch(self, name: str, running: Callable[[], bool], restart: Callable[[], None]) -> None:
+        self.watched.append(Watched(name=name, running=running, restart=restart))
+
+    def request_stop(self, signum, frame) -> None:
+        self.stopping = True
+
+    def run(self) -> int:
+        """Until told to stop; the exit code is 0, or that of a child that failed to start."""
+        exit_code = 0
+        while not self.stopping:
+            for watched in self.watched:
+                self._check_watched(watched)
+            for child in self.children:
+                code = self._check_child(child)
+                if code is not None:
+                    exit_code, self.stopping = code, True
+            time.sleep(POLL_SECONDS)
+        self.stop_all()
+        return exit_code
+
+    def _check_child(self, child: Child) -> int | None:
+        """Restart a dead child when its time comes; an exit code if it failed to start."""
+        now = time.monotonic()
+        if child.restart_at is not None:
+            if now >= child.restart_at:
+                log(f"starting the {child.name} again")
+                child.start()
+            return None
+        code = child.process.poll()
+        if code is None:
+            if child.failures and now - child.started_at > HEALTHY_AFTER_SECONDS:
+                child.failures = 0
+            return None
+        ran = now - child.started_at
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with {code}"
+        child.kill_group()  # what it leaves behind (pool processes, an embedded beat) goes too
+        if child.starts == 1 and code > 0 and ran < START_FAILURE_SECONDS:
+            log(f"the {child.name} {how} {ran:.1f} s after it started: stopping")
+            return code
+        child.failures += 1
+        delay = _backoff(child.failures)
+        log(f"the {child.name} (pid {child.process.pid}) {how}; restarting in {delay:.0f} s")
+        child.restart_at = now + delay
+        return None
+
+    def _check_watched(self, watched: Watched) -> None:
+        now = time.monotonic()
+        if now < watched.retry_at or watched.running():
+            return
+        log(f"the {watched.name} is not running: starting it again")
+        try:
+            watched.restart()
+        except Exception as exc:
+            watched.failures += 1
+            delay = _backoff(watched.failures)
+            log(f"the {watched.name} did not start ({exc!r}); trying again in {delay:.0f} s")
+            watched.retry_at = now + delay
+        else:
+            log(f"the {watched.name} is running again")
+            watched.failures = 0
+
+    def stop_all(self) -> None:
+        """SIGTERM to every child's main process, then SIGKILL to whatever is left of its group
+        after the grace period."""
+        for child in self.children:
+            if child.process is not None and child.process.poll() is None:
+                child.process.terminate()
+        deadline = time.monotonic() + SHUTDOWN_GRACE_SECONDS
+        for child in self.children:
+            if child.process is None:
+                continue
+            try:
+                child.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.process.kill()
+                child.process.wait()
+            child.kill_group()

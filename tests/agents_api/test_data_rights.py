@@ -1,0 +1,488 @@
+"""A user's data rights: ``GET /v1/user/export`` and ``POST /v1/user/erase``.
+
+alice owns a conversation bob writes in; bob owns one alice writes in, with a fork bob made
+at alice's message and a transfer he offered her; charlie is a stranger with data of his
+own; an agent keeps memories and blocks about alice and bob.
+"""
+
+import json
+import tracemalloc
+from types import SimpleNamespace
+
+import httpx
+import pytest
+from django.db import DatabaseError, connection
+
+from agents_api.models import Agent, Memory, MemoryBlock, MemoryBlockRevision
+from agents_api.services import (
+    NewToolRecord,
+    memory_block_create,
+    memory_block_update,
+    memory_save,
+    tool_records_create,
+    user_erase,
+)
+from conversations.models import Conversation, Membership, Message, OwnershipTransfer
+from memsvc import cli
+from memsvc.api.principals import Principal
+from search.models import CorpusStat, TermStat
+from search.services import embed_pending, rebuild_term_stats
+from tests.factories import AgentFactory
+
+pytestmark = pytest.mark.django_db
+
+
+def call(api, method, path, as_, body=None, status=200):
+    response = api.call(method, path, as_=as_, body=body)
+    assert response.status_code == status, response.content[:500]
+    return response.json() if response.content else None
+
+
+def export(api, user) -> dict:
+    response = api.get("/v1/user/export", as_=user)
+    assert response.status_code == 200
+    assert response.streaming
+    assert response["Content-Type"] == "application/json"
+    return json.loads(b"".join(response.streaming_content))
+
+
+@pytest.fixture
+def world(api, alice, bob, charlie):
+    def post(path, body, as_, status=201):
+        return call(api, "POST", f"/v1/user/{path}", as_, body, status)
+
+    ours = post("conversations", {"title": "Alice's plans"}, alice)["id"]
+    post(f"conversations/{ours}/messages", {"content": "Alice plans a trip to Zanzibar"}, alice)
+    post(f"conversations/{ours}/memberships", {"userId": "bob", "accessLevel": "writer"}, alice)
+    post(f"conversations/{ours}/messages", {"content": "Bob likes the Zanzibar idea"}, bob)
+
+    his = post("conversations", {"title": "Bob's diary"}, bob)["id"]
+    post(f"conversations/{his}/messages", {"content": "Bob keeps a quokka diary"}, bob)
+    post(f"conversations/{his}/memberships", {"userId": "alice", "accessLevel": "writer"}, bob)
+    hers = post(f"conversations/{his}/messages", {"content": "Alice hums xylophone tunes"}, alice)
+    reply = post(f"conversations/{his}/messages", {"content": "Bob answers about quokkas"}, bob)
+    fork = post(f"conversations/{his}/messages/{reply['id']}/fork", {"title": "Bob's fork"}, bob)
+    post(f"conversations/{fork['id']}/messages", {"content": "Bob goes on in his fork"}, bob)
+    offered = post("conversations", {"title": "Bob's gift"}, bob)["id"]
+    post(f"conversations/{offered}/transfer-ownership", {"newOwnerUserId": "alice"}, bob, 202)
+
+    strangers = post("conversations", {"title": "Charlie's notes"}, charlie)["id"]
+    post(f"conversations/{strangers}/messages", {"content": "Charlie writes alone"}, charlie)
+
+    agent = AgentFactory()
+    actor = agent.as_principal()
+    memory_save(actor, agent=agent, user_id="alice", content="Alice is allergic to nuts")
+    memory_save(actor, agent=agent, user_id="bob", content="Bob runs marathons")
+    memory_save(actor, agent=agent, content="The agent speaks French")
+    block = memory_block_create(actor, agent=agent, user_id="alice", label="human", value="A")
+    memory_block_update(actor, block=block, append="likes tea")
+    memory_block_create(actor, agent=agent, user_id="bob", label="human", value="B")
+    hotels = NewToolRecord(
+        tool_name="search_hotels",
+        raw_input={"city": "Lisbon"},
+        raw_output={"results": [{"id": "htl-001", "price": 120}]},
+        task_id="trip",
+        step=1,
+        conversation=Conversation.objects.get(id=his),
+    )
+    nothing = NewToolRecord(tool_name="ping", raw_output=None, summary="No answer")
+    tool_records_create(actor, agent=agent, records=[hotels, nothing])
+    embed_pending()
+    return SimpleNamespace(
+        ours=ours, his=his, hers=hers["id"], fork=fork["id"], offered=offered, agent=agent
+    )
+
+
+def state_of_others() -> dict:
+    """Everything in the database that is not alice's: what her erase must leave as it was
+    but for her messages in bob's conversation (and the fork point of bob's fork)."""
+    hers = Membership.objects.filter(principal_id="alice", access_level="owner").values("group_id")
+    return {
+        "conversations": sorted(
+            Conversation.objects.exclude(group_id__in=hers).values_list(
+                "id", "title", "metadata", "updated_at", "forked_at_conversation_id"
+            )
+        ),
+        "messages": sorted(
+            Message.objects.exclude(conversation__group_id__in=hers)
+            .exclude(author_principal="alice")
+            .values_list("id", "seq", "content", "embedded_at", "parent_message_id")
+        ),
+        "memberships": sorted(
+            Membership.objects.exclude(group_id__in=hers)
+            .exclude(principal_id="alice")
+            .values_list("group_id", "principal_id", "access_level")
+        ),
+        "transfers": sorted(
+            OwnershipTransfer.objects.exclude(group_id__in=hers)
+            .exclude(from_principal="alice")
+            .exclude(to_principal="alice")
+            .values_list("id", "status")
+        ),
+        "memories": sorted(Memory.objects.exclude(user_id="alice").values_list("id", "content")),
+        "blocks": sorted(MemoryBlock.objects.exclude(user_id="alice").values_list("id", "value")),
+        "revisions": sorted(
+            MemoryBlockRevision.objects.exclude(block__user_id="alice").values_list("id", "value")
+        ),
+    }
+
+
+def contents(records) -> list[str]:
+    return [record["content"] for record in records]
+
+
+# --- export ----------------------------------------------------------------------------------
+
+
+def test_the_export_holds_everything_kept_about_the_user(api, alice, world):
+    document = export(api, alice)
+    assert document["format"] == "memsvc-export" and document["kind"] == "user"
+    assert document["userId"] == "alice"
+    assert [c["id"] for c in document["conversations"]] == [world.ours]
+    assert contents(document["messages"]) == [
+        "Alice plans a trip to Zanzibar",
+        "Bob likes the Zanzibar idea",  # her conversation's, whoever wrote them
+    ]
+    assert {(m["userId"], m["accessLevel"]) for m in document["memberships"]} == {
+        ("alice", "owner"),
+        ("bob", "writer"),
+    }
+    [elsewhere] = document["membershipsElsewhere"]
+    assert (elsewhere["conversationId"], elsewhere["accessLevel"]) == (world.his, "writer")
+    assert contents(document["messagesElsewhere"]) == ["Alice hums xylophone tunes"]
+    [offer] = document["ownershipTransfersElsewhere"]
+    assert (offer["conversationId"], offer["toUserId"], offer["status"]) == (
+        world.offered,
+        "alice",
+        "pending",
+    )
+    assert contents(document["memories"]) == ["Alice is allergic to nuts"]
+    [block] = document["memoryBlocks"]
+    assert (block["agentId"], block["userId"], block["value"]) == (
+        str(world.agent.id),
+        "alice",
+        "A\nlikes tea",
+    )
+    assert [revision["value"] for revision in block["revisions"]] == ["A", "A\nlikes tea"]
+
+
+def test_the_export_of_someone_else_is_impossible(api, alice, bob, charlie, helper, world):
+    text = json.dumps(export(api, charlie))
+    for theirs in ("Zanzibar", "xylophone", "quokka", "nuts", "marathons", "alice", "bob"):
+        assert theirs not in text
+    # No parameter reaches another user's data: the token's user is the only subject.
+    response = api.get("/v1/user/export", as_=charlie, userId="alice")
+    assert "Zanzibar" not in b"".join(response.streaming_content).decode()
+    # bob's export has his message in alice's conversation, not hers.
+    bobs = export(api, bob)
+    assert contents(bobs["messagesElsewhere"]) == ["Bob likes the Zanzibar idea"]
+    assert "Alice plans" not in json.dumps(bobs)
+    assert contents(bobs["memories"]) == ["Bob runs marathons"]
+    # Only a user's own token: no token, or an agent's key, is refused.
+    assert api.get("/v1/user/export").status_code == 401
+    assert api.post("/v1/user/erase", {"confirm": "alice"}).status_code == 401
+    for_alice = helper.acting_for("alice")  # even with the impersonate scope
+    assert api.get("/v1/user/export", as_=for_alice).status_code == 401
+    assert api.post("/v1/user/erase", {"confirm": "alice"}, as_=for_alice).status_code == 401
+    assert Memory.objects.filter(user_id="alice").exists()
+
+
+def test_the_export_is_streamed_a_batch_at_a_time(api, alice, world):
+    """10,000 messages are written a batch at a time, never as one string."""
+    conversation = Conversation.objects.get(id=world.ours)
+    Message.objects.bulk_create(
+        Message(
+            conversation=conversation,
+            role="user",
+            author_principal="alice",
+            author_name="alice",
+            content=f"message number {n} " + "x" * 200,
+        )
+        for n in range(10_000)
+    )
+    response = api.get("/v1/user/export", as_=alice)
+    assert response.streaming
+    tracemalloc.start()
+    try:
+        sizes = [len(chunk) for chunk in response.streaming_content]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    total = sum(sizes)
+    assert total > 2_500_000
+    assert len(sizes) >= 20
+    assert max(sizes) < total / 10
+    # The largest thing held at once is a batch, not the document.
+    assert peak < total / 2, (peak, total)
+
+
+# --- erase -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("body", [{"confirm": "bob"}, {"confirm": ""}, {}, {"confirm": 1}])
+def test_erase_needs_the_users_own_id_to_confirm(api, alice, world, body):
+    before = state_of_others(), export(api, alice)
+    response = api.post("/v1/user/erase", body, as_=alice)
+    assert response.status_code == 400
+    assert response.json()["code"] == "validation_error"
+    assert "confirm" in response.json()["details"]
+    before[1].pop("exportedAt")
+    after = export(api, alice)
+    after.pop("exportedAt")
+    assert (state_of_others(), after) == before
+
+
+def test_erase_removes_what_is_kept_about_the_user_and_nothing_of_others(
+    api, alice, bob, charlie, world
+):
+    others = state_of_others()
+    charlies = export(api, charlie)
+    erased = call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    assert erased == {
+        "conversations": 1,
+        "messages": 3,  # her conversation's two, and hers in bob's
+        "memberships": 2,
+        "ownershipTransfers": 1,  # bob's pending offer to her
+        "memories": 1,
+        "memoryBlocks": 1,
+    }
+    after = export(api, alice)
+    assert all(after[name] == [] for name in after if isinstance(after[name], list))
+    assert state_of_others() == others
+    charlies_after = export(api, charlie)
+    assert {**charlies_after, "exportedAt": None} == {**charlies, "exportedAt": None}
+
+    # bob's conversations read as before, without her message.
+    messages = call(api, "GET", f"/v1/user/conversations/{world.his}/messages", bob)["data"]
+    assert contents(messages) == ["Bob keeps a quokka diary", "Bob answers about quokkas"]
+    # His fork (made at her message) starts at the message before it instead.
+    fork = call(api, "GET", f"/v1/user/conversations/{world.fork}/messages", bob)["data"]
+    assert contents(fork) == ["Bob keeps a quokka diary", "Bob goes on in his fork"]
+    # She reaches none of it any more; bob's offer to her is gone.
+    assert api.get(f"/v1/user/conversations/{world.his}", as_=alice).status_code == 404
+    assert call(api, "GET", "/v1/user/ownership-transfers", bob)["data"] == []
+    # What she owned is gone for bob too (it was hers).
+    assert api.get(f"/v1/user/conversations/{world.ours}", as_=bob).status_code == 404
+
+
+def term_statistics():
+    return (
+        dict(TermStat.objects.values_list("lexeme", "document_count")),
+        CorpusStat.objects.values_list("document_count", "total_length").first(),
+    )
+
+
+def test_erase_counts_the_users_words_out_of_the_keyword_statistics(api, alice, world):
+    call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    kept = term_statistics()
+    rebuild_term_stats()  # the statistics counted afresh from the messages that remain
+    assert kept == term_statistics()
+    assert "xylophon" not in kept[0] and "zanzibar" not in kept[0]
+    assert kept[0]["quokka"] == 2
+
+
+def test_deleting_a_conversation_counts_its_words_out(api, alice, bob, world):
+    call(api, "DELETE", f"/v1/user/conversations/{world.fork}", bob, status=204)
+    call(api, "DELETE", f"/v1/user/conversations/{world.ours}", alice, status=204)
+    kept = term_statistics()
+    rebuild_term_stats()
+    assert kept == term_statistics()
+    assert "zanzibar" not in kept[0]
+
+
+def test_erase_is_all_or_nothing(api, alice, world):
+    """A failure at the last step (a trigger refusing to delete blocks) leaves everything."""
+    before = state_of_others(), export(api, alice)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql
+            AS $$ BEGIN RAISE EXCEPTION 'refused'; END $$;
+            CREATE TRIGGER refuse_block_delete BEFORE DELETE ON memory_block
+            FOR EACH ROW EXECUTE FUNCTION refuse();
+            """
+        )
+    with pytest.raises(DatabaseError, match="refused"):
+        user_erase(Principal.user("alice"), confirm="alice")
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TRIGGER refuse_block_delete ON memory_block; DROP FUNCTION refuse()")
+    before[1].pop("exportedAt")
+    after = export(api, alice)
+    after.pop("exportedAt")
+    assert (state_of_others(), after) == before
+
+
+def test_erase_takes_the_user_turns_an_agent_wrote_for_them(api, alice, bob, helper, world):
+    """An agent acting for alice in bob's conversation signs her turns with her id."""
+    share = {"userId": helper.agent.principal_id, "accessLevel": "writer"}
+    call(api, "POST", f"/v1/user/conversations/{world.his}/memberships", bob, share, 201)
+    turns = {
+        "messages": [
+            {"role": "user", "content": "Alice dictates a note"},
+            {"role": "assistant", "content": "The agent notes it"},
+        ]
+    }
+    path = f"/v1/agent/conversations/{world.his}/messages"
+    call(api, "POST", path, helper.acting_for("alice"), turns, 201)
+    assert "Alice dictates a note" in contents(export(api, alice)["messagesElsewhere"])
+    call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    messages = call(api, "GET", f"/v1/user/conversations/{world.his}/messages", bob)["data"]
+    assert contents(messages) == [
+        "Bob keeps a quokka diary",
+        "Bob answers about quokkas",
+        "The agent notes it",
+    ]
+
+
+# --- memsvc export / memsvc import -----------------------------------------------------------
+
+
+def cli_export(tmp_path, name: str, *args) -> dict:
+    path = tmp_path / f"{name}.json"
+    assert cli.main(["export", *args, "-o", str(path)]) == 0
+    document = json.loads(path.read_text(encoding="utf-8"))
+    document.pop("exportedAt")
+    return document
+
+
+def test_a_user_round_trip_export_erase_import_gives_the_same_export(
+    api, alice, bob, tmp_path, world, capsys
+):
+    first = cli_export(tmp_path, "first", "user", "alice")
+    over_http = export(api, alice)
+    over_http.pop("exportedAt")
+    assert first == over_http
+
+    call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    assert cli.main(["import", str(tmp_path / "first.json")]) == 0
+    assert "messagesElsewhere: 1" in capsys.readouterr().err
+    assert cli_export(tmp_path, "second", "user", "alice") == first
+
+    # Her message is back in its place in bob's conversation, and her conversation works.
+    messages = call(api, "GET", f"/v1/user/conversations/{world.his}/messages", bob)["data"]
+    assert contents(messages) == [
+        "Bob keeps a quokka diary",
+        "Alice hums xylophone tunes",
+        "Bob answers about quokkas",
+    ]
+    ours = call(api, "GET", f"/v1/user/conversations/{world.ours}", bob)
+    assert ours["ownerUserId"] == "alice" and ours["accessLevel"] == "writer"
+    call(
+        api,
+        "POST",
+        f"/v1/user/conversations/{world.ours}/messages",
+        alice,
+        {"content": "Again"},
+        201,
+    )
+
+    # The same document again collides with what is stored: nothing is imported.
+    before = cli_export(tmp_path, "third", "user", "alice")
+    assert cli.main(["import", str(tmp_path / "first.json")]) == 1
+    assert "nothing imported" in capsys.readouterr().err
+    assert cli_export(tmp_path, "fourth", "user", "alice") == before
+
+
+def test_an_agent_round_trip_export_drop_import_gives_the_same_export(tmp_path, world, capsys):
+    agent, agent_id = world.agent, str(world.agent.id)
+    first = cli_export(tmp_path, "first", "agent", agent.name)
+    assert first["agent"]["id"] == str(agent.id)
+    assert {block["userId"] for block in first["memoryBlocks"]} == {"alice", "bob"}
+    assert sorted(contents(first["memories"])) == [
+        "Alice is allergic to nuts",
+        "Bob runs marathons",
+        "The agent speaks French",
+    ]
+    hotels, nothing = sorted(
+        first["toolRecords"], key=lambda record: record["toolName"], reverse=True
+    )
+    assert (hotels["conversationId"], hotels["taskId"], hotels["step"]) == (world.his, "trip", 1)
+    assert hotels["output"] == {"results": [{"id": "htl-001", "price": 120}]}
+    assert (nothing["output"], nothing["summary"], nothing["summarySource"]) == (
+        None,
+        "No answer",
+        "caller",
+    )
+    block_ids = sorted(MemoryBlock.objects.filter(agent=agent).values_list("id", flat=True))
+    agent.delete()
+    assert cli.main(["import", str(tmp_path / "first.json")]) == 0
+    assert cli_export(tmp_path, "second", "agent", agent_id) == first
+    # Blocks keep their ids (Letta's routes name them so), and new ones never take one.
+    assert sorted(MemoryBlock.objects.filter(agent_id=agent_id).values_list("id", flat=True)) == (
+        block_ids
+    )
+    newer = memory_block_create(
+        Agent.objects.get(id=agent_id).as_principal(),
+        agent=Agent.objects.get(id=agent_id),
+        label="new",
+    )
+    assert newer.id > max(block_ids)
+
+    # Into the agent as it is now: its blocks are there already, so nothing is imported.
+    assert cli.main(["import", str(tmp_path / "first.json")]) == 1
+    assert "nothing imported" in capsys.readouterr().err
+    assert cli.main(["export", "agent", "nobody"]) == 1
+
+
+def test_import_refuses_what_is_not_an_export(tmp_path, capsys):
+    for document in ({"format": "other"}, {"format": "memsvc-export", "version": 1, "kind": "x"}):
+        path = tmp_path / "bad.json"
+        path.write_text(json.dumps(document))
+        assert cli.main(["import", str(path)]) == 1
+    path.write_text("{not json")
+    assert cli.main(["import", str(path)]) == 1
+    assert capsys.readouterr().err.count("nothing imported") == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_export_streams_over_real_http_from_one_snapshot(live_server, alice):
+    """Through a real server (its own transaction per request): chunked, not sized up
+    front, and read in a REPEATABLE READ snapshot."""
+    headers = {"Authorization": alice.auth_headers()["HTTP_AUTHORIZATION"]}
+    with httpx.Client(base_url=live_server.url, headers=headers) as http:
+        made = http.post("/v1/user/conversations", json={"title": "Live"}).json()
+        for n in range(3):
+            http.post(f"/v1/user/conversations/{made['id']}/messages", json={"content": f"m{n}"})
+        with http.stream("GET", "/v1/user/export") as response:
+            assert response.status_code == 200
+            assert "content-length" not in response.headers
+            document = json.loads(b"".join(response.iter_bytes()))
+    assert contents(document["messages"]) == ["m0", "m1", "m2"]
+
+
+def test_erase_ends_the_transfers_the_user_offered(api, alice, bob, world):
+    """Her pending offer of her conversation to bob goes with the conversation; a transfer
+    bob accepted from her stays his conversation, without the record naming her."""
+    body = {"newOwnerUserId": "bob"}
+    call(api, "POST", f"/v1/user/conversations/{world.ours}/transfer-ownership", alice, body, 202)
+    given = call(api, "POST", "/v1/user/conversations", alice, {"title": "A gift"}, 201)["id"]
+    offer = call(
+        api, "POST", f"/v1/user/conversations/{given}/transfer-ownership", alice, body, 202
+    )
+    call(api, "POST", f"/v1/user/ownership-transfers/{offer['id']}/accept", bob)
+    assert len(call(api, "GET", "/v1/user/ownership-transfers", bob)["data"]) == 2  # both ways
+
+    erased = call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    assert erased["ownershipTransfers"] == 3  # hers pending, the accepted one, bob's to her
+    assert erased["memberships"] == 3  # owner of hers, writer in bob's, manager of the gift
+    assert call(api, "GET", "/v1/user/ownership-transfers", bob)["data"] == []
+    gift = call(api, "GET", f"/v1/user/conversations/{given}", bob)
+    assert (gift["ownerUserId"], gift["accessLevel"]) == ("bob", "owner")
+    accepted = call(api, "GET", "/v1/user/ownership-transfers?status=accepted", bob)["data"]
+    assert accepted == []
+
+
+def test_an_import_renumbers_messages_whose_places_are_taken(api, alice, bob, tmp_path, world):
+    """Another server's messages hold the places: they come in new ones, in their order."""
+    document = cli_export(tmp_path, "first", "user", "alice")
+    call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    taken = Message.objects.order_by("seq").values_list("seq", flat=True)[0]
+    for offset, message in enumerate(document["messages"]):
+        message["seq"] = taken + offset  # as numbered elsewhere: one of them is bob's
+    path = tmp_path / "elsewhere.json"
+    path.write_text(json.dumps({**document, "exportedAt": None}))
+    assert cli.main(["import", str(path)]) == 0
+    messages = call(api, "GET", f"/v1/user/conversations/{world.ours}/messages", alice)["data"]
+    assert contents(messages) == ["Alice plans a trip to Zanzibar", "Bob likes the Zanzibar idea"]
+    seqs = list(Message.objects.filter(conversation_id=world.ours).values_list("seq", flat=True))
+    assert min(seqs) > Message.objects.exclude(conversation_id=world.ours).order_by("-seq")[0].seq

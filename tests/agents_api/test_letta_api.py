@@ -1,0 +1,293 @@
+"""Letta's routes (agents_api/letta_api): Letta's shapes over memsvc's agents, blocks and
+messages, a memsvc key as the bearer. The unmodified SDK is driven in test_letta_sdk.py."""
+
+import json
+
+import pytest
+
+from agents_api.models import Agent, MemoryBlock, MemoryBlockRevision
+from agents_api.sleeptime import observation_due
+from conversations.models import Message
+from tests.agents_api.conftest import make_agent
+from tests.fake_openai import FakeOpenAI
+
+pytestmark = pytest.mark.django_db
+
+SDK_TAG = "agentic-learning-sdk"
+
+
+def create_agent(api, key, name="travel", **extra):
+    body = {
+        "name": name,
+        "agent_type": "letta_v1_agent",
+        "memory_blocks": [{"label": "human", "value": "Nothing known yet."}],
+        "model": "anthropic/claude-sonnet-4-20250514",
+        "embedding": "openai/text-embedding-3-small",
+        "tags": [SDK_TAG],
+        "enable_sleeptime": True,
+        **extra,
+    }
+    response = api.post("/v1/agents/", body, as_=key)
+    assert response.status_code == 200, response.content
+    return response.json()
+
+
+def capture(api, key, agent_id, user_text, reply="Noted."):
+    return api.post(
+        f"/v1/agents/{agent_id}/messages/capture",
+        {
+            "provider": "openai",
+            "model": "gpt-test",
+            "request_messages": [{"role": "user", "content": user_text}],
+            "response_dict": {"role": "assistant", "content": reply},
+        },
+        as_=key,
+    )
+
+
+def test_an_agent_is_created_listed_by_name_and_tag_and_retrieved(api, helper):
+    assert api.get("/v1/agents/", as_=helper, name="travel", tags=SDK_TAG).json() == []
+    state = create_agent(api, helper)
+
+    assert state["id"].startswith("agent-")
+    assert state["name"] == "travel"
+    assert state["tags"] == [SDK_TAG]
+    assert [b["label"] for b in state["memory"]["blocks"]] == ["human"]
+    assert state["blocks"] == state["memory"]["blocks"]
+    assert state["blocks"][0]["id"].startswith("block-")
+    assert state["multi_agent_group"]["id"].startswith("group-")
+    assert state["llm_config"]["model"] == "claude-sonnet-4-20250514"
+    agent = Agent.objects.get(name="travel")
+    assert agent.owner_principal == helper.agent.principal_id
+    assert agent.memory_blocks.get().value == "Nothing known yet."
+
+    listed = api.get("/v1/agents/", as_=helper, name="travel", tags=SDK_TAG).json()
+    assert [a["id"] for a in listed] == [state["id"]]
+    assert api.get("/v1/agents/", as_=helper, name="travel", tags="other").json() == []
+    assert api.get(f"/v1/agents/{state['id']}", as_=helper).json()["name"] == "travel"
+
+
+def test_creating_the_same_name_again_is_the_same_agent(api, helper):
+    first = create_agent(api, helper)
+    again = create_agent(api, helper, tags=["second"])
+    assert again["id"] == first["id"]
+    assert set(again["tags"]) == {SDK_TAG, "second"}
+    assert Agent.objects.filter(name="travel").count() == 1
+    assert MemoryBlock.objects.filter(agent__name="travel").count() == 1
+
+
+def test_the_keys_own_agent_is_reached_by_its_name(api, helper):
+    state = create_agent(api, helper, name="helper")
+    assert state["id"] == f"agent-{helper.agent.id}"
+
+
+def test_the_sleeptime_frequency_is_stored_on_the_group(api, helper):
+    state = create_agent(api, helper)
+    group_id = state["multi_agent_group"]["id"]
+    response = api.patch(
+        f"/v1/groups/{group_id}",
+        {"manager_config": {"manager_type": "sleeptime", "sleeptime_agent_frequency": 2}},
+        as_=helper,
+    )
+    assert response.status_code == 200, response.content
+    assert response.json()["sleeptime_agent_frequency"] == 2
+    assert api.get(f"/v1/groups/{group_id}", as_=helper).json()["sleeptime_agent_frequency"] == 2
+
+
+def test_a_block_is_created_attached_updated_and_deleted(api, helper):
+    agent_id = create_agent(api, helper)["id"]
+    block = api.post(
+        "/v1/blocks/", {"label": "persona", "value": "I plan trips.", "limit": 200}, as_=helper
+    ).json()
+    attached = api.call(
+        "PATCH", f"/v1/agents/{agent_id}/core-memory/blocks/attach/{block['id']}", as_=helper
+    )
+    assert attached.status_code == 200, attached.content
+    assert {b["label"] for b in attached.json()["memory"]["blocks"]} == {"human", "persona"}
+
+    updated = api.patch(f"/v1/blocks/{block['id']}", {"value": "I plan trips to Asia."}, as_=helper)
+    assert updated.json()["value"] == "I plan trips to Asia."
+    assert MemoryBlockRevision.objects.filter(block__label="persona").count() == 2
+    too_long = api.patch(f"/v1/blocks/{block['id']}", {"value": "x" * 201}, as_=helper)
+    assert too_long.status_code == 422
+    assert "limit is 200" in json.dumps(too_long.json())
+
+    assert api.delete(f"/v1/blocks/{block['id']}", as_=helper).status_code == 200
+    assert api.get(f"/v1/blocks/{block['id']}", as_=helper).status_code == 404
+
+
+def test_attaching_a_second_block_of_a_label_is_a_conflict(api, helper):
+    agent_id = create_agent(api, helper)["id"]
+    block = api.post("/v1/blocks/", {"label": "human", "value": "Another."}, as_=helper).json()
+    response = api.call(
+        "PATCH", f"/v1/agents/{agent_id}/core-memory/blocks/attach/{block['id']}", as_=helper
+    )
+    assert response.status_code == 409
+    assert "human" in response.json()["detail"]
+
+
+def test_captured_turns_are_messages_of_the_agent_listed_as_letta_messages(api, helper):
+    agent_id = create_agent(api, helper)["id"]
+    assert capture(api, helper, agent_id, "I live in Lisbon.", "Lovely city.").status_code == 200
+    capture(api, helper, agent_id, "I prefer window seats.")
+
+    assert list(
+        Message.objects.filter(conversation__local_agent__name="travel")
+        .order_by("seq")
+        .values_list("role", "content")
+    ) == [
+        ("user", "I live in Lisbon."),
+        ("assistant", "Lovely city."),
+        ("user", "I prefer window seats."),
+        ("assistant", "Noted."),
+    ]
+    newest = api.get(f"/v1/agents/{agent_id}/messages", as_=helper, limit=2).json()
+    assert [(m["message_type"], m["content"]) for m in newest] == [
+        ("assistant_message", "Noted."),
+        ("user_message", "I prefer window seats."),
+    ]
+    oldest = api.get(f"/v1/agents/{agent_id}/messages", as_=helper, order="asc").json()
+    assert oldest[0]["content"] == "I live in Lisbon."
+    after = api.get(
+        f"/v1/agents/{agent_id}/messages", as_=helper, order="asc", after=oldest[1]["id"]
+    ).json()
+    assert [m["content"] for m in after] == ["I prefer window seats.", "Noted."]
+
+
+OBSERVER_MARKER = "maintain the memory blocks"  # in the observer's instructions
+
+
+def every_n_captures(api, key, state, n: int) -> None:
+    response = api.patch(
+        f"/v1/groups/{state['multi_agent_group']['id']}",
+        {"manager_config": {"sleeptime_agent_frequency": n}},
+        as_=key,
+    )
+    assert response.status_code == 200, response.content
+
+
+@pytest.fixture
+def llm(settings):
+    """The stand-in LLM as memsvc's ``MEMSVC_LLM_*``."""
+    with FakeOpenAI() as fake:
+        settings.MEMSVC_LLM_BASE_URL = fake.base_url
+        settings.MEMSVC_LLM_MODEL = "gpt-test"
+        yield fake
+
+
+@pytest.fixture
+def committed_capture(api, django_capture_on_commit_callbacks):
+    """A capture whose after-commit work (the observer's task) runs, as it would."""
+
+    def capture_and_commit(key, agent_id, text):
+        with django_capture_on_commit_callbacks(execute=True):
+            return capture(api, key, agent_id, text)
+
+    return capture_and_commit
+
+
+def test_without_an_llm_captures_are_stored_and_nothing_else_happens(
+    api, helper, committed_capture
+):
+    state = create_agent(api, helper)
+    every_n_captures(api, helper, state, 1)
+    committed_capture(helper, state["id"], "My name is Ada.")
+    agent = Agent.objects.get(name="travel")
+    assert not observation_due(agent)
+    assert agent.memory_blocks.get().value == "Nothing known yet."
+
+
+def test_every_n_captures_the_observer_rewrites_the_human_block(
+    api, helper, llm, committed_capture
+):
+    state = create_agent(api, helper)
+    every_n_captures(api, helper, state, 2)
+    human = {"blocks": [{"label": "human", "value": "Ada lives in Lisbon."}]}
+    llm.answer(OBSERVER_MARKER, json.dumps(human))
+    committed_capture(helper, state["id"], "My name is Ada.")
+    assert llm.requests_containing(OBSERVER_MARKER) == []
+    committed_capture(helper, state["id"], "I live in Lisbon.")
+
+    [asked] = llm.requests_containing(OBSERVER_MARKER)
+    prompt = asked["messages"][1]["content"]
+    assert "My name is Ada." in prompt and "I live in Lisbon." in prompt
+    block = MemoryBlock.objects.get(agent__name="travel", label="human")
+    assert block.value == "Ada lives in Lisbon."
+    assert block.revisions.order_by("-created_at").first().actor_principal == (
+        f"agent:{block.agent_id}"
+    )
+    assert not observation_due(block.agent)  # the two turns were read
+
+
+def test_an_answer_over_the_limit_leaves_the_block_as_it_was(api, helper, llm, committed_capture):
+    state = create_agent(
+        api, helper, memory_blocks=[{"label": "human", "value": "Unknown.", "limit": 20}]
+    )
+    every_n_captures(api, helper, state, 1)
+    llm.answer(OBSERVER_MARKER, json.dumps({"blocks": [{"label": "human", "value": "y" * 21}]}))
+    committed_capture(helper, state["id"], "My name is Ada.")
+    assert len(llm.requests_containing(OBSERVER_MARKER)) == 1
+    assert MemoryBlock.objects.get(agent__name="travel").value == "Unknown."
+
+
+# --- who may do what -------------------------------------------------------------------------
+
+
+def test_without_a_key_401_and_another_keys_agents_are_404(api, helper, rival):
+    state = create_agent(api, helper)
+    block_id = state["blocks"][0]["id"]
+    assert api.get("/v1/agents/").status_code == 401
+    assert api.get("/v1/agents/", as_=rival, name="travel").json() == []
+    for method, path in [
+        ("GET", f"/v1/agents/{state['id']}"),
+        ("GET", f"/v1/agents/{state['id']}/messages"),
+        ("POST", f"/v1/agents/{state['id']}/messages/capture"),
+        ("GET", f"/v1/blocks/{block_id}"),
+        ("PATCH", f"/v1/blocks/{block_id}"),
+        ("DELETE", f"/v1/blocks/{block_id}"),
+        ("PATCH", f"/v1/groups/{state['multi_agent_group']['id']}"),
+        ("DELETE", f"/v1/agents/{state['id']}"),
+    ]:
+        response = api.call(method, path, as_=rival, body={} if method != "GET" else None)
+        assert response.status_code == 404, (method, path, response.content)
+    assert Agent.objects.filter(name="travel").exists()
+
+
+def test_a_read_key_reads_and_cannot_write(api, helper):
+    state = create_agent(api, helper)
+    reader = make_agent("helper", scopes=("read",))  # a second key of the same agent
+    assert api.get(f"/v1/agents/{state['id']}", as_=reader).status_code == 200
+    assert capture(api, reader, state["id"], "Hello").status_code == 403
+    assert api.post("/v1/blocks/", {"label": "notes"}, as_=reader).status_code == 403
+    assert not Message.objects.filter(conversation__local_agent__name="travel").exists()
+
+
+def test_an_agent_is_deleted_but_a_key_cannot_delete_its_own(api, helper):
+    state = create_agent(api, helper)
+    assert api.delete(f"/v1/agents/agent-{helper.agent.id}", as_=helper).status_code == 403
+    assert api.delete(f"/v1/agents/{state['id']}", as_=helper).status_code == 200
+    assert not Agent.objects.filter(name="travel").exists()
+
+
+def test_letta_routes_memsvc_does_not_serve_answer_501_naming_them(api, helper):
+    state = create_agent(api, helper)
+    for method, path in [
+        ("POST", f"/v1/agents/{state['id']}/messages"),
+        ("GET", "/v1/tools/"),
+        ("POST", f"/v1/agents/{state['id']}/summarize"),
+    ]:
+        response = api.call(method, path, as_=helper, body={} if method != "GET" else None)
+        assert response.status_code == 501, (method, path)
+        assert "/v1/" in response.json()["detail"]
+    assert api.get("/v1/tools/").status_code == 401  # the key first
+
+
+def test_bad_input_is_422_and_changes_nothing(api, helper):
+    assert api.post("/v1/agents/", {"tags": [SDK_TAG]}, as_=helper).status_code == 422
+    assert api.post("/v1/agents/", {"name": "a\x00b"}, as_=helper).status_code == 422
+    assert api.get("/v1/agents/agent-not-a-uuid", as_=helper).status_code == 404
+    assert api.get("/v1/blocks/block-abc", as_=helper).status_code == 404
+    state = create_agent(api, helper)
+    response = api.get(f"/v1/agents/{state['id']}/messages", as_=helper, order="sideways")
+    assert response.status_code == 422
+    assert Agent.objects.filter(owner_principal=helper.agent.principal_id).count() == 1

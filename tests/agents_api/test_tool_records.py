@@ -1,0 +1,294 @@
+"""Tool records (the memory bank) through the agent API: the documented shapes, found by
+vector and by keyword (an identifier only the raw output holds), paged by task, deleted by
+task, who reaches what, and bad input refused with nothing written."""
+
+import numpy as np
+import pytest
+
+from agents_api.models import SummarySource, ToolRecord
+from agents_api.tasks import sweep_unembedded_tool_records_task
+from conversations.models import Conversation
+from memsvc import cli
+from search.embeddings import configured_backend
+from tests.agents_api.conftest import make_agent
+from tests.agents_api.test_api import agent_conversation
+from tests.agents_api.test_memory_lifecycle import BrokenBackend
+
+pytestmark = pytest.mark.django_db
+
+RECORDS = "/v1/agent/tool-records"
+
+HOTELS = {
+    "results": [
+        {"id": "htl-001", "name": "Grand Hotel", "price": 120},
+        {"id": "htl-002", "name": "Harbour Inn", "price": 95},
+        {"id": "htl-003", "name": "Old Town Rooms", "price": 80},
+    ]
+}
+
+
+def create(api, credential, tool_name="search_hotels", output=HOTELS, **body):
+    response = api.post(RECORDS, {"toolName": tool_name, "output": output, **body}, as_=credential)
+    assert response.status_code == 201, response.content
+    return response.json()
+
+
+def search(api, credential, query, **body):
+    response = api.post(f"{RECORDS}/search", {"query": query, **body}, as_=credential)
+    assert response.status_code == 200, response.content
+    return response.json()["data"]
+
+
+def snapshot():
+    return sorted(
+        ToolRecord.objects.values_list("id", "agent_id", "task_id", "tool_name", "summary")
+    )
+
+
+@pytest.fixture
+def backend_down(monkeypatch):
+    broken = BrokenBackend()
+    monkeypatch.setattr("search.services.configured_backend", lambda: broken)
+    return broken
+
+
+def test_create_returns_the_documented_record_kept_whole_and_embedded(api, helper):
+    output = {**HOTELS, "page": {"next": None, "total": 3}, "note": "ünïcode ✓"}
+    record = create(
+        api, helper, input={"city": "Lisbon", "nights": 2}, output=output, taskId="trip-1", step=1
+    )
+    assert record == {
+        "traceId": record["traceId"],
+        "taskId": "trip-1",
+        "conversationId": None,
+        "step": 1,
+        "toolName": "search_hotels",
+        "input": {"city": "Lisbon", "nights": 2},
+        "output": output,
+        "summary": record["summary"],
+        "createdAt": record["createdAt"],
+    }
+    stored = ToolRecord.objects.get(id=record["traceId"])
+    assert stored.raw_output == output
+    # Without an LLM the observer's deterministic summary is written at once, and embedded.
+    assert stored.summary_source == SummarySource.FALLBACK
+    assert "search_hotels" in record["summary"]
+    assert "htl-001, htl-002, htl-003" in record["summary"]
+    assert "results: 3 items" in record["summary"]
+    [expected] = configured_backend().embed([stored.summary])
+    assert np.dot(stored.embedding, expected) > 0.999
+    assert api.get(f"{RECORDS}/{record['traceId']}", as_=helper).json() == record
+
+
+def test_any_json_is_an_output_and_a_callers_summary_is_kept(api, helper):
+    for output in [None, 42, "plain text", [1, 2, 3], {"_raw": "not json"}]:
+        record = create(api, helper, tool_name="echo", output=output, summary="my summary")
+        assert record["output"] == output
+        assert record["summary"] == "my summary"
+    assert set(ToolRecord.objects.values_list("summary_source", flat=True)) == {"caller"}
+
+
+def test_a_record_can_name_a_conversation_the_agent_sees(api, helper):
+    conversation = agent_conversation(api, helper)
+    record = create(api, helper, conversationId=conversation["id"])
+    assert record["conversationId"] == conversation["id"]
+
+
+def test_search_returns_the_top_3_by_default_best_first(api, helper):
+    create(api, helper, "get_weather", {"city": "Lisbon", "forecast": "sunny, 24 degrees"})
+    create(api, helper, "search_flights", {"flights": [{"id": "TP-1234", "from": "LHR"}]})
+    create(api, helper, "search_hotels", HOTELS)
+    create(api, helper, "book_hotel", {"booking": {"hotel_id": "htl-002", "status": "confirmed"}})
+    create(api, helper, "get_exchange_rate", {"from": "EUR", "to": "GBP", "rate": 0.85})
+    hits = search(api, helper, "which hotels were found and what do they cost")
+    assert len(hits) == 3
+    assert hits[0]["toolName"] == "search_hotels"
+    assert hits[0]["output"] == HOTELS  # the fact store's raw data, whole
+    scores = [hit["score"] for hit in hits]
+    assert scores == sorted(scores, reverse=True)
+    assert len(search(api, helper, "hotel", topK=5)) == 5
+
+
+def test_an_identifier_only_the_output_holds_is_found_by_keyword_at_once(
+    api, helper, backend_down, monkeypatch
+):
+    """No vector at all (the embedding backend is down) and a caller's summary that names
+    no id: the hotel id in the raw output alone finds the record."""
+    create(api, helper, "search_hotels", HOTELS, summary="Found three places to stay.")
+    create(api, helper, "get_weather", {"forecast": "rain"}, summary="Weather looked up.")
+    assert ToolRecord.objects.filter(embedding__isnull=False).count() == 0
+    monkeypatch.undo()  # the backend is back for the query, the records still have no vector
+    hits = search(api, helper, "htl-003", topK=1)
+    assert [hit["summary"] for hit in hits] == ["Found three places to stay."]
+    hits = search(api, helper, "Harbour Inn", topK=1)
+    assert hits[0]["toolName"] == "search_hotels"
+
+
+def test_search_and_list_narrow_to_a_task(api, helper):
+    create(api, helper, taskId="trip-1", step=1)
+    create(api, helper, taskId="trip-2", step=1)
+    hits = search(api, helper, "hotels", taskId="trip-2")
+    assert [hit["taskId"] for hit in hits] == ["trip-2"]
+    assert search(api, helper, "hotels", taskId="no-such-task") == []
+
+
+def test_list_by_task_pages_in_the_order_made(api, helper):
+    for step in range(1, 6):
+        create(api, helper, f"tool_{step}", taskId="long", step=step)
+    create(api, helper, "elsewhere", taskId="other")
+    first = api.get(RECORDS, as_=helper, taskId="long", limit=2).json()
+    assert [r["step"] for r in first["data"]] == [1, 2] and first["nextCursor"]
+    steps, cursor = [1, 2], first["nextCursor"]
+    while cursor:
+        page = api.get(RECORDS, as_=helper, taskId="long", limit=2, after=cursor).json()
+        steps += [r["step"] for r in page["data"]]
+        cursor = page["nextCursor"]
+    assert steps == [1, 2, 3, 4, 5]
+    assert len(api.get(RECORDS, as_=helper).json()["data"]) == 6  # every task
+    assert api.get(RECORDS, as_=helper, after="garbage!").status_code == 400
+    assert api.get(RECORDS, as_=helper, limit=0).status_code == 400
+
+
+def test_delete_by_task(api, helper):
+    create(api, helper, taskId="done")
+    create(api, helper, taskId="done")
+    create(api, helper, taskId="ongoing")
+    response = api.call("DELETE", f"{RECORDS}?taskId=done", as_=helper)
+    assert response.status_code == 200
+    assert response.json() == {"deleted": 2}
+    assert list(ToolRecord.objects.values_list("task_id", flat=True)) == ["ongoing"]
+    # Without a task nothing is deleted: clearing every task at once is not one request.
+    missing = api.call("DELETE", RECORDS, as_=helper)
+    assert missing.status_code == 400
+    assert missing.json()["details"] == {"taskId": [missing.json()["details"]["taskId"][0]]}
+    assert ToolRecord.objects.count() == 1
+
+
+# --- who reaches what ------------------------------------------------------------------------
+
+
+def test_another_agents_record_is_404_and_untouched(api, helper, rival):
+    record = create(api, helper, taskId="secret-task")
+    before = snapshot()
+    assert api.get(f"{RECORDS}/{record['traceId']}", as_=rival).status_code == 404
+    assert api.get(f"{RECORDS}/not-a-uuid", as_=rival).status_code == 404
+    assert api.get(RECORDS, as_=rival, taskId="secret-task").json()["data"] == []
+    assert search(api, rival, "htl-001") == []
+    assert search(api, rival, "hotels", taskId="secret-task") == []
+    deleted = api.call("DELETE", f"{RECORDS}?taskId=secret-task", as_=rival)
+    assert deleted.json() == {"deleted": 0}
+    assert snapshot() == before
+
+
+def test_a_conversation_the_agent_does_not_see_is_refused(api, helper, rival):
+    theirs = agent_conversation(api, rival)
+    before = snapshot()
+    response = api.post(
+        RECORDS, {"toolName": "t", "output": 1, "conversationId": theirs["id"]}, as_=helper
+    )
+    assert response.status_code == 400
+    assert "conversationId" in response.json()["details"]
+    assert snapshot() == before
+    assert Conversation.objects.filter(id=theirs["id"]).exists()
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("POST", RECORDS, {"toolName": "t", "output": 1}),
+        ("DELETE", f"{RECORDS}?taskId=t", None),
+    ],
+)
+def test_a_read_key_cannot_write(api, helper, method, path, body):
+    create(api, helper, taskId="t")
+    reader = make_agent("helper", scopes=["read"])
+    before = snapshot()
+    response = api.call(method, path, as_=reader, body=body)
+    assert response.status_code == 403
+    assert response.json()["code"] == "forbidden"
+    assert snapshot() == before
+    assert len(search(api, reader, "hotels")) == 1  # reading is what the key is for
+
+
+def test_a_write_only_key_cannot_read(api, helper):
+    record = create(api, helper)
+    writer = make_agent("helper", scopes=["write"])
+    assert api.post(f"{RECORDS}/search", {"query": "x"}, as_=writer).status_code == 403
+    assert api.get(RECORDS, as_=writer).status_code == 403
+    assert api.get(f"{RECORDS}/{record['traceId']}", as_=writer).status_code == 403
+
+
+def test_without_a_key_it_is_401(api, alice):
+    assert api.get(RECORDS).status_code == 401
+    assert api.post(f"{RECORDS}/search", {"query": "x"}).status_code == 401
+    # A user's token is a credential of the wrong kind for the agent API.
+    assert api.post(RECORDS, {"toolName": "t", "output": 1}, as_=alice).status_code == 401
+    assert not ToolRecord.objects.exists()
+
+
+# --- bad input: 400 naming the field, nothing written ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"output": 1}, "toolName"),
+        ({"toolName": "", "output": 1}, "toolName"),
+        ({"toolName": "t"}, "output"),
+        ({"toolName": "t", "output": 1, "input": [1, 2]}, "input"),
+        ({"toolName": "t", "output": {"a": "nul\x00here"}}, "output"),
+        ({"toolName": "t", "output": "x" * (1024 * 1024 + 1)}, "output"),
+        ({"toolName": "t", "output": 1, "step": -1}, "step"),
+        ({"toolName": "t", "output": 1, "taskId": "t" * 256}, "taskId"),
+        ({"toolName": "t", "output": 1, "conversationId": "nope"}, "conversationId"),
+        ({"toolName": "t", "output": 1, "conversationId": "5" * 32}, "conversationId"),
+        ({"toolName": "t", "output": 1, "colour": "red"}, "colour"),
+    ],
+)
+def test_bad_records_are_400_naming_the_field(api, helper, body, field):
+    response = api.post(RECORDS, body, as_=helper)
+    assert response.status_code == 400, response.content
+    assert response.json()["code"] == "validation_error"
+    assert field in response.json()["details"]
+    assert not ToolRecord.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({}, "query"),
+        ({"query": "  "}, "query"),
+        ({"query": "x", "topK": 0}, "topK"),
+        ({"query": "x", "topK": 21}, "topK"),
+        ({"query": "x", "mode": "semantic"}, "mode"),
+    ],
+)
+def test_bad_searches_are_400_naming_the_field(api, helper, body, field):
+    response = api.post(f"{RECORDS}/search", body, as_=helper)
+    assert response.status_code == 400
+    assert field in response.json()["details"]
+
+
+# --- the embedding pipeline ------------------------------------------------------------------
+
+
+def test_a_record_saved_while_the_backend_is_down_is_embedded_by_the_sweep(
+    api, helper, backend_down, monkeypatch
+):
+    record = create(api, helper)
+    stored = ToolRecord.objects.get(id=record["traceId"])
+    assert (stored.embedding, stored.embedded_at) == (None, None)
+    monkeypatch.undo()
+    assert sweep_unembedded_tool_records_task.apply().get() == 1
+    stored.refresh_from_db()
+    [expected] = configured_backend().embed([stored.summary])
+    assert np.dot(stored.embedding, expected) > 0.999
+    assert sweep_unembedded_tool_records_task.apply().get() == 0
+
+
+def test_reindex_embeds_waiting_records(api, helper, backend_down, monkeypatch, capsys):
+    record = create(api, helper)
+    monkeypatch.undo()
+    assert cli.main(["reindex"]) == 0
+    assert "and 1 tool records" in capsys.readouterr().err
+    assert ToolRecord.objects.get(id=record["traceId"]).embedded_at is not None

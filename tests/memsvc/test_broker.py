@@ -1,0 +1,131 @@
+"""Local mode's broker (memsvc.broker): no reader ever sees half a message, and a bad file in
+the queue is set aside rather than the end of the worker (kombu issue #1551)."""
+
+import json
+import threading
+
+import pytest
+from kombu import Connection
+from kombu.transport import filesystem
+
+from memsvc import broker
+from memsvc.celery import app  # noqa: F401 (names memsvc.broker as "filesystem://")
+
+
+@pytest.fixture
+def folders(tmp_path):
+    options = {
+        "data_folder_in": str(tmp_path / "queue"),
+        "data_folder_out": str(tmp_path / "queue"),
+        "processed_folder": str(tmp_path / "processed"),
+        "control_folder": str(tmp_path / "control"),
+        "store_processed": False,
+    }
+    for name in ("queue", "processed", "control"):
+        (tmp_path / name).mkdir()
+    return tmp_path, options
+
+
+def channel(options, transport=broker.Transport):
+    connection = Connection("filesystem://", transport=transport, transport_options=options)
+    return connection, connection.default_channel
+
+
+def write_in_progress(queue_folder, queue="celery"):
+    """What kombu's own writer leaves for an instant: the message file, created and still empty
+    (it opens the final name, then locks, then writes)."""
+    path = queue_folder / f"1_00000000-0000-0000-0000-000000000000.{queue}.msg"
+    path.write_bytes(b"")
+    return path
+
+
+def test_kombus_own_reader_dies_on_a_message_being_written(folders):
+    """The race itself: the stock reader takes the writer's empty file for a message."""
+    tmp_path, options = folders
+    write_in_progress(tmp_path / "queue")
+    connection, stock = channel(options, transport=filesystem.Transport)
+    with connection, pytest.raises(json.JSONDecodeError):
+        stock._get("celery")
+
+
+def test_the_url_names_memsvcs_transport():
+    assert Connection("filesystem://").transport_cls == "filesystem"
+    assert isinstance(Connection("filesystem://").transport, broker.Transport)
+
+
+def test_a_file_that_holds_no_message_is_set_aside_and_the_next_one_read(folders, caplog):
+    tmp_path, options = folders
+    connection, ours = channel(options)
+    with connection:
+        bad = write_in_progress(tmp_path / "queue")
+        ours._put("celery", {"body": "after the bad file"})
+
+        assert ours._get("celery") == {"body": "after the bad file"}
+        with pytest.raises(filesystem.Empty):
+            ours._get("celery")
+    assert (tmp_path / "rejected" / bad.name).exists()
+    assert "holds no message" in caplog.text
+
+
+def test_a_message_is_never_visible_before_it_is_whole(folders, monkeypatch):
+    """The writer leaves nothing under a message's name until the message is complete."""
+    tmp_path, options = folders
+    seen_partial = []
+    real_rename = broker.os.rename
+
+    def rename_and_look(src, dst):
+        # Just before the rename: the queue folder holds no message file yet.
+        seen_partial.extend(
+            name for name in (tmp_path / "queue").iterdir() if name.name.endswith(".msg")
+        )
+        return real_rename(src, dst)
+
+    connection, ours = channel(options)
+    with connection:
+        monkeypatch.setattr(broker.os, "rename", rename_and_look)
+        ours._put("celery", {"body": "x" * 100_000})
+        monkeypatch.undo()
+        assert seen_partial == []
+        assert ours._get("celery") == {"body": "x" * 100_000}
+
+
+def test_concurrent_writers_and_readers_get_every_message_once_and_whole(folders):
+    tmp_path, options = folders
+    writers, per_writer, readers = 4, 150, 3
+    received, errors = [], []
+    done_writing = threading.Event()
+
+    def write(number):
+        connection, ours = channel(options)
+        with connection:
+            for index in range(per_writer):
+                ours._put("celery", {"writer": number, "index": index, "pad": "p" * 2_000})
+
+    def read():
+        connection, ours = channel(options)
+        with connection:
+            while True:
+                try:
+                    received.append(ours._get("celery"))
+                except filesystem.Empty:
+                    if done_writing.is_set():
+                        return
+                except Exception as exc:  # what killed the worker
+                    errors.append(exc)
+                    return
+
+    reader_threads = [threading.Thread(target=read) for _ in range(readers)]
+    writer_threads = [threading.Thread(target=write, args=(n,)) for n in range(writers)]
+    for thread in reader_threads + writer_threads:
+        thread.start()
+    for thread in writer_threads:
+        thread.join()
+    done_writing.set()
+    for thread in reader_threads:
+        thread.join(timeout=60)
+
+    assert errors == []
+    keys = sorted((m["writer"], m["index"]) for m in received)
+    assert keys == sorted((w, i) for w in range(writers) for i in range(per_writer))
+    assert all(m["pad"] == "p" * 2_000 for m in received)
+    assert not (tmp_path / "rejected").exists()

@@ -1,0 +1,179 @@
+"""The I/O-free core of ``learning()`` and the memsvc address, without a server."""
+
+import json
+
+import pytest
+
+from memsvc.client import learning, server_url_from_env
+from memsvc.client.core import (
+    ANTHROPIC,
+    CHAT,
+    RESPONSES,
+    Call,
+    Recall,
+    Reply,
+    ReplyReader,
+    ServerSentEvents,
+    model_api,
+)
+
+
+def sse(*events) -> bytes:
+    out = b""
+    for event in events:
+        name, data = event if isinstance(event, tuple) else (None, event)
+        out += (f"event: {name}\n" if name else "").encode() + f"data: {data}\n\n".encode()
+    return out
+
+
+def read_in_pieces(api, body: bytes, size: int, *, streamed=True) -> Reply:
+    reader = ReplyReader(api, streamed=streamed)
+    for start in range(0, len(body), size):
+        reader.feed(body[start : start + size])
+    return reader.finish()
+
+
+@pytest.mark.parametrize("size", [1, 7, 10_000])
+def test_a_streamed_chat_reply_is_assembled_whatever_the_chunking(size):
+    chunks = [
+        {"choices": [{"index": 0, "delta": {"content": "Hel"}}]},
+        {"choices": [{"index": 0, "delta": {"content": "lo é"}}]},
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {
+                        "tool_calls": [
+                            {"index": 0, "id": "c1", "function": {"name": "f", "arguments": '{"a"'}}
+                        ]
+                    },
+                }
+            ]
+        },
+        {
+            "choices": [
+                {
+                    "index": 0,
+                    "delta": {"tool_calls": [{"index": 0, "function": {"arguments": ":1}"}}]},
+                }
+            ]
+        },
+        {"choices": [{"index": 1, "delta": {"content": "another choice"}}]},
+        {"choices": [], "usage": {"total_tokens": 3}},
+    ]
+    body = sse(*(json.dumps(c) for c in chunks), "[DONE]").replace(b"\n", b"\r\n")
+    reply = read_in_pieces(CHAT, body, size)
+    assert reply.text == "Hello é"
+    assert reply.metadata == {
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a":1}'}}
+        ]
+    }
+
+
+def test_a_streamed_anthropic_reply_with_a_tool_use():
+    events = [
+        {"type": "message_start", "message": {"content": []}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Hi"}},
+        {
+            "type": "content_block_start",
+            "index": 1,
+            "content_block": {"type": "tool_use", "id": "t1", "name": "look", "input": {}},
+        },
+        {
+            "type": "content_block_delta",
+            "index": 1,
+            "delta": {"type": "input_json_delta", "partial_json": '{"q": '},
+        },
+        {
+            "type": "content_block_delta",
+            "index": 1,
+            "delta": {"type": "input_json_delta", "partial_json": '"x"}'},
+        },
+        {"type": "message_stop"},
+    ]
+    reply = read_in_pieces(ANTHROPIC, sse(*((e["type"], json.dumps(e)) for e in events)), 5)
+    assert reply.text == "Hi"
+    assert reply.tool_calls == (
+        {"id": "t1", "type": "tool_use", "function": {"name": "look", "arguments": {"q": "x"}}},
+    )
+
+
+def test_a_streamed_responses_reply_prefers_the_completed_response():
+    deltas = [{"type": "response.output_text.delta", "delta": d} for d in ("a", "b")]
+    completed = {
+        "type": "response.completed",
+        "response": {
+            "output": [{"type": "message", "content": [{"type": "output_text", "text": "ab!"}]}]
+        },
+    }
+    assert read_in_pieces(RESPONSES, sse(*map(json.dumps, deltas)), 3).text == "ab"
+    assert read_in_pieces(RESPONSES, sse(*map(json.dumps, [*deltas, completed])), 3).text == "ab!"
+
+
+def test_a_whole_json_reply():
+    body = json.dumps({"choices": [{"message": {"content": None, "refusal": "no"}}]}).encode()
+    assert read_in_pieces(CHAT, body, 4, streamed=False) == Reply("no")
+
+
+def test_server_sent_events_keep_names_and_join_data_lines():
+    decoder = ServerSentEvents()
+    events = list(decoder.feed(b"event: a\ndata: 1\ndata: 2\n\n: comment\ndata: 3"))
+    assert events == [("a", "1\n2")]
+    assert list(decoder.close()) == [(None, "3")]
+
+
+def test_which_calls_are_model_calls():
+    assert model_api("openai", "post", "/chat/completions", {}) is CHAT
+    assert model_api("openai", "post", "/deployments/x/chat/completions", {}) is CHAT
+    assert model_api("openai", "post", "/responses", {}) is RESPONSES
+    assert model_api("anthropic", "post", "/v1/messages?beta=true", {}) is ANTHROPIC
+    assert model_api("openai", "post", "/threads/t/messages", {}) is None  # Assistants
+    assert model_api("anthropic", "post", "/v1/messages/count_tokens", {}) is None
+    assert model_api("openai", "get", "/responses", None) is None
+    assert model_api("openai", "post", "/embeddings", {}) is None
+
+
+def test_the_recall_strategy_decides_what_is_asked_injected_and_stored():
+    strategy = Recall()
+    call = Call("a", RESPONSES, {"input": [{"role": "user", "content": "hi"}], "instructions": "x"})
+    request = strategy.context_request(call)
+    assert (request.method, request.path, request.json) == (
+        "POST",
+        "/context/a",
+        {"agent_name": "a", "query": "hi"},
+    )
+    prepared = strategy.prepare(call, {"memory_blocks": [{"label": "human", "value": "Bo"}]})
+    assert prepared["instructions"].startswith("x\n\nThe following is context from your memory:")
+    assert call.body["instructions"] == "x"  # the caller's body is not changed
+    assert strategy.prepare(call, {"memory_blocks": []}) is call.body
+    assert strategy.prepare(call, None) is call.body  # memsvc failed: the body as it was
+    stores = strategy.stores(call, Reply("hello"))
+    assert [s.json["role"] for s in stores] == ["user", "assistant"]
+    assert strategy.context_request(Call("a", CHAT, {"messages": []})) is None  # no user text
+    assert strategy.context_request(Call("a", CHAT, call.body, capture_only=True)) is None
+
+
+@pytest.mark.parametrize(
+    ("environ", "url"),
+    [
+        ({}, "http://127.0.0.1:8283"),
+        ({"MEMORY_SERVER_PORT": "9000"}, "http://127.0.0.1:9000"),
+        ({"MEMORY_SERVER_HOST": "0.0.0.0", "MEMORY_SERVER_PORT": "9000"}, "http://127.0.0.1:9000"),  # noqa: S104
+        ({"MEMORY_SERVER_HOST": "memsvc.lan"}, "http://memsvc.lan:8283"),
+        ({"MEMORY_SERVER_HOST": "::1"}, "http://[::1]:8283"),
+        (
+            {"MEMORY_SERVER_URL": "https://m.example/", "MEMORY_SERVER_PORT": "1"},
+            "https://m.example",
+        ),
+    ],
+)
+def test_where_memsvc_is(environ, url):
+    assert server_url_from_env(environ) == url
+
+
+def test_a_block_names_its_strategy():
+    assert isinstance(learning(agent="a").strategy, Recall)
+    with pytest.raises(ValueError, match="unknown strategy 'nope'; one of recall"):
+        learning(agent="a", strategy="nope")

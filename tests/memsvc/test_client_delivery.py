@@ -1,0 +1,242 @@
+"""What ``learning()`` costs a call and how its stores travel: one memsvc request before a
+model call, stores sent in the background and flushed at block and interpreter exit, a
+memsvc that fails or stops never failing the call; LangChain's ``ChatOpenAI`` inside a
+block; the memsvc address from the environment."""
+
+import asyncio
+import json
+import logging
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import openai
+import pytest
+from langchain_openai import ChatOpenAI
+
+from memsvc.client import learning
+from memsvc.client.core import ServerRequest
+from memsvc.client.sender import Destination, Sender
+from tests.fake_memsvc import StandInMemsvc
+from tests.fake_openai import FakeOpenAI
+from tests.local_http import LocalHttpServer, Reply
+from tests.memsvc.test_client import ask, embedding_model_loaded, stored
+
+__all__ = ["embedding_model_loaded"]  # a fixture: the live server's searches need the model
+
+SLOW_STORE_SECONDS = 0.5
+CHECKOUT = Path(__file__).resolve().parents[2]  # its code, not the editable install's
+
+
+def warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+@pytest.fixture
+def llm():
+    with FakeOpenAI() as fake:
+        yield fake
+
+
+def test_one_request_before_the_call_and_the_stores_off_its_path(llm):
+    client = openai.OpenAI(base_url=llm.base_url, api_key="k")
+    with StandInMemsvc(store_seconds=SLOW_STORE_SECONDS) as memsvc:
+        with learning(agent="a", server_url=memsvc.url):
+            started = time.monotonic()
+            reply = ask(client, "What is my name?")
+            returned = time.monotonic()
+            exit_started = time.monotonic()
+        exited = time.monotonic()
+    assert reply.choices[0].message.content == "Use Python, Alice."
+    assert "Name: Alice" in llm.system_messages()[0]
+    assert memsvc.paths(before=started) == ["/health", "/agents"]  # the block's entry
+    assert memsvc.paths(before=returned)[2:] == ["/context/a"]  # the call's one request
+    assert returned - started < SLOW_STORE_SECONDS  # the stores did not hold the call
+    assert memsvc.paths()[2:] == ["/context/a", "/messages", "/messages"]
+    assert exited - exit_started >= SLOW_STORE_SECONDS  # the exit waited for them
+
+
+def test_a_call_after_a_fast_one_sees_its_turn_stored(llm):
+    """The next context request waits for what is still being stored: the model always
+    remembers the previous turn of the block."""
+    client = openai.OpenAI(base_url=llm.base_url, api_key="k")
+    with StandInMemsvc(store_seconds=0.2) as memsvc, learning(agent="a", server_url=memsvc.url):
+        ask(client, "one")
+        ask(client, "two")
+    assert (
+        memsvc.paths()[2:]
+        == ["/context/a", "/messages", "/messages", "/context/a"] + ["/messages"] * 2
+    )
+
+
+@pytest.mark.parametrize(
+    "context_reply",
+    [Reply(status=500, payload={"detail": "boom"}), Reply(payload=b"<html>not json</html>")],
+    ids=["server error", "not json"],
+)
+def test_a_failing_memsvc_leaves_the_plain_call_with_one_warning(llm, caplog, context_reply):
+    client = openai.OpenAI(base_url=llm.base_url, api_key="k")
+    with (
+        StandInMemsvc(context_reply=context_reply) as memsvc,
+        learning(agent="a", server_url=memsvc.url),
+        caplog.at_level(logging.WARNING, logger="memsvc.client"),
+    ):
+        reply = ask(client, "What is my name?")
+    assert reply.choices[0].message.content == "Use Python, Alice."
+    assert llm.system_messages() == []
+    [warning] = warnings(caplog)
+    assert "going on without memory" in warning
+
+
+def test_the_sender_drops_with_one_warning_when_memsvc_is_down(caplog):
+    sender = Sender()
+    down = Destination("http://127.0.0.1:9")  # nothing listens on the discard port
+    message = ServerRequest("POST", "/messages", {"content": "x"})
+    with caplog.at_level(logging.WARNING, logger="memsvc.client"):
+        started = time.monotonic()
+        sender.send(down, [message, message, message])
+        assert sender.flush(timeout=10)
+    assert time.monotonic() - started < 5
+    [warning] = warnings(caplog)  # one for the outage, not one per message
+    assert "does not answer" in warning
+
+
+def test_the_sender_retries_until_memsvc_takes_the_message():
+    answers = iter([Reply(status=503, payload={}), Reply(status=429, payload={})])
+    received = []
+
+    def respond(method, path, body):
+        reply = next(answers, None)
+        if reply is None:
+            received.append(body)
+            return Reply(payload={})
+        return reply
+
+    sender = Sender()
+    with LocalHttpServer(respond) as busy:
+        sender.send(Destination(busy.url), [ServerRequest("POST", "/messages", {"n": 1})])
+        assert sender.flush(timeout=10)
+    assert received == [{"n": 1}]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_what_is_stored_at_interpreter_exit_arrives(live_server, llm):
+    """A script that never leaves its block: the interpreter's exit flushes the sender."""
+    script = textwrap.dedent(
+        f"""
+        import openai
+        from memsvc.client import learning
+
+        learning(agent="quitter", server_url={live_server.url!r}).__enter__()
+        client = openai.OpenAI(base_url={llm.base_url!r}, api_key="k")
+        client.chat.completions.create(
+            model="m", messages=[{{"role": "user", "content": "remember me"}}]
+        )
+        """
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60, cwd=CHECKOUT)
+    assert stored("quitter") == [("user", "remember me"), ("assistant", "Use Python, Alice.")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_only_the_port_variable_set(live_server, llm, monkeypatch):
+    monkeypatch.delenv("MEMORY_SERVER_URL", raising=False)
+    monkeypatch.delenv("MEMORY_SERVER_HOST", raising=False)
+    monkeypatch.setenv("MEMORY_SERVER_PORT", live_server.url.rsplit(":", 1)[1])
+    client = openai.OpenAI(base_url=llm.base_url, api_key="k")
+    with learning(agent="ported") as session:
+        ask(client, "hello")
+    assert session.url == f"http://127.0.0.1:{live_server.url.rsplit(':', 1)[1]}"
+    assert stored("ported") == [("user", "hello"), ("assistant", "Use Python, Alice.")]
+
+
+# --- LangChain --------------------------------------------------------------------------------
+
+
+def langchain_invoke(model, text):
+    return model.invoke(text).content
+
+
+def langchain_stream(model, text):
+    return "".join(chunk.content for chunk in model.stream(text))
+
+
+def check_the_second_session_remembers(llm):
+    memory = "\n".join(str(m["content"]) for m in llm.requests[-1].body["messages"])
+    assert "My name is Zoltan." in memory
+    assert [c for r, c in stored("chain") if r == "user"] == [
+        "My name is Zoltan.",
+        "What's my name?",
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("use", [langchain_invoke, langchain_stream])
+def test_langchain_chat_openai_remembers_across_sessions(live_server, llm, use):
+    model = ChatOpenAI(model="gpt-test", base_url=llm.base_url, api_key="k")
+    use(model, "warm the client up outside any block")  # its raw-response wrappers now exist
+    with learning(agent="chain", server_url=live_server.url):
+        assert use(model, "My name is Zoltan.") == "Use Python, Alice."
+    with learning(agent="chain", server_url=live_server.url):
+        assert use(model, "What's my name?") == "Use Python, Alice."
+    check_the_second_session_remembers(llm)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_langchain_ainvoke_remembers_across_sessions(live_server, llm):
+    model = ChatOpenAI(model="gpt-test", base_url=llm.base_url, api_key="k")
+
+    async def sessions():  # one event loop: the client's connections belong to it
+        await model.ainvoke("warm the client up outside any block")
+        async with learning(agent="chain", server_url=live_server.url):
+            assert (await model.ainvoke("My name is Zoltan.")).content == "Use Python, Alice."
+        async with learning(agent="chain", server_url=live_server.url):
+            assert (await model.ainvoke("What's my name?")).content == "Use Python, Alice."
+
+    asyncio.run(sessions())
+    check_the_second_session_remembers(llm)
+
+
+def test_calls_from_other_threads_use_the_block_too(llm):
+    client = openai.OpenAI(base_url=llm.base_url, api_key="k")
+    with StandInMemsvc() as memsvc, learning(agent="a", server_url=memsvc.url):
+        thread = threading.Thread(target=ask, args=(client, "from a thread"))
+        thread.start()
+        thread.join()
+    assert memsvc.paths()[2:] == ["/context/a", "/messages", "/messages"]
+    assert json.dumps(llm.requests[-1].body).count("Name: Alice") == 1
+
+
+def test_an_sdk_is_imported_only_by_the_program_and_wrapped_when_it_is():
+    """Entering a block imports no SDK (importing one costs seconds); one the program
+    imports inside the block is wrapped as its import ends, and unwrapped at the exit."""
+    with StandInMemsvc() as memsvc:
+        script = textwrap.dedent(
+            f"""
+            import sys
+            import openai
+            from memsvc.client import learning
+
+            with learning(agent="a", server_url={memsvc.url!r}):
+                assert "anthropic" not in sys.modules
+                assert openai._base_client.SyncAPIClient.request.__module__ == "memsvc.client.hooks"
+                import anthropic
+                from anthropic._base_client import AsyncAPIClient, SyncAPIClient
+                assert SyncAPIClient.request.__module__ == "memsvc.client.hooks"
+                assert AsyncAPIClient._process_response.__module__ == "memsvc.client.hooks"
+            assert SyncAPIClient.request.__module__ == "anthropic._base_client"
+            assert openai._base_client.SyncAPIClient.request.__module__ == "openai._base_client"
+            print("ok")
+            """
+        )
+        result = subprocess.run(
+            [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=CHECKOUT,
+        )
+    assert result.stdout.strip() == "ok", result.stderr

@@ -1,0 +1,236 @@
+"""``learning(strategy="memory_bank")``: the real ``openai`` client in an agent loop against
+the stand-in LLM (tests/fake_openai.py, answering tool calls), and a real memsvc (Django's
+live server) keeping the tool records."""
+
+import asyncio
+import json
+import logging
+
+import httpx
+import openai
+import pytest
+
+from agents_api.models import ToolRecord
+from bench.tool_task import FINAL_ANSWER, first_messages, run_agent, script, tool_output
+from memsvc.client import learning
+from memsvc.memory_bank import (
+    CONTEXT_HEADING,
+    compressed,
+    format_records,
+    tool_interactions,
+)
+from search.embeddings import configured_backend
+from tests.fake_openai import FakeOpenAI, ToolCall
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+AGENT = "planner"
+
+
+def scripted(fake: FakeOpenAI, steps: int, *, final: str = FINAL_ANSWER) -> None:
+    """The model calls tools for ``steps`` steps (bench.tool_task's plan), then answers."""
+    fake.then(*([ToolCall(name, args) for name, args in calls] for calls in script(steps)), final)
+
+
+@pytest.fixture(autouse=True)
+def embedding_model_loaded():
+    """The live server runs in this process: its first store would load the model, which
+    can outlast the client's timeout on a busy machine."""
+    configured_backend().embed(["warm up"])
+
+
+@pytest.fixture
+def llm():
+    with FakeOpenAI() as fake:
+        yield fake
+
+
+def sent(llm) -> list[list[dict]]:
+    """The messages of each chat completion the model received, in order."""
+    return [r.body["messages"] for r in llm.requests if r.path.endswith("/chat/completions")]
+
+
+def roles(messages) -> list[str]:
+    return [m["role"] for m in messages]
+
+
+def is_slice_of(part: list, whole: list) -> bool:
+    return any(whole[i : i + len(part)] == part for i in range(len(whole) - len(part) + 1))
+
+
+def test_each_step_sends_anchor_retrieved_records_and_the_last_interaction(live_server, llm):
+    scripted(llm, 6)
+    client = openai.OpenAI(base_url=llm.base_url, api_key="test")
+    with learning(agent=AGENT, server_url=live_server.url, strategy="memory_bank", task_id="trip"):
+        history = run_agent(client, model="gpt-test")
+    assert history[-1] == {"role": "assistant", "content": FINAL_ANSWER}
+    requests = sent(llm)
+    assert len(requests) == 7
+    # The first step passes through unchanged.
+    assert requests[0] == first_messages()
+    # Every later step: the system prompt, the anchor, the most relevant records of the
+    # earlier steps (none yet at step 2), the last tool interaction (step 5 called two
+    # tools in parallel: two tool answers at step 6).
+    for step, messages in enumerate(requests[1:], start=2):
+        earlier = step - 2 + (step == 7)  # records stored before the last interaction's
+        context = ["system"] if earlier else []
+        assert roles(messages) == [
+            "system",
+            "user",
+            *context,
+            "assistant",
+            "tool",
+            *(["tool"] if step == 6 else []),
+        ], step
+        assert messages[:2] == first_messages()
+        if earlier:
+            text = messages[2]["content"]
+            assert text.startswith(CONTEXT_HEADING + "\n\n[RETRIEVED RECORD 1]\nSummary: ")
+            assert text.count("[RETRIEVED RECORD") == min(3, earlier)  # topK 3
+        tail = messages[2 + len(context) :]
+        assert tail[0]["tool_calls"] and is_slice_of(tail, history)
+        # The last interaction is not repeated among the records.
+        if earlier:
+            for answer in tail[1:]:
+                assert answer["content"] not in messages[2]["content"]
+    # The history grows with every step; what the model receives is bounded (3 records of
+    # at most 2,000 characters of raw data, and one interaction).
+    assert len(json.dumps(requests[-1])) < len(json.dumps(history[:-1]))
+    records = ToolRecord.objects.filter(agent__name=AGENT).order_by("step", "tool_name")
+    assert [(r.task_id, r.step, r.tool_name) for r in records] == [
+        ("trip", 2, "search_hotels"),
+        ("trip", 3, "get_hotel_details"),
+        ("trip", 4, "check_availability"),
+        ("trip", 5, "get_weather"),
+        ("trip", 6, "get_weather"),  # parallel calls: one record each
+        ("trip", 6, "search_trains"),
+        ("trip", 7, "search_hotels"),
+    ]
+    hotels = records.get(step=2)
+    assert hotels.raw_input == {"city": "Lisbon"}
+    assert hotels.raw_output == tool_output("search_hotels", {"city": "Lisbon"})  # whole
+
+
+def test_the_compressed_context_is_exactly_the_seeds():
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Find a hotel."},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "a", "type": "function", "function": {"name": "s", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "a", "content": '{"old": true}'},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "b", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}},
+                {"id": "c", "type": "function", "function": {"name": "g", "arguments": "not json"}},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "b", "content": '{"id": "htl-001"}'},
+        {"role": "tool", "tool_call_id": "c", "content": "plain text answer"},
+    ]
+    interactions = tool_interactions(messages)
+    assert [(i.call_id, i.tool_name, i.raw_input, i.raw_output) for i in interactions] == [
+        ("b", "f", {"x": 1}, {"id": "htl-001"}),
+        ("c", "g", {"_raw": "not json"}, {"_raw": "plain text answer"}),
+    ]
+    records = [
+        {"summary": "Found one hotel.", "output": {"id": "htl-001"}},
+        {"summary": "Long.", "output": "x" * 50},
+    ]
+    text = format_records(records, max_chars=20)
+    assert text == (
+        '[RETRIEVED RECORD 1]\nSummary: Found one hotel.\nRaw Data: {"id": "htl-001"}\n'
+        "-------------------\n"
+        f'[RETRIEVED RECORD 2]\nSummary: Long.\nRaw Data: "{"x" * 19}...[truncated]'
+    )
+    assert compressed(messages, records, 20) == [
+        messages[0],
+        messages[1],
+        {"role": "system", "content": f"{CONTEXT_HEADING}\n\n{text}"},
+        *messages[4:],
+    ]
+    assert compressed(messages[:2], records, 20) == messages[:2]  # no tool call yet
+
+
+def test_async_and_streamed_calls_are_compressed_too(live_server, llm):
+    scripted(llm, 3)
+
+    async def loop():
+        client = openai.AsyncOpenAI(base_url=llm.base_url, api_key="test")
+        async with learning(agent=AGENT, server_url=live_server.url, strategy="memory_bank"):
+            messages = first_messages()
+            while True:
+                response = await client.chat.completions.create(model="gpt-test", messages=messages)
+                message = response.choices[0].message
+                if not message.tool_calls:
+                    return messages, message.content
+                messages.append(message.model_dump(exclude_none=True))
+                for call in message.tool_calls:
+                    out = tool_output(call.function.name, json.loads(call.function.arguments))
+                    messages.append(
+                        {"role": "tool", "tool_call_id": call.id, "content": json.dumps(out)}
+                    )
+
+    history, answer = asyncio.run(loop())
+    assert answer == FINAL_ANSWER
+    requests = sent(llm)
+    assert requests[0] == first_messages()
+    assert requests[1] == history[:4]  # step 2: nothing earlier to retrieve
+    assert CONTEXT_HEADING in requests[2][2]["content"]
+    [task_id] = set(ToolRecord.objects.values_list("task_id", flat=True))
+    assert task_id  # a fresh id for the block's task
+    assert ToolRecord.objects.count() == 3
+
+    # A streamed call gets the same compressed context, and streams unchanged.
+    llm.then("Streamed itinerary.")
+    client = openai.OpenAI(base_url=llm.base_url, api_key="test")
+    with learning(agent=AGENT, server_url=live_server.url, strategy="memory_bank"):
+        stream = client.chat.completions.create(model="gpt-test", messages=history, stream=True)
+        text = "".join(chunk.choices[0].delta.content or "" for chunk in stream)
+    assert text == "Streamed itinerary."
+    streamed = sent(llm)[-1]
+    assert roles(streamed) == ["system", "user", "assistant", "tool"]
+    # Its own task: the last interaction was stored again under a new id, nothing else.
+    assert ToolRecord.objects.count() == 4
+    assert len(set(ToolRecord.objects.values_list("task_id", flat=True))) == 2
+
+
+def test_a_new_anchor_starts_a_new_task_counting_steps_from_one(live_server, llm):
+    scripted(llm, 2)
+    scripted(llm, 2)
+    client = openai.OpenAI(base_url=llm.base_url, api_key="test")
+    with learning(agent=AGENT, server_url=live_server.url, strategy="memory_bank"):
+        run_agent(client, model="gpt-test", task="First task: Lisbon.")
+        run_agent(client, model="gpt-test", task="Second task: Madrid.")
+    tasks = {}
+    for task_id, step in ToolRecord.objects.order_by("created_at").values_list("task_id", "step"):
+        tasks.setdefault(task_id, []).append(step)
+    assert list(tasks.values()) == [[2, 3], [2, 3]]
+    # Retrieval stays inside the task: at its step 3 the second task retrieves its own one
+    # earlier record, none of the first task's two.
+    second_task_step_3 = sent(llm)[5]
+    assert second_task_step_3[1]["content"] == "Second task: Madrid."
+    assert second_task_step_3[2]["content"].count("[RETRIEVED RECORD") == 1
+
+
+def test_with_memsvc_gone_the_call_gets_the_whole_history(live_server, llm, caplog):
+    scripted(llm, 2)
+    client = openai.OpenAI(base_url=llm.base_url, api_key="test")
+    session = learning(agent=AGENT, server_url=live_server.url, strategy="memory_bank")
+    with session, caplog.at_level(logging.WARNING, logger="memsvc.client"):
+        session._client.close()  # memsvc stops answering mid-block
+        session._client = httpx.Client(base_url="http://127.0.0.1:1")
+        history = run_agent(client, model="gpt-test")
+    assert sent(llm)[-1] == history[:-1]  # unchanged: the whole history
+    assert "memory bank unavailable" in caplog.text
+
+
+def test_an_unknown_strategy_is_refused():
+    with pytest.raises(ValueError, match="memory_bank"):
+        learning(agent=AGENT, strategy="summarise")

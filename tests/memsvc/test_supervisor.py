@@ -1,0 +1,100 @@
+"""memsvc.supervisor with small stand-in children (a real ``memsvc serve`` is in test_serve.py)."""
+
+import signal
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from memsvc import supervisor as supervision
+
+DEADLINE_SECONDS = 30
+
+
+@pytest.fixture
+def supervisor(monkeypatch):
+    """A Supervisor, with this process's signal handlers put back afterwards."""
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    monkeypatch.setattr(supervision, "FIRST_BACKOFF_SECONDS", 0.1)
+    made = supervision.Supervisor()
+    yield made
+    made.stopping = True
+    made.stop_all()
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+
+
+def running(supervisor) -> threading.Thread:
+    thread = threading.Thread(target=supervisor.run, daemon=True)
+    thread.start()
+    return thread
+
+
+def wait_until(condition, what: str):
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    pytest.fail(what)
+
+
+def test_a_child_that_fails_on_its_first_start_ends_the_service(supervisor, capsys):
+    supervisor.start("web server", [sys.executable, "-c", "raise SystemExit(3)"])
+    assert supervisor.run() == 3
+    assert "the web server exited with 3" in capsys.readouterr().err
+
+
+def test_a_killed_child_is_restarted_and_what_it_started_is_ended(supervisor, tmp_path, capsys):
+    pids = tmp_path / "grandchild"
+    child_code = (
+        "import subprocess, sys, time;"
+        f"p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']);"
+        f"open({str(pids)!r}, 'a').write(f'{{p.pid}}\\n'); time.sleep(60)"
+    )
+    supervisor.start("worker", [sys.executable, "-c", child_code])
+    thread = running(supervisor)
+    wait_until(lambda: pids.exists() and pids.read_text().count("\n") == 1, "first start")
+    [child] = supervisor.children
+    first = child.process.pid
+    grandchild = psutil.Process(int(pids.read_text().split()[0]))
+
+    psutil.Process(first).kill()
+
+    wait_until(lambda: pids.read_text().count("\n") == 2, "a second start")
+    assert child.process.pid != first and child.starts == 2
+    wait_until(lambda: not grandchild.is_running(), "the orphan ended")
+    supervisor.stopping = True
+    thread.join(timeout=DEADLINE_SECONDS)
+    err = capsys.readouterr().err
+    assert f"the worker (pid {first}) was killed by signal 9; restarting" in err
+    assert "starting the worker again" in err
+
+
+def test_backoff_doubles_to_a_ceiling():
+    delays = [supervision._backoff(failures) for failures in range(1, 10)]
+    assert delays[:3] == [1.0, 2.0, 4.0]
+    assert delays[-1] == supervision.MAX_BACKOFF_SECONDS
+
+
+def test_a_watched_service_that_stops_is_started_again_and_retried(supervisor, capsys):
+    state = {"up": True, "attempts": 0}
+
+    def restart():
+        state["attempts"] += 1
+        if state["attempts"] == 1:
+            raise RuntimeError("still shutting down")
+        state["up"] = True
+
+    supervisor.watch("embedded PostgreSQL", lambda: state["up"], restart)
+    thread = running(supervisor)
+    state["up"] = False
+    wait_until(lambda: state["up"], "restarted")
+    supervisor.stopping = True
+    thread.join(timeout=DEADLINE_SECONDS)
+    err = capsys.readouterr().err
+    assert state["attempts"] == 2
+    assert "the embedded PostgreSQL did not start (RuntimeError('still shutting down'))" in err
+    assert "the embedded PostgreSQL is running again" in err
