@@ -75,6 +75,13 @@ class ApiKeyAuthentication(BaseAuthentication):
         return "Bearer"
 
 
+def require_scope(principal: Principal, needed: str) -> None:
+    """403 unless the key the principal came with has the ``needed`` scope (the agent API's
+    views through ``HasScope``, the MCP server's tools)."""
+    if needed not in principal.scopes:
+        raise Forbidden(f"this API key lacks the '{needed}' scope")
+
+
 class HasScope(BasePermission):
     """Reads need the ``read`` scope, writes the ``write`` scope (a view may name its own).
     The scopes are those of the authenticated caller (``request.user.scopes``): an agent
@@ -84,6 +91,5 @@ class HasScope(BasePermission):
         needed = getattr(view, "required_scope", None) or (
             Scope.READ if request.method in SAFE_METHODS else Scope.WRITE
         )
-        if needed not in request.user.scopes:
-            raise Forbidden(f"this API key lacks the '{needed}' scope")
+        require_scope(request.user, needed)
         return True

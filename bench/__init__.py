@@ -34,6 +34,10 @@ Results are printed as a table and written as JSON under ``bench-results/`` (git
   and async, back to back and with a pause between calls; ``--compare PATH`` times another
   client module beside it.
 
+- ``python -m bench.mcp``: the MCP server's ``memory_search`` round trip with the SDK's
+  client, over streamable HTTP (``/mcp``) and over stdio (``memsvc mcp``), beside the REST
+  search of the same queries (``--memories 10000 --calls 1000``).
+
 ``bench.common`` holds what the benchmarks share: the private server, waiting for health and
 for the embedding backlog, API calls that fail with the status and body, percentiles, and
 writing results. A benchmark on LoCoMo reads the data with ``bench.locomo.dataset`` and

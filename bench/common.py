@@ -245,14 +245,16 @@ class PrivateServer:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
-def start_private_server(client: httpx.Client, *, agent_name: str) -> PrivateServer:
+def start_private_server(
+    client: httpx.Client, *, agent_name: str, serve_args: tuple[str, ...] = ()
+) -> PrivateServer:
     """Start ``memsvc serve`` on a free port in a fresh data directory, wait until it is
     healthy, and create an agent key with the read and write scopes."""
     data_dir = Path(tempfile.mkdtemp(prefix="memsvc-bench-"))
     env = private_env(data_dir)
     port = free_port()
     log_path = data_dir / "server.log"
-    command = [memsvc_executable(), "serve", "--port", str(port)]
+    command = [memsvc_executable(), "serve", "--port", str(port), *serve_args]
     log(f"starting a private server: {' '.join(command)} (MEMSVC_DATA_DIR={data_dir})")
     with log_path.open("wb") as log_file:
         # A session of its own: a Ctrl-C in the terminal reaches only us, and we stop it.
@@ -306,6 +308,7 @@ def benchmark_server(
     api_key: str | None,
     keep: bool,
     agent_name: str,
+    serve_args: tuple[str, ...] = (),
 ) -> Iterator[tuple[str, PrivateServer | None]]:
     """The server to benchmark: ``url`` (with ``api_key``) or a private one, stopped on the
     way out (also on errors, Ctrl-C and SIGTERM-as-SystemExit). With ``keep`` it stays up
@@ -320,7 +323,7 @@ def benchmark_server(
         wait_for_health(client, url.rstrip("/"), timeout=EXTERNAL_HEALTH_TIMEOUT_SECONDS)
         yield url.rstrip("/"), None
         return
-    server = start_private_server(client, agent_name=agent_name)
+    server = start_private_server(client, agent_name=agent_name, serve_args=serve_args)
     authorize(client, server.api_key)
     keep_it = keep
     try:

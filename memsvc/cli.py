@@ -207,6 +207,44 @@ def cmd_prune(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_mcp(args: argparse.Namespace) -> int:
+    # stdout is the protocol's alone: from here on whatever else writes to file descriptor 1
+    # (this process, a library, a child such as the embedded PostgreSQL) writes to stderr.
+    wire = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    _setup_django()
+    from django.conf import settings
+    from django.core.management import call_command
+
+    from agents_api.mcp_server.stdio import CallerError, serve, stdio_caller
+    from memsvc import embedded_db
+    from search.embeddings import warm_up_in_background
+
+    try:
+        if not settings.DATABASE_URL:
+            # The embedded database of a machine that may never have run `memsvc serve`.
+            call_command("migrate", interactive=False, verbosity=0)
+        try:
+            caller = stdio_caller(
+                agent_name=args.agent,
+                api_key=os.environ.get("MEMSVC_API_KEY"),
+                local_mode=settings.LOCAL_MODE,
+            )
+        except CallerError as exc:
+            print(f"memsvc mcp: {exc}", file=sys.stderr)
+            return 2
+        warm_up_in_background()
+        print(
+            f"memsvc mcp: serving agent {caller.agent.name!r} over stdio",
+            file=sys.stderr,
+            flush=True,
+        )
+        serve(caller, wire)
+        return 0
+    finally:
+        embedded_db.stop_server()
+
+
 def cmd_token(args: argparse.Namespace) -> int:
     _setup_django()
     from memsvc.tokens import mint_user_token
@@ -397,6 +435,16 @@ def build_parser() -> argparse.ArgumentParser:
         "prune", help="the memory lifecycle now: delete expired memories, extend popular ones"
     )
     prune.set_defaults(func=cmd_prune)
+
+    mcp = commands.add_parser(
+        "mcp",
+        help="serve MCP over stdio as an agent (Claude Code, Claude Desktop, IDEs)",
+        epilog="MEMSVC_API_KEY=msk_... acts as that key's agent, with its scopes (any mode).",
+    )
+    mcp.add_argument(
+        "--agent", help="the local agent to act as (made if missing; local mode), if no key"
+    )
+    mcp.set_defaults(func=cmd_mcp)
 
     token = commands.add_parser("token", help="print a local HS256 JWT for a user id")
     token.add_argument("user_id")

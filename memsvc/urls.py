@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from agents_api.mcp_server.http import McpView
 from memsvc.api.errors import not_found_view
 from memsvc.api.health import HealthView
 
@@ -38,6 +39,8 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("app/", include("memsvc.pages.urls")),
     *v1,
+    # MCP over streamable HTTP (agents_api/mcp_server): an agent key's memory as tools.
+    path("mcp", McpView.as_view(), name="mcp"),
     # The local compatibility API (seeds/local-memory-server.md) keeps the seed's paths.
     path("", include("agents_api.local_api.urls")),
 ]

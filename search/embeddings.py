@@ -324,6 +324,14 @@ def get_embedding_backend(kind: str, **options) -> EmbeddingBackend:
     raise ImproperlyConfigured(f"unknown embedding backend {kind!r}")
 
 
+def warm_up_in_background() -> None:
+    """Load the local model in a thread of its own: a server answers at once, and its first
+    search does not pay for the load (a remote backend has nothing to load)."""
+    backend = configured_backend()
+    if isinstance(backend, LocalBackend):
+        threading.Thread(target=backend.warm_up, name="embedding-warm-up", daemon=True).start()
+
+
 @functools.cache
 def configured_backend() -> EmbeddingBackend:
     """The backend the settings name, one per process."""

@@ -1,8 +1,10 @@
-"""Helpers for tests that check what the database refuses."""
+"""Helpers for tests that check what the database refuses, or reach it from other processes."""
 
 from contextlib import contextmanager
+from urllib.parse import quote
 
 import pytest
+from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 
 
@@ -18,3 +20,11 @@ def check_deferred_constraints() -> None:
     with connection.cursor() as cursor:
         cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
         cursor.execute("SET CONSTRAINTS ALL DEFERRED")
+
+
+def database_url() -> str:
+    """The test database as ``DATABASE_URL`` for a process a test starts (a worker, an MCP
+    server); with ``MEMSVC_LOCAL_MODE=1`` it reads the test data dir's secrets, as the tests do."""
+    db = settings.DATABASES["default"]
+    host = quote(db["HOST"], safe="")
+    return f"postgres://{db['USER']}@{host}:{db['PORT']}/{db['NAME']}"

@@ -9,7 +9,6 @@ from agents_api import selectors, services
 from agents_api.api import serializers as s
 from agents_api.api.views import USER_ID, AgentApiView, agent_operation
 from agents_api.models import Agent, Scope
-from agents_api.services import NewMemory
 from agents_api.tasks import enqueue_memory_touch
 from memsvc.api.fields import query_choice
 from memsvc.api.pagination import AFTER_PARAMETER, LIMIT_PARAMETER, page_data, page_params
@@ -23,25 +22,15 @@ TAG = OpenApiParameter("tag", str, description="Only memories with this tag.")
 AGENT_ID = OpenApiParameter("agentId", str, description="Only what this agent keeps.")
 
 
-def _new_memory(data: dict) -> NewMemory:
-    return NewMemory(
-        content=data["content"],
-        summary=data.get("summary", ""),
-        importance=data.get("importance", 0.5),
-        tags=data.get("tags", ()),
-        metadata=data.get("metadata", {}),
-        expires_at=data.get("expiresAt"),
-    )
-
-
 def _order(request) -> str:
     return query_choice(request, "order", list(s.MEMORY_ORDER_CHOICES), default="recent")
 
 
-def _search(agent, *, user_id, data, in_use: bool) -> list:
-    """``in_use``: an agent's search counts a use of each memory it returns (what keeps a
-    memory alive, ``memories_prune``); a user looking through what is kept about them
-    does not."""
+def search_memories(agent, *, user_id, data, in_use: bool) -> list:
+    """A search of memories (``SearchMemoriesIn``'s data), for the agent API, the user API
+    and the MCP server alike. ``in_use``: an agent's search counts a use of each memory it
+    returns (what keeps a memory alive, ``memories_prune``); a user looking through what is
+    kept about them does not."""
     hits = selectors.memory_search(
         agent,
         user_id=user_id,
@@ -100,7 +89,7 @@ class AgentMemoriesView(AgentApiView):
             request.principal,
             agent=request.agent,
             user_id=_subject(request, data.get("userId")),
-            **vars(_new_memory(data)),
+            **vars(s.NewMemoryIn.new_memory(data)),
         )
         return Response(s.MemoryOut(memory).data, status=201 if created else 200)
 
@@ -129,7 +118,7 @@ class AgentMemoryBatchView(AgentApiView):
             request.principal,
             agent=request.agent,
             user_id=_subject(request, data.get("userId")),
-            memories=[_new_memory(item) for item in data["memories"]],
+            memories=[s.NewMemoryIn.new_memory(item) for item in data["memories"]],
         )
         memories = [memory for memory, _ in saved]
         return Response({"data": s.MemoryOut(memories, many=True).data}, status=201)
@@ -145,7 +134,7 @@ class AgentMemorySearchView(AgentApiView):
     )
     def post(self, request):
         data = s.AgentSearchMemoriesIn.parse(request.data)
-        hits = _search(
+        hits = search_memories(
             request.agent, user_id=_subject(request, data.get("userId")), data=data, in_use=True
         )
         return Response({"data": s.MemoryHitOut(hits, many=True).data})
@@ -230,7 +219,7 @@ class UserMemorySearchView(UserApiView):
     def post(self, request):
         data = s.UserSearchMemoriesIn.parse(request.data)
         agent = _agent_filter(data.get("agentId"))
-        hits = _search(agent, user_id=request.principal.id, data=data, in_use=False)
+        hits = search_memories(agent, user_id=request.principal.id, data=data, in_use=False)
         return Response({"data": s.MemoryHitOut(hits, many=True).data})
 
 

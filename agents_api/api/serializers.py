@@ -12,6 +12,7 @@ from agents_api.models import (
     Scope,
 )
 from agents_api.selectors import MEMORY_ORDERS
+from agents_api.services import NewMemory
 from conversations.api.serializers import MessageOut
 from conversations.models import Channel, Role, Visibility
 from memsvc.api.fields import (
@@ -277,6 +278,19 @@ class NewMemoryIn(InputSerializer):
 
     def validate_expiresAt(self, value):
         return _future(value)
+
+    @staticmethod
+    def new_memory(data: dict) -> NewMemory:
+        """A parsed memory (this serializer's validated data) as ``services.memory_save``
+        takes it."""
+        return NewMemory(
+            content=data["content"],
+            summary=data.get("summary", ""),
+            importance=data.get("importance", 0.5),
+            tags=data.get("tags", ()),
+            metadata=data.get("metadata", {}),
+            expires_at=data.get("expiresAt"),
+        )
 
 
 class CreateMemoryIn(NewMemoryIn):

@@ -120,26 +120,41 @@ def _flatten_details(detail) -> dict:
     return flat
 
 
-def _validation_response(details: dict) -> Response:
+def _invalid(details: dict) -> InvalidInput:
     first_field = next(iter(details), "non_field_errors")
     message = f"{first_field}: {details[first_field][0]}" if details else "invalid input"
-    return Response(error_body(message, InvalidInput.code, details), status=400)
+    return InvalidInput(message, details=details)
+
+
+def _validation_response(details: dict) -> Response:
+    invalid = _invalid(details)
+    return Response(error_body(invalid.message, invalid.code, invalid.details), status=400)
+
+
+def as_api_error(exc: Exception) -> ApiError | None:
+    """A refusal as the API reports it: an ``ApiError`` as it is, a validation error of DRF or
+    Django as ``InvalidInput`` naming the field; None for anything else (a bug). For callers
+    outside DRF's views (the MCP server's tools)."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, DjangoValidationError):
+        if hasattr(exc, "error_dict"):
+            return _invalid(_flatten_details(exc.message_dict))
+        return _invalid({"non_field_errors": exc.messages})
+    if isinstance(exc, drf.ValidationError):
+        return _invalid(_flatten_details(exc.detail))
+    return None
 
 
 def exception_handler(exc, context):
-    if isinstance(exc, ApiError):
-        response = Response(error_body(exc.message, exc.code, exc.details), exc.status_code)
-        for name, value in exc.headers.items():
+    error = as_api_error(exc)
+    if error is not None:
+        response = Response(error_body(error.message, error.code, error.details), error.status_code)
+        for name, value in error.headers.items():
             response[name] = value
-        if isinstance(exc, Unauthorized):
+        if isinstance(error, Unauthorized):
             response["WWW-Authenticate"] = "Bearer"
         return response
-    if isinstance(exc, DjangoValidationError):
-        if hasattr(exc, "error_dict"):
-            return _validation_response(_flatten_details(exc.message_dict))
-        return _validation_response({"non_field_errors": exc.messages})
-    if isinstance(exc, drf.ValidationError):
-        return _validation_response(_flatten_details(exc.detail))
     if isinstance(exc, drf.ParseError):
         return _validation_response({"body": [str(exc.detail)]})
     if isinstance(exc, drf.NotAuthenticated | drf.AuthenticationFailed):

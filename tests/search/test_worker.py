@@ -5,24 +5,17 @@ import subprocess
 import sys
 import time
 import uuid
-from urllib.parse import quote
 
 import pytest
 import redis
-from django.conf import settings
 
 from conversations.models import Message
 from memsvc.celery import app
+from tests.db import database_url
 from tests.search.conftest import reconnect_broker
 
 REDIS_URL = "redis://127.0.0.1:6379/14"
 DEADLINE_SECONDS = 120  # a ceiling for a slow machine (the model loads in ~6 s here)
-
-
-def worker_database_url() -> str:
-    db = settings.DATABASES["default"]
-    host = quote(db["HOST"], safe="")
-    return f"postgres://{db['USER']}@{host}:{db['PORT']}/{db['NAME']}"
 
 
 @pytest.fixture
@@ -48,7 +41,7 @@ def worker(redis_broker, tmp_path):
     env = {
         **os.environ,
         "CELERY_BROKER_URL": REDIS_URL,
-        "DATABASE_URL": worker_database_url(),
+        "DATABASE_URL": database_url(),
         "MEMSVC_LOCAL_MODE": "1",  # the test data dir's secrets, as the tests use
     }
     log = (tmp_path / "worker.log").open("w")

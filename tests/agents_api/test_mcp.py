@@ -1,0 +1,488 @@
+"""The MCP server with the SDK's own client, over both transports, against the test database:
+stdio (``memsvc mcp`` as the process a client starts) and streamable HTTP (``memsvc serve``,
+the live server users run, with ``/mcp``)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import httpx
+import httpx2
+import pytest
+from django.conf import settings
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+
+from agents_api.models import Memory, MemoryBlock, MemorySource
+from agents_api.selectors import LOCAL_OWNER
+from agents_api.services import (
+    agent_get_or_create,
+    api_key_create,
+    local_message_append,
+    memory_block_create,
+    memory_save,
+)
+from tests.db import database_url
+from tests.memsvc.test_serve import START_DEADLINE_SECONDS, free_port
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+REPO = Path(__file__).resolve().parents[2]
+MEMSVC = Path(sys.executable).parent / "memsvc"
+TOOLS = {
+    "memory_save",
+    "memory_search",
+    "memory_list",
+    "memory_delete",
+    "conversation_search",
+    "memory_block_list",
+    "memory_block_append",
+    "memory_block_replace",
+}
+
+
+def server_env(**extra: str) -> dict[str, str]:
+    """A memsvc process on the test database, with this checkout's code; tasks (a search's
+    use count) run inline, so their effect is visible when a call returns."""
+    env = {
+        **os.environ,
+        "DATABASE_URL": database_url(),
+        "MEMSVC_LOCAL_MODE": "1",  # the test data dir's secrets, as the tests use
+        "MEMSVC_DATA_DIR": str(settings.MEMSVC_DATA_DIR),
+        "CELERY_TASK_ALWAYS_EAGER": "1",
+        "PYTHONPATH": str(REPO),
+    }
+    env.pop("MEMSVC_API_KEY", None)
+    return {**env, **extra}
+
+
+def run(server, session, **client_options):
+    """``session(client)`` against ``server`` with the SDK's ``Client``; its result."""
+
+    async def main():
+        async with Client(server, **client_options) as client:
+            return await session(client)
+
+    return anyio.run(main)
+
+
+def stdio(*args: str, **env: str) -> StdioServerParameters:
+    return StdioServerParameters(
+        command=str(MEMSVC), args=["mcp", *args], env=server_env(**env), cwd=str(REPO)
+    )
+
+
+def body(result) -> dict:
+    """A tool result's JSON text, parsed; it must equal the structured content."""
+    [content] = result.content
+    assert not result.is_error, content.text
+    data = json.loads(content.text)
+    assert data == result.structured_content
+    return data
+
+
+def refusal(result) -> str:
+    [content] = result.content
+    assert result.is_error
+    return content.text
+
+
+def no_nulls(value) -> bool:
+    if isinstance(value, dict):
+        return all(v not in (None, "", [], {}) and no_nulls(v) for v in value.values())
+    if isinstance(value, list):
+        return all(no_nulls(v) for v in value)
+    return True
+
+
+async def memory_session(client) -> dict:
+    """The calls a model makes in a session, with what each answered."""
+    out = {"instructions": client.instructions, "server": client.server_info}
+    out["tools"] = {tool.name: tool for tool in (await client.list_tools()).tools}
+    call = client.call_tool
+    out["save"] = await call(
+        "memory_save",
+        {
+            "content": "The user prefers TypeScript over JavaScript",
+            "summary": "TypeScript preference",
+            "importance": 0.8,
+            "tags": ["preference", "coding"],
+        },
+    )
+    out["save_again"] = await call(
+        "memory_save",
+        {"content": "the user prefers TypeScript over  JavaScript", "importance": 0.9},
+    )
+    out["other"] = await call("memory_save", {"content": "The deploy target is Kubernetes"})
+    out["search"] = await call("memory_search", {"query": "Which language does the user prefer?"})
+    out["list"] = await call("memory_list", {"limit": 1})
+    out["blocks"] = await call("memory_block_list", {})
+    out["append"] = await call("memory_block_append", {"label": "human", "text": "Likes tea"})
+    out["replace"] = await call(
+        "memory_block_replace", {"label": "human", "old": "Ada", "new": "Ada Lovelace"}
+    )
+    out["conversations"] = await call("conversation_search", {"query": "billing database"})
+    # Refusals: each a tool error the model can read, and the session goes on.
+    out["no_query"] = await call("memory_search", {"limit": 3})
+    out["importance_7"] = await call("memory_save", {"content": "x", "importance": 7})
+    out["blank"] = await call("memory_save", {"content": "   "})
+    out["unknown_argument"] = await call("memory_search", {"query": "x", "user": "bob"})
+    out["unknown_id"] = await call("memory_delete", {"id": "00000000-0000-0000-0000-000000000000"})
+    out["not_an_id"] = await call("memory_delete", {"id": "nope"})
+    out["absent_text"] = await call(
+        "memory_block_replace", {"label": "human", "old": "Babbage", "new": "x"}
+    )
+    out["no_block"] = await call("memory_block_append", {"label": "nope", "text": "x"})
+    out["delete"] = await call("memory_delete", {"id": body(out["other"])["id"]})
+    out["after_delete"] = await call("memory_search", {"query": "Kubernetes deploy target"})
+    return out
+
+
+def check_memory_session(out: dict, agent) -> None:
+    assert out["server"].name == "memsvc"
+    assert "memory_search when you need more context" in out["instructions"]
+    assert "memory_save for findings and learnings" in out["instructions"]
+
+    tools = out["tools"]
+    assert set(tools) == TOOLS
+    save_tool = tools["memory_save"]
+    assert "0.9-1.0: critical preferences, key decisions" in save_tool.description
+    assert save_tool.input_schema["required"] == ["content"]
+    assert save_tool.input_schema["properties"]["importance"]["maximum"] == 1
+    assert tools["memory_search"].annotations.read_only_hint is True
+    assert tools["memory_delete"].annotations.destructive_hint is True
+
+    saved = body(out["save"])
+    assert saved == {"id": saved["id"], "status": "saved"}
+    memory = Memory.objects.get(id=saved["id"])
+    assert (memory.agent_id, memory.user_id, memory.source) == (agent.id, "", MemorySource.MCP)
+    assert memory.importance == 0.9  # merged with the second save of the same fact
+    assert body(out["save_again"]) == {"id": saved["id"], "status": "saved", "merged": True}
+
+    [hit] = body(out["search"])["data"]
+    assert hit["id"] == saved["id"]
+    assert hit["tags"] == ["preference", "coding"]
+    assert hit["score"] > 0
+    assert "userId" not in hit and "lastAccessedAt" not in hit and "metadata" not in hit
+    assert no_nulls(body(out["search"]))
+    memory.refresh_from_db()
+    assert memory.access_count == 1  # a search by the agent counts a use, as over REST
+
+    listed = body(out["list"])
+    assert len(listed["data"]) == 1 and listed["nextCursor"]
+    assert [b["label"] for b in body(out["blocks"])["data"]] == ["human"]
+    assert body(out["append"])["value"] == "Name: Ada\nLikes tea"
+    assert body(out["replace"])["value"] == "Name: Ada Lovelace\nLikes tea"
+    assert MemoryBlock.objects.get(agent=agent, label="human").value == (
+        "Name: Ada Lovelace\nLikes tea"
+    )
+    [found] = body(out["conversations"])["data"]
+    assert found["message"]["content"] == "We chose PostgreSQL for the billing database"
+    assert "<b>billing</b>" in found["highlights"]
+
+    assert refusal(out["no_query"]) == "query: is required"
+    assert out["no_query"].structured_content["code"] == "validation_error"
+    assert refusal(out["importance_7"]) == "importance: 7 is greater than the maximum of 1"
+    assert refusal(out["blank"]) == "content: must not be empty"
+    assert refusal(out["unknown_argument"]).startswith("user: unknown argument")
+    assert refusal(out["unknown_id"]) == "memory not found"
+    assert out["unknown_id"].structured_content["code"] == "not_found"
+    assert refusal(out["not_an_id"]) == "memory not found"
+    assert refusal(out["absent_text"]) == "the text to replace is not in the block"
+    assert refusal(out["no_block"]) == "no memory block labelled 'nope'"
+
+    assert body(out["delete"])["status"] == "deleted"
+    assert body(out["after_delete"])["data"] == []
+    assert list(Memory.objects.values_list("content", flat=True)) == [memory.content]
+
+
+def local_agent_with_history(name: str):
+    agent, _ = agent_get_or_create(owner_principal=LOCAL_OWNER, name=name)
+    memory_block_create(agent.as_principal(), agent=agent, label="human", value="Name: Ada")
+    local_message_append(agent, role="user", content="We chose PostgreSQL for the billing database")
+    return agent
+
+
+# --- stdio -----------------------------------------------------------------------------------
+
+
+def test_a_stdio_session_as_a_local_agent():
+    agent = local_agent_with_history("x")
+    out = run(stdio("--agent", "x"), memory_session)
+    check_memory_session(out, agent)
+
+
+def test_stdio_makes_the_local_agent_it_is_named_after():
+    async def session(client):
+        return await client.call_tool("memory_save", {"content": "First fact of a new agent"})
+
+    saved = body(run(stdio("--agent", "newcomer"), session))
+    memory = Memory.objects.select_related("agent").get(id=saved["id"])
+    assert (memory.agent.name, memory.agent.owner_principal) == ("newcomer", LOCAL_OWNER)
+
+
+def test_stdio_with_a_read_key_acts_as_its_agent_and_cannot_write():
+    agent = local_agent_with_history("keyed")
+    memory_save(agent.as_principal(), agent=agent, content="The office is in Lisbon")
+    _, key = api_key_create(agent=agent, scopes=["read"])
+
+    async def session(client):
+        return (
+            await client.call_tool("memory_search", {"query": "where is the office"}),
+            await client.call_tool("memory_save", {"content": "Something new"}),
+            await client.call_tool("memory_block_append", {"label": "human", "text": "x"}),
+        )
+
+    search, save, append = run(stdio(MEMSVC_API_KEY=key), session)
+    assert body(search)["data"][0]["content"] == "The office is in Lisbon"
+    assert refusal(save) == "this API key lacks the 'write' scope"
+    assert save.structured_content["code"] == "forbidden"
+    assert refusal(append) == "this API key lacks the 'write' scope"
+    assert Memory.objects.count() == 1
+    assert MemoryBlock.objects.get(agent=agent).value == "Name: Ada"
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["mcp"], {}, "name the agent (--agent NAME) or set MEMSVC_API_KEY"),
+        (["mcp", "--agent", "x"], {"MEMSVC_API_KEY": "msk_nope_nope"}, "invalid API key"),
+        (
+            ["mcp", "--agent", "x"],
+            {"MEMSVC_LOCAL_MODE": "0", "DJANGO_SECRET_KEY": "s"},
+            "outside local mode",
+        ),
+    ],
+)
+def test_stdio_refuses_to_start_without_an_agent_it_may_act_as(args, env, message):
+    done = subprocess.run(
+        [str(MEMSVC), *args],
+        env=server_env(**env),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert message in done.stderr
+    assert done.stdout == ""
+
+
+def test_stdout_carries_nothing_but_protocol():
+    """Raw JSON-RPC on the pipes, as a client sees them: every stdout line is a message;
+    logs (the start-up line, a refused key's warning) go to stderr."""
+    local_agent_with_history("raw")
+    messages = [
+        {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "clientInfo": {"name": "raw", "version": "1"},
+            },
+        },
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "tools/call",
+            "params": {"name": "memory_search", "arguments": {"query": "billing"}},
+        },
+        {
+            "jsonrpc": "2.0",
+            "id": 3,
+            "method": "tools/call",
+            "params": {"name": "no_such_tool", "arguments": {}},
+        },
+    ]
+    process = subprocess.Popen(
+        [str(MEMSVC), "mcp", "--agent", "raw"],
+        env=server_env(),
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    process.stdin.write("".join(json.dumps(m) + "\n" for m in messages))
+    process.stdin.flush()
+    # A client keeps stdin open until its answers are in (EOF ends the session at once).
+    lines = [process.stdout.readline() for _ in range(3)]
+    process.stdin.close()
+    assert process.wait(timeout=60) == 0
+    assert process.stdout.read() == ""
+    stderr = process.stderr.read()
+    # Requests are served concurrently: answers come as they are ready.
+    answers = sorted((json.loads(line) for line in lines), key=lambda a: a["id"])
+    assert [a["id"] for a in answers] == [1, 2, 3], stderr
+    assert answers[0]["result"]["serverInfo"]["name"] == "memsvc"
+    assert answers[1]["result"]["isError"] is False
+    assert answers[2]["error"]["message"] == "Unknown tool: no_such_tool"
+    assert "serving agent 'raw' over stdio" in stderr
+
+
+# --- streamable HTTP -------------------------------------------------------------------------
+
+
+def serve(command: list[str], log_path: Path):
+    """A web server of the test database (``command`` with ``{port}``), until the generator
+    is closed; yields its /mcp URL."""
+    port = free_port()
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            [part.format(port=port) for part in command],
+            env=server_env(MEMSVC_WEB_WORKERS="1"),
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + START_DEADLINE_SECONDS
+    while True:
+        assert process.poll() is None, log_path.read_text()
+        try:
+            httpx.get(f"{url}/v1/health", timeout=2)
+            break
+        except httpx.TransportError:
+            assert time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.2)
+    yield f"{url}/mcp"
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def served(django_db_setup, django_db_blocker, tmp_path_factory):
+    """``memsvc serve`` (the web server only) on the test database."""
+    log_path = tmp_path_factory.mktemp("mcp-serve") / "serve.log"
+    yield from serve([str(MEMSVC), "serve", "--no-worker", "--port", "{port}"], log_path)
+
+
+@pytest.fixture(scope="module")
+def served_asgi(django_db_setup, django_db_blocker, tmp_path_factory):
+    """The same Django project under an ASGI server (uvicorn, which the SDK brings)."""
+    log_path = tmp_path_factory.mktemp("mcp-asgi") / "serve.log"
+    command = [sys.executable, "-m", "uvicorn", "memsvc.asgi:application", "--port", "{port}"]
+    yield from serve(command, log_path)
+
+
+def http(url: str, key: str, **headers: str):
+    """The SDK's streamable HTTP transport with an API key (and a patient read timeout: the
+    server's first search may wait for its model to load on a busy machine)."""
+    return streamable_http_client(
+        url,
+        http_client=httpx2.AsyncClient(
+            headers={"Authorization": f"Bearer {key}", **headers}, timeout=120
+        ),
+    )
+
+
+def keyed_agent(name: str, scopes=("read", "write")):
+    agent = local_agent_with_history(name)
+    _, key = api_key_create(agent=agent, scopes=list(scopes))
+    return agent, key
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+def test_an_http_session_with_an_api_key(served, mode):
+    """``auto``: the 2026-07-28 protocol (a request per message, no handshake); ``legacy``:
+    the initialize handshake of earlier clients. The stateless endpoint serves both."""
+    agent, key = keyed_agent("http-agent")
+    out = run(http(served, key), memory_session, mode=mode)
+    check_memory_session(out, agent)
+
+
+def test_http_read_key_cannot_save_or_delete(served):
+    agent, key = keyed_agent("reader", scopes=["read"])
+    memory, _ = memory_save(agent.as_principal(), agent=agent, content="The office is in Lisbon")
+
+    async def session(client):
+        return (
+            await client.call_tool("memory_search", {"query": "office"}),
+            await client.call_tool("memory_save", {"content": "Something new"}),
+            await client.call_tool("memory_delete", {"id": str(memory.id)}),
+        )
+
+    search, save, delete = run(http(served, key), session)
+    assert body(search)["data"][0]["id"] == str(memory.id)
+    assert refusal(save) == "this API key lacks the 'write' scope"
+    assert refusal(delete) == "this API key lacks the 'write' scope"
+    assert list(Memory.objects.values_list("id", flat=True)) == [memory.id]
+
+
+def test_http_acts_for_the_user_of_an_impersonating_key(served):
+    agent, key = keyed_agent("assistant", scopes=["read", "write", "impersonate"])
+
+    async def session(client):
+        return await client.call_tool("memory_save", {"content": "Bob is vegetarian"})
+
+    saved = body(run(http(served, key, **{"X-On-Behalf-Of": "bob"}), session))
+    memory = Memory.objects.get(id=saved["id"])
+    assert (memory.agent_id, memory.user_id) == (agent.id, "bob")
+
+
+def test_http_refuses_requests_without_a_valid_key(served):
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "1"},
+        },
+    }
+    headers = {"Accept": "application/json, text/event-stream"}
+    for auth in ({}, {"Authorization": "Bearer msk_nope_nope"}, {"Authorization": "Basic x"}):
+        response = httpx.post(served, json=initialize, headers={**headers, **auth}, timeout=10)
+        assert response.status_code == 401
+        assert response.headers["WWW-Authenticate"] == "Bearer"
+        assert response.json()["code"] == "unauthorized"
+
+    _, key = keyed_agent("raw-http")
+    authorized = {**headers, "Authorization": f"Bearer {key}"}
+    response = httpx.post(served, json=initialize, headers=authorized, timeout=10)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("application/json")
+    assert response.json()["result"]["serverInfo"]["name"] == "memsvc"
+    assert "Mcp-Session-Id" not in response.headers  # stateless: nothing kept between requests
+    # So a call needs no handshake before it (the README's curl example).
+    call = {
+        "jsonrpc": "2.0",
+        "id": 2,
+        "method": "tools/call",
+        "params": {"name": "memory_block_list", "arguments": {}},
+    }
+    response = httpx.post(served, json=call, headers=authorized, timeout=60)
+    assert response.status_code == 200
+    [block] = json.loads(response.json()["result"]["content"][0]["text"])["data"]
+    assert block["value"] == "Name: Ada"
+    stream = httpx.get(served, headers=authorized, timeout=10)
+    assert stream.status_code == 405
+    assert "POST" in stream.headers["Allow"] and "GET" not in stream.headers["Allow"]
+    assert stream.json()["code"] == "method_not_allowed"
+
+
+def test_http_works_the_same_under_an_asgi_server(served_asgi):
+    agent, key = keyed_agent("asgi-agent")
+
+    async def session(client):
+        return (
+            await client.call_tool("memory_save", {"content": "The team meets on Mondays"}),
+            await client.call_tool("memory_search", {"query": "when does the team meet"}),
+            await client.call_tool("memory_block_list", {}),
+        )
+
+    saved, found, blocks = run(http(served_asgi, key), session)
+    assert body(found)["data"][0]["id"] == body(saved)["id"]
+    assert body(blocks)["data"][0]["value"] == "Name: Ada"
+    assert Memory.objects.get(id=body(saved)["id"]).agent_id == agent.id
+    assert httpx.post(served_asgi, json={}, timeout=10).status_code == 401
