@@ -57,34 +57,42 @@ def prune_memories_task() -> dict[str, int]:
     return {"deleted": result.deleted, "extended": result.extended}
 
 
-@app.task(
-    name="agents_api.sweep_unembedded_memories",
-    autoretry_for=(TransientEmbeddingError,),
-    # A backend that is restarting is tried again within the minute; a longer outage is
-    # left to the next runs, so retries of one run never pile up behind the next.
-    retry_backoff=2,
-    retry_backoff_max=16,
-    retry_jitter=True,
-    max_retries=3,
-    acks_late=True,
-)
+# The sweeps of what is embedded when it is written (memories, tool records): a backend that
+# is restarting is tried again within the minute; a longer outage is left to the next runs,
+# so retries of one run never pile up behind the next.
+SWEEP_TASK_OPTIONS = {
+    "autoretry_for": (TransientEmbeddingError,),
+    "retry_backoff": 2,
+    "retry_backoff_max": 16,
+    "retry_jitter": True,
+    "max_retries": 3,
+    "acks_late": True,
+}
+
+
+def _sweep(embed_pending, what: str) -> int:
+    """Run one sweep (``embed_pending(max_batches=...)``): a transient failure is retried
+    by the task, another (a bad model name, say) is logged and tried again next minute."""
+    try:
+        embedded = embed_pending(max_batches=SWEEP_MAX_BATCHES)
+    except EmbeddingError as exc:
+        if exc.transient:
+            raise TransientEmbeddingError(str(exc)) from exc
+        logger.error("the sweep of %s stopped: %s", what, exc)
+        return 0
+    if embedded:
+        logger.info("sweep embedded %d %s", embedded, what)
+    return embedded
+
+
+@app.task(name="agents_api.sweep_unembedded_memories", **SWEEP_TASK_OPTIONS)
 def sweep_unembedded_memories_task() -> int:
     """Embed memories saved while the embedding backend was down. Runs every minute.
 
     A memory is embedded when it is saved, so there is no task per memory to race with:
     whatever is waiting is the sweep's. Keywords find those memories meanwhile.
     """
-    try:
-        embedded = services.memories_embed_pending(max_batches=SWEEP_MAX_BATCHES)
-    except EmbeddingError as exc:
-        if exc.transient:
-            raise TransientEmbeddingError(str(exc)) from exc
-        # Not worth retrying (a bad model name, say): logged, and tried again next minute.
-        logger.error("memory sweep stopped: %s", exc)
-        return 0
-    if embedded:
-        logger.info("sweep embedded %d memories", embedded)
-    return embedded
+    return _sweep(services.memories_embed_pending, "memories")
 
 
 # --- memories distilled from conversations ---------------------------------------------------
@@ -158,28 +166,11 @@ def enqueue_observation(record_ids: Sequence) -> None:
             return
 
 
-@app.task(
-    name="agents_api.sweep_unembedded_tool_records",
-    autoretry_for=(TransientEmbeddingError,),
-    retry_backoff=2,
-    retry_backoff_max=16,
-    retry_jitter=True,
-    max_retries=3,
-    acks_late=True,
-)
+@app.task(name="agents_api.sweep_unembedded_tool_records", **SWEEP_TASK_OPTIONS)
 def sweep_unembedded_tool_records_task() -> int:
     """Embed tool records written while the embedding backend was down (or whose LLM
     summary came then). Runs every minute, as the memory sweep does."""
-    try:
-        embedded = services.tool_records_embed_pending(max_batches=SWEEP_MAX_BATCHES)
-    except EmbeddingError as exc:
-        if exc.transient:
-            raise TransientEmbeddingError(str(exc)) from exc
-        logger.error("tool record sweep stopped: %s", exc)
-        return 0
-    if embedded:
-        logger.info("sweep embedded %d tool records", embedded)
-    return embedded
+    return _sweep(services.tool_records_embed_pending, "tool records")
 
 
 # --- Letta's sleeptime agent -----------------------------------------------------------------

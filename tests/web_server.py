@@ -24,13 +24,13 @@ def free_port() -> int:
 
 class WebServer:
     def __init__(self, tmp_path: Path, env: dict[str, str], *, workers: int = 1):
-        from memsvc.cli import _gunicorn_command
+        from memsvc.cli import _web_command
 
         tmp_path.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = tmp_path / f"gunicorn-{self.port}.log"
-        command = _gunicorn_command("127.0.0.1", self.port)
+        command = _web_command("127.0.0.1", self.port)
         command[command.index("--workers") + 1] = str(workers)
         # Without the embedding model's warm-up (memsvc.gunicorn_conf): these tests search
         # nothing, and loading it would slow their start on a busy machine.

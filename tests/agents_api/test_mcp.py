@@ -202,7 +202,7 @@ def check_memory_session(out: dict, agent) -> None:
 
 
 def local_agent_with_history(name: str):
-    agent, _ = agent_get_or_create(owner_principal=LOCAL_OWNER, name=name)
+    agent, _ = agent_get_or_create(owner_principal=LOCAL_OWNER, name=name, loopback_trusted=True)
     memory_block_create(agent.as_principal(), agent=agent, label="human", value="Name: Ada")
     local_message_append(agent, role="user", content="We chose PostgreSQL for the billing database")
     return agent

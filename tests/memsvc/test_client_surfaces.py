@@ -37,7 +37,9 @@ def llm():
 @pytest.fixture
 def remembered():
     """An agent whose memory block every context carries, whatever the search finds."""
-    agent, _ = agent_get_or_create(owner_principal=LOCAL_OWNER, name="surfer")
+    agent, _ = agent_get_or_create(
+        owner_principal=LOCAL_OWNER, name="surfer", loopback_trusted=True
+    )
     memory_block_create(agent.as_principal(), agent=agent, label="human", value="Lives in Lisbon")
     return "surfer"
 

@@ -32,7 +32,7 @@ def embedded_texts(monkeypatch):
 
 
 def test_a_context_request_embeds_its_query_once(client, embedded_texts):
-    agent, _ = agent_get_or_create(owner_principal=LOCAL_OWNER, name="once")
+    agent, _ = agent_get_or_create(owner_principal=LOCAL_OWNER, name="once", loopback_trusted=True)
     memory_save(agent.as_principal(), agent=agent, content="The user's cat is called Tom")
     local_message_append(agent, role="user", content="My cat Tom hates the vet", metadata=None)
     embed_pending()

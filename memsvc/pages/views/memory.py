@@ -10,6 +10,8 @@ from agents_api.api import serializers as s
 from memsvc.pages.views.common import PAGE_SIZE, action, back, page
 
 SEARCH_RESULTS = 20
+# The newest revisions of each block shown beside it (the API pages through all of them).
+REVISIONS_SHOWN = 20
 
 
 def _agent(agent_id):
@@ -64,7 +66,10 @@ def agent_memory(request, agent_id):
     if request.htmx:  # the next page of memories
         return render(request, "pages/_memory_rows.html", context)
     context["blocks"] = [
-        (block, selectors.memory_block_revisions(block))
+        (
+            block,
+            selectors.memory_block_revision_page(block, after=None, limit=REVISIONS_SHOWN).rows,
+        )
         for block in selectors.memory_blocks(agent, user_id=user_id)
     ]
     return render(request, "pages/agent.html", context)
