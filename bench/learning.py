@@ -96,7 +96,9 @@ async def one_acall(client, text: str) -> float:
 def one_context(http, url: str, text: str) -> float:
     """The context request alone, as the client sends it (what memsvc takes to answer)."""
     started = time.perf_counter()
-    http.post(f"{url}/context/{AGENT}", json={"agent_name": AGENT, "query": text})
+    key = os.environ.get("MEMSVC_API_KEY")
+    headers = {"X-API-Key": key} if key else {}
+    http.post(f"{url}/context/{AGENT}", json={"agent_name": AGENT, "query": text}, headers=headers)
     return (time.perf_counter() - started) * 1000
 
 
@@ -213,6 +215,9 @@ def main(argv=None) -> int:
     else:
         server = start_private_server(http, agent_name=AGENT)
         url = server.url
+        # The server's agent has a key, so loopback trust does not reach it: every block
+        # (ours and --compare's) presents the key, as a user of such an agent does.
+        os.environ["MEMSVC_API_KEY"] = server.api_key
     results = {"load_average_start": load_average(), "server": url, "gaps": {}}
     try:
         with FakeOpenAI() as llm:
