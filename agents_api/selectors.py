@@ -130,8 +130,17 @@ def local_agent(caller_agent: Agent | None, name: str) -> Agent:
 
 def letta_agents(caller: Agent) -> QuerySet[Agent]:
     """The agents a key reaches through the Letta routes: its own, and those it created
-    there (``services.letta_agent_create``)."""
-    return Agent.objects.filter(Q(pk=caller.pk) | Q(owner_principal=caller.principal_id))
+    there (``services.letta_agent_create``), each with its own blocks (``letta_blocks``,
+    as ``memory_blocks`` orders them): a list of agents is two queries, not one per agent."""
+    return Agent.objects.filter(
+        Q(pk=caller.pk) | Q(owner_principal=caller.principal_id)
+    ).prefetch_related(
+        Prefetch(
+            "memory_blocks",
+            queryset=MemoryBlock.objects.filter(user_id="").order_by("label"),
+            to_attr="letta_blocks",
+        )
+    )
 
 
 def letta_agents_tagged(

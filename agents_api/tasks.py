@@ -6,10 +6,10 @@ from collections.abc import Sequence
 from django.db import DatabaseError, transaction
 
 from agents_api import extraction, services, sleeptime
-from agents_api.models import Agent
+from agents_api.models import Agent, SummarySource
 from conversations.models import Conversation
 from memsvc.celery import app
-from memsvc.llm import LLMError
+from memsvc.llm import LLMError, llm_configured
 from search.embeddings import EmbeddingError
 from search.tasks import TransientEmbeddingError
 
@@ -154,16 +154,24 @@ def observe_tool_record_task(record_id: str) -> bool:
         return False
 
 
-def enqueue_observation(record_ids: Sequence) -> None:
-    """Hand committed tool records to the observer, one task each (the seed: parallel calls,
-    one observer call each). A broker that is down costs only the better summary: each
-    record already has its deterministic one."""
-    for record_id in record_ids:
-        try:
-            observe_tool_record_task.apply_async(args=[str(record_id)], retry=False)
-        except Exception as exc:  # any broker failure: kombu, redis, amqp, OS errors
-            logger.warning("could not enqueue the observer (%s); fallback summaries kept", exc)
-            return
+def enqueue_tool_record_observation(records) -> None:
+    """Once the caller's transaction has committed, hand the records that have only the
+    deterministic summary to the observer's LLM (when one is configured), one task each
+    (the seed: parallel calls, one observer call each). A broker that is down costs only
+    the better summary: each record already has its deterministic one."""
+    record_ids = [r.id for r in records if r.summary_source == SummarySource.FALLBACK]
+    if not record_ids or not llm_configured():
+        return
+
+    def enqueue():
+        for record_id in record_ids:
+            try:
+                observe_tool_record_task.apply_async(args=[str(record_id)], retry=False)
+            except Exception as exc:  # any broker failure: kombu, redis, amqp, OS errors
+                logger.warning("could not enqueue the observer (%s); fallback summaries kept", exc)
+                return
+
+    transaction.on_commit(enqueue, robust=True)
 
 
 @app.task(name="agents_api.sweep_unembedded_tool_records", **SWEEP_TASK_OPTIONS)

@@ -9,6 +9,7 @@ from agents_api.api import serializers as s
 from agents_api.api.views import AgentApiView, agent_operation
 from agents_api.models import Scope
 from agents_api.services import NewToolRecord
+from agents_api.tasks import enqueue_tool_record_observation
 from conversations.selectors import access_conversation
 from memsvc.api.errors import InvalidInput, NotFound
 from memsvc.api.pagination import AFTER_PARAMETER, LIMIT_PARAMETER, page_data, page_params
@@ -53,6 +54,7 @@ class ToolRecordsView(AgentApiView):
                 )
             ],
         )
+        enqueue_tool_record_observation([record])
         return Response(s.ToolRecordOut(record).data, status=201)
 
     @agent_operation(

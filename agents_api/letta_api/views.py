@@ -53,7 +53,12 @@ class LettaView(APIView):
 
 
 def _agent_state(agent) -> dict:
-    return s.agent_out(agent, selectors.memory_blocks(agent, user_id=""))
+    """An agent of ``selectors.letta_agents`` (its blocks prefetched) in Letta's shape; one
+    changed since it was read (created, updated, a block attached) is read again."""
+    blocks = getattr(agent, "letta_blocks", None)
+    if blocks is None:
+        blocks = selectors.memory_blocks(agent, user_id="")
+    return s.agent_out(agent, blocks)
 
 
 class AgentsView(LettaView):
@@ -158,7 +163,7 @@ class AttachBlockView(LettaView):
     def patch(self, request, agent_id, block_id):
         agent = self.agent(request, agent_id)
         services.letta_block_attach(agent, block=self.block(request, block_id))
-        return Response(_agent_state(agent))
+        return Response(_agent_state(self.agent(request, agent_id)))  # with the new block
 
 
 class GroupView(LettaView):

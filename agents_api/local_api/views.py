@@ -31,7 +31,11 @@ from agents_api.authentication import ApiKeyAuthentication, HasScope
 from agents_api.local_api import serializers as s
 from agents_api.models import Agent, Scope
 from agents_api.services import NewToolRecord
-from agents_api.tasks import enqueue_memory_extraction, enqueue_memory_touch
+from agents_api.tasks import (
+    enqueue_memory_extraction,
+    enqueue_memory_touch,
+    enqueue_tool_record_observation,
+)
 from conversations.selectors import conversation_messages
 from memsvc.api.errors import ApiError, Forbidden, InvalidInput, NotFound
 from memsvc.api.pagination import parse_limit
@@ -326,6 +330,7 @@ class ToolRecordsView(LocalView):
                 for item in data["records"]
             ],
         )
+        enqueue_tool_record_observation(records)
         return Response([s.tool_record_out(record) for record in records])
 
 

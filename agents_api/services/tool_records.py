@@ -8,11 +8,10 @@ from dataclasses import dataclass, field
 from django.db import connection, transaction
 from django.utils import timezone
 
-from agents_api import observer, tasks
+from agents_api import observer
 from agents_api.models import Agent, SummarySource, ToolRecord
 from conversations.models import Conversation
 from memsvc.api.principals import Principal
-from memsvc.llm import llm_configured
 from search.services import (
     embed_pending_rows,
     embed_rows,
@@ -42,8 +41,9 @@ def tool_records_create(
 ) -> list[ToolRecord]:
     """Store tool interactions of ``agent``, all or nothing, each searchable at once: with
     the caller's summary or the observer's deterministic one, embedded before the
-    transaction opens (the model's time holds no locks). Once committed, the observer's
-    LLM (when configured) summarises those without a caller's summary again."""
+    transaction opens (the model's time holds no locks). The caller hands them to the
+    observer once committed (``tasks.enqueue_tool_record_observation``), as a write's other
+    after-commit work is handed on by its view."""
     summaries = [
         new.summary or observer.fallback_summary(new.tool_name, new.raw_input, new.raw_output)
         for new in records
@@ -69,9 +69,6 @@ def tool_records_create(
         rows.append(row)
     with transaction.atomic():
         ToolRecord.objects.bulk_create(rows)
-        to_observe = [r.id for r in rows if r.summary_source == SummarySource.FALLBACK]
-        if to_observe and llm_configured():
-            transaction.on_commit(lambda: tasks.enqueue_observation(to_observe), robust=True)
     return rows
 
 

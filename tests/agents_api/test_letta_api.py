@@ -67,6 +67,24 @@ def test_an_agent_is_created_listed_by_name_and_tag_and_retrieved(api, helper):
     assert api.get(f"/v1/agents/{state['id']}", as_=helper).json()["name"] == "travel"
 
 
+def test_listing_agents_costs_no_query_per_agent(api, helper):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    create_agent(api, helper, name="first")
+
+    def list_queries() -> int:
+        with CaptureQueriesContext(connection) as queries:
+            assert api.get("/v1/agents/", as_=helper, tags=SDK_TAG).status_code == 200
+        return len(queries)
+
+    one = list_queries()
+    for name in ("second", "third", "fourth"):
+        create_agent(api, helper, name=name)
+    assert len(api.get("/v1/agents/", as_=helper, tags=SDK_TAG).json()) == 4
+    assert list_queries() == one
+
+
 def test_creating_the_same_name_again_is_the_same_agent(api, helper):
     first = create_agent(api, helper)
     again = create_agent(api, helper, tags=["second"])
