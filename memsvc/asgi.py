@@ -1,7 +1,116 @@
+"""The ASGI application of the web processes (``memsvc serve``: uvicorn workers).
+
+Every view of memsvc is synchronous, and Django's own ASGI handler pays for that on each
+request: a new thread, four hops between it and the event loop (request signal, middleware,
+view, close) and a pool to lend it a database connection; about 2.5 ms of a web process's
+CPU a request, as much as a keyword search costs in PostgreSQL (docs/benchmarks.md, "Where a
+request's time goes"). Here the event loop reads the request, so a slow client holds a
+socket and a coroutine, never a thread, as with Django's handler; then the whole request
+runs in one hop on a fixed pool of threads (``settings.WEB_REQUEST_THREADS``), as a WSGI
+server runs it, each thread keeping its database connection from one request to the next
+(``CONN_MAX_AGE``). Requests beyond the pool wait their turn in the event loop, holding
+nothing.
+"""
+
+import asyncio
 import os
+from concurrent.futures import ThreadPoolExecutor
 
-from django.core.asgi import get_asgi_application
+import django
+from django.core.exceptions import RequestAborted
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
+from django.core.handlers.base import BaseHandler
+from django.core.signals import request_started
+from django.urls import set_script_prefix
 
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memsvc.settings")
+
+class ThreadPoolHandler(ASGIHandler):
+    """Django's ASGI handler with the synchronous request path: the body read in the event
+    loop, then middleware, view and response in one thread of a fixed pool."""
+
+    def __init__(self, threads: int):
+        BaseHandler.__init__(self)
+        self.load_middleware(is_async=False)
+        self.threads = ThreadPoolExecutor(threads, thread_name_prefix="request")
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            # uvicorn's lifespan probe: refused as Django's own handler refuses it.
+            raise ValueError(f"memsvc serves HTTP only, not {scope['type']}")
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            response = await loop.run_in_executor(
+                self.threads, self.respond, scope, body_file, send, loop
+            )
+            if response is not None:
+                await self.send_response(response, send)
+        finally:
+            body_file.close()
+
+    def respond(self, scope, body_file, send, loop):
+        """In a request thread: the response, already closed (for Django the request ends
+        there: ``request_finished``, the thread's connection kept or dropped); or None once
+        a streaming response has been sent from here, where its iterator may read the
+        database on the thread's connection."""
+        set_script_prefix(get_script_prefix(scope))
+        request_started.send(sender=self.__class__, scope=scope)
+        request, response = self.create_request(scope, body_file)
+        if request is not None:
+            response = self.get_response(request)
+        response._handler_class = self.__class__
+        try:
+            if not response.streaming:
+                return response
+            self.stream(response, send, loop)
+            return None
+        finally:
+            response.close()
+
+    def stream(self, response, send, loop) -> None:
+        """Send a streaming response from the request thread, chunk by chunk."""
+
+        def emit(message: dict) -> None:
+            asyncio.run_coroutine_threadsafe(send(message), loop).result()
+
+        emit(
+            {
+                "type": "http.response.start",
+                "status": response.status_code,
+                "headers": response_headers(response),
+            }
+        )
+        for part in response:
+            for chunk, _ in self.chunk_bytes(part):
+                emit({"type": "http.response.body", "body": chunk, "more_body": True})
+        emit({"type": "http.response.body"})
+
+
+def response_headers(response) -> list[tuple[bytes, bytes]]:
+    """The response's headers and cookies as ASGI sends them (as ``send_response`` does)."""
+    headers = [
+        (
+            name.encode("ascii") if isinstance(name, str) else bytes(name),
+            value.encode("latin1") if isinstance(value, str) else bytes(value),
+        )
+        for name, value in response.items()
+    ]
+    headers += [
+        (b"Set-Cookie", cookie.output(header="").encode("ascii").strip())
+        for cookie in response.cookies.values()
+    ]
+    return headers
+
+
+def get_asgi_application() -> ThreadPoolHandler:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memsvc.settings")
+    django.setup(set_prefix=False)
+    from django.conf import settings
+
+    return ThreadPoolHandler(settings.WEB_REQUEST_THREADS)
+
 
 application = get_asgi_application()

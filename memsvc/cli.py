@@ -14,7 +14,6 @@ import time
 from memsvc.supervisor import Supervisor, log
 
 KEEP_ALIVE_SECONDS = 75
-WEB_DB_POOL_SIZE = 8
 
 
 def _setup_django() -> None:
@@ -61,12 +60,8 @@ def _web_command(host: str, port: int) -> list[str]:
 
 def _web_env() -> dict[str, str]:
     """One embedding thread per web process: a search embeds one short query while the same
-    process talks to PostgreSQL, and the other core serves the next request. And a pool of
-    database connections (settings.DB_POOL_SIZE): under ASGI a request has a thread of its own."""
-    return {
-        "MEMSVC_EMBEDDING_THREADS": os.environ.get("MEMSVC_EMBEDDING_THREADS", "1"),
-        "MEMSVC_DB_POOL_SIZE": os.environ.get("MEMSVC_DB_POOL_SIZE", str(WEB_DB_POOL_SIZE)),
-    }
+    process talks to PostgreSQL, and the other core serves the next request."""
+    return {"MEMSVC_EMBEDDING_THREADS": os.environ.get("MEMSVC_EMBEDDING_THREADS", "1")}
 
 
 def _worker_processes() -> int:

@@ -68,20 +68,9 @@ if DATABASE_URL:
 else:
     DATABASES = {"default": {**embedded_db.database_settings(MEMSVC_DATA_DIR), "CONN_MAX_AGE": 60}}
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
-# A pool of connections per process, for the web server: under ASGI each request runs in a
-# thread of its own, so Django's persistent connections (one per thread) would be a new
-# connection per request. `memsvc serve` sets it for its web processes; 0 keeps one
-# persistent connection per thread (workers, commands, tests).
-DB_POOL_SIZE = env_int("MEMSVC_DB_POOL_SIZE", 0, minimum=0)
-if DB_POOL_SIZE:
-    DATABASES["default"]["CONN_MAX_AGE"] = 0  # a connection goes back to the pool
-    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
-        "min_size": 1,
-        "max_size": DB_POOL_SIZE,
-        # How long a request waits for a connection (the database down, say: requests at
-        # work are limited to half the pool, memsvc.concurrency).
-        "timeout": 10,
-    }
+# A web process runs requests on this many threads (memsvc.asgi), each with its persistent
+# connection: the most connections a web process opens.
+WEB_REQUEST_THREADS = env_int("MEMSVC_WEB_THREADS", 4, minimum=1)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Applications ----------------------------------------------------------------------------
@@ -126,10 +115,6 @@ MIDDLEWARE = [
     "django_htmx.middleware.HtmxMiddleware",
     "memsvc.pages.security.ContentSecurityPolicyMiddleware",
 ]
-
-if DB_POOL_SIZE:
-    # First: a request waiting for its turn holds nothing (see the module).
-    MIDDLEWARE.insert(0, "memsvc.concurrency.ConcurrencyLimitMiddleware")
 
 # --- Web pages (/app/) -----------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from django.db import connection, transaction
+from django.db import connection
 from django.utils import timezone
 
 from search import queries, ranking, statements
@@ -126,13 +126,15 @@ def find_candidates(
     corpus: Corpus, scope: Scope, query: str, *, mode: str, top_k: int, tuning: SearchTuning
 ) -> Candidates:
     """The candidates for ``top_k`` results (``candidates_per_result`` each, at least
-    ``min_candidates``), in one transaction."""
+    ``min_candidates``)."""
     limit = max(tuning.min_candidates, tuning.candidates_per_result * top_k)
     backend = configured_backend()
     embedding = None
     if mode in ("hybrid", "semantic"):
         embedding = _QUERY_EMBEDDER.submit(query_vector, backend.model, query)
-    with transaction.atomic(), connection.cursor() as cursor:
+    # No transaction: each statement is a message of its own, with its planner settings
+    # (``statements.execute_planned``), one round trip each.
+    with connection.cursor() as cursor:
         terms = NO_TERMS
         keyword = {}
         if mode != "semantic":
@@ -153,6 +155,7 @@ def find_candidates(
             limit,
             terms,
             list(keyword),
+            tuning=tuning,
         )
         rows = statement(order)
         if order == INDEX_ORDER and sum(row[5] for row in rows) < limit:

@@ -11,7 +11,6 @@ Two retrievers run in PostgreSQL, each over the caller's scope only:
 """
 
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 from conversations.models import TEXT_SEARCH_CONFIG
@@ -56,9 +55,7 @@ EXACT_ORDER = "(m.embedding <=> %s::vector) + 0"
 
 def nearest_order(cursor, corpus: Corpus, scope: Scope, limit: int, tuning: SearchTuning) -> str:
     """The ORDER BY for the nearest vectors: the HNSW index for a large scope, exact
-    distances for a small one (``SearchTuning.hnsw_cost_per_exact``). One round trip, which
-    also sets the index's scan for this transaction (pgvector 0.8: keep scanning the graph
-    when access filters drop the nearest rows)."""
+    distances for a small one (``SearchTuning.hnsw_cost_per_exact``)."""
     many_conversations, many_params = "false", []
     if not scope.narrowed:
         many_conversations = (
@@ -80,10 +77,7 @@ def nearest_order(cursor, corpus: Corpus, scope: Scope, limit: int, tuning: Sear
                     SELECT 1 FROM {corpus.table} m WHERE {scope.sql}
                     LIMIT (SELECT n FROM exact_below)
                  ) s) >= (SELECT n FROM exact_below)
-        END,
-        set_config('hnsw.iterative_scan', 'relaxed_order', true),
-        set_config('hnsw.max_scan_tuples', %s, true),
-        set_config('hnsw.ef_search', %s, true)
+        END
         """,
         [
             tuning.exact_search_below,
@@ -91,11 +85,23 @@ def nearest_order(cursor, corpus: Corpus, scope: Scope, limit: int, tuning: Sear
             int(limit),
             *many_params,
             *scope.params,
-            str(tuning.hnsw_max_scan_tuples),
-            str(max(tuning.hnsw_ef_search, int(limit))),
         ],
     )
     return INDEX_ORDER if cursor.fetchone()[0] else EXACT_ORDER
+
+
+def nearest_settings(order: str, limit: int, tuning: SearchTuning) -> dict:
+    """The planner settings of a statement ordered by ``order`` (``execute_planned``): the
+    graph's scan (pgvector 0.8: keep walking when access filters drop the nearest rows,
+    up to ``hnsw_max_scan_tuples``), and no sort once the index is chosen."""
+    settings = {
+        "hnsw.iterative_scan": "relaxed_order",
+        "hnsw.max_scan_tuples": tuning.hnsw_max_scan_tuples,
+        "hnsw.ef_search": max(tuning.hnsw_ef_search, int(limit)),
+    }
+    if order == INDEX_ORDER:
+        settings["enable_sort"] = "off"
+    return settings
 
 
 @dataclass(frozen=True)
@@ -242,29 +248,32 @@ def _column_frequencies(cursor, corpus: Corpus, text: str, tuning: SearchTuning)
     return documents, frequencies
 
 
-@contextmanager
-def planned_without(cursor, *methods: str):
-    """Plan the statements inside without these plan methods (``enable_<method>``, this
-    transaction only), where the planner's estimates are known to lead it astray:
+def execute_planned(cursor, sql: str, params: list, settings: dict) -> list[tuple]:
+    """The rows of ``sql`` planned and run with these settings, in one round trip: ``SET
+    LOCAL`` before it and back to the server's values after it, in one message of several
+    statements (one transaction of its own in autocommit, or part of the caller's).
 
-    - ``nestloop`` for keyword candidates: PostgreSQL rates a GIN bitmap scan of a common
-      word as cheap, and for a principal who sees a hundred conversations it planned the
-      keyword statement as one scan of the word per conversation instead of one scan
+    Where the planner's estimates are known to lead it astray:
+
+    - ``enable_nestloop`` off for keyword candidates: PostgreSQL rates a GIN bitmap scan of a
+      common word as cheap, and for a principal who sees a hundred conversations it planned
+      the keyword statement as one scan of the word per conversation instead of one scan
       joined to the visible conversations (docs/benchmarks.md).
-    - ``sort`` for nearest vectors once ``nearest_order`` has chosen the index (the scope
-      counted, or too many conversations to count): the planner estimates the scope from
-      the statistics of memberships, which lag behind a principal who has just joined many
-      conversations, and then sorted a large scope by distance instead of walking the graph.
+    - ``enable_sort`` off for nearest vectors once ``nearest_order`` has chosen the index
+      (the scope counted, or too many conversations to count): the planner estimates the
+      scope from the statistics of memberships, which lag behind a principal who has just
+      joined many conversations, and then sorted a large scope by distance instead of
+      walking the graph.
 
-    Afterwards the server's configured values apply again. If a statement inside fails,
-    the transaction is aborted and the settings end with it: nothing is sent then, so the
-    statement's own error is the one raised.
+    If the statement fails, the transaction is aborted and the settings end with it.
     """
-    for method in methods:
-        cursor.execute(f"SET LOCAL enable_{method} = off")
-    yield
-    for method in methods:
-        cursor.execute(f"SET LOCAL enable_{method} TO DEFAULT")
+    names = list(settings)
+    before = "".join(f"SET LOCAL {name} = %s; " for name in names)
+    after = "".join(f"; SET LOCAL {name} TO DEFAULT" for name in names)
+    cursor.execute(before + sql + after, [*(str(settings[n]) for n in names), *params])
+    while cursor.description is None and cursor.nextset():
+        pass  # past the settings, to the statement's rows
+    return cursor.fetchall()
 
 
 def keyword_candidates(
@@ -274,19 +283,20 @@ def keyword_candidates(
     if not terms.idf:
         return {}
     score, score_params = terms.score_sql("m.search_vector")
-    with planned_without(cursor, "nestloop"):
-        cursor.execute(
-            f"""
-            SELECT id, score FROM (
-                SELECT m.id, {score} AS score FROM {corpus.table} m
-                WHERE m.search_vector @@ to_tsquery('simple', %s) AND {scope.sql}
-                LIMIT %s
-            ) matches
-            ORDER BY score DESC LIMIT %s
-            """,
-            [*score_params, terms.match_sql(), *scope.params, tuning.keyword_match_cap, limit],
-        )
-        return {row_id: float(value) for row_id, value in cursor.fetchall()}
+    rows = execute_planned(
+        cursor,
+        f"""
+        SELECT id, score FROM (
+            SELECT m.id, {score} AS score FROM {corpus.table} m
+            WHERE m.search_vector @@ to_tsquery('simple', %s) AND {scope.sql}
+            LIMIT %s
+        ) matches
+        ORDER BY score DESC LIMIT %s
+        """,
+        [*score_params, terms.match_sql(), *scope.params, tuning.keyword_match_cap, limit],
+        {"enable_nestloop": "off"},
+    )
+    return {row_id: float(value) for row_id, value in rows}
 
 
 def nearest_with_fills(
@@ -299,6 +309,7 @@ def nearest_with_fills(
     terms: Terms,
     fills: list,
     order: str,
+    tuning: SearchTuning,
 ) -> list[tuple]:
     """In one round trip: the ``limit`` nearest rows with their keyword scores, and the
     similarity of the ``fills`` (keyword candidates) to the query. Each row: (id,
@@ -320,42 +331,42 @@ def nearest_with_fills(
         position = outer_position = ""
         around = "NULL, NULL,"
     # The order was chosen by counting the scope; the planner must not overrule it by its
-    # statistics (``planned_without``).
-    with planned_without(cursor, *(["sort"] if order == INDEX_ORDER else [])):
-        cursor.execute(
-            f"""
-            SELECT c.id, c.similarity, c.keyword_score, {around} c.nearest, c.created_at
+    # statistics (``nearest_settings``).
+    return execute_planned(
+        cursor,
+        f"""
+        SELECT c.id, c.similarity, c.keyword_score, {around} c.nearest, c.created_at
+        FROM (
+            SELECT id, {outer_position} similarity, {score} AS keyword_score,
+                   true AS nearest, created_at
             FROM (
-                SELECT id, {outer_position} similarity, {score} AS keyword_score,
-                       true AS nearest, created_at
-                FROM (
-                    SELECT m.id, {position} m.search_vector, m.created_at,
-                           1 - (m.embedding <=> %s::vector) AS similarity
-                    FROM {corpus.table} m
-                    WHERE m.embedding IS NOT NULL AND m.embedding_model = %s AND {scope.sql}
-                    ORDER BY {order}
-                    LIMIT %s
-                ) nearest
-                UNION ALL
-                SELECT id, {outer_position}
-                       CASE WHEN embedding_model = %s THEN 1 - (embedding <=> %s::vector) END,
-                       NULL, false, created_at
-                FROM {corpus.table} WHERE id = ANY(%s)
-            ) c
-            """,
-            [
-                *score_params,
-                query_vector,
-                model,
-                *scope.params,
-                query_vector,
-                limit,
-                model,
-                query_vector,
-                fills,
-            ],
-        )
-        return cursor.fetchall()
+                SELECT m.id, {position} m.search_vector, m.created_at,
+                       1 - (m.embedding <=> %s::vector) AS similarity
+                FROM {corpus.table} m
+                WHERE m.embedding IS NOT NULL AND m.embedding_model = %s AND {scope.sql}
+                ORDER BY {order}
+                LIMIT %s
+            ) nearest
+            UNION ALL
+            SELECT id, {outer_position}
+                   CASE WHEN embedding_model = %s THEN 1 - (embedding <=> %s::vector) END,
+                   NULL, false, created_at
+            FROM {corpus.table} WHERE id = ANY(%s)
+        ) c
+        """,
+        [
+            *score_params,
+            query_vector,
+            model,
+            *scope.params,
+            query_vector,
+            limit,
+            model,
+            query_vector,
+            fills,
+        ],
+        nearest_settings(order, limit, tuning),
+    )
 
 
 def in_scope(cursor, corpus: Corpus, scope: Scope, ids: list) -> set:

@@ -23,7 +23,7 @@ from memsvc.api.principals import Principal
 from memsvc.db import locked_row
 from search.embeddings import vector_literal
 from search.services import embed_pending_rows, embed_rows, reembed_all_rows, vectors_or_none
-from search.statements import INDEX_ORDER, Scope, nearest_order, planned_without
+from search.statements import Scope, execute_planned, nearest_order, nearest_settings
 from search.tuning import configured_tuning
 
 # A new memory this close (cosine similarity) to one the agent already keeps about the same
@@ -53,18 +53,20 @@ def _nearest_memory(agent: Agent, user_id: str, model: str, vector) -> tuple | N
     the HNSW graph in a large one (an agent's own store of a hundred thousand memories)."""
     scope = Scope("m.agent_id = %s AND m.user_id = %s", [agent.id, user_id])
     literal = vector_literal(vector)
+    tuning = configured_tuning()
     with connection.cursor() as cursor:
-        order = nearest_order(cursor, MEMORIES, scope, 1, configured_tuning())
-        with planned_without(cursor, *(["sort"] if order == INDEX_ORDER else [])):
-            cursor.execute(
-                f"""
-                SELECT m.id, m.embedding <=> %s::vector FROM memory m
-                WHERE m.embedding_model = %s AND {scope.sql}
-                ORDER BY {order} LIMIT 1
-                """,  # noqa: S608 (our own fragments; every value is a parameter)
-                [literal, model, *scope.params, literal],
-            )
-            return cursor.fetchone()
+        order = nearest_order(cursor, MEMORIES, scope, 1, tuning)
+        rows = execute_planned(
+            cursor,
+            f"""
+            SELECT m.id, m.embedding <=> %s::vector FROM memory m
+            WHERE m.embedding_model = %s AND {scope.sql}
+            ORDER BY {order} LIMIT 1
+            """,  # noqa: S608 (our own fragments; every value is a parameter)
+            [literal, model, *scope.params, literal],
+            nearest_settings(order, 1, tuning),
+        )
+    return rows[0] if rows else None
 
 
 def _same_memory(agent: Agent, user_id: str, new: NewMemory, model, vector) -> Memory | None:

@@ -96,6 +96,7 @@ def main(argv=None) -> int:
                     terms,
                     list(keyword),
                     order,
+                    tuning,
                 )
                 steps["nearest"].append(time.perf_counter() - started)
             for mode in MODES:

@@ -142,29 +142,6 @@ def test_with_database_url_no_embedded_server_is_started(tmp_path, settings):
     assert not (tmp_path / "data" / "pgdata").exists()
 
 
-def test_a_pool_size_gives_the_process_a_pool_of_connections(tmp_path):
-    """What `memsvc serve` sets for its web processes: a connection goes back to the pool
-    at the end of a request, and the next one takes it again, whichever thread runs it."""
-    result = run_django(
-        {"MEMSVC_DATA_DIR": str(tmp_path / "data"), "MEMSVC_DB_POOL_SIZE": "3"},
-        "import threading; from django.db import connection, connections;"
-        "from django.conf import settings;"
-        "print(settings.DATABASES['default']['CONN_MAX_AGE']);"
-        "connection.ensure_connection(); pool = connection.pool; print(pool.max_size);"
-        "connections.close_all();"
-        "work = lambda: (connection.ensure_connection(), connections.close_all());"
-        "threads = [threading.Thread(target=work) for _ in range(5)];"
-        "[(t.start(), t.join()) for t in threads];"
-        "print(pool.get_stats().get('connections_num'))",
-    )
-    assert result.returncode == 0, result.stderr
-    conn_max_age, max_size, opened = result.stdout.split()
-    assert (conn_max_age, max_size) == ("0", "3")
-    # Six requests in six threads, one after another: at most the pool's first connection
-    # and the one opened while it was being made, not a connection per thread.
-    assert int(opened) <= 2
-
-
 def test_local_secrets_are_generated_once_and_private(tmp_path):
     first = embedded_db.local_secrets(tmp_path)
     second = embedded_db.local_secrets(tmp_path)

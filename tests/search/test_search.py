@@ -1,5 +1,6 @@
 """Search finds what a principal may see, and only that; keywords work before embedding."""
 
+import re
 import uuid
 from dataclasses import replace
 
@@ -104,9 +105,15 @@ def test_a_wide_scope_walks_the_vector_index_whatever_the_statistics_say(
     plans = []
 
     def explain_nearest(execute, sql, params, many, context):
-        if "ORDER BY m.embedding <=>" in sql and not sql.startswith("EXPLAIN"):
-            context["cursor"].execute(f"EXPLAIN (COSTS OFF) {sql}", params)
-            plans.append("\n".join(row[0] for row in context["cursor"].fetchall()))
+        if "ORDER BY m.embedding <=>" in sql and "EXPLAIN" not in sql:
+            # The statement as sent, its planner settings before it, explained.
+            cursor = context["cursor"]
+            cursor.execute(
+                re.sub(r";\s*SELECT", "; EXPLAIN (COSTS OFF) SELECT", sql, count=1), params
+            )
+            while cursor.description is None and cursor.nextset():
+                pass
+            plans.append("\n".join(row[0] for row in cursor.fetchall()))
         return execute(sql, params, many, context)
 
     always_search("hnsw", settings)

@@ -1,0 +1,167 @@
+"""memsvc.asgi: the web processes' ASGI application reads a request in the event loop and
+runs it in one thread of a fixed pool, which keeps its database connection; requests beyond
+the pool wait their turn; a streaming response is iterated on the thread of its view."""
+
+import asyncio
+import json
+import threading
+import time
+
+import pytest
+from django.db import connection, connections
+from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
+from django.urls import path
+from django.views.decorators.csrf import csrf_exempt
+
+from memsvc.asgi import ThreadPoolHandler
+
+pytestmark = [pytest.mark.urls(__name__), pytest.mark.django_db(transaction=True)]
+
+at_work = {"now": 0, "most": 0}
+at_work_lock = threading.Lock()
+
+
+def slow(request):
+    with at_work_lock:
+        at_work["now"] += 1
+        at_work["most"] = max(at_work["most"], at_work["now"])
+    time.sleep(0.05)
+    with at_work_lock:
+        at_work["now"] -= 1
+    return HttpResponse("done")
+
+
+def backend(request):
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (pid,) = cursor.fetchone()
+    return JsonResponse({"pid": pid, "thread": threading.get_ident()})
+
+
+@csrf_exempt
+def echo(request):
+    response = JsonResponse({"body": json.loads(request.body)})
+    response.set_cookie("seen", "yes")
+    return response
+
+
+def streamed(request):
+    view_thread = threading.get_ident()
+
+    def parts():
+        for index in range(3):
+            yield f"{index}:{threading.get_ident() == view_thread};"
+
+    return StreamingHttpResponse(parts(), content_type="text/plain")
+
+
+urlpatterns = [
+    path("slow", slow),
+    path("backend", backend),
+    path("echo", echo),
+    path("streamed", streamed),
+]
+
+
+@pytest.fixture
+def handler():
+    made = []
+
+    def make(threads):
+        made.append(ThreadPoolHandler(threads))
+        return made[-1]
+
+    yield make
+    for each in made:
+        # Each request thread keeps its connection open: close them before the test
+        # database goes.
+        for _ in range(each.threads._max_workers):
+            each.threads.submit(connections.close_all).result()
+        each.threads.shutdown()
+
+
+async def call(app, path, body=b"", chunks=1):
+    """One request through the ASGI application: (status, headers, body)."""
+    sent = []
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST" if body else "GET",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"testserver"), (b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 5000),
+        "server": ("testserver", 80),
+    }
+    size = max(1, -(-len(body) // chunks))
+    incoming = [
+        {"type": "http.request", "body": body[i : i + size], "more_body": i + size < len(body)}
+        for i in range(0, len(body), size)
+    ] or [{"type": "http.request", "body": b"", "more_body": False}]
+
+    async def receive():
+        if incoming:
+            return incoming.pop(0)
+        await asyncio.sleep(3600)
+
+    async def send(message):
+        sent.append(message)
+
+    await app(scope, receive, send)
+    start = sent[0]
+    headers = {}
+    for name, value in start["headers"]:
+        headers.setdefault(name.decode().lower(), []).append(value.decode())
+    body = b"".join(m.get("body", b"") for m in sent[1:])
+    assert sent[-1].get("more_body", False) is False
+    return start["status"], headers, body
+
+
+def test_a_request_is_read_whole_then_answered_with_its_headers_and_cookies(handler):
+    app = handler(2)
+    body = json.dumps({"text": "x" * 10_000}).encode()
+    status, headers, answer = asyncio.run(call(app, "/echo", body, chunks=7))
+    assert status == 200
+    assert json.loads(answer) == {"body": {"text": "x" * 10_000}}
+    assert headers["content-type"] == ["application/json"]
+    assert any(cookie.startswith("seen=yes") for cookie in headers["set-cookie"])
+
+
+def test_requests_beyond_the_pool_wait_their_turn_and_none_is_refused(handler):
+    app = handler(2)
+    at_work.update(now=0, most=0)
+
+    async def many():
+        return await asyncio.gather(*(call(app, "/slow") for _ in range(7)))
+
+    answers = asyncio.run(many())
+    assert [status for status, _, _ in answers] == [200] * 7
+    assert at_work["most"] == 2
+
+
+def test_a_request_thread_keeps_its_database_connection(handler):
+    """One thread, three requests: one connection (Django's persistent connections), where
+    Django's own ASGI handler gives each request a new thread."""
+    app = handler(1)
+    answers = [json.loads(asyncio.run(call(app, "/backend"))[2]) for _ in range(3)]
+    assert len({answer["thread"] for answer in answers}) == 1
+    assert len({answer["pid"] for answer in answers}) == 1
+
+
+def test_a_streaming_response_is_iterated_on_its_views_thread(handler):
+    app = handler(2)
+    status, headers, answer = asyncio.run(call(app, "/streamed"))
+    assert status == 200
+    assert headers["content-type"] == ["text/plain"]
+    assert answer == b"0:True;1:True;2:True;"
+
+
+def test_the_web_processes_application_is_this_handler(settings):
+    from memsvc.asgi import application
+
+    assert isinstance(application, ThreadPoolHandler)
+    assert application.threads._max_workers == settings.WEB_REQUEST_THREADS
