@@ -135,14 +135,18 @@ def find_candidates(
     # No transaction: each statement is a message of its own, with its planner settings
     # (``statements.execute_planned``), one round trip each.
     with connection.cursor() as cursor:
+        few = statements.sees_few(cursor, scope, tuning)
         terms = NO_TERMS
         keyword = {}
         if mode != "semantic":
             terms = statements.query_terms(cursor, corpus, query, tuning)
-            keyword = statements.keyword_candidates(cursor, corpus, scope, terms, limit, tuning)
+            keyword = statements.keyword_candidates(
+                cursor, corpus, scope, terms, limit, tuning, few=few
+            )
         if embedding is None:
             return Candidates(keyword=keyword, idf=terms.idf)
-        order = statements.nearest_order(cursor, corpus, scope, limit, tuning)  # while it embeds
+        # While it embeds:
+        order = statements.nearest_order(cursor, corpus, scope, limit, tuning, few=few)
         vector = embedding.result()
         # Semantic mode is the same statement with no keyword terms or candidates.
         statement = functools.partial(

@@ -72,7 +72,7 @@ def message_scope(
     conversation that owns them and are found there, once.
     """
     visible_sql, visible_params = _visible_conversations_sql(principal)
-    clauses = [f"m.conversation_id IN ({visible_sql})"]
+    clauses = []
     params = list(visible_params)
     if not for_agent:
         clauses.append("m.channel = %s AND m.visibility = %s")
@@ -105,11 +105,12 @@ def message_scope(
         clauses.append("m.seq < %s")
         params.append(before)
     return Scope(
-        " AND ".join(clauses),
+        " AND ".join([f"m.conversation_id IN ({visible_sql})", *clauses]),
         params,
         narrowed=conversation_ids is not None or before_message_id is not None,
         visible_sql=visible_sql,
         visible_params=tuple(visible_params),
+        few_sql=" AND ".join([f"m.conversation_id = ANY(ARRAY({visible_sql}))", *clauses]),
     )
 
 

@@ -43,9 +43,19 @@ class Scope:
     # Smaller than the caller's whole view (some conversations, one user's memories): its
     # rows are always counted to choose between exact distances and the graph.
     narrowed: bool = True
-    # Not narrowed: the conversations the principal may see (ids), counted first.
+    # The conversations the principal may see (ids), counted first (``sees_few``).
     visible_sql: str = ""
     visible_params: tuple = ()
+    # ``sql`` with those conversations as an array (``= ANY(ARRAY(...))``) instead of a
+    # join, for a principal who sees few of them: PostgreSQL then reads the few
+    # conversations' rows from the ``(conversation_id, seq)`` index and intersects them
+    # with a word's rows in the GIN index before it reads a row, where the join reads every
+    # row holding the word in the whole corpus (docs/benchmarks.md, "The keyword tail").
+    # For a principal who sees many, the array is the slower way by far.
+    few_sql: str = ""
+
+    def sql_for(self, few: bool) -> str:
+        return self.few_sql if few and self.few_sql else self.sql
 
 
 # By distance on the HNSW index, or by an expression the index cannot serve: exact distances.
@@ -53,39 +63,38 @@ INDEX_ORDER = "m.embedding <=> %s::vector"
 EXACT_ORDER = "(m.embedding <=> %s::vector) + 0"
 
 
-def nearest_order(cursor, corpus: Corpus, scope: Scope, limit: int, tuning: SearchTuning) -> str:
+def sees_few(cursor, scope: Scope, tuning: SearchTuning) -> bool:
+    """Whether the scope's principal sees at most ``few_conversations`` conversations
+    (counted up to one more). False for a scope of no conversations (memories)."""
+    if not scope.visible_sql:
+        return False
+    cursor.execute(
+        f"SELECT count(*) FROM (SELECT 1 FROM ({scope.visible_sql}) v LIMIT %s) c",
+        [*scope.visible_params, tuning.few_conversations + 1],
+    )
+    return cursor.fetchone()[0] <= tuning.few_conversations
+
+
+def nearest_order(
+    cursor, corpus: Corpus, scope: Scope, limit: int, tuning: SearchTuning, *, few: bool
+) -> str:
     """The ORDER BY for the nearest vectors: the HNSW index for a large scope, exact
-    distances for a small one (``SearchTuning.hnsw_cost_per_exact``)."""
-    many_conversations, many_params = "false", []
-    if not scope.narrowed:
-        many_conversations = (
-            f"(SELECT count(*) FROM (SELECT 1 FROM ({scope.visible_sql}) v LIMIT %s) c) > %s"
-        )
-        many_params = [
-            *scope.visible_params,
-            tuning.few_conversations + 1,
-            tuning.few_conversations,
-        ]
+    distances for a small one (``SearchTuning.hnsw_cost_per_exact``). A principal who sees
+    many conversations (not ``few``) goes to the graph uncounted; a narrowed scope, or a
+    principal who sees few, is counted up to the size where the graph wins."""
+    if not (scope.narrowed or few):
+        return INDEX_ORDER
     cursor.execute(
         f"""
         WITH exact_below AS (
             SELECT greatest(%s, ceil(sqrt(%s::float8 * %s * ({corpus.size_sql}))))::bigint AS n
         )
-        SELECT CASE
-            WHEN {many_conversations} THEN true
-            ELSE (SELECT count(*) FROM (
-                    SELECT 1 FROM {corpus.table} m WHERE {scope.sql}
+        SELECT (SELECT count(*) FROM (
+                    SELECT 1 FROM {corpus.table} m WHERE {scope.sql_for(few)}
                     LIMIT (SELECT n FROM exact_below)
-                 ) s) >= (SELECT n FROM exact_below)
-        END
+                ) s) >= (SELECT n FROM exact_below)
         """,
-        [
-            tuning.exact_search_below,
-            tuning.hnsw_cost_per_exact,
-            int(limit),
-            *many_params,
-            *scope.params,
-        ],
+        [tuning.exact_search_below, tuning.hnsw_cost_per_exact, int(limit), *scope.params],
     )
     return INDEX_ORDER if cursor.fetchone()[0] else EXACT_ORDER
 
@@ -277,9 +286,17 @@ def execute_planned(cursor, sql: str, params: list, settings: dict) -> list[tupl
 
 
 def keyword_candidates(
-    cursor, corpus: Corpus, scope: Scope, terms: Terms, limit: int, tuning: SearchTuning
+    cursor,
+    corpus: Corpus,
+    scope: Scope,
+    terms: Terms,
+    limit: int,
+    tuning: SearchTuning,
+    *,
+    few: bool = False,
 ) -> dict:
-    """Up to ``limit`` rows holding the query's rarest words, with their BM25 scores."""
+    """Up to ``limit`` rows holding the query's rarest words, with their BM25 scores (the
+    scope's principal sees ``few`` conversations: ``Scope.few_sql``)."""
     if not terms.idf:
         return {}
     score, score_params = terms.score_sql("m.search_vector")
@@ -288,7 +305,7 @@ def keyword_candidates(
         f"""
         SELECT id, score FROM (
             SELECT m.id, {score} AS score FROM {corpus.table} m
-            WHERE m.search_vector @@ to_tsquery('simple', %s) AND {scope.sql}
+            WHERE m.search_vector @@ to_tsquery('simple', %s) AND {scope.sql_for(few)}
             LIMIT %s
         ) matches
         ORDER BY score DESC LIMIT %s

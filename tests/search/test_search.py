@@ -16,7 +16,7 @@ from search import selectors
 from search.embeddings import configured_backend
 from search.models import CorpusStat, TermStat
 from search.services import embed_messages, embed_pending
-from search.statements import EXACT_ORDER, INDEX_ORDER
+from search.statements import EXACT_ORDER, INDEX_ORDER, sees_few
 from search.statements import nearest_order as nearest_order_sql
 from search.tuning import DEFAULT_TUNING, configured_tuning
 from tests.agents_api.conftest import make_agent
@@ -132,7 +132,9 @@ def nearest_order(persona, *, conversation_ids=None, before=None) -> str:
         before_message_id=before,
     )
     with connection.cursor() as cursor:
-        return nearest_order_sql(cursor, selectors.MESSAGES, scope, 30, configured_tuning())
+        tuning = configured_tuning()
+        few = sees_few(cursor, scope, tuning)
+        return nearest_order_sql(cursor, selectors.MESSAGES, scope, 30, tuning, few=few)
 
 
 @pytest.mark.parametrize(
@@ -166,6 +168,35 @@ def test_a_narrowed_scope_is_counted_however_many_conversations_are_visible(
     )
     assert nearest_order(alice, **narrowing) == EXACT_ORDER
     assert nearest_order(alice) == INDEX_ORDER
+
+
+@pytest.mark.parametrize("mode", ["keyword", "hybrid"])
+def test_a_principal_who_sees_few_conversations_finds_what_one_who_sees_many_would(
+    api, alice, bob, pets, settings, mode
+):
+    # Whether Alice's conversations are read as an array (she sees few) or joined (she is
+    # taken for one who sees many: few_conversations 0), her search finds the same
+    # messages, and none of Bob's, which hold the same words.
+    embed_pending()
+    theirs = ConversationFactory(group__owner=bob.id, title="Bob's pets")
+    MessageFactory(conversation=theirs, author_name="bob", content="I adopted a puppy too")
+    embed_pending()
+    as_few = search(api, alice, "adopted puppy", mode=mode)
+    tuned(settings, few_conversations=0)
+    as_many = search(api, alice, "adopted puppy", mode=mode)
+    assert contents(as_few) == contents(as_many)
+    assert contents(as_few)[0] == "I adopted a puppy named Rex last week"
+    assert "I adopted a puppy too" not in contents(as_few)
+
+
+def test_only_a_principal_who_sees_few_conversations_reads_them_as_an_array(alice, pets, settings):
+    scope = selectors.message_scope(Principal(id=alice.id, kind="user"), for_agent=False)
+    with connection.cursor() as cursor:
+        assert sees_few(cursor, scope, configured_tuning())
+        tuned(settings, few_conversations=0)
+        assert not sees_few(cursor, scope, configured_tuning())
+    assert "= ANY(ARRAY(" in scope.sql_for(True)
+    assert scope.sql_for(False) == scope.sql and " IN (" in scope.sql
 
 
 def test_a_starved_graph_walk_falls_back_to_exact_distances(api, alice, pets, settings):
