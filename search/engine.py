@@ -145,8 +145,13 @@ def find_candidates(
             )
         if embedding is None:
             return Candidates(keyword=keyword, idf=terms.idf)
-        # While it embeds:
-        order = statements.nearest_order(cursor, corpus, scope, limit, tuning, few=few)
+        # While it embeds: how to find the nearest vectors. A principal who sees few
+        # conversations gets exact distances, capped (``nearest_with_fills``); a narrowed
+        # scope is counted; one who sees many walks the graph.
+        capped = few and not scope.narrowed
+        order = EXACT_ORDER
+        if not capped:
+            order = statements.nearest_order(cursor, corpus, scope, limit, tuning, few=few)
         vector = embedding.result()
         # Semantic mode is the same statement with no keyword terms or candidates.
         statement = functools.partial(
@@ -161,13 +166,17 @@ def find_candidates(
             list(keyword),
             tuning=tuning,
         )
-        rows = statement(order)
+        rows = statement(order, capped=capped)
+        if capped and any(row[7] for row in rows):
+            # More rows in scope than exact distances are worth: the graph.
+            order = INDEX_ORDER
+            rows = statement(order)
         if order == INDEX_ORDER and sum(row[5] for row in rows) < limit:
             # The graph walk gave up (hnsw_max_scan_tuples) before it found enough rows in
             # scope, or the scope holds fewer: exact distances find all there are.
             rows = statement(EXACT_ORDER)
     found = Candidates(keyword=dict(keyword), idf=terms.idf)
-    for row_id, similarity, keyword_score, before, after, _nearest, created in rows:
+    for row_id, similarity, keyword_score, before, after, _nearest, created, _over in rows:
         if similarity is not None:
             found.semantic[row_id] = similarity
         if keyword_score is not None:

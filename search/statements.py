@@ -63,6 +63,15 @@ INDEX_ORDER = "m.embedding <=> %s::vector"
 EXACT_ORDER = "(m.embedding <=> %s::vector) + 0"
 
 
+def exact_below(corpus: Corpus, limit: int, tuning: SearchTuning) -> tuple[str, list]:
+    """SQL of one row, ``n``: below that many rows in scope, exact distances cost less
+    than the graph (``SearchTuning.hnsw_cost_per_exact``), and its parameters."""
+    return (
+        f"SELECT greatest(%s, ceil(sqrt(%s::float8 * %s * ({corpus.size_sql}))))::bigint AS n",
+        [tuning.exact_search_below, tuning.hnsw_cost_per_exact, int(limit)],
+    )
+
+
 def sees_few(cursor, scope: Scope, tuning: SearchTuning) -> bool:
     """Whether the scope's principal sees at most ``few_conversations`` conversations
     (counted up to one more). False for a scope of no conversations (memories)."""
@@ -84,17 +93,16 @@ def nearest_order(
     principal who sees few, is counted up to the size where the graph wins."""
     if not (scope.narrowed or few):
         return INDEX_ORDER
+    below, below_params = exact_below(corpus, limit, tuning)
     cursor.execute(
         f"""
-        WITH exact_below AS (
-            SELECT greatest(%s, ceil(sqrt(%s::float8 * %s * ({corpus.size_sql}))))::bigint AS n
-        )
+        WITH exact_below AS ({below})
         SELECT (SELECT count(*) FROM (
                     SELECT 1 FROM {corpus.table} m WHERE {scope.sql_for(few)}
                     LIMIT (SELECT n FROM exact_below)
                 ) s) >= (SELECT n FROM exact_below)
         """,
-        [tuning.exact_search_below, tuning.hnsw_cost_per_exact, int(limit), *scope.params],
+        [*below_params, *scope.params],
     )
     return INDEX_ORDER if cursor.fetchone()[0] else EXACT_ORDER
 
@@ -327,12 +335,22 @@ def nearest_with_fills(
     fills: list,
     order: str,
     tuning: SearchTuning,
+    *,
+    capped: bool = False,
 ) -> list[tuple]:
     """In one round trip: the ``limit`` nearest rows with their keyword scores, and the
     similarity of the ``fills`` (keyword candidates) to the query. Each row: (id,
     similarity, keyword score, the row before, the row after, is one of the nearest, when
-    it was written). The rows before and after are the conversation's neighbouring turns
-    (``Corpus.neighbours``), else null."""
+    it was written, whether the scope held more rows than ``capped`` allows). The rows
+    before and after are the conversation's neighbouring turns (``Corpus.neighbours``),
+    else null.
+
+    ``capped``: exact distances for a principal who sees few conversations, without
+    counting the scope first: at most one more row than the exact-search limit is read
+    (``exact_below``), and if the scope held that many, the rows say so and the caller
+    walks the graph instead. A scope under the limit, the usual case, is read once, where a
+    count would read it twice.
+    """
     score, score_params = terms.score_sql("search_vector")
     if corpus.neighbours:
         position = "m.conversation_id, m.seq,"
@@ -347,36 +365,51 @@ def nearest_with_fills(
     else:
         position = outer_position = ""
         around = "NULL, NULL,"
+    below, below_params = exact_below(corpus, limit, tuning)
+    nearest = f"""
+        SELECT m.id, {position} {"" if capped else "m.search_vector,"} m.created_at,
+               1 - (m.embedding <=> %s::vector) AS similarity
+        FROM {corpus.table} m
+        WHERE m.embedding IS NOT NULL AND m.embedding_model = %s AND {scope.sql_for(capped)}"""
+    if capped:
+        # Only the winners' words are read (a row's full-text vector, carried through the
+        # count and the sort of every row read, cost more than their distances).
+        nearest = f"""
+        SELECT best.*, w.search_vector FROM (
+            SELECT *, count(*) OVER () > (SELECT n FROM exact_below) AS over_limit
+            FROM ({nearest} LIMIT (SELECT n + 1 FROM exact_below)) within_limit
+            ORDER BY similarity DESC LIMIT %s
+        ) best JOIN {corpus.table} w ON w.id = best.id"""
+        order, order_params = EXACT_ORDER, []
+    else:
+        nearest += f" ORDER BY {order} LIMIT %s"
+        order_params = [query_vector]
     # The order was chosen by counting the scope; the planner must not overrule it by its
     # statistics (``nearest_settings``).
     return execute_planned(
         cursor,
         f"""
-        SELECT c.id, c.similarity, c.keyword_score, {around} c.nearest, c.created_at
+        WITH exact_below AS ({below})
+        SELECT c.id, c.similarity, c.keyword_score, {around} c.nearest, c.created_at,
+               c.over_limit
         FROM (
             SELECT id, {outer_position} similarity, {score} AS keyword_score,
-                   true AS nearest, created_at
-            FROM (
-                SELECT m.id, {position} m.search_vector, m.created_at,
-                       1 - (m.embedding <=> %s::vector) AS similarity
-                FROM {corpus.table} m
-                WHERE m.embedding IS NOT NULL AND m.embedding_model = %s AND {scope.sql}
-                ORDER BY {order}
-                LIMIT %s
-            ) nearest
+                   true AS nearest, created_at, {"over_limit" if capped else "NULL"} AS over_limit
+            FROM ({nearest}) nearest
             UNION ALL
             SELECT id, {outer_position}
                    CASE WHEN embedding_model = %s THEN 1 - (embedding <=> %s::vector) END,
-                   NULL, false, created_at
+                   NULL, false, created_at, NULL
             FROM {corpus.table} WHERE id = ANY(%s)
         ) c
         """,
         [
+            *below_params,
             *score_params,
             query_vector,
             model,
             *scope.params,
-            query_vector,
+            *order_params,
             limit,
             model,
             query_vector,

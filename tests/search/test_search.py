@@ -109,7 +109,7 @@ def test_a_wide_scope_walks_the_vector_index_whatever_the_statistics_say(
             # The statement as sent, its planner settings before it, explained.
             cursor = context["cursor"]
             cursor.execute(
-                re.sub(r";\s*SELECT", "; EXPLAIN (COSTS OFF) SELECT", sql, count=1), params
+                re.sub(r";\s*(WITH|SELECT)", r"; EXPLAIN (COSTS OFF) \1", sql, count=1), params
             )
             while cursor.description is None and cursor.nextset():
                 pass
@@ -187,6 +187,36 @@ def test_a_principal_who_sees_few_conversations_finds_what_one_who_sees_many_wou
     assert contents(as_few) == contents(as_many)
     assert contents(as_few)[0] == "I adopted a puppy named Rex last week"
     assert "I adopted a puppy too" not in contents(as_few)
+
+
+@pytest.mark.parametrize(("exact_below", "statements_sent"), [(100, 1), (2, 3)])
+def test_a_principal_who_sees_few_conversations_is_searched_exactly_unless_too_many(
+    api, alice, pets, settings, exact_below, statements_sent
+):
+    # Alice sees one conversation of 4 messages. Under the exact-search limit they are read
+    # once, with their distances, and nothing counts them first; over it (2), the capped
+    # read says so and the graph is walked instead (then, as it finds fewer than the 30
+    # candidates wanted in so small a scope, exact distances again, uncapped). Either way
+    # the same message is found.
+    embed_pending()
+    tuned(settings, exact_search_below=exact_below, hnsw_cost_per_exact=0)
+    sent = []
+
+    def record(execute, sql, params, many, context):
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        found = search(api, alice, "new dog", mode="semantic")
+    assert contents(found)[0].startswith("I adopted")
+    nearest = [sql for sql in sent if "m.embedding <=>" in sql]
+    assert len(nearest) == statements_sent
+    assert "over_limit" in nearest[0] and "= ANY(ARRAY(" in nearest[0]
+    if statements_sent > 1:
+        assert "ORDER BY m.embedding <=>" in nearest[1]
+    assert not [
+        sql for sql in sent if "SELECT count(*) FROM (\n" in sql and "LIMIT (SELECT n FROM" in sql
+    ]
 
 
 def test_only_a_principal_who_sees_few_conversations_reads_them_as_an_array(alice, pets, settings):
