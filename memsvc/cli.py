@@ -343,7 +343,8 @@ def cmd_import(args: argparse.Namespace) -> int:
     import json
 
     _setup_django()
-    from agents_api.portability.restore import ImportRefused, document_import
+    from agents_api.portability.importing import document_import
+    from agents_api.portability.restore import ImportRefused
 
     try:
         if args.file == "-":

@@ -20,6 +20,7 @@ import importlib.abc
 import importlib.machinery
 import logging
 import sys
+import threading
 
 import httpx
 
@@ -92,10 +93,33 @@ def _not_read_error(response) -> type[Exception]:
     return getattr(module, "ResponseNotRead", httpx.ResponseNotRead)
 
 
+_lock = threading.Lock()
+_active: list = []  # the learning() blocks running, innermost last
+
+
+def activate(session) -> None:
+    """A ``learning()`` block begins: the SDKs are patched while any block runs."""
+    with _lock:
+        if not _active:
+            patch()
+        _active.append(session)
+
+
+def deactivate(session) -> None:
+    with _lock:
+        if session in _active:
+            _active.remove(session)
+        if not _active:
+            unpatch()
+
+
+def current_session():
+    """The innermost active block (blocks nest; any thread's calls are served by it)."""
+    return _active[-1] if _active else None
+
+
 def _begin(sdk: str, options) -> Turn | None:
     """The turn for a request about to be sent, or None when learning() leaves it alone."""
-    from memsvc.client.session import current_session
-
     session = current_session()
     if session is None:
         return None

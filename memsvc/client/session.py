@@ -6,7 +6,6 @@ import asyncio
 import logging
 import os
 import ssl
-import threading
 
 import httpx
 
@@ -45,15 +44,6 @@ def server_url_from_env(environ=None) -> str:
         host = f"[{host}]"  # an IPv6 address
     port = environ.get("MEMORY_SERVER_PORT", "").strip() or DEFAULT_PORT
     return f"http://{host}:{port}"
-
-
-_lock = threading.Lock()
-_active: list["learning"] = []
-
-
-def current_session() -> "learning | None":
-    """The innermost active block (blocks nest; any thread's calls are served by it)."""
-    return _active[-1] if _active else None
 
 
 class learning:
@@ -116,18 +106,11 @@ class learning:
         except BaseException:
             self._client.close()
             raise
-        with _lock:
-            if not _active:
-                hooks.patch()
-            _active.append(self)
+        hooks.activate(self)
         return self
 
     def __exit__(self, *exc):
-        with _lock:
-            if self in _active:
-                _active.remove(self)
-            if not _active:
-                hooks.unpatch()
+        hooks.deactivate(self)
         self.flush()
         self._client.close()
         return False
