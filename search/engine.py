@@ -128,6 +128,12 @@ def find_candidates(
     """The candidates for ``top_k`` results (``candidates_per_result`` each, at least
     ``min_candidates``)."""
     limit = max(tuning.min_candidates, tuning.candidates_per_result * top_k)
+    if not scope.visible_sql:
+        # One agent's or user's rows (memories, tool records): often none at all, and an
+        # index probe costs less than a search that finds nothing.
+        with connection.cursor() as cursor:
+            if not statements.holds_any(cursor, corpus, scope):
+                return Candidates()
     backend = configured_backend()
     embedding = None
     if mode in ("hybrid", "semantic"):

@@ -72,6 +72,14 @@ def exact_below(corpus: Corpus, limit: int, tuning: SearchTuning) -> tuple[str, 
     )
 
 
+def holds_any(cursor, corpus: Corpus, scope: Scope) -> bool:
+    """Whether the scope holds a row at all (an index probe)."""
+    cursor.execute(
+        f"SELECT EXISTS (SELECT 1 FROM {corpus.table} m WHERE {scope.sql})", scope.params
+    )
+    return cursor.fetchone()[0]
+
+
 def sees_few(cursor, scope: Scope, tuning: SearchTuning) -> bool:
     """Whether the scope's principal sees at most ``few_conversations`` conversations
     (counted up to one more). False for a scope of no conversations (memories)."""
@@ -197,7 +205,7 @@ def _column_statistics(cursor, corpus: Corpus) -> _ColumnStatistics | None:
     Read through the ``pg_stats`` view, which costs milliseconds: kept per process."""
     known = _COLUMN_STATISTICS.get(corpus.table)
     if known is not None and time.monotonic() - known.read_at < COLUMN_STATISTICS_SECONDS:
-        return known
+        return known if known.shares else None
     cursor.execute(
         """
         SELECT s.most_common_elems::text::text[], s.most_common_elem_freqs, c.reltuples
@@ -210,15 +218,16 @@ def _column_statistics(cursor, corpus: Corpus) -> _ColumnStatistics | None:
     )
     lexemes, shares, rows = cursor.fetchone()
     if not lexemes or rows is None or rows <= 0:
-        _COLUMN_STATISTICS.pop(corpus.table, None)
-        return None
-    known = _ColumnStatistics(
-        documents=int(rows),
-        shares=dict(zip(lexemes, shares[: len(lexemes)], strict=True)),
-        read_at=time.monotonic(),
-    )
+        # Not analysed yet (a new or small table): known too, until the next reading.
+        known = _ColumnStatistics(documents=0, shares={}, read_at=time.monotonic())
+    else:
+        known = _ColumnStatistics(
+            documents=int(rows),
+            shares=dict(zip(lexemes, shares[: len(lexemes)], strict=True)),
+            read_at=time.monotonic(),
+        )
     _COLUMN_STATISTICS[corpus.table] = known
-    return known
+    return known if known.shares else None
 
 
 def _column_frequencies(cursor, corpus: Corpus, text: str, tuning: SearchTuning):

@@ -51,3 +51,40 @@ def test_a_rarer_word_weighs_more_with_or_without_statistics(analysed):
     found = terms("capybara weather")
     assert found.idf["capybara"] > 3 * found.idf["weather"]
     assert found.match_on[0] == "capybara"
+
+
+def test_a_table_not_analysed_yet_is_read_once_per_while():
+    """No statistics (a table not analysed, or too small for common words) is known too:
+    the next searches count words without asking again."""
+    agent = AgentFactory()
+    memories(agent, ["the user keeps a capybara"])  # too few rows for any common word
+    reads = []
+
+    def count(execute, sql, params, many, context):
+        reads.append("pg_stats" in sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(count):
+        for _ in range(3):
+            assert terms("capybara").match_on == ["capybara"]
+    assert sum(reads) == 1
+
+
+def test_a_search_of_an_empty_store_is_one_probe(settings):
+    """An agent with no memories of this user: one statement, no query embedding."""
+    from agents_api.selectors import memory_search
+    from search import engine
+
+    agent = AgentFactory()
+    memories(AgentFactory(), ["the user keeps a capybara"])  # another agent's
+    engine.query_vector.cache_clear()
+    sent = []
+
+    def record(execute, sql, params, many, context):
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        assert memory_search(agent, user_id="", query="capybara", limit=5) == []
+    assert len(sent) == 1 and "EXISTS" in sent[0]
+    assert engine.query_vector.cache_info().currsize == 0
