@@ -151,13 +151,17 @@ def find_candidates(
             )
         if embedding is None:
             return Candidates(keyword=keyword, idf=terms.idf)
-        # While it embeds: how to find the nearest vectors. A principal who sees few
-        # conversations gets exact distances, capped (``nearest_with_fills``); a narrowed
-        # scope is counted; one who sees many walks the graph.
-        capped = few and not scope.narrowed
-        order = EXACT_ORDER
-        if not capped:
-            order = statements.nearest_order(cursor, corpus, scope, limit, tuning, few=few)
+        # While it embeds: how to find the nearest vectors. A principal's messages, when
+        # the principal sees few conversations or the search is narrowed to some: exact
+        # distances, capped (``nearest_with_fills``); when the principal sees many: the
+        # graph. One agent's or user's rows (memories, tool records): the scope counted.
+        capped = bool(scope.visible_sql) and (few or scope.narrowed)
+        if capped:
+            order = EXACT_ORDER
+        elif scope.visible_sql:
+            order = INDEX_ORDER
+        else:
+            order = statements.nearest_order(cursor, corpus, scope, limit, tuning)
         vector = embedding.result()
         # Semantic mode is the same statement with no keyword terms or candidates.
         statement = functools.partial(
@@ -172,7 +176,7 @@ def find_candidates(
             list(keyword),
             tuning=tuning,
         )
-        rows = statement(order, capped=capped)
+        rows = statement(order, capped=capped, few=few)
         if capped and any(row[7] for row in rows):
             # More rows in scope than exact distances are worth: the graph.
             order = INDEX_ORDER

@@ -92,21 +92,17 @@ def sees_few(cursor, scope: Scope, tuning: SearchTuning) -> bool:
     return cursor.fetchone()[0] <= tuning.few_conversations
 
 
-def nearest_order(
-    cursor, corpus: Corpus, scope: Scope, limit: int, tuning: SearchTuning, *, few: bool
-) -> str:
-    """The ORDER BY for the nearest vectors: the HNSW index for a large scope, exact
-    distances for a small one (``SearchTuning.hnsw_cost_per_exact``). A principal who sees
-    many conversations (not ``few``) goes to the graph uncounted; a narrowed scope, or a
-    principal who sees few, is counted up to the size where the graph wins."""
-    if not (scope.narrowed or few):
-        return INDEX_ORDER
+def nearest_order(cursor, corpus: Corpus, scope: Scope, limit: int, tuning: SearchTuning) -> str:
+    """The ORDER BY for the nearest vectors of a scope of one agent's or user's rows: the
+    HNSW index when the scope holds ``exact_below`` rows or more (counted up to there),
+    exact distances below. (A principal's messages need no count: ``nearest_with_fills``,
+    ``capped``.)"""
     below, below_params = exact_below(corpus, limit, tuning)
     cursor.execute(
         f"""
         WITH exact_below AS ({below})
         SELECT (SELECT count(*) FROM (
-                    SELECT 1 FROM {corpus.table} m WHERE {scope.sql_for(few)}
+                    SELECT 1 FROM {corpus.table} m WHERE {scope.sql}
                     LIMIT (SELECT n FROM exact_below)
                 ) s) >= (SELECT n FROM exact_below)
         """,
@@ -346,6 +342,7 @@ def nearest_with_fills(
     tuning: SearchTuning,
     *,
     capped: bool = False,
+    few: bool = False,
 ) -> list[tuple]:
     """In one round trip: the ``limit`` nearest rows with their keyword scores, and the
     similarity of the ``fills`` (keyword candidates) to the query. Each row: (id,
@@ -354,8 +351,8 @@ def nearest_with_fills(
     before and after are the conversation's neighbouring turns (``Corpus.neighbours``),
     else null.
 
-    ``capped``: exact distances for a principal who sees few conversations, without
-    counting the scope first: at most one more row than the exact-search limit is read
+    ``capped``: exact distances over a principal's messages (one who sees ``few``
+    conversations, or a search narrowed to some), without counting the scope first: at most as many rows as the exact-search limit are read
     (``exact_below``), and if the scope held that many, the rows say so and the caller
     walks the graph instead. A scope under the limit, the usual case, is read once, where a
     count would read it twice.
@@ -379,14 +376,14 @@ def nearest_with_fills(
         SELECT m.id, {position} {"" if capped else "m.search_vector,"} m.created_at,
                1 - (m.embedding <=> %s::vector) AS similarity
         FROM {corpus.table} m
-        WHERE m.embedding IS NOT NULL AND m.embedding_model = %s AND {scope.sql_for(capped)}"""
+        WHERE m.embedding IS NOT NULL AND m.embedding_model = %s AND {scope.sql_for(capped and few)}"""
     if capped:
         # Only the winners' words are read (a row's full-text vector, carried through the
         # count and the sort of every row read, cost more than their distances).
         nearest = f"""
         SELECT best.*, w.search_vector FROM (
-            SELECT *, count(*) OVER () > (SELECT n FROM exact_below) AS over_limit
-            FROM ({nearest} LIMIT (SELECT n + 1 FROM exact_below)) within_limit
+            SELECT *, count(*) OVER () >= (SELECT n FROM exact_below) AS over_limit
+            FROM ({nearest} LIMIT (SELECT greatest(n, 1) FROM exact_below)) within_limit
             ORDER BY similarity DESC LIMIT %s
         ) best JOIN {corpus.table} w ON w.id = best.id"""
         order, order_params = EXACT_ORDER, []

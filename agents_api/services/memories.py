@@ -55,7 +55,7 @@ def _nearest_memory(agent: Agent, user_id: str, model: str, vector) -> tuple | N
     literal = vector_literal(vector)
     tuning = configured_tuning()
     with connection.cursor() as cursor:
-        order = nearest_order(cursor, MEMORIES, scope, 1, tuning, few=False)
+        order = nearest_order(cursor, MEMORIES, scope, 1, tuning)
         rows = execute_planned(
             cursor,
             f"""

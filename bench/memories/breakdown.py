@@ -82,7 +82,7 @@ def main(argv=None) -> int:
                 )
                 steps["keyword"].append(time.perf_counter() - started)
                 started = time.perf_counter()
-                order = statements.nearest_order(cursor, MEMORIES, scope, limit, tuning, few=False)
+                order = statements.nearest_order(cursor, MEMORIES, scope, limit, tuning)
                 steps["choice"].append(time.perf_counter() - started)
                 orders.append("graph" if order == statements.INDEX_ORDER else "exact")
                 started = time.perf_counter()

@@ -17,7 +17,6 @@ from search.embeddings import configured_backend
 from search.models import CorpusStat, TermStat
 from search.services import embed_messages, embed_pending
 from search.statements import EXACT_ORDER, INDEX_ORDER, sees_few
-from search.statements import nearest_order as nearest_order_sql
 from search.tuning import DEFAULT_TUNING, configured_tuning
 from tests.agents_api.conftest import make_agent
 from tests.factories import ConversationFactory, MembershipFactory, MessageFactory
@@ -123,25 +122,25 @@ def test_a_wide_scope_walks_the_vector_index_whatever_the_statistics_say(
     assert "Index Scan using message_embedding_hnsw" in plans[0], plans[0]
 
 
-def nearest_order(persona, *, conversation_ids=None, before=None) -> str:
-    """How a user's search would find the nearest vectors: ``INDEX_ORDER`` or ``EXACT_ORDER``."""
-    scope = selectors.message_scope(
-        Principal(id=persona.id, kind="user"),
-        for_agent=False,
-        conversation_ids=conversation_ids,
-        before_message_id=before,
-    )
-    with connection.cursor() as cursor:
-        tuning = configured_tuning()
-        few = sees_few(cursor, scope, tuning)
-        return nearest_order_sql(cursor, selectors.MESSAGES, scope, 30, tuning, few=few)
+def nearest_order(api, persona, **narrowing) -> str:
+    """How a user's search found the nearest vectors: ``INDEX_ORDER`` when it walked the
+    graph (after a capped exact read that met the limit), else ``EXACT_ORDER``."""
+    sent = []
+
+    def record(execute, sql, params, many, context):
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        assert search(api, persona, "new dog", mode="semantic", **narrowing)
+    return INDEX_ORDER if any("ORDER BY m.embedding <=>" in sql for sql in sent) else EXACT_ORDER
 
 
 @pytest.mark.parametrize(
     ("corpus", "way"), [(4, "hnsw"), (5, "hnsw"), (6, "exact"), (64, "exact"), (10**6, "exact")]
 )
 def test_the_same_scope_is_searched_exactly_once_the_corpus_around_it_grows(
-    alice, pets, settings, corpus, way
+    api, alice, pets, settings, corpus, way
 ):
     # Alice's scope is 4 messages. The graph visits about 30 x corpus / 4 vectors to find 30
     # of hers, the exact scan 4: with one graph vector costing 0.1 exact distances, exact
@@ -150,24 +149,26 @@ def test_the_same_scope_is_searched_exactly_once_the_corpus_around_it_grows(
     CorpusStat.objects.update_or_create(id=1, defaults={"document_count": corpus})
     tuned(settings, exact_search_below=0, hnsw_cost_per_exact=0.1)
     expected = {"hnsw": INDEX_ORDER, "exact": EXACT_ORDER}[way]
-    assert nearest_order(alice) == expected
+    assert nearest_order(api, alice) == expected
 
 
 @pytest.mark.parametrize("narrowed_by", ["conversationIds", "before"])
-def test_a_narrowed_scope_is_counted_however_many_conversations_are_visible(
-    alice, pets, settings, narrowed_by
+def test_a_narrowed_scope_is_searched_exactly_however_many_conversations_are_visible(
+    api, alice, pets, settings, narrowed_by
 ):
     # Alice "sees many conversations" (FEW_CONVERSATIONS 0), which alone would send her
     # search to the graph; narrowed to one conversation or to the messages before one, her
-    # scope is counted, and its 4 messages are searched exactly.
+    # 4 messages are searched exactly.
     embed_pending()
     tuned(settings, few_conversations=0)
     last = Message.objects.filter(conversation=pets).order_by("seq").last()
     narrowing = (
-        {"conversation_ids": [pets.id]} if narrowed_by == "conversationIds" else {"before": last.id}
+        {"conversationIds": [str(pets.id)]}
+        if narrowed_by == "conversationIds"
+        else {"before": str(last.id)}
     )
-    assert nearest_order(alice, **narrowing) == EXACT_ORDER
-    assert nearest_order(alice) == INDEX_ORDER
+    assert nearest_order(api, alice, **narrowing) == EXACT_ORDER
+    assert nearest_order(api, alice) == INDEX_ORDER
 
 
 @pytest.mark.parametrize("mode", ["keyword", "hybrid"])
