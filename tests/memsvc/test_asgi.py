@@ -73,10 +73,17 @@ def handler():
 
     yield make
     for each in made:
-        # Each request thread keeps its connection open: close them before the test
-        # database goes.
-        for _ in range(each.threads._max_workers):
-            each.threads.submit(connections.close_all).result()
+        # Each request thread keeps its connection open: close them all (a barrier makes
+        # every thread of the pool take one) before the test database goes.
+        threads = each.threads._max_workers
+        barrier = threading.Barrier(threads)
+
+        def close(barrier=barrier):
+            barrier.wait(timeout=10)
+            connections.close_all()
+
+        for done in [each.threads.submit(close) for _ in range(threads)]:
+            done.result()
         each.threads.shutdown()
 
 
