@@ -117,9 +117,15 @@ def _with_summary_fields(queryset: QuerySet[Conversation]) -> QuerySet[Conversat
 
 
 def access_conversation(
-    principal: Principal, conversation_id, *, need: AccessLevel = AccessLevel.READER
+    principal: Principal,
+    conversation_id,
+    *,
+    need: AccessLevel = AccessLevel.READER,
+    summary: bool = True,
 ) -> Conversation:
-    """The conversation if the principal may do what ``need`` allows.
+    """The conversation if the principal may do what ``need`` allows; with ``summary``, its
+    owner and last message preview too (what a view that shows it needs; a write that only
+    needs the access skips them: compiling them costs more than the query, about 3 ms).
 
     404 when it does not exist *or* the principal is not a member (a stranger cannot tell
     the two apart); 403 for a member whose level is below ``need``.
@@ -128,12 +134,10 @@ def access_conversation(
         conversation_id = uuid.UUID(str(conversation_id))
     except ValueError:
         raise NotFound("conversation not found") from None
-    conversation = (
-        _with_summary_fields(conversations_visible_to(principal))
-        .select_related("forked_at_message")
-        .filter(id=conversation_id)
-        .first()
-    )
+    visible = conversations_visible_to(principal)
+    if summary:
+        visible = _with_summary_fields(visible).select_related("forked_at_message")
+    conversation = visible.filter(id=conversation_id).first()
     if conversation is None:
         raise NotFound("conversation not found")
     if not AccessLevel(conversation.access_level).allows(need):

@@ -147,7 +147,7 @@ class MessagesView(AgentApiView):
     )
     def post(self, request, conversation_id):
         conversation = selectors.access_conversation(
-            request.principal, conversation_id, need=AccessLevel.WRITER
+            request.principal, conversation_id, need=AccessLevel.WRITER, summary=False
         )
         data = s.BulkMessagesIn.parse(request.data)
         parents = _parents_in_view(conversation, data["messages"])

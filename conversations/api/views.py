@@ -103,7 +103,7 @@ class MessagesView(UserApiView):
     )
     def post(self, request, conversation_id):
         conversation = selectors.access_conversation(
-            request.principal, conversation_id, need=AccessLevel.WRITER
+            request.principal, conversation_id, need=AccessLevel.WRITER, summary=False
         )
         data = s.CreateUserMessageIn.parse(request.data)
         message = services.message_append(request.principal, conversation=conversation, **data)

@@ -539,3 +539,19 @@ def test_parents_of_a_bulk_append_are_looked_up_in_one_query(api, helper):
     with CaptureQueriesContext(connection) as many:
         assert append(api, helper, conversation["id"], *replies(60)).status_code == 201
     assert len(many) == len(few)
+
+
+def test_an_append_reads_the_conversations_access_without_its_summary(api, helper):
+    """A write needs the access level, not the owner and last-message preview a view shows
+    (their compiled query costs more than the append's own)."""
+    from django.test.utils import CaptureQueriesContext
+
+    conversation = agent_conversation(api, helper)
+    with CaptureQueriesContext(connection) as queries:
+        assert (
+            append(api, helper, conversation["id"], {"role": "user", "content": "hi"}).status_code
+            == 201
+        )
+    lookups = [q["sql"] for q in queries.captured_queries if 'FROM "conversation"' in q["sql"]]
+    assert lookups, [q["sql"] for q in queries.captured_queries]
+    assert not [sql for sql in lookups if "last_message_preview" in sql]
