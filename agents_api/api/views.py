@@ -220,7 +220,9 @@ class ContextView(AgentApiView):
         responses={200: s.ContextOut, **errors(400, 401, 403, 404)},
     )
     def get(self, request, conversation_id):
-        conversation = selectors.access_conversation(request.principal, conversation_id)
+        conversation = selectors.access_conversation(
+            request.principal, conversation_id, summary=False
+        )
         limit = parse_limit(request.query_params.get("limit"))
         memory_count = parse_limit(
             request.query_params.get("memories"),
@@ -252,7 +254,7 @@ class SummariesView(AgentApiView):
     )
     def post(self, request, conversation_id):
         conversation = selectors.access_conversation(
-            request.principal, conversation_id, need=AccessLevel.WRITER
+            request.principal, conversation_id, need=AccessLevel.WRITER, summary=False
         )
         data = s.SummaryIn.parse(request.data)
         message = services.summary_create(

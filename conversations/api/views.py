@@ -92,7 +92,9 @@ class MessagesView(UserApiView):
         responses={200: MessagePage, **errors(400, 401, 404)},
     )
     def get(self, request, conversation_id):
-        conversation = selectors.access_conversation(request.principal, conversation_id)
+        conversation = selectors.access_conversation(
+            request.principal, conversation_id, summary=False
+        )
         page = selectors.message_page(conversation, **page_params(request))
         return Response(page_data(page, s.MessageOut))
 
