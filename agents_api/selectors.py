@@ -19,7 +19,7 @@ from agents_api.models import (
 )
 from conversations.models import Conversation, Membership
 from conversations.selectors import conversation_owner_id, conversations_visible_to
-from memsvc.api.errors import Forbidden, InvalidInput, NotFound
+from memsvc.api.errors import Forbidden, InvalidInput, NotFound, one_or_404
 from memsvc.api.pagination import Page, keyset_page
 from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, Principal, user_id_problem
 from search import queries, ranking
@@ -222,14 +222,7 @@ def memory_page(memories: QuerySet[Memory], *, order: str, after: str | None, li
 
 def memory_of(memories: QuerySet[Memory], memory_id) -> Memory:
     """One of ``memories`` (``memories_of``); 404 for any other id, another agent's too."""
-    try:
-        memory_id = uuid.UUID(str(memory_id))
-    except ValueError:
-        raise NotFound("memory not found") from None
-    memory = memories.filter(id=memory_id).first()
-    if memory is None:
-        raise NotFound("memory not found")
-    return memory
+    return one_or_404(memories, memory_id, "memory")
 
 
 @dataclass
@@ -382,14 +375,7 @@ def tool_record_page(records: QuerySet[ToolRecord], *, after: str | None, limit:
 
 def tool_record_of(records: QuerySet[ToolRecord], trace_id) -> ToolRecord:
     """One of ``records`` (``tool_records_of``); 404 for any other id, another agent's too."""
-    try:
-        trace_id = uuid.UUID(str(trace_id))
-    except ValueError:
-        raise NotFound("tool record not found") from None
-    record = records.filter(id=trace_id).first()
-    if record is None:
-        raise NotFound("tool record not found")
-    return record
+    return one_or_404(records, trace_id, "tool record")
 
 
 @dataclass

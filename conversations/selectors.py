@@ -37,7 +37,7 @@ from conversations.models import (
     TransferStatus,
     Visibility,
 )
-from memsvc.api.errors import Forbidden, NotFound
+from memsvc.api.errors import Forbidden, NotFound, one_or_404
 from memsvc.api.pagination import Page, keyset_page
 from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, Principal
 
@@ -395,16 +395,13 @@ def transfers_for(principal: Principal, *, status: str | None) -> list[Ownership
 
 def access_transfer(principal: Principal, transfer_id) -> OwnershipTransfer:
     """A transfer the principal made or received; 404 for anyone else."""
-    try:
-        transfer_id = uuid.UUID(str(transfer_id))
-    except ValueError:
-        raise NotFound("ownership transfer not found") from None
-    transfer = OwnershipTransfer.objects.filter(
-        Q(from_principal=principal.id) | Q(to_principal=principal.id), id=transfer_id
-    ).first()
-    if transfer is None:
-        raise NotFound("ownership transfer not found")
-    return transfer
+    return one_or_404(
+        OwnershipTransfer.objects.filter(
+            Q(from_principal=principal.id) | Q(to_principal=principal.id)
+        ),
+        transfer_id,
+        "ownership transfer",
+    )
 
 
 # --- what is kept about a user (export, erase) -----------------------------------------------

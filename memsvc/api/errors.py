@@ -5,6 +5,8 @@ exceptions (parse errors, authentication failures, throttling) are translated he
 client sees the same shape whatever refused its request.
 """
 
+import uuid
+
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404, HttpResponse, JsonResponse
@@ -63,6 +65,19 @@ class NotFound(ApiError):
     status_code = 404
     code = "not_found"
     default_message = "not found"
+
+
+def one_or_404(queryset, row_id, what: str):
+    """The row of ``queryset`` with this id; 404 "<what> not found" for an id that is not a
+    UUID, not there, or not in the queryset (a stranger's row reads as no row)."""
+    try:
+        row_id = uuid.UUID(str(row_id))
+    except ValueError:
+        raise NotFound(f"{what} not found") from None
+    row = queryset.filter(id=row_id).first()
+    if row is None:
+        raise NotFound(f"{what} not found")
+    return row
 
 
 class Conflict(ApiError):
