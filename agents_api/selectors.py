@@ -295,26 +295,33 @@ def memory_search(
                 best[memory_id] = (relevance, absolute)
     if not best:
         return []
-    memories = Memory.objects.defer(*Memory.SEARCH_DATA).in_bulk(list(best))
+    # Ranked on two columns of each candidate; only the winners are read whole.
     now = timezone.now()
-    hits = [
-        MemoryHit(
-            memory=memory,
-            score=round(
-                ranking.memory_rank(
-                    best[memory.id][0],
-                    memory.importance,
-                    (now - memory.created_at).total_seconds() / 86400,
-                    ranking_,
-                ),
-                6,
+    ranked = sorted(
+        (
+            -ranking.memory_rank(
+                best[memory_id][0],
+                importance,
+                (now - created_at).total_seconds() / 86400,
+                ranking_,
             ),
-            relevance=round(best[memory.id][1], 6),
+            str(memory_id),
+            memory_id,
         )
-        for memory in memories.values()
+        for memory_id, importance, created_at in Memory.objects.filter(
+            id__in=list(best)
+        ).values_list("id", "importance", "created_at")
+    )[:limit]
+    memories = Memory.objects.defer(*Memory.SEARCH_DATA).in_bulk([row[2] for row in ranked])
+    return [
+        MemoryHit(
+            memory=memories[memory_id],
+            score=round(-negative_rank, 6),
+            relevance=round(best[memory_id][1], 6),
+        )
+        for negative_rank, _, memory_id in ranked
+        if memory_id in memories
     ]
-    hits.sort(key=lambda hit: (-hit.score, str(hit.memory.id)))
-    return hits[:limit]
 
 
 # --- memories in an LLM's context ------------------------------------------------------------

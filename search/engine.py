@@ -141,7 +141,7 @@ def find_candidates(
     # No transaction: each statement is a message of its own, with its planner settings
     # (``statements.execute_planned``), one round trip each.
     with connection.cursor() as cursor:
-        few = statements.sees_few(cursor, scope, tuning)
+        few = bool(scope.few_sql) and statements.sees_few(cursor, scope, tuning)
         terms = NO_TERMS
         keyword = {}
         if mode != "semantic":

@@ -110,7 +110,11 @@ def message_scope(
         narrowed=conversation_ids is not None or before_message_id is not None,
         visible_sql=visible_sql,
         visible_params=tuple(visible_params),
-        few_sql=" AND ".join([f"m.conversation_id = ANY(ARRAY({visible_sql}))", *clauses]),
+        # Narrowed to some conversations, the scope names them: the principal's other
+        # conversations, few or many, change nothing (and are not counted).
+        few_sql=""
+        if conversation_ids is not None
+        else " AND ".join([f"m.conversation_id = ANY(ARRAY({visible_sql}))", *clauses]),
     )
 
 

@@ -51,7 +51,8 @@ class Scope:
     # conversations' rows from the ``(conversation_id, seq)`` index and intersects them
     # with a word's rows in the GIN index before it reads a row, where the join reads every
     # row holding the word in the whole corpus (docs/benchmarks.md, "The keyword tail").
-    # For a principal who sees many, the array is the slower way by far.
+    # For a principal who sees many, the array is the slower way by far. Empty: no such
+    # form (the scope names its conversations), and no count of them (``sees_few``).
     few_sql: str = ""
 
     def sql_for(self, few: bool) -> str:

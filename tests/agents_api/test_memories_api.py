@@ -4,6 +4,7 @@ paging, who reaches what, and bad input refused with nothing written."""
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
 from agents_api.models import Memory
@@ -161,6 +162,22 @@ def test_importance_breaks_a_tie_of_relevance(api, helper):
     save(api, helper, "The user likes jazz music a lot", importance=1.0)
     results = search(api, helper, "jazz", mode="keyword", minScore=0)
     assert contents(results)[0] == "The user likes jazz music a lot"
+
+
+def test_a_search_reads_whole_only_the_memories_it_returns(api, helper, alices_facts):
+    # Every candidate is ranked on its importance and age; only the ones returned are read
+    # with their text, tags and metadata.
+    read_whole = []
+
+    def record(execute, sql, params, many, context):
+        if sql.startswith('SELECT "memory"."id", "memory"."agent_id"'):
+            read_whole.append(len(params))  # one per memory id
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        results = search(api, helper, "Alice", userId="alice", limit=2, minScore=0)
+    assert len(results) == 2
+    assert read_whole == [2]
 
 
 def test_prefetch_searches_each_sentence(api, helper, alices_facts):

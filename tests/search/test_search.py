@@ -171,6 +171,29 @@ def test_a_narrowed_scope_is_searched_exactly_however_many_conversations_are_vis
     assert nearest_order(api, alice) == INDEX_ORDER
 
 
+@pytest.mark.parametrize(
+    ("narrowing", "counted"), [({"conversationIds": "pets"}, False), ({}, True)]
+)
+def test_a_search_narrowed_to_conversations_does_not_count_the_others(
+    api, alice, pets, narrowing, counted
+):
+    # Narrowed to conversations it names, the scope is those conversations' messages,
+    # however many more the principal sees: the count that decides how to read a whole
+    # view (``sees_few``) is not sent. Unnarrowed, it is.
+    embed_pending()
+    narrowing = {name: [str(pets.id)] for name in narrowing}
+    sent = []
+
+    def record(execute, sql, params, many, context):
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        found = search(api, alice, "adopted puppy", **narrowing)
+    assert contents(found)[0] == "I adopted a puppy named Rex last week"
+    assert any(sql.startswith("SELECT count(*) FROM (SELECT 1 FROM (") for sql in sent) is counted
+
+
 @pytest.mark.parametrize("mode", ["keyword", "hybrid"])
 def test_a_principal_who_sees_few_conversations_finds_what_one_who_sees_many_would(
     api, alice, bob, pets, settings, mode
