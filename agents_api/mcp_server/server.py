@@ -30,8 +30,8 @@ _pool_lock = threading.Lock()
 
 
 def _tool_pool() -> ThreadPoolExecutor:
-    """The process's tool threads, made by its first call (a web process's request threads
-    each run an event loop of their own, and share these)."""
+    """The process's tool threads, made by its first call (shared by the process's MCP event
+    loop, ``http.ExchangeLoop``, or the stdio server's)."""
     global _pool
     with _pool_lock:
         if _pool is None:

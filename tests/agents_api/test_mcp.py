@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from django.conf import settings
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
+from agents_api.mcp_server import http as mcp_http
 from agents_api.models import Memory, MemoryBlock, MemorySource
 from agents_api.selectors import LOCAL_OWNER
 from agents_api.services import (
@@ -486,3 +488,22 @@ def test_http_works_the_same_under_an_asgi_server(served_asgi):
     assert body(blocks)["data"][0]["value"] == "Name: Ada"
     assert Memory.objects.get(id=body(saved)["id"]).agent_id == agent.id
     assert httpx.post(served_asgi, json={}, timeout=10).status_code == 401
+
+
+def test_http_calls_in_one_process_share_one_event_loop_and_session_manager(client):
+    # The SDK's session manager is entered once per process, on one loop thread, not once
+    # per call (a loop and a manager per call cost about 2 ms of CPU each).
+    _, key = keyed_agent("one-loop")
+    listing = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+    headers = {
+        "HTTP_AUTHORIZATION": f"Bearer {key}",
+        "HTTP_ACCEPT": "application/json, text/event-stream",
+    }
+    managers = []
+    for _ in range(3):
+        response = client.post("/mcp", listing, content_type="application/json", **headers)
+        assert response.status_code == 200, response.content
+        assert "memory_search" in {tool["name"] for tool in response.json()["result"]["tools"]}
+        managers.append(mcp_http._exchanges._manager)
+    assert managers[0] is managers[1] is managers[2]
+    assert [thread.name for thread in threading.enumerate()].count("mcp-http") == 1
