@@ -1,5 +1,6 @@
 """The JSON of the agent API (camelCase), in and out."""
 
+import functools
 from datetime import timedelta
 
 from django.utils import timezone
@@ -225,9 +226,14 @@ class MemoryHitOut(MemoryOut):
     class Meta:
         ref_name = "MemorySearchResult"
 
+    @functools.cached_property
+    def _memory(self) -> MemoryOut:
+        # One for every hit: a serializer copies its fields when it is made.
+        return MemoryOut()
+
     def to_representation(self, hit):
         return {
-            **MemoryOut(hit.memory).data,
+            **self._memory.to_representation(hit.memory),
             "score": hit.score,
             "relevance": hit.relevance,
         }
@@ -426,8 +432,12 @@ class ToolRecordHitOut(ToolRecordOut):
     class Meta:
         ref_name = "ToolRecordSearchResult"
 
+    @functools.cached_property
+    def _record(self) -> ToolRecordOut:
+        return ToolRecordOut()  # one for every hit, as ``MemoryHitOut._memory``
+
     def to_representation(self, hit):
-        return {**ToolRecordOut(hit.record).data, "score": hit.score}
+        return {**self._record.to_representation(hit.record), "score": hit.score}
 
 
 class SearchToolRecordsIn(InputSerializer):
