@@ -157,6 +157,10 @@ def test_every_operation_declares_the_refusals_any_request_may_meet(served_schem
 ASSET = re.compile(r"""<(?:script|link|img)\b[^>]*?\b(?:src|href)\s*=\s*["']([^"']+)["']""", re.I)
 
 
+# Closing a served file ends the request, and Django then checks the thread's database
+# connection (``close_old_connections``): after any database test in the same process that
+# connection exists, and without database access the check fails.
+@pytest.mark.django_db
 def test_the_docs_page_is_served_without_credentials_from_local_assets(client):
     response = client.get("/v1/docs")
     assert response.status_code == 200
