@@ -1,7 +1,7 @@
 """Messages an agent writes: bulk appends with an idempotency key, and the local
 compatibility API's."""
 
-from django.db import transaction
+from django.db import connection, transaction
 
 from agents_api.models import (
     Agent,
@@ -31,19 +31,36 @@ def agent_messages_append(
         return messages_append(actor, conversation=conversation, messages=messages), True
     if len(idempotency_key) > 255:
         raise InvalidInput.for_field("Idempotency-Key", "must be at most 255 characters")
-    record, created = IdempotentRequest.objects.get_or_create(
-        principal_id=actor.id, key=idempotency_key, defaults={"request_hash": request_hash}
-    )
-    if not created:
+    record_id = _claim_key(actor.id, idempotency_key, request_hash)
+    if record_id is None:
+        record = IdempotentRequest.objects.get(principal_id=actor.id, key=idempotency_key)
         if record.request_hash != request_hash:
             raise Conflict("this Idempotency-Key was already used for a different request")
         return list(
             Message.objects.without_search_data().filter(id__in=record.message_ids).order_by("seq")
         ), False
     appended = messages_append(actor, conversation=conversation, messages=messages)
-    record.message_ids = [str(m.id) for m in appended]
-    record.save(update_fields=["message_ids"])
+    IdempotentRequest.objects.filter(pk=record_id).update(message_ids=[str(m.id) for m in appended])
     return appended, True
+
+
+def _claim_key(principal_id: str, key: str, request_hash: str) -> int | None:
+    """The id of a new record of ``key``, or None if the key is taken. One statement (an
+    ORM ``get_or_create`` sends four: a read, a savepoint, the insert, its release). A
+    request with the same key in flight holds the key's unique index entry until it ends:
+    this one waits for it, then finds the key taken."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO idempotent_request (principal_id, key, request_hash, message_ids, created_at)
+            VALUES (%s, %s, %s, '[]'::jsonb, now())
+            ON CONFLICT (principal_id, key) DO NOTHING
+            RETURNING id
+            """,
+            [principal_id, key, request_hash],
+        )
+        row = cursor.fetchone()
+    return row[0] if row else None
 
 
 # --- the local compatibility API -------------------------------------------------------------

@@ -351,6 +351,32 @@ def test_the_same_idempotency_key_twice_stores_one_set(api, helper):
     assert Message.objects.count() == 2
 
 
+def test_a_new_idempotency_key_costs_one_statement(api, helper):
+    # The key is claimed by one INSERT ... ON CONFLICT DO NOTHING (not a read, then a
+    # savepoint, the insert and its release), and the record is filled in once the messages
+    # exist.
+    conversation = agent_conversation(api, helper)
+    sent = []
+
+    def record(execute, sql, params, many, context):
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        response = append(
+            api,
+            helper,
+            conversation["id"],
+            {"role": "user", "content": "hi"},
+            HTTP_IDEMPOTENCY_KEY="k-2",
+        )
+    assert response.status_code == 201
+    about_the_key = [sql for sql in sent if "idempotent_request" in sql]
+    assert [sql.split()[0] for sql in about_the_key] == ["INSERT", "UPDATE"]
+    [stored] = IdempotentRequest.objects.values_list("message_ids", flat=True)
+    assert stored == [response.json()["data"][0]["id"]]
+
+
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_retries_with_one_key_store_one_set(live_server):
     import httpx
