@@ -88,25 +88,52 @@ WHERE search_corpus_stat.id = 1
 """
 
 
+# A worker's task takes this many other waiting messages with its own (the oldest first):
+# one model call for many short texts costs about a third less per text than one call each
+# (docs/benchmarks.md), and under a stream of appends the backlog goes out in batches.
+TASK_BATCH = 32
+
+# The messages to embed, claimed: row locks held until the vectors are written, and rows
+# another worker holds skipped (a no-key lock: a reply to one of them may still be inserted).
+_CLAIM = """
+SELECT id, author_name, content, channel, conversation_id FROM message
+WHERE (id = ANY(%s::uuid[]) OR id IN (
+        SELECT id FROM message WHERE embedded_at IS NULL ORDER BY seq LIMIT %s))
+  {only_pending}
+ORDER BY seq
+FOR NO KEY UPDATE SKIP LOCKED
+"""
+
+
 def embed_messages(
-    message_ids: Sequence, *, backend: EmbeddingBackend | None = None, force: bool = False
+    message_ids: Sequence,
+    *,
+    backend: EmbeddingBackend | None = None,
+    force: bool = False,
+    batch: int = 0,
 ) -> int:
-    """Embed these messages; returns how many got a vector.
+    """Embed these messages; returns how many got a vector. With ``batch``, other messages
+    still waiting come along, oldest first, up to ``batch`` in all.
 
     Idempotent: without ``force`` only messages still waiting (``embedded_at IS NULL``) are
-    embedded, and the write is conditional on that, so two workers racing for one message
-    write it once and count its words once. ``force`` re-embeds (a new model).
+    embedded. The messages are claimed for the time it takes (``_CLAIM``): a second worker
+    skips those one is embedding, so a message is embedded once and its words counted once.
+    ``force`` re-embeds (a new model).
     """
     backend = backend or configured_backend()
-    rows = Message.objects.filter(id__in=list(message_ids))
-    if not force:
-        rows = rows.filter(embedded_at__isnull=True)
-    rows = list(rows.values_list("id", "author_name", "content", "channel", "conversation_id"))
-    if not rows:
-        return 0
-    vectors = backend.embed([embedding_text(author, content) for _, author, content, _, _ in rows])
-    now = timezone.now()
+    ids = [str(message_id) for message_id in message_ids]
     with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            _CLAIM.format(only_pending="" if force else "AND embedded_at IS NULL"),
+            [ids, max(batch - len(ids), 0)],
+        )
+        rows = cursor.fetchall()
+        if not rows:
+            return 0
+        vectors = backend.embed(
+            [embedding_text(author, content) for _, author, content, _, _ in rows]
+        )
+        now = timezone.now()
         written = write_vectors(
             cursor,
             "message",

@@ -29,7 +29,7 @@ class TransientEmbeddingError(Exception):
 )
 def embed_messages_task(message_ids: list[str]) -> int:
     try:
-        return services.embed_messages(message_ids)
+        return services.embed_messages(message_ids, batch=services.TASK_BATCH)
     except EmbeddingError as exc:
         if exc.transient:
             raise TransientEmbeddingError(str(exc)) from exc

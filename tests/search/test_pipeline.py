@@ -1,16 +1,21 @@
 """The embedding pipeline: commit first, embed after; a broken queue loses nothing."""
 
 import secrets
+import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 
 from conversations.models import Conversation, Message
 from memsvc import cli
-from search.tasks import sweep_unembedded_task
+from search import services
+from search.embeddings import configured_backend
+from search.models import CorpusStat
+from search.tasks import embed_messages_task, sweep_unembedded_task
 from tests.agents_api.conftest import make_agent
+from tests.factories import ConversationFactory, MessageFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -137,3 +142,66 @@ def test_search_reads_vectors_and_words_from_the_row_itself(api, alice, conversa
     assert cli.main(["reindex"]) == 0
     assert toasted(turn, "embedding", "search_vector", "content") == [False, False, False]
     assert toasted(essay, "embedding", "content") == [False, True]
+
+
+class CountingBackend:
+    """The configured model, counting its calls and texts."""
+
+    def __init__(self):
+        self.inner = configured_backend()
+        self.model = self.inner.model
+        self.calls = []
+
+    def embed(self, texts):
+        self.calls.append(len(texts))
+        return self.inner.embed(texts)
+
+
+def test_a_task_takes_the_waiting_messages_with_its_own_in_one_model_call(
+    api, alice, conversation, monkeypatch
+):
+    # Three messages wait (their tasks not run yet); the first one's task embeds all three
+    # with one call of the model, and the others' tasks then find nothing left to do.
+    waiting = [post_message(api, alice, conversation, f"turn {n}") for n in range(3)]
+    backend = CountingBackend()
+    monkeypatch.setattr(services, "configured_backend", lambda: backend)
+    assert embed_messages_task.apply(args=[[str(waiting[2].id)]]).get() == 3
+    assert backend.calls == [3]
+    assert embed_messages_task.apply(args=[[str(waiting[0].id)]]).get() == 0
+    assert backend.calls == [3]
+    assert not Message.objects.filter(embedded_at__isnull=True).exists()
+    # Each message's words were counted once.
+    assert CorpusStat.objects.get(id=1).document_count == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_message_another_worker_is_embedding_is_skipped(alice):
+    # A worker holds its claim on a message until its vectors are written; meanwhile a second
+    # worker's task for the same message embeds nothing, and counts nothing.
+    with transaction.atomic():
+        conversation = ConversationFactory(group__owner=alice.id)
+        held = MessageFactory(conversation=conversation, content="being embedded elsewhere")
+        other = MessageFactory(conversation=conversation, content="free to take")
+    claimed = threading.Event()
+    release = threading.Event()
+
+    def first_worker():
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SELECT 1 FROM message WHERE id = %s FOR NO KEY UPDATE", [held.id])
+            claimed.set()
+            release.wait(30)
+        connection.close()
+
+    thread = threading.Thread(target=first_worker)
+    thread.start()
+    try:
+        assert claimed.wait(30)
+        assert services.embed_messages([held.id], batch=services.TASK_BATCH) == 1  # other only
+        other.refresh_from_db()
+        held.refresh_from_db()
+        assert other.embedded_at is not None and held.embedded_at is None
+    finally:
+        release.set()
+        thread.join()
+    assert services.embed_messages([held.id]) == 1
+    assert CorpusStat.objects.get(id=1).document_count == 2
