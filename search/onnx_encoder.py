@@ -185,10 +185,19 @@ class OnnxSentenceEncoder:
             str(graph), options, providers=["CPUExecutionProvider"]
         )
         self.needs_token_types = "token_type_ids" in {i.name for i in self.session.get_inputs()}
+        # The int8 graph quantises its activations with one scale for the whole input
+        # (ONNX Runtime's dynamic quantisation): a text run with others gets another vector
+        # than alone (cosine 0.99 with itself), and a query is always run alone. So int8
+        # runs one text at a time: a text's vector is its own, whatever was embedded beside
+        # it, and stored texts meet queries on the same terms (LoCoMo hybrid hit@5 0.679 ->
+        # 0.687-0.689, semantic 0.411 -> 0.423; docs/benchmarks.md). float32 batches.
+        self.one_text_at_a_time = precision == "int8"
 
     def encode(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
         """Normalised mean-pooled vectors, in the order of ``texts``."""
         # Batches of similar lengths pad less (sentence-transformers does the same).
+        if self.one_text_at_a_time:
+            batch_size = 1
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         vectors = np.zeros((len(texts), self.dimension), dtype=np.float32)
         for start in range(0, len(texts), batch_size):

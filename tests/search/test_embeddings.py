@@ -96,6 +96,17 @@ def test_int8_weights_keep_the_vectors_close_and_the_ranking(tmp_path):
         assert ranking.tolist() == list(range(len(texts)))
 
 
+def test_an_int8_vector_does_not_depend_on_the_texts_embedded_with_it(tmp_path):
+    # The int8 graph quantises activations with one scale per input: run in a batch, a text
+    # got another vector than alone (cosine 0.99), and a query is always embedded alone.
+    int8 = LocalBackend(cache_dir=tmp_path)
+    text = "I adopted a puppy named Rex last week"
+    alone = int8.embed([text])[0]
+    for companion in ["Wow!", "The marathon plan is going well, twenty kilometres on Sunday"]:
+        together = int8.embed([companion, text, companion])[1]
+        assert np.allclose(together, alone, atol=1e-6), float(together @ alone)
+
+
 def test_processes_starting_together_make_the_graph_once(tmp_path, monkeypatch):
     made = []
 
