@@ -89,8 +89,9 @@ WHERE search_corpus_stat.id = 1
 
 
 # A worker's task takes this many other waiting messages with its own (the oldest first):
-# one model call for many short texts costs about a third less per text than one call each
-# (docs/benchmarks.md), and under a stream of appends the backlog goes out in batches.
+# under a stream of appends the backlog goes out in batches, each paying for one task and
+# one set of statements (the model itself runs int8 texts one at a time, see
+# ``search.onnx_encoder``; docs/benchmarks.md).
 TASK_BATCH = 32
 
 # The messages to embed, claimed: row locks held until the vectors are written, and rows
