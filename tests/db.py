@@ -28,3 +28,16 @@ def database_url() -> str:
     db = settings.DATABASES["default"]
     host = quote(db["HOST"], safe="")
     return f"postgres://{db['USER']}@{host}:{db['PORT']}/{db['NAME']}"
+
+
+@contextmanager
+def recorded_statements():
+    """The SQL of every statement sent inside, in order (a list filled as they go)."""
+    sent = []
+
+    def record(execute, sql, params, many, context):
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        yield sent

@@ -12,6 +12,7 @@ from agents_api.models import ApiKey, IdempotentRequest
 from agents_api.services import api_key_revoke
 from conversations.models import Conversation, Membership, Message
 from tests.agents_api.conftest import make_agent
+from tests.db import recorded_statements
 from tests.factories import ConversationFactory, MembershipFactory, MessageFactory
 
 pytestmark = pytest.mark.django_db
@@ -356,13 +357,7 @@ def test_a_new_idempotency_key_costs_one_statement(api, helper):
     # savepoint, the insert and its release), and the record is filled in once the messages
     # exist.
     conversation = agent_conversation(api, helper)
-    sent = []
-
-    def record(execute, sql, params, many, context):
-        sent.append(sql)
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(record):
+    with recorded_statements() as sent:
         response = append(
             api,
             helper,

@@ -19,6 +19,7 @@ from search.services import embed_messages, embed_pending
 from search.statements import EXACT_ORDER, INDEX_ORDER, sees_few
 from search.tuning import DEFAULT_TUNING, configured_tuning
 from tests.agents_api.conftest import make_agent
+from tests.db import recorded_statements
 from tests.factories import ConversationFactory, MembershipFactory, MessageFactory
 
 pytestmark = pytest.mark.django_db
@@ -125,13 +126,7 @@ def test_a_wide_scope_walks_the_vector_index_whatever_the_statistics_say(
 def nearest_order(api, persona, **narrowing) -> str:
     """How a user's search found the nearest vectors: ``INDEX_ORDER`` when it walked the
     graph (after a capped exact read that met the limit), else ``EXACT_ORDER``."""
-    sent = []
-
-    def record(execute, sql, params, many, context):
-        sent.append(sql)
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(record):
+    with recorded_statements() as sent:
         assert search(api, persona, "new dog", mode="semantic", **narrowing)
     return INDEX_ORDER if any("ORDER BY m.embedding <=>" in sql for sql in sent) else EXACT_ORDER
 
@@ -182,13 +177,7 @@ def test_a_search_narrowed_to_conversations_does_not_count_the_others(
     # view (``sees_few``) is not sent. Unnarrowed, it is.
     embed_pending()
     narrowing = {name: [str(pets.id)] for name in narrowing}
-    sent = []
-
-    def record(execute, sql, params, many, context):
-        sent.append(sql)
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(record):
+    with recorded_statements() as sent:
         found = search(api, alice, "adopted puppy", **narrowing)
     assert contents(found)[0] == "I adopted a puppy named Rex last week"
     assert any(sql.startswith("SELECT count(*) FROM (SELECT 1 FROM (") for sql in sent) is counted
@@ -224,13 +213,7 @@ def test_a_principal_who_sees_few_conversations_is_searched_exactly_unless_too_m
     # the same message is found.
     embed_pending()
     tuned(settings, exact_search_below=exact_below, hnsw_cost_per_exact=0)
-    sent = []
-
-    def record(execute, sql, params, many, context):
-        sent.append(sql)
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(record):
+    with recorded_statements() as sent:
         found = search(api, alice, "new dog", mode="semantic")
     assert contents(found)[0].startswith("I adopted")
     nearest = [sql for sql in sent if "m.embedding <=>" in sql]
