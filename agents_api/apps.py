@@ -7,6 +7,9 @@ class AgentsApiConfig(AppConfig):
 
     def ready(self) -> None:
         from agents_api.models import Agent
+        from agents_api.selectors import memories_citing
         from memsvc.api.principals import register_agent_lookup
+        from search.selectors import register_citing
 
         register_agent_lookup(lambda agent_id: Agent.objects.filter(id=agent_id).exists())
+        register_citing(memories_citing)

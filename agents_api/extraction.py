@@ -20,6 +20,7 @@ logged and extracts nothing.
 
 import logging
 import math
+from collections.abc import Sequence
 
 from django.utils import timezone
 
@@ -54,10 +55,10 @@ be remembered. Each memory is one short, self-contained fact in the third person
 user ..." or their name). Leave out small talk, questions, what only the assistant said, \
 and what is already known (listed below) unless it has changed.
 
-Give each memory an importance from 0 (trivia) to 1 (essential).
+Give each memory an importance from 0 (trivia) to 1 (essential), and the numbers of the turns it rests on (each turn below starts with its number in brackets).
 
 Answer with JSON only, in this shape:
-{"memories": [{"content": "The user's favourite language is Python.", "importance": 0.6}]}
+{"memories": [{"content": "The user's favourite language is Python.", "importance": 0.6, "turns": [3]}]}
 When nothing is worth keeping, answer {"memories": []}."""
 
 
@@ -124,11 +125,11 @@ def _cut(text: str, limit: int) -> str:
 
 def extraction_prompt(messages, known: list[str]) -> list[dict]:
     """The chat messages that ask for memories: the instructions, what is already known, and
-    the turns to read (newest kept when they are too long)."""
+    the turns to read, numbered from 1 (newest kept when they are too long)."""
     lines, size = [], 0
-    for message in reversed(messages):
+    for number, message in reversed(list(enumerate(messages, start=1))):
         speaker = f"{message.author_name} ({message.role})" if message.author_name else message.role
-        line = f"{speaker}: {_cut(message.content, MAX_MESSAGE_CHARS)}"
+        line = f"[{number}] {speaker}: {_cut(message.content, MAX_MESSAGE_CHARS)}"
         size += len(line) + 1
         if lines and size > MAX_TRANSCRIPT_CHARS:
             break
@@ -150,9 +151,22 @@ def _importance(value) -> float:
     return min(1.0, max(0.0, float(value)))
 
 
-def parse_facts(answer, *, metadata: dict) -> list[services.NewMemory]:
+def _cited(numbers, turns: Sequence) -> list:
+    """The ids of the numbered ``turns`` an answer names (``[1, 3]``); numbers that name no
+    turn are left out."""
+    if not isinstance(numbers, list):
+        return []
+    return [
+        turns[n - 1]
+        for n in numbers
+        if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= len(turns)
+    ]
+
+
+def parse_facts(answer, *, metadata: dict, turns: Sequence = ()) -> list[services.NewMemory]:
     """The memories in the model's JSON: ``{"memories": [...]}`` or a bare list, each an
-    object with ``content`` (and ``importance``) or a string. Items of another shape are
+    object with ``content`` (and ``importance``, and the numbers of the ``turns`` it rests
+    on: message ids, in the prompt's order) or a string. Items of another shape are
     skipped; an answer of another shape is an ``LLMError``."""
     items = answer.get("memories") if isinstance(answer, dict) else answer
     if not isinstance(items, list):
@@ -171,6 +185,7 @@ def parse_facts(answer, *, metadata: dict) -> list[services.NewMemory]:
                     content=content,
                     importance=_importance(item.get("importance")),
                     metadata=metadata,
+                    message_ids=_cited(item.get("turns"), turns),
                 )
             )
     return facts
@@ -204,7 +219,11 @@ def memories_extract(agent: Agent, conversation: Conversation) -> list[Memory]:
     )
     try:
         answer = chat(extraction_prompt(messages, list(known)))
-        facts = parse_facts(json_answer(answer), metadata={"conversationId": str(conversation.id)})
+        facts = parse_facts(
+            json_answer(answer),
+            metadata={"conversationId": str(conversation.id)},
+            turns=[message.id for message in messages],
+        )
     except LLMError as exc:
         if exc.transient:
             _release(agent, conversation, previous, messages[-1].seq)

@@ -196,6 +196,7 @@ class IdempotentRequest(models.Model):
 MEMORY_TTL = timedelta(days=15)  # kagent: a memory lives 15 days unless it keeps being used
 MEMORY_MAX_TAGS = 50
 MEMORY_TAG_MAX_LENGTH = 100
+MEMORY_MAX_MESSAGES = 100  # the turns one memory may cite
 
 
 class MemorySource(models.TextChoices):
@@ -253,6 +254,10 @@ class Memory(models.Model):
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     updated_at = models.DateTimeField(default=timezone.now)
 
+    # The turns it rests on (an extracted memory: those it was distilled from): a search of
+    # messages also ranks the turns the best memories cite (``search.engine.ranked``). Ids,
+    # not keys: a turn deleted since is no longer found, and its id says nothing of it.
+    message_ids = ArrayField(models.UUIDField(), default=list, blank=True)
     embedding = VectorField(dimensions=settings.MEMORY_EMBEDDING_DIMENSION, null=True, blank=True)
     embedding_model = models.CharField(max_length=200, blank=True, default="")
     embedded_at = models.DateTimeField(null=True, blank=True)

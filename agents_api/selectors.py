@@ -23,7 +23,7 @@ from memsvc.api.errors import Forbidden, InvalidInput, NotFound, one_or_404
 from memsvc.api.pagination import Page, keyset_page
 from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, Principal, user_id_problem
 from search import queries, ranking
-from search.engine import find_candidates
+from search.engine import Citing, find_candidates
 from search.statements import Corpus, Scope
 from search.tuning import MemoryRanking, configured_memory_ranking, configured_tuning
 
@@ -194,6 +194,7 @@ def memory_enabled_for(user_id: str | None) -> bool:
 
 MEMORIES = Corpus(
     "memory",
+    cites="message_ids",
     # The planner's estimate of the table's rows: enough to choose exact or graph search.
     size_sql="SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = 'memory'::regclass",
 )
@@ -232,11 +233,11 @@ class MemoryHit:
     relevance: float  # how well it answers the query, comparable across queries (0..1)
 
 
-def _memory_scope(agent: Agent | None, user_id: str | None, tags: Sequence[str]) -> Scope:
+def _memory_scope(agent_id, user_id: str | None, tags: Sequence[str] = ()) -> Scope:
     clauses, params = ["m.expires_at > now()"], []
-    if agent is not None:
+    if agent_id is not None:
         clauses.append("m.agent_id = %s")
-        params.append(agent.id)
+        params.append(agent_id)
     if user_id is not None:
         clauses.append("m.user_id = %s")
         params.append(user_id)
@@ -244,6 +245,27 @@ def _memory_scope(agent: Agent | None, user_id: str | None, tags: Sequence[str])
         clauses.append("m.tags && %s::varchar[]")  # any of the tags
         params.append(list(tags))
     return Scope(" AND ".join(clauses), params)
+
+
+def memories_citing(principal: Principal) -> Citing:
+    """The memories a principal's search of messages reads for the turns they cite
+    (``search.selectors.register_citing``): an agent's own, about anyone it serves (with
+    ``X-On-Behalf-Of``, about that user); for a user, what every agent keeps about them.
+    Never those about a user who turned memory off (``memory_enabled_for``), and only turns
+    the search's own scope holds are ranked by them."""
+    if principal.kind == "agent":
+        scope = _memory_scope(principal.agent_id, principal.on_behalf_of)
+    else:
+        scope = _memory_scope(None, principal.id)
+    return Citing(MEMORIES, Scope(" AND ".join([scope.sql, *_CITING]), scope.params))
+
+
+# A memory that cites turns, about a user who did not turn memory off.
+_CITING = (
+    "m.message_ids <> '{}'",
+    """NOT EXISTS (SELECT 1 FROM user_memory_setting s
+                   WHERE s.user_id = m.user_id AND NOT s.memory_enabled)""",
+)
 
 
 def prefetch_queries(query: str) -> list[str]:
@@ -277,18 +299,13 @@ def memory_search(
         return []
     tuning = configured_tuning()
     ranking_ = ranking_ or configured_memory_ranking()
-    scope = _memory_scope(agent, user_id, tags)
+    scope = _memory_scope(agent.id if agent else None, user_id, tags)
     best: dict = {}
     for text in prefetch_queries(query) if prefetch else [query]:
         found = find_candidates(MEMORIES, scope, text, mode=mode, top_k=limit, tuning=tuning)
         fused = found.scores(mode, tuning)
         for memory_id, relevance in ranking.normalised(fused, fused).items():
-            absolute = max(
-                found.semantic.get(memory_id, 0.0) if mode != "keyword" else 0.0,
-                ranking.keyword_coverage(found.keyword.get(memory_id, 0.0), found.idf)
-                if mode != "semantic"
-                else 0.0,
-            )
+            absolute = found.relevance(memory_id, mode)
             if absolute < min_score:
                 continue
             if memory_id not in best or best[memory_id][0] < relevance:

@@ -46,6 +46,17 @@ class Candidates:
     idf: dict = field(default_factory=dict)
     created: dict = field(default_factory=dict)  # when each candidate was written
 
+    def relevance(self, row_id, mode: str = "hybrid") -> float:
+        """How well a candidate answers the query, comparable across queries (0..1): its
+        cosine similarity or the share of the query's words (by weight) it holds, whichever
+        is higher (of the measures ``mode`` uses)."""
+        return max(
+            self.semantic.get(row_id, 0.0) if mode != "keyword" else 0.0,
+            ranking.keyword_coverage(self.keyword.get(row_id, 0.0), self.idf)
+            if mode != "semantic"
+            else 0.0,
+        )
+
     def scores(
         self,
         mode: str,
@@ -81,6 +92,15 @@ class Candidates:
         return fused
 
 
+@dataclass(frozen=True)
+class Citing:
+    """Rows of another corpus that cite rows of the one searched (``Corpus.cites``: memories
+    citing turns), as far as the searching principal may read them."""
+
+    corpus: Corpus
+    scope: Scope
+
+
 def ranked(
     corpus: Corpus,
     scope: Scope,
@@ -90,11 +110,13 @@ def ranked(
     top_k: int,
     tuning: SearchTuning,
     now: datetime | None = None,
+    citing: Citing | None = None,
 ) -> list[tuple]:
     """The ``top_k`` best (id, score) of ``query`` in ``scope``: ``find_candidates`` scored
     for ``mode``; with ``SearchTuning.query_parts``, each part of a query that asks several
-    things searched too (a row keeps its best score); rows reached only as a candidate's
-    neighbour kept if the scope holds them."""
+    things searched too (a row keeps its best score); in hybrid mode, a share for the rows
+    the most relevant ``citing`` rows cite (``cited_shares``); rows reached only as a
+    candidate's neighbour kept if the scope holds them."""
     texts = [query]
     if tuning.query_parts:
         split = queries.parts(query)
@@ -111,6 +133,10 @@ def ranked(
     weights = [1.0] + [tuning.part_weight] * (len(texts) - 1)
     scores = ranking.best_of(rankings, weights) if len(texts) > 1 else rankings[0]
     checked = set(found_ids)
+    if citing is not None and mode == "hybrid" and tuning.citation_weight:
+        shares = cited_shares(citing, corpus, scope, query, tuning)
+        scores = ranking.with_shares(scores, shares)
+        checked |= shares.keys()
     while True:
         best = ranking.top(scores, top_k)
         reached = [i for i, _ in best if i not in checked]
@@ -120,6 +146,36 @@ def ranked(
             kept = statements.in_scope(cursor, corpus, scope, reached)
         checked |= kept
         scores = {i: s for i, s in scores.items() if i in kept or i not in reached}
+
+
+def cited_shares(
+    citing: Citing, corpus: Corpus, scope: Scope, query: str, tuning: SearchTuning
+) -> dict:
+    """The rows of ``scope`` the most relevant ``citing`` rows cite, each with its share
+    (``ranking.cited_shares``). A citing row counts if it is at least
+    ``citation_min_relevance`` relevant and cites some row of the scope."""
+    found = find_candidates(
+        citing.corpus,
+        citing.scope,
+        query,
+        mode="hybrid",
+        top_k=tuning.cited_memories,
+        tuning=tuning,
+    )
+    fused = found.scores("hybrid", tuning)
+    best = sorted(
+        (i for i in fused if found.relevance(i) >= tuning.citation_min_relevance),
+        key=lambda i: (-fused[i], str(i)),
+    )
+    if not best:
+        return {}
+    with connection.cursor() as cursor:
+        cited = statements.cited_in_scope(cursor, citing.corpus, best, corpus, scope)
+    return ranking.cited_shares(
+        [cited[i] for i in best if i in cited],
+        weight=tuning.citation_weight,
+        places=tuning.cited_memories,
+    )
 
 
 def find_candidates(

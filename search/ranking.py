@@ -77,6 +77,22 @@ def with_dates(scores: Mapping, dated: Mapping, *, weight: float) -> dict:
     return {i: score + (weight if i in dated else 0.0) for i, score in scores.items()}
 
 
+def cited_shares(citing: list[Iterable], *, weight: float, places: int) -> dict:
+    """What the best ``places`` citing rows (best first, each the ids it cites) give the
+    rows they cite: ``weight`` x (1 - rank / places), from the best of those citing each
+    (the first one's turns about a whole score, the third's a third)."""
+    shares: dict = {}
+    for rank, cited in enumerate(citing[:places]):
+        for i in cited:
+            shares.setdefault(i, weight * (1 - rank / places))
+    return shares
+
+
+def with_shares(scores: Mapping, shares: Mapping) -> dict:
+    """Each score plus its share; a row with a share and no score joins with it."""
+    return {i: scores.get(i, 0.0) + shares.get(i, 0.0) for i in scores.keys() | shares.keys()}
+
+
 def best_of(rankings: list[Mapping], weights: list[float]) -> dict:
     """One score per id from several rankings: its best weighted score among them."""
     best: dict = {}

@@ -7,6 +7,7 @@ so a message also gets a share of its best direct neighbour's score.
 """
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from conversations.models import TEXT_SEARCH_CONFIG, Channel, Message, Visibility
@@ -17,11 +18,18 @@ from conversations.selectors import (
 )
 from memsvc.api.errors import InvalidInput
 from memsvc.api.principals import Principal
-from search.engine import MODES, ranked
+from search.engine import MODES, Citing, ranked
 from search.statements import Corpus, Scope
 from search.tuning import SearchTuning, configured_tuning
 
-__all__ = ["MESSAGES", "MODES", "SearchHit", "message_scope", "search_messages"]
+__all__ = [
+    "MESSAGES",
+    "MODES",
+    "SearchHit",
+    "message_scope",
+    "register_citing",
+    "search_messages",
+]
 
 MESSAGES = Corpus(
     "message",
@@ -29,6 +37,17 @@ MESSAGES = Corpus(
     neighbours=True,
     kept_statistics=True,
 )
+
+
+# Memories cite the turns they rest on, and a search of messages ranks those turns by the
+# memories most relevant to the query. Memories belong to the agents app, built on this one:
+# it tells at start-up (``AgentsApiConfig.ready``) which memories a principal's search reads.
+_citing: Callable[[Principal], Citing | None] | None = None
+
+
+def register_citing(source: Callable[[Principal], Citing | None]) -> None:
+    global _citing
+    _citing = source
 
 
 def pending_embedding_count() -> int:
@@ -137,7 +156,13 @@ def search_messages(
         conversation_ids=conversation_ids,
         before_message_id=before_message_id,
     )
-    return _hits(ranked(MESSAGES, scope, query, mode=mode, top_k=top_k, tuning=tuning), query)
+    citing = None
+    if mode == "hybrid" and tuning.citation_weight and _citing is not None:
+        citing = _citing(principal)
+    return _hits(
+        ranked(MESSAGES, scope, query, mode=mode, top_k=top_k, tuning=tuning, citing=citing),
+        query,
+    )
 
 
 def _hits(ranked: list[tuple], query: str) -> list[SearchHit]:

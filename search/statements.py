@@ -32,6 +32,9 @@ class Corpus:
     # Where word frequencies come from: the corpus statistics kept as rows are embedded
     # (``search.models``), or PostgreSQL's statistics of the column (``query_terms``).
     kept_statistics: bool = False
+    # A column of the ids of the messages each row rests on (memories): a message search
+    # reads the best rows of this corpus too, for the turns they cite (``search.engine``).
+    cites: str = ""
 
 
 @dataclass
@@ -424,6 +427,24 @@ def nearest_with_fills(
         ],
         nearest_settings(order, limit, tuning),
     )
+
+
+def cited_in_scope(cursor, citing: Corpus, ids: list, corpus: Corpus, scope: Scope) -> dict:
+    """What each of ``ids`` (rows of ``citing``) cites that ``scope`` holds: id -> the cited
+    ids, for those citing any."""
+    cursor.execute(
+        f"""
+        SELECT c.id, m.id FROM {citing.table} c
+        CROSS JOIN unnest(c.{citing.cites}) AS cited(id)
+        JOIN {corpus.table} m ON m.id = cited.id
+        WHERE c.id = ANY(%s) AND {scope.sql}
+        """,
+        [list(ids), *scope.params],
+    )
+    found: dict = {}
+    for citing_id, cited_id in cursor.fetchall():
+        found.setdefault(citing_id, []).append(cited_id)
+    return found
 
 
 def in_scope(cursor, corpus: Corpus, scope: Scope, ids: list) -> set:

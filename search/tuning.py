@@ -32,6 +32,14 @@ class SearchTuning:
     # conversation out (docs/benchmarks.md).
     date_weight: float = 0.1
     date_slack_days: int = 0
+    # Memories beside messages: a hybrid search of messages also searches the memories its
+    # principal may read (``search.selectors.citing_memories``); the turns in scope cited by
+    # the ``cited_memories`` most relevant of them get ``citation_weight`` x (1 - rank /
+    # cited_memories) more, from the best memory citing each. A memory less relevant than
+    # ``citation_min_relevance`` (cosine or keyword coverage) cites nothing. 0: off.
+    citation_weight: float = 1.0
+    cited_memories: int = 3
+    citation_min_relevance: float = 0.0
     # Each retriever proposes this many candidates per requested result (at least min).
     candidates_per_result: int = 5
     min_candidates: int = 30

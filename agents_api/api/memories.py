@@ -162,6 +162,7 @@ class AgentMemoryView(AgentApiView):
             tags=data.get("tags"),
             metadata=data.get("metadata"),
             expires_at=data.get("expiresAt"),
+            message_ids=data.get("messageIds"),
         )
         return Response(s.MemoryOut(memory).data)
 

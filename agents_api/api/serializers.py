@@ -8,6 +8,7 @@ from rest_framework import serializers
 
 from agents_api.models import (
     DEFAULT_BLOCK_LIMIT,
+    MEMORY_MAX_MESSAGES,
     MEMORY_MAX_TAGS,
     MEMORY_TAG_MAX_LENGTH,
     Scope,
@@ -203,6 +204,11 @@ class MemoryOut(serializers.Serializer):
     importance = serializers.FloatField()
     tags = serializers.ListField(child=serializers.CharField())
     metadata = serializers.DictField()
+    messageIds = serializers.ListField(
+        source="message_ids",
+        child=serializers.UUIDField(),
+        help_text="The messages it rests on: a search of messages also ranks them by it.",
+    )
     source = serializers.CharField()
     accessCount = serializers.IntegerField(source="access_count")
     lastAccessedAt = serializers.DateTimeField(source="last_accessed_at", allow_null=True)
@@ -260,6 +266,17 @@ class TagsField(serializers.ListField):
         )
 
 
+class MessageIdsField(serializers.ListField):
+    def __init__(self, **kwargs):
+        super().__init__(
+            child=serializers.UUIDField(),
+            max_length=MEMORY_MAX_MESSAGES,
+            help_text="The messages it rests on (the agent must see them): a search of "
+            "messages also ranks the turns the most relevant memories cite.",
+            **kwargs,
+        )
+
+
 class ImportanceField(serializers.FloatField):
     def __init__(self, **kwargs):
         super().__init__(min_value=0.0, max_value=1.0, **kwargs)
@@ -277,6 +294,7 @@ class NewMemoryIn(InputSerializer):
     importance = ImportanceField(required=False)
     tags = TagsField(required=False)
     metadata = MetadataField(required=False)
+    messageIds = MessageIdsField(required=False)
     expiresAt = serializers.DateTimeField(required=False, help_text="default: 15 days from now")
 
     class Meta:
@@ -296,6 +314,7 @@ class NewMemoryIn(InputSerializer):
             tags=data.get("tags", ()),
             metadata=data.get("metadata", {}),
             expires_at=data.get("expiresAt"),
+            message_ids=data.get("messageIds", ()),
         )
 
 
@@ -320,6 +339,7 @@ class UpdateMemoryIn(InputSerializer):
     importance = ImportanceField(required=False)
     tags = TagsField(required=False)
     metadata = MetadataField(required=False)
+    messageIds = MessageIdsField(required=False)
     expiresAt = serializers.DateTimeField(required=False)
 
     class Meta:

@@ -121,6 +121,10 @@ class MemoryRecord(Record):
     importance = serializers.FloatField(min_value=0, max_value=1)
     tags = serializers.ListField(child=serializers.CharField())
     metadata = serializers.JSONField()
+    # Absent from exports made before memories cited messages.
+    messageIds = serializers.ListField(
+        source="message_ids", child=serializers.UUIDField(), required=False, default=list
+    )
     source = serializers.ChoiceField(choices=MemorySource.choices)
     accessCount = serializers.IntegerField(source="access_count", min_value=0)
     lastAccessedAt = serializers.DateTimeField(source="last_accessed_at", allow_null=True)

@@ -18,7 +18,9 @@ from agents_api.models import (
     default_expiry,
 )
 from agents_api.selectors import MEMORIES, memory_enabled_for
-from memsvc.api.errors import Conflict
+from conversations.models import Message
+from conversations.selectors import visible_conversation_ids
+from memsvc.api.errors import Conflict, InvalidInput
 from memsvc.api.principals import Principal
 from memsvc.db import locked_row
 from search.embeddings import vector_literal
@@ -41,6 +43,7 @@ class NewMemory:
     tags: Sequence[str] = ()
     metadata: dict = field(default_factory=dict)
     expires_at: datetime | None = None
+    message_ids: Sequence = ()  # the turns it rests on (``Memory.messages``)
 
 
 def _memory_vectors(texts: list[str]):
@@ -91,13 +94,14 @@ def _violates(exc: IntegrityError, constraint: str) -> bool:
 
 
 def _merge(memory: Memory, new: NewMemory) -> Memory:
-    """What saving a known fact again changes: the higher importance, every tag, and a life
-    at least as long as the new one would have had."""
+    """What saving a known fact again changes: the higher importance, every tag and cited
+    turn, and a life at least as long as the new one would have had."""
     memory.importance = max(memory.importance, new.importance)
     memory.tags = list(dict.fromkeys([*memory.tags, *new.tags]))
     memory.expires_at = max(memory.expires_at, new.expires_at or default_expiry())
     memory.updated_at = timezone.now()
-    memory.save(update_fields=["importance", "tags", "expires_at", "updated_at"])
+    memory.message_ids = list(dict.fromkeys([*memory.message_ids, *new.message_ids]))
+    memory.save(update_fields=["importance", "tags", "message_ids", "expires_at", "updated_at"])
     return memory
 
 
@@ -114,11 +118,29 @@ def memories_save(
     Each is (memory, created): a memory that repeats a stored one (``_same_memory``, or an
     earlier one of the same batch) is merged into it instead of stored twice. All are
     embedded in one call before the transaction (the model's time holds no locks), so a
-    near-duplicate is caught at once. 409 when the user turned memory off.
+    near-duplicate is caught at once. 409 when the user turned memory off; 400 when one
+    cites a message the actor does not see (``messageIds``).
     """
     _refuse_if_memory_off(user_id)
+    _refuse_unseen_messages(actor, [i for new in memories for i in new.message_ids])
     model, vectors = _memory_vectors([new.content for new in memories])
     return _store_memories(agent, user_id, memories, source, model, vectors)
+
+
+def _refuse_unseen_messages(actor: Principal, message_ids: Sequence) -> None:
+    """A memory cites only messages its writer may see: another's message is "no such
+    message", like a random id."""
+    wanted = set(message_ids)
+    if not wanted:
+        return
+    seen = set(
+        Message.objects.filter(
+            id__in=wanted, conversation_id__in=visible_conversation_ids(actor)
+        ).values_list("id", flat=True)
+    )
+    missing = sorted(str(i) for i in wanted - seen)
+    if missing:
+        raise InvalidInput.for_field("messageIds", f"no such message: {missing[0]}")
 
 
 def _refuse_if_memory_off(user_id: str) -> None:
@@ -150,6 +172,7 @@ def _store_memories(agent, user_id, memories, source, model, vectors):
             tags=list(dict.fromkeys(new.tags)),
             importance=new.importance,
             metadata=new.metadata,
+            message_ids=list(dict.fromkeys(new.message_ids)),
             source=source,
             expires_at=new.expires_at or now + MEMORY_TTL,
             created_at=now,
@@ -193,8 +216,12 @@ def memory_update(
     tags: Sequence[str] | None = None,
     metadata: dict | None = None,
     expires_at: datetime | None = None,
+    message_ids: Sequence | None = None,
 ) -> Memory:
-    """Change a memory; new content gets a new vector (or waits for the sweep)."""
+    """Change a memory; new content gets a new vector (or waits for the sweep); new
+    ``message_ids`` replace the turns it cites."""
+    if message_ids is not None:
+        _refuse_unseen_messages(actor, message_ids)
     memory = locked_row(Memory.objects, memory.pk, missing="memory not found")
     if content is not None and content != memory.content:
         memory.content = content
@@ -213,6 +240,8 @@ def memory_update(
             setattr(memory, name, value)
     if tags is not None:
         memory.tags = list(dict.fromkeys(tags))
+    if message_ids is not None:
+        memory.message_ids = list(dict.fromkeys(message_ids))
     memory.updated_at = timezone.now()
     try:
         with transaction.atomic():

@@ -27,7 +27,7 @@ from bench.locomo.evaluate import (
     summarise_by_category,
     warm_up,
 )
-from bench.locomo.load import find_loaded, load_samples
+from bench.locomo.load import find_loaded, load_observations, load_samples
 from bench.locomo.report import report
 
 DEFAULT_DATA = Path("../shared/bench/locomo/locomo-dev.json")
@@ -68,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--skip-load",
         action="store_true",
         help="with --url: reuse the conversations a previous run loaded (found by title)",
+    )
+    parser.add_argument(
+        "--observations",
+        action="store_true",
+        help="also save each sample's observations as memories of user <sample id> citing "
+        "the turns they rest on: message search then ranks those turns by the memories",
     )
     parser.add_argument(
         "--loo",
@@ -123,6 +129,9 @@ def run(args: argparse.Namespace) -> dict:
         else:
             log(f"loading {len(samples)} conversations into {url}")
             loaded = load_samples(client, url, samples)
+            if args.observations:
+                log("saving the observations as memories citing their turns")
+                load_observations(client, url, samples, loaded)
             timings["loadSeconds"] = time.monotonic() - started
             log(f"  loaded in {timings['loadSeconds']:.1f} s")
         log("waiting for the embedding backlog")
@@ -162,6 +171,7 @@ def run(args: argparse.Namespace) -> dict:
             "url": url,
             "privateServer": private is not None,
             "skipLoad": args.skip_load,
+            "observations": args.observations,
             "categories": {str(k): v for k, v in CATEGORIES.items()},
             "messageText": "turn text, plus ' [shares a photo: <caption>]' for photo turns",
             "createdAt": "session date (UTC) + 1 s per turn within the session",

@@ -2,15 +2,17 @@
 message per turn), or finding what a previous run loaded (``--skip-load``)."""
 
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import httpx
 
 from bench.common import BenchError, api_call, log
-from bench.locomo.dataset import Sample, Turn
+from bench.locomo.dataset import Observation, Sample, Turn
 
 MAX_MESSAGES_PER_APPEND = 100
+MAX_BATCH = 100  # memories per save: the API's limit
 PAGE_LIMIT = 200
 REQUEST_RETRIES = 2
 
@@ -164,4 +166,82 @@ def find_loaded(
             + (f" ({missing} turns of the data missing)" if missing else "")
         )
         loaded[sample.sample_id] = LoadedConversation(conversation_id, message_ids)
+    return loaded
+
+
+# --- observations as memories -----------------------------------------------------------
+
+
+@dataclass
+class LoadedMemories:
+    """What the agent keeps about one sample's user: memory id -> the turns it cites."""
+
+    user_id: str
+    evidence: dict[str, set[str]] = field(default_factory=dict)
+    saved: int = 0
+    merged: list[dict] = field(default_factory=list)  # an observation merged into another
+
+
+def memory_payload(observation: Observation, message_ids: Mapping[str, str] | None) -> dict:
+    """An observation as a memory; with ``message_ids`` (dia_id -> message id), citing the
+    loaded turns it rests on."""
+    payload = {
+        "content": observation.text,
+        "metadata": {
+            "session": observation.session,
+            "speaker": observation.speaker,
+            "evidence": list(observation.evidence),
+        },
+    }
+    if message_ids is not None:
+        payload["messageIds"] = [message_ids[e] for e in observation.evidence if e in message_ids]
+    return payload
+
+
+def load_observations(
+    client: httpx.Client,
+    url: str,
+    samples: list[Sample],
+    conversations: Mapping[str, LoadedConversation] | None = None,
+) -> dict[str, LoadedMemories]:
+    """Every sample's observations as memories of user ``sample_id``; sample_id -> loaded.
+    With the samples' ``conversations`` (loaded first), each memory cites its turns.
+
+    Not retried: a batch sent twice would be merged into itself. A merge is seen by id: the
+    saved memory comes back as the one it was merged into."""
+    loaded = {}
+    for sample in samples:
+        memories = LoadedMemories(user_id=sample.sample_id)
+        cited = conversations[sample.sample_id].message_ids if conversations else None
+        texts: dict[str, str] = {}
+        started = time.monotonic()
+        for start in range(0, len(sample.observations), MAX_BATCH):
+            batch = sample.observations[start : start + MAX_BATCH]
+            response = api_call(
+                client,
+                "POST",
+                f"{url}/v1/agent/memories/batch",
+                expect=201,
+                json_body={
+                    "userId": memories.user_id,
+                    "memories": [memory_payload(o, cited) for o in batch],
+                },
+            )
+            saved = response.json()["data"]
+            if len(saved) != len(batch):
+                raise BenchError(f"saving {len(batch)} memories returned {len(saved)}")
+            for observation, memory in zip(batch, saved, strict=True):
+                if memory["userId"] != memories.user_id:
+                    raise BenchError(f"memory {memory['id']} saved for {memory['userId']!r}")
+                if memory["id"] in memories.evidence:
+                    memories.merged.append({"text": observation.text, "into": texts[memory["id"]]})
+                else:
+                    texts[memory["id"]] = memory["content"]
+                memories.evidence.setdefault(memory["id"], set()).update(observation.evidence)
+            memories.saved += len(batch)
+        loaded[sample.sample_id] = memories
+        log(
+            f"  {sample.sample_id}: {memories.saved} observations -> {len(memories.evidence)} "
+            f"memories ({len(memories.merged)} merged) in {time.monotonic() - started:.1f} s"
+        )
     return loaded

@@ -35,7 +35,9 @@ def settings() -> dict[str, object]:
     first), leaving one conversation out."""
     from search.tuning import DEFAULT_TUNING
 
-    d = replace(DEFAULT_TUNING, expansion_weight=0.0, date_weight=0.0, query_parts=0)
+    d = replace(
+        DEFAULT_TUNING, expansion_weight=0.0, date_weight=0.0, query_parts=0, citation_weight=0.0
+    )
     return {
         "before": d,
         "neighbours 0.1": replace(d, neighbour_weight=0.1),
@@ -55,11 +57,24 @@ def settings() -> dict[str, object]:
         "dates 0.2 +31 days": replace(d, date_weight=0.2, date_slack_days=31),
         "keywords cap 2000": replace(d, keyword_match_cap=2000),
         "candidates 10 per result": replace(d, candidates_per_result=10),
+        # Memories citing turns (``bench.locomo --observations``; without memories these
+        # settings are the search before): weight x memories, and a relevance floor.
+        "citations 0.5 x 3": replace(d, citation_weight=0.5, cited_memories=3),
+        "citations 1.0 x 3": replace(d, citation_weight=1.0, cited_memories=3),
+        "citations 1.5 x 3": replace(d, citation_weight=1.5, cited_memories=3),
+        "citations 1.0 x 5": replace(d, citation_weight=1.0, cited_memories=5),
+        "citations 0.5 x 10": replace(d, citation_weight=0.5, cited_memories=10),
+        "citations 1.0 x 3 floor 0.3": replace(d, citation_min_relevance=0.3),
+        "citations 1.0 x 3 floor 0.5": replace(d, citation_min_relevance=0.5),
         # The directions that helped on their own, together.
         "combined dates 0.1 + expansion 0.5": replace(d, date_weight=0.1, expansion_weight=0.5),
         "combined dates 0.1 + neighbours 0.3": replace(d, date_weight=0.1, neighbour_weight=0.3),
         "combined dates 0.1 + expansion 0.5 + parts 3": replace(
             d, date_weight=0.1, expansion_weight=0.5, query_parts=3
+        ),
+        "combined dates 0.1 + citations 1.0 x 3": replace(d, date_weight=0.1, citation_weight=1.0),
+        "combined dates 0.1 + citations 1.0 x 3 + expansion 0.5": replace(
+            d, date_weight=0.1, citation_weight=1.0, expansion_weight=0.5
         ),
         "default": DEFAULT_TUNING,
     }

@@ -22,7 +22,7 @@ from bench.common import (
 from bench.locomo import evaluate as message_evaluate
 from bench.locomo.dataset import read_dataset
 from bench.locomo.evaluate import plan_questions, summarise, summarise_by_category
-from bench.locomo.load import load_samples
+from bench.locomo.load import load_observations, load_samples
 from bench.memories import locomo, report, scale, store
 from bench.memories.texts import load_texts, probe_texts, users_texts
 
@@ -265,7 +265,7 @@ def run_locomo(args: argparse.Namespace) -> dict:
         ) as (url, private),
     ):
         started = time.monotonic()
-        loaded = locomo.load_observations(client, url, samples)
+        loaded = load_observations(client, url, samples)
         timings["memoriesLoadSeconds"] = round(time.monotonic() - started, 1)
         plan = plan_questions(
             samples,

@@ -15,84 +15,17 @@ no observation cites cannot be answered through memories at all (the "ceiling").
 """
 
 import time
-from dataclasses import dataclass, field
 
 import httpx
 
-from bench.common import BenchError, api_call, log, mean
-from bench.locomo.dataset import Sample
+from bench.common import api_call, log, mean
 from bench.locomo.evaluate import Plan
+from bench.locomo.load import LoadedMemories
 from bench.locomo.metrics import by_category, ranking_metrics
 
-MAX_BATCH = 100
 LIMIT = 10
 REQUEST_RETRIES = 2
 WARM_UP_SEARCHES_PER_MODE = 4
-
-
-@dataclass
-class LoadedMemories:
-    """What the agent keeps about one sample's user: memory id -> the turns it cites."""
-
-    user_id: str
-    evidence: dict[str, set[str]] = field(default_factory=dict)
-    saved: int = 0
-    merged: list[dict] = field(default_factory=list)  # an observation merged into another
-
-
-def memory_payload(observation) -> dict:
-    return {
-        "content": observation.text,
-        "metadata": {
-            "session": observation.session,
-            "speaker": observation.speaker,
-            "evidence": list(observation.evidence),
-        },
-    }
-
-
-def load_observations(
-    client: httpx.Client, url: str, samples: list[Sample]
-) -> dict[str, LoadedMemories]:
-    """Every sample's observations as memories of user ``sample_id``; sample_id -> loaded.
-
-    Not retried: a batch sent twice would be merged into itself. A merge is seen by id: the
-    saved memory comes back as the one it was merged into."""
-    loaded = {}
-    for sample in samples:
-        memories = LoadedMemories(user_id=sample.sample_id)
-        texts: dict[str, str] = {}
-        started = time.monotonic()
-        for start in range(0, len(sample.observations), MAX_BATCH):
-            batch = sample.observations[start : start + MAX_BATCH]
-            response = api_call(
-                client,
-                "POST",
-                f"{url}/v1/agent/memories/batch",
-                expect=201,
-                json_body={
-                    "userId": memories.user_id,
-                    "memories": [memory_payload(observation) for observation in batch],
-                },
-            )
-            saved = response.json()["data"]
-            if len(saved) != len(batch):
-                raise BenchError(f"saving {len(batch)} memories returned {len(saved)}")
-            for observation, memory in zip(batch, saved, strict=True):
-                if memory["userId"] != memories.user_id:
-                    raise BenchError(f"memory {memory['id']} saved for {memory['userId']!r}")
-                if memory["id"] in memories.evidence:
-                    memories.merged.append({"text": observation.text, "into": texts[memory["id"]]})
-                else:
-                    texts[memory["id"]] = memory["content"]
-                memories.evidence.setdefault(memory["id"], set()).update(observation.evidence)
-            memories.saved += len(batch)
-        loaded[sample.sample_id] = memories
-        log(
-            f"  {sample.sample_id}: {memories.saved} observations -> {len(memories.evidence)} "
-            f"memories ({len(memories.merged)} merged) in {time.monotonic() - started:.1f} s"
-        )
-    return loaded
 
 
 def search_memories(

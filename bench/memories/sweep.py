@@ -24,8 +24,9 @@ from dataclasses import replace
 
 from bench.common import log
 from bench.locomo.evaluate import Plan
+from bench.locomo.load import LoadedMemories
 from bench.locomo.loo import leave_one_out, summary
-from bench.memories.locomo import LIMIT, LoadedMemories, score
+from bench.memories.locomo import LIMIT, score
 
 SEMANTIC_WEIGHTS = (0.0, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 1.0)
 

@@ -1,6 +1,7 @@
 """Long-term memories through the agent API and the user API: dedup, search, ranking,
 paging, who reaches what, and bad input refused with nothing written."""
 
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -11,6 +12,7 @@ from agents_api.models import Memory
 from memsvc.api.pagination import encode_cursor
 from search.embeddings import EmbeddingError
 from tests.agents_api.conftest import make_agent
+from tests.agents_api.test_api import append
 
 pytestmark = pytest.mark.django_db
 
@@ -70,6 +72,7 @@ def test_save_returns_the_documented_memory(api, helper):
         "importance": 0.9,
         "tags": ["style"],
         "metadata": {},
+        "messageIds": [],
         "source": "api",
         "accessCount": 0,
         "lastAccessedAt": None,
@@ -339,6 +342,36 @@ def test_without_a_key_it_is_401(api):
     assert api.post(f"{MEMORIES}/search", {"query": "x"}).status_code == 401
 
 
+# --- the turns a memory rests on ------------------------------------------------------------
+
+
+def test_a_memory_cites_turns_the_agent_sees_and_no_others(api, helper, rival):
+    mine = api.post("/v1/agent/conversations", {"title": "Mine"}, as_=helper).json()["id"]
+    theirs = api.post("/v1/agent/conversations", {"title": "Theirs"}, as_=rival).json()["id"]
+
+    def turn(conversation, credential, content):
+        response = append(api, credential, conversation, {"role": "user", "content": content})
+        assert response.status_code == 201, response.content
+        return response.json()["data"][0]["id"]
+
+    first, second = turn(mine, helper, "I moved to Lyon"), turn(mine, helper, "In March")
+    memory = save(api, helper, "Alice lives in Lyon", userId="alice", messageIds=[first])
+    # The same fact again: one memory citing the turns of both.
+    again = save(api, helper, "alice lives in lyon", userId="alice", messageIds=[second, first])
+    assert again["id"] == memory["id"] and again["messageIds"] == [first, second]
+    url = f"{MEMORIES}/{memory['id']}"
+    assert api.patch(url, {"messageIds": [second]}, as_=helper).json()["messageIds"] == [second]
+
+    # Another agent's turn is no turn at all for this one: 400, nothing changed.
+    before = snapshot(), Memory.objects.get(id=memory["id"]).message_ids
+    elsewhere = turn(theirs, rival, "Secret plans")
+    refused = api.patch(url, {"messageIds": [elsewhere]}, as_=helper)
+    assert refused.status_code == 400 and "messageIds" in refused.json()["details"]
+    refused = api.post(MEMORIES, {"content": "Plans", "messageIds": [elsewhere]}, as_=helper)
+    assert refused.status_code == 400 and "messageIds" in refused.json()["details"]
+    assert (snapshot(), Memory.objects.get(id=memory["id"]).message_ids) == before
+
+
 # --- bad input: 400 naming the field, nothing written ----------------------------------------
 
 
@@ -355,6 +388,19 @@ def test_without_a_key_it_is_401(api):
         (MEMORIES, {"content": "x", "userId": "agent:someone"}, "userId"),
         (MEMORIES, {"content": "x", "expiresAt": "2001-01-01T00:00:00Z"}, "expiresAt"),
         (MEMORIES, {"content": "x", "colour": "red"}, "colour"),
+        (MEMORIES, {"content": "x", "messageIds": ["not-an-id"]}, "messageIds"),
+        (MEMORIES, {"content": "x", "messageIds": [str(uuid.uuid4())]}, "messageIds"),
+        (MEMORIES, {"content": "x", "messageIds": [str(uuid.uuid4())] * 101}, "messageIds"),
+        (
+            f"{MEMORIES}/batch",
+            {
+                "memories": [
+                    {"content": "fine"},
+                    {"content": "x", "messageIds": [str(uuid.uuid4())]},
+                ]
+            },
+            "messageIds",
+        ),
         (f"{MEMORIES}/batch", {"memories": [{"content": "x"}] * 101}, "memories"),
         (f"{MEMORIES}/batch", {"memories": []}, "memories"),
         (

@@ -20,6 +20,7 @@ MEMORY_FIELDS = {
     "importance",
     "tags",
     "metadata",
+    "messageIds",
     "source",
     "accessCount",
     "lastAccessedAt",

@@ -11,7 +11,7 @@ from agents_api.extraction import EXTRACTION_TURNS_KEY, parse_facts
 from agents_api.models import Memory, MemoryExtraction
 from agents_api.services import memory_save
 from agents_api.tasks import extract_memories_task
-from conversations.models import Conversation
+from conversations.models import Conversation, Message
 from memsvc.llm import LLMError, json_answer
 from tests.agents_api.test_api import agent_conversation, append
 from tests.fake_openai import FakeOpenAI
@@ -86,6 +86,23 @@ def test_after_five_user_turns_a_memory_about_the_owner_is_extracted(
     assert memory.importance == 0.8
     assert memory.metadata == {"conversationId": conversation}
     assert memory.embedding is not None  # found by meaning at once
+
+
+def test_a_memory_cites_the_turns_the_answer_numbers(api, helper, conversation, llm):
+    llm.answer(
+        MARKER,
+        json.dumps({"memories": [{"content": GREEN, "turns": [1, 3, 99, "2", True]}]}),
+    )
+    turns(api, helper, conversation, range(1, 6))
+    prompt = extractions(llm)[0]["messages"][1]["content"]
+    assert "[1] alice (user): turn 1: my favourite colour is green" in prompt
+    assert "[10] helper (assistant): Noted: turn 5" in prompt
+
+    [memory] = Memory.objects.all()
+    messages = list(Message.objects.filter(conversation_id=conversation).order_by("seq"))
+    # Turn 1 is the first user turn, turn 3 the second; 99 is no turn, "2" and true no number.
+    assert memory.message_ids == [messages[0].id, messages[2].id]
+    assert messages[2].content == "turn 2: my favourite colour is green"
 
 
 def test_turns_six_to_nine_do_not_extract_again_the_tenth_does(api, helper, conversation, llm):
