@@ -197,6 +197,7 @@ MEMORY_TTL = timedelta(days=15)  # kagent: a memory lives 15 days unless it keep
 MEMORY_MAX_TAGS = 50
 MEMORY_TAG_MAX_LENGTH = 100
 MEMORY_MAX_MESSAGES = 100  # the turns one memory may cite
+CITES = ~Q(message_ids=[])  # a memory that cites turns
 
 
 class MemorySource(models.TextChoices):
@@ -279,6 +280,11 @@ class Memory(models.Model):
             # index-only scan, not a heap fetch per memory of a large store.
             models.Index(fields=["agent", "user_id", "expires_at"], name="memory_scope"),
             models.Index(fields=["user_id", "-created_at"], name="memory_of_user"),
+            # The memories a search of messages reads (``selectors.memories_citing``): an
+            # agent's, or a user's. An index probe finds that a store of many memories cites
+            # no turn at all.
+            models.Index(fields=["agent", "user_id"], condition=CITES, name="memory_citing"),
+            models.Index(fields=["user_id"], condition=CITES, name="memory_of_user_citing"),
             models.Index(fields=["expires_at"], name="memory_expiry"),
             GinIndex(fields=["search_vector"], name="memory_search_vector"),
             GinIndex(fields=["tags"], name="memory_tags"),

@@ -260,9 +260,10 @@ def memories_citing(principal: Principal) -> Citing:
     return Citing(MEMORIES, Scope(" AND ".join([scope.sql, *_CITING]), scope.params))
 
 
-# A memory that cites turns, about a user who did not turn memory off.
+# A memory that cites turns (as ``models.CITES`` says it, so its indexes serve), about a
+# user who did not turn memory off.
 _CITING = (
-    "m.message_ids <> '{}'",
+    "NOT (m.message_ids = '{}'::uuid[])",
     """NOT EXISTS (SELECT 1 FROM user_memory_setting s
                    WHERE s.user_id = m.user_id AND NOT s.memory_enabled)""",
 )
