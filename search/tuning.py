@@ -33,13 +33,16 @@ class SearchTuning:
     date_weight: float = 0.1
     date_slack_days: int = 0
     # Memories beside messages: a hybrid search of messages also searches the memories its
-    # principal may read (``search.selectors.citing_memories``); the turns in scope cited by
+    # principal may read (``search.selectors.register_citing``); the turns in scope cited by
     # the ``cited_memories`` most relevant of them get ``citation_weight`` x (1 - rank /
-    # cited_memories) more, from the best memory citing each. A memory less relevant than
-    # ``citation_min_relevance`` (cosine or keyword coverage) cites nothing. 0: off.
+    # cited_memories) more, from the best memory citing each: the first memory's turns
+    # about a whole score, enough to lead. A memory less relevant than
+    # ``citation_min_relevance`` (cosine or keyword coverage) cites nothing, so a memory that
+    # merely exists does not push its turns up. 0 weight: off. Chosen leaving one LoCoMo
+    # conversation out, with its observations as memories (docs/benchmarks.md).
     citation_weight: float = 1.0
     cited_memories: int = 3
-    citation_min_relevance: float = 0.0
+    citation_min_relevance: float = 0.5
     # Each retriever proposes this many candidates per requested result (at least min).
     candidates_per_result: int = 5
     min_candidates: int = 30

@@ -64,8 +64,11 @@ def settings() -> dict[str, object]:
         "citations 1.5 x 3": replace(d, citation_weight=1.5, cited_memories=3),
         "citations 1.0 x 5": replace(d, citation_weight=1.0, cited_memories=5),
         "citations 0.5 x 10": replace(d, citation_weight=0.5, cited_memories=10),
-        "citations 1.0 x 3 floor 0.3": replace(d, citation_min_relevance=0.3),
-        "citations 1.0 x 3 floor 0.5": replace(d, citation_min_relevance=0.5),
+        "citations 1.0 x 3 floor 0.2": replace(d, citation_weight=1.0, citation_min_relevance=0.2),
+        "citations 1.0 x 3 floor 0.3": replace(d, citation_weight=1.0, citation_min_relevance=0.3),
+        "citations 1.0 x 3 floor 0.4": replace(d, citation_weight=1.0, citation_min_relevance=0.4),
+        "citations 1.0 x 3 floor 0.5": replace(d, citation_weight=1.0, citation_min_relevance=0.5),
+        "citations 1.0 x 3 floor 0.6": replace(d, citation_weight=1.0, citation_min_relevance=0.6),
         # The directions that helped on their own, together.
         "combined dates 0.1 + expansion 0.5": replace(d, date_weight=0.1, expansion_weight=0.5),
         "combined dates 0.1 + neighbours 0.3": replace(d, date_weight=0.1, neighbour_weight=0.3),
