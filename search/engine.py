@@ -154,17 +154,18 @@ def cited_shares(
     """The rows of ``scope`` the most relevant ``citing`` rows cite, each with its share
     (``ranking.cited_shares``). A citing row counts if it is at least
     ``citation_min_relevance`` relevant and cites some row of the scope."""
+    mode = tuning.citation_mode
     found = find_candidates(
         citing.corpus,
         citing.scope,
         query,
-        mode="hybrid",
+        mode=mode,
         top_k=tuning.cited_memories,
         tuning=tuning,
     )
-    fused = found.scores("hybrid", tuning)
+    fused = found.scores(mode, tuning)
     best = sorted(
-        (i for i in fused if found.relevance(i) >= tuning.citation_min_relevance),
+        (i for i in fused if found.relevance(i, mode) >= tuning.citation_min_relevance),
         key=lambda i: (-fused[i], str(i)),
     )
     if not best:

@@ -43,6 +43,9 @@ class SearchTuning:
     citation_weight: float = 1.0
     cited_memories: int = 3
     citation_min_relevance: float = 0.5
+    # How the memories are searched: "semantic" saves the keyword statements (about 5 ms of
+    # the 14 citations cost here, with 943 memories) for 0.009 of LoCoMo hit@5.
+    citation_mode: str = "hybrid"
     # Each retriever proposes this many candidates per requested result (at least min).
     candidates_per_result: int = 5
     min_candidates: int = 30

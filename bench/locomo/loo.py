@@ -69,6 +69,9 @@ def settings() -> dict[str, object]:
         "citations 1.0 x 3 floor 0.4": replace(d, citation_weight=1.0, citation_min_relevance=0.4),
         "citations 1.0 x 3 floor 0.5": replace(d, citation_weight=1.0, citation_min_relevance=0.5),
         "citations 1.0 x 3 floor 0.6": replace(d, citation_weight=1.0, citation_min_relevance=0.6),
+        "citations 1.0 x 3 floor 0.5 semantic": replace(
+            d, citation_weight=1.0, citation_min_relevance=0.5, citation_mode="semantic"
+        ),
         # The directions that helped on their own, together.
         "combined dates 0.1 + expansion 0.5": replace(d, date_weight=0.1, expansion_weight=0.5),
         "combined dates 0.1 + neighbours 0.3": replace(d, date_weight=0.1, neighbour_weight=0.3),
