@@ -89,6 +89,10 @@ def test_a_turn_a_relevant_memory_cites_comes_first(api, helper, alice, chat, se
     # Hybrid only: each measure alone is what it was.
     assert agent_search(api, helper, QUESTION, conversation, topK=1, mode="keyword") != [ANSWER]
 
+    # The cheaper option finds the memory by its vector alone.
+    tuned(settings, citation_mode="semantic", citation_min_relevance=0.0)
+    assert agent_search(api, helper, QUESTION, conversation, topK=1) == [ANSWER]
+
     tuned(settings, citation_weight=0.0)
     assert agent_search(api, helper, QUESTION, conversation, topK=1) != [ANSWER]
 
