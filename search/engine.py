@@ -1,7 +1,8 @@
 """Hybrid search over one corpus and one scope: the candidates of both retrievers, each
 scored by both measures (``search.statements``), fused (``search.ranking``); optionally
 with what the query says besides its words (``search.queries``: its parts, the time it
-names) and the turns around the candidates (``SearchTuning``).
+names), the turns around the candidates (``SearchTuning``) and the rows that the most
+relevant rows of another corpus cite (``Citing``: memories citing turns).
 
 The query is embedded on a thread while the keyword search runs (the model releases the
 GIL): the two slowest steps of a hybrid search overlap.
@@ -115,7 +116,7 @@ def ranked(
     """The ``top_k`` best (id, score) of ``query`` in ``scope``: ``find_candidates`` scored
     for ``mode``; with ``SearchTuning.query_parts``, each part of a query that asks several
     things searched too (a row keeps its best score); in hybrid mode, a share for the rows
-    the most relevant ``citing`` rows cite (``cited_shares``); rows reached only as a
+    the most relevant ``citing`` rows cite (``cited_rows``); rows reached only as a
     candidate's neighbour kept if the scope holds them."""
     texts = [query]
     if tuning.query_parts:
@@ -134,7 +135,7 @@ def ranked(
     scores = ranking.best_of(rankings, weights) if len(texts) > 1 else rankings[0]
     checked = set(found_ids)
     if citing is not None and mode == "hybrid" and tuning.citation_weight:
-        shares = cited_shares(citing, corpus, scope, query, tuning)
+        shares = cited_rows(citing, corpus, scope, query, tuning)
         scores = ranking.with_shares(scores, shares)
         checked |= shares.keys()
     while True:
@@ -148,7 +149,7 @@ def ranked(
         scores = {i: s for i, s in scores.items() if i in kept or i not in reached}
 
 
-def cited_shares(
+def cited_rows(
     citing: Citing, corpus: Corpus, scope: Scope, query: str, tuning: SearchTuning
 ) -> dict:
     """The rows of ``scope`` the most relevant ``citing`` rows cite, each with its share
