@@ -46,6 +46,7 @@ class Candidates:
     neighbours: dict = field(default_factory=dict)
     idf: dict = field(default_factory=dict)
     created: dict = field(default_factory=dict)  # when each candidate was written
+    authors: dict = field(default_factory=dict)  # who wrote it (``Corpus.author``)
 
     def relevance(self, row_id, mode: str = "hybrid") -> float:
         """How well a candidate answers the query, comparable across queries (0..1): its
@@ -65,10 +66,12 @@ class Candidates:
         *,
         neighbours: bool = False,
         periods: list[queries.Period] = (),
+        words: frozenset[str] = frozenset(),
     ) -> dict:
         """One score per candidate for ``mode``: a measure alone, or both fused (plus a
-        share of the best neighbour's, for conversation turns, and ``date_weight`` for
-        those written in one of ``periods``)."""
+        share of the best neighbour's, for conversation turns, ``date_weight`` for those
+        written in one of ``periods`` and ``author_weight`` for those whose author the
+        query's ``words`` name)."""
         if mode == "semantic":
             return dict(self.semantic)
         if mode == "keyword":
@@ -82,7 +85,10 @@ class Candidates:
         if periods and tuning.date_weight:
             slack = timedelta(days=tuning.date_slack_days)
             dated = {i for i in fused if queries.within(self.created.get(i), periods, slack=slack)}
-            fused = ranking.with_dates(fused, dated, weight=tuning.date_weight)
+            fused = ranking.with_bonus(fused, dated, weight=tuning.date_weight)
+        if words and tuning.author_weight:
+            named = {i for i in fused if queries.names(self.authors.get(i), words)}
+            fused = ranking.with_bonus(fused, named, weight=tuning.author_weight)
         if neighbours:
             fused = ranking.with_neighbours(
                 fused,
@@ -123,13 +129,17 @@ def ranked(
         split = queries.parts(query)
         if len(split) > 1:
             texts += split[: tuning.query_parts]
-    periods = []
+    periods, words = [], frozenset()
     if tuning.date_weight and mode == "hybrid":
         periods = queries.periods(query, now or timezone.now())
+    if tuning.author_weight and mode == "hybrid" and corpus.author:
+        words = queries.words(query)
     rankings, found_ids = [], set()
     for text in texts:
         found = find_candidates(corpus, scope, text, mode=mode, top_k=top_k, tuning=tuning)
-        rankings.append(found.scores(mode, tuning, neighbours=corpus.neighbours, periods=periods))
+        rankings.append(
+            found.scores(mode, tuning, neighbours=corpus.neighbours, periods=periods, words=words)
+        )
         found_ids |= found.semantic.keys() | found.keyword.keys()
     weights = [1.0] + [tuning.part_weight] * (len(texts) - 1)
     scores = ranking.best_of(rankings, weights) if len(texts) > 1 else rankings[0]
@@ -244,11 +254,12 @@ def find_candidates(
             # scope, or the scope holds fewer: exact distances find all there are.
             rows = statement(EXACT_ORDER)
     found = Candidates(keyword=dict(keyword), idf=terms.idf)
-    for row_id, similarity, keyword_score, before, after, _nearest, created, _over in rows:
+    for row_id, similarity, keyword_score, before, after, _nearest, created, _over, author in rows:
         if similarity is not None:
             found.semantic[row_id] = similarity
         if keyword_score is not None:
             found.keyword.setdefault(row_id, float(keyword_score))
         found.neighbours[row_id] = (before, after)
         found.created[row_id] = created
+        found.authors[row_id] = author
     return found

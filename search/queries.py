@@ -9,6 +9,8 @@ it names. Plain functions, no database.
   "yesterday", "last week", "3 days ago"), relative ones resolved against a reference
   moment (the time of the search): a message written in that span is more likely the one
   meant (``SearchTuning.date_weight``).
+- ``words`` and ``names``: the people a query names ("What did Melanie paint?"): a turn
+  its author wrote is more likely the one meant (``SearchTuning.author_weight``).
 """
 
 import calendar
@@ -19,6 +21,21 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 _CLAUSE_BREAK = re.compile(r"\s*;\s*|,\s+(?=(?:and|but|also)\s)", re.IGNORECASE)
 # A part must say something of its own: fewer words than this join the part before.
 MIN_PART_WORDS = 3
+
+
+_WORD = re.compile(r"\w+")
+
+
+def words(text: str) -> frozenset[str]:
+    """The words of ``text``, in lower case (``Melanie's`` gives ``melanie`` and ``s``)."""
+    return frozenset(_WORD.findall(text.lower()))
+
+
+def names(author: str | None, query_words: frozenset[str]) -> bool:
+    """Whether a query of ``query_words`` names ``author``: every word of the name is among
+    them ("Melanie" in "What did Melanie paint?", "Ann Lee" in "what did Ann Lee say")."""
+    name = words(author or "")
+    return bool(name) and name <= query_words
 
 
 def sentences(text: str) -> list[str]:

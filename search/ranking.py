@@ -10,7 +10,7 @@
 """
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 
 def bm25_idf(frequencies: Mapping[str, int], documents: int) -> dict[str, float]:
@@ -71,10 +71,10 @@ def with_neighbours(
     return result
 
 
-def with_dates(scores: Mapping, dated: Mapping, *, weight: float) -> dict:
-    """Each score plus ``weight`` for the ids in ``dated`` (those written in a span of
-    time the query names)."""
-    return {i: score + (weight if i in dated else 0.0) for i, score in scores.items()}
+def with_bonus(scores: Mapping, chosen: Collection, *, weight: float) -> dict:
+    """Each score plus ``weight`` for the ids in ``chosen`` (those written in a span of
+    time the query names, or by someone it names)."""
+    return {i: score + (weight if i in chosen else 0.0) for i, score in scores.items()}
 
 
 def cited_shares(citing: list[Iterable], *, weight: float, places: int) -> dict:

@@ -36,6 +36,7 @@ MESSAGES = Corpus(
     size_sql="SELECT coalesce(max(document_count), 0) FROM search_corpus_stat",
     neighbours=True,
     kept_statistics=True,
+    author="author_name",
 )
 
 

@@ -32,6 +32,9 @@ class Corpus:
     # Where word frequencies come from: the corpus statistics kept as rows are embedded
     # (``search.models``), or PostgreSQL's statistics of the column (``query_terms``).
     kept_statistics: bool = False
+    # Who wrote each row (messages: ``author_name``): a query that names the author of a
+    # candidate ranks it higher (``SearchTuning.author_weight``).
+    author: str = ""
     # A column of the ids of the messages each row rests on (memories): a message search
     # reads the best rows of this corpus too, for the turns they cite (``search.engine``).
     cites: str = ""
@@ -351,7 +354,8 @@ def nearest_with_fills(
     """In one round trip: the ``limit`` nearest rows with their keyword scores, and the
     similarity of the ``fills`` (keyword candidates) to the query. Each row: (id,
     similarity, keyword score, the row before, the row after, is one of the nearest, when
-    it was written, whether the scope held more rows than ``capped`` allows). The rows
+    it was written, whether the scope held more rows than ``capped`` allows, who wrote it
+    (``Corpus.author``, else null)). The rows
     before and after are the conversation's neighbouring turns (``Corpus.neighbours``),
     else null.
 
@@ -376,8 +380,9 @@ def nearest_with_fills(
         position = outer_position = ""
         around = "NULL, NULL,"
     below, below_params = exact_below(corpus, limit, tuning)
+    author = f"{corpus.author} AS author" if corpus.author else "NULL::text AS author"
     nearest = f"""
-        SELECT m.id, {position} {"" if capped else "m.search_vector,"} m.created_at,
+        SELECT m.id, {position} {"" if capped else "m.search_vector,"} m.created_at, {author},
                1 - (m.embedding <=> %s::vector) AS similarity
         FROM {corpus.table} m
         WHERE m.embedding IS NOT NULL AND m.embedding_model = %s AND {scope.sql_for(capped and few)}"""
@@ -401,15 +406,16 @@ def nearest_with_fills(
         f"""
         WITH exact_below AS ({below})
         SELECT c.id, c.similarity, c.keyword_score, {around} c.nearest, c.created_at,
-               c.over_limit
+               c.over_limit, c.author
         FROM (
             SELECT id, {outer_position} similarity, {score} AS keyword_score,
-                   true AS nearest, created_at, {"over_limit" if capped else "NULL"} AS over_limit
+                   true AS nearest, created_at, {"over_limit" if capped else "NULL"} AS over_limit,
+                   author
             FROM ({nearest}) nearest
             UNION ALL
             SELECT id, {outer_position}
                    CASE WHEN embedding_model = %s THEN 1 - (embedding <=> %s::vector) END,
-                   NULL, false, created_at, NULL
+                   NULL, false, created_at, NULL, {author}
             FROM {corpus.table} WHERE id = ANY(%s)
         ) c
         """,

@@ -36,7 +36,13 @@ def settings() -> dict[str, object]:
     from search.tuning import DEFAULT_TUNING
 
     d = replace(
-        DEFAULT_TUNING, expansion_weight=0.0, date_weight=0.0, query_parts=0, citation_weight=0.0
+        DEFAULT_TUNING,
+        expansion_weight=0.0,
+        date_weight=0.0,
+        query_parts=0,
+        citation_weight=0.0,
+        citation_min_relevance=0.0,
+        author_weight=0.0,
     )
     return {
         "before": d,
@@ -72,6 +78,10 @@ def settings() -> dict[str, object]:
         "citations 1.0 x 3 floor 0.5 semantic": replace(
             d, citation_weight=1.0, citation_min_relevance=0.5, citation_mode="semantic"
         ),
+        # A turn whose author the question names.
+        "authors 0.1": replace(d, author_weight=0.1),
+        "authors 0.2": replace(d, author_weight=0.2),
+        "authors 0.3": replace(d, author_weight=0.3),
         # The directions that helped on their own, together.
         "combined dates 0.1 + expansion 0.5": replace(d, date_weight=0.1, expansion_weight=0.5),
         "combined dates 0.1 + neighbours 0.3": replace(d, date_weight=0.1, neighbour_weight=0.3),
@@ -81,6 +91,18 @@ def settings() -> dict[str, object]:
         "combined dates 0.1 + citations 1.0 x 3": replace(d, date_weight=0.1, citation_weight=1.0),
         "combined dates 0.1 + citations 1.0 x 3 + expansion 0.5": replace(
             d, date_weight=0.1, citation_weight=1.0, expansion_weight=0.5
+        ),
+        "combined dates 0.1 + citations floor 0.5": replace(
+            d, date_weight=0.1, citation_weight=1.0, citation_min_relevance=0.5
+        ),
+        "combined dates 0.1 + citations floor 0.5 + authors 0.1": replace(
+            d, date_weight=0.1, citation_weight=1.0, citation_min_relevance=0.5, author_weight=0.1
+        ),
+        "combined dates 0.1 + citations floor 0.5 + authors 0.2": replace(
+            d, date_weight=0.1, citation_weight=1.0, citation_min_relevance=0.5, author_weight=0.2
+        ),
+        "combined dates 0.1 + citations floor 0.5 + authors 0.3": replace(
+            d, date_weight=0.1, citation_weight=1.0, citation_min_relevance=0.5, author_weight=0.3
         ),
         "default": DEFAULT_TUNING,
     }

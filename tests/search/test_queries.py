@@ -1,6 +1,7 @@
 """What a query says besides its words (``search.queries``), and how search uses it: a
 question asking several things is searched part by part, a date it names favours the
-messages written then, and the turns next to a match may join the results."""
+messages written then, a person it names the turns they wrote, and the turns next to a
+match may join the results."""
 
 from datetime import UTC, datetime, timedelta
 
@@ -9,7 +10,7 @@ from django.utils import timezone
 
 from conversations.models import Visibility
 from search import ranking
-from search.queries import parts, periods, within
+from search.queries import names, parts, periods, within, words
 from search.services import embed_pending
 from search.tuning import DEFAULT_TUNING
 from tests.factories import ConversationFactory, MessageFactory
@@ -143,3 +144,34 @@ def test_context_expansion_never_shows_a_turn_outside_the_scope(api, alice, sett
     found = contents(search(api, alice, "zebra", topK=5))
     assert "Did you see the zebra?" in found
     assert "agent note" not in found
+
+
+def test_a_query_names_an_author_by_every_word_of_the_name():
+    asked = words("What did Melanie's friend Ann Lee paint?")
+    assert names("Melanie", asked) and names("ann lee", asked) and names("Ann  Lee", asked)
+    assert not names("Ann Smith", asked)
+    assert not names("", asked) and not names(None, asked)
+    assert not names("Mel", asked)  # a word, not a prefix
+
+
+@pytest.mark.django_db
+def test_a_turn_by_the_person_a_query_names_ranks_higher(api, alice, settings):
+    conversation = ConversationFactory(group__owner=alice.id)
+    for author, text in [
+        # Names Melanie too (the author's name is in a turn's words as well).
+        ("Caroline", "Melanie and I painted the lake at sunset"),
+        ("Melanie", "I painted some flowers"),
+        ("Caroline", "The weather was lovely"),
+    ]:
+        MessageFactory(conversation=conversation, author_name=author, content=text)
+    embed_pending()
+    question = "What did Melanie paint at the lake?"
+    tuned(settings, author_weight=0.0)
+    assert contents(search(api, alice, question, topK=1)) == [
+        "Melanie and I painted the lake at sunset"
+    ]
+    tuned(settings, author_weight=1.0)
+    assert contents(search(api, alice, question, topK=1)) == ["I painted some flowers"]
+    # Hybrid only: keyword search is what it was.
+    found = search(api, alice, question, topK=1, mode="keyword")
+    assert contents(found) == ["Melanie and I painted the lake at sunset"]
