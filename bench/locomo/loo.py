@@ -92,6 +92,7 @@ def settings() -> dict[str, object]:
         "combined dates 0.1 + citations 1.0 x 3 + expansion 0.5": replace(
             d, date_weight=0.1, citation_weight=1.0, expansion_weight=0.5
         ),
+        "combined dates 0.1 + authors 0.2": replace(d, date_weight=0.1, author_weight=0.2),
         "combined dates 0.1 + citations floor 0.5": replace(
             d, date_weight=0.1, citation_weight=1.0, citation_min_relevance=0.5
         ),

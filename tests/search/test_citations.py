@@ -17,7 +17,7 @@ from tests.search.test_search import contents, search, tuned
 pytestmark = pytest.mark.django_db
 
 AGENT_SEARCH = "/v1/agent/search/messages"
-QUESTION = "Did Alice adopt a kitten?"
+QUESTION = "Did she adopt a kitten?"
 # The turn that answers it says nothing of kittens: only the memory drawn from it does.
 ANSWER = "We drove there after lunch."
 
