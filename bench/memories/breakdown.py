@@ -68,7 +68,7 @@ def main(argv=None) -> int:
             user = rng.choice(users)
             query = source.question(user.name, user.friend, rng)
             user_id = user.user_id if with_user else ""
-            scope = _memory_scope(agent, user_id, ())
+            scope = _memory_scope(agent.id, user_id)
             started = time.perf_counter()
             vector = vector_literal(backend.embed([query])[0])
             steps["embedding"].append(time.perf_counter() - started)
