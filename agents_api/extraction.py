@@ -237,6 +237,12 @@ def memories_extract(agent: Agent, conversation: Conversation) -> list[Memory]:
         return []
     if not facts:
         return []
+    # A turn deleted (or out of the agent's reach) while the LLM read it is cited no more.
+    seen = services.messages_seen_by(
+        agent.as_principal(), [i for f in facts for i in f.message_ids]
+    )
+    for fact in facts:
+        fact.message_ids = [i for i in fact.message_ids if i in seen]
     saved = services.memories_save(
         agent.as_principal(),
         agent=agent,

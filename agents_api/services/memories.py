@@ -9,6 +9,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from agents_api.models import (
+    MEMORY_MAX_MESSAGES,
     MEMORY_TTL,
     Agent,
     Memory,
@@ -100,7 +101,9 @@ def _merge(memory: Memory, new: NewMemory) -> Memory:
     memory.tags = list(dict.fromkeys([*memory.tags, *new.tags]))
     memory.expires_at = max(memory.expires_at, new.expires_at or default_expiry())
     memory.updated_at = timezone.now()
-    memory.message_ids = list(dict.fromkeys([*memory.message_ids, *new.message_ids]))
+    # The newest citations, if a fact found again and again would cite more than allowed.
+    cited = list(dict.fromkeys([*memory.message_ids, *new.message_ids]))
+    memory.message_ids = cited[-MEMORY_MAX_MESSAGES:]
     memory.save(update_fields=["importance", "tags", "message_ids", "expires_at", "updated_at"])
     return memory
 
@@ -127,18 +130,21 @@ def memories_save(
     return _store_memories(agent, user_id, memories, source, model, vectors)
 
 
+def messages_seen_by(actor: Principal, message_ids: Sequence) -> set:
+    """Those of ``message_ids`` the actor may see (a memory cites only those)."""
+    if not message_ids:
+        return set()
+    return set(
+        Message.objects.filter(
+            id__in=set(message_ids), conversation_id__in=visible_conversation_ids(actor)
+        ).values_list("id", flat=True)
+    )
+
+
 def _refuse_unseen_messages(actor: Principal, message_ids: Sequence) -> None:
     """A memory cites only messages its writer may see: another's message is "no such
     message", like a random id."""
-    wanted = set(message_ids)
-    if not wanted:
-        return
-    seen = set(
-        Message.objects.filter(
-            id__in=wanted, conversation_id__in=visible_conversation_ids(actor)
-        ).values_list("id", flat=True)
-    )
-    missing = sorted(str(i) for i in wanted - seen)
+    missing = sorted(str(i) for i in set(message_ids) - messages_seen_by(actor, message_ids))
     if missing:
         raise InvalidInput.for_field("messageIds", f"no such message: {missing[0]}")
 

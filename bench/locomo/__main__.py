@@ -171,7 +171,8 @@ def run(args: argparse.Namespace) -> dict:
             "url": url,
             "privateServer": private is not None,
             "skipLoad": args.skip_load,
-            "observations": args.observations,
+            # With --skip-load, the memories of the run that loaded (if it saved them).
+            "observations": args.observations and not args.skip_load,
             "categories": {str(k): v for k, v in CATEGORIES.items()},
             "messageText": "turn text, plus ' [shares a photo: <caption>]' for photo turns",
             "createdAt": "session date (UTC) + 1 s per turn within the session",

@@ -14,7 +14,12 @@ from agents_api.services import NewMemory, memories_save, memory_save, memory_up
 from memsvc.api.errors import Conflict
 from search.tuning import DEFAULT_TUNING
 from tests.db import refused
-from tests.factories import AgentFactory
+from tests.factories import (
+    AgentFactory,
+    ConversationFactory,
+    MembershipFactory,
+    MessageFactory,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -181,3 +186,13 @@ def test_an_update_to_content_the_agent_already_keeps_is_a_conflict(agent):
     with refused(IntegrityError, match="memory_importance_0_1"):
         memory_update(agent.as_principal(), memory=coffee, importance=3.0)
     assert Memory.objects.get(pk=coffee.pk).content == "Likes coffee"
+
+
+def test_a_fact_found_again_and_again_keeps_its_newest_citations(agent):
+    conversation = ConversationFactory(group__owner="alice")
+    MembershipFactory(group=conversation.group, principal_id=agent.as_principal().id)
+    turns = [MessageFactory(conversation=conversation).id for _ in range(101)]
+    first, _ = save(agent, "Alice likes tea", message_ids=turns[:100])
+    again, created = save(agent, "alice likes tea", message_ids=[turns[100], turns[5]])
+    assert not created and again.id == first.id
+    assert Memory.objects.get(id=first.id).message_ids == turns[1:]

@@ -132,7 +132,25 @@ def test_a_cited_turn_the_searcher_may_not_see_is_never_found(api, helper, alice
 def test_memories_about_a_user_who_turned_memory_off_cite_nothing(api, helper, alice, chat):
     conversation, turns = chat
     remember(api, helper, "Alice adopted a grey kitten called Luna", [turns[ANSWER]])
+    assert contents(search(api, alice, QUESTION, topK=1)) == [ANSWER]
     memory_setting_update(Principal.user("alice"), enabled=False)
     assert Memory.objects.filter(user_id="alice").exists()
     assert agent_search(api, helper, QUESTION, conversation, topK=1) != [ANSWER]
     assert contents(search(api, alice, QUESTION, topK=1)) != [ANSWER]
+
+
+def test_only_the_searching_agents_memories_about_whom_it_acts_for_count(api, helper, chat):
+    conversation, turns = chat
+    other = make_agent("other", scopes=("read", "write", "impersonate"))
+    MembershipFactory(group=conversation.group, principal_id=other.agent.as_principal().id)
+    acting = make_agent("acting", scopes=("read", "write", "impersonate"))
+    MembershipFactory(group=conversation.group, principal_id=acting.agent.as_principal().id)
+    # Another agent's memory, and the acting agent's memory about someone else.
+    remember(api, other, "Alice adopted a grey kitten called Luna", [turns[ANSWER]])
+    remember(api, acting, "Alice adopted a grey kitten called Luna", [turns[ANSWER]], "bob")
+    assert agent_search(api, helper, QUESTION, conversation, topK=1) != [ANSWER]
+    assert agent_search(api, acting.acting_for("alice"), QUESTION, conversation, topK=1) != [ANSWER]
+    # Its own memory about the user it acts for does.
+    remember(api, acting, "Alice adopted a grey kitten called Luna", [turns[ANSWER]])
+    assert agent_search(api, acting.acting_for("alice"), QUESTION, conversation, topK=1) == [ANSWER]
+    assert agent_search(api, other, QUESTION, conversation, topK=1) == [ANSWER]
