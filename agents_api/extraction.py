@@ -26,7 +26,12 @@ from django.utils import timezone
 
 from agents_api import services
 from agents_api.models import Agent, Memory, MemoryExtraction, MemorySource
-from agents_api.selectors import conversation_memory_subject, memories_of, memory_enabled_for
+from agents_api.selectors import (
+    conversation_memory_subject,
+    memories_of,
+    memory_enabled_for,
+    messages_seen_by,
+)
 from conversations.models import Conversation, Role
 from conversations.selectors import conversation_messages
 from memsvc.llm import LLMError, chat, json_answer, llm_configured
@@ -55,10 +60,12 @@ be remembered. Each memory is one short, self-contained fact in the third person
 user ..." or their name). Leave out small talk, questions, what only the assistant said, \
 and what is already known (listed below) unless it has changed.
 
-Give each memory an importance from 0 (trivia) to 1 (essential), and the numbers of the turns it rests on (each turn below starts with its number in brackets).
+Give each memory an importance from 0 (trivia) to 1 (essential), and the numbers of the \
+turns it rests on (each turn below starts with its number in brackets).
 
 Answer with JSON only, in this shape:
-{"memories": [{"content": "The user's favourite language is Python.", "importance": 0.6, "turns": [3]}]}
+{"memories": [{"content": "The user's favourite language is Python.", "importance": 0.6, \
+"turns": [3]}]}
 When nothing is worth keeping, answer {"memories": []}."""
 
 
@@ -238,9 +245,7 @@ def memories_extract(agent: Agent, conversation: Conversation) -> list[Memory]:
     if not facts:
         return []
     # A turn deleted (or out of the agent's reach) while the LLM read it is cited no more.
-    seen = services.messages_seen_by(
-        agent.as_principal(), [i for f in facts for i in f.message_ids]
-    )
+    seen = messages_seen_by(agent.as_principal(), [i for f in facts for i in f.message_ids])
     for fact in facts:
         fact.message_ids = [i for i in fact.message_ids if i in seen]
     saved = services.memories_save(

@@ -18,7 +18,11 @@ from agents_api.models import (
     UserMemorySetting,
 )
 from conversations.models import Conversation, Membership
-from conversations.selectors import conversation_owner_id, conversations_visible_to
+from conversations.selectors import (
+    conversation_owner_id,
+    conversations_visible_to,
+    messages_visible_to,
+)
 from memsvc.api.errors import Forbidden, InvalidInput, NotFound, one_or_404
 from memsvc.api.pagination import Page, keyset_page
 from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, Principal, user_id_problem
@@ -245,6 +249,15 @@ def _memory_scope(agent_id, user_id: str | None, tags: Sequence[str] = ()) -> Sc
         clauses.append("m.tags && %s::varchar[]")  # any of the tags
         params.append(list(tags))
     return Scope(" AND ".join(clauses), params)
+
+
+def messages_seen_by(principal: Principal, message_ids: Sequence) -> set:
+    """Those of ``message_ids`` the principal may see (``messages_visible_to``): a memory
+    cites only those."""
+    if not message_ids:
+        return set()
+    seen = messages_visible_to(principal).filter(id__in=set(message_ids))
+    return set(seen.values_list("id", flat=True))
 
 
 def memories_citing(principal: Principal) -> Citing:

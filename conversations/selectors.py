@@ -95,6 +95,12 @@ def visible_conversation_ids(principal: Principal) -> QuerySet:
     return queryset.values("id")
 
 
+def messages_visible_to(principal: Principal) -> QuerySet[Message]:
+    """The messages of ``visible_conversation_ids(principal)``: one that is not is "no such
+    message" to the principal, like a random id."""
+    return Message.objects.filter(conversation_id__in=visible_conversation_ids(principal))
+
+
 def _with_summary_fields(queryset: QuerySet[Conversation]) -> QuerySet[Conversation]:
     """Owner and last message preview, in the same query (no per-row lookups)."""
     last_message = (

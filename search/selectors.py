@@ -14,6 +14,7 @@ from conversations.models import TEXT_SEARCH_CONFIG, Channel, Message, Visibilit
 from conversations.selectors import (
     conversation_lineages,
     conversations_visible_to,
+    messages_visible_to,
     visible_conversation_ids,
 )
 from memsvc.api.errors import InvalidInput
@@ -112,9 +113,7 @@ def message_scope(
     if before_message_id is not None:
         # Only a message the principal may see marks the place: another's message is "no
         # such message" like a random id, or the answer would tell that it exists.
-        before_messages = Message.objects.filter(
-            id=before_message_id, conversation_id__in=visible_conversation_ids(principal)
-        )
+        before_messages = messages_visible_to(principal).filter(id=before_message_id)
         if not for_agent:
             before_messages = before_messages.filter(
                 channel=Channel.HISTORY, visibility=Visibility.USER

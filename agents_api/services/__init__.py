@@ -37,7 +37,6 @@ from agents_api.services.memories import (
     memory_save,
     memory_setting_update,
     memory_update,
-    messages_seen_by,
 )
 from agents_api.services.messages import (
     agent_messages_append,
@@ -90,7 +89,6 @@ __all__ = [
     "memory_save",
     "memory_setting_update",
     "memory_update",
-    "messages_seen_by",
     "tool_record_observe",
     "tool_records_create",
     "tool_records_delete",

@@ -18,9 +18,7 @@ from agents_api.models import (
     content_hash,
     default_expiry,
 )
-from agents_api.selectors import MEMORIES, memory_enabled_for
-from conversations.models import Message
-from conversations.selectors import visible_conversation_ids
+from agents_api.selectors import MEMORIES, memory_enabled_for, messages_seen_by
 from memsvc.api.errors import Conflict, InvalidInput
 from memsvc.api.principals import Principal
 from memsvc.db import locked_row
@@ -44,7 +42,7 @@ class NewMemory:
     tags: Sequence[str] = ()
     metadata: dict = field(default_factory=dict)
     expires_at: datetime | None = None
-    message_ids: Sequence = ()  # the turns it rests on (``Memory.messages``)
+    message_ids: Sequence = ()  # the turns it rests on (``Memory.message_ids``)
 
 
 def _memory_vectors(texts: list[str]):
@@ -128,17 +126,6 @@ def memories_save(
     _refuse_unseen_messages(actor, [i for new in memories for i in new.message_ids])
     model, vectors = _memory_vectors([new.content for new in memories])
     return _store_memories(agent, user_id, memories, source, model, vectors)
-
-
-def messages_seen_by(actor: Principal, message_ids: Sequence) -> set:
-    """Those of ``message_ids`` the actor may see (a memory cites only those)."""
-    if not message_ids:
-        return set()
-    return set(
-        Message.objects.filter(
-            id__in=set(message_ids), conversation_id__in=visible_conversation_ids(actor)
-        ).values_list("id", flat=True)
-    )
 
 
 def _refuse_unseen_messages(actor: Principal, message_ids: Sequence) -> None:
