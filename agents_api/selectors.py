@@ -260,6 +260,17 @@ def messages_seen_by(principal: Principal, message_ids: Sequence) -> set:
     return set(seen.values_list("id", flat=True))
 
 
+def citations_shown_to(principal: Principal, memories: Sequence[Memory]) -> Sequence[Memory]:
+    """The memories, each citing only the messages the principal sees (``messages_seen_by``,
+    one query for all): what a user reads of a memory about them does not tell that a turn
+    they cannot see exists (another's conversation, an agent-only turn). For output: the
+    memories are changed in place and not to be saved."""
+    seen = messages_seen_by(principal, [i for memory in memories for i in memory.message_ids])
+    for memory in memories:
+        memory.message_ids = [i for i in memory.message_ids if i in seen]
+    return memories
+
+
 def memories_citing(principal: Principal) -> Citing:
     """The memories a principal's search of messages reads for the turns they cite
     (``search.selectors.register_citing``): an agent's own, about anyone it serves (with

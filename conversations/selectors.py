@@ -96,9 +96,13 @@ def visible_conversation_ids(principal: Principal) -> QuerySet:
 
 
 def messages_visible_to(principal: Principal) -> QuerySet[Message]:
-    """The messages of ``visible_conversation_ids(principal)``: one that is not is "no such
-    message" to the principal, like a random id."""
-    return Message.objects.filter(conversation_id__in=visible_conversation_ids(principal))
+    """The messages of ``visible_conversation_ids(principal)``, of the channel and visibility
+    the principal reads (a user: HISTORY's user-visible ones, as ``conversation_messages``);
+    one that is not is "no such message" to the principal, like a random id."""
+    messages = Message.objects.filter(conversation_id__in=visible_conversation_ids(principal))
+    if principal.kind != "agent":
+        messages = messages.filter(channel=Channel.HISTORY, visibility=Visibility.USER)
+    return messages
 
 
 def _with_summary_fields(queryset: QuerySet[Conversation]) -> QuerySet[Conversation]:

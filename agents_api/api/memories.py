@@ -72,6 +72,7 @@ class AgentMemoriesView(AgentApiView):
             tag=request.query_params.get("tag"),
         )
         page = selectors.memory_page(memories, order=_order(request), **page_params(request))
+        selectors.citations_shown_to(request.principal, page.rows)
         return Response(page_data(page, s.MemoryOut))
 
     @agent_operation(
@@ -197,6 +198,7 @@ class UserMemoriesView(UserApiView):
             tag=request.query_params.get("tag"),
         )
         page = selectors.memory_page(memories, order=_order(request), **page_params(request))
+        selectors.citations_shown_to(request.principal, page.rows)
         return Response(page_data(page, s.MemoryOut))
 
     @user_operation(
@@ -221,6 +223,7 @@ class UserMemorySearchView(UserApiView):
         data = s.UserSearchMemoriesIn.parse(request.data)
         agent = _agent_filter(data.get("agentId"))
         hits = search_memories(agent, user_id=request.principal.id, data=data, in_use=False)
+        selectors.citations_shown_to(request.principal, [hit.memory for hit in hits])
         return Response({"data": s.MemoryHitOut(hits, many=True).data})
 
 

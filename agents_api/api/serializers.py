@@ -207,7 +207,10 @@ class MemoryOut(serializers.Serializer):
     messageIds = serializers.ListField(
         source="message_ids",
         child=serializers.UUIDField(),
-        help_text="The messages it rests on: a search of messages also ranks them by it.",
+        help_text=(
+            "The messages it rests on: a search of messages also ranks them by it. A user is "
+            "shown those of them they may read."
+        ),
     )
     source = serializers.CharField()
     accessCount = serializers.IntegerField(source="access_count")

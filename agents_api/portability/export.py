@@ -7,7 +7,7 @@ records at a time, so 10,000 messages cost what 500 do.
 
 import itertools
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +33,8 @@ class Section:
     rows: Callable[[Any], Iterable]  # a queryset in a stable order
     # (subject, validated records) -> how many were stored; the others were skipped.
     restore: Callable[[Any, list[dict]], int]
+    # (subject, a batch of rows) -> the rows as the document shows them to its subject.
+    shown: Callable[[Any, list], Sequence] = lambda subject, rows: rows
 
 
 def user_header(user_id: str) -> dict:
@@ -73,7 +75,8 @@ def document_chunks(header: dict, sections: list[Section], subject) -> Iterator[
             record = section.record()
             separator = ""
             for batch in _batches(section.rows(subject).iterator(chunk_size=BATCH), BATCH):
-                yield separator + ",".join(_json(record.to_representation(row)) for row in batch)
+                rows = section.shown(subject, batch)
+                yield separator + ",".join(_json(record.to_representation(row)) for row in rows)
                 separator = ","
             yield "]"
         yield "}\n"

@@ -5,6 +5,7 @@ from agents_api import selectors as agent_selectors
 from agents_api.portability import records, restore
 from agents_api.portability.export import Section
 from conversations import selectors
+from memsvc.api.principals import Principal
 
 
 def _memories(agent=None, user_id=None):
@@ -59,6 +60,10 @@ USER_SECTIONS = [
         records.MemoryRecord,
         lambda user_id: _memories(user_id=user_id),
         restore.restore_memories,
+        # the messages they cite, as far as the user sees them (as /v1/user/memories)
+        shown=lambda user_id, memories: agent_selectors.citations_shown_to(
+            Principal.user(user_id), memories
+        ),
     ),
     Section(
         "memoryBlocks",

@@ -1,6 +1,7 @@
 """Long-term memories through the agent API and the user API: dedup, search, ranking,
 paging, who reaches what, and bad input refused with nothing written."""
 
+import json
 import uuid
 from datetime import timedelta
 
@@ -9,10 +10,12 @@ from django.db import connection
 from django.utils import timezone
 
 from agents_api.models import Memory
+from conversations.models import Visibility
 from memsvc.api.pagination import encode_cursor
 from search.embeddings import EmbeddingError
 from tests.agents_api.conftest import make_agent
 from tests.agents_api.test_api import append
+from tests.factories import ConversationFactory, MembershipFactory, MessageFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -459,6 +462,27 @@ def test_a_user_sees_searches_and_deletes_what_every_agent_keeps_about_them(
         "Bob prefers aisle seats",
         "The helper's own note",
     ]
+
+
+def test_a_user_is_shown_only_the_cited_turns_they_may_see(api, helper, alice):
+    ours = ConversationFactory(group__owner="alice", title="Ours")
+    MembershipFactory(group=ours.group, principal_id=helper.agent.as_principal().id)
+    said = MessageFactory(conversation=ours, content="I moved to Lyon")
+    aside = MessageFactory(conversation=ours, content="(note)", visibility=Visibility.AGENT)
+    own = api.post("/v1/agent/conversations", {"title": "Own"}, as_=helper).json()["id"]
+    elsewhere = append(api, helper, own, {"role": "assistant", "content": "Lyon, noted"})
+    cited = [str(said.id), str(aside.id), elsewhere.json()["data"][0]["id"]]
+    memory = save(api, helper, "Alice lives in Lyon", userId="alice", messageIds=cited)
+    assert memory["messageIds"] == cited  # the agent that cites them sees all three
+
+    # Alice is not told that the agent-only turn or the agent's own turn exist: not in her
+    # list, her search or her export, and the memory itself keeps them.
+    assert api.get(MINE, as_=alice).json()["data"][0]["messageIds"] == [str(said.id)]
+    found = api.post(f"{MINE}/search", {"query": "where does Alice live?"}, as_=alice).json()
+    assert found["data"][0]["messageIds"] == [str(said.id)]
+    export = json.loads(b"".join(api.get("/v1/user/export", as_=alice).streaming_content))
+    assert [m["messageIds"] for m in export["memories"]] == [[str(said.id)]]
+    assert [str(i) for i in Memory.objects.get(id=memory["id"]).message_ids] == cited
 
 
 def test_the_user_api_needs_a_users_token(api, helper):
