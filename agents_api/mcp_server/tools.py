@@ -24,7 +24,14 @@ from agents_api import selectors, services
 from agents_api.api import serializers as s
 from agents_api.api.memories import search_memories
 from agents_api.authentication import require_scope
-from agents_api.models import MEMORY_MAX_TAGS, MEMORY_TAG_MAX_LENGTH, Agent, MemorySource, Scope
+from agents_api.models import (
+    MEMORY_MAX_MESSAGES,
+    MEMORY_MAX_TAGS,
+    MEMORY_TAG_MAX_LENGTH,
+    Agent,
+    MemorySource,
+    Scope,
+)
 from conversations.api.serializers import SearchMessagesIn, SearchResultsOut
 from memsvc.api.errors import InvalidInput, as_api_error, error_body
 from memsvc.api.pagination import DEFAULT_LIMIT, MAX_LIMIT, page_data
@@ -246,6 +253,15 @@ TOOLS: dict[str, Tool] = {
                     "description": "How much this matters (see the guide above).",
                 },
                 "tags": {**_TAGS, "description": 'Categories, such as ["preference", "coding"].'},
+                "messageIds": {
+                    "type": "array",
+                    "items": {"type": "string", "format": "uuid"},
+                    "maxItems": MEMORY_MAX_MESSAGES,
+                    "description": (
+                        "The ids of the messages the fact rests on (as conversation_search "
+                        "returns them): a later search of messages finds those turns by it."
+                    ),
+                },
             },
             required=("content",),
             scope=Scope.WRITE,

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
 
 import anyio
@@ -129,6 +130,15 @@ async def memory_session(client) -> dict:
         "memory_block_replace", {"label": "human", "old": "Ada", "new": "Ada Lovelace"}
     )
     out["conversations"] = await call("conversation_search", {"query": "billing database"})
+    # The fact again, citing the turn it rests on (merged: the same memory now cites it).
+    turn = body(out["conversations"])["data"][0]["message"]["id"]
+    out["cite"] = await call(
+        "memory_save",
+        {"content": "The user prefers TypeScript over JavaScript", "messageIds": [turn]},
+    )
+    out["cite_unseen"] = await call(
+        "memory_save", {"content": "x", "messageIds": ["00000000-0000-0000-0000-000000000000"]}
+    )
     # Refusals: each a tool error the model can read, and the session goes on.
     out["no_query"] = await call("memory_search", {"limit": 3})
     out["importance_7"] = await call("memory_save", {"content": "x", "importance": 7})
@@ -186,6 +196,12 @@ def check_memory_session(out: dict, agent) -> None:
     [found] = body(out["conversations"])["data"]
     assert found["message"]["content"] == "We chose PostgreSQL for the billing database"
     assert "<b>billing</b>" in found["highlights"]
+
+    assert body(out["cite"]) == {"id": saved["id"], "status": "saved", "merged": True}
+    assert memory.message_ids == [uuid.UUID(found["message"]["id"])]
+    assert refusal(out["cite_unseen"]) == (
+        "messageIds: no such message: 00000000-0000-0000-0000-000000000000"
+    )
 
     assert refusal(out["no_query"]) == "query: is required"
     assert out["no_query"].structured_content["code"] == "validation_error"
