@@ -24,6 +24,18 @@ MIN_PART_WORDS = 3
 
 
 _WORD = re.compile(r"\w+")
+# What does not name anyone (the english stop words PostgreSQL's keyword index drops): an
+# author who calls themselves "What" or "I" is not named by every question.
+STOP_WORDS = frozenset(
+    """i me my myself we our ours ourselves you your yours yourself yourselves he him his
+    himself she her hers herself it its itself they them their theirs themselves what which
+    who whom this that these those am is are was were be been being have has had having do
+    does did doing a an the and but if or because as until while of at by for with about
+    against between into through during before after above below to from up down in out on
+    off over under again further then once here there when where why how all any both each
+    few more most other some such no nor not only own same so than too very s t can will
+    just don should now""".split()
+)
 
 
 def words(text: str) -> frozenset[str]:
@@ -33,8 +45,9 @@ def words(text: str) -> frozenset[str]:
 
 def names(author: str | None, query_words: frozenset[str]) -> bool:
     """Whether a query of ``query_words`` names ``author``: every word of the name is among
-    them ("Melanie" in "What did Melanie paint?", "Ann Lee" in "what did Ann Lee say")."""
-    name = words(author or "")
+    them ("Melanie" in "What did Melanie paint?", "Ann Lee" in "what did Ann Lee say"),
+    ``STOP_WORDS`` aside (a name of only those names no one)."""
+    name = words(author or "") - STOP_WORDS
     return bool(name) and name <= query_words
 
 

@@ -6,11 +6,12 @@ match may join the results."""
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from django.db import connection
 from django.utils import timezone
 
-from conversations.models import Visibility
+from conversations.models import TEXT_SEARCH_CONFIG, Visibility
 from search import ranking
-from search.queries import names, parts, periods, within, words
+from search.queries import STOP_WORDS, names, parts, periods, within, words
 from search.services import embed_pending
 from search.tuning import DEFAULT_TUNING
 from tests.factories import ConversationFactory, MessageFactory
@@ -93,6 +94,18 @@ DINNER = "Ben made a mushroom risotto"
 
 
 @pytest.mark.django_db
+def test_the_words_that_name_no_one_are_those_the_keyword_index_drops():
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT w FROM unnest(%s::text[]) w WHERE to_tsvector(%s, w) <> ''::tsvector",
+            [sorted(STOP_WORDS), TEXT_SEARCH_CONFIG],
+        )
+        assert cursor.fetchall() == []
+        cursor.execute("SELECT to_tsvector(%s, 'doctor') <> ''::tsvector", [TEXT_SEARCH_CONFIG])
+        assert cursor.fetchone() == (True,)
+
+
+@pytest.mark.django_db
 def test_a_question_in_two_parts_finds_the_evidence_of_both(api, alice, settings):
     conversation = ConversationFactory(group__owner=alice.id)
     for text in [*HOLIDAY, "The weather was grey all week", DINNER, "Nothing else happened"]:
@@ -152,6 +165,9 @@ def test_a_query_names_an_author_by_every_word_of_the_name():
     assert not names("Ann Smith", asked)
     assert not names("", asked) and not names(None, asked)
     assert not names("Mel", asked)  # a word, not a prefix
+    # Words that name no one: an author called "What did" is not named by every question.
+    assert not names("What did", asked) and not names("I", words("what did I say?"))
+    assert names("The Doctor", words("what did the doctor say?"))
 
 
 @pytest.mark.django_db
