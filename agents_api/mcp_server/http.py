@@ -32,7 +32,7 @@ from rest_framework.views import APIView
 from agents_api.authentication import ApiKeyAuthentication
 from agents_api.mcp_server.server import CALLER_SCOPE_KEY, build_server
 from agents_api.mcp_server.tools import Caller
-from memsvc.api.errors import error_body
+from memsvc.api.errors import error_body, render_v1_error
 
 # Longer than any tool takes (a search is milliseconds, a save embeds one text), shorter
 # than gunicorn's worker timeout (60 s), so a stuck call is answered, not killed.
@@ -164,6 +164,9 @@ class McpView(APIView):
     authentication_classes = [ApiKeyAuthentication]
     permission_classes = [IsAuthenticated]
     parser_classes = []  # the SDK reads the body itself
+    # Refusals before the view (failed authentications locking the address out, a body over
+    # the cap, the database down, a NUL in the path) in the shape of the view's own 401s.
+    render_error = staticmethod(render_v1_error)
 
     @extend_schema(exclude=True)  # JSON-RPC, described by the MCP specification, not OpenAPI
     def post(self, request):

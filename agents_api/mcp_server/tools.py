@@ -34,6 +34,7 @@ from agents_api.models import (
 )
 from conversations.api.serializers import SearchMessagesIn, SearchResultsOut
 from memsvc.api.errors import InvalidInput, as_api_error, error_body
+from memsvc.api.fields import contains_nul
 from memsvc.api.pagination import DEFAULT_LIMIT, MAX_LIMIT, page_data
 from memsvc.api.principals import Principal
 from search.selectors import search_messages
@@ -421,6 +422,14 @@ def _check_arguments(tool: Tool, arguments: dict) -> None:
     raise InvalidInput.for_field(field or "arguments", problem)
 
 
+def _refuse_nul(arguments: dict) -> None:
+    """A NUL character, which the database cannot store or look up, is a bad argument (as
+    on the REST API), not a store that is down."""
+    for name, value in arguments.items():
+        if contains_nul(value):
+            raise InvalidInput.for_field(name, "must not contain NUL characters")
+
+
 def call_tool(caller: Caller, name: str, arguments: dict) -> Outcome:
     """Run tool ``name`` (one of ``TOOLS``) for ``caller``. A refusal (a missing scope, bad
     arguments, an unknown id) is an error outcome; anything else that fails is a bug and
@@ -431,6 +440,7 @@ def call_tool(caller: Caller, name: str, arguments: dict) -> Outcome:
     try:
         require_scope(caller.principal, tool.scope)
         _check_arguments(tool, arguments)
+        _refuse_nul(arguments)
         return Outcome(compact(tool.run(caller, arguments)))
     except DatabaseError:
         logger.exception("MCP tool %s: database error", name)

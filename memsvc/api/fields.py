@@ -73,13 +73,14 @@ class TitleField(TextField):
         super().__init__(**kwargs)
 
 
-def _contains_nul(value) -> bool:
+def contains_nul(value) -> bool:
+    """Whether a JSON value holds a NUL character anywhere (PostgreSQL refuses it in text)."""
     if isinstance(value, str):
         return "\x00" in value
     if isinstance(value, dict):
-        return any(_contains_nul(k) or _contains_nul(v) for k, v in value.items())
+        return any(contains_nul(k) or contains_nul(v) for k, v in value.items())
     if isinstance(value, list):
-        return any(_contains_nul(v) for v in value)
+        return any(contains_nul(v) for v in value)
     return False
 
 
@@ -106,7 +107,7 @@ class JSONValueField(serializers.JSONField):
             raise serializers.ValidationError("must be a JSON object")
         if len(json.dumps(value, ensure_ascii=False).encode()) > self.max_bytes:
             raise serializers.ValidationError(f"must be at most {self.max_bytes} bytes")
-        if _contains_nul(value):
+        if contains_nul(value):
             raise serializers.ValidationError("must not contain NUL characters")
         return value
 

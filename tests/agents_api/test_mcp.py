@@ -150,6 +150,7 @@ async def memory_session(client) -> dict:
         "memory_block_replace", {"label": "human", "old": "Babbage", "new": "x"}
     )
     out["no_block"] = await call("memory_block_append", {"label": "nope", "text": "x"})
+    out["nul"] = await call("memory_block_append", {"label": "hu\x00man", "text": "x"})
     out["delete"] = await call("memory_delete", {"id": body(out["other"])["id"]})
     out["after_delete"] = await call("memory_search", {"query": "Kubernetes deploy target"})
     return out
@@ -213,6 +214,8 @@ def check_memory_session(out: dict, agent) -> None:
     assert refusal(out["not_an_id"]) == "memory not found"
     assert refusal(out["absent_text"]) == "the text to replace is not in the block"
     assert refusal(out["no_block"]) == "no memory block labelled 'nope'"
+    assert refusal(out["nul"]) == "label: must not contain NUL characters"
+    assert out["nul"].structured_content["code"] == "validation_error"
 
     assert body(out["delete"])["status"] == "deleted"
     assert body(out["after_delete"])["data"] == []

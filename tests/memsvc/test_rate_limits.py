@@ -81,7 +81,7 @@ def test_keyless_loopback_callers_are_limited_by_address(client, settings, backe
     assert_rate_limited(client.get("/agents/a", **address))
 
 
-@pytest.mark.parametrize("bad", ["key", "jwt"])
+@pytest.mark.parametrize("bad", ["key", "jwt", "mcp"])
 def test_failed_authentications_lock_the_address_out(client, settings, backend, bad):
     """Past the limit of 401s, every request with credentials from that address is refused,
     the right ones too (a guessed secret gets no 200); other addresses are not affected."""
@@ -93,16 +93,24 @@ def test_failed_authentications_lock_the_address_out(client, settings, backend, 
         )
     agent, user = make_agent(f"agent-{uuid.uuid4()}"), someone()
     wrong = (
-        {"HTTP_X_API_KEY": agent.key[:-4] + "AAAA"}
-        if bad == "key"
-        else {"HTTP_AUTHORIZATION": "Bearer eyJhbGciOiJIUzI1NiJ9.e30.bad"}
+        {"HTTP_AUTHORIZATION": "Bearer eyJhbGciOiJIUzI1NiJ9.e30.bad"}
+        if bad == "jwt"
+        else {"HTTP_X_API_KEY": agent.key[:-4] + "AAAA"}
     )
-    path = "/v1/agent/me" if bad == "key" else "/v1/user/conversations"
+    path = {"key": "/v1/agent/me", "jwt": "/v1/user/conversations", "mcp": "/mcp"}[bad]
+
+    def call(**headers):
+        if path == "/mcp":  # a JSON-RPC POST, as an MCP client sends it
+            message = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+            return client.post(path, message, "application/json", REMOTE_ADDR=address, **headers)
+        return client.get(path, REMOTE_ADDR=address, **headers)
+
     for _ in range(4):
-        assert client.get(path, REMOTE_ADDR=address, **wrong).status_code == 401
-    locked = client.get(path, REMOTE_ADDR=address, **wrong)
+        assert call(**wrong).status_code == 401
+    locked = call(**wrong)
     assert_rate_limited(locked)
     assert locked.json()["code"] == "rate_limited"
+    assert_rate_limited(call(**agent.auth_headers()))  # the right key too
     assert_rate_limited(client.get("/v1/agent/me", REMOTE_ADDR=address, **agent.auth_headers()))
     assert_rate_limited(
         client.get("/v1/user/conversations", REMOTE_ADDR=address, **user.auth_headers())

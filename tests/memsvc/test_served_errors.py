@@ -40,6 +40,7 @@ def test_database_down_is_503_unavailable_but_for_health(no_database, settings):
             ("POST", "/v1/user/search/messages", user, {"query": "x"}),
             ("GET", "/v1/agent/me", key, None),
             ("POST", "/v1/agent/conversations", key, {}),
+            ("POST", "/mcp", key, {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}),
         ]:
             response = client.request(method, path, headers=headers, json=body)
             assert response.status_code == 503, (path, response.text)
@@ -72,7 +73,7 @@ def test_a_body_over_the_cap_is_413_and_the_connection_stays_open(no_database):
     and the next request on the same connection is answered."""
     body = b'{"title": "' + b"x" * BODY_CAP + b'"}'
     with socket.create_connection(("127.0.0.1", no_database.port), timeout=30) as sock:
-        for path in ("/v1/user/conversations", "/messages"):
+        for path in ("/v1/user/conversations", "/messages", "/mcp"):
             response = raw_exchange(
                 sock,
                 f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
@@ -82,7 +83,7 @@ def test_a_body_over_the_cap_is_413_and_the_connection_stays_open(no_database):
             head, _, payload = response.partition(b"\r\n\r\n")
             assert head.startswith(b"HTTP/1.1 413"), response[:300]
             assert b"connection: close" not in head.lower()
-            if path.startswith("/v1"):
+            if path != "/messages":  # /v1 and /mcp answer in the /v1 shape
                 assert b'"code": "payload_too_large"' in payload
             else:
                 assert payload.startswith(b'{"detail": "the body must be at most')
