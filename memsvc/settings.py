@@ -118,6 +118,9 @@ MIDDLEWARE = [
 
 # --- Web pages (/app/) -----------------------------------------------------------------------
 
+# Passwords (web pages, admin) checked by Django's backend, refused for an address that
+# failed authentication too often (memsvc.api.ratelimit).
+AUTHENTICATION_BACKENDS = ["memsvc.api.ratelimit.LockoutModelBackend"]
 LOGIN_URL = "pages:login"
 LOGIN_REDIRECT_URL = "pages:home"
 LOGOUT_REDIRECT_URL = "pages:login"

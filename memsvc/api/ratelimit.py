@@ -23,7 +23,10 @@ Using it on a new surface:
   ``RateLimited``), or wraps a Django view in ``@rate_limited(identity_of)``;
 - a 401 from any API path is counted against its address by ``RateLimitMiddleware``; code
   that refuses credentials without answering 401 (a stdio protocol, say) calls
-  ``note_auth_failure(address)`` itself.
+  ``note_auth_failure(address)`` itself;
+- a password login (the web pages', the admin's) goes through ``LockoutModelBackend``: its
+  failures count (``count_login_failure``, on Django's ``user_login_failed``), and an
+  address past the limit has every password refused, the right one too.
 """
 
 import functools
@@ -33,6 +36,8 @@ import time
 from collections.abc import Callable
 
 from django.conf import settings
+from django.contrib.auth.backends import ModelBackend
+from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError, connection
 from django.http import HttpResponse
 from rest_framework.throttling import BaseThrottle
@@ -232,6 +237,16 @@ def rate_limited(identity_of: Callable = principal_identity):
     return decorate
 
 
+def _guarded(check, address):
+    # An exception here would be Django's HTML 500: with the database down the request
+    # goes on without this check, and its view answers 503.
+    try:
+        return check(address)
+    except DatabaseError:
+        logger.warning("failed authentications not counted: database unreachable")
+        return None
+
+
 class RateLimitMiddleware:
     """Failed authentications per address: refuses requests with credentials from an
     address past ``MEMSVC_AUTH_FAILURE_LIMIT``, and counts every 401 an API answers."""
@@ -241,22 +256,29 @@ class RateLimitMiddleware:
 
     def __call__(self, request):
         if any(request.META.get(header) for header in CREDENTIAL_HEADERS):
-            refusal = self._guarded(auth_lockout, client_address(request))
+            refusal = _guarded(auth_lockout, client_address(request))
             if refusal is not None:
                 response = render_api_error(request, refusal)
                 if response is not None:
                     return response
         response = self.get_response(request)
         if response.status_code == 401:
-            self._guarded(note_auth_failure, client_address(request))
+            _guarded(note_auth_failure, client_address(request))
         return response
 
-    @staticmethod
-    def _guarded(check, address):
-        # A middleware's exception would be Django's HTML 500: with the database down the
-        # request goes on without this check, and its view answers 503.
-        try:
-            return check(address)
-        except DatabaseError:
-            logger.warning("failed authentications not counted: database unreachable")
-            return None
+
+class LockoutModelBackend(ModelBackend):
+    """Django's password check for the web pages and the admin, refused outright for an
+    address locked out by failed authentications (``auth_lockout``), as the APIs refuse its
+    credentials: guessing a password gets no session."""
+
+    def authenticate(self, request, username=None, password=None, **kwargs):
+        if request is not None and auth_lockout(client_address(request)):
+            raise PermissionDenied  # ends authenticate(): no other backend is tried
+        return super().authenticate(request, username, password, **kwargs)
+
+
+def count_login_failure(sender, credentials, request=None, **kwargs) -> None:
+    """``user_login_failed``: a wrong password counts against its address like a 401."""
+    if request is not None:
+        _guarded(note_auth_failure, client_address(request))

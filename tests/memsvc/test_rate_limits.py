@@ -8,8 +8,9 @@ import uuid
 import httpx
 import pytest
 import redis
+from django.contrib.auth import get_user_model
 from django.http import JsonResponse
-from django.test import RequestFactory
+from django.test import Client, RequestFactory
 
 from memsvc.api.ratelimit import rate_limited
 from tests.agents_api.conftest import make_agent
@@ -119,6 +120,25 @@ def test_failed_authentications_lock_the_address_out(client, settings, backend, 
         client.get("/v1/agent/me", REMOTE_ADDR="192.0.2.251", **agent.auth_headers()).status_code
         == 200
     )
+
+
+@pytest.mark.parametrize("page", ["/app/login/", "/admin/login/"])
+def test_wrong_passwords_lock_the_address_out_of_the_logins(settings, backend, page):
+    """The web pages' and the admin's password logins count like 401s: past the limit the
+    right password from that address gets no session either; other addresses log in."""
+    settings.MEMSVC_AUTH_FAILURE_LIMIT = 3
+    address = f"198.51.100.{uuid.uuid4().int % 250 + 1}"
+    name = f"staff-{uuid.uuid4()}"
+    get_user_model().objects.create_superuser(name, password="the right password")
+
+    def log_in(password, remote=address):
+        browser = Client(REMOTE_ADDR=remote)
+        browser.post(page, {"username": name, "password": password, "next": "/app/"})
+        return "_auth_user_id" in browser.session
+
+    assert not any(log_in("a guess") for _ in range(3))
+    assert not log_in("the right password")  # locked out: refused the right one too
+    assert log_in("the right password", remote="198.51.100.251")
 
 
 def test_a_zero_limit_is_no_limit(client, settings):
