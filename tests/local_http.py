@@ -15,6 +15,7 @@ class Reply:
     payload: object = None  # JSON-able, or bytes sent as they are
     # server-sent events, streamed in order: data, or (event name, data)
     events: Iterable[str | tuple[str, str]] | None = None
+    headers: dict[str, str] = field(default_factory=dict)
 
     def body(self) -> bytes:
         return (
@@ -53,6 +54,8 @@ class LocalHttpServer:
                 self.send_response(reply.status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
+                for name, value in reply.headers.items():
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(data)
 

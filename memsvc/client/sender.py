@@ -2,9 +2,11 @@
 
 One daemon thread per process sends the queued requests in order, over one keep-alive
 connection per memsvc. A block's exit and the interpreter's exit wait for the queue
-(``flush``). A request memsvc answers with 429 or 5xx is retried (``Retry-After`` honoured)
-until it is stored; when memsvc does not answer at all it is dropped with one warning per
-outage, so a stopped server never stalls the program.
+(``flush``). A request memsvc defers (429: a rate limit) is sent again when its
+``Retry-After`` says, for as long as memsvc keeps deferring it: a server that answers loses
+no turn. One it fails (5xx) is tried ``MAX_ATTEMPTS`` times, then dropped with a warning (a
+broken server must not hold every later store back). When memsvc does not answer at all the
+request is dropped with one warning per outage, so a stopped server never stalls the program.
 """
 
 import atexit
@@ -22,9 +24,11 @@ logger = logging.getLogger("memsvc.client")
 
 TIMEOUT_SECONDS = 10.0
 FLUSH_TIMEOUT_SECONDS = 30.0
-RETRY_STATUSES = {429, 500, 502, 503, 504}
+DEFERRED = 429  # sent again, however often, when Retry-After says
+RETRY_STATUSES = {500, 502, 503, 504}  # tried again up to MAX_ATTEMPTS times in all
 MAX_ATTEMPTS = 6
 MAX_RETRY_WAIT_SECONDS = 5.0
+MAX_DEFERRED_WAIT_SECONDS = 60.0  # a rate limit's window
 
 
 @dataclass(frozen=True)
@@ -113,7 +117,8 @@ class Sender:
 
     def _deliver(self, destination: Destination, request: ServerRequest) -> None:
         client = self._client(destination)
-        for attempt in range(MAX_ATTEMPTS):
+        failures = 0
+        while True:
             try:
                 response = client.request(request.method, request.path, json=request.json)
             except httpx.TransportError as exc:
@@ -127,9 +132,13 @@ class Sender:
                     )
                 return
             self._down.discard(destination.url)
-            if response.status_code not in RETRY_STATUSES or attempt == MAX_ATTEMPTS - 1:
+            if response.status_code == DEFERRED:
+                time.sleep(_retry_wait(response, 0, most=MAX_DEFERRED_WAIT_SECONDS))
+                continue
+            if response.status_code not in RETRY_STATUSES or failures == MAX_ATTEMPTS - 1:
                 break
-            time.sleep(_retry_wait(response, attempt))
+            time.sleep(_retry_wait(response, failures))
+            failures += 1
         if response.is_error:
             logger.warning(
                 "memsvc: %s %s answered %d (%s); not stored",
@@ -140,12 +149,15 @@ class Sender:
             )
 
 
-def _retry_wait(response: httpx.Response, attempt: int) -> float:
+def _retry_wait(
+    response: httpx.Response, attempt: int, *, most: float = MAX_RETRY_WAIT_SECONDS
+) -> float:
+    """Seconds to wait: the answer's ``Retry-After``, else a backoff by ``attempt``."""
     try:
         wait = float(response.headers.get("Retry-After", ""))
     except ValueError:
         wait = 0.2 * 2**attempt
-    return min(max(wait, 0.0), MAX_RETRY_WAIT_SECONDS)
+    return min(max(wait, 0.0), most)
 
 
 sender = Sender()

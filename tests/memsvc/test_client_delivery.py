@@ -19,7 +19,7 @@ from langchain_openai import ChatOpenAI
 
 from memsvc.client import learning
 from memsvc.client.core import ServerRequest
-from memsvc.client.sender import Destination, Sender
+from memsvc.client.sender import MAX_ATTEMPTS, Destination, Sender
 from tests.fake_memsvc import StandInMemsvc
 from tests.fake_openai import FakeOpenAI
 from tests.local_http import LocalHttpServer, Reply
@@ -120,6 +120,45 @@ def test_the_sender_retries_until_memsvc_takes_the_message():
         sender.send(Destination(busy.url), [ServerRequest("POST", "/messages", {"n": 1})])
         assert sender.flush(timeout=10)
     assert received == [{"n": 1}]
+
+
+def test_a_rate_limited_store_waits_its_turn_however_often_it_is_deferred(caplog):
+    """memsvc answering 429 is a server that is up: the turn is sent again when Retry-After
+    says, more times than a failing server gets, and arrives."""
+    deferrals = MAX_ATTEMPTS * 2
+    answers = iter([Reply(status=429, payload={}, headers={"Retry-After": "0"})] * deferrals)
+    received = []
+
+    def respond(method, path, body):
+        reply = next(answers, None)
+        if reply is None:
+            received.append(body)
+            return Reply(payload={})
+        return reply
+
+    sender = Sender()
+    with (
+        caplog.at_level(logging.WARNING, logger="memsvc.client"),
+        LocalHttpServer(respond) as limited,
+    ):
+        sender.send(Destination(limited.url), [ServerRequest("POST", "/messages", {"n": 1})])
+        assert sender.flush(timeout=10)
+        assert len(limited.requests) == deferrals + 1
+    assert received == [{"n": 1}]
+    assert warnings(caplog) == []
+
+
+def test_a_store_a_failing_memsvc_keeps_refusing_is_dropped_with_a_warning(caplog):
+    sender = Sender()
+    with (
+        caplog.at_level(logging.WARNING, logger="memsvc.client"),
+        LocalHttpServer(lambda *_: Reply(status=500, payload={})) as broken,
+    ):
+        sender.send(Destination(broken.url), [ServerRequest("POST", "/messages", {"n": 1})])
+        assert sender.flush(timeout=30)
+        assert len(broken.requests) == MAX_ATTEMPTS
+    [warning] = warnings(caplog)
+    assert "answered 500" in warning and "not stored" in warning
 
 
 @pytest.mark.django_db(transaction=True)
