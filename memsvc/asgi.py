@@ -13,15 +13,20 @@ nothing.
 """
 
 import asyncio
+import io
 import os
 from concurrent.futures import ThreadPoolExecutor
+from typing import BinaryIO
 
 import django
+from django.conf import settings
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.base import BaseHandler
 from django.core.signals import request_started
 from django.urls import set_script_prefix
+
+from memsvc.api.middleware import DISCARD_MAX_FACTOR
 
 
 class ThreadPoolHandler(ASGIHandler):
@@ -38,7 +43,7 @@ class ThreadPoolHandler(ASGIHandler):
             # uvicorn's lifespan probe: refused as Django's own handler refuses it.
             raise ValueError(f"memsvc serves HTTP only, not {scope['type']}")
         try:
-            body_file = await self.read_body(receive)
+            scope, body_file = await self.read_capped_body(scope, receive)
         except RequestAborted:
             return
         loop = asyncio.get_running_loop()
@@ -50,6 +55,36 @@ class ThreadPoolHandler(ASGIHandler):
                 await self.send_response(response, send)
         finally:
             body_file.close()
+
+    async def read_capped_body(self, scope, receive) -> tuple[dict, BinaryIO]:
+        """The body (Django's ``read_body``), never more than ``MEMSVC_MAX_BODY_BYTES`` of it
+        kept: a larger one, declared or found larger while read (a chunked one), is read on
+        and dropped, up to ``DISCARD_MAX_FACTOR`` times the cap (so a keep-alive connection
+        stays usable; past that the server closes it), and never reaches memory or disk.
+        Such a request goes on with an empty body and, as its ``Content-Length``, the size
+        seen: the middleware refuses it with 413 in the API's shape."""
+        cap = settings.MEMSVC_MAX_BODY_BYTES
+        seen = 0
+
+        async def within_cap():
+            nonlocal seen
+            message = await receive()
+            if message["type"] != "http.request":
+                return message
+            seen += len(message.get("body", b""))
+            if seen <= cap:
+                return message
+            more = message.get("more_body", False) and seen <= cap * DISCARD_MAX_FACTOR
+            return {"type": "http.request", "body": b"", "more_body": more}
+
+        body_file = await self.read_body(within_cap)
+        if seen <= cap:
+            return scope, body_file
+        body_file.close()
+        size = max(seen, _declared_length(scope))
+        headers = [(name, value) for name, value in scope["headers"] if name != b"content-length"]
+        headers.append((b"content-length", str(size).encode()))
+        return {**scope, "headers": headers}, io.BytesIO()
 
     def respond(self, scope, body_file, send, loop):
         """In a request thread: the response, already closed (for Django the request ends
@@ -89,6 +124,16 @@ class ThreadPoolHandler(ASGIHandler):
         emit({"type": "http.response.body"})
 
 
+def _declared_length(scope) -> int:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return 0  # the middleware refuses it
+    return 0
+
+
 def response_headers(response) -> list[tuple[bytes, bytes]]:
     """The response's headers and cookies as ASGI sends them (as ``send_response`` does)."""
     headers = [
@@ -108,8 +153,6 @@ def response_headers(response) -> list[tuple[bytes, bytes]]:
 def get_asgi_application() -> ThreadPoolHandler:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memsvc.settings")
     django.setup(set_prefix=False)
-    from django.conf import settings
-
     return ThreadPoolHandler(settings.WEB_REQUEST_THREADS)
 
 

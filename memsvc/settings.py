@@ -240,7 +240,8 @@ CORS_ALLOW_CREDENTIALS = False
 # --- Messages and search ---------------------------------------------------------------------
 
 MEMSVC_MAX_MESSAGE_CHARS = env_int("MEMSVC_MAX_MESSAGE_CHARS", 100_000, minimum=1)
-# The largest request body (bytes); a larger one is refused with 413 before it is read. The
+# The largest request body (bytes); a larger one is refused with 413 and never kept (the
+# web process reads and drops it: memsvc.asgi.ThreadPoolHandler.read_capped_body). The
 # default admits the largest bulk append the API documents: 100 messages
 # (agents_api.api.serializers.MAX_BULK_MESSAGES) of MEMSVC_MAX_MESSAGE_CHARS characters of
 # UTF-8 (at most 4 bytes each), each with the largest metadata (16 KiB, counted twice for

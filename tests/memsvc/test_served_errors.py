@@ -2,6 +2,7 @@
 is a 413 in the error shape on a connection that stays usable; a database that is down is a
 503 ``unavailable`` everywhere but the health checks, which say so without internals."""
 
+import contextlib
 import socket
 
 import httpx
@@ -89,3 +90,44 @@ def test_a_body_over_the_cap_is_413_and_the_connection_stays_open(no_database):
                 assert payload.startswith(b'{"detail": "the body must be at most')
         again = raw_exchange(sock, b"GET /v1/nope HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         assert again.startswith(b"HTTP/1.1 404")
+
+
+def test_a_chunked_body_over_the_cap_is_413_and_never_kept(no_database):
+    """A body without a Content-Length is counted as it arrives: past the cap it is read and
+    dropped, not kept (in memory or a temporary file) and not parsed."""
+    piece = b"x" * 30_000
+    chunks = [b'{"title": "'] + [piece] * 5 + [b'"}']  # 150 KB: over the 100 KB cap
+    body = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for chunk in chunks) + b"0\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", no_database.port), timeout=30) as sock:
+        response = raw_exchange(
+            sock,
+            b"POST /v1/user/conversations HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" + body,
+        )
+        head, _, payload = response.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 413"), response[:300]
+        assert b'"code": "payload_too_large"' in payload
+        again = raw_exchange(sock, b"GET /v1/nope HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        assert again.startswith(b"HTTP/1.1 404")
+
+
+def test_a_huge_declared_body_is_refused_without_reading_it_all(no_database):
+    """A client that announces a gigabyte is answered 413 once twice the cap has been read
+    and dropped, not after the whole upload."""
+    with socket.create_connection(("127.0.0.1", no_database.port), timeout=30) as sock:
+        sock.sendall(
+            b"POST /v1/user/conversations HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 1000000000\r\n\r\n"
+        )
+        sent = 0
+        sock.settimeout(0.05)
+        answer = b""
+        while sent < 3 * BODY_CAP and not answer:
+            sock.sendall(b"x" * 10_000)
+            sent += 10_000
+            with contextlib.suppress(TimeoutError):  # not answered yet: send more
+                answer = sock.recv(65536)
+        sock.settimeout(30)
+        while b"\r\n\r\n" not in answer:
+            answer += sock.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:300]
