@@ -56,6 +56,19 @@ def test_pages_need_a_login_and_the_login_page_logs_in(client, alice_page):
     assert client.get("/app/").status_code == 302
 
 
+def test_pages_count_against_the_persons_rate_limit_as_their_api_calls_do(
+    alice_page, bob_page, alice, settings
+):
+    settings.MEMSVC_RATE_LIMIT = 3
+    assert alice_page.get("/app/").status_code == 200
+    assert alice_page.get("/app/search/", {"q": "plans"}).status_code == 200
+    assert alice_page.get("/v1/user/conversations", **alice.auth_headers()).status_code == 200
+    refused = alice_page.get("/app/")
+    assert refused.status_code == 429 and 1 <= int(refused["Retry-After"]) <= 60
+    assert b"rate limit of 3 requests a minute exceeded" in refused.content
+    assert bob_page.get("/app/").status_code == 200  # another person, another count
+
+
 # --- the list --------------------------------------------------------------------------------
 
 

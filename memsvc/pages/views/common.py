@@ -10,6 +10,7 @@ from rest_framework.exceptions import ValidationError
 
 from memsvc.api.errors import ApiError, exception_handler
 from memsvc.api.principals import Principal
+from memsvc.api.ratelimit import limit_principal
 
 PAGE_SIZE = 50
 
@@ -17,22 +18,27 @@ PAGE_SIZE = 50
 def page(view):
     """A page for a logged-in person. ``request.principal`` is that person as the API knows
     them: the username is the principal id, the ``sub`` of their JWT, so the pages and the
-    user API show one person the same conversations. Whatever a service or selector refuses
-    (404 to a stranger, 403 below the needed level, 400, 409) is answered with the API's
-    status and message, as a page or, for htmx, as a fragment."""
+    user API show one person the same conversations, and count against one rate limit
+    (``limit_principal``). Whatever a service or selector refuses (404 to a stranger, 403
+    below the needed level, 400, 409, 429) is answered with the API's status and message,
+    as a page or, for htmx, as a fragment."""
 
     @wraps(view)
     @login_required
     def wrapper(request, *args, **kwargs):
         request.principal = Principal.user(request.user.get_username())
         try:
+            limit_principal(request.principal.rate_limit_key)
             return view(request, *args, **kwargs)
         except (ApiError, ValidationError) as exc:
             response = exception_handler(exc, None)
             template = "pages/_refused.html" if request.htmx else "pages/refused.html"
-            return render(
+            refused = render(
                 request, template, {"error": response.data["error"]}, status=response.status_code
             )
+            if "Retry-After" in response:
+                refused["Retry-After"] = response["Retry-After"]
+            return refused
 
     return wrapper
 
