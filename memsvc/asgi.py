@@ -58,12 +58,14 @@ class ThreadPoolHandler(ASGIHandler):
 
     async def read_capped_body(self, scope, receive) -> tuple[dict, BinaryIO]:
         """The body (Django's ``read_body``), never more than ``MEMSVC_MAX_BODY_BYTES`` of it
-        kept: a larger one, declared or found larger while read (a chunked one), is read on
-        and dropped, up to ``DISCARD_MAX_FACTOR`` times the cap (so a keep-alive connection
-        stays usable; past that the server closes it), and never reaches memory or disk.
-        Such a request goes on with an empty body and, as its ``Content-Length``, the size
-        seen: the middleware refuses it with 413 in the API's shape."""
+        kept. One declared larger is not kept at all: read and dropped up to
+        ``DISCARD_MAX_FACTOR`` times the cap (so a keep-alive connection stays usable), not
+        read past that (the server then closes the connection). One found larger while read
+        (chunked) is read on and dropped the same way. Such a request goes on with an empty
+        body and, as its ``Content-Length``, the size declared or seen: the middleware
+        refuses it with 413 in the API's shape."""
         cap = settings.MEMSVC_MAX_BODY_BYTES
+        declared = _declared_length(scope)
         seen = 0
 
         async def within_cap():
@@ -72,16 +74,19 @@ class ThreadPoolHandler(ASGIHandler):
             if message["type"] != "http.request":
                 return message
             seen += len(message.get("body", b""))
-            if seen <= cap:
+            if seen <= cap and declared <= cap:
                 return message
             more = message.get("more_body", False) and seen <= cap * DISCARD_MAX_FACTOR
             return {"type": "http.request", "body": b"", "more_body": more}
 
-        body_file = await self.read_body(within_cap)
-        if seen <= cap:
+        if declared > cap * DISCARD_MAX_FACTOR:
+            body_file = io.BytesIO()
+        else:
+            body_file = await self.read_body(within_cap)
+        if seen <= cap and declared <= cap:
             return scope, body_file
         body_file.close()
-        size = max(seen, _declared_length(scope))
+        size = max(seen, declared)
         headers = [(name, value) for name, value in scope["headers"] if name != b"content-length"]
         headers.append((b"content-length", str(size).encode()))
         return {**scope, "headers": headers}, io.BytesIO()

@@ -119,8 +119,13 @@ MIDDLEWARE = [
 # --- Web pages (/app/) -----------------------------------------------------------------------
 
 # Passwords (web pages, admin) checked by Django's backend, refused for an address that
-# failed authentication too often (memsvc.api.ratelimit).
-AUTHENTICATION_BACKENDS = ["memsvc.api.ratelimit.LockoutModelBackend"]
+# failed authentication too often (memsvc.api.ratelimit). ModelBackend checks no password
+# (the first one's answer is final): it is listed so that a session made before the first
+# existed, which names ModelBackend, stays logged in.
+AUTHENTICATION_BACKENDS = [
+    "memsvc.api.ratelimit.LockoutModelBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
 LOGIN_URL = "pages:login"
 LOGIN_REDIRECT_URL = "pages:home"
 LOGOUT_REDIRECT_URL = "pages:login"

@@ -24,8 +24,9 @@ MIN_PART_WORDS = 3
 
 
 _WORD = re.compile(r"\w+")
-# What does not name anyone (the english stop words PostgreSQL's keyword index drops): an
-# author who calls themselves "What" or "I" is not named by every question.
+# What does not name anyone: the english stop words PostgreSQL's keyword index drops, but for
+# two that are names too ("Will", "Don"). An author who calls themselves "What" or "I" is not
+# named by every question.
 STOP_WORDS = frozenset(
     """i me my myself we our ours ourselves you your yours yourself yourselves he him his
     himself she her hers herself it its itself they them their theirs themselves what which
@@ -35,7 +36,7 @@ STOP_WORDS = frozenset(
     off over under again further then once here there when where why how all any both each
     few more most other some such no nor not only own same so than too very s t can will
     just don should now""".split()  # noqa: SIM905 (127 words: a list literal of them is a page)
-)
+) - {"will", "don"}
 
 
 def words(text: str) -> frozenset[str]:

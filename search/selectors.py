@@ -114,6 +114,10 @@ def message_scope(
         # Only a message the principal may see marks the place: another's message is "no
         # such message" like a random id, or the answer would tell that it exists.
         before_messages = messages_visible_to(principal).filter(id=before_message_id)
+        if not for_agent:  # (an agent searching as a user would: the user's messages)
+            before_messages = before_messages.filter(
+                channel=Channel.HISTORY, visibility=Visibility.USER
+            )
         before = before_messages.values_list("seq", flat=True).first()
         if before is None:
             raise InvalidInput.for_field("before", "no such message")

@@ -72,7 +72,6 @@ class AgentMemoriesView(AgentApiView):
             tag=request.query_params.get("tag"),
         )
         page = selectors.memory_page(memories, order=_order(request), **page_params(request))
-        selectors.citations_shown_to(request.principal, page.rows)
         return Response(page_data(page, s.MemoryOut))
 
     @agent_operation(

@@ -270,12 +270,17 @@ class RateLimitMiddleware:
 class LockoutModelBackend(ModelBackend):
     """Django's password check for the web pages and the admin, refused outright for an
     address locked out by failed authentications (``auth_lockout``), as the APIs refuse its
-    credentials: guessing a password gets no session."""
+    credentials: guessing a password gets no session. Its answer is final (a refusal raises
+    ``PermissionDenied``, which ends ``authenticate()``): ``ModelBackend``, listed after it
+    only so that sessions made before keep their backend, never checks a password again."""
 
     def authenticate(self, request, username=None, password=None, **kwargs):
-        if request is not None and auth_lockout(client_address(request)):
-            raise PermissionDenied  # ends authenticate(): no other backend is tried
-        return super().authenticate(request, username, password, **kwargs)
+        if request is not None and _guarded(auth_lockout, client_address(request)):
+            raise PermissionDenied
+        user = super().authenticate(request, username, password, **kwargs)
+        if user is None:
+            raise PermissionDenied
+        return user
 
 
 def count_login_failure(sender, credentials, request=None, **kwargs) -> None:

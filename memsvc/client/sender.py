@@ -3,8 +3,9 @@
 One daemon thread per process sends the queued requests in order, over one keep-alive
 connection per memsvc. A block's exit and the interpreter's exit wait for the queue
 (``flush``). A request memsvc defers (429: a rate limit) is sent again when its
-``Retry-After`` says, for as long as memsvc keeps deferring it: a server that answers loses
-no turn. One it fails (5xx) is tried ``MAX_ATTEMPTS`` times, then dropped with a warning (a
+``Retry-After`` says (else after a growing wait), for as long as memsvc keeps deferring it
+and the program runs: a server that answers loses no turn, and the model calls meanwhile
+do not wait for it (``busy``). One it fails (5xx) is tried ``MAX_ATTEMPTS`` times, then dropped with a warning (a
 broken server must not hold every later store back). When memsvc does not answer at all the
 request is dropped with one warning per outage, so a stopped server never stalls the program.
 """
@@ -48,6 +49,7 @@ class Sender:
         self._thread: threading.Thread | None = None
         self._clients: dict[Destination, httpx.Client] = {}
         self._down: set[str] = set()  # memsvc URLs that did not answer (warned once)
+        self._deferred = False  # the request being sent waits out a 429
 
     def send(self, destination: Destination, requests: list[ServerRequest]) -> None:
         """Queue ``requests`` (kept in order); returns at once."""
@@ -82,8 +84,9 @@ class Sender:
         return True
 
     def busy(self) -> bool:
-        """Whether something queued is not yet sent."""
-        return self._done < self._queued
+        """Whether something queued is not yet sent, and memsvc is not holding it back (a
+        429: waiting for it would only hold the caller's next call back too)."""
+        return self._done < self._queued and not self._deferred
 
     def mark_down(self, url: str) -> None:
         """``url`` did not answer and the caller has warned: drop its stores quietly until
@@ -117,11 +120,12 @@ class Sender:
 
     def _deliver(self, destination: Destination, request: ServerRequest) -> None:
         client = self._client(destination)
-        failures = 0
+        failures = deferrals = 0
         while True:
             try:
                 response = client.request(request.method, request.path, json=request.json)
             except httpx.TransportError as exc:
+                self._deferred = False
                 if destination.url not in self._down:
                     self._down.add(destination.url)
                     logger.warning(
@@ -133,8 +137,11 @@ class Sender:
                 return
             self._down.discard(destination.url)
             if response.status_code == DEFERRED:
-                time.sleep(_retry_wait(response, 0, most=MAX_DEFERRED_WAIT_SECONDS))
+                self._deferred = True
+                time.sleep(_retry_wait(response, deferrals, most=MAX_DEFERRED_WAIT_SECONDS))
+                deferrals += 1
                 continue
+            self._deferred = False
             if response.status_code not in RETRY_STATUSES or failures == MAX_ATTEMPTS - 1:
                 break
             time.sleep(_retry_wait(response, failures))

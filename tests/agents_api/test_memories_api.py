@@ -474,6 +474,8 @@ def test_a_user_is_shown_only_the_cited_turns_they_may_see(api, helper, alice):
     cited = [str(said.id), str(aside.id), elsewhere.json()["data"][0]["id"]]
     memory = save(api, helper, "Alice lives in Lyon", userId="alice", messageIds=cited)
     assert memory["messageIds"] == cited  # the agent that cites them sees all three
+    listed = api.get(MEMORIES, as_=helper, userId="alice").json()["data"]
+    assert listed[0]["messageIds"] == cited
 
     # Alice is not told that the agent-only turn or the agent's own turn exist: not in her
     # list, her search or her export, and the memory itself keeps them.

@@ -148,6 +148,20 @@ def test_a_rate_limited_store_waits_its_turn_however_often_it_is_deferred(caplog
     assert warnings(caplog) == []
 
 
+def test_model_calls_do_not_wait_for_a_store_memsvc_defers():
+    answers = iter([Reply(status=429, payload={}, headers={"Retry-After": "1"})])
+    sender = Sender()
+    with LocalHttpServer(lambda *_: next(answers, Reply(payload={}))) as limited:
+        sender.send(Destination(limited.url), [ServerRequest("POST", "/messages", {"n": 1})])
+        deadline = time.monotonic() + 5
+        while not limited.requests and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)
+        assert not sender.busy()  # deferred: the next call's context does not wait for it
+        assert sender.flush(timeout=10)
+        assert len(limited.requests) == 2
+
+
 def test_a_store_a_failing_memsvc_keeps_refusing_is_dropped_with_a_warning(caplog):
     sender = Sender()
     with (

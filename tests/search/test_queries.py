@@ -168,6 +168,7 @@ def test_a_query_names_an_author_by_every_word_of_the_name():
     # Words that name no one: an author called "What did" is not named by every question.
     assert not names("What did", asked) and not names("I", words("what did I say?"))
     assert names("The Doctor", words("what did the doctor say?"))
+    assert names("Will", words("what will Will bring?"))  # a stop word, and a name
 
 
 @pytest.mark.django_db
