@@ -74,9 +74,10 @@ def request_refusal(request) -> ApiError | None:
 
 def discard_body(request) -> None:
     """Read and drop a refused body (up to ``DISCARD_MAX_FACTOR`` times the cap), so the
-    connection can carry the client's next request: gunicorn drains at most 64 KiB of what
-    an application left unread, and closes a keep-alive connection that had more. A body
-    past the bound is left to that (the connection closes)."""
+    connection can carry the client's next request, under a WSGI server (gunicorn's sync
+    workers drain at most 64 KiB of what an application left unread, and close a keep-alive
+    connection that had more; a body past the bound is left to that). Under ``memsvc
+    serve`` the ASGI handler has dropped it already (``memsvc.asgi``): nothing is left."""
     length = int(request.META.get("CONTENT_LENGTH") or 0)
     if length > settings.MEMSVC_MAX_BODY_BYTES * DISCARD_MAX_FACTOR:
         return
