@@ -275,12 +275,17 @@ class LockoutModelBackend(ModelBackend):
     only so that sessions made before keep their backend, never checks a password again."""
 
     def authenticate(self, request, username=None, password=None, **kwargs):
-        if request is not None and _guarded(auth_lockout, client_address(request)):
+        if request is not None and login_lockout(request):
             raise PermissionDenied
         user = super().authenticate(request, username, password, **kwargs)
         if user is None:
             raise PermissionDenied
         return user
+
+
+def login_lockout(request) -> RateLimited | None:
+    """``auth_lockout`` for a password login's address (None when the database is down)."""
+    return _guarded(auth_lockout, client_address(request))
 
 
 def count_login_failure(sender, credentials, request=None, **kwargs) -> None:

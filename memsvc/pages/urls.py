@@ -1,6 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
+from memsvc.pages.forms import LoginForm
 from memsvc.pages.views import conversations, memory
 
 app_name = "pages"
@@ -9,7 +10,9 @@ urlpatterns = [
     path(
         "login/",
         auth_views.LoginView.as_view(
-            template_name="pages/login.html", redirect_authenticated_user=True
+            template_name="pages/login.html",
+            authentication_form=LoginForm,
+            redirect_authenticated_user=True,
         ),
         name="login",
     ),
