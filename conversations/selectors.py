@@ -114,6 +114,18 @@ def _with_summary_fields(queryset: QuerySet[Conversation]) -> QuerySet[Conversat
         .order_by("-seq")
         .values("content")[:1]
     )
+    # A fork without messages of its own: the last a user sees up to its fork point (which
+    # may itself be an agent-only turn: its text is not a user's to read).
+    before_fork = (
+        Message.objects.filter(
+            conversation=OuterRef("forked_at_message__conversation"),
+            seq__lte=OuterRef("forked_at_message__seq"),
+            channel=Channel.HISTORY,
+            visibility=Visibility.USER,
+        )
+        .order_by("-seq")
+        .values("content")[:1]
+    )
     return queryset.annotate(
         _owner=FilteredRelation(
             "group__memberships",
@@ -121,7 +133,7 @@ def _with_summary_fields(queryset: QuerySet[Conversation]) -> QuerySet[Conversat
         ),
         owner_id=F("_owner__principal_id"),
         last_message_preview=Left(
-            Coalesce(Subquery(last_message), F("forked_at_message__content")), PREVIEW_CHARS
+            Coalesce(Subquery(last_message), Subquery(before_fork)), PREVIEW_CHARS
         ),
     )
 
@@ -336,20 +348,25 @@ def latest_user_text(conversation: Conversation, *, turns: int = 3, max_chars: i
     return "\n".join(reversed(list(latest)))[-max_chars:]
 
 
-def messages_in_view(conversation: Conversation, message_ids) -> list[Message]:
-    """Those of ``message_ids`` that are in the conversation's view (any channel)."""
+def messages_in_view(
+    conversation: Conversation, message_ids, *, for_agent: bool = True
+) -> list[Message]:
+    """Those of ``message_ids`` that are in the conversation's view: any channel for an
+    agent, what a user sees for a user (``conversation_messages``)."""
     if not message_ids:
         return []
-    return list(conversation_messages(conversation, for_agent=True).filter(id__in=message_ids))
+    view = conversation_messages(conversation, for_agent=for_agent)
+    return list(view.filter(id__in=message_ids))
 
 
-def message_in_view(conversation: Conversation, message_id) -> Message:
-    """A message of the conversation's view (any channel); 404 otherwise."""
+def message_in_view(conversation: Conversation, message_id, *, for_agent: bool = True) -> Message:
+    """A message of the conversation's view (``messages_in_view``); 404 otherwise: one a
+    user may not see is no message to them, like a random id."""
     try:
         message_id = uuid.UUID(str(message_id))
     except ValueError:
         raise NotFound("message not found") from None
-    found = messages_in_view(conversation, [message_id])
+    found = messages_in_view(conversation, [message_id], for_agent=for_agent)
     if not found:
         raise NotFound("message not found")
     return found[0]

@@ -122,7 +122,7 @@ class ForkView(UserApiView):
         conversation = selectors.access_conversation(
             request.principal, conversation_id, need=AccessLevel.WRITER
         )
-        message = selectors.message_in_view(conversation, message_id)
+        message = selectors.message_in_view(conversation, message_id, for_agent=False)
         data = s.ForkIn.parse(request.data)
         fork = services.conversation_fork(
             request.principal,

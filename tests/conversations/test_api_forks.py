@@ -1,5 +1,7 @@
 """Forks: O(1) to create, and each branch reads its ancestors up to the fork point."""
 
+import uuid
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -126,17 +128,9 @@ def test_forks_lists_every_branch_root_first(api, alice, root):
     assert listed[1]["forkedAtMessageId"] == message_id(api, alice, root["id"], "a1")
 
 
-@pytest.mark.parametrize(
-    ("role", "channel"),
-    [
-        (Role.ASSISTANT, Channel.HISTORY),
-        (Role.USER, Channel.MEMORY),
-        (Role.USER, Channel.SUMMARY),
-    ],
-)
-def test_a_fork_starts_only_at_a_user_history_message(api, alice, role, channel):
+def test_a_fork_starts_only_at_a_user_history_message(api, alice):
     conversation = ConversationFactory(group__owner="alice")
-    target = MessageFactory(conversation=conversation, role=role, channel=channel)
+    target = MessageFactory(conversation=conversation, role=Role.ASSISTANT)
     before = Conversation.objects.count()
 
     response = fork(api, alice, conversation.id, target.id)
@@ -145,6 +139,46 @@ def test_a_fork_starts_only_at_a_user_history_message(api, alice, role, channel)
     assert response.json()["code"] == "validation_error"
     assert "messageId" in response.json()["details"]
     assert Conversation.objects.count() == before
+
+
+@pytest.mark.parametrize(
+    ("channel", "visibility"),
+    [
+        (Channel.MEMORY, Visibility.USER),
+        (Channel.SUMMARY, Visibility.AGENT),
+        (Channel.HISTORY, Visibility.AGENT),
+        (Channel.HISTORY, Visibility.SYSTEM),
+    ],
+)
+def test_a_message_the_user_cannot_see_is_no_fork_point_like_a_random_id(
+    api, alice, channel, visibility
+):
+    conversation = ConversationFactory(group__owner="alice")
+    hidden = MessageFactory(conversation=conversation, channel=channel, visibility=visibility)
+    before = Conversation.objects.count()
+
+    refused = fork(api, alice, conversation.id, hidden.id)
+    unknown = fork(api, alice, conversation.id, uuid.uuid4())
+
+    assert refused.status_code == unknown.status_code == 404
+    assert refused.json() == unknown.json()
+    assert Conversation.objects.count() == before
+
+
+def test_a_new_forks_preview_is_never_an_agent_only_turn(api, alice, root):
+    conversation = Conversation.objects.get(id=root["id"])
+    MessageFactory(
+        conversation=conversation,
+        role=Role.ASSISTANT,
+        content="tool output",
+        visibility=Visibility.AGENT,
+    )
+    say(api, alice, root["id"], "a5")
+    branch = fork(api, alice, root["id"], message_id(api, alice, root["id"], "a5")).json()
+    # The fork point is the agent-only turn before "a5": the preview is what alice saw last.
+    assert branch["lastMessagePreview"] == "a4"
+    listed = api.get("/v1/user/conversations", as_=alice).json()["data"]
+    assert {c["lastMessagePreview"] for c in listed if c["id"] == branch["id"]} == {"a4"}
 
 
 def test_a_message_of_another_conversation_is_not_a_fork_point(api, alice):

@@ -96,7 +96,7 @@ def conversation(request, conversation_id):
             conversation,
             after=after,
             limit=PAGE_SIZE,
-            starting_at=selectors.message_in_view(conversation, starting_at)
+            starting_at=selectors.message_in_view(conversation, starting_at, for_agent=False)
             if starting_at
             else None,
         )
@@ -180,7 +180,7 @@ def reply(request, conversation_id):
 @action
 def fork(request, conversation_id, message_id):
     conversation = _at_level(request, conversation_id, AccessLevel.WRITER)
-    message = selectors.message_in_view(conversation, message_id)
+    message = selectors.message_in_view(conversation, message_id, for_agent=False)
     data = s.CreateUserMessageIn.parse(_form(request, "content"))
     new = services.conversation_fork(
         request.principal, conversation=conversation, message=message, new_message=data
