@@ -11,6 +11,7 @@ Importing settings only reads: the database is started by the first connection
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 from memsvc import embedded_db
 from memsvc.env import (
@@ -56,6 +57,12 @@ else:
 MEMSVC_JWT_JWKS_URL = env_str("MEMSVC_JWT_JWKS_URL")
 MEMSVC_JWT_ISSUER = env_str("MEMSVC_JWT_ISSUER")
 MEMSVC_JWT_AUDIENCE = env_str("MEMSVC_JWT_AUDIENCE")
+if MEMSVC_JWT_JWKS_URL and not (MEMSVC_JWT_ISSUER and MEMSVC_JWT_AUDIENCE):
+    # Without both, any token the identity provider signs, for any of its applications,
+    # would be a user of this one.
+    raise ImproperlyConfigured(
+        "MEMSVC_JWT_JWKS_URL needs MEMSVC_JWT_ISSUER and MEMSVC_JWT_AUDIENCE set too"
+    )
 
 DEBUG = env_bool("DJANGO_DEBUG", False)
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
@@ -294,6 +301,9 @@ MEMORY_MAX_CONTEXT_MESSAGES = env_int("MEMORY_MAX_CONTEXT_MESSAGES", 10, minimum
 
 MEMSVC_LLM_BASE_URL = env_str("MEMSVC_LLM_BASE_URL")
 MEMSVC_LLM_MODEL = env_str("MEMSVC_LLM_MODEL")
+if bool(MEMSVC_LLM_BASE_URL) != bool(MEMSVC_LLM_MODEL):
+    # One without the other is a mistake, not a choice to run without an LLM.
+    raise ImproperlyConfigured("MEMSVC_LLM_BASE_URL and MEMSVC_LLM_MODEL are set together")
 MEMSVC_LLM_API_KEY = env_str("MEMSVC_LLM_API_KEY")  # for an LLM API that wants a key
 
 # --- Celery ----------------------------------------------------------------------------------

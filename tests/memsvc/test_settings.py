@@ -44,6 +44,28 @@ def test_malformed_values_are_errors_not_defaults(monkeypatch, value, read):
         read()
 
 
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"MEMSVC_JWT_JWKS_URL": "https://id.example/jwks", "MEMSVC_JWT_ISSUER": "x"},
+            "MEMSVC_JWT_JWKS_URL needs MEMSVC_JWT_ISSUER and MEMSVC_JWT_AUDIENCE",
+        ),
+        ({"MEMSVC_LLM_BASE_URL": "http://127.0.0.1:9/v1"}, "are set together"),
+        ({"MEMSVC_LLM_MODEL": "gpt-test"}, "are set together"),
+    ],
+    ids=["jwks without audience", "llm without model", "llm without url"],
+)
+def test_half_a_configuration_is_an_error_at_start_up(tmp_path, env, message):
+    result = run_python(
+        {"MEMSVC_DATA_DIR": str(tmp_path / "data"), **env},
+        "manage.py",
+        "check",
+    )
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr and message in result.stderr
+
+
 def django_env(env_overrides: dict[str, str]) -> dict[str, str]:
     """The environment of a fresh memsvc process: local mode unless told otherwise."""
     unset = {"DATABASE_URL", "DJANGO_SECRET_KEY", "MEMSVC_JWT_SECRET", "CELERY_BROKER_URL"}
