@@ -291,12 +291,20 @@ MEMSVC_EMBEDDING_THREADS = env_int("MEMSVC_EMBEDDING_THREADS", 0, minimum=0)
 OLLAMA_BASE_URL = env_str("OLLAMA_BASE_URL", "http://127.0.0.1:11434")
 OPENAI_API_KEY = env_str("OPENAI_API_KEY")
 OPENAI_BASE_URL = env_str("OPENAI_BASE_URL")
+if MEMORY_EMBEDDING_BACKEND == "openai" and not (OPENAI_API_KEY or OPENAI_BASE_URL):
+    # (An OpenAI-compatible server of one's own may need no key: its URL is enough.)
+    raise ImproperlyConfigured("MEMORY_EMBEDDING_BACKEND=openai needs OPENAI_API_KEY")
 
 # Revisions kept per memory block, newest first (0: all). Each holds the block's whole value.
 MEMSVC_BLOCK_REVISIONS_KEPT = env_int("MEMSVC_BLOCK_REVISIONS_KEPT", 50, minimum=0)
 
 MEMORY_DEFAULT_SEARCH_LIMIT = env_int("MEMORY_DEFAULT_SEARCH_LIMIT", 5, minimum=1)
 MEMORY_MAX_SEARCH_LIMIT = env_int("MEMORY_MAX_SEARCH_LIMIT", 20, minimum=1)
+if MEMORY_DEFAULT_SEARCH_LIMIT > MEMORY_MAX_SEARCH_LIMIT:
+    raise ImproperlyConfigured(
+        f"MEMORY_DEFAULT_SEARCH_LIMIT ({MEMORY_DEFAULT_SEARCH_LIMIT}) is above "
+        f"MEMORY_MAX_SEARCH_LIMIT ({MEMORY_MAX_SEARCH_LIMIT})"
+    )
 MEMORY_MAX_CONTEXT_MESSAGES = env_int("MEMORY_MAX_CONTEXT_MESSAGES", 10, minimum=1)
 
 MEMSVC_LLM_BASE_URL = env_str("MEMSVC_LLM_BASE_URL")

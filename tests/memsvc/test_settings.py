@@ -53,8 +53,16 @@ def test_malformed_values_are_errors_not_defaults(monkeypatch, value, read):
         ),
         ({"MEMSVC_LLM_BASE_URL": "http://127.0.0.1:9/v1"}, "are set together"),
         ({"MEMSVC_LLM_MODEL": "gpt-test"}, "are set together"),
+        ({"MEMORY_EMBEDDING_BACKEND": "openai"}, "needs OPENAI_API_KEY"),
+        ({"MEMORY_DEFAULT_SEARCH_LIMIT": "30"}, "is above MEMORY_MAX_SEARCH_LIMIT (20)"),
     ],
-    ids=["jwks without audience", "llm without model", "llm without url"],
+    ids=[
+        "jwks without audience",
+        "llm without model",
+        "llm without url",
+        "openai without key",
+        "default limit above the maximum",
+    ],
 )
 def test_half_a_configuration_is_an_error_at_start_up(tmp_path, env, message):
     result = run_python(
@@ -68,7 +76,14 @@ def test_half_a_configuration_is_an_error_at_start_up(tmp_path, env, message):
 
 def django_env(env_overrides: dict[str, str]) -> dict[str, str]:
     """The environment of a fresh memsvc process: local mode unless told otherwise."""
-    unset = {"DATABASE_URL", "DJANGO_SECRET_KEY", "MEMSVC_JWT_SECRET", "CELERY_BROKER_URL"}
+    unset = {
+        "DATABASE_URL",
+        "DJANGO_SECRET_KEY",
+        "MEMSVC_JWT_SECRET",
+        "CELERY_BROKER_URL",
+        "OPENAI_API_KEY",
+        "OPENAI_BASE_URL",
+    }
     env = {k: v for k, v in os.environ.items() if k not in unset}
     env.update(env_overrides, DJANGO_SETTINGS_MODULE="memsvc.settings")
     return env
