@@ -166,7 +166,10 @@ def test_a_store_a_failing_memsvc_keeps_refusing_is_dropped_with_a_warning(caplo
     sender = Sender()
     with (
         caplog.at_level(logging.WARNING, logger="memsvc.client"),
-        LocalHttpServer(lambda *_: Reply(status=500, payload={})) as broken,
+        # (Retry-After 0: the test need not wait out the backoff)
+        LocalHttpServer(
+            lambda *_: Reply(status=500, payload={}, headers={"Retry-After": "0"})
+        ) as broken,
     ):
         sender.send(Destination(broken.url), [ServerRequest("POST", "/messages", {"n": 1})])
         assert sender.flush(timeout=30)
