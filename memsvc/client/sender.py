@@ -5,9 +5,10 @@ connection per memsvc. A block's exit and the interpreter's exit wait for the qu
 (``flush``). A request memsvc defers (429: a rate limit) is sent again when its
 ``Retry-After`` says (else after a growing wait), for as long as memsvc keeps deferring it
 and the program runs: a server that answers loses no turn, and the model calls meanwhile
-do not wait for it (``busy``). One it fails (5xx) is tried ``MAX_ATTEMPTS`` times, then dropped with a warning (a
-broken server must not hold every later store back). When memsvc does not answer at all the
-request is dropped with one warning per outage, so a stopped server never stalls the program.
+do not wait for it (``busy``). One it fails (5xx) is tried ``MAX_ATTEMPTS`` times, then
+dropped with a warning (a broken server must not hold every later store back). When memsvc
+does not answer at all the request is dropped with one warning per outage, so a stopped
+server never stalls the program.
 """
 
 import atexit
