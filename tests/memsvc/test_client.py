@@ -17,6 +17,7 @@ from agents_api.services import agent_get_or_create, memory_save
 from conversations.models import Message
 from memsvc.client import MemoryServerUnavailable, format_context, inject, learning
 from tests.fake_openai import FakeOpenAI
+from tests.web_server import WebServer, shared_database_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -224,17 +225,15 @@ def test_importing_the_client_needs_no_django():
     assert result.stdout.strip() == "False"
 
 
+@pytest.mark.django_db(transaction=True)
 def test_a_memory_server_that_stops_mid_block_degrades_to_plain_calls(tmp_path, llm, caplog):
-    from tests.memsvc.test_serve import Served
-
-    served = Served(tmp_path)
+    served = WebServer(tmp_path, shared_database_env())  # memsvc's web server, on its own
     try:
-        served.wait_until_healthy()
         client = openai.OpenAI(base_url=llm.base_url, api_key="test-key")
         with learning(agent="fragile", server_url=served.url) as session:
             ask(client, "My name is Alice")
             assert session.flush()  # the turn reached memsvc before it stops
-            served.terminate()
+            served.stop()
             caplog.clear()  # (the first call may find the model still loading: a warning)
             with caplog.at_level(logging.WARNING, logger="memsvc.client"):
                 replies = [ask(client, "What is my name?"), ask(client, "Still there?")]
@@ -246,7 +245,7 @@ def test_a_memory_server_that_stops_mid_block_degrades_to_plain_calls(tmp_path, 
         assert all("going on without memory" in w for w in warnings)
         assert llm.system_messages() == []
     finally:
-        served.kill()
+        served.stop()
 
 
 # --- formatting -------------------------------------------------------------------------------
