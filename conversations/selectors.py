@@ -83,6 +83,11 @@ def conversations_visible_to(principal: Principal) -> QuerySet[Conversation]:
     )
 
 
+# The messages a user reads (agents read every channel): the HISTORY channel's user-visible
+# ones. Search's statements say the same in SQL (``search.selectors.message_scope``).
+SEEN_BY_USERS = Q(channel=Channel.HISTORY, visibility=Visibility.USER)
+
+
 def visible_conversation_ids(principal: Principal) -> QuerySet:
     """The ids of ``conversations_visible_to(principal)``, as a filter: a semi-join on the
     principal's memberships, without the access level (about half the planning time, which
@@ -101,30 +106,24 @@ def messages_visible_to(principal: Principal) -> QuerySet[Message]:
     one that is not is "no such message" to the principal, like a random id."""
     messages = Message.objects.filter(conversation_id__in=visible_conversation_ids(principal))
     if principal.kind != "agent":
-        messages = messages.filter(channel=Channel.HISTORY, visibility=Visibility.USER)
+        messages = messages.filter(SEEN_BY_USERS)
     return messages
+
+
+def _last_seen_text(**where) -> QuerySet:
+    """The text of the last message a user sees among the messages ``where`` picks (a
+    subquery)."""
+    return Message.objects.filter(SEEN_BY_USERS, **where).order_by("-seq").values("content")[:1]
 
 
 def _with_summary_fields(queryset: QuerySet[Conversation]) -> QuerySet[Conversation]:
     """Owner and last message preview, in the same query (no per-row lookups)."""
-    last_message = (
-        Message.objects.filter(
-            conversation=OuterRef("pk"), channel=Channel.HISTORY, visibility=Visibility.USER
-        )
-        .order_by("-seq")
-        .values("content")[:1]
-    )
+    last_message = _last_seen_text(conversation=OuterRef("pk"))
     # A fork without messages of its own: the last a user sees up to its fork point (which
     # may itself be an agent-only turn: its text is not a user's to read).
-    before_fork = (
-        Message.objects.filter(
-            conversation=OuterRef("forked_at_message__conversation"),
-            seq__lte=OuterRef("forked_at_message__seq"),
-            channel=Channel.HISTORY,
-            visibility=Visibility.USER,
-        )
-        .order_by("-seq")
-        .values("content")[:1]
+    before_fork = _last_seen_text(
+        conversation=OuterRef("forked_at_message__conversation"),
+        seq__lte=OuterRef("forked_at_message__seq"),
     )
     return queryset.annotate(
         _owner=FilteredRelation(
@@ -275,7 +274,7 @@ def conversation_messages(conversation: Conversation, *, for_agent: bool = False
         _lineage_filter(conversation_lineage(conversation))
     )
     if not for_agent:
-        queryset = queryset.filter(channel=Channel.HISTORY, visibility=Visibility.USER)
+        queryset = queryset.filter(SEEN_BY_USERS)
     return queryset.order_by("seq")
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from conversations.models import TEXT_SEARCH_CONFIG, Channel, Message, Visibility
 from conversations.selectors import (
+    SEEN_BY_USERS,
     conversation_lineages,
     conversations_visible_to,
     messages_visible_to,
@@ -115,9 +116,7 @@ def message_scope(
         # such message" like a random id, or the answer would tell that it exists.
         before_messages = messages_visible_to(principal).filter(id=before_message_id)
         if not for_agent:  # (an agent searching as a user would: the user's messages)
-            before_messages = before_messages.filter(
-                channel=Channel.HISTORY, visibility=Visibility.USER
-            )
+            before_messages = before_messages.filter(SEEN_BY_USERS)
         before = before_messages.values_list("seq", flat=True).first()
         if before is None:
             raise InvalidInput.for_field("before", "no such message")
