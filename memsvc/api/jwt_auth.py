@@ -16,7 +16,7 @@ import jwt
 from django.conf import settings
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 
-from memsvc.api.errors import Unauthorized
+from memsvc.api.errors import InvalidInput, Unauthorized
 from memsvc.api.principals import Principal, user_id_problem
 
 SHARED_SECRET_ALGORITHMS = ("HS256",)
@@ -56,10 +56,15 @@ def decode_user_token(token: str) -> dict:
         # Every way a token or the issuer's key set can be wrong (ValueError: a key set that
         # is not JSON) is the caller's 401, never a 500.
         raise Unauthorized(f"invalid token: {exc}") from None
-    # Agent principals come from API keys only (``user_id_problem``).
-    problem = user_id_problem(claims["sub"])
+    sub = claims["sub"]
+    if not isinstance(sub, str) or not sub:
+        raise Unauthorized("invalid token: sub must be a non-empty string")
+    # A signed token for an id this service cannot take as a user's (too long, a NUL, an
+    # agent's ``agent:`` prefix: agent principals come from API keys only) is a request it
+    # cannot serve, not a failed authentication: 400 naming ``sub``.
+    problem = user_id_problem(sub)
     if problem:
-        raise Unauthorized(f"invalid token: sub {problem}")
+        raise InvalidInput.for_field("sub", problem, location="header")
     return claims
 
 

@@ -129,7 +129,8 @@ def state_enforced_constraints(result, generator, request, public):
     - a body's own rules across fields (``InputSerializer.schema_rules``, JSON Schema: the
       block PATCH's "at most one of value, append, replace");
     - the refusals any ``/v1`` operation may answer whatever its input: 429 (rate limits),
-      503 (database down), and 413 for those with a body.
+      503 (database down), 413 for those with a body, and 400 for every user operation (a
+      token whose ``sub`` cannot be a user id, ``jwt_auth.decode_user_token``).
     """
     from rest_framework import serializers
 
@@ -158,6 +159,8 @@ def state_enforced_constraints(result, generator, request, public):
             continue
         for operation in operations.values():
             codes = (413, 429, 503) if "requestBody" in operation else (429, 503)
+            if path.startswith("/v1/user/"):
+                codes = (400, *codes)
             for code, response in errors(*codes).items():
                 operation["responses"].setdefault(
                     str(code),
