@@ -2,7 +2,7 @@
 reaches."""
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from django.db.models import Exists, OuterRef, Prefetch, Q, QuerySet, TextField, Value
@@ -191,9 +191,16 @@ def letta_block(caller: Agent, block_id) -> MemoryBlock:
 def memory_enabled_for(user_id: str | None) -> bool:
     """Whether agents may remember ``user_id`` (``UserMemorySetting``); an agent's own memory
     ("" or None) is always on."""
-    if not user_id:
-        return True
-    return not UserMemorySetting.objects.filter(user_id=user_id, memory_enabled=False).exists()
+    return not user_id or not memory_off_for([user_id])
+
+
+def memory_off_for(user_ids: Iterable[str]) -> set[str]:
+    """Those of ``user_ids`` who turned memory off (one query)."""
+    user_ids = {user_id for user_id in user_ids if user_id}
+    if not user_ids:
+        return set()
+    off = UserMemorySetting.objects.filter(user_id__in=user_ids, memory_enabled=False)
+    return set(off.values_list("user_id", flat=True))
 
 
 MEMORIES = Corpus(

@@ -5,6 +5,10 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from agents_api.mcp_server.http import McpView
 from memsvc.api.errors import not_found_view
 from memsvc.api.health import HealthView
+from memsvc.pages.forms import AdminLoginForm
+
+# The admin's login says when the address is locked out by failed logins.
+admin.site.login_form = AdminLoginForm
 
 v1 = [
     path("v1/health", HealthView.as_view(), name="health"),

@@ -1,26 +1,39 @@
-"""A user's data rights (``/v1/user/export``, ``/v1/user/erase``): thin views over
+"""Data rights and portability: a user's (``/v1/user/export``, ``/v1/user/erase``) and an
+agent's (``/v1/agent/export``, ``/v1/agent/import``). Thin views over
 ``agents_api.portability`` and ``services.user_erase``. Only ever the caller's own data:
-neither takes a user id other than the token's."""
+none takes a user id other than the token's, or an agent other than the key's."""
 
 from django.http import StreamingHttpResponse
 from rest_framework import serializers
 from rest_framework.response import Response
 
 from agents_api import services
-from agents_api.portability.export import FORMAT, VERSION, document_chunks, user_header
-from agents_api.portability.sections import USER_SECTIONS
+from agents_api.api.views import AgentApiView, agent_operation
+from agents_api.portability.export import (
+    FORMAT,
+    VERSION,
+    agent_header,
+    document_chunks,
+    user_header,
+)
+from agents_api.portability.importing import document_import
+from agents_api.portability.records import AgentRecord
+from agents_api.portability.restore import ImportCollides, ImportRefused
+from agents_api.portability.sections import AGENT_SECTIONS, USER_SECTIONS
+from memsvc.api.errors import Conflict, Forbidden, InvalidInput
 from memsvc.api.fields import InputSerializer, TextField
 from memsvc.api.schema import errors
 from memsvc.api.views import UserApiView, user_operation
 
 
-def _document_schema(name: str, sections) -> type[serializers.Serializer]:
-    """The OpenAPI shape of a document, from the same list of sections that writes it."""
+def _document_schema(name: str, kind: str, subject, sections) -> type[serializers.Serializer]:
+    """The OpenAPI shape of a document, from the same list of sections that writes it
+    (``subject``: the header's field naming whose document it is)."""
     fields = {
         "format": serializers.ChoiceField(choices=[FORMAT]),
         "version": serializers.ChoiceField(choices=[VERSION]),
-        "kind": serializers.ChoiceField(choices=["user"]),
-        "userId": serializers.CharField(),
+        "kind": serializers.ChoiceField(choices=[kind]),
+        **subject,
         "exportedAt": serializers.DateTimeField(),
         **{section.name: section.record(many=True) for section in sections},
         "Meta": type("Meta", (), {"ref_name": name}),
@@ -28,7 +41,16 @@ def _document_schema(name: str, sections) -> type[serializers.Serializer]:
     return type(name, (serializers.Serializer,), fields)
 
 
-UserExportOut = _document_schema("UserExport", USER_SECTIONS)
+def _streamed(chunks) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(chunks, content_type="application/json")
+    response["Content-Disposition"] = 'attachment; filename="memsvc-export.json"'
+    return response
+
+
+UserExportOut = _document_schema(
+    "UserExport", "user", {"userId": serializers.CharField()}, USER_SECTIONS
+)
+AgentExportOut = _document_schema("AgentExport", "agent", {"agent": AgentRecord()}, AGENT_SECTIONS)
 
 
 class EraseIn(InputSerializer):
@@ -69,12 +91,7 @@ class UserExportView(UserApiView):
     )
     def get(self, request):
         user_id = request.principal.id
-        response = StreamingHttpResponse(
-            document_chunks(user_header(user_id), USER_SECTIONS, user_id),
-            content_type="application/json",
-        )
-        response["Content-Disposition"] = 'attachment; filename="memsvc-export.json"'
-        return response
+        return _streamed(document_chunks(user_header(user_id), USER_SECTIONS, user_id))
 
 
 class UserEraseView(UserApiView):
@@ -93,3 +110,69 @@ class UserEraseView(UserApiView):
         data = EraseIn.parse(request.data)
         erased = services.user_erase(request.principal, confirm=data["confirm"])
         return Response(ErasedOut(erased).data)
+
+
+# --- an agent's memory -----------------------------------------------------------------------
+
+
+class ImportedOut(serializers.Serializer):
+    stored = serializers.DictField(
+        child=serializers.IntegerField(), help_text="Records stored, by section."
+    )
+    skipped = serializers.DictField(
+        child=serializers.IntegerField(),
+        help_text="Records left out, by section: memories about a user who turned memory off.",
+    )
+
+    class Meta:
+        ref_name = "ImportedAgentMemory"
+
+
+def _whole_agent(request):
+    """The agent's whole memory is the agent's own: not for a request acting for a user."""
+    acting_for = request.principal.on_behalf_of
+    if acting_for:
+        raise Forbidden(f"acting for {acting_for}, this request cannot reach the agent's memory")
+    return request.agent
+
+
+class AgentExportView(AgentApiView):
+    @agent_operation(
+        "agentExportMemory",
+        description=(
+            "Your whole memory as one JSON document streamed as it is read: your memory "
+            "blocks (yours and those about each user, with every revision), your memories "
+            "(yours and about each user) and your tool records. `agentImportMemory` puts it "
+            "in an agent, on this server or another."
+        ),
+        responses={200: AgentExportOut, **errors(401, 403)},
+    )
+    def get(self, request):
+        agent = _whole_agent(request)
+        return _streamed(document_chunks(agent_header(agent), AGENT_SECTIONS, agent))
+
+
+class AgentImportView(AgentApiView):
+    @agent_operation(
+        "agentImportMemory",
+        description=(
+            "Put an agent's export (`agentExportMemory`, or `memsvc export agent`) in your "
+            "memory, all of it or nothing, as you could have written it yourself: memories "
+            "and tool records get new ids; a cited message or a tool record's conversation "
+            "you cannot see here is dropped; memories about a user who turned memory off are "
+            "skipped. 409 when a block's label or a memory's content is one you keep already. "
+            "Vectors are made in the background (found by keyword meanwhile). Larger "
+            "documents than the body limit: `memsvc import`."
+        ),
+        request=AgentExportOut,
+        responses={200: ImportedOut, **errors(400, 401, 403, 409)},
+    )
+    def post(self, request):
+        agent = _whole_agent(request)
+        try:
+            result = document_import(request.data, into=agent)
+        except ImportCollides as exc:
+            raise Conflict(f"nothing imported: {exc}") from None
+        except ImportRefused as exc:
+            raise InvalidInput.for_field("body", f"nothing imported: {exc}") from None
+        return Response(ImportedOut(result).data)

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from agents_api.api import memories, tool_records, views
+from agents_api.api import data_rights, memories, tool_records, views
 
 urlpatterns = [
     path("me", views.MeView.as_view()),
@@ -19,4 +19,6 @@ urlpatterns = [
     path("memory-blocks", views.MemoryBlocksView.as_view()),
     path("memory-blocks/<str:label>", views.MemoryBlockView.as_view()),
     path("memory-blocks/<str:label>/revisions", views.MemoryBlockRevisionsView.as_view()),
+    path("export", data_rights.AgentExportView.as_view()),
+    path("import", data_rights.AgentImportView.as_view()),
 ]

@@ -7,7 +7,13 @@ What search computes again (vectors, full-text vectors) is left out: an import e
 
 from rest_framework import serializers
 
-from agents_api.models import MemorySource, SummarySource
+from agents_api.models import (
+    MEMORY_MAX_MESSAGES,
+    MEMORY_MAX_TAGS,
+    MEMORY_TAG_MAX_LENGTH,
+    MemorySource,
+    SummarySource,
+)
 from conversations.models import AccessLevel, Channel, Role, TransferStatus, Visibility
 from memsvc.api.principals import PRINCIPAL_MAX_LENGTH
 
@@ -119,11 +125,19 @@ class MemoryRecord(Record):
     content = serializers.CharField()
     summary = serializers.CharField(allow_blank=True)
     importance = serializers.FloatField(min_value=0, max_value=1)
-    tags = serializers.ListField(child=serializers.CharField())
+    # (PostgreSQL does not hold an array's items to their declared length: this does.)
+    tags = serializers.ListField(
+        child=serializers.CharField(max_length=MEMORY_TAG_MAX_LENGTH, trim_whitespace=False),
+        max_length=MEMORY_MAX_TAGS,
+    )
     metadata = serializers.JSONField()
     # Absent from exports made before memories cited messages.
     messageIds = serializers.ListField(
-        source="message_ids", child=serializers.UUIDField(), required=False, default=list
+        source="message_ids",
+        child=serializers.UUIDField(),
+        max_length=MEMORY_MAX_MESSAGES,
+        required=False,
+        default=list,
     )
     source = serializers.ChoiceField(choices=MemorySource.choices)
     accessCount = serializers.IntegerField(source="access_count", min_value=0)

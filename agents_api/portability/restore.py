@@ -9,6 +9,8 @@ made anew: messages are queued for embedding, memories and tool records wait for
 sweeps.
 """
 
+import json
+
 from django.db import connection, transaction
 
 from agents_api.models import (
@@ -34,6 +36,11 @@ class ImportRefused(Exception):
     """The document cannot be imported (nothing was)."""
 
 
+class ImportCollides(ImportRefused):
+    """The document's rows collide with rows stored (a block's label, a memory's content,
+    an id): nothing was imported."""
+
+
 def parse_records(record_class, records, section: str) -> list[dict]:
     if not isinstance(records, list):
         raise ImportRefused(f"{section}: must be a list")
@@ -41,7 +48,8 @@ def parse_records(record_class, records, section: str) -> list[dict]:
     for index, record in enumerate(records):
         serializer = record_class(data=record)
         if not serializer.is_valid():
-            raise ImportRefused(f"{section}[{index}]: {dict(serializer.errors)}")
+            problems = json.dumps(serializer.errors, ensure_ascii=False)
+            raise ImportRefused(f"{section}[{index}]: {problems}")
         parsed.append(dict(serializer.validated_data))
     return parsed
 

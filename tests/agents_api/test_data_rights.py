@@ -7,18 +7,21 @@ own; an agent keeps memories and blocks about alice and bob.
 
 import json
 import tracemalloc
+import uuid
 from types import SimpleNamespace
 
 import httpx
 import pytest
 from django.db import DatabaseError, connection
 
-from agents_api.models import Agent, Memory, MemoryBlock, MemoryBlockRevision
+from agents_api.models import Agent, Memory, MemoryBlock, MemoryBlockRevision, ToolRecord
 from agents_api.services import (
     NewToolRecord,
+    api_key_create,
     memory_block_create,
     memory_block_update,
     memory_save,
+    memory_setting_update,
     tool_records_create,
     user_erase,
 )
@@ -27,6 +30,7 @@ from memsvc import cli
 from memsvc.api.principals import Principal
 from search.models import CorpusStat, TermStat
 from search.services import embed_pending, rebuild_term_stats
+from tests.agents_api.conftest import AgentCredential, make_agent
 from tests.factories import AgentFactory
 
 pytestmark = pytest.mark.django_db
@@ -486,3 +490,183 @@ def test_an_import_renumbers_messages_whose_places_are_taken(api, alice, bob, tm
     assert contents(messages) == ["Alice plans a trip to Zanzibar", "Bob likes the Zanzibar idea"]
     seqs = list(Message.objects.filter(conversation_id=world.ours).values_list("seq", flat=True))
     assert min(seqs) > Message.objects.exclude(conversation_id=world.ours).order_by("-seq")[0].seq
+
+
+# --- an agent's memory through its own key ---------------------------------------------------
+
+
+def key_of(agent, scopes=("read", "write")) -> AgentCredential:
+    return AgentCredential(agent, api_key_create(agent=agent, scopes=list(scopes))[1])
+
+
+def agent_export(api, credential) -> dict:
+    response = api.get("/v1/agent/export", as_=credential)
+    assert response.status_code == 200, response.content[:300]
+    assert response.streaming
+    assert response["Content-Type"] == "application/json"
+    document = json.loads(b"".join(response.streaming_content))
+    document.pop("exportedAt")
+    return document
+
+
+def memory_of_the_agent(agent) -> dict:
+    """What an agent keeps, without what an import makes anew (ids, times, vectors)."""
+    return {
+        "memories": sorted(
+            Memory.objects.filter(agent=agent).values_list(
+                "user_id", "content", "importance", "tags", "message_ids"
+            )
+        ),
+        "blocks": sorted(
+            MemoryBlock.objects.filter(agent=agent).values_list("user_id", "label", "value")
+        ),
+        "revisions": sorted(
+            MemoryBlockRevision.objects.filter(block__agent=agent).values_list(
+                "block__label", "block__user_id", "value", "actor_principal"
+            )
+        ),
+        "tool_records": sorted(
+            ToolRecord.objects.filter(agent=agent).values_list(
+                "tool_name", "conversation_id", "task_id", "summary"
+            )
+        ),
+    }
+
+
+def test_an_agent_exports_its_own_memory_with_its_key(api, tmp_path, world):
+    """The same document ``memsvc export agent`` writes, and only the key's agent's."""
+    document = agent_export(api, key_of(world.agent))
+    assert document == cli_export(tmp_path, "cli", "agent", str(world.agent.id))
+    assert document["kind"] == "agent"
+    assert document["agent"]["id"] == str(world.agent.id)
+    assert len(document["memories"]) == 3
+    assert len(document["toolRecords"]) == 2
+
+    stranger = make_agent("stranger")
+    theirs = agent_export(api, stranger)
+    assert theirs["agent"]["id"] == str(stranger.agent.id)
+    assert (theirs["memories"], theirs["memoryBlocks"], theirs["toolRecords"]) == ([], [], [])
+
+
+def test_an_agent_imports_an_export_as_if_it_had_written_it(api, world):
+    """Into another agent: every record, with what that agent cannot see here left out."""
+    source = world.agent
+    # The source agent reads bob's conversation, where alice hummed, and cites her turn.
+    group = Conversation.objects.get(id=world.his).group
+    Membership.objects.create(group=group, principal_id=source.principal_id, access_level="reader")
+    memory_save(
+        source.as_principal(),
+        agent=source,
+        user_id="alice",
+        content="Alice hums xylophone tunes",
+        message_ids=[uuid.UUID(world.hers)],
+    )
+    document = agent_export(api, key_of(source))
+    before = memory_of_the_agent(source)
+
+    newcomer = make_agent("newcomer")
+    response = api.post("/v1/agent/import", document, as_=newcomer)
+    assert response.status_code == 200, response.content[:500]
+    counts = {"memoryBlocks": 2, "memories": 4, "toolRecords": 2}
+    assert response.json() == {"stored": counts, "skipped": dict.fromkeys(counts, 0)}
+
+    imported = memory_of_the_agent(newcomer.agent)
+    cited = [i for *_, ids in before["memories"] for i in ids]
+    assert [str(i) for i in cited] == [world.hers]
+    # The newcomer is no member of bob's conversation: neither the cited turn nor the tool
+    # record's conversation comes with it; all else does.
+    assert imported["memories"] == [(*row, []) for *row, _ in before["memories"]]
+    assert imported["blocks"] == before["blocks"]
+    assert imported["tool_records"] == [
+        (name, None, *rest) for name, _, *rest in before["tool_records"]
+    ]
+    assert {actor for *_, actor in imported["revisions"]} == {newcomer.agent.principal_id}
+    assert {actor for *_, actor in before["revisions"]} == {source.principal_id}
+    # New ids: no row of the source's was touched or taken.
+    assert not set(Memory.objects.filter(agent=newcomer.agent).values_list("id", flat=True)) & set(
+        Memory.objects.filter(agent=source).values_list("id", flat=True)
+    )
+    assert memory_of_the_agent(source) == before
+    # Found by keyword before its vector is made.
+    found = api.post(
+        "/v1/agent/memories/search", {"query": "marathons", "mode": "keyword"}, as_=newcomer
+    )
+    assert found.status_code == 200
+    assert found.json()["data"] == []  # bob's memory is about bob: not the agent's own
+    found = api.post(
+        "/v1/agent/memories/search",
+        {"query": "marathons", "mode": "keyword", "userId": "bob"},
+        as_=newcomer,
+    )
+    assert [hit["content"] for hit in found.json()["data"]] == ["Bob runs marathons"]
+
+
+def test_an_import_that_collides_stores_nothing(api, world):
+    """Imported twice: its blocks' labels (and memories) are the agent's already: 409."""
+    document = agent_export(api, key_of(world.agent))
+    newcomer = make_agent("newcomer")
+    assert api.post("/v1/agent/import", document, as_=newcomer).status_code == 200
+    kept = memory_of_the_agent(newcomer.agent)
+    response = api.post("/v1/agent/import", document, as_=newcomer)
+    assert response.status_code == 409, response.content[:300]
+    assert response.json()["code"] == "conflict"
+    assert response.json()["error"].startswith("nothing imported: it collides")
+    assert memory_of_the_agent(newcomer.agent) == kept
+
+
+def test_an_agent_import_skips_memories_about_a_user_who_turned_memory_off(api, world):
+    document = agent_export(api, key_of(world.agent))
+    memory_setting_update(Principal.user("alice"), enabled=False)
+    newcomer = make_agent("newcomer")
+    response = api.post("/v1/agent/import", document, as_=newcomer)
+    assert response.status_code == 200
+    assert response.json()["stored"]["memories"] == 2
+    assert response.json()["skipped"]["memories"] == 1
+    assert "alice" not in {user for user, *_ in memory_of_the_agent(newcomer.agent)["memories"]}
+
+
+def bad_documents(document: dict):
+    memory = document["memories"][0]
+    yield "not a document", {"format": "other"}
+    yield "a user's document", {**document, "kind": "user", "userId": "alice"}
+    yield (
+        "a record without content",
+        {
+            **document,
+            "memories": [{k: v for k, v in memory.items() if k != "content"}],
+        },
+    )
+    yield "an importance of 7", {**document, "memories": [{**memory, "importance": 7}]}
+    yield "a NUL", {**document, "memories": [{**memory, "content": "nuts\u0000"}]}
+    yield "a tag too long to store", {**document, "memories": [{**memory, "tags": ["t" * 101]}]}
+    yield "a list of sections", [document]
+
+
+def test_a_bad_document_is_a_400_and_stores_nothing(api, world):
+    document = agent_export(api, key_of(world.agent))
+    newcomer = make_agent("newcomer")
+    for why, bad in bad_documents(document):
+        response = api.post("/v1/agent/import", bad, as_=newcomer)
+        assert response.status_code == 400, (why, response.content[:300])
+        body = response.json()
+        assert body["code"] == "validation_error", why
+        assert body["error"].startswith("body: nothing imported: "), (why, body)
+        assert memory_of_the_agent(newcomer.agent) == memory_of_the_agent(
+            make_agent("empty").agent
+        ), why
+
+
+def test_an_agents_memory_is_its_own_not_a_users_nor_a_readers(api, world, helper):
+    document = agent_export(api, key_of(world.agent))
+    reader = key_of(world.agent, scopes=("read",))
+    assert api.get("/v1/agent/export", as_=reader).status_code == 200
+    refused = api.post("/v1/agent/import", document, as_=reader)
+    assert refused.status_code == 403
+    for method, path, body in (
+        ("GET", "/v1/agent/export", None),
+        ("POST", "/v1/agent/import", document),
+    ):
+        response = api.call(method, path, as_=helper.acting_for("alice"), body=body)
+        assert response.status_code == 403, response.content[:300]
+        assert "acting for alice" in response.json()["error"]
+    assert not Memory.objects.filter(agent=helper.agent).exists()

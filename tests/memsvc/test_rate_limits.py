@@ -143,12 +143,13 @@ def test_wrong_passwords_lock_the_address_out_of_the_logins(settings, backend, p
     assert not any(log_in("a guess") for _ in range(3))
     assert not log_in("the right password")  # locked out: refused the right one too
     assert log_in("the right password", remote="198.51.100.251")
-    if page == "/app/login/":  # the page says why, instead of "did not match"
-        refused = Client(REMOTE_ADDR=address).post(
-            page, {"username": name, "password": "the right password"}
-        )
-        assert b"Too many failed logins from this address" in refused.content
-        assert b"did not match" not in refused.content
+    # The page says why, instead of "did not match" / "enter the correct username".
+    refused = Client(REMOTE_ADDR=address).post(
+        page, {"username": name, "password": "the right password"}
+    )
+    assert b"Too many failed logins from this address" in refused.content
+    assert b"did not match" not in refused.content
+    assert b"correct username" not in refused.content
 
 
 def test_a_session_made_before_the_lockout_backend_stays_logged_in(client):
