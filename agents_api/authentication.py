@@ -57,6 +57,18 @@ def principal_for_key(api_key: ApiKey, on_behalf_of: str | None) -> Principal:
     return api_key.agent.as_principal(scopes=scopes, on_behalf_of=on_behalf_of)
 
 
+def _utf8_header(request, name: str) -> str | None:
+    """A header's value as the text its client sent, UTF-8 (a server hands header values
+    over as Latin-1, a character per byte), stripped; 400 naming it when it is not UTF-8."""
+    value = request.headers.get(name)
+    if value is None:
+        return None
+    try:
+        return value.encode("latin-1").decode("utf-8").strip()
+    except UnicodeError:
+        raise InvalidInput.for_field(name, "must be UTF-8 text", location="header") from None
+
+
 class ApiKeyAuthentication(BaseAuthentication):
     """``Authorization: Bearer msk_...`` or ``X-API-Key: msk_...`` -> an agent principal."""
 
@@ -65,8 +77,7 @@ class ApiKeyAuthentication(BaseAuthentication):
         if key is None:
             return None
         api_key = authenticate_key(key)
-        on_behalf_of = request.headers.get(ON_BEHALF_HEADER)
-        principal = principal_for_key(api_key, on_behalf_of.strip() if on_behalf_of else None)
+        principal = principal_for_key(api_key, _utf8_header(request, ON_BEHALF_HEADER))
         request._request.principal = principal
         request._request.agent = api_key.agent
         return principal, api_key

@@ -1,5 +1,6 @@
 from django.contrib import admin
 from django.urls import include, path, re_path
+from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from agents_api.mcp_server.http import McpView
@@ -46,5 +47,7 @@ urlpatterns = [
     # MCP over streamable HTTP (agents_api/mcp_server): an agent key's memory as tools.
     path("mcp", McpView.as_view(), name="mcp"),
     # The local compatibility API (seeds/local-memory-server.md) keeps the seed's paths.
+    # A person who opens the service's address gets the web pages.
+    path("", RedirectView.as_view(url="/app/")),
     path("", include("agents_api.local_api.urls")),
 ]

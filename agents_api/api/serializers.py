@@ -403,6 +403,13 @@ class TaskIdField(TextField):
         super().__init__(max_length=255, **kwargs)
 
 
+class StepField(serializers.IntegerField):
+    """A step of a task: what PostgreSQL's ``integer`` column holds."""
+
+    def __init__(self, **kwargs):
+        super().__init__(min_value=0, max_value=2**31 - 1, allow_null=True, **kwargs)
+
+
 class CreateToolRecordIn(InputSerializer):
     taskId = TaskIdField(
         required=False, help_text="The caller's task: what search and delete narrow to."
@@ -410,7 +417,7 @@ class CreateToolRecordIn(InputSerializer):
     conversationId = serializers.UUIDField(
         required=False, allow_null=True, help_text="A conversation the agent sees."
     )
-    step = serializers.IntegerField(required=False, allow_null=True, min_value=0)
+    step = StepField(required=False)
     toolName = TextField(max_length=200)
     input = JSONObjectField(
         max_bytes=TOOL_JSON_MAX_BYTES, required=False, help_text="The tool's arguments."

@@ -17,7 +17,10 @@ from memsvc.api.schema import errors
 
 TASK_ID = OpenApiParameter("taskId", str, description="Only this task's records.")
 REQUIRED_TASK_ID = OpenApiParameter(
-    "taskId", str, required=True, description="The task whose records are deleted."
+    "taskId",
+    {"type": "string", "minLength": 1},
+    required=True,
+    description="The task whose records are deleted.",
 )
 
 

@@ -9,6 +9,7 @@ import uuid
 from django.conf import settings
 from rest_framework import serializers
 
+from agents_api.api.serializers import BlockLimitField
 from agents_api.local_api.serializers import AgentNameField, LocalInput
 from agents_api.models import DEFAULT_BLOCK_LIMIT, Agent, MemoryBlock
 from agents_api.services.letta import letta_settings
@@ -39,7 +40,9 @@ def parse_uuid_id(raw: str, prefix: str, what: str) -> uuid.UUID:
 
 def parse_block_id(raw: str) -> int:
     digits = raw.removeprefix(BLOCK_ID_PREFIX)
-    if not digits.isdigit() or len(digits) > 18:
+    # ASCII digits only: str.isdigit() takes "²" (which int() refuses) and int() takes
+    # other scripts' digits ("١٤١" is 141), so neither would do alone.
+    if not (digits.isascii() and digits.isdigit()) or len(digits) > 18:
         raise NotFound("Block not found")
     return int(digits)
 
@@ -143,15 +146,13 @@ class BlockIn(LettaInput):
     label = TextField(max_length=100)
     value = TextField(allow_blank=True, required=False, default="")
     description = TextField(allow_blank=True, required=False, allow_null=True, default="")
-    limit = serializers.IntegerField(
-        required=False, allow_null=True, min_value=1, default=DEFAULT_BLOCK_LIMIT
-    )
+    limit = BlockLimitField(required=False, allow_null=True, default=DEFAULT_BLOCK_LIMIT)
 
 
 class BlockUpdateIn(LettaInput):
     value = TextField(allow_blank=True, required=False)
     description = TextField(allow_blank=True, required=False, allow_null=True)
-    limit = serializers.IntegerField(required=False, min_value=1)
+    limit = BlockLimitField(required=False)
 
 
 class AgentIn(LettaInput):

@@ -7,6 +7,7 @@ from agents_api.api.serializers import (
     TOOL_JSON_MAX_BYTES,
     TOOL_RECORD_MAX_TOP_K,
     SearchToolRecordsIn,
+    StepField,
     TaskIdField,
 )
 from agents_api.models import Agent, MemoryBlock
@@ -173,7 +174,7 @@ MAX_TOOL_RECORDS = 100
 
 
 class NewToolRecordIn(LocalInput):
-    step = serializers.IntegerField(required=False, allow_null=True, min_value=0)
+    step = StepField(required=False)
     tool_name = TextField(max_length=200)
     input = JSONObjectField(max_bytes=TOOL_JSON_MAX_BYTES, required=False)
     output = JSONValueField(max_bytes=TOOL_JSON_MAX_BYTES)

@@ -138,6 +138,18 @@ def _search(agent: Agent, query: str, limit: int) -> list[dict]:
     return [s.message_out(hit.message, agent, similarity=hit.score) for hit in hits]
 
 
+class UnknownRouteView(LocalView):
+    """Any other path at the root of the site (``urls``): the seed's FastAPI answer,
+    ``{"detail": "Not Found"}``, whatever the method, not Django's HTML page."""
+
+    authentication_classes = []
+    permission_classes = [AllowAny]
+    schema = None
+
+    def initial(self, request, *args, **kwargs):
+        raise NotFound("Not Found")
+
+
 class HealthView(LocalView):
     authentication_classes = []
     permission_classes = [AllowAny]

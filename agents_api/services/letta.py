@@ -144,7 +144,8 @@ def captured_messages(request_messages: list, response: dict, metadata: dict) ->
     for turn in turns:
         if not isinstance(turn, dict):
             continue
-        role = CAPTURED_ROLES.get(turn.get("role", "assistant" if turn is response else ""))
+        role = turn.get("role", "assistant" if turn is response else "")
+        role = CAPTURED_ROLES.get(role) if isinstance(role, str) else None
         content = _text(turn.get("content")).replace("\x00", "").strip()
         if role and content:
             messages.append(NewMessage(content=content, role=role, metadata=dict(metadata)))

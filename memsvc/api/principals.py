@@ -1,6 +1,7 @@
 """Who is asking: the one object the rest of the code sees as ``request.principal``; and
 which principal ids exist."""
 
+import unicodedata
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -16,12 +17,14 @@ PRINCIPAL_MAX_LENGTH = 255
 def user_id_problem(value) -> str | None:
     """Why ``value`` cannot be a user id (a JWT ``sub``, ``X-On-Behalf-Of``, a ``userId``
     parameter), or None when it can: a non-empty string PostgreSQL can store in a principal
-    column, that does not name an agent (a user called ``agent:...`` would borrow that
-    agent's memberships)."""
+    column, without control characters (a tab, an escape: no one's name), that does not
+    name an agent (a user called ``agent:...`` would borrow that agent's memberships)."""
     if not isinstance(value, str) or not value:
         return "must be a non-empty string"
     if "\x00" in value:
         return "must not contain NUL characters"
+    if not value.isprintable() and any(unicodedata.category(c) == "Cc" for c in value):
+        return "must not contain control characters"
     if len(value) > PRINCIPAL_MAX_LENGTH:
         return f"must be at most {PRINCIPAL_MAX_LENGTH} characters"
     if value.startswith(AGENT_PRINCIPAL_PREFIX):

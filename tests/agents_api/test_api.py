@@ -181,6 +181,22 @@ def test_a_conversation_created_for_a_user_belongs_to_the_user(api, alice, helpe
     assert [c["id"] for c in listed] == [created["id"]]
 
 
+def test_the_user_acted_for_is_the_utf8_text_the_client_sent(api, helper):
+    """A server hands a header over a character per byte: "é" arrives as two characters."""
+    as_sent = "zoë".encode().decode("latin-1")
+    created = agent_conversation(api, helper.acting_for(as_sent))
+    assert created["ownerUserId"] == "zoë"
+    for bad, problem in (
+        (b"zo\xeb".decode("latin-1"), "must be UTF-8 text"),  # Latin-1 bytes, not UTF-8
+        ("a\x01b", "must not contain control characters"),
+        ("a\tb", "must not contain control characters"),
+    ):
+        response = api.post("/v1/agent/conversations", {}, as_=helper.acting_for(bad))
+        assert response.status_code == 400, response.content
+        assert response.json()["details"] == {"X-On-Behalf-Of": [problem]}
+    assert Conversation.objects.count() == 1
+
+
 def test_acting_for_a_user_applies_the_users_access_too(api, helper):
     conversation = ConversationFactory(group__owner="alice")
     MembershipFactory(

@@ -144,6 +144,21 @@ def test_attaching_a_second_block_of_a_label_is_a_conflict(api, helper):
     assert "human" in response.json()["detail"]
 
 
+def test_a_turn_whose_role_is_not_a_string_is_not_kept(api, helper):
+    agent_id = create_agent(api, helper)["id"]
+    response = api.post(
+        f"/v1/agents/{agent_id}/messages/capture",
+        {
+            "request_messages": [{"role": [], "content": "hi"}, {"role": "user", "content": "A"}],
+            "response_dict": {"role": {}, "content": "yo"},
+        },
+        as_=helper,
+    )
+    assert response.status_code == 200, response.content
+    kept = Message.objects.filter(conversation__local_agent__name="travel")
+    assert list(kept.values_list("role", "content")) == [("user", "A")]
+
+
 def test_captured_turns_are_messages_of_the_agent_listed_as_letta_messages(api, helper):
     agent_id = create_agent(api, helper)["id"]
     assert capture(api, helper, agent_id, "I live in Lisbon.", "Lovely city.").status_code == 200
@@ -304,7 +319,12 @@ def test_bad_input_is_422_and_changes_nothing(api, helper):
     assert api.post("/v1/agents/", {"tags": [SDK_TAG]}, as_=helper).status_code == 422
     assert api.post("/v1/agents/", {"name": "a\x00b"}, as_=helper).status_code == 422
     assert api.get("/v1/agents/agent-not-a-uuid", as_=helper).status_code == 404
-    assert api.get("/v1/blocks/block-abc", as_=helper).status_code == 404
+    for block_id in ("block-abc", "block-²", "²", "block-\u0661", "block-\uff11"):
+        # (Digits int() reads, or str.isdigit() takes, but not ASCII: no block's id.)
+        assert api.get(f"/v1/blocks/{block_id}", as_=helper).status_code == 404, block_id
+    too_big = api.post("/v1/blocks/", {"label": "big", "limit": 2**31}, as_=helper)
+    assert too_big.status_code == 422
+    assert ["body", "limit"] in [issue["loc"] for issue in too_big.json()["detail"]]
     state = create_agent(api, helper)
     response = api.get(f"/v1/agents/{state['id']}/messages", as_=helper, order="sideways")
     assert response.status_code == 422

@@ -257,6 +257,37 @@ def test_unknown_agents_are_404_everywhere(local):
         assert response.json() == {"detail": "Agent not found"}
 
 
+@pytest.mark.parametrize(
+    "path", ["/nope", "/agents/", "/context", "/health/", "/messages/a/b", "/mcp/"]
+)
+def test_an_unknown_path_is_fastapis_404_for_any_method(local, path):
+    for method in ("GET", "POST", "DELETE"):
+        response = local.call(method, path, {} if method == "POST" else None)
+        assert response.status_code == 404, (method, path)
+        assert response.json() == {"detail": "Not Found"}
+    nul = local.get(f"{path}%00")
+    assert nul.status_code == 422
+    assert nul.json()["detail"][0]["loc"][0] == "path"
+
+
+def test_the_pages_keep_their_own_404s_and_the_root_leads_to_them(local):
+    for path in ("/app/nope/", "/static/nope.css"):
+        response = local.get(path)
+        assert response.status_code == 404
+        assert response["Content-Type"].startswith("text/html")
+    assert local.get("/")["Location"] == "/app/"
+
+
+def test_a_step_beyond_an_integer_is_422_naming_it(local):
+    make(local)
+    response = local.post(
+        "/tool-records",
+        {"agent_name": "my_agent", "records": [{"tool_name": "t", "output": 1, "step": 2**31}]},
+    )
+    assert response.status_code == 422
+    assert ["body", "records", 0, "step"] in [i["loc"] for i in response.json()["detail"]]
+
+
 def test_agents_are_isolated(local):
     make(local, "work")
     make(local, "home")

@@ -239,6 +239,7 @@ def test_without_a_key_it_is_401(api, alice):
         ({"toolName": "t", "output": {"a": "nul\x00here"}}, "output"),
         ({"toolName": "t", "output": "x" * (1024 * 1024 + 1)}, "output"),
         ({"toolName": "t", "output": 1, "step": -1}, "step"),
+        ({"toolName": "t", "output": 1, "step": 2**31}, "step"),
         ({"toolName": "t", "output": 1, "taskId": "t" * 256}, "taskId"),
         ({"toolName": "t", "output": 1, "conversationId": "nope"}, "conversationId"),
         ({"toolName": "t", "output": 1, "conversationId": "5" * 32}, "conversationId"),
