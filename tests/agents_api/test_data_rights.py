@@ -639,6 +639,8 @@ def bad_documents(document: dict):
     yield "an importance of 7", {**document, "memories": [{**memory, "importance": 7}]}
     yield "a NUL", {**document, "memories": [{**memory, "content": "nuts\u0000"}]}
     yield "a tag too long to store", {**document, "memories": [{**memory, "tags": ["t" * 101]}]}
+    yield "a null record", {**document, "memories": [memory, None]}
+    yield "no agent", {k: v for k, v in document.items() if k != "agent"}
     yield "a list of sections", [document]
 
 
