@@ -12,7 +12,8 @@ LETTA_PREFIXES = (
 )
 
 urlpatterns = [
-    path("agents/", views.AgentsView.as_view()),
+    # The lists with or without the slash, as Letta's server takes them.
+    re_path(r"^agents/?$", views.AgentsView.as_view()),
     path("agents/<str:agent_id>", views.AgentView.as_view()),
     path("agents/<str:agent_id>/messages", views.AgentMessagesView.as_view()),
     path("agents/<str:agent_id>/messages/capture", views.CaptureView.as_view()),
@@ -21,7 +22,7 @@ urlpatterns = [
         views.AttachBlockView.as_view(),
     ),
     path("groups/<str:group_id>", views.GroupView.as_view()),
-    path("blocks/", views.BlocksView.as_view()),
+    re_path(r"^blocks/?$", views.BlocksView.as_view()),
     path("blocks/<str:block_id>", views.BlockView.as_view()),
     re_path(rf"^(?:{LETTA_PREFIXES})(?:/[\s\S]*)?$", views.UnsupportedView.as_view()),
 ]

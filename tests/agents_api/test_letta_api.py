@@ -62,6 +62,9 @@ def test_an_agent_is_created_listed_by_name_and_tag_and_retrieved(api, helper):
     assert agent.memory_blocks.get().value == "Nothing known yet."
 
     listed = api.get("/v1/agents/", as_=helper, name="travel", tags=SDK_TAG).json()
+    # Without the slash too, as Letta's server answers.
+    assert api.get("/v1/agents", as_=helper, name="travel", tags=SDK_TAG).json() == listed
+    assert api.get("/v1/blocks", as_=helper).json() == api.get("/v1/blocks/", as_=helper).json()
     assert [a["id"] for a in listed] == [state["id"]]
     assert api.get("/v1/agents/", as_=helper, name="travel", tags="other").json() == []
     assert api.get(f"/v1/agents/{state['id']}", as_=helper).json()["name"] == "travel"
