@@ -194,13 +194,20 @@ def memory_enabled_for(user_id: str | None) -> bool:
     return not user_id or not memory_off_for([user_id])
 
 
-def memory_off_for(user_ids: Iterable[str]) -> set[str]:
-    """Those of ``user_ids`` who turned memory off (one query)."""
+def memory_off_for(user_ids: Iterable[str], *, lock: bool = False) -> set[str]:
+    """Those of ``user_ids`` who turned memory off (one query). ``lock``: their settings
+    rows are locked until the transaction ends, so none is turned off meanwhile."""
     user_ids = {user_id for user_id in user_ids if user_id}
     if not user_ids:
         return set()
-    off = UserMemorySetting.objects.filter(user_id__in=user_ids, memory_enabled=False)
-    return set(off.values_list("user_id", flat=True))
+    settings_ = UserMemorySetting.objects.filter(user_id__in=user_ids)
+    if lock:
+        settings_ = settings_.select_for_update()
+    return {
+        user_id
+        for user_id, enabled in settings_.values_list("user_id", "memory_enabled")
+        if not enabled
+    }
 
 
 MEMORIES = Corpus(

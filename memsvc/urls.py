@@ -1,15 +1,13 @@
+from django.conf import settings
 from django.contrib import admin
 from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from agents_api.local_api.views import UnknownRouteView
 from agents_api.mcp_server.http import McpView
 from memsvc.api.errors import not_found_view
 from memsvc.api.health import HealthView
-from memsvc.pages.forms import AdminLoginForm
-
-# The admin's login says when the address is locked out by failed logins.
-admin.site.login_form = AdminLoginForm
 
 v1 = [
     path("v1/health", HealthView.as_view(), name="health"),
@@ -48,6 +46,12 @@ urlpatterns = [
     path("mcp", McpView.as_view(), name="mcp"),
     # The local compatibility API (seeds/local-memory-server.md) keeps the seed's paths.
     # A person who opens the service's address gets the web pages.
-    path("", RedirectView.as_view(url="/app/")),
+    path("", RedirectView.as_view(pattern_name="pages:home")),
     path("", include("agents_api.local_api.urls")),
+    # Last: any other path is the local API's (FastAPI's "Not Found"), but for the pages', the
+    # admin's and static files' own (and their redirects to the path with a slash).
+    re_path(
+        rf"^(?!(?:app|admin|{settings.STATIC_URL.strip('/')})(?:/|$))",
+        UnknownRouteView.as_view(),
+    ),
 ]

@@ -157,10 +157,12 @@ class AgentImportView(AgentApiView):
         "agentImportMemory",
         description=(
             "Put an agent's export (`agentExportMemory`, or `memsvc export agent`) in your "
-            "memory, all of it or nothing, as you could have written it yourself: memories "
-            "and tool records get new ids; a cited message or a tool record's conversation "
-            "you cannot see here is dropped; memories about a user who turned memory off are "
-            "skipped. 409 when a block's label or a memory's content is one you keep already. "
+            "memory, all of it or nothing, as you could have written it yourself: every row "
+            "new (new ids and block numbers, no time later than now, memories not yet used, "
+            "a block's history one revision by you); a cited message or a tool record's "
+            "conversation you cannot see here is dropped; memories about a user who turned "
+            "memory off are skipped. 409 when a block's label or a memory's content is one "
+            "you keep already, or is in the document twice. "
             "Vectors are made in the background (found by keyword meanwhile). Larger "
             "documents than the body limit: `memsvc import`."
         ),

@@ -1,6 +1,6 @@
 """The seed's paths, at the root of the site."""
 
-from django.urls import path, re_path
+from django.urls import path
 
 from agents_api.local_api import views
 
@@ -17,6 +17,4 @@ urlpatterns = [
     path("context/<str:agent_name>", views.ContextView.as_view()),
     path("tool-records", views.ToolRecordsView.as_view()),
     path("tool-records/search", views.ToolRecordSearchView.as_view()),
-    # Last: what no API serves, but for the web pages', the admin's and static files' own.
-    re_path(r"^(?!app/|admin/|static/)", views.UnknownRouteView.as_view()),
 ]

@@ -139,8 +139,9 @@ def _search(agent: Agent, query: str, limit: int) -> list[dict]:
 
 
 class UnknownRouteView(LocalView):
-    """Any other path at the root of the site (``urls``): the seed's FastAPI answer,
-    ``{"detail": "Not Found"}``, whatever the method, not Django's HTML page."""
+    """Any path no one serves (``memsvc.urls``, last): as the seed's FastAPI server answers
+    an unknown path, ``{"detail": "Not Found"}``, whatever the method, not Django's HTML
+    page."""
 
     authentication_classes = []
     permission_classes = [AllowAny]

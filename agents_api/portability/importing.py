@@ -6,6 +6,7 @@ export, put in the agent as it could have written it itself)."""
 from dataclasses import dataclass, field
 
 from django.db import DataError, IntegrityError, transaction
+from django.utils import timezone
 
 from agents_api.models import Agent
 from agents_api.portability.export import FORMAT, VERSION
@@ -15,6 +16,8 @@ from agents_api.portability.sections import AGENT_SECTIONS, USER_SECTIONS
 from agents_api.selectors import memory_off_for, messages_seen_by
 from conversations.selectors import visible_conversation_ids
 from memsvc.api.fields import contains_nul
+
+UNIQUE_VIOLATION = "23505"  # PostgreSQL's SQLSTATE
 
 
 @dataclass
@@ -57,37 +60,45 @@ def document_import(document, *, into: Agent | None = None) -> ImportResult:
         for section in sections
     }
     given = {name: len(records) for name, records in parsed.items()}
-    if into is not None:
-        _as_its_own(into, agent_data["id"], parsed)
     try:
         with transaction.atomic():
+            if into is not None:
+                _as_its_own(into, parsed)
             subject = user_id if kind == "user" else (into or _agent(agent_data))
             for section in sections:
                 stored = section.restore(subject, parsed[section.name])
                 result.stored[section.name] = stored
                 result.skipped[section.name] = given[section.name] - stored
+    # (In our own words: PostgreSQL's would name its internals and echo whole rows.)
     except IntegrityError as exc:
-        raise ImportCollides(f"it collides with what is stored: {exc}".strip()) from None
+        if getattr(exc.__cause__, "sqlstate", None) == UNIQUE_VIOLATION:
+            raise ImportCollides(
+                "a block's label, a memory's content or an id in it is stored already, "
+                "or is in it twice"
+            ) from None
+        raise ImportRefused("a record breaks a rule of what is stored") from None
     except DataError:
-        # (PostgreSQL's own words would name its internals.)
         raise ImportRefused("a value does not fit where it is stored (too long?)") from None
     return result
 
 
-def _as_its_own(agent: Agent, document_agent_id, parsed: dict[str, list[dict]]) -> None:
-    """An agent's document made what ``agent`` could have written itself through the API:
-    new ids for its memories and tool records (made here, as for every new row: an id of
-    someone else's row is never tried), cited messages and tool records' conversations only
-    those the agent sees (the others dropped, as a random id would be), no memory about a
-    user who turned memory off (skipped), and the document's agent, where a block's history
-    names it, is this one."""
-    actor = agent.as_principal()
-    off = memory_off_for(memory["user_id"] for memory in parsed["memories"])
+def _as_its_own(agent: Agent, parsed: dict[str, list[dict]]) -> None:
+    """An agent's document made what ``agent`` could have written itself through the API.
+    Every row is new: new ids and block numbers (made here, as for every new row: no id of
+    someone else's row is ever tried), no time later than now, a memory not yet used
+    (``accessCount`` 0), a block's history one revision (its value, by this agent, now: the
+    document's history is not the agent's to tell). Cited messages and tool records'
+    conversations only those the agent sees (the others dropped, as a random id would be);
+    no memory about a user who turned memory off (skipped; their settings locked, as
+    ``services.memories_save`` locks them). Each memory keeps its ``source``: how it was
+    first kept (from a conversation, through MCP, ...)."""
+    actor, now = agent.as_principal(), timezone.now()
+    off = memory_off_for((memory["user_id"] for memory in parsed["memories"]), lock=True)
     memories = [memory for memory in parsed["memories"] if memory["user_id"] not in off]
     seen = messages_seen_by(actor, [i for memory in memories for i in memory["message_ids"]])
     for memory in memories:
-        del memory["id"]
         memory["message_ids"] = [i for i in memory["message_ids"] if i in seen]
+        memory.update(access_count=0, last_accessed_at=None)
     parsed["memories"] = memories
 
     records = parsed["toolRecords"]
@@ -97,15 +108,18 @@ def _as_its_own(agent: Agent, document_agent_id, parsed: dict[str, list[dict]]) 
         .values_list("id", flat=True)
     )
     for record in records:
-        del record["id"]
         if record["conversation_id"] not in visible:
             record["conversation_id"] = None
 
-    old_self = Agent(id=document_agent_id).principal_id
     for block in parsed["memoryBlocks"]:
-        for revision in block["exported_revisions"]:
-            if revision["actor_principal"] == old_self:
-                revision["actor_principal"] = agent.principal_id
+        block["exported_revisions"] = [
+            {"value": block["value"], "actor_principal": actor.id, "created_at": now}
+        ]
+    for row in (*memories, *records, *parsed["memoryBlocks"]):
+        del row["id"]
+        for name in ("created_at", "updated_at"):
+            if name in row:
+                row[name] = min(row[name], now)
 
 
 def _agent(data: dict) -> Agent:

@@ -3,19 +3,35 @@ records (camelCase, like the API), read them back for an import (``validated_dat
 model field), and describe them in the OpenAPI document.
 
 What search computes again (vectors, full-text vectors) is left out: an import embeds anew.
+An agent's memory (memories, blocks, tool records), which an agent imports through its API,
+is held to the API's own field rules (``agents_api.api.serializers``).
 """
 
 from rest_framework import serializers
 
-from agents_api.models import (
-    MEMORY_MAX_MESSAGES,
-    MEMORY_MAX_TAGS,
-    MEMORY_TAG_MAX_LENGTH,
-    MemorySource,
-    SummarySource,
+from agents_api.api.serializers import (
+    TOOL_JSON_MAX_BYTES,
+    BlockLimitField,
+    ImportanceField,
+    LabelField,
+    MessageIdsField,
+    StepField,
+    TagsField,
+    TaskIdField,
 )
+from agents_api.models import MemorySource, SummarySource
 from conversations.models import AccessLevel, Channel, Role, TransferStatus, Visibility
-from memsvc.api.principals import PRINCIPAL_MAX_LENGTH
+from memsvc.api.fields import (
+    JSONObjectField,
+    JSONValueField,
+    MessageContentField,
+    MetadataField,
+    TextField,
+)
+from memsvc.api.principals import PRINCIPAL_MAX_LENGTH, user_id_problem
+
+# The largest number a PostgreSQL bigint holds (a message's place, a block's id).
+BIGINT_MAX = 2**63 - 1
 
 
 class SubjectField(serializers.CharField):
@@ -28,6 +44,9 @@ class SubjectField(serializers.CharField):
 
     def run_validation(self, data=serializers.empty):
         value = super().run_validation(data)
+        problem = user_id_problem(value) if value else None
+        if problem:
+            raise serializers.ValidationError(problem)
         return value or ""
 
     def to_representation(self, value):
@@ -85,7 +104,11 @@ class MembershipElsewhereRecord(MembershipRecord):
 class MessageRecord(Record):
     id = serializers.UUIDField()
     conversationId = serializers.UUIDField(source="conversation_id")
-    seq = serializers.IntegerField(help_text="The message's place in the order of all messages.")
+    seq = serializers.IntegerField(
+        min_value=1,
+        max_value=BIGINT_MAX,
+        help_text="The message's place in the order of all messages.",
+    )
     role = serializers.ChoiceField(choices=Role.choices)
     channel = serializers.ChoiceField(choices=Channel.choices)
     visibility = serializers.ChoiceField(choices=Visibility.choices)
@@ -122,25 +145,15 @@ class MemoryRecord(Record):
     id = serializers.UUIDField()
     agentId = serializers.UUIDField(source="agent_id")
     userId = SubjectField(source="user_id", help_text="null: the agent's own memory")
-    content = serializers.CharField()
-    summary = serializers.CharField(allow_blank=True)
-    importance = serializers.FloatField(min_value=0, max_value=1)
-    # (PostgreSQL does not hold an array's items to their declared length: this does.)
-    tags = serializers.ListField(
-        child=serializers.CharField(max_length=MEMORY_TAG_MAX_LENGTH, trim_whitespace=False),
-        max_length=MEMORY_MAX_TAGS,
-    )
-    metadata = serializers.JSONField()
+    content = MessageContentField()
+    summary = TextField(allow_blank=True, max_length=10_000)
+    importance = ImportanceField()
+    tags = TagsField()
+    metadata = MetadataField()
     # Absent from exports made before memories cited messages.
-    messageIds = serializers.ListField(
-        source="message_ids",
-        child=serializers.UUIDField(),
-        max_length=MEMORY_MAX_MESSAGES,
-        required=False,
-        default=list,
-    )
+    messageIds = MessageIdsField(source="message_ids", required=False, default=list)
     source = serializers.ChoiceField(choices=MemorySource.choices)
-    accessCount = serializers.IntegerField(source="access_count", min_value=0)
+    accessCount = serializers.IntegerField(source="access_count", min_value=0, max_value=2**31 - 1)
     lastAccessedAt = serializers.DateTimeField(source="last_accessed_at", allow_null=True)
     expiresAt = serializers.DateTimeField(source="expires_at")
     createdAt = serializers.DateTimeField(source="created_at")
@@ -151,7 +164,7 @@ class MemoryRecord(Record):
 
 
 class MemoryBlockRevisionRecord(Record):
-    value = serializers.CharField(allow_blank=True)
+    value = TextField(allow_blank=True)
     actor = serializers.CharField(source="actor_principal", max_length=PRINCIPAL_MAX_LENGTH)
     createdAt = serializers.DateTimeField(source="created_at")
 
@@ -160,13 +173,15 @@ class MemoryBlockRevisionRecord(Record):
 
 
 class MemoryBlockRecord(Record):
-    id = serializers.IntegerField(min_value=1, help_text="Letta's routes show it (block-<id>).")
+    id = serializers.IntegerField(
+        min_value=1, max_value=BIGINT_MAX, help_text="Letta's routes show it (block-<id>)."
+    )
     agentId = serializers.UUIDField(source="agent_id")
     userId = SubjectField(source="user_id", help_text="null: the agent's own block")
-    label = serializers.CharField(max_length=100)
-    value = serializers.CharField(allow_blank=True)
-    description = serializers.CharField(allow_blank=True)
-    limit = serializers.IntegerField(min_value=1)
+    label = LabelField()
+    value = TextField(allow_blank=True)
+    description = TextField(allow_blank=True, max_length=2000)
+    limit = BlockLimitField()
     readOnly = serializers.BooleanField(source="read_only")
     createdAt = serializers.DateTimeField(source="created_at")
     updatedAt = serializers.DateTimeField(source="updated_at")
@@ -176,6 +191,13 @@ class MemoryBlockRecord(Record):
 
     class Meta:
         ref_name = "ExportedMemoryBlock"
+
+    def validate(self, data):
+        if len(data["value"]) > data["limit"]:
+            raise serializers.ValidationError(
+                {"value": [f"longer than its limit ({data['limit']})"]}
+            )
+        return data
 
 
 class AgentRecord(Record):
@@ -196,12 +218,12 @@ class ToolRecordRecord(Record):
     id = serializers.UUIDField(help_text="The trace id.")
     agentId = serializers.UUIDField(source="agent_id")
     conversationId = serializers.UUIDField(source="conversation_id", allow_null=True)
-    taskId = serializers.CharField(source="task_id", allow_blank=True, max_length=255)
-    step = serializers.IntegerField(min_value=0, allow_null=True)
-    toolName = serializers.CharField(source="tool_name", max_length=200)
-    input = serializers.JSONField(source="raw_input")
-    output = serializers.JSONField(source="raw_output", allow_null=True)
-    summary = serializers.CharField()
+    taskId = TaskIdField(source="task_id", allow_blank=True)
+    step = StepField()
+    toolName = TextField(source="tool_name", max_length=200)
+    input = JSONObjectField(source="raw_input", max_bytes=TOOL_JSON_MAX_BYTES)
+    output = JSONValueField(source="raw_output", max_bytes=TOOL_JSON_MAX_BYTES)
+    summary = TextField(max_length=10_000)
     summarySource = serializers.ChoiceField(source="summary_source", choices=SummarySource.choices)
     createdAt = serializers.DateTimeField(source="created_at")
 

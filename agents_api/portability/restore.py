@@ -97,8 +97,8 @@ def _keep_numbers(table: str, column: str, sequence: str, records: list[dict], k
     from, and the sequence moves past them so that no new row is given one. Otherwise
     (another server's rows hold them) ``key`` is dropped: they get new numbers, in the
     order they had."""
-    numbers = [record[key] for record in records]
-    if not numbers:
+    numbers = [record[key] for record in records if key in record]
+    if not numbers:  # (none, or an agent's own import: numbered by the sequence)
         return
     with connection.cursor() as cursor:
         taken = f"SELECT EXISTS (SELECT 1 FROM {table} WHERE {column} = ANY(%s))"  # noqa: S608 (our names)

@@ -128,11 +128,9 @@ def state_enforced_constraints(result, generator, request, public):
       -> ``maxItems``);
     - a body's own rules across fields (``InputSerializer.schema_rules``, JSON Schema: the
       block PATCH's "at most one of value, append, replace");
-    - any JSON value allowed to be null is any JSON value (``{}``): drf-spectacular writes
-      ``oneOf: [{}, {type: null}]``, which a null matches twice, so no null is valid;
     - the refusals any ``/v1`` operation may answer whatever its input: 400 (a NUL in a
-      query parameter, a token whose ``sub`` cannot be a user id), 429 (rate limits), 503
-      (database down), and 413 for those with a body.
+      query parameter; on ``/v1/user``, a token whose ``sub`` cannot be a user id), 429 (rate
+      limits), 503 (database down), and 413 for those with a body.
     """
     from rest_framework import serializers
 
@@ -155,10 +153,6 @@ def state_enforced_constraints(result, generator, request, public):
             if field.max_length is not None:
                 prop["maxItems"] = field.max_length
         component.update(getattr(cls, "schema_rules", {}))
-    for component in schemas.values():
-        for name, prop in component.get("properties", {}).items():
-            if prop.get("oneOf") == [{}, {"type": "null"}]:
-                component["properties"][name] = {k: v for k, v in prop.items() if k != "oneOf"}
 
     for path, operations in result.get("paths", {}).items():
         if not path.startswith("/v1/") or path == "/v1/health":

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 from django.db import DatabaseError, connection
+from django.utils import timezone
 
 from agents_api.models import Agent, Memory, MemoryBlock, MemoryBlockRevision, ToolRecord
 from agents_api.services import (
@@ -610,8 +611,13 @@ def test_an_import_that_collides_stores_nothing(api, world):
     response = api.post("/v1/agent/import", document, as_=newcomer)
     assert response.status_code == 409, response.content[:300]
     assert response.json()["code"] == "conflict"
-    assert response.json()["error"].startswith("nothing imported: it collides")
+    assert "is stored already" in response.json()["error"]
+    assert "Failing row" not in response.json()["error"]  # PostgreSQL's words stay inside
     assert memory_of_the_agent(newcomer.agent) == kept
+    # The same memory twice in one document collides with itself: nothing stored.
+    twice = {**document, "memories": [document["memories"][0]] * 2, "memoryBlocks": []}
+    assert api.post("/v1/agent/import", twice, as_=make_agent("third")).status_code == 409
+    assert not Memory.objects.filter(agent__name="third").exists()
 
 
 def test_an_agent_import_skips_memories_about_a_user_who_turned_memory_off(api, world):
@@ -623,6 +629,33 @@ def test_an_agent_import_skips_memories_about_a_user_who_turned_memory_off(api, 
     assert response.json()["stored"]["memories"] == 2
     assert response.json()["skipped"]["memories"] == 1
     assert "alice" not in {user for user, *_ in memory_of_the_agent(newcomer.agent)["memories"]}
+
+
+def test_what_an_agent_imports_is_new_and_its_own(api, world):
+    """Nothing in a document outlives the import that the agent could not have written:
+    block numbers, a block's history (by whom, when), times to come, a memory's uses."""
+    document = agent_export(api, key_of(world.agent))
+    future, block = "9999-01-01T00:00:00Z", document["memoryBlocks"][0]
+    block.update(id=2**63 - 1, createdAt=future, updatedAt=future)
+    block["revisions"] = [{"value": "forged", "actor": "alice", "createdAt": future}] * 60
+    document["memories"][0].update(accessCount=99_999, createdAt=future, updatedAt=future)
+    newcomer = make_agent("newcomer")
+    assert api.post("/v1/agent/import", document, as_=newcomer).status_code == 200
+
+    blocks = MemoryBlock.objects.filter(agent=newcomer.agent)
+    assert max(blocks.values_list("id", flat=True)) < 1_000_000
+    revisions = MemoryBlockRevision.objects.filter(block__agent=newcomer.agent)
+    assert revisions.count() == blocks.count()
+    assert {r.actor_principal for r in revisions} == {newcomer.agent.principal_id}
+    assert sorted(r.value for r in revisions) == sorted(b.value for b in blocks)
+    now = timezone.now()
+    memories = Memory.objects.filter(agent=newcomer.agent)
+    assert max(memories.values_list("created_at", flat=True)) <= now
+    assert max(blocks.values_list("updated_at", flat=True)) <= now
+    assert set(memories.values_list("access_count", "last_accessed_at")) == {(0, None)}
+    # The sequence went on from where it was: the next block of any agent is made.
+    later = api.post("/v1/agent/memory-blocks", {"label": "later"}, as_=make_agent("other"))
+    assert later.status_code == 201, later.content
 
 
 def bad_documents(document: dict):
@@ -640,6 +673,13 @@ def bad_documents(document: dict):
     yield "a NUL", {**document, "memories": [{**memory, "content": "nuts\u0000"}]}
     yield "a tag too long to store", {**document, "memories": [{**memory, "tags": ["t" * 101]}]}
     yield "a null record", {**document, "memories": [memory, None]}
+    yield "metadata not an object", {**document, "memories": [{**memory, "metadata": [1]}]}
+    yield "blank content", {**document, "memories": [{**memory, "content": "   "}]}
+    yield "about an agent", {**document, "memories": [{**memory, "userId": "agent:1"}]}
+    yield "about a tab", {**document, "memories": [{**memory, "userId": "bo\tb"}]}
+    block = document["memoryBlocks"][0]
+    yield "a value over its limit", {**document, "memoryBlocks": [{**block, "limit": 1}]}
+    yield "a block number past bigint", {**document, "memoryBlocks": [{**block, "id": 2**64}]}
     yield "no agent", {k: v for k, v in document.items() if k != "agent"}
     yield "a list of sections", [document]
 

@@ -276,6 +276,8 @@ def test_the_pages_keep_their_own_404s_and_the_root_leads_to_them(local):
         assert response.status_code == 404
         assert response["Content-Type"].startswith("text/html")
     assert local.get("/")["Location"] == "/app/"
+    for path in ("/app", "/admin"):  # to the path with a slash, as before the catch-all
+        assert local.get(path)["Location"] == f"{path}/"
 
 
 def test_a_step_beyond_an_integer_is_422_naming_it(local):

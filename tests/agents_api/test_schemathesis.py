@@ -94,7 +94,7 @@ def agent_headers():
 
 @schema.parametrize()
 @settings(
-    max_examples=10,
+    max_examples=5,
     deadline=None,
     derandomize=True,
     database=None,
