@@ -8,6 +8,7 @@ same everywhere.
 import json
 
 from django.conf import settings
+from django.core.validators import ProhibitNullCharactersValidator
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -26,7 +27,12 @@ class TextField(serializers.CharField):
         if not kwargs.get("allow_blank", False):
             kwargs.setdefault("min_length", 1)  # documents in the schema what allow_blank means
         super().__init__(**kwargs)
-        self.validators.append(no_nul_characters)  # the models' own check (DRF reports it as 400)
+        # The models' own check (DRF reports it as 400), said once: in place of DRF's own,
+        # which would say it a second time in other words.
+        self.validators = [
+            *(v for v in self.validators if not isinstance(v, ProhibitNullCharactersValidator)),
+            no_nul_characters,
+        ]
 
     def to_internal_value(self, data):
         if not isinstance(data, str):

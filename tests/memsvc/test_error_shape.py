@@ -61,6 +61,18 @@ def test_nul_in_an_agent_api_path_names_the_parameter(client):
     assert body["details"] == {"label": ["must not contain NUL characters"]}
 
 
+def test_nul_in_a_body_is_said_once(client, alice):
+    """(DRF's own check would say it a second time, in other words.)"""
+    response = client.post(
+        "/v1/user/conversations",
+        {"title": "a\x00b"},
+        content_type="application/json",
+        **alice.auth_headers(),
+    )
+    body = assert_v1_error(response, 400)
+    assert body["details"] == {"title": ["must not contain NUL characters"]}
+
+
 @pytest.mark.parametrize(
     "method,path,parameter",
     [
