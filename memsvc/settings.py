@@ -207,6 +207,7 @@ REST_FRAMEWORK = {
     # Requests per principal, for every API view (memsvc/api/ratelimit.py).
     "DEFAULT_THROTTLE_CLASSES": ["memsvc.api.ratelimit.PrincipalRateThrottle"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_METADATA_CLASS": "memsvc.api.metadata.Metadata",
     "UNAUTHENTICATED_USER": None,
 }
 

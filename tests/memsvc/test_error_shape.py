@@ -61,6 +61,15 @@ def test_nul_in_an_agent_api_path_names_the_parameter(client):
     assert body["details"] == {"label": ["must not contain NUL characters"]}
 
 
+def test_options_tells_no_docstring(client):
+    """An OPTIONS request is answered without the view's docstring (code, not API)."""
+    helper = make_agent("options-helper")
+    response = client.options("/v1/agent/me", **helper.auth_headers())
+    assert response.status_code == 200
+    assert "description" not in response.json()
+    assert response.json()["renders"] == ["application/json"]
+
+
 def test_nul_in_a_body_is_said_once(client, alice):
     """(DRF's own check would say it a second time, in other words.)"""
     response = client.post(
