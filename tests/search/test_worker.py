@@ -5,6 +5,7 @@ import subprocess
 import sys
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 import redis
@@ -45,14 +46,13 @@ def worker(redis_broker, tmp_path):
         "MEMSVC_LOCAL_MODE": "1",  # the test data dir's secrets, as the tests use
     }
     log = (tmp_path / "worker.log").open("w")
+    # `memsvc worker` as an operator starts it (its supervisor and a Celery worker under
+    # it), with Celery's own options after "--": one process, on this test's queue.
     process = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "memsvc.celery",
+            str(Path(sys.executable).with_name("memsvc")),
             "worker",
+            "--",
             "--pool",
             "solo",
             "--queues",
