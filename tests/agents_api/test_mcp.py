@@ -17,6 +17,7 @@ import httpx
 import httpx2
 import pytest
 from django.conf import settings
+from django.db import transaction
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
@@ -31,11 +32,13 @@ from agents_api.services import (
     memory_save,
 )
 from tests.db import database_url
+from tests.factories import ConversationFactory, ConversationGroupFactory, MessageFactory
 from tests.memsvc.test_serve import START_DEADLINE_SECONDS, free_port
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 REPO = Path(__file__).resolve().parents[2]
+STRANGERS_MESSAGE = uuid.UUID("00000000-0000-4000-8000-00000000f001")
 MEMSVC = Path(sys.executable).parent / "memsvc"
 TOOLS = {
     "memory_save",
@@ -136,8 +139,9 @@ async def memory_session(client) -> dict:
         "memory_save",
         {"content": "The user prefers TypeScript over JavaScript", "messageIds": [turn]},
     )
+    # A real message, of a conversation the agent is no member of: as unknown as a random id.
     out["cite_unseen"] = await call(
-        "memory_save", {"content": "x", "messageIds": ["00000000-0000-0000-0000-000000000000"]}
+        "memory_save", {"content": "x", "messageIds": [str(STRANGERS_MESSAGE)]}
     )
     # Refusals: each a tool error the model can read, and the session goes on.
     out["no_query"] = await call("memory_search", {"limit": 3})
@@ -200,9 +204,7 @@ def check_memory_session(out: dict, agent) -> None:
 
     assert body(out["cite"]) == {"id": saved["id"], "status": "saved", "merged": True}
     assert memory.message_ids == [uuid.UUID(found["message"]["id"])]
-    assert refusal(out["cite_unseen"]) == (
-        "messageIds: no such message: 00000000-0000-0000-0000-000000000000"
-    )
+    assert refusal(out["cite_unseen"]) == f"messageIds: no such message: {STRANGERS_MESSAGE}"
 
     assert refusal(out["no_query"]) == "query: is required"
     assert out["no_query"].structured_content["code"] == "validation_error"
@@ -223,9 +225,14 @@ def check_memory_session(out: dict, agent) -> None:
 
 
 def local_agent_with_history(name: str):
+    """A local agent with a block and a message of its own; beside it, a stranger's
+    message (``STRANGERS_MESSAGE``) the agent does not see."""
     agent, _ = agent_get_or_create(owner_principal=LOCAL_OWNER, name=name, loopback_trusted=True)
     memory_block_create(agent.as_principal(), agent=agent, label="human", value="Name: Ada")
     local_message_append(agent, role="user", content="We chose PostgreSQL for the billing database")
+    with transaction.atomic():  # (a group has its owner when the transaction commits)
+        strangers = ConversationFactory(group=ConversationGroupFactory(owner="stranger"))
+        MessageFactory(id=STRANGERS_MESSAGE, conversation=strangers, content="a secret")
     return agent
 
 
