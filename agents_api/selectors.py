@@ -340,8 +340,11 @@ def memory_search(
     ranking_ = ranking_ or configured_memory_ranking()
     scope = _memory_scope(agent.id if agent else None, user_id, tags)
     best: dict = {}
+    probed: dict = {}  # (one scope for every sentence)
     for text in prefetch_queries(query) if prefetch else [query]:
-        found = find_candidates(MEMORIES, scope, text, mode=mode, top_k=limit, tuning=tuning)
+        found = find_candidates(
+            MEMORIES, scope, text, mode=mode, top_k=limit, tuning=tuning, probed=probed
+        )
         fused = found.scores(mode, tuning)
         for memory_id, relevance in ranking.normalised(fused, fused).items():
             absolute = found.relevance(memory_id, mode)

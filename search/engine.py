@@ -191,17 +191,29 @@ def cited_rows(
 
 
 def find_candidates(
-    corpus: Corpus, scope: Scope, query: str, *, mode: str, top_k: int, tuning: SearchTuning
+    corpus: Corpus,
+    scope: Scope,
+    query: str,
+    *,
+    mode: str,
+    top_k: int,
+    tuning: SearchTuning,
+    probed: dict | None = None,
 ) -> Candidates:
     """The candidates for ``top_k`` results (``candidates_per_result`` each, at least
-    ``min_candidates``)."""
+    ``min_candidates``). ``probed``: what an earlier query of the same search learned about
+    the scope (whether it holds a row, how to find its nearest vectors), kept there and not
+    asked again (a prefetch searches each sentence of a text in one scope)."""
     limit = max(tuning.min_candidates, tuning.candidates_per_result * top_k)
+    probed = {} if probed is None else probed
     if not scope.visible_sql:
         # One agent's or user's rows (memories, tool records): often none at all, and an
         # index probe costs less than a search that finds nothing.
-        with connection.cursor() as cursor:
-            if not statements.holds_any(cursor, corpus, scope):
-                return Candidates()
+        if "holds_any" not in probed:
+            with connection.cursor() as cursor:
+                probed["holds_any"] = statements.holds_any(cursor, corpus, scope)
+        if not probed["holds_any"]:
+            return Candidates()
     backend = configured_backend()
     embedding = None
     if mode in ("hybrid", "semantic"):
@@ -229,7 +241,9 @@ def find_candidates(
         elif scope.visible_sql:
             order = INDEX_ORDER
         else:
-            order = statements.nearest_order(cursor, corpus, scope, limit, tuning)
+            if "order" not in probed:
+                probed["order"] = statements.nearest_order(cursor, corpus, scope, limit, tuning)
+            order = probed["order"]
         vector = embedding.result()
         # Semantic mode is the same statement with no keyword terms or candidates.
         statement = functools.partial(

@@ -189,7 +189,18 @@ def test_a_search_reads_whole_only_the_memories_it_returns(api, helper, alices_f
 def test_prefetch_searches_each_sentence(api, helper, alices_facts):
     # Each sentence finds its own memory; a memory keeps its best sentence's result.
     query = "I am going to travel to Japan soon. Can I eat peanut butter?"
-    prefetched = search(api, helper, query, userId="alice", limit=2, prefetch=True, minScore=0)
+    statements = []
+
+    def record(execute, sql, params, many, context):
+        statements.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        prefetched = search(api, helper, query, userId="alice", limit=2, prefetch=True, minScore=0)
+    # The store's scope is probed once for both sentences: whether it holds a memory, and
+    # how to find its nearest vectors (counted up to the exact-search limit).
+    assert sum("SELECT EXISTS (SELECT 1 FROM memory m" in sql for sql in statements) == 1
+    assert sum("SELECT (SELECT count(*) FROM (" in sql for sql in statements) == 1
     assert sorted(contents(prefetched)) == [
         "Alice is allergic to peanuts",
         "Alice wants to visit Kyoto in the autumn",
