@@ -55,14 +55,31 @@ def assistant_of(conversation: Conversation) -> Agent | None:
     return None
 
 
+def read_by_others(conversation: Conversation, user_id: str) -> bool:
+    """Whether a person other than ``user_id`` is a member of the conversation."""
+    return (
+        Membership.objects.filter(group_id=conversation.group_id)
+        .exclude(principal_id=user_id)
+        .exclude(principal_id__startswith=AGENT_PRINCIPAL_PREFIX)
+        .exists()
+    )
+
+
 def assistant_prompt(agent: Agent, conversation: Conversation, *, user_id: str) -> list[dict]:
     """The chat messages to send: the agent's context as a system message, then the latest
-    turns of the conversation's view. The memories used count as uses."""
+    turns of the conversation's view. The memories used count as uses.
+
+    The answer is read by every member: in a conversation others read too, the context is
+    only what they all may read (the agent's own blocks, this conversation's messages),
+    never what the agent keeps about the person asking or their other conversations."""
     query = latest_user_text(conversation)
-    memories = selectors.memories_for_context(
-        agent, user_id=user_id, query=query, limit=settings.MEMORY_DEFAULT_SEARCH_LIMIT
-    )
-    enqueue_memory_touch([hit.memory.id for hit in memories])
+    private = not read_by_others(conversation, user_id)
+    memories = []
+    if private:
+        memories = selectors.memories_for_context(
+            agent, user_id=user_id, query=query, limit=settings.MEMORY_DEFAULT_SEARCH_LIMIT
+        )
+        enqueue_memory_touch([hit.memory.id for hit in memories])
     recent = list(conversation_messages(conversation).order_by("-seq")[:RECENT_TURNS])[::-1]
     shown = {message.id for message in recent}
     relevant = []
@@ -71,13 +88,14 @@ def assistant_prompt(agent: Agent, conversation: Conversation, *, user_id: str) 
             agent.as_principal(on_behalf_of=user_id),
             query=query,
             top_k=settings.MEMORY_MAX_CONTEXT_MESSAGES,
+            conversation_ids=None if private else [conversation.id],
         )
         relevant = [hit.message for hit in hits if hit.message.id not in shown]
     context = format_context(
         {
             "memory_blocks": [
                 {"label": block.label, "value": block.value}
-                for owner in ("", user_id)
+                for owner in (("", user_id) if private else ("",))
                 for block in selectors.memory_blocks(agent, user_id=owner)
             ],
             "memories": [{"content": hit.memory.content} for hit in memories],

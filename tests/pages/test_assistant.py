@@ -1,6 +1,8 @@
 """With an LLM configured (the stand-in OpenAI-compatible server), an agent answers in a
 conversation with an agent's context, streamed; without one the page is a log."""
 
+import json
+
 import pytest
 from django.urls import reverse
 
@@ -90,3 +92,31 @@ def test_a_reader_cannot_ask_and_a_log_has_no_assistant(alice_page, bob_page, ll
         in alice_page.get(reverse("pages:conversation", args=[log.id])).content.decode()
     )
     assert bob_page.post(reverse("pages:reply", args=[log.id])).status_code == 404
+
+
+def test_in_a_conversation_others_read_the_context_holds_only_what_they_all_may_read(
+    api, alice_page, bob, bob_page, chat, llm
+):
+    """(A security audit's finding: the answer carried alice's private conversation, her
+    memories and her block into bob's conversation, which bob reads.)"""
+    secret = "Note to self: my bank PIN is 4321"
+    alice_page.post(reverse("pages:append", args=[chat.id]), {"content": secret})
+    bob_page.post("/app/conversations/new", {"title": "Bob's plans", "assistant": "on"})
+    shared = Conversation.objects.get(title="Bob's plans")
+    response = api.post(
+        f"/v1/user/conversations/{shared.id}/memberships",
+        {"userId": "alice", "accessLevel": "writer"},
+        as_=bob,
+    )
+    assert response.status_code == 201, response.content
+    question = "What is my bank PIN, and where does my dog go?"
+    alice_page.post(reverse("pages:append", args=[shared.id]), {"content": question})
+
+    [request] = llm.requests_containing("What is my bank PIN")
+    prompt = json.dumps(request["messages"])
+    assert "4321" not in prompt
+    assert "Alice has a dog named Rex" not in prompt and "Name: Alice" not in prompt
+    # In her own conversation, the assistant still knows her.
+    alice_page.post(reverse("pages:append", args=[chat.id]), {"content": "My PIN again?"})
+    [own] = llm.requests_containing("My PIN again?")
+    assert "4321" in json.dumps(own["messages"]) and "Name: Alice" in json.dumps(own["messages"])
