@@ -112,6 +112,8 @@ def test_in_a_conversation_others_read_the_context_holds_only_what_they_all_may_
     question = "What is my bank PIN, and where does my dog go?"
     alice_page.post(reverse("pages:append", args=[shared.id]), {"content": question})
 
+    page = alice_page.get(reverse("pages:conversation", args=[shared.id])).content.decode()
+    assert "with what everyone here may read" in page
     [request] = llm.requests_containing("What is my bank PIN")
     prompt = json.dumps(request["messages"])
     assert "4321" not in prompt

@@ -10,7 +10,12 @@ from django.http import StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 
-from agents_api.assistant import assistant_of, assistant_reply, pages_assistant
+from agents_api.assistant import (
+    assistant_of,
+    assistant_reply,
+    pages_assistant,
+    read_by_others,
+)
 from conversations import selectors, services
 from conversations.api import serializers as s
 from conversations.models import AccessLevel, Conversation
@@ -120,6 +125,8 @@ def conversation(request, conversation_id):
         "llm": llm,
         "assistant": assistant_of(conversation) if llm else None,
     }
+    if context["assistant"] is not None:
+        context["read_by_others"] = read_by_others(conversation, request.principal.id)
     if request.htmx:  # the next page of messages
         return render(request, "pages/_message_rows.html", context)
     context.update(
