@@ -23,6 +23,7 @@ from memsvc.api.fields import (
     JSONValueField,
     MessageContentField,
     MetadataField,
+    PathSegmentField,
     TextField,
     TitleField,
     UserIdField,
@@ -121,7 +122,7 @@ class MemoryBlockRevisionOut(serializers.Serializer):
         ref_name = "MemoryBlockRevision"
 
 
-class LabelField(TextField):
+class LabelField(PathSegmentField):
     def __init__(self, **kwargs):
         super().__init__(max_length=100, allow_blank=False, **kwargs)
 

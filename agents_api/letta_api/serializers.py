@@ -9,7 +9,7 @@ import uuid
 from django.conf import settings
 from rest_framework import serializers
 
-from agents_api.api.serializers import BlockLimitField
+from agents_api.api.serializers import BlockLimitField, LabelField
 from agents_api.local_api.serializers import AgentNameField, LocalInput
 from agents_api.models import DEFAULT_BLOCK_LIMIT, Agent, MemoryBlock
 from agents_api.services.letta import letta_settings
@@ -143,7 +143,7 @@ class LettaInput(LocalInput):
 
 
 class BlockIn(LettaInput):
-    label = TextField(max_length=100)
+    label = LabelField()
     value = TextField(allow_blank=True, required=False, default="")
     description = TextField(allow_blank=True, required=False, allow_null=True, default="")
     limit = BlockLimitField(required=False, allow_null=True, default=DEFAULT_BLOCK_LIMIT)

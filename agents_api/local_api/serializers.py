@@ -6,6 +6,7 @@ from rest_framework import serializers
 from agents_api.api.serializers import (
     TOOL_JSON_MAX_BYTES,
     TOOL_RECORD_MAX_TOP_K,
+    LabelField,
     SearchToolRecordsIn,
     StepField,
     TaskIdField,
@@ -19,6 +20,7 @@ from memsvc.api.fields import (
     JSONValueField,
     MessageContentField,
     MetadataField,
+    PathSegmentField,
     TextField,
 )
 
@@ -124,7 +126,7 @@ class LocalInput(InputSerializer):
     ignore_unknown_fields = True
 
 
-class AgentNameField(TextField):
+class AgentNameField(PathSegmentField):
     def __init__(self, **kwargs):
         super().__init__(max_length=200, **kwargs)
 
@@ -154,7 +156,7 @@ class SearchIn(LocalInput):
 
 class CreateBlockIn(LocalInput):
     agent_name = AgentNameField()
-    label = TextField(max_length=100)
+    label = LabelField()
     value = TextField(allow_blank=True)
 
 

@@ -13,7 +13,8 @@ urlpatterns = [
     path("conversations/<uuid:conversation_id>/forks", views.ForksView.as_view()),
     path("conversations/<uuid:conversation_id>/memberships", views.MembershipsView.as_view()),
     path(
-        "conversations/<uuid:conversation_id>/memberships/<str:user_id>",
+        # (A path: a user id may hold "/", an identity provider's ``sub``.)
+        "conversations/<uuid:conversation_id>/memberships/<path:user_id>",
         views.MembershipView.as_view(),
     ),
     path(

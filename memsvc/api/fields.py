@@ -40,6 +40,17 @@ class TextField(serializers.CharField):
         return super().to_internal_value(data)
 
 
+class PathSegmentField(TextField):
+    """A text that names a thing in a URL's path (a block's label, a local agent's name): no
+    "/", which would make its routes unable to reach it."""
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        if "/" in value:
+            raise serializers.ValidationError('must not contain "/" (it names it in URLs)')
+        return value
+
+
 class PrincipalIdField(TextField):
     """A user id, or ``agent:<id>`` where an agent may stand (sharing)."""
 

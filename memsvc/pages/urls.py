@@ -32,12 +32,13 @@ urlpatterns = [
     path("c/<uuid:conversation_id>/delete", conversations.delete, name="delete"),
     path("c/<uuid:conversation_id>/members", conversations.share, name="share"),
     path(
-        "c/<uuid:conversation_id>/members/<str:user_id>/level",
+        # A user id last, as a path: it may hold "/" (an identity provider's ``sub``).
+        "c/<uuid:conversation_id>/members/level/<path:user_id>",
         conversations.membership_update,
         name="membership_update",
     ),
     path(
-        "c/<uuid:conversation_id>/members/<str:user_id>/remove",
+        "c/<uuid:conversation_id>/members/remove/<path:user_id>",
         conversations.membership_delete,
         name="membership_delete",
     ),

@@ -278,6 +278,20 @@ def test_a_manager_shares_changes_and_removes_members_but_never_the_owner(alice_
     assert sorted(Membership.objects.values_list("principal_id", flat=True)) == ["alice", "bob"]
 
 
+def test_a_member_whose_id_holds_a_slash_is_shown_changed_and_removed(api, alice, alice_page):
+    """An identity provider's ``sub`` may hold "/": the page (which links to the member) and
+    the API reach such a member like any other (the page was a 500)."""
+    conversation = conversation_of("alice", "Team", "hi", shared=[("evil/x", "reader")])
+    assert alice_page.get(page_of(conversation)).status_code == 200
+    level = reverse("pages:membership_update", args=[conversation.id, "evil/x"])
+    assert alice_page.post(level, {"accessLevel": "writer"}).status_code == 302
+    assert Membership.objects.get(principal_id="evil/x").access_level == AccessLevel.WRITER
+    path = f"/v1/user/conversations/{conversation.id}/memberships/evil/x"
+    assert api.patch(path, {"accessLevel": "reader"}, as_=alice).status_code == 200
+    assert api.delete(path, as_=alice).status_code == 204
+    assert not Membership.objects.filter(principal_id="evil/x").exists()
+
+
 def test_sharing_makes_the_conversation_appear_for_the_other_person(alice_page, bob_page):
     conversation = conversation_of("alice", "For Bob soon", "hello")
     assert bob_page.get(page_of(conversation)).status_code == 404
