@@ -5,14 +5,17 @@ for the conversation column, search through the GIN-indexed full-text column ins
 ``ILIKE``, and foreign keys as raw ids instead of select boxes of every row.
 """
 
+from django import forms
 from django.contrib import admin
 from django.contrib.postgres.search import SearchQuery
+from django.core.exceptions import ValidationError
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.text import Truncator
 
 from conversations.models import (
     TEXT_SEARCH_CONFIG,
+    AccessLevel,
     Conversation,
     ConversationGroup,
     Membership,
@@ -29,8 +32,35 @@ def _admin_link(obj, label=None):
     return format_html('<a href="{}">{}</a>', url, label or obj)
 
 
+OWNER_STAYS = "an owner's membership stays as it is: ownership moves by a transfer"
+
+
+class MembershipForm(forms.ModelForm):
+    """A membership as the services allow it: the one owner's stays, no second owner is
+    made (the database refuses both, as a 500 without this)."""
+
+    def clean(self):
+        data = super().clean()
+        if self.instance.pk and self.initial.get("access_level") == AccessLevel.OWNER:
+            if self.has_changed():
+                raise ValidationError(OWNER_STAYS)
+        elif data.get("access_level") == AccessLevel.OWNER:
+            raise ValidationError({"access_level": OWNER_STAYS})
+        return data
+
+
+class MembershipFormSet(forms.BaseInlineFormSet):
+    def clean(self):
+        super().clean()
+        for form in self.deleted_forms:
+            if form.instance.access_level == AccessLevel.OWNER:
+                raise ValidationError(OWNER_STAYS)
+
+
 class MembershipInline(admin.TabularInline):
     model = Membership
+    form = MembershipForm
+    formset = MembershipFormSet
     extra = 0
     fields = ("principal_id", "access_level", "created_at")
     readonly_fields = ("created_at",)
@@ -187,10 +217,15 @@ class MessageAdmin(LargeTableAdmin):
 
 @admin.register(Membership)
 class MembershipAdmin(LargeTableAdmin):
+    form = MembershipForm
     list_display = ("principal_id", "access_level", "group", "created_at")
     list_filter = ("access_level",)
     search_fields = ("=principal_id",)
     raw_id_fields = ("group",)
+
+    def has_delete_permission(self, request, obj=None):
+        owner = obj is not None and obj.access_level == AccessLevel.OWNER
+        return not owner and super().has_delete_permission(request, obj)
 
 
 @admin.register(OwnershipTransfer)

@@ -1,5 +1,7 @@
 """The admin shows memory to operators, and its lists stay cheap as tables grow."""
 
+import re
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -282,3 +284,53 @@ def test_tool_records_are_found_by_output_words_task_or_id_and_can_be_deleted(op
     delete = reverse("admin:agents_api_toolrecord_delete", args=[hotels.pk])
     assert operator.post(delete, {"post": "yes"}).status_code == 302
     assert list(ToolRecord.objects.values_list("tool_name", flat=True)) == ["get_weather"]
+
+
+def test_an_owners_membership_stays_as_it_is_in_the_admin(operator, memory):
+    """Ownership moves by a transfer: the admin refuses to change or delete the owner's row,
+    or to make a second owner, with a message (the database's refusal was a 500)."""
+    from conversations.models import AccessLevel, Membership
+
+    conversation, _ = memory
+    owner = Membership.objects.get(group=conversation.group, access_level=AccessLevel.OWNER)
+    bob = Membership.objects.get(group=conversation.group, principal_id="bob")
+    change = reverse("admin:conversations_membership_change", args=[owner.pk])
+    form = {"principal_id": owner.principal_id, "group": owner.group_id}
+    refused = operator.post(change, {**form, "access_level": "reader"})
+    assert refused.status_code == 200
+    assert "ownership moves by a transfer" in refused.content.decode()
+    delete = reverse("admin:conversations_membership_delete", args=[owner.pk])
+    assert operator.post(delete, {"post": "yes"}).status_code == 403
+    second = reverse("admin:conversations_membership_change", args=[bob.pk])
+    response = operator.post(
+        second, {"principal_id": "bob", "group": bob.group_id, "access_level": "owner"}
+    )
+    assert response.status_code == 200
+    assert "ownership moves by a transfer" in response.content.decode()
+    changelist = reverse("admin:conversations_membership_changelist")
+    chosen = {"action": "delete_selected", "post": "yes"}
+    both = operator.post(changelist, {**chosen, "_selected_action": [owner.pk, bob.pk]})
+    assert both.status_code == 403  # (the owner's is among them: nothing is deleted)
+    assert Membership.objects.filter(group=conversation.group).count() == 2
+    operator.post(changelist, {**chosen, "_selected_action": [bob.pk]})
+    assert list(Membership.objects.filter(group=conversation.group)) == [owner]
+
+
+def test_the_group_page_keeps_the_owners_membership_too(operator, memory):
+    from conversations.models import Membership
+
+    conversation, _ = memory
+    page = reverse("admin:conversations_conversationgroup_change", args=[conversation.group_id])
+    html = operator.get(page).content.decode()
+    # The form as the page sends it back, with the owner's row marked for deletion.
+    inputs = r'<input type="(?:hidden|text|number)" name="([^"]+)" value="([^"]*)"'
+    form = dict(re.findall(inputs, html))
+    for index in range(int(form["memberships-TOTAL_FORMS"])):
+        row = Membership.objects.get(pk=form[f"memberships-{index}-id"])
+        form[f"memberships-{index}-access_level"] = row.access_level
+        if row.access_level == "owner":
+            form[f"memberships-{index}-DELETE"] = "on"
+    response = operator.post(page, form)
+    assert response.status_code == 200, response.status_code
+    assert "ownership moves by a transfer" in response.content.decode()
+    assert Membership.objects.filter(group=conversation.group).count() == 2
