@@ -74,8 +74,13 @@ class MemoryBlockAdmin(LargeTableAdmin):
     list_select_related = ("agent",)
     search_fields = ("label", "=user_id", "agent__name")
     raw_id_fields = ("agent",)
-    readonly_fields = ("created_at", "updated_at")
+    # A block's value changes through the services (a revision for each change, the limit
+    # held): here its value and limit are read, its description and read-only flag set.
+    readonly_fields = ("agent", "user_id", "label", "value", "limit", "created_at", "updated_at")
     inlines = (RevisionInline,)
+
+    def has_add_permission(self, request):
+        return False
 
     @admin.display(description="chars")
     def size(self, block):

@@ -186,6 +186,14 @@ class MessageAdmin(LargeTableAdmin):
     )
     ordering = ("-seq",)
 
+    # Messages are written through the APIs (their place, vector and keyword statistics
+    # follow from the services): here they are read, and deleted.
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
     def get_search_results(self, request, queryset, search_term):
         term = search_term.strip()
         if not term:

@@ -334,3 +334,31 @@ def test_the_group_page_keeps_the_owners_membership_too(operator, memory):
     assert response.status_code == 200, response.status_code
     assert "ownership moves by a transfer" in response.content.decode()
     assert Membership.objects.filter(group=conversation.group).count() == 2
+
+
+def test_messages_and_block_values_change_only_through_the_services(operator, memory):
+    """(An audit's finding: an edit here skipped the vector, the keyword statistics, the
+    block's revisions and its limit.)"""
+    from agents_api.models import MemoryBlock
+
+    message = Message.objects.first()
+    change = reverse("admin:conversations_message_change", args=[message.pk])
+    assert operator.post(change, {"content": "rewritten"}).status_code == 403
+    assert operator.get(reverse("admin:conversations_message_add")).status_code == 403
+    message.refresh_from_db()
+    assert message.content != "rewritten"
+    block = MemoryBlock.objects.first()
+    page = reverse("admin:agents_api_memoryblock_change", args=[block.pk])
+    assert "rewritten" not in operator.get(page).content.decode()
+    response = operator.post(
+        page,
+        {
+            "value": "rewritten",
+            "description": "now described",
+            "revisions-TOTAL_FORMS": "0",
+            "revisions-INITIAL_FORMS": "0",
+        },
+    )
+    assert response.status_code == 302, response.content[:500]
+    block.refresh_from_db()
+    assert block.value != "rewritten" and block.description == "now described"
