@@ -18,7 +18,7 @@ from agents_api.models import (
     content_hash,
     default_expiry,
 )
-from agents_api.selectors import MEMORIES, memory_enabled_for, messages_seen_by
+from agents_api.selectors import MEMORIES, memory_off_for, messages_seen_by
 from memsvc.api.errors import Conflict, InvalidInput
 from memsvc.api.principals import Principal
 from memsvc.db import locked_row
@@ -136,8 +136,10 @@ def _refuse_unseen_messages(actor: Principal, message_ids: Sequence) -> None:
         raise InvalidInput.for_field("messageIds", f"no such message: {missing[0]}")
 
 
-def _refuse_if_memory_off(user_id: str) -> None:
-    if not memory_enabled_for(user_id):
+def _refuse_if_memory_off(user_id: str, *, lock: bool = False) -> None:
+    """409 when the user turned memory off; ``lock``: their setting stays as read until the
+    transaction ends (``memory_off_for``)."""
+    if user_id and memory_off_for([user_id], lock=lock):
         raise Conflict(f"{user_id} has turned memory off: no new memories about them are kept")
 
 
@@ -145,9 +147,7 @@ def _refuse_if_memory_off(user_id: str) -> None:
 def _store_memories(agent, user_id, memories, source, model, vectors):
     # Again under the setting's row lock: a switch turned off while the batch was embedded
     # wins (the switch's write waits for this transaction, or this one sees it).
-    if user_id:
-        UserMemorySetting.objects.select_for_update().filter(user_id=user_id).first()
-        _refuse_if_memory_off(user_id)
+    _refuse_if_memory_off(user_id, lock=True)
     now = timezone.now()
     saved = []
     for index, new in enumerate(memories):

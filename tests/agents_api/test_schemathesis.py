@@ -10,7 +10,6 @@ messages, a memory, a memory block, a tool record) so the success paths run too.
 
 import uuid
 
-import hypothesis.strategies as st
 import pytest
 import schemathesis
 from django.db import transaction
@@ -27,7 +26,7 @@ from tests.factories import (
     MemoryBlockFactory,
     MessageFactory,
 )
-from tests.memsvc.test_schemathesis import CHECKS
+from tests.schema_cases import CHECKS, with_known_ids
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -52,16 +51,7 @@ KNOWN = {
 @schema.hook
 def flatmap_path_parameters(context, path_parameters):
     """Keep the generated value or swap in the id of something the agent keeps."""
-    if not path_parameters:
-        return st.just(path_parameters)
-    return st.fixed_dictionaries(
-        {
-            name: st.one_of(st.just(value), st.sampled_from(KNOWN[name]))
-            if name in KNOWN
-            else st.just(value)
-            for name, value in path_parameters.items()
-        }
-    )
+    return with_known_ids(KNOWN, path_parameters)
 
 
 @pytest.fixture

@@ -11,17 +11,10 @@ before each operation's test, so the success paths (200/201/204), 403 and 409 ru
 
 import uuid
 
-import hypothesis.strategies as st
 import pytest
 import schemathesis
 from django.db import transaction
 from hypothesis import HealthCheck, settings
-from schemathesis.checks import (
-    content_type_conformance,
-    not_a_server_error,
-    response_schema_conformance,
-    status_code_conformance,
-)
 
 from conversations.models import AccessLevel, Membership
 from memsvc.tokens import mint_user_token
@@ -33,6 +26,7 @@ from tests.factories import (
     MessageFactory,
     OwnershipTransferFactory,
 )
+from tests.schema_cases import CHECKS, with_known_ids
 
 # Requests go through the real WSGI handler, which sends `request_started`/`request_finished`
 # and so runs Django's `close_old_connections`. Inside the test transaction that the plain
@@ -44,13 +38,6 @@ from tests.factories import (
 pytestmark = pytest.mark.django_db(transaction=True)
 
 schema = schemathesis.openapi.from_wsgi("/v1/schema", application).include(path_regex=r"^/v1/user/")
-
-CHECKS = [
-    not_a_server_error,
-    status_code_conformance,
-    content_type_conformance,
-    response_schema_conformance,
-]
 
 # Fixed ids, so a run is reproducible down to the requests it sends.
 ALICE_CONVERSATION = uuid.UUID("00000000-0000-4000-8000-00000000a001")
@@ -72,16 +59,7 @@ KNOWN_IDS = {
 @schema.hook
 def flatmap_path_parameters(context, path_parameters):
     """Keep the generated value or swap in the id of a seeded object (or a seeded user)."""
-    if not path_parameters:
-        return st.just(path_parameters)
-    return st.fixed_dictionaries(
-        {
-            name: st.one_of(st.just(value), st.sampled_from(KNOWN_IDS[name]))
-            if name in KNOWN_IDS
-            else st.just(value)
-            for name, value in path_parameters.items()
-        }
-    )
+    return with_known_ids(KNOWN_IDS, path_parameters)
 
 
 @pytest.fixture
