@@ -26,13 +26,7 @@ from agents_api.services import (
     tool_records_delete,
 )
 from conversations.models import TEXT_SEARCH_CONFIG
-from memsvc.admin_tools import EmbeddedFilter, LargeTableAdmin, as_uuid
-from memsvc.api.principals import Principal
-
-
-def _operator(request) -> Principal:
-    # An operator is a user of the web pages: the username is the principal id.
-    return Principal.user(request.user.get_username())
+from memsvc.admin_tools import EmbeddedFilter, LargeTableAdmin, as_uuid, operator
 
 
 def _id_words_or_exact(queryset, search_term: str, exact_field: str):
@@ -227,10 +221,10 @@ class MemoryAdmin(LargeTableAdmin):
         return False
 
     def delete_model(self, request, obj):
-        memory_delete(_operator(request), memory=obj)
+        memory_delete(operator(request), memory=obj)
 
     def delete_queryset(self, request, queryset):
-        memories_delete(_operator(request), memories=queryset)
+        memories_delete(operator(request), memories=queryset)
 
     @admin.display(description="content")
     def short_content(self, memory):
@@ -287,10 +281,10 @@ class ToolRecordAdmin(LargeTableAdmin):
         return False
 
     def delete_model(self, request, obj):
-        tool_records_delete(_operator(request), records=ToolRecord.objects.filter(pk=obj.pk))
+        tool_records_delete(operator(request), records=ToolRecord.objects.filter(pk=obj.pk))
 
     def delete_queryset(self, request, queryset):
-        tool_records_delete(_operator(request), records=queryset)
+        tool_records_delete(operator(request), records=queryset)
 
     @admin.display(description="summary")
     def short_summary(self, record):

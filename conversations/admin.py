@@ -22,7 +22,8 @@ from conversations.models import (
     Message,
     OwnershipTransfer,
 )
-from memsvc.admin_tools import EmbeddedFilter, LargeTableAdmin, as_uuid
+from conversations.services import conversation_delete, conversation_group_delete, messages_delete
+from memsvc.admin_tools import EmbeddedFilter, LargeTableAdmin, as_uuid, operator
 
 
 def _admin_link(obj, label=None):
@@ -84,6 +85,22 @@ class ConversationGroupAdmin(LargeTableAdmin):
     readonly_fields = ("id", "created_at", "conversation_tree")
     inlines = (MembershipInline, TransferInline)
 
+    def get_deleted_objects(self, objs, request):
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        if request.user.has_perm("conversations.delete_membership"):
+            # The owner's membership is never deleted alone (MembershipAdmin), but it goes
+            # with its group.
+            perms_needed.discard(Membership._meta.verbose_name)
+        return deleted, counts, perms_needed, protected
+
+    # Deleted as the API deletes, the messages' words counted out of the keyword statistics.
+    def delete_model(self, request, obj):
+        conversation_group_delete(operator(request), group_id=obj.pk)
+
+    def delete_queryset(self, request, queryset):
+        for group_id in queryset.values_list("pk", flat=True):
+            conversation_group_delete(operator(request), group_id=group_id)
+
     @admin.display(description="conversations")
     def conversation_tree(self, group):
         conversations = group.conversations.order_by("created_at").select_related(
@@ -109,9 +126,14 @@ class ConversationAdmin(LargeTableAdmin):
     list_display = ("__str__", "id", "group_link", "parent_link", "created_at", "updated_at")
     list_select_related = ("group", "forked_at_conversation")
     search_fields = ("title",)
-    raw_id_fields = ("group", "forked_at_conversation", "forked_at_message")
+    # Where a conversation sits (its group, its fork point) is made by the services and
+    # never moved: a conversation moved to another group would take its messages out of
+    # their members' sight, a fork point moved would change what the fork holds.
     readonly_fields = (
         "id",
+        "group",
+        "forked_at_conversation",
+        "forked_at_message",
         "created_at",
         "vectorized_at",
         "fork_lineage",
@@ -119,6 +141,20 @@ class ConversationAdmin(LargeTableAdmin):
     )
     date_hierarchy = None
     ordering = ("-updated_at",)
+
+    def has_add_permission(self, request):
+        return False
+
+    # Deleted as the API deletes: with the forks below it, a root with its whole group, the
+    # messages' words counted out of the keyword statistics.
+    def delete_model(self, request, obj):
+        conversation_delete(operator(request), conversation=obj)
+
+    def delete_queryset(self, request, queryset):
+        for conversation in queryset.order_by("created_at"):
+            # An earlier one's deletion may have taken this one along (a fork, a group).
+            if type(conversation).objects.filter(pk=conversation.pk).exists():
+                conversation_delete(operator(request), conversation=conversation)
 
     def get_search_results(self, request, queryset, search_term):
         conversation_id = as_uuid(search_term)
@@ -193,6 +229,20 @@ class MessageAdmin(LargeTableAdmin):
 
     def has_change_permission(self, request, obj=None):
         return False
+
+    def get_deleted_objects(self, objs, request):
+        deleted, counts, perms_needed, _protected = super().get_deleted_objects(objs, request)
+        # What protects a message is a fork made at it (``forked_at_message``), and that fork
+        # stays: it starts at the history message before instead (``messages_delete``).
+        return deleted, counts, perms_needed, []
+
+    # Deleted as an erase deletes a user's messages: their words counted out of the keyword
+    # statistics, forks made at one of them moved to the message before.
+    def delete_model(self, request, obj):
+        messages_delete(operator(request), messages=Message.objects.filter(pk=obj.pk))
+
+    def delete_queryset(self, request, queryset):
+        messages_delete(operator(request), messages=queryset)
 
     def get_search_results(self, request, queryset, search_term):
         term = search_term.strip()

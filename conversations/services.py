@@ -94,14 +94,21 @@ SELECT id FROM subtree
 def conversation_delete(actor: Principal, *, conversation: Conversation) -> None:
     """Delete the conversation and every fork below it; the root takes its group along."""
     if conversation.forked_at_conversation_id is None:
-        _messages_delete(Message.objects.filter(conversation__group_id=conversation.group_id))
-        ConversationGroup.objects.filter(pk=conversation.group_id).delete()
+        conversation_group_delete(actor, group_id=conversation.group_id)
     else:
         with connection.cursor() as cursor:
             cursor.execute(_SUBTREE_SQL, [conversation.pk])
             subtree = [conversation_id for (conversation_id,) in cursor.fetchall()]
         _messages_delete(Message.objects.filter(conversation_id__in=subtree))
         Conversation.objects.filter(pk=conversation.pk).delete()
+
+
+@transaction.atomic
+def conversation_group_delete(actor: Principal, *, group_id) -> None:
+    """Delete a conversation group: every conversation, message, membership and transfer in
+    it, the messages' words counted out of the keyword statistics."""
+    _messages_delete(Message.objects.filter(conversation__group_id=group_id))
+    ConversationGroup.objects.filter(pk=group_id).delete()
 
 
 # --- messages --------------------------------------------------------------------------------
@@ -226,6 +233,15 @@ def summary_create(
     )
     Conversation.objects.filter(pk=conversation.pk).update(title=title)
     return message
+
+
+@transaction.atomic
+def messages_delete(actor: Principal, *, messages) -> int:
+    """Delete these messages (a queryset), as an operator does in the admin: their words
+    counted out of the keyword statistics, forks made at one of them starting at the
+    history message before it instead. How many were deleted."""
+    _forks_moved_off(messages)
+    return _messages_delete(messages)
 
 
 def _messages_delete(messages) -> int:
@@ -462,8 +478,7 @@ def user_conversations_erase(user_id: str) -> ErasedConversations:
     ConversationGroup.objects.filter(id__in=owned).delete()
 
     elsewhere = selectors.messages_elsewhere(user_id)
-    _forks_moved_off(elsewhere)
-    messages += _messages_delete(elsewhere)
+    messages += messages_delete(Principal.user(user_id), messages=elsewhere)
     memberships, _ = Membership.objects.filter(principal_id=user_id).delete()
     others, _ = selectors.transfers_elsewhere(user_id).delete()
     return ErasedConversations(

@@ -6,6 +6,8 @@ from django.contrib import admin
 from django.core.paginator import Paginator
 from django.utils.functional import cached_property
 
+from memsvc.api.principals import Principal
+
 # Above this many matching rows the admin says "10,000+" pages instead of counting them all.
 COUNT_CAP = 10_000
 
@@ -54,3 +56,9 @@ def as_uuid(term: str) -> uuid.UUID | None:
         return uuid.UUID(term.strip())
     except ValueError:
         return None
+
+
+def operator(request) -> Principal:
+    """The principal an admin change is made as: an operator is a user of the web pages,
+    their username the principal id."""
+    return Principal.user(request.user.get_username())

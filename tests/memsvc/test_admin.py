@@ -1,6 +1,7 @@
 """The admin shows memory to operators, and its lists stay cheap as tables grow."""
 
 import re
+from types import SimpleNamespace
 
 import pytest
 from django.db import connection
@@ -16,7 +17,16 @@ from agents_api.services import (
     memory_save,
     tool_records_create,
 )
-from conversations.models import Message
+from conversations.models import Conversation, ConversationGroup, Message
+from conversations.services import (
+    NewMessage,
+    conversation_create,
+    conversation_fork,
+    messages_append,
+)
+from memsvc.api.principals import Principal
+from search.models import CorpusStat, TermStat
+from search.services import embed_pending, rebuild_term_stats
 from tests.factories import (
     AgentFactory,
     ConversationFactory,
@@ -362,3 +372,87 @@ def test_messages_and_block_values_change_only_through_the_services(operator, me
     assert response.status_code == 302, response.content[:500]
     block.refresh_from_db()
     assert block.value != "rewritten" and block.description == "now described"
+
+
+@pytest.fixture
+def counted():
+    """Conversations whose messages are embedded, so their words are in the keyword
+    statistics: a root with a fork made at its second message, and another conversation."""
+    alice = Principal.user("alice")
+    root = conversation_create(alice, title="Pets")
+    first, second, _third = messages_append(
+        alice,
+        conversation=root,
+        messages=[
+            NewMessage(content="My quokka sleeps all day"),
+            NewMessage(content="The quokka eats leaves", role="assistant"),
+            NewMessage(content="Tell me about wombats"),
+        ],
+    )
+    fork = conversation_fork(alice, conversation=root, message=_third, title="Pets (fork)")
+    other = conversation_create(alice, title="Music")
+    messages_append(alice, conversation=other, messages=[NewMessage(content="Xylophone tunes")])
+    embed_pending()
+    return SimpleNamespace(root=root, fork=fork, other=other, first=first, second=second)
+
+
+def keyword_statistics_hold():
+    """The kept statistics are those counted afresh from the messages that remain."""
+
+    def statistics():
+        return (
+            dict(TermStat.objects.values_list("lexeme", "document_count")),
+            CorpusStat.objects.values_list("document_count", "total_length").first(),
+        )
+
+    kept = statistics()
+    rebuild_term_stats()
+    assert kept == statistics()
+    return kept[0]
+
+
+def test_deleting_in_the_admin_counts_the_words_out_and_keeps_forks(operator, counted):
+    """(Deleting a message, a conversation or a group in the admin left their words in the
+    keyword statistics, and a message a fork was made at could not be deleted.)"""
+    page = reverse("admin:conversations_message_delete", args=[counted.second.pk])
+    assert "protected" not in operator.get(page).content.decode()
+    assert operator.post(page, {"post": "yes"}).status_code == 302
+    assert not Message.objects.filter(pk=counted.second.pk).exists()
+    counted.fork.refresh_from_db()
+    assert counted.fork.forked_at_message_id == counted.first.pk  # the one before it
+    assert "leav" not in keyword_statistics_hold()  # "The quokka eats leaves"
+
+    page = reverse("admin:conversations_conversation_changelist")
+    ids = [counted.fork.pk, counted.other.pk]
+    form = {"action": "delete_selected", "_selected_action": ids, "post": "yes"}
+    assert operator.post(page, form).status_code == 302
+    assert not Conversation.objects.filter(pk__in=ids).exists()
+    assert ConversationGroup.objects.filter(pk=counted.other.group_id).count() == 0
+    assert "xylophon" not in keyword_statistics_hold()
+
+    page = reverse("admin:conversations_conversationgroup_delete", args=[counted.root.group_id])
+    assert operator.post(page, {"post": "yes"}).status_code == 302
+    assert not Message.objects.exists()
+    assert keyword_statistics_hold() == {}
+
+
+def test_a_conversation_is_never_moved_in_the_admin(operator, counted):
+    page = reverse("admin:conversations_conversation_change", args=[counted.fork.pk])
+    response = operator.post(
+        page,
+        {
+            "title": "Renamed",
+            "metadata": "{}",
+            "group": counted.other.group_id,
+            "forked_at_conversation": counted.other.pk,
+            "forked_at_message": "",
+            "updated_at_0": "2026-11-23",
+            "updated_at_1": "12:00:00",
+        },
+    )
+    assert response.status_code == 302, response.content[:500]
+    counted.fork.refresh_from_db()
+    assert counted.fork.title == "Renamed"
+    assert counted.fork.group_id == counted.root.group_id
+    assert counted.fork.forked_at_conversation_id == counted.root.pk
+    assert counted.fork.forked_at_message_id is not None
