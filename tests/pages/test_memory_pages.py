@@ -132,5 +132,18 @@ def test_the_switch_turns_memory_off_and_on(alice_page, helper):
     )
 
 
-def test_an_unknown_agent_is_refused(alice_page):
-    assert alice_page.get("/app/memory/00000000-0000-0000-0000-000000000000/").status_code == 400
+def test_an_agent_that_keeps_nothing_about_the_person_is_not_found(alice_page, helper, rival):
+    """(Any agent's page showed its name to anyone who had its id.)"""
+    remember(rival, "bob", "Bob is allergic to cats")
+    assert alice_page.get("/app/memory/00000000-0000-0000-0000-000000000000/").status_code == 404
+    response = alice_page.get(agent_page(rival))
+    assert response.status_code == 404 and b"rival" not in response.content
+    clear = alice_page.post(reverse("pages:memories_clear", args=[rival.id]))
+    assert clear.status_code == 404
+    assert Memory.objects.filter(agent=rival).count() == 1
+
+    # Once it has forgotten everything about her, clearing goes back to the overview.
+    remember(helper, "alice", "Alice is allergic to peanuts")
+    assert alice_page.get(agent_page(helper)).status_code == 200
+    clear = alice_page.post(reverse("pages:memories_clear", args=[helper.id]))
+    assert clear.status_code == 302 and clear["Location"] == reverse("pages:memory")

@@ -7,6 +7,7 @@ from django.shortcuts import redirect, render
 
 from agents_api import selectors, services
 from agents_api.api import serializers as s
+from memsvc.api.errors import one_or_404
 from memsvc.pages.views.common import PAGE_SIZE, action, back, page
 
 SEARCH_RESULTS = 20
@@ -14,8 +15,10 @@ SEARCH_RESULTS = 20
 REVISIONS_SHOWN = 20
 
 
-def _agent(agent_id):
-    return selectors.agent_by_id(agent_id, field="agentId")
+def _agent(request, agent_id):
+    """The agent a page names, if it serves the person (``agents_serving``): 404 otherwise,
+    so a page never tells the name of an agent that keeps nothing about them."""
+    return one_or_404(selectors.agents_serving(request.principal), agent_id, "Agent")
 
 
 @page
@@ -37,7 +40,7 @@ def switch(request):
 def agent_memory(request, agent_id):
     """One agent's memory about the user; ``?q=`` searches the memories, ``?after=`` pages
     them (htmx asks for just the results or the next page)."""
-    agent = _agent(agent_id)
+    agent = _agent(request, agent_id)
     user_id = request.principal.id
     query = request.GET.get("q", "")
     context = {
@@ -77,7 +80,7 @@ def agent_memory(request, agent_id):
 
 @action
 def block_update(request, agent_id, label):
-    agent = _agent(agent_id)
+    agent = _agent(request, agent_id)
     block = selectors.memory_block(agent, user_id=request.principal.id, label=label)
     data = s.PutMemoryBlockIn.parse({"value": request.POST.get("value", "")})
     services.memory_block_update(request.principal, block=block, value=data["value"])
@@ -95,9 +98,9 @@ def memory_delete(request, memory_id):
 
 @action
 def memories_clear(request, agent_id=None):
-    agent = _agent(agent_id) if agent_id else None
+    agent = _agent(request, agent_id) if agent_id else None
     memories = selectors.memories_of(agent, user_id=request.principal.id)
     services.memories_delete(request.principal, memories=memories)
-    if agent is not None:
+    if agent is not None and selectors.agents_serving(request.principal).filter(id=agent.id):
         return redirect("pages:agent_memory", agent.id)
-    return redirect("pages:memory")
+    return redirect("pages:memory")  # it kept nothing else about them
