@@ -2,8 +2,9 @@
 
 Every N user turns of a conversation (the agent's ``memory_extraction_turns`` metadata, else
 5; 0 turns it off), the LLM reads what was said since the agent's last extraction and
-answers the facts worth keeping, which are saved as the agent's memories about the
-conversation's user (``source: extracted``; ``services.memories_save`` merges repeats).
+answers the facts worth keeping, which are saved as the agent's memories about the people
+whose turns they cite, else the conversation's owner (``source: extracted``;
+``services.memories_save`` merges repeats).
 The memories already kept are in the prompt, so the model does not restate them.
 
 When: every write of an agent to a conversation (the agent API, the local API) asks, once
@@ -29,11 +30,11 @@ from agents_api.models import Agent, Memory, MemoryExtraction, MemorySource
 from agents_api.selectors import (
     conversation_memory_subject,
     memories_of,
-    memory_enabled_for,
+    memory_off_for,
     messages_seen_by,
 )
 from conversations.models import Conversation, Role
-from conversations.selectors import conversation_messages
+from conversations.selectors import conversation_messages, turn_speakers
 from memsvc.llm import LLMError, chat, json_answer, llm_configured
 
 logger = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ You distil long-term memories from a conversation between a user and an AI assis
 Write down what is worth remembering in later conversations: facts about the user (who \
 they are, their preferences, plans, relationships, decisions) and anything they asked to \
 be remembered. Each memory is one short, self-contained fact in the third person ("The \
-user ..." or their name). Leave out small talk, questions, what only the assistant said, \
+user ..." or their name; their name when several people speak). Leave out small talk, questions, what only the assistant said, \
 and what is already known (listed below) unless it has changed.
 
 Give each memory an importance from 0 (trivia) to 1 (essential), and the numbers of the \
@@ -199,15 +200,20 @@ def parse_facts(answer, *, metadata: dict, turns: Sequence = ()) -> list[service
 
 
 def memories_extract(agent: Agent, conversation: Conversation) -> list[Memory]:
-    """Distil the agent's memories about the conversation's user from the turns since its
+    """Distil the agent's memories about the conversation's people from the turns since its
     last extraction, when enough have come. Returns what was saved (a repeated fact: the
     memory it was merged into).
+
+    A fact is about the people whose turns it cites (``turn_speakers``: in a shared
+    conversation, what Bob said is kept about Bob, not the owner); a fact that cites no
+    person's turn is about the conversation's subject (``conversation_memory_subject``: its
+    owner, or the agent itself).
 
     The turns are claimed before the LLM is asked, so two workers never distil the same
     turns. A malformed answer extracts nothing and those turns are not read again; a
     transient failure (LLM unreachable, overloaded) gives them back for the next try.
-    Nothing is distilled about a user who turned memory off: the turns of that private
-    chat are claimed and never read, not even once memory is back on.
+    Nothing is distilled about a person who turned memory off: their turns are claimed and
+    never read, not even once memory is back on.
     """
     if not llm_configured():
         return []
@@ -215,12 +221,20 @@ def memories_extract(agent: Agent, conversation: Conversation) -> list[Memory]:
     if claim is None:
         return []
     previous, messages = claim
-    user_id = conversation_memory_subject(conversation, on_behalf_of=None)
-    if not memory_enabled_for(user_id):
+    subject = conversation_memory_subject(conversation, on_behalf_of=None)
+    speakers = turn_speakers(conversation, messages)
+    off = memory_off_for({subject, *speakers.values()})
+
+    def speaker(message) -> str:
+        return speakers.get(message.id, subject)
+
+    messages = [m for m in messages if m.role != Role.USER or speaker(m) not in off]
+    people = {speaker(m) for m in messages if m.role == Role.USER}
+    if not people:
         return []
     known = (
-        memories_of(agent, user_id=user_id)
-        .filter(expires_at__gt=timezone.now())
+        memories_of(agent)
+        .filter(user_id__in=people, expires_at__gt=timezone.now())
         .order_by("-importance", "-created_at")
         .values_list("content", flat=True)[:MAX_KNOWN_MEMORIES]
     )
@@ -242,17 +256,22 @@ def memories_extract(agent: Agent, conversation: Conversation) -> list[Memory]:
             exc,
         )
         return []
-    if not facts:
-        return []
     # A turn deleted (or out of the agent's reach) while the LLM read it is cited no more.
     seen = messages_seen_by(agent.as_principal(), [i for f in facts for i in f.message_ids])
+    said_by = {m.id: speaker(m) for m in messages if m.role == Role.USER}
+    about: dict[str, list[services.NewMemory]] = {}
     for fact in facts:
         fact.message_ids = [i for i in fact.message_ids if i in seen]
-    saved = services.memories_save(
-        agent.as_principal(),
-        agent=agent,
-        user_id=user_id,
-        memories=facts,
-        source=MemorySource.EXTRACTED,
-    )
+        for person in {said_by[i] for i in fact.message_ids if i in said_by} or {subject}:
+            if person not in off:
+                about.setdefault(person, []).append(fact)
+    saved = []
+    for person, memories in about.items():
+        saved += services.memories_save(
+            agent.as_principal(),
+            agent=agent,
+            user_id=person,
+            memories=memories,
+            source=MemorySource.EXTRACTED,
+        )
     return [memory for memory, _ in saved]

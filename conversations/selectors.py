@@ -6,6 +6,7 @@ search goes through it (directly or through ``access_conversation``).
 
 import itertools
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from django.db import connection
@@ -501,6 +502,27 @@ def messages_elsewhere(user_id: str) -> QuerySet[Message]:
         .exclude(conversation__group__in=groups_owned_by(user_id))
         .order_by("seq")
     )
+
+
+def turn_speakers(conversation: Conversation, messages: Sequence[Message]) -> dict:
+    """Who said each user turn of ``messages`` (message id -> user id), where a person can
+    be named: the user who wrote it, or the member an agent recorded it for (signed with
+    their id, as ``messages_elsewhere`` finds it). Turns of speakers an agent names on its
+    own ("user", "Caroline") are left out."""
+    members = set(
+        Membership.objects.filter(group_id=conversation.group_id)
+        .exclude(principal_id__startswith=AGENT_PRINCIPAL_PREFIX)
+        .values_list("principal_id", flat=True)
+    )
+    speakers = {}
+    for message in messages:
+        if message.role != Role.USER:
+            continue
+        if not message.author_principal.startswith(AGENT_PRINCIPAL_PREFIX):
+            speakers[message.id] = message.author_principal
+        elif message.author_name in members:
+            speakers[message.id] = message.author_name
+    return speakers
 
 
 def transfers_of_owned(user_id: str) -> QuerySet[OwnershipTransfer]:

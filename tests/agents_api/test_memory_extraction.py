@@ -291,3 +291,99 @@ def test_json_in_a_code_fence_is_read():
     assert json_answer(" [1, 2] ") == [1, 2]
     with pytest.raises(LLMError, match="not JSON"):
         json_answer("Sure! Here are the memories: ...")
+
+
+@pytest.fixture
+def shared(api, alice, bob, conversation):
+    """Alice's conversation with the helper, shared with Bob as a writer."""
+    response = api.post(
+        f"/v1/user/conversations/{conversation}/memberships",
+        {"userId": "bob", "accessLevel": "writer"},
+        as_=alice,
+    )
+    assert response.status_code == 201, response.content
+    return conversation
+
+
+def say(api, person, conversation_id, text: str) -> None:
+    response = api.post(
+        f"/v1/user/conversations/{conversation_id}/messages", {"content": text}, as_=person
+    )
+    assert response.status_code == 201, response.content
+
+
+def speak_in_turn(api, helper, alice, bob, conversation_id) -> None:
+    """Five user turns: [1] Alice's, [2] Bob's, [3] one the helper records for Bob (signed
+    with his id) and [4] its reply, [5] [6] Alice's; then the helper's reply asks for the
+    extraction."""
+    say(api, alice, conversation_id, "turn 1: my favourite colour is green")
+    say(api, bob, conversation_id, "turn 2: I am allergic to cats")
+    response = append(
+        api,
+        helper.acting_for("bob"),
+        conversation_id,
+        {"role": "user", "content": "turn 3: I run marathons"},
+        {"role": "assistant", "content": "Noted."},
+    )
+    assert response.status_code == 201, response.content
+    say(api, alice, conversation_id, "turn 4: my flat is in Lisbon")
+    say(api, alice, conversation_id, "turn 5: nothing else")
+    append(api, helper, conversation_id, {"role": "assistant", "content": "Noted."})
+
+
+def about(user_id) -> list[str]:
+    return sorted(Memory.objects.filter(user_id=user_id).values_list("content", flat=True))
+
+
+def test_in_a_shared_conversation_a_fact_is_kept_about_who_said_it(
+    api, helper, alice, bob, shared, llm
+):
+    """(Every fact of a shared conversation was kept about its owner: what Bob said became
+    Alice's memory, which Bob could neither see nor erase.)"""
+    llm.answer(
+        MARKER,
+        json.dumps(
+            {
+                "memories": [
+                    {"content": GREEN, "turns": [1]},
+                    {"content": "Bob is allergic to cats", "turns": [2]},
+                    {"content": "Bob runs marathons", "turns": [3, 4]},
+                    {"content": "Alice and Bob share a flat in Lisbon", "turns": [2, 5]},
+                    {"content": "The helper takes notes", "turns": [4]},
+                ]
+            }
+        ),
+    )
+    speak_in_turn(api, helper, alice, bob, shared)
+    [request] = extractions(llm)
+    prompt = request["messages"][1]["content"]
+    assert "[2] bob (user): turn 2: I am allergic to cats" in prompt
+    assert "[3] bob (user): turn 3: I run marathons" in prompt
+    # A fact citing no person's turn is about the conversation's owner.
+    assert about("alice") == sorted(
+        [GREEN, "Alice and Bob share a flat in Lisbon", "The helper takes notes"]
+    )
+    assert about("bob") == sorted(
+        ["Alice and Bob share a flat in Lisbon", "Bob is allergic to cats", "Bob runs marathons"]
+    )
+    assert api.get("/v1/user/memories", as_=bob).json()["data"]
+
+
+def test_the_turns_of_someone_who_turned_memory_off_are_never_read(
+    api, helper, alice, bob, shared, llm
+):
+    from agents_api.services import memory_setting_update
+    from memsvc.api.principals import Principal
+
+    memory_setting_update(Principal.user("bob"), enabled=False)
+    llm.answer(
+        MARKER,
+        json.dumps({"memories": [{"content": GREEN, "turns": [1]}, {"content": "Anything"}]}),
+    )
+    speak_in_turn(api, helper, alice, bob, shared)
+    [request] = extractions(llm)
+    prompt = request["messages"][1]["content"]
+    assert "cats" not in prompt and "marathons" not in prompt
+    assert "turn 1: my favourite colour is green" in prompt
+    assert about("alice") == [GREEN, "Anything"]
+    assert about("bob") == []
