@@ -165,7 +165,9 @@ def _build_message(
     )
 
 
-@transaction.atomic
+# No savepoint inside a caller's transaction (an idempotent append, a fork, the local API's):
+# none goes on after a failed append, and a savepoint costs two round trips.
+@transaction.atomic(savepoint=False)
 def messages_append(
     actor: Principal, *, conversation: Conversation, messages: Sequence[NewMessage]
 ) -> list[Message]:

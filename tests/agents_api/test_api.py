@@ -592,3 +592,21 @@ def test_an_append_reads_the_conversations_access_without_its_summary(api, helpe
     lookups = [q["sql"] for q in queries.captured_queries if 'FROM "conversation"' in q["sql"]]
     assert lookups, [q["sql"] for q in queries.captured_queries]
     assert not [sql for sql in lookups if "last_message_preview" in sql]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_append_with_a_key_is_one_transaction_without_savepoints(api, helper):
+    """Claim the key, append, record the result: one BEGIN ... COMMIT, no savepoint (two
+    round trips of each append's dozen)."""
+    conversation = agent_conversation(api, helper)
+    with recorded_statements() as sent:
+        response = append(
+            api,
+            helper,
+            conversation["id"],
+            {"role": "user", "content": "hi"},
+            **{"HTTP_IDEMPOTENCY_KEY": "k1"},
+        )
+        assert response.status_code == 201, response.content
+    assert not [sql for sql in sent if "SAVEPOINT" in sql], sent
+    assert IdempotentRequest.objects.get(key="k1").message_ids == [response.json()["data"][0]["id"]]
