@@ -14,10 +14,12 @@ from memsvc.tokens import mint_user_token
 def pytest_configure(config):
     """The tests run the web app, whose WhiteNoise scans STATIC_ROOT when it starts and warns
     when it is missing: the session makes it, as `memsvc serve` does (settings make nothing).
-    Before collection, which already builds the app (tests/memsvc/test_schemathesis.py)."""
+    Before collection, which already builds the app (tests/memsvc/test_schemathesis.py).
+    Passwords are hashed with few iterations (``tests.hashers``)."""
     from django.conf import settings
 
     settings.STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+    settings.PASSWORD_HASHERS = ["tests.hashers.QuickPBKDF2PasswordHasher"]
 
 
 @dataclass(frozen=True)
