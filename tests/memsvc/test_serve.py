@@ -161,7 +161,8 @@ def healthy(served) -> bool:
         return False
 
 
-def test_health_is_503_with_a_reason_while_the_database_is_down(served):
+def test_health_is_503_with_a_reason_while_the_database_is_down(shared):
+    served = shared
     assert served.wait_until_healthy().status_code == 200
     supervisor = psutil.Process(served.process.pid)
     supervisor.suspend()  # or it starts the database again before we look
@@ -177,7 +178,7 @@ def test_health_is_503_with_a_reason_while_the_database_is_down(served):
         assert "database unreachable" in body["reason"]
     finally:
         supervisor.resume()
-    assert served.terminate() == 0
+    served.wait_for(lambda: healthy(served), "health 200 again")  # for the next test
 
 
 def test_a_stopped_database_is_started_again(shared):

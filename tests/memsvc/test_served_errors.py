@@ -14,10 +14,11 @@ from tests.web_server import WebServer, raw_exchange
 BODY_CAP = 100_000
 
 
-@pytest.fixture
-def no_database(tmp_path):
+@pytest.fixture(scope="module")
+def no_database(tmp_path_factory):
+    """One server for the module (each start costs about 2 s): no test changes it."""
     server = WebServer(
-        tmp_path,
+        tmp_path_factory.mktemp("no_database"),
         {
             "DATABASE_URL": "postgres://memsvc@127.0.0.1:1/memsvc",  # nobody listens there
             "MEMSVC_LOCAL_MODE": "1",
