@@ -9,6 +9,7 @@ class MemsvcConfig(AppConfig):
         from django.contrib import admin
         from django.contrib.auth.signals import user_login_failed
 
+        from memsvc import checks  # noqa: F401 (registers them)
         from memsvc.api.ratelimit import count_login_failure
         from memsvc.pages.forms import AdminLoginForm
 

@@ -256,3 +256,28 @@ def test_loopback_trust_is_on_in_local_mode_only_unless_turned_off(tmp_path, env
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == trusted
+
+
+@pytest.mark.parametrize(
+    ("secret", "jwks", "found"),
+    [
+        (None, None, ["memsvc.W001"]),  # /v1/user would answer 401 to everyone
+        ("too-short", None, ["memsvc.W002"]),
+        ("s" * 32, None, []),
+        (None, "https://issuer.example/.well-known/jwks.json", []),
+    ],
+)
+def test_a_configuration_that_cannot_verify_user_tokens_is_warned_of(settings, secret, jwks, found):
+    from django.core.checks import Tags, run_checks
+
+    settings.MEMSVC_JWT_SECRET, settings.MEMSVC_JWT_JWKS_URL = secret, jwks
+    warnings = [m.id for m in run_checks(tags=[Tags.security]) if m.id.startswith("memsvc.")]
+    assert warnings == found
+
+
+def test_the_check_leaves_local_modes_own_secret_unmade(settings, tmp_path):
+    from memsvc.checks import check_user_tokens
+
+    settings.MEMSVC_JWT_SECRET = embedded_db.local_secret(tmp_path, "MEMSVC_JWT_SECRET")
+    assert check_user_tokens() == []
+    assert not (tmp_path / "secrets.json").exists()
