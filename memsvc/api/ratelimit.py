@@ -191,7 +191,22 @@ def client_address(request) -> str:
             return str(ipaddress.ip_address(forwarded))
         except ValueError:
             pass
+    elif "HTTP_X_FORWARDED_FOR" in request.META:
+        _warn_of_unnamed_proxy(address)
     return address
+
+
+@functools.lru_cache(maxsize=16)
+def _warn_of_unnamed_proxy(address: str) -> None:
+    """Once per process and address: behind a proxy nobody named, every client is the proxy's address,
+    and one client's failed authentications lock everyone out."""
+    logger.warning(
+        "a request came through a proxy at %s (X-Forwarded-For) that MEMSVC_TRUSTED_PROXIES "
+        "does not name: if it is yours, name it, or every client counts as %s for the rate "
+        "limits and the lockout of failed authentications",
+        address,
+        address,
+    )
 
 
 def principal_identity(request) -> str:

@@ -221,3 +221,25 @@ def test_the_count_is_shared_by_separate_server_processes(tmp_path, settings):
     finally:
         for server in servers:
             server.stop()
+
+
+def test_a_proxy_nobody_named_is_warned_of_once(rf, settings, caplog):
+    """Behind a proxy not in MEMSVC_TRUSTED_PROXIES every client is the proxy's address: one
+    client's failed logins would lock everyone out. The log says so."""
+    from memsvc.api.ratelimit import _warn_of_unnamed_proxy, client_address
+
+    _warn_of_unnamed_proxy.cache_clear()
+    settings.MEMSVC_TRUSTED_PROXIES = []
+    proxied = rf.get("/", REMOTE_ADDR="10.0.0.9", HTTP_X_FORWARDED_FOR="203.0.113.7")
+    with caplog.at_level("WARNING", logger="memsvc.api.ratelimit"):
+        assert client_address(proxied) == "10.0.0.9"
+        assert client_address(proxied) == "10.0.0.9"
+        assert client_address(rf.get("/", REMOTE_ADDR="10.0.0.8")) == "10.0.0.8"
+    [warning] = caplog.records
+    assert "proxy at 10.0.0.9" in warning.getMessage()
+    assert "MEMSVC_TRUSTED_PROXIES" in warning.getMessage()
+
+    settings.MEMSVC_TRUSTED_PROXIES = ["10.0.0.9"]
+    caplog.clear()
+    assert client_address(proxied) == "203.0.113.7"
+    assert not caplog.records
