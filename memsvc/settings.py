@@ -141,6 +141,13 @@ LOGOUT_REDIRECT_URL = "pages:login"
 MEMSVC_SECURE_COOKIES = env_bool("MEMSVC_SECURE_COOKIES", not LOCAL_MODE)
 SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = MEMSVC_SECURE_COOKIES
 SESSION_COOKIE_SAMESITE = CSRF_COOKIE_SAMESITE = "Lax"
+# Behind a proxy that ends TLS, a request reaches Django as plain HTTP, and a browser's form
+# (whose Origin is https://...) fails the CSRF check: MEMSVC_PROXY_HTTPS=1 says the proxy
+# sets X-Forwarded-Proto (and drops a client's own), so its "https" requests are secure.
+if env_bool("MEMSVC_PROXY_HTTPS", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# Strict-Transport-Security on HTTPS responses, for this many seconds (0: none).
+SECURE_HSTS_SECONDS = env_int("MEMSVC_HSTS_SECONDS", 0)
 SESSION_COOKIE_HTTPONLY = CSRF_COOKIE_HTTPONLY = True
 X_FRAME_OPTIONS = "DENY"
 
