@@ -88,6 +88,14 @@ class MemoryBlockRevisionAdmin(LargeTableAdmin):
     raw_id_fields = ("block",)
     search_fields = ("=actor_principal",)
 
+    # A block's history is what its writers did (the services record it): read here, never
+    # written (an added or edited revision told of a change nobody made).
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
 
 class NewApiKeyForm(forms.ModelForm):
     scopes = forms.MultipleChoiceField(

@@ -85,6 +85,9 @@ class ConversationGroupAdmin(LargeTableAdmin):
     readonly_fields = ("id", "created_at", "conversation_tree")
     inlines = (MembershipInline, TransferInline)
 
+    def has_add_permission(self, request):
+        return False  # a group is made with its first conversation, by the services
+
     def get_deleted_objects(self, objs, request):
         deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
         if request.user.has_perm("conversations.delete_membership"):
@@ -292,3 +295,12 @@ class OwnershipTransferAdmin(LargeTableAdmin):
     list_filter = ("status",)
     search_fields = ("=from_principal", "=to_principal")
     raw_id_fields = ("group",)
+
+    # Offered by an owner and answered by the one offered, through the APIs: an offer made
+    # or edited here, from anyone to anyone, handed a conversation over once accepted.
+    # Deleting a pending one withdraws it.
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False

@@ -456,3 +456,29 @@ def test_a_conversation_is_never_moved_in_the_admin(operator, counted):
     assert counted.fork.group_id == counted.root.group_id
     assert counted.fork.forked_at_conversation_id == counted.root.pk
     assert counted.fork.forked_at_message_id is not None
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        "conversations.ownershiptransfer",  # an offer from anyone, accepted: a hijack
+        "agents_api.memoryblockrevision",  # a change nobody made in a block's history
+    ],
+)
+def test_what_only_the_services_write_is_not_added_or_edited_in_the_admin(operator, memory, model):
+    """(A new user's walkthrough of the README added a pending transfer from a made-up
+    owner, which the one it named then accepted, and a forged block revision.)"""
+    from django.apps import apps
+
+    app_label, model_name = model.split(".")
+    assert operator.get(reverse(f"admin:{app_label}_{model_name}_add")).status_code == 403
+    row = apps.get_model(app_label, model_name).objects.first()
+    change = reverse(f"admin:{app_label}_{model_name}_change", args=[row.pk])
+    page = operator.get(change)
+    assert page.status_code == 200 and b'name="_save"' not in page.content
+    assert operator.post(change, {}).status_code == 403
+
+
+def test_a_group_is_not_added_in_the_admin(operator):
+    url = reverse("admin:conversations_conversationgroup_add")
+    assert operator.get(url).status_code == 403
