@@ -4,8 +4,8 @@ An agent loop (a trip planner calling five tools, ``bench/tool_task.py``) runs a
 test suite's stand-in LLM twice: sending the whole history at every step, then inside
 ``learning(agent=..., strategy="memory_bank")``, which stores each tool result in memsvc as a
 tool record and sends the model the task, the three most relevant records and the last tool
-interaction instead. It prints what the model received at each step (tokens estimated as
-characters / 4).
+interaction instead. It prints how much the model received at each step, both ways (tokens
+estimated as characters / 4).
 
 With memsvc running (``./scripts/serve``):
 
@@ -13,13 +13,13 @@ With memsvc running (``./scripts/serve``):
 """
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.tool_task import context_tokens
+from memsvc.client import server_url_from_env
 from tests.fake_openai import FakeOpenAI, ToolCall
 
 
@@ -28,7 +28,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30, help="tool-calling steps of the task")
     parser.add_argument("--agent", default="memory_bank_example")
     args = parser.parse_args()
-    server_url = os.environ.get("MEMORY_SERVER_URL", "http://127.0.0.1:8283")
+    server_url = server_url_from_env()  # MEMORY_SERVER_URL, or _HOST and _PORT, as learning()
 
     with FakeOpenAI() as llm:
         rows = context_tokens(
