@@ -33,7 +33,7 @@ from agents_api.models import (
     Scope,
 )
 from conversations.api.serializers import SearchMessagesIn, SearchResultsOut
-from memsvc.api.errors import InvalidInput, as_api_error, error_body
+from memsvc.api.errors import Conflict, InvalidInput, NotFound, as_api_error, error_body
 from memsvc.api.fields import contains_nul
 from memsvc.api.pagination import DEFAULT_LIMIT, MAX_LIMIT, page_data
 from memsvc.api.principals import Principal
@@ -110,9 +110,10 @@ class Outcome:
 
 
 def compact(result: dict) -> dict:
-    """A tool's result without null fields, and its objects (memories, messages, blocks)
-    without empty ones either; the result's own fields stay (``"data": []`` says "none")."""
-    return {key: _compact(value) for key, value in result.items() if value is not None}
+    """A tool's result without null or empty fields, at every depth; but an empty list of
+    the result's own stays (``"data": []`` says "none")."""
+    kept = {key: _compact(value) for key, value in result.items()}
+    return {key: value for key, value in kept.items() if value not in (None, "", {})}
 
 
 def _compact(value):
@@ -195,7 +196,23 @@ def _block_edit(caller: Caller, label: str, edit: dict) -> dict:
 
 
 def _memory_block_append(caller: Caller, args: dict) -> dict:
-    return _block_edit(caller, args["label"], {"append": args["text"]})
+    """The line appended; to a block of that label made now if there is none (an agent that
+    only speaks MCP has no other way to make one)."""
+    try:
+        return _block_edit(caller, args["label"], {"append": args["text"]})
+    except NotFound:
+        data = s.CreateMemoryBlockIn.parse({"label": args["label"], "value": args["text"]})
+        try:
+            block = services.memory_block_create(
+                caller.principal,
+                agent=caller.agent,
+                user_id=caller.subject,
+                label=data["label"],
+                value=data["value"],
+            )
+        except Conflict:  # made meanwhile by another call: append to it
+            return _block_edit(caller, args["label"], {"append": args["text"]})
+        return s.MemoryBlockOut(block).data
 
 
 def _memory_block_replace(caller: Caller, args: dict) -> dict:
@@ -375,7 +392,9 @@ TOOLS: dict[str, Tool] = {
             title="Append to a memory block",
             description=(
                 "Add a line at the end of a memory block (see memory_block_list for the "
-                "labels). Use it to note something that belongs in that block for good."
+                "labels; a block with a new label is made, e.g. 'human' for what to always "
+                "remember about the user). Use it to note something that belongs in that "
+                "block for good."
             ),
             properties={
                 "label": _LABEL,

@@ -153,7 +153,11 @@ async def memory_session(client) -> dict:
     out["absent_text"] = await call(
         "memory_block_replace", {"label": "human", "old": "Babbage", "new": "x"}
     )
-    out["no_block"] = await call("memory_block_append", {"label": "nope", "text": "x"})
+    out["no_block"] = await call("memory_block_replace", {"label": "nope", "old": "x", "new": "y"})
+    # An agent that only speaks MCP makes a block by appending to a new label.
+    out["new_block"] = await call(
+        "memory_block_append", {"label": "project", "text": "Billing runs on PostgreSQL"}
+    )
     out["nul"] = await call("memory_block_append", {"label": "hu\x00man", "text": "x"})
     out["delete"] = await call("memory_delete", {"id": body(out["other"])["id"]})
     out["after_delete"] = await call("memory_search", {"query": "Kubernetes deploy target"})
@@ -194,6 +198,7 @@ def check_memory_session(out: dict, agent) -> None:
     assert len(listed["data"]) == 1 and listed["nextCursor"]
     assert [b["label"] for b in body(out["blocks"])["data"]] == ["human"]
     assert body(out["append"])["value"] == "Name: Ada\nLikes tea"
+    assert no_nulls(body(out["append"]))  # (its empty description was there)
     assert body(out["replace"])["value"] == "Name: Ada Lovelace\nLikes tea"
     assert MemoryBlock.objects.get(agent=agent, label="human").value == (
         "Name: Ada Lovelace\nLikes tea"
@@ -216,6 +221,9 @@ def check_memory_session(out: dict, agent) -> None:
     assert refusal(out["not_an_id"]) == "memory not found"
     assert refusal(out["absent_text"]) == "the text to replace is not in the block"
     assert refusal(out["no_block"]) == "no memory block labelled 'nope'"
+    made = body(out["new_block"])
+    assert (made["label"], made["value"]) == ("project", "Billing runs on PostgreSQL")
+    assert MemoryBlock.objects.get(agent=agent, label="project").revisions.count() == 1
     assert refusal(out["nul"]) == "label: must not contain NUL characters"
     assert out["nul"].structured_content["code"] == "validation_error"
 
