@@ -5,6 +5,7 @@ present but malformed is an error at start-up (``ImproperlyConfigured``), never 
 fallback to the default.
 """
 
+import ipaddress
 import os
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -108,3 +109,17 @@ def env_origins(name: str) -> list[str]:
         if problem:
             raise ImproperlyConfigured(f"{name}: {origin!r} is not an origin: {problem}")
     return origins
+
+
+def env_networks(name: str) -> list[str]:
+    """A comma-separated list of IP addresses or networks (``127.0.0.1,10.0.0.0/8,::1``), each
+    written as ``ipaddress`` writes it; none by default."""
+    networks = []
+    for item in env_list(name, []):
+        try:
+            networks.append(str(ipaddress.ip_network(item, strict=False)))
+        except ValueError:
+            raise ImproperlyConfigured(
+                f"{name}: {item!r} is neither an IP address nor a network (10.0.0.0/8)"
+            ) from None
+    return networks

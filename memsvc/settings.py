@@ -19,6 +19,7 @@ from memsvc.env import (
     env_choice,
     env_int,
     env_list,
+    env_networks,
     env_origins,
     env_path,
     env_required,
@@ -372,4 +373,4 @@ MEMSVC_REDIS_URL = env_str(
     CELERY_BROKER_URL if CELERY_BROKER_URL.startswith(("redis://", "rediss://")) else None,
 )
 # Reverse proxies whose X-Forwarded-For names the client (their own address is not it).
-MEMSVC_TRUSTED_PROXIES = env_list("MEMSVC_TRUSTED_PROXIES", [])
+MEMSVC_TRUSTED_PROXIES = env_networks("MEMSVC_TRUSTED_PROXIES")

@@ -185,7 +185,7 @@ def client_address(request) -> str:
     """The client's address: ``REMOTE_ADDR``, or, when that is a proxy named in
     ``MEMSVC_TRUSTED_PROXIES``, the address that proxy put last in ``X-Forwarded-For``."""
     address = request.META.get("REMOTE_ADDR", "")
-    if address in settings.MEMSVC_TRUSTED_PROXIES:
+    if _trusted_proxy(address):
         forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "").split(",")[-1].strip()
         try:
             return str(ipaddress.ip_address(forwarded))
@@ -194,6 +194,18 @@ def client_address(request) -> str:
     elif "HTTP_X_FORWARDED_FOR" in request.META:
         _warn_of_unnamed_proxy(address)
     return address
+
+
+def _trusted_proxy(address: str) -> bool:
+    """Whether ``address`` is in one of ``MEMSVC_TRUSTED_PROXIES`` (addresses or networks)."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return any(
+        ip in ipaddress.ip_network(network, strict=False)
+        for network in settings.MEMSVC_TRUSTED_PROXIES
+    )
 
 
 @functools.lru_cache(maxsize=16)

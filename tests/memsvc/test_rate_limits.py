@@ -239,7 +239,8 @@ def test_a_proxy_nobody_named_is_warned_of_once(rf, settings, caplog):
     assert "proxy at 10.0.0.9" in warning.getMessage()
     assert "MEMSVC_TRUSTED_PROXIES" in warning.getMessage()
 
-    settings.MEMSVC_TRUSTED_PROXIES = ["10.0.0.9"]
-    caplog.clear()
-    assert client_address(proxied) == "203.0.113.7"
-    assert not caplog.records
+    for trusted in (["10.0.0.9/32"], ["10.0.0.0/8"]):
+        settings.MEMSVC_TRUSTED_PROXIES = trusted
+        caplog.clear()
+        assert client_address(proxied) == "203.0.113.7"
+        assert not caplog.records

@@ -281,3 +281,13 @@ def test_the_check_leaves_local_modes_own_secret_unmade(settings, tmp_path):
     settings.MEMSVC_JWT_SECRET = embedded_db.local_secret(tmp_path, "MEMSVC_JWT_SECRET")
     assert check_user_tokens() == []
     assert not (tmp_path / "secrets.json").exists()
+
+
+def test_trusted_proxies_are_addresses_or_networks(monkeypatch):
+    from memsvc.env import env_networks
+
+    monkeypatch.setenv("X_PROXIES", "127.0.0.1, 10.1.2.3/8 ,::1")
+    assert env_networks("X_PROXIES") == ["127.0.0.1/32", "10.0.0.0/8", "::1/128"]
+    monkeypatch.setenv("X_PROXIES", "127.0.0.1,notanip")  # was taken, and matched nothing
+    with pytest.raises(ImproperlyConfigured, match="'notanip' is neither an IP address"):
+        env_networks("X_PROXIES")
