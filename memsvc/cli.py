@@ -331,8 +331,12 @@ def cmd_export(args: argparse.Namespace) -> int:
             return 1
         chunks = document_chunks(agent_header(agent), AGENT_SECTIONS, agent)
     if args.output in (None, "-"):
-        sys.stdout.writelines(chunks)
-        sys.stdout.flush()
+        try:
+            sys.stdout.writelines(chunks)
+            sys.stdout.flush()
+        except BrokenPipeError:  # the reader stopped (`| head`): end quietly, as cat does
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 1
     else:
         with open(args.output, "w", encoding="utf-8") as output:
             output.writelines(chunks)
@@ -386,8 +390,13 @@ def cmd_user_create(args: argparse.Namespace) -> int:
         return 1
     password = args.password
     if password is None:
-        password = getpass.getpass("Password: ")
-        if getpass.getpass("Password (again): ") != password:
+        try:
+            password = getpass.getpass("Password: ")
+            again = getpass.getpass("Password (again): ")
+        except EOFError:  # no terminal, and no second line on stdin
+            print("no password given: type it twice, or pass --password", file=sys.stderr)
+            return 1
+        if again != password:
             print("the passwords differ", file=sys.stderr)
             return 1
     user = users(username=args.name)

@@ -59,3 +59,40 @@ def test_user_create_makes_a_login_for_the_pages(capsys, monkeypatch, client):
     assert cli.main(["user", "create", "agent:x", "--password", "correct horse battery"]) == 1
     assert sorted(get_user_model().objects.values_list("username", flat=True)) == ["alice", "bob"]
     assert "exists already" in capsys.readouterr().err
+
+    def no_terminal(prompt=""):
+        raise EOFError  # `echo pw | memsvc user create erin`: one line, then nothing
+
+    monkeypatch.setattr("getpass.getpass", no_terminal)
+    assert cli.main(["user", "create", "erin"]) == 1
+    assert "no password given" in capsys.readouterr().err
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_export_into_a_pipe_its_reader_closed_ends_quietly():
+    """(`memsvc export user alice | head -c 200` ended in a BrokenPipeError traceback.)"""
+    import subprocess
+    import sys
+
+    from conversations.models import Message
+    from conversations.services import conversation_create
+    from memsvc.api.principals import Principal
+    from tests.agents_api.test_mcp import REPO, server_env
+
+    conversation = conversation_create(Principal.user("alice"), title="Long")
+    Message.objects.bulk_create(
+        Message(conversation=conversation, role="user", author_principal="alice", content="x" * 500)
+        for _ in range(1_000)
+    )
+    export = subprocess.Popen(
+        [sys.executable, "-m", "memsvc.cli", "export", "user", "alice"],
+        env=server_env(),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert export.stdout.read(200).startswith(b"{")
+    export.stdout.close()  # as head does, long before the 500 KB are written
+    _, errors = export.communicate(timeout=60)
+    assert export.returncode == 1
+    assert b"Traceback" not in errors, errors.decode()[-2000:]
