@@ -11,6 +11,8 @@ import os
 import sys
 import time
 
+from django.core.exceptions import ImproperlyConfigured
+
 from memsvc.supervisor import Supervisor, log
 
 KEEP_ALIVE_SECONDS = 75
@@ -499,7 +501,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except ImproperlyConfigured as exc:  # a setting missing or malformed: its message says which
+        print(f"memsvc: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -35,7 +35,9 @@ def env_required(name: str) -> str:
     return value
 
 
-def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
+def env_int(
+    name: str, default: int, *, minimum: int | None = None, maximum: int | None = None
+) -> int:
     value = _raw(name)
     if value is None:
         return default
@@ -45,6 +47,8 @@ def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
         raise ImproperlyConfigured(f"{name} must be an integer, got {value!r}") from None
     if minimum is not None and number < minimum:
         raise ImproperlyConfigured(f"{name} must be >= {minimum}, got {number}")
+    if maximum is not None and number > maximum:
+        raise ImproperlyConfigured(f"{name} must be <= {maximum}, got {number}")
     return number
 
 

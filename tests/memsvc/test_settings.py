@@ -34,6 +34,7 @@ def test_typed_helpers_read_values(monkeypatch):
     [
         ("seven", lambda: env_int("X", 1)),
         ("0", lambda: env_int("X", 1, minimum=1)),
+        ("99999", lambda: env_int("X", 8283, minimum=1, maximum=65535)),  # a port
         ("maybe", lambda: env_bool("X", False)),
         ("chroma", lambda: env_choice("X", "local", ("local", "openai"))),
     ],
@@ -291,3 +292,12 @@ def test_trusted_proxies_are_addresses_or_networks(monkeypatch):
     monkeypatch.setenv("X_PROXIES", "127.0.0.1,notanip")  # was taken, and matched nothing
     with pytest.raises(ImproperlyConfigured, match="'notanip' is neither an IP address"):
         env_networks("X_PROXIES")
+
+
+def test_a_malformed_setting_stops_the_command_line_with_one_line(tmp_path):
+    """(It was a 37-line traceback ending in the message.)"""
+    result = run_python(
+        {"MEMSVC_DATA_DIR": str(tmp_path), "MEMSVC_RATE_LIMIT": "abc"}, "-m", "memsvc.cli", "prune"
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == "memsvc: MEMSVC_RATE_LIMIT must be an integer, got 'abc'"
