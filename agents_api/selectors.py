@@ -111,6 +111,25 @@ def agents_serving(principal: Principal) -> QuerySet[Agent]:
     ).order_by("name", "id")
 
 
+def agent_names(principal_ids) -> dict[str, str]:
+    """The name of each agent among ``principal_ids`` (``agent:<id>`` -> name), one query;
+    users and unknown agents are left out."""
+    ids = set()
+    for principal_id in principal_ids:
+        if not principal_id.startswith(AGENT_PRINCIPAL_PREFIX):
+            continue  # a user (whose id may look like an agent's)
+        try:
+            ids.add(uuid.UUID(principal_id.removeprefix(AGENT_PRINCIPAL_PREFIX)))
+        except ValueError:
+            continue
+    if not ids:
+        return {}
+    return {
+        f"{AGENT_PRINCIPAL_PREFIX}{agent_id}": name
+        for agent_id, name in Agent.objects.filter(id__in=ids).values_list("id", "name")
+    }
+
+
 LOCAL_OWNER = "local"  # owner_principal of the local compatibility API's agents
 
 

@@ -440,3 +440,23 @@ def test_a_page_costs_the_same_queries_whatever_it_shows(alice_page):
     )
     assert queries("/app/") == few_list
     assert queries(page_of(big)) == few_messages
+
+
+def test_an_agent_member_is_shown_by_its_name(alice_page):
+    """(It was shown as agent:<uuid>.)"""
+    from conversations.services import membership_create
+    from tests.agents_api.conftest import make_agent
+
+    helper = make_agent("trip-helper").agent
+    conversation = conversation_of("alice", "Trip", shared=[("bob", "reader")])
+    membership_create(
+        Principal.user("alice"),
+        conversation=conversation,
+        principal_id=helper.principal_id,
+        access_level="writer",
+    )
+    html = alice_page.get(page_of(conversation)).content.decode()
+    assert '<span class="member" title="agent:' in html
+    assert ">trip-helper</span>" in html and ">bob</span>" in html
+    assert 'aria-label="Remove trip-helper"' in html
+    assert unlabelled_controls(html) == []

@@ -16,6 +16,7 @@ from agents_api.assistant import (
     pages_assistant,
     read_by_others,
 )
+from agents_api.selectors import agent_names
 from conversations import selectors, services
 from conversations.api import serializers as s
 from conversations.models import AccessLevel, Conversation
@@ -129,9 +130,13 @@ def conversation(request, conversation_id):
         context["read_by_others"] = read_by_others(conversation, request.principal.id)
     if request.htmx:  # the next page of messages
         return render(request, "pages/_message_rows.html", context)
+    memberships = selectors.group_memberships(conversation)
+    names = agent_names(m.principal_id for m in memberships)
+    for membership in memberships:  # an agent by its name, not its principal id
+        membership.shown_as = names.get(membership.principal_id, membership.principal_id)
     context.update(
         forks=_fork_tree(selectors.conversation_forks(conversation)),
-        memberships=selectors.group_memberships(conversation),
+        memberships=memberships,
         levels=[level for level in AccessLevel if level != AccessLevel.OWNER],
     )
     return render(request, "pages/conversation.html", context)
