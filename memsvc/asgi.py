@@ -39,8 +39,15 @@ class ThreadPoolHandler(ASGIHandler):
         self.threads = ThreadPoolExecutor(threads, thread_name_prefix="request")
 
     async def __call__(self, scope, receive, send):
+        if scope["type"] == "lifespan":
+            # Nothing to start or stop, but said so (a server that probes the protocol
+            # logged "ASGI 'lifespan' protocol appears unsupported" at every start).
+            while True:
+                message = await receive()
+                await send({"type": f"{message['type']}.complete"})
+                if message["type"] == "lifespan.shutdown":
+                    return
         if scope["type"] != "http":
-            # uvicorn's lifespan probe: refused as Django's own handler refuses it.
             raise ValueError(f"memsvc serves HTTP only, not {scope['type']}")
         try:
             scope, body_file = await self.read_capped_body(scope, receive)

@@ -92,3 +92,9 @@ class Channel(filesystem.Channel):
 
 class Transport(filesystem.Transport):
     Channel = Channel
+
+    @property
+    def default_connection_params(self):
+        # A folder has no host: without this kombu warns "No hostname was supplied" when a
+        # process first describes its connection (memsvc import, memsvc mcp).
+        return {"port": self.default_port}

@@ -172,3 +172,21 @@ def test_the_web_processes_application_is_this_handler(settings):
 
     assert isinstance(application, ThreadPoolHandler)
     assert application.threads._max_workers == settings.WEB_REQUEST_THREADS
+
+
+def test_the_lifespan_protocol_is_answered_and_websockets_refused(handler):
+    """(uvicorn logged "ASGI 'lifespan' protocol appears unsupported" at every start.)"""
+    app = handler(1)
+    incoming = [{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}]
+    sent = []
+
+    async def receive():
+        return incoming.pop(0)
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(app({"type": "lifespan", "asgi": {"version": "3.0"}}, receive, send))
+    assert sent == [{"type": "lifespan.startup.complete"}, {"type": "lifespan.shutdown.complete"}]
+    with pytest.raises(ValueError, match="HTTP only"):
+        asyncio.run(app({"type": "websocket"}, receive, send))

@@ -9,7 +9,7 @@ from kombu import Connection
 from kombu.transport import filesystem
 
 from memsvc import broker
-from memsvc.celery import app  # noqa: F401 (names memsvc.broker as "filesystem://")
+from memsvc.celery import app  # names memsvc.broker as "filesystem://"
 
 
 @pytest.fixture
@@ -129,3 +129,10 @@ def test_concurrent_writers_and_readers_get_every_message_once_and_whole(folders
     assert keys == sorted((w, i) for w in range(writers) for i in range(per_writer))
     assert all(m["pad"] == "p" * 2_000 for m in received)
     assert not (tmp_path / "rejected").exists()
+
+
+def test_describing_the_connection_warns_of_no_missing_host(caplog):
+    """A folder has no host ("No hostname was supplied" at the start of memsvc import/mcp)."""
+    with caplog.at_level("WARNING"), app.connection_for_write() as connection:
+        connection.info()
+    assert not [r for r in caplog.records if "hostname" in r.getMessage()]
