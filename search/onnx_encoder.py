@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import tempfile
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -76,7 +77,11 @@ def _export(model_dir: Path, target: Path) -> None:
     fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".onnx.tmp")
     os.close(fd)
     try:
-        with torch.inference_mode():
+        # The tracer's warnings (Python values turned into constants) are about this model's
+        # shapes, which the dynamic axes below cover: only noise at a first start.
+        with torch.inference_mode(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            warnings.filterwarnings("ignore", message="Exporting aten::index operator")
             torch.onnx.export(
                 LastHiddenState(model),
                 tuple(sample[name] for name in INPUTS),
@@ -115,6 +120,13 @@ def _quantize(source: Path, target: Path) -> None:
     ]
     fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".onnx.tmp")
     os.close(fd)
+    # The quantiser logs a line per activation it leaves in float32, and advice on
+    # pre-processing (on the root logger): dozens of lines at a first start that say what
+    # the docstring says.
+    quiet = _DropMessages(
+        ("Quantization parameters for tensor", "Please consider to run pre-processing")
+    )
+    logging.getLogger().addFilter(quiet)
     try:
         quantize_dynamic(
             source,
@@ -127,7 +139,17 @@ def _quantize(source: Path, target: Path) -> None:
         )
         os.replace(tmp, target)
     finally:
+        logging.getLogger().removeFilter(quiet)
         Path(tmp).unlink(missing_ok=True)
+
+
+class _DropMessages(logging.Filter):
+    def __init__(self, prefixes: tuple[str, ...]):
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(self.prefixes)
 
 
 def graph_path(model_dir: Path, cache_dir: Path, precision: str) -> Path:
