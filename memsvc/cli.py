@@ -292,6 +292,12 @@ def cmd_apikey_revoke(args: argparse.Namespace) -> int:
     if api_key is None:
         print(f"no API key {args.key_id!r}", file=sys.stderr)
         return 1
+    if api_key.revoked_at is not None:
+        print(
+            f"{api_key.public_id} was revoked already, at {api_key.revoked_at:%Y-%m-%d %H:%M:%S %Z}",
+            file=sys.stderr,
+        )
+        return 0
     api_key_revoke(api_key=api_key)
     print(f"revoked {api_key.public_id}", file=sys.stderr)
     return 0

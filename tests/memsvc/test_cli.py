@@ -36,7 +36,11 @@ def test_apikey_create_list_and_revoke(capsys, api):
     assert public_id in listing
     assert key not in listing and second not in listing
 
+    capsys.readouterr()
     assert cli.main(["apikey", "revoke", public_id]) == 0
+    assert capsys.readouterr().err.strip() == f"revoked {public_id}"
+    assert cli.main(["apikey", "revoke", public_id]) == 0  # the same key again: said so
+    assert "was revoked already" in capsys.readouterr().err
     assert api.get("/v1/agent/me", as_={"HTTP_X_API_KEY": key}).status_code == 401
     assert api.get("/v1/agent/me", as_={"HTTP_X_API_KEY": second}).status_code == 200
     assert cli.main(["apikey", "revoke", "nope"]) == 1
