@@ -320,7 +320,10 @@ MEMSVC_LLM_BASE_URL = env_str("MEMSVC_LLM_BASE_URL")
 MEMSVC_LLM_MODEL = env_str("MEMSVC_LLM_MODEL")
 if bool(MEMSVC_LLM_BASE_URL) != bool(MEMSVC_LLM_MODEL):
     # One without the other is a mistake, not a choice to run without an LLM.
-    raise ImproperlyConfigured("MEMSVC_LLM_BASE_URL and MEMSVC_LLM_MODEL are set together")
+    missing = "MEMSVC_LLM_MODEL" if MEMSVC_LLM_BASE_URL else "MEMSVC_LLM_BASE_URL"
+    raise ImproperlyConfigured(
+        f"MEMSVC_LLM_BASE_URL and MEMSVC_LLM_MODEL must be set together ({missing} is missing)"
+    )
 MEMSVC_LLM_API_KEY = env_str("MEMSVC_LLM_API_KEY")  # for an LLM API that wants a key
 
 # --- Celery ----------------------------------------------------------------------------------
