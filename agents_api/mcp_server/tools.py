@@ -210,8 +210,11 @@ def _memory_block_append(caller: Caller, args: dict) -> dict:
                 label=data["label"],
                 value=data["value"],
             )
-        except Conflict:  # made meanwhile by another call: append to it
-            return _block_edit(caller, args["label"], {"append": args["text"]})
+        except Conflict as refused:  # made meanwhile by another call: append to it
+            try:
+                return _block_edit(caller, args["label"], {"append": args["text"]})
+            except NotFound:
+                raise refused from None  # not made: refused (the user turned memory off)
         return s.MemoryBlockOut(block).data
 
 

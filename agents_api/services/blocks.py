@@ -10,6 +10,7 @@ from agents_api.models import (
     MemoryBlock,
     MemoryBlockRevision,
 )
+from agents_api.services.memories import refuse_if_memory_off
 from memsvc.api.errors import Conflict, Forbidden, InvalidInput
 from memsvc.api.principals import Principal
 from memsvc.db import locked_row
@@ -20,6 +21,13 @@ def _check_fits(value: str, limit: int, field: str) -> None:
         raise InvalidInput.for_field(
             field, f"the block would hold {len(value)} characters; its limit is {limit}"
         )
+
+
+def _refuse_an_agent_if_memory_off(actor: Principal, user_id: str) -> None:
+    """An agent writes nothing new about a user who turned memory off (409, as for memories);
+    the user may still change or empty their own blocks (the memory pages)."""
+    if actor.id != user_id:
+        refuse_if_memory_off(user_id, lock=True)
 
 
 def _record(block: MemoryBlock, actor: Principal) -> None:
@@ -45,6 +53,7 @@ def memory_block_create(
     read_only: bool = False,
 ) -> MemoryBlock:
     _check_fits(value, limit, "value")
+    _refuse_an_agent_if_memory_off(actor, user_id)
     try:
         with transaction.atomic():
             block = MemoryBlock.objects.create(
@@ -79,6 +88,7 @@ def memory_block_update(
     Refused changes (read-only, over the limit, ``old`` not found) store nothing.
     """
     block = locked_row(MemoryBlock.objects, block.pk, missing="memory block not found")
+    _refuse_an_agent_if_memory_off(actor, block.user_id)
     if block.read_only:
         raise Forbidden(f"memory block {block.label!r} is read-only")
     new_value = block.value

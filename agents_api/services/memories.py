@@ -122,7 +122,7 @@ def memories_save(
     near-duplicate is caught at once. 409 when the user turned memory off; 400 when one
     cites a message the actor does not see (``messageIds``).
     """
-    _refuse_if_memory_off(user_id)
+    refuse_if_memory_off(user_id)
     _refuse_unseen_messages(actor, [i for new in memories for i in new.message_ids])
     model, vectors = _memory_vectors([new.content for new in memories])
     return _store_memories(agent, user_id, memories, source, model, vectors)
@@ -136,7 +136,7 @@ def _refuse_unseen_messages(actor: Principal, message_ids: Sequence) -> None:
         raise InvalidInput.for_field("messageIds", f"no such message: {missing[0]}")
 
 
-def _refuse_if_memory_off(user_id: str, *, lock: bool = False) -> None:
+def refuse_if_memory_off(user_id: str, *, lock: bool = False) -> None:
     """409 when the user turned memory off; ``lock``: their setting stays as read until the
     transaction ends (``memory_off_for``)."""
     if user_id and memory_off_for([user_id], lock=lock):
@@ -147,7 +147,7 @@ def _refuse_if_memory_off(user_id: str, *, lock: bool = False) -> None:
 def _store_memories(agent, user_id, memories, source, model, vectors):
     # Again under the setting's row lock: a switch turned off while the batch was embedded
     # wins (the switch's write waits for this transaction, or this one sees it).
-    _refuse_if_memory_off(user_id, lock=True)
+    refuse_if_memory_off(user_id, lock=True)
     now = timezone.now()
     saved = []
     for index, new in enumerate(memories):

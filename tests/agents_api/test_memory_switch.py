@@ -107,3 +107,39 @@ def test_a_private_chat_is_never_distilled_not_even_after_memory_is_on_again(
     turns(api, helper, conversation, range(6, 10))
     assert extractions(llm) == []  # turns 1-5 were the private chat's, not counted again
     assert not Memory.objects.exists()
+
+
+@pytest.mark.django_db
+def test_agents_write_no_memory_block_about_a_user_who_turned_memory_off(api, helper):
+    """(A block about her was still made and changed: through the agent API, and by MCP's
+    append, which makes a block of a new label.)"""
+    from agents_api.mcp_server.tools import Caller, _memory_block_append
+    from agents_api.models import MemoryBlock
+    from agents_api.services import memory_block_create
+    from memsvc.api.errors import Conflict
+    from tests.pages.conftest import login
+
+    agent = helper.agent
+    block = memory_block_create(
+        agent.as_principal(), agent=agent, user_id="alice", label="human", value="Alice"
+    )
+    switch("alice", on=False)
+    as_alice = helper.acting_for("alice")
+    made = api.post("/v1/agent/memory-blocks", {"label": "likes", "value": "jazz"}, as_=as_alice)
+    assert made.status_code == 409 and made.json()["code"] == "conflict"
+    changed = api.patch("/v1/agent/memory-blocks/human", {"append": "likes jazz"}, as_=as_alice)
+    assert changed.status_code == 409
+    mcp = Caller(agent.as_principal(on_behalf_of="alice"), agent)
+    with pytest.raises(Conflict, match="turned memory off"):
+        _memory_block_append(mcp, {"label": "likes", "text": "jazz"})
+    assert list(MemoryBlock.objects.values_list("label", "value")) == [("human", "Alice")]
+    # The agent's own blocks are not hers; and she may still edit (or empty) her own.
+    assert (
+        api.post("/v1/agent/memory-blocks", {"label": "mine", "value": "x"}, as_=helper).status_code
+        == 201
+    )
+    alice_page = login("alice")
+    page = alice_page.post(f"/app/memory/{agent.id}/blocks/human", {"value": ""})
+    assert page.status_code == 302
+    block.refresh_from_db()
+    assert block.value == ""
