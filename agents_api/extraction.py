@@ -207,7 +207,8 @@ def memories_extract(agent: Agent, conversation: Conversation) -> list[Memory]:
     A fact is about the people whose turns it cites (``turn_speakers``: in a shared
     conversation, what Bob said is kept about Bob, not the owner); a fact that cites no
     person's turn is about the conversation's subject (``conversation_memory_subject``: its
-    owner, or the agent itself).
+    owner, or the agent itself) if they spoke in these turns, else about the one person who
+    did, else about nobody.
 
     The turns are claimed before the LLM is asked, so two workers never distil the same
     turns. A malformed answer extracts nothing and those turns are not read again; a
@@ -220,18 +221,21 @@ def memories_extract(agent: Agent, conversation: Conversation) -> list[Memory]:
     claim = _claim(agent, conversation)
     if claim is None:
         return []
-    previous, messages = claim
+    previous, claimed = claim
     subject = conversation_memory_subject(conversation, on_behalf_of=None)
-    speakers = turn_speakers(conversation, messages)
+    speakers = turn_speakers(conversation, claimed)
     off = memory_off_for({subject, *speakers.values()})
 
     def speaker(message) -> str:
         return speakers.get(message.id, subject)
 
-    messages = [m for m in messages if m.role != Role.USER or speaker(m) not in off]
+    messages = [m for m in claimed if m.role != Role.USER or speaker(m) not in off]
     people = {speaker(m) for m in messages if m.role == Role.USER}
     if not people:
         return []
+    # A fact citing no person's turn is about the conversation's subject if they spoke here,
+    # else about the one person who did; among several others, it is nobody's to keep.
+    uncited = subject if subject in people else (next(iter(people)) if len(people) == 1 else None)
     known = (
         memories_of(agent)
         .filter(user_id__in=people, expires_at__gt=timezone.now())
@@ -247,7 +251,7 @@ def memories_extract(agent: Agent, conversation: Conversation) -> list[Memory]:
         )
     except LLMError as exc:
         if exc.transient:
-            _release(agent, conversation, previous, messages[-1].seq)
+            _release(agent, conversation, previous, claimed[-1].seq)
         logger.warning(
             "no memories extracted from conversation %s for agent %s%s: %s",
             conversation.id,
@@ -262,9 +266,9 @@ def memories_extract(agent: Agent, conversation: Conversation) -> list[Memory]:
     about: dict[str, list[services.NewMemory]] = {}
     for fact in facts:
         fact.message_ids = [i for i in fact.message_ids if i in seen]
-        for person in {said_by[i] for i in fact.message_ids if i in said_by} or {subject}:
-            if person not in off:
-                about.setdefault(person, []).append(fact)
+        cited = {said_by[i] for i in fact.message_ids if i in said_by}
+        for person in cited or ({uncited} if uncited is not None else set()):
+            about.setdefault(person, []).append(fact)
     saved = []
     for person, memories in about.items():
         saved += services.memories_save(

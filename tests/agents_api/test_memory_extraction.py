@@ -387,3 +387,36 @@ def test_the_turns_of_someone_who_turned_memory_off_are_never_read(
     assert "turn 1: my favourite colour is green" in prompt
     assert about("alice") == [GREEN, "Anything"]
     assert about("bob") == []
+
+
+def test_a_fact_citing_no_turn_is_about_the_one_who_spoke(api, helper, alice, bob, shared, llm):
+    """(Uncited, it was the owner's: Bob alone spoke, and Alice got his facts.)"""
+    llm.answer(MARKER, memories_answer("Bob is allergic to cats"))  # no "turns"
+    for n in range(1, 6):
+        say(api, bob, shared, f"turn {n}: I am allergic to cats")
+    append(api, helper, shared, {"role": "assistant", "content": "Noted."})
+    assert len(extractions(llm)) == 1
+    assert about("bob") == ["Bob is allergic to cats"] and about("alice") == []
+
+
+def test_turns_given_back_after_a_failure_include_those_before_a_private_turn(
+    api, helper, alice, bob, shared, llm
+):
+    """The newest turn claimed is Bob's, and Bob turned memory off: after the LLM failed,
+    the turns were not given back (the release named the newest turn read, not claimed)."""
+    from agents_api.services import memory_setting_update
+    from memsvc.api.principals import Principal
+
+    memory_setting_update(Principal.user("bob"), enabled=False)
+    llm.answer(MARKER, Reply(status=503, payload={"error": {"message": "overloaded"}}))
+    for n in range(1, 5):
+        say(api, alice, shared, f"turn {n}: my favourite colour is green")
+    response = append(api, helper.acting_for("bob"), shared, {"role": "user", "content": "hi"})
+    assert response.status_code == 201, response.content
+    assert extractions(llm)  # asked, in vain
+
+    llm.answer(MARKER, memories_answer(GREEN))
+    say(api, alice, shared, "turn 5: still green")
+    append(api, helper, shared, {"role": "assistant", "content": "Noted."})
+    assert "turn 1:" in extractions(llm)[-1]["messages"][1]["content"]
+    assert about("alice") == [GREEN]
