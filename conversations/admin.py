@@ -22,7 +22,7 @@ from conversations.models import (
     Message,
     OwnershipTransfer,
 )
-from conversations.services import conversation_delete, conversation_group_delete, messages_delete
+from conversations.services import conversation_delete, conversation_groups_delete, messages_delete
 from memsvc.admin_tools import EmbeddedFilter, LargeTableAdmin, as_uuid, operator
 
 
@@ -98,11 +98,12 @@ class ConversationGroupAdmin(LargeTableAdmin):
 
     # Deleted as the API deletes, the messages' words counted out of the keyword statistics.
     def delete_model(self, request, obj):
-        conversation_group_delete(operator(request), group_id=obj.pk)
+        conversation_groups_delete(operator(request), group_ids=[obj.pk])
 
     def delete_queryset(self, request, queryset):
-        for group_id in queryset.values_list("pk", flat=True):
-            conversation_group_delete(operator(request), group_id=group_id)
+        conversation_groups_delete(
+            operator(request), group_ids=list(queryset.values_list("pk", flat=True))
+        )
 
     @admin.display(description="conversations")
     def conversation_tree(self, group):
@@ -149,7 +150,33 @@ class ConversationAdmin(LargeTableAdmin):
         return False
 
     # Deleted as the API deletes: with the forks below it, a root with its whole group, the
-    # messages' words counted out of the keyword statistics.
+    # messages' words counted out of the keyword statistics. So a root's deletion is the
+    # group's: it needs the group's permission and lists what the group's would.
+    def has_delete_permission(self, request, obj=None):
+        if obj is not None and obj.forked_at_conversation_id is None:
+            return self.admin_site.get_model_admin(ConversationGroup).has_delete_permission(
+                request, obj.group
+            )
+        return super().has_delete_permission(request, obj)
+
+    def get_deleted_objects(self, objs, request):
+        roots = [c.group for c in objs if c.forked_at_conversation_id is None]
+        forks = [c for c in objs if c.forked_at_conversation_id is not None]
+        parts = []
+        if roots:
+            group_admin = self.admin_site.get_model_admin(ConversationGroup)
+            parts.append(group_admin.get_deleted_objects(roots, request))
+        if forks:
+            parts.append(super().get_deleted_objects(forks, request))
+        deleted, counts, perms_needed, protected = [], {}, set(), []
+        for part_deleted, part_counts, part_perms, part_protected in parts:
+            deleted += part_deleted
+            for name, count in part_counts.items():
+                counts[name] = counts.get(name, 0) + count
+            perms_needed |= part_perms
+            protected += part_protected
+        return deleted, counts, perms_needed, protected
+
     def delete_model(self, request, obj):
         conversation_delete(operator(request), conversation=obj)
 

@@ -94,7 +94,7 @@ SELECT id FROM subtree
 def conversation_delete(actor: Principal, *, conversation: Conversation) -> None:
     """Delete the conversation and every fork below it; the root takes its group along."""
     if conversation.forked_at_conversation_id is None:
-        conversation_group_delete(actor, group_id=conversation.group_id)
+        conversation_groups_delete(actor, group_ids=[conversation.group_id])
     else:
         with connection.cursor() as cursor:
             cursor.execute(_SUBTREE_SQL, [conversation.pk])
@@ -104,11 +104,12 @@ def conversation_delete(actor: Principal, *, conversation: Conversation) -> None
 
 
 @transaction.atomic
-def conversation_group_delete(actor: Principal, *, group_id) -> None:
-    """Delete a conversation group: every conversation, message, membership and transfer in
-    it, the messages' words counted out of the keyword statistics."""
-    _messages_delete(Message.objects.filter(conversation__group_id=group_id))
-    ConversationGroup.objects.filter(pk=group_id).delete()
+def conversation_groups_delete(actor: Principal, *, group_ids) -> int:
+    """Delete conversation groups: every conversation, message, membership and transfer in
+    them, the messages' words counted out of the keyword statistics. How many messages."""
+    messages = _messages_delete(Message.objects.filter(conversation__group_id__in=group_ids))
+    ConversationGroup.objects.filter(pk__in=group_ids).delete()
+    return messages
 
 
 # --- messages --------------------------------------------------------------------------------
@@ -475,9 +476,8 @@ def user_conversations_erase(user_id: str) -> ErasedConversations:
         .values_list("id", flat=True)
     )
     conversations = Conversation.objects.filter(group_id__in=owned).count()
-    messages = _messages_delete(Message.objects.filter(conversation__group_id__in=owned))
     transfers = OwnershipTransfer.objects.filter(group_id__in=owned).count()
-    ConversationGroup.objects.filter(id__in=owned).delete()
+    messages = conversation_groups_delete(Principal.user(user_id), group_ids=owned)
 
     elsewhere = selectors.messages_elsewhere(user_id)
     messages += messages_delete(Principal.user(user_id), messages=elsewhere)

@@ -4,6 +4,7 @@ import re
 from types import SimpleNamespace
 
 import pytest
+from django.contrib.auth import get_user_model
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
@@ -482,3 +483,27 @@ def test_what_only_the_services_write_is_not_added_or_edited_in_the_admin(operat
 def test_a_group_is_not_added_in_the_admin(operator):
     url = reverse("admin:conversations_conversationgroup_add")
     assert operator.get(url).status_code == 403
+
+
+def test_deleting_a_root_conversation_is_deleting_its_group(client, operator, counted):
+    """A root goes with its whole group (as the API deletes it): the page lists the group's
+    memberships, and a staff member who may delete conversations but not groups cannot.
+    (Such a member deleted every membership, the owner's too, unseen.)"""
+    from django.contrib.auth.models import Permission
+
+    page = reverse("admin:conversations_conversation_delete", args=[counted.root.pk])
+    listing = operator.get(page).content.decode()
+    assert "<li>Conversation groups: 1</li>" in listing
+    assert "alice (owner)</a></li>" in listing  # her membership goes with it
+
+    staff = get_user_model().objects.create_user("staff", password="a-long-password", is_staff=True)
+    staff.user_permissions.set(
+        Permission.objects.filter(codename__in=["view_conversation", "delete_conversation"])
+    )
+    client.force_login(staff)
+    assert client.get(page).status_code == 403
+    assert client.post(page, {"post": "yes"}).status_code == 403
+    fork_page = reverse("admin:conversations_conversation_delete", args=[counted.fork.pk])
+    assert client.post(fork_page, {"post": "yes"}).status_code == 302  # a fork is its own
+    assert ConversationGroup.objects.filter(pk=counted.root.group_id).exists()
+    assert not Conversation.objects.filter(pk=counted.fork.pk).exists()
