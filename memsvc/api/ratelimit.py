@@ -182,36 +182,55 @@ def auth_lockout(address: str) -> RateLimited | None:
 
 
 def client_address(request) -> str:
-    """The client's address: ``REMOTE_ADDR``, or, when that is a proxy named in
-    ``MEMSVC_TRUSTED_PROXIES``, the address that proxy put last in ``X-Forwarded-For``."""
+    """The client's address: ``REMOTE_ADDR``, or, when that is a proxy in
+    ``MEMSVC_TRUSTED_PROXIES``, the nearest address in ``X-Forwarded-For`` that is not one
+    of them (read from the right: the proxies add theirs last, a client may write anything
+    first)."""
     address = request.META.get("REMOTE_ADDR", "")
-    if _trusted_proxy(address):
-        forwarded = request.META.get("HTTP_X_FORWARDED_FOR", "").split(",")[-1].strip()
+    if not _trusted_proxy(address):
+        if "HTTP_X_FORWARDED_FOR" in request.META:
+            _warn_of_unnamed_proxy(address)
+        return address
+    for hop in reversed(request.META.get("HTTP_X_FORWARDED_FOR", "").split(",")):
         try:
-            return str(ipaddress.ip_address(forwarded))
+            hop = str(ipaddress.ip_address(hop.strip()))
         except ValueError:
-            pass
-    elif "HTTP_X_FORWARDED_FOR" in request.META:
-        _warn_of_unnamed_proxy(address)
+            break  # not an address: nothing further left can be trusted
+        if not _trusted_proxy(hop):
+            return hop
+        address = hop
     return address
 
 
+@functools.lru_cache(maxsize=8)
+def _trusted_networks(networks: tuple[str, ...]) -> tuple:
+    return tuple(ipaddress.ip_network(network, strict=False) for network in networks)
+
+
 def _trusted_proxy(address: str) -> bool:
-    """Whether ``address`` is in one of ``MEMSVC_TRUSTED_PROXIES`` (addresses or networks)."""
+    """Whether ``address`` is in one of ``MEMSVC_TRUSTED_PROXIES`` (addresses or networks);
+    an IPv4 address written as IPv6 (``::ffff:10.0.0.5``) counts as itself."""
     try:
         ip = ipaddress.ip_address(address)
     except ValueError:
         return False
+    ip = getattr(ip, "ipv4_mapped", None) or ip
     return any(
-        ip in ipaddress.ip_network(network, strict=False)
-        for network in settings.MEMSVC_TRUSTED_PROXIES
+        ip in network for network in _trusted_networks(tuple(settings.MEMSVC_TRUSTED_PROXIES))
     )
 
 
-@functools.lru_cache(maxsize=16)
+UNNAMED_PROXY_WARNING_EVERY = 60  # seconds: a client can send X-Forwarded-For from anywhere
+_unnamed_proxy_warned_at = [float("-inf")]
+
+
 def _warn_of_unnamed_proxy(address: str) -> None:
-    """Once per process and address: behind a proxy nobody named, every client is the proxy's address,
-    and one client's failed authentications lock everyone out."""
+    """At most once a minute: behind a proxy nobody named, every client is the proxy's
+    address, and one client's failed authentications lock everyone out."""
+    now = time.monotonic()
+    if now - _unnamed_proxy_warned_at[0] < UNNAMED_PROXY_WARNING_EVERY:
+        return
+    _unnamed_proxy_warned_at[0] = now
     logger.warning(
         "a request came through a proxy at %s (X-Forwarded-For) that MEMSVC_TRUSTED_PROXIES "
         "does not name: if it is yours, name it, or every client counts as %s for the rate "

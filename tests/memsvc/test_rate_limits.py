@@ -223,24 +223,43 @@ def test_the_count_is_shared_by_separate_server_processes(tmp_path, settings):
             server.stop()
 
 
-def test_a_proxy_nobody_named_is_warned_of_once(rf, settings, caplog):
+def test_a_proxy_nobody_named_is_warned_of_at_most_once_a_minute(rf, settings, caplog, monkeypatch):
     """Behind a proxy not in MEMSVC_TRUSTED_PROXIES every client is the proxy's address: one
-    client's failed logins would lock everyone out. The log says so."""
-    from memsvc.api.ratelimit import _warn_of_unnamed_proxy, client_address
+    client's failed logins would lock everyone out. The log says so, but a client sending
+    X-Forwarded-For from ever new addresses cannot flood it."""
+    from memsvc.api import ratelimit
+    from memsvc.api.ratelimit import client_address
 
-    _warn_of_unnamed_proxy.cache_clear()
+    monkeypatch.setattr(ratelimit, "_unnamed_proxy_warned_at", [float("-inf")])
     settings.MEMSVC_TRUSTED_PROXIES = []
-    proxied = rf.get("/", REMOTE_ADDR="10.0.0.9", HTTP_X_FORWARDED_FOR="203.0.113.7")
     with caplog.at_level("WARNING", logger="memsvc.api.ratelimit"):
-        assert client_address(proxied) == "10.0.0.9"
-        assert client_address(proxied) == "10.0.0.9"
+        for n in range(20):
+            proxied = rf.get("/", REMOTE_ADDR=f"10.0.0.{n}", HTTP_X_FORWARDED_FOR="203.0.113.7")
+            assert client_address(proxied) == f"10.0.0.{n}"
         assert client_address(rf.get("/", REMOTE_ADDR="10.0.0.8")) == "10.0.0.8"
     [warning] = caplog.records
-    assert "proxy at 10.0.0.9" in warning.getMessage()
+    assert "proxy at 10.0.0.0" in warning.getMessage()
     assert "MEMSVC_TRUSTED_PROXIES" in warning.getMessage()
 
-    for trusted in (["10.0.0.9/32"], ["10.0.0.0/8"]):
-        settings.MEMSVC_TRUSTED_PROXIES = trusted
-        caplog.clear()
-        assert client_address(proxied) == "203.0.113.7"
-        assert not caplog.records
+
+@pytest.mark.parametrize(
+    ("trusted", "remote", "forwarded", "client"),
+    [
+        (["10.0.0.9/32"], "10.0.0.9", "203.0.113.7", "203.0.113.7"),
+        (["10.0.0.0/8"], "10.0.0.9", "203.0.113.7", "203.0.113.7"),
+        # Two proxies of ours: the client is the nearest address that is not ours.
+        (["10.0.0.0/8"], "10.0.0.6", "203.0.113.7, 10.0.0.5", "203.0.113.7"),
+        # Whatever a client writes first is not believed past the first foreign address.
+        (["10.0.0.0/8"], "10.0.0.6", "1.2.3.4, 203.0.113.7", "203.0.113.7"),
+        # An IPv4 proxy seen through an IPv6 socket.
+        (["10.0.0.0/8"], "::ffff:10.0.0.6", "203.0.113.7", "203.0.113.7"),
+        (["10.0.0.0/8"], "10.0.0.6", "not an address", "10.0.0.6"),
+        (["10.0.0.0/8"], "192.0.2.1", "203.0.113.7", "192.0.2.1"),  # not our proxy
+    ],
+)
+def test_the_client_behind_trusted_proxies(rf, settings, trusted, remote, forwarded, client):
+    from memsvc.api.ratelimit import client_address
+
+    settings.MEMSVC_TRUSTED_PROXIES = trusted
+    request = rf.get("/", REMOTE_ADDR=remote, HTTP_X_FORWARDED_FOR=forwarded)
+    assert client_address(request) == client
