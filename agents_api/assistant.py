@@ -17,7 +17,7 @@ from agents_api.tasks import enqueue_memory_extraction, enqueue_memory_touch
 from conversations.models import AccessLevel, Conversation, Membership, Role
 from conversations.selectors import access_conversation, conversation_messages, latest_user_text
 from conversations.services import NewMessage
-from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, Principal
+from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, Principal, agent_uuid_of
 from memsvc.client import format_context
 from memsvc.llm import chat_stream
 from search.selectors import search_messages
@@ -49,7 +49,7 @@ def assistant_of(conversation: Conversation) -> Agent | None:
         .values_list("principal_id", flat=True)
     )
     for principal_id in principal_ids:
-        agent = Agent.objects.filter(id=principal_id.removeprefix(AGENT_PRINCIPAL_PREFIX)).first()
+        agent = Agent.objects.filter(id=agent_uuid_of(principal_id)).first()
         if agent is not None:
             return agent
     return None

@@ -25,7 +25,12 @@ from conversations.selectors import (
 )
 from memsvc.api.errors import Forbidden, InvalidInput, NotFound, one_or_404
 from memsvc.api.pagination import Page, keyset_page
-from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, Principal, user_id_problem
+from memsvc.api.principals import (
+    AGENT_PRINCIPAL_PREFIX,
+    Principal,
+    agent_uuid_of,
+    user_id_problem,
+)
 from search import queries, ranking
 from search.engine import Citing, find_candidates
 from search.statements import Corpus, Scope
@@ -114,14 +119,7 @@ def agents_serving(principal: Principal) -> QuerySet[Agent]:
 def agent_names(principal_ids) -> dict[str, str]:
     """The name of each agent among ``principal_ids`` (``agent:<id>`` -> name), one query;
     users and unknown agents are left out."""
-    ids = set()
-    for principal_id in principal_ids:
-        if not principal_id.startswith(AGENT_PRINCIPAL_PREFIX):
-            continue  # a user (whose id may look like an agent's)
-        try:
-            ids.add(uuid.UUID(principal_id.removeprefix(AGENT_PRINCIPAL_PREFIX)))
-        except ValueError:
-            continue
+    ids = {agent_uuid_of(principal_id) for principal_id in principal_ids} - {None}
     if not ids:
         return {}
     return {

@@ -102,6 +102,16 @@ def register_agent_lookup(exists: Callable[[uuid.UUID], bool]) -> None:
     _agent_exists = exists
 
 
+def agent_uuid_of(principal_id: str) -> uuid.UUID | None:
+    """The agent id in ``agent:<id>``; None for a user, or an id that is not one."""
+    if not principal_id.startswith(AGENT_PRINCIPAL_PREFIX):
+        return None
+    try:
+        return uuid.UUID(principal_id.removeprefix(AGENT_PRINCIPAL_PREFIX))
+    except ValueError:
+        return None
+
+
 def agent_principal_id(agent_id, *, field: str) -> str:
     """``agent:<id>`` of an existing agent (users know agents by the id of
     ``GET /v1/agent/me``); 400 naming ``field`` otherwise."""
