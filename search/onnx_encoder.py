@@ -58,6 +58,9 @@ def _export(model_dir: Path, target: Path) -> None:
     """Write the transformer of ``model_dir`` as ONNX to ``target`` (atomically)."""
     import torch
     from transformers import AutoModel, AutoTokenizer
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # "Loading weights" on a server's stderr
 
     class LastHiddenState(torch.nn.Module):
         def __init__(self, model):
