@@ -15,7 +15,12 @@ from agents_api.services import agent_get_or_create
 from agents_api.services.messages import agent_messages_append
 from agents_api.tasks import enqueue_memory_extraction, enqueue_memory_touch
 from conversations.models import AccessLevel, Conversation, Membership, Role
-from conversations.selectors import access_conversation, conversation_messages, latest_user_text
+from conversations.selectors import (
+    access_conversation,
+    conversation_messages,
+    latest_user_text,
+    user_members,
+)
 from conversations.services import NewMessage
 from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, Principal, agent_uuid_of
 from memsvc.client import format_context
@@ -48,21 +53,14 @@ def assistant_of(conversation: Conversation) -> Agent | None:
         .order_by("created_at", "id")
         .values_list("principal_id", flat=True)
     )
-    for principal_id in principal_ids:
-        agent = Agent.objects.filter(id=agent_uuid_of(principal_id)).first()
-        if agent is not None:
-            return agent
-    return None
+    order = [agent_uuid_of(principal_id) for principal_id in principal_ids]
+    agents = Agent.objects.in_bulk([agent_id for agent_id in order if agent_id])  # one query
+    return next((agents[agent_id] for agent_id in order if agent_id in agents), None)
 
 
 def read_by_others(conversation: Conversation, user_id: str) -> bool:
     """Whether a person other than ``user_id`` is a member of the conversation."""
-    return (
-        Membership.objects.filter(group_id=conversation.group_id)
-        .exclude(principal_id=user_id)
-        .exclude(principal_id__startswith=AGENT_PRINCIPAL_PREFIX)
-        .exists()
-    )
+    return bool(user_members(conversation) - {user_id})
 
 
 def assistant_prompt(agent: Agent, conversation: Conversation, *, user_id: str) -> list[dict]:

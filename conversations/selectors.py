@@ -504,16 +504,21 @@ def messages_elsewhere(user_id: str) -> QuerySet[Message]:
     )
 
 
+def user_members(conversation: Conversation) -> set[str]:
+    """The users (not agents) who are members of the conversation's group."""
+    return set(
+        Membership.objects.filter(group_id=conversation.group_id)
+        .exclude(principal_id__startswith=AGENT_PRINCIPAL_PREFIX)
+        .values_list("principal_id", flat=True)
+    )
+
+
 def turn_speakers(conversation: Conversation, messages: Sequence[Message]) -> dict:
     """Who said each user turn of ``messages`` (message id -> user id), where a person can
     be named: the user who wrote it, or the member an agent recorded it for (signed with
     their id, as ``messages_elsewhere`` finds it). Turns of speakers an agent names on its
     own ("user", "Caroline") are left out."""
-    members = set(
-        Membership.objects.filter(group_id=conversation.group_id)
-        .exclude(principal_id__startswith=AGENT_PRINCIPAL_PREFIX)
-        .values_list("principal_id", flat=True)
-    )
+    members = user_members(conversation)
     speakers = {}
     for message in messages:
         if message.role != Role.USER:

@@ -368,10 +368,9 @@ def test_the_same_idempotency_key_twice_stores_one_set(api, helper):
     assert Message.objects.count() == 2
 
 
-def test_a_new_idempotency_key_costs_one_statement(api, helper):
-    # The key is claimed by one INSERT ... ON CONFLICT DO NOTHING (not a read, then a
-    # savepoint, the insert and its release), and the record is filled in once the messages
-    # exist.
+def append_with_a_key(api, helper, key: str):
+    """One user turn appended to a new conversation with ``key``: the response, and the SQL
+    of every statement the append sent."""
     conversation = agent_conversation(api, helper)
     with recorded_statements() as sent:
         response = append(
@@ -379,8 +378,16 @@ def test_a_new_idempotency_key_costs_one_statement(api, helper):
             helper,
             conversation["id"],
             {"role": "user", "content": "hi"},
-            HTTP_IDEMPOTENCY_KEY="k-2",
+            HTTP_IDEMPOTENCY_KEY=key,
         )
+    return response, sent
+
+
+def test_a_new_idempotency_key_costs_one_statement(api, helper):
+    # The key is claimed by one INSERT ... ON CONFLICT DO NOTHING (not a read, then a
+    # savepoint, the insert and its release), and the record is filled in once the messages
+    # exist.
+    response, sent = append_with_a_key(api, helper, "k-2")
     assert response.status_code == 201
     about_the_key = [sql for sql in sent if "idempotent_request" in sql]
     assert [sql.split()[0] for sql in about_the_key] == ["INSERT", "UPDATE"]
@@ -598,15 +605,7 @@ def test_an_append_reads_the_conversations_access_without_its_summary(api, helpe
 def test_an_append_with_a_key_is_one_transaction_without_savepoints(api, helper):
     """Claim the key, append, record the result: one BEGIN ... COMMIT, no savepoint (two
     round trips of each append's dozen)."""
-    conversation = agent_conversation(api, helper)
-    with recorded_statements() as sent:
-        response = append(
-            api,
-            helper,
-            conversation["id"],
-            {"role": "user", "content": "hi"},
-            **{"HTTP_IDEMPOTENCY_KEY": "k1"},
-        )
-        assert response.status_code == 201, response.content
+    response, sent = append_with_a_key(api, helper, "k1")
+    assert response.status_code == 201, response.content
     assert not [sql for sql in sent if "SAVEPOINT" in sql], sent
     assert IdempotentRequest.objects.get(key="k1").message_ids == [response.json()["data"][0]["id"]]

@@ -122,3 +122,28 @@ def test_in_a_conversation_others_read_the_context_holds_only_what_they_all_may_
     alice_page.post(reverse("pages:append", args=[chat.id]), {"content": "My PIN again?"})
     [own] = llm.requests_containing("My PIN again?")
     assert "4321" in json.dumps(own["messages"]) and "Name: Alice" in json.dumps(own["messages"])
+
+
+def test_the_assistant_is_the_first_agent_that_may_write_found_in_two_queries(
+    django_assert_num_queries,
+):
+    """The agents among the members are read in one query (it was one per agent member)."""
+    from agents_api.assistant import assistant_of
+    from agents_api.models import Agent
+    from conversations.services import membership_create
+    from memsvc.api.principals import Principal
+    from tests.agents_api.conftest import make_agent
+    from tests.pages.conftest import conversation_of
+
+    conversation = conversation_of("alice", "Trip")
+    agents = [make_agent(name).agent for name in ("reader-bot", "gone", "first", "second")]
+    for agent, level in zip(agents, ("reader", "writer", "writer", "manager"), strict=True):
+        membership_create(
+            Principal.user("alice"),
+            conversation=conversation,
+            principal_id=agent.principal_id,
+            access_level=level,
+        )
+    Agent.objects.filter(pk=agents[1].pk).delete()  # its membership stays, naming no agent
+    with django_assert_num_queries(2):
+        assert assistant_of(conversation) == agents[2]
