@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from search import queries, ranking, statements
 from search.embeddings import configured_backend, vector_literal
-from search.statements import EXACT_ORDER, INDEX_ORDER, NO_TERMS, Corpus, Scope
+from search.statements import EXACT_ORDER, INDEX_ORDER, NO_TERMS, Corpus, Scope, Terms
 from search.tuning import SearchTuning
 
 MODES = ("hybrid", "semantic", "keyword")
@@ -39,14 +39,31 @@ def query_vector(model: str, query: str) -> str:
 class Candidates:
     """What both retrievers found: each candidate's cosine similarity to the query (when it
     has a vector), its BM25 score (when it holds a query word), its neighbours, and the
-    query words' weights."""
+    query's words with their weights."""
 
     semantic: dict = field(default_factory=dict)
     keyword: dict = field(default_factory=dict)
     neighbours: dict = field(default_factory=dict)
-    idf: dict = field(default_factory=dict)
     created: dict = field(default_factory=dict)  # when each candidate was written
     authors: dict = field(default_factory=dict)  # who wrote it (``Corpus.author``)
+    terms: Terms = NO_TERMS  # the query's words, as the keyword retriever took them
+
+    @property
+    def idf(self) -> dict:
+        return self.terms.idf
+
+    def add(self, rows: list[tuple]) -> "Candidates":
+        """The rows of ``statements.nearest_with_fills`` (or ``described``) taken in: a
+        keyword score already known (the keyword candidates') stays."""
+        for row_id, similarity, keyword_score, before, after, _near, created, _over, author in rows:
+            if similarity is not None:
+                self.semantic[row_id] = similarity
+            if keyword_score is not None:
+                self.keyword.setdefault(row_id, float(keyword_score))
+            self.neighbours[row_id] = (before, after)
+            self.created[row_id] = created
+            self.authors[row_id] = author
+        return self
 
     def relevance(self, row_id, mode: str = "hybrid") -> float:
         """How well a candidate answers the query, comparable across queries (0..1): its
@@ -122,8 +139,10 @@ def ranked(
     """The ``top_k`` best (id, score) of ``query`` in ``scope``: ``find_candidates`` scored
     for ``mode``; with ``SearchTuning.query_parts``, each part of a query that asks several
     things searched too (a row keeps its best score); in hybrid mode, a share for the rows
-    the most relevant ``citing`` rows cite (``cited_rows``); rows reached only as a
-    candidate's neighbour kept if the scope holds them."""
+    the most relevant ``citing`` rows cite (``cited_rows``), and with
+    ``SearchTuning.feedback_words`` the whole query's candidates scored again with the best
+    rows' words (``with_feedback``); rows reached only as a candidate's neighbour kept if
+    the scope holds them."""
     texts = [query]
     if tuning.query_parts:
         split = queries.parts(query)
@@ -134,20 +153,46 @@ def ranked(
         periods = queries.periods(query, now or timezone.now())
     if tuning.author_weight and mode == "hybrid" and corpus.author:
         words = queries.words(query)
-    rankings, found_ids = [], set()
-    for text in texts:
-        found = find_candidates(corpus, scope, text, mode=mode, top_k=top_k, tuning=tuning)
-        rankings.append(
-            found.scores(mode, tuning, neighbours=corpus.neighbours, periods=periods, words=words)
+
+    def scored(found: Candidates) -> dict:
+        return found.scores(
+            mode, tuning, neighbours=corpus.neighbours, periods=periods, words=words
         )
-        found_ids |= found.semantic.keys() | found.keyword.keys()
+
+    probed: dict = {}  # (one scope for every text)
+    found = [
+        find_candidates(corpus, scope, text, mode=mode, top_k=top_k, tuning=tuning, probed=probed)
+        for text in texts
+    ]
     weights = [1.0] + [tuning.part_weight] * (len(texts) - 1)
-    scores = ranking.best_of(rankings, weights) if len(texts) > 1 else rankings[0]
-    checked = set(found_ids)
+
+    def fused() -> dict:
+        rankings = [scored(f) for f in found]
+        return ranking.best_of(rankings, weights) if len(texts) > 1 else rankings[0]
+
+    scores = fused()
+    checked = {i for f in found for i in f.semantic.keys() | f.keyword.keys()}
+    shares, citing_best = {}, []
     if citing is not None and mode == "hybrid" and tuning.citation_weight:
-        shares = cited_rows(citing, corpus, scope, query, tuning)
+        shares, citing_best = cited_rows(citing, corpus, scope, query, tuning)
         scores = ranking.with_shares(scores, shares)
         checked |= shares.keys()
+    if tuning.feedback_words and mode == "hybrid" and corpus.kept_statistics and found[0].idf:
+        best = [(i, s) for i, s in ranking.top(scores, len(scores)) if i in checked]
+        found[0] = with_feedback(
+            corpus,
+            scope,
+            query,
+            found[0],
+            best[: tuning.feedback_rows],
+            citing.corpus if citing else None,
+            citing_best[: tuning.feedback_memories],
+            top_k=top_k,
+            tuning=tuning,
+            probed=probed,
+        )
+        checked |= found[0].semantic.keys() | found[0].keyword.keys()
+        scores = ranking.with_shares(fused(), shares)
     while True:
         best = ranking.top(scores, top_k)
         reached = [i for i, _ in best if i not in checked]
@@ -159,12 +204,71 @@ def ranked(
         scores = {i: s for i, s in scores.items() if i in kept or i not in reached}
 
 
+def with_feedback(
+    corpus: Corpus,
+    scope: Scope,
+    query: str,
+    found: Candidates,
+    best: list[tuple],
+    citing: Corpus | None,
+    citing_best: list,
+    *,
+    top_k: int,
+    tuning: SearchTuning,
+    probed: dict,
+) -> Candidates:
+    """``found`` (``query``'s candidates) again, with keyword feedback: the words of the
+    ``best`` rows (id, score; in scope) and of the ``citing_best`` rows (the most relevant
+    memories, each counted as the best row) that describe them best
+    (``ranking.feedback_words``) join the query's terms at ``feedback_weight`` x their
+    BM25 weight; the rows holding them join the candidates, and every candidate is scored
+    again with the longer query (a turn that says the answer in other words moves up)."""
+    if not best:
+        return found
+    top_score = best[0][1] or 1.0
+    limit = max(tuning.min_candidates, tuning.candidates_per_result * top_k)
+    with connection.cursor() as cursor:
+        known = statements.row_words(cursor, corpus, [i for i, _ in best], citing, citing_best)
+        weights = {i: score / top_score for i, score in best} | dict.fromkeys(citing_best, 1.0)
+        idf = ranking.bm25_idf(known.frequencies, known.documents)
+        chosen = ranking.feedback_words(
+            ((weights[i], words) for i, words in known.words.items()),
+            idf,
+            known=found.idf.keys(),
+            count=tuning.feedback_words,
+        )
+        if not chosen:
+            return found
+        terms = Terms(
+            found.idf | {w: tuning.feedback_weight * idf[w] for w in chosen},
+            found.terms.match_on
+            + ranking.rarest_within(
+                {w: known.frequencies[w] for w in chosen}, tuning.keyword_match_cap
+            ),
+        )
+        keyword = statements.keyword_candidates(
+            cursor, corpus, scope, terms, limit, tuning, few=probed.get("few", False)
+        )
+        backend = configured_backend()
+        vector = query_vector(backend.model, query)  # (embedded for ``found``: kept)
+        rows = statements.described(
+            cursor,
+            corpus,
+            list(found.semantic.keys() | found.keyword.keys() | keyword.keys()),
+            vector,
+            backend.model,
+            terms,
+        )
+    return Candidates(terms=terms).add(rows)
+
+
 def cited_rows(
     citing: Citing, corpus: Corpus, scope: Scope, query: str, tuning: SearchTuning
-) -> dict:
+) -> tuple[dict, list]:
     """The rows of ``scope`` the most relevant ``citing`` rows cite, each with its share
-    (``ranking.cited_shares``). A citing row counts if it is at least
-    ``citation_min_relevance`` relevant and cites some row of the scope."""
+    (``ranking.cited_shares``), and those citing rows (ids, most relevant first). A citing
+    row counts if it is at least ``citation_min_relevance`` relevant and cites some row of
+    the scope."""
     mode = tuning.citation_mode
     found = find_candidates(
         citing.corpus,
@@ -180,14 +284,16 @@ def cited_rows(
         key=lambda i: (-fused[i], str(i)),
     )
     if not best:
-        return {}
+        return {}, []
     with connection.cursor() as cursor:
         cited = statements.cited_in_scope(cursor, citing.corpus, best, corpus, scope)
-    return ranking.cited_shares(
-        [cited[i] for i in best if i in cited],
+    citing_best = [i for i in best if i in cited]
+    shares = ranking.cited_shares(
+        [cited[i] for i in citing_best],
         weight=tuning.citation_weight,
         places=tuning.cited_memories,
     )
+    return shares, citing_best
 
 
 def find_candidates(
@@ -221,7 +327,9 @@ def find_candidates(
     # No transaction: each statement is a message of its own, with its planner settings
     # (``statements.execute_planned``), one round trip each.
     with connection.cursor() as cursor:
-        few = bool(scope.few_sql) and statements.sees_few(cursor, scope, tuning)
+        if "few" not in probed:
+            probed["few"] = bool(scope.few_sql) and statements.sees_few(cursor, scope, tuning)
+        few = probed["few"]
         terms = NO_TERMS
         keyword = {}
         if mode != "semantic":
@@ -230,7 +338,7 @@ def find_candidates(
                 cursor, corpus, scope, terms, limit, tuning, few=few
             )
         if embedding is None:
-            return Candidates(keyword=keyword, idf=terms.idf)
+            return Candidates(keyword=keyword, terms=terms)
         # While it embeds: how to find the nearest vectors. A principal's messages, when
         # the principal sees few conversations or the search is narrowed to some: exact
         # distances, capped (``nearest_with_fills``); when the principal sees many: the
@@ -267,13 +375,4 @@ def find_candidates(
             # The graph walk gave up (hnsw_max_scan_tuples) before it found enough rows in
             # scope, or the scope holds fewer: exact distances find all there are.
             rows = statement(EXACT_ORDER)
-    found = Candidates(keyword=dict(keyword), idf=terms.idf)
-    for row_id, similarity, keyword_score, before, after, _nearest, created, _over, author in rows:
-        if similarity is not None:
-            found.semantic[row_id] = similarity
-        if keyword_score is not None:
-            found.keyword.setdefault(row_id, float(keyword_score))
-        found.neighbours[row_id] = (before, after)
-        found.created[row_id] = created
-        found.authors[row_id] = author
-    return found
+    return Candidates(keyword=dict(keyword), terms=terms).add(rows)

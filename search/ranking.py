@@ -35,6 +35,25 @@ def rarest_within(frequencies: Mapping[str, int], cap: int) -> list[str]:
     return chosen
 
 
+def feedback_words(
+    rows: Iterable[tuple[float, Iterable[str]]],
+    idf: Mapping[str, float],
+    *,
+    known: Collection[str],
+    count: int,
+) -> list[str]:
+    """The ``count`` words that best describe the best rows (each row: its weight and its
+    words) besides the ``known`` ones (the query's): a word is worth the sum of the weights
+    of the rows holding it x its ``idf``, so a rare word of the best row leads, a common
+    word of every row follows. Ties broken by the word, so that the choice is stable."""
+    worth: dict[str, float] = {}
+    for weight, words in rows:
+        for word in set(words):
+            if word not in known and idf.get(word, 0.0) > 0:
+                worth[word] = worth.get(word, 0.0) + weight * idf[word]
+    return sorted(worth, key=lambda w: (-worth[w], w))[:count]
+
+
 def normalised(scores: Mapping, ids: Iterable) -> dict:
     """Min-max over the candidates; a candidate without a score gets 0."""
     ids = list(ids)

@@ -336,6 +336,26 @@ def keyword_candidates(
     return {row_id: float(value) for row_id, value in rows}
 
 
+def _around(corpus: Corpus) -> tuple[str, str, str]:
+    """The SQL of a row's place (on alias ``m`` and unaliased) and of the rows just before
+    and after it in its conversation (on alias ``c``), for a corpus of conversation turns;
+    else no place and two nulls."""
+    if not corpus.neighbours:
+        return "", "", "NULL, NULL,"
+    around = f"""
+        (SELECT p.id FROM {corpus.table} p
+         WHERE p.conversation_id = c.conversation_id AND p.seq < c.seq
+         ORDER BY p.seq DESC LIMIT 1),
+        (SELECT n.id FROM {corpus.table} n
+         WHERE n.conversation_id = c.conversation_id AND n.seq > c.seq
+         ORDER BY n.seq LIMIT 1),"""
+    return "m.conversation_id, m.seq,", "conversation_id, seq,", around
+
+
+def _author(corpus: Corpus) -> str:
+    return f"{corpus.author} AS author" if corpus.author else "NULL::text AS author"
+
+
 def nearest_with_fills(
     cursor,
     corpus: Corpus,
@@ -366,21 +386,9 @@ def nearest_with_fills(
     count would read it twice.
     """
     score, score_params = terms.score_sql("search_vector")
-    if corpus.neighbours:
-        position = "m.conversation_id, m.seq,"
-        outer_position = "conversation_id, seq,"
-        around = f"""
-            (SELECT p.id FROM {corpus.table} p
-             WHERE p.conversation_id = c.conversation_id AND p.seq < c.seq
-             ORDER BY p.seq DESC LIMIT 1),
-            (SELECT n.id FROM {corpus.table} n
-             WHERE n.conversation_id = c.conversation_id AND n.seq > c.seq
-             ORDER BY n.seq LIMIT 1),"""
-    else:
-        position = outer_position = ""
-        around = "NULL, NULL,"
+    position, outer_position, around = _around(corpus)
     below, below_params = exact_below(corpus, limit, tuning)
-    author = f"{corpus.author} AS author" if corpus.author else "NULL::text AS author"
+    author = _author(corpus)
     nearest = f"""
         SELECT m.id, {position} {"" if capped else "m.search_vector,"} m.created_at, {author},
                1 - (m.embedding <=> %s::vector) AS similarity
@@ -463,3 +471,73 @@ def in_scope(cursor, corpus: Corpus, scope: Scope, ids: list) -> set:
         [list(ids), *scope.params],
     )
     return {row[0] for row in cursor.fetchall()}
+
+
+def described(
+    cursor, corpus: Corpus, ids: list, query_vector: str, model: str, terms: Terms
+) -> list[tuple]:
+    """``ids`` (rows found in scope) as ``nearest_with_fills`` gives its rows, their keyword
+    scores by ``terms``: the candidates of a query scored again with more words (keyword
+    feedback)."""
+    score, score_params = terms.score_sql("search_vector")
+    _position, outer_position, around = _around(corpus)
+    cursor.execute(
+        f"""
+        SELECT c.id, c.similarity, c.keyword_score, {around} false, c.created_at, NULL,
+               c.author
+        FROM (
+            SELECT id, {outer_position}
+                   CASE WHEN embedding_model = %s THEN 1 - (embedding <=> %s::vector) END
+                       AS similarity,
+                   {score} AS keyword_score, created_at, {_author(corpus)}
+            FROM {corpus.table} WHERE id = ANY(%s)
+        ) c
+        """,
+        [model, query_vector, *score_params, list(ids)],
+    )
+    return cursor.fetchall()
+
+
+@dataclass(frozen=True)
+class RowWords:
+    """The words of some rows, and how many rows of the searched corpus hold each."""
+
+    words: dict  # row id -> its lexemes
+    frequencies: dict[str, int]
+    documents: int
+
+
+def row_words(cursor, corpus: Corpus, ids: list, citing: Corpus | None, citing_ids: list):
+    """The words of rows of ``corpus`` and of ``citing`` (memories), with the corpus's kept
+    statistics of each (``Corpus.kept_statistics``): what keyword feedback chooses from."""
+    citing_words = ""
+    params = [list(ids)]
+    if citing is not None and citing_ids:
+        citing_words = f"""
+            UNION ALL
+            SELECT r.id, q.lexeme FROM {citing.table} r
+            CROSS JOIN unnest(tsvector_to_array(r.search_vector)) AS q(lexeme)
+            WHERE r.id = ANY(%s)"""
+        params.append(list(citing_ids))
+    cursor.execute(
+        f"""
+        WITH words AS (
+            SELECT r.id, q.lexeme FROM {corpus.table} r
+            CROSS JOIN unnest(tsvector_to_array(r.search_vector)) AS q(lexeme)
+            WHERE r.id = ANY(%s) {citing_words}
+        )
+        SELECT w.id, w.lexeme, coalesce(t.document_count, 0), c.document_count
+        FROM words w
+        LEFT JOIN search_term_stat t ON t.lexeme = w.lexeme
+        LEFT JOIN search_corpus_stat c ON c.id = 1
+        """,
+        params,
+    )
+    words: dict = {}
+    frequencies: dict[str, int] = {}
+    documents = 0
+    for row_id, lexeme, frequency, counted in cursor.fetchall():
+        words.setdefault(row_id, []).append(lexeme)
+        frequencies[lexeme] = frequency
+        documents = counted or 0
+    return RowWords(words, frequencies, documents)

@@ -50,6 +50,18 @@ class SearchTuning:
     # How the memories are searched: "semantic" saves the keyword statements (about 5 ms of
     # the 14 citations cost here, with 943 memories) for 0.009 of LoCoMo hit@5.
     citation_mode: str = "hybrid"
+    # Keyword feedback (pseudo-relevance feedback, RM3-like): the ``feedback_words`` words
+    # of the ``feedback_rows`` best rows in scope and the ``feedback_memories`` most relevant
+    # citing memories that the query lacks (ranked by those rows' scores x the words' BM25
+    # weight) join the query's keyword terms at ``feedback_weight`` x their weight, and the
+    # candidates are scored again: turns that say the answer in other words than the
+    # question move up. Only for a corpus with kept word statistics (messages), in hybrid
+    # mode. Off (0) by default: +0.02 LoCoMo recall@10 held out for about 5 ms more per
+    # search (docs/benchmarks.md, "Keyword feedback").
+    feedback_words: int = 0
+    feedback_rows: int = 3
+    feedback_memories: int = 1
+    feedback_weight: float = 0.2
     # Each retriever proposes this many candidates per requested result (at least min).
     candidates_per_result: int = 5
     min_candidates: int = 30

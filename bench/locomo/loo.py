@@ -17,11 +17,12 @@ conversations) is reported beside it.
 
 import json
 import sys
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bench.common import log, mean
+from bench.common import log, mean, percentile
 from bench.locomo.evaluate import TOP_K, Plan
 from bench.locomo.metrics import METRICS, ranking_metrics
 
@@ -106,6 +107,21 @@ def settings() -> dict[str, object]:
             d, date_weight=0.1, citation_weight=1.0, citation_min_relevance=0.5, author_weight=0.3
         ),
         "default": DEFAULT_TUNING,
+        # Keyword feedback on top of the default (off there): its best rows' and memories'
+        # words that the question lacks, at a share of their weight.
+        **{
+            f"feedback {rows} rows + {memories} memories, {words} words x {weight}": replace(
+                DEFAULT_TUNING,
+                feedback_rows=rows,
+                feedback_memories=memories,
+                feedback_words=words,
+                feedback_weight=weight,
+            )
+            for rows in (3, 5, 8)
+            for memories in (0, 1, 2, 3)
+            for words in (10, 20)
+            for weight in (0.1, 0.2, 0.3)
+        },
     }
 
 
@@ -178,13 +194,16 @@ def compare(agent_name: str, plan: Plan, loaded: Mapping, chosen: list[str] | No
     every = settings()
     labels = [label for label in every if chosen is None or label in chosen]
     scores: dict[str, dict] = {}
+    timings: dict[str, dict] = {}
     for label in labels:
         log(f"  --loo: {label}")
         tuning = every[label]
         scores[label] = {}
+        elapsed = []
         for question in plan.questions:
             key = (question.sample_id, question.index)
             conversation = loaded[question.sample_id]
+            started = time.perf_counter()
             hits = search_messages(
                 principal,
                 query=question.text,
@@ -194,10 +213,12 @@ def compare(agent_name: str, plan: Plan, loaded: Mapping, chosen: list[str] | No
                 for_agent=True,
                 tuning=tuning,
             )
+            elapsed.append((time.perf_counter() - started) * 1000)
             reached = [{(hit.message.metadata or {}).get("dia_id")} - {None} for hit in hits]
             scores[label][key] = ranking_metrics(reached, set(plan.evidence[key]))
+        timings[label] = {"p50Ms": percentile(elapsed, 50), "p95Ms": percentile(elapsed, 95)}
     tunings = {label: vars_of(every[label]) for label in labels}
-    return conclude(plan.questions, scores, tunings)
+    return conclude(plan.questions, scores, tunings, timings)
 
 
 @dataclass(frozen=True)
@@ -209,10 +230,17 @@ class Asked:
     category: int
 
 
-def conclude(questions: list, scores: dict[str, dict], tunings: dict[str, dict]) -> dict:
+def conclude(
+    questions: list,
+    scores: dict[str, dict],
+    tunings: dict[str, dict],
+    timings: Mapping[str, dict] | None = None,
+) -> dict:
     """The summaries of the settings in ``scores`` (label -> question key -> metrics, in
-    order of preference), each direction's choice against the first (the search before)
-    and the choice among all, leaving one conversation out."""
+    order of preference; with their search times in the process, ``timings``), each
+    direction's choice against the first (the search before) and the choice among all,
+    leaving one conversation out."""
+    timings = timings or {}
     plan = Plan(questions=list(questions), evidence={})
     labels = list(scores)
     order = {label: position for position, label in enumerate(labels)}
@@ -225,7 +253,11 @@ def conclude(questions: list, scores: dict[str, dict], tunings: dict[str, dict])
         directions.setdefault(direction(label), [labels[0]]).append(label)
     return {
         "settings": {
-            label: {"tuning": tunings[label], **summary(plan, per_question)}
+            label: {
+                "tuning": tunings[label],
+                **timings.get(label, {}),
+                **summary(plan, per_question),
+            }
             for label, per_question in scores.items()
         },
         "byDirection": {
@@ -249,7 +281,7 @@ def merge(paths: list[Path]) -> dict:
     first run's first setting first, then each label once, in the order of ``settings``)."""
     runs = [json.loads(path.read_text())["loo"] for path in paths]
     questions = [Asked(*q) for q in runs[0]["questionList"]]
-    scores, tunings = {}, {}
+    scores, tunings, timings = {}, {}, {}
     for run in runs:
         for label, per_question in run["perQuestion"].items():
             if label not in scores:
@@ -258,9 +290,14 @@ def merge(paths: list[Path]) -> dict:
                     for key, metrics in per_question.items()
                 }
                 tunings[label] = run["tunings"][label]
+                timings[label] = {
+                    name: run["settings"][label][name]
+                    for name in ("p50Ms", "p95Ms")
+                    if name in run["settings"][label]
+                }
     known = list(settings())
     ordered = sorted(scores, key=lambda label: known.index(label) if label in known else len(known))
-    return conclude(questions, {label: scores[label] for label in ordered}, tunings)
+    return conclude(questions, {label: scores[label] for label in ordered}, tunings, timings)
 
 
 def vars_of(tuning) -> dict:

@@ -53,7 +53,7 @@ def format_loo(compared: dict) -> str:
     categories = list(next(iter(rows.values()))["byCategory"])
     names = {str(k): v for k, v in CATEGORIES.items()}
     width = max(len(label) for label in rows)
-    header = f"{'setting':<{width}} {'hit@5/rec@10':>13} {'MRR':>6} " + " ".join(
+    header = f"{'setting':<{width}} {'hit@5/rec@10':>13} {'MRR':>6} {'p50 ms':>6} " + " ".join(
         f"{names.get(c, c):>13}" for c in categories
     )
     lines = [header, "-" * len(header)]
@@ -64,7 +64,8 @@ def format_loo(compared: dict) -> str:
         ]
         lines.append(
             f"{label:<{width}} {_number(row['hit@5']):>6}/{_number(row['recall@10'])} "
-            f"{_number(row['mrr']):>6} " + " ".join(f"{cell:>13}" for cell in cells)
+            f"{_number(row['mrr']):>6} {_number(row.get('p50Ms'), 1):>6} "
+            + " ".join(f"{cell:>13}" for cell in cells)
         )
     for label, row in rows.items():
         if "chosen" in row:

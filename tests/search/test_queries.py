@@ -192,3 +192,52 @@ def test_a_turn_by_the_person_a_query_names_ranks_higher(api, alice, settings):
     # Hybrid only: keyword search is what it was.
     found = search(api, alice, question, topK=1, mode="keyword")
     assert contents(found) == ["Melanie and I painted the lake at sunset"]
+
+
+def test_feedback_words_are_the_best_rows_rare_words_the_query_lacks():
+    idf = {"kitten": 2.0, "miso": 1.5, "shelter": 1.0, "day": 0.1}
+    rows = [
+        (1.0, ["kitten", "miso", "shelter", "day"]),
+        (0.5, ["miso", "day", "day"]),  # a word counts once per row
+        (0.2, ["unknown"]),  # no weight: never chosen
+    ]
+    chosen = ranking.feedback_words(rows, idf, known={"kitten"}, count=2)
+    assert chosen == ["miso", "shelter"]  # (1.0 + 0.5) x 1.5, then 1.0 x 1.0
+    assert ranking.feedback_words(rows, idf, known={"kitten"}, count=10) == [
+        "miso",
+        "shelter",
+        "day",
+    ]
+    assert ranking.feedback_words([], idf, known=set(), count=3) == []
+
+
+@pytest.mark.django_db
+def test_keyword_feedback_finds_the_turn_that_answers_in_other_words(api, alice, bob, settings):
+    conversation = ConversationFactory(group__owner=alice.id)
+    # Bob's turn holds the feedback words too; Alice's search never reaches it.
+    MessageFactory(
+        conversation=ConversationFactory(group__owner=bob.id),
+        content="Miso, our adopted puppy, named by the shelter",
+    )
+    answer = "Miso, my adopted rascal, knocked the blue vase off the shelf again"
+    for text in [
+        "I adopted a kitten named Miso from the shelter",
+        "We need a break from work this summer",
+        "I stayed at home all day",
+        "The home office is finally painted",
+        answer,
+        "The weather was grey all week",
+    ]:
+        MessageFactory(conversation=conversation, author_name="alice", content=text)
+    embed_pending()
+    question = "What did my kitten break at home?"
+    assert DEFAULT_TUNING.feedback_words == 0  # off by default
+    tuned(settings, feedback_words=0)
+    before = contents(search(api, alice, question, topK=6))
+    tuned(settings, feedback_words=10, feedback_rows=1, feedback_weight=1.0)
+    after = contents(search(api, alice, question, topK=6))
+    assert after.index(answer) < before.index(answer), (before, after)
+    assert len(after) == 6 and not any("puppy" in text for text in after)
+    # Hybrid only: keyword search is what it was.
+    keyword = contents(search(api, alice, question, topK=6, mode="keyword"))
+    assert answer not in keyword
