@@ -1,6 +1,6 @@
 """Small database expressions shared by the models of every app."""
 
-from django.db import models
+from django.db import connection, models
 from django.db.models import Q
 from django.db.models.lookups import Exact
 from pgvector.django import HnswIndex
@@ -45,3 +45,13 @@ def locked_row(queryset: models.QuerySet, pk, *, missing: str) -> models.Model:
     if row is None:
         raise NotFound(missing)
     return row
+
+
+def lock_name(*parts) -> None:
+    """Hold a lock on the name ``parts`` make until the caller's transaction ends (a
+    transaction-level advisory lock): writers of the same name take turns, others pass."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+            ["\x1f".join(str(part) for part in parts)],
+        )

@@ -25,6 +25,7 @@ from django.http import HttpResponse
 from drf_spectacular.utils import extend_schema
 from mcp.server import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from rest_framework.exceptions import UnsupportedMediaType
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -170,6 +171,9 @@ class McpView(APIView):
 
     @extend_schema(exclude=True)  # JSON-RPC, described by the MCP specification, not OpenAPI
     def post(self, request):
+        if not request.content_type.lower().startswith("application/json"):
+            # (The SDK refuses it too, with a plain-text 400.)
+            raise UnsupportedMediaType(request.content_type)
         caller = Caller(principal=request.principal, agent=request.agent)
         try:
             status, headers, body = _exchanges.exchange(

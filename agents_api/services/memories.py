@@ -21,7 +21,7 @@ from agents_api.models import (
 from agents_api.selectors import MEMORIES, memory_off_for, messages_seen_by
 from memsvc.api.errors import Conflict, InvalidInput
 from memsvc.api.principals import Principal
-from memsvc.db import locked_row
+from memsvc.db import lock_name, locked_row
 from search.embeddings import vector_literal
 from search.services import embed_pending_rows, embed_rows, reembed_all_rows, vectors_or_none
 from search.statements import Scope, execute_planned, nearest_order, nearest_settings
@@ -148,6 +148,10 @@ def _store_memories(agent, user_id, memories, source, model, vectors):
     # Again under the setting's row lock: a switch turned off while the batch was embedded
     # wins (the switch's write waits for this transaction, or this one sees it).
     refuse_if_memory_off(user_id, lock=True)
+    # One save at a time of this agent's memories about this user: a near-duplicate saved
+    # by a concurrent request is seen (not stored twice), and two batches holding the same
+    # new facts in another order do not each wait for the other's row (a deadlock).
+    lock_name("memories", agent.pk, user_id)
     now = timezone.now()
     saved = []
     for index, new in enumerate(memories):
@@ -212,10 +216,12 @@ def memory_update(
     message_ids: Sequence | None = None,
 ) -> Memory:
     """Change a memory; new content gets a new vector (or waits for the sweep); new
-    ``message_ids`` replace the turns it cites."""
+    ``message_ids`` replace the turns it cites. 409 when its user turned memory off (a
+    changed fact is a new one)."""
     if message_ids is not None:
         _refuse_unseen_messages(actor, message_ids)
     memory = locked_row(Memory.objects, memory.pk, missing="memory not found")
+    refuse_if_memory_off(memory.user_id, lock=True)
     if content is not None and content != memory.content:
         memory.content = content
         memory.content_hash = content_hash(content)

@@ -501,6 +501,10 @@ def test_http_refuses_requests_without_a_valid_key(served):
     assert response.status_code == 200
     [block] = json.loads(response.json()["result"]["content"][0]["text"])["data"]
     assert block["value"] == "Name: Ada"
+    # Not JSON: refused in the API's shape (the SDK's own refusal is a plain-text 400).
+    text = httpx.post(served, content=b"{}", headers={**authorized, "Content-Type": "text/plain"})
+    assert text.status_code == 415
+    assert text.json()["code"] == "unsupported_media_type"
     stream = httpx.get(served, headers=authorized, timeout=10)
     assert stream.status_code == 405
     assert "POST" in stream.headers["Allow"] and "GET" not in stream.headers["Allow"]

@@ -156,6 +156,61 @@ def test_the_same_fact_saved_twice_at_once_is_one_memory():
     assert (stored.importance, stored.tags) == (0.9, ["pref", "drink"])
 
 
+def saved_meanwhile(agent, *contents) -> tuple[threading.Thread, dict]:
+    """A batch of ``contents`` saved on another connection, started now."""
+    outcome = {}
+
+    def save_batch():
+        try:
+            outcome["saved"] = memories_save(
+                agent.as_principal(),
+                agent=agent,
+                user_id="alice",
+                memories=[NewMemory(content=content) for content in contents],
+            )
+        except Exception as exc:  # the test's point: it must not fail
+            outcome["saved"] = exc
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=save_batch)
+    thread.start()
+    return thread, outcome
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_batches_of_the_same_facts_in_another_order_both_succeed():
+    """Saved row by row, each batch would hold one fact's row and wait for the other's (a
+    deadlock: one of them failed). Saves of one agent's memories about one user take turns."""
+    agent = AgentFactory(name="busy")
+    with transaction.atomic():
+        save(agent, "Alice likes tea")
+        other, outcome = saved_meanwhile(agent, "Alice likes jazz", "Alice likes tea")
+        other.join(timeout=1.0)
+        assert other.is_alive()  # its turn comes when this transaction ends
+        save(agent, "Alice likes jazz")
+    other.join(timeout=10)
+    assert [created for _, created in outcome["saved"]] == [False, False]
+    assert sorted(Memory.objects.values_list("content", flat=True)) == [
+        "Alice likes jazz",
+        "Alice likes tea",
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_near_duplicate_saved_at_the_same_time_is_one_memory():
+    agent = AgentFactory(name="busy")
+    with transaction.atomic():
+        first, _ = save(agent, "Carol's favourite colour is green.")
+        other, outcome = saved_meanwhile(agent, "Carol's favourite colour is green!")
+        other.join(timeout=1.0)
+        assert other.is_alive()
+    other.join(timeout=10)
+    [(memory, created)] = outcome["saved"]
+    assert (memory.id, created) == (first.id, False)
+    assert Memory.objects.count() == 1
+
+
 @pytest.mark.parametrize(
     ("fields", "constraint"),
     [

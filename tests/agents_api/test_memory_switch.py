@@ -34,7 +34,7 @@ def search_contents(response) -> list[str]:
 @pytest.mark.django_db
 def test_agent_api_saves_are_refused_with_409_and_nothing_written(api, helper, kept):
     switch("alice", on=False)
-    before = sorted(Memory.objects.values_list("id", "content", "importance", "tags"))
+    before = sorted(Memory.objects.values_list("id", "content", "importance", "tags", "expires_at"))
     single = api.post(MEMORIES, {"content": "Alice likes jazz", "userId": "alice"}, as_=helper)
     assert single.status_code == 409
     assert single.json()["code"] == "conflict"
@@ -48,7 +48,18 @@ def test_agent_api_saves_are_refused_with_409_and_nothing_written(api, helper, k
     assert batch.status_code == 409
     acting = api.post(MEMORIES, {"content": "Alice likes jazz"}, as_=helper.acting_for("alice"))
     assert acting.status_code == 409
-    assert sorted(Memory.objects.values_list("id", "content", "importance", "tags")) == before
+    # Nor is a kept one rewritten, or kept longer.
+    changed = api.patch(
+        f"{MEMORIES}/{kept.id}",
+        {"content": "Alice lives at 5 Elm St", "expiresAt": "2099-01-01T00:00:00Z"},
+        as_=helper,
+    )
+    assert changed.status_code == 409
+    assert changed.json()["code"] == "conflict"
+    assert (
+        sorted(Memory.objects.values_list("id", "content", "importance", "tags", "expires_at"))
+        == before
+    )
     # Other users and the agent's own memory are not affected.
     assert (
         api.post(MEMORIES, {"content": "Bob likes jazz", "userId": "bob"}, as_=helper).status_code
