@@ -371,7 +371,12 @@ def cmd_import(args: argparse.Namespace) -> int:
     print(f"imported the {result.kind} {result.subject}:", file=sys.stderr)
     for name, stored in result.stored.items():
         skipped = result.skipped[name]
-        note = f" ({skipped} skipped: their conversation or agent is gone)" if skipped else ""
+        note = (
+            f" ({skipped} skipped: their conversation or agent is gone, or the user is not "
+            "a member there)"
+            if skipped
+            else ""
+        )
         print(f"  {name}: {stored}{note}", file=sys.stderr)
     return 0
 

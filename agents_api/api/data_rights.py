@@ -121,7 +121,10 @@ class ImportedOut(serializers.Serializer):
     )
     skipped = serializers.DictField(
         child=serializers.IntegerField(),
-        help_text="Records left out, by section: memories about a user who turned memory off.",
+        help_text=(
+            "Records left out, by section: memories and blocks about a user who turned "
+            "memory off, memories whose time is up."
+        ),
     )
 
     class Meta:
@@ -160,8 +163,9 @@ class AgentImportView(AgentApiView):
             "memory, all of it or nothing, as you could have written it yourself: every row "
             "new (new ids and block numbers, no time later than now, memories not yet used, "
             "a block's history one revision by you); a cited message or a tool record's "
-            "conversation you cannot see here is dropped; memories about a user who turned "
-            "memory off are skipped. 409 when a block's label or a memory's content is one "
+            "conversation you cannot see here is dropped; memories and blocks about a user "
+            "who turned memory off, and memories whose `expiresAt` has passed, are skipped. "
+            "409 when a block's label or a memory's content is one "
             "you keep already, or is in the document twice. "
             "Vectors are made in the background (found by keyword meanwhile). Larger "
             "documents than the body limit: `memsvc import`."

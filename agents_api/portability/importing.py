@@ -11,7 +11,12 @@ from django.utils import timezone
 from agents_api.models import Agent
 from agents_api.portability.export import FORMAT, VERSION
 from agents_api.portability.records import AgentRecord
-from agents_api.portability.restore import ImportCollides, ImportRefused, parse_records
+from agents_api.portability.restore import (
+    ImportCollides,
+    ImportRefused,
+    parse_records,
+    sequences_past_stored_numbers,
+)
 from agents_api.portability.sections import AGENT_SECTIONS, USER_SECTIONS
 from agents_api.selectors import memory_off_for, messages_seen_by
 from conversations.selectors import visible_conversation_ids
@@ -64,11 +69,14 @@ def document_import(document, *, into: Agent | None = None) -> ImportResult:
         with transaction.atomic():
             if into is not None:
                 _as_its_own(into, parsed)
+            if kind == "user":
+                _within_its_own(parsed)
             subject = user_id if kind == "user" else (into or _agent(agent_data))
             for section in sections:
                 stored = section.restore(subject, parsed[section.name])
                 result.stored[section.name] = stored
                 result.skipped[section.name] = given[section.name] - stored
+            sequences_past_stored_numbers()
     # (In our own words: PostgreSQL's would name its internals and echo whole rows.)
     except IntegrityError as exc:
         if getattr(exc.__cause__, "sqlstate", None) == UNIQUE_VIOLATION:
@@ -89,12 +97,20 @@ def _as_its_own(agent: Agent, parsed: dict[str, list[dict]]) -> None:
     (``accessCount`` 0), a block's history one revision (its value, by this agent, now: the
     document's history is not the agent's to tell). Cited messages and tool records'
     conversations only those the agent sees (the others dropped, as a random id would be);
-    no memory about a user who turned memory off (skipped; their settings locked, as
-    ``services.memories_save`` locks them). Each memory keeps its ``source``: how it was
+    no memory or block about a user who turned memory off (skipped; their settings locked,
+    as ``services.memories_save`` locks them); no memory whose time is up (skipped, as the
+    API refuses an ``expiresAt`` not in the future: a document that was exported, and is
+    imported later, is not wrong for it). Each memory keeps its ``source``: how it was
     first kept (from a conversation, through MCP, ...)."""
     actor, now = agent.as_principal(), timezone.now()
-    off = memory_off_for((memory["user_id"] for memory in parsed["memories"]), lock=True)
-    memories = [memory for memory in parsed["memories"] if memory["user_id"] not in off]
+    about = (row["user_id"] for row in (*parsed["memories"], *parsed["memoryBlocks"]))
+    off = memory_off_for(about, lock=True)
+    parsed["memoryBlocks"] = [b for b in parsed["memoryBlocks"] if b["user_id"] not in off]
+    memories = [
+        memory
+        for memory in parsed["memories"]
+        if memory["user_id"] not in off and memory["expires_at"] > now
+    ]
     seen = messages_seen_by(actor, [i for memory in memories for i in memory["message_ids"]])
     for memory in memories:
         memory["message_ids"] = [i for i in memory["message_ids"] if i in seen]
@@ -120,6 +136,24 @@ def _as_its_own(agent: Agent, parsed: dict[str, list[dict]]) -> None:
         for name in ("created_at", "updated_at"):
             if name in row:
                 row[name] = min(row[name], now)
+
+
+def _within_its_own(parsed: dict[str, list[dict]]) -> None:
+    """Refuses a user's document unless the memberships, messages and transfers it holds
+    of the user's own conversations are in those (whose groups the import makes: a group's
+    id stored already collides). What it holds of others' conversations ("...Elsewhere")
+    is checked against the user in ``restore``."""
+    conversations = {record["id"] for record in parsed["conversations"]}
+    groups = {record["group_id"] for record in parsed["conversations"]}
+    for section, key, own in (
+        ("memberships", "group_id", groups),
+        ("messages", "conversation_id", conversations),
+        ("ownershipTransfers", "conversation_id", conversations),
+        ("ownershipTransfers", "group_id", groups),
+    ):
+        stranger = next((r[key] for r in parsed[section] if r[key] not in own), None)
+        if stranger is not None:
+            raise ImportRefused(f"{section}: {stranger} is not of the document's conversations")
 
 
 def _agent(data: dict) -> Agent:

@@ -30,8 +30,11 @@ from memsvc.api.fields import (
 )
 from memsvc.api.principals import PRINCIPAL_MAX_LENGTH, user_id_problem
 
-# The largest number a PostgreSQL bigint holds (a message's place, a block's id).
-BIGINT_MAX = 2**63 - 1
+# The largest number a record may give a message's place or a block's id, which an import
+# keeps, moving its sequence past it (``restore._keep_numbers``): far below 2**63 - 1,
+# so that no document can use a sequence up (what it leaves is 1,023 times what it could
+# take), and exact wherever JSON is read (a JavaScript number holds integers up to 2**53).
+NUMBER_MAX = 2**53
 
 
 class SubjectField(serializers.CharField):
@@ -106,7 +109,7 @@ class MessageRecord(Record):
     conversationId = serializers.UUIDField(source="conversation_id")
     seq = serializers.IntegerField(
         min_value=1,
-        max_value=BIGINT_MAX,
+        max_value=NUMBER_MAX,
         help_text="The message's place in the order of all messages.",
     )
     role = serializers.ChoiceField(choices=Role.choices)
@@ -174,7 +177,7 @@ class MemoryBlockRevisionRecord(Record):
 
 class MemoryBlockRecord(Record):
     id = serializers.IntegerField(
-        min_value=1, max_value=BIGINT_MAX, help_text="Letta's routes show it (block-<id>)."
+        min_value=1, max_value=NUMBER_MAX, help_text="Letta's routes show it (block-<id>)."
     )
     agentId = serializers.UUIDField(source="agent_id")
     userId = SubjectField(source="user_id", help_text="null: the agent's own block")

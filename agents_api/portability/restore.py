@@ -27,7 +27,9 @@ from conversations.models import (
     Membership,
     Message,
     OwnershipTransfer,
+    Role,
 )
+from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX
 from search.services import EMBED_BATCH
 from search.tasks import enqueue_embedding
 
@@ -91,10 +93,10 @@ def restore_memberships(user_id: str, records: list[dict]) -> int:
     return len(Membership.objects.bulk_create(Membership(**record) for record in records))
 
 
-def _keep_numbers(table: str, column: str, sequence: str, records: list[dict], key: str) -> None:
+def _keep_numbers(table: str, column: str, records: list[dict], key: str) -> None:
     """Rows numbered by a sequence (a message's place ``seq``, a block's id, which Letta's
     routes show) keep their old numbers when none is taken, as on the server they came
-    from, and the sequence moves past them so that no new row is given one. Otherwise
+    from (``sequences_past_stored_numbers`` then moves the sequence past them). Otherwise
     (another server's rows hold them) ``key`` is dropped: they get new numbers, in the
     order they had."""
     numbers = [record[key] for record in records if key in record]
@@ -106,20 +108,36 @@ def _keep_numbers(table: str, column: str, sequence: str, records: list[dict], k
         if cursor.fetchone()[0]:
             for record in records:
                 del record[key]
-            return
-        cursor.execute(
-            f"""
-            SELECT setval(s, %s) FROM (SELECT {sequence}::regclass AS s) AS q
-            WHERE %s > coalesce(pg_sequence_last_value(s), 0)
-            """,  # noqa: S608 (our own names; the numbers are parameters)
-            [max(numbers), max(numbers)],
-        )
+
+
+# The sequences of the numbers ``_keep_numbers`` keeps: table, column, sequence.
+NUMBERED = [
+    ("message", "seq", "'message_seq'"),
+    ("memory_block", "id", "pg_get_serial_sequence('memory_block', 'id')"),
+]
+
+
+def sequences_past_stored_numbers() -> None:
+    """Each sequence of ``NUMBERED`` moved past the largest number stored, so that no new
+    row is given one an import kept. The last step of an import, every row in: a
+    sequence's change outlives a rollback, and a refused import changes nothing. (Until
+    then a new row may draw a number the import kept: of the two, the later to commit
+    fails on the number, which is unique.)"""
+    with connection.cursor() as cursor:
+        for table, column, sequence in NUMBERED:
+            cursor.execute(
+                f"""
+                SELECT setval(s, n)
+                FROM (SELECT {sequence}::regclass AS s, (SELECT max({column}) FROM {table}) AS n) AS q
+                WHERE n > coalesce(pg_sequence_last_value(s), 0)
+                """  # noqa: S608 (our own names)
+            )
 
 
 def _store_messages(records: list[dict]) -> int:
     """Messages in their old places in the order of all messages (``_keep_numbers``): fork
     points and replies name messages by id, so they hold either way."""
-    _keep_numbers("message", "seq", "'message_seq'", records, "seq")
+    _keep_numbers("message", "seq", records, "seq")
     created = Message.objects.bulk_create(
         (Message(**record) for record in records), batch_size=EMBED_BATCH
     )
@@ -152,15 +170,32 @@ def restore_memberships_elsewhere(user_id: str, records: list[dict]) -> int:
     return len(Membership.objects.bulk_create(Membership(**record) for record in kept))
 
 
-def restore_messages_elsewhere(user_id: str, records: list[dict]) -> int:
-    """Messages in conversations that still exist, in their old places between the others'
-    messages (``_store_messages``)."""
-    existing = set(
-        Conversation.objects.filter(id__in=[r["conversation_id"] for r in records]).values_list(
-            "id", flat=True
-        )
+def _written_for(user_id: str, message: dict) -> bool:
+    """Whether a message is the user's as ``conversations.selectors.messages_elsewhere``
+    finds them: written by the user, or a user turn an agent wrote for them (signed with
+    their id)."""
+    return message["author_principal"] == user_id or (
+        message["role"] == Role.USER
+        and message["author_name"] == user_id
+        and message["author_principal"].startswith(AGENT_PRINCIPAL_PREFIX)
     )
-    return _store_messages([r for r in records if r["conversation_id"] in existing])
+
+
+def restore_messages_elsewhere(user_id: str, records: list[dict]) -> int:
+    """The user's messages (anyone else's refuses the document) in conversations that
+    still exist and where the user is a member (again: ``membershipsElsewhere`` comes
+    back first), in their old places between the others' messages (``_store_messages``).
+    Those of a conversation the user is no member of are skipped: a member removed leaves
+    their messages, but no document brings anyone's words into a conversation they are
+    not in."""
+    strangers = [r for r in records if not _written_for(user_id, r)]
+    if strangers:
+        raise ImportRefused(f"messagesElsewhere: {strangers[0]['id']} is not {user_id}'s")
+    member = Conversation.objects.filter(
+        id__in=[r["conversation_id"] for r in records], group__memberships__principal_id=user_id
+    )
+    kept = set(member.values_list("id", flat=True))
+    return _store_messages([r for r in records if r["conversation_id"] in kept])
 
 
 def restore_transfers_elsewhere(user_id: str, records: list[dict]) -> int:
@@ -207,7 +242,7 @@ def restore_memory_blocks(subject, records: list[dict]) -> int:
     """Blocks with every revision they had, under their old ids when free
     (``_keep_numbers``)."""
     kept = _agents_for(subject, records, "memoryBlocks")
-    _keep_numbers("memory_block", "id", "pg_get_serial_sequence('memory_block', 'id')", kept, "id")
+    _keep_numbers("memory_block", "id", kept, "id")
     revisions = [record.pop("exported_revisions") for record in kept]
     blocks = MemoryBlock.objects.bulk_create(MemoryBlock(**record) for record in kept)
     MemoryBlockRevision.objects.bulk_create(

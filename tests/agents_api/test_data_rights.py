@@ -16,6 +16,7 @@ from django.db import DatabaseError, connection
 from django.utils import timezone
 
 from agents_api.models import Agent, Memory, MemoryBlock, MemoryBlockRevision, ToolRecord
+from agents_api.portability.records import NUMBER_MAX
 from agents_api.services import (
     NewToolRecord,
     api_key_create,
@@ -493,6 +494,139 @@ def test_an_import_renumbers_messages_whose_places_are_taken(api, alice, bob, tm
     assert min(seqs) > Message.objects.exclude(conversation_id=world.ours).order_by("-seq")[0].seq
 
 
+def sequences() -> tuple[int, int]:
+    """Where the sequences numbering messages' places and blocks are."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT pg_sequence_last_value('message_seq'),
+                   pg_sequence_last_value(pg_get_serial_sequence('memory_block', 'id'))
+            """
+        )
+        return cursor.fetchone()
+
+
+@pytest.fixture
+def sequences_kept():
+    """Puts the sequences back after the test: their changes outlive its rollback."""
+    before = sequences()
+    yield
+    with connection.cursor() as cursor:
+        for sequence, value in zip(
+            ("'message_seq'", "pg_get_serial_sequence('memory_block', 'id')"), before, strict=True
+        ):
+            cursor.execute(f"SELECT setval({sequence}, %s, %s)", [value or 1, value is not None])
+
+
+def import_file(tmp_path, document: dict) -> int:
+    path = tmp_path / "forged.json"
+    path.write_text(json.dumps({**document, "exportedAt": None}))
+    return cli.main(["import", str(path)])
+
+
+def test_a_refused_import_leaves_the_sequences_as_they_were(
+    api, alice, tmp_path, world, capsys, sequences_kept
+):
+    """Numbers kept (a message's place, a block's id) move their sequence only once every
+    row is in: a sequence's change outlives the rollback of a refused import."""
+    document = cli_export(tmp_path, "first", "user", "alice")
+    call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    before = sequences()
+    document["messages"][0]["seq"] = 2**50
+    [block] = document["memoryBlocks"]
+    twice = {**block, "id": 2**50 + 1, "revisions": []}  # the same label twice: refused
+    document["memoryBlocks"] = [{**block, "id": 2**50}, twice]
+    assert import_file(tmp_path, document) == 1
+    assert "nothing imported" in capsys.readouterr().err
+    assert sequences() == before
+    made = call(api, "POST", "/v1/user/conversations", alice, {"title": "After"}, 201)
+    call(api, "POST", f"/v1/user/conversations/{made['id']}/messages", alice, {"content": "x"}, 201)
+    assert Message.objects.get(conversation_id=made["id"]).seq < 2**50
+
+
+def test_an_import_cannot_use_a_sequence_up(api, alice, tmp_path, world, capsys, sequences_kept):
+    """Numbers past ``NUMBER_MAX`` are refused; one at it still leaves the sequence room."""
+    document = cli_export(tmp_path, "first", "user", "alice")
+    call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    before = sequences()
+    for section, key in (("messages", "seq"), ("memoryBlocks", "id")):
+        too_large = json.loads(json.dumps(document))
+        too_large[section][0][key] = 2**63 - 1
+        assert import_file(tmp_path, too_large) == 1
+        assert f"{section}[0]" in capsys.readouterr().err
+        assert sequences() == before
+
+    document["messages"][0]["seq"] = NUMBER_MAX
+    assert import_file(tmp_path, document) == 0
+    call(api, "POST", f"/v1/user/conversations/{world.ours}/messages", alice, {"content": "y"}, 201)
+    assert Message.objects.order_by("-seq")[0].seq == NUMBER_MAX + 1
+
+
+def memberships_messages_transfers() -> tuple:
+    return (
+        sorted(Membership.objects.values_list("group_id", "principal_id", "access_level")),
+        sorted(Message.objects.values_list("id", "conversation_id", "author_principal")),
+        sorted(OwnershipTransfer.objects.values_list("id", "group_id", "to_principal")),
+    )
+
+
+def mallorys(alices: dict, **sections) -> dict:
+    """A document for mallory holding only ``sections``, its records made from alice's."""
+    empty = {name: [] for name, records in alices.items() if isinstance(records, list)}
+    return {**alices, **empty, "userId": "mallory", **sections}
+
+
+def forgeries(alices: dict) -> dict:
+    """Documents for mallory reaching into bob's conversation ``world.his``, where alice
+    is a member and writes."""
+    [membership] = alices["membershipsElsewhere"]
+    [message] = alices["messagesElsewhere"]
+    member = {**membership, "userId": "mallory"}
+    written = {**message, "id": str(uuid.uuid4()), "content": "Forged"}
+    offer = {
+        "id": str(uuid.uuid4()),
+        "conversationGroupId": membership["conversationGroupId"],
+        "conversationId": message["conversationId"],
+        "fromUserId": "bob",
+        "toUserId": "mallory",
+        "status": "pending",
+        "createdAt": message["createdAt"],
+        "resolvedAt": None,
+    }
+    bobs = {**written, "authorPrincipal": "bob", "authorName": "bob"}
+    return {
+        "his group": mallorys(alices, memberships=[{**member, "accessLevel": "manager"}]),
+        "his conversation": mallorys(alices, messages=[{**written, "authorPrincipal": "mallory"}]),
+        "an offer of his": mallorys(alices, ownershipTransfers=[offer]),
+        "bob's words": mallorys(alices, membershipsElsewhere=[member], messagesElsewhere=[bobs]),
+    }
+
+
+@pytest.mark.parametrize(
+    "forgery", ["his group", "his conversation", "an offer of his", "bob's words"]
+)
+def test_a_user_document_holds_only_its_users_records(tmp_path, world, capsys, forgery):
+    """Checked against its subject: of others' conversations it holds only the user's own
+    membership and messages."""
+    document = forgeries(cli_export(tmp_path, "alice", "user", "alice"))[forgery]
+    before = memberships_messages_transfers()
+    assert import_file(tmp_path, document) == 1
+    err = capsys.readouterr().err
+    assert "nothing imported" in err and "is not" in err, err
+    assert memberships_messages_transfers() == before
+
+
+def test_a_users_messages_come_back_only_where_they_are_a_member(tmp_path, world, capsys):
+    """Elsewhere, where the document gives the user no membership, their messages are
+    skipped (a member removed leaves theirs behind)."""
+    alices = cli_export(tmp_path, "alice", "user", "alice")
+    [message] = alices["messagesElsewhere"]
+    written = {**message, "id": str(uuid.uuid4()), "authorPrincipal": "mallory"}
+    assert import_file(tmp_path, mallorys(alices, messagesElsewhere=[written])) == 0
+    assert "messagesElsewhere: 0 (1 skipped" in capsys.readouterr().err
+    assert not Message.objects.filter(author_principal="mallory").exists()
+
+
 # --- an agent's memory through its own key ---------------------------------------------------
 
 
@@ -620,15 +754,34 @@ def test_an_import_that_collides_stores_nothing(api, world):
     assert not Memory.objects.filter(agent__name="third").exists()
 
 
-def test_an_agent_import_skips_memories_about_a_user_who_turned_memory_off(api, world):
+def test_an_agent_import_skips_what_is_about_a_user_who_turned_memory_off(api, world):
+    """Her memory and her block (``POST /v1/agent/memory-blocks`` about her is a 409)."""
     document = agent_export(api, key_of(world.agent))
     memory_setting_update(Principal.user("alice"), enabled=False)
     newcomer = make_agent("newcomer")
     response = api.post("/v1/agent/import", document, as_=newcomer)
     assert response.status_code == 200
-    assert response.json()["stored"]["memories"] == 2
-    assert response.json()["skipped"]["memories"] == 1
-    assert "alice" not in {user for user, *_ in memory_of_the_agent(newcomer.agent)["memories"]}
+    assert response.json()["stored"] == {"memoryBlocks": 1, "memories": 2, "toolRecords": 2}
+    assert response.json()["skipped"] == {"memoryBlocks": 1, "memories": 1, "toolRecords": 0}
+    kept = memory_of_the_agent(newcomer.agent)
+    assert "alice" not in {user for user, *_ in kept["memories"]}
+    assert "alice" not in {user for user, *_ in kept["blocks"]}
+
+
+def test_an_agent_import_skips_memories_whose_time_is_up(api, world):
+    """As the API refuses an ``expiresAt`` that is not in the future."""
+    document = agent_export(api, key_of(world.agent))
+    gone = next(m for m in document["memories"] if m["content"] == "Bob runs marathons")
+    gone["expiresAt"] = "2020-01-01T00:00:00Z"
+    newcomer = make_agent("newcomer")
+    response = api.post("/v1/agent/import", document, as_=newcomer)
+    assert response.status_code == 200
+    assert (response.json()["stored"]["memories"], response.json()["skipped"]["memories"]) == (
+        2,
+        1,
+    )
+    kept = memory_of_the_agent(newcomer.agent)["memories"]
+    assert "Bob runs marathons" not in {content for _, content, *_ in kept}
 
 
 def test_what_an_agent_imports_is_new_and_its_own(api, world):
@@ -636,7 +789,7 @@ def test_what_an_agent_imports_is_new_and_its_own(api, world):
     block numbers, a block's history (by whom, when), times to come, a memory's uses."""
     document = agent_export(api, key_of(world.agent))
     future, block = "9999-01-01T00:00:00Z", document["memoryBlocks"][0]
-    block.update(id=2**63 - 1, createdAt=future, updatedAt=future)
+    block.update(id=NUMBER_MAX, createdAt=future, updatedAt=future)
     block["revisions"] = [{"value": "forged", "actor": "alice", "createdAt": future}] * 60
     document["memories"][0].update(accessCount=99_999, createdAt=future, updatedAt=future)
     newcomer = make_agent("newcomer")
