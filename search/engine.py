@@ -222,25 +222,33 @@ def with_feedback(
     memories, each counted as the best row) that describe them best
     (``ranking.feedback_words``) join the query's terms at ``feedback_weight`` x their
     BM25 weight; the rows holding them join the candidates, and every candidate is scored
-    again with the longer query (a turn that says the answer in other words moves up)."""
+    again with the longer query (a turn that says the answer in other words moves up).
+
+    The candidates' scores grow by the new words they hold (their words read with the best
+    rows'); only the rows the new words find besides them are read for their similarity,
+    neighbours, date and author."""
     if not best:
         return found
     top_score = best[0][1] or 1.0
     limit = max(tuning.min_candidates, tuning.candidates_per_result * top_k)
+    candidates = found.keyword.keys() | found.semantic.keys()
     with connection.cursor() as cursor:
-        known = statements.row_words(cursor, corpus, [i for i, _ in best], citing, citing_best)
+        known = statements.row_words(
+            cursor, corpus, list(candidates), [i for i, _ in best], citing, citing_best
+        )
         weights = {i: score / top_score for i, score in best} | dict.fromkeys(citing_best, 1.0)
         idf = ranking.bm25_idf(known.frequencies, known.documents)
         chosen = ranking.feedback_words(
-            ((weights[i], words) for i, words in known.words.items()),
+            ((weight, known.words.get(i, ())) for i, weight in weights.items()),
             idf,
             known=found.idf.keys(),
             count=tuning.feedback_words,
         )
         if not chosen:
             return found
+        added = {w: tuning.feedback_weight * idf[w] for w in chosen}
         terms = Terms(
-            found.idf | {w: tuning.feedback_weight * idf[w] for w in chosen},
+            found.idf | added,
             found.terms.match_on
             + ranking.rarest_within(
                 {w: known.frequencies[w] for w in chosen}, tuning.keyword_match_cap
@@ -249,17 +257,25 @@ def with_feedback(
         keyword = statements.keyword_candidates(
             cursor, corpus, scope, terms, limit, tuning, few=probed.get("few", False)
         )
-        backend = configured_backend()
-        vector = query_vector(backend.model, query)  # (embedded for ``found``: kept)
-        rows = statements.described(
-            cursor,
-            corpus,
-            list(found.semantic.keys() | found.keyword.keys() | keyword.keys()),
-            vector,
-            backend.model,
-            terms,
-        )
-    return Candidates(terms=terms).add(rows)
+        new = [i for i in keyword if i not in candidates]
+        rows = []
+        if new:
+            backend = configured_backend()
+            vector = query_vector(backend.model, query)  # (embedded for ``found``: kept)
+            rows = statements.described(cursor, corpus, new, vector, backend.model, terms)
+    again = Candidates(
+        semantic=dict(found.semantic),
+        keyword={
+            i: found.keyword.get(i, 0.0) + ranking.keyword_score(known.words.get(i, ()), added)
+            for i in candidates
+        }
+        | keyword,
+        neighbours=dict(found.neighbours),
+        created=dict(found.created),
+        authors=dict(found.authors),
+        terms=terms,
+    )
+    return again.add(rows)
 
 
 def cited_rows(

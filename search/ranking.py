@@ -54,6 +54,12 @@ def feedback_words(
     return sorted(worth, key=lambda w: (-worth[w], w))[:count]
 
 
+def keyword_score(words: Iterable[str], idf: Mapping[str, float]) -> float:
+    """A row's BM25 score (b = 0, each word once) for a query of ``idf``'s words: the sum of
+    the weights of those it holds."""
+    return sum(idf.get(word, 0.0) for word in set(words))
+
+
 def normalised(scores: Mapping, ids: Iterable) -> dict:
     """Min-max over the candidates; a candidate without a score gets 0."""
     ids = list(ids)

@@ -500,44 +500,50 @@ def described(
 
 @dataclass(frozen=True)
 class RowWords:
-    """The words of some rows, and how many rows of the searched corpus hold each."""
+    """The words of some rows, and how many rows of the searched corpus hold each word of
+    the feedback rows."""
 
     words: dict  # row id -> its lexemes
     frequencies: dict[str, int]
     documents: int
 
 
-def row_words(cursor, corpus: Corpus, ids: list, citing: Corpus | None, citing_ids: list):
-    """The words of rows of ``corpus`` and of ``citing`` (memories), with the corpus's kept
-    statistics of each (``Corpus.kept_statistics``): what keyword feedback chooses from."""
-    citing_words = ""
-    params = [list(ids)]
+def row_words(
+    cursor, corpus: Corpus, ids: list, feedback: list, citing: Corpus | None, citing_ids: list
+) -> RowWords:
+    """The words of the rows ``ids`` and ``feedback`` of ``corpus`` and ``citing_ids`` of
+    ``citing`` (memories), and the corpus's kept statistics (``Corpus.kept_statistics``) of
+    the words of ``feedback`` and ``citing_ids``: what keyword feedback chooses from, and
+    what it scores the candidates by."""
+    citing_rows, params = "", [list({*ids, *feedback})]
     if citing is not None and citing_ids:
-        citing_words = f"""
+        citing_rows = f"""
             UNION ALL
-            SELECT r.id, q.lexeme FROM {citing.table} r
-            CROSS JOIN unnest(tsvector_to_array(r.search_vector)) AS q(lexeme)
-            WHERE r.id = ANY(%s)"""
+            SELECT id, tsvector_to_array(search_vector), true FROM {citing.table}
+            WHERE id = ANY(%s)"""
         params.append(list(citing_ids))
     cursor.execute(
         f"""
-        WITH words AS (
-            SELECT r.id, q.lexeme FROM {corpus.table} r
-            CROSS JOIN unnest(tsvector_to_array(r.search_vector)) AS q(lexeme)
-            WHERE r.id = ANY(%s) {citing_words}
+        WITH rows AS (
+            SELECT id, tsvector_to_array(search_vector) AS lexemes, id = ANY(%s) AS feedback
+            FROM {corpus.table} WHERE id = ANY(%s) {citing_rows}
         )
-        SELECT w.id, w.lexeme, coalesce(t.document_count, 0), c.document_count
-        FROM words w
-        LEFT JOIN search_term_stat t ON t.lexeme = w.lexeme
+        SELECT id, lexemes, NULL::bigint, NULL::bigint FROM rows
+        UNION ALL
+        SELECT NULL, ARRAY[f.lexeme], coalesce(t.document_count, 0), c.document_count
+        FROM (SELECT DISTINCT unnest(lexemes) AS lexeme FROM rows WHERE feedback) f
+        LEFT JOIN search_term_stat t ON t.lexeme = f.lexeme
         LEFT JOIN search_corpus_stat c ON c.id = 1
         """,
-        params,
+        [list(feedback), *params],
     )
     words: dict = {}
     frequencies: dict[str, int] = {}
     documents = 0
-    for row_id, lexeme, frequency, counted in cursor.fetchall():
-        words.setdefault(row_id, []).append(lexeme)
-        frequencies[lexeme] = frequency
-        documents = counted or 0
+    for row_id, lexemes, frequency, counted in cursor.fetchall():
+        if row_id is not None:
+            words[row_id] = lexemes
+        else:
+            frequencies[lexemes[0]] = frequency
+            documents = counted or 0
     return RowWords(words, frequencies, documents)

@@ -2,7 +2,7 @@
 replaced as a whole by a test or a deployment (``settings.SEARCH_TUNING``), never patched
 piece by piece."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from django.conf import settings
 
@@ -59,9 +59,9 @@ class SearchTuning:
     # mode. Off (0) by default: +0.02 LoCoMo recall@10 held out for about 5 ms more per
     # search (docs/benchmarks.md, "Keyword feedback").
     feedback_words: int = 0
-    feedback_rows: int = 3
-    feedback_memories: int = 1
-    feedback_weight: float = 0.2
+    feedback_rows: int = 5
+    feedback_memories: int = 3
+    feedback_weight: float = 0.3
     # Each retriever proposes this many candidates per requested result (at least min).
     candidates_per_result: int = 5
     min_candidates: int = 30
@@ -107,10 +107,16 @@ OPENMEMORY_RANKING = MemoryRanking(relevance=0.0, importance=0.6, recency=0.4)
 
 DEFAULT_TUNING = SearchTuning()
 DEFAULT_MEMORY_RANKING = MemoryRanking()
+# ``MEMSVC_SEARCH_FEEDBACK``: the default with keyword feedback, as chosen leaving one
+# LoCoMo conversation out (docs/benchmarks.md, "Keyword feedback").
+FEEDBACK_TUNING = replace(DEFAULT_TUNING, feedback_words=20)
 
 
 def configured_tuning() -> SearchTuning:
-    return getattr(settings, "SEARCH_TUNING", DEFAULT_TUNING)
+    """``settings.SEARCH_TUNING`` if set, else the default (with ``MEMSVC_SEARCH_FEEDBACK``,
+    ``FEEDBACK_TUNING``)."""
+    chosen = FEEDBACK_TUNING if settings.MEMSVC_SEARCH_FEEDBACK else DEFAULT_TUNING
+    return getattr(settings, "SEARCH_TUNING", chosen)
 
 
 def configured_memory_ranking() -> MemoryRanking:

@@ -13,7 +13,7 @@ from conversations.models import TEXT_SEARCH_CONFIG, Visibility
 from search import ranking
 from search.queries import STOP_WORDS, names, parts, periods, within, words
 from search.services import embed_pending
-from search.tuning import DEFAULT_TUNING
+from search.tuning import DEFAULT_TUNING, FEEDBACK_TUNING, configured_tuning
 from tests.factories import ConversationFactory, MessageFactory
 from tests.search.test_search import contents, search, tuned
 
@@ -209,6 +209,8 @@ def test_feedback_words_are_the_best_rows_rare_words_the_query_lacks():
         "day",
     ]
     assert ranking.feedback_words([], idf, known=set(), count=3) == []
+    # The candidates' scores grow by the words they hold, each once.
+    assert ranking.keyword_score(["miso", "miso", "x"], idf) == 1.5
 
 
 @pytest.mark.django_db
@@ -219,11 +221,11 @@ def test_keyword_feedback_finds_the_turn_that_answers_in_other_words(api, alice,
         conversation=ConversationFactory(group__owner=bob.id),
         content="Miso, our adopted puppy, named by the shelter",
     )
-    answer = "Miso, my adopted rascal, knocked the blue vase off the shelf again"
+    answer = "Miso, my adopted shelter rascal, knocked the blue vase off the shelf"
     for text in [
         "I adopted a kitten named Miso from the shelter",
-        "We need a break from work this summer",
-        "I stayed at home all day",
+        "Spring break tickets for the concert are sold out",
+        "Home loan interest rates rose again",
         "The home office is finally painted",
         answer,
         "The weather was grey all week",
@@ -232,12 +234,28 @@ def test_keyword_feedback_finds_the_turn_that_answers_in_other_words(api, alice,
     embed_pending()
     question = "What did my kitten break at home?"
     assert DEFAULT_TUNING.feedback_words == 0  # off by default
-    tuned(settings, feedback_words=0)
-    before = contents(search(api, alice, question, topK=6))
-    tuned(settings, feedback_words=10, feedback_rows=1, feedback_weight=1.0)
-    after = contents(search(api, alice, question, topK=6))
-    assert after.index(answer) < before.index(answer), (before, after)
-    assert len(after) == 6 and not any("puppy" in text for text in after)
+    # Three candidates from each retriever: the answer is none of them at first, and is
+    # found by the words of the best turn ("Miso", "adopted").
+    few = {"min_candidates": 3, "candidates_per_result": 1}
+    tuned(settings, feedback_words=0, **few)
+    before = contents(search(api, alice, question, topK=3))
+    tuned(settings, feedback_words=10, feedback_rows=1, feedback_weight=1.0, **few)
+    after = contents(search(api, alice, question, topK=3))
+    assert answer not in before and answer in after, (before, after)
+    assert not any("puppy" in text for text in after)
     # Hybrid only: keyword search is what it was.
     keyword = contents(search(api, alice, question, topK=6, mode="keyword"))
     assert answer not in keyword
+
+
+def test_memsvc_search_feedback_turns_keyword_feedback_on(settings):
+    assert configured_tuning() == DEFAULT_TUNING
+    settings.MEMSVC_SEARCH_FEEDBACK = True
+    assert configured_tuning() == FEEDBACK_TUNING
+    assert FEEDBACK_TUNING.feedback_words > 0
+    changed = {
+        name
+        for name, value in vars(FEEDBACK_TUNING).items()
+        if getattr(DEFAULT_TUNING, name) != value
+    }
+    assert all(name.startswith("feedback_") for name in changed)  # nothing else changes
