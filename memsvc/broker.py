@@ -31,6 +31,9 @@ logger = logging.getLogger(__name__)
 # A name the reader never takes for a message: kombu's reader wants "<stamp>_<id>.<queue>.msg"
 # and compares what follows the first dot with "<queue>.msg"; this one starts with a dot.
 _PARTIAL_SUFFIX = ".partial"
+# AMQP's delivery mode of a message that need not outlive the machine (a use count): written
+# without waiting for the disk.
+TRANSIENT = 1
 
 
 class Channel(filesystem.Channel):
@@ -43,7 +46,8 @@ class Channel(filesystem.Channel):
             with open(partial, "wb") as handle:
                 handle.write(str_to_bytes(dumps(payload)))
                 handle.flush()
-                os.fsync(handle.fileno())
+                if payload.get("properties", {}).get("delivery_mode") != TRANSIENT:
+                    os.fsync(handle.fileno())
             os.rename(partial, os.path.join(folder, name))
         except OSError as exc:
             with contextlib.suppress(OSError):

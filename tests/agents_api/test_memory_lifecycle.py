@@ -26,6 +26,7 @@ from agents_api.tasks import (
     touch_memories_task,
 )
 from memsvc import cli
+from memsvc.broker import TRANSIENT
 from memsvc.celery import app
 from search.embeddings import EmbeddingError, configured_backend
 from tests.factories import AgentFactory
@@ -291,6 +292,13 @@ def test_a_touch_writes_no_index_entry():
     after_updates, after_hot = updates_of_memory_table()
     assert after_updates - updates == 60
     assert after_hot - hot >= 45
+
+
+def test_use_counts_are_sent_as_transient_messages(monkeypatch):
+    sent = []
+    monkeypatch.setattr(touch_memories_task, "apply_async", lambda **kw: sent.append(kw))
+    enqueue_memory_touch(["00000000-0000-0000-0000-000000000001"])
+    assert [kw["delivery_mode"] for kw in sent] == [TRANSIENT]
 
 
 @pytest.mark.django_db

@@ -89,6 +89,22 @@ def test_a_message_is_never_visible_before_it_is_whole(folders, monkeypatch):
         assert ours._get("celery") == {"body": "x" * 100_000}
 
 
+def test_a_transient_message_is_written_without_waiting_for_the_disk(folders, monkeypatch):
+    _, options = folders
+    synced = []
+    real_fsync = broker.os.fsync
+    monkeypatch.setattr(broker.os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
+    connection, ours = channel(options)
+    with connection:
+        ours._put("celery", {"body": "a use count", "properties": {"delivery_mode": 1}})
+        assert synced == []
+        ours._put("celery", {"body": "a message to embed", "properties": {"delivery_mode": 2}})
+        ours._put("celery", {"body": "no mode said"})
+        assert len(synced) == 2  # persistent unless said otherwise
+        bodies = [ours._get("celery")["body"] for _ in range(3)]
+    assert sorted(bodies) == ["a message to embed", "a use count", "no mode said"]
+
+
 def test_concurrent_writers_and_readers_get_every_message_once_and_whole(folders):
     tmp_path, options = folders
     writers, per_writer, readers = 4, 150, 3
