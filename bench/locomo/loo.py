@@ -34,7 +34,7 @@ def settings() -> dict[str, object]:
     before issue 21 first (no dates, no expansion), the current default last. A label's
     first word names its direction; each direction is also chosen on its own (against the
     first), leaving one conversation out."""
-    from search.tuning import DEFAULT_TUNING
+    from search.tuning import DEFAULT_TUNING, FEEDBACK_TUNING
 
     d = replace(
         DEFAULT_TUNING,
@@ -122,6 +122,13 @@ def settings() -> dict[str, object]:
             for words in (10, 20)
             for weight in (0.1, 0.2, 0.3)
         },
+        # The feedback chosen (``FEEDBACK_TUNING``) with the directions that helped before.
+        "feedback+ expansion 0.3": replace(FEEDBACK_TUNING, expansion_weight=0.3),
+        "feedback+ expansion 0.5": replace(FEEDBACK_TUNING, expansion_weight=0.5),
+        "feedback+ neighbours 0.3": replace(FEEDBACK_TUNING, neighbour_weight=0.3),
+        "feedback+ candidates 10 per result": replace(FEEDBACK_TUNING, candidates_per_result=10),
+        "feedback+ citations 1.0 x 5": replace(FEEDBACK_TUNING, cited_memories=5),
+        "feedback+ keywords cap 2000": replace(FEEDBACK_TUNING, keyword_match_cap=2000),
     }
 
 
