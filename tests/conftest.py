@@ -22,6 +22,26 @@ def pytest_configure(config):
     settings.PASSWORD_HASHERS = ["tests.hashers.QuickPBKDF2PasswordHasher"]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def test_database_left_alone(django_db_setup, django_db_blocker):
+    """At the end of the session the test database is dropped, which PostgreSQL refuses while
+    anyone is connected. The servers the tests run in this process (live servers, the MCP
+    transport's loop and tool pool) keep a persistent connection on each thread that served
+    a request, as in production, and those threads outlive the tests: their connections are
+    ended here, from the database's side (a thread's connection can only be closed by the
+    thread)."""
+    yield
+    from django.db import connection
+
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+            WHERE datname = current_database() AND pid <> pg_backend_pid()
+            """
+        )
+
+
 @dataclass(frozen=True)
 class Persona:
     id: str

@@ -339,7 +339,7 @@ def test_stdout_carries_nothing_but_protocol():
             "params": {"name": "no_such_tool", "arguments": {}},
         },
     ]
-    process = subprocess.Popen(
+    with subprocess.Popen(
         [str(MEMSVC), "mcp", "--agent", "raw"],
         env=server_env(),
         cwd=REPO,
@@ -347,15 +347,15 @@ def test_stdout_carries_nothing_but_protocol():
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-    )
-    process.stdin.write("".join(json.dumps(m) + "\n" for m in messages))
-    process.stdin.flush()
-    # A client keeps stdin open until its answers are in (EOF ends the session at once).
-    lines = [process.stdout.readline() for _ in range(3)]
-    process.stdin.close()
-    assert process.wait(timeout=60) == 0
-    assert process.stdout.read() == ""
-    stderr = process.stderr.read()
+    ) as process:
+        process.stdin.write("".join(json.dumps(m) + "\n" for m in messages))
+        process.stdin.flush()
+        # A client keeps stdin open until its answers are in (EOF ends the session at once).
+        lines = [process.stdout.readline() for _ in range(3)]
+        process.stdin.close()
+        assert process.wait(timeout=60) == 0
+        assert process.stdout.read() == ""
+        stderr = process.stderr.read()
     # Requests are served concurrently: answers come as they are ready.
     answers = sorted((json.loads(line) for line in lines), key=lambda a: a["id"])
     assert [a["id"] for a in answers] == [1, 2, 3], stderr
