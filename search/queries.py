@@ -88,6 +88,8 @@ _UNITS = {"day": 1, "week": 7, "month": 30, "year": 365}
 _AGO = re.compile(
     r"\b(\d+|a|an|one|two|three|four|five|six)\s+(day|week|month|year)s?\s+ago\b", re.I
 )
+# The furthest back "N days/weeks/months/years ago" names a time a message was written.
+MAX_AGO_DAYS = 200 * 365
 _COUNTS = {"a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6}
 _RELATIVE = re.compile(
     r"\b(yesterday|today|last night|(?:last|this|past)\s+(?:week|weekend|month|year))\b", re.I
@@ -161,6 +163,8 @@ def periods(text: str, now: datetime) -> list[Period]:
     for match in _AGO.finditer(text):
         count = match.group(1).lower()
         days = (int(count) if count.isdigit() else _COUNTS[count]) * _UNITS[match.group(2).lower()]
+        if days > MAX_AGO_DAYS:
+            continue  # ("3000000 days ago": before any message, and before the calendar)
         slack = max(1, days // 7)
         middle = today - timedelta(days=days)
         found.append((middle - timedelta(days=slack), middle + timedelta(days=slack + 1)))

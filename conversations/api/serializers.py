@@ -15,7 +15,7 @@ from memsvc.api.fields import (
 )
 from memsvc.api.pagination import AFTER_PARAMETER, LIMIT_PARAMETER
 from memsvc.api.schema import paged
-from search.selectors import MODES
+from search.selectors import HEADLINE_CHARS, MODES
 
 # --- out -------------------------------------------------------------------------------------
 
@@ -119,7 +119,11 @@ class SearchResultOut(serializers.Serializer):
     message = MessageOut()
     conversationId = serializers.UUIDField(source="message.conversation_id")
     score = serializers.FloatField()
-    highlights = serializers.CharField(allow_null=True)
+    highlights = serializers.CharField(
+        allow_null=True,
+        help_text=f"Extracts with the query's words in <b>, from the first {HEADLINE_CHARS:,} "
+        "characters.",
+    )
 
     class Meta:
         ref_name = "SearchResult"

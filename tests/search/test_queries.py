@@ -57,6 +57,10 @@ def test_relative_dates_resolve_against_the_moment_of_the_search():
     assert all(start.month == 6 for start, _ in june)
     assert periods("Caroline may go camping", NOW) == []  # the verb
     assert periods("What did Anna cook?", NOW) == []
+    # Before any message (and before the calendar, for Python's dates): no time at all.
+    for far in ("3000000 days ago", "999999999 weeks ago", "100000 years ago"):
+        assert periods(f"what did we say {far}", NOW) == []
+    assert len(periods("what did we say 150 years ago", NOW)) == 1
 
 
 def test_a_moment_within_a_period_or_its_slack_after_it():

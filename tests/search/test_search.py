@@ -460,3 +460,24 @@ def test_embedding_twice_writes_once_and_counts_words_once(pets):
     assert embed_messages(ids) == 0
     assert TermStat.objects.get(lexeme="puppi").document_count == 1
     assert TermStat.objects.get(lexeme="alic").document_count == 4
+
+
+def test_a_huge_message_and_a_long_query_are_highlighted_in_bounded_time(api, alice):
+    """Highlighting costs about the product of a text's words and a query's: one message of
+    100,000 characters and a query repeating a word 40 times took PostgreSQL 9 s, holding a
+    web thread and a connection (a few such searches stopped the service). Here the search
+    must finish under a statement timeout of 2 s (it takes milliseconds)."""
+    conversation = ConversationFactory(group__owner=alice.id)
+    MessageFactory(conversation=conversation, content="abc " * 25_000)
+    MessageFactory(conversation=conversation, content="x " * 3_000 + "late zebra")
+    with connection.cursor() as cursor:
+        cursor.execute("SET statement_timeout = '2s'")
+        try:
+            [hit] = search(api, alice, "abc " * 40, mode="keyword")
+        finally:
+            cursor.execute("SET statement_timeout = 0")
+    assert hit["highlights"].startswith("<b>abc</b>")
+    # A match past the highlighted start of a long message is found, without highlights.
+    [late] = search(api, alice, "zebra", mode="keyword")
+    assert late["message"]["content"].endswith("late zebra")
+    assert "<b>" not in late["highlights"]
