@@ -120,6 +120,9 @@ def memory_block_update(
 
 @transaction.atomic
 def memory_block_delete(actor: Principal, *, block: MemoryBlock) -> None:
+    """Delete a block with its revisions. Locked first, as a change locks it: a change in
+    progress (and the revision it adds) ends before the block's revisions are collected."""
+    block = locked_row(MemoryBlock.objects, block.pk, missing="memory block not found")
     if block.read_only:
         raise Forbidden(f"memory block {block.label!r} is read-only")
     block.delete()

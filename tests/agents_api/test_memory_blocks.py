@@ -4,9 +4,11 @@ import threading
 
 import httpx
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 
 from agents_api.models import MemoryBlock, MemoryBlockRevision
+from agents_api.services import memory_block_create, memory_block_delete, memory_block_update
+from memsvc.api.errors import NotFound
 from tests.agents_api.conftest import make_agent
 
 pytestmark = pytest.mark.django_db
@@ -244,3 +246,36 @@ def test_concurrent_appends_lose_no_text(live_server):
     assert len(lines) == 100
     assert sorted(lines) == sorted([f"a-{i}" for i in range(50)] + [f"b-{i}" for i in range(50)])
     assert [line for line in lines if line.startswith("a-")] == [f"a-{i}" for i in range(50)]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_block_deleted_while_it_changes_is_deleted_with_every_revision():
+    """The delete waits for the change in progress; before, it collected the revisions
+    without the change's new one, and the block's row then failed on it (a 500)."""
+    helper = make_agent("busy")
+    principal = helper.agent.as_principal()
+    block = memory_block_create(principal, agent=helper.agent, label="log", value="first")
+    outcome = {}
+
+    def delete():
+        try:
+            memory_block_delete(principal, block=block)
+            outcome["deleted"] = True
+        except Exception as exc:  # the test's point: it must not fail
+            outcome["deleted"] = exc
+        finally:
+            connection.close()
+
+    with transaction.atomic():
+        memory_block_update(principal, block=block, append="second")
+        deleting = threading.Thread(target=delete)
+        deleting.start()
+        deleting.join(timeout=1.0)
+        assert deleting.is_alive()  # waiting for the change to end
+    deleting.join(timeout=10)
+    assert outcome["deleted"] is True
+    assert not MemoryBlock.objects.filter(pk=block.pk).exists()
+    assert not MemoryBlockRevision.objects.filter(block_id=block.pk).exists()
+    # And a change that comes after the delete finds no block (404, not a failed save).
+    with pytest.raises(NotFound):
+        memory_block_update(principal, block=block, append="third")
