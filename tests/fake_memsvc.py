@@ -10,12 +10,19 @@ from tests.local_http import LocalHttpServer, Reply
 
 class StandInMemsvc:
     """A memsvc that answers the local API's shapes, records when each request came, and
-    takes ``store_seconds`` to store a message (or answers ``context_reply`` to a context
-    request): to watch what a call waits for, not to remember anything."""
+    takes ``store_seconds`` to store a message and ``context_seconds`` to answer a context
+    request (or answers ``context_reply``): to watch what a call waits for, not to remember
+    anything."""
 
-    def __init__(self, store_seconds: float = 0.0, context_reply: Reply | None = None):
+    def __init__(
+        self,
+        store_seconds: float = 0.0,
+        context_reply: Reply | None = None,
+        context_seconds: float = 0.0,
+    ):
         self.store_seconds = store_seconds
         self.context_reply = context_reply
+        self.context_seconds = context_seconds
         self.log: list[tuple[float, str]] = []
         self.server = LocalHttpServer(self._respond)
         self.url = self.server.url
@@ -26,6 +33,7 @@ class StandInMemsvc:
             time.sleep(self.store_seconds)
             return Reply(payload={"id": "m", **body})
         if path.startswith("/context/"):
+            time.sleep(self.context_seconds)
             return self.context_reply or Reply(
                 payload={
                     "memory_blocks": [{"label": "human", "value": "Name: Alice"}],

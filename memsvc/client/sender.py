@@ -6,9 +6,11 @@ connection per memsvc. A block's exit and the interpreter's exit wait for the qu
 ``Retry-After`` says (else after a growing wait), for as long as memsvc keeps deferring it
 and the program runs: a server that answers loses no turn, and the model calls meanwhile
 do not wait for it (``busy``). One it fails (5xx) is tried ``MAX_ATTEMPTS`` times, then
-dropped with a warning (a broken server must not hold every later store back). When memsvc
-does not answer at all the request is dropped with one warning per outage, so a stopped
-server never stalls the program.
+dropped with a warning (a broken server must not hold every later store back, nor the
+model calls meanwhile). When memsvc does not answer at all the request is dropped with one
+warning per outage, so a stopped server never stalls the program, and for ``DOWN_SECONDS``
+the calls ask it for no context (``is_down``): a server that takes connections and never
+answers cost every call the whole timeout.
 """
 
 import atexit
@@ -31,6 +33,8 @@ RETRY_STATUSES = {500, 502, 503, 504}  # tried again up to MAX_ATTEMPTS times in
 MAX_ATTEMPTS = 6
 MAX_RETRY_WAIT_SECONDS = 5.0
 MAX_DEFERRED_WAIT_SECONDS = 60.0  # a rate limit's window
+# How long a memsvc that did not answer is taken for down (then asked again).
+DOWN_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -49,8 +53,10 @@ class Sender:
         self._done = 0
         self._thread: threading.Thread | None = None
         self._clients: dict[Destination, httpx.Client] = {}
-        self._down: set[str] = set()  # memsvc URLs that did not answer (warned once)
-        self._deferred = False  # the request being sent waits out a 429
+        # memsvc URLs that did not answer (warned once per outage), and when they last did not
+        self._down: dict[str, float] = {}
+        # The request being sent waits to be sent again (a 429's Retry-After, a 5xx's backoff)
+        self._waiting = False
 
     def send(self, destination: Destination, requests: list[ServerRequest]) -> None:
         """Queue ``requests`` (kept in order); returns at once."""
@@ -86,14 +92,19 @@ class Sender:
 
     def busy(self) -> bool:
         """Whether something queued is not yet sent, and memsvc is not holding it back (a
-        429: waiting for it would only hold the caller's next call back too)."""
-        return self._done < self._queued and not self._deferred
+        429, a 5xx: waiting for it would only hold the caller's next call back too)."""
+        return self._done < self._queued and not self._waiting
 
     def mark_down(self, url: str) -> None:
         """``url`` did not answer and the caller has warned: drop its stores quietly until
         it answers again."""
         with self._condition:
-            self._down.add(url)
+            self._down[url] = time.monotonic()
+
+    def is_down(self, url: str) -> bool:
+        """Whether ``url`` did not answer within the last ``DOWN_SECONDS``."""
+        since = self._down.get(url)
+        return since is not None and time.monotonic() - since < DOWN_SECONDS
 
     def _run(self) -> None:
         while True:
@@ -108,6 +119,7 @@ class Sender:
             with self._condition:
                 self._queue.popleft()
                 self._done += 1
+                self._waiting = False
                 self._condition.notify_all()
 
     def _client(self, destination: Destination) -> httpx.Client:
@@ -126,25 +138,24 @@ class Sender:
             try:
                 response = client.request(request.method, request.path, json=request.json)
             except httpx.TransportError as exc:
-                self._deferred = False
                 if destination.url not in self._down:
-                    self._down.add(destination.url)
                     logger.warning(
                         "memsvc at %s does not answer (%s): the conversation is not stored "
                         "until it is back",
                         destination.url,
                         exc,
                     )
+                self.mark_down(destination.url)
                 return
-            self._down.discard(destination.url)
+            self._down.pop(destination.url, None)
             if response.status_code == DEFERRED:
-                self._deferred = True
+                self._waiting = True
                 time.sleep(_retry_wait(response, deferrals, most=MAX_DEFERRED_WAIT_SECONDS))
                 deferrals += 1
                 continue
-            self._deferred = False
             if response.status_code not in RETRY_STATUSES or failures == MAX_ATTEMPTS - 1:
                 break
+            self._waiting = True
             time.sleep(_retry_wait(response, failures))
             failures += 1
         if response.is_error:

@@ -145,7 +145,7 @@ class learning:
 
     def fetch_context(self, call: Call) -> dict | None:
         request = self.strategy.context_request(call)
-        if request is None:
+        if request is None or sender.is_down(self.url):
             return None
         if sender.busy():
             sender.flush(TIMEOUT_SECONDS)
@@ -157,7 +157,7 @@ class learning:
 
     async def afetch_context(self, call: Call) -> dict | None:
         request = self.strategy.context_request(call)
-        if request is None:
+        if request is None or sender.is_down(self.url):
             return None
         # An AsyncClient belongs to the event loop that made it: one per call, sharing one
         # TLS context (making that is what costs, ~20 ms).

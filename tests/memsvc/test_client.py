@@ -241,8 +241,10 @@ def test_a_memory_server_that_stops_mid_block_degrades_to_plain_calls(tmp_path, 
         assert time.monotonic() - exit_started < 5  # the unsent turns are dropped, not awaited
         assert [r.choices[0].message.content for r in replies] == ["Use Python, Alice."] * 2
         warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-        assert len(warnings) == 2  # one per call, none for the dropped stores
-        assert all("going on without memory" in w for w in warnings)
+        # One for the outage: the next call asks nothing of a server that did not answer;
+        # none for the dropped stores.
+        [warning] = warnings
+        assert "going on without memory" in warning
         assert llm.system_messages() == []
     finally:
         served.stop()

@@ -17,7 +17,8 @@ import openai
 import pytest
 from langchain_openai import ChatOpenAI
 
-from memsvc.client import learning
+from memsvc.client import learning, session
+from memsvc.client import sender as sender_module
 from memsvc.client.core import ServerRequest
 from memsvc.client.sender import MAX_ATTEMPTS, Destination, Sender
 from tests.fake_memsvc import StandInMemsvc
@@ -159,6 +160,40 @@ def test_model_calls_do_not_wait_for_a_store_memsvc_defers():
         assert not sender.busy()  # deferred: the next call's context does not wait for it
         assert sender.flush(timeout=10)
     assert received == [{"n": 1}]
+
+
+def test_model_calls_do_not_wait_for_a_store_a_failing_memsvc_refuses():
+    respond, received = refusing(Reply(status=503, payload={}, headers={"Retry-After": "1"}))
+    sender = Sender()
+    with LocalHttpServer(respond) as failing:
+        sender.send(Destination(failing.url), [ServerRequest("POST", "/messages", {"n": 1})])
+        deadline = time.monotonic() + 5
+        while not failing.requests and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)
+        assert not sender.busy()  # tried again in a second: the next call does not wait
+        assert sender.flush(timeout=10)
+    assert received == [{"n": 1}]
+
+
+def test_a_memsvc_that_never_answers_costs_one_call_its_timeout(llm, caplog, monkeypatch):
+    """It takes connections and answers nothing (here: later than the client waits): the
+    first call waits out the timeout and warns; the next ones ask it for nothing."""
+    monkeypatch.setattr(session, "TIMEOUT_SECONDS", 0.3)
+    monkeypatch.setattr(sender_module, "TIMEOUT_SECONDS", 0.3)
+    client = openai.OpenAI(base_url=llm.base_url, api_key="k")
+    with (
+        StandInMemsvc(context_seconds=1.0, store_seconds=1.0) as memsvc,
+        caplog.at_level(logging.WARNING, logger="memsvc.client"),
+        learning(agent="a", server_url=memsvc.url),
+    ):
+        first = ask(client, "one")
+        started = time.monotonic()
+        second = ask(client, "two")
+        assert time.monotonic() - started < 0.3  # no context asked, none waited for
+    assert first.choices[0].message.content == second.choices[0].message.content
+    assert memsvc.paths().count("/context/a") == 1
+    assert any("going on without memory" in w for w in warnings(caplog))
 
 
 def test_a_store_a_failing_memsvc_keeps_refusing_is_dropped_with_a_warning(caplog):
