@@ -160,11 +160,29 @@ def access_conversation(
     if summary:
         visible = _with_summary_fields(visible).select_related("forked_at_message")
     conversation = visible.filter(id=conversation_id).first()
-    if conversation is None:
-        raise NotFound("conversation not found")
-    if not AccessLevel(conversation.access_level).allows(need):
-        raise Forbidden(f"this needs {AccessLevel(need).value} access to the conversation")
+    _refuse_below(conversation.access_level if conversation else None, need)
     return conversation
+
+
+def access_group(principal: Principal, group_id, *, need: AccessLevel) -> None:
+    """Refuse as ``access_conversation`` does, for the group's conversations as a whole (a
+    membership is the group's, so the principal's level is the same in each of them)."""
+    level = (
+        conversations_visible_to(principal)
+        .filter(group_id=group_id)
+        .values_list("access_level", flat=True)
+        .first()
+    )
+    _refuse_below(level, need)
+
+
+def _refuse_below(level: str | None, need: AccessLevel) -> None:
+    """404 for a principal who is not a member (``level`` None), 403 for one whose level is
+    below ``need``."""
+    if level is None:
+        raise NotFound("conversation not found")
+    if not AccessLevel(level).allows(need):
+        raise Forbidden(f"this needs {AccessLevel(need).value} access to the conversation")
 
 
 def conversation_page(

@@ -3,7 +3,10 @@
 One function per operation, the acting principal first. Callers have already checked that
 the actor may reach the conversation at the needed level (``selectors.access_conversation``);
 the policies that depend on *what* is written (never grant ``owner``, never remove the
-owner) are enforced here. Each top-level operation is one transaction.
+owner) are enforced here. Each top-level operation is one transaction. What a concurrent
+request may have changed since the view's check (the actor removed, the conversation
+deleted) is read again under the lock the write takes: a 404 or 403, never a write made
+after the change has answered.
 """
 
 from collections.abc import Sequence
@@ -96,9 +99,11 @@ def conversation_delete(actor: Principal, *, conversation: Conversation) -> None
     if conversation.forked_at_conversation_id is None:
         conversation_groups_delete(actor, group_ids=[conversation.group_id])
     else:
+        _lock_groups_to_delete([conversation.group_id])
         with connection.cursor() as cursor:
             cursor.execute(_SUBTREE_SQL, [conversation.pk])
             subtree = [conversation_id for (conversation_id,) in cursor.fetchall()]
+        _lock_conversations(Conversation.objects.filter(pk__in=subtree))
         _messages_delete(Message.objects.filter(conversation_id__in=subtree))
         Conversation.objects.filter(pk=conversation.pk).delete()
 
@@ -107,9 +112,32 @@ def conversation_delete(actor: Principal, *, conversation: Conversation) -> None
 def conversation_groups_delete(actor: Principal, *, group_ids) -> int:
     """Delete conversation groups: every conversation, message, membership and transfer in
     them, the messages' words counted out of the keyword statistics. How many messages."""
+    _lock_groups_to_delete(group_ids)
+    _lock_conversations(Conversation.objects.filter(group_id__in=group_ids))
     messages = _messages_delete(Message.objects.filter(conversation__group_id__in=group_ids))
     ConversationGroup.objects.filter(pk__in=group_ids).delete()
     return messages
+
+
+def _lock_groups_to_delete(group_ids) -> None:
+    """The locks of groups (``_lock_group``) whose conversations are about to be deleted: no
+    fork is made in them meanwhile. Their pending transfers are locked first, in the order
+    accepting one takes its locks (transfer, then group): an accept racing the deletion
+    waits and then finds its transfer gone, it never deadlocks."""
+    for rows in (
+        OwnershipTransfer.objects.filter(group_id__in=group_ids, status=TransferStatus.PENDING),
+        ConversationGroup.objects.filter(pk__in=group_ids),
+    ):
+        list(rows.select_for_update().order_by("id").values_list("id", flat=True))
+
+
+def _lock_conversations(conversations) -> None:
+    """Lock these conversations (a queryset) before their messages are collected to be
+    deleted: an append in flight ends first (its messages are collected and counted out
+    with the others), a later one finds its conversation gone (404, ``messages_append``).
+    Caller holds their groups' locks, so no fork is added to them meanwhile; rows are
+    locked in id order, the same in every deletion."""
+    list(conversations.select_for_update().order_by("id").values_list("id", flat=True))
 
 
 # --- messages --------------------------------------------------------------------------------
@@ -178,8 +206,15 @@ def messages_append(
     (and so locked until commit) before the messages draw their numbers, so a second writer
     draws its numbers only once the first has committed. A reader resuming after a message
     (a cursor is a ``seq``) can then never pass a number that commits later.
+
+    The same update waits for a deletion of the conversation in flight
+    (``_lock_conversations``) and then finds no row: the append is a 404, not a message
+    that refers to no conversation. So does an actor removed meanwhile
+    (``_hold_memberships``).
     """
-    Conversation.objects.filter(pk=conversation.pk).update(updated_at=timezone.now())
+    if not Conversation.objects.filter(pk=conversation.pk).update(updated_at=timezone.now()):
+        raise NotFound("conversation not found")
+    _hold_memberships(actor, conversation)
     authors = _author_names(actor, conversation, messages)
     created = Message.objects.bulk_create(
         [
@@ -190,6 +225,27 @@ def messages_append(
     message_ids = [message.id for message in created]
     transaction.on_commit(lambda: enqueue_embedding(message_ids))
     return created
+
+
+_HOLD_MEMBERSHIPS = """
+SELECT count(*) FROM (
+    SELECT 1 FROM membership WHERE group_id = %s AND principal_id = ANY(%s) FOR KEY SHARE
+) held
+"""
+
+
+def _hold_memberships(actor: Principal, conversation: Conversation) -> None:
+    """Hold the actor's memberships of the conversation's group until the append commits
+    (FOR KEY SHARE: appends do not wait for each other): removing the actor (deleting a
+    membership) waits for the appends in flight, and an append after the removal finds no
+    membership, a 404 as from ``access_conversation``. Called after the conversation's
+    update: a deletion of the group locks its conversations before it deletes the
+    memberships, so it never waits for an append that waits for it."""
+    with connection.cursor() as cursor:
+        cursor.execute(_HOLD_MEMBERSHIPS, [conversation.group_id, list(actor.member_ids)])
+        [(held,)] = cursor.fetchall()
+    if held < len(actor.member_ids):
+        raise NotFound("conversation not found")
 
 
 def message_append(
@@ -296,6 +352,10 @@ def conversation_fork(
     """
     if message.channel != Channel.HISTORY or message.role != Role.USER:
         raise InvalidInput.for_field("messageId", "a fork starts at a user message of the history")
+    # Deletions take the group's lock first: one in flight ends before the fork is made,
+    # which then finds the conversation gone (404), or its actor removed meanwhile.
+    _lock_group(conversation.group_id)
+    selectors.access_conversation(actor, conversation.pk, need=AccessLevel.WRITER, summary=False)
     fork = Conversation.objects.create(
         group_id=conversation.group_id,
         title=conversation.title if title is None else title,
@@ -313,15 +373,25 @@ def conversation_fork(
 
 def _lock_group(group_id) -> None:
     """Serialise the changes of one group's memberships (sharing, changing, removing, a
-    transfer being accepted): each reads the memberships it changes only after this lock,
-    so none acts on a level that another has just changed (a manager demoting the member
-    who has just become owner)."""
+    transfer being offered or accepted), its forks and its deletions: each reads the
+    memberships it changes only after this lock, so none acts on a level that another has
+    just changed (a manager demoting the member who has just become owner)."""
     ConversationGroup.objects.select_for_update().filter(pk=group_id).first()
 
 
-def _locked_membership(membership: Membership) -> Membership:
-    """``membership`` as it is now, under its group's lock; 404 if it is gone meanwhile."""
-    _lock_group(membership.group_id)
+def _lock_group_as(actor: Principal, group_id, *, need: AccessLevel) -> None:
+    """The group's lock (``_lock_group``), taken by an actor who has ``need`` in it: their
+    level is checked again under the lock, since the view checked it before, and a removal
+    or demotion of the actor may have committed since (a manager removed meanwhile shares
+    nothing more). 404 or 403 as ``selectors.access_conversation``."""
+    _lock_group(group_id)
+    selectors.access_group(actor, group_id, need=need)
+
+
+def _locked_membership(actor: Principal, membership: Membership, *, need) -> Membership:
+    """``membership`` as it is now, under its group's lock taken by an actor who has ``need``
+    (``_lock_group_as``); 404 if it is gone meanwhile."""
+    _lock_group_as(actor, membership.group_id, need=need)
     current = Membership.objects.filter(pk=membership.pk).first()
     if current is None:
         raise NotFound("membership not found")
@@ -338,7 +408,7 @@ def membership_create(
     actor: Principal, *, conversation: Conversation, principal_id: str, access_level: str
 ) -> Membership:
     _refuse_owner_level(access_level)
-    _lock_group(conversation.group_id)
+    _lock_group_as(actor, conversation.group_id, need=AccessLevel.MANAGER)
     try:
         with transaction.atomic():
             return Membership.objects.create(
@@ -351,7 +421,7 @@ def membership_create(
 @transaction.atomic
 def membership_update(actor: Principal, *, membership: Membership, access_level: str) -> Membership:
     _refuse_owner_level(access_level)
-    membership = _locked_membership(membership)
+    membership = _locked_membership(actor, membership, need=AccessLevel.MANAGER)
     if membership.access_level == AccessLevel.OWNER:
         raise Forbidden("the owner's access changes only by an ownership transfer")
     membership.access_level = access_level
@@ -361,7 +431,9 @@ def membership_update(actor: Principal, *, membership: Membership, access_level:
 
 @transaction.atomic
 def membership_delete(actor: Principal, *, membership: Membership) -> None:
-    membership = _locked_membership(membership)
+    leaving = membership.principal_id == actor.id  # any member but the owner may leave
+    need = AccessLevel.READER if leaving else AccessLevel.MANAGER
+    membership = _locked_membership(actor, membership, need=need)
     if membership.access_level == AccessLevel.OWNER:
         raise Forbidden("the owner cannot be removed; transfer ownership first")
     membership.delete()
@@ -376,6 +448,8 @@ def ownership_transfer_start(
 ) -> OwnershipTransfer:
     if to_principal == actor.id:
         raise InvalidInput.for_field("newOwnerUserId", "you already own this conversation")
+    # Only the owner offers: one whose offer is being accepted meanwhile is no longer it.
+    _lock_group_as(actor, conversation.group_id, need=AccessLevel.OWNER)
     try:
         with transaction.atomic():
             return OwnershipTransfer.objects.create(

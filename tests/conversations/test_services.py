@@ -1,14 +1,23 @@
-"""Membership changes of one group are serialised by the group's row lock."""
+"""Changes of one group are serialised by the group's row lock (memberships, transfers,
+forks, deletions); a deletion waits for the appends in flight to its conversations.
+
+A race is played in order: a transaction on this thread holds a lock while the competing
+operation starts on another connection, which must wait for it; this transaction then
+commits and the other operation ends.
+"""
 
 import threading
 
 import pytest
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 
 from conversations import selectors, services
-from conversations.models import Membership
+from conversations.models import Membership, Message, OwnershipTransfer
+from conversations.services import NewMessage
 from memsvc.api.errors import Forbidden, NotFound
 from memsvc.api.principals import Principal
+from search.models import CorpusStat, TermStat
+from search.services import embed_messages, rebuild_term_stats
 from tests.factories import ConversationFactory, MembershipFactory
 
 
@@ -63,3 +72,210 @@ def test_removing_a_membership_that_is_gone_meanwhile_is_404():
     Membership.objects.filter(pk=stale_bob.pk).delete()
     with pytest.raises(NotFound, match="membership not found"):
         services.membership_delete(Principal.user("alice"), membership=stale_bob)
+
+
+def waits_for(hold, operation):
+    """``operation()``, started on another connection while ``hold()``'s transaction is open,
+    waits for that transaction; once it commits, what ``operation()`` returned or raised."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["result"] = operation()
+        except (IntegrityError, Forbidden, NotFound) as exc:  # what the race may end in
+            outcome["result"] = exc
+        finally:
+            connection.close()
+
+    with transaction.atomic():
+        hold()
+        other = threading.Thread(target=run)
+        other.start()
+        other.join(timeout=1.0)
+        assert other.is_alive()  # waiting for this transaction
+    other.join(timeout=10)
+    return outcome["result"]
+
+
+def shared_group(**members):
+    """alice's conversation, shared with ``members`` (principal id: access level)."""
+    with transaction.atomic():  # the group and its owner commit together
+        conversation = ConversationFactory(group__owner="alice")
+        for principal_id, access_level in members.items():
+            MembershipFactory(
+                group=conversation.group, principal_id=principal_id, access_level=access_level
+            )
+    return conversation
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_owner_whose_offer_is_being_accepted_cannot_offer_another():
+    """alice offers to bob; while bob accepts, alice offers to carol. The second offer
+    waits for the accept, finds alice no longer the owner and is refused: carol can never
+    take ownership from bob."""
+    conversation = shared_group()
+    alice, bob = Principal.user("alice"), Principal.user("bob")
+    transfer = services.ownership_transfer_start(
+        alice, conversation=conversation, to_principal="bob"
+    )
+
+    refused = waits_for(
+        lambda: services.ownership_transfer_accept(bob, transfer=transfer),
+        lambda: services.ownership_transfer_start(
+            alice, conversation=conversation, to_principal="carol"
+        ),
+    )
+
+    assert isinstance(refused, Forbidden), refused
+    assert not OwnershipTransfer.objects.filter(status="pending").exists()
+    assert levels(conversation.group) == {"alice": "manager", "bob": "owner"}
+
+
+MANAGERS_CHANGES = {
+    "share": lambda mia, conversation, bob: services.membership_create(
+        mia, conversation=conversation, principal_id="pal", access_level="manager"
+    ),
+    "change": lambda mia, conversation, bob: services.membership_update(
+        mia, membership=bob, access_level="manager"
+    ),
+    "remove": lambda mia, conversation, bob: services.membership_delete(mia, membership=bob),
+}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("change", MANAGERS_CHANGES)
+def test_a_manager_removed_meanwhile_changes_no_membership(change):
+    """mia's request was checked while she was a manager; alice removes her before the
+    change is written. The change waits for the removal and is refused (she is no member)."""
+    conversation = shared_group(mia="manager", bob="reader")
+    mia, bob = Principal.user("mia"), selectors.membership_of(conversation, "bob")
+    removed_mia = selectors.membership_of(conversation, "mia")
+
+    refused = waits_for(
+        lambda: services.membership_delete(Principal.user("alice"), membership=removed_mia),
+        lambda: MANAGERS_CHANGES[change](mia, conversation, bob),
+    )
+
+    assert isinstance(refused, NotFound), refused
+    assert levels(conversation.group) == {"alice": "owner", "bob": "reader"}
+
+
+def fork_of(conversation):
+    """A fork of ``conversation`` at a new message, made by alice."""
+    alice = Principal.user("alice")
+    message = services.message_append(alice, conversation=conversation, content="hi")
+    return services.conversation_fork(alice, conversation=conversation, message=message)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("deleted", ["root", "fork"])
+def test_an_append_racing_the_deletion_of_its_conversation_is_404(deleted):
+    """The append waits for the deletion, then finds no conversation: a 404, not a message
+    that refers to none (a 500)."""
+    conversation = shared_group()
+    if deleted == "fork":
+        conversation = fork_of(conversation)
+    alice = Principal.user("alice")
+
+    refused = waits_for(
+        lambda: services.conversation_delete(alice, conversation=conversation),
+        lambda: services.message_append(alice, conversation=conversation, content="late"),
+    )
+
+    assert isinstance(refused, NotFound), refused
+    assert not Message.objects.filter(conversation=conversation).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("deleted", ["root", "fork"])
+def test_a_fork_racing_the_deletion_of_its_conversation_is_404(deleted):
+    conversation = shared_group()
+    if deleted == "fork":
+        conversation = fork_of(conversation)
+    alice = Principal.user("alice")
+    message = services.message_append(alice, conversation=conversation, content="fork here")
+
+    refused = waits_for(
+        lambda: services.conversation_delete(alice, conversation=conversation),
+        lambda: services.conversation_fork(
+            alice, conversation=conversation, message=message, new_message={"content": "x"}
+        ),
+    )
+
+    assert isinstance(refused, NotFound), refused
+    assert not Message.objects.filter(content="x").exists()
+
+
+def keyword_statistics():
+    return (
+        dict(TermStat.objects.values_list("lexeme", "document_count")),
+        CorpusStat.objects.values_list("document_count", "total_length").first(),
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("deleted", ["root", "fork"])
+def test_a_deletion_waits_for_an_append_in_flight_and_counts_its_words_out(deleted):
+    """The append (its words already counted) commits while the deletion waits; the
+    deletion then counts them out with the others: the statistics are those counted afresh
+    from the messages that remain."""
+    kept = shared_group()
+    alice = Principal.user("alice")
+    services.message_append(alice, conversation=kept, content="a kept quokka")
+    conversation = shared_group() if deleted == "root" else fork_of(kept)
+    services.message_append(alice, conversation=conversation, content="an old wombat")
+    embed_messages(Message.objects.values_list("id", flat=True))
+
+    def append_and_count():
+        [late] = services.messages_append(
+            alice, conversation=conversation, messages=[NewMessage(content="a late zebra")]
+        )
+        embed_messages([late.id])
+
+    outcome = waits_for(
+        append_and_count,
+        lambda: services.conversation_delete(alice, conversation=conversation),
+    )
+
+    assert outcome is None
+    assert not Message.objects.filter(conversation=conversation).exists()
+    remaining = keyword_statistics()
+    rebuild_term_stats()
+    assert remaining == keyword_statistics()
+    assert "zebra" not in remaining[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_append_racing_the_removal_of_its_writer_is_404():
+    """bob's append was checked while he was a writer; alice removes him before it is
+    written. The append waits for the removal and finds no membership: nothing of his is
+    added after the removal has answered."""
+    conversation = shared_group(bob="writer")
+    bob = selectors.membership_of(conversation, "bob")
+
+    refused = waits_for(
+        lambda: services.membership_delete(Principal.user("alice"), membership=bob),
+        lambda: services.message_append(
+            Principal.user("bob"), conversation=conversation, content="late"
+        ),
+    )
+
+    assert isinstance(refused, NotFound), refused
+    assert not Message.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_removing_a_writer_waits_for_their_append_in_flight():
+    conversation = shared_group(bob="writer")
+    bob = selectors.membership_of(conversation, "bob")
+
+    outcome = waits_for(
+        lambda: services.message_append(
+            Principal.user("bob"), conversation=conversation, content="in time"
+        ),
+        lambda: services.membership_delete(Principal.user("alice"), membership=bob),
+    )
+
+    assert outcome is None
+    assert list(Message.objects.values_list("content", flat=True)) == ["in time"]
+    assert levels(conversation.group) == {"alice": "owner"}
