@@ -60,10 +60,20 @@ def _web_command(host: str, port: int) -> list[str]:
     ]
 
 
+# The longest statement of a web request (``MEMSVC_STATEMENT_TIMEOUT_SECONDS``), unless set.
+WEB_STATEMENT_TIMEOUT_SECONDS = "30"
+
+
 def _web_env() -> dict[str, str]:
     """One embedding thread per web process: a search embeds one short query while the same
-    process talks to PostgreSQL, and the other core serves the next request."""
-    return {"MEMSVC_EMBEDDING_THREADS": os.environ.get("MEMSVC_EMBEDDING_THREADS", "1")}
+    process talks to PostgreSQL, and the other core serves the next request. A statement of
+    a request runs at most ``WEB_STATEMENT_TIMEOUT_SECONDS``."""
+    return {
+        "MEMSVC_EMBEDDING_THREADS": os.environ.get("MEMSVC_EMBEDDING_THREADS", "1"),
+        "MEMSVC_STATEMENT_TIMEOUT_SECONDS": os.environ.get(
+            "MEMSVC_STATEMENT_TIMEOUT_SECONDS", WEB_STATEMENT_TIMEOUT_SECONDS
+        ),
+    }
 
 
 def _worker_processes() -> int:

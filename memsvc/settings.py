@@ -76,6 +76,16 @@ if DATABASE_URL:
 else:
     DATABASES = {"default": {**embedded_db.database_settings(MEMSVC_DATA_DIR), "CONN_MAX_AGE": 60}}
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+# The longest one statement of this process may run (0: no limit), so that a request that
+# turns out slow (or one its client gave up on) does not hold a web thread and a connection
+# for minutes: `memsvc serve` gives its web processes 30 s (the worker and the commands,
+# which build indexes and reindex, have none). A statement cut short answers 503.
+MEMSVC_STATEMENT_TIMEOUT_SECONDS = env_int("MEMSVC_STATEMENT_TIMEOUT_SECONDS", 0, minimum=0)
+if MEMSVC_STATEMENT_TIMEOUT_SECONDS:
+    _options = DATABASES["default"].setdefault("OPTIONS", {})
+    _options["options"] = (
+        f"{_options.get('options', '')} -c statement_timeout={MEMSVC_STATEMENT_TIMEOUT_SECONDS}s"
+    ).strip()
 # A web process runs requests on this many threads (memsvc.asgi), each with its persistent
 # connection: the most connections a web process opens.
 WEB_REQUEST_THREADS = env_int("MEMSVC_WEB_THREADS", 4, minimum=1)

@@ -301,3 +301,38 @@ def test_a_malformed_setting_stops_the_command_line_with_one_line(tmp_path):
     )
     assert result.returncode == 2
     assert result.stderr.strip() == "memsvc: MEMSVC_RATE_LIMIT must be an integer, got 'abc'"
+
+
+@pytest.mark.django_db  # the test database's server runs the statement
+def test_a_statement_longer_than_the_timeout_is_cut_short(tmp_path, settings):
+    db = settings.DATABASES["default"]
+    url = f"postgres://{db['USER']}@{quote(db['HOST'], safe='')}:{db['PORT']}/{db['NAME']}"
+    env = {
+        "DATABASE_URL": url,
+        "DJANGO_SECRET_KEY": "test-secret",
+        "MEMSVC_DATA_DIR": str(tmp_path / "data"),
+        "MEMSVC_STATEMENT_TIMEOUT_SECONDS": "1",
+    }
+    result = run_django(
+        env,
+        "from django.db import connection, OperationalError\n"
+        "cursor = connection.cursor()\n"
+        "cursor.execute('SHOW statement_timeout'); print(cursor.fetchone()[0])\n"
+        "try:\n"
+        "    cursor.execute('SELECT pg_sleep(5)')\n"
+        "except OperationalError as exc:\n"
+        "    print('cut short:', exc)\n",
+    )
+    assert result.returncode == 0, result.stderr
+    shown, outcome = result.stdout.strip().split("\n", 1)
+    assert shown == "1s"
+    assert outcome.startswith("cut short: canceling statement due to statement timeout")
+
+
+def test_memsvc_serve_gives_its_web_processes_a_statement_timeout(monkeypatch):
+    from memsvc import cli
+
+    monkeypatch.delenv("MEMSVC_STATEMENT_TIMEOUT_SECONDS", raising=False)
+    assert cli._web_env()["MEMSVC_STATEMENT_TIMEOUT_SECONDS"] == "30"
+    monkeypatch.setenv("MEMSVC_STATEMENT_TIMEOUT_SECONDS", "0")  # none, if asked
+    assert cli._web_env()["MEMSVC_STATEMENT_TIMEOUT_SECONDS"] == "0"
