@@ -3,12 +3,15 @@
 from collections.abc import Sequence
 
 from celery.utils.log import get_task_logger
+from django.db import OperationalError
 
 from memsvc.celery import app
 from search import services
 from search.embeddings import EmbeddingError
 
 logger = get_task_logger(__name__)
+
+DEADLOCK_DETECTED = "40P01"  # PostgreSQL's SQLSTATE
 
 # Messages younger than this are left to the task queued when they were committed.
 SWEEP_GRACE_SECONDS = 30
@@ -30,6 +33,12 @@ class TransientEmbeddingError(Exception):
 def embed_messages_task(message_ids: list[str]) -> int:
     try:
         return services.embed_messages(message_ids, batch=services.TASK_BATCH)
+    except OperationalError as exc:
+        # PostgreSQL chose this task to end a deadlock (with a deletion counting its
+        # messages out, say): nothing was written, and it is tried again.
+        if getattr(exc.__cause__, "sqlstate", None) != DEADLOCK_DETECTED:
+            raise
+        raise TransientEmbeddingError(str(exc)) from exc
     except EmbeddingError as exc:
         if exc.transient:
             raise TransientEmbeddingError(str(exc)) from exc

@@ -4,8 +4,10 @@ import secrets
 import threading
 from datetime import timedelta
 
+import psycopg
 import pytest
-from django.db import connection, transaction
+from celery.exceptions import Retry
+from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
 from conversations.models import Conversation, Message
@@ -205,3 +207,29 @@ def test_a_message_another_worker_is_embedding_is_skipped(alice):
         thread.join()
     assert services.embed_messages([held.id]) == 1
     assert CorpusStat.objects.get(id=1).document_count == 2
+
+
+@pytest.mark.django_db
+def test_a_task_chosen_to_end_a_deadlock_is_tried_again(monkeypatch):
+    """PostgreSQL's error for the task it ends is raised here by the test, the first time
+    (a real deadlock needs two transactions locking in opposite orders; the second review
+    saw one with a deletion's cascade)."""
+    message = MessageFactory(content="caught in a deadlock")
+    real = services.embed_messages
+    calls = []
+
+    def deadlocked_once(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 1:
+            try:
+                raise psycopg.errors.DeadlockDetected("deadlock detected")
+            except psycopg.Error as exc:
+                raise OperationalError(str(exc)) from exc
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(services, "embed_messages", deadlocked_once)
+    with pytest.raises(Retry):  # (a worker sends it again after the backoff)
+        embed_messages_task.apply(args=[[str(message.id)]])
+    assert embed_messages_task.apply(args=[[str(message.id)]]).get() == 1
+    message.refresh_from_db()
+    assert message.embedded_at is not None
