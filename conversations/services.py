@@ -431,12 +431,25 @@ def membership_update(actor: Principal, *, membership: Membership, access_level:
 
 @transaction.atomic
 def membership_delete(actor: Principal, *, membership: Membership) -> None:
+    """Remove a member (or leave). An offer of ownership to them ends with it (cancelled):
+    one removed, or gone, does not come back as owner. The offer is locked before the group,
+    in the order an accept takes them, so an accept racing the removal ends first (and the
+    new owner cannot be removed)."""
+    offers = list(
+        OwnershipTransfer.objects.select_for_update().filter(
+            group_id=membership.group_id,
+            to_principal=membership.principal_id,
+            status=TransferStatus.PENDING,
+        )
+    )
     leaving = membership.principal_id == actor.id  # any member but the owner may leave
     need = AccessLevel.READER if leaving else AccessLevel.MANAGER
     membership = _locked_membership(actor, membership, need=need)
     if membership.access_level == AccessLevel.OWNER:
         raise Forbidden("the owner cannot be removed; transfer ownership first")
     membership.delete()
+    for offer in offers:
+        _resolve(offer, TransferStatus.CANCELLED)
 
 
 # --- ownership transfers ---------------------------------------------------------------------

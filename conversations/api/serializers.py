@@ -12,6 +12,7 @@ from memsvc.api.fields import (
     PrincipalIdField,
     TextField,
     TitleField,
+    UserIdField,
 )
 from memsvc.api.pagination import AFTER_PARAMETER, LIMIT_PARAMETER
 from memsvc.api.schema import paged
@@ -188,7 +189,8 @@ class UpdateMembershipIn(InputSerializer):
 
 
 class TransferIn(InputSerializer):
-    newOwnerUserId = PrincipalIdField()
+    # A user: an agent could never accept (its key reaches no transfer route).
+    newOwnerUserId = UserIdField()
 
     class Meta:
         ref_name = "TransferOwnershipRequest"

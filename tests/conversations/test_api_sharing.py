@@ -152,6 +152,34 @@ def test_a_transfer_to_a_non_member_makes_them_owner(api, alice, conversation):
     assert levels(conversation) == {"alice": "manager", "dora": "owner"}
 
 
+@pytest.mark.parametrize("who", ["a manager", "themselves"])
+def test_an_offer_to_a_member_ends_when_they_are_removed(api, alice, bob, conversation, who):
+    """Removed (or gone), the recipient of a pending offer cannot come back as owner."""
+    MembershipFactory(group=conversation.group, principal_id="bob", access_level="writer")
+    MembershipFactory(group=conversation.group, principal_id="carol", access_level="manager")
+    offer = api.post(url(conversation, "/transfer-ownership"), {"newOwnerUserId": "bob"}, as_=alice)
+    remover = Persona("carol") if who == "a manager" else bob
+    assert api.delete(url(conversation, "/memberships/bob"), as_=remover).status_code == 204
+    accepted = api.post(f"/v1/user/ownership-transfers/{offer.json()['id']}/accept", as_=bob)
+    assert accepted.status_code == 409
+    assert OwnershipTransfer.objects.get().status == "cancelled"
+    assert levels(conversation) == {"alice": "owner", "carol": "manager"}
+    # The owner may offer again (the cancelled offer holds nothing back).
+    again = api.post(url(conversation, "/transfer-ownership"), {"newOwnerUserId": "bob"}, as_=alice)
+    assert again.status_code == 202
+
+
+def test_a_transfer_to_an_agent_is_refused(api, alice, conversation):
+    """An agent could never accept it, and it would hold back every other offer (409)."""
+    AgentFactory(name="helper")
+    offered = api.post(
+        url(conversation, "/transfer-ownership"), {"newOwnerUserId": "agent:helper"}, as_=alice
+    )
+    assert offered.status_code == 400
+    assert offered.json()["code"] == "validation_error"
+    assert OwnershipTransfer.objects.count() == 0
+
+
 def test_a_second_pending_transfer_is_a_conflict(api, alice, conversation):
     first = api.post(url(conversation, "/transfer-ownership"), {"newOwnerUserId": "bob"}, as_=alice)
     second = api.post(
