@@ -105,6 +105,10 @@ def conversation_delete(actor: Principal, *, conversation: Conversation) -> None
             subtree = [conversation_id for (conversation_id,) in cursor.fetchall()]
         _lock_conversations(Conversation.objects.filter(pk__in=subtree))
         _messages_delete(Message.objects.filter(conversation_id__in=subtree))
+        # Transfers are of the group, which stays: those made from the subtree name its parent.
+        OwnershipTransfer.objects.filter(conversation_id__in=subtree).update(
+            conversation_id=conversation.forked_at_conversation_id
+        )
         Conversation.objects.filter(pk=conversation.pk).delete()
 
 

@@ -4,7 +4,7 @@ import pytest
 
 from conversations.models import Membership, OwnershipTransfer
 from tests.conftest import Persona
-from tests.factories import AgentFactory, ConversationFactory, MembershipFactory
+from tests.factories import AgentFactory, ConversationFactory, MembershipFactory, MessageFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -167,6 +167,25 @@ def test_an_offer_to_a_member_ends_when_they_are_removed(api, alice, bob, conver
     # The owner may offer again (the cancelled offer holds nothing back).
     again = api.post(url(conversation, "/transfer-ownership"), {"newOwnerUserId": "bob"}, as_=alice)
     assert again.status_code == 202
+
+
+def test_deleting_a_fork_keeps_the_groups_transfers(api, alice, bob, conversation):
+    """Transfers are of the group: one offered from a fork, and the history of those
+    accepted, outlive the fork (they name its parent)."""
+    first = MessageFactory(conversation=conversation, role="user", content="m1")
+    fork = api.post(url(conversation, f"/messages/{first.id}/fork"), {}, as_=alice)
+    assert fork.status_code == 201, fork.content
+    fork_id = fork.json()["id"]
+    offer = api.post(
+        f"/v1/user/conversations/{fork_id}/transfer-ownership", {"newOwnerUserId": "bob"}, as_=alice
+    )
+    assert offer.status_code == 202
+    assert api.delete(f"/v1/user/conversations/{fork_id}", as_=alice).status_code == 204
+    [pending] = api.get("/v1/user/ownership-transfers", as_=bob).json()["data"]
+    assert pending["conversationId"] == str(conversation.id)
+    accepted = api.post(f"/v1/user/ownership-transfers/{pending['id']}/accept", as_=bob)
+    assert accepted.status_code == 200
+    assert levels(conversation) == {"alice": "manager", "bob": "owner"}
 
 
 def test_a_transfer_to_an_agent_is_refused(api, alice, conversation):
