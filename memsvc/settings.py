@@ -318,7 +318,7 @@ if MEMORY_EMBEDDING_BACKEND == "openai" and not (OPENAI_API_KEY or OPENAI_BASE_U
 MEMSVC_BLOCK_REVISIONS_KEPT = env_int("MEMSVC_BLOCK_REVISIONS_KEPT", 50, minimum=0)
 
 # Keyword feedback in message search (``search.tuning.FEEDBACK_TUNING``): a little more
-# recall for about a third more of a search's time.
+# recall for 5-8 ms more per search (docs/benchmarks.md).
 MEMSVC_SEARCH_FEEDBACK = env_bool("MEMSVC_SEARCH_FEEDBACK", False)
 
 MEMORY_DEFAULT_SEARCH_LIMIT = env_int("MEMORY_DEFAULT_SEARCH_LIMIT", 5, minimum=1)
