@@ -230,7 +230,7 @@ def with_feedback(
     if not best:
         return found
     top_score = best[0][1] or 1.0
-    limit = max(tuning.min_candidates, tuning.candidates_per_result * top_k)
+    limit = tuning.candidates_for(top_k)
     candidates = found.keyword.keys() | found.semantic.keys()
     with connection.cursor() as cursor:
         known = statements.row_words(
@@ -326,7 +326,7 @@ def find_candidates(
     ``min_candidates``). ``probed``: what an earlier query of the same search learned about
     the scope (whether it holds a row, how to find its nearest vectors), kept there and not
     asked again (a prefetch searches each sentence of a text in one scope)."""
-    limit = max(tuning.min_candidates, tuning.candidates_per_result * top_k)
+    limit = tuning.candidates_for(top_k)
     probed = {} if probed is None else probed
     if not scope.visible_sql:
         # One agent's or user's rows (memories, tool records): often none at all, and an

@@ -90,6 +90,10 @@ class SearchTuning:
     # common enough that its exact count no longer moves its weight much.
     rare_word_count_cap: int = 1000
 
+    def candidates_for(self, top_k: int) -> int:
+        """How many candidates each retriever proposes for ``top_k`` results."""
+        return max(self.min_candidates, self.candidates_per_result * top_k)
+
 
 @dataclass(frozen=True)
 class MemoryRanking:

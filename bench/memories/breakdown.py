@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     tuning = configured_tuning()
     backend = configured_backend()
     backend.embed(["warm up"])
-    limit = max(tuning.min_candidates, tuning.candidates_per_result * 5)
+    limit = tuning.candidates_for(5)
     for case, agent_name, with_user in (("user", AGENT, True), ("store", STORE_AGENT, False)):
         agent = Agent.objects.get(name=agent_name)
         steps = {name: [] for name in ("embedding", "terms", "keyword", "choice", "nearest")}
