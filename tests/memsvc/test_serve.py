@@ -1,5 +1,6 @@
 """``memsvc serve`` as a user runs it: a real process tree on a free port, stopped by SIGTERM."""
 
+import contextlib
 import os
 import signal
 import socket
@@ -96,6 +97,12 @@ class Served:
         if self.process.poll() is None:
             for proc in reversed(self.process_tree()):
                 proc.kill()
+        # An embedded PostgreSQL started again after a test killed it is not always a child
+        # of `serve` (it was left running after every run of the suite).
+        with contextlib.suppress(OSError, ValueError, psutil.Error):
+            postmaster = self.postmaster()
+            if postmaster.name() == "postgres":
+                postmaster.kill()
 
 
 def alive(proc: psutil.Process) -> bool:
