@@ -499,9 +499,19 @@ def memberships_elsewhere(user_id: str) -> QuerySet[Membership]:
     )
 
 
+def said_by(*, role: str, author_principal: str, author_name: str) -> str | None:
+    """The user a message is by: the user who wrote it, or, for a user turn an agent wrote
+    for someone, the user it is signed with (``author_name``); None for an agent's own
+    turns. (``messages_elsewhere`` is the same rule in SQL.)"""
+    if not author_principal.startswith(AGENT_PRINCIPAL_PREFIX):
+        return author_principal
+    return author_name if role == Role.USER else None
+
+
 def messages_elsewhere(user_id: str) -> QuerySet[Message]:
     """The user's messages in conversations someone else owns: those the user wrote, and the
-    user turns an agent wrote for them (signed with their id) where they are a member.
+    user turns an agent wrote for them (signed with their id) where they are a member
+    (``said_by``).
 
     (``author_principal`` has no index: an export or an erase reads the message table once.)
     """
@@ -541,10 +551,13 @@ def turn_speakers(conversation: Conversation, messages: Sequence[Message]) -> di
     for message in messages:
         if message.role != Role.USER:
             continue
-        if not message.author_principal.startswith(AGENT_PRINCIPAL_PREFIX):
-            speakers[message.id] = message.author_principal
-        elif message.author_name in members:
-            speakers[message.id] = message.author_name
+        speaker = said_by(
+            role=message.role,
+            author_principal=message.author_principal,
+            author_name=message.author_name,
+        )
+        if speaker == message.author_principal or speaker in members:
+            speakers[message.id] = speaker
     return speakers
 
 

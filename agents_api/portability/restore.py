@@ -27,9 +27,8 @@ from conversations.models import (
     Membership,
     Message,
     OwnershipTransfer,
-    Role,
 )
-from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX
+from conversations.selectors import said_by
 from search.services import EMBED_BATCH
 from search.tasks import enqueue_embedding
 
@@ -170,25 +169,22 @@ def restore_memberships_elsewhere(user_id: str, records: list[dict]) -> int:
     return len(Membership.objects.bulk_create(Membership(**record) for record in kept))
 
 
-def _written_for(user_id: str, message: dict) -> bool:
-    """Whether a message is the user's as ``conversations.selectors.messages_elsewhere``
-    finds them: written by the user, or a user turn an agent wrote for them (signed with
-    their id)."""
-    return message["author_principal"] == user_id or (
-        message["role"] == Role.USER
-        and message["author_name"] == user_id
-        and message["author_principal"].startswith(AGENT_PRINCIPAL_PREFIX)
-    )
-
-
 def restore_messages_elsewhere(user_id: str, records: list[dict]) -> int:
-    """The user's messages (anyone else's refuses the document) in conversations that
-    still exist and where the user is a member (again: ``membershipsElsewhere`` comes
-    back first), in their old places between the others' messages (``_store_messages``).
+    """The user's messages (``said_by``: anyone else's refuses the document) in
+    conversations that still exist and where the user is a member (again:
+    ``membershipsElsewhere`` comes back first), in their old places between the others'
+    messages (``_store_messages``).
     Those of a conversation the user is no member of are skipped: a member removed leaves
     their messages, but no document brings anyone's words into a conversation they are
     not in."""
-    strangers = [r for r in records if not _written_for(user_id, r)]
+    strangers = [
+        r
+        for r in records
+        if said_by(
+            role=r["role"], author_principal=r["author_principal"], author_name=r["author_name"]
+        )
+        != user_id
+    ]
     if strangers:
         raise ImportRefused(f"messagesElsewhere: {strangers[0]['id']} is not {user_id}'s")
     member = Conversation.objects.filter(
