@@ -178,13 +178,13 @@ class ConversationAdmin(LargeTableAdmin):
         return deleted, counts, perms_needed, protected
 
     def delete_model(self, request, obj):
-        conversation_delete(operator(request), conversation=obj)
+        conversation_delete(operator(request), conversation=obj, need=None)
 
     def delete_queryset(self, request, queryset):
         for conversation in queryset.order_by("created_at"):
             # An earlier one's deletion may have taken this one along (a fork, a group).
             if type(conversation).objects.filter(pk=conversation.pk).exists():
-                conversation_delete(operator(request), conversation=conversation)
+                conversation_delete(operator(request), conversation=conversation, need=None)
 
     def get_search_results(self, request, queryset, search_term):
         conversation_id = as_uuid(search_term)

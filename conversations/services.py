@@ -94,12 +94,21 @@ SELECT id FROM subtree
 
 
 @transaction.atomic
-def conversation_delete(actor: Principal, *, conversation: Conversation) -> None:
-    """Delete the conversation and every fork below it; the root takes its group along."""
+def conversation_delete(
+    actor: Principal, *, conversation: Conversation, need: AccessLevel | None = AccessLevel.OWNER
+) -> None:
+    """Delete the conversation and every fork below it; the root takes its group along.
+
+    ``need``: the level the actor must still have once the group is locked (the view checked
+    it before, and an ownership transfer may have been accepted since: the old owner, a
+    manager now, deletes nothing of the new owner's); None for an operator (the admin), who
+    acts on any conversation."""
+    _lock_groups_to_delete([conversation.group_id])
+    if need is not None:
+        selectors.access_group(actor, conversation.group_id, need=need)
     if conversation.forked_at_conversation_id is None:
         conversation_groups_delete(actor, group_ids=[conversation.group_id])
     else:
-        _lock_groups_to_delete([conversation.group_id])
         with connection.cursor() as cursor:
             cursor.execute(_SUBTREE_SQL, [conversation.pk])
             subtree = [conversation_id for (conversation_id,) in cursor.fetchall()]

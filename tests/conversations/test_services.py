@@ -12,7 +12,7 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 
 from conversations import selectors, services
-from conversations.models import Membership, Message, OwnershipTransfer
+from conversations.models import Conversation, Membership, Message, OwnershipTransfer
 from conversations.services import NewMessage
 from memsvc.api.errors import Forbidden, NotFound
 from memsvc.api.principals import Principal
@@ -204,6 +204,30 @@ def test_a_fork_racing_the_deletion_of_its_conversation_is_404(deleted):
 
     assert isinstance(refused, NotFound), refused
     assert not Message.objects.filter(content="x").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("deleted", ["root", "fork"])
+def test_an_owner_whose_offer_is_being_accepted_deletes_nothing(deleted):
+    """alice's deletion was checked while she owned the conversation; bob accepts her offer
+    before it is written. The deletion waits for the accept, finds alice a manager and is
+    refused: nothing of what bob now owns is deleted."""
+    conversation = shared_group()
+    if deleted == "fork":
+        conversation = fork_of(conversation)
+    alice, bob = Principal.user("alice"), Principal.user("bob")
+    transfer = services.ownership_transfer_start(
+        alice, conversation=conversation, to_principal="bob"
+    )
+
+    refused = waits_for(
+        lambda: services.ownership_transfer_accept(bob, transfer=transfer),
+        lambda: services.conversation_delete(alice, conversation=conversation),
+    )
+
+    assert isinstance(refused, Forbidden), refused
+    assert Conversation.objects.filter(pk=conversation.pk).exists()
+    assert levels(conversation.group) == {"alice": "manager", "bob": "owner"}
 
 
 def keyword_statistics():
