@@ -160,7 +160,7 @@ def access_conversation(
     if summary:
         visible = _with_summary_fields(visible).select_related("forked_at_message")
     conversation = visible.filter(id=conversation_id).first()
-    _refuse_below(conversation.access_level if conversation else None, need)
+    refuse_below(conversation.access_level if conversation else None, need)
     return conversation
 
 
@@ -173,10 +173,10 @@ def access_group(principal: Principal, group_id, *, need: AccessLevel) -> None:
         .values_list("access_level", flat=True)
         .first()
     )
-    _refuse_below(level, need)
+    refuse_below(level, need)
 
 
-def _refuse_below(level: str | None, need: AccessLevel) -> None:
+def refuse_below(level: str | None, need: AccessLevel) -> None:
     """404 for a principal who is not a member (``level`` None), 403 for one whose level is
     below ``need``."""
     if level is None:

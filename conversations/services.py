@@ -241,24 +241,24 @@ def messages_append(
 
 
 _HOLD_MEMBERSHIPS = """
-SELECT count(*) FROM (
-    SELECT 1 FROM membership WHERE group_id = %s AND principal_id = ANY(%s) FOR KEY SHARE
-) held
+SELECT access_level FROM membership WHERE group_id = %s AND principal_id = ANY(%s) FOR KEY SHARE
 """
 
 
 def _hold_memberships(actor: Principal, conversation: Conversation) -> None:
     """Hold the actor's memberships of the conversation's group until the append commits
-    (FOR KEY SHARE: appends do not wait for each other): removing the actor (deleting a
-    membership) waits for the appends in flight, and an append after the removal finds no
-    membership, a 404 as from ``access_conversation``. Called after the conversation's
-    update: a deletion of the group locks its conversations before it deletes the
-    memberships, so it never waits for an append that waits for it."""
+    (FOR KEY SHARE: appends do not wait for each other): removing or demoting the actor
+    (``_locked_membership``) waits for the appends in flight, and an append after it finds
+    no membership (404) or a reader's (403), as from ``access_conversation``. Called after
+    the conversation's update: a deletion of the group locks its conversations before it
+    deletes the memberships, so it never waits for an append that waits for it."""
     with connection.cursor() as cursor:
         cursor.execute(_HOLD_MEMBERSHIPS, [conversation.group_id, list(actor.member_ids)])
-        [(held,)] = cursor.fetchall()
-    if held < len(actor.member_ids):
-        raise NotFound("conversation not found")
+        levels = [AccessLevel(level) for (level,) in cursor.fetchall()]
+    lowest = min(levels, key=lambda level: level.rank) if levels else None
+    selectors.refuse_below(
+        lowest if len(levels) == len(actor.member_ids) else None, AccessLevel.WRITER
+    )
 
 
 def message_append(
@@ -402,10 +402,11 @@ def _lock_group_as(actor: Principal, group_id, *, need: AccessLevel) -> None:
 
 
 def _locked_membership(actor: Principal, membership: Membership, *, need) -> Membership:
-    """``membership`` as it is now, under its group's lock taken by an actor who has ``need``
-    (``_lock_group_as``); 404 if it is gone meanwhile."""
+    """``membership`` as it is now, locked under its group's lock taken by an actor who has
+    ``need`` (``_lock_group_as``); 404 if it is gone meanwhile. The row's lock (FOR UPDATE)
+    waits for the member's appends in flight (``_hold_memberships``)."""
     _lock_group_as(actor, membership.group_id, need=need)
-    current = Membership.objects.filter(pk=membership.pk).first()
+    current = Membership.objects.select_for_update().filter(pk=membership.pk).first()
     if current is None:
         raise NotFound("membership not found")
     return current

@@ -269,27 +269,47 @@ def test_a_deletion_waits_for_an_append_in_flight_and_counts_its_words_out(delet
     assert "zebra" not in remaining[0]
 
 
+# How bob, a writer, loses the right to append: the change, what a later append gets, and
+# the memberships left.
+WRITER_LOSSES = {
+    "removed": (
+        lambda alice, bob: services.membership_delete(alice, membership=bob),
+        NotFound,
+        {"alice": "owner"},
+    ),
+    "demoted": (
+        lambda alice, bob: services.membership_update(alice, membership=bob, access_level="reader"),
+        Forbidden,
+        {"alice": "owner", "bob": "reader"},
+    ),
+}
+
+
 @pytest.mark.django_db(transaction=True)
-def test_an_append_racing_the_removal_of_its_writer_is_404():
-    """bob's append was checked while he was a writer; alice removes him before it is
-    written. The append waits for the removal and finds no membership: nothing of his is
-    added after the removal has answered."""
+@pytest.mark.parametrize("loss", WRITER_LOSSES)
+def test_an_append_racing_the_loss_of_its_writers_access_is_refused(loss):
+    """bob's append was checked while he was a writer; alice removes or demotes him before
+    it is written. The append waits for the change and is refused (no membership: 404; a
+    reader's: 403): nothing of his is added after the change has answered."""
+    change, refusal, _ = WRITER_LOSSES[loss]
     conversation = shared_group(bob="writer")
     bob = selectors.membership_of(conversation, "bob")
 
     refused = waits_for(
-        lambda: services.membership_delete(Principal.user("alice"), membership=bob),
+        lambda: change(Principal.user("alice"), bob),
         lambda: services.message_append(
             Principal.user("bob"), conversation=conversation, content="late"
         ),
     )
 
-    assert isinstance(refused, NotFound), refused
+    assert isinstance(refused, refusal), refused
     assert not Message.objects.exists()
 
 
 @pytest.mark.django_db(transaction=True)
-def test_removing_a_writer_waits_for_their_append_in_flight():
+@pytest.mark.parametrize("loss", WRITER_LOSSES)
+def test_a_writers_loss_of_access_waits_for_their_append_in_flight(loss):
+    change, _, members = WRITER_LOSSES[loss]
     conversation = shared_group(bob="writer")
     bob = selectors.membership_of(conversation, "bob")
 
@@ -297,9 +317,9 @@ def test_removing_a_writer_waits_for_their_append_in_flight():
         lambda: services.message_append(
             Principal.user("bob"), conversation=conversation, content="in time"
         ),
-        lambda: services.membership_delete(Principal.user("alice"), membership=bob),
+        lambda: change(Principal.user("alice"), bob),
     )
 
-    assert outcome is None
+    assert not isinstance(outcome, Exception), outcome
     assert list(Message.objects.values_list("content", flat=True)) == ["in time"]
-    assert levels(conversation.group) == {"alice": "owner"}
+    assert levels(conversation.group) == members
