@@ -4,13 +4,16 @@ die, and local mode's embedded PostgreSQL restarted when it stops.
 Each child runs in a process group of its own, so that when its main process dies (even by
 ``kill -9``) whatever it left behind (a Celery worker's pool processes, gunicorn's workers)
 is ended with it before the child is started again: nothing is orphaned, and a restarted
-web server finds its port free. Restarts back off (1 s, doubling up to 30 s, back to 1 s
+web server finds its port free. On Linux each child is also ended (SIGTERM) when the
+supervisor itself dies, ``kill -9`` or the kernel's out-of-memory killer included: no web
+server is left holding the port for the next ``memsvc serve``. Restarts back off (1 s, doubling up to 30 s, back to 1 s
 after a minute of good health) and every one is logged on stderr. A child that fails on its
 very first start (a port in use, a bad setting) ends the service instead: that is a
 mistake to report, not a crash to heal.
 """
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -36,6 +39,27 @@ def _backoff(failures: int) -> float:
     return min(MAX_BACKOFF_SECONDS, FIRST_BACKOFF_SECONDS * 2 ** max(0, failures - 1))
 
 
+# prctl(2)'s request: "send me this signal when the thread that started me ends".
+PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+def _ended_with_this_process() -> Callable[[], None] | None:
+    """For a child about to start (run between its fork and its exec): SIGTERM to it when
+    the process starting it dies. The request names the starting thread, so children are
+    started by the supervisor's loop, which lives as long as the process."""
+    if _LIBC is None:
+        return None
+    parent = os.getpid()
+
+    def ask_the_kernel() -> None:
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # it died before the request was made
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return ask_the_kernel
+
+
 @dataclass
 class Child:
     name: str
@@ -49,7 +73,10 @@ class Child:
 
     def start(self) -> None:
         self.process = subprocess.Popen(  # noqa: S603 (our own interpreter and arguments)
-            self.command, env={**os.environ, **self.env}, start_new_session=True
+            self.command,
+            env={**os.environ, **self.env},
+            start_new_session=True,
+            preexec_fn=_ended_with_this_process(),
         )
         self.started_at = time.monotonic()
         self.starts += 1

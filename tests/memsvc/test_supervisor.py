@@ -1,6 +1,7 @@
 """memsvc.supervisor with small stand-in children (a real ``memsvc serve`` is in test_serve.py)."""
 
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -98,3 +99,26 @@ def test_a_watched_service_that_stops_is_started_again_and_retried(supervisor, c
     assert state["attempts"] == 2
     assert "the embedded PostgreSQL did not start (RuntimeError('still shutting down'))" in err
     assert "the embedded PostgreSQL is running again" in err
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_PDEATHSIG)")
+def test_children_end_when_the_supervisor_is_killed(tmp_path):
+    """A ``kill -9`` of the supervising process (``memsvc serve``) leaves no child behind
+    (a web server holding the port for the next start)."""
+    supervising = (
+        "import sys, time; from memsvc.supervisor import Supervisor;"
+        "s = Supervisor(); s.start('web server', [sys.executable, '-c',"
+        " 'import time; time.sleep(60)']);"
+        "print(s.children[0].process.pid, flush=True); time.sleep(60)"
+    )
+    parent = psutil.Popen([sys.executable, "-c", supervising], stdout=subprocess.PIPE, text=True)
+    child = psutil.Process(int(parent.stdout.readline()))
+    assert child.is_running()
+
+    parent.kill()
+    parent.wait()
+
+    wait_until(
+        lambda: not child.is_running() or child.status() == psutil.STATUS_ZOMBIE,
+        "the child outlived its supervisor",
+    )
