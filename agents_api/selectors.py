@@ -24,7 +24,7 @@ from conversations.selectors import (
     messages_visible_to,
 )
 from memsvc.api.errors import Forbidden, InvalidInput, NotFound, one_or_404
-from memsvc.api.pagination import Page, keyset_page
+from memsvc.api.pagination import Page, beyond, keyset_page
 from memsvc.api.principals import (
     AGENT_PRINCIPAL_PREFIX,
     Principal,
@@ -180,6 +180,26 @@ def letta_blocks(caller: Agent, *, label: str | None = None) -> QuerySet[MemoryB
     if label:
         blocks = blocks.filter(label=label)
     return blocks.order_by("created_at", "id")
+
+
+LETTA_ORDERS = {"asc": ("created_at", "id"), "desc": ("-created_at", "-id")}
+
+
+def letta_page(rows: QuerySet, *, order: str, after=None, before=None, limit: int) -> list:
+    """A page of a Letta list (``letta_agents``, ``letta_blocks``) in creation ``order``
+    ("asc" or "desc"): the rows after the row ``after`` and before the row ``before`` in that
+    order (primary keys; one that names none of ``rows`` is ignored, as Letta's server
+    ignores it). letta-client walks a list by ``after`` the last item of each page."""
+    keys = LETTA_ORDERS[order]
+    fields = [key.removeprefix("-") for key in keys]
+    backwards = LETTA_ORDERS["desc" if order == "asc" else "asc"]
+    for pk, direction in ((after, keys), (before, backwards)):
+        if pk is None:
+            continue
+        cursor = rows.filter(pk=pk).prefetch_related(None).values_list(*fields).first()
+        if cursor is not None:
+            rows = rows.filter(beyond(direction, list(cursor)))
+    return list(rows.order_by(*keys)[:limit])
 
 
 def letta_agent(caller: Agent, agent_id) -> Agent:

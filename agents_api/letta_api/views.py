@@ -44,12 +44,44 @@ class LettaView(APIView):
         return request.auth.agent
 
     def agent(self, request, agent_id: str):
-        return selectors.letta_agent(
-            self.caller(request), s.parse_uuid_id(agent_id, s.AGENT_ID_PREFIX, "Agent")
-        )
+        return selectors.letta_agent(self.caller(request), _agent_id(agent_id))
 
     def block(self, request, block_id: str):
         return selectors.letta_block(self.caller(request), s.parse_block_id(block_id))
+
+
+def _order(params, default: str) -> str:
+    order = params.get("order") or default
+    if order not in selectors.LETTA_ORDERS:
+        raise InvalidInput.for_field("order", "must be 'asc' or 'desc'")
+    return order
+
+
+def _cursor(params, name: str, parse):
+    """The item ``?after=`` or ``?before=`` names, parsed; None when absent or naming none
+    (Letta's server ignores such a cursor)."""
+    raw = params.get(name)
+    if not raw:
+        return None
+    try:
+        return parse(raw)
+    except NotFound:
+        return None
+
+
+def _page(rows, params, *, default_order: str, parse_id) -> list:
+    """A page of a Letta list, by Letta's ``order``, ``after``, ``before`` and ``limit``."""
+    return selectors.letta_page(
+        rows,
+        order=_order(params, default_order),
+        after=_cursor(params, "after", parse_id),
+        before=_cursor(params, "before", parse_id),
+        limit=parse_limit(params.get("limit"), default=50, maximum=MAX_LIST_LIMIT),
+    )
+
+
+def _agent_id(raw: str):
+    return s.parse_uuid_id(raw, s.AGENT_ID_PREFIX, "Agent")
 
 
 def _agent_state(agent) -> dict:
@@ -65,15 +97,15 @@ class AgentsView(LettaView):
     @extend_schema(exclude=True)
     def get(self, request):
         params = request.query_params
-        agents = selectors.letta_agents(self.caller(request)).order_by("created_at", "id")
+        agents = selectors.letta_agents(self.caller(request))
         if params.get("name"):
             agents = agents.filter(name=params["name"])
         tags = params.getlist("tags")
         if tags:
             match_all = params.get("match_all_tags", "").lower() == "true"
             agents = selectors.letta_agents_tagged(agents, tags, match_all=match_all)
-        limit = parse_limit(params.get("limit"), default=50, maximum=MAX_LIST_LIMIT)
-        return Response([_agent_state(agent) for agent in agents[:limit]])
+        page = _page(agents, params, default_order="desc", parse_id=_agent_id)
+        return Response([_agent_state(agent) for agent in page])
 
     @extend_schema(exclude=True)
     def post(self, request):
@@ -111,9 +143,7 @@ class AgentMessagesView(LettaView):
         agent = self.agent(request, agent_id)
         params = request.query_params
         limit = parse_limit(params.get("limit"), default=100, maximum=MAX_LIST_LIMIT)
-        order = params.get("order") or "desc"
-        if order not in ("asc", "desc"):
-            raise InvalidInput.for_field("order", "must be 'asc' or 'desc'")
+        order = _order(params, "desc")
         if agent.local_conversation is None:
             return Response([])
         messages = conversation_messages(agent.local_conversation, for_agent=True)
@@ -162,7 +192,9 @@ class AttachBlockView(LettaView):
     @extend_schema(exclude=True)
     def patch(self, request, agent_id, block_id):
         agent = self.agent(request, agent_id)
-        services.letta_block_attach(agent, block=self.block(request, block_id))
+        services.letta_block_attach(
+            self.caller(request), agent=agent, block=self.block(request, block_id)
+        )
         return Response(_agent_state(self.agent(request, agent_id)))  # with the new block
 
 
@@ -189,10 +221,10 @@ class GroupView(LettaView):
 class BlocksView(LettaView):
     @extend_schema(exclude=True)
     def get(self, request):
-        blocks = selectors.letta_blocks(
-            self.caller(request), label=request.query_params.get("label")
-        )
-        return Response([s.block_out(block) for block in blocks])
+        params = request.query_params
+        blocks = selectors.letta_blocks(self.caller(request), label=params.get("label"))
+        page = _page(blocks, params, default_order="asc", parse_id=s.parse_block_id)
+        return Response([s.block_out(block) for block in page])
 
     @extend_schema(exclude=True)
     def post(self, request):

@@ -143,9 +143,13 @@ class CreateMessageIn(LocalInput):
     metadata = MetadataField(required=False, allow_null=True)
 
 
+# The longest query a search takes.
+SEARCH_QUERY_MAX_CHARS = 2000
+
+
 class SearchIn(LocalInput):
     agent_name = AgentNameField()
-    query = TextField(max_length=2000)
+    query = TextField(max_length=SEARCH_QUERY_MAX_CHARS)
     limit = serializers.IntegerField(
         required=False,
         min_value=1,
@@ -167,7 +171,12 @@ class UpdateBlockIn(LocalInput):
 class ContextIn(LocalInput):
     # The path names the agent; the seed's clients send it in the body too.
     agent_name = AgentNameField(required=False)
-    query = TextField(allow_blank=True, max_length=2000)
+    # The seed's clients (learning() too) send the user's whole message, as long as a
+    # message may be: it is searched by its start, as much as a search query holds.
+    query = TextField(allow_blank=True, max_length=settings.MEMSVC_MAX_MESSAGE_CHARS)
+
+    def validate_query(self, value):
+        return value[:SEARCH_QUERY_MAX_CHARS]
 
 
 # --- tool records (the memory bank of ``learning(strategy="memory_bank")``) -------------------

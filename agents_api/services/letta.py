@@ -14,8 +14,9 @@ from agents_api.services.agents import agent_get_or_create
 from agents_api.services.blocks import memory_block_create
 from agents_api.services.messages import local_messages_append
 from conversations.models import Message, Role
-from conversations.services import NewMessage
+from conversations.services import NewMessage, conversation_delete
 from memsvc.api.errors import Conflict, Forbidden
+from memsvc.db import locked_row
 
 LETTA_METADATA_KEY = "letta"
 # What ``POST /v1/agents/`` may set and the agent then answers with.
@@ -85,9 +86,15 @@ def letta_agent_update(agent: Agent, *, settings: dict) -> Agent:
 
 @transaction.atomic
 def letta_agent_delete(caller: Agent, *, agent: Agent) -> None:
-    """Delete an agent the key's agent created here; the key's own agent is not its to delete."""
+    """Delete an agent the key's agent created here with its captured turns (its own
+    conversation), as Letta deletes an agent's messages with it; the key's own agent is not
+    its to delete. The agent's row is locked first, as a capture locks it
+    (``local_conversation_for``) before it writes to the conversation."""
     if agent.pk == caller.pk:
         raise Forbidden("an API key cannot delete its own agent")
+    agent = _locked(agent)
+    if agent.local_conversation_id is not None:
+        conversation_delete(agent.as_principal(), conversation=agent.local_conversation)
     agent.delete()
 
 
@@ -108,12 +115,16 @@ def letta_block_create(caller: Agent, **fields) -> MemoryBlock:
 
 
 @transaction.atomic
-def letta_block_attach(agent: Agent, *, block: MemoryBlock) -> MemoryBlock:
-    """Give the block to ``agent`` (a no-op when it has it already); an agent has one block
-    per label, so a second one of that label is a conflict."""
-    block = MemoryBlock.objects.select_for_update().get(pk=block.pk)
+def letta_block_attach(caller: Agent, *, agent: Agent, block: MemoryBlock) -> MemoryBlock:
+    """Give a block of the key's own agent (``letta_block_create``) to ``agent`` (a no-op
+    when it has it already); an agent has one block per label, so a second one of that
+    label is a conflict. Letta shares a block between the agents it is attached to; memsvc
+    keeps a block in one agent, so another agent's block is a conflict, not taken from it."""
+    block = locked_row(MemoryBlock.objects, block.pk, missing="Block not found")
     if block.agent_id == agent.pk:
         return block
+    if block.agent_id != caller.pk:
+        raise Conflict("the block is attached to another agent; memsvc does not share blocks")
     if MemoryBlock.objects.filter(agent=agent, user_id=block.user_id, label=block.label).exists():
         raise Conflict(f"the agent already has a memory block labelled {block.label!r}")
     block.agent = agent

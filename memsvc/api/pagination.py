@@ -112,7 +112,7 @@ def keyset_page(queryset: QuerySet, *, order: Sequence[str], after: str | None, 
             key = [f.to_python(value) for f, value in zip(model_fields, raw_key, strict=True)]
         except ValidationError:
             raise InvalidInput.for_field("after", "malformed cursor") from None
-        queryset = queryset.filter(_beyond(order, key))
+        queryset = queryset.filter(beyond(order, key))
     rows = list(queryset.order_by(*order)[: limit + 1])
     if len(rows) <= limit:
         return Page(rows, None)
@@ -121,7 +121,7 @@ def keyset_page(queryset: QuerySet, *, order: Sequence[str], after: str | None, 
     return Page(rows, encode_cursor(*(_json_value(getattr(last, name)) for name in fields)))
 
 
-def _beyond(order: Sequence[str], key: list) -> Q:
+def beyond(order: Sequence[str], key: list) -> Q:
     """Rows after ``key`` in ``order``: (k1 beyond) OR (k1 equal AND k2 beyond) OR ..."""
     conditions = []
     for position, name in enumerate(order):

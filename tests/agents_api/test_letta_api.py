@@ -7,7 +7,7 @@ import pytest
 
 from agents_api.models import Agent, MemoryBlock, MemoryBlockRevision
 from agents_api.sleeptime import observation_due
-from conversations.models import Message
+from conversations.models import Conversation, Message
 from tests.agents_api.conftest import make_agent
 from tests.fake_openai import FakeOpenAI
 
@@ -88,6 +88,33 @@ def test_listing_agents_costs_no_query_per_agent(api, helper):
     assert list_queries() == one
 
 
+def walk(api, key, path, **params) -> list[str]:
+    """The ids of every item of a Letta list, page after page as letta-client's iterator
+    walks it: ``after`` the last item of the page, until a page is empty."""
+    seen, after = [], {}
+    for _ in range(10):
+        page = api.get(path, as_=key, **params, **after).json()
+        if not page:
+            return seen
+        seen += [item["id"] for item in page]
+        after = {"after": page[-1]["id"]}
+    raise AssertionError(f"the list never ends: {seen}")
+
+
+def test_lists_are_paged_by_the_cursors_letta_client_sends(api, helper):
+    agents = [create_agent(api, helper, name=name) for name in ("first", "second", "third")]
+    created = [api.post("/v1/blocks/", {"label": label}, as_=helper).json() for label in "xyz"]
+    agent_ids = [agent["id"] for agent in agents]
+    # Letta's orders: agents newest first, blocks oldest first; either on request.
+    assert walk(api, helper, "/v1/agents/", tags=SDK_TAG, limit=2) == agent_ids[::-1]
+    assert walk(api, helper, "/v1/agents/", tags=SDK_TAG, limit=2, order="asc") == agent_ids
+    block_ids = [agent["blocks"][0]["id"] for agent in agents] + [b["id"] for b in created]
+    assert walk(api, helper, "/v1/blocks/", limit=4) == block_ids
+    assert walk(api, helper, "/v1/blocks/", limit=4, order="desc") == block_ids[::-1]
+    before = api.get("/v1/agents/", as_=helper, tags=SDK_TAG, before=agent_ids[0]).json()
+    assert [agent["id"] for agent in before] == agent_ids[:0:-1]
+
+
 def test_creating_the_same_name_again_is_the_same_agent(api, helper):
     first = create_agent(api, helper)
     again = create_agent(api, helper, tags=["second"])
@@ -145,6 +172,22 @@ def test_attaching_a_second_block_of_a_label_is_a_conflict(api, helper):
     )
     assert response.status_code == 409
     assert "human" in response.json()["detail"]
+
+
+def test_attaching_another_agents_block_does_not_take_it_from_that_agent(api, helper):
+    first = create_agent(api, helper, name="first")["id"]
+    second = create_agent(api, helper, name="second", memory_blocks=[])["id"]
+    block = api.post("/v1/blocks/", {"label": "notes", "value": "Shared?"}, as_=helper).json()
+    attach = "/v1/agents/{}/core-memory/blocks/attach/" + block["id"]
+    assert api.call("PATCH", attach.format(first), as_=helper).status_code == 200
+
+    # Letta would share it; memsvc keeps a block in one agent, so it says no.
+    response = api.call("PATCH", attach.format(second), as_=helper)
+    assert response.status_code == 409
+    assert "another agent" in response.json()["detail"]
+    labels = [b["label"] for b in api.get(f"/v1/agents/{first}", as_=helper).json()["blocks"]]
+    assert labels == ["human", "notes"]
+    assert api.get(f"/v1/agents/{second}", as_=helper).json()["blocks"] == []
 
 
 def test_a_turn_whose_role_is_not_a_string_is_not_kept(api, helper):
@@ -303,6 +346,20 @@ def test_an_agent_is_deleted_but_a_key_cannot_delete_its_own(api, helper):
     assert api.delete(f"/v1/agents/agent-{helper.agent.id}", as_=helper).status_code == 403
     assert api.delete(f"/v1/agents/{state['id']}", as_=helper).status_code == 200
     assert not Agent.objects.filter(name="travel").exists()
+
+
+def test_deleting_an_agent_deletes_its_captured_turns(api, helper):
+    state = create_agent(api, helper)
+    capture(api, helper, state["id"], "My passport number is X123.")
+    kept = create_agent(api, helper, name="kept")
+    capture(api, helper, kept["id"], "Keep this.")
+
+    assert api.delete(f"/v1/agents/{state['id']}", as_=helper).status_code == 200
+    assert list(Message.objects.values_list("content", flat=True).order_by("seq")) == [
+        "Keep this.",
+        "Noted.",
+    ]
+    assert list(Conversation.objects.values_list("title", flat=True)) == ["kept (local)"]
 
 
 def test_letta_routes_memsvc_does_not_serve_answer_501_naming_them(api, helper):

@@ -179,6 +179,22 @@ def test_context_has_blocks_and_relevant_messages(local, settings):
     assert relevant[0]["similarity"] is not None
 
 
+def test_context_for_a_long_user_message_still_has_blocks_and_relevant_messages(local):
+    """learning() asks for context with the user's whole message, which may be far longer
+    than a search query: it is searched by its start, not refused (which left the call
+    without any memory, its blocks included)."""
+    make(local)
+    local.post("/memory-blocks", {"agent_name": "my_agent", "label": "human", "value": "Alice"})
+    store(local, "my_agent", "user", "My name is Alice and I prefer Python")
+    embed_pending()
+    pasted = "What's my name? Then summarise this log:\n" + "INFO request served\n" * 1000
+    response = local.post("/context/my_agent", {"agent_name": "my_agent", "query": pasted})
+    assert response.status_code == 200, response.content
+    context = response.json()
+    assert [b["label"] for b in context["memory_blocks"]] == ["human"]
+    assert context["relevant_messages"][0]["content"] == "My name is Alice and I prefer Python"
+
+
 def remember(agent: Agent, content: str, user_id: str = "") -> None:
     memory_save(agent.as_principal(), agent=agent, user_id=user_id, content=content)
 
