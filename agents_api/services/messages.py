@@ -11,6 +11,7 @@ from conversations.models import Message, Role
 from conversations.services import NewMessage, conversation_create, messages_append
 from memsvc.api.errors import Conflict, InvalidInput
 from memsvc.api.principals import Principal
+from memsvc.db import locked_row
 
 
 @transaction.atomic
@@ -73,7 +74,7 @@ def local_conversation_for(agent: Agent):
     The agent owns it, so its messages are embedded, searched and shown (the admin, the
     agent API) like any other conversation's.
     """
-    agent = Agent.objects.select_for_update().get(pk=agent.pk)
+    agent = locked_row(Agent.objects, agent.pk, missing="Agent not found")  # 404 if deleted since
     if agent.local_conversation_id is None:
         agent.local_conversation = conversation_create(
             agent.as_principal(),

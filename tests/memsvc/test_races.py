@@ -10,7 +10,7 @@ import threading
 import pytest
 from django.db import connection, transaction
 
-from agents_api.models import Memory, MemoryBlock
+from agents_api.models import Agent, Memory, MemoryBlock
 from conversations.models import ConversationGroup
 from tests.agents_api.conftest import make_agent
 
@@ -77,5 +77,28 @@ def test_a_memory_patch_racing_its_delete_is_404(api):
         api,
         lambda: api.patch(f"/v1/agent/memories/{memory_id}", {"tags": ["x"]}, as_=helper),
         lambda: Memory.objects.filter(pk=memory_id).delete(),
+    )
+    assert response.status_code == 404, response.content
+
+
+def test_a_letta_capture_racing_its_agents_delete_is_404(api):
+    helper = make_agent("racer")
+    body = {"name": "travel", "memory_blocks": [], "tags": ["agentic-learning-sdk"]}
+    created = api.post("/v1/agents/", body, as_=helper)
+    assert created.status_code == 200, created.content
+    agent_id = created.json()["id"]
+    response = delete_while_patching(
+        api,
+        lambda: api.post(
+            f"/v1/agents/{agent_id}/messages/capture",
+            {
+                "provider": "openai",
+                "model": "gpt-test",
+                "request_messages": [{"role": "user", "content": "hello"}],
+                "response_dict": {"role": "assistant", "content": "hi"},
+            },
+            as_=helper,
+        ),
+        lambda: Agent.objects.filter(pk=agent_id.removeprefix("agent-")).delete(),
     )
     assert response.status_code == 404, response.content
