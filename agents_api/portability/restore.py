@@ -5,8 +5,8 @@ again. Conversations a user owned come back whole (their messages take new place
 order of all messages, in the order they had); what they had in conversations of others
 comes back only where those still exist, their messages in their old places. An agent's
 memory comes back into that agent (made again, with its id, when it is gone). Vectors are
-made anew: messages are queued for embedding, memories and tool records wait for their
-sweeps.
+made anew once the import commits: messages are queued for embedding, the sweeps of
+memories and tool records are run.
 """
 
 import json
@@ -21,6 +21,7 @@ from agents_api.models import (
     ToolRecord,
     content_hash,
 )
+from agents_api.tasks import sweep_unembedded_memories_task, sweep_unembedded_tool_records_task
 from conversations.models import (
     Conversation,
     ConversationGroup,
@@ -225,8 +226,17 @@ def _agents_for(subject, records: list[dict], section: str) -> list[dict]:
     return [record for record in records if record["agent_id"] in existing]
 
 
+def _swept_on_commit(sweep) -> None:
+    """Restored rows get their vectors as soon as the import commits (``sweep``, the task
+    that embeds what waits), not at the sweep's next run, up to a minute later; a broker
+    that is down leaves them to that run."""
+    transaction.on_commit(lambda: sweep.apply_async(retry=False), robust=True)
+
+
 def restore_memories(subject, records: list[dict]) -> int:
     kept = _agents_for(subject, records, "memories")
+    if kept:
+        _swept_on_commit(sweep_unembedded_memories_task)
     return len(
         Memory.objects.bulk_create(
             Memory(**record, content_hash=content_hash(record["content"])) for record in kept
@@ -250,9 +260,10 @@ def restore_memory_blocks(subject, records: list[dict]) -> int:
 
 
 def restore_tool_records(agent: Agent, records: list[dict]) -> int:
-    """An agent's tool records; one whose conversation is gone keeps its facts without it.
-    Their vectors wait for the sweep."""
+    """An agent's tool records; one whose conversation is gone keeps its facts without it."""
     kept = _agents_for(agent, records, "toolRecords")
+    if kept:
+        _swept_on_commit(sweep_unembedded_tool_records_task)
     existing = set(
         Conversation.objects.filter(
             id__in=[r["conversation_id"] for r in kept if r["conversation_id"]]

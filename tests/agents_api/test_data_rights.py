@@ -736,6 +736,20 @@ def test_an_agent_imports_an_export_as_if_it_had_written_it(api, world):
     assert [hit["content"] for hit in found.json()["data"]] == ["Bob runs marathons"]
 
 
+def test_what_an_agent_imports_has_its_vectors_once_the_import_commits(
+    api, world, django_capture_on_commit_callbacks
+):
+    """Not a minute later, at the sweeps' next run: semantic search finds it at once."""
+    document = agent_export(api, key_of(world.agent))
+    newcomer = make_agent("newcomer")
+    with django_capture_on_commit_callbacks(execute=True):
+        assert api.post("/v1/agent/import", document, as_=newcomer).status_code == 200
+    for rows in (Memory.objects, ToolRecord.objects):
+        imported = rows.filter(agent=newcomer.agent)
+        assert imported.exists()
+        assert not imported.filter(embedding__isnull=True).exists()
+
+
 def test_an_import_that_collides_stores_nothing(api, world):
     """Imported twice: its blocks' labels (and memories) are the agent's already: 409."""
     document = agent_export(api, key_of(world.agent))
