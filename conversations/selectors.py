@@ -341,7 +341,9 @@ def conversation_context(
     rest = view.exclude(channel=Channel.SUMMARY)
     head: list[Message] = []
     if summary is not None:
-        until = view.filter(id=summary.metadata.get("untilMessageId")).values("seq").first()
+        # (null: every message it covered is deleted, ``services._summaries_moved_off``)
+        until_id = summary.metadata.get("untilMessageId")
+        until = view.filter(id=until_id).values("seq").first() if until_id else {"seq": 0}
         rest = rest.filter(seq__gt=until["seq"] if until else summary.seq)
         if after is None:
             head = [summary]
@@ -390,17 +392,28 @@ def message_in_view(conversation: Conversation, message_id, *, for_agent: bool =
     return found[0]
 
 
-def history_message_before(
-    conversation: Conversation, message: Message, *, excluding: QuerySet | None = None
+def message_before(
+    conversation: Conversation,
+    message: Message,
+    *,
+    excluding: QuerySet | None = None,
+    channel: str | None = None,
 ) -> Message | None:
-    """The last HISTORY message of the view that precedes ``message`` (a fork point), not
-    one of ``excluding`` (messages about to be deleted)."""
-    before = conversation_messages(conversation, for_agent=True).filter(
-        channel=Channel.HISTORY, seq__lt=message.seq
-    )
+    """The last message of the view (of ``channel``, else of any) that precedes
+    ``message``, not one of ``excluding`` (messages about to be deleted)."""
+    before = conversation_messages(conversation, for_agent=True).filter(seq__lt=message.seq)
+    if channel is not None:
+        before = before.filter(channel=channel)
     if excluding is not None:
         before = before.exclude(id__in=excluding.values("id"))
     return before.order_by("-seq").first()
+
+
+def history_message_before(
+    conversation: Conversation, message: Message, *, excluding: QuerySet | None = None
+) -> Message | None:
+    """The last HISTORY message of the view that precedes ``message`` (a fork point)."""
+    return message_before(conversation, message, excluding=excluding, channel=Channel.HISTORY)
 
 
 def conversation_forks(conversation: Conversation) -> list[Conversation]:

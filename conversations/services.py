@@ -311,8 +311,10 @@ def summary_create(
 def messages_delete(actor: Principal, *, messages) -> int:
     """Delete these messages (a queryset), as an operator does in the admin: their words
     counted out of the keyword statistics, forks made at one of them starting at the
-    history message before it instead. How many were deleted."""
+    history message before it instead, summaries covering up to one of them covering up to
+    the message before it. How many were deleted."""
     _forks_moved_off(messages)
+    _summaries_moved_off(messages)
     return _messages_delete(messages)
 
 
@@ -343,6 +345,30 @@ def _forks_moved_off(messages) -> None:
             fork.forked_at_conversation, fork.forked_at_message, excluding=messages
         )
         Conversation.objects.filter(pk=fork.pk).update(forked_at_message=point)
+
+
+def _summaries_moved_off(messages) -> None:
+    """Summaries that cover up to one of ``messages`` (about to be deleted) cover instead up
+    to the message before it that stays (none: ``untilMessageId`` null, they cover nothing
+    stored), so an agent's context still goes on right after what a summary covers
+    (``selectors.conversation_context``), not after the summary. Summaries are in the
+    groups of ``messages`` (a fork's may cover its parent's messages)."""
+    ids = {str(message_id) for message_id in messages.values_list("id", flat=True)}
+    summaries = (
+        Message.objects.without_search_data()
+        .filter(
+            channel=Channel.SUMMARY,
+            conversation__group_id__in=messages.values("conversation__group_id"),
+            metadata__untilMessageId__in=list(ids),
+        )
+        .exclude(id__in=list(ids))
+        .select_related("conversation")
+    )
+    for summary in summaries:
+        until = Message.objects.without_search_data().get(id=summary.metadata["untilMessageId"])
+        point = selectors.message_before(summary.conversation, until, excluding=messages)
+        metadata = {**summary.metadata, "untilMessageId": str(point.id) if point else None}
+        Message.objects.filter(pk=summary.pk).update(metadata=metadata)
 
 
 # --- forks -----------------------------------------------------------------------------------
@@ -580,6 +606,23 @@ def user_conversations_erase(user_id: str) -> ErasedConversations:
     transfers = OwnershipTransfer.objects.filter(group_id__in=owned).count()
     messages = conversation_groups_delete(Principal.user(user_id), group_ids=owned)
 
+    # The user's memberships elsewhere, locked before their messages there are collected:
+    # an append of theirs in flight holds its membership (``_hold_memberships``) and ends
+    # first, so its messages are collected with the others; a later one finds none (404).
+    # Their conversations first, in the order an append takes its locks (conversation, then
+    # membership), so that an append waiting for a membership never holds a conversation
+    # that the erase then waits for (a fork moved off one of the user's messages).
+    _lock_conversations(
+        Conversation.objects.filter(
+            group_id__in=Membership.objects.filter(principal_id=user_id).values("group_id")
+        )
+    )
+    list(
+        Membership.objects.filter(principal_id=user_id)
+        .select_for_update()
+        .order_by("id")
+        .values_list("id", flat=True)
+    )
     elsewhere = selectors.messages_elsewhere(user_id)
     messages += messages_delete(Principal.user(user_id), messages=elsewhere)
     memberships, _ = Membership.objects.filter(principal_id=user_id).delete()

@@ -340,8 +340,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     _setup_django()
     from agents_api.portability.export import agent_header, document_chunks, user_header
     from agents_api.portability.sections import AGENT_SECTIONS, USER_SECTIONS
+    from memsvc.api.principals import user_id_problem
 
     if args.kind == "user":
+        # No user is "" (an unset shell variable): its "memories" would be every agent's own.
+        problem = user_id_problem(args.subject)
+        if problem:
+            print(f"user id {problem}", file=sys.stderr)
+            return 1
         chunks = document_chunks(user_header(args.subject), USER_SECTIONS, args.subject)
     else:
         agent = _agent_named(args.subject)

@@ -97,7 +97,7 @@ TASK_BATCH = 32
 # The messages to embed, claimed: row locks held until the vectors are written, and rows
 # another worker holds skipped (a no-key lock: a reply to one of them may still be inserted).
 _CLAIM = """
-SELECT id, author_name, content, channel, conversation_id FROM message
+SELECT id, author_name, content, channel, conversation_id, embedded_at IS NULL FROM message
 WHERE (id = ANY(%s::uuid[]) OR id IN (
         SELECT id FROM message WHERE embedded_at IS NULL ORDER BY seq LIMIT %s))
   {only_pending}
@@ -119,7 +119,9 @@ def embed_messages(
     Idempotent: without ``force`` only messages still waiting (``embedded_at IS NULL``) are
     embedded. The messages are claimed for the time it takes (``_CLAIM``): a second worker
     skips those one is embedding, so a message is embedded once and its words counted once.
-    ``force`` re-embeds (a new model).
+    ``force`` re-embeds (a new model). Either way the words of the messages that were
+    waiting are counted in the keyword statistics as they get their vector (those embedded
+    before were counted then): a re-embedding cut short leaves the statistics right.
     """
     backend = backend or configured_backend()
     ids = [str(message_id) for message_id in message_ids]
@@ -131,9 +133,7 @@ def embed_messages(
         rows = cursor.fetchall()
         if not rows:
             return 0
-        vectors = backend.embed(
-            [embedding_text(author, content) for _, author, content, _, _ in rows]
-        )
+        rows, vectors = _vectors(backend, rows, own=set(ids))
         now = timezone.now()
         written = write_vectors(
             cursor,
@@ -144,15 +144,53 @@ def embed_messages(
             at=now,
             force=force,
         )
-        if written and not force:
-            cursor.execute(_COUNT_TERMS, [list(written)])
-            cursor.execute(_COUNT_CORPUS, [list(written)])
+        # (Claimed rows are locked: one waiting when claimed is still waiting when written.)
+        newly = [m for m, *_, waiting in rows if waiting and m in written]
+        if newly:
+            cursor.execute(_COUNT_TERMS, [newly])
+            cursor.execute(_COUNT_CORPUS, [newly])
         summarized = {
-            c for m, _, _, channel, c in rows if channel == Channel.SUMMARY and m in written
+            c for m, _, _, channel, c, _ in rows if channel == Channel.SUMMARY and m in written
         }
         if summarized:
             Conversation.objects.filter(id__in=summarized).update(vectorized_at=now)
     return len(written)
+
+
+def _vectors(backend: EmbeddingBackend, rows: list, *, own: set[str]) -> tuple[list, list]:
+    """The claimed ``rows`` the backend embeds, and their vectors: all in one call, unless
+    it refuses the batch for good (a text too long for its model, say). Then the rows asked
+    for (``own``) alone, and else each alone: a message it refuses stays waiting (found by
+    keywords, logged) without keeping the others waiting, nor every later task's batch,
+    which takes the oldest waiting messages along. A transient error is raised as it is;
+    the refusal is raised when it refuses every row."""
+    texts = {row[0]: embedding_text(row[1], row[2]) for row in rows}
+    try:
+        return rows, list(backend.embed(list(texts.values())))
+    except EmbeddingError as exc:
+        if exc.transient or len(rows) == 1:
+            raise
+        refusal = exc
+    asked = [row for row in rows if str(row[0]) in own]
+    if asked and len(asked) < len(rows):
+        try:
+            return asked, list(backend.embed([texts[row[0]] for row in asked]))
+        except EmbeddingError as exc:
+            if exc.transient:
+                raise
+    kept, vectors = [], []
+    for row in rows:
+        try:
+            vectors.extend(backend.embed([texts[row[0]]]))
+        except EmbeddingError as exc:
+            if exc.transient:
+                raise
+            logger.warning("message %s left without a vector: %s", row[0], exc)
+            continue
+        kept.append(row)
+    if not kept:
+        raise refusal
+    return kept, vectors
 
 
 def write_vectors(cursor, table: str, ids: list, vectors, *, model: str, at, force: bool) -> set:
@@ -210,11 +248,27 @@ def embed_rows(model, ids: Sequence, *, text_field: str, backend=None, force: bo
         return 0
     vectors = backend.embed([text for _, text in rows])
     with transaction.atomic(), connection.cursor() as cursor:
+        # The model ran without locks: a row whose text changed meanwhile (a PATCH) keeps
+        # what that change gave it, not a vector of its old text. Locked, so none changes
+        # between this read and the write.
+        now_texts = dict(
+            model.objects.select_for_update()
+            .filter(pk__in=[row_id for row_id, _ in rows])
+            .order_by("pk")
+            .values_list("pk", text_field)
+        )
+        fresh = [
+            (row_id, vector)
+            for (row_id, text), vector in zip(rows, vectors, strict=True)
+            if now_texts.get(row_id) == text
+        ]
+        if not fresh:
+            return 0
         written = write_vectors(
             cursor,
             model._meta.db_table,
-            [row_id for row_id, _ in rows],
-            vectors,
+            [row_id for row_id, _ in fresh],
+            [vector for _, vector in fresh],
             model=backend.model,
             at=timezone.now(),
             force=force,
@@ -289,9 +343,8 @@ def embed_pending(
 
 
 def reembed_all(*, backend=None) -> int:
-    """Re-embed every message with the configured model (after a model change).
-
-    The keyword statistics are not touched: call ``rebuild_term_stats`` afterwards."""
+    """Re-embed every message with the configured model (after a model change), then
+    recount the keyword statistics (``rebuild_term_stats``)."""
     backend = backend or configured_backend()
     total, last_seq = 0, 0
     while True:

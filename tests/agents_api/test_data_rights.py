@@ -6,13 +6,14 @@ own; an agent keeps memories and blocks about alice and bob.
 """
 
 import json
+import threading
 import tracemalloc
 import uuid
 from types import SimpleNamespace
 
 import httpx
 import pytest
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from agents_api.models import Agent, Memory, MemoryBlock, MemoryBlockRevision, ToolRecord
@@ -28,6 +29,8 @@ from agents_api.services import (
     user_erase,
 )
 from conversations.models import Conversation, Membership, Message, OwnershipTransfer
+from conversations.selectors import access_conversation
+from conversations.services import message_append
 from memsvc import cli
 from memsvc.api.principals import Principal
 from search.models import CorpusStat, TermStat
@@ -340,6 +343,75 @@ def test_erase_takes_the_user_turns_an_agent_wrote_for_them(api, alice, bob, hel
     ]
 
 
+@pytest.mark.parametrize("hers_first", [False, True])
+def test_after_an_erase_an_agents_context_still_goes_on_after_what_its_summary_covers(
+    api, alice, bob, helper, hers_first
+):
+    """bob's agent summarised his conversation up to alice's message: once she is erased,
+    the summary covers up to the message before hers (none: nothing), and the context
+    still holds bob's later messages, not only the summary."""
+    for_bob = helper.acting_for("bob")
+    his = call(api, "POST", "/v1/agent/conversations", for_bob, {"title": "Bob's"}, 201)["id"]
+    share = {"userId": "alice", "accessLevel": "writer"}
+    call(api, "POST", f"/v1/user/conversations/{his}/memberships", bob, share, 201)
+    path = f"/v1/agent/conversations/{his}"
+    before_hers = None
+    if not hers_first:
+        first = {"messages": [{"role": "user", "content": "b0"}]}
+        before_hers = call(api, "POST", f"{path}/messages", for_bob, first, 201)["data"][0]["id"]
+    hers = call(
+        api, "POST", f"/v1/user/conversations/{his}/messages", alice, {"content": "a1"}, 201
+    )
+    later = [{"role": "user", "content": "b2"}, {"role": "assistant", "content": "b3"}]
+    call(api, "POST", f"{path}/messages", for_bob, {"messages": later}, 201)
+    summary = {
+        "title": "t",
+        "summary": "S",
+        "untilMessageId": hers["id"],
+        "summarizedAt": "2026-11-01T10:00:00Z",
+    }
+    call(api, "POST", f"{path}/summaries", helper, summary, 201)
+    assert contents(call(api, "GET", f"{path}/context", helper)["messages"]) == ["S", "b2", "b3"]
+
+    call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    after = call(api, "GET", f"{path}/context", helper)["messages"]
+    assert contents(after) == ["S", "b2", "b3"]
+    assert after[0]["metadata"]["untilMessageId"] == before_hers
+
+
+@pytest.mark.django_db(transaction=True)
+def test_erase_takes_a_message_appended_while_it_runs(api, alice, bob):
+    """An append of hers in flight when the erase starts ends first and is erased with the
+    rest: her message does not outlive her membership."""
+    his = call(api, "POST", "/v1/user/conversations", bob, {"title": "Bob's"}, 201)["id"]
+    share = {"userId": "alice", "accessLevel": "writer"}
+    call(api, "POST", f"/v1/user/conversations/{his}/memberships", bob, share, 201)
+    appended, done = threading.Event(), threading.Event()
+
+    def appending():
+        try:
+            with transaction.atomic():
+                actor = Principal.user("alice")
+                conversation = access_conversation(actor, his, need="writer", summary=False)
+                message_append(actor, conversation=conversation, content="Alice's last word")
+                appended.set()
+                # Long enough for the erase to reach her membership, on a busy machine too.
+                done.wait(1.5)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=appending)
+    thread.start()
+    assert appended.wait(10)
+    try:
+        erased = call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    finally:
+        done.set()
+        thread.join()
+    assert (erased["messages"], erased["memberships"]) == (1, 1)
+    assert not Message.objects.filter(author_principal="alice").exists()
+
+
 # --- memsvc export / memsvc import -----------------------------------------------------------
 
 
@@ -428,6 +500,16 @@ def test_an_agent_round_trip_export_drop_import_gives_the_same_export(tmp_path, 
     assert cli.main(["import", str(tmp_path / "first.json")]) == 1
     assert "nothing imported" in capsys.readouterr().err
     assert cli.main(["export", "agent", "nobody"]) == 1
+
+
+@pytest.mark.parametrize("subject", ["", f"agent:{uuid.UUID(int=1)}"])
+def test_the_export_of_no_user_is_refused(tmp_path, world, capsys, subject):
+    """(`memsvc export user ""`, an unset shell variable, wrote every agent's own memories
+    and blocks as a user's.)"""
+    path = tmp_path / "nobody.json"
+    assert cli.main(["export", "user", subject, "-o", str(path)]) == 1
+    assert "user id must" in capsys.readouterr().err
+    assert not path.exists()
 
 
 def test_import_refuses_what_is_not_an_export(tmp_path, capsys):

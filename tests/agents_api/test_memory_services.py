@@ -6,11 +6,18 @@ Vectors come from the real local model, so "near-duplicate" means what it will m
 import threading
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from django.db import IntegrityError, connection, transaction
 
 from agents_api.models import Memory
-from agents_api.services import NewMemory, memories_save, memory_save, memory_update
+from agents_api.services import (
+    NewMemory,
+    memories_reembed_all,
+    memories_save,
+    memory_save,
+    memory_update,
+)
 from memsvc.api.errors import Conflict
 from search.tuning import DEFAULT_TUNING
 from tests.db import refused
@@ -251,3 +258,29 @@ def test_a_fact_found_again_and_again_keeps_its_newest_citations(agent):
     again, created = save(agent, "alice likes tea", message_ids=[turns[100], turns[5]])
     assert not created and again.id == first.id
     assert Memory.objects.get(id=first.id).message_ids == turns[1:]
+
+
+def test_a_re_embedding_never_gives_a_memory_the_vector_of_its_old_content(agent):
+    """`memsvc reindex --all` embeds a batch, then writes it: a memory changed meanwhile (a
+    PATCH with its own new vector) kept the vector of the words it had before."""
+    from search.embeddings import configured_backend
+
+    memory, _ = save(agent, "Alice keeps bees")
+    model = configured_backend()
+
+    class ChangedMeanwhile:
+        """The model, while the memory's content is changed by someone else."""
+
+        def __init__(self):
+            self.model = model.model
+
+        def embed(self, texts):
+            vectors = model.embed(texts)
+            memory_update(agent.as_principal(), memory=memory, content="Alice sails boats")
+            return vectors
+
+    memories_reembed_all(backend=ChangedMeanwhile())
+    memory.refresh_from_db()
+    [sails] = model.embed(["Alice sails boats"])
+    assert memory.content == "Alice sails boats"
+    assert float(np.dot(memory.embedding, sails)) > 0.99

@@ -13,8 +13,8 @@ from django.utils import timezone
 from conversations.models import Conversation, Message
 from memsvc import cli
 from search import services
-from search.embeddings import configured_backend
-from search.models import CorpusStat
+from search.embeddings import EmbeddingError, configured_backend
+from search.models import CorpusStat, TermStat
 from search.tasks import embed_messages_task, sweep_unembedded_task
 from tests.agents_api.conftest import make_agent
 from tests.factories import ConversationFactory, MessageFactory
@@ -233,3 +233,77 @@ def test_a_task_chosen_to_end_a_deadlock_is_tried_again(monkeypatch):
     assert embed_messages_task.apply(args=[[str(message.id)]]).get() == 1
     message.refresh_from_db()
     assert message.embedded_at is not None
+
+
+class FailingAfter:
+    """The configured model for the first ``calls`` calls, then a backend that is down."""
+
+    def __init__(self, calls: int):
+        self.inner = configured_backend()
+        self.model = self.inner.model
+        self.left = calls
+
+    def embed(self, texts):
+        if self.left == 0:
+            raise EmbeddingError("the backend went away", transient=True)
+        self.left -= 1
+        return self.inner.embed(texts)
+
+
+def keyword_statistics():
+    return (
+        dict(TermStat.objects.values_list("lexeme", "document_count")),
+        CorpusStat.objects.values_list("document_count", "total_length").first(),
+    )
+
+
+def test_a_re_embedding_that_fails_midway_leaves_the_keyword_statistics_right(monkeypatch):
+    """`memsvc reindex --all` re-embeds batch by batch and recounts the statistics at the
+    end; a backend failing midway skipped the recount, and the messages that were waiting
+    and got their vector from it were never counted (a later deletion then counted their
+    words out of others')."""
+    waiting = [MessageFactory(content=f"waiting alpaca number {n}") for n in range(3)]
+    monkeypatch.setattr(services, "EMBED_BATCH", 1)
+    with pytest.raises(EmbeddingError):
+        services.reembed_all(backend=FailingAfter(2))
+    assert Message.objects.filter(embedded_at__isnull=False).count() == 2
+    kept = keyword_statistics()
+    services.rebuild_term_stats()  # counted afresh from what is embedded
+    assert kept == keyword_statistics()
+    assert kept[1][0] == 2 and Message.objects.get(pk=waiting[2].pk).embedded_at is None
+
+
+class RefusingLongTexts:
+    """The configured model, behind a remote API that refuses (for good, HTTP 400) any text
+    longer than its model takes, as OpenAI's does past 8,192 tokens."""
+
+    def __init__(self, max_chars: int):
+        self.inner = configured_backend()
+        self.model = self.inner.model
+        self.max_chars = max_chars
+
+    def embed(self, texts):
+        if any(len(text) > self.max_chars for text in texts):
+            raise EmbeddingError("HTTP 400: maximum context length exceeded", transient=False)
+        return self.inner.embed(texts)
+
+
+def test_a_message_the_backend_refuses_keeps_no_other_waiting(
+    api, alice, conversation, monkeypatch, django_capture_on_commit_callbacks
+):
+    """(A refused text failed the whole batch; every later task takes the oldest waiting
+    message along, so one refused message left every message after it unembedded.)"""
+    monkeypatch.setattr(services, "configured_backend", lambda: RefusingLongTexts(1_000))
+    with django_capture_on_commit_callbacks(execute=True):  # each one's task runs
+        refused = post_message(api, alice, conversation, "far too long " * 100)
+        later = [post_message(api, alice, conversation, f"a short turn {n}") for n in range(2)]
+    for message in later:
+        message.refresh_from_db()
+        assert message.embedded_at is not None
+    # The sweep, too, embeds what the backend takes: two whose tasks were lost.
+    lost = [post_message(api, alice, conversation, f"a lost turn {n}") for n in range(2)]
+    Message.objects.update(created_at=timezone.now() - timedelta(minutes=5))
+    sweep_unembedded_task.apply().get()
+    assert not Message.objects.filter(pk__in=[m.pk for m in lost], embedded_at=None).exists()
+    refused.refresh_from_db()
+    assert refused.embedded_at is None  # still found by keywords
