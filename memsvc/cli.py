@@ -252,10 +252,36 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         embedded_db.stop_server()
 
 
+def _refused(what: str, problem: str | None) -> bool:
+    """Say why ``what`` is refused (``problem``, a ``*_problem`` function's answer), if it is."""
+    if problem:
+        print(f"{what} {problem}", file=sys.stderr)
+    return bool(problem)
+
+
+def _agent_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name an agent (the rule of every API that makes one), or None."""
+    from rest_framework.exceptions import ValidationError
+
+    from agents_api.local_api.serializers import AgentNameField
+
+    try:
+        AgentNameField().run_validation(name)
+    except ValidationError as exc:
+        return " ".join(str(detail) for detail in exc.detail)
+    return None
+
+
 def cmd_token(args: argparse.Namespace) -> int:
     _setup_django()
+    from memsvc.api.principals import user_id_problem
     from memsvc.tokens import mint_user_token
 
+    # (A token the server would refuse is no token.)
+    if _refused("user id", user_id_problem(args.user_id)) or _refused(
+        "--ttl", None if args.ttl > 0 else "must be a positive number of seconds"
+    ):
+        return 1
     print(mint_user_token(args.user_id, ttl_seconds=args.ttl))
     return 0
 
@@ -263,7 +289,12 @@ def cmd_token(args: argparse.Namespace) -> int:
 def cmd_apikey_create(args: argparse.Namespace) -> int:
     _setup_django()
     from agents_api.services import agent_get_or_create, api_key_create
+    from memsvc.api.principals import user_id_problem
 
+    if _refused("agent name", _agent_name_problem(args.agent)) or _refused(
+        "--owner", user_id_problem(args.owner)
+    ):
+        return 1
     agent, created = agent_get_or_create(owner_principal=args.owner, name=args.agent)
     api_key, full_key = api_key_create(agent=agent, scopes=args.scope, name=args.name or "")
     print(
@@ -344,9 +375,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     if args.kind == "user":
         # No user is "" (an unset shell variable): its "memories" would be every agent's own.
-        problem = user_id_problem(args.subject)
-        if problem:
-            print(f"user id {problem}", file=sys.stderr)
+        if _refused("user id", user_id_problem(args.subject)):
             return 1
         chunks = document_chunks(user_header(args.subject), USER_SECTIONS, args.subject)
     else:
@@ -409,9 +438,7 @@ def cmd_user_create(args: argparse.Namespace) -> int:
 
     from memsvc.api.principals import user_id_problem
 
-    problem = user_id_problem(args.name)
-    if problem:
-        print(f"user name {problem}", file=sys.stderr)
+    if _refused("user name", user_id_problem(args.name)):
         return 1
     users = get_user_model()
     if users.objects.filter(username=args.name).exists():

@@ -46,6 +46,27 @@ def test_apikey_create_list_and_revoke(capsys, api):
     assert cli.main(["apikey", "revoke", "nope"]) == 1
 
 
+@pytest.mark.parametrize(
+    ("command", "said"),
+    [
+        (["token", ""], "user id must"),
+        (["token", "alice", "--ttl", "-5"], "--ttl must"),
+        (["apikey", "create", ""], "agent name"),
+        (["apikey", "create", "a" * 201], "agent name"),
+        (["apikey", "create", "a/b"], "agent name"),
+        (["apikey", "create", "scribe", "--owner", ""], "--owner must"),
+    ],
+)
+@pytest.mark.django_db
+def test_what_names_no_one_is_refused_with_a_reason(capsys, command, said):
+    """(A traceback from the database, or a token the server refuses, before.)"""
+    assert cli.main(command) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith(said), err
+    assert "Traceback" not in err
+
+
 @pytest.mark.django_db
 def test_user_create_makes_a_login_for_the_pages(capsys, monkeypatch, client):
     from django.contrib.auth import get_user_model
