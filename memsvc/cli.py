@@ -189,13 +189,22 @@ def cmd_reindex(args: argparse.Namespace) -> int:
         tool_records_embed_pending,
         tool_records_reembed_all,
     )
+    from search.embeddings import EmbeddingError
     from search.services import embed_pending, rebuild_term_stats, reembed_all
 
     started = time.monotonic()
-    count = reembed_all() if args.all else embed_pending()
-    rebuild_term_stats()  # recounted from scratch: also covers rows loaded by other means
-    memories = memories_reembed_all() if args.all else memories_embed_pending()
-    records = tool_records_reembed_all() if args.all else tool_records_embed_pending()
+    try:
+        count = reembed_all() if args.all else embed_pending()
+        rebuild_term_stats()  # recounted from scratch: also covers rows loaded by other means
+        memories = memories_reembed_all() if args.all else memories_embed_pending()
+        records = tool_records_reembed_all() if args.all else tool_records_embed_pending()
+    except EmbeddingError as exc:
+        print(
+            f"the embedding backend failed ({exc}): what was embedded before it stays; "
+            "run this again once it answers",
+            file=sys.stderr,
+        )
+        return 1
     elapsed = time.monotonic() - started
     print(
         f"embedded {count} messages, {memories} memories and {records} tool records "

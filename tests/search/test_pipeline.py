@@ -120,6 +120,23 @@ def test_reindex_embeds_the_backlog_and_all_re_embeds_everything(api, alice, con
     assert second.embedded_at is not None
 
 
+def test_reindex_with_the_backend_down_says_so(api, alice, conversation, capsys, monkeypatch):
+    """(A traceback before.)"""
+    post_message(api, alice, conversation, "one")
+
+    class Down:
+        model = configured_backend().model
+
+        def embed(self, texts):
+            raise EmbeddingError("connection refused", transient=True)
+
+    monkeypatch.setattr(services, "configured_backend", lambda: Down())
+    assert cli.main(["reindex"]) == 1
+    err = capsys.readouterr().err
+    assert "the embedding backend failed (connection refused)" in err
+    assert "Traceback" not in err
+
+
 def toasted(message, *columns) -> list[bool]:
     """For each column: was its value compressed or moved out of the row?"""
     tests = [
