@@ -28,6 +28,7 @@ fails, a warning is logged and the model gets the messages unchanged. Only ``ope
 
 import json
 import logging
+import math
 import uuid
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
@@ -68,11 +69,24 @@ def _text(content) -> str:
 
 
 def _json(text: str):
-    """A tool's answer as JSON; anything else as ``{"_raw": text}`` (the seed)."""
+    """A tool's answer as JSON; anything else as ``{"_raw": text}`` (the seed), numbers JSON
+    has no room for too (``NaN``, ``Infinity``, ``1e400``: Python reads them, but no JSON
+    document can carry them to memsvc, and the step's record was lost)."""
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_no_number, parse_float=_finite)
     except ValueError:
         return {"_raw": text}
+
+
+def _no_number(text: str):
+    raise ValueError(f"{text} is no JSON number")
+
+
+def _finite(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        _no_number(text)
+    return number
 
 
 def _arguments(text) -> dict:

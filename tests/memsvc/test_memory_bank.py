@@ -158,6 +158,20 @@ def test_the_compressed_context_is_exactly_the_seeds():
     assert compressed(messages[:2], records, 20) == messages[:2]  # no tool call yet
 
 
+@pytest.mark.parametrize("answer", ['{"score": NaN}', "[Infinity]", '{"big": 1e400}'])
+def test_a_tool_answer_json_cannot_carry_is_kept_as_text(answer):
+    """(Read as a float no JSON document holds, the step's record could not be sent.)"""
+    call = {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    messages = [
+        {"role": "user", "content": "Go."},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "a", "content": answer},
+    ]
+    [interaction] = tool_interactions(messages)
+    assert interaction.raw_output == {"_raw": answer}
+    json.dumps(interaction.raw_output, allow_nan=False)  # httpx's json=, which raised
+
+
 def test_async_and_streamed_calls_are_compressed_too(live_server, llm):
     scripted(llm, 3)
 
