@@ -14,7 +14,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from memsvc.client.formatting import append_text, format_context, inject, last_user_text
+from memsvc.client.formatting import (
+    answers_tools,
+    append_text,
+    format_context,
+    inject,
+    last_user_text,
+)
 
 NO_TEXT_REPLY = "(tool calls)"
 
@@ -48,9 +54,15 @@ class ModelApi:
     reads (a JSON body, or the events of a stream)."""
 
     name = ""
+    conversation = "messages"  # the body's list of messages: the user's, the tools' results
 
     def query(self, body: dict) -> str:
-        raise NotImplementedError
+        """The user's last message: what memory is asked about, and what is stored."""
+        return last_user_text(body.get(self.conversation))
+
+    def answers_tools(self, body: dict) -> bool:
+        """Whether the call sends tool results back (its question was sent before)."""
+        return answers_tools(body.get(self.conversation))
 
     def with_memory(self, body: dict, text: str) -> dict:
         raise NotImplementedError
@@ -84,9 +96,6 @@ class ChatCompletions(ModelApi):
     responses all send this."""
 
     name = "chat"
-
-    def query(self, body):
-        return last_user_text(body.get("messages"))
 
     def with_memory(self, body, text):
         return {**body, "messages": inject(body.get("messages") or [], text)}
@@ -126,9 +135,7 @@ class Responses(ModelApi):
     """``POST .../responses``: create, parse, stream; memory goes into ``instructions``."""
 
     name = "responses"
-
-    def query(self, body):
-        return last_user_text(body.get("input"))
+    conversation = "input"
 
     def with_memory(self, body, text):
         return {**body, "instructions": append_text(body.get("instructions"), text)}
@@ -174,9 +181,6 @@ class AnthropicMessages(ModelApi):
     ``system``, the reply is read from its content blocks."""
 
     name = "anthropic"
-
-    def query(self, body):
-        return last_user_text(body.get("messages"))
 
     def with_memory(self, body, text):
         return {**body, "system": append_text(body.get("system"), text)}
@@ -330,9 +334,12 @@ class Call:
     body: dict
     capture_only: bool = False
     query: str = field(init=False)
+    # A tool loop's next step: its question was stored with the step that asked it.
+    answers_tools: bool = field(init=False)
 
     def __post_init__(self):
         self.query = self.api.query(self.body)
+        self.answers_tools = self.api.answers_tools(self.body)
 
 
 class Strategy(Protocol):
@@ -366,7 +373,7 @@ class Recall:
 
     def stores(self, call, reply):
         messages = []
-        if call.query:
+        if call.query and not call.answers_tools:
             messages.append(_message(call.agent, "user", call.query, None))
         if reply.text or reply.tool_calls:
             messages.append(

@@ -22,17 +22,54 @@ def text_of(content) -> str:
     return ""
 
 
+def is_tool_result(message) -> bool:
+    """A tool's answer sent back to the model: a chat ``tool`` (or ``function``) message, a
+    Responses ``*_call_output`` item, an Anthropic user message of ``tool_result`` blocks."""
+    if not isinstance(message, dict):
+        return False
+    if message.get("role") in ("tool", "function"):
+        return True
+    if str(message.get("type", "")).endswith("_call_output"):
+        return True
+    content = message.get("content")
+    return (
+        message.get("role") == "user"
+        and isinstance(content, list)
+        and any(isinstance(block, dict) and block.get("type") == "tool_result" for block in content)
+        and not text_of(content)
+    )
+
+
+def _last_user_index(messages) -> int | None:
+    users = [
+        index
+        for index, message in enumerate(messages)
+        if isinstance(message, dict)
+        and message.get("role") == "user"
+        and not is_tool_result(message)
+    ]
+    return users[-1] if users else None
+
+
 def last_user_text(messages) -> str:
     """The text of the last message with role ``user`` (chat messages, Responses input or
-    Anthropic messages); a plain string is the user's text itself."""
+    Anthropic messages; Anthropic's tool results are not the user's); a plain string is the
+    user's text itself."""
     if isinstance(messages, str):
         return messages
     if not isinstance(messages, list | tuple):
         return ""
-    for message in reversed(messages):
-        if isinstance(message, dict) and message.get("role") == "user":
-            return text_of(message.get("content"))
-    return ""
+    index = _last_user_index(messages)
+    return "" if index is None else text_of(messages[index].get("content"))
+
+
+def answers_tools(messages) -> bool:
+    """Whether tool results follow the user's last message: the next step of a tool loop,
+    whose question the step that asked it already sent."""
+    if not isinstance(messages, list | tuple):
+        return False
+    index = _last_user_index(messages)
+    return any(is_tool_result(m) for m in messages[0 if index is None else index + 1 :])
 
 
 def _cut(text: str) -> str:

@@ -21,6 +21,7 @@ import importlib.machinery
 import logging
 import sys
 import threading
+import weakref
 
 import httpx
 
@@ -62,6 +63,7 @@ class Turn:
         try:
             content = response.content
         except (httpx.ResponseNotRead, _not_read_error(response)):
+            _reading.add(self)
             return False
         self.reader.feed(content)
         return True
@@ -87,6 +89,19 @@ class Turn:
             warn("store the conversation", exc)
 
 
+# The turns whose reply is read as the caller consumes it. One the program leaves half-read
+# (it breaks out of a stream it keeps) is finished when the stream is closed or collected:
+# maybe only in the interpreter's teardown, when nothing can be sent any more.
+_reading: "weakref.WeakSet[Turn]" = weakref.WeakSet()
+
+
+def finish_reading() -> None:
+    """Store the turns whose reply is still being read, with what was read so far (at the
+    interpreter's exit)."""
+    for turn in list(_reading):
+        turn.finish()
+
+
 def _not_read_error(response) -> type[Exception]:
     """The ``ResponseNotRead`` of the HTTP package the SDK uses (httpx or a fork of it)."""
     module = importlib.import_module(type(response).__module__.split(".")[0])
@@ -94,7 +109,12 @@ def _not_read_error(response) -> type[Exception]:
 
 
 _lock = threading.Lock()
-_active: list = []  # the learning() blocks running, innermost last
+_active: list = []  # the learning() blocks running, in any thread, innermost last
+# The blocks this thread or task entered, innermost last (one it exits elsewhere stays
+# listed: only the active ones count).
+_entered: contextvars.ContextVar[tuple] = contextvars.ContextVar(
+    "memsvc_learning_blocks", default=()
+)
 
 
 def activate(session) -> None:
@@ -103,9 +123,11 @@ def activate(session) -> None:
         if not _active:
             patch()
         _active.append(session)
+    _entered.set((*_entered.get(), session))
 
 
 def deactivate(session) -> None:
+    _entered.set(tuple(entered for entered in _entered.get() if entered is not session))
     with _lock:
         if session in _active:
             _active.remove(session)
@@ -114,8 +136,12 @@ def deactivate(session) -> None:
 
 
 def current_session():
-    """The innermost active block (blocks nest; any thread's calls are served by it)."""
-    return _active[-1] if _active else None
+    """The innermost active block this thread or task is in (blocks nest; another thread's
+    block, begun meanwhile, serves not its calls); for a thread or task in none (a worker
+    the program started inside a block), the innermost active block of any."""
+    active = list(_active)
+    mine = [session for session in _entered.get() if session in active]
+    return mine[-1] if mine else (active[-1] if active else None)
 
 
 def _begin(sdk: str, options) -> Turn | None:

@@ -1,20 +1,20 @@
 """The background sender: what ``learning()`` stores leaves the caller's path.
 
 One daemon thread per process sends the queued requests in order, over one keep-alive
-connection per memsvc. A block's exit and the interpreter's exit wait for the queue
-(``flush``). A request memsvc defers (429: a rate limit) is sent again when its
-``Retry-After`` says (else after a growing wait), for as long as memsvc keeps deferring it
-and the program runs: a server that answers loses no turn, and the model calls meanwhile
-do not wait for it (``busy``). One it fails (5xx) is tried ``MAX_ATTEMPTS`` times, then
-dropped with a warning (a broken server must not hold every later store back, nor the
-model calls meanwhile). When memsvc does not answer at all the request is dropped with one
-warning per outage, so a stopped server never stalls the program, and for ``DOWN_SECONDS``
-the calls ask it for no context (``is_down``): a server that takes connections and never
-answers cost every call the whole timeout.
+connection per memsvc. A block's exit and the interpreter's exit (``memsvc.client.session``
+registers it) wait for the queue (``flush``). A request memsvc defers (429: a rate limit) is
+sent again when its ``Retry-After`` says (else after a growing wait), for as long as memsvc
+keeps deferring it and the program runs: a server that answers loses no turn, and the model
+calls meanwhile do not wait for it (``busy``). One it fails (5xx) is tried ``MAX_ATTEMPTS``
+times, then dropped with a warning (a broken server must not hold every later store back,
+nor the model calls meanwhile). When memsvc does not answer at all the request is dropped
+with one warning per outage, so a stopped server never stalls the program, and for
+``DOWN_SECONDS`` the calls ask it for no context (``is_down``): a server that takes
+connections and never answers cost every call the whole timeout.
 """
 
-import atexit
 import logging
+import sys
 import threading
 import time
 from collections import deque
@@ -61,6 +61,12 @@ class Sender:
     def send(self, destination: Destination, requests: list[ServerRequest]) -> None:
         """Queue ``requests`` (kept in order); returns at once."""
         if not requests:
+            return
+        if sys.is_finalizing():  # a thread started now never runs: Python 3.11 waits forever
+            logger.warning(
+                "memsvc: %d messages stored at the interpreter's teardown are dropped",
+                len(requests),
+            )
             return
         with self._condition:
             self._queue.extend((destination, request) for request in requests)
@@ -180,4 +186,3 @@ def _retry_wait(
 
 
 sender = Sender()
-atexit.register(sender.flush)

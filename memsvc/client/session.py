@@ -3,6 +3,7 @@ calls of a block, and its two requests to memsvc that are not stores (the check 
 the context before each call)."""
 
 import asyncio
+import atexit
 import logging
 import os
 import ssl
@@ -25,6 +26,16 @@ ANY_ADDRESS = {"0.0.0.0", "::", "[::]", ""}  # noqa: S104 (compared with, never 
 # learning(strategy="memory_bank"): long tool-using tasks kept inside the context window
 # (memsvc.memory_bank; its options are task_id, top_k and max_chars_per_record).
 MEMORY_BANK = "memory_bank"
+
+
+def _at_exit() -> None:
+    """The interpreter's exit: what a stream left half-read has shown is stored, then
+    everything queued is sent (a block's exit only sends: a stream may be read after it)."""
+    hooks.finish_reading()
+    sender.flush()
+
+
+atexit.register(_at_exit)
 
 
 class MemoryServerUnavailable(RuntimeError):

@@ -155,6 +155,62 @@ def test_the_recall_strategy_decides_what_is_asked_injected_and_stored():
     assert strategy.context_request(Call("a", CHAT, call.body, capture_only=True)) is None
 
 
+TOOL_LOOP_NEXT_STEPS = {
+    "chat": (
+        CHAT,
+        "messages",
+        [
+            {"role": "user", "content": "Q"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": "c1", "type": "function"}],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "42"},
+        ],
+    ),
+    "responses": (
+        RESPONSES,
+        "input",
+        [
+            {"role": "user", "content": "Q"},
+            {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "c1", "output": "42"},
+        ],
+    ),
+    "anthropic": (
+        ANTHROPIC,
+        "messages",
+        [
+            {"role": "user", "content": "Q"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f"}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1"}]},
+        ],
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("api", "key", "messages"), TOOL_LOOP_NEXT_STEPS.values(), ids=TOOL_LOOP_NEXT_STEPS
+)
+def test_a_tool_loops_next_step_recalls_for_its_question_and_stores_only_the_reply(
+    api, key, messages
+):
+    """The call that sends the tool results back asks memory for the user's question (the
+    one before the results) and does not store it again: the step that asked it did."""
+    strategy = Recall()
+    step = Call("a", api, {key: messages})
+    assert strategy.context_request(step).json["query"] == "Q"
+    assert [s.json["role"] for s in strategy.stores(step, Reply("done"))] == ["assistant"]
+    follow_up = [*messages, {"role": "assistant", "content": "done"}]
+    follow_up.append({"role": "user", "content": "Q2"})
+    stores = strategy.stores(Call("a", api, {key: follow_up}), Reply("ok"))
+    assert [(s.json["role"], s.json["content"]) for s in stores] == [
+        ("user", "Q2"),
+        ("assistant", "ok"),
+    ]
+
+
 @pytest.mark.parametrize(
     ("environ", "url"),
     [

@@ -222,6 +222,32 @@ def test_what_is_stored_at_interpreter_exit_arrives(live_server, llm):
     assert stored("quitter") == [("user", "remember me"), ("assistant", "Use Python, Alice.")]
 
 
+def test_a_stream_left_half_read_is_stored_at_interpreter_exit(llm):
+    """A script breaks out of a stream and ends, the stream still referenced: its turn is
+    stored at the exit with the reply as read (it was stored when the stream was collected,
+    in the interpreter's teardown: too late to send, and the interpreter hung there)."""
+    with StandInMemsvc() as memsvc:
+        script = textwrap.dedent(
+            f"""
+            import openai
+            from memsvc.client import learning
+
+            client = openai.OpenAI(base_url={llm.base_url!r}, api_key="k")
+            with learning(agent="quitter", server_url={memsvc.url!r}):
+                stream = client.chat.completions.create(
+                    model="m", messages=[{{"role": "user", "content": "remember me"}}], stream=True
+                )
+                for chunk in stream:
+                    break
+            """
+        )
+        subprocess.run([sys.executable, "-c", script], check=True, timeout=30, cwd=CHECKOUT)
+        stores = [r.body for r in memsvc.server.requests if r.path == "/messages"]
+    question, reply = stores
+    assert (question["role"], question["content"]) == ("user", "remember me")
+    assert reply["role"] == "assistant" and reply["content"].startswith("Use")
+
+
 @pytest.mark.django_db(transaction=True)
 def test_only_the_port_variable_set(live_server, llm, monkeypatch):
     monkeypatch.delenv("MEMORY_SERVER_URL", raising=False)
@@ -289,6 +315,76 @@ def test_calls_from_other_threads_use_the_block_too(llm):
         thread.join()
     assert memsvc.paths()[2:] == ["/context/a", "/messages", "/messages"]
     assert json.dumps(llm.requests[-1].body).count("Name: Alice") == 1
+
+
+def agents_served(memsvc) -> list[tuple[str, str]]:
+    """(path, agent) of each context request and store memsvc received."""
+    return [
+        (r.path, r.body["agent_name"])
+        for r in memsvc.server.requests
+        if r.path == "/messages" or r.path.startswith("/context/")
+    ]
+
+
+def test_blocks_in_two_threads_at_once_serve_each_its_own_calls(llm):
+    """Bob's block begins while Alice's runs in another thread: Alice's call still gets
+    Alice's memory and is stored as hers."""
+    client = openai.OpenAI(base_url=llm.base_url, api_key="k")
+    alice_in, bob_in, alice_done = threading.Event(), threading.Event(), threading.Event()
+
+    def alice():
+        with learning(agent="alice", server_url=memsvc.url):
+            alice_in.set()
+            bob_in.wait(10)
+            ask(client, "from Alice")
+            alice_done.set()
+
+    def bob():
+        alice_in.wait(10)
+        with learning(agent="bob", server_url=memsvc.url):
+            bob_in.set()
+            alice_done.wait(10)
+
+    with StandInMemsvc() as memsvc:
+        threads = [threading.Thread(target=alice), threading.Thread(target=bob)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert agents_served(memsvc) == [
+        ("/context/alice", "alice"),
+        ("/messages", "alice"),
+        ("/messages", "alice"),
+    ]
+
+
+def test_blocks_in_two_tasks_at_once_serve_each_its_own_calls(llm):
+    client = openai.AsyncOpenAI(base_url=llm.base_url, api_key="k")
+
+    async def task(agent, entered: asyncio.Event, other_entered: asyncio.Event):
+        async with learning(agent=agent, server_url=memsvc.url):
+            entered.set()
+            await other_entered.wait()
+            await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": f"from {agent}"}]
+            )
+
+    async def both():
+        alice_in, bob_in = asyncio.Event(), asyncio.Event()
+        await asyncio.gather(task("alice", alice_in, bob_in), task("bob", bob_in, alice_in))
+
+    with StandInMemsvc() as memsvc:
+        asyncio.run(both())
+    served = agents_served(memsvc)
+    assert sorted(agent for path, agent in served if path.startswith("/context/")) == [
+        "alice",
+        "bob",
+    ]
+    assert all(path == "/messages" or path == f"/context/{agent}" for path, agent in served)
+    stores = [r.body for r in memsvc.server.requests if r.path == "/messages"]
+    assert all(
+        s["role"] == "assistant" or s["content"] == f"from {s['agent_name']}" for s in stores
+    )
 
 
 def test_an_sdk_is_imported_only_by_the_program_and_wrapped_when_it_is():
