@@ -9,17 +9,21 @@ GIL): the two slowest steps of a hybrid search overlap.
 """
 
 import functools
-from concurrent.futures import ThreadPoolExecutor
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.db import connection
 from django.utils import timezone
 
+from memsvc.api.errors import Unavailable
 from search import queries, ranking, statements
-from search.embeddings import configured_backend, vector_literal
+from search.embeddings import EmbeddingError, configured_backend, vector_literal
 from search.statements import EXACT_ORDER, INDEX_ORDER, NO_TERMS, Corpus, Scope, Terms
 from search.tuning import SearchTuning
+
+logger = logging.getLogger(__name__)
 
 MODES = ("hybrid", "semantic", "keyword")
 
@@ -261,7 +265,10 @@ def with_feedback(
         rows = []
         if new:
             backend = configured_backend()
-            vector = query_vector(backend.model, query)  # (embedded for ``found``: kept)
+            try:
+                vector = query_vector(backend.model, query)  # (embedded for ``found``: kept)
+            except EmbeddingError:
+                vector = None  # (the backend failed, ``_embedded``: their words alone)
             rows = statements.described(cursor, corpus, new, vector, backend.model, terms)
     again = Candidates(
         semantic=dict(found.semantic),
@@ -368,7 +375,9 @@ def find_candidates(
             if "order" not in probed:
                 probed["order"] = statements.nearest_order(cursor, corpus, scope, limit, tuning)
             order = probed["order"]
-        vector = embedding.result()
+        vector = _embedded(embedding, mode)
+        if vector is None:
+            return Candidates(keyword=dict(keyword), terms=terms)
         # Semantic mode is the same statement with no keyword terms or candidates.
         statement = functools.partial(
             statements.nearest_with_fills,
@@ -392,3 +401,18 @@ def find_candidates(
             # scope, or the scope holds fewer: exact distances find all there are.
             rows = statement(EXACT_ORDER)
     return Candidates(keyword=dict(keyword), terms=terms).add(rows)
+
+
+def _embedded(embedding: Future, mode: str) -> str | None:
+    """The query's vector, or None when the embedding backend failed (a service that is
+    down): a hybrid search then answers with its keyword candidates, as it finds rows not
+    yet embedded; a semantic search has nothing to answer with (503)."""
+    try:
+        return embedding.result()
+    except EmbeddingError as exc:
+        if mode == "semantic":
+            raise Unavailable(
+                "the embedding service is unavailable; try again shortly (keyword search works)"
+            ) from None
+        logger.warning("search query not embedded (%s): keyword candidates only", exc)
+        return None

@@ -153,7 +153,8 @@ def _memory_list(caller: Caller, args: dict) -> dict:
         memories,
         order=args.get("order", "recent"),
         after=args.get("after"),
-        limit=args.get("limit", DEFAULT_LIMIT),
+        # (JSON Schema's integer admits 5.0 too: the schema checked it is a whole number)
+        limit=int(args.get("limit", DEFAULT_LIMIT)),
     )
     return page_data(page, s.MemoryOut)
 

@@ -189,7 +189,10 @@ def _store_memories(agent, user_id, memories, source, model, vectors):
             saved.append((_merge(_same_memory(agent, user_id, new, None, None), new), False))
             continue
         saved.append((memory, True))
-    return saved
+    # A memory merged into later in the batch is answered as it ends up, wherever it
+    # appears (each merge reads the row afresh: the last object is the latest state).
+    latest = {memory.pk: memory for memory, _ in saved}
+    return [(latest[memory.pk], created) for memory, created in saved]
 
 
 def memory_save(

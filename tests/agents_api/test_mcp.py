@@ -545,3 +545,30 @@ def test_http_calls_in_one_process_share_one_event_loop_and_session_manager(clie
         managers.append(mcp_http._exchanges._manager)
     assert managers[0] is managers[1] is managers[2]
     assert [thread.name for thread in threading.enumerate()].count("mcp-http") == 1
+
+
+def test_http_memory_list_takes_a_whole_number_written_with_a_point(client):
+    # JSON Schema's "integer", which memory_list publishes for its limit, admits 1.0 (a
+    # JavaScript client's number): a page of one, not a protocol error (it was one, the
+    # message a Python TypeError).
+    agent, key = keyed_agent("float-limit")
+    for content in ("The office is in Lisbon", "The team meets on Mondays"):
+        memory_save(agent.as_principal(), agent=agent, content=content)
+    call = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": "memory_list", "arguments": {"limit": 1.0}},
+    }
+    headers = {
+        "HTTP_AUTHORIZATION": f"Bearer {key}",
+        "HTTP_ACCEPT": "application/json, text/event-stream",
+    }
+    response = client.post("/mcp", call, content_type="application/json", **headers)
+    assert response.status_code == 200, response.content
+    assert "error" not in response.json(), response.json()
+    result = response.json()["result"]
+    assert not result["isError"], result
+    page = json.loads(result["content"][0]["text"])
+    assert [m["content"] for m in page["data"]] == ["The team meets on Mondays"]
+    assert page["nextCursor"]

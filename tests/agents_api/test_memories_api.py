@@ -143,6 +143,26 @@ def test_a_batch_saves_all_in_one_go_and_merges_repeats(api, helper):
     assert Memory.objects.filter(user_id="alice").count() == 2
 
 
+def test_a_batch_answers_a_memory_as_the_batch_left_it_wherever_it_appears(api, helper):
+    response = api.post(
+        f"{MEMORIES}/batch",
+        {
+            "userId": "alice",
+            "memories": [
+                {"content": "Alice plays the cello", "importance": 0.2},
+                {"content": "alice plays the cello", "importance": 0.9, "tags": ["music"]},
+            ],
+        },
+        as_=helper,
+    )
+    assert response.status_code == 201
+    first, again = response.json()["data"]
+    stored = api.get(f"{MEMORIES}/{first['id']}", as_=helper).json()
+    # Not the memory as first written (importance 0.2, no tags) beside its merged self.
+    assert first == again == stored
+    assert (first["importance"], first["tags"]) == (0.9, ["music"])
+
+
 def test_search_finds_by_meaning_and_counts_each_use(api, helper, alices_facts):
     results = search(api, helper, "What kind of dog does she have?", userId="alice")
     assert contents(results)[0] == "Alice has a golden retriever named Rex"
@@ -238,6 +258,22 @@ def test_a_memory_is_found_by_keyword_before_it_has_a_vector(api, helper, monkey
     monkeypatch.undo()
     assert contents(search(api, helper, "staging database", minScore=0)) == [
         "The staging database password rotates monthly"
+    ]
+
+
+def test_memories_are_found_by_keyword_while_the_embedding_service_is_down(
+    api, helper, alices_facts, monkeypatch
+):
+    class Down:
+        model = "down"
+
+        def embed(self, texts):
+            raise EmbeddingError("embedding service unreachable", transient=True)
+
+    # The query cannot be embedded: its words still find (a 500 before).
+    monkeypatch.setattr("search.engine.configured_backend", lambda: Down())
+    assert contents(search(api, helper, "peanuts", userId="alice")) == [
+        "Alice is allergic to peanuts"
     ]
 
 

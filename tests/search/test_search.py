@@ -13,7 +13,7 @@ from django.utils import timezone
 from conversations.models import Channel, Message, Visibility
 from memsvc.api.principals import Principal
 from search import selectors
-from search.embeddings import configured_backend
+from search.embeddings import EmbeddingError, configured_backend
 from search.models import CorpusStat, TermStat
 from search.services import embed_messages, embed_pending
 from search.statements import EXACT_ORDER, INDEX_ORDER, sees_few
@@ -79,6 +79,35 @@ def test_keywords_find_a_message_before_it_is_embedded(api, alice, pets):
     assert contents(results)[0] == "I adopted a puppy named Rex last week"
     assert "<b>puppy</b>" in results[0]["highlights"]
     assert search(api, alice, "dog", mode="semantic") == []
+
+
+def test_with_the_embedding_service_down_keywords_still_find(
+    api, alice, pets, monkeypatch, settings
+):
+    MessageFactory(conversation=pets, author_name="alice", content="Rex chewed my shoes")
+    embed_pending()
+
+    class Down:
+        model = "down"
+
+        def embed(self, texts):
+            raise EmbeddingError("embedding service unreachable", transient=True)
+
+    # The embedding service is outside memsvc: its failure is simulated.
+    monkeypatch.setattr("search.engine.configured_backend", lambda: Down())
+    for mode in ("hybrid", "keyword"):
+        assert contents(search(api, alice, "puppy adopted", mode=mode)) == [
+            "I adopted a puppy named Rex last week"
+        ]
+    # Keyword feedback too (the rows its words find are not compared by vector).
+    tuned(settings, feedback_words=20)
+    assert contents(search(api, alice, "puppy adopted"))[0] == (
+        "I adopted a puppy named Rex last week"
+    )
+    # Nothing but a vector answers a semantic search: unavailable (was a 500).
+    response = api.post(SEARCH, {"query": "puppy", "mode": "semantic"}, as_=alice)
+    assert response.status_code == 503, response.content
+    assert response.json()["code"] == "unavailable"
 
 
 def test_search_leaves_the_planner_as_configured(api, alice, pets, nearest):
