@@ -153,9 +153,11 @@ def extraction_prompt(messages, known: list[str]) -> list[dict]:
     ]
 
 
-def _importance(value) -> float:
+def _importance(value) -> float | None:
+    """The model's importance, within 0..1; None when it gave none (a fact known already
+    then keeps its own)."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        return 0.5
+        return None
     return min(1.0, max(0.0, float(value)))
 
 

@@ -314,7 +314,7 @@ class NewMemoryIn(InputSerializer):
         return NewMemory(
             content=data["content"],
             summary=data.get("summary", ""),
-            importance=data.get("importance", 0.5),
+            importance=data.get("importance"),
             tags=data.get("tags", ()),
             metadata=data.get("metadata", {}),
             expires_at=data.get("expiresAt"),

@@ -34,11 +34,14 @@ NEAR_DUPLICATE_SIMILARITY = 0.95
 POPULAR_ACCESS_COUNT = 10
 
 
+DEFAULT_IMPORTANCE = 0.5  # a memory saved without one
+
+
 @dataclass
 class NewMemory:
     content: str
     summary: str = ""
-    importance: float = 0.5
+    importance: float | None = None  # not given: DEFAULT_IMPORTANCE, or a known fact's own
     tags: Sequence[str] = ()
     metadata: dict = field(default_factory=dict)
     expires_at: datetime | None = None
@@ -95,7 +98,8 @@ def _violates(exc: IntegrityError, constraint: str) -> bool:
 def _merge(memory: Memory, new: NewMemory) -> Memory:
     """What saving a known fact again changes: the higher importance, every tag and cited
     turn, and a life at least as long as the new one would have had."""
-    memory.importance = max(memory.importance, new.importance)
+    if new.importance is not None:  # (a save that says none leaves it as it is)
+        memory.importance = max(memory.importance, new.importance)
     memory.tags = list(dict.fromkeys([*memory.tags, *new.tags]))
     memory.expires_at = max(memory.expires_at, new.expires_at or default_expiry())
     memory.updated_at = timezone.now()
@@ -167,7 +171,7 @@ def _store_memories(agent, user_id, memories, source, model, vectors):
             content_hash=content_hash(new.content),
             summary=new.summary,
             tags=list(dict.fromkeys(new.tags)),
-            importance=new.importance,
+            importance=DEFAULT_IMPORTANCE if new.importance is None else new.importance,
             metadata=new.metadata,
             message_ids=list(dict.fromkeys(new.message_ids)),
             source=source,

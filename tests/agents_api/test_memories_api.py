@@ -106,6 +106,11 @@ def test_the_same_fact_again_is_one_memory_with_the_higher_importance_and_every_
     assert (again.json()["importance"], again.json()["tags"]) == (0.8, ["a", "b"])
     near = api.post(MEMORIES, {"content": "Alice likes green tea.", "userId": "alice"}, as_=helper)
     assert near.status_code == 200 and near.json()["id"] == first["id"]
+    # Saved again without an importance: it keeps its own, whatever a new one would get.
+    low = save(api, helper, "Alice hums", userId="alice", importance=0.3)
+    again = api.post(MEMORIES, {"content": "Alice hums", "userId": "alice"}, as_=helper)
+    assert (again.json()["id"], again.json()["importance"]) == (low["id"], 0.3)
+    assert save(api, helper, "Alice sings", userId="alice")["importance"] == 0.5
     # About another user, or kept by another agent, it is another memory.
     assert (
         api.post(
@@ -120,7 +125,7 @@ def test_the_same_fact_again_is_one_memory_with_the_higher_importance_and_every_
         ).status_code
         == 201
     )
-    assert Memory.objects.count() == 3
+    assert Memory.objects.count() == 5
 
 
 def test_a_batch_saves_all_in_one_go_and_merges_repeats(api, helper):

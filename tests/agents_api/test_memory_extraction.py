@@ -272,10 +272,11 @@ def test_the_answers_shapes_and_limits():
         ],
         metadata=meta,
     )
+    # No importance given (None): a new memory gets the default, a known one keeps its own.
     assert [(f.content[:20], f.importance) for f in facts] == [
-        ("Plain string fact", 0.5),
+        ("Plain string fact", None),
         ("Padded fact", 1.0),
-        ("Bool importance", 0.5),
+        ("Bool importance", None),
         ("x" * 20, 0.0),
     ]
     assert len(facts[3].content) == 1001 and facts[3].content.endswith("…")
