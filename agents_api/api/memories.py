@@ -8,8 +8,9 @@ from rest_framework.response import Response
 from agents_api import selectors, services
 from agents_api.api import serializers as s
 from agents_api.api.views import USER_ID, AgentApiView, agent_operation
-from agents_api.models import Agent, Scope
+from agents_api.models import MEMORY_TAG_MAX_LENGTH, Agent, Scope
 from agents_api.tasks import enqueue_memory_touch
+from memsvc.api.errors import InvalidInput
 from memsvc.api.fields import query_choice
 from memsvc.api.pagination import AFTER_PARAMETER, LIMIT_PARAMETER, page_data, page_params
 from memsvc.api.schema import errors
@@ -55,6 +56,18 @@ def _reachable(request):
     return selectors.memories_of(request.agent, user_id=request.principal.on_behalf_of)
 
 
+def _tag(request) -> str | None:
+    """``?tag=``. One longer than a tag may be is refused: compared with the stored tags it
+    would be cut to their length (PostgreSQL casts it to the column's type) and match a tag
+    it is not."""
+    tag = request.query_params.get("tag")
+    if tag and len(tag) > MEMORY_TAG_MAX_LENGTH:
+        raise InvalidInput.for_field(
+            "tag", f"at most {MEMORY_TAG_MAX_LENGTH} characters", location="query"
+        )
+    return tag
+
+
 def _subject(request, user_id) -> str:
     return selectors.memory_subject(request.principal, user_id=user_id)
 
@@ -69,7 +82,7 @@ class AgentMemoriesView(AgentApiView):
         memories = selectors.memories_of(
             request.agent,
             user_id=_subject(request, request.query_params.get("userId")),
-            tag=request.query_params.get("tag"),
+            tag=_tag(request),
         )
         page = selectors.memory_page(memories, order=_order(request), **page_params(request))
         return Response(page_data(page, s.MemoryOut))
@@ -194,7 +207,7 @@ class UserMemoriesView(UserApiView):
         memories = selectors.memories_of(
             _agent_filter(request.query_params.get("agentId")),
             user_id=request.principal.id,
-            tag=request.query_params.get("tag"),
+            tag=_tag(request),
         )
         page = selectors.memory_page(memories, order=_order(request), **page_params(request))
         selectors.citations_shown_to(request.principal, page.rows)

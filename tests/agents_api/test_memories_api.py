@@ -427,6 +427,16 @@ def test_a_memory_cites_turns_the_agent_sees_and_no_others(api, helper, rival):
     assert (snapshot(), Memory.objects.get(id=memory["id"]).message_ids) == before
 
 
+def test_a_tag_filter_longer_than_any_tag_is_refused(api, helper, alice):
+    """(Cut to the column's 100 characters by PostgreSQL, it matched the tag it starts with.)"""
+    save(api, helper, "Alice likes tea", userId="alice", tags=["t" * 100])
+    for path, caller in ((MEMORIES, helper), (MINE, alice)):
+        assert len(api.get(path, as_=caller, tag="t" * 100, userId="alice").json()["data"]) == 1
+        refused = api.get(path, as_=caller, tag="t" * 101, userId="alice")
+        assert refused.status_code == 400, refused.content
+        assert "tag" in refused.json()["details"]
+
+
 # --- bad input: 400 naming the field, nothing written ----------------------------------------
 
 
