@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from agents_api.models import (
     MEMORY_MAX_MESSAGES,
+    MEMORY_MAX_TAGS,
     MEMORY_TTL,
     Agent,
     Memory,
@@ -100,10 +101,11 @@ def _merge(memory: Memory, new: NewMemory) -> Memory:
     turn, and a life at least as long as the new one would have had."""
     if new.importance is not None:  # (a save that says none leaves it as it is)
         memory.importance = max(memory.importance, new.importance)
-    memory.tags = list(dict.fromkeys([*memory.tags, *new.tags]))
+    # The newest tags and citations, if a fact found again and again would hold more than
+    # a memory may (a save of more is refused).
+    memory.tags = list(dict.fromkeys([*memory.tags, *new.tags]))[-MEMORY_MAX_TAGS:]
     memory.expires_at = max(memory.expires_at, new.expires_at or default_expiry())
     memory.updated_at = timezone.now()
-    # The newest citations, if a fact found again and again would cite more than allowed.
     cited = list(dict.fromkeys([*memory.message_ids, *new.message_ids]))
     memory.message_ids = cited[-MEMORY_MAX_MESSAGES:]
     memory.save(update_fields=["importance", "tags", "message_ids", "expires_at", "updated_at"])

@@ -111,6 +111,13 @@ def test_the_same_fact_again_is_one_memory_with_the_higher_importance_and_every_
     again = api.post(MEMORIES, {"content": "Alice hums", "userId": "alice"}, as_=helper)
     assert (again.json()["id"], again.json()["importance"]) == (low["id"], 0.3)
     assert save(api, helper, "Alice sings", userId="alice")["importance"] == 0.5
+    # Tags grow to at most the 50 a save may give, the newest kept.
+    tagged = save(api, helper, "Alice hums", userId="alice", tags=[f"t{i}" for i in range(50)])
+    assert tagged["tags"] == [f"t{i}" for i in range(50)]
+    more = api.post(
+        MEMORIES, {"content": "Alice hums", "userId": "alice", "tags": ["new"]}, as_=helper
+    )
+    assert more.json()["tags"] == [*[f"t{i}" for i in range(1, 50)], "new"]
     # About another user, or kept by another agent, it is another memory.
     assert (
         api.post(
