@@ -138,6 +138,22 @@ def _with_summary_fields(queryset: QuerySet[Conversation]) -> QuerySet[Conversat
     )
 
 
+def _previewed_through_forks(conversations) -> None:
+    """The preview of a fork that ``_with_summary_fields`` could not find (nothing a user
+    sees of its own, nor in its fork point's conversation up to it: a fork of a fork made at
+    the first turns of its parent, which were agent-only): the last message its view shows,
+    read through its whole ancestry. Rare, so one query each."""
+    for conversation in conversations:
+        if conversation.last_message_preview is None and conversation.forked_at_message_id:
+            text = (
+                conversation_messages(conversation)
+                .order_by("-seq")
+                .values_list("content", flat=True)
+                .first()
+            )
+            conversation.last_message_preview = text[:PREVIEW_CHARS] if text else None
+
+
 def access_conversation(
     principal: Principal,
     conversation_id,
@@ -161,6 +177,8 @@ def access_conversation(
         visible = _with_summary_fields(visible).select_related("forked_at_message")
     conversation = visible.filter(id=conversation_id).first()
     refuse_below(conversation.access_level if conversation else None, need)
+    if summary:
+        _previewed_through_forks([conversation])
     return conversation
 
 
@@ -195,7 +213,9 @@ def conversation_page(
         queryset = queryset.annotate(_metadata_text=Cast("metadata", TextField())).filter(
             Q(title__icontains=query) | Q(_metadata_text__icontains=query)
         )
-    return keyset_page(queryset, order=("-updated_at", "id"), after=after, limit=limit)
+    page = keyset_page(queryset, order=("-updated_at", "id"), after=after, limit=limit)
+    _previewed_through_forks(page.rows)
+    return page
 
 
 def conversation_owner_id(conversation: Conversation) -> str:

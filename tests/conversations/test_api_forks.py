@@ -181,6 +181,25 @@ def test_a_new_forks_preview_is_never_an_agent_only_turn(api, alice, root):
     assert {c["lastMessagePreview"] for c in listed if c["id"] == branch["id"]} == {"a4"}
 
 
+def test_a_fork_of_a_fork_at_its_first_turns_previews_what_the_user_saw_last(api, alice, root):
+    """The second fork's point is the first fork's agent-only turn, which has no user turn
+    before it of its own: what alice saw last is in the root."""
+    first = fork(api, alice, root["id"], message_id(api, alice, root["id"], "a3")).json()
+    MessageFactory(
+        conversation=Conversation.objects.get(id=first["id"]),
+        role=Role.ASSISTANT,
+        content="tool output",
+        visibility=Visibility.AGENT,
+    )
+    say(api, alice, first["id"], "b1")
+    second = fork(api, alice, first["id"], message_id(api, alice, first["id"], "b1")).json()
+    assert second["lastMessagePreview"] == "a2"
+    listed = api.get("/v1/user/conversations", as_=alice).json()["data"]
+    assert {c["lastMessagePreview"] for c in listed if c["id"] == second["id"]} == {"a2"}
+    shown = api.get(f"/v1/user/conversations/{second['id']}", as_=alice).json()
+    assert shown["lastMessagePreview"] == "a2"
+
+
 def test_a_message_of_another_conversation_is_not_a_fork_point(api, alice):
     mine = ConversationFactory(group__owner="alice")
     other = MessageFactory(conversation=ConversationFactory(group__owner="alice"))
