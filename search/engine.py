@@ -31,12 +31,21 @@ _QUERY_EMBEDDER = ThreadPoolExecutor(max_workers=4, thread_name_prefix="query-em
 # Queries embedded lately, per model: one request often searches one text twice (the local
 # API's context searches memories and messages; learning() sends it before every call).
 QUERY_VECTORS_KEPT = 256
+# A query that is little more than names ("Melanie?") keeps its own vector.
+MIN_UNNAMED_WORDS = 2
 
 
 @functools.lru_cache(maxsize=QUERY_VECTORS_KEPT)
-def query_vector(model: str, query: str) -> str:
-    """``query``'s vector as a pgvector literal (``model``: the cache key's other half)."""
-    return vector_literal(configured_backend().embed([query])[0])
+def query_vector(model: str, query: str, unnamed_share: float = 0.0) -> str:
+    """``query``'s vector as a pgvector literal (``model``: the cache key's other half).
+    With ``unnamed_share`` (``SearchTuning.unnamed_vector_share``), a query that names
+    someone gets that share of the vector of its other words added
+    (``ranking.mixed_vector``): two texts to embed, one batch."""
+    unnamed = queries.without_names(query) if unnamed_share else query
+    if unnamed == query or len(unnamed.split()) < MIN_UNNAMED_WORDS:
+        return vector_literal(configured_backend().embed([query])[0])
+    vector, other = configured_backend().embed([query, unnamed])
+    return vector_literal(ranking.mixed_vector(vector, other, unnamed_share))
 
 
 @dataclass
@@ -266,7 +275,8 @@ def with_feedback(
         if new:
             backend = configured_backend()
             try:
-                vector = query_vector(backend.model, query)  # (embedded for ``found``: kept)
+                # (embedded for ``found``: kept)
+                vector = query_vector(backend.model, query, tuning.unnamed_vector_share)
             except EmbeddingError:
                 vector = None  # (the backend failed, ``_embedded``: their words alone)
             rows = statements.described(cursor, corpus, new, vector, backend.model, terms)
@@ -346,7 +356,9 @@ def find_candidates(
     backend = configured_backend()
     embedding = None
     if mode in ("hybrid", "semantic"):
-        embedding = _QUERY_EMBEDDER.submit(query_vector, backend.model, query)
+        embedding = _QUERY_EMBEDDER.submit(
+            query_vector, backend.model, query, tuning.unnamed_vector_share
+        )
     # No transaction: each statement is a message of its own, with its planner settings
     # (``statements.execute_planned``), one round trip each.
     with connection.cursor() as cursor:

@@ -11,6 +11,8 @@ it names. Plain functions, no database.
   meant (``SearchTuning.date_weight``).
 - ``words`` and ``names``: the people a query names ("What did Melanie paint?"): a turn
   its author wrote is more likely the one meant (``SearchTuning.author_weight``).
+- ``without_names``: the query without the names it holds ("What did paint?"), whose vector
+  says what it asks about (``SearchTuning.unnamed_vector_share``).
 """
 
 import calendar
@@ -24,6 +26,8 @@ MIN_PART_WORDS = 3
 
 
 _WORD = re.compile(r"\w+")
+_NOT_WORD = re.compile(r"[^\w']")
+_POSSESSIVE = re.compile(r"'s$")
 # What does not name anyone: the english stop words PostgreSQL's keyword index drops, but for
 # two that are names too ("Will", "Don"). An author who calls themselves "What" or "I" is not
 # named by every question.
@@ -50,6 +54,19 @@ def names(author: str | None, query_words: frozenset[str]) -> bool:
     ``STOP_WORDS`` aside (a name of only those names no one)."""
     name = words(author or "") - STOP_WORDS
     return bool(name) and name <= query_words
+
+
+def without_names(text: str) -> str:
+    """``text`` without the words that look like names: capitalised words ("Melanie",
+    "Melanie's"; not "I", "LGBTQ" or "McDonald") that do not begin a sentence. ``text``
+    itself when it holds none."""
+    kept, starts = [], True
+    for token in text.split():
+        word = _POSSESSIVE.sub("", _NOT_WORD.sub("", token))
+        if starts or not (len(word) > 1 and word[0].isupper() and word[1:].islower()):
+            kept.append(token)
+        starts = token.endswith((".", "!", "?"))
+    return " ".join(kept) if len(kept) < len(text.split()) else text
 
 
 def sentences(text: str) -> list[str]:

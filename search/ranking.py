@@ -132,6 +132,19 @@ def top(scores: Mapping, k: int) -> list[tuple]:
     return sorted(scores.items(), key=lambda item: (-item[1], str(item[0])))[:k]
 
 
+def mixed_vector(vector, other, share: float) -> list[float]:
+    """``vector`` plus ``share`` x ``other``, each of unit length first, the sum of unit
+    length: a query's vector with that share of its words' besides the names
+    (``SearchTuning.unnamed_vector_share``)."""
+    a, b = _unit(vector), _unit(other)
+    return _unit([x + share * y for x, y in zip(a, b, strict=True)])
+
+
+def _unit(vector) -> list[float]:
+    length = math.sqrt(sum(x * x for x in vector)) or 1.0
+    return [x / length for x in vector]
+
+
 def keyword_coverage(score: float, idf: Mapping[str, float]) -> float:
     """A keyword score as a share of the best possible (a row holding every query word):
     comparable across queries, unlike the score itself."""

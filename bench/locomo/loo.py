@@ -129,6 +129,15 @@ def settings() -> dict[str, object]:
         "feedback+ candidates 10 per result": replace(FEEDBACK_TUNING, candidates_per_result=10),
         "feedback+ citations 1.0 x 5": replace(FEEDBACK_TUNING, cited_memories=5),
         "feedback+ keywords cap 2000": replace(FEEDBACK_TUNING, keyword_match_cap=2000),
+        # The query's vector with a share of its words' besides the names, on the default and
+        # on the feedback chosen.
+        "unnamed vector 1.0": replace(DEFAULT_TUNING, unnamed_vector_share=1.0),
+        **{
+            f"unnamed vector feedback+ {share}": replace(
+                FEEDBACK_TUNING, unnamed_vector_share=share
+            )
+            for share in (0.5, 1.0, 2.0)
+        },
     }
 
 

@@ -1,7 +1,7 @@
 """What a query says besides its words (``search.queries``), and how search uses it: a
 question asking several things is searched part by part, a date it names favours the
-messages written then, a person it names the turns they wrote, and the turns next to a
-match may join the results."""
+messages written then, a person it names the turns they wrote (and weighs less in its
+vector), and the turns next to a match may join the results."""
 
 from datetime import UTC, datetime, timedelta
 
@@ -10,8 +10,8 @@ from django.db import connection
 from django.utils import timezone
 
 from conversations.models import TEXT_SEARCH_CONFIG, Visibility
-from search import ranking
-from search.queries import STOP_WORDS, names, parts, periods, within, words
+from search import engine, ranking
+from search.queries import STOP_WORDS, names, parts, periods, within, without_names, words
 from search.services import embed_pending
 from search.tuning import DEFAULT_TUNING, FEEDBACK_TUNING, configured_tuning
 from tests.factories import ConversationFactory, MessageFactory
@@ -196,6 +196,61 @@ def test_a_turn_by_the_person_a_query_names_ranks_higher(api, alice, settings):
     # Hybrid only: keyword search is what it was.
     found = search(api, alice, question, topK=1, mode="keyword")
     assert contents(found) == ["Melanie and I painted the lake at sunset"]
+
+
+def test_a_query_without_its_names_keeps_every_other_word():
+    assert without_names("What did Melanie paint?") == "What did paint?"
+    assert without_names("What is Caroline's identity?") == "What is identity?"
+    assert (
+        without_names("What do Jon and Gina both have in common?")
+        == "What do and both have in common?"
+    )
+    # Words that begin a sentence, and capitals that are no name's: kept.
+    assert without_names("Melanie painted what?") == "Melanie painted what?"
+    assert (
+        without_names("Where did I go? Then what did Ben cook")
+        == "Where did I go? Then what did cook"
+    )
+    assert without_names("What does LGBTQ mean to McDonald") == "What does LGBTQ mean to McDonald"
+    text = "what  did melanie paint"  # (lower case: no name found, the text itself)
+    assert without_names(text) is text
+
+
+def test_a_vector_mixed_with_a_share_of_another_is_of_unit_length():
+    assert ranking.mixed_vector([3.0, 0.0], [0.0, 1.0], 0.0) == [1.0, 0.0]
+    mixed = ranking.mixed_vector([3.0, 0.0], [0.0, 2.0], 1.0)  # each of unit length first
+    assert mixed == pytest.approx([0.5**0.5, 0.5**0.5])
+    assert ranking.mixed_vector([1.0, 0.0], [0.0, 1.0], 2.0) == pytest.approx(
+        [1 / 5**0.5, 2 / 5**0.5]
+    )
+
+
+@pytest.mark.django_db
+def test_a_name_weighs_less_in_the_vector_of_a_query_with_an_unnamed_share(api, alice, settings):
+    conversation = ConversationFactory(group__owner=alice.id)
+    answer = "Painted a lake at sunset last weekend"
+    for text in [
+        "Melanie has two kids",  # says the name, not what is asked
+        "Melanie is Caroline's friend from school",
+        answer,
+        "The weather was grey all week",
+    ]:
+        MessageFactory(conversation=conversation, author_name="alice", content=text)
+    embed_pending()
+    question = "What did Melanie paint?"
+    assert DEFAULT_TUNING.unnamed_vector_share == 0  # off by default
+    engine.query_vector.cache_clear()
+    # By meaning alone, the vector of the question leans on the name.
+    tuned(settings, unnamed_vector_share=0.0)
+    assert contents(search(api, alice, question, topK=1, mode="semantic")) == [
+        "Melanie has two kids"
+    ]
+    tuned(settings, unnamed_vector_share=1.0)
+    assert contents(search(api, alice, question, topK=1, mode="semantic")) == [answer]
+    # A query that names no one keeps its own vector.
+    vector = engine.query_vector("m", "what did she paint?", 1.0)
+    assert vector == engine.query_vector("m", "what did she paint?")
+    engine.query_vector.cache_clear()
 
 
 def test_feedback_words_are_the_best_rows_rare_words_the_query_lacks():
