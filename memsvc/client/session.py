@@ -109,6 +109,30 @@ class learning:
     # with / async with
 
     def __enter__(self):
+        self._open()
+        hooks.activate(self)
+        return self
+
+    def __exit__(self, *exc):
+        hooks.deactivate(self)
+        self._close()
+        return False
+
+    # The entry's checks and the exit's flush are blocking HTTP: off the event loop, which
+    # the program's other tasks share. The block is (de)activated in the task itself (its
+    # context says which blocks it is in, ``hooks.current_session``).
+
+    async def __aenter__(self):
+        await asyncio.to_thread(self._open)
+        hooks.activate(self)
+        return self
+
+    async def __aexit__(self, *exc):
+        hooks.deactivate(self)
+        await asyncio.to_thread(self._close)
+        return False
+
+    def _open(self) -> None:
         self._client = httpx.Client(
             base_url=self.url, headers=dict(self.destination.headers), timeout=TIMEOUT_SECONDS
         )
@@ -117,20 +141,10 @@ class learning:
         except BaseException:
             self._client.close()
             raise
-        hooks.activate(self)
-        return self
 
-    def __exit__(self, *exc):
-        hooks.deactivate(self)
+    def _close(self) -> None:
         self.flush()
         self._client.close()
-        return False
-
-    async def __aenter__(self):
-        return self.__enter__()
-
-    async def __aexit__(self, *exc):
-        return self.__exit__(*exc)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until what the block stored so far has reached memsvc (or been dropped

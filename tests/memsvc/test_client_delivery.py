@@ -387,6 +387,36 @@ def test_blocks_in_two_tasks_at_once_serve_each_its_own_calls(llm):
     )
 
 
+def test_an_async_block_lets_the_event_loop_run_while_it_waits_for_memsvc(llm):
+    """The entry's checks and the exit's flush (here: a store that takes 0.5 s) wait off
+    the event loop: the program's other tasks go on meanwhile."""
+    client = openai.AsyncOpenAI(base_url=llm.base_url, api_key="k")
+    ticks = []
+
+    async def ticking():
+        while True:
+            ticks.append(time.monotonic())
+            await asyncio.sleep(0.02)
+
+    async def main():
+        ticker = asyncio.create_task(ticking())
+        await asyncio.sleep(0)
+        async with learning(agent="a", server_url=memsvc.url):
+            await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "hello"}]
+            )
+            exit_started = time.monotonic()
+        exited = time.monotonic()
+        ticker.cancel()
+        return exit_started, exited
+
+    with StandInMemsvc(store_seconds=SLOW_STORE_SECONDS) as memsvc:
+        exit_started, exited = asyncio.run(main())
+    assert exited - exit_started >= SLOW_STORE_SECONDS  # the exit waited for the stores
+    during_exit = [t for t in ticks if exit_started <= t <= exited]
+    assert len(during_exit) >= 5, during_exit  # ...while the loop ran the other task
+
+
 def test_an_sdk_is_imported_only_by_the_program_and_wrapped_when_it_is():
     """Entering a block imports no SDK (importing one costs seconds); one the program
     imports inside the block is wrapped as its import ends, and unwrapped at the exit."""
