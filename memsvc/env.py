@@ -76,6 +76,15 @@ def env_path(name: str, default: Path) -> Path:
     return (Path(value) if value is not None else default).expanduser()
 
 
+def env_url(name: str, default: str | None, *, schemes: tuple[str, ...]) -> str | None:
+    """A URL whose scheme is one of ``schemes`` (``redis``, ``rediss``...), or ``default``."""
+    value = env_str(name, default)
+    if value is not None and urlsplit(value).scheme not in schemes:
+        expected = ", ".join(f"{scheme}://" for scheme in schemes)
+        raise ImproperlyConfigured(f"{name} must start with one of {expected}, got {value!r}")
+    return value
+
+
 def env_list(name: str, default: list[str]) -> list[str]:
     value = _raw(name)
     if value is None:

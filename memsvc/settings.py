@@ -24,6 +24,7 @@ from memsvc.env import (
     env_path,
     env_required,
     env_str,
+    env_url,
 )
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -346,6 +347,7 @@ MEMSVC_LLM_API_KEY = env_str("MEMSVC_LLM_API_KEY")  # for an LLM API that wants 
 # data directory, in folders made when first needed (memsvc.celery). Production points
 # CELERY_BROKER_URL at Redis or RabbitMQ.
 CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
+CELERY_BROKER_CONNECTION_TIMEOUT = 3
 if CELERY_BROKER_URL == "filesystem://":
     _queue_dir = MEMSVC_DATA_DIR / "broker"
     CELERY_BROKER_TRANSPORT_OPTIONS = {
@@ -355,6 +357,19 @@ if CELERY_BROKER_URL == "filesystem://":
         "control_folder": str(_queue_dir / "control"),
         "store_processed": False,
     }
+else:
+    # A web request hands its work to the broker (search.tasks.enqueue_embedding and the
+    # like) and goes on without it when the broker is down: it tries once (kombu's default
+    # tries again after 2 s, then 4: 6 s of a request), waiting at most the connection
+    # timeout, also for a broker that accepts the connection and never answers (Redis's
+    # sockets have no timeout by default: such an append waited forever). A worker and beat
+    # reconnect with their own retries (broker_connection_max_retries, the publish policy).
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"max_retries": 0}
+    if CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+        CELERY_BROKER_TRANSPORT_OPTIONS.update(
+            socket_connect_timeout=CELERY_BROKER_CONNECTION_TIMEOUT,
+            socket_timeout=CELERY_BROKER_CONNECTION_TIMEOUT,
+        )
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_TASK_ACKS_LATE = True
@@ -363,7 +378,6 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
-CELERY_BROKER_CONNECTION_TIMEOUT = 3
 CELERY_BEAT_SCHEDULE = {
     "sweep-unembedded": {"task": "search.sweep_unembedded", "schedule": 60.0},
     "sweep-unembedded-memories": {"task": "agents_api.sweep_unembedded_memories", "schedule": 60.0},
@@ -385,9 +399,11 @@ MEMSVC_RATE_LIMIT = env_int("MEMSVC_RATE_LIMIT", 1200, minimum=0)
 MEMSVC_AUTH_FAILURE_LIMIT = env_int("MEMSVC_AUTH_FAILURE_LIMIT", 60, minimum=0)
 # Where every process counts: Redis when there is one (by default the Celery broker, when
 # that is Redis), otherwise the database.
-MEMSVC_REDIS_URL = env_str(
+# (A URL redis-py cannot use was taken, and every request with credentials answered 500.)
+MEMSVC_REDIS_URL = env_url(
     "MEMSVC_REDIS_URL",
     CELERY_BROKER_URL if CELERY_BROKER_URL.startswith(("redis://", "rediss://")) else None,
+    schemes=("redis", "rediss", "unix"),
 )
 # Reverse proxies whose X-Forwarded-For names the client (their own address is not it).
 MEMSVC_TRUSTED_PROXIES = env_networks("MEMSVC_TRUSTED_PROXIES")

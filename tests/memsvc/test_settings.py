@@ -14,7 +14,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 
 from memsvc import embedded_db
-from memsvc.env import env_bool, env_choice, env_int, env_list
+from memsvc.env import env_bool, env_choice, env_int, env_list, env_url
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -37,6 +37,7 @@ def test_typed_helpers_read_values(monkeypatch):
         ("99999", lambda: env_int("X", 8283, minimum=1, maximum=65535)),  # a port
         ("maybe", lambda: env_bool("X", False)),
         ("chroma", lambda: env_choice("X", "local", ("local", "openai"))),
+        ("localhost:6379", lambda: env_url("X", None, schemes=("redis", "rediss"))),
     ],
 )
 def test_malformed_values_are_errors_not_defaults(monkeypatch, value, read):
@@ -73,6 +74,18 @@ def test_half_a_configuration_is_an_error_at_start_up(tmp_path, env, message):
     )
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr and message in result.stderr
+
+
+def test_a_redis_url_redis_cannot_use_stops_start_up(tmp_path):
+    """(It was taken: the server started, health said ok, and every request with
+    credentials answered Django's HTML 500, redis-py refusing the URL when counting.)"""
+    result = run_python(
+        {"MEMSVC_DATA_DIR": str(tmp_path / "data"), "MEMSVC_REDIS_URL": "localhost:6379"},
+        "manage.py",
+        "check",
+    )
+    assert result.returncode != 0
+    assert "MEMSVC_REDIS_URL must start with one of redis://, rediss://, unix://" in result.stderr
 
 
 def django_env(env_overrides: dict[str, str]) -> dict[str, str]:

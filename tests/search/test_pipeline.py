@@ -1,12 +1,17 @@
 """The embedding pipeline: commit first, embed after; a broken queue loses nothing."""
 
+import os
 import secrets
+import socket
+import subprocess
+import sys
 import threading
 from datetime import timedelta
 
 import psycopg
 import pytest
 from celery.exceptions import Retry
+from django.conf import settings
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
@@ -70,6 +75,53 @@ def test_with_the_broker_down_the_api_answers_and_the_sweep_embeds_later(
     assert sweep_unembedded_task.apply().get() == 1
     message.refresh_from_db()
     assert message.embedded_at is not None
+
+
+@pytest.fixture
+def silent_port():
+    """A port that takes connections and never answers (a broker that hangs, a proxy in
+    front of a dead one): the kernel accepts into the backlog, nobody reads."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        yield listener.getsockname()[1]
+
+
+@pytest.mark.parametrize("scheme", ["redis", "amqp"])
+@pytest.mark.parametrize("broker", ["refusing", "silent"])
+def test_handing_work_to_a_broker_that_is_down_waits_at_most_the_connection_timeout(
+    tmp_path, silent_port, scheme, broker
+):
+    """An append enqueues its embedding on commit; with the broker down it goes on without
+    it. It waited 6 s for a broker that refused (kombu tried again after 2 s, then 4), and
+    forever for a Redis that never answered; README: the connection timeout (3 s) at most.
+    The broker is the operator's setting, so a process of its own, as a web process is."""
+    port = silent_port if broker == "silent" else 1
+    url = f"redis://127.0.0.1:{port}/0" if scheme == "redis" else f"amqp://127.0.0.1:{port}//"
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
+    env.update(
+        CELERY_BROKER_URL=url,
+        MEMSVC_DATA_DIR=str(tmp_path),
+        DJANGO_SETTINGS_MODULE="memsvc.settings",
+    )
+    code = (
+        "import time, django; django.setup()\n"
+        "from search.tasks import enqueue_embedding\n"
+        "started = time.monotonic()\n"
+        "enqueue_embedding(['00000000-0000-0000-0000-000000000000'])\n"
+        "print(time.monotonic() - started)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=settings.BASE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "the sweep will" in result.stderr
+    assert float(result.stdout) < settings.CELERY_BROKER_CONNECTION_TIMEOUT + 1
 
 
 def test_the_sweep_leaves_fresh_messages_to_their_own_task(api, alice, conversation):
