@@ -11,6 +11,7 @@ Importing settings only reads: the database is started by the first connection
 from pathlib import Path
 
 import dj_database_url
+from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
 
 from memsvc import embedded_db
@@ -385,8 +386,10 @@ CELERY_BEAT_SCHEDULE = {
         "task": "agents_api.sweep_unembedded_tool_records",
         "schedule": 60.0,
     },
-    # Daily, counted from the last run (kept in beat's schedule file across restarts).
-    "prune-memories": {"task": "agents_api.prune_memories", "schedule": 24 * 60 * 60.0},
+    # Daily at a time of day (UTC): an interval counted from beat's start came a day after
+    # each start, so a beat restarted more often than daily without its schedule file never
+    # pruned. A run missed while beat was down is made at its next start (the file).
+    "prune-memories": {"task": "agents_api.prune_memories", "schedule": crontab(hour=3, minute=17)},
 }
 # Tests and scripts may run tasks in the calling process instead of a worker.
 CELERY_TASK_EAGER_PROPAGATES = True

@@ -2,7 +2,7 @@
 embedded later when the backend was down."""
 
 import threading
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pytest
@@ -310,3 +310,16 @@ def test_with_the_broker_down_a_touch_is_counted_inline(dead_broker, caplog):
     memory.refresh_from_db()
     assert memory.access_count == 1
     assert memory.last_accessed_at is not None
+
+
+def test_the_daily_prune_comes_at_a_time_of_day_whenever_beat_started(settings, monkeypatch):
+    """(Counted from beat's start, it came a day after each start: a beat restarted more
+    often than daily, without its schedule file, never pruned.)"""
+    schedule = settings.CELERY_BEAT_SCHEDULE["prune-memories"]["schedule"]
+    for started, due in (
+        (datetime(2026, 3, 1, 2, 0, tzinfo=UTC), datetime(2026, 3, 1, 3, 17, tzinfo=UTC)),
+        (datetime(2026, 3, 1, 23, 0, tzinfo=UTC), datetime(2026, 3, 2, 3, 17, tzinfo=UTC)),
+    ):
+        # A fresh beat counts from its start: the next run is the next 03:17, not a day on.
+        monkeypatch.setattr(schedule, "nowfun", lambda started=started: started)
+        assert started + schedule.remaining_estimate(started) == due
