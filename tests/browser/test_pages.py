@@ -233,3 +233,127 @@ def test_the_assistants_answer_is_streamed_into_the_page(
         page.reload()
         expect(answer).to_have_text("Start with the Vatican Museums, then the Borghese Gallery.")
     assert csp_violations == []
+
+
+def test_back_to_a_search_made_on_the_list_shows_the_whole_page(page, live_server, people):
+    """The list's search swaps its results in and pushes /app/search/?q=...; coming back to
+    that address from a hit is the search page, not the fragment the browser kept for it."""
+    from conversations import services
+    from memsvc.api.principals import Principal
+
+    alice = Principal.user("alice")
+    conversation = services.conversation_create(alice, title="Trip to Rome")
+    services.message_append(alice, conversation=conversation, content="Which museums in Rome?")
+    log_in(page, live_server, "alice")
+    page.get_by_label("Search words").fill("museums")
+    page.get_by_role("button", name="Search").click()
+    expect(page).to_have_url(re.compile(r"/app/search/\?q=museums$"))
+    page.locator("#search-results li.card a").first.click()
+    expect(shown(page, "Which museums")).to_be_visible()
+    page.go_back()
+    expect(page).to_have_url(re.compile(r"/app/search/\?q=museums$"))
+    expect(page.get_by_role("heading", name="Search", exact=True)).to_be_visible()
+    expect(page.get_by_label("Search words")).to_have_value("museums")
+    expect(page.locator("#search-results li.card")).to_have_count(1)
+
+
+@pytest.fixture
+def assistant_chat(page, live_server, people, settings):
+    """Alice on a new conversation of hers where the pages' assistant (a stand-in LLM)
+    answers; yields the conversation."""
+    from conversations.models import Conversation
+    from tests.fake_openai import FakeOpenAI
+
+    with FakeOpenAI(reply="Start with the Vatican Museums.") as llm:
+        settings.MEMSVC_LLM_BASE_URL = llm.base_url
+        settings.MEMSVC_LLM_MODEL = "gpt-test"
+        log_in(page, live_server, "alice")
+        page.get_by_label("Title").fill("Ask the assistant")
+        page.get_by_role("button", name="Create").click()
+        expect(page.get_by_text("assistant answers here")).to_be_visible()
+        yield Conversation.objects.get(title="Ask the assistant")
+
+
+def test_an_answer_refused_after_the_message_is_sent_says_why(page, assistant_chat):
+    """The person's message is kept, then the answer is refused (the assistant was removed
+    meanwhile, in another tab): the page says why, as for a refused message, and does not
+    show the refusal page's HTML as the assistant's answer."""
+    from agents_api.assistant import assistant_of
+    from conversations import selectors, services
+    from memsvc.api.principals import Principal
+
+    assistant = assistant_of(assistant_chat).as_principal()
+    services.membership_delete(
+        Principal.user("alice"), membership=selectors.membership_of(assistant_chat, assistant.id)
+    )
+    send(page, "Which museums first?")
+    expect(page.locator("form#append").get_by_role("alert")).to_have_text(
+        "no assistant answers in this conversation"
+    )
+    expect(page.locator("#messages li.assistant")).to_have_count(0)
+    expect(page.locator("#messages")).not_to_contain_text("<")
+
+
+def test_a_refused_message_is_said_once_and_no_more_once_one_is_sent(page, assistant_chat):
+    form = page.locator("form#append")
+    for _ in range(2):
+        page.get_by_label("Your message").fill(" ")
+        page.get_by_role("button", name="Send").click()
+        expect(form.get_by_role("alert")).to_have_count(1)
+        expect(form.get_by_role("alert")).to_have_text("content: must not be empty")
+    send(page, "Which museums first?")
+    expect(page.locator("#messages li.message.assistant .content")).to_have_text(
+        "Start with the Vatican Museums."
+    )
+    expect(form.get_by_role("alert")).to_have_count(0)
+
+
+def test_a_memory_deleted_among_the_search_hits_leaves_the_list_too(page, live_server, people):
+    """The agent's page shows a memory found by a search twice: among the hits and in the
+    list of all its memories. Deleted from either, it is gone from both."""
+    helper, _ = agent_get_or_create(owner_principal="ops", name="travel-helper")
+    for fact in ["Alice is allergic to peanuts", "Alice prefers window seats"]:
+        memory_save(helper.as_principal(), agent=helper, user_id="alice", content=fact)
+    script_errors = []
+    page.on("pageerror", lambda error: script_errors.append(str(error)))
+    page.on(  # what htmx logs (not the browser's own line for each failed request)
+        "console",
+        lambda message: (
+            script_errors.append(message.text)
+            if message.type == "error" and not message.text.startswith("Failed to load")
+            else None
+        ),
+    )
+    log_in(page, live_server, "alice")
+    page.get_by_role("link", name="Memory").click()
+    page.get_by_role("link", name="travel-helper").click()
+    page.get_by_label("Search memories").fill("window seat")
+    page.get_by_role("button", name="Search").click()
+    hits, listed = page.locator("#memory-hits"), page.locator("#memory-list")
+    expect(hits).to_contain_text("window seats")
+    hits.get_by_role("button", name=re.compile("window seats")).click()
+    expect(hits.get_by_role("status")).to_have_text("Deleted.")
+    expect(listed.get_by_role("status")).to_have_text("Deleted.")
+    expect(page.get_by_text("Alice prefers window seats")).to_have_count(0)
+    # And from the list: the hit goes with it.
+    page.get_by_label("Search memories").fill("peanut allergy")
+    page.get_by_role("button", name="Search").click()
+    expect(hits).to_contain_text("allergic to peanuts")
+    listed.get_by_role("button", name=re.compile("allergic to peanuts")).click()
+    expect(page.get_by_text("Alice is allergic to peanuts")).to_have_count(0)
+    expect(page.get_by_role("status").filter(has_text="Deleted.")).to_have_count(3)
+    assert script_errors == []
+
+
+def test_after_sending_with_the_keyboard_the_focus_is_back_in_the_message_box(page, assistant_chat):
+    """The Send button is disabled while the answer streams in, which takes the focus off it;
+    the next Tab must not start again from the top of the page."""
+    page.get_by_label("Your message").focus()
+    page.keyboard.type("Which museums first?")
+    page.keyboard.press("Tab")
+    page.keyboard.press("Enter")
+    expect(page.locator("#messages li.message.assistant .content")).to_have_text(
+        "Start with the Vatican Museums."
+    )
+    expect(page.locator("#messages li.streaming")).to_have_count(0)
+    expect(page.get_by_label("Your message")).to_be_focused()

@@ -111,6 +111,16 @@ def test_create_a_conversation(alice_page):
     assert Conversation.objects.count() == 1
 
 
+def test_a_title_of_spaces_is_shown_as_untitled_not_as_an_empty_link(alice_page):
+    """(The form took "   " as a title: the list showed a link with no text to click.)"""
+    conversation = conversation_of("alice", "   ", "hello")
+    link = f'<a class="title" href="{page_of(conversation)}">Untitled</a>'
+    assert link in alice_page.get("/app/").content.decode()
+    html = alice_page.get(page_of(conversation)).content.decode()
+    assert '<h1 id="conversation-title">Untitled</h1>' in html
+    assert '<span aria-current="page" class="current">Untitled</span>' in html
+
+
 def test_search_finds_what_the_person_may_see_and_links_to_the_message(alice_page, bob_page):
     mine = conversation_of("alice", "Pets", "My dog Rex loves the beach")
     conversation_of("charlie", "Charlie", "Charlie's dog loves the beach too")
@@ -124,6 +134,18 @@ def test_search_finds_what_the_person_may_see_and_links_to_the_message(alice_pag
     # The link opens the conversation at that message.
     opened = alice_page.get(page_of(mine), {"at": str(message.id)}).content.decode()
     assert f'id="m-{message.id}"' in opened and "target" in opened
+
+
+def test_a_page_and_its_htmx_fragment_share_an_address_and_say_they_vary_on_it(alice_page):
+    """The list's search pushes /app/search/?q= (htmx): the browser must not keep its
+    fragment as the page of that address (going back would show the bare fragment)."""
+    conversation_of("alice", "Pets", "My dog Rex loves the beach")
+    fragment = alice_page.get("/app/search/", {"q": "dog"}, headers={"HX-Request": "true"})
+    whole = alice_page.get("/app/search/", {"q": "dog"})
+    assert "<html" not in fragment.content.decode() and "<html" in whole.content.decode()
+    refused = alice_page.get("/app/search/", {"q": "\x00"}, headers={"HX-Request": "true"})
+    for response in (fragment, whole, refused):
+        assert "HX-Request" in response["Vary"]
 
 
 # --- one conversation ------------------------------------------------------------------------
@@ -278,6 +300,21 @@ def test_a_manager_shares_changes_and_removes_members_but_never_the_owner(alice_
     assert sorted(Membership.objects.values_list("principal_id", flat=True)) == ["alice", "bob"]
 
 
+def test_a_user_id_typed_with_spaces_around_it_names_that_user(alice_page, bob_page):
+    """(A phone keyboard's completion adds a space after a word: sharing with "bob " made a
+    member "bob " that looked like bob and was someone else, and so did an offer.)"""
+    conversation = conversation_of("alice", "Team", "hi")
+    share = reverse("pages:share", args=[conversation.id])
+    assert alice_page.post(share, {"userId": "bob ", "accessLevel": "reader"}).status_code == 302
+    assert Membership.objects.filter(principal_id="bob").exists()
+    assert "Team" in bob_page.get("/app/").content.decode()
+    assert alice_page.post(share, {"userId": "  ", "accessLevel": "reader"}).status_code == 400
+    transfer = reverse("pages:transfer", args=[conversation.id])
+    assert alice_page.post(transfer, {"newOwnerUserId": " bob\t"}).status_code == 302
+    assert OwnershipTransfer.objects.get().to_principal == "bob"
+    assert sorted(Membership.objects.values_list("principal_id", flat=True)) == ["alice", "bob"]
+
+
 def test_a_member_whose_id_holds_a_slash_is_shown_changed_and_removed(api, alice, alice_page):
     """An identity provider's ``sub`` may hold "/": the page (which links to the member) and
     the API reach such a member like any other (the page was a 500)."""
@@ -344,6 +381,29 @@ def test_only_the_owner_deletes(alice_page, bob_page):
     assert alice_page.get(delete).status_code == 405
     assert alice_page.post(delete)["Location"] == "/app/"
     assert not Conversation.objects.exists()
+
+
+def test_the_delete_button_says_when_branches_go_with_the_conversation(alice_page):
+    """Deleting a branch deletes the branches forked from it too; its button says so (it
+    said so only on the first conversation, which it also said of one without branches)."""
+    from conversations.services import conversation_fork
+
+    alice = Principal.user("alice")
+    root = conversation_of("alice", "Tree", "one", "two")
+    branch = conversation_fork(alice, conversation=root, message=Message.objects.get(content="two"))
+    conversation_of("alice", "Alone", "hi")
+    leaf = conversation_fork(alice, conversation=branch, message=Message.objects.get(content="two"))
+
+    def delete_button(conversation) -> str:
+        html = alice_page.get(page_of(conversation)).content.decode()
+        return " ".join(html.split('class="danger">')[1].split("</button>")[0].split())
+
+    assert delete_button(root) == "Delete this conversation and its branches"
+    assert delete_button(branch) == "Delete this conversation and its branches"
+    assert delete_button(leaf) == "Delete this conversation"
+    assert delete_button(Conversation.objects.get(title="Alone")) == "Delete this conversation"
+    alice_page.post(reverse("pages:delete", args=[branch.id]))
+    assert list(Conversation.objects.filter(group=root.group)) == [root]
 
 
 # --- safety ----------------------------------------------------------------------------------

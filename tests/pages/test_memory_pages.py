@@ -87,6 +87,17 @@ def test_blocks_about_the_person_are_edited_with_revisions(alice_page, helper):
     assert MemoryBlock.objects.get(user_id="bob").value == "Bob's"
 
 
+def test_a_revision_by_an_agent_names_it(alice_page, helper):
+    """(It was shown as agent:<uuid>, an id the person never sees elsewhere.)"""
+    memory_block_create(
+        helper.as_principal(), agent=helper, user_id="alice", label="human", value="Likes tea"
+    )
+    alice_page.post(reverse("pages:block_update", args=[helper.id, "human"]), {"value": "Tea"})
+    html = alice_page.get(agent_page(helper)).content.decode()
+    assert helper.principal_id not in html
+    assert f"· {helper.name}</span>" in html and "· alice</span>" in html
+
+
 def test_memories_are_searched_deleted_and_cleared(alice_page, bob_page, helper, rival):
     peanuts = remember(helper, "alice", "Alice is allergic to peanuts")
     remember(helper, "alice", "Alice works as a nurse in Boston")

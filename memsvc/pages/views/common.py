@@ -4,6 +4,7 @@ from functools import wraps
 
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
+from django.utils.cache import patch_vary_headers
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
 from rest_framework.exceptions import ValidationError
@@ -21,7 +22,11 @@ def page(view):
     user API show one person the same conversations, and count against one rate limit
     (``limit_principal``). Whatever a service or selector refuses (404 to a stranger, 403
     below the needed level, 400, 409, 429) is answered with the API's status and message,
-    as a page or, for htmx, as a fragment."""
+    as a page or, for htmx, as a fragment.
+
+    An address answers htmx with a fragment and a browser with the page, so every answer
+    varies on ``HX-Request``: else the browser keeps the fragment of a search whose address
+    htmx pushed, and going back to that address shows the bare fragment."""
 
     @wraps(view)
     @login_required
@@ -29,16 +34,17 @@ def page(view):
         request.principal = Principal.user(request.user.get_username())
         try:
             limit_principal(request.principal.rate_limit_key)
-            return view(request, *args, **kwargs)
+            response = view(request, *args, **kwargs)
         except (ApiError, ValidationError) as exc:
-            response = exception_handler(exc, None)
+            refusal = exception_handler(exc, None)
             template = "pages/_refused.html" if request.htmx else "pages/refused.html"
-            refused = render(
-                request, template, {"error": response.data["error"]}, status=response.status_code
+            response = render(
+                request, template, {"error": refusal.data["error"]}, status=refusal.status_code
             )
-            if "Retry-After" in response:
-                refused["Retry-After"] = response["Retry-After"]
-            return refused
+            if "Retry-After" in refusal:
+                response["Retry-After"] = refusal["Retry-After"]
+        patch_vary_headers(response, ["HX-Request"])
+        return response
 
     return wrapper
 

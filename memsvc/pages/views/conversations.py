@@ -27,9 +27,15 @@ from memsvc.pages.views.common import PAGE_SIZE, action, back, fragment_or_page,
 from search.selectors import search_messages
 
 
-def _form(request, *names: str) -> dict:
-    """The named fields a form sent (absent ones left out, as in a JSON body)."""
-    return {name: request.POST[name] for name in names if name in request.POST}
+def _form(request, *names: str, user_ids: tuple[str, ...] = ()) -> dict:
+    """The named fields a form sent (absent ones left out, as in a JSON body). The
+    ``user_ids`` fields lose the spaces around them: typed or pasted with one (a phone
+    keyboard adds it after a completed word), a user id would name someone else."""
+    return {
+        name: request.POST[name].strip() if name in user_ids else request.POST[name]
+        for name in names
+        if name in request.POST
+    }
 
 
 @page
@@ -134,8 +140,11 @@ def conversation(request, conversation_id):
     names = agent_names(m.principal_id for m in memberships)
     for membership in memberships:  # an agent by its name, not its principal id
         membership.shown_as = names.get(membership.principal_id, membership.principal_id)
+    forks = selectors.conversation_forks(conversation)
     context.update(
-        forks=_fork_tree(selectors.conversation_forks(conversation)),
+        forks=_fork_tree(forks),
+        # Deleting it deletes them too (``conversation_delete``): its button says so.
+        has_branches=any(fork.forked_at_conversation_id == conversation.id for fork in forks),
         memberships=memberships,
         levels=[level for level in AccessLevel if level != AccessLevel.OWNER],
     )
@@ -218,7 +227,7 @@ def delete(request, conversation_id):
 @action
 def share(request, conversation_id):
     conversation = _at_level(request, conversation_id, AccessLevel.MANAGER)
-    data = s.ShareIn.parse(_form(request, "userId", "accessLevel"))
+    data = s.ShareIn.parse(_form(request, "userId", "accessLevel", user_ids=("userId",)))
     services.membership_create(
         request.principal,
         conversation=conversation,
@@ -254,7 +263,7 @@ def membership_delete(request, conversation_id, user_id):
 @action
 def transfer(request, conversation_id):
     conversation = _at_level(request, conversation_id, AccessLevel.OWNER)
-    data = s.TransferIn.parse(_form(request, "newOwnerUserId"))
+    data = s.TransferIn.parse(_form(request, "newOwnerUserId", user_ids=("newOwnerUserId",)))
     services.ownership_transfer_start(
         request.principal, conversation=conversation, to_principal=data["newOwnerUserId"]
     )

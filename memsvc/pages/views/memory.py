@@ -75,6 +75,10 @@ def agent_memory(request, agent_id):
         )
         for block in selectors.memory_blocks(agent, user_id=user_id)
     ]
+    revisions = [revision for _, rows in context["blocks"] for revision in rows]
+    names = selectors.agent_names(revision.actor_principal for revision in revisions)
+    for revision in revisions:  # an agent by its name, not its principal id
+        revision.shown_as = names.get(revision.actor_principal, revision.actor_principal)
     return render(request, "pages/agent.html", context)
 
 
@@ -92,7 +96,7 @@ def memory_delete(request, memory_id):
     memory = selectors.memory_of(selectors.memories_of(user_id=request.principal.id), memory_id)
     services.memory_delete(request.principal, memory=memory)
     if request.htmx:
-        return render(request, "pages/_deleted.html")
+        return render(request, "pages/_deleted.html", {"memory_id": memory_id})
     return back(request, "pages:memory")
 
 

@@ -13,6 +13,8 @@ document.addEventListener("submit", async (event) => {
     return;
   }
   event.preventDefault();
+  // What refused the previous send says nothing about this one.
+  form.querySelectorAll(".error").forEach((notice) => notice.remove());
   const button = form.querySelector("button[type=submit]");
   const token = form.querySelector("input[name=csrfmiddlewaretoken]").value;
   button.disabled = true;
@@ -45,8 +47,14 @@ document.addEventListener("submit", async (event) => {
 
     const reply = await fetch(form.dataset.replyUrl, {
       method: "POST",
-      headers: { "X-CSRFToken": token },
+      headers: { "X-CSRFToken": token, "HX-Request": "true" },
     });
+    if (!reply.ok) {
+      // Refused (the assistant removed meanwhile, too many requests): why, as for a message.
+      answer.remove();
+      form.insertAdjacentHTML("afterbegin", await reply.text());
+      return;
+    }
     const reader = reply.body.getReader();
     const decoder = new TextDecoder();
     for (;;) {
@@ -57,5 +65,7 @@ document.addEventListener("submit", async (event) => {
     answer.classList.remove("streaming");
   } finally {
     button.disabled = false;
+    // Disabling the button took the focus off it (to the page): back to the message box.
+    if (document.activeElement === document.body) form.elements.content.focus();
   }
 });
