@@ -338,7 +338,11 @@ def latest_message_page(
     """The latest messages a user sees in the conversation's view, newest first (where a
     chat opens); the cursor continues with earlier ones."""
     return keyset_page(
-        conversation_messages(conversation), order=("-seq",), after=before, limit=limit
+        conversation_messages(conversation),
+        order=("-seq",),
+        after=before,
+        limit=limit,
+        cursor_field="before",
     )
 
 

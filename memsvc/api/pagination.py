@@ -97,9 +97,17 @@ class Page:
     next_cursor: str | None
 
 
-def keyset_page(queryset: QuerySet, *, order: Sequence[str], after: str | None, limit: int) -> Page:
+def keyset_page(
+    queryset: QuerySet,
+    *,
+    order: Sequence[str],
+    after: str | None,
+    limit: int,
+    cursor_field: str = "after",
+) -> Page:
     """One page of ``queryset`` sorted by ``order`` (field names, ``-`` for descending; the
-    last one unique, so the order is total), starting after the cursor ``after``.
+    last one unique, so the order is total), starting after the cursor ``after`` (which the
+    request calls ``cursor_field``: a malformed one is a 400 naming it).
 
     The cursor holds the last row's sort key; the page is ``WHERE key beyond cursor ORDER BY
     key LIMIT limit + 1``, the extra row telling whether there is a next page.
@@ -107,11 +115,13 @@ def keyset_page(queryset: QuerySet, *, order: Sequence[str], after: str | None, 
     fields = [name.removeprefix("-") for name in order]
     if after:
         model_fields = [queryset.model._meta.get_field(name) for name in fields]
-        raw_key = decode_cursor(after, types=tuple(_json_type(f) for f in model_fields))
+        raw_key = decode_cursor(
+            after, types=tuple(_json_type(f) for f in model_fields), field=cursor_field
+        )
         try:
             key = [f.to_python(value) for f, value in zip(model_fields, raw_key, strict=True)]
         except ValidationError:
-            raise InvalidInput.for_field("after", "malformed cursor") from None
+            raise InvalidInput.for_field(cursor_field, "malformed cursor") from None
         queryset = queryset.filter(beyond(order, key))
     rows = list(queryset.order_by(*order)[: limit + 1])
     if len(rows) <= limit:

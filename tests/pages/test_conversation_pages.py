@@ -186,6 +186,10 @@ def test_a_long_conversation_opens_on_its_latest_messages_and_pages_back(alice_p
     cursor = at.split('href="?after=')[1].split('"')[0]
     later = alice_page.get(page_of(conversation), {"after": cursor}).content.decode()
     assert "message number 055" in later and "message number 059" in later
+    # A cursor that is not one of ours is refused by its own name.
+    refused = alice_page.get(page_of(conversation), {"before": "garbage"})
+    assert refused.status_code == 400
+    assert "before: malformed cursor" in refused.content.decode()
 
 
 def test_a_stranger_gets_404_and_learns_nothing(charlie_page):
