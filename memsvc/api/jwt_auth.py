@@ -5,12 +5,15 @@ as another kind of key (no HS/RS confusion, never ``none``):
 
 - HS256 signed with ``MEMSVC_JWT_SECRET`` (local mode, tests, simple deployments);
 - RS256/RS384/RS512/ES256/ES384 from an OIDC issuer's key set at ``MEMSVC_JWT_JWKS_URL``
-  (fetched once and cached), with ``MEMSVC_JWT_ISSUER`` and ``MEMSVC_JWT_AUDIENCE`` checked.
+  (cached for an hour, then fetched again: a key the issuer has removed stops being
+  accepted; while the issuer fails, its last key set stays in use), with
+  ``MEMSVC_JWT_ISSUER`` and ``MEMSVC_JWT_AUDIENCE`` checked.
 
 Every token needs ``exp`` and ``sub``; the user id is ``sub``.
 """
 
 import functools
+import time
 
 import jwt
 from django.conf import settings
@@ -24,9 +27,41 @@ ISSUER_ALGORITHMS = ("RS256", "RS384", "RS512", "ES256", "ES384")
 API_KEY_PREFIX = "msk_"
 
 
+KEY_SET_RETRY_SECONDS = 30
+
+
+class IssuerKeySet(jwt.PyJWKClient):
+    """PyJWT's key set client, for an issuer that fails (unreachable, slow, answering
+    nonsense): a failed fetch is tried again ``KEY_SET_RETRY_SECONDS`` later, not by every
+    request (each would wait for it, up to the timeout, one at a time under the client's
+    lock; a made-up ``kid`` asks for a fetch), and meanwhile the last key set fetched, expired
+    or not, stays in use."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._last_key_set = None
+        self._failed_at = None
+
+    def get_jwk_set(self, refresh: bool = False):
+        failed_at = self._failed_at
+        if failed_at is None or time.monotonic() - failed_at >= KEY_SET_RETRY_SECONDS:
+            try:
+                self._last_key_set = super().get_jwk_set(refresh)
+                self._failed_at = None
+            except (jwt.PyJWTError, ValueError):
+                self._failed_at = time.monotonic()
+                if self._last_key_set is None:
+                    raise
+        if self._last_key_set is None:
+            raise jwt.PyJWKClientConnectionError("the issuer's key set could not be fetched")
+        return self._last_key_set
+
+
 @functools.cache
-def _jwks_client(url: str) -> jwt.PyJWKClient:
-    return jwt.PyJWKClient(url, cache_keys=True, lifespan=3600, timeout=5)
+def _jwks_client(url: str) -> IssuerKeySet:
+    # No ``cache_keys``: PyJWT's cache of keys by ``kid`` never expires, and sits in front of
+    # the key set, so a key the issuer removed would be accepted for the life of the process.
+    return IssuerKeySet(url, lifespan=3600, timeout=5)
 
 
 def decode_user_token(token: str) -> dict:

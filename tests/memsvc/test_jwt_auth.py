@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from django.test import Client
 from jwt.algorithms import ECAlgorithm, RSAAlgorithm
 
-from memsvc.api.jwt_auth import _jwks_client
+from memsvc.api.jwt_auth import KEY_SET_RETRY_SECONDS, _jwks_client
 from memsvc.tokens import mint_user_token
 from tests.local_http import LocalHttpServer, Reply
 
@@ -440,6 +440,61 @@ def test_unknown_kids_do_not_refetch_the_key_set_every_time(api, oidc):
         unknown = rs256(oidc_claims(), kid=f"unknown-{number}")
         assert_unauthorized(api.get(PATH, as_=bearer(unknown)))
     assert oidc.request_count == 1
+
+
+@pytest.fixture
+def later(monkeypatch):
+    """``later(seconds)``: the monotonic clock (the key set cache's) moved on by ``seconds``."""
+    real = time.monotonic
+    return lambda seconds: monkeypatch.setattr(time, "monotonic", lambda: real() + seconds)
+
+
+def test_a_key_the_issuer_removed_is_refused_once_the_key_set_is_fetched_again(api, oidc, later):
+    """Rotated out (say, compromised): once the cached key set has expired and been fetched
+    again without it, a token signed with it is refused.
+
+    Fails today (200): ``cache_keys=True`` keeps every key once used in an LRU cache with no
+    expiry, in front of the key set, so the removed key is used for as long as the process
+    lives."""
+    assert_accepted(api.get(PATH, as_=bearer(rs256(oidc_claims()))))
+    oidc.document = {"keys": [public_jwk(OTHER_RSA_KEY.public_key(), RSAAlgorithm, "rsa-2")]}
+    later(2 * 3600)
+    assert_accepted(api.get(PATH, as_=bearer(rs256(oidc_claims(), kid="rsa-2", key=OTHER_RSA_KEY))))
+    assert oidc.request_count == 2
+    assert_unauthorized(api.get(PATH, as_=bearer(rs256(oidc_claims()))))
+
+
+def test_a_failing_issuer_is_not_asked_for_its_key_set_by_every_request(api, oidc, later):
+    """While the issuer fails, one request in ``KEY_SET_RETRY_SECONDS`` asks it again: every
+    request asking would wait for it (up to the 5 s timeout, one at a time), and a flood of
+    made-up ``kid``s would be a flood of requests to the issuer.
+
+    Fails today (a fetch per request): PyJWT starts its cooldown on a successful fetch only,
+    and a failed one leaves the key set uncached."""
+    oidc.document = b"<html>down for maintenance</html>"
+    for _ in range(3):
+        assert_unauthorized(api.get(PATH, as_=bearer(rs256(oidc_claims()))))
+    assert oidc.request_count == 1
+    oidc.document = {"keys": [public_jwk(RSA_KEY.public_key(), RSAAlgorithm, RSA_KID)]}
+    later(KEY_SET_RETRY_SECONDS)
+    assert_accepted(api.get(PATH, as_=bearer(rs256(oidc_claims()))))
+    oidc.document = b"<html>down for maintenance</html>"
+    later(KEY_SET_RETRY_SECONDS + 60)  # past PyJWT's cooldown for unknown kids
+    for number in range(3):
+        unknown = rs256(oidc_claims(), kid=f"unknown-{number}")
+        assert_unauthorized(api.get(PATH, as_=bearer(unknown)))
+    assert oidc.request_count == 3
+
+
+def test_the_last_key_set_stays_in_use_while_the_issuer_fails(api, oidc, later):
+    """The cached key set has expired and the issuer does not answer: its users are not all
+    locked out (the key set is fetched again once the issuer answers)."""
+    assert_accepted(api.get(PATH, as_=bearer(rs256(oidc_claims()))))
+    oidc.document = b"<html>down for maintenance</html>"
+    later(2 * 3600)
+    assert_accepted(api.get(PATH, as_=bearer(rs256(oidc_claims()))))
+    assert_accepted(api.get(PATH, as_=bearer(es256(oidc_claims()))))
+    assert oidc.request_count == 2
 
 
 def test_unreachable_key_set(api, oidc, jwt_settings):
