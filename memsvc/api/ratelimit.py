@@ -193,13 +193,24 @@ def client_address(request) -> str:
         return address
     for hop in reversed(request.META.get("HTTP_X_FORWARDED_FOR", "").split(",")):
         try:
-            hop = str(ipaddress.ip_address(hop.strip()))
+            hop = str(ipaddress.ip_address(_without_port(hop.strip())))
         except ValueError:
             break  # not an address: nothing further left can be trusted
         if not _trusted_proxy(hop):
             return hop
         address = hop
     return address
+
+
+def _without_port(hop: str) -> str:
+    """An address as some proxies write it with the client's port (``203.0.113.7:5123``,
+    ``[2001:db8::1]:5123``): the address alone. (Else every client counted as the proxy,
+    and one client's failed authentications locked them all out.)"""
+    if hop.startswith("[") and "]" in hop:
+        return hop[1 : hop.index("]")]
+    if hop.count(":") == 1:
+        return hop.split(":")[0]
+    return hop
 
 
 @functools.lru_cache(maxsize=8)

@@ -254,6 +254,10 @@ def test_a_proxy_nobody_named_is_warned_of_at_most_once_a_minute(rf, settings, c
         # An IPv4 proxy seen through an IPv6 socket.
         (["10.0.0.0/8"], "::ffff:10.0.0.6", "203.0.113.7", "203.0.113.7"),
         (["10.0.0.0/8"], "10.0.0.6", "not an address", "10.0.0.6"),
+        # Proxies that write the client's port too (Azure's).
+        (["10.0.0.0/8"], "10.0.0.6", "203.0.113.7:5123", "203.0.113.7"),
+        (["10.0.0.0/8"], "10.0.0.6", "[2001:db8::1]:5123, 10.0.0.5:80", "2001:db8::1"),
+        (["10.0.0.0/8"], "10.0.0.6", "2001:db8::1", "2001:db8::1"),
         (["10.0.0.0/8"], "192.0.2.1", "203.0.113.7", "192.0.2.1"),  # not our proxy
     ],
 )
