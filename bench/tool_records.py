@@ -64,12 +64,15 @@ def warm_up(client, url: str) -> None:
     api_call(client, "DELETE", f"{url}/v1/agent/tool-records", params={"taskId": "warm-up"})
 
 
-def measure_tokens(url: str, steps: int) -> list[dict]:
+def measure_tokens(url: str, steps: int, *, api_key: str) -> list[dict]:
+    """(The agent has a key, so loopback trust does not reach it: learning() presents it.)"""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tests.fake_openai import FakeOpenAI, ToolCall
 
     with FakeOpenAI() as llm:
-        return context_tokens(llm, ToolCall, steps=steps, server_url=url, agent=AGENT)
+        return context_tokens(
+            llm, ToolCall, steps=steps, server_url=url, agent=AGENT, api_key=api_key
+        )
 
 
 def load_records(client, url: str, count: int) -> None:
@@ -153,10 +156,10 @@ def main(argv=None) -> int:
     try:
         with benchmark_server(
             client, url=args.url, api_key=args.api_key, keep=args.keep_server, agent_name=AGENT
-        ) as (url, _server):
+        ) as (url, server):
             warm_up(client, url)
             log(f"tokens per step, {args.steps} steps (load {os.getloadavg()[0]:.1f})")
-            tokens = measure_tokens(url, args.steps)
+            tokens = measure_tokens(url, args.steps, api_key=args.api_key or server.api_key)
             for row in tokens:
                 print(f"step {row['step']:>3}: {row['whole_history']:>7} {row['memory_bank']:>7}")
             log(f"storing {args.records} records")

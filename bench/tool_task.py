@@ -208,11 +208,14 @@ async def arun_agent(client, *, model: str, task: str = TASK, max_steps: int = 1
     return messages
 
 
-def context_tokens(llm, tool_call, *, steps: int, server_url: str, agent: str) -> list[dict]:
+def context_tokens(
+    llm, tool_call, *, steps: int, server_url: str, agent: str, api_key: str | None = None
+) -> list[dict]:
     """Run the task twice against the stand-in LLM ``llm`` (``tests.fake_openai.FakeOpenAI``,
     whose ``ToolCall`` is ``tool_call``): sending the whole history, then inside
-    ``learning(strategy="memory_bank")``. Per step, the estimated tokens (characters / 4 of
-    the messages' JSON, ``memory_bank.estimated_tokens``) the model received either way."""
+    ``learning(strategy="memory_bank")`` (with ``api_key``, the agent's key, when it has
+    one). Per step, the estimated tokens (characters / 4 of the messages' JSON,
+    ``memory_bank.estimated_tokens``) the model received either way."""
     import openai
 
     from memsvc.client import learning
@@ -225,7 +228,9 @@ def context_tokens(llm, tool_call, *, steps: int, server_url: str, agent: str) -
         llm.then(*plan, FINAL_ANSWER)
         first = len(llm.requests)
         if strategy == "memory bank":
-            with learning(agent=agent, server_url=server_url, strategy="memory_bank"):
+            with learning(
+                agent=agent, server_url=server_url, api_key=api_key, strategy="memory_bank"
+            ):
                 run_agent(client, model="gpt-test")
         else:
             run_agent(client, model="gpt-test")

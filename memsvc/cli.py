@@ -25,6 +25,23 @@ def _setup_django() -> None:
     django.setup()
 
 
+def _setup_database() -> None:
+    """Django, with the embedded database migrated (``_migrate_embedded``)."""
+    _setup_django()
+    _migrate_embedded()
+
+
+def _migrate_embedded() -> None:
+    """Migrate the embedded database: a command may be the first to run on a data directory
+    (a key made for an MCP client before any `memsvc serve`). A database of
+    ``DATABASE_URL`` is migrated by its operator, once per release."""
+    from django.conf import settings
+    from django.core.management import call_command
+
+    if not settings.DATABASE_URL:
+        call_command("migrate", interactive=False, verbosity=0)
+
+
 def _web_command(host: str, port: int) -> list[str]:
     """gunicorn managing uvicorn workers, serving the ASGI application: a request reaches a
     thread only once its headers and body are in, so slow clients cost a socket each, never a
@@ -51,6 +68,11 @@ def _web_command(host: str, port: int) -> list[str]:
         # closes one just as a client sends on it (a "connection reset" for that request).
         "--keep-alive",
         str(KEEP_ALIVE_SECONDS),
+        # The client's address is the peer's: uvicorn would otherwise take a loopback peer's
+        # X-Forwarded-For as it (any program on the machine could name itself anyone).
+        # memsvc reads that header itself, from the proxies of MEMSVC_TRUSTED_PROXIES only.
+        "--forwarded-allow-ips",
+        "",
         "--access-logfile",
         "-",
         "--config",
@@ -182,7 +204,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_reindex(args: argparse.Namespace) -> int:
-    _setup_django()
+    _setup_database()
     from agents_api.services import (
         memories_embed_pending,
         memories_reembed_all,
@@ -215,7 +237,7 @@ def cmd_reindex(args: argparse.Namespace) -> int:
 
 
 def cmd_prune(args: argparse.Namespace) -> int:
-    _setup_django()
+    _setup_database()
     from agents_api.services import memories_prune
 
     result = memories_prune()
@@ -230,16 +252,13 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     os.dup2(2, 1)
     _setup_django()
     from django.conf import settings
-    from django.core.management import call_command
 
     from agents_api.mcp_server.stdio import CallerError, serve, stdio_caller
     from memsvc import embedded_db
     from search.embeddings import warm_up_in_background
 
     try:
-        if not settings.DATABASE_URL:
-            # The embedded database of a machine that may never have run `memsvc serve`.
-            call_command("migrate", interactive=False, verbosity=0)
+        _migrate_embedded()
         try:
             caller = stdio_caller(
                 agent_name=args.agent,
@@ -296,7 +315,7 @@ def cmd_token(args: argparse.Namespace) -> int:
 
 
 def cmd_apikey_create(args: argparse.Namespace) -> int:
-    _setup_django()
+    _setup_database()
     from agents_api.services import agent_get_or_create, api_key_create
     from memsvc.api.principals import user_id_problem
 
@@ -317,7 +336,7 @@ def cmd_apikey_create(args: argparse.Namespace) -> int:
 
 
 def cmd_apikey_list(args: argparse.Namespace) -> int:
-    _setup_django()
+    _setup_database()
     from agents_api.models import ApiKey
 
     keys = ApiKey.objects.select_related("agent").order_by("created_at")
@@ -334,7 +353,7 @@ def cmd_apikey_list(args: argparse.Namespace) -> int:
 
 
 def cmd_apikey_revoke(args: argparse.Namespace) -> int:
-    _setup_django()
+    _setup_database()
     from agents_api.models import ApiKey
     from agents_api.services import api_key_revoke
 
@@ -377,7 +396,7 @@ def _agent_named(name_or_id: str):
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    _setup_django()
+    _setup_database()
     from agents_api.portability.export import agent_header, document_chunks, user_header
     from agents_api.portability.sections import AGENT_SECTIONS, USER_SECTIONS
     from memsvc.api.principals import user_id_problem
@@ -408,7 +427,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_import(args: argparse.Namespace) -> int:
     import json
 
-    _setup_django()
+    _setup_database()
     from agents_api.portability.importing import document_import
     from agents_api.portability.restore import ImportRefused
 
@@ -438,7 +457,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 def cmd_user_create(args: argparse.Namespace) -> int:
     """A login for the web pages: a Django user whose username is the principal id (the
     same id a JWT's ``sub`` gives, so the pages and the user API show the same things)."""
-    _setup_django()
+    _setup_database()
     import getpass
 
     from django.contrib.auth import get_user_model

@@ -121,3 +121,34 @@ def test_an_export_into_a_pipe_its_reader_closed_ends_quietly():
     _, errors = export.communicate(timeout=60)
     assert export.returncode == 1
     assert b"Traceback" not in errors, errors.decode()[-2000:]
+
+
+def test_the_commands_work_on_a_data_directory_serve_never_ran_on(tmp_path):
+    """The README's MCP setup makes a key (`memsvc apikey create claude-code`) before anything
+    else may have run: the embedded database was created empty, and the command ended in a
+    traceback (relation "agent" does not exist)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.agents_api.test_mcp import REPO
+
+    env = {**os.environ, "MEMSVC_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": str(REPO)}
+    env.pop("DATABASE_URL", None)
+
+    def memsvc(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, "-m", "memsvc.cli", *args],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+
+    created = memsvc("apikey", "create", "claude-code")
+    assert created.returncode == 0, created.stderr[-2000:]
+    assert created.stdout.strip().startswith("msk_")
+    exported = memsvc("export", "agent", "claude-code")
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    assert exported.stdout.startswith('{"format":"memsvc-export"')

@@ -248,3 +248,16 @@ def test_with_memsvc_gone_the_call_gets_the_whole_history(live_server, llm, capl
 def test_an_unknown_strategy_is_refused():
     with pytest.raises(ValueError, match="memory_bank"):
         learning(agent=AGENT, strategy="summarise")
+
+
+def test_the_bench_measures_the_tokens_of_an_agent_with_a_key(live_server):
+    """`python -m bench.tool_records` gives its private server's agent a key, which ends
+    keyless loopback access to it; the token measure then went without the key: 403 at
+    POST /agents, and the bench ended in a traceback."""
+    from bench.tool_records import AGENT, measure_tokens
+    from tests.agents_api.conftest import make_agent
+
+    key = make_agent(AGENT).key
+    rows = measure_tokens(live_server.url, 2, api_key=key)
+    assert [row["step"] for row in rows] == [1, 2, 3]  # two tool steps, then the answer
+    assert ToolRecord.objects.filter(agent__name=AGENT).count() == 2

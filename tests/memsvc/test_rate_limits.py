@@ -223,6 +223,27 @@ def test_the_count_is_shared_by_separate_server_processes(tmp_path, settings):
             server.stop()
 
 
+@pytest.mark.django_db(transaction=True)
+def test_the_served_app_takes_no_client_address_from_an_unnamed_proxy_header(tmp_path):
+    """The web server (uvicorn under gunicorn) replaced a loopback peer's address with its
+    X-Forwarded-For: with a new one each time, a caller on the machine was never locked out
+    of failed authentications. Only MEMSVC_TRUSTED_PROXIES names proxies."""
+    env = {**shared_database_env(), "MEMSVC_AUTH_FAILURE_LIMIT": "3"}
+    server = WebServer(tmp_path, env)
+    try:
+        statuses = [
+            httpx.get(
+                f"{server.url}/v1/agent/me",
+                headers={"X-API-Key": "msk_wrong", "X-Forwarded-For": f"203.0.113.{n}"},
+                timeout=30,
+            ).status_code
+            for n in range(5)
+        ]
+        assert statuses == [401] * 3 + [429] * 2
+    finally:
+        server.stop()
+
+
 def test_a_proxy_nobody_named_is_warned_of_at_most_once_a_minute(rf, settings, caplog, monkeypatch):
     """Behind a proxy not in MEMSVC_TRUSTED_PROXIES every client is the proxy's address: one
     client's failed logins would lock everyone out. The log says so, but a client sending
