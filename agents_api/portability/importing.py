@@ -55,7 +55,9 @@ def document_import(document, *, into: Agent | None = None) -> ImportResult:
             raise ImportRefused("userId: missing")
         sections, result = USER_SECTIONS, ImportResult(kind, user_id)
     elif kind == "agent":
-        [agent_data] = parse_records(AgentRecord, [document.get("agent")], "agent")
+        if not isinstance(document.get("agent"), dict):
+            raise ImportRefused("agent: missing (an object: the agent's id, name, ...)")
+        [agent_data] = parse_records(AgentRecord, [document["agent"]], "agent")
         sections = AGENT_SECTIONS
         result = ImportResult(kind, f"{agent_data['name']} ({agent_data['id']})")
     else:

@@ -520,6 +520,10 @@ def test_import_refuses_what_is_not_an_export(tmp_path, capsys):
     path.write_text("{not json")
     assert cli.main(["import", str(path)]) == 1
     assert capsys.readouterr().err.count("nothing imported") == 3
+    # An agent's document without its agent says so (it spoke of "agent[0]" and null).
+    path.write_text(json.dumps({"format": "memsvc-export", "version": 1, "kind": "agent"}))
+    assert cli.main(["import", str(path)]) == 1
+    assert "agent: missing" in capsys.readouterr().err
 
 
 @pytest.mark.django_db(transaction=True)
