@@ -1,5 +1,6 @@
 """Helpers for tests that check what the database refuses, or reach it from other processes."""
 
+import threading
 from contextlib import contextmanager
 from urllib.parse import quote
 
@@ -41,3 +42,29 @@ def recorded_statements():
 
     with connection.execute_wrapper(record):
         yield sent
+
+
+def while_held(hold, request):
+    """``request()`` (an API call, made here) while ``hold()`` has run in a transaction of
+    another connection that commits only once the request is waiting for its rows; what
+    ``request()`` returned. (Tests that need real commits: ``transaction=True``.)"""
+    held, done = threading.Event(), threading.Event()
+
+    def other_transaction():
+        try:
+            with transaction.atomic():
+                hold()
+                held.set()
+                # Long enough for the request to reach the rows' locks, on a busy machine too.
+                done.wait(1.5)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=other_transaction)
+    thread.start()
+    assert held.wait(10)
+    try:
+        return request()
+    finally:
+        done.set()
+        thread.join()

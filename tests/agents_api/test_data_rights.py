@@ -6,14 +6,13 @@ own; an agent keeps memories and blocks about alice and bob.
 """
 
 import json
-import threading
 import tracemalloc
 import uuid
 from types import SimpleNamespace
 
 import httpx
 import pytest
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, connection
 from django.utils import timezone
 
 from agents_api.models import Agent, Memory, MemoryBlock, MemoryBlockRevision, ToolRecord
@@ -36,6 +35,7 @@ from memsvc.api.principals import Principal
 from search.models import CorpusStat, TermStat
 from search.services import embed_pending, rebuild_term_stats
 from tests.agents_api.conftest import AgentCredential, make_agent
+from tests.db import while_held
 from tests.factories import AgentFactory
 
 pytestmark = pytest.mark.django_db
@@ -386,28 +386,15 @@ def test_erase_takes_a_message_appended_while_it_runs(api, alice, bob):
     his = call(api, "POST", "/v1/user/conversations", bob, {"title": "Bob's"}, 201)["id"]
     share = {"userId": "alice", "accessLevel": "writer"}
     call(api, "POST", f"/v1/user/conversations/{his}/memberships", bob, share, 201)
-    appended, done = threading.Event(), threading.Event()
 
     def appending():
-        try:
-            with transaction.atomic():
-                actor = Principal.user("alice")
-                conversation = access_conversation(actor, his, need="writer", summary=False)
-                message_append(actor, conversation=conversation, content="Alice's last word")
-                appended.set()
-                # Long enough for the erase to reach her membership, on a busy machine too.
-                done.wait(1.5)
-        finally:
-            connection.close()
+        actor = Principal.user("alice")
+        conversation = access_conversation(actor, his, need="writer", summary=False)
+        message_append(actor, conversation=conversation, content="Alice's last word")
 
-    thread = threading.Thread(target=appending)
-    thread.start()
-    assert appended.wait(10)
-    try:
-        erased = call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
-    finally:
-        done.set()
-        thread.join()
+    erased = while_held(
+        appending, lambda: call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    )
     assert (erased["messages"], erased["memberships"]) == (1, 1)
     assert not Message.objects.filter(author_principal="alice").exists()
 

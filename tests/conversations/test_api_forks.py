@@ -165,39 +165,42 @@ def test_a_message_the_user_cannot_see_is_no_fork_point_like_a_random_id(
     assert Conversation.objects.count() == before
 
 
-def test_a_new_forks_preview_is_never_an_agent_only_turn(api, alice, root):
-    conversation = Conversation.objects.get(id=root["id"])
+def agent_only_turn(conversation_id) -> None:
     MessageFactory(
-        conversation=conversation,
+        conversation=Conversation.objects.get(id=conversation_id),
         role=Role.ASSISTANT,
         content="tool output",
         visibility=Visibility.AGENT,
     )
+
+
+def previews(api, persona, conversation_id) -> set:
+    """The conversation's preview as the list shows it, and as the conversation shows it."""
+    listed = api.get("/v1/user/conversations", as_=persona).json()["data"]
+    shown = api.get(f"/v1/user/conversations/{conversation_id}", as_=persona).json()
+    return {c["lastMessagePreview"] for c in listed if c["id"] == conversation_id} | {
+        shown["lastMessagePreview"]
+    }
+
+
+def test_a_new_forks_preview_is_never_an_agent_only_turn(api, alice, root):
+    agent_only_turn(root["id"])
     say(api, alice, root["id"], "a5")
     branch = fork(api, alice, root["id"], message_id(api, alice, root["id"], "a5")).json()
     # The fork point is the agent-only turn before "a5": the preview is what alice saw last.
     assert branch["lastMessagePreview"] == "a4"
-    listed = api.get("/v1/user/conversations", as_=alice).json()["data"]
-    assert {c["lastMessagePreview"] for c in listed if c["id"] == branch["id"]} == {"a4"}
+    assert previews(api, alice, branch["id"]) == {"a4"}
 
 
 def test_a_fork_of_a_fork_at_its_first_turns_previews_what_the_user_saw_last(api, alice, root):
     """The second fork's point is the first fork's agent-only turn, which has no user turn
     before it of its own: what alice saw last is in the root."""
     first = fork(api, alice, root["id"], message_id(api, alice, root["id"], "a3")).json()
-    MessageFactory(
-        conversation=Conversation.objects.get(id=first["id"]),
-        role=Role.ASSISTANT,
-        content="tool output",
-        visibility=Visibility.AGENT,
-    )
+    agent_only_turn(first["id"])
     say(api, alice, first["id"], "b1")
     second = fork(api, alice, first["id"], message_id(api, alice, first["id"], "b1")).json()
     assert second["lastMessagePreview"] == "a2"
-    listed = api.get("/v1/user/conversations", as_=alice).json()["data"]
-    assert {c["lastMessagePreview"] for c in listed if c["id"] == second["id"]} == {"a2"}
-    shown = api.get(f"/v1/user/conversations/{second['id']}", as_=alice).json()
-    assert shown["lastMessagePreview"] == "a2"
+    assert previews(api, alice, second["id"]) == {"a2"}
 
 
 def test_a_message_of_another_conversation_is_not_a_fork_point(api, alice):

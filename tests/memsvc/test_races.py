@@ -5,14 +5,12 @@ The deletion runs in a transaction of its own, held open while the PATCH arrives
 PATCH finds the row when it checks access and waits on its lock; the deletion then commits.
 """
 
-import threading
-
 import pytest
-from django.db import connection, transaction
 
 from agents_api.models import Agent, Memory, MemoryBlock
 from conversations.models import ConversationGroup
 from tests.agents_api.conftest import make_agent
+from tests.db import while_held
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -20,26 +18,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def delete_while_patching(api, patch, delete) -> object:
     """``patch()`` (a request) while ``delete()`` runs in another transaction that commits
     only once the request is waiting for the row."""
-    deleted, done = threading.Event(), threading.Event()
-
-    def other_transaction():
-        try:
-            with transaction.atomic():
-                delete()
-                deleted.set()
-                # Long enough for the request to reach the row's lock, on a busy machine too.
-                done.wait(1.5)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=other_transaction)
-    thread.start()
-    assert deleted.wait(10)
-    try:
-        return patch()
-    finally:
-        done.set()
-        thread.join()
+    return while_held(delete, patch)
 
 
 def test_a_conversation_patch_racing_its_delete_is_404(api, alice):
