@@ -109,12 +109,17 @@ def test_the_words_that_name_no_one_are_those_the_keyword_index_drops():
         assert cursor.fetchone() == (True,)
 
 
-@pytest.mark.django_db
-def test_a_question_in_two_parts_finds_the_evidence_of_both(api, alice, settings):
+def alices_turns(alice, *texts: str) -> None:
+    """A conversation of alice's holding ``texts`` as her turns, embedded."""
     conversation = ConversationFactory(group__owner=alice.id)
-    for text in [*HOLIDAY, "The weather was grey all week", DINNER, "Nothing else happened"]:
+    for text in texts:
         MessageFactory(conversation=conversation, author_name="alice", content=text)
     embed_pending()
+
+
+@pytest.mark.django_db
+def test_a_question_in_two_parts_finds_the_evidence_of_both(api, alice, settings):
+    alices_turns(alice, *HOLIDAY, "The weather was grey all week", DINNER, "Nothing else happened")
     question = "Where did Anna spend her summer holiday? What did Ben cook for dinner?"
     tuned(settings, query_parts=0)
     assert DINNER not in contents(search(api, alice, question, topK=3))
@@ -227,16 +232,14 @@ def test_a_vector_mixed_with_a_share_of_another_is_of_unit_length():
 
 @pytest.mark.django_db
 def test_a_name_weighs_less_in_the_vector_of_a_query_with_an_unnamed_share(api, alice, settings):
-    conversation = ConversationFactory(group__owner=alice.id)
     answer = "Painted a lake at sunset last weekend"
-    for text in [
+    alices_turns(
+        alice,
         "Melanie has two kids",  # says the name, not what is asked
         "Melanie is Caroline's friend from school",
         answer,
         "The weather was grey all week",
-    ]:
-        MessageFactory(conversation=conversation, author_name="alice", content=text)
-    embed_pending()
+    )
     question = "What did Melanie paint?"
     assert DEFAULT_TUNING.unnamed_vector_share == 0  # off by default
     engine.query_vector.cache_clear()
@@ -274,23 +277,21 @@ def test_feedback_words_are_the_best_rows_rare_words_the_query_lacks():
 
 @pytest.mark.django_db
 def test_keyword_feedback_finds_the_turn_that_answers_in_other_words(api, alice, bob, settings):
-    conversation = ConversationFactory(group__owner=alice.id)
     # Bob's turn holds the feedback words too; Alice's search never reaches it.
     MessageFactory(
         conversation=ConversationFactory(group__owner=bob.id),
         content="Miso, our adopted puppy, named by the shelter",
     )
     answer = "Miso, my adopted shelter rascal, knocked the blue vase off the shelf"
-    for text in [
+    alices_turns(
+        alice,
         "I adopted a kitten named Miso from the shelter",
         "Spring break tickets for the concert are sold out",
         "Home loan interest rates rose again",
         "The home office is finally painted",
         answer,
         "The weather was grey all week",
-    ]:
-        MessageFactory(conversation=conversation, author_name="alice", content=text)
-    embed_pending()
+    )
     question = "What did my kitten break at home?"
     assert DEFAULT_TUNING.feedback_words == 0  # off by default
     # Three candidates from each retriever: the answer is none of them at first, and is
