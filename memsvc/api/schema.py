@@ -38,7 +38,10 @@ _DESCRIPTIONS = {
     409: "Conflicts with the current state.",
     413: "The body is larger than the server takes (`payload_too_large`).",
     429: "Over a rate limit (`rate_limited`); `Retry-After` says when to try again.",
-    503: "The database is unreachable (`unavailable`); try again shortly.",
+    503: (
+        "A service it needs is unreachable (`unavailable`): the database, or for a semantic"
+        " search the embedding service; try again shortly."
+    ),
 }
 
 
