@@ -187,7 +187,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     supervisor = Supervisor()
-    _setup_django()
+    _setup_database()
     from search.checks import check_embedding_dimension, warn_about_other_vector_models
 
     check_embedding_dimension()

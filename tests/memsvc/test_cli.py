@@ -152,3 +152,39 @@ def test_the_commands_work_on_a_data_directory_serve_never_ran_on(tmp_path):
     exported = memsvc("export", "agent", "claude-code")
     assert exported.returncode == 0, exported.stderr[-2000:]
     assert exported.stdout.startswith('{"format":"memsvc-export"')
+
+
+def test_a_worker_starts_on_a_data_directory_serve_never_ran_on(tmp_path):
+    """(It ended in a traceback: relation "message" does not exist.)"""
+    import os
+    import selectors
+    import signal
+    import subprocess
+    import sys
+
+    from tests.agents_api.test_mcp import REPO
+
+    env = {**os.environ, "MEMSVC_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": str(REPO)}
+    env.pop("DATABASE_URL", None)
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "memsvc.cli", "worker"],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    said, deadline = [], time.monotonic() + 180
+    watch = selectors.DefaultSelector()
+    watch.register(worker.stderr, selectors.EVENT_READ)
+    try:
+        while time.monotonic() < deadline and worker.poll() is None:
+            if watch.select(timeout=1):
+                line = worker.stderr.readline()
+                said.append(line)
+                if line.rstrip().endswith("ready."):
+                    break
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
+    assert said and said[-1].rstrip().endswith("ready."), "".join(said)[-2000:]
