@@ -112,6 +112,11 @@ def test_memories_are_searched_deleted_and_cleared(alice_page, bob_page, helper,
     )
     assert "allergic to peanuts" in found.content.decode()
     assert "cats" not in found.content.decode() and "<html" not in found.content.decode()
+    # Only spaces: nothing found, as on the conversations' search (it was a 400 page).
+    for headers in ({}, {"HX-Request": "true"}):
+        blank = alice_page.get(agent_page(helper), {"q": "   "}, headers=headers)
+        assert blank.status_code == 200
+        assert "No memory found" in blank.content.decode()
 
     # Bob cannot delete Alice's memory; Alice can, by htmx or by a plain form.
     delete = reverse("pages:memory_delete", args=[peanuts.id])

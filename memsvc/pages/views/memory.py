@@ -48,7 +48,7 @@ def agent_memory(request, agent_id):
         "query": query,
         "memory_enabled": selectors.memory_enabled_for(user_id),
     }
-    if query:
+    if query.strip():
         data = s.UserSearchMemoriesIn.parse({"query": query, "limit": SEARCH_RESULTS})
         context["hits"] = selectors.memory_search(
             agent,
@@ -58,8 +58,10 @@ def agent_memory(request, agent_id):
             min_score=data["minScore"],
             mode=data["mode"],
         )
-        if request.htmx:
-            return render(request, "pages/_memory_hits.html", context)
+    elif query:
+        context["hits"] = []  # only spaces: nothing to look for (as the conversations' search)
+    if "hits" in context and request.htmx:
+        return render(request, "pages/_memory_hits.html", context)
     context["memories"] = selectors.memory_page(
         selectors.memories_of(agent, user_id=user_id),
         order="recent",
