@@ -196,6 +196,7 @@ class IdempotentRequest(models.Model):
 MEMORY_TTL = timedelta(days=15)  # kagent: a memory lives 15 days unless it keeps being used
 MEMORY_MAX_TAGS = 50
 MEMORY_TAG_MAX_LENGTH = 100
+MEMORY_DEFAULT_IMPORTANCE = 0.5  # a memory saved without one
 MEMORY_MAX_MESSAGES = 100  # the turns one memory may cite
 CITES = ~Q(message_ids=[])  # a memory that cites turns
 
@@ -246,7 +247,7 @@ class Memory(models.Model):
     content_hash = models.CharField(max_length=64, editable=False)
     summary = models.TextField(blank=True, default="", validators=[no_nul_characters])
     tags = ArrayField(models.CharField(max_length=MEMORY_TAG_MAX_LENGTH), default=list, blank=True)
-    importance = models.FloatField(default=0.5)
+    importance = models.FloatField(default=MEMORY_DEFAULT_IMPORTANCE)
     metadata = models.JSONField(default=dict, blank=True)
     source = models.CharField(max_length=16, choices=MemorySource.choices, default=MemorySource.API)
     access_count = models.PositiveIntegerField(default=0)

@@ -25,6 +25,7 @@ from agents_api.api import serializers as s
 from agents_api.api.memories import search_memories
 from agents_api.authentication import require_scope
 from agents_api.models import (
+    MEMORY_DEFAULT_IMPORTANCE,
     MEMORY_MAX_MESSAGES,
     MEMORY_MAX_TAGS,
     MEMORY_TAG_MAX_LENGTH,
@@ -271,7 +272,7 @@ TOOLS: dict[str, Tool] = {
                     "type": "number",
                     "minimum": 0,
                     "maximum": 1,
-                    "default": 0.5,
+                    "default": MEMORY_DEFAULT_IMPORTANCE,
                     "description": "How much this matters (see the guide above).",
                 },
                 "tags": {**_TAGS, "description": 'Categories, such as ["preference", "coding"].'},

@@ -9,6 +9,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from agents_api.models import (
+    MEMORY_DEFAULT_IMPORTANCE,
     MEMORY_MAX_MESSAGES,
     MEMORY_MAX_TAGS,
     MEMORY_TTL,
@@ -35,14 +36,11 @@ NEAR_DUPLICATE_SIMILARITY = 0.95
 POPULAR_ACCESS_COUNT = 10
 
 
-DEFAULT_IMPORTANCE = 0.5  # a memory saved without one
-
-
 @dataclass
 class NewMemory:
     content: str
     summary: str = ""
-    importance: float | None = None  # not given: DEFAULT_IMPORTANCE, or a known fact's own
+    importance: float | None = None  # not given: the default, or a known fact's own
     tags: Sequence[str] = ()
     metadata: dict = field(default_factory=dict)
     expires_at: datetime | None = None
@@ -173,7 +171,7 @@ def _store_memories(agent, user_id, memories, source, model, vectors):
             content_hash=content_hash(new.content),
             summary=new.summary,
             tags=list(dict.fromkeys(new.tags)),
-            importance=DEFAULT_IMPORTANCE if new.importance is None else new.importance,
+            importance=MEMORY_DEFAULT_IMPORTANCE if new.importance is None else new.importance,
             metadata=new.metadata,
             message_ids=list(dict.fromkeys(new.message_ids)),
             source=source,
