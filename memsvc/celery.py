@@ -33,3 +33,14 @@ def make_local_queue_folders(**kwargs) -> None:
     options = app.conf.broker_transport_options
     for folder in ("data_folder_in", "data_folder_out", "processed_folder", "control_folder"):
         Path(options[folder]).mkdir(parents=True, exist_ok=True)
+
+
+def broker_reachable(timeout: float = 1.0) -> bool:
+    """Whether a connection to the broker opens within ``timeout`` seconds (for the health
+    probe: with the broker down the service still answers, and the sweep embeds later)."""
+    try:
+        with app.connection_for_write() as connection:
+            connection.ensure_connection(max_retries=0, timeout=timeout)
+    except Exception:  # kombu raises the transport's own errors, whatever they are
+        return False
+    return True

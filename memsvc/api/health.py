@@ -8,6 +8,7 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from memsvc.celery import broker_reachable
 from search.embeddings import configured_backend
 from search.selectors import pending_embedding_count
 
@@ -22,13 +23,18 @@ HealthResponse = inline_serializer(
         "embeddingModel": serializers.CharField(),
         "embeddingDimension": serializers.IntegerField(),
         "pendingEmbeddings": serializers.IntegerField(allow_null=True),
+        "broker": serializers.ChoiceField(choices=["reachable", "unreachable"]),
         "reason": serializers.CharField(required=False),
     },
 )
 
 
 class HealthView(APIView):
-    """Readiness and liveness: 200 when the database answers, 503 with a reason when not."""
+    """Readiness and liveness: 200 when the database answers, 503 with a reason when not.
+
+    ``broker`` says whether the task broker answers. Without it the service goes on (what
+    it would have queued is embedded by the periodic sweep once the broker is back), so it
+    does not change the status."""
 
     authentication_classes = []
     permission_classes = [AllowAny]
@@ -47,6 +53,7 @@ class HealthView(APIView):
             "embeddingModel": configured_backend().model,
             "embeddingDimension": settings.MEMORY_EMBEDDING_DIMENSION,
             "pendingEmbeddings": None,
+            "broker": "reachable" if broker_reachable() else "unreachable",
         }
         try:
             body["pendingEmbeddings"] = pending_embedding_count()

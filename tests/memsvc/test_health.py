@@ -25,7 +25,16 @@ def test_health_reports_database_embeddings_and_backlog(client, settings):
         "embeddingModel": "all-MiniLM-L6-v2@int8",
         "embeddingDimension": 384,
         "pendingEmbeddings": 3,
+        "broker": "reachable",
     }
+
+
+def test_health_says_when_the_broker_is_unreachable_and_stays_ok(client, dead_broker):
+    response = client.get("/v1/health")
+
+    assert response.status_code == 200
+    assert response.json()["status"] == "ok"
+    assert response.json()["broker"] == "unreachable"
 
 
 def test_unknown_v1_routes_answer_in_the_error_shape(client):
