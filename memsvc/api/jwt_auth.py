@@ -64,6 +64,17 @@ def _jwks_client(url: str) -> IssuerKeySet:
     return IssuerKeySet(url, lifespan=3600, timeout=5)
 
 
+def _bound_to(jwk: jwt.PyJWK, algorithm: str) -> jwt.PyJWK:
+    """``jwk`` for verifying ``algorithm``. PyJWT binds an RSA key published without ``alg``
+    to RS256, which would refuse every token of an issuer that signs with RS384 or RS512;
+    such a key verifies any RS algorithm. A key with ``alg`` stays bound to it, and an EC
+    key's curve fixes its algorithm."""
+    published = jwk._jwk_data  # the key's JWK members: PyJWT keeps them nowhere public
+    if jwk.key_type == "RSA" and "alg" not in published and algorithm.startswith("RS"):
+        return jwt.PyJWK(published, algorithm)
+    return jwk
+
+
 def decode_user_token(token: str) -> dict:
     """The verified claims of ``token``; raises ``Unauthorized`` for anything else."""
     try:
@@ -73,7 +84,10 @@ def decode_user_token(token: str) -> dict:
         elif algorithm in ISSUER_ALGORITHMS and settings.MEMSVC_JWT_JWKS_URL:
             # The PyJWK itself, not its bare key: PyJWT then refuses an ``alg`` that does not
             # fit the key the ``kid`` names (an RSA key with ES256, say).
-            key = _jwks_client(settings.MEMSVC_JWT_JWKS_URL).get_signing_key_from_jwt(token)
+            key = _bound_to(
+                _jwks_client(settings.MEMSVC_JWT_JWKS_URL).get_signing_key_from_jwt(token),
+                algorithm,
+            )
         else:
             raise Unauthorized(f"tokens signed with {algorithm!r} are not accepted")
         claims = jwt.decode(

@@ -333,6 +333,19 @@ def test_rs256_token_from_the_issuer(api, oidc):
     assert_accepted(api.get(PATH, as_=bearer(rs256(oidc_claims()))))
 
 
+@pytest.mark.parametrize("alg", ["RS384", "RS512"])
+def test_rs384_and_rs512_tokens_verify_with_a_key_published_without_alg(api, oidc, alg):
+    """The issuer's RSA key has no ``alg`` member (as many issuers publish them)."""
+    assert "alg" not in oidc.document["keys"][0]
+    assert_accepted(api.get(PATH, as_=bearer(token(oidc_claims(), RSA_KEY, alg, {"kid": RSA_KID}))))
+
+
+def test_a_key_published_with_alg_verifies_that_algorithm_only(api, oidc):
+    oidc.document["keys"][0]["alg"] = "RS256"
+    signed = token(oidc_claims(), RSA_KEY, "RS384", {"kid": RSA_KID})
+    assert_unauthorized(api.get(PATH, as_=bearer(signed)), "RS256")
+
+
 def test_es256_token_from_the_issuer(api, oidc):
     assert_accepted(api.get(PATH, as_=bearer(es256(oidc_claims()))))
 

@@ -279,6 +279,12 @@ def test_loopback_trust_is_on_in_local_mode_only_unless_turned_off(tmp_path, env
         ("too-short", None, ["memsvc.W002"]),
         ("s" * 32, None, []),
         (None, "https://issuer.example/.well-known/jwks.json", []),
+        (None, "http://issuer.example/.well-known/jwks.json", ["memsvc.W003"]),
+        (None, "http://10.0.0.7/jwks.json", ["memsvc.W003"]),
+        ("too-short", "http://issuer.example/jwks.json", ["memsvc.W002", "memsvc.W003"]),
+        (None, "http://127.0.0.1:8080/jwks.json", []),  # an issuer on this machine
+        (None, "http://[::1]:8080/jwks.json", []),
+        (None, "http://localhost:8080/jwks.json", []),
     ],
 )
 def test_a_configuration_that_cannot_verify_user_tokens_is_warned_of(settings, secret, jwks, found):
