@@ -9,7 +9,7 @@ Two limits, per minute (fixed one-minute windows), ``0`` turning one off:
   every request from that address that carries credentials is refused until the window
   ends, the right ones too: guessing secrets or tokens gets nowhere.
 
-Over a limit: 429 ``rate_limited`` with ``Retry-After`` (seconds to the next window), in the
+An IPv6 client counts as its /64 (``counted_as``). Over a limit: 429 ``rate_limited`` with ``Retry-After`` (seconds to the next window), in the
 shape of the API asked. The counts are shared by every process of the service: in Redis when
 one is configured (``MEMSVC_REDIS_URL``, by default the Celery broker when that is Redis),
 otherwise in the database (``memsvc.models.RateLimitCounter``).
@@ -164,7 +164,7 @@ def limit_principal(identity: str) -> None:
 def note_auth_failure(address: str) -> None:
     """Count a refused credential from ``address``."""
     if settings.MEMSVC_AUTH_FAILURE_LIMIT:
-        _counted("hit", f"auth-failures:{address}")
+        _counted("hit", f"auth-failures:{counted_as(address)}")
 
 
 def auth_lockout(address: str) -> RateLimited | None:
@@ -173,12 +173,26 @@ def auth_lockout(address: str) -> RateLimited | None:
     limit = settings.MEMSVC_AUTH_FAILURE_LIMIT
     if not limit:
         return None
-    counted = _counted("count", f"auth-failures:{address}")
+    counted = _counted("count", f"auth-failures:{counted_as(address)}")
     if counted is not None and counted[0] >= limit:
         return RateLimited(
             counted[1], f"too many failed authentications from this address ({limit} a minute)"
         )
     return None
+
+
+def counted_as(address: str) -> str:
+    """Whom a client ``address`` counts as: an IPv6 address as its /64 (one subscriber's
+    network, where a client can take a new address for every request and so escape any
+    limit per address), an IPv4 address (also one written as IPv6) as itself."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    ip = getattr(ip, "ipv4_mapped", None) or ip
+    if ip.version == 6:
+        return str(ipaddress.ip_network((ip, 64), strict=False))
+    return str(ip)
 
 
 def client_address(request) -> str:
@@ -258,7 +272,7 @@ def principal_identity(request) -> str:
         key = getattr(holder, "rate_limit_key", None)
         if key:
             return key
-    return f"address:{client_address(request)}"
+    return f"address:{counted_as(client_address(request))}"
 
 
 class PrincipalRateThrottle(BaseThrottle):

@@ -85,7 +85,7 @@ def test_keyless_loopback_callers_are_limited_by_address(client, settings, backe
     address = {"REMOTE_ADDR": "127.0.0.1" if backend == "database" else "::1"}
     if backend == "redis":
         redis.Redis.from_url(REDIS_URL).delete(
-            *redis.Redis.from_url(REDIS_URL).keys("*::1*") or ["-"]
+            *redis.Redis.from_url(REDIS_URL).keys("*::/64*") or ["-"]
         )
     assert client.post("/agents", {"name": "a"}, "application/json", **address).status_code == 200
     assert client.get("/agents/a", **address).status_code == 200
@@ -128,6 +128,27 @@ def test_failed_authentications_lock_the_address_out(client, settings, backend, 
     )
     assert (
         client.get("/v1/agent/me", REMOTE_ADDR="192.0.2.251", **agent.auth_headers()).status_code
+        == 200
+    )
+
+
+def test_an_ipv6_client_counts_as_its_64_network(client, settings, backend):
+    """A new address of the same /64 for every guess gets no more guesses; another /64
+    is not affected."""
+    settings.MEMSVC_AUTH_FAILURE_LIMIT = 3
+    network = f"2001:db8:{uuid.uuid4().int % 65000:x}:{uuid.uuid4().int % 65000:x}"
+    agent = make_agent(f"agent-{uuid.uuid4()}")
+    wrong = {"HTTP_X_API_KEY": agent.key[:-4] + "AAAA"}
+    for host in range(1, 4):
+        response = client.get("/v1/agent/me", REMOTE_ADDR=f"{network}::{host}", **wrong)
+        assert response.status_code == 401
+    assert_rate_limited(
+        client.get("/v1/agent/me", REMOTE_ADDR=f"{network}::99", **agent.auth_headers())
+    )
+    assert (
+        client.get(
+            "/v1/agent/me", REMOTE_ADDR="2001:db8:ffff:1::1", **agent.auth_headers()
+        ).status_code
         == 200
     )
 
