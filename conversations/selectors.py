@@ -471,7 +471,25 @@ def transfers_for(principal: Principal, *, status: str | None) -> list[Ownership
         OwnershipTransfer.objects.filter(
             Q(from_principal=principal.id) | Q(to_principal=principal.id),
             status=status or TransferStatus.PENDING,
-        ).order_by("-created_at", "id")
+        )
+        .select_related("conversation")  # its title, what the recipient is shown
+        .order_by("-created_at", "id")
+    )
+
+
+def pending_transfer_seen_by(
+    principal: Principal, conversation: Conversation
+) -> OwnershipTransfer | None:
+    """The pending offer of ``conversation``'s group, for the two it concerns (the owner who
+    made it, the one it was made to); None for everyone else."""
+    return (
+        OwnershipTransfer.objects.filter(
+            Q(from_principal=principal.id) | Q(to_principal=principal.id),
+            group_id=conversation.group_id,
+            status=TransferStatus.PENDING,
+        )
+        .order_by("-created_at", "id")
+        .first()
     )
 
 

@@ -344,13 +344,29 @@ def test_sharing_makes_the_conversation_appear_for_the_other_person(alice_page, 
 
 
 def test_ownership_transfer_offered_accepted_and_declined(alice_page, bob_page, charlie_page):
-    conversation = conversation_of("alice", "Handover", "hi", shared=[("bob", "writer")])
+    conversation = conversation_of(
+        "alice", "Handover", "hi", shared=[("bob", "writer"), ("charlie", "reader")]
+    )
     transfer = reverse("pages:transfer", args=[conversation.id])
+    assert "Transfer ownership to" in alice_page.get(page_of(conversation)).content.decode()
     assert alice_page.post(transfer, {"newOwnerUserId": "bob"}).status_code == 302
     assert alice_page.post(transfer, {"newOwnerUserId": "charlie"}).status_code == 409
     offer = OwnershipTransfer.objects.get()
-    assert "offers you" in bob_page.get("/app/").content.decode()
-    assert "You offered" in alice_page.get("/app/").content.decode()
+    # Each sees the offer by the conversation's title, on the list and on its page, with
+    # what they may do about it; a third member sees nothing of it.
+    assert "alice</strong> offers you <a" in bob_page.get("/app/").content.decode()
+    assert "“Handover”" in bob_page.get("/app/").content.decode()
+    assert "You offered <a" in alice_page.get("/app/").content.decode()
+    assert "“Handover”" in alice_page.get("/app/").content.decode()
+    bob_sees = bob_page.get(page_of(conversation)).content.decode()
+    assert "offers you this conversation" in bob_sees
+    assert reverse("pages:transfer_resolve", args=[offer.id, "accept"]) in bob_sees
+    alice_sees = alice_page.get(page_of(conversation)).content.decode()
+    assert "You offered this conversation to <strong>bob</strong>" in alice_sees
+    assert reverse("pages:transfer_resolve", args=[offer.id, "cancel"]) in alice_sees
+    assert "Transfer ownership to" not in alice_sees  # one offer at a time
+    charlie_sees = charlie_page.get(page_of(conversation)).content.decode()
+    assert "Ownership offer" not in charlie_sees and "/transfers/" not in charlie_sees
     # Only the recipient accepts; a stranger does not even see the offer.
     assert (
         alice_page.post(reverse("pages:transfer_resolve", args=[offer.id, "accept"])).status_code
@@ -369,7 +385,7 @@ def test_ownership_transfer_offered_accepted_and_declined(alice_page, bob_page, 
         == 302
     )
     levels = dict(Membership.objects.values_list("principal_id", "access_level"))
-    assert levels == {"alice": "manager", "bob": "owner"}
+    assert levels == {"alice": "manager", "bob": "owner", "charlie": "reader"}
     # A second offer, declined.
     bob_page.post(transfer, {"newOwnerUserId": "alice"})
     second = OwnershipTransfer.objects.get(status="pending")

@@ -147,6 +147,7 @@ def conversation(request, conversation_id):
         has_branches=any(fork.forked_at_conversation_id == conversation.id for fork in forks),
         memberships=memberships,
         levels=[level for level in AccessLevel if level != AccessLevel.OWNER],
+        offer=selectors.pending_transfer_seen_by(request.principal, conversation),
     )
     return render(request, "pages/conversation.html", context)
 
