@@ -1,5 +1,6 @@
 from django.conf import settings
 from django.contrib import admin
+from django.templatetags.static import static
 from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
@@ -47,6 +48,8 @@ urlpatterns = [
     # The local compatibility API (seeds/local-memory-server.md) keeps the seed's paths.
     # A person who opens the service's address gets the web pages.
     path("", RedirectView.as_view(pattern_name="pages:home")),
+    # What browsers ask for on every page they open (the admin's, the docs'): the pages' icon.
+    path("favicon.ico", RedirectView.as_view(url=static("pages/icon.svg"), permanent=True)),
     path("", include("agents_api.local_api.urls")),
     # Last: any other path is the local API's (FastAPI's "Not Found"), but for the pages', the
     # admin's and static files' own (and their redirects to the path with a slash).

@@ -489,6 +489,15 @@ def test_pages_carry_the_csp_and_refuse_framing(alice_page):
     assert alice_page.get("/static/django_htmx/htmx-2.min.js").status_code == 200
 
 
+def test_the_icon_browsers_ask_for_is_there(client, alice_page):
+    icon = "/static/pages/icon.svg"
+    assert f'<link rel="icon" href="{icon}"' in alice_page.get("/app/").content.decode()
+    asked = client.get("/favicon.ico")  # the admin's pages and the API docs link none
+    assert asked.status_code == 301 and asked["Location"] == icon
+    served = client.get(icon)
+    assert served.status_code == 200 and served["Content-Type"].startswith("image/svg+xml")
+
+
 def test_a_page_costs_the_same_queries_whatever_it_shows(alice_page):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
