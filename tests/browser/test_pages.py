@@ -177,6 +177,34 @@ def test_memory_page_deletes_a_memory_and_turns_memory_off(
     assert csp_violations == []
 
 
+def test_deleting_a_conversation_asks_first(page, live_server, people, csp_violations):
+    from conversations.models import Conversation
+    from conversations.services import conversation_create
+    from memsvc.api.principals import Principal
+
+    conversation = conversation_create(Principal.user("alice"), title="Tax papers")
+    log_in(page, live_server, "alice")
+    page.goto(f"{live_server.url}/app/c/{conversation.id}/")
+    asked = []
+
+    def answer(dialog, accept: bool) -> None:
+        asked.append(dialog.message)
+        dialog.accept() if accept else dialog.dismiss()
+
+    page.once("dialog", lambda dialog: answer(dialog, False))
+    page.get_by_role("button", name="Delete this conversation").click()
+    page.wait_for_timeout(300)  # time for a form sent anyway to land
+    expect(page.get_by_role("heading", name="Tax papers")).to_be_visible()
+    assert asked == ["Delete “Tax papers” for everyone in it? This cannot be undone."]
+    assert Conversation.objects.filter(pk=conversation.pk).exists()
+
+    page.once("dialog", lambda dialog: answer(dialog, True))
+    page.get_by_role("button", name="Delete this conversation").click()
+    expect(page.get_by_role("heading", name="Conversations", exact=True)).to_be_visible()
+    assert not Conversation.objects.filter(pk=conversation.pk).exists()
+    assert csp_violations == []
+
+
 def test_keyboard_only_at_375_px(page, live_server, people, shots, csp_violations):
     page.set_viewport_size({"width": 375, "height": 740})
     log_in(page, live_server, "alice")

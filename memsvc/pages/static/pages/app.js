@@ -1,9 +1,25 @@
-// The conversation page's chat: the person's message is sent, shown, and the assistant's
-// answer is streamed into the page as the model writes it. Without this script the same form
-// posts normally and the page comes back with the answer. No inline script: the page's
-// Content-Security-Policy allows only files of this site.
+// The pages' script: questions before deleting much, and the conversation page's chat. No
+// inline script: the page's Content-Security-Policy allows only files of this site.
 "use strict";
 
+// A form that deletes much at once asks first (``data-confirm``: the question). Registered
+// for the capture phase, so it runs before any other handler (the chat's, htmx's) sees the
+// submit. Without this script the form deletes at once.
+document.addEventListener(
+  "submit",
+  (event) => {
+    const question = event.target.dataset.confirm;
+    if (question && !window.confirm(question)) {
+      event.preventDefault();
+      event.stopImmediatePropagation();
+    }
+  },
+  true,
+);
+
+// The chat: the person's message is sent, shown, and the assistant's answer is streamed into
+// the page as the model writes it. Without this script the same form posts normally and the
+// page comes back with the answer.
 document.addEventListener("submit", async (event) => {
   const form = event.target;
   const list = document.getElementById("messages");
