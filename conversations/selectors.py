@@ -440,11 +440,15 @@ def history_message_before(
     return message_before(conversation, message, excluding=excluding, channel=Channel.HISTORY)
 
 
-def conversation_forks(conversation: Conversation) -> list[Conversation]:
-    """Every conversation of the group in order of creation (so the root comes first)."""
-    return list(
-        Conversation.objects.filter(group_id=conversation.group_id).order_by("created_at", "id")
-    )
+def conversation_forks(conversation: Conversation, *, previews: bool = False) -> list[Conversation]:
+    """Every conversation of the group in order of creation (so the root comes first);
+    ``previews``: each with its ``last_message_preview``, which tells branches apart."""
+    forks = Conversation.objects.filter(group_id=conversation.group_id).order_by("created_at", "id")
+    if not previews:
+        return list(forks)
+    forks = list(_with_summary_fields(forks))
+    _previewed_through_forks(forks)
+    return forks
 
 
 # --- memberships and transfers ---------------------------------------------------------------

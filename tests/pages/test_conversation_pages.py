@@ -276,6 +276,9 @@ def test_a_writer_appends_forks_and_renames_but_does_not_share(bob_page):
     assert "Or Paris?" not in fork_html
     # The tree links every branch; the current one is marked, not linked.
     assert page_of(conversation) in fork_html and 'aria-current="page"' in fork_html
+    # Branches of one title are told apart by their last message.
+    tree = fork_html[fork_html.index('<ul class="tree">') :]
+    assert "“Rome!”" in tree and "“Or London?”" in tree
 
     bob_page.post(reverse("pages:rename", args=[conversation.id]), {"title": "Rome or Paris"})
     assert Conversation.objects.get(id=conversation.id).title == "Rome or Paris"

@@ -140,7 +140,7 @@ def conversation(request, conversation_id):
     names = agent_names(m.principal_id for m in memberships)
     for membership in memberships:  # an agent by its name, not its principal id
         membership.shown_as = names.get(membership.principal_id, membership.principal_id)
-    forks = selectors.conversation_forks(conversation)
+    forks = selectors.conversation_forks(conversation, previews=True)
     context.update(
         forks=_fork_tree(forks),
         # Deleting it deletes them too (``conversation_delete``): its button says so.
