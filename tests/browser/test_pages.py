@@ -205,6 +205,29 @@ def test_deleting_a_conversation_asks_first(page, live_server, people, csp_viola
     assert csp_violations == []
 
 
+def test_the_focus_stays_where_htmx_swapped_in_what_was_asked_for(page, live_server, people):
+    """A keyboard user who opens the next page of the list, or deletes a memory, goes on
+    from there, not from the top of the page."""
+    from conversations.services import conversation_create
+    from memsvc.api.principals import Principal
+    from memsvc.pages.views.common import PAGE_SIZE
+
+    for n in range(PAGE_SIZE + 1):
+        conversation_create(Principal.user("alice"), title=f"Chat {n:02d}")
+    helper, _ = agent_get_or_create(owner_principal="ops", name="keeper")
+    memory_save(helper.as_principal(), agent=helper, user_id="alice", content="Likes tea")
+    log_in(page, live_server, "alice")
+
+    page.get_by_role("link", name="More conversations").focus()
+    page.keyboard.press("Enter")
+    expect(page.locator(":focus")).to_have_text("Chat 00")  # the oldest: the next page
+
+    page.goto(f"{live_server.url}/app/memory/{helper.id}/")
+    page.get_by_role("button", name=re.compile("Delete the memory “Likes tea")).focus()
+    page.keyboard.press("Enter")
+    expect(page.locator(":focus")).to_have_text("Deleted.")
+
+
 def test_keyboard_only_at_375_px(page, live_server, people, shots, csp_violations):
     page.set_viewport_size({"width": 375, "height": 740})
     log_in(page, live_server, "alice")

@@ -85,3 +85,31 @@ document.addEventListener("submit", async (event) => {
     if (document.activeElement === document.body) form.elements.content.focus();
   }
 });
+
+// What htmx swaps in where the focus was (a "More ..." link, a memory's Delete button) takes
+// the focus: its first link or button, else the new element itself (a "Deleted." notice).
+// Otherwise the focus falls back to the page, and a keyboard user starts again from the top.
+let focusedSwap = null;
+document.addEventListener("htmx:beforeSwap", (event) => {
+  const target = event.detail.target;
+  focusedSwap =
+    target && target.contains(document.activeElement)
+      ? { parent: target.parentElement, before: target.previousElementSibling }
+      : null;
+});
+document.addEventListener("htmx:afterSettle", () => {
+  if (!focusedSwap || document.activeElement !== document.body) return;
+  const { parent, before } = focusedSwap;
+  focusedSwap = null;
+  const arrived = before ? before.nextElementSibling : parent?.firstElementChild;
+  if (!arrived) return;
+  const control = arrived.matches("a[href], button")
+    ? arrived
+    : arrived.querySelector("a[href], button:not([disabled])");
+  if (control) {
+    control.focus();
+  } else {
+    arrived.tabIndex = -1;
+    arrived.focus();
+  }
+});
