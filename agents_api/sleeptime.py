@@ -5,7 +5,8 @@ Each change is a block revision by ``agent:<id>`` like any other write.
 
 Without an LLM (``memsvc.llm``) captures are stored and nothing else happens. The turns are
 claimed before the LLM is asked (the agent's row lock decides between two workers); a
-transient failure gives them back for the next capture, a malformed answer changes nothing.
+transient failure gives them back for the next capture, a malformed answer changes nothing,
+and a block changed while the LLM read it keeps that change (the turns are given back).
 """
 
 import logging
@@ -13,12 +14,13 @@ import logging
 from django.db import transaction
 
 from agents_api import services
-from agents_api.models import Agent
+from agents_api.models import Agent, MemoryBlock
 from agents_api.selectors import memory_blocks
 from agents_api.services.letta import letta_settings
 from conversations.models import Role
 from conversations.selectors import conversation_messages
 from memsvc.api.errors import ApiError
+from memsvc.db import locked_row
 from memsvc.llm import LLMError, chat, json_answer, llm_configured
 
 logger = logging.getLogger(__name__)
@@ -136,15 +138,33 @@ def blocks_observe(agent: Agent) -> list[str]:
             _release(agent, previous, turns[-1].seq)
         logger.warning("sleeptime: agent %s's blocks not updated: %s", agent.id, exc)
         return []
-    changed = []
+    changed, outdated = [], False
     for label, value in values.items():
         block = blocks.get(label)
         if block is None or block.value == value:
             continue
         try:
-            services.memory_block_update(agent.as_principal(), block=block, value=value)
-        except ApiError as exc:  # over the limit, read-only: the block keeps its value
+            rewritten = _rewrite(agent, block, value)
+        except ApiError as exc:  # over the limit, read-only, deleted: the block keeps its value
             logger.warning("sleeptime: block %r of agent %s kept: %s", label, agent.id, exc)
             continue
+        if not rewritten:
+            outdated = True
+            logger.info("sleeptime: block %r of agent %s changed meanwhile", label, agent.id)
+            continue
         changed.append(label)
+    if outdated:
+        # Read again, with the block as it is now, at the next capture.
+        _release(agent, previous, turns[-1].seq)
     return changed
+
+
+@transaction.atomic
+def _rewrite(agent: Agent, block: MemoryBlock, value: str) -> bool:
+    """Set the block to the model's ``value`` unless it changed since the model read it (its
+    rewrite of the older text would undo that change); whether it was set."""
+    current = locked_row(MemoryBlock.objects, block.pk, missing="memory block not found")
+    if current.value != block.value:
+        return False
+    services.memory_block_update(agent.as_principal(), block=current, value=value)
+    return True

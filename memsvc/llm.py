@@ -11,6 +11,8 @@ from collections.abc import Iterator
 import openai
 from django.conf import settings
 
+from memsvc.api.parsers import json_problem
+
 TIMEOUT_SECONDS = 120.0
 # The client's own retries, with its backoff: enough for a blip, not for an outage.
 MAX_RETRIES = 2
@@ -48,20 +50,40 @@ def _llm_error(exc: openai.OpenAIError) -> LLMError:
     return LLMError(f"{type(exc).__name__}: {exc}", transient=transient)
 
 
+def _text_of(answer, part: str) -> str:
+    """The text of the first choice's ``part`` (``message``, or a chunk's ``delta``), as
+    PostgreSQL can store it (no NUL, "?" for a lone surrogate, which has no UTF-8); "" when
+    there is none. The client does not check the server's JSON: a server that is not an
+    OpenAI-compatible one (a web page at that URL, a proxy) answers anything."""
+    try:
+        content = getattr(answer.choices[0], part).content
+    except (AttributeError, IndexError, KeyError, TypeError):
+        return ""
+    if not isinstance(content, str):
+        return ""
+    return content.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
+
+
 def chat_stream(messages: list[dict]) -> Iterator[str]:
     """The model's reply to ``messages``, piece by piece as it is written; ``LLMError`` when
-    it cannot be asked or stops answering."""
+    it cannot be asked, stops answering, or answers nothing."""
+    answered = False
     try:
         with _client() as client:
             stream = client.chat.completions.create(
                 model=settings.MEMSVC_LLM_MODEL, messages=messages, stream=True
             )
             for chunk in stream:
-                piece = chunk.choices[0].delta.content if chunk.choices else None
+                piece = _text_of(chunk, "delta")
                 if piece:
+                    answered = answered or bool(piece.strip())
                     yield piece
     except openai.OpenAIError as exc:
         raise _llm_error(exc) from exc
+    except ValueError as exc:  # an event that is not JSON
+        raise LLMError(f"the answer is not a chat completion: {exc}") from None
+    if not answered:
+        raise LLMError("the model answered nothing")
 
 
 def chat(messages: list[dict]) -> str:
@@ -74,8 +96,10 @@ def chat(messages: list[dict]) -> str:
             )
     except openai.OpenAIError as exc:
         raise _llm_error(exc) from exc
-    content = response.choices[0].message.content if response.choices else None
-    if not content:
+    except ValueError as exc:  # a body that is not JSON
+        raise LLMError(f"the answer is not a chat completion: {exc}") from None
+    content = _text_of(response, "message")
+    if not content.strip():
         raise LLMError("the model answered nothing")
     return content
 
@@ -85,10 +109,16 @@ _FENCE = re.compile(r"^```[a-zA-Z]*\s*(.*?)\s*```$", re.DOTALL)
 
 
 def json_answer(text: str):
-    """The JSON value a model answered; ``LLMError`` when the answer is not JSON."""
+    """The JSON value a model answered; ``LLMError`` when the answer is not JSON, or JSON
+    that cannot be stored (a ``\\ud800`` escape, nesting deeper than any answer needs), as
+    the APIs refuse such a body (``memsvc.api.parsers``)."""
     text = text.strip()
     fenced = _FENCE.match(text)
     try:
-        return json.loads(fenced.group(1) if fenced else text)
-    except ValueError:
+        value = json.loads(fenced.group(1) if fenced else text)
+    except (ValueError, RecursionError):
         raise LLMError(f"the answer is not JSON: {text[:200]!r}") from None
+    problem = json_problem(value)
+    if problem:
+        raise LLMError(f"the answer's JSON at {list(problem[0])} {problem[1]}")
+    return value

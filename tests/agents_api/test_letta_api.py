@@ -309,6 +309,52 @@ def test_an_answer_over_the_limit_leaves_the_block_as_it_was(api, helper, llm, c
     assert MemoryBlock.objects.get(agent__name="travel").value == "Unknown."
 
 
+def test_an_unstorable_answer_changes_no_block(api, helper, llm, committed_capture):
+    """A lone surrogate in the second block's value: the first block was rewritten, then the
+    task failed on the second (a review's finding). The answer is refused whole."""
+    blocks = [{"label": "human", "value": "Unknown."}, {"label": "persona", "value": "Helpful."}]
+    state = create_agent(api, helper, memory_blocks=blocks)
+    every_n_captures(api, helper, state, 1)
+    answer = '{"blocks": [{"label": "human", "value": "Ada."}, {"label": "persona", "value": "\\ud800"}]}'
+    llm.answer(OBSERVER_MARKER, answer)
+    committed_capture(helper, state["id"], "My name is Ada.")
+    assert len(llm.requests_containing(OBSERVER_MARKER)) == 1
+    kept = MemoryBlock.objects.filter(agent__name="travel").order_by("label")
+    assert list(kept.values_list("label", "value")) == [
+        ("human", "Unknown."),
+        ("persona", "Helpful."),
+    ]
+
+
+def test_a_block_changed_while_the_model_reads_keeps_the_change(
+    api, helper, llm, committed_capture, monkeypatch
+):
+    """The model rewrites a block from what it read; a change made meanwhile (here a line
+    appended while it answers) was overwritten by that rewrite (a review's finding). The
+    block keeps the change, and the turns are read again at the next capture."""
+    from agents_api import sleeptime
+    from agents_api.services import memory_block_update
+
+    state = create_agent(api, helper)
+    every_n_captures(api, helper, state, 1)
+    llm.answer(
+        OBSERVER_MARKER, json.dumps({"blocks": [{"label": "human", "value": "Ada, Lisbon."}]})
+    )
+
+    def chat_while_someone_appends(messages):
+        block = MemoryBlock.objects.get(agent__name="travel", label="human")
+        memory_block_update(block.agent.as_principal(), block=block, append="Likes tea.")
+        return llm_chat(messages)
+
+    llm_chat = sleeptime.chat
+    monkeypatch.setattr(sleeptime, "chat", chat_while_someone_appends)
+    committed_capture(helper, state["id"], "My name is Ada.")
+    assert len(llm.requests_containing(OBSERVER_MARKER)) == 1
+    block = MemoryBlock.objects.get(agent__name="travel", label="human")
+    assert block.value == "Nothing known yet.\nLikes tea."
+    assert observation_due(block.agent)
+
+
 # --- who may do what -------------------------------------------------------------------------
 
 

@@ -163,6 +163,36 @@ def test_a_garbage_answer_extracts_nothing_and_fails_nothing(
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
 
 
+@pytest.mark.parametrize(
+    "answer",
+    [
+        # What a server that is no OpenAI-compatible one answers (a web page at that URL).
+        Reply(payload=b"<html>It works!</html>", headers={"Content-Type": "text/html"}),
+        Reply(payload=b"{oops", headers={"Content-Type": "application/json"}),
+        Reply(payload={"choices": [{"message": None}]}),
+        Reply(payload={"choices": [{"message": {"role": "assistant", "content": 42}}]}),
+        # JSON no text column can hold, or deeper than the decoder goes.
+        '{"memories": ["Alice likes blue", "Alice likes \\ud800 green"]}',
+        "[" * 100_000,
+    ],
+)
+def test_an_answer_that_is_no_chat_completion_or_unstorable_extracts_nothing_and_fails_nothing(
+    api, helper, conversation, llm, settings, caplog, answer
+):
+    """(A review's finding: the task failed on these with AttributeError, JSONDecodeError,
+    RecursionError or the embedder's TypeError, instead of logging an answer it could not
+    use.)"""
+    settings.MEMSVC_LLM_MODEL = ""  # the turns come while no LLM is configured
+    turns(api, helper, conversation, range(1, 6))
+    settings.MEMSVC_LLM_MODEL = "gpt-test"
+    llm.answer(MARKER, answer)
+    with caplog.at_level(logging.WARNING, logger="agents_api.extraction"):
+        assert extract_memories_task(str(helper.agent.id), conversation) == 0
+    assert len(extractions(llm)) == 1
+    assert "no memories extracted" in caplog.text
+    assert not Memory.objects.exists()
+
+
 def test_a_malformed_answer_is_logged(api, helper, conversation, llm, caplog):
     llm.answer(MARKER, "The user likes green.")
     with caplog.at_level(logging.WARNING, logger="agents_api.extraction"):

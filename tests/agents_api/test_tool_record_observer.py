@@ -73,6 +73,11 @@ def test_the_output_sent_to_the_llm_is_cut_at_10000_characters(
     [
         "   ",  # nothing but whitespace
         Reply(status=400, payload={"error": {"message": "context length exceeded"}}),
+        # A server that is no OpenAI-compatible one (a web page at that URL), or answers
+        # another shape: the task failed on these (a review's finding).
+        Reply(payload=b"<html>It works!</html>", headers={"Content-Type": "text/html"}),
+        Reply(payload={"choices": [{"message": None}]}),
+        Reply(payload={"choices": [{"message": {"role": "assistant", "content": ["x"]}}]}),
     ],
 )
 def test_an_empty_or_failed_answer_keeps_the_fallback(
@@ -84,6 +89,19 @@ def test_an_empty_or_failed_answer_keeps_the_fallback(
     assert record.summary_source == SummarySource.FALLBACK
     assert record.summary == fallback_summary("search_hotels", {}, HOTELS)
     assert record.embedding is not None
+
+
+def test_a_summary_is_stored_without_what_postgresql_cannot_hold(
+    api, helper, llm, django_capture_on_commit_callbacks
+):
+    """A NUL and a lone surrogate in the model's answer: the task failed on them (a review's
+    finding), and the record kept only its fallback."""
+    llm.answer(MARKER, "Found htl-001\x00 in Lisbon \ud800.")
+    record = create_committed(api, helper, django_capture_on_commit_callbacks)
+    assert (record.summary, record.summary_source) == (
+        "Found htl-001 in Lisbon ?.",
+        SummarySource.LLM,
+    )
 
 
 def test_a_callers_summary_is_not_sent_to_the_llm(

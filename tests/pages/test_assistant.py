@@ -83,6 +83,38 @@ def test_a_failing_model_writes_nothing_and_says_so(alice_page, chat, llm):
     assert not Message.objects.filter(role="assistant").exists()
 
 
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "   ",  # nothing but whitespace
+        # Not a stream: what a server that is no OpenAI-compatible one answers.
+        Reply(payload=b"<html>It works!</html>", headers={"Content-Type": "text/html"}),
+    ],
+)
+def test_an_empty_answer_writes_nothing_and_says_so(alice_page, chat, llm, answer):
+    """(A review's finding: the empty reply was appended, which the database refused: a 500.)"""
+    if isinstance(answer, Reply):
+        llm.answer("Hello", answer)
+    else:
+        llm.then(answer)
+    response = alice_page.post(
+        reverse("pages:append", args=[chat.id]), {"content": "Hello"}, follow=True
+    )
+    assert "The assistant could not answer: the model answered nothing" in (
+        response.content.decode()
+    )
+    assert not Message.objects.filter(role="assistant").exists()
+
+
+def test_an_answer_is_kept_without_what_postgresql_cannot_hold(alice_page, chat, llm):
+    """A NUL and a lone surrogate in the streamed answer: the page was a 500 and nothing was
+    kept (a review's finding)."""
+    llm.then("Rex\x00 loves \ud800 Brittany.")
+    streamed = alice_page.post(reverse("pages:reply", args=[chat.id]))
+    assert b"".join(streamed.streaming_content).decode() == "Rex loves ? Brittany."
+    assert Message.objects.get(role="assistant").content == "Rex loves ? Brittany."
+
+
 def test_a_reader_cannot_ask_and_a_log_has_no_assistant(alice_page, bob_page, llm):
     alice_page.post("/app/conversations/new", {"title": "Just a log"})
     log = Conversation.objects.get(title="Just a log")
