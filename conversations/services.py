@@ -32,7 +32,7 @@ from conversations.models import (
 from conversations.selectors import conversation_owner_id, history_message_before
 from memsvc.api.errors import Conflict, Forbidden, InvalidInput, NotFound
 from memsvc.api.principals import Principal
-from memsvc.db import locked_row
+from memsvc.db import held_keys, locked_row
 from search.services import uncount_messages
 from search.tasks import enqueue_embedding
 
@@ -228,6 +228,7 @@ def messages_append(
     if not Conversation.objects.filter(pk=conversation.pk).update(updated_at=timezone.now()):
         raise NotFound("conversation not found")
     _hold_memberships(actor, conversation)
+    _hold_parents(messages)
     authors = _author_names(actor, conversation, messages)
     created = Message.objects.bulk_create(
         [
@@ -259,6 +260,15 @@ def _hold_memberships(actor: Principal, conversation: Conversation) -> None:
     selectors.refuse_below(
         lowest if len(levels) == len(actor.member_ids) else None, AccessLevel.WRITER
     )
+
+
+def _hold_parents(messages: Sequence[NewMessage]) -> None:
+    """Hold the messages replied to until the append commits (``held_keys``): one deleted
+    meanwhile (``_messages_delete`` locks them) is refused, 400 as the view refuses a parent
+    outside the conversation."""
+    wanted = {new.parent_message.pk for new in messages if new.parent_message is not None}
+    if wanted and held_keys(Message, wanted) != wanted:
+        raise InvalidInput.for_field("parentMessageId", "not a message of this conversation")
 
 
 def message_append(

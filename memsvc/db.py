@@ -55,3 +55,18 @@ def lock_name(*parts) -> None:
             "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
             ["\x1f".join(str(part) for part in parts)],
         )
+
+
+def held_keys(model: type[models.Model], pks) -> set:
+    """Which of ``pks`` (rows of ``model``) still exist, each held until the caller's
+    transaction ends (FOR KEY SHARE: the lock a foreign key to it takes at commit, taken
+    before the rows pointing at it are written). A deletion in flight ends first, and its
+    rows are missing here; one that comes later waits. The caller refuses what is missing,
+    rather than a foreign key violated at commit (a 500)."""
+    table = model._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f'SELECT id FROM "{table}" WHERE id = ANY(%s) FOR KEY SHARE',  # noqa: S608 (a model's table)
+            [list(pks)],
+        )
+        return {pk for (pk,) in cursor.fetchall()}

@@ -105,8 +105,12 @@ class ConversationsView(AgentApiView):
         return Response(ConversationOut(conversation).data, status=201)
 
 
-def _request_hash(conversation_id, data) -> str:
-    canonical = json.dumps([str(conversation_id), data], sort_keys=True, separators=(",", ":"))
+def _request_hash(principal, conversation_id, data) -> str:
+    """What a retry must repeat: the conversation, the body, and the user acted for (the same
+    body for another user is another request: their turn, signed with their id)."""
+    canonical = json.dumps(
+        [str(conversation_id), data, principal.on_behalf_of], sort_keys=True, separators=(",", ":")
+    )
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -170,7 +174,7 @@ class MessagesView(AgentApiView):
             conversation=conversation,
             messages=new_messages,
             idempotency_key=key.strip() if key else None,
-            request_hash=_request_hash(conversation.id, request.data),
+            request_hash=_request_hash(request.principal, conversation.id, request.data),
         )
         if created:
             enqueue_memory_extraction(request.agent, conversation)

@@ -11,7 +11,9 @@ from django.utils import timezone
 from agents_api import observer
 from agents_api.models import Agent, SummarySource, ToolRecord
 from conversations.models import Conversation
+from memsvc.api.errors import InvalidInput
 from memsvc.api.principals import Principal
+from memsvc.db import held_keys
 from search.services import (
     embed_pending_rows,
     embed_rows,
@@ -68,8 +70,18 @@ def tool_records_create(
             row.embedding, row.embedding_model, row.embedded_at = vectors[index], model, now
         rows.append(row)
     with transaction.atomic():
+        _hold_conversations(records)
         ToolRecord.objects.bulk_create(rows)
     return rows
+
+
+def _hold_conversations(records: Sequence[NewToolRecord]) -> None:
+    """Hold the conversations the records name until they commit (``held_keys``): one
+    deleted meanwhile is refused, 400 as the view refuses an unknown one; a deletion that
+    comes later waits, and deletes the records with their conversation."""
+    wanted = {new.conversation.pk for new in records if new.conversation is not None}
+    if wanted and held_keys(Conversation, wanted) != wanted:
+        raise InvalidInput.for_field("conversationId", "no such conversation")
 
 
 @transaction.atomic

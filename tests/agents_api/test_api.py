@@ -368,6 +368,20 @@ def test_the_same_idempotency_key_twice_stores_one_set(api, helper):
     assert Message.objects.count() == 2
 
 
+def test_a_key_reused_acting_for_another_user_is_a_conflict_not_a_replay(api, helper):
+    """The same body acting for bob is bob's turn, not a retry of alice's: replaying alice's
+    message would drop bob's without a word."""
+    conversation = ConversationFactory(group__owner="alice")
+    for member in (helper.agent.principal_id, "bob"):
+        MembershipFactory(group=conversation.group, principal_id=member, access_level="writer")
+    turn = {"role": "user", "content": "hello"}
+    first = append(api, helper.acting_for("alice"), conversation.id, turn, HTTP_IDEMPOTENCY_KEY="k")
+    assert first.status_code == 201
+    again = append(api, helper.acting_for("bob"), conversation.id, turn, HTTP_IDEMPOTENCY_KEY="k")
+    assert again.status_code == 409, again.content
+    assert list(Message.objects.values_list("author_name", flat=True)) == ["alice"]
+
+
 def append_with_a_key(api, helper, key: str):
     """One user turn appended to a new conversation with ``key``: the response, and the SQL
     of every statement the append sent."""

@@ -6,13 +6,18 @@ import numpy as np
 import pytest
 
 from agents_api.models import SummarySource, ToolRecord
+from agents_api.services import NewToolRecord, tool_records_create
 from agents_api.tasks import sweep_unembedded_tool_records_task
 from conversations.models import Conversation
+from conversations.services import conversation_delete
 from memsvc import cli
+from memsvc.api.errors import InvalidInput
+from memsvc.api.principals import Principal
 from search.embeddings import configured_backend
 from tests.agents_api.conftest import make_agent
 from tests.agents_api.test_api import agent_conversation
 from tests.agents_api.test_memory_lifecycle import BrokenBackend
+from tests.conversations.test_services import shared_group, waits_for
 
 pytestmark = pytest.mark.django_db
 
@@ -190,6 +195,27 @@ def test_a_conversation_the_agent_does_not_see_is_refused(api, helper, rival):
     assert "conversationId" in response.json()["details"]
     assert snapshot() == before
     assert Conversation.objects.filter(id=theirs["id"]).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_record_racing_the_deletion_of_its_conversation_is_refused():
+    """The record's conversation was seen, then deleted before the record is written: a 400
+    naming it, not a 500 when the record's foreign key is checked at commit."""
+    racer = make_agent("racer")
+    conversation = shared_group(**{racer.agent.principal_id: "writer"})
+
+    refused = waits_for(
+        lambda: conversation_delete(Principal.user("alice"), conversation=conversation),
+        lambda: tool_records_create(
+            racer.agent.as_principal(),
+            agent=racer.agent,
+            records=[NewToolRecord(tool_name="t", raw_output=1, conversation=conversation)],
+        ),
+    )
+
+    assert isinstance(refused, InvalidInput), refused
+    assert "conversationId" in refused.details
+    assert not ToolRecord.objects.exists()
 
 
 @pytest.mark.parametrize(

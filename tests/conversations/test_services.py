@@ -14,7 +14,7 @@ from django.db import IntegrityError, connection, transaction
 from conversations import selectors, services
 from conversations.models import Conversation, Membership, Message, OwnershipTransfer
 from conversations.services import NewMessage
-from memsvc.api.errors import Forbidden, NotFound
+from memsvc.api.errors import Forbidden, InvalidInput, NotFound
 from memsvc.api.principals import Principal
 from search.models import CorpusStat, TermStat
 from search.services import embed_messages, rebuild_term_stats
@@ -82,7 +82,7 @@ def waits_for(hold, operation):
     def run():
         try:
             outcome["result"] = operation()
-        except (IntegrityError, Forbidden, NotFound) as exc:  # what the race may end in
+        except (IntegrityError, Forbidden, InvalidInput, NotFound) as exc:  # what a race may end in
             outcome["result"] = exc
         finally:
             connection.close()
@@ -323,3 +323,26 @@ def test_a_writers_loss_of_access_waits_for_their_append_in_flight(loss):
     assert not isinstance(outcome, Exception), outcome
     assert list(Message.objects.values_list("content", flat=True)) == ["in time"]
     assert levels(conversation.group) == members
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_reply_racing_the_deletion_of_its_parent_is_refused():
+    """The reply's parent was seen, then deleted (an erase of its author, an operator)
+    before the reply is written: a 400 naming it, not a 500 when the reply's foreign key is
+    checked at commit."""
+    conversation = shared_group(bob="writer")
+    parent = services.message_append(Principal.user("bob"), conversation=conversation, content="q")
+    reply = NewMessage(content="a", role="assistant", parent_message=parent)
+
+    refused = waits_for(
+        lambda: services.messages_delete(
+            Principal.user("bob"), messages=Message.objects.filter(pk=parent.pk)
+        ),
+        lambda: services.messages_append(
+            Principal.user("alice"), conversation=conversation, messages=[reply]
+        ),
+    )
+
+    assert isinstance(refused, InvalidInput), refused
+    assert "parentMessageId" in refused.details
+    assert not Message.objects.exists()
