@@ -295,6 +295,12 @@ def summary_create(
 ) -> Message:
     """An agent's summary of the view up to ``until_message``: a SUMMARY message that agents
     see in place of what it covers, and the conversation's new title."""
+    if until_message.channel == Channel.SUMMARY:
+        # The context would start after the older summary itself, so the messages between
+        # what that one covers and it would be in neither.
+        raise InvalidInput.for_field(
+            "untilMessageId", "a summary covers messages, not another summary"
+        )
     [message] = messages_append(
         actor,
         conversation=conversation,

@@ -87,7 +87,10 @@ MessageList = listed(MessageOut, "MessageList")
 class SummaryIn(InputSerializer):
     title = TitleField()
     summary = MessageContentField()
-    untilMessageId = serializers.UUIDField()
+    untilMessageId = serializers.UUIDField(
+        help_text="The last message the summary covers: a message of the conversation's view, "
+        "not another summary."
+    )
     summarizedAt = serializers.DateTimeField()
 
     class Meta:

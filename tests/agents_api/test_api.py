@@ -561,6 +561,22 @@ def test_a_summary_must_cover_a_message_of_the_conversation(api, helper):
     assert Conversation.objects.get(id=conversation["id"]).title == ""
 
 
+def test_a_summary_cannot_end_at_another_summary(api, helper):
+    conversation = agent_conversation(api, helper)
+    stored = append(
+        api, helper, conversation["id"], *[{"role": "user", "content": f"m{i}"} for i in range(3)]
+    ).json()["data"]
+    path = f"/v1/agent/conversations/{conversation['id']}/summaries"
+    first = {"title": "t", "summary": "about m0", "summarizedAt": "2026-11-01T10:00:00Z"}
+    older = api.post(path, {**first, "untilMessageId": stored[0]["id"]}, as_=helper).json()
+    refused = api.post(path, {**first, "summary": "s", "untilMessageId": older["id"]}, as_=helper)
+    assert refused.status_code == 400
+    assert "another summary" in refused.json()["details"]["untilMessageId"][0]
+    # m1 and m2 stay in the context, after the summary that covers m0.
+    body = context(api, helper, conversation["id"])
+    assert [m["content"] for m in body["messages"]] == ["about m0", "m1", "m2"]
+
+
 def test_bad_context_parameters_are_400(api, helper):
     conversation = agent_conversation(api, helper)
     path = f"/v1/agent/conversations/{conversation['id']}/context"
