@@ -23,6 +23,7 @@ import logging
 import math
 from collections.abc import Sequence
 
+from django.db import transaction
 from django.utils import timezone
 
 from agents_api import services
@@ -214,7 +215,8 @@ def memories_extract(agent: Agent, conversation: Conversation) -> list[Memory]:
 
     The turns are claimed before the LLM is asked, so two workers never distil the same
     turns. A malformed answer extracts nothing and those turns are not read again; a
-    transient failure (LLM unreachable, overloaded) gives them back for the next try.
+    transient failure (LLM unreachable, overloaded), or any other error, gives them back for
+    the next try.
     Nothing is distilled about a person who turned memory off: their turns are claimed and
     never read, not even once memory is back on.
     """
@@ -224,6 +226,17 @@ def memories_extract(agent: Agent, conversation: Conversation) -> list[Memory]:
     if claim is None:
         return []
     previous, claimed = claim
+    try:
+        return _distil(agent, conversation, previous, claimed)
+    except Exception:
+        # Whatever else failed (the database, the embedding backend, a bug): the turns are
+        # given back, not lost, and nothing of them was saved (one transaction).
+        _release(agent, conversation, previous, claimed[-1].seq)
+        raise
+
+
+def _distil(agent: Agent, conversation: Conversation, previous: int, claimed: list) -> list[Memory]:
+    """``memories_extract``'s work on the turns it claimed."""
     subject = conversation_memory_subject(conversation, on_behalf_of=None)
     speakers = turn_speakers(conversation, claimed)
     off = memory_off_for({subject, *speakers.values()})
@@ -272,12 +285,13 @@ def memories_extract(agent: Agent, conversation: Conversation) -> list[Memory]:
         for person in cited or ({uncited} if uncited is not None else set()):
             about.setdefault(person, []).append(fact)
     saved = []
-    for person, memories in about.items():
-        saved += services.memories_save(
-            agent.as_principal(),
-            agent=agent,
-            user_id=person,
-            memories=memories,
-            source=MemorySource.EXTRACTED,
-        )
+    with transaction.atomic():
+        for person, memories in about.items():
+            saved += services.memories_save(
+                agent.as_principal(),
+                agent=agent,
+                user_id=person,
+                memories=memories,
+                source=MemorySource.EXTRACTED,
+            )
     return [memory for memory, _ in saved]

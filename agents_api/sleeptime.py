@@ -5,8 +5,9 @@ Each change is a block revision by ``agent:<id>`` like any other write.
 
 Without an LLM (``memsvc.llm``) captures are stored and nothing else happens. The turns are
 claimed before the LLM is asked (the agent's row lock decides between two workers); a
-transient failure gives them back for the next capture, a malformed answer changes nothing,
-and a block changed while the LLM read it keeps that change (the turns are given back).
+transient failure (or any other error) gives them back for the next capture, a malformed
+answer changes nothing, and a block changed while the LLM read it keeps that change (the
+turns are given back).
 """
 
 import logging
@@ -130,6 +131,16 @@ def blocks_observe(agent: Agent) -> list[str]:
     if claim is None:
         return []
     previous, turns = claim
+    try:
+        return _observe(agent, previous, turns)
+    except Exception:
+        # Whatever else failed (the database, a bug): the turns are given back, not lost.
+        _release(agent, previous, turns[-1].seq)
+        raise
+
+
+def _observe(agent: Agent, previous: int, turns: list) -> list[str]:
+    """``blocks_observe``'s work on the turns it claimed."""
     blocks = {block.label: block for block in memory_blocks(agent, user_id="")}
     try:
         values = parse_block_values(json_answer(chat(observer_prompt(blocks.values(), turns))))

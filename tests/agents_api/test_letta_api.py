@@ -355,6 +355,36 @@ def test_a_block_changed_while_the_model_reads_keeps_the_change(
     assert observation_due(block.agent)
 
 
+def test_turns_are_given_back_when_writing_the_blocks_fails(
+    api, helper, llm, committed_capture, monkeypatch
+):
+    """A failure after the model answered (the database, say) loses no turn: they are read
+    again at the next capture."""
+    from django.db import DatabaseError
+
+    from agents_api import sleeptime
+
+    state = create_agent(api, helper)
+    every_n_captures(api, helper, state, 1)
+    llm.answer(OBSERVER_MARKER, json.dumps({"blocks": [{"label": "human", "value": "Ada."}]}))
+    rewrite = sleeptime._rewrite
+
+    def failing(*args):
+        raise DatabaseError("the database went away")
+
+    monkeypatch.setattr(sleeptime, "_rewrite", failing)
+    committed_capture(helper, state["id"], "My name is Ada.")
+    block = MemoryBlock.objects.get(agent__name="travel", label="human")
+    assert block.value == "Nothing known yet."
+    assert observation_due(block.agent)
+
+    monkeypatch.setattr(sleeptime, "_rewrite", rewrite)
+    committed_capture(helper, state["id"], "I live in Lisbon.")
+    asked = llm.requests_containing(OBSERVER_MARKER)[-1]["messages"][1]["content"]
+    assert "My name is Ada." in asked and "I live in Lisbon." in asked
+    assert MemoryBlock.objects.get(agent__name="travel", label="human").value == "Ada."
+
+
 # --- who may do what -------------------------------------------------------------------------
 
 

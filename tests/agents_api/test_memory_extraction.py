@@ -6,6 +6,7 @@ import logging
 import uuid
 
 import pytest
+from django.db import DatabaseError
 
 from agents_api.extraction import EXTRACTION_TURNS_KEY, parse_facts
 from agents_api.models import Memory, MemoryExtraction
@@ -215,6 +216,33 @@ def test_an_llm_that_is_down_extracts_nothing_and_is_asked_again_after_the_next_
     tried = len(extractions(llm))
     turns(api, helper, conversation, [6])
     assert len(extractions(llm)) == tried + 1
+    assert "turn 1:" in extractions(llm)[-1]["messages"][1]["content"]
+    assert Memory.objects.get().content == GREEN
+
+
+def test_turns_are_given_back_when_saving_what_was_distilled_fails(
+    api, helper, conversation, llm, monkeypatch
+):
+    """A failure after the LLM answered (the database, say) loses no turn: they are read
+    again after the next one, and nothing was half-saved."""
+    from agents_api import services
+
+    save = services.memories_save
+    failing = [True]
+
+    def memories_save(*args, **kwargs):
+        if failing[0]:
+            raise DatabaseError("the database went away")
+        return save(*args, **kwargs)
+
+    monkeypatch.setattr(services, "memories_save", memories_save)
+    turns(api, helper, conversation, range(1, 6))
+    assert len(extractions(llm)) == 1
+    assert not Memory.objects.exists()
+
+    failing[0] = False
+    turns(api, helper, conversation, [6])
+    assert len(extractions(llm)) == 2
     assert "turn 1:" in extractions(llm)[-1]["messages"][1]["content"]
     assert Memory.objects.get().content == GREEN
 
