@@ -11,6 +11,7 @@ import binascii
 import functools
 import json
 import operator
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -54,6 +55,9 @@ def decode_cursor(cursor: str, *, types: tuple[type, ...], field: str = "after")
     return key
 
 
+_INTEGER = re.compile(r"-?[0-9]+")
+
+
 def parse_limit(
     raw: str | None,
     *,
@@ -66,12 +70,14 @@ def parse_limit(
     naming ``field`` otherwise."""
     if raw is None or raw == "":
         return default
-    try:
-        limit = int(raw)
-    except ValueError:
-        raise InvalidInput.for_field(field, "must be an integer") from None
+    # Digits only: Python's int() also reads "1_000", " 10" and other scripts' digits.
+    if not _INTEGER.fullmatch(raw):
+        raise InvalidInput.for_field(field, "must be an integer", location="query")
+    limit = int(raw) if len(raw) <= 18 else maximum + 1  # (int() refuses 4,300 digits)
     if not minimum <= limit <= maximum:
-        raise InvalidInput.for_field(field, f"must be between {minimum} and {maximum}")
+        raise InvalidInput.for_field(
+            field, f"must be between {minimum} and {maximum}", location="query"
+        )
     return limit
 
 

@@ -1,6 +1,8 @@
 """The local compatibility API: the seed's paths, fields, status codes and errors, on the
 platform's storage."""
 
+from urllib.parse import urlencode
+
 import pytest
 
 from agents_api.models import Agent, Memory, MemoryBlock
@@ -98,6 +100,14 @@ def test_messages_are_stored_in_the_agents_own_conversation(local):
     assert [m["content"] for m in local.get("/messages/my_agent?limit=1").json()] == [
         "Nice to meet you, Alice"
     ]
+
+
+@pytest.mark.parametrize("limit", ["0", "1_0", " 5", "x", "9" * 5000])
+def test_a_bad_list_limit_is_a_422_about_the_query(local, limit):
+    make(local)
+    response = local.get(f"/messages/my_agent?{urlencode({'limit': limit})}")
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["loc"] == ["query", "limit"]
 
 
 def test_a_message_is_found_at_once_by_keywords_and_later_by_meaning(local):
