@@ -21,7 +21,7 @@ from conversations.selectors import (
     latest_user_text,
     user_members,
 )
-from conversations.services import NewMessage
+from conversations.services import NewMessage, within_message_limit
 from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, Principal, agent_uuid_of
 from memsvc.client import format_context
 from memsvc.llm import chat_stream
@@ -123,6 +123,6 @@ def assistant_reply(agent: Agent, conversation: Conversation, *, user: Principal
     agent_messages_append(
         actor,
         conversation=conversation,
-        messages=[NewMessage(content="".join(pieces), role=Role.ASSISTANT)],
+        messages=[NewMessage(content=within_message_limit("".join(pieces)), role=Role.ASSISTANT)],
     )
     enqueue_memory_extraction(agent, conversation)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
@@ -205,6 +206,13 @@ def _build_message(
         parent_message=new.parent_message,
         **({"created_at": new.created_at} if new.created_at else {}),
     )
+
+
+def within_message_limit(content: str) -> str:
+    """What memsvc keeps of a text it records rather than is given (a captured LLM call, a
+    model's answer): the first ``MEMSVC_MAX_MESSAGE_CHARS`` characters, the most any API
+    takes as one message."""
+    return content[: settings.MEMSVC_MAX_MESSAGE_CHARS]
 
 
 # No savepoint inside a caller's transaction (an idempotent append, a fork, the local API's):

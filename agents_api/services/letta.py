@@ -14,7 +14,7 @@ from agents_api.services.agents import agent_get_or_create
 from agents_api.services.blocks import memory_block_create
 from agents_api.services.messages import local_messages_append
 from conversations.models import Message, Role
-from conversations.services import NewMessage, conversation_delete
+from conversations.services import NewMessage, conversation_delete, within_message_limit
 from memsvc.api.errors import Conflict, Forbidden
 from memsvc.db import locked_row
 
@@ -159,7 +159,11 @@ def captured_messages(request_messages: list, response: dict, metadata: dict) ->
         role = CAPTURED_ROLES.get(role) if isinstance(role, str) else None
         content = _text(turn.get("content")).replace("\x00", "").strip()
         if role and content:
-            messages.append(NewMessage(content=content, role=role, metadata=dict(metadata)))
+            messages.append(
+                NewMessage(
+                    content=within_message_limit(content), role=role, metadata=dict(metadata)
+                )
+            )
     return messages
 
 

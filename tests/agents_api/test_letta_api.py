@@ -265,6 +265,14 @@ def committed_capture(api, django_capture_on_commit_callbacks):
     return capture_and_commit
 
 
+def test_a_captured_turn_is_kept_to_the_longest_message_memsvc_takes(api, helper, settings):
+    settings.MEMSVC_MAX_MESSAGE_CHARS = 50
+    agent_id = create_agent(api, helper)["id"]
+    assert capture(api, helper, agent_id, "u" * 80, "a" * 60).status_code == 200
+    stored = Message.objects.filter(conversation__local_agent__name="travel").order_by("seq")
+    assert [m.content for m in stored] == ["u" * 50, "a" * 50]
+
+
 def test_without_an_llm_captures_are_stored_and_nothing_else_happens(
     api, helper, committed_capture
 ):

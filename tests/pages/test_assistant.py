@@ -115,6 +115,14 @@ def test_an_answer_is_kept_without_what_postgresql_cannot_hold(alice_page, chat,
     assert Message.objects.get(role="assistant").content == "Rex loves ? Brittany."
 
 
+def test_an_answer_is_kept_to_the_longest_message_memsvc_takes(alice_page, chat, llm, settings):
+    settings.MEMSVC_MAX_MESSAGE_CHARS = 10
+    llm.then("Rex loves Brittany and the sea.")
+    streamed = alice_page.post(reverse("pages:reply", args=[chat.id]))
+    assert b"".join(streamed.streaming_content).decode() == "Rex loves Brittany and the sea."
+    assert Message.objects.get(role="assistant").content == "Rex loves "
+
+
 def test_a_reader_cannot_ask_and_a_log_has_no_assistant(alice_page, bob_page, llm):
     alice_page.post("/app/conversations/new", {"title": "Just a log"})
     log = Conversation.objects.get(title="Just a log")
