@@ -358,7 +358,9 @@ def conversation_context(
     """What an agent puts in its next prompt: the latest summary, then every message after
     the one it covers (fork ancestry included, all channels but older summaries), by ``seq``.
 
-    ``after`` continues a previous page.
+    ``after`` continues a previous page. A summary written since (covering messages past
+    ``after``, or replacing the summary ``after`` is) starts the page: what it covers, the
+    reader has not read, and will not be given again.
     """
     view = conversation_messages(conversation, for_agent=True)
     summary = view.filter(channel=Channel.SUMMARY).order_by("-seq").first()
@@ -368,8 +370,17 @@ def conversation_context(
         # (null: every message it covered is deleted, ``services._summaries_moved_off``)
         until_id = summary.metadata.get("untilMessageId")
         until = view.filter(id=until_id).values("seq").first() if until_id else {"seq": 0}
-        rest = rest.filter(seq__gt=until["seq"] if until else summary.seq)
-        if after is None:
+        covered_through = until["seq"] if until else summary.seq
+        rest = rest.filter(seq__gt=covered_through)
+        if (
+            after is None
+            or (after.channel == Channel.SUMMARY and after.id != summary.id)
+            or (
+                after.channel != Channel.SUMMARY
+                and summary.seq > after.seq
+                and covered_through > after.seq
+            )
+        ):
             head = [summary]
     if after is not None and after.channel != Channel.SUMMARY:
         # (A page that ended on the summary continues right after what it covers.)

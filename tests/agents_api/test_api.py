@@ -525,6 +525,45 @@ def test_context_pages_walk_every_message_once(api, helper):
     assert seen == ["S", "m2", "m3", "m4", "m5", "m6"]
 
 
+@pytest.mark.parametrize("cursor_on_the_older_summary", [False, True])
+def test_a_summary_written_while_an_agent_pages_the_context_is_given_to_it(
+    api, helper, cursor_on_the_older_summary
+):
+    """(A review's finding: the next page went on after what the new summary covers, and
+    neither it nor the messages it covers were ever given.)"""
+    conversation = agent_conversation(api, helper)
+    path = f"/v1/agent/conversations/{conversation['id']}"
+    stored = append(
+        api, helper, conversation["id"], *[{"role": "user", "content": f"m{i}"} for i in range(8)]
+    ).json()["data"]
+    summary = {"title": "t", "summarizedAt": "2026-11-01T10:00:00Z"}
+    api.post(
+        f"{path}/summaries",
+        {**summary, "summary": "S1", "untilMessageId": stored[0]["id"]},
+        as_=helper,
+    )
+    first = context(
+        api, helper, conversation["id"], limit="1" if cursor_on_the_older_summary else "3"
+    )
+    read = [m["content"] for m in first["messages"]]
+    assert read == (["S1"] if cursor_on_the_older_summary else ["S1", "m1", "m2"])
+
+    api.post(
+        f"{path}/summaries",
+        {**summary, "summary": "S2", "untilMessageId": stored[4]["id"]},
+        as_=helper,
+    )
+    after = first["nextAfterMessageId"]
+    while after is not None:
+        body = context(api, helper, conversation["id"], limit="3", afterMessageId=after)
+        read += [m["content"] for m in body["messages"]]
+        after = body["nextAfterMessageId"]
+    expected = ["S1", "S2", "m5", "m6", "m7"]
+    if not cursor_on_the_older_summary:
+        expected = ["S1", "m1", "m2", "S2", "m5", "m6", "m7"]
+    assert read == expected
+
+
 def test_context_of_a_fork_reads_the_ancestors_up_to_the_fork_point(api, helper, alice):
     conversation = agent_conversation(api, helper.acting_for("alice"))
     stored = append(
