@@ -172,11 +172,14 @@ class ApiKey(models.Model):
         return self.revoked_at is None
 
 
+IDEMPOTENCY_KEY_MAX_LENGTH = 255
+
+
 class IdempotentRequest(models.Model):
     """The result of a request sent with an ``Idempotency-Key``: a retry gets it back."""
 
     principal_id = models.CharField(max_length=PRINCIPAL_MAX_LENGTH)
-    key = models.CharField(max_length=255)
+    key = models.CharField(max_length=IDEMPOTENCY_KEY_MAX_LENGTH)
     request_hash = models.CharField(max_length=64)
     message_ids = models.JSONField(default=list)
     created_at = models.DateTimeField(default=timezone.now, editable=False)

@@ -12,7 +12,7 @@ from agents_api import selectors as agent_selectors
 from agents_api import services as agent_services
 from agents_api.api import serializers as s
 from agents_api.authentication import ON_BEHALF_HEADER, ApiKeyAuthentication, HasScope
-from agents_api.models import Scope
+from agents_api.models import IDEMPOTENCY_KEY_MAX_LENGTH, Scope
 from agents_api.tasks import enqueue_memory_extraction, enqueue_memory_touch
 from conversations import selectors, services
 from conversations.api.serializers import (
@@ -141,10 +141,17 @@ class MessagesView(AgentApiView):
         parameters=[
             OpenApiParameter(
                 "Idempotency-Key",
-                str,
+                {"type": "string", "maxLength": IDEMPOTENCY_KEY_MAX_LENGTH},
                 location=OpenApiParameter.HEADER,
                 description="A retry with the same key returns the first result, writing nothing.",
-            )
+            ),
+            OpenApiParameter(
+                "Idempotent-Replayed",
+                {"type": "string", "enum": ["true"]},
+                location=OpenApiParameter.HEADER,
+                response=[201],
+                description="Set on the answer to a retry: the first request's result, again.",
+            ),
         ],
         request=s.BulkMessagesIn,
         responses={201: s.MessageList, **errors(400, 401, 403, 404, 409)},

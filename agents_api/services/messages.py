@@ -4,6 +4,7 @@ compatibility API's."""
 from django.db import connection, transaction
 
 from agents_api.models import (
+    IDEMPOTENCY_KEY_MAX_LENGTH,
     Agent,
     IdempotentRequest,
 )
@@ -30,8 +31,10 @@ def agent_messages_append(
     """
     if not idempotency_key:
         return messages_append(actor, conversation=conversation, messages=messages), True
-    if len(idempotency_key) > 255:
-        raise InvalidInput.for_field("Idempotency-Key", "must be at most 255 characters")
+    if len(idempotency_key) > IDEMPOTENCY_KEY_MAX_LENGTH:
+        raise InvalidInput.for_field(
+            "Idempotency-Key", f"must be at most {IDEMPOTENCY_KEY_MAX_LENGTH} characters"
+        )
     record_id = _claim_key(actor.id, idempotency_key, request_hash)
     if record_id is None:
         record = IdempotentRequest.objects.get(principal_id=actor.id, key=idempotency_key)

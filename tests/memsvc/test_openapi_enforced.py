@@ -50,3 +50,26 @@ def test_the_schema_states_what_the_server_refuses(served_schema, api, alice):
     assert api.get("/v1/agent/memories", as_=helper).status_code == 200
     assert api.get("/v1/user/ownership-transfers", as_=alice, status="").status_code == 400
     assert api.get("/v1/user/ownership-transfers", as_=alice).status_code == 200
+
+
+def test_the_schema_states_the_idempotency_headers(served_schema, api):
+    """An Idempotency-Key over 255 characters is refused; a retry is answered with
+    ``Idempotent-Replayed: true``: both stated."""
+    append = served_schema["paths"]["/v1/agent/conversations/{conversationId}/messages"]["post"]
+    [key] = [p for p in append["parameters"] if p["name"] == "Idempotency-Key"]
+    assert key["schema"]["maxLength"] == 255
+    assert append["responses"]["201"]["headers"]["Idempotent-Replayed"]["schema"]["enum"] == [
+        "true"
+    ]
+    helper = make_agent("schema-idempotent")
+    conversation = api.post("/v1/agent/conversations", {"title": "t"}, as_=helper).json()
+    path = f"/v1/agent/conversations/{conversation['id']}/messages"
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+
+    def send(key: str):
+        return api.call("POST", path, as_=helper, body=body, headers={"HTTP_IDEMPOTENCY_KEY": key})
+
+    assert send("k" * 256).status_code == 400
+    assert send("k").status_code == 201
+    retry = send("k")
+    assert retry.status_code == 201 and retry["Idempotent-Replayed"] == "true"
