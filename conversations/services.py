@@ -32,7 +32,7 @@ from conversations.models import (
 )
 from conversations.selectors import conversation_owner_id, history_message_before
 from memsvc.api.errors import Conflict, Forbidden, InvalidInput, NotFound
-from memsvc.api.principals import Principal
+from memsvc.api.principals import Principal, agent_uuid_of
 from memsvc.db import held_keys, locked_row
 from search.services import uncount_messages
 from search.tasks import enqueue_embedding
@@ -174,7 +174,8 @@ def _author_names(actor: Principal, conversation: Conversation, messages: Sequen
     embedded and indexed text ("<author>: <content>"), so it is decided here only.
 
     A user's turn is signed by that user: the user the actor acts for, the actor itself, or,
-    for an agent recording its conversation's turns on its own, the conversation's owner.
+    for an agent recording its conversation's turns on its own, the conversation's owner
+    (an agent's own conversation: "user", as the local API signs them, not the agent's id).
     Every other turn is signed by the actor (an agent's name).
     """
     users_turn = None
@@ -184,11 +185,16 @@ def _author_names(actor: Principal, conversation: Conversation, messages: Sequen
         elif new.role == Role.USER:
             if users_turn is None:
                 users_turn = actor.on_behalf_of or (
-                    actor.id if actor.kind == "user" else conversation_owner_id(conversation)
+                    actor.id if actor.kind == "user" else _user_of(conversation)
                 )
             yield users_turn
         else:
             yield actor.name or actor.id
+
+
+def _user_of(conversation: Conversation) -> str:
+    owner = conversation_owner_id(conversation)
+    return "user" if agent_uuid_of(owner) else owner
 
 
 def _build_message(

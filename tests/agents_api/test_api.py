@@ -319,6 +319,14 @@ def test_invalid_fields_are_named(api, helper, message, field):
     assert not Message.objects.exists()
 
 
+def test_a_user_turn_in_an_agents_own_conversation_is_signed_user(api, helper):
+    """Not with the agent's principal id, which would be embedded and indexed as the
+    speaker's name."""
+    conversation = agent_conversation(api, helper)  # the agent's own: no user acted for
+    turn = append(api, helper, conversation["id"], {"role": "user", "content": "hi"}).json()
+    assert turn["data"][0]["authorName"] == "user"
+
+
 def test_author_names_created_at_and_parents(api, helper):
     conversation = agent_conversation(api, helper.acting_for("alice"))
     first = append(api, helper, conversation["id"], {"role": "user", "content": "hi"}).json()
