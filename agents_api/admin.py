@@ -3,6 +3,7 @@ from urllib.parse import urlencode
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.postgres.search import SearchQuery
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 from django.utils.html import format_html_join
@@ -19,6 +20,7 @@ from agents_api.models import (
     UserMemorySetting,
 )
 from agents_api.services import (
+    agent_delete,
     api_key_create,
     api_key_revoke,
     memories_delete,
@@ -46,7 +48,19 @@ def _id_words_or_exact(queryset, search_term: str, exact_field: str):
 class AgentAdmin(admin.ModelAdmin):
     list_display = ("name", "id", "owner_principal", "created_at")
     search_fields = ("name", "=owner_principal")
-    readonly_fields = ("id", "principal_id", "created_at")
+    # The agent's own conversation and its trust from loopback are the services' to set
+    # (``local_conversation_for``, the local API's keyless agents, cleared by a key): an
+    # agent pointed at another conversation would show its messages on the local API.
+    readonly_fields = ("id", "principal_id", "created_at", "local_conversation", "loopback_trusted")
+
+    # Deleted as Letta's route deletes one: with its own conversation.
+    def delete_model(self, request, obj):
+        agent_delete(operator(request), agent=obj)
+
+    @transaction.atomic
+    def delete_queryset(self, request, queryset):
+        for agent in queryset.order_by("id"):
+            agent_delete(operator(request), agent=agent)
 
 
 class RevisionInline(admin.TabularInline):
@@ -305,7 +319,8 @@ class ToolRecordAdmin(LargeTableAdmin):
 
 @admin.register(UserMemorySetting)
 class UserMemorySettingAdmin(admin.ModelAdmin):
-    """Read-only: a user turns memory on or off themselves (the memory page)."""
+    """Read-only: a user turns memory on or off themselves (the memory page). Nor deleted
+    here: no row is memory on."""
 
     list_display = ("user_id", "memory_enabled", "updated_at")
     list_filter = ("memory_enabled",)
@@ -315,4 +330,7 @@ class UserMemorySettingAdmin(admin.ModelAdmin):
         return False
 
     def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
         return False

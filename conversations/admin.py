@@ -9,6 +9,7 @@ from django import forms
 from django.contrib import admin
 from django.contrib.postgres.search import SearchQuery
 from django.core.exceptions import ValidationError
+from django.db import transaction
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.text import Truncator
@@ -22,7 +23,12 @@ from conversations.models import (
     Message,
     OwnershipTransfer,
 )
-from conversations.services import conversation_delete, conversation_groups_delete, messages_delete
+from conversations.services import (
+    conversation_delete,
+    conversation_groups_delete,
+    membership_delete,
+    messages_delete,
+)
 from memsvc.admin_tools import EmbeddedFilter, LargeTableAdmin, as_uuid, operator
 
 
@@ -38,7 +44,16 @@ OWNER_STAYS = "an owner's membership stays as it is: ownership moves by a transf
 
 class MembershipForm(forms.ModelForm):
     """A membership as the services allow it: the one owner's stays, no second owner is
-    made (the database refuses both, as a 500 without this)."""
+    made (the database refuses both, as a 500 without this); a member is never moved to
+    another principal or group (a member removed, but not as ``membership_delete`` removes
+    one: an offer of ownership to them would stand)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.instance.pk:
+            for name in ("principal_id", "group"):
+                if name in self.fields:
+                    self.fields[name].disabled = True
 
     def clean(self):
         data = super().clean()
@@ -95,6 +110,17 @@ class ConversationGroupAdmin(LargeTableAdmin):
             # with its group.
             perms_needed.discard(Membership._meta.verbose_name)
         return deleted, counts, perms_needed, protected
+
+    # Members removed as the API removes them: an offer of ownership to them ends.
+    def save_formset(self, request, form, formset, change):
+        if formset.model is not Membership:
+            super().save_formset(request, form, formset, change)
+            return
+        memberships = formset.save(commit=False)  # (deletes nothing itself)
+        for membership in formset.deleted_objects:
+            membership_delete(operator(request), membership=membership, by_operator=True)
+        for membership in memberships:
+            membership.save()
 
     # Deleted as the API deletes, the messages' words counted out of the keyword statistics.
     def delete_model(self, request, obj):
@@ -314,6 +340,15 @@ class MembershipAdmin(LargeTableAdmin):
     def has_delete_permission(self, request, obj=None):
         owner = obj is not None and obj.access_level == AccessLevel.OWNER
         return not owner and super().has_delete_permission(request, obj)
+
+    # Removed as the API removes a member: an offer of ownership to them ends.
+    def delete_model(self, request, obj):
+        membership_delete(operator(request), membership=obj, by_operator=True)
+
+    @transaction.atomic
+    def delete_queryset(self, request, queryset):
+        for membership in queryset.order_by("id"):
+            membership_delete(operator(request), membership=membership, by_operator=True)
 
 
 @admin.register(OwnershipTransfer)

@@ -448,13 +448,15 @@ def _lock_group(group_id) -> None:
     ConversationGroup.objects.select_for_update().filter(pk=group_id).first()
 
 
-def _lock_group_as(actor: Principal, group_id, *, need: AccessLevel) -> None:
+def _lock_group_as(actor: Principal, group_id, *, need: AccessLevel | None) -> None:
     """The group's lock (``_lock_group``), taken by an actor who has ``need`` in it: their
     level is checked again under the lock, since the view checked it before, and a removal
     or demotion of the actor may have committed since (a manager removed meanwhile shares
-    nothing more). 404 or 403 as ``selectors.access_conversation``."""
+    nothing more). 404 or 403 as ``selectors.access_conversation``. ``need`` None: an
+    operator's (the admin), checked by nothing."""
     _lock_group(group_id)
-    selectors.access_group(actor, group_id, need=need)
+    if need is not None:
+        selectors.access_group(actor, group_id, need=need)
 
 
 def _locked_membership(actor: Principal, membership: Membership, *, need) -> Membership:
@@ -500,11 +502,14 @@ def membership_update(actor: Principal, *, membership: Membership, access_level:
 
 
 @transaction.atomic
-def membership_delete(actor: Principal, *, membership: Membership) -> None:
+def membership_delete(
+    actor: Principal, *, membership: Membership, by_operator: bool = False
+) -> None:
     """Remove a member (or leave). An offer of ownership to them ends with it (cancelled):
     one removed, or gone, does not come back as owner. The offer is locked before the group,
     in the order an accept takes them, so an accept racing the removal ends first (and the
-    new owner cannot be removed)."""
+    new owner cannot be removed). ``by_operator``: the admin's, who removes any member but
+    the owner."""
     offers = list(
         OwnershipTransfer.objects.select_for_update().filter(
             group_id=membership.group_id,
@@ -514,7 +519,7 @@ def membership_delete(actor: Principal, *, membership: Membership) -> None:
     )
     leaving = membership.principal_id == actor.id  # any member but the owner may leave
     need = AccessLevel.READER if leaving else AccessLevel.MANAGER
-    membership = _locked_membership(actor, membership, need=need)
+    membership = _locked_membership(actor, membership, need=None if by_operator else need)
     if membership.access_level == AccessLevel.OWNER:
         raise Forbidden("the owner cannot be removed; transfer ownership first")
     membership.delete()

@@ -259,6 +259,9 @@ def cmd_mcp(args: argparse.Namespace) -> int:
 
     try:
         _migrate_embedded()
+        # The name of an agent made here follows the rule of every API that makes one.
+        if args.agent and _refused("memsvc mcp: agent name", _agent_name_problem(args.agent)):
+            return 2
         try:
             caller = stdio_caller(
                 agent_name=args.agent,
@@ -419,8 +422,12 @@ def cmd_export(args: argparse.Namespace) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 1
     else:
-        with open(args.output, "w", encoding="utf-8") as output:
-            output.writelines(chunks)
+        try:
+            with open(args.output, "w", encoding="utf-8") as output:
+                output.writelines(chunks)
+        except OSError as exc:
+            print(f"the export failed: {exc}", file=sys.stderr)
+            return 1
     return 0
 
 
@@ -440,6 +447,9 @@ def cmd_import(args: argparse.Namespace) -> int:
         result = document_import(document)
     except (OSError, ValueError, ImportRefused) as exc:
         print(f"nothing imported: {exc}", file=sys.stderr)
+        return 1
+    except RecursionError:  # (the decoder's: ``document_import`` refuses far less deep)
+        print("nothing imported: it is nested too deeply", file=sys.stderr)
         return 1
     print(f"imported the {result.kind} {result.subject}:", file=sys.stderr)
     for name, stored in result.stored.items():

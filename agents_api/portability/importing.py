@@ -19,8 +19,10 @@ from agents_api.portability.restore import (
 )
 from agents_api.portability.sections import AGENT_SECTIONS, USER_SECTIONS
 from agents_api.selectors import memory_off_for, messages_seen_by
+from conversations.models import AccessLevel
 from conversations.selectors import visible_conversation_ids
 from memsvc.api.fields import contains_nul
+from memsvc.api.parsers import json_problem
 
 UNIQUE_VIOLATION = "23505"  # PostgreSQL's SQLSTATE
 
@@ -44,6 +46,10 @@ def document_import(document, *, into: Agent | None = None) -> ImportResult:
         raise ImportRefused(f"not a {FORMAT} document")
     if document.get("version") != VERSION:
         raise ImportRefused(f"version {document.get('version')!r} (this server reads {VERSION})")
+    problem = json_problem(document)  # (before anything that walks it recursively)
+    if problem:
+        path, message = problem
+        raise ImportRefused(f"{'.'.join(map(str, path)) or 'the document'}: {message}")
     if contains_nul(document):
         raise ImportRefused("it holds a NUL character, which no text here can")
     kind = document.get("kind")
@@ -72,7 +78,7 @@ def document_import(document, *, into: Agent | None = None) -> ImportResult:
             if into is not None:
                 _as_its_own(into, parsed)
             if kind == "user":
-                _within_its_own(parsed)
+                _within_its_own(user_id, parsed)
             subject = user_id if kind == "user" else (into or _agent(agent_data))
             for section in sections:
                 stored = section.restore(subject, parsed[section.name])
@@ -140,11 +146,22 @@ def _as_its_own(agent: Agent, parsed: dict[str, list[dict]]) -> None:
                 row[name] = min(row[name], now)
 
 
-def _within_its_own(parsed: dict[str, list[dict]]) -> None:
+def _within_its_own(user_id: str, parsed: dict[str, list[dict]]) -> None:
     """Refuses a user's document unless the memberships, messages and transfers it holds
     of the user's own conversations are in those (whose groups the import makes: a group's
-    id stored already collides). What it holds of others' conversations ("...Elsewhere")
-    is checked against the user in ``restore``."""
+    id stored already collides), the user owns them, and its forks are forked from those,
+    in their group. What it holds of others' conversations ("...Elsewhere") is checked
+    against the user in ``restore``."""
+    owner = next(
+        (
+            r["principal_id"]
+            for r in parsed["memberships"]
+            if r["access_level"] == AccessLevel.OWNER and r["principal_id"] != user_id
+        ),
+        None,
+    )
+    if owner is not None:  # (and a group has one owner: the database holds that)
+        raise ImportRefused(f"memberships: {owner} is not {user_id}, who owns its conversations")
     conversations = {record["id"] for record in parsed["conversations"]}
     groups = {record["group_id"] for record in parsed["conversations"]}
     for section, key, own in (
@@ -156,6 +173,17 @@ def _within_its_own(parsed: dict[str, list[dict]]) -> None:
         stranger = next((r[key] for r in parsed[section] if r[key] not in own), None)
         if stranger is not None:
             raise ImportRefused(f"{section}: {stranger} is not of the document's conversations")
+    # A fork reads its parent's messages up to its fork point: both are of its own group.
+    group_of = {record["id"]: record["group_id"] for record in parsed["conversations"]}
+    group_of.update(
+        (record["id"], group_of[record["conversation_id"]]) for record in parsed["messages"]
+    )
+    for record in parsed["conversations"]:
+        for point in (record["forked_at_conversation_id"], record["forked_at_message_id"]):
+            if point is not None and group_of.get(point) != record["group_id"]:
+                raise ImportRefused(
+                    f"conversations: {record['id']} is not forked within its own group"
+                )
 
 
 def _agent(data: dict) -> Agent:

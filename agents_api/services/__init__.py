@@ -2,6 +2,7 @@
 first). Callers use ``agents_api.services.<name>``."""
 
 from agents_api.services.agents import (
+    agent_delete,
     agent_get_or_create,
     api_key_create,
     api_key_revoke,
@@ -61,6 +62,7 @@ __all__ = [
     "NewMemory",
     "NewToolRecord",
     "PruneResult",
+    "agent_delete",
     "agent_get_or_create",
     "agent_messages_append",
     "api_key_create",

@@ -9,7 +9,10 @@ from agents_api.models import (
     ApiKey,
     Scope,
 )
+from conversations.services import conversation_delete
 from memsvc.api.errors import InvalidInput
+from memsvc.api.principals import Principal
+from memsvc.db import locked_row
 
 
 @transaction.atomic
@@ -33,6 +36,18 @@ def agent_get_or_create(
             "loopback_trusted": loopback_trusted,
         },
     )
+
+
+@transaction.atomic
+def agent_delete(actor: Principal, *, agent: Agent) -> None:
+    """Delete an agent with what it keeps (keys, blocks, memories, tool records) and its own
+    conversation (the local API's messages, Letta's captured turns: ``conversation_delete``,
+    their words counted out of the keyword statistics). The agent's row is locked first, as
+    a capture locks it (``local_conversation_for``) before it writes to the conversation."""
+    agent = locked_row(Agent.objects, agent.pk, missing="agent not found")
+    if agent.local_conversation_id is not None:
+        conversation_delete(agent.as_principal(), conversation=agent.local_conversation)
+    agent.delete()
 
 
 @transaction.atomic

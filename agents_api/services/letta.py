@@ -10,11 +10,11 @@ key's principal, ``selectors.letta_agents``). What Letta keeps and memsvc has no
 from django.db import transaction
 
 from agents_api.models import DEFAULT_BLOCK_LIMIT, Agent, MemoryBlock
-from agents_api.services.agents import agent_get_or_create
+from agents_api.services.agents import agent_delete, agent_get_or_create
 from agents_api.services.blocks import memory_block_create
 from agents_api.services.messages import local_messages_append
 from conversations.models import Message, Role
-from conversations.services import NewMessage, conversation_delete, within_message_limit
+from conversations.services import NewMessage, within_message_limit
 from memsvc.api.errors import Conflict, Forbidden
 from memsvc.db import locked_row
 
@@ -84,18 +84,13 @@ def letta_agent_update(agent: Agent, *, settings: dict) -> Agent:
     return agent
 
 
-@transaction.atomic
 def letta_agent_delete(caller: Agent, *, agent: Agent) -> None:
     """Delete an agent the key's agent created here with its captured turns (its own
-    conversation), as Letta deletes an agent's messages with it; the key's own agent is not
-    its to delete. The agent's row is locked first, as a capture locks it
-    (``local_conversation_for``) before it writes to the conversation."""
+    conversation: ``agent_delete``), as Letta deletes an agent's messages with it; the
+    key's own agent is not its to delete."""
     if agent.pk == caller.pk:
         raise Forbidden("an API key cannot delete its own agent")
-    agent = _locked(agent)
-    if agent.local_conversation_id is not None:
-        conversation_delete(agent.as_principal(), conversation=agent.local_conversation)
-    agent.delete()
+    agent_delete(caller.as_principal(), agent=agent)
 
 
 @transaction.atomic

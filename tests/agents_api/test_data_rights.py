@@ -513,6 +513,26 @@ def test_import_refuses_what_is_not_an_export(tmp_path, capsys):
     assert "agent: missing" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("depth", [900, 100_000])
+def test_import_refuses_a_document_nested_too_deep_with_a_reason(tmp_path, capsys, depth):
+    """As the API refuses such a body. (A traceback: RecursionError.)"""
+    path = tmp_path / "deep.json"
+    metadata = "[" * depth + "]" * depth
+    path.write_text(
+        '{"format": "memsvc-export", "version": 1, "kind": "user", "userId": "alice", '
+        f'"conversations": [{{"metadata": {metadata}}}]}}'
+    )
+    assert cli.main(["import", str(path)]) == 1
+    assert "nothing imported" in capsys.readouterr().err
+    assert not Conversation.objects.exists()
+
+
+def test_an_export_to_a_file_it_cannot_write_says_why(tmp_path, world, capsys):
+    """(A traceback: FileNotFoundError.)"""
+    assert cli.main(["export", "user", "alice", "-o", str(tmp_path / "no" / "such.json")]) == 1
+    assert "No such file or directory" in capsys.readouterr().err
+
+
 @pytest.mark.django_db(transaction=True)
 def test_the_export_streams_over_real_http_from_one_snapshot(live_server, alice):
     """Through a real server (its own transaction per request): chunked, not sized up
@@ -667,26 +687,57 @@ def forgeries(alices: dict) -> dict:
         "resolvedAt": None,
     }
     bobs = {**written, "authorPrincipal": "bob", "authorName": "bob"}
+    # A conversation of a group of her own, forked from his: a fork reads its parent's words.
+    group = str(uuid.uuid4())
+    fork = {
+        "id": str(uuid.uuid4()),
+        "conversationGroupId": group,
+        "title": "Mine",
+        "metadata": {},
+        "forkedAtConversationId": message["conversationId"],
+        "forkedAtMessageId": message["id"],
+        "createdAt": message["createdAt"],
+        "updatedAt": message["createdAt"],
+    }
+    owner = {**member, "conversationGroupId": group, "accessLevel": "owner"}
+    root = {**fork, "forkedAtConversationId": None, "forkedAtMessageId": None}
     return {
         "his group": mallorys(alices, memberships=[{**member, "accessLevel": "manager"}]),
         "his conversation": mallorys(alices, messages=[{**written, "authorPrincipal": "mallory"}]),
         "an offer of his": mallorys(alices, ownershipTransfers=[offer]),
         "bob's words": mallorys(alices, membershipsElsewhere=[member], messagesElsewhere=[bobs]),
+        "a fork of his": mallorys(alices, conversations=[fork], memberships=[owner]),
+        "one made his": mallorys(
+            alices,
+            conversations=[root],
+            memberships=[{**owner, "userId": "bob"}, {**owner, "accessLevel": "manager"}],
+            messages=[{**bobs, "conversationId": root["id"]}],
+        ),
     }
 
 
 @pytest.mark.parametrize(
-    "forgery", ["his group", "his conversation", "an offer of his", "bob's words"]
+    "forgery",
+    [
+        "his group",
+        "his conversation",
+        "an offer of his",
+        "bob's words",
+        "a fork of his",
+        "one made his",
+    ],
 )
 def test_a_user_document_holds_only_its_users_records(tmp_path, world, capsys, forgery):
     """Checked against its subject: of others' conversations it holds only the user's own
-    membership and messages."""
+    membership and messages; of its own, the user is the owner. (A conversation of the
+    document forked from bob's, in a group of mallory's own, was imported: she read his
+    conversation through it. One that bob owned, with his words, was made in his list.)"""
     document = forgeries(cli_export(tmp_path, "alice", "user", "alice"))[forgery]
-    before = memberships_messages_transfers()
+    before = memberships_messages_transfers(), Conversation.objects.count()
     assert import_file(tmp_path, document) == 1
     err = capsys.readouterr().err
     assert "nothing imported" in err and "is not" in err, err
-    assert memberships_messages_transfers() == before
+    assert (memberships_messages_transfers(), Conversation.objects.count()) == before
 
 
 def test_a_users_messages_come_back_only_where_they_are_a_member(tmp_path, world, capsys):

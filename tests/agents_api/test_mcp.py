@@ -293,6 +293,8 @@ def test_stdio_with_a_read_key_acts_as_its_agent_and_cannot_write():
             {"MEMSVC_LOCAL_MODE": "0", "DJANGO_SECRET_KEY": "s"},
             "outside local mode",
         ),
+        # (Made, and then out of reach of the local API's /agents/{name}.)
+        (["mcp", "--agent", "a/b"], {}, 'agent name must not contain "/"'),
     ],
 )
 def test_stdio_refuses_to_start_without_an_agent_it_may_act_as(args, env, message):

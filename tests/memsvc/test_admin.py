@@ -9,22 +9,35 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from agents_api.models import Memory, MemorySource, ToolRecord
+from agents_api.models import Agent, Memory, MemorySource, ToolRecord, UserMemorySetting
 from agents_api.services import (
     NewMemory,
     NewToolRecord,
+    agent_get_or_create,
     api_key_create,
+    local_messages_append,
     memories_save,
     memory_save,
+    memory_setting_update,
     tool_records_create,
 )
-from conversations.models import Conversation, ConversationGroup, Message
+from conversations.models import (
+    Conversation,
+    ConversationGroup,
+    Membership,
+    Message,
+    TransferStatus,
+)
 from conversations.services import (
     NewMessage,
     conversation_create,
     conversation_fork,
+    membership_create,
     messages_append,
+    ownership_transfer_accept,
+    ownership_transfer_start,
 )
+from memsvc.api.errors import Conflict
 from memsvc.api.principals import Principal
 from search.models import CorpusStat, TermStat
 from search.services import embed_pending, rebuild_term_stats
@@ -507,3 +520,123 @@ def test_deleting_a_root_conversation_is_deleting_its_group(client, operator, co
     assert client.post(fork_page, {"post": "yes"}).status_code == 302  # a fork is its own
     assert ConversationGroup.objects.filter(pk=counted.root.group_id).exists()
     assert not Conversation.objects.filter(pk=counted.fork.pk).exists()
+
+
+def group_page_form(operator, group_id) -> tuple[str, dict]:
+    """The group's admin page and its form as the page sends it back."""
+    page = reverse("admin:conversations_conversationgroup_change", args=[group_id])
+    html = operator.get(page).content.decode()
+    inputs = r'<input type="(?:hidden|text|number)" name="([^"]+)" value="([^"]*)"'
+    form = dict(re.findall(inputs, html))
+    for index in range(int(form["memberships-TOTAL_FORMS"])):
+        row = Membership.objects.get(pk=form[f"memberships-{index}-id"])
+        form[f"memberships-{index}-access_level"] = row.access_level
+    return page, form
+
+
+def remove_bob(operator, way: str, bob: Membership) -> None:
+    if way == "page":
+        page = reverse("admin:conversations_membership_delete", args=[bob.pk])
+        response = operator.post(page, {"post": "yes"})
+    elif way == "action":
+        page = reverse("admin:conversations_membership_changelist")
+        chosen = {"action": "delete_selected", "post": "yes", "_selected_action": [bob.pk]}
+        response = operator.post(page, chosen)
+    else:
+        page, form = group_page_form(operator, bob.group_id)
+        row = next(key for key, value in form.items() if value == str(bob.pk))
+        form[row.replace("-id", "-DELETE")] = "on"
+        response = operator.post(page, form)
+    assert response.status_code == 302, response.content[:500]
+
+
+@pytest.mark.parametrize("way", ["page", "action", "group page"])
+def test_removing_a_member_in_the_admin_ends_the_ownership_offered_to_them(operator, way):
+    """As ``membership_delete`` ends it. (bob, removed in the admin, still accepted alice's
+    offer and owned the conversation he had been removed from.)"""
+    alice = Principal.user("alice")
+    conversation = conversation_create(alice, title="Plans")
+    bob = membership_create(
+        alice, conversation=conversation, principal_id="bob", access_level="reader"
+    )
+    offer = ownership_transfer_start(alice, conversation=conversation, to_principal="bob")
+    remove_bob(operator, way, bob)
+    assert not Membership.objects.filter(pk=bob.pk).exists()
+    offer.refresh_from_db()
+    assert offer.status == TransferStatus.CANCELLED
+    with pytest.raises(Conflict):
+        ownership_transfer_accept(Principal.user("bob"), transfer=offer)
+
+
+def test_a_membership_is_never_moved_to_another_member_or_group_in_the_admin(operator):
+    """Another principal or group would be a member removed without ``membership_delete``
+    (an offer to bob outlived his membership, renamed to carol's)."""
+    alice = Principal.user("alice")
+    conversation = conversation_create(alice, title="Plans")
+    other = conversation_create(alice, title="Other plans")
+    bob = membership_create(
+        alice, conversation=conversation, principal_id="bob", access_level="reader"
+    )
+    change = reverse("admin:conversations_membership_change", args=[bob.pk])
+    form = {"principal_id": "carol", "group": other.group_id, "access_level": "writer"}
+    assert operator.post(change, form).status_code == 302
+    bob.refresh_from_db()
+    assert (bob.principal_id, bob.group_id, bob.access_level) == (
+        "bob",
+        conversation.group_id,
+        "writer",
+    )
+
+
+def test_an_agents_own_conversation_and_loopback_trust_are_not_edited_in_the_admin(operator):
+    """The services make both (``local_conversation_for``, the local API's keyless agents).
+    (The agent's page offered every conversation in a select, loaded whole on each view, and
+    an agent pointed at someone else's showed its messages on the local API.)"""
+    agent, _ = agent_get_or_create(owner_principal="local", name="helper")
+    local_messages_append(agent, [NewMessage(content="Hello", role="user")])
+    agent.refresh_from_db()
+    others = conversation_create(Principal.user("alice"), title="Alice's secrets")
+    page = reverse("admin:agents_api_agent_change", args=[agent.pk])
+    html = operator.get(page).content.decode()
+    assert "Alice&#x27;s secrets" not in html and 'name="local_conversation"' not in html
+    form = {
+        "owner_principal": "local",
+        "name": "helper",
+        "description": "Helps",
+        "metadata": "{}",
+        "local_conversation": others.pk,
+        "loopback_trusted": "on",
+    }
+    assert operator.post(page, form).status_code == 302
+    kept = Agent.objects.get(pk=agent.pk)
+    assert kept.description == "Helps"
+    assert (kept.local_conversation_id, kept.loopback_trusted) == (
+        agent.local_conversation_id,
+        False,
+    )
+
+
+def test_deleting_an_agent_in_the_admin_deletes_its_own_conversation(operator):
+    """As Letta's route deletes it: its turns go with it, their words counted out of the
+    keyword statistics. (They stayed, in a conversation of an agent that was no more.)"""
+    gone, _ = agent_get_or_create(owner_principal="local", name="gone")
+    kept, _ = agent_get_or_create(owner_principal="local", name="kept")
+    local_messages_append(gone, [NewMessage(content="My passport number is X123", role="user")])
+    local_messages_append(kept, [NewMessage(content="Keep this", role="user")])
+    embed_pending()
+    page = reverse("admin:agents_api_agent_delete", args=[gone.pk])
+    assert operator.post(page, {"post": "yes"}).status_code == 302
+    assert not Agent.objects.filter(pk=gone.pk).exists()
+    assert list(Conversation.objects.values_list("title", flat=True)) == ["kept (local)"]
+    assert "passport" not in keyword_statistics_hold()
+
+
+def test_a_users_memory_setting_is_not_deleted_in_the_admin(operator):
+    """No row is memory on: deleting alice's "off" turned her memory back on, unasked."""
+    setting = memory_setting_update(Principal.user("alice"), enabled=False)
+    page = reverse("admin:agents_api_usermemorysetting_delete", args=[setting.pk])
+    assert operator.post(page, {"post": "yes"}).status_code == 403
+    changelist = reverse("admin:agents_api_usermemorysetting_changelist")
+    chosen = {"action": "delete_selected", "post": "yes", "_selected_action": [setting.pk]}
+    operator.post(changelist, chosen)
+    assert UserMemorySetting.objects.get(pk=setting.pk).memory_enabled is False
