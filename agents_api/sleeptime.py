@@ -70,8 +70,8 @@ def observation_due(agent: Agent) -> bool:
 def _claim(agent: Agent) -> tuple[int, list] | None:
     """Take the unread turns when enough have come: (what was read through before, the
     turns). The agent's row lock makes a second worker wait and then find them taken."""
-    agent = Agent.objects.select_for_update().get(pk=agent.pk)
-    if not observation_due(agent):
+    agent = Agent.objects.select_for_update().filter(pk=agent.pk).first()
+    if agent is None or not observation_due(agent):  # (deleted since the task read it)
         return None
     previous = letta_settings(agent).get(THROUGH_KEY) or 0
     turns = list(_unread(agent).order_by("-seq")[:MAX_TRANSCRIPT_MESSAGES])[::-1]
@@ -87,8 +87,8 @@ def _set_through(agent: Agent, seq: int) -> None:
 
 @transaction.atomic
 def _release(agent: Agent, previous: int, claimed: int) -> None:
-    agent = Agent.objects.select_for_update().get(pk=agent.pk)
-    if letta_settings(agent).get(THROUGH_KEY) == claimed:
+    agent = Agent.objects.select_for_update().filter(pk=agent.pk).first()
+    if agent is not None and letta_settings(agent).get(THROUGH_KEY) == claimed:
         _set_through(agent, previous)
 
 

@@ -53,7 +53,7 @@ class LettaView(APIView):
 def _order(params, default: str) -> str:
     order = params.get("order") or default
     if order not in selectors.LETTA_ORDERS:
-        raise InvalidInput.for_field("order", "must be 'asc' or 'desc'")
+        raise InvalidInput.for_field("order", "must be 'asc' or 'desc'", location="query")
     return order
 
 

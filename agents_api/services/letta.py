@@ -35,7 +35,16 @@ def _save_settings(agent: Agent, **changes) -> None:
 
 
 def _locked(agent: Agent) -> Agent:
-    return Agent.objects.select_for_update().get(pk=agent.pk)
+    """The agent as it is now, locked; 404 when a concurrent request deleted it since."""
+    return locked_row(Agent.objects, agent.pk, missing="Agent not found")
+
+
+def _given(settings: dict) -> dict:
+    """The Letta settings of a request that it sets: as on Letta's server, a null leaves a
+    setting as it is (the SDK's ``agents.update(agent, model=None)`` keeps the model)."""
+    return {
+        key: value for key, value in settings.items() if key in LETTA_SETTINGS and value is not None
+    }
 
 
 @transaction.atomic
@@ -56,11 +65,7 @@ def letta_agent_create(
         agent, _ = agent_get_or_create(owner_principal=caller.principal_id, name=name)
         agent = _locked(agent)
     known = letta_settings(agent)
-    _save_settings(
-        agent,
-        **{key: value for key, value in settings.items() if key in LETTA_SETTINGS},
-        tags=sorted({*known.get("tags", []), *tags}),
-    )
+    _save_settings(agent, **_given(settings), tags=sorted({*known.get("tags", []), *tags}))
     labels = set(agent.memory_blocks.filter(user_id="").values_list("label", flat=True))
     for block in memory_blocks:
         if block["label"] in labels:
@@ -80,7 +85,7 @@ def letta_agent_create(
 @transaction.atomic
 def letta_agent_update(agent: Agent, *, settings: dict) -> Agent:
     agent = _locked(agent)
-    _save_settings(agent, **{k: v for k, v in settings.items() if k in LETTA_SETTINGS})
+    _save_settings(agent, **_given(settings))
     return agent
 
 
@@ -114,7 +119,11 @@ def letta_block_attach(caller: Agent, *, agent: Agent, block: MemoryBlock) -> Me
     """Give a block of the key's own agent (``letta_block_create``) to ``agent`` (a no-op
     when it has it already); an agent has one block per label, so a second one of that
     label is a conflict. Letta shares a block between the agents it is attached to; memsvc
-    keeps a block in one agent, so another agent's block is a conflict, not taken from it."""
+    keeps a block in one agent, so another agent's block is a conflict, not taken from it.
+    The agent's row is locked first, as its deletion and ``letta_agent_create`` lock it: the
+    block is not moved into an agent deleted meanwhile, nor next to a block of its label
+    created meanwhile."""
+    agent = _locked(agent)
     block = locked_row(MemoryBlock.objects, block.pk, missing="Block not found")
     if block.agent_id == agent.pk:
         return block

@@ -5,10 +5,13 @@ import json
 
 import pytest
 
+from agents_api import services
 from agents_api.models import Agent, MemoryBlock, MemoryBlockRevision
 from agents_api.sleeptime import observation_due
 from conversations.models import Conversation, Message
+from memsvc.api.errors import NotFound
 from tests.agents_api.conftest import make_agent
+from tests.conversations.test_services import waits_for
 from tests.fake_openai import FakeOpenAI
 
 pytestmark = pytest.mark.django_db
@@ -122,6 +125,26 @@ def test_creating_the_same_name_again_is_the_same_agent(api, helper):
     assert set(again["tags"]) == {SDK_TAG, "second"}
     assert Agent.objects.filter(name="travel").count() == 1
     assert MemoryBlock.objects.filter(agent__name="travel").count() == 1
+
+
+def test_a_null_in_an_update_leaves_the_setting_as_it_was(api, helper):
+    """As on Letta's server. The SDK's ``agents.update(agent, model=None)`` sends a null
+    model: it was stored, and the agent's model became "unknown"."""
+    state = create_agent(api, helper, description="Plans trips.")
+    response = api.patch(
+        f"/v1/agents/{state['id']}",
+        {"model": None, "description": None, "system": "Be brief."},
+        as_=helper,
+    )
+    assert response.status_code == 200, response.content
+    updated = response.json()
+    assert updated["model"] == state["model"] == "anthropic/claude-sonnet-4-20250514"
+    assert updated["llm_config"] == state["llm_config"]
+    assert updated["description"] == "Plans trips."
+    assert updated["system"] == "Be brief."
+    again = create_agent(api, helper, model=None, enable_sleeptime=None)
+    assert again["model"] == state["model"]
+    assert again["multi_agent_group"] == state["multi_agent_group"]
 
 
 def test_the_keys_own_agent_is_reached_by_its_name(api, helper):
@@ -393,6 +416,22 @@ def test_turns_are_given_back_when_writing_the_blocks_fails(
     assert MemoryBlock.objects.get(agent__name="travel", label="human").value == "Ada."
 
 
+def test_an_observation_of_an_agent_deleted_meanwhile_ends_quietly(api, helper, llm):
+    """The task read the agent, then its DELETE came first: nothing to observe (it failed
+    with ``Agent.DoesNotExist``), and the LLM is not asked."""
+    from agents_api.sleeptime import blocks_observe
+
+    state = create_agent(api, helper)
+    every_n_captures(api, helper, state, 1)
+    capture(api, helper, state["id"], "My name is Ada.")  # (its task not run)
+    agent = Agent.objects.get(name="travel")  # as the task read it
+    assert observation_due(agent)
+    assert api.delete(f"/v1/agents/{state['id']}", as_=helper).status_code == 200
+
+    assert blocks_observe(agent) == []
+    assert llm.requests_containing(OBSERVER_MARKER) == []
+
+
 # --- who may do what -------------------------------------------------------------------------
 
 
@@ -446,6 +485,39 @@ def test_deleting_an_agent_deletes_its_captured_turns(api, helper):
     assert list(Conversation.objects.values_list("title", flat=True)) == ["kept (local)"]
 
 
+def test_a_change_to_an_agent_deleted_meanwhile_is_404(api, helper):
+    """An agent's PATCH, its group's, or a second DELETE read the agent before a concurrent
+    DELETE removed it: they were 500s (``Agent.DoesNotExist`` when the row was locked)."""
+    state = create_agent(api, helper)
+    agent = Agent.objects.get(name="travel")  # as each request read it
+    assert api.delete(f"/v1/agents/{state['id']}", as_=helper).status_code == 200
+    for change in (
+        lambda: services.letta_agent_update(agent, settings={"model": "openai/gpt-4o"}),
+        lambda: services.letta_sleeptime_update(agent, frequency=2),
+        lambda: services.letta_agent_delete(helper.agent, agent=agent),
+    ):
+        with pytest.raises(NotFound, match="Agent not found"):
+            change()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_block_attached_while_its_agent_is_deleted_stays_with_the_key(api, helper):
+    """The attach waits for the deletion, then finds no agent: a 404, not a block moved into
+    the deleted agent (a 500 when its foreign key was checked at commit)."""
+    state = create_agent(api, helper)
+    api.post("/v1/blocks/", {"label": "notes", "value": "Keep me."}, as_=helper)
+    agent, block = Agent.objects.get(name="travel"), MemoryBlock.objects.get(label="notes")
+
+    refused = waits_for(
+        lambda: services.letta_agent_delete(helper.agent, agent=agent),
+        lambda: services.letta_block_attach(helper.agent, agent=agent, block=block),
+    )
+
+    assert isinstance(refused, NotFound), refused
+    assert not Agent.objects.filter(id=state["id"].removeprefix("agent-")).exists()
+    assert MemoryBlock.objects.get(label="notes").agent_id == helper.agent.id
+
+
 def test_letta_routes_memsvc_does_not_serve_answer_501_naming_them(api, helper):
     state = create_agent(api, helper)
     for method, path in [
@@ -470,6 +542,8 @@ def test_bad_input_is_422_and_changes_nothing(api, helper):
     assert too_big.status_code == 422
     assert ["body", "limit"] in [issue["loc"] for issue in too_big.json()["detail"]]
     state = create_agent(api, helper)
-    response = api.get(f"/v1/agents/{state['id']}/messages", as_=helper, order="sideways")
-    assert response.status_code == 422
+    for path in (f"/v1/agents/{state['id']}/messages", "/v1/agents/", "/v1/blocks/"):
+        response = api.get(path, as_=helper, order="sideways")
+        assert response.status_code == 422
+        assert response.json()["detail"][0]["loc"] == ["query", "order"]  # (it said body)
     assert Agent.objects.filter(owner_principal=helper.agent.principal_id).count() == 1
