@@ -89,13 +89,14 @@ def letta_agent_update(agent: Agent, *, settings: dict) -> Agent:
     return agent
 
 
+@transaction.atomic
 def letta_agent_delete(caller: Agent, *, agent: Agent) -> None:
     """Delete an agent the key's agent created here with its captured turns (its own
     conversation: ``agent_delete``), as Letta deletes an agent's messages with it; the
-    key's own agent is not its to delete."""
+    key's own agent is not its to delete. One deleted meanwhile: Letta's 404."""
     if agent.pk == caller.pk:
         raise Forbidden("an API key cannot delete its own agent")
-    agent_delete(caller.as_principal(), agent=agent)
+    agent_delete(caller.as_principal(), agent=_locked(agent))
 
 
 @transaction.atomic
