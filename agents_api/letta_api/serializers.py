@@ -171,6 +171,10 @@ class AgentUpdateIn(LettaInput):
     model = TextField(max_length=200, required=False, allow_null=True)
     system = TextField(allow_blank=True, required=False, allow_null=True)
     description = TextField(allow_blank=True, required=False, allow_null=True)
+    enable_sleeptime = serializers.BooleanField(required=False, allow_null=True)
+    tags = serializers.ListField(
+        child=TextField(max_length=100), required=False, allow_null=True, max_length=100
+    )
 
 
 class ManagerConfigIn(LettaInput):

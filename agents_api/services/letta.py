@@ -84,8 +84,13 @@ def letta_agent_create(
 
 @transaction.atomic
 def letta_agent_update(agent: Agent, *, settings: dict) -> Agent:
+    """Letta's settings given (``enable_sleeptime`` false: the observer stops), and the
+    tags, replaced, when given."""
     agent = _locked(agent)
-    _save_settings(agent, **_given(settings))
+    tags = settings.get("tags")
+    _save_settings(
+        agent, **_given(settings), **({"tags": sorted(set(tags))} if tags is not None else {})
+    )
     return agent
 
 

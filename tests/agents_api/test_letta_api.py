@@ -147,6 +147,22 @@ def test_a_null_in_an_update_leaves_the_setting_as_it_was(api, helper):
     assert again["multi_agent_group"] == state["multi_agent_group"]
 
 
+def test_an_update_turns_sleeptime_off_and_replaces_the_tags(api, helper, llm):
+    """(A review's finding: both were answered 200 and ignored; the observer went on.)"""
+    state = create_agent(api, helper)
+    every_n_captures(api, helper, state, 1)
+    capture(api, helper, state["id"], "I live in Lisbon.")
+    assert observation_due(Agent.objects.get(name="travel"))  # (the observer would run)
+    response = api.patch(
+        f"/v1/agents/{state['id']}", {"enable_sleeptime": False, "tags": ["b", "a"]}, as_=helper
+    )
+    assert response.status_code == 200, response.content
+    assert response.json()["tags"] == ["a", "b"]
+    assert response.json()["enable_sleeptime"] is False
+    capture(api, helper, state["id"], "My name is Ada.")
+    assert not observation_due(Agent.objects.get(name="travel"))
+
+
 def test_the_keys_own_agent_is_reached_by_its_name(api, helper):
     state = create_agent(api, helper, name="helper")
     assert state["id"] == f"agent-{helper.agent.id}"
