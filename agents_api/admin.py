@@ -24,6 +24,7 @@ from agents_api.services import (
     api_key_create,
     api_key_revoke,
     memories_delete,
+    memory_block_delete,
     memory_delete,
     tool_records_delete,
 )
@@ -89,6 +90,22 @@ class MemoryBlockAdmin(LargeTableAdmin):
 
     def has_add_permission(self, request):
         return False
+
+    # Deleted as the API deletes one (``memory_block_delete``: locked, so a change in
+    # progress ends first); a read-only block only once its flag is cleared here (Django
+    # refuses a selection holding one whole).
+    def has_delete_permission(self, request, obj=None):
+        return not (obj is not None and obj.read_only) and super().has_delete_permission(
+            request, obj
+        )
+
+    def delete_model(self, request, obj):
+        memory_block_delete(operator(request), block=obj)
+
+    @transaction.atomic
+    def delete_queryset(self, request, queryset):
+        for block in queryset.order_by("id"):
+            memory_block_delete(operator(request), block=block)
 
     @admin.display(description="chars")
     def size(self, block):

@@ -9,7 +9,14 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from agents_api.models import Agent, Memory, MemorySource, ToolRecord, UserMemorySetting
+from agents_api.models import (
+    Agent,
+    Memory,
+    MemoryBlock,
+    MemorySource,
+    ToolRecord,
+    UserMemorySetting,
+)
 from agents_api.services import (
     NewMemory,
     NewToolRecord,
@@ -635,3 +642,20 @@ def test_a_users_memory_setting_is_not_deleted_in_the_admin(operator):
     chosen = {"action": "delete_selected", "post": "yes", "_selected_action": [setting.pk]}
     operator.post(changelist, chosen)
     assert UserMemorySetting.objects.get(pk=setting.pk).memory_enabled is False
+
+
+def test_blocks_are_deleted_as_the_api_deletes_them_read_only_ones_kept(operator):
+    """(A review's finding: the admin deleted blocks past memory_block_delete: a read-only
+    block too, and without the lock a change in progress takes.)"""
+    agent = AgentFactory()
+    notes = MemoryBlockFactory(agent=agent, label="notes")
+    rules = MemoryBlockFactory(agent=agent, label="rules", read_only=True)
+    page = reverse("admin:agents_api_memoryblock_delete", args=[rules.pk])
+    assert operator.post(page, {"post": "yes"}).status_code == 403
+    listing = reverse("admin:agents_api_memoryblock_changelist")
+    both = {"action": "delete_selected", "post": "yes", "_selected_action": [notes.pk, rules.pk]}
+    assert operator.post(listing, both).status_code == 403
+    assert MemoryBlock.objects.count() == 2
+    one = {"action": "delete_selected", "post": "yes", "_selected_action": [notes.pk]}
+    assert operator.post(listing, one).status_code == 302
+    assert list(MemoryBlock.objects.values_list("label", flat=True)) == ["rules"]
