@@ -303,6 +303,10 @@ def _agent_name_problem(name: str) -> str | None:
     return None
 
 
+# A user token is a bearer credential nothing can revoke: it lives a year at most.
+MAX_TOKEN_TTL_SECONDS = 365 * 24 * 3600
+
+
 def cmd_token(args: argparse.Namespace) -> int:
     _setup_django()
     from memsvc.api.principals import user_id_problem
@@ -310,7 +314,10 @@ def cmd_token(args: argparse.Namespace) -> int:
 
     # (A token the server would refuse is no token.)
     if _refused("user id", user_id_problem(args.user_id)) or _refused(
-        "--ttl", None if args.ttl > 0 else "must be a positive number of seconds"
+        "--ttl",
+        None
+        if 0 < args.ttl <= MAX_TOKEN_TTL_SECONDS
+        else f"must be between 1 and {MAX_TOKEN_TTL_SECONDS} seconds (a year)",
     ):
         return 1
     print(mint_user_token(args.user_id, ttl_seconds=args.ttl))
@@ -547,7 +554,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     token = commands.add_parser("token", help="print a local HS256 JWT for a user id")
     token.add_argument("user_id")
-    token.add_argument("--ttl", type=int, default=3600, help="lifetime in seconds (3600)")
+    token.add_argument(
+        "--ttl", type=int, default=3600, help="lifetime in seconds (3600; a year at most)"
+    )
     token.set_defaults(func=cmd_token)
 
     apikey = commands.add_parser("apikey", help="create, list and revoke agents' API keys")

@@ -51,6 +51,7 @@ def test_apikey_create_list_and_revoke(capsys, api):
     [
         (["token", ""], "user id must"),
         (["token", "alice", "--ttl", "-5"], "--ttl must"),
+        (["token", "alice", "--ttl", "31536001"], "--ttl must be between 1 and 31536000"),
         (["apikey", "create", ""], "agent name"),
         (["apikey", "create", "a" * 201], "agent name"),
         (["apikey", "create", "a/b"], "agent name"),
