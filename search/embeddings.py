@@ -49,12 +49,17 @@ class EmbeddingBackend(Protocol):
     def embed(self, texts: list[str]) -> np.ndarray: ...
 
 
-def _normalised(vectors) -> np.ndarray:
-    array = np.asarray(vectors, dtype=np.float32)
-    if array.ndim != 2:
-        raise EmbeddingError(
-            f"expected a matrix of vectors, got shape {array.shape}", transient=False
-        )
+def _normalised(vectors, count: int) -> np.ndarray:
+    """A remote backend's ``count`` vectors, of unit length. An answer that is not one vector
+    per text, all of one width, is the backend's failure: a search then falls back to
+    keywords, and no message is written without its vector (``write_vectors`` pairs ids and
+    vectors by position)."""
+    try:
+        array = np.asarray(vectors, dtype=np.float32)
+    except (TypeError, ValueError) as exc:  # vectors of several widths, or not numbers
+        raise EmbeddingError(f"expected a matrix of vectors: {exc}", transient=False) from exc
+    if array.ndim != 2 or len(array) != count:
+        raise EmbeddingError(f"expected {count} vectors, got shape {array.shape}", transient=False)
     norms = np.linalg.norm(array, axis=1, keepdims=True)
     return array / np.where(norms == 0, 1, norms)
 
@@ -218,6 +223,12 @@ class _HttpBackend:
         except ValueError as exc:
             raise EmbeddingError(f"{self.name}: not JSON: {exc}", transient=False) from exc
 
+    def _field(self, body, name: str):
+        """``body[name]``; an answer without it (an error said with status 200) fails."""
+        if not isinstance(body, dict) or name not in body:
+            raise EmbeddingError(f"{self.name}: no {name!r} in {str(body)[:200]}", transient=False)
+        return body[name]
+
 
 class OllamaBackend(_HttpBackend):
     name = "ollama"
@@ -242,21 +253,24 @@ class OllamaBackend(_HttpBackend):
                     body = self._post(
                         client, f"{self.base_url}/api/embed", {"model": self.model, "input": texts}
                     )
-                    vectors = body["embeddings"]
+                    vectors = self._field(body, "embeddings")
                 except EmbeddingError as exc:
                     if "HTTP 404" not in str(exc):
                         raise
                     self._legacy_api = True  # an Ollama older than /api/embed
             if self._legacy_api:
                 vectors = [
-                    self._post(
-                        client,
-                        f"{self.base_url}/api/embeddings",
-                        {"model": self.model, "prompt": text},
-                    )["embedding"]
+                    self._field(
+                        self._post(
+                            client,
+                            f"{self.base_url}/api/embeddings",
+                            {"model": self.model, "prompt": text},
+                        ),
+                        "embedding",
+                    )
                     for text in texts
                 ]
-        array = _normalised(vectors)
+        array = _normalised(vectors, len(texts))
         self._dimension = array.shape[1]
         return array
 
@@ -309,8 +323,10 @@ class OpenAIBackend:
             raise EmbeddingError(f"openai: {exc}", transient=True) from exc
         except openai.APIError as exc:
             raise EmbeddingError(f"openai: {exc}", transient=False) from exc
+        except ValueError as exc:  # an answer without vectors ("No embedding data received")
+            raise EmbeddingError(f"openai: {exc}", transient=False) from exc
         ordered = sorted(response.data, key=lambda item: item.index)
-        return _normalised([item.embedding for item in ordered])
+        return _normalised([item.embedding for item in ordered], len(texts))
 
 
 def get_embedding_backend(kind: str, **options) -> EmbeddingBackend:

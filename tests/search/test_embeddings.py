@@ -203,6 +203,27 @@ def test_ollama_errors_say_whether_to_retry(status, transient):
     assert excinfo.value.transient is transient
 
 
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {"error": "model is loading"},  # no vectors at all
+        ["not", "an", "object"],
+        {"embeddings": [[0.1, 0.2], [0.3]]},  # of two widths
+        {"embeddings": [[0.1, 0.2]]},  # one vector for two texts
+    ],
+)
+def test_an_answer_that_is_not_one_vector_per_text_is_an_embedding_error(answer):
+    """A search falls back to keywords on an ``EmbeddingError`` (was a 500 on a KeyError or
+    a numpy error); a message batch given fewer vectors than texts had its last messages
+    marked embedded without a vector (never embedded again)."""
+    with (
+        FakeEmbeddingServer(lambda path, body: (200, answer)) as server,
+        pytest.raises(EmbeddingError) as excinfo,
+    ):
+        OllamaBackend("m", base_url=server.url).embed(["a", "b"])
+    assert not excinfo.value.transient
+
+
 def test_an_unreachable_ollama_is_a_transient_error():
     with pytest.raises(EmbeddingError) as excinfo:
         OllamaBackend("m", base_url="http://127.0.0.1:9", timeout=2).embed(["a"])
@@ -245,6 +266,18 @@ def test_openai_errors_say_whether_to_retry(status, transient):
         with pytest.raises(EmbeddingError) as excinfo:
             backend.embed(["a"])
     assert excinfo.value.transient is transient
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [{"error": "overloaded"}, {"data": [{"object": "embedding", "index": 0, "embedding": [0.5]}]}],
+)
+def test_an_openai_answer_that_is_not_one_vector_per_text_is_an_embedding_error(answer):
+    with FakeEmbeddingServer(lambda path, body: (200, answer)) as server:
+        backend = OpenAIBackend("m", api_key="k", base_url=f"{server.url}/v1")
+        with pytest.raises(EmbeddingError) as excinfo:
+            backend.embed(["a", "b"])
+    assert not excinfo.value.transient
 
 
 # --- start-up check ---------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from django.utils import timezone
 from conversations.models import Channel, Message, Visibility
 from memsvc.api.principals import Principal
 from search import selectors
-from search.embeddings import EmbeddingError, configured_backend
+from search.embeddings import EmbeddingError, OllamaBackend, configured_backend
 from search.models import CorpusStat, TermStat
 from search.services import embed_messages, embed_pending
 from search.statements import EXACT_ORDER, INDEX_ORDER, sees_few
@@ -21,6 +21,7 @@ from search.tuning import DEFAULT_TUNING, configured_tuning
 from tests.agents_api.conftest import make_agent
 from tests.db import recorded_statements
 from tests.factories import ConversationFactory, MembershipFactory, MessageFactory
+from tests.local_http import LocalHttpServer, Reply
 
 pytestmark = pytest.mark.django_db
 
@@ -108,6 +109,20 @@ def test_with_the_embedding_service_down_keywords_still_find(
     response = api.post(SEARCH, {"query": "puppy", "mode": "semantic"}, as_=alice)
     assert response.status_code == 503, response.content
     assert response.json()["code"] == "unavailable"
+
+
+def test_an_embedding_service_answering_no_vectors_leaves_keywords_to_find(
+    api, alice, pets, monkeypatch
+):
+    """An answer of the service that holds no vectors is its failure too (was a 500)."""
+    answer = Reply(200, {"error": "model is loading"})
+    with LocalHttpServer(lambda method, path, body: answer) as server:
+        backend = OllamaBackend("loading", base_url=server.url)
+        # The embedding service is outside memsvc: its answer is faked at the HTTP level.
+        monkeypatch.setattr("search.engine.configured_backend", lambda: backend)
+        assert contents(search(api, alice, "puppy adopted")) == [
+            "I adopted a puppy named Rex last week"
+        ]
 
 
 def test_search_leaves_the_planner_as_configured(api, alice, pets, nearest):
