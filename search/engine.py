@@ -250,7 +250,9 @@ def with_feedback(
             cursor, corpus, list(candidates), [i for i, _ in best], citing, citing_best
         )
         weights = {i: score / top_score for i, score in best} | dict.fromkeys(citing_best, 1.0)
-        idf = ranking.bm25_idf(known.frequencies, known.documents)
+        idf = ranking.bm25_idf(
+            known.frequencies, known.documents, floor=tuning.document_count_floor
+        )
         chosen = ranking.feedback_words(
             ((weight, known.words.get(i, ())) for i, weight in weights.items()),
             idf,

@@ -13,13 +13,13 @@ import math
 from collections.abc import Collection, Iterable, Mapping
 
 
-def bm25_idf(frequencies: Mapping[str, int], documents: int) -> dict[str, float]:
+def bm25_idf(frequencies: Mapping[str, int], documents: int, *, floor: int) -> dict[str, float]:
     """BM25's inverse document frequency of each word, from how many of ``documents`` rows
-    hold it."""
-    documents = max(documents, 1)
+    hold it, counted as at least ``floor`` (``SearchTuning.document_count_floor``)."""
+    documents = max(documents, floor, 1)
     return {
         word: math.log(1 + (documents - f + 0.5) / (f + 0.5))
-        for word, f in ((w, min(f, documents)) for w, f in frequencies.items())
+        for word, f in ((w, min(max(f, floor), documents)) for w, f in frequencies.items())
     }
 
 

@@ -186,7 +186,8 @@ def query_terms(cursor, corpus: Corpus, text: str, tuning: SearchTuning) -> Term
     documents = max(documents, 1)
     frequencies = {lexeme: min(f, documents) for lexeme, f in frequencies.items()}
     return Terms(
-        bm25_idf(frequencies, documents), rarest_within(frequencies, tuning.keyword_match_cap)
+        bm25_idf(frequencies, documents, floor=tuning.document_count_floor),
+        rarest_within(frequencies, tuning.keyword_match_cap),
     )
 
 

@@ -79,6 +79,12 @@ class SearchTuning:
     # commoner words still add to the score of the rows found. BM25 ranks those matches at
     # a cost proportional to their number.
     keyword_match_cap: int = 500
+    # A word's weight comes from the whole service's counts, not the searcher's: a score
+    # would tell how many rows anyone holds it in (one more private message of someone
+    # else's moved a stranger's score). Counted as at least this many rows, a word in fewer
+    # weighs as one in none, and the scores say nothing of it. LoCoMo: hybrid unchanged,
+    # keyword mode hit@5 -0.015 (docs/benchmarks.md, "Word counts and privacy").
+    document_count_floor: int = 5
     hnsw_ef_search: int = 100
     # Exact distances or the HNSW graph. The exact scan costs in proportion to the scope;
     # the graph returns about candidates x corpus / scope rows before enough of them are in

@@ -121,9 +121,11 @@ def alices_turns(alice, *texts: str) -> None:
 def test_a_question_in_two_parts_finds_the_evidence_of_both(api, alice, settings):
     alices_turns(alice, *HOLIDAY, "The weather was grey all week", DINNER, "Nothing else happened")
     question = "Where did Anna spend her summer holiday? What did Ben cook for dinner?"
-    tuned(settings, query_parts=0)
+    # (Seven turns: every word is in fewer rows than the privacy floor of the weights, which
+    # would weigh them all alike; in a service of any size the floor is far below them.)
+    tuned(settings, query_parts=0, document_count_floor=0)
     assert DINNER not in contents(search(api, alice, question, topK=3))
-    tuned(settings, query_parts=3)
+    tuned(settings, query_parts=3, document_count_floor=0)
     found = contents(search(api, alice, question, topK=3))
     assert HOLIDAY[0] in found and DINNER in found
 

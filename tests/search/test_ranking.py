@@ -9,13 +9,21 @@ from search.tuning import OPENMEMORY_RANKING, MemoryRanking
 
 
 def test_a_rarer_word_weighs_more_and_a_word_in_every_row_almost_nothing():
-    idf = ranking.bm25_idf({"caroline": 2, "the": 1000, "painting": 40}, 1000)
+    idf = ranking.bm25_idf({"caroline": 2, "the": 1000, "painting": 40}, 1000, floor=0)
     assert idf["caroline"] > idf["painting"] > idf["the"] > 0
     assert idf["the"] == pytest.approx(math.log(1 + 0.5 / 1000.5))
 
 
 def test_frequencies_past_the_corpus_size_count_as_the_corpus_size():
-    assert ranking.bm25_idf({"word": 50}, 10) == ranking.bm25_idf({"word": 10}, 10)
+    assert ranking.bm25_idf({"word": 50}, 10, floor=0) == ranking.bm25_idf(
+        {"word": 10}, 10, floor=0
+    )
+
+
+def test_a_word_in_fewer_rows_than_the_floor_weighs_as_one_in_none():
+    """The counts are the whole service's: below the floor they tell nothing of others' rows."""
+    idf = ranking.bm25_idf({"none": 0, "one": 1, "floor": 5, "more": 6}, 1000, floor=5)
+    assert idf["none"] == idf["one"] == idf["floor"] > idf["more"]
 
 
 def test_candidates_are_matched_on_the_rarest_words_within_the_cap():

@@ -343,6 +343,21 @@ def test_strangers_find_nothing_and_members_find_it(api, alice, bob, charlie, pe
     assert search(api, bob, "puppy", mode="semantic") == []
 
 
+def test_a_score_says_nothing_of_how_few_rows_others_hold_a_word_in(api, alice, charlie):
+    """(A review's finding: the words' weights are the service's, so one more private
+    message of alice's holding a word lowered charlie's score for it: whether others wrote
+    a rare word, and how often, could be probed.)"""
+    mine = ConversationFactory(group__owner=charlie.id)
+    MessageFactory(conversation=mine, author_name="charlie", content="zebra okapi")
+    hers = ConversationFactory(group__owner=alice.id)
+    for n in range(3):
+        MessageFactory(conversation=hers, author_name="alice", content=f"my zebra {n}")
+    embed_pending()
+    [zebra] = search(api, charlie, "zebra", mode="keyword")
+    [okapi] = search(api, charlie, "okapi", mode="keyword")
+    assert zebra["score"] == okapi["score"]
+
+
 def test_users_never_find_agent_only_messages_but_agents_do(api, alice, nearest):
     agent = make_agent("finder")
     conversation = ConversationFactory(group__owner=alice.id)
