@@ -344,10 +344,16 @@ _CITING = (
 )
 
 
+# The sentences of a query a prefetch searches, the first ones (as a search of messages
+# searches the first ``SearchTuning.query_parts``): each is a search of its own, and a query
+# of 2,000 characters can hold hundreds of them (seconds of work for one request).
+PREFETCH_MAX_SENTENCES = 10
+
+
 def prefetch_queries(query: str) -> list[str]:
     """kagent's prefetch: each sentence of a message is a query of its own (a long first
     message asks several things)."""
-    return queries.sentences(query)
+    return queries.sentences(query)[:PREFETCH_MAX_SENTENCES]
 
 
 def memory_search(

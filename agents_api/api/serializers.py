@@ -13,7 +13,7 @@ from agents_api.models import (
     MEMORY_TAG_MAX_LENGTH,
     Scope,
 )
-from agents_api.selectors import MEMORY_ORDERS
+from agents_api.selectors import MEMORY_ORDERS, PREFETCH_MAX_SENTENCES
 from agents_api.services import NewMemory
 from conversations.api.serializers import MessageOut
 from conversations.models import Channel, Role, Visibility
@@ -369,7 +369,9 @@ class SearchMemoriesIn(InputSerializer):
     )
     mode = serializers.ChoiceField(choices=MODES, default="hybrid")
     prefetch = serializers.BooleanField(
-        required=False, default=False, help_text="Search each sentence of the query."
+        required=False,
+        default=False,
+        help_text=f"Search each of the query's first {PREFETCH_MAX_SENTENCES} sentences.",
     )
 
     def validate_query(self, value):

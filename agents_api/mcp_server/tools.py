@@ -331,7 +331,13 @@ TOOLS: dict[str, Tool] = {
             properties={
                 "limit": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": 20},
                 "order": {"type": "string", "enum": list(s.MEMORY_ORDER_CHOICES)},
-                "tag": {"type": "string", "minLength": 1, "description": "Only with this tag."},
+                # (A longer one would be cut to a tag's length and match a tag it is not.)
+                "tag": {
+                    "type": "string",
+                    "minLength": 1,
+                    "maxLength": MEMORY_TAG_MAX_LENGTH,
+                    "description": "Only with this tag.",
+                },
                 "after": {
                     "type": "string",
                     "description": "nextCursor of the previous page, for the next one.",
@@ -430,6 +436,14 @@ TOOLS: dict[str, Tool] = {
 }
 
 
+# The schema's messages that would quote the value whole: a model that sent too much would
+# read it all back as its error. Said as the REST API says them, with the limit only.
+_SIZE_PROBLEMS = {
+    "maxLength": "must be at most {} characters",
+    "maxItems": "must hold at most {} items",
+}
+
+
 def _check_arguments(tool: Tool, arguments: dict) -> None:
     """400-style refusal naming the argument when ``arguments`` break the tool's schema."""
     error = jsonschema.exceptions.best_match(tool.validator.iter_errors(arguments))
@@ -437,7 +451,9 @@ def _check_arguments(tool: Tool, arguments: dict) -> None:
         return
     field = ".".join(str(part) for part in error.absolute_path)
     problem = error.message
-    if error.validator == "required":
+    if error.validator in _SIZE_PROBLEMS:
+        problem = _SIZE_PROBLEMS[error.validator].format(error.validator_value)
+    elif error.validator == "required":
         field = next(name for name in tool.required if name not in error.instance)
         problem = "is required"
     elif error.validator == "additionalProperties":

@@ -84,7 +84,9 @@ def _same_memory(agent: Agent, user_id: str, new: NewMemory, model, vector) -> M
         nearest = _nearest_memory(agent, user_id, model, vector)
         row = nearest if nearest and nearest[1] <= 1 - NEAR_DUPLICATE_SIMILARITY else None
         if row is not None:
-            found = Memory.objects.select_for_update().get(pk=row[0])
+            # None if it was deleted while this waited for its row (by its user, the prune):
+            # the fact is new again.
+            found = Memory.objects.select_for_update().filter(pk=row[0]).first()
     return found
 
 

@@ -574,3 +574,55 @@ def test_http_memory_list_takes_a_whole_number_written_with_a_point(client):
     page = json.loads(result["content"][0]["text"])
     assert [m["content"] for m in page["data"]] == ["The team meets on Mondays"]
     assert page["nextCursor"]
+
+
+def test_http_memory_list_refuses_a_tag_longer_than_any_tag(client):
+    # Compared with the stored tags it was cut to their length: a tag it is not, matched.
+    agent, key = keyed_agent("long-tag")
+    memory_save(agent.as_principal(), agent=agent, content="Tagged", tags=["t" * 100])
+    call = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": "memory_list", "arguments": {"tag": "t" * 101}},
+    }
+    headers = {
+        "HTTP_AUTHORIZATION": f"Bearer {key}",
+        "HTTP_ACCEPT": "application/json, text/event-stream",
+    }
+    response = client.post("/mcp", call, content_type="application/json", **headers)
+    assert response.status_code == 200, response.content
+    result = response.json()["result"]
+    assert result["isError"], result
+    assert result["structuredContent"]["code"] == "validation_error"
+    assert result["content"][0]["text"].startswith("tag: ")
+
+
+@pytest.mark.parametrize(
+    ("arguments", "problem"),
+    [
+        ({"content": "x" * (settings.MEMSVC_MAX_MESSAGE_CHARS + 1)}, "content: must be at most"),
+        ({"content": "x", "summary": "s" * 10_001}, "summary: must be at most 10000 characters"),
+        ({"content": "x", "tags": ["a"] * 51}, "tags: must hold at most 50 items"),
+    ],
+)
+def test_http_a_refusal_of_an_argument_too_long_does_not_echo_it(client, arguments, problem):
+    # The schema's own message quoted the whole value: a model that sent 100,000 characters
+    # read them back twice (text and structured content) as its error.
+    _, key = keyed_agent("too-long")
+    call = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": "memory_save", "arguments": arguments},
+    }
+    headers = {
+        "HTTP_AUTHORIZATION": f"Bearer {key}",
+        "HTTP_ACCEPT": "application/json, text/event-stream",
+    }
+    response = client.post("/mcp", call, content_type="application/json", **headers)
+    result = response.json()["result"]
+    assert result["isError"], result
+    assert result["content"][0]["text"].startswith(problem)
+    assert len(response.content) < 1000
+    assert not Memory.objects.exists()

@@ -9,6 +9,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
+from agents_api import selectors
 from agents_api.models import Memory
 from conversations.models import Visibility
 from memsvc.api.pagination import encode_cursor
@@ -238,6 +239,26 @@ def test_prefetch_searches_each_sentence(api, helper, alices_facts):
         "Alice wants to visit Kyoto in the autumn",
     ]
     assert len({r["id"] for r in prefetched}) == 2
+
+
+def test_prefetch_searches_a_bounded_number_of_sentences(api, helper, alices_facts):
+    # Each sentence is a search of its own: a query of 2,000 characters held hundreds of
+    # them (seconds of work for one request). A long one costs what its first ones cost.
+    def statements_of(query) -> int:
+        statements = []
+
+        def record(execute, sql, params, many, context):
+            statements.append(sql)
+            return execute(sql, params, many, context)
+
+        with connection.execute_wrapper(record):
+            search(api, helper, query, userId="alice", prefetch=True, minScore=0)
+        return len(statements)
+
+    sentences = [f"Question number {n} about Alice." for n in range(200)]
+    long_query = " ".join(sentences)[:2000]
+    first = " ".join(sentences[: selectors.PREFETCH_MAX_SENTENCES])
+    assert statements_of(long_query) == statements_of(first)
 
 
 def test_tags_filter_search_and_list(api, helper):

@@ -218,6 +218,25 @@ def test_a_near_duplicate_saved_at_the_same_time_is_one_memory():
     assert Memory.objects.count() == 1
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_near_duplicate_of_a_memory_deleted_meanwhile_is_saved_as_new():
+    """The memory it repeats is deleted (by its user, or the prune) while the save waits for
+    its row: the fact is stored anew, not a 500 (it was ``Memory.DoesNotExist``)."""
+    agent = AgentFactory(name="busy")
+    first, _ = save(agent, "Carol's favourite colour is green.")
+    with transaction.atomic():
+        Memory.objects.filter(id=first.id).delete()
+        other, outcome = saved_meanwhile(agent, "Carol's favourite colour is green!")
+        other.join(timeout=1.0)
+        assert other.is_alive()  # waiting for the deleted row
+    other.join(timeout=10)
+    [(memory, created)] = outcome["saved"]
+    assert created and memory.id != first.id
+    assert list(Memory.objects.values_list("content", flat=True)) == [
+        "Carol's favourite colour is green!"
+    ]
+
+
 @pytest.mark.parametrize(
     ("fields", "constraint"),
     [
