@@ -3,7 +3,6 @@ from urllib.parse import urlencode
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.postgres.search import SearchQuery
-from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 from django.utils.html import format_html_join
@@ -29,7 +28,13 @@ from agents_api.services import (
     tool_records_delete,
 )
 from conversations.models import TEXT_SEARCH_CONFIG
-from memsvc.admin_tools import EmbeddedFilter, LargeTableAdmin, as_uuid, operator
+from memsvc.admin_tools import (
+    DeletedByService,
+    EmbeddedFilter,
+    LargeTableAdmin,
+    as_uuid,
+    operator,
+)
 
 
 def _id_words_or_exact(queryset, search_term: str, exact_field: str):
@@ -46,7 +51,7 @@ def _id_words_or_exact(queryset, search_term: str, exact_field: str):
 
 
 @admin.register(Agent)
-class AgentAdmin(admin.ModelAdmin):
+class AgentAdmin(DeletedByService, admin.ModelAdmin):
     list_display = ("name", "id", "owner_principal", "created_at")
     search_fields = ("name", "=owner_principal")
     # The agent's own conversation and its trust from loopback are the services' to set
@@ -55,13 +60,8 @@ class AgentAdmin(admin.ModelAdmin):
     readonly_fields = ("id", "principal_id", "created_at", "local_conversation", "loopback_trusted")
 
     # Deleted as Letta's route deletes one: with its own conversation.
-    def delete_model(self, request, obj):
+    def delete_one(self, request, obj):
         agent_delete(operator(request), agent=obj)
-
-    @transaction.atomic
-    def delete_queryset(self, request, queryset):
-        for agent in queryset.order_by("id"):
-            agent_delete(operator(request), agent=agent)
 
 
 class RevisionInline(admin.TabularInline):
@@ -77,7 +77,7 @@ class RevisionInline(admin.TabularInline):
 
 
 @admin.register(MemoryBlock)
-class MemoryBlockAdmin(LargeTableAdmin):
+class MemoryBlockAdmin(DeletedByService, LargeTableAdmin):
     list_display = ("label", "agent", "user_id", "size", "limit", "read_only", "updated_at")
     list_filter = ("read_only",)
     list_select_related = ("agent",)
@@ -99,13 +99,8 @@ class MemoryBlockAdmin(LargeTableAdmin):
             request, obj
         )
 
-    def delete_model(self, request, obj):
+    def delete_one(self, request, obj):
         memory_block_delete(operator(request), block=obj)
-
-    @transaction.atomic
-    def delete_queryset(self, request, queryset):
-        for block in queryset.order_by("id"):
-            memory_block_delete(operator(request), block=block)
 
     @admin.display(description="chars")
     def size(self, block):

@@ -9,7 +9,6 @@ from django import forms
 from django.contrib import admin
 from django.contrib.postgres.search import SearchQuery
 from django.core.exceptions import ValidationError
-from django.db import transaction
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.text import Truncator
@@ -29,7 +28,13 @@ from conversations.services import (
     membership_delete,
     messages_delete,
 )
-from memsvc.admin_tools import EmbeddedFilter, LargeTableAdmin, as_uuid, operator
+from memsvc.admin_tools import (
+    DeletedByService,
+    EmbeddedFilter,
+    LargeTableAdmin,
+    as_uuid,
+    operator,
+)
 
 
 def _admin_link(obj, label=None):
@@ -330,7 +335,7 @@ class MessageAdmin(LargeTableAdmin):
 
 
 @admin.register(Membership)
-class MembershipAdmin(LargeTableAdmin):
+class MembershipAdmin(DeletedByService, LargeTableAdmin):
     form = MembershipForm
     list_display = ("principal_id", "access_level", "group", "created_at")
     list_filter = ("access_level",)
@@ -342,13 +347,8 @@ class MembershipAdmin(LargeTableAdmin):
         return not owner and super().has_delete_permission(request, obj)
 
     # Removed as the API removes a member: an offer of ownership to them ends.
-    def delete_model(self, request, obj):
+    def delete_one(self, request, obj):
         membership_delete(operator(request), membership=obj, by_operator=True)
-
-    @transaction.atomic
-    def delete_queryset(self, request, queryset):
-        for membership in queryset.order_by("id"):
-            membership_delete(operator(request), membership=membership, by_operator=True)
 
 
 @admin.register(OwnershipTransfer)

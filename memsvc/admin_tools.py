@@ -4,6 +4,7 @@ import uuid
 
 from django.contrib import admin
 from django.core.paginator import Paginator
+from django.db import transaction
 from django.utils.functional import cached_property
 
 from memsvc.api.principals import Principal
@@ -31,6 +32,23 @@ class LargeTableAdmin(admin.ModelAdmin):
     paginator = CappedCountPaginator
     show_full_result_count = False
     list_per_page = 50
+
+
+class DeletedByService:
+    """A ModelAdmin mixin for rows a service deletes one at a time (locks, what goes with
+    them): ``delete_one(request, obj)``, for the delete page and the delete action, whose
+    selection goes in one transaction."""
+
+    def delete_one(self, request, obj) -> None:
+        raise NotImplementedError
+
+    def delete_model(self, request, obj):
+        self.delete_one(request, obj)
+
+    @transaction.atomic
+    def delete_queryset(self, request, queryset):
+        for obj in queryset.order_by("pk"):
+            self.delete_one(request, obj)
 
 
 class EmbeddedFilter(admin.SimpleListFilter):
