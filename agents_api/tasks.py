@@ -55,10 +55,17 @@ def enqueue_memory_touch(memory_ids: Sequence) -> None:
 
 @app.task(name="agents_api.prune_memories", acks_late=True)
 def prune_memories_task() -> dict[str, int]:
-    """The daily lifecycle run (``memsvc prune`` does the same by hand)."""
+    """The daily lifecycle run (``memsvc prune`` does the same by hand): memories, and the
+    Idempotency-Keys past their time."""
     result = services.memories_prune()
-    logger.info("pruned memories: %d deleted, %d extended", result.deleted, result.extended)
-    return {"deleted": result.deleted, "extended": result.extended}
+    forgotten = services.idempotency_keys_prune()
+    logger.info(
+        "pruned memories: %d deleted, %d extended; %d idempotency keys forgotten",
+        result.deleted,
+        result.extended,
+        forgotten,
+    )
+    return {"deleted": result.deleted, "extended": result.extended, "idempotencyKeys": forgotten}
 
 
 # The sweeps of what is embedded when it is written (memories, tool records): a backend that

@@ -238,10 +238,11 @@ def cmd_reindex(args: argparse.Namespace) -> int:
 
 def cmd_prune(args: argparse.Namespace) -> int:
     _setup_database()
-    from agents_api.services import memories_prune
+    from agents_api.services import idempotency_keys_prune, memories_prune
 
     result = memories_prune()
     print(f"memories: {result.deleted} deleted, {result.extended} extended")
+    print(f"idempotency keys: {idempotency_keys_prune()} forgotten")
     return 0
 
 
@@ -538,7 +539,9 @@ def build_parser() -> argparse.ArgumentParser:
     reindex.set_defaults(func=cmd_reindex)
 
     prune = commands.add_parser(
-        "prune", help="the memory lifecycle now: delete expired memories, extend popular ones"
+        "prune",
+        help="the memory lifecycle now: delete expired memories, extend popular ones; "
+        "forget Idempotency-Keys older than 7 days",
     )
     prune.set_defaults(func=cmd_prune)
 

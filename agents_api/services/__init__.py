@@ -40,7 +40,9 @@ from agents_api.services.memories import (
     memory_update,
 )
 from agents_api.services.messages import (
+    IDEMPOTENCY_KEY_TTL,
     agent_messages_append,
+    idempotency_keys_prune,
     local_conversation_for,
     local_message_append,
     local_messages_append,
@@ -56,6 +58,7 @@ from agents_api.services.tool_records import (
 )
 
 __all__ = [
+    "IDEMPOTENCY_KEY_TTL",
     "NEAR_DUPLICATE_SIMILARITY",
     "POPULAR_ACCESS_COUNT",
     "Erased",
@@ -67,6 +70,7 @@ __all__ = [
     "agent_messages_append",
     "api_key_create",
     "api_key_revoke",
+    "idempotency_keys_prune",
     "letta_agent_create",
     "letta_agent_delete",
     "letta_agent_update",

@@ -1,7 +1,10 @@
 """Messages an agent writes: bulk appends with an idempotency key, and the local
 compatibility API's."""
 
+from datetime import datetime, timedelta
+
 from django.db import connection, transaction
+from django.utils import timezone
 
 from agents_api.models import (
     IDEMPOTENCY_KEY_MAX_LENGTH,
@@ -13,6 +16,17 @@ from conversations.services import NewMessage, conversation_create, messages_app
 from memsvc.api.errors import Conflict, InvalidInput
 from memsvc.api.principals import Principal
 from memsvc.db import locked_row
+
+# How long an Idempotency-Key is remembered: a retry comes within minutes or hours; kept
+# forever, every keyed append would leave a row behind for good. (The daily prune.)
+IDEMPOTENCY_KEY_TTL = timedelta(days=7)
+
+
+def idempotency_keys_prune(*, now: datetime | None = None) -> int:
+    """Forget the keys of requests older than ``IDEMPOTENCY_KEY_TTL``; how many."""
+    now = now or timezone.now()
+    deleted, _ = IdempotentRequest.objects.filter(created_at__lt=now - IDEMPOTENCY_KEY_TTL).delete()
+    return deleted
 
 
 @transaction.atomic

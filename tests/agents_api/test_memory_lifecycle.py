@@ -96,7 +96,11 @@ def test_the_daily_task_prunes_with_the_clock(caplog):
     agent = AgentFactory()
     save(agent, "stale", expires_in=-timedelta(minutes=1))
     save(agent, "popular", expires_in=-timedelta(minutes=1), used=POPULAR_ACCESS_COUNT)
-    assert prune_memories_task.apply().get() == {"deleted": 1, "extended": 1}
+    assert prune_memories_task.apply().get() == {
+        "deleted": 1,
+        "extended": 1,
+        "idempotencyKeys": 0,
+    }
     assert "1 deleted, 1 extended" in caplog.text
     [(expires_at, uses)] = lives(agent).values()
     assert uses == 0
@@ -141,9 +145,15 @@ def test_memsvc_prune_prints_the_counts(capsys):
     save(agent, "popular", expires_in=-timedelta(minutes=1), used=POPULAR_ACCESS_COUNT)
     save(agent, "fresh")
     assert cli.main(["prune"]) == 0
-    assert capsys.readouterr().out == "memories: 1 deleted, 1 extended\n"
+    assert (
+        capsys.readouterr().out
+        == "memories: 1 deleted, 1 extended\nidempotency keys: 0 forgotten\n"
+    )
     assert cli.main(["prune"]) == 0
-    assert capsys.readouterr().out == "memories: 0 deleted, 0 extended\n"
+    assert (
+        capsys.readouterr().out
+        == "memories: 0 deleted, 0 extended\nidempotency keys: 0 forgotten\n"
+    )
 
 
 # --- the sweep -------------------------------------------------------------------------------
