@@ -123,7 +123,9 @@ class SearchResultOut(serializers.Serializer):
     highlights = serializers.CharField(
         allow_null=True,
         help_text=f"Extracts with the query's words in <b>, from the first {HEADLINE_CHARS:,} "
-        "characters.",
+        "characters. The text is the messages' own, not HTML-escaped: escape it, then give "
+        "back the <b> and </b> markers, before showing it as HTML (any member may have "
+        "written markup).",
     )
 
     class Meta:
