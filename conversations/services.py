@@ -72,6 +72,7 @@ def conversation_update(
     metadata: dict | None = None,
 ) -> Conversation:
     conversation = locked_row(Conversation.objects, conversation.pk, missing="not found")
+    _hold_memberships(actor, conversation)  # a writer removed or demoted meanwhile: refused
     fields = ["updated_at"]
     if title is not None:
         conversation.title = title
@@ -261,12 +262,13 @@ SELECT access_level FROM membership WHERE group_id = %s AND principal_id = ANY(%
 
 
 def _hold_memberships(actor: Principal, conversation: Conversation) -> None:
-    """Hold the actor's memberships of the conversation's group until the append commits
-    (FOR KEY SHARE: appends do not wait for each other): removing or demoting the actor
-    (``_locked_membership``) waits for the appends in flight, and an append after it finds
-    no membership (404) or a reader's (403), as from ``access_conversation``. Called after
-    the conversation's update: a deletion of the group locks its conversations before it
-    deletes the memberships, so it never waits for an append that waits for it."""
+    """Hold the actor's memberships of the conversation's group until the append (or a
+    change of title and metadata) commits (FOR KEY SHARE: appends do not wait for each
+    other): removing or demoting the actor (``_locked_membership``) waits for the writes in
+    flight, and one after it finds no membership (404) or a reader's (403), as from
+    ``access_conversation``. Called after the conversation's update (or lock): a deletion of
+    the group locks its conversations before it deletes the memberships, so it never waits
+    for an append that waits for it."""
     with connection.cursor() as cursor:
         cursor.execute(_HOLD_MEMBERSHIPS, [conversation.group_id, list(actor.member_ids)])
         levels = [AccessLevel(level) for (level,) in cursor.fetchall()]
@@ -425,6 +427,11 @@ def conversation_fork(
     # which then finds the conversation gone (404), or its actor removed meanwhile.
     _lock_group(conversation.group_id)
     selectors.access_conversation(actor, conversation.pk, need=AccessLevel.WRITER, summary=False)
+    # The parent held as the fork's foreign key will hold it (``held_keys``), before the fork
+    # point is read: an erase of a member in flight, which locks the group's conversations
+    # before it deletes that member's turns (and moves the forks made at one), ends first;
+    # one that comes later waits and then moves this fork too.
+    held_keys(Conversation, [conversation.pk])
     fork = Conversation.objects.create(
         group_id=conversation.group_id,
         title=conversation.title if title is None else title,

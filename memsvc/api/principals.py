@@ -125,7 +125,11 @@ def agent_principal_id(agent_id, *, field: str) -> str:
 
 
 def principal_for_sharing(principal_id: str, *, field: str) -> str:
-    """A principal to share with: any user id, or ``agent:<id>`` of an existing agent."""
+    """A principal to share with: a user id (``user_id_problem``: one no user can have is a
+    400), or ``agent:<id>`` of an existing agent."""
     if principal_id.startswith(AGENT_PRINCIPAL_PREFIX):
         return agent_principal_id(principal_id.removeprefix(AGENT_PRINCIPAL_PREFIX), field=field)
+    problem = user_id_problem(principal_id)
+    if problem:
+        raise InvalidInput.for_field(field, problem)
     return principal_id

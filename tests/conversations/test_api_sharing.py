@@ -77,6 +77,20 @@ def test_sharing_with_an_agent_needs_an_existing_agent(api, alice, conversation)
     assert "userId" in missing.json()["details"]
 
 
+def test_sharing_with_an_id_no_user_can_have_is_400(api, alice, conversation):
+    """A control character (a tab, an escape) is in no user's id (``user_id_problem``, as
+    the JWT's ``sub`` and a transfer's ``newOwnerUserId``): no membership nobody can use."""
+    for user_id in ["bob\t", "\x1b[31mbob"]:
+        response = api.post(
+            url(conversation, "/memberships"),
+            {"userId": user_id, "accessLevel": "reader"},
+            as_=alice,
+        )
+        assert response.status_code == 400, response.content
+        assert response.json()["details"] == {"userId": ["must not contain control characters"]}
+    assert levels(conversation) == {"alice": "owner"}
+
+
 @pytest.mark.parametrize("actor_level", ["manager", "owner"])
 def test_nobody_grants_or_removes_owner_through_memberships(api, conversation, actor_level):
     actor = Persona("mia") if actor_level == "manager" else Persona("alice")

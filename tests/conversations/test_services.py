@@ -326,6 +326,26 @@ def test_a_writers_loss_of_access_waits_for_their_append_in_flight(loss):
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("loss", WRITER_LOSSES)
+def test_a_title_change_racing_the_loss_of_its_writers_access_is_refused(loss):
+    """As an append: bob's change was checked while he was a writer; it waits for his
+    removal or demotion and is refused, the title left as it was."""
+    change, refusal, _ = WRITER_LOSSES[loss]
+    conversation = shared_group(bob="writer")
+    bob = selectors.membership_of(conversation, "bob")
+
+    refused = waits_for(
+        lambda: change(Principal.user("alice"), bob),
+        lambda: services.conversation_update(
+            Principal.user("bob"), conversation=conversation, title="late"
+        ),
+    )
+
+    assert isinstance(refused, refusal), refused
+    assert Conversation.objects.get(pk=conversation.pk).title != "late"
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_reply_racing_the_deletion_of_its_parent_is_refused():
     """The reply's parent was seen, then deleted (an erase of its author, an operator)
     before the reply is written: a 400 naming it, not a 500 when the reply's foreign key is
@@ -346,3 +366,43 @@ def test_a_reply_racing_the_deletion_of_its_parent_is_refused():
     assert isinstance(refused, InvalidInput), refused
     assert "parentMessageId" in refused.details
     assert not Message.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_fork_racing_the_erase_of_its_fork_points_author_starts_before_it():
+    """alice forks at her turn that follows bob's while bob erases his data: the fork waits
+    for the erase and starts before bob's deleted turn, not a 500 when its fork point's
+    foreign key is checked at commit."""
+    conversation = shared_group(bob="writer")
+    services.message_append(Principal.user("bob"), conversation=conversation, content="b")
+    alice = Principal.user("alice")
+    turn = services.message_append(alice, conversation=conversation, content="a")
+
+    fork = waits_for(
+        lambda: services.user_conversations_erase("bob"),
+        lambda: services.conversation_fork(alice, conversation=conversation, message=turn),
+    )
+
+    assert isinstance(fork, Conversation), fork
+    assert Conversation.objects.get(pk=fork.pk).forked_at_message is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_erase_racing_a_fork_at_its_users_turn_moves_the_fork():
+    """The fork commits first; the erase waits for it and moves it off bob's turn, not a
+    500 when the deleted turn's foreign keys are checked at commit."""
+    conversation = shared_group(bob="writer")
+    services.message_append(Principal.user("bob"), conversation=conversation, content="b")
+    alice = Principal.user("alice")
+    turn = services.message_append(alice, conversation=conversation, content="a")
+    forks = []
+
+    outcome = waits_for(
+        lambda: forks.append(
+            services.conversation_fork(alice, conversation=conversation, message=turn)
+        ),
+        lambda: services.user_conversations_erase("bob"),
+    )
+
+    assert outcome.messages == 1, outcome
+    assert Conversation.objects.get(pk=forks[0].pk).forked_at_message is None
