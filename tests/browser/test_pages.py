@@ -205,6 +205,21 @@ def test_deleting_a_conversation_asks_first(page, live_server, people, csp_viola
     assert csp_violations == []
 
 
+def test_removing_a_member_whose_id_has_dot_segments_removes_just_them(page, live_server, people):
+    """(The browser dropped the dot segments of the Remove form's address: beside a member
+    shared as "../../delete", Remove deleted the conversation, without asking.)"""
+    from conversations.models import Conversation, Membership
+    from tests.pages.conftest import conversation_of
+
+    conversation = conversation_of("alice", "Team", "hi", shared=[("../../delete", "reader")])
+    log_in(page, live_server, "alice")
+    page.goto(f"{live_server.url}/app/c/{conversation.id}/")
+    page.get_by_role("button", name="Remove ../../delete").click()
+    expect(page.get_by_role("heading", name="Team")).to_be_visible()
+    assert Conversation.objects.filter(pk=conversation.pk).exists()
+    assert not Membership.objects.filter(principal_id="../../delete").exists()
+
+
 def test_the_focus_stays_where_htmx_swapped_in_what_was_asked_for(page, live_server, people):
     """A keyboard user who opens the next page of the list, or deletes a memory, goes on
     from there, not from the top of the page."""

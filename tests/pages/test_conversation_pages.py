@@ -1,8 +1,12 @@
 """The conversations pages with the Django test client: what each person sees and may do,
 and every refusal (a stranger's 404, a reader's 403, bad input's 400), with nothing changed."""
 
+import re
+from html import unescape
+from urllib.parse import unquote, urljoin, urlsplit
+
 import pytest
-from django.urls import reverse
+from django.urls import resolve, reverse
 
 from conversations.models import (
     AccessLevel,
@@ -307,6 +311,24 @@ def test_a_manager_shares_changes_and_removes_members_but_never_the_owner(alice_
     assert sorted(Membership.objects.values_list("principal_id", flat=True)) == ["alice", "bob"]
 
 
+def test_a_nul_in_the_address_is_refused_and_changes_nothing(alice_page):
+    """(A NUL in a member's id in the path, which PostgreSQL cannot compare, was a 500.)"""
+    conversation = conversation_of("alice", "Team", "hi", shared=[("bob", "writer")])
+    before = snapshot()
+    for path in [
+        f"/app/c/{conversation.id}/members/level/bob%00",
+        f"/app/c/{conversation.id}/members/remove/bob%00",
+    ]:
+        response = alice_page.post(path, {"accessLevel": "reader"})
+        assert response.status_code == 400, path
+        assert "must not contain NUL characters" in response.content.decode()
+    refused = alice_page.post(
+        f"/app/c/{conversation.id}/members/remove/%00", headers={"HX-Request": "true"}
+    )
+    assert refused.status_code == 400 and "<html" not in refused.content.decode()
+    assert snapshot() == before
+
+
 def test_a_user_id_typed_with_spaces_around_it_names_that_user(alice_page, bob_page):
     """(A phone keyboard's completion adds a space after a word: sharing with "bob " made a
     member "bob " that looked like bob and was someone else, and so did an offer.)"""
@@ -334,6 +356,24 @@ def test_a_member_whose_id_holds_a_slash_is_shown_changed_and_removed(api, alice
     assert api.patch(path, {"accessLevel": "reader"}, as_=alice).status_code == 200
     assert api.delete(path, as_=alice).status_code == 204
     assert not Membership.objects.filter(principal_id="evil/x").exists()
+
+
+def test_a_member_id_with_dot_segments_cannot_send_its_forms_elsewhere(alice_page):
+    """(A manager could share with "../../delete": the owner's Remove beside that member
+    posted to the conversation's delete, as a browser drops an address's dot segments.)"""
+    conversation = conversation_of("alice", "Team", "hi", shared=[("../../delete", "reader")])
+    html = alice_page.get(page_of(conversation)).content.decode()
+    posted_to = {}
+    for action in re.findall(r'action="([^"]*)"', html):
+        # Where a browser posts the form, as the server decodes it.
+        path = unquote(urlsplit(urljoin("http://testserver/", unescape(action))).path)
+        match = resolve(path)
+        posted_to[match.url_name, match.kwargs.get("user_id")] = action
+    assert ("membership_update", "../../delete") in posted_to
+    remove = posted_to["membership_delete", "../../delete"]
+    assert alice_page.post(unescape(remove)).status_code == 302
+    assert Conversation.objects.filter(id=conversation.id).exists()
+    assert not Membership.objects.filter(principal_id="../../delete").exists()
 
 
 def test_sharing_makes_the_conversation_appear_for_the_other_person(alice_page, bob_page):

@@ -148,6 +148,38 @@ def test_the_switch_turns_memory_off_and_on(alice_page, helper):
     )
 
 
+def test_the_switch_goes_back_to_its_own_site_only_and_never_fails_on_next(alice_page):
+    """(A ``next`` that was no address, a bare word, was looked up as a view's name: a 500.)"""
+    for target, location in [
+        ("/app/memory/", "/app/memory/"),
+        ("https://evil.example/app/", reverse("pages:memory")),
+        ("//evil.example/", reverse("pages:memory")),
+        ("memory", "memory"),  # relative to the switch's address, on this site
+        ("javascript:alert(1)", reverse("pages:memory")),
+    ]:
+        response = alice_page.post("/app/memory/switch", {"enabled": "on", "next": target})
+        assert response.status_code == 302 and response["Location"] == location, target
+    # Over https, never back to this site over plain http.
+    response = alice_page.post(
+        "/app/memory/switch", {"next": "http://testserver/app/"}, secure=True
+    )
+    assert response["Location"] == reverse("pages:memory")
+    assert UserMemorySetting.objects.get(user_id="alice").memory_enabled is False
+
+
+def test_a_nul_in_a_block_label_is_refused_and_changes_nothing(alice_page, helper):
+    """(A NUL in the path, which PostgreSQL cannot compare, was a 500.)"""
+    block = memory_block_create(
+        helper.as_principal(), agent=helper, user_id="alice", label="human", value="Likes tea"
+    )
+    path = f"/app/memory/{helper.id}/blocks/human%00"
+    response = alice_page.post(path, {"value": "Likes coffee"})
+    assert response.status_code == 400
+    assert "must not contain NUL characters" in response.content.decode()
+    block.refresh_from_db()
+    assert block.value == "Likes tea"
+
+
 def test_an_agent_that_keeps_nothing_about_the_person_is_not_found(alice_page, helper, rival):
     """(Any agent's page showed its name to anyone who had its id.)"""
     remember(rival, "bob", "Bob is allergic to cats")

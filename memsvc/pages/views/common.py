@@ -3,6 +3,7 @@
 from functools import wraps
 
 from django.contrib.auth.decorators import login_required
+from django.http import HttpResponseRedirect
 from django.shortcuts import redirect, render
 from django.utils.cache import patch_vary_headers
 from django.utils.http import url_has_allowed_host_and_scheme
@@ -10,6 +11,7 @@ from django.views.decorators.http import require_POST
 from rest_framework.exceptions import ValidationError
 
 from memsvc.api.errors import ApiError, exception_handler
+from memsvc.api.middleware import request_refusal
 from memsvc.api.principals import Principal
 from memsvc.api.ratelimit import limit_principal
 
@@ -33,6 +35,11 @@ def page(view):
     def wrapper(request, *args, **kwargs):
         request.principal = Principal.user(request.user.get_username())
         try:
+            # What the API refuses before any view (a NUL in the path or the query, which
+            # PostgreSQL cannot compare): the pages too, not as a 500.
+            refusal = request_refusal(request)
+            if refusal is not None:
+                raise refusal
             limit_principal(request.principal.rate_limit_key)
             response = view(request, *args, **kwargs)
         except (ApiError, ValidationError) as exc:
@@ -56,10 +63,13 @@ def action(view):
 
 def back(request, fallback: str, *args, **kwargs):
     """Where a form goes after its POST: the ``next`` page it names (this site's only),
-    else ``fallback``."""
+    else ``fallback``. A ``next`` is an address, never a view's name to look up (``redirect``
+    would, and fail with a 500 on a word that names none)."""
     target = request.POST.get("next", "")
-    if target and url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
-        return redirect(target)
+    if target and url_has_allowed_host_and_scheme(
+        target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        return HttpResponseRedirect(target)
     return redirect(fallback, *args, **kwargs)
 
 
