@@ -380,42 +380,22 @@ def test_an_idempotency_key_is_forgotten_after_its_time_by_the_daily_prune(api, 
     from agents_api.services import IDEMPOTENCY_KEY_TTL, idempotency_keys_prune
 
     conversation = agent_conversation(api, helper)
-    append(
-        api,
-        helper,
-        conversation["id"],
-        {"role": "user", "content": "old"},
-        HTTP_IDEMPOTENCY_KEY="old",
-    )
-    append(
-        api,
-        helper,
-        conversation["id"],
-        {"role": "user", "content": "new"},
-        HTTP_IDEMPOTENCY_KEY="new",
-    )
+
+    def keyed(content: str, key: str):
+        turn = {"role": "user", "content": content}
+        return append(api, helper, conversation["id"], turn, HTTP_IDEMPOTENCY_KEY=key)
+
+    keyed("old", "old")
+    keyed("new", "new")
     IdempotentRequest.objects.filter(key="old").update(
         created_at=timezone.now() - IDEMPOTENCY_KEY_TTL - timedelta(minutes=1)
     )
     assert idempotency_keys_prune() == 1
     assert list(IdempotentRequest.objects.values_list("key", flat=True)) == ["new"]
     # The old key is a new request now; the kept one is still a retry.
-    again = append(
-        api,
-        helper,
-        conversation["id"],
-        {"role": "user", "content": "x"},
-        HTTP_IDEMPOTENCY_KEY="old",
-    )
+    again = keyed("x", "old")
     assert again.status_code == 201 and "Idempotent-Replayed" not in again
-    retry = append(
-        api,
-        helper,
-        conversation["id"],
-        {"role": "user", "content": "new"},
-        HTTP_IDEMPOTENCY_KEY="new",
-    )
-    assert retry["Idempotent-Replayed"] == "true"
+    assert keyed("new", "new")["Idempotent-Replayed"] == "true"
 
 
 def test_a_key_reused_acting_for_another_user_is_a_conflict_not_a_replay(api, helper):

@@ -285,25 +285,40 @@ WRITER_LOSSES = {
 }
 
 
+# A write of bob's made late, and whether nothing of it was written.
+LATE_WRITES = {
+    "append": (
+        lambda conversation: services.message_append(
+            Principal.user("bob"), conversation=conversation, content="late"
+        ),
+        lambda conversation: not Message.objects.exists(),
+    ),
+    "title": (
+        lambda conversation: services.conversation_update(
+            Principal.user("bob"), conversation=conversation, title="late"
+        ),
+        lambda conversation: Conversation.objects.get(pk=conversation.pk).title != "late",
+    ),
+}
+
+
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("write", LATE_WRITES)
 @pytest.mark.parametrize("loss", WRITER_LOSSES)
-def test_an_append_racing_the_loss_of_its_writers_access_is_refused(loss):
-    """bob's append was checked while he was a writer; alice removes or demotes him before
-    it is written. The append waits for the change and is refused (no membership: 404; a
-    reader's: 403): nothing of his is added after the change has answered."""
+def test_a_write_racing_the_loss_of_its_writers_access_is_refused(loss, write):
+    """bob's append (or title change) was checked while he was a writer; alice removes or
+    demotes him before it is written. It waits for the change and is refused (no
+    membership: 404; a reader's: 403): nothing of his is written after the change has
+    answered."""
     change, refusal, _ = WRITER_LOSSES[loss]
+    late, nothing_written = LATE_WRITES[write]
     conversation = shared_group(bob="writer")
     bob = selectors.membership_of(conversation, "bob")
 
-    refused = waits_for(
-        lambda: change(Principal.user("alice"), bob),
-        lambda: services.message_append(
-            Principal.user("bob"), conversation=conversation, content="late"
-        ),
-    )
+    refused = waits_for(lambda: change(Principal.user("alice"), bob), lambda: late(conversation))
 
     assert isinstance(refused, refusal), refused
-    assert not Message.objects.exists()
+    assert nothing_written(conversation)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -323,26 +338,6 @@ def test_a_writers_loss_of_access_waits_for_their_append_in_flight(loss):
     assert not isinstance(outcome, Exception), outcome
     assert list(Message.objects.values_list("content", flat=True)) == ["in time"]
     assert levels(conversation.group) == members
-
-
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("loss", WRITER_LOSSES)
-def test_a_title_change_racing_the_loss_of_its_writers_access_is_refused(loss):
-    """As an append: bob's change was checked while he was a writer; it waits for his
-    removal or demotion and is refused, the title left as it was."""
-    change, refusal, _ = WRITER_LOSSES[loss]
-    conversation = shared_group(bob="writer")
-    bob = selectors.membership_of(conversation, "bob")
-
-    refused = waits_for(
-        lambda: change(Principal.user("alice"), bob),
-        lambda: services.conversation_update(
-            Principal.user("bob"), conversation=conversation, title="late"
-        ),
-    )
-
-    assert isinstance(refused, refusal), refused
-    assert Conversation.objects.get(pk=conversation.pk).title != "late"
 
 
 @pytest.mark.django_db(transaction=True)
