@@ -486,9 +486,7 @@ def transfers_for(principal: Principal, *, status: str | None) -> list[Ownership
         OwnershipTransfer.objects.filter(
             Q(from_principal=principal.id) | Q(to_principal=principal.id),
             status=status or TransferStatus.PENDING,
-        )
-        .select_related("conversation")  # its title, what the recipient is shown
-        .order_by("-created_at", "id")
+        ).order_by("-created_at", "id")
     )
 
 

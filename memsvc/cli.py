@@ -259,10 +259,11 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     from search.embeddings import warm_up_in_background
 
     try:
-        _migrate_embedded()
-        # The name of an agent made here follows the rule of every API that makes one.
+        # The name of an agent made here follows the rule of every API that makes one;
+        # refused before anything is written (a fresh data directory's migration).
         if args.agent and _refused("memsvc mcp: agent name", _agent_name_problem(args.agent)):
             return 2
+        _migrate_embedded()
         try:
             caller = stdio_caller(
                 agent_name=args.agent,

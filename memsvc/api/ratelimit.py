@@ -181,15 +181,23 @@ def auth_lockout(address: str) -> RateLimited | None:
     return None
 
 
+def _ip(address: str):
+    """``address`` as an IP address, an IPv4 one written as IPv6 (``::ffff:10.0.0.5``) as
+    itself; None for what is not one."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return None
+    return getattr(ip, "ipv4_mapped", None) or ip
+
+
 def counted_as(address: str) -> str:
     """Whom a client ``address`` counts as: an IPv6 address as its /64 (one subscriber's
     network, where a client can take a new address for every request and so escape any
     limit per address), an IPv4 address (also one written as IPv6) as itself."""
-    try:
-        ip = ipaddress.ip_address(address)
-    except ValueError:
+    ip = _ip(address)
+    if ip is None:
         return address
-    ip = getattr(ip, "ipv4_mapped", None) or ip
     if ip.version == 6:
         return str(ipaddress.ip_network((ip, 64), strict=False))
     return str(ip)
@@ -235,12 +243,8 @@ def _trusted_networks(networks: tuple[str, ...]) -> tuple:
 def _trusted_proxy(address: str) -> bool:
     """Whether ``address`` is in one of ``MEMSVC_TRUSTED_PROXIES`` (addresses or networks);
     an IPv4 address written as IPv6 (``::ffff:10.0.0.5``) counts as itself."""
-    try:
-        ip = ipaddress.ip_address(address)
-    except ValueError:
-        return False
-    ip = getattr(ip, "ipv4_mapped", None) or ip
-    return any(
+    ip = _ip(address)
+    return ip is not None and any(
         ip in network for network in _trusted_networks(tuple(settings.MEMSVC_TRUSTED_PROXIES))
     )
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.contrib import messages as flash
+from django.db.models import prefetch_related_objects
 from django.http import StreamingHttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -43,9 +44,11 @@ def home(request):
     conversations = selectors.conversation_page(
         request.principal, after=request.GET.get("after") or None, limit=PAGE_SIZE
     )
+    transfers = selectors.transfers_for(request.principal, status=None)
+    prefetch_related_objects(transfers, "conversation")  # their titles, in one query
     context = {
         "conversations": conversations,
-        "transfers": selectors.transfers_for(request.principal, status=None),
+        "transfers": transfers,
         "llm": llm_configured(),
     }
     return fragment_or_page(request, "pages/_conversation_rows.html", "pages/home.html", context)
