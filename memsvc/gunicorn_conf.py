@@ -2,8 +2,10 @@
 
 
 def post_worker_init(worker):
-    """Load the embedding model in the background: the worker answers at once, and the first
-    search does not pay for the model load."""
+    """Load the embedding model and start the MCP transport in the background: the worker
+    answers at once, and the first search or MCP call does not pay for the load."""
+    from agents_api.mcp_server import http as mcp_http
     from search.embeddings import warm_up_in_background
 
     warm_up_in_background()
+    mcp_http.warm_up_in_background()

@@ -7,8 +7,8 @@ LLM and that work is skipped: nothing else depends on it.
 import json
 import re
 from collections.abc import Iterator
+from types import ModuleType
 
-import openai
 from django.conf import settings
 
 from memsvc.api.parsers import json_problem
@@ -33,8 +33,17 @@ def llm_configured() -> bool:
     return bool(settings.MEMSVC_LLM_BASE_URL and settings.MEMSVC_LLM_MODEL)
 
 
-def _client() -> openai.OpenAI:
-    return openai.OpenAI(
+def _openai() -> ModuleType:
+    """The ``openai`` package, imported on first use: its import takes a second or more of
+    every process that loads the app (each web and worker process, each ``manage.py`` and
+    CLI command), for an LLM most deployments never configure."""
+    import openai
+
+    return openai
+
+
+def _client():
+    return _openai().OpenAI(
         base_url=settings.MEMSVC_LLM_BASE_URL,
         # Local servers want no key, but the client insists on one.
         api_key=settings.MEMSVC_LLM_API_KEY or "none",
@@ -43,7 +52,8 @@ def _client() -> openai.OpenAI:
     )
 
 
-def _llm_error(exc: openai.OpenAIError) -> LLMError:
+def _llm_error(exc) -> LLMError:
+    openai = _openai()
     transient = isinstance(
         exc, openai.APIConnectionError | openai.RateLimitError | openai.InternalServerError
     )
@@ -67,6 +77,7 @@ def _text_of(answer, part: str) -> str:
 def chat_stream(messages: list[dict]) -> Iterator[str]:
     """The model's reply to ``messages``, piece by piece as it is written; ``LLMError`` when
     it cannot be asked, stops answering, or answers nothing."""
+    openai = _openai()
     answered = False
     try:
         with _client() as client:
@@ -89,6 +100,7 @@ def chat_stream(messages: list[dict]) -> Iterator[str]:
 def chat(messages: list[dict]) -> str:
     """The model's reply to ``messages`` (chat completion messages); ``LLMError`` when there
     is none."""
+    openai = _openai()
     try:
         with _client() as client:
             response = client.chat.completions.create(

@@ -16,33 +16,28 @@ event loop. Making a loop and a session manager for every call cost about 2 ms o
 
 import asyncio
 import concurrent.futures
-import functools
 import os
 import threading
+from typing import TYPE_CHECKING
 
 import anyio
 from django.http import HttpResponse
 from drf_spectacular.utils import extend_schema
-from mcp.server import Server
-from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from rest_framework.exceptions import UnsupportedMediaType
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from agents_api.authentication import ApiKeyAuthentication
-from agents_api.mcp_server.server import CALLER_SCOPE_KEY, build_server
-from agents_api.mcp_server.tools import Caller
+from agents_api.mcp_server.tools import CALLER_SCOPE_KEY, Caller
 from memsvc.api.errors import error_body, render_v1_error
+
+if TYPE_CHECKING:
+    from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
 # Longer than any tool takes (a search is milliseconds, a save embeds one text), shorter
 # than gunicorn's worker timeout (60 s), so a stuck call is answered, not killed.
 EXCHANGE_TIMEOUT_SECONDS = 50
-
-
-@functools.cache
-def _server() -> Server:
-    return build_server()
 
 
 class ExchangeLoop:
@@ -64,7 +59,7 @@ class ExchangeLoop:
             _timed_exchange(manager, scope, body), loop
         ).result()
 
-    def _running(self) -> tuple[asyncio.AbstractEventLoop, StreamableHTTPSessionManager]:
+    def _running(self) -> tuple[asyncio.AbstractEventLoop, "StreamableHTTPSessionManager"]:
         with self._lock:
             if self._pid != os.getpid():
                 self._loop, self._manager = self._start()
@@ -72,9 +67,18 @@ class ExchangeLoop:
             return self._loop, self._manager
 
     @staticmethod
-    def _start() -> tuple[asyncio.AbstractEventLoop, StreamableHTTPSessionManager]:
+    def _start() -> tuple[asyncio.AbstractEventLoop, "StreamableHTTPSessionManager"]:
+        # The SDK is imported here, by the first call: its import takes a second or more of
+        # every process that loads the URLs (each web process, each ``manage.py`` command),
+        # most of which never see an MCP call.
+        from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+
+        from agents_api.mcp_server.server import build_server
+
         loop = asyncio.new_event_loop()
-        manager = StreamableHTTPSessionManager(app=_server(), stateless=True, json_response=True)
+        manager = StreamableHTTPSessionManager(
+            app=build_server(), stateless=True, json_response=True
+        )
         started = concurrent.futures.Future()
 
         async def serve():
@@ -97,12 +101,18 @@ class ExchangeLoop:
 _exchanges = ExchangeLoop()
 
 
-async def _timed_exchange(manager: StreamableHTTPSessionManager, scope: dict, body: bytes):
+def warm_up_in_background() -> None:
+    """Start the process's MCP exchanges (the SDK's import, its session manager) in a thread
+    of its own, as a web process starts: its first ``/mcp`` call does not pay for them."""
+    threading.Thread(target=_exchanges._running, name="mcp-warm-up", daemon=True).start()
+
+
+async def _timed_exchange(manager: "StreamableHTTPSessionManager", scope: dict, body: bytes):
     with anyio.fail_after(EXCHANGE_TIMEOUT_SECONDS):
         return await _exchange(manager, scope, body)
 
 
-async def _exchange(manager: StreamableHTTPSessionManager, scope: dict, body: bytes):
+async def _exchange(manager: "StreamableHTTPSessionManager", scope: dict, body: bytes):
     status, headers, chunks = 500, [], []
     answered = asyncio.Event()
     delivered = False

@@ -16,11 +16,9 @@ import mcp_types as types
 from mcp.server import Server, ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
-from agents_api.mcp_server.tools import INSTRUCTIONS, TOOLS, Caller, call_tool
+from agents_api.mcp_server.tools import CALLER_SCOPE_KEY, INSTRUCTIONS, TOOLS, Caller, call_tool
 
 SERVER_NAME = "memsvc"
-# The ASGI scope key under which the /mcp view hands the authenticated caller to the tools.
-CALLER_SCOPE_KEY = "memsvc.caller"
 # Threads that run tools, per process: as many calls at once as a web process serves
 # requests (gunicorn's threads), each thread with its own database connection.
 TOOL_THREADS = 4

@@ -42,6 +42,9 @@ from search.selectors import search_messages
 
 logger = logging.getLogger(__name__)
 
+# The ASGI scope key under which the /mcp view hands the authenticated caller to the tools.
+CALLER_SCOPE_KEY = "memsvc.caller"
+
 # The server's instructions (kagent's two lines, with where the other tools fit).
 INSTRUCTIONS = """\
 This server is your long-term memory across sessions.

@@ -147,6 +147,19 @@ def test_loading_settings_starts_no_database_and_writes_nothing(tmp_path, comman
     assert postgres_servers_of(data_dir) == []
 
 
+def test_loading_the_app_imports_neither_the_mcp_sdk_nor_openai(tmp_path):
+    """Every web and worker process and every command loads the app and its URLs; the two
+    packages took 2-4 s of each to import and are imported by the first call that uses them
+    (``/mcp``, the LLM)."""
+    result = run_django(
+        {"MEMSVC_DATA_DIR": str(tmp_path / "data")},
+        "import sys, memsvc.urls, memsvc.celery;"
+        "print(sorted(name for name in ('mcp', 'openai') if name in sys.modules))",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["[]"]
+
+
 def test_the_first_query_starts_the_embedded_server_and_exit_stops_it(tmp_path):
     data_dir = tmp_path / "data"
     result = run_django(
