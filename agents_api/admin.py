@@ -85,7 +85,16 @@ class MemoryBlockAdmin(DeletedByService, LargeTableAdmin):
     raw_id_fields = ("agent",)
     # A block's value changes through the services (a revision for each change, the limit
     # held): here its value and limit are read, its description and read-only flag set.
-    readonly_fields = ("agent", "user_id", "label", "value", "limit", "created_at", "updated_at")
+    readonly_fields = (
+        "agent",
+        "user_id",
+        "label",
+        "value",
+        "limit",
+        "awaiting_attach",
+        "created_at",
+        "updated_at",
+    )
     inlines = (RevisionInline,)
 
     def has_add_permission(self, request):

@@ -253,7 +253,7 @@ def _distil(agent: Agent, conversation: Conversation, previous: int, claimed: li
     uncited = subject if subject in people else (next(iter(people)) if len(people) == 1 else None)
     known = (
         memories_of(agent)
-        .filter(user_id__in=people, expires_at__gt=timezone.now())
+        .filter(user_id__in=people)
         .order_by("-importance", "-created_at")
         .values_list("content", flat=True)[:MAX_KNOWN_MEMORIES]
     )

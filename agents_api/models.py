@@ -11,7 +11,7 @@ from django.contrib.postgres.indexes import GinIndex
 from django.contrib.postgres.search import SearchVector, SearchVectorField
 from django.db import models
 from django.db.models import F, Q
-from django.db.models.functions import Cast, Concat, Left, Length
+from django.db.models.functions import Cast, Concat, Left, Length, Now
 from django.db.models.lookups import LessThanOrEqual
 from django.utils import timezone
 from pgvector.django import VectorField
@@ -86,6 +86,9 @@ class MemoryBlock(models.Model):
     description = models.TextField(blank=True, default="", validators=[no_nul_characters])
     limit = models.PositiveIntegerField(default=DEFAULT_BLOCK_LIMIT)
     read_only = models.BooleanField(default=False)
+    # Made by Letta's ``POST /v1/blocks`` to be attached to an agent next: it waits on the
+    # key's own agent, which does not keep it (``services.letta_block_attach``).
+    awaiting_attach = models.BooleanField(default=False)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     updated_at = models.DateTimeField(default=timezone.now)
 
@@ -201,7 +204,13 @@ MEMORY_MAX_TAGS = 50
 MEMORY_TAG_MAX_LENGTH = 100
 MEMORY_DEFAULT_IMPORTANCE = 0.5  # a memory saved without one
 MEMORY_MAX_MESSAGES = 100  # the turns one memory may cite
+MEMORY_LISTING_TTL = timedelta(days=1)  # how long a walk by popularity may take
 CITES = ~Q(message_ids=[])  # a memory that cites turns
+# A memory not yet expired. One whose ``expires_at`` has passed is gone at once, for every
+# list, read, search and save alike (``selectors.memory_scope`` says it in SQL, on the same
+# clock: the statement's time): the daily prune (``memories_prune``) only reclaims its row,
+# or gives a popular one a new life, after which it is found again.
+LIVE = Q(expires_at__gt=Now())
 
 
 class MemorySource(models.TextChoices):
@@ -344,6 +353,26 @@ class MemoryExtraction(models.Model):
         return f"{self.agent_id} in {self.conversation_id} through #{self.through_seq}"
 
 
+class MemoryListing(models.Model):
+    """The order of a walk through memories by popularity (``selectors.memory_page``): the
+    ids of the memories listed, as they ranked when the walk began. Its pages follow it
+    (the memories as they are now, those deleted or expired since left out), so the counts
+    that every search moves neither show a memory twice nor skip one. Kept
+    ``MEMORY_LISTING_TTL`` (``memories_prune``); no key to the memories: an id deleted since
+    is simply not found."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    memory_ids = ArrayField(models.UUIDField())
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        db_table = "memory_listing"
+        indexes = [models.Index(fields=["created_at"], name="memory_listing_created")]
+
+    def __str__(self) -> str:
+        return f"{len(self.memory_ids)} memories listed at {self.created_at}"
+
+
 class UserMemorySetting(models.Model):
     """What a user lets agents remember about them (OpenMemory's "private chat" switch).
 
@@ -394,12 +423,21 @@ class ToolRecord(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="tool_records")
+    # The user the agent acted for when it made the record (``X-On-Behalf-Of``); "" for the
+    # agent's own. An agent acting for a user reaches no other user's (``tool_records_of``),
+    # and the user's erase deletes them.
+    user_id = models.CharField(
+        max_length=PRINCIPAL_MAX_LENGTH, blank=True, default="", validators=[no_nul_characters]
+    )
     # The conversation the interaction belongs to, when the agent says so (one it sees).
+    # The record is the agent's memory: it outlives the conversation (as an import keeps a
+    # record whose conversation is gone); only the erase of the conversation's owner takes
+    # it along (``services.user_erase``).
     conversation = models.ForeignKey(
         "conversations.Conversation",
         null=True,
         blank=True,
-        on_delete=models.CASCADE,
+        on_delete=models.SET_NULL,
         related_name="+",
     )
     # The caller's task (any string; "" for none): what a search or a clean-up is limited to.
@@ -443,6 +481,8 @@ class ToolRecord(models.Model):
         indexes = [
             # A task's records in order (the list), and what a search's scope counts.
             models.Index(fields=["agent", "task_id", "created_at", "id"], name="tool_record_task"),
+            # A user's records (export, erase).
+            models.Index(fields=["user_id"], condition=~Q(user_id=""), name="tool_record_of_user"),
             GinIndex(fields=["search_vector"], name="tool_record_search_vector"),
             embedding_index("tool_record_embedding_hnsw"),
             models.Index(

@@ -10,10 +10,12 @@ from django.db.models.functions import Cast, Concat
 from django.utils import timezone
 
 from agents_api.models import (
+    LIVE,
     Agent,
     Memory,
     MemoryBlock,
     MemoryBlockRevision,
+    MemoryListing,
     ToolRecord,
     UserMemorySetting,
 )
@@ -22,9 +24,10 @@ from conversations.selectors import (
     conversation_owner_id,
     conversations_visible_to,
     messages_visible_to,
+    visible_conversation_ids,
 )
 from memsvc.api.errors import Forbidden, InvalidInput, NotFound, one_or_404
-from memsvc.api.pagination import Page, beyond, keyset_page
+from memsvc.api.pagination import Page, beyond, decode_cursor, encode_cursor, keyset_page
 from memsvc.api.principals import (
     AGENT_PRINCIPAL_PREFIX,
     Principal,
@@ -110,7 +113,7 @@ def agents_serving(principal: Principal) -> QuerySet[Agent]:
         principal_id=Concat(Value(AGENT_PRINCIPAL_PREFIX), Cast(OuterRef("id"), TextField())),
     )
     return Agent.objects.filter(
-        Q(Exists(Memory.objects.filter(agent=OuterRef("pk"), user_id=principal.id)))
+        Q(Exists(Memory.objects.filter(LIVE, agent=OuterRef("pk"), user_id=principal.id)))
         | Q(Exists(MemoryBlock.objects.filter(agent=OuterRef("pk"), user_id=principal.id)))
         | Q(Exists(in_their_conversations))
     ).order_by("name", "id")
@@ -258,11 +261,20 @@ MEMORY_ORDERS = {"recent": ("-created_at", "id"), "popular": ("-access_count", "
 
 
 def memories_of(
-    agent: Agent | None = None, *, user_id: str | None = None, tag: str | None = None
+    agent: Agent | None = None,
+    *,
+    user_id: str | None = None,
+    tag: str | None = None,
+    with_expired: bool = False,
 ) -> QuerySet[Memory]:
     """Memories of an agent (about ``user_id``, "" for its own), or every agent's memories
-    of a user (``agent`` None: what is kept about that user)."""
+    of a user (``agent`` None: what is kept about that user). Expired ones are gone
+    (``models.LIVE``) unless ``with_expired``: for a delete, so that what its caller asked
+    to forget is not given a new life by the prune, and for a user's export of everything
+    still stored about them."""
     memories = Memory.objects.defer(*Memory.SEARCH_DATA)
+    if not with_expired:
+        memories = memories.filter(LIVE)
     if agent is not None:
         memories = memories.filter(agent=agent)
     if user_id is not None:
@@ -273,7 +285,44 @@ def memories_of(
 
 
 def memory_page(memories: QuerySet[Memory], *, order: str, after: str | None, limit: int) -> Page:
+    if order == "popular":
+        return _popular_page(memories, after=after, limit=limit)
     return keyset_page(memories, order=MEMORY_ORDERS[order], after=after, limit=limit)
+
+
+def _popular_page(memories: QuerySet[Memory], *, after: str | None, limit: int) -> Page:
+    """A page of ``memories`` by popularity. Every search moves the counts this order sorts
+    on, so a keyset cursor on them showed a memory twice, or never, when its count moved
+    across a page's edge: the walk follows the order of its first page instead, kept in a
+    ``MemoryListing`` when there is a next page (the one write of a read: a cache of an
+    order, not data). Its cursor is (listing, position); an unknown one is a 400."""
+    if after is None:
+        listing_id = None
+        ids = list(memories.order_by(*MEMORY_ORDERS["popular"]).values_list("id", flat=True))
+        position = 0
+    else:
+        listing_id, position = decode_cursor(after, types=(str, int))
+        try:
+            listing = MemoryListing.objects.filter(id=uuid.UUID(listing_id)).first()
+        except ValueError:
+            listing = None
+        if listing is None or position < 0:
+            raise InvalidInput.for_field("after", "unknown or expired cursor: list again")
+        ids = listing.memory_ids
+    # The listed memories still there (not deleted or expired since), ``limit`` + 1 of them:
+    # the last tells whether there is a next page. (index in the listing, memory)
+    shown: list[tuple[int, Memory]] = []
+    while len(shown) <= limit and position < len(ids):
+        chunk = ids[position : position + limit + 1 - len(shown)]
+        found = memories.in_bulk(chunk)
+        shown += [(position + i, found[id_]) for i, id_ in enumerate(chunk) if id_ in found]
+        position += len(chunk)
+    if len(shown) <= limit:
+        return Page([memory for _, memory in shown], None)
+    shown = shown[:limit]
+    if listing_id is None:
+        listing_id = str(MemoryListing.objects.create(memory_ids=ids).id)
+    return Page([memory for _, memory in shown], encode_cursor(listing_id, shown[-1][0] + 1))
 
 
 def memory_of(memories: QuerySet[Memory], memory_id) -> Memory:
@@ -288,8 +337,10 @@ class MemoryHit:
     relevance: float  # how well it answers the query, comparable across queries (0..1)
 
 
-def _memory_scope(agent_id, user_id: str | None, tags: Sequence[str] = ()) -> Scope:
-    clauses, params = ["m.expires_at > now()"], []
+def memory_scope(agent_id, user_id: str | None, tags: Sequence[str] = ()) -> Scope:
+    """The SQL of the memories a search (or a save's look for a near-duplicate) reads: those
+    not yet expired (``models.LIVE``) of an agent and user, with any of ``tags``."""
+    clauses, params = ["m.expires_at > statement_timestamp()"], []
     if agent_id is not None:
         clauses.append("m.agent_id = %s")
         params.append(agent_id)
@@ -329,9 +380,9 @@ def memories_citing(principal: Principal) -> Citing:
     Never those about a user who turned memory off (``memory_enabled_for``), and only turns
     the search's own scope holds are ranked by them."""
     if principal.kind == "agent":
-        scope = _memory_scope(principal.agent_id, principal.on_behalf_of)
+        scope = memory_scope(principal.agent_id, principal.on_behalf_of)
     else:
-        scope = _memory_scope(None, principal.id)
+        scope = memory_scope(None, principal.id)
     return Citing(MEMORIES, Scope(" AND ".join([scope.sql, *_CITING]), scope.params))
 
 
@@ -381,7 +432,7 @@ def memory_search(
         return []
     tuning = configured_tuning()
     ranking_ = ranking_ or configured_memory_ranking()
-    scope = _memory_scope(agent.id if agent else None, user_id, tags)
+    scope = memory_scope(agent.id if agent else None, user_id, tags)
     best: dict = {}
     probed: dict = {}  # (one scope for every sentence)
     for text in prefetch_queries(query) if prefetch else [query]:
@@ -469,13 +520,33 @@ TOOL_RECORDS = Corpus(
 TOOL_RECORD_ORDER = ("created_at", "id")  # a task's records in the order they were made
 
 
-def tool_records_of(agent: Agent, *, task_id: str | None = None) -> QuerySet[ToolRecord]:
+def tool_records_of(
+    agent: Agent, *, task_id: str | None = None, principal: Principal | None = None
+) -> QuerySet[ToolRecord]:
     """An agent's tool records (of one task, with ``task_id``). Only the agent that made a
-    record reaches it."""
+    record reaches it; acting for a user (``principal.on_behalf_of``), only those that user
+    may see as well, as the user's messages are narrowed (``messages_visible_to``): the
+    records of conversations both see, and those made for that user outside any
+    conversation (or whose conversation is gone)."""
     records = ToolRecord.objects.filter(agent=agent).defer(*ToolRecord.SEARCH_DATA)
     if task_id is not None:
         records = records.filter(task_id=task_id)
+    if principal is not None and principal.on_behalf_of:
+        records = records.filter(
+            Q(conversation_id__in=visible_conversation_ids(principal))
+            | Q(conversation__isnull=True, user_id=principal.on_behalf_of)
+        )
     return records
+
+
+def tool_records_made_for(user_id: str) -> QuerySet[ToolRecord]:
+    """Every agent's tool records made for a user (``X-On-Behalf-Of``), for the user's own
+    export and erase only."""
+    return (
+        ToolRecord.objects.filter(user_id=user_id)
+        .defer(*ToolRecord.SEARCH_DATA)
+        .order_by("agent_id", "created_at", "id")
+    )
 
 
 def tool_record_page(records: QuerySet[ToolRecord], *, after: str | None, limit: int) -> Page:
@@ -494,15 +565,29 @@ class ToolRecordHit:
 
 
 def tool_record_search(
-    agent: Agent, *, query: str, top_k: int, task_id: str | None = None, mode: str = "hybrid"
+    agent: Agent,
+    *,
+    query: str,
+    top_k: int,
+    task_id: str | None = None,
+    mode: str = "hybrid",
+    principal: Principal | None = None,
 ) -> list[ToolRecordHit]:
-    """The agent's ``top_k`` tool records (of one task, with ``task_id``) that best answer
-    ``query``, by the one search engine: their summaries' vectors, and the words of the
-    summary, the tool's name and the raw output (an identifier only the output holds)."""
+    """The agent's ``top_k`` tool records (of one task, with ``task_id``; those
+    ``principal`` reaches, ``tool_records_of``) that best answer ``query``, by the one
+    search engine: their summaries' vectors, and the words of the summary, the tool's name
+    and the raw output (an identifier only the output holds)."""
     clauses, params = ["m.agent_id = %s"], [agent.id]
     if task_id is not None:
         clauses.append("m.task_id = %s")
         params.append(task_id)
+    if principal is not None and principal.on_behalf_of:
+        # The narrowing itself is the list's, in SQL: one rule for both.
+        reached_sql, reached_params = (
+            tool_records_of(agent, principal=principal).values("id").query.sql_with_params()
+        )
+        clauses.append(f"m.id IN ({reached_sql})")
+        params.extend(reached_params)
     tuning = configured_tuning()
     found = find_candidates(
         TOOL_RECORDS,
@@ -513,7 +598,9 @@ def tool_record_search(
         tuning=tuning,
     )
     ranked = ranking.top(found.scores(mode, tuning), top_k)
-    records = tool_records_of(agent).in_bulk([record_id for record_id, _ in ranked])
+    records = tool_records_of(agent, principal=principal).in_bulk(
+        [record_id for record_id, _ in ranked]
+    )
     return [
         ToolRecordHit(record=records[record_id], score=round(score, 6))
         for record_id, score in ranked

@@ -19,7 +19,7 @@ from pgvector.django import VectorField
 
 from memsvc.api.principals import PRINCIPAL_MAX_LENGTH
 from memsvc.db import embedding_has_model, embedding_index, json_is_object
-from memsvc.validators import no_nul_characters
+from memsvc.validators import no_control_characters, no_nul_characters
 
 TITLE_MAX_LENGTH = 500
 
@@ -80,7 +80,10 @@ class Conversation(models.Model):
         ConversationGroup, on_delete=models.CASCADE, related_name="conversations"
     )
     title = models.CharField(
-        max_length=TITLE_MAX_LENGTH, blank=True, default="", validators=[no_nul_characters]
+        max_length=TITLE_MAX_LENGTH,
+        blank=True,
+        default="",
+        validators=[no_nul_characters, no_control_characters],
     )
     metadata = models.JSONField(default=dict, blank=True)
     forked_at_conversation = models.ForeignKey(

@@ -8,23 +8,28 @@ import itertools
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.db import connection
 from django.db.models import (
+    BooleanField,
     Case,
     CharField,
+    Exists,
     F,
     FilteredRelation,
+    Func,
     IntegerField,
     OuterRef,
     Q,
     QuerySet,
     Subquery,
-    TextField,
     Value,
     When,
 )
-from django.db.models.functions import Cast, Coalesce, Least, Left
+from django.db.models.functions import Coalesce, Least, Left
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from conversations.models import (
     AccessLevel,
@@ -38,8 +43,8 @@ from conversations.models import (
     TransferStatus,
     Visibility,
 )
-from memsvc.api.errors import Forbidden, NotFound, one_or_404
-from memsvc.api.pagination import Page, keyset_page
+from memsvc.api.errors import Forbidden, InvalidInput, NotFound, one_or_404
+from memsvc.api.pagination import Page, beyond, decode_cursor, encode_cursor, keyset_page
 from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, Principal
 
 PREVIEW_CHARS = 200
@@ -203,19 +208,110 @@ def refuse_below(level: str | None, need: AccessLevel) -> None:
         raise Forbidden(f"this needs {AccessLevel(need).value} access to the conversation")
 
 
+class MetadataValueContains(Func):
+    """Whether a text or number anywhere in a JSON document (``metadata``, at any depth)
+    contains ``pattern`` (an ILIKE pattern): the values people write, not the JSON text
+    around them, whose keys, quotes and braces every document has."""
+
+    output_field = BooleanField()
+
+    def as_sql(self, compiler, connection, **extra_context):
+        document, document_params = compiler.compile(self.source_expressions[0])
+        pattern, pattern_params = compiler.compile(self.source_expressions[1])
+        sql = f"""EXISTS (
+            SELECT 1 FROM jsonb_path_query({document}, 'strict $.**') AS v(value)
+            WHERE jsonb_typeof(v.value) IN ('string', 'number')
+              AND v.value #>> '{{}}' ILIKE {pattern}
+        )"""  # noqa: S608 (compiled expressions; every value is a parameter)
+        return sql, (*document_params, *pattern_params)
+
+
 def conversation_page(
     principal: Principal, *, query: str | None = None, after: str | None = None, limit: int
 ) -> Page:
     """A page of the conversations the principal may see, latest activity first; ``query``
-    matches words of the title or metadata."""
+    is a text that the title, or a text or number in the metadata, contains (any case)."""
     queryset = _with_summary_fields(conversations_visible_to(principal))
     if query:
-        queryset = queryset.annotate(_metadata_text=Cast("metadata", TextField())).filter(
-            Q(title__icontains=query) | Q(_metadata_text__icontains=query)
+        pattern = f"%{connection.ops.prep_for_like_query(query)}%"
+        queryset = queryset.filter(
+            Q(title__icontains=query) | MetadataValueContains("metadata", Value(pattern))
         )
-    page = keyset_page(queryset, order=("-updated_at", "id"), after=after, limit=limit)
+    page = activity_page(queryset, after=after, limit=limit)
     _previewed_through_forks(page.rows)
     return page
+
+
+ACTIVITY_ORDER = ("-updated_at", "id")
+# How far back a catch-up pass starts before the time the pass it follows began: a write
+# that took its time before that (``updated_at``) but committed after it is still found.
+CATCH_UP_OVERLAP = timedelta(seconds=5)
+
+
+def activity_page(queryset: QuerySet[Conversation], *, after: str | None, limit: int) -> Page:
+    """A page of conversations, latest activity first, where a walk of the pages loses
+    none: one that has activity meanwhile moves ahead of the cursor, where no page of the
+    walk would reach it, so when a pass of the list ends, a pass of the conversations with
+    activity since that pass began follows (each again, with its new ``updatedAt``: a
+    client keeps the latest by id), until no conversation had any.
+
+    The cursor holds the pass (from when its conversations had activity: "" for any time;
+    and since when: what moved after, the next pass lists) and the last row's sort key.
+    """
+    if after:
+        lower, since, key = _activity_cursor(after)
+    else:
+        lower, since, key = None, timezone.now(), None
+    rows = queryset
+    if lower is not None:
+        rows = rows.filter(updated_at__gt=lower)
+    if key is not None:
+        rows = rows.filter(beyond(ACTIVITY_ORDER, key))
+    # Whether any moved since the pass began: asked once with the page (an InitPlan), not
+    # by a query of its own; it only matters on the pass's last page.
+    rows = list(
+        rows.annotate(_moved=Exists(queryset.filter(updated_at__gt=since))).order_by(
+            *ACTIVITY_ORDER
+        )[: limit + 1]
+    )
+    if len(rows) > limit:
+        rows = rows[:limit]
+        return Page(rows, _activity_cursor_of(lower, since, rows[-1]))
+    moved = rows[0]._moved if rows else queryset.filter(updated_at__gt=since).exists()
+    if not moved:
+        return Page(rows, None)
+    return Page(rows, _activity_cursor_of(since - CATCH_UP_OVERLAP, timezone.now(), None))
+
+
+def _activity_cursor_of(lower, since, last) -> str:
+    return encode_cursor(
+        lower.isoformat() if lower else "",
+        since.isoformat(),
+        last.updated_at.isoformat() if last else "",
+        str(last.id) if last else "",
+    )
+
+
+def _activity_cursor(cursor: str):
+    """(lower, since, key) of an ``activity_page`` cursor; 400 when it is not one."""
+    lower, since, updated_at, last_id = decode_cursor(cursor, types=(str, str, str, str))
+
+    def moment(text: str, *, needed: bool):
+        try:
+            value = parse_datetime(text) if text else None
+        except ValueError:
+            value = None
+        if (text or needed) and (value is None or value.tzinfo is None):
+            raise InvalidInput.for_field("after", "malformed cursor")
+        return value
+
+    key = None
+    if updated_at or last_id:
+        try:
+            key = [moment(updated_at, needed=True), uuid.UUID(last_id)]
+        except ValueError:
+            raise InvalidInput.for_field("after", "malformed cursor") from None
+    return moment(lower, needed=False), moment(since, needed=True), key
 
 
 def conversation_owner_id(conversation: Conversation) -> str:

@@ -1,5 +1,7 @@
 """Validators shared by the models of every app."""
 
+import unicodedata
+
 from django.core.exceptions import ValidationError
 
 
@@ -7,3 +9,15 @@ def no_nul_characters(value: str) -> None:
     """PostgreSQL cannot store NUL in text; refuse it with a clear message instead of a 500."""
     if "\x00" in value:
         raise ValidationError("must not contain NUL characters", code="nul_character")
+
+
+def has_control_characters(value: str) -> bool:
+    """Whether ``value`` holds a control character (a tab, a newline, an escape: category
+    Cc), which nothing shown on one line (a name, a title) has."""
+    return not value.isprintable() and any(unicodedata.category(c) == "Cc" for c in value)
+
+
+def no_control_characters(value: str) -> None:
+    """A one-line text (a title): no control characters (``has_control_characters``)."""
+    if has_control_characters(value):
+        raise ValidationError("must not contain control characters", code="control_character")

@@ -72,6 +72,10 @@ class ErasedOut(serializers.Serializer):
     )
     memories = serializers.IntegerField(help_text="What agents kept about you.")
     memoryBlocks = serializers.IntegerField(source="memory_blocks")
+    toolRecords = serializers.IntegerField(
+        source="tool_records",
+        help_text="Agents' tool records made for you, or in the conversations you owned.",
+    )
 
     class Meta:
         ref_name = "ErasedMyData"
@@ -84,7 +88,8 @@ class UserExportView(UserApiView):
             "Everything kept about you, as one JSON document streamed as it is read: the "
             "conversations you own (every fork, every message, their memberships and "
             "transfers), your memberships, messages and transfers in others' conversations, "
-            "and what every agent keeps about you (memories, memory blocks with revisions). "
+            "and what every agent keeps about you (memories, memory blocks with revisions, "
+            "tool records made for you). "
             "`memsvc import` puts it back."
         ),
         responses={200: UserExportOut, **errors(401)},
@@ -100,8 +105,9 @@ class UserEraseView(UserApiView):
         description=(
             "Erase everything `exportMyData` returns, in one transaction: the conversations "
             "you own (for everyone in them), your messages and memberships elsewhere, "
-            "transfers you made or were offered, and what agents keep about you. Others' "
-            "conversations stay, without your messages."
+            "transfers you made or were offered, and what agents keep about you (with the "
+            "tool records of the conversations you own). Others' conversations stay, without "
+            "your messages."
         ),
         request=EraseIn,
         responses={200: ErasedOut, **errors(400, 401)},

@@ -50,10 +50,12 @@ def search_memories(agent, *, user_id, data, in_use: bool) -> list:
 # --- the agent's door ------------------------------------------------------------------------
 
 
-def _reachable(request):
+def _reachable(request, *, with_expired: bool = False):
     """The memories this request may name by id: the agent's, and only the user's it acts
-    for (``X-On-Behalf-Of``)."""
-    return selectors.memories_of(request.agent, user_id=request.principal.on_behalf_of)
+    for (``X-On-Behalf-Of``); an expired one only to delete it (``memories_of``)."""
+    return selectors.memories_of(
+        request.agent, user_id=request.principal.on_behalf_of, with_expired=with_expired
+    )
 
 
 def _tag(request) -> str | None:
@@ -113,7 +115,9 @@ class AgentMemoriesView(AgentApiView):
     )
     def delete(self, request):
         memories = selectors.memories_of(
-            request.agent, user_id=_subject(request, request.query_params.get("userId"))
+            request.agent,
+            user_id=_subject(request, request.query_params.get("userId")),
+            with_expired=True,
         )
         deleted = services.memories_delete(request.principal, memories=memories)
         return Response({"deleted": deleted})
@@ -181,7 +185,7 @@ class AgentMemoryView(AgentApiView):
 
     @agent_operation("agentDeleteMemory", responses={204: None, **errors(401, 403, 404)})
     def delete(self, request, memory_id):
-        memory = selectors.memory_of(_reachable(request), memory_id)
+        memory = selectors.memory_of(_reachable(request, with_expired=True), memory_id)
         services.memory_delete(request.principal, memory=memory)
         return Response(status=204)
 
@@ -220,7 +224,9 @@ class UserMemoriesView(UserApiView):
     )
     def delete(self, request):
         memories = selectors.memories_of(
-            _agent_filter(request.query_params.get("agentId")), user_id=request.principal.id
+            _agent_filter(request.query_params.get("agentId")),
+            user_id=request.principal.id,
+            with_expired=True,
         )
         return Response({"deleted": services.memories_delete(request.principal, memories=memories)})
 
@@ -242,6 +248,7 @@ class UserMemorySearchView(UserApiView):
 class UserMemoryView(UserApiView):
     @user_operation("deleteMyMemory", responses={204: None, **errors(401, 404)})
     def delete(self, request, memory_id):
-        memory = selectors.memory_of(selectors.memories_of(user_id=request.principal.id), memory_id)
+        mine = selectors.memories_of(user_id=request.principal.id, with_expired=True)
+        memory = selectors.memory_of(mine, memory_id)
         services.memory_delete(request.principal, memory=memory)
         return Response(status=204)

@@ -1,5 +1,6 @@
 """Tool records, the memory bank's store (``/v1/agent/tool-records``): thin views over
-``agents_api.selectors`` and ``agents_api.services``. A record is its agent's alone."""
+``agents_api.selectors`` and ``agents_api.services``. A record is its agent's alone; an agent
+acting for a user reaches only what that user may see of them (``tool_records_of``)."""
 
 from drf_spectacular.utils import OpenApiParameter
 from rest_framework.response import Response
@@ -67,7 +68,7 @@ class ToolRecordsView(AgentApiView):
     )
     def get(self, request):
         records = selectors.tool_records_of(
-            request.agent, task_id=request.query_params.get("taskId")
+            request.agent, task_id=request.query_params.get("taskId"), principal=request.principal
         )
         page = selectors.tool_record_page(records, **page_params(request))
         return Response(page_data(page, s.ToolRecordOut))
@@ -81,7 +82,9 @@ class ToolRecordsView(AgentApiView):
         task_id = request.query_params.get("taskId")
         if not task_id:
             raise InvalidInput.for_field("taskId", "name the task whose records to delete")
-        records = selectors.tool_records_of(request.agent, task_id=task_id)
+        records = selectors.tool_records_of(
+            request.agent, task_id=task_id, principal=request.principal
+        )
         deleted = services.tool_records_delete(request.principal, records=records)
         return Response({"deleted": deleted})
 
@@ -97,7 +100,11 @@ class ToolRecordSearchView(AgentApiView):
     def post(self, request):
         data = s.SearchToolRecordsIn.parse(request.data)
         hits = selectors.tool_record_search(
-            request.agent, query=data["query"], top_k=data["topK"], task_id=data.get("taskId")
+            request.agent,
+            query=data["query"],
+            top_k=data["topK"],
+            task_id=data.get("taskId"),
+            principal=request.principal,
         )
         return Response({"data": s.ToolRecordHitOut(hits, many=True).data})
 
@@ -107,5 +114,5 @@ class ToolRecordView(AgentApiView):
         "agentGetToolRecord", responses={200: s.ToolRecordOut, **errors(401, 403, 404)}
     )
     def get(self, request, trace_id):
-        records = selectors.tool_records_of(request.agent)
+        records = selectors.tool_records_of(request.agent, principal=request.principal)
         return Response(s.ToolRecordOut(selectors.tool_record_of(records, trace_id)).data)

@@ -16,6 +16,7 @@ from agents_api.models import IDEMPOTENCY_KEY_MAX_LENGTH, Scope
 from agents_api.tasks import enqueue_memory_extraction, enqueue_memory_touch
 from conversations import selectors, services
 from conversations.api.serializers import (
+    CONVERSATION_LIST_DESCRIPTION,
     CONVERSATION_LIST_PARAMETERS,
     ConversationOut,
     ConversationPage,
@@ -78,6 +79,7 @@ class MeView(AgentApiView):
 class ConversationsView(AgentApiView):
     @agent_operation(
         "agentListConversations",
+        description=CONVERSATION_LIST_DESCRIPTION,
         parameters=CONVERSATION_LIST_PARAMETERS,
         responses={200: ConversationPage, **errors(400, 401, 403)},
     )

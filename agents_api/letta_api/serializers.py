@@ -12,10 +12,10 @@ from rest_framework import serializers
 from agents_api.api.serializers import BlockLimitField, LabelField
 from agents_api.local_api.serializers import AgentNameField, LocalInput
 from agents_api.models import DEFAULT_BLOCK_LIMIT, Agent, MemoryBlock
-from agents_api.services.letta import letta_settings
+from agents_api.services.letta import LETTA_METADATA_KEY, letta_metadata, letta_settings
 from conversations.models import Message, Role
 from memsvc.api.errors import NotFound
-from memsvc.api.fields import TextField
+from memsvc.api.fields import MetadataField, TextField
 
 AGENT_ID_PREFIX = "agent-"
 BLOCK_ID_PREFIX = "block-"
@@ -91,7 +91,7 @@ def agent_out(agent: Agent, blocks: list[MemoryBlock]) -> dict:
         "system": letta.get("system") or "",
         "description": letta.get("description") or agent.description,
         "tags": list(letta.get("tags", [])),
-        "metadata": agent.metadata,
+        "metadata": letta_metadata(agent),
         "model": model,
         "embedding": letta.get("embedding"),
         "enable_sleeptime": bool(letta.get("enable_sleeptime")),
@@ -139,20 +139,46 @@ def message_out(message: Message, agent: Agent) -> dict:
 
 
 class LettaInput(LocalInput):
-    """A Letta request body: Letta's server ignores what it does not use; so does this."""
+    """A Letta request body: Letta's server ignores what it does not use; so does this. A
+    null for a field that may be left out is as if it were left out, as Letta's
+    ``Optional`` fields take it: the default on a create, unchanged on an update (the SDK's
+    ``agents.update(agent, model=None)`` keeps the model). A required field's null is a 422."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict):
+            data = {
+                name: value
+                for name, value in data.items()
+                if value is not None or (name in self.fields and self.fields[name].required)
+            }
+        return super().to_internal_value(data)
 
 
 class BlockIn(LettaInput):
     label = LabelField()
     value = TextField(allow_blank=True, required=False, default="")
-    description = TextField(allow_blank=True, required=False, allow_null=True, default="")
-    limit = BlockLimitField(required=False, allow_null=True, default=DEFAULT_BLOCK_LIMIT)
+    description = TextField(allow_blank=True, required=False, default="")
+    limit = BlockLimitField(required=False, default=DEFAULT_BLOCK_LIMIT)
 
 
 class BlockUpdateIn(LettaInput):
+    label = LabelField(required=False)
     value = TextField(allow_blank=True, required=False)
-    description = TextField(allow_blank=True, required=False, allow_null=True)
+    description = TextField(allow_blank=True, required=False)
     limit = BlockLimitField(required=False)
+
+
+class AgentMetadataField(MetadataField):
+    """Letta's metadata of an agent: the agent's own (``services.letta.letta_metadata``),
+    beside the key under which memsvc keeps its Letta settings."""
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        if LETTA_METADATA_KEY in value:
+            raise serializers.ValidationError(
+                f"the key {LETTA_METADATA_KEY!r} is memsvc's (where it keeps Letta's settings)"
+            )
+        return value
 
 
 class AgentIn(LettaInput):
@@ -160,32 +186,33 @@ class AgentIn(LettaInput):
     tags = serializers.ListField(child=TextField(max_length=100), required=False, default=list)
     memory_blocks = serializers.ListField(child=BlockIn(), required=False, default=list)
     agent_type = TextField(max_length=100, required=False)
-    model = TextField(max_length=200, required=False, allow_null=True)
-    embedding = TextField(max_length=200, required=False, allow_null=True)
-    system = TextField(allow_blank=True, required=False, allow_null=True)
-    description = TextField(allow_blank=True, required=False, allow_null=True)
-    enable_sleeptime = serializers.BooleanField(required=False, allow_null=True)
+    model = TextField(max_length=200, required=False)
+    embedding = TextField(max_length=200, required=False)
+    system = TextField(allow_blank=True, required=False)
+    description = TextField(allow_blank=True, required=False)
+    enable_sleeptime = serializers.BooleanField(required=False)
+    metadata = AgentMetadataField(required=False)
 
 
 class AgentUpdateIn(LettaInput):
-    model = TextField(max_length=200, required=False, allow_null=True)
-    system = TextField(allow_blank=True, required=False, allow_null=True)
-    description = TextField(allow_blank=True, required=False, allow_null=True)
-    enable_sleeptime = serializers.BooleanField(required=False, allow_null=True)
-    tags = serializers.ListField(
-        child=TextField(max_length=100), required=False, allow_null=True, max_length=100
-    )
+    name = AgentNameField(required=False)
+    model = TextField(max_length=200, required=False)
+    system = TextField(allow_blank=True, required=False)
+    description = TextField(allow_blank=True, required=False)
+    enable_sleeptime = serializers.BooleanField(required=False)
+    metadata = AgentMetadataField(required=False)
+    tags = serializers.ListField(child=TextField(max_length=100), required=False, max_length=100)
 
 
 class ManagerConfigIn(LettaInput):
     manager_type = TextField(max_length=50, required=False)
     sleeptime_agent_frequency = serializers.IntegerField(
-        required=False, allow_null=True, min_value=1, max_value=1000
+        required=False, min_value=1, max_value=1000
     )
 
 
 class GroupUpdateIn(LettaInput):
-    manager_config = ManagerConfigIn(required=False, allow_null=True)
+    manager_config = ManagerConfigIn(required=False)
 
 
 class CaptureIn(LettaInput):

@@ -115,6 +115,7 @@ class AgentsView(LettaView):
             name=data.pop("name"),
             tags=data.pop("tags"),
             memory_blocks=data.pop("memory_blocks"),
+            metadata=data.pop("metadata", None),
             settings=data,
         )
         return Response(_agent_state(agent))
@@ -129,7 +130,14 @@ class AgentView(LettaView):
     def patch(self, request, agent_id):
         agent = self.agent(request, agent_id)
         data = s.AgentUpdateIn.parse(request.data)
-        return Response(_agent_state(services.letta_agent_update(agent, settings=data)))
+        agent = services.letta_agent_update(
+            self.caller(request),
+            agent=agent,
+            name=data.pop("name", None),
+            metadata=data.pop("metadata", None),
+            settings=data,
+        )
+        return Response(_agent_state(agent))
 
     @extend_schema(exclude=True)
     def delete(self, request, agent_id):
@@ -191,10 +199,12 @@ class CaptureView(LettaView):
 class AttachBlockView(LettaView):
     @extend_schema(exclude=True)
     def patch(self, request, agent_id, block_id):
-        agent = self.agent(request, agent_id)
-        services.letta_block_attach(
-            self.caller(request), agent=agent, block=self.block(request, block_id)
-        )
+        block = self.block(request, block_id)
+        try:
+            agent = self.agent(request, agent_id)
+        except NotFound:  # (refused by the service: the block made for it goes too)
+            agent = None
+        services.letta_block_attach(self.caller(request), agent=agent, block=block)
         return Response(_agent_state(self.agent(request, agent_id)))  # with the new block
 
 
@@ -229,13 +239,7 @@ class BlocksView(LettaView):
     @extend_schema(exclude=True)
     def post(self, request):
         data = s.BlockIn.parse(request.data)
-        block = services.letta_block_create(
-            self.caller(request),
-            label=data["label"],
-            value=data["value"],
-            description=data["description"] or "",
-            limit=data["limit"] or s.DEFAULT_BLOCK_LIMIT,
-        )
+        block = services.letta_block_create(self.caller(request), **data)
         return Response(s.block_out(block))
 
 
@@ -254,6 +258,7 @@ class BlockView(LettaView):
             value=data.get("value"),
             description=data.get("description"),
             limit=data.get("limit"),
+            label=data.get("label"),
         )
         return Response(s.block_out(block))
 

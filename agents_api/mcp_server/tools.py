@@ -166,7 +166,9 @@ def _memory_list(caller: Caller, args: dict) -> dict:
 def _memory_delete(caller: Caller, args: dict) -> dict:
     # The memories an agent API request may name by id: the agent's, and of the users' only
     # the one it acts for.
-    reachable = selectors.memories_of(caller.agent, user_id=caller.principal.on_behalf_of)
+    reachable = selectors.memories_of(
+        caller.agent, user_id=caller.principal.on_behalf_of, with_expired=True
+    )
     memory = selectors.memory_of(reachable, args["id"])
     services.memory_delete(caller.principal, memory=memory)
     return {"id": str(memory.id), "status": "deleted"}

@@ -187,8 +187,17 @@ def _within_its_own(user_id: str, parsed: dict[str, list[dict]]) -> None:
 
 
 def _agent(data: dict) -> Agent:
-    """The agent of an agent's document: the one with its id, or made again."""
-    agent = Agent.objects.filter(id=data["id"]).first()
-    if agent is None:
-        agent = Agent.objects.create(**data)
-    return agent
+    """The agent of an agent's document: the one with its id, when it is the document's
+    owner's; or made again, unless its owner has another agent of its name. An agent of
+    someone else is not given the document's records (whoever its id names)."""
+    owner, name = data["owner_principal"], data["name"]
+    agent = Agent.objects.select_for_update().filter(id=data["id"]).first()
+    if agent is not None:
+        if agent.owner_principal != owner:
+            raise ImportRefused(
+                f"agent: {agent.id} is an agent of {agent.owner_principal} here, not of {owner}"
+            )
+        return agent
+    if Agent.objects.filter(owner_principal=owner, name=name).exists():
+        raise ImportCollides(f"agent: {owner} has an agent named {name!r} here, of another id")
+    return Agent.objects.create(**data)

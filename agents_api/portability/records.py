@@ -220,6 +220,12 @@ class AgentRecord(Record):
 class ToolRecordRecord(Record):
     id = serializers.UUIDField(help_text="The trace id.")
     agentId = serializers.UUIDField(source="agent_id")
+    userId = SubjectField(
+        source="user_id",
+        required=False,
+        default="",
+        help_text="The user the agent acted for when it made it; null: the agent's own.",
+    )
     conversationId = serializers.UUIDField(source="conversation_id", allow_null=True)
     taskId = TaskIdField(source="task_id", allow_blank=True)
     step = StepField()

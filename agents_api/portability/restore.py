@@ -21,6 +21,7 @@ from agents_api.models import (
     ToolRecord,
     content_hash,
 )
+from agents_api.services.memories import expired_copies_forget
 from agents_api.tasks import sweep_unembedded_memories_task, sweep_unembedded_tool_records_task
 from conversations.models import (
     Conversation,
@@ -234,14 +235,14 @@ def _swept_on_commit(sweep) -> None:
 
 
 def restore_memories(subject, records: list[dict]) -> int:
+    """Memories; an expired one with the same words is gone (``expired_copies_forget``),
+    one kept still is a collision."""
     kept = _agents_for(subject, records, "memories")
     if kept:
         _swept_on_commit(sweep_unembedded_memories_task)
-    return len(
-        Memory.objects.bulk_create(
-            Memory(**record, content_hash=content_hash(record["content"])) for record in kept
-        )
-    )
+    memories = [Memory(**record, content_hash=content_hash(record["content"])) for record in kept]
+    expired_copies_forget(memories)
+    return len(Memory.objects.bulk_create(memories))
 
 
 def restore_memory_blocks(subject, records: list[dict]) -> int:
@@ -259,9 +260,10 @@ def restore_memory_blocks(subject, records: list[dict]) -> int:
     return len(blocks)
 
 
-def restore_tool_records(agent: Agent, records: list[dict]) -> int:
-    """An agent's tool records; one whose conversation is gone keeps its facts without it."""
-    kept = _agents_for(agent, records, "toolRecords")
+def restore_tool_records(subject, records: list[dict]) -> int:
+    """Tool records (an agent's, or those made for a user by agents that exist); one whose
+    conversation is gone keeps its facts without it, as when it is deleted."""
+    kept = _agents_for(subject, records, "toolRecords")
     if kept:
         _swept_on_commit(sweep_unembedded_tool_records_task)
     existing = set(

@@ -9,7 +9,9 @@ from memsvc.api.principals import Principal
 
 
 def _memories(agent=None, user_id=None):
-    return agent_selectors.memories_of(agent, user_id=user_id).order_by(
+    # Expired ones too: an export holds what is still stored (``expiresAt`` tells), and an
+    # import skips them.
+    return agent_selectors.memories_of(agent, user_id=user_id, with_expired=True).order_by(
         "agent_id", "user_id", "created_at", "id"
     )
 
@@ -70,6 +72,12 @@ USER_SECTIONS = [
         records.MemoryBlockRecord,
         lambda user_id: agent_selectors.memory_blocks_with_revisions(user_id=user_id),
         restore.restore_memory_blocks,
+    ),
+    Section(
+        "toolRecords",
+        records.ToolRecordRecord,
+        agent_selectors.tool_records_made_for,
+        restore.restore_tool_records,
     ),
 ]
 

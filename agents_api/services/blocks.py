@@ -81,11 +81,15 @@ def memory_block_update(
     replace: tuple[str, str] | None = None,
     description: str | None = None,
     limit: int | None = None,
+    label: str | None = None,
 ) -> MemoryBlock:
-    """Change a block: set its value, ``append`` a line, or ``replace`` (old, new) text.
+    """Change a block: set its value, ``append`` a line, or ``replace`` (old, new) text;
+    and its description, limit or ``label`` (one its agent keeps for that user already is
+    a conflict).
 
     The row is locked for the whole change, so concurrent appends never lose text.
-    Refused changes (read-only, over the limit, ``old`` not found) store nothing.
+    Refused changes (read-only, over the limit, ``old`` not found, a label taken) store
+    nothing.
     """
     block = locked_row(MemoryBlock.objects, block.pk, missing="memory block not found")
     _refuse_an_agent_if_memory_off(actor, block.user_id)
@@ -111,8 +115,16 @@ def memory_block_update(
     block.limit = new_limit
     if description is not None:
         block.description = description
+    if label is not None:
+        block.label = label
     block.updated_at = timezone.now()
-    block.save(update_fields=["value", "limit", "description", "updated_at"])
+    try:
+        with transaction.atomic():
+            block.save(update_fields=["value", "limit", "description", "label", "updated_at"])
+    except IntegrityError:
+        if label is None:  # (the label's uniqueness is the one rule not checked above)
+            raise
+        raise Conflict(f"a memory block labelled {label!r} already exists") from None
     if changed:
         _record(block, actor)
     return block

@@ -3,10 +3,13 @@
 from dataclasses import dataclass
 
 from django.db import transaction
+from django.db.models import Q
 
-from agents_api.models import MemoryBlock
-from agents_api.selectors import memories_of
+from agents_api.models import MemoryBlock, ToolRecord
+from agents_api.selectors import memories_of, tool_records_made_for
 from agents_api.services.memories import memories_delete
+from agents_api.services.tool_records import tool_records_delete
+from conversations.selectors import conversations_owned_by
 from conversations.services import user_conversations_erase
 from memsvc.api.errors import InvalidInput
 from memsvc.api.principals import Principal
@@ -20,6 +23,7 @@ class Erased:
     ownership_transfers: int
     memories: int
     memory_blocks: int
+    tool_records: int
 
 
 @transaction.atomic
@@ -27,13 +31,23 @@ def user_erase(actor: Principal, *, confirm: str) -> Erased:
     """Erase what is kept about the acting user: the conversations they own (with everyone's
     messages in them), their messages and memberships elsewhere, the transfers they made or
     were offered, and what every agent keeps about them (memories, blocks and their
-    revisions). ``confirm`` must be their id: this cannot be undone. All or nothing."""
+    revisions, tool records made for them or in the conversations they own, which would
+    otherwise outlive those). ``confirm`` must be their id: this cannot be undone. All or
+    nothing."""
     if confirm != actor.id:
         raise InvalidInput.for_field(
             "confirm", "must be your own user id: erasing your data cannot be undone"
         )
+    # Before the conversations, which would leave their records unlinked rather than gone.
+    tool_records = tool_records_delete(
+        actor,
+        records=ToolRecord.objects.filter(
+            Q(id__in=tool_records_made_for(actor.id).values("id"))
+            | Q(conversation__in=conversations_owned_by(actor.id).values("id"))
+        ),
+    )
     conversations = user_conversations_erase(actor.id)
-    memories = memories_delete(actor, memories=memories_of(user_id=actor.id))
+    memories = memories_delete(actor, memories=memories_of(user_id=actor.id, with_expired=True))
     _, deleted = MemoryBlock.objects.filter(user_id=actor.id).delete()
     return Erased(
         conversations=conversations.conversations,
@@ -42,4 +56,5 @@ def user_erase(actor: Principal, *, confirm: str) -> Erased:
         ownership_transfers=conversations.ownership_transfers,
         memories=memories,
         memory_blocks=deleted.get(MemoryBlock._meta.label, 0),
+        tool_records=tool_records,
     )

@@ -7,15 +7,15 @@ key's principal, ``selectors.letta_agents``). What Letta keeps and memsvc has no
 (tags, model, the sleeptime frequency) lives in the agent's metadata under ``"letta"``.
 """
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
-from agents_api.models import DEFAULT_BLOCK_LIMIT, Agent, MemoryBlock
+from agents_api.models import Agent, MemoryBlock
 from agents_api.services.agents import agent_delete, agent_get_or_create
 from agents_api.services.blocks import memory_block_create
 from agents_api.services.messages import local_messages_append
 from conversations.models import Message, Role
 from conversations.services import NewMessage, within_message_limit
-from memsvc.api.errors import Conflict, Forbidden
+from memsvc.api.errors import Conflict, Forbidden, NotFound
 from memsvc.db import locked_row
 
 LETTA_METADATA_KEY = "letta"
@@ -28,9 +28,16 @@ def letta_settings(agent: Agent) -> dict:
     return dict(agent.metadata.get(LETTA_METADATA_KEY) or {})
 
 
-def _save_settings(agent: Agent, **changes) -> None:
-    """Merge ``changes`` into the agent's Letta settings (caller holds the agent's row lock)."""
-    agent.metadata = {**agent.metadata, LETTA_METADATA_KEY: {**letta_settings(agent), **changes}}
+def letta_metadata(agent: Agent) -> dict:
+    """What Letta calls the agent's metadata: the agent's own, but for its Letta settings."""
+    return {key: value for key, value in agent.metadata.items() if key != LETTA_METADATA_KEY}
+
+
+def _save_settings(agent: Agent, *, metadata: dict | None = None, **changes) -> None:
+    """Merge ``changes`` into the agent's Letta settings, and put ``metadata`` (when given)
+    in place of its ``letta_metadata`` (caller holds the agent's row lock)."""
+    kept = letta_metadata(agent) if metadata is None else metadata
+    agent.metadata = {**kept, LETTA_METADATA_KEY: {**letta_settings(agent), **changes}}
     agent.save(update_fields=["metadata"])
 
 
@@ -40,11 +47,9 @@ def _locked(agent: Agent) -> Agent:
 
 
 def _given(settings: dict) -> dict:
-    """The Letta settings of a request that it sets: as on Letta's server, a null leaves a
-    setting as it is (the SDK's ``agents.update(agent, model=None)`` keeps the model)."""
-    return {
-        key: value for key, value in settings.items() if key in LETTA_SETTINGS and value is not None
-    }
+    """The Letta settings of a request. (A null in the request was left out of it, as on
+    Letta's server: ``letta_api.serializers.LettaInput``.)"""
+    return {key: value for key, value in settings.items() if key in LETTA_SETTINGS}
 
 
 @transaction.atomic
@@ -55,43 +60,70 @@ def letta_agent_create(
     tags: list[str],
     memory_blocks: list[dict],
     settings: dict,
+    metadata: dict | None = None,
 ) -> Agent:
     """A Letta agent named ``name``: the key's own agent when the names match, else an
     agent the key's agent owns, made or found by name (asked twice, one agent). Its blocks
-    are created where the agent has none of that label; its tags are added to its own."""
+    are created where the agent has none of that label; its tags are added to its own; its
+    metadata, when given, replaced."""
     if name == caller.name:
         agent = _locked(caller)
     else:
         agent, _ = agent_get_or_create(owner_principal=caller.principal_id, name=name)
         agent = _locked(agent)
     known = letta_settings(agent)
-    _save_settings(agent, **_given(settings), tags=sorted({*known.get("tags", []), *tags}))
+    _save_settings(
+        agent,
+        metadata=metadata,
+        **_given(settings),
+        tags=sorted({*known.get("tags", []), *tags}),
+    )
     labels = set(agent.memory_blocks.filter(user_id="").values_list("label", flat=True))
     for block in memory_blocks:
         if block["label"] in labels:
             continue
-        memory_block_create(
-            caller.as_principal(),
-            agent=agent,
-            label=block["label"],
-            value=block.get("value") or "",
-            description=block.get("description") or "",
-            limit=block.get("limit") or DEFAULT_BLOCK_LIMIT,
-        )
+        memory_block_create(caller.as_principal(), agent=agent, **block)
         labels.add(block["label"])
     return agent
 
 
 @transaction.atomic
-def letta_agent_update(agent: Agent, *, settings: dict) -> Agent:
+def letta_agent_update(
+    caller: Agent,
+    *,
+    agent: Agent,
+    name: str | None = None,
+    settings: dict,
+    metadata: dict | None = None,
+) -> Agent:
     """Letta's settings given (``enable_sleeptime`` false: the observer stops), and the
-    tags, replaced, when given."""
+    tags, the metadata and the name, replaced, when given. A name is one per agent the key reaches by name
+    (``letta_agent_create``): another's, or the key's own agent's, is a conflict. The key's
+    own agent keeps the name it was given with the key, as it is not the key's to delete."""
     agent = _locked(agent)
+    if name is not None and name != agent.name:
+        _rename(caller, agent, name)
     tags = settings.get("tags")
     _save_settings(
-        agent, **_given(settings), **({"tags": sorted(set(tags))} if tags is not None else {})
+        agent,
+        metadata=metadata,
+        **_given(settings),
+        **({"tags": sorted(set(tags))} if tags is not None else {}),
     )
     return agent
+
+
+def _rename(caller: Agent, agent: Agent, name: str) -> None:
+    if agent.pk == caller.pk:
+        raise Forbidden("an API key cannot rename its own agent")
+    if name == caller.name:
+        raise Conflict(f"the name {name!r} is the API key's own agent's")
+    agent.name = name
+    try:
+        with transaction.atomic():
+            agent.save(update_fields=["name"])
+    except IntegrityError:
+        raise Conflict(f"an agent named {name!r} exists already") from None
 
 
 @transaction.atomic
@@ -114,31 +146,58 @@ def letta_sleeptime_update(agent: Agent, *, frequency: int | None) -> Agent:
     return agent
 
 
+@transaction.atomic
 def letta_block_create(caller: Agent, **fields) -> MemoryBlock:
     """Letta creates a block first and attaches it to an agent next: until then the block
-    is the key's own agent's (a label it already has is a conflict)."""
-    return memory_block_create(caller.as_principal(), agent=caller, **fields)
+    waits on the key's own agent (a label it already has is a conflict)."""
+    block = memory_block_create(caller.as_principal(), agent=caller, **fields)
+    block.awaiting_attach = True
+    block.save(update_fields=["awaiting_attach"])
+    return block
+
+
+def letta_block_attach(caller: Agent, *, agent: Agent | None, block: MemoryBlock) -> MemoryBlock:
+    """Give a block made to be attached (``letta_block_create``) to ``agent`` (a no-op when
+    it has it already; None: the key reaches no such agent, a 404). All or nothing: a
+    refused attach deletes that block, which would otherwise stay on the key's own agent,
+    its label refusing the next try's create (the SDK's ``memory.create`` is the two
+    calls)."""
+    try:
+        if agent is None:
+            raise NotFound("Agent not found")
+        return _block_attach(caller, agent=agent, block=block)
+    except (Conflict, NotFound):
+        _drop_awaiting(caller, block)
+        raise
 
 
 @transaction.atomic
-def letta_block_attach(caller: Agent, *, agent: Agent, block: MemoryBlock) -> MemoryBlock:
-    """Give a block of the key's own agent (``letta_block_create``) to ``agent`` (a no-op
-    when it has it already); an agent has one block per label, so a second one of that
-    label is a conflict. Letta shares a block between the agents it is attached to; memsvc
-    keeps a block in one agent, so another agent's block is a conflict, not taken from it.
-    The agent's row is locked first, as its deletion and ``letta_agent_create`` lock it: the
-    block is not moved into an agent deleted meanwhile, nor next to a block of its label
-    created meanwhile."""
+def _drop_awaiting(caller: Agent, block: MemoryBlock) -> None:
+    """Delete ``block`` if it still waits for its attach on the key's agent: locked first,
+    so that one attached meanwhile (by a concurrent attach) is not deleted."""
+    awaiting = MemoryBlock.objects.filter(pk=block.pk, agent=caller, awaiting_attach=True)
+    if awaiting.select_for_update().exists():
+        awaiting.delete()
+
+
+@transaction.atomic
+def _block_attach(caller: Agent, *, agent: Agent, block: MemoryBlock) -> MemoryBlock:
+    """An agent has one block per label, so a second one of that label is a conflict.
+    Letta shares a block between the agents it is attached to; memsvc keeps a block in one
+    agent, so another agent's block (the key's own agent's too) is a conflict, not taken
+    from it. The agent's row is locked first, as its deletion and ``letta_agent_create``
+    lock it: the block is not moved into an agent deleted meanwhile, nor next to a block of
+    its label created meanwhile."""
     agent = _locked(agent)
     block = locked_row(MemoryBlock.objects, block.pk, missing="Block not found")
-    if block.agent_id == agent.pk:
-        return block
-    if block.agent_id != caller.pk:
-        raise Conflict("the block is attached to another agent; memsvc does not share blocks")
-    if MemoryBlock.objects.filter(agent=agent, user_id=block.user_id, label=block.label).exists():
-        raise Conflict(f"the agent already has a memory block labelled {block.label!r}")
-    block.agent = agent
-    block.save(update_fields=["agent"])
+    if block.agent_id != agent.pk:
+        if not (block.agent_id == caller.pk and block.awaiting_attach):
+            raise Conflict("the block is attached to another agent; memsvc does not share blocks")
+        labelled = MemoryBlock.objects.filter(agent=agent, user_id=block.user_id, label=block.label)
+        if labelled.exists():
+            raise Conflict(f"the agent already has a memory block labelled {block.label!r}")
+    block.agent, block.awaiting_attach = agent, False
+    block.save(update_fields=["agent", "awaiting_attach"])
     return block
 
 

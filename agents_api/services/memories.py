@@ -1,32 +1,37 @@
 """Writes of long-term memories: saved with their vectors and merged with what they repeat, updated, deleted, counted, pruned, embedded later."""
 
+import functools
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from agents_api.models import (
+    LIVE,
     MEMORY_DEFAULT_IMPORTANCE,
+    MEMORY_LISTING_TTL,
     MEMORY_MAX_MESSAGES,
     MEMORY_MAX_TAGS,
     MEMORY_TTL,
     Agent,
     Memory,
+    MemoryListing,
     MemorySource,
     UserMemorySetting,
     content_hash,
     default_expiry,
 )
-from agents_api.selectors import MEMORIES, memory_off_for, messages_seen_by
+from agents_api.selectors import MEMORIES, memory_off_for, memory_scope, messages_seen_by
 from memsvc.api.errors import Conflict, InvalidInput
 from memsvc.api.principals import Principal
 from memsvc.db import lock_name, locked_row
 from search.embeddings import vector_literal
 from search.services import embed_pending_rows, embed_rows, reembed_all_rows, vectors_or_none
-from search.statements import Scope, execute_planned, nearest_order, nearest_settings
+from search.statements import execute_planned, nearest_order, nearest_settings
 from search.tuning import configured_tuning
 
 # A new memory this close (cosine similarity) to one the agent already keeps about the same
@@ -34,6 +39,9 @@ from search.tuning import configured_tuning
 NEAR_DUPLICATE_SIMILARITY = 0.95
 # kagent: a memory used this often by the time it expires is kept another MEMORY_TTL.
 POPULAR_ACCESS_COUNT = 10
+# Inserts of one new fact a save tries while the row it collides with keeps vanishing
+# before it can be merged into (``_insert_or_merge``).
+INSERT_ATTEMPTS = 3
 
 
 @dataclass
@@ -53,9 +61,10 @@ def _memory_vectors(texts: list[str]):
 
 def _nearest_memory(agent: Agent, user_id: str, model: str, vector) -> tuple | None:
     """(id, cosine distance) of the memory nearest to ``vector`` among the agent's memories
-    of this user, found as search finds its candidates: exact distances in a small scope,
-    the HNSW graph in a large one (an agent's own store of a hundred thousand memories)."""
-    scope = Scope("m.agent_id = %s AND m.user_id = %s", [agent.id, user_id])
+    of this user (not expired ones: those are gone), found as search finds its candidates:
+    exact distances in a small scope, the HNSW graph in a large one (an agent's own store
+    of a hundred thousand memories)."""
+    scope = memory_scope(agent.id, user_id)
     literal = vector_literal(vector)
     tuning = configured_tuning()
     with connection.cursor() as cursor:
@@ -75,9 +84,11 @@ def _nearest_memory(agent: Agent, user_id: str, model: str, vector) -> tuple | N
 
 def _same_memory(agent: Agent, user_id: str, new: NewMemory, model, vector) -> Memory | None:
     """The stored memory that ``new`` repeats: the same normalised text, or (with a vector)
-    one at ``NEAR_DUPLICATE_SIMILARITY`` or closer. Locked for the merge."""
+    one at ``NEAR_DUPLICATE_SIMILARITY`` or closer. Locked for the merge. Never an expired
+    one: that fact is gone, and saving it again keeps it anew (``expired_copies_forget``), not
+    the old row with its old uses."""
     same = Memory.objects.select_for_update().filter(
-        agent=agent, user_id=user_id, content_hash=content_hash(new.content)
+        LIVE, agent=agent, user_id=user_id, content_hash=content_hash(new.content)
     )
     found = same.first()
     if found is None and vector is not None:
@@ -86,8 +97,19 @@ def _same_memory(agent: Agent, user_id: str, new: NewMemory, model, vector) -> M
         if row is not None:
             # None if it was deleted while this waited for its row (by its user, the prune):
             # the fact is new again.
-            found = Memory.objects.select_for_update().filter(pk=row[0]).first()
+            found = Memory.objects.select_for_update().filter(LIVE, pk=row[0]).first()
     return found
+
+
+def expired_copies_forget(memories: Sequence[Memory]) -> None:
+    """Delete the expired memories holding the text of one of ``memories`` (about to be
+    stored: the same agent, user and unique content hash), as the prune would have: the
+    same fact stored again is a new memory, not a collision with one that is gone."""
+    same = [
+        Q(agent_id=m.agent_id, user_id=m.user_id, content_hash=m.content_hash) for m in memories
+    ]
+    if same:
+        Memory.objects.filter(~LIVE).filter(functools.reduce(operator.or_, same)).delete()
 
 
 def _violates(exc: IntegrityError, constraint: str) -> bool:
@@ -183,22 +205,32 @@ def _store_memories(agent, user_id, memories, source, model, vectors):
         )
         if vector is not None:
             memory.embedding, memory.embedding_model, memory.embedded_at = vector, model, now
-        try:
-            with transaction.atomic():
-                memory.save(force_insert=True)
-        except IntegrityError as exc:
-            # The same fact saved by a concurrent request: the unique content hash makes it
-            # one row, which is merged into now that it is visible. Any other refusal (a
-            # check constraint) is the caller's error.
-            if not _violates(exc, "memory_unique_content"):
-                raise
-            saved.append((_merge(_same_memory(agent, user_id, new, None, None), new), False))
-            continue
-        saved.append((memory, True))
+        saved.append(_insert_or_merge(memory, new))
     # A memory merged into later in the batch is answered as it ends up, wherever it
     # appears (each merge reads the row afresh: the last object is the latest state).
     latest = {memory.pk: memory for memory, _ in saved}
     return [(latest[memory.pk], created) for memory, created in saved]
+
+
+def _insert_or_merge(memory: Memory, new: NewMemory) -> tuple[Memory, bool]:
+    """Store ``memory`` (the new fact ``new``): (memory, True); or, when the same text was
+    committed meanwhile by a writer that does not take a save's turn (an update of another
+    memory's content, an import), merge into that row: (it, False). That row may be gone
+    again before it is read (deleted, changed once more, expired): the insert is then
+    tried again. Any other refusal (a check constraint) is the caller's error."""
+    for _ in range(INSERT_ATTEMPTS):
+        expired_copies_forget([memory])
+        try:
+            with transaction.atomic():
+                memory.save(force_insert=True)
+            return memory, True
+        except IntegrityError as exc:
+            if not _violates(exc, "memory_unique_content"):
+                raise
+        existing = _same_memory(memory.agent, memory.user_id, new, None, None)
+        if existing is not None:
+            return _merge(existing, new), False
+    raise Conflict("this memory was changed by another request while it was saved; try again")
 
 
 def memory_save(
@@ -211,7 +243,6 @@ def memory_save(
     return result
 
 
-@transaction.atomic
 def memory_update(
     actor: Principal,
     *,
@@ -226,30 +257,51 @@ def memory_update(
 ) -> Memory:
     """Change a memory; new content gets a new vector (or waits for the sweep); new
     ``message_ids`` replace the turns it cites. 409 when its user turned memory off (a
-    changed fact is a new one)."""
+    changed fact is a new one), or when the agent keeps the new content already.
+
+    New content is embedded before the transaction, as a save's (the model's time holds no
+    lock); the vector is of the very text written, whatever the memory held meanwhile."""
     if message_ids is not None:
         _refuse_unseen_messages(actor, message_ids)
-    memory = locked_row(Memory.objects, memory.pk, missing="memory not found")
+    refuse_if_memory_off(memory.user_id)
+    model, vectors = (None, None)
+    if content is not None and content != memory.content:
+        model, vectors = _memory_vectors([content])
+    changes = {
+        "summary": summary,
+        "importance": importance,
+        "metadata": metadata,
+        "expires_at": expires_at,
+        "tags": None if tags is None else list(dict.fromkeys(tags)),
+        "message_ids": None if message_ids is None else list(dict.fromkeys(message_ids)),
+    }
+    return _write_memory_update(
+        memory.pk,
+        content,
+        vectors[0] if vectors else None,
+        model,
+        {name: value for name, value in changes.items() if value is not None},
+    )
+
+
+@transaction.atomic
+def _write_memory_update(pk, content: str | None, vector, model, changes: dict) -> Memory:
+    """``memory_update``'s write; ``vector`` (of ``model``): ``content``'s, or None."""
+    memory = locked_row(Memory.objects, pk, missing="memory not found")
     refuse_if_memory_off(memory.user_id, lock=True)
     if content is not None and content != memory.content:
+        hashed = content_hash(content)
+        if hashed != memory.content_hash:  # (another fact: an expired copy of it is gone)
+            memory.content_hash = hashed
+            expired_copies_forget([memory])
         memory.content = content
-        memory.content_hash = content_hash(content)
-        model, vectors = _memory_vectors([content])
-        memory.embedding = vectors[0] if vectors else None
-        memory.embedding_model = model or ""
-        memory.embedded_at = timezone.now() if vectors else None
-    for name, value in (
-        ("summary", summary),
-        ("importance", importance),
-        ("metadata", metadata),
-        ("expires_at", expires_at),
-    ):
-        if value is not None:
-            setattr(memory, name, value)
-    if tags is not None:
-        memory.tags = list(dict.fromkeys(tags))
-    if message_ids is not None:
-        memory.message_ids = list(dict.fromkeys(message_ids))
+        # None: the content was as this request asked when it was read (so not embedded),
+        # and changed since, or the backend failed: the sweep embeds it.
+        memory.embedding = vector
+        memory.embedding_model = model if vector is not None else ""
+        memory.embedded_at = timezone.now() if vector is not None else None
+    for name, value in changes.items():
+        setattr(memory, name, value)
     memory.updated_at = timezone.now()
     try:
         with transaction.atomic():
@@ -277,7 +329,10 @@ def memory_delete(actor: Principal, *, memory: Memory) -> None:
 
 @transaction.atomic
 def memories_delete(actor: Principal, *, memories) -> int:
-    """Delete every memory of a queryset the caller chose (``selectors.memories_of``)."""
+    """Delete every memory of a queryset the caller chose (``selectors.memories_of``, with
+    the expired ones: else the prune could give one a new life); how many of them had not
+    expired (the others were gone already, and no list showed them)."""
+    memories.exclude(LIVE).delete()
     deleted, _ = memories.delete()
     return deleted
 
@@ -313,6 +368,8 @@ def memories_prune(*, now: datetime | None = None) -> PruneResult:
         expires_at=now + MEMORY_TTL,
         access_count=0,
     )
+    # The orders of walks by popularity begun long enough ago (a cursor into one is a 400).
+    MemoryListing.objects.filter(created_at__lt=now - MEMORY_LISTING_TTL).delete()
     return PruneResult(deleted=deleted, extended=extended)
 
 

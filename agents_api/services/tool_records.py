@@ -41,11 +41,12 @@ def _vectors(texts: list[str]):
 def tool_records_create(
     actor: Principal, *, agent: Agent, records: Sequence[NewToolRecord]
 ) -> list[ToolRecord]:
-    """Store tool interactions of ``agent``, all or nothing, each searchable at once: with
-    the caller's summary or the observer's deterministic one, embedded before the
-    transaction opens (the model's time holds no locks). The caller hands them to the
-    observer once committed (``tasks.enqueue_tool_record_observation``), as a write's other
-    after-commit work is handed on by its view."""
+    """Store tool interactions of ``agent``, made for the user ``actor`` acts for (if it
+    does), all or nothing, each searchable at once: with the caller's summary or the
+    observer's deterministic one, embedded before the transaction opens (the model's time
+    holds no locks). The caller hands them to the observer once committed
+    (``tasks.enqueue_tool_record_observation``), as a write's other after-commit work is
+    handed on by its view."""
     summaries = [
         new.summary or observer.fallback_summary(new.tool_name, new.raw_input, new.raw_output)
         for new in records
@@ -56,6 +57,7 @@ def tool_records_create(
     for index, new in enumerate(records):
         row = ToolRecord(
             agent=agent,
+            user_id=actor.on_behalf_of or "",
             conversation=new.conversation,
             task_id=new.task_id,
             step=new.step,
@@ -78,7 +80,7 @@ def tool_records_create(
 def _hold_conversations(records: Sequence[NewToolRecord]) -> None:
     """Hold the conversations the records name until they commit (``held_keys``): one
     deleted meanwhile is refused, 400 as the view refuses an unknown one; a deletion that
-    comes later waits, and deletes the records with their conversation."""
+    comes later waits, and then unlinks the records from it (they outlive it)."""
     wanted = {new.conversation.pk for new in records if new.conversation is not None}
     if wanted and held_keys(Conversation, wanted) != wanted:
         raise InvalidInput.for_field("conversationId", "no such conversation")

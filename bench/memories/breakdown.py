@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     from django.db import connection, transaction
 
     from agents_api.models import Agent
-    from agents_api.selectors import MEMORIES, _memory_scope, memory_search
+    from agents_api.selectors import MEMORIES, memory_scope, memory_search
     from search import statements
     from search.embeddings import configured_backend, vector_literal
     from search.tuning import configured_tuning
@@ -68,7 +68,7 @@ def main(argv=None) -> int:
             user = rng.choice(users)
             query = source.question(user.name, user.friend, rng)
             user_id = user.user_id if with_user else ""
-            scope = _memory_scope(agent.id, user_id)
+            scope = memory_scope(agent.id, user_id)
             started = time.perf_counter()
             vector = vector_literal(backend.embed([query])[0])
             steps["embedding"].append(time.perf_counter() - started)

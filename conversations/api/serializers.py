@@ -112,8 +112,19 @@ ConversationPage = paged(ConversationSummaryOut, "ConversationSummaryPage")
 CONVERSATION_LIST_PARAMETERS = [
     LIMIT_PARAMETER,
     AFTER_PARAMETER,
-    OpenApiParameter("query", str, description="Words of the title or metadata"),
+    OpenApiParameter(
+        "query",
+        str,
+        description="A text the title, or a text or number anywhere in the metadata, contains "
+        "(any case).",
+    ),
 ]
+CONVERSATION_LIST_DESCRIPTION = (
+    "Latest activity first. A walk of the pages loses no conversation: one with activity "
+    "while you walk moves ahead of your cursor, so once the others are listed, the pages go "
+    "on with those that had activity since the walk began, each again with its new "
+    "`updatedAt` (keep the latest of an id), until none had any."
+)
 
 
 class SearchResultOut(serializers.Serializer):

@@ -23,6 +23,7 @@ TransferList = listed(s.TransferOut, "OwnershipTransferList")
 class ConversationsView(UserApiView):
     @user_operation(
         "listConversations",
+        description=s.CONVERSATION_LIST_DESCRIPTION,
         parameters=s.CONVERSATION_LIST_PARAMETERS,
         responses={200: s.ConversationPage, **errors(400, 401)},
     )

@@ -14,7 +14,7 @@ from rest_framework import serializers
 
 from memsvc.api.errors import InvalidInput
 from memsvc.api.principals import PRINCIPAL_MAX_LENGTH, user_id_problem
-from memsvc.validators import no_nul_characters
+from memsvc.validators import no_control_characters, no_nul_characters
 
 METADATA_MAX_BYTES = 16 * 1024
 
@@ -84,10 +84,13 @@ class MessageContentField(TextField):
 
 
 class TitleField(TextField):
+    """A conversation's title: one line (no tab, newline or escape), at most 500 characters."""
+
     def __init__(self, **kwargs):
         kwargs.setdefault("max_length", 500)
         kwargs.setdefault("allow_blank", True)
         super().__init__(**kwargs)
+        self.validators.append(no_control_characters)
 
 
 def contains_nul(value) -> bool:

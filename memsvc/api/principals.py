@@ -1,12 +1,12 @@
 """Who is asking: the one object the rest of the code sees as ``request.principal``; and
 which principal ids exist."""
 
-import unicodedata
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from memsvc.api.errors import InvalidInput
+from memsvc.validators import has_control_characters
 
 # Principal ids of agents: ``agent:<uuid>``. Anything else is a user id.
 AGENT_PRINCIPAL_PREFIX = "agent:"
@@ -23,7 +23,7 @@ def user_id_problem(value) -> str | None:
         return "must be a non-empty string"
     if "\x00" in value:
         return "must not contain NUL characters"
-    if not value.isprintable() and any(unicodedata.category(c) == "Cc" for c in value):
+    if has_control_characters(value):
         return "must not contain control characters"
     if len(value) > PRINCIPAL_MAX_LENGTH:
         return f"must be at most {PRINCIPAL_MAX_LENGTH} characters"

@@ -254,6 +254,7 @@ def test_erase_removes_what_is_kept_about_the_user_and_nothing_of_others(
         "ownershipTransfers": 1,  # bob's pending offer to her
         "memories": 1,
         "memoryBlocks": 1,
+        "toolRecords": 0,  # the agent's, in bob's conversation: not hers
     }
     after = export(api, alice)
     assert all(after[name] == [] for name in after if isinstance(after[name], list))
@@ -272,6 +273,43 @@ def test_erase_removes_what_is_kept_about_the_user_and_nothing_of_others(
     assert call(api, "GET", "/v1/user/ownership-transfers", bob)["data"] == []
     # What she owned is gone for bob too (it was hers).
     assert api.get(f"/v1/user/conversations/{world.ours}", as_=bob).status_code == 404
+
+
+def test_tool_records_made_for_the_user_or_in_their_conversations_go_with_the_erase(
+    api, alice, bob, tmp_path, world, capsys
+):
+    """A tool record outlives its conversation (deleted: unlinked), but not the erase of the
+    user it was made for, nor of the owner of its conversation; the export holds those
+    made for the user, and ``memsvc import`` puts them back."""
+    agent = world.agent
+    [for_her] = tool_records_create(
+        Principal.for_agent(agent.id, on_behalf_of="alice"),
+        agent=agent,
+        records=[NewToolRecord(tool_name="lookup_allergies", raw_output={"nuts": True})],
+    )
+    [in_hers] = tool_records_create(
+        agent.as_principal(),
+        agent=agent,
+        records=[
+            NewToolRecord(
+                tool_name="book_flight",
+                raw_output={"to": "Zanzibar"},
+                conversation=Conversation.objects.get(id=world.ours),
+            )
+        ],
+    )
+    others = set(ToolRecord.objects.exclude(id__in=[for_her.id, in_hers.id]).values_list("id"))
+    assert len(others) == 2  # the world's: in bob's conversation, and the agent's own
+
+    first = cli_export(tmp_path, "first", "user", "alice")
+    [exported] = first["toolRecords"]
+    assert (exported["toolName"], exported["userId"]) == ("lookup_allergies", "alice")
+    assert call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})["toolRecords"] == 2
+    assert set(ToolRecord.objects.values_list("id")) == others
+
+    assert cli.main(["import", str(tmp_path / "first.json")]) == 0
+    assert "toolRecords: 1" in capsys.readouterr().err
+    assert cli_export(tmp_path, "second", "user", "alice") == first
 
 
 def term_statistics():
@@ -487,6 +525,34 @@ def test_an_agent_round_trip_export_drop_import_gives_the_same_export(tmp_path, 
     assert cli.main(["import", str(tmp_path / "first.json")]) == 1
     assert "nothing imported" in capsys.readouterr().err
     assert cli.main(["export", "agent", "nobody"]) == 1
+
+
+def test_an_agent_document_is_not_imported_into_another_owners_agent(tmp_path, world, capsys):
+    """The document's agent id names an agent here of someone else (another owner, another
+    key's): its records went into that agent. Refused, and nothing stored; an agent of the
+    document's owner with its name but another id is refused too, with the reason."""
+    exported = cli_export(tmp_path, "first", "agent", world.agent.name)
+    planted = {**exported["memories"][0], "id": str(uuid.uuid4()), "content": "Planted"}
+    document = {**exported, "memoryBlocks": [], "toolRecords": [], "memories": [planted]}
+    theirs = make_agent("theirs").agent  # (owned by "ops")
+    assert theirs.owner_principal != world.agent.owner_principal
+    path = tmp_path / "forged.json"
+    for agent, why in (
+        ({**document["agent"], "id": str(theirs.id)}, f"{theirs.id} is an agent of ops"),
+        ({**document["agent"], "ownerPrincipal": "mallory"}, "is an agent of"),
+        ({**document["agent"], "id": str(uuid.uuid4())}, "has an agent named"),
+    ):
+        path.write_text(json.dumps({**document, "agent": agent}))
+        assert cli.main(["import", str(path)]) == 1
+        err = capsys.readouterr().err
+        assert "nothing imported" in err and why in err, err
+    assert not Memory.objects.filter(content="Planted").exists()
+    assert Agent.objects.count() == 2
+
+    # Into the document's own agent (its owner's): what is new in it is added.
+    path.write_text(json.dumps(document))
+    assert cli.main(["import", str(path)]) == 0
+    assert Memory.objects.get(content="Planted").agent == world.agent
 
 
 @pytest.mark.parametrize("subject", ["", f"agent:{uuid.UUID(int=1)}"])
@@ -890,6 +956,22 @@ def test_an_import_that_collides_stores_nothing(api, world):
     twice = {**document, "memories": [document["memories"][0]] * 2, "memoryBlocks": []}
     assert api.post("/v1/agent/import", twice, as_=make_agent("third")).status_code == 409
     assert not Memory.objects.filter(agent__name="third").exists()
+
+
+def test_an_import_of_a_memory_the_agent_kept_until_it_expired_stores_it_anew(api, world):
+    """An expired memory is gone (not listed, not found, saved again as new): its words in
+    an import were a 409 "stored already" until the prune ran."""
+    document = agent_export(api, key_of(world.agent))
+    newcomer = make_agent("newcomer")
+    assert api.post("/v1/agent/import", document, as_=newcomer).status_code == 200
+    Memory.objects.filter(agent=newcomer.agent).update(expires_at=timezone.now())
+    memories_only = {**document, "memoryBlocks": [], "toolRecords": []}
+    response = api.post("/v1/agent/import", memories_only, as_=newcomer)
+    assert response.status_code == 200, response.content[:300]
+    assert response.json()["stored"]["memories"] == len(document["memories"])
+    again = Memory.objects.filter(agent=newcomer.agent)
+    assert again.count() == len(document["memories"])
+    assert not again.filter(expires_at__lte=timezone.now()).exists()
 
 
 def test_an_agent_import_skips_what_is_about_a_user_who_turned_memory_off(api, world):

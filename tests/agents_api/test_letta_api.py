@@ -508,7 +508,9 @@ def test_a_change_to_an_agent_deleted_meanwhile_is_404(api, helper):
     agent = Agent.objects.get(name="travel")  # as each request read it
     assert api.delete(f"/v1/agents/{state['id']}", as_=helper).status_code == 200
     for change in (
-        lambda: services.letta_agent_update(agent, settings={"model": "openai/gpt-4o"}),
+        lambda: services.letta_agent_update(
+            helper.agent, agent=agent, settings={"model": "openai/gpt-4o"}
+        ),
         lambda: services.letta_sleeptime_update(agent, frequency=2),
         lambda: services.letta_agent_delete(helper.agent, agent=agent),
     ):
@@ -517,9 +519,10 @@ def test_a_change_to_an_agent_deleted_meanwhile_is_404(api, helper):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_block_attached_while_its_agent_is_deleted_stays_with_the_key(api, helper):
+def test_a_block_attached_while_its_agent_is_deleted_is_not_kept(api, helper):
     """The attach waits for the deletion, then finds no agent: a 404, not a block moved into
-    the deleted agent (a 500 when its foreign key was checked at commit)."""
+    the deleted agent (a 500 when its foreign key was checked at commit). The block made for
+    it goes with the refusal (all or nothing), not left on the key's agent."""
     state = create_agent(api, helper)
     api.post("/v1/blocks/", {"label": "notes", "value": "Keep me."}, as_=helper)
     agent, block = Agent.objects.get(name="travel"), MemoryBlock.objects.get(label="notes")
@@ -531,7 +534,7 @@ def test_a_block_attached_while_its_agent_is_deleted_stays_with_the_key(api, hel
 
     assert isinstance(refused, NotFound), refused
     assert not Agent.objects.filter(id=state["id"].removeprefix("agent-")).exists()
-    assert MemoryBlock.objects.get(label="notes").agent_id == helper.agent.id
+    assert not MemoryBlock.objects.filter(label="notes").exists()
 
 
 def test_letta_routes_memsvc_does_not_serve_answer_501_naming_them(api, helper):
@@ -563,3 +566,145 @@ def test_bad_input_is_422_and_changes_nothing(api, helper):
         assert response.status_code == 422
         assert response.json()["detail"][0]["loc"] == ["query", "order"]  # (it said body)
     assert Agent.objects.filter(owner_principal=helper.agent.principal_id).count() == 1
+
+
+# --- a review's findings: attach all or nothing, renames, nulls ------------------------------
+
+
+def attach(api, key, agent_id, block_id):
+    return api.call("PATCH", f"/v1/agents/{agent_id}/core-memory/blocks/attach/{block_id}", as_=key)
+
+
+def test_a_failed_attach_leaves_no_block_behind_and_the_next_try_works(api, helper):
+    """The SDK's ``memory.create`` is a block made, then attached. An attach refused (the
+    agent has that label) left the block on the key's agent, and the next try's create was
+    a 409 for good: the attach undoes the create it was made for."""
+    agent_id = create_agent(api, helper)["id"]
+    block = api.post("/v1/blocks/", {"label": "human", "value": "Another."}, as_=helper).json()
+    assert attach(api, helper, agent_id, block["id"]).status_code == 409
+    assert not MemoryBlock.objects.filter(agent=helper.agent).exists()
+    assert api.get(f"/v1/blocks/{block['id']}", as_=helper).status_code == 404
+    notes = api.post("/v1/blocks/", {"label": "notes"}, as_=helper).json()
+    assert attach(api, helper, "agent-not-one", notes["id"]).status_code == 404  # (nor this)
+    assert not MemoryBlock.objects.filter(agent=helper.agent).exists()
+
+    human = api.get(f"/v1/agents/{agent_id}", as_=helper).json()["blocks"][0]
+    assert api.delete(f"/v1/blocks/{human['id']}", as_=helper).status_code == 200
+    again = api.post("/v1/blocks/", {"label": "human", "value": "Another."}, as_=helper)
+    assert again.status_code == 200, again.content
+    assert attach(api, helper, agent_id, again.json()["id"]).status_code == 200
+    assert MemoryBlock.objects.get(agent__name="travel").value == "Another."
+
+
+def test_the_keys_own_blocks_are_not_taken_by_an_attach(api, helper):
+    """A block the key's agent keeps (not one made to be attached) was moved to the other
+    agent, and a refused attach must not delete it either."""
+    own = create_agent(api, helper, name="helper", memory_blocks=[{"label": "persona"}])
+    [persona] = own["blocks"]
+    without = create_agent(api, helper, name="without", memory_blocks=[])["id"]
+    with_one = create_agent(api, helper, name="with", memory_blocks=[{"label": "persona"}])["id"]
+    for agent_id in (without, with_one):
+        response = attach(api, helper, agent_id, persona["id"])
+        assert response.status_code == 409, response.content
+    assert MemoryBlock.objects.get(agent=helper.agent).label == "persona"
+    assert api.get(f"/v1/agents/{without}", as_=helper).json()["blocks"] == []
+    # Attached to its own agent: nothing moves.
+    assert attach(api, helper, own["id"], persona["id"]).status_code == 200
+
+
+def test_an_agent_is_renamed_and_a_name_taken_is_a_conflict(api, helper):
+    """Letta's ``UpdateAgent.name``: it was answered 200 and ignored."""
+    state = create_agent(api, helper)
+    other = create_agent(api, helper, name="other")
+    path = f"/v1/agents/{state['id']}"
+    renamed = api.patch(path, {"name": "voyages", "model": None}, as_=helper)
+    assert renamed.status_code == 200, renamed.content
+    assert renamed.json()["name"] == "voyages"
+    assert renamed.json()["model"] == state["model"]
+    listed = api.get("/v1/agents/", as_=helper, name="voyages").json()
+    assert [agent["id"] for agent in listed] == [state["id"]]
+    assert api.patch(path, {"name": "voyages"}, as_=helper).status_code == 200  # (unchanged)
+    assert api.patch(path, {"name": None}, as_=helper).json()["name"] == "voyages"
+
+    # Another agent's name, or the key's own agent's (which the name reaches on create).
+    for taken in ("other", "helper"):
+        response = api.patch(path, {"name": taken, "system": "changed"}, as_=helper)
+        assert response.status_code == 409, (taken, response.content)
+        assert taken in response.json()["detail"]
+    for bad in ("", "a/b", "x" * 201, 7):
+        response = api.patch(path, {"name": bad}, as_=helper)
+        assert response.status_code == 422, (bad, response.content)
+        assert response.json()["detail"][0]["loc"] == ["body", "name"]
+    # The key's own agent is named by whoever made the key, as it is not the key's to delete.
+    own = api.patch(f"/v1/agents/agent-{helper.agent.id}", {"name": "renamed"}, as_=helper)
+    assert own.status_code == 403
+    assert sorted(Agent.objects.values_list("name", flat=True)) == ["helper", "other", "voyages"]
+    assert api.get(path, as_=helper).json()["system"] == ""
+    assert other["name"] == "other"
+
+
+def test_a_block_is_relabelled_and_a_label_taken_is_a_conflict(api, helper):
+    """Letta's ``BlockUpdate.label``: it was answered 200 and ignored."""
+    state = create_agent(
+        api, helper, memory_blocks=[{"label": "human"}, {"label": "persona", "value": "Kind."}]
+    )
+    _, persona = state["blocks"]
+    path = f"/v1/blocks/{persona['id']}"
+    relabelled = api.patch(path, {"label": "style", "value": None, "limit": None}, as_=helper)
+    assert relabelled.status_code == 200, relabelled.content
+    assert (relabelled.json()["label"], relabelled.json()["value"]) == ("style", "Kind.")
+    labels = [b["label"] for b in api.get(f"/v1/agents/{state['id']}", as_=helper).json()["blocks"]]
+    assert labels == ["human", "style"]
+
+    taken = api.patch(path, {"label": "human", "value": "Changed."}, as_=helper)
+    assert taken.status_code == 409, taken.content
+    assert "human" in taken.json()["detail"]
+    for bad in ("", "a/b", "x" * 101):
+        assert api.patch(path, {"label": bad}, as_=helper).status_code == 422, bad
+    block = MemoryBlock.objects.get(pk=persona["id"].removeprefix("block-"))
+    assert (block.label, block.value) == ("style", "Kind.")
+
+
+def test_a_null_in_a_create_is_the_default(api, helper):
+    """As Letta's ``CreateAgent`` and ``CreateBlock`` take it (a null tags list, blocks, or
+    a block's value was a 422); a null where a value is required is still one."""
+    state = create_agent(
+        api,
+        helper,
+        tags=None,
+        memory_blocks=[{"label": "human", "value": None, "description": None, "limit": None}],
+        system=None,
+        description=None,
+    )
+    assert state["tags"] == []
+    assert [(b["label"], b["value"]) for b in state["blocks"]] == [("human", "")]
+    bare = create_agent(api, helper, name="bare", memory_blocks=None)
+    assert bare["blocks"] == []
+    block = api.post("/v1/blocks/", {"label": "notes", "value": None, "limit": None}, as_=helper)
+    assert block.status_code == 200, block.content
+    assert (block.json()["value"], block.json()["limit"]) == ("", 5000)
+    for path, body, field in (
+        ("/v1/agents/", {"name": None}, "name"),
+        ("/v1/blocks/", {"label": None}, "label"),
+        ("/v1/agents/", {"name": "x", "memory_blocks": [{"label": None}]}, "memory_blocks"),
+    ):
+        response = api.post(path, body, as_=helper)
+        assert response.status_code == 422, (body, response.content)
+        assert response.json()["detail"][0]["loc"][:2] == ["body", field]
+    assert sorted(Agent.objects.values_list("name", flat=True)) == ["bare", "helper", "travel"]
+
+
+def test_an_agents_metadata_is_letta_s_and_memsvc_keeps_its_own_apart(api, helper):
+    """Letta's ``metadata`` on a create or an update was ignored, and an agent answered with
+    the metadata where memsvc keeps its Letta settings (``{"letta": {...}}``)."""
+    state = create_agent(api, helper, metadata={"team": "trips"})
+    assert state["metadata"] == {"team": "trips"}
+    path = f"/v1/agents/{state['id']}"
+    updated = api.patch(path, {"metadata": {"owner": "ada"}, "tags": None}, as_=helper).json()
+    assert updated["metadata"] == {"owner": "ada"}
+    assert updated["tags"] == [SDK_TAG] and updated["model"] == state["model"]
+    assert api.patch(path, {"metadata": None}, as_=helper).json()["metadata"] == {"owner": "ada"}
+    refused = api.patch(path, {"metadata": {"letta": {"tags": []}}}, as_=helper)
+    assert refused.status_code == 422
+    assert refused.json()["detail"][0]["loc"] == ["body", "metadata"]
+    assert api.get(path, as_=helper).json()["tags"] == [SDK_TAG]

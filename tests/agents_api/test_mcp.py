@@ -10,6 +10,7 @@ import sys
 import threading
 import time
 import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import anyio
@@ -574,6 +575,32 @@ def test_http_memory_list_takes_a_whole_number_written_with_a_point(client):
     page = json.loads(result["content"][0]["text"])
     assert [m["content"] for m in page["data"]] == ["The team meets on Mondays"]
     assert page["nextCursor"]
+
+
+def test_http_memory_list_and_delete_treat_an_expired_memory_as_gone(client):
+    # Expired, the daily prune not yet run: memory_list showed it (search did not); a
+    # delete still reaches it, so that the prune does not give it a new life.
+    agent, key = keyed_agent("expired-list")
+    kept, _ = memory_save(agent.as_principal(), agent=agent, content="The office is in Lisbon")
+    gone, _ = memory_save(agent.as_principal(), agent=agent, content="The team meets on Mondays")
+    Memory.objects.filter(id=gone.id).update(
+        expires_at=gone.created_at - timedelta(seconds=1), access_count=10
+    )
+    headers = {
+        "HTTP_AUTHORIZATION": f"Bearer {key}",
+        "HTTP_ACCEPT": "application/json, text/event-stream",
+    }
+
+    def call(name, arguments):
+        request = {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
+        request["params"] = {"name": name, "arguments": arguments}
+        response = client.post("/mcp", request, content_type="application/json", **headers)
+        assert response.status_code == 200, response.content
+        return json.loads(response.json()["result"]["content"][0]["text"])
+
+    assert [m["id"] for m in call("memory_list", {})["data"]] == [str(kept.id)]
+    assert call("memory_delete", {"id": str(gone.id)})["status"] == "deleted"
+    assert list(Memory.objects.values_list("id", flat=True)) == [kept.id]
 
 
 def test_http_memory_list_refuses_a_tag_longer_than_any_tag(client):

@@ -271,10 +271,84 @@ def test_tags_filter_search_and_list(api, helper):
     assert contents(listed) == ["Tuesdays are for team lunch"]
 
 
+def expire(*memories, used: int = 0):
+    """Let these memories expire a second ago, used ``used`` times, the prune not yet run."""
+    Memory.objects.filter(id__in=[memory["id"] for memory in memories]).update(
+        expires_at=timezone.now() - timedelta(seconds=1), access_count=used
+    )
+
+
 def test_expired_memories_are_not_found(api, helper):
     memory = save(api, helper, "A fact about bicycles")
-    Memory.objects.filter(id=memory["id"]).update(expires_at=timezone.now() - timedelta(seconds=1))
+    expire(memory)
     assert search(api, helper, "bicycles", minScore=0) == []
+
+
+@pytest.mark.parametrize("used", [0, 10], ids=["to-be-deleted", "to-be-extended"])
+def test_an_expired_memory_is_gone_everywhere_before_the_prune_runs(api, helper, alice, used):
+    """Search left it out, but lists, reads, changes and the user's door still showed it
+    until the daily prune. A popular one, which the prune will give a new life, is gone
+    until then too; a delete still reaches it, so that the prune does not bring it back."""
+    kept = save(api, helper, "Alice rides a red bicycle", userId="alice")
+    gone = save(api, helper, "Alice rides to work on Mondays", userId="alice")
+    own_gone = save(api, helper, "The helper's expired note")
+    expire(gone, own_gone, used=used)
+
+    for listing in (
+        api.get(MEMORIES, as_=helper, userId="alice"),
+        api.get(MEMORIES, as_=helper, userId="alice", order="popular"),
+        api.get(MINE, as_=alice),
+        api.get(MINE, as_=alice, agentId=str(helper.agent.id), order="popular"),
+    ):
+        assert contents(listing.json()["data"]) == [kept["content"]]
+    assert contents(api.get(MEMORIES, as_=helper).json()["data"]) == []
+    assert contents(search(api, helper, "Alice rides", userId="alice", minScore=0)) == [
+        kept["content"]
+    ]
+    found = api.post(f"{MINE}/search", {"query": "Alice rides", "minScore": 0}, as_=alice)
+    assert contents(found.json()["data"]) == [kept["content"]]
+    url = f"{MEMORIES}/{gone['id']}"
+    assert api.get(url, as_=helper).status_code == 404
+    before = snapshot()
+    assert api.patch(url, {"importance": 0.9}, as_=helper).status_code == 404
+    assert snapshot() == before
+
+    # Deletes reach it (and count only what was still there to see).
+    assert api.delete(f"{MEMORIES}/{own_gone['id']}", as_=helper).status_code == 204
+    assert api.call("DELETE", MINE, as_=alice).json() == {"deleted": 1}
+    assert not Memory.objects.exists()
+
+
+def test_saving_an_expired_fact_again_keeps_it_as_new(api, helper):
+    """An expired memory, not yet pruned, is no duplicate to merge into (which brought it
+    back with its old uses, tags and age): the fact is saved anew, by the same words or
+    by near ones."""
+    old = save(api, helper, "Alice likes green tea", userId="alice", tags=["old"])
+    expire(old, used=12)
+    again = api.post(MEMORIES, {"content": "alice likes GREEN tea", "userId": "alice"}, as_=helper)
+    assert again.status_code == 201, again.content
+    new = again.json()
+    assert new["id"] != old["id"]
+    assert (new["content"], new["tags"], new["accessCount"]) == ("alice likes GREEN tea", [], 0)
+    assert list(Memory.objects.values_list("id", flat=True)) == [uuid.UUID(new["id"])]
+
+    near = save(api, helper, "Alice drinks black coffee", userId="alice")
+    expire(near)
+    again = api.post(
+        MEMORIES, {"content": "Alice drinks black coffee.", "userId": "alice"}, as_=helper
+    )
+    assert again.status_code == 201 and again.json()["id"] != near["id"]
+    # A change of another memory to the expired one's words is no conflict either.
+    expire(new)
+    changed = api.patch(
+        f"{MEMORIES}/{again.json()['id']}", {"content": "Alice likes green tea"}, as_=helper
+    )
+    assert changed.status_code == 200, changed.content
+    # (The expired near one waits for the prune: it held other words.)
+    assert sorted(Memory.objects.values_list("content", flat=True)) == [
+        "Alice drinks black coffee",
+        "Alice likes green tea",
+    ]
 
 
 def test_a_memory_is_found_by_keyword_before_it_has_a_vector(api, helper, monkeypatch):
@@ -334,6 +408,42 @@ def test_list_pages_recent_or_popular(api, helper):
     assert api.get(MEMORIES, as_=helper, after="garbage!").status_code == 400
     # A cursor of the right shape whose time is no time: 400 too, not a database error.
     assert api.get(MEMORIES, as_=helper, after=encode_cursor("yesterday", "x")).status_code == 400
+
+
+def test_a_walk_by_popularity_shows_each_memory_once_while_searches_count_uses(api, helper):
+    """Every search moves the counts the popular order sorts on: a walk keyed on them
+    showed a memory again when its count was reset, and skipped one whose count rose past
+    the page's edge. A walk follows the order its first page saw."""
+    saved = [
+        save(api, helper, f"Fact number {i} about the {word}")
+        for i, word in enumerate(["sea", "sky", "hills", "city", "woods", "rain", "snow"])
+    ]
+    for used, memory in enumerate(saved):
+        Memory.objects.filter(id=memory["id"]).update(access_count=used)
+    first = api.get(MEMORIES, as_=helper, order="popular", limit=3).json()
+    seen = [item["id"] for item in first["data"]]
+    assert seen == [saved[6]["id"], saved[5]["id"], saved[4]["id"]]
+    # Between pages: the least used one is used a lot (it rose past the page's edge), one
+    # already shown has its count reset (the prune), one not yet shown is deleted and one
+    # is saved.
+    Memory.objects.filter(id=saved[0]["id"]).update(access_count=100)
+    Memory.objects.filter(id=saved[6]["id"]).update(access_count=0)
+    assert api.delete(f"{MEMORIES}/{saved[2]['id']}", as_=helper).status_code == 204
+    save(api, helper, "A fact saved during the walk")
+    cursor = first["nextCursor"]
+    while cursor:
+        page = api.get(MEMORIES, as_=helper, order="popular", limit=3, after=cursor).json()
+        seen += [item["id"] for item in page["data"]]
+        cursor = page["nextCursor"]
+    assert seen == [saved[i]["id"] for i in (6, 5, 4, 3, 1, 0)]
+    # The order is the first page's; what is shown is the memory as it is now.
+    assert page["data"][-1]["accessCount"] == 100
+    # A new walk sees the new counts; a cursor of no walk is refused.
+    again = api.get(MEMORIES, as_=helper, order="popular", limit=2).json()["data"]
+    assert again[0]["id"] == saved[0]["id"]
+    for cursor in (encode_cursor(str(uuid.uuid4()), 3), encode_cursor("x", 3)):
+        refused = api.get(MEMORIES, as_=helper, order="popular", after=cursor)
+        assert refused.status_code == 400 and "after" in refused.json()["details"]
 
 
 def test_get_patch_and_delete(api, helper):

@@ -10,7 +10,7 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from agents_api.models import MEMORY_TTL, Memory
+from agents_api.models import MEMORY_TTL, Memory, MemoryListing
 from agents_api.services import (
     POPULAR_ACCESS_COUNT,
     PruneResult,
@@ -74,7 +74,8 @@ def test_prune_deletes_stale_memories_extends_popular_ones_and_leaves_the_rest()
         assert memories_prune(now=NOW) == PruneResult(deleted=3, extended=2)
     # One DELETE and one UPDATE, each with the whole condition: PostgreSQL re-checks it on a
     # row that changed while the statement waited for it (the two-prunes test below).
-    statements = [q["sql"] for q in queries if q["sql"].startswith(("DELETE", "UPDATE"))]
+    memory_writes = ('DELETE FROM "memory" ', 'UPDATE "memory" ')
+    statements = [q["sql"] for q in queries if q["sql"].startswith(memory_writes)]
     assert len(statements) == 2
     assert all('"expires_at" <=' in sql and '"access_count"' in sql for sql in statements)
 
@@ -89,6 +90,15 @@ def test_prune_deletes_stale_memories_extends_popular_ones_and_leaves_the_rest()
     # A second run finds nothing to do.
     assert memories_prune(now=NOW) == PruneResult(deleted=0, extended=0)
     assert lives(agent) == after
+
+
+@pytest.mark.django_db
+def test_prune_forgets_the_orders_of_walks_by_popularity_begun_a_day_ago():
+    old = MemoryListing.objects.create(memory_ids=[], created_at=NOW - timedelta(days=1, seconds=1))
+    young = MemoryListing.objects.create(memory_ids=[], created_at=NOW - timedelta(hours=23))
+    memories_prune(now=NOW)
+    assert list(MemoryListing.objects.values_list("id", flat=True)) == [young.id]
+    assert old.id != young.id
 
 
 @pytest.mark.django_db

@@ -13,6 +13,7 @@ from django.db import IntegrityError, connection, transaction
 from agents_api.models import Memory
 from agents_api.services import (
     NewMemory,
+    memories_embed_pending,
     memories_reembed_all,
     memories_save,
     memory_save,
@@ -303,3 +304,99 @@ def test_a_re_embedding_never_gives_a_memory_the_vector_of_its_old_content(agent
     [sails] = model.embed(["Alice sails boats"])
     assert memory.content == "Alice sails boats"
     assert float(np.dot(memory.embedding, sails)) > 0.99
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_update_embeds_its_new_content_outside_its_transaction(monkeypatch):
+    """The model's time held the memory's row lock (and the user's setting's): a change of
+    content is embedded first, as a save is, and written with the vector of its words."""
+    from search.embeddings import configured_backend
+
+    agent = AgentFactory(name="busy")
+    memory, _ = save(agent, "Alice keeps bees")
+    model = configured_backend()
+    in_transaction = []
+
+    class Watched:
+        """The model (outside memsvc), noting whether it is called inside a transaction."""
+
+        def __init__(self):
+            self.model = model.model
+
+        def embed(self, texts):
+            in_transaction.append(connection.in_atomic_block)
+            return model.embed(texts)
+
+    monkeypatch.setattr("search.services.configured_backend", lambda: Watched())
+    updated = memory_update(agent.as_principal(), memory=memory, content="Alice sails boats")
+    assert in_transaction == [False]
+    [sails] = model.embed(["Alice sails boats"])
+    assert (updated.content, updated.embedding_model) == ("Alice sails boats", model.model)
+    assert float(np.dot(updated.embedding, sails)) > 0.99
+
+
+def test_an_update_whose_memory_changed_since_it_was_read_leaves_the_vector_to_the_sweep(
+    agent,
+):
+    """The caller read the memory holding the words it asks for, so nothing was embedded;
+    another request changed them meanwhile: the words asked for are written, without the
+    other words' vector, and the sweep embeds them."""
+    from search.embeddings import configured_backend
+
+    memory, _ = save(agent, "Alice keeps bees")
+    as_read = Memory.objects.get(pk=memory.pk)
+    memory_update(agent.as_principal(), memory=memory, content="Alice sails boats")
+    updated = memory_update(agent.as_principal(), memory=as_read, content="Alice keeps bees")
+    assert (updated.content, updated.embedding, updated.embedded_at) == (
+        "Alice keeps bees",
+        None,
+        None,
+    )
+    assert memories_embed_pending() == 1
+    updated.refresh_from_db()
+    [bees] = configured_backend().embed(["Alice keeps bees"])
+    assert float(np.dot(updated.embedding, bees)) > 0.99
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_save_whose_colliding_row_vanishes_before_the_merge_stores_the_fact():
+    """Three requests at once: an update gives memory X the words a save is storing (the
+    save's insert waits on X, then collides with it), and a delete of X takes X's row
+    before the save can lock it to merge. The save found nothing to merge into (a 500:
+    ``_merge(None)``): it stores the fact."""
+    agent = AgentFactory(name="busy")
+    coffee, _ = save(agent, "Likes coffee")
+    deleting = {}
+    deleted = threading.Event()
+    commit_delete = threading.Event()
+
+    def delete_coffee():
+        try:
+            with transaction.atomic():
+                deleting["count"] = Memory.objects.filter(id=coffee.id).delete()[0]
+                deleted.set()
+                commit_delete.wait(timeout=10)
+        finally:
+            connection.close()
+
+    with transaction.atomic():
+        memory_update(agent.as_principal(), memory=coffee, content="Likes tea")
+        saver, saving = saved_meanwhile(agent, "likes TEA")
+        saver.join(timeout=1.0)
+        assert saver.is_alive()  # its insert waits on the updated row's words
+        deleter = threading.Thread(target=delete_coffee)
+        deleter.start()
+        deleter.join(timeout=1.0)
+        assert deleter.is_alive()  # waiting for the updated row
+    # The update commits: the delete takes the row first (the save's collision comes back
+    # to it as an error, then it looks for the row), and holds it until told.
+    assert deleted.wait(timeout=10)
+    saver.join(timeout=1.0)
+    assert saver.is_alive()  # waiting for the deleted row
+    commit_delete.set()
+    deleter.join(timeout=10)
+    saver.join(timeout=10)
+    assert deleting["count"] == 1
+    [(memory, created)] = saving["saved"]
+    assert created and memory.content == "likes TEA"
+    assert list(Memory.objects.values_list("content", flat=True)) == ["likes TEA"]

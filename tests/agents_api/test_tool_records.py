@@ -197,6 +197,58 @@ def test_a_conversation_the_agent_does_not_see_is_refused(api, helper, rival):
     assert Conversation.objects.filter(id=theirs["id"]).exists()
 
 
+def test_acting_for_a_user_reaches_only_what_that_user_may_see(api, alice, bob, helper):
+    """As messages are narrowed: an agent acting for alice reaches the records of the
+    conversations both see (whoever they were made for) and those made for alice outside
+    any conversation; not bob's, nor the agent's own outside a conversation."""
+
+    def conversation_with_helper(user):
+        body = {"agentId": str(helper.agent.id)}
+        response = api.post("/v1/user/conversations", body, as_=user)
+        assert response.status_code == 201, response.content
+        return response.json()["id"]
+
+    hers, his = conversation_with_helper(alice), conversation_with_helper(bob)
+    as_alice, as_bob = helper.acting_for("alice"), helper.acting_for("bob")
+    reached = {
+        create(api, as_alice, "alice_in_hers", taskId="t", conversationId=hers)["traceId"],
+        create(api, as_alice, "alice_alone", taskId="t")["traceId"],
+        create(api, helper, "own_in_hers", taskId="t", conversationId=hers)["traceId"],
+    }
+    hidden = {
+        create(api, as_bob, "bob_in_his", taskId="t", conversationId=his)["traceId"],
+        create(api, as_bob, "bob_alone", taskId="t")["traceId"],
+        create(api, helper, "own_alone", taskId="t")["traceId"],
+    }
+
+    def listed(credential, **params):
+        return {r["traceId"] for r in api.get(RECORDS, as_=credential, **params).json()["data"]}
+
+    assert listed(as_alice) == listed(as_alice, taskId="t") == reached
+    assert listed(helper) == reached | hidden  # the agent itself reaches all its records
+    assert {hit["traceId"] for hit in search(api, as_alice, "hotels", topK=10)} == reached
+    for trace_id in hidden:
+        assert api.get(f"{RECORDS}/{trace_id}", as_=as_alice).status_code == 404
+    for trace_id in reached:
+        assert api.get(f"{RECORDS}/{trace_id}", as_=as_alice).status_code == 200
+    assert api.call("DELETE", f"{RECORDS}?taskId=t", as_=as_alice).json() == {"deleted": 3}
+    assert {str(i) for i in ToolRecord.objects.values_list("id", flat=True)} == hidden
+
+
+def test_a_record_outlives_its_conversation_as_an_import_keeps_it(api, alice, helper):
+    """The record is the agent's memory: deleting its conversation unlinks it (as an import
+    keeps a record whose conversation is gone), it does not delete it."""
+    body = {"agentId": str(helper.agent.id)}
+    conversation = api.post("/v1/user/conversations", body, as_=alice).json()["id"]
+    record = create(api, helper, taskId="trip", conversationId=conversation)
+    deleted = api.call("DELETE", f"/v1/user/conversations/{conversation}", as_=alice)
+    assert deleted.status_code == 204
+    assert not Conversation.objects.filter(id=conversation).exists()
+    kept = api.get(f"{RECORDS}/{record['traceId']}", as_=helper).json()
+    assert kept == {**record, "conversationId": None}
+    assert [hit["traceId"] for hit in search(api, helper, "htl-002")] == [record["traceId"]]
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_record_racing_the_deletion_of_its_conversation_is_refused():
     """The record's conversation was seen, then deleted before the record is written: a 400

@@ -1,10 +1,14 @@
 """Conversations and messages through the user API: contents, paging, validation."""
 
+from datetime import timedelta
+
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 
 from conversations.models import Conversation, Membership, Message
+from memsvc.api.pagination import encode_cursor
 from tests.factories import AgentFactory, ConversationFactory, MembershipFactory, MessageFactory
 
 pytestmark = pytest.mark.django_db
@@ -128,11 +132,81 @@ def test_the_list_is_newest_activity_first_and_searchable(api, alice, bob):
     assert [c["id"] for c in by_metadata] == [new["id"]]
 
 
+def test_the_query_matches_the_titles_and_metadata_values_not_the_json_around_them(api, alice):
+    """What a user writes matches: a title, a text or number anywhere in the metadata; the
+    JSON that every metadata object has (keys, quotes, braces) matches nothing."""
+    plain = create(api, alice, title="Weekend plans")
+    nested = create(
+        api,
+        alice,
+        title="Trip",
+        metadata={"trip": {"places": ["Lisbon", "Porto"], "budget": 1200}, "done": True},
+    )
+    create(api, alice, title="Other", metadata={"project": "apollo"})
+
+    def found(query):
+        response = api.get("/v1/user/conversations", as_=alice, query=query)
+        assert response.status_code == 200, response.content
+        return {c["id"] for c in response.json()["data"]}
+
+    assert found("PORTO") == {nested["id"]}  # a text in a list in an object, any case
+    assert found("120") == {nested["id"]}  # a number
+    assert found("weekend") == {plain["id"]}
+    for json_syntax in ['"', "{", ":", '"project"', "project", "budget", "true", "places"]:
+        assert found(json_syntax) == set(), json_syntax
+    assert found("%") == found("_") == set()  # LIKE's wildcards are letters like any other
+    assert api.get("/v1/user/conversations", as_=alice, query="\\").status_code == 200
+
+
 def test_walking_conversation_pages_returns_each_once(api, alice):
     ids = {create(api, alice, title=f"c{i}")["id"] for i in range(7)}
     walked = walk(api, alice, "/v1/user/conversations", limit=3)
     assert [c["id"] for c in walked if c["id"] in ids] == [c["id"] for c in walked]
     assert sorted(c["id"] for c in walked) == sorted(ids)
+
+
+def test_a_conversation_with_activity_between_pages_is_not_lost(api, alice):
+    """Latest activity first: a conversation the walk has not reached yet that gets a
+    message moves ahead of the cursor. The walk still lists it, after the others, with its
+    new activity (a client keeps the latest of an id); then it ends."""
+    an_hour_ago = timezone.now() - timedelta(hours=1)
+    conversations = [
+        ConversationFactory(
+            group__owner="alice", title=f"c{i}", updated_at=an_hour_ago + timedelta(minutes=i)
+        )
+        for i in range(7)
+    ]
+    path = f"/v1/user/conversations/{conversations[1].id}/messages"
+    writes = [lambda: api.post(path, {"content": "back on top"}, as_=alice)]
+
+    def someone_writes():
+        if writes:
+            assert writes.pop()().status_code == 201
+
+    walked = walk(api, alice, "/v1/user/conversations", limit=3, on_each_page=someone_writes)
+
+    assert [c["title"] for c in walked] == ["c6", "c5", "c4", "c3", "c2", "c0", "c1"]
+    assert walked[-1]["lastMessagePreview"] == "back on top"
+    assert walked[-1]["updatedAt"] > walked[0]["updatedAt"]
+    # A walk now (the message is an hour younger than the rest) lists it first, once.
+    again = walk(api, alice, "/v1/user/conversations", limit=3)
+    assert [c["title"] for c in again] == ["c1", "c6", "c5", "c4", "c3", "c2", "c0"]
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        ["", "2026-01-01T00:00:00", "", ""],  # a time without its zone
+        ["", "yesterday", "", ""],
+        ["", "2026-01-01T00:00:00+00:00", "2026-01-01T00:00:00+00:00", "not-a-uuid"],
+        ["", "2026-01-01T00:00:00+00:00", "", "5d0b0dcb-77f4-4b7d-9f3e-2a4f5b1d6c7e"],
+        ["2026-02-30T00:00:00+00:00", "2026-01-01T00:00:00+00:00", "", ""],
+    ],
+)
+def test_a_forged_conversation_cursor_is_400(api, alice, key):
+    response = api.get("/v1/user/conversations", as_=alice, after=encode_cursor(*key))
+    assert response.status_code == 400, response.content
+    assert "after" in response.json()["details"]
 
 
 def test_walking_message_pages_while_messages_arrive_returns_each_once(api, alice):
@@ -190,6 +264,12 @@ def test_appending_takes_a_constant_number_of_queries(api, alice):
 BAD_INPUT = [
     ("POST", "/conversations", {"title": "x" * 501}, "title"),
     ("POST", "/conversations", {"title": "a\x00b"}, "title"),
+    # A title is one line: no control characters (as in a user id).
+    ("POST", "/conversations", {"title": "tab\there"}, "title"),
+    ("POST", "/conversations", {"title": "two\nlines"}, "title"),
+    ("POST", "/conversations", {"title": "\x1b[31mred"}, "title"),
+    ("PATCH", "/conversations/{c}", {"title": "bell\x07"}, "title"),
+    ("POST", "/conversations/{c}/messages/{m}/fork", {"title": "del\x7f"}, "title"),
     ("POST", "/conversations", {"metadata": ["not", "an", "object"]}, "metadata"),
     ("POST", "/conversations", {"metadata": {"big": "x" * 17_000}}, "metadata"),
     ("POST", "/conversations", {"metadata": {"k": "a\x00"}}, "metadata"),

@@ -95,7 +95,8 @@ def block_update(request, agent_id, label):
 
 @action
 def memory_delete(request, memory_id):
-    memory = selectors.memory_of(selectors.memories_of(user_id=request.principal.id), memory_id)
+    mine = selectors.memories_of(user_id=request.principal.id, with_expired=True)
+    memory = selectors.memory_of(mine, memory_id)
     services.memory_delete(request.principal, memory=memory)
     if request.htmx:
         return render(request, "pages/_deleted.html", {"memory_id": memory_id})
@@ -105,7 +106,7 @@ def memory_delete(request, memory_id):
 @action
 def memories_clear(request, agent_id=None):
     agent = _agent(request, agent_id) if agent_id else None
-    memories = selectors.memories_of(agent, user_id=request.principal.id)
+    memories = selectors.memories_of(agent, user_id=request.principal.id, with_expired=True)
     services.memories_delete(request.principal, memories=memories)
     if agent is not None and selectors.agents_serving(request.principal).filter(id=agent.id):
         return redirect("pages:agent_memory", agent.id)
