@@ -322,13 +322,15 @@ class MemoryBankStrategy:
     def prepare(self, call, context):
         if not self._is_chat(call):
             return self.recall.prepare(call, context)
-        messages = self.bank.prepare(call.body["messages"], self._request)
+        deadline = self.session.deadline(call)  # the caller's timeout bounds these requests
+
+        def request(method: str, path: str, body: dict):
+            response = self.session.request(method, path, body, deadline=deadline)
+            response.raise_for_status()
+            return response.json()
+
+        messages = self.bank.prepare(call.body["messages"], request)
         return {**call.body, "messages": messages}
 
     def stores(self, call, reply):
         return [] if self._is_chat(call) else self.recall.stores(call, reply)
-
-    def _request(self, method: str, path: str, body: dict):
-        response = self.session.request(method, path, body)
-        response.raise_for_status()
-        return response.json()

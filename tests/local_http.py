@@ -1,6 +1,7 @@
 """A small HTTP server on 127.0.0.1 for tests that stand in for outside services (an OIDC
 key set, an embedding API, an LLM). It records every request and answers through a
-``respond(method, path, body) -> Reply`` callback."""
+``respond(method, path, body) -> Reply`` callback (``respond(method, path, body, headers)``
+with ``pass_headers=True``)."""
 
 import json
 import threading
@@ -28,10 +29,11 @@ class Recorded:
     method: str
     path: str
     body: dict | None = field(default=None)
+    headers: dict[str, str] = field(default_factory=dict)
 
 
 class LocalHttpServer:
-    def __init__(self, respond: Callable[[str, str, dict | None], Reply]):
+    def __init__(self, respond: Callable[..., Reply], *, pass_headers: bool = False):
         self.requests: list[Recorded] = []
         self._lock = threading.Lock()
         server = self
@@ -45,9 +47,10 @@ class LocalHttpServer:
             def _handle(self):
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length)) if length else None
+                headers = dict(self.headers.items())
                 with server._lock:
-                    server.requests.append(Recorded(self.command, self.path, body))
-                reply = respond(self.command, self.path, body)
+                    server.requests.append(Recorded(self.command, self.path, body, headers))
+                reply = respond(self.command, self.path, body, *([headers] if pass_headers else []))
                 if reply.events is not None:
                     return self._stream(reply.events)
                 data = reply.body()

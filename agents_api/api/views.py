@@ -1,8 +1,5 @@
 """The agent API (``/v1/agent``): thin views over the same services as the user API."""
 
-import hashlib
-import json
-
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
@@ -28,6 +25,13 @@ from conversations.api.serializers import (
 from conversations.models import AccessLevel
 from conversations.services import NewMessage
 from memsvc.api.errors import InvalidInput, NotFound
+from memsvc.api.idempotency import (
+    KEY_HEADER,
+    REPLAYED_HEADER,
+    idempotency_key,
+    marked_replayed,
+    request_fingerprint,
+)
 from memsvc.api.pagination import (
     AFTER_PARAMETER,
     LIMIT_PARAMETER,
@@ -110,10 +114,7 @@ class ConversationsView(AgentApiView):
 def _request_hash(principal, conversation_id, data) -> str:
     """What a retry must repeat: the conversation, the body, and the user acted for (the same
     body for another user is another request: their turn, signed with their id)."""
-    canonical = json.dumps(
-        [str(conversation_id), data, principal.on_behalf_of], sort_keys=True, separators=(",", ":")
-    )
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    return request_fingerprint(str(conversation_id), data, principal.on_behalf_of)
 
 
 def _in_view(conversation, message_id, field: str):
@@ -142,13 +143,13 @@ class MessagesView(AgentApiView):
         "agentAppendMessages",
         parameters=[
             OpenApiParameter(
-                "Idempotency-Key",
+                KEY_HEADER,
                 {"type": "string", "maxLength": IDEMPOTENCY_KEY_MAX_LENGTH},
                 location=OpenApiParameter.HEADER,
                 description="A retry with the same key returns the first result, writing nothing.",
             ),
             OpenApiParameter(
-                "Idempotent-Replayed",
+                REPLAYED_HEADER,
                 {"type": "string", "enum": ["true"]},
                 location=OpenApiParameter.HEADER,
                 response=[201],
@@ -177,20 +178,18 @@ class MessagesView(AgentApiView):
             )
             for item in data["messages"]
         ]
-        key = request.headers.get("Idempotency-Key")
         messages, created = agent_services.agent_messages_append(
             request.principal,
             conversation=conversation,
             messages=new_messages,
-            idempotency_key=key.strip() if key else None,
+            idempotency_key=idempotency_key(request),
             request_hash=_request_hash(request.principal, conversation.id, request.data),
         )
         if created:
             enqueue_memory_extraction(request.agent, conversation)
-        response = Response({"data": MessageOut(messages, many=True).data}, status=201)
-        if not created:
-            response["Idempotent-Replayed"] = "true"
-        return response
+        return marked_replayed(
+            Response({"data": MessageOut(messages, many=True).data}, status=201), created
+        )
 
 
 MAX_CONTEXT_MEMORIES = 20

@@ -38,6 +38,7 @@ from agents_api.tasks import (
 )
 from conversations.selectors import conversation_messages
 from memsvc.api.errors import ApiError, Forbidden, InvalidInput, NotFound
+from memsvc.api.idempotency import idempotency_key, marked_replayed, request_fingerprint
 from memsvc.api.pagination import parse_limit
 from search.selectors import search_messages
 
@@ -216,15 +217,25 @@ def _list_messages(request, agent_name: str) -> Response:
 
 
 class MessagesView(LocalView):
+    """``POST /messages``; with an ``Idempotency-Key`` (as on ``/v1/agent``), a retry gets
+    the first request's message back and stores nothing (``learning()``'s background
+    sender retries a store that timed out)."""
+
     @extend_schema(exclude=True)
     def post(self, request):
         data = s.CreateMessageIn.parse(request.data)
         agent = _agent(request, data["agent_name"])
-        message = agent_services.local_message_append(
-            agent, role=data["role"], content=data["content"], metadata=data.get("metadata")
+        message, created = agent_services.local_message_append(
+            agent,
+            role=data["role"],
+            content=data["content"],
+            metadata=data.get("metadata"),
+            idempotency_key=idempotency_key(request),
+            request_hash=request_fingerprint("local", data),
         )
-        enqueue_memory_extraction(agent, message.conversation)
-        return Response(s.message_out(message, agent))
+        if created:
+            enqueue_memory_extraction(agent, message.conversation)
+        return marked_replayed(Response(s.message_out(message, agent)), created)
 
 
 class AgentMessagesView(LocalView):

@@ -1,6 +1,7 @@
 """Messages an agent writes: bulk appends with an idempotency key, and the local
 compatibility API's."""
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from django.db import connection, transaction
@@ -40,14 +41,36 @@ def agent_messages_append(
 ) -> tuple[list[Message], bool]:
     """Append like ``messages_append``; with a key, a retry returns the first result.
 
-    Returns (messages, created). A key reused for a different request is a conflict. Two
-    concurrent requests with one key serialise on the key's unique index.
+    Returns (messages, created).
+    """
+    return _append_once(
+        actor,
+        idempotency_key,
+        request_hash,
+        lambda: messages_append(actor, conversation=conversation, messages=messages),
+    )
+
+
+def _append_once(
+    actor: Principal,
+    idempotency_key: str | None,
+    request_hash: str,
+    append: Callable[[], list[Message]],
+) -> tuple[list[Message], bool]:
+    """``append()``, once per ``idempotency_key`` of ``actor``: a retry gets the messages
+    the first request appended (those still there), and (messages, created) says which.
+
+    A key reused for a different request (another ``request_hash``) is a conflict. Two
+    concurrent requests with one key serialise on the key's unique index. The caller holds
+    a transaction: the key is claimed in the one that appends.
     """
     if not idempotency_key:
-        return messages_append(actor, conversation=conversation, messages=messages), True
+        return append(), True
     if len(idempotency_key) > IDEMPOTENCY_KEY_MAX_LENGTH:
         raise InvalidInput.for_field(
-            "Idempotency-Key", f"must be at most {IDEMPOTENCY_KEY_MAX_LENGTH} characters"
+            "Idempotency-Key",
+            f"must be at most {IDEMPOTENCY_KEY_MAX_LENGTH} characters",
+            location="header",
         )
     record_id = _claim_key(actor.id, idempotency_key, request_hash)
     if record_id is None:
@@ -57,7 +80,7 @@ def agent_messages_append(
         return list(
             Message.objects.without_search_data().filter(id__in=record.message_ids).order_by("seq")
         ), False
-    appended = messages_append(actor, conversation=conversation, messages=messages)
+    appended = append()
     IdempotentRequest.objects.filter(pk=record_id).update(message_ids=[str(m.id) for m in appended])
     return appended, True
 
@@ -107,6 +130,11 @@ def local_messages_append(agent: Agent, messages: list[NewMessage]) -> list[Mess
     """Messages of the agent's own conversation (the local compatibility API's, the Letta
     routes' captured turns). One transaction: a refused message leaves no conversation made
     for it, and no message of the batch."""
+    return _local_append(agent, messages)
+
+
+def _local_append(agent: Agent, messages: list[NewMessage]) -> list[Message]:
+    """``local_messages_append`` in the caller's transaction."""
     # These APIs have no user ids: their speakers are "user", the agent and "system".
     for message in messages:
         if message.author_name is None:
@@ -116,11 +144,26 @@ def local_messages_append(agent: Agent, messages: list[NewMessage]) -> list[Mess
     )
 
 
+@transaction.atomic
 def local_message_append(
-    agent: Agent, *, role: str, content: str, metadata: dict | None = None
-) -> Message:
-    """One message of the local compatibility API, in the agent's own conversation."""
-    [message] = local_messages_append(
-        agent, [NewMessage(content=content, role=role, metadata=metadata or {})]
+    agent: Agent,
+    *,
+    role: str,
+    content: str,
+    metadata: dict | None = None,
+    idempotency_key: str | None = None,
+    request_hash: str = "",
+) -> tuple[Message, bool]:
+    """One message of the local compatibility API, in the agent's own conversation; with a
+    key, a retry returns the first request's message. Returns (message, created)."""
+    messages, created = _append_once(
+        agent.as_principal(),
+        idempotency_key,
+        request_hash,
+        lambda: _local_append(
+            agent, [NewMessage(content=content, role=role, metadata=metadata or {})]
+        ),
     )
-    return message
+    if not messages:
+        raise Conflict("the message stored with this Idempotency-Key has been deleted since")
+    return messages[0], created

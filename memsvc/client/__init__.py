@@ -14,8 +14,8 @@ the agent's memory blocks and the long-term memories and past messages most rele
 user's last message, and passes them to the model (a system message, the Responses
 ``instructions``, Anthropic's ``system``). The user's message and the reply are then stored
 by a background sender, off the caller's path. What the call returns is exactly what it
-returns without memsvc; if memsvc fails during a call, one warning is logged and the call
-goes on without memory.
+returns without memsvc; if memsvc fails during a call, or does not answer within the call's
+own timeout, one warning is logged and the call goes on without memory.
 
 The package needs only ``httpx`` (and the SDKs it serves): it never imports Django.
 

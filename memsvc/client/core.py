@@ -10,9 +10,11 @@ strategy plugs in beside it by answering the same three questions.
 """
 
 import json
+import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
+from urllib.parse import quote
 
 from memsvc.client.formatting import (
     answers_tools,
@@ -27,11 +29,14 @@ NO_TEXT_REPLY = "(tool calls)"
 
 @dataclass(frozen=True)
 class ServerRequest:
-    """One request to memsvc: what the shells send."""
+    """One request to memsvc: what the shells send. A store with an ``idempotency_key`` is
+    sent with it (``Idempotency-Key``), so that one whose answer was lost can be sent again:
+    memsvc stores it once."""
 
     method: str
     path: str
     json: dict | None = None
+    idempotency_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -333,6 +338,11 @@ class Call:
     api: ModelApi
     body: dict
     capture_only: bool = False
+    # The timeout the SDK gives the call (seconds, an httpx ``Timeout``, None: none): what
+    # memsvc may cost it before it is sent is no longer (``seconds_before``).
+    timeout: object = None
+    # Names the call's stores, so that a store sent again is stored once.
+    turn: str = field(default_factory=lambda: uuid.uuid4().hex)
     query: str = field(init=False)
     # A tool loop's next step: its question was stored with the step that asked it.
     answers_tools: bool = field(init=False)
@@ -340,6 +350,15 @@ class Call:
     def __post_init__(self):
         self.query = self.api.query(self.body)
         self.answers_tools = self.api.answers_tools(self.body)
+
+    def seconds_before(self, most: float) -> float:
+        """How long memsvc's part before the call may take: ``most``, or the caller's own
+        timeout when that is shorter (an httpx ``Timeout``'s ``read``: how long the caller
+        waits for an answer). A memsvc slower than that must not make the call outlast it."""
+        timeout = getattr(self.timeout, "read", self.timeout)
+        if isinstance(timeout, int | float) and not isinstance(timeout, bool):
+            return max(min(most, float(timeout)), 0.0)
+        return most
 
 
 class Strategy(Protocol):
@@ -363,8 +382,11 @@ class Recall:
     def context_request(self, call):
         if call.capture_only or not call.query:
             return None
+        # The name is one path segment: a "?", "#" or "%" of it is not the URL's.
         return ServerRequest(
-            "POST", f"/context/{call.agent}", {"agent_name": call.agent, "query": call.query}
+            "POST",
+            f"/context/{quote(call.agent, safe='')}",
+            {"agent_name": call.agent, "query": call.query},
         )
 
     def prepare(self, call, context):
@@ -374,19 +396,20 @@ class Recall:
     def stores(self, call, reply):
         messages = []
         if call.query and not call.answers_tools:
-            messages.append(_message(call.agent, "user", call.query, None))
+            messages.append(_message(call, "user", call.query, None))
         if reply.text or reply.tool_calls:
             messages.append(
-                _message(call.agent, "assistant", reply.text or NO_TEXT_REPLY, reply.metadata)
+                _message(call, "assistant", reply.text or NO_TEXT_REPLY, reply.metadata)
             )
         return messages
 
 
-def _message(agent: str, role: str, content: str, metadata: dict | None) -> ServerRequest:
+def _message(call: Call, role: str, content: str, metadata: dict | None) -> ServerRequest:
     return ServerRequest(
         "POST",
         "/messages",
-        {"agent_name": agent, "role": role, "content": content, "metadata": metadata},
+        {"agent_name": call.agent, "role": role, "content": content, "metadata": metadata},
+        idempotency_key=f"learning:{call.turn}:{role}",
     )
 
 

@@ -39,7 +39,10 @@ _current_turn: contextvars.ContextVar["Turn | None"] = contextvars.ContextVar(
 
 
 def warn(action: str, exc: BaseException) -> None:
-    logger.warning("memsvc: could not %s (%s); going on without memory", action, exc)
+    # (httpx's timeouts of an async client say nothing of themselves: their kind does)
+    logger.warning(
+        "memsvc: could not %s (%s); going on without memory", action, str(exc) or type(exc).__name__
+    )
 
 
 class Turn:
@@ -144,7 +147,7 @@ def current_session():
     return mine[-1] if mine else (active[-1] if active else None)
 
 
-def _begin(sdk: str, options) -> Turn | None:
+def _begin(sdk: str, client, options) -> Turn | None:
     """The turn for a request about to be sent, or None when learning() leaves it alone."""
     session = current_session()
     if session is None:
@@ -152,7 +155,24 @@ def _begin(sdk: str, options) -> Turn | None:
     api = model_api(sdk, options.method, options.url, options.json_data)
     if api is None:
         return None
-    return Turn(session, Call(session.agent, api, options.json_data, session.capture_only))
+    call = Call(
+        session.agent,
+        api,
+        options.json_data,
+        session.capture_only,
+        timeout=_timeout(client, options),
+    )
+    return Turn(session, call)
+
+
+def _timeout(client, options):
+    """The timeout the SDK sends the request with: the call's own (``timeout=``: seconds, a
+    ``Timeout``, None for none), else the client's (the SDKs mark "not given" with a
+    ``NotGiven`` of their own)."""
+    timeout = options.timeout
+    if timeout is None or isinstance(timeout, int | float) or hasattr(timeout, "read"):
+        return timeout
+    return getattr(client, "timeout", None)
 
 
 def _with_body(options, body: dict):
@@ -165,7 +185,7 @@ def _with_body(options, body: dict):
 def _sync_request(sdk, original):
     def request(client, cast_to, options, *args, **kwargs):
         try:
-            turn = _begin(sdk, options)
+            turn = _begin(sdk, client, options)
             if turn is None:
                 return original(client, cast_to, options, *args, **kwargs)
             sent = _with_body(options, turn.prepare_body(turn.session.fetch_context(turn.call)))
@@ -184,7 +204,7 @@ def _sync_request(sdk, original):
 def _async_request(sdk, original):
     async def request(client, cast_to, options, *args, **kwargs):
         try:
-            turn = _begin(sdk, options)
+            turn = _begin(sdk, client, options)
             if turn is None:
                 return await original(client, cast_to, options, *args, **kwargs)
             context = await turn.session.afetch_context(turn.call)

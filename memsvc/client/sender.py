@@ -7,10 +7,12 @@ sent again when its ``Retry-After`` says (else after a growing wait), for as lon
 keeps deferring it and the program runs: a server that answers loses no turn, and the model
 calls meanwhile do not wait for it (``busy``). One it fails (5xx) is tried ``MAX_ATTEMPTS``
 times, then dropped with a warning (a broken server must not hold every later store back,
-nor the model calls meanwhile). When memsvc does not answer at all the request is dropped
-with one warning per outage, so a stopped server never stalls the program, and for
-``DOWN_SECONDS`` the calls ask it for no context (``is_down``): a server that takes
-connections and never answers cost every call the whole timeout.
+nor the model calls meanwhile); one that timed out, or whose connection broke before the
+answer, is sent once more (``MAX_UNANSWERED_ATTEMPTS``) when it carries an idempotency key
+(memsvc stores it once however often it is sent; one without a key is never sent twice). When memsvc does not answer at all the
+request is dropped with one warning per outage, so a stopped server never stalls the
+program, and for ``DOWN_SECONDS`` the calls ask it for no context (``is_down``): a server
+that takes connections and never answers cost every call the whole timeout.
 """
 
 import logging
@@ -31,6 +33,9 @@ FLUSH_TIMEOUT_SECONDS = 30.0
 DEFERRED = 429  # sent again, however often, when Retry-After says
 RETRY_STATUSES = {500, 502, 503, 504}  # tried again up to MAX_ATTEMPTS times in all
 MAX_ATTEMPTS = 6
+# Of which lost answers (a timeout): each costs TIMEOUT_SECONDS, and a server that took the
+# request and never answered is more likely hung than slow once.
+MAX_UNANSWERED_ATTEMPTS = 2
 MAX_RETRY_WAIT_SECONDS = 5.0
 MAX_DEFERRED_WAIT_SECONDS = 60.0  # a rate limit's window
 # How long a memsvc that did not answer is taken for down (then asked again).
@@ -78,15 +83,17 @@ class Sender:
                 self._thread.start()
             self._condition.notify_all()
 
-    def flush(self, timeout: float = FLUSH_TIMEOUT_SECONDS) -> bool:
+    def flush(self, timeout: float = FLUSH_TIMEOUT_SECONDS, *, quiet: bool = False) -> bool:
         """Wait until everything queued so far is sent or dropped; False on timeout (with a
-        warning: the rest is still being sent)."""
+        warning unless ``quiet``: the rest is still being sent)."""
         deadline = time.monotonic() + timeout
         with self._condition:
             target = self._queued
             while self._done < target:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
+                    if quiet:
+                        return False
                     logger.warning(
                         "memsvc: %d stored messages still unsent after %.0f s",
                         target - self._done,
@@ -139,28 +146,35 @@ class Sender:
 
     def _deliver(self, destination: Destination, request: ServerRequest) -> None:
         client = self._client(destination)
-        failures = deferrals = 0
+        headers = {"Idempotency-Key": request.idempotency_key} if request.idempotency_key else {}
+        failures = deferrals = unanswered = 0
         while True:
             try:
-                response = client.request(request.method, request.path, json=request.json)
+                response = client.request(
+                    request.method, request.path, json=request.json, headers=headers
+                )
             except httpx.TransportError as exc:
-                if destination.url not in self._down:
-                    logger.warning(
-                        "memsvc at %s does not answer (%s): the conversation is not stored "
-                        "until it is back",
-                        destination.url,
-                        exc,
-                    )
-                self.mark_down(destination.url)
-                return
-            self._down.pop(destination.url, None)
-            if response.status_code == DEFERRED:
-                self._waiting = True
-                time.sleep(_retry_wait(response, deferrals, most=MAX_DEFERRED_WAIT_SECONDS))
-                deferrals += 1
-                continue
-            if response.status_code not in RETRY_STATUSES or failures == MAX_ATTEMPTS - 1:
-                break
+                # Sent again only when memsvc may have stored it and its answer was lost (a
+                # timeout): then with its key, so that it is stored once.
+                unanswered += 1
+                if (
+                    not (request.idempotency_key and _may_have_arrived(exc))
+                    or failures == MAX_ATTEMPTS - 1
+                    or unanswered == MAX_UNANSWERED_ATTEMPTS
+                    or self.is_down(destination.url)
+                ):
+                    self._not_answered(destination, exc)
+                    return
+                response = None
+            else:
+                self._down.pop(destination.url, None)
+                if response.status_code == DEFERRED:
+                    self._waiting = True
+                    time.sleep(_retry_wait(response, deferrals, most=MAX_DEFERRED_WAIT_SECONDS))
+                    deferrals += 1
+                    continue
+                if response.status_code not in RETRY_STATUSES or failures == MAX_ATTEMPTS - 1:
+                    break
             self._waiting = True
             time.sleep(_retry_wait(response, failures))
             failures += 1
@@ -173,13 +187,33 @@ class Sender:
                 response.text[:200],
             )
 
+    def _not_answered(self, destination: Destination, exc: httpx.TransportError) -> None:
+        """A request is dropped: memsvc did not answer (one warning per outage)."""
+        if destination.url not in self._down:
+            logger.warning(
+                "memsvc at %s does not answer (%s): the conversation is not stored "
+                "until it is back",
+                destination.url,
+                exc,
+            )
+        self.mark_down(destination.url)
+
+
+def _may_have_arrived(exc: httpx.TransportError) -> bool:
+    """Whether memsvc may have received the request that failed with ``exc``: it was sent
+    and no answer came in time (a connection refused or never made carried nothing)."""
+    return isinstance(
+        exc, httpx.ReadTimeout | httpx.WriteTimeout | httpx.ReadError | httpx.RemoteProtocolError
+    )
+
 
 def _retry_wait(
-    response: httpx.Response, attempt: int, *, most: float = MAX_RETRY_WAIT_SECONDS
+    response: httpx.Response | None, attempt: int, *, most: float = MAX_RETRY_WAIT_SECONDS
 ) -> float:
     """Seconds to wait: the answer's ``Retry-After``, else a backoff by ``attempt``."""
+    retry_after = "" if response is None else response.headers.get("Retry-After", "")
     try:
-        wait = float(response.headers.get("Retry-After", ""))
+        wait = float(retry_after)
     except ValueError:
         wait = 0.2 * 2**attempt
     return min(max(wait, 0.0), most)

@@ -7,6 +7,7 @@ import atexit
 import logging
 import os
 import ssl
+import time
 
 import httpx
 
@@ -166,56 +167,85 @@ class learning:
 
     # Before asking for context, what earlier calls stored must have arrived: the model
     # remembers the previous turn even when the next call follows at once (usually the
-    # sender finished long before: a model call takes longer than two stores).
+    # sender finished long before: a model call takes longer than two stores). Waiting for
+    # them and the context request share one deadline: the caller's timeout when it is
+    # shorter than ours (``Call.seconds_before``), so that a slow memsvc never makes the
+    # call outlast the timeout its caller gave it.
 
     def fetch_context(self, call: Call) -> dict | None:
         request = self.strategy.context_request(call)
         if request is None or sender.is_down(self.url):
             return None
+        deadline = self.deadline(call)
         if sender.busy():
-            sender.flush(TIMEOUT_SECONDS)
+            sender.flush(time_left(deadline, quiet=True), quiet=True)
         try:
-            response = self._client.request(request.method, request.path, json=request.json)
+            response = self._client.request(
+                request.method, request.path, json=request.json, timeout=time_left(deadline)
+            )
             return self._context_of(response)
         except httpx.HTTPError as exc:
-            return self._no_context(exc)
+            return self._no_context(call, exc)
 
     async def afetch_context(self, call: Call) -> dict | None:
         request = self.strategy.context_request(call)
         if request is None or sender.is_down(self.url):
             return None
+        deadline = self.deadline(call)
         # An AsyncClient belongs to the event loop that made it: one per call, sharing one
         # TLS context (making that is what costs, ~20 ms).
         if self._ssl is None:
             self._ssl = ssl.create_default_context()
         if sender.busy():
-            await asyncio.to_thread(sender.flush, TIMEOUT_SECONDS)
+            await asyncio.to_thread(sender.flush, time_left(deadline, quiet=True), quiet=True)
         try:
             async with httpx.AsyncClient(
                 base_url=self.url,
                 headers=dict(self.destination.headers),
-                timeout=TIMEOUT_SECONDS,
+                timeout=time_left(deadline),
                 verify=self._ssl,
             ) as client:
                 response = await client.request(request.method, request.path, json=request.json)
             return self._context_of(response)
         except httpx.HTTPError as exc:
-            return self._no_context(exc)
+            return self._no_context(call, exc)
+
+    @staticmethod
+    def deadline(call: Call) -> float:
+        """When memsvc's part before ``call`` must be over (``time.monotonic()``)."""
+        return time.monotonic() + call.seconds_before(TIMEOUT_SECONDS)
 
     @staticmethod
     def _context_of(response: httpx.Response) -> dict:
         response.raise_for_status()
         return response.json()
 
-    def _no_context(self, exc: httpx.HTTPError) -> None:
+    def _no_context(self, call: Call, exc: httpx.HTTPError) -> None:
         hooks.warn("read memory", exc)
-        if isinstance(exc, httpx.TransportError):
+        # A memsvc slower than one caller's short timeout is not down for the others.
+        hurried = call.seconds_before(TIMEOUT_SECONDS) < TIMEOUT_SECONDS
+        if isinstance(exc, httpx.TransportError) and not (
+            hurried and isinstance(exc, httpx.TimeoutException)
+        ):
             sender.mark_down(self.url)  # this call's one warning says so already
         return None
 
-    def request(self, method: str, path: str, body: dict | None = None) -> httpx.Response:
-        """One request to memsvc on the block's connection (a strategy's own requests)."""
-        return self._client.request(method, path, json=body)
+    def request(
+        self, method: str, path: str, body: dict | None = None, *, deadline: float | None = None
+    ) -> httpx.Response:
+        """One request to memsvc on the block's connection (a strategy's own requests), over
+        by ``deadline`` (``deadline(call)``) when one is given."""
+        timeout = TIMEOUT_SECONDS if deadline is None else time_left(deadline)
+        return self._client.request(method, path, json=body, timeout=timeout)
 
     def store(self, requests: list[ServerRequest]) -> None:
         sender.send(self.destination, requests)
+
+
+def time_left(deadline: float, *, quiet: bool = False) -> float:
+    """Seconds until ``deadline``; once it is past, 0 when ``quiet``, else a timeout error
+    (memsvc's part of the call goes without, with the call's one warning)."""
+    left = deadline - time.monotonic()
+    if left > 0 or quiet:
+        return max(left, 0.0)
+    raise httpx.ReadTimeout("memsvc did not answer within the call's timeout")

@@ -102,6 +102,63 @@ def test_messages_are_stored_in_the_agents_own_conversation(local):
     ]
 
 
+def test_a_store_sent_again_with_its_idempotency_key_is_stored_once(local):
+    """As on ``/v1/agent``: a retry (``learning()``'s sender, after a timeout) gets the first
+    message back and stores nothing."""
+    make(local)
+    message = {"agent_name": "my_agent", "role": "user", "content": "once"}
+    first = local.post("/messages", message, HTTP_IDEMPOTENCY_KEY="turn-1:user")
+    again = local.post("/messages", message, HTTP_IDEMPOTENCY_KEY="turn-1:user")
+    assert first.status_code == again.status_code == 200
+    assert again.json() == first.json()
+    assert again["Idempotent-Replayed"] == "true" and "Idempotent-Replayed" not in first
+    assert list(Message.objects.values_list("content", flat=True)) == ["once"]
+
+    other = local.post("/messages", message, HTTP_IDEMPOTENCY_KEY="turn-2:user")
+    assert other.status_code == 200 and other.json()["id"] != first.json()["id"]
+    assert Message.objects.count() == 2  # another key: another message, the same text
+
+
+def test_an_idempotency_key_belongs_to_its_agent(local):
+    for name in ("one", "two"):
+        make(local, name)
+        message = {"agent_name": name, "role": "user", "content": "hi"}
+        assert local.post("/messages", message, HTTP_IDEMPOTENCY_KEY="k").status_code == 200
+    assert Message.objects.count() == 2
+
+
+@pytest.mark.parametrize(
+    "change", [{"content": "other"}, {"role": "system"}, {"metadata": {"a": 1}}]
+)
+def test_an_idempotency_key_reused_for_another_message_is_a_409(local, change):
+    make(local)
+    message = {"agent_name": "my_agent", "role": "user", "content": "once"}
+    assert local.post("/messages", message, HTTP_IDEMPOTENCY_KEY="k").status_code == 200
+    reused = local.post("/messages", {**message, **change}, HTTP_IDEMPOTENCY_KEY="k")
+    assert reused.status_code == 409
+    assert "Idempotency-Key" in reused.json()["detail"]
+    assert list(Message.objects.values_list("content", flat=True)) == ["once"]
+
+
+def test_a_too_long_idempotency_key_is_a_422_naming_the_header(local):
+    make(local)
+    message = {"agent_name": "my_agent", "role": "user", "content": "once"}
+    response = local.post("/messages", message, HTTP_IDEMPOTENCY_KEY="k" * 256)
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["loc"] == ["header", "Idempotency-Key"]
+    assert not Message.objects.exists()
+
+
+def test_a_retry_of_a_message_deleted_since_is_a_409(local):
+    make(local)
+    message = {"agent_name": "my_agent", "role": "user", "content": "once"}
+    local.post("/messages", message, HTTP_IDEMPOTENCY_KEY="k")
+    Message.objects.all().delete()
+    response = local.post("/messages", message, HTTP_IDEMPOTENCY_KEY="k")
+    assert response.status_code == 409
+    assert not Message.objects.exists()
+
+
 @pytest.mark.parametrize("limit", ["0", "1_0", " 5", "x", "9" * 5000])
 def test_a_bad_list_limit_is_a_422_about_the_query(local, limit):
     make(local)

@@ -111,6 +111,27 @@ def test_the_seeds_integration_scenario(live_server, client, llm):
     assert "Zoltan" in " ".join(m["content"] for m in request["messages"])
 
 
+@pytest.mark.parametrize("name", ["what?", "notes #2", "a%2Fb"])
+def test_an_agent_named_with_url_characters_gets_its_own_memory(
+    live_server, client, llm, caplog, name
+):
+    """The name is one segment of the context path: its "?" began the URL's query (the
+    context of another agent, "what", was asked for), its "#" a fragment, its "%" an
+    escape (%2F: a "/"), and the agent's calls went without memory."""
+    with learning(agent="what", server_url=live_server.url):
+        ask(client, "My name is Mallory.")
+    with learning(agent=name, server_url=live_server.url):
+        ask(client, "My name is Zoltan.")
+    with (
+        caplog.at_level(logging.WARNING, logger="memsvc.client"),
+        learning(agent=name, server_url=live_server.url),
+    ):
+        ask(client, "What's my name?")
+    [memory] = llm.system_messages()
+    assert "Zoltan" in memory and "Mallory" not in memory
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
 def test_memory_goes_after_an_existing_system_message(live_server, client, llm):
     with learning(agent="a", server_url=live_server.url):
         ask(client, "I live in Lisbon")

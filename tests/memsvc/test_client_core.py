@@ -2,6 +2,7 @@
 
 import json
 
+import httpx
 import pytest
 
 from memsvc.client import learning, server_url_from_env
@@ -153,6 +154,39 @@ def test_the_recall_strategy_decides_what_is_asked_injected_and_stored():
     assert [s.json["role"] for s in stores] == ["user", "assistant"]
     assert strategy.context_request(Call("a", CHAT, {"messages": []})) is None  # no user text
     assert strategy.context_request(Call("a", CHAT, call.body, capture_only=True)) is None
+
+
+def test_a_turns_stores_carry_keys_that_name_it():
+    """memsvc stores a store sent again with its key once: a turn's two stores have keys of
+    their own, the same whenever they are made, and another call's are others."""
+    call = Call("a", CHAT, {"messages": [{"role": "user", "content": "hi"}]})
+    user, assistant = Recall().stores(call, Reply("hello"))
+    assert user.idempotency_key and assistant.idempotency_key
+    assert user.idempotency_key != assistant.idempotency_key
+    again = Recall().stores(call, Reply("hello"))
+    assert [s.idempotency_key for s in again] == [user.idempotency_key, assistant.idempotency_key]
+    other = Recall().stores(Call("a", CHAT, call.body), Reply("hello"))
+    assert other[0].idempotency_key != user.idempotency_key
+
+
+def test_the_agents_name_is_one_segment_of_the_context_path():
+    call = Call("what? #1 50%", CHAT, {"messages": [{"role": "user", "content": "hi"}]})
+    assert Recall().context_request(call).path == "/context/what%3F%20%231%2050%25"
+
+
+@pytest.mark.parametrize(
+    ("timeout", "seconds"),
+    [
+        (None, 10),  # none: ours
+        (2, 2),
+        (30.0, 10),
+        (httpx.Timeout(600, connect=5.0), 10),  # the SDKs' default: the read is what counts
+        (httpx.Timeout(5.0, read=0.5), 0.5),
+        (httpx.Timeout(None), 10),
+    ],
+)
+def test_memsvc_may_cost_a_call_no_more_than_its_timeout(timeout, seconds):
+    assert Call("a", CHAT, {}, timeout=timeout).seconds_before(10.0) == seconds
 
 
 TOOL_LOOP_NEXT_STEPS = {

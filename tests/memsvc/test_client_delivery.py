@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import openai
 import pytest
 from langchain_openai import ChatOpenAI
@@ -20,7 +21,7 @@ from langchain_openai import ChatOpenAI
 from memsvc.client import learning, session
 from memsvc.client import sender as sender_module
 from memsvc.client.core import ServerRequest
-from memsvc.client.sender import MAX_ATTEMPTS, Destination, Sender
+from memsvc.client.sender import MAX_ATTEMPTS, MAX_UNANSWERED_ATTEMPTS, Destination, Sender
 from tests.fake_memsvc import StandInMemsvc
 from tests.fake_openai import FakeOpenAI
 from tests.local_http import LocalHttpServer, Reply
@@ -187,6 +188,78 @@ def test_a_memsvc_that_never_answers_costs_one_call_its_timeout(llm, caplog, mon
     assert any("going on without memory" in w for w in warnings(caplog))
 
 
+# The timeout the caller gives a model call, and where it gives it.
+CALLER_TIMEOUTS = {
+    "the call's": ({}, {"timeout": 0.3}),
+    "the client's": ({"timeout": 0.3}, {}),
+    "an httpx Timeout's read": ({}, {"timeout": httpx.Timeout(5.0, read=0.3)}),
+}
+
+
+def chat(mode: str, llm, text: str, client_options=None, **call_options) -> str:
+    """One chat completion with the sync or the async client; the reply's text."""
+    options = {"base_url": llm.base_url, "api_key": "k", **(client_options or {})}
+    messages = [{"role": "user", "content": text}]
+    if mode == "sync":
+        with openai.OpenAI(**options) as client:
+            reply = client.chat.completions.create(model="m", messages=messages, **call_options)
+        return reply.choices[0].message.content
+
+    async def call():
+        async with openai.AsyncOpenAI(**options) as client:  # its connections: this loop's
+            reply = await client.chat.completions.create(
+                model="m", messages=messages, **call_options
+            )
+        return reply.choices[0].message.content
+
+    return asyncio.run(call())
+
+
+@pytest.mark.parametrize("where", CALLER_TIMEOUTS)
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_slow_memsvc_costs_a_call_no_more_than_the_callers_timeout(llm, caplog, mode, where):
+    """memsvc answers context in 1 s; the caller gives the call 0.3 s: the call goes on
+    without memory once those are over (it waited the client's 10 s), with one warning. A
+    later call with the usual timeout waits for memsvc and gets its memory: memsvc is not
+    taken for down because one caller was in a hurry."""
+    client_options, call_options = CALLER_TIMEOUTS[where]
+    with (
+        StandInMemsvc(context_seconds=1.0) as memsvc,
+        caplog.at_level(logging.WARNING, logger="memsvc.client"),
+        learning(agent="a", server_url=memsvc.url),
+    ):
+        started = time.monotonic()
+        hurried = chat(mode, llm, "What is my name?", client_options, **call_options)
+        elapsed = time.monotonic() - started
+        patient = chat(mode, llm, "And my name?")
+    assert elapsed < 0.9
+    assert hurried == patient == "Use Python, Alice."
+    assert llm.system_messages(0) == []  # the plain call
+    assert "Name: Alice" in llm.system_messages(1)[0]
+    [warning] = warnings(caplog)
+    assert "going on without memory" in warning
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_call_waits_for_earlier_stores_no_longer_than_its_timeout(llm, caplog, mode):
+    """Before asking for context a call waits for the previous turn's stores (here 1.2 s):
+    within its own timeout, then it goes on without memory, with one warning."""
+    with (
+        StandInMemsvc(store_seconds=0.6) as memsvc,
+        caplog.at_level(logging.WARNING, logger="memsvc.client"),
+        learning(agent="a", server_url=memsvc.url),
+    ):
+        chat(mode, llm, "one")
+        started = time.monotonic()
+        reply = chat(mode, llm, "two", timeout=0.3)
+        elapsed = time.monotonic() - started
+    assert elapsed < 0.9
+    assert reply == "Use Python, Alice."
+    assert llm.system_messages(1) == []
+    [warning] = warnings(caplog)
+    assert "going on without memory" in warning
+
+
 def test_a_store_a_failing_memsvc_keeps_refusing_is_dropped_with_a_warning(caplog):
     sender = Sender()
     with (
@@ -201,6 +274,86 @@ def test_a_store_a_failing_memsvc_keeps_refusing_is_dropped_with_a_warning(caplo
         assert len(broken.requests) == MAX_ATTEMPTS
     [warning] = warnings(caplog)
     assert "answered 500" in warning and "not stored" in warning
+
+
+def late_first_store(memsvc_url: str, *, forwarded: bool):
+    """A way to memsvc on which the first store's answer comes later than the sender waits:
+    memsvc stored it (``forwarded``: the answer was lost on its way back), or never got it
+    (it was lost on its way there). Everything else is passed on at once."""
+    late = [True]
+
+    def respond(method, path, body, headers):
+        first_store = path == "/messages" and late and late.pop()
+        if first_store and not forwarded:
+            time.sleep(LATE_SECONDS)
+            return Reply(status=504, payload={"detail": "lost"})
+        key = {k: v for k, v in headers.items() if k.lower() == "idempotency-key"}
+        answer = httpx.request(method, memsvc_url + path, json=body, headers=key, timeout=30)
+        if first_store:
+            time.sleep(LATE_SECONDS)
+        return Reply(status=answer.status_code, payload=answer.content)
+
+    return LocalHttpServer(respond, pass_headers=True)
+
+
+LATE_SECONDS = 1.5
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("forwarded", [True, False], ids=["answer lost", "request lost"])
+def test_a_store_that_timed_out_is_sent_again_and_stored_once(
+    live_server, llm, monkeypatch, caplog, forwarded
+):
+    """The sender gives up waiting for a store's answer: it sends it again with the same
+    Idempotency-Key, and memsvc stores the turn once whether the first one reached it or
+    not (it was dropped, and the turn lost, when nothing told a retry from a new store)."""
+    monkeypatch.setattr(sender_module, "TIMEOUT_SECONDS", 0.5)
+    client = openai.OpenAI(base_url=llm.base_url, api_key="k")
+    with (
+        caplog.at_level(logging.WARNING, logger="memsvc.client"),
+        late_first_store(live_server.url, forwarded=forwarded) as proxy,
+    ):
+        with learning(agent="retried", server_url=proxy.url):
+            ask(client, "remember me once")
+        stores = [r for r in proxy.requests if r.path == "/messages"]
+    assert stored("retried") == [("user", "remember me once"), ("assistant", "Use Python, Alice.")]
+    keys = [{k.lower(): v for k, v in r.headers.items()}["idempotency-key"] for r in stores]
+    assert len(keys) == 3 and keys[0] == keys[1] != keys[2]  # the user's store, sent again
+    assert warnings(caplog) == []
+
+
+def test_a_store_without_a_key_that_timed_out_is_not_sent_twice(monkeypatch):
+    """Without a key memsvc could store a second copy: such a store is dropped."""
+    monkeypatch.setattr(sender_module, "TIMEOUT_SECONDS", 0.2)
+
+    def slow(method, path, body):
+        time.sleep(0.5)
+        return Reply(payload={})
+
+    sender = Sender()
+    with LocalHttpServer(slow) as memsvc:
+        sender.send(Destination(memsvc.url), [ServerRequest("POST", "/tool-records", {})])
+        assert sender.flush(timeout=10)
+        assert len(memsvc.requests) == 1
+
+
+def test_a_keyed_store_whose_answer_never_comes_is_sent_twice_then_dropped(monkeypatch, caplog):
+    """A memsvc that takes requests and never answers is hung, not slow: each try costs the
+    whole timeout, so a keyed store is sent once more, not MAX_ATTEMPTS times."""
+    monkeypatch.setattr(sender_module, "TIMEOUT_SECONDS", 0.2)
+
+    def hung(method, path, body):
+        time.sleep(0.5)
+        return Reply(payload={})
+
+    sender = Sender()
+    with caplog.at_level(logging.WARNING, logger="memsvc.client"), LocalHttpServer(hung) as memsvc:
+        request = ServerRequest("POST", "/messages", {}, idempotency_key="learning:t:user")
+        sender.send(Destination(memsvc.url), [request])
+        assert sender.flush(timeout=10)
+        assert len(memsvc.requests) == MAX_UNANSWERED_ATTEMPTS == 2
+    [warning] = warnings(caplog)
+    assert "does not answer" in warning
 
 
 @pytest.mark.django_db(transaction=True)

@@ -5,6 +5,7 @@ live server) keeping the tool records."""
 import asyncio
 import json
 import logging
+import time
 
 import httpx
 import openai
@@ -21,6 +22,7 @@ from memsvc.memory_bank import (
 )
 from search.embeddings import configured_backend
 from tests.fake_openai import FakeOpenAI, ToolCall
+from tests.local_http import LocalHttpServer, Reply
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -261,3 +263,35 @@ def test_the_bench_measures_the_tokens_of_an_agent_with_a_key(live_server):
     rows = measure_tokens(live_server.url, 2, api_key=key)
     assert [row["step"] for row in rows] == [1, 2, 3]  # two tool steps, then the answer
     assert ToolRecord.objects.filter(agent__name=AGENT).count() == 2
+
+
+def test_a_slow_memsvc_costs_a_step_no_more_than_the_callers_timeout(llm, caplog):
+    """The step's requests to memsvc (store the records, find the relevant ones) share the
+    call's timeout (0.3 s; memsvc takes 1 s): past it the model gets the whole history, with
+    one warning (the step waited the client's 10 s a request)."""
+
+    def slow(method, path, body):
+        if path in ("/health", "/agents"):
+            return Reply(payload={"status": "ok", "name": AGENT})
+        time.sleep(1.0)
+        return Reply(payload=[])
+
+    call = ToolCall("search_flights", {"to": "Lisbon"})
+    messages = [
+        {"role": "user", "content": "Plan a trip to Lisbon."},
+        {"role": "assistant", "content": None, "tool_calls": [call.as_json()]},
+        {"role": "tool", "tool_call_id": call.id, "content": '{"flights": 3}'},
+    ]
+    client = openai.OpenAI(base_url=llm.base_url, api_key="test")
+    with (
+        LocalHttpServer(slow) as memsvc,
+        caplog.at_level(logging.WARNING, logger="memsvc.client"),
+        learning(agent=AGENT, server_url=memsvc.url, strategy="memory_bank"),
+    ):
+        started = time.monotonic()
+        client.chat.completions.create(model="gpt-test", messages=messages, timeout=0.3)
+        elapsed = time.monotonic() - started
+    assert elapsed < 0.9
+    assert sent(llm) == [messages]
+    [warning] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "memory bank unavailable" in warning
