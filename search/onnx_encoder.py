@@ -31,11 +31,14 @@ GRAPH_VERSION = 2
 
 
 def supports(model_dir: Path) -> bool:
-    """True for a local sentence-transformers model that pools by mean and normalises."""
+    """True for a local sentence-transformers model that pools by mean and normalises, with
+    its fast tokenizer's file (``tokenizer.json``)."""
     try:
         pooling = json.loads((model_dir / "1_Pooling" / "config.json").read_text())
         modules = json.loads((model_dir / "modules.json").read_text())
     except (OSError, ValueError):
+        return False
+    if not (model_dir / "tokenizer.json").is_file():
         return False
     kinds = [module.get("type", "").rsplit(".", 1)[-1] for module in modules]
     return pooling.get("pooling_mode_mean_tokens") is True and kinds == [
@@ -178,6 +181,16 @@ def graph_path(model_dir: Path, cache_dir: Path, precision: str) -> Path:
     return wanted
 
 
+def _pad_token(model_dir: Path) -> str:
+    """The model's padding token, as its tokenizer's settings name it."""
+    try:
+        config = json.loads((model_dir / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    pad = config.get("pad_token") or "[PAD]"
+    return pad["content"] if isinstance(pad, dict) else pad
+
+
 class OnnxSentenceEncoder:
     def __init__(
         self,
@@ -188,11 +201,16 @@ class OnnxSentenceEncoder:
         precision: str = "float32",
     ):
         import onnxruntime
-        from transformers import AutoTokenizer
+        from tokenizers import Tokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         config = json.loads((model_dir / "sentence_bert_config.json").read_text())
         self.max_length = int(config.get("max_seq_length", 256))
+        # The fast tokenizer transformers' AutoTokenizer wraps, read from its file without
+        # transformers, whose import pulls in torch: 2 s of every process's first embedding.
+        # Truncated and padded as sentence-transformers asks it to (the same ids: a test).
+        self.tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        self.tokenizer.enable_truncation(self.max_length)
+        self.tokenizer.enable_padding(pad_id=self.tokenizer.token_to_id(_pad_token(model_dir)))
         self.dimension = int(
             json.loads((model_dir / "1_Pooling" / "config.json").read_text())[
                 "word_embedding_dimension"
@@ -218,6 +236,16 @@ class OnnxSentenceEncoder:
         # 0.687-0.689, semantic 0.411 -> 0.423; docs/benchmarks.md). float32 batches.
         self.one_text_at_a_time = precision == "int8"
 
+    def tokens(self, texts: list[str]) -> dict[str, np.ndarray]:
+        """The model's inputs for ``texts``: token ids, attention mask and token types, each
+        padded to the longest text of the batch."""
+        encodings = self.tokenizer.encode_batch(texts)
+        return {
+            "input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
+            "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
+            "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64),
+        }
+
     def encode(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
         """Normalised mean-pooled vectors, in the order of ``texts``."""
         # Batches of similar lengths pad less (sentence-transformers does the same).
@@ -227,16 +255,9 @@ class OnnxSentenceEncoder:
         vectors = np.zeros((len(texts), self.dimension), dtype=np.float32)
         for start in range(0, len(texts), batch_size):
             chosen = order[start : start + batch_size]
-            tokens = self.tokenizer(
-                [texts[i] for i in chosen],
-                padding=True,
-                truncation=True,
-                max_length=self.max_length,
-                return_tensors="np",
-            )
-            feed = {name: tokens[name].astype(np.int64) for name in INPUTS if name in tokens}
-            if self.needs_token_types and "token_type_ids" not in feed:
-                feed["token_type_ids"] = np.zeros_like(feed["input_ids"])
+            feed = self.tokens([texts[i] for i in chosen])
+            if not self.needs_token_types:
+                del feed["token_type_ids"]
             [hidden] = self.session.run(None, feed)
             mask = feed["attention_mask"][..., None].astype(np.float32)
             pooled = (hidden * mask).sum(axis=1) / np.clip(mask.sum(axis=1), 1e-9, None)

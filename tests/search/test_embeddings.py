@@ -53,6 +53,31 @@ def test_the_local_model_loads_from_the_package_and_embeds():
     assert backend.embed([]).shape == (0, 384)
 
 
+def test_the_onnx_encoder_tokenizes_as_transformers_does():
+    """The encoder reads the fast tokenizer from its file, without transformers (and torch):
+    the model's inputs must be the ids, masks and padding transformers' tokenizer gives."""
+    from transformers import AutoTokenizer
+
+    backend = configured_backend()
+    encoder = backend._load()
+    assert isinstance(encoder, OnnxSentenceEncoder)
+    texts = [
+        "Caroline: I went to a LGBTQ support group yesterday!",
+        "",
+        "Café naïve RÉSUMÉ Straße ﬁne",
+        "emoji 😀🎉 and 日本語 中文 text",
+        "word " * 600,  # truncated at the model's 256 tokens
+        "a\u0301 tab\there\nnewline",
+    ]
+    reference = AutoTokenizer.from_pretrained(backend._model_path())(
+        texts, padding=True, truncation=True, max_length=encoder.max_length, return_tensors="np"
+    )
+    ours = encoder.tokens(texts)
+    for name in ("input_ids", "attention_mask", "token_type_ids"):
+        assert np.array_equal(ours[name], reference[name]), name
+    assert ours["input_ids"].shape == (len(texts), 256)
+
+
 def test_onnx_runtime_and_torch_give_the_same_vectors(tmp_path):
     texts = ["Caroline: I went to a support group", "short", "a much longer sentence " * 20]
     onnx = LocalBackend(precision="float32", runtime="onnx", cache_dir=tmp_path)
