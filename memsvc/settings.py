@@ -309,6 +309,9 @@ MEMORY_EMBEDDING_PRECISION = env_choice("MEMORY_EMBEDDING_PRECISION", "int8", ("
 # processes embed one query at a time beside their database work: `memsvc serve` gives
 # them 1; the worker embeds batches with all cores.
 MEMSVC_EMBEDDING_THREADS = env_int("MEMSVC_EMBEDDING_THREADS", 0, minimum=0)
+# Where the local model's ONNX graphs are made once and kept (search.onnx_encoder): data
+# directories, or an image built with them, may share one.
+MEMSVC_MODEL_CACHE_DIR = env_path("MEMSVC_MODEL_CACHE_DIR", MEMSVC_DATA_DIR / "models")
 OLLAMA_BASE_URL = env_str("OLLAMA_BASE_URL", "http://127.0.0.1:11434")
 OPENAI_API_KEY = env_str("OPENAI_API_KEY")
 OPENAI_BASE_URL = env_str("OPENAI_BASE_URL")

@@ -10,6 +10,7 @@ Vectors are L2-normalised, so cosine distance is all the database needs. Backend
 lazily: importing this module or building a backend costs nothing until the first embed.
 """
 
+import atexit
 import functools
 import json
 import logging
@@ -140,7 +141,7 @@ class LocalBackend:
         try:
             encoder = OnnxSentenceEncoder(
                 path,
-                self.cache_dir or settings.MEMSVC_DATA_DIR / "models",
+                self.cache_dir or settings.MEMSVC_MODEL_CACHE_DIR,
                 threads=settings.MEMSVC_EMBEDDING_THREADS or None,
                 precision=self.precision,
             )
@@ -340,12 +341,22 @@ def get_embedding_backend(kind: str, **options) -> EmbeddingBackend:
     raise ImproperlyConfigured(f"unknown embedding backend {kind!r}")
 
 
+# How long a process's exit waits for a model load still under way (a first one exports the
+# graph, which may take longer: the export is written atomically, so it is safe to cut).
+WARM_UP_EXIT_WAIT_SECONDS = 30.0
+
+
 def warm_up_in_background() -> None:
     """Load the local model in a thread of its own: a server answers at once, and its first
     search does not pay for the load (a remote backend has nothing to load)."""
     backend = configured_backend()
     if isinstance(backend, LocalBackend):
-        threading.Thread(target=backend.warm_up, name="embedding-warm-up", daemon=True).start()
+        thread = threading.Thread(target=backend.warm_up, name="embedding-warm-up", daemon=True)
+        thread.start()
+        # A process that ends while ONNX Runtime makes the model's session is aborted
+        # (SIGABRT: its threads are torn down under it): a short `memsvc mcp` session was.
+        # Its exit waits for the load (a fraction of a second once the graph is made).
+        atexit.register(thread.join, WARM_UP_EXIT_WAIT_SECONDS)
 
 
 @functools.cache

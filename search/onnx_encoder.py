@@ -7,7 +7,7 @@
   how close: docs/benchmarks.md, "The local model in int8".
 
 The graphs are made once from the model's own weights on disk (no download) and cached
-under ``<MEMSVC_DATA_DIR>/models``; tokenisation and mean pooling are done here exactly as
+in ``MEMSVC_MODEL_CACHE_DIR`` (``<MEMSVC_DATA_DIR>/models``); tokenisation and mean pooling are done here exactly as
 sentence-transformers does them for models with mean pooling.
 """
 

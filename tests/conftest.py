@@ -4,6 +4,7 @@ The database is the embedded PostgreSQL + pgvector of local mode; pytest-django 
 test database on it once per session.
 """
 
+import os
 from dataclasses import dataclass
 
 import pytest
@@ -20,6 +21,9 @@ def pytest_configure(config):
 
     settings.STATIC_ROOT.mkdir(parents=True, exist_ok=True)
     settings.PASSWORD_HASHERS = ["tests.hashers.QuickPBKDF2PasswordHasher"]
+    # The processes tests start on data directories of their own (servers, workers, the
+    # command line) use the session's model graphs: each would make its own in 5-10 s.
+    os.environ.setdefault("MEMSVC_MODEL_CACHE_DIR", str(settings.MEMSVC_MODEL_CACHE_DIR))
 
 
 @pytest.fixture(scope="session", autouse=True)

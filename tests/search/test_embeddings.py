@@ -23,6 +23,7 @@ from search.embeddings import (
 from search.onnx_encoder import OnnxSentenceEncoder
 from tests.factories import MessageFactory
 from tests.local_http import LocalHttpServer, Reply
+from tests.memsvc.test_settings import run_django
 
 
 class FakeEmbeddingServer(LocalHttpServer):
@@ -51,6 +52,33 @@ def test_the_local_model_loads_from_the_package_and_embeds():
     dog, puppy, stocks = vectors[1], vectors[0], vectors[2]
     assert dog @ puppy > dog @ stocks + 0.2
     assert backend.embed([]).shape == (0, 384)
+
+
+def test_the_models_graphs_are_kept_where_the_setting_says(settings, tmp_path):
+    """MEMSVC_MODEL_CACHE_DIR: data directories (the test suite's servers, an image) may
+    share the graphs made once; a graph found there is used, not made again."""
+    made = configured_backend()._load().session._model_path  # the suite's own cache
+    for graph in Path(made).parent.glob("model-*.onnx"):
+        (tmp_path / graph.name).write_bytes(graph.read_bytes())
+    settings.MEMSVC_MODEL_CACHE_DIR = tmp_path
+    encoder = LocalBackend()._load()
+    assert Path(encoder.session._model_path) == tmp_path / Path(made).name
+
+
+@pytest.mark.parametrize("seconds", [0.1, 0.2])
+def test_a_process_that_ends_while_its_model_loads_exits_cleanly(tmp_path, seconds):
+    """A process ended while ONNX Runtime was making the model's session (the background
+    warm-up of `memsvc mcp`, of a web process) was aborted (SIGABRT); it now waits for it.
+    (``seconds`` after ONNX Runtime's import: inside the session's making on this machine.)"""
+    configured_backend().warm_up()  # the graph is made: the load is the short one
+    result = run_django(
+        {"MEMSVC_DATA_DIR": str(tmp_path / "data")},
+        "import sys, time; from search.embeddings import warm_up_in_background;"
+        "warm_up_in_background()\n"
+        "while 'onnxruntime' not in sys.modules: time.sleep(0.001)\n"
+        f"time.sleep({seconds})",
+    )
+    assert result.returncode == 0, result.stderr
 
 
 def test_the_onnx_encoder_tokenizes_as_transformers_does():
