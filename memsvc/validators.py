@@ -18,6 +18,7 @@ def has_control_characters(value: str) -> bool:
 
 
 def no_control_characters(value: str) -> None:
-    """A one-line text (a title): no control characters (``has_control_characters``)."""
-    if has_control_characters(value):
+    """A one-line text (a title): no control characters (``has_control_characters``). A
+    NUL is ``no_nul_characters``' to refuse: said once."""
+    if has_control_characters(value.replace("\x00", "")):
         raise ValidationError("must not contain control characters", code="control_character")
