@@ -3,9 +3,11 @@ from urllib.parse import urlencode
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.postgres.search import SearchQuery
+from django.core.exceptions import ValidationError
 from django.db.models import Q
+from django.urls import reverse
 from django.utils import timezone
-from django.utils.html import format_html_join
+from django.utils.html import format_html, format_html_join
 from django.utils.text import Truncator
 
 from agents_api.models import (
@@ -18,6 +20,7 @@ from agents_api.models import (
     ToolRecord,
     UserMemorySetting,
 )
+from agents_api.selectors import LOCAL_OWNER
 from agents_api.services import (
     agent_delete,
     api_key_create,
@@ -27,14 +30,16 @@ from agents_api.services import (
     memory_delete,
     tool_records_delete,
 )
-from conversations.models import TEXT_SEARCH_CONFIG
+from conversations.models import TEXT_SEARCH_CONFIG, Conversation
 from memsvc.admin_tools import (
     DeletedByService,
     EmbeddedFilter,
     LargeTableAdmin,
     as_uuid,
+    merged_deletions,
     operator,
 )
+from memsvc.validators import no_slash
 
 
 def _id_words_or_exact(queryset, search_term: str, exact_field: str):
@@ -50,18 +55,106 @@ def _id_words_or_exact(queryset, search_term: str, exact_field: str):
     return queryset.filter(Q(search_vector=words) | Q(**{exact_field: term}))
 
 
+class AgentFilter(admin.SimpleListFilter):
+    """Rows of one agent (Django's address for it, ``agent__id__exact``).
+
+    The agent is chosen by clicking its name in the list, or on the agent's own page, not
+    from a menu of every agent: there may be many thousands, read on every page.
+    """
+
+    title = "agent"
+    parameter_name = "agent__id__exact"
+
+    def lookups(self, request, model_admin):
+        # The one chosen, else none: a filter without a choice is left out, and so would
+        # its value be (every row shown for an agent that is no more).
+        if self.value() is None:
+            return []
+        agent_id = as_uuid(self.value())
+        agent = Agent.objects.filter(pk=agent_id).only("name").first() if agent_id else None
+        return [(self.value(), agent.name if agent else self.value())]
+
+    def queryset(self, request, queryset):
+        if self.value() is None:
+            return queryset
+        return queryset.filter(agent_id=as_uuid(self.value()))  # none for what is no id
+
+
+class AgentColumn:
+    """A ModelAdmin mixin: the ``agent_link`` column, a row's agent as a link to the list of
+    that agent's rows (``AgentFilter``)."""
+
+    @admin.display(description="agent")
+    def agent_link(self, row):
+        query = urlencode({AgentFilter.parameter_name: row.agent_id})
+        return format_html('<a href="?{}">{}</a>', query, row.agent)
+
+
+class AgentForm(forms.ModelForm):
+    """An agent as the APIs make one: a local agent's name is the last segment of its
+    routes (``/agents/{name}``, ``memsvc mcp --agent``), so it holds no "/" (the local API's
+    own rule), or no route would reach it."""
+
+    def clean(self):
+        data = super().clean()
+        if data.get("owner_principal") == LOCAL_OWNER and data.get("name"):
+            try:
+                no_slash(data["name"])
+            except ValidationError as exc:
+                self.add_error("name", exc)
+        return data
+
+
 @admin.register(Agent)
 class AgentAdmin(DeletedByService, admin.ModelAdmin):
+    form = AgentForm
     list_display = ("name", "id", "owner_principal", "created_at")
     search_fields = ("name", "=owner_principal")
     # The agent's own conversation and its trust from loopback are the services' to set
     # (``local_conversation_for``, the local API's keyless agents, cleared by a key): an
     # agent pointed at another conversation would show its messages on the local API.
-    readonly_fields = ("id", "principal_id", "created_at", "local_conversation", "loopback_trusted")
+    readonly_fields = (
+        "id",
+        "principal_id",
+        "created_at",
+        "local_conversation",
+        "loopback_trusted",
+        "kept",
+    )
 
-    # Deleted as Letta's route deletes one: with its own conversation.
+    # Deleted as Letta's route deletes one: with its own conversation (``agent_delete``),
+    # which the confirmation lists as the conversation's own would (with its group, forks
+    # and messages), beside what cascades from the agent.
     def delete_one(self, request, obj):
         agent_delete(operator(request), agent=obj)
+
+    @admin.display(description="what it keeps")
+    def kept(self, agent):
+        if agent._state.adding:
+            return "-"
+        query = urlencode({AgentFilter.parameter_name: agent.pk})
+        return format_html_join(
+            ", ",
+            '<a href="{}?{}">{}</a>',
+            (
+                (reverse(f"admin:agents_api_{model}_changelist"), query, label)
+                for model, label in [
+                    ("memoryblock", "memory blocks"),
+                    ("memory", "memories"),
+                    ("toolrecord", "tool records"),
+                ]
+            ),
+        )
+
+    def get_deleted_objects(self, objs, request):
+        conversations = Conversation.objects.filter(
+            local_agent__in=[agent.pk for agent in objs]
+        ).select_related("group")
+        parts = [super().get_deleted_objects(objs, request)]
+        if conversations:
+            conversation_admin = self.admin_site.get_model_admin(Conversation)
+            parts.append(conversation_admin.get_deleted_objects(conversations, request))
+        return merged_deletions(parts)
 
 
 class RevisionInline(admin.TabularInline):
@@ -77,9 +170,9 @@ class RevisionInline(admin.TabularInline):
 
 
 @admin.register(MemoryBlock)
-class MemoryBlockAdmin(DeletedByService, LargeTableAdmin):
-    list_display = ("label", "agent", "user_id", "size", "limit", "read_only", "updated_at")
-    list_filter = ("read_only",)
+class MemoryBlockAdmin(AgentColumn, DeletedByService, LargeTableAdmin):
+    list_display = ("label", "agent_link", "user_id", "size", "limit", "read_only", "updated_at")
+    list_filter = (AgentFilter, "read_only")
     list_select_related = ("agent",)
     search_fields = ("label", "=user_id", "agent__name")
     raw_id_fields = ("agent",)
@@ -221,7 +314,7 @@ class TagFilter(admin.SimpleListFilter):
 
 
 @admin.register(Memory)
-class MemoryAdmin(LargeTableAdmin):
+class MemoryAdmin(AgentColumn, LargeTableAdmin):
     """Long-term memories, to inspect and delete.
 
     Read-only otherwise: a change of text must go through ``memory_update``, which keeps the
@@ -230,7 +323,7 @@ class MemoryAdmin(LargeTableAdmin):
 
     list_display = (
         "short_content",
-        "agent",
+        "agent_link",
         "user_id",
         "tag_links",
         "importance",
@@ -240,7 +333,7 @@ class MemoryAdmin(LargeTableAdmin):
         "source",
         "embedded",
     )
-    list_filter = ("agent", "source", TagFilter, EmbeddedFilter)
+    list_filter = (AgentFilter, "source", TagFilter, EmbeddedFilter)
     list_select_related = ("agent",)
     # Searched through the full-text index, or by exact user id; see get_search_results.
     search_fields = ("content",)
@@ -285,13 +378,13 @@ class MemoryAdmin(LargeTableAdmin):
 
 
 @admin.register(ToolRecord)
-class ToolRecordAdmin(LargeTableAdmin):
+class ToolRecordAdmin(AgentColumn, LargeTableAdmin):
     """Tool records of the memory bank, to inspect and delete. Read-only otherwise: the
     summary and its vector are the observer's to keep in step."""
 
     list_display = (
         "tool_name",
-        "agent",
+        "agent_link",
         "task_id",
         "step",
         "short_summary",
@@ -299,7 +392,7 @@ class ToolRecordAdmin(LargeTableAdmin):
         "embedded",
         "created_at",
     )
-    list_filter = ("agent", "summary_source", EmbeddedFilter)
+    list_filter = (AgentFilter, "summary_source", EmbeddedFilter)
     list_select_related = ("agent",)
     search_fields = ("summary",)
     search_help_text = (

@@ -179,12 +179,14 @@ IDEMPOTENCY_KEY_MAX_LENGTH = 255
 
 
 class IdempotentRequest(models.Model):
-    """The result of a request sent with an ``Idempotency-Key``: a retry gets it back."""
+    """The result of a request sent with an ``Idempotency-Key``: a retry gets it back.
+    ``result_ids`` are the ids of the rows it wrote, in order: messages, or tool records
+    (``request_hash`` tells the kinds of request apart: ``services.idempotency``)."""
 
     principal_id = models.CharField(max_length=PRINCIPAL_MAX_LENGTH)
     key = models.CharField(max_length=IDEMPOTENCY_KEY_MAX_LENGTH)
     request_hash = models.CharField(max_length=64)
-    message_ids = models.JSONField(default=list)
+    result_ids = models.JSONField(default=list)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 
     class Meta:

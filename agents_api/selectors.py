@@ -22,6 +22,7 @@ from agents_api.models import (
 from conversations.models import Conversation, Membership
 from conversations.selectors import (
     conversation_owner_id,
+    conversations_owned_by,
     conversations_visible_to,
     messages_visible_to,
     visible_conversation_ids,
@@ -539,11 +540,16 @@ def tool_records_of(
     return records
 
 
-def tool_records_made_for(user_id: str) -> QuerySet[ToolRecord]:
-    """Every agent's tool records made for a user (``X-On-Behalf-Of``), for the user's own
-    export and erase only."""
+def tool_records_kept_about(user_id: str) -> QuerySet[ToolRecord]:
+    """Every agent's tool records about a user, for the user's own export and erase only
+    (one rule: what the erase takes, the export shows): those made for them
+    (``X-On-Behalf-Of``), and those of the conversations they own, whoever the agent acted
+    for (they would otherwise outlive those conversations, unlinked)."""
     return (
-        ToolRecord.objects.filter(user_id=user_id)
+        ToolRecord.objects.filter(
+            Q(user_id=user_id)
+            | Q(conversation_id__in=conversations_owned_by(user_id).order_by().values("id"))
+        )
         .defer(*ToolRecord.SEARCH_DATA)
         .order_by("agent_id", "created_at", "id")
     )

@@ -33,6 +33,7 @@ from memsvc.admin_tools import (
     EmbeddedFilter,
     LargeTableAdmin,
     as_uuid,
+    merged_deletions,
     operator,
 )
 
@@ -199,14 +200,7 @@ class ConversationAdmin(LargeTableAdmin):
             parts.append(group_admin.get_deleted_objects(roots, request))
         if forks:
             parts.append(super().get_deleted_objects(forks, request))
-        deleted, counts, perms_needed, protected = [], {}, set(), []
-        for part_deleted, part_counts, part_perms, part_protected in parts:
-            deleted += part_deleted
-            for name, count in part_counts.items():
-                counts[name] = counts.get(name, 0) + count
-            perms_needed |= part_perms
-            protected += part_protected
-        return deleted, counts, perms_needed, protected
+        return merged_deletions(parts)
 
     def delete_model(self, request, obj):
         conversation_delete(operator(request), conversation=obj, need=None)

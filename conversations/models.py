@@ -323,6 +323,8 @@ class Message(models.Model):
             models.Index(
                 fields=["seq"], condition=Q(embedded_at__isnull=True), name="message_unembedded"
             ),
+            # A user's own messages, for their export and erase (``messages_elsewhere``).
+            models.Index(fields=["author_principal"], name="message_author"),
         ]
         constraints = [
             models.CheckConstraint(

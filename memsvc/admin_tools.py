@@ -51,6 +51,19 @@ class DeletedByService:
             self.delete_one(request, obj)
 
 
+def merged_deletions(parts):
+    """What several ``get_deleted_objects`` answers delete, as one answer for a
+    confirmation page (a deletion that a service makes with what goes with it)."""
+    deleted, counts, perms_needed, protected = [], {}, set(), []
+    for part_deleted, part_counts, part_perms, part_protected in parts:
+        deleted += part_deleted
+        for name, count in part_counts.items():
+            counts[name] = counts.get(name, 0) + count
+        perms_needed |= part_perms
+        protected += part_protected
+    return deleted, counts, perms_needed, protected
+
+
 class EmbeddedFilter(admin.SimpleListFilter):
     """Rows with a vector, or still waiting for one (``embedded_at``)."""
 

@@ -5,7 +5,9 @@ present but malformed is an error at start-up (``ImproperlyConfigured``), never 
 fallback to the default.
 """
 
+import dataclasses
 import ipaddress
+import math
 import os
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -76,12 +78,24 @@ def env_path(name: str, default: Path) -> Path:
     return (Path(value) if value is not None else default).expanduser()
 
 
-def env_url(name: str, default: str | None, *, schemes: tuple[str, ...]) -> str | None:
-    """A URL whose scheme is one of ``schemes`` (``redis``, ``rediss``...), or ``default``."""
+def env_url(
+    name: str, default: str | None, *, schemes: tuple[str, ...], several: bool = False
+) -> str | None:
+    """A URL whose scheme is one of ``schemes`` (``redis``, ``rediss``...), or ``default``.
+    ``several``: URLs separated by ``;`` (kombu's failover brokers), each checked. A scheme
+    ``a+b`` (kombu's ``sqla+postgresql``) counts as ``a``."""
     value = env_str(name, default)
-    if value is not None and urlsplit(value).scheme not in schemes:
-        expected = ", ".join(f"{scheme}://" for scheme in schemes)
-        raise ImproperlyConfigured(f"{name} must start with one of {expected}, got {value!r}")
+    if value is None:
+        return None
+    for url in value.split(";") if several else [value]:
+        parts = urlsplit(url.strip())
+        if parts.scheme.partition("+")[0] not in schemes:
+            expected = ", ".join(f"{scheme}://" for scheme in schemes)
+            raise ImproperlyConfigured(f"{name} must start with one of {expected}, got {value!r}")
+        try:
+            parts.port  # noqa: B018 - raises ValueError on a port that is not a number in range
+        except ValueError as error:
+            raise ImproperlyConfigured(f"{name} must be a URL, got {value!r}: {error}") from None
     return value
 
 
@@ -136,3 +150,36 @@ def env_networks(name: str) -> list[str]:
                 f"{name}: {item!r} is neither an IP address nor a network (10.0.0.0/8)"
             ) from None
     return networks
+
+
+def env_changes(name: str, tunables: type) -> dict:
+    """Changes to the defaults of the dataclass ``tunables`` (``search.tuning.SearchTuning``):
+    comma-separated ``field=value`` (``feedback_words=20,citation_mode=semantic``), each value
+    read as its field's type (int, float, str); none by default. Checked by making
+    ``tunables`` with them: its own checks (a ValueError) are errors here too."""
+    types = {item.name: item.type for item in dataclasses.fields(tunables)}
+    changes = {}
+    for item in env_list(name, []):
+        field, equals, text = (part.strip() for part in item.partition("="))
+        if not equals or field not in types:
+            raise ImproperlyConfigured(
+                f"{name}: {item!r} is not field=value of one of {', '.join(types)}"
+            )
+        if field in changes:
+            raise ImproperlyConfigured(f"{name}: {field} is given twice")
+        kind = types[field]
+        try:
+            value = kind(text)
+        except ValueError:
+            raise ImproperlyConfigured(
+                f"{name}: {field} must be {'an integer' if kind is int else 'a number'}, "
+                f"got {text!r}"
+            ) from None
+        if kind is float and not math.isfinite(value):
+            raise ImproperlyConfigured(f"{name}: {field} must be a finite number, got {text!r}")
+        changes[field] = value
+    try:
+        tunables(**changes)
+    except ValueError as error:
+        raise ImproperlyConfigured(f"{name}: {error}") from None
+    return changes

@@ -16,9 +16,12 @@ a compressed context instead of the whole history:
    step 2 the model gets exactly the history);
 3. the last tool interaction, and whatever follows it.
 
-The first step (no tool interaction yet) passes through unchanged. A task is what the
-``learning()`` block runs, with ``task_id`` or a fresh id; a new anchor message within the
-block starts a new task (a fresh id unless ``task_id`` was given) and counts steps from 1.
+The first step (no tool interaction yet) passes through unchanged. A step's records whose
+answer was lost (a timeout: memsvc may have stored them) are sent again, as they were and
+with the same ``Idempotency-Key``, by the next step that holds them (the caller's retry of
+the call): memsvc stores them once. A task is what the ``learning()`` block runs, with
+``task_id`` or a fresh id; a new anchor message within the block starts a new task (a fresh
+id unless ``task_id`` was given) and counts steps from 1.
 
 The work of a step is written once (``MemoryBank._step``, a generator that yields the
 requests it needs and gets their answers) and driven by a sync and an async shell. If memsvc
@@ -35,6 +38,8 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from memsvc.client.core import ChatCompletions, Recall, ServerRequest
+
 logger = logging.getLogger("memsvc.client")
 
 RETRIEVAL_QUERY = "how to proceed with the task"  # the seed's fixed, task-agnostic query
@@ -43,8 +48,6 @@ RECORD_SEPARATOR = "-------------------"
 DEFAULT_TOP_K = 3
 DEFAULT_MAX_CHARS_PER_RECORD = 2000
 MAX_TOP_K = 20  # the most a tool record search returns (the server's limit)
-
-Request = tuple[str, str, dict]  # method, path, JSON body
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,8 @@ class TaskState:
     anchor: str | None = None
     step: int = 0
     trace_ids: dict[str, str] = field(default_factory=dict)  # tool_call id -> its record
+    # The store of these tool_call ids whose answer has not come (yet): sent again as it is
+    unanswered: tuple[tuple[str, ...], ServerRequest] | None = None
 
 
 class MemoryBank:
@@ -212,7 +217,7 @@ class MemoryBank:
         self.task.anchor = text
         self.task.step += 1
 
-    def _step(self, messages: list) -> Generator[Request, object, list]:
+    def _step(self, messages: list) -> Generator[ServerRequest, object, list]:
         """One step, free of I/O: yields the requests to memsvc and returns the messages to
         send the model."""
         self._begin(messages)
@@ -221,29 +226,14 @@ class MemoryBank:
         interactions = tool_interactions(messages)
         new = [i for i in interactions if i.call_id not in self.task.trace_ids]
         if new:
-            stored = yield (
-                "POST",
-                "/tool-records",
-                {
-                    "agent_name": self.agent,
-                    "task_id": self.task.task_id,
-                    "records": [
-                        {
-                            "step": self.task.step,
-                            "tool_name": i.tool_name,
-                            "input": i.raw_input,
-                            "output": i.raw_output,
-                        }
-                        for i in new
-                    ],
-                },
-            )
+            stored = yield self._store(new)
+            self.task.unanswered = None
             for interaction, record in zip(new, stored, strict=True):
                 self.task.trace_ids[interaction.call_id] = record["trace_id"]
         # The last interaction is sent whole after the records: the records retrieved are
         # the most relevant of the earlier ones, not copies of it.
         shown = {self.task.trace_ids.get(i.call_id) for i in interactions}
-        found = yield (
+        found = yield ServerRequest(
             "POST",
             "/tool-records/search",
             {
@@ -265,14 +255,42 @@ class MemoryBank:
             )
         return result
 
-    def prepare(self, messages: list, request: Callable[..., object]) -> list:
-        """The messages to send the model at this step (sync): ``request(method, path,
-        body)`` answers memsvc's JSON."""
+    def _store(self, new: list[ToolInteraction]) -> ServerRequest:
+        """The request that stores the ``new`` interactions, with a key of its own; the one
+        sent before for them, unchanged (its step, its key), when its answer did not come:
+        memsvc may have stored them, and then answers the retry with those records."""
+        call_ids = tuple(i.call_id for i in new)
+        if self.task.unanswered is not None and self.task.unanswered[0] == call_ids:
+            return self.task.unanswered[1]
+        request = ServerRequest(
+            "POST",
+            "/tool-records",
+            {
+                "agent_name": self.agent,
+                "task_id": self.task.task_id,
+                "records": [
+                    {
+                        "step": self.task.step,
+                        "tool_name": i.tool_name,
+                        "input": i.raw_input,
+                        "output": i.raw_output,
+                    }
+                    for i in new
+                ],
+            },
+            idempotency_key=f"memory-bank:{uuid.uuid4().hex}",
+        )
+        self.task.unanswered = (call_ids, request)
+        return request
+
+    def prepare(self, messages: list, request: Callable[[ServerRequest], object]) -> list:
+        """The messages to send the model at this step (sync): ``request(server_request)``
+        answers memsvc's JSON."""
         step = self._step(list(messages))
         try:
             sent = next(step)
             while True:
-                sent = step.send(request(*sent))
+                sent = step.send(request(sent))
         except StopIteration as done:
             return done.value
         except httpx.HTTPError as exc:
@@ -283,7 +301,7 @@ class MemoryBank:
         try:
             sent = next(step)
             while True:
-                sent = step.send(await arequest(*sent))
+                sent = step.send(await arequest(sent))
         except StopIteration as done:
             return done.value
         except httpx.HTTPError as exc:
@@ -304,16 +322,12 @@ class MemoryBankStrategy:
     for them in its event loop's thread (two short requests a step)."""
 
     def __init__(self, session, bank: MemoryBank):
-        from memsvc.client.core import Recall  # the client package imports no Django either
-
         self.session = session
         self.bank = bank
         self.recall = Recall()
 
     @staticmethod
     def _is_chat(call) -> bool:
-        from memsvc.client.core import ChatCompletions
-
         return isinstance(call.api, ChatCompletions) and isinstance(call.body.get("messages"), list)
 
     def context_request(self, call):
@@ -324,8 +338,14 @@ class MemoryBankStrategy:
             return self.recall.prepare(call, context)
         deadline = self.session.deadline(call)  # the caller's timeout bounds these requests
 
-        def request(method: str, path: str, body: dict):
-            response = self.session.request(method, path, body, deadline=deadline)
+        def request(sent: ServerRequest):
+            response = self.session.request(
+                sent.method,
+                sent.path,
+                sent.json,
+                deadline=deadline,
+                idempotency_key=sent.idempotency_key,
+            )
             response.raise_for_status()
             return response.json()
 

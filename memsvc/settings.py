@@ -13,10 +13,12 @@ from pathlib import Path
 import dj_database_url
 from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
+from kombu.transport import TRANSPORT_ALIASES
 
 from memsvc import embedded_db
 from memsvc.env import (
     env_bool,
+    env_changes,
     env_choice,
     env_int,
     env_list,
@@ -27,11 +29,15 @@ from memsvc.env import (
     env_str,
     env_url,
 )
+from search.tuning import MemoryRanking, SearchTuning
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 MEMSVC_DATA_DIR = env_path("MEMSVC_DATA_DIR", Path("~/.local/share/memsvc"))
-DATABASE_URL = env_str("DATABASE_URL")
+# (A malformed URL is refused here, as every URL below: it started the service, and failed
+# at the first request, or the first task, that used it.)
+DATABASE_URL = env_url("DATABASE_URL", None, schemes=("postgres", "postgresql", "pgsql"))
+_HTTP = ("http", "https")
 # Local mode: the embedded database, and no credentials needed from loopback on the
 # local compatibility API. MEMSVC_LOCAL_MODE=1 asks for it with an external database too.
 LOCAL_MODE = env_bool("MEMSVC_LOCAL_MODE", DATABASE_URL is None)
@@ -57,7 +63,7 @@ else:
     SECRET_KEY = env_required("DJANGO_SECRET_KEY")
     MEMSVC_JWT_SECRET = env_str("MEMSVC_JWT_SECRET")
 
-MEMSVC_JWT_JWKS_URL = env_str("MEMSVC_JWT_JWKS_URL")
+MEMSVC_JWT_JWKS_URL = env_url("MEMSVC_JWT_JWKS_URL", None, schemes=_HTTP)
 MEMSVC_JWT_ISSUER = env_str("MEMSVC_JWT_ISSUER")
 MEMSVC_JWT_AUDIENCE = env_str("MEMSVC_JWT_AUDIENCE")
 if MEMSVC_JWT_JWKS_URL and not (MEMSVC_JWT_ISSUER and MEMSVC_JWT_AUDIENCE):
@@ -312,9 +318,9 @@ MEMSVC_EMBEDDING_THREADS = env_int("MEMSVC_EMBEDDING_THREADS", 0, minimum=0)
 # Where the local model's ONNX graphs are made once and kept (search.onnx_encoder): data
 # directories, or an image built with them, may share one.
 MEMSVC_MODEL_CACHE_DIR = env_path("MEMSVC_MODEL_CACHE_DIR", MEMSVC_DATA_DIR / "models")
-OLLAMA_BASE_URL = env_str("OLLAMA_BASE_URL", "http://127.0.0.1:11434")
+OLLAMA_BASE_URL = env_url("OLLAMA_BASE_URL", "http://127.0.0.1:11434", schemes=_HTTP)
 OPENAI_API_KEY = env_str("OPENAI_API_KEY")
-OPENAI_BASE_URL = env_str("OPENAI_BASE_URL")
+OPENAI_BASE_URL = env_url("OPENAI_BASE_URL", None, schemes=_HTTP)
 if MEMORY_EMBEDDING_BACKEND == "openai" and not (OPENAI_API_KEY or OPENAI_BASE_URL):
     # (An OpenAI-compatible server of one's own may need no key: its URL is enough.)
     raise ImproperlyConfigured("MEMORY_EMBEDDING_BACKEND=openai needs OPENAI_API_KEY")
@@ -325,6 +331,11 @@ MEMSVC_BLOCK_REVISIONS_KEPT = env_int("MEMSVC_BLOCK_REVISIONS_KEPT", 50, minimum
 # Keyword feedback in message search (``search.tuning.FEEDBACK_TUNING``): a little more
 # recall for 5-8 ms more per search (docs/benchmarks.md).
 MEMSVC_SEARCH_FEEDBACK = env_bool("MEMSVC_SEARCH_FEEDBACK", False)
+# Any other tunable of search (``search.tuning.SearchTuning``, its defaults chosen on
+# benchmarks) and of the memories' ranking (``MemoryRanking``), as ``field=value,...``:
+# "unnamed_vector_share=0.3,citation_weight=0", "relevance=0,importance=0.6,recency=0.4".
+MEMSVC_SEARCH_TUNING = env_changes("MEMSVC_SEARCH_TUNING", SearchTuning)
+MEMSVC_MEMORY_RANKING = env_changes("MEMSVC_MEMORY_RANKING", MemoryRanking)
 
 MEMORY_DEFAULT_SEARCH_LIMIT = env_int("MEMORY_DEFAULT_SEARCH_LIMIT", 5, minimum=1)
 MEMORY_MAX_SEARCH_LIMIT = env_int("MEMORY_MAX_SEARCH_LIMIT", 20, minimum=1)
@@ -335,7 +346,7 @@ if MEMORY_DEFAULT_SEARCH_LIMIT > MEMORY_MAX_SEARCH_LIMIT:
     )
 MEMORY_MAX_CONTEXT_MESSAGES = env_int("MEMORY_MAX_CONTEXT_MESSAGES", 10, minimum=1)
 
-MEMSVC_LLM_BASE_URL = env_str("MEMSVC_LLM_BASE_URL")
+MEMSVC_LLM_BASE_URL = env_url("MEMSVC_LLM_BASE_URL", None, schemes=_HTTP)
 MEMSVC_LLM_MODEL = env_str("MEMSVC_LLM_MODEL")
 if bool(MEMSVC_LLM_BASE_URL) != bool(MEMSVC_LLM_MODEL):
     # One without the other is a mistake, not a choice to run without an LLM.
@@ -350,7 +361,13 @@ MEMSVC_LLM_API_KEY = env_str("MEMSVC_LLM_API_KEY")  # for an LLM API that wants 
 # Local mode needs no broker service: kombu's filesystem transport keeps the queue in the
 # data directory, in folders made when first needed (memsvc.celery). Production points
 # CELERY_BROKER_URL at Redis or RabbitMQ.
-CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
+# (One of kombu's transports, or several URLs separated by ";": failover.)
+CELERY_BROKER_URL = env_url(
+    "CELERY_BROKER_URL",
+    "filesystem://",
+    schemes=tuple(sorted(alias for alias in TRANSPORT_ALIASES if alias.islower())),
+    several=True,
+)
 CELERY_BROKER_CONNECTION_TIMEOUT = 3
 if CELERY_BROKER_URL == "filesystem://":
     _queue_dir = MEMSVC_DATA_DIR / "broker"
@@ -404,11 +421,12 @@ CELERY_TASK_EAGER_PROPAGATES = True
 MEMSVC_RATE_LIMIT = env_int("MEMSVC_RATE_LIMIT", 1200, minimum=0)
 MEMSVC_AUTH_FAILURE_LIMIT = env_int("MEMSVC_AUTH_FAILURE_LIMIT", 60, minimum=0)
 # Where every process counts: Redis when there is one (by default the Celery broker, when
-# that is Redis), otherwise the database.
+# that is Redis: its first, when failover names several), otherwise the database.
 # (A URL redis-py cannot use was taken, and every request with credentials answered 500.)
+_first_broker = CELERY_BROKER_URL.split(";")[0].strip()
 MEMSVC_REDIS_URL = env_url(
     "MEMSVC_REDIS_URL",
-    CELERY_BROKER_URL if CELERY_BROKER_URL.startswith(("redis://", "rediss://")) else None,
+    _first_broker if _first_broker.startswith(("redis://", "rediss://")) else None,
     schemes=("redis", "rediss", "unix"),
 )
 # Reverse proxies whose X-Forwarded-For names the client (their own address is not it).

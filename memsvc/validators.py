@@ -22,3 +22,10 @@ def no_control_characters(value: str) -> None:
     NUL is ``no_nul_characters``' to refuse: said once."""
     if has_control_characters(value.replace("\x00", "")):
         raise ValidationError("must not contain control characters", code="control_character")
+
+
+def no_slash(value: str) -> None:
+    """A text that names a thing in a URL's path (a block's label, a local agent's name):
+    no "/", which would make its routes unable to reach it."""
+    if "/" in value:
+        raise ValidationError('must not contain "/" (it names it in URLs)', code="slash")

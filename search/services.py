@@ -133,7 +133,14 @@ def embed_messages(
         rows = cursor.fetchall()
         if not rows:
             return 0
-        rows, vectors = _vectors(backend, rows, own=set(ids))
+        kept, vectors = _vectors(
+            backend,
+            {row[0]: embedding_text(row[1], row[2]) for row in rows},
+            own=set(ids),
+            what="message",
+        )
+        embedded = set(kept)
+        rows = [row for row in rows if row[0] in embedded]  # (``kept`` is in this order)
         now = timezone.now()
         written = write_vectors(
             cursor,
@@ -157,37 +164,37 @@ def embed_messages(
     return len(written)
 
 
-def _vectors(backend: EmbeddingBackend, rows: list, *, own: set[str]) -> tuple[list, list]:
-    """The claimed ``rows`` the backend embeds, and their vectors: all in one call, unless
-    it refuses the batch for good (a text too long for its model, say). Then the rows asked
-    for (``own``) alone, and else each alone: a message it refuses stays waiting (found by
-    keywords, logged) without keeping the others waiting, nor every later task's batch,
-    which takes the oldest waiting messages along. A transient error is raised as it is;
-    the refusal is raised when it refuses every row."""
-    texts = {row[0]: embedding_text(row[1], row[2]) for row in rows}
+def _vectors(backend: EmbeddingBackend, texts: dict, *, own: set[str], what: str) -> tuple:
+    """The ids of ``texts`` (id -> text, claimed rows) the backend embeds, and their
+    vectors: all in one call, unless it refuses the batch for good (a text too long for its
+    model, say). Then the rows asked for (``own``) alone, and else each alone: a row it
+    refuses stays waiting (found by keywords, logged) without keeping the others waiting,
+    nor every later batch, which takes the oldest waiting rows along. A transient error is
+    raised as it is; the refusal is raised when it refuses every row."""
+    ids = list(texts)
     try:
-        return rows, list(backend.embed(list(texts.values())))
+        return ids, list(backend.embed(list(texts.values())))
     except EmbeddingError as exc:
-        if exc.transient or len(rows) == 1:
+        if exc.transient or len(ids) == 1:
             raise
         refusal = exc
-    asked = [row for row in rows if str(row[0]) in own]
-    if asked and len(asked) < len(rows):
+    asked = [row_id for row_id in ids if str(row_id) in own]
+    if asked and len(asked) < len(ids):
         try:
-            return asked, list(backend.embed([texts[row[0]] for row in asked]))
+            return asked, list(backend.embed([texts[row_id] for row_id in asked]))
         except EmbeddingError as exc:
             if exc.transient:
                 raise
     kept, vectors = [], []
-    for row in rows:
+    for row_id in ids:
         try:
-            vectors.extend(backend.embed([texts[row[0]]]))
+            vectors.extend(backend.embed([texts[row_id]]))
         except EmbeddingError as exc:
             if exc.transient:
                 raise
-            logger.warning("message %s left without a vector: %s", row[0], exc)
+            logger.warning("%s %s left without a vector: %s", what, row_id, exc)
             continue
-        kept.append(row)
+        kept.append(row_id)
     if not kept:
         raise refusal
     return kept, vectors
@@ -243,10 +250,13 @@ def embed_rows(model, ids: Sequence, *, text_field: str, backend=None, force: bo
     rows = model.objects.filter(pk__in=list(ids))
     if not force:
         rows = rows.filter(embedded_at__isnull=True)
-    rows = list(rows.values_list("pk", text_field))
+    rows = dict(rows.values_list("pk", text_field))
     if not rows:
         return 0
-    vectors = backend.embed([text for _, text in rows])
+    # (A text the backend refuses for good stays waiting without keeping the others waiting:
+    # it failed the whole batch, and every later sweep, the oldest rows first, stopped on it.)
+    kept, vectors = _vectors(backend, rows, own=set(), what=model._meta.verbose_name)
+    rows = [(row_id, rows[row_id]) for row_id in kept]
     with transaction.atomic(), connection.cursor() as cursor:
         # The model ran without locks: a row whose text changed meanwhile (a PATCH) keeps
         # what that change gave it, not a vector of its old text. Locked, so none changes

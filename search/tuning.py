@@ -1,10 +1,27 @@
 """The tunables of search, in one object: defaults chosen on benchmarks (docs/benchmarks.md),
-replaced as a whole by a test or a deployment (``settings.SEARCH_TUNING``), never patched
-piece by piece."""
+replaced as a whole by a test or code (``settings.SEARCH_TUNING``), never patched piece by
+piece. A deployment changes some from the environment (``MEMSVC_SEARCH_TUNING``,
+``MEMSVC_MEMORY_RANKING``: README, "Configuration")."""
 
-from dataclasses import dataclass, replace
+import functools
+import math
+from dataclasses import dataclass, fields, replace
 
 from django.conf import settings
+
+SEARCH_MODES = ("hybrid", "semantic", "keyword")
+
+
+def _check_numbers(tunables, *, positive: tuple[str, ...] = ()) -> None:
+    """Every number of ``tunables`` finite and >= 0, those named in ``positive`` >= 1: a
+    ValueError naming the first that is not."""
+    for item in fields(tunables):
+        value = getattr(tunables, item.name)
+        if isinstance(value, str):
+            continue
+        least = 1 if item.name in positive else 0
+        if not math.isfinite(value) or value < least:
+            raise ValueError(f"{item.name} must be a number >= {least}, got {value}")
 
 
 @dataclass(frozen=True)
@@ -105,6 +122,15 @@ class SearchTuning:
     # common enough that its exact count no longer moves its weight much.
     rare_word_count_cap: int = 1000
 
+    def __post_init__(self):
+        _check_numbers(self, positive=("min_candidates", "hnsw_ef_search", "hnsw_max_scan_tuples"))
+        if self.hnsw_ef_search > 1000:  # pgvector's most
+            raise ValueError(f"hnsw_ef_search must be <= 1000, got {self.hnsw_ef_search}")
+        if self.citation_mode not in SEARCH_MODES:
+            raise ValueError(
+                f"citation_mode must be one of {', '.join(SEARCH_MODES)}, got {self.citation_mode!r}"
+            )
+
     def candidates_for(self, top_k: int) -> int:
         """How many candidates each retriever proposes for ``top_k`` results."""
         return max(self.min_candidates, self.candidates_per_result * top_k)
@@ -120,6 +146,11 @@ class MemoryRanking:
     recency: float = 0.15
     recency_days: float = 30.0
 
+    def __post_init__(self):
+        _check_numbers(self)
+        if self.recency_days <= 0:
+            raise ValueError(f"recency_days must be > 0, got {self.recency_days}")
+
 
 # OpenMemory's ranking: importance x 0.6 + recency x 0.4, relevance only as a filter.
 OPENMEMORY_RANKING = MemoryRanking(relevance=0.0, importance=0.6, recency=0.4)
@@ -131,12 +162,25 @@ DEFAULT_MEMORY_RANKING = MemoryRanking()
 FEEDBACK_TUNING = replace(DEFAULT_TUNING, feedback_words=20)
 
 
+@functools.lru_cache(maxsize=8)
+def _changed(base, changes: tuple):
+    return replace(base, **dict(changes))
+
+
 def configured_tuning() -> SearchTuning:
     """``settings.SEARCH_TUNING`` if set, else the default (with ``MEMSVC_SEARCH_FEEDBACK``,
-    ``FEEDBACK_TUNING``)."""
+    ``FEEDBACK_TUNING``) with the changes ``MEMSVC_SEARCH_TUNING`` names."""
+    tuning = getattr(settings, "SEARCH_TUNING", None)
+    if tuning is not None:
+        return tuning
     chosen = FEEDBACK_TUNING if settings.MEMSVC_SEARCH_FEEDBACK else DEFAULT_TUNING
-    return getattr(settings, "SEARCH_TUNING", chosen)
+    return _changed(chosen, tuple(sorted(settings.MEMSVC_SEARCH_TUNING.items())))
 
 
 def configured_memory_ranking() -> MemoryRanking:
-    return getattr(settings, "MEMORY_RANKING", DEFAULT_MEMORY_RANKING)
+    """``settings.MEMORY_RANKING`` if set, else the default with the changes
+    ``MEMSVC_MEMORY_RANKING`` names."""
+    ranking = getattr(settings, "MEMORY_RANKING", None)
+    if ranking is not None:
+        return ranking
+    return _changed(DEFAULT_MEMORY_RANKING, tuple(sorted(settings.MEMSVC_MEMORY_RANKING.items())))

@@ -35,6 +35,7 @@ class FakeOpenAI:
         self.reply = reply
         self.answers: dict[str, str | Reply] = {}
         self.tool_calls: dict[str, tuple[str, dict]] = {}
+        self.refusals: dict[str, str] = {}
         self.script: list[str | list[ToolCall]] = []
         self.server = LocalHttpServer(self._respond)
         self.requests = self.server.requests
@@ -52,6 +53,12 @@ class FakeOpenAI:
         """Answer requests whose messages contain ``containing`` with ``reply``: the model's
         text, or a whole HTTP reply (an error)."""
         self.answers[containing] = reply
+
+    def refuse(self, containing: str, refusal: str) -> None:
+        """Decline chat completions and responses that contain ``containing``: no content
+        but ``refusal`` (streamed as ``delta.refusal`` chunks, or ``response.refusal.delta``
+        events, when asked)."""
+        self.refusals[containing] = refusal
 
     def call_tool(self, containing: str, name: str, arguments: dict) -> None:
         """Answer requests that contain ``containing`` with a call of the tool ``name``."""
@@ -79,6 +86,15 @@ class FakeOpenAI:
         if isinstance(answer, Reply):
             return answer
         if path.endswith("/chat/completions"):
+            text = _chat_text(body)
+            refusal = next((r for marker, r in self.refusals.items() if marker in text), None)
+            if refusal is not None:
+                if body.get("stream"):
+                    chunks = self._chat_chunks(body, refusal, field="refusal")
+                    return _sse(json.dumps(chunk) for chunk in chunks)
+                payload = self._chat(body, None)
+                payload["choices"][0]["message"]["refusal"] = refusal
+                return Reply(payload=payload)
             if answer is not None:  # a test's answer, never streamed (as before)
                 return Reply(payload=self._chat(body, answer))
             scripted = self._scripted(body)
@@ -92,9 +108,14 @@ class FakeOpenAI:
             return Reply(payload=self._chat(body, text, calls))
         if path.endswith("/responses"):
             text = answer if answer is not None else self._text(body, _responses_schema(body))
+            part = "output_text"
+            refusal = next((r for m, r in self.refusals.items() if m in _chat_text(body)), None)
+            if refusal is not None:
+                text, part = refusal, "refusal"
             if body.get("stream"):
-                return _sse((e["type"], json.dumps(e)) for e in self._response_events(body, text))
-            return Reply(payload=self._response(body, text))
+                events = self._response_events(body, text, part)
+                return _sse((e["type"], json.dumps(e)) for e in events)
+            return Reply(payload=self._response(body, text, part=part))
         if path.endswith("/v1/messages"):
             text = answer if answer is not None else self._text(body, _anthropic_schema(body))
             call = self._tool_call_for(body)
@@ -134,7 +155,7 @@ class FakeOpenAI:
             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
         }
 
-    def _chat_chunks(self, body, text: str):
+    def _chat_chunks(self, body, text: str, field: str = "content"):
         words = text.split(" ")
         for index, word in enumerate(words):
             yield {
@@ -145,7 +166,7 @@ class FakeOpenAI:
                 "choices": [
                     {
                         "index": 0,
-                        "delta": {"content": word if index == 0 else f" {word}"},
+                        "delta": {field: word if index == 0 else f" {word}"},
                         "finish_reason": None if index < len(words) - 1 else "stop",
                     }
                 ],
@@ -162,33 +183,33 @@ class FakeOpenAI:
 
     # OpenAI Responses
 
-    def _response(self, body, text: str, status: str = "completed"):
+    def _response(self, body, text: str, status: str = "completed", part: str = "output_text"):
         return {
             "id": "resp_test",
             "object": "response",
             "created_at": int(time.time()),
             "model": body["model"],
             "status": status,
-            "output": [self._output_message(text)] if status == "completed" else [],
+            "output": [self._output_message(text, part=part)] if status == "completed" else [],
             "parallel_tool_calls": True,
             "tool_choice": "auto",
             "tools": [],
         }
 
-    def _output_message(self, text: str, status: str = "completed"):
+    def _output_message(self, text: str, status: str = "completed", part: str = "output_text"):
         return {
             "type": "message",
             "id": "msg_test",
             "role": "assistant",
             "status": status,
-            "content": [{"type": "output_text", "text": text, "annotations": []}]
-            if status == "completed"
-            else [],
+            "content": [_part(part, text)] if status == "completed" else [],
         }
 
-    def _response_events(self, body, text: str):
-        part = {"type": "output_text", "text": "", "annotations": []}
+    def _response_events(self, body, text: str, part: str = "output_text"):
+        """The events of a streamed response: its text (``part`` "output_text"), or a
+        refusal ("refusal")."""
         where = {"item_id": "msg_test", "output_index": 0, "content_index": 0}
+        done, logprobs = ("refusal", {}) if part == "refusal" else ("text", {"logprobs": []})
         events = [
             {"type": "response.created", "response": self._response(body, "", "in_progress")},
             {
@@ -196,19 +217,19 @@ class FakeOpenAI:
                 "output_index": 0,
                 "item": self._output_message("", "in_progress"),
             },
-            {"type": "response.content_part.added", **where, "part": part},
+            {"type": "response.content_part.added", **where, "part": _part(part, "")},
             *(
-                {"type": "response.output_text.delta", **where, "delta": delta, "logprobs": []}
+                {"type": f"response.{part}.delta", **where, "delta": delta, **logprobs}
                 for delta in _deltas(text)
             ),
-            {"type": "response.output_text.done", **where, "text": text, "logprobs": []},
-            {"type": "response.content_part.done", **where, "part": {**part, "text": text}},
+            {"type": f"response.{part}.done", **where, done: text, **logprobs},
+            {"type": "response.content_part.done", **where, "part": _part(part, text)},
             {
                 "type": "response.output_item.done",
                 "output_index": 0,
-                "item": self._output_message(text),
+                "item": self._output_message(text, part=part),
             },
-            {"type": "response.completed", "response": self._response(body, text)},
+            {"type": "response.completed", "response": self._response(body, text, part=part)},
         ]
         return [{**event, "sequence_number": n} for n, event in enumerate(events)]
 
@@ -272,6 +293,13 @@ def _sse(events) -> Reply:
     if events and isinstance(events[0], str):
         events.append("[DONE]")
     return Reply(events=events)
+
+
+def _part(kind: str, text: str) -> dict:
+    """A Responses message's content part: text, or a refusal."""
+    if kind == "refusal":
+        return {"type": "refusal", "refusal": text}
+    return {"type": "output_text", "text": text, "annotations": []}
 
 
 def _deltas(text: str) -> list[str]:

@@ -89,7 +89,7 @@ class UserExportView(UserApiView):
             "conversations you own (every fork, every message, their memberships and "
             "transfers), your memberships, messages and transfers in others' conversations, "
             "and what every agent keeps about you (memories, memory blocks with revisions, "
-            "tool records made for you). "
+            "tool records made for you or in the conversations you own). "
             "`memsvc import` puts it back."
         ),
         responses={200: UserExportOut, **errors(401)},
@@ -105,9 +105,9 @@ class UserEraseView(UserApiView):
         description=(
             "Erase everything `exportMyData` returns, in one transaction: the conversations "
             "you own (for everyone in them), your messages and memberships elsewhere, "
-            "transfers you made or were offered, and what agents keep about you (with the "
-            "tool records of the conversations you own). Others' conversations stay, without "
-            "your messages."
+            "transfers you made or were offered, and what agents keep about you (the tool "
+            "records made for you or in the conversations you own too). Others' "
+            "conversations stay, without your messages."
         ),
         request=EraseIn,
         responses={200: ErasedOut, **errors(400, 401)},
@@ -128,8 +128,8 @@ class ImportedOut(serializers.Serializer):
     skipped = serializers.DictField(
         child=serializers.IntegerField(),
         help_text=(
-            "Records left out, by section: memories and blocks about a user who turned "
-            "memory off, memories whose time is up."
+            "Records left out, by section: memories, blocks and tool records about a user "
+            "who turned memory off, memories whose time is up."
         ),
     )
 
@@ -169,8 +169,9 @@ class AgentImportView(AgentApiView):
             "memory, all of it or nothing, as you could have written it yourself: every row "
             "new (new ids and block numbers, no time later than now, memories not yet used, "
             "a block's history one revision by you); a cited message or a tool record's "
-            "conversation you cannot see here is dropped; memories and blocks about a user "
-            "who turned memory off, and memories whose `expiresAt` has passed, are skipped. "
+            "conversation you cannot see here is dropped; memories, blocks and tool records "
+            "about a user who turned memory off, and memories whose `expiresAt` has passed, "
+            "are skipped. "
             "409 when a block's label or a memory's content is one "
             "you keep already, or is in the document twice. "
             "Vectors are made in the background (found by keyword meanwhile). Larger "

@@ -7,12 +7,13 @@ from rest_framework.response import Response
 
 from agents_api import selectors, services
 from agents_api.api import serializers as s
-from agents_api.api.views import AgentApiView, agent_operation
+from agents_api.api.views import IDEMPOTENCY_PARAMETERS, AgentApiView, agent_operation
 from agents_api.models import Scope
 from agents_api.services import NewToolRecord
 from agents_api.tasks import enqueue_tool_record_observation
 from conversations.selectors import access_conversation
 from memsvc.api.errors import InvalidInput, NotFound
+from memsvc.api.idempotency import idempotency_key, marked_replayed, request_fingerprint
 from memsvc.api.pagination import AFTER_PARAMETER, LIMIT_PARAMETER, page_data, page_params
 from memsvc.api.schema import errors
 
@@ -38,12 +39,13 @@ def _conversation(request, conversation_id):
 class ToolRecordsView(AgentApiView):
     @agent_operation(
         "agentCreateToolRecord",
+        parameters=IDEMPOTENCY_PARAMETERS,
         request=s.CreateToolRecordIn,
-        responses={201: s.ToolRecordOut, **errors(400, 401, 403)},
+        responses={201: s.ToolRecordOut, **errors(400, 401, 403, 409)},
     )
     def post(self, request):
         data = s.CreateToolRecordIn.parse(request.data)
-        [record] = services.tool_records_create(
+        [record], created = services.tool_records_create(
             request.principal,
             agent=request.agent,
             records=[
@@ -57,9 +59,14 @@ class ToolRecordsView(AgentApiView):
                     conversation=_conversation(request, data.get("conversationId")),
                 )
             ],
+            idempotency_key=idempotency_key(request),
+            request_hash=request_fingerprint(
+                "tool-records", request.data, request.principal.on_behalf_of
+            ),
         )
-        enqueue_tool_record_observation([record])
-        return Response(s.ToolRecordOut(record).data, status=201)
+        if created:
+            enqueue_tool_record_observation([record])
+        return marked_replayed(Response(s.ToolRecordOut(record).data, status=201), created)
 
     @agent_operation(
         "agentListToolRecords",

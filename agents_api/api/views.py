@@ -52,6 +52,23 @@ USER_ID = OpenApiParameter(
     "userId", str, description="The user whose blocks these are (default: the agent's own)."
 )
 
+# A create that a retry may repeat (its answer lost): the header, and the answer's mark.
+IDEMPOTENCY_PARAMETERS = [
+    OpenApiParameter(
+        KEY_HEADER,
+        {"type": "string", "maxLength": IDEMPOTENCY_KEY_MAX_LENGTH},
+        location=OpenApiParameter.HEADER,
+        description="A retry with the same key returns the first result, writing nothing.",
+    ),
+    OpenApiParameter(
+        REPLAYED_HEADER,
+        {"type": "string", "enum": ["true"]},
+        location=OpenApiParameter.HEADER,
+        response=[201],
+        description="Set on the answer to a retry: the first request's result, again.",
+    ),
+]
+
 
 def agent_operation(operation_id: str, *, parameters=(), **kwargs):
     return extend_schema(
@@ -141,21 +158,7 @@ def _parents_in_view(conversation, items: list[dict]) -> dict:
 class MessagesView(AgentApiView):
     @agent_operation(
         "agentAppendMessages",
-        parameters=[
-            OpenApiParameter(
-                KEY_HEADER,
-                {"type": "string", "maxLength": IDEMPOTENCY_KEY_MAX_LENGTH},
-                location=OpenApiParameter.HEADER,
-                description="A retry with the same key returns the first result, writing nothing.",
-            ),
-            OpenApiParameter(
-                REPLAYED_HEADER,
-                {"type": "string", "enum": ["true"]},
-                location=OpenApiParameter.HEADER,
-                response=[201],
-                description="Set on the answer to a retry: the first request's result, again.",
-            ),
-        ],
+        parameters=IDEMPOTENCY_PARAMETERS,
         request=s.BulkMessagesIn,
         responses={201: s.MessageList, **errors(400, 401, 403, 404, 409)},
     )

@@ -333,13 +333,15 @@ class ContextView(LocalView):
 
 class ToolRecordsView(LocalView):
     """``POST /tool-records``: the tool interactions of one step of an agent's task (the
-    memory bank of ``learning(strategy="memory_bank")``), stored as its tool records."""
+    memory bank of ``learning(strategy="memory_bank")``), stored as its tool records. With
+    an ``Idempotency-Key``, a retry gets the first request's records and stores nothing
+    (the memory bank sends a step's records again when their answer was lost)."""
 
     @extend_schema(exclude=True)
     def post(self, request):
         data = s.CreateToolRecordsIn.parse(request.data)
         agent = _agent(request, data["agent_name"])
-        records = agent_services.tool_records_create(
+        records, created = agent_services.tool_records_create(
             agent.as_principal(),
             agent=agent,
             records=[
@@ -353,9 +355,12 @@ class ToolRecordsView(LocalView):
                 )
                 for item in data["records"]
             ],
+            idempotency_key=idempotency_key(request),
+            request_hash=request_fingerprint("local-tool-records", data),
         )
-        enqueue_tool_record_observation(records)
-        return Response([s.tool_record_out(record) for record in records])
+        if created:
+            enqueue_tool_record_observation(records)
+        return marked_replayed(Response([s.tool_record_out(r) for r in records]), created)
 
 
 class ToolRecordSearchView(LocalView):

@@ -11,6 +11,7 @@ import django.db.models.lookups
 import django.utils.timezone
 import pgvector.django.indexes
 import pgvector.django.vector
+from django.conf import settings
 from django.db import migrations, models
 
 import memsvc.validators
@@ -65,7 +66,9 @@ class Migration(migrations.Migration):
                 ),
                 (
                     "embedding",
-                    pgvector.django.vector.VectorField(blank=True, dimensions=384, null=True),
+                    pgvector.django.vector.VectorField(
+                        blank=True, dimensions=settings.MEMORY_EMBEDDING_DIMENSION, null=True
+                    ),
                 ),
                 ("embedding_model", models.CharField(blank=True, default="", max_length=200)),
                 ("embedded_at", models.DateTimeField(blank=True, null=True)),

@@ -30,7 +30,7 @@ from conversations.models import (
     Message,
     OwnershipTransfer,
 )
-from conversations.selectors import said_by
+from conversations.selectors import conversations_owned_by, said_by
 from search.services import EMBED_BATCH
 from search.tasks import enqueue_embedding
 
@@ -65,7 +65,9 @@ def parse_records(record_class, records, section: str) -> list[dict]:
 def _belongs_to(user_id: str, records: list[dict], key: str, section: str) -> None:
     strangers = {record[key] for record in records} - {user_id}
     if strangers:
-        raise ImportRefused(f"{section}: records of {sorted(strangers)[0]!r}, not of {user_id!r}")
+        whose = sorted(strangers)[0]
+        whose = repr(whose) if whose else "an agent's own"
+        raise ImportRefused(f"{section}: records of {whose}, not of {user_id!r}")
 
 
 def _embed_on_commit(message_ids: list) -> None:
@@ -213,14 +215,16 @@ def restore_transfers_elsewhere(user_id: str, records: list[dict]) -> int:
 # --- agents' memory --------------------------------------------------------------------------
 
 
-def _agents_for(subject, records: list[dict], section: str) -> list[dict]:
+def _agents_for(subject, records: list[dict], section: str, *, about=None) -> list[dict]:
     """The records whose agent is here: in an agent's document, that agent's (every record
-    is put in it); in a user's, those about the user of agents that exist (others skipped)."""
+    is put in it); in a user's, those about the user of agents that exist (others skipped).
+    A record is about the user when its ``user_id`` is theirs, or ``about(record)`` says
+    so; any other refuses the document."""
     if isinstance(subject, Agent):
         for record in records:
             record["agent_id"] = subject.id
         return records
-    _belongs_to(subject, records, "user_id", section)
+    _belongs_to(subject, [r for r in records if not (about and about(r))], "user_id", section)
     existing = set(
         Agent.objects.filter(id__in=[r["agent_id"] for r in records]).values_list("id", flat=True)
     )
@@ -261,9 +265,18 @@ def restore_memory_blocks(subject, records: list[dict]) -> int:
 
 
 def restore_tool_records(subject, records: list[dict]) -> int:
-    """Tool records (an agent's, or those made for a user by agents that exist); one whose
-    conversation is gone keeps its facts without it, as when it is deleted."""
-    kept = _agents_for(subject, records, "toolRecords")
+    """Tool records (an agent's, or those about a user of agents that exist: made for them,
+    or of their conversations, restored before, as ``tool_records_kept_about`` exports
+    them); one whose conversation is gone keeps its facts without it, as when it is
+    deleted."""
+    theirs = set()
+    if not isinstance(subject, Agent):
+        wanted = [r["conversation_id"] for r in records if r["conversation_id"]]
+        owned = conversations_owned_by(subject).filter(id__in=wanted).order_by()
+        theirs = set(owned.values_list("id", flat=True))
+    kept = _agents_for(
+        subject, records, "toolRecords", about=lambda r: r["conversation_id"] in theirs
+    )
     if kept:
         _swept_on_commit(sweep_unembedded_tool_records_task)
     existing = set(

@@ -76,7 +76,7 @@ USER_SECTIONS = [
     Section(
         "toolRecords",
         records.ToolRecordRecord,
-        agent_selectors.tool_records_made_for,
+        agent_selectors.tool_records_kept_about,
         restore.restore_tool_records,
     ),
 ]

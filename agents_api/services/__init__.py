@@ -13,6 +13,7 @@ from agents_api.services.blocks import (
     memory_block_update,
 )
 from agents_api.services.data_rights import Erased, user_erase
+from agents_api.services.idempotency import IDEMPOTENCY_KEY_TTL, idempotency_keys_prune
 from agents_api.services.letta import (
     letta_agent_create,
     letta_agent_delete,
@@ -41,9 +42,7 @@ from agents_api.services.memories import (
     memory_update,
 )
 from agents_api.services.messages import (
-    IDEMPOTENCY_KEY_TTL,
     agent_messages_append,
-    idempotency_keys_prune,
     local_conversation_for,
     local_message_append,
     local_messages_append,

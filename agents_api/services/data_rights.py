@@ -3,13 +3,11 @@
 from dataclasses import dataclass
 
 from django.db import transaction
-from django.db.models import Q
 
-from agents_api.models import MemoryBlock, ToolRecord
-from agents_api.selectors import memories_of, tool_records_made_for
+from agents_api.models import MemoryBlock
+from agents_api.selectors import memories_of, tool_records_kept_about
 from agents_api.services.memories import memories_delete
 from agents_api.services.tool_records import tool_records_delete
-from conversations.selectors import conversations_owned_by
 from conversations.services import user_conversations_erase
 from memsvc.api.errors import InvalidInput
 from memsvc.api.principals import Principal
@@ -39,13 +37,7 @@ def user_erase(actor: Principal, *, confirm: str) -> Erased:
             "confirm", "must be your own user id: erasing your data cannot be undone"
         )
     # Before the conversations, which would leave their records unlinked rather than gone.
-    tool_records = tool_records_delete(
-        actor,
-        records=ToolRecord.objects.filter(
-            Q(id__in=tool_records_made_for(actor.id).values("id"))
-            | Q(conversation__in=conversations_owned_by(actor.id).values("id"))
-        ),
-    )
+    tool_records = tool_records_delete(actor, records=tool_records_kept_about(actor.id))
     conversations = user_conversations_erase(actor.id)
     memories = memories_delete(actor, memories=memories_of(user_id=actor.id, with_expired=True))
     _, deleted = MemoryBlock.objects.filter(user_id=actor.id).delete()

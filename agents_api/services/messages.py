@@ -1,33 +1,15 @@
 """Messages an agent writes: bulk appends with an idempotency key, and the local
 compatibility API's."""
 
-from collections.abc import Callable
-from datetime import datetime, timedelta
+from django.db import transaction
 
-from django.db import connection, transaction
-from django.utils import timezone
-
-from agents_api.models import (
-    IDEMPOTENCY_KEY_MAX_LENGTH,
-    Agent,
-    IdempotentRequest,
-)
+from agents_api.models import Agent
+from agents_api.services.idempotency import write_once
 from conversations.models import Message, Role
 from conversations.services import NewMessage, conversation_create, messages_append
-from memsvc.api.errors import Conflict, InvalidInput
+from memsvc.api.errors import Conflict
 from memsvc.api.principals import Principal
 from memsvc.db import locked_row
-
-# How long an Idempotency-Key is remembered: a retry comes within minutes or hours; kept
-# forever, every keyed append would leave a row behind for good. (The daily prune.)
-IDEMPOTENCY_KEY_TTL = timedelta(days=7)
-
-
-def idempotency_keys_prune(*, now: datetime | None = None) -> int:
-    """Forget the keys of requests older than ``IDEMPOTENCY_KEY_TTL``; how many."""
-    now = now or timezone.now()
-    deleted, _ = IdempotentRequest.objects.filter(created_at__lt=now - IDEMPOTENCY_KEY_TTL).delete()
-    return deleted
 
 
 @transaction.atomic
@@ -39,69 +21,18 @@ def agent_messages_append(
     idempotency_key: str | None = None,
     request_hash: str = "",
 ) -> tuple[list[Message], bool]:
-    """Append like ``messages_append``; with a key, a retry returns the first result.
+    """Append like ``messages_append``; with a key, a retry returns the first result (the
+    messages still there: ``write_once``).
 
     Returns (messages, created).
     """
-    return _append_once(
+    return write_once(
         actor,
         idempotency_key,
         request_hash,
         lambda: messages_append(actor, conversation=conversation, messages=messages),
+        Message.objects.without_search_data(),
     )
-
-
-def _append_once(
-    actor: Principal,
-    idempotency_key: str | None,
-    request_hash: str,
-    append: Callable[[], list[Message]],
-) -> tuple[list[Message], bool]:
-    """``append()``, once per ``idempotency_key`` of ``actor``: a retry gets the messages
-    the first request appended (those still there), and (messages, created) says which.
-
-    A key reused for a different request (another ``request_hash``) is a conflict. Two
-    concurrent requests with one key serialise on the key's unique index. The caller holds
-    a transaction: the key is claimed in the one that appends.
-    """
-    if not idempotency_key:
-        return append(), True
-    if len(idempotency_key) > IDEMPOTENCY_KEY_MAX_LENGTH:
-        raise InvalidInput.for_field(
-            "Idempotency-Key",
-            f"must be at most {IDEMPOTENCY_KEY_MAX_LENGTH} characters",
-            location="header",
-        )
-    record_id = _claim_key(actor.id, idempotency_key, request_hash)
-    if record_id is None:
-        record = IdempotentRequest.objects.get(principal_id=actor.id, key=idempotency_key)
-        if record.request_hash != request_hash:
-            raise Conflict("this Idempotency-Key was already used for a different request")
-        return list(
-            Message.objects.without_search_data().filter(id__in=record.message_ids).order_by("seq")
-        ), False
-    appended = append()
-    IdempotentRequest.objects.filter(pk=record_id).update(message_ids=[str(m.id) for m in appended])
-    return appended, True
-
-
-def _claim_key(principal_id: str, key: str, request_hash: str) -> int | None:
-    """The id of a new record of ``key``, or None if the key is taken. One statement (an
-    ORM ``get_or_create`` sends four: a read, a savepoint, the insert, its release). A
-    request with the same key in flight holds the key's unique index entry until it ends:
-    this one waits for it, then finds the key taken."""
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            INSERT INTO idempotent_request (principal_id, key, request_hash, message_ids, created_at)
-            VALUES (%s, %s, %s, '[]'::jsonb, now())
-            ON CONFLICT (principal_id, key) DO NOTHING
-            RETURNING id
-            """,
-            [principal_id, key, request_hash],
-        )
-        row = cursor.fetchone()
-    return row[0] if row else None
 
 
 # --- the local compatibility API -------------------------------------------------------------
@@ -156,13 +87,14 @@ def local_message_append(
 ) -> tuple[Message, bool]:
     """One message of the local compatibility API, in the agent's own conversation; with a
     key, a retry returns the first request's message. Returns (message, created)."""
-    messages, created = _append_once(
+    messages, created = write_once(
         agent.as_principal(),
         idempotency_key,
         request_hash,
         lambda: _local_append(
             agent, [NewMessage(content=content, role=role, metadata=metadata or {})]
         ),
+        Message.objects.without_search_data(),
     )
     if not messages:
         raise Conflict("the message stored with this Idempotency-Key has been deleted since")

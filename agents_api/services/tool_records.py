@@ -10,8 +10,10 @@ from django.utils import timezone
 
 from agents_api import observer
 from agents_api.models import Agent, SummarySource, ToolRecord
+from agents_api.services.idempotency import write_once
+from agents_api.services.memories import refuse_if_memory_off
 from conversations.models import Conversation
-from memsvc.api.errors import InvalidInput
+from memsvc.api.errors import Conflict, InvalidInput
 from memsvc.api.principals import Principal
 from memsvc.db import held_keys
 from search.services import (
@@ -39,14 +41,21 @@ def _vectors(texts: list[str]):
 
 
 def tool_records_create(
-    actor: Principal, *, agent: Agent, records: Sequence[NewToolRecord]
-) -> list[ToolRecord]:
+    actor: Principal,
+    *,
+    agent: Agent,
+    records: Sequence[NewToolRecord],
+    idempotency_key: str | None = None,
+    request_hash: str = "",
+) -> tuple[list[ToolRecord], bool]:
     """Store tool interactions of ``agent``, made for the user ``actor`` acts for (if it
-    does), all or nothing, each searchable at once: with the caller's summary or the
-    observer's deterministic one, embedded before the transaction opens (the model's time
-    holds no locks). The caller hands them to the observer once committed
-    (``tasks.enqueue_tool_record_observation``), as a write's other after-commit work is
-    handed on by its view."""
+    does: 409 when that user turned memory off), all or nothing, each searchable at once:
+    with the caller's summary or the observer's deterministic one, embedded before the
+    transaction opens (the model's time holds no locks). With a key, a retry gets the first
+    request's records back and stores nothing (``write_once``; 409 when some of them were
+    deleted since). Returns (records, created). The caller hands new ones to the observer
+    once committed (``tasks.enqueue_tool_record_observation``), as a write's other
+    after-commit work is handed on by its view."""
     summaries = [
         new.summary or observer.fallback_summary(new.tool_name, new.raw_input, new.raw_output)
         for new in records
@@ -72,9 +81,26 @@ def tool_records_create(
             row.embedding, row.embedding_model, row.embedded_at = vectors[index], model, now
         rows.append(row)
     with transaction.atomic():
-        _hold_conversations(records)
-        ToolRecord.objects.bulk_create(rows)
-    return rows
+        stored, created = write_once(
+            actor,
+            idempotency_key,
+            request_hash,
+            lambda: _store(actor, records, rows),
+            ToolRecord.objects.defer(*ToolRecord.SEARCH_DATA),
+        )
+        if len(stored) != len(rows):
+            raise Conflict("tool records stored with this Idempotency-Key have been deleted since")
+    return stored, created
+
+
+def _store(
+    actor: Principal, records: Sequence[NewToolRecord], rows: list[ToolRecord]
+) -> list[ToolRecord]:
+    # An agent keeps nothing new about a user who turned memory off (409, as for memories
+    # and blocks); a retry of a request stored before gets it back all the same.
+    refuse_if_memory_off(actor.on_behalf_of or "", lock=True)
+    _hold_conversations(records)
+    return ToolRecord.objects.bulk_create(rows)
 
 
 def _hold_conversations(records: Sequence[NewToolRecord]) -> None:

@@ -14,7 +14,7 @@ from rest_framework import serializers
 
 from memsvc.api.errors import InvalidInput
 from memsvc.api.principals import PRINCIPAL_MAX_LENGTH, user_id_problem
-from memsvc.validators import no_control_characters, no_nul_characters
+from memsvc.validators import no_control_characters, no_nul_characters, no_slash
 
 METADATA_MAX_BYTES = 16 * 1024
 
@@ -41,14 +41,11 @@ class TextField(serializers.CharField):
 
 
 class PathSegmentField(TextField):
-    """A text that names a thing in a URL's path (a block's label, a local agent's name): no
-    "/", which would make its routes unable to reach it."""
+    """A text that names a thing in a URL's path (``no_slash``)."""
 
-    def to_internal_value(self, data):
-        value = super().to_internal_value(data)
-        if "/" in value:
-            raise serializers.ValidationError('must not contain "/" (it names it in URLs)')
-        return value
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.validators.append(no_slash)
 
 
 class PrincipalIdField(TextField):

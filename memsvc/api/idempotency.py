@@ -1,6 +1,7 @@
 """The ``Idempotency-Key`` request header of the APIs that append messages (the agent API's
-bulk append, the local API's ``POST /messages``): a retry with the same key gets the first
-request's result and writes nothing (``agents_api.services.messages``)."""
+bulk append, the local API's ``POST /messages``) and store tool records (``POST
+/v1/agent/tool-records``, the local API's ``POST /tool-records``): a retry with the same key
+gets the first request's result and writes nothing (``agents_api.services.idempotency``)."""
 
 import hashlib
 import json

@@ -28,9 +28,15 @@ The package needs only ``httpx`` (and the SDKs it serves): it never imports Djan
 """
 
 from memsvc.client.formatting import format_context, inject
-from memsvc.client.session import MemoryServerUnavailable, learning, server_url_from_env
+from memsvc.client.session import (
+    AgentRefused,
+    MemoryServerUnavailable,
+    learning,
+    server_url_from_env,
+)
 
 __all__ = [
+    "AgentRefused",
     "MemoryServerUnavailable",
     "format_context",
     "inject",

@@ -25,6 +25,7 @@ from memsvc.client.formatting import (
 )
 
 NO_TEXT_REPLY = "(tool calls)"
+KEY_HEADER = "Idempotency-Key"  # what memsvc reads a store's key from
 
 
 @dataclass(frozen=True)
@@ -80,10 +81,13 @@ class ModelApi:
 
 
 class StreamAssembler:
-    """Builds a reply from the events of a stream (each a JSON object)."""
+    """Builds a reply from the events of a stream (each a JSON object): its text, or (a
+    model that declines streams no text) its refusal, as the API's ``reply`` reads a whole
+    one."""
 
     def __init__(self):
         self.text: list[str] = []
+        self.refusal: list[str] = []
         self.calls: dict[int, dict] = {}
         self.whole: Reply | None = None  # a final event that carries the whole reply
 
@@ -93,7 +97,8 @@ class StreamAssembler:
     def reply(self) -> Reply:
         if self.whole is not None:
             return self.whole
-        return Reply("".join(self.text), tuple(self.calls[i] for i in sorted(self.calls)))
+        text = "".join(self.text) or "".join(self.refusal)
+        return Reply(text, tuple(self.calls[i] for i in sorted(self.calls)))
 
 
 class ChatCompletions(ModelApi):
@@ -125,6 +130,8 @@ class _ChatAssembler(StreamAssembler):
             delta = choice.get("delta") or {}
             if delta.get("content"):
                 self.text.append(delta["content"])
+            if delta.get("refusal"):
+                self.refusal.append(delta["refusal"])
             for call in delta.get("tool_calls") or []:
                 entry = self.calls.setdefault(
                     call.get("index", 0),
@@ -146,14 +153,14 @@ class Responses(ModelApi):
         return {**body, "instructions": append_text(body.get("instructions"), text)}
 
     def reply(self, data):
-        texts, calls = [], []
+        texts, refusals, calls = [], [], []
         for item in data.get("output") or []:
             if item.get("type") == "message":
-                texts += [
-                    part.get("text", "")
-                    for part in item.get("content") or []
-                    if part.get("type") == "output_text"
-                ]
+                for part in item.get("content") or []:
+                    if part.get("type") == "output_text":
+                        texts.append(part.get("text", ""))
+                    elif part.get("type") == "refusal":  # a model that declines
+                        refusals.append(part.get("refusal") or "")
             elif item.get("type") == "function_call":
                 calls.append(
                     {
@@ -162,7 +169,7 @@ class Responses(ModelApi):
                         "function": {"name": item.get("name"), "arguments": item.get("arguments")},
                     }
                 )
-        return Reply("".join(texts), tuple(calls))
+        return Reply("".join(texts) or "".join(refusals), tuple(calls))
 
     def assembler(self):
         return _ResponsesAssembler(self)
@@ -177,6 +184,8 @@ class _ResponsesAssembler(StreamAssembler):
         kind = data.get("type") or event
         if kind == "response.output_text.delta":
             self.text.append(data.get("delta") or "")
+        elif kind == "response.refusal.delta":
+            self.refusal.append(data.get("delta") or "")
         elif kind == "response.completed" and isinstance(data.get("response"), dict):
             self.whole = self.api.reply(data["response"])
 

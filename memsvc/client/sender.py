@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from memsvc.client.core import ServerRequest
+from memsvc.client.core import KEY_HEADER, ServerRequest
 
 logger = logging.getLogger("memsvc.client")
 
@@ -146,7 +146,7 @@ class Sender:
 
     def _deliver(self, destination: Destination, request: ServerRequest) -> None:
         client = self._client(destination)
-        headers = {"Idempotency-Key": request.idempotency_key} if request.idempotency_key else {}
+        headers = {KEY_HEADER: request.idempotency_key} if request.idempotency_key else {}
         failures = deferrals = unanswered = 0
         while True:
             try:

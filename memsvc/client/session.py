@@ -12,7 +12,7 @@ import time
 import httpx
 
 from memsvc.client import hooks
-from memsvc.client.core import STRATEGIES, Call, ServerRequest
+from memsvc.client.core import KEY_HEADER, STRATEGIES, Call, ServerRequest
 from memsvc.client.sender import Destination, sender
 
 logger = logging.getLogger("memsvc.client")
@@ -41,6 +41,13 @@ atexit.register(_at_exit)
 
 class MemoryServerUnavailable(RuntimeError):
     """memsvc did not answer when a ``learning()`` block began."""
+
+
+class AgentRefused(MemoryServerUnavailable):
+    """memsvc answered when a ``learning()`` block began, and refused its agent (a name it
+    does not take, an API key for another agent or without the scope, ...): the message
+    gives memsvc's reason. A ``MemoryServerUnavailable``: memsvc serves no memory to this
+    block."""
 
 
 def server_url_from_env(environ=None) -> str:
@@ -161,7 +168,15 @@ class learning:
                 "`./scripts/serve` in the memsvc checkout (or `memsvc serve`), or set "
                 "MEMORY_SERVER_URL (or MEMORY_SERVER_PORT) to where it runs."
             ) from exc
-        self._client.post("/agents", json={"name": self.agent}).raise_for_status()
+        try:
+            response = self._client.post("/agents", json={"name": self.agent})
+        except httpx.HTTPError as exc:
+            raise MemoryServerUnavailable(f"memsvc at {self.url} did not answer ({exc})") from exc
+        if response.is_error:
+            raise AgentRefused(
+                f"memsvc at {self.url} refused the agent {self.agent!r} "
+                f"({response.status_code}: {_reason(response)})"
+            )
 
     # what the hooks call
 
@@ -231,15 +246,40 @@ class learning:
         return None
 
     def request(
-        self, method: str, path: str, body: dict | None = None, *, deadline: float | None = None
+        self,
+        method: str,
+        path: str,
+        body: dict | None = None,
+        *,
+        deadline: float | None = None,
+        idempotency_key: str | None = None,
     ) -> httpx.Response:
         """One request to memsvc on the block's connection (a strategy's own requests), over
-        by ``deadline`` (``deadline(call)``) when one is given."""
+        by ``deadline`` (``deadline(call)``) when one is given; a store with its
+        ``Idempotency-Key`` when it has one (as the sender sends them)."""
         timeout = TIMEOUT_SECONDS if deadline is None else time_left(deadline)
-        return self._client.request(method, path, json=body, timeout=timeout)
+        headers = {KEY_HEADER: idempotency_key} if idempotency_key else None
+        return self._client.request(method, path, json=body, timeout=timeout, headers=headers)
 
     def store(self, requests: list[ServerRequest]) -> None:
         sender.send(self.destination, requests)
+
+
+def _reason(response: httpx.Response) -> str:
+    """What memsvc says of a refusal: the ``detail`` of its answer (the local API's, a
+    field's problem when a list of them), else the answer's start."""
+    try:
+        detail = response.json().get("detail")
+    except (ValueError, AttributeError):
+        detail = None
+    if isinstance(detail, list):
+        detail = "; ".join(
+            f"{'.'.join(map(str, item.get('loc', ())))}: {item.get('msg')}"
+            if isinstance(item, dict)
+            else str(item)
+            for item in detail
+        )
+    return str(detail) if detail else response.text[:200]
 
 
 def time_left(deadline: float, *, quiet: bool = False) -> float:

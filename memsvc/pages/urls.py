@@ -31,14 +31,15 @@ urlpatterns = [
     path("c/<uuid:conversation_id>/rename", conversations.rename, name="rename"),
     path("c/<uuid:conversation_id>/delete", conversations.delete, name="delete"),
     path("c/<uuid:conversation_id>/members", conversations.share, name="share"),
+    # The member a form is about is named in the form, not in its address: a browser drops
+    # the dot segments of an address ("." and "..", "%2E" too), and some ids are just that.
     path(
-        # A user id last, as a path: it may hold "/" (an identity provider's ``sub``).
-        "c/<uuid:conversation_id>/members/level/<path:user_id>",
+        "c/<uuid:conversation_id>/members/level",
         conversations.membership_update,
         name="membership_update",
     ),
     path(
-        "c/<uuid:conversation_id>/members/remove/<path:user_id>",
+        "c/<uuid:conversation_id>/members/remove",
         conversations.membership_delete,
         name="membership_delete",
     ),
@@ -53,6 +54,7 @@ urlpatterns = [
     path("memory/clear", memory.memories_clear, name="memories_clear_all"),
     path("memory/<uuid:agent_id>/", memory.agent_memory, name="agent_memory"),
     path("memory/<uuid:agent_id>/clear", memory.memories_clear, name="memories_clear"),
-    path("memory/<uuid:agent_id>/blocks/<str:label>", memory.block_update, name="block_update"),
+    # A block's label in the form, as a member's id above.
+    path("memory/<uuid:agent_id>/blocks", memory.block_update, name="block_update"),
     path("memories/<uuid:memory_id>/delete", memory.memory_delete, name="memory_delete"),
 ]

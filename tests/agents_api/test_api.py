@@ -435,7 +435,7 @@ def test_a_new_idempotency_key_costs_one_statement(api, helper):
     assert response.status_code == 201
     about_the_key = [sql for sql in sent if "idempotent_request" in sql]
     assert [sql.split()[0] for sql in about_the_key] == ["INSERT", "UPDATE"]
-    [stored] = IdempotentRequest.objects.values_list("message_ids", flat=True)
+    [stored] = IdempotentRequest.objects.values_list("result_ids", flat=True)
     assert stored == [response.json()["data"][0]["id"]]
 
 
@@ -707,4 +707,4 @@ def test_an_append_with_a_key_is_one_transaction_without_savepoints(api, helper)
     response, sent = append_with_a_key(api, helper, "k1")
     assert response.status_code == 201, response.content
     assert not [sql for sql in sent if "SAVEPOINT" in sql], sent
-    assert IdempotentRequest.objects.get(key="k1").message_ids == [response.json()["data"][0]["id"]]
+    assert IdempotentRequest.objects.get(key="k1").result_ids == [response.json()["data"][0]["id"]]

@@ -5,7 +5,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from agents_api.models import Agent, Memory, MemoryBlock
+from agents_api.models import Agent, Memory, MemoryBlock, ToolRecord
 from agents_api.services import memory_save
 from conversations.models import Message
 from search.services import embed_pending
@@ -361,6 +361,40 @@ def test_the_pages_keep_their_own_404s_and_the_root_leads_to_them(local):
     assert local.get("/")["Location"] == "/app/"
     for path in ("/app", "/admin"):  # to the path with a slash, as before the catch-all
         assert local.get(path)["Location"] == f"{path}/"
+
+
+def test_tool_records_sent_again_with_their_idempotency_key_are_stored_once(local):
+    """The memory bank sends a step's records again when their answer was lost: the retry
+    gets the first records back, in their order, and stores nothing; the key is no
+    message's, nor another step's."""
+    make(local)
+    step = {
+        "agent_name": "my_agent",
+        "task_id": "trip",
+        "records": [
+            {"tool_name": "search_hotels", "output": {"id": "htl-001"}, "step": 2},
+            {"tool_name": "get_weather", "output": {"sky": "clear"}, "step": 2},
+        ],
+    }
+    first = local.post("/tool-records", step, HTTP_IDEMPOTENCY_KEY="bank:1")
+    again = local.post("/tool-records", step, HTTP_IDEMPOTENCY_KEY="bank:1")
+    assert first.status_code == again.status_code == 200, again.content
+    assert again.json() == first.json()
+    assert [r["tool_name"] for r in again.json()] == ["search_hotels", "get_weather"]
+    assert again["Idempotent-Replayed"] == "true" and "Idempotent-Replayed" not in first
+    assert ToolRecord.objects.count() == 2
+
+    other_step = {**step, "records": step["records"][:1]}
+    reused = local.post("/tool-records", other_step, HTTP_IDEMPOTENCY_KEY="bank:1")
+    assert reused.status_code == 409 and "Idempotency-Key" in reused.json()["detail"]
+    message = {"agent_name": "my_agent", "role": "user", "content": "hi"}
+    assert local.post("/messages", message, HTTP_IDEMPOTENCY_KEY="bank:1").status_code == 409
+    assert (ToolRecord.objects.count(), Message.objects.count()) == (2, 0)
+
+    ToolRecord.objects.filter(tool_name="get_weather").delete()
+    gone = local.post("/tool-records", step, HTTP_IDEMPOTENCY_KEY="bank:1")
+    assert gone.status_code == 409 and "deleted since" in gone.json()["detail"]
+    assert ToolRecord.objects.count() == 1
 
 
 def test_a_step_beyond_an_integer_is_422_naming_it(local):

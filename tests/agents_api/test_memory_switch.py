@@ -150,7 +150,7 @@ def test_agents_write_no_memory_block_about_a_user_who_turned_memory_off(api, he
         == 201
     )
     alice_page = login("alice")
-    page = alice_page.post(f"/app/memory/{agent.id}/blocks/human", {"value": ""})
+    page = alice_page.post(f"/app/memory/{agent.id}/blocks", {"label": "human", "value": ""})
     assert page.status_code == 302
     block.refresh_from_db()
     assert block.value == ""

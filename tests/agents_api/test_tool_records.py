@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from agents_api.models import SummarySource, ToolRecord
-from agents_api.services import NewToolRecord, tool_records_create
+from agents_api.services import NewToolRecord, memory_setting_update, tool_records_create
 from agents_api.tasks import sweep_unembedded_tool_records_task
 from conversations.models import Conversation
 from conversations.services import conversation_delete
@@ -233,6 +233,37 @@ def test_acting_for_a_user_reaches_only_what_that_user_may_see(api, alice, bob, 
         assert api.get(f"{RECORDS}/{trace_id}", as_=as_alice).status_code == 200
     assert api.call("DELETE", f"{RECORDS}?taskId=t", as_=as_alice).json() == {"deleted": 3}
     assert {str(i) for i in ToolRecord.objects.values_list("id", flat=True)} == hidden
+
+
+def test_a_record_sent_again_with_its_idempotency_key_is_stored_once(api, helper):
+    """A create whose answer was lost is sent again with its key: the first record back
+    (201, ``Idempotent-Replayed``), nothing stored; the same key acting for a user is
+    another request (409)."""
+    body = {"toolName": "search_hotels", "output": HOTELS, "taskId": "trip", "step": 1}
+    first = api.post(RECORDS, body, as_=helper, headers={"HTTP_IDEMPOTENCY_KEY": "step-1"})
+    again = api.post(RECORDS, body, as_=helper, headers={"HTTP_IDEMPOTENCY_KEY": "step-1"})
+    assert first.status_code == again.status_code == 201, again.content
+    assert again.json() == first.json()
+    assert again["Idempotent-Replayed"] == "true" and "Idempotent-Replayed" not in first
+    for_alice = api.post(
+        RECORDS, body, as_=helper.acting_for("alice"), headers={"HTTP_IDEMPOTENCY_KEY": "step-1"}
+    )
+    assert for_alice.status_code == 409
+    assert for_alice.json()["code"] == "conflict"
+    assert ToolRecord.objects.count() == 1
+
+
+def test_no_record_is_kept_for_a_user_who_turned_memory_off(api, helper):
+    """As memories and blocks: acting for her, a 409 and nothing stored (an agent's import
+    skips such records too); the agent's own records are stored as before."""
+    memory_setting_update(Principal.user("alice"), enabled=False)
+    body = {"toolName": "lookup_allergies", "output": {"nuts": True}}
+    refused = api.post(RECORDS, body, as_=helper.acting_for("alice"))
+    assert refused.status_code == 409, refused.content
+    assert "turned memory off" in refused.json()["error"]
+    assert not ToolRecord.objects.exists()
+    assert api.post(RECORDS, body, as_=helper.acting_for("bob")).status_code == 201
+    assert api.post(RECORDS, body, as_=helper).status_code == 201
 
 
 def test_a_record_outlives_its_conversation_as_an_import_keeps_it(api, alice, helper):

@@ -205,19 +205,42 @@ def test_deleting_a_conversation_asks_first(page, live_server, people, csp_viola
     assert csp_violations == []
 
 
-def test_removing_a_member_whose_id_has_dot_segments_removes_just_them(page, live_server, people):
+def test_members_and_blocks_whose_names_are_dot_segments_are_changed(page, live_server, people):
     """(The browser dropped the dot segments of the Remove form's address: beside a member
-    shared as "../../delete", Remove deleted the conversation, without asking.)"""
+    shared as "../../delete", Remove deleted the conversation, without asking; a member
+    "..", or a block labelled "..", could not be changed at all.)"""
+    from agents_api.models import MemoryBlock
     from conversations.models import Conversation, Membership
     from tests.pages.conftest import conversation_of
 
-    conversation = conversation_of("alice", "Team", "hi", shared=[("../../delete", "reader")])
+    members = [("../../delete", "reader"), ("..", "reader"), (".", "reader")]
+    conversation = conversation_of("alice", "Team", "hi", shared=members)
     log_in(page, live_server, "alice")
     page.goto(f"{live_server.url}/app/c/{conversation.id}/")
-    page.get_by_role("button", name="Remove ../../delete").click()
+    page.get_by_label("Access of ..", exact=True).select_option("writer")
+    with page.expect_navigation():
+        page.locator("li", has=page.get_by_label("Access of ..", exact=True)).get_by_role(
+            "button", name="Change"
+        ).click()
     expect(page.get_by_role("heading", name="Team")).to_be_visible()
+    assert Membership.objects.get(principal_id="..").access_level == "writer"
+    for member, _ in members:
+        with page.expect_navigation():
+            page.get_by_role("button", name=f"Remove {member}", exact=True).click()
+        expect(page.get_by_role("heading", name="Team")).to_be_visible()
+        assert not Membership.objects.filter(principal_id=member).exists()
     assert Conversation.objects.filter(pk=conversation.pk).exists()
-    assert not Membership.objects.filter(principal_id="../../delete").exists()
+
+    helper, _ = agent_get_or_create(owner_principal="ops", name="helper")
+    memory_block_create(
+        helper.as_principal(), agent=helper, user_id="alice", label="..", value="Old"
+    )
+    page.goto(f"{live_server.url}/app/memory/{helper.id}/")
+    page.get_by_label(re.compile(r"^Value")).fill("New")
+    with page.expect_navigation():
+        page.get_by_role("button", name="Save").click()
+    expect(page.get_by_role("heading", name="helper")).to_be_visible()
+    assert MemoryBlock.objects.get(label="..").value == "New"
 
 
 def test_the_focus_stays_where_htmx_swapped_in_what_was_asked_for(page, live_server, people):
@@ -241,6 +264,34 @@ def test_the_focus_stays_where_htmx_swapped_in_what_was_asked_for(page, live_ser
     page.get_by_role("button", name=re.compile("Delete the memory “Likes tea")).focus()
     page.keyboard.press("Enter")
     expect(page.locator(":focus")).to_have_text("Deleted.")
+
+
+def test_more_conversations_shows_each_conversation_once_the_newest_row(page, live_server, people):
+    """After a walk of the list reaches its end, the conversations with activity since it
+    began are listed again (``activity_page``): one shown already was then shown twice, its
+    old row above and its new one below."""
+    from conversations.services import conversation_create, message_append
+    from memsvc.api.principals import Principal
+    from memsvc.pages.views.common import PAGE_SIZE
+
+    alice = Principal.user("alice")
+    chats = [conversation_create(alice, title=f"Chat {n:02d}") for n in range(PAGE_SIZE + 1)]
+    log_in(page, live_server, "alice")
+    rows = page.locator("#conversation-list li.card")
+    expect(rows).to_have_count(PAGE_SIZE)
+    message_append(alice, conversation=chats[30], content="Back to this one")
+    for _ in range(5):  # the walk's pages, then those of its catch-up passes
+        more = page.get_by_role("link", name="More conversations")
+        if not more.count():
+            break
+        href = more.get_attribute("href")
+        more.click()
+        # Swapped for the next page's rows (and a link of its own to the page after).
+        expect(page.locator(f'#conversation-list a[href="{href}"]')).to_have_count(0)
+    expect(rows).to_have_count(PAGE_SIZE + 1)
+    titles = rows.locator(".title").all_text_contents()
+    assert sorted(titles) == [f"Chat {n:02d}" for n in range(PAGE_SIZE + 1)]
+    expect(rows.filter(has_text="Chat 30")).to_contain_text("Back to this one")
 
 
 def test_keyboard_only_at_375_px(page, live_server, people, shots, csp_violations):

@@ -1,6 +1,7 @@
 """The admin shows memory to operators, and its lists stay cheap as tables grow."""
 
 import re
+import uuid
 from types import SimpleNamespace
 
 import pytest
@@ -240,6 +241,35 @@ def test_memories_are_filtered_by_agent_source_tag_and_embedding(operator, memor
     assert listed(operator, embedded="no") == set()
 
 
+@pytest.mark.parametrize("model", ["memory", "toolrecord", "memoryblock"])
+def test_the_agent_filter_lists_no_agent_but_the_chosen_one(operator, memories, model):
+    """An agent is chosen from a row, or from its own page, not from a menu of every agent.
+    (The filter listed every agent, on every page of these lists: thousands of links, and
+    as many rows read each time.)"""
+    _, rival = memories
+    tool_records_create(
+        rival.as_principal(), agent=rival, records=[NewToolRecord("search", {}, {"id": 1})]
+    )
+    MemoryBlockFactory(agent=rival, label="human")
+    url = reverse(f"admin:agents_api_{model}_changelist")
+    with CaptureQueriesContext(connection) as few:
+        page = operator.get(url).content.decode()
+    others = AgentFactory.create_batch(30)
+    with CaptureQueriesContext(connection) as many:
+        page = operator.get(url).content.decode()
+    assert len(many) == len(few)
+    assert not [agent for agent in others if str(agent.id) in page]
+    chosen = f"?agent__id__exact={rival.id}"
+    assert f'<a href="{chosen}">rival</a>' in page  # a row's agent: its rows
+    filtered = operator.get(url + chosen)
+    assert {row.agent_id for row in filtered.context["cl"].result_list} == {rival.id}
+    assert "By agent" in filtered.content.decode()
+    for unknown in ["nope", str(uuid.uuid4())]:  # an agent that is no more: none of its rows
+        assert not operator.get(url, {"agent__id__exact": unknown}).context["cl"].result_list
+    agent_page = reverse("admin:agents_api_agent_change", args=[rival.pk])
+    assert f'href="{url}{chosen}"' in operator.get(agent_page).content.decode()
+
+
 def test_memories_are_found_by_words_user_id_or_id(operator, memories):
     assert listed(operator, q="pizza olive") == {"Alice loves pizza with olives"}
     assert listed(operator, q="bob") == {"Bob is allergic to peanuts"}  # user id and words
@@ -293,7 +323,7 @@ def test_the_memory_list_costs_the_same_queries_at_any_size(operator):
 
 def test_tool_records_are_found_by_output_words_task_or_id_and_can_be_deleted(operator):
     agent = AgentFactory()
-    hotels, weather = tool_records_create(
+    (hotels, weather), _ = tool_records_create(
         agent.as_principal(),
         agent=agent,
         records=[
@@ -631,6 +661,46 @@ def test_deleting_an_agent_in_the_admin_deletes_its_own_conversation(operator):
     assert not Agent.objects.filter(pk=gone.pk).exists()
     assert list(Conversation.objects.values_list("title", flat=True)) == ["kept (local)"]
     assert "passport" not in keyword_statistics_hold()
+
+
+def test_deleting_an_agent_in_the_admin_first_lists_its_own_conversation(operator):
+    """What ``agent_delete`` deletes with the agent: its own conversation, with its group,
+    memberships and messages. (The confirmation listed the agent's keys and memories, not
+    the conversation, which went too.)"""
+    gone, _ = agent_get_or_create(owner_principal="local", name="gone")
+    other, _ = agent_get_or_create(owner_principal="local", name="other")
+    for agent in (gone, other):
+        local_messages_append(agent, [NewMessage(content="My passport number", role="user")])
+    page = reverse("admin:agents_api_agent_delete", args=[gone.pk])
+    listing = operator.get(page).content.decode()
+    assert "<li>Agents: 1</li>" in listing
+    assert "<li>Conversations: 1</li>" in listing and "gone (local)</a>" in listing
+    assert "<li>Messages: 1</li>" in listing and "<li>Conversation groups: 1</li>" in listing
+    assert "other (local)" not in listing
+    # The list's delete action asks the same, for every agent chosen.
+    chosen = {"action": "delete_selected", "_selected_action": [gone.pk, other.pk]}
+    asked = operator.post(reverse("admin:agents_api_agent_changelist"), chosen)
+    listing = asked.content.decode()
+    assert "<li>Conversations: 2</li>" in listing and "other (local)</a>" in listing
+    assert Agent.objects.count() == 2  # (asked, not yet confirmed)
+
+
+def test_a_local_agents_name_holds_no_slash_in_the_admin_as_in_the_local_api(operator):
+    """A local agent is reached by its name in a path (``/agents/{name}``): the local API
+    refuses a "/" in it, and so does the admin now. (An agent made or renamed "a/b" here
+    could not be reached at all.) Other agents are reached by id: theirs may hold one."""
+    add = reverse("admin:agents_api_agent_add")
+    form = {"owner_principal": "local", "name": "a/b", "description": "", "metadata": "{}"}
+    refused = operator.post(add, form)
+    assert refused.status_code == 200
+    assert "must not contain &quot;/&quot; (it names it in URLs)" in refused.content.decode()
+    assert not Agent.objects.exists()
+    assert operator.post(add, {**form, "owner_principal": "alice"}).status_code == 302
+    local, _ = agent_get_or_create(owner_principal="local", name="helper")
+    change = reverse("admin:agents_api_agent_change", args=[local.pk])
+    assert operator.post(change, {**form, "name": "x/y"}).status_code == 200
+    local.refresh_from_db()
+    assert local.name == "helper"
 
 
 def test_a_users_memory_setting_is_not_deleted_in_the_admin(operator):

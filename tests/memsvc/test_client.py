@@ -15,7 +15,13 @@ from agents_api.models import Agent, Memory
 from agents_api.selectors import LOCAL_OWNER
 from agents_api.services import agent_get_or_create, memory_save
 from conversations.models import Message
-from memsvc.client import MemoryServerUnavailable, format_context, inject, learning
+from memsvc.client import (
+    AgentRefused,
+    MemoryServerUnavailable,
+    format_context,
+    inject,
+    learning,
+)
 from tests.fake_openai import FakeOpenAI
 from tests.web_server import WebServer, shared_database_env
 
@@ -181,6 +187,30 @@ def test_nested_blocks_use_the_innermost_agent_then_the_outer_again(live_server,
     assert [c for r, c in stored("inner") if r == "user"] == ["inner one"]
 
 
+@pytest.mark.parametrize("streamed", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("api", ["chat", "responses"])
+def test_a_refusal_is_stored_as_the_assistants_turn(live_server, client, llm, api, streamed):
+    """A model that declines answers no text but a refusal (``delta.refusal`` chunks, or
+    ``response.refusal.delta`` events, when streamed): the turn is stored either way (the
+    refusal was lost, but for a whole chat completion)."""
+    llm.refuse("pick a lock", "I can't help with that.")
+    question = "How do I pick a lock?"
+    with learning(agent="declined", server_url=live_server.url):
+        if api == "chat" and streamed:
+            stream = ask(client, question, stream=True)
+            said = "".join(chunk.choices[0].delta.refusal or "" for chunk in stream)
+        elif api == "chat":
+            said = ask(client, question).choices[0].message.refusal
+        elif streamed:
+            events = client.responses.create(model="gpt-test", input=question, stream=True)
+            said = "".join(e.delta for e in events if e.type == "response.refusal.delta")
+        else:
+            [message] = client.responses.create(model="gpt-test", input=question).output
+            said = message.content[0].refusal
+    assert said == "I can't help with that."
+    assert stored("declined") == [("user", question), ("assistant", "I can't help with that.")]
+
+
 def test_streaming_passes_chunks_through_and_stores_the_whole_reply(live_server, client):
     with learning(agent="streamer", server_url=live_server.url):
         chunks = [
@@ -235,6 +265,25 @@ def test_an_unreachable_server_is_a_clear_error_at_entry():
         learning(agent="a", server_url="http://127.0.0.1:9"),
     ):
         pass
+    assert sdk_unpatched()
+
+
+@pytest.mark.parametrize(
+    ("options", "reason"),
+    [
+        ({"agent": "x" * 300}, "422: body.name: "),
+        ({"agent": "a", "api_key": "msk_wrong"}, "401: "),
+    ],
+    ids=["bad name", "bad key"],
+)
+def test_an_agent_memsvc_refuses_is_a_clear_error_with_its_reason(live_server, options, reason):
+    """(It was httpx's HTTPStatusError, without memsvc's reason.)"""
+    with (
+        pytest.raises(AgentRefused, match=f"refused the agent .*\\({reason}") as refused,
+        learning(server_url=live_server.url, **options),
+    ):
+        pass
+    assert isinstance(refused.value, MemoryServerUnavailable)
     assert sdk_unpatched()
 
 

@@ -113,6 +113,18 @@ def test_a_streamed_responses_reply_prefers_the_completed_response():
     assert read_in_pieces(RESPONSES, sse(*map(json.dumps, [*deltas, completed])), 3).text == "ab!"
 
 
+def test_a_streamed_refusal_is_the_reply_when_no_text_comes():
+    """A declining model streams its refusal instead of text: chat's ``delta.refusal``, the
+    Responses API's ``response.refusal.delta`` (here cut before ``response.completed``)."""
+    chat = [{"choices": [{"index": 0, "delta": {"refusal": part}}]} for part in ("I can", "'t.")]
+    assert read_in_pieces(CHAT, sse(*map(json.dumps, chat), "[DONE]"), 5) == Reply("I can't.")
+    deltas = [{"type": "response.refusal.delta", "delta": d} for d in ("No", ", sorry.")]
+    assert read_in_pieces(RESPONSES, sse(*map(json.dumps, deltas)), 5).text == "No, sorry."
+    # Text, when a model streams both, is the reply.
+    both = [{"choices": [{"index": 0, "delta": {"content": "Yes.", "refusal": "No."}}]}]
+    assert read_in_pieces(CHAT, sse(*map(json.dumps, both)), 5).text == "Yes."
+
+
 def test_a_whole_json_reply():
     body = json.dumps({"choices": [{"message": {"content": None, "refusal": "no"}}]}).encode()
     assert read_in_pieces(CHAT, body, 4, streamed=False) == Reply("no")

@@ -276,14 +276,15 @@ def test_a_store_a_failing_memsvc_keeps_refusing_is_dropped_with_a_warning(caplo
     assert "answered 500" in warning and "not stored" in warning
 
 
-def late_first_store(memsvc_url: str, *, forwarded: bool):
-    """A way to memsvc on which the first store's answer comes later than the sender waits:
-    memsvc stored it (``forwarded``: the answer was lost on its way back), or never got it
-    (it was lost on its way there). Everything else is passed on at once."""
+def late_first_store(memsvc_url: str, *, forwarded: bool, store: str = "/messages"):
+    """A way to memsvc on which the first store (a POST to ``store``)'s answer comes later
+    than the sender waits: memsvc stored it (``forwarded``: the answer was lost on its way
+    back), or never got it (it was lost on its way there). Everything else is passed on at
+    once."""
     late = [True]
 
     def respond(method, path, body, headers):
-        first_store = path == "/messages" and late and late.pop()
+        first_store = path == store and late and late.pop()
         if first_store and not forwarded:
             time.sleep(LATE_SECONDS)
             return Reply(status=504, payload={"detail": "lost"})

@@ -23,6 +23,7 @@ from memsvc.memory_bank import (
 from search.embeddings import configured_backend
 from tests.fake_openai import FakeOpenAI, ToolCall
 from tests.local_http import LocalHttpServer, Reply
+from tests.memsvc.test_client_delivery import late_first_store
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -58,6 +59,16 @@ def roles(messages) -> list[str]:
 
 def is_slice_of(part: list, whole: list) -> bool:
     return any(whole[i : i + len(part)] == part for i in range(len(whole) - len(part) + 1))
+
+
+def one_tool_step() -> list[dict]:
+    """A task's history after its first tool call and the tool's answer."""
+    call = ToolCall("search_flights", {"to": "Lisbon"})
+    return [
+        {"role": "user", "content": "Plan a trip to Lisbon."},
+        {"role": "assistant", "content": None, "tool_calls": [call.as_json()]},
+        {"role": "tool", "tool_call_id": call.id, "content": '{"flights": 3}'},
+    ]
 
 
 def test_each_step_sends_anchor_retrieved_records_and_the_last_interaction(live_server, llm):
@@ -247,6 +258,29 @@ def test_with_memsvc_gone_the_call_gets_the_whole_history(live_server, llm, capl
     assert "memory bank unavailable" in caplog.text
 
 
+def test_records_whose_answer_was_lost_are_sent_again_and_stored_once(live_server, llm, caplog):
+    """The step's store times out after memsvc stored its records (the call goes on with
+    the whole history); the caller's retry of the call sends that store again, unchanged
+    and with its key: memsvc stores the records once, under the step that first sent them
+    (the retry was a new store, of a new step: the records were stored twice)."""
+    messages = one_tool_step()
+    client = openai.OpenAI(base_url=llm.base_url, api_key="test")
+    with (
+        late_first_store(live_server.url, forwarded=True, store="/tool-records") as proxy,
+        caplog.at_level(logging.WARNING, logger="memsvc.client"),
+        learning(agent=AGENT, server_url=proxy.url, strategy="memory_bank"),
+    ):
+        client.chat.completions.create(model="gpt-test", messages=messages, timeout=1.0)
+        assert "memory bank unavailable" in caplog.text  # the answer was lost
+        client.chat.completions.create(model="gpt-test", messages=messages)
+        stores = [r for r in proxy.requests if r.path == "/tool-records"]
+    keys = [{k.lower(): v for k, v in r.headers.items()}.get("idempotency-key") for r in stores]
+    assert len(stores) == 2 and keys[0] and keys[0] == keys[1]
+    assert stores[0].body == stores[1].body
+    records = ToolRecord.objects.values_list("tool_name", "step", "raw_output")
+    assert list(records) == [("search_flights", 1, {"flights": 3})]
+
+
 def test_an_unknown_strategy_is_refused():
     with pytest.raises(ValueError, match="memory_bank"):
         learning(agent=AGENT, strategy="summarise")
@@ -276,12 +310,7 @@ def test_a_slow_memsvc_costs_a_step_no_more_than_the_callers_timeout(llm, caplog
         time.sleep(1.0)
         return Reply(payload=[])
 
-    call = ToolCall("search_flights", {"to": "Lisbon"})
-    messages = [
-        {"role": "user", "content": "Plan a trip to Lisbon."},
-        {"role": "assistant", "content": None, "tool_calls": [call.as_json()]},
-        {"role": "tool", "tool_call_id": call.id, "content": '{"flights": 3}'},
-    ]
+    messages = one_tool_step()
     client = openai.OpenAI(base_url=llm.base_url, api_key="test")
     with (
         LocalHttpServer(slow) as memsvc,

@@ -14,7 +14,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 
 from memsvc import embedded_db
-from memsvc.env import env_bool, env_choice, env_int, env_list, env_url
+from memsvc.env import env_bool, env_changes, env_choice, env_int, env_list, env_url
+from search.tuning import SearchTuning
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,12 +39,105 @@ def test_typed_helpers_read_values(monkeypatch):
         ("maybe", lambda: env_bool("X", False)),
         ("chroma", lambda: env_choice("X", "local", ("local", "openai"))),
         ("localhost:6379", lambda: env_url("X", None, schemes=("redis", "rediss"))),
+        ("redis://localhost:99999/0", lambda: env_url("X", None, schemes=("redis", "rediss"))),
+        ("redis://a;b:6379", lambda: env_url("X", None, schemes=("redis",), several=True)),
     ],
 )
 def test_malformed_values_are_errors_not_defaults(monkeypatch, value, read):
     monkeypatch.setenv("X", value)
     with pytest.raises(ImproperlyConfigured, match="X must"):
         read()
+
+
+def test_tunables_are_changed_field_by_field(monkeypatch):
+    monkeypatch.setenv("X", "unnamed_vector_share=0.3, citation_mode=semantic,feedback_words=20")
+    assert env_changes("X", SearchTuning) == {
+        "unnamed_vector_share": 0.3,
+        "citation_mode": "semantic",
+        "feedback_words": 20,
+    }
+    assert env_changes("X_MISSING", SearchTuning) == {}
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("unnamed_vector_share", "'unnamed_vector_share' is not field=value of one of"),
+        ("no_such_knob=1", "'no_such_knob=1' is not field=value"),
+        ("feedback_words=2.5", "feedback_words must be an integer, got '2.5'"),
+        ("semantic_weight=heavy", "semantic_weight must be a number, got 'heavy'"),
+        ("semantic_weight=nan", "semantic_weight must be a finite number"),
+        ("semantic_weight=-1", "semantic_weight must be a number >= 0, got -1.0"),
+        ("min_candidates=0", "min_candidates must be a number >= 1"),
+        ("hnsw_ef_search=5000", "hnsw_ef_search must be <= 1000"),
+        ("citation_mode=fuzzy", "citation_mode must be one of hybrid, semantic, keyword"),
+        ("query_parts=1,query_parts=2", "query_parts is given twice"),
+    ],
+)
+def test_malformed_tunables_are_errors(monkeypatch, value, message):
+    monkeypatch.setenv("X", value)
+    with pytest.raises(ImproperlyConfigured) as excinfo:
+        env_changes("X", SearchTuning)
+    assert str(excinfo.value).startswith("X: ") and message in str(excinfo.value)
+
+
+def test_an_operator_tunes_search_and_the_memory_ranking_from_the_environment(tmp_path):
+    """(Only MEMSVC_SEARCH_FEEDBACK could be set without code: README's "citation_weight = 0
+    turns it off" meant editing settings.)"""
+    result = run_django(
+        {
+            "MEMSVC_DATA_DIR": str(tmp_path / "data"),
+            "MEMSVC_SEARCH_FEEDBACK": "1",
+            "MEMSVC_SEARCH_TUNING": "unnamed_vector_share=0.3,citation_weight=0",
+            "MEMSVC_MEMORY_RANKING": "relevance=0,importance=0.6,recency=0.4",
+        },
+        "from search.tuning import configured_tuning, configured_memory_ranking;"
+        "t = configured_tuning(); r = configured_memory_ranking();"
+        "print(t.unnamed_vector_share, t.citation_weight, t.feedback_words, t.semantic_weight);"
+        "print(r.relevance, r.importance, r.recency, r.recency_days)",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:2] == ["0.3 0.0 20 0.5", "0.0 0.6 0.4 30.0"]
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"MEMSVC_SEARCH_TUNING": "citation_weight=off"}, "MEMSVC_SEARCH_TUNING: citation_weight"),
+        ({"MEMSVC_MEMORY_RANKING": "recency_days=0"}, "MEMSVC_MEMORY_RANKING: recency_days"),
+        (
+            {"CELERY_BROKER_URL": "localhost:6379"},
+            "CELERY_BROKER_URL must start with one of amqp://",
+        ),
+        ({"CELERY_BROKER_URL": "redis://localhost:99999/0"}, "Port out of range"),
+        ({"OLLAMA_BASE_URL": "localhost:11434"}, "OLLAMA_BASE_URL must start with one of http://"),
+        (
+            {"MEMSVC_LLM_BASE_URL": "127.0.0.1:8080/v1", "MEMSVC_LLM_MODEL": "m"},
+            "MEMSVC_LLM_BASE_URL",
+        ),
+        ({"DATABASE_URL": "mysql://u@h/db", "DJANGO_SECRET_KEY": "s"}, "DATABASE_URL must start"),
+    ],
+    ids=["tuning", "ranking", "broker", "broker port", "ollama", "llm", "database"],
+)
+def test_a_malformed_url_or_tunable_stops_start_up(tmp_path, env, message):
+    """(A broker URL without its scheme started the service: every append logged that it
+    could not be queued, and the worker and beat, which could not connect, embedded
+    nothing; an Ollama URL without its scheme left every message without a vector.)"""
+    result = run_python({"MEMSVC_DATA_DIR": str(tmp_path / "data"), **env}, "manage.py", "check")
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr and message in result.stderr
+
+
+def test_failover_brokers_are_taken_and_redis_counts_on_the_first(tmp_path):
+    result = run_django(
+        {
+            "MEMSVC_DATA_DIR": str(tmp_path / "data"),
+            "CELERY_BROKER_URL": "redis://a:6379/0; redis://b:6379/0",
+        },
+        "from django.conf import settings; print(settings.MEMSVC_REDIS_URL)",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "redis://a:6379/0"
 
 
 @pytest.mark.parametrize(

@@ -47,3 +47,38 @@ def inline_scripts(html) -> list:
     """``<script>`` without ``src``, and ``on*=`` handler attributes: what the CSP forbids."""
     page = read(html)
     return [s for s in page.scripts if not s.get("src")] + page.inline_handlers
+
+
+class _Forms(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.forms: list[dict] = []
+        self._select: str | None = None
+
+    def handle_starttag(self, tag, attrs):
+        attributes = dict(attrs)
+        if tag == "form":
+            self.forms.append({"action": attributes.get("action", ""), "fields": {}})
+        elif not self.forms:
+            return
+        fields = self.forms[-1]["fields"]
+        if tag == "input" and attributes.get("name"):
+            fields[attributes["name"]] = attributes.get("value", "")
+        elif tag == "textarea" and attributes.get("name"):
+            fields[attributes["name"]] = ""  # (its text is not read here)
+        elif tag == "select":
+            self._select = attributes.get("name")
+        elif tag == "option" and self._select and "selected" in attributes:
+            fields[self._select] = attributes.get("value", "")
+
+    def handle_endtag(self, tag):
+        if tag == "select":
+            self._select = None
+
+
+def forms(html) -> list[dict]:
+    """The page's forms: each ``{"action": ..., "fields": {name: value}}`` as a browser would
+    send it (hidden and text inputs, the selected option; entities decoded)."""
+    parser = _Forms()
+    parser.feed(html.decode() if isinstance(html, bytes) else html)
+    return parser.forms

@@ -1,9 +1,7 @@
 """The conversations pages with the Django test client: what each person sees and may do,
 and every refusal (a stranger's 404, a reader's 403, bad input's 400), with nothing changed."""
 
-import re
-from html import unescape
-from urllib.parse import unquote, urljoin, urlsplit
+from urllib.parse import urljoin, urlsplit
 
 import pytest
 from django.urls import resolve, reverse
@@ -17,10 +15,15 @@ from conversations.models import (
     OwnershipTransfer,
     Visibility,
 )
-from conversations.services import NewMessage, messages_append
+from conversations.services import (
+    NewMessage,
+    conversation_delete,
+    messages_append,
+    messages_delete,
+)
 from memsvc.api.principals import Principal
 from tests.pages.conftest import conversation_of
-from tests.pages.html import inline_scripts, unlabelled_controls
+from tests.pages.html import forms, inline_scripts, unlabelled_controls
 
 pytestmark = pytest.mark.django_db
 
@@ -103,6 +106,35 @@ def test_the_list_is_paged_latest_first(alice_page):
     assert "Conversation number 01" in rest.content.decode()
     assert "Conversation number 00" in rest.content.decode()
     assert "More conversations" not in rest.content.decode()
+
+
+def test_a_later_page_emptied_meanwhile_does_not_say_there_are_no_conversations(
+    alice_page, bob_page
+):
+    """(The rows of the next page deleted before it was asked for: "No conversations yet."
+    was added below the conversations shown.)"""
+    conversations = [conversation_of("alice", f"Conversation number {n:02d}") for n in range(51)]
+    first = alice_page.get("/app/").content.decode()
+    cursor = first.split('href="?after=')[1].split('"')[0]
+    # The one the next page held.
+    conversation_delete(Principal.user("alice"), conversation=conversations[0])
+    rest = alice_page.get(f"/app/?after={cursor}", headers={"HX-Request": "true"})
+    assert rest.status_code == 200
+    assert "No conversations yet" not in rest.content.decode()
+    assert "No conversations yet" in bob_page.get("/app/").content.decode()
+
+
+def test_an_earlier_page_emptied_meanwhile_does_not_say_there_are_no_messages(alice_page):
+    """(As for the list: "No messages yet." was added above the messages shown.)"""
+    texts = [f"message number {n:03d}" for n in range(51)]
+    conversation = conversation_of("alice", "Long", *texts)
+    html = alice_page.get(page_of(conversation)).content.decode()
+    cursor = html.split('href="?before=')[1].split('"')[0]
+    messages_delete(Principal.user("ops"), messages=Message.objects.filter(content=texts[0]))
+    earlier = alice_page.get(f"{page_of(conversation)}?before={cursor}", HTTP_HX_REQUEST="true")
+    assert earlier.status_code == 200 and "<html" not in earlier.content.decode()
+    assert "No messages yet" not in earlier.content.decode()
+    assert "No messages yet" in alice_page.get(page_of(conversation_of("alice"))).content.decode()
 
 
 def test_create_a_conversation(alice_page):
@@ -213,7 +245,7 @@ def test_a_stranger_gets_404_and_learns_nothing(charlie_page):
         ),
         (reverse("pages:transfer", args=[conversation.id]), {"newOwnerUserId": "charlie"}),
         (reverse("pages:delete", args=[conversation.id]), {}),
-        (reverse("pages:membership_delete", args=[conversation.id, "alice"]), {}),
+        (reverse("pages:membership_delete", args=[conversation.id]), {"userId": "alice"}),
     ]:
         assert charlie_page.post(path, data).status_code == 404, path
     assert snapshot() == before
@@ -245,7 +277,7 @@ def test_a_reader_sees_no_controls_and_cannot_post_share_or_fork(bob_page):
         ),
         (reverse("pages:transfer", args=[conversation.id]), {"newOwnerUserId": "bob"}),
         (reverse("pages:delete", args=[conversation.id]), {}),
-        (reverse("pages:membership_delete", args=[conversation.id, "alice"]), {}),
+        (reverse("pages:membership_delete", args=[conversation.id]), {"userId": "alice"}),
     ]:
         response = bob_page.post(path, data)
         assert response.status_code == 403, path
@@ -295,35 +327,31 @@ def test_a_manager_shares_changes_and_removes_members_but_never_the_owner(alice_
     assert bob_page.post(share, {"userId": "carol", "accessLevel": "reader"}).status_code == 409
     assert bob_page.post(share, {"userId": "dave", "accessLevel": "owner"}).status_code == 403
     assert bob_page.post(share, {"userId": "dave", "accessLevel": "boss"}).status_code == 400
-    level = reverse("pages:membership_update", args=[conversation.id, "carol"])
-    assert bob_page.post(level, {"accessLevel": "writer"}).status_code == 302
+    level = reverse("pages:membership_update", args=[conversation.id])
+    assert bob_page.post(level, {"userId": "carol", "accessLevel": "writer"}).status_code == 302
     assert Membership.objects.get(principal_id="carol").access_level == AccessLevel.WRITER
-    owner_level = reverse("pages:membership_update", args=[conversation.id, "alice"])
-    assert bob_page.post(owner_level, {"accessLevel": "reader"}).status_code == 403
-    remove_owner = reverse("pages:membership_delete", args=[conversation.id, "alice"])
-    assert bob_page.post(remove_owner).status_code == 403
-    assert (
-        bob_page.post(
-            reverse("pages:membership_delete", args=[conversation.id, "carol"])
-        ).status_code
-        == 302
-    )
+    assert bob_page.post(level, {"userId": "alice", "accessLevel": "reader"}).status_code == 403
+    assert bob_page.post(level, {"userId": "nobody", "accessLevel": "reader"}).status_code == 404
+    assert bob_page.post(level, {"accessLevel": "reader"}).status_code == 400
+    remove = reverse("pages:membership_delete", args=[conversation.id])
+    assert bob_page.post(remove, {"userId": "alice"}).status_code == 403
+    assert bob_page.post(remove, {"userId": "carol"}).status_code == 302
     assert sorted(Membership.objects.values_list("principal_id", flat=True)) == ["alice", "bob"]
 
 
-def test_a_nul_in_the_address_is_refused_and_changes_nothing(alice_page):
-    """(A NUL in a member's id in the path, which PostgreSQL cannot compare, was a 500.)"""
+def test_a_nul_in_a_members_id_is_refused_and_changes_nothing(alice_page):
+    """(A NUL in a member's id, which PostgreSQL cannot compare, was a 500.)"""
     conversation = conversation_of("alice", "Team", "hi", shared=[("bob", "writer")])
     before = snapshot()
-    for path in [
-        f"/app/c/{conversation.id}/members/level/bob%00",
-        f"/app/c/{conversation.id}/members/remove/bob%00",
-    ]:
-        response = alice_page.post(path, {"accessLevel": "reader"})
+    for name in ["membership_update", "membership_delete"]:
+        path = reverse(f"pages:{name}", args=[conversation.id])
+        response = alice_page.post(path, {"userId": "bob\x00", "accessLevel": "reader"})
         assert response.status_code == 400, path
         assert "must not contain NUL characters" in response.content.decode()
     refused = alice_page.post(
-        f"/app/c/{conversation.id}/members/remove/%00", headers={"HX-Request": "true"}
+        reverse("pages:membership_delete", args=[conversation.id]),
+        {"userId": "\x00"},
+        headers={"HX-Request": "true"},
     )
     assert refused.status_code == 400 and "<html" not in refused.content.decode()
     assert snapshot() == before
@@ -344,36 +372,43 @@ def test_a_user_id_typed_with_spaces_around_it_names_that_user(alice_page, bob_p
     assert sorted(Membership.objects.values_list("principal_id", flat=True)) == ["alice", "bob"]
 
 
-def test_a_member_whose_id_holds_a_slash_is_shown_changed_and_removed(api, alice, alice_page):
-    """An identity provider's ``sub`` may hold "/": the page (which links to the member) and
-    the API reach such a member like any other (the page was a 500)."""
+def member_forms(page_client, conversation, member: str) -> dict:
+    """The forms of the conversation's page about one member, by where they post (as a
+    browser resolves their address, dot segments dropped)."""
+    url = "http://testserver" + page_of(conversation)
+    found = {}
+    for form in forms(page_client.get(page_of(conversation)).content):
+        if form["fields"].get("userId") == member:
+            path = urlsplit(urljoin(url, form["action"])).path
+            found[resolve(path).url_name] = (path, form["fields"])
+    return found
+
+
+@pytest.mark.parametrize("member", ["..", ".", "../../delete", "evil/x", "%2e%2e", "a?b#c"])
+def test_a_member_of_any_id_is_changed_and_removed_from_the_page(alice_page, member):
+    """An identity provider's ``sub`` may hold anything. (A member "evil/x" made the page a
+    500; one shared as "../../delete" had Remove post to the conversation's delete; one of
+    ".." or "." could not be changed or removed: a browser drops the dot segments of an
+    address, "%2E" too, and the id was the last segment of the forms' addresses.)"""
+    conversation = conversation_of("alice", "Team", "hi", shared=[(member, "reader")])
+    found = member_forms(alice_page, conversation, member)
+    assert set(found) == {"membership_update", "membership_delete"}
+    path, fields = found["membership_update"]
+    assert alice_page.post(path, {**fields, "accessLevel": "writer"}).status_code == 302
+    assert Membership.objects.get(principal_id=member).access_level == AccessLevel.WRITER
+    path, fields = found["membership_delete"]
+    assert alice_page.post(path, fields).status_code == 302
+    assert Conversation.objects.filter(id=conversation.id).exists()
+    assert not Membership.objects.filter(principal_id=member).exists()
+
+
+def test_a_member_whose_id_holds_a_slash_is_reached_by_the_api(api, alice):
     conversation = conversation_of("alice", "Team", "hi", shared=[("evil/x", "reader")])
-    assert alice_page.get(page_of(conversation)).status_code == 200
-    level = reverse("pages:membership_update", args=[conversation.id, "evil/x"])
-    assert alice_page.post(level, {"accessLevel": "writer"}).status_code == 302
-    assert Membership.objects.get(principal_id="evil/x").access_level == AccessLevel.WRITER
     path = f"/v1/user/conversations/{conversation.id}/memberships/evil/x"
-    assert api.patch(path, {"accessLevel": "reader"}, as_=alice).status_code == 200
+    assert api.patch(path, {"accessLevel": "writer"}, as_=alice).status_code == 200
+    assert Membership.objects.get(principal_id="evil/x").access_level == AccessLevel.WRITER
     assert api.delete(path, as_=alice).status_code == 204
     assert not Membership.objects.filter(principal_id="evil/x").exists()
-
-
-def test_a_member_id_with_dot_segments_cannot_send_its_forms_elsewhere(alice_page):
-    """(A manager could share with "../../delete": the owner's Remove beside that member
-    posted to the conversation's delete, as a browser drops an address's dot segments.)"""
-    conversation = conversation_of("alice", "Team", "hi", shared=[("../../delete", "reader")])
-    html = alice_page.get(page_of(conversation)).content.decode()
-    posted_to = {}
-    for action in re.findall(r'action="([^"]*)"', html):
-        # Where a browser posts the form, as the server decodes it.
-        path = unquote(urlsplit(urljoin("http://testserver/", unescape(action))).path)
-        match = resolve(path)
-        posted_to[match.url_name, match.kwargs.get("user_id")] = action
-    assert ("membership_update", "../../delete") in posted_to
-    remove = posted_to["membership_delete", "../../delete"]
-    assert alice_page.post(unescape(remove)).status_code == 302
-    assert Conversation.objects.filter(id=conversation.id).exists()
-    assert not Membership.objects.filter(principal_id="../../delete").exists()
 
 
 def test_sharing_makes_the_conversation_appear_for_the_other_person(alice_page, bob_page):

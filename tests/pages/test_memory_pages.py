@@ -1,16 +1,20 @@
 """The memory pages: per agent that serves the person, the memory blocks about them (edit,
 revisions) and the memories about them (search, delete, clear), and the memory switch."""
 
+from datetime import timedelta
+from urllib.parse import urljoin, urlsplit
+
 import pytest
 from django.urls import reverse
+from django.utils import timezone
 
 from agents_api.models import Memory, MemoryBlock, UserMemorySetting
-from agents_api.services import memory_block_create, memory_save
+from agents_api.services import memories_prune, memory_block_create, memory_save
 from conversations import services as conversation_services
 from memsvc.api.principals import Principal
 from tests.agents_api.conftest import make_agent
 from tests.pages.conftest import conversation_of
-from tests.pages.html import unlabelled_controls
+from tests.pages.html import forms, unlabelled_controls
 
 pytestmark = pytest.mark.django_db
 
@@ -72,19 +76,35 @@ def test_blocks_about_the_person_are_edited_with_revisions(alice_page, helper):
     html = alice_page.get(agent_page(helper)).content.decode()
     assert "Likes tea" in html and "Bob&#x27;s" not in html
     assert unlabelled_controls(html) == []
-    update = reverse("pages:block_update", args=[helper.id, "human"])
-    assert alice_page.post(update, {"value": "Likes coffee"}).status_code == 302
+    update = reverse("pages:block_update", args=[helper.id])
+    assert alice_page.post(update, {"label": "human", "value": "Likes coffee"}).status_code == 302
     block.refresh_from_db()
     assert block.value == "Likes coffee"
     html = alice_page.get(agent_page(helper)).content.decode()
     assert "Revisions (2)" in html and "Likes tea" in html  # the old value, among revisions
     # The block's limit and read-only hold here as in the API.
-    assert alice_page.post(update, {"value": "x" * 41}).status_code == 400
-    persona = reverse("pages:block_update", args=[helper.id, "persona"])
-    assert alice_page.post(persona, {"value": "Changed"}).status_code == 403
-    missing = reverse("pages:block_update", args=[helper.id, "nope"])
-    assert alice_page.post(missing, {"value": "x"}).status_code == 404
+    assert alice_page.post(update, {"label": "human", "value": "x" * 41}).status_code == 400
+    assert alice_page.post(update, {"label": "persona", "value": "Changed"}).status_code == 403
+    assert alice_page.post(update, {"label": "nope", "value": "x"}).status_code == 404
+    assert alice_page.post(update, {"value": "x"}).status_code == 400
     assert MemoryBlock.objects.get(user_id="bob").value == "Bob's"
+
+
+@pytest.mark.parametrize("label", ["..", ".", "%2e%2e", "a?b", "a/b"])
+def test_a_block_of_any_label_is_edited_from_its_page(alice_page, helper, label):
+    """(A block labelled ".." or "." could not be saved: a browser drops the dot segments of
+    an address, "%2E" too, and the label was the last segment of the form's. One labelled
+    "a/b", which the API refuses to make but which could be stored before that rule, made
+    the whole page a 500.)"""
+    block = MemoryBlock.objects.create(agent=helper, user_id="alice", label=label, value="Old")
+    url = "http://testserver" + agent_page(helper)
+    page = alice_page.get(agent_page(helper))
+    assert page.status_code == 200
+    (form,) = [f for f in forms(page.content) if f["fields"].get("label") == label]
+    path = urlsplit(urljoin(url, form["action"])).path  # as a browser resolves it
+    assert alice_page.post(path, {**form["fields"], "value": "New"}).status_code == 302
+    block.refresh_from_db()
+    assert block.value == "New"
 
 
 def test_a_revision_by_an_agent_names_it(alice_page, helper):
@@ -92,7 +112,9 @@ def test_a_revision_by_an_agent_names_it(alice_page, helper):
     memory_block_create(
         helper.as_principal(), agent=helper, user_id="alice", label="human", value="Likes tea"
     )
-    alice_page.post(reverse("pages:block_update", args=[helper.id, "human"]), {"value": "Tea"})
+    alice_page.post(
+        reverse("pages:block_update", args=[helper.id]), {"label": "human", "value": "Tea"}
+    )
     html = alice_page.get(agent_page(helper)).content.decode()
     assert helper.principal_id not in html
     assert f"· {helper.name}</span>" in html and "· alice</span>" in html
@@ -132,6 +154,48 @@ def test_memories_are_searched_deleted_and_cleared(alice_page, bob_page, helper,
     assert not Memory.objects.exists()
 
 
+def test_memories_expired_but_kept_are_deleted_with_every_memory(alice_page, helper):
+    """An expired memory is in no list, but one used often is kept and lives again at the
+    next prune. (The overview hid "Delete every memory" when no agent showed one: such a
+    memory could not be deleted from the pages, and came back.)"""
+    popular = remember(helper, "alice", "Alice is allergic to peanuts")
+    Memory.objects.filter(id=popular.id).update(
+        expires_at=timezone.now() - timedelta(seconds=1), access_count=10
+    )
+    overview = alice_page.get(reverse("pages:memory")).content.decode()
+    assert "allergic" not in overview and "helper" not in overview
+    assert alice_page.get(agent_page(helper)).status_code == 404  # it keeps nothing shown
+    assert "Delete every memory any agent keeps about you" in overview
+    assert alice_page.post(reverse("pages:memories_clear_all")).status_code == 302
+    assert memories_prune().extended == 0
+    assert not Memory.objects.exists()
+    # So on the page of an agent that serves her (a block), for what it keeps.
+    memory_block_create(helper.as_principal(), agent=helper, user_id="alice", label="human")
+    popular = remember(helper, "alice", "Alice is allergic to peanuts")
+    Memory.objects.filter(id=popular.id).update(
+        expires_at=timezone.now() - timedelta(seconds=1), access_count=10
+    )
+    page = alice_page.get(agent_page(helper)).content.decode()
+    assert "allergic" not in page and "No memories about you" in page
+    assert "Delete every memory helper keeps about you" in page
+    alice_page.post(reverse("pages:memories_clear", args=[helper.id]))
+    assert not Memory.objects.exists()
+    overview = alice_page.get(reverse("pages:memory")).content.decode()
+    assert "Delete every memory" not in overview  # nothing left to delete
+
+
+def test_a_later_page_emptied_meanwhile_does_not_say_there_are_no_memories(alice_page, helper):
+    """(Its memories deleted before it was asked for: "No memories about you." was added
+    below the memories shown.)"""
+    saved = [remember(helper, "alice", f"Fact number {n:02d}") for n in range(51)]
+    html = alice_page.get(agent_page(helper)).content.decode()
+    cursor = html.split('href="?after=')[1].split('"')[0]
+    alice_page.post(reverse("pages:memory_delete", args=[saved[0].id]))  # the next page's
+    rest = alice_page.get(f"{agent_page(helper)}?after={cursor}", HTTP_HX_REQUEST="true")
+    assert rest.status_code == 200 and "<html" not in rest.content.decode()
+    assert "No memories about you" not in rest.content.decode()
+
+
 def test_the_switch_turns_memory_off_and_on(alice_page, helper):
     remember(helper, "alice", "Alice is allergic to peanuts")
     assert alice_page.post("/app/memory/switch", {}).status_code == 302
@@ -168,12 +232,12 @@ def test_the_switch_goes_back_to_its_own_site_only_and_never_fails_on_next(alice
 
 
 def test_a_nul_in_a_block_label_is_refused_and_changes_nothing(alice_page, helper):
-    """(A NUL in the path, which PostgreSQL cannot compare, was a 500.)"""
+    """(A NUL in the label, which PostgreSQL cannot compare, was a 500.)"""
     block = memory_block_create(
         helper.as_principal(), agent=helper, user_id="alice", label="human", value="Likes tea"
     )
-    path = f"/app/memory/{helper.id}/blocks/human%00"
-    response = alice_page.post(path, {"value": "Likes coffee"})
+    update = reverse("pages:block_update", args=[helper.id])
+    response = alice_page.post(update, {"label": "human\x00", "value": "Likes coffee"})
     assert response.status_code == 400
     assert "must not contain NUL characters" in response.content.decode()
     block.refresh_from_db()

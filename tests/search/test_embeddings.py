@@ -1,6 +1,7 @@
 """Embedding backends. The local model runs for real; the remote ones talk HTTP to a local
 test server standing in for Ollama / OpenAI (outside services, so faked at the HTTP level)."""
 
+import importlib
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -8,20 +9,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connection
 
-from search import onnx_encoder
-from search.checks import check_embedding_dimension, other_vector_models
+from agents_api.models import Memory
+from search import embeddings, onnx_encoder
+from search.checks import check_embedding_dimension, column_dimensions, other_vector_models
 from search.embeddings import (
     EmbeddingError,
     LocalBackend,
     OllamaBackend,
     OpenAIBackend,
+    WrongDimension,
     configured_backend,
     embedding_text,
     get_embedding_backend,
 )
 from search.onnx_encoder import OnnxSentenceEncoder
-from tests.factories import MessageFactory
+from tests.factories import AgentFactory, MessageFactory
 from tests.local_http import LocalHttpServer, Reply
 from tests.memsvc.test_settings import run_django
 
@@ -244,6 +248,53 @@ def test_an_older_ollama_is_asked_one_text_at_a_time():
     ]
 
 
+def test_a_404_of_the_moment_does_not_make_ollama_the_old_api_for_good():
+    """(One 404 from /api/embed, as Ollama answers while the model is being pulled or a proxy
+    answers while it restarts, switched the process to /api/embeddings for its lifetime.)
+    The old API is chosen only when it embeds the texts."""
+    pulled = {"yet": False}
+
+    def respond(path, body):
+        if not pulled["yet"]:
+            return 404, {"error": 'model "m" not found, try pulling it first'}
+        assert path == "/api/embed"
+        return 200, {"embeddings": [fake_vector(text) for text in body["input"]]}
+
+    with FakeEmbeddingServer(respond) as server:
+        backend = OllamaBackend("m", base_url=server.url)
+        with pytest.raises(EmbeddingError, match="try pulling it first") as excinfo:
+            backend.embed(["a"])
+        assert (excinfo.value.status, excinfo.value.transient) == (404, False)
+        pulled["yet"] = True
+        assert backend.embed(["a", "b"]).shape == (2, 8)
+    assert [r.path for r in server.requests] == ["/api/embed", "/api/embeddings", "/api/embed"]
+
+
+def test_the_old_ollama_api_once_chosen_is_checked_again_after_a_while(monkeypatch):
+    upgraded = {"yet": False}
+
+    def respond(path, body):
+        if path == "/api/embed" and not upgraded["yet"]:
+            return 404, {"error": "404 page not found"}
+        if path == "/api/embed":
+            return 200, {"embeddings": [fake_vector(text) for text in body["input"]]}
+        return 200, {"embedding": fake_vector(body["prompt"])}
+
+    with FakeEmbeddingServer(respond) as server:
+        backend = OllamaBackend("m", base_url=server.url)
+        backend.embed(["a"])
+        backend.embed(["b"])  # the old API straight away
+        upgraded["yet"] = True
+        monkeypatch.setattr(embeddings, "OLLAMA_LEGACY_RECHECK_SECONDS", 0.0)
+        backend.embed(["c"])
+    assert [r.path for r in server.requests] == [
+        "/api/embed",
+        "/api/embeddings",
+        "/api/embeddings",
+        "/api/embed",
+    ]
+
+
 @pytest.mark.parametrize(
     ("status", "transient"), [(500, True), (503, True), (429, True), (400, False)]
 )
@@ -333,6 +384,80 @@ def test_an_openai_answer_that_is_not_one_vector_per_text_is_an_embedding_error(
     assert not excinfo.value.transient
 
 
+# --- the width of the vectors -----------------------------------------------------------------
+
+
+def ollama_of_width(widths: list[int]):
+    """A stand-in Ollama whose model makes vectors of ``widths[0]`` (changed at will)."""
+    return FakeEmbeddingServer(
+        lambda path, body: (
+            200,
+            {"embeddings": [fake_vector(text, widths[0]) for text in body["input"]]},
+        )
+    )
+
+
+def openai_of_width(widths: list[int]):
+    def respond(path, body):
+        data = [
+            {"object": "embedding", "index": i, "embedding": fake_vector(text, widths[0])}
+            for i, text in enumerate(body["input"])
+        ]
+        return 200, {"object": "list", "data": data, "model": body["model"]}
+
+    return FakeEmbeddingServer(respond)
+
+
+@pytest.mark.parametrize(
+    ("serve", "backend"),
+    [
+        (ollama_of_width, lambda url: OllamaBackend("m", base_url=url, expected_dimension=8)),
+        (
+            openai_of_width,
+            lambda url: OpenAIBackend("m", api_key="k", base_url=f"{url}/v1", expected_dimension=8),
+        ),
+    ],
+    ids=["ollama", "openai"],
+)
+def test_vectors_of_another_width_than_the_database_holds_are_an_embedding_error(
+    serve, backend, caplog
+):
+    """The model behind the URL swapped for one of another width at run time (the start-up
+    check saw the first): its vectors can be neither stored nor compared."""
+    widths = [8]
+    with serve(widths) as server:
+        remote = backend(server.url)
+        assert remote.embed(["a", "b"]).shape == (2, 8)
+        widths[0] = 16
+        with pytest.raises(WrongDimension) as excinfo:
+            remote.embed(["a", "b"])
+    assert isinstance(excinfo.value, EmbeddingError)
+    assert excinfo.value.transient  # the service's state, not a text's
+    assert "'m' answered 16-dimensional vectors but the database holds 8" in str(excinfo.value)
+    assert [r.levelname for r in caplog.records if r.name == "search.embeddings"] == ["ERROR"]
+
+
+def test_the_configured_backend_expects_the_width_of_the_columns(settings):
+    with ollama_of_width([2 * settings.MEMORY_EMBEDDING_DIMENSION]) as server:
+        settings.MEMORY_EMBEDDING_BACKEND = "ollama"
+        settings.OLLAMA_BASE_URL = server.url
+        backend = configured_backend.__wrapped__()  # (not the process's)
+        assert backend.expected_dimension == settings.MEMORY_EMBEDDING_DIMENSION
+        with pytest.raises(WrongDimension):
+            backend.embed(["a"])
+    assert configured_backend().expected_dimension == settings.MEMORY_EMBEDDING_DIMENSION
+
+
+def test_asking_an_openai_server_its_width_does_not_ask_for_a_width_afterwards():
+    """(The start-up probe's width was sent as ``dimensions`` with every later request, which
+    models that cannot shorten their vectors, and servers without the parameter, refuse.)"""
+    with openai_of_width([16]) as server:
+        backend = OpenAIBackend("m", api_key="k", base_url=f"{server.url}/v1")
+        assert backend.dimension == 16
+        backend.embed(["a"])
+    assert ["dimensions" in r.body for r in server.requests] == [False, False]
+
+
 # --- start-up check ---------------------------------------------------------------------------
 
 
@@ -345,9 +470,77 @@ def test_a_model_of_another_width_than_the_column_stops_start_up():
 
     with (
         FakeEmbeddingServer(respond) as server,
-        pytest.raises(ImproperlyConfigured, match=r"768-dimensional.*holds 384"),
+        pytest.raises(ImproperlyConfigured, match=r"768-dimensional.*hold 384"),
     ):
         check_embedding_dimension(OllamaBackend("nomic-embed-text", base_url=server.url))
+    # The same when the backend itself refuses the width it is answered.
+    with (
+        FakeEmbeddingServer(respond) as server,
+        pytest.raises(ImproperlyConfigured, match=r"768-dimensional.*hold 384"),
+    ):
+        check_embedding_dimension(
+            OllamaBackend("nomic-embed-text", base_url=server.url, expected_dimension=384)
+        )
+
+
+@pytest.mark.django_db
+def test_a_width_setting_the_columns_do_not_have_stops_start_up(settings):
+    """Every embedding is checked against MEMORY_EMBEDDING_DIMENSION: it must be the
+    columns' (was: not checked, the setting only made the columns of a new database)."""
+    settings.MEMORY_EMBEDDING_DIMENSION = 768
+    with pytest.raises(
+        ImproperlyConfigured,
+        match=r"MEMORY_EMBEDDING_DIMENSION is 768 but the database column message.embedding holds 384",
+    ):
+        check_embedding_dimension(configured_backend())
+
+
+def resize_column(table: str, width: int) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"ALTER TABLE {table} ALTER COLUMN embedding TYPE vector({width}) USING NULL"
+        )
+
+
+@pytest.mark.django_db
+def test_a_memory_column_of_another_width_stops_start_up():
+    resize_column("memory", 8)  # (rolled back with the test's transaction)
+    with pytest.raises(ImproperlyConfigured, match=r"column memory.embedding holds 8"):
+        check_embedding_dimension(configured_backend())
+
+
+@pytest.mark.django_db
+def test_a_migration_makes_the_memory_and_tool_record_columns_as_wide_as_the_messages():
+    """0004 and 0009 made them vector(384) whatever the configured width: with any other
+    model (Ollama's default makes 768), no memory or tool record could be saved."""
+    resize_column("memory", 8)
+    resize_column("tool_record", 8)
+    memory = Memory.objects.create(agent=AgentFactory(), content="Alice skates")
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE memory SET embedding = %s::vector, embedding_model = 'old', embedded_at = now()",
+            [str([0.5] * 8)],
+        )
+    migration = importlib.import_module(
+        "agents_api.migrations.0018_vector_columns_as_wide_as_messages"
+    )
+    with connection.schema_editor() as editor:
+        migration.as_wide_as_messages(None, editor)
+    assert column_dimensions() == dict.fromkeys(("message", "memory", "tool_record"), 384)
+    memory = Memory.objects.get(id=memory.id)
+    assert (memory.embedding, memory.embedding_model, memory.embedded_at) == (None, "", None)
+    check_embedding_dimension(configured_backend())
+
+
+def test_a_new_database_has_every_vector_column_of_the_configured_width(tmp_path):
+    result = run_django(
+        {"MEMSVC_DATA_DIR": str(tmp_path / "data"), "MEMORY_EMBEDDING_DIMENSION": "768"},
+        "from django.core.management import call_command;"
+        "call_command('migrate', verbosity=0);"
+        "from search.checks import column_dimensions; print(sorted(column_dimensions().items()))",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str([("memory", 768), ("message", 768), ("tool_record", 768)])
 
 
 def test_a_local_model_int8_cannot_run_stops_start_up(tmp_path):

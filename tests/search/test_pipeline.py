@@ -8,6 +8,7 @@ import sys
 import threading
 from datetime import timedelta
 
+import numpy as np
 import psycopg
 import pytest
 from celery.exceptions import Retry
@@ -15,14 +16,17 @@ from django.conf import settings
 from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
+from agents_api.models import Memory, ToolRecord
+from agents_api.services import memories_embed_pending, memory_save, tool_records_embed_pending
 from conversations.models import Conversation, Message
 from memsvc import cli
 from search import services
-from search.embeddings import EmbeddingError, configured_backend
+from search.embeddings import EmbeddingError, OllamaBackend, configured_backend
 from search.models import CorpusStat, TermStat
 from search.tasks import embed_messages_task, sweep_unembedded_task
 from tests.agents_api.conftest import make_agent
 from tests.factories import ConversationFactory, MessageFactory
+from tests.local_http import LocalHttpServer, Reply
 
 pytestmark = pytest.mark.django_db
 
@@ -376,3 +380,89 @@ def test_a_message_the_backend_refuses_keeps_no_other_waiting(
     assert not Message.objects.filter(pk__in=[m.pk for m in lost], embedded_at=None).exists()
     refused.refresh_from_db()
     assert refused.embedded_at is None  # still found by keywords
+
+
+def test_a_model_of_another_width_behind_the_url_is_refused_not_stored(
+    api, alice, conversation, monkeypatch, caplog
+):
+    """The model behind an Ollama URL is swapped at run time for one of another width.
+    (The embedding task and the sweep died on the database's DataError, nothing saying why;
+    every hybrid search answered 500, PostgreSQL refusing to compare vectors of two widths;
+    a memory could not be saved at all.) Now: searches fall back to keywords, messages and
+    memories are kept without a vector for the sweep, and the log says what is wrong."""
+    width = {"now": settings.MEMORY_EMBEDDING_DIMENSION}
+
+    def respond(method, path, body):
+        vectors = [
+            np.random.default_rng(len(text)).normal(size=width["now"]).tolist()
+            for text in body["input"]
+        ]
+        return Reply(200, {"embeddings": vectors})
+
+    with LocalHttpServer(respond) as server:
+        # The embedding service is outside memsvc: it is faked at the HTTP level.
+        backend = OllamaBackend(
+            "swapped", base_url=server.url, expected_dimension=settings.MEMORY_EMBEDDING_DIMENSION
+        )
+        monkeypatch.setattr(services, "configured_backend", lambda: backend)
+        monkeypatch.setattr("search.engine.configured_backend", lambda: backend)
+        first = post_message(api, alice, conversation, "the lake was frozen in January")
+        assert embed_messages_task.apply(args=[[str(first.id)]]).get() == 1
+
+        width["now"] = 2 * settings.MEMORY_EMBEDDING_DIMENSION  # the model is swapped
+        second = post_message(api, alice, conversation, "the lake thawed in April")
+        with pytest.raises(Retry):  # (a worker sends it again after the backoff)
+            embed_messages_task.apply(args=[[str(second.id)]])
+        second.refresh_from_db()
+        assert second.embedded_at is None and second.embedding is None
+        Message.objects.filter(pk=second.pk).update(
+            created_at=timezone.now() - timedelta(minutes=1)
+        )
+        assert sweep_unembedded_task.apply().get() == 0
+        assert Message.objects.get(pk=second.pk).embedded_at is None
+
+        found = api.post("/v1/user/search/messages", {"query": "lake thawed"}, as_=alice)
+        assert found.status_code == 200, found.content
+        assert found.json()["data"][0]["message"]["id"] == str(second.id)
+        semantic = api.post(
+            "/v1/user/search/messages", {"query": "lake", "mode": "semantic"}, as_=alice
+        )
+        assert semantic.status_code == 503, semantic.content
+
+        agent = make_agent("keeper")
+        saved = api.post("/v1/agent/memories", {"content": "Alice skates on lakes"}, as_=agent)
+        assert saved.status_code == 201, saved.content
+        assert Memory.objects.get(id=saved.json()["id"]).embedding is None
+    refusals = [r for r in caplog.records if r.name == "search.embeddings"]
+    assert refusals and all(r.levelname == "ERROR" for r in refusals)
+    assert "answered 768-dimensional vectors but the database holds 384" in refusals[0].getMessage()
+
+
+def test_a_memory_or_tool_record_the_backend_refuses_keeps_no_other_waiting(monkeypatch):
+    """(A refused text failed its whole batch: the sweep, which takes the oldest waiting
+    rows first, stopped on it every minute, and no memory or tool record saved after it
+    while the backend was down was ever embedded.)"""
+    agent = make_agent("keeper").agent
+
+    class Down:
+        model = configured_backend().model
+
+        def embed(self, texts):
+            raise EmbeddingError("connection refused", transient=True)
+
+    monkeypatch.setattr(services, "configured_backend", lambda: Down())  # saved without vectors
+    [refused, *others] = [
+        memory_save(agent.as_principal(), agent=agent, content=content)[0]
+        for content in ["far too long " * 100, "fact one", "fact two"]
+    ]
+    record = ToolRecord.objects.create(agent=agent, tool_name="t", summary="far too long " * 100)
+    kept = ToolRecord.objects.create(agent=agent, tool_name="t", summary="hotel 42 booked")
+    backend = RefusingLongTexts(1_000)
+    # The others embedded, then the refusal said (the sweep logs it, and goes on next time).
+    for embed_pending_rows in (memories_embed_pending, tool_records_embed_pending):
+        with pytest.raises(EmbeddingError, match="maximum context length"):
+            embed_pending_rows(backend=backend)
+    assert not Memory.objects.filter(pk__in=[m.pk for m in others], embedded_at=None).exists()
+    assert ToolRecord.objects.get(pk=kept.pk).embedded_at is not None
+    assert Memory.objects.get(pk=refused.pk).embedded_at is None  # still found by keywords
+    assert ToolRecord.objects.get(pk=record.pk).embedded_at is None

@@ -1,7 +1,4 @@
-from urllib.parse import quote
-
 from django import template
-from django.urls import reverse
 from django.utils.html import escape
 from django.utils.safestring import mark_safe
 
@@ -24,13 +21,3 @@ def highlighted(headline: str | None) -> str:
         return ""
     text = escape(headline).replace("&lt;b&gt;", "<b>").replace("&lt;/b&gt;", "</b>")
     return mark_safe(text)  # noqa: S308 (escaped above)
-
-
-@register.simple_tag
-def member_url(name: str, conversation_id, user_id: str) -> str:
-    """The address of a form about one member (``pages:membership_update``, ``_delete``),
-    their id in it as one path segment, its "/" escaped (the server decodes it back): else a
-    browser drops the dot segments of an id such as ``../../delete`` and posts the form to
-    another page of the conversation."""
-    address = reverse(name, args=[conversation_id, "-"]).removesuffix("-")
-    return address + quote(user_id, safe="")

@@ -22,6 +22,7 @@ from conversations import selectors, services
 from conversations.api import serializers as s
 from conversations.models import AccessLevel, Conversation
 from memsvc.api.errors import Conflict, NotFound
+from memsvc.api.fields import InputSerializer, PrincipalIdField
 from memsvc.api.principals import principal_for_sharing
 from memsvc.llm import LLMError, llm_configured
 from memsvc.pages.views.common import PAGE_SIZE, action, back, fragment_or_page, page
@@ -241,8 +242,19 @@ def share(request, conversation_id):
     return redirect("pages:conversation", conversation.id)
 
 
+class MemberIn(InputSerializer):
+    # The member a form is about (``urls``: in the form, not in its address), exactly as
+    # the membership names them.
+    userId = PrincipalIdField()
+
+
+def _member_id(request) -> str:
+    return MemberIn.parse(_form(request, "userId"))["userId"]
+
+
 @action
-def membership_update(request, conversation_id, user_id):
+def membership_update(request, conversation_id):
+    user_id = _member_id(request)
     conversation = _at_level(request, conversation_id, AccessLevel.MANAGER)
     membership = selectors.membership_of(conversation, user_id)
     data = s.UpdateMembershipIn.parse(_form(request, "accessLevel"))
@@ -253,7 +265,8 @@ def membership_update(request, conversation_id, user_id):
 
 
 @action
-def membership_delete(request, conversation_id, user_id):
+def membership_delete(request, conversation_id):
+    user_id = _member_id(request)
     leaving = user_id == request.principal.id  # any member but the owner may leave
     need = AccessLevel.READER if leaving else AccessLevel.MANAGER
     conversation = _at_level(request, conversation_id, need)

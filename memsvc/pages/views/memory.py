@@ -8,6 +8,7 @@ from django.shortcuts import redirect, render
 from agents_api import selectors, services
 from agents_api.api import serializers as s
 from memsvc.api.errors import one_or_404
+from memsvc.api.fields import InputSerializer, TextField
 from memsvc.pages.views.common import PAGE_SIZE, action, back, page
 
 SEARCH_RESULTS = 20
@@ -23,9 +24,13 @@ def _agent(request, agent_id):
 
 @page
 def overview(request):
+    user_id = request.principal.id
     context = {
         "agents": selectors.agents_serving(request.principal),
-        "memory_enabled": selectors.memory_enabled_for(request.principal.id),
+        "memory_enabled": selectors.memory_enabled_for(user_id),
+        # What "delete every memory" deletes (``memories_clear``): the expired too, which no
+        # list shows but which the prune gives a new life when they were used often.
+        "memories_stored": selectors.memories_of(user_id=user_id, with_expired=True).exists(),
     }
     return render(request, "pages/memory.html", context)
 
@@ -70,6 +75,10 @@ def agent_memory(request, agent_id):
     )
     if request.htmx:  # the next page of memories
         return render(request, "pages/_memory_rows.html", context)
+    # (As on the overview: the expired too.)
+    context["memories_stored"] = selectors.memories_of(
+        agent, user_id=user_id, with_expired=True
+    ).exists()
     context["blocks"] = [
         (
             block,
@@ -84,9 +93,16 @@ def agent_memory(request, agent_id):
     return render(request, "pages/agent.html", context)
 
 
+class BlockIn(InputSerializer):
+    # The block a form is about (``urls``: in the form, not in its address), as it is
+    # labelled.
+    label = TextField()
+
+
 @action
-def block_update(request, agent_id, label):
+def block_update(request, agent_id):
     agent = _agent(request, agent_id)
+    label = BlockIn.parse({"label": request.POST.get("label", "")})["label"]
     block = selectors.memory_block(agent, user_id=request.principal.id, label=label)
     data = s.PutMemoryBlockIn.parse({"value": request.POST.get("value", "")})
     services.memory_block_update(request.principal, block=block, value=data["value"])

@@ -113,3 +113,17 @@ document.addEventListener("htmx:afterSettle", () => {
     arrived.focus();
   }
 });
+
+// A list that shows each thing once (``data-one-row-each``; its rows name it in ``data-row``):
+// a page that htmx adds to it may hold a thing shown already, with what changed since (the
+// conversations with activity since the walk of the list began, ``activity_page``). The row
+// just added is the newer: the one shown before goes. (Registered after the focus's handler,
+// which finds the new rows beside those shown before.)
+document.addEventListener("htmx:afterSettle", (event) => {
+  const row = event.target;
+  const list = row.parentElement;
+  if (!row.dataset?.row || !list?.matches("[data-one-row-each]")) return;
+  for (const shown of list.querySelectorAll(`[data-row="${CSS.escape(row.dataset.row)}"]`)) {
+    if (shown !== row) shown.remove();
+  }
+});

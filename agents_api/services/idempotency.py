@@ -1,0 +1,85 @@
+"""Writes done once per ``Idempotency-Key``: a request sent again with its key (its answer
+was lost) gets the first request's rows back and writes nothing. The messages an agent
+appends (``services.messages``) and the tool records it stores (``services.tool_records``)."""
+
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import TypeVar
+
+from django.db import connection
+from django.db.models import Model, QuerySet
+from django.utils import timezone
+
+from agents_api.models import IDEMPOTENCY_KEY_MAX_LENGTH, IdempotentRequest
+from memsvc.api.errors import Conflict, InvalidInput
+from memsvc.api.principals import Principal
+
+Row = TypeVar("Row", bound=Model)
+
+# How long an Idempotency-Key is remembered: a retry comes within minutes or hours; kept
+# forever, every keyed write would leave a row behind for good. (The daily prune.)
+IDEMPOTENCY_KEY_TTL = timedelta(days=7)
+
+
+def idempotency_keys_prune(*, now: datetime | None = None) -> int:
+    """Forget the keys of requests older than ``IDEMPOTENCY_KEY_TTL``; how many."""
+    now = now or timezone.now()
+    deleted, _ = IdempotentRequest.objects.filter(created_at__lt=now - IDEMPOTENCY_KEY_TTL).delete()
+    return deleted
+
+
+def write_once(
+    actor: Principal,
+    idempotency_key: str | None,
+    request_hash: str,
+    write: Callable[[], list[Row]],
+    rows: QuerySet[Row],
+) -> tuple[list[Row], bool]:
+    """``write()``, once per ``idempotency_key`` of ``actor``: a retry gets the rows the
+    first request wrote (those of ``rows`` still there, in the order written), and
+    (rows, created) says which.
+
+    A key reused for a different request (another ``request_hash``: the hash names what
+    kind of request it is, so a message's key is no tool record's) is a conflict. Two
+    concurrent requests with one key serialise on the key's unique index. The caller holds
+    a transaction: the key is claimed in the one that writes.
+    """
+    if not idempotency_key:
+        return write(), True
+    if len(idempotency_key) > IDEMPOTENCY_KEY_MAX_LENGTH:
+        raise InvalidInput.for_field(
+            "Idempotency-Key",
+            f"must be at most {IDEMPOTENCY_KEY_MAX_LENGTH} characters",
+            location="header",
+        )
+    record_id = _claim_key(actor.id, idempotency_key, request_hash)
+    if record_id is None:
+        record = IdempotentRequest.objects.get(principal_id=actor.id, key=idempotency_key)
+        if record.request_hash != request_hash:
+            raise Conflict("this Idempotency-Key was already used for a different request")
+        found = {str(row.pk): row for row in rows.filter(pk__in=record.result_ids)}
+        return [found[i] for i in record.result_ids if i in found], False
+    written = write()
+    IdempotentRequest.objects.filter(pk=record_id).update(
+        result_ids=[str(row.pk) for row in written]
+    )
+    return written, True
+
+
+def _claim_key(principal_id: str, key: str, request_hash: str) -> int | None:
+    """The id of a new record of ``key``, or None if the key is taken. One statement (an
+    ORM ``get_or_create`` sends four: a read, a savepoint, the insert, its release). A
+    request with the same key in flight holds the key's unique index entry until it ends:
+    this one waits for it, then finds the key taken."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO idempotent_request (principal_id, key, request_hash, result_ids, created_at)
+            VALUES (%s, %s, %s, '[]'::jsonb, now())
+            ON CONFLICT (principal_id, key) DO NOTHING
+            RETURNING id
+            """,
+            [principal_id, key, request_hash],
+        )
+        row = cursor.fetchone()
+    return row[0] if row else None
