@@ -11,6 +11,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.text import Truncator
 
 from agents_api.models import (
+    BLOCK_DESCRIPTION_MAX_CHARS,
     Agent,
     ApiKey,
     Memory,
@@ -203,6 +204,21 @@ class MemoryBlockAdmin(AgentColumn, DeletedByService, LargeTableAdmin):
 
     def delete_one(self, request, obj):
         memory_block_delete(operator(request), block=obj)
+
+    def formfield_for_dbfield(self, db_field, request, **kwargs):
+        if db_field.name == "description":  # as the API takes one
+            kwargs["max_length"] = BLOCK_DESCRIPTION_MAX_CHARS
+        return super().formfield_for_dbfield(db_field, request, **kwargs)
+
+    def save_model(self, request, obj, form, change):
+        """Only what the form changed (the description, the read-only flag) is saved: the
+        rest, as read when the page was posted, would undo a service's change landing
+        meanwhile (a value kept as a revision, then silently gone). Not through
+        ``memory_block_update``, which changes no read-only block nor its flag, and refuses
+        an operator a block of a user who turned memory off."""
+        if form.changed_data:
+            obj.updated_at = timezone.now()
+            obj.save(update_fields=[*form.changed_data, "updated_at"])
 
     @admin.display(description="chars")
     def size(self, block):

@@ -22,6 +22,7 @@ from memsvc.db import embedding_has_model, embedding_index, json_is_object
 from memsvc.validators import no_nul_characters
 
 DEFAULT_BLOCK_LIMIT = 5_000
+BLOCK_DESCRIPTION_MAX_CHARS = 2_000  # what the API and the admin take
 
 
 class Agent(models.Model):

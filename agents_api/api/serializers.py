@@ -7,6 +7,7 @@ from django.utils import timezone
 from rest_framework import serializers
 
 from agents_api.models import (
+    BLOCK_DESCRIPTION_MAX_CHARS,
     DEFAULT_BLOCK_LIMIT,
     MEMORY_MAX_MESSAGES,
     MEMORY_MAX_TAGS,
@@ -138,7 +139,9 @@ class BlockLimitField(serializers.IntegerField):
 class CreateMemoryBlockIn(InputSerializer):
     label = LabelField()
     value = TextField(required=False, allow_blank=True, default="")
-    description = TextField(required=False, allow_blank=True, default="", max_length=2000)
+    description = TextField(
+        required=False, allow_blank=True, default="", max_length=BLOCK_DESCRIPTION_MAX_CHARS
+    )
     limit = BlockLimitField(required=False, default=DEFAULT_BLOCK_LIMIT)
     readOnly = serializers.BooleanField(required=False, default=False)
 
@@ -148,7 +151,9 @@ class CreateMemoryBlockIn(InputSerializer):
 
 class PutMemoryBlockIn(InputSerializer):
     value = TextField(allow_blank=True)
-    description = TextField(required=False, allow_blank=True, max_length=2000)
+    description = TextField(
+        required=False, allow_blank=True, max_length=BLOCK_DESCRIPTION_MAX_CHARS
+    )
     limit = BlockLimitField(required=False)
 
     class Meta:
@@ -167,7 +172,9 @@ class PatchMemoryBlockIn(InputSerializer):
     value = TextField(required=False, allow_blank=True)
     append = TextField(required=False, allow_blank=False)
     replace = ReplaceTextIn(required=False)
-    description = TextField(required=False, allow_blank=True, max_length=2000)
+    description = TextField(
+        required=False, allow_blank=True, max_length=BLOCK_DESCRIPTION_MAX_CHARS
+    )
     limit = BlockLimitField(required=False)
 
     class Meta:

@@ -12,7 +12,12 @@ from rest_framework import serializers
 from agents_api.api.serializers import BlockLimitField, LabelField
 from agents_api.local_api.serializers import AgentNameField, LocalInput
 from agents_api.models import DEFAULT_BLOCK_LIMIT, Agent, MemoryBlock
-from agents_api.services.letta import LETTA_METADATA_KEY, letta_metadata, letta_settings
+from agents_api.services.letta import (
+    LETTA_METADATA_KEY,
+    MAX_TAGS,
+    letta_metadata,
+    letta_settings,
+)
 from conversations.models import Message, Role
 from memsvc.api.errors import NotFound
 from memsvc.api.fields import MetadataField, TextField
@@ -181,9 +186,16 @@ class AgentMetadataField(MetadataField):
         return value
 
 
+class TagsField(serializers.ListField):
+    """An agent's tags (``MAX_TAGS``, of up to 100 characters each), on create as on update."""
+
+    def __init__(self, **kwargs):
+        super().__init__(child=TextField(max_length=100), max_length=MAX_TAGS, **kwargs)
+
+
 class AgentIn(LettaInput):
     name = AgentNameField()
-    tags = serializers.ListField(child=TextField(max_length=100), required=False, default=list)
+    tags = TagsField(required=False, default=list)
     memory_blocks = serializers.ListField(child=BlockIn(), required=False, default=list)
     agent_type = TextField(max_length=100, required=False)
     model = TextField(max_length=200, required=False)
@@ -201,7 +213,7 @@ class AgentUpdateIn(LettaInput):
     description = TextField(allow_blank=True, required=False)
     enable_sleeptime = serializers.BooleanField(required=False)
     metadata = AgentMetadataField(required=False)
-    tags = serializers.ListField(child=TextField(max_length=100), required=False, max_length=100)
+    tags = TagsField(required=False)
 
 
 class ManagerConfigIn(LettaInput):

@@ -23,6 +23,7 @@ from memsvc.api.fields import (
     PathSegmentField,
     TextField,
 )
+from memsvc.validators import no_control_characters
 
 
 def _time(value) -> str:
@@ -127,8 +128,12 @@ class LocalInput(InputSerializer):
 
 
 class AgentNameField(PathSegmentField):
+    """An agent's name (the local API's, Letta's): one line, as it titles the agent's own
+    conversation ("<name> (local)", a title: ``no_control_characters``)."""
+
     def __init__(self, **kwargs):
         super().__init__(max_length=200, **kwargs)
+        self.validators.append(no_control_characters)
 
 
 class CreateAgentIn(LocalInput):

@@ -19,7 +19,7 @@ from agents_api.api.serializers import (
     TagsField,
     TaskIdField,
 )
-from agents_api.models import MemorySource, SummarySource
+from agents_api.models import BLOCK_DESCRIPTION_MAX_CHARS, MemorySource, SummarySource
 from conversations.models import AccessLevel, Channel, Role, TransferStatus, Visibility
 from memsvc.api.fields import (
     JSONObjectField,
@@ -183,7 +183,7 @@ class MemoryBlockRecord(Record):
     userId = SubjectField(source="user_id", help_text="null: the agent's own block")
     label = LabelField()
     value = TextField(allow_blank=True)
-    description = TextField(allow_blank=True, max_length=2000)
+    description = TextField(allow_blank=True, max_length=BLOCK_DESCRIPTION_MAX_CHARS)
     limit = BlockLimitField()
     readOnly = serializers.BooleanField(source="read_only")
     createdAt = serializers.DateTimeField(source="created_at")

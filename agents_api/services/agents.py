@@ -1,5 +1,7 @@
 """Writes of agents and their API keys."""
 
+from contextlib import suppress
+
 from django.db import transaction
 from django.utils import timezone
 
@@ -9,8 +11,9 @@ from agents_api.models import (
     ApiKey,
     Scope,
 )
-from conversations.services import conversation_delete
-from memsvc.api.errors import InvalidInput
+from conversations.models import AccessLevel, Membership
+from conversations.services import conversation_delete, membership_delete
+from memsvc.api.errors import Forbidden, InvalidInput, NotFound
 from memsvc.api.principals import Principal
 from memsvc.db import locked_row
 
@@ -42,11 +45,20 @@ def agent_get_or_create(
 def agent_delete(actor: Principal, *, agent: Agent) -> None:
     """Delete an agent with what it keeps (keys, blocks, memories, tool records) and its own
     conversation (the local API's messages, Letta's captured turns: ``conversation_delete``,
-    their words counted out of the keyword statistics). The agent's row is locked first, as
-    a capture locks it (``local_conversation_for``) before it writes to the conversation."""
+    their words counted out of the keyword statistics), and its memberships of others'
+    conversations, each removed as an operator removes a member (``membership_delete``: an
+    offer of ownership to the agent ends with it). The agent's row is locked first, as a
+    capture locks it (``local_conversation_for``) before it writes to the conversation."""
     agent = locked_row(Agent.objects, agent.pk, missing="agent not found")
     if agent.local_conversation_id is not None:
         conversation_delete(agent.as_principal(), conversation=agent.local_conversation)
+    memberships = Membership.objects.filter(principal_id=agent.principal_id).exclude(
+        access_level=AccessLevel.OWNER
+    )
+    for membership in memberships.order_by("id"):
+        # One removed meanwhile (404), or made the owner's (403), is left as it is now.
+        with suppress(NotFound, Forbidden):
+            membership_delete(actor, membership=membership, by_operator=True)
     agent.delete()
 
 

@@ -12,15 +12,17 @@ from django.db import IntegrityError, transaction
 from agents_api.models import Agent, MemoryBlock
 from agents_api.services.agents import agent_delete, agent_get_or_create
 from agents_api.services.blocks import memory_block_create
-from agents_api.services.messages import local_messages_append
+from agents_api.services.messages import local_conversation_renamed, local_messages_append
 from conversations.models import Message, Role
 from conversations.services import NewMessage, within_message_limit
-from memsvc.api.errors import Conflict, Forbidden, NotFound
+from memsvc.api.errors import Conflict, Forbidden, InvalidInput, NotFound
 from memsvc.db import locked_row
 
 LETTA_METADATA_KEY = "letta"
 # What ``POST /v1/agents/`` may set and the agent then answers with.
 LETTA_SETTINGS = ("agent_type", "model", "embedding", "system", "description", "enable_sleeptime")
+# How many tags an agent has at most (a request's list, and an agent's once merged).
+MAX_TAGS = 100
 CAPTURED_ROLES = {"user": Role.USER, "assistant": Role.ASSISTANT, "system": Role.SYSTEM}
 
 
@@ -71,13 +73,10 @@ def letta_agent_create(
     else:
         agent, _ = agent_get_or_create(owner_principal=caller.principal_id, name=name)
         agent = _locked(agent)
-    known = letta_settings(agent)
-    _save_settings(
-        agent,
-        metadata=metadata,
-        **_given(settings),
-        tags=sorted({*known.get("tags", []), *tags}),
-    )
+    merged = sorted({*letta_settings(agent).get("tags", []), *tags})
+    if len(merged) > MAX_TAGS:
+        raise InvalidInput.for_field("tags", f"an agent has at most {MAX_TAGS} tags")
+    _save_settings(agent, metadata=metadata, **_given(settings), tags=merged)
     labels = set(agent.memory_blocks.filter(user_id="").values_list("label", flat=True))
     for block in memory_blocks:
         if block["label"] in labels:
@@ -118,12 +117,13 @@ def _rename(caller: Agent, agent: Agent, name: str) -> None:
         raise Forbidden("an API key cannot rename its own agent")
     if name == caller.name:
         raise Conflict(f"the name {name!r} is the API key's own agent's")
-    agent.name = name
+    old_name, agent.name = agent.name, name
     try:
         with transaction.atomic():
             agent.save(update_fields=["name"])
     except IntegrityError:
         raise Conflict(f"an agent named {name!r} exists already") from None
+    local_conversation_renamed(agent, old_name=old_name)
 
 
 @transaction.atomic

@@ -5,8 +5,13 @@ from django.db import transaction
 
 from agents_api.models import Agent
 from agents_api.services.idempotency import write_once
-from conversations.models import Message, Role
-from conversations.services import NewMessage, conversation_create, messages_append
+from conversations.models import Conversation, Message, Role
+from conversations.services import (
+    NewMessage,
+    conversation_create,
+    conversation_update,
+    messages_append,
+)
 from memsvc.api.errors import Conflict
 from memsvc.api.principals import Principal
 from memsvc.db import locked_row
@@ -49,11 +54,37 @@ def local_conversation_for(agent: Agent):
     if agent.local_conversation_id is None:
         agent.local_conversation = conversation_create(
             agent.as_principal(),
-            title=f"{agent.name} (local)",
+            title=local_conversation_title(agent.name),
             metadata={"local_agent": agent.name},
         )
         agent.save(update_fields=["local_conversation"])
     return agent.local_conversation
+
+
+def local_conversation_title(name: str) -> str:
+    return f"{name} (local)"
+
+
+def local_conversation_renamed(agent: Agent, *, old_name: str) -> None:
+    """Give the agent's own conversation its new name (``agent.name``), where it still has
+    the old one: its title and ``local_agent`` metadata as ``local_conversation_for`` made
+    them (a title changed since is kept). The caller holds the agent's row lock."""
+    if agent.local_conversation_id is None:
+        return
+    conversation = locked_row(
+        Conversation.objects, agent.local_conversation_id, missing="not found"
+    )
+    if conversation.title != local_conversation_title(old_name):
+        return
+    metadata = None
+    if conversation.metadata.get("local_agent") == old_name:
+        metadata = {**conversation.metadata, "local_agent": agent.name}
+    conversation_update(
+        agent.as_principal(),
+        conversation=conversation,
+        title=local_conversation_title(agent.name),
+        metadata=metadata,
+    )
 
 
 @transaction.atomic

@@ -8,8 +8,14 @@ import pytest
 from agents_api import services
 from agents_api.models import Agent, MemoryBlock, MemoryBlockRevision
 from agents_api.sleeptime import observation_due
-from conversations.models import Conversation, Message
+from conversations.models import Conversation, Membership, Message
+from conversations.services import (
+    conversation_create,
+    conversation_update,
+    ownership_transfer_start,
+)
 from memsvc.api.errors import NotFound
+from memsvc.api.principals import Principal
 from tests.agents_api.conftest import make_agent
 from tests.conversations.test_services import waits_for
 from tests.fake_openai import FakeOpenAI
@@ -125,6 +131,21 @@ def test_creating_the_same_name_again_is_the_same_agent(api, helper):
     assert set(again["tags"]) == {SDK_TAG, "second"}
     assert Agent.objects.filter(name="travel").count() == 1
     assert MemoryBlock.objects.filter(agent__name="travel").count() == 1
+
+
+def test_a_create_takes_as_many_tags_as_an_update(api, helper):
+    """An update takes 100 tags at most; a create took any number, and added them to the
+    agent's (a create again of the name: ``letta_agent_create``)."""
+    many = [f"tag{n}" for n in range(101)]
+    refused = api.post("/v1/agents/", {"name": "travel", "tags": many}, as_=helper)
+    assert refused.status_code == 422, refused.content
+    assert ["body", "tags"] in [issue["loc"] for issue in refused.json()["detail"]]
+    assert not Agent.objects.filter(name="travel").exists()
+    state = create_agent(api, helper, tags=many[:100])
+    again = api.post("/v1/agents/", {"name": "travel", "tags": ["one more"]}, as_=helper)
+    assert again.status_code == 422, again.content
+    assert ["body", "tags"] in [issue["loc"] for issue in again.json()["detail"]]
+    assert api.get(f"/v1/agents/{state['id']}", as_=helper).json()["tags"] == sorted(many[:100])
 
 
 def test_a_null_in_an_update_leaves_the_setting_as_it_was(api, helper):
@@ -501,6 +522,27 @@ def test_deleting_an_agent_deletes_its_captured_turns(api, helper):
     assert list(Conversation.objects.values_list("title", flat=True)) == ["kept (local)"]
 
 
+def test_deleting_an_agent_removes_it_from_others_conversations(api, helper):
+    """Its memberships go with it, an offer of ownership to it ends, the others' stay. (They
+    stayed, naming an agent that was no more, in every conversation shared with it.)"""
+    state = create_agent(api, helper)
+    agent = Agent.objects.get(name="travel")
+    alice = Principal.user("alice")
+    shared = conversation_create(alice, title="Trip", writer_ids=[agent.principal_id])
+    offer = ownership_transfer_start(alice, conversation=shared, to_principal=agent.principal_id)
+    kept = conversation_create(alice, title="Kept", writer_ids=[helper.agent.principal_id])
+
+    assert api.delete(f"/v1/agents/{state['id']}", as_=helper).status_code == 200
+    assert not Membership.objects.filter(principal_id=agent.principal_id).exists()
+    assert set(Membership.objects.values_list("group_id", "principal_id", "access_level")) == {
+        (shared.group_id, "alice", "owner"),
+        (kept.group_id, "alice", "owner"),
+        (kept.group_id, helper.agent.principal_id, "writer"),
+    }
+    offer.refresh_from_db()
+    assert offer.status == "cancelled"
+
+
 def test_a_change_to_an_agent_deleted_meanwhile_is_404(api, helper):
     """An agent's PATCH, its group's, or a second DELETE read the agent before a concurrent
     DELETE removed it: they were 500s (``Agent.DoesNotExist`` when the row was locked)."""
@@ -641,6 +683,29 @@ def test_an_agent_is_renamed_and_a_name_taken_is_a_conflict(api, helper):
     assert sorted(Agent.objects.values_list("name", flat=True)) == ["helper", "other", "voyages"]
     assert api.get(path, as_=helper).json()["system"] == ""
     assert other["name"] == "other"
+
+
+def test_a_renamed_agents_own_conversation_takes_its_new_name(api, helper):
+    """Its captured turns' conversation was still titled "<old name> (local)". A title
+    changed since is the one who changed it's, and is kept."""
+    state = create_agent(api, helper)
+    capture(api, helper, state["id"], "Book a flight.")
+    retitled = create_agent(api, helper, name="other")
+    capture(api, helper, retitled["id"], "Book a hotel.")
+    conversation_update(
+        Agent.objects.get(name="other").as_principal(),
+        conversation=Conversation.objects.get(title="other (local)"),
+        title="Hotels",
+    )
+
+    for agent_id, name in ((state["id"], "voyages"), (retitled["id"], "stays")):
+        renamed = api.patch(f"/v1/agents/{agent_id}", {"name": name}, as_=helper)
+        assert renamed.status_code == 200, renamed.content
+    titles = Conversation.objects.values_list("title", "metadata").order_by("title")
+    assert list(titles) == [
+        ("Hotels", {"local_agent": "other"}),
+        ("voyages (local)", {"local_agent": "voyages"}),
+    ]
 
 
 def test_a_block_is_relabelled_and_a_label_taken_is_a_conflict(api, helper):

@@ -75,6 +75,21 @@ def test_agents_are_created_once_and_found_by_name(local):
     assert missing.json() == {"detail": "Agent not found"}
 
 
+def test_an_agents_name_holds_no_control_characters(local):
+    """It titles the agent's own conversation ("<name> (local)"), and titles refuse them:
+    a name with a newline or an escape was taken, and its title held them."""
+    for name in ("two\nlines", "bell\x07", "tab\there"):
+        for path, body in (
+            ("/agents", {"name": name}),
+            ("/messages", {"agent_name": name, "role": "user", "content": "Hello"}),
+        ):
+            response = local.post(path, body)
+            assert response.status_code == 422, (path, name, response.content)
+            assert response.json()["detail"][0]["loc"] == ["body", next(iter(body))]
+    assert not Agent.objects.exists() and not Message.objects.exists()
+    assert make(local, "café agent")["name"] == "café agent"
+
+
 def test_messages_are_stored_in_the_agents_own_conversation(local):
     agent = make(local)
     stored = store(local, "my_agent", "user", "My name is Alice", metadata={"model": "gpt-4"})

@@ -7,13 +7,16 @@ from types import SimpleNamespace
 import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection
+from django.db.models.signals import pre_save
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from agents_api.models import (
+    BLOCK_DESCRIPTION_MAX_CHARS,
     Agent,
     Memory,
     MemoryBlock,
+    MemoryBlockRevision,
     MemorySource,
     ToolRecord,
     UserMemorySetting,
@@ -25,6 +28,8 @@ from agents_api.services import (
     api_key_create,
     local_messages_append,
     memories_save,
+    memory_block_create,
+    memory_block_update,
     memory_save,
     memory_setting_update,
     tool_records_create,
@@ -418,6 +423,39 @@ def test_messages_and_block_values_change_only_through_the_services(operator, me
     assert response.status_code == 302, response.content[:500]
     block.refresh_from_db()
     assert block.value != "rewritten" and block.description == "now described"
+
+
+def test_a_blocks_change_here_keeps_a_service_change_landing_meanwhile(operator):
+    """The admin saved every field of the block as read when the page was posted: a value
+    changed meanwhile (kept as a revision) was silently undone. Now only what the form
+    changed is saved; and a description is at most the API's."""
+    agent = AgentFactory()
+    block = memory_block_create(agent.as_principal(), agent=agent, label="human", value="v1")
+    page = reverse("admin:agents_api_memoryblock_change", args=[block.pk])
+    form = {"description": "Who the user is", "revisions-TOTAL_FORMS": "0"}
+    form["revisions-INITIAL_FORMS"] = "0"
+
+    def meanwhile(sender, instance, update_fields=None, **kwargs):
+        if update_fields is None or "value" not in update_fields:  # (the admin's save)
+            pre_save.disconnect(meanwhile, sender=MemoryBlock)
+            memory_block_update(agent.as_principal(), block=block, value="v2")
+
+    pre_save.connect(meanwhile, sender=MemoryBlock)
+    try:
+        assert operator.post(page, form).status_code == 302
+    finally:
+        pre_save.disconnect(meanwhile, sender=MemoryBlock)
+    block.refresh_from_db()
+    assert (block.value, block.description) == ("v2", "Who the user is")
+    newest_first = block.revisions.order_by(*MemoryBlockRevision.NEWEST_FIRST)
+    assert [revision.value for revision in newest_first] == ["v2", "v1"]
+
+    too_long = "x" * (BLOCK_DESCRIPTION_MAX_CHARS + 1)
+    refused = operator.post(page, {**form, "description": too_long})
+    assert refused.status_code == 200
+    assert "Ensure this value has at most 2000 characters" in refused.content.decode()
+    block.refresh_from_db()
+    assert block.description == "Who the user is"
 
 
 @pytest.fixture
