@@ -311,13 +311,17 @@ def _popular_page(memories: QuerySet[Memory], *, after: str | None, limit: int) 
             raise InvalidInput.for_field("after", "unknown or expired cursor: list again")
         ids = listing.memory_ids
     # The listed memories still there (not deleted or expired since), ``limit`` + 1 of them:
-    # the last tells whether there is a next page. (index in the listing, memory)
+    # the last tells whether there is a next page. (index in the listing, memory) Read in
+    # chunks twice as long each time: a listing most of whose memories are not found (gone,
+    # or not of ``memories``: another tag) takes a few queries, not one per page's length.
     shown: list[tuple[int, Memory]] = []
+    chunk_length = limit + 1
     while len(shown) <= limit and position < len(ids):
-        chunk = ids[position : position + limit + 1 - len(shown)]
+        chunk = ids[position : position + chunk_length]
         found = memories.in_bulk(chunk)
         shown += [(position + i, found[id_]) for i, id_ in enumerate(chunk) if id_ in found]
         position += len(chunk)
+        chunk_length *= 2
     if len(shown) <= limit:
         return Page([memory for _, memory in shown], None)
     shown = shown[:limit]

@@ -8,7 +8,7 @@ import itertools
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.db import connection
 from django.db.models import (
@@ -246,6 +246,12 @@ ACTIVITY_ORDER = ("-updated_at", "id")
 # How far back a catch-up pass starts before the time the pass it follows began: a write
 # that took its time before that (``updated_at``) but committed after it is still found.
 CATCH_UP_OVERLAP = timedelta(seconds=5)
+# The moments a cursor may hold: those that are datetimes in UTC too, late enough for a
+# catch-up pass to start ``CATCH_UP_OVERLAP`` before them (a forged one was a 500).
+CURSOR_MOMENTS = (
+    datetime.min.replace(tzinfo=UTC) + CATCH_UP_OVERLAP,
+    datetime.max.replace(tzinfo=UTC),
+)
 
 
 def activity_page(queryset: QuerySet[Conversation], *, after: str | None, limit: int) -> Page:
@@ -301,7 +307,11 @@ def _activity_cursor(cursor: str):
             value = parse_datetime(text) if text else None
         except ValueError:
             value = None
-        if (text or needed) and (value is None or value.tzinfo is None):
+        if (text or needed) and (
+            value is None
+            or value.tzinfo is None
+            or not CURSOR_MOMENTS[0] <= value <= CURSOR_MOMENTS[1]
+        ):
             raise InvalidInput.for_field("after", "malformed cursor")
         return value
 

@@ -7,6 +7,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from agents_api import selectors
@@ -444,6 +445,33 @@ def test_a_walk_by_popularity_shows_each_memory_once_while_searches_count_uses(a
     for cursor in (encode_cursor(str(uuid.uuid4()), 3), encode_cursor("x", 3)):
         refused = api.get(MEMORIES, as_=helper, order="popular", after=cursor)
         assert refused.status_code == 400 and "after" in refused.json()["details"]
+
+
+def test_a_popular_walk_read_with_few_of_its_memories_takes_few_queries(api, helper, rival):
+    """A walk's cursor read with another tag (or by another agent, or after most of its
+    memories were deleted) finds few of the listed memories: it read the listing one page's
+    length at a time, a query for every two memories listed with ``limit=1``."""
+    for index in range(24):
+        save(api, helper, f"Fact {index} of the walk", tags=["rare"] if index == 0 else [])
+    cursor = api.get(MEMORIES, as_=helper, order="popular", limit=1).json()["nextCursor"]
+
+    def page(credential, **params):
+        with CaptureQueriesContext(connection) as queries:
+            response = api.get(
+                MEMORIES, as_=credential, order="popular", limit=1, after=cursor, **params
+            )
+        assert response.status_code == 200, response.content
+        return response.json(), len(queries.captured_queries)
+
+    walked, walked_queries = page(helper)
+    assert len(walked["data"]) == 1 and walked["nextCursor"]
+    rare, rare_queries = page(helper, tag="rare")
+    assert contents(rare["data"]) == ["Fact 0 of the walk"] and rare["nextCursor"] is None
+    assert rare_queries <= walked_queries + 4
+    # Another agent's page of it: nothing of the helper's, as few queries.
+    theirs, their_queries = page(rival)
+    assert theirs == {"data": [], "nextCursor": None}
+    assert their_queries <= walked_queries + 4
 
 
 def test_get_patch_and_delete(api, helper):

@@ -1,5 +1,6 @@
 """Conversations and messages through the user API: contents, paging, validation."""
 
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -201,9 +202,17 @@ def test_a_conversation_with_activity_between_pages_is_not_lost(api, alice):
         ["", "2026-01-01T00:00:00+00:00", "2026-01-01T00:00:00+00:00", "not-a-uuid"],
         ["", "2026-01-01T00:00:00+00:00", "", "5d0b0dcb-77f4-4b7d-9f3e-2a4f5b1d6c7e"],
         ["2026-02-30T00:00:00+00:00", "2026-01-01T00:00:00+00:00", "", ""],
+        # Moments no cursor of ours holds: so close to Python's first that the next pass
+        # starts before it (a 500), before it or after its last once in UTC (a 400 from
+        # the database, not naming the cursor; or read as a moment)
+        ["", "0001-01-01T00:00:00+00:00", "", ""],
+        ["0001-01-01T00:00:00+05:00", "2026-01-01T00:00:00+00:00", "", ""],
+        ["", "9999-12-31T23:59:59-23:59", "", ""],
+        ["", "2026-01-01T00:00:00+00:00", "0001-01-01T00:00:00+23:59", str(uuid.uuid4())],
     ],
 )
 def test_a_forged_conversation_cursor_is_400(api, alice, key):
+    ConversationFactory(group__owner="alice")  # (a pass that ends with one moved since)
     response = api.get("/v1/user/conversations", as_=alice, after=encode_cursor(*key))
     assert response.status_code == 400, response.content
     assert "after" in response.json()["details"]
