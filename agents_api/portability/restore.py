@@ -12,6 +12,7 @@ memories and tool records are run.
 import json
 
 from django.db import connection, transaction
+from django.utils import timezone
 
 from agents_api.models import (
     Agent,
@@ -80,9 +81,15 @@ def _embed_on_commit(message_ids: list) -> None:
 
 
 def restore_conversations(user_id: str, records: list[dict]) -> int:
-    """The user's conversations, their groups made again with them (parents, forks)."""
+    """The user's conversations, their groups made again with them (parents, forks). No
+    time later than now (a clock ahead where it was exported, an edited document): a
+    conversation active "in 2100" would lead every walk of the list into another catch-up
+    pass until then (``conversations.selectors.activity_page``)."""
+    now = timezone.now()
     groups = {}
     for record in records:
+        record["created_at"] = min(record["created_at"], now)
+        record["updated_at"] = min(record["updated_at"], now)
         group_id = record["group_id"]
         groups[group_id] = min(groups.get(group_id, record["created_at"]), record["created_at"])
     ConversationGroup.objects.bulk_create(

@@ -14,6 +14,7 @@ import httpx
 import pytest
 from django.db import DatabaseError, connection
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from agents_api.models import Agent, Memory, MemoryBlock, MemoryBlockRevision, ToolRecord
 from agents_api.portability.records import NUMBER_MAX
@@ -521,6 +522,25 @@ def test_a_user_round_trip_export_erase_import_gives_the_same_export(
     assert cli.main(["import", str(tmp_path / "first.json")]) == 1
     assert "nothing imported" in capsys.readouterr().err
     assert cli_export(tmp_path, "fourth", "user", "alice") == before
+
+
+def test_a_conversation_dated_later_than_the_import_is_imported_as_of_now(
+    api, alice, tmp_path, world, capsys
+):
+    """A document's conversation active "in 2100" (a clock ahead, an edit) made every walk
+    of the user's list end in another catch-up pass, until 2100."""
+    document = cli_export(tmp_path, "first", "user", "alice")
+    for conversation in document["conversations"]:
+        conversation["createdAt"] = conversation["updatedAt"] = "2100-01-01T00:00:00Z"
+    (tmp_path / "edited.json").write_text(json.dumps(document), encoding="utf-8")
+    call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    assert cli.main(["import", str(tmp_path / "edited.json")]) == 0
+    capsys.readouterr()
+
+    now = timezone.now()
+    page = call(api, "GET", "/v1/user/conversations?limit=50", alice)
+    assert page["data"] and all(parse_datetime(c["updatedAt"]) <= now for c in page["data"])
+    assert page["nextCursor"] is None  # nothing "moved" after the walk began
 
 
 def test_an_agent_round_trip_export_drop_import_gives_the_same_export(tmp_path, world, capsys):
