@@ -76,3 +76,14 @@ def back(request, fallback: str, *args, **kwargs):
 def fragment_or_page(request, fragment: str, page_template: str, context: dict):
     """An htmx request gets the fragment it swaps in; a plain one, the whole page."""
     return render(request, fragment if request.htmx else page_template, context)
+
+
+def form_fields(request, *names: str, user_ids: tuple[str, ...] = ()) -> dict:
+    """The named fields a form sent (absent ones left out, as in a JSON body). The
+    ``user_ids`` fields lose the spaces around them: typed or pasted with one (a phone
+    keyboard adds it after a completed word), a user id would name someone else."""
+    return {
+        name: request.POST[name].strip() if name in user_ids else request.POST[name]
+        for name in names
+        if name in request.POST
+    }

@@ -25,19 +25,8 @@ from memsvc.api.errors import Conflict, NotFound
 from memsvc.api.fields import InputSerializer, PrincipalIdField
 from memsvc.api.principals import principal_for_sharing
 from memsvc.llm import LLMError, llm_configured
-from memsvc.pages.views.common import PAGE_SIZE, action, back, fragment_or_page, page
+from memsvc.pages.views.common import PAGE_SIZE, action, back, form_fields, fragment_or_page, page
 from search.selectors import search_messages
-
-
-def _form(request, *names: str, user_ids: tuple[str, ...] = ()) -> dict:
-    """The named fields a form sent (absent ones left out, as in a JSON body). The
-    ``user_ids`` fields lose the spaces around them: typed or pasted with one (a phone
-    keyboard adds it after a completed word), a user id would name someone else."""
-    return {
-        name: request.POST[name].strip() if name in user_ids else request.POST[name]
-        for name in names
-        if name in request.POST
-    }
 
 
 @page
@@ -73,7 +62,7 @@ def search(request):
 
 @action
 def conversation_create(request):
-    data = s.CreateConversationIn.parse(_form(request, "title"))
+    data = s.CreateConversationIn.parse(form_fields(request, "title"))
     writers = []
     if llm_configured() and request.POST.get("assistant") == "on":
         writers.append(pages_assistant().principal_id)
@@ -166,7 +155,7 @@ def message_append(request, conversation_id):
     (``reply``) and gets just the new message to show; without the script the assistant (if
     any) answers before the page comes back."""
     conversation = _at_level(request, conversation_id, AccessLevel.WRITER)
-    data = s.CreateUserMessageIn.parse(_form(request, "content"))
+    data = s.CreateUserMessageIn.parse(form_fields(request, "content"))
     message = services.message_append(request.principal, conversation=conversation, **data)
     if request.htmx:
         context = {"rows": [message], "conversation": conversation, "can_write": True}
@@ -207,7 +196,7 @@ def reply(request, conversation_id):
 def fork(request, conversation_id, message_id):
     conversation = _at_level(request, conversation_id, AccessLevel.WRITER)
     message = selectors.message_in_view(conversation, message_id, for_agent=False)
-    data = s.CreateUserMessageIn.parse(_form(request, "content"))
+    data = s.CreateUserMessageIn.parse(form_fields(request, "content"))
     new = services.conversation_fork(
         request.principal, conversation=conversation, message=message, new_message=data
     )
@@ -217,7 +206,7 @@ def fork(request, conversation_id, message_id):
 @action
 def rename(request, conversation_id):
     conversation = _at_level(request, conversation_id, AccessLevel.WRITER)
-    data = s.UpdateConversationIn.parse(_form(request, "title"))
+    data = s.UpdateConversationIn.parse(form_fields(request, "title"))
     services.conversation_update(request.principal, conversation=conversation, **data)
     return redirect("pages:conversation", conversation.id)
 
@@ -232,7 +221,7 @@ def delete(request, conversation_id):
 @action
 def share(request, conversation_id):
     conversation = _at_level(request, conversation_id, AccessLevel.MANAGER)
-    data = s.ShareIn.parse(_form(request, "userId", "accessLevel", user_ids=("userId",)))
+    data = s.ShareIn.parse(form_fields(request, "userId", "accessLevel", user_ids=("userId",)))
     services.membership_create(
         request.principal,
         conversation=conversation,
@@ -249,7 +238,7 @@ class MemberIn(InputSerializer):
 
 
 def _member_id(request) -> str:
-    return MemberIn.parse(_form(request, "userId"))["userId"]
+    return MemberIn.parse(form_fields(request, "userId"))["userId"]
 
 
 @action
@@ -257,7 +246,7 @@ def membership_update(request, conversation_id):
     user_id = _member_id(request)
     conversation = _at_level(request, conversation_id, AccessLevel.MANAGER)
     membership = selectors.membership_of(conversation, user_id)
-    data = s.UpdateMembershipIn.parse(_form(request, "accessLevel"))
+    data = s.UpdateMembershipIn.parse(form_fields(request, "accessLevel"))
     services.membership_update(
         request.principal, membership=membership, access_level=data["accessLevel"]
     )
@@ -280,7 +269,7 @@ def membership_delete(request, conversation_id):
 @action
 def transfer(request, conversation_id):
     conversation = _at_level(request, conversation_id, AccessLevel.OWNER)
-    data = s.TransferIn.parse(_form(request, "newOwnerUserId", user_ids=("newOwnerUserId",)))
+    data = s.TransferIn.parse(form_fields(request, "newOwnerUserId", user_ids=("newOwnerUserId",)))
     services.ownership_transfer_start(
         request.principal, conversation=conversation, to_principal=data["newOwnerUserId"]
     )

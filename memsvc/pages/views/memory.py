@@ -9,7 +9,7 @@ from agents_api import selectors, services
 from agents_api.api import serializers as s
 from memsvc.api.errors import one_or_404
 from memsvc.api.fields import InputSerializer, TextField
-from memsvc.pages.views.common import PAGE_SIZE, action, back, page
+from memsvc.pages.views.common import PAGE_SIZE, action, back, form_fields, page
 
 SEARCH_RESULTS = 20
 # The newest revisions of each block shown beside it (the API pages through all of them).
@@ -102,7 +102,7 @@ class BlockIn(InputSerializer):
 @action
 def block_update(request, agent_id):
     agent = _agent(request, agent_id)
-    label = BlockIn.parse({"label": request.POST.get("label", "")})["label"]
+    label = BlockIn.parse(form_fields(request, "label"))["label"]
     block = selectors.memory_block(agent, user_id=request.principal.id, label=label)
     data = s.PutMemoryBlockIn.parse({"value": request.POST.get("value", "")})
     services.memory_block_update(request.principal, block=block, value=data["value"])
