@@ -87,6 +87,7 @@ def assistant_prompt(agent: Agent, conversation: Conversation, *, user_id: str) 
             query=query,
             top_k=settings.MEMORY_MAX_CONTEXT_MESSAGES,
             conversation_ids=None if private else [conversation.id],
+            highlights=False,
         )
         relevant = [hit.message for hit in hits if hit.message.id not in shown]
     context = format_context(

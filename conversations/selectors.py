@@ -353,7 +353,7 @@ _LINEAGES_SQL = """
 WITH RECURSIVE chain(root, id, fork_seq, parent_id, depth) AS (
     SELECT c.id, c.id, m.seq, c.forked_at_conversation_id, 0
     FROM conversation c LEFT JOIN message m ON m.id = c.forked_at_message_id
-    WHERE c.id = ANY(%s)
+    WHERE c.id = ANY(%s::uuid[]) {within}
   UNION ALL
     SELECT chain.root, p.id, pm.seq, p.forked_at_conversation_id, chain.depth + 1
     FROM conversation p
@@ -364,9 +364,13 @@ SELECT root, id, fork_seq FROM chain ORDER BY root, depth
 """
 
 
-def conversation_lineages(conversation_ids) -> dict[uuid.UUID, list[LineageStep]]:
+def conversation_lineages(
+    conversation_ids, *, within: tuple[str, Sequence] | None = None
+) -> dict[uuid.UUID, list[LineageStep]]:
     """Each conversation's view: the conversation and the ancestors whose messages it sees,
     each with how far into it the view reaches. One query for all, whatever the depths.
+    ``within``: the SQL of the ids a conversation must be among to have a view at all (and
+    its parameters), such as ``visible_conversation_ids``'s; in the same query.
 
     A fork sees its parent's view up to and including its fork point, recursively. ``seq``
     is global, so "up to the fork point" is ``seq <= fork point's seq``, and the bound of an
@@ -376,8 +380,12 @@ def conversation_lineages(conversation_ids) -> dict[uuid.UUID, list[LineageStep]
     conversation_ids = list(conversation_ids)
     if not conversation_ids:
         return {}
+    within_sql, within_params = within or ("", ())
     with connection.cursor() as cursor:
-        cursor.execute(_LINEAGES_SQL, [conversation_ids])
+        cursor.execute(
+            _LINEAGES_SQL.format(within=f"AND c.id IN ({within_sql})" if within_sql else ""),
+            [conversation_ids, *within_params],
+        )
         rows = cursor.fetchall()
     lineages: dict[uuid.UUID, list[LineageStep]] = {}
     for root, chain in itertools.groupby(rows, key=lambda row: row[0]):

@@ -387,7 +387,9 @@ def find_candidates(
             order = INDEX_ORDER
         else:
             if "order" not in probed:
-                probed["order"] = statements.nearest_order(cursor, corpus, scope, limit, tuning)
+                probed["order"] = statements.nearest_order(
+                    cursor, corpus, scope, limit, tuning, kept=True
+                )
             order = probed["order"]
         vector = _embedded(embedding, mode)
         if vector is None:

@@ -14,7 +14,6 @@ from conversations.models import TEXT_SEARCH_CONFIG, Channel, Message, Visibilit
 from conversations.selectors import (
     SEEN_BY_USERS,
     conversation_lineages,
-    conversations_visible_to,
     messages_visible_to,
     visible_conversation_ids,
 )
@@ -100,9 +99,10 @@ def message_scope(
         clauses.append("m.channel = %s AND m.visibility = %s")
         params += [Channel.HISTORY, Visibility.USER]
     if conversation_ids is not None:
-        chosen = conversations_visible_to(principal).filter(id__in=conversation_ids)
         views = []
-        for lineage in conversation_lineages(chosen.values_list("id", flat=True)).values():
+        # (those the principal sees: others have no view, as if they did not exist)
+        lineages = conversation_lineages(conversation_ids, within=(visible_sql, visible_params))
+        for lineage in lineages.values():
             for step in lineage:
                 if step.max_seq is None:
                     views.append("m.conversation_id = %s")
@@ -146,8 +146,11 @@ def search_messages(
     before_message_id: uuid.UUID | None = None,
     for_agent: bool = False,
     tuning: SearchTuning | None = None,
+    highlights: bool = True,
 ) -> list[SearchHit]:
-    """The ``top_k`` messages the principal may see that best answer ``query``."""
+    """The ``top_k`` messages the principal may see that best answer ``query``; each with
+    its ``highlights`` unless the caller shows none (they cost PostgreSQL a headline per
+    hit)."""
     tuning = tuning or configured_tuning()
     scope = message_scope(
         principal,
@@ -160,28 +163,27 @@ def search_messages(
         citing = _citing(principal)
     return _hits(
         ranked(MESSAGES, scope, query, mode=mode, top_k=top_k, tuning=tuning, citing=citing),
-        query,
+        query if highlights else None,
     )
 
 
-def _hits(ranked: list[tuple], query: str) -> list[SearchHit]:
+def _hits(ranked: list[tuple], query: str | None) -> list[SearchHit]:
+    """The ranked messages, each with its highlights of ``query`` (None: none)."""
     if not ranked:
         return []
-    # PostgreSQL's highlighting costs about the product of the text's words and the query's
-    # (one message of 25,000 words and a query of 40: 9 s, while it held a web thread and a
-    # connection): it reads the first HEADLINE_CHARS of each hit, for each word once.
-    words = " ".join(dict.fromkeys(query.lower().split()))
-    messages = Message.objects.raw(
-        _HITS_SQL,
-        [
-            TEXT_SEARCH_CONFIG,
-            HEADLINE_CHARS,
-            TEXT_SEARCH_CONFIG,
-            words,
-            _HEADLINE_OPTIONS,
-            [i for i, _ in ranked],
-        ],
-    )
+    ids = [i for i, _ in ranked]
+    if query is None:
+        messages = Message.objects.raw(_HITS_SQL.format(headline="NULL"), [ids])
+    else:
+        # PostgreSQL's highlighting costs about the product of the text's words and the
+        # query's (one message of 25,000 words and a query of 40: 9 s, while it held a web
+        # thread and a connection): it reads the first HEADLINE_CHARS of each hit, for each
+        # word once.
+        words = " ".join(dict.fromkeys(query.lower().split()))
+        messages = Message.objects.raw(
+            _HITS_SQL.format(headline=_HEADLINE),
+            [TEXT_SEARCH_CONFIG, HEADLINE_CHARS, TEXT_SEARCH_CONFIG, words, _HEADLINE_OPTIONS, ids],
+        )
     by_id = {message.id: message for message in messages}
     return [
         SearchHit(message=by_id[i], score=round(score, 6), highlights=by_id[i].headline)
@@ -193,10 +195,11 @@ def _hits(ranked: list[tuple], query: str) -> list[SearchHit]:
 # The found messages, each with a highlighted extract: the columns the APIs show, in one
 # fixed statement (compiling it per search as a queryset cost about a millisecond).
 _HITS_SQL = f"""
-SELECT {", ".join(field.column for field in Message.shown_fields())},
-       ts_headline(%s::regconfig, left(content, %s), websearch_to_tsquery(%s::regconfig, %s), %s)
-           AS headline
+SELECT {", ".join(field.column for field in Message.shown_fields())}, {{headline}} AS headline
 FROM message WHERE id = ANY(%s)
 """
+_HEADLINE = (
+    "ts_headline(%s::regconfig, left(content, %s), websearch_to_tsquery(%s::regconfig, %s), %s)"
+)
 HEADLINE_CHARS = 4000
 _HEADLINE_OPTIONS = "MaxFragments=2, MaxWords=20, MinWords=5, StartSel=<b>, StopSel=</b>"

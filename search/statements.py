@@ -99,11 +99,45 @@ def sees_few(cursor, scope: Scope, tuning: SearchTuning) -> bool:
     return cursor.fetchone()[0] <= tuning.few_conversations
 
 
-def nearest_order(cursor, corpus: Corpus, scope: Scope, limit: int, tuning: SearchTuning) -> str:
+# How a search found a scope's nearest vectors, kept per process for this long: counting
+# an agent's store up to the threshold on every search cost more than the graph walk that
+# followed (1.35 of 10 ms for a store of 10,000 memories, docs/benchmarks.md). A store that
+# crossed the threshold meanwhile is searched the other way for a while: exact distances
+# are right, only slower; a graph walk that comes back short is redone exactly
+# (``search.engine.find_candidates``).
+ORDER_KEPT_SECONDS = 60
+ORDERS_KEPT = 4096
+_ORDERS: dict[tuple, tuple[str, float]] = {}
+
+
+def nearest_order(
+    cursor, corpus: Corpus, scope: Scope, limit: int, tuning: SearchTuning, *, kept: bool = False
+) -> str:
     """The ORDER BY for the nearest vectors of a scope of one agent's or user's rows: the
     HNSW index when the scope holds ``exact_below`` rows or more (counted up to there),
     exact distances below. (A principal's messages need no count: ``nearest_with_fills``,
-    ``capped``.)"""
+    ``capped``.) ``kept``: the answer of an earlier count of the same scope, if it is at
+    most ``ORDER_KEPT_SECONDS`` old (for a caller that redoes a short graph walk)."""
+    key = (
+        corpus.table,
+        scope.sql,
+        tuple(map(str, scope.params)),
+        limit,
+        tuning.exact_search_below,
+        tuning.hnsw_cost_per_exact,
+    )
+    if kept:
+        order, at = _ORDERS.get(key, ("", 0.0))
+        if order and time.monotonic() - at < ORDER_KEPT_SECONDS:
+            return order
+    order = _counted_order(cursor, corpus, scope, limit, tuning)
+    if len(_ORDERS) >= ORDERS_KEPT:
+        _ORDERS.clear()  # (scopes of many agents and users: start again)
+    _ORDERS[key] = (order, time.monotonic())
+    return order
+
+
+def _counted_order(cursor, corpus: Corpus, scope: Scope, limit: int, tuning: SearchTuning) -> str:
     below, below_params = exact_below(corpus, limit, tuning)
     cursor.execute(
         f"""

@@ -78,6 +78,15 @@ def api(client):
 
 
 @pytest.fixture(autouse=True)
+def searches_count_their_own_scopes():
+    """A search chooses how to find a scope's nearest vectors from the rows of its own test
+    (a process keeps the choice a minute: ``search.statements.nearest_order``)."""
+    from search import statements
+
+    statements._ORDERS.clear()
+
+
+@pytest.fixture(autouse=True)
 def celery_runs_tasks_inline():
     """Tasks run in the calling process (a real worker is tested in tests/search)."""
     from memsvc.celery import app

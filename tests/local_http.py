@@ -30,6 +30,7 @@ class Recorded:
     path: str
     body: dict | None = field(default=None)
     headers: dict[str, str] = field(default_factory=dict)
+    client_port: int = 0  # which connection of the client's it came on
 
 
 class LocalHttpServer:
@@ -49,7 +50,9 @@ class LocalHttpServer:
                 body = json.loads(self.rfile.read(length)) if length else None
                 headers = dict(self.headers.items())
                 with server._lock:
-                    server.requests.append(Recorded(self.command, self.path, body, headers))
+                    server.requests.append(
+                        Recorded(self.command, self.path, body, headers, self.client_address[1])
+                    )
                 reply = respond(self.command, self.path, body, *([headers] if pass_headers else []))
                 if reply.events is not None:
                     return self._stream(reply.events)

@@ -135,6 +135,7 @@ def _search(agent: Agent, query: str, limit: int) -> list[dict]:
         top_k=limit,
         conversation_ids=[agent.local_conversation_id],
         for_agent=True,
+        highlights=False,  # (the seed's messages have none)
     )
     return [s.message_out(hit.message, agent, similarity=hit.score) for hit in hits]
 

@@ -113,6 +113,10 @@ class learning:
         self.destination = Destination(self.url, (("X-API-Key", api_key),) if api_key else ())
         self._client: httpx.Client | None = None
         self._ssl: ssl.SSLContext | None = None
+        # ``async with``: the loop that entered the block and, once a call asked for
+        # context, its client (kept alive: a call does not open a connection of its own).
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._aclient: httpx.AsyncClient | None = None
 
     # with / async with
 
@@ -132,11 +136,16 @@ class learning:
 
     async def __aenter__(self):
         await asyncio.to_thread(self._open)
+        self._loop = asyncio.get_running_loop()
         hooks.activate(self)
         return self
 
     async def __aexit__(self, *exc):
         hooks.deactivate(self)
+        self._loop = None
+        if self._aclient is not None:
+            aclient, self._aclient = self._aclient, None
+            await aclient.aclose()
         await asyncio.to_thread(self._close)
         return False
 
@@ -207,23 +216,35 @@ class learning:
         if request is None or sender.is_down(self.url):
             return None
         deadline = self.deadline(call)
-        # An AsyncClient belongs to the event loop that made it: one per call, sharing one
-        # TLS context (making that is what costs, ~20 ms).
-        if self._ssl is None:
-            self._ssl = ssl.create_default_context()
         if sender.busy():
             await asyncio.to_thread(sender.flush, time_left(deadline, quiet=True), quiet=True)
         try:
-            async with httpx.AsyncClient(
-                base_url=self.url,
-                headers=dict(self.destination.headers),
-                timeout=time_left(deadline),
-                verify=self._ssl,
-            ) as client:
-                response = await client.request(request.method, request.path, json=request.json)
+            if asyncio.get_running_loop() is self._loop:
+                client = self._aclient = self._aclient or self._new_aclient()
+                response = await client.request(
+                    request.method, request.path, json=request.json, timeout=time_left(deadline)
+                )
+            else:
+                # An AsyncClient belongs to the event loop that made it: a call from another
+                # loop (a ``with`` block around ``asyncio.run``) opens one of its own.
+                async with self._new_aclient() as client:
+                    response = await client.request(
+                        request.method, request.path, json=request.json, timeout=time_left(deadline)
+                    )
             return self._context_of(response)
         except httpx.HTTPError as exc:
             return self._no_context(call, exc)
+
+    def _new_aclient(self) -> httpx.AsyncClient:
+        # Every client shares one TLS context: making that is what costs (~20 ms).
+        if self._ssl is None:
+            self._ssl = ssl.create_default_context()
+        return httpx.AsyncClient(
+            base_url=self.url,
+            headers=dict(self.destination.headers),
+            timeout=TIMEOUT_SECONDS,
+            verify=self._ssl,
+        )
 
     @staticmethod
     def deadline(call: Call) -> float:

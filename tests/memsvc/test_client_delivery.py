@@ -541,6 +541,27 @@ def test_blocks_in_two_tasks_at_once_serve_each_its_own_calls(llm):
     )
 
 
+def test_an_async_block_asks_for_context_on_one_kept_connection(llm):
+    """The calls of an ``async with`` block share one connection to memsvc (a connection
+    per call cost about 2 ms each, ``bench.learning``), closed when the block ends."""
+    client = openai.AsyncOpenAI(base_url=llm.base_url, api_key="k")
+
+    async def main():
+        async with learning(agent="a", server_url=memsvc.url) as block:
+            for text in ("one", "two", "three"):
+                await client.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": text}]
+                )
+            kept = block._aclient
+        return kept
+
+    with StandInMemsvc() as memsvc:
+        kept = asyncio.run(main())
+    ports = [r.client_port for r in memsvc.server.requests if r.path.startswith("/context/")]
+    assert len(ports) == 3 and len(set(ports)) == 1, ports
+    assert kept.is_closed
+
+
 def test_an_async_block_lets_the_event_loop_run_while_it_waits_for_memsvc(llm):
     """The entry's checks and the exit's flush (here: a store that takes 0.5 s) wait off
     the event loop: the program's other tasks go on meanwhile."""
