@@ -4,7 +4,8 @@ It starts a private memsvc (see ``bench.common``; or ``--url`` for a running one
 machine, reached without a key from loopback in local mode) and the test suite's stand-in
 LLM (``tests/fake_openai.py``, which answers at once), gives an agent a history
 (``--history`` calls made inside ``learning()``, embedded before timing starts), then times
-the same chat completion plain and inside ``learning()``, in alternating rounds (so a
+the same chat completion (each question a new text, whose embedding a call pays for as a
+user's next message does) plain and inside ``learning()``, in alternating rounds (so a
 change of machine load hits both), with ``--gap-ms`` between calls (0: back to back; a real
 model's answer takes longer than the stores, which then finish in the gap). The added
 latency is the difference of the medians (and of the 90th percentiles).
@@ -21,6 +22,7 @@ import argparse
 import asyncio
 import contextlib
 import importlib.util
+import itertools
 import os
 import random
 import sys
@@ -173,9 +175,13 @@ def load_average() -> float:
     return os.getloadavg()[0]
 
 
-def texts_forever(rng: random.Random, templates):
-    while True:
-        yield rng.choice(templates).format(t=rng.choice(TOPICS))
+def texts_forever(rng: random.Random, templates, *, new: bool = False):
+    """Texts from ``templates``; with ``new`` each one said once (a user's next message is
+    new text: memsvc keeps the vectors of the last queries, and a question asked again
+    would measure that cache instead of the embedding a real call pays for)."""
+    for n in itertools.count(1):
+        text = rng.choice(templates).format(t=rng.choice(TOPICS))
+        yield f"{text} This is question {n} today." if new else text
 
 
 def main(argv=None) -> int:
@@ -236,7 +242,7 @@ def main(argv=None) -> int:
                 block_of[f"compare:{args.compare.name}"] = lambda: compared(
                     agent=AGENT, server_url=url
                 )
-            questions = texts_forever(rng, QUESTIONS)
+            questions = texts_forever(rng, QUESTIONS, new=True)
             timed_rounds(client, block_of, questions, 0, 1)  # warm up every path
             for gap in gaps:
                 log(f"timing {rounds * ROUND} calls per client, {gap:g} ms apart")

@@ -10,6 +10,7 @@ GIL): the two slowest steps of a hybrid search overlap.
 
 import functools
 import logging
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -46,6 +47,37 @@ def query_vector(model: str, query: str, unnamed_share: float = 0.0) -> str:
         return vector_literal(configured_backend().embed([query])[0])
     vector, other = configured_backend().embed([query, unnamed])
     return vector_literal(ranking.mixed_vector(vector, other, unnamed_share))
+
+
+# The embeddings on their way, so that a request that starts one ahead (``embed_ahead``) and
+# the search that then needs it share it; once done, ``query_vector`` keeps the vector.
+_ON_THEIR_WAY: dict[tuple, Future] = {}
+_ON_THEIR_WAY_LOCK = threading.RLock()  # (a future done already calls back at once)
+
+
+def query_embedding(model: str, query: str, unnamed_share: float = 0.0) -> Future:
+    """``query_vector`` computed on the embedding thread (the model releases the GIL while
+    the caller's statements run); the same one if it is already on its way."""
+    key = (model, query, unnamed_share)
+    with _ON_THEIR_WAY_LOCK:
+        future = _ON_THEIR_WAY.get(key)
+        if future is None:
+            future = _QUERY_EMBEDDER.submit(query_vector, *key)
+            _ON_THEIR_WAY[key] = future
+            future.add_done_callback(lambda done: _arrived(key, done))
+    return future
+
+
+def _arrived(key: tuple, future: Future) -> None:
+    with _ON_THEIR_WAY_LOCK:
+        if _ON_THEIR_WAY.get(key) is future:
+            del _ON_THEIR_WAY[key]
+
+
+def embed_ahead(query: str, tuning: SearchTuning) -> None:
+    """Start embedding ``query`` for a hybrid search the request will make once its other
+    work is done: the vector is ready, or nearer, when the search needs it."""
+    query_embedding(configured_backend().model, query, tuning.unnamed_vector_share)
 
 
 @dataclass
@@ -358,9 +390,7 @@ def find_candidates(
     backend = configured_backend()
     embedding = None
     if mode in ("hybrid", "semantic"):
-        embedding = _QUERY_EMBEDDER.submit(
-            query_vector, backend.model, query, tuning.unnamed_vector_share
-        )
+        embedding = query_embedding(backend.model, query, tuning.unnamed_vector_share)
     # No transaction: each statement is a message of its own, with its planner settings
     # (``statements.execute_planned``), one round trip each.
     with connection.cursor() as cursor:

@@ -19,7 +19,7 @@ from conversations.selectors import (
 )
 from memsvc.api.errors import InvalidInput
 from memsvc.api.principals import Principal
-from search.engine import MODES, Citing, ranked
+from search.engine import MODES, Citing, embed_ahead, ranked
 from search.statements import Corpus, Scope
 from search.tuning import SearchTuning, configured_tuning
 
@@ -27,6 +27,7 @@ __all__ = [
     "MESSAGES",
     "MODES",
     "SearchHit",
+    "embed_query_ahead",
     "message_scope",
     "register_citing",
     "search_messages",
@@ -134,6 +135,12 @@ def message_scope(
         if conversation_ids is not None
         else " AND ".join([f"m.conversation_id = ANY(ARRAY({visible_sql}))", *clauses]),
     )
+
+
+def embed_query_ahead(query: str) -> None:
+    """Start embedding the query of a hybrid search the request makes later
+    (``engine.embed_ahead``): its other statements run meanwhile."""
+    embed_ahead(query, configured_tuning())
 
 
 def search_messages(

@@ -40,7 +40,7 @@ from conversations.selectors import conversation_messages
 from memsvc.api.errors import ApiError, Forbidden, InvalidInput, NotFound
 from memsvc.api.idempotency import idempotency_key, marked_replayed, request_fingerprint
 from memsvc.api.pagination import parse_limit
-from search.selectors import search_messages
+from search.selectors import embed_query_ahead, search_messages
 
 logger = logging.getLogger(__name__)
 
@@ -315,6 +315,8 @@ class ContextView(LocalView):
         agent = _agent(request, agent_name)
         data = s.ContextIn.parse(request.data)
         query = data["query"]
+        if query.strip() and agent.local_conversation_id is not None:
+            embed_query_ahead(query)  # (for ``_search``, while the memories and blocks are read)
         memories = agent_selectors.memories_for_context(
             agent, user_id="", query=query, limit=settings.MEMORY_DEFAULT_SEARCH_LIMIT
         )

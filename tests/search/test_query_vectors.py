@@ -2,6 +2,8 @@
 local API's context searches the agent's memories and its messages with one text."""
 
 import json
+import threading
+import time
 
 import pytest
 
@@ -59,3 +61,29 @@ def test_the_vector_is_the_models_and_a_new_model_embeds_again(embedded_texts):
     assert embedded_texts == ["hello there", "hello there"]
     expected = configured_backend().embed(["hello there"])[0]
     assert vector == engine.vector_literal(expected)
+
+
+def test_an_embedding_started_ahead_is_the_one_the_search_waits_for(embedded_texts, monkeypatch):
+    # The context request starts embedding its query before it reads memories and blocks
+    # (``engine.embed_ahead``); the search that then needs the vector shares that embedding
+    # instead of starting its own.
+    backend = configured_backend()
+    release = threading.Event()
+    embed = backend.embed
+
+    def slow_embed(batch):
+        release.wait(10)
+        return embed(batch)
+
+    monkeypatch.setattr(backend, "embed", slow_embed)
+    ahead = engine.query_embedding("model-a", "where is the cat?")
+    needed = engine.query_embedding("model-a", "where is the cat?")
+    assert needed is ahead and not ahead.done()
+    release.set()
+    vector = needed.result(10)
+    assert engine.query_embedding("model-a", "where is the cat?").result(10) == vector
+    assert embedded_texts == ["where is the cat?"]
+    deadline = time.monotonic() + 5  # (a done future's callback runs just after its result)
+    while engine._ON_THEIR_WAY and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not engine._ON_THEIR_WAY
