@@ -1,9 +1,12 @@
 """Celery tasks of the agents app: they take ids and call a service."""
 
+import atexit
 import logging
+import threading
+import time
 from collections.abc import Sequence
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, connections, transaction
 
 from agents_api import extraction, services, sleeptime
 from agents_api.models import Agent, SummarySource
@@ -31,15 +34,81 @@ def touch_memories_task(memory_ids: list[str]) -> int:
     return services.memories_touch(memory_ids)
 
 
+# A process's use counts are sent together, once this long after the first of them: a
+# message per search cost each search about 1 ms and the worker a task each (its work beside
+# the next searches on 2 cores: REST memory search p95 12.8 -> 26-28 ms, docs/benchmarks.md).
+# A process killed outright loses at most this much of its counts; one that exits sends them.
+TOUCH_BATCH_SECONDS = 1.0
+
+
 def enqueue_memory_touch(memory_ids: Sequence) -> None:
-    """Count a use of each memory a search returned, off the request path, as a transient
-    message (local mode's broker does not wait for the disk: a use count need not outlive a
-    crash of the machine, and every memory search waited about 1-4 ms for the ``fsync``);
-    with the broker down, at once (one cheap UPDATE): a search never fails for its
-    bookkeeping."""
+    """Count a use of each memory a search returned, off the request path: a process's
+    counts of the next ``TOUCH_BATCH_SECONDS`` go in one transient message (``_send``).
+    With tasks run inline (the tests'), at once."""
     ids = [str(memory_id) for memory_id in memory_ids]
     if not ids:
         return
+    if app.conf.task_always_eager:
+        _send(ids)
+    else:
+        _TOUCHES.add(ids)
+
+
+def flush_memory_touches() -> None:
+    """Send the counts this process holds now (at exit, and for tests)."""
+    _TOUCHES.flush()
+
+
+class _Touches:
+    """The use counts a process has not sent yet, and the thread that sends them."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._pending: list[str] = []
+        self._due = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def add(self, ids: list[str]) -> None:
+        with self._lock:
+            self._pending += ids
+            # (started by the first count, so in the process that counts: a thread does
+            # not outlive a fork)
+            if self._thread is None or not self._thread.is_alive():
+                if self._thread is None:
+                    atexit.register(self.flush)
+                self._thread = threading.Thread(
+                    target=self._send_forever, name="memory-touches", daemon=True
+                )
+                self._thread.start()
+        self._due.set()
+
+    def flush(self) -> None:
+        with self._lock:
+            ids, self._pending = self._pending, []
+        if ids:
+            _send(ids)
+
+    def _send_forever(self) -> None:
+        while True:
+            self._due.wait()
+            time.sleep(TOUCH_BATCH_SECONDS)
+            self._due.clear()  # (counts added from here on set it again)
+            try:
+                self.flush()
+            except Exception:  # a thread that ends would count nothing more
+                logger.exception("memory use counts not sent")
+            finally:
+                connections.close_all()  # (this thread's own, if the fallback opened one)
+
+
+_TOUCHES = _Touches()
+
+
+def _send(ids: list[str]) -> None:
+    """The uses of ``ids`` (a memory once per use) as a transient message (local mode's
+    broker does not wait for the disk: a use count need not outlive a crash of the machine,
+    and every memory search waited about 1-4 ms for the ``fsync``); with the broker down,
+    at once (one cheap UPDATE): a search never fails for its bookkeeping."""
     try:
         touch_memories_task.apply_async(args=[ids], retry=False, delivery_mode=TRANSIENT)
         return

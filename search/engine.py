@@ -384,7 +384,7 @@ def find_candidates(
         # index probe costs less than a search that finds nothing.
         if "holds_any" not in probed:
             with connection.cursor() as cursor:
-                probed["holds_any"] = statements.holds_any(cursor, corpus, scope)
+                probed["holds_any"] = statements.holds_any(cursor, corpus, scope, kept=True)
         if not probed["holds_any"]:
             return Candidates()
     backend = configured_backend()

@@ -79,12 +79,49 @@ def exact_below(corpus: Corpus, limit: int, tuning: SearchTuning) -> tuple[str, 
     )
 
 
-def holds_any(cursor, corpus: Corpus, scope: Scope) -> bool:
-    """Whether the scope holds a row at all (an index probe)."""
+# What searches learned about a scope of one agent's or user's rows, kept per process for
+# this long (``SCOPES_KEPT`` scopes at most):
+# - how to find its nearest vectors: counting an agent's store up to the threshold on
+#   every search cost more than the graph walk after it (1.35 of 10 ms for a store of
+#   10,000 memories, docs/benchmarks.md). A store that crossed the threshold meanwhile is
+#   searched the other way for a while: exact distances are right, only slower; a graph
+#   walk that comes back short is redone exactly (``search.engine.find_candidates``);
+# - that it holds a row (never that it holds none: a row saved since must be found). One
+#   emptied meanwhile is searched and answers nothing, as it should.
+SCOPE_KEPT_SECONDS = 60
+SCOPES_KEPT = 4096
+_KEPT: dict[tuple, tuple[object, float]] = {}
+
+
+def _scope_key(what: str, corpus: Corpus, scope: Scope, *more) -> tuple:
+    return (what, corpus.table, scope.sql, tuple(map(str, scope.params)), *more)
+
+
+def _kept(key: tuple) -> object:
+    """What was learned under ``key`` less than ``SCOPE_KEPT_SECONDS`` ago, else None."""
+    value, at = _KEPT.get(key, (None, 0.0))
+    return value if time.monotonic() - at < SCOPE_KEPT_SECONDS else None
+
+
+def _keep(key: tuple, value: object) -> None:
+    if len(_KEPT) >= SCOPES_KEPT:
+        _KEPT.clear()  # (scopes of many agents and users: start again)
+    _KEPT[key] = (value, time.monotonic())
+
+
+def holds_any(cursor, corpus: Corpus, scope: Scope, *, kept: bool = False) -> bool:
+    """Whether the scope holds a row at all (an index probe). ``kept``: true without the
+    probe when it held one less than ``SCOPE_KEPT_SECONDS`` ago."""
+    key = _scope_key("holds_any", corpus, scope)
+    if kept and _kept(key):
+        return True
     cursor.execute(
         f"SELECT EXISTS (SELECT 1 FROM {corpus.table} m WHERE {scope.sql})", scope.params
     )
-    return cursor.fetchone()[0]
+    held = cursor.fetchone()[0]
+    if held:
+        _keep(key, True)
+    return held
 
 
 def sees_few(cursor, scope: Scope, tuning: SearchTuning) -> bool:
@@ -99,41 +136,21 @@ def sees_few(cursor, scope: Scope, tuning: SearchTuning) -> bool:
     return cursor.fetchone()[0] <= tuning.few_conversations
 
 
-# How a search found a scope's nearest vectors, kept per process for this long: counting
-# an agent's store up to the threshold on every search cost more than the graph walk that
-# followed (1.35 of 10 ms for a store of 10,000 memories, docs/benchmarks.md). A store that
-# crossed the threshold meanwhile is searched the other way for a while: exact distances
-# are right, only slower; a graph walk that comes back short is redone exactly
-# (``search.engine.find_candidates``).
-ORDER_KEPT_SECONDS = 60
-ORDERS_KEPT = 4096
-_ORDERS: dict[tuple, tuple[str, float]] = {}
-
-
 def nearest_order(
     cursor, corpus: Corpus, scope: Scope, limit: int, tuning: SearchTuning, *, kept: bool = False
 ) -> str:
     """The ORDER BY for the nearest vectors of a scope of one agent's or user's rows: the
     HNSW index when the scope holds ``exact_below`` rows or more (counted up to there),
     exact distances below. (A principal's messages need no count: ``nearest_with_fills``,
-    ``capped``.) ``kept``: the answer of an earlier count of the same scope, if it is at
-    most ``ORDER_KEPT_SECONDS`` old (for a caller that redoes a short graph walk)."""
-    key = (
-        corpus.table,
-        scope.sql,
-        tuple(map(str, scope.params)),
-        limit,
-        tuning.exact_search_below,
-        tuning.hnsw_cost_per_exact,
+    ``capped``.) ``kept``: the answer of an earlier count of the same scope, if it is less
+    than ``SCOPE_KEPT_SECONDS`` old (for a caller that redoes a short graph walk)."""
+    key = _scope_key(
+        "order", corpus, scope, limit, tuning.exact_search_below, tuning.hnsw_cost_per_exact
     )
-    if kept:
-        order, at = _ORDERS.get(key, ("", 0.0))
-        if order and time.monotonic() - at < ORDER_KEPT_SECONDS:
-            return order
-    order = _counted_order(cursor, corpus, scope, limit, tuning)
-    if len(_ORDERS) >= ORDERS_KEPT:
-        _ORDERS.clear()  # (scopes of many agents and users: start again)
-    _ORDERS[key] = (order, time.monotonic())
+    order = _kept(key) if kept else None
+    if order is None:
+        order = _counted_order(cursor, corpus, scope, limit, tuning)
+        _keep(key, order)
     return order
 
 

@@ -78,12 +78,13 @@ def api(client):
 
 
 @pytest.fixture(autouse=True)
-def searches_count_their_own_scopes():
-    """A search chooses how to find a scope's nearest vectors from the rows of its own test
-    (a process keeps the choice a minute: ``search.statements.nearest_order``)."""
+def searches_learn_of_their_own_scopes():
+    """A search learns whether a scope holds rows and how to find its nearest vectors from
+    the rows of its own test (a process keeps what it learned a minute:
+    ``search.statements.SCOPE_KEPT_SECONDS``)."""
     from search import statements
 
-    statements._ORDERS.clear()
+    statements._KEPT.clear()
 
 
 @pytest.fixture(autouse=True)

@@ -2,6 +2,7 @@
 
 import functools
 import operator
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -338,10 +339,17 @@ def memories_delete(actor: Principal, *, memories) -> int:
 
 
 def memories_touch(memory_ids: Sequence) -> int:
-    """Count one more use of each memory a search returned."""
-    return Memory.objects.filter(id__in=list(memory_ids)).update(
-        access_count=F("access_count") + 1, last_accessed_at=timezone.now()
-    )
+    """Count a use of each memory searches returned, one per time it is named (the uses of a
+    process's searches are sent together: ``tasks.enqueue_memory_touch``). How many
+    memories were there to count."""
+    uses = Counter(str(memory_id) for memory_id in memory_ids)
+    now = timezone.now()
+    touched = 0
+    for times in sorted(set(uses.values())):
+        touched += Memory.objects.filter(
+            id__in=[memory_id for memory_id, n in uses.items() if n == times]
+        ).update(access_count=F("access_count") + times, last_accessed_at=now)
+    return touched
 
 
 @dataclass(frozen=True)

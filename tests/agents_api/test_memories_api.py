@@ -247,15 +247,28 @@ def test_prefetch_searches_each_sentence(api, helper, alices_facts):
 def test_a_scope_is_counted_again_only_after_a_minute(api, helper, alices_facts, monkeypatch):
     # Counting an agent's store up to the exact-search limit cost more than the graph walk
     # after it (1.35 of 10 ms at 10,000 memories): the way it chose is kept a while.
-    def counts() -> int:
+    # Whether the store holds a memory is kept too (only a yes: a memory saved since must
+    # be found).
+    def counts() -> tuple[int, int]:
         with recorded_statements() as sent:
             assert search(api, helper, "peanut butter", userId="alice", minScore=0)
-        return sum("SELECT (SELECT count(*) FROM (" in sql for sql in sent)
+        counted = sum("SELECT (SELECT count(*) FROM (" in sql for sql in sent)
+        probed = sum("SELECT EXISTS (SELECT 1 FROM memory m" in sql for sql in sent)
+        return counted, probed
 
-    assert counts() == 1
-    assert counts() == 0
-    monkeypatch.setattr(search_statements, "ORDER_KEPT_SECONDS", 0)
-    assert counts() == 1
+    assert counts() == (1, 1)
+    assert counts() == (0, 0)
+    monkeypatch.setattr(search_statements, "SCOPE_KEPT_SECONDS", 0)
+    assert counts() == (1, 1)
+
+
+def test_a_store_found_empty_finds_the_memory_saved_next(api, helper):
+    # An empty store is not searched at all (one probe); that it was empty is not kept.
+    assert search(api, helper, "peanut butter", userId="alice", minScore=0) == []
+    save(api, helper, "Alice is allergic to peanuts", userId="alice")
+    assert contents(search(api, helper, "peanut butter", userId="alice", minScore=0)) == [
+        "Alice is allergic to peanuts"
+    ]
 
 
 def test_prefetch_searches_a_bounded_number_of_sentences(api, helper, alices_facts):

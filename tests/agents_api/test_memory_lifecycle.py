@@ -2,6 +2,7 @@
 embedded later when the backend was down."""
 
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
@@ -10,6 +11,7 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from agents_api import tasks
 from agents_api.models import MEMORY_TTL, Memory, MemoryListing
 from agents_api.services import (
     POPULAR_ACCESS_COUNT,
@@ -21,6 +23,7 @@ from agents_api.services import (
 )
 from agents_api.tasks import (
     enqueue_memory_touch,
+    flush_memory_touches,
     prune_memories_task,
     sweep_unembedded_memories_task,
     touch_memories_task,
@@ -321,10 +324,39 @@ def test_use_counts_are_sent_as_transient_messages(monkeypatch):
     assert [kw["delivery_mode"] for kw in sent] == [TRANSIENT]
 
 
+def test_a_processs_uses_go_in_one_message_sent_off_the_request_path(monkeypatch):
+    """A message per search cost each search about 1 ms and the worker a task each: the uses
+    a process counts are sent together, each use named (the same memory twice: two uses)."""
+    sent = []
+    app.conf.task_always_eager = False  # (as a server runs them; the suite's fixture resets it)
+    monkeypatch.setattr(touch_memories_task, "apply_async", lambda **kw: sent.append(kw))
+    monkeypatch.setattr(tasks, "TOUCH_BATCH_SECONDS", 0.05)
+    tea, coffee = "00000000-0000-0000-0000-00000000000a", "00000000-0000-0000-0000-00000000000c"
+    enqueue_memory_touch([tea, coffee])
+    enqueue_memory_touch([tea])
+    assert sent == []  # (nothing on the searches' path)
+    deadline = time.monotonic() + 5
+    while not sent and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [kw["args"] for kw in sent] == [[[tea, coffee, tea]]]
+    assert sent[0]["delivery_mode"] == TRANSIENT
+
+
+@pytest.mark.django_db
+def test_a_use_named_twice_counts_twice():
+    agent = AgentFactory()
+    tea, coffee = save(agent, "Likes tea"), save(agent, "Likes coffee")
+    assert memories_touch([tea.id, coffee.id, tea.id]) == 2
+    tea.refresh_from_db()
+    coffee.refresh_from_db()
+    assert (tea.access_count, coffee.access_count) == (2, 1)
+
+
 @pytest.mark.django_db
 def test_with_the_broker_down_a_touch_is_counted_inline(dead_broker, caplog):
     memory = save(AgentFactory(), "Likes tea")
     enqueue_memory_touch([memory.id])
+    flush_memory_touches()  # (what the process's sender does within a second)
     assert "counted now" in caplog.text
     assert "Connection refused" in caplog.text
     memory.refresh_from_db()
