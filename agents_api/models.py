@@ -88,7 +88,7 @@ class MemoryBlock(models.Model):
     limit = models.PositiveIntegerField(default=DEFAULT_BLOCK_LIMIT)
     read_only = models.BooleanField(default=False)
     # Made by Letta's ``POST /v1/blocks`` to be attached to an agent next: it waits on the
-    # key's own agent, which does not keep it (``services.letta_block_attach``).
+    # key's own agent, which does not keep it (``KEPT_BLOCKS``, ``services.letta_block_attach``).
     awaiting_attach = models.BooleanField(default=False)
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     updated_at = models.DateTimeField(default=timezone.now)
@@ -96,8 +96,11 @@ class MemoryBlock(models.Model):
     class Meta:
         db_table = "memory_block"
         constraints = [
+            # A block waiting for its attach holds no label: one whose attach never came
+            # (the client stopped between the two calls) refuses no block made after it.
             models.UniqueConstraint(
                 fields=["agent", "user_id", "label"],
+                condition=Q(awaiting_attach=False),
                 name="memory_block_unique_label",
             ),
             models.CheckConstraint(
@@ -110,6 +113,11 @@ class MemoryBlock(models.Model):
 
     def __str__(self) -> str:
         return self.label
+
+
+# The blocks an agent keeps: every read of an agent's blocks (its prompt, its lists, its
+# export) leaves out a block that only waits on it for an attach (``awaiting_attach``).
+KEPT_BLOCKS = Q(awaiting_attach=False)
 
 
 class MemoryBlockRevision(models.Model):

@@ -11,6 +11,7 @@ from django.db.models.functions import Cast, Concat
 from django.utils import timezone
 
 from agents_api.models import (
+    KEPT_BLOCKS,
     LIVE,
     Agent,
     Memory,
@@ -71,11 +72,15 @@ def memory_subject(principal: Principal, *, user_id: str | None, field: str = "u
 
 
 def memory_blocks(agent: Agent, *, user_id: str) -> list[MemoryBlock]:
-    return list(MemoryBlock.objects.filter(agent=agent, user_id=user_id).order_by("label"))
+    return list(
+        MemoryBlock.objects.filter(KEPT_BLOCKS, agent=agent, user_id=user_id).order_by("label")
+    )
 
 
 def memory_block(agent: Agent, *, user_id: str, label: str) -> MemoryBlock:
-    block = MemoryBlock.objects.filter(agent=agent, user_id=user_id, label=label).first()
+    block = MemoryBlock.objects.filter(
+        KEPT_BLOCKS, agent=agent, user_id=user_id, label=label
+    ).first()
     if block is None:
         raise NotFound(f"no memory block labelled {label!r}")
     return block
@@ -93,7 +98,7 @@ def memory_blocks_with_revisions(
 ) -> QuerySet[MemoryBlock]:
     """An agent's blocks (about every user and its own), or every agent's blocks about a
     user, each with its revisions oldest first (``exported_revisions``)."""
-    blocks = MemoryBlock.objects.all()
+    blocks = MemoryBlock.objects.filter(KEPT_BLOCKS)
     if agent is not None:
         blocks = blocks.filter(agent=agent)
     if user_id is not None:
@@ -163,7 +168,7 @@ def letta_agents(caller: Agent) -> QuerySet[Agent]:
     ).prefetch_related(
         Prefetch(
             "memory_blocks",
-            queryset=MemoryBlock.objects.filter(user_id="").order_by("label"),
+            queryset=MemoryBlock.objects.filter(KEPT_BLOCKS, user_id="").order_by("label"),
             to_attr="letta_blocks",
         )
     )
@@ -181,6 +186,8 @@ def letta_agents_tagged(
 
 
 def letta_blocks(caller: Agent, *, label: str | None = None) -> QuerySet[MemoryBlock]:
+    """The blocks of the agents a key reaches, and those it made that wait for their attach
+    (``services.letta_block_create``): Letta lists a block attached to no agent too."""
     blocks = MemoryBlock.objects.filter(user_id="", agent__in=letta_agents(caller))
     if label:
         blocks = blocks.filter(label=label)
@@ -215,13 +222,9 @@ def letta_agent(caller: Agent, agent_id) -> Agent:
 
 
 def letta_block(caller: Agent, block_id) -> MemoryBlock:
-    """A block of an agent the key reaches: the agent's own (Letta has no users, so the
-    blocks an agent keeps per user are not Letta's)."""
-    block = (
-        MemoryBlock.objects.filter(pk=block_id, user_id="", agent__in=letta_agents(caller))
-        .select_related("agent")
-        .first()
-    )
+    """A block of ``letta_blocks``: an agent's own (Letta has no users, so the blocks an
+    agent keeps per user are not Letta's), or one waiting for its attach."""
+    block = letta_blocks(caller).filter(pk=block_id).select_related("agent").first()
     if block is None:
         raise NotFound("Block not found")
     return block

@@ -164,6 +164,9 @@ class BlockIn(LettaInput):
     value = TextField(allow_blank=True, required=False, default="")
     description = TextField(allow_blank=True, required=False, default="")
     limit = BlockLimitField(required=False, default=DEFAULT_BLOCK_LIMIT)
+    # Letta's "the agent has read-only access": memsvc's read-only block, as /v1/agent's
+    # ``readOnly`` makes it (no write changes or deletes it, the observer's included).
+    read_only = serializers.BooleanField(required=False, default=False)
 
 
 class BlockUpdateIn(LettaInput):

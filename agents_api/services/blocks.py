@@ -51,6 +51,7 @@ def memory_block_create(
     description: str = "",
     limit: int = DEFAULT_BLOCK_LIMIT,
     read_only: bool = False,
+    awaiting_attach: bool = False,
 ) -> MemoryBlock:
     _check_fits(value, limit, "value")
     _refuse_an_agent_if_memory_off(actor, user_id)
@@ -64,6 +65,7 @@ def memory_block_create(
                 description=description,
                 limit=limit,
                 read_only=read_only,
+                awaiting_attach=awaiting_attach,
             )
     except IntegrityError:
         raise Conflict(f"a memory block labelled {label!r} already exists") from None

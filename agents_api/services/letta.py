@@ -9,7 +9,7 @@ key's principal, ``selectors.letta_agents``). What Letta keeps and memsvc has no
 
 from django.db import IntegrityError, transaction
 
-from agents_api.models import Agent, MemoryBlock
+from agents_api.models import KEPT_BLOCKS, Agent, MemoryBlock
 from agents_api.services.agents import agent_delete, agent_get_or_create
 from agents_api.services.blocks import memory_block_create
 from agents_api.services.messages import local_conversation_renamed, local_messages_append
@@ -77,7 +77,9 @@ def letta_agent_create(
     if len(merged) > MAX_TAGS:
         raise InvalidInput.for_field("tags", f"an agent has at most {MAX_TAGS} tags")
     _save_settings(agent, metadata=metadata, **_given(settings), tags=merged)
-    labels = set(agent.memory_blocks.filter(user_id="").values_list("label", flat=True))
+    labels = set(
+        agent.memory_blocks.filter(KEPT_BLOCKS, user_id="").values_list("label", flat=True)
+    )
     for block in memory_blocks:
         if block["label"] in labels:
             continue
@@ -149,19 +151,17 @@ def letta_sleeptime_update(agent: Agent, *, frequency: int | None) -> Agent:
 @transaction.atomic
 def letta_block_create(caller: Agent, **fields) -> MemoryBlock:
     """Letta creates a block first and attaches it to an agent next: until then the block
-    waits on the key's own agent (a label it already has is a conflict)."""
-    block = memory_block_create(caller.as_principal(), agent=caller, **fields)
-    block.awaiting_attach = True
-    block.save(update_fields=["awaiting_attach"])
-    return block
+    waits on the key's own agent, which does not keep it (``models.KEPT_BLOCKS``): a block
+    whose attach never came (the client stopped between the two calls) is in no agent's
+    prompt nor lists, and its label refuses no block made after it."""
+    return memory_block_create(caller.as_principal(), agent=caller, awaiting_attach=True, **fields)
 
 
 def letta_block_attach(caller: Agent, *, agent: Agent | None, block: MemoryBlock) -> MemoryBlock:
     """Give a block made to be attached (``letta_block_create``) to ``agent`` (a no-op when
     it has it already; None: the key reaches no such agent, a 404). All or nothing: a
-    refused attach deletes that block, which would otherwise stay on the key's own agent,
-    its label refusing the next try's create (the SDK's ``memory.create`` is the two
-    calls)."""
+    refused attach deletes that block, which would otherwise be left waiting on the key's
+    own agent (the SDK's ``memory.create`` is the two calls)."""
     try:
         if agent is None:
             raise NotFound("Agent not found")
@@ -190,10 +190,13 @@ def _block_attach(caller: Agent, *, agent: Agent, block: MemoryBlock) -> MemoryB
     its label created meanwhile."""
     agent = _locked(agent)
     block = locked_row(MemoryBlock.objects, block.pk, missing="Block not found")
-    if block.agent_id != agent.pk:
-        if not (block.agent_id == caller.pk and block.awaiting_attach):
-            raise Conflict("the block is attached to another agent; memsvc does not share blocks")
-        labelled = MemoryBlock.objects.filter(agent=agent, user_id=block.user_id, label=block.label)
+    awaiting = block.agent_id == caller.pk and block.awaiting_attach
+    if block.agent_id != agent.pk and not awaiting:
+        raise Conflict("the block is attached to another agent; memsvc does not share blocks")
+    if awaiting:  # (the key's own agent too may keep a block of its label)
+        labelled = MemoryBlock.objects.filter(
+            KEPT_BLOCKS, agent=agent, user_id=block.user_id, label=block.label
+        )
         if labelled.exists():
             raise Conflict(f"the agent already has a memory block labelled {block.label!r}")
     block.agent, block.awaiting_attach = agent, False

@@ -8,8 +8,9 @@ or for a database that is down.
   keep-alive connection stays usable (``discard_body``).
 - After a view raised what its own handler left alone: the database unreachable (or a
   statement cancelled) -> 503 ``unavailable``; a value the database refused (``DataError``)
-  -> 400; Django's own ``RequestDataTooBig`` -> 413; anything else (a bug) is logged as
-  Django logs it and answered as a JSON 500.
+  -> 400; Django's own ``RequestDataTooBig`` -> 413, and its ``TooManyFieldsSent`` (more
+  query parameters than ``DATA_UPLOAD_MAX_NUMBER_FIELDS``) -> 400; anything else (a bug) is
+  logged as Django logs it and answered as a JSON 500.
 """
 
 import logging
@@ -17,7 +18,7 @@ from urllib.parse import unquote_plus
 
 from django.conf import settings
 from django.core import signals
-from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
 from django.db import DataError, InterfaceError, OperationalError, connections
 from django.urls import Resolver404, resolve
 
@@ -91,6 +92,12 @@ def discard_body(request) -> None:
 def exception_refusal(exception: Exception) -> ApiError:
     if isinstance(exception, RequestDataTooBig):
         return PayloadTooLarge(f"the body must be at most {settings.MEMSVC_MAX_BODY_BYTES} bytes")
+    if isinstance(exception, TooManyFieldsSent):
+        return InvalidInput.for_field(
+            "query",
+            f"at most {settings.DATA_UPLOAD_MAX_NUMBER_FIELDS} parameters",
+            location="query",
+        )
     if isinstance(exception, OperationalError | InterfaceError):
         # A broken connection must not stay with this thread: the next request reconnects.
         for connection in connections.all(initialized_only=True):

@@ -773,3 +773,79 @@ def test_an_agents_metadata_is_letta_s_and_memsvc_keeps_its_own_apart(api, helpe
     assert refused.status_code == 422
     assert refused.json()["detail"][0]["loc"] == ["body", "metadata"]
     assert api.get(path, as_=helper).json()["tags"] == [SDK_TAG]
+
+
+# --- a second review's findings: a create whose attach never came, read_only, cursors -------
+
+
+def test_a_block_whose_attach_never_came_is_no_agents_block_and_holds_no_label(api, helper):
+    """The SDK's ``memory.create`` is two calls; a client stopped between them left the
+    block on the key's own agent: in that agent's blocks (its prompt, its lists), and its
+    label refused the next try's create (409) and the agent a block of its own."""
+    agent_id = create_agent(api, helper)["id"]
+    left = api.post("/v1/blocks/", {"label": "notes", "value": "Lost."}, as_=helper).json()
+
+    own = f"/v1/agents/agent-{helper.agent.id}"
+    assert api.get(own, as_=helper).json()["blocks"] == []
+    assert api.get("/v1/agent/memory-blocks", as_=helper).json()["data"] == []
+    assert api.get("/v1/agent/memory-blocks/notes", as_=helper).status_code == 404
+    # The next try works, and so does a block of that label the key's agent keeps.
+    again = api.post("/v1/blocks/", {"label": "notes", "value": "Kept."}, as_=helper)
+    assert again.status_code == 200, again.content
+    assert attach(api, helper, agent_id, again.json()["id"]).status_code == 200
+    kept = create_agent(api, helper, name="helper", memory_blocks=[{"label": "notes"}])
+    assert [block["label"] for block in kept["blocks"]] == ["notes"]
+    assert attach(api, helper, kept["id"], left["id"]).status_code == 409  # (its label now)
+
+    # Still a Letta block, as one attached to no agent is on Letta's server: listed, deleted.
+    left = api.post("/v1/blocks/", {"label": "notes", "value": "Lost."}, as_=helper).json()
+    assert left["id"] in walk(api, helper, "/v1/blocks/", label="notes")
+    assert api.delete(f"/v1/blocks/{left['id']}", as_=helper).status_code == 200
+    assert sorted(MemoryBlock.objects.values_list("agent__name", "value")) == [
+        ("helper", ""),
+        ("travel", "Kept."),
+        ("travel", "Nothing known yet."),
+    ]
+
+
+def test_a_block_created_read_only_is_read_only(api, helper):
+    """Letta's ``CreateBlock.read_only`` was ignored: the block was writable afterwards."""
+    state = create_agent(
+        api, helper, memory_blocks=[{"label": "human"}, {"label": "rules", "read_only": True}]
+    )
+    made = api.post(
+        "/v1/blocks/", {"label": "style", "value": "Brief.", "read_only": True}, as_=helper
+    )
+    assert made.status_code == 200, made.content
+    assert attach(api, helper, state["id"], made.json()["id"]).status_code == 200
+    blocks = api.get(f"/v1/agents/{state['id']}", as_=helper).json()["blocks"]
+    assert [(b["label"], b["read_only"]) for b in blocks] == [
+        ("human", False),
+        ("rules", True),
+        ("style", True),
+    ]
+    for block in blocks[1:]:
+        refused = api.patch(f"/v1/blocks/{block['id']}", {"value": "Changed."}, as_=helper)
+        assert refused.status_code == 403, refused.content
+        assert "read-only" in refused.json()["detail"]
+    assert sorted(MemoryBlock.objects.values_list("label", "value")) == [
+        ("human", ""),
+        ("rules", ""),
+        ("style", "Brief."),
+    ]
+
+
+def test_an_unknown_cursor_is_ignored_by_the_lists_and_a_404_for_messages(api, helper):
+    """As Letta's server answers them: its agent and block lists skip a cursor that names
+    no row (``_apply_pagination_async``), its message list looks the message up and answers
+    ``NoResultFound`` as a 404 ``{"detail": ...}`` (``list_messages_for_agent_async``)."""
+    agent_id = create_agent(api, helper)["id"]
+    capture(api, helper, agent_id, "Hello.")
+    unknown = "agent-00000000-0000-0000-0000-000000000000"
+    agents = api.get("/v1/agents/", as_=helper, tags=SDK_TAG, after=unknown).json()
+    assert [agent["id"] for agent in agents] == [agent_id]
+    assert len(api.get("/v1/blocks/", as_=helper, after="block-999999").json()) == 1
+    for cursor in ("message-00000000-0000-0000-0000-000000000000", "message-x"):
+        response = api.get(f"/v1/agents/{agent_id}/messages", as_=helper, after=cursor)
+        assert response.status_code == 404, response.content
+        assert response.json() == {"detail": "Message not found"}

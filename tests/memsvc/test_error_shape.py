@@ -159,3 +159,23 @@ def test_json_as_deep_as_allowed_is_stored(client, alice):
     )
     assert response.status_code == 201, response.content
     assert Conversation.objects.get(pk=response.json()["id"]).metadata == value
+
+
+def test_more_query_parameters_than_django_reads_is_a_400(client, settings):
+    """Django refuses a query of more than ``DATA_UPLOAD_MAX_NUMBER_FIELDS`` parameters
+    (``TooManyFieldsSent``) when a view reads it: it was answered as a 500 (a Letta list's
+    ``?tags=`` repeated, any /v1 list)."""
+    settings.DATA_UPLOAD_MAX_NUMBER_FIELDS = 10
+    key = make_agent("helper", scopes=("read",)).key
+    query = "&".join(["tags=a"] * 11)
+    letta = client.get(f"/v1/agents/?{query}", HTTP_AUTHORIZATION=f"Bearer {key}")
+    assert letta.status_code == 422, letta.content
+    assert letta.json() == {
+        "detail": [
+            {"type": "value_error", "loc": ["query", "query"], "msg": "at most 10 parameters"}
+        ]
+    }
+    body = assert_v1_error(
+        client.get(f"/v1/agent/memories?{query}", HTTP_AUTHORIZATION=f"Bearer {key}"), 400
+    )
+    assert body["details"] == {"query": ["at most 10 parameters"]}
