@@ -178,10 +178,11 @@ def load_average() -> float:
 def texts_forever(rng: random.Random, templates, *, new: bool = False):
     """Texts from ``templates``; with ``new`` each one said once (a user's next message is
     new text: memsvc keeps the vectors of the last queries, and a question asked again
-    would measure that cache instead of the embedding a real call pays for)."""
+    would measure that cache instead of the embedding a real call pays for), still one
+    sentence (a text of two is searched as a whole and as each of its parts)."""
     for n in itertools.count(1):
         text = rng.choice(templates).format(t=rng.choice(TOPICS))
-        yield f"{text} This is question {n} today." if new else text
+        yield f"{text[:-1]}, question {n} of today{text[-1]}" if new else text
 
 
 def main(argv=None) -> int:
