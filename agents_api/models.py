@@ -281,7 +281,8 @@ class Memory(models.Model):
 
     # The turns it rests on (an extracted memory: those it was distilled from): a search of
     # messages also ranks the turns the best memories cite (``search.engine.ranked``). Ids,
-    # not keys: a turn deleted since is no longer found, and its id says nothing of it.
+    # not keys: a turn deleted since is no longer found, and its id says nothing of it (a
+    # user's erase takes the ids of theirs too: ``services.memory_citations_forget``).
     message_ids = ArrayField(models.UUIDField(), default=list, blank=True)
     embedding = VectorField(dimensions=settings.MEMORY_EMBEDDING_DIMENSION, null=True, blank=True)
     embedding_model = models.CharField(max_length=200, blank=True, default="")

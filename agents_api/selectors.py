@@ -275,8 +275,7 @@ def memories_of(
     """Memories of an agent (about ``user_id``, "" for its own), or every agent's memories
     of a user (``agent`` None: what is kept about that user). Expired ones are gone
     (``models.LIVE``) unless ``with_expired``: for a delete, so that what its caller asked
-    to forget is not given a new life by the prune, and for a user's export of everything
-    still stored about them."""
+    to forget is not given a new life by the prune."""
     memories = Memory.objects.defer(*Memory.SEARCH_DATA)
     if not with_expired:
         memories = memories.filter(LIVE)
@@ -395,13 +394,14 @@ def memories_citing(principal: Principal) -> Citing:
     return Citing(MEMORIES, Scope(" AND ".join([scope.sql, *_CITING]), scope.params))
 
 
+# A row (a memory, a tool record) not about a user who turned memory off: what a search
+# finds (``memory_enabled_for``). An agent's own ("") has no setting.
+_MEMORY_ON = """NOT EXISTS (SELECT 1 FROM user_memory_setting s
+                            WHERE s.user_id = m.user_id AND NOT s.memory_enabled)"""
+
 # A memory that cites turns (as ``models.CITES`` says it, so its indexes serve), about a
 # user who did not turn memory off.
-_CITING = (
-    "NOT (m.message_ids = '{}'::uuid[])",
-    """NOT EXISTS (SELECT 1 FROM user_memory_setting s
-                   WHERE s.user_id = m.user_id AND NOT s.memory_enabled)""",
-)
+_CITING = ("NOT (m.message_ids = '{}'::uuid[])", _MEMORY_ON)
 
 
 # The sentences of a query a prefetch searches, the first ones (as a search of messages
@@ -595,8 +595,12 @@ def tool_record_search(
     """The agent's ``top_k`` tool records (of one task, with ``task_id``; those
     ``principal`` reaches, ``tool_records_of``) that best answer ``query``, by the one
     search engine: their summaries' vectors, and the words of the summary, the tool's name
-    and the raw output (an identifier only the output holds)."""
-    clauses, params = ["m.agent_id = %s"], [agent.id]
+    and the raw output (an identifier only the output holds). As for memories
+    (``memory_search``), nothing is found acting for a user who turned memory off, nor
+    any record made for such a user (those made before stay, for their export and erase)."""
+    if principal is not None and not memory_enabled_for(principal.on_behalf_of):
+        return []
+    clauses, params = ["m.agent_id = %s", _MEMORY_ON], [agent.id]
     if task_id is not None:
         clauses.append("m.task_id = %s")
         params.append(task_id)

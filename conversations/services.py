@@ -124,9 +124,10 @@ def conversation_delete(
 
 
 @transaction.atomic
-def conversation_groups_delete(actor: Principal, *, group_ids) -> int:
+def conversation_groups_delete(actor: Principal, *, group_ids) -> list:
     """Delete conversation groups: every conversation, message, membership and transfer in
-    them, the messages' words counted out of the keyword statistics. How many messages."""
+    them, the messages' words counted out of the keyword statistics. The ids of the messages
+    deleted."""
     _lock_groups_to_delete(group_ids)
     _lock_conversations(Conversation.objects.filter(group_id__in=group_ids))
     messages = _messages_delete(Message.objects.filter(conversation__group_id__in=group_ids))
@@ -340,30 +341,31 @@ def summary_create(
 
 
 @transaction.atomic
-def messages_delete(actor: Principal, *, messages) -> int:
+def messages_delete(actor: Principal, *, messages) -> list:
     """Delete these messages (a queryset), as an operator does in the admin: their words
     counted out of the keyword statistics, forks made at one of them starting at the
     history message before it instead, summaries covering up to one of them covering up to
-    the message before it. How many were deleted."""
+    the message before it. The ids of those deleted."""
     _forks_moved_off(messages)
     _summaries_moved_off(messages)
     return _messages_delete(messages)
 
 
-def _messages_delete(messages) -> int:
+def _messages_delete(messages) -> list:
     """Delete these messages (a queryset), their words counted out of the keyword statistics
     (``search.services.uncount_messages``); replies to them lose their parent. Caller makes
-    sure no conversation that stays is forked at one of them (``_forks_moved_off``)."""
+    sure no conversation that stays is forked at one of them (``_forks_moved_off``). The
+    ids of those deleted."""
     ids = list(messages.select_for_update(of=("self",)).values_list("id", flat=True))
     if not ids:
-        return 0
+        return []
     with connection.cursor() as cursor:
         uncount_messages(cursor, ids)
         cursor.execute(
             "UPDATE message SET parent_message_id = NULL WHERE parent_message_id = ANY(%s)", [ids]
         )
-        cursor.execute("DELETE FROM message WHERE id = ANY(%s)", [ids])
-        return cursor.rowcount
+        cursor.execute("DELETE FROM message WHERE id = ANY(%s) RETURNING id", [ids])
+        return [message_id for (message_id,) in cursor.fetchall()]
 
 
 def _forks_moved_off(messages) -> None:
@@ -615,9 +617,14 @@ def ownership_transfer_cancel(
 @dataclass(frozen=True)
 class ErasedConversations:
     conversations: int  # in the groups the user owned, forks included
-    messages: int  # of those conversations, and the user's own elsewhere
+    # Of those conversations, and the user's own elsewhere: what cited them must forget them.
+    message_ids: list
     memberships: int  # the user's own, everywhere
     ownership_transfers: int  # of the user's groups, and those made to or by the user
+
+    @property
+    def messages(self) -> int:
+        return len(self.message_ids)
 
 
 @transaction.atomic
@@ -671,7 +678,7 @@ def user_conversations_erase(user_id: str) -> ErasedConversations:
     others, _ = selectors.transfers_elsewhere(user_id).delete()
     return ErasedConversations(
         conversations=conversations,
-        messages=messages,
+        message_ids=messages,
         memberships=memberships + len(owned),
         ownership_transfers=transfers + others,
     )

@@ -464,8 +464,8 @@ def cmd_import(args: argparse.Namespace) -> int:
     for name, stored in result.stored.items():
         skipped = result.skipped[name]
         note = (
-            f" ({skipped} skipped: their conversation or agent is gone, or the user is not "
-            "a member there)"
+            f" ({skipped} skipped: their conversation or agent is gone, the user is not "
+            "a member there, or turned memory off)"
             if skipped
             else ""
         )

@@ -107,7 +107,8 @@ class UserEraseView(UserApiView):
             "you own (for everyone in them), your messages and memberships elsewhere, "
             "transfers you made or were offered, and what agents keep about you (the tool "
             "records made for you or in the conversations you own too). Others' "
-            "conversations stay, without your messages."
+            "conversations stay, without your messages; others' memories stay, citing none "
+            "of the messages erased."
         ),
         request=EraseIn,
         responses={200: ErasedOut, **errors(400, 401)},

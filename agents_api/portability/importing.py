@@ -18,7 +18,7 @@ from agents_api.portability.restore import (
     sequences_past_stored_numbers,
 )
 from agents_api.portability.sections import AGENT_SECTIONS, USER_SECTIONS
-from agents_api.selectors import memory_off_for, messages_seen_by
+from agents_api.selectors import messages_seen_by
 from conversations.models import AccessLevel
 from conversations.selectors import visible_conversation_ids
 from memsvc.api.fields import contains_nul
@@ -105,24 +105,13 @@ def _as_its_own(agent: Agent, parsed: dict[str, list[dict]]) -> None:
     (``accessCount`` 0), a block's history one revision (its value, by this agent, now: the
     document's history is not the agent's to tell). Cited messages and tool records'
     conversations only those the agent sees (the others dropped, as a random id would be);
-    no memory, block or tool record about a user who turned memory off (skipped; their
-    settings locked, as ``services.memories_save`` locks them); no memory whose time is up
-    (skipped, as the API refuses an ``expiresAt`` not in the future: a document that was
-    exported, and is imported later, is not wrong for it). Each memory keeps its
-    ``source``: how it was first kept (from a conversation, through MCP, ...)."""
+    no memory whose time is up (skipped, as the API refuses an ``expiresAt`` not in the
+    future: a document that was exported, and is imported later, is not wrong for it).
+    (What is about a user who turned memory off is skipped by every import:
+    ``restore._agents_for``.) Each memory keeps its ``source``: how it was first kept (from
+    a conversation, through MCP, ...)."""
     actor, now = agent.as_principal(), timezone.now()
-    about = (
-        row["user_id"]
-        for row in (*parsed["memories"], *parsed["memoryBlocks"], *parsed["toolRecords"])
-    )
-    off = memory_off_for(about, lock=True)
-    parsed["memoryBlocks"] = [b for b in parsed["memoryBlocks"] if b["user_id"] not in off]
-    parsed["toolRecords"] = [r for r in parsed["toolRecords"] if r["user_id"] not in off]
-    memories = [
-        memory
-        for memory in parsed["memories"]
-        if memory["user_id"] not in off and memory["expires_at"] > now
-    ]
+    memories = [memory for memory in parsed["memories"] if memory["expires_at"] > now]
     seen = messages_seen_by(actor, [i for memory in memories for i in memory["message_ids"]])
     for memory in memories:
         memory["message_ids"] = [i for i in memory["message_ids"] if i in seen]

@@ -22,6 +22,7 @@ from agents_api.models import (
     ToolRecord,
     content_hash,
 )
+from agents_api.selectors import memory_off_for
 from agents_api.services.memories import expired_copies_forget
 from agents_api.tasks import sweep_unembedded_memories_task, sweep_unembedded_tool_records_task
 from conversations.models import (
@@ -226,16 +227,23 @@ def _agents_for(subject, records: list[dict], section: str, *, about=None) -> li
     """The records whose agent is here: in an agent's document, that agent's (every record
     is put in it); in a user's, those about the user of agents that exist (others skipped).
     A record is about the user when its ``user_id`` is theirs, or ``about(record)`` says
-    so; any other refuses the document."""
+    so; any other refuses the document. Either way none made about a user who turned memory
+    off is kept (skipped: an agent keeps nothing new about them, whoever brings it; their
+    settings locked until the import commits, as ``services.memories_save`` locks them)."""
     if isinstance(subject, Agent):
         for record in records:
             record["agent_id"] = subject.id
-        return records
-    _belongs_to(subject, [r for r in records if not (about and about(r))], "user_id", section)
-    existing = set(
-        Agent.objects.filter(id__in=[r["agent_id"] for r in records]).values_list("id", flat=True)
-    )
-    return [record for record in records if record["agent_id"] in existing]
+        kept = records
+    else:
+        _belongs_to(subject, [r for r in records if not (about and about(r))], "user_id", section)
+        existing = set(
+            Agent.objects.filter(id__in=[r["agent_id"] for r in records]).values_list(
+                "id", flat=True
+            )
+        )
+        kept = [record for record in records if record["agent_id"] in existing]
+    off = memory_off_for((record["user_id"] for record in kept), lock=True)
+    return [record for record in kept if record["user_id"] not in off]
 
 
 def _swept_on_commit(sweep) -> None:

@@ -9,9 +9,9 @@ from memsvc.api.principals import Principal
 
 
 def _memories(agent=None, user_id=None):
-    # Expired ones too: an export holds what is still stored (``expiresAt`` tells), and an
-    # import skips them.
-    return agent_selectors.memories_of(agent, user_id=user_id, with_expired=True).order_by(
+    # Not the expired ones: gone everywhere (``models.LIVE``), whether the prune has
+    # reclaimed their rows yet or not (the erase takes those rows too).
+    return agent_selectors.memories_of(agent, user_id=user_id).order_by(
         "agent_id", "user_id", "created_at", "id"
     )
 

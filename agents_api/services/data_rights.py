@@ -6,7 +6,7 @@ from django.db import transaction
 
 from agents_api.models import MemoryBlock
 from agents_api.selectors import memories_of, tool_records_kept_about
-from agents_api.services.memories import memories_delete
+from agents_api.services.memories import memories_delete, memory_citations_forget
 from agents_api.services.tool_records import tool_records_delete
 from conversations.services import user_conversations_erase
 from memsvc.api.errors import InvalidInput
@@ -30,8 +30,9 @@ def user_erase(actor: Principal, *, confirm: str) -> Erased:
     messages in them), their messages and memberships elsewhere, the transfers they made or
     were offered, and what every agent keeps about them (memories, blocks and their
     revisions, tool records made for them or in the conversations they own, which would
-    otherwise outlive those). ``confirm`` must be their id: this cannot be undone. All or
-    nothing."""
+    otherwise outlive those). Others' memories that cited a message erased cite it no more
+    (``memory_citations_forget``). ``confirm`` must be their id: this cannot be undone. All
+    or nothing."""
     if confirm != actor.id:
         raise InvalidInput.for_field(
             "confirm", "must be your own user id: erasing your data cannot be undone"
@@ -39,6 +40,7 @@ def user_erase(actor: Principal, *, confirm: str) -> Erased:
     # Before the conversations, which would leave their records unlinked rather than gone.
     tool_records = tool_records_delete(actor, records=tool_records_kept_about(actor.id))
     conversations = user_conversations_erase(actor.id)
+    memory_citations_forget(conversations.message_ids)
     memories = memories_delete(actor, memories=memories_of(user_id=actor.id, with_expired=True))
     _, deleted = MemoryBlock.objects.filter(user_id=actor.id).delete()
     return Erased(

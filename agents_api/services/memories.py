@@ -338,6 +338,37 @@ def memories_delete(actor: Principal, *, memories) -> int:
     return deleted
 
 
+def memory_citations_forget(message_ids: Sequence) -> int:
+    """No memory (any agent's, about anyone) cites one of ``message_ids`` any more: the
+    messages of a user's erase (``user_erase``), which nothing may point at afterwards. A
+    memory keeps its other citations in their order, and stays when they were all erased:
+    the fact is its agent's, only the turns were the user's. How many memories changed."""
+    if not message_ids:
+        return 0
+    with connection.cursor() as cursor:
+        # Joined and filtered by hash: ``&&`` and ``<> ALL`` compare every pair, and an
+        # erase may take a great many messages.
+        cursor.execute(
+            """
+            WITH erased AS (SELECT DISTINCT unnest(%s::uuid[]) AS id)
+            UPDATE memory m
+            SET message_ids = ARRAY(
+                SELECT c.id FROM unnest(m.message_ids) WITH ORDINALITY AS c(id, n)
+                WHERE c.id NOT IN (SELECT id FROM erased) ORDER BY c.n
+            )
+            WHERE m.id IN (
+                SELECT citing.id
+                FROM memory citing
+                CROSS JOIN LATERAL unnest(citing.message_ids) AS c(id)
+                JOIN erased ON erased.id = c.id
+                WHERE NOT (citing.message_ids = '{}'::uuid[])
+            )
+            """,
+            [list(message_ids)],
+        )
+        return cursor.rowcount
+
+
 def memories_touch(memory_ids: Sequence) -> int:
     """Count a use of each memory searches returned, one per time it is named (the uses of a
     process's searches are sent together: ``tasks.enqueue_memory_touch``). How many

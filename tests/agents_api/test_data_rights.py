@@ -176,6 +176,22 @@ def test_the_export_holds_everything_kept_about_the_user(api, alice, world):
     assert [revision["value"] for revision in block["revisions"]] == ["A", "A\nlikes tea"]
 
 
+def test_the_export_leaves_out_memories_whose_time_is_up(api, alice, tmp_path, world):
+    """An expired memory is gone everywhere (``models.LIVE``: not listed, not found, saved
+    anew), the prune only reclaims its row: neither the user's export nor an agent's holds
+    it, as neither shows one that was pruned. The erase takes its row too, and counts what
+    the export showed."""
+    gone, _ = memory_save(
+        world.agent.as_principal(), agent=world.agent, user_id="alice", content="Alice had a cold"
+    )
+    Memory.objects.filter(pk=gone.pk).update(expires_at=timezone.now())
+    assert contents(export(api, alice)["memories"]) == ["Alice is allergic to nuts"]
+    agents = cli_export(tmp_path, "agent", "agent", str(world.agent.id))
+    assert "Alice had a cold" not in contents(agents["memories"])
+    assert call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})["memories"] == 1
+    assert not Memory.objects.filter(pk=gone.pk).exists()
+
+
 def test_the_export_of_someone_else_is_impossible(api, alice, bob, charlie, helper, world):
     text = json.dumps(export(api, charlie))
     for theirs in ("Zanzibar", "xylophone", "quokka", "nuts", "marathons", "alice", "bob"):
@@ -346,6 +362,43 @@ def test_deleting_a_conversation_counts_its_words_out(api, alice, bob, world):
     rebuild_term_stats()
     assert kept == term_statistics()
     assert "zanzibar" not in kept[0]
+
+
+def test_after_an_erase_no_memory_cites_an_erased_message(api, alice, bob, world):
+    """Others' memories (bob's, the agent's own) that cited her turns (hers in bob's
+    conversation, and bob's in the conversation she owned: erased with it) cite them no
+    more: the memory stays, the turns that stay are still cited, and one whose only
+    evidence was erased cites nothing (DESIGN.md's data rights say nothing of it: the fact
+    is the agent's, the turns were hers)."""
+    agent, actor = world.agent, world.agent.as_principal()
+    for conversation in (world.ours, world.his):
+        group = Conversation.objects.get(id=conversation).group
+        Membership.objects.create(
+            group=group, principal_id=agent.principal_id, access_level="reader"
+        )
+    bobs_there = Message.objects.get(conversation_id=world.ours, author_principal="bob").id
+    bobs_own = Message.objects.get(content="Bob keeps a quokka diary").id
+    hers = uuid.UUID(world.hers)
+
+    def cites(user_id, content, message_ids):
+        memory, _ = memory_save(
+            actor, agent=agent, user_id=user_id, content=content, message_ids=message_ids
+        )
+        return memory
+
+    both = cites("bob", "Bob keeps quokkas near a xylophone", [bobs_own, hers])
+    only_erased = cites("", "Zanzibar sounds good to Bob", [bobs_there, hers])
+    untouched = cites("bob", "Bob writes a diary", [bobs_own])
+    call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+
+    cited = dict(Memory.objects.values_list("id", "message_ids"))
+    assert (cited[both.id], cited[only_erased.id], cited[untouched.id]) == (
+        [bobs_own],
+        [],
+        [bobs_own],
+    )
+    erased = {hers, bobs_there}
+    assert not any(erased & set(ids) for ids in cited.values())
 
 
 def test_erase_is_all_or_nothing(api, alice, world):
@@ -1068,6 +1121,34 @@ def test_an_agent_import_skips_what_is_about_a_user_who_turned_memory_off(api, w
     assert "alice" not in {user for user, *_ in kept["blocks"]}
     records = ToolRecord.objects.filter(agent=newcomer.agent)
     assert sorted(records.values_list("tool_name", flat=True)) == ["ping", "search_hotels"]
+
+
+def test_an_operators_import_skips_what_is_about_a_user_who_turned_memory_off(
+    tmp_path, world, capsys
+):
+    """``memsvc import`` of an agent's document (moved between servers, restored after a
+    drop) put back her memory, her block and the record made for her, as the agent's own
+    import does not: an agent keeps nothing new about her, whoever brings it. It says how
+    many it skipped, and why."""
+    tool_records_create(
+        Principal.for_agent(world.agent.id, on_behalf_of="alice"),
+        agent=world.agent,
+        records=[NewToolRecord(tool_name="lookup_allergies", raw_output={"nuts": True})],
+    )
+    cli_export(tmp_path, "first", "agent", str(world.agent.id))
+    memory_setting_update(Principal.user("alice"), enabled=False)
+    agent_id = world.agent.id
+    world.agent.delete()
+
+    assert cli.main(["import", str(tmp_path / "first.json")]) == 0
+    err = capsys.readouterr().err
+    for section in ("memoryBlocks: 1", "memories: 2", "toolRecords: 2"):
+        assert f"{section} (1 skipped" in err, err
+    assert "turned memory off" in err
+    assert not Memory.objects.filter(user_id="alice").exists()
+    assert not MemoryBlock.objects.filter(user_id="alice").exists()
+    assert not ToolRecord.objects.filter(user_id="alice").exists()
+    assert Memory.objects.filter(agent_id=agent_id, user_id="bob").exists()
 
 
 def test_an_agent_import_skips_memories_whose_time_is_up(api, world):

@@ -266,6 +266,31 @@ def test_no_record_is_kept_for_a_user_who_turned_memory_off(api, helper):
     assert api.post(RECORDS, body, as_=helper).status_code == 201
 
 
+def test_search_finds_no_record_about_a_user_who_turned_memory_off(api, helper):
+    """As a memory search about her finds nothing: the records made for her before she
+    turned memory off are not found (they were, by the agent's search and acting for her),
+    by the agent API and the local API alike; they stay, for her export and erase. On
+    again, they are found again."""
+    hers = create(api, helper.acting_for("alice"), output={"hotel": "htl-777", "for": "alice"})
+    mine = create(api, helper, output={"hotel": "htl-777", "for": "the agent"})
+    memory_setting_update(Principal.user("alice"), enabled=False)
+
+    assert [hit["traceId"] for hit in search(api, helper, "htl-777")] == [mine["traceId"]]
+    assert search(api, helper.acting_for("alice"), "htl-777") == []
+    local = api.post(
+        "/tool-records/search",
+        {"agent_name": helper.agent.name, "query": "htl-777"},
+        as_=helper,
+    )
+    assert local.status_code == 200, local.content
+    assert [hit["trace_id"] for hit in local.json()] == [mine["traceId"]]
+    assert ToolRecord.objects.filter(id=hers["traceId"]).exists()
+
+    memory_setting_update(Principal.user("alice"), enabled=True)
+    found = {hit["traceId"] for hit in search(api, helper, "htl-777")}
+    assert found == {hers["traceId"], mine["traceId"]}
+
+
 def test_a_record_outlives_its_conversation_as_an_import_keeps_it(api, alice, helper):
     """The record is the agent's memory: deleting its conversation unlinks it (as an import
     keeps a record whose conversation is gone), it does not delete it."""
