@@ -31,6 +31,7 @@ from agents_api.services import (
     memory_delete,
     tool_records_delete,
 )
+from agents_api.services.messages import local_conversation_renamed
 from conversations.models import TEXT_SEARCH_CONFIG, Conversation
 from memsvc.admin_tools import (
     DeletedByService,
@@ -122,6 +123,14 @@ class AgentAdmin(DeletedByService, admin.ModelAdmin):
         "loopback_trusted",
         "kept",
     )
+
+    # Renamed as Letta's route renames one: its own conversation's title, which names it,
+    # follows (``local_conversation_renamed``; the save's UPDATE holds the agent's row lock
+    # that it asks for). The form refuses a name its owner has already.
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        if change and "name" in form.changed_data:
+            local_conversation_renamed(obj, old_name=form.initial["name"])
 
     # Deleted as Letta's route deletes one: with its own conversation (``agent_delete``),
     # which the confirmation lists as the conversation's own would (with its group, forks

@@ -124,17 +124,25 @@ def _send(ids: list[str]) -> None:
 
 @app.task(name="agents_api.prune_memories", acks_late=True)
 def prune_memories_task() -> dict[str, int]:
-    """The daily lifecycle run (``memsvc prune`` does the same by hand): memories, and the
-    Idempotency-Keys past their time."""
+    """The daily lifecycle run (``memsvc prune`` does the same by hand): memories, the
+    Idempotency-Keys past their time, and Letta's blocks whose attach never came."""
     result = services.memories_prune()
     forgotten = services.idempotency_keys_prune()
+    unattached = services.unattached_blocks_prune()
     logger.info(
-        "pruned memories: %d deleted, %d extended; %d idempotency keys forgotten",
+        "pruned memories: %d deleted, %d extended; %d idempotency keys forgotten; "
+        "%d unattached blocks deleted",
         result.deleted,
         result.extended,
         forgotten,
+        unattached,
     )
-    return {"deleted": result.deleted, "extended": result.extended, "idempotencyKeys": forgotten}
+    return {
+        "deleted": result.deleted,
+        "extended": result.extended,
+        "idempotencyKeys": forgotten,
+        "unattachedBlocks": unattached,
+    }
 
 
 # The sweeps of what is embedded when it is written (memories, tool records): a backend that

@@ -238,11 +238,16 @@ def cmd_reindex(args: argparse.Namespace) -> int:
 
 def cmd_prune(args: argparse.Namespace) -> int:
     _setup_database()
-    from agents_api.services import idempotency_keys_prune, memories_prune
+    from agents_api.services import (
+        idempotency_keys_prune,
+        memories_prune,
+        unattached_blocks_prune,
+    )
 
     result = memories_prune()
     print(f"memories: {result.deleted} deleted, {result.extended} extended")
     print(f"idempotency keys: {idempotency_keys_prune()} forgotten")
+    print(f"unattached blocks: {unattached_blocks_prune()} deleted")
     return 0
 
 
@@ -542,7 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
     prune = commands.add_parser(
         "prune",
         help="the memory lifecycle now: delete expired memories, extend popular ones; "
-        "forget Idempotency-Keys older than 7 days",
+        "forget Idempotency-Keys older than 7 days, Letta blocks left unattached for a day",
     )
     prune.set_defaults(func=cmd_prune)
 

@@ -22,6 +22,7 @@ from agents_api.services.letta import (
     letta_block_create,
     letta_capture,
     letta_sleeptime_update,
+    unattached_blocks_prune,
 )
 from agents_api.services.memories import (
     NEAR_DUPLICATE_SIMILARITY,
@@ -104,5 +105,6 @@ __all__ = [
     "tool_records_embed",
     "tool_records_embed_pending",
     "tool_records_reembed_all",
+    "unattached_blocks_prune",
     "user_erase",
 ]

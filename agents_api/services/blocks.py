@@ -11,9 +11,9 @@ from agents_api.models import (
     MemoryBlockRevision,
 )
 from agents_api.services.memories import refuse_if_memory_off
-from memsvc.api.errors import Conflict, Forbidden, InvalidInput
+from memsvc.api.errors import Conflict, Forbidden, InvalidInput, NotFound
 from memsvc.api.principals import Principal
-from memsvc.db import locked_row
+from memsvc.db import held_keys, locked_row
 
 
 def _check_fits(value: str, limit: int, field: str) -> None:
@@ -55,6 +55,13 @@ def memory_block_create(
 ) -> MemoryBlock:
     _check_fits(value, limit, "value")
     _refuse_an_agent_if_memory_off(actor, user_id)
+    # The agent held as the block's foreign key will hold it at commit, but before the
+    # block is written: an attach of a block of this label, which locks the agent first,
+    # then waits for this insert's label (``services.letta_block_attach``), ends first or
+    # waits for this one, rather than the two waiting for each other (a deadlock, a 503);
+    # an agent deleted meanwhile is a 404, not a foreign key violated at commit.
+    if not held_keys(Agent, [agent.pk]):
+        raise NotFound("Agent not found")
     try:
         with transaction.atomic():
             block = MemoryBlock.objects.create(

@@ -7,7 +7,10 @@ key's principal, ``selectors.letta_agents``). What Letta keeps and memsvc has no
 (tags, model, the sleeptime frequency) lives in the agent's metadata under ``"letta"``.
 """
 
+from datetime import datetime, timedelta
+
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from agents_api.models import KEPT_BLOCKS, Agent, MemoryBlock
 from agents_api.services.agents import agent_delete, agent_get_or_create
@@ -24,6 +27,11 @@ LETTA_SETTINGS = ("agent_type", "model", "embedding", "system", "description", "
 # How many tags an agent has at most (a request's list, and an agent's once merged).
 MAX_TAGS = 100
 CAPTURED_ROLES = {"user": Role.USER, "assistant": Role.ASSISTANT, "system": Role.SYSTEM}
+# How long a block made by ``POST /v1/blocks/`` waits for its attach before the daily prune
+# deletes it (``unattached_blocks_prune``): the SDK attaches it at once (``memory.create``
+# is the two calls), so one untouched for a day is of a client that stopped between them,
+# and would otherwise stay for good (no agent keeps it, no list but Letta's shows it).
+UNATTACHED_BLOCK_TTL = timedelta(days=1)
 
 
 def letta_settings(agent: Agent) -> dict:
@@ -157,6 +165,21 @@ def letta_block_create(caller: Agent, **fields) -> MemoryBlock:
     return memory_block_create(caller.as_principal(), agent=caller, awaiting_attach=True, **fields)
 
 
+@transaction.atomic
+def unattached_blocks_prune(*, now: datetime | None = None) -> int:
+    """Delete the blocks that still wait for their attach (``letta_block_create``) and have
+    not changed for ``UNATTACHED_BLOCK_TTL``; how many. Locked before they are deleted (the
+    lock re-checks the condition on a row an attach held): one attached meanwhile is kept,
+    and a second run at once deletes none twice."""
+    now = now or timezone.now()
+    stale = MemoryBlock.objects.filter(
+        awaiting_attach=True, updated_at__lt=now - UNATTACHED_BLOCK_TTL
+    )
+    ids = list(stale.select_for_update().values_list("pk", flat=True))
+    _, deleted = MemoryBlock.objects.filter(pk__in=ids).delete()
+    return deleted.get(MemoryBlock._meta.label, 0)
+
+
 def letta_block_attach(caller: Agent, *, agent: Agent | None, block: MemoryBlock) -> MemoryBlock:
     """Give a block made to be attached (``letta_block_create``) to ``agent`` (a no-op when
     it has it already; None: the key reaches no such agent, a 404). All or nothing: a
@@ -187,20 +210,20 @@ def _block_attach(caller: Agent, *, agent: Agent, block: MemoryBlock) -> MemoryB
     agent, so another agent's block (the key's own agent's too) is a conflict, not taken
     from it. The agent's row is locked first, as its deletion and ``letta_agent_create``
     lock it: the block is not moved into an agent deleted meanwhile, nor next to a block of
-    its label created meanwhile."""
+    its label created meanwhile (``memory_block_create`` holds the agent's key first).
+    A label the agent has is refused by ``memory_block_unique_label``: one given to another
+    of its blocks by a change not committed yet (a rename) is found only there."""
     agent = _locked(agent)
     block = locked_row(MemoryBlock.objects, block.pk, missing="Block not found")
     awaiting = block.agent_id == caller.pk and block.awaiting_attach
     if block.agent_id != agent.pk and not awaiting:
         raise Conflict("the block is attached to another agent; memsvc does not share blocks")
-    if awaiting:  # (the key's own agent too may keep a block of its label)
-        labelled = MemoryBlock.objects.filter(
-            KEPT_BLOCKS, agent=agent, user_id=block.user_id, label=block.label
-        )
-        if labelled.exists():
-            raise Conflict(f"the agent already has a memory block labelled {block.label!r}")
     block.agent, block.awaiting_attach = agent, False
-    block.save(update_fields=["agent", "awaiting_attach"])
+    try:
+        with transaction.atomic():
+            block.save(update_fields=["agent", "awaiting_attach"])
+    except IntegrityError:  # (the key's own agent too may keep a block of its label)
+        raise Conflict(f"the agent already has a memory block labelled {block.label!r}") from None
     return block
 
 

@@ -2,12 +2,16 @@
 messages, a memsvc key as the bearer. The unmodified SDK is driven in test_letta_sdk.py."""
 
 import json
+from datetime import timedelta
 
 import pytest
+from django.utils import timezone
 
 from agents_api import services
 from agents_api.models import Agent, MemoryBlock, MemoryBlockRevision
+from agents_api.services.letta import UNATTACHED_BLOCK_TTL
 from agents_api.sleeptime import observation_due
+from agents_api.tasks import prune_memories_task
 from conversations.models import Conversation, Membership, Message
 from conversations.services import (
     conversation_create,
@@ -18,6 +22,7 @@ from memsvc.api.errors import NotFound
 from memsvc.api.principals import Principal
 from tests.agents_api.conftest import make_agent
 from tests.conversations.test_services import waits_for
+from tests.db import while_held
 from tests.fake_openai import FakeOpenAI
 
 pytestmark = pytest.mark.django_db
@@ -849,3 +854,57 @@ def test_an_unknown_cursor_is_ignored_by_the_lists_and_a_404_for_messages(api, h
         response = api.get(f"/v1/agents/{agent_id}/messages", as_=helper, after=cursor)
         assert response.status_code == 404, response.content
         assert response.json() == {"detail": "Message not found"}
+
+
+# --- a third review's findings: a label taken while an attach waits, waiting blocks pruned ---
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("taken_by", ["a block created", "a block relabelled"])
+def test_an_attach_racing_a_block_of_its_label_is_a_conflict(api, helper, taken_by):
+    """The agent gets a block labelled "notes" (``/v1/agent/memory-blocks``) in a transaction
+    that commits while the attach of a waiting "notes" block waits for it. A create and the
+    attach waited for each other (a deadlock: one of them failed, a 503); a rename made the
+    attach a 500 (the label's unique index refused its save). The attach is Letta's 409,
+    the block made for it goes (all or nothing), and the agent's block stays."""
+    owner = helper.agent.as_principal()
+    draft = services.memory_block_create(owner, agent=helper.agent, label="draft", value="Mine.")
+    waiting = api.post("/v1/blocks/", {"label": "notes", "value": "Waiting."}, as_=helper).json()
+
+    def take_the_label():
+        if taken_by == "a block created":
+            services.memory_block_create(owner, agent=helper.agent, label="notes", value="Mine.")
+        else:
+            services.memory_block_update(owner, block=draft, label="notes")
+
+    response = while_held(
+        take_the_label, lambda: attach(api, helper, f"agent-{helper.agent.id}", waiting["id"])
+    )
+
+    assert response.status_code == 409, response.content
+    assert "'notes'" in response.json()["detail"]
+    assert not MemoryBlock.objects.filter(value="Waiting.").exists()
+    assert MemoryBlock.objects.get(agent=helper.agent, label="notes").value == "Mine."
+
+
+def test_the_daily_prune_deletes_blocks_whose_attach_never_came_for_a_day(api, helper):
+    """A block made by ``POST /v1/blocks/`` and never attached (the client stopped between
+    the two calls) stayed for good. The daily prune deletes one left unchanged for
+    ``UNATTACHED_BLOCK_TTL``, with its revisions; younger ones, and attached ones of any age,
+    stay."""
+    agent_id = create_agent(api, helper)["id"]
+    made = {
+        label: api.post("/v1/blocks/", {"label": label}, as_=helper).json()["id"]
+        for label in ("lost", "young", "attached")
+    }
+    assert attach(api, helper, agent_id, made["attached"]).status_code == 200
+    day_old = timezone.now() - UNATTACHED_BLOCK_TTL - timedelta(minutes=1)
+    MemoryBlock.objects.exclude(label="young").update(updated_at=day_old)
+
+    assert prune_memories_task.apply().get()["unattachedBlocks"] == 1
+
+    assert api.get(f"/v1/blocks/{made['lost']}", as_=helper).status_code == 404
+    assert not MemoryBlockRevision.objects.filter(block__label="lost").exists()
+    for label in ("young", "attached"):
+        assert api.get(f"/v1/blocks/{made[label]}", as_=helper).status_code == 200, label
+    assert services.unattached_blocks_prune() == 0

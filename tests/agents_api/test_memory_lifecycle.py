@@ -113,6 +113,7 @@ def test_the_daily_task_prunes_with_the_clock(caplog):
         "deleted": 1,
         "extended": 1,
         "idempotencyKeys": 0,
+        "unattachedBlocks": 0,
     }
     assert "1 deleted, 1 extended" in caplog.text
     [(expires_at, uses)] = lives(agent).values()
@@ -161,11 +162,13 @@ def test_memsvc_prune_prints_the_counts(capsys):
     assert (
         capsys.readouterr().out
         == "memories: 1 deleted, 1 extended\nidempotency keys: 0 forgotten\n"
+        "unattached blocks: 0 deleted\n"
     )
     assert cli.main(["prune"]) == 0
     assert (
         capsys.readouterr().out
         == "memories: 0 deleted, 0 extended\nidempotency keys: 0 forgotten\n"
+        "unattached blocks: 0 deleted\n"
     )
 
 

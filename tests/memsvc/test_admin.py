@@ -767,3 +767,17 @@ def test_blocks_are_deleted_as_the_api_deletes_them_read_only_ones_kept(operator
     one = {"action": "delete_selected", "post": "yes", "_selected_action": [notes.pk]}
     assert operator.post(listing, one).status_code == 302
     assert list(MemoryBlock.objects.values_list("label", flat=True)) == ["rules"]
+
+
+def test_renaming_an_agent_in_the_admin_renames_its_own_conversation(operator):
+    """As Letta's route renames one (``local_conversation_renamed``). The admin's rename
+    left the conversation its old name's title and ``local_agent``, naming an agent that
+    was no more."""
+    agent, _ = agent_get_or_create(owner_principal="local", name="helper")
+    local_messages_append(agent, [NewMessage(content="Hello", role="user")])
+    page = reverse("admin:agents_api_agent_change", args=[agent.pk])
+    form = {"owner_principal": "local", "name": "aide", "description": "", "metadata": "{}"}
+    assert operator.post(page, form).status_code == 302
+    assert list(Conversation.objects.values_list("title", "metadata")) == [
+        ("aide (local)", {"local_agent": "aide"})
+    ]
