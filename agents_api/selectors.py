@@ -239,6 +239,11 @@ def memory_enabled_for(user_id: str | None) -> bool:
     return not user_id or not memory_off_for([user_id])
 
 
+def memory_setting_of(user_id: str) -> QuerySet[UserMemorySetting]:
+    """The user's memory switch, as a row (none: memory is on)."""
+    return UserMemorySetting.objects.filter(user_id=user_id).order_by("user_id")
+
+
 def memory_off_for(user_ids: Iterable[str], *, lock: bool = False) -> set[str]:
     """Those of ``user_ids`` who turned memory off (one query). ``lock``: their settings
     rows are locked until the transaction ends, so none is turned off meanwhile."""

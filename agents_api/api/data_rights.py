@@ -89,7 +89,8 @@ class UserExportView(UserApiView):
             "conversations you own (every fork, every message, their memberships and "
             "transfers), your memberships, messages and transfers in others' conversations, "
             "and what every agent keeps about you (memories, memory blocks with revisions, "
-            "tool records made for you or in the conversations you own). "
+            "tool records made for you or in the conversations you own), and whether you "
+            "let agents remember you (`memorySetting`, empty when you never changed it). "
             "`memsvc import` puts it back."
         ),
         responses={200: UserExportOut, **errors(401)},
@@ -108,7 +109,8 @@ class UserEraseView(UserApiView):
             "transfers you made or were offered, and what agents keep about you (the tool "
             "records made for you or in the conversations you own too). Others' "
             "conversations stay, without your messages; others' memories stay, citing none "
-            "of the messages erased."
+            "of the messages erased. A memory switch you turned off stays off, so that "
+            "agents do not start remembering you again."
         ),
         request=EraseIn,
         responses={200: ErasedOut, **errors(400, 401)},

@@ -166,6 +166,16 @@ class MemoryRecord(Record):
         ref_name = "ExportedMemory"
 
 
+class MemorySettingRecord(Record):
+    """Whether the user lets agents remember them (``UserMemorySetting``; no record: on)."""
+
+    memoryEnabled = serializers.BooleanField(source="memory_enabled")
+    updatedAt = serializers.DateTimeField(source="updated_at")
+
+    class Meta:
+        ref_name = "ExportedMemorySetting"
+
+
 class MemoryBlockRevisionRecord(Record):
     value = TextField(allow_blank=True)
     actor = serializers.CharField(source="actor_principal", max_length=PRINCIPAL_MAX_LENGTH)

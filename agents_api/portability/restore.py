@@ -20,6 +20,7 @@ from agents_api.models import (
     MemoryBlock,
     MemoryBlockRevision,
     ToolRecord,
+    UserMemorySetting,
     content_hash,
 )
 from agents_api.selectors import memory_off_for
@@ -227,23 +228,23 @@ def _agents_for(subject, records: list[dict], section: str, *, about=None) -> li
     """The records whose agent is here: in an agent's document, that agent's (every record
     is put in it); in a user's, those about the user of agents that exist (others skipped).
     A record is about the user when its ``user_id`` is theirs, or ``about(record)`` says
-    so; any other refuses the document. Either way none made about a user who turned memory
-    off is kept (skipped: an agent keeps nothing new about them, whoever brings it; their
-    settings locked until the import commits, as ``services.memories_save`` locks them)."""
-    if isinstance(subject, Agent):
-        for record in records:
-            record["agent_id"] = subject.id
-        kept = records
-    else:
+    so; any other refuses the document. An agent's document keeps none made about a user who
+    turned memory off (skipped: an agent keeps nothing new about them, whoever brings it;
+    their settings locked until the import commits, as ``services.memories_save`` locks
+    them). A user's own document comes back whole: what was kept about them, kept while
+    their memory was off too, then their switch as it was (its last section)."""
+    if not isinstance(subject, Agent):
         _belongs_to(subject, [r for r in records if not (about and about(r))], "user_id", section)
         existing = set(
             Agent.objects.filter(id__in=[r["agent_id"] for r in records]).values_list(
                 "id", flat=True
             )
         )
-        kept = [record for record in records if record["agent_id"] in existing]
-    off = memory_off_for((record["user_id"] for record in kept), lock=True)
-    return [record for record in kept if record["user_id"] not in off]
+        return [record for record in records if record["agent_id"] in existing]
+    for record in records:
+        record["agent_id"] = subject.id
+    off = memory_off_for((record["user_id"] for record in records), lock=True)
+    return [record for record in records if record["user_id"] not in off]
 
 
 def _swept_on_commit(sweep) -> None:
@@ -277,6 +278,14 @@ def restore_memory_blocks(subject, records: list[dict]) -> int:
         for revision in block_revisions
     )
     return len(blocks)
+
+
+def restore_memory_setting(user_id: str, records: list[dict]) -> int:
+    """The user's memory switch as the document had it (the last section of a user's
+    document: what agents kept about them is back before memory may be off again)."""
+    for record in records[-1:]:
+        UserMemorySetting.objects.update_or_create(user_id=user_id, defaults=record)
+    return len(records[-1:])
 
 
 def restore_tool_records(subject, records: list[dict]) -> int:

@@ -79,6 +79,14 @@ USER_SECTIONS = [
         agent_selectors.tool_records_kept_about,
         restore.restore_tool_records,
     ),
+    # Last: an import puts back what agents kept about the user before their memory may be
+    # turned off again.
+    Section(
+        "memorySetting",
+        records.MemorySettingRecord,
+        agent_selectors.memory_setting_of,
+        restore.restore_memory_setting,
+    ),
 ]
 
 # An agent's memory (``memsvc export agent``): blocks and memories about every user and

@@ -4,7 +4,7 @@ from dataclasses import dataclass
 
 from django.db import transaction
 
-from agents_api.models import MemoryBlock
+from agents_api.models import MemoryBlock, UserMemorySetting
 from agents_api.selectors import memories_of, tool_records_kept_about
 from agents_api.services.memories import memories_delete, memory_citations_forget
 from agents_api.services.tool_records import tool_records_delete
@@ -31,8 +31,9 @@ def user_erase(actor: Principal, *, confirm: str) -> Erased:
     were offered, and what every agent keeps about them (memories, blocks and their
     revisions, tool records made for them or in the conversations they own, which would
     otherwise outlive those). Others' memories that cited a message erased cite it no more
-    (``memory_citations_forget``). ``confirm`` must be their id: this cannot be undone. All
-    or nothing."""
+    (``memory_citations_forget``). Their memory switch goes too, unless it is off: that row
+    says only that agents must not remember them, and is kept so that they do not start
+    again. ``confirm`` must be their id: this cannot be undone. All or nothing."""
     if confirm != actor.id:
         raise InvalidInput.for_field(
             "confirm", "must be your own user id: erasing your data cannot be undone"
@@ -43,6 +44,7 @@ def user_erase(actor: Principal, *, confirm: str) -> Erased:
     memory_citations_forget(conversations.message_ids)
     memories = memories_delete(actor, memories=memories_of(user_id=actor.id, with_expired=True))
     _, deleted = MemoryBlock.objects.filter(user_id=actor.id).delete()
+    UserMemorySetting.objects.filter(user_id=actor.id, memory_enabled=True).delete()
     return Erased(
         conversations=conversations.conversations,
         messages=conversations.messages,

@@ -16,8 +16,16 @@ from django.db import DatabaseError, connection
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from agents_api.models import Agent, Memory, MemoryBlock, MemoryBlockRevision, ToolRecord
+from agents_api.models import (
+    Agent,
+    Memory,
+    MemoryBlock,
+    MemoryBlockRevision,
+    ToolRecord,
+    UserMemorySetting,
+)
 from agents_api.portability.records import NUMBER_MAX
+from agents_api.selectors import memory_off_for
 from agents_api.services import (
     NewToolRecord,
     api_key_create,
@@ -575,6 +583,26 @@ def test_a_user_round_trip_export_erase_import_gives_the_same_export(
     assert cli.main(["import", str(tmp_path / "first.json")]) == 1
     assert "nothing imported" in capsys.readouterr().err
     assert cli_export(tmp_path, "fourth", "user", "alice") == before
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_the_memory_switch_is_exported_kept_off_by_an_erase_and_imported(
+    api, alice, tmp_path, world, capsys, enabled
+):
+    """The user's switch is theirs too. An erase takes it unless it is off: "off" says only
+    that agents must not remember them, and is kept so that they do not start again."""
+    memory_setting_update(Principal.user("alice"), enabled=enabled)
+    first = cli_export(tmp_path, "first", "user", "alice")
+    [setting] = first["memorySetting"]
+    assert setting["memoryEnabled"] is enabled
+
+    call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    assert memory_off_for(["alice"]) == ({"alice"} if not enabled else set())
+    assert UserMemorySetting.objects.filter(user_id="alice").exists() is not enabled
+
+    assert cli.main(["import", str(tmp_path / "first.json")]) == 0
+    capsys.readouterr()
+    assert cli_export(tmp_path, "second", "user", "alice") == first
 
 
 def test_a_conversation_dated_later_than_the_import_is_imported_as_of_now(
