@@ -64,6 +64,7 @@ class _Touches:
 
     def __init__(self):
         self._lock = threading.Lock()
+        self._sending = threading.Lock()  # (one send at a time: ``flush``)
         self._pending: list[str] = []
         self._due = threading.Event()
         self._thread: threading.Thread | None = None
@@ -83,10 +84,13 @@ class _Touches:
         self._due.set()
 
     def flush(self) -> None:
-        with self._lock:
-            ids, self._pending = self._pending, []
-        if ids:
-            _send(ids)
+        # The exit's waits for a send the thread has begun: the interpreter stops a daemon
+        # thread where it is once the exit's handlers are done, and its counts were lost.
+        with self._sending:
+            with self._lock:
+                ids, self._pending = self._pending, []
+            if ids:
+                _send(ids)
 
     def _send_forever(self) -> None:
         while True:

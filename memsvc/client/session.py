@@ -116,7 +116,7 @@ class learning:
         # ``async with``: the loop that entered the block and, once a call asked for
         # context, its client (kept alive: a call does not open a connection of its own).
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._aclient: httpx.AsyncClient | None = None
+        self._kept: _KeptClient | None = None
 
     # with / async with
 
@@ -143,10 +143,12 @@ class learning:
     async def __aexit__(self, *exc):
         hooks.deactivate(self)
         self._loop = None
-        if self._aclient is not None:
-            aclient, self._aclient = self._aclient, None
-            await aclient.aclose()
-        await asyncio.to_thread(self._close)
+        try:
+            if self._kept is not None:
+                kept, self._kept = self._kept, None
+                await kept.let_go()
+        finally:  # (the stores are sent, whatever closing the client raised)
+            await asyncio.to_thread(self._close)
         return False
 
     def _open(self) -> None:
@@ -220,8 +222,8 @@ class learning:
             await asyncio.to_thread(sender.flush, time_left(deadline, quiet=True), quiet=True)
         try:
             if asyncio.get_running_loop() is self._loop:
-                client = self._aclient = self._aclient or self._new_aclient()
-                response = await client.request(
+                kept = self._kept = self._kept or _KeptClient(self._new_aclient())
+                response = await kept.request(
                     request.method, request.path, json=request.json, timeout=time_left(deadline)
                 )
             else:
@@ -284,6 +286,32 @@ class learning:
 
     def store(self, requests: list[ServerRequest]) -> None:
         sender.send(self.destination, requests)
+
+
+class _KeptClient:
+    """An ``async with`` block's client, and how many calls are on it. The block's exit lets
+    go of it: closed at once, or as the last call on it ends (a call of a task the block
+    started, still asking for context): closed under a call, that call failed, went without
+    its context, and memsvc was taken for down (``sender.mark_down``)."""
+
+    def __init__(self, client: httpx.AsyncClient):
+        self.client = client
+        self._calls = 0
+        self._released = False
+
+    async def request(self, method: str, path: str, **options) -> httpx.Response:
+        self._calls += 1
+        try:
+            return await self.client.request(method, path, **options)
+        finally:
+            self._calls -= 1
+            if self._released and not self._calls:
+                await self.client.aclose()
+
+    async def let_go(self) -> None:
+        self._released = True
+        if not self._calls:
+            await self.client.aclose()
 
 
 def _reason(response: httpx.Response) -> str:

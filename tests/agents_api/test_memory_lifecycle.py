@@ -345,6 +345,33 @@ def test_a_processs_uses_go_in_one_message_sent_off_the_request_path(monkeypatch
     assert sent[0]["delivery_mode"] == TRANSIENT
 
 
+def test_the_exit_waits_for_the_counts_the_sender_thread_is_sending(monkeypatch):
+    """The exit sends what the process holds (``flush_memory_touches``, atexit), and waits
+    for a message the sending thread has begun: the interpreter stops a daemon thread where
+    it is once the exit's handlers are done, and the counts it held were lost."""
+    begun, release, sent = threading.Event(), threading.Event(), []
+
+    def slow_send(ids):
+        begun.set()
+        release.wait(5)
+        sent.append(ids)
+
+    app.conf.task_always_eager = False  # (as a server runs them; the suite's fixture resets it)
+    monkeypatch.setattr(tasks, "_send", slow_send)
+    monkeypatch.setattr(tasks, "TOUCH_BATCH_SECONDS", 0.01)
+    tea = "00000000-0000-0000-0000-00000000000a"
+    enqueue_memory_touch([tea])
+    assert begun.wait(5)  # the thread took the count and is sending it
+    exiting = threading.Thread(target=flush_memory_touches)
+    exiting.start()
+    exiting.join(0.3)
+    assert exiting.is_alive()
+    release.set()
+    exiting.join(5)
+    assert not exiting.is_alive()
+    assert sent == [[tea]]
+
+
 @pytest.mark.django_db
 def test_a_use_named_twice_counts_twice():
     agent = AgentFactory()

@@ -552,14 +552,41 @@ def test_an_async_block_asks_for_context_on_one_kept_connection(llm):
                 await client.chat.completions.create(
                     model="m", messages=[{"role": "user", "content": text}]
                 )
-            kept = block._aclient
+            kept = block._kept
         return kept
 
     with StandInMemsvc() as memsvc:
         kept = asyncio.run(main())
     ports = [r.client_port for r in memsvc.server.requests if r.path.startswith("/context/")]
     assert len(ports) == 3 and len(set(ports)) == 1, ports
-    assert kept.is_closed
+    assert kept.client.is_closed
+
+
+def test_a_call_still_asking_for_context_when_its_async_block_ends_gets_it(llm, caplog):
+    """A task the block started may still be asking for context as the block ends: the
+    kept connection is closed once that call is done, not under it (the call went without
+    its context, and memsvc was taken for down: every block's stores dropped a while)."""
+    client = openai.AsyncOpenAI(base_url=llm.base_url, api_key="k")
+
+    async def main():
+        async with learning(agent="a", server_url=memsvc.url) as block:
+            call = asyncio.create_task(
+                client.chat.completions.create(
+                    model="m", messages=[{"role": "user", "content": "What is my name?"}]
+                )
+            )
+            while "/context/a" not in memsvc.paths():
+                await asyncio.sleep(0.01)  # (memsvc has the request and answers in 0.5 s)
+            kept = block._kept
+        await call
+        return kept
+
+    with StandInMemsvc(context_seconds=0.5) as memsvc:
+        kept = asyncio.run(main())
+        assert not sender_module.sender.is_down(memsvc.url)
+    assert "Name: Alice" in llm.system_messages()[0]
+    assert warnings(caplog) == []
+    assert kept.client.is_closed
 
 
 def test_an_async_block_lets_the_event_loop_run_while_it_waits_for_memsvc(llm):
