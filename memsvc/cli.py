@@ -260,6 +260,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     from django.conf import settings
 
     from agents_api.mcp_server.stdio import CallerError, serve, stdio_caller
+    from agents_api.tasks import flush_memory_touches
     from memsvc import embedded_db
     from search.embeddings import warm_up_in_background
 
@@ -285,6 +286,9 @@ def cmd_mcp(args: argparse.Namespace) -> int:
             flush=True,
         )
         serve(caller, wire)
+        # The session's use counts, while the database is up for the broker-down fallback
+        # (the exit's own flush would come after it stopped).
+        flush_memory_touches()
         return 0
     finally:
         embedded_db.stop_server()
