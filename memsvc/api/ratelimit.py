@@ -53,23 +53,43 @@ CREDENTIAL_HEADERS = ("HTTP_AUTHORIZATION", "HTTP_X_API_KEY")
 # --- counting ----------------------------------------------------------------------------------
 
 
+_pruned_before = [0]  # the window whose earlier rows this process last deleted
+
+
 class DatabaseCounter:
     """One row per bucket, reset when a new window starts; every process updates the same
     row, so the count is the service's, not a process's."""
 
     def hit(self, bucket: str, window_start: int) -> int:
+        # A hit of a window already past (a process that read the clock just before the
+        # minute's end, or one whose clock is behind) counts in the row's newer window: it
+        # reset that window's count, and a burst across the minute's end had its hits
+        # counted from 1 again each time two processes' windows alternated.
+        # A row per address or key ever seen would grow the table without end (an IPv6
+        # client has 2^64 addresses, and as many /64s): once a window, each process deletes
+        # the rows of windows past, in the same statement (no query more for the request);
+        # not the bucket's own row, which the insert itself starts again.
+        prune = ""
+        if _pruned_before[0] < window_start:
+            _pruned_before[0] = window_start
+            prune = """
+                WITH pruned AS (
+                    DELETE FROM rate_limit_counter WHERE window_start < %(start)s
+                    AND bucket <> %(bucket)s
+                )"""
         with connection.cursor() as cursor:
             cursor.execute(
-                """
+                prune  # noqa: S608 (two constant texts; every value is a parameter)
+                + """
                 INSERT INTO rate_limit_counter AS c (bucket, window_start, hits)
-                VALUES (%s, %s, 1)
+                VALUES (%(bucket)s, %(start)s, 1)
                 ON CONFLICT (bucket) DO UPDATE SET
-                    hits = CASE WHEN c.window_start = EXCLUDED.window_start
+                    hits = CASE WHEN c.window_start >= EXCLUDED.window_start
                                 THEN c.hits + 1 ELSE 1 END,
-                    window_start = EXCLUDED.window_start
+                    window_start = GREATEST(c.window_start, EXCLUDED.window_start)
                 RETURNING hits
                 """,
-                [bucket, window_start],
+                {"bucket": bucket, "start": window_start},
             )
             return cursor.fetchone()[0]
 

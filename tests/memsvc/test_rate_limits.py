@@ -309,3 +309,47 @@ def test_the_client_behind_trusted_proxies(rf, settings, trusted, remote, forwar
     settings.MEMSVC_TRUSTED_PROXIES = trusted
     request = rf.get("/", REMOTE_ADDR=remote, HTTP_X_FORWARDED_FOR=forwarded)
     assert client_address(request) == client
+
+
+def test_a_successful_request_with_credentials_never_counts_as_a_failure(client, settings, backend):
+    """Only refused credentials count against their address."""
+    settings.MEMSVC_AUTH_FAILURE_LIMIT = 2
+    address = f"192.0.2.{uuid.uuid4().int % 250 + 1}"
+    if backend == "redis":
+        redis.Redis.from_url(REDIS_URL).delete(
+            *redis.Redis.from_url(REDIS_URL).keys(f"*{address}:*") or ["-"]
+        )
+    agent = make_agent(f"agent-{uuid.uuid4()}")
+    for _ in range(5):
+        assert (
+            client.get("/v1/agent/me", REMOTE_ADDR=address, **agent.auth_headers()).status_code
+            == 200
+        )
+    wrong = {"HTTP_X_API_KEY": agent.key[:-4] + "AAAA"}
+    assert [
+        client.get("/v1/agent/me", REMOTE_ADDR=address, **wrong).status_code for _ in range(3)
+    ] == [401, 401, 429]
+
+
+def test_counts_of_windows_past_are_deleted(settings, monkeypatch):
+    """One row per address or key ever seen would grow the table without end: the rows of
+    windows past go once a window."""
+    from memsvc.models import RateLimitCounter
+
+    settings.MEMSVC_REDIS_URL = None
+    monkeypatch.setattr(ratelimit, "_pruned_before", [0])
+    start, _ = ratelimit._window()
+    ratelimit.DatabaseCounter().hit("principal:old", start)
+    ratelimit.DatabaseCounter().hit("principal:new", start + ratelimit.WINDOW_SECONDS)
+    assert list(RateLimitCounter.objects.values_list("bucket", flat=True)) == ["principal:new"]
+
+
+def test_a_hit_read_at_the_minutes_end_counts_in_the_newer_window(settings):
+    """Two processes at the minute's end, one reading the clock just before it: its hit
+    counted from 1 again, in the window past, and the next one's from 1 again too."""
+    settings.MEMSVC_REDIS_URL = None
+    start, _ = ratelimit._window()
+    counter, bucket = ratelimit.DatabaseCounter(), f"principal:{uuid.uuid4()}"
+    assert counter.hit(bucket, start + ratelimit.WINDOW_SECONDS) == 1
+    assert counter.hit(bucket, start) == 2
+    assert counter.hit(bucket, start + ratelimit.WINDOW_SECONDS) == 3
