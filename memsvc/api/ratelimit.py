@@ -102,6 +102,14 @@ class DatabaseCounter:
             row = cursor.fetchone()
         return row[0] if row else 0
 
+    def take_back(self, bucket: str, window_start: int) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE rate_limit_counter SET hits = hits - 1"
+                " WHERE bucket = %s AND window_start = %s AND hits > 0",
+                [bucket, window_start],
+            )
+
 
 class RedisCounter:
     """A key per bucket and window, expiring with the window."""
@@ -125,6 +133,12 @@ class RedisCounter:
     def count(self, bucket: str, window_start: int) -> int:
         return int(self.redis.get(self._key(bucket, window_start)) or 0)
 
+    def take_back(self, bucket: str, window_start: int) -> None:
+        # With its expiry again: a key gone already (a request longer than the window)
+        # would come back as -1, and stay.
+        key = self._key(bucket, window_start)
+        self.redis.pipeline().decr(key).expire(key, WINDOW_SECONDS + 5).execute()
+
 
 @functools.cache
 def _redis_counter(url: str) -> RedisCounter:
@@ -144,12 +158,14 @@ def _window() -> tuple[int, int]:
     return start, max(1, int(start + WINDOW_SECONDS - now + 0.999))
 
 
-def _counted(operation: str, bucket: str) -> tuple[int, int] | None:
-    """``(count, seconds left)`` after ``operation`` ("hit" or "count") on ``bucket``; None
-    when Redis cannot be reached: the limits then let requests through (logged), rather
-    than take the service down with them. A database error propagates (the request would
-    fail anyway: 503)."""
-    window_start, left = _window()
+def _counted(
+    operation: str, bucket: str, window: tuple[int, int] | None = None
+) -> tuple[int, int] | None:
+    """``(count, seconds left)`` after ``operation`` ("hit", "count" or "take_back") on
+    ``bucket`` in ``window`` (by default the current one); None when Redis cannot be
+    reached: the limits then let requests through (logged), rather than take the service
+    down with them. A database error propagates (the request would fail anyway: 503)."""
+    window_start, left = window or _window()
     counter = _counter()
     if isinstance(counter, RedisCounter):
         import redis
@@ -195,10 +211,50 @@ def auth_lockout(address: str) -> RateLimited | None:
         return None
     counted = _counted("count", f"auth-failures:{counted_as(address)}")
     if counted is not None and counted[0] >= limit:
-        return RateLimited(
-            counted[1], f"too many failed authentications from this address ({limit} a minute)"
-        )
+        return _locked_out(limit, counted[1])
     return None
+
+
+def _locked_out(limit: int, retry_after: int) -> RateLimited:
+    return RateLimited(
+        retry_after, f"too many failed authentications from this address ({limit} a minute)"
+    )
+
+
+# How many requests a server may check at once (its web processes' threads, with room):
+# an address that many failures from its limit has its credentials counted before they are
+# checked (``auth_attempt``).
+CHECKS_AT_ONCE = 32
+
+
+def auth_attempt(address: str) -> tuple[RateLimited | None, Callable[[], None] | None]:
+    """``auth_lockout`` for a request with credentials, and whether they were counted as a
+    failure already: ``(refusal, take_back)``, ``take_back`` to call unless the request is
+    answered 401. A failure is counted once answered; so a burst of guesses at once, all
+    checked before the first answer, got as many as the server checks at once past the
+    limit (24 at once, a limit of 3: 24 checked). Near the limit (``CHECKS_AT_ONCE``) the
+    credentials count before the check, so no more than the limit are checked; far from it,
+    a request pays one read, as every right one does."""
+    limit = settings.MEMSVC_AUTH_FAILURE_LIMIT
+    if not limit:
+        return None, None
+    bucket, window = f"auth-failures:{counted_as(address)}", _window()
+    counted = _counted("count", bucket, window)
+    if counted is None or counted[0] < limit - CHECKS_AT_ONCE:
+        return None, None
+    if counted[0] >= limit:
+        return _locked_out(limit, counted[1]), None
+    counted = _counted("hit", bucket, window)
+    if counted is None:
+        return None, None
+
+    def take_back():
+        _counted("take_back", bucket, window)
+
+    if counted[0] > limit:
+        take_back()  # (refused unchecked: not a failure of its own)
+        return _locked_out(limit, counted[1]), None
+    return None, take_back
 
 
 def _ip(address: str):
@@ -332,11 +388,11 @@ def rate_limited(identity_of: Callable = principal_identity):
     return decorate
 
 
-def _guarded(check, address):
+def _guarded(check, *args):
     # An exception here would be Django's HTML 500: with the database down the request
     # goes on without this check, and its view answers 503.
     try:
-        return check(address)
+        return check(*args)
     except DatabaseError:
         logger.warning("failed authentications not counted: database unreachable")
         return None
@@ -350,14 +406,18 @@ class RateLimitMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
+        take_back = None  # (``auth_attempt``: the credentials counted as a failure already)
         if any(request.META.get(header) for header in CREDENTIAL_HEADERS):
-            refusal = _guarded(auth_lockout, client_address(request))
+            refusal, take_back = _guarded(auth_attempt, client_address(request)) or (None, None)
             if refusal is not None:
                 response = render_api_error(request, refusal)
                 if response is not None:
                     return response
         response = self.get_response(request)
-        if response.status_code == 401:
+        if take_back is not None:
+            if response.status_code != 401:
+                _guarded(take_back)
+        elif response.status_code == 401:
             _guarded(note_auth_failure, client_address(request))
         return response
 

@@ -3,7 +3,9 @@ per address, 429 ``rate_limited`` with ``Retry-After`` in each API's shape, coun
 every process sees the same count."""
 
 import json
+import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -309,6 +311,69 @@ def test_the_client_behind_trusted_proxies(rf, settings, trusted, remote, forwar
     settings.MEMSVC_TRUSTED_PROXIES = trusted
     request = rf.get("/", REMOTE_ADDR=remote, HTTP_X_FORWARDED_FOR=forwarded)
     assert client_address(request) == client
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_wrong_keys_get_no_more_checks_than_the_limit(tmp_path):
+    """Wrong keys sent all at once from one address, to two web processes with threads each:
+    no more than the limit of them reach the key check (401); the rest are 429. The 401s
+    were counted only once answered, so every request that came in before the first answer
+    was checked: a burst had as many guesses as the server runs requests at once."""
+    limit, burst = 3, 24
+    env = {
+        **shared_database_env(),
+        "MEMSVC_AUTH_FAILURE_LIMIT": str(limit),
+        "MEMSVC_TRUSTED_PROXIES": "127.0.0.1",
+        "MEMSVC_WEB_THREADS": "8",
+    }
+    server = WebServer(tmp_path, env, workers=2)
+    try:
+        # The server keeps the real clock: a burst across a minute's end would get the
+        # next window's guesses too.
+        left = ratelimit.WINDOW_SECONDS - time.time() % ratelimit.WINDOW_SECONDS
+        if left < 10:
+            time.sleep(left)
+        # (an address no other run of this minute used: its count starts at 0)
+        part = uuid.uuid4().hex
+        address = f"2001:db8:{part[:4]}:{part[4:8]}::1"
+        headers = {"X-API-Key": "msk_wrong_secret", "X-Forwarded-For": address}
+        with httpx.Client(timeout=30) as http, ThreadPoolExecutor(burst) as pool:
+            statuses = list(
+                pool.map(
+                    lambda _: http.get(f"{server.url}/v1/agent/me", headers=headers).status_code,
+                    range(burst),
+                )
+            )
+        assert sorted(statuses) == [401] * limit + [429] * (burst - limit)
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize(("failures", "writes"), [(0, []), (9, ["hit", "take_back"])])
+def test_only_near_the_limit_are_credentials_counted_before_the_check(
+    client, settings, monkeypatch, failures, writes
+):
+    """Counting credentials before the check costs two writes on the address's row: only
+    an address within ``CHECKS_AT_ONCE`` of its limit pays them; a right key far from it is
+    one read, as before."""
+    settings.MEMSVC_AUTH_FAILURE_LIMIT = ratelimit.CHECKS_AT_ONCE + 5
+    settings.MEMSVC_REDIS_URL = None
+    agent = make_agent(f"agent-{uuid.uuid4()}")
+    address = f"192.0.2.{uuid.uuid4().int % 250 + 1}"
+    for _ in range(failures):
+        ratelimit.note_auth_failure(address)
+    operations = []
+    counted = ratelimit._counted
+
+    def recording(operation, bucket, *args):
+        if bucket.startswith("auth-failures:"):
+            operations.append(operation)
+        return counted(operation, bucket, *args)
+
+    monkeypatch.setattr(ratelimit, "_counted", recording)
+    response = client.get("/v1/agent/me", REMOTE_ADDR=address, **agent.auth_headers())
+    assert response.status_code == 200
+    assert operations == ["count", *writes]
 
 
 def test_a_successful_request_with_credentials_never_counts_as_a_failure(client, settings, backend):
