@@ -45,7 +45,7 @@ from conversations.models import (
 )
 from memsvc.api.errors import Forbidden, InvalidInput, NotFound, one_or_404
 from memsvc.api.pagination import Page, beyond, decode_cursor, encode_cursor, keyset_page
-from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, Principal
+from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, Principal, stored_principal_id
 
 PREVIEW_CHARS = 200
 
@@ -587,7 +587,7 @@ def group_memberships(conversation: Conversation) -> list[Membership]:
 
 def membership_of(conversation: Conversation, principal_id: str) -> Membership:
     membership = Membership.objects.filter(
-        group_id=conversation.group_id, principal_id=principal_id
+        group_id=conversation.group_id, principal_id=stored_principal_id(principal_id)
     ).first()
     if membership is None:
         raise NotFound("membership not found")

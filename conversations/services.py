@@ -336,6 +336,14 @@ def summary_create(
             )
         ],
     )
+    # The message covered up to, held (``held_keys``) once the append has locked the
+    # conversation: an erase of its author in flight, which locks the conversation before
+    # it deletes the author's turns, has ended; one that comes later waits, then moves this
+    # summary off it (``_summaries_moved_off``). Refused if it is gone, as the view refuses
+    # a message outside the conversation: a summary covering no stored message would start
+    # the agent's context after itself, past the turns between.
+    if not held_keys(Message, [until_message.pk]):
+        raise InvalidInput.for_field("untilMessageId", "not a message of this conversation")
     Conversation.objects.filter(pk=conversation.pk).update(title=title)
     return message
 
@@ -546,7 +554,11 @@ def ownership_transfer_start(
     if to_principal == actor.id:
         raise InvalidInput.for_field("newOwnerUserId", "you already own this conversation")
     # Only the owner offers: one whose offer is being accepted meanwhile is no longer it.
-    _lock_group_as(actor, conversation.group_id, need=AccessLevel.OWNER)
+    # The offer names the conversation it is made from, read again under the group's lock,
+    # which a deletion takes first: a fork deleted meanwhile is a 404, not a transfer
+    # pointing at no conversation (its foreign key fails at commit).
+    _lock_group(conversation.group_id)
+    selectors.access_conversation(actor, conversation.pk, need=AccessLevel.OWNER, summary=False)
     try:
         with transaction.atomic():
             return OwnershipTransfer.objects.create(

@@ -124,6 +124,14 @@ def agent_principal_id(agent_id, *, field: str) -> str:
     return f"{AGENT_PRINCIPAL_PREFIX}{agent_uuid}"
 
 
+def stored_principal_id(principal_id: str) -> str:
+    """``principal_id`` as memberships store it: an agent's as ``agent:<id>`` with the id in
+    its canonical form (``agent_principal_id``), so that the id a member was shared with
+    names their membership, however its letters were written; a user's as it is."""
+    agent_uuid = agent_uuid_of(principal_id)
+    return f"{AGENT_PRINCIPAL_PREFIX}{agent_uuid}" if agent_uuid else principal_id
+
+
 def principal_for_sharing(principal_id: str, *, field: str) -> str:
     """A principal to share with: a user id (``user_id_problem``: one no user can have is a
     400), or ``agent:<id>`` of an existing agent."""

@@ -77,6 +77,25 @@ def test_sharing_with_an_agent_needs_an_existing_agent(api, alice, conversation)
     assert "userId" in missing.json()["details"]
 
 
+def test_an_agent_shared_with_is_found_by_the_id_it_was_shared_with(api, alice, conversation):
+    """An agent id written in capitals (a client that prints GUIDs so) is shared with as its
+    canonical form; the same text then names its membership, not a 404."""
+    agent = AgentFactory()
+    shouted = f"agent:{str(agent.id).upper()}"
+    shared = api.post(
+        url(conversation, "/memberships"), {"userId": shouted, "accessLevel": "reader"}, as_=alice
+    )
+    assert shared.json()["userId"] == f"agent:{agent.id}"
+
+    updated = api.patch(
+        url(conversation, f"/memberships/{shouted}"), {"accessLevel": "writer"}, as_=alice
+    )
+    assert updated.status_code == 200, updated.content
+    assert levels(conversation)[f"agent:{agent.id}"] == "writer"
+    assert api.delete(url(conversation, f"/memberships/{shouted}"), as_=alice).status_code == 204
+    assert f"agent:{agent.id}" not in levels(conversation)
+
+
 def test_sharing_with_an_id_no_user_can_have_is_400(api, alice, conversation):
     """A control character (a tab, an escape) is in no user's id (``user_id_problem``, as
     the JWT's ``sub`` and a transfer's ``newOwnerUserId``): no membership nobody can use."""

@@ -7,9 +7,11 @@ commits and the other operation ends.
 """
 
 import threading
+import uuid
 
 import pytest
 from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
 
 from conversations import selectors, services
 from conversations.models import Conversation, Membership, Message, OwnershipTransfer
@@ -207,6 +209,23 @@ def test_a_fork_racing_the_deletion_of_its_conversation_is_404(deleted):
 
 
 @pytest.mark.django_db(transaction=True)
+def test_an_offer_made_from_a_fork_being_deleted_is_404():
+    """alice offers ownership from a fork while she deletes that fork: the offer waits for
+    the deletion, then finds its conversation gone (404), not a 500 when the transfer's
+    foreign key to the deleted fork is checked at commit."""
+    fork = fork_of(shared_group())
+    alice = Principal.user("alice")
+
+    refused = waits_for(
+        lambda: services.conversation_delete(alice, conversation=fork),
+        lambda: services.ownership_transfer_start(alice, conversation=fork, to_principal="bob"),
+    )
+
+    assert isinstance(refused, NotFound), refused
+    assert not OwnershipTransfer.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("deleted", ["root", "fork"])
 def test_an_owner_whose_offer_is_being_accepted_deletes_nothing(deleted):
     """alice's deletion was checked while she owned the conversation; bob accepts her offer
@@ -401,3 +420,31 @@ def test_an_erase_racing_a_fork_at_its_users_turn_moves_the_fork():
 
     assert outcome.messages == 1, outcome
     assert Conversation.objects.get(pk=forks[0].pk).forked_at_message is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_summary_racing_the_erase_of_the_turn_it_covers_up_to_is_refused():
+    """An agent summarises up to bob's turn while bob erases his data: the summary waits
+    for the erase and is refused (the turn is gone, as a later request finds it), not kept
+    covering a message that no longer exists, after which an agent's context would start
+    past the summary and lose the turns between."""
+    agent = Principal.for_agent(uuid.uuid4(), name="helper")
+    conversation = shared_group(bob="writer", **{agent.id: "writer"})
+    services.message_append(Principal.user("alice"), conversation=conversation, content="a")
+    turn = services.message_append(Principal.user("bob"), conversation=conversation, content="b")
+
+    refused = waits_for(
+        lambda: services.user_conversations_erase("bob"),
+        lambda: services.summary_create(
+            agent,
+            conversation=conversation,
+            title="t",
+            summary="alice said a, bob said b",
+            until_message=turn,
+            summarized_at=timezone.now(),
+        ),
+    )
+
+    assert isinstance(refused, InvalidInput), refused
+    assert "untilMessageId" in refused.details
+    assert not Message.objects.filter(channel="summary").exists()
