@@ -73,6 +73,9 @@ def conversation_update(
 ) -> Conversation:
     conversation = locked_row(Conversation.objects, conversation.pk, missing="not found")
     _hold_memberships(actor, conversation)  # a writer removed or demoted meanwhile: refused
+    if title is None and metadata is None:
+        # Nothing to change: ``updated_at`` orders the members' lists, and stays.
+        return conversation
     fields = ["updated_at"]
     if title is not None:
         conversation.title = title

@@ -58,6 +58,20 @@ def test_create_get_patch_conversation(api, alice):
     assert patched["updatedAt"] > created["updatedAt"]
 
 
+def test_a_patch_that_changes_nothing_leaves_the_conversation_where_it_was(api, alice):
+    # ``updatedAt`` orders the conversation lists: an empty PATCH moved a conversation to the
+    # top of its members' lists, though nothing in it had changed.
+    created = create(api, alice, title="Plans")
+    response = api.patch(f"/v1/user/conversations/{created['id']}", {}, as_=alice)
+    assert response.status_code == 200, response.content
+    assert response.json()["updatedAt"] == created["updatedAt"]
+    assert (
+        Conversation.objects.get(id=created["id"])
+        .updated_at.isoformat()
+        .startswith(created["updatedAt"][:19])
+    )
+
+
 def test_creating_for_an_agent_makes_it_a_writer(api, alice):
     agent = AgentFactory()
     created = create(api, alice, agentId=str(agent.id))
