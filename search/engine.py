@@ -49,7 +49,8 @@ def query_vector(model: str, query: str, unnamed_share: float = 0.0) -> str:
     return vector_literal(ranking.mixed_vector(vector, other, unnamed_share))
 
 
-# The embeddings on their way, so that a request that starts one ahead (``embed_ahead``) and
+# The embeddings on their way, so that a request that starts one ahead (``search.selectors.
+# embed_query_ahead``) and
 # the search that then needs it share it; once done, ``query_vector`` keeps the vector.
 _ON_THEIR_WAY: dict[tuple, Future] = {}
 _ON_THEIR_WAY_LOCK = threading.RLock()  # (a future done already calls back at once)
@@ -72,12 +73,6 @@ def _arrived(key: tuple, future: Future) -> None:
     with _ON_THEIR_WAY_LOCK:
         if _ON_THEIR_WAY.get(key) is future:
             del _ON_THEIR_WAY[key]
-
-
-def embed_ahead(query: str, tuning: SearchTuning) -> None:
-    """Start embedding ``query`` for a hybrid search the request will make once its other
-    work is done: the vector is ready, or nearer, when the search needs it."""
-    query_embedding(configured_backend().model, query, tuning.unnamed_vector_share)
 
 
 @dataclass

@@ -19,7 +19,8 @@ from conversations.selectors import (
 )
 from memsvc.api.errors import InvalidInput
 from memsvc.api.principals import Principal
-from search.engine import MODES, Citing, embed_ahead, ranked
+from search.embeddings import configured_backend
+from search.engine import MODES, Citing, query_embedding, ranked
 from search.statements import Corpus, Scope
 from search.tuning import SearchTuning, configured_tuning
 
@@ -138,9 +139,10 @@ def message_scope(
 
 
 def embed_query_ahead(query: str) -> None:
-    """Start embedding the query of a hybrid search the request makes later
-    (``engine.embed_ahead``): its other statements run meanwhile."""
-    embed_ahead(query, configured_tuning())
+    """Start embedding the query of a hybrid search the request makes once its other work
+    is done (``engine.query_embedding``: the search then waits for this one): the vector is
+    ready, or nearer, when the search needs it."""
+    query_embedding(configured_backend().model, query, configured_tuning().unnamed_vector_share)
 
 
 def search_messages(

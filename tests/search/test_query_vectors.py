@@ -65,7 +65,7 @@ def test_the_vector_is_the_models_and_a_new_model_embeds_again(embedded_texts):
 
 def test_an_embedding_started_ahead_is_the_one_the_search_waits_for(embedded_texts, monkeypatch):
     # The context request starts embedding its query before it reads memories and blocks
-    # (``engine.embed_ahead``); the search that then needs the vector shares that embedding
+    # (``search.selectors.embed_query_ahead``); the search that then needs the vector shares that embedding
     # instead of starting its own.
     backend = configured_backend()
     release = threading.Event()

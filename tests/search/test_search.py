@@ -82,6 +82,21 @@ def test_keywords_find_a_message_before_it_is_embedded(api, alice, pets):
     assert search(api, alice, "dog", mode="semantic") == []
 
 
+def test_a_search_whose_caller_shows_no_highlights_asks_for_none(alice, pets):
+    # PostgreSQL's headline costs a read of each hit's text per query word: the local API
+    # and the assistant, which show none, find the same messages without it.
+    principal = Principal.user(alice.id)
+    with recorded_statements() as sent:
+        plain = selectors.search_messages(
+            principal, query="puppy adopted", top_k=3, highlights=False
+        )
+    assert not any("ts_headline" in sql for sql in sent)
+    shown = selectors.search_messages(principal, query="puppy adopted", top_k=3)
+    assert [h.message.id for h in plain] == [h.message.id for h in shown]
+    assert [h.highlights for h in plain] == [None] * len(plain)
+    assert "<b>puppy</b>" in shown[0].highlights
+
+
 def test_with_the_embedding_service_down_keywords_still_find(
     api, alice, pets, monkeypatch, settings
 ):
