@@ -70,6 +70,13 @@ INDEX_ORDER = "m.embedding <=> %s::vector"
 EXACT_ORDER = "(m.embedding <=> %s::vector) + 0"
 
 
+def order_on(order: str, vector_sql: str) -> str:
+    """``order`` (``INDEX_ORDER`` or ``EXACT_ORDER``) by the distance to a vector the
+    statement names (``vector_sql``: a column of a LATERAL join's outer row, say), not to
+    one given as a parameter."""
+    return order.replace("%s::vector", vector_sql)
+
+
 def exact_below(corpus: Corpus, limit: int, tuning: SearchTuning) -> tuple[str, list]:
     """SQL of one row, ``n``: below that many rows in scope, exact distances cost less
     than the graph (``SearchTuning.hnsw_cost_per_exact``), and its parameters."""

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
+import numpy as np
 from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
@@ -32,7 +33,7 @@ from memsvc.api.principals import Principal
 from memsvc.db import lock_name, locked_row
 from search.embeddings import vector_literal
 from search.services import embed_pending_rows, embed_rows, reembed_all_rows, vectors_or_none
-from search.statements import execute_planned, nearest_order, nearest_settings
+from search.statements import execute_planned, nearest_order, nearest_settings, order_on
 from search.tuning import configured_tuning
 
 # A new memory this close (cosine similarity) to one the agent already keeps about the same
@@ -41,7 +42,7 @@ NEAR_DUPLICATE_SIMILARITY = 0.95
 # kagent: a memory used this often by the time it expires is kept another MEMORY_TTL.
 POPULAR_ACCESS_COUNT = 10
 # Inserts of one new fact a save tries while the row it collides with keeps vanishing
-# before it can be merged into (``_insert_or_merge``).
+# before it can be merged into (``_insert_new``).
 INSERT_ATTEMPTS = 3
 
 
@@ -60,46 +61,46 @@ def _memory_vectors(texts: list[str]):
     return vectors_or_none(texts, what="memories")
 
 
-def _nearest_memory(agent: Agent, user_id: str, model: str, vector) -> tuple | None:
-    """(id, cosine distance) of the memory nearest to ``vector`` among the agent's memories
-    of this user (not expired ones: those are gone), found as search finds its candidates:
-    exact distances in a small scope, the HNSW graph in a large one (an agent's own store
-    of a hundred thousand memories)."""
+def _nearest_memories(agent: Agent, user_id: str, model: str, vectors: list) -> list:
+    """For each of ``vectors``: (id, cosine distance) of the memory nearest to it among the
+    agent's memories of this user (not expired ones: those are gone), or None; in one
+    statement, found as search finds its candidates: exact distances in a small scope, the
+    HNSW graph in a large one (an agent's own store of a hundred thousand memories)."""
+    if not vectors:
+        return []
     scope = memory_scope(agent.id, user_id)
-    literal = vector_literal(vector)
     tuning = configured_tuning()
     with connection.cursor() as cursor:
         order = nearest_order(cursor, MEMORIES, scope, 1, tuning)
         rows = execute_planned(
             cursor,
             f"""
-            SELECT m.id, m.embedding <=> %s::vector FROM memory m
-            WHERE m.embedding_model = %s AND {scope.sql}
-            ORDER BY {order} LIMIT 1
+            SELECT q.i, near.id, near.distance
+            FROM unnest(%s::vector[]) WITH ORDINALITY AS q(v, i)
+            CROSS JOIN LATERAL (
+                SELECT m.id, m.embedding <=> q.v AS distance FROM memory m
+                WHERE m.embedding_model = %s AND {scope.sql}
+                ORDER BY {order_on(order, "q.v")} LIMIT 1
+            ) near
             """,  # noqa: S608 (our own fragments; every value is a parameter)
-            [literal, model, *scope.params, literal],
+            [[vector_literal(v) for v in vectors], model, *scope.params],
             nearest_settings(order, 1, tuning),
         )
-    return rows[0] if rows else None
+    nearest = [None] * len(vectors)
+    for index, memory_id, distance in rows:
+        nearest[index - 1] = (memory_id, distance)
+    return nearest
 
 
-def _same_memory(agent: Agent, user_id: str, new: NewMemory, model, vector) -> Memory | None:
-    """The stored memory that ``new`` repeats: the same normalised text, or (with a vector)
-    one at ``NEAR_DUPLICATE_SIMILARITY`` or closer. Locked for the merge. Never an expired
-    one: that fact is gone, and saving it again keeps it anew (``expired_copies_forget``), not
-    the old row with its old uses."""
+def _live_by_hash(agent: Agent, user_id: str, hashes) -> dict:
+    """The stored memories of the agent about this user holding one of these texts
+    (``content_hash``), by hash, locked for a merge. Never an expired one: that fact is gone,
+    and saving it again keeps it anew (``expired_copies_forget``), not the old row with its
+    old uses."""
     same = Memory.objects.select_for_update().filter(
-        LIVE, agent=agent, user_id=user_id, content_hash=content_hash(new.content)
+        LIVE, agent=agent, user_id=user_id, content_hash__in=set(hashes)
     )
-    found = same.first()
-    if found is None and vector is not None:
-        nearest = _nearest_memory(agent, user_id, model, vector)
-        row = nearest if nearest and nearest[1] <= 1 - NEAR_DUPLICATE_SIMILARITY else None
-        if row is not None:
-            # None if it was deleted while this waited for its row (by its user, the prune):
-            # the fact is new again.
-            found = Memory.objects.select_for_update().filter(LIVE, pk=row[0]).first()
-    return found
+    return {memory.content_hash: memory for memory in same}
 
 
 def expired_copies_forget(memories: Sequence[Memory]) -> None:
@@ -119,9 +120,10 @@ def _violates(exc: IntegrityError, constraint: str) -> bool:
     return getattr(diag, "constraint_name", None) == constraint
 
 
-def _merge(memory: Memory, new: NewMemory) -> Memory:
+def _merged(memory: Memory, new: NewMemory) -> Memory:
     """What saving a known fact again changes: the higher importance, every tag and cited
-    turn, and a life at least as long as the new one would have had."""
+    turn, and a life at least as long as the new one would have had (in place, not saved:
+    ``_merge`` saves it)."""
     if new.importance is not None:  # (a save that says none leaves it as it is)
         memory.importance = max(memory.importance, new.importance)
     # The newest tags and citations, if a fact found again and again would hold more than
@@ -131,6 +133,12 @@ def _merge(memory: Memory, new: NewMemory) -> Memory:
     memory.updated_at = timezone.now()
     cited = list(dict.fromkeys([*memory.message_ids, *new.message_ids]))
     memory.message_ids = cited[-MEMORY_MAX_MESSAGES:]
+    return memory
+
+
+def _merge(memory: Memory, new: NewMemory) -> Memory:
+    """``new`` merged into the stored ``memory`` (``_merged``), saved."""
+    _merged(memory, new)
     memory.save(update_fields=["importance", "tags", "message_ids", "expires_at", "updated_at"])
     return memory
 
@@ -145,7 +153,7 @@ def memories_save(
 ) -> list[tuple[Memory, bool]]:
     """Save memories of ``agent`` about ``user_id`` ("" for its own), all or nothing.
 
-    Each is (memory, created): a memory that repeats a stored one (``_same_memory``, or an
+    Each is (memory, created): a memory that repeats a stored one (``_store_memories``, or an
     earlier one of the same batch) is merged into it instead of stored twice. All are
     embedded in one call before the transaction (the model's time holds no locks), so a
     near-duplicate is caught at once. 409 when the user turned memory off; 400 when one
@@ -174,6 +182,12 @@ def refuse_if_memory_off(user_id: str, *, lock: bool = False) -> None:
 
 @transaction.atomic
 def _store_memories(agent, user_id, memories, source, model, vectors):
+    """``memories_save``'s write, in a few statements whatever the batch's size: the stored
+    memories repeating the batch's texts, then the nearest stored one to each new text, then
+    one insert of the new facts. Each memory of the batch, in order, is merged into the one
+    it repeats: a stored memory or a new one earlier in the batch, of the same normalised
+    text, else the nearest of them (cosine similarity ``NEAR_DUPLICATE_SIMILARITY`` or more),
+    else it is a new fact."""
     # Again under the setting's row lock: a switch turned off while the batch was embedded
     # wins (the switch's write waits for this transaction, or this one sees it).
     refuse_if_memory_off(user_id, lock=True)
@@ -182,18 +196,31 @@ def _store_memories(agent, user_id, memories, source, model, vectors):
     # new facts in another order do not each wait for the other's row (a deadlock).
     lock_name("memories", agent.pk, user_id)
     now = timezone.now()
+    hashes = [content_hash(new.content) for new in memories]
+    by_hash = _live_by_hash(agent, user_id, hashes)  # (and the batch's new facts, as they come)
+    near = _stored_near_duplicates(agent, user_id, model, vectors, hashes, by_hash)
+    fresh: dict = {}  # each new fact (a Memory not yet stored) -> the saves it holds
+    embedded_fresh: dict[int, Memory] = {}  # the new facts with a vector, by their index
+    units = _unit_rows(vectors)
     saved = []
     for index, new in enumerate(memories):
         vector = vectors[index] if vectors else None
-        existing = _same_memory(agent, user_id, new, model, vector)
-        if existing is not None:
-            saved.append((_merge(existing, new), False))
+        same = by_hash.get(hashes[index])
+        if same is None and vector is not None:
+            same = _nearest_repeat(near.get(index), units, embedded_fresh, index)
+        if same is not None:
+            if same in fresh:
+                fresh[same].append(new)
+                _merged(same, new)
+            else:
+                _merge(same, new)
+            saved.append((same, False))
             continue
         memory = Memory(
             agent=agent,
             user_id=user_id,
             content=new.content,
-            content_hash=content_hash(new.content),
+            content_hash=hashes[index],
             summary=new.summary,
             tags=list(dict.fromkeys(new.tags)),
             importance=MEMORY_DEFAULT_IMPORTANCE if new.importance is None else new.importance,
@@ -206,31 +233,90 @@ def _store_memories(agent, user_id, memories, source, model, vectors):
         )
         if vector is not None:
             memory.embedding, memory.embedding_model, memory.embedded_at = vector, model, now
-        saved.append(_insert_or_merge(memory, new))
-    # A memory merged into later in the batch is answered as it ends up, wherever it
-    # appears (each merge reads the row afresh: the last object is the latest state).
-    latest = {memory.pk: memory for memory, _ in saved}
-    return [(latest[memory.pk], created) for memory, created in saved]
+            embedded_fresh[index] = memory
+        by_hash[hashes[index]] = memory
+        fresh[memory] = [new]
+        saved.append((memory, True))
+    merged_instead = _insert_new(fresh)
+    # (A memory merged into later in the batch is the same object wherever it appears:
+    # each is answered as the batch left it.)
+    return [
+        (merged_instead[memory], False) if memory in merged_instead else (memory, created)
+        for memory, created in saved
+    ]
 
 
-def _insert_or_merge(memory: Memory, new: NewMemory) -> tuple[Memory, bool]:
-    """Store ``memory`` (the new fact ``new``): (memory, True); or, when the same text was
-    committed meanwhile by a writer that does not take a save's turn (an update of another
-    memory's content, an import), merge into that row: (it, False). That row may be gone
-    again before it is read (deleted, changed once more, expired): the insert is then
-    tried again. Any other refusal (a check constraint) is the caller's error."""
+def _stored_near_duplicates(agent, user_id, model, vectors, hashes, by_hash) -> dict:
+    """For each new text (by its index) that repeats no stored text, the stored memory
+    nearest to it if it is a near-duplicate: (that memory, locked, or None if it was deleted
+    while this waited for its row: the fact is new again; the distance)."""
+    asked = [i for i, hashed in enumerate(hashes) if vectors and hashed not in by_hash]
+    nearest = _nearest_memories(agent, user_id, model, [vectors[i] for i in asked])
+    found = {
+        i: row
+        for i, row in zip(asked, nearest, strict=True)
+        if row is not None and row[1] <= 1 - NEAR_DUPLICATE_SIMILARITY
+    }
+    rows = {memory.pk: memory for memory in by_hash.values()}
+    missing = {memory_id for memory_id, _ in found.values()} - rows.keys()
+    if missing:
+        rows |= Memory.objects.select_for_update().filter(LIVE, pk__in=missing).in_bulk()
+    return {i: (rows.get(memory_id), distance) for i, (memory_id, distance) in found.items()}
+
+
+def _unit_rows(vectors) -> np.ndarray | None:
+    """The vectors as rows of unit length (their dot products: cosine similarities)."""
+    if not vectors:
+        return None
+    rows = np.asarray(vectors, dtype=np.float64)
+    return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
+
+
+def _nearest_repeat(stored, units: np.ndarray, embedded_fresh: dict, index: int):
+    """The memory the batch's text ``index`` repeats in other words: the nearer of the stored
+    near-duplicate (``_stored_near_duplicates``) and the batch's earlier new facts, if it is
+    near enough."""
+    best, best_distance = None, 1 - NEAR_DUPLICATE_SIMILARITY
+    if stored is not None and stored[0] is not None:
+        best, best_distance = stored
+    if embedded_fresh:
+        earlier = list(embedded_fresh)
+        distances = 1 - units[earlier] @ units[index]
+        nearest = int(np.argmin(distances))
+        if distances[nearest] <= best_distance:
+            best = embedded_fresh[earlier[nearest]]
+    return best
+
+
+def _insert_new(fresh: dict) -> dict:
+    """Store the new facts (each with the saves it holds), in one statement. One whose text
+    was committed meanwhile by a writer that does not take a save's turn (an update of
+    another memory's content, an import) is merged into that row instead; that row may be
+    gone again before it is read (deleted, changed once more, expired): the insert is then
+    tried again. Any other refusal (a check constraint) is the caller's error. Returns the
+    stored rows merged into instead (new memory -> that row)."""
+    instead: dict = {}
+    waiting = list(fresh)
     for _ in range(INSERT_ATTEMPTS):
-        expired_copies_forget([memory])
-        try:
-            with transaction.atomic():
-                memory.save(force_insert=True)
-            return memory, True
-        except IntegrityError as exc:
-            if not _violates(exc, "memory_unique_content"):
-                raise
-        existing = _same_memory(memory.agent, memory.user_id, new, None, None)
-        if existing is not None:
-            return _merge(existing, new), False
+        expired_copies_forget(waiting)
+        Memory.objects.bulk_create(waiting, ignore_conflicts=True)
+        inserted = set(
+            Memory.objects.filter(pk__in=[m.pk for m in waiting]).values_list("pk", flat=True)
+        )
+        collided = [memory for memory in waiting if memory.pk not in inserted]
+        if not collided:
+            return instead
+        first = collided[0]
+        stored = _live_by_hash(first.agent, first.user_id, [m.content_hash for m in collided])
+        waiting = []
+        for memory in collided:
+            existing = stored.get(memory.content_hash)
+            if existing is None:
+                waiting.append(memory)
+                continue
+            for new in fresh[memory]:
+                _merge(existing, new)
+            instead[memory] = existing
     raise Conflict("this memory was changed by another request while it was saved; try again")
 
 

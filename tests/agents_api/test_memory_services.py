@@ -9,6 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from django.db import IntegrityError, connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from agents_api.models import Memory
 from agents_api.services import (
@@ -124,6 +125,65 @@ def test_a_batch_that_repeats_itself_is_merged_inside(agent):
     assert Memory.objects.count() == 3
     acme = Memory.objects.get(content="Works at ACME")
     assert (acme.importance, acme.tags) == (0.7, ["job", "company"])
+
+
+def test_a_batch_costs_the_same_statements_whatever_its_size(agent):
+    """A batch is looked up, checked for near-duplicates and inserted in a few statements,
+    not several per memory (a hundred memories were 700 statements: half a batch's time)."""
+    memory_save(agent.as_principal(), agent=agent, user_id="alice", content="Alice keeps bees")
+
+    things = ["tea", "chess", "Lisbon", "violins", "rain", "Rust", "bees", "tango", "oats"]
+
+    def statements_to_save(count, start):
+        batch = [
+            NewMemory(f"{things[n % 9]} and {things[n // 9 % 9]}, {things[n // 81]} ({n})")
+            for n in range(start, start + count)
+        ]
+        with CaptureQueriesContext(connection) as saved:
+            memories_save(agent.as_principal(), agent=agent, user_id="alice", memories=batch)
+        return len(saved.captured_queries)
+
+    assert statements_to_save(3, 0) == statements_to_save(60, 3)
+    # (Some texts differ only in their number: those are near-duplicates, merged.)
+    assert 1 + 3 <= Memory.objects.count() <= 64
+
+
+def test_a_text_repeating_an_earlier_new_fact_and_a_stored_one_joins_the_nearer(agent):
+    stored, _ = save(agent, "Alice's favourite colour is blue.")
+    saved = memories_save(
+        agent.as_principal(),
+        agent=agent,
+        user_id="alice",
+        memories=[
+            NewMemory("Alice's favourite colour is blue!!! (she said so twice)"),
+            NewMemory("Alice's favorite colour is blue"),
+        ],
+    )
+    # The second is nearer to the stored memory than to the batch's first text (itself a
+    # new fact: it said more): each joins the one it repeats.
+    [(first, first_created), (second, second_created)] = saved
+    assert first_created and first.id != stored.id
+    assert (second.id, second_created) == (stored.id, False)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_whose_new_text_was_committed_meanwhile_merges_into_that_row():
+    """An update gives a memory the words a batch is storing (the batch's insert waits on
+    it, then collides): the batch's saves of those words, twice, are merged into that row,
+    and the batch's other fact is stored."""
+    agent = AgentFactory(name="busy")
+    coffee, _ = save(agent, "Likes coffee", importance=0.2)
+    with transaction.atomic():
+        memory_update(agent.as_principal(), memory=coffee, content="Likes tea")
+        saver, saving = saved_meanwhile(agent, "likes TEA", "Has a cat", "LIKES tea")
+        saver.join(timeout=1.0)
+        assert saver.is_alive()  # its insert waits on the updated row's words
+    saver.join(timeout=10)
+    tea, cat, tea_again = saving["saved"]
+    assert (tea[0].id, tea[1]) == (coffee.id, False)
+    assert (tea_again[0].id, tea_again[1]) == (coffee.id, False)
+    assert cat[1]
+    assert sorted(Memory.objects.values_list("content", flat=True)) == ["Has a cat", "Likes tea"]
 
 
 def test_saved_memories_carry_a_vector_of_the_configured_model(agent):
