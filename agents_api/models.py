@@ -14,12 +14,12 @@ from django.db.models import F, Q
 from django.db.models.functions import Cast, Concat, Left, Length, Now
 from django.db.models.lookups import LessThanOrEqual
 from django.utils import timezone
-from pgvector.django import VectorField
 
 from conversations.models import TEXT_SEARCH_CONFIG
 from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, PRINCIPAL_MAX_LENGTH, Principal
 from memsvc.db import embedding_has_model, embedding_index, json_is_object
 from memsvc.validators import no_nul_characters
+from search.embeddings import EmbeddingField
 
 DEFAULT_BLOCK_LIMIT = 5_000
 BLOCK_DESCRIPTION_MAX_CHARS = 2_000  # what the API and the admin take
@@ -284,7 +284,9 @@ class Memory(models.Model):
     # not keys: a turn deleted since is no longer found, and its id says nothing of it (a
     # user's erase takes the ids of theirs too: ``services.memory_citations_forget``).
     message_ids = ArrayField(models.UUIDField(), default=list, blank=True)
-    embedding = VectorField(dimensions=settings.MEMORY_EMBEDDING_DIMENSION, null=True, blank=True)
+    embedding = EmbeddingField(
+        dimensions=settings.MEMORY_EMBEDDING_DIMENSION, null=True, blank=True
+    )
     embedding_model = models.CharField(max_length=200, blank=True, default="")
     embedded_at = models.DateTimeField(null=True, blank=True)
     search_vector = models.GeneratedField(
@@ -466,7 +468,9 @@ class ToolRecord(models.Model):
     )
     created_at = models.DateTimeField(default=timezone.now, editable=False)
 
-    embedding = VectorField(dimensions=settings.MEMORY_EMBEDDING_DIMENSION, null=True, blank=True)
+    embedding = EmbeddingField(
+        dimensions=settings.MEMORY_EMBEDDING_DIMENSION, null=True, blank=True
+    )
     embedding_model = models.CharField(max_length=200, blank=True, default="")
     embedded_at = models.DateTimeField(null=True, blank=True)
     search_vector = models.GeneratedField(

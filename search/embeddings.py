@@ -24,6 +24,7 @@ import httpx
 import numpy as np
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
+from pgvector.django import VectorField
 
 from search.onnx_encoder import PRECISIONS as ONNX_PRECISIONS
 from search.onnx_encoder import OnnxSentenceEncoder
@@ -464,6 +465,23 @@ def vector_literal(vector) -> str:
     search waits for its statements' answers.)"""
     values = vector.tolist() if hasattr(vector, "tolist") else vector
     return "[" + ",".join(map("{:.7g}".format, values)) + "]"
+
+
+class EmbeddingField(VectorField):
+    """pgvector's column, written as ``vector_literal`` writes a vector (as the statements
+    of search and of the embedding pipeline send theirs): pgvector's own field prints each
+    float in full (17 digits), twice the text to format here and to parse in PostgreSQL
+    (a batch of 100 memories: 18 ms of the web process's 315). The column is pgvector's
+    (``deconstruct``: no migration)."""
+
+    def get_prep_value(self, value):
+        if value is None or isinstance(value, str):
+            return value
+        return vector_literal(value)
+
+    def deconstruct(self):
+        name, _path, args, kwargs = super().deconstruct()
+        return name, "pgvector.django.vector.VectorField", args, kwargs
 
 
 def embedding_text(author_name: str, content: str) -> str:
