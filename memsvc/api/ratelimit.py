@@ -25,8 +25,9 @@ Using it on a new surface:
   that refuses credentials without answering 401 (a stdio protocol, say) calls
   ``note_auth_failure(address)`` itself;
 - a password login (the web pages', the admin's) goes through ``LockoutModelBackend``: its
-  failures count (``count_login_failure``, on Django's ``user_login_failed``), and an
-  address past the limit has every password refused, the right one too.
+  wrong passwords count as 401s do (near the limit before the hash is checked, as the
+  middleware's credentials), and an address past the limit has every password refused, the
+  right one too.
 """
 
 import functools
@@ -408,7 +409,7 @@ class RateLimitMiddleware:
     def __call__(self, request):
         take_back = None  # (``auth_attempt``: the credentials counted as a failure already)
         if any(request.META.get(header) for header in CREDENTIAL_HEADERS):
-            refusal, take_back = _guarded(auth_attempt, client_address(request)) or (None, None)
+            refusal, take_back = request_auth_attempt(request)
             if refusal is not None:
                 response = render_api_error(request, refusal)
                 if response is not None:
@@ -422,18 +423,41 @@ class RateLimitMiddleware:
         return response
 
 
+def request_auth_attempt(request) -> tuple[RateLimited | None, Callable[[], None] | None]:
+    """``auth_attempt`` for ``request``'s address; nothing refused or counted without a
+    request (a password checked from a shell) or when the database is down."""
+    if request is None:
+        return None, None
+    return _guarded(auth_attempt, client_address(request)) or (None, None)
+
+
 class LockoutModelBackend(ModelBackend):
     """Django's password check for the web pages and the admin, refused outright for an
-    address locked out by failed authentications (``auth_lockout``), as the APIs refuse its
-    credentials: guessing a password gets no session. Its answer is final (a refusal raises
+    address locked out by failed authentications, as the APIs refuse its credentials:
+    guessing a password gets no session. Its answer is final (a refusal raises
     ``PermissionDenied``, which ends ``authenticate()``): ``ModelBackend``, listed after it
-    only so that sessions made before keep their backend, never checks a password again."""
+    only so that sessions made before keep their backend, never checks a password again.
+
+    It counts the wrong passwords itself, with ``auth_attempt`` as ``RateLimitMiddleware``
+    counts 401s: near the limit before the (slow) hash is checked, taken back for a right
+    one, so that a burst of guesses at once gets no more checks than the limit. Counted only
+    once checked (on Django's ``user_login_failed``), every guess of a burst was checked (12
+    at once, a limit of 3: 12 checked)."""
 
     def authenticate(self, request, username=None, password=None, **kwargs):
-        if request is not None and login_lockout(request):
+        refusal, take_back = request_auth_attempt(request)
+        if refusal is not None:
             raise PermissionDenied
-        user = super().authenticate(request, username, password, **kwargs)
-        if user is None:
+        failed = False  # (an error is no answer, as a 500 is none: not a failure)
+        try:
+            user = super().authenticate(request, username, password, **kwargs)
+            failed = user is None
+        finally:
+            if take_back is not None and not failed:
+                _guarded(take_back)
+        if failed:
+            if take_back is None and request is not None:
+                _guarded(note_auth_failure, client_address(request))
             raise PermissionDenied
         return user
 
@@ -441,9 +465,3 @@ class LockoutModelBackend(ModelBackend):
 def login_lockout(request) -> RateLimited | None:
     """``auth_lockout`` for a password login's address (None when the database is down)."""
     return _guarded(auth_lockout, client_address(request))
-
-
-def count_login_failure(sender, credentials, request=None, **kwargs) -> None:
-    """``user_login_failed``: a wrong password counts against its address like a 401."""
-    if request is not None:
-        _guarded(note_auth_failure, client_address(request))

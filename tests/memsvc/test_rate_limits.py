@@ -11,6 +11,7 @@ import httpx
 import pytest
 import redis
 from django.contrib.auth import get_user_model
+from django.db import connection
 from django.http import JsonResponse
 from django.test import Client, RequestFactory
 
@@ -18,6 +19,7 @@ from memsvc.api import ratelimit
 from memsvc.api.ratelimit import rate_limited
 from tests.agents_api.conftest import make_agent
 from tests.conftest import Persona
+from tests.hashers import CountedPasswordHasher
 from tests.web_server import WebServer, shared_database_env
 
 pytestmark = pytest.mark.django_db
@@ -349,9 +351,25 @@ def test_concurrent_wrong_keys_get_no_more_checks_than_the_limit(tmp_path):
         server.stop()
 
 
+@pytest.fixture
+def failure_counting(monkeypatch):
+    """What the requests do to the counts of failed authentications, in order ("count",
+    "hit", "take_back")."""
+    operations = []
+    counted = ratelimit._counted
+
+    def recording(operation, bucket, *args):
+        if bucket.startswith("auth-failures:"):
+            operations.append(operation)
+        return counted(operation, bucket, *args)
+
+    monkeypatch.setattr(ratelimit, "_counted", recording)
+    return operations
+
+
 @pytest.mark.parametrize(("failures", "writes"), [(0, []), (9, ["hit", "take_back"])])
 def test_only_near_the_limit_are_credentials_counted_before_the_check(
-    client, settings, monkeypatch, failures, writes
+    client, settings, failures, writes, failure_counting
 ):
     """Counting credentials before the check costs two writes on the address's row: only
     an address within ``CHECKS_AT_ONCE`` of its limit pays them; a right key far from it is
@@ -362,18 +380,69 @@ def test_only_near_the_limit_are_credentials_counted_before_the_check(
     address = f"192.0.2.{uuid.uuid4().int % 250 + 1}"
     for _ in range(failures):
         ratelimit.note_auth_failure(address)
-    operations = []
-    counted = ratelimit._counted
-
-    def recording(operation, bucket, *args):
-        if bucket.startswith("auth-failures:"):
-            operations.append(operation)
-        return counted(operation, bucket, *args)
-
-    monkeypatch.setattr(ratelimit, "_counted", recording)
+    failure_counting.clear()  # (the failures above)
     response = client.get("/v1/agent/me", REMOTE_ADDR=address, **agent.auth_headers())
     assert response.status_code == 200
-    assert operations == ["count", *writes]
+    assert failure_counting == ["count", *writes]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_wrong_passwords_get_no_more_checks_than_the_limit(settings, backend):
+    """Wrong passwords sent all at once from one address to the login: no more than the
+    limit of them are checked. They counted only once checked (``user_login_failed``), so
+    every login that came in before the first check ended was checked: a burst had as many
+    guesses as the server checks passwords at once (12 at once, a limit of 3: 12 checked)."""
+    limit, burst = 3, 12
+    settings.MEMSVC_AUTH_FAILURE_LIMIT = limit
+    settings.PASSWORD_HASHERS = ["tests.hashers.CountedPasswordHasher"]
+    name = f"someone-{uuid.uuid4()}"
+    get_user_model().objects.create_user(name, password="the right password")
+    CountedPasswordHasher.checked.clear()
+    # (an address no other run of this minute used: Redis keeps its counts)
+    part = uuid.uuid4().hex
+    address = f"2001:db8:{part[:4]}:{part[4:8]}::1"
+
+    def log_in(password):
+        try:
+            browser = Client(REMOTE_ADDR=address)
+            browser.post("/app/login/", {"username": name, "password": password})
+            return "_auth_user_id" in browser.session
+        finally:
+            connection.close()  # (this thread's: the test database is dropped at the end)
+
+    with ThreadPoolExecutor(burst) as pool:
+        assert not any(pool.map(log_in, [f"guess {n}" for n in range(burst)]))
+    assert len(CountedPasswordHasher.checked) == limit
+    assert not log_in("the right password")  # locked out, unchecked
+    assert len(CountedPasswordHasher.checked) == limit
+
+
+@pytest.mark.parametrize(
+    ("failures", "password", "writes"),
+    [
+        (0, "the right password", []),
+        (9, "the right password", ["hit", "take_back"]),
+        (0, "a guess", ["hit"]),
+        (9, "a guess", ["hit"]),
+    ],
+)
+def test_only_near_the_limit_is_a_password_counted_before_the_check(
+    client, settings, failures, password, writes, failure_counting
+):
+    """As a key: a right password far from the limit costs the reads it did before (the
+    login form's and the backend's), no write; near the limit it is counted before its
+    check and taken back. A wrong one counts once, before its check or after."""
+    settings.MEMSVC_AUTH_FAILURE_LIMIT = ratelimit.CHECKS_AT_ONCE + 5
+    settings.MEMSVC_REDIS_URL = None
+    name = f"someone-{uuid.uuid4()}"
+    get_user_model().objects.create_user(name, password="the right password")
+    address = f"192.0.2.{uuid.uuid4().int % 250 + 1}"
+    for _ in range(failures):
+        ratelimit.note_auth_failure(address)
+    failure_counting.clear()  # (the failures above)
+    client.post("/app/login/", {"username": name, "password": password}, REMOTE_ADDR=address)
+    assert ("_auth_user_id" in client.session) == (password == "the right password")
+    assert failure_counting == ["count", "count", *writes]
 
 
 def test_a_successful_request_with_credentials_never_counts_as_a_failure(client, settings, backend):
