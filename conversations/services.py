@@ -159,6 +159,15 @@ def _lock_conversations(conversations) -> None:
     list(conversations.select_for_update().order_by("id").values_list("id", flat=True))
 
 
+def _lock_messages(messages) -> list:
+    """Lock these messages (a queryset) to delete them, in id order, as every holder of
+    messages takes them (``held_keys``): a write citing several (a memory's turns) waits
+    for the deletion, or the deletion for it, never each for the other. Their ids."""
+    return list(
+        messages.select_for_update(of=("self",)).order_by("id").values_list("id", flat=True)
+    )
+
+
 # --- messages --------------------------------------------------------------------------------
 
 
@@ -367,7 +376,7 @@ def _messages_delete(messages) -> list:
     (``search.services.uncount_messages``); replies to them lose their parent. Caller makes
     sure no conversation that stays is forked at one of them (``_forks_moved_off``). The
     ids of those deleted."""
-    ids = list(messages.select_for_update(of=("self",)).values_list("id", flat=True))
+    ids = _lock_messages(messages)
     if not ids:
         return []
     with connection.cursor() as cursor:
@@ -668,14 +677,14 @@ def user_conversations_erase(user_id: str) -> ErasedConversations:
     )
     conversations = Conversation.objects.filter(group_id__in=owned).count()
     transfers = OwnershipTransfer.objects.filter(group_id__in=owned).count()
-    messages = conversation_groups_delete(Principal.user(user_id), group_ids=owned)
 
-    # The user's memberships elsewhere, locked before their messages there are collected:
-    # an append of theirs in flight holds its membership (``_hold_memberships``) and ends
-    # first, so its messages are collected with the others; a later one finds none (404).
-    # Their conversations first, in the order an append takes its locks (conversation, then
-    # membership), so that an append waiting for a membership never holds a conversation
-    # that the erase then waits for (a fork moved off one of the user's messages).
+    # The user's memberships (in their own groups too), locked before their messages are
+    # collected: an append of theirs in flight holds its membership (``_hold_memberships``)
+    # and ends first, so its messages are collected with the others; a later one finds none
+    # (404). Their conversations first, in the order an append takes its locks
+    # (conversation, then membership), so that an append waiting for a membership never
+    # holds a conversation that the erase then waits for (a fork moved off one of the
+    # user's messages).
     _lock_conversations(
         Conversation.objects.filter(
             group_id__in=Membership.objects.filter(principal_id=user_id).values("group_id")
@@ -687,6 +696,14 @@ def user_conversations_erase(user_id: str) -> ErasedConversations:
         .order_by("id")
         .values_list("id", flat=True)
     )
+    # Then every message the erase deletes, in one statement in id order, before any is
+    # deleted: a write holding some of them (a memory citing turns of the user's and of
+    # another's conversation, ``held_keys``) holds none of those still to be locked here
+    # while it waits for one locked already, which would be a deadlock.
+    in_owned = Message.objects.filter(conversation__group_id__in=owned).values("id")
+    theirs = selectors.messages_elsewhere(user_id).order_by().values("id")
+    _lock_messages(Message.objects.filter(id__in=in_owned.union(theirs)))
+    messages = conversation_groups_delete(Principal.user(user_id), group_ids=owned)
     elsewhere = selectors.messages_elsewhere(user_id)
     messages += messages_delete(Principal.user(user_id), messages=elsewhere)
     memberships, _ = Membership.objects.filter(principal_id=user_id).delete()

@@ -62,11 +62,13 @@ def held_keys(model: type[models.Model], pks) -> set:
     transaction ends (FOR KEY SHARE: the lock a foreign key to it takes at commit, taken
     before the rows pointing at it are written). A deletion in flight ends first, and its
     rows are missing here; one that comes later waits. The caller refuses what is missing,
-    rather than a foreign key violated at commit (a 500)."""
+    rather than a foreign key violated at commit (a 500). Rows are held in id order, the
+    order a deletion of several locks them in (``conversations.services._lock_messages``),
+    so that neither holds one the other waits for while it waits."""
     table = model._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(
-            f'SELECT id FROM "{table}" WHERE id = ANY(%s) FOR KEY SHARE',  # noqa: S608 (a model's table)
+            f'SELECT id FROM "{table}" WHERE id = ANY(%s) ORDER BY id FOR KEY SHARE',  # noqa: S608 (a model's table)
             [list(pks)],
         )
         return {pk for (pk,) in cursor.fetchall()}

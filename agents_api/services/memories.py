@@ -28,9 +28,10 @@ from agents_api.models import (
     default_expiry,
 )
 from agents_api.selectors import MEMORIES, memory_off_for, memory_scope, messages_seen_by
+from conversations.models import Message
 from memsvc.api.errors import Conflict, InvalidInput
 from memsvc.api.principals import Principal
-from memsvc.db import lock_name, locked_row
+from memsvc.db import held_keys, lock_name, locked_row
 from search.embeddings import vector_literal
 from search.services import embed_pending_rows, embed_rows, reembed_all_rows, vectors_or_none
 from search.statements import execute_planned, nearest_order, nearest_settings, order_on
@@ -168,7 +169,23 @@ def memories_save(
 def _refuse_unseen_messages(actor: Principal, message_ids: Sequence) -> None:
     """A memory cites only messages its writer may see: another's message is "no such
     message", like a random id."""
-    missing = sorted(str(i) for i in set(message_ids) - messages_seen_by(actor, message_ids))
+    _refuse_missing_messages(message_ids, messages_seen_by(actor, message_ids))
+
+
+def _hold_cited_messages(message_ids: Sequence) -> None:
+    """Hold the messages a memory is about to cite until its write commits (``held_keys``):
+    one deleted since the writer saw it (a user's erase, which strips its id from the
+    memories already stored, ``memory_citations_forget``) is "no such message", and a
+    deletion that comes later waits, then finds this memory to strip. First in the write's
+    transaction: the erase locks the messages before any memory or setting, so a write
+    waiting here holds nothing the erase waits for."""
+    wanted = set(message_ids)
+    if wanted:
+        _refuse_missing_messages(wanted, held_keys(Message, wanted))
+
+
+def _refuse_missing_messages(message_ids, found: set) -> None:
+    missing = sorted(str(i) for i in set(message_ids) - found)
     if missing:
         raise InvalidInput.for_field("messageIds", f"no such message: {missing[0]}")
 
@@ -188,6 +205,7 @@ def _store_memories(agent, user_id, memories, source, model, vectors):
     it repeats: a stored memory or a new one earlier in the batch, of the same normalised
     text, else the nearest of them (cosine similarity ``NEAR_DUPLICATE_SIMILARITY`` or more),
     else it is a new fact."""
+    _hold_cited_messages([i for new in memories for i in new.message_ids])
     # Again under the setting's row lock: a switch turned off while the batch was embedded
     # wins (the switch's write waits for this transaction, or this one sees it).
     refuse_if_memory_off(user_id, lock=True)
@@ -374,6 +392,7 @@ def memory_update(
 @transaction.atomic
 def _write_memory_update(pk, content: str | None, vector, model, changes: dict) -> Memory:
     """``memory_update``'s write; ``vector`` (of ``model``): ``content``'s, or None."""
+    _hold_cited_messages(changes.get("message_ids", ()))
     memory = locked_row(Memory.objects, pk, missing="memory not found")
     refuse_if_memory_off(memory.user_id, lock=True)
     if content is not None and content != memory.content:

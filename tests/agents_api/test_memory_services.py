@@ -4,6 +4,7 @@ Vectors come from the real local model, so "near-duplicate" means what it will m
 """
 
 import threading
+import uuid
 from dataclasses import replace
 
 import numpy as np
@@ -19,10 +20,13 @@ from agents_api.services import (
     memories_save,
     memory_save,
     memory_update,
+    user_erase,
 )
-from memsvc.api.errors import Conflict
+from conversations.models import Conversation, Message
+from memsvc.api.errors import Conflict, InvalidInput
+from memsvc.api.principals import Principal
 from search.tuning import DEFAULT_TUNING
-from tests.db import refused
+from tests.db import refused, while_held
 from tests.factories import (
     AgentFactory,
     ConversationFactory,
@@ -460,3 +464,129 @@ def test_a_save_whose_colliding_row_vanishes_before_the_merge_stores_the_fact():
     [(memory, created)] = saving["saved"]
     assert created and memory.content == "likes TEA"
     assert list(Memory.objects.values_list("content", flat=True)) == ["likes TEA"]
+
+
+def alice_turn_seen_by(agent):
+    """A turn of Alice's, in her conversation, which ``agent`` (a member) may cite."""
+    with transaction.atomic():  # (a group has its owner by the time it commits)
+        conversation = ConversationFactory(group__owner="alice")
+        MembershipFactory(group=conversation.group, principal_id=agent.as_principal().id)
+        return MessageFactory(conversation=conversation, author_principal="alice")
+
+
+def cite(agent, turn, way: str, kept: Memory | None):
+    """The agent's own memory citing ``turn``: saved anew, or ``kept`` updated to cite it;
+    the refusal, if it is one."""
+    try:
+        if way == "save":
+            return save(agent, "Alice asked about bees", user_id="", message_ids=[turn.id])
+        return memory_update(agent.as_principal(), memory=kept, message_ids=[turn.id])
+    except InvalidInput as exc:
+        return exc
+
+
+def citing_a_missing_message() -> list:
+    """The memories citing a message that is gone (an erase strips them: none may be left)."""
+    existing = set(Message.objects.values_list("id", flat=True))
+    return [m.id for m in Memory.objects.all() if set(m.message_ids) - existing]
+
+
+@pytest.mark.parametrize("way", ["save", "update"])
+@pytest.mark.django_db(transaction=True)
+def test_a_memory_citing_a_turn_erased_meanwhile_is_refused(way):
+    """Alice's erase has deleted her turn, not yet committed, when the agent cites it: the
+    write saw the turn (checked before its transaction) and stored its id after the erase
+    had stripped it from every memory (``memory_citations_forget``): a memory cited a
+    message that no longer exists. The write waits for the erase, then finds the turn
+    gone: 400 ``messageIds``, nothing written."""
+    agent = AgentFactory(name="busy")
+    turn = alice_turn_seen_by(agent)
+    kept = save(agent, "Alice asked about wasps", user_id="")[0] if way == "update" else None
+
+    cited = while_held(
+        lambda: user_erase(Principal.user("alice"), confirm="alice"),
+        lambda: cite(agent, turn, way, kept),
+    )
+    assert citing_a_missing_message() == []
+    assert isinstance(cited, InvalidInput), cited
+    assert cited.details == {"messageIds": [f"no such message: {turn.id}"]}
+    assert list(Memory.objects.values_list("content", "message_ids")) == (
+        [("Alice asked about wasps", [])] if kept else []
+    )
+
+
+@pytest.mark.parametrize("way", ["save", "update"])
+@pytest.mark.django_db(transaction=True)
+def test_an_erase_waits_for_a_memory_citing_its_turn_then_strips_the_citation(way):
+    """The other order: the agent's write citing Alice's turn has not committed when she
+    erases her data. The erase's cleanup could not see the memory (not yet committed) and
+    left it citing the deleted turn. The erase waits for the write (the turn is held), then
+    strips the citation; the memory, the agent's own, stays."""
+    agent = AgentFactory(name="busy")
+    turn = alice_turn_seen_by(agent)
+    kept = save(agent, "Alice asked about bees", user_id="")[0] if way == "update" else None
+    written = {}
+
+    def write():
+        written["memory"] = cite(agent, turn, way, kept)
+
+    erased = while_held(write, lambda: user_erase(Principal.user("alice"), confirm="alice"))
+    assert citing_a_missing_message() == []
+    assert erased.messages == 1
+    memory = written["memory"] if kept else written["memory"][0]
+    assert list(Memory.objects.values_list("id", "message_ids")) == [(memory.id, [])]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_memory_citing_turns_of_two_conversations_and_their_erase_both_succeed():
+    """A memory cites Alice's turn in Bob's conversation and one in hers. Her erase deleted
+    her conversation's turns, then waited for Bob's conversation (here, another writer in
+    it) before locking her turn there; the save, meanwhile, held that turn and waited for
+    the other: each waited for the other (a deadlock, one of them a 503). The erase locks
+    every turn it deletes at once, in the order the save holds them: the save goes first,
+    and the erase then strips its citations."""
+    agent = AgentFactory(name="busy")
+    principal = agent.as_principal().id
+    with transaction.atomic():
+        bobs = ConversationFactory(group__owner="bob")
+        MembershipFactory(group=bobs.group, principal_id="alice", access_level="writer")
+        MembershipFactory(group=bobs.group, principal_id=principal)
+        hers = ConversationFactory(group__owner="alice")
+        MembershipFactory(group=hers.group, principal_id=principal)
+        # Ids in the order the save holds them: the turn in Bob's conversation first.
+        in_bobs = MessageFactory(id=uuid.UUID(int=1), conversation=bobs)
+        in_hers = MessageFactory(id=uuid.UUID(int=2**128 - 1), conversation=hers)
+    outcome = {}
+
+    def run(name, work):
+        try:
+            outcome[name] = work()
+        except Exception as exc:  # the test's point: neither fails
+            outcome[name] = exc
+        finally:
+            connection.close()
+
+    erase = threading.Thread(
+        target=run, args=("erase", lambda: user_erase(Principal.user("alice"), confirm="alice"))
+    )
+    saving = threading.Thread(
+        target=run,
+        args=(
+            "save",
+            lambda: save(agent, "Alice and Bob", "", message_ids=[in_bobs.id, in_hers.id]),
+        ),
+    )
+    with transaction.atomic():
+        list(Conversation.objects.select_for_update().filter(pk=bobs.pk))  # Bob writes
+        erase.start()
+        erase.join(timeout=1.0)
+        assert erase.is_alive()  # waiting for Bob's conversation
+        saving.start()
+        saving.join(timeout=1.5)
+    erase.join(timeout=10)
+    saving.join(timeout=10)
+    assert not isinstance(outcome["erase"], Exception), outcome["erase"]
+    assert not isinstance(outcome["save"], Exception), outcome["save"]
+    assert outcome["erase"].messages == 2
+    assert citing_a_missing_message() == []
+    assert list(Memory.objects.values_list("message_ids", flat=True)) == [[]]
