@@ -2,12 +2,13 @@
 
 from datetime import timedelta
 
+from django.db import connection
 from django.utils import timezone
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 
 from agents_api.keys import KEY_PREFIX, secret_matches, split_key
-from agents_api.models import ApiKey, Scope
+from agents_api.models import Agent, ApiKey, Scope
 from memsvc.api.errors import Forbidden, InvalidInput, Unauthorized
 from memsvc.api.principals import Principal, user_id_problem
 
@@ -30,10 +31,33 @@ def _presented_key(request) -> str | None:
     return token
 
 
+# A key and its agent in one fixed statement: the agent's columns, then the key's as
+# key_<column>. Compiled per request as a queryset (``select_related``), it cost more than it
+# ran: 0.66 ms of every request with a key, 0.27 ms so.
+_KEY_FIELDS = ApiKey._meta.concrete_fields
+_KEY_COLUMNS = ", ".join(f'k."{field.column}" AS "key_{field.column}"' for field in _KEY_FIELDS)
+_KEY_SQL = f"SELECT a.*, {_KEY_COLUMNS} FROM api_key k JOIN agent a ON a.id = k.agent_id WHERE k.public_id = %s"  # noqa: S608 (the model's columns)
+
+
+def key_with_agent(public_id: str) -> ApiKey | None:
+    """The key of this public id, its agent loaded with it; None if there is none."""
+    for agent in Agent.objects.raw(_KEY_SQL, [public_id]):
+        values = []
+        for field in _KEY_FIELDS:
+            value = getattr(agent, f"key_{field.column}")
+            if hasattr(field, "from_db_value"):  # (``scopes``: JSON text, as the ORM reads it)
+                value = field.from_db_value(value, None, connection)
+            values.append(value)
+        api_key = ApiKey.from_db(agent._state.db, [field.attname for field in _KEY_FIELDS], values)
+        api_key.agent = agent
+        return api_key
+    return None
+
+
 def authenticate_key(key: str) -> ApiKey:
     """The active key; one 401 for every way a key can be wrong (unknown, bad secret, revoked)."""
     public_id, secret = split_key(key) or ("", "")
-    api_key = ApiKey.objects.select_related("agent").filter(public_id=public_id).first()
+    api_key = key_with_agent(public_id)
     # The HMAC is computed for unknown ids too, so timing does not tell them apart.
     if not secret_matches(secret, api_key.secret_hmac if api_key else "0" * 64):
         api_key = None

@@ -94,6 +94,21 @@ def test_an_api_key_is_401_on_the_user_api(api, helper):
     assert api.get("/v1/user/conversations", as_=helper).status_code == 401
 
 
+def test_a_key_is_read_with_its_agent_in_one_statement_as_the_orm_reads_them(helper):
+    from agents_api.authentication import authenticate_key
+
+    stored = ApiKey.objects.select_related("agent").get(agent=helper.agent)
+    with recorded_statements() as statements:
+        found = authenticate_key(helper.key)
+        assert found.agent.name == "helper"  # (loaded with the key)
+    # One read (and the write of ``last_used_at``, once a minute).
+    assert len([sql for sql in statements if sql.lstrip().startswith("SELECT")]) == 1
+    for field in ApiKey._meta.concrete_fields:  # (``scopes`` a list, times aware, ...)
+        assert getattr(found, field.attname) == getattr(stored, field.attname), field.name
+    for field in type(stored.agent)._meta.concrete_fields:
+        assert getattr(found.agent, field.attname) == getattr(stored.agent, field.attname)
+
+
 def test_a_revoked_key_is_401(api, helper):
     api_key_revoke(api_key=ApiKey.objects.get(agent=helper.agent))
     assert api.get("/v1/agent/me", as_=helper).status_code == 401
