@@ -37,6 +37,7 @@ from memsvc.api.principals import (
     agent_uuid_of,
     user_id_problem,
 )
+from memsvc.db import compiled_once
 from search import queries, ranking
 from search.engine import Citing, find_candidates
 from search.statements import Corpus, Scope
@@ -72,9 +73,8 @@ def memory_subject(principal: Principal, *, user_id: str | None, field: str = "u
 
 
 def memory_blocks(agent: Agent, *, user_id: str) -> list[MemoryBlock]:
-    return list(
-        MemoryBlock.objects.filter(KEPT_BLOCKS, agent=agent, user_id=user_id).order_by("label")
-    )
+    blocks = MemoryBlock.objects.filter(KEPT_BLOCKS, agent=agent, user_id=user_id)
+    return list(compiled_once("memory_blocks", blocks.order_by("label"), [agent.pk, user_id]))
 
 
 def memory_block(agent: Agent, *, user_id: str, label: str) -> MemoryBlock:
@@ -148,9 +148,10 @@ def local_agent(caller_agent: Agent | None, name: str) -> Agent:
     if caller_agent is not None:
         agent = caller_agent if caller_agent.name == name else None
     else:
-        agent = Agent.objects.filter(
+        trusted = Agent.objects.filter(
             owner_principal=LOCAL_OWNER, name=name, loopback_trusted=True
-        ).first()
+        )
+        agent = next(iter(compiled_once("local_agent", trusted[:1], [name, LOCAL_OWNER])), None)
     if agent is None:
         raise NotFound("Agent not found")
     return agent
