@@ -286,6 +286,9 @@ def _distil(agent: Agent, conversation: Conversation, previous: int, claimed: li
             about.setdefault(person, []).append(fact)
     saved = []
     with transaction.atomic():
+        # Every person's hold before any save's other locks: one save's cited turns are not
+        # held while the next waits for its person's erase (which waits for those turns).
+        services.hold_users(about)
         for person, memories in about.items():
             saved += services.memories_save(
                 agent.as_principal(),

@@ -47,13 +47,23 @@ def locked_row(queryset: models.QuerySet, pk, *, missing: str) -> models.Model:
     return row
 
 
-def lock_name(*parts) -> None:
+def lock_name(*parts, shared: bool = False) -> None:
     """Hold a lock on the name ``parts`` make until the caller's transaction ends (a
-    transaction-level advisory lock): writers of the same name take turns, others pass."""
+    transaction-level advisory lock): writers of the same name take turns, others pass.
+    ``shared``: held at once by every holder that shares it, while one that holds it alone
+    (not shared) waits for them all, and they for it."""
+    lock_names([parts], shared=shared)
+
+
+def lock_names(names, *, shared: bool = False) -> None:
+    """``lock_name`` of each of ``names`` (each a tuple of parts), in one statement, in
+    their order as text (the same whoever takes several)."""
+    keys = sorted({"\x1f".join(str(part) for part in parts) for parts in names})
+    function = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-            ["\x1f".join(str(part) for part in parts)],
+            f"SELECT {function}(hashtextextended(name, 0)) FROM unnest(%s::text[]) AS name",  # noqa: S608 (one of two names)
+            [keys],
         )
 
 

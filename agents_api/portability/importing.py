@@ -19,6 +19,7 @@ from agents_api.portability.restore import (
 )
 from agents_api.portability.sections import AGENT_SECTIONS, USER_SECTIONS
 from agents_api.selectors import messages_seen_by
+from agents_api.services.memories import hold_users
 from conversations.models import AccessLevel
 from conversations.selectors import visible_conversation_ids
 from memsvc.api.fields import contains_nul
@@ -75,6 +76,9 @@ def document_import(document, *, into: Agent | None = None) -> ImportResult:
     given = {name: len(records) for name, records in parsed.items()}
     try:
         with transaction.atomic():
+            # Before any other lock: nothing is put back about a user whose erase is in
+            # flight until it ends (``hold_users``).
+            hold_users({user_id if kind == "user" else "", *_users_named(parsed)})
             if into is not None:
                 _as_its_own(into, parsed)
             if kind == "user":
@@ -96,6 +100,12 @@ def document_import(document, *, into: Agent | None = None) -> ImportResult:
     except DataError:
         raise ImportRefused("a value does not fit where it is stored (too long?)") from None
     return result
+
+
+def _users_named(parsed: dict[str, list[dict]]) -> set[str]:
+    """The users a document's records are about (memories, blocks, tool records, a
+    switch: their ``user_id``; "" for an agent's own)."""
+    return {record.get("user_id", "") for records in parsed.values() for record in records}
 
 
 def _as_its_own(agent: Agent, parsed: dict[str, list[dict]]) -> None:

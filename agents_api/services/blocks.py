@@ -10,7 +10,7 @@ from agents_api.models import (
     MemoryBlock,
     MemoryBlockRevision,
 )
-from agents_api.services.memories import refuse_if_memory_off
+from agents_api.services.memories import hold_users, refuse_if_memory_off
 from memsvc.api.errors import Conflict, Forbidden, InvalidInput, NotFound
 from memsvc.api.principals import Principal
 from memsvc.db import held_keys, locked_row
@@ -53,6 +53,7 @@ def memory_block_create(
     read_only: bool = False,
     awaiting_attach: bool = False,
 ) -> MemoryBlock:
+    hold_users([user_id])
     _check_fits(value, limit, "value")
     _refuse_an_agent_if_memory_off(actor, user_id)
     # The agent held as the block's foreign key will hold it at commit, but before the
@@ -98,8 +99,10 @@ def memory_block_update(
 
     The row is locked for the whole change, so concurrent appends never lose text.
     Refused changes (read-only, over the limit, ``old`` not found, a label taken) store
-    nothing.
+    nothing. A block's user never changes: held before its row (``hold_users``), the one
+    the erase of that user waits for, with the revision this adds.
     """
+    hold_users([block.user_id])
     block = locked_row(MemoryBlock.objects, block.pk, missing="memory block not found")
     _refuse_an_agent_if_memory_off(actor, block.user_id)
     if block.read_only:

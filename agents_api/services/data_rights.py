@@ -6,7 +6,7 @@ from django.db import transaction
 
 from agents_api.models import MemoryBlock, UserMemorySetting
 from agents_api.selectors import memories_of, tool_records_kept_about
-from agents_api.services.memories import memories_delete, memory_citations_forget
+from agents_api.services.memories import hold_users, memories_delete, memory_citations_forget
 from agents_api.services.tool_records import tool_records_delete
 from conversations.services import user_conversations_erase
 from memsvc.api.errors import InvalidInput
@@ -38,6 +38,9 @@ def user_erase(actor: Principal, *, confirm: str) -> Erased:
         raise InvalidInput.for_field(
             "confirm", "must be your own user id: erasing your data cannot be undone"
         )
+    # Before anything: the writes about them in flight end first (and are erased here), and
+    # those that come later wait for the erase.
+    hold_users([actor.id], alone=True)
     # Before the conversations, which would leave their records unlinked rather than gone.
     tool_records = tool_records_delete(actor, records=tool_records_kept_about(actor.id))
     conversations = user_conversations_erase(actor.id)

@@ -3,7 +3,7 @@
 import functools
 import operator
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -31,7 +31,7 @@ from agents_api.selectors import MEMORIES, memory_off_for, memory_scope, message
 from conversations.models import Message
 from memsvc.api.errors import Conflict, InvalidInput
 from memsvc.api.principals import Principal
-from memsvc.db import held_keys, lock_name, locked_row
+from memsvc.db import held_keys, lock_name, lock_names, locked_row
 from search.embeddings import vector_literal
 from search.services import embed_pending_rows, embed_rows, reembed_all_rows, vectors_or_none
 from search.statements import execute_planned, nearest_order, nearest_settings, order_on
@@ -177,8 +177,9 @@ def _hold_cited_messages(message_ids: Sequence) -> None:
     one deleted since the writer saw it (a user's erase, which strips its id from the
     memories already stored, ``memory_citations_forget``) is "no such message", and a
     deletion that comes later waits, then finds this memory to strip. First in the write's
-    transaction: the erase locks the messages before any memory or setting, so a write
-    waiting here holds nothing the erase waits for."""
+    transaction but for its user's hold (``hold_users``, which the erase takes before
+    anything): the erase locks the messages before any memory or setting, so a write waiting
+    here holds nothing the erase waits for."""
     wanted = set(message_ids)
     if wanted:
         _refuse_missing_messages(wanted, held_keys(Message, wanted))
@@ -188,6 +189,19 @@ def _refuse_missing_messages(message_ids, found: set) -> None:
     missing = sorted(str(i) for i in set(message_ids) - found)
     if missing:
         raise InvalidInput.for_field("messageIds", f"no such message: {missing[0]}")
+
+
+def hold_users(user_ids: Iterable[str], *, alone: bool = False) -> None:
+    """Writes about a user take turns with that user's erase (``user_erase``). A write holds
+    the users it writes about until it commits, shared with the other writes about them;
+    the erase holds its user ``alone``: it waits for the writes in flight, and takes what
+    they wrote; one that comes later waits for the erase, then writes anew (refused if the
+    user turned memory off, as ever). First in a transaction, before any other lock: the
+    erase takes this before any of its own, so it never waits for one a waiting write holds.
+    Nothing for an agent's own ("")."""
+    names = [("user", user_id) for user_id in user_ids if user_id]
+    if names:
+        lock_names(names, shared=not alone)
 
 
 def refuse_if_memory_off(user_id: str, *, lock: bool = False) -> None:
@@ -205,6 +219,7 @@ def _store_memories(agent, user_id, memories, source, model, vectors):
     it repeats: a stored memory or a new one earlier in the batch, of the same normalised
     text, else the nearest of them (cosine similarity ``NEAR_DUPLICATE_SIMILARITY`` or more),
     else it is a new fact."""
+    hold_users([user_id])
     _hold_cited_messages([i for new in memories for i in new.message_ids])
     # Again under the setting's row lock: a switch turned off while the batch was embedded
     # wins (the switch's write waits for this transaction, or this one sees it).
@@ -422,6 +437,7 @@ def _write_memory_update(pk, content: str | None, vector, model, changes: dict) 
 @transaction.atomic
 def memory_setting_update(actor: Principal, *, enabled: bool) -> UserMemorySetting:
     """Turn agents' memory of the acting user on or off (``UserMemorySetting``)."""
+    hold_users([actor.id])
     setting, _ = UserMemorySetting.objects.update_or_create(
         user_id=actor.id, defaults={"memory_enabled": enabled, "updated_at": timezone.now()}
     )

@@ -11,7 +11,7 @@ from django.utils import timezone
 from agents_api import observer
 from agents_api.models import Agent, SummarySource, ToolRecord
 from agents_api.services.idempotency import write_once
-from agents_api.services.memories import refuse_if_memory_off
+from agents_api.services.memories import hold_users, refuse_if_memory_off
 from conversations.models import Conversation
 from memsvc.api.errors import Conflict, InvalidInput
 from memsvc.api.principals import Principal
@@ -81,6 +81,7 @@ def tool_records_create(
             row.embedding, row.embedding_model, row.embedded_at = vectors[index], model, now
         rows.append(row)
     with transaction.atomic():
+        hold_users([actor.on_behalf_of or ""])
         stored, created = write_once(
             actor,
             idempotency_key,

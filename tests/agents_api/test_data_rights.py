@@ -24,7 +24,10 @@ from agents_api.models import (
     ToolRecord,
     UserMemorySetting,
 )
+from agents_api.portability.export import agent_header, document_chunks
+from agents_api.portability.importing import document_import
 from agents_api.portability.records import NUMBER_MAX
+from agents_api.portability.sections import AGENT_SECTIONS
 from agents_api.selectors import memory_off_for
 from agents_api.services import (
     NewToolRecord,
@@ -40,11 +43,12 @@ from conversations.models import Conversation, Membership, Message, OwnershipTra
 from conversations.selectors import access_conversation, messages_elsewhere
 from conversations.services import message_append
 from memsvc import cli
+from memsvc.api.errors import NotFound
 from memsvc.api.principals import Principal
 from search.models import CorpusStat, TermStat
 from search.services import embed_pending, rebuild_term_stats
 from tests.agents_api.conftest import AgentCredential, make_agent
-from tests.db import while_held
+from tests.db import recorded_statements, while_held
 from tests.factories import AgentFactory
 
 pytestmark = pytest.mark.django_db
@@ -534,6 +538,126 @@ def test_erase_takes_a_message_appended_while_it_runs(api, alice, bob):
     )
     assert (erased["messages"], erased["memberships"]) == (1, 1)
     assert not Message.objects.filter(author_principal="alice").exists()
+
+
+def written_about_alice(agent, way: str, document: dict | None):
+    """What an agent (or, for her switch, alice herself) writes about alice, one way."""
+    actor = agent.as_principal()
+    if way == "import":  # (of another agent's memory about her)
+        return document_import(document, into=agent)
+    if way.startswith("memory"):
+        return memory_save(actor, agent=agent, user_id="alice", content="Alice is in Lisbon")
+    if way == "block":
+        return memory_block_create(actor, agent=agent, user_id="alice", label="trip", value="L")
+    if way == "block change":
+        block = MemoryBlock.objects.get(agent=agent, user_id="alice", label="human")
+        return memory_block_update(actor, block=block, append="is in Lisbon")
+    if way == "tool record":
+        return tool_records_create(
+            Principal.for_agent(agent.id, on_behalf_of="alice"),
+            agent=agent,
+            records=[NewToolRecord(tool_name="locate", raw_output={"city": "Lisbon"})],
+        )
+    assert way == "her switch"
+    return memory_setting_update(Principal.user("alice"), enabled=True)
+
+
+def before_writing_about_alice(agent, way: str) -> dict | None:
+    """What a write needs before it: for an import, its document."""
+    if way == "memory, her switch on":  # (a row, which a save locks)
+        memory_setting_update(Principal.user("alice"), enabled=True)
+    if way == "block change":
+        memory_block_create(agent.as_principal(), agent=agent, user_id="alice", label="human")
+    if way != "import":
+        return None
+    source = AgentFactory(name="source")
+    memory_save(source.as_principal(), agent=source, user_id="alice", content="Alice is in Lisbon")
+    document = json.loads("".join(document_chunks(agent_header(source), AGENT_SECTIONS, source)))
+    source.delete()
+    return document
+
+
+def kept_about_alice() -> dict:
+    return {
+        "memories": list(Memory.objects.filter(user_id="alice").values_list("content")),
+        "blocks": list(MemoryBlock.objects.filter(user_id="alice").values_list("label")),
+        "revisions": MemoryBlockRevision.objects.filter(block__user_id="alice").count(),
+        "tool records": list(ToolRecord.objects.filter(user_id="alice").values_list("tool_name")),
+        "switch": list(UserMemorySetting.objects.filter(user_id="alice").values_list("user_id")),
+    }
+
+
+NOTHING = {"memories": [], "blocks": [], "revisions": 0, "tool records": [], "switch": []}
+# What each write keeps when it comes after the erase (none: her block to change is gone).
+AFTER_THE_ERASE = {
+    "memory": {"memories": [("Alice is in Lisbon",)]},
+    "memory, her switch on": {"memories": [("Alice is in Lisbon",)]},
+    "block": {"blocks": [("trip",)], "revisions": 1},
+    "block change": {},
+    "tool record": {"tool records": [("locate",)]},
+    "her switch": {"switch": [("alice",)]},
+    "import": {"memories": [("Alice is in Lisbon",)]},
+}
+WRITES = list(AFTER_THE_ERASE)
+
+
+@pytest.mark.parametrize("way", WRITES)
+@pytest.mark.django_db(transaction=True)
+def test_erase_waits_for_a_write_about_the_user_in_flight_and_takes_it(api, alice, way):
+    """A write about alice (an agent's memory, block, tool record made for her, an import;
+    her own switch) has not committed when she erases her data. The erase's deletes could
+    not see it, and it committed after them: 200, and the fact about her was still kept (a
+    block's change: its new revision was not collected, and the erase failed, a 500). The
+    erase waits for the writes about her in flight (``hold_users``), then takes what they
+    wrote."""
+    agent = AgentFactory()
+    document = before_writing_about_alice(agent, way)
+
+    erased = while_held(
+        lambda: written_about_alice(agent, way, document),
+        lambda: call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"}),
+    )
+    assert kept_about_alice() == NOTHING
+    assert erased["memories"] + erased["memoryBlocks"] + erased["toolRecords"] == (
+        0 if way == "her switch" else 1
+    )
+
+
+@pytest.mark.parametrize("way", WRITES)
+@pytest.mark.django_db(transaction=True)
+def test_a_write_about_the_user_during_their_erase_waits_and_then_writes(alice, way):
+    """The other order: alice's erase has not committed when the write about her comes. It
+    waits for the erase (it takes nothing the erase waits for first: no deadlock), then
+    writes: a fact kept after her erase is a new one, kept while her memory is on."""
+    agent = AgentFactory()
+    document = before_writing_about_alice(agent, way)
+
+    def write():
+        try:
+            return written_about_alice(agent, way, document)
+        except NotFound as exc:
+            return exc
+
+    written = while_held(lambda: user_erase(Principal.user("alice"), confirm="alice"), write)
+    if way == "block change":  # (her block went with her erase)
+        assert isinstance(written, NotFound), written
+    assert kept_about_alice() == NOTHING | AFTER_THE_ERASE[way]
+
+
+def test_a_write_holds_the_user_it_is_about_in_one_statement_and_its_own_not_at_all():
+    """The hold a write takes against its user's erase costs one statement; an agent's own
+    memory is about no user, and never waits for an erase."""
+    agent = AgentFactory()
+    actor = agent.as_principal()
+
+    def holds(write) -> list:
+        with recorded_statements() as sent:
+            write()
+        return [sql for sql in sent if "pg_advisory_xact_lock_shared" in sql]
+
+    assert len(holds(lambda: memory_save(actor, agent=agent, user_id="alice", content="A"))) == 1
+    assert holds(lambda: memory_save(actor, agent=agent, content="The agent speaks French")) == []
+    assert holds(lambda: memory_block_create(actor, agent=agent, label="persona")) == []
 
 
 # --- memsvc export / memsvc import -----------------------------------------------------------
