@@ -150,12 +150,24 @@ def _lock_groups_to_delete(group_ids) -> None:
         list(rows.select_for_update().order_by("id").values_list("id", flat=True))
 
 
+def _groups_of(messages):
+    """The groups of ``messages`` (a queryset): where a fork made at one of them, or a
+    summary covering up to one, is written (a fork's may name its parent's messages). Their
+    conversations are locked before ``messages_delete`` reads what to move off the messages
+    (``_lock_conversations``): a fork in flight holds the conversation it is made from
+    (``held_keys``), a summary the one it is appended to, so either ends first and is
+    moved, or comes later and finds its message gone."""
+    return messages.order_by().values("conversation__group_id")
+
+
 def _lock_conversations(conversations) -> None:
     """Lock these conversations (a queryset) before their messages are collected to be
     deleted: an append in flight ends first (its messages are collected and counted out
     with the others), a later one finds its conversation gone (404, ``messages_append``).
-    Caller holds their groups' locks, so no fork is added to them meanwhile; rows are
-    locked in id order, the same in every deletion."""
+    A group's delete holds its group's lock first, so no fork is added to it meanwhile; a
+    deletion of messages does not (a fork made meanwhile of a fork that committed while it
+    waited is not seen: a known gap). Rows are locked in id order, the same in every
+    deletion."""
     list(conversations.select_for_update().order_by("id").values_list("id", flat=True))
 
 
@@ -365,7 +377,13 @@ def messages_delete(actor: Principal, *, messages) -> list:
     """Delete these messages (a queryset), as an operator does in the admin: their words
     counted out of the keyword statistics, forks made at one of them starting at the
     history message before it instead, summaries covering up to one of them covering up to
-    the message before it. The ids of those deleted."""
+    the message before it. The ids of those deleted.
+
+    Their groups' conversations are locked first (``_groups_of``), then the
+    messages (``_lock_messages``), as every deletion takes them: no fork or summary at one
+    of them is written between the reading of those to move and the deletion. A caller that
+    has locked messages already (an erase) has locked these conversations before them."""
+    _lock_conversations(Conversation.objects.filter(group_id__in=_groups_of(messages)))
     _forks_moved_off(messages)
     _summaries_moved_off(messages)
     return _messages_delete(messages)
@@ -685,11 +703,11 @@ def user_conversations_erase(user_id: str) -> ErasedConversations:
     # (conversation, then membership), so that an append waiting for a membership never
     # holds a conversation that the erase then waits for (a fork moved off one of the
     # user's messages).
-    _lock_conversations(
-        Conversation.objects.filter(
-            group_id__in=Membership.objects.filter(principal_id=user_id).values("group_id")
-        )
-    )
+    # Those of the groups where their messages are too, which ``messages_delete`` locks
+    # (``_groups_of``): a group they have left keeps their turns, and may be forked at one.
+    member_of = Membership.objects.filter(principal_id=user_id).values("group_id")
+    theirs_in = _groups_of(selectors.messages_elsewhere(user_id))
+    _lock_conversations(Conversation.objects.filter(group_id__in=member_of.union(theirs_in)))
     list(
         Membership.objects.filter(principal_id=user_id)
         .select_for_update()

@@ -159,8 +159,11 @@ def embed_messages(
         summarized = {
             c for m, _, _, channel, c, _ in rows if channel == Channel.SUMMARY and m in written
         }
-        if summarized:
-            Conversation.objects.filter(id__in=summarized).update(vectorized_at=now)
+    # Once the claims are let go: a deletion locks conversations before messages (one that
+    # moves a summary off a deleted turn updates it), so this waits for the conversation
+    # holding none of its messages, rather than each waiting for the other (a deadlock).
+    if summarized:
+        Conversation.objects.filter(id__in=summarized).update(vectorized_at=now)
     return len(written)
 
 

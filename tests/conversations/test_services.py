@@ -448,3 +448,96 @@ def test_a_summary_racing_the_erase_of_the_turn_it_covers_up_to_is_refused():
     assert isinstance(refused, InvalidInput), refused
     assert "untilMessageId" in refused.details
     assert not Message.objects.filter(channel="summary").exists()
+
+
+def a_fork_at_bobs_turn():
+    """alice's conversation: her turn, bob's, hers again; what a fork at her second turn
+    starts at is bob's."""
+    conversation = shared_group(bob="writer")
+    alice, bob = Principal.user("alice"), Principal.user("bob")
+    first = services.message_append(alice, conversation=conversation, content="a")
+    bobs = services.message_append(bob, conversation=conversation, content="b")
+    turn = services.message_append(alice, conversation=conversation, content="c")
+    return conversation, first, bobs, turn
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_operators_delete_racing_a_fork_at_the_message_moves_the_fork():
+    """A fork is made at the message an operator deletes (the admin's ``messages_delete``):
+    the delete waits for the fork, then moves it to the message before, as an erase does.
+    (It read the forks to move before it locked anything: the fork was missed, and failed
+    at commit on its fork point's foreign key, a 500.)"""
+    conversation, first, bobs, turn = a_fork_at_bobs_turn()
+    forks = []
+
+    deleted = waits_for(
+        lambda: forks.append(
+            services.conversation_fork(
+                Principal.user("alice"), conversation=conversation, message=turn
+            )
+        ),
+        lambda: services.messages_delete(
+            Principal.user("ops"), messages=Message.objects.filter(pk=bobs.pk)
+        ),
+    )
+
+    assert deleted == [bobs.pk], deleted
+    assert Conversation.objects.get(pk=forks[0].pk).forked_at_message_id == first.pk
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_operators_delete_racing_a_summary_up_to_the_message_moves_the_summary():
+    """An agent summarises up to the message an operator deletes: the delete waits for the
+    summary, then has it cover up to the message before. (It read the summaries before it
+    locked anything: this one was missed and kept covering a message that no longer
+    exists, after which an agent's context starts past the summary.)"""
+    agent = Principal.for_agent(uuid.uuid4(), name="helper")
+    conversation = shared_group(**{agent.id: "writer"})
+    alice = Principal.user("alice")
+    first = services.message_append(alice, conversation=conversation, content="a")
+    turn = services.message_append(alice, conversation=conversation, content="b")
+    summaries = []
+
+    deleted = waits_for(
+        lambda: summaries.append(
+            services.summary_create(
+                agent,
+                conversation=conversation,
+                title="t",
+                summary="alice said a and b",
+                until_message=turn,
+                summarized_at=timezone.now(),
+            )
+        ),
+        lambda: services.messages_delete(
+            Principal.user("ops"), messages=Message.objects.filter(pk=turn.pk)
+        ),
+    )
+
+    assert deleted == [turn.pk], deleted
+    summary = Message.objects.get(pk=summaries[0].pk)
+    assert summary.metadata["untilMessageId"] == str(first.pk)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_erase_racing_a_fork_at_a_turn_in_a_conversation_its_user_left_moves_the_fork():
+    """bob's turn stays in alice's conversation after he leaves it; alice forks at it while
+    bob erases his data: the erase waits for the fork and moves it. (It locked only the
+    conversations of bob's groups: the fork was missed, and failed at commit on its fork
+    point's foreign key, a 500.)"""
+    conversation, first, bobs, turn = a_fork_at_bobs_turn()
+    bob = selectors.membership_of(conversation, "bob")
+    services.membership_delete(Principal.user("bob"), membership=bob)
+    forks = []
+
+    erased = waits_for(
+        lambda: forks.append(
+            services.conversation_fork(
+                Principal.user("alice"), conversation=conversation, message=turn
+            )
+        ),
+        lambda: services.user_conversations_erase("bob"),
+    )
+
+    assert erased.message_ids == [bobs.pk], erased
+    assert Conversation.objects.get(pk=forks[0].pk).forked_at_message_id == first.pk

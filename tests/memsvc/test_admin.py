@@ -54,6 +54,7 @@ from memsvc.api.errors import Conflict
 from memsvc.api.principals import Principal
 from search.models import CorpusStat, TermStat
 from search.services import embed_pending, rebuild_term_stats
+from tests.db import while_held
 from tests.factories import (
     AgentFactory,
     ConversationFactory,
@@ -518,6 +519,31 @@ def test_deleting_in_the_admin_counts_the_words_out_and_keeps_forks(operator, co
     assert operator.post(page, {"post": "yes"}).status_code == 302
     assert not Message.objects.exists()
     assert keyword_statistics_hold() == {}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_message_deleted_in_the_admin_while_a_fork_is_made_at_it_moves_the_fork(
+    operator, counted
+):
+    """The delete waits for the fork in flight, then moves it with the others. (The admin
+    read the forks to move before it locked anything: this one was missed, and failed at
+    commit on its fork point's foreign key, a 500.)"""
+    third = Message.objects.get(content="Tell me about wombats")
+    racing = []
+    page = reverse("admin:conversations_message_delete", args=[counted.second.pk])
+
+    response = while_held(
+        lambda: racing.append(
+            conversation_fork(Principal.user("alice"), conversation=counted.root, message=third)
+        ),
+        lambda: operator.post(page, {"post": "yes"}),
+    )
+
+    assert response.status_code == 302
+    assert not Message.objects.filter(pk=counted.second.pk).exists()
+    forks = Conversation.objects.filter(pk__in=[counted.fork.pk, racing[0].pk])
+    assert set(forks.values_list("forked_at_message_id", flat=True)) == {counted.first.pk}
+    assert forks.count() == 2
 
 
 def test_a_conversation_is_never_moved_in_the_admin(operator, counted):

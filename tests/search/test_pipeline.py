@@ -18,8 +18,10 @@ from django.utils import timezone
 
 from agents_api.models import Memory, ToolRecord
 from agents_api.services import memories_embed_pending, memory_save, tool_records_embed_pending
+from conversations import services as conversations_services
 from conversations.models import Conversation, Message
 from memsvc import cli
+from memsvc.api.principals import Principal
 from search import services
 from search.embeddings import EmbeddingError, OllamaBackend, configured_backend
 from search.models import CorpusStat, TermStat
@@ -466,3 +468,46 @@ def test_a_memory_or_tool_record_the_backend_refuses_keeps_no_other_waiting(monk
     assert ToolRecord.objects.get(pk=kept.pk).embedded_at is not None
     assert Memory.objects.get(pk=refused.pk).embedded_at is None  # still found by keywords
     assert ToolRecord.objects.get(pk=record.pk).embedded_at is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_summary_embedded_while_the_turn_it_covers_is_deleted_deadlocks_neither():
+    """The deletion holds the conversation (as every deletion locks it before its messages)
+    when the worker claims the summary; the deletion then moves the summary off the turn.
+    (The worker updated the conversation while it held the summary: each waited for the
+    other, and PostgreSQL ended one of them, the deletion a 500.)"""
+    with transaction.atomic():
+        conversation = ConversationFactory(group__owner="alice")
+        turn = MessageFactory(conversation=conversation, content="about otters")
+        summary = MessageFactory(
+            conversation=conversation,
+            channel="summary",
+            role="system",
+            content="alice talked about otters",
+            metadata={"untilMessageId": str(turn.id)},
+        )
+    outcome = {}
+
+    def embed():
+        try:
+            outcome["embedded"] = services.embed_messages([summary.id])
+        except OperationalError as exc:
+            outcome["embedded"] = exc
+        finally:
+            connection.close()
+
+    with transaction.atomic():
+        Conversation.objects.select_for_update().filter(pk=conversation.pk).first()
+        worker = threading.Thread(target=embed)
+        worker.start()
+        worker.join(timeout=1.0)  # (the worker has claimed the summary by now)
+        conversations_services.messages_delete(
+            Principal.user("ops"), messages=Message.objects.filter(pk=turn.pk)
+        )
+    worker.join(timeout=10)
+
+    assert outcome["embedded"] == 1, outcome
+    summary.refresh_from_db()
+    assert summary.embedded_at is not None
+    assert summary.metadata["untilMessageId"] is None  # nothing stays before it
+    assert Conversation.objects.get(pk=conversation.pk).vectorized_at is not None
