@@ -36,6 +36,7 @@ from agents_api.selectors import (
 )
 from conversations.models import Conversation, Role
 from conversations.selectors import conversation_messages, turn_speakers
+from memsvc.db import hold_users
 from memsvc.llm import LLMError, chat, json_answer, llm_configured
 
 logger = logging.getLogger(__name__)
@@ -288,7 +289,7 @@ def _distil(agent: Agent, conversation: Conversation, previous: int, claimed: li
     with transaction.atomic():
         # Every person's hold before any save's other locks: one save's cited turns are not
         # held while the next waits for its person's erase (which waits for those turns).
-        services.hold_users(about)
+        hold_users(about)
         for person, memories in about.items():
             saved += services.memories_save(
                 agent.as_principal(),

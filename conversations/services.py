@@ -33,7 +33,7 @@ from conversations.models import (
 from conversations.selectors import conversation_owner_id, history_message_before
 from memsvc.api.errors import Conflict, Forbidden, InvalidInput, NotFound
 from memsvc.api.principals import Principal, agent_uuid_of
-from memsvc.db import held_keys, locked_row
+from memsvc.db import held_keys, hold_users, locked_row
 from search.services import uncount_messages
 from search.tasks import enqueue_embedding
 
@@ -51,8 +51,10 @@ def conversation_create(
     """A new conversation in a new group, owned by ``actor.owner_id``.
 
     ``writer_ids`` become writers (an agent the conversation is for, or the agent acting
-    for its user).
+    for its user). Its users held first (``hold_users``): their erase in flight ends before,
+    or finds it.
     """
+    hold_users([actor.owner_id, *writer_ids])
     group = ConversationGroup.objects.create()
     Membership.objects.create(group=group, principal_id=actor.owner_id, access_level="owner")
     for principal_id in dict.fromkeys(writer_ids):
@@ -526,7 +528,10 @@ def _refuse_owner_level(access_level: str) -> None:
 def membership_create(
     actor: Principal, *, conversation: Conversation, principal_id: str, access_level: str
 ) -> Membership:
+    """Share the conversation's group with ``principal_id``: the new member held first
+    (``hold_users``), so that their erase in flight ends before, or finds the membership."""
     _refuse_owner_level(access_level)
+    hold_users([principal_id])
     _lock_group_as(actor, conversation.group_id, need=AccessLevel.MANAGER)
     try:
         with transaction.atomic():
@@ -583,6 +588,9 @@ def ownership_transfer_start(
 ) -> OwnershipTransfer:
     if to_principal == actor.id:
         raise InvalidInput.for_field("newOwnerUserId", "you already own this conversation")
+    # Both users first (``hold_users``): an erase of either in flight ends before the offer,
+    # or finds it.
+    hold_users([actor.id, to_principal])
     # Only the owner offers: one whose offer is being accepted meanwhile is no longer it.
     # The offer names the conversation it is made from, read again under the group's lock,
     # which a deletion takes first: a fork deleted meanwhile is a 404, not a transfer
@@ -619,9 +627,12 @@ def _resolve(transfer: OwnershipTransfer, status: str) -> OwnershipTransfer:
 def ownership_transfer_accept(
     actor: Principal, *, transfer: OwnershipTransfer
 ) -> OwnershipTransfer:
-    """The recipient becomes owner and the old owner a manager, in one transaction."""
+    """The recipient becomes owner and the old owner a manager, in one transaction. The
+    recipient held first (``hold_users``): their erase in flight ends before (and took the
+    offer: 404), one that comes later finds them owner."""
     if transfer.to_principal != actor.id:
         raise Forbidden("only the recipient can accept a transfer")
+    hold_users([actor.id])
     transfer = _lock_pending(transfer)
     _lock_group(transfer.group_id)
     Membership.objects.filter(group_id=transfer.group_id, access_level=AccessLevel.OWNER).update(
@@ -677,7 +688,9 @@ def user_conversations_erase(user_id: str) -> ErasedConversations:
     (a pending offer to them goes, as if declined). One transaction.
 
     Others' data stays as it was, but for the user's messages in it: a fork someone made
-    at one of those starts at the message before it instead.
+    at one of those starts at the message before it instead. The caller holds the user
+    alone first (``hold_users``): a conversation, membership or offer of ownership being
+    made for them ends before, and is erased here.
     """
     # Pending transfers before groups, in the order accepting one takes its locks
     # (transfer, then group): an accept racing the erase waits, it never deadlocks.

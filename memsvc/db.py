@@ -1,11 +1,14 @@
 """Small database expressions shared by the models of every app."""
 
+from collections.abc import Iterable
+
 from django.db import connection, models
 from django.db.models import Q
 from django.db.models.lookups import Exact
 from pgvector.django import HnswIndex
 
 from memsvc.api.errors import NotFound
+from memsvc.api.principals import agent_uuid_of
 
 
 def json_is_object(field: str, name: str) -> models.CheckConstraint:
@@ -65,6 +68,20 @@ def lock_names(names, *, shared: bool = False) -> None:
             f"SELECT {function}(hashtextextended(name, 0)) FROM unnest(%s::text[]) AS name",  # noqa: S608 (one of two names)
             [keys],
         )
+
+
+def hold_users(user_ids: Iterable[str], *, alone: bool = False) -> None:
+    """Writes about a user take turns with that user's erase
+    (``agents_api.services.user_erase``). A write holds the users it writes about until it
+    commits, shared with the other writes about them; the erase holds its user ``alone``: it
+    waits for the writes in flight, and takes what they wrote; one that comes later waits for
+    the erase, then writes anew (or finds what it needed gone with them). First in a
+    transaction, before any other lock: the erase takes this before any of its own, so it
+    never waits for one a waiting write holds. One statement; nothing for an agent's own
+    ("") or an agent (``agent:<id>``), whom no user's erase concerns."""
+    names = [("user", user_id) for user_id in user_ids if user_id and not agent_uuid_of(user_id)]
+    if names:
+        lock_names(names, shared=not alone)
 
 
 def held_keys(model: type[models.Model], pks) -> set:

@@ -19,11 +19,11 @@ from agents_api.portability.restore import (
 )
 from agents_api.portability.sections import AGENT_SECTIONS, USER_SECTIONS
 from agents_api.selectors import messages_seen_by
-from agents_api.services.memories import hold_users
 from conversations.models import AccessLevel
 from conversations.selectors import visible_conversation_ids
 from memsvc.api.fields import contains_nul
 from memsvc.api.parsers import json_problem
+from memsvc.db import hold_users
 
 UNIQUE_VIOLATION = "23505"  # PostgreSQL's SQLSTATE
 

@@ -10,10 +10,10 @@ from agents_api.models import (
     MemoryBlock,
     MemoryBlockRevision,
 )
-from agents_api.services.memories import hold_users, refuse_if_memory_off
+from agents_api.services.memories import refuse_if_memory_off
 from memsvc.api.errors import Conflict, Forbidden, InvalidInput, NotFound
 from memsvc.api.principals import Principal
-from memsvc.db import held_keys, locked_row
+from memsvc.db import held_keys, hold_users, locked_row
 
 
 def _check_fits(value: str, limit: int, field: str) -> None:

@@ -6,11 +6,12 @@ from django.db import transaction
 
 from agents_api.models import MemoryBlock, UserMemorySetting
 from agents_api.selectors import memories_of, tool_records_kept_about
-from agents_api.services.memories import hold_users, memories_delete, memory_citations_forget
+from agents_api.services.memories import memories_delete, memory_citations_forget
 from agents_api.services.tool_records import tool_records_delete
 from conversations.services import user_conversations_erase
 from memsvc.api.errors import InvalidInput
 from memsvc.api.principals import Principal
+from memsvc.db import hold_users
 
 
 @dataclass(frozen=True)

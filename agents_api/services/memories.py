@@ -3,7 +3,7 @@
 import functools
 import operator
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -31,7 +31,7 @@ from agents_api.selectors import MEMORIES, memory_off_for, memory_scope, message
 from conversations.models import Message
 from memsvc.api.errors import Conflict, InvalidInput
 from memsvc.api.principals import Principal
-from memsvc.db import held_keys, lock_name, lock_names, locked_row
+from memsvc.db import held_keys, hold_users, lock_name, locked_row
 from search.embeddings import vector_literal
 from search.services import embed_pending_rows, embed_rows, reembed_all_rows, vectors_or_none
 from search.statements import execute_planned, nearest_order, nearest_settings, order_on
@@ -189,19 +189,6 @@ def _refuse_missing_messages(message_ids, found: set) -> None:
     missing = sorted(str(i) for i in set(message_ids) - found)
     if missing:
         raise InvalidInput.for_field("messageIds", f"no such message: {missing[0]}")
-
-
-def hold_users(user_ids: Iterable[str], *, alone: bool = False) -> None:
-    """Writes about a user take turns with that user's erase (``user_erase``). A write holds
-    the users it writes about until it commits, shared with the other writes about them;
-    the erase holds its user ``alone``: it waits for the writes in flight, and takes what
-    they wrote; one that comes later waits for the erase, then writes anew (refused if the
-    user turned memory off, as ever). First in a transaction, before any other lock: the
-    erase takes this before any of its own, so it never waits for one a waiting write holds.
-    Nothing for an agent's own ("")."""
-    names = [("user", user_id) for user_id in user_ids if user_id]
-    if names:
-        lock_names(names, shared=not alone)
 
 
 def refuse_if_memory_off(user_id: str, *, lock: bool = False) -> None:

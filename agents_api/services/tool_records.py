@@ -11,11 +11,11 @@ from django.utils import timezone
 from agents_api import observer
 from agents_api.models import Agent, SummarySource, ToolRecord
 from agents_api.services.idempotency import write_once
-from agents_api.services.memories import hold_users, refuse_if_memory_off
+from agents_api.services.memories import refuse_if_memory_off
 from conversations.models import Conversation
 from memsvc.api.errors import Conflict, InvalidInput
 from memsvc.api.principals import Principal
-from memsvc.db import held_keys
+from memsvc.db import held_keys, hold_users
 from search.services import (
     embed_pending_rows,
     embed_rows,

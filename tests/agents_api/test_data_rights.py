@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 from django.db import DatabaseError, connection
+from django.db.models import Q
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -39,9 +40,18 @@ from agents_api.services import (
     tool_records_create,
     user_erase,
 )
+from conversations import selectors
 from conversations.models import Conversation, Membership, Message, OwnershipTransfer
 from conversations.selectors import access_conversation, messages_elsewhere
-from conversations.services import message_append
+from conversations.services import (
+    NewMessage,
+    conversation_create,
+    membership_create,
+    message_append,
+    messages_append,
+    ownership_transfer_accept,
+    ownership_transfer_start,
+)
 from memsvc import cli
 from memsvc.api.errors import NotFound
 from memsvc.api.principals import Principal
@@ -644,6 +654,119 @@ def test_a_write_about_the_user_during_their_erase_waits_and_then_writes(alice, 
     assert kept_about_alice() == NOTHING | AFTER_THE_ERASE[way]
 
 
+def bobs_conversation_for(way: str, agent) -> Conversation:
+    """Bob's conversation, and what a write in it about alice needs before it: her
+    membership for her own append and the turns an agent signs with her id (the agent a
+    writer there), an offer of ownership for her to accept."""
+    bob = Principal.user("bob")
+    his = conversation_create(bob, title="Bob's", writer_ids=[agent.as_principal().id])
+    if way in {"her append", "her turn, signed by an agent", "ownership accepted"}:
+        membership_create(bob, conversation=his, principal_id="alice", access_level="writer")
+    if way == "ownership accepted":
+        ownership_transfer_start(bob, conversation=his, to_principal="alice")
+    return his
+
+
+def written_in_conversations_about_alice(agent, way: str, his: Conversation):
+    """What alice, bob or an agent writes about alice in the conversations app, one way."""
+    alice, bob = Principal.user("alice"), Principal.user("bob")
+    if way == "her conversation":
+        return conversation_create(alice, title="Alice's new")
+    if way == "her conversation, made by an agent":
+        acting = Principal.for_agent(agent.id, on_behalf_of="alice")
+        return conversation_create(acting, title="For Alice", writer_ids=[acting.id])
+    if way == "membership":
+        return membership_create(bob, conversation=his, principal_id="alice", access_level="reader")
+    if way == "ownership offered":
+        return ownership_transfer_start(bob, conversation=his, to_principal="alice")
+    if way == "ownership accepted":
+        transfer = OwnershipTransfer.objects.get(group_id=his.group_id, to_principal="alice")
+        return ownership_transfer_accept(alice, transfer=transfer)
+    if way == "her append":
+        return message_append(alice, conversation=his, content="Alice is in Lisbon")
+    assert way == "her turn, signed by an agent"
+    return messages_append(
+        agent.as_principal(),
+        conversation=his,
+        messages=[NewMessage(content="Alice is in Lisbon", author_name="alice")],
+    )
+
+
+def kept_in_conversations_about_alice() -> dict:
+    return {
+        "memberships": list(
+            Membership.objects.filter(principal_id="alice").values_list("access_level")
+        ),
+        "transfers": OwnershipTransfer.objects.filter(
+            Q(from_principal="alice") | Q(to_principal="alice")
+        ).count(),
+        "messages": list(messages_elsewhere("alice").values_list("content")),
+    }
+
+
+NOTHING_IN_CONVERSATIONS = {"memberships": [], "transfers": 0, "messages": []}
+# What each write keeps when it comes after the erase (none: her membership, and the
+# offer to her, went with her erase).
+AFTER_THE_ERASE_IN_CONVERSATIONS = {
+    "her conversation": {"memberships": [("owner",)]},
+    "her conversation, made by an agent": {"memberships": [("owner",)]},
+    "membership": {"memberships": [("reader",)]},
+    "ownership offered": {"transfers": 1},
+    "ownership accepted": {},
+    "her append": {},
+    "her turn, signed by an agent": {},
+}
+CONVERSATION_WRITES = list(AFTER_THE_ERASE_IN_CONVERSATIONS)
+
+
+@pytest.mark.parametrize("way", CONVERSATION_WRITES)
+@pytest.mark.django_db(transaction=True)
+def test_erase_waits_for_a_conversation_write_about_the_user_in_flight_and_takes_it(
+    api, alice, way
+):
+    """A write about alice in the conversations app (a conversation of hers, a membership
+    or an offer of ownership given to her, her accepting one, a turn of hers) has not
+    committed when she erases her data. The erase's deletes could not see the new rows, and
+    they committed after them: 200, and she still owned a conversation, was still a member
+    of bob's or still had his offer (her accepting it: the erase deleted the owner's
+    membership it had just made, a 500). The erase waits for the writes about her in flight
+    (``hold_users``), then takes what they wrote. (Her turns, hers or signed with her id by
+    an agent, were taken already: they update the conversation's row, which the erase
+    locks.)"""
+    agent = AgentFactory()
+    his = bobs_conversation_for(way, agent)
+
+    while_held(
+        lambda: written_in_conversations_about_alice(agent, way, his),
+        lambda: call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"}),
+    )
+    assert kept_in_conversations_about_alice() == NOTHING_IN_CONVERSATIONS
+    assert not selectors.groups_owned_by("alice").exists()
+
+
+@pytest.mark.parametrize("way", CONVERSATION_WRITES)
+@pytest.mark.django_db(transaction=True)
+def test_a_conversation_write_about_the_user_during_their_erase_waits_and_then_writes(alice, way):
+    """The other order: alice's erase has not committed when the write about her comes. It
+    waits for the erase (its hold comes before the group's, the conversation's and the
+    membership's locks it takes, which the erase takes after its own: no deadlock), then
+    writes anew, or finds what it needed gone with her (404)."""
+    agent = AgentFactory()
+    his = bobs_conversation_for(way, agent)
+
+    def write():
+        try:
+            return written_in_conversations_about_alice(agent, way, his)
+        except NotFound as exc:
+            return exc
+
+    written = while_held(lambda: user_erase(Principal.user("alice"), confirm="alice"), write)
+    if way in {"ownership accepted", "her append"}:  # (her membership went with her erase)
+        assert isinstance(written, NotFound), written
+    expected = NOTHING_IN_CONVERSATIONS | AFTER_THE_ERASE_IN_CONVERSATIONS[way]
+    assert kept_in_conversations_about_alice() == expected
+
+
 def test_a_write_holds_the_user_it_is_about_in_one_statement_and_its_own_not_at_all():
     """The hold a write takes against its user's erase costs one statement; an agent's own
     memory is about no user, and never waits for an erase."""
@@ -658,6 +781,38 @@ def test_a_write_holds_the_user_it_is_about_in_one_statement_and_its_own_not_at_
     assert len(holds(lambda: memory_save(actor, agent=agent, user_id="alice", content="A"))) == 1
     assert holds(lambda: memory_save(actor, agent=agent, content="The agent speaks French")) == []
     assert holds(lambda: memory_block_create(actor, agent=agent, label="persona")) == []
+
+
+def test_a_conversation_write_holds_the_users_it_is_about_in_one_statement_and_agents_not():
+    """Each conversation write about users holds them in one statement; one about agents
+    only (an agent's own conversation, an agent given access) never waits for an erase."""
+    agent = AgentFactory()
+    alice, bob = Principal.user("alice"), Principal.user("bob")
+
+    def holds(write) -> list:
+        with recorded_statements() as sent:
+            write()
+        return [sql for sql in sent if "pg_advisory_xact_lock_shared" in sql]
+
+    his = conversation_create(bob, title="Bob's")
+    for write in [
+        lambda: conversation_create(alice, title="Alice's", writer_ids=[agent.as_principal().id]),
+        lambda: membership_create(
+            bob, conversation=his, principal_id="alice", access_level="reader"
+        ),
+        lambda: ownership_transfer_start(bob, conversation=his, to_principal="alice"),
+        lambda: ownership_transfer_accept(alice, transfer=OwnershipTransfer.objects.get()),
+    ]:
+        assert len(holds(write)) == 1
+    assert holds(lambda: conversation_create(agent.as_principal(), title="Its own")) == []
+    assert (
+        holds(
+            lambda: membership_create(
+                alice, conversation=his, principal_id=agent.as_principal().id, access_level="writer"
+            )
+        )
+        == []
+    )
 
 
 # --- memsvc export / memsvc import -----------------------------------------------------------
