@@ -44,7 +44,8 @@ def key_with_agent(public_id: str) -> ApiKey | None:
     for agent in Agent.objects.raw(_KEY_SQL, [public_id]):
         values = []
         for field in _KEY_FIELDS:
-            value = getattr(agent, f"key_{field.column}")
+            # (Taken off the agent, which becomes the request's: the key's HMAC stays on the key.)
+            value = agent.__dict__.pop(f"key_{field.column}")
             if hasattr(field, "from_db_value"):  # (``scopes``: JSON text, as the ORM reads it)
                 value = field.from_db_value(value, None, connection)
             values.append(value)

@@ -104,7 +104,9 @@ def held_keys(model: type[models.Model], pks) -> set:
 _COMPILED_SQL: dict[str, str] = {}
 
 
-def compiled_once(name: str, queryset: models.QuerySet, params: list) -> models.QuerySet:
+def compiled_once(
+    name: str, queryset: models.QuerySet, params: list
+) -> models.QuerySet | models.query.RawQuerySet:
     """``queryset``'s rows (as model instances), its SQL compiled by the ORM once per process
     and kept under ``name``: compiling a small queryset costs more than running it (0.2-0.4 ms
     of Python, on every request that reads an agent or its blocks). For a queryset whose SQL
