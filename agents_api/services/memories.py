@@ -108,8 +108,14 @@ def expired_copies_forget(memories: Sequence[Memory]) -> None:
     """Delete the expired memories holding the text of one of ``memories`` (about to be
     stored: the same agent, user and unique content hash), as the prune would have: the
     same fact stored again is a new memory, not a collision with one that is gone."""
+    # (One condition per agent and user, not per memory: a batch's hundred-way OR cost more
+    # to compile than to run.)
+    hashes: dict = {}
+    for memory in memories:
+        hashes.setdefault((memory.agent_id, memory.user_id), set()).add(memory.content_hash)
     same = [
-        Q(agent_id=m.agent_id, user_id=m.user_id, content_hash=m.content_hash) for m in memories
+        Q(agent_id=agent_id, user_id=user_id, content_hash__in=sorted(of_them))
+        for (agent_id, user_id), of_them in hashes.items()
     ]
     if same:
         Memory.objects.filter(~LIVE).filter(functools.reduce(operator.or_, same)).delete()
