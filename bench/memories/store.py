@@ -19,7 +19,7 @@ from psycopg import sql
 
 from bench.common import BenchError, log
 
-BULK_BUILT_INDEXES = ("memory_embedding_hnsw", "memory_search_vector")
+BULK_BUILT_INDEXES = ("memory_embedding_hnsw", "memory_scope_words")
 # The columns the copy decides; every other stored column keeps the first agent's value.
 OVERRIDES = {
     "id": sql.SQL("gen_random_uuid()"),

@@ -88,3 +88,51 @@ def test_a_search_of_an_empty_store_is_one_probe(settings):
         assert memory_search(agent, user_id="", query="capybara", limit=5) == []
     assert len(sent) == 1 and "EXISTS" in sent[0]
     assert engine.query_vector.cache_info().currsize == 0
+
+
+def test_a_keyword_search_of_a_large_store_reads_its_words_within_the_scope():
+    """The rows of an agent's store holding the query's rarest word are found inside one
+    index (``memory_scope_words``). With the words indexed alone, PostgreSQL intersected the
+    word's entries with a bitmap of every memory of the scope (``memory_recent``): for a
+    store of 100,000, 6.5 of a search's 7 ms; and it sometimes walked all of the scope's
+    rows in a btree index instead (``Corpus.scoped_words``)."""
+    from agents_api.selectors import memory_scope
+
+    store, other = AgentFactory(), AgentFactory()
+    memories(store, ["note"])
+    columns = ", ".join(
+        f.column for f in Memory._meta.concrete_fields if f.column not in ("id", "search_vector")
+    )
+    copied = columns.replace("agent_id", "%s").replace("content_hash", "md5(i::text)")
+    copied = copied.replace(
+        "content", "'note ' || i || CASE WHEN i %% 50 = 0 THEN ' rain' ELSE ' sun' END"
+    )
+    with connection.cursor() as cursor:
+        for agent in (store, other):
+            cursor.execute(
+                f"INSERT INTO memory (id, {columns}) "  # noqa: S608 (the model's own columns)
+                f"SELECT gen_random_uuid(), {copied} FROM memory, generate_series(1, 20000) i "
+                "WHERE id = (SELECT id FROM memory LIMIT 1)",
+                [agent.id],
+            )
+        cursor.execute("ANALYZE memory")
+    found = terms("rain")
+    plans = []
+
+    def explain(execute, sql, params, many, context):
+        if "score DESC" in sql and "EXPLAIN" not in sql:
+            cursor = context["cursor"]
+            cursor.execute(sql.replace("SELECT id, score", "EXPLAIN SELECT id, score", 1), params)
+            while cursor.description is None and cursor.nextset():
+                pass  # past the settings, as the statement is sent
+            plans.append("\n".join(line for (line,) in cursor.fetchall()))
+        return execute(sql, params, many, context)
+
+    with connection.cursor() as cursor, connection.execute_wrapper(explain):
+        rows = statements.keyword_candidates(
+            cursor, MEMORIES, memory_scope(store.id, ""), found, 30, DEFAULT_TUNING
+        )
+    assert len(rows) == 30
+    assert Memory.objects.filter(pk__in=rows, agent=store, content__endswith="rain").count() == 30
+    assert "memory_scope_words" in plans[0], plans[0]
+    assert "memory_recent" not in plans[0] and "memory_scope " not in plans[0], plans[0]
