@@ -70,6 +70,31 @@ def test_a_table_not_analysed_yet_is_read_once_per_while():
     assert sum(reads) == 1
 
 
+def test_a_less_common_word_is_counted_once_while_the_statistics_are_kept():
+    agent = AgentFactory()
+    memories(agent, [f"note {i} about the weather" for i in range(400)])
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE memory")
+    memories(agent, ["the user keeps a capybara", "a wombat"])  # words ANALYZE did not see
+    counted = []
+
+    def count(execute, sql, params, many, context):
+        if "unnest(%s::text[])" in sql:
+            counted.append(params[-1])
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(count):
+        first = terms("capybara weather")
+        assert terms("the weather of a capybara") == first
+        terms("a wombat and a capybara")
+        assert counted == [["capybara"], ["wombat"]]
+        statements._COLUMN_STATISTICS["memory"] = replace(
+            statements._COLUMN_STATISTICS["memory"], read_at=0
+        )  # statistics as old as a process keeps them: read again, words counted again
+        assert terms("capybara weather") == first
+    assert counted[2:] == [["capybara"]]
+
+
 def test_a_search_of_an_empty_store_is_one_probe(settings):
     """An agent with no memories of this user: one statement, no query embedding."""
     from agents_api.selectors import memory_search
