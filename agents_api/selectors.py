@@ -268,6 +268,7 @@ MEMORIES = Corpus(
     size_sql="SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = 'memory'::regclass",
     # ``memory_scope_words``: the words indexed under their agent and user.
     scoped_words=True,
+    importance="importance",  # read with the candidates, for their rank
 )
 
 MEMORY_ORDERS = {"recent": ("-created_at", "id"), "popular": ("-access_count", "-created_at", "id")}
@@ -452,10 +453,12 @@ def memory_search(
     scope = memory_scope(agent.id if agent else None, user_id, tags)
     best: dict = {}
     probed: dict = {}  # (one scope for every sentence)
+    rank_columns: dict = {}  # memory id -> (importance, created_at), as the candidates came
     for text in prefetch_queries(query) if prefetch else [query]:
         found = find_candidates(
             MEMORIES, scope, text, mode=mode, top_k=limit, tuning=tuning, probed=probed
         )
+        rank_columns.update((i, (found.importance[i], found.created[i])) for i in found.created)
         fused = found.scores(mode, tuning)
         for memory_id, relevance in ranking.normalised(fused, fused).items():
             absolute = found.relevance(memory_id, mode)
@@ -465,11 +468,14 @@ def memory_search(
                 best[memory_id] = (relevance, absolute)
     if not best:
         return []
-    # Ranked on two columns of each candidate; only the winners are read whole.
+    # Ranked on two columns of each candidate (read with it, but for keyword candidates
+    # alone); only the winners are read whole.
+    unread = [memory_id for memory_id in best if memory_id not in rank_columns]
+    if unread:
+        with connection.cursor() as cursor:
+            cursor.execute(_RANK_COLUMNS_SQL, [unread])
+            rank_columns.update((row[0], row[1:]) for row in cursor.fetchall())
     now = timezone.now()
-    with connection.cursor() as cursor:
-        cursor.execute(_RANK_COLUMNS_SQL, [list(best)])
-        rank_columns = cursor.fetchall()
     ranked = sorted(
         (
             -ranking.memory_rank(
@@ -481,7 +487,8 @@ def memory_search(
             str(memory_id),
             memory_id,
         )
-        for memory_id, importance, created_at in rank_columns
+        for memory_id, (importance, created_at) in rank_columns.items()
+        if memory_id in best
     )[:limit]
     memories = Memory.objects.defer(*Memory.SEARCH_DATA).in_bulk([row[2] for row in ranked])
     return [

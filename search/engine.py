@@ -86,6 +86,7 @@ class Candidates:
     neighbours: dict = field(default_factory=dict)
     created: dict = field(default_factory=dict)  # when each candidate was written
     authors: dict = field(default_factory=dict)  # who wrote it (``Corpus.author``)
+    importance: dict = field(default_factory=dict)  # ``Corpus.importance``
     terms: Terms = NO_TERMS  # the query's words, as the keyword retriever took them
 
     @property
@@ -95,7 +96,9 @@ class Candidates:
     def add(self, rows: list[tuple]) -> "Candidates":
         """The rows of ``statements.nearest_with_fills`` (or ``described``) taken in: a
         keyword score already known (the keyword candidates') stays."""
-        for row_id, similarity, keyword_score, before, after, _near, created, _over, author in rows:
+        for row in rows:
+            row_id, similarity, keyword_score, before, after, _near, created, _over = row[:8]
+            author, importance = row[8:]
             if similarity is not None:
                 self.semantic[row_id] = similarity
             if keyword_score is not None:
@@ -103,6 +106,7 @@ class Candidates:
             self.neighbours[row_id] = (before, after)
             self.created[row_id] = created
             self.authors[row_id] = author
+            self.importance[row_id] = importance
         return self
 
     def relevance(self, row_id, mode: str = "hybrid") -> float:

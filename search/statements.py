@@ -35,6 +35,8 @@ class Corpus:
     # Who wrote each row (messages: ``author_name``): a query that names the author of a
     # candidate ranks it higher (``SearchTuning.author_weight``).
     author: str = ""
+    # A row's own weight in its ranking, read with it (memories: ``importance``).
+    importance: str = ""
     # A column of the ids of the messages each row rests on (memories): a message search
     # reads the best rows of this corpus too, for the turns they cite (``search.engine``).
     cites: str = ""
@@ -439,7 +441,11 @@ def _around(corpus: Corpus) -> tuple[str, str, str]:
 
 
 def _author(corpus: Corpus) -> str:
-    return f"{corpus.author} AS author" if corpus.author else "NULL::text AS author"
+    """The columns of who wrote a row and of its importance (``Corpus.author``,
+    ``Corpus.importance``), null where the corpus has none."""
+    author = f"{corpus.author} AS author" if corpus.author else "NULL::text AS author"
+    importance = corpus.importance or "NULL::float8"
+    return f"{author}, {importance} AS importance"
 
 
 def nearest_with_fills(
@@ -461,7 +467,7 @@ def nearest_with_fills(
     similarity of the ``fills`` (keyword candidates) to the query. Each row: (id,
     similarity, keyword score, the row before, the row after, is one of the nearest, when
     it was written, whether the scope held more rows than ``capped`` allows, who wrote it
-    (``Corpus.author``, else null)). The rows
+    (``Corpus.author``, else null), its importance (``Corpus.importance``, else null)). The rows
     before and after are the conversation's neighbouring turns (``Corpus.neighbours``),
     else null.
 
@@ -500,11 +506,11 @@ def nearest_with_fills(
         f"""
         WITH exact_below AS ({below})
         SELECT c.id, c.similarity, c.keyword_score, {around} c.nearest, c.created_at,
-               c.over_limit, c.author
+               c.over_limit, c.author, c.importance
         FROM (
             SELECT id, {outer_position} similarity, {score} AS keyword_score,
                    true AS nearest, created_at, {"over_limit" if capped else "NULL"} AS over_limit,
-                   author
+                   author, importance
             FROM ({nearest}) nearest
             UNION ALL
             SELECT id, {outer_position}
@@ -570,7 +576,7 @@ def described(
     cursor.execute(
         f"""
         SELECT c.id, c.similarity, c.keyword_score, {around} false, c.created_at, NULL,
-               c.author
+               c.author, c.importance
         FROM (
             SELECT id, {outer_position}
                    CASE WHEN embedding_model = %s THEN 1 - (embedding <=> %s::vector) END
