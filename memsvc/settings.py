@@ -81,6 +81,7 @@ CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
 
 if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+    DATABASES["default"]["ENGINE"] = "memsvc.db_backend"  # (Django's, timestamps read faster)
 else:
     DATABASES = {"default": {**embedded_db.database_settings(MEMSVC_DATA_DIR), "CONN_MAX_AGE": 60}}
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True

@@ -41,3 +41,55 @@ def test_the_local_agent_and_its_blocks_are_read_by_sql_compiled_once():
     # Kept: their parameters are given as their SQL takes them (a change of the querysets
     # that moved them would make every request compile them again, silently).
     assert {"local_agent", "memory_blocks"} <= db._COMPILED_SQL.keys()
+
+
+TIMESTAMPS = [
+    "2026-11-24 22:50:51.123456+00",
+    "2026-11-24 22:50:51+00",
+    "2026-11-24 22:50:51.5+00",
+    "2026-11-24 23:50:51.25+01",  # another offset: Django's loader
+    "0044-03-15 12:00:00+00 BC",  # refused by both alike
+    "12026-11-24 22:50:51+00",  # past year 9999: refused alike
+    "infinity",
+]
+
+
+@pytest.mark.parametrize("text", TIMESTAMPS)
+def test_a_timestamp_reads_as_djangos_loader_reads_it(text):
+    """``memsvc.db_backend``'s loader of ``timestamptz`` (ISO 8601 read in C) answers what
+    Django's answers, value or error."""
+    from django.db import connection
+    from django.db.backends.postgresql.psycopg_any import BaseTzLoader
+    from psycopg.postgres import types
+
+    connection.ensure_connection()
+    ours = connection.connection.adapters.get_loader(types["timestamptz"].oid, 0)
+    djangos = type("Djangos", (BaseTzLoader,), {"timezone": ours.timezone})
+    results = []
+    for loader in (ours, djangos):
+        try:
+            results.append(
+                loader(types["timestamptz"].oid, connection.connection).load(text.encode())
+            )
+        except Exception as exc:  # (the same error from both)
+            results.append(type(exc))
+    assert results[0] == results[1]
+    if not isinstance(results[0], type):
+        assert results[0].tzinfo == results[1].tzinfo is not None
+
+
+def test_a_timestamp_in_utc_is_not_parsed_in_python(monkeypatch):
+    """Django's loader derives from psycopg's Python one (2.8 us a value, a hundred in a
+    search); an ordinary timestamp is read without it."""
+    from django.db import connection
+    from django.utils import timezone
+    from psycopg.types.datetime import TimestamptzLoader
+
+    def refuse(self, data):
+        raise AssertionError("parsed in Python")
+
+    monkeypatch.setattr(TimestamptzLoader, "load", refuse)
+    now = timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT %s::timestamptz", [now])
+        assert cursor.fetchone()[0] == now
