@@ -266,8 +266,6 @@ MEMORIES = Corpus(
     cites="message_ids",
     # The planner's estimate of the table's rows: enough to choose exact or graph search.
     size_sql="SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = 'memory'::regclass",
-    # ``memory_scope_words``: the words indexed under their agent and user.
-    scoped_words=True,
     importance="importance",  # read with the candidates, for their rank
 )
 

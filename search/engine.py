@@ -323,6 +323,7 @@ def with_feedback(
         neighbours=dict(found.neighbours),
         created=dict(found.created),
         authors=dict(found.authors),
+        importance=dict(found.importance),
         terms=terms,
     )
     return again.add(rows)

@@ -43,9 +43,17 @@ def _iso_loader(django_loader: type) -> type:
             text = bytes(data).decode()
             if text.endswith("+00"):
                 try:
-                    return datetime.fromisoformat(text).replace(tzinfo=self.timezone)
+                    value = datetime.fromisoformat(text)
                 except ValueError:
-                    pass
+                    return super().load(data)
+                # The instant, in the connection's zone (``DATABASES`` ``TIME_ZONE``): a
+                # zone of offset 0 with summer time (Europe/London) holds an hour twice in
+                # autumn, told apart by ``fold``, which ``replace`` would leave at the
+                # first. None (``USE_TZ = False``): the wall time, the session's offset
+                # being 0.
+                if self.timezone is None:
+                    return value.replace(tzinfo=None)
+                return value.astimezone(self.timezone)
             return super().load(data)
 
     return IsoTimestamptzLoader

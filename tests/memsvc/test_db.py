@@ -93,3 +93,26 @@ def test_a_timestamp_in_utc_is_not_parsed_in_python(monkeypatch):
     with connection.cursor() as cursor:
         cursor.execute("SELECT %s::timestamptz", [now])
         assert cursor.fetchone()[0] == now
+
+
+def test_a_timestamp_in_an_hour_held_twice_is_read_as_the_instant_it_is():
+    """A database ``TIME_ZONE`` of offset 0 with summer time: PostgreSQL writes the second
+    01:30 of the autumn's last Sunday in London as ``01:30:00+00``, an hour after the
+    first (``+01``)."""
+    from datetime import UTC, datetime
+
+    from django.db import connections
+
+    default = connections["default"]
+    london = type(default)({**default.settings_dict, "TIME_ZONE": "Europe/London"}, "default")
+    try:
+        with london.cursor() as cursor:
+            cursor.execute(
+                "SELECT '2026-10-25 00:30:00+00'::timestamptz, '2026-10-25 01:30:00+00'::timestamptz"
+            )
+            first, second = cursor.fetchone()
+    finally:
+        london.close()
+    # (In UTC: an hour held twice is equal to no time of another zone, PEP 495.)
+    assert first.astimezone(UTC) == datetime(2026, 10, 25, 0, 30, tzinfo=UTC)
+    assert second.astimezone(UTC) == datetime(2026, 10, 25, 1, 30, tzinfo=UTC)

@@ -95,6 +95,28 @@ def test_a_less_common_word_is_counted_once_while_the_statistics_are_kept():
     assert counted[2:] == [["capybara"]]
 
 
+class EmptiedMeanwhile(dict):
+    """Counts that another request thread empties (their cap reached) just after this one
+    found a word among them."""
+
+    def __contains__(self, lexeme):
+        found = super().__contains__(lexeme)
+        self.clear()
+        return found
+
+
+def test_a_count_kept_is_read_once_while_other_threads_may_empty_them():
+    agent = AgentFactory()
+    memories(agent, [f"note {i} about the weather" for i in range(400)])
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE memory")
+    memories(agent, ["the user keeps a capybara"])
+    first = terms("capybara weather")
+    kept = statements._COLUMN_STATISTICS["memory"]
+    statements._COLUMN_STATISTICS["memory"] = replace(kept, counted=EmptiedMeanwhile(kept.counted))
+    assert terms("capybara weather") == first
+
+
 def test_a_search_of_an_empty_store_is_one_probe(settings):
     """An agent with no memories of this user: one statement, no query embedding."""
     from agents_api.selectors import memory_search
@@ -115,14 +137,10 @@ def test_a_search_of_an_empty_store_is_one_probe(settings):
     assert engine.query_vector.cache_info().currsize == 0
 
 
-def test_a_keyword_search_of_a_large_store_reads_its_words_within_the_scope():
-    """The rows of an agent's store holding the query's rarest word are found inside one
-    index (``memory_scope_words``). With the words indexed alone, PostgreSQL intersected the
-    word's entries with a bitmap of every memory of the scope (``memory_recent``): for a
-    store of 100,000, 6.5 of a search's 7 ms; and it sometimes walked all of the scope's
-    rows in a btree index instead (``Corpus.scoped_words``)."""
-    from agents_api.selectors import memory_scope
-
+@pytest.fixture
+def two_stores():
+    """Two agents' stores of 20,000 memories each, the first's written first: every
+    memory says ``note`` and its number, one in 50 ``rain``, the others ``sun``."""
     store, other = AgentFactory(), AgentFactory()
     memories(store, ["note"])
     columns = ", ".join(
@@ -141,7 +159,15 @@ def test_a_keyword_search_of_a_large_store_reads_its_words_within_the_scope():
                 [agent.id],
             )
         cursor.execute("ANALYZE memory")
-    found = terms("rain")
+    return store, other
+
+
+def planned_keyword_candidates(agent, word):
+    """The keyword candidates of ``word`` in the agent's memories of no user, and the plan
+    of their statement, as it is sent."""
+    from agents_api.selectors import memory_scope
+
+    found = terms(word)
     plans = []
 
     def explain(execute, sql, params, many, context):
@@ -155,9 +181,31 @@ def test_a_keyword_search_of_a_large_store_reads_its_words_within_the_scope():
 
     with connection.cursor() as cursor, connection.execute_wrapper(explain):
         rows = statements.keyword_candidates(
-            cursor, MEMORIES, memory_scope(store.id, ""), found, 30, DEFAULT_TUNING
+            cursor, MEMORIES, memory_scope(agent.id, ""), found, 30, DEFAULT_TUNING
         )
+    return rows, plans[0]
+
+
+def test_a_keyword_search_of_a_large_store_reads_its_words_within_the_scope(two_stores):
+    """The rows of an agent's store holding the query's rarest word are found inside one
+    index (``memory_scope_words``). With the words indexed alone, PostgreSQL intersected the
+    word's entries with a bitmap of every memory of the scope (``memory_recent``): for a
+    store of 100,000, 6.5 of a search's 7 ms."""
+    store, _other = two_stores
+    rows, plan = planned_keyword_candidates(store, "rain")
     assert len(rows) == 30
     assert Memory.objects.filter(pk__in=rows, agent=store, content__endswith="rain").count() == 30
-    assert "memory_scope_words" in plans[0], plans[0]
-    assert "memory_recent" not in plans[0] and "memory_scope " not in plans[0], plans[0]
+    assert "memory_scope_words" in plan, plan
+    assert "memory_recent" not in plan and "memory_scope " not in plan, plan
+
+
+def test_a_keyword_search_of_a_common_word_reads_no_other_agents_memories(two_stores):
+    """A word most memories hold, searched in a store written after another's: the scope's
+    rows read from an index until enough hold it. PostgreSQL may expect enough of them at
+    the table's start and read it from there, every other agent's memories first: on a
+    table of 150,000 memories, 27 to 50 ms against 1."""
+    _store, other = two_stores
+    rows, plan = planned_keyword_candidates(other, "sun")
+    assert len(rows) == 30
+    assert Memory.objects.filter(pk__in=rows, agent=other, content__endswith="sun").count() == 30
+    assert "Seq Scan" not in plan, plan
