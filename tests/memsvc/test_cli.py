@@ -175,7 +175,8 @@ def test_a_worker_starts_on_a_data_directory_serve_never_ran_on(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
-    said, deadline = [], time.monotonic() + 180
+    started = time.monotonic()
+    said, deadline = [], started + 180
     watch = selectors.DefaultSelector()
     watch.register(worker.stderr, selectors.EVENT_READ)
     try:
@@ -185,7 +186,15 @@ def test_a_worker_starts_on_a_data_directory_serve_never_ran_on(tmp_path):
                 said.append(line)
                 if line.rstrip().endswith("ready."):
                     break
+        ended = worker.poll()  # (not None: the worker exited before it was ready)
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=60)
-    assert said and said[-1].rstrip().endswith("ready."), "".join(said)[-2000:]
+    ready = bool(said) and said[-1].rstrip().endswith("ready.")
+    if not ready:
+        # Once in a whole suite's run the worker said no more after connecting to the
+        # broker: what it said after, how it ended and when, to tell a hang from a crash.
+        said += worker.stderr.readlines()
+    assert ready, (
+        f"exit {ended} after {time.monotonic() - started:.0f} s:\n" + "".join(said)[-4000:]
+    )
