@@ -70,6 +70,30 @@ def test_a_table_not_analysed_yet_is_read_once_per_while():
     assert sum(reads) == 1
 
 
+def test_statistics_made_after_a_table_was_read_without_them_are_read_within_seconds(
+    monkeypatch,
+):
+    """A store filled faster than autovacuum's first ANALYZE was read without statistics,
+    and a process then kept that for 5 minutes, each search counting all of its words
+    (30 ms a search, not 13): a table without them is read again after seconds."""
+    agent = AgentFactory()
+    memories(agent, [f"note {i} about the weather" for i in range(400)])
+    now = [1000.0]
+    monkeypatch.setattr(statements.time, "monotonic", lambda: now[0])
+    with connection.cursor() as cursor:
+        assert statements._column_statistics(cursor, MEMORIES) is None  # not analysed yet
+        cursor.execute("ANALYZE memory")
+        now[0] += statements.MISSING_STATISTICS_SECONDS - 1
+        assert statements._column_statistics(cursor, MEMORIES) is None  # (kept a while)
+        now[0] += 2
+        read = statements._column_statistics(cursor, MEMORIES)
+        assert read is not None and "weather" in read.shares
+        cursor.execute("DELETE FROM memory")
+        cursor.execute("ANALYZE memory")
+        now[0] += statements.MISSING_STATISTICS_SECONDS + 1
+        assert statements._column_statistics(cursor, MEMORIES) is read  # (kept minutes)
+
+
 def test_a_less_common_word_is_counted_once_while_the_statistics_are_kept():
     agent = AgentFactory()
     memories(agent, [f"note {i} about the weather" for i in range(400)])
