@@ -44,11 +44,12 @@ def recorded_statements():
         yield sent
 
 
-def while_held(hold, request):
+def while_held(hold, request, *, waits: bool = False):
     """``request()`` (an API call, made here) while ``hold()`` has run in a transaction of
     another connection that commits only once the request is waiting for its rows; what
-    ``request()`` returned. (Tests that need real commits: ``transaction=True``.)"""
-    held, done = threading.Event(), threading.Event()
+    ``request()`` returned. ``waits``: the request must not end before that transaction
+    commits (it waited for it). (Tests that need real commits: ``transaction=True``.)"""
+    held, done, committed = threading.Event(), threading.Event(), threading.Event()
 
     def other_transaction():
         try:
@@ -57,6 +58,7 @@ def while_held(hold, request):
                 held.set()
                 # Long enough for the request to reach the rows' locks, on a busy machine too.
                 done.wait(1.5)
+            committed.set()
         finally:
             connection.close()
 
@@ -64,7 +66,10 @@ def while_held(hold, request):
     thread.start()
     assert held.wait(10)
     try:
-        return request()
+        result = request()
+        ended_first = not committed.is_set()
     finally:
         done.set()
         thread.join()
+    assert not (waits and ended_first), "the request ended before the held transaction committed"
+    return result

@@ -654,6 +654,7 @@ def test_a_write_about_the_user_during_their_erase_waits_and_then_writes(alice, 
     written = while_held(
         lambda: user_erase(Principal.user("alice"), confirm="alice"),
         lambda: not_found_or(lambda: written_about_alice(agent, way, document)),
+        waits=True,
     )
     if way == "block change":  # (her block went with her erase)
         assert isinstance(written, NotFound), written
@@ -763,6 +764,7 @@ def test_a_conversation_write_about_the_user_during_their_erase_waits_and_then_w
     written = while_held(
         lambda: user_erase(Principal.user("alice"), confirm="alice"),
         lambda: not_found_or(lambda: written_in_conversations_about_alice(agent, way, his)),
+        waits=True,
     )
     if way in {"ownership accepted", "her append"}:  # (her membership went with her erase)
         assert isinstance(written, NotFound), written
