@@ -138,10 +138,23 @@ def _beat_command() -> list[str]:
     return _celery("beat", "--loglevel", "INFO", "--schedule", str(schedule), "--pidfile=")
 
 
+def _worker_niceness() -> int:
+    """How much lower the worker's scheduling priority is than the web server's. Embedding
+    appended messages can wait; a request waiting behind it is a user waiting. Under a full
+    load the worker still gets a share of the cores (nice 10 weighs about a tenth of nice 0),
+    and all of what the requests leave."""
+    from memsvc.env import env_int
+
+    return env_int("MEMSVC_WORKER_NICE", 10, minimum=0, maximum=19)
+
+
 def _start_workers(supervisor: Supervisor, *, beat: bool, extra: list[str] | None = None) -> None:
     processes = _worker_processes()
     supervisor.start(
-        "worker", _worker_command(processes=processes, extra=extra), env=_worker_env(processes)
+        "worker",
+        _worker_command(processes=processes, extra=extra),
+        env=_worker_env(processes),
+        niceness=_worker_niceness(),
     )
     if beat:
         supervisor.start("beat", _beat_command())

@@ -21,6 +21,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 SHUTDOWN_GRACE_SECONDS = 20
 POLL_SECONDS = 0.2
@@ -44,20 +45,27 @@ PR_SET_PDEATHSIG = 1
 _LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 
 
-def _ended_with_this_process() -> Callable[[], None] | None:
+def _before_exec(niceness: int) -> Callable[[], None]:
     """For a child about to start (run between its fork and its exec): SIGTERM to it when
-    the process starting it dies. The request names the starting thread, so children are
-    started by the supervisor's loop, which lives as long as the process."""
-    if _LIBC is None:
-        return None
+    the process starting it dies, and its scheduling priority lowered by ``niceness``. The
+    request names the starting thread, so children are started by the supervisor's loop,
+    which lives as long as the process."""
     parent = os.getpid()
 
-    def ask_the_kernel() -> None:
-        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:  # it died before the request was made
-            os.kill(os.getpid(), signal.SIGTERM)
+    def prepare() -> None:
+        if niceness:
+            os.nice(niceness)
+            # The child leads a session of its own, and where the kernel groups sessions
+            # (sched_autogroup_enabled), the cores are shared between groups first: its
+            # group's niceness is what weighs against the web server's group.
+            with contextlib.suppress(OSError):
+                Path("/proc/self/autogroup").write_text(str(niceness))
+        if _LIBC is not None:
+            _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+            if os.getppid() != parent:  # it died before the request was made
+                os.kill(os.getpid(), signal.SIGTERM)
 
-    return ask_the_kernel
+    return prepare
 
 
 @dataclass
@@ -65,6 +73,7 @@ class Child:
     name: str
     command: list[str]
     env: dict[str, str] = field(default_factory=dict)
+    niceness: int = 0  # added to the supervisor's (nice(2)): background work yields the cores
     process: subprocess.Popen | None = None
     started_at: float = 0.0
     starts: int = 0
@@ -76,7 +85,7 @@ class Child:
             self.command,
             env={**os.environ, **self.env},
             start_new_session=True,
-            preexec_fn=_ended_with_this_process(),
+            preexec_fn=_before_exec(self.niceness),
         )
         self.started_at = time.monotonic()
         self.starts += 1
@@ -113,8 +122,10 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
 
-    def start(self, name: str, command: list[str], env: dict[str, str] | None = None) -> None:
-        child = Child(name=name, command=command, env=env or {})
+    def start(
+        self, name: str, command: list[str], env: dict[str, str] | None = None, niceness: int = 0
+    ) -> None:
+        child = Child(name=name, command=command, env=env or {}, niceness=niceness)
         child.start()
         self.children.append(child)
 

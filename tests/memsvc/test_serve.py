@@ -223,6 +223,25 @@ def test_a_worker_killed_with_sigkill_is_restarted_and_leaves_nothing_behind(sha
     assert healthy(served)
 
 
+def test_the_worker_yields_the_cores_to_the_web_server(shared):
+    """Embedding appended messages can wait, a request cannot: the worker and its pool run
+    at a lower priority (MEMSVC_WORKER_NICE, 10), in a scheduling group of their own where
+    the kernel groups sessions, and the web server at the supervisor's own."""
+    served = shared
+    served.wait_until_healthy()
+    served.wait_for(lambda: "ready." in served.log.read_text(), "the worker ready")
+    worker, web = served.child("worker"), served.child("gunicorn")
+    base = psutil.Process(served.process.pid).nice()
+    assert web.nice() == base
+    pool = worker.children()
+    assert pool, "the worker's pool processes"
+    assert {p.nice() for p in [worker, *pool]} == {min(19, base + 10)}
+    autogroups = Path("/proc/sys/kernel/sched_autogroup_enabled")
+    if autogroups.exists() and autogroups.read_text().strip() == "1":
+        assert Path(f"/proc/{worker.pid}/autogroup").read_text().rstrip().endswith("nice 10")
+        assert Path(f"/proc/{web.pid}/autogroup").read_text().rstrip().endswith("nice 0")
+
+
 def test_beat_and_the_web_server_are_restarted_too(shared):
     served = shared
     served.wait_until_healthy()
