@@ -40,7 +40,7 @@ from memsvc.api.principals import (
 from memsvc.db import compiled_once
 from search import queries, ranking
 from search.engine import Citing, find_candidates
-from search.statements import Corpus, Scope
+from search.statements import Corpus, Scope, holds_any
 from search.tuning import MemoryRanking, configured_memory_ranking, configured_tuning
 
 
@@ -519,6 +519,14 @@ def conversation_memory_subject(conversation: Conversation, *, on_behalf_of: str
         return on_behalf_of
     owner = conversation_owner_id(conversation)
     return "" if owner.startswith(AGENT_PRINCIPAL_PREFIX) else owner
+
+
+def keeps_memories(agent: Agent) -> bool:
+    """Whether the agent keeps a memory not yet expired, its own or about a user: one index
+    probe, its yes kept a few seconds (``statements.holds_any``). An agent that keeps none
+    has none to put into a context, and none citing turns: its context asks no more."""
+    with connection.cursor() as cursor:
+        return holds_any(cursor, MEMORIES, memory_scope(agent.id, None), kept=True)
 
 
 def memories_for_context(agent: Agent, *, user_id: str, query: str, limit: int) -> list[MemoryHit]:

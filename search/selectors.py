@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from conversations.models import TEXT_SEARCH_CONFIG, Channel, Message, Visibility
 from conversations.selectors import (
     SEEN_BY_USERS,
+    LineageStep,
     conversation_lineages,
     messages_visible_to,
     visible_conversation_ids,
@@ -87,12 +88,19 @@ def _visible_conversations_sql(principal: Principal) -> tuple[str, tuple]:
 
 
 def message_scope(
-    principal: Principal, *, for_agent: bool, conversation_ids=None, before_message_id=None
+    principal: Principal,
+    *,
+    for_agent: bool,
+    conversation_ids=None,
+    before_message_id=None,
+    roots: bool = False,
 ) -> Scope:
     """The SQL condition (on alias ``m``) of the messages the principal may find.
 
     Visibility is ``conversations_visible_to``; a fork's inherited messages belong to the
-    conversation that owns them and are found there, once.
+    conversation that owns them and are found there, once. ``roots``: the caller knows that
+    none of ``conversation_ids`` is a fork (a local agent's conversation), so each one's
+    view is its own messages, and its lineage is not read (a statement fewer).
     """
     visible_sql, visible_params = _visible_conversations_sql(principal)
     clauses = []
@@ -103,7 +111,12 @@ def message_scope(
     if conversation_ids is not None:
         views = []
         # (those the principal sees: others have no view, as if they did not exist)
-        lineages = conversation_lineages(conversation_ids, within=(visible_sql, visible_params))
+        # (The visibility clause below holds for a root too: one not seen has no rows.)
+        lineages = (
+            {c: [LineageStep(c, None)] for c in conversation_ids}
+            if roots
+            else conversation_lineages(conversation_ids, within=(visible_sql, visible_params))
+        )
         for lineage in lineages.values():
             for step in lineage:
                 if step.max_seq is None:
@@ -156,19 +169,23 @@ def search_messages(
     for_agent: bool = False,
     tuning: SearchTuning | None = None,
     highlights: bool = True,
+    roots: bool = False,
+    citations: bool = True,
 ) -> list[SearchHit]:
     """The ``top_k`` messages the principal may see that best answer ``query``; each with
     its ``highlights`` unless the caller shows none (they cost PostgreSQL a headline per
-    hit)."""
+    hit). ``roots``: as ``message_scope`` says. ``citations`` False: the caller knows there
+    are no memories to read for the turns they cite (not even a probe for them)."""
     tuning = tuning or configured_tuning()
     scope = message_scope(
         principal,
         for_agent=for_agent,
         conversation_ids=conversation_ids,
         before_message_id=before_message_id,
+        roots=roots,
     )
     citing = None
-    if mode == "hybrid" and tuning.citation_weight and _citing is not None:
+    if citations and mode == "hybrid" and tuning.citation_weight and _citing is not None:
         citing = _citing(principal)
     return _hits(
         ranked(MESSAGES, scope, query, mode=mode, top_k=top_k, tuning=tuning, citing=citing),

@@ -125,8 +125,9 @@ def _agent(request, name: str) -> Agent:
     return agent_selectors.local_agent(request.user.agent, name)
 
 
-def _search(agent: Agent, query: str, limit: int) -> list[dict]:
-    """The agent's messages most relevant to ``query``, best first, ``similarity`` filled."""
+def _search(agent: Agent, query: str, limit: int, *, citations: bool = True) -> list[dict]:
+    """The agent's messages most relevant to ``query``, best first, ``similarity`` filled.
+    ``citations`` False: the agent keeps no memories (``keeps_memories``)."""
     if agent.local_conversation_id is None:
         return []
     hits = search_messages(
@@ -136,6 +137,8 @@ def _search(agent: Agent, query: str, limit: int) -> list[dict]:
         conversation_ids=[agent.local_conversation_id],
         for_agent=True,
         highlights=False,  # (the seed's messages have none)
+        roots=True,  # (``local_conversation_for`` makes a new one, never a fork)
+        citations=citations,
     )
     return [s.message_out(hit.message, agent, similarity=hit.score) for hit in hits]
 
@@ -317,8 +320,13 @@ class ContextView(LocalView):
         query = data["query"]
         if query.strip() and agent.local_conversation_id is not None:
             embed_query_ahead(query)  # (for ``_search``, while the memories and blocks are read)
-        memories = agent_selectors.memories_for_context(
-            agent, user_id="", query=query, limit=settings.MEMORY_DEFAULT_SEARCH_LIMIT
+        keeps = bool(query.strip()) and agent_selectors.keeps_memories(agent)
+        memories = (
+            agent_selectors.memories_for_context(
+                agent, user_id="", query=query, limit=settings.MEMORY_DEFAULT_SEARCH_LIMIT
+            )
+            if keeps
+            else []
         )
         enqueue_memory_touch([hit.memory.id for hit in memories])
         return Response(
@@ -326,7 +334,9 @@ class ContextView(LocalView):
                 "memory_blocks": [
                     s.block_out(b) for b in agent_selectors.memory_blocks(agent, user_id="")
                 ],
-                "relevant_messages": _search(agent, query, settings.MEMORY_MAX_CONTEXT_MESSAGES)
+                "relevant_messages": _search(
+                    agent, query, settings.MEMORY_MAX_CONTEXT_MESSAGES, citations=keeps
+                )
                 if query.strip()
                 else [],
                 "memories": [s.memory_out(hit) for hit in memories],

@@ -10,6 +10,7 @@ from agents_api.services import memory_save
 from conversations.models import Message
 from search.services import embed_pending
 from tests.agents_api.conftest import make_agent
+from tests.db import recorded_statements
 
 pytestmark = pytest.mark.django_db
 
@@ -275,6 +276,27 @@ def test_context_for_a_long_user_message_still_has_blocks_and_relevant_messages(
     context = response.json()
     assert [b["label"] for b in context["memory_blocks"]] == ["human"]
     assert context["relevant_messages"][0]["content"] == "My name is Alice and I prefer Python"
+
+
+def test_the_context_of_an_agent_that_keeps_no_memories_asks_for_them_once(local):
+    """One probe says the agent keeps no memories: none to search for the context, none
+    citing its turns; its conversation is no fork, so no lineage is read either. Once it
+    keeps one, the next context has it."""
+    make(local)
+    store(local, "my_agent", "user", "My name is Alice and I prefer Python")
+    embed_pending()
+    ask = {"agent_name": "my_agent", "query": "Which language do I prefer?"}
+
+    with recorded_statements() as sent:
+        context = local.post("/context/my_agent", ask).json()
+    assert context["relevant_messages"][0]["content"] == "My name is Alice and I prefer Python"
+    assert context["memories"] == []
+    assert len([sql for sql in sent if "FROM memory m" in sql]) == 1
+    assert not any("WITH RECURSIVE" in sql for sql in sent)
+
+    remember(Agent.objects.get(name="my_agent"), "The user prefers Python to Rust")
+    again = local.post("/context/my_agent", ask).json()
+    assert [m["content"] for m in again["memories"]] == ["The user prefers Python to Rust"]
 
 
 def remember(agent: Agent, content: str, user_id: str = "") -> None:

@@ -97,6 +97,28 @@ def test_a_search_whose_caller_shows_no_highlights_asks_for_none(alice, pets):
     assert "<b>puppy</b>" in shown[0].highlights
 
 
+def test_conversations_their_caller_knows_are_no_forks_are_searched_without_their_lineage(
+    alice, bob, pets
+):
+    """A local agent's conversation is never a fork: its search reads no lineage (a statement
+    fewer on every ``learning()`` call), finds what the walk would, and sees no more: one
+    the principal cannot see is as empty as it is through the walk."""
+    embed_pending()
+
+    def found(principal, **known):
+        with recorded_statements() as sent:
+            hits = selectors.search_messages(
+                principal, query="puppy", top_k=3, conversation_ids=[pets.id], **known
+            )
+        return [h.message.id for h in hits], any("WITH RECURSIVE" in sql for sql in sent)
+
+    walked, walked_read_lineage = found(Principal.user(alice.id))
+    known, known_read_lineage = found(Principal.user(alice.id), roots=True)
+    assert walked and known == walked
+    assert (walked_read_lineage, known_read_lineage) == (True, False)
+    assert found(Principal.user(bob.id), roots=True)[0] == []
+
+
 def test_with_the_embedding_service_down_keywords_still_find(
     api, alice, pets, monkeypatch, settings
 ):
