@@ -227,8 +227,10 @@ def test_streaming_passes_chunks_through_and_stores_the_whole_reply(live_server,
 
 def test_async_calls_and_async_streams(live_server, llm):
     async def session():
-        client = openai.AsyncOpenAI(base_url=llm.base_url, api_key="test-key")
-        async with learning(agent="async", server_url=live_server.url):
+        async with (
+            openai.AsyncOpenAI(base_url=llm.base_url, api_key="test-key") as client,
+            learning(agent="async", server_url=live_server.url),
+        ):
             await client.chat.completions.create(
                 model="gpt-test", messages=[{"role": "user", "content": "I like tea"}]
             )

@@ -359,10 +359,10 @@ def test_every_openai_surface(live_server, llm, remembered, surface, expected):
 )
 def test_every_async_openai_surface(live_server, llm, remembered, surface, expected):
     async def run():
-        client = openai.AsyncOpenAI(base_url=llm.base_url, api_key="k")
-        plain = await surface(client)
-        async with learning(agent=remembered, server_url=live_server.url):
-            inside = await surface(client)
+        async with openai.AsyncOpenAI(base_url=llm.base_url, api_key="k") as client:
+            plain = await surface(client)
+            async with learning(agent=remembered, server_url=live_server.url):
+                inside = await surface(client)
         return plain, inside
 
     check(llm, remembered, *asyncio.run(run()), expected)
@@ -382,10 +382,10 @@ def test_every_anthropic_surface(live_server, llm, remembered, surface, expected
 )
 def test_every_async_anthropic_surface(live_server, llm, remembered, surface, expected):
     async def run():
-        client = anthropic.AsyncAnthropic(base_url=llm.anthropic_base_url, api_key="k")
-        plain = await surface(client)
-        async with learning(agent=remembered, server_url=live_server.url):
-            inside = await surface(client)
+        async with anthropic.AsyncAnthropic(base_url=llm.anthropic_base_url, api_key="k") as client:
+            plain = await surface(client)
+            async with learning(agent=remembered, server_url=live_server.url):
+                inside = await surface(client)
         return plain, inside
 
     check(llm, remembered, *asyncio.run(run()), expected)

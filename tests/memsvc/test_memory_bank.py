@@ -189,8 +189,10 @@ def test_async_and_streamed_calls_are_compressed_too(live_server, llm):
     scripted(llm, 3)
 
     async def loop():
-        client = openai.AsyncOpenAI(base_url=llm.base_url, api_key="test")
-        async with learning(agent=AGENT, server_url=live_server.url, strategy="memory_bank"):
+        async with (
+            openai.AsyncOpenAI(base_url=llm.base_url, api_key="test") as client,
+            learning(agent=AGENT, server_url=live_server.url, strategy="memory_bank"),
+        ):
             messages = first_messages()
             while True:
                 response = await client.chat.completions.create(model="gpt-test", messages=messages)
