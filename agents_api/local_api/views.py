@@ -318,9 +318,10 @@ class ContextView(LocalView):
         agent = _agent(request, agent_name)
         data = s.ContextIn.parse(request.data)
         query = data["query"]
-        if query.strip() and agent.local_conversation_id is not None:
+        asked = bool(query.strip())
+        if asked and agent.local_conversation_id is not None:
             embed_query_ahead(query)  # (for ``_search``, while the memories and blocks are read)
-        keeps = bool(query.strip()) and agent_selectors.keeps_memories(agent)
+        keeps = asked and agent_selectors.keeps_memories(agent)
         memories = (
             agent_selectors.memories_for_context(
                 agent, user_id="", query=query, limit=settings.MEMORY_DEFAULT_SEARCH_LIMIT
@@ -337,7 +338,7 @@ class ContextView(LocalView):
                 "relevant_messages": _search(
                     agent, query, settings.MEMORY_MAX_CONTEXT_MESSAGES, citations=keeps
                 )
-                if query.strip()
+                if asked
                 else [],
                 "memories": [s.memory_out(hit) for hit in memories],
             }

@@ -45,6 +45,7 @@ class Served:
         }
         env.pop("DATABASE_URL", None)
         env.pop("CELERY_BROKER_URL", None)
+        env.pop("MEMSVC_WORKER_NICE", None)  # (the default's, tested)
         with self.log.open("w") as log:
             self.process = subprocess.Popen(
                 [*MEMSVC, "serve"], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=CHECKOUT
