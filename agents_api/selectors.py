@@ -73,8 +73,11 @@ def memory_subject(principal: Principal, *, user_id: str | None, field: str = "u
 
 
 def memory_blocks(agent: Agent, *, user_id: str) -> list[MemoryBlock]:
-    blocks = MemoryBlock.objects.filter(KEPT_BLOCKS, agent=agent, user_id=user_id)
-    return list(compiled_once("memory_blocks", blocks.order_by("label"), [agent.pk, user_id]))
+    def kept():
+        blocks = MemoryBlock.objects.filter(KEPT_BLOCKS, agent=agent, user_id=user_id)
+        return blocks.order_by("label")
+
+    return list(compiled_once("memory_blocks", kept, [agent.pk, user_id]))
 
 
 def memory_block(agent: Agent, *, user_id: str, label: str) -> MemoryBlock:
@@ -145,13 +148,15 @@ def local_agent(caller_agent: Agent | None, name: str) -> Agent:
     """The named agent of the local API, as a caller may reach it: a trusted keyless
     loopback caller (``caller_agent`` None) reaches the agents the local API made for such
     callers (``Agent.loopback_trusted``), a key only its own agent. 404 otherwise."""
+
+    def trusted():
+        agents = Agent.objects.filter(owner_principal=LOCAL_OWNER, name=name, loopback_trusted=True)
+        return agents[:1]
+
     if caller_agent is not None:
         agent = caller_agent if caller_agent.name == name else None
     else:
-        trusted = Agent.objects.filter(
-            owner_principal=LOCAL_OWNER, name=name, loopback_trusted=True
-        )
-        agent = next(iter(compiled_once("local_agent", trusted[:1], [name, LOCAL_OWNER])), None)
+        agent = next(iter(compiled_once("local_agent", trusted, [name, LOCAL_OWNER])), None)
     if agent is None:
         raise NotFound("Agent not found")
     return agent

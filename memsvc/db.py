@@ -1,6 +1,6 @@
 """Small database expressions shared by the models of every app."""
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from django.db import connection, models
 from django.db.models import Q
@@ -101,22 +101,26 @@ def held_keys(model: type[models.Model], pks) -> set:
         return {pk for (pk,) in cursor.fetchall()}
 
 
-_COMPILED_SQL: dict[str, str] = {}
+# name -> (model, SQL) of ``compiled_once``
+_COMPILED_SQL: dict[str, tuple[type[models.Model], str]] = {}
 
 
 def compiled_once(
-    name: str, queryset: models.QuerySet, params: list
+    name: str, queryset: Callable[[], models.QuerySet], params: list
 ) -> models.QuerySet | models.query.RawQuerySet:
-    """``queryset``'s rows (as model instances), its SQL compiled by the ORM once per process
-    and kept under ``name``: compiling a small queryset costs more than running it (0.2-0.4 ms
-    of Python, on every request that reads an agent or its blocks). For a queryset whose SQL
-    is the same text every time (no lists of varying length, no optional filters), with
-    ``params`` its parameters in the order its SQL takes them; if the first compile shows
-    other parameters, nothing is kept (slower, never wrong)."""
-    sql = _COMPILED_SQL.get(name)
-    if sql is None:
-        sql, compiled = queryset.query.sql_with_params()
+    """The rows (as model instances) of the queryset that ``queryset()`` makes, its SQL
+    compiled by the ORM once per process and kept under ``name``: making and compiling a
+    small queryset costs more than running it (0.2-0.4 ms of Python, on every request that
+    reads an agent or its blocks), so once its SQL is kept the queryset is not even made.
+    For a queryset whose SQL is the same text every time (no lists of varying length, no
+    optional filters), with ``params`` its parameters in the order its SQL takes them; if
+    the first compile shows other parameters, nothing is kept (slower, never wrong)."""
+    kept = _COMPILED_SQL.get(name)
+    if kept is None:
+        made = queryset()
+        sql, compiled = made.query.sql_with_params()
         if list(compiled) != list(params):
-            return queryset
-        _COMPILED_SQL[name] = sql
-    return queryset.model.objects.raw(sql, params)
+            return made
+        kept = _COMPILED_SQL[name] = (made.model, sql)
+    model, sql = kept
+    return model.objects.raw(sql, params)

@@ -20,7 +20,7 @@ from agents_api.services.letta import (
 )
 from conversations.models import Message, Role
 from memsvc.api.errors import NotFound
-from memsvc.api.fields import MetadataField, TextField
+from memsvc.api.fields import MetadataField, TextField, datetime_text
 
 AGENT_ID_PREFIX = "agent-"
 BLOCK_ID_PREFIX = "block-"
@@ -32,7 +32,7 @@ EMBEDDING_ENDPOINT_TYPES = {"local": "hugging-face", "ollama": "ollama", "openai
 
 
 def _time(value) -> str | None:
-    return serializers.DateTimeField().to_representation(value) if value else None
+    return datetime_text(value) if value else None
 
 
 def parse_uuid_id(raw: str, prefix: str, what: str) -> uuid.UUID:

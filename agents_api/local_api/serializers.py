@@ -22,19 +22,16 @@ from memsvc.api.fields import (
     MetadataField,
     PathSegmentField,
     TextField,
+    datetime_text,
 )
 from memsvc.validators import no_control_characters
-
-
-def _time(value) -> str:
-    return serializers.DateTimeField().to_representation(value)
 
 
 def agent_out(agent: Agent) -> dict:
     return {
         "id": str(agent.id),
         "name": agent.name,
-        "created_at": _time(agent.created_at),
+        "created_at": datetime_text(agent.created_at),
         "metadata": agent.metadata or None,
     }
 
@@ -45,7 +42,7 @@ def message_out(message: Message, agent: Agent, *, similarity: float | None = No
         "agent_id": str(agent.id),
         "role": message.role,
         "content": message.content,
-        "created_at": _time(message.created_at),
+        "created_at": datetime_text(message.created_at),
         "metadata": message.metadata or None,
         "similarity": similarity,
     }
@@ -57,8 +54,8 @@ def block_out(block: MemoryBlock) -> dict:
         "agent_id": str(block.agent_id),
         "label": block.label,
         "value": block.value,
-        "created_at": _time(block.created_at),
-        "updated_at": _time(block.updated_at),
+        "created_at": datetime_text(block.created_at),
+        "updated_at": datetime_text(block.updated_at),
     }
 
 
@@ -74,8 +71,8 @@ def memory_out(hit: MemoryHit) -> dict:
         "importance": memory.importance,
         "tags": list(memory.tags),
         "source": memory.source,
-        "created_at": _time(memory.created_at),
-        "updated_at": _time(memory.updated_at),
+        "created_at": datetime_text(memory.created_at),
+        "updated_at": datetime_text(memory.updated_at),
         "score": hit.score,
         "relevance": hit.relevance,
     }
@@ -92,7 +89,7 @@ def tool_record_out(record, *, score: float | None = None) -> dict:
         "input": record.raw_input,
         "output": record.raw_output,
         "summary": record.summary,
-        "created_at": _time(record.created_at),
+        "created_at": datetime_text(record.created_at),
         "score": score,
     }
 

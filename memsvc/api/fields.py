@@ -1,4 +1,5 @@
-"""Input fields shared by every API that accepts messages and metadata.
+"""Input fields shared by every API that accepts messages and metadata (and the one way a
+time is written out).
 
 The user API, the agent API and the local compatibility API all validate a message's
 content, a title or a metadata object with these, so the rules (and their messages) are the
@@ -173,3 +174,13 @@ def query_choice(request, name: str, choices, default: str | None = None) -> str
     if value not in choices:
         raise InvalidInput.for_field(name, f"must be one of {', '.join(choices)}")
     return value
+
+
+_DATETIME = serializers.DateTimeField()
+
+
+def datetime_text(value) -> str:
+    """A time as the serializers write it (ISO 8601, ``settings.TIME_ZONE``), for the APIs
+    that build their JSON by hand: one field for all (it keeps no state of a value; making
+    one per value cost a tenth of a millisecond for a context's ten messages)."""
+    return _DATETIME.to_representation(value)

@@ -14,7 +14,7 @@ def test_a_queryset_compiled_once_finds_what_the_queryset_finds():
     first, second = AgentFactory(name="first"), AgentFactory(name="second")
     for agent in (first, second):
         named = Agent.objects.filter(name=agent.name)
-        [found] = db.compiled_once("test_agent_named", named, [agent.name])
+        [found] = db.compiled_once("test_agent_named", lambda named=named: named, [agent.name])
         assert (found.pk, found.metadata, found.created_at) == (
             agent.pk,
             agent.metadata,
@@ -25,9 +25,10 @@ def test_a_queryset_compiled_once_finds_what_the_queryset_finds():
 
 def test_parameters_other_than_the_sql_takes_keep_nothing_and_answer_right():
     agent = AgentFactory(name="plain")
+
     named = Agent.objects.filter(name="plain", owner_principal=agent.owner_principal)
     # (Given in the wrong order: the SQL takes the name first.)
-    [found] = db.compiled_once("test_wrong_order", named, [agent.owner_principal, "plain"])
+    [found] = db.compiled_once("test_wrong_order", lambda: named, [agent.owner_principal, "plain"])
     assert found.pk == agent.pk
     assert "test_wrong_order" not in db._COMPILED_SQL
 
