@@ -147,16 +147,19 @@ LOCAL_OWNER = "local"  # owner_principal of the local compatibility API's agents
 def local_agent(caller_agent: Agent | None, name: str) -> Agent:
     """The named agent of the local API, as a caller may reach it: a trusted keyless
     loopback caller (``caller_agent`` None) reaches the agents the local API made for such
-    callers (``Agent.loopback_trusted``), a key only its own agent. 404 otherwise."""
+    callers (``Agent.loopback_trusted``), a key only its own agent. 404 otherwise. An agent
+    read here comes with ``keeps_memory`` (``keeps_memories``), read in the same statement."""
 
     def trusted():
         agents = Agent.objects.filter(owner_principal=LOCAL_OWNER, name=name, loopback_trusted=True)
-        return agents[:1]
+        keeps = Exists(Memory.objects.filter(LIVE, agent=OuterRef("pk")))
+        return agents.annotate(keeps_memory=keeps)[:1]
 
     if caller_agent is not None:
         agent = caller_agent if caller_agent.name == name else None
     else:
-        agent = next(iter(compiled_once("local_agent", trusted, [name, LOCAL_OWNER])), None)
+        params = [1, name, LOCAL_OWNER]  # (the 1: Django's ``EXISTS (SELECT 1 ...)``)
+        agent = next(iter(compiled_once("local_agent", trusted, params)), None)
     if agent is None:
         raise NotFound("Agent not found")
     return agent
@@ -528,8 +531,12 @@ def conversation_memory_subject(conversation: Conversation, *, on_behalf_of: str
 
 def keeps_memories(agent: Agent) -> bool:
     """Whether the agent keeps a memory not yet expired, its own or about a user: one index
-    probe, its yes kept a few seconds (``statements.holds_any``). An agent that keeps none
-    has none to put into a context, and none citing turns: its context asks no more."""
+    probe, its yes kept a few seconds (``statements.holds_any``), or none for an agent read
+    with the answer (``local_agent``'s ``keeps_memory``). An agent that keeps none has none
+    to put into a context, and none citing turns: its context asks no more."""
+    read = getattr(agent, "keeps_memory", None)
+    if read is not None:
+        return read
     with connection.cursor() as cursor:
         return holds_any(cursor, MEMORIES, memory_scope(agent.id, None), kept=True)
 

@@ -279,9 +279,10 @@ def test_context_for_a_long_user_message_still_has_blocks_and_relevant_messages(
 
 
 def test_the_context_of_an_agent_that_keeps_no_memories_asks_for_them_once(local):
-    """One probe says the agent keeps no memories: none to search for the context, none
+    """One look says the agent keeps no memories: none to search for the context, none
     citing its turns; its conversation is no fork, so no lineage is read either. Once it
-    keeps one, the next context has it."""
+    keeps one, the next context has it. A keyless caller's agent is read with that answer
+    (one statement); a key's agent, known from the key, is asked with one probe."""
     make(local)
     store(local, "my_agent", "user", "My name is Alice and I prefer Python")
     embed_pending()
@@ -291,12 +292,33 @@ def test_the_context_of_an_agent_that_keeps_no_memories_asks_for_them_once(local
         context = local.post("/context/my_agent", ask).json()
     assert context["relevant_messages"][0]["content"] == "My name is Alice and I prefer Python"
     assert context["memories"] == []
-    assert len([sql for sql in sent if "FROM memory m" in sql]) == 1
+    [agent_read] = [sql for sql in sent if 'FROM "agent"' in sql]
+    assert 'FROM "memory"' in agent_read
+    assert not [sql for sql in sent if "FROM memory m" in sql]  # (no probe of its own)
     assert not any("WITH RECURSIVE" in sql for sql in sent)
+
+    keyed = make_agent("keyed-agent")
+    key = {"HTTP_X_API_KEY": keyed.key}
+    said = {
+        "agent_name": "keyed-agent",
+        "role": "user",
+        "content": "My name is Bob and I prefer Go",
+    }
+    assert local.post("/messages", said, **key).status_code == 200
+    embed_pending()
+    with recorded_statements() as sent:
+        context = local.post(
+            "/context/keyed-agent", {**ask, "agent_name": "keyed-agent"}, **key
+        ).json()
+    assert context["relevant_messages"][0]["content"] == "My name is Bob and I prefer Go"
+    assert len([sql for sql in sent if "FROM memory m" in sql]) == 1
 
     remember(Agent.objects.get(name="my_agent"), "The user prefers Python to Rust")
     again = local.post("/context/my_agent", ask).json()
     assert [m["content"] for m in again["memories"]] == ["The user prefers Python to Rust"]
+    remember(keyed.agent, "The user prefers Go to Rust")
+    again = local.post("/context/keyed-agent", {**ask, "agent_name": "keyed-agent"}, **key)
+    assert [m["content"] for m in again.json()["memories"]] == ["The user prefers Go to Rust"]
 
 
 def remember(agent: Agent, content: str, user_id: str = "") -> None:
