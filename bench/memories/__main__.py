@@ -67,6 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--url", help="measure searches again on a kept server (no saves)")
     parser.add_argument("--api-key", help="with --url: the first agent's key")
     parser.add_argument("--store-api-key", help="with --url: the store agent's key")
+    parser.add_argument(
+        "--question-seed",
+        type=int,
+        help="with --url: the questions' seed (default: new questions every run; the web "
+        "processes keep the vectors of their last 256 queries, so questions asked before "
+        "measure no embedding)",
+    )
     return parser
 
 
@@ -188,9 +195,13 @@ def measure_latency(url, key, store_key, users, source, args, rng) -> dict:
 
 def remeasure(args: argparse.Namespace) -> dict:
     """``--url``: the searches again, against a server a previous run kept (the same
-    ``--memories``, ``--users`` and ``--seed`` give the same users and texts)."""
+    ``--memories``, ``--users`` and ``--seed`` give the same users and texts), with new
+    questions unless ``--question-seed`` names them (the seed is in the results)."""
     source = load_texts(args.data)
     users = users_texts(source, args.users, args.memories // args.users, args.seed)
+    if args.question_seed is None:
+        args.question_seed = random.SystemRandom().randrange(2**32)
+    log(f"questions of seed {args.question_seed}")
     before = os.getloadavg()
     latency = measure_latency(
         args.url.rstrip("/"),
@@ -199,7 +210,7 @@ def remeasure(args: argparse.Namespace) -> dict:
         users,
         source,
         args,
-        random.Random(args.seed + 1),
+        random.Random(args.question_seed),
     )
     return {
         "benchmark": "memories",
