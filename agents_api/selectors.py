@@ -144,22 +144,27 @@ def agent_names(principal_ids) -> dict[str, str]:
 LOCAL_OWNER = "local"  # owner_principal of the local compatibility API's agents
 
 
-def local_agent(caller_agent: Agent | None, name: str) -> Agent:
+def local_agent(caller_agent: Agent | None, name: str, *, memories: bool = False) -> Agent:
     """The named agent of the local API, as a caller may reach it: a trusted keyless
     loopback caller (``caller_agent`` None) reaches the agents the local API made for such
-    callers (``Agent.loopback_trusted``), a key only its own agent. 404 otherwise. An agent
-    read here comes with ``keeps_memory`` (``keeps_memories``), read in the same statement."""
+    callers (``Agent.loopback_trusted``), a key only its own agent. 404 otherwise.
+    ``memories``: an agent read here comes with ``keeps_memory`` (``keeps_memories``), read
+    in the same statement (the context's; the other views' statement reads no memory)."""
 
     def trusted():
         agents = Agent.objects.filter(owner_principal=LOCAL_OWNER, name=name, loopback_trusted=True)
-        keeps = Exists(Memory.objects.filter(LIVE, agent=OuterRef("pk")))
-        return agents.annotate(keeps_memory=keeps)[:1]
+        if memories:
+            keeps = Exists(Memory.objects.filter(LIVE, agent=OuterRef("pk")))
+            agents = agents.annotate(keeps_memory=keeps)
+        return agents[:1]
 
     if caller_agent is not None:
         agent = caller_agent if caller_agent.name == name else None
-    else:
+    elif memories:
         params = [1, name, LOCAL_OWNER]  # (the 1: Django's ``EXISTS (SELECT 1 ...)``)
-        agent = next(iter(compiled_once("local_agent", trusted, params)), None)
+        agent = next(iter(compiled_once("local_agent_and_memories", trusted, params)), None)
+    else:
+        agent = next(iter(compiled_once("local_agent", trusted, [name, LOCAL_OWNER])), None)
     if agent is None:
         raise NotFound("Agent not found")
     return agent

@@ -121,8 +121,8 @@ class LocalView(APIView):
         return fastapi_errors
 
 
-def _agent(request, name: str) -> Agent:
-    return agent_selectors.local_agent(request.user.agent, name)
+def _agent(request, name: str, *, memories: bool = False) -> Agent:
+    return agent_selectors.local_agent(request.user.agent, name, memories=memories)
 
 
 def _search(agent: Agent, query: str, limit: int, *, citations: bool = True) -> list[dict]:
@@ -315,7 +315,7 @@ class ContextView(LocalView):
 
     @extend_schema(exclude=True)
     def post(self, request, agent_name):
-        agent = _agent(request, agent_name)
+        agent = _agent(request, agent_name, memories=True)  # (for ``keeps_memories``)
         data = s.ContextIn.parse(request.data)
         query = data["query"]
         asked = bool(query.strip())

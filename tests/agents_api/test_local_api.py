@@ -284,7 +284,10 @@ def test_the_context_of_an_agent_that_keeps_no_memories_asks_for_them_once(local
     keeps one, the next context has it. A keyless caller's agent is read with that answer
     (one statement); a key's agent, known from the key, is asked with one probe."""
     make(local)
-    store(local, "my_agent", "user", "My name is Alice and I prefer Python")
+    with recorded_statements() as stored:
+        store(local, "my_agent", "user", "My name is Alice and I prefer Python")
+    # (A store's read of the agent asks nothing about memories.)
+    assert not [sql for sql in stored if 'FROM "memory"' in sql or "FROM memory" in sql]
     embed_pending()
     ask = {"agent_name": "my_agent", "query": "Which language do I prefer?"}
 

@@ -25,7 +25,6 @@ def test_a_queryset_compiled_once_finds_what_the_queryset_finds():
 
 def test_parameters_other_than_the_sql_takes_keep_nothing_and_answer_right():
     agent = AgentFactory(name="plain")
-
     named = Agent.objects.filter(name="plain", owner_principal=agent.owner_principal)
     # (Given in the wrong order: the SQL takes the name first.)
     [found] = db.compiled_once("test_wrong_order", lambda: named, [agent.owner_principal, "plain"])
@@ -33,15 +32,33 @@ def test_parameters_other_than_the_sql_takes_keep_nothing_and_answer_right():
     assert "test_wrong_order" not in db._COMPILED_SQL
 
 
+def test_a_kept_sql_is_run_without_making_its_queryset_again():
+    agent = AgentFactory(name="kept")
+    made = []
+
+    def named():
+        made.append(1)
+        return Agent.objects.filter(name="kept")
+
+    for _ in range(3):
+        [found] = db.compiled_once("test_made_once", named, ["kept"])
+        assert found.pk == agent.pk
+    assert made == [1]
+
+
 def test_the_local_agent_and_its_blocks_are_read_by_sql_compiled_once():
     agent = AgentFactory(name="local-one", owner_principal=LOCAL_OWNER, loopback_trusted=True)
     MemoryBlock.objects.create(agent=agent, label="persona", value="calm")
     MemoryBlock.objects.create(agent=agent, label="human", value="Ana", awaiting_attach=True)
     assert local_agent(None, "local-one").pk == agent.pk
+    assert local_agent(None, "local-one", memories=True).keeps_memory is False
     assert [block.label for block in memory_blocks(agent, user_id="")] == ["persona"]
     # Kept: their parameters are given as their SQL takes them (a change of the querysets
     # that moved them would make every request compile them again, silently).
-    assert {"local_agent", "memory_blocks"} <= db._COMPILED_SQL.keys()
+    assert {"local_agent", "local_agent_and_memories", "memory_blocks"} <= db._COMPILED_SQL.keys()
+    # Only the context's read of the agent asks about its memories.
+    assert '"memory"' not in db._COMPILED_SQL["local_agent"][1]
+    assert '"memory"' in db._COMPILED_SQL["local_agent_and_memories"][1]
 
 
 TIMESTAMPS = [
