@@ -31,8 +31,8 @@ logger = logging.getLogger(__name__)
 # A name the reader never takes for a message: kombu's reader wants "<stamp>_<id>.<queue>.msg"
 # and compares what follows the first dot with "<queue>.msg"; this one starts with a dot.
 _PARTIAL_SUFFIX = ".partial"
-# AMQP's delivery mode of a message that need not outlive the machine (a use count): written
-# without waiting for the disk.
+# AMQP's delivery mode of a message that need not outlive the machine (a use count; a
+# message to embed, which the sweep embeds anyway): written without waiting for the disk.
 TRANSIENT = 1
 
 

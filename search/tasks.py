@@ -5,6 +5,7 @@ from collections.abc import Sequence
 from celery.utils.log import get_task_logger
 from django.db import OperationalError
 
+from memsvc.broker import TRANSIENT
 from memsvc.celery import app
 from search import services
 from search.embeddings import EmbeddingError
@@ -63,10 +64,13 @@ def sweep_unembedded_task() -> int:
 
 def enqueue_embedding(message_ids: Sequence) -> None:
     """Hand committed messages to a worker. A broker that is down loses nothing: the sweep
-    embeds whatever is still waiting, so the error is logged and the request goes on."""
+    embeds whatever is still waiting, so the error is logged and the request goes on. For
+    the same reason the message is transient: local mode's broker does not wait for the disk
+    (an append waited about 0.5-0.7 ms for the ``fsync``; docs/benchmarks.md, "An Intel host
+    again"), and a message lost with the machine is the sweep's."""
     ids = [str(message_id) for message_id in message_ids]
     try:
-        embed_messages_task.apply_async(args=[ids], retry=False)
+        embed_messages_task.apply_async(args=[ids], retry=False, delivery_mode=TRANSIENT)
     except Exception as exc:  # any broker failure: kombu, redis, amqp, OS errors
         logger.warning(
             "could not enqueue %d messages for embedding (%s); the sweep will", len(ids), exc

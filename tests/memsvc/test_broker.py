@@ -98,11 +98,11 @@ def test_a_transient_message_is_written_without_waiting_for_the_disk(folders, mo
     with connection:
         ours._put("celery", {"body": "a use count", "properties": {"delivery_mode": 1}})
         assert synced == []
-        ours._put("celery", {"body": "a message to embed", "properties": {"delivery_mode": 2}})
+        ours._put("celery", {"body": "a lasting task", "properties": {"delivery_mode": 2}})
         ours._put("celery", {"body": "no mode said"})
         assert len(synced) == 2  # persistent unless said otherwise
         bodies = [ours._get("celery")["body"] for _ in range(3)]
-    assert sorted(bodies) == ["a message to embed", "a use count", "no mode said"]
+    assert sorted(bodies) == ["a lasting task", "a use count", "no mode said"]
 
 
 def test_concurrent_writers_and_readers_get_every_message_once_and_whole(folders):

@@ -22,10 +22,11 @@ from conversations import services as conversations_services
 from conversations.models import Conversation, Message
 from memsvc import cli
 from memsvc.api.principals import Principal
+from memsvc.broker import TRANSIENT
 from search import services
 from search.embeddings import EmbeddingError, OllamaBackend, configured_backend
 from search.models import CorpusStat, TermStat
-from search.tasks import embed_messages_task, sweep_unembedded_task
+from search.tasks import embed_messages_task, enqueue_embedding, sweep_unembedded_task
 from tests.agents_api.conftest import make_agent
 from tests.factories import ConversationFactory, MessageFactory
 from tests.local_http import LocalHttpServer, Reply
@@ -81,6 +82,17 @@ def test_with_the_broker_down_the_api_answers_and_the_sweep_embeds_later(
     assert sweep_unembedded_task.apply().get() == 1
     message.refresh_from_db()
     assert message.embedded_at is not None
+
+
+def test_a_message_to_embed_is_sent_transient_as_the_sweep_embeds_it_anyway(monkeypatch):
+    """Local mode's broker then writes it without an ``fsync`` on the append's path: lost
+    with the machine, it is embedded by the sweep (above), as when the broker is down."""
+    sent = []
+    monkeypatch.setattr(embed_messages_task, "apply_async", lambda **kw: sent.append(kw))
+    enqueue_embedding(["00000000-0000-0000-0000-000000000001"])
+    assert [(kw["args"], kw["delivery_mode"]) for kw in sent] == [
+        ([["00000000-0000-0000-0000-000000000001"]], TRANSIENT)
+    ]
 
 
 @pytest.fixture
