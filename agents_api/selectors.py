@@ -148,8 +148,10 @@ def local_agent(caller_agent: Agent | None, name: str, *, memories: bool = False
     """The named agent of the local API, as a caller may reach it: a trusted keyless
     loopback caller (``caller_agent`` None) reaches the agents the local API made for such
     callers (``Agent.loopback_trusted``), a key only its own agent. 404 otherwise.
-    ``memories``: an agent read here comes with ``keeps_memory`` (``keeps_memories``), read
-    in the same statement (the context's; the other views' statement reads no memory)."""
+    ``memories``: a keyless caller's agent, read here, comes with ``keeps_memory``
+    (``keeps_memories``) from the same statement (the context's; the other views' statement
+    reads no memory). A key's agent comes from the key, without it: ``keeps_memories``
+    probes for it."""
 
     def trusted():
         agents = Agent.objects.filter(owner_principal=LOCAL_OWNER, name=name, loopback_trusted=True)
