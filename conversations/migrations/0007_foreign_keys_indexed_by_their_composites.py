@@ -1,5 +1,4 @@
-import django.db.models.deletion
-from django.db import migrations, models
+from django.db import migrations
 
 from memsvc.db import foreign_key_unindexed
 
@@ -19,24 +18,16 @@ class Migration(migrations.Migration):
         foreign_key_unindexed(
             "conversation",
             "group",
-            models.ForeignKey(
-                db_index=False,
-                on_delete=django.db.models.deletion.CASCADE,
-                related_name="conversations",
-                to="conversations.conversationgroup",
-            ),
+            to="conversations.conversationgroup",
+            related_name="conversations",
             table="conversation",
             index="conversation_group_id_f8fee04d",
         ),
         foreign_key_unindexed(
             "membership",
             "group",
-            models.ForeignKey(
-                db_index=False,
-                on_delete=django.db.models.deletion.CASCADE,
-                related_name="memberships",
-                to="conversations.conversationgroup",
-            ),
+            to="conversations.conversationgroup",
+            related_name="memberships",
             table="membership",
             index="membership_group_id_786fce67",
         ),
