@@ -41,24 +41,21 @@ def embedding_has_model(name: str) -> models.CheckConstraint:
 
 
 def foreign_key_unindexed(
-    model_name: str, name: str, *, to: str, related_name: str, table: str, index: str
+    model_name: str, name: str, field: models.ForeignKey, *, table: str, index: str
 ) -> migrations.SeparateDatabaseAndState:
-    """A migration's step: the foreign key ``name`` (on delete, cascade) becomes
-    ``db_index=False`` (an index of several columns starts with it) and loses ``index``, the
-    one Django made for it, and nothing else. Django's own ``AlterField`` drops and re-adds
-    the constraint, checking every row again, and drops every other index on that column
-    alone (a partial unique one too). Concurrently, writes going on: the migration is not
-    ``atomic``."""
-    field = models.ForeignKey(
-        db_index=False, on_delete=models.CASCADE, related_name=related_name, to=to
-    )
+    """A migration's step: the foreign key ``name`` becomes ``field`` (``db_index=False``: an
+    index of several columns starts with it) and loses ``index``, the one Django made for it,
+    and nothing else. Django's own ``AlterField`` drops and re-adds the constraint, checking
+    every row again, and drops every other index on that column alone (a partial unique one
+    too). Concurrently, writes going on: the migration is not ``atomic``."""
+    column = f"{name}_id"
     return migrations.SeparateDatabaseAndState(
         state_operations=[migrations.AlterField(model_name=model_name, name=name, field=field)],
         database_operations=[
             migrations.RunSQL(
                 f'DROP INDEX CONCURRENTLY IF EXISTS "{index}"',
                 reverse_sql=f'CREATE INDEX CONCURRENTLY IF NOT EXISTS "{index}" '
-                f'ON "{table}" ("{name}_id")',
+                f'ON "{table}" ("{column}")',
             )
         ],
     )

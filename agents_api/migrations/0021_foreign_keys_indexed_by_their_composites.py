@@ -1,11 +1,12 @@
-from django.db import migrations
+import django.db.models.deletion
+from django.db import migrations, models
 
 from memsvc.db import foreign_key_unindexed
 
 
 class Migration(migrations.Migration):
     """Three foreign keys whose own index repeats the first column of another: one index
-    fewer for each write (a memory's insert updated 13)."""
+    fewer for each write (a memory's insert updates a dozen)."""
 
     atomic = False  # (``DROP INDEX CONCURRENTLY``)
 
@@ -17,24 +18,36 @@ class Migration(migrations.Migration):
         foreign_key_unindexed(
             "memory",
             "agent",
-            to="agents_api.agent",
-            related_name="memories",
+            models.ForeignKey(
+                db_index=False,
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="memories",
+                to="agents_api.agent",
+            ),
             table="memory",
             index="memory_agent_id_9cf5be2f",
         ),
         foreign_key_unindexed(
             "memoryblockrevision",
             "block",
-            to="agents_api.memoryblock",
-            related_name="revisions",
+            models.ForeignKey(
+                db_index=False,
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="revisions",
+                to="agents_api.memoryblock",
+            ),
             table="memory_block_revision",
             index="memory_block_revision_block_id_f1ce3e63",
         ),
         foreign_key_unindexed(
             "toolrecord",
             "agent",
-            to="agents_api.agent",
-            related_name="tool_records",
+            models.ForeignKey(
+                db_index=False,
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="tool_records",
+                to="agents_api.agent",
+            ),
             table="tool_record",
             index="tool_record_agent_id_67b4700a",
         ),

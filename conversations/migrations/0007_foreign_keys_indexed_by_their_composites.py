@@ -1,4 +1,5 @@
-from django.db import migrations
+import django.db.models.deletion
+from django.db import migrations, models
 
 from memsvc.db import foreign_key_unindexed
 
@@ -18,16 +19,24 @@ class Migration(migrations.Migration):
         foreign_key_unindexed(
             "conversation",
             "group",
-            to="conversations.conversationgroup",
-            related_name="conversations",
+            models.ForeignKey(
+                db_index=False,
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="conversations",
+                to="conversations.conversationgroup",
+            ),
             table="conversation",
             index="conversation_group_id_f8fee04d",
         ),
         foreign_key_unindexed(
             "membership",
             "group",
-            to="conversations.conversationgroup",
-            related_name="memberships",
+            models.ForeignKey(
+                db_index=False,
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="memberships",
+                to="conversations.conversationgroup",
+            ),
             table="membership",
             index="membership_group_id_786fce67",
         ),
