@@ -10,7 +10,6 @@ serve``). With ``DATABASE_URL`` nothing is started.
 """
 
 import functools
-import select
 from datetime import datetime
 
 from django.conf import settings
@@ -71,17 +70,3 @@ class DatabaseWrapper(base.DatabaseWrapper):
         django_loader = connection.adapters.get_loader(base.TIMESTAMPTZ_OID, Format.TEXT)
         connection.adapters.register_loader("timestamptz", _iso_loader(django_loader))
         return connection
-
-    def is_usable(self):
-        """Whether the connection still reaches its server (``CONN_HEALTH_CHECKS``: asked at
-        the first statement of each request), without Django's ``SELECT 1``: a round trip
-        more for every request, which after a pause also wakes the server's process. An
-        idle connection has nothing to read; a server that ended it (stopped, restarted by
-        ``memsvc serve``, the backend terminated, a proxy's idle timeout) left its last
-        message or the end of the stream on the socket. Anything there says: connect anew."""
-        raw = self.connection
-        if raw is None or raw.closed:
-            return False
-        poller = select.poll()
-        poller.register(raw.fileno(), select.POLLIN)
-        return not poller.poll(0)

@@ -1,8 +1,5 @@
 """Small database helpers shared by the apps (``memsvc.db``)."""
 
-import threading
-import time
-
 import pytest
 from django.apps import apps
 from django.db import connection
@@ -167,50 +164,3 @@ def test_no_index_of_ours_repeats_the_first_column_of_another():
             [tables],
         )
         assert cursor.fetchall() == []
-
-
-def _in_another_connection(sql: str, params=()) -> list:
-    """The rows of one statement run on another connection (another thread's)."""
-    rows = []
-
-    def run():
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute(sql, params)
-                rows.extend(cursor.fetchall())
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join()
-    return rows
-
-
-def _backend_pid() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_backend_pid()")
-        return cursor.fetchone()[0]
-
-
-@pytest.mark.django_db(transaction=True)
-def test_a_health_check_sends_the_server_nothing():
-    pid = _backend_pid()
-    assert connection.is_usable()
-    # (Django's own check sent "SELECT 1": the server would show it as the last statement.)
-    [(last,)] = _in_another_connection("SELECT query FROM pg_stat_activity WHERE pid = %s", [pid])
-    assert last == "SELECT pg_backend_pid()"
-
-
-@pytest.mark.django_db(transaction=True)
-def test_a_connection_the_server_ended_fails_its_health_check_and_is_made_anew():
-    pid = _backend_pid()
-    assert _in_another_connection("SELECT pg_terminate_backend(%s)", [pid]) == [(True,)]
-    deadline = time.monotonic() + 10
-    while connection.is_usable():  # (the server's goodbye reaches the socket shortly)
-        assert time.monotonic() < deadline, "the ended connection still looks usable"
-        time.sleep(0.01)
-
-    connection.health_check_done = False  # (as at the start of a request)
-    connection.close_if_health_check_failed()
-    assert _backend_pid() != pid
