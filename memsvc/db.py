@@ -2,7 +2,7 @@
 
 from collections.abc import Callable, Iterable
 
-from django.db import connection, migrations, models
+from django.db import connection, models
 from django.db.models import Q
 from django.db.models.lookups import Exact
 from pgvector.django import HnswIndex
@@ -37,27 +37,6 @@ def embedding_has_model(name: str) -> models.CheckConstraint:
         condition=Q(embedding__isnull=True)
         | (Q(embedded_at__isnull=False) & ~Q(embedding_model="")),
         name=name,
-    )
-
-
-def foreign_key_unindexed(
-    model_name: str, name: str, field: models.ForeignKey, *, table: str, index: str
-) -> migrations.SeparateDatabaseAndState:
-    """A migration's step: the foreign key ``name`` becomes ``field`` (``db_index=False``: an
-    index of several columns starts with it) and loses ``index``, the one Django made for it,
-    and nothing else. Django's own ``AlterField`` drops and re-adds the constraint, checking
-    every row again, and drops every other index on that column alone (a partial unique one
-    too). Concurrently, writes going on: the migration is not ``atomic``."""
-    column = f"{name}_id"
-    return migrations.SeparateDatabaseAndState(
-        state_operations=[migrations.AlterField(model_name=model_name, name=name, field=field)],
-        database_operations=[
-            migrations.RunSQL(
-                f'DROP INDEX CONCURRENTLY IF EXISTS "{index}"',
-                reverse_sql=f'CREATE INDEX CONCURRENTLY IF NOT EXISTS "{index}" '
-                f'ON "{table}" ("{column}")',
-            )
-        ],
     )
 
 

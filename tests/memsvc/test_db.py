@@ -1,8 +1,6 @@
 """Small database helpers shared by the apps (``memsvc.db``)."""
 
 import pytest
-from django.apps import apps
-from django.db import connection
 
 from agents_api.models import Agent, MemoryBlock
 from agents_api.selectors import LOCAL_OWNER, local_agent, memory_blocks
@@ -136,31 +134,3 @@ def test_a_timestamp_in_an_hour_held_twice_is_read_as_the_instant_it_is():
     # (In UTC: an hour held twice is equal to no time of another zone, PEP 495.)
     assert first.astimezone(UTC) == datetime(2026, 10, 25, 0, 30, tzinfo=UTC)
     assert second.astimezone(UTC) == datetime(2026, 10, 25, 1, 30, tzinfo=UTC)
-
-
-@pytest.mark.django_db
-def test_no_index_of_ours_repeats_the_first_column_of_another():
-    """An index on one column that another index (not partial) starts with only costs each
-    write (``db.foreign_key_unindexed``): Django makes one for every foreign key."""
-    tables = [
-        model._meta.db_table
-        for label in ("agents_api", "conversations", "memsvc", "search")
-        for model in apps.get_app_config(label).get_models()
-    ]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            """
-            SELECT lone.indexrelid::regclass::text, other.indexrelid::regclass::text
-            FROM pg_index lone
-            JOIN pg_index other ON other.indrelid = lone.indrelid
-                AND other.indexrelid <> lone.indexrelid AND other.indkey[0] = lone.indkey[0]
-                AND other.indpred IS NULL AND other.indclass[0] = lone.indclass[0]
-            JOIN pg_class lone_index ON lone_index.oid = lone.indexrelid
-            JOIN pg_class other_index ON other_index.oid = other.indexrelid
-            WHERE lone.indrelid::regclass::text = ANY(%s) AND lone.indnatts = 1
-                AND NOT lone.indisunique AND lone.indpred IS NULL
-                AND lone_index.relam = other_index.relam
-            """,
-            [tables],
-        )
-        assert cursor.fetchall() == []
