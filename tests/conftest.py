@@ -4,6 +4,8 @@ The database is the embedded PostgreSQL + pgvector of local mode; pytest-django 
 test database on it once per session.
 """
 
+import base64
+import json
 import os
 from dataclasses import dataclass
 
@@ -109,4 +111,42 @@ def dead_broker():
     reconnect_broker()
     yield
     app.conf.broker_url, app.conf.task_always_eager = previous
+    reconnect_broker()
+
+
+@pytest.fixture
+def local_broker(tmp_path):
+    """Local mode's broker (``memsvc.broker``) in folders of the test's own, and tasks really
+    sent to it (not run inline): the fixture is a function giving what its queue holds, each
+    message as the worker would read it (``properties``, ``headers``, and the ``body``
+    decoded: Celery's ``[args, kwargs, options]``)."""
+    from memsvc.celery import app
+    from tests.search.conftest import reconnect_broker
+
+    folders = {name: tmp_path / name for name in ("queue", "processed", "control")}
+    for folder in folders.values():
+        folder.mkdir()
+    previous = app.conf.broker_url, app.conf.broker_transport_options, app.conf.task_always_eager
+    app.conf.broker_url = "filesystem://"
+    app.conf.broker_transport_options = {
+        "data_folder_in": str(folders["queue"]),
+        "data_folder_out": str(folders["queue"]),
+        "processed_folder": str(folders["processed"]),
+        "control_folder": str(folders["control"]),
+        "store_processed": False,
+    }
+    app.conf.task_always_eager = False
+    reconnect_broker()
+
+    def queued() -> list[dict]:
+        messages = []
+        for path in sorted(folders["queue"].glob("*.msg")):
+            message = json.loads(path.read_bytes())
+            assert message["properties"]["body_encoding"] == "base64"
+            message["body"] = json.loads(base64.b64decode(message["body"]))
+            messages.append(message)
+        return messages
+
+    yield queued
+    app.conf.broker_url, app.conf.broker_transport_options, app.conf.task_always_eager = previous
     reconnect_broker()

@@ -320,11 +320,13 @@ def test_a_touch_writes_no_index_entry():
     assert after_hot - hot >= 45
 
 
-def test_use_counts_are_sent_as_transient_messages(monkeypatch):
-    sent = []
-    monkeypatch.setattr(touch_memories_task, "apply_async", lambda **kw: sent.append(kw))
+def test_use_counts_are_sent_as_transient_messages(local_broker):
     enqueue_memory_touch(["00000000-0000-0000-0000-000000000001"])
-    assert [kw["delivery_mode"] for kw in sent] == [TRANSIENT]
+    flush_memory_touches()
+    [message] = local_broker()
+    assert message["headers"]["task"] == touch_memories_task.name
+    assert message["body"][0] == [["00000000-0000-0000-0000-000000000001"]]
+    assert message["properties"]["delivery_mode"] == TRANSIENT
 
 
 def test_a_processs_uses_go_in_one_message_sent_off_the_request_path(monkeypatch):

@@ -84,15 +84,14 @@ def test_with_the_broker_down_the_api_answers_and_the_sweep_embeds_later(
     assert message.embedded_at is not None
 
 
-def test_a_message_to_embed_is_sent_transient_as_the_sweep_embeds_it_anyway(monkeypatch):
+def test_a_message_to_embed_is_sent_transient_as_the_sweep_embeds_it_anyway(local_broker):
     """Local mode's broker then writes it without an ``fsync`` on the append's path: lost
     with the machine, it is embedded by the sweep (above), as when the broker is down."""
-    sent = []
-    monkeypatch.setattr(embed_messages_task, "apply_async", lambda **kw: sent.append(kw))
     enqueue_embedding(["00000000-0000-0000-0000-000000000001"])
-    assert [(kw["args"], kw["delivery_mode"]) for kw in sent] == [
-        ([["00000000-0000-0000-0000-000000000001"]], TRANSIENT)
-    ]
+    [message] = local_broker()
+    assert message["headers"]["task"] == embed_messages_task.name
+    assert message["body"][0] == [["00000000-0000-0000-0000-000000000001"]]
+    assert message["properties"]["delivery_mode"] == TRANSIENT
 
 
 @pytest.fixture
