@@ -282,6 +282,7 @@ MEMORIES = Corpus(
     # The planner's estimate of the table's rows: enough to choose exact or graph search.
     size_sql="SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = 'memory'::regclass",
     importance="importance",  # read with the candidates, for their rank
+    scoped_words=True,  # memory_scope_words
 )
 
 MEMORY_ORDERS = {"recent": ("-created_at", "id"), "popular": ("-access_count", "-created_at", "id")}

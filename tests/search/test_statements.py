@@ -214,13 +214,21 @@ def test_a_keyword_search_of_a_large_store_reads_its_words_within_the_scope(two_
     """The rows of an agent's store holding the query's rarest word are found inside one
     index (``memory_scope_words``). With the words indexed alone, PostgreSQL intersected the
     word's entries with a bitmap of every memory of the scope (``memory_recent``): for a
-    store of 100,000, 6.5 of a search's 7 ms."""
+    store of 100,000, 6.5 of a search's 7 ms. Whatever rows ANALYZE samples: walking the
+    store's rows in another index until enough hold the word (9.5 ms against 1.3 here) is
+    as cheap in PostgreSQL's estimate, and a fresh sample chose it now and then."""
     store, _other = two_stores
-    rows, plan = planned_keyword_candidates(store, "rain")
-    assert len(rows) == 30
-    assert Memory.objects.filter(pk__in=rows, agent=store, content__endswith="rain").count() == 30
-    assert "memory_scope_words" in plan, plan
-    assert "memory_recent" not in plan and "memory_scope " not in plan, plan
+    for _sample in range(5):
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE memory")
+        statements._COLUMN_STATISTICS.clear()
+        rows, plan = planned_keyword_candidates(store, "rain")
+        assert len(rows) == 30
+        held = Memory.objects.filter(pk__in=rows, agent=store, content__endswith="rain")
+        assert held.count() == 30
+        assert "memory_scope_words" in plan, plan
+        assert "memory_recent" not in plan and "memory_scope " not in plan, plan
+        assert "Index Scan using" not in plan, plan
 
 
 def test_a_keyword_search_of_a_common_word_reads_no_other_agents_memories(two_stores):
