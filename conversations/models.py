@@ -76,8 +76,9 @@ class Conversation(models.Model):
     """
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # Indexed by ``conversation_group_created``, whose first column it is.
     group = models.ForeignKey(
-        ConversationGroup, on_delete=models.CASCADE, related_name="conversations"
+        ConversationGroup, on_delete=models.CASCADE, related_name="conversations", db_index=False
     )
     title = models.CharField(
         max_length=TITLE_MAX_LENGTH,
@@ -130,8 +131,9 @@ class Conversation(models.Model):
 class Membership(models.Model):
     """A principal's access to a conversation group."""
 
+    # Indexed by ``membership_unique``, whose first column it is.
     group = models.ForeignKey(
-        ConversationGroup, on_delete=models.CASCADE, related_name="memberships"
+        ConversationGroup, on_delete=models.CASCADE, related_name="memberships", db_index=False
     )
     principal_id = models.CharField(max_length=PRINCIPAL_MAX_LENGTH, validators=[no_nul_characters])
     access_level = models.CharField(max_length=16, choices=AccessLevel.choices)

@@ -2,7 +2,7 @@
 
 from collections.abc import Callable, Iterable
 
-from django.db import connection, models
+from django.db import connection, migrations, models
 from django.db.models import Q
 from django.db.models.lookups import Exact
 from pgvector.django import HnswIndex
@@ -37,6 +37,30 @@ def embedding_has_model(name: str) -> models.CheckConstraint:
         condition=Q(embedding__isnull=True)
         | (Q(embedded_at__isnull=False) & ~Q(embedding_model="")),
         name=name,
+    )
+
+
+def foreign_key_unindexed(
+    model_name: str, name: str, *, to: str, related_name: str, table: str, index: str
+) -> migrations.SeparateDatabaseAndState:
+    """A migration's step: the foreign key ``name`` (on delete, cascade) becomes
+    ``db_index=False`` (an index of several columns starts with it) and loses ``index``, the
+    one Django made for it, and nothing else. Django's own ``AlterField`` drops and re-adds
+    the constraint, checking every row again, and drops every other index on that column
+    alone (a partial unique one too). Not ``CONCURRENTLY``: dropping an index takes a moment
+    under a lock of the table, where the concurrent form waits, twice, for every
+    transaction that touches it."""
+    field = models.ForeignKey(
+        db_index=False, on_delete=models.CASCADE, related_name=related_name, to=to
+    )
+    return migrations.SeparateDatabaseAndState(
+        state_operations=[migrations.AlterField(model_name=model_name, name=name, field=field)],
+        database_operations=[
+            migrations.RunSQL(
+                f'DROP INDEX IF EXISTS "{index}"',
+                reverse_sql=f'CREATE INDEX IF NOT EXISTS "{index}" ON "{table}" ("{name}_id")',
+            )
+        ],
     )
 
 

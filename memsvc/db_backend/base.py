@@ -10,6 +10,7 @@ serve``). With ``DATABASE_URL`` nothing is started.
 """
 
 import functools
+import select
 from datetime import datetime
 
 from django.conf import settings
@@ -70,3 +71,21 @@ class DatabaseWrapper(base.DatabaseWrapper):
         django_loader = connection.adapters.get_loader(base.TIMESTAMPTZ_OID, Format.TEXT)
         connection.adapters.register_loader("timestamptz", _iso_loader(django_loader))
         return connection
+
+    def is_usable(self):
+        """Whether the connection still reaches its server (``CONN_HEALTH_CHECKS``: asked at
+        the first statement of each request), without Django's ``SELECT 1`` while the socket
+        is quiet: that was a round trip more for every request, which after a pause also
+        woke the server's process. An idle connection has nothing to read; a server that
+        ended it (stopped, restarted by ``memsvc serve``, the backend terminated, a proxy's
+        idle timeout) left its last message or the end of the stream on the socket. When
+        something is there, Django's own check decides (it reads what is waiting)."""
+        raw = self.connection
+        if raw is None or raw.closed:
+            return False
+        poller = select.poll()  # (not select(): a process may hold over 1024 files)
+        try:
+            poller.register(raw.fileno(), select.POLLIN)
+        except base.Database.Error:
+            return False  # no socket left to read
+        return not poller.poll(0) or super().is_usable()

@@ -1,6 +1,12 @@
 """Small database helpers shared by the apps (``memsvc.db``)."""
 
+import select
+import threading
+import time
+
 import pytest
+from django.apps import apps
+from django.db import connection
 
 from agents_api.models import Agent, MemoryBlock
 from agents_api.selectors import LOCAL_OWNER, local_agent, memory_blocks
@@ -134,3 +140,101 @@ def test_a_timestamp_in_an_hour_held_twice_is_read_as_the_instant_it_is():
     # (In UTC: an hour held twice is equal to no time of another zone, PEP 495.)
     assert first.astimezone(UTC) == datetime(2026, 10, 25, 0, 30, tzinfo=UTC)
     assert second.astimezone(UTC) == datetime(2026, 10, 25, 1, 30, tzinfo=UTC)
+
+
+@pytest.mark.django_db
+def test_no_index_of_ours_repeats_the_first_column_of_another():
+    """An index on one column that another index (not partial) starts with only costs each
+    write (``db.foreign_key_unindexed``): Django makes one for every foreign key."""
+    tables = [
+        model._meta.db_table
+        for label in ("agents_api", "conversations", "memsvc", "search")
+        for model in apps.get_app_config(label).get_models()
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT lone.indexrelid::regclass::text, other.indexrelid::regclass::text
+            FROM pg_index lone
+            JOIN pg_index other ON other.indrelid = lone.indrelid
+                AND other.indexrelid <> lone.indexrelid AND other.indkey[0] = lone.indkey[0]
+                AND other.indpred IS NULL AND other.indclass[0] = lone.indclass[0]
+            JOIN pg_class lone_index ON lone_index.oid = lone.indexrelid
+            JOIN pg_class other_index ON other_index.oid = other.indexrelid
+            WHERE lone.indrelid::regclass::text = ANY(%s) AND lone.indnatts = 1
+                AND NOT lone.indisunique AND lone.indpred IS NULL
+                AND lone_index.relam = other_index.relam
+            """,
+            [tables],
+        )
+        assert cursor.fetchall() == []
+
+
+def _in_another_connection(sql: str, params=()) -> list:
+    """The rows of one statement run on another connection (another thread's)."""
+    rows = []
+
+    def run():
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                rows.extend(cursor.fetchall())
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    return rows
+
+
+def _backend_pid() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_health_check_sends_the_server_nothing():
+    pid = _backend_pid()
+    assert connection.is_usable()
+    # (Django's own check sent "SELECT 1": the server would show it as the last statement.)
+    [(last,)] = _in_another_connection("SELECT query FROM pg_stat_activity WHERE pid = %s", [pid])
+    assert last == "SELECT pg_backend_pid()"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_the_server_ended_fails_its_health_check_and_is_made_anew():
+    pid = _backend_pid()
+    assert _in_another_connection("SELECT pg_terminate_backend(%s)", [pid]) == [(True,)]
+    deadline = time.monotonic() + 10
+    while connection.is_usable():  # (the server's goodbye reaches the socket shortly)
+        assert time.monotonic() < deadline, "the ended connection still looks usable"
+        time.sleep(0.01)
+
+    connection.health_check_done = False  # (as at the start of a request)
+    connection.close_if_health_check_failed()
+    assert _backend_pid() != pid
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_with_a_message_waiting_from_a_live_server_stays():
+    """Something on the socket is not always a goodbye (a notification, a notice): Django's
+    own check then decides, and the connection is kept."""
+    pid = _backend_pid()
+    with connection.cursor() as cursor:
+        cursor.execute("LISTEN memsvc_health_check")
+    _in_another_connection("SELECT pg_notify('memsvc_health_check', 'hello'), 1")
+    deadline = time.monotonic() + 10
+    poller = select.poll()
+    poller.register(connection.connection.fileno(), select.POLLIN)
+    while not poller.poll(0):  # (the notification reaches the socket shortly)
+        assert time.monotonic() < deadline, "no notification arrived"
+        time.sleep(0.01)
+
+    assert connection.is_usable()
+    connection.health_check_done = False  # (as at the start of a request)
+    connection.close_if_health_check_failed()
+    assert _backend_pid() == pid
+    with connection.cursor() as cursor:
+        cursor.execute("UNLISTEN *")
