@@ -49,7 +49,7 @@ def while_held(hold, request, *, waits: bool = False):
     another connection that commits only once the request is waiting for its rows; what
     ``request()`` returned. ``waits``: the request must not end before that transaction
     commits (it waited for it). (Tests that need real commits: ``transaction=True``.)"""
-    held, done, committed = threading.Event(), threading.Event(), threading.Event()
+    held, done, committing = threading.Event(), threading.Event(), threading.Event()
 
     def other_transaction():
         try:
@@ -58,7 +58,9 @@ def while_held(hold, request, *, waits: bool = False):
                 held.set()
                 # Long enough for the request to reach the rows' locks, on a busy machine too.
                 done.wait(1.5)
-            committed.set()
+                # Before the commit, not after it: the commit frees the request, which could
+                # end before this thread ran again (a request that had waited, seen as not).
+                committing.set()
         finally:
             connection.close()
 
@@ -67,7 +69,7 @@ def while_held(hold, request, *, waits: bool = False):
     assert held.wait(10)
     try:
         result = request()
-        ended_first = not committed.is_set()
+        ended_first = not committing.is_set()
     finally:
         done.set()
         thread.join()
