@@ -102,16 +102,10 @@ def celery_runs_tasks_inline():
 @pytest.fixture
 def dead_broker():
     """A broker nobody listens on, and tasks really sent to it (not run inline)."""
-    from memsvc.celery import app
-    from tests.search.conftest import reconnect_broker
+    from tests.search.conftest import sent_to_broker
 
-    previous = app.conf.broker_url, app.conf.task_always_eager
-    app.conf.broker_url = "redis://127.0.0.1:1/0"
-    app.conf.task_always_eager = False
-    reconnect_broker()
-    yield
-    app.conf.broker_url, app.conf.task_always_eager = previous
-    reconnect_broker()
+    with sent_to_broker(broker_url="redis://127.0.0.1:1/0"):
+        yield
 
 
 @pytest.fixture
@@ -120,23 +114,18 @@ def local_broker(tmp_path):
     sent to it (not run inline): the fixture is a function giving what its queue holds, each
     message as the worker would read it (``properties``, ``headers``, and the ``body``
     decoded: Celery's ``[args, kwargs, options]``)."""
-    from memsvc.celery import app
-    from tests.search.conftest import reconnect_broker
+    from tests.search.conftest import sent_to_broker
 
     folders = {name: tmp_path / name for name in ("queue", "processed", "control")}
     for folder in folders.values():
         folder.mkdir()
-    previous = app.conf.broker_url, app.conf.broker_transport_options, app.conf.task_always_eager
-    app.conf.broker_url = "filesystem://"
-    app.conf.broker_transport_options = {
+    folder_options = {
         "data_folder_in": str(folders["queue"]),
         "data_folder_out": str(folders["queue"]),
         "processed_folder": str(folders["processed"]),
         "control_folder": str(folders["control"]),
         "store_processed": False,
     }
-    app.conf.task_always_eager = False
-    reconnect_broker()
 
     def queued() -> list[dict]:
         messages = []
@@ -147,6 +136,5 @@ def local_broker(tmp_path):
             messages.append(message)
         return messages
 
-    yield queued
-    app.conf.broker_url, app.conf.broker_transport_options, app.conf.task_always_eager = previous
-    reconnect_broker()
+    with sent_to_broker(broker_url="filesystem://", broker_transport_options=folder_options):
+        yield queued

@@ -11,9 +11,8 @@ import pytest
 import redis
 
 from conversations.models import Message
-from memsvc.celery import app
 from tests.db import database_url
-from tests.search.conftest import reconnect_broker
+from tests.search.conftest import sent_to_broker
 
 REDIS_URL = "redis://127.0.0.1:6379/14"
 DEADLINE_SECONDS = 120  # a ceiling for a slow machine (the model loads in ~6 s here)
@@ -26,14 +25,8 @@ def redis_broker():
     except redis.ConnectionError as exc:
         pytest.fail(f"this test needs Redis on {REDIS_URL}: {exc}")
     queue = f"memsvc-test-{uuid.uuid4().hex[:8]}"
-    previous = (app.conf.broker_url, app.conf.task_always_eager, app.conf.task_default_queue)
-    app.conf.broker_url = REDIS_URL
-    app.conf.task_always_eager = False
-    app.conf.task_default_queue = queue
-    reconnect_broker()
-    yield queue
-    app.conf.broker_url, app.conf.task_always_eager, app.conf.task_default_queue = previous
-    reconnect_broker()
+    with sent_to_broker(broker_url=REDIS_URL, task_default_queue=queue):
+        yield queue
     redis.Redis.from_url(REDIS_URL).delete(queue)
 
 
