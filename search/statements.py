@@ -92,15 +92,17 @@ def exact_below(corpus: Corpus, limit: int, tuning: SearchTuning) -> tuple[str, 
     )
 
 
-# What searches learned about a scope of one agent's or user's rows, kept per process for
-# this long (``SCOPES_KEPT`` scopes at most):
+# What searches learned about a scope, kept per process for this long (``SCOPES_KEPT``
+# scopes at most):
 # - how to find its nearest vectors: counting an agent's store up to the threshold on
 #   every search cost more than the graph walk after it (1.35 of 10 ms for a store of
 #   10,000 memories, docs/benchmarks.md). A store that crossed the threshold meanwhile is
 #   searched the other way for a while: exact distances are right, only slower; a graph
 #   walk that comes back short is redone exactly (``search.engine.find_candidates``);
 # - that it holds a row (never that it holds none: a row saved since must be found). One
-#   emptied meanwhile is searched and answers nothing, as it should.
+#   emptied meanwhile is searched and answers nothing, as it should;
+# - whether a principal sees few conversations (``sees_few``): a round trip of every
+#   message search.
 SCOPE_KEPT_SECONDS = 60
 SCOPES_KEPT = 4096
 _KEPT: dict[tuple, tuple[object, float]] = {}
@@ -139,14 +141,24 @@ def holds_any(cursor, corpus: Corpus, scope: Scope, *, kept: bool = False) -> bo
 
 def sees_few(cursor, scope: Scope, tuning: SearchTuning) -> bool:
     """Whether the scope's principal sees at most ``few_conversations`` conversations
-    (counted up to one more). False for a scope of no conversations (memories)."""
+    (counted up to one more). False for a scope of no conversations (memories).
+
+    The answer is kept ``SCOPE_KEPT_SECONDS``: it chooses only how a search reads (the
+    conversations as an array or joined, exact distances or the graph), and each way reads
+    the conversations the principal sees when it runs. One who joined or left many
+    meanwhile is searched the slower way a while."""
     if not scope.visible_sql:
         return False
-    cursor.execute(
-        f"SELECT count(*) FROM (SELECT 1 FROM ({scope.visible_sql}) v LIMIT %s) c",
-        [*scope.visible_params, tuning.few_conversations + 1],
-    )
-    return cursor.fetchone()[0] <= tuning.few_conversations
+    key = ("sees_few", scope.visible_sql, *map(str, scope.visible_params), tuning.few_conversations)
+    few = _kept(key)
+    if few is None:
+        cursor.execute(
+            f"SELECT count(*) FROM (SELECT 1 FROM ({scope.visible_sql}) v LIMIT %s) c",
+            [*scope.visible_params, tuning.few_conversations + 1],
+        )
+        few = cursor.fetchone()[0] <= tuning.few_conversations
+        _keep(key, few)
+    return few
 
 
 def nearest_order(

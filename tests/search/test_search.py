@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from conversations.models import Channel, Message, Visibility
 from memsvc.api.principals import Principal
-from search import selectors
+from search import selectors, statements
 from search.embeddings import EmbeddingError, OllamaBackend, configured_backend
 from search.models import CorpusStat, TermStat
 from search.services import embed_messages, embed_pending
@@ -315,6 +315,36 @@ def test_only_a_principal_who_sees_few_conversations_reads_them_as_an_array(alic
         assert not sees_few(cursor, scope, configured_tuning())
     assert "= ANY(ARRAY(" in scope.sql_for(True)
     assert scope.sql_for(False) == scope.sql and " IN (" in scope.sql
+
+
+@pytest.mark.parametrize("mode", ["keyword", "hybrid"])
+def test_whether_a_principal_sees_few_conversations_is_counted_once_a_while_and_what_they_join_is_found(
+    api, alice, bob, pets, monkeypatch, mode
+):
+    # Alice's first search counts the conversations she sees (one: few, read as an array);
+    # her next ones send no count for SCOPE_KEPT_SECONDS. A conversation she is given
+    # meanwhile is searched at once all the same: the count chose only how her
+    # conversations are read, and each way reads those she sees when it runs. A stale count
+    # is sent again.
+    embed_pending()
+    theirs = ConversationFactory(group__owner=bob.id, title="Bob's pets")
+    MessageFactory(conversation=theirs, author_name="bob", content="my parrot learned a word")
+    embed_pending()
+
+    def searched(query):
+        with recorded_statements() as sent:
+            found = contents(search(api, alice, query, mode=mode))
+        return found, sum(sql.startswith("SELECT count(*) FROM (SELECT 1 FROM (") for sql in sent)
+
+    found, counts = searched("adopted puppy")
+    assert found[0] == "I adopted a puppy named Rex last week" and counts == 1
+    found, counts = searched("parrot learned")
+    assert "my parrot learned a word" not in found and counts == 0
+    MembershipFactory(group=theirs.group, principal_id=alice.id)
+    found, counts = searched("parrot learned")
+    assert found[0] == "my parrot learned a word" and counts == 0
+    monkeypatch.setattr(statements, "SCOPE_KEPT_SECONDS", 0)
+    assert searched("parrot learned")[1] == 1
 
 
 def test_a_starved_graph_walk_falls_back_to_exact_distances(api, alice, pets, settings):
