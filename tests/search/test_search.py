@@ -264,6 +264,14 @@ def test_a_search_narrowed_to_conversations_does_not_count_the_others(
     assert any(sql.startswith("SELECT count(*) FROM (SELECT 1 FROM (") for sql in sent) is counted
 
 
+def bobs_conversation(bob, content):
+    """A conversation of Bob's, not shared, with one message (embedded)."""
+    theirs = ConversationFactory(group__owner=bob.id, title="Bob's pets")
+    MessageFactory(conversation=theirs, author_name="bob", content=content)
+    embed_pending()
+    return theirs
+
+
 @pytest.mark.parametrize("mode", ["keyword", "hybrid"])
 def test_a_principal_who_sees_few_conversations_finds_what_one_who_sees_many_would(
     api, alice, bob, pets, settings, mode
@@ -272,9 +280,7 @@ def test_a_principal_who_sees_few_conversations_finds_what_one_who_sees_many_wou
     # taken for one who sees many: few_conversations 0), her search finds the same
     # messages, and none of Bob's, which hold the same words.
     embed_pending()
-    theirs = ConversationFactory(group__owner=bob.id, title="Bob's pets")
-    MessageFactory(conversation=theirs, author_name="bob", content="I adopted a puppy too")
-    embed_pending()
+    bobs_conversation(bob, "I adopted a puppy too")
     as_few = search(api, alice, "adopted puppy", mode=mode)
     tuned(settings, few_conversations=0)
     as_many = search(api, alice, "adopted puppy", mode=mode)
@@ -327,9 +333,7 @@ def test_whether_a_principal_sees_few_conversations_is_counted_once_a_while_and_
     # conversations are read, and each way reads those she sees when it runs. A stale count
     # is sent again.
     embed_pending()
-    theirs = ConversationFactory(group__owner=bob.id, title="Bob's pets")
-    MessageFactory(conversation=theirs, author_name="bob", content="my parrot learned a word")
-    embed_pending()
+    theirs = bobs_conversation(bob, "my parrot learned a word")
 
     def searched(query):
         with recorded_statements() as sent:
