@@ -11,6 +11,7 @@ Two retrievers run in PostgreSQL, each over the caller's scope only:
 """
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from conversations.models import TEXT_SEARCH_CONFIG
@@ -124,6 +125,15 @@ def _keep(key: tuple, value: object) -> None:
     _KEPT[key] = (value, time.monotonic())
 
 
+def _kept_or_learned(key: tuple, learn: Callable[[], object], *, kept: bool = True) -> object:
+    """What was learned under ``key`` (``kept``: if it is recent), else ``learn()``, kept."""
+    value = _kept(key) if kept else None
+    if value is None:
+        value = learn()
+        _keep(key, value)
+    return value
+
+
 def holds_any(cursor, corpus: Corpus, scope: Scope, *, kept: bool = False) -> bool:
     """Whether the scope holds a row at all (an index probe). ``kept``: true without the
     probe when it held one less than ``SCOPE_KEPT_SECONDS`` ago."""
@@ -149,16 +159,16 @@ def sees_few(cursor, scope: Scope, tuning: SearchTuning) -> bool:
     meanwhile is searched the slower way a while."""
     if not scope.visible_sql:
         return False
-    key = ("sees_few", scope.visible_sql, *map(str, scope.visible_params), tuning.few_conversations)
-    few = _kept(key)
-    if few is None:
+
+    def count() -> bool:
         cursor.execute(
             f"SELECT count(*) FROM (SELECT 1 FROM ({scope.visible_sql}) v LIMIT %s) c",
             [*scope.visible_params, tuning.few_conversations + 1],
         )
-        few = cursor.fetchone()[0] <= tuning.few_conversations
-        _keep(key, few)
-    return few
+        return cursor.fetchone()[0] <= tuning.few_conversations
+
+    key = ("sees_few", scope.visible_sql, *map(str, scope.visible_params), tuning.few_conversations)
+    return _kept_or_learned(key, count)
 
 
 def nearest_order(
@@ -172,11 +182,9 @@ def nearest_order(
     key = _scope_key(
         "order", corpus, scope, limit, tuning.exact_search_below, tuning.hnsw_cost_per_exact
     )
-    order = _kept(key) if kept else None
-    if order is None:
-        order = _counted_order(cursor, corpus, scope, limit, tuning)
-        _keep(key, order)
-    return order
+    return _kept_or_learned(
+        key, lambda: _counted_order(cursor, corpus, scope, limit, tuning), kept=kept
+    )
 
 
 def _counted_order(cursor, corpus: Corpus, scope: Scope, limit: int, tuning: SearchTuning) -> str:

@@ -224,17 +224,20 @@ def test_a_connection_with_a_message_waiting_from_a_live_server_stays():
     pid = _backend_pid()
     with connection.cursor() as cursor:
         cursor.execute("LISTEN memsvc_health_check")
-    _in_another_connection("SELECT pg_notify('memsvc_health_check', 'hello'), 1")
-    deadline = time.monotonic() + 10
-    poller = select.poll()
-    poller.register(connection.connection.fileno(), select.POLLIN)
-    while not poller.poll(0):  # (the notification reaches the socket shortly)
-        assert time.monotonic() < deadline, "no notification arrived"
-        time.sleep(0.01)
+    try:
+        _in_another_connection("SELECT pg_notify('memsvc_health_check', 'hello'), 1")
+        deadline = time.monotonic() + 10
+        poller = select.poll()
+        poller.register(connection.connection.fileno(), select.POLLIN)
+        while not poller.poll(0):  # (the notification reaches the socket shortly)
+            assert time.monotonic() < deadline, "no notification arrived"
+            time.sleep(0.01)
 
-    assert connection.is_usable()
-    connection.health_check_done = False  # (as at the start of a request)
-    connection.close_if_health_check_failed()
-    assert _backend_pid() == pid
-    with connection.cursor() as cursor:
-        cursor.execute("UNLISTEN *")
+        assert connection.is_usable()
+        connection.health_check_done = False  # (as at the start of a request)
+        connection.close_if_health_check_failed()
+        assert _backend_pid() == pid
+    finally:
+        # (a connection kept listening would take notifications into later tests)
+        with connection.cursor() as cursor:
+            cursor.execute("UNLISTEN *")
