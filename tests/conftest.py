@@ -28,6 +28,18 @@ def pytest_configure(config):
     os.environ.setdefault("MEMSVC_MODEL_CACHE_DIR", str(settings.MEMSVC_MODEL_CACHE_DIR))
 
 
+def pytest_collection_modifyitems(items):
+    """schemathesis makes a test of each API operation, named ``test_...[GET /path]``, but
+    under pytest 9 they all get the function's node id (pytest builds an item's id from its
+    parametrize call, which schemathesis does not use): pytest-xdist, which hands tests to
+    its workers by id, ran one operation's test of each module. Each gets its operation in
+    its id again."""
+    for item in items:
+        label = getattr(item, "operation_label", None)
+        if label and not item.nodeid.endswith("]"):
+            item._id = item._id.with_params(label)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def test_database_left_alone(django_db_setup, django_db_blocker):
     """At the end of the session the test database is dropped, which PostgreSQL refuses while
