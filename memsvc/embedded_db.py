@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import secrets
+import subprocess
 import sys
 import threading
 import warnings
@@ -171,12 +172,18 @@ def _start(server):
     if info is not None and info.is_running():
         return info
     options = ["-o", '-h ""', "-o", f"-k {server.pgdata}", "-l", str(server.log)]
-    pg_ctl(
-        ["-w", "-t", str(START_SECONDS), *options, "start"],
-        pgdata=server.pgdata,
-        user=server.system_user,
-        timeout=START_SECONDS + 5,
-    )
+    try:
+        pg_ctl(
+            ["-w", "-t", str(START_SECONDS), *options, "start"],
+            pgdata=server.pgdata,
+            user=server.system_user,
+            timeout=START_SECONDS + 5,
+        )
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
+        # What the server said is the reason (as the package's start shows it).
+        log = server.log.read_text() if server.log.exists() else ""
+        logger.error("the embedded PostgreSQL did not start; its log:\n%s", log[-4000:])
+        raise
     # pg_ctl -w returns once postmaster.pid says "ready".
     info = PostmasterInfo.read_from_pgdata(server.pgdata)
     if info is None or not info.is_running() or info.status != "ready":

@@ -1,6 +1,7 @@
 """Configuration comes from the environment and fails loudly when it is wrong."""
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -273,7 +274,9 @@ def test_the_first_query_starts_the_embedded_server_and_exit_stops_it(tmp_path):
     assert postgres_servers_of(data_dir) == []
 
 
-def test_a_server_stopped_again_as_it_starts_is_reported_not_waited_for(tmp_path, monkeypatch):
+def test_a_server_stopped_again_as_it_starts_is_reported_not_waited_for(
+    tmp_path, monkeypatch, caplog
+):
     """``memsvc serve`` starts a stopped embedded server again; when it stopped again as it
     started (a second stop in that moment: seen in CI), the start raises and the supervisor
     tries again later. The package's start waited for it without end, and the supervisor
@@ -307,6 +310,19 @@ def test_a_server_stopped_again_as_it_starts_is_reported_not_waited_for(tmp_path
     thread.join(timeout=30)
     assert not thread.is_alive(), "the start still waits for a server that stopped"
     assert raised == [f"the embedded PostgreSQL of {server.pgdata} stopped as it started"]
+
+    def refused(args, **kwargs):
+        raise subprocess.CalledProcessError(1, ["pg_ctl", *args])
+
+    monkeypatch.setattr(_commands, "pg_ctl", refused)
+    with (
+        caplog.at_level(logging.ERROR, logger=embedded_db.__name__),
+        pytest.raises(subprocess.CalledProcessError),
+    ):
+        server.ensure_postgres_running()
+    # A start that fails says why: the server's own log.
+    assert "the embedded PostgreSQL did not start; its log:" in caplog.text
+    assert "database system is shut down" in caplog.text
 
     monkeypatch.undo()
     server.ensure_postgres_running()  # the next try starts it
