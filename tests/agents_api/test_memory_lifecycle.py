@@ -333,6 +333,10 @@ def test_a_touch_writes_no_index_entry():
 
     agent = AgentFactory()
     alone = [save(agent, f"Fact number {n}") for n in range(7)][-1]
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT id, (ctid::text::point)[0] FROM memory")
+        pages = dict(cursor.fetchall())
+    assert list(pages.values()).count(pages[alone.id]) == 1  # (what the test needs)
     updates, hot = updates_of_memory_table()
     memories_touch([alone.id])
     after_updates, after_hot = updates_of_memory_table()
