@@ -168,6 +168,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from memsvc import embedded_db
     from search.checks import check_embedding_dimension, warn_about_other_vector_models
+    from search.embeddings import prepare_configured_model
 
     host = args.host or settings.MEMORY_SERVER_HOST
     port = args.port or settings.MEMORY_SERVER_PORT
@@ -182,6 +183,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         call_command("migrate", interactive=False, verbosity=0)
         check_embedding_dimension()
         warn_about_other_vector_models()
+        # Before the first request can come: the first start on a data directory makes the
+        # model's graph (seconds), and each search, or learning()'s context request, would
+        # wait for it (the one that waited past the client's 10 s went without memory).
+        prepare_configured_model()
         if supervisor.stopping:
             return 0
         if settings.DATABASE_URL is None:

@@ -27,7 +27,7 @@ from django.core.exceptions import ImproperlyConfigured
 from pgvector.django import VectorField
 
 from search.onnx_encoder import PRECISIONS as ONNX_PRECISIONS
-from search.onnx_encoder import OnnxSentenceEncoder
+from search.onnx_encoder import OnnxSentenceEncoder, graph_path
 from search.onnx_encoder import supports as onnx_supports
 
 logger = logging.getLogger(__name__)
@@ -170,18 +170,38 @@ class LocalBackend:
                 "transformers model with mean pooling is needed); use float32 precision"
             )
 
+    def _runs_on_onnx(self, path: Path) -> bool:
+        if self.runtime == "torch" or self.device != "cpu":
+            return False
+        self.check_runtime()
+        return onnx_supports(path)
+
+    def _cache_dir(self) -> Path:
+        return self.cache_dir or settings.MEMSVC_MODEL_CACHE_DIR
+
+    def prepare(self) -> None:
+        """Make the files the model runs from (its ONNX graph at this precision, once per
+        cache directory: seconds) without loading it. ``memsvc serve`` does it before it
+        answers, so that no request of a new data directory waits for them."""
+        path = Path(self._model_path())
+        if not self._runs_on_onnx(path):
+            return
+        try:
+            graph_path(path, self._cache_dir(), self.precision)
+        except Exception:
+            if self._onnx_required():
+                raise
+            # (the load then runs the model on torch, and says why: ``_onnx_encoder``)
+
     def _onnx_encoder(self):
         path = Path(self._model_path())
         required = self._onnx_required()
-        if self.runtime == "torch" or self.device != "cpu":
-            return None
-        self.check_runtime()
-        if not onnx_supports(path):
+        if not self._runs_on_onnx(path):
             return None
         try:
             encoder = OnnxSentenceEncoder(
                 path,
-                self.cache_dir or settings.MEMSVC_MODEL_CACHE_DIR,
+                self._cache_dir(),
                 threads=settings.MEMSVC_EMBEDDING_THREADS or None,
                 precision=self.precision,
             )
@@ -437,6 +457,14 @@ def warm_up_in_background() -> None:
         # (SIGABRT: its threads are torn down under it): a short `memsvc mcp` session was.
         # Its exit waits for the load (a fraction of a second once the graph is made).
         atexit.register(thread.join, WARM_UP_EXIT_WAIT_SECONDS)
+
+
+def prepare_configured_model() -> None:
+    """``LocalBackend.prepare`` for the configured backend, if local (a remote one has no
+    files to make)."""
+    backend = configured_backend()
+    if isinstance(backend, LocalBackend):
+        backend.prepare()
 
 
 @functools.cache
