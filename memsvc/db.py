@@ -1,8 +1,13 @@
-"""Small database expressions shared by the models of every app."""
+"""Small database expressions shared by the models of every app, and ``beside``."""
 
-from collections.abc import Callable, Iterable
+import contextlib
+import functools
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
-from django.db import connection, migrations, models
+from django.db import close_old_connections, connection, migrations, models
 from django.db.models import Q
 from django.db.models.lookups import Exact
 from pgvector.django import HnswIndex
@@ -148,3 +153,47 @@ def compiled_once(
         kept = _COMPILED_SQL[name] = (made.model, sql)
     model, sql = kept
     return model.objects.raw(sql, params)
+
+
+T = TypeVar("T")
+
+# Threads of ``beside``, per process: one for each request a web process serves at once
+# (``WEB_REQUEST_THREADS``' default), each keeping its own database connection.
+BESIDE_THREADS = 4
+_beside_pool: ThreadPoolExecutor | None = None
+_beside_lock = threading.Lock()
+
+
+def beside(work: Callable[..., T], /, *args, **kwargs) -> Callable[[], T]:
+    """``work(*args, **kwargs)`` started on a thread of its own, with a database connection
+    of its own, while the caller goes on with its own statements: the two wait for
+    PostgreSQL at once (a context request's memory search beside its message search).
+    Returns what gives its result, or raises its exception.
+
+    For reads that need nothing the caller has written: inside a transaction (the
+    caller's, a test's), whose writes another connection does not see, the work runs in
+    the caller's thread, when its result is asked for."""
+    global _beside_pool
+    if connection.in_atomic_block:
+        return functools.partial(work, *args, **kwargs)
+    with _beside_lock:
+        if _beside_pool is None:
+            _beside_pool = ThreadPoolExecutor(BESIDE_THREADS, thread_name_prefix="beside")
+    return _beside_pool.submit(_as_a_request, work, args, kwargs).result
+
+
+def _as_a_request(work: Callable[..., T], args: tuple, kwargs: dict) -> T:
+    with like_a_request():
+        return work(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def like_a_request() -> Iterator[None]:
+    """Database work on a long-lived thread of one's own (not a request's), bracketed as
+    Django brackets a request: the thread's connection kept from one piece of work to the
+    next, and dropped once broken or too old (``CONN_MAX_AGE``)."""
+    close_old_connections()
+    try:
+        yield
+    finally:
+        close_old_connections()

@@ -40,6 +40,7 @@ from conversations.selectors import conversation_messages
 from memsvc.api.errors import ApiError, Forbidden, InvalidInput, NotFound
 from memsvc.api.idempotency import idempotency_key, marked_replayed, request_fingerprint
 from memsvc.api.pagination import parse_limit
+from memsvc.db import beside
 from search.selectors import embed_query_ahead, search_messages
 
 logger = logging.getLogger(__name__)
@@ -322,24 +323,31 @@ class ContextView(LocalView):
         if asked and agent.local_conversation_id is not None:
             embed_query_ahead(query)  # (for ``_search``, while the memories and blocks are read)
         keeps = asked and agent_selectors.keeps_memories(agent)
-        memories = (
-            agent_selectors.memories_for_context(
-                agent, user_id="", query=query, limit=settings.MEMORY_DEFAULT_SEARCH_LIMIT
+        # The memories searched on a connection of their own while this one searches the
+        # messages: each search is several round trips, and they need nothing of each other.
+        memories_found = (
+            beside(
+                agent_selectors.memories_for_context,
+                agent,
+                user_id="",
+                query=query,
+                limit=settings.MEMORY_DEFAULT_SEARCH_LIMIT,
             )
             if keeps
+            else None
+        )
+        messages = (
+            _search(agent, query, settings.MEMORY_MAX_CONTEXT_MESSAGES, citations=keeps)
+            if asked
             else []
         )
+        blocks = [s.block_out(b) for b in agent_selectors.memory_blocks(agent, user_id="")]
+        memories = memories_found() if memories_found else []
         enqueue_memory_touch([hit.memory.id for hit in memories])
         return Response(
             {
-                "memory_blocks": [
-                    s.block_out(b) for b in agent_selectors.memory_blocks(agent, user_id="")
-                ],
-                "relevant_messages": _search(
-                    agent, query, settings.MEMORY_MAX_CONTEXT_MESSAGES, citations=keeps
-                )
-                if asked
-                else [],
+                "memory_blocks": blocks,
+                "relevant_messages": messages,
                 "memories": [s.memory_out(hit) for hit in memories],
             }
         )

@@ -18,7 +18,7 @@ from functools import cached_property
 
 import jsonschema
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError
 
 from agents_api import selectors, services
 from agents_api.api import serializers as s
@@ -38,6 +38,7 @@ from memsvc.api.errors import Conflict, InvalidInput, NotFound, as_api_error, er
 from memsvc.api.fields import contains_nul
 from memsvc.api.pagination import DEFAULT_LIMIT, MAX_LIMIT, page_data
 from memsvc.api.principals import Principal
+from memsvc.db import like_a_request
 from search.selectors import search_messages
 
 logger = logging.getLogger(__name__)
@@ -481,12 +482,12 @@ def call_tool(caller: Caller, name: str, arguments: dict) -> Outcome:
     raises. Brackets the call as Django brackets a request, so a worker thread's database
     connection is reused, and dropped once broken or too old."""
     tool = TOOLS[name]
-    close_old_connections()
     try:
-        require_scope(caller.principal, tool.scope)
-        _check_arguments(tool, arguments)
-        _refuse_nul(arguments)
-        return Outcome(compact(tool.run(caller, arguments)))
+        with like_a_request():
+            require_scope(caller.principal, tool.scope)
+            _check_arguments(tool, arguments)
+            _refuse_nul(arguments)
+            return Outcome(compact(tool.run(caller, arguments)))
     except DatabaseError:
         logger.exception("MCP tool %s: database error", name)
         return Outcome(
@@ -498,5 +499,3 @@ def call_tool(caller: Caller, name: str, arguments: dict) -> Outcome:
         if error is None:
             raise
         return Outcome(error_body(error.message, error.code, error.details), is_error=True)
-    finally:
-        close_old_connections()

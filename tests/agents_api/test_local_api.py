@@ -1,10 +1,13 @@
 """The local compatibility API: the seed's paths, fields, status codes and errors, on the
 platform's storage."""
 
+import threading
 from urllib.parse import urlencode
 
 import pytest
+from django.db import connection
 
+from agents_api import selectors as agent_selectors
 from agents_api.models import Agent, Memory, MemoryBlock, ToolRecord
 from agents_api.services import memory_save
 from conversations.models import Message
@@ -326,6 +329,37 @@ def test_the_context_of_an_agent_that_keeps_no_memories_asks_for_them_once(local
 
 def remember(agent: Agent, content: str, user_id: str = "") -> None:
     memory_save(agent.as_principal(), agent=agent, user_id=user_id, content=content)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_context_searches_the_memories_beside_the_messages(local, monkeypatch):
+    """As a server answers (outside a transaction), the memories are searched on a thread
+    and a connection of their own (``memsvc.db.beside``) while the request's own searches
+    the messages: the same context, one search's round trips fewer to wait for."""
+    make(local)
+    store(local, "my_agent", "user", "My cat Tom hates the vet")
+    embed_pending()
+    remember(Agent.objects.get(name="my_agent"), "The user has a cat called Tom")
+    searched_on = []
+    search_memories = agent_selectors.memories_for_context
+
+    def recorded(*args, **kwargs):
+        searched_on.append((threading.current_thread().name, _backend_pid()))
+        return search_memories(*args, **kwargs)
+
+    monkeypatch.setattr(agent_selectors, "memories_for_context", recorded)
+    context = local.post("/context/my_agent", {"query": "What do you know about my cat?"}).json()
+    assert [m["content"] for m in context["memories"]] == ["The user has a cat called Tom"]
+    assert context["relevant_messages"][0]["content"] == "My cat Tom hates the vet"
+    [(thread, pid)] = searched_on
+    assert thread.startswith("beside")
+    assert pid != _backend_pid()
+
+
+def _backend_pid() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return cursor.fetchone()[0]
 
 
 def test_context_adds_the_agents_own_memories_relevant_to_the_query(local):

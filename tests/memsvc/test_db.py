@@ -6,7 +6,7 @@ import time
 
 import pytest
 from django.apps import apps
-from django.db import connection
+from django.db import DataError, connection
 
 from agents_api.models import Agent, MemoryBlock
 from agents_api.selectors import LOCAL_OWNER, local_agent, memory_blocks
@@ -241,3 +241,50 @@ def test_a_connection_with_a_message_waiting_from_a_live_server_stays():
         # (a connection kept listening would take notifications into later tests)
         with connection.cursor() as cursor:
             cursor.execute("UNLISTEN *")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_work_beside_runs_at_once_on_its_own_connection():
+    """Started on a thread of its own while the caller goes on: the work waits for the
+    caller, who signals it only after ``beside`` has returned (run in the caller's thread,
+    it would wait in vain)."""
+    caller_went_on = threading.Event()
+
+    def work():
+        return caller_went_on.wait(timeout=10), threading.current_thread().name, _backend_pid()
+
+    result = db.beside(work)
+    caller_went_on.set()
+    went_on, thread, pid = result()
+    assert went_on
+    assert thread.startswith("beside")
+    assert pid != _backend_pid()
+    # The same thread's connection serves the next piece of work.
+    assert db.beside(_backend_pid)() == pid
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_error_beside_is_raised_to_whoever_asks_for_the_result():
+    def fails():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1 / 0")
+
+    result = db.beside(fails)
+    with pytest.raises(DataError, match="division by zero"):
+        result()
+    assert db.beside(_backend_pid)() != _backend_pid()  # (and the thread serves on)
+
+
+def test_work_beside_a_transaction_runs_in_it_when_its_result_is_asked_for():
+    """Another connection would not see what the transaction wrote (a test's, here)."""
+    AgentFactory(name="written-here")
+    ran = []
+
+    def work():
+        ran.append(threading.current_thread())
+        return Agent.objects.filter(name="written-here").count()
+
+    result = db.beside(work)
+    assert ran == []
+    assert result() == 1
+    assert ran == [threading.current_thread()]
