@@ -13,6 +13,11 @@ latency is the difference of the medians (and of the 90th percentiles).
 ``--stand-in`` puts the test suite's stand-in memsvc (``tests/fake_memsvc.py``, answering
 at once) in its place: what is left is the client's own cost.
 
+``--memories N`` gives the agent ``N`` long-term memories of its own first (facts about the
+same topics, through ``POST /v1/agent/memories/batch``, with the private server's key or
+``MEMSVC_API_KEY``): each context request then searches them beside the messages, as it
+does for an agent that keeps memories.
+
 ``--compare PATH`` times another ``learning`` the same way: a client module that needs
 nothing but ``openai`` and ``httpx`` (for instance the single-file client of an earlier
 commit: ``git show <commit>:memsvc/client.py > /tmp/old_client.py``).
@@ -33,6 +38,7 @@ import openai
 
 from bench.common import (
     BenchError,
+    api_call,
     log,
     make_client,
     percentile,
@@ -79,6 +85,39 @@ def load_learning(path: Path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.learning
+
+
+FACTS = [
+    "The user cares a lot about {t}.",
+    "The user mentioned {t} last week.",
+    "The user wants to be reminded about {t}.",
+    "The user's friend knows about {t}.",
+    "The user is worried about {t}.",
+]
+
+
+def give_memories(http, url: str, count: int, rng: random.Random) -> None:
+    """``count`` memories of the agent's own (no user), in batches of 100; near-duplicates
+    merge, so the texts are numbered."""
+    key = os.environ.get("MEMSVC_API_KEY")
+    if not key:
+        raise BenchError("--memories needs the agent's key: a private server, or MEMSVC_API_KEY")
+    facts = [
+        {
+            "content": f"{rng.choice(FACTS).format(t=rng.choice(TOPICS))[:-1]} (note {n}).",
+            "importance": round(rng.random(), 2),
+        }
+        for n in range(count)
+    ]
+    for start in range(0, count, 100):
+        api_call(
+            http,
+            "POST",
+            f"{url}/v1/agent/memories/batch",
+            expect=201,
+            json_body={"memories": facts[start : start + 100]},
+            headers={"X-API-Key": key},
+        )
 
 
 def one_call(client, text: str) -> float:
@@ -192,6 +231,7 @@ def main(argv=None) -> int:
     parser.add_argument("--calls", type=int, default=200, help="timed calls per client and gap")
     parser.add_argument("--history", type=int, default=200, help="calls made before timing")
     parser.add_argument("--gap-ms", type=float, action="append", help="pause between calls")
+    parser.add_argument("--memories", type=int, default=0, help="the agent's own memories")
     parser.add_argument("--compare", type=Path, help="another client module's learning()")
     parser.add_argument("--no-async", action="store_true", help="skip the async client")
     parser.add_argument("--url", help="a running memsvc on this machine (else a private one)")
@@ -225,7 +265,12 @@ def main(argv=None) -> int:
         # The server's agent has a key, so loopback trust does not reach it: every block
         # (ours and --compare's) presents the key, as a user of such an agent does.
         os.environ["MEMSVC_API_KEY"] = server.api_key
-    results = {"load_average_start": load_average(), "server": url, "gaps": {}}
+    results = {
+        "load_average_start": load_average(),
+        "server": url,
+        "memories": args.memories,
+        "gaps": {},
+    }
     try:
         with FakeOpenAI() as llm:
             client = openai.OpenAI(base_url=llm.base_url, api_key="bench")
@@ -235,6 +280,9 @@ def main(argv=None) -> int:
             with learning(agent=AGENT, server_url=url):
                 for _ in range(args.history):
                     one_call(client, next(sayings))
+            if args.memories:
+                log(f"memories: {args.memories} of the agent's own")
+                give_memories(http, url, args.memories, rng)
             if stand_in is None:
                 wait_for_embeddings(http, url)
             block_of = {"learning": lambda: learning(agent=AGENT, server_url=url)}
