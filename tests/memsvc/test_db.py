@@ -259,8 +259,10 @@ def test_work_beside_runs_at_once_on_its_own_connection():
     assert went_on
     assert thread.startswith("beside")
     assert pid != _backend_pid()
-    # The same thread's connection serves the next piece of work.
-    assert db.beside(_backend_pid)() == pid
+    # Each thread keeps its connection for its next piece of work: more pieces than threads
+    # find fewer backends than pieces.
+    backends = {db.beside(_backend_pid)() for _ in range(db.BESIDE_THREADS + 1)}
+    assert len(backends) <= db.BESIDE_THREADS
 
 
 @pytest.mark.django_db(transaction=True)
