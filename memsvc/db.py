@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+from django.conf import settings
 from django.db import close_old_connections, connection, migrations, models
 from django.db.models import Q
 from django.db.models.lookups import Exact
@@ -157,9 +158,8 @@ def compiled_once(
 
 T = TypeVar("T")
 
-# Threads of ``beside``, per process: one for each request a web process serves at once
-# (``WEB_REQUEST_THREADS``' default), each keeping its own database connection.
-BESIDE_THREADS = 4
+# Threads of ``beside``, per process (one for each request a web process serves at once,
+# ``WEB_REQUEST_THREADS``), each keeping its own database connection.
 _beside_pool: ThreadPoolExecutor | None = None
 _beside_lock = threading.Lock()
 
@@ -178,7 +178,9 @@ def beside(work: Callable[..., T], /, *args, **kwargs) -> Callable[[], T]:
         return functools.partial(work, *args, **kwargs)
     with _beside_lock:
         if _beside_pool is None:
-            _beside_pool = ThreadPoolExecutor(BESIDE_THREADS, thread_name_prefix="beside")
+            _beside_pool = ThreadPoolExecutor(
+                settings.WEB_REQUEST_THREADS, thread_name_prefix="beside"
+            )
     return _beside_pool.submit(_as_a_request, work, args, kwargs).result
 
 

@@ -321,7 +321,7 @@ class ContextView(LocalView):
         query = data["query"]
         asked = bool(query.strip())
         if asked and agent.local_conversation_id is not None:
-            embed_query_ahead(query)  # (for ``_search``, while the memories and blocks are read)
+            embed_query_ahead(query)  # (for both searches, while the memory probe is read)
         keeps = asked and agent_selectors.keeps_memories(agent)
         # The memories searched on a connection of their own while this one searches the
         # messages: each search is several round trips, and they need nothing of each other.

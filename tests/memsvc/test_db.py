@@ -6,6 +6,7 @@ import time
 
 import pytest
 from django.apps import apps
+from django.conf import settings
 from django.db import DataError, connection
 
 from agents_api.models import Agent, MemoryBlock
@@ -261,8 +262,9 @@ def test_work_beside_runs_at_once_on_its_own_connection():
     assert pid != _backend_pid()
     # Each thread keeps its connection for its next piece of work: more pieces than threads
     # find fewer backends than pieces.
-    backends = {db.beside(_backend_pid)() for _ in range(db.BESIDE_THREADS + 1)}
-    assert len(backends) <= db.BESIDE_THREADS
+    threads = settings.WEB_REQUEST_THREADS
+    backends = {db.beside(_backend_pid)() for _ in range(threads + 1)}
+    assert len(backends) <= threads
 
 
 @pytest.mark.django_db(transaction=True)
