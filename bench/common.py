@@ -58,6 +58,17 @@ def log(message: str) -> None:
 # --- HTTP -------------------------------------------------------------------------------------
 
 
+def exit_with(main) -> None:
+    """Run a benchmark's ``main()`` as the process: its status the exit status, a
+    ``BenchError`` one line on stderr and status 1 (for the modules whose ``main`` lets it
+    out)."""
+    try:
+        sys.exit(main())
+    except BenchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
+
+
 def make_client(api_key: str | None = None) -> httpx.Client:
     """One keep-alive client for the whole run; ``authorize`` adds the key later if needed."""
     client = httpx.Client(timeout=REQUEST_TIMEOUT_SECONDS)

@@ -39,6 +39,7 @@ import openai
 from bench.common import (
     BenchError,
     api_call,
+    exit_with,
     log,
     make_client,
     percentile,
@@ -342,8 +343,4 @@ def print_table(results: dict) -> None:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except BenchError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(1)
+    exit_with(main)

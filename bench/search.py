@@ -46,6 +46,7 @@ from bench.common import (
     BenchError,
     api_call,
     create_api_key,
+    exit_with,
     log,
     make_client,
     percentile,
@@ -425,8 +426,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except BenchError as exc:
-        print(f"bench.search: {exc}", file=sys.stderr)
-        sys.exit(1)
+    exit_with(main)

@@ -32,6 +32,7 @@ from bench.common import (
     CHECKOUT,
     BenchError,
     api_call,
+    exit_with,
     free_port,
     log,
     make_client,
@@ -208,8 +209,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except BenchError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(1)
+    exit_with(main)
