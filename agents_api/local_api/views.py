@@ -316,12 +316,12 @@ class ContextView(LocalView):
 
     @extend_schema(exclude=True)
     def post(self, request, agent_name):
+        agent = _agent(request, agent_name, memories=True)  # (for ``keeps_memories``)
         data = s.ContextIn.parse(request.data)
         query = data["query"]
         asked = bool(query.strip())
-        if asked:
-            embed_query_ahead(query)  # (for both searches, while the agent and its probe are read)
-        agent = _agent(request, agent_name, memories=True)  # (for ``keeps_memories``)
+        if asked and agent.local_conversation_id is not None:
+            embed_query_ahead(query)  # (for both searches, while the memory probe is read)
         keeps = asked and agent_selectors.keeps_memories(agent)
         # The memories searched on a connection of their own while this one searches the
         # messages: each search is several round trips, and they need nothing of each other.

@@ -356,29 +356,6 @@ def test_a_context_searches_the_memories_beside_the_messages(local, monkeypatch)
     assert pid != _backend_pid()
 
 
-def test_a_context_starts_its_query_embedding_before_any_statement(local, monkeypatch):
-    """The query's vector is on its way before the agent is read: the searches that need it
-    wait the less (a keyless context request, 18.2-18.6 -> 15.4-17.3 ms p50 on one host)."""
-    from agents_api.local_api import views
-
-    make(local)
-    store(local, "my_agent", "user", "My cat Tom hates the vet")
-    statements_before_embedding = []
-    embed_ahead = views.embed_query_ahead
-
-    def recorded(query):
-        statements_before_embedding.append(list(sent))
-        return embed_ahead(query)
-
-    monkeypatch.setattr(views, "embed_query_ahead", recorded)
-    with recorded_statements() as sent:
-        context = local.post("/context/my_agent", {"query": "Where is my cat Tom?"}).json()
-    assert context["relevant_messages"][0]["content"] == "My cat Tom hates the vet"
-    [before] = statements_before_embedding  # (the rate limit's count may come first)
-    assert not any('FROM "agent"' in sql for sql in before)
-    assert any('FROM "agent"' in sql for sql in sent)
-
-
 def _backend_pid() -> int:
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
