@@ -2,8 +2,10 @@
 
 import contextlib
 import functools
+import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
@@ -15,6 +17,8 @@ from pgvector.django import HnswIndex
 
 from memsvc.api.errors import NotFound
 from memsvc.api.principals import agent_uuid_of
+
+logger = logging.getLogger(__name__)
 
 
 def json_is_object(field: str, name: str) -> models.CheckConstraint:
@@ -164,24 +168,48 @@ _beside_pool: ThreadPoolExecutor | None = None
 _beside_lock = threading.Lock()
 
 
-def beside(work: Callable[..., T], /, *args, **kwargs) -> Callable[[], T]:
+@contextlib.contextmanager
+def beside(work: Callable[..., T], /, *args, **kwargs) -> Iterator[Callable[[], T]]:
     """``work(*args, **kwargs)`` started on a thread of its own, with a database connection
-    of its own, while the caller goes on with its own statements: the two wait for
-    PostgreSQL at once (a context request's memory search beside its message search).
-    Returns what gives its result, or raises its exception.
+    of its own, while the caller goes on with its own statements inside the ``with`` block:
+    the two wait for PostgreSQL at once (a context request's memory search beside its
+    message search). The block is given what returns the work's result, or raises its
+    exception.
+
+    The work never outlives the block: leaving it (on an error of the caller's too) cancels
+    work not started yet and waits for work under way, whose error, if nobody asked for its
+    result, is logged. A request's work beside it thus ends with the request, and holds no
+    thread or connection after its answer.
 
     For reads that need nothing the caller has written: inside a transaction (the
     caller's, a test's), whose writes another connection does not see, the work runs in
     the caller's thread, when its result is asked for."""
     global _beside_pool
     if connection.in_atomic_block:
-        return functools.partial(work, *args, **kwargs)
+        yield functools.partial(work, *args, **kwargs)
+        return
     with _beside_lock:
         if _beside_pool is None:
             _beside_pool = ThreadPoolExecutor(
                 settings.WEB_REQUEST_THREADS, thread_name_prefix="beside"
             )
-    return _beside_pool.submit(_as_a_request, work, args, kwargs).result
+    future = _beside_pool.submit(_as_a_request, work, args, kwargs)
+    asked = []
+
+    def result() -> T:
+        asked.append(True)
+        return future.result()
+
+    try:
+        yield result
+    finally:
+        if not future.cancel():
+            futures.wait([future])
+            if not asked and future.exception() is not None:
+                logger.error(
+                    "work beside a request failed, its result never asked for",
+                    exc_info=future.exception(),
+                )
 
 
 def _as_a_request(work: Callable[..., T], args: tuple, kwargs: dict) -> T:

@@ -13,6 +13,7 @@ reaches only the agents this API made for such callers (``Agent.loopback_trusted
 other request needs a key.
 """
 
+import contextlib
 import logging
 
 from django.conf import settings
@@ -325,7 +326,7 @@ class ContextView(LocalView):
         keeps = asked and agent_selectors.keeps_memories(agent)
         # The memories searched on a connection of their own while this one searches the
         # messages: each search is several round trips, and they need nothing of each other.
-        memories_found = (
+        memory_search = (
             beside(
                 agent_selectors.memories_for_context,
                 agent,
@@ -334,15 +335,16 @@ class ContextView(LocalView):
                 limit=settings.MEMORY_DEFAULT_SEARCH_LIMIT,
             )
             if keeps
-            else None
+            else contextlib.nullcontext(list)  # (list(): no memories)
         )
-        messages = (
-            _search(agent, query, settings.MEMORY_MAX_CONTEXT_MESSAGES, citations=keeps)
-            if asked
-            else []
-        )
-        blocks = [s.block_out(b) for b in agent_selectors.memory_blocks(agent, user_id="")]
-        memories = memories_found() if memories_found else []
+        with memory_search as memories_found:
+            messages = (
+                _search(agent, query, settings.MEMORY_MAX_CONTEXT_MESSAGES, citations=keeps)
+                if asked
+                else []
+            )
+            blocks = [s.block_out(b) for b in agent_selectors.memory_blocks(agent, user_id="")]
+            memories = memories_found()
         enqueue_memory_touch([hit.memory.id for hit in memories])
         return Response(
             {

@@ -2,6 +2,7 @@
 platform's storage."""
 
 import threading
+import time
 from urllib.parse import urlencode
 
 import pytest
@@ -354,6 +355,37 @@ def test_a_context_searches_the_memories_beside_the_messages(local, monkeypatch)
     [(thread, pid)] = searched_on
     assert thread.startswith("beside")
     assert pid != _backend_pid()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_context_that_fails_is_answered_once_its_memory_search_has_ended(local, monkeypatch):
+    """The message search fails (the database gone: 503) while the memories are searched
+    beside it: the answer waits for that search, which holds no thread or connection of the
+    server's after it."""
+    from agents_api.local_api import views
+    from memsvc.api.errors import Unavailable
+
+    make(local)
+    store(local, "my_agent", "user", "My cat Tom hates the vet")
+    remember(Agent.objects.get(name="my_agent"), "The user has a cat called Tom")
+    started, ended = threading.Event(), []
+    search_memories = agent_selectors.memories_for_context
+
+    def slow(*args, **kwargs):
+        started.set()
+        time.sleep(0.3)
+        ended.append(True)
+        return search_memories(*args, **kwargs)
+
+    def fails(*args, **kwargs):
+        assert started.wait(timeout=10)  # (under way: not dropped from the queue)
+        raise Unavailable()
+
+    monkeypatch.setattr(agent_selectors, "memories_for_context", slow)
+    monkeypatch.setattr(views, "_search", fails)
+    response = local.post("/context/my_agent", {"query": "What do you know about my cat?"})
+    assert response.status_code == 503
+    assert ended == [True]
 
 
 def _backend_pid() -> int:

@@ -1,5 +1,6 @@
 """Small database helpers shared by the apps (``memsvc.db``)."""
 
+import contextlib
 import select
 import threading
 import time
@@ -247,23 +248,26 @@ def test_a_connection_with_a_message_waiting_from_a_live_server_stays():
 @pytest.mark.django_db(transaction=True)
 def test_work_beside_runs_at_once_on_its_own_connection():
     """Started on a thread of its own while the caller goes on: the work waits for the
-    caller, who signals it only after ``beside`` has returned (run in the caller's thread,
-    it would wait in vain)."""
+    caller, who signals it only inside the block (run in the caller's thread, it would
+    wait in vain)."""
     caller_went_on = threading.Event()
 
     def work():
         return caller_went_on.wait(timeout=10), threading.current_thread().name, _backend_pid()
 
-    result = db.beside(work)
-    caller_went_on.set()
-    went_on, thread, pid = result()
+    with db.beside(work) as result:
+        caller_went_on.set()
+        went_on, thread, pid = result()
     assert went_on
     assert thread.startswith("beside")
     assert pid != _backend_pid()
     # Each thread keeps its connection for its next piece of work: more pieces than threads
     # find fewer backends than pieces.
     threads = settings.WEB_REQUEST_THREADS
-    backends = {db.beside(_backend_pid)() for _ in range(threads + 1)}
+    backends = set()
+    for _ in range(threads + 1):
+        with db.beside(_backend_pid) as result:
+            backends.add(result())
     assert len(backends) <= threads
 
 
@@ -273,10 +277,47 @@ def test_an_error_beside_is_raised_to_whoever_asks_for_the_result():
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1 / 0")
 
-    result = db.beside(fails)
-    with pytest.raises(DataError, match="division by zero"):
+    with pytest.raises(DataError, match="division by zero"), db.beside(fails) as result:
         result()
-    assert db.beside(_backend_pid)() != _backend_pid()  # (and the thread serves on)
+    with db.beside(_backend_pid) as result:
+        assert result() != _backend_pid()  # (and the thread serves on)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_work_beside_never_outlives_its_block_and_its_unasked_error_is_logged(caplog):
+    """A caller that fails before it asks for the result (a request answered 503) leaves
+    the block only once the work under way has ended: no thread or connection of the
+    request's is still busy after its answer, and the work's own error is logged."""
+    started, ended = threading.Event(), []
+
+    def work():
+        started.set()
+        time.sleep(0.3)
+        ended.append(True)
+        raise ValueError("the work's own error")
+
+    with pytest.raises(RuntimeError, match="the caller's"), db.beside(work):
+        assert started.wait(timeout=10)
+        raise RuntimeError("the caller's")
+    assert ended == [True]
+    [record] = [r for r in caplog.records if r.name == "memsvc.db"]
+    assert isinstance(record.exc_info[1], ValueError)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_work_beside_not_started_when_its_block_ends_never_runs():
+    """Every thread busy: the last piece waits in the queue, and is dropped with its block."""
+    release, ran = threading.Event(), []
+    with contextlib.ExitStack() as busy:
+        for _ in range(settings.WEB_REQUEST_THREADS):
+            busy.enter_context(db.beside(release.wait, 10))
+        with db.beside(ran.append, "late"):
+            pass
+        release.set()
+    assert ran == []
+    with db.beside(ran.append, "next") as result:  # (the pool serves on)
+        result()
+    assert ran == ["next"]
 
 
 def test_work_beside_a_transaction_runs_in_it_when_its_result_is_asked_for():
@@ -288,7 +329,7 @@ def test_work_beside_a_transaction_runs_in_it_when_its_result_is_asked_for():
         ran.append(threading.current_thread())
         return Agent.objects.filter(name="written-here").count()
 
-    result = db.beside(work)
-    assert ran == []
-    assert result() == 1
+    with db.beside(work) as result:
+        assert ran == []
+        assert result() == 1
     assert ran == [threading.current_thread()]
