@@ -118,6 +118,11 @@ def _celery(*arguments: str) -> list[str]:
     return [sys.executable, "-m", "celery", "-A", "memsvc.celery", *arguments]
 
 
+def _memsvc_command(*arguments: str) -> list[str]:
+    """A command of this program, run as a child with this interpreter."""
+    return [sys.executable, "-m", "memsvc.cli", *arguments]
+
+
 def _worker_command(*, processes: int, extra: list[str] | None = None) -> list[str]:
     from django.conf import settings
 
@@ -168,7 +173,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from memsvc import embedded_db
     from search.checks import check_embedding_dimension, warn_about_other_vector_models
-    from search.embeddings import prepare_configured_model
+    from search.embeddings import configured_model_prepared
 
     host = args.host or settings.MEMORY_SERVER_HOST
     port = args.port or settings.MEMORY_SERVER_PORT
@@ -185,8 +190,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
         warn_about_other_vector_models()
         # Before the first request can come: the first start on a data directory makes the
         # model's graph (seconds), and each search, or learning()'s context request, would
-        # wait for it (the one that waited past the client's 10 s went without memory).
-        prepare_configured_model()
+        # wait for it (the one that waited past the client's 10 s went without memory). In a
+        # child: an export loads torch and the model, which this long-lived process would
+        # hold for good (780 MB), and a stop asked meanwhile ends it at once.
+        if not configured_model_prepared():
+            log("making the local model's graph (once for its cache: seconds)")
+            code = supervisor.run_to_end("model's graph", _memsvc_command("prepare-model"))
+            if code:
+                return code
         if supervisor.stopping:
             return 0
         if settings.DATABASE_URL is None:
@@ -201,6 +212,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         supervisor.stop_all()
         embedded_db.stop_server()
+
+
+def cmd_prepare_model(args: argparse.Namespace) -> int:
+    """The local model's files made ahead (``memsvc serve`` runs it on a first start; an
+    image build can, so that no container makes them at start)."""
+    _setup_django()
+    from search.embeddings import prepare_configured_model
+
+    prepare_configured_model()
+    return 0
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -550,6 +571,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="default: MEMORY_SERVER_PORT (8283)")
     serve.add_argument("--no-worker", action="store_true", help="run the web server only")
     serve.set_defaults(func=cmd_serve)
+
+    prepare = commands.add_parser(
+        "prepare-model", help="make the local model's ONNX graph now (serve does it once)"
+    )
+    prepare.set_defaults(func=cmd_prepare_model)
 
     worker = commands.add_parser("worker", help="run a Celery worker")
     worker.add_argument("--beat", action="store_true", help="also run the periodic scheduler")

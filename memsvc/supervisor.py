@@ -129,6 +129,22 @@ class Supervisor:
         child.start()
         self.children.append(child)
 
+    def run_to_end(self, name: str, command: list[str]) -> int | None:
+        """Run ``command`` as a child until it exits: its exit code; None when a stop is
+        asked meanwhile (the child is then stopped as every child is, ``stop_all``)."""
+        child = Child(name=name, command=command)
+        child.start()
+        self.children.append(child)
+        try:
+            while child.process.poll() is None:
+                if self.stopping:
+                    self.stop_all()
+                    return None
+                time.sleep(POLL_SECONDS)
+            return child.process.returncode
+        finally:
+            self.children.remove(child)
+
     def watch(self, name: str, running: Callable[[], bool], restart: Callable[[], None]) -> None:
         self.watched.append(Watched(name=name, running=running, restart=restart))
 

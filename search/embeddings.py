@@ -27,7 +27,7 @@ from django.core.exceptions import ImproperlyConfigured
 from pgvector.django import VectorField
 
 from search.onnx_encoder import PRECISIONS as ONNX_PRECISIONS
-from search.onnx_encoder import OnnxSentenceEncoder, graph_path
+from search.onnx_encoder import OnnxSentenceEncoder, graph_file, graph_path
 from search.onnx_encoder import supports as onnx_supports
 
 logger = logging.getLogger(__name__)
@@ -178,6 +178,13 @@ class LocalBackend:
 
     def _cache_dir(self) -> Path:
         return self.cache_dir or settings.MEMSVC_MODEL_CACHE_DIR
+
+    def prepared(self) -> bool:
+        """Whether ``prepare`` has nothing to make (read from the files, loading nothing)."""
+        path = Path(self._model_path())
+        if not self._runs_on_onnx(path):
+            return True
+        return graph_file(path, self._cache_dir(), self.precision).exists()
 
     def prepare(self) -> None:
         """Make the files the model runs from (its ONNX graph at this precision, once per
@@ -465,6 +472,12 @@ def prepare_configured_model() -> None:
     backend = configured_backend()
     if isinstance(backend, LocalBackend):
         backend.prepare()
+
+
+def configured_model_prepared() -> bool:
+    """Whether ``prepare_configured_model`` has nothing to make."""
+    backend = configured_backend()
+    return not isinstance(backend, LocalBackend) or backend.prepared()
 
 
 @functools.cache

@@ -158,19 +158,24 @@ class _DropMessages(logging.Filter):
         return not record.getMessage().startswith(self.prefixes)
 
 
-def graph_path(model_dir: Path, cache_dir: Path, precision: str) -> Path:
-    """The cached ONNX graph of ``model_dir`` at ``precision``, made on first use."""
+def graph_file(model_dir: Path, cache_dir: Path, precision: str) -> Path:
+    """Where the ONNX graph of ``model_dir`` at ``precision`` is kept, made or not."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
     stem = f"{model_dir.name}-{_fingerprint(model_dir)}"
-    float32 = cache_dir / f"{stem}.onnx"
-    int8 = cache_dir / f"{stem}-int8.onnx"
-    wanted = float32 if precision == "float32" else int8
+    return cache_dir / (f"{stem}.onnx" if precision == "float32" else f"{stem}-int8.onnx")
+
+
+def graph_path(model_dir: Path, cache_dir: Path, precision: str) -> Path:
+    """The cached ONNX graph of ``model_dir`` at ``precision``, made on first use."""
+    wanted = graph_file(model_dir, cache_dir, precision)
     if wanted.exists():
         return wanted
+    float32 = graph_file(model_dir, cache_dir, "float32")
+    int8 = graph_file(model_dir, cache_dir, "int8")
     cache_dir.mkdir(parents=True, exist_ok=True)
     # Web and worker processes start together: one makes the graph, the others wait for it.
-    with (cache_dir / f"{stem}.lock").open("w") as lock:
+    with float32.with_suffix(".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not float32.exists():
             logger.info("exporting %s to ONNX at %s (once)", model_dir, float32)

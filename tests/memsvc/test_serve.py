@@ -179,6 +179,24 @@ def test_the_first_start_makes_the_models_graph_before_it_answers(tmp_path):
         served.kill()
 
 
+def test_the_graph_is_made_by_a_child_that_a_stop_ends_at_once(tmp_path):
+    """The export loads torch and the model: made by a child of its own, so that the
+    supervisor, which lives as long as the service, does not hold them for good (780 MB).
+    It takes seconds (more on a slow host): a SIGTERM meanwhile ends it and ``serve`` at
+    once, not once the export is done."""
+    served = Served(tmp_path, MEMSVC_MODEL_CACHE_DIR=str(tmp_path / "models"))
+    try:
+        making = served.wait_for(lambda: served.child("prepare-model"), "a child makes the graph")
+        time.sleep(1)  # (under way: loading torch, exporting)
+        stopped = time.monotonic()
+        assert served.terminate() == 0
+        assert time.monotonic() - stopped < 5, served.log.read_text()
+        assert not alive(making)
+        assert list((tmp_path / "models").glob("*-int8.onnx")) == []
+    finally:
+        served.kill()
+
+
 def replaced(served, role: str, old: psutil.Process) -> bool:
     new = served.child(role)
     return new is not None and new.pid != old.pid and alive(new)

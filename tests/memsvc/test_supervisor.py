@@ -122,3 +122,18 @@ def test_children_end_when_the_supervisor_is_killed(tmp_path):
         lambda: not child.is_running() or child.status() == psutil.STATUS_ZOMBIE,
         "the child outlived its supervisor",
     )
+
+
+def test_a_child_run_to_its_end_gives_its_exit_code_and_is_not_kept(supervisor):
+    assert supervisor.run_to_end("task", [sys.executable, "-c", "raise SystemExit(4)"]) == 4
+    assert supervisor.run_to_end("task", [sys.executable, "-c", "pass"]) == 0
+    assert supervisor.children == []  # (never restarted as a child that died)
+
+
+def test_a_stop_asked_while_a_child_runs_to_its_end_ends_it(supervisor):
+    threading.Timer(0.5, supervisor.request_stop, args=(signal.SIGTERM, None)).start()
+    started = time.monotonic()
+    code = supervisor.run_to_end("task", [sys.executable, "-c", "import time; time.sleep(60)"])
+    assert code is None
+    assert time.monotonic() - started < 10
+    assert supervisor.children == []
