@@ -25,6 +25,7 @@ from conversations.api.serializers import (
 from conversations.models import AccessLevel
 from conversations.services import NewMessage
 from memsvc.api.errors import InvalidInput, NotFound
+from memsvc.api.fields import only_query_parameters
 from memsvc.api.idempotency import (
     KEY_HEADER,
     REPLAYED_HEADER,
@@ -49,7 +50,7 @@ ON_BEHALF = OpenApiParameter(
     description="Act for this user (needs the `impersonate` scope); the user's access applies too.",
 )
 USER_ID = OpenApiParameter(
-    "userId", str, description="The user whose blocks these are (default: the agent's own)."
+    "userId", str, description="The user they are about (default: the agent's own)."
 )
 
 # A create that a retry may repeat (its answer lost): the header, and the answer's mark.
@@ -397,9 +398,10 @@ class MemoryBlockView(AgentApiView):
     @agent_operation(
         "agentDeleteMemoryBlock",
         parameters=[USER_ID],
-        responses={204: None, **errors(401, 403, 404)},
+        responses={204: None, **errors(400, 401, 403, 404)},
     )
     def delete(self, request, label):
+        only_query_parameters(request, "userId")
         agent_services.memory_block_delete(
             request.principal, block=_requested_block(request, label)
         )

@@ -165,6 +165,15 @@ class InputSerializer(serializers.Serializer):
         return serializer.validated_data
 
 
+def only_query_parameters(request, *names: str) -> None:
+    """400 naming the first query parameter that is not one of ``names``. For deletions
+    chosen by their query: a misspelt filter read as none deleted more than was asked
+    (``DELETE /v1/agent/memories?userid=alice``: every memory of the agent's own)."""
+    unknown = sorted(set(request.query_params) - set(names))
+    if unknown:
+        raise InvalidInput.for_field(unknown[0], "unknown query parameter", location="query")
+
+
 def query_choice(request, name: str, choices, default: str | None = None) -> str | None:
     """The query parameter ``name``: one of ``choices``, or ``default`` when absent. Present
     but empty (``?name=``) is not absent: 400, as the schema's enum says."""

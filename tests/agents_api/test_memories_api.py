@@ -550,6 +550,27 @@ def test_delete_by_user(api, helper):
     assert list(Memory.objects.values_list("user_id", flat=True)) == ["bob"]
 
 
+@pytest.mark.parametrize(
+    ("path", "who"),
+    [
+        (f"{MEMORIES}?userid=alice", "helper"),  # misspelt: the agent's own would go
+        (f"{MEMORIES}?userId=alice&tag=old", "helper"),  # a filter the list has, not this
+        (f"{MINE}?agentid=x", "alice"),  # misspelt: every agent's memories of Alice would go
+    ],
+)
+def test_a_bulk_delete_with_a_parameter_it_does_not_take_is_400_and_deletes_nothing(
+    api, helper, alice, path, who
+):
+    save(api, helper, "Alice fact", userId="alice", tags=["old"])
+    save(api, helper, "The helper's own note")
+    before = snapshot()
+    response = api.call("DELETE", path, as_={"helper": helper, "alice": alice}[who])
+    assert response.status_code == 400
+    [unknown] = response.json()["details"]
+    assert unknown in path
+    assert snapshot() == before
+
+
 # --- who reaches what ------------------------------------------------------------------------
 
 

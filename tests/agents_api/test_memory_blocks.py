@@ -45,6 +45,16 @@ def test_create_read_list_and_delete(api, helper):
     assert api.get(f"{BLOCKS}/persona", as_=helper).status_code == 404
 
 
+def test_a_delete_with_a_misspelt_user_is_400_and_deletes_no_block(api, helper):
+    """``?userid=alice`` read as no user would delete the agent's own block of that label."""
+    create_block(api, helper, label="human", value="the agent's own")
+    create_block(api, helper, user_id="alice", label="human", value="about Alice")
+    response = api.delete(f"{BLOCKS}/human?userid=alice", as_=helper)
+    assert response.status_code == 400
+    assert list(response.json()["details"]) == ["userid"]
+    assert MemoryBlock.objects.count() == 2
+
+
 def test_a_duplicate_label_is_a_conflict(api, helper):
     create_block(api, helper, label="human")
     response = api.post(BLOCKS, {"label": "human", "value": "again"}, as_=helper)
