@@ -219,6 +219,8 @@ MEMORY_TAG_MAX_LENGTH = 100
 MEMORY_DEFAULT_IMPORTANCE = 0.5  # a memory saved without one
 MEMORY_MAX_MESSAGES = 100  # the turns one memory may cite
 MEMORY_LISTING_TTL = timedelta(days=1)  # how long a walk by popularity may take
+MEMORY_LISTING_MAX = 10_000  # the most popular memories a walk by popularity goes through
+MEMORY_LISTINGS_PER_SCOPE = 8  # walks of one list (agent, user, tag) kept at once
 CITES = ~Q(message_ids=[])  # a memory that cites turns
 # A memory not yet expired. One whose ``expires_at`` has passed is gone at once, for every
 # list, read, search and save alike (``selectors.memory_scope`` says it in SQL, on the same
@@ -384,16 +386,21 @@ class MemoryListing(models.Model):
     ids of the memories listed, as they ranked when the walk began. Its pages follow it
     (the memories as they are now, those deleted or expired since left out), so the counts
     that every search moves neither show a memory twice nor skip one. Kept
-    ``MEMORY_LISTING_TTL`` (``memories_prune``); no key to the memories: an id deleted since
-    is simply not found."""
+    ``MEMORY_LISTING_TTL`` (``memories_prune``), the newest ``MEMORY_LISTINGS_PER_SCOPE`` of
+    a list; no key to the memories: an id deleted since is simply not found."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    # Which list it walks (a digest of its statement): each keeps its newest listings only.
+    scope = models.CharField(max_length=64, default="")
     memory_ids = ArrayField(models.UUIDField())
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         db_table = "memory_listing"
-        indexes = [models.Index(fields=["created_at"], name="memory_listing_created")]
+        indexes = [
+            models.Index(fields=["created_at"], name="memory_listing_created"),
+            models.Index(fields=["scope", "created_at"], name="memory_listing_scope"),
+        ]
 
     def __str__(self) -> str:
         return f"{len(self.memory_ids)} memories listed at {self.created_at}"

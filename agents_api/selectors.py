@@ -1,11 +1,13 @@
 """Reads of agents: their memory blocks and long-term memories, and whose memory a request
 reaches."""
 
+import hashlib
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, Prefetch, Q, QuerySet, TextField, Value
 from django.db.models.functions import Cast, Concat
 from django.utils import timezone
@@ -13,6 +15,8 @@ from django.utils import timezone
 from agents_api.models import (
     KEPT_BLOCKS,
     LIVE,
+    MEMORY_LISTING_MAX,
+    MEMORY_LISTINGS_PER_SCOPE,
     Agent,
     Memory,
     MemoryBlock,
@@ -325,7 +329,8 @@ def _popular_page(memories: QuerySet[Memory], *, after: str | None, limit: int) 
     order, not data). Its cursor is (listing, position); an unknown one is a 400."""
     if after is None:
         listing_id = None
-        ids = list(memories.order_by(*MEMORY_ORDERS["popular"]).values_list("id", flat=True))
+        popular = memories.order_by(*MEMORY_ORDERS["popular"])
+        ids = list(popular.values_list("id", flat=True)[:MEMORY_LISTING_MAX])
         position = 0
     else:
         listing_id, position = decode_cursor(after, types=(str, int))
@@ -352,8 +357,34 @@ def _popular_page(memories: QuerySet[Memory], *, after: str | None, limit: int) 
         return Page([memory for _, memory in shown], None)
     shown = shown[:limit]
     if listing_id is None:
-        listing_id = str(MemoryListing.objects.create(memory_ids=ids).id)
+        listing_id = _listing_of(memories, ids)
     return Page([memory for _, memory in shown], encode_cursor(listing_id, shown[-1][0] + 1))
+
+
+MEMORY_LISTING_REUSED_FOR = timedelta(hours=1)  # (a walk begun on it has 23 hours left)
+
+
+def _listing_of(memories: QuerySet[Memory], ids: list) -> str:
+    """The id of a listing of ``ids`` (``_popular_page``) for the list ``memories`` reads:
+    its newest one when that lists the same and is under an hour old (a first page read
+    again writes nothing), else a new one, the list keeping its newest
+    ``MEMORY_LISTINGS_PER_SCOPE``. A listing per first page, of every id in scope and kept a
+    day, let a read-only key fill the disk (50 KB a request for 3,000 memories)."""
+    sql, params = memories.query.sql_with_params()
+    scope = hashlib.sha256(repr((sql, params)).encode()).hexdigest()
+    of_scope = MemoryListing.objects.filter(scope=scope)
+    with transaction.atomic():
+        newest = of_scope.order_by("-created_at").first()
+        if (
+            newest is not None
+            and newest.memory_ids == ids
+            and newest.created_at > timezone.now() - MEMORY_LISTING_REUSED_FOR
+        ):
+            return str(newest.id)
+        listing = MemoryListing.objects.create(scope=scope, memory_ids=ids)
+        kept = of_scope.order_by("-created_at", "-id").values("id")[:MEMORY_LISTINGS_PER_SCOPE]
+        of_scope.exclude(id__in=kept).delete()
+    return str(listing.id)
 
 
 def memory_of(memories: QuerySet[Memory], memory_id) -> Memory:

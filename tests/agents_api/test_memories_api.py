@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from agents_api import selectors
-from agents_api.models import Memory
+from agents_api.models import MEMORY_LISTINGS_PER_SCOPE, Memory, MemoryListing
 from conversations.models import Visibility
 from memsvc.api.pagination import encode_cursor
 from search import statements as search_statements
@@ -492,6 +492,37 @@ def test_a_walk_by_popularity_shows_each_memory_once_while_searches_count_uses(a
     for cursor in (encode_cursor(str(uuid.uuid4()), 3), encode_cursor("x", 3)):
         refused = api.get(MEMORIES, as_=helper, order="popular", after=cursor)
         assert refused.status_code == 400 and "after" in refused.json()["details"]
+
+
+def test_first_pages_by_popularity_read_again_and_again_keep_a_few_listings(
+    api, helper, settings, monkeypatch
+):
+    """A read-only client asking for a first page by popularity again and again wrote a
+    listing of every memory each time, kept a day: a list keeps its newest few, a first
+    page read again unchanged writes none, and a listing holds the most popular
+    ``MEMORY_LISTING_MAX`` only."""
+    from agents_api import selectors as agent_selectors
+
+    monkeypatch.setattr(agent_selectors, "MEMORY_LISTING_MAX", 5)
+    saved = [save(api, helper, f"Fact {i} about the {w}") for i, w in enumerate("abcdefg")]
+    save(api, helper, "About Alice", userId="alice")  # another list, with one page
+
+    first = [api.get(MEMORIES, as_=helper, order="popular", limit=2).json() for _ in range(3)]
+    assert len({page["nextCursor"] for page in first}) == 1  # one listing, read three times
+    [listing] = MemoryListing.objects.all()
+    assert len(listing.memory_ids) == 5
+    cursor, shown = first[0]["nextCursor"], []
+    while cursor:
+        page = api.get(MEMORIES, as_=helper, order="popular", limit=2, after=cursor).json()
+        shown += page["data"]
+        cursor = page["nextCursor"]
+    assert len(first[0]["data"] + shown) == 5
+
+    for used, memory in enumerate(saved * 2):  # each first page now sees another order
+        Memory.objects.filter(id=memory["id"]).update(access_count=used)
+        assert api.get(MEMORIES, as_=helper, order="popular", limit=2).status_code == 200
+    assert MemoryListing.objects.count() == MEMORY_LISTINGS_PER_SCOPE
+    assert set(MemoryListing.objects.values_list("scope", flat=True)) == {listing.scope}
 
 
 def test_a_popular_walk_read_with_few_of_its_memories_takes_few_queries(api, helper, rival):
