@@ -42,6 +42,7 @@ from memsvc.api.principals import (
     user_id_problem,
 )
 from memsvc.db import compiled_once
+from memsvc.validators import shows_nothing
 from search import queries, ranking
 from search.engine import Citing, find_candidates
 from search.statements import Corpus, Scope, holds_any
@@ -585,7 +586,7 @@ def memories_for_context(agent: Agent, *, user_id: str, query: str, limit: int) 
     ``query``, each of its sentences searched (kagent's prefetch: a message often asks
     several things), none below ``CONTEXT_MIN_RELEVANCE``. The caller counts their use
     (``tasks.enqueue_memory_touch``)."""
-    if limit <= 0 or not query.strip():
+    if limit <= 0 or shows_nothing(query):
         return []
     return memory_search(
         agent,

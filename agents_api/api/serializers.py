@@ -30,6 +30,7 @@ from memsvc.api.fields import (
     UserIdField,
 )
 from memsvc.api.schema import listed, paged
+from memsvc.validators import shows_nothing
 from search.engine import MODES
 
 MAX_BULK_MESSAGES = 100
@@ -382,7 +383,7 @@ class SearchMemoriesIn(InputSerializer):
     )
 
     def validate_query(self, value):
-        if not value.strip():
+        if shows_nothing(value):
             raise serializers.ValidationError("must not be empty")
         return value
 

@@ -42,6 +42,7 @@ from memsvc.api.errors import ApiError, Forbidden, InvalidInput, NotFound
 from memsvc.api.idempotency import idempotency_key, marked_replayed, request_fingerprint
 from memsvc.api.pagination import parse_limit
 from memsvc.db import beside
+from memsvc.validators import shows_nothing
 from search.selectors import embed_query_ahead, search_messages
 
 logger = logging.getLogger(__name__)
@@ -320,7 +321,7 @@ class ContextView(LocalView):
         agent = _agent(request, agent_name, memories=True)  # (for ``keeps_memories``)
         data = s.ContextIn.parse(request.data)
         query = data["query"]
-        asked = bool(query.strip())
+        asked = not shows_nothing(query)
         if asked and agent.local_conversation_id is not None:
             embed_query_ahead(query)  # (for both searches, while the memory probe is read)
         keeps = asked and agent_selectors.keeps_memories(agent)

@@ -16,6 +16,7 @@ from memsvc.api.fields import (
 )
 from memsvc.api.pagination import AFTER_PARAMETER, LIMIT_PARAMETER
 from memsvc.api.schema import paged
+from memsvc.validators import shows_nothing
 from search.selectors import HEADLINE_CHARS, MODES
 
 # --- out -------------------------------------------------------------------------------------
@@ -224,7 +225,7 @@ class SearchMessagesIn(InputSerializer):
         ref_name = "SearchMessagesRequest"
 
     def validate_query(self, value):
-        if not value.strip():
+        if shows_nothing(value):
             raise serializers.ValidationError("must not be empty")
         return value
 

@@ -15,7 +15,12 @@ from rest_framework import serializers
 
 from memsvc.api.errors import InvalidInput
 from memsvc.api.principals import PRINCIPAL_MAX_LENGTH, user_id_problem
-from memsvc.validators import no_control_characters, no_nul_characters, no_slash
+from memsvc.validators import (
+    no_control_characters,
+    no_nul_characters,
+    no_slash,
+    shows_nothing,
+)
 
 METADATA_MAX_BYTES = 16 * 1024
 
@@ -76,7 +81,7 @@ class MessageContentField(TextField):
 
     def to_internal_value(self, data):
         value = super().to_internal_value(data)
-        if not value.strip():
+        if shows_nothing(value):
             raise serializers.ValidationError("must not be empty")
         return value
 

@@ -388,6 +388,18 @@ def test_a_context_that_fails_is_answered_once_its_memory_search_has_ended(local
     assert ended == [True]
 
 
+def test_a_context_asked_with_only_invisible_characters_searches_nothing(local):
+    """A zero-width space is not a question: searched, it found what shared nothing with it,
+    and counted a use of each memory found."""
+    make(local)
+    store(local, "my_agent", "user", "My cat Tom hates the vet")
+    embed_pending()
+    remember(Agent.objects.get(name="my_agent"), "The user has a cat called Tom")
+    context = local.post("/context/my_agent", {"query": "\u200b\u2060"}).json()
+    assert (context["relevant_messages"], context["memories"]) == ([], [])
+    assert list(Memory.objects.values_list("access_count", flat=True)) == [0]
+
+
 def _backend_pid() -> int:
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")

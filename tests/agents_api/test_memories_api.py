@@ -712,6 +712,8 @@ def test_a_tag_filter_longer_than_any_tag_is_refused(api, helper, alice):
         (MEMORIES, {"content": "x", "importance": -0.1}, "importance"),
         (MEMORIES, {"content": ""}, "content"),
         (MEMORIES, {"content": "   "}, "content"),
+        (MEMORIES, {"content": "\u200b"}, "content"),  # zero-width space: strip() keeps it
+        (MEMORIES, {"content": "\u202e\ufeff \u0301"}, "content"),  # bidi, BOM, lone accent
         (MEMORIES, {"content": "nul\x00here"}, "content"),
         (MEMORIES, {"content": "x", "tags": [f"t{i}" for i in range(51)]}, "tags"),
         (MEMORIES, {"content": "x", "tags": ["t" * 101]}, "tags"),
@@ -741,6 +743,7 @@ def test_a_tag_filter_longer_than_any_tag_is_refused(api, helper, alice):
         (f"{MEMORIES}/search", {"query": "x", "limit": 0}, "limit"),
         (f"{MEMORIES}/search", {"query": "x", "limit": 21}, "limit"),
         (f"{MEMORIES}/search", {"query": " "}, "query"),
+        (f"{MEMORIES}/search", {"query": "\u200b\u200d"}, "query"),
         (f"{MEMORIES}/search", {"query": "x", "mode": "fuzzy"}, "mode"),
     ],
 )

@@ -303,6 +303,7 @@ BAD_INPUT = [
     ("POST", "/conversations/{c}/messages", {}, "content"),
     ("POST", "/conversations/{c}/messages", {"content": ""}, "content"),
     ("POST", "/conversations/{c}/messages", {"content": "   "}, "content"),
+    ("POST", "/conversations/{c}/messages", {"content": "\u200b\u2060"}, "content"),
     ("POST", "/conversations/{c}/messages", {"content": "x" * 100_001}, "content"),
     ("POST", "/conversations/{c}/messages", {"content": "nul\x00here"}, "content"),
     ("POST", "/conversations/{c}/messages", {"content": "ok", "metadata": "s"}, "metadata"),
