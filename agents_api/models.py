@@ -241,6 +241,35 @@ def normalised_content(content: str) -> str:
     return re.sub(r"\s+", " ", content).strip().casefold()
 
 
+_NUMBERS = re.compile(r"\d+(?:[.,:/-]\d+)*")
+_NEGATIONS = frozenset(
+    [
+        "not",
+        "no",
+        "never",
+        "none",
+        "nothing",
+        "nobody",
+        "nowhere",
+        "neither",
+        "nor",
+        "cannot",
+        "without",
+    ]
+)
+
+
+def claims(content: str) -> tuple:
+    """What a text states that its vector barely tells: its numbers, in order, and how many
+    negations it holds. Two texts a cosine similarity calls the same fact
+    (``NEAR_DUPLICATE_SIMILARITY``) are one only if these agree: "is allergic to peanuts"
+    and "is not allergic to peanuts", or two phone numbers, are a correction to keep, not
+    a repeat to merge into the old fact."""
+    words = re.findall(r"[^\W\d_]+(?:'[^\W\d_]+)?", content.casefold())
+    negations = sum(w in _NEGATIONS or w.endswith("n't") for w in words)
+    return tuple(_NUMBERS.findall(content)), negations
+
+
 def content_hash(content: str) -> str:
     return hashlib.sha256(normalised_content(content).encode()).hexdigest()
 

@@ -24,6 +24,7 @@ from agents_api.models import (
     MemoryListing,
     MemorySource,
     UserMemorySetting,
+    claims,
     content_hash,
     default_expiry,
 )
@@ -38,7 +39,8 @@ from search.statements import execute_planned, nearest_order, nearest_settings, 
 from search.tuning import configured_tuning
 
 # A new memory this close (cosine similarity) to one the agent already keeps about the same
-# user is the same fact in other words: it is merged into that one.
+# user, stating the same numbers and negations (``models.claims``), is the same fact in
+# other words: it is merged into that one.
 NEAR_DUPLICATE_SIMILARITY = 0.95
 # kagent: a memory used this often by the time it expires is kept another MEMORY_TTL.
 POPULAR_ACCESS_COUNT = 10
@@ -224,7 +226,8 @@ def _store_memories(agent, user_id, memories, source, model, vectors):
     now = timezone.now()
     hashes = [content_hash(new.content) for new in memories]
     by_hash = _live_by_hash(agent, user_id, hashes)  # (and the batch's new facts, as they come)
-    near = _stored_near_duplicates(agent, user_id, model, vectors, hashes, by_hash)
+    texts = [new.content for new in memories]
+    near = _stored_near_duplicates(agent, user_id, model, vectors, texts, hashes, by_hash)
     fresh: dict = {}  # each new fact (a Memory not yet stored) -> the saves it holds
     embedded_fresh: dict[int, Memory] = {}  # the new facts with a vector, by their index
     units = _unit_rows(vectors)
@@ -233,7 +236,7 @@ def _store_memories(agent, user_id, memories, source, model, vectors):
         vector = vectors[index] if vectors else None
         same = by_hash.get(hashes[index])
         if same is None and vector is not None:
-            same = _nearest_repeat(near.get(index), units, embedded_fresh, index)
+            same = _nearest_repeat(near.get(index), units, embedded_fresh, index, new.content)
         if same is not None:
             if same in fresh:
                 fresh[same].append(new)
@@ -272,7 +275,7 @@ def _store_memories(agent, user_id, memories, source, model, vectors):
     ]
 
 
-def _stored_near_duplicates(agent, user_id, model, vectors, hashes, by_hash) -> dict:
+def _stored_near_duplicates(agent, user_id, model, vectors, texts, hashes, by_hash) -> dict:
     """For each new text (by its index) that repeats no stored text, the stored memory
     nearest to it if it is a near-duplicate: (that memory, locked, or None if it was deleted
     while this waited for its row: the fact is new again; the distance)."""
@@ -287,7 +290,11 @@ def _stored_near_duplicates(agent, user_id, model, vectors, hashes, by_hash) -> 
     missing = {memory_id for memory_id, _ in found.values()} - rows.keys()
     if missing:
         rows |= Memory.objects.select_for_update().filter(LIVE, pk__in=missing).in_bulk()
-    return {i: (rows.get(memory_id), distance) for i, (memory_id, distance) in found.items()}
+    return {
+        i: (rows.get(memory_id), distance)
+        for i, (memory_id, distance) in found.items()
+        if memory_id not in rows or claims(rows[memory_id].content) == claims(texts[i])
+    }
 
 
 def _unit_rows(vectors) -> np.ndarray | None:
@@ -298,15 +305,16 @@ def _unit_rows(vectors) -> np.ndarray | None:
     return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
 
 
-def _nearest_repeat(stored, units: np.ndarray, embedded_fresh: dict, index: int):
-    """The memory the batch's text ``index`` repeats in other words: the nearer of the stored
-    near-duplicate (``_stored_near_duplicates``) and the batch's earlier new facts, if it is
-    near enough."""
+def _nearest_repeat(stored, units: np.ndarray, embedded_fresh: dict, index: int, text: str):
+    """The memory the batch's text ``index`` (``text``) repeats in other words: the nearer
+    of the stored near-duplicate (``_stored_near_duplicates``) and the batch's earlier new
+    facts stating the same ``claims``, if it is near enough."""
     best, best_distance = None, 1 - NEAR_DUPLICATE_SIMILARITY
     if stored is not None and stored[0] is not None:
         best, best_distance = stored
-    if embedded_fresh:
-        earlier = list(embedded_fresh)
+    stated = claims(text)
+    earlier = [i for i, memory in embedded_fresh.items() if claims(memory.content) == stated]
+    if earlier:
         distances = 1 - units[earlier] @ units[index]
         nearest = int(np.argmin(distances))
         if distances[nearest] <= best_distance:
