@@ -23,8 +23,11 @@ class ConnectionLost(Exception):
 class Connection:
     def __init__(self, url: str, headers: dict[str, str], timeout: float):
         parts = urlsplit(url)
+        if parts.scheme != "http":
+            raise ValueError(f"a lean connection speaks plain HTTP only, not {url}")
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or 80
+        self.prefix = parts.path.rstrip("/")  # (a server mounted under a path)
         self.timeout = timeout
         fixed = {"Host": f"{self.host}:{self.port}", "Content-Type": "application/json", **headers}
         self._fixed = "".join(f"{name}: {value}\r\n" for name, value in fixed.items()).encode()
@@ -38,7 +41,7 @@ class Connection:
         extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
         request = b"".join(
             (
-                f"POST {path} HTTP/1.1\r\n".encode(),
+                f"POST {self.prefix}{path} HTTP/1.1\r\n".encode(),
                 self._fixed,
                 extra.encode(),
                 f"Content-Length: {len(body)}\r\n\r\n".encode(),
@@ -65,8 +68,11 @@ class Connection:
             fields[name.strip().lower()] = value.strip()
         if "chunked" in fields.get("transfer-encoding", "").lower():
             body = await self._chunked(reader)
-        else:
-            body = await reader.readexactly(int(fields.get("content-length", "0")))
+        elif "content-length" in fields:
+            body = await reader.readexactly(int(fields["content-length"]))
+        else:  # (delimited by the end of the connection)
+            body = await reader.read()
+            fields["connection"] = "close"
         if fields.get("connection", "").lower() == "close":
             self.close()
         return status, body

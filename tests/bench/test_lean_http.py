@@ -72,3 +72,38 @@ def test_a_refused_connection_is_connection_lost_and_leaves_nothing_open():
         exchanges(connection, ("/gone", b"{}"))
 
     assert connection._writer is None
+
+
+def test_an_answer_without_a_length_is_read_to_the_connections_end():
+    """HTTP/1.1 delimits such a body by the end of the connection: read whole, and the
+    connection not used again."""
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve_once():
+        accepted, _ = listener.accept()
+        with accepted:
+            accepted.recv(65536)
+            accepted.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nall of it")
+
+    thread = threading.Thread(target=serve_once)
+    thread.start()
+    connection = Connection(f"http://127.0.0.1:{port}", {}, timeout=5)
+    [(status, body)] = exchanges(connection, ("/x", b"{}"))
+    thread.join(5)
+    listener.close()
+    assert (status, body) == (200, b"all of it")
+
+
+def test_only_plain_http_is_spoken():
+    with pytest.raises(ValueError, match="plain HTTP"):
+        Connection("https://127.0.0.1:8443", {}, timeout=5)
+
+
+def test_a_server_under_a_path_is_asked_there():
+    with LocalHttpServer(lambda *_: Reply(200, {})) as server:
+        exchanges(Connection(f"{server.url}/base/", {}, timeout=5), ("/x", b"{}"))
+    assert [r.path for r in server.requests] == ["/base/x"]
