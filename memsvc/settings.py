@@ -262,6 +262,7 @@ SPECTACULAR_SETTINGS = {
     # Request bodies are parsed whole for PATCH too (InputSerializer.parse): a PATCH body's
     # required fields are required, as the server enforces.
     "COMPONENT_SPLIT_PATCH": False,
+    "PATH_CONVERTER_OVERRIDES": {"id": {"type": "string", "format": "uuid"}},  # (memsvc.urls)
 }
 
 # --- Browser frontends on other origins (CORS) -----------------------------------------------

@@ -1,14 +1,18 @@
 from django.conf import settings
 from django.contrib import admin
 from django.templatetags.static import static
-from django.urls import include, path, re_path
+from django.urls import include, path, re_path, register_converter
 from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from agents_api.local_api.views import UnknownRouteView
 from agents_api.mcp_server.http import McpView
+from memsvc.api.converters import AnyCaseUuidConverter
 from memsvc.api.errors import not_found_view
 from memsvc.api.health import HealthView
+
+# Before the apps' URL confs, which name it.
+register_converter(AnyCaseUuidConverter, "id")
 
 v1 = [
     path("v1/health", HealthView.as_view(), name="health"),

@@ -8,7 +8,7 @@ from agents_api.api import data_rights, memories
 urlpatterns = [
     path("memories", memories.UserMemoriesView.as_view()),
     path("memories/search", memories.UserMemorySearchView.as_view()),
-    path("memories/<uuid:memory_id>", memories.UserMemoryView.as_view()),
+    path("memories/<id:memory_id>", memories.UserMemoryView.as_view()),
     path("export", data_rights.UserExportView.as_view()),
     path("erase", data_rights.UserEraseView.as_view()),
 ]

@@ -564,6 +564,16 @@ def test_get_patch_and_delete(api, helper):
     assert api.get(url, as_=helper).status_code == 404
 
 
+def test_an_id_in_a_path_is_read_in_either_case(api, helper, alice):
+    """As a body's ids are: a client that writes UUIDs in capitals (Swift's ``uuidString``)
+    got "no such route"."""
+    memory = save(api, helper, "Uses vim", userId="alice")
+    upper = memory["id"].upper()
+    assert api.get(f"{MEMORIES}/{upper}", as_=helper).json()["id"] == memory["id"]
+    assert api.delete(f"{MINE}/{upper}", as_=alice).status_code == 204
+    assert api.get(f"{MEMORIES}/{upper}", as_=helper).json()["code"] == "not_found"
+
+
 def test_patching_into_another_memorys_content_is_a_conflict(api, helper):
     save(api, helper, "Drinks coffee")
     tea = save(api, helper, "Drinks tea")
