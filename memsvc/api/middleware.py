@@ -20,6 +20,7 @@ from django.conf import settings
 from django.core import signals
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
 from django.db import DataError, InterfaceError, OperationalError, connections
+from django.http import HttpResponseBadRequest
 from django.urls import Resolver404, resolve
 
 from memsvc.api.errors import ApiError, InvalidInput, PayloadTooLarge, Unavailable, render_api_error
@@ -29,6 +30,8 @@ logger = logging.getLogger("django.request")
 # A refused body is read and dropped when it is at most this many times the cap.
 DISCARD_MAX_FACTOR = 2
 DISCARD_CHUNK_BYTES = 64 * 1024
+
+ADMIN_PREFIX = "/admin/"  # (memsvc.urls)
 
 
 class InternalError(ApiError):
@@ -116,6 +119,10 @@ class ApiErrorMiddleware:
         refusal = request_refusal(request)
         if refusal is not None:
             response = render_api_error(request, refusal)
+            if response is None and request.path_info.startswith(ADMIN_PREFIX):
+                # The admin's lists filter on what the query names: a NUL there reached
+                # PostgreSQL (a 500). Django's own page for a bad request, as the admin has.
+                response = HttpResponseBadRequest(refusal.message, content_type="text/plain")
             if response is not None:
                 if isinstance(refusal, PayloadTooLarge):
                     discard_body(request)

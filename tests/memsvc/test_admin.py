@@ -247,6 +247,23 @@ def test_memories_are_filtered_by_agent_source_tag_and_embedding(operator, memor
     assert listed(operator, embedded="no") == set()
 
 
+@pytest.mark.parametrize(
+    ("changelist", "query"),
+    [
+        ("agents_api_memory_changelist", "tag=%00"),
+        ("agents_api_memory_changelist", "source=a%00b"),
+        ("conversations_message_changelist", "channel=%00"),
+        ("conversations_membership_changelist", "access_level=%00"),
+    ],
+)
+def test_a_nul_in_a_list_filter_is_a_bad_request_not_a_500(operator, memories, changelist, query):
+    """The lists filter on what the query names: a NUL reached PostgreSQL, which refused it
+    (a 500), as it does in the APIs and the pages."""
+    response = operator.get(f"{reverse(f'admin:{changelist}')}?{query}")
+    assert response.status_code == 400
+    assert b"NUL" in response.content
+
+
 @pytest.mark.parametrize("model", ["memory", "toolrecord", "memoryblock"])
 def test_the_agent_filter_lists_no_agent_but_the_chosen_one(operator, memories, model):
     """An agent is chosen from a row, or from its own page, not from a menu of every agent.
