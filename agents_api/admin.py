@@ -37,6 +37,7 @@ from memsvc.admin_tools import (
     DeletedByService,
     EmbeddedFilter,
     LargeTableAdmin,
+    MetadataChecked,
     as_uuid,
     merged_deletions,
     operator,
@@ -108,7 +109,7 @@ class AgentForm(forms.ModelForm):
 
 
 @admin.register(Agent)
-class AgentAdmin(DeletedByService, admin.ModelAdmin):
+class AgentAdmin(MetadataChecked, DeletedByService, admin.ModelAdmin):
     form = AgentForm
     list_display = ("name", "id", "owner_principal", "created_at")
     search_fields = ("name", "=owner_principal")

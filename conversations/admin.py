@@ -32,6 +32,7 @@ from memsvc.admin_tools import (
     DeletedByService,
     EmbeddedFilter,
     LargeTableAdmin,
+    MetadataChecked,
     as_uuid,
     merged_deletions,
     operator,
@@ -158,7 +159,7 @@ class ConversationGroupAdmin(LargeTableAdmin):
 
 
 @admin.register(Conversation)
-class ConversationAdmin(LargeTableAdmin):
+class ConversationAdmin(MetadataChecked, LargeTableAdmin):
     list_display = ("__str__", "id", "group_link", "parent_link", "created_at", "updated_at")
     list_select_related = ("group", "forked_at_conversation")
     search_fields = ("title",)

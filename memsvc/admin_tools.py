@@ -3,10 +3,12 @@
 import uuid
 
 from django.contrib import admin
+from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.db import transaction
 from django.utils.functional import cached_property
 
+from memsvc.api.fields import METADATA_MAX_BYTES, json_value_problem
 from memsvc.api.principals import Principal
 
 # Above this many matching rows the admin says "10,000+" pages instead of counting them all.
@@ -24,6 +26,25 @@ class CappedCountPaginator(Paginator):
     @cached_property
     def count(self) -> int:
         return self.object_list[: COUNT_CAP + 1].count()
+
+
+def metadata_object(value) -> None:
+    """A ``metadata`` as the APIs take it (``MetadataField``): an object of at most 16 KiB,
+    without NUL characters."""
+    problem = json_value_problem(value, max_bytes=METADATA_MAX_BYTES, objects_only=True)
+    if problem:
+        raise ValidationError(problem)
+
+
+class MetadataChecked:
+    """An admin whose form's ``metadata`` is checked as the APIs check it: a NUL escape was
+    a 500 (PostgreSQL refuses it in jsonb), and 40 KB were saved past the 16 KiB cap."""
+
+    def formfield_for_dbfield(self, db_field, request, **kwargs):
+        field = super().formfield_for_dbfield(db_field, request, **kwargs)
+        if db_field.name == "metadata" and field is not None:
+            field.validators.append(metadata_object)
+        return field
 
 
 class LargeTableAdmin(admin.ModelAdmin):

@@ -107,6 +107,17 @@ def contains_nul(value) -> bool:
     return False
 
 
+def json_value_problem(value, *, max_bytes: int, objects_only: bool) -> str | None:
+    """What makes a JSON value unfit to store (``JSONValueField``'s rules), or None."""
+    if objects_only and not isinstance(value, dict):
+        return "must be a JSON object"
+    if len(json.dumps(value, ensure_ascii=False).encode()) > max_bytes:
+        return f"must be at most {max_bytes} bytes"
+    if contains_nul(value):
+        return "must not contain NUL characters"
+    return None
+
+
 class JSONValueField(serializers.JSONField):
     """Any JSON value of at most ``max_bytes`` (serialized), without NUL characters (which
     PostgreSQL's jsonb cannot hold); with ``objects_only``, a JSON object."""
@@ -126,12 +137,11 @@ class JSONValueField(serializers.JSONField):
 
     def to_internal_value(self, data):
         value = super().to_internal_value(data)
-        if self.objects_only and not isinstance(value, dict):
-            raise serializers.ValidationError("must be a JSON object")
-        if len(json.dumps(value, ensure_ascii=False).encode()) > self.max_bytes:
-            raise serializers.ValidationError(f"must be at most {self.max_bytes} bytes")
-        if contains_nul(value):
-            raise serializers.ValidationError("must not contain NUL characters")
+        problem = json_value_problem(
+            value, max_bytes=self.max_bytes, objects_only=self.objects_only
+        )
+        if problem:
+            raise serializers.ValidationError(problem)
         return value
 
 

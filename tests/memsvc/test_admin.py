@@ -1,13 +1,17 @@
 """The admin shows memory to operators, and its lists stay cheap as tables grow."""
 
+import json
 import re
 import uuid
 from types import SimpleNamespace
 
 import pytest
+from django.contrib import admin
 from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
 from django.db import connection
 from django.db.models.signals import pre_save
+from django.test import RequestFactory
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
@@ -262,6 +266,24 @@ def test_a_nul_in_a_list_filter_is_a_bad_request_not_a_500(operator, memories, c
     response = operator.get(f"{reverse(f'admin:{changelist}')}?{query}")
     assert response.status_code == 400
     assert b"NUL" in response.content
+
+
+@pytest.mark.parametrize("model", [Conversation, Agent])
+@pytest.mark.parametrize(
+    ("metadata", "problem"),
+    [
+        ({"a": "\u0000"}, "NUL"),  # PostgreSQL refuses it in jsonb: a 500
+        ({"big": "x" * 17_000}, "at most 16384 bytes"),
+        (["not", "an", "object"], "JSON object"),
+    ],
+)
+def test_an_admin_forms_metadata_is_checked_as_the_apis_check_it(model, metadata, problem):
+    request = RequestFactory().get("/")
+    request.user = get_user_model()(is_superuser=True, is_staff=True)
+    field = admin.site._registry[model].get_form(request)().fields["metadata"]
+    with pytest.raises(ValidationError, match=problem):
+        field.clean(json.dumps(metadata))
+    assert field.clean('{"fine": true}') == {"fine": True}
 
 
 @pytest.mark.parametrize("model", ["memory", "toolrecord", "memoryblock"])
