@@ -253,9 +253,18 @@ def within_message_limit(content: str) -> str:
 # none goes on after a failed append, and a savepoint costs two round trips.
 @transaction.atomic(savepoint=False)
 def messages_append(
-    actor: Principal, *, conversation: Conversation, messages: Sequence[NewMessage]
+    actor: Principal,
+    *,
+    conversation: Conversation,
+    messages: Sequence[NewMessage],
+    title: str | None = None,
 ) -> list[Message]:
     """Append messages in order, all or nothing; they are queued for embedding on commit.
+    ``title``: the conversation's new one, set by the same update of its row. (A second
+    update of a row this transaction wrote makes PostgreSQL check the row's foreign keys
+    again at commit, locking its group, and a fork's parent, after the conversation: the
+    reverse of a deletion's or an erase's order. A summary and a deletion at once
+    deadlocked, one of them answered 503.)
 
     Within a conversation, ``seq`` order is commit order: the conversation's row is updated
     (and so locked until commit) before the messages draw their numbers, so a second writer
@@ -267,7 +276,8 @@ def messages_append(
     that refers to no conversation. So does an actor removed meanwhile
     (``_hold_memberships``).
     """
-    if not Conversation.objects.filter(pk=conversation.pk).update(updated_at=timezone.now()):
+    changes = {"updated_at": timezone.now()} | ({} if title is None else {"title": title})
+    if not Conversation.objects.filter(pk=conversation.pk).update(**changes):
         raise NotFound("conversation not found")
     _hold_memberships(actor, conversation)
     _hold_parents(messages)
@@ -337,7 +347,8 @@ def summary_create(
     summarized_at: datetime,
 ) -> Message:
     """An agent's summary of the view up to ``until_message``: a SUMMARY message that agents
-    see in place of what it covers, and the conversation's new title."""
+    see in place of what it covers, and the conversation's new title (a refusal below
+    rolls both back)."""
     if until_message.channel == Channel.SUMMARY:
         # The context would start after the older summary itself, so the messages between
         # what that one covers and it would be in neither.
@@ -347,6 +358,7 @@ def summary_create(
     [message] = messages_append(
         actor,
         conversation=conversation,
+        title=title,
         messages=[
             NewMessage(
                 content=summary,
@@ -370,7 +382,6 @@ def summary_create(
     # the agent's context after itself, past the turns between.
     if not held_keys(Message, [until_message.pk]):
         raise InvalidInput.for_field("untilMessageId", "not a message of this conversation")
-    Conversation.objects.filter(pk=conversation.pk).update(title=title)
     return message
 
 

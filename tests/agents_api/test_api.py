@@ -545,6 +545,29 @@ def test_after_a_summary_the_context_is_the_summary_then_later_messages(api, hel
     assert [m["content"] for m in user_view.json()["data"]] == [f"m{i}" for i in range(6)]
 
 
+def test_a_summary_updates_its_conversation_once(api, helper):
+    """Title and time in one update: a second update of the row its append wrote made
+    PostgreSQL check the row's foreign keys again at commit, locking the group after the
+    conversation, the reverse of a deletion's order (a summary racing the conversation's
+    delete, an erase or a membership change deadlocked: 8 of 15 pairs answered 503)."""
+    conversation = agent_conversation(api, helper)
+    stored = append(api, helper, conversation["id"], {"role": "user", "content": "m0"})
+    with recorded_statements() as sent:
+        summary = api.post(
+            f"/v1/agent/conversations/{conversation['id']}/summaries",
+            {
+                "title": "Once",
+                "summary": "S",
+                "untilMessageId": stored.json()["data"][0]["id"],
+                "summarizedAt": "2026-11-01T10:00:00Z",
+            },
+            as_=helper,
+        )
+    assert summary.status_code == 201
+    assert len([sql for sql in sent if sql.startswith('UPDATE "conversation"')]) == 1
+    assert Conversation.objects.get(id=conversation["id"]).title == "Once"
+
+
 def test_context_pages_walk_every_message_once(api, helper):
     conversation = agent_conversation(api, helper)
     stored = append(
