@@ -44,7 +44,14 @@ from conversations.models import (
     Visibility,
 )
 from memsvc.api.errors import Forbidden, InvalidInput, NotFound, one_or_404
-from memsvc.api.pagination import Page, beyond, decode_cursor, encode_cursor, keyset_page
+from memsvc.api.pagination import (
+    Page,
+    beyond,
+    decode_cursor,
+    encode_cursor,
+    in_utc,
+    keyset_page,
+)
 from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, Principal, stored_principal_id
 
 PREVIEW_CHARS = 200
@@ -305,7 +312,9 @@ def _activity_cursor(cursor: str):
     def moment(text: str, *, needed: bool):
         try:
             value = parse_datetime(text) if text else None
-        except ValueError:
+            if value is not None and value.tzinfo is not None:
+                value = in_utc(value)
+        except (ValueError, OverflowError):
             value = None
         if (text or needed) and (
             value is None

@@ -14,6 +14,7 @@ import operator
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from django.core.exceptions import ValidationError
 from django.db.models import Q, QuerySet
@@ -125,8 +126,10 @@ def keyset_page(
             after, types=tuple(_json_type(f) for f in model_fields), field=cursor_field
         )
         try:
-            key = [f.to_python(value) for f, value in zip(model_fields, raw_key, strict=True)]
-        except ValidationError:
+            key = [
+                in_utc(f.to_python(value)) for f, value in zip(model_fields, raw_key, strict=True)
+            ]
+        except (ValidationError, OverflowError):
             raise InvalidInput.for_field(cursor_field, "malformed cursor") from None
         queryset = queryset.filter(beyond(order, key))
     rows = list(queryset.order_by(*order)[: limit + 1])
@@ -135,6 +138,13 @@ def keyset_page(
     rows = rows[:limit]
     last = rows[-1]
     return Page(rows, encode_cursor(*(_json_value(getattr(last, name)) for name in fields)))
+
+
+def in_utc(value):
+    """A cursor's moment in UTC (anything else as it is): PostgreSQL takes offsets up to 15:59
+    only, where Python reads up to 23:59, and one it refused was a 400 naming nothing.
+    ``OverflowError`` for a moment beyond the calendar in UTC (year 1 at +23:59)."""
+    return value.astimezone(UTC) if isinstance(value, datetime) else value
 
 
 def beyond(order: Sequence[str], key: list) -> Q:

@@ -457,6 +457,15 @@ def test_list_pages_recent_or_popular(api, helper):
     # A cursor of the right shape whose time is no time: 400 too, not a database error.
     assert api.get(MEMORIES, as_=helper, after=encode_cursor("yesterday", "x")).status_code == 400
 
+    # Times Python reads and PostgreSQL would not (an offset past 15:59) are read in UTC,
+    # or are a 400 naming the cursor when UTC has no such time; not the database's 400.
+    def after(moment):
+        return api.get(MEMORIES, as_=helper, after=encode_cursor(moment, str(uuid.uuid4())))
+
+    assert after("2026-01-01T00:00:00+16:00").status_code == 200
+    forged = after("0001-01-01T00:00:00+23:59")
+    assert forged.status_code == 400 and "after" in forged.json()["details"], forged.content
+
 
 def test_a_walk_by_popularity_shows_each_memory_once_while_searches_count_uses(api, helper):
     """Every search moves the counts the popular order sorts on: a walk keyed on them

@@ -232,6 +232,21 @@ def test_a_forged_conversation_cursor_is_400(api, alice, key):
     assert "after" in response.json()["details"]
 
 
+@pytest.mark.parametrize(
+    "key",
+    [
+        ["", "2026-01-01T00:00:00-23:59", "", ""],
+        ["", "2026-01-01T00:00:00+00:00", "2026-01-01T00:00:00+16:00", str(uuid.uuid4())],
+    ],
+)
+def test_a_cursor_moment_at_an_offset_postgresql_does_not_take_is_read_in_utc(api, alice, key):
+    """Python reads offsets up to 23:59, PostgreSQL up to 15:59: the database refused the
+    cursor with a 400 naming nothing. Each moment is the same one in UTC."""
+    ConversationFactory(group__owner="alice")
+    response = api.get("/v1/user/conversations", as_=alice, after=encode_cursor(*key))
+    assert response.status_code == 200, response.content
+
+
 def test_walking_message_pages_while_messages_arrive_returns_each_once(api, alice):
     conversation = create(api, alice)
     path = f"/v1/user/conversations/{conversation['id']}/messages"
