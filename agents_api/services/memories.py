@@ -226,8 +226,8 @@ def _store_memories(agent, user_id, memories, source, model, vectors):
     now = timezone.now()
     hashes = [content_hash(new.content) for new in memories]
     by_hash = _live_by_hash(agent, user_id, hashes)  # (and the batch's new facts, as they come)
-    texts = [new.content for new in memories]
-    near = _stored_near_duplicates(agent, user_id, model, vectors, texts, hashes, by_hash)
+    said = [claims(new.content) for new in memories]
+    near = _stored_near_duplicates(agent, user_id, model, vectors, said, hashes, by_hash)
     fresh: dict = {}  # each new fact (a Memory not yet stored) -> the saves it holds
     embedded_fresh: dict[int, Memory] = {}  # the new facts with a vector, by their index
     units = _unit_rows(vectors)
@@ -236,7 +236,7 @@ def _store_memories(agent, user_id, memories, source, model, vectors):
         vector = vectors[index] if vectors else None
         same = by_hash.get(hashes[index])
         if same is None and vector is not None:
-            same = _nearest_repeat(near.get(index), units, embedded_fresh, index, new.content)
+            same = _nearest_repeat(near.get(index), units, embedded_fresh, index, said)
         if same is not None:
             if same in fresh:
                 fresh[same].append(new)
@@ -275,10 +275,11 @@ def _store_memories(agent, user_id, memories, source, model, vectors):
     ]
 
 
-def _stored_near_duplicates(agent, user_id, model, vectors, texts, hashes, by_hash) -> dict:
+def _stored_near_duplicates(agent, user_id, model, vectors, said, hashes, by_hash) -> dict:
     """For each new text (by its index) that repeats no stored text, the stored memory
-    nearest to it if it is a near-duplicate: (that memory, locked, or None if it was deleted
-    while this waited for its row: the fact is new again; the distance)."""
+    nearest to it if it is a near-duplicate stating the same ``claims`` (``said``, by index):
+    (that memory, locked, or None if it was deleted while this waited for its row: the fact
+    is new again; the distance)."""
     asked = [i for i, hashed in enumerate(hashes) if vectors and hashed not in by_hash]
     nearest = _nearest_memories(agent, user_id, model, [vectors[i] for i in asked])
     found = {
@@ -293,7 +294,7 @@ def _stored_near_duplicates(agent, user_id, model, vectors, texts, hashes, by_ha
     return {
         i: (rows.get(memory_id), distance)
         for i, (memory_id, distance) in found.items()
-        if memory_id not in rows or claims(rows[memory_id].content) == claims(texts[i])
+        if memory_id not in rows or claims(rows[memory_id].content) == said[i]
     }
 
 
@@ -305,15 +306,14 @@ def _unit_rows(vectors) -> np.ndarray | None:
     return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
 
 
-def _nearest_repeat(stored, units: np.ndarray, embedded_fresh: dict, index: int, text: str):
-    """The memory the batch's text ``index`` (``text``) repeats in other words: the nearer
-    of the stored near-duplicate (``_stored_near_duplicates``) and the batch's earlier new
-    facts stating the same ``claims``, if it is near enough."""
+def _nearest_repeat(stored, units: np.ndarray, embedded_fresh: dict, index: int, said: list):
+    """The memory the batch's text ``index`` repeats in other words: the nearer of the stored
+    near-duplicate (``_stored_near_duplicates``) and the batch's earlier new facts stating
+    the same ``claims`` (``said``, by index), if it is near enough."""
     best, best_distance = None, 1 - NEAR_DUPLICATE_SIMILARITY
     if stored is not None and stored[0] is not None:
         best, best_distance = stored
-    stated = claims(text)
-    earlier = [i for i, memory in embedded_fresh.items() if claims(memory.content) == stated]
+    earlier = [i for i in embedded_fresh if said[i] == said[index]]
     if earlier:
         distances = 1 - units[earlier] @ units[index]
         nearest = int(np.argmin(distances))
