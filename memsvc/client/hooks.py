@@ -184,17 +184,22 @@ def _with_body(options, body: dict):
 
 def _sync_request(sdk, original):
     def request(client, cast_to, options, *args, **kwargs):
+        # The user's request is sent once, outside what may fail of ours: a request that is
+        # no model call (embeddings, files), sent inside the ``try``, was sent again when it
+        # failed, as if preparing it had.
         try:
             turn = _begin(sdk, client, options)
-            if turn is None:
-                return original(client, cast_to, options, *args, **kwargs)
-            sent = _with_body(options, turn.prepare_body(turn.session.fetch_context(turn.call)))
+            if turn is not None:
+                context = turn.session.fetch_context(turn.call)
+                options = _with_body(options, turn.prepare_body(context))
         except Exception as exc:
             warn("prepare the call", exc)
+            turn = None
+        if turn is None:
             return original(client, cast_to, options, *args, **kwargs)
         token = _current_turn.set(turn)
         try:
-            return original(client, cast_to, sent, *args, **kwargs)
+            return original(client, cast_to, options, *args, **kwargs)
         finally:
             _current_turn.reset(token)
 
@@ -203,18 +208,19 @@ def _sync_request(sdk, original):
 
 def _async_request(sdk, original):
     async def request(client, cast_to, options, *args, **kwargs):
-        try:
+        try:  # (as ``_sync_request``'s)
             turn = _begin(sdk, client, options)
-            if turn is None:
-                return await original(client, cast_to, options, *args, **kwargs)
-            context = await turn.session.afetch_context(turn.call)
-            sent = _with_body(options, turn.prepare_body(context))
+            if turn is not None:
+                context = await turn.session.afetch_context(turn.call)
+                options = _with_body(options, turn.prepare_body(context))
         except Exception as exc:
             warn("prepare the call", exc)
+            turn = None
+        if turn is None:
             return await original(client, cast_to, options, *args, **kwargs)
         token = _current_turn.set(turn)
         try:
-            return await original(client, cast_to, sent, *args, **kwargs)
+            return await original(client, cast_to, options, *args, **kwargs)
         finally:
             _current_turn.reset(token)
 

@@ -421,3 +421,31 @@ def test_tool_calls_are_stored_as_the_replys_metadata(live_server, llm, remember
     chat_call, anthropic_call = (m.metadata["tool_calls"][0] for m in replies)
     assert chat_call["function"] == {"name": "lookup_city", "arguments": '{"person": "Alice"}'}
     assert anthropic_call["function"] == {"name": "lookup_city", "arguments": {"person": "Alice"}}
+
+
+def test_a_failing_request_that_is_no_model_call_is_sent_once(live_server, llm, remembered):
+    """``learning()`` leaves a request that is no model call (here embeddings, which the
+    stand-in does not serve: a 404) as it is: sent once, its error the caller's. It was sent
+    inside the memory layer's ``try``, and sent again when it failed, with a warning about
+    preparing the call."""
+
+    def embeddings_asked():
+        return [r for r in llm.requests if r.path.endswith("/embeddings")]
+
+    client = openai.OpenAI(base_url=llm.base_url, api_key="k", max_retries=0)
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model="m", input="plain")
+    assert len(embeddings_asked()) == 1
+    with learning(agent=remembered, server_url=live_server.url):
+        with pytest.raises(openai.NotFoundError):
+            client.embeddings.create(model="m", input="inside")
+
+        async def inside_async():
+            async with openai.AsyncOpenAI(
+                base_url=llm.base_url, api_key="k", max_retries=0
+            ) as aclient:
+                await aclient.embeddings.create(model="m", input="inside, async")
+
+        with pytest.raises(openai.NotFoundError):
+            asyncio.run(inside_async())
+    assert len(embeddings_asked()) == 3
