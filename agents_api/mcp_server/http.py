@@ -179,6 +179,11 @@ class McpView(APIView):
     # the cap, the database down, a NUL in the path) in the shape of the view's own 401s.
     render_error = staticmethod(render_v1_error)
 
+    def perform_content_negotiation(self, request, force=False):
+        # A client opens its stream with ``Accept: text/event-stream`` alone: it must be told
+        # 405 (no stream, which the protocol reads as "none"), not 406 for the JSON of it.
+        return super().perform_content_negotiation(request, force=True)
+
     @extend_schema(exclude=True)  # JSON-RPC, described by the MCP specification, not OpenAPI
     def post(self, request):
         if not request.content_type.lower().startswith("application/json"):

@@ -508,10 +508,13 @@ def test_http_refuses_requests_without_a_valid_key(served):
     text = httpx.post(served, content=b"{}", headers={**authorized, "Content-Type": "text/plain"})
     assert text.status_code == 415
     assert text.json()["code"] == "unsupported_media_type"
-    stream = httpx.get(served, headers=authorized, timeout=10)
-    assert stream.status_code == 405
-    assert "POST" in stream.headers["Allow"] and "GET" not in stream.headers["Allow"]
-    assert stream.json()["code"] == "method_not_allowed"
+    # An MCP client opens its stream asking for events only: 405 (no stream) all the same,
+    # which the protocol reads as "none"; a 406 broke the TypeScript SDK's client.
+    for accept in ("application/json, text/event-stream", "text/event-stream"):
+        stream = httpx.get(served, headers={**authorized, "Accept": accept}, timeout=10)
+        assert stream.status_code == 405, accept
+        assert "POST" in stream.headers["Allow"] and "GET" not in stream.headers["Allow"]
+        assert stream.json()["code"] == "method_not_allowed"
 
 
 def test_http_works_the_same_under_an_asgi_server(served_asgi):
