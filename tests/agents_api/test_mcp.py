@@ -639,12 +639,29 @@ def test_http_memory_list_refuses_a_tag_longer_than_any_tag(client):
 def test_http_a_refusal_of_an_argument_too_long_does_not_echo_it(client, arguments, problem):
     # The schema's own message quoted the whole value: a model that sent 100,000 characters
     # read them back twice (text and structured content) as its error.
+    refused_without_echo(client, "memory_save", arguments, problem)
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments", "problem"),
+    [
+        ("memory_list", {"order": "x" * 100_000}, "order: must be one of recent, popular"),
+        ("memory_search", {"query": "q", "limit": "9" * 100_000}, "limit: must be of type"),
+    ],
+)
+def test_http_a_value_of_another_kind_is_refused_without_echoing_it(
+    client, tool, arguments, problem
+):
+    refused_without_echo(client, tool, arguments, problem)
+
+
+def refused_without_echo(client, tool: str, arguments: dict, problem: str) -> None:
     _, key = keyed_agent("too-long")
     call = {
         "jsonrpc": "2.0",
         "id": 1,
         "method": "tools/call",
-        "params": {"name": "memory_save", "arguments": arguments},
+        "params": {"name": tool, "arguments": arguments},
     }
     headers = {
         "HTTP_AUTHORIZATION": f"Bearer {key}",
