@@ -187,6 +187,30 @@ def _within_its_own(user_id: str, parsed: dict[str, list[dict]]) -> None:
                 raise ImportRefused(
                     f"conversations: {record['id']} is not forked within its own group"
                 )
+    _forks_form_trees(parsed)
+
+
+def _forks_form_trees(parsed: dict) -> None:
+    """Each fork's ancestry ends at a root, and its fork point is a message of its parent or
+    of one of the parent's ancestors (what the fork reads). Conversations forked from each
+    other in a ring were imported, and reading one then walked the ring until the statement
+    timed out (30 s of a connection, then a 503, on every read)."""
+    parent_of = {r["id"]: r["forked_at_conversation_id"] for r in parsed["conversations"]}
+    conversation_of = {r["id"]: r["conversation_id"] for r in parsed["messages"]}
+    for record in parsed["conversations"]:
+        ancestry, parent = [], record["forked_at_conversation_id"]
+        while parent is not None:
+            if parent == record["id"] or parent in ancestry:
+                raise ImportRefused(
+                    f"conversations: {record['id']} is forked from itself, through its forks"
+                )
+            ancestry.append(parent)
+            parent = parent_of.get(parent)
+        point = record["forked_at_message_id"]
+        if point is not None and conversation_of.get(point) not in ancestry:
+            raise ImportRefused(
+                f"conversations: {record['id']}'s fork point is not a message it forks from"
+            )
 
 
 def _agent(data: dict) -> Agent:

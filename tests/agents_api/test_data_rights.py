@@ -1241,6 +1241,71 @@ def test_a_user_document_holds_only_its_users_records(tmp_path, world, capsys, f
     assert (memberships_messages_transfers(), Conversation.objects.count()) == before
 
 
+def forked_wrongly(alices: dict) -> dict:
+    """Documents for mallory of two conversations of her own group, the second forked from
+    the first in ways no service makes."""
+    [message] = alices["messagesElsewhere"]
+    [membership] = alices["membershipsElsewhere"]
+    group, first, second = (str(uuid.uuid4()) for _ in range(3))
+
+    def conversation(id_, parent, point):
+        return {
+            "id": id_,
+            "conversationGroupId": group,
+            "title": "Mine",
+            "metadata": {},
+            "forkedAtConversationId": parent,
+            "forkedAtMessageId": point,
+            "createdAt": message["createdAt"],
+            "updatedAt": message["createdAt"],
+        }
+
+    def said(in_conversation, seq):
+        return {
+            **message,
+            "id": str(uuid.uuid4()),
+            "conversationId": in_conversation,
+            "seq": seq,
+            "authorPrincipal": "mallory",
+            "authorName": "mallory",
+        }
+
+    in_first, in_second = said(first, 2**40), said(second, 2**40 + 1)
+    owner = {**membership, "userId": "mallory", "conversationGroupId": group}
+    owner["accessLevel"] = "owner"
+
+    def document(*conversations):
+        return mallorys(
+            alices,
+            conversations=list(conversations),
+            memberships=[owner],
+            messages=[in_first, in_second],
+        )
+
+    return {
+        "in a ring": document(
+            conversation(first, second, in_second["id"]),
+            conversation(second, first, in_first["id"]),
+        ),
+        "at its own message": document(
+            conversation(first, None, None), conversation(second, first, in_second["id"])
+        ),
+    }
+
+
+@pytest.mark.parametrize("forgery", ["in a ring", "at its own message"])
+def test_a_document_whose_forks_are_no_tree_is_refused(tmp_path, world, capsys, forgery):
+    """Conversations forked from each other in a ring were imported: reading one walked the
+    ring until the statement timed out (a connection held 30 s, then a 503, on every read).
+    A fork's point is a message of what it forks from."""
+    document = forked_wrongly(cli_export(tmp_path, "alice", "user", "alice"))[forgery]
+    before = memberships_messages_transfers(), Conversation.objects.count()
+    assert import_file(tmp_path, document) == 1
+    err = capsys.readouterr().err
+    assert "nothing imported: conversations:" in err and "fork" in err, err
+    assert (memberships_messages_transfers(), Conversation.objects.count()) == before
+
+
 def test_a_user_document_holds_tool_records_of_its_own_conversations_only(tmp_path, world, capsys):
     """A record the user's document holds that was not made for them is one of their own
     conversations (as ``tool_records_kept_about`` exports them): one of bob's conversation,
