@@ -226,6 +226,23 @@ class ManagerConfigIn(LettaInput):
     )
 
 
+class LettaSettingsIn(LettaInput):
+    """The Letta settings kept in an agent's metadata (``services.letta.letta_settings``):
+    what an imported agent may bring there. (A forged ``{"letta": {"tags": 5}}`` was
+    imported, and every Letta list of its owner's agents was a 500 after.)"""
+
+    agent_type = TextField(max_length=100, required=False)
+    model = TextField(max_length=200, required=False)
+    embedding = TextField(max_length=200, required=False)
+    system = TextField(allow_blank=True, required=False)
+    description = TextField(allow_blank=True, required=False)
+    enable_sleeptime = serializers.BooleanField(required=False)
+    tags = TagsField(required=False)
+    sleeptime_agent_frequency = serializers.IntegerField(
+        required=False, min_value=1, max_value=1000
+    )
+
+
 class GroupUpdateIn(LettaInput):
     manager_config = ManagerConfigIn(required=False)
 

@@ -7,6 +7,7 @@ An agent's memory (memories, blocks, tool records), which an agent imports throu
 is held to the API's own field rules (``agents_api.api.serializers``).
 """
 
+from django.conf import settings
 from rest_framework import serializers
 
 from agents_api.api.serializers import (
@@ -19,7 +20,9 @@ from agents_api.api.serializers import (
     TagsField,
     TaskIdField,
 )
+from agents_api.letta_api.serializers import LettaSettingsIn
 from agents_api.models import BLOCK_DESCRIPTION_MAX_CHARS, MemorySource, SummarySource
+from agents_api.services.letta import LETTA_METADATA_KEY
 from conversations.models import AccessLevel, Channel, Role, TransferStatus, Visibility
 from memsvc.api.fields import (
     JSONObjectField,
@@ -213,11 +216,29 @@ class MemoryBlockRecord(Record):
         return data
 
 
+class AgentMetadataRecordField(JSONObjectField):
+    """An agent's metadata: an object without NUL, its Letta settings (``"letta"``) as the
+    Letta API keeps them (``LettaSettingsIn``). As large as a request may make it (a Letta
+    agent's ``system`` prompt is kept there)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(max_bytes=settings.MEMSVC_MAX_BODY_BYTES, **kwargs)
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        letta = value.get(LETTA_METADATA_KEY)
+        if letta is not None:
+            if not isinstance(letta, dict):
+                raise serializers.ValidationError(f"{LETTA_METADATA_KEY}: must be an object")
+            LettaSettingsIn.parse(letta)
+        return value
+
+
 class AgentRecord(Record):
     id = serializers.UUIDField()
     name = serializers.CharField(max_length=200)
     description = serializers.CharField(allow_blank=True)
-    metadata = serializers.JSONField()
+    metadata = AgentMetadataRecordField()
     ownerPrincipal = serializers.CharField(
         source="owner_principal", max_length=PRINCIPAL_MAX_LENGTH
     )

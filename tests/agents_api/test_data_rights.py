@@ -962,6 +962,26 @@ def test_an_agent_round_trip_export_drop_import_gives_the_same_export(tmp_path, 
     assert cli.main(["export", "agent", "nobody"]) == 1
 
 
+@pytest.mark.parametrize(
+    "metadata",
+    [{"letta": "x"}, {"letta": {"tags": 5}}, {"letta": {"model": 5}}, ["not", "an", "object"]],
+)
+def test_an_agent_whose_letta_settings_letta_could_not_read_is_not_imported(
+    tmp_path, world, capsys, metadata
+):
+    """Forged Letta settings were imported, and every Letta list of the owner's agents was
+    a 500 after (``dict(...)`` of a string, tags that are a number)."""
+    document = cli_export(tmp_path, "first", "agent", world.agent.name)
+    world.agent.delete()
+    document["agent"]["metadata"] = metadata
+    assert import_file(tmp_path, document) == 1
+    assert "nothing imported" in capsys.readouterr().err
+    assert not Agent.objects.filter(id=document["agent"]["id"]).exists()
+    # As the Letta API keeps them, they are imported.
+    document["agent"]["metadata"] = {"team": "a", "letta": {"tags": ["x"], "model": "m"}}
+    assert import_file(tmp_path, document) == 0
+
+
 def test_an_agent_document_is_not_imported_into_another_owners_agent(tmp_path, world, capsys):
     """The document's agent id names an agent here of someone else (another owner, another
     key's): its records went into that agent. Refused, and nothing stored; an agent of the
