@@ -196,16 +196,20 @@ class TagsField(serializers.ListField):
         super().__init__(child=TextField(max_length=100), max_length=MAX_TAGS, **kwargs)
 
 
-class AgentIn(LettaInput):
-    name = AgentNameField()
-    tags = TagsField(required=False, default=list)
-    memory_blocks = serializers.ListField(child=BlockIn(), required=False, default=list)
+class LettaSettingsFields(LettaInput):
+    # The settings an agent is made with (``services.letta.LETTA_SETTINGS``).
     agent_type = TextField(max_length=100, required=False)
     model = TextField(max_length=200, required=False)
     embedding = TextField(max_length=200, required=False)
     system = TextField(allow_blank=True, required=False)
     description = TextField(allow_blank=True, required=False)
     enable_sleeptime = serializers.BooleanField(required=False)
+
+
+class AgentIn(LettaSettingsFields):
+    name = AgentNameField()
+    tags = TagsField(required=False, default=list)
+    memory_blocks = serializers.ListField(child=BlockIn(), required=False, default=list)
     metadata = AgentMetadataField(required=False)
 
 
@@ -226,17 +230,11 @@ class ManagerConfigIn(LettaInput):
     )
 
 
-class LettaSettingsIn(LettaInput):
+class LettaSettingsIn(LettaSettingsFields):
     """The Letta settings kept in an agent's metadata (``services.letta.letta_settings``):
     what an imported agent may bring there. (A forged ``{"letta": {"tags": 5}}`` was
     imported, and every Letta list of its owner's agents was a 500 after.)"""
 
-    agent_type = TextField(max_length=100, required=False)
-    model = TextField(max_length=200, required=False)
-    embedding = TextField(max_length=200, required=False)
-    system = TextField(allow_blank=True, required=False)
-    description = TextField(allow_blank=True, required=False)
-    enable_sleeptime = serializers.BooleanField(required=False)
     tags = TagsField(required=False)
     sleeptime_agent_frequency = serializers.IntegerField(
         required=False, min_value=1, max_value=1000
