@@ -204,7 +204,12 @@ class AgentsView(LocalView):
             loopback_trusted=True,
         )
         if not agent.loopback_trusted:
-            raise Forbidden("this agent is reached with its API key")
+            # (Made by another door: `memsvc apikey create`, `memsvc mcp --agent`; it may
+            # have no key yet, so the message says how to get one.)
+            raise Forbidden(
+                f"this agent is reached with an API key (`memsvc apikey create {agent.name}`"
+                " makes one): keyless calls reach only agents this API made"
+            )
         return Response(s.agent_out(agent))
 
 

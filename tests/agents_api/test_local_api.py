@@ -656,7 +656,10 @@ def test_keyless_loopback_reaches_only_agents_the_local_api_made(local, capsys):
     assert local.post("/context/keyed", {"query": "x"}).status_code == 404
     refused = local.post("/agents", {"name": "keyed"})
     assert refused.status_code == 403
-    assert refused.json() == {"detail": "this agent is reached with its API key"}
+    assert refused.json() == {
+        "detail": "this agent is reached with an API key (`memsvc apikey create keyed` makes"
+        " one): keyless calls reach only agents this API made"
+    }
     assert not Message.objects.exists()
     assert local.post("/messages", message, **key).status_code == 200
 
