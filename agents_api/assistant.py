@@ -25,6 +25,7 @@ from conversations.services import NewMessage, within_message_limit
 from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, Principal, agent_uuid_of
 from memsvc.client import format_context
 from memsvc.llm import chat_stream
+from memsvc.validators import shows_nothing
 from search.selectors import search_messages
 
 RECENT_TURNS = 20  # the conversation's latest messages, verbatim, after the context
@@ -81,7 +82,7 @@ def assistant_prompt(agent: Agent, conversation: Conversation, *, user_id: str) 
     recent = list(conversation_messages(conversation).order_by("-seq")[:RECENT_TURNS])[::-1]
     shown = {message.id for message in recent}
     relevant = []
-    if query.strip():
+    if not shows_nothing(query):
         hits = search_messages(
             agent.as_principal(on_behalf_of=user_id),
             query=query,

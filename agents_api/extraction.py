@@ -38,6 +38,7 @@ from conversations.models import Conversation, Role
 from conversations.selectors import conversation_messages, turn_speakers
 from memsvc.db import hold_users
 from memsvc.llm import LLMError, chat, json_answer, llm_configured
+from memsvc.validators import shows_nothing
 
 logger = logging.getLogger(__name__)
 
@@ -191,7 +192,7 @@ def parse_facts(answer, *, metadata: dict, turns: Sequence = ()) -> list[service
             continue
         # PostgreSQL text cannot hold NUL.
         content = _cut(item["content"].replace("\x00", "").strip(), MAX_FACT_CHARS)
-        if content:
+        if not shows_nothing(content):
             facts.append(
                 services.NewMemory(
                     content=content,

@@ -28,9 +28,9 @@ from memsvc.api.fields import (
     TextField,
     TitleField,
     UserIdField,
+    something_to_read,
 )
 from memsvc.api.schema import listed, paged
-from memsvc.validators import shows_nothing
 from search.engine import MODES
 
 MAX_BULK_MESSAGES = 100
@@ -383,9 +383,7 @@ class SearchMemoriesIn(InputSerializer):
     )
 
     def validate_query(self, value):
-        if shows_nothing(value):
-            raise serializers.ValidationError("must not be empty")
-        return value
+        return something_to_read(value)
 
 
 class AgentSearchMemoriesIn(SearchMemoriesIn):

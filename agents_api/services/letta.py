@@ -20,6 +20,7 @@ from conversations.models import Message, Role
 from conversations.services import NewMessage, within_message_limit
 from memsvc.api.errors import Conflict, Forbidden, InvalidInput, NotFound
 from memsvc.db import locked_row
+from memsvc.validators import shows_nothing
 
 LETTA_METADATA_KEY = "letta"
 # What ``POST /v1/agents/`` may set and the agent then answers with.
@@ -253,7 +254,7 @@ def captured_messages(request_messages: list, response: dict, metadata: dict) ->
         role = turn.get("role", "assistant" if turn is response else "")
         role = CAPTURED_ROLES.get(role) if isinstance(role, str) else None
         content = _text(turn.get("content")).replace("\x00", "").strip()
-        if role and content:
+        if role and not shows_nothing(content):
             messages.append(
                 NewMessage(
                     content=within_message_limit(content), role=role, metadata=dict(metadata)

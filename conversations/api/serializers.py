@@ -13,10 +13,10 @@ from memsvc.api.fields import (
     TextField,
     TitleField,
     UserIdField,
+    something_to_read,
 )
 from memsvc.api.pagination import AFTER_PARAMETER, LIMIT_PARAMETER
 from memsvc.api.schema import paged
-from memsvc.validators import shows_nothing
 from search.selectors import HEADLINE_CHARS, MODES
 
 # --- out -------------------------------------------------------------------------------------
@@ -225,9 +225,7 @@ class SearchMessagesIn(InputSerializer):
         ref_name = "SearchMessagesRequest"
 
     def validate_query(self, value):
-        if shows_nothing(value):
-            raise serializers.ValidationError("must not be empty")
-        return value
+        return something_to_read(value)
 
     @classmethod
     def search_arguments(cls, body) -> dict:

@@ -73,6 +73,14 @@ class UserIdField(PrincipalIdField):
         return value
 
 
+def something_to_read(value: str) -> str:
+    """``value``, refused (400) when it holds nothing to read or search (``shows_nothing``):
+    a message's or a memory's content, a search's query."""
+    if shows_nothing(value):
+        raise serializers.ValidationError("must not be empty")
+    return value
+
+
 class MessageContentField(TextField):
     def __init__(self, **kwargs):
         kwargs.setdefault("allow_blank", False)
@@ -80,10 +88,7 @@ class MessageContentField(TextField):
         super().__init__(**kwargs)
 
     def to_internal_value(self, data):
-        value = super().to_internal_value(data)
-        if shows_nothing(value):
-            raise serializers.ValidationError("must not be empty")
-        return value
+        return something_to_read(super().to_internal_value(data))
 
 
 class TitleField(TextField):

@@ -338,6 +338,14 @@ def test_a_captured_turn_is_kept_to_the_longest_message_memsvc_takes(api, helper
     assert [m.content for m in stored] == ["u" * 50, "a" * 50]
 
 
+def test_a_captured_turn_with_nothing_to_read_is_not_stored(api, helper):
+    """As the APIs refuse such a message (``shows_nothing``): a zero-width turn is none."""
+    agent_id = create_agent(api, helper)["id"]
+    assert capture(api, helper, agent_id, "\u200b\u2060", "Noted.").status_code == 200
+    stored = Message.objects.filter(conversation__local_agent__name="travel")
+    assert [m.content for m in stored] == ["Noted."]
+
+
 def test_without_an_llm_captures_are_stored_and_nothing_else_happens(
     api, helper, committed_capture
 ):

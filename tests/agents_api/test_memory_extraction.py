@@ -326,6 +326,7 @@ def test_the_answers_shapes_and_limits():
             {"content": "Bool importance", "importance": True},
             {"content": "x" * 1500, "importance": -1},
             {"content": "   "},
+            {"content": "\u200b\u2060"},  # nothing to read: refused as the API refuses it
             {"text": "no content"},
         ],
         metadata=meta,

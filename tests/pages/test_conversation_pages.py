@@ -172,6 +172,15 @@ def test_search_finds_what_the_person_may_see_and_links_to_the_message(alice_pag
     assert f'id="m-{message.id}"' in opened and "target" in opened
 
 
+@pytest.mark.parametrize("query", ["   ", "\u200b\u2060"])
+def test_a_search_with_nothing_to_read_is_no_search(alice_page, query):
+    """As blank: the page without results, not the API's refusal of an empty query."""
+    conversation_of("alice", "Pets", "My dog Rex loves the beach")
+    response = alice_page.get("/app/search/", {"q": query})
+    assert response.status_code == 200
+    assert "Rex" not in response.content.decode()
+
+
 def test_a_page_and_its_htmx_fragment_share_an_address_and_say_they_vary_on_it(alice_page):
     """The list's search pushes /app/search/?q= (htmx): the browser must not keep its
     fragment as the page of that address (going back would show the bare fragment)."""

@@ -26,6 +26,7 @@ from memsvc.api.fields import InputSerializer, PrincipalIdField
 from memsvc.api.principals import principal_for_sharing
 from memsvc.llm import LLMError, llm_configured
 from memsvc.pages.views.common import PAGE_SIZE, action, back, form_fields, fragment_or_page, page
+from memsvc.validators import shows_nothing
 from search.selectors import search_messages
 
 
@@ -48,7 +49,7 @@ def home(request):
 def search(request):
     query = request.GET.get("q", "")
     hits = []
-    if query.strip():
+    if not shows_nothing(query):
         hits = search_messages(
             request.principal,
             # As many hits as the API gives at most.

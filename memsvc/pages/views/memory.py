@@ -10,6 +10,7 @@ from agents_api.api import serializers as s
 from memsvc.api.errors import one_or_404
 from memsvc.api.fields import InputSerializer, TextField
 from memsvc.pages.views.common import PAGE_SIZE, action, back, form_fields, page
+from memsvc.validators import shows_nothing
 
 SEARCH_RESULTS = 20
 # The newest revisions of each block shown beside it (the API pages through all of them).
@@ -53,7 +54,7 @@ def agent_memory(request, agent_id):
         "query": query,
         "memory_enabled": selectors.memory_enabled_for(user_id),
     }
-    if query.strip():
+    if not shows_nothing(query):
         data = s.UserSearchMemoriesIn.parse({"query": query, "limit": SEARCH_RESULTS})
         context["hits"] = selectors.memory_search(
             agent,
