@@ -356,7 +356,13 @@ class Memory(models.Model):
             # the index. With the words alone, PostgreSQL intersected the word's bitmap with
             # a bitmap of the whole scope, read from ``memory_recent``: 100,000 entries of an
             # agent's store, 6.5 of a search's 7 ms (docs/benchmarks.md).
-            GinIndex(fields=["agent", "user_id", "search_vector"], name="memory_scope_words"),
+            # No pending list, as messages' (``conversations.models.Message``): its size
+            # swung the planner from this index to walking the scope's rows.
+            GinIndex(
+                fields=["agent", "user_id", "search_vector"],
+                name="memory_scope_words",
+                fastupdate=False,
+            ),
             GinIndex(fields=["tags"], name="memory_tags"),
             embedding_index("memory_embedding_hnsw"),
             models.Index(

@@ -314,7 +314,9 @@ class Message(models.Model):
         db_table = "message"
         indexes = [
             models.Index(fields=["conversation", "seq"], name="message_conversation_seq"),
-            GinIndex(fields=["search_vector"], name="message_search_vector"),
+            # No pending list (``fastupdate``): every keyword search read all of it, up to
+            # 4 MB of the newest entries, unsorted (docs/benchmarks.md, "GIN's pending list").
+            GinIndex(fields=["search_vector"], name="message_search_vector", fastupdate=False),
             embedding_index("message_embedding_hnsw"),
             models.Index(
                 fields=["parent_message"],
