@@ -103,7 +103,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # --- Applications ----------------------------------------------------------------------------
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "memsvc.apps.AdminConfig",  # django.contrib.admin with memsvc's login
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",

@@ -1,10 +1,11 @@
 """The login forms (the pages' and the admin's): Django's, saying so when the address is
-locked out by failed logins."""
+locked out by failed logins, and answered as the APIs answer it (``refused_as_locked_out``)."""
 
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm
 from django.core.exceptions import ValidationError
 
+from memsvc.api.errors import RateLimited
 from memsvc.api.ratelimit import login_lockout
 
 LOCKED_OUT = "Too many failed logins from this address. Please try again in a minute."
@@ -15,12 +16,17 @@ class LockoutAware:
     person with the right password is then refused too, and should not be told that it did
     not match."""
 
-    locked_out = False
+    refusal: RateLimited | None = None
+
+    @property
+    def locked_out(self) -> bool:
+        return self.refusal is not None
 
     def clean(self):
-        if self.request is not None and login_lockout(self.request):
-            self.locked_out = True
-            raise ValidationError(LOCKED_OUT, code="locked_out")
+        if self.request is not None:
+            self.refusal = login_lockout(self.request)
+            if self.refusal is not None:
+                raise ValidationError(LOCKED_OUT, code="locked_out")
         return super().clean()
 
 
@@ -29,4 +35,17 @@ class LoginForm(LockoutAware, AuthenticationForm):
 
 
 class AdminLoginForm(LockoutAware, AdminAuthenticationForm):
-    """The admin's login (``admin.site.login_form``): its page shows the form's error."""
+    """The admin's login (``memsvc.admin_site.AdminSite``): its page shows the form's error."""
+
+
+def refused_as_locked_out(response):
+    """A login page's answer (a ``TemplateResponse`` with its ``form``), made 429 with
+    ``Retry-After`` when the form refused a locked-out address, as the APIs answer one: a
+    script guessing passwords is told to stop, not shown a page like any wrong guess's."""
+    form = (getattr(response, "context_data", None) or {}).get("form")
+    refusal = getattr(form, "refusal", None)
+    if refusal is not None:
+        response.status_code = refusal.status_code
+        for name, value in refusal.headers.items():
+            response[name] = value
+    return response

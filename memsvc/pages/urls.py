@@ -1,19 +1,15 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from memsvc.pages.forms import LoginForm
-from memsvc.pages.views import conversations, memory
+from memsvc.pages.views import accounts, conversations, memory
 
 app_name = "pages"
+
 
 urlpatterns = [
     path(
         "login/",
-        auth_views.LoginView.as_view(
-            template_name="pages/login.html",
-            authentication_form=LoginForm,
-            redirect_authenticated_user=True,
-        ),
+        accounts.LoginView.as_view(),
         name="login",
     ),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),

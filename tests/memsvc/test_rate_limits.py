@@ -192,6 +192,9 @@ def test_wrong_passwords_lock_the_address_out_of_the_logins(settings, backend, p
         page, {"username": name, "password": "the right password"}
     )
     assert b"Too many failed logins from this address" in refused.content
+    # Answered as the APIs answer a locked-out address: a script is told to stop.
+    assert refused.status_code == 429
+    assert 1 <= int(refused["Retry-After"]) <= 60
     assert b"did not match" not in refused.content
     assert b"correct username" not in refused.content
 
