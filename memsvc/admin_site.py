@@ -12,4 +12,3 @@ class AdminSite(admin.AdminSite):
 
     def login(self, request, extra_context=None):
         return refused_as_locked_out(super().login(request, extra_context))
-

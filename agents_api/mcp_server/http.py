@@ -16,6 +16,7 @@ event loop. Making a loop and a session manager for every call cost about 2 ms o
 
 import asyncio
 import concurrent.futures
+import json
 import os
 import threading
 from typing import TYPE_CHECKING
@@ -164,6 +165,33 @@ def _asgi_scope(request, caller: Caller) -> dict:
     }
 
 
+INVALID_REQUEST = -32600  # JSON-RPC 2.0: "the JSON sent is not a valid Request object"
+INVALID_PARAMS = -32602
+NOT_A_MESSAGE = (
+    'Invalid Request: a JSON-RPC 2.0 message is one JSON object with "jsonrpc": "2.0" '
+    "and a method (a request or a notification) or a result or an error (a response); "
+    "batches are not supported"
+)
+
+
+def _invalid_request_said_plainly(status: int, body: bytes) -> bytes:
+    """The SDK's answer, but for a body that is JSON and no JSON-RPC message (a batch,
+    ``null``, an object without a method): the SDK calls that -32602 (invalid params) with
+    pydantic's account of the validation, which quotes the values sent; JSON-RPC calls it
+    -32600, and the caller is told what a message is instead."""
+    if status != 400:
+        return body
+    try:
+        answer = json.loads(body)
+        error = answer["error"]
+    except (ValueError, TypeError, KeyError):
+        return body
+    if answer.get("id") is not None or error.get("code") != INVALID_PARAMS:
+        return body
+    answer["error"] = {"code": INVALID_REQUEST, "message": NOT_A_MESSAGE}
+    return json.dumps(answer).encode()
+
+
 # Headers of the SDK's answer that the web server sets itself.
 _HOP_BY_HOP = {b"content-length", b"connection", b"transfer-encoding"}
 
@@ -197,7 +225,7 @@ class McpView(APIView):
         except TimeoutError:
             return Response(error_body("the MCP call took too long", "timeout"), status=504)
         # The SDK's body is JSON-RPC already: passed through as it is, not re-rendered.
-        response = HttpResponse(body, status=status)
+        response = HttpResponse(_invalid_request_said_plainly(status, body), status=status)
         for name, value in headers:
             if name.lower() not in _HOP_BY_HOP:
                 response[name.decode("latin-1")] = value.decode("latin-1")

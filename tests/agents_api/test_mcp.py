@@ -553,6 +553,48 @@ def test_http_calls_in_one_process_share_one_event_loop_and_session_manager(clie
     assert [thread.name for thread in threading.enumerate()].count("mcp-http") == 1
 
 
+@pytest.mark.parametrize(
+    "sent",
+    [
+        [{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}],  # a batch
+        None,
+        7,
+        {"jsonrpc": "2.0", "id": 1, "params": {"secret": "do-not-echo"}},  # no method
+    ],
+)
+def test_http_a_body_that_is_no_json_rpc_message_is_an_invalid_request(client, sent):
+    # The SDK answered -32602 (invalid params) with pydantic's account of the validation,
+    # quoting what was sent; JSON-RPC says -32600, and a caller needs to know what to send.
+    _, key = keyed_agent(f"not-a-message-{uuid.uuid4().hex[:8]}")
+    response = client.post(
+        "/mcp",
+        json.dumps(sent),
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {key}",
+        HTTP_ACCEPT="application/json, text/event-stream",
+    )
+    assert response.status_code == 400
+    answer = response.json()
+    assert answer["jsonrpc"] == "2.0" and answer["id"] is None
+    assert answer["error"]["code"] == -32600
+    assert "batches are not supported" in answer["error"]["message"]
+    assert "do-not-echo" not in response.content.decode()
+    assert "pydantic" not in response.content.decode()
+
+
+def test_http_a_body_that_is_no_json_is_a_parse_error(client):
+    _, key = keyed_agent("not-json")
+    response = client.post(
+        "/mcp",
+        b"{not json",
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {key}",
+        HTTP_ACCEPT="application/json, text/event-stream",
+    )
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == -32700
+
+
 def test_http_memory_list_takes_a_whole_number_written_with_a_point(client):
     # JSON Schema's "integer", which memory_list publishes for its limit, admits 1.0 (a
     # JavaScript client's number): a page of one, not a protocol error (it was one, the
