@@ -25,6 +25,7 @@ from conversations.models import (
 from conversations.services import (
     conversation_delete,
     conversation_groups_delete,
+    membership_create_by_operator,
     membership_delete,
     messages_delete,
 )
@@ -37,6 +38,8 @@ from memsvc.admin_tools import (
     merged_deletions,
     operator,
 )
+from memsvc.api.errors import InvalidInput
+from memsvc.api.principals import principal_for_sharing
 
 
 def _admin_link(obj, label=None):
@@ -53,7 +56,8 @@ class MembershipForm(forms.ModelForm):
     """A membership as the services allow it: the one owner's stays, no second owner is
     made (the database refuses both, as a 500 without this); a member is never moved to
     another principal or group (a member removed, but not as ``membership_delete`` removes
-    one: an offer of ownership to them would stand)."""
+    one: an offer of ownership to them would stand). A new one is added as sharing adds it
+    (``save_membership``)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -61,6 +65,18 @@ class MembershipForm(forms.ModelForm):
             for name in ("principal_id", "group"):
                 if name in self.fields:
                     self.fields[name].disabled = True
+
+    def clean_principal_id(self):
+        """A new member as the API's sharing takes one (``principal_for_sharing``): a user id
+        no user can have (a control character, ``agent:`` of no agent) is refused, an
+        agent's id is stored in its one form."""
+        principal_id = self.cleaned_data["principal_id"]
+        if self.instance.pk:
+            return principal_id
+        try:
+            return principal_for_sharing(principal_id, field="principal_id")
+        except InvalidInput as refusal:
+            raise ValidationError(refusal.details["principal_id"]) from None
 
     def clean(self):
         data = super().clean()
@@ -70,6 +86,22 @@ class MembershipForm(forms.ModelForm):
         elif data.get("access_level") == AccessLevel.OWNER:
             raise ValidationError({"access_level": OWNER_STAYS})
         return data
+
+
+def save_membership(request, membership: Membership) -> None:
+    """A membership of the admin's form saved: a new one added as sharing adds it
+    (``membership_create_by_operator``: the member held against their erase first); a
+    change (its level) saved as it is."""
+    if not membership._state.adding:
+        membership.save()
+        return
+    created = membership_create_by_operator(
+        operator(request),
+        group_id=membership.group_id,
+        principal_id=membership.principal_id,
+        access_level=membership.access_level,
+    )
+    membership.pk, membership._state.adding = created.pk, False
 
 
 class MembershipFormSet(forms.BaseInlineFormSet):
@@ -127,7 +159,10 @@ class ConversationGroupAdmin(LargeTableAdmin):
         for membership in formset.deleted_objects:
             membership_delete(operator(request), membership=membership, by_operator=True)
         for membership in memberships:
-            membership.save()
+            save_membership(request, membership)
+
+    def save_model(self, request, obj, form, change):
+        pass  # nothing of a group is edited here, and its row is not locked before its members'
 
     # Deleted as the API deletes, the messages' words counted out of the keyword statistics.
     def delete_model(self, request, obj):
@@ -340,6 +375,9 @@ class MembershipAdmin(DeletedByService, LargeTableAdmin):
     def has_delete_permission(self, request, obj=None):
         owner = obj is not None and obj.access_level == AccessLevel.OWNER
         return not owner and super().has_delete_permission(request, obj)
+
+    def save_model(self, request, obj, form, change):
+        save_membership(request, obj)
 
     # Removed as the API removes a member: an offer of ownership to them ends.
     def delete_one(self, request, obj):

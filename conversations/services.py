@@ -539,15 +539,32 @@ def _refuse_owner_level(access_level: str) -> None:
 def membership_create(
     actor: Principal, *, conversation: Conversation, principal_id: str, access_level: str
 ) -> Membership:
-    """Share the conversation's group with ``principal_id``: the new member held first
-    (``hold_users``), so that their erase in flight ends before, or finds the membership."""
+    """Share the conversation's group with ``principal_id`` (``principal_for_sharing``):
+    the new member held first (``hold_users``), so that their erase in flight ends before,
+    or finds the membership."""
+    return _membership_add(
+        actor, conversation.group_id, principal_id, access_level, need=AccessLevel.MANAGER
+    )
+
+
+@transaction.atomic
+def membership_create_by_operator(
+    actor: Principal, *, group_id, principal_id: str, access_level: str
+) -> Membership:
+    """``membership_create`` as the admin makes it: in any group."""
+    return _membership_add(actor, group_id, principal_id, access_level, need=None)
+
+
+def _membership_add(
+    actor: Principal, group_id, principal_id: str, access_level: str, *, need
+) -> Membership:
     _refuse_owner_level(access_level)
     hold_users([principal_id])
-    _lock_group_as(actor, conversation.group_id, need=AccessLevel.MANAGER)
+    _lock_group_as(actor, group_id, need=need)
     try:
         with transaction.atomic():
             return Membership.objects.create(
-                group_id=conversation.group_id, principal_id=principal_id, access_level=access_level
+                group_id=group_id, principal_id=principal_id, access_level=access_level
             )
     except IntegrityError:
         raise Conflict(f"{principal_id} is already a member; change their access instead") from None

@@ -723,6 +723,68 @@ def test_a_membership_is_never_moved_to_another_member_or_group_in_the_admin(ope
     )
 
 
+@pytest.mark.parametrize("way", ["add page", "group page"])
+@pytest.mark.parametrize(
+    ("principal_id", "problem"),
+    [
+        ("bob\tsmith", "must not contain control characters"),
+        (f"agent:{uuid.UUID(int=7)}", "no such agent"),
+        ("agent:not-an-id", "no such agent"),
+    ],
+)
+def test_a_member_added_in_the_admin_is_one_sharing_would_add(operator, way, principal_id, problem):
+    """As the API's sharing checks a principal (``principal_for_sharing``): the admin added
+    a user id with a tab in it, or an agent that does not exist."""
+    conversation = conversation_create(Principal.user("alice"), title="Plans")
+    response = add_member(operator, way, conversation.group_id, principal_id)
+    assert response.status_code == 200  # the form again, with the refusal
+    assert problem in response.content.decode()
+    assert list(
+        Membership.objects.filter(group=conversation.group).values_list("principal_id", flat=True)
+    ) == ["alice"]
+
+
+@pytest.mark.parametrize("way", ["add page", "group page"])
+def test_a_member_added_in_the_admin_is_held_against_their_erase(operator, way, monkeypatch):
+    """The new member is held first (``hold_users``), as sharing holds them, so that their
+    erase in flight ends before or finds the membership; an agent is stored in its one
+    form, however its id was written."""
+    from conversations import services
+
+    agent, _ = agent_get_or_create(owner_principal="alice", name="helper")
+    conversation = conversation_create(Principal.user("alice"), title="Plans")
+    held = []
+    hold = services.hold_users
+    monkeypatch.setattr(
+        services, "hold_users", lambda ids, **kw: held.append(list(ids)) or hold(ids, **kw)
+    )
+    for principal_id in ("bob", f"agent:{str(agent.id).upper()}"):
+        response = add_member(operator, way, conversation.group_id, principal_id)
+        assert response.status_code == 302, response.content.decode()[:2000]
+    members = Membership.objects.filter(group=conversation.group)
+    assert set(members.values_list("principal_id", "access_level")) == {
+        ("alice", "owner"),
+        ("bob", "reader"),
+        (f"agent:{agent.id}", "reader"),
+    }
+    assert held == [["bob"], [f"agent:{agent.id}"]]
+
+
+def add_member(operator, way: str, group_id, principal_id: str):
+    """The admin's answer to adding ``principal_id`` as a reader of the group."""
+    if way == "add page":
+        page = reverse("admin:conversations_membership_add")
+        form = {"principal_id": principal_id, "group": group_id, "access_level": "reader"}
+        return operator.post(page, form)
+    page, form = group_page_form(operator, group_id)
+    index = int(form["memberships-TOTAL_FORMS"])
+    form["memberships-TOTAL_FORMS"] = str(index + 1)
+    form[f"memberships-{index}-principal_id"] = principal_id
+    form[f"memberships-{index}-access_level"] = "reader"
+    form[f"memberships-{index}-group"] = str(group_id)
+    return operator.post(page, form)
+
+
 def test_an_agents_own_conversation_and_loopback_trust_are_not_edited_in_the_admin(operator):
     """The services make both (``local_conversation_for``, the local API's keyless agents).
     (The agent's page offered every conversation in a select, loaded whole on each view, and
