@@ -53,6 +53,7 @@ from memsvc.api.pagination import (
     keyset_page,
 )
 from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, Principal, stored_principal_id
+from memsvc.validators import as_uuid
 
 PREVIEW_CHARS = 200
 
@@ -492,7 +493,11 @@ def conversation_context(
     if summary is not None:
         # (null: every message it covered is deleted, ``services._summaries_moved_off``)
         until_id = summary.metadata.get("untilMessageId")
-        until = view.filter(id=until_id).values("seq").first() if until_id else {"seq": 0}
+        if not until_id:
+            until = {"seq": 0}
+        else:  # (no id at all, as an operator's import once stored: as if deleted)
+            until_uuid = as_uuid(until_id)
+            until = view.filter(id=until_uuid).values("seq").first() if until_uuid else None
         covered_through = until["seq"] if until else summary.seq
         rest = rest.filter(seq__gt=covered_through)
         if (

@@ -8,6 +8,7 @@ from django.core.paginator import Paginator
 from django.db import transaction
 from django.utils.functional import cached_property
 
+from memsvc import validators
 from memsvc.api.fields import METADATA_MAX_BYTES, json_value_problem
 from memsvc.api.principals import Principal
 
@@ -104,10 +105,7 @@ class EmbeddedFilter(admin.SimpleListFilter):
 
 def as_uuid(term: str) -> uuid.UUID | None:
     """A search term that is an id, as one (searched by primary key, not by text)."""
-    try:
-        return uuid.UUID(term.strip())
-    except ValueError:
-        return None
+    return validators.as_uuid(term.strip())
 
 
 def operator(request) -> Principal:

@@ -1,6 +1,7 @@
 """Validators shared by the models of every app."""
 
 import unicodedata
+import uuid
 
 from django.core.exceptions import ValidationError
 
@@ -41,3 +42,12 @@ def no_slash(value: str) -> None:
     no "/", which would make its routes unable to reach it."""
     if "/" in value:
         raise ValidationError('must not contain "/" (it names it in URLs)', code="slash")
+
+
+def as_uuid(value) -> uuid.UUID | None:
+    """``value`` read as a UUID the way a UUID column reads it (Django's ``UUIDField``), or
+    None when it is none (not a string, or no id)."""
+    try:
+        return uuid.UUID(value)
+    except (TypeError, ValueError, AttributeError):
+        return None

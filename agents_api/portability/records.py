@@ -32,6 +32,7 @@ from memsvc.api.fields import (
     TextField,
 )
 from memsvc.api.principals import PRINCIPAL_MAX_LENGTH, user_id_problem
+from memsvc.validators import as_uuid
 
 # The largest number a record may give a message's place or a block's id, which an import
 # keeps, moving its sequence past it (``restore._keep_numbers``): far below 2**63 - 1,
@@ -131,6 +132,18 @@ class MessageRecord(Record):
 
     class Meta:
         ref_name = "ExportedMessage"
+
+    def validate(self, data):
+        # What an agent's context reads of a summary (``conversations.selectors``): the id
+        # of the message it covers up to, or null when every message it covered is gone.
+        if data["channel"] == Channel.SUMMARY:
+            metadata = data["metadata"]
+            until = metadata.get("untilMessageId") if isinstance(metadata, dict) else None
+            if not isinstance(metadata, dict) or (until is not None and as_uuid(until) is None):
+                raise serializers.ValidationError(
+                    {"metadata": ["a summary's untilMessageId: a message id, or null"]}
+                )
+        return data
 
 
 class TransferRecord(Record):

@@ -545,6 +545,26 @@ def test_after_a_summary_the_context_is_the_summary_then_later_messages(api, hel
     assert [m["content"] for m in user_view.json()["data"]] == [f"m{i}" for i in range(6)]
 
 
+@pytest.mark.parametrize("until", ["garbage", 7, ["a list"]])
+def test_a_summary_covering_no_id_is_read_as_one_whose_messages_are_gone(api, helper, until):
+    """A summary whose ``untilMessageId`` is no id (an operator's import stored one before it
+    was refused there) is read as one whose messages are all deleted: the summary, then what
+    came after it. The context was a 400 for good ("is not a valid UUID")."""
+    conversation = agent_conversation(api, helper.acting_for("alice"))
+    stored = append(
+        api, helper, conversation["id"], *[{"role": "user", "content": f"m{i}"} for i in range(3)]
+    ).json()["data"]
+    body = {"title": "t", "summary": "The user said m0 and m1.", "untilMessageId": stored[1]["id"]}
+    body["summarizedAt"] = "2026-11-01T10:00:00Z"
+    made = api.post(f"/v1/agent/conversations/{conversation['id']}/summaries", body, as_=helper)
+    Message.objects.filter(id=made.json()["id"]).update(metadata={"untilMessageId": until})
+    append(api, helper, conversation["id"], {"role": "user", "content": "m3"})
+    assert [m["content"] for m in context(api, helper, conversation["id"])["messages"]] == [
+        "The user said m0 and m1.",
+        "m3",
+    ]
+
+
 def test_a_summary_updates_its_conversation_once(api, helper):
     """Title and time in one update: a second update of the row its append wrote made
     PostgreSQL check the row's foreign keys again at commit, locking the group after the

@@ -1158,6 +1158,28 @@ def test_a_refused_import_leaves_the_sequences_as_they_were(
     assert Message.objects.get(conversation_id=made["id"]).seq < 2**50
 
 
+@pytest.mark.parametrize("until", ["garbage", 7, None])
+def test_an_import_refuses_a_summary_that_covers_no_message_id(
+    api, alice, tmp_path, world, capsys, until
+):
+    """A summary's ``untilMessageId`` is what an agent's context reads: a message id, or
+    null (every message it covered is gone). Anything else was imported, and the
+    conversation's context answered 400 from then on."""
+    document = cli_export(tmp_path, "first", "user", "alice")
+    call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    first = document["messages"][0]
+    summary = {**first, "id": str(uuid.uuid4()), "seq": first["seq"] + 10**6}
+    summary.update(channel="summary", visibility="agent", role="system")
+    summary["metadata"] = {"untilMessageId": until, "summarizedAt": "2026-11-01T10:00:00Z"}
+    document["messages"].append(summary)
+    if until is None:
+        assert import_file(tmp_path, document) == 0
+        return
+    assert import_file(tmp_path, document) == 1
+    assert "untilMessageId: a message id, or null" in capsys.readouterr().err
+    assert not Message.objects.filter(id=summary["id"]).exists()
+
+
 def test_an_import_cannot_use_a_sequence_up(api, alice, tmp_path, world, capsys, sequences_kept):
     """Numbers past ``NUMBER_MAX`` are refused; one at it still leaves the sequence room."""
     document = cli_export(tmp_path, "first", "user", "alice")
