@@ -42,7 +42,7 @@ from memsvc.admin_tools import (
     merged_deletions,
     operator,
 )
-from memsvc.validators import no_slash
+from memsvc.validators import path_segment
 
 
 def _id_words_or_exact(queryset, search_term: str, exact_field: str):
@@ -102,7 +102,7 @@ class AgentForm(forms.ModelForm):
         data = super().clean()
         if data.get("owner_principal") == LOCAL_OWNER and data.get("name"):
             try:
-                no_slash(data["name"])
+                path_segment(data["name"])
             except ValidationError as exc:
                 self.add_error("name", exc)
         return data

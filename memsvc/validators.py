@@ -37,11 +37,17 @@ def no_control_characters(value: str) -> None:
         raise ValidationError("must not contain control characters", code="control_character")
 
 
-def no_slash(value: str) -> None:
+def path_segment(value: str) -> None:
     """A text that names a thing in a URL's path (a block's label, a local agent's name):
-    no "/", which would make its routes unable to reach it."""
+    no "/", and not "." or "..", which clients resolve away before they send the path
+    (RFC 3986's dot segments): its routes could not reach it."""
     if "/" in value:
         raise ValidationError('must not contain "/" (it names it in URLs)', code="slash")
+    if value in (".", ".."):
+        raise ValidationError(
+            'must not be "." or ".." (it names it in URLs, where clients drop those)',
+            code="dot_segment",
+        )
 
 
 def as_uuid(value) -> uuid.UUID | None:

@@ -171,8 +171,9 @@ def _memory_delete(caller: Caller, args: dict) -> dict:
         caller.agent, user_id=caller.principal.on_behalf_of, with_expired=True
     )
     memory = selectors.memory_of(reachable, args["id"])
+    deleted = str(memory.id)  # (a deleted instance's id is None)
     services.memory_delete(caller.principal, memory=memory)
-    return {"id": str(memory.id), "status": "deleted"}
+    return {"id": deleted, "status": "deleted"}
 
 
 def _conversation_search(caller: Caller, args: dict) -> dict:

@@ -18,7 +18,7 @@ from memsvc.api.principals import PRINCIPAL_MAX_LENGTH, user_id_problem
 from memsvc.validators import (
     no_control_characters,
     no_nul_characters,
-    no_slash,
+    path_segment,
     shows_nothing,
 )
 
@@ -47,11 +47,11 @@ class TextField(serializers.CharField):
 
 
 class PathSegmentField(TextField):
-    """A text that names a thing in a URL's path (``no_slash``)."""
+    """A text that names a thing in a URL's path (``path_segment``)."""
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
-        self.validators.append(no_slash)
+        self.validators.append(path_segment)
 
 
 class PrincipalIdField(TextField):

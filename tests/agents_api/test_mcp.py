@@ -228,7 +228,7 @@ def check_memory_session(out: dict, agent) -> None:
     assert refusal(out["nul"]) == "label: must not contain NUL characters"
     assert out["nul"].structured_content["code"] == "validation_error"
 
-    assert body(out["delete"])["status"] == "deleted"
+    assert body(out["delete"]) == {"id": body(out["other"])["id"], "status": "deleted"}
     assert body(out["after_delete"])["data"] == []
     assert list(Memory.objects.values_list("content", flat=True)) == [memory.content]
 

@@ -62,27 +62,35 @@ def test_a_duplicate_label_is_a_conflict(api, helper):
     assert stored(helper, "human").value == ""
 
 
-def test_a_label_with_a_slash_is_refused_through_every_door(api, client, helper):
+@pytest.mark.parametrize(
+    ("label", "problem"),
+    [
+        ("a/b", 'must not contain "/" (it names it in URLs)'),
+        (".", 'must not be "." or ".." (it names it in URLs, where clients drop those)'),
+        ("..", 'must not be "." or ".." (it names it in URLs, where clients drop those)'),
+    ],
+)
+def test_a_label_no_url_reaches_is_refused_through_every_door(api, client, helper, label, problem):
     """A label names its block in URLs (/v1/agent/memory-blocks/<label>, the local API's, the
-    pages'): one with "/" could be made and then reached by none of them."""
-    problem = 'must not contain "/" (it names it in URLs)'
-    response = api.post(BLOCKS, {"label": "a/b"}, as_=helper)
+    pages'): one with "/" could be made and then reached by none of them; "." and ".." are
+    dropped from a path by clients (curl, httpx, browsers) before they send it."""
+    response = api.post(BLOCKS, {"label": label}, as_=helper)
     assert response.status_code == 400
     assert response.json()["details"] == {"label": [problem]}
-    letta = api.post("/v1/blocks/", {"label": "a/b"}, as_=helper)
+    letta = api.post("/v1/blocks/", {"label": label}, as_=helper)
     assert letta.status_code == 422
     local = client.post(
         "/memory-blocks",
-        {"agent_name": "mine", "label": "a/b", "value": "x"},
+        {"agent_name": "mine", "label": label, "value": "x"},
         content_type="application/json",
         REMOTE_ADDR="127.0.0.1",
     )
     assert local.status_code == 422
     named = client.post(
-        "/agents", {"name": "a/b"}, content_type="application/json", REMOTE_ADDR="127.0.0.1"
+        "/agents", {"name": label}, content_type="application/json", REMOTE_ADDR="127.0.0.1"
     )
     assert named.status_code == 422
-    assert not MemoryBlock.objects.filter(label="a/b").exists()
+    assert not MemoryBlock.objects.filter(label=label).exists()
 
 
 def test_blocks_per_user_are_separate(api, helper):

@@ -167,6 +167,11 @@ def test_delete_by_task(api, helper):
     assert missing.status_code == 400
     assert missing.json()["details"] == {"taskId": [missing.json()["details"]["taskId"][0]]}
     assert ToolRecord.objects.count() == 1
+    # A narrowing it does not know is refused, not ignored (the whole task was deleted).
+    narrowed = api.call("DELETE", f"{RECORDS}?taskId=ongoing&step=2", as_=helper)
+    assert narrowed.status_code == 400
+    assert narrowed.json()["details"] == {"step": ["unknown query parameter"]}
+    assert ToolRecord.objects.count() == 1
 
 
 # --- who reaches what ------------------------------------------------------------------------
