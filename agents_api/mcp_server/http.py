@@ -22,6 +22,7 @@ import threading
 from typing import TYPE_CHECKING
 
 import anyio
+from django.conf import settings
 from django.http import HttpResponse
 from drf_spectacular.utils import extend_schema
 from rest_framework.exceptions import UnsupportedMediaType
@@ -78,7 +79,12 @@ class ExchangeLoop:
 
         loop = asyncio.new_event_loop()
         manager = StreamableHTTPSessionManager(
-            app=build_server(), stateless=True, json_response=True
+            app=build_server(),
+            stateless=True,
+            json_response=True,
+            # The service's one cap, enforced before the view in the API's error shape: the
+            # SDK's own (4 MB) answered a plain-text 413 below it.
+            max_request_body_size=settings.MEMSVC_MAX_BODY_BYTES,
         )
         started = concurrent.futures.Future()
 
@@ -192,6 +198,26 @@ def _invalid_request_said_plainly(status: int, body: bytes) -> bytes:
     return json.dumps(answer).encode()
 
 
+def _request_id_refused(body: bytes) -> bytes | None:
+    """The answer to a request (it has a method) whose ``id`` is neither a string nor an
+    integer (MCP: "MUST be a string or integer", not null), else None. The SDK took such a
+    request for a notification, which is answered 202 and nothing: the caller waited for an
+    answer that never came."""
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return None  # (the SDK's parse error)
+    if not isinstance(message, dict) or "method" not in message or "id" not in message:
+        return None
+    request_id = message["id"]
+    if isinstance(request_id, str) or (
+        isinstance(request_id, int) and not isinstance(request_id, bool)
+    ):
+        return None
+    error = {"code": INVALID_REQUEST, "message": "Invalid Request: id: a string or an integer"}
+    return json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
+
+
 # Headers of the SDK's answer that the web server sets itself.
 _HOP_BY_HOP = {b"content-length", b"connection", b"transfer-encoding"}
 
@@ -217,6 +243,9 @@ class McpView(APIView):
         if not request.content_type.lower().startswith("application/json"):
             # (The SDK refuses it too, with a plain-text 400.)
             raise UnsupportedMediaType(request.content_type)
+        refused = _request_id_refused(request._request.body)
+        if refused is not None:
+            return HttpResponse(refused, status=400, content_type="application/json")
         caller = Caller(principal=request.principal, agent=request.agent)
         try:
             status, headers, body = _exchanges.exchange(

@@ -582,6 +582,45 @@ def test_http_a_body_that_is_no_json_rpc_message_is_an_invalid_request(client, s
     assert "pydantic" not in response.content.decode()
 
 
+@pytest.mark.parametrize("request_id", [None, {"a": 1}, 1.5, True, [1]])
+def test_http_a_request_whose_id_is_no_string_or_integer_is_answered(client, request_id):
+    # The SDK took it for a notification: 202 and no answer, the caller left waiting.
+    agent, key = keyed_agent(f"odd-id-{uuid.uuid4().hex[:8]}")
+    call = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call"}
+    call["params"] = {"name": "memory_save", "arguments": {"content": "Not to be saved"}}
+    response = client.post(
+        "/mcp",
+        json.dumps(call),
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {key}",
+        HTTP_ACCEPT="application/json, text/event-stream",
+    )
+    assert response.status_code == 400
+    assert response.json() == {
+        "jsonrpc": "2.0",
+        "id": None,
+        "error": {"code": -32600, "message": "Invalid Request: id: a string or an integer"},
+    }
+    assert not Memory.objects.filter(agent=agent).exists()
+
+
+def test_http_a_body_the_service_admits_is_not_refused_by_the_sdks_smaller_cap(client, settings):
+    # The SDK's own cap (4 MB) answered a plain-text 413 to bodies the service admits.
+    _, key = keyed_agent("large-body")
+    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
+    call["params"] = {"name": "memory_save", "arguments": {"content": "x" * (5 * 1024 * 1024)}}
+    response = client.post(
+        "/mcp",
+        json.dumps(call),
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {key}",
+        HTTP_ACCEPT="application/json, text/event-stream",
+    )
+    assert response.status_code == 200, response.content[:300]
+    assert response["Content-Type"].startswith("application/json")
+    assert response.json()["result"]["isError"]  # (the content's own limit, as a tool error)
+
+
 def test_http_a_body_that_is_no_json_is_a_parse_error(client):
     _, key = keyed_agent("not-json")
     response = client.post(
