@@ -21,7 +21,7 @@ from agents_api.portability.records import AgentRecord
 from agents_api.portability.restore import ImportCollides, ImportRefused
 from agents_api.portability.sections import AGENT_SECTIONS, USER_SECTIONS
 from memsvc.api.errors import Conflict, Forbidden, InvalidInput
-from memsvc.api.fields import InputSerializer, TextField
+from memsvc.api.fields import ChoiceField, InputSerializer, TextField
 from memsvc.api.schema import errors
 from memsvc.api.views import UserApiView, user_operation
 
@@ -30,9 +30,9 @@ def _document_schema(name: str, kind: str, subject, sections) -> type[serializer
     """The OpenAPI shape of a document, from the same list of sections that writes it
     (``subject``: the header's field naming whose document it is)."""
     fields = {
-        "format": serializers.ChoiceField(choices=[FORMAT]),
-        "version": serializers.ChoiceField(choices=[VERSION]),
-        "kind": serializers.ChoiceField(choices=[kind]),
+        "format": ChoiceField(choices=[FORMAT]),
+        "version": ChoiceField(choices=[VERSION]),
+        "kind": ChoiceField(choices=[kind]),
         **subject,
         "exportedAt": serializers.DateTimeField(),
         **{section.name: section.record(many=True) for section in sections},

@@ -19,6 +19,7 @@ from agents_api.services import NewMemory
 from conversations.api.serializers import MessageOut
 from conversations.models import Channel, Role, Visibility
 from memsvc.api.fields import (
+    ChoiceField,
     InputSerializer,
     JSONObjectField,
     JSONValueField,
@@ -41,7 +42,7 @@ class MeOut(serializers.Serializer):
     id = serializers.UUIDField()
     name = serializers.CharField()
     principalId = serializers.CharField(source="principal_id")
-    scopes = serializers.ListField(child=serializers.ChoiceField(choices=Scope.choices))
+    scopes = serializers.ListField(child=ChoiceField(choices=Scope.choices))
 
     class Meta:
         ref_name = "Agent"
@@ -56,11 +57,9 @@ class CreateAgentConversationIn(InputSerializer):
 
 
 class CreateAgentMessageIn(InputSerializer):
-    role = serializers.ChoiceField(choices=Role.choices)
-    visibility = serializers.ChoiceField(choices=Visibility.choices, default=Visibility.USER)
-    channel = serializers.ChoiceField(
-        choices=[Channel.HISTORY, Channel.MEMORY], default=Channel.HISTORY
-    )
+    role = ChoiceField(choices=Role.choices)
+    visibility = ChoiceField(choices=Visibility.choices, default=Visibility.USER)
+    channel = ChoiceField(choices=[Channel.HISTORY, Channel.MEMORY], default=Channel.HISTORY)
     content = MessageContentField()
     metadata = MetadataField(required=False)
     parentMessageId = serializers.UUIDField(required=False, allow_null=True)
@@ -375,7 +374,7 @@ class SearchMemoriesIn(InputSerializer):
         default=0.3,
         help_text="The least relevance (cosine similarity or keyword coverage) of a result.",
     )
-    mode = serializers.ChoiceField(choices=MODES, default="hybrid")
+    mode = ChoiceField(choices=MODES, default="hybrid")
     prefetch = serializers.BooleanField(
         required=False,
         default=False,

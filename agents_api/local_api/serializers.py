@@ -15,6 +15,7 @@ from agents_api.models import Agent, MemoryBlock
 from agents_api.selectors import MemoryHit, ToolRecordHit
 from conversations.models import Message, Role
 from memsvc.api.fields import (
+    ChoiceField,
     InputSerializer,
     JSONObjectField,
     JSONValueField,
@@ -140,7 +141,7 @@ class CreateAgentIn(LocalInput):
 
 class CreateMessageIn(LocalInput):
     agent_name = AgentNameField()
-    role = serializers.ChoiceField(choices=[Role.USER, Role.ASSISTANT, Role.SYSTEM])
+    role = ChoiceField(choices=[Role.USER, Role.ASSISTANT, Role.SYSTEM])
     content = MessageContentField()
     metadata = MetadataField(required=False, allow_null=True)
 

@@ -35,7 +35,7 @@ from agents_api.models import (
 )
 from conversations.api.serializers import SearchMessagesIn, SearchResultsOut
 from memsvc.api.errors import Conflict, InvalidInput, NotFound, as_api_error, error_body
-from memsvc.api.fields import contains_nul
+from memsvc.api.fields import contains_nul, named
 from memsvc.api.pagination import DEFAULT_LIMIT, MAX_LIMIT, page_data
 from memsvc.api.principals import Principal
 from memsvc.db import like_a_request
@@ -471,7 +471,8 @@ def _check_arguments(tool: Tool, arguments: dict) -> None:
         problem = "is required"
     elif error.validator == "additionalProperties":
         unknown = sorted(set(error.instance) - set(tool.properties))
-        field, problem = unknown[0], f"unknown argument (expected: {', '.join(tool.properties)})"
+        field = named(unknown[0])
+        problem = f"unknown argument (expected: {', '.join(tool.properties)})"
     raise InvalidInput.for_field(field or "arguments", problem)
 
 

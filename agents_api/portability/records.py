@@ -25,6 +25,7 @@ from agents_api.models import BLOCK_DESCRIPTION_MAX_CHARS, MemorySource, Summary
 from agents_api.services.letta import LETTA_METADATA_KEY
 from conversations.models import AccessLevel, Channel, Role, TransferStatus, Visibility
 from memsvc.api.fields import (
+    ChoiceField,
     JSONObjectField,
     JSONValueField,
     MessageContentField,
@@ -90,7 +91,7 @@ class ConversationRecord(Record):
 class MembershipRecord(Record):
     conversationGroupId = serializers.UUIDField(source="group_id")
     userId = serializers.CharField(source="principal_id", max_length=PRINCIPAL_MAX_LENGTH)
-    accessLevel = serializers.ChoiceField(source="access_level", choices=AccessLevel.choices)
+    accessLevel = ChoiceField(source="access_level", choices=AccessLevel.choices)
     createdAt = serializers.DateTimeField(source="created_at")
 
     class Meta:
@@ -116,9 +117,9 @@ class MessageRecord(Record):
         max_value=NUMBER_MAX,
         help_text="The message's place in the order of all messages.",
     )
-    role = serializers.ChoiceField(choices=Role.choices)
-    channel = serializers.ChoiceField(choices=Channel.choices)
-    visibility = serializers.ChoiceField(choices=Visibility.choices)
+    role = ChoiceField(choices=Role.choices)
+    channel = ChoiceField(choices=Channel.choices)
+    visibility = ChoiceField(choices=Visibility.choices)
     authorPrincipal = serializers.CharField(
         source="author_principal", max_length=PRINCIPAL_MAX_LENGTH
     )
@@ -152,7 +153,7 @@ class TransferRecord(Record):
     conversationId = serializers.UUIDField(source="conversation_id")
     fromUserId = serializers.CharField(source="from_principal", max_length=PRINCIPAL_MAX_LENGTH)
     toUserId = serializers.CharField(source="to_principal", max_length=PRINCIPAL_MAX_LENGTH)
-    status = serializers.ChoiceField(choices=TransferStatus.choices)
+    status = ChoiceField(choices=TransferStatus.choices)
     createdAt = serializers.DateTimeField(source="created_at")
     resolvedAt = serializers.DateTimeField(source="resolved_at", allow_null=True)
 
@@ -171,7 +172,7 @@ class MemoryRecord(Record):
     metadata = MetadataField()
     # Absent from exports made before memories cited messages.
     messageIds = MessageIdsField(source="message_ids", required=False, default=list)
-    source = serializers.ChoiceField(choices=MemorySource.choices)
+    source = ChoiceField(choices=MemorySource.choices)
     accessCount = serializers.IntegerField(source="access_count", min_value=0, max_value=2**31 - 1)
     lastAccessedAt = serializers.DateTimeField(source="last_accessed_at", allow_null=True)
     expiresAt = serializers.DateTimeField(source="expires_at")
@@ -277,7 +278,7 @@ class ToolRecordRecord(Record):
     input = JSONObjectField(source="raw_input", max_bytes=TOOL_JSON_MAX_BYTES)
     output = JSONValueField(source="raw_output", max_bytes=TOOL_JSON_MAX_BYTES)
     summary = TextField(max_length=10_000)
-    summarySource = serializers.ChoiceField(source="summary_source", choices=SummarySource.choices)
+    summarySource = ChoiceField(source="summary_source", choices=SummarySource.choices)
     createdAt = serializers.DateTimeField(source="created_at")
 
     class Meta:

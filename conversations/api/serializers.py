@@ -6,6 +6,7 @@ from rest_framework import serializers
 
 from conversations.models import AccessLevel, TransferStatus
 from memsvc.api.fields import (
+    ChoiceField,
     InputSerializer,
     MessageContentField,
     MetadataField,
@@ -45,7 +46,7 @@ class ConversationSummaryOut(serializers.Serializer):
     createdAt = serializers.DateTimeField(source="created_at")
     updatedAt = serializers.DateTimeField(source="updated_at")
     lastMessagePreview = serializers.CharField(source="last_message_preview", allow_null=True)
-    accessLevel = serializers.ChoiceField(source="access_level", choices=AccessLevel.choices)
+    accessLevel = ChoiceField(source="access_level", choices=AccessLevel.choices)
 
     class Meta:
         ref_name = "ConversationSummary"
@@ -87,7 +88,7 @@ class ForkOut(serializers.Serializer):
 class MembershipOut(serializers.Serializer):
     conversationId = serializers.SerializerMethodField()
     userId = serializers.CharField(source="principal_id")
-    accessLevel = serializers.ChoiceField(source="access_level", choices=AccessLevel.choices)
+    accessLevel = ChoiceField(source="access_level", choices=AccessLevel.choices)
     createdAt = serializers.DateTimeField(source="created_at")
 
     class Meta:
@@ -102,7 +103,7 @@ class TransferOut(serializers.Serializer):
     conversationId = serializers.UUIDField(source="conversation_id")
     fromUserId = serializers.CharField(source="from_principal")
     toUserId = serializers.CharField(source="to_principal")
-    status = serializers.ChoiceField(choices=TransferStatus.choices)
+    status = ChoiceField(choices=TransferStatus.choices)
     createdAt = serializers.DateTimeField(source="created_at")
 
     class Meta:
@@ -189,14 +190,14 @@ class ForkIn(InputSerializer):
 
 class ShareIn(InputSerializer):
     userId = PrincipalIdField()
-    accessLevel = serializers.ChoiceField(choices=AccessLevel.choices)
+    accessLevel = ChoiceField(choices=AccessLevel.choices)
 
     class Meta:
         ref_name = "ShareConversationRequest"
 
 
 class UpdateMembershipIn(InputSerializer):
-    accessLevel = serializers.ChoiceField(choices=AccessLevel.choices)
+    accessLevel = ChoiceField(choices=AccessLevel.choices)
 
     class Meta:
         ref_name = "UpdateMembershipRequest"
@@ -219,7 +220,7 @@ class SearchMessagesIn(InputSerializer):
         child=serializers.UUIDField(), required=False, max_length=100
     )
     before = serializers.UUIDField(required=False, help_text="Only messages before this one.")
-    mode = serializers.ChoiceField(choices=MODES, default="hybrid")
+    mode = ChoiceField(choices=MODES, default="hybrid")
 
     class Meta:
         ref_name = "SearchMessagesRequest"

@@ -163,6 +163,27 @@ class MetadataField(JSONObjectField):
         super().__init__(**kwargs)
 
 
+NAMED_MAX_CHARS = 64
+
+
+def named(name: str) -> str:
+    """A name the caller sent (an unknown field's, parameter's or argument's), as a refusal
+    names it: whole up to ``NAMED_MAX_CHARS`` characters, else cut short. A refusal of a
+    megabyte-long name quoted it in the message and again as the key of its details."""
+    return name if len(name) <= NAMED_MAX_CHARS else name[: NAMED_MAX_CHARS - 1] + "…"
+
+
+class ChoiceField(serializers.ChoiceField):
+    """DRF's, refusing a value it does not know by naming the choices, never by quoting the
+    value (DRF's message did: a megabyte sent, a megabyte or two answered)."""
+
+    def fail(self, key, **kwargs):
+        if key == "invalid_choice":
+            choices = ", ".join(map(str, self.choices))
+            raise serializers.ValidationError(f"must be one of {choices}", code=key)
+        super().fail(key, **kwargs)
+
+
 class InputSerializer(serializers.Serializer):
     # A request body: unknown fields are an error, not silently ignored (unless a subclass
     # mimics an API that ignores them). A comment, not a docstring: drf-spectacular would
@@ -174,7 +195,7 @@ class InputSerializer(serializers.Serializer):
             raise serializers.ValidationError({"body": ["must be a JSON object"]})
         unknown = sorted(set(data) - set(self.fields))
         if unknown and not self.ignore_unknown_fields:
-            raise serializers.ValidationError({name: ["unknown field"] for name in unknown})
+            raise serializers.ValidationError({named(name): ["unknown field"] for name in unknown})
         return super().to_internal_value(data)
 
     @classmethod
@@ -191,7 +212,7 @@ def only_query_parameters(request, *names: str) -> None:
     (``DELETE /v1/agent/memories?userid=alice``: every memory of the agent's own)."""
     unknown = sorted(set(request.query_params) - set(names))
     if unknown:
-        raise InvalidInput.for_field(unknown[0], "unknown query parameter", location="query")
+        raise InvalidInput.for_field(named(unknown[0]), "unknown query parameter", location="query")
 
 
 def query_choice(request, name: str, choices, default: str | None = None) -> str | None:

@@ -728,6 +728,7 @@ def test_http_a_refusal_of_an_argument_too_long_does_not_echo_it(client, argumen
     [
         ("memory_list", {"order": "x" * 100_000}, "order: must be one of recent, popular"),
         ("memory_search", {"query": "q", "limit": "9" * 100_000}, "limit: must be of type"),
+        ("memory_list", {"x" * 100_000: 1}, "x" * 63 + "…: unknown argument"),
     ],
 )
 def test_http_a_value_of_another_kind_is_refused_without_echoing_it(

@@ -82,6 +82,47 @@ def test_nul_in_a_body_is_said_once(client, alice):
     assert body["details"] == {"title": ["must not contain NUL characters"]}
 
 
+LONG = "x" * 100_000  # a value or a name a refusal must not quote back
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "details"),
+    [
+        (
+            "/v1/agent/memories/search",
+            {"query": "q", "mode": LONG},
+            {"mode": ["must be one of hybrid, semantic, keyword"]},
+        ),
+        (
+            "/v1/agent/memories",
+            {"content": "c", LONG: 1},
+            {"x" * 63 + "…": ["unknown field"]},
+        ),
+    ],
+)
+def test_a_refusal_quotes_no_long_value_or_name(client, path, body, details):
+    """DRF's refusal of a choice quoted the value, and of an unknown field its name, in the
+    message and again in the details: 100,000 characters sent, 200,000 answered."""
+    helper = make_agent("echo-helper")
+    response = client.post(
+        path, json.dumps(body), content_type="application/json", **helper.auth_headers()
+    )
+    assert assert_v1_error(response, 400)["details"] == details
+    assert len(response.content) < 500
+
+
+def test_a_local_api_refusal_of_a_choice_quotes_no_value(client):
+    response = client.post(
+        "/messages",
+        json.dumps({"agent_name": "a", "role": LONG, "content": "x"}),
+        content_type="application/json",
+    )
+    [problem] = assert_local_422(response)
+    assert problem["loc"] == ["body", "role"]
+    assert problem["msg"].startswith("must be one of ")
+    assert len(response.content) < 500
+
+
 @pytest.mark.parametrize(
     "method,path,parameter",
     [
