@@ -22,6 +22,7 @@ from agents_api.portability.restore import ImportCollides, ImportRefused
 from agents_api.portability.sections import AGENT_SECTIONS, USER_SECTIONS
 from memsvc.api.errors import Conflict, Forbidden, InvalidInput
 from memsvc.api.fields import ChoiceField, InputSerializer, TextField
+from memsvc.api.parsers import DocumentJSONParser
 from memsvc.api.schema import errors
 from memsvc.api.views import UserApiView, user_operation
 
@@ -165,6 +166,9 @@ class AgentExportView(AgentApiView):
 
 
 class AgentImportView(AgentApiView):
+    # Its records' values as deep as a request may make them, two levels below the body.
+    parser_classes = [DocumentJSONParser]
+
     @agent_operation(
         "agentImportMemory",
         description=(

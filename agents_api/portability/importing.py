@@ -22,7 +22,7 @@ from agents_api.selectors import messages_seen_by
 from conversations.models import AccessLevel
 from conversations.selectors import visible_conversation_ids
 from memsvc.api.fields import contains_nul
-from memsvc.api.parsers import json_problem
+from memsvc.api.parsers import DOCUMENT_MAX_JSON_DEPTH, json_problem
 from memsvc.db import hold_users
 
 UNIQUE_VIOLATION = "23505"  # PostgreSQL's SQLSTATE
@@ -47,7 +47,8 @@ def document_import(document, *, into: Agent | None = None) -> ImportResult:
         raise ImportRefused(f"not a {FORMAT} document")
     if document.get("version") != VERSION:
         raise ImportRefused(f"version {document.get('version')!r} (this server reads {VERSION})")
-    problem = json_problem(document)  # (before anything that walks it recursively)
+    # (Before anything that walks it recursively.)
+    problem = json_problem(document, DOCUMENT_MAX_JSON_DEPTH)
     if problem:
         path, message = problem
         raise ImportRefused(f"{'.'.join(map(str, path)) or 'the document'}: {message}")

@@ -13,17 +13,20 @@ from rest_framework.exceptions import ParseError, ValidationError
 # Far deeper than any real metadata, far below the recursion limit (1000) of the code that
 # walks a value (the decoder, the serializers, the JSON renderer).
 MAX_JSON_DEPTH = 64
+# An export document holds each record two levels below its top (its section's list, the
+# record): a value as deep as a request may make it is as deep as that in a document.
+DOCUMENT_MAX_JSON_DEPTH = MAX_JSON_DEPTH + 2
 
 
-def json_problem(value) -> tuple[tuple, str] | None:
+def json_problem(value, max_depth: int = MAX_JSON_DEPTH) -> tuple[tuple, str] | None:
     """``(path, problem)`` for the first part of a parsed JSON value that cannot be stored
     (``path``: the keys and indexes that lead to it), or None. Iterative, so the check itself
     cannot run out of stack."""
     stack = [(value, (), 0)]
     while stack:
         item, path, depth = stack.pop()
-        if depth > MAX_JSON_DEPTH:
-            return path, f"must not be nested more than {MAX_JSON_DEPTH} levels deep"
+        if depth > max_depth:
+            return path, f"must not be nested more than {max_depth} levels deep"
         if isinstance(item, str):
             if not item.isascii():
                 try:
@@ -40,14 +43,16 @@ def json_problem(value) -> tuple[tuple, str] | None:
 
 
 class JSONParser(parsers.JSONParser):
+    max_depth = MAX_JSON_DEPTH
+
     def parse(self, stream, media_type=None, parser_context=None):
         try:
             data = super().parse(stream, media_type, parser_context)
         except RecursionError:
             raise ParseError(
-                f"JSON parse error - nested more than {MAX_JSON_DEPTH} levels deep"
+                f"JSON parse error - nested more than {self.max_depth} levels deep"
             ) from None
-        problem = json_problem(data)
+        problem = json_problem(data, self.max_depth)
         if problem:
             path, message = problem
             # Nested as DRF nests a field's errors: each API names the place its own way.
@@ -56,3 +61,9 @@ class JSONParser(parsers.JSONParser):
                 detail = {part: detail}
             raise ValidationError(detail)
         return data
+
+
+class DocumentJSONParser(JSONParser):
+    """The parser of an export document's body (``POST /v1/agent/import``)."""
+
+    max_depth = DOCUMENT_MAX_JSON_DEPTH

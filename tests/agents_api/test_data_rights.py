@@ -54,6 +54,7 @@ from conversations.services import (
 )
 from memsvc import cli
 from memsvc.api.errors import NotFound
+from memsvc.api.parsers import MAX_JSON_DEPTH
 from memsvc.api.principals import Principal
 from search.models import CorpusStat, TermStat
 from search.services import embed_pending, rebuild_term_stats
@@ -1502,6 +1503,27 @@ def test_what_an_agent_imports_has_its_vectors_once_the_import_commits(
         imported = rows.filter(agent=newcomer.agent)
         assert imported.exists()
         assert not imported.filter(embedding__isnull=True).exists()
+
+
+def test_an_agent_imports_an_export_of_values_as_deep_as_the_api_takes(api):
+    """A tool record's output as deeply nested as a request may make it sits two levels
+    deeper in the export (the section's list, the record): the import refused the whole
+    document ("must not be nested more than 64 levels")."""
+    source, newcomer = make_agent("deep-source"), make_agent("deep-newcomer")
+    deepest = json.loads("[" * MAX_JSON_DEPTH + "]" * MAX_JSON_DEPTH)
+    record = {"toolName": "nest", "taskId": "t", "step": 1, "input": {}, "output": deepest}
+    assert api.post("/v1/agent/tool-records", record, as_=source).status_code == 201
+    too_deep = {**record, "output": [deepest]}
+    assert api.post("/v1/agent/tool-records", too_deep, as_=source).status_code == 400
+
+    document = agent_export(api, source)
+    response = api.post("/v1/agent/import", document, as_=newcomer)
+    assert response.status_code == 200, response.content[:500]
+    assert ToolRecord.objects.get(agent=newcomer.agent).raw_output == deepest
+    # Deeper than any record's value may be: refused still, by the parser.
+    document["toolRecords"][0]["output"] = [[deepest]]
+    refused = api.post("/v1/agent/import", document, as_=make_agent("deep-other"))
+    assert refused.status_code == 400
 
 
 def test_an_import_that_collides_stores_nothing(api, world):
