@@ -18,6 +18,17 @@ def has_control_characters(value: str) -> bool:
     return not value.isprintable() and any(unicodedata.category(c) == "Cc" for c in value)
 
 
+# Unicode's bidirectional controls: marks, embeddings, overrides and isolates. In a name
+# they change how the text around them is shown ("\u202eecila" shows as "alice").
+BIDI_CONTROLS = frozenset(
+    "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+)
+
+
+def has_bidi_controls(value: str) -> bool:
+    return not BIDI_CONTROLS.isdisjoint(value)
+
+
 # What draws nothing of its own: controls, format marks (zero-width spaces and joiners, bidi
 # marks, a BOM), combining marks with nothing to combine with, and separators.
 _INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Mn", "Me", "Zs", "Zl", "Zp"})

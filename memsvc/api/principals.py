@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from memsvc.api.errors import InvalidInput
-from memsvc.validators import has_control_characters
+from memsvc.validators import has_bidi_controls, has_control_characters
 
 # Principal ids of agents: ``agent:<uuid>``. Anything else is a user id.
 AGENT_PRINCIPAL_PREFIX = "agent:"
@@ -17,7 +17,8 @@ PRINCIPAL_MAX_LENGTH = 255
 def user_id_problem(value) -> str | None:
     """Why ``value`` cannot be a user id (a JWT ``sub``, ``X-On-Behalf-Of``, a ``userId``
     parameter), or None when it can: a non-empty string PostgreSQL can store in a principal
-    column, without control characters (a tab, an escape: no one's name), that does not
+    column, without control characters (a tab, an escape: no one's name) or bidirectional
+    ones (which show it as another id), that does not
     name an agent (a user called ``agent:...`` would borrow that agent's memberships)."""
     if not isinstance(value, str) or not value:
         return "must be a non-empty string"
@@ -25,6 +26,9 @@ def user_id_problem(value) -> str | None:
         return "must not contain NUL characters"
     if has_control_characters(value):
         return "must not contain control characters"
+    if has_bidi_controls(value):
+        # (one id shown as another's: "\u202eecila" as "alice", in a list of members)
+        return "must not contain bidirectional control characters"
     if len(value) > PRINCIPAL_MAX_LENGTH:
         return f"must be at most {PRINCIPAL_MAX_LENGTH} characters"
     if value.startswith(AGENT_PRINCIPAL_PREFIX):

@@ -110,6 +110,20 @@ def test_sharing_with_an_id_no_user_can_have_is_400(api, alice, conversation):
     assert levels(conversation) == {"alice": "owner"}
 
 
+@pytest.mark.parametrize("user_id", ["\u202eecila", "ali\u2066ce", "bob\u200f"])
+def test_sharing_with_an_id_that_shows_as_another_is_400(api, alice, conversation, user_id):
+    """A bidirectional control in an id changes how the ids around it are shown: the pages'
+    list of members showed "\u202eecila" as "alice" (review)."""
+    response = api.post(
+        url(conversation, "/memberships"), {"userId": user_id, "accessLevel": "reader"}, as_=alice
+    )
+    assert response.status_code == 400, response.content
+    assert response.json()["details"] == {
+        "userId": ["must not contain bidirectional control characters"]
+    }
+    assert levels(conversation) == {"alice": "owner"}
+
+
 @pytest.mark.parametrize("actor_level", ["manager", "owner"])
 def test_nobody_grants_or_removes_owner_through_memberships(api, conversation, actor_level):
     actor = Persona("mia") if actor_level == "manager" else Persona("alice")
