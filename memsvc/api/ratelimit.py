@@ -447,6 +447,7 @@ class LockoutModelBackend(ModelBackend):
     def authenticate(self, request, username=None, password=None, **kwargs):
         refusal, take_back = request_auth_attempt(request)
         if refusal is not None:
+            setattr(request, LOGIN_REFUSAL, refusal)  # (for the login form to say so)
             raise PermissionDenied
         failed = False  # (an error is no answer, as a 500 is none: not a failure)
         try:
@@ -462,6 +463,11 @@ class LockoutModelBackend(ModelBackend):
         return user
 
 
-def login_lockout(request) -> RateLimited | None:
-    """``auth_lockout`` for a password login's address (None when the database is down)."""
-    return _guarded(auth_lockout, client_address(request))
+# The request attribute holding ``LockoutModelBackend``'s refusal of a locked-out address.
+LOGIN_REFUSAL = "memsvc_login_refusal"
+
+
+def login_refusal(request) -> RateLimited | None:
+    """Why a password login of ``request`` was refused without its password being checked
+    (its address locked out, ``LockoutModelBackend``), or None."""
+    return getattr(request, LOGIN_REFUSAL, None)

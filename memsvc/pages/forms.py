@@ -6,7 +6,7 @@ from django.contrib.auth.forms import AuthenticationForm
 from django.core.exceptions import ValidationError
 
 from memsvc.api.errors import RateLimited
-from memsvc.api.ratelimit import login_lockout
+from memsvc.api.ratelimit import login_refusal
 
 LOCKED_OUT = "Too many failed logins from this address. Please try again in a minute."
 
@@ -23,11 +23,18 @@ class LockoutAware:
         return self.refusal is not None
 
     def clean(self):
-        if self.request is not None:
-            self.refusal = login_lockout(self.request)
-            if self.refusal is not None:
-                raise ValidationError(LOCKED_OUT, code="locked_out")
-        return super().clean()
+        try:
+            return super().clean()
+        except ValidationError:
+            # Refused by the backend (``LockoutModelBackend``) before the password was
+            # checked: the address is locked out, whatever the password. Decided there, as
+            # the password is checked, not by a count read before: in a burst of logins at
+            # once, the count read here was under the limit for some whose check was then
+            # refused, and they were told the password did not match (review).
+            self.refusal = login_refusal(self.request) if self.request is not None else None
+            if self.refusal is None:
+                raise
+            raise ValidationError(LOCKED_OUT, code="locked_out") from None
 
 
 class LoginForm(LockoutAware, AuthenticationForm):
