@@ -70,9 +70,7 @@ class CreateAgentMessageIn(InputSerializer):
         ref_name = "CreateAgentMessageRequest"
 
     def validate_createdAt(self, value):
-        if value > timezone.now() + CLOCK_SKEW:
-            raise serializers.ValidationError("must not be in the future")
-        return value
+        return _not_future(value)
 
 
 class BulkMessagesIn(InputSerializer):
@@ -96,6 +94,9 @@ class SummaryIn(InputSerializer):
 
     class Meta:
         ref_name = "CreateSummaryRequest"
+
+    def validate_summarizedAt(self, value):
+        return _not_future(value)
 
 
 class MemoryBlockOut(serializers.Serializer):
@@ -294,6 +295,14 @@ class MessageIdsField(serializers.ListField):
 class ImportanceField(serializers.FloatField):
     def __init__(self, **kwargs):
         super().__init__(min_value=0.0, max_value=1.0, **kwargs)
+
+
+def _not_future(value):
+    """A time something happened (a message written, a summary made): not later than now,
+    give or take the clocks' skew (``CLOCK_SKEW``)."""
+    if value > timezone.now() + CLOCK_SKEW:
+        raise serializers.ValidationError("must not be in the future")
+    return value
 
 
 def _future(value):

@@ -689,6 +689,20 @@ def test_a_summary_must_cover_a_message_of_the_conversation(api, helper):
     assert Conversation.objects.get(id=conversation["id"]).title == ""
 
 
+def test_a_summary_made_in_the_future_is_refused(api, helper):
+    """As a message's ``createdAt`` (review: a summary's time was taken from any year)."""
+    conversation = agent_conversation(api, helper)
+    [stored] = append(api, helper, conversation["id"], {"role": "user", "content": "m"}).json()[
+        "data"
+    ]
+    body = {"title": "t", "summary": "s", "untilMessageId": stored["id"]}
+    body["summarizedAt"] = "2999-01-01T00:00:00Z"
+    response = api.post(f"/v1/agent/conversations/{conversation['id']}/summaries", body, as_=helper)
+    assert response.status_code == 400
+    assert response.json()["details"] == {"summarizedAt": ["must not be in the future"]}
+    assert Message.objects.filter(conversation_id=conversation["id"]).count() == 1
+
+
 def test_a_summary_cannot_end_at_another_summary(api, helper):
     conversation = agent_conversation(api, helper)
     stored = append(
