@@ -19,7 +19,16 @@ ON_BEHALF_HEADER = "X-On-Behalf-Of"
 def _presented_key(request) -> str | None:
     header_key = request.headers.get("X-API-Key")
     if header_key:
-        return header_key.strip()
+        header_key = header_key.strip()
+        # Another agent key as a bearer token too: which agent asks is not for this side to
+        # choose (it took the X-API-Key one, silently). Anything else there (a proxy's own
+        # credentials) is left alone, as before.
+        parts = get_authorization_header(request).split()
+        if len(parts) == 2 and parts[0].lower() == b"bearer":
+            bearer = parts[1].decode("latin-1")
+            if bearer.startswith(KEY_PREFIX) and bearer != header_key:
+                raise Unauthorized("two different API keys (X-API-Key and Authorization)")
+        return header_key
     parts = get_authorization_header(request).split()
     if not parts:
         return None

@@ -51,6 +51,19 @@ def test_the_key_also_works_as_x_api_key(api, helper):
     assert response.status_code == 200
 
 
+def test_two_different_keys_are_refused_not_chosen_between(api, helper, rival):
+    """(The X-API-Key one was taken, silently; review.) The same key twice is one key, and
+    a proxy's own bearer credentials beside the key are left alone."""
+    both = {"HTTP_X_API_KEY": helper.key, "HTTP_AUTHORIZATION": f"Bearer {rival.key}"}
+    response = api.get("/v1/agent/me", as_=both)
+    assert response.status_code == 401
+    assert response.json()["error"] == "two different API keys (X-API-Key and Authorization)"
+    same = {"HTTP_X_API_KEY": helper.key, "HTTP_AUTHORIZATION": f"Bearer {helper.key}"}
+    assert api.get("/v1/agent/me", as_=same).status_code == 200
+    proxy = {"HTTP_X_API_KEY": helper.key, "HTTP_AUTHORIZATION": "Bearer proxy-token"}
+    assert api.get("/v1/agent/me", as_=proxy).json()["id"] == str(helper.agent.id)
+
+
 def test_only_an_hmac_of_the_secret_is_stored(helper):
     stored = ApiKey.objects.get(agent=helper.agent)
     secret = helper.key.rsplit("_", 1)[1]
