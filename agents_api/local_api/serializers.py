@@ -25,7 +25,7 @@ from memsvc.api.fields import (
     TextField,
     datetime_text,
 )
-from memsvc.validators import no_control_characters
+from memsvc.validators import has_bidi_controls, no_control_characters
 
 
 def agent_out(agent: Agent) -> dict:
@@ -126,12 +126,21 @@ class LocalInput(InputSerializer):
 
 
 class AgentNameField(PathSegmentField):
-    """An agent's name (the local API's, Letta's): one line, as it titles the agent's own
-    conversation ("<name> (local)", a title: ``no_control_characters``)."""
+    """An agent's name (the local API's, Letta's, ``memsvc apikey create``'s): one line, as it
+    titles the agent's own conversation ("<name> (local)", a title: ``no_control_characters``),
+    shown as what it is: no bidirectional controls ("\u202ebob" showed as "bob" reversed)
+    and no space at either end ("bob " and "bob" were two agents that look one)."""
 
     def __init__(self, **kwargs):
         super().__init__(max_length=200, **kwargs)
-        self.validators.append(no_control_characters)
+        self.validators += [no_control_characters, _shown_as_it_is]
+
+
+def _shown_as_it_is(name: str) -> None:
+    if has_bidi_controls(name):
+        raise serializers.ValidationError("must not contain bidirectional control characters")
+    if name != name.strip():
+        raise serializers.ValidationError("must not begin or end with a space")
 
 
 class CreateAgentIn(LocalInput):

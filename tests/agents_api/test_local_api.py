@@ -12,6 +12,7 @@ from agents_api import selectors as agent_selectors
 from agents_api.models import Agent, Memory, MemoryBlock, ToolRecord
 from agents_api.services import memory_save
 from conversations.models import Message
+from memsvc import cli
 from search.services import embed_pending
 from tests.agents_api.conftest import make_agent
 from tests.db import recorded_statements
@@ -93,6 +94,27 @@ def test_an_agents_name_holds_no_control_characters(local):
             assert response.json()["detail"][0]["loc"] == ["body", next(iter(body))]
     assert not Agent.objects.exists() and not Message.objects.exists()
     assert make(local, "café agent")["name"] == "café agent"
+
+
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [
+        ("\u202ebob", "must not contain bidirectional control characters"),
+        (" ", "must not begin or end with a space"),
+        ("bob ", "must not begin or end with a space"),
+        (" bob", "must not begin or end with a space"),
+    ],
+)
+def test_an_agents_name_is_shown_as_it_is(local, name, problem):
+    """A name is shown in the pages, the admin and Letta's lists: "\u202ebob" showed as
+    "bob" reversed, and "bob " was another agent than "bob" that looked the same (review).
+    Refused by every door that names an agent: the local API, Letta's, the CLI."""
+    response = local.post("/agents", {"name": name})
+    assert response.status_code == 422, response.content
+    assert response.json()["detail"][0]["msg"] == problem
+    assert cli.main(["apikey", "create", name]) == 1
+    assert not Agent.objects.exists()
+    assert make(local, "bob")["name"] == "bob"
 
 
 def test_messages_are_stored_in_the_agents_own_conversation(local):
