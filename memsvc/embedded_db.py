@@ -269,7 +269,12 @@ def local_secrets(data_dir: Path) -> dict[str, str]:
     ``memsvc token`` beside a server): a lock on the directory lets one of them write the
     file and the others read what it wrote, so every process signs with the same secrets.
     """
-    data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # (a file of that name, a directory it may not write in)
+        raise ImproperlyConfigured(
+            f"MEMSVC_DATA_DIR ({data_dir}) is no directory memsvc can use: {exc.strerror}"
+        ) from None
     path = data_dir / "secrets.json"
     directory = os.open(data_dir, os.O_RDONLY)
     try:
@@ -278,6 +283,15 @@ def local_secrets(data_dir: Path) -> dict[str, str]:
             stored = json.loads(path.read_text())
         except FileNotFoundError:
             stored = {}
+        except (ValueError, OSError) as exc:
+            stored = exc
+        if not isinstance(stored, dict):
+            # memsvc writes it whole or not at all (``os.replace``): edited since.
+            raise ImproperlyConfigured(
+                f"{path} is not the JSON object of secrets memsvc wrote. Put the old file "
+                "back, or delete it to make new secrets (the tokens and sessions signed "
+                "with the old ones then stop working)."
+            )
         missing = [name for name in SECRET_NAMES if name not in stored]
         if missing:
             stored.update({name: secrets.token_urlsafe(48) for name in missing})

@@ -390,6 +390,24 @@ def test_local_secrets_are_made_on_first_use_and_the_same_for_every_process(tmp_
     assert later.stdout.strip() == expected
 
 
+@pytest.mark.parametrize("written", ["{", "[]", None])
+def test_a_data_dir_memsvc_cannot_use_is_said_not_a_traceback(tmp_path, written):
+    """A secrets file edited into something else, or a file where the directory should be:
+    ``memsvc token`` printed a traceback (review)."""
+    data_dir = tmp_path / "data"
+    if written is None:
+        data_dir.write_text("a file")
+        expected = "is no directory memsvc can use"
+    else:
+        data_dir.mkdir()
+        (data_dir / "secrets.json").write_text(written)
+        expected = "is not the JSON object of secrets memsvc wrote"
+    result = run_python({"MEMSVC_DATA_DIR": str(data_dir)}, "-m", "memsvc.cli", "token", "alice")
+    assert result.returncode != 0
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_a_token_minted_on_a_fresh_data_dir_is_accepted_by_a_later_process(tmp_path):
     env = {"MEMSVC_DATA_DIR": str(tmp_path / "data")}
     minted = run_python(env, "-m", "memsvc.cli", "token", "alice")
