@@ -383,6 +383,13 @@ class Strategy(Protocol):
     def stores(self, call: Call, reply: Reply) -> list[ServerRequest]: ...
 
 
+# The longest text memsvc takes as one message or one context query
+# (``MEMSVC_MAX_MESSAGE_CHARS``, by default): a longer turn (a pasted document) is stored,
+# and asked about, by its first that many characters. It was refused (422), and the turn was
+# neither in memory nor given any.
+STORED_MAX_CHARS = 100_000
+
+
 class Recall:
     """The seed's strategy: one ``POST /context/{agent}`` (memory blocks, the relevant
     long-term memories and past messages) injected as memory; the user's message and the
@@ -395,7 +402,7 @@ class Recall:
         return ServerRequest(
             "POST",
             f"/context/{quote(call.agent, safe='')}",
-            {"agent_name": call.agent, "query": call.query},
+            {"agent_name": call.agent, "query": call.query[:STORED_MAX_CHARS]},
         )
 
     def prepare(self, call, context):
@@ -417,7 +424,12 @@ def _message(call: Call, role: str, content: str, metadata: dict | None) -> Serv
     return ServerRequest(
         "POST",
         "/messages",
-        {"agent_name": call.agent, "role": role, "content": content, "metadata": metadata},
+        {
+            "agent_name": call.agent,
+            "role": role,
+            "content": content[:STORED_MAX_CHARS],
+            "metadata": metadata,
+        },
         idempotency_key=f"learning:{call.turn}:{role}",
     )
 

@@ -10,6 +10,7 @@ from memsvc.client.core import (
     ANTHROPIC,
     CHAT,
     RESPONSES,
+    STORED_MAX_CHARS,
     Call,
     Recall,
     Reply,
@@ -166,6 +167,22 @@ def test_the_recall_strategy_decides_what_is_asked_injected_and_stored():
     assert [s.json["role"] for s in stores] == ["user", "assistant"]
     assert strategy.context_request(Call("a", CHAT, {"messages": []})) is None  # no user text
     assert strategy.context_request(Call("a", CHAT, call.body, capture_only=True)) is None
+
+
+def test_a_turn_longer_than_memsvc_takes_is_stored_and_asked_about_by_its_start():
+    """(A pasted document of 150,000 characters: memsvc refused the store and the context
+    request, 422, and the turn was neither remembered nor given memory.)"""
+    long = "a" * STORED_MAX_CHARS + "b" * 50_000
+    call = Call("a", CHAT, {"messages": [{"role": "user", "content": long}]})
+    assert Recall().context_request(call).json["query"] == "a" * STORED_MAX_CHARS
+    user, assistant = Recall().stores(call, Reply(long))
+    assert user.json["content"] == assistant.json["content"] == "a" * STORED_MAX_CHARS
+
+
+def test_the_client_cuts_turns_where_memsvc_does_by_default():
+    from django.conf import settings
+
+    assert STORED_MAX_CHARS == settings.MEMSVC_MAX_MESSAGE_CHARS
 
 
 def test_a_turns_stores_carry_keys_that_name_it():
