@@ -553,6 +553,17 @@ def test_http_calls_in_one_process_share_one_event_loop_and_session_manager(clie
     assert [thread.name for thread in threading.enumerate()].count("mcp-http") == 1
 
 
+def post_mcp(client, key: str, body):
+    """``POST /mcp`` of ``body`` as it is written (bytes, or JSON of any value) with the key."""
+    return client.post(
+        "/mcp",
+        body if isinstance(body, bytes) else json.dumps(body),
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {key}",
+        HTTP_ACCEPT="application/json, text/event-stream",
+    )
+
+
 @pytest.mark.parametrize(
     "sent",
     [
@@ -566,13 +577,7 @@ def test_http_a_body_that_is_no_json_rpc_message_is_an_invalid_request(client, s
     # The SDK answered -32602 (invalid params) with pydantic's account of the validation,
     # quoting what was sent; JSON-RPC says -32600, and a caller needs to know what to send.
     _, key = keyed_agent(f"not-a-message-{uuid.uuid4().hex[:8]}")
-    response = client.post(
-        "/mcp",
-        json.dumps(sent),
-        content_type="application/json",
-        HTTP_AUTHORIZATION=f"Bearer {key}",
-        HTTP_ACCEPT="application/json, text/event-stream",
-    )
+    response = post_mcp(client, key, sent)
     assert response.status_code == 400
     answer = response.json()
     assert answer["jsonrpc"] == "2.0" and answer["id"] is None
@@ -588,13 +593,7 @@ def test_http_a_request_whose_id_is_no_string_or_integer_is_answered(client, req
     agent, key = keyed_agent(f"odd-id-{uuid.uuid4().hex[:8]}")
     call = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call"}
     call["params"] = {"name": "memory_save", "arguments": {"content": "Not to be saved"}}
-    response = client.post(
-        "/mcp",
-        json.dumps(call),
-        content_type="application/json",
-        HTTP_AUTHORIZATION=f"Bearer {key}",
-        HTTP_ACCEPT="application/json, text/event-stream",
-    )
+    response = post_mcp(client, key, call)
     assert response.status_code == 400
     assert response.json() == {
         "jsonrpc": "2.0",
@@ -609,13 +608,7 @@ def test_http_a_body_the_service_admits_is_not_refused_by_the_sdks_smaller_cap(c
     _, key = keyed_agent("large-body")
     call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
     call["params"] = {"name": "memory_save", "arguments": {"content": "x" * (5 * 1024 * 1024)}}
-    response = client.post(
-        "/mcp",
-        json.dumps(call),
-        content_type="application/json",
-        HTTP_AUTHORIZATION=f"Bearer {key}",
-        HTTP_ACCEPT="application/json, text/event-stream",
-    )
+    response = post_mcp(client, key, call)
     assert response.status_code == 200, response.content[:300]
     assert response["Content-Type"].startswith("application/json")
     assert response.json()["result"]["isError"]  # (the content's own limit, as a tool error)
@@ -623,13 +616,7 @@ def test_http_a_body_the_service_admits_is_not_refused_by_the_sdks_smaller_cap(c
 
 def test_http_a_body_that_is_no_json_is_a_parse_error(client):
     _, key = keyed_agent("not-json")
-    response = client.post(
-        "/mcp",
-        b"{not json",
-        content_type="application/json",
-        HTTP_AUTHORIZATION=f"Bearer {key}",
-        HTTP_ACCEPT="application/json, text/event-stream",
-    )
+    response = post_mcp(client, key, b"{not json")
     assert response.status_code == 400
     assert response.json()["error"]["code"] == -32700
 
