@@ -49,8 +49,6 @@ urlpatterns = [
     *v1,
     # MCP over streamable HTTP (agents_api/mcp_server): an agent key's memory as tools.
     path("mcp", McpView.as_view(), name="mcp"),
-    # Below it (``/mcp/``, a client's guess): the API's 404, as /mcp answers in its shape.
-    re_path(r"^mcp/[\s\S]*$", not_found_view),
     # The local compatibility API (seeds/local-memory-server.md) keeps the seed's paths.
     # A person who opens the service's address gets the web pages.
     path("", RedirectView.as_view(pattern_name="pages:home")),

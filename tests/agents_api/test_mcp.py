@@ -614,14 +614,6 @@ def test_http_a_body_the_service_admits_is_not_refused_by_the_sdks_smaller_cap(c
     assert response.json()["result"]["isError"]  # (the content's own limit, as a tool error)
 
 
-@pytest.mark.parametrize("path", ["/mcp/", "/mcp/tools"])
-def test_http_a_path_below_mcp_is_the_apis_404(client, path):
-    # (It fell to the local API's catch-all: FastAPI's {"detail": "Not Found"}; review.)
-    response = client.post(path, b"{}", content_type="application/json")
-    assert response.status_code == 404
-    assert set(response.json()) == {"error", "code", "details"}
-
-
 def test_http_a_body_that_is_no_json_is_a_parse_error(client):
     _, key = keyed_agent("not-json")
     response = post_mcp(client, key, b"{not json")
