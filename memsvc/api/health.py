@@ -1,4 +1,7 @@
+import concurrent.futures
 import logging
+import os
+import threading
 
 from django.conf import settings
 from django.db import DatabaseError, connection
@@ -29,6 +32,55 @@ HealthResponse = inline_serializer(
 )
 
 
+# How long a probe waits for the database to answer one statement. A server that does not
+# answer at all (stopped, a stalled disk, a frozen VM) never reaches its own
+# ``statement_timeout``, and the probe waited as long as it was stopped (review: 125 s).
+DATABASE_ANSWER_SECONDS = 5
+
+
+class _DatabaseProbe:
+    """``SELECT 1`` on a thread of its own (with its own connection), waited for at most
+    ``DATABASE_ANSWER_SECONDS``. One probe at a time per process: while one waits on a
+    database that does not answer, the next asks for no other, and is told no at once (a
+    thread per probe would pile up behind it)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._pid = None
+        self._executor = None
+        self._in_flight: concurrent.futures.Future | None = None
+
+    def answers(self, seconds: float) -> bool:
+        """Whether the database answered within ``seconds``; ``DatabaseError`` when it
+        refused (down, unreachable)."""
+        with self._lock:
+            if self._pid != os.getpid():  # (a forked child has none of its parent's threads)
+                self._pid, self._in_flight = os.getpid(), None
+                self._executor = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix="health-probe"
+                )
+            if self._in_flight is None or self._in_flight.done():
+                self._in_flight = self._executor.submit(_select_one)
+            probe = self._in_flight
+        try:
+            probe.result(timeout=seconds)
+        except concurrent.futures.TimeoutError:
+            return False
+        return True
+
+
+def _select_one() -> None:
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    except DatabaseError:
+        connection.close_if_unusable_or_obsolete()  # (this thread's own connection)
+        raise
+
+
+_probe = _DatabaseProbe()
+
+
 class HealthView(APIView):
     """Readiness and liveness: 200 when the database answers, 503 with a reason when not.
 
@@ -56,6 +108,12 @@ class HealthView(APIView):
             "broker": "reachable" if broker_reachable() else "unreachable",
         }
         try:
+            if not _probe.answers(DATABASE_ANSWER_SECONDS):
+                logger.warning(
+                    "health: the database did not answer in %s s", DATABASE_ANSWER_SECONDS
+                )
+                body.update(status="unavailable", reason="database not answering")
+                return Response(body, status=503)
             body["pendingEmbeddings"] = pending_embedding_count()
         except DatabaseError:
             # A broken connection must not stick to this worker thread: drop it so the next

@@ -48,3 +48,35 @@ def test_health_needs_no_credentials_but_refuses_writes(client):
     response = client.post("/v1/health")
     assert response.status_code == 405
     assert response.json()["code"] == "method_not_allowed"
+
+
+def test_a_database_that_does_not_answer_is_unavailable_within_seconds(client, monkeypatch):
+    """A server stopped but alive (a stalled disk, a frozen VM) never reaches its own
+    statement timeout: the probe waited as long as it was stopped (review: 125 s), and
+    each probe held one of the web process's few request threads."""
+    import threading
+    import time
+
+    from memsvc.api import health
+
+    stuck, calls = threading.Event(), []
+
+    def select_one():
+        calls.append(1)
+        stuck.wait(30)
+
+    monkeypatch.setattr(health, "_select_one", select_one)
+    monkeypatch.setattr(health, "_probe", health._DatabaseProbe())
+    monkeypatch.setattr(health, "DATABASE_ANSWER_SECONDS", 0.3)
+    for _ in range(2):
+        started = time.monotonic()
+        response = client.get("/v1/health")
+        assert time.monotonic() - started < 2
+        assert response.status_code == 503
+        assert response.json()["status"] == "unavailable"
+        assert response.json()["reason"] == "database not answering"
+    assert calls == [1]  # one probe waits on it; the next asks for no other
+    stuck.set()
+    time.sleep(0.1)
+    monkeypatch.setattr(health, "_select_one", lambda: None)
+    assert client.get("/v1/health").status_code == 200
