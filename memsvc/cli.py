@@ -12,6 +12,7 @@ import sys
 import time
 
 from django.core.exceptions import ImproperlyConfigured
+from django.db import OperationalError
 
 from memsvc.supervisor import Supervisor, log
 
@@ -664,6 +665,12 @@ def main(argv: list[str] | None = None) -> int:
     except ImproperlyConfigured as exc:  # a setting missing or malformed: its message says which
         print(f"memsvc: {exc}", file=sys.stderr)
         return 2
+    except OperationalError as exc:  # the database stopped answering (a restart, a crash)
+        # What the command did so far is committed or rolled back whole; the driver's
+        # message names the socket's path or host: the first line, not a traceback.
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"memsvc: the database did not answer: {first_line}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -198,3 +198,18 @@ def test_a_worker_starts_on_a_data_directory_serve_never_ran_on(tmp_path):
     assert ready, (
         f"exit {ended} after {time.monotonic() - started:.0f} s:\n" + "".join(said)[-4000:]
     )
+
+
+def test_a_database_that_stops_answering_mid_command_is_said_in_a_line(monkeypatch, capsys):
+    """(``memsvc reindex`` printed Django's traceback when PostgreSQL died under it; review.)"""
+    from django.db import OperationalError
+
+    def stopped(args):
+        raise OperationalError("connection failed: the server closed the connection\nmore")
+
+    monkeypatch.setattr(cli, "cmd_reindex", stopped)
+    assert cli.main(["reindex"]) == 1
+    said = capsys.readouterr().err
+    assert said == (
+        "memsvc: the database did not answer: connection failed: the server closed the connection\n"
+    )
