@@ -4,7 +4,7 @@ import os
 import threading
 
 from django.conf import settings
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, close_old_connections, connection
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.permissions import AllowAny
@@ -70,6 +70,11 @@ class _DatabaseProbe:
 
 
 def _select_one() -> None:
+    # As a request starts (Django's ``close_old_connections``): a connection the server
+    # dropped since (a restart, a failover) is checked and replaced, not failed on, and
+    # ``CONN_MAX_AGE`` holds for this thread's too. Without it the first probe after a
+    # restart answered 503 while the database answered (review).
+    close_old_connections()
     try:
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")

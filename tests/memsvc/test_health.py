@@ -80,3 +80,27 @@ def test_a_database_that_does_not_answer_is_unavailable_within_seconds(client, m
     time.sleep(0.1)
     monkeypatch.setattr(health, "_select_one", lambda: None)
     assert client.get("/v1/health").status_code == 200
+
+
+def test_a_database_restarted_since_the_last_probe_is_answered_ok(client, monkeypatch):
+    """The probe's thread keeps its connection: one the server dropped since (a restart, a
+    failover) is replaced, as a request's is, not failed on (503 while the database
+    answered; review)."""
+    from django.db import connection
+
+    from memsvc.api import health
+
+    probe = health._DatabaseProbe()
+    monkeypatch.setattr(health, "_probe", probe)
+    assert client.get("/v1/health").status_code == 200  # (the probe's connection, opened)
+
+    def backend_pid():
+        with connection.cursor() as cursor:  # (on the probe's thread: its connection)
+            cursor.execute("SELECT pg_backend_pid()")
+            return cursor.fetchone()[0]
+
+    pid = probe._executor.submit(backend_pid).result()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(%s, 5000)", [pid])  # (waits for its end)
+        assert cursor.fetchone()[0]
+    assert client.get("/v1/health").status_code == 200
