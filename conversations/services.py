@@ -278,9 +278,12 @@ def messages_append(
     that refers to no conversation. So does an actor removed meanwhile
     (``_hold_memberships``).
     """
-    locked = Conversation.objects.select_for_update(no_key=True).filter(pk=conversation.pk)
-    if not list(locked.values_list("pk", flat=True)):
-        raise NotFound("conversation not found")
+    locked_row(
+        Conversation.objects.only("pk"),
+        conversation.pk,
+        missing="conversation not found",
+        no_key=True,
+    )
     _hold_memberships(actor, conversation)
     _hold_parents(messages)
     authors = _author_names(actor, conversation, messages)

@@ -74,11 +74,15 @@ def foreign_key_unindexed(
     )
 
 
-def locked_row(queryset: models.QuerySet, pk, *, missing: str) -> models.Model:
-    """Row ``pk`` of ``queryset`` as it is now, locked (FOR UPDATE) until the caller's
-    transaction ends; ``NotFound(missing)`` when it is gone: deleted by a concurrent request
-    since the caller read it (a PATCH racing a DELETE is a 404, not a failed save)."""
-    row = queryset.select_for_update().filter(pk=pk).first()
+def locked_row(
+    queryset: models.QuerySet, pk, *, missing: str, no_key: bool = False
+) -> models.Model:
+    """Row ``pk`` of ``queryset`` as it is now, locked (FOR UPDATE; ``no_key``: FOR NO KEY
+    UPDATE, the lock an update of no key column takes, which lets rows that refer to it be
+    written meanwhile) until the caller's transaction ends; ``NotFound(missing)`` when it is
+    gone: deleted by a concurrent request since the caller read it (a PATCH racing a DELETE
+    is a 404, not a failed save)."""
+    row = queryset.select_for_update(no_key=no_key).filter(pk=pk).first()
     if row is None:
         raise NotFound(missing)
     return row

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from memsvc.api.errors import InvalidInput
-from memsvc.validators import has_bidi_controls, has_control_characters
+from memsvc.validators import as_uuid, has_bidi_controls, has_control_characters
 
 # Principal ids of agents: ``agent:<uuid>``. Anything else is a user id.
 AGENT_PRINCIPAL_PREFIX = "agent:"
@@ -110,19 +110,13 @@ def agent_uuid_of(principal_id: str) -> uuid.UUID | None:
     """The agent id in ``agent:<id>``; None for a user, or an id that is not one."""
     if not principal_id.startswith(AGENT_PRINCIPAL_PREFIX):
         return None
-    try:
-        return uuid.UUID(principal_id.removeprefix(AGENT_PRINCIPAL_PREFIX))
-    except ValueError:
-        return None
+    return as_uuid(principal_id.removeprefix(AGENT_PRINCIPAL_PREFIX))
 
 
 def agent_principal_id(agent_id, *, field: str) -> str:
     """``agent:<id>`` of an existing agent (users know agents by the id of
     ``GET /v1/agent/me``); 400 naming ``field`` otherwise."""
-    try:
-        agent_uuid = uuid.UUID(str(agent_id))
-    except ValueError:
-        agent_uuid = None
+    agent_uuid = as_uuid(str(agent_id))
     if agent_uuid is None or _agent_exists is None or not _agent_exists(agent_uuid):
         raise InvalidInput.for_field(field, "no such agent")
     return f"{AGENT_PRINCIPAL_PREFIX}{agent_uuid}"

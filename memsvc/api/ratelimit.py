@@ -204,18 +204,6 @@ def note_auth_failure(address: str) -> None:
         _counted("hit", f"auth-failures:{counted_as(address)}")
 
 
-def auth_lockout(address: str) -> RateLimited | None:
-    """The refusal for ``address`` when it has failed authentication too often in this
-    window, or None."""
-    limit = settings.MEMSVC_AUTH_FAILURE_LIMIT
-    if not limit:
-        return None
-    counted = _counted("count", f"auth-failures:{counted_as(address)}")
-    if counted is not None and counted[0] >= limit:
-        return _locked_out(limit, counted[1])
-    return None
-
-
 def _locked_out(limit: int, retry_after: int) -> RateLimited:
     return RateLimited(
         retry_after, f"too many failed authentications from this address ({limit} a minute)"
@@ -229,8 +217,9 @@ CHECKS_AT_ONCE = 32
 
 
 def auth_attempt(address: str) -> tuple[RateLimited | None, Callable[[], None] | None]:
-    """``auth_lockout`` for a request with credentials, and whether they were counted as a
-    failure already: ``(refusal, take_back)``, ``take_back`` to call unless the request is
+    """The refusal for a request with credentials from ``address`` when it has failed
+    authentication too often in this window, and whether they were counted as a failure
+    already: ``(refusal, take_back)``, ``take_back`` to call unless the request is
     answered 401. A failure is counted once answered; so a burst of guesses at once, all
     checked before the first answer, got as many as the server checks at once past the
     limit (24 at once, a limit of 3: 24 checked). Near the limit (``CHECKS_AT_ONCE``) the
