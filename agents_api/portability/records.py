@@ -244,7 +244,9 @@ class AgentMetadataRecordField(JSONObjectField):
         if letta is not None:
             if not isinstance(letta, dict):
                 raise serializers.ValidationError(f"{LETTA_METADATA_KEY}: must be an object")
-            LettaSettingsIn.parse(letta)
+            # What the check made of them is what is kept: the parse drops a null as a left
+            # out field, and a kept {"tags": null} made every Letta list a 500.
+            value = {**value, LETTA_METADATA_KEY: dict(LettaSettingsIn.parse(letta))}
         return value
 
 

@@ -978,9 +978,17 @@ def test_an_agent_whose_letta_settings_letta_could_not_read_is_not_imported(
     assert import_file(tmp_path, document) == 1
     assert "nothing imported" in capsys.readouterr().err
     assert not Agent.objects.filter(id=document["agent"]["id"]).exists()
-    # As the Letta API keeps them, they are imported.
-    document["agent"]["metadata"] = {"team": "a", "letta": {"tags": ["x"], "model": "m"}}
+    # As the Letta API keeps them, they are imported; a null is kept as the check read it,
+    # left out (a kept {"tags": null} made every Letta list a 500).
+    document["agent"]["metadata"] = {
+        "team": "a",
+        "letta": {"tags": ["x"], "model": "m", "description": None},
+    }
     assert import_file(tmp_path, document) == 0
+    assert Agent.objects.get(id=document["agent"]["id"]).metadata == {
+        "team": "a",
+        "letta": {"tags": ["x"], "model": "m"},
+    }
 
 
 def test_an_agent_document_is_not_imported_into_another_owners_agent(tmp_path, world, capsys):
