@@ -1713,3 +1713,30 @@ def test_an_agents_memory_is_its_own_not_a_users_nor_a_readers(api, world, helpe
         assert response.status_code == 403, response.content[:300]
         assert "acting for alice" in response.json()["error"]
     assert not Memory.objects.filter(agent=helper.agent).exists()
+
+
+def test_fork_trees_are_read_in_one_walk_whatever_their_depth():
+    """``_forks_form_trees`` on a chain of 2,000 forks, each at its grandparent's message
+    (an ancestor's: accepted), then one forked at its child's message (refused). Walking
+    each fork's whole ancestry took 14.8 s for this chain, inside the import's transaction."""
+    from agents_api.portability.importing import _forks_form_trees
+    from agents_api.portability.restore import ImportRefused
+
+    ids = [uuid.uuid4() for _ in range(2000)]
+    said = {conversation: uuid.uuid4() for conversation in ids}
+    chain = [
+        {
+            "id": ids[i],
+            "forked_at_conversation_id": ids[i - 1] if i else None,
+            "forked_at_message_id": said[ids[i - 2]] if i >= 2 else None,
+        }
+        for i in range(len(ids))
+    ]
+    messages = [{"id": said[c], "conversation_id": c} for c in ids]
+    _forks_form_trees({"conversations": chain, "messages": messages})
+    chain[5]["forked_at_message_id"] = said[ids[6]]  # its own fork's message
+    with pytest.raises(ImportRefused, match="fork point is not a message it forks from"):
+        _forks_form_trees({"conversations": chain, "messages": messages})
+    chain[5]["forked_at_message_id"], chain[0]["forked_at_conversation_id"] = None, ids[1999]
+    with pytest.raises(ImportRefused, match="is forked from itself"):
+        _forks_form_trees({"conversations": chain, "messages": messages})
