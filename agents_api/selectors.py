@@ -367,21 +367,21 @@ MEMORY_LISTING_REUSED_FOR = timedelta(hours=1)  # (a walk begun on it has 23 hou
 
 def _listing_of(memories: QuerySet[Memory], ids: list) -> str:
     """The id of a listing of ``ids`` (``_popular_page``) for the list ``memories`` reads:
-    its newest one when that lists the same and is under an hour old (a first page read
-    again writes nothing), else a new one, the list keeping its newest
+    one that lists the same and is under an hour old (a first page read again writes
+    nothing), else a new one, the list keeping its newest
     ``MEMORY_LISTINGS_PER_SCOPE``. A listing per first page, of every id in scope and kept a
     day, let a read-only key fill the disk (50 KB a request for 3,000 memories)."""
     sql, params = memories.query.sql_with_params()
     scope = hashlib.sha256(repr((sql, params)).encode()).hexdigest()
     of_scope = MemoryListing.objects.filter(scope=scope)
+    # Compared by the database: reading a listing back to compare it in Python sent up to
+    # 10,000 ids back on every first page.
+    cutoff = timezone.now() - MEMORY_LISTING_REUSED_FOR
+    same = of_scope.filter(memory_ids=ids, created_at__gt=cutoff).values_list("id", flat=True)
+    reused = same.first()
+    if reused is not None:
+        return str(reused)
     with transaction.atomic():
-        newest = of_scope.order_by("-created_at").first()
-        if (
-            newest is not None
-            and newest.memory_ids == ids
-            and newest.created_at > timezone.now() - MEMORY_LISTING_REUSED_FOR
-        ):
-            return str(newest.id)
         listing = MemoryListing.objects.create(scope=scope, memory_ids=ids)
         kept = of_scope.order_by("-created_at", "-id").values("id")[:MEMORY_LISTINGS_PER_SCOPE]
         of_scope.exclude(id__in=kept).delete()
