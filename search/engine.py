@@ -221,7 +221,7 @@ def ranked(
         shares, citing_best = cited_rows(citing, corpus, scope, query, tuning)
         scores = ranking.with_shares(scores, shares)
         checked |= shares.keys()
-    if tuning.feedback_words and mode == "hybrid" and corpus.kept_statistics and found[0].idf:
+    if tuning.feedback_words and mode == "hybrid" and corpus.feedback and found[0].idf:
         best = [(i, s) for i, s in ranking.top(scores, len(scores)) if i in checked]
         found[0] = with_feedback(
             corpus,
@@ -276,16 +276,18 @@ def with_feedback(
     top_score = best[0][1] or 1.0
     limit = tuning.candidates_for(top_k)
     candidates = found.keyword.keys() | found.semantic.keys()
+    few = probed.get("few", False)
     with connection.cursor() as cursor:
-        known = statements.row_words(
-            cursor, corpus, list(candidates), [i for i, _ in best], citing, citing_best
+        words = statements.row_words(
+            cursor, corpus, list(candidates | {i for i, _ in best}), citing, citing_best
         )
         weights = {i: score / top_score for i, score in best} | dict.fromkeys(citing_best, 1.0)
-        idf = ranking.bm25_idf(
-            known.frequencies, known.documents, floor=tuning.document_count_floor
-        )
+        offered = {w for i in weights for w in words.get(i, ())} - found.idf.keys()
+        counted = statements.scope_words(cursor, corpus, scope, tuning, few=few)
+        frequencies = {w: counted.frequency(w) for w in offered}
+        idf = ranking.bm25_idf(frequencies, counted.documents, floor=tuning.document_count_floor)
         chosen = ranking.feedback_words(
-            ((weight, known.words.get(i, ())) for i, weight in weights.items()),
+            ((weight, words.get(i, ())) for i, weight in weights.items()),
             idf,
             known=found.idf.keys(),
             count=tuning.feedback_words,
@@ -296,12 +298,10 @@ def with_feedback(
         terms = Terms(
             found.idf | added,
             found.terms.match_on
-            + ranking.rarest_within(
-                {w: known.frequencies[w] for w in chosen}, tuning.keyword_match_cap
-            ),
+            + ranking.rarest_within({w: frequencies[w] for w in chosen}, tuning.keyword_match_cap),
         )
         keyword = statements.keyword_candidates(
-            cursor, corpus, scope, terms, limit, tuning, few=probed.get("few", False)
+            cursor, corpus, scope, terms, limit, tuning, few=few
         )
         new = [i for i in keyword if i not in candidates]
         rows = []
@@ -316,7 +316,7 @@ def with_feedback(
     again = Candidates(
         semantic=dict(found.semantic),
         keyword={
-            i: found.keyword.get(i, 0.0) + ranking.keyword_score(known.words.get(i, ()), added)
+            i: found.keyword.get(i, 0.0) + ranking.keyword_score(words.get(i, ()), added)
             for i in candidates
         }
         | keyword,
@@ -400,7 +400,7 @@ def find_candidates(
         terms = NO_TERMS
         keyword = {}
         if mode != "semantic":
-            terms = statements.query_terms(cursor, corpus, query, tuning)
+            terms = statements.query_terms(cursor, corpus, scope, query, tuning, few=few)
             keyword = statements.keyword_candidates(
                 cursor, corpus, scope, terms, limit, tuning, few=few
             )

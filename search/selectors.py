@@ -39,7 +39,7 @@ MESSAGES = Corpus(
     "message",
     size_sql="SELECT coalesce(max(document_count), 0) FROM search_corpus_stat",
     neighbours=True,
-    kept_statistics=True,
+    feedback=True,
     author="author_name",
 )
 

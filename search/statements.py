@@ -12,7 +12,7 @@ Two retrievers run in PostgreSQL, each over the caller's scope only:
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from conversations.models import TEXT_SEARCH_CONFIG
 from search.ranking import bm25_idf, rarest_within
@@ -30,9 +30,8 @@ class Corpus:
     # Conversations: the turns just before and after each candidate count for it
     # (``conversation_id`` and ``seq`` columns).
     neighbours: bool = False
-    # Where word frequencies come from: the corpus statistics kept as rows are embedded
-    # (``search.models``), or PostgreSQL's statistics of the column (``query_terms``).
-    kept_statistics: bool = False
+    # Keyword feedback applies (``SearchTuning.feedback_words``: conversation turns).
+    feedback: bool = False
     # Who wrote each row (messages: ``author_name``): a query that names the author of a
     # candidate ranks it higher (``SearchTuning.author_weight``).
     author: str = ""
@@ -103,7 +102,8 @@ def exact_below(corpus: Corpus, limit: int, tuning: SearchTuning) -> tuple[str, 
 # - that it holds a row (never that it holds none: a row saved since must be found). One
 #   emptied meanwhile is searched and answers nothing, as it should;
 # - whether a principal sees few conversations (``sees_few``): a round trip of every
-#   message search.
+#   message search;
+# - how many of its rows hold each word (``scope_words``): a word's weight, up to a minute old.
 SCOPE_KEPT_SECONDS = 60
 SCOPES_KEPT = 4096
 _KEPT: dict[tuple, tuple[object, float]] = {}
@@ -244,143 +244,113 @@ class Terms:
 NO_TERMS = Terms({}, [])
 
 
-def query_terms(cursor, corpus: Corpus, text: str, tuning: SearchTuning) -> Terms:
-    """The query's words, weighted by how rare they are in the whole corpus: from the
-    statistics kept as rows are embedded (messages), or from PostgreSQL's own statistics
-    of the column (``_column_statistics``), rare words counted."""
-    if corpus.kept_statistics:
-        cursor.execute(
-            """
-            SELECT q.lexeme, coalesce(t.document_count, 0), c.document_count
-            FROM unnest(tsvector_to_array(to_tsvector(%s::regconfig, %s))) AS q(lexeme)
-            LEFT JOIN search_term_stat t ON t.lexeme = q.lexeme
-            LEFT JOIN search_corpus_stat c ON c.id = 1
-            """,
-            [TEXT_SEARCH_CONFIG, text],
-        )
-        rows = cursor.fetchall()
-        if not rows:
-            return NO_TERMS
-        documents = rows[0][2] or 0
-        frequencies = {lexeme: frequency for lexeme, frequency, _ in rows}
-    else:
-        documents, frequencies = _column_frequencies(cursor, corpus, text, tuning)
-        if not frequencies:
-            return NO_TERMS
-    documents = max(documents, 1)
-    frequencies = {lexeme: min(f, documents) for lexeme, f in frequencies.items()}
+def query_terms(
+    cursor, corpus: Corpus, scope: Scope, text: str, tuning: SearchTuning, *, few: bool = False
+) -> Terms:
+    """The query's words, each weighted by how rare it is among the rows the caller may read
+    (``scope_words``), and the rarest to match candidates on."""
+    lexemes = text_lexemes(cursor, text)
+    if not lexemes:
+        return NO_TERMS
+    words = scope_words(cursor, corpus, scope, tuning, few=few)
+    frequencies = {lexeme: words.frequency(lexeme) for lexeme in lexemes}
     return Terms(
-        bm25_idf(frequencies, documents, floor=tuning.document_count_floor),
+        bm25_idf(frequencies, words.documents, floor=tuning.document_count_floor),
         rarest_within(frequencies, tuning.keyword_match_cap),
     )
 
 
-@dataclass(frozen=True)
-class _ColumnStatistics:
-    documents: int  # the table's rows, as ANALYZE last counted them
-    shares: dict[str, float]  # each common lexeme: the share of rows holding it
-    read_at: float
-    # Each less common lexeme a query held: the rows holding it, counted (up to the cap)
-    # once while these statistics are kept. Names and rare words come back in the next
-    # questions, and the count was a round trip of every search (0.45 ms of 7).
-    counted: dict[str, int] = field(default_factory=dict)
+# The lexemes of texts searched lately (``to_tsvector``'s: they depend on the text alone).
+_LEXEMES: dict[str, list[str]] = {}
+LEXEMES_KEPT = 4096
 
 
-_COLUMN_STATISTICS: dict[str, _ColumnStatistics] = {}
-# ANALYZE refreshes the statistics now and then; a process reads them again this often.
-COLUMN_STATISTICS_SECONDS = 300
-# Before the table's first ANALYZE (autovacuum's comes within a minute or so of a bulk of
-# writes), sooner: until then every search counts each of its words (30 ms, not 13).
-MISSING_STATISTICS_SECONDS = 10
-# The lexemes counted beside them, at most (then counted afresh).
-COUNTED_LEXEMES_KEPT = 10_000
-
-
-def _column_statistics(cursor, corpus: Corpus) -> _ColumnStatistics | None:
-    """PostgreSQL's statistics of the corpus's ``search_vector`` (ANALYZE's most common
-    lexemes and the share of rows holding each), or None before the table was analysed.
-    Read through the ``pg_stats`` view, which costs milliseconds: kept per process."""
-    known = _COLUMN_STATISTICS.get(corpus.table)
-    kept = COLUMN_STATISTICS_SECONDS if known and known.shares else MISSING_STATISTICS_SECONDS
-    if known is not None and time.monotonic() - known.read_at < kept:
-        return known if known.shares else None
-    cursor.execute(
-        """
-        SELECT s.most_common_elems::text::text[], s.most_common_elem_freqs, c.reltuples
-        FROM pg_class c
-        LEFT JOIN pg_stats s ON s.schemaname = current_schema() AND s.tablename = c.relname
-                            AND s.attname = 'search_vector'
-        WHERE c.oid = %s::regclass
-        """,
-        [corpus.table],
-    )
-    lexemes, shares, rows = cursor.fetchone()
-    if not lexemes or rows is None or rows <= 0:
-        # Not analysed yet (a new or small table): known too, until the next reading.
-        known = _ColumnStatistics(documents=0, shares={}, read_at=time.monotonic())
-    else:
-        known = _ColumnStatistics(
-            documents=int(rows),
-            shares=dict(zip(lexemes, shares[: len(lexemes)], strict=True)),
-            read_at=time.monotonic(),
+def text_lexemes(cursor, text: str) -> list[str]:
+    """The lexemes a search of ``text`` looks for (its words stemmed, stop words out)."""
+    lexemes = _LEXEMES.get(text)
+    if lexemes is None:
+        cursor.execute(
+            "SELECT tsvector_to_array(to_tsvector(%s::regconfig, %s))", [TEXT_SEARCH_CONFIG, text]
         )
-    _COLUMN_STATISTICS[corpus.table] = known
-    return known if known.shares else None
+        lexemes = cursor.fetchone()[0] or []
+        if len(_LEXEMES) >= LEXEMES_KEPT:
+            _LEXEMES.clear()
+        _LEXEMES[text] = lexemes
+    return lexemes
 
 
-def _column_frequencies(cursor, corpus: Corpus, text: str, tuning: SearchTuning):
-    """(documents, {lexeme: rows holding it}) for the query's words. A common word's count
-    comes from the statistics; any other word holds at most about as many rows as the
-    least common of those, so counting it stops there and stays cheap, and it is counted
-    once while the statistics are kept (``_ColumnStatistics.counted``). Before the table
-    was analysed, words and rows are counted up to ``rare_word_count_cap``, each time."""
-    cursor.execute(
-        "SELECT tsvector_to_array(to_tsvector(%s::regconfig, %s))", [TEXT_SEARCH_CONFIG, text]
+@dataclass(frozen=True)
+class ScopeWords:
+    """How many rows of a scope hold each word: counted in all of them, or in the first
+    ``sampled`` of a larger scope and scaled to its ``documents``."""
+
+    documents: int  # the scope's rows (counted up to ``SearchTuning.scope_rows_cap``)
+    sampled: int  # the rows whose words were counted
+    counts: dict[str, int]  # each word they hold at least ``least`` times: how many hold it
+    least: int
+
+    def frequency(self, lexeme: str) -> int:
+        """About how many rows of the scope hold ``lexeme`` (0 for a word held by fewer
+        than ``least`` of the rows read: rare)."""
+        return round(self.counts.get(lexeme, 0) * self.documents / max(self.sampled, 1))
+
+
+def scope_words(
+    cursor, corpus: Corpus, scope: Scope, tuning: SearchTuning, *, few: bool = False
+) -> ScopeWords:
+    """The words of the rows the caller may read, counted (``ScopeWords``): the first
+    ``tuning.scope_sample_rows`` rows of the scope, each word held by at least
+    ``document_count_floor`` of them (a word in fewer weighs as one in none), and the rows
+    of a larger scope counted up to ``tuning.scope_rows_cap``. One statement, kept
+    ``SCOPE_KEPT_SECONDS`` per scope: agents search one scope again and again.
+
+    Counted in the caller's scope, never in the whole corpus: a weight from everyone's rows
+    told the caller how many of them hold a word. A stranger's 30 private messages holding
+    it moved the caller's score from 3.64 to 2.03, and working BM25 backwards gave the
+    exact count; the words chosen to match on told it too (``rarest_within``)."""
+    least = max(tuning.document_count_floor, 1)
+    key = _scope_key(
+        "words", corpus, scope, few, tuning.scope_sample_rows, tuning.scope_rows_cap, least
     )
-    lexemes = cursor.fetchone()[0]
-    if not lexemes:
-        return 0, {}
-    statistics = _column_statistics(cursor, corpus)
-    cap = tuning.rare_word_count_cap
-    frequencies = {}
-    if statistics is not None:
-        documents = statistics.documents
-        frequencies = {
-            lexeme: round(statistics.shares[lexeme] * documents)
-            for lexeme in lexemes
-            if lexeme in statistics.shares
-        }
-        cap = max(1, round(min(statistics.shares.values()) * documents))
-    rare = [lexeme for lexeme in lexemes if lexeme not in frequencies]
-    if statistics is not None:
-        # One read of each (``get``): another request thread may empty the counts (their cap
-        # reached) between a test and a read.
-        kept = {lexeme: statistics.counted.get(lexeme) for lexeme in rare}
-        frequencies.update((lexeme, n) for lexeme, n in kept.items() if n is not None)
-        rare = [lexeme for lexeme in rare if lexeme not in frequencies]
-        if not rare:
-            return documents, frequencies
-    cursor.execute(
+    return _kept_or_learned(key, lambda: _counted_words(cursor, corpus, scope, tuning, few, least))
+
+
+def _counted_words(
+    cursor, corpus: Corpus, scope: Scope, tuning: SearchTuning, few: bool, least: int
+) -> ScopeWords:
+    where = scope.sql_for(few)
+    rows = execute_planned(
+        cursor,
         f"""
-        SELECT q.lexeme,
-               (SELECT count(*) FROM (
-                    SELECT 1 FROM {corpus.table} m
-                    WHERE m.search_vector @@ to_tsquery('simple', quote_literal(q.lexeme))
-                    LIMIT %s) f),
-               (SELECT count(*) FROM (SELECT 1 FROM {corpus.table} LIMIT %s) d)
-        FROM unnest(%s::text[]) AS q(lexeme)
+        WITH sample AS MATERIALIZED (
+            SELECT m.search_vector FROM {corpus.table} m WHERE {where} LIMIT %s
+        ), sampled AS (SELECT count(*) AS n FROM sample)
+        SELECT NULL, n, CASE WHEN n < %s THEN n ELSE (
+                   SELECT count(*) FROM (
+                       SELECT 1 FROM {corpus.table} m WHERE {where} LIMIT %s) d) END
+        FROM sampled
+        UNION ALL
+        SELECT lexeme, count(*), NULL
+        FROM sample, unnest(tsvector_to_array(sample.search_vector)) AS w(lexeme)
+        GROUP BY lexeme HAVING count(*) >= %s
         """,
-        [cap, tuning.rare_word_count_cap, rare],
+        [
+            *scope.params,
+            tuning.scope_sample_rows,
+            tuning.scope_sample_rows,
+            *scope.params,
+            tuning.scope_rows_cap,
+            least,
+        ],
+        _keyword_settings(corpus, scope),
     )
-    for lexeme, frequency, counted in cursor.fetchall():
-        frequencies[lexeme] = frequency
-        if statistics is None:
-            documents = counted
-    if statistics is not None:
-        if len(statistics.counted) >= COUNTED_LEXEMES_KEPT:
-            statistics.counted.clear()
-        statistics.counted.update((lexeme, frequencies[lexeme]) for lexeme in rare)
-    return documents, frequencies
+    counts, sampled, documents = {}, 0, 0
+    for lexeme, count, counted in rows:
+        if lexeme is None:
+            sampled, documents = count, counted
+        else:
+            counts[lexeme] = count
+    return ScopeWords(max(documents, 1), sampled, counts, least)
 
 
 def execute_planned(cursor, sql: str, params: list, settings: dict) -> list[tuple]:
@@ -414,6 +384,17 @@ def execute_planned(cursor, sql: str, params: list, settings: dict) -> list[tupl
     return cursor.fetchall()
 
 
+def _keyword_settings(corpus: Corpus, scope: Scope) -> dict:
+    """The planner settings of a statement reading a scope's rows by their words
+    (``execute_planned``, ``keyword_candidates``)."""
+    settings = {"enable_nestloop": "off"}
+    if not scope.visible_sql:
+        settings["enable_seqscan"] = "off"
+        if corpus.scoped_words:
+            settings["enable_indexscan"] = "off"
+    return settings
+
+
 def keyword_candidates(
     cursor,
     corpus: Corpus,
@@ -438,11 +419,6 @@ def keyword_candidates(
     against 1.3; for the commonest words the word index costs 0.3 ms more)."""
     if not terms.idf:
         return {}
-    settings = {"enable_nestloop": "off"}
-    if not scope.visible_sql:
-        settings["enable_seqscan"] = "off"
-        if corpus.scoped_words:
-            settings["enable_indexscan"] = "off"
     score, score_params = terms.score_sql("m.search_vector")
     rows = execute_planned(
         cursor,
@@ -455,7 +431,7 @@ def keyword_candidates(
         ORDER BY score DESC LIMIT %s
         """,
         [*score_params, terms.match_sql(), *scope.params, tuning.keyword_match_cap, limit],
-        settings,
+        _keyword_settings(corpus, scope),
     )
     return {row_id: float(value) for row_id, value in rows}
 
@@ -626,52 +602,20 @@ def described(
     return cursor.fetchall()
 
 
-@dataclass(frozen=True)
-class RowWords:
-    """The words of some rows, and how many rows of the searched corpus hold each word of
-    the feedback rows."""
-
-    words: dict  # row id -> its lexemes
-    frequencies: dict[str, int]
-    documents: int
-
-
-def row_words(
-    cursor, corpus: Corpus, ids: list, feedback: list, citing: Corpus | None, citing_ids: list
-) -> RowWords:
-    """The words of the rows ``ids`` and ``feedback`` of ``corpus`` and ``citing_ids`` of
-    ``citing`` (memories), and the corpus's kept statistics (``Corpus.kept_statistics``) of
-    the words of ``feedback`` and ``citing_ids``: what keyword feedback chooses from, and
-    what it scores the candidates by."""
-    citing_rows, params = "", [list({*ids, *feedback})]
+def row_words(cursor, corpus: Corpus, ids: list, citing: Corpus | None, citing_ids: list) -> dict:
+    """The words of the rows ``ids`` of ``corpus`` and ``citing_ids`` of ``citing``
+    (memories): what keyword feedback chooses from, and scores the candidates by."""
+    citing_rows, params = "", [list(ids)]
     if citing is not None and citing_ids:
         citing_rows = f"""
             UNION ALL
-            SELECT id, tsvector_to_array(search_vector), true FROM {citing.table}
-            WHERE id = ANY(%s)"""
+            SELECT id, tsvector_to_array(search_vector) FROM {citing.table} WHERE id = ANY(%s)"""
         params.append(list(citing_ids))
     cursor.execute(
         f"""
-        WITH rows AS (
-            SELECT id, tsvector_to_array(search_vector) AS lexemes, id = ANY(%s) AS feedback
-            FROM {corpus.table} WHERE id = ANY(%s) {citing_rows}
-        )
-        SELECT id, lexemes, NULL::bigint, NULL::bigint FROM rows
-        UNION ALL
-        SELECT NULL, ARRAY[f.lexeme], coalesce(t.document_count, 0), c.document_count
-        FROM (SELECT DISTINCT unnest(lexemes) AS lexeme FROM rows WHERE feedback) f
-        LEFT JOIN search_term_stat t ON t.lexeme = f.lexeme
-        LEFT JOIN search_corpus_stat c ON c.id = 1
+        SELECT id, tsvector_to_array(search_vector) FROM {corpus.table}
+        WHERE id = ANY(%s) {citing_rows}
         """,
-        [list(feedback), *params],
+        params,
     )
-    words: dict = {}
-    frequencies: dict[str, int] = {}
-    documents = 0
-    for row_id, lexemes, frequency, counted in cursor.fetchall():
-        if row_id is not None:
-            words[row_id] = lexemes
-        else:
-            frequencies[lexemes[0]] = frequency
-            documents = counted or 0
-    return RowWords(words, frequencies, documents)
+    return dict(cursor.fetchall())

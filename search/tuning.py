@@ -96,12 +96,15 @@ class SearchTuning:
     # commoner words still add to the score of the rows found. BM25 ranks those matches at
     # a cost proportional to their number.
     keyword_match_cap: int = 500
-    # A word's weight comes from the whole service's counts, not the searcher's: a score
-    # would tell how many rows anyone holds it in (one more private message of someone
-    # else's moved a stranger's score). Counted as at least this many rows, a word in fewer
-    # weighs as one in none, and the scores say nothing of it. LoCoMo: hybrid unchanged,
-    # keyword mode hit@5 -0.015 (docs/benchmarks.md, "Word counts and privacy").
+    # A word's weight (its BM25 IDF) comes from the rows the searcher may read
+    # (``search.statements.scope_words``): the words of the scope's first
+    # ``scope_sample_rows`` rows, counted, and a larger scope's rows counted up to
+    # ``scope_rows_cap``. Each word counts as held by at least ``document_count_floor``
+    # rows: a word in fewer weighs as one in none (docs/benchmarks.md, "Word counts and
+    # privacy").
     document_count_floor: int = 5
+    scope_sample_rows: int = 5000
+    scope_rows_cap: int = 100_000
     hnsw_ef_search: int = 100
     # Exact distances or the HNSW graph. The exact scan costs in proportion to the scope;
     # the graph returns about candidates x corpus / scope rows before enough of them are in
@@ -117,13 +120,20 @@ class SearchTuning:
     # The graph walk gives up after this many rows (pgvector's default); a walk starved by
     # the access filter is redone with exact distances.
     hnsw_max_scan_tuples: int = 20_000
-    # A corpus without kept statistics (memories) counts the rows holding a word that
-    # PostgreSQL's statistics do not list as common, up to this many: a word past it is
-    # common enough that its exact count no longer moves its weight much.
-    rare_word_count_cap: int = 1000
 
     def __post_init__(self):
-        _check_numbers(self, positive=("min_candidates", "hnsw_ef_search", "hnsw_max_scan_tuples"))
+        _check_numbers(
+            self,
+            positive=(
+                "min_candidates",
+                "hnsw_ef_search",
+                "hnsw_max_scan_tuples",
+                "scope_sample_rows",
+                "scope_rows_cap",
+            ),
+        )
+        if self.scope_rows_cap < self.scope_sample_rows:
+            raise ValueError("scope_rows_cap must be >= scope_sample_rows")
         if self.hnsw_ef_search > 1000:  # pgvector's most
             raise ValueError(f"hnsw_ef_search must be <= 1000, got {self.hnsw_ef_search}")
         if self.citation_mode not in SEARCH_MODES:

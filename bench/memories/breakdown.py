@@ -74,7 +74,7 @@ def main(argv=None) -> int:
             steps["embedding"].append(time.perf_counter() - started)
             with transaction.atomic(), connection.cursor() as cursor:
                 started = time.perf_counter()
-                terms = statements.query_terms(cursor, MEMORIES, query, tuning)
+                terms = statements.query_terms(cursor, MEMORIES, scope, query, tuning)
                 steps["terms"].append(time.perf_counter() - started)
                 started = time.perf_counter()
                 keyword = statements.keyword_candidates(

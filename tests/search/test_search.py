@@ -273,6 +273,34 @@ def bobs_conversation(bob, content):
 
 
 @pytest.mark.parametrize("mode", ["keyword", "hybrid"])
+def test_what_strangers_write_moves_no_score_or_rank_of_a_search(api, alice, bob, mode):
+    """An outside review: Bob's own message scored 3.6424 in keyword mode; after Alice wrote
+    30 private messages holding its word it scored 2.0307, and BM25 worked backwards gave
+    her count exactly (31 with his). A word weighs by the rows the searcher may read."""
+    conversation = ConversationFactory(group__owner=bob.id)
+    texts = ["the merger talks went well", "lunch was late"]
+    for text in texts + [f"the weather is fine on day {i}" for i in range(8)]:
+        MessageFactory(conversation=conversation, author_name="bob", content=text)
+    embed_pending()
+
+    def bobs_results():
+        statements._KEPT.clear()  # (nothing Bob's searches learned before)
+        return [
+            (h["message"]["content"], h["score"])
+            for h in search(api, bob, "merger weather", mode=mode)
+        ]
+
+    before = bobs_results()
+    assert before[0][0] == "the merger talks went well"
+    assert before[1][0].startswith("the weather is fine")
+    hers = ConversationFactory(group__owner=alice.id)
+    for i in range(30):
+        MessageFactory(conversation=hers, author_name="alice", content=f"merger memo {i}")
+    embed_pending()
+    assert bobs_results() == before
+
+
+@pytest.mark.parametrize("mode", ["keyword", "hybrid"])
 def test_a_principal_who_sees_few_conversations_finds_what_one_who_sees_many_would(
     api, alice, bob, pets, settings, mode
 ):

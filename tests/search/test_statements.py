@@ -1,154 +1,103 @@
-"""How rare a query word is, in a corpus without kept statistics (memories): PostgreSQL's
-own statistics of the column for common words, a capped count for the rest."""
+"""How rare a query word is: counted among the rows the searcher may read, never the whole
+corpus's (memories here; messages in tests/search/test_search.py)."""
 
-import time
 from dataclasses import replace
 
 import pytest
 from django.db import connection
 
 from agents_api.models import Memory, content_hash
-from agents_api.selectors import MEMORIES
+from agents_api.selectors import MEMORIES, memory_scope
 from conversations.models import Message, Role
 from search import statements
-from search.statements import query_terms
+from search.statements import query_terms, scope_words
 from search.tuning import DEFAULT_TUNING
 from tests.factories import AgentFactory, ConversationFactory
 
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture(autouse=True)
-def fresh_statistics():
-    """Each test reads the statistics of its own rows (a process keeps what it read)."""
-    statements._COLUMN_STATISTICS.clear()
-    yield
-    statements._COLUMN_STATISTICS.clear()
-
-
-def memories(agent, texts):
+def memories(agent, texts, user_id=""):
     Memory.objects.bulk_create(
-        Memory(agent=agent, content=text, content_hash=content_hash(text)) for text in texts
+        Memory(agent=agent, user_id=user_id, content=text, content_hash=content_hash(text))
+        for text in texts
     )
 
 
-def terms(text, **tuning):
+def terms(text, agent=None, user_id="", **tuning):
+    scope = memory_scope(agent.id if agent else None, user_id)
     with connection.cursor() as cursor:
-        return query_terms(cursor, MEMORIES, text, replace(DEFAULT_TUNING, **tuning))
+        return query_terms(cursor, MEMORIES, scope, text, replace(DEFAULT_TUNING, **tuning))
 
 
-@pytest.mark.parametrize("analysed", [False, True])
-def test_a_rarer_word_weighs_more_with_or_without_statistics(analysed):
+def test_a_rarer_word_weighs_more():
     agent = AgentFactory()
     memories(agent, [f"note {i} about the weather" for i in range(400)])
     memories(agent, ["the user keeps a capybara"])
-    if analysed:
-        with connection.cursor() as cursor:
-            cursor.execute("ANALYZE memory")
-            cursor.execute(
-                "SELECT 'weather' = ANY(most_common_elems::text::text[]) FROM pg_stats "
-                "WHERE tablename = 'memory' AND attname = 'search_vector'"
-            )
-            assert cursor.fetchone() == (True,)  # the common word comes from the statistics
-    found = terms("capybara weather")
+    found = terms("capybara weather", agent)
     assert found.idf["capybara"] > 3 * found.idf["weather"]
     assert found.match_on[0] == "capybara"
 
 
-def test_a_table_not_analysed_yet_is_read_once_per_while():
-    """No statistics (a table not analysed, or too small for common words) is known too:
-    the next searches count words without asking again."""
-    agent = AgentFactory()
-    memories(agent, ["the user keeps a capybara"])  # too few rows for any common word
-    reads = []
+def test_a_word_weighs_by_the_rows_of_the_scope_alone():
+    """What other agents or users keep moves no weight and no choice of words: a weight
+    from everyone's rows told a searcher how many rows of others hold a word (a stranger's
+    30 private messages moved a score from 3.64 to 2.03, and BM25 worked backwards gave the
+    count)."""
+    agent, stranger = AgentFactory(), AgentFactory()
+    memories(agent, [f"note {i} about the weather" for i in range(40)])
+    memories(agent, [f"the user met a capybara, day {i}" for i in range(8)])
+    before = terms("capybara weather", agent, keyword_match_cap=10)
+    memories(stranger, [f"secret capybara plan {i}" for i in range(300)])
+    memories(agent, [f"capybara {i}" for i in range(300)], user_id="someone else")
+    statements._KEPT.clear()  # (not a weight kept from before)
+    assert terms("capybara weather", agent, keyword_match_cap=10) == before
+    assert before.idf["capybara"] > before.idf["weather"]
+    assert before.match_on == ["capybara"]  # (the commoner word is not matched on)
+    everyone = terms("capybara weather", keyword_match_cap=10)  # (a scope of every agent)
+    assert everyone.idf["capybara"] < everyone.idf["weather"]
+    assert everyone.match_on == ["weather"]
 
-    def count(execute, sql, params, many, context):
-        reads.append("pg_stats" in sql)
+
+def test_the_words_of_a_scope_are_counted_once_a_while(monkeypatch):
+    """One statement counts a scope's words; the next queries of the scope send none but
+    for their own lexemes (a text not seen lately); another scope is counted anew."""
+    agent, other = AgentFactory(), AgentFactory()
+    memories(agent, ["the user keeps a capybara", "a wombat"])
+    memories(other, ["a wombat"])
+    sent = []
+
+    def record(execute, sql, params, many, context):
+        sent.append("words" if "MATERIALIZED" in sql else "lexemes" if "to_tsvector" in sql else "")
         return execute(sql, params, many, context)
 
-    with connection.execute_wrapper(count):
-        for _ in range(3):
-            assert terms("capybara").match_on == ["capybara"]
-    assert sum(reads) == 1
+    statements._LEXEMES.clear()
+    with connection.execute_wrapper(record):
+        first = terms("capybara", agent)
+        assert sent == ["lexemes", "words"]
+        assert terms("capybara", agent) == first
+        assert terms("wombat", agent).idf == {"wombat": first.idf["capybara"]}
+        assert sent == ["lexemes", "words", "lexemes"]
+        terms("wombat", other)
+        assert sent[3:] == ["words"]
+        monkeypatch.setattr(statements, "SCOPE_KEPT_SECONDS", 0)
+        terms("capybara", agent)
+    assert sent[4:] == ["words"]
 
 
-def test_statistics_made_after_a_table_was_read_without_them_are_read_within_seconds(
-    monkeypatch,
-):
-    """A store filled faster than autovacuum's first ANALYZE was read without statistics,
-    and a process then kept that for 5 minutes, each search counting all of its words
-    (30 ms a search, not 13): a table without them is read again after seconds."""
+def test_a_larger_scope_is_counted_in_a_sample_of_its_rows_and_scaled():
     agent = AgentFactory()
-    memories(agent, [f"note {i} about the weather" for i in range(400)])
-    now = [1000.0]
-    monkeypatch.setattr(statements.time, "monotonic", lambda: now[0])
+    memories(agent, [f"note {i} about the weather" for i in range(20)])
+    memories(agent, [f"note {i} about the rain" for i in range(20, 40)])
+    tuning = replace(DEFAULT_TUNING, scope_sample_rows=10, scope_rows_cap=30)
     with connection.cursor() as cursor:
-        # Not analysed yet: whatever autovacuum made of an earlier test's rows goes (a test
-        # of this process before this one had left statistics).
-        cursor.execute(
-            "SELECT pg_clear_relation_stats(current_schema(), 'memory'),"
-            " pg_clear_attribute_stats(current_schema(), 'memory', 'search_vector', false)"
-        )
-        assert statements._column_statistics(cursor, MEMORIES) is None  # not analysed yet
-        cursor.execute("ANALYZE memory")
-        now[0] += statements.MISSING_STATISTICS_SECONDS - 1
-        assert statements._column_statistics(cursor, MEMORIES) is None  # (kept a while)
-        now[0] += 2
-        read = statements._column_statistics(cursor, MEMORIES)
-        assert read is not None and "weather" in read.shares
-        cursor.execute("DELETE FROM memory")
-        cursor.execute("ANALYZE memory")
-        now[0] += statements.MISSING_STATISTICS_SECONDS + 1
-        assert statements._column_statistics(cursor, MEMORIES) is read  # (kept minutes)
-
-
-def test_a_less_common_word_is_counted_once_while_the_statistics_are_kept():
-    agent = AgentFactory()
-    memories(agent, [f"note {i} about the weather" for i in range(400)])
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE memory")
-    memories(agent, ["the user keeps a capybara", "a wombat"])  # words ANALYZE did not see
-    counted = []
-
-    def count(execute, sql, params, many, context):
-        if "unnest(%s::text[])" in sql:
-            counted.append(params[-1])
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(count):
-        first = terms("capybara weather")
-        assert terms("the weather of a capybara") == first
-        terms("a wombat and a capybara")
-        assert counted == [["capybara"], ["wombat"]]
-        statements._COLUMN_STATISTICS["memory"] = replace(
-            statements._COLUMN_STATISTICS["memory"],
-            read_at=time.monotonic() - statements.COLUMN_STATISTICS_SECONDS - 1,
-        )  # statistics as old as a process keeps them: read again, words counted again
-        # (not ``read_at=0``: a machine up for less than those seconds counts from there)
-        assert terms("capybara weather") == first
-    assert counted[2:] == [["capybara"]]
-
-
-class EmptiedMeanwhile(dict):
-    """Counts that another request thread empties (their cap reached) just after this one
-    found a word among them."""
-
-    def __contains__(self, lexeme):
-        found = super().__contains__(lexeme)
-        self.clear()
-        return found
-
-
-def test_a_count_kept_is_read_once_while_other_threads_may_empty_them():
-    agent = AgentFactory()
-    memories(agent, [f"note {i} about the weather" for i in range(400)])
-    with connection.cursor() as cursor:
-        cursor.execute("ANALYZE memory")
-    memories(agent, ["the user keeps a capybara"])
-    first = terms("capybara weather")
-    kept = statements._COLUMN_STATISTICS["memory"]
-    statements._COLUMN_STATISTICS["memory"] = replace(kept, counted=EmptiedMeanwhile(kept.counted))
-    assert terms("capybara weather") == first
+        words = scope_words(cursor, MEMORIES, memory_scope(agent.id, ""), tuning)
+    assert (words.documents, words.sampled) == (30, 10)  # (rows counted up to the cap)
+    assert words.frequency("note") == 30
+    assert words.frequency("capybara") == 0
+    held = {"weather": words.counts.get("weather", 0), "rain": words.counts.get("rain", 0)}
+    assert sum(held.values()) == 10  # the sample's ten rows, each holding one of them
+    assert words.frequency("weather") == held["weather"] * 3
 
 
 def test_a_search_of_an_empty_store_is_one_probe(settings):
@@ -199,9 +148,7 @@ def two_stores():
 def planned_keyword_candidates(agent, word):
     """The keyword candidates of ``word`` in the agent's memories of no user, and the plan
     of their statement, as it is sent."""
-    from agents_api.selectors import memory_scope
-
-    found = terms(word)
+    found = terms(word, agent)
     plans = []
 
     def explain(execute, sql, params, many, context):
@@ -233,7 +180,7 @@ def test_a_keyword_search_of_a_large_store_reads_its_words_within_the_scope(two_
     for _sample in range(5):
         with connection.cursor() as cursor:
             cursor.execute("ANALYZE memory")
-        statements._COLUMN_STATISTICS.clear()
+        statements._KEPT.clear()
         rows, plan = planned_keyword_candidates(store, "rain")
         assert len(rows) == 30
         held = Memory.objects.filter(pk__in=rows, agent=store, content__endswith="rain")
