@@ -13,8 +13,7 @@ It starts a private memsvc (see ``bench.common``) and builds a corpus in three s
    perturbation (then normalised), so the vector index holds distinct vectors of a
    realistic distribution without embedding 100,000 texts. The vector and full-text
    indexes are dropped for the copy and built again after it (the same definitions): one
-   build is far faster than a million inserts into the graph. ``memsvc reindex`` then
-   recounts the keyword statistics.
+   build is far faster than a million inserts into the graph.
 
 Then it measures ``POST /v1/user/search/messages`` over HTTP, query embedding included,
 for the auditor (sees everything) and the visitor (sees 1%): p50/p95/p99 of sequential
@@ -25,8 +24,6 @@ in place), otherwise from a small generator.
 import argparse
 import json
 import random
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -368,12 +365,6 @@ def main(argv=None) -> int:
             # the benchmark measures the steady state, not autovacuum's next round.
             conn.execute("VACUUM ANALYZE")
             total = conn.execute("SELECT count(*) FROM message").fetchone()[0]
-        subprocess.run(  # noqa: S603 (our own console script, recounts keyword statistics)
-            [str(Path(sys.executable).with_name("memsvc")), "reindex"],
-            env=env,
-            check=True,
-            capture_output=True,
-        )
 
         results = {}
         for user in ("auditor", "visitor"):

@@ -164,7 +164,7 @@ class ConversationGroupAdmin(LargeTableAdmin):
     def save_model(self, request, obj, form, change):
         pass  # nothing of a group is edited here, and its row is not locked before its members'
 
-    # Deleted as the API deletes, the messages' words counted out of the keyword statistics.
+    # Deleted as the API deletes.
     def delete_model(self, request, obj):
         conversation_groups_delete(operator(request), group_ids=[obj.pk])
 
@@ -217,9 +217,9 @@ class ConversationAdmin(MetadataChecked, LargeTableAdmin):
     def has_add_permission(self, request):
         return False
 
-    # Deleted as the API deletes: with the forks below it, a root with its whole group, the
-    # messages' words counted out of the keyword statistics. So a root's deletion is the
-    # group's: it needs the group's permission and lists what the group's would.
+    # Deleted as the API deletes: with the forks below it, a root with its whole group. So a
+    # root's deletion is the group's: it needs the group's permission and lists what the
+    # group's would.
     def has_delete_permission(self, request, obj=None):
         if obj is not None and obj.forked_at_conversation_id is None:
             return self.admin_site.get_model_admin(ConversationGroup).has_delete_permission(
@@ -313,8 +313,8 @@ class MessageAdmin(LargeTableAdmin):
     )
     ordering = ("-seq",)
 
-    # Messages are written through the APIs (their place, vector and keyword statistics
-    # follow from the services): here they are read, and deleted.
+    # Messages are written through the APIs (their place and vector follow from the
+    # services): here they are read, and deleted.
     def has_add_permission(self, request):
         return False
 

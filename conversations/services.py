@@ -34,7 +34,6 @@ from conversations.selectors import conversation_owner_id, history_message_befor
 from memsvc.api.errors import Conflict, Forbidden, InvalidInput, NotFound
 from memsvc.api.principals import Principal, agent_uuid_of
 from memsvc.db import held_keys, hold_users, locked_row
-from search.services import uncount_messages
 from search.tasks import enqueue_embedding
 
 # --- conversations ---------------------------------------------------------------------------
@@ -131,8 +130,7 @@ def conversation_delete(
 @transaction.atomic
 def conversation_groups_delete(actor: Principal, *, group_ids) -> list:
     """Delete conversation groups: every conversation, message, membership and transfer in
-    them, the messages' words counted out of the keyword statistics. The ids of the messages
-    deleted."""
+    them. The ids of the messages deleted."""
     _lock_groups_to_delete(group_ids)
     _lock_conversations(Conversation.objects.filter(group_id__in=group_ids))
     messages = _messages_delete(Message.objects.filter(conversation__group_id__in=group_ids))
@@ -398,9 +396,8 @@ def summary_create(
 
 @transaction.atomic
 def messages_delete(actor: Principal, *, messages) -> list:
-    """Delete these messages (a queryset), as an operator does in the admin: their words
-    counted out of the keyword statistics, forks made at one of them starting at the
-    history message before it instead, summaries covering up to one of them covering up to
+    """Delete these messages (a queryset), as an operator does in the admin: forks made at
+    one of them starting at the history message before it instead, summaries covering up to one of them covering up to
     the message before it. The ids of those deleted.
 
     Their groups' conversations are locked first (``_groups_of``), then the
@@ -414,15 +411,13 @@ def messages_delete(actor: Principal, *, messages) -> list:
 
 
 def _messages_delete(messages) -> list:
-    """Delete these messages (a queryset), their words counted out of the keyword statistics
-    (``search.services.uncount_messages``); replies to them lose their parent. Caller makes
+    """Delete these messages (a queryset); replies to them lose their parent. Caller makes
     sure no conversation that stays is forked at one of them (``_forks_moved_off``). The
     ids of those deleted."""
     ids = _lock_messages(messages)
     if not ids:
         return []
     with connection.cursor() as cursor:
-        uncount_messages(cursor, ids)
         cursor.execute(
             "UPDATE message SET parent_message_id = NULL WHERE parent_message_id = ANY(%s)", [ids]
         )

@@ -252,12 +252,11 @@ def cmd_reindex(args: argparse.Namespace) -> int:
         tool_records_reembed_all,
     )
     from search.embeddings import EmbeddingError
-    from search.services import embed_pending, rebuild_term_stats, reembed_all
+    from search.services import embed_pending, reembed_all
 
     started = time.monotonic()
     try:
         count = reembed_all() if args.all else embed_pending()
-        rebuild_term_stats()  # recounted from scratch: also covers rows loaded by other means
         memories = memories_reembed_all() if args.all else memories_embed_pending()
         records = tool_records_reembed_all() if args.all else tool_records_embed_pending()
     except EmbeddingError as exc:
@@ -585,9 +584,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     worker.set_defaults(func=cmd_worker)
 
-    reindex = commands.add_parser(
-        "reindex", help="embed what is waiting (--all: everything), recount keyword statistics"
-    )
+    reindex = commands.add_parser("reindex", help="embed what is waiting (--all: everything)")
     reindex.add_argument(
         "--all", action="store_true", help="re-embed every message and memory (a new model)"
     )

@@ -37,7 +37,7 @@ __all__ = [
 
 MESSAGES = Corpus(
     "message",
-    size_sql="SELECT coalesce(max(document_count), 0) FROM search_corpus_stat",
+    size_sql="SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = 'message'::regclass",
     neighbours=True,
     feedback=True,
     author="author_name",

@@ -1,4 +1,4 @@
-"""Writes of the search app: message vectors and the keyword statistics.
+"""Writes of the search app: message vectors.
 
 A message is committed first and embedded afterwards (``tasks.enqueue_embedding`` runs on commit).
 Whatever the queue loses, the periodic sweep finds again: a message is never left
@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 EMBED_BATCH = 256
 
 # One statement for a whole batch; the condition on embedded_at makes a racing worker's
-# second write (and a second count of the same words) impossible.
+# second write impossible.
 _UPDATE_VECTORS = """
 UPDATE {table} AS m
 SET embedding = v.embedding::vector, embedding_model = %s, embedded_at = %s
@@ -34,59 +34,6 @@ FROM unnest(%s::uuid[], %s::text[]) AS v(id, embedding)
 WHERE m.id = v.id {only_pending}
 RETURNING m.id
 """
-
-# Adds the lexemes of newly embedded messages to the keyword statistics. Lexemes are taken
-# in sorted order so that concurrent workers lock the same rows in the same order.
-_COUNT_TERMS = """
-INSERT INTO search_term_stat (lexeme, document_count)
-SELECT lexeme, count(*) FROM message, unnest(search_vector) AS term(lexeme, positions, weights)
-WHERE message.id = ANY(%s)
-GROUP BY lexeme ORDER BY lexeme
-ON CONFLICT (lexeme) DO UPDATE SET document_count = search_term_stat.document_count + EXCLUDED.document_count
-"""
-
-_COUNT_CORPUS = """
-INSERT INTO search_corpus_stat (id, document_count, total_length)
-SELECT 1, count(*), coalesce(sum(length(search_vector)), 0) FROM message WHERE id = ANY(%s)
-ON CONFLICT (id) DO UPDATE SET
-    document_count = search_corpus_stat.document_count + EXCLUDED.document_count,
-    total_length = search_corpus_stat.total_length + EXCLUDED.total_length
-"""
-
-# Takes the lexemes of messages about to be deleted out of the keyword statistics (only the
-# embedded ones were counted). Their rows are locked first, in lexeme order as counting
-# locks them, so a worker counting other messages meanwhile cannot deadlock with it.
-_LOCK_TERMS = """
-SELECT lexeme FROM search_term_stat WHERE lexeme IN (
-    SELECT DISTINCT lexeme FROM message, unnest(search_vector) AS term(lexeme, positions, weights)
-    WHERE message.id = ANY(%s) AND message.embedded_at IS NOT NULL
-) ORDER BY lexeme FOR UPDATE
-"""
-
-_UNCOUNT_TERMS = """
-UPDATE search_term_stat SET document_count = search_term_stat.document_count - gone.n
-FROM (
-    SELECT lexeme, count(*) AS n FROM message, unnest(search_vector) AS term(lexeme, positions, weights)
-    WHERE message.id = ANY(%s) AND message.embedded_at IS NOT NULL
-    GROUP BY lexeme
-) AS gone
-WHERE search_term_stat.lexeme = gone.lexeme
-"""
-
-# A word nobody's messages hold any more leaves the statistics: erased text leaves no trace.
-_DROP_UNUSED_TERMS = "DELETE FROM search_term_stat WHERE lexeme = ANY(%s) AND document_count <= 0"
-
-_UNCOUNT_CORPUS = """
-UPDATE search_corpus_stat SET
-    document_count = greatest(search_corpus_stat.document_count - gone.n, 0),
-    total_length = greatest(search_corpus_stat.total_length - gone.length, 0)
-FROM (
-    SELECT count(*) AS n, coalesce(sum(length(search_vector)), 0) AS length
-    FROM message WHERE id = ANY(%s) AND embedded_at IS NOT NULL
-) AS gone
-WHERE search_corpus_stat.id = 1
-"""
-
 
 # A worker's task takes this many other waiting messages with its own (the oldest first):
 # under a stream of appends the backlog goes out in batches, each paying for one task and
@@ -97,7 +44,7 @@ TASK_BATCH = 32
 # The messages to embed, claimed: row locks held until the vectors are written, and rows
 # another worker holds skipped (a no-key lock: a reply to one of them may still be inserted).
 _CLAIM = """
-SELECT id, author_name, content, channel, conversation_id, embedded_at IS NULL FROM message
+SELECT id, author_name, content, channel, conversation_id FROM message
 WHERE (id = ANY(%s::uuid[]) OR id IN (
         SELECT id FROM message WHERE embedded_at IS NULL ORDER BY seq LIMIT %s))
   {only_pending}
@@ -118,10 +65,8 @@ def embed_messages(
 
     Idempotent: without ``force`` only messages still waiting (``embedded_at IS NULL``) are
     embedded. The messages are claimed for the time it takes (``_CLAIM``): a second worker
-    skips those one is embedding, so a message is embedded once and its words counted once.
-    ``force`` re-embeds (a new model). Either way the words of the messages that were
-    waiting are counted in the keyword statistics as they get their vector (those embedded
-    before were counted then): a re-embedding cut short leaves the statistics right.
+    skips those one is embedding, so a message is embedded once. ``force`` re-embeds (a
+    new model).
     """
     backend = backend or configured_backend()
     ids = [str(message_id) for message_id in message_ids]
@@ -151,13 +96,8 @@ def embed_messages(
             at=now,
             force=force,
         )
-        # (Claimed rows are locked: one waiting when claimed is still waiting when written.)
-        newly = [m for m, *_, waiting in rows if waiting and m in written]
-        if newly:
-            cursor.execute(_COUNT_TERMS, [newly])
-            cursor.execute(_COUNT_CORPUS, [newly])
         summarized = {
-            c for m, _, _, channel, c, _ in rows if channel == Channel.SUMMARY and m in written
+            c for m, _, _, channel, c in rows if channel == Channel.SUMMARY and m in written
         }
     # Once the claims are let go: a deletion locks conversations before messages (one that
     # moves a summary off a deleted turn updates it), so this waits for the conversation
@@ -219,18 +159,6 @@ def write_vectors(cursor, table: str, ids: list, vectors, *, model: str, at, for
         [model, at, list(ids), [vector_literal(vector) for vector in vectors]],
     )
     return {row_id for (row_id,) in cursor.fetchall()}
-
-
-def uncount_messages(cursor, message_ids: list) -> None:
-    """Take these messages out of the keyword statistics, before they are deleted in the
-    same transaction. Caller holds the messages' row locks: a worker embedding one of them
-    waits, then finds it gone and counts nothing, so each message is counted out once."""
-    cursor.execute(_LOCK_TERMS, [message_ids])
-    lexemes = [lexeme for (lexeme,) in cursor.fetchall()]
-    if lexemes:
-        cursor.execute(_UNCOUNT_TERMS, [message_ids])
-        cursor.execute(_DROP_UNUSED_TERMS, [lexemes])
-    cursor.execute(_UNCOUNT_CORPUS, [message_ids])
 
 
 def vectors_or_none(texts: list[str], *, what: str) -> tuple:
@@ -356,8 +284,7 @@ def embed_pending(
 
 
 def reembed_all(*, backend=None) -> int:
-    """Re-embed every message with the configured model (after a model change), then
-    recount the keyword statistics (``rebuild_term_stats``)."""
+    """Re-embed every message with the configured model (after a model change)."""
     backend = backend or configured_backend()
     total, last_seq = 0, 0
     while True:
@@ -372,29 +299,4 @@ def reembed_all(*, backend=None) -> int:
         total += embed_messages(
             [message_id for _, message_id in batch], backend=backend, force=True
         )
-    rebuild_term_stats()
     return total
-
-
-@transaction.atomic
-def rebuild_term_stats() -> None:
-    """Recount the keyword statistics over every embedded message (after a new model, or
-    rows loaded or deleted by other means than the services)."""
-    with connection.cursor() as cursor:
-        cursor.execute("LOCK TABLE search_term_stat, search_corpus_stat IN EXCLUSIVE MODE")
-        cursor.execute("DELETE FROM search_term_stat")
-        cursor.execute(
-            """
-            INSERT INTO search_term_stat (lexeme, document_count)
-            SELECT word, ndoc FROM ts_stat('SELECT search_vector FROM message WHERE embedded_at IS NOT NULL')
-            """
-        )
-        cursor.execute(
-            """
-            INSERT INTO search_corpus_stat (id, document_count, total_length)
-            SELECT 1, count(*), coalesce(sum(length(search_vector)), 0)
-            FROM message WHERE embedded_at IS NOT NULL
-            ON CONFLICT (id) DO UPDATE SET document_count = EXCLUDED.document_count,
-                                           total_length = EXCLUDED.total_length
-            """
-        )

@@ -75,3 +75,11 @@ def while_held(hold, request, *, waits: bool = False):
         thread.join()
     assert not (waits and ended_first), "the request ended before the held transaction committed"
     return result
+
+
+def stored_words() -> dict[str, int]:
+    """Each word the message table holds (its lexemes, as search reads them): how many
+    messages hold it. Search keeps no other copy of anyone's words."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT word, ndoc FROM ts_stat('SELECT search_vector FROM message')")
+        return dict(cursor.fetchall())

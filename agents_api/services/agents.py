@@ -44,8 +44,8 @@ def agent_get_or_create(
 @transaction.atomic
 def agent_delete(actor: Principal, *, agent: Agent) -> None:
     """Delete an agent with what it keeps (keys, blocks, memories, tool records) and its own
-    conversation (the local API's messages, Letta's captured turns: ``conversation_delete``,
-    their words counted out of the keyword statistics), and its memberships of others'
+    conversation (the local API's messages, Letta's captured turns: ``conversation_delete``),
+    and its memberships of others'
     conversations, each removed as an operator removes a member (``membership_delete``: an
     offer of ownership to the agent ends with it). The agent's row is locked first, as a
     capture locks it (``local_conversation_for``) before it writes to the conversation."""

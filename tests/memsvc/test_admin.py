@@ -56,9 +56,8 @@ from conversations.services import (
 )
 from memsvc.api.errors import Conflict
 from memsvc.api.principals import Principal
-from search.models import CorpusStat, TermStat
-from search.services import embed_pending, rebuild_term_stats
-from tests.db import while_held
+from search.services import embed_pending
+from tests.db import stored_words, while_held
 from tests.factories import (
     AgentFactory,
     ConversationFactory,
@@ -500,8 +499,8 @@ def test_a_blocks_change_here_keeps_a_service_change_landing_meanwhile(operator)
 
 @pytest.fixture
 def counted():
-    """Conversations whose messages are embedded, so their words are in the keyword
-    statistics: a root with a fork made at its second message, and another conversation."""
+    """Conversations whose messages are embedded: a root with a fork made at its second
+    message, and another conversation."""
     alice = Principal.user("alice")
     root = conversation_create(alice, title="Pets")
     first, second, _third = messages_append(
@@ -520,31 +519,16 @@ def counted():
     return SimpleNamespace(root=root, fork=fork, other=other, first=first, second=second)
 
 
-def keyword_statistics_hold():
-    """The kept statistics are those counted afresh from the messages that remain."""
-
-    def statistics():
-        return (
-            dict(TermStat.objects.values_list("lexeme", "document_count")),
-            CorpusStat.objects.values_list("document_count", "total_length").first(),
-        )
-
-    kept = statistics()
-    rebuild_term_stats()
-    assert kept == statistics()
-    return kept[0]
-
-
-def test_deleting_in_the_admin_counts_the_words_out_and_keeps_forks(operator, counted):
-    """(Deleting a message, a conversation or a group in the admin left their words in the
-    keyword statistics, and a message a fork was made at could not be deleted.)"""
+def test_deleting_in_the_admin_leaves_no_word_behind_and_keeps_forks(operator, counted):
+    """(Deleting a message, a conversation or a group in the admin once left their words in
+    search's statistics, and a message a fork was made at could not be deleted.)"""
     page = reverse("admin:conversations_message_delete", args=[counted.second.pk])
     assert "protected" not in operator.get(page).content.decode()
     assert operator.post(page, {"post": "yes"}).status_code == 302
     assert not Message.objects.filter(pk=counted.second.pk).exists()
     counted.fork.refresh_from_db()
     assert counted.fork.forked_at_message_id == counted.first.pk  # the one before it
-    assert "leav" not in keyword_statistics_hold()  # "The quokka eats leaves"
+    assert "leav" not in stored_words()  # "The quokka eats leaves"
 
     page = reverse("admin:conversations_conversation_changelist")
     ids = [counted.fork.pk, counted.other.pk]
@@ -552,12 +536,12 @@ def test_deleting_in_the_admin_counts_the_words_out_and_keeps_forks(operator, co
     assert operator.post(page, form).status_code == 302
     assert not Conversation.objects.filter(pk__in=ids).exists()
     assert ConversationGroup.objects.filter(pk=counted.other.group_id).count() == 0
-    assert "xylophon" not in keyword_statistics_hold()
+    assert "xylophon" not in stored_words()
 
     page = reverse("admin:conversations_conversationgroup_delete", args=[counted.root.group_id])
     assert operator.post(page, {"post": "yes"}).status_code == 302
     assert not Message.objects.exists()
-    assert keyword_statistics_hold() == {}
+    assert stored_words() == {}
 
 
 @pytest.mark.django_db(transaction=True)
@@ -825,7 +809,7 @@ def test_deleting_an_agent_in_the_admin_deletes_its_own_conversation(operator):
     assert operator.post(page, {"post": "yes"}).status_code == 302
     assert not Agent.objects.filter(pk=gone.pk).exists()
     assert list(Conversation.objects.values_list("title", flat=True)) == ["kept (local)"]
-    assert "passport" not in keyword_statistics_hold()
+    assert "passport" not in stored_words()
 
 
 def test_deleting_an_agent_in_the_admin_first_lists_its_own_conversation(operator):
