@@ -410,10 +410,10 @@ def memory_scope(agent_id, user_id: str | None, tags: Sequence[str] = ()) -> Sco
     if user_id is not None:
         clauses.append("m.user_id = %s")
         params.append(user_id)
-    if tags:
-        clauses.append("m.tags && %s::varchar[]")  # any of the tags
-        params.append(list(tags))
-    return Scope(" AND ".join(clauses), params)
+    if not tags:
+        return Scope(" AND ".join(clauses), params)
+    clauses.append("m.tags && %s::varchar[]")  # any of the tags
+    return Scope(" AND ".join(clauses), [*params, list(tags)], view=memory_scope(agent_id, user_id))
 
 
 def messages_seen_by(principal: Principal, message_ids: Sequence) -> set:
@@ -674,9 +674,6 @@ def tool_record_search(
     if principal is not None and not memory_enabled_for(principal.on_behalf_of):
         return []
     clauses, params = ["m.agent_id = %s", _MEMORY_ON], [agent.id]
-    if task_id is not None:
-        clauses.append("m.task_id = %s")
-        params.append(task_id)
     if principal is not None and principal.on_behalf_of:
         # The narrowing itself is the list's, in SQL: one rule for both.
         reached_sql, reached_params = (
@@ -684,10 +681,13 @@ def tool_record_search(
         )
         clauses.append(f"m.id IN ({reached_sql})")
         params.extend(reached_params)
+    scope = Scope(" AND ".join(clauses), params)
+    if task_id is not None:  # (a word weighs by all the records the caller may read)
+        scope = Scope(f"{scope.sql} AND m.task_id = %s", [*params, task_id], view=scope)
     tuning = configured_tuning()
     found = find_candidates(
         TOOL_RECORDS,
-        Scope(" AND ".join(clauses), params),
+        scope,
         query,
         mode=mode,
         top_k=top_k,

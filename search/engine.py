@@ -283,9 +283,10 @@ def with_feedback(
         )
         weights = {i: score / top_score for i, score in best} | dict.fromkeys(citing_best, 1.0)
         offered = {w for i in weights for w in words.get(i, ())} - found.idf.keys()
-        counted = statements.scope_words(cursor, corpus, scope, tuning, few=few)
-        frequencies = {w: counted.frequency(w) for w in offered}
-        idf = ranking.bm25_idf(frequencies, counted.documents, floor=tuning.document_count_floor)
+        documents, frequencies = statements.view_frequencies(
+            cursor, corpus, scope, sorted(offered), tuning, few=few
+        )
+        idf = ranking.bm25_idf(frequencies, documents, floor=tuning.document_count_floor)
         chosen = ranking.feedback_words(
             ((weight, words.get(i, ())) for i, weight in weights.items()),
             idf,

@@ -148,6 +148,9 @@ def message_scope(
         few_sql=""
         if conversation_ids is not None
         else " AND ".join([f"m.conversation_id = ANY(ARRAY({visible_sql}))", *clauses]),
+        view=message_scope(principal, for_agent=for_agent)
+        if conversation_ids is not None or before_message_id is not None
+        else None,
     )
 
 

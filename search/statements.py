@@ -66,6 +66,10 @@ class Scope:
     # For a principal who sees many, the array is the slower way by far. Empty: no such
     # form (the scope names its conversations), and no count of them (``sees_few``).
     few_sql: str = ""
+    # The caller's whole view, when this scope narrows it (to some conversations, messages
+    # before one, memories with some tags): a word's weight is counted there
+    # (``view_frequencies``), once per caller and not once per narrowing.
+    view: "Scope | None" = None
 
     def sql_for(self, few: bool) -> str:
         return self.few_sql if few and self.few_sql else self.sql
@@ -103,7 +107,8 @@ def exact_below(corpus: Corpus, limit: int, tuning: SearchTuning) -> tuple[str, 
 #   emptied meanwhile is searched and answers nothing, as it should;
 # - whether a principal sees few conversations (``sees_few``): a round trip of every
 #   message search;
-# - how many of its rows hold each word (``scope_words``): a word's weight, up to a minute old.
+# - how many of its rows hold a word the view's commonest words do not tell
+#   (``view_frequencies``): a word's weight, up to a minute old.
 SCOPE_KEPT_SECONDS = 60
 SCOPES_KEPT = 4096
 _KEPT: dict[tuple, tuple[object, float]] = {}
@@ -248,14 +253,13 @@ def query_terms(
     cursor, corpus: Corpus, scope: Scope, text: str, tuning: SearchTuning, *, few: bool = False
 ) -> Terms:
     """The query's words, each weighted by how rare it is among the rows the caller may read
-    (``scope_words``), and the rarest to match candidates on."""
+    (``view_frequencies``), and the rarest to match candidates on."""
     lexemes = text_lexemes(cursor, text)
     if not lexemes:
         return NO_TERMS
-    words = scope_words(cursor, corpus, scope, tuning, few=few)
-    frequencies = {lexeme: words.frequency(lexeme) for lexeme in lexemes}
+    documents, frequencies = view_frequencies(cursor, corpus, scope, lexemes, tuning, few=few)
     return Terms(
-        bm25_idf(frequencies, words.documents, floor=tuning.document_count_floor),
+        bm25_idf(frequencies, documents, floor=tuning.document_count_floor),
         rarest_within(frequencies, tuning.keyword_match_cap),
     )
 
@@ -280,47 +284,118 @@ def text_lexemes(cursor, text: str) -> list[str]:
 
 
 @dataclass(frozen=True)
-class ScopeWords:
-    """How many rows of a scope hold each word: counted in all of them, or in the first
-    ``sampled`` of a larger scope and scaled to its ``documents``."""
+class ViewWords:
+    """The commonest words of a caller's view, counted in its first ``sampled`` rows (all of
+    them when ``complete``), scaled to its ``documents`` rows."""
 
-    documents: int  # the scope's rows (counted up to ``SearchTuning.scope_rows_cap``)
+    documents: int  # the view's rows (counted up to ``SearchTuning.scope_rows_cap``)
     sampled: int  # the rows whose words were counted
-    counts: dict[str, int]  # each word they hold at least ``least`` times: how many hold it
-    least: int
+    complete: bool  # the sample is the whole view
+    counts: dict[str, int]  # its commonest words: how many sampled rows hold each
+    least: int  # a word held by fewer sampled rows is not among ``counts``
 
-    def frequency(self, lexeme: str) -> int:
-        """About how many rows of the scope hold ``lexeme`` (0 for a word held by fewer
-        than ``least`` of the rows read: rare)."""
-        return round(self.counts.get(lexeme, 0) * self.documents / max(self.sampled, 1))
+    def frequency(self, lexeme: str, floor: int) -> int | None:
+        """About how many of the view's rows hold ``lexeme``; 0 for a word of the whole view
+        held by fewer than ``floor`` rows (it weighs as one held by none); None when the
+        sample cannot tell (count it in the view)."""
+        if lexeme in self.counts:
+            return round(self.counts[lexeme] * self.documents / max(self.sampled, 1))
+        return 0 if self.complete and self.least <= floor else None
 
 
-def scope_words(
-    cursor, corpus: Corpus, scope: Scope, tuning: SearchTuning, *, few: bool = False
-) -> ScopeWords:
-    """The words of the rows the caller may read, counted (``ScopeWords``): the first
-    ``tuning.scope_sample_rows`` rows of the scope, each word held by at least
-    ``document_count_floor`` of them (a word in fewer weighs as one in none), and the rows
-    of a larger scope counted up to ``tuning.scope_rows_cap``. One statement, kept
-    ``SCOPE_KEPT_SECONDS`` per scope: agents search one scope again and again.
+# The words of this many views at most are kept per process (each up to
+# ``SearchTuning.view_words_kept`` words), each ``SCOPE_KEPT_SECONDS``.
+VIEWS_KEPT = 256
+_VIEW_WORDS: dict[tuple, tuple[ViewWords, float]] = {}
 
-    Counted in the caller's scope, never in the whole corpus: a weight from everyone's rows
-    told the caller how many of them hold a word. A stranger's 30 private messages holding
-    it moved the caller's score from 3.64 to 2.03, and working BM25 backwards gave the
-    exact count; the words chosen to match on told it too (``rarest_within``)."""
+
+def forget_scopes() -> None:
+    """Forget what searches learned about scopes and views (tests: each its own rows)."""
+    _KEPT.clear()
+    _VIEW_WORDS.clear()
+
+
+def view_frequencies(
+    cursor,
+    corpus: Corpus,
+    scope: Scope,
+    lexemes: list[str],
+    tuning: SearchTuning,
+    *,
+    few: bool = False,
+) -> tuple[int, dict[str, int]]:
+    """How many rows the caller's view (``Scope.view``) holds, and about how many of them
+    hold each of ``lexemes``: a common word from the view's words (``view_words``), any
+    other counted in the view up to one more row than ``keyword_match_cap`` (kept
+    ``SCOPE_KEPT_SECONDS``). ``few``: the principal of an unnarrowed scope sees few
+    conversations (``sees_few``; asked here for a narrowed one, when a word is counted).
+
+    Counted among the rows the caller may read, never the whole corpus: a weight from
+    everyone's rows told the caller how many of them hold a word. A stranger's 30 private
+    messages holding it moved the caller's score from 3.64 to 2.03, and working BM25
+    backwards gave the exact count; the words chosen to match on told it too
+    (``rarest_within``)."""
+    view = scope.view or scope
+    words = view_words(cursor, corpus, view, tuning)
+    cap = tuning.keyword_match_cap + 1
+    key = _scope_key("counted", corpus, view, cap)
+    frequencies, missing = {}, []
+    for lexeme in lexemes:
+        frequency = words.frequency(lexeme, tuning.document_count_floor)
+        if frequency is None:
+            frequency = _kept((*key, lexeme))
+        if frequency is None:
+            missing.append(lexeme)
+        else:
+            frequencies[lexeme] = frequency
+    if missing:
+        if scope.view is not None:
+            few = bool(view.few_sql) and sees_few(cursor, view, tuning)
+        rows = execute_planned(
+            cursor,
+            f"""
+            SELECT q.lexeme, (SELECT count(*) FROM (
+                    SELECT 1 FROM {corpus.table} m
+                    WHERE m.search_vector @@ to_tsquery('simple', quote_literal(q.lexeme))
+                      AND {view.sql_for(few)}
+                    LIMIT %s) f)
+            FROM unnest(%s::text[]) AS q(lexeme)
+            """,
+            [*view.params, cap, missing],
+            _keyword_settings(corpus, view),
+        )
+        for lexeme, count in rows:
+            frequencies[lexeme] = count
+            _keep((*key, lexeme), count)
+    return words.documents, {w: min(f, words.documents) for w, f in frequencies.items()}
+
+
+def view_words(cursor, corpus: Corpus, view: Scope, tuning: SearchTuning) -> ViewWords:
+    """The commonest words of the caller's view (``ViewWords``): one statement reads the
+    words of its first ``scope_sample_rows`` rows and keeps the ``view_words_kept`` words
+    most of them hold (at least ``document_count_floor``), and counts a larger view's rows
+    up to ``scope_rows_cap``. Kept ``SCOPE_KEPT_SECONDS`` per view: agents search one view
+    again and again.
+
+    The first rows of a larger view are its oldest, not a sample of it: a word its newer
+    rows hold is not taken for a rare one, only for one to count (``view_frequencies``).
+    The view's rows are read as the planner sees fit (no word leads: the principal's
+    conversations by the index of their messages, or the table for one who sees most)."""
     least = max(tuning.document_count_floor, 1)
     key = _scope_key(
-        "words", corpus, scope, few, tuning.scope_sample_rows, tuning.scope_rows_cap, least
+        "words",
+        corpus,
+        view,
+        tuning.scope_sample_rows,
+        tuning.scope_rows_cap,
+        tuning.view_words_kept,
+        least,
     )
-    return _kept_or_learned(key, lambda: _counted_words(cursor, corpus, scope, tuning, few, least))
-
-
-def _counted_words(
-    cursor, corpus: Corpus, scope: Scope, tuning: SearchTuning, few: bool, least: int
-) -> ScopeWords:
-    where = scope.sql_for(few)
-    rows = execute_planned(
-        cursor,
+    kept, at = _VIEW_WORDS.get(key, (None, 0.0))
+    if kept is not None and time.monotonic() - at < SCOPE_KEPT_SECONDS:
+        return kept
+    where = view.sql
+    cursor.execute(
         f"""
         WITH sample AS MATERIALIZED (
             SELECT m.search_vector FROM {corpus.table} m WHERE {where} LIMIT %s
@@ -330,27 +405,44 @@ def _counted_words(
                        SELECT 1 FROM {corpus.table} m WHERE {where} LIMIT %s) d) END
         FROM sampled
         UNION ALL
-        SELECT lexeme, count(*), NULL
-        FROM sample, unnest(tsvector_to_array(sample.search_vector)) AS w(lexeme)
-        GROUP BY lexeme HAVING count(*) >= %s
+        (SELECT lexeme, count(*), NULL
+         FROM sample, unnest(tsvector_to_array(sample.search_vector)) AS w(lexeme)
+         GROUP BY lexeme HAVING count(*) >= %s
+         ORDER BY count(*) DESC, lexeme LIMIT %s)
         """,
         [
-            *scope.params,
+            *view.params,
             tuning.scope_sample_rows,
             tuning.scope_sample_rows,
-            *scope.params,
+            *view.params,
             tuning.scope_rows_cap,
             least,
+            tuning.view_words_kept,
         ],
-        _keyword_settings(corpus, scope),
     )
     counts, sampled, documents = {}, 0, 0
-    for lexeme, count, counted in rows:
+    for lexeme, count, counted in cursor.fetchall():
         if lexeme is None:
             sampled, documents = count, counted
         else:
             counts[lexeme] = count
-    return ScopeWords(max(documents, 1), sampled, counts, least)
+    if len(counts) >= tuning.view_words_kept:
+        least = min(counts.values()) + 1  # (as common as the last one kept: maybe not kept)
+    words = ViewWords(
+        documents=max(documents, 1),
+        sampled=sampled,
+        complete=sampled < tuning.scope_sample_rows,
+        counts=counts,
+        least=least,
+    )
+    if len(_VIEW_WORDS) >= VIEWS_KEPT:
+        now = time.monotonic()
+        for stale in [k for k, (_, t) in _VIEW_WORDS.items() if now - t >= SCOPE_KEPT_SECONDS]:
+            del _VIEW_WORDS[stale]
+        if len(_VIEW_WORDS) >= VIEWS_KEPT:
+            _VIEW_WORDS.clear()
+    _VIEW_WORDS[key] = (words, time.monotonic())
+    return words
 
 
 def execute_planned(cursor, sql: str, params: list, settings: dict) -> list[tuple]:

@@ -97,14 +97,15 @@ class SearchTuning:
     # a cost proportional to their number.
     keyword_match_cap: int = 500
     # A word's weight (its BM25 IDF) comes from the rows the searcher may read
-    # (``search.statements.scope_words``): the words of the scope's first
-    # ``scope_sample_rows`` rows, counted, and a larger scope's rows counted up to
-    # ``scope_rows_cap``. Each word counts as held by at least ``document_count_floor``
-    # rows: a word in fewer weighs as one in none (docs/benchmarks.md, "Word counts and
-    # privacy").
+    # (``search.statements.view_frequencies``): the ``view_words_kept`` commonest words of
+    # the first ``scope_sample_rows`` rows of the caller's view, a larger view's rows counted
+    # up to ``scope_rows_cap``, and any other word counted in the view. Each word counts as
+    # held by at least ``document_count_floor`` rows: a word in fewer weighs as one in none
+    # (docs/benchmarks.md, "Word counts from the searcher's own rows").
     document_count_floor: int = 5
     scope_sample_rows: int = 5000
     scope_rows_cap: int = 100_000
+    view_words_kept: int = 1000
     hnsw_ef_search: int = 100
     # Exact distances or the HNSW graph. The exact scan costs in proportion to the scope;
     # the graph returns about candidates x corpus / scope rows before enough of them are in
@@ -130,6 +131,7 @@ class SearchTuning:
                 "hnsw_max_scan_tuples",
                 "scope_sample_rows",
                 "scope_rows_cap",
+                "view_words_kept",
             ),
         )
         if self.scope_rows_cap < self.scope_sample_rows:

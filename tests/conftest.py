@@ -98,7 +98,7 @@ def searches_learn_of_their_own_scopes():
     ``search.statements.SCOPE_KEPT_SECONDS``)."""
     from search import statements
 
-    statements._KEPT.clear()
+    statements.forget_scopes()
 
 
 @pytest.fixture(autouse=True)

@@ -305,6 +305,26 @@ def test_what_strangers_write_moves_no_score_or_rank_of_a_search(api, alice, bob
     assert bobs_results() == before
 
 
+def test_a_word_only_the_newer_messages_of_a_view_hold_is_not_taken_for_a_rare_one(
+    api, alice, settings
+):
+    """An outside review: a view's words were read from its first rows, its oldest. A word
+    common in the newer ones only weighed as the rarest and was matched on first; its
+    arbitrary rows filled the candidates, and the message holding both words was lost."""
+    old, new = (
+        ConversationFactory(group__owner=alice.id),
+        ConversationFactory(group__owner=alice.id),
+    )
+    for i in range(60):
+        MessageFactory(conversation=old, author_name="alice", content=f"note {i} about the weather")
+    for i in range(40):
+        MessageFactory(conversation=new, author_name="alice", content=f"project status update {i}")
+    MessageFactory(conversation=new, author_name="alice", content="the zebra project shipped")
+    tuned(settings, scope_sample_rows=50, keyword_match_cap=10)
+    found = contents(search(api, alice, "zebra project", mode="keyword", topK=3))
+    assert found[0] == "the zebra project shipped"
+
+
 @pytest.mark.parametrize("mode", ["keyword", "hybrid"])
 def test_a_principal_who_sees_few_conversations_finds_what_one_who_sees_many_would(
     api, alice, bob, pets, settings, mode

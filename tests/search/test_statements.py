@@ -10,7 +10,7 @@ from agents_api.models import Memory, content_hash
 from agents_api.selectors import MEMORIES, memory_scope
 from conversations.models import Message, Role
 from search import statements
-from search.statements import query_terms, scope_words
+from search.statements import query_terms, view_frequencies, view_words
 from search.tuning import DEFAULT_TUNING
 from tests.factories import AgentFactory, ConversationFactory
 
@@ -24,8 +24,8 @@ def memories(agent, texts, user_id=""):
     )
 
 
-def terms(text, agent=None, user_id="", **tuning):
-    scope = memory_scope(agent.id if agent else None, user_id)
+def terms(text, agent=None, user_id="", tags=(), **tuning):
+    scope = memory_scope(agent.id if agent else None, user_id, tags)
     with connection.cursor() as cursor:
         return query_terms(cursor, MEMORIES, scope, text, replace(DEFAULT_TUNING, **tuning))
 
@@ -50,7 +50,7 @@ def test_a_word_weighs_by_the_rows_of_the_scope_alone():
     before = terms("capybara weather", agent, keyword_match_cap=10)
     memories(stranger, [f"secret capybara plan {i}" for i in range(300)])
     memories(agent, [f"capybara {i}" for i in range(300)], user_id="someone else")
-    statements._KEPT.clear()  # (not a weight kept from before)
+    statements.forget_scopes()  # (not a weight kept from before)
     assert terms("capybara weather", agent, keyword_match_cap=10) == before
     assert before.idf["capybara"] > before.idf["weather"]
     assert before.match_on == ["capybara"]  # (the commoner word is not matched on)
@@ -59,9 +59,10 @@ def test_a_word_weighs_by_the_rows_of_the_scope_alone():
     assert everyone.match_on == ["weather"]
 
 
-def test_the_words_of_a_scope_are_counted_once_a_while(monkeypatch):
-    """One statement counts a scope's words; the next queries of the scope send none but
-    for their own lexemes (a text not seen lately); another scope is counted anew."""
+def test_the_words_of_a_view_are_counted_once_a_while_whatever_narrows_it(monkeypatch):
+    """One statement counts a view's words; the next queries of the view send none but for
+    their own lexemes (a text not seen lately), whatever tags narrow them; another view is
+    counted anew."""
     agent, other = AgentFactory(), AgentFactory()
     memories(agent, ["the user keeps a capybara", "a wombat"])
     memories(other, ["a wombat"])
@@ -76,6 +77,8 @@ def test_the_words_of_a_scope_are_counted_once_a_while(monkeypatch):
         first = terms("capybara", agent)
         assert sent == ["lexemes", "words"]
         assert terms("capybara", agent) == first
+        assert terms("capybara", agent, tags=["pets"]) == first
+        assert terms("capybara", agent, tags=["pets", "junk"]) == first
         assert terms("wombat", agent).idf == {"wombat": first.idf["capybara"]}
         assert sent == ["lexemes", "words", "lexemes"]
         terms("wombat", other)
@@ -85,19 +88,58 @@ def test_the_words_of_a_scope_are_counted_once_a_while(monkeypatch):
     assert sent[4:] == ["words"]
 
 
-def test_a_larger_scope_is_counted_in_a_sample_of_its_rows_and_scaled():
+def test_a_larger_view_is_counted_in_its_first_rows_and_scaled():
     agent = AgentFactory()
     memories(agent, [f"note {i} about the weather" for i in range(20)])
     memories(agent, [f"note {i} about the rain" for i in range(20, 40)])
     tuning = replace(DEFAULT_TUNING, scope_sample_rows=10, scope_rows_cap=30)
     with connection.cursor() as cursor:
-        words = scope_words(cursor, MEMORIES, memory_scope(agent.id, ""), tuning)
-    assert (words.documents, words.sampled) == (30, 10)  # (rows counted up to the cap)
-    assert words.frequency("note") == 30
-    assert words.frequency("capybara") == 0
-    held = {"weather": words.counts.get("weather", 0), "rain": words.counts.get("rain", 0)}
+        words = view_words(cursor, MEMORIES, memory_scope(agent.id, ""), tuning)
+    assert (words.documents, words.sampled, words.complete) == (30, 10, False)
+    assert words.frequency("note", 5) == 30
+    assert words.frequency("capybara", 5) is None  # (to count: the sample cannot tell)
+    held = {w: words.counts.get(w, 0) for w in ("weather", "rain")}
     assert sum(held.values()) == 10  # the sample's ten rows, each holding one of them
-    assert words.frequency("weather") == held["weather"] * 3
+    for word, count in held.items():  # (scaled, or to count where the sample lacks it)
+        assert words.frequency(word, 5) == (count * 3 if count >= 5 else None)
+
+
+def test_a_word_the_first_rows_of_a_view_lack_is_counted_not_taken_for_a_rare_one():
+    """An outside review: a view's first rows are its oldest. A word common in its newer
+    rows only was taken for the rarest, matched on first, and its 500 arbitrary rows
+    crowded out the one that held both words ("zebra project")."""
+    agent = AgentFactory()
+    memories(agent, [f"note {i} about the weather" for i in range(30)])
+    memories(agent, [f"project status update {i}" for i in range(30)])
+    memories(agent, ["the zebra project shipped"])
+    tuning = replace(DEFAULT_TUNING, scope_sample_rows=20, keyword_match_cap=10)
+    with connection.cursor() as cursor:
+        scope = memory_scope(agent.id, "")
+        documents, frequencies = view_frequencies(
+            cursor, MEMORIES, scope, ["project", "zebra"], tuning
+        )
+        found = query_terms(cursor, MEMORIES, scope, "zebra project", tuning)
+        rows = statements.keyword_candidates(cursor, MEMORIES, scope, found, 5, tuning)
+    # Counted up to the cap and one, or scaled from the rows read: common either way.
+    assert frequencies["project"] >= 11 and frequencies["zebra"] == 1
+    assert documents == 61
+    assert found.match_on == ["zebra"]
+    best = max(rows, key=rows.get)
+    assert Memory.objects.get(pk=best).content == "the zebra project shipped"
+
+
+def test_a_view_keeps_its_commonest_words_only():
+    agent = AgentFactory()
+    memories(
+        agent, [f"note {i} about {'the weather' if i % 2 else 'a capybara'}" for i in range(40)]
+    )
+    tuning = replace(DEFAULT_TUNING, view_words_kept=2)
+    with connection.cursor() as cursor:
+        scope = memory_scope(agent.id, "")
+        words = view_words(cursor, MEMORIES, scope, tuning)
+        assert list(words.counts) == ["note", "capybara"]  # (the most held; ties by word)
+        assert words.frequency("weather", 5) is None  # (as common as one kept: counted)
+        assert view_frequencies(cursor, MEMORIES, scope, ["weather"], tuning)[1] == {"weather": 20}
 
 
 def test_a_search_of_an_empty_store_is_one_probe(settings):
@@ -180,7 +222,7 @@ def test_a_keyword_search_of_a_large_store_reads_its_words_within_the_scope(two_
     for _sample in range(5):
         with connection.cursor() as cursor:
             cursor.execute("ANALYZE memory")
-        statements._KEPT.clear()
+        statements.forget_scopes()
         rows, plan = planned_keyword_candidates(store, "rain")
         assert len(rows) == 30
         held = Memory.objects.filter(pk__in=rows, agent=store, content__endswith="rain")
