@@ -370,6 +370,14 @@ def view_frequencies(
     return words.documents, {w: min(f, words.documents) for w, f in frequencies.items()}
 
 
+# How a view's first rows are read (``view_words``): a loop over the principal's
+# conversations, each read from the index of its messages, stops once enough rows are read.
+# PostgreSQL's own choice, a hash join over the whole table, read 300,000 rows of a
+# stranger's to find 402 of a principal who sees 201 conversations (54 ms against 1): it
+# estimates a conversation's rows as the table's average, and one conversation held them.
+VIEW_ROWS_SETTINGS = {"enable_hashjoin": "off", "enable_mergejoin": "off", "enable_seqscan": "off"}
+
+
 def view_words(cursor, corpus: Corpus, view: Scope, tuning: SearchTuning) -> ViewWords:
     """The commonest words of the caller's view (``ViewWords``): one statement reads the
     words of its first ``scope_sample_rows`` rows and keeps the ``view_words_kept`` words
@@ -379,8 +387,8 @@ def view_words(cursor, corpus: Corpus, view: Scope, tuning: SearchTuning) -> Vie
 
     The first rows of a larger view are its oldest, not a sample of it: a word its newer
     rows hold is not taken for a rare one, only for one to count (``view_frequencies``).
-    The view's rows are read as the planner sees fit (no word leads: the principal's
-    conversations by the index of their messages, or the table for one who sees most)."""
+    The view's rows are read through an index, each of the principal's conversations in
+    turn until enough rows are read (``VIEW_ROWS_SETTINGS``)."""
     least = max(tuning.document_count_floor, 1)
     key = _scope_key(
         "words",
@@ -395,7 +403,8 @@ def view_words(cursor, corpus: Corpus, view: Scope, tuning: SearchTuning) -> Vie
     if kept is not None and time.monotonic() - at < SCOPE_KEPT_SECONDS:
         return kept
     where = view.sql
-    cursor.execute(
+    rows = execute_planned(
+        cursor,
         f"""
         WITH sample AS MATERIALIZED (
             SELECT m.search_vector FROM {corpus.table} m WHERE {where} LIMIT %s
@@ -419,9 +428,10 @@ def view_words(cursor, corpus: Corpus, view: Scope, tuning: SearchTuning) -> Vie
             least,
             tuning.view_words_kept,
         ],
+        VIEW_ROWS_SETTINGS,
     )
     counts, sampled, documents = {}, 0, 0
-    for lexeme, count, counted in cursor.fetchall():
+    for lexeme, count, counted in rows:
         if lexeme is None:
             sampled, documents = count, counted
         else:
