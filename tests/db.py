@@ -83,3 +83,23 @@ def stored_words() -> dict[str, int]:
     with connection.cursor() as cursor:
         cursor.execute("SELECT word, ndoc FROM ts_stat('SELECT search_vector FROM message')")
         return dict(cursor.fetchall())
+
+
+@contextmanager
+def plans_of(start: str):
+    """The plans of the statements sent meanwhile that hold ``start``, each explained just
+    before it runs, as it is sent (past the planner settings
+    ``search.statements.execute_planned`` sends before it)."""
+    plans = []
+
+    def explain(execute, sql, params, many, context):
+        if start in sql and "EXPLAIN" not in sql:
+            cursor = context["cursor"]
+            cursor.execute(sql.replace(start, f"EXPLAIN {start}", 1), params)
+            while cursor.description is None and cursor.nextset():
+                pass  # past the settings
+            plans.append("\n".join(line for (line,) in cursor.fetchall()))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(explain):
+        yield plans

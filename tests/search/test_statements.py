@@ -12,6 +12,7 @@ from conversations.models import Message, Role
 from search import statements
 from search.statements import query_terms, view_frequencies, view_words
 from search.tuning import DEFAULT_TUNING
+from tests.db import plans_of
 from tests.factories import AgentFactory, ConversationFactory
 
 pytestmark = pytest.mark.django_db
@@ -191,18 +192,7 @@ def planned_keyword_candidates(agent, word):
     """The keyword candidates of ``word`` in the agent's memories of no user, and the plan
     of their statement, as it is sent."""
     found = terms(word, agent)
-    plans = []
-
-    def explain(execute, sql, params, many, context):
-        if "score DESC" in sql and "EXPLAIN" not in sql:
-            cursor = context["cursor"]
-            cursor.execute(sql.replace("SELECT id, score", "EXPLAIN SELECT id, score", 1), params)
-            while cursor.description is None and cursor.nextset():
-                pass  # past the settings, as the statement is sent
-            plans.append("\n".join(line for (line,) in cursor.fetchall()))
-        return execute(sql, params, many, context)
-
-    with connection.cursor() as cursor, connection.execute_wrapper(explain):
+    with connection.cursor() as cursor, plans_of("SELECT id, score") as plans:
         rows = statements.keyword_candidates(
             cursor, MEMORIES, memory_scope(agent.id, ""), found, 30, DEFAULT_TUNING
         )
