@@ -283,10 +283,10 @@ def with_feedback(
         )
         weights = {i: score / top_score for i, score in best} | dict.fromkeys(citing_best, 1.0)
         offered = {w for i in weights for w in words.get(i, ())} - found.idf.keys()
-        documents, frequencies = statements.view_frequencies(
+        view, frequencies = statements.view_frequencies(
             cursor, corpus, scope, sorted(offered), tuning, few=few
         )
-        idf = ranking.bm25_idf(frequencies, documents, floor=tuning.document_count_floor)
+        idf = ranking.bm25_idf(frequencies, view.documents, floor=tuning.document_count_floor)
         chosen = ranking.feedback_words(
             ((weight, words.get(i, ())) for i, weight in weights.items()),
             idf,
@@ -300,6 +300,7 @@ def with_feedback(
             found.idf | added,
             found.terms.match_on
             + ranking.rarest_within({w: frequencies[w] for w in chosen}, tuning.keyword_match_cap),
+            found.terms.view_rows,
         )
         keyword = statements.keyword_candidates(
             cursor, corpus, scope, terms, limit, tuning, few=few

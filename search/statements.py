@@ -223,10 +223,12 @@ def nearest_settings(order: str, limit: int, tuning: SearchTuning) -> dict:
 
 @dataclass(frozen=True)
 class Terms:
-    """The query's lexemes with their IDF, and the ones to match candidates on."""
+    """The query's lexemes with their IDF, the ones to match candidates on, and how many
+    rows the caller's view holds when they were all counted (else 0)."""
 
     idf: dict[str, float]
     match_on: list[str]
+    view_rows: int = 0
 
     @staticmethod
     def _literal(lexeme: str) -> str:
@@ -257,10 +259,11 @@ def query_terms(
     lexemes = text_lexemes(cursor, text)
     if not lexemes:
         return NO_TERMS
-    documents, frequencies = view_frequencies(cursor, corpus, scope, lexemes, tuning, few=few)
+    words, frequencies = view_frequencies(cursor, corpus, scope, lexemes, tuning, few=few)
     return Terms(
-        bm25_idf(frequencies, documents, floor=tuning.document_count_floor),
+        bm25_idf(frequencies, words.documents, floor=tuning.document_count_floor),
         rarest_within(frequencies, tuning.keyword_match_cap),
+        words.documents if words.complete else 0,
     )
 
 
@@ -323,9 +326,9 @@ def view_frequencies(
     tuning: SearchTuning,
     *,
     few: bool = False,
-) -> tuple[int, dict[str, int]]:
-    """How many rows the caller's view (``Scope.view``) holds, and about how many of them
-    hold each of ``lexemes``: a common word from the view's words (``view_words``), any
+) -> tuple["ViewWords", dict[str, int]]:
+    """The caller's view (``Scope.view``) as ``view_words`` counted it, and about how many
+    of its rows hold each of ``lexemes``: a common word from the view's words (``view_words``), any
     other counted in the view up to one more row than ``keyword_match_cap`` (kept
     ``SCOPE_KEPT_SECONDS``). ``few``: the principal of an unnarrowed scope sees few
     conversations (``sees_few``; asked here for a narrowed one, when a word is counted).
@@ -367,7 +370,7 @@ def view_frequencies(
         for lexeme, count in rows:
             frequencies[lexeme] = count
             _keep((*key, lexeme), count)
-    return words.documents, {w: min(f, words.documents) for w, f in frequencies.items()}
+    return words, {w: min(f, words.documents) for w, f in frequencies.items()}
 
 
 # How a view's first rows are read (``view_words``): a loop over the principal's
@@ -376,6 +379,9 @@ def view_frequencies(
 # stranger's to find 402 of a principal who sees 201 conversations (54 ms against 1): it
 # estimates a conversation's rows as the table's average, and one conversation held them.
 VIEW_ROWS_SETTINGS = {"enable_hashjoin": "off", "enable_mergejoin": "off", "enable_seqscan": "off"}
+# The same, each row's words tested (no words index): a small view's keyword candidates
+# (``keyword_candidates``).
+VIEW_SCAN_SETTINGS = {**VIEW_ROWS_SETTINGS, "enable_bitmapscan": "off"}
 
 
 def view_words(cursor, corpus: Corpus, view: Scope, tuning: SearchTuning) -> ViewWords:
@@ -518,9 +524,16 @@ def keyword_candidates(
     index: walking the scope's rows in another one until enough hold the word costs
     PostgreSQL about as much, in its estimate, and the choice flips with each ANALYZE, but
     for a word one row in 50 holds it reads the whole scope (a store of 20,000: 9.5 ms
-    against 1.3; for the commonest words the word index costs 0.3 ms more)."""
+    against 1.3; for the commonest words the word index costs 0.3 ms more).
+
+    A caller's view of fewer than ``keyword_scan_below`` rows, counted whole
+    (``Terms.view_rows``), is read row by row, each row's words tested: the words index
+    lists everyone's rows holding a word, and its time told how many there are."""
     if not terms.idf:
         return {}
+    settings = _keyword_settings(corpus, scope)
+    if not corpus.scoped_words and 0 < terms.view_rows < tuning.keyword_scan_below:
+        settings = VIEW_SCAN_SETTINGS
     score, score_params = terms.score_sql("m.search_vector")
     rows = execute_planned(
         cursor,
@@ -533,7 +546,7 @@ def keyword_candidates(
         ORDER BY score DESC LIMIT %s
         """,
         [*score_params, terms.match_sql(), *scope.params, tuning.keyword_match_cap, limit],
-        _keyword_settings(corpus, scope),
+        settings,
     )
     return {row_id: float(value) for row_id, value in rows}
 

@@ -106,6 +106,12 @@ class SearchTuning:
     scope_sample_rows: int = 5000
     scope_rows_cap: int = 100_000
     view_words_kept: int = 1000
+    # A view of fewer rows, counted whole, has its keyword candidates read row by row, each
+    # row's words tested, not from the words index: the index's entry for a word lists the
+    # rows of everyone holding it, and reading it took as long as they are many (a
+    # stranger's 100,000 rows holding a word made a search of it 3.3 -> 46 ms). A visitor
+    # of 1,000 rows: 1.5 ms a search against 5.1 (docs/benchmarks.md).
+    keyword_scan_below: int = 3000
     hnsw_ef_search: int = 100
     # Exact distances or the HNSW graph. The exact scan costs in proportion to the scope;
     # the graph returns about candidates x corpus / scope rows before enough of them are in

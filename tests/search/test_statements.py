@@ -116,14 +116,12 @@ def test_a_word_the_first_rows_of_a_view_lack_is_counted_not_taken_for_a_rare_on
     tuning = replace(DEFAULT_TUNING, scope_sample_rows=20, keyword_match_cap=10)
     with connection.cursor() as cursor:
         scope = memory_scope(agent.id, "")
-        documents, frequencies = view_frequencies(
-            cursor, MEMORIES, scope, ["project", "zebra"], tuning
-        )
+        view, frequencies = view_frequencies(cursor, MEMORIES, scope, ["project", "zebra"], tuning)
         found = query_terms(cursor, MEMORIES, scope, "zebra project", tuning)
         rows = statements.keyword_candidates(cursor, MEMORIES, scope, found, 5, tuning)
     # Counted up to the cap and one, or scaled from the rows read: common either way.
     assert frequencies["project"] >= 11 and frequencies["zebra"] == 1
-    assert documents == 61
+    assert view.documents == 61
     assert found.match_on == ["zebra"]
     best = max(rows, key=rows.get)
     assert Memory.objects.get(pk=best).content == "the zebra project shipped"
