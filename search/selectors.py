@@ -135,7 +135,9 @@ def message_scope(
         before = before_messages.values_list("seq", flat=True).first()
         if before is None:
             raise InvalidInput.for_field("before", "no such message")
-        clauses.append("m.seq < %s")
+        # (``+ 0``: no plan reads the whole service's older messages by their number to
+        # find the principal's; the conversations' index reads them.)
+        clauses.append("m.seq + 0 < %s")
         params.append(before)
     return Scope(
         " AND ".join([f"m.conversation_id IN ({visible_sql})", *clauses]),

@@ -351,7 +351,25 @@ def view_frequencies(
             missing.append(lexeme)
         else:
             frequencies[lexeme] = frequency
-    if missing:
+    if missing and words.complete:
+        # A view counted whole: its rows' words tested, as many rows as ``view_words`` read
+        # (the words index would list everyone's rows holding each word, and take as long).
+        rows = execute_planned(
+            cursor,
+            f"""
+            WITH read AS MATERIALIZED (
+                SELECT m.search_vector FROM {corpus.table} m WHERE {view.sql} LIMIT %s
+            )
+            SELECT q.lexeme, (SELECT count(*) FROM (
+                    SELECT 1 FROM read
+                    WHERE read.search_vector @@ to_tsquery('simple', quote_literal(q.lexeme))
+                    LIMIT %s) f)
+            FROM unnest(%s::text[]) AS q(lexeme)
+            """,
+            [*view.params, tuning.scope_sample_rows, cap, missing],
+            VIEW_ROWS_SETTINGS,
+        )
+    elif missing:
         if scope.view is not None:
             few = bool(view.few_sql) and sees_few(cursor, view, tuning)
         rows = execute_planned(
@@ -367,6 +385,7 @@ def view_frequencies(
             [*view.params, cap, missing],
             _keyword_settings(corpus, view),
         )
+    if missing:
         for lexeme, count in rows:
             frequencies[lexeme] = count
             _keep((*key, lexeme), count)
@@ -528,13 +547,39 @@ def keyword_candidates(
 
     A caller's view of fewer than ``keyword_scan_below`` rows, counted whole
     (``Terms.view_rows``), is read row by row, each row's words tested: the words index
-    lists everyone's rows holding a word, and its time told how many there are."""
+    lists everyone's rows holding a word, and its time told how many there are. At most
+    that many rows are read: a view that has grown past them since it was counted (a
+    conversation shared with the caller meanwhile) is read from the words index."""
     if not terms.idf:
         return {}
-    settings = _keyword_settings(corpus, scope)
-    if not corpus.scoped_words and 0 < terms.view_rows < tuning.keyword_scan_below:
-        settings = VIEW_SCAN_SETTINGS
     score, score_params = terms.score_sql("m.search_vector")
+    if not corpus.scoped_words and 0 < terms.view_rows < tuning.keyword_scan_below:
+        rows = execute_planned(
+            cursor,
+            f"""
+            WITH read AS MATERIALIZED (
+                SELECT m.id, m.search_vector FROM {corpus.table} m
+                WHERE {scope.sql_for(few)} LIMIT %s
+            )
+            (SELECT id, score FROM (
+                SELECT m.id, {score} AS score FROM read m
+                WHERE m.search_vector @@ to_tsquery('simple', %s) LIMIT %s
+             ) matches ORDER BY score DESC LIMIT %s)
+            UNION ALL
+            SELECT NULL, count(*) FROM read
+            """,
+            [
+                *scope.params,
+                tuning.keyword_scan_below,
+                *score_params,
+                terms.match_sql(),
+                tuning.keyword_match_cap,
+                limit,
+            ],
+            VIEW_SCAN_SETTINGS,
+        )
+        if next(n for row_id, n in rows if row_id is None) < tuning.keyword_scan_below:
+            return {row_id: float(value) for row_id, value in rows if row_id is not None}
     rows = execute_planned(
         cursor,
         f"""
@@ -546,7 +591,7 @@ def keyword_candidates(
         ORDER BY score DESC LIMIT %s
         """,
         [*score_params, terms.match_sql(), *scope.params, tuning.keyword_match_cap, limit],
-        settings,
+        _keyword_settings(corpus, scope),
     )
     return {row_id: float(value) for row_id, value in rows}
 

@@ -1,5 +1,6 @@
 """Helpers for tests that check what the database refuses, or reach it from other processes."""
 
+import re
 import threading
 from contextlib import contextmanager
 from urllib.parse import quote
@@ -87,15 +88,18 @@ def stored_words() -> dict[str, int]:
 
 @contextmanager
 def plans_of(start: str):
-    """The plans of the statements sent meanwhile that hold ``start``, each explained just
-    before it runs, as it is sent (past the planner settings
+    """The plans of the statements sent meanwhile that begin with ``start``, each explained
+    just before it runs, as it is sent (past the planner settings
     ``search.statements.execute_planned`` sends before it)."""
     plans = []
+    begins = re.compile(r"(^|;)\s*" + re.escape(start))
 
     def explain(execute, sql, params, many, context):
-        if start in sql and "EXPLAIN" not in sql:
+        found = begins.search(sql)
+        if found and "EXPLAIN" not in sql:
             cursor = context["cursor"]
-            cursor.execute(sql.replace(start, f"EXPLAIN {start}", 1), params)
+            at = found.end() - len(start)
+            cursor.execute(f"{sql[:at]}EXPLAIN {sql[at:]}", params)
             while cursor.description is None and cursor.nextset():
                 pass  # past the settings
             plans.append("\n".join(line for (line,) in cursor.fetchall()))
