@@ -223,22 +223,25 @@ class AgentUpdateIn(LettaInput):
     tags = TagsField(required=False)
 
 
-class ManagerConfigIn(LettaInput):
-    manager_type = TextField(max_length=50, required=False)
+class SleeptimeFrequencyIn(LettaInput):
+    """Every how many captured turns the sleeptime agent runs (``agents_api.sleeptime``):
+    set through a group's manager config, kept in the agent's Letta settings."""
+
     sleeptime_agent_frequency = serializers.IntegerField(
         required=False, min_value=1, max_value=1000
     )
 
 
-class LettaSettingsIn(LettaSettingsFields):
+class ManagerConfigIn(SleeptimeFrequencyIn):
+    manager_type = TextField(max_length=50, required=False)
+
+
+class LettaSettingsIn(LettaSettingsFields, SleeptimeFrequencyIn):
     """The Letta settings kept in an agent's metadata (``services.letta.letta_settings``):
     what an imported agent may bring there. (A forged ``{"letta": {"tags": 5}}`` was
     imported, and every Letta list of its owner's agents was a 500 after.)"""
 
     tags = TagsField(required=False)
-    sleeptime_agent_frequency = serializers.IntegerField(
-        required=False, min_value=1, max_value=1000
-    )
 
 
 class GroupUpdateIn(LettaInput):
