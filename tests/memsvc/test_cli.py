@@ -158,10 +158,11 @@ def test_the_commands_work_on_a_data_directory_serve_never_ran_on(tmp_path):
 def test_a_worker_starts_on_a_data_directory_serve_never_ran_on(tmp_path):
     """(It ended in a traceback: relation "message" does not exist.)"""
     import os
-    import selectors
+    import queue
     import signal
     import subprocess
     import sys
+    import threading
 
     from tests.agents_api.test_mcp import REPO
 
@@ -177,24 +178,29 @@ def test_a_worker_starts_on_a_data_directory_serve_never_ran_on(tmp_path):
     )
     started = time.monotonic()
     said, deadline = [], started + 180
-    watch = selectors.DefaultSelector()
-    watch.register(worker.stderr, selectors.EVENT_READ)
+    # Its lines read on a thread: waiting on the pipe for each line missed those that came
+    # in one read with the one before ("ready." with "Connected to ..."): they waited in
+    # the reader's buffer, and the test for 180 s (once in some suites' runs).
+    lines = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in worker.stderr])
+    reader.start()
     try:
         while time.monotonic() < deadline and worker.poll() is None:
-            if watch.select(timeout=1):
-                line = worker.stderr.readline()
-                said.append(line)
-                if line.rstrip().endswith("ready."):
-                    break
+            try:
+                line = lines.get(timeout=1)
+            except queue.Empty:
+                continue
+            said.append(line)
+            if line.rstrip().endswith("ready."):
+                break
         ended = worker.poll()  # (not None: the worker exited before it was ready)
     finally:
         worker.send_signal(signal.SIGTERM)
         worker.wait(timeout=60)
+        reader.join(timeout=10)
     ready = bool(said) and said[-1].rstrip().endswith("ready.")
-    if not ready:
-        # Once in a whole suite's run the worker said no more after connecting to the
-        # broker: what it said after, how it ended and when, to tell a hang from a crash.
-        said += worker.stderr.readlines()
+    if not ready:  # what it said after, how it ended and when: a hang or a crash
+        said += list(lines.queue)
     assert ready, (
         f"exit {ended} after {time.monotonic() - started:.0f} s:\n" + "".join(said)[-4000:]
     )
