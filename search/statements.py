@@ -118,16 +118,23 @@ def _scope_key(what: str, corpus: Corpus, scope: Scope, *more) -> tuple:
     return (what, corpus.table, scope.sql, tuple(map(str, scope.params)), *more)
 
 
-def _kept(key: tuple) -> object:
+def _kept(key: tuple, store: dict = _KEPT) -> object:
     """What was learned under ``key`` less than ``SCOPE_KEPT_SECONDS`` ago, else None."""
-    value, at = _KEPT.get(key, (None, 0.0))
+    value, at = store.get(key, (None, 0.0))
     return value if time.monotonic() - at < SCOPE_KEPT_SECONDS else None
 
 
-def _keep(key: tuple, value: object) -> None:
-    if len(_KEPT) >= SCOPES_KEPT:
-        _KEPT.clear()  # (scopes of many agents and users: start again)
-    _KEPT[key] = (value, time.monotonic())
+def _keep(key: tuple, value: object, store: dict = _KEPT, most: int = SCOPES_KEPT) -> None:
+    """``value`` kept under ``key`` in ``store``, which holds ``most`` at most: when it is
+    full, what is stale goes, and if that is not enough, everything (scopes of many agents
+    and users: start again)."""
+    if len(store) >= most:
+        now = time.monotonic()
+        for stale in [k for k, (_, at) in store.items() if now - at >= SCOPE_KEPT_SECONDS]:
+            del store[stale]
+        if len(store) >= most:
+            store.clear()
+    store[key] = (value, time.monotonic())
 
 
 def _kept_or_learned(key: tuple, learn: Callable[[], object], *, kept: bool = True) -> object:
@@ -351,45 +358,55 @@ def view_frequencies(
             missing.append(lexeme)
         else:
             frequencies[lexeme] = frequency
-    if missing and words.complete:
-        # A view counted whole: its rows' words tested, as many rows as ``view_words`` read
-        # (the words index would list everyone's rows holding each word, and take as long).
-        rows = execute_planned(
-            cursor,
-            f"""
-            WITH read AS MATERIALIZED (
-                SELECT m.search_vector FROM {corpus.table} m WHERE {view.sql} LIMIT %s
-            )
-            SELECT q.lexeme, (SELECT count(*) FROM (
-                    SELECT 1 FROM read
-                    WHERE read.search_vector @@ to_tsquery('simple', quote_literal(q.lexeme))
-                    LIMIT %s) f)
-            FROM unnest(%s::text[]) AS q(lexeme)
-            """,
-            [*view.params, tuning.scope_sample_rows, cap, missing],
-            VIEW_ROWS_SETTINGS,
-        )
-    elif missing:
-        if scope.view is not None:
-            few = bool(view.few_sql) and sees_few(cursor, view, tuning)
-        rows = execute_planned(
-            cursor,
-            f"""
-            SELECT q.lexeme, (SELECT count(*) FROM (
-                    SELECT 1 FROM {corpus.table} m
-                    WHERE m.search_vector @@ to_tsquery('simple', quote_literal(q.lexeme))
-                      AND {view.sql_for(few)}
-                    LIMIT %s) f)
-            FROM unnest(%s::text[]) AS q(lexeme)
-            """,
-            [*view.params, cap, missing],
-            _keyword_settings(corpus, view),
-        )
     if missing:
-        for lexeme, count in rows:
+        if words.complete:
+            # A view counted whole: its rows' words tested, as many rows as ``view_words``
+            # read (the words index lists everyone's rows holding a word, and takes as long).
+            rows, settings = _first_rows(corpus, view, tuning.scope_sample_rows), VIEW_ROWS_SETTINGS
+        else:
+            if scope.view is not None:
+                few = bool(view.few_sql) and sees_few(cursor, view, tuning)
+            rows, settings = _in_scope(corpus, view, few), _keyword_settings(corpus, view)
+        counted = execute_planned(
+            cursor,
+            f"""
+            {rows.read}
+            SELECT q.lexeme, (SELECT count(*) FROM (
+                    SELECT 1 FROM {rows.within}
+                    AND m.search_vector @@ to_tsquery('simple', quote_literal(q.lexeme))
+                    LIMIT %s) f)
+            FROM unnest(%s::text[]) AS q(lexeme)
+            """,
+            [*rows.read_params, *rows.within_params, cap, missing],
+            settings,
+        )
+        for lexeme, count in counted:
             frequencies[lexeme] = count
             _keep((*key, lexeme), count)
     return words, {w: min(f, words.documents) for w, f in frequencies.items()}
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """Rows a statement reads (alias ``m``): a WITH clause that reads them first, if any,
+    and the FROM and WHERE of the statement, each with its parameters."""
+
+    read: str
+    read_params: list
+    within: str
+    within_params: list
+
+
+def _first_rows(corpus: Corpus, scope: Scope, rows: int) -> _Rows:
+    """The first ``rows`` rows of a scope, read once."""
+    read = f"""WITH read AS MATERIALIZED (
+        SELECT m.id, m.search_vector FROM {corpus.table} m WHERE {scope.sql} LIMIT %s)"""
+    return _Rows(read, [*scope.params, rows], "read m WHERE true", [])
+
+
+def _in_scope(corpus: Corpus, scope: Scope, few: bool) -> _Rows:
+    """All of the scope's rows (the form of ``Scope.sql_for(few)``)."""
+    return _Rows("", [], f"{corpus.table} m WHERE {scope.sql_for(few)}", list(scope.params))
 
 
 # How a view's first rows are read (``view_words``): a loop over the principal's
@@ -424,8 +441,8 @@ def view_words(cursor, corpus: Corpus, view: Scope, tuning: SearchTuning) -> Vie
         tuning.view_words_kept,
         least,
     )
-    kept, at = _VIEW_WORDS.get(key, (None, 0.0))
-    if kept is not None and time.monotonic() - at < SCOPE_KEPT_SECONDS:
+    kept = _kept(key, _VIEW_WORDS)
+    if kept is not None:
         return kept
     where = view.sql
     rows = execute_planned(
@@ -470,13 +487,7 @@ def view_words(cursor, corpus: Corpus, view: Scope, tuning: SearchTuning) -> Vie
         counts=counts,
         least=least,
     )
-    if len(_VIEW_WORDS) >= VIEWS_KEPT:
-        now = time.monotonic()
-        for stale in [k for k, (_, t) in _VIEW_WORDS.items() if now - t >= SCOPE_KEPT_SECONDS]:
-            del _VIEW_WORDS[stale]
-        if len(_VIEW_WORDS) >= VIEWS_KEPT:
-            _VIEW_WORDS.clear()
-    _VIEW_WORDS[key] = (words, time.monotonic())
+    _keep(key, words, _VIEW_WORDS, VIEWS_KEPT)
     return words
 
 
@@ -553,46 +564,33 @@ def keyword_candidates(
     if not terms.idf:
         return {}
     score, score_params = terms.score_sql("m.search_vector")
-    if not corpus.scoped_words and 0 < terms.view_rows < tuning.keyword_scan_below:
-        rows = execute_planned(
+
+    def matches(rows: _Rows, counted: str, settings: dict) -> list[tuple]:
+        best = f"""
+            SELECT id, score FROM (
+                SELECT m.id, {score} AS score FROM {rows.within}
+                AND m.search_vector @@ to_tsquery('simple', %s) LIMIT %s
+            ) matches ORDER BY score DESC LIMIT %s"""
+        return execute_planned(
             cursor,
-            f"""
-            WITH read AS MATERIALIZED (
-                SELECT m.id, m.search_vector FROM {corpus.table} m
-                WHERE {scope.sql_for(few)} LIMIT %s
-            )
-            (SELECT id, score FROM (
-                SELECT m.id, {score} AS score FROM read m
-                WHERE m.search_vector @@ to_tsquery('simple', %s) LIMIT %s
-             ) matches ORDER BY score DESC LIMIT %s)
-            UNION ALL
-            SELECT NULL, count(*) FROM read
-            """,
+            f"{rows.read} ({best}) {counted}" if counted else best,
             [
-                *scope.params,
-                tuning.keyword_scan_below,
+                *rows.read_params,
                 *score_params,
+                *rows.within_params,
                 terms.match_sql(),
                 tuning.keyword_match_cap,
                 limit,
             ],
-            VIEW_SCAN_SETTINGS,
+            settings,
         )
+
+    if not corpus.scoped_words and 0 < terms.view_rows < tuning.keyword_scan_below:
+        first = _first_rows(corpus, scope, tuning.keyword_scan_below)
+        rows = matches(first, "UNION ALL SELECT NULL, count(*) FROM read", VIEW_SCAN_SETTINGS)
         if next(n for row_id, n in rows if row_id is None) < tuning.keyword_scan_below:
             return {row_id: float(value) for row_id, value in rows if row_id is not None}
-    rows = execute_planned(
-        cursor,
-        f"""
-        SELECT id, score FROM (
-            SELECT m.id, {score} AS score FROM {corpus.table} m
-            WHERE m.search_vector @@ to_tsquery('simple', %s) AND {scope.sql_for(few)}
-            LIMIT %s
-        ) matches
-        ORDER BY score DESC LIMIT %s
-        """,
-        [*score_params, terms.match_sql(), *scope.params, tuning.keyword_match_cap, limit],
-        _keyword_settings(corpus, scope),
-    )
+    rows = matches(_in_scope(corpus, scope, few), "", _keyword_settings(corpus, scope))
     return {row_id: float(value) for row_id, value in rows}
 
 
