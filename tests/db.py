@@ -78,14 +78,6 @@ def while_held(hold, request, *, waits: bool = False):
     return result
 
 
-def stored_words() -> dict[str, int]:
-    """Each word the message table holds (its lexemes, as search reads them): how many
-    messages hold it. Search keeps no other copy of anyone's words."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT word, ndoc FROM ts_stat('SELECT search_vector FROM message')")
-        return dict(cursor.fetchall())
-
-
 @contextmanager
 def plans_of(start: str):
     """The plans of the statements sent meanwhile that begin with ``start``, each explained

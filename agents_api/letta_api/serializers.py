@@ -95,7 +95,7 @@ def agent_out(agent: Agent, blocks: list[MemoryBlock]) -> dict:
         "agent_type": letta.get("agent_type") or "letta_v1_agent",
         "system": letta.get("system") or "",
         "description": letta.get("description") or agent.description,
-        "tags": list(letta.get("tags") or []),  # (null: as an import once kept it)
+        "tags": list(letta.get("tags", [])),
         "metadata": letta_metadata(agent),
         "model": model,
         "embedding": letta.get("embedding"),

@@ -36,7 +36,10 @@ UNATTACHED_BLOCK_TTL = timedelta(days=1)
 
 
 def letta_settings(agent: Agent) -> dict:
-    return dict(agent.metadata.get(LETTA_METADATA_KEY) or {})
+    """The agent's Letta settings; a null is as if left out (an import once kept
+    ``{"tags": null}``, and every reader of the tags had to know it)."""
+    kept = agent.metadata.get(LETTA_METADATA_KEY) or {}
+    return {key: value for key, value in kept.items() if value is not None}
 
 
 def letta_metadata(agent: Agent) -> dict:

@@ -58,7 +58,7 @@ from memsvc.api.parsers import MAX_JSON_DEPTH
 from memsvc.api.principals import Principal
 from search.services import embed_pending
 from tests.agents_api.conftest import AgentCredential, make_agent
-from tests.db import recorded_statements, stored_words, while_held
+from tests.db import recorded_statements, while_held
 from tests.factories import AgentFactory, ConversationFactory
 
 pytestmark = pytest.mark.django_db
@@ -359,19 +359,6 @@ def test_tool_records_made_for_the_user_or_in_their_conversations_go_with_the_er
     assert cli.main(["import", str(tmp_path / "first.json")]) == 0
     assert "toolRecords: 3" in capsys.readouterr().err
     assert cli_export(tmp_path, "second", "user", "alice") == first
-
-
-def test_erase_leaves_none_of_the_users_words_where_search_reads_them(api, alice, world):
-    call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
-    kept = stored_words()
-    assert "xylophon" not in kept and "zanzibar" not in kept
-    assert kept["quokka"] == 2
-
-
-def test_deleting_a_conversation_leaves_none_of_its_words(api, alice, bob, world):
-    call(api, "DELETE", f"/v1/user/conversations/{world.fork}", bob, status=204)
-    call(api, "DELETE", f"/v1/user/conversations/{world.ours}", alice, status=204)
-    assert "zanzibar" not in stored_words()
 
 
 def test_after_an_erase_no_memory_cites_an_erased_message(api, alice, bob, world):

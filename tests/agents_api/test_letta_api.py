@@ -916,3 +916,15 @@ def test_the_daily_prune_deletes_blocks_whose_attach_never_came_for_a_day(api, h
     for label in ("young", "attached"):
         assert api.get(f"/v1/blocks/{made[label]}", as_=helper).status_code == 200, label
     assert services.unattached_blocks_prune() == 0
+
+
+def test_letta_settings_an_import_once_kept_with_a_null_are_read_as_left_out(api, helper):
+    """An import kept ``{"letta": {"tags": null}}`` before it was checked: the list read the
+    null as no tags, but a create by the agent's name, adding tags, was a 500."""
+    state = create_agent(api, helper, name="kept")
+    agent = Agent.objects.get(name="kept")
+    agent.metadata = {"letta": {"tags": None, "model": "m"}}
+    agent.save(update_fields=["metadata"])
+    assert api.get("/v1/agents/", as_=helper).status_code == 200
+    again = create_agent(api, helper, name="kept")
+    assert again["id"] == state["id"] and again["tags"] == [SDK_TAG]

@@ -57,7 +57,7 @@ from conversations.services import (
 from memsvc.api.errors import Conflict
 from memsvc.api.principals import Principal
 from search.services import embed_pending
-from tests.db import stored_words, while_held
+from tests.db import while_held
 from tests.factories import (
     AgentFactory,
     ConversationFactory,
@@ -519,16 +519,15 @@ def counted():
     return SimpleNamespace(root=root, fork=fork, other=other, first=first, second=second)
 
 
-def test_deleting_in_the_admin_leaves_no_word_behind_and_keeps_forks(operator, counted):
-    """(Deleting a message, a conversation or a group in the admin once left their words in
-    search's statistics, and a message a fork was made at could not be deleted.)"""
+def test_deleting_in_the_admin_deletes_as_the_api_does_and_keeps_forks(operator, counted):
+    """(A message a fork was made at could not be deleted in the admin; a message, a
+    conversation or a group deleted there is deleted as the API deletes it.)"""
     page = reverse("admin:conversations_message_delete", args=[counted.second.pk])
     assert "protected" not in operator.get(page).content.decode()
     assert operator.post(page, {"post": "yes"}).status_code == 302
     assert not Message.objects.filter(pk=counted.second.pk).exists()
     counted.fork.refresh_from_db()
     assert counted.fork.forked_at_message_id == counted.first.pk  # the one before it
-    assert "leav" not in stored_words()  # "The quokka eats leaves"
 
     page = reverse("admin:conversations_conversation_changelist")
     ids = [counted.fork.pk, counted.other.pk]
@@ -536,12 +535,10 @@ def test_deleting_in_the_admin_leaves_no_word_behind_and_keeps_forks(operator, c
     assert operator.post(page, form).status_code == 302
     assert not Conversation.objects.filter(pk__in=ids).exists()
     assert ConversationGroup.objects.filter(pk=counted.other.group_id).count() == 0
-    assert "xylophon" not in stored_words()
 
     page = reverse("admin:conversations_conversationgroup_delete", args=[counted.root.group_id])
     assert operator.post(page, {"post": "yes"}).status_code == 302
     assert not Message.objects.exists()
-    assert stored_words() == {}
 
 
 @pytest.mark.django_db(transaction=True)
@@ -798,8 +795,8 @@ def test_an_agents_own_conversation_and_loopback_trust_are_not_edited_in_the_adm
 
 
 def test_deleting_an_agent_in_the_admin_deletes_its_own_conversation(operator):
-    """As Letta's route deletes it: its turns go with it, their words counted out of the
-    keyword statistics. (They stayed, in a conversation of an agent that was no more.)"""
+    """As Letta's route deletes it: its turns go with it. (They stayed, in a conversation
+    of an agent that was no more.)"""
     gone, _ = agent_get_or_create(owner_principal="local", name="gone")
     kept, _ = agent_get_or_create(owner_principal="local", name="kept")
     local_messages_append(gone, [NewMessage(content="My passport number is X123", role="user")])
@@ -809,7 +806,6 @@ def test_deleting_an_agent_in_the_admin_deletes_its_own_conversation(operator):
     assert operator.post(page, {"post": "yes"}).status_code == 302
     assert not Agent.objects.filter(pk=gone.pk).exists()
     assert list(Conversation.objects.values_list("title", flat=True)) == ["kept (local)"]
-    assert "passport" not in stored_words()
 
 
 def test_deleting_an_agent_in_the_admin_first_lists_its_own_conversation(operator):
