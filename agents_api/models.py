@@ -18,11 +18,15 @@ from django.utils import timezone
 from conversations.models import TEXT_SEARCH_CONFIG
 from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, PRINCIPAL_MAX_LENGTH, Principal
 from memsvc.db import embedding_has_model, embedding_index, json_is_object
-from memsvc.validators import no_nul_characters
+from memsvc.validators import no_control_characters, no_nul_characters, shown_as_it_is
 from search.embeddings import EmbeddingField
 
 DEFAULT_BLOCK_LIMIT = 5_000
 BLOCK_DESCRIPTION_MAX_CHARS = 2_000  # what the API and the admin take
+AGENT_NAME_MAX_CHARS = 200
+# An agent's name, whoever gives it (an API, the admin, an import): one line, as it titles
+# the agent's own conversation ("<name> (local)"), shown as what it is.
+AGENT_NAME_RULES = (no_control_characters, shown_as_it_is)
 
 
 class Agent(models.Model):
@@ -31,7 +35,9 @@ class Agent(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     # Who created the agent: a user id, or "local" for agents of the local compatibility API.
     owner_principal = models.CharField(max_length=PRINCIPAL_MAX_LENGTH)
-    name = models.CharField(max_length=200, validators=[no_nul_characters])
+    name = models.CharField(
+        max_length=AGENT_NAME_MAX_CHARS, validators=[no_nul_characters, *AGENT_NAME_RULES]
+    )
     description = models.TextField(blank=True, default="", validators=[no_nul_characters])
     metadata = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now, editable=False)

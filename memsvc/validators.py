@@ -29,6 +29,17 @@ def has_bidi_controls(value: str) -> bool:
     return not BIDI_CONTROLS.isdisjoint(value)
 
 
+def shown_as_it_is(value: str) -> None:
+    """A name shown as what it is: no bidirectional controls ("\u202ebob" showed as "bob"
+    reversed) and no space at either end ("bob " and "bob" were two agents that look one)."""
+    if has_bidi_controls(value):
+        raise ValidationError(
+            "must not contain bidirectional control characters", code="bidi_control"
+        )
+    if value != value.strip():
+        raise ValidationError("must not begin or end with a space", code="outer_space")
+
+
 # What draws nothing of its own: controls, format marks (zero-width spaces and joiners, bidi
 # marks, a BOM), combining marks with nothing to combine with, and separators.
 _INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Mn", "Me", "Zs", "Zl", "Zp"})

@@ -11,7 +11,7 @@ from agents_api.api.serializers import (
     StepField,
     TaskIdField,
 )
-from agents_api.models import Agent, MemoryBlock
+from agents_api.models import AGENT_NAME_MAX_CHARS, AGENT_NAME_RULES, Agent, MemoryBlock
 from agents_api.selectors import MemoryHit, ToolRecordHit
 from conversations.models import Message, Role
 from memsvc.api.fields import (
@@ -25,7 +25,6 @@ from memsvc.api.fields import (
     TextField,
     datetime_text,
 )
-from memsvc.validators import has_bidi_controls, no_control_characters
 
 
 def agent_out(agent: Agent) -> dict:
@@ -126,21 +125,12 @@ class LocalInput(InputSerializer):
 
 
 class AgentNameField(PathSegmentField):
-    """An agent's name (the local API's, Letta's, ``memsvc apikey create``'s): one line, as it
-    titles the agent's own conversation ("<name> (local)", a title: ``no_control_characters``),
-    shown as what it is: no bidirectional controls ("\u202ebob" showed as "bob" reversed)
-    and no space at either end ("bob " and "bob" were two agents that look one)."""
+    """An agent's name (the local API's, Letta's, ``memsvc apikey create``'s), as the model
+    takes it (``AGENT_NAME_RULES``), and a segment of its routes."""
 
     def __init__(self, **kwargs):
-        super().__init__(max_length=200, **kwargs)
-        self.validators += [no_control_characters, _shown_as_it_is]
-
-
-def _shown_as_it_is(name: str) -> None:
-    if has_bidi_controls(name):
-        raise serializers.ValidationError("must not contain bidirectional control characters")
-    if name != name.strip():
-        raise serializers.ValidationError("must not begin or end with a space")
+        super().__init__(max_length=AGENT_NAME_MAX_CHARS, **kwargs)
+        self.validators += AGENT_NAME_RULES
 
 
 class CreateAgentIn(LocalInput):

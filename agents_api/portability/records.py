@@ -21,7 +21,13 @@ from agents_api.api.serializers import (
     TaskIdField,
 )
 from agents_api.letta_api.serializers import LettaSettingsIn
-from agents_api.models import BLOCK_DESCRIPTION_MAX_CHARS, MemorySource, SummarySource
+from agents_api.models import (
+    AGENT_NAME_MAX_CHARS,
+    AGENT_NAME_RULES,
+    BLOCK_DESCRIPTION_MAX_CHARS,
+    MemorySource,
+    SummarySource,
+)
 from agents_api.services.letta import LETTA_METADATA_KEY
 from conversations.models import AccessLevel, Channel, Role, TransferStatus, Visibility
 from memsvc.api.fields import (
@@ -252,7 +258,7 @@ class AgentMetadataRecordField(JSONObjectField):
 
 class AgentRecord(Record):
     id = serializers.UUIDField()
-    name = serializers.CharField(max_length=200)
+    name = TextField(max_length=AGENT_NAME_MAX_CHARS, validators=[*AGENT_NAME_RULES])
     description = serializers.CharField(allow_blank=True)
     metadata = AgentMetadataRecordField()
     ownerPrincipal = serializers.CharField(

@@ -965,6 +965,25 @@ def test_an_agent_whose_letta_settings_letta_could_not_read_is_not_imported(
     }
 
 
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("\u202ebob", "bidirectional control characters"),
+        ("bob ", "must not begin or end with a space"),
+        ("bob\tsmith", "control characters"),
+    ],
+)
+def test_an_agent_named_as_no_api_names_one_is_not_imported(tmp_path, world, capsys, name, why):
+    """The name rule of every API that makes an agent (``AGENT_NAME_RULES``) holds for an
+    import too: a document's "\u202ebob" was imported, and showed as "bob" reversed."""
+    document = cli_export(tmp_path, "first", "agent", world.agent.name)
+    world.agent.delete()
+    assert import_file(tmp_path, {**document, "agent": {**document["agent"], "name": name}}) == 1
+    err = capsys.readouterr().err
+    assert "nothing imported" in err and why in err, err
+    assert not Agent.objects.filter(id=document["agent"]["id"]).exists()
+
+
 def test_an_agent_document_is_not_imported_into_another_owners_agent(tmp_path, world, capsys):
     """The document's agent id names an agent here of someone else (another owner, another
     key's): its records went into that agent. Refused, and nothing stored; an agent of the

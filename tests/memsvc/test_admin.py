@@ -848,6 +848,26 @@ def test_a_local_agents_name_holds_no_slash_in_the_admin_as_in_the_local_api(ope
     assert local.name == "helper"
 
 
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [("\u202ebob", "bidirectional control characters"), ("bob\tsmith", "control characters")],
+)
+def test_an_agent_is_named_in_the_admin_as_the_apis_name_one(operator, name, why):
+    """The admin took "\u202ebob" (shown as "bob" reversed), which every API refuses: the
+    rule is the model's now. (A space at either end the admin's form trims.)"""
+    add = reverse("admin:agents_api_agent_add")
+    form = {"owner_principal": "alice", "name": name, "description": "", "metadata": "{}"}
+    refused = operator.post(add, form)
+    assert refused.status_code == 200 and why in refused.content.decode()
+    assert not Agent.objects.exists()
+    assert operator.post(add, {**form, "name": "bob"}).status_code == 302
+    agent = Agent.objects.get()
+    change = reverse("admin:agents_api_agent_change", args=[agent.pk])
+    assert operator.post(change, {**form, "name": name}).status_code == 200
+    agent.refresh_from_db()
+    assert agent.name == "bob"
+
+
 def test_a_users_memory_setting_is_not_deleted_in_the_admin(operator):
     """No row is memory on: deleting alice's "off" turned her memory back on, unasked."""
     setting = memory_setting_update(Principal.user("alice"), enabled=False)
