@@ -55,9 +55,15 @@ def register_citing(source: Callable[[Principal], Citing | None]) -> None:
     _citing = source
 
 
+# The most messages waiting for an embedding that ``pending_embedding_count`` counts: a probe
+# of a service with a backlog of millions read them all, every few seconds.
+PENDING_COUNTED_UP_TO = 100_000
+
+
 def pending_embedding_count() -> int:
-    """Messages waiting for an embedding (counted on the partial index ``message_unembedded``)."""
-    return Message.objects.filter(embedded_at__isnull=True).count()
+    """Messages waiting for an embedding, up to ``PENDING_COUNTED_UP_TO`` (counted on the
+    partial index ``message_unembedded``)."""
+    return Message.objects.filter(embedded_at__isnull=True)[:PENDING_COUNTED_UP_TO].count()
 
 
 @dataclass

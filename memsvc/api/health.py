@@ -2,6 +2,7 @@ import concurrent.futures
 import logging
 import os
 import threading
+import time
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
@@ -13,7 +14,7 @@ from rest_framework.views import APIView
 
 from memsvc.celery import broker_reachable
 from search.embeddings import configured_backend
-from search.selectors import pending_embedding_count
+from search.selectors import PENDING_COUNTED_UP_TO, pending_embedding_count
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +26,11 @@ HealthResponse = inline_serializer(
         "embeddingBackend": serializers.CharField(),
         "embeddingModel": serializers.CharField(),
         "embeddingDimension": serializers.IntegerField(),
-        "pendingEmbeddings": serializers.IntegerField(allow_null=True),
+        "pendingEmbeddings": serializers.IntegerField(
+            allow_null=True,
+            help_text=f"Messages waiting for their embedding, counted up to "
+            f"{PENDING_COUNTED_UP_TO:,}; null when the database did not answer.",
+        ),
         "broker": serializers.ChoiceField(choices=["reachable", "unreachable"]),
         "reason": serializers.CharField(required=False),
     },
@@ -40,15 +45,17 @@ DATABASE_ANSWER_SECONDS = 5
 
 class _DatabaseProbe:
     """``SELECT 1`` on a thread of its own (with its own connection), waited for at most
-    ``DATABASE_ANSWER_SECONDS``. One probe at a time per process: while one waits on a
-    database that does not answer, the next asks for no other, and is told no at once (a
-    thread per probe would pile up behind it)."""
+    ``DATABASE_ANSWER_SECONDS`` from when it was sent. One probe at a time per process:
+    while one waits on a database that does not answer, the next asks for no other, and
+    waits only for what is left of that probe's time: told no at once once it is up (a
+    thread per probe would pile up behind it; every probe waited its whole time again)."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._pid = None
         self._executor = None
         self._in_flight: concurrent.futures.Future | None = None
+        self._sent_at = 0.0
 
     def answers(self, seconds: float) -> bool:
         """Whether the database answered within ``seconds``; ``DatabaseError`` when it
@@ -61,9 +68,10 @@ class _DatabaseProbe:
                 )
             if self._in_flight is None or self._in_flight.done():
                 self._in_flight = self._executor.submit(_select_one)
-            probe = self._in_flight
+                self._sent_at = time.monotonic()
+            probe, left = self._in_flight, self._sent_at + seconds - time.monotonic()
         try:
-            probe.result(timeout=seconds)
+            probe.result(timeout=max(left, 0))
         except concurrent.futures.TimeoutError:
             return False
         return True
