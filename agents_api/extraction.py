@@ -38,6 +38,7 @@ from conversations.models import Conversation, Role
 from conversations.selectors import conversation_messages, turn_speakers
 from memsvc.db import hold_users
 from memsvc.llm import LLMError, chat, json_answer, llm_configured
+from memsvc.text import shortened
 from memsvc.validators import shows_nothing
 
 logger = logging.getLogger(__name__)
@@ -130,17 +131,13 @@ def _release(agent: Agent, conversation: Conversation, previous: int, claimed: i
     ).update(through_seq=previous)
 
 
-def _cut(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[:limit].rstrip() + "…"
-
-
 def extraction_prompt(messages, known: list[str]) -> list[dict]:
     """The chat messages that ask for memories: the instructions, what is already known, and
     the turns to read, numbered from 1 (newest kept when they are too long)."""
     lines, size = [], 0
     for number, message in reversed(list(enumerate(messages, start=1))):
         speaker = f"{message.author_name} ({message.role})" if message.author_name else message.role
-        line = f"[{number}] {speaker}: {_cut(message.content, MAX_MESSAGE_CHARS)}"
+        line = f"[{number}] {speaker}: {shortened(message.content, MAX_MESSAGE_CHARS)}"
         size += len(line) + 1
         if lines and size > MAX_TRANSCRIPT_CHARS:
             break
@@ -191,7 +188,7 @@ def parse_facts(answer, *, metadata: dict, turns: Sequence = ()) -> list[service
         if not isinstance(item, dict) or not isinstance(item.get("content"), str):
             continue
         # PostgreSQL text cannot hold NUL.
-        content = _cut(item["content"].replace("\x00", "").strip(), MAX_FACT_CHARS)
+        content = shortened(item["content"].replace("\x00", "").strip(), MAX_FACT_CHARS)
         if not shows_nothing(content):
             facts.append(
                 services.NewMemory(

@@ -12,6 +12,7 @@ import json
 import re
 
 from memsvc.llm import LLMError, chat
+from memsvc.text import shortened
 
 # The seed's observer: the raw output is cut here before it is sent to the model.
 OBSERVER_INPUT_CHARS = 10_000
@@ -91,27 +92,23 @@ def _shape(output) -> str:
     return f"the value {json.dumps(output)[:200]}"
 
 
-def _cut(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
-
-
 def fallback_summary(tool_name: str, raw_input, raw_output) -> str:
     """A summary without a model, the same for the same call: the tool and its input, the
     shape of the output, the sizes of its lists and the identifiers in it."""
     parts = [f"Tool {tool_name} returned {_shape(raw_output)}."]
     if raw_input:
         arguments = json.dumps(raw_input, ensure_ascii=False, sort_keys=True)
-        parts.append(f"Input: {_cut(arguments, MAX_INPUT_CHARS)}.")
+        parts.append(f"Input: {shortened(arguments, MAX_INPUT_CHARS)}.")
     error = raw_output.get("error") if isinstance(raw_output, dict) else None
     if error:
-        parts.append(f"Error: {_cut(str(error), MAX_INPUT_CHARS)}.")
+        parts.append(f"Error: {shortened(str(error), MAX_INPUT_CHARS)}.")
     sizes = _sizes(raw_output)
     if sizes:
         parts.append("Sizes: " + "; ".join(sizes) + ".")
     found = identifiers(raw_output)
     if found:
         parts.append("Identifiers: " + ", ".join(found) + ".")
-    return _cut(" ".join(parts), MAX_SUMMARY_CHARS)
+    return shortened(" ".join(parts), MAX_SUMMARY_CHARS)
 
 
 def observer_messages(tool_name: str, raw_input, raw_output) -> list[dict]:
@@ -135,4 +132,4 @@ def observe(tool_name: str, raw_input, raw_output) -> str:
     answer = chat(observer_messages(tool_name, raw_input, raw_output)).strip()
     if not answer:
         raise LLMError("the model answered only whitespace")
-    return _cut(answer, MAX_SUMMARY_CHARS)
+    return shortened(answer, MAX_SUMMARY_CHARS)

@@ -15,6 +15,7 @@ from rest_framework import serializers
 
 from memsvc.api.errors import InvalidInput
 from memsvc.api.principals import PRINCIPAL_MAX_LENGTH, user_id_problem
+from memsvc.text import shortened
 from memsvc.validators import (
     no_control_characters,
     no_nul_characters,
@@ -170,7 +171,7 @@ def named(name: str) -> str:
     """A name the caller sent (an unknown field's, parameter's or argument's), as a refusal
     names it: whole up to ``NAMED_MAX_CHARS`` characters, else cut short. A refusal of a
     megabyte-long name quoted it in the message and again as the key of its details."""
-    return name if len(name) <= NAMED_MAX_CHARS else name[: NAMED_MAX_CHARS - 1] + "…"
+    return shortened(name, NAMED_MAX_CHARS)
 
 
 class ChoiceField(serializers.ChoiceField):

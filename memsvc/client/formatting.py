@@ -1,6 +1,8 @@
 """Text in and out of a model call: the text of a message, the memory as the model reads it
 (the seed's format), and where it goes in a list of chat messages. Pure functions."""
 
+from memsvc.text import shortened
+
 MAX_CONTEXT_MESSAGE_CHARS = 500
 CONTEXT_HEADER = "The following is context from your memory:"
 TEXT_PART_TYPES = ("text", "input_text", "output_text")
@@ -72,12 +74,6 @@ def answers_tools(messages) -> bool:
     return any(is_tool_result(m) for m in messages[0 if index is None else index + 1 :])
 
 
-def _cut(text: str) -> str:
-    if len(text) <= MAX_CONTEXT_MESSAGE_CHARS:
-        return text
-    return text[:MAX_CONTEXT_MESSAGE_CHARS].rstrip() + "…"
-
-
 def format_context(context: dict) -> str | None:
     """The seed's format: memory blocks, then the relevant long-term memories (best first),
     then the relevant past messages in time order. None when there is nothing to say."""
@@ -89,10 +85,16 @@ def format_context(context: dict) -> str | None:
         )
     memories = context.get("memories") or []  # absent from older servers' answers
     if memories:
-        sections.append("## Memories\n\n" + "\n".join(f"- {_cut(m['content'])}" for m in memories))
+        sections.append(
+            "## Memories\n\n"
+            + "\n".join(f"- {shortened(m['content'], MAX_CONTEXT_MESSAGE_CHARS)}" for m in memories)
+        )
     messages = sorted(context.get("relevant_messages") or [], key=lambda m: m["created_at"])
     if messages:
-        lines = [f"**{m['role'].capitalize()}**: {_cut(m['content'])}" for m in messages]
+        lines = [
+            f"**{m['role'].capitalize()}**: {shortened(m['content'], MAX_CONTEXT_MESSAGE_CHARS)}"
+            for m in messages
+        ]
         sections.append("## Relevant Past Conversations\n\n" + "\n\n".join(lines))
     if not sections:
         return None

@@ -338,7 +338,7 @@ def test_the_answers_shapes_and_limits():
         ("Bool importance", None),
         ("x" * 20, 0.0),
     ]
-    assert len(facts[3].content) == 1001 and facts[3].content.endswith("…")
+    assert len(facts[3].content) == 1000 and facts[3].content.endswith("…")
     assert all(f.metadata == meta for f in facts)
     assert len(parse_facts({"memories": [f"fact {i}" for i in range(50)]}, metadata={})) == 20
     with pytest.raises(LLMError):

@@ -338,9 +338,9 @@ def test_the_context_format_and_long_messages_cut():
     )
     assert text.startswith("The following is context from your memory:\n\n## Memory\n\n### human")
     memories = text.split("## Memories\n\n")[1].split("\n\n## Relevant Past Conversations")[0]
-    assert memories == "- Alice likes tea\n- " + "y" * 500 + "…"
+    assert memories == "- Alice likes tea\n- " + "y" * 499 + "…"
     user_line, assistant_line = text.split("## Relevant Past Conversations\n\n")[1].split("\n\n")
-    assert user_line == "**User**: " + "x" * 500 + "…"
+    assert user_line == "**User**: " + "x" * 499 + "…"
     assert assistant_line == "**Assistant**: Hi Alice"
     assert format_context({"memory_blocks": [], "relevant_messages": [], "memories": []}) is None
     only_memories = format_context({"memories": [{"content": "Alice likes tea"}]})
