@@ -539,13 +539,9 @@ def test_http_calls_in_one_process_share_one_event_loop_and_session_manager(clie
     # per call (a loop and a manager per call cost about 2 ms of CPU each).
     _, key = keyed_agent("one-loop")
     listing = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
-    headers = {
-        "HTTP_AUTHORIZATION": f"Bearer {key}",
-        "HTTP_ACCEPT": "application/json, text/event-stream",
-    }
     managers = []
     for _ in range(3):
-        response = client.post("/mcp", listing, content_type="application/json", **headers)
+        response = post_mcp(client, key, listing)
         assert response.status_code == 200, response.content
         assert "memory_search" in {tool["name"] for tool in response.json()["result"]["tools"]}
         managers.append(mcp_http._exchanges._manager)
@@ -561,6 +557,14 @@ def post_mcp(client, key: str, body):
         content_type="application/json",
         HTTP_AUTHORIZATION=f"Bearer {key}",
         HTTP_ACCEPT="application/json, text/event-stream",
+    )
+
+
+def call_tool(client, key: str, name: str, arguments: dict):
+    """``POST /mcp`` of a ``tools/call`` of ``name`` with ``arguments``."""
+    params = {"name": name, "arguments": arguments}
+    return post_mcp(
+        client, key, {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
     )
 
 
@@ -606,9 +610,7 @@ def test_http_a_request_whose_id_is_no_string_or_integer_is_answered(client, req
 def test_http_a_body_the_service_admits_is_not_refused_by_the_sdks_smaller_cap(client, settings):
     # The SDK's own cap (4 MB) answered a plain-text 413 to bodies the service admits.
     _, key = keyed_agent("large-body")
-    call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
-    call["params"] = {"name": "memory_save", "arguments": {"content": "x" * (5 * 1024 * 1024)}}
-    response = post_mcp(client, key, call)
+    response = call_tool(client, key, "memory_save", {"content": "x" * (5 * 1024 * 1024)})
     assert response.status_code == 200, response.content[:300]
     assert response["Content-Type"].startswith("application/json")
     assert response.json()["result"]["isError"]  # (the content's own limit, as a tool error)
@@ -628,17 +630,7 @@ def test_http_memory_list_takes_a_whole_number_written_with_a_point(client):
     agent, key = keyed_agent("float-limit")
     for content in ("The office is in Lisbon", "The team meets on Mondays"):
         memory_save(agent.as_principal(), agent=agent, content=content)
-    call = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "tools/call",
-        "params": {"name": "memory_list", "arguments": {"limit": 1.0}},
-    }
-    headers = {
-        "HTTP_AUTHORIZATION": f"Bearer {key}",
-        "HTTP_ACCEPT": "application/json, text/event-stream",
-    }
-    response = client.post("/mcp", call, content_type="application/json", **headers)
+    response = call_tool(client, key, "memory_list", {"limit": 1.0})
     assert response.status_code == 200, response.content
     assert "error" not in response.json(), response.json()
     result = response.json()["result"]
@@ -657,15 +649,9 @@ def test_http_memory_list_and_delete_treat_an_expired_memory_as_gone(client):
     Memory.objects.filter(id=gone.id).update(
         expires_at=gone.created_at - timedelta(seconds=1), access_count=10
     )
-    headers = {
-        "HTTP_AUTHORIZATION": f"Bearer {key}",
-        "HTTP_ACCEPT": "application/json, text/event-stream",
-    }
 
     def call(name, arguments):
-        request = {"jsonrpc": "2.0", "id": 1, "method": "tools/call"}
-        request["params"] = {"name": name, "arguments": arguments}
-        response = client.post("/mcp", request, content_type="application/json", **headers)
+        response = call_tool(client, key, name, arguments)
         assert response.status_code == 200, response.content
         return json.loads(response.json()["result"]["content"][0]["text"])
 
@@ -678,17 +664,7 @@ def test_http_memory_list_refuses_a_tag_longer_than_any_tag(client):
     # Compared with the stored tags it was cut to their length: a tag it is not, matched.
     agent, key = keyed_agent("long-tag")
     memory_save(agent.as_principal(), agent=agent, content="Tagged", tags=["t" * 100])
-    call = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "tools/call",
-        "params": {"name": "memory_list", "arguments": {"tag": "t" * 101}},
-    }
-    headers = {
-        "HTTP_AUTHORIZATION": f"Bearer {key}",
-        "HTTP_ACCEPT": "application/json, text/event-stream",
-    }
-    response = client.post("/mcp", call, content_type="application/json", **headers)
+    response = call_tool(client, key, "memory_list", {"tag": "t" * 101})
     assert response.status_code == 200, response.content
     result = response.json()["result"]
     assert result["isError"], result
@@ -726,17 +702,7 @@ def test_http_a_value_of_another_kind_is_refused_without_echoing_it(
 
 def refused_without_echo(client, tool: str, arguments: dict, problem: str) -> None:
     _, key = keyed_agent("too-long")
-    call = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "tools/call",
-        "params": {"name": tool, "arguments": arguments},
-    }
-    headers = {
-        "HTTP_AUTHORIZATION": f"Bearer {key}",
-        "HTTP_ACCEPT": "application/json, text/event-stream",
-    }
-    response = client.post("/mcp", call, content_type="application/json", **headers)
+    response = call_tool(client, key, tool, arguments)
     result = response.json()["result"]
     assert result["isError"], result
     assert result["content"][0]["text"].startswith(problem)
