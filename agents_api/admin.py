@@ -33,6 +33,7 @@ from agents_api.services import (
 )
 from agents_api.services.messages import local_conversation_renamed
 from conversations.models import TEXT_SEARCH_CONFIG, Conversation
+from conversations.selectors import groups_owned_by
 from memsvc.admin_tools import (
     DeletedByService,
     EmbeddedFilter,
@@ -158,9 +159,11 @@ class AgentAdmin(MetadataChecked, DeletedByService, admin.ModelAdmin):
         )
 
     def get_deleted_objects(self, objs, request):
-        conversations = Conversation.objects.filter(
-            local_agent__in=[agent.pk for agent in objs]
-        ).select_related("group")
+        # (``agent_delete``'s: its own conversation, and those of the groups it owns)
+        owned = Q(local_agent__in=[agent.pk for agent in objs])
+        for agent in objs:
+            owned |= Q(group__in=groups_owned_by(agent.principal_id))
+        conversations = Conversation.objects.filter(owned).select_related("group")
         parts = [super().get_deleted_objects(objs, request)]
         if conversations:
             conversation_admin = self.admin_site.get_model_admin(Conversation)

@@ -12,7 +12,12 @@ from agents_api.models import (
     Scope,
 )
 from conversations.models import AccessLevel, Membership
-from conversations.services import conversation_delete, membership_delete
+from conversations.selectors import groups_owned_by
+from conversations.services import (
+    conversation_delete,
+    conversation_groups_delete,
+    membership_delete,
+)
 from memsvc.api.errors import Forbidden, InvalidInput, NotFound
 from memsvc.api.principals import Principal
 from memsvc.db import locked_row
@@ -43,15 +48,19 @@ def agent_get_or_create(
 
 @transaction.atomic
 def agent_delete(actor: Principal, *, agent: Agent) -> None:
-    """Delete an agent with what it keeps (keys, blocks, memories, tool records) and its own
-    conversation (the local API's messages, Letta's captured turns: ``conversation_delete``),
-    and its memberships of others'
+    """Delete an agent with what it keeps (keys, blocks, memories, tool records), its own
+    conversation (the local API's messages, Letta's captured turns: ``conversation_delete``)
+    and the other conversations it owns (made through ``/v1/agent``, forks and all: as a
+    user's go with their erase; they stayed with an owner that was no more, whom no one
+    could ask to delete them or hand them on), and its memberships of others'
     conversations, each removed as an operator removes a member (``membership_delete``: an
     offer of ownership to the agent ends with it). The agent's row is locked first, as a
     capture locks it (``local_conversation_for``) before it writes to the conversation."""
     agent = locked_row(Agent.objects, agent.pk, missing="agent not found")
     if agent.local_conversation_id is not None:
         conversation_delete(agent.as_principal(), conversation=agent.local_conversation)
+    owned = groups_owned_by(agent.principal_id).order_by("id").values_list("id", flat=True)
+    conversation_groups_delete(agent.as_principal(), group_ids=list(owned))
     memberships = Membership.objects.filter(principal_id=agent.principal_id).exclude(
         access_level=AccessLevel.OWNER
     )

@@ -15,7 +15,9 @@ from agents_api.tasks import prune_memories_task
 from conversations.models import Conversation, Membership, Message
 from conversations.services import (
     conversation_create,
+    conversation_fork,
     conversation_update,
+    message_append,
     ownership_transfer_start,
 )
 from memsvc.api.errors import NotFound
@@ -554,6 +556,29 @@ def test_deleting_an_agent_removes_it_from_others_conversations(api, helper):
     }
     offer.refresh_from_db()
     assert offer.status == "cancelled"
+
+
+def test_deleting_an_agent_deletes_the_conversations_it_owns(api, helper):
+    """Those it made through /v1/agent, shared with alice, and their forks go with it, as a
+    user's go with their erase. (They stayed, owned by an agent that was no more: no one
+    could delete them or hand them on.) Others' conversations it wrote in stay."""
+    state = create_agent(api, helper)
+    agent = Agent.objects.get(name="travel")
+    owned = conversation_create(agent.as_principal(), title="Its own", writer_ids=["alice"])
+    message_append(agent.as_principal(), conversation=owned, content="Hello")
+    fork = conversation_fork(
+        Principal.user("alice"), conversation=owned, message=owned.messages.get()
+    )
+    alices = conversation_create(
+        Principal.user("alice"), title="Alice's", writer_ids=[agent.principal_id]
+    )
+    message_append(agent.as_principal(), conversation=alices, content="Noted")
+
+    assert api.delete(f"/v1/agents/{state['id']}", as_=helper).status_code == 200
+    assert not Conversation.objects.filter(pk__in=[owned.pk, fork.pk]).exists()
+    assert not Membership.objects.filter(group_id=owned.group_id).exists()
+    assert list(Conversation.objects.values_list("title", flat=True)) == ["Alice's"]
+    assert list(alices.messages.values_list("content", flat=True)) == ["Noted"]
 
 
 def test_a_change_to_an_agent_deleted_meanwhile_is_404(api, helper):
