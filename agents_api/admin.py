@@ -9,7 +9,9 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.text import Truncator
+from rest_framework import serializers
 
+from agents_api.letta_api.serializers import letta_settings_checked
 from agents_api.models import (
     BLOCK_DESCRIPTION_MAX_CHARS,
     Agent,
@@ -43,6 +45,7 @@ from memsvc.admin_tools import (
     merged_deletions,
     operator,
 )
+from memsvc.api.errors import as_api_error
 from memsvc.validators import path_segment
 
 
@@ -97,7 +100,8 @@ class AgentColumn:
 class AgentForm(forms.ModelForm):
     """An agent as the APIs make one: a local agent's name is the last segment of its
     routes (``/agents/{name}``, ``memsvc mcp --agent``), so it holds no "/" (the local API's
-    own rule), or no route would reach it."""
+    own rule), or no route would reach it; its Letta settings are as the Letta API keeps them
+    (``letta_settings_checked``: ``{"letta": {"tags": 5}}`` made every Letta list a 500)."""
 
     def clean(self):
         data = super().clean()
@@ -106,6 +110,11 @@ class AgentForm(forms.ModelForm):
                 path_segment(data["name"])
             except ValidationError as exc:
                 self.add_error("name", exc)
+        if isinstance(data.get("metadata"), dict):
+            try:
+                data["metadata"] = letta_settings_checked(data["metadata"])
+            except serializers.ValidationError as exc:
+                self.add_error("metadata", as_api_error(exc).message)
         return data
 
 

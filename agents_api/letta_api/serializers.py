@@ -10,7 +10,7 @@ from django.conf import settings
 from rest_framework import serializers
 
 from agents_api.api.serializers import BlockLimitField, LabelField
-from agents_api.local_api.serializers import AgentNameField, LocalInput
+from agents_api.local_api.serializers import AgentMetadataField, AgentNameField, LocalInput
 from agents_api.models import DEFAULT_BLOCK_LIMIT, Agent, MemoryBlock
 from agents_api.services.letta import (
     LETTA_METADATA_KEY,
@@ -20,7 +20,7 @@ from agents_api.services.letta import (
 )
 from conversations.models import Message, Role
 from memsvc.api.errors import NotFound
-from memsvc.api.fields import MetadataField, TextField, datetime_text
+from memsvc.api.fields import TextField, datetime_text
 
 AGENT_ID_PREFIX = "agent-"
 BLOCK_ID_PREFIX = "block-"
@@ -176,19 +176,6 @@ class BlockUpdateIn(LettaInput):
     limit = BlockLimitField(required=False)
 
 
-class AgentMetadataField(MetadataField):
-    """Letta's metadata of an agent: the agent's own (``services.letta.letta_metadata``),
-    beside the key under which memsvc keeps its Letta settings."""
-
-    def to_internal_value(self, data):
-        value = super().to_internal_value(data)
-        if LETTA_METADATA_KEY in value:
-            raise serializers.ValidationError(
-                f"the key {LETTA_METADATA_KEY!r} is memsvc's (where it keeps Letta's settings)"
-            )
-        return value
-
-
 class TagsField(serializers.ListField):
     """An agent's tags (``MAX_TAGS``, of up to 100 characters each), on create as on update."""
 
@@ -242,6 +229,21 @@ class LettaSettingsIn(LettaSettingsFields, SleeptimeFrequencyIn):
     imported, and every Letta list of its owner's agents was a 500 after.)"""
 
     tags = TagsField(required=False)
+
+
+def letta_settings_checked(metadata: dict) -> dict:
+    """An agent's ``metadata`` (an import's, the admin's) with its Letta settings as the Letta
+    API keeps them (``LettaSettingsIn``: a null is read as left out, as the check read it);
+    ``ValidationError`` naming what is wrong."""
+    letta = metadata.get(LETTA_METADATA_KEY)
+    if letta is None:
+        return metadata
+    if not isinstance(letta, dict):
+        raise serializers.ValidationError({LETTA_METADATA_KEY: ["must be an object"]})
+    try:
+        return {**metadata, LETTA_METADATA_KEY: dict(LettaSettingsIn.parse(letta))}
+    except serializers.ValidationError as exc:
+        raise serializers.ValidationError({LETTA_METADATA_KEY: exc.detail}) from None
 
 
 class GroupUpdateIn(LettaInput):

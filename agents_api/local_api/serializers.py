@@ -13,6 +13,7 @@ from agents_api.api.serializers import (
 )
 from agents_api.models import AGENT_NAME_MAX_CHARS, AGENT_NAME_RULES, Agent, MemoryBlock
 from agents_api.selectors import MemoryHit, ToolRecordHit
+from agents_api.services.letta import LETTA_METADATA_KEY
 from conversations.models import Message, Role
 from memsvc.api.fields import (
     ChoiceField,
@@ -133,9 +134,24 @@ class AgentNameField(PathSegmentField):
         self.validators += AGENT_NAME_RULES
 
 
+class AgentMetadataField(MetadataField):
+    """An agent's own metadata as a client gives it (the local API's, Letta's:
+    ``services.letta.letta_metadata``), beside the key under which memsvc keeps its Letta
+    settings. (The local API stored ``{"letta": {"tags": 5}}``, and every Letta list of a key
+    of that agent was a 500.)"""
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        if LETTA_METADATA_KEY in value:
+            raise serializers.ValidationError(
+                f"the key {LETTA_METADATA_KEY!r} is memsvc's (where it keeps Letta's settings)"
+            )
+        return value
+
+
 class CreateAgentIn(LocalInput):
     name = AgentNameField()
-    metadata = MetadataField(required=False, allow_null=True)
+    metadata = AgentMetadataField(required=False, allow_null=True)
 
 
 class CreateMessageIn(LocalInput):

@@ -20,7 +20,7 @@ from agents_api.api.serializers import (
     TagsField,
     TaskIdField,
 )
-from agents_api.letta_api.serializers import LettaSettingsIn
+from agents_api.letta_api.serializers import letta_settings_checked
 from agents_api.models import (
     AGENT_NAME_MAX_CHARS,
     AGENT_NAME_RULES,
@@ -28,7 +28,6 @@ from agents_api.models import (
     MemorySource,
     SummarySource,
 )
-from agents_api.services.letta import LETTA_METADATA_KEY
 from conversations.models import AccessLevel, Channel, Role, TransferStatus, Visibility
 from memsvc.api.fields import (
     ChoiceField,
@@ -245,15 +244,9 @@ class AgentMetadataRecordField(JSONObjectField):
         super().__init__(max_bytes=settings.MEMSVC_MAX_BODY_BYTES, **kwargs)
 
     def to_internal_value(self, data):
-        value = super().to_internal_value(data)
-        letta = value.get(LETTA_METADATA_KEY)
-        if letta is not None:
-            if not isinstance(letta, dict):
-                raise serializers.ValidationError(f"{LETTA_METADATA_KEY}: must be an object")
-            # What the check made of them is what is kept: the parse drops a null as a left
-            # out field, and a kept {"tags": null} made every Letta list a 500.
-            value = {**value, LETTA_METADATA_KEY: dict(LettaSettingsIn.parse(letta))}
-        return value
+        # What the check made of them is what is kept: a kept {"tags": null} made every
+        # Letta list a 500.
+        return letta_settings_checked(super().to_internal_value(data))
 
 
 class AgentRecord(Record):

@@ -81,6 +81,18 @@ def test_agents_are_created_once_and_found_by_name(local):
     assert missing.json() == {"detail": "Agent not found"}
 
 
+@pytest.mark.parametrize("letta", [{"tags": 5}, "oops", {"model": "m"}])
+def test_an_agents_metadata_leaves_the_key_of_its_letta_settings_alone(local, letta):
+    """memsvc keeps an agent's Letta settings under that key: ``{"letta": {"tags": 5}}``
+    was stored, and every Letta list of a key of that agent was a 500 after (review). As the
+    Letta API, refused, whatever it holds."""
+    response = local.post("/agents", {"name": "loc", "metadata": {"letta": letta}})
+    assert response.status_code == 422, response.content
+    assert response.json()["detail"][0]["loc"] == ["body", "metadata"]
+    assert "is memsvc's" in response.json()["detail"][0]["msg"]
+    assert not Agent.objects.exists()
+
+
 def test_an_agents_name_holds_no_control_characters(local):
     """It titles the agent's own conversation ("<name> (local)"), and titles refuse them:
     a name with a newline or an escape was taken, and its title held them."""

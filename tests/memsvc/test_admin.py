@@ -57,6 +57,7 @@ from conversations.services import (
 from memsvc.api.errors import Conflict
 from memsvc.api.principals import Principal
 from search.services import embed_pending
+from tests.agents_api.conftest import make_agent
 from tests.db import while_held
 from tests.factories import (
     AgentFactory,
@@ -866,6 +867,29 @@ def test_an_agent_is_named_in_the_admin_as_the_apis_name_one(operator, name, why
     assert operator.post(change, {**form, "name": name}).status_code == 200
     agent.refresh_from_db()
     assert agent.name == "bob"
+
+
+@pytest.mark.parametrize(
+    ("letta", "why"),
+    [({"tags": 5}, "letta.tags: Expected a list"), ("oops", "letta: must be an object")],
+)
+def test_an_agents_letta_settings_are_kept_in_the_admin_as_letta_keeps_them(
+    operator, api, letta, why
+):
+    """``{"letta": {"tags": 5}}`` saved in the admin made every Letta list of a key of that
+    agent a 500 (as the local API's and an import's did)."""
+    helper = make_agent("helper")
+    agent = helper.agent
+    change = reverse("admin:agents_api_agent_change", args=[agent.pk])
+    form = {"owner_principal": agent.owner_principal, "name": agent.name, "description": ""}
+    refused = operator.post(change, {**form, "metadata": json.dumps({"letta": letta})})
+    assert refused.status_code == 200 and why in refused.content.decode()
+    assert api.get("/v1/agents/", as_=helper).status_code == 200
+    kept = {"team": "a", "letta": {"tags": ["x"], "model": None}}
+    assert operator.post(change, {**form, "metadata": json.dumps(kept)}).status_code == 302
+    agent.refresh_from_db()
+    assert agent.metadata == {"team": "a", "letta": {"tags": ["x"]}}
+    assert api.get("/v1/agents/", as_=helper).json()[0]["tags"] == ["x"]
 
 
 def test_a_users_memory_setting_is_not_deleted_in_the_admin(operator):
