@@ -66,7 +66,7 @@ def _memory_vectors(texts: list[str]):
 
 def _nearest_memories(agent: Agent, user_id: str, model: str, vectors: list) -> list:
     """For each of ``vectors``: (id, cosine distance) of the memory nearest to it among the
-    agent's memories of this user (not expired ones: those are gone), or None; in one
+    agent's memories of this user (not expired ones: those are gone), or (None, None); in one
     statement, found as search finds its candidates: exact distances in a small scope, the
     HNSW graph in a large one (an agent's own store of a hundred thousand memories)."""
     if not vectors:
@@ -89,7 +89,7 @@ def _nearest_memories(agent: Agent, user_id: str, model: str, vectors: list) -> 
             [[vector_literal(v) for v in vectors], model, *scope.params],
             nearest_settings(order, 1, tuning),
         )
-    nearest = [None] * len(vectors)
+    nearest = [(None, None)] * len(vectors)
     for index, memory_id, distance in rows:
         nearest[index - 1] = (memory_id, distance)
     return nearest
@@ -279,23 +279,43 @@ def _stored_near_duplicates(agent, user_id, model, vectors, said, hashes, by_has
     """For each new text (by its index) that repeats no stored text, the stored memory
     nearest to it if it is a near-duplicate stating the same ``claims`` (``said``, by index):
     (that memory, locked, or None if it was deleted while this waited for its row: the fact
-    is new again; the distance)."""
+    is new again; the distance). Near as the row is once locked: a change of its content
+    committed while this waited for it (a PATCH) is measured again. (The save was merged
+    into whatever the row had become, and its fact stored nowhere: review, 27 of 60.)"""
     asked = [i for i, hashed in enumerate(hashes) if vectors and hashed not in by_hash]
     nearest = _nearest_memories(agent, user_id, model, [vectors[i] for i in asked])
     found = {
-        i: row
-        for i, row in zip(asked, nearest, strict=True)
-        if row is not None and row[1] <= 1 - NEAR_DUPLICATE_SIMILARITY
+        i: memory_id
+        for i, (memory_id, distance) in zip(asked, nearest, strict=True)
+        if distance is not None and distance <= 1 - NEAR_DUPLICATE_SIMILARITY
     }
     rows = {memory.pk: memory for memory in by_hash.values()}
-    missing = {memory_id for memory_id, _ in found.values()} - rows.keys()
+    missing = set(found.values()) - rows.keys()
     if missing:
         rows |= Memory.objects.select_for_update().filter(LIVE, pk__in=missing).in_bulk()
-    return {
-        i: (rows.get(memory_id), distance)
-        for i, (memory_id, distance) in found.items()
-        if memory_id not in rows or claims(rows[memory_id].content) == said[i]
-    }
+    near = {}
+    for i, memory_id in found.items():
+        memory = rows.get(memory_id)
+        if memory is None:
+            near[i] = (None, None)
+            continue
+        distance = _distance_to(memory, vectors[i], model)
+        if (
+            distance is not None
+            and distance <= 1 - NEAR_DUPLICATE_SIMILARITY
+            and claims(memory.content) == said[i]
+        ):
+            near[i] = (memory, distance)
+    return near
+
+
+def _distance_to(memory: Memory, vector, model: str) -> float | None:
+    """The cosine distance from ``vector`` (of ``model``) to ``memory`` as its row holds it
+    now; None when it holds no vector of that model (its new content not embedded yet)."""
+    if memory.embedding is None or memory.embedding_model != model:
+        return None
+    units = _unit_rows([vector, memory.embedding])
+    return float(1 - units[0] @ units[1])
 
 
 def _unit_rows(vectors) -> np.ndarray | None:

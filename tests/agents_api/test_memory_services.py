@@ -328,6 +328,28 @@ def test_a_near_duplicate_of_a_memory_deleted_meanwhile_is_saved_as_new():
     ]
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_near_duplicate_of_a_memory_changed_meanwhile_is_measured_again():
+    """The memory it repeats gets another content (a PATCH) while the save waits for its
+    row: the save was merged into whatever the row had become, answered with that
+    unrelated text, and its own fact stored nowhere (review: 27 of 60 tries). Now the row
+    is measured as it is once locked: no longer near, the fact is new."""
+    agent = AgentFactory(name="busy")
+    first, _ = save(agent, "Carol's favourite colour is green.")
+    with transaction.atomic():
+        memory_update(agent.as_principal(), memory=first, content="Quantum harmonica orbit")
+        other, outcome = saved_meanwhile(agent, "Carol's favourite colour is green!")
+        other.join(timeout=1.0)
+        assert other.is_alive()  # waiting for the row being changed
+    other.join(timeout=10)
+    [(memory, created)] = outcome["saved"]
+    assert created and memory.id != first.id, memory
+    assert sorted(Memory.objects.values_list("content", "tags")) == [
+        ("Carol's favourite colour is green!", []),
+        ("Quantum harmonica orbit", []),
+    ]
+
+
 @pytest.mark.parametrize(
     ("fields", "constraint"),
     [
