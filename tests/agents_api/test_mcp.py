@@ -591,6 +591,22 @@ def test_http_a_body_that_is_no_json_rpc_message_is_an_invalid_request(client, s
     assert "pydantic" not in response.content.decode()
 
 
+@pytest.mark.parametrize("depth", [65, 150, 1000, 100_000])
+def test_http_json_nested_deeper_than_any_api_takes_is_an_invalid_request(client, depth):
+    # 1,000 levels and more were a 500 (a RecursionError before the SDK); 65 to 299 went on
+    # to the method (a tool ran with them), which every other API refuses past 64.
+    agent, key = keyed_agent(f"deep-{depth}")
+    nested = "[" * depth + "]" * depth
+    body = '{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"name": '
+    body += f'"memory_save", "arguments": {{"content": "Deep", "metadata": {{"x": {nested}}}}}}}}}'
+    response = post_mcp(client, key, body.encode())
+    assert response.status_code == 400, response.content[:300]
+    error = response.json()["error"]
+    assert error["code"] == -32600
+    assert "nested more than 64 levels deep" in error["message"]
+    assert not Memory.objects.filter(agent=agent).exists()
+
+
 @pytest.mark.parametrize("request_id", [None, {"a": 1}, 1.5, True, [1]])
 def test_http_a_request_whose_id_is_no_string_or_integer_is_answered(client, request_id):
     # The SDK took it for a notification: 202 and no answer, the caller left waiting.
