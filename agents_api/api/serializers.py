@@ -514,6 +514,11 @@ class ContextOut(serializers.Serializer):
     conversationId = serializers.UUIDField()
     messages = MessageOut(many=True)
     nextAfterMessageId = serializers.UUIDField(allow_null=True)
+    nextCursor = serializers.CharField(
+        allow_null=True,
+        help_text="Where this page ended, for `?after=` (null on the last page); unlike "
+        "`nextAfterMessageId`, it outlives the message.",
+    )
     memories = MemoryOut(
         many=True, help_text="The memories asked for with `?memories=`, best first (else [])."
     )

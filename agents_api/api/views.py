@@ -22,7 +22,7 @@ from conversations.api.serializers import (
     SearchMessagesIn,
     SearchResultsOut,
 )
-from conversations.models import AccessLevel
+from conversations.models import AccessLevel, Channel, Message
 from conversations.services import NewMessage
 from memsvc.api.errors import InvalidInput, NotFound
 from memsvc.api.fields import only_query_parameters
@@ -36,11 +36,14 @@ from memsvc.api.idempotency import (
 from memsvc.api.pagination import (
     AFTER_PARAMETER,
     LIMIT_PARAMETER,
+    decode_cursor,
+    encode_cursor,
     page_data,
     page_params,
     parse_limit,
 )
 from memsvc.api.schema import errors, listed, paged
+from memsvc.validators import as_uuid
 from search.selectors import search_messages
 
 ON_BEHALF = OpenApiParameter(
@@ -221,7 +224,16 @@ class ContextView(AgentApiView):
         "agentGetContext",
         parameters=[
             OpenApiParameter(
-                "afterMessageId", str, description="`nextAfterMessageId` of the last page"
+                "after",
+                str,
+                description="`nextCursor` of the last page: where it ended, which outlives "
+                "its last message (erased by its author meanwhile, the walk goes on).",
+            ),
+            OpenApiParameter(
+                "afterMessageId",
+                str,
+                description="`nextAfterMessageId` of the last page (400 once that message "
+                "is deleted: `after` is not).",
             ),
             LIMIT_PARAMETER,
             OpenApiParameter(
@@ -247,19 +259,38 @@ class ContextView(AgentApiView):
             maximum=MAX_CONTEXT_MEMORIES,
             field="memories",
         )
-        after_id = request.query_params.get("afterMessageId")
-        after = _in_view(conversation, after_id, "afterMessageId") if after_id else None
+        after = _context_after(conversation, request.query_params)
         context = selectors.conversation_context(conversation, after=after, limit=limit)
+        last = context.messages[-1] if context.has_more else None
         return Response(
             s.ContextOut(
                 {
                     "conversationId": conversation.id,
                     "messages": context.messages,
-                    "nextAfterMessageId": context.messages[-1].id if context.has_more else None,
+                    "nextAfterMessageId": last and last.id,
+                    "nextCursor": last and encode_cursor(last.seq, str(last.id), last.channel),
                     "memories": _context_memories(request, conversation, memory_count),
                 }
             ).data
         )
+
+
+def _context_after(conversation, params) -> Message | None:
+    """Where a page of context goes on: ``after`` (a page's ``nextCursor``: the place of its
+    last message, read as a message that needs no row) or ``afterMessageId`` (the message
+    itself, which must still be there: once its author erased it, an agent that resumed by
+    it was refused, and could only read everything again)."""
+    cursor, after_id = params.get("after"), params.get("afterMessageId")
+    if cursor and after_id:
+        raise InvalidInput.for_field("after", "give after or afterMessageId, not both")
+    if after_id:
+        return _in_view(conversation, after_id, "afterMessageId")
+    if not cursor:
+        return None
+    seq, message_id, channel = decode_cursor(cursor, types=(int, str, str))
+    if as_uuid(message_id) is None or channel not in Channel.values:
+        raise InvalidInput.for_field("after", "malformed cursor")
+    return Message(id=as_uuid(message_id), seq=seq, channel=channel)
 
 
 class SummariesView(AgentApiView):

@@ -3,6 +3,7 @@
 import json
 import threading
 from datetime import timedelta
+from uuid import uuid4
 
 import pytest
 from django.db import connection, transaction
@@ -11,6 +12,7 @@ from django.utils import timezone
 from agents_api.models import ApiKey, IdempotentRequest
 from agents_api.services import api_key_revoke
 from conversations.models import Conversation, Membership, Message
+from memsvc.api.pagination import encode_cursor
 from tests.agents_api.conftest import make_agent
 from tests.db import recorded_statements
 from tests.factories import ConversationFactory, MembershipFactory, MessageFactory
@@ -601,7 +603,12 @@ def test_a_summary_updates_its_conversation_once(api, helper):
     assert Conversation.objects.get(id=conversation["id"]).title == "Once"
 
 
-def test_context_pages_walk_every_message_once(api, helper):
+# The two ways to go on from a page: its last message's id, or its cursor.
+RESUMED_BY = {"afterMessageId": "nextAfterMessageId", "after": "nextCursor"}
+
+
+@pytest.mark.parametrize("resume", RESUMED_BY)
+def test_context_pages_walk_every_message_once(api, helper, resume):
     conversation = agent_conversation(api, helper)
     stored = append(
         api, helper, conversation["id"], *[{"role": "user", "content": f"m{i}"} for i in range(7)]
@@ -618,18 +625,45 @@ def test_context_pages_walk_every_message_once(api, helper):
     )
     seen, after = [], None
     while True:
-        params = {"limit": "2", **({"afterMessageId": after} if after else {})}
+        params = {"limit": "2", **({resume: after} if after else {})}
         body = context(api, helper, conversation["id"], **params)
         seen += [m["content"] for m in body["messages"]]
-        after = body["nextAfterMessageId"]
+        after = body[RESUMED_BY[resume]]
         if after is None:
             break
     assert seen == ["S", "m2", "m3", "m4", "m5", "m6"]
 
 
+def test_context_pages_go_on_past_a_message_erased_since_by_the_cursor(api, helper, alice, bob):
+    """The message a page ended on is erased by its author before the next page: resumed by
+    its id, the walk was refused (400, and the agent could only read everything again);
+    resumed by the page's cursor, it goes on from where that message was (review)."""
+    conversation = agent_conversation(api, helper.acting_for("alice"))
+    path = f"/v1/user/conversations/{conversation['id']}"
+    shared = api.post(f"{path}/memberships", {"userId": "bob", "accessLevel": "writer"}, as_=alice)
+    assert shared.status_code == 201
+    for author, content in ((alice, "a1"), (bob, "b1"), (alice, "a2")):
+        assert api.post(f"{path}/messages", {"content": content}, as_=author).status_code == 201
+    first = context(api, helper, conversation["id"], limit="2")
+    assert [m["content"] for m in first["messages"]] == ["a1", "b1"]
+    assert api.post("/v1/user/erase", {"confirm": "bob"}, as_=bob).status_code == 200
+    api.post(f"{path}/messages", {"content": "a3"}, as_=alice)
+
+    by_id = api.get(
+        f"/v1/agent/conversations/{conversation['id']}/context",
+        as_=helper,
+        afterMessageId=first["nextAfterMessageId"],
+    )
+    assert by_id.status_code == 400  # (that message is gone: its id says nowhere)
+    rest = context(api, helper, conversation["id"], after=first["nextCursor"])
+    assert [m["content"] for m in rest["messages"]] == ["a2", "a3"]
+    assert rest["nextCursor"] is None and rest["nextAfterMessageId"] is None
+
+
+@pytest.mark.parametrize("resume", RESUMED_BY)
 @pytest.mark.parametrize("cursor_on_the_older_summary", [False, True])
 def test_a_summary_written_while_an_agent_pages_the_context_is_given_to_it(
-    api, helper, cursor_on_the_older_summary
+    api, helper, cursor_on_the_older_summary, resume
 ):
     """(A review's finding: the next page went on after what the new summary covers, and
     neither it nor the messages it covers were ever given.)"""
@@ -655,11 +689,11 @@ def test_a_summary_written_while_an_agent_pages_the_context_is_given_to_it(
         {**summary, "summary": "S2", "untilMessageId": stored[4]["id"]},
         as_=helper,
     )
-    after = first["nextAfterMessageId"]
+    after = first[RESUMED_BY[resume]]
     while after is not None:
-        body = context(api, helper, conversation["id"], limit="3", afterMessageId=after)
+        body = context(api, helper, conversation["id"], limit="3", **{resume: after})
         read += [m["content"] for m in body["messages"]]
-        after = body["nextAfterMessageId"]
+        after = body[RESUMED_BY[resume]]
     expected = ["S1", "S2", "m5", "m6", "m7"]
     if not cursor_on_the_older_summary:
         expected = ["S1", "m1", "m2", "S2", "m5", "m6", "m7"]
@@ -737,6 +771,21 @@ def test_bad_context_parameters_are_400(api, helper):
     path = f"/v1/agent/conversations/{conversation['id']}/context"
     assert api.get(path, as_=helper, limit="0").status_code == 400
     assert api.get(path, as_=helper, afterMessageId="nope").status_code == 400
+    for cursor in (
+        "nope",
+        encode_cursor(1, "nope", "history"),
+        encode_cursor(1, str(uuid4()), "x"),
+    ):
+        refused = api.get(path, as_=helper, after=cursor)
+        assert refused.status_code == 400
+        assert refused.json()["error"] == "after: malformed cursor"
+    both = api.get(
+        path,
+        as_=helper,
+        after=encode_cursor(1, str(uuid4()), "history"),
+        afterMessageId=str(uuid4()),
+    )
+    assert both.json()["error"] == "after: give after or afterMessageId, not both"
 
 
 def test_created_at_in_the_past_is_kept(api, helper):
