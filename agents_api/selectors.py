@@ -226,10 +226,14 @@ def letta_page(rows: QuerySet, *, order: str, after=None, before=None, limit: in
     keys = LETTA_ORDERS[order]
     fields = [key.removeprefix("-") for key in keys]
     backwards = LETTA_ORDERS["desc" if order == "asc" else "asc"]
-    for pk, direction in ((after, keys), (before, backwards)):
-        if pk is None:
-            continue
-        cursor = rows.filter(pk=pk).prefetch_related(None).values_list(*fields).first()
+    # Both rows looked up among all of ``rows``: a ``before`` at or before ``after`` was
+    # looked up past ``after``, not found, ignored, and the page ran on (review).
+    cursors = [
+        (rows.filter(pk=pk).prefetch_related(None).values_list(*fields).first(), direction)
+        for pk, direction in ((after, keys), (before, backwards))
+        if pk is not None
+    ]
+    for cursor, direction in cursors:
         if cursor is not None:
             rows = rows.filter(beyond(direction, list(cursor)))
     return list(rows.order_by(*keys)[:limit])

@@ -129,6 +129,13 @@ def test_lists_are_paged_by_the_cursors_letta_client_sends(api, helper):
     assert walk(api, helper, "/v1/blocks/", limit=4, order="desc") == block_ids[::-1]
     before = api.get("/v1/agents/", as_=helper, tags=SDK_TAG, before=agent_ids[0]).json()
     assert [agent["id"] for agent in before] == agent_ids[:0:-1]
+    # Between two cursors; none when ``before`` is not past ``after`` (it was ignored, and
+    # the page ran on to the end: review).
+    for after, before in ((0, 2), (1, 1), (2, 0)):
+        page = api.get(
+            "/v1/blocks/", as_=helper, after=block_ids[after], before=block_ids[before]
+        ).json()
+        assert [block["id"] for block in page] == block_ids[after + 1 : before], (after, before)
 
 
 def test_creating_the_same_name_again_is_the_same_agent(api, helper):
