@@ -268,6 +268,8 @@ class McpView(APIView):
             return Response(error_body("the MCP call took too long", "timeout"), status=504)
         # The SDK's body is JSON-RPC already: passed through as it is, not re-rendered.
         response = HttpResponse(_invalid_request_said_plainly(status, body), status=status)
+        if not any(name.lower() == b"content-type" for name, _ in headers):
+            del response["Content-Type"]  # (Django's default: an empty 202 said "text/html")
         for name, value in headers:
             if name.lower() not in _HOP_BY_HOP:
                 response[name.decode("latin-1")] = value.decode("latin-1")

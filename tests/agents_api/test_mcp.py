@@ -591,6 +591,25 @@ def test_http_a_body_that_is_no_json_rpc_message_is_an_invalid_request(client, s
     assert "pydantic" not in response.content.decode()
 
 
+@pytest.mark.parametrize("version", [None, "2026-07-28"])
+def test_http_a_notification_is_accepted_with_no_body_and_no_html_type(client, version):
+    # The modern protocol's 202 said "text/html" for its empty body (Django's default).
+    _, key = keyed_agent(f"notified-{version}")
+    notification = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {}}
+    headers = {"HTTP_MCP_PROTOCOL_VERSION": version} if version else {}
+    response = client.post(
+        "/mcp",
+        json.dumps(notification),
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {key}",
+        HTTP_ACCEPT="application/json, text/event-stream",
+        **headers,
+    )
+    assert response.status_code == 202, response.content
+    assert response.content == b""
+    assert "html" not in response.get("Content-Type", ""), response.get("Content-Type")
+
+
 @pytest.mark.parametrize("depth", [65, 150, 1000, 100_000])
 def test_http_json_nested_deeper_than_any_api_takes_is_an_invalid_request(client, depth):
     # 1,000 levels and more were a 500 (a RecursionError before the SDK); 65 to 299 went on
