@@ -157,7 +157,10 @@ class CreateAgentIn(LocalInput):
 class CreateMessageIn(LocalInput):
     agent_name = AgentNameField()
     role = ChoiceField(choices=[Role.USER, Role.ASSISTANT, Role.SYSTEM])
-    content = MessageContentField()
+    # Kept to its first MEMSVC_MAX_MESSAGE_CHARS characters by the service, not refused: a
+    # turn learning() records (the seed's server took any length). With a lower limit set,
+    # learning()'s turns were refused, and the exchange lost (review).
+    content = MessageContentField(max_length=None)
     metadata = MetadataField(required=False, allow_null=True)
 
 
@@ -189,9 +192,9 @@ class UpdateBlockIn(LocalInput):
 class ContextIn(LocalInput):
     # The path names the agent; the seed's clients send it in the body too.
     agent_name = AgentNameField(required=False)
-    # The seed's clients (learning() too) send the user's whole message, as long as a
-    # message may be: it is searched by its start, as much as a search query holds.
-    query = TextField(allow_blank=True, max_length=settings.MEMSVC_MAX_MESSAGE_CHARS)
+    # The seed's clients (learning() too) send the user's whole message, however long (the
+    # body's cap bounds it): it is searched by its start, as much as a search query holds.
+    query = TextField(allow_blank=True)
 
     def validate_query(self, value):
         return value[:SEARCH_QUERY_MAX_CHARS]

@@ -129,6 +129,20 @@ def test_an_agents_name_is_shown_as_it_is(local, name, problem):
     assert make(local, "bob")["name"] == "bob"
 
 
+def test_a_turn_longer_than_a_message_holds_is_kept_to_its_start_not_refused(local, settings):
+    """What learning() records is kept to MEMSVC_MAX_MESSAGE_CHARS characters, as the README
+    says: with a lower limit set, its turns and its context request were refused (422), and
+    the whole exchange was lost (review)."""
+    settings.MEMSVC_MAX_MESSAGE_CHARS = 50
+    make(local)
+    long = "My dog is named Rex. " + "x" * 100
+    stored = store(local, "my_agent", "user", long)
+    assert stored["content"] == long[:50]
+    assert list(Message.objects.values_list("content", flat=True)) == [long[:50]]
+    context = local.post("/context/my_agent", {"query": long})
+    assert context.status_code == 200, context.content
+
+
 def test_messages_are_stored_in_the_agents_own_conversation(local):
     agent = make(local)
     stored = store(local, "my_agent", "user", "My name is Alice", metadata={"model": "gpt-4"})
