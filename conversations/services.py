@@ -32,7 +32,7 @@ from conversations.models import (
 )
 from conversations.selectors import conversation_owner_id, history_message_before
 from memsvc.api.errors import Conflict, Forbidden, InvalidInput, NotFound
-from memsvc.api.principals import Principal, agent_uuid_of
+from memsvc.api.principals import Principal, agent_uuid_of, hold_agents
 from memsvc.db import held_keys, hold_users, locked_row
 from search.tasks import enqueue_embedding
 
@@ -54,6 +54,7 @@ def conversation_create(
     or finds it.
     """
     hold_users([actor.owner_id, *writer_ids])
+    hold_agents([actor.owner_id, *writer_ids])
     group = ConversationGroup.objects.create()
     Membership.objects.create(group=group, principal_id=actor.owner_id, access_level="owner")
     for principal_id in dict.fromkeys(writer_ids):
@@ -566,6 +567,7 @@ def _membership_add(
 ) -> Membership:
     _refuse_owner_level(access_level)
     hold_users([principal_id])
+    hold_agents([principal_id])
     _lock_group_as(actor, group_id, need=need)
     try:
         with transaction.atomic():

@@ -2,10 +2,10 @@
 which principal ids exist."""
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from memsvc.api.errors import InvalidInput
+from memsvc.api.errors import InvalidInput, NotFound
 from memsvc.validators import as_uuid, has_bidi_controls, has_control_characters
 
 # Principal ids of agents: ``agent:<uuid>``. Anything else is a user id.
@@ -99,11 +99,26 @@ class Principal:
 # conversations app cannot import the agents app. The agents app tells, at start-up
 # (``AgentsApiConfig.ready``), how to know whether an agent exists.
 _agent_exists: Callable[[uuid.UUID], bool] | None = None
+# ... and how to hold agents' rows until the transaction ends: the ids of those that exist.
+_agents_held: Callable[[list[uuid.UUID]], set[uuid.UUID]] | None = None
 
 
-def register_agent_lookup(exists: Callable[[uuid.UUID], bool]) -> None:
-    global _agent_exists
-    _agent_exists = exists
+def register_agent_lookup(
+    exists: Callable[[uuid.UUID], bool], held: Callable[[list[uuid.UUID]], set[uuid.UUID]]
+) -> None:
+    global _agent_exists, _agents_held
+    _agent_exists, _agents_held = exists, held
+
+
+def hold_agents(principal_ids: Iterable[str]) -> None:
+    """Hold the agents among ``principal_ids`` until the transaction ends, for a write that
+    makes one an owner or a member: the agent's deletion (``agents_api.services.agent_delete``)
+    waits for it, then deletes what it wrote; one that comes later finds the agent gone (404
+    ``agent not found``). A conversation an agent made while it was deleted was left owned by
+    no one (review). Nothing for users."""
+    wanted = {agent for principal_id in principal_ids if (agent := agent_uuid_of(principal_id))}
+    if wanted and _agents_held is not None and _agents_held(sorted(wanted)) != wanted:
+        raise NotFound("agent not found")
 
 
 def agent_uuid_of(principal_id: str) -> uuid.UUID | None:

@@ -8,7 +8,10 @@ PATCH finds the row when it checks access and waits on its lock; the deletion th
 import pytest
 
 from agents_api.models import Agent, Memory, MemoryBlock
-from conversations.models import ConversationGroup
+from agents_api.services import agent_delete
+from conversations.models import ConversationGroup, Membership
+from conversations.services import conversation_create
+from memsvc.api.principals import Principal
 from tests.agents_api.conftest import make_agent
 from tests.db import while_held
 
@@ -81,3 +84,41 @@ def test_a_letta_capture_racing_its_agents_delete_is_404(api):
         lambda: Agent.objects.filter(pk=agent_id.removeprefix("agent-")).delete(),
     )
     assert response.status_code == 404, response.content
+
+
+def test_a_conversation_an_agent_makes_while_it_is_deleted_is_refused(api):
+    """The create waits for the deletion, then finds the agent gone: 404, nothing made. (It
+    was made, owned by an agent that was no more: review.)"""
+    helper = make_agent("racer")
+    response = while_held(
+        lambda: agent_delete(Principal.user("ops"), agent=helper.agent),
+        lambda: api.post("/v1/agent/conversations", {"title": "Mine"}, as_=helper),
+    )
+    assert response.status_code == 404, response.content
+    assert response.json()["error"] == "agent not found"
+    assert not Membership.objects.exists() and not ConversationGroup.objects.exists()
+
+
+def test_an_agent_deleted_while_it_makes_a_conversation_takes_it_along():
+    """The other order: the deletion waits for the create, then deletes what it made."""
+    agent = make_agent("racer").agent
+    while_held(
+        lambda: conversation_create(agent.as_principal(), title="Mine"),
+        lambda: agent_delete(Principal.user("ops"), agent=agent),
+    )
+    assert not Agent.objects.exists()
+    assert not Membership.objects.exists() and not ConversationGroup.objects.exists()
+
+
+def test_a_share_with_an_agent_being_deleted_is_refused(api, alice):
+    conversation = api.post("/v1/user/conversations", {"title": "t"}, as_=alice).json()
+    agent = make_agent("racer").agent
+    body = {"userId": agent.principal_id, "accessLevel": "writer"}
+    response = while_held(
+        lambda: agent_delete(Principal.user("ops"), agent=agent),
+        lambda: api.post(
+            f"/v1/user/conversations/{conversation['id']}/memberships", body, as_=alice
+        ),
+    )
+    assert response.status_code == 404, response.content
+    assert list(Membership.objects.values_list("principal_id", flat=True)) == ["alice"]
