@@ -43,7 +43,8 @@ def decode_cursor(cursor: str, *, types: tuple[type, ...], field: str = "after")
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
         key = json.loads(base64.urlsafe_b64decode(padded.encode("ascii")))
-    except (ValueError, UnicodeError, binascii.Error):
+    except (ValueError, UnicodeError, binascii.Error, RecursionError):
+        # (RecursionError: a forged cursor of 1,000 nested lists was a 500, review)
         raise InvalidInput.for_field(field, "malformed cursor") from None
     if (
         not isinstance(key, list)

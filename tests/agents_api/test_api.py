@@ -1,5 +1,6 @@
 """The agent API: keys, isolation between agents, acting for users, messages, context."""
 
+import base64
 import json
 import threading
 from datetime import timedelta
@@ -775,6 +776,8 @@ def test_bad_context_parameters_are_400(api, helper):
         "nope",
         encode_cursor(1, "nope", "history"),
         encode_cursor(1, str(uuid4()), "x"),
+        # nested deeper than the decoder's stack (a 500 once, review)
+        base64.urlsafe_b64encode(b"[" * 5000 + b"]" * 5000).decode().rstrip("="),
     ):
         refused = api.get(path, as_=helper, after=cursor)
         assert refused.status_code == 400
