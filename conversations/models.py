@@ -127,6 +127,17 @@ class Conversation(models.Model):
     def __str__(self) -> str:
         return self.title or str(self.id)
 
+    @property
+    def fork_point_shown(self):
+        """The id of the fork point as the APIs show it: the last message of the parent
+        that the fork shares and users see (set by ``selectors.show_fork_points``); the
+        stored one until that has run."""
+        return self.__dict__.get("_fork_point_shown", self.forked_at_message_id)
+
+    @fork_point_shown.setter
+    def fork_point_shown(self, message_id) -> None:
+        self.__dict__["_fork_point_shown"] = message_id
+
 
 class Membership(models.Model):
     """A principal's access to a conversation group."""

@@ -16,6 +16,7 @@ from django.db.models import (
     Case,
     CharField,
     Exists,
+    ExpressionWrapper,
     F,
     FilteredRelation,
     Func,
@@ -151,6 +152,31 @@ def _with_summary_fields(queryset: QuerySet[Conversation]) -> QuerySet[Conversat
     )
 
 
+def show_fork_points(conversations) -> None:
+    """Set each fork's ``fork_point_shown``: its fork point when users see that message,
+    else the last message before it that they see in its view (None when there is none).
+    The fork point is the HISTORY message before the turn forked at, whoever sees it: the
+    id of an agent-only turn was shown to users as ``forkedAtMessageId``, a message none of
+    their lists holds (review). One query for all; one more for each fork whose point users
+    do not see."""
+    forks = [conversation for conversation in conversations if conversation.forked_at_message_id]
+    if not forks:
+        return
+    points = (
+        Message.objects.filter(id__in=[fork.forked_at_message_id for fork in forks])
+        .annotate(seen=ExpressionWrapper(SEEN_BY_USERS, output_field=BooleanField()))
+        .values_list("id", "seq", "seen")
+    )
+    seq_of = {point: (seq, point_seen) for point, seq, point_seen in points}
+    for fork in forks:
+        seq, point_seen = seq_of.get(fork.forked_at_message_id, (None, False))
+        if point_seen or seq is None:
+            fork.fork_point_shown = fork.forked_at_message_id if point_seen else None
+            continue
+        before = conversation_messages(fork).filter(seq__lte=seq).order_by("-seq")
+        fork.fork_point_shown = before.values_list("id", flat=True).first()
+
+
 def _previewed_through_forks(conversations) -> None:
     """The preview of a fork that ``_with_summary_fields`` could not find (nothing a user
     sees of its own, nor in its fork point's conversation up to it: a fork of a fork made at
@@ -192,6 +218,7 @@ def access_conversation(
     refuse_below(conversation.access_level if conversation else None, need)
     if summary:
         _previewed_through_forks([conversation])
+        show_fork_points([conversation])
     return conversation
 
 

@@ -57,7 +57,11 @@ class ConversationOut(ConversationSummaryOut):
     forkedAtConversationId = serializers.UUIDField(
         source="forked_at_conversation_id", allow_null=True
     )
-    forkedAtMessageId = serializers.UUIDField(source="forked_at_message_id", allow_null=True)
+    forkedAtMessageId = serializers.UUIDField(
+        source="fork_point_shown",
+        allow_null=True,
+        help_text="The last message of the parent that the fork shares and users see.",
+    )
 
     class Meta:
         ref_name = "Conversation"
@@ -68,11 +72,13 @@ class ForkOut(serializers.Serializer):
     forkedAtConversationId = serializers.UUIDField(
         source="forked_at_conversation_id", allow_null=True
     )
-    forkedAtMessageId = serializers.UUIDField(source="forked_at_message_id", allow_null=True)
-    forkedFromMessageId = serializers.UUIDField(
-        source="forked_at_message_id",
+    forkedAtMessageId = serializers.UUIDField(
+        source="fork_point_shown",
         allow_null=True,
-        help_text="The same message: the last one the fork shares with its parent.",
+        help_text="The last message of the parent that the fork shares and users see.",
+    )
+    forkedFromMessageId = serializers.UUIDField(
+        source="fork_point_shown", allow_null=True, help_text="The same message."
     )
     title = serializers.CharField()
     createdAt = serializers.DateTimeField(source="created_at")

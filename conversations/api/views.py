@@ -141,6 +141,7 @@ class ForksView(UserApiView):
     def get(self, request, conversation_id):
         conversation = selectors.access_conversation(request.principal, conversation_id)
         forks = selectors.conversation_forks(conversation)
+        selectors.show_fork_points(forks)
         data = s.ForkOut(forks, many=True, context={"current_id": conversation.id}).data
         return Response({"data": data})
 

@@ -128,6 +128,33 @@ def test_forks_lists_every_branch_root_first(api, alice, root):
     assert listed[1]["forkedAtMessageId"] == message_id(api, alice, root["id"], "a1")
 
 
+def test_users_are_shown_a_fork_point_they_see(api, alice):
+    """The fork point is the HISTORY message before the turn forked at, whoever sees it: an
+    agent-only turn there was shown to users as ``forkedAtMessageId`` (and
+    ``forkedFromMessageId``), a message none of their lists holds (review). They are shown
+    the last message before it that they see; the fork still reads what it read."""
+    parent = ConversationFactory(group__owner="alice")
+    seen = MessageFactory(conversation=parent, content="a1")
+    hidden = MessageFactory(
+        conversation=parent, role=Role.AGENT, visibility=Visibility.AGENT, content="note"
+    )
+    target = MessageFactory(conversation=parent, content="a2")
+    branch = fork(api, alice, parent.id, target.id).json()
+    assert Conversation.objects.get(id=branch["id"]).forked_at_message_id == hidden.id
+    assert branch["forkedAtMessageId"] == str(seen.id)
+    shown = api.get(f"/v1/user/conversations/{branch['id']}", as_=alice).json()
+    assert shown["forkedAtMessageId"] == str(seen.id)
+    listed = api.get(f"/v1/user/conversations/{parent.id}/forks", as_=alice).json()["data"]
+    assert (listed[1]["forkedAtMessageId"], listed[1]["forkedFromMessageId"]) == (
+        str(seen.id),
+        str(seen.id),
+    )
+    assert contents(api, alice, branch["id"]) == ["a1"]
+    # A fork at the turn after a point users see shows that point itself.
+    again = fork(api, alice, branch["id"], seen.id).json()
+    assert again["forkedAtMessageId"] is None
+
+
 def test_a_fork_starts_only_at_a_user_history_message(api, alice):
     conversation = ConversationFactory(group__owner="alice")
     target = MessageFactory(conversation=conversation, role=Role.ASSISTANT)
@@ -211,6 +238,7 @@ def test_a_message_of_another_conversation_is_not_a_fork_point(api, alice):
 
 def test_forking_costs_the_same_queries_for_10000_messages_as_for_one(api, alice):
     short = ConversationFactory(group__owner="alice")
+    MessageFactory(conversation=short)  # (both forks have a fork point to show)
     short_target = MessageFactory(conversation=short)
     long = ConversationFactory(group__owner="alice")
     Message.objects.bulk_create(
@@ -227,7 +255,7 @@ def test_forking_costs_the_same_queries_for_10000_messages_as_for_one(api, alice
     assert len(many) == len(one)
     writes = [q["sql"] for q in many if q["sql"].startswith(("INSERT", "UPDATE", "DELETE"))]
     assert len(writes) == 1  # the new conversation row; no message is copied
-    assert Message.objects.count() == 10_001
+    assert Message.objects.count() == 10_002
 
 
 def test_users_never_see_agent_only_memory_or_summary_messages(api, alice):
