@@ -195,11 +195,6 @@ class NewMessage:
     parent_message: Message | None = None
     created_at: datetime | None = None
 
-    @property
-    def seen_by_users(self) -> bool:
-        """Whether users will see it (``selectors.SEEN_BY_USERS``, of a stored message)."""
-        return self.channel == Channel.HISTORY and self.visibility == Visibility.USER
-
 
 def _author_names(actor: Principal, conversation: Conversation, messages: Sequence[NewMessage]):
     """The name each message is signed with, unless the writer gave one. It is part of the
@@ -301,13 +296,8 @@ def messages_append(
     # conversation list that began while a long append ran (100 messages of 90 KB: 4.5 s)
     # looks for activity since it began, and an append stamped when it started was older
     # than that: it had moved ahead of the walk's cursor, and no page listed it (review).
-    # Only by what users see: an agent's hidden turns moved its members' lists and their
-    # ``updatedAt``, telling them when and how often it wrote what they may not read (review).
-    changes = {} if title is None else {"title": title}
-    if any(new.seen_by_users for new in messages):
-        changes["updated_at"] = timezone.now()
-    if changes:
-        Conversation.objects.filter(pk=conversation.pk).update(**changes)
+    changes = {"updated_at": timezone.now()} | ({} if title is None else {"title": title})
+    Conversation.objects.filter(pk=conversation.pk).update(**changes)
     message_ids = [message.id for message in created]
     transaction.on_commit(lambda: enqueue_embedding(message_ids))
     return created

@@ -7,8 +7,6 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from conversations.models import Channel, Conversation, Message, Role, Visibility
-from conversations.services import NewMessage, messages_append
-from memsvc.api.principals import Principal
 from tests.factories import ConversationFactory, MessageFactory
 
 pytestmark = pytest.mark.django_db
@@ -276,29 +274,6 @@ def test_users_never_see_agent_only_memory_or_summary_messages(api, alice):
     assert contents(api, alice, conversation.id) == ["visible"]
     listed = api.get("/v1/user/conversations", as_=alice).json()["data"]
     assert listed[0]["lastMessagePreview"] == "visible"
-
-
-def test_what_users_do_not_see_moves_nothing_they_see_of_a_conversation(api, alice):
-    """An agent's hidden turns (agent-only, MEMORY, SUMMARY) changed the conversation's
-    ``updatedAt`` and moved it to the front of its members' lists, telling them when and how
-    often the agent wrote what they may not read (review)."""
-    older = api.post("/v1/user/conversations", {"title": "Older"}, as_=alice).json()
-    api.post("/v1/user/conversations", {"title": "Newer"}, as_=alice)
-    conversation = Conversation.objects.get(id=older["id"])
-    hidden = [
-        NewMessage(content="note", role=Role.AGENT, visibility=Visibility.AGENT),
-        NewMessage(content="kept", role=Role.AGENT, channel=Channel.MEMORY),
-    ]
-    messages_append(Principal.user("alice"), conversation=conversation, messages=hidden)
-
-    def listed():
-        return [c["title"] for c in api.get("/v1/user/conversations", as_=alice).json()["data"]]
-
-    shown = api.get(f"/v1/user/conversations/{older['id']}", as_=alice).json()
-    assert shown["updatedAt"] == older["updatedAt"]
-    assert listed() == ["Newer", "Older"]
-    say(api, alice, older["id"], "seen")
-    assert listed() == ["Older", "Newer"]
 
 
 def test_deleting_a_fork_keeps_its_parent_and_deleting_the_root_removes_the_group(api, alice, root):
