@@ -19,11 +19,19 @@ from urllib.parse import unquote_plus
 from django.conf import settings
 from django.core import signals
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
-from django.db import DataError, InterfaceError, OperationalError, connections
+from django.db import DataError, IntegrityError, InterfaceError, OperationalError, connections
 from django.http import HttpResponseBadRequest
 from django.urls import Resolver404, resolve
+from psycopg import errors
 
-from memsvc.api.errors import ApiError, InvalidInput, PayloadTooLarge, Unavailable, render_api_error
+from memsvc.api.errors import (
+    ApiError,
+    InvalidInput,
+    NotFound,
+    PayloadTooLarge,
+    Unavailable,
+    render_api_error,
+)
 
 logger = logging.getLogger("django.request")
 
@@ -108,6 +116,14 @@ def exception_refusal(exception: Exception) -> ApiError:
         return Unavailable()
     if isinstance(exception, DataError):
         return InvalidInput("a value in the request cannot be stored")
+    if isinstance(exception, IntegrityError) and isinstance(
+        exception.__cause__, errors.ForeignKeyViolation
+    ):
+        # Checked at commit: a row the write refers to (its agent, its conversation) was
+        # deleted by a request that committed first. As a change racing a deletion: 404. (A
+        # memory or a key saved while its agent was deleted was a 500: review.)
+        logger.warning("a write refers to a row deleted meanwhile", exc_info=exception)
+        return NotFound("what this request refers to was deleted meanwhile")
     return InternalError()
 
 

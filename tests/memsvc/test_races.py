@@ -122,3 +122,17 @@ def test_a_share_with_an_agent_being_deleted_is_refused(api, alice):
     )
     assert response.status_code == 404, response.content
     assert list(Membership.objects.values_list("principal_id", flat=True)) == ["alice"]
+
+
+def test_a_memory_saved_while_its_agent_is_deleted_is_404(api):
+    """The save checked its agent before the deletion committed and wrote after it: the
+    memory's foreign key failed at commit, a 500 (review). Any write whose row was deleted
+    meanwhile answers so."""
+    helper = make_agent("racer")
+    response = while_held(
+        lambda: agent_delete(Principal.user("ops"), agent=helper.agent),
+        lambda: api.post("/v1/agent/memories", {"content": "I like tea"}, as_=helper),
+    )
+    assert response.status_code == 404, response.content
+    assert response.json()["error"] == "what this request refers to was deleted meanwhile"
+    assert not Memory.objects.exists()
