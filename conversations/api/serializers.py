@@ -161,12 +161,6 @@ class SearchResultsOut(serializers.Serializer):
 # --- in --------------------------------------------------------------------------------------
 
 
-class NoFieldsIn(InputSerializer):
-    # A request with no fields (accepting a transfer): a body, if sent, holds none, as every
-    # other body holds no field it does not know (one was accepted, its fields ignored).
-    pass
-
-
 class CreateConversationIn(InputSerializer):
     title = TitleField(required=False)
     metadata = MetadataField(required=False)

@@ -268,7 +268,6 @@ class AcceptTransferView(UserApiView):
     )
     def post(self, request, transfer_id):
         transfer = selectors.access_transfer(request.principal, transfer_id)
-        s.NoFieldsIn.parse(request.data)
         transfer = services.ownership_transfer_accept(request.principal, transfer=transfer)
         return Response(s.TransferOut(transfer).data)
 
@@ -281,6 +280,5 @@ class DeclineTransferView(UserApiView):
     )
     def post(self, request, transfer_id):
         transfer = selectors.access_transfer(request.principal, transfer_id)
-        s.NoFieldsIn.parse(request.data)
         transfer = services.ownership_transfer_decline(request.principal, transfer=transfer)
         return Response(s.TransferOut(transfer).data)
