@@ -15,6 +15,7 @@ from agents_api.models import AGENT_NAME_MAX_CHARS, AGENT_NAME_RULES, Agent, Mem
 from agents_api.selectors import MemoryHit, ToolRecordHit
 from agents_api.services.letta import LETTA_METADATA_KEY
 from conversations.models import Message, Role
+from conversations.services import within_message_limit
 from memsvc.api.fields import (
     ChoiceField,
     InputSerializer,
@@ -25,6 +26,7 @@ from memsvc.api.fields import (
     PathSegmentField,
     TextField,
     datetime_text,
+    something_to_read,
 )
 
 
@@ -157,11 +159,15 @@ class CreateAgentIn(LocalInput):
 class CreateMessageIn(LocalInput):
     agent_name = AgentNameField()
     role = ChoiceField(choices=[Role.USER, Role.ASSISTANT, Role.SYSTEM])
-    # Kept to its first MEMSVC_MAX_MESSAGE_CHARS characters by the service, not refused: a
-    # turn learning() records (the seed's server took any length). With a lower limit set,
-    # learning()'s turns were refused, and the exchange lost (review).
+    # Kept to its first MEMSVC_MAX_MESSAGE_CHARS characters, not refused: a turn learning()
+    # records (the seed's server took any length). With a lower limit set, learning()'s
+    # turns were refused, and the exchange lost (review).
     content = MessageContentField(max_length=None)
     metadata = MetadataField(required=False, allow_null=True)
+
+    def validate_content(self, value):
+        # (what is kept must hold something to read too: 50 spaces were stored, review)
+        return something_to_read(within_message_limit(value))
 
 
 # The longest query a search takes.

@@ -11,7 +11,6 @@ from conversations.services import (
     conversation_create,
     conversation_update,
     messages_append,
-    within_message_limit,
 )
 from memsvc.api.errors import Conflict
 from memsvc.api.principals import Principal
@@ -117,10 +116,8 @@ def local_message_append(
     idempotency_key: str | None = None,
     request_hash: str = "",
 ) -> tuple[Message, bool]:
-    """One message of the local compatibility API, in the agent's own conversation, its
-    ``content`` kept to what a message holds (``within_message_limit``); with a key, a retry
-    returns the first request's message. Returns (message, created)."""
-    content = within_message_limit(content)
+    """One message of the local compatibility API, in the agent's own conversation; with a
+    key, a retry returns the first request's message. Returns (message, created)."""
     messages, created = write_once(
         agent.as_principal(),
         idempotency_key,

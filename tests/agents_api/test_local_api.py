@@ -141,6 +141,12 @@ def test_a_turn_longer_than_a_message_holds_is_kept_to_its_start_not_refused(loc
     assert list(Message.objects.values_list("content", flat=True)) == [long[:50]]
     context = local.post("/context/my_agent", {"query": long})
     assert context.status_code == 200, context.content
+    # What is kept must hold something to read too (50 spaces were stored: review).
+    empty_start = local.post(
+        "/messages", {"agent_name": "my_agent", "role": "user", "content": " " * 50 + long}
+    )
+    assert empty_start.status_code == 422, empty_start.content
+    assert Message.objects.count() == 1
 
 
 def test_messages_are_stored_in_the_agents_own_conversation(local):
