@@ -86,14 +86,19 @@ def test_a_letta_capture_racing_its_agents_delete_is_404(api):
     assert response.status_code == 404, response.content
 
 
+def while_its_agent_is_deleted(api, path: str, body: dict):
+    """``POST path`` by an agent's key while the agent's deletion waits to commit."""
+    credential = make_agent("racer")
+    return while_held(
+        lambda: agent_delete(Principal.user("ops"), agent=credential.agent),
+        lambda: api.post(path, body, as_=credential),
+    )
+
+
 def test_a_conversation_an_agent_makes_while_it_is_deleted_is_refused(api):
     """The create waits for the deletion, then finds the agent gone: 404, nothing made. (It
     was made, owned by an agent that was no more: review.)"""
-    helper = make_agent("racer")
-    response = while_held(
-        lambda: agent_delete(Principal.user("ops"), agent=helper.agent),
-        lambda: api.post("/v1/agent/conversations", {"title": "Mine"}, as_=helper),
-    )
+    response = while_its_agent_is_deleted(api, "/v1/agent/conversations", {"title": "Mine"})
     assert response.status_code == 404, response.content
     assert response.json()["error"] == "agent not found"
     assert not Membership.objects.exists() and not ConversationGroup.objects.exists()
@@ -128,11 +133,7 @@ def test_a_memory_saved_while_its_agent_is_deleted_is_404(api):
     """The save checked its agent before the deletion committed and wrote after it: the
     memory's foreign key failed at commit, a 500 (review). Any write whose row was deleted
     meanwhile answers so."""
-    helper = make_agent("racer")
-    response = while_held(
-        lambda: agent_delete(Principal.user("ops"), agent=helper.agent),
-        lambda: api.post("/v1/agent/memories", {"content": "I like tea"}, as_=helper),
-    )
+    response = while_its_agent_is_deleted(api, "/v1/agent/memories", {"content": "I like tea"})
     assert response.status_code == 404, response.content
     assert response.json()["error"] == "what this request refers to was deleted meanwhile"
     assert not Memory.objects.exists()
