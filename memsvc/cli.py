@@ -377,6 +377,7 @@ def cmd_token(args: argparse.Namespace) -> int:
 def cmd_apikey_create(args: argparse.Namespace) -> int:
     _setup_database()
     from agents_api.services import agent_get_or_create, api_key_create
+    from memsvc.api.errors import NotFound
     from memsvc.api.principals import user_id_problem
 
     if _refused("agent name", _agent_name_problem(args.agent)) or _refused(
@@ -384,7 +385,11 @@ def cmd_apikey_create(args: argparse.Namespace) -> int:
     ):
         return 1
     agent, created = agent_get_or_create(owner_principal=args.owner, name=args.agent)
-    api_key, full_key = api_key_create(agent=agent, scopes=args.scope, name=args.name or "")
+    try:
+        api_key, full_key = api_key_create(agent=agent, scopes=args.scope, name=args.name or "")
+    except NotFound:
+        print(f"agent {agent.name!r} was deleted meanwhile: no key made", file=sys.stderr)
+        return 1
     print(
         f"{'created' if created else 'existing'} agent {agent.name!r} (id {agent.id}); "
         f"key {api_key.public_id} with scopes {', '.join(api_key.scopes)}. "

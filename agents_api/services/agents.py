@@ -20,7 +20,7 @@ from conversations.services import (
 )
 from memsvc.api.errors import Forbidden, InvalidInput, NotFound
 from memsvc.api.principals import Principal
-from memsvc.db import locked_row
+from memsvc.db import held_keys, locked_row
 
 
 @transaction.atomic
@@ -75,7 +75,11 @@ def agent_delete(actor: Principal, *, agent: Agent) -> None:
 def api_key_create(
     *, agent: Agent, scopes: list[str] | None = None, name: str = ""
 ) -> tuple[ApiKey, str]:
-    """A new key for ``agent`` and its full text, which is never stored and shown only now."""
+    """A new key for ``agent`` and its full text, which is never stored and shown only now.
+    The agent is held first: one deleted meanwhile is a 404, not a key whose agent is gone
+    (its foreign key failed at commit: review)."""
+    if not held_keys(Agent, [agent.pk]):
+        raise NotFound("agent not found")
     scopes = sorted(set(scopes or [Scope.READ, Scope.WRITE]))
     unknown = set(scopes) - set(Scope.values)
     if unknown:
