@@ -168,8 +168,8 @@ class AgentAdmin(MetadataChecked, DeletedByService, admin.ModelAdmin):
         )
 
     def get_deleted_objects(self, objs, request):
-        # (``agent_delete``'s: its own conversation, and those of the groups it owns)
-        owned = Q(local_agent__in=[agent.pk for agent in objs])
+        # (``agent_delete``'s: those of the groups it owns, its own one among them)
+        owned = Q(pk__in=[])
         for agent in objs:
             owned |= Q(group__in=groups_owned_by(agent.principal_id))
         conversations = Conversation.objects.filter(owned).select_related("group")

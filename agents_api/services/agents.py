@@ -13,14 +13,10 @@ from agents_api.models import (
 )
 from conversations.models import AccessLevel, Membership
 from conversations.selectors import groups_owned_by
-from conversations.services import (
-    conversation_delete,
-    conversation_groups_delete,
-    membership_delete,
-)
+from conversations.services import conversation_groups_delete, membership_delete
 from memsvc.api.errors import Forbidden, InvalidInput, NotFound
-from memsvc.api.principals import Principal
-from memsvc.db import held_keys, locked_row
+from memsvc.api.principals import Principal, hold_agents
+from memsvc.db import locked_row
 
 
 @transaction.atomic
@@ -48,17 +44,15 @@ def agent_get_or_create(
 
 @transaction.atomic
 def agent_delete(actor: Principal, *, agent: Agent) -> None:
-    """Delete an agent with what it keeps (keys, blocks, memories, tool records), its own
-    conversation (the local API's messages, Letta's captured turns: ``conversation_delete``)
-    and the other conversations it owns (made through ``/v1/agent``, forks and all: as a
-    user's go with their erase; they stayed with an owner that was no more, whom no one
-    could ask to delete them or hand them on), and its memberships of others'
+    """Delete an agent with what it keeps (keys, blocks, memories, tool records), the
+    conversations it owns, forks and all (``conversation_groups_delete``: its own one, the
+    local API's messages and Letta's captured turns, and those made through ``/v1/agent``,
+    as a user's go with their erase: they stayed with an owner that was no more, whom no
+    one could ask to delete them or hand them on), and its memberships of others'
     conversations, each removed as an operator removes a member (``membership_delete``: an
     offer of ownership to the agent ends with it). The agent's row is locked first, as a
     capture locks it (``local_conversation_for``) before it writes to the conversation."""
     agent = locked_row(Agent.objects, agent.pk, missing="agent not found")
-    if agent.local_conversation_id is not None:
-        conversation_delete(agent.as_principal(), conversation=agent.local_conversation)
     owned = groups_owned_by(agent.principal_id).order_by("id").values_list("id", flat=True)
     conversation_groups_delete(agent.as_principal(), group_ids=list(owned))
     memberships = Membership.objects.filter(principal_id=agent.principal_id).exclude(
@@ -76,10 +70,9 @@ def api_key_create(
     *, agent: Agent, scopes: list[str] | None = None, name: str = ""
 ) -> tuple[ApiKey, str]:
     """A new key for ``agent`` and its full text, which is never stored and shown only now.
-    The agent is held first: one deleted meanwhile is a 404, not a key whose agent is gone
-    (its foreign key failed at commit: review)."""
-    if not held_keys(Agent, [agent.pk]):
-        raise NotFound("agent not found")
+    The agent is held first (``hold_agents``): one deleted meanwhile is a 404, not a key
+    whose agent is gone (its foreign key failed at commit: review)."""
+    hold_agents([agent.principal_id])
     scopes = sorted(set(scopes or [Scope.READ, Scope.WRITE]))
     unknown = set(scopes) - set(Scope.values)
     if unknown:
