@@ -10,6 +10,7 @@ from django.contrib import admin
 from django.contrib.postgres.search import SearchQuery
 from django.core.exceptions import ValidationError
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.text import Truncator
 
@@ -207,12 +208,22 @@ class ConversationAdmin(MetadataChecked, LargeTableAdmin):
         "forked_at_conversation",
         "forked_at_message",
         "created_at",
+        "updated_at",
+        "seen_at",
         "vectorized_at",
         "fork_lineage",
         "messages_link",
     )
     date_hierarchy = None
     ordering = ("-updated_at",)
+
+    def save_model(self, request, obj, form, change):
+        """Only what the form changed (its title, its metadata), as a change its members
+        see: the rest, as read when the page was posted, would undo an append's times
+        landing meanwhile."""
+        if form.changed_data:
+            obj.updated_at = obj.seen_at = timezone.now()
+            obj.save(update_fields=[*form.changed_data, "updated_at", "seen_at"])
 
     def has_add_permission(self, request):
         return False

@@ -102,7 +102,12 @@ class Conversation(models.Model):
         related_name="+",
     )
     created_at = models.DateTimeField(default=timezone.now, editable=False)
+    # Its latest change of any kind: an agent-only turn too. Agents' lists go by it.
     updated_at = models.DateTimeField(default=timezone.now)
+    # Its latest change that its users see: its creation, a new title or metadata, a message
+    # on the HISTORY channel for users. Users' lists go by it and show it as ``updatedAt``:
+    # ``updated_at`` told them when an agent wrote turns they cannot read.
+    seen_at = models.DateTimeField(default=timezone.now)
     vectorized_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -110,6 +115,7 @@ class Conversation(models.Model):
         indexes = [
             models.Index(fields=["group", "created_at"], name="conversation_group_created"),
             models.Index(fields=["-updated_at", "id"], name="conversation_updated"),
+            models.Index(fields=["-seen_at", "id"], name="conversation_seen"),
         ]
         constraints = [
             models.CheckConstraint(
@@ -361,6 +367,11 @@ class Message(models.Model):
     def shown_fields(cls) -> list[models.Field]:
         """The columns a message is shown with (all but ``SEARCH_DATA``)."""
         return [f for f in cls._meta.concrete_fields if f.name not in cls.SEARCH_DATA]
+
+    @property
+    def seen_by_users(self) -> bool:
+        """Whether users read it: ``selectors.SEEN_BY_USERS`` of one message."""
+        return self.channel == Channel.HISTORY and self.visibility == Visibility.USER
 
     @property
     def embedding_dimension(self) -> int | None:

@@ -99,7 +99,8 @@ def conversations_visible_to(principal: Principal) -> QuerySet[Conversation]:
 
 
 # The messages a user reads (agents read every channel): the HISTORY channel's user-visible
-# ones. Search's statements say the same in SQL (``search.selectors.message_scope``).
+# ones. Search's statements say the same in SQL (``search.selectors.message_scope``), and
+# ``Message.seen_by_users`` of one message.
 SEEN_BY_USERS = Q(channel=Channel.HISTORY, visibility=Visibility.USER)
 
 
@@ -131,8 +132,20 @@ def _last_seen_text(**where) -> QuerySet:
     return Message.objects.filter(SEEN_BY_USERS, **where).order_by("-seq").values("content")[:1]
 
 
-def _with_summary_fields(queryset: QuerySet[Conversation]) -> QuerySet[Conversation]:
-    """Owner and last message preview, in the same query (no per-row lookups)."""
+def activity_column(principal: Principal) -> str:
+    """The time of a conversation's latest change as the principal is shown it, and orders
+    its lists by: agents read every turn (``updated_at``); users only what ``seen_at``
+    counts, so an agent's hidden turns do not tell them when it wrote."""
+    return "updated_at" if principal.kind == "agent" else "seen_at"
+
+
+def _with_summary_fields(
+    queryset: QuerySet[Conversation], principal: Principal | None = None
+) -> QuerySet[Conversation]:
+    """Owner and last message preview, in the same query (no per-row lookups); with the
+    ``principal``, the time of its latest change as shown to it (``activity_at``)."""
+    if principal is not None:
+        queryset = queryset.annotate(activity_at=F(activity_column(principal)))
     last_message = _last_seen_text(conversation=OuterRef("pk"))
     # A fork without messages of its own: the last a user sees up to its fork point (which
     # may itself be an agent-only turn: its text is not a user's to read).
@@ -213,7 +226,7 @@ def access_conversation(
         raise NotFound("conversation not found") from None
     visible = conversations_visible_to(principal)
     if summary:
-        visible = _with_summary_fields(visible).select_related("forked_at_message")
+        visible = _with_summary_fields(visible, principal).select_related("forked_at_message")
     conversation = visible.filter(id=conversation_id).first()
     refuse_below(conversation.access_level if conversation else None, need)
     if summary:
@@ -266,20 +279,20 @@ def conversation_page(
 ) -> Page:
     """A page of the conversations the principal may see, latest activity first; ``query``
     is a text that the title, or a text or number in the metadata, contains (any case)."""
-    queryset = _with_summary_fields(conversations_visible_to(principal))
+    queryset = _with_summary_fields(conversations_visible_to(principal), principal)
     if query:
         pattern = f"%{connection.ops.prep_for_like_query(query)}%"
         queryset = queryset.filter(
             Q(title__icontains=query) | MetadataValueContains("metadata", Value(pattern))
         )
-    page = activity_page(queryset, after=after, limit=limit)
+    page = activity_page(queryset, column=activity_column(principal), after=after, limit=limit)
     _previewed_through_forks(page.rows)
     return page
 
 
-ACTIVITY_ORDER = ("-updated_at", "id")
 # How far back a catch-up pass starts before the time the pass it follows began: a write
-# that took its time before that (``updated_at``) but committed after it is still found.
+# that took its time before that (``updated_at``, ``seen_at``) but committed after it is
+# still found.
 CATCH_UP_OVERLAP = timedelta(seconds=5)
 # The moments a cursor may hold: those that are datetimes in UTC too, late enough for a
 # catch-up pass to start ``CATCH_UP_OVERLAP`` before them (a forged one was a 500).
@@ -289,7 +302,9 @@ CURSOR_MOMENTS = (
 )
 
 
-def activity_page(queryset: QuerySet[Conversation], *, after: str | None, limit: int) -> Page:
+def activity_page(
+    queryset: QuerySet[Conversation], *, column: str, after: str | None, limit: int
+) -> Page:
     """A page of conversations, latest activity first, where a walk of the pages loses
     none: one that has activity meanwhile moves ahead of the cursor, where no page of the
     walk would reach it, so when a pass of the list ends, a pass of the conversations with
@@ -298,38 +313,41 @@ def activity_page(queryset: QuerySet[Conversation], *, after: str | None, limit:
 
     The cursor holds the pass (from when its conversations had activity: "" for any time;
     and since when: what moved after, the next pass lists) and the last row's sort key.
+    ``column``: the time of activity (``activity_column``).
     """
+    order = (f"-{column}", "id")
+    later = f"{column}__gt"
     if after:
         lower, since, key = _activity_cursor(after)
     else:
         lower, since, key = None, timezone.now(), None
     rows = queryset
     if lower is not None:
-        rows = rows.filter(updated_at__gt=lower)
+        rows = rows.filter(**{later: lower})
     if key is not None:
-        rows = rows.filter(beyond(ACTIVITY_ORDER, key))
+        rows = rows.filter(beyond(order, key))
     # Whether any moved since the pass began: asked once with the page (an InitPlan), not
     # by a query of its own; it only matters on the pass's last page.
     rows = list(
-        rows.annotate(_moved=Exists(queryset.filter(updated_at__gt=since))).order_by(
-            *ACTIVITY_ORDER
-        )[: limit + 1]
+        rows.annotate(_moved=Exists(queryset.filter(**{later: since}))).order_by(*order)[
+            : limit + 1
+        ]
     )
     if len(rows) > limit:
         rows = rows[:limit]
-        return Page(rows, _activity_cursor_of(lower, since, rows[-1]))
-    moved = rows[0]._moved if rows else queryset.filter(updated_at__gt=since).exists()
+        return Page(rows, _activity_cursor_of(lower, since, getattr(rows[-1], column), rows[-1].id))
+    moved = rows[0]._moved if rows else queryset.filter(**{later: since}).exists()
     if not moved:
         return Page(rows, None)
-    return Page(rows, _activity_cursor_of(since - CATCH_UP_OVERLAP, timezone.now(), None))
+    return Page(rows, _activity_cursor_of(since - CATCH_UP_OVERLAP, timezone.now()))
 
 
-def _activity_cursor_of(lower, since, last) -> str:
+def _activity_cursor_of(lower, since, last_at=None, last_id=None) -> str:
     return encode_cursor(
         lower.isoformat() if lower else "",
         since.isoformat(),
-        last.updated_at.isoformat() if last else "",
-        str(last.id) if last else "",
+        last_at.isoformat() if last_at else "",
+        str(last_id) if last_id else "",
     )
 
 

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 from conversations import selectors
@@ -76,16 +77,16 @@ def conversation_update(
     conversation = locked_row(Conversation.objects, conversation.pk, missing="not found")
     _hold_memberships(actor, conversation)  # a writer removed or demoted meanwhile: refused
     if title is None and metadata is None:
-        # Nothing to change: ``updated_at`` orders the members' lists, and stays.
+        # Nothing to change: ``updated_at`` and ``seen_at`` order the members' lists, and stay.
         return conversation
-    fields = ["updated_at"]
+    fields = ["updated_at", "seen_at"]
     if title is not None:
         conversation.title = title
         fields.append("title")
     if metadata is not None:
         conversation.metadata = metadata
         fields.append("metadata")
-    conversation.updated_at = timezone.now()
+    conversation.updated_at = conversation.seen_at = timezone.now()
     conversation.save(update_fields=fields)
     return conversation
 
@@ -269,7 +270,7 @@ def messages_append(
     (FOR NO KEY UPDATE, until commit) before the messages draw their numbers, so a second
     writer draws its numbers only once the first has committed. A reader resuming after a
     message (a cursor is a ``seq``) can then never pass a number that commits later. The row
-    is updated once, last (``updated_at``, ``title``): a lock is not a write, so the update
+    is updated once, last (``updated_at``, ``seen_at``, ``title``): a lock is not a write, so the update
     is still the first write of the row in this transaction.
 
     The same lock waits for a deletion of the conversation in flight
@@ -296,7 +297,16 @@ def messages_append(
     # conversation list that began while a long append ran (100 messages of 90 KB: 4.5 s)
     # looks for activity since it began, and an append stamped when it started was older
     # than that: it had moved ahead of the walk's cursor, and no page listed it (review).
-    changes = {"updated_at": timezone.now()} | ({} if title is None else {"title": title})
+    # Users are shown the change when they can read it: turns only agents read (a summary
+    # that leaves the title as it was) move ``updated_at`` alone.
+    now = timezone.now()
+    changes = {"updated_at": now}
+    if any(message.seen_by_users for message in created):
+        changes["seen_at"] = now
+    elif title is not None:
+        changes["seen_at"] = Case(When(~Q(title=title), then=Value(now)), default=F("seen_at"))
+    if title is not None:
+        changes["title"] = title
     Conversation.objects.filter(pk=conversation.pk).update(**changes)
     message_ids = [message.id for message in created]
     transaction.on_commit(lambda: enqueue_embedding(message_ids))

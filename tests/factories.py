@@ -4,6 +4,7 @@ Groups are created with their owner's membership, as the database requires at co
 """
 
 import factory
+from django.utils import timezone
 from factory.django import DjangoModelFactory
 
 from agents_api.models import Agent, MemoryBlock, MemoryBlockRevision
@@ -37,6 +38,8 @@ class ConversationFactory(DjangoModelFactory):
 
     group = factory.SubFactory(ConversationGroupFactory)
     title = factory.Sequence(lambda n: f"Conversation {n}")
+    updated_at = factory.LazyFunction(timezone.now)
+    seen_at = factory.SelfAttribute("updated_at")  # (as a conversation users saw last change)
 
 
 class MembershipFactory(DjangoModelFactory):

@@ -92,6 +92,7 @@ def restore_conversations(user_id: str, records: list[dict]) -> int:
     for record in records:
         record["created_at"] = min(record["created_at"], now)
         record["updated_at"] = min(record["updated_at"], now)
+        record["seen_at"] = record["updated_at"]  # (not exported: the nearest there is)
         group_id = record["group_id"]
         groups[group_id] = min(groups.get(group_id, record["created_at"]), record["created_at"])
     ConversationGroup.objects.bulk_create(

@@ -44,7 +44,11 @@ class ConversationSummaryOut(serializers.Serializer):
     title = serializers.CharField()
     ownerUserId = serializers.CharField(source="owner_id")
     createdAt = serializers.DateTimeField(source="created_at")
-    updatedAt = serializers.DateTimeField(source="updated_at")
+    updatedAt = serializers.DateTimeField(
+        source="activity_at",
+        help_text="Its latest change: for a user, the latest they can read (a message on "
+        "their channel, a new title or metadata); for an agent, any.",
+    )
     lastMessagePreview = serializers.CharField(source="last_message_preview", allow_null=True)
     accessLevel = ChoiceField(source="access_level", choices=AccessLevel.choices)
 

@@ -525,6 +525,75 @@ def test_context_without_a_summary_is_every_message(api, helper):
     assert body["nextAfterMessageId"] is None
 
 
+def test_turns_users_cannot_read_do_not_move_the_conversation_in_their_lists(api, helper, alice):
+    """A member is shown when the conversation last changed in a way they can read: an
+    agent's hidden turns (the MEMORY channel, agent-only visibility, a summary without a new
+    title) moved ``updatedAt`` and the list's order, telling them when it wrote. The agent
+    is shown every change."""
+    hidden, other = (
+        agent_conversation(api, helper.acting_for("alice"), title="Plans") for _ in range(2)
+    )
+
+    def listed(credential, path):
+        response = api.get(path, as_=credential)
+        assert response.status_code == 200, response.content
+        return [(c["id"], c["updatedAt"]) for c in response.json()["data"]]
+
+    def shown(conversation):
+        path = f"/v1/user/conversations/{conversation['id']}"
+        return api.get(path, as_=alice).json()["updatedAt"]
+
+    before = listed(alice, "/v1/user/conversations")
+    assert [id_ for id_, _ in before] == [other["id"], hidden["id"]]
+    stored = append(
+        api,
+        helper,
+        hidden["id"],
+        {"role": "agent", "content": "note", "channel": "memory", "visibility": "agent"},
+        {"role": "assistant", "content": "aside", "visibility": "agent"},
+    )
+    assert stored.status_code == 201, stored.content
+    summary = api.post(
+        f"/v1/agent/conversations/{hidden['id']}/summaries",
+        {
+            "title": "Plans",  # as it was: nothing a user reads changed
+            "summary": "Nothing yet.",
+            "untilMessageId": stored.json()["data"][1]["id"],
+            "summarizedAt": "2026-11-01T10:00:00Z",
+        },
+        as_=helper,
+    )
+    assert summary.status_code == 201, summary.content
+
+    assert listed(alice, "/v1/user/conversations") == before
+    assert shown(hidden) == dict(before)[hidden["id"]]
+    # The agent sees its turns: the conversation moved ahead in its list.
+    agent_list = listed(helper, "/v1/agent/conversations")
+    assert [id_ for id_, _ in agent_list] == [hidden["id"], other["id"]]
+    assert dict(agent_list)[hidden["id"]] > dict(before)[hidden["id"]]
+
+    # A turn the user reads moves it for them too.
+    append(api, helper, hidden["id"], {"role": "assistant", "content": "hello alice"})
+    after = listed(alice, "/v1/user/conversations")
+    assert [id_ for id_, _ in after] == [hidden["id"], other["id"]]
+    assert dict(after)[hidden["id"]] > dict(before)[hidden["id"]]
+    # So does a summary's new title, which users read.
+    note = {"role": "agent", "content": "note", "channel": "memory", "visibility": "agent"}
+    until = append(api, helper, other["id"], note).json()["data"][0]["id"]
+    renamed = api.post(
+        f"/v1/agent/conversations/{other['id']}/summaries",
+        {
+            "title": "Plans, renamed",
+            "summary": "-",
+            "untilMessageId": until,
+            "summarizedAt": "2026-11-01T10:00:00Z",
+        },
+        as_=helper,
+    )
+    assert renamed.status_code == 201, renamed.content
+    assert [id_ for id_, _ in listed(alice, "/v1/user/conversations")] == [other["id"], hidden["id"]]
+
+
 def test_after_a_summary_the_context_is_the_summary_then_later_messages(api, helper, alice):
     conversation = agent_conversation(api, helper.acting_for("alice"))
     stored = append(

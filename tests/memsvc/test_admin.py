@@ -582,8 +582,11 @@ def test_a_conversation_is_never_moved_in_the_admin(operator, counted):
         },
     )
     assert response.status_code == 302, response.content[:500]
+    before = counted.fork.seen_at
     counted.fork.refresh_from_db()
     assert counted.fork.title == "Renamed"
+    # A new title is a change its members see (the posted time is not taken).
+    assert counted.fork.seen_at == counted.fork.updated_at > before
     assert counted.fork.group_id == counted.root.group_id
     assert counted.fork.forked_at_conversation_id == counted.root.pk
     assert counted.fork.forked_at_message_id is not None
