@@ -63,18 +63,19 @@ def agent_by_id(agent_id, *, field: str) -> Agent:
 def memory_subject(principal: Principal, *, user_id: str | None, field: str = "userId") -> str:
     """Whose memory (blocks, memories) an agent's request reaches: the user it acts for
     (``X-On-Behalf-Of``, which cannot reach another user), else the user it names, else its
-    own (""). Any user id will do: agents learn about users they have not served yet."""
+    own (""). Any user id will do: agents learn about users they have not served yet. An
+    empty one is refused, not taken for none: ``?userId=`` (a client's unset variable) on a
+    delete deleted the agent's own memories."""
+    if user_id is not None:
+        problem = user_id_problem(user_id)
+        if problem:
+            raise InvalidInput.for_field(field, problem)
     acting_for = principal.on_behalf_of
     if acting_for:
-        if user_id and user_id != acting_for:
+        if user_id is not None and user_id != acting_for:
             raise Forbidden(f"acting for {acting_for}, this request cannot reach another user")
         return acting_for
-    if not user_id:
-        return ""
-    problem = user_id_problem(user_id)
-    if problem:
-        raise InvalidInput.for_field(field, problem)
-    return user_id
+    return "" if user_id is None else user_id
 
 
 def memory_blocks(agent: Agent, *, user_id: str) -> list[MemoryBlock]:

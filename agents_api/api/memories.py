@@ -19,8 +19,14 @@ from memsvc.api.views import UserApiView, user_operation
 ORDER = OpenApiParameter(
     "order", str, enum=list(s.MEMORY_ORDER_CHOICES), description="recent (default) or popular"
 )
-TAG = OpenApiParameter("tag", str, description="Only memories with this tag.")
-AGENT_ID = OpenApiParameter("agentId", str, description="Only what this agent keeps.")
+TAG = OpenApiParameter(
+    "tag",
+    {"type": "string", "minLength": 1, "maxLength": MEMORY_TAG_MAX_LENGTH},
+    description="Only memories with this tag.",
+)
+AGENT_ID = OpenApiParameter(
+    "agentId", {"type": "string", "format": "uuid"}, description="Only what this agent keeps."
+)
 
 
 def _order(request) -> str:
@@ -63,6 +69,8 @@ def _tag(request) -> str | None:
     would be cut to their length (PostgreSQL casts it to the column's type) and match a tag
     it is not."""
     tag = request.query_params.get("tag")
+    if tag == "":
+        raise InvalidInput.for_field("tag", "must not be empty", location="query")
     if tag and len(tag) > MEMORY_TAG_MAX_LENGTH:
         raise InvalidInput.for_field(
             "tag", f"at most {MEMORY_TAG_MAX_LENGTH} characters", location="query"
@@ -196,9 +204,12 @@ class AgentMemoryView(AgentApiView):
 
 def _agent_filter(raw, field: str = "agentId") -> Agent | None:
     """``agentId`` narrows a user's memories to one agent's; an agent that keeps nothing
-    about the user simply has no memories to show (no 404: agents are not secrets here)."""
-    if not raw:
+    about the user simply has no memories to show (no 404: agents are not secrets here).
+    An empty one is refused: ``?agentId=`` on a delete deleted every agent's."""
+    if raw is None:
         return None
+    if not raw:
+        raise InvalidInput.for_field(field, "must not be empty", location="query")
     return selectors.agent_by_id(raw, field=field)
 
 

@@ -42,18 +42,21 @@ from memsvc.api.pagination import (
     page_params,
     parse_limit,
 )
+from memsvc.api.principals import PRINCIPAL_MAX_LENGTH
 from memsvc.api.schema import errors, listed, paged
 from memsvc.validators import as_uuid
 from search.selectors import search_messages
 
 ON_BEHALF = OpenApiParameter(
     ON_BEHALF_HEADER,
-    str,
+    {"type": "string", "minLength": 1, "maxLength": PRINCIPAL_MAX_LENGTH},
     location=OpenApiParameter.HEADER,
     description="Act for this user (needs the `impersonate` scope); the user's access applies too.",
 )
 USER_ID = OpenApiParameter(
-    "userId", str, description="The user they are about (default: the agent's own)."
+    "userId",
+    {"type": "string", "minLength": 1, "maxLength": PRINCIPAL_MAX_LENGTH},
+    description="The user they are about (default: the agent's own).",
 )
 
 # A create that a retry may repeat (its answer lost): the header, and the answer's mark.

@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from agents_api import selectors
-from agents_api.models import MEMORY_LISTINGS_PER_SCOPE, Memory, MemoryListing
+from agents_api.models import MEMORY_LISTINGS_PER_SCOPE, Memory, MemoryBlock, MemoryListing
 from conversations.models import Visibility
 from memsvc.api.pagination import encode_cursor
 from search import statements as search_statements
@@ -619,6 +619,31 @@ def test_a_bulk_delete_with_a_parameter_it_does_not_take_is_400_and_deletes_noth
     [unknown] = response.json()["details"]
     assert unknown in path
     assert snapshot() == before
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "who", "field"),
+    [
+        # A client's unset variable: every one of these deleted (or listed) what the filter
+        # was there to narrow, the agent's own memories or every agent's about Alice.
+        ("DELETE", f"{MEMORIES}?userId=", "helper", "userId"),
+        ("DELETE", f"{MINE}?agentId=", "alice", "agentId"),
+        ("DELETE", "/v1/agent/memory-blocks/own?userId=", "helper", "userId"),
+        ("GET", f"{MEMORIES}?userId=", "helper", "userId"),
+        ("GET", f"{MEMORIES}?userId=alice&tag=", "helper", "tag"),
+        ("GET", f"{MINE}?agentId=", "alice", "agentId"),
+    ],
+)
+def test_an_empty_filter_is_400_not_no_filter(api, helper, alice, method, path, who, field):
+    save(api, helper, "Alice fact", userId="alice")
+    save(api, helper, "The helper's own note")
+    block = api.post("/v1/agent/memory-blocks", {"label": "own", "value": "v"}, as_=helper)
+    assert block.status_code == 201, block.content
+    before = (snapshot(), list(MemoryBlock.objects.values_list("id", "value")))
+    response = api.call(method, path, as_={"helper": helper, "alice": alice}[who])
+    assert response.status_code == 400, response.content
+    assert list(response.json()["details"]) == [field]
+    assert (snapshot(), list(MemoryBlock.objects.values_list("id", "value"))) == before
 
 
 # --- who reaches what ------------------------------------------------------------------------
