@@ -237,7 +237,7 @@ def memories_extract(agent: Agent, conversation: Conversation) -> list[Memory]:
 def _distil(agent: Agent, conversation: Conversation, previous: int, claimed: list) -> list[Memory]:
     """``memories_extract``'s work on the turns it claimed."""
     subject = conversation_memory_subject(conversation, on_behalf_of=None)
-    speakers = turn_speakers(conversation, claimed)
+    speakers = turn_speakers(claimed)
     off = memory_off_for({subject, *speakers.values()})
 
     def speaker(message) -> str:

@@ -295,6 +295,11 @@ class Message(models.Model):
         max_length=PRINCIPAL_MAX_LENGTH, blank=True, default="", validators=[no_nul_characters]
     )
     content = models.TextField(validators=[no_nul_characters])
+    # The user whose turn an agent recorded (a user turn signed with the id of a member of
+    # the conversation when it was written: the user it acted for, the owner, a member it
+    # named); "" for any other message. Their export and erase find it by this, whether or
+    # not they are a member still (``selectors.messages_elsewhere``).
+    written_for = models.CharField(max_length=PRINCIPAL_MAX_LENGTH, blank=True, default="")
     metadata = models.JSONField(default=dict, blank=True)
     # Indexed by ``message_parent`` (replies only: most messages have no parent).
     parent_message = models.ForeignKey(
@@ -346,6 +351,9 @@ class Message(models.Model):
             ),
             # A user's own messages, for their export and erase (``messages_elsewhere``).
             models.Index(fields=["author_principal"], name="message_author"),
+            models.Index(
+                fields=["written_for"], condition=~Q(written_for=""), name="message_written_for"
+            ),
         ]
         constraints = [
             models.CheckConstraint(

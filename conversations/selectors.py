@@ -743,7 +743,8 @@ def memberships_elsewhere(user_id: str) -> QuerySet[Membership]:
 def said_by(*, role: str, author_principal: str, author_name: str) -> str | None:
     """The user a message is by: the user who wrote it, or, for a user turn an agent wrote
     for someone, the user it is signed with (``author_name``); None for an agent's own
-    turns. (``messages_elsewhere`` is the same rule in SQL.)"""
+    turns. (What a document may bring back as the user's; once stored, a turn an agent
+    wrote is the user's by ``Message.written_for``.)"""
     if not author_principal.startswith(AGENT_PRINCIPAL_PREFIX):
         return author_principal
     return author_name if role == Role.USER else None
@@ -751,22 +752,16 @@ def said_by(*, role: str, author_principal: str, author_name: str) -> str | None
 
 def messages_elsewhere(user_id: str) -> QuerySet[Message]:
     """The user's messages in conversations someone else owns: those the user wrote, and the
-    user turns an agent wrote for them (signed with their id) where they are a member
-    (``said_by``).
+    user turns an agent wrote for them (``Message.written_for``), whether or not they are
+    a member still.
 
-    The two kinds are found apart, each through an index (``message_author``; the member
-    groups' conversations), and united: an export or an erase reads the user's messages, not
-    the whole table (one condition with OR scanned it: 120-230 ms at 300,000 messages, 10 ms
-    so).
+    The two kinds are found apart, each through an index (``message_author``,
+    ``message_written_for``), and united: an export or an erase reads the user's messages,
+    not the whole table (one condition with OR scanned it: 120-230 ms at 300,000 messages,
+    10 ms so).
     """
-    member_of = Membership.objects.filter(principal_id=user_id).values("group_id")
     written = Message.objects.filter(author_principal=user_id).values("id")
-    signed = Message.objects.filter(
-        role=Role.USER,
-        author_name=user_id,
-        author_principal__startswith=AGENT_PRINCIPAL_PREFIX,
-        conversation__group_id__in=member_of,
-    ).values("id")
+    signed = Message.objects.filter(written_for=user_id).values("id")
     return (
         Message.objects.without_search_data()
         .filter(id__in=written.union(signed))
@@ -784,23 +779,19 @@ def user_members(conversation: Conversation) -> set[str]:
     )
 
 
-def turn_speakers(conversation: Conversation, messages: Sequence[Message]) -> dict:
+def turn_speakers(messages: Sequence[Message]) -> dict:
     """Who said each user turn of ``messages`` (message id -> user id), where a person can
-    be named: the user who wrote it, or the member an agent recorded it for (signed with
-    their id, as ``messages_elsewhere`` finds it). Turns of speakers an agent names on its
-    own ("user", "Caroline") are left out."""
-    members = user_members(conversation)
+    be named: the user who wrote it, or the member an agent recorded it for
+    (``Message.written_for``, as ``messages_elsewhere`` finds it). Turns of speakers an
+    agent names on its own ("user", "Caroline") are left out."""
     speakers = {}
     for message in messages:
         if message.role != Role.USER:
             continue
-        speaker = said_by(
-            role=message.role,
-            author_principal=message.author_principal,
-            author_name=message.author_name,
-        )
-        if speaker == message.author_principal or speaker in members:
-            speakers[message.id] = speaker
+        if message.written_for:
+            speakers[message.id] = message.written_for
+        elif not message.author_principal.startswith(AGENT_PRINCIPAL_PREFIX):
+            speakers[message.id] = message.author_principal
     return speakers
 
 

@@ -197,27 +197,50 @@ class NewMessage:
     created_at: datetime | None = None
 
 
-def _author_names(actor: Principal, conversation: Conversation, messages: Sequence[NewMessage]):
-    """The name each message is signed with, unless the writer gave one. It is part of the
+@dataclass(frozen=True)
+class _Signature:
+    author_name: str
+    written_for: str = ""  # ``Message.written_for``
+
+
+def _signatures(actor: Principal, conversation: Conversation, messages: Sequence[NewMessage]):
+    """The name each message is signed with, unless the writer gave one, and the user whose
+    turn it is when an agent records it (``Message.written_for``). The name is part of the
     embedded and indexed text ("<author>: <content>"), so it is decided here only.
 
     A user's turn is signed by that user: the user the actor acts for, the actor itself, or,
     for an agent recording its conversation's turns on its own, the conversation's owner
     (an agent's own conversation: "user", as the local API signs them, not the agent's id).
-    Every other turn is signed by the actor (an agent's name).
+    Every other turn is signed by the actor (an agent's name). An agent's user turn is that
+    user's when it is signed with a member's id: the user it acts for or the owner (members
+    both), or a member it names (one query, only then).
     """
+    signatures = []
     users_turn = None
+    named = set()  # the names an agent gave its user turns
     for new in messages:
         if new.author_name:
-            yield new.author_name
+            signatures.append(_Signature(new.author_name))
+            if new.role == Role.USER and actor.kind == "agent":
+                named.add(new.author_name)
         elif new.role == Role.USER:
             if users_turn is None:
                 users_turn = actor.on_behalf_of or (
                     actor.id if actor.kind == "user" else _user_of(conversation)
                 )
-            yield users_turn
+                users_turn = _Signature(
+                    users_turn, users_turn if actor.kind == "agent" and users_turn != "user" else ""
+                )
+            signatures.append(users_turn)
         else:
-            yield actor.name or actor.id
+            signatures.append(_Signature(actor.name or actor.id))
+    members = selectors.user_members(conversation) & named if named else set()
+    return [
+        _Signature(signature.author_name, signature.author_name)
+        if signature.author_name in members and new.role == Role.USER
+        else signature
+        for new, signature in zip(messages, signatures, strict=True)
+    ]
 
 
 def _user_of(conversation: Conversation) -> str:
@@ -226,7 +249,7 @@ def _user_of(conversation: Conversation) -> str:
 
 
 def _build_message(
-    actor: Principal, conversation: Conversation, new: NewMessage, author_name: str
+    actor: Principal, conversation: Conversation, new: NewMessage, signature: _Signature
 ) -> Message:
     return Message(
         conversation=conversation,
@@ -234,7 +257,8 @@ def _build_message(
         channel=new.channel,
         visibility=new.visibility,
         author_principal=actor.id,
-        author_name=author_name,
+        author_name=signature.author_name,
+        written_for=signature.written_for,
         content=new.content,
         metadata=new.metadata,
         parent_message=new.parent_message,
@@ -286,11 +310,11 @@ def messages_append(
     )
     _hold_memberships(actor, conversation)
     _hold_parents(messages)
-    authors = _author_names(actor, conversation, messages)
+    signatures = _signatures(actor, conversation, messages)
     created = Message.objects.bulk_create(
         [
-            _build_message(actor, conversation, new, author)
-            for new, author in zip(messages, authors, strict=True)
+            _build_message(actor, conversation, new, signature)
+            for new, signature in zip(messages, signatures, strict=True)
         ]
     )
     # Stamped once its messages are written, as near its commit as it can be: a walk of the

@@ -154,8 +154,28 @@ def _store_messages(records: list[dict]) -> int:
     created = Message.objects.bulk_create(
         (Message(**record) for record in records), batch_size=EMBED_BATCH
     )
-    _embed_on_commit([message.id for message in created])
+    ids = [message.id for message in created]
+    _mark_written_for(ids)
+    _embed_on_commit(ids)
     return len(created)
+
+
+# (An export does not carry ``written_for``: it follows from the rows, as the write decided it.)
+_WRITTEN_FOR_SQL = """
+UPDATE message m SET written_for = m.author_name
+FROM conversation c, membership ms
+WHERE m.id = ANY(%s) AND c.id = m.conversation_id AND ms.group_id = c.group_id
+  AND ms.principal_id = m.author_name AND ms.principal_id NOT LIKE 'agent:%%'
+  AND m.role = 'user' AND m.author_principal LIKE 'agent:%%'
+"""
+
+
+def _mark_written_for(message_ids: list) -> None:
+    """Each restored user turn an agent wrote is its user's (``Message.written_for``) when
+    it is signed with a member's id: the rule of ``conversations.services._signatures``
+    (the memberships come back first)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_WRITTEN_FOR_SQL, [message_ids])
 
 
 def restore_messages(user_id: str, records: list[dict]) -> int:

@@ -58,6 +58,7 @@ from memsvc.api.parsers import MAX_JSON_DEPTH
 from memsvc.api.principals import Principal
 from search.services import embed_pending
 from tests.agents_api.conftest import AgentCredential, make_agent
+from tests.conftest import Persona
 from tests.db import recorded_statements, while_held
 from tests.factories import AgentFactory, ConversationFactory
 
@@ -442,6 +443,32 @@ def test_erase_takes_the_user_turns_an_agent_wrote_for_them(api, alice, bob, hel
     ]
 
 
+def test_the_turns_an_agent_wrote_for_a_member_stay_theirs_once_they_are_removed(
+    api, alice, bob, helper, world
+):
+    """Found by membership alone, alice's turns that the agent wrote for her in bob's
+    conversation left her export, and stayed after her erase, once bob had removed her
+    (outside review). A turn the agent signs with the id of someone who is no member is
+    not theirs: no one's words come into their export, or go with their erase, by a name."""
+    share = {"userId": helper.agent.principal_id, "accessLevel": "writer"}
+    call(api, "POST", f"/v1/user/conversations/{world.his}/memberships", bob, share, 201)
+    path = f"/v1/agent/conversations/{world.his}/messages"
+    hers = {"messages": [{"role": "user", "content": "Alice confides a pomegranate"}]}
+    call(api, "POST", path, helper.acting_for("alice"), hers, 201)
+    named = {"messages": [{"role": "user", "content": "Named a stranger", "authorName": "dave"}]}
+    call(api, "POST", path, helper, named, 201)
+    call(api, "DELETE", f"/v1/user/conversations/{world.his}/memberships/alice", bob, status=204)
+
+    exported = contents(export(api, alice)["messagesElsewhere"])
+    assert "Alice confides a pomegranate" in exported
+    assert "Named a stranger" not in contents(export(api, Persona("dave"))["messagesElsewhere"])
+    call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    call(api, "POST", "/v1/user/erase", Persona("dave"), {"confirm": "dave"})
+    messages = call(api, "GET", f"/v1/user/conversations/{world.his}/messages", bob)["data"]
+    assert "Alice confides a pomegranate" not in contents(messages)
+    assert "Named a stranger" in contents(messages)
+
+
 def test_the_users_messages_elsewhere_are_found_without_reading_the_whole_table(
     world, sequences_kept
 ):
@@ -480,6 +507,7 @@ def test_the_users_messages_elsewhere_are_found_without_reading_the_whole_table(
         cursor.execute(f"ANALYZE {tables}")
     assert "Seq Scan on message" not in plan, plan
     assert "message_author" in plan, plan
+    assert "message_written_for" in plan, plan
 
 
 @pytest.mark.parametrize("hers_first", [False, True])
