@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass
 
+from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from agents_api.models import MemoryBlock, UserMemorySetting
@@ -31,7 +32,8 @@ def user_erase(actor: Principal, *, confirm: str) -> Erased:
     messages in them), their messages and memberships elsewhere, the transfers they made or
     were offered, and what every agent keeps about them (memories, blocks and their
     revisions, tool records made for them or in the conversations they own, which would
-    otherwise outlive those). Others' memories that cited a message erased cite it no more
+    otherwise outlive those), and their login to the web pages (an operator's, staff, is
+    the admin's to remove). Others' memories that cited a message erased cite it no more
     (``memory_citations_forget``). Their memory switch goes too, unless it is off: that row
     says only that agents must not remember them, and is kept so that they do not start
     again. ``confirm`` must be their id: this cannot be undone. All or nothing."""
@@ -49,6 +51,7 @@ def user_erase(actor: Principal, *, confirm: str) -> Erased:
     memories = memories_delete(actor, memories=memories_of(user_id=actor.id, with_expired=True))
     _, deleted = MemoryBlock.objects.filter(user_id=actor.id).delete()
     UserMemorySetting.objects.filter(user_id=actor.id, memory_enabled=True).delete()
+    get_user_model().objects.filter(username=actor.id, is_staff=False).delete()
     return Erased(
         conversations=conversations.conversations,
         messages=conversations.messages,

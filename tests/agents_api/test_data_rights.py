@@ -12,6 +12,7 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
+from django.contrib.auth import get_user_model
 from django.db import DatabaseError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -313,6 +314,18 @@ def test_erase_removes_what_is_kept_about_the_user_and_nothing_of_others(
     assert call(api, "GET", "/v1/user/ownership-transfers", bob)["data"] == []
     # What she owned is gone for bob too (it was hers).
     assert api.get(f"/v1/user/conversations/{world.ours}", as_=bob).status_code == 404
+
+
+def test_erase_removes_the_users_login_to_the_pages_and_no_operators(api, alice, bob):
+    """Their login (name and password hash) outlived the erase, and went on opening the
+    pages (outside review). An operator's staff account is the admin's to remove."""
+    User = get_user_model()
+    User.objects.create_user("alice", password="a long passphrase")
+    User.objects.create_user("bob", password="a long passphrase", is_staff=True)
+    User.objects.create_user("carol", password="a long passphrase")
+    call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    call(api, "POST", "/v1/user/erase", bob, {"confirm": "bob"})
+    assert sorted(User.objects.values_list("username", flat=True)) == ["bob", "carol"]
 
 
 def test_tool_records_made_for_the_user_or_in_their_conversations_go_with_the_erase(
