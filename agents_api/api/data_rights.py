@@ -9,6 +9,7 @@ from rest_framework.response import Response
 
 from agents_api import services
 from agents_api.api.views import AgentApiView, agent_operation
+from agents_api.models import Scope
 from agents_api.portability.export import (
     FORMAT,
     VERSION,
@@ -176,7 +177,9 @@ class AgentImportView(AgentApiView):
             "memory, all of it or nothing, as you could have written it yourself: every row "
             "new (new ids and block numbers, no time later than now, memories not yet used, "
             "a block's history one revision by you); a cited message or a tool record's "
-            "conversation you cannot see here is dropped; memories, blocks and tool records "
+            "conversation you cannot see here is dropped; a tool record made for a user "
+            "needs a key with the `impersonate` scope (else 400); memories, blocks and tool "
+            "records "
             "about a user who turned memory off, and memories whose `expiresAt` has passed, "
             "are skipped. "
             "409 when a block's label or a memory's content is one "
@@ -190,7 +193,11 @@ class AgentImportView(AgentApiView):
     def post(self, request):
         agent = _whole_agent(request)
         try:
-            result = document_import(request.data, into=agent)
+            result = document_import(
+                request.data,
+                into=agent,
+                impersonates=Scope.IMPERSONATE in request.principal.scopes,
+            )
         except ImportCollides as exc:
             raise Conflict(f"nothing imported: {exc}") from None
         except ImportRefused as exc:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from django.db import DataError, IntegrityError, transaction
 from django.utils import timezone
 
-from agents_api.models import Agent
+from agents_api.models import Agent, Scope
 from agents_api.portability.export import FORMAT, VERSION
 from agents_api.portability.records import AgentRecord
 from agents_api.portability.restore import (
@@ -36,13 +36,16 @@ class ImportResult:
     skipped: dict[str, int] = field(default_factory=dict)
 
 
-def document_import(document, *, into: Agent | None = None) -> ImportResult:
+def document_import(
+    document, *, into: Agent | None = None, impersonates: bool = True
+) -> ImportResult:
     """Store what ``document`` (an export, parsed) holds; ``ImportRefused`` when it is not
     one of ours or contradicts itself, ``ImportCollides`` when it collides with what is
     stored (then nothing is).
 
     ``into``: an agent importing with its own key. Only an agent's document, every record
-    put in ``into`` (``_as_its_own``)."""
+    put in ``into`` (``_as_its_own``); a tool record made for a user only with a key that
+    may act for users (``impersonates``), as the API makes one."""
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise ImportRefused(f"not a {FORMAT} document")
     if document.get("version") != VERSION:
@@ -81,7 +84,7 @@ def document_import(document, *, into: Agent | None = None) -> ImportResult:
             # flight until it ends (``hold_users``).
             hold_users({user_id if kind == "user" else "", *_users_named(parsed)})
             if into is not None:
-                _as_its_own(into, parsed)
+                _as_its_own(into, parsed, impersonates=impersonates)
             if kind == "user":
                 _within_its_own(user_id, parsed)
             subject = user_id if kind == "user" else (into or _agent(agent_data))
@@ -109,7 +112,7 @@ def _users_named(parsed: dict[str, list[dict]]) -> set[str]:
     return {record.get("user_id", "") for records in parsed.values() for record in records}
 
 
-def _as_its_own(agent: Agent, parsed: dict[str, list[dict]]) -> None:
+def _as_its_own(agent: Agent, parsed: dict[str, list[dict]], *, impersonates: bool) -> None:
     """An agent's document made what ``agent`` could have written itself through the API.
     Every row is new: new ids and block numbers (made here, as for every new row: no id of
     someone else's row is ever tried), no time later than now, a memory not yet used
@@ -130,6 +133,13 @@ def _as_its_own(agent: Agent, parsed: dict[str, list[dict]]) -> None:
     parsed["memories"] = memories
 
     records = parsed["toolRecords"]
+    made_for = next((r["user_id"] for r in records if r["user_id"]), None)
+    if made_for is not None and not impersonates:
+        # (Through the API a record is a user's only by ``X-On-Behalf-Of``.)
+        raise ImportRefused(
+            f"toolRecords: one is made for {made_for!r}: that needs a key with the "
+            f"'{Scope.IMPERSONATE}' scope"
+        )
     visible = set(
         visible_conversation_ids(actor)
         .filter(id__in=[r["conversation_id"] for r in records if r["conversation_id"]])

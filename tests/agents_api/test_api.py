@@ -591,7 +591,10 @@ def test_turns_users_cannot_read_do_not_move_the_conversation_in_their_lists(api
         as_=helper,
     )
     assert renamed.status_code == 201, renamed.content
-    assert [id_ for id_, _ in listed(alice, "/v1/user/conversations")] == [other["id"], hidden["id"]]
+    assert [id_ for id_, _ in listed(alice, "/v1/user/conversations")] == [
+        other["id"],
+        hidden["id"],
+    ]
 
 
 def test_after_a_summary_the_context_is_the_summary_then_later_messages(api, helper, alice):

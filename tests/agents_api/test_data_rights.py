@@ -1480,6 +1480,32 @@ def test_an_agent_exports_its_own_memory_with_its_key(api, tmp_path, world):
     assert (theirs["memories"], theirs["memoryBlocks"], theirs["toolRecords"]) == ([], [], [])
 
 
+def test_an_import_makes_a_tool_record_for_a_user_only_with_a_key_that_may_act_for_them(
+    api, helper
+):
+    """Through the API a tool record is a user's only by ``X-On-Behalf-Of`` (the
+    ``impersonate`` scope); an import by a read and write key planted one "made for" bob,
+    which then showed in his export and went with his erase (outside review)."""
+    made = api.post(
+        "/v1/agent/tool-records",
+        {"taskId": "t1", "toolName": "lookup", "input": {}, "output": {}},
+        as_=helper.acting_for("bob"),
+    )
+    assert made.status_code == 201, made.content
+    document = agent_export(api, helper)
+    assert [r["userId"] for r in document["toolRecords"]] == ["bob"]
+
+    plain, trusted = make_agent("plain"), make_agent("trusted", ("read", "write", "impersonate"))
+    refused = api.post("/v1/agent/import", document, as_=plain)
+    assert refused.status_code == 400, refused.content
+    assert "'impersonate'" in refused.json()["error"]
+    assert not ToolRecord.objects.filter(agent=plain.agent).exists()
+    assert api.post("/v1/agent/import", document, as_=trusted).status_code == 200
+    assert list(
+        ToolRecord.objects.filter(agent=trusted.agent).values_list("user_id", flat=True)
+    ) == ["bob"]
+
+
 def test_an_agent_imports_an_export_as_if_it_had_written_it(api, world):
     """Into another agent: every record, with what that agent cannot see here left out."""
     source = world.agent
