@@ -25,6 +25,7 @@ from memsvc.client.formatting import (
 )
 
 NO_TEXT_REPLY = "(tool calls)"
+NO_TEXT_MESSAGE = "(no text)"  # a user's message of images, audio or files only
 KEY_HEADER = "Idempotency-Key"  # what memsvc reads a store's key from
 
 
@@ -116,7 +117,10 @@ class ChatCompletions(ModelApi):
         content = message.get("content")
         if content is None:
             content = message.get("refusal")
-        return Reply(content or "", tuple(message.get("tool_calls") or ()))
+        calls = message.get("tool_calls") or ()
+        if not calls and message.get("function_call"):  # (the API's older form of one)
+            calls = ({"id": None, "type": "function", "function": message["function_call"]},)
+        return Reply(content or "", tuple(calls))
 
     def assembler(self):
         return _ChatAssembler()
@@ -132,7 +136,10 @@ class _ChatAssembler(StreamAssembler):
                 self.text.append(delta["content"])
             if delta.get("refusal"):
                 self.refusal.append(delta["refusal"])
-            for call in delta.get("tool_calls") or []:
+            calls = delta.get("tool_calls") or []
+            if not calls and delta.get("function_call"):  # (the older form: one call)
+                calls = [{"index": 0, "function": delta["function_call"]}]
+            for call in calls:
                 entry = self.calls.setdefault(
                     call.get("index", 0),
                     {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
@@ -390,6 +397,13 @@ class Strategy(Protocol):
 STORED_MAX_CHARS = 100_000
 
 
+def storable(text: str) -> str:
+    """What memsvc takes of a text: its first ``STORED_MAX_CHARS`` characters, a NUL or a
+    lone surrogate (which no text there may hold) as U+FFFD. Refused, the turn was lost."""
+    text = text[:STORED_MAX_CHARS].replace("\x00", "\ufffd")
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
 class Recall:
     """The seed's strategy: one ``POST /context/{agent}`` (memory blocks, the relevant
     long-term memories and past messages) injected as memory; the user's message and the
@@ -402,7 +416,7 @@ class Recall:
         return ServerRequest(
             "POST",
             f"/context/{quote(call.agent, safe='')}",
-            {"agent_name": call.agent, "query": call.query[:STORED_MAX_CHARS]},
+            {"agent_name": call.agent, "query": storable(call.query)},
         )
 
     def prepare(self, call, context):
@@ -411,8 +425,9 @@ class Recall:
 
     def stores(self, call, reply):
         messages = []
-        if call.query and not call.answers_tools:
-            messages.append(_message(call, "user", call.query, None))
+        if not call.answers_tools:
+            # (A message of images only is a turn too: the reply is not left answering none.)
+            messages.append(_message(call, "user", call.query or NO_TEXT_MESSAGE, None))
         if reply.text or reply.tool_calls:
             messages.append(
                 _message(call, "assistant", reply.text or NO_TEXT_REPLY, reply.metadata)
@@ -427,7 +442,7 @@ def _message(call: Call, role: str, content: str, metadata: dict | None) -> Serv
         {
             "agent_name": call.agent,
             "role": role,
-            "content": content[:STORED_MAX_CHARS],
+            "content": storable(content),
             "metadata": metadata,
         },
         idempotency_key=f"learning:{call.turn}:{role}",

@@ -19,6 +19,7 @@ import contextvars
 import importlib.abc
 import importlib.machinery
 import logging
+import os
 import sys
 import threading
 import weakref
@@ -120,6 +121,20 @@ _entered: contextvars.ContextVar[tuple] = contextvars.ContextVar(
 )
 
 
+def _forked() -> None:
+    """In a forked child: its own lock, and each block it is in its own connections to
+    memsvc (two processes on one connection read each other's answers and mixed their
+    requests' bytes: a store was lost, calls stalled; review)."""
+    global _lock
+    _lock = threading.Lock()
+    for session in _active:
+        session.forked()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked)
+
+
 def activate(session) -> None:
     """A ``learning()`` block begins: the SDKs are patched while any block runs."""
     with _lock:
@@ -130,7 +145,10 @@ def activate(session) -> None:
 
 
 def deactivate(session) -> None:
-    _entered.set(tuple(entered for entered in _entered.get() if entered is not session))
+    entered = list(_entered.get())
+    if session in entered:  # (its innermost entry: the block may be entered again inside)
+        del entered[len(entered) - 1 - entered[::-1].index(session)]
+    _entered.set(tuple(entered))
     with _lock:
         if session in _active:
             _active.remove(session)
@@ -141,10 +159,31 @@ def deactivate(session) -> None:
 def current_session():
     """The innermost active block this thread or task is in (blocks nest; another thread's
     block, begun meanwhile, serves not its calls); for a thread or task in none (a worker
-    the program started inside a block), the innermost active block of any."""
+    the program started inside a block), the one block that is active, if only one is.
+    With blocks of several agents active in other threads, which one the worker's call
+    belongs to is unknown (a thread does not inherit its maker's context): it goes without
+    memory, with one warning, rather than into another agent's (review)."""
     active = list(_active)
     mine = [session for session in _entered.get() if session in active]
-    return mine[-1] if mine else (active[-1] if active else None)
+    if mine:
+        return mine[-1]
+    if len(set(map(id, active))) > 1:
+        _warn_once(
+            "a call from a thread in no learning() block while several blocks run in other "
+            "threads goes without memory: which block it belongs to is unknown (enter the "
+            "block in that thread, or pass contextvars.copy_context() to it)"
+        )
+        return None
+    return active[-1] if active else None
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _warned:
+        _warned.add(message)
+        logger.warning("memsvc: %s", message)
 
 
 def _begin(sdk: str, client, options) -> Turn | None:

@@ -16,6 +16,7 @@ that takes connections and never answers cost every call the whole timeout.
 """
 
 import logging
+import os
 import sys
 import threading
 import time
@@ -52,6 +53,11 @@ class Destination:
 
 class Sender:
     def __init__(self):
+        self._reset()
+
+    def _reset(self) -> None:
+        """Empty (a new sender; a forked child's, whose parent sends what it queued: the
+        child shared its connections, its queue and its counts, but not its thread)."""
         self._queue: deque[tuple[Destination, ServerRequest]] = deque()
         self._condition = threading.Condition()
         self._queued = 0  # requests ever queued; ``_done`` of them are sent or dropped
@@ -220,3 +226,5 @@ def _retry_wait(
 
 
 sender = Sender()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=sender._reset)

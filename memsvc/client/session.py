@@ -7,6 +7,7 @@ import atexit
 import logging
 import os
 import ssl
+import threading
 import time
 
 import httpx
@@ -112,6 +113,11 @@ class learning:
         api_key = api_key or os.environ.get("MEMSVC_API_KEY")
         self.destination = Destination(self.url, (("X-API-Key", api_key),) if api_key else ())
         self._client: httpx.Client | None = None
+        # One block object may be entered again while in it (nested, or in another thread):
+        # it opens its client at the first entry and closes it at the last exit (an inner
+        # exit closed the outer block's client, and its calls went without memory).
+        self._entries = 0
+        self._entries_lock = threading.Lock()
         self._ssl: ssl.SSLContext | None = None
         # ``async with``: the loop that entered the block and, once a call asked for
         # context, its client (kept alive: a call does not open a connection of its own).
@@ -121,13 +127,13 @@ class learning:
     # with / async with
 
     def __enter__(self):
-        self._open()
+        self._enter()
         hooks.activate(self)
         return self
 
     def __exit__(self, *exc):
         hooks.deactivate(self)
-        self._close()
+        self._exit()
         return False
 
     # The entry's checks and the exit's flush are blocking HTTP: off the event loop, which
@@ -135,35 +141,63 @@ class learning:
     # context says which blocks it is in, ``hooks.current_session``).
 
     async def __aenter__(self):
-        await asyncio.to_thread(self._open)
-        self._loop = asyncio.get_running_loop()
+        await asyncio.to_thread(self._enter)
+        self._loop = self._loop or asyncio.get_running_loop()
         hooks.activate(self)
         return self
 
     async def __aexit__(self, *exc):
         hooks.deactivate(self)
-        self._loop = None
         try:
-            if self._kept is not None:
-                kept, self._kept = self._kept, None
-                await kept.let_go()
+            if self._entries == 1:  # the last exit: what the first entry kept goes
+                self._loop = None
+                if self._kept is not None:
+                    kept, self._kept = self._kept, None
+                    await kept.let_go()
         finally:  # (the stores are sent, whatever closing the client raised)
-            await asyncio.to_thread(self._close)
+            await asyncio.to_thread(self._exit)
         return False
 
-    def _open(self) -> None:
-        self._client = httpx.Client(
+    def forked(self) -> None:
+        """In a child process this block was forked inside (``hooks._forked``): a client of
+        its own, and a lock no other thread of the parent may hold."""
+        self._entries_lock = threading.Lock()
+        self._kept, self._loop = None, None  # (an event loop does not survive a fork)
+        if self._client is not None:
+            self._client = self._new_client()
+
+    def _enter(self) -> None:
+        with self._entries_lock:
+            if self._entries == 0:
+                self._open()
+            self._entries += 1
+
+    def _exit(self) -> None:
+        """One entry ends: what it stored is sent; the last one closes the client."""
+        with self._entries_lock:
+            self._entries -= 1
+            client = None
+            if self._entries == 0:
+                client, self._client = self._client, None
+        try:
+            self.flush()
+        finally:
+            if client is not None:
+                client.close()
+
+    def _new_client(self) -> httpx.Client:
+        return httpx.Client(
             base_url=self.url, headers=dict(self.destination.headers), timeout=TIMEOUT_SECONDS
         )
+
+    def _open(self) -> None:
+        client = self._client = self._new_client()
         try:
             self._check()
         except BaseException:
-            self._client.close()
+            self._client = None
+            client.close()
             raise
-
-    def _close(self) -> None:
-        self.flush()
-        self._client.close()
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until what the block stored so far has reached memsvc (or been dropped

@@ -179,6 +179,43 @@ def test_a_turn_longer_than_memsvc_takes_is_stored_and_asked_about_by_its_start(
     assert user.json["content"] == assistant.json["content"] == "a" * STORED_MAX_CHARS
 
 
+def test_a_turn_with_a_nul_or_a_lone_surrogate_is_stored_and_asked_about_readably():
+    """memsvc takes no NUL nor lone surrogate in a text: the turn was refused (422, two
+    warnings) and only the reply was kept (review)."""
+    text = "id=7\x00 end \ud800!"
+    call = Call("a", CHAT, {"messages": [{"role": "user", "content": text}]})
+    assert Recall().context_request(call).json["query"] == "id=7\ufffd end \ufffd!"
+    user, assistant = Recall().stores(call, Reply("ok\x00"))
+    assert (user.json["content"], assistant.json["content"]) == (
+        "id=7\ufffd end \ufffd!",
+        "ok\ufffd",
+    )
+    json.dumps(user.json).encode()  # (sent as UTF-8: a lone surrogate could not be)
+
+
+def test_a_message_without_text_is_a_turn_that_the_reply_answers():
+    """An image alone: the reply was stored answering no user turn (review)."""
+    image = [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}]
+    call = Call("a", CHAT, {"messages": [{"role": "user", "content": image}]})
+    assert Recall().context_request(call) is None  # nothing to search by
+    user, assistant = Recall().stores(call, Reply("A red bicycle."))
+    assert (user.json["role"], user.json["content"]) == ("user", "(no text)")
+    assert assistant.json["content"] == "A red bicycle."
+
+
+def test_a_reply_in_the_older_function_call_form_is_stored_as_its_tool_call():
+    """(``functions=`` and ``function_call``: only the user's turn was stored; review.)"""
+    call_ = {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    whole = CHAT.reply({"choices": [{"message": {"content": None, "function_call": call_}}]})
+    expected = ({"id": None, "type": "function", "function": call_},)
+    assert whole.tool_calls == expected
+    pieces = [{"name": "get_weather"}, {"arguments": '{"city": '}, {"arguments": '"Paris"}'}]
+    body = sse(
+        *(json.dumps({"choices": [{"index": 0, "delta": {"function_call": p}}]}) for p in pieces)
+    )
+    assert read_in_pieces(CHAT, body, 7).tool_calls == expected
+
+
 def test_the_client_cuts_turns_where_memsvc_does_by_default():
     from django.conf import settings
 

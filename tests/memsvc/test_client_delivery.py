@@ -527,6 +527,102 @@ def test_blocks_in_two_threads_at_once_serve_each_its_own_calls(llm):
     ]
 
 
+def test_one_block_entered_again_inside_itself_keeps_serving_the_outer_entry(llm):
+    """An inner exit closed the client the outer entry used: the outer block's next calls
+    went without memory (review). Nested and from another thread alike."""
+    client = openai.OpenAI(base_url=llm.base_url, api_key="k")
+    with StandInMemsvc() as memsvc:
+        block = learning(agent="a", server_url=memsvc.url)
+        with block:
+            with block:
+                ask(client, "inner")
+            thread = threading.Thread(target=lambda: block.__enter__() and block.__exit__())
+            thread.start()
+            thread.join()
+            ask(client, "outer, after")
+        with block:  # and once left, entered anew
+            ask(client, "again")
+    contexts = [r for r in memsvc.server.requests if r.path.startswith("/context/")]
+    assert [r.body["query"] for r in contexts] == ["inner", "outer, after", "again"]
+    assert all("Name: Alice" in json.dumps(r.body) for r in llm.requests[-3:])
+
+
+def test_a_worker_thread_goes_without_memory_when_blocks_of_several_agents_run(llm, caplog):
+    """A thread in no block, with alice's and bob's blocks running in two other threads:
+    its call was served by whichever block began last, bob's memory in alice's worker's
+    call and its turn stored as bob's (review). Unknown whose it is: no memory, one
+    warning; with one block running, that block serves it (the test above)."""
+    client = openai.OpenAI(base_url=llm.base_url, api_key="k")
+    entered = threading.Barrier(3)
+    done = threading.Event()
+
+    def block(agent):
+        with learning(agent=agent, server_url=memsvc.url):
+            entered.wait(10)
+            done.wait(10)
+
+    with StandInMemsvc() as memsvc:
+        threads = [threading.Thread(target=block, args=(agent,)) for agent in ("alice", "bob")]
+        for thread in threads:
+            thread.start()
+        entered.wait(10)
+        for _ in range(2):
+            worker = threading.Thread(target=ask, args=(client, "whose am I?"))
+            worker.start()
+            worker.join()
+        done.set()
+        for thread in threads:
+            thread.join()
+    assert agents_served(memsvc) == []
+    assert "Name: Alice" not in json.dumps(llm.requests[-1].body)
+    assert sum("which block it belongs to is unknown" in w for w in warnings(caplog)) == 1
+
+
+def test_a_process_forked_inside_a_block_has_its_own_connections_and_stores(llm):
+    """The child shared the parent's connections to memsvc and its queue of stores: the two
+    read each other's answers, mixed their requests' bytes, lost a turn, and the child's
+    exit waited 30 s for stores its parent had queued (review)."""
+    script = textwrap.dedent(
+        f"""
+        import os, sys, time, openai
+        from memsvc.client import learning
+        client = openai.OpenAI(base_url={llm.base_url!r}, api_key="k")
+        ask = lambda text: client.chat.completions.create(
+            model="m", messages=[{{"role": "user", "content": text}}])
+        with learning(agent="a", server_url=sys.argv[1]):
+            ask("before the fork")  # its stores still on their way (each takes 0.5 s)
+            pid = os.fork()
+            who = "child" if pid == 0 else "parent"
+            started = time.monotonic()
+            for i in range(3):
+                ask(f"{{who}} {{i}}")
+        if pid == 0:  # its block's exit has sent its stores
+            print("child's calls and stores took", time.monotonic() - started, flush=True)
+            os._exit(0)
+        os.waitpid(pid, 0)
+        """
+    )
+    with StandInMemsvc(store_seconds=SLOW_STORE_SECONDS) as memsvc:
+        done = subprocess.run(
+            [sys.executable, "-c", script, memsvc.url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=CHECKOUT,
+        )
+        assert done.returncode == 0, done.stderr
+        assert "memsvc" not in done.stderr, done.stderr  # no warning: nothing failed
+        contents = sorted(
+            r.body["content"]
+            for r in memsvc.server.requests
+            if r.path == "/messages" and r.body["role"] == "user"
+        )
+    expected = ["before the fork", *(f"{who} {i}" for who in ("child", "parent") for i in range(3))]
+    assert contents == sorted(expected)  # each once: the child sent none of its parent's
+    seconds = float(done.stdout.split()[-1])
+    assert seconds < 10, done.stdout  # (it waited 30 s for its parent's stores)
+
+
 def test_blocks_in_two_tasks_at_once_serve_each_its_own_calls(llm):
     client = openai.AsyncOpenAI(base_url=llm.base_url, api_key="k")
 
