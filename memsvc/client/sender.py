@@ -1,7 +1,7 @@
 """The background sender: what ``learning()`` stores leaves the caller's path.
 
-One daemon thread per process sends the queued requests in order, over one keep-alive
-connection per memsvc. A block's exit and the interpreter's exit (``memsvc.client.session``
+One daemon thread per memsvc sends the requests queued for it in order, over one keep-alive
+connection. A block's exit and the interpreter's exit (``memsvc.client.session``
 registers it) wait for the queue (``flush``). A request memsvc defers (429: a rate limit) is
 sent again when its ``Retry-After`` says (else after a growing wait), for as long as memsvc
 keeps deferring it and the program runs: a server that answers loses no turn, and the model
@@ -51,23 +51,32 @@ class Destination:
     headers: tuple[tuple[str, str], ...] = ()
 
 
+class _Lane:
+    """One memsvc's queue and the thread that sends it: a memsvc that defers or fails its
+    stores holds back only its own (one queue for all held another memsvc's stores behind a
+    429 for as long as it lasted, and a block's exit waited for them; review)."""
+
+    def __init__(self):
+        self.queue: deque[ServerRequest] = deque()
+        self.queued = 0  # requests ever queued; ``done`` of them are sent or dropped
+        self.done = 0
+        self.thread: threading.Thread | None = None
+        # The request being sent waits to be sent again (a 429's Retry-After, a 5xx's backoff)
+        self.waiting = False
+
+
 class Sender:
     def __init__(self):
         self._reset()
 
     def _reset(self) -> None:
         """Empty (a new sender; a forked child's, whose parent sends what it queued: the
-        child shared its connections, its queue and its counts, but not its thread)."""
-        self._queue: deque[tuple[Destination, ServerRequest]] = deque()
+        child shared its connections, its queues and its counts, but not its threads)."""
         self._condition = threading.Condition()
-        self._queued = 0  # requests ever queued; ``_done`` of them are sent or dropped
-        self._done = 0
-        self._thread: threading.Thread | None = None
+        self._lanes: dict[Destination, _Lane] = {}
         self._clients: dict[Destination, httpx.Client] = {}
         # memsvc URLs that did not answer (warned once per outage), and when they last did not
         self._down: dict[str, float] = {}
-        # The request being sent waits to be sent again (a 429's Retry-After, a 5xx's backoff)
-        self._waiting = False
 
     def send(self, destination: Destination, requests: list[ServerRequest]) -> None:
         """Queue ``requests`` (kept in order); returns at once."""
@@ -80,39 +89,61 @@ class Sender:
             )
             return
         with self._condition:
-            self._queue.extend((destination, request) for request in requests)
-            self._queued += len(requests)
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(
-                    target=self._run, name="memsvc-learning-sender", daemon=True
+            lane = self._lanes.setdefault(destination, _Lane())
+            lane.queue.extend(requests)
+            lane.queued += len(requests)
+            if lane.thread is None or not lane.thread.is_alive():
+                lane.thread = threading.Thread(
+                    target=self._run,
+                    args=(destination, lane),
+                    name="memsvc-learning-sender",
+                    daemon=True,
                 )
-                self._thread.start()
+                lane.thread.start()
             self._condition.notify_all()
 
-    def flush(self, timeout: float = FLUSH_TIMEOUT_SECONDS, *, quiet: bool = False) -> bool:
-        """Wait until everything queued so far is sent or dropped; False on timeout (with a
-        warning unless ``quiet``: the rest is still being sent)."""
+    def flush(
+        self,
+        timeout: float = FLUSH_TIMEOUT_SECONDS,
+        *,
+        quiet: bool = False,
+        destination: Destination | None = None,
+    ) -> bool:
+        """Wait until everything queued so far (for ``destination``; None: for every memsvc)
+        is sent or dropped; False on timeout (with a warning unless ``quiet``: the rest is
+        still being sent)."""
         deadline = time.monotonic() + timeout
         with self._condition:
-            target = self._queued
-            while self._done < target:
+            targets = [(lane, lane.queued) for lane in self._lanes_of(destination)]
+
+            def unsent() -> int:
+                return sum(target - lane.done for lane, target in targets if lane.done < target)
+
+            while unsent():
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     if quiet:
                         return False
                     logger.warning(
-                        "memsvc: %d stored messages still unsent after %.0f s",
-                        target - self._done,
-                        timeout,
+                        "memsvc: %d stored messages still unsent after %.0f s", unsent(), timeout
                     )
                     return False
                 self._condition.wait(remaining)
         return True
 
-    def busy(self) -> bool:
-        """Whether something queued is not yet sent, and memsvc is not holding it back (a
-        429, a 5xx: waiting for it would only hold the caller's next call back too)."""
-        return self._done < self._queued and not self._waiting
+    def busy(self, destination: Destination | None = None) -> bool:
+        """Whether something queued (for ``destination``) is not yet sent, and memsvc is not
+        holding it back (a 429, a 5xx: waiting for it would only hold the caller's next call
+        back too)."""
+        return any(
+            lane.done < lane.queued and not lane.waiting for lane in self._lanes_of(destination)
+        )
+
+    def _lanes_of(self, destination: Destination | None) -> list[_Lane]:
+        if destination is None:
+            return list(self._lanes.values())
+        lane = self._lanes.get(destination)
+        return [lane] if lane is not None else []
 
     def mark_down(self, url: str) -> None:
         """``url`` did not answer and the caller has warned: drop its stores quietly until
@@ -125,20 +156,20 @@ class Sender:
         since = self._down.get(url)
         return since is not None and time.monotonic() - since < DOWN_SECONDS
 
-    def _run(self) -> None:
+    def _run(self, destination: Destination, lane: _Lane) -> None:
         while True:
             with self._condition:
-                while not self._queue:
+                while not lane.queue:
                     self._condition.wait()
-                destination, request = self._queue[0]
+                request = lane.queue[0]
             try:
-                self._deliver(destination, request)
+                self._deliver(destination, request, lane)
             except Exception as exc:  # never let the thread die: the queue would stall
                 logger.warning("memsvc: could not store a message (%s); dropped", exc)
             with self._condition:
-                self._queue.popleft()
-                self._done += 1
-                self._waiting = False
+                lane.queue.popleft()
+                lane.done += 1
+                lane.waiting = False
                 self._condition.notify_all()
 
     def _client(self, destination: Destination) -> httpx.Client:
@@ -150,7 +181,7 @@ class Sender:
             self._clients[destination] = client
         return client
 
-    def _deliver(self, destination: Destination, request: ServerRequest) -> None:
+    def _deliver(self, destination: Destination, request: ServerRequest, lane: _Lane) -> None:
         client = self._client(destination)
         headers = {KEY_HEADER: request.idempotency_key} if request.idempotency_key else {}
         failures = deferrals = unanswered = 0
@@ -175,13 +206,13 @@ class Sender:
             else:
                 self._down.pop(destination.url, None)
                 if response.status_code == DEFERRED:
-                    self._waiting = True
+                    lane.waiting = True
                     time.sleep(_retry_wait(response, deferrals, most=MAX_DEFERRED_WAIT_SECONDS))
                     deferrals += 1
                     continue
                 if response.status_code not in RETRY_STATUSES or failures == MAX_ATTEMPTS - 1:
                     break
-            self._waiting = True
+            lane.waiting = True
             time.sleep(_retry_wait(response, failures))
             failures += 1
         if response.is_error:

@@ -201,8 +201,11 @@ class learning:
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until what the block stored so far has reached memsvc (or been dropped
-        because memsvc does not answer); False if ``timeout`` seconds were not enough."""
-        return sender.flush() if timeout is None else sender.flush(timeout)
+        because memsvc does not answer); False if ``timeout`` seconds were not enough. (What
+        blocks stored in another memsvc is not waited for.)"""
+        if timeout is None:
+            return sender.flush(destination=self.destination)
+        return sender.flush(timeout, destination=self.destination)
 
     def _check(self) -> None:
         try:
@@ -237,8 +240,8 @@ class learning:
         if request is None or sender.is_down(self.url):
             return None
         deadline = self.deadline(call)
-        if sender.busy():
-            sender.flush(time_left(deadline, quiet=True), quiet=True)
+        if sender.busy(self.destination):
+            sender.flush(time_left(deadline, quiet=True), quiet=True, destination=self.destination)
         try:
             response = self._client.request(
                 request.method, request.path, json=request.json, timeout=time_left(deadline)
@@ -252,8 +255,13 @@ class learning:
         if request is None or sender.is_down(self.url):
             return None
         deadline = self.deadline(call)
-        if sender.busy():
-            await asyncio.to_thread(sender.flush, time_left(deadline, quiet=True), quiet=True)
+        if sender.busy(self.destination):
+            await asyncio.to_thread(
+                sender.flush,
+                time_left(deadline, quiet=True),
+                quiet=True,
+                destination=self.destination,
+            )
         try:
             if asyncio.get_running_loop() is self._loop:
                 kept = self._kept = self._kept or _KeptClient(self._new_aclient())

@@ -164,6 +164,25 @@ def test_a_rate_limited_store_waits_its_turn_however_often_it_is_deferred(caplog
     assert warnings(caplog) == []
 
 
+def test_a_memsvc_that_defers_its_stores_holds_back_no_other_memsvcs():
+    """One queue for every memsvc: a store for a healthy one waited behind another's 429
+    (Retry-After 20) as long as it lasted, its block's exit waited for both, and the turn
+    was lost at the program's exit (review)."""
+    respond, _ = refusing(*[Reply(status=429, payload={}, headers={"Retry-After": "20"})] * 5)
+    healthy, received = refusing()
+    sender = Sender()
+    with LocalHttpServer(respond) as limited, LocalHttpServer(healthy) as up:
+        sender.send(Destination(limited.url), [ServerRequest("POST", "/messages", {"n": 1})])
+        while not limited.requests:
+            time.sleep(0.01)
+        started = time.monotonic()
+        sender.send(Destination(up.url), [ServerRequest("POST", "/messages", {"n": 2})])
+        assert sender.flush(timeout=10, destination=Destination(up.url))
+        assert time.monotonic() - started < 5
+        assert received == [{"n": 2}]
+        assert not sender.flush(timeout=0.1, quiet=True)  # the deferred one: still waiting
+
+
 @pytest.mark.parametrize("status", [429, 503], ids=["deferred", "failed"])
 def test_model_calls_do_not_wait_for_a_store_memsvc_defers_or_fails(status):
     """Sent again in a second (a 429's Retry-After, a 5xx's retry): waiting for it would only
