@@ -332,7 +332,8 @@ def _popular_page(memories: QuerySet[Memory], *, after: str | None, limit: int) 
     on, so a keyset cursor on them showed a memory twice, or never, when its count moved
     across a page's edge: the walk follows the order of its first page instead, kept in a
     ``MemoryListing`` when there is a next page (the one write of a read: a cache of an
-    order, not data). Its cursor is (listing, position); an unknown one is a 400."""
+    order, not data). Its cursor is (listing, position); an unknown one is a 400, and so
+    is one of another list (another agent's, user's or tag's: it read as that list's end)."""
     if after is None:
         listing_id = None
         popular = memories.order_by(*MEMORY_ORDERS["popular"])
@@ -341,7 +342,9 @@ def _popular_page(memories: QuerySet[Memory], *, after: str | None, limit: int) 
     else:
         listing_id, position = decode_cursor(after, types=(str, int))
         try:
-            listing = MemoryListing.objects.filter(id=uuid.UUID(listing_id)).first()
+            listing = MemoryListing.objects.filter(
+                id=uuid.UUID(listing_id), scope=_listing_scope(memories)
+            ).first()
         except ValueError:
             listing = None
         if listing is None or position < 0:
@@ -370,14 +373,19 @@ def _popular_page(memories: QuerySet[Memory], *, after: str | None, limit: int) 
 MEMORY_LISTING_REUSED_FOR = timedelta(hours=1)  # (a walk begun on it has 23 hours left)
 
 
+def _listing_scope(memories: QuerySet[Memory]) -> str:
+    """Which list a listing is of: the statement that reads ``memories``."""
+    sql, params = memories.query.sql_with_params()
+    return hashlib.sha256(repr((sql, params)).encode()).hexdigest()
+
+
 def _listing_of(memories: QuerySet[Memory], ids: list) -> str:
     """The id of a listing of ``ids`` (``_popular_page``) for the list ``memories`` reads:
     one that lists the same and is under an hour old (a first page read again writes
     nothing), else a new one, the list keeping its newest
     ``MEMORY_LISTINGS_PER_SCOPE``. A listing per first page, of every id in scope and kept a
     day, let a read-only key fill the disk (50 KB a request for 3,000 memories)."""
-    sql, params = memories.query.sql_with_params()
-    scope = hashlib.sha256(repr((sql, params)).encode()).hexdigest()
+    scope = _listing_scope(memories)
     of_scope = MemoryListing.objects.filter(scope=scope)
     # Compared by the database: reading a listing back to compare it in Python sent up to
     # 10,000 ids back on every first page.
