@@ -49,12 +49,18 @@ class InternalError(ApiError):
 
 
 def _nul_path_parameter(path: str) -> str:
-    """The name of the path parameter that holds a NUL character (``path`` when none does)."""
+    """The name of the path parameter that holds a NUL character (``path`` when none does),
+    as the API documents it: ``/v1``'s are camelCase (``userId``, not the route's
+    ``user_id``), the local API's as its routes name them."""
     try:
         kwargs = resolve(path).kwargs
     except Resolver404:
         kwargs = {}
-    return next((name for name, value in kwargs.items() if "\x00" in str(value)), "path")
+    name = next((name for name, value in kwargs.items() if "\x00" in str(value)), "path")
+    if path.startswith("/v1/"):
+        first, *rest = name.split("_")
+        name = first + "".join(part.capitalize() for part in rest)
+    return name
 
 
 def request_refusal(request) -> ApiError | None:

@@ -2,6 +2,7 @@
 never Django's HTML pages, never a 500 (issue 15, "No 500s, one error shape")."""
 
 import json
+import uuid
 
 import pytest
 from django.db import connection
@@ -59,6 +60,14 @@ def test_nul_in_an_agent_api_path_names_the_parameter(client):
         client.get("/v1/agent/memory-blocks/a%00b", **helper.auth_headers()), 400
     )
     assert body["details"] == {"label": ["must not contain NUL characters"]}
+
+
+def test_nul_in_a_path_names_the_parameter_as_the_api_documents_it(client, alice):
+    """(It said ``user_id``, the route's name; the schema and every other error say
+    ``userId``: review.)"""
+    path = f"/v1/user/conversations/{uuid.uuid4()}/memberships/a%00b"
+    body = assert_v1_error(client.get(path, **alice.auth_headers()), 400)
+    assert body["details"] == {"userId": ["must not contain NUL characters"]}
 
 
 def test_options_tells_no_docstring(client):
