@@ -37,6 +37,7 @@ _DESCRIPTIONS = {
     404: "Missing, or not visible to the caller.",
     409: "Conflicts with the current state.",
     413: "The body is larger than the server takes (`payload_too_large`).",
+    415: "A body that is not JSON (`unsupported_media_type`).",
     429: "Over a rate limit (`rate_limited`); `Retry-After` says when to try again.",
     503: (
         "A service it needs is unreachable (`unavailable`): the database, or for a semantic"
@@ -133,7 +134,7 @@ def state_enforced_constraints(result, generator, request, public):
       block PATCH's "at most one of value, append, replace");
     - the refusals any ``/v1`` operation may answer whatever its input: 400 (a NUL in a
       query parameter; on ``/v1/user``, a token whose ``sub`` cannot be a user id), 429 (rate
-      limits), 503 (database down), and 413 for those with a body.
+      limits), 503 (database down), and 413 and 415 (not JSON) for those with a body.
     """
     from rest_framework import serializers
 
@@ -161,7 +162,7 @@ def state_enforced_constraints(result, generator, request, public):
         if not path.startswith("/v1/") or path == "/v1/health":
             continue
         for operation in operations.values():
-            codes = (400, 413, 429, 503) if "requestBody" in operation else (400, 429, 503)
+            codes = (400, 413, 415, 429, 503) if "requestBody" in operation else (400, 429, 503)
             for code, response in errors(*codes).items():
                 operation["responses"].setdefault(
                     str(code),

@@ -142,7 +142,7 @@ def test_every_operation_declares_the_refusals_any_request_may_meet(served_schem
         for method, operation in item.items():
             if method not in HTTP_METHODS:
                 continue
-            expected = {"429", "503"} | ({"413"} if "requestBody" in operation else set())
+            expected = {"429", "503"} | ({"413", "415"} if "requestBody" in operation else set())
             if expected - set(operation["responses"]):
                 missing.append(f"{method.upper()} {path}")
     assert missing == []
