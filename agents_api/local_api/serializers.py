@@ -123,8 +123,10 @@ def validation_detail(detail, path=("body",)) -> list[dict]:
 
 
 class LocalInput(InputSerializer):
-    # The seed's pydantic models ignore fields they do not know; so do these.
+    # The seed's pydantic models ignore fields they do not know, and convert "10" to 10; so
+    # do these.
     ignore_unknown_fields = True
+    json_types_strict = False
 
 
 class AgentNameField(PathSegmentField):

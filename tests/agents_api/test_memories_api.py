@@ -659,6 +659,32 @@ def test_an_empty_filter_is_400_not_no_filter(api, helper, alice, method, path, 
     assert (snapshot(), list(MemoryBlock.objects.values_list("id", "value"))) == before
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        (MEMORIES, {"content": "Frank owns a boat", "importance": True}, "importance"),
+        (MEMORIES, {"content": "Frank owns a boat", "importance": "0.5"}, "importance"),
+        (MEMORIES, {"content": "Frank owns a boat", "messageIds": [3]}, "messageIds"),
+        ("/v1/agent/memory-blocks", {"label": "l", "value": "v", "limit": "10"}, "limit"),
+        ("/v1/agent/memory-blocks", {"label": "l", "value": "v", "readOnly": 1}, "readOnly"),
+        ("/v1/agent/memory-blocks", {"label": "l", "value": "v", "limit": 10.0}, "limit"),
+        (f"{MEMORIES}/search", {"query": "boat", "prefetch": "yes"}, "prefetch"),
+        (f"{MEMORIES}/search", {"query": "boat", "minScore": "0.1"}, "minScore"),
+        ("/v1/agent/search/messages", {"query": "boat", "topK": "5"}, "topK"),
+        ("/v1/agent/search/messages", {"query": "boat", "conversationIds": [5]}, "conversationIds"),
+    ],
+)
+def test_a_value_of_another_json_type_than_the_schemas_is_400(api, helper, path, body, field):
+    """DRF's fields took ``true`` for a number, "10" for an integer, 1 for a boolean, 3 for
+    a UUID; the schema says which JSON type each is, and the MCP tools refused them
+    (review). Nothing is written."""
+    before = (snapshot(), list(MemoryBlock.objects.values_list("id", "value")))
+    response = api.post(path, body, as_=helper)
+    assert response.status_code == 400, response.content
+    assert list(response.json()["details"]) == [field]
+    assert (snapshot(), list(MemoryBlock.objects.values_list("id", "value"))) == before
+
+
 # --- who reaches what ------------------------------------------------------------------------
 
 
