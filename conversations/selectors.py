@@ -770,13 +770,18 @@ def messages_elsewhere(user_id: str) -> QuerySet[Message]:
     )
 
 
-def user_members(conversation: Conversation) -> set[str]:
-    """The users (not agents) who are members of the conversation's group."""
-    return set(
-        Membership.objects.filter(group_id=conversation.group_id)
-        .exclude(principal_id__startswith=AGENT_PRINCIPAL_PREFIX)
-        .values_list("principal_id", flat=True)
+WRITING_LEVELS = [level.value for level in AccessLevel if level.allows(AccessLevel.WRITER)]
+
+
+def user_members(conversation: Conversation, *, writers: bool = False) -> set[str]:
+    """The users (not agents) who are members of the conversation's group (``writers``:
+    those who may write in it)."""
+    members = Membership.objects.filter(group_id=conversation.group_id).exclude(
+        principal_id__startswith=AGENT_PRINCIPAL_PREFIX
     )
+    if writers:
+        members = members.filter(access_level__in=WRITING_LEVELS)
+    return set(members.values_list("principal_id", flat=True))
 
 
 def turn_speakers(messages: Sequence[Message]) -> dict:

@@ -211,18 +211,25 @@ def _signatures(actor: Principal, conversation: Conversation, messages: Sequence
     A user's turn is signed by that user: the user the actor acts for, the actor itself, or,
     for an agent recording its conversation's turns on its own, the conversation's owner
     (an agent's own conversation: "user", as the local API signs them, not the agent's id).
-    Every other turn is signed by the actor (an agent's name). An agent's user turn is that
-    user's when it is signed with a member's id: the user it acts for or the owner (members
-    both), or a member it names (one query, only then).
+    Every other turn is signed by the actor (an agent's name).
+
+    An agent's user turn is that user's when it could have written it: an agent acting for
+    a user records that user's turns (another name it gives is nobody's: frank's agent made
+    a reader's export hold frank's words, and her erase delete them; review); one on its
+    own, the owner's, or those of a member it names who may write (one query, only then).
     """
     signatures = []
     users_turn = None
-    named = set()  # the names an agent gave its user turns
+    named = set()  # the names an agent on its own gave its user turns
     for new in messages:
         if new.author_name:
-            signatures.append(_Signature(new.author_name))
+            for_whom = ""
             if new.role == Role.USER and actor.kind == "agent":
-                named.add(new.author_name)
+                if actor.on_behalf_of:
+                    for_whom = actor.on_behalf_of if new.author_name == actor.on_behalf_of else ""
+                else:
+                    named.add(new.author_name)
+            signatures.append(_Signature(new.author_name, for_whom))
         elif new.role == Role.USER:
             if users_turn is None:
                 users_turn = actor.on_behalf_of or (
@@ -234,10 +241,10 @@ def _signatures(actor: Principal, conversation: Conversation, messages: Sequence
             signatures.append(users_turn)
         else:
             signatures.append(_Signature(actor.name or actor.id))
-    members = selectors.user_members(conversation) & named if named else set()
+    writers = selectors.user_members(conversation, writers=True) & named if named else set()
     return [
         _Signature(signature.author_name, signature.author_name)
-        if signature.author_name in members and new.role == Role.USER
+        if new.author_name in writers and new.role == Role.USER
         else signature
         for new, signature in zip(messages, signatures, strict=True)
     ]

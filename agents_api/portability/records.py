@@ -88,6 +88,11 @@ class ConversationRecord(Record):
     forkedAtMessageId = serializers.UUIDField(source="forked_at_message_id", allow_null=True)
     createdAt = serializers.DateTimeField(source="created_at")
     updatedAt = serializers.DateTimeField(source="updated_at")
+    seenAt = serializers.DateTimeField(
+        source="seen_at",
+        required=False,
+        help_text="Its latest change that its users see (absent: updatedAt).",
+    )
 
     class Meta:
         ref_name = "ExportedConversation"
@@ -135,6 +140,12 @@ class MessageRecord(Record):
     metadata = serializers.JSONField()
     parentMessageId = serializers.UUIDField(source="parent_message_id", allow_null=True)
     createdAt = serializers.DateTimeField(source="created_at")
+    writtenFor = SubjectField(
+        source="written_for",
+        required=False,
+        help_text="The user whose turn an agent recorded (null: none; absent: decided on "
+        "import by the conversation's members).",
+    )
 
     class Meta:
         ref_name = "ExportedMessage"

@@ -33,7 +33,7 @@ from conversations.models import (
     Message,
     OwnershipTransfer,
 )
-from conversations.selectors import conversations_owned_by, said_by
+from conversations.selectors import WRITING_LEVELS, conversations_owned_by, said_by
 from search.services import EMBED_BATCH
 from search.tasks import enqueue_embedding
 
@@ -92,7 +92,7 @@ def restore_conversations(user_id: str, records: list[dict]) -> int:
     for record in records:
         record["created_at"] = min(record["created_at"], now)
         record["updated_at"] = min(record["updated_at"], now)
-        record["seen_at"] = record["updated_at"]  # (not exported: the nearest there is)
+        record["seen_at"] = min(record.get("seen_at", record["updated_at"]), now)
         group_id = record["group_id"]
         groups[group_id] = min(groups.get(group_id, record["created_at"]), record["created_at"])
     ConversationGroup.objects.bulk_create(
@@ -151,31 +151,44 @@ def _store_messages(records: list[dict]) -> int:
     """Messages in their old places in the order of all messages (``_keep_numbers``): fork
     points and replies name messages by id, so they hold either way."""
     _keep_numbers("message", "seq", records, "seq")
+    undecided = [record["id"] for record in records if "written_for" not in record]
+    for record in records:
+        # Only what an agent's user turn may be: the user it is signed with, or nobody's.
+        said = said_by(
+            role=record["role"],
+            author_principal=record["author_principal"],
+            author_name=record["author_name"],
+        )
+        if record.get("written_for") and (
+            record["written_for"] != said or said == record["author_principal"]
+        ):
+            record["written_for"] = ""
     created = Message.objects.bulk_create(
         (Message(**record) for record in records), batch_size=EMBED_BATCH
     )
-    ids = [message.id for message in created]
-    _mark_written_for(ids)
-    _embed_on_commit(ids)
+    _mark_written_for(undecided)
+    _embed_on_commit([message.id for message in created])
     return len(created)
 
 
-# (An export does not carry ``written_for``: it follows from the rows, as the write decided it.)
+# A document of an earlier version does not say whose an agent's user turns are: decided by
+# the members, as the write would have.
 _WRITTEN_FOR_SQL = """
 UPDATE message m SET written_for = m.author_name
 FROM conversation c, membership ms
 WHERE m.id = ANY(%s) AND c.id = m.conversation_id AND ms.group_id = c.group_id
   AND ms.principal_id = m.author_name AND ms.principal_id NOT LIKE 'agent:%%'
-  AND m.role = 'user' AND m.author_principal LIKE 'agent:%%'
+  AND ms.access_level = ANY(%s) AND m.role = 'user' AND m.author_principal LIKE 'agent:%%'
 """
 
 
 def _mark_written_for(message_ids: list) -> None:
     """Each restored user turn an agent wrote is its user's (``Message.written_for``) when
-    it is signed with a member's id: the rule of ``conversations.services._signatures``
+    it is signed with the id of a member who may write: the rule of
+    ``conversations.services._signatures`` for an agent on its own
     (the memberships come back first)."""
     with connection.cursor() as cursor:
-        cursor.execute(_WRITTEN_FOR_SQL, [message_ids])
+        cursor.execute(_WRITTEN_FOR_SQL, [message_ids, WRITING_LEVELS])
 
 
 def restore_messages(user_id: str, records: list[dict]) -> int:

@@ -470,6 +470,12 @@ def test_the_turns_an_agent_wrote_for_a_member_stay_theirs_once_they_are_removed
     call(api, "POST", path, helper.acting_for("alice"), hers, 201)
     named = {"messages": [{"role": "user", "content": "Named a stranger", "authorName": "dave"}]}
     call(api, "POST", path, helper, named, 201)
+    # Nor is a reader's, who could not have written it.
+    share = {"userId": "gina", "accessLevel": "reader"}
+    call(api, "POST", f"/v1/user/conversations/{world.his}/memberships", bob, share, 201)
+    named = {"messages": [{"role": "user", "content": "Named a reader", "authorName": "gina"}]}
+    call(api, "POST", path, helper, named, 201)
+    assert contents(export(api, Persona("gina"))["messagesElsewhere"]) == []
     call(api, "DELETE", f"/v1/user/conversations/{world.his}/memberships/alice", bob, status=204)
 
     exported = contents(export(api, alice)["messagesElsewhere"])
@@ -480,6 +486,39 @@ def test_the_turns_an_agent_wrote_for_a_member_stay_theirs_once_they_are_removed
     messages = call(api, "GET", f"/v1/user/conversations/{world.his}/messages", bob)["data"]
     assert "Alice confides a pomegranate" not in contents(messages)
     assert "Named a stranger" in contents(messages)
+
+
+def test_whose_turns_they_are_and_what_users_saw_last_come_back_with_an_import(
+    api, alice, bob, helper
+):
+    """Re-decided by the members at import, a removed member's turns were no longer hers,
+    and a reader named as a turn's author gained it; the conversation's users' time was its
+    last hidden turn's (review). Both travel in the document now."""
+    carol, dave = Persona("carol"), Persona("dave")
+    ours = call(api, "POST", "/v1/agent/conversations", helper.acting_for("alice"), {}, 201)["id"]
+    for who in ("carol", "dave"):
+        share = {"userId": who, "accessLevel": "writer"}
+        call(api, "POST", f"/v1/user/conversations/{ours}/memberships", alice, share, 201)
+    path = f"/v1/agent/conversations/{ours}/messages"
+    turns = {"messages": [{"role": "user", "content": "Carol confides a kumquat"}]}
+    call(api, "POST", path, helper.acting_for("carol"), turns, 201)
+    for who in ("carol", "dave"):
+        call(api, "DELETE", f"/v1/user/conversations/{ours}/memberships/{who}", alice, status=204)
+    share = {"userId": "dave", "accessLevel": "writer"}
+    call(api, "POST", f"/v1/user/conversations/{ours}/memberships", alice, share, 201)
+    named = {"messages": [{"role": "user", "content": "Dave, named", "authorName": "dave"}]}
+    call(api, "POST", path, helper.acting_for("alice"), named, 201)  # alice's agent: not dave's
+    hidden = {"role": "agent", "content": "note", "channel": "memory", "visibility": "agent"}
+    call(api, "POST", path, helper, {"messages": [hidden]}, 201)
+    seen = Conversation.objects.get(id=ours).seen_at
+    assert Conversation.objects.get(id=ours).updated_at > seen
+
+    document = export(api, alice)
+    call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    document_import(document)
+    assert Conversation.objects.get(id=ours).seen_at == seen
+    assert contents(export(api, carol)["messagesElsewhere"]) == ["Carol confides a kumquat"]
+    assert contents(export(api, dave)["messagesElsewhere"]) == []
 
 
 def test_the_users_messages_elsewhere_are_found_without_reading_the_whole_table(
