@@ -20,6 +20,7 @@ from memsvc.client.formatting import (
     answers_tools,
     append_text,
     format_context,
+    has_user_message,
     inject,
     last_user_text,
 )
@@ -70,6 +71,10 @@ class ModelApi:
     def answers_tools(self, body: dict) -> bool:
         """Whether the call sends tool results back (its question was sent before)."""
         return answers_tools(body.get(self.conversation))
+
+    def asks(self, body: dict) -> bool:
+        """Whether the call holds a user's message, with text or without (an image)."""
+        return has_user_message(body.get(self.conversation))
 
     def with_memory(self, body: dict, text: str) -> dict:
         raise NotImplementedError
@@ -362,10 +367,12 @@ class Call:
     query: str = field(init=False)
     # A tool loop's next step: its question was stored with the step that asked it.
     answers_tools: bool = field(init=False)
+    asks: bool = field(init=False)
 
     def __post_init__(self):
         self.query = self.api.query(self.body)
         self.answers_tools = self.api.answers_tools(self.body)
+        self.asks = self.api.asks(self.body)
 
     def seconds_before(self, most: float) -> float:
         """How long memsvc's part before the call may take: ``most``, or the caller's own
@@ -425,7 +432,7 @@ class Recall:
 
     def stores(self, call, reply):
         messages = []
-        if not call.answers_tools:
+        if call.asks and not call.answers_tools:
             # (A message of images only is a turn too: the reply is not left answering none.)
             messages.append(_message(call, "user", call.query or NO_TEXT_MESSAGE, None))
         if reply.text or reply.tool_calls:

@@ -65,6 +65,14 @@ def last_user_text(messages) -> str:
     return "" if index is None else text_of(messages[index].get("content"))
 
 
+def has_user_message(messages) -> bool:
+    """Whether the user said anything, in text or not (an image alone); a system or
+    developer message alone is no user's."""
+    if isinstance(messages, str):
+        return bool(messages)
+    return isinstance(messages, list | tuple) and _last_user_index(messages) is not None
+
+
 def answers_tools(messages) -> bool:
     """Whether tool results follow the user's last message: the next step of a tool loop,
     whose question the step that asked it already sent."""

@@ -159,19 +159,19 @@ def deactivate(session) -> None:
 def current_session():
     """The innermost active block this thread or task is in (blocks nest; another thread's
     block, begun meanwhile, serves not its calls); for a thread or task in none (a worker
-    the program started inside a block), the one block that is active, if only one is.
-    With blocks of several agents active in other threads, which one the worker's call
-    belongs to is unknown (a thread does not inherit its maker's context): it goes without
+    the program started inside a block), the last one active, if all that are serve alike
+    (one agent, one memsvc: two requests of one web app, say). With blocks of several
+    agents active in other threads, which one the worker's call belongs to is unknown (a thread does not inherit its maker's context): it goes without
     memory, with one warning, rather than into another agent's (review)."""
     active = list(_active)
     mine = [session for session in _entered.get() if session in active]
     if mine:
         return mine[-1]
-    if len(set(map(id, active))) > 1:
+    if len({session.serving for session in active}) > 1:
         _warn_once(
-            "a call from a thread in no learning() block while several blocks run in other "
-            "threads goes without memory: which block it belongs to is unknown (enter the "
-            "block in that thread, or pass contextvars.copy_context() to it)"
+            "a call from a thread in no learning() block while blocks of several agents run "
+            "in other threads goes without memory: which block it belongs to is unknown "
+            "(enter the block in that thread, or pass contextvars.copy_context() to it)"
         )
         return None
     return active[-1] if active else None

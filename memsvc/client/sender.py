@@ -16,6 +16,7 @@ that takes connections and never answers cost every call the whole timeout.
 """
 
 import logging
+import multiprocessing.util
 import os
 import sys
 import threading
@@ -41,6 +42,9 @@ MAX_RETRY_WAIT_SECONDS = 5.0
 MAX_DEFERRED_WAIT_SECONDS = 60.0  # a rate limit's window
 # How long a memsvc that did not answer is taken for down (then asked again).
 DOWN_SECONDS = 30.0
+# A memsvc's sending thread ends once it has had nothing to send this long (one per key and
+# URL: a program that served many keys kept a thread for each; review).
+LANE_IDLE_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -159,8 +163,11 @@ class Sender:
     def _run(self, destination: Destination, lane: _Lane) -> None:
         while True:
             with self._condition:
-                while not lane.queue:
-                    self._condition.wait()
+                if not lane.queue:
+                    self._condition.wait_for(lambda: lane.queue, LANE_IDLE_SECONDS)
+                if not lane.queue:  # idle: ends (``send`` starts another when needed)
+                    lane.thread = None
+                    return
                 request = lane.queue[0]
             try:
                 self._deliver(destination, request, lane)
@@ -259,3 +266,12 @@ def _retry_wait(
 sender = Sender()
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=sender._reset)
+
+
+def _flush_when_the_child_ends(sender: Sender) -> None:
+    """A ``multiprocessing`` child ends with ``os._exit``: no interpreter exit sends what
+    it stored (its stores were lost; review). Its finalizers do run."""
+    multiprocessing.util.Finalize(sender, sender.flush, exitpriority=10)
+
+
+multiprocessing.util.register_after_fork(sender, _flush_when_the_child_ends)

@@ -124,6 +124,11 @@ class learning:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._kept: _KeptClient | None = None
 
+    @property
+    def serving(self) -> tuple:
+        """What the block does with a call: blocks alike serve a call alike."""
+        return (self.agent, self.destination, self.capture_only, type(self.strategy).__name__)
+
     # with / async with
 
     def __enter__(self):
@@ -133,7 +138,7 @@ class learning:
 
     def __exit__(self, *exc):
         hooks.deactivate(self)
-        self._exit()
+        self._send_and_close(self._leave())
         return False
 
     # The entry's checks and the exit's flush are blocking HTTP: off the event loop, which
@@ -148,14 +153,16 @@ class learning:
 
     async def __aexit__(self, *exc):
         hooks.deactivate(self)
+        # Counted off here, on the loop: two exits at once each read the count before
+        # either thread had lowered it, and neither let go of the kept client (review).
+        client = self._leave()
         try:
-            if self._entries == 1:  # the last exit: what the first entry kept goes
-                self._loop = None
-                if self._kept is not None:
-                    kept, self._kept = self._kept, None
+            if client is not None:  # the last exit: what the first entry kept goes
+                kept, self._kept, self._loop = self._kept, None, None
+                if kept is not None:
                     await kept.let_go()
         finally:  # (the stores are sent, whatever closing the client raised)
-            await asyncio.to_thread(self._exit)
+            await asyncio.to_thread(self._send_and_close, client)
         return False
 
     def forked(self) -> None:
@@ -169,16 +176,21 @@ class learning:
     def _enter(self) -> None:
         with self._entries_lock:
             if self._entries == 0:
+                self._kept, self._loop = None, None  # (a loop of an earlier entry is gone)
                 self._open()
             self._entries += 1
 
-    def _exit(self) -> None:
-        """One entry ends: what it stored is sent; the last one closes the client."""
+    def _leave(self) -> httpx.Client | None:
+        """One entry ends; the client to close when it was the last."""
         with self._entries_lock:
             self._entries -= 1
-            client = None
-            if self._entries == 0:
-                client, self._client = self._client, None
+            if self._entries:
+                return None
+            client, self._client = self._client, None
+            return client
+
+    def _send_and_close(self, client: httpx.Client | None) -> None:
+        """What the entry stored is sent; ``client`` (the last exit's) closed."""
         try:
             self.flush()
         finally:

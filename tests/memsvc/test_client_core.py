@@ -201,6 +201,13 @@ def test_a_message_without_text_is_a_turn_that_the_reply_answers():
     user, assistant = Recall().stores(call, Reply("A red bicycle."))
     assert (user.json["role"], user.json["content"]) == ("user", "(no text)")
     assert assistant.json["content"] == "A red bicycle."
+    # A call without a user's message (a system prompt alone) has no user turn to store.
+    for api, body in [
+        (CHAT, {"messages": [{"role": "system", "content": "Write a haiku."}]}),
+        (RESPONSES, {"instructions": "Write a haiku.", "input": []}),
+    ]:
+        [assistant] = Recall().stores(Call("a", api, body), Reply("Leaves fall"))
+        assert assistant.json["role"] == "assistant"
 
 
 def test_a_reply_in_the_older_function_call_form_is_stored_as_its_tool_call():

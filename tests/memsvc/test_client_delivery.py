@@ -597,6 +597,124 @@ def test_a_worker_thread_goes_without_memory_when_blocks_of_several_agents_run(l
     assert sum("which block it belongs to is unknown" in w for w in warnings(caplog)) == 1
 
 
+def test_two_tasks_leaving_one_block_object_at_once_let_go_of_its_client(llm):
+    """Both exits read the count of entries before either's thread had lowered it (the
+    default executor busy): neither let go of the kept client, and the next
+    ``asyncio.run`` entering the block raised "Event loop is closed" out of the user's
+    ``async with`` (review)."""
+
+    async def ask_in(block, text, together=None):
+        client = openai.AsyncOpenAI(base_url=llm.base_url, api_key="k")  # (one per loop)
+        async with block:
+            await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": text}]
+            )
+            if together is not None:
+                if text == "one":  # both leave while the executor's threads are taken
+                    loop = asyncio.get_running_loop()
+                    for _ in range(32):
+                        loop.run_in_executor(None, time.sleep, 0.2)
+                await together.wait()
+
+    async def both(block):
+        together = asyncio.Barrier(2)
+        await asyncio.gather(ask_in(block, "one", together), ask_in(block, "two", together))
+
+    with StandInMemsvc() as memsvc:
+        block = learning(agent="a", server_url=memsvc.url)
+        asyncio.run(both(block))
+        asyncio.run(ask_in(block, "three"))  # (raised)
+    queries = [r.body["query"] for r in memsvc.server.requests if r.path.startswith("/context/")]
+    assert sorted(queries) == ["one", "three", "two"]
+
+
+def test_a_worker_thread_is_served_when_the_blocks_running_serve_alike(llm):
+    """Two requests of one web app, each in its block of the same agent: a worker thread's
+    call is that agent's (the check above for several agents took them for two)."""
+    client = openai.OpenAI(base_url=llm.base_url, api_key="k")
+    entered, done = threading.Barrier(3), threading.Event()
+
+    def block():
+        with learning(agent="support-bot", server_url=memsvc.url):
+            entered.wait(10)
+            done.wait(10)
+
+    with StandInMemsvc() as memsvc:
+        threads = [threading.Thread(target=block) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        entered.wait(10)
+        worker = threading.Thread(target=ask, args=(client, "a worker's question"))
+        worker.start()
+        worker.join()
+        done.set()
+        for thread in threads:
+            thread.join()
+    assert agents_served(memsvc) == [
+        ("/context/support-bot", "support-bot"),
+        ("/messages", "support-bot"),
+        ("/messages", "support-bot"),
+    ]
+
+
+def test_a_multiprocessing_child_forked_inside_a_block_sends_its_stores(llm):
+    """It ends with ``os._exit``: no interpreter exit sent its stores, and they were lost
+    (review)."""
+    script = textwrap.dedent(
+        f"""
+        import multiprocessing, sys, openai
+        from memsvc.client import learning
+
+        def work():
+            client = openai.OpenAI(base_url={llm.base_url!r}, api_key="k")
+            client.chat.completions.create(
+                model="m", messages=[{{"role": "user", "content": "the child's call"}}])
+
+        with learning(agent="a", server_url=sys.argv[1]):
+            child = multiprocessing.get_context("fork").Process(target=work)
+            child.start()
+            child.join()
+            sys.exit(child.exitcode)
+        """
+    )
+    with StandInMemsvc(store_seconds=0.2) as memsvc:
+        done = subprocess.run(
+            [sys.executable, "-c", script, memsvc.url],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=CHECKOUT,
+        )
+        assert done.returncode == 0, done.stderr
+        stored = [r.body["content"] for r in memsvc.server.requests if r.path == "/messages"]
+    assert "the child's call" in stored and len(stored) == 2
+
+
+def test_a_sending_thread_ends_once_it_has_nothing_to_send(monkeypatch):
+    """One thread per memsvc and key, each kept forever: a program serving 200 keys kept
+    200 (review). Each ends when idle; the next store starts one again."""
+    monkeypatch.setattr(sender_module, "LANE_IDLE_SECONDS", 0.2)
+    respond, received = refusing()
+    sender = Sender()
+
+    def senders():
+        return [t for t in threading.enumerate() if t.name == "memsvc-learning-sender"]
+
+    before = len(senders())
+    with LocalHttpServer(respond) as up:
+        for key in range(5):
+            destination = Destination(up.url, (("X-API-Key", f"k{key}"),))
+            sender.send(destination, [ServerRequest("POST", "/messages", {"n": key})])
+        assert sender.flush(timeout=10)
+        deadline = time.monotonic() + 5
+        while len(senders()) > before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(senders()) == before
+        sender.send(Destination(up.url), [ServerRequest("POST", "/messages", {"n": 5})])
+        assert sender.flush(timeout=10)
+    assert sorted(body["n"] for body in received) == list(range(6))
+
+
 def test_a_process_forked_inside_a_block_has_its_own_connections_and_stores(llm):
     """The child shared the parent's connections to memsvc and its queue of stores: the two
     read each other's answers, mixed their requests' bytes, lost a turn, and the child's
