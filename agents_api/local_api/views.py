@@ -88,7 +88,7 @@ def render_local_error(error: ApiError) -> JsonResponse:
     as 422 naming where it is."""
     if isinstance(error, InvalidInput):
         issues = [
-            {"type": "value_error", "loc": [error.location, field], "msg": problem}
+            {"type": "value_error", "loc": [error.location, *_place(field)], "msg": problem}
             for field, problems in error.details.items()
             for problem in problems
         ]
@@ -98,6 +98,12 @@ def render_local_error(error: ApiError) -> JsonResponse:
     for name, value in error.headers.items():
         response[name] = value
     return response
+
+
+def _place(field: str) -> list:
+    """A dotted field name (``InvalidInput.within``) as FastAPI's ``loc`` names it: its
+    parts, list indexes as numbers."""
+    return [int(part) if part.isdigit() else part for part in field.split(".")]
 
 
 def fastapi_errors(exc, context):

@@ -92,10 +92,13 @@ def letta_agent_create(
     labels = set(
         agent.memory_blocks.filter(KEPT_BLOCKS, user_id="").values_list("label", flat=True)
     )
-    for block in memory_blocks:
+    for index, block in enumerate(memory_blocks):
         if block["label"] in labels:
             continue
-        memory_block_create(caller.as_principal(), agent=agent, **block)
+        try:
+            memory_block_create(caller.as_principal(), agent=agent, **block)
+        except InvalidInput as error:  # (named "value": which block's was not said)
+            raise error.within(f"memory_blocks.{index}") from None
         labels.add(block["label"])
     return agent
 

@@ -48,6 +48,14 @@ class InvalidInput(ApiError):
         error.location = location
         return error
 
+    def within(self, place: str) -> "InvalidInput":
+        """The same refusal of a part of the input at ``place`` ("memory_blocks.0"): its
+        fields named from there, dotted."""
+        details = {f"{place}.{field}": problems for field, problems in self.details.items()}
+        error = type(self)(f"{place}.{self.message}", details=details)
+        error.location = self.location
+        return error
+
 
 class Unauthorized(ApiError):
     status_code = 401

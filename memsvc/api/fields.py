@@ -156,6 +156,14 @@ class JSONObjectField(JSONValueField):
     objects_only = True
 
 
+@extend_schema_field(
+    {
+        "type": "object",
+        "additionalProperties": True,
+        "description": f"A JSON object of at most {METADATA_MAX_BYTES} bytes (as JSON text), "
+        "without NUL characters.",
+    }
+)
 class MetadataField(JSONObjectField):
     """A JSON object of at most 16 KiB (serialized), without NUL characters."""
 

@@ -238,6 +238,16 @@ def test_a_block_is_created_attached_updated_and_deleted(api, helper):
     assert api.get(f"/v1/blocks/{block['id']}", as_=helper).status_code == 404
 
 
+def test_a_block_of_a_new_agent_over_its_limit_is_named_by_its_place(api, helper):
+    """(Its error said ``["body", "value"]``: which of the blocks, not; review.)"""
+    blocks = [{"label": "human", "value": "ok"}, {"label": "x", "value": "abc", "limit": 1}]
+    refused = api.post("/v1/agents/", {"name": "t3", "memory_blocks": blocks}, as_=helper)
+    assert refused.status_code == 422, refused.content
+    [issue] = refused.json()["detail"]
+    assert issue["loc"] == ["body", "memory_blocks", 1, "value"]
+    assert "its limit is 1" in issue["msg"]
+
+
 def test_attaching_a_second_block_of_a_label_is_a_conflict(api, helper):
     agent_id = create_agent(api, helper)["id"]
     block = api.post("/v1/blocks/", {"label": "human", "value": "Another."}, as_=helper).json()
