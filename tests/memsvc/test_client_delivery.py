@@ -33,6 +33,20 @@ SLOW_STORE_SECONDS = 0.5
 CHECKOUT = Path(__file__).resolve().parents[2]  # its code, not the editable install's
 
 
+def run_script(script: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """``script`` run by a Python of its own (the checkout's code), its output captured."""
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=CHECKOUT,
+    )
+    if check:
+        assert done.returncode == 0, done.stderr
+    return done
+
+
 def warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
@@ -678,14 +692,7 @@ def test_a_multiprocessing_child_forked_inside_a_block_sends_its_stores(llm):
         """
     )
     with StandInMemsvc(store_seconds=0.2) as memsvc:
-        done = subprocess.run(
-            [sys.executable, "-c", script, memsvc.url],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=CHECKOUT,
-        )
-        assert done.returncode == 0, done.stderr
+        run_script(script, memsvc.url)
         stored = [r.body["content"] for r in memsvc.server.requests if r.path == "/messages"]
     assert "the child's call" in stored and len(stored) == 2
 
@@ -740,14 +747,7 @@ def test_a_process_forked_inside_a_block_has_its_own_connections_and_stores(llm)
         """
     )
     with StandInMemsvc(store_seconds=SLOW_STORE_SECONDS) as memsvc:
-        done = subprocess.run(
-            [sys.executable, "-c", script, memsvc.url],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=CHECKOUT,
-        )
-        assert done.returncode == 0, done.stderr
+        done = run_script(script, memsvc.url)
         assert "memsvc" not in done.stderr, done.stderr  # no warning: nothing failed
         contents = sorted(
             r.body["content"]
@@ -889,11 +889,5 @@ def test_an_sdk_is_imported_only_by_the_program_and_wrapped_when_it_is():
             print("ok")
             """
         )
-        result = subprocess.run(
-            [sys.executable, "-c", script],
-            capture_output=True,
-            text=True,
-            timeout=120,
-            cwd=CHECKOUT,
-        )
+        result = run_script(script, check=False)
     assert result.stdout.strip() == "ok", result.stderr
