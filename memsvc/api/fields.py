@@ -195,28 +195,51 @@ class ChoiceField(serializers.ChoiceField):
 
 # The JSON types a field of these kinds takes, as the schema says (DRF's fields take a
 # number for a boolean, "10" for an integer, 3 for a UUID; review): the first kind a field
-# is decides. A boolean is no number.
+# is decides. A boolean is no number; 5.0 is an integer, as JSON Schema counts.
 _JSON_TYPES = (
-    (serializers.BooleanField, (bool,), "must be a boolean (true or false)"),
-    (serializers.IntegerField, (int,), "must be an integer"),
-    (serializers.FloatField, (int, float), "must be a number"),
-    (serializers.UUIDField, (str,), "must be a string (a UUID)"),
-    (serializers.DateTimeField, (str,), "must be a string (a date and time)"),
+    (serializers.BooleanField, None, "must be a boolean (true or false)"),
+    (
+        serializers.IntegerField,
+        lambda v: isinstance(v, int) or (isinstance(v, float) and v.is_integer()),
+        "must be an integer",
+    ),
+    (serializers.FloatField, lambda v: isinstance(v, int | float), "must be a number"),
+    (serializers.UUIDField, lambda v: isinstance(v, str), "must be a string (a UUID)"),
+    (serializers.DateTimeField, lambda v: isinstance(v, str), "must be a string (a date and time)"),
 )
 
 
 def _json_type_problem(field, value) -> str | None:
-    """Why ``value`` (from a JSON body) is not of the JSON type ``field`` takes, or None."""
+    """Why ``value`` (from JSON) is not of the JSON type ``field`` takes, or None."""
     if value is None:  # (null: the field's ``allow_null`` decides)
         return None
-    if isinstance(field, serializers.ListField) and isinstance(value, list):
-        return next(filter(None, (_json_type_problem(field.child, item) for item in value)), None)
-    for kind, types, problem in _JSON_TYPES:
+    for kind, takes, problem in _JSON_TYPES:
         if isinstance(field, kind):
-            if isinstance(value, bool) and bool not in types:
-                return problem
-            return None if isinstance(value, types) else problem
+            a_boolean = isinstance(value, bool)  # (a bool is an int to Python)
+            fits = a_boolean if kind is serializers.BooleanField else takes(value) and not a_boolean
+            return None if fits else problem
     return None
+
+
+def json_type_problems(fields, data: dict) -> dict:
+    """Why values of ``data`` (a JSON object) are not of the JSON types of ``fields`` (a
+    serializer's), as DRF's errors say it (a list's item by its index); empty when none."""
+    problems = {}
+    for name, field in fields.items():
+        if name not in data:
+            continue
+        value = data[name]
+        if isinstance(field, serializers.ListField) and isinstance(value, list):
+            items = {
+                index: [problem]
+                for index, item in enumerate(value)
+                if (problem := _json_type_problem(field.child, item))
+            }
+            if items:
+                problems[name] = items
+        elif problem := _json_type_problem(field, value):
+            problems[name] = [problem]
+    return problems
 
 
 class InputSerializer(serializers.Serializer):
@@ -234,14 +257,9 @@ class InputSerializer(serializers.Serializer):
         unknown = sorted(set(data) - set(self.fields))
         if unknown and not self.ignore_unknown_fields:
             raise serializers.ValidationError({named(name): ["unknown field"] for name in unknown})
-        if self.json_types_strict:
-            problems = {
-                name: [problem]
-                for name, field in self.fields.items()
-                if name in data and (problem := _json_type_problem(field, data[name]))
-            }
-            if problems:
-                raise serializers.ValidationError(problems)
+        problems = json_type_problems(self.fields, data) if self.json_types_strict else {}
+        if problems:
+            raise serializers.ValidationError(problems)
         return super().to_internal_value(data)
 
     @classmethod

@@ -416,6 +416,8 @@ class Recall:
     long-term memories and past messages) injected as memory; the user's message and the
     reply stored with ``POST /messages``."""
 
+    stateless = True  # (its blocks of one agent serve a call alike: ``learning.serving``)
+
     def context_request(self, call):
         if call.capture_only or not call.query:
             return None

@@ -13,6 +13,7 @@ import time
 import httpx
 
 from memsvc.client import hooks
+from memsvc.client import sender as sender_module
 from memsvc.client.core import KEY_HEADER, STRATEGIES, Call, ServerRequest
 from memsvc.client.sender import Destination, sender
 
@@ -126,8 +127,16 @@ class learning:
 
     @property
     def serving(self) -> tuple:
-        """What the block does with a call: blocks alike serve a call alike."""
-        return (self.agent, self.destination, self.capture_only, type(self.strategy).__name__)
+        """What the block does with a call: blocks alike serve a call alike. A strategy that
+        keeps a state of its block's (the memory bank's task) is its block's alone: another
+        block's worker would have written into its task (review)."""
+        strategy = self.strategy
+        return (
+            self.agent,
+            self.destination,
+            self.capture_only,
+            type(strategy).__name__ if getattr(strategy, "stateless", False) else id(strategy),
+        )
 
     # with / async with
 
@@ -340,6 +349,8 @@ class learning:
 
     def store(self, requests: list[ServerRequest]) -> None:
         sender.send(self.destination, requests)
+        if sender_module.in_forked_child:  # (a pool's SIGTERM lost them)
+            sender.flush(destination=self.destination)
 
 
 class _KeptClient:

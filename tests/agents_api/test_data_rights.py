@@ -1545,6 +1545,21 @@ def test_an_import_makes_a_tool_record_for_a_user_only_with_a_key_that_may_act_f
     ) == ["bob"]
 
 
+def test_an_imports_records_are_of_the_json_types_the_export_says(api, helper):
+    """(A block's limit "5000", readOnly 0 and an importance "0.5" were converted and
+    stored; review.) Refused as a request body's values are, nothing imported."""
+    made = api.post("/v1/agent/memory-blocks", {"label": "l", "value": "v"}, as_=helper)
+    assert made.status_code == 201, made.content
+    document = agent_export(api, helper)
+    plain = make_agent("typed")
+    for field, value in [("limit", "5000"), ("readOnly", 0)]:
+        block = {**document["memoryBlocks"][0], field: value}
+        refused = api.post("/v1/agent/import", {**document, "memoryBlocks": [block]}, as_=plain)
+        assert refused.status_code == 400, refused.content
+        assert field in refused.json()["error"]
+    assert not MemoryBlock.objects.filter(agent=plain.agent).exists()
+
+
 def test_an_agent_imports_an_export_as_if_it_had_written_it(api, world):
     """Into another agent: every record, with what that agent cannot see here left out."""
     source = world.agent

@@ -659,19 +659,40 @@ def test_an_empty_filter_is_400_not_no_filter(api, helper, alice, method, path, 
     assert (snapshot(), list(MemoryBlock.objects.values_list("id", "value"))) == before
 
 
+def test_a_whole_number_written_as_a_float_is_an_integer(api, helper):
+    """JSON Schema counts 5.0 as an integer, and the MCP tools' validator passes it: the
+    body check refused it (review)."""
+    save(api, helper, "Frank owns a boat")
+    found = api.post(f"{MEMORIES}/search", {"query": "boat", "limit": 5.0}, as_=helper)
+    assert found.status_code == 200, found.content
+    refused = api.post(f"{MEMORIES}/search", {"query": "boat", "limit": 5.5}, as_=helper)
+    assert refused.status_code == 400 and list(refused.json()["details"]) == ["limit"]
+    listed = api.post(
+        "/v1/agent/search/messages",
+        {"query": "boat", "conversationIds": [str(uuid.uuid4()), 3]},
+        as_=helper,
+    )
+    assert listed.status_code == 400
+    assert list(listed.json()["details"]) == ["conversationIds[1]"]  # (the item, by its place)
+
+
 @pytest.mark.parametrize(
     ("path", "body", "field"),
     [
         (MEMORIES, {"content": "Frank owns a boat", "importance": True}, "importance"),
         (MEMORIES, {"content": "Frank owns a boat", "importance": "0.5"}, "importance"),
-        (MEMORIES, {"content": "Frank owns a boat", "messageIds": [3]}, "messageIds"),
+        (MEMORIES, {"content": "Frank owns a boat", "messageIds": [3]}, "messageIds[0]"),
         ("/v1/agent/memory-blocks", {"label": "l", "value": "v", "limit": "10"}, "limit"),
         ("/v1/agent/memory-blocks", {"label": "l", "value": "v", "readOnly": 1}, "readOnly"),
-        ("/v1/agent/memory-blocks", {"label": "l", "value": "v", "limit": 10.0}, "limit"),
+        ("/v1/agent/memory-blocks", {"label": "l", "value": "v", "limit": 10.5}, "limit"),
         (f"{MEMORIES}/search", {"query": "boat", "prefetch": "yes"}, "prefetch"),
         (f"{MEMORIES}/search", {"query": "boat", "minScore": "0.1"}, "minScore"),
         ("/v1/agent/search/messages", {"query": "boat", "topK": "5"}, "topK"),
-        ("/v1/agent/search/messages", {"query": "boat", "conversationIds": [5]}, "conversationIds"),
+        (
+            "/v1/agent/search/messages",
+            {"query": "boat", "conversationIds": [5]},
+            "conversationIds[0]",
+        ),
     ],
 )
 def test_a_value_of_another_json_type_than_the_schemas_is_400(api, helper, path, body, field):

@@ -340,3 +340,16 @@ def test_a_block_names_its_strategy():
     assert isinstance(learning(agent="a").strategy, Recall)
     with pytest.raises(ValueError, match="unknown strategy 'nope'; one of recall"):
         learning(agent="a", strategy="nope")
+
+
+def test_blocks_serve_a_worker_alike_only_without_a_state_of_their_own():
+    """A worker thread in no block is served by the blocks running when they serve alike
+    (``hooks.current_session``): two memory-bank blocks of one agent keep two tasks, and a
+    worker of one wrote its tool steps into the other's (review)."""
+    recall = [learning(agent="a", server_url="http://127.0.0.1:9") for _ in range(2)]
+    assert recall[0].serving == recall[1].serving
+    banks = [
+        learning(agent="a", server_url="http://127.0.0.1:9", strategy="memory_bank", task_id=t)
+        for t in ("task-A", "task-B")
+    ]
+    assert banks[0].serving != banks[1].serving

@@ -671,30 +671,41 @@ def test_a_worker_thread_is_served_when_the_blocks_running_serve_alike(llm):
     ]
 
 
-def test_a_multiprocessing_child_forked_inside_a_block_sends_its_stores(llm):
-    """It ends with ``os._exit``: no interpreter exit sent its stores, and they were lost
-    (review)."""
+@pytest.mark.parametrize("ends", ["joined", "pool"])
+def test_a_multiprocessing_child_forked_inside_a_block_sends_its_stores(llm, ends):
+    """A ``Process`` ends with ``os._exit``, and ``with Pool()`` ends its workers with
+    SIGTERM: no exit handler ran, and the stores were lost (reviews). A forked child sends
+    a call's stores before the call returns."""
     script = textwrap.dedent(
         f"""
         import multiprocessing, sys, openai
         from memsvc.client import learning
 
-        def work():
+        def work(n=0):
             client = openai.OpenAI(base_url={llm.base_url!r}, api_key="k")
             client.chat.completions.create(
-                model="m", messages=[{{"role": "user", "content": "the child's call"}}])
+                model="m", messages=[{{"role": "user", "content": f"the child's call {{n}}"}}])
 
+        context = multiprocessing.get_context("fork")
         with learning(agent="a", server_url=sys.argv[1]):
-            child = multiprocessing.get_context("fork").Process(target=work)
-            child.start()
-            child.join()
-            sys.exit(child.exitcode)
+            if sys.argv[2] == "pool":
+                with context.Pool(2) as pool:
+                    pool.map(work, range(4))
+            else:
+                child = context.Process(target=work)
+                child.start()
+                child.join()
+                sys.exit(child.exitcode)
         """
     )
     with StandInMemsvc(store_seconds=0.2) as memsvc:
-        run_script(script, memsvc.url)
+        run_script(script, memsvc.url, ends)
         stored = [r.body["content"] for r in memsvc.server.requests if r.path == "/messages"]
-    assert "the child's call" in stored and len(stored) == 2
+    calls = range(4) if ends == "pool" else range(1)
+    assert sorted(c for c in stored if c.startswith("the child's")) == [
+        f"the child's call {n}" for n in calls
+    ]
+    assert len(stored) == 2 * len(calls)
 
 
 def test_a_sending_thread_ends_once_it_has_nothing_to_send(monkeypatch):
