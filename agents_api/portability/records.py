@@ -36,7 +36,7 @@ from memsvc.api.fields import (
     MessageContentField,
     MetadataField,
     TextField,
-    json_type_problems,
+    json_typed,
 )
 from memsvc.api.principals import PRINCIPAL_MAX_LENGTH, user_id_problem
 from memsvc.validators import as_uuid
@@ -80,10 +80,9 @@ class Record(serializers.Serializer):
     def to_internal_value(self, data):
         # Of the JSON types the export's schema says, as a request body's (a limit "5000"
         # was taken as 5000; review).
-        problems = json_type_problems(self.fields, data) if isinstance(data, dict) else {}
-        if problems:
-            raise serializers.ValidationError(problems)
-        return super().to_internal_value(data)
+        return super().to_internal_value(
+            json_typed(self.fields, data) if isinstance(data, dict) else data
+        )
 
 
 class ConversationRecord(Record):

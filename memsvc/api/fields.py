@@ -242,6 +242,22 @@ def json_type_problems(fields, data: dict) -> dict:
     return problems
 
 
+def json_typed(fields, data: dict) -> dict:
+    """``data`` (a JSON object) if its values are of the JSON types of ``fields`` (a
+    serializer's), a whole number written as a float an int (DRF read 1e16 as no integer:
+    str(1e16) is "1e+16"); else a ValidationError naming each value that is not."""
+    problems = json_type_problems(fields, data)
+    if problems:
+        raise serializers.ValidationError(problems)
+    whole = {
+        name: int(value)
+        for name, field in fields.items()
+        if isinstance(field, serializers.IntegerField)
+        and isinstance(value := data.get(name), float)
+    }
+    return {**data, **whole} if whole else data
+
+
 class InputSerializer(serializers.Serializer):
     # A request body: unknown fields are an error, not silently ignored (unless a subclass
     # mimics an API that ignores them), and a value of another JSON type than the schema's
@@ -257,9 +273,8 @@ class InputSerializer(serializers.Serializer):
         unknown = sorted(set(data) - set(self.fields))
         if unknown and not self.ignore_unknown_fields:
             raise serializers.ValidationError({named(name): ["unknown field"] for name in unknown})
-        problems = json_type_problems(self.fields, data) if self.json_types_strict else {}
-        if problems:
-            raise serializers.ValidationError(problems)
+        if self.json_types_strict:
+            data = json_typed(self.fields, data)
         return super().to_internal_value(data)
 
     @classmethod

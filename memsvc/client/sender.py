@@ -16,6 +16,7 @@ that takes connections and never answers cost every call the whole timeout.
 """
 
 import logging
+import multiprocessing.util
 import os
 import sys
 import threading
@@ -263,17 +264,18 @@ def _retry_wait(
 
 
 sender = Sender()
-# In a child process forked from this one (``os.fork``, ``multiprocessing``): a pool ends
-# its workers with SIGTERM (``with Pool() as pool``), which no exit handler outlives, so a
-# child sends a call's stores before the call returns (``learning.store``).
-in_forked_child = False
-
-
-def _forked_child() -> None:
-    global in_forked_child
-    in_forked_child = True
-    sender._reset()
-
-
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forked_child)
+    os.register_at_fork(after_in_child=sender._reset)
+
+
+def _flush_when_the_child_ends(sender: Sender) -> None:
+    """A ``multiprocessing`` child ends with ``os._exit``: no interpreter exit sends what
+    it stored (its stores were lost; review), but its finalizers run. (Not a pool's
+    ``terminate()``, which ``with Pool()`` calls: it stops the workers with SIGTERM, before
+    any of that. Sending each call's stores before it returned, to outlive it, made every
+    call of a forked web or Celery worker wait for its stores, 30 s when memsvc deferred
+    them, and stalled an event loop: reverted, review 6.)"""
+    multiprocessing.util.Finalize(sender, sender.flush, exitpriority=10)
+
+
+multiprocessing.util.register_after_fork(sender, _flush_when_the_child_ends)

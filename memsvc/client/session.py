@@ -13,7 +13,6 @@ import time
 import httpx
 
 from memsvc.client import hooks
-from memsvc.client import sender as sender_module
 from memsvc.client.core import KEY_HEADER, STRATEGIES, Call, ServerRequest
 from memsvc.client.sender import Destination, sender
 
@@ -349,8 +348,6 @@ class learning:
 
     def store(self, requests: list[ServerRequest]) -> None:
         sender.send(self.destination, requests)
-        if sender_module.in_forked_child:  # (a pool's SIGTERM lost them)
-            sender.flush(destination=self.destination)
 
 
 class _KeptClient:

@@ -667,6 +667,10 @@ def test_a_whole_number_written_as_a_float_is_an_integer(api, helper):
     assert found.status_code == 200, found.content
     refused = api.post(f"{MEMORIES}/search", {"query": "boat", "limit": 5.5}, as_=helper)
     assert refused.status_code == 400 and list(refused.json()["details"]) == ["limit"]
+    # A large one is held to the field's bounds ("A valid integer is required.": review).
+    huge = {"label": "l", "value": "v", "limit": 1e16}
+    huge = api.post("/v1/agent/memory-blocks", huge, as_=helper)
+    assert huge.status_code == 400 and "less than or equal" in huge.json()["error"]
     listed = api.post(
         "/v1/agent/search/messages",
         {"query": "boat", "conversationIds": [str(uuid.uuid4()), 3]},

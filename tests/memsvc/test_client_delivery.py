@@ -673,9 +673,9 @@ def test_a_worker_thread_is_served_when_the_blocks_running_serve_alike(llm):
 
 @pytest.mark.parametrize("ends", ["joined", "pool"])
 def test_a_multiprocessing_child_forked_inside_a_block_sends_its_stores(llm, ends):
-    """A ``Process`` ends with ``os._exit``, and ``with Pool()`` ends its workers with
-    SIGTERM: no exit handler ran, and the stores were lost (reviews). A forked child sends
-    a call's stores before the call returns."""
+    """A child ends with ``os._exit``: no interpreter exit sent its stores, and they were
+    lost (review). Its finalizers send them, a pool's workers' too when it is closed and
+    joined (``terminate()``, what ``with Pool()`` does, stops them before: README)."""
     script = textwrap.dedent(
         f"""
         import multiprocessing, sys, openai
@@ -689,8 +689,10 @@ def test_a_multiprocessing_child_forked_inside_a_block_sends_its_stores(llm, end
         context = multiprocessing.get_context("fork")
         with learning(agent="a", server_url=sys.argv[1]):
             if sys.argv[2] == "pool":
-                with context.Pool(2) as pool:
-                    pool.map(work, range(4))
+                pool = context.Pool(2)
+                pool.map(work, range(4))
+                pool.close()
+                pool.join()
             else:
                 child = context.Process(target=work)
                 child.start()
