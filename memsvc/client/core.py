@@ -407,8 +407,25 @@ STORED_MAX_CHARS = 100_000
 def storable(text: str) -> str:
     """What memsvc takes of a text: its first ``STORED_MAX_CHARS`` characters, a NUL or a
     lone surrogate (which no text there may hold) as U+FFFD. Refused, the turn was lost."""
-    text = text[:STORED_MAX_CHARS].replace("\x00", "\ufffd")
+    return _readable(text[:STORED_MAX_CHARS])
+
+
+def _readable(text: str) -> str:
+    """``text`` with a NUL or a lone surrogate as U+FFFD."""
+    text = text.replace("\x00", "\ufffd")
     return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+
+
+def _readable_json(value):
+    """Every text of a JSON value (keys too) ``_readable``: a reply's tool calls, whose
+    arguments may hold what memsvc refuses (the reply was not stored; review)."""
+    if isinstance(value, str):
+        return _readable(value)
+    if isinstance(value, dict):
+        return {_readable(str(key)): _readable_json(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_readable_json(item) for item in value]
+    return value
 
 
 class Recall:
@@ -452,7 +469,7 @@ def _message(call: Call, role: str, content: str, metadata: dict | None) -> Serv
             "agent_name": call.agent,
             "role": role,
             "content": storable(content),
-            "metadata": metadata,
+            "metadata": _readable_json(metadata),
         },
         idempotency_key=f"learning:{call.turn}:{role}",
     )

@@ -127,7 +127,7 @@ def _forked() -> None:
     requests' bytes: a store was lost, calls stalled; review)."""
     global _lock
     _lock = threading.Lock()
-    for session in _active:
+    for session in dict.fromkeys(_active):  # (one entered twice is listed twice)
         session.forked()
 
 

@@ -146,7 +146,8 @@ class learning:
 
     def __exit__(self, *exc):
         hooks.deactivate(self)
-        self._send_and_close(self._leave())
+        _, client = self._leave()
+        self._send_and_close(client)
         return False
 
     # The entry's checks and the exit's flush are blocking HTTP: off the event loop, which
@@ -163,23 +164,35 @@ class learning:
         hooks.deactivate(self)
         # Counted off here, on the loop: two exits at once each read the count before
         # either thread had lowered it, and neither let go of the kept client (review).
-        client = self._leave()
+        last, client = self._leave()
         try:
-            if client is not None:  # the last exit: what the first entry kept goes
-                kept, self._kept, self._loop = self._kept, None, None
-                if kept is not None:
+            if last:  # what the first entry kept goes
+                kept, loop, self._kept, self._loop = self._kept, self._loop, None, None
+                # Closed on the loop that made it; from another (the object entered on two
+                # loops, the first one gone: "Event loop is closed", review) only dropped.
+                if kept is not None and loop is asyncio.get_running_loop():
                     await kept.let_go()
+        except Exception as exc:  # (leaving the block never fails the program)
+            logger.warning("memsvc: could not close a connection to memsvc (%s)", exc)
         finally:  # (the stores are sent, whatever closing the client raised)
             await asyncio.to_thread(self._send_and_close, client)
         return False
 
     def forked(self) -> None:
         """In a child process this block was forked inside (``hooks._forked``): a client of
-        its own, and a lock no other thread of the parent may hold."""
+        its own, made when it first asks memsvc (made at the fork, an SSL context for each
+        block cost every fork 25 ms, one that execs at once too: review), and a lock no
+        other thread of the parent may hold."""
         self._entries_lock = threading.Lock()
         self._kept, self._loop = None, None  # (an event loop does not survive a fork)
-        if self._client is not None:
+        self._client = None  # (the parent's connections are the parent's)
+
+    @property
+    def _http(self) -> httpx.Client:
+        """The block's client (a forked child's, made now)."""
+        if self._client is None:
             self._client = self._new_client()
+        return self._client
 
     def _enter(self) -> None:
         with self._entries_lock:
@@ -188,14 +201,14 @@ class learning:
                 self._open()
             self._entries += 1
 
-    def _leave(self) -> httpx.Client | None:
-        """One entry ends; the client to close when it was the last."""
+    def _leave(self) -> tuple[bool, httpx.Client | None]:
+        """One entry ends: whether it was the last, and then the client to close."""
         with self._entries_lock:
             self._entries -= 1
             if self._entries:
-                return None
+                return False, None
             client, self._client = self._client, None
-            return client
+            return True, client
 
     def _send_and_close(self, client: httpx.Client | None) -> None:
         """What the entry stored is sent; ``client`` (the last exit's) closed."""
@@ -263,7 +276,7 @@ class learning:
         if sender.busy(self.destination):
             sender.flush(time_left(deadline, quiet=True), quiet=True, destination=self.destination)
         try:
-            response = self._client.request(
+            response = self._http.request(
                 request.method, request.path, json=request.json, timeout=time_left(deadline)
             )
             return self._context_of(response)
@@ -344,7 +357,7 @@ class learning:
         ``Idempotency-Key`` when it has one (as the sender sends them)."""
         timeout = TIMEOUT_SECONDS if deadline is None else time_left(deadline)
         headers = {KEY_HEADER: idempotency_key} if idempotency_key else None
-        return self._client.request(method, path, json=body, timeout=timeout, headers=headers)
+        return self._http.request(method, path, json=body, timeout=timeout, headers=headers)
 
     def store(self, requests: list[ServerRequest]) -> None:
         sender.send(self.destination, requests)

@@ -191,6 +191,10 @@ def test_a_turn_with_a_nul_or_a_lone_surrogate_is_stored_and_asked_about_readabl
         "ok\ufffd",
     )
     json.dumps(user.json).encode()  # (sent as UTF-8: a lone surrogate could not be)
+    # So are a reply's tool calls (its metadata): the reply was not stored.
+    calls = ({"id": "c\x00", "type": "function", "function": {"arguments": '{"t": "a\ud800"}'}},)
+    [_, assistant] = Recall().stores(call, Reply("", calls))
+    assert json.dumps(assistant.json, ensure_ascii=False).encode().count("\ufffd".encode()) == 2
 
 
 def test_a_message_without_text_is_a_turn_that_the_reply_answers():

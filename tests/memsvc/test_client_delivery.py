@@ -642,6 +642,42 @@ def test_two_tasks_leaving_one_block_object_at_once_let_go_of_its_client(llm):
     assert sorted(queries) == ["one", "three", "two"]
 
 
+def test_one_block_object_entered_on_two_event_loops_leaves_both_without_an_error(llm):
+    """The first loop made the kept client and ended; the last exit, on the second loop,
+    closed it on the first: "Event loop is closed" out of the user's ``async with``
+    (review)."""
+    first_left, errors = threading.Event(), {}
+
+    async def inside(block, name, wait_for=None):
+        client = openai.AsyncOpenAI(base_url=llm.base_url, api_key="k")
+        async with block:
+            await client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": name}]
+            )
+            if wait_for is not None:
+                await asyncio.to_thread(wait_for.wait, 10)
+
+    def run(block, name, wait_for=None):
+        try:
+            asyncio.run(inside(block, name, wait_for))
+        except Exception as exc:
+            errors[name] = exc
+        if wait_for is None:
+            first_left.set()
+
+    with StandInMemsvc() as memsvc:
+        block = learning(agent="a", server_url=memsvc.url)
+        second = threading.Thread(target=run, args=(block, "second", first_left))
+        first = threading.Thread(target=run, args=(block, "first"))
+        first.start()
+        while block._entries == 0:  # (the first loop's entry made the block's clients)
+            time.sleep(0.01)
+        second.start()
+        first.join()
+        second.join()
+    assert errors == {}
+
+
 def test_a_worker_thread_is_served_when_the_blocks_running_serve_alike(llm):
     """Two requests of one web app, each in its block of the same agent: a worker thread's
     call is that agent's (the check above for several agents took them for two)."""
