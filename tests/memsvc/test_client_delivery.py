@@ -6,6 +6,7 @@ block; the memsvc address from the environment."""
 import asyncio
 import json
 import logging
+import socket
 import subprocess
 import sys
 import textwrap
@@ -286,6 +287,78 @@ def test_a_slow_memsvc_costs_a_call_no_more_than_the_callers_timeout(llm, caplog
     assert "Name: Alice" in llm.system_messages(1)[0]
     [warning] = warnings(caplog)
     assert "going on without memory" in warning
+
+
+class TricklingMemsvc:
+    """A memsvc that answers its health and agent checks at once, and a context request a
+    byte every ``byte_seconds``: each read comes within httpx's timeout, the answer never."""
+
+    def __init__(self, byte_seconds: float = 0.3):
+        self.byte_seconds = byte_seconds
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.stopped = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while not self.stopped.is_set():
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
+
+    def _serve(self, connection):
+        reader = connection.makefile("rb")
+        try:
+            while not self.stopped.is_set():
+                request_line = reader.readline()
+                if not request_line:
+                    return
+                length = 0
+                while (line := reader.readline()) not in (b"\r\n", b""):
+                    if line.lower().startswith(b"content-length:"):
+                        length = int(line.split(b":")[1])
+                reader.read(length)
+                body = b'{"name": "a"}'
+                answer = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                answer += b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+                if b" /context/" not in request_line:
+                    connection.sendall(answer)
+                    continue
+                for byte in answer:
+                    if self.stopped.wait(self.byte_seconds):
+                        return
+                    connection.sendall(bytes([byte]))
+        except OSError:
+            return
+        finally:
+            connection.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stopped.set()
+        self.listener.close()
+
+
+def test_a_memsvc_answering_a_byte_at_a_time_costs_an_async_call_no_more_than_its_timeout(
+    llm, caplog
+):
+    """httpx's timeout holds for each read: a memsvc sending a byte every 0.3 s held an
+    async call with a timeout of 1 s for 6 s (review). (Sync calls: still open.)"""
+    with (
+        TricklingMemsvc() as memsvc,
+        caplog.at_level(logging.WARNING, logger="memsvc.client"),
+        learning(agent="a", server_url=memsvc.url),
+    ):
+        started = time.monotonic()
+        reply = chat("async", llm, "What is my name?", {"timeout": 1.0, "max_retries": 0})
+        elapsed = time.monotonic() - started
+    assert reply == "Use Python, Alice."
+    assert elapsed < 2.0, elapsed
+    assert any("going on without memory" in w for w in warnings(caplog))
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
