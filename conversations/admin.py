@@ -10,7 +10,6 @@ from django.contrib import admin
 from django.contrib.postgres.search import SearchQuery
 from django.core.exceptions import ValidationError
 from django.urls import reverse
-from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.text import Truncator
 
@@ -26,6 +25,7 @@ from conversations.models import (
 from conversations.services import (
     conversation_delete,
     conversation_groups_delete,
+    conversation_update,
     membership_create_by_operator,
     membership_delete,
     messages_delete,
@@ -218,12 +218,12 @@ class ConversationAdmin(MetadataChecked, LargeTableAdmin):
     ordering = ("-updated_at",)
 
     def save_model(self, request, obj, form, change):
-        """Only what the form changed (its title, its metadata), as a change its members
-        see: the rest, as read when the page was posted, would undo an append's times
-        landing meanwhile."""
-        if form.changed_data:
-            obj.updated_at = obj.seen_at = timezone.now()
-            obj.save(update_fields=[*form.changed_data, "updated_at", "seen_at"])
+        """Only what the form changed (its title, its metadata), as the API changes it
+        (``conversation_update``): the rest, as read when the page was posted, would undo
+        an append's times landing meanwhile."""
+        changed = {name: form.cleaned_data[name] for name in form.changed_data}
+        if changed:
+            conversation_update(operator(request), conversation=obj, as_member=False, **changed)
 
     def has_add_permission(self, request):
         return False

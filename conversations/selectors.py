@@ -25,6 +25,7 @@ from django.db.models import (
     Q,
     QuerySet,
     Subquery,
+    UUIDField,
     Value,
     When,
 )
@@ -170,8 +171,9 @@ def show_fork_points(conversations) -> None:
     else the last message before it that they see in its view (None when there is none).
     The fork point is the HISTORY message before the turn forked at, whoever sees it: the
     id of an agent-only turn was shown to users as ``forkedAtMessageId``, a message none of
-    their lists holds (review). One query for all; one more for each fork whose point users
-    do not see."""
+    their lists holds (review). One query for the points; for the forks whose point users
+    do not see, two more in all (their views, and the last seen message of each: a list
+    of a group's forks read two for each)."""
     forks = [conversation for conversation in conversations if conversation.forked_at_message_id]
     if not forks:
         return
@@ -181,13 +183,27 @@ def show_fork_points(conversations) -> None:
         .values_list("id", "seq", "seen")
     )
     seq_of = {point: (seq, point_seen) for point, seq, point_seen in points}
+    hidden = {}  # fork -> its point's seq
     for fork in forks:
         seq, point_seen = seq_of.get(fork.forked_at_message_id, (None, False))
-        if point_seen or seq is None:
-            fork.fork_point_shown = fork.forked_at_message_id if point_seen else None
-            continue
-        before = conversation_messages(fork).filter(seq__lte=seq).order_by("-seq")
-        fork.fork_point_shown = before.values_list("id", flat=True).first()
+        fork.fork_point_shown = fork.forked_at_message_id if point_seen else None
+        if seq is not None and not point_seen:
+            hidden[fork] = seq
+    if not hidden:
+        return
+    lineages = conversation_lineages([fork.id for fork in hidden])
+    last_seen = [
+        Message.objects.filter(
+            SEEN_BY_USERS, _lineage_filter(lineages.get(fork.id, [])), seq__lte=seq
+        )
+        .annotate(fork_id=Value(fork.id, output_field=UUIDField()))
+        .order_by("-seq")
+        .values_list("fork_id", "id")[:1]
+        for fork, seq in hidden.items()
+    ]
+    shown = dict(last_seen[0].union(*last_seen[1:], all=True))
+    for fork in hidden:
+        fork.fork_point_shown = shown.get(fork.id)
 
 
 def _previewed_through_forks(conversations) -> None:

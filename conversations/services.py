@@ -73,9 +73,13 @@ def conversation_update(
     conversation: Conversation,
     title: str | None = None,
     metadata: dict | None = None,
+    as_member: bool = True,
 ) -> Conversation:
+    """A new title or metadata, a change its members see (``updated_at``, ``seen_at``).
+    ``as_member`` False: an operator (the admin), who changes any conversation."""
     conversation = locked_row(Conversation.objects, conversation.pk, missing="not found")
-    _hold_memberships(actor, conversation)  # a writer removed or demoted meanwhile: refused
+    if as_member:
+        _hold_memberships(actor, conversation)  # a writer removed or demoted meanwhile
     if title is None and metadata is None:
         # Nothing to change: ``updated_at`` and ``seen_at`` order the members' lists, and stay.
         return conversation
@@ -301,8 +305,8 @@ def messages_append(
     (FOR NO KEY UPDATE, until commit) before the messages draw their numbers, so a second
     writer draws its numbers only once the first has committed. A reader resuming after a
     message (a cursor is a ``seq``) can then never pass a number that commits later. The row
-    is updated once, last (``updated_at``, ``seen_at``, ``title``): a lock is not a write, so the update
-    is still the first write of the row in this transaction.
+    is updated once, last (``updated_at``, ``seen_at``, ``title``): a lock is not a write,
+    so the update is still the first write of the row in this transaction.
 
     The same lock waits for a deletion of the conversation in flight
     (``_lock_conversations``) and then finds no row: the append is a 404, not a message

@@ -48,10 +48,9 @@ def document_import(
     may act for users (``impersonates``), as the API makes one."""
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise ImportRefused(f"not a {FORMAT} document")
-    if (
-        type(document.get("version")) is not int or document.get("version") != VERSION
-    ):  # (true == 1)
-        raise ImportRefused(f"version {document.get('version')!r} (this server reads {VERSION})")
+    version = document.get("version")
+    if type(version) is not int or version != VERSION:  # (true == 1 to Python)
+        raise ImportRefused(f"version {version!r} (this server reads {VERSION})")
     # (Before anything that walks it recursively.)
     problem = json_problem(document, DOCUMENT_MAX_JSON_DEPTH)
     if problem:

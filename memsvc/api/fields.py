@@ -221,7 +221,7 @@ def _json_type_problem(field, value) -> str | None:
     return None
 
 
-def json_type_problems(fields, data: dict) -> dict:
+def _json_type_problems(fields, data: dict) -> dict:
     """Why values of ``data`` (a JSON object) are not of the JSON types of ``fields`` (a
     serializer's), as DRF's errors say it (a list's item by its index); empty when none."""
     problems = {}
@@ -246,7 +246,7 @@ def json_typed(fields, data: dict) -> dict:
     """``data`` (a JSON object) if its values are of the JSON types of ``fields`` (a
     serializer's), a whole number written as a float an int (DRF read 1e16 as no integer:
     str(1e16) is "1e+16"); else a ValidationError naming each value that is not."""
-    problems = json_type_problems(fields, data)
+    problems = _json_type_problems(fields, data)
     if problems:
         raise serializers.ValidationError(problems)
     whole = {

@@ -161,8 +161,9 @@ def current_session():
     block, begun meanwhile, serves not its calls); for a thread or task in none (a worker
     the program started inside a block), the last one active, if all that are serve alike
     (one agent, one memsvc: two requests of one web app, say). With blocks of several
-    agents active in other threads, which one the worker's call belongs to is unknown (a thread does not inherit its maker's context): it goes without
-    memory, with one warning, rather than into another agent's (review)."""
+    agents active in other threads, which one the worker's call belongs to is unknown (a
+    thread does not inherit its maker's context): it goes without memory, with one
+    warning, rather than into another agent's (review)."""
     active = list(_active)
     mine = [session for session in _entered.get() if session in active]
     if mine:

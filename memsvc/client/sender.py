@@ -93,7 +93,7 @@ class Sender:
             )
             return
         with self._condition:
-            lane = self._lanes.setdefault(destination, _Lane())
+            lane = self._lanes.get(destination) or self._lanes.setdefault(destination, _Lane())
             lane.queue.extend(requests)
             lane.queued += len(requests)
             if lane.thread is None or not lane.thread.is_alive():

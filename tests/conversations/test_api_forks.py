@@ -155,6 +155,36 @@ def test_users_are_shown_a_fork_point_they_see(api, alice):
     assert again["forkedAtMessageId"] is None
 
 
+def test_the_fork_list_reads_the_points_users_see_in_as_many_queries_for_any_number(api, alice):
+    """Each fork whose point users do not see took two queries of its own (its view, its
+    last seen message). Two forks and four are listed with as many queries, each shown
+    its own point."""
+    parent = ConversationFactory(group__owner="alice")
+    targets = {}
+    for n in (1, 2):
+        seen = MessageFactory(conversation=parent, content=f"s{n}")
+        MessageFactory(conversation=parent, role=Role.AGENT, visibility=Visibility.AGENT)
+        targets[seen.id] = MessageFactory(conversation=parent, content=f"t{n}")
+    path = f"/v1/user/conversations/{parent.id}/forks"
+
+    def listed():
+        with CaptureQueriesContext(connection) as queries:
+            response = api.get(path, as_=alice)
+        assert response.status_code == 200, response.content
+        return response.json()["data"], len(queries.captured_queries)
+
+    for seen_id, target in targets.items():
+        assert fork(api, alice, parent.id, target.id).json()["forkedAtMessageId"] == str(seen_id)
+    two, two_queries = listed()
+    for target in targets.values():
+        fork(api, alice, parent.id, target.id)
+    four, four_queries = listed()
+    assert four_queries == two_queries
+    expected = [str(seen_id) for seen_id in targets]
+    assert [f["forkedAtMessageId"] for f in four[1:]] == expected * 2
+    assert [f["forkedAtMessageId"] for f in two[1:]] == expected
+
+
 def test_a_fork_starts_only_at_a_user_history_message(api, alice):
     conversation = ConversationFactory(group__owner="alice")
     target = MessageFactory(conversation=conversation, role=Role.ASSISTANT)
