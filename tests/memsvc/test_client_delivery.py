@@ -692,7 +692,7 @@ def test_two_tasks_leaving_one_block_object_at_once_let_go_of_its_client(llm):
 
     async def ask_in(block, text, together=None):
         client = openai.AsyncOpenAI(base_url=llm.base_url, api_key="k")  # (one per loop)
-        async with block:
+        async with client, block:
             await client.chat.completions.create(
                 model="m", messages=[{"role": "user", "content": text}]
             )
@@ -723,7 +723,7 @@ def test_one_block_object_entered_on_two_event_loops_leaves_both_without_an_erro
 
     async def inside(block, name, wait_for=None):
         client = openai.AsyncOpenAI(base_url=llm.base_url, api_key="k")
-        async with block:
+        async with client, block:
             await client.chat.completions.create(
                 model="m", messages=[{"role": "user", "content": name}]
             )
