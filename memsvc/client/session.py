@@ -14,6 +14,7 @@ import httpx
 
 from memsvc.client import hooks
 from memsvc.client.core import KEY_HEADER, STRATEGIES, Call, ServerRequest
+from memsvc.client.deadline import over_by, transport
 from memsvc.client.sender import Destination, sender
 
 logger = logging.getLogger("memsvc.client")
@@ -220,8 +221,17 @@ class learning:
 
     def _new_client(self) -> httpx.Client:
         return httpx.Client(
-            base_url=self.url, headers=dict(self.destination.headers), timeout=TIMEOUT_SECONDS
+            base_url=self.url,
+            headers=dict(self.destination.headers),
+            timeout=TIMEOUT_SECONDS,
+            transport=transport(self._ssl_context()),
         )
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        # Every client shares one TLS context: making that is what costs (~20 ms).
+        if self._ssl is None:
+            self._ssl = ssl.create_default_context()
+        return self._ssl
 
     def _open(self) -> None:
         client = self._client = self._new_client()
@@ -276,9 +286,8 @@ class learning:
         if sender.busy(self.destination):
             sender.flush(time_left(deadline, quiet=True), quiet=True, destination=self.destination)
         try:
-            response = self._http.request(
-                request.method, request.path, json=request.json, timeout=time_left(deadline)
-            )
+            with over_by(deadline):
+                response = self._http.request(request.method, request.path, json=request.json)
             return self._context_of(response)
         except httpx.HTTPError as exc:
             return self._no_context(call, exc)
@@ -322,14 +331,11 @@ class learning:
             return self._no_context(call, exc)
 
     def _new_aclient(self) -> httpx.AsyncClient:
-        # Every client shares one TLS context: making that is what costs (~20 ms).
-        if self._ssl is None:
-            self._ssl = ssl.create_default_context()
         return httpx.AsyncClient(
             base_url=self.url,
             headers=dict(self.destination.headers),
             timeout=TIMEOUT_SECONDS,
-            verify=self._ssl,
+            verify=self._ssl_context(),
         )
 
     @staticmethod
@@ -364,9 +370,11 @@ class learning:
         """One request to memsvc on the block's connection (a strategy's own requests), over
         by ``deadline`` (``deadline(call)``) when one is given; a store with its
         ``Idempotency-Key`` when it has one (as the sender sends them)."""
-        timeout = TIMEOUT_SECONDS if deadline is None else time_left(deadline)
         headers = {KEY_HEADER: idempotency_key} if idempotency_key else None
-        return self._http.request(method, path, json=body, timeout=timeout, headers=headers)
+        if deadline is None:
+            return self._http.request(method, path, json=body, headers=headers)
+        with over_by(deadline):
+            return self._http.request(method, path, json=body, headers=headers)
 
     def store(self, requests: list[ServerRequest]) -> None:
         sender.send(self.destination, requests)
@@ -375,7 +383,7 @@ class learning:
 async def _by(deadline: float, request):
     """``request`` (a coroutine) done by ``deadline``, else an ``httpx.ReadTimeout``. httpx's
     timeout holds for each read: a memsvc that sent a byte every half second held a call
-    with a timeout of 1 s for 6 s (review). (The sync path still has httpx's alone.)"""
+    with a timeout of 1 s for 6 s (review). (The sync path: ``deadline.over_by``.)"""
     try:
         return await asyncio.wait_for(request, time_left(deadline))
     except TimeoutError:

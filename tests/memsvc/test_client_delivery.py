@@ -343,18 +343,19 @@ class TricklingMemsvc:
         self.listener.close()
 
 
-def test_a_memsvc_answering_a_byte_at_a_time_costs_an_async_call_no_more_than_its_timeout(
-    llm, caplog
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_memsvc_answering_a_byte_at_a_time_costs_a_call_no_more_than_its_timeout(
+    llm, caplog, mode
 ):
-    """httpx's timeout holds for each read: a memsvc sending a byte every 0.3 s held an
-    async call with a timeout of 1 s for 6 s (review). (Sync calls: still open.)"""
+    """httpx's timeout holds for each read: a memsvc sending a byte every 0.3 s held a call
+    with a timeout of 1 s for 6 s (async) and 25 s (sync) (reviews)."""
     with (
         TricklingMemsvc() as memsvc,
         caplog.at_level(logging.WARNING, logger="memsvc.client"),
         learning(agent="a", server_url=memsvc.url),
     ):
         started = time.monotonic()
-        reply = chat("async", llm, "What is my name?", {"timeout": 1.0, "max_retries": 0})
+        reply = chat(mode, llm, "What is my name?", {"timeout": 1.0, "max_retries": 0})
         elapsed = time.monotonic() - started
     assert reply == "Use Python, Alice."
     assert elapsed < 2.0, elapsed
