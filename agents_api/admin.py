@@ -46,6 +46,7 @@ from memsvc.admin_tools import (
     operator,
 )
 from memsvc.api.errors import as_api_error
+from memsvc.api.principals import user_id_problem
 from memsvc.validators import path_segment
 
 
@@ -101,7 +102,24 @@ class AgentForm(forms.ModelForm):
     """An agent as the APIs make one: a local agent's name is the last segment of its
     routes (``/agents/{name}``, ``memsvc mcp --agent``), so it holds no "/" (the local API's
     own rule), or no route would reach it; its Letta settings are as the Letta API keeps them
-    (``letta_settings_checked``: ``{"letta": {"tags": 5}}`` made every Letta list a 500)."""
+    (``letta_settings_checked``: ``{"letta": {"tags": 5}}`` made every Letta list a 500). A
+    new one's owner is a user, as ``memsvc apikey create --owner`` takes it (``local``: the
+    local API's)."""
+
+    # Its owner is who reaches it through the Letta routes (``letta_agents``): given to
+    # another agent's principal, that agent's key listed and changed it (outside review).
+    # No API moves an agent to another owner; the admin names one only for a new agent.
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if not self.instance._state.adding and "owner_principal" in self.fields:
+            self.fields["owner_principal"].disabled = True
+
+    def clean_owner_principal(self):
+        owner = self.cleaned_data["owner_principal"]
+        problem = user_id_problem(owner) if self.instance._state.adding else None
+        if problem is not None:
+            raise ValidationError(problem)
+        return owner
 
     def clean(self):
         data = super().clean()

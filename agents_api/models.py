@@ -24,6 +24,10 @@ from search.embeddings import EmbeddingField
 DEFAULT_BLOCK_LIMIT = 5_000
 BLOCK_DESCRIPTION_MAX_CHARS = 2_000  # what the API and the admin take
 AGENT_NAME_MAX_CHARS = 200
+# The Letta settings' texts an agent keeps in its row (``services.letta.LETTA_SETTINGS``),
+# read with it by every request of its keys: a system prompt of 20 MB made each 150 ms.
+AGENT_DESCRIPTION_MAX_CHARS = 2_000
+AGENT_SYSTEM_MAX_CHARS = 50_000
 # An agent's name, whoever gives it (an API, the admin, an import): one line, as it titles
 # the agent's own conversation ("<name> (local)"), shown as what it is.
 AGENT_NAME_RULES = (no_control_characters, shown_as_it_is)
@@ -325,8 +329,8 @@ class Memory(models.Model):
 
     # The turns it rests on (an extracted memory: those it was distilled from): a search of
     # messages also ranks the turns the best memories cite (``search.engine.ranked``). Ids,
-    # not keys: a turn deleted since is no longer found, and its id says nothing of it (a
-    # user's erase takes the ids of theirs too: ``services.memory_citations_forget``).
+    # not keys (an array): a deleted turn's id leaves every memory that cites it, whatever
+    # deleted it (``services.memory_citations_forget``, ``register_messages_deleted``).
     message_ids = ArrayField(models.UUIDField(), default=list, blank=True)
     embedding = EmbeddingField(
         dimensions=settings.MEMORY_EMBEDDING_DIMENSION, null=True, blank=True
@@ -356,6 +360,9 @@ class Memory(models.Model):
             # no turn at all.
             models.Index(fields=["agent", "user_id"], condition=CITES, name="memory_citing"),
             models.Index(fields=["user_id"], condition=CITES, name="memory_of_user_citing"),
+            # The memories citing a deleted turn (``services.memory_citations_forget``): a
+            # probe per turn, not a walk of every citing memory (100 ms at 100,000).
+            GinIndex(fields=["message_ids"], condition=CITES, name="memory_cited_turns"),
             models.Index(fields=["expires_at"], name="memory_expiry"),
             # A memory's words under its agent and user (``btree_gin``): a keyword search
             # of one scope intersects its rarest word's few entries with the scope's inside

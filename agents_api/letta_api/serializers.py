@@ -11,7 +11,14 @@ from rest_framework import serializers
 
 from agents_api.api.serializers import BlockLimitField, LabelField
 from agents_api.local_api.serializers import AgentMetadataField, AgentNameField, LocalInput
-from agents_api.models import DEFAULT_BLOCK_LIMIT, Agent, MemoryBlock
+from agents_api.models import (
+    AGENT_DESCRIPTION_MAX_CHARS,
+    AGENT_SYSTEM_MAX_CHARS,
+    BLOCK_DESCRIPTION_MAX_CHARS,
+    DEFAULT_BLOCK_LIMIT,
+    Agent,
+    MemoryBlock,
+)
 from agents_api.services.letta import (
     LETTA_METADATA_KEY,
     MAX_TAGS,
@@ -162,7 +169,9 @@ class LettaInput(LocalInput):
 class BlockIn(LettaInput):
     label = LabelField()
     value = TextField(allow_blank=True, required=False, default="")
-    description = TextField(allow_blank=True, required=False, default="")
+    description = TextField(
+        allow_blank=True, required=False, default="", max_length=BLOCK_DESCRIPTION_MAX_CHARS
+    )
     limit = BlockLimitField(required=False, default=DEFAULT_BLOCK_LIMIT)
     # Letta's "the agent has read-only access": memsvc's read-only block, as /v1/agent's
     # ``readOnly`` makes it (no write changes or deletes it, the observer's included).
@@ -172,7 +181,9 @@ class BlockIn(LettaInput):
 class BlockUpdateIn(LettaInput):
     label = LabelField(required=False)
     value = TextField(allow_blank=True, required=False)
-    description = TextField(allow_blank=True, required=False)
+    description = TextField(
+        allow_blank=True, required=False, max_length=BLOCK_DESCRIPTION_MAX_CHARS
+    )
     limit = BlockLimitField(required=False)
 
 
@@ -183,13 +194,19 @@ class TagsField(serializers.ListField):
         super().__init__(child=TextField(max_length=100), max_length=MAX_TAGS, **kwargs)
 
 
-class LettaSettingsFields(LettaInput):
+class LettaTexts(LettaInput):
+    # An agent's texts among its settings, as it is made or changed.
+    system = TextField(allow_blank=True, required=False, max_length=AGENT_SYSTEM_MAX_CHARS)
+    description = TextField(
+        allow_blank=True, required=False, max_length=AGENT_DESCRIPTION_MAX_CHARS
+    )
+
+
+class LettaSettingsFields(LettaTexts):
     # The settings an agent is made with (``services.letta.LETTA_SETTINGS``).
     agent_type = TextField(max_length=100, required=False)
     model = TextField(max_length=200, required=False)
     embedding = TextField(max_length=200, required=False)
-    system = TextField(allow_blank=True, required=False)
-    description = TextField(allow_blank=True, required=False)
     enable_sleeptime = serializers.BooleanField(required=False)
 
 
@@ -200,11 +217,9 @@ class AgentIn(LettaSettingsFields):
     metadata = AgentMetadataField(required=False)
 
 
-class AgentUpdateIn(LettaInput):
+class AgentUpdateIn(LettaTexts):
     name = AgentNameField(required=False)
     model = TextField(max_length=200, required=False)
-    system = TextField(allow_blank=True, required=False)
-    description = TextField(allow_blank=True, required=False)
     enable_sleeptime = serializers.BooleanField(required=False)
     metadata = AgentMetadataField(required=False)
     tags = TagsField(required=False)

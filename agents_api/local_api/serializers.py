@@ -13,7 +13,7 @@ from agents_api.api.serializers import (
 )
 from agents_api.models import AGENT_NAME_MAX_CHARS, AGENT_NAME_RULES, Agent, MemoryBlock
 from agents_api.selectors import MemoryHit, ToolRecordHit
-from agents_api.services.letta import LETTA_METADATA_KEY
+from agents_api.services.letta import LETTA_METADATA_KEY, letta_metadata
 from conversations.models import Message, Role
 from conversations.services import within_message_limit
 from memsvc.api.fields import (
@@ -35,7 +35,7 @@ def agent_out(agent: Agent) -> dict:
         "id": str(agent.id),
         "name": agent.name,
         "created_at": datetime_text(agent.created_at),
-        "metadata": agent.metadata or None,
+        "metadata": letta_metadata(agent) or None,  # (not memsvc's Letta settings)
     }
 
 

@@ -8,7 +8,7 @@ import pytest
 from django.utils import timezone
 
 from agents_api import services
-from agents_api.models import Agent, MemoryBlock, MemoryBlockRevision
+from agents_api.models import BLOCK_DESCRIPTION_MAX_CHARS, Agent, MemoryBlock, MemoryBlockRevision
 from agents_api.services.letta import UNATTACHED_BLOCK_TTL
 from agents_api.sleeptime import observation_due
 from agents_api.tasks import prune_memories_task
@@ -663,6 +663,42 @@ def test_bad_input_is_422_and_changes_nothing(api, helper):
         assert response.status_code == 422
         assert response.json()["detail"][0]["loc"] == ["query", "order"]  # (it said body)
     assert Agent.objects.filter(owner_principal=helper.agent.principal_id).count() == 1
+
+
+def kept_state():
+    return (
+        sorted(Agent.objects.values_list("id", "name", "metadata")),
+        sorted(MemoryBlock.objects.values_list("id", "label", "description")),
+    )
+
+
+def test_texts_are_held_to_the_limits_of_the_other_apis(api, helper):
+    """A block's description of 50,000 characters was taken by every Letta route (the
+    agent's own export then failed its import: 2,000 is the limit), and a system prompt of
+    20 MB was kept in the agent's row, read by every request of its keys (outside review)."""
+    state = create_agent(api, helper)
+    block_id = state["blocks"][0]["id"]
+    long_description = "d" * (BLOCK_DESCRIPTION_MAX_CHARS + 1)
+    for method, path, body, field in [
+        ("POST", "/v1/blocks/", {"label": "p", "description": long_description}, "description"),
+        ("PATCH", f"/v1/blocks/{block_id}", {"description": long_description}, "description"),
+        (
+            "POST",
+            "/v1/agents/",
+            {"name": "x", "memory_blocks": [{"label": "h", "description": long_description}]},
+            "description",
+        ),
+        ("POST", "/v1/agents/", {"name": "y", "system": "s" * 50_001}, "system"),
+        ("POST", "/v1/agents/", {"name": "z", "description": "d" * 2_001}, "description"),
+        ("PATCH", f"/v1/agents/{state['id']}", {"system": "s" * 50_001}, "system"),
+    ]:
+        before = kept_state()
+        refused = api.call(method, path, as_=helper, body=body)
+        assert refused.status_code == 422, (path, body.keys(), refused.content[:200])
+        assert field in refused.json()["detail"][0]["loc"], refused.json()
+        assert kept_state() == before
+    kept = api.patch(f"/v1/agents/{state['id']}", {"system": "s" * 50_000}, as_=helper)
+    assert kept.status_code == 200 and len(kept.json()["system"]) == 50_000
 
 
 # --- a review's findings: attach all or nothing, renames, nulls ------------------------------

@@ -93,6 +93,22 @@ def test_an_agents_metadata_leaves_the_key_of_its_letta_settings_alone(local, le
     assert not Agent.objects.exists()
 
 
+def test_an_agents_letta_settings_are_not_shown_as_its_metadata(local, api):
+    """An agent made through the Letta API keeps its settings under memsvc's key: the local
+    API showed them as the agent's metadata, the key it refuses from clients (review)."""
+    keyed = make_agent("keyed")
+    made = api.post(
+        "/v1/agents/",
+        {"name": "keyed", "system": "Be brief.", "metadata": {"team": "a"}},
+        as_=keyed,
+    )
+    assert made.status_code == 200, made.content
+    shown = local.get("/agents/keyed", HTTP_X_API_KEY=keyed.key)
+    assert shown.status_code == 200, shown.content
+    assert shown.json()["metadata"] == {"team": "a"}
+    assert Agent.objects.get(pk=keyed.agent.pk).metadata["letta"]["system"] == "Be brief."
+
+
 def test_an_agents_name_holds_no_control_characters(local):
     """It titles the agent's own conversation ("<name> (local)"), and titles refuse them:
     a name with a newline or an escape was taken, and its title held them."""

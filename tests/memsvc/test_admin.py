@@ -872,6 +872,28 @@ def test_an_agent_is_named_in_the_admin_as_the_apis_name_one(operator, name, why
     assert agent.name == "bob"
 
 
+def test_an_agents_owner_is_named_only_for_a_new_agent_and_only_a_user(operator, api):
+    """Its owner is who reaches it through the Letta routes: set in the admin to another
+    agent's principal, that agent's key listed and read it (outside review). A new agent's
+    owner is a user, as ``memsvc apikey create --owner`` takes one."""
+    helper, other = make_agent("helper"), make_agent("other")
+    change = reverse("admin:agents_api_agent_change", args=[other.agent.pk])
+    form = {"name": "other", "description": "moved", "metadata": "{}"}
+    owner_before = other.agent.owner_principal
+    posted = operator.post(change, {**form, "owner_principal": helper.agent.principal_id})
+    assert posted.status_code == 302
+    other.agent.refresh_from_db()
+    assert (other.agent.owner_principal, other.agent.description) == (owner_before, "moved")
+    assert [a["name"] for a in api.get("/v1/agents/", as_=helper).json()] == ["helper"]
+    assert api.get(f"/v1/agents/{other.agent.pk}", as_=helper).status_code == 404
+
+    add = reverse("admin:agents_api_agent_add")
+    refused = operator.post(add, {**form, "name": "new", "owner_principal": "agent:x"})
+    assert refused.status_code == 200
+    assert "must name a user, not an agent" in refused.content.decode()
+    assert not Agent.objects.filter(name="new").exists()
+
+
 @pytest.mark.parametrize(
     ("letta", "why"),
     [({"tags": 5}, "letta.tags: Expected a list"), ("oops", "letta: must be an object")],
