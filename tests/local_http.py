@@ -33,6 +33,12 @@ class Recorded:
     client_port: int = 0  # which connection of the client's it came on
 
 
+class _Server(ThreadingHTTPServer):
+    # Connections waiting to be accepted: the default 5 reset some of a hundred opened at
+    # once (a client's whole pool).
+    request_queue_size = 128
+
+
 class LocalHttpServer:
     def __init__(self, respond: Callable[..., Reply], *, pass_headers: bool = False):
         self.requests: list[Recorded] = []
@@ -83,7 +89,7 @@ class LocalHttpServer:
             def log_message(self, *args):
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = _Server(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, args=(0.01,), daemon=True)
 

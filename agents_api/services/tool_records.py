@@ -4,6 +4,7 @@ when the embedding backend was down."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 
 from django.db import connection, transaction
 from django.utils import timezone
@@ -75,7 +76,9 @@ def tool_records_create(
             raw_output=new.raw_output,
             summary=summaries[index],
             summary_source=SummarySource.CALLER if new.summary else SummarySource.FALLBACK,
-            created_at=now,
+            # A microsecond apart, in the order given: listed in the order they were made
+            # (``selectors.TOOL_RECORD_ORDER``), not by their random ids (outside review).
+            created_at=now + timedelta(microseconds=index),
         )
         if vectors is not None:
             row.embedding, row.embedding_model, row.embedded_at = vectors[index], model, now

@@ -8,6 +8,7 @@ import contextlib
 import ssl
 import threading
 import time
+import urllib.request
 
 import httpcore
 import httpx
@@ -80,3 +81,12 @@ def transport(ssl_context: ssl.SSLContext) -> httpx.HTTPTransport:
         network_backend=_Backend(),
     )
     return made
+
+
+def proxied(url: str) -> bool:
+    """Whether httpx sends requests to ``url`` through a proxy the environment names
+    (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``, not ``NO_PROXY``'s)."""
+    host = httpx.URL(url).host
+    return bool(urllib.request.getproxies_environment()) and not (
+        urllib.request.proxy_bypass_environment(host)
+    )

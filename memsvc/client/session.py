@@ -14,7 +14,7 @@ import httpx
 
 from memsvc.client import hooks
 from memsvc.client.core import KEY_HEADER, STRATEGIES, Call, ServerRequest
-from memsvc.client.deadline import over_by, transport
+from memsvc.client.deadline import over_by, proxied, transport
 from memsvc.client.sender import Destination, sender
 
 logger = logging.getLogger("memsvc.client")
@@ -220,11 +220,14 @@ class learning:
                 client.close()
 
     def _new_client(self) -> httpx.Client:
+        # Through a proxy of the environment's (which a transport given to httpx would
+        # bypass: review), httpx's own, whose timeout holds for each read.
         return httpx.Client(
             base_url=self.url,
             headers=dict(self.destination.headers),
             timeout=TIMEOUT_SECONDS,
-            transport=transport(self._ssl_context()),
+            verify=self._ssl_context(),
+            transport=None if proxied(self.url) else transport(self._ssl_context()),
         )
 
     def _ssl_context(self) -> ssl.SSLContext:
@@ -286,8 +289,10 @@ class learning:
         if sender.busy(self.destination):
             sender.flush(time_left(deadline, quiet=True), quiet=True, destination=self.destination)
         try:
-            with over_by(deadline):
-                response = self._http.request(request.method, request.path, json=request.json)
+            with over_by(deadline):  # (the timeout: for a free connection of the pool too)
+                response = self._http.request(
+                    request.method, request.path, json=request.json, timeout=time_left(deadline)
+                )
             return self._context_of(response)
         except httpx.HTTPError as exc:
             return self._no_context(call, exc)
@@ -374,7 +379,9 @@ class learning:
         if deadline is None:
             return self._http.request(method, path, json=body, headers=headers)
         with over_by(deadline):
-            return self._http.request(method, path, json=body, headers=headers)
+            return self._http.request(
+                method, path, json=body, headers=headers, timeout=time_left(deadline)
+            )
 
     def store(self, requests: list[ServerRequest]) -> None:
         sender.send(self.destination, requests)

@@ -573,6 +573,18 @@ def test_the_pages_keep_their_own_404s_and_the_root_leads_to_them(local):
         assert local.get(path)["Location"] == f"{path}/"
 
 
+def test_the_records_of_one_request_are_listed_in_their_order(local, api):
+    """All made at one instant, they were listed in the order of their random ids: steps
+    [7, 5, 6, 9, 8, 2, 3, 4, 1, 10] for 1 to 10 (outside review)."""
+    keyed = make_agent("keyed")
+    records = [{"tool_name": f"tool_{n}", "output": {"n": n}, "step": n} for n in range(1, 21)]
+    body = {"agent_name": "keyed", "task_id": "batch", "records": records}
+    made = local.post("/tool-records", body, HTTP_X_API_KEY=keyed.key)
+    assert made.status_code == 200, made.content
+    listed = api.get("/v1/agent/tool-records", as_=keyed, taskId="batch", limit=50).json()
+    assert [r["step"] for r in listed["data"]] == list(range(1, 21))
+
+
 def test_tool_records_sent_again_with_their_idempotency_key_are_stored_once(local):
     """The memory bank sends a step's records again when their answer was lost: the retry
     gets the first records back, in their order, and stores nothing; the key is no

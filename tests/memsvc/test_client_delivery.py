@@ -365,6 +365,48 @@ def test_a_memsvc_answering_a_byte_at_a_time_costs_a_call_no_more_than_its_timeo
     assert any("going on without memory" in w for w in warnings(caplog))
 
 
+def test_a_sync_call_waits_for_a_free_connection_no_longer_than_its_timeout(llm, caplog):
+    """Every connection of the block's pool (100) taken by calls whose context memsvc is slow
+    to give: a call with a timeout of 1 s waited for one as long as they did (10 s with
+    the default timeout; review). It goes on without memory when its time is over."""
+    client = openai.OpenAI(base_url=llm.base_url, api_key="k", max_retries=0)
+    with (
+        StandInMemsvc(context_seconds=6.0) as memsvc,
+        caplog.at_level(logging.WARNING, logger="memsvc.client"),
+        learning(agent="a", server_url=memsvc.url),
+    ):
+        patient = [threading.Thread(target=chat, args=("sync", llm, "wait")) for _ in range(100)]
+        for thread in patient:
+            thread.start()
+        while len([p for p in memsvc.paths() if p.startswith("/context/")]) < 100:
+            time.sleep(0.01)
+        started = time.monotonic()
+        reply = client.with_options(timeout=1.0).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hurried"}]
+        )
+        elapsed = time.monotonic() - started
+        for thread in patient:
+            thread.join()
+    assert reply.choices[0].message.content == "Use Python, Alice."
+    assert elapsed < 2.0, elapsed
+    assert any("going on without memory" in w for w in warnings(caplog))
+
+
+def test_a_sync_block_reaches_memsvc_through_the_environments_proxy(monkeypatch):
+    """A transport of memsvc's own given to httpx made it ignore ``HTTP_PROXY`` (review):
+    a memsvc reached only through a proxy was taken for down."""
+    with StandInMemsvc() as proxy:
+        monkeypatch.setenv("HTTP_PROXY", proxy.url)
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+        with learning(agent="a", server_url="http://memsvc.internal:8283"):
+            pass
+    assert proxy.paths() == [
+        "http://memsvc.internal:8283/health",
+        "http://memsvc.internal:8283/agents",
+    ]
+
+
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_call_waits_for_earlier_stores_no_longer_than_its_timeout(llm, caplog, mode):
     """Before asking for context a call waits for the previous turn's stores (here 1.2 s):
