@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from memsvc.client.core import ChatCompletions, Recall, ServerRequest
+from memsvc.client.core import ChatCompletions, Recall, ServerRequest, readable_json
 
 logger = logging.getLogger("memsvc.client")
 
@@ -268,15 +268,18 @@ class MemoryBank:
             {
                 "agent_name": self.agent,
                 "task_id": self.task.task_id,
-                "records": [
-                    {
-                        "step": self.task.step,
-                        "tool_name": i.tool_name,
-                        "input": i.raw_input,
-                        "output": i.raw_output,
-                    }
-                    for i in new
-                ],
+                # (A NUL in a tool's output, which memsvc refuses, lost the step: review.)
+                "records": readable_json(
+                    [
+                        {
+                            "step": self.task.step,
+                            "tool_name": i.tool_name,
+                            "input": i.raw_input,
+                            "output": i.raw_output,
+                        }
+                        for i in new
+                    ]
+                ),
             },
             idempotency_key=f"memory-bank:{uuid.uuid4().hex}",
         )

@@ -416,15 +416,16 @@ def _readable(text: str) -> str:
     return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
-def _readable_json(value):
+def readable_json(value):
     """Every text of a JSON value (keys too) ``_readable``: a reply's tool calls, whose
-    arguments may hold what memsvc refuses (the reply was not stored; review)."""
+    arguments may hold what memsvc refuses (the reply was not stored; review), a tool's
+    input and output (``memory_bank``)."""
     if isinstance(value, str):
         return _readable(value)
     if isinstance(value, dict):
-        return {_readable(str(key)): _readable_json(item) for key, item in value.items()}
+        return {_readable(str(key)): readable_json(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
-        return [_readable_json(item) for item in value]
+        return [readable_json(item) for item in value]
     return value
 
 
@@ -469,7 +470,7 @@ def _message(call: Call, role: str, content: str, metadata: dict | None) -> Serv
             "agent_name": call.agent,
             "role": role,
             "content": storable(content),
-            "metadata": _readable_json(metadata),
+            "metadata": readable_json(metadata),
         },
         idempotency_key=f"learning:{call.turn}:{role}",
     )

@@ -185,6 +185,31 @@ def test_a_tool_answer_json_cannot_carry_is_kept_as_text(answer):
     json.dumps(interaction.raw_output, allow_nan=False)  # httpx's json=, which raised
 
 
+def test_a_tool_step_holding_a_nul_is_stored_with_the_replacement_character(
+    live_server, llm, caplog
+):
+    """memsvc refuses a NUL in a text: a tool's output holding one was refused (422), the
+    step never stored, and memory bank unavailable for it (outside review). As the default
+    strategy stores a turn: the NUL as U+FFFD."""
+    call = ToolCall("read_file", {"path": "a\x00b"})
+    messages = [
+        {"role": "user", "content": "Read the file."},
+        {"role": "assistant", "content": None, "tool_calls": [call.as_json()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "file header \x00\x00 id htl-555"},
+    ]
+    llm.then("Done.")
+    client = openai.OpenAI(base_url=llm.base_url, api_key="test")
+    with (
+        caplog.at_level(logging.WARNING, logger="memsvc.client"),
+        learning(agent=AGENT, server_url=live_server.url, strategy="memory_bank"),
+    ):
+        client.chat.completions.create(model="gpt-test", messages=messages)
+    record = ToolRecord.objects.get(agent__name=AGENT)
+    assert record.raw_input == {"path": "a\ufffdb"}
+    assert record.raw_output == {"_raw": "file header \ufffd\ufffd id htl-555"}
+    assert "memory bank unavailable" not in caplog.text
+
+
 def test_async_and_streamed_calls_are_compressed_too(live_server, llm):
     scripted(llm, 3)
 
