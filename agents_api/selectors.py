@@ -217,16 +217,20 @@ def letta_blocks(caller: Agent, *, label: str | None = None) -> QuerySet[MemoryB
 
 
 LETTA_ORDERS = {"asc": ("created_at", "id"), "desc": ("-created_at", "-id")}
+LETTA_MESSAGE_ORDERS = {"asc": ("seq",), "desc": ("-seq",)}  # a conversation's own order
 
 
-def letta_page(rows: QuerySet, *, order: str, after=None, before=None, limit: int) -> list:
-    """A page of a Letta list (``letta_agents``, ``letta_blocks``) in creation ``order``
-    ("asc" or "desc"): the rows after the row ``after`` and before the row ``before`` in that
-    order (primary keys; one that names none of ``rows`` is ignored, as Letta's server
-    ignores it). letta-client walks a list by ``after`` the last item of each page."""
-    keys = LETTA_ORDERS[order]
+def letta_page(
+    rows: QuerySet, *, order: str, after=None, before=None, limit: int, orders=LETTA_ORDERS
+) -> list:
+    """A page of a Letta list (``letta_agents``, ``letta_blocks``; an agent's messages with
+    ``LETTA_MESSAGE_ORDERS``) in creation ``order`` ("asc" or "desc"): the rows after the
+    row ``after`` and before the row ``before`` in that order (primary keys; one that names
+    none of ``rows`` is ignored, as Letta's server ignores it). letta-client walks a list by
+    ``after`` the last item of each page."""
+    keys = orders[order]
     fields = [key.removeprefix("-") for key in keys]
-    backwards = LETTA_ORDERS["desc" if order == "asc" else "asc"]
+    backwards = orders["desc" if order == "asc" else "asc"]
     # Both rows looked up among all of ``rows``: a ``before`` at or before ``after`` was
     # looked up past ``after``, not found, ignored, and the page ran on (review).
     cursors = [

@@ -17,6 +17,7 @@ from agents_api.authentication import ApiKeyAuthentication, HasScope
 from agents_api.letta_api import serializers as s
 from agents_api.local_api.views import fastapi_errors, render_local_error
 from agents_api.tasks import enqueue_letta_observation, enqueue_memory_extraction
+from conversations.models import Message
 from conversations.selectors import conversation_messages
 from memsvc.api.errors import ApiError, InvalidInput, NotFound
 from memsvc.api.pagination import parse_limit
@@ -69,14 +70,17 @@ def _cursor(params, name: str, parse):
         return None
 
 
-def _page(rows, params, *, default_order: str, parse_id) -> list:
+def _page(
+    rows, params, *, default_order: str, parse_id, default_limit: int = 50, **options
+) -> list:
     """A page of a Letta list, by Letta's ``order``, ``after``, ``before`` and ``limit``."""
     return selectors.letta_page(
         rows,
         order=_order(params, default_order),
         after=_cursor(params, "after", parse_id),
         before=_cursor(params, "before", parse_id),
-        limit=parse_limit(params.get("limit"), default=50, maximum=MAX_LIST_LIMIT),
+        limit=parse_limit(params.get("limit"), default=default_limit, maximum=MAX_LIST_LIMIT),
+        **options,
     )
 
 
@@ -148,27 +152,33 @@ class AgentView(LettaView):
 class AgentMessagesView(LettaView):
     @extend_schema(exclude=True)
     def get(self, request, agent_id):
+        """``after`` and ``before`` in the list's ``order``: ``after`` the last of a page in
+        the default (newest first) order walked back to the newest (review)."""
         agent = self.agent(request, agent_id)
-        params = request.query_params
-        limit = parse_limit(params.get("limit"), default=100, maximum=MAX_LIST_LIMIT)
-        order = _order(params, "desc")
-        if agent.local_conversation is None:
-            return Response([])
-        messages = conversation_messages(agent.local_conversation, for_agent=True)
-        for cursor, after in (("after", True), ("before", False)):
-            if params.get(cursor):
-                seq = self._cursor_seq(messages, params[cursor])
-                messages = messages.filter(seq__gt=seq) if after else messages.filter(seq__lt=seq)
-        messages = messages.order_by("seq" if order == "asc" else "-seq")[:limit]
-        return Response([s.message_out(message, agent) for message in messages])
+        conversation = agent.local_conversation
+        messages = (
+            Message.objects.none()
+            if conversation is None
+            else conversation_messages(conversation, for_agent=True)
+        )
+        for cursor in ("after", "before"):  # (Letta's server: a 404, not ignored)
+            if request.query_params.get(cursor):
+                message_id = self._message_id(request.query_params[cursor])
+                if not messages.filter(id=message_id).exists():
+                    raise NotFound("Message not found")
+        page = _page(
+            messages,
+            request.query_params,
+            default_order="desc",
+            parse_id=self._message_id,
+            default_limit=100,
+            orders=selectors.LETTA_MESSAGE_ORDERS,
+        )
+        return Response([s.message_out(message, agent) for message in page])
 
     @staticmethod
-    def _cursor_seq(messages, raw: str) -> int:
-        message_id = s.parse_uuid_id(raw, s.MESSAGE_ID_PREFIX, "Message")
-        seq = messages.filter(id=message_id).values_list("seq", flat=True).first()
-        if seq is None:
-            raise NotFound("Message not found")
-        return seq
+    def _message_id(raw: str):
+        return s.parse_uuid_id(raw, s.MESSAGE_ID_PREFIX, "Message")
 
     @extend_schema(exclude=True)
     def post(self, request, agent_id):

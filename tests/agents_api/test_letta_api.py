@@ -315,6 +315,23 @@ def test_captured_turns_are_messages_of_the_agent_listed_as_letta_messages(api, 
         f"/v1/agents/{agent_id}/messages", as_=helper, order="asc", after=oldest[1]["id"]
     ).json()
     assert [m["content"] for m in after] == ["I prefer window seats.", "Noted."]
+    # Walked in the default order (newest first) by ``after`` the last of each page, as
+    # letta-client walks: ``after`` went back to the newest (review).
+    walked, cursor = [], None
+    for _ in range(4):
+        page = api.get(
+            f"/v1/agents/{agent_id}/messages",
+            as_=helper,
+            limit=1,
+            **({"after": cursor} if cursor else {}),
+        ).json()
+        if not page:
+            break
+        walked.append(page[0]["content"])
+        cursor = page[-1]["id"]
+    assert walked == ["Noted.", "I prefer window seats.", "Lovely city.", "I live in Lisbon."]
+    before = api.get(f"/v1/agents/{agent_id}/messages", as_=helper, before=newest[1]["id"]).json()
+    assert [m["content"] for m in before] == ["Noted."]
 
 
 OBSERVER_MARKER = "maintain the memory blocks"  # in the observer's instructions
