@@ -18,7 +18,7 @@ from urllib.parse import unquote_plus
 
 from django.conf import settings
 from django.core import signals
-from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent
+from django.core.exceptions import DisallowedHost, RequestDataTooBig, TooManyFieldsSent
 from django.db import DataError, IntegrityError, InterfaceError, OperationalError, connections
 from django.http import HttpResponseBadRequest
 from django.urls import Resolver404, resolve
@@ -65,6 +65,14 @@ def _nul_path_parameter(path: str) -> str:
 
 def request_refusal(request) -> ApiError | None:
     """What makes ``request`` unanswerable before any view reads it, or None."""
+    try:
+        request.get_host()
+    except DisallowedHost:  # (Django's own refusal, in CommonMiddleware, is an HTML page)
+        return InvalidInput.for_field(
+            "Host",
+            "names no host this server answers for (DJANGO_ALLOWED_HOSTS)",
+            location="header",
+        )
     if "\x00" in request.path_info:
         return InvalidInput.for_field(
             _nul_path_parameter(request.path_info),

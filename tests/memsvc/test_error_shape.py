@@ -70,6 +70,23 @@ def test_nul_in_a_path_names_the_parameter_as_the_api_documents_it(client, alice
     assert body["details"] == {"userId": ["must not contain NUL characters"]}
 
 
+def test_a_host_the_server_does_not_answer_for_is_refused_in_each_apis_shape(client, alice):
+    """Django's refusal of a ``Host`` not in ``DJANGO_ALLOWED_HOSTS`` was its HTML page on
+    every API, with a traceback logged (outside review)."""
+    helper = make_agent("host-helper")
+    elsewhere = {"HTTP_HOST": "evil.example"}
+    for path, headers in [
+        ("/v1/user/conversations", alice.auth_headers()),
+        ("/v1/agent/me", helper.auth_headers()),
+        ("/v1/health", {}),
+    ]:
+        body = assert_v1_error(client.get(path, **headers, **elsewhere), 400)
+        assert list(body["details"]) == ["Host"]
+    [problem] = assert_local_422(client.get("/agents/someone", **elsewhere))
+    assert problem["loc"] == ["header", "Host"]
+    assert client.get("/v1/health").status_code == 200  # (the allowed hosts: answered)
+
+
 def test_options_tells_no_docstring(client):
     """An OPTIONS request is answered without the view's docstring (code, not API)."""
     helper = make_agent("options-helper")
