@@ -87,7 +87,7 @@ def principal_for_key(api_key: ApiKey, on_behalf_of: str | None) -> Principal:
             raise Forbidden(f"{ON_BEHALF_HEADER} needs a key with the 'impersonate' scope")
         problem = user_id_problem(on_behalf_of)
         if problem:
-            raise InvalidInput.for_field(ON_BEHALF_HEADER, problem)
+            raise InvalidInput.for_field(ON_BEHALF_HEADER, problem, location="header")
     return api_key.agent.as_principal(scopes=scopes, on_behalf_of=on_behalf_of)
 
 

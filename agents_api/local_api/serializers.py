@@ -106,7 +106,9 @@ def validation_detail(detail, path=("body",)) -> list[dict]:
     issues = []
     if isinstance(detail, dict):
         for key, sub in detail.items():
-            issues += validation_detail(sub, (*path, key) if key != "non_field_errors" else path)
+            # (The body as a whole, ``InputSerializer``'s "body": named once, not body.body.)
+            whole = key == "non_field_errors" or (path == ("body",) and key == "body")
+            issues += validation_detail(sub, path if whole else (*path, key))
     elif isinstance(detail, list):
         for item in detail:
             issues += validation_detail(item, path)

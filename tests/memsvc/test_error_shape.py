@@ -87,6 +87,25 @@ def test_a_host_the_server_does_not_answer_for_is_refused_in_each_apis_shape(cli
     assert client.get("/v1/health").status_code == 200  # (the allowed hosts: answered)
 
 
+def test_a_local_refusal_names_where_the_bad_input_is(client):
+    """A body that is no object was at ``body.body``; a user id too long in
+    ``X-On-Behalf-Of`` at ``body.X-On-Behalf-Of`` (outside review)."""
+    for body in ("[]", "5", "not json"):
+        response = client.post("/agents", body, content_type="application/json")
+        assert [problem["loc"] for problem in assert_local_422(response)] == [["body"]]
+    helper = make_agent("on-behalf-helper", scopes=("read", "write", "impersonate"))
+    response = client.post(
+        "/agents",
+        {"name": "x"},
+        content_type="application/json",
+        HTTP_X_API_KEY=helper.key,
+        HTTP_X_ON_BEHALF_OF="u" * 300,
+    )
+    assert [problem["loc"] for problem in assert_local_422(response)] == [
+        ["header", "X-On-Behalf-Of"]
+    ]
+
+
 def test_options_tells_no_docstring(client):
     """An OPTIONS request is answered without the view's docstring (code, not API)."""
     helper = make_agent("options-helper")
