@@ -8,8 +8,6 @@ class AgentsApiConfig(AppConfig):
     def ready(self) -> None:
         from agents_api.models import Agent
         from agents_api.selectors import memories_citing
-        from agents_api.services.memories import memory_citations_forget
-        from conversations.services import register_messages_deleted
         from memsvc.api.principals import register_agent_lookup
         from memsvc.db import held_keys
         from search.selectors import register_citing
@@ -19,4 +17,3 @@ class AgentsApiConfig(AppConfig):
             lambda agent_ids: held_keys(Agent, agent_ids),
         )
         register_citing(memories_citing)
-        register_messages_deleted(memory_citations_forget)

@@ -329,8 +329,9 @@ class Memory(models.Model):
 
     # The turns it rests on (an extracted memory: those it was distilled from): a search of
     # messages also ranks the turns the best memories cite (``search.engine.ranked``). Ids,
-    # not keys (an array): a deleted turn's id leaves every memory that cites it, whatever
-    # deleted it (``services.memory_citations_forget``, ``register_messages_deleted``).
+    # not keys: a turn deleted since is no longer found, and its id says nothing of it (a
+    # user's erase takes the ids of theirs too: ``services.memory_citations_forget``). A
+    # change of a memory may send back the ids it cites, deleted ones too (``memory_update``).
     message_ids = ArrayField(models.UUIDField(), default=list, blank=True)
     embedding = EmbeddingField(
         dimensions=settings.MEMORY_EMBEDDING_DIMENSION, null=True, blank=True
@@ -360,9 +361,6 @@ class Memory(models.Model):
             # no turn at all.
             models.Index(fields=["agent", "user_id"], condition=CITES, name="memory_citing"),
             models.Index(fields=["user_id"], condition=CITES, name="memory_of_user_citing"),
-            # The memories citing a deleted turn (``services.memory_citations_forget``): a
-            # probe per turn, not a walk of every citing memory (100 ms at 100,000).
-            GinIndex(fields=["message_ids"], condition=CITES, name="memory_cited_turns"),
             models.Index(fields=["expires_at"], name="memory_expiry"),
             # A memory's words under its agent and user (``btree_gin``): a keyword search
             # of one scope intersects its rarest word's few entries with the scope's inside

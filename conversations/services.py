@@ -9,7 +9,7 @@ deleted) is read again under the lock the write takes: a 404 or 403, never a wri
 after the change has answered.
 """
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -36,18 +36,6 @@ from memsvc.api.errors import Conflict, Forbidden, InvalidInput, NotFound
 from memsvc.api.principals import Principal, agent_uuid_of, hold_agents
 from memsvc.db import held_keys, hold_users, locked_row
 from search.tasks import enqueue_embedding
-
-# Memories cite the turns they rest on, by id. Memories belong to the agents app, built on
-# this one: it tells at start-up (``AgentsApiConfig.ready``) what goes with deleted messages,
-# in the deletion's transaction (``_messages_delete``: every deletion of messages).
-_on_messages_deleted: list[Callable[[list], object]] = []
-
-
-def register_messages_deleted(callback: Callable[[list], object]) -> None:
-    """``callback(message_ids)`` runs in every deletion of messages, once they are gone."""
-    if callback not in _on_messages_deleted:
-        _on_messages_deleted.append(callback)
-
 
 # --- conversations ---------------------------------------------------------------------------
 
@@ -469,10 +457,9 @@ def messages_delete(actor: Principal, *, messages) -> list:
 
 
 def _messages_delete(messages) -> list:
-    """Delete these messages (a queryset); replies to them lose their parent, memories
-    their citations of them (``register_messages_deleted``). Caller makes sure no
-    conversation that stays is forked at one of them (``_forks_moved_off``). The ids of
-    those deleted."""
+    """Delete these messages (a queryset); replies to them lose their parent. Caller makes
+    sure no conversation that stays is forked at one of them (``_forks_moved_off``). The
+    ids of those deleted."""
     ids = _lock_messages(messages)
     if not ids:
         return []
@@ -481,10 +468,7 @@ def _messages_delete(messages) -> list:
             "UPDATE message SET parent_message_id = NULL WHERE parent_message_id = ANY(%s)", [ids]
         )
         cursor.execute("DELETE FROM message WHERE id = ANY(%s) RETURNING id", [ids])
-        deleted = [message_id for (message_id,) in cursor.fetchall()]
-    for callback in _on_messages_deleted:
-        callback(deleted)
-    return deleted
+        return [message_id for (message_id,) in cursor.fetchall()]
 
 
 def _forks_moved_off(messages) -> None:

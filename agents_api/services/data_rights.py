@@ -7,7 +7,7 @@ from django.db import transaction
 
 from agents_api.models import MemoryBlock, UserMemorySetting
 from agents_api.selectors import memories_of, tool_records_kept_about
-from agents_api.services.memories import memories_delete
+from agents_api.services.memories import memories_delete, memory_citations_forget
 from agents_api.services.tool_records import tool_records_delete
 from conversations.services import user_conversations_erase
 from memsvc.api.errors import InvalidInput
@@ -34,7 +34,7 @@ def user_erase(actor: Principal, *, confirm: str) -> Erased:
     revisions, tool records made for them or in the conversations they own, which would
     otherwise outlive those), and their login to the web pages (an operator's, staff, is
     the admin's to remove). Others' memories that cited a message erased cite it no more
-    (as after any deletion of messages: ``memory_citations_forget``). Their memory switch goes too, unless it is off: that row
+    (``memory_citations_forget``). Their memory switch goes too, unless it is off: that row
     says only that agents must not remember them, and is kept so that they do not start
     again. ``confirm`` must be their id: this cannot be undone. All or nothing."""
     if confirm != actor.id:
@@ -47,6 +47,7 @@ def user_erase(actor: Principal, *, confirm: str) -> Erased:
     # Before the conversations, which would leave their records unlinked rather than gone.
     tool_records = tool_records_delete(actor, records=tool_records_kept_about(actor.id))
     conversations = user_conversations_erase(actor.id)
+    memory_citations_forget(conversations.message_ids)
     memories = memories_delete(actor, memories=memories_of(user_id=actor.id, with_expired=True))
     _, deleted = MemoryBlock.objects.filter(user_id=actor.id).delete()
     UserMemorySetting.objects.filter(user_id=actor.id, memory_enabled=True).delete()

@@ -47,9 +47,6 @@ POPULAR_ACCESS_COUNT = 10
 # Inserts of one new fact a save tries while the row it collides with keeps vanishing
 # before it can be merged into (``_insert_new``).
 INSERT_ATTEMPTS = 3
-# Deleted turns whose citing memories are found through the index of citations, one probe
-# each (``memory_citations_forget``); more are joined with a walk of the citing memories.
-CITATIONS_PROBED_UP_TO = 1000
 
 
 @dataclass
@@ -405,8 +402,15 @@ def memory_update(
 
     New content is embedded before the transaction, as a save's (the model's time holds no
     lock); the vector is of the very text written, whatever the memory held meanwhile."""
+    # Only the turns it does not cite yet must be there: the ids it cites, sent back as its
+    # GET gave them, held one deleted since, and the change was a 400 "no such message"
+    # (outside review). (A deletion leaves the ids: stripping them from every citing memory
+    # rewrote each row and its vector's index entry, 3 ms a memory: docs/benchmarks.md.)
+    new_citations = None
     if message_ids is not None:
-        _refuse_unseen_messages(actor, message_ids)
+        cited = set(memory.message_ids)
+        new_citations = [i for i in message_ids if i not in cited]
+        _refuse_unseen_messages(actor, new_citations)
     refuse_if_memory_off(memory.user_id)
     model, vectors = (None, None)
     if content is not None and content != memory.content:
@@ -425,13 +429,17 @@ def memory_update(
         vectors[0] if vectors else None,
         model,
         {name: value for name, value in changes.items() if value is not None},
+        new_citations or (),
     )
 
 
 @transaction.atomic
-def _write_memory_update(pk, content: str | None, vector, model, changes: dict) -> Memory:
-    """``memory_update``'s write; ``vector`` (of ``model``): ``content``'s, or None."""
-    _hold_cited_messages(changes.get("message_ids", ()))
+def _write_memory_update(
+    pk, content: str | None, vector, model, changes: dict, new_citations: Sequence
+) -> Memory:
+    """``memory_update``'s write; ``vector`` (of ``model``): ``content``'s, or None;
+    ``new_citations``: the turns it did not cite when the change was read."""
+    _hold_cited_messages(new_citations)
     memory = locked_row(Memory.objects, pk, missing="memory not found")
     refuse_if_memory_off(memory.user_id, lock=True)
     if content is not None and content != memory.content:
@@ -484,39 +492,32 @@ def memories_delete(actor: Principal, *, memories) -> int:
 
 
 def memory_citations_forget(message_ids: Sequence) -> int:
-    """No memory (any agent's, about anyone) cites one of ``message_ids`` any more: deleted
-    messages, which nothing may point at afterwards (``conversations.services`` calls this
-    for every deletion: a user's, an operator's, an erase). A memory keeps its other
-    citations in their order, and stays when they were all deleted: the fact is its
-    agent's, only the turns were the user's. How many memories changed."""
+    """No memory (any agent's, about anyone) cites one of ``message_ids`` any more: the
+    messages of a user's erase (``user_erase``), which nothing may point at afterwards. A
+    memory keeps its other citations in their order, and stays when they were all erased:
+    the fact is its agent's, only the turns were the user's. How many memories changed."""
     if not message_ids:
         return 0
-    # A few turns: the memories citing each, from the index of citations (``&&``). Many (an
-    # erase, a long conversation): one walk of the citing memories, joined by hash (``&&``
-    # compares every pair: 10,000 turns against 100,000 memories took 8 s, the walk 0.2 s).
-    citing = (
-        "m.message_ids <> '{}'::uuid[] AND m.message_ids && %(ids)s::uuid[]"
-        if len(message_ids) <= CITATIONS_PROBED_UP_TO
-        else """m.id IN (
-                SELECT citing.id
-                FROM memory citing
-                CROSS JOIN LATERAL unnest(citing.message_ids) AS c(id)
-                JOIN erased ON erased.id = c.id
-                WHERE citing.message_ids <> '{}'::uuid[]
-            )"""
-    )
     with connection.cursor() as cursor:
+        # Joined and filtered by hash: ``&&`` and ``<> ALL`` compare every pair, and an
+        # erase may take a great many messages.
         cursor.execute(
-            f"""
-            WITH erased AS (SELECT DISTINCT unnest(%(ids)s::uuid[]) AS id)
+            """
+            WITH erased AS (SELECT DISTINCT unnest(%s::uuid[]) AS id)
             UPDATE memory m
             SET message_ids = ARRAY(
                 SELECT c.id FROM unnest(m.message_ids) WITH ORDINALITY AS c(id, n)
                 WHERE c.id NOT IN (SELECT id FROM erased) ORDER BY c.n
             )
-            WHERE {citing}
-            """,  # noqa: S608 (one of two fixed conditions)
-            {"ids": list(message_ids)},
+            WHERE m.id IN (
+                SELECT citing.id
+                FROM memory citing
+                CROSS JOIN LATERAL unnest(citing.message_ids) AS c(id)
+                JOIN erased ON erased.id = c.id
+                WHERE NOT (citing.message_ids = '{}'::uuid[])
+            )
+            """,
+            [list(message_ids)],
         )
         return cursor.rowcount
 

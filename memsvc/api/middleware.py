@@ -34,6 +34,7 @@ from memsvc.api.errors import (
 )
 
 logger = logging.getLogger("django.request")
+security_logger = logging.getLogger("django.security.DisallowedHost")
 
 # A refused body is read and dropped when it is at most this many times the cap.
 DISCARD_MAX_FACTOR = 2
@@ -65,14 +66,6 @@ def _nul_path_parameter(path: str) -> str:
 
 def request_refusal(request) -> ApiError | None:
     """What makes ``request`` unanswerable before any view reads it, or None."""
-    try:
-        request.get_host()
-    except DisallowedHost:  # (Django's own refusal, in CommonMiddleware, is an HTML page)
-        return InvalidInput.for_field(
-            "Host",
-            "names no host this server answers for (DJANGO_ALLOWED_HOSTS)",
-            location="header",
-        )
     if "\x00" in request.path_info:
         return InvalidInput.for_field(
             _nul_path_parameter(request.path_info),
@@ -146,6 +139,9 @@ class ApiErrorMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
+        response = self._refused_host(request)
+        if response is not None:
+            return response
         refusal = request_refusal(request)
         if refusal is not None:
             response = render_api_error(request, refusal)
@@ -158,6 +154,22 @@ class ApiErrorMiddleware:
                     discard_body(request)
                 return response
         return self.get_response(request)
+
+    @staticmethod
+    def _refused_host(request):
+        """An API's answer to a ``Host`` not in ``DJANGO_ALLOWED_HOSTS``, logged as Django
+        logs it (Django's own answer, from CommonMiddleware, is an HTML page: the pages
+        and the admin keep it); None for a host it answers for, or not an API."""
+        try:
+            request.get_host()
+            return None
+        except DisallowedHost as refused:
+            problem = "names no host this server answers for (DJANGO_ALLOWED_HOSTS)"
+            error = InvalidInput.for_field("Host", problem, location="header")
+            response = render_api_error(request, error)
+            if response is not None:
+                security_logger.warning(str(refused))
+            return response
 
     def process_exception(self, request, exception):
         refusal = exception_refusal(exception)

@@ -86,7 +86,8 @@ def transport(ssl_context: ssl.SSLContext) -> httpx.HTTPTransport:
 def proxied(url: str) -> bool:
     """Whether httpx sends requests to ``url`` through a proxy the environment names
     (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``, not ``NO_PROXY``'s)."""
-    host = httpx.URL(url).host
-    return bool(urllib.request.getproxies_environment()) and not (
-        urllib.request.proxy_bypass_environment(host)
-    )
+    parsed = httpx.URL(url)
+    proxies = urllib.request.getproxies_environment()
+    if not (proxies.get(parsed.scheme) or proxies.get("all")):
+        return False  # (a NO_PROXY alone, another scheme's proxy: review)
+    return not urllib.request.proxy_bypass_environment(parsed.host, proxies)

@@ -346,12 +346,23 @@ class TricklingMemsvc:
         self.listener.close()
 
 
+@pytest.mark.parametrize(
+    "proxies",
+    [{}, {"NO_PROXY": "example.org", "HTTPS_PROXY": "http://127.0.0.1:9"}],
+    ids=["no proxy", "no proxy for this url"],
+)
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_memsvc_answering_a_byte_at_a_time_costs_a_call_no_more_than_its_timeout(
-    llm, caplog, mode
+    llm, caplog, mode, proxies, monkeypatch
 ):
     """httpx's timeout holds for each read: a memsvc sending a byte every 0.3 s held a call
-    with a timeout of 1 s for 6 s (async) and 25 s (sync) (reviews)."""
+    with a timeout of 1 s for 6 s (async) and 25 s (sync) (reviews); so it did again, sync,
+    with a proxy variable set that does not apply to memsvc's URL (review)."""
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"):
+        for variable in (name, name.lower()):
+            monkeypatch.delenv(variable, raising=False)
+    for name, value in proxies.items():
+        monkeypatch.setenv(name, value)
     with (
         TricklingMemsvc() as memsvc,
         caplog.at_level(logging.WARNING, logger="memsvc.client"),

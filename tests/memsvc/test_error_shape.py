@@ -70,9 +70,9 @@ def test_nul_in_a_path_names_the_parameter_as_the_api_documents_it(client, alice
     assert body["details"] == {"userId": ["must not contain NUL characters"]}
 
 
-def test_a_host_the_server_does_not_answer_for_is_refused_in_each_apis_shape(client, alice):
+def test_a_host_the_server_does_not_answer_for_is_refused_in_each_apis_shape(client, alice, caplog):
     """Django's refusal of a ``Host`` not in ``DJANGO_ALLOWED_HOSTS`` was its HTML page on
-    every API, with a traceback logged (outside review)."""
+    every API, with a traceback logged (outside review); logged as Django logs it."""
     helper = make_agent("host-helper")
     elsewhere = {"HTTP_HOST": "evil.example"}
     for path, headers in [
@@ -82,9 +82,13 @@ def test_a_host_the_server_does_not_answer_for_is_refused_in_each_apis_shape(cli
     ]:
         body = assert_v1_error(client.get(path, **headers, **elsewhere), 400)
         assert list(body["details"]) == ["Host"]
+    assert "Invalid HTTP_HOST header: 'evil.example'" in caplog.text
     [problem] = assert_local_422(client.get("/agents/someone", **elsewhere))
     assert problem["loc"] == ["header", "Host"]
     assert client.get("/v1/health").status_code == 200  # (the allowed hosts: answered)
+    for page in ("/admin/login/", "/app/"):  # Django's own page (it said text/plain: review)
+        refused = client.get(page, **elsewhere)
+        assert refused.status_code == 400 and refused["Content-Type"].startswith("text/html")
 
 
 def test_a_local_refusal_names_where_the_bad_input_is(client):
