@@ -13,6 +13,7 @@ from rest_framework import serializers
 
 from agents_api.letta_api.serializers import letta_settings_checked
 from agents_api.models import (
+    AGENT_DESCRIPTION_MAX_CHARS,
     BLOCK_DESCRIPTION_MAX_CHARS,
     Agent,
     ApiKey,
@@ -152,6 +153,12 @@ class AgentAdmin(MetadataChecked, DeletedByService, admin.ModelAdmin):
         "loopback_trusted",
         "kept",
     )
+
+    def formfield_for_dbfield(self, db_field, request, **kwargs):
+        # As Letta's routes take one (they show it: megabytes were read on each; review).
+        if db_field.name == "description":
+            kwargs["max_length"] = AGENT_DESCRIPTION_MAX_CHARS
+        return super().formfield_for_dbfield(db_field, request, **kwargs)
 
     # Renamed as Letta's route renames one: its own conversation's title, which names it,
     # follows (``local_conversation_renamed``; the save's UPDATE holds the agent's row lock

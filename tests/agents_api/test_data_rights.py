@@ -1064,6 +1064,18 @@ def test_an_agent_named_as_no_api_names_one_is_not_imported(tmp_path, world, cap
     assert not Agent.objects.filter(id=document["agent"]["id"]).exists()
 
 
+def test_an_agent_described_longer_than_the_apis_take_is_not_imported(tmp_path, world, capsys):
+    """The Letta routes show an agent's description, and take 2,000 characters of it: a
+    document's was imported whatever its length (review)."""
+    document = cli_export(tmp_path, "first", "agent", world.agent.name)
+    world.agent.delete()
+    long = {**document, "agent": {**document["agent"], "description": "d" * 2_001}}
+    assert import_file(tmp_path, long) == 1
+    err = capsys.readouterr().err
+    assert "nothing imported" in err and "description" in err, err
+    assert not Agent.objects.filter(id=document["agent"]["id"]).exists()
+
+
 def test_an_agent_document_is_not_imported_into_another_owners_agent(tmp_path, world, capsys):
     """The document's agent id names an agent here of someone else (another owner, another
     key's): its records went into that agent. Refused, and nothing stored; an agent of the

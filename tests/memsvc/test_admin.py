@@ -892,6 +892,11 @@ def test_an_agents_owner_is_named_only_for_a_new_agent_and_only_a_user(operator,
     assert refused.status_code == 200
     assert "must name a user, not an agent" in refused.content.decode()
     assert not Agent.objects.filter(name="new").exists()
+    # Its description as Letta's routes take one (3 MB were kept and read on each: review).
+    too_long = operator.post(change, {**form, "description": "d" * 2_001})
+    assert too_long.status_code == 200
+    other.agent.refresh_from_db()
+    assert other.agent.description == "moved"
 
 
 @pytest.mark.parametrize(
