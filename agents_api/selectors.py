@@ -221,13 +221,21 @@ LETTA_MESSAGE_ORDERS = {"asc": ("seq",), "desc": ("-seq",)}  # a conversation's 
 
 
 def letta_page(
-    rows: QuerySet, *, order: str, after=None, before=None, limit: int, orders=LETTA_ORDERS
+    rows: QuerySet,
+    *,
+    order: str,
+    after=None,
+    before=None,
+    limit: int,
+    orders=LETTA_ORDERS,
+    missing: str | None = None,
 ) -> list:
     """A page of a Letta list (``letta_agents``, ``letta_blocks``; an agent's messages with
     ``LETTA_MESSAGE_ORDERS``) in creation ``order`` ("asc" or "desc"): the rows after the
     row ``after`` and before the row ``before`` in that order (primary keys; one that names
-    none of ``rows`` is ignored, as Letta's server ignores it). letta-client walks a list by
-    ``after`` the last item of each page."""
+    none of ``rows`` is ignored, as Letta's server ignores it, or, with ``missing``, a 404
+    saying so, as its message list answers). letta-client walks a list by ``after`` the
+    last item of each page."""
     keys = orders[order]
     fields = [key.removeprefix("-") for key in keys]
     backwards = orders["desc" if order == "asc" else "asc"]
@@ -241,6 +249,8 @@ def letta_page(
     for cursor, direction in cursors:
         if cursor is not None:
             rows = rows.filter(beyond(direction, list(cursor)))
+        elif missing is not None:
+            raise NotFound(missing)
     return list(rows.order_by(*keys)[:limit])
 
 

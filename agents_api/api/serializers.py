@@ -137,12 +137,17 @@ class BlockLimitField(serializers.IntegerField):
         super().__init__(min_value=1, max_value=1_000_000, **kwargs)
 
 
+class BlockDescriptionField(TextField):
+    """A block's description, whichever API (or import) gives it."""
+
+    def __init__(self, **kwargs):
+        super().__init__(allow_blank=True, max_length=BLOCK_DESCRIPTION_MAX_CHARS, **kwargs)
+
+
 class CreateMemoryBlockIn(InputSerializer):
     label = LabelField()
     value = TextField(required=False, allow_blank=True, default="")
-    description = TextField(
-        required=False, allow_blank=True, default="", max_length=BLOCK_DESCRIPTION_MAX_CHARS
-    )
+    description = BlockDescriptionField(required=False, default="")
     limit = BlockLimitField(required=False, default=DEFAULT_BLOCK_LIMIT)
     readOnly = serializers.BooleanField(required=False, default=False)
 
@@ -152,9 +157,7 @@ class CreateMemoryBlockIn(InputSerializer):
 
 class PutMemoryBlockIn(InputSerializer):
     value = TextField(allow_blank=True)
-    description = TextField(
-        required=False, allow_blank=True, max_length=BLOCK_DESCRIPTION_MAX_CHARS
-    )
+    description = BlockDescriptionField(required=False)
     limit = BlockLimitField(required=False)
 
     class Meta:
@@ -173,9 +176,7 @@ class PatchMemoryBlockIn(InputSerializer):
     value = TextField(required=False, allow_blank=True)
     append = TextField(required=False, allow_blank=False)
     replace = ReplaceTextIn(required=False)
-    description = TextField(
-        required=False, allow_blank=True, max_length=BLOCK_DESCRIPTION_MAX_CHARS
-    )
+    description = BlockDescriptionField(required=False)
     limit = BlockLimitField(required=False)
 
     class Meta:

@@ -9,12 +9,11 @@ import uuid
 from django.conf import settings
 from rest_framework import serializers
 
-from agents_api.api.serializers import BlockLimitField, LabelField
+from agents_api.api.serializers import BlockDescriptionField, BlockLimitField, LabelField
 from agents_api.local_api.serializers import AgentMetadataField, AgentNameField, LocalInput
 from agents_api.models import (
     AGENT_DESCRIPTION_MAX_CHARS,
     AGENT_SYSTEM_MAX_CHARS,
-    BLOCK_DESCRIPTION_MAX_CHARS,
     DEFAULT_BLOCK_LIMIT,
     Agent,
     MemoryBlock,
@@ -169,9 +168,7 @@ class LettaInput(LocalInput):
 class BlockIn(LettaInput):
     label = LabelField()
     value = TextField(allow_blank=True, required=False, default="")
-    description = TextField(
-        allow_blank=True, required=False, default="", max_length=BLOCK_DESCRIPTION_MAX_CHARS
-    )
+    description = BlockDescriptionField(required=False, default="")
     limit = BlockLimitField(required=False, default=DEFAULT_BLOCK_LIMIT)
     # Letta's "the agent has read-only access": memsvc's read-only block, as /v1/agent's
     # ``readOnly`` makes it (no write changes or deletes it, the observer's included).
@@ -181,9 +178,7 @@ class BlockIn(LettaInput):
 class BlockUpdateIn(LettaInput):
     label = LabelField(required=False)
     value = TextField(allow_blank=True, required=False)
-    description = TextField(
-        allow_blank=True, required=False, max_length=BLOCK_DESCRIPTION_MAX_CHARS
-    )
+    description = BlockDescriptionField(required=False)
     limit = BlockLimitField(required=False)
 
 

@@ -58,28 +58,39 @@ def _order(params, default: str) -> str:
     return order
 
 
-def _cursor(params, name: str, parse):
+def _cursor(params, name: str, parse, *, missing: str | None):
     """The item ``?after=`` or ``?before=`` names, parsed; None when absent or naming none
-    (Letta's server ignores such a cursor)."""
+    (Letta's server ignores such a cursor; with ``missing``, a 404 saying so)."""
     raw = params.get(name)
     if not raw:
         return None
     try:
         return parse(raw)
     except NotFound:
+        if missing is not None:
+            raise
         return None
 
 
 def _page(
-    rows, params, *, default_order: str, parse_id, default_limit: int = 50, **options
+    rows,
+    params,
+    *,
+    default_order: str,
+    parse_id,
+    default_limit: int = 50,
+    missing: str | None = None,
+    **options,
 ) -> list:
-    """A page of a Letta list, by Letta's ``order``, ``after``, ``before`` and ``limit``."""
+    """A page of a Letta list, by Letta's ``order``, ``after``, ``before`` and ``limit``
+    (``missing``: ``selectors.letta_page``'s)."""
     return selectors.letta_page(
         rows,
         order=_order(params, default_order),
-        after=_cursor(params, "after", parse_id),
-        before=_cursor(params, "before", parse_id),
+        after=_cursor(params, "after", parse_id, missing=missing),
+        before=_cursor(params, "before", parse_id, missing=missing),
         limit=parse_limit(params.get("limit"), default=default_limit, maximum=MAX_LIST_LIMIT),
+        missing=missing,
         **options,
     )
 
@@ -161,24 +172,16 @@ class AgentMessagesView(LettaView):
             if conversation is None
             else conversation_messages(conversation, for_agent=True)
         )
-        for cursor in ("after", "before"):  # (Letta's server: a 404, not ignored)
-            if request.query_params.get(cursor):
-                message_id = self._message_id(request.query_params[cursor])
-                if not messages.filter(id=message_id).exists():
-                    raise NotFound("Message not found")
         page = _page(
             messages,
             request.query_params,
             default_order="desc",
-            parse_id=self._message_id,
+            parse_id=lambda raw: s.parse_uuid_id(raw, s.MESSAGE_ID_PREFIX, "Message"),
             default_limit=100,
             orders=selectors.LETTA_MESSAGE_ORDERS,
+            missing="Message not found",  # (Letta's server: a 404, not ignored)
         )
         return Response([s.message_out(message, agent) for message in page])
-
-    @staticmethod
-    def _message_id(raw: str):
-        return s.parse_uuid_id(raw, s.MESSAGE_ID_PREFIX, "Message")
 
     @extend_schema(exclude=True)
     def post(self, request, agent_id):

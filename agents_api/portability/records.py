@@ -12,6 +12,7 @@ from rest_framework import serializers
 
 from agents_api.api.serializers import (
     TOOL_JSON_MAX_BYTES,
+    BlockDescriptionField,
     BlockLimitField,
     ImportanceField,
     LabelField,
@@ -25,7 +26,6 @@ from agents_api.models import (
     AGENT_DESCRIPTION_MAX_CHARS,
     AGENT_NAME_MAX_CHARS,
     AGENT_NAME_RULES,
-    BLOCK_DESCRIPTION_MAX_CHARS,
     MemorySource,
     SummarySource,
 )
@@ -235,7 +235,7 @@ class MemoryBlockRecord(Record):
     userId = SubjectField(source="user_id", help_text="null: the agent's own block")
     label = LabelField()
     value = TextField(allow_blank=True)
-    description = TextField(allow_blank=True, max_length=BLOCK_DESCRIPTION_MAX_CHARS)
+    description = BlockDescriptionField()
     limit = BlockLimitField()
     readOnly = serializers.BooleanField(source="read_only")
     createdAt = serializers.DateTimeField(source="created_at")

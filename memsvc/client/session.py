@@ -289,10 +289,7 @@ class learning:
         if sender.busy(self.destination):
             sender.flush(time_left(deadline, quiet=True), quiet=True, destination=self.destination)
         try:
-            with over_by(deadline):  # (the timeout: for a free connection of the pool too)
-                response = self._http.request(
-                    request.method, request.path, json=request.json, timeout=time_left(deadline)
-                )
+            response = self.request(request.method, request.path, request.json, deadline=deadline)
             return self._context_of(response)
         except httpx.HTTPError as exc:
             return self._no_context(call, exc)
@@ -378,6 +375,8 @@ class learning:
         headers = {KEY_HEADER: idempotency_key} if idempotency_key else None
         if deadline is None:
             return self._http.request(method, path, json=body, headers=headers)
+        # ``over_by``: each read and write by the deadline; the timeout: the wait for a free
+        # connection of the pool too (review).
         with over_by(deadline):
             return self._http.request(
                 method, path, json=body, headers=headers, timeout=time_left(deadline)

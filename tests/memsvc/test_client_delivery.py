@@ -884,18 +884,21 @@ def test_a_sending_thread_ends_once_it_has_nothing_to_send(monkeypatch):
     sender = Sender()
 
     def senders():
-        return [t for t in threading.enumerate() if t.name == "memsvc-learning-sender"]
+        return {t for t in threading.enumerate() if t.name == "memsvc-learning-sender"}
 
-    before = len(senders())
+    # (Its own: the global sender's threads of earlier tests end in their own time.)
+    before = senders()
     with LocalHttpServer(respond) as up:
         for key in range(5):
             destination = Destination(up.url, (("X-API-Key", f"k{key}"),))
             sender.send(destination, [ServerRequest("POST", "/messages", {"n": key})])
+        started = senders() - before
+        assert started
         assert sender.flush(timeout=10)
         deadline = time.monotonic() + 5
-        while len(senders()) > before and time.monotonic() < deadline:
+        while any(t.is_alive() for t in started) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert len(senders()) == before
+        assert not any(t.is_alive() for t in started)
         sender.send(Destination(up.url), [ServerRequest("POST", "/messages", {"n": 5})])
         assert sender.flush(timeout=10)
     assert sorted(body["n"] for body in received) == list(range(6))
