@@ -3,7 +3,8 @@ window (seed: memory-bank-strategy).
 
 At every chat completion of the task, the tool interaction the messages end with (the last
 assistant message with ``tool_calls`` and the tool answers after it; parallel calls give one
-record each) is stored in memsvc as tool records: the raw output kept whole (the fact store)
+record each) is stored in memsvc as tool records: the raw output kept whole (the fact store;
+an input or output over memsvc's 1 MiB is kept to its start, ``kept_whole_or_cut``)
 and a summary with its vector (the insight store, written by memsvc's observer). Then the
 records most relevant to "how to proceed with the task" are retrieved and the model is sent
 a compressed context instead of the whole history:
@@ -48,6 +49,10 @@ RECORD_SEPARATOR = "-------------------"
 DEFAULT_TOP_K = 3
 DEFAULT_MAX_CHARS_PER_RECORD = 2000
 MAX_TOP_K = 20  # the most a tool record search returns (the server's limit)
+# The most memsvc keeps of a tool's input or its output, as JSON in UTF-8 (the server's
+# limit: ``agents_api.api.serializers.TOOL_JSON_MAX_BYTES``).
+MAX_TOOL_JSON_BYTES = 1024 * 1024
+TRUNCATED = "...[truncated]"
 
 
 @dataclass(frozen=True)
@@ -150,9 +155,25 @@ def format_records(records: list[dict], max_chars: int) -> str:
     for number, record in enumerate(records, start=1):
         raw = json.dumps(record["output"], ensure_ascii=False)
         if len(raw) > max_chars:
-            raw = raw[:max_chars] + "...[truncated]"
+            raw = raw[:max_chars] + TRUNCATED
         blocks.append(f"[RETRIEVED RECORD {number}]\nSummary: {record['summary']}\nRaw Data: {raw}")
     return f"\n{RECORD_SEPARATOR}\n".join(blocks)
+
+
+def kept_whole_or_cut(value):
+    """A tool's input or output as memsvc can keep it: whole when its JSON is within the
+    server's limit, else the start of that JSON as ``{"_raw": ...}`` (the form of an answer
+    that is no JSON), marked truncated. (One output over the limit was refused by memsvc
+    with the step's other records: review.)"""
+    text = json.dumps(value, ensure_ascii=False)
+    if len(text.encode()) <= MAX_TOOL_JSON_BYTES:
+        return value
+    head = text.encode()[: MAX_TOOL_JSON_BYTES // 2].decode(errors="ignore")
+    while len(json.dumps({"_raw": head + TRUNCATED}, ensure_ascii=False).encode()) > (
+        MAX_TOOL_JSON_BYTES
+    ):  # (escapes: a control character is six bytes in JSON)
+        head = head[: len(head) // 2]
+    return {"_raw": head + TRUNCATED}
 
 
 def compressed(messages: list, records: list[dict], max_chars: int) -> list:
@@ -269,17 +290,15 @@ class MemoryBank:
                 "agent_name": self.agent,
                 "task_id": self.task.task_id,
                 # (A NUL in a tool's output, which memsvc refuses, lost the step: review.)
-                "records": readable_json(
-                    [
-                        {
-                            "step": self.task.step,
-                            "tool_name": i.tool_name,
-                            "input": i.raw_input,
-                            "output": i.raw_output,
-                        }
-                        for i in new
-                    ]
-                ),
+                "records": [
+                    {
+                        "step": self.task.step,
+                        "tool_name": readable_json(i.tool_name),
+                        "input": kept_whole_or_cut(readable_json(i.raw_input)),
+                        "output": kept_whole_or_cut(readable_json(i.raw_output)),
+                    }
+                    for i in new
+                ],
             },
             idempotency_key=f"memory-bank:{uuid.uuid4().hex}",
         )

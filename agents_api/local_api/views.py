@@ -28,7 +28,7 @@ from rest_framework.views import APIView
 
 from agents_api import selectors as agent_selectors
 from agents_api import services as agent_services
-from agents_api.authentication import ApiKeyAuthentication, HasScope
+from agents_api.authentication import ON_BEHALF_HEADER, ApiKeyAuthentication, HasScope
 from agents_api.local_api import serializers as s
 from agents_api.models import Agent, Scope
 from agents_api.services import NewToolRecord
@@ -69,10 +69,19 @@ class LocalAuthentication(BaseAuthentication):
         result = ApiKeyAuthentication().authenticate(request)
         if result is not None:
             principal, api_key = result
-            return LocalCaller(api_key.agent, principal.scopes), api_key
-        if settings.MEMSVC_LOCAL_TRUST_LOOPBACK and request.META.get("REMOTE_ADDR") in LOOPBACK:
-            return LocalCaller(None, frozenset(Scope.values)), None
-        raise drf.NotAuthenticated("an API key is required (X-API-Key or Bearer msk_...)")
+            caller = LocalCaller(api_key.agent, principal.scopes), api_key
+        elif settings.MEMSVC_LOCAL_TRUST_LOOPBACK and request.META.get("REMOTE_ADDR") in LOOPBACK:
+            caller = LocalCaller(None, frozenset(Scope.values)), None
+        else:
+            raise drf.NotAuthenticated("an API key is required (X-API-Key or Bearer msk_...)")
+        if ON_BEHALF_HEADER in request.headers:
+            # (Everything here is the agent's own: a user named here would be ignored.)
+            raise InvalidInput.for_field(
+                ON_BEHALF_HEADER,
+                "this API keeps an agent's own memory; act for a user through /v1/agent",
+                location="header",
+            )
+        return caller
 
     def authenticate_header(self, request):
         return "Bearer"

@@ -715,6 +715,28 @@ def test_a_read_key_cannot_write_through_the_local_api(local):
         assert local.post("/tool-records/search", tools, **extra, **key).status_code == 200
 
 
+def test_acting_for_a_user_is_refused_not_ignored(local):
+    """Everything here is an agent's own: ``X-On-Behalf-Of`` (an impersonating key's) was
+    taken and ignored, a search "as bob" answering the records made for alice (review)."""
+    helper = make_agent("acting", scopes=("read", "write", "impersonate"))
+    for extra in ({"HTTP_X_API_KEY": helper.key}, {}):  # a key, and keyless loopback
+        as_bob = {**extra, "HTTP_X_ON_BEHALF_OF": "bob"}
+        tool = {"agent_name": "acting", "records": [{"tool_name": "t", "output": "o"}]}
+        for response in (
+            local.post("/tool-records", tool, **as_bob),
+            local.post("/tool-records/search", {"agent_name": "acting", "query": "o"}, **as_bob),
+            local.post(
+                "/messages", {"agent_name": "acting", "role": "user", "content": "x"}, **as_bob
+            ),
+            local.get("/agents/acting", **as_bob),
+        ):
+            assert response.status_code == 422, response.content
+            [problem] = response.json()["detail"]
+            assert problem["loc"] == ["header", "X-On-Behalf-Of"]
+    assert not ToolRecord.objects.exists() and not Message.objects.exists()
+    assert local.get("/agents/acting", HTTP_X_API_KEY=helper.key).status_code == 200
+
+
 def test_a_write_only_key_cannot_read_through_the_local_api(local):
     writer = make_agent("writer", scopes=("write",))
     key = {"HTTP_X_API_KEY": writer.key, **REMOTE}

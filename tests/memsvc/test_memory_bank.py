@@ -16,6 +16,8 @@ from bench.tool_task import FINAL_ANSWER, first_messages, run_agent, script, too
 from memsvc.client import learning
 from memsvc.memory_bank import (
     CONTEXT_HEADING,
+    MAX_TOOL_JSON_BYTES,
+    TRUNCATED,
     compressed,
     format_records,
     tool_interactions,
@@ -208,6 +210,36 @@ def test_a_tool_step_holding_a_nul_is_stored_with_the_replacement_character(
     assert record.raw_input == {"path": "a\ufffdb"}
     assert record.raw_output == {"_raw": "file header \ufffd\ufffd id htl-555"}
     assert "memory bank unavailable" not in caplog.text
+
+
+def test_a_tool_output_over_memsvcs_limit_is_kept_to_its_start_beside_the_others(
+    live_server, llm, caplog
+):
+    """memsvc keeps at most 1 MiB of a tool's output: one larger output was refused (422)
+    with every other record of its step (review). It is kept to its start, marked; the
+    other parallel call's record whole."""
+    big, small = ToolCall("dump_log", {}), ToolCall("lookup", {"id": 7})
+    huge = json.dumps({"lines": ["\u0001 log line éé " + str(i) for i in range(80_000)]})
+    messages = [
+        {"role": "user", "content": "Look into it."},
+        {"role": "assistant", "content": None, "tool_calls": [big.as_json(), small.as_json()]},
+        {"role": "tool", "tool_call_id": big.id, "content": huge},
+        {"role": "tool", "tool_call_id": small.id, "content": '{"status": "ok"}'},
+    ]
+    assert len(huge.encode()) > MAX_TOOL_JSON_BYTES
+    llm.then("Done.")
+    client = openai.OpenAI(base_url=llm.base_url, api_key="test")
+    with (
+        caplog.at_level(logging.WARNING, logger="memsvc.client"),
+        learning(agent=AGENT, server_url=live_server.url, strategy="memory_bank"),
+    ):
+        client.chat.completions.create(model="gpt-test", messages=messages)
+    assert "memory bank unavailable" not in caplog.text
+    records = {r.tool_name: r for r in ToolRecord.objects.filter(agent__name=AGENT)}
+    assert records["lookup"].raw_output == {"status": "ok"}
+    kept = records["dump_log"].raw_output["_raw"]
+    assert kept.endswith(TRUNCATED) and '"lines": ["\\u0001 log line éé 0"' in kept
+    assert len(json.dumps({"_raw": kept}, ensure_ascii=False).encode()) <= MAX_TOOL_JSON_BYTES
 
 
 def test_async_and_streamed_calls_are_compressed_too(live_server, llm):
