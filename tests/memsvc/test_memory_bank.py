@@ -187,6 +187,19 @@ def test_a_tool_answer_json_cannot_carry_is_kept_as_text(answer):
     json.dumps(interaction.raw_output, allow_nan=False)  # httpx's json=, which raised
 
 
+def one_step_stored(live_server, llm, caplog, messages: list) -> None:
+    """One model call of ``messages`` inside a memory bank block, its step stored without
+    a warning."""
+    llm.then("Done.")
+    client = openai.OpenAI(base_url=llm.base_url, api_key="test")
+    with (
+        caplog.at_level(logging.WARNING, logger="memsvc.client"),
+        learning(agent=AGENT, server_url=live_server.url, strategy="memory_bank"),
+    ):
+        client.chat.completions.create(model="gpt-test", messages=messages)
+    assert "memory bank unavailable" not in caplog.text
+
+
 def test_a_tool_step_holding_a_nul_is_stored_with_the_replacement_character(
     live_server, llm, caplog
 ):
@@ -199,17 +212,10 @@ def test_a_tool_step_holding_a_nul_is_stored_with_the_replacement_character(
         {"role": "assistant", "content": None, "tool_calls": [call.as_json()]},
         {"role": "tool", "tool_call_id": call.id, "content": "file header \x00\x00 id htl-555"},
     ]
-    llm.then("Done.")
-    client = openai.OpenAI(base_url=llm.base_url, api_key="test")
-    with (
-        caplog.at_level(logging.WARNING, logger="memsvc.client"),
-        learning(agent=AGENT, server_url=live_server.url, strategy="memory_bank"),
-    ):
-        client.chat.completions.create(model="gpt-test", messages=messages)
+    one_step_stored(live_server, llm, caplog, messages)
     record = ToolRecord.objects.get(agent__name=AGENT)
     assert record.raw_input == {"path": "a\ufffdb"}
     assert record.raw_output == {"_raw": "file header \ufffd\ufffd id htl-555"}
-    assert "memory bank unavailable" not in caplog.text
 
 
 def test_a_tool_output_over_memsvcs_limit_is_kept_to_its_start_beside_the_others(
@@ -227,14 +233,7 @@ def test_a_tool_output_over_memsvcs_limit_is_kept_to_its_start_beside_the_others
         {"role": "tool", "tool_call_id": small.id, "content": '{"status": "ok"}'},
     ]
     assert len(huge.encode()) > MAX_TOOL_JSON_BYTES
-    llm.then("Done.")
-    client = openai.OpenAI(base_url=llm.base_url, api_key="test")
-    with (
-        caplog.at_level(logging.WARNING, logger="memsvc.client"),
-        learning(agent=AGENT, server_url=live_server.url, strategy="memory_bank"),
-    ):
-        client.chat.completions.create(model="gpt-test", messages=messages)
-    assert "memory bank unavailable" not in caplog.text
+    one_step_stored(live_server, llm, caplog, messages)
     records = {r.tool_name: r for r in ToolRecord.objects.filter(agent__name=AGENT)}
     assert records["lookup"].raw_output == {"status": "ok"}
     kept = records["dump_log"].raw_output["_raw"]
