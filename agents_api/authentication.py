@@ -103,6 +103,18 @@ def _utf8_header(request, name: str) -> str | None:
         raise InvalidInput.for_field(name, "must be UTF-8 text", location="header") from None
 
 
+def refuse_acting_for_a_user(request) -> None:
+    """The APIs that keep an agent's own memory alone (the local API, Letta's routes) refuse
+    ``X-On-Behalf-Of``: taken and ignored, a search "as bob" answered what was made for
+    alice (review)."""
+    if ON_BEHALF_HEADER in request.headers:
+        raise InvalidInput.for_field(
+            ON_BEHALF_HEADER,
+            "this API keeps an agent's own memory; act for a user through /v1/agent",
+            location="header",
+        )
+
+
 class ApiKeyAuthentication(BaseAuthentication):
     """``Authorization: Bearer msk_...`` or ``X-API-Key: msk_...`` -> an agent principal."""
 

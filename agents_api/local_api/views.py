@@ -28,7 +28,11 @@ from rest_framework.views import APIView
 
 from agents_api import selectors as agent_selectors
 from agents_api import services as agent_services
-from agents_api.authentication import ON_BEHALF_HEADER, ApiKeyAuthentication, HasScope
+from agents_api.authentication import (
+    ApiKeyAuthentication,
+    HasScope,
+    refuse_acting_for_a_user,
+)
 from agents_api.local_api import serializers as s
 from agents_api.models import Agent, Scope
 from agents_api.services import NewToolRecord
@@ -74,13 +78,7 @@ class LocalAuthentication(BaseAuthentication):
             caller = LocalCaller(None, frozenset(Scope.values)), None
         else:
             raise drf.NotAuthenticated("an API key is required (X-API-Key or Bearer msk_...)")
-        if ON_BEHALF_HEADER in request.headers:
-            # (Everything here is the agent's own: a user named here would be ignored.)
-            raise InvalidInput.for_field(
-                ON_BEHALF_HEADER,
-                "this API keeps an agent's own memory; act for a user through /v1/agent",
-                location="header",
-            )
+        refuse_acting_for_a_user(request)
         return caller
 
     def authenticate_header(self, request):

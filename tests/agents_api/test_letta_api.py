@@ -550,6 +550,23 @@ def test_a_read_key_reads_and_cannot_write(api, helper):
     assert not Message.objects.filter(conversation__local_agent__name="travel").exists()
 
 
+def test_acting_for_a_user_is_refused_not_ignored(api, helper):
+    """Letta's routes keep an agent's own memory: ``X-On-Behalf-Of`` (a key that may act for
+    users) was taken and ignored (review of the local API)."""
+    state = create_agent(api, helper)
+    as_bob = {**helper.auth_headers(), "HTTP_X_ON_BEHALF_OF": "bob"}
+    for response in (
+        api.get(f"/v1/agents/{state['id']}", as_=as_bob),
+        capture(api, as_bob, state["id"], "I am bob"),
+        api.post("/v1/blocks/", {"label": "notes", "value": "x"}, as_=as_bob),
+    ):
+        assert response.status_code == 422, response.content
+        [problem] = response.json()["detail"]
+        assert problem["loc"] == ["header", "X-On-Behalf-Of"]
+    assert not Message.objects.filter(conversation__local_agent__name="travel").exists()
+    assert not MemoryBlock.objects.filter(label="notes").exists()
+
+
 def test_an_agent_is_deleted_but_a_key_cannot_delete_its_own(api, helper):
     state = create_agent(api, helper)
     assert api.delete(f"/v1/agents/agent-{helper.agent.id}", as_=helper).status_code == 403
