@@ -491,6 +491,12 @@ def memories_delete(actor: Principal, *, memories) -> int:
     return deleted
 
 
+# Memories rewritten by one statement of an erase: each is a new row version in every index
+# (its vector's graph too), about 3 ms (docs/benchmarks.md, "A deleted message's citations"):
+# a user cited by thousands stays within ``MEMSVC_STATEMENT_TIMEOUT_SECONDS``.
+CITATIONS_FORGOTTEN_PER_STATEMENT = 1000
+
+
 def memory_citations_forget(message_ids: Sequence) -> int:
     """No memory (any agent's, about anyone) cites one of ``message_ids`` any more: the
     messages of a user's erase (``user_erase``), which nothing may point at afterwards. A
@@ -498,28 +504,36 @@ def memory_citations_forget(message_ids: Sequence) -> int:
     the fact is its agent's, only the turns were the user's. How many memories changed."""
     if not message_ids:
         return 0
+    erased = list(set(message_ids))
     with connection.cursor() as cursor:
         # Joined and filtered by hash: ``&&`` and ``<> ALL`` compare every pair, and an
         # erase may take a great many messages.
         cursor.execute(
             """
-            WITH erased AS (SELECT DISTINCT unnest(%s::uuid[]) AS id)
-            UPDATE memory m
-            SET message_ids = ARRAY(
-                SELECT c.id FROM unnest(m.message_ids) WITH ORDINALITY AS c(id, n)
-                WHERE c.id NOT IN (SELECT id FROM erased) ORDER BY c.n
-            )
-            WHERE m.id IN (
-                SELECT citing.id
-                FROM memory citing
-                CROSS JOIN LATERAL unnest(citing.message_ids) AS c(id)
-                JOIN erased ON erased.id = c.id
-                WHERE NOT (citing.message_ids = '{}'::uuid[])
-            )
+            SELECT DISTINCT citing.id
+            FROM memory citing
+            CROSS JOIN LATERAL unnest(citing.message_ids) AS c(id)
+            JOIN unnest(%s::uuid[]) AS erased(id) ON erased.id = c.id
+            WHERE NOT (citing.message_ids = '{}'::uuid[])
+            ORDER BY citing.id
             """,
-            [list(message_ids)],
+            [erased],
         )
-        return cursor.rowcount
+        citing = [memory_id for (memory_id,) in cursor.fetchall()]
+        for start in range(0, len(citing), CITATIONS_FORGOTTEN_PER_STATEMENT):
+            cursor.execute(
+                """
+                WITH erased AS (SELECT unnest(%s::uuid[]) AS id)
+                UPDATE memory m
+                SET message_ids = ARRAY(
+                    SELECT c.id FROM unnest(m.message_ids) WITH ORDINALITY AS c(id, n)
+                    WHERE c.id NOT IN (SELECT id FROM erased) ORDER BY c.n
+                )
+                WHERE m.id = ANY(%s)
+                """,
+                [erased, citing[start : start + CITATIONS_FORGOTTEN_PER_STATEMENT]],
+            )
+    return len(citing)
 
 
 def memories_touch(memory_ids: Sequence) -> int:

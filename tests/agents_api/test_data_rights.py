@@ -34,6 +34,7 @@ from agents_api.selectors import memory_off_for
 from agents_api.services import (
     NewToolRecord,
     api_key_create,
+    memories,
     memory_block_create,
     memory_block_update,
     memory_save,
@@ -375,12 +376,17 @@ def test_tool_records_made_for_the_user_or_in_their_conversations_go_with_the_er
     assert cli_export(tmp_path, "second", "user", "alice") == first
 
 
-def test_after_an_erase_no_memory_cites_an_erased_message(api, alice, bob, world):
+@pytest.mark.parametrize("per_statement", [1000, 1])
+def test_after_an_erase_no_memory_cites_an_erased_message(
+    api, alice, bob, world, per_statement, monkeypatch
+):
     """Others' memories (bob's, the agent's own) that cited her turns (hers in bob's
     conversation, and bob's in the conversation she owned: erased with it) cite them no
     more: the memory stays, the turns that stay are still cited, and one whose only
     evidence was erased cites nothing (DESIGN.md's data rights say nothing of it: the fact
-    is the agent's, the turns were hers)."""
+    is the agent's, the turns were hers). The memories are rewritten a batch a statement
+    (each row about 3 ms: thousands in one statement met the statement timeout)."""
+    monkeypatch.setattr(memories, "CITATIONS_FORGOTTEN_PER_STATEMENT", per_statement)
     agent, actor = world.agent, world.agent.as_principal()
     for conversation in (world.ours, world.his):
         group = Conversation.objects.get(id=conversation).group
