@@ -36,7 +36,7 @@ from agents_api.selectors import (
 )
 from conversations.models import Conversation, Role
 from conversations.selectors import conversation_messages, turn_speakers
-from memsvc.db import hold_users
+from memsvc.db import held_keys, hold_users
 from memsvc.llm import LLMError, chat, json_answer, llm_configured
 from memsvc.text import shortened
 from memsvc.validators import shows_nothing
@@ -113,14 +113,18 @@ def _claim(agent: Agent, conversation: Conversation) -> tuple[int, list] | None:
     ``through_seq``, the newest of the messages since). None when they are too few (another
     worker may have just taken them), or taken by another worker meanwhile (the conditional
     UPDATE decides)."""
-    state, _ = MemoryExtraction.objects.get_or_create(agent=agent, conversation=conversation)
-    if not _enough_turns(agent, conversation, state.through_seq):
-        return None
-    since = conversation_messages(conversation).filter(seq__gt=state.through_seq)
-    messages = list(since.order_by("-seq")[:MAX_TRANSCRIPT_MESSAGES])[::-1]
-    claimed = MemoryExtraction.objects.filter(pk=state.pk, through_seq=state.through_seq).update(
-        through_seq=messages[-1].seq, extracted_at=timezone.now()
-    )
+    with transaction.atomic():
+        # (Held: deleted since the task read it, its state row's key would fail at commit.)
+        if not held_keys(Conversation, [conversation.pk]):
+            return None
+        state, _ = MemoryExtraction.objects.get_or_create(agent=agent, conversation=conversation)
+        if not _enough_turns(agent, conversation, state.through_seq):
+            return None
+        since = conversation_messages(conversation).filter(seq__gt=state.through_seq)
+        messages = list(since.order_by("-seq")[:MAX_TRANSCRIPT_MESSAGES])[::-1]
+        claimed = MemoryExtraction.objects.filter(
+            pk=state.pk, through_seq=state.through_seq
+        ).update(through_seq=messages[-1].seq, extracted_at=timezone.now())
     return (state.through_seq, messages) if claimed else None
 
 
@@ -210,7 +214,10 @@ def memories_extract(agent: Agent, conversation: Conversation) -> list[Memory]:
     conversation, what Bob said is kept about Bob, not the owner); a fact that cites no
     person's turn is about the conversation's subject (``conversation_memory_subject``: its
     owner, or the agent itself) if they spoke in these turns, else about the one person who
-    did, else about nobody.
+    did, else about nobody. That is decided once the LLM has answered, as the turns then
+    stand (``_facts_by_person``): what was erased, deleted or turned off while it read does
+    not come back. Where several people speak, the prompt's known memories are only those
+    distilled from this conversation (no one's private memory is put before another).
 
     The turns are claimed before the LLM is asked, so two workers never distil the same
     turns. A malformed answer extracts nothing and those turns are not read again; a
@@ -247,17 +254,17 @@ def _distil(agent: Agent, conversation: Conversation, previous: int, claimed: li
     people = {speaker(m) for m in messages if m.role == Role.USER}
     if not people:
         return []
-    # A fact citing no person's turn is about the conversation's subject if they spoke here,
-    # else about the one person who did; among several others, it is nobody's to keep.
-    uncited = subject if subject in people else (next(iter(people)) if len(people) == 1 else None)
-    known = (
-        memories_of(agent)
-        .filter(user_id__in=people)
-        .order_by("-importance", "-created_at")
-        .values_list("content", flat=True)[:MAX_KNOWN_MEMORIES]
-    )
+    known = memories_of(agent).filter(user_id__in=people)
+    if len(people) > 1:
+        # Where several people speak, the model sees only what was distilled here: one
+        # person's other memories, restated by the model at another's bidding and citing
+        # that one's turn, were kept about them (prompt injection: review).
+        known = known.filter(
+            source=MemorySource.EXTRACTED, metadata__conversationId=str(conversation.id)
+        )
+    known = known.order_by("-importance", "-created_at").values_list("content", flat=True)
     try:
-        answer = chat(extraction_prompt(messages, list(known)))
+        answer = chat(extraction_prompt(messages, list(known[:MAX_KNOWN_MEMORIES])))
         facts = parse_facts(
             json_answer(answer),
             metadata={"conversationId": str(conversation.id)},
@@ -274,20 +281,14 @@ def _distil(agent: Agent, conversation: Conversation, previous: int, claimed: li
             exc,
         )
         return []
-    # A turn deleted (or out of the agent's reach) while the LLM read it is cited no more.
-    seen = messages_seen_by(agent.as_principal(), [i for f in facts for i in f.message_ids])
-    said_by = {m.id: speaker(m) for m in messages if m.role == Role.USER}
-    about: dict[str, list[services.NewMemory]] = {}
-    for fact in facts:
-        fact.message_ids = [i for i in fact.message_ids if i in seen]
-        cited = {said_by[i] for i in fact.message_ids if i in said_by}
-        for person in cited or ({uncited} if uncited is not None else set()):
-            about.setdefault(person, []).append(fact)
-    saved = []
     with transaction.atomic():
-        # Every person's hold before any save's other locks: one save's cited turns are not
-        # held while the next waits for its person's erase (which waits for those turns).
-        hold_users(about)
+        # Every person's hold before any other lock (one save's cited turns are not held
+        # while the next waits for its person's erase, which waits for those turns); then
+        # what the LLM read is looked at again: an erase, a deletion or a switch turned off
+        # while it read is over, and one that comes later waits for this commit.
+        hold_users({speaker(m) for m in messages} | {subject})
+        about = _facts_by_person(agent, facts, messages, speaker, subject)
+        saved = []
         for person, memories in about.items():
             saved += services.memories_save(
                 agent.as_principal(),
@@ -297,3 +298,30 @@ def _distil(agent: Agent, conversation: Conversation, previous: int, claimed: li
                 source=MemorySource.EXTRACTED,
             )
     return [memory for memory, _ in saved]
+
+
+def _facts_by_person(
+    agent: Agent, facts: list, messages: list, speaker, subject: str
+) -> dict[str, list[services.NewMemory]]:
+    """Whom each fact is about, as the turns the LLM read stand now (``_distil``): the
+    people whose turns it cites, those still there and in the agent's reach; a fact citing
+    no turn, the conversation's subject if they spoke in the turns that are left, else the
+    one person who did, else nobody. A fact whose every cited turn is gone is nobody's (its
+    evidence was erased or deleted: it does not come back), nor is one about a person who
+    turned memory off (their setting held until the saves commit)."""
+    there = messages_seen_by(agent.as_principal(), [m.id for m in messages])
+    said_by = {m.id: speaker(m) for m in messages if m.role == Role.USER and m.id in there}
+    people = set(said_by.values())
+    off = memory_off_for(people, lock=True)
+    uncited = subject if subject in people else (next(iter(people)) if len(people) == 1 else None)
+    about: dict[str, list[services.NewMemory]] = {}
+    for fact in facts:
+        cited = fact.message_ids
+        fact.message_ids = [i for i in cited if i in there]
+        if cited and not fact.message_ids:
+            continue
+        persons = {said_by[i] for i in fact.message_ids if i in said_by}
+        for person in persons or ({uncited} if uncited is not None else set()):
+            if person not in off:
+                about.setdefault(person, []).append(fact)
+    return about

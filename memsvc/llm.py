@@ -22,11 +22,14 @@ class LLMError(Exception):
     """The LLM could not be asked, or did not answer what was asked for.
 
     ``transient``: it may answer next time (unreachable, overloaded, rate-limited).
+    ``shown``: what a person may be told (the pages); the message itself, for the log, may
+    quote the model's server, whose words are not theirs to read (a key, a host, a quota).
     """
 
-    def __init__(self, message: str, *, transient: bool = False):
+    def __init__(self, message: str, *, transient: bool = False, shown: str | None = None):
         super().__init__(message)
         self.transient = transient
+        self.shown = shown or message
 
 
 def llm_configured() -> bool:
@@ -57,7 +60,11 @@ def _llm_error(exc) -> LLMError:
     transient = isinstance(
         exc, openai.APIConnectionError | openai.RateLimitError | openai.InternalServerError
     )
-    return LLMError(f"{type(exc).__name__}: {exc}", transient=transient)
+    return LLMError(
+        f"{type(exc).__name__}: {exc}",
+        transient=transient,
+        shown=f"its model failed ({type(exc).__name__}); the server's log says more",
+    )
 
 
 def _text_of(answer, part: str) -> str:

@@ -8,11 +8,13 @@ import uuid
 import pytest
 from django.db import DatabaseError
 
+from agents_api import extraction
 from agents_api.extraction import EXTRACTION_TURNS_KEY, parse_facts
 from agents_api.models import Memory, MemoryExtraction
-from agents_api.services import memory_save
+from agents_api.services import memory_save, memory_setting_update, user_erase
 from agents_api.tasks import extract_memories_task
 from conversations.models import Conversation, Message
+from memsvc.api.principals import Principal
 from memsvc.llm import LLMError, json_answer
 from tests.agents_api.test_api import agent_conversation, append
 from tests.fake_openai import FakeOpenAI
@@ -480,3 +482,119 @@ def test_turns_given_back_after_a_failure_include_those_before_a_private_turn(
     append(api, helper, shared, {"role": "assistant", "content": "Noted."})
     assert "turn 1:" in extractions(llm)[-1]["messages"][1]["content"]
     assert about("alice") == [GREEN]
+
+
+# --- what happens while the LLM reads (review) ------------------------------------------------
+
+
+def while_the_llm_reads(monkeypatch, happening) -> None:
+    """``happening()`` runs (and commits) after the LLM was asked, before its answer is
+    used: an erase, a deletion or a switch turned off in the seconds a model takes."""
+    real_chat = extraction.chat
+
+    def chat(messages):
+        answer = real_chat(messages)
+        happening()
+        return answer
+
+    monkeypatch.setattr(extraction, "chat", chat)
+
+
+def test_a_fact_of_turns_erased_while_the_llm_read_them_is_not_kept(
+    api, helper, alice, bob, shared, llm, monkeypatch
+):
+    """Bob erased his data while the LLM read his turn: the fact citing it, left citing
+    nothing, fell to the conversation's owner and was kept about Alice."""
+    llm.answer(
+        MARKER,
+        json.dumps(
+            {
+                "memories": [
+                    {"content": GREEN, "turns": [1]},
+                    {"content": "Bob is allergic to cats", "turns": [2]},
+                ]
+            }
+        ),
+    )
+    while_the_llm_reads(monkeypatch, lambda: user_erase(Principal.user("bob"), confirm="bob"))
+    speak_in_turn(api, helper, alice, bob, shared)
+    assert extractions(llm)
+    assert about("alice") == [GREEN] and about("bob") == []
+
+
+def test_nothing_is_kept_of_a_conversation_its_owner_erased_while_the_llm_read_it(
+    api, helper, alice, conversation, llm, monkeypatch
+):
+    """Alice erased everything while the LLM read her turns: the facts (citing none) were
+    kept about her after her erase, and she found them in her memories."""
+    llm.answer(MARKER, memories_answer("Alice lives at 12 Elm Street"))
+    while_the_llm_reads(monkeypatch, lambda: user_erase(Principal.user("alice"), confirm="alice"))
+    turns(api, helper, conversation, range(1, 6))
+    assert extractions(llm)
+    assert not Memory.objects.exists()
+    assert api.get("/v1/user/memories", as_=alice).json()["data"] == []
+
+
+def test_a_person_who_turns_memory_off_while_the_llm_reads_is_skipped_not_the_others(
+    api, helper, alice, bob, shared, llm, monkeypatch
+):
+    """Bob turned memory off while the LLM read: the save about him was a 409 that failed
+    the task, Alice's fact with it."""
+    llm.answer(
+        MARKER,
+        json.dumps(
+            {
+                "memories": [
+                    {"content": GREEN, "turns": [1]},
+                    {"content": "Bob is allergic to cats", "turns": [2]},
+                ]
+            }
+        ),
+    )
+    while_the_llm_reads(
+        monkeypatch, lambda: memory_setting_update(Principal.user("bob"), enabled=False)
+    )
+    speak_in_turn(api, helper, alice, bob, shared)
+    assert about("alice") == [GREEN] and about("bob") == []
+
+
+def test_in_a_shared_conversation_the_llm_is_not_shown_one_persons_private_memories(
+    api, helper, alice, bob, shared, llm
+):
+    """The prompt listed what the agent keeps about every speaker: Bob's turn asking the
+    model to restate the "Already known" lines as facts of his got Alice's private memory
+    kept about him (prompt injection). What was distilled from this conversation is still
+    shown (not restated)."""
+    agent = helper.agent
+    memory_save(
+        agent.as_principal(on_behalf_of="alice"),
+        agent=agent,
+        user_id="alice",
+        content="Alice is being treated for depression",
+    )
+    from_here, _ = memory_save(
+        agent.as_principal(),
+        agent=agent,
+        user_id="bob",
+        content="Bob plays chess",
+        source="extracted",
+        metadata={"conversationId": shared},
+    )
+    speak_in_turn(api, helper, alice, bob, shared)
+    [request] = extractions(llm)
+    prompt = request["messages"][1]["content"]
+    assert "depression" not in prompt
+    assert f"- {from_here.content}" in prompt
+
+
+def test_a_conversation_deleted_once_its_task_has_read_it_is_not_claimed(
+    api, helper, conversation, llm
+):
+    """The task had loaded the conversation when it was deleted: the extraction's state row
+    named it, and its foreign key failed at commit (an IntegrityError)."""
+    turns(api, helper, conversation, range(1, 5))
+    loaded = Conversation.objects.get(id=conversation)
+    Conversation.objects.filter(id=conversation).delete()
+    assert extraction.memories_extract(helper.agent, loaded) == []
+    assert not MemoryExtraction.objects.exists()
+    assert extractions(llm) == []

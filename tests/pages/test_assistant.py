@@ -74,13 +74,22 @@ def test_the_script_gets_the_new_row_then_the_answer_streamed(alice_page, chat):
     assert Message.objects.filter(conversation=chat, role="assistant").count() == 1
 
 
-def test_a_failing_model_writes_nothing_and_says_so(alice_page, chat, llm):
-    llm.answer("Hello", Reply(status=400, payload={"error": {"message": "bad request"}}))
+def test_a_failing_model_writes_nothing_and_says_so(alice_page, chat, llm, caplog):
+    """In the person's words: the model's server's own (a key, a host) only in the log
+    (review: the page quoted them)."""
+    leaked = "upstream key sk-proj-abc at llm.internal:9000"
+    llm.answer("Hello", Reply(status=500, payload={"error": {"message": leaked}}))
     response = alice_page.post(
         reverse("pages:append", args=[chat.id]), {"content": "Hello"}, follow=True
     )
-    assert "The assistant could not answer" in response.content.decode()
+    page = response.content.decode()
+    assert "The assistant could not answer: its model failed (InternalServerError)" in page
+    assert "sk-proj" not in page
+    streamed = alice_page.post(reverse("pages:reply", args=[chat.id]))
+    text = b"".join(streamed.streaming_content).decode()
+    assert "could not answer: its model failed" in text and "sk-proj" not in text
     assert not Message.objects.filter(role="assistant").exists()
+    assert caplog.text.count(leaked) == 2  # (the operator's to read)
 
 
 @pytest.mark.parametrize(

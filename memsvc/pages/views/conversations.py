@@ -2,6 +2,7 @@
 and transfers. Each view parses its form with the user API's own input serializer, reaches
 the conversation through ``access_conversation`` and calls one service or selector."""
 
+import logging
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -28,6 +29,8 @@ from memsvc.llm import LLMError, llm_configured
 from memsvc.pages.views.common import PAGE_SIZE, action, back, form_fields, fragment_or_page, page
 from memsvc.validators import shows_nothing
 from search.selectors import search_messages
+
+logger = logging.getLogger(__name__)
 
 
 @page
@@ -167,7 +170,8 @@ def message_append(request, conversation_id):
             for _ in assistant_reply(assistant, conversation, user=request.principal):
                 pass
         except LLMError as exc:
-            flash.error(request, f"The assistant could not answer: {exc}")
+            _log_failed_answer(conversation, exc)
+            flash.error(request, f"The assistant could not answer: {exc.shown}")
     page_url = reverse("pages:conversation", args=[conversation.id])
     return redirect(f"{page_url}#m-{message.id}")
 
@@ -185,12 +189,17 @@ def reply(request, conversation_id):
         try:
             yield from assistant_reply(assistant, conversation, user=request.principal)
         except LLMError as exc:
-            yield f"\n[The assistant could not answer: {exc}]"
+            _log_failed_answer(conversation, exc)
+            yield f"\n[The assistant could not answer: {exc.shown}]"
 
     response = StreamingHttpResponse(stream(), content_type="text/plain; charset=utf-8")
     response["Cache-Control"] = "no-store"
     response["X-Accel-Buffering"] = "no"  # a proxy in front passes the pieces on at once
     return response
+
+
+def _log_failed_answer(conversation, exc: LLMError) -> None:
+    logger.warning("the assistant of conversation %s could not answer: %s", conversation.id, exc)
 
 
 @action
