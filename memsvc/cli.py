@@ -12,8 +12,10 @@ import sys
 import time
 
 from django.core.exceptions import ImproperlyConfigured
+from django.core.management.base import SystemCheckError
 from django.db import OperationalError
 
+from memsvc.env import usable_directory
 from memsvc.supervisor import Supervisor, log
 
 KEEP_ALIVE_SECONDS = 75
@@ -182,11 +184,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # Local mode's secrets exist from now on, for the children and for whoever wants the
         # JWT secret of a running server; the web processes' WhiteNoise scans STATIC_ROOT.
         embedded_db.local_secrets(settings.MEMSVC_DATA_DIR)
-        settings.STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+        usable_directory(settings.STATIC_ROOT, "DJANGO_STATIC_ROOT")
     try:
         # The first connection starts the embedded database (memsvc.db_backend): this
         # process holds it until the `finally` below, and starts it again if it stops.
-        call_command("migrate", interactive=False, verbosity=0)
+        # (With the system checks, which call_command skips: a setting Django refuses, such
+        # as a CSRF origin without its scheme, stops the start, as in `manage.py check`.)
+        call_command("migrate", interactive=False, verbosity=0, skip_checks=False)
         check_embedding_dimension()
         warn_about_other_vector_models()
         # Before the first request can come: the first start on a data directory makes the
@@ -665,6 +669,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except ImproperlyConfigured as exc:  # a setting missing or malformed: its message says which
+        print(f"memsvc: {exc}", file=sys.stderr)
+        return 2
+    except SystemCheckError as exc:  # (``serve``: a setting only Django's checks refuse)
         print(f"memsvc: {exc}", file=sys.stderr)
         return 2
     except OperationalError as exc:  # the database stopped answering (a restart, a crash)

@@ -27,6 +27,8 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.functional import SimpleLazyObject
 
+from memsvc.env import usable_directory
+
 logger = logging.getLogger(__name__)
 
 DATABASE_NAME = "memsvc"
@@ -322,12 +324,7 @@ def local_secrets(data_dir: Path) -> dict[str, str]:
     ``memsvc token`` beside a server): a lock on the directory lets one of them write the
     file and the others read what it wrote, so every process signs with the same secrets.
     """
-    try:
-        data_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:  # (a file of that name, a directory it may not write in)
-        raise ImproperlyConfigured(
-            f"MEMSVC_DATA_DIR ({data_dir}) is no directory memsvc can use: {exc.strerror}"
-        ) from None
+    usable_directory(data_dir, "MEMSVC_DATA_DIR")
     path = data_dir / "secrets.json"
     directory = os.open(data_dir, os.O_RDONLY)
     try:

@@ -66,8 +66,11 @@ def env_bool(name: str, default: bool) -> bool:
     raise ImproperlyConfigured(f"{name} must be one of {sorted(_TRUE | _FALSE)}, got {value!r}")
 
 
-def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+def env_choice(name: str, default: str, choices: tuple[str, ...], *, upper: bool = False) -> str:
+    """One of ``choices``; ``upper``: given in any case (``debug`` for ``DEBUG``)."""
     value = _raw(name) or default
+    if upper:
+        value = value.upper()
     if value not in choices:
         raise ImproperlyConfigured(f"{name} must be one of {', '.join(choices)}, got {value!r}")
     return value
@@ -76,6 +79,19 @@ def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
 def env_path(name: str, default: Path) -> Path:
     value = _raw(name)
     return (Path(value) if value is not None else default).expanduser()
+
+
+def usable_directory(path: Path, setting: str) -> Path:
+    """``path`` made, with its parents, when missing; ``ImproperlyConfigured`` naming the
+    ``setting`` that chose it when it cannot be a directory (a file of that name, a place
+    memsvc may not write in), rather than a traceback."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ImproperlyConfigured(
+            f"{setting} ({path}) is no directory memsvc can use: {exc.strerror}"
+        ) from None
+    return path
 
 
 def env_url(
@@ -104,6 +120,21 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if value is None:
         return list(default)
     return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def env_hosts(name: str, default: list[str]) -> list[str]:
+    """Host names as Django's ``ALLOWED_HOSTS`` takes them (``example.com``,
+    ``.example.com``, ``[::1]``, ``*``), at least one: a URL there (``https://...``) or
+    nothing but commas made every request a 400, health checks too, with nothing said."""
+    hosts = env_list(name, default)
+    if not hosts:
+        raise ImproperlyConfigured(f"{name} names no host")
+    for host in hosts:
+        if "/" in host or "@" in host:
+            raise ImproperlyConfigured(
+                f"{name} must name hosts (example.com, .example.com), not URLs: got {host!r}"
+            )
+    return hosts
 
 
 def _origin_problem(origin: str) -> str | None:

@@ -20,6 +20,7 @@ from memsvc.env import (
     env_bool,
     env_changes,
     env_choice,
+    env_hosts,
     env_int,
     env_list,
     env_networks,
@@ -74,7 +75,7 @@ if MEMSVC_JWT_JWKS_URL and not (MEMSVC_JWT_ISSUER and MEMSVC_JWT_AUDIENCE):
     )
 
 DEBUG = env_bool("DJANGO_DEBUG", False)
-ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
+ALLOWED_HOSTS = env_hosts("DJANGO_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
 
 # --- Database --------------------------------------------------------------------------------
@@ -213,7 +214,15 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": env_str("MEMSVC_LOG_LEVEL", "INFO")},
+    "root": {
+        "handlers": ["console"],
+        "level": env_choice(
+            "MEMSVC_LOG_LEVEL",
+            "INFO",
+            ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"),
+            upper=True,
+        ),
+    },
     # The embedded server's package narrates every pg_ctl call at INFO, the MCP SDK's
     # transport every stateless /mcp call.
     "loggers": {

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from memsvc.env import usable_directory
+
 logger = logging.getLogger(__name__)
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -173,7 +175,7 @@ def graph_path(model_dir: Path, cache_dir: Path, precision: str) -> Path:
         return wanted
     float32 = graph_file(model_dir, cache_dir, "float32")
     int8 = graph_file(model_dir, cache_dir, "int8")
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    usable_directory(cache_dir, "MEMSVC_MODEL_CACHE_DIR")
     # Web and worker processes start together: one makes the graph, the others wait for it.
     with float32.with_suffix(".lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

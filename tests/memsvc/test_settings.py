@@ -16,7 +16,15 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 
 from memsvc import embedded_db
-from memsvc.env import env_bool, env_changes, env_choice, env_int, env_list, env_url
+from memsvc.env import (
+    env_bool,
+    env_changes,
+    env_choice,
+    env_hosts,
+    env_int,
+    env_list,
+    env_url,
+)
 from search.tuning import SearchTuning
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,12 +51,26 @@ def test_typed_helpers_read_values(monkeypatch):
         ("localhost:6379", lambda: env_url("X", None, schemes=("redis", "rediss"))),
         ("redis://localhost:99999/0", lambda: env_url("X", None, schemes=("redis", "rediss"))),
         ("redis://a;b:6379", lambda: env_url("X", None, schemes=("redis",), several=True)),
+        # (A URL or nothing as the hosts: every request a 400, health checks too: review.)
+        ("https://memsvc.example.com", lambda: env_hosts("X", ["localhost"])),
+        ("memsvc.example.com/app", lambda: env_hosts("X", ["localhost"])),
+        ("LOUD", lambda: env_choice("X", "INFO", ("DEBUG", "INFO"), upper=True)),
     ],
 )
 def test_malformed_values_are_errors_not_defaults(monkeypatch, value, read):
     monkeypatch.setenv("X", value)
     with pytest.raises(ImproperlyConfigured, match="X must"):
         read()
+
+
+def test_hosts_and_a_case_free_choice_are_read(monkeypatch):
+    monkeypatch.setenv("X", "memsvc.example.com, .example.org,[::1],*")
+    assert env_hosts("X", []) == ["memsvc.example.com", ".example.org", "[::1]", "*"]
+    monkeypatch.setenv("X", ",,")
+    with pytest.raises(ImproperlyConfigured, match="X names no host"):
+        env_hosts("X", ["localhost"])
+    monkeypatch.setenv("X", "debug")
+    assert env_choice("X", "INFO", ("DEBUG", "INFO"), upper=True) == "DEBUG"
 
 
 def test_tunables_are_changed_field_by_field(monkeypatch):
@@ -573,6 +595,41 @@ def test_trusted_proxies_are_addresses_or_networks(monkeypatch):
     monkeypatch.setenv("X_PROXIES", "127.0.0.1,notanip")  # was taken, and matched nothing
     with pytest.raises(ImproperlyConfigured, match="'notanip' is neither an IP address"):
         env_networks("X_PROXIES")
+
+
+@pytest.mark.parametrize(
+    ("command", "env", "said"),
+    [
+        (["token", "bob"], {"MEMSVC_LOG_LEVEL": "LOUD"}, "MEMSVC_LOG_LEVEL must be one of"),
+        (
+            ["prepare-model"],
+            {"MEMSVC_MODEL_CACHE_DIR": "{file}/models"},
+            "MEMSVC_MODEL_CACHE_DIR ({file}/models) is no directory memsvc can use",
+        ),
+        (
+            ["serve", "--no-worker"],
+            {"DJANGO_STATIC_ROOT": "{file}/static"},
+            "DJANGO_STATIC_ROOT ({file}/static) is no directory memsvc can use",
+        ),
+        # Django's own checks, which call_command skips: serve started with an origin that
+        # could never match (manage.py check refused it).
+        (["serve", "--no-worker"], {"DJANGO_CSRF_TRUSTED_ORIGINS": "example.com"}, "4_0.E001"),
+    ],
+    ids=["log level", "model cache", "static root", "csrf origin"],
+)
+def test_a_setting_the_command_line_cannot_use_is_said_not_a_traceback(
+    tmp_path, command, env, said
+):
+    """(Each was a traceback, or, for the CSRF origin, a server that started: review.)"""
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a directory")
+    env = {name: value.format(file=a_file) for name, value in env.items()}
+    result = run_python(
+        {"MEMSVC_DATA_DIR": str(tmp_path / "data"), **env}, "-m", "memsvc.cli", *command
+    )
+    assert result.returncode == 2, result.stderr
+    assert said.format(file=a_file) in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 def test_a_malformed_setting_stops_the_command_line_with_one_line(tmp_path):
