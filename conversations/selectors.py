@@ -557,8 +557,18 @@ def conversation_context(
         if not until_id:
             until = {"seq": 0}
         else:  # (no id at all, as an operator's import once stored: as if deleted)
+            # Looked up in the whole group, not the view: a fork whose point was deleted
+            # starts earlier (``services._forks_moved_off``), and a parent's turn its summary
+            # covers up to may be out of its view now; what it covered is still what comes
+            # before that turn (seq is global: the order of every turn of the group).
             until_uuid = as_uuid(until_id)
-            until = view.filter(id=until_uuid).values("seq").first() if until_uuid else None
+            until = (
+                Message.objects.filter(id=until_uuid, conversation__group_id=conversation.group_id)
+                .values("seq")
+                .first()
+                if until_uuid
+                else None
+            )
         covered_through = until["seq"] if until else summary.seq
         rest = rest.filter(seq__gt=covered_through)
         if (

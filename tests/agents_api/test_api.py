@@ -3,6 +3,7 @@
 import base64
 import json
 import threading
+import uuid
 from datetime import timedelta
 from uuid import uuid4
 
@@ -13,6 +14,7 @@ from django.utils import timezone
 from agents_api.models import ApiKey, IdempotentRequest
 from agents_api.services import api_key_revoke
 from conversations.models import Conversation, Membership, Message
+from conversations.services import messages_delete
 from memsvc.api.pagination import encode_cursor
 from tests.agents_api.conftest import make_agent
 from tests.db import recorded_statements
@@ -631,6 +633,47 @@ def test_after_a_summary_the_context_is_the_summary_then_later_messages(api, hel
     # The user never sees the summary.
     user_view = api.get(f"/v1/user/conversations/{conversation['id']}/messages", as_=alice)
     assert [m["content"] for m in user_view.json()["data"]] == [f"m{i}" for i in range(6)]
+
+
+def test_a_forks_summary_covers_no_more_once_its_fork_point_moves_before_what_it_covers(
+    api, helper, alice
+):
+    """The fork point (a parent's turn) deleted, the fork starts at the history message
+    before it, and the parent's agent note the fork's summary covers up to is out of the
+    fork's view: the summary was read as covering everything up to itself, and the fork's
+    own turns before it left the agent's context (review)."""
+    parent = agent_conversation(api, helper.acting_for("alice"))["id"]
+    _, a1, note, point, replaced = append(
+        api,
+        helper,
+        parent,
+        {"role": "user", "content": "u1"},
+        {"role": "assistant", "content": "a1"},
+        {"role": "agent", "channel": "memory", "visibility": "agent", "content": "note"},
+        {"role": "user", "content": "point"},
+        {"role": "user", "content": "replaced"},
+    ).json()["data"]
+    forked = api.post(
+        f"/v1/user/conversations/{parent}/messages/{replaced['id']}/fork",
+        {"newMessage": {"content": "f1"}},
+        as_=alice,
+    )
+    assert forked.status_code == 201, forked.content
+    fork = forked.json()["id"]
+    append(api, helper, fork, {"role": "assistant", "content": "f2"})
+    summary = {"title": "t", "summary": "S", "untilMessageId": note["id"]}
+    summary["summarizedAt"] = "2026-11-01T10:00:00Z"
+    assert (
+        api.post(f"/v1/agent/conversations/{fork}/summaries", summary, as_=helper).status_code
+        == 201
+    )
+    append(api, helper, fork, {"role": "user", "content": "f3"})
+    seen = [m["content"] for m in context(api, helper, fork)["messages"]]
+    assert seen == ["S", "point", "f1", "f2", "f3"]
+
+    messages_delete(helper.agent.as_principal(), messages=Message.objects.filter(id=point["id"]))
+    assert Conversation.objects.get(id=fork).forked_at_message_id == uuid.UUID(a1["id"])
+    assert [m["content"] for m in context(api, helper, fork)["messages"]] == ["S", "f1", "f2", "f3"]
 
 
 @pytest.mark.parametrize("until", ["garbage", 7, ["a list"]])
