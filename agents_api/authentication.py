@@ -105,8 +105,8 @@ def _utf8_header(request, name: str) -> str | None:
 
 def refuse_acting_for_a_user(request) -> None:
     """The APIs that keep an agent's own memory alone (the local API, Letta's routes) refuse
-    ``X-On-Behalf-Of``: taken and ignored, a search "as bob" answered what was made for
-    alice (review)."""
+    ``X-On-Behalf-Of`` once the caller is known (422, whatever the key's scopes): taken and
+    ignored, a search "as bob" answered what was made for alice (review)."""
     if ON_BEHALF_HEADER in request.headers:
         raise InvalidInput.for_field(
             ON_BEHALF_HEADER,
@@ -118,18 +118,30 @@ def refuse_acting_for_a_user(request) -> None:
 class ApiKeyAuthentication(BaseAuthentication):
     """``Authorization: Bearer msk_...`` or ``X-API-Key: msk_...`` -> an agent principal."""
 
+    acts_for_users = True  # ``X-On-Behalf-Of`` taken (else refused: ``OwnMemoryKeyAuthentication``)
+
     def authenticate(self, request):
         key = _presented_key(request)
         if key is None:
             return None
         api_key = authenticate_key(key)
-        principal = principal_for_key(api_key, _utf8_header(request, ON_BEHALF_HEADER))
+        if not self.acts_for_users:
+            refuse_acting_for_a_user(request)
+        on_behalf_of = _utf8_header(request, ON_BEHALF_HEADER) if self.acts_for_users else None
+        principal = principal_for_key(api_key, on_behalf_of)
         request._request.principal = principal
         request._request.agent = api_key.agent
         return principal, api_key
 
     def authenticate_header(self, request):
         return "Bearer"
+
+
+class OwnMemoryKeyAuthentication(ApiKeyAuthentication):
+    """A key of an API that keeps an agent's own memory alone (the local API, Letta's
+    routes): ``X-On-Behalf-Of`` is refused, not checked against the key's scopes."""
+
+    acts_for_users = False
 
 
 def require_scope(principal: Principal, needed: str) -> None:

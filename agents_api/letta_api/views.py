@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from agents_api import selectors, services
-from agents_api.authentication import ApiKeyAuthentication, HasScope, refuse_acting_for_a_user
+from agents_api.authentication import HasScope, OwnMemoryKeyAuthentication
 from agents_api.letta_api import serializers as s
 from agents_api.local_api.views import fastapi_errors, render_local_error
 from agents_api.tasks import enqueue_letta_observation, enqueue_memory_extraction
@@ -31,7 +31,7 @@ class NotImplementedByMemsvc(ApiError):
 
 
 class LettaView(APIView):
-    authentication_classes = [ApiKeyAuthentication]
+    authentication_classes = [OwnMemoryKeyAuthentication]
     permission_classes = [IsAuthenticated, HasScope]
     # Refusals outside the view (body too large, NUL in the path, database down, rate
     # limits: memsvc.api.middleware) in Letta's shape too, not /v1's.
@@ -39,10 +39,6 @@ class LettaView(APIView):
 
     def get_exception_handler(self):
         return fastapi_errors
-
-    def perform_authentication(self, request):
-        super().perform_authentication(request)
-        refuse_acting_for_a_user(request)
 
     def caller(self, request):
         """The key's agent: the agents it reaches are ``selectors.letta_agents``."""

@@ -29,8 +29,8 @@ from rest_framework.views import APIView
 from agents_api import selectors as agent_selectors
 from agents_api import services as agent_services
 from agents_api.authentication import (
-    ApiKeyAuthentication,
     HasScope,
+    OwnMemoryKeyAuthentication,
     refuse_acting_for_a_user,
 )
 from agents_api.local_api import serializers as s
@@ -70,16 +70,14 @@ class LocalAuthentication(BaseAuthentication):
     def authenticate(self, request):
         # A key, when one is presented, is the credential, from loopback too: its agent and
         # its scopes, never more.
-        result = ApiKeyAuthentication().authenticate(request)
+        result = OwnMemoryKeyAuthentication().authenticate(request)
         if result is not None:
             principal, api_key = result
-            caller = LocalCaller(api_key.agent, principal.scopes), api_key
-        elif settings.MEMSVC_LOCAL_TRUST_LOOPBACK and request.META.get("REMOTE_ADDR") in LOOPBACK:
-            caller = LocalCaller(None, frozenset(Scope.values)), None
-        else:
-            raise drf.NotAuthenticated("an API key is required (X-API-Key or Bearer msk_...)")
-        refuse_acting_for_a_user(request)
-        return caller
+            return LocalCaller(api_key.agent, principal.scopes), api_key
+        if settings.MEMSVC_LOCAL_TRUST_LOOPBACK and request.META.get("REMOTE_ADDR") in LOOPBACK:
+            refuse_acting_for_a_user(request)
+            return LocalCaller(None, frozenset(Scope.values)), None
+        raise drf.NotAuthenticated("an API key is required (X-API-Key or Bearer msk_...)")
 
     def authenticate_header(self, request):
         return "Bearer"

@@ -552,17 +552,21 @@ def test_a_read_key_reads_and_cannot_write(api, helper):
 
 def test_acting_for_a_user_is_refused_not_ignored(api, helper):
     """Letta's routes keep an agent's own memory: ``X-On-Behalf-Of`` (a key that may act for
-    users) was taken and ignored (review of the local API)."""
+    users) was taken and ignored (review of the local API); refused whatever the key's
+    scopes, after the key (none: 401)."""
     state = create_agent(api, helper)
-    as_bob = {**helper.auth_headers(), "HTTP_X_ON_BEHALF_OF": "bob"}
-    for response in (
-        api.get(f"/v1/agents/{state['id']}", as_=as_bob),
-        capture(api, as_bob, state["id"], "I am bob"),
-        api.post("/v1/blocks/", {"label": "notes", "value": "x"}, as_=as_bob),
-    ):
-        assert response.status_code == 422, response.content
-        [problem] = response.json()["detail"]
-        assert problem["loc"] == ["header", "X-On-Behalf-Of"]
+    plain = make_agent("helper", scopes=("read", "write"))  # a second key of the agent
+    for key in (helper, plain):
+        as_bob = {**key.auth_headers(), "HTTP_X_ON_BEHALF_OF": "bob"}
+        for response in (
+            api.get(f"/v1/agents/{state['id']}", as_=as_bob),
+            capture(api, as_bob, state["id"], "I am bob"),
+            api.post("/v1/blocks/", {"label": "notes", "value": "x"}, as_=as_bob),
+        ):
+            assert response.status_code == 422, response.content
+            [problem] = response.json()["detail"]
+            assert problem["loc"] == ["header", "X-On-Behalf-Of"]
+    assert api.get("/v1/agents/", as_={"HTTP_X_ON_BEHALF_OF": "bob"}).status_code == 401
     assert not Message.objects.filter(conversation__local_agent__name="travel").exists()
     assert not MemoryBlock.objects.filter(label="notes").exists()
 

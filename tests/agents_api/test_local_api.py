@@ -717,9 +717,12 @@ def test_a_read_key_cannot_write_through_the_local_api(local):
 
 def test_acting_for_a_user_is_refused_not_ignored(local):
     """Everything here is an agent's own: ``X-On-Behalf-Of`` (an impersonating key's) was
-    taken and ignored, a search "as bob" answering the records made for alice (review)."""
+    taken and ignored, a search "as bob" answering the records made for alice (review).
+    Refused whatever the key's scopes (a key that may not act for users was told to get
+    one, then refused), once the caller is known (no key from afar: 401 first)."""
     helper = make_agent("acting", scopes=("read", "write", "impersonate"))
-    for extra in ({"HTTP_X_API_KEY": helper.key}, {}):  # a key, and keyless loopback
+    plain = make_agent("acting", scopes=("read", "write"))  # a second key of the agent
+    for extra in ({"HTTP_X_API_KEY": helper.key}, {"HTTP_X_API_KEY": plain.key}, {}):
         as_bob = {**extra, "HTTP_X_ON_BEHALF_OF": "bob"}
         tool = {"agent_name": "acting", "records": [{"tool_name": "t", "output": "o"}]}
         for response in (
@@ -735,6 +738,7 @@ def test_acting_for_a_user_is_refused_not_ignored(local):
             assert problem["loc"] == ["header", "X-On-Behalf-Of"]
     assert not ToolRecord.objects.exists() and not Message.objects.exists()
     assert local.get("/agents/acting", HTTP_X_API_KEY=helper.key).status_code == 200
+    assert local.get("/agents/acting", HTTP_X_ON_BEHALF_OF="bob", **REMOTE).status_code == 401
 
 
 def test_a_write_only_key_cannot_read_through_the_local_api(local):
