@@ -124,15 +124,18 @@ def env_list(name: str, default: list[str]) -> list[str]:
 
 def env_hosts(name: str, default: list[str]) -> list[str]:
     """Host names as Django's ``ALLOWED_HOSTS`` takes them (``example.com``,
-    ``.example.com``, ``[::1]``, ``*``), at least one: a URL there (``https://...``) or
-    nothing but commas made every request a 400, health checks too, with nothing said."""
+    ``.example.com``, ``[::1]``, ``*``), at least one: a URL there (``https://...``), a port
+    (which Django never matches) or nothing but commas made every request a 400, health
+    checks too, with nothing said."""
     hosts = env_list(name, default)
     if not hosts:
         raise ImproperlyConfigured(f"{name} names no host")
     for host in hosts:
-        if "/" in host or "@" in host:
+        bracketed = host.startswith("[") and host.endswith("]")  # an IPv6 address
+        if "/" in host or "@" in host or (":" in host and not bracketed):
             raise ImproperlyConfigured(
-                f"{name} must name hosts (example.com, .example.com), not URLs: got {host!r}"
+                f"{name} must name hosts (example.com, .example.com, [::1]), without a "
+                f"scheme, path or port: got {host!r}"
             )
     return hosts
 

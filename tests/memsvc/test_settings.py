@@ -54,6 +54,9 @@ def test_typed_helpers_read_values(monkeypatch):
         # (A URL or nothing as the hosts: every request a 400, health checks too: review.)
         ("https://memsvc.example.com", lambda: env_hosts("X", ["localhost"])),
         ("memsvc.example.com/app", lambda: env_hosts("X", ["localhost"])),
+        ("127.0.0.1:8283", lambda: env_hosts("X", ["localhost"])),  # (Django matches no port)
+        ("[::1]:8283", lambda: env_hosts("X", ["localhost"])),
+        ("::1", lambda: env_hosts("X", ["localhost"])),
         ("LOUD", lambda: env_choice("X", "INFO", ("DEBUG", "INFO"), upper=True)),
     ],
 )
