@@ -289,7 +289,9 @@ def _distil(agent: Agent, conversation: Conversation, previous: int, claimed: li
         hold_users({speaker(m) for m in messages} | {subject})
         about = _facts_by_person(agent, facts, messages, speaker, subject)
         saved = []
-        for person, memories in about.items():
+        # People in one order: each save holds its person's memories until this commits,
+        # and two extractions taking Alice and Bob in turn the other way round deadlocked.
+        for person, memories in sorted(about.items()):
             saved += services.memories_save(
                 agent.as_principal(),
                 agent=agent,

@@ -3,12 +3,13 @@
 
 import json
 import logging
+import threading
 import uuid
 
 import pytest
-from django.db import DatabaseError
+from django.db import DatabaseError, connection
 
-from agents_api import extraction
+from agents_api import extraction, services
 from agents_api.extraction import EXTRACTION_TURNS_KEY, parse_facts
 from agents_api.models import Memory, MemoryExtraction
 from agents_api.services import memory_save, memory_setting_update, user_erase
@@ -598,3 +599,67 @@ def test_a_conversation_deleted_once_its_task_has_read_it_is_not_claimed(
     assert extraction.memories_extract(helper.agent, loaded) == []
     assert not MemoryExtraction.objects.exists()
     assert extractions(llm) == []
+
+
+def test_two_extractions_about_the_same_two_people_take_turns_not_deadlock(
+    api, helper, alice, bob, llm, monkeypatch
+):
+    """Two shared conversations' extractions, each with a fact about Alice and one about
+    Bob, answered in opposite orders: each saved its first person (and held their memories'
+    lock) and waited for the other's: one failed as a deadlock, its facts lost (review).
+    People are saved in one order."""
+    monkeypatch.setattr(extraction, "llm_configured", lambda: False)  # (nothing yet)
+    conversations = []
+    for _ in range(2):
+        conversation = agent_conversation(api, helper.acting_for("alice"))["id"]
+        member = {"userId": "bob", "accessLevel": "writer"}
+        api.post(f"/v1/user/conversations/{conversation}/memberships", member, as_=alice)
+        speak_in_turn(api, helper, alice, bob, conversation)
+        conversations.append(conversation)
+    monkeypatch.setattr(extraction, "llm_configured", lambda: True)
+
+    answers = {
+        conversations[0]: [("Alice likes green", 1), ("Bob is allergic to cats", 2)],
+        conversations[1]: [("Bob is allergic to dogs", 2), ("Alice lives in Lisbon", 1)],
+    }
+    mine = threading.local()
+    monkeypatch.setattr(
+        extraction,
+        "chat",
+        lambda messages: json.dumps(
+            {"memories": [{"content": c, "turns": [n]} for c, n in answers[mine.conversation]]}
+        ),
+    )
+    first_saved = {conversation: threading.Event() for conversation in conversations}
+    real_save = services.memories_save
+
+    def save(*args, **kwargs):
+        """After its first person, each waits (a while) for the other to save its first."""
+        saved = real_save(*args, **kwargs)
+        if not first_saved[mine.conversation].is_set():
+            first_saved[mine.conversation].set()
+            other = next(c for c in conversations if c != mine.conversation)
+            first_saved[other].wait(3)
+        return saved
+
+    monkeypatch.setattr(services, "memories_save", save)
+    failures = []
+
+    def extract(conversation_id):
+        mine.conversation = conversation_id
+        try:
+            conversation = Conversation.objects.get(id=conversation_id)
+            extraction.memories_extract(helper.agent, conversation)
+        except Exception as exc:
+            failures.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=extract, args=(c,)) for c in conversations]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert failures == []
+    assert about("alice") == ["Alice likes green", "Alice lives in Lisbon"]
+    assert about("bob") == ["Bob is allergic to cats", "Bob is allergic to dogs"]
