@@ -4,7 +4,8 @@ window (seed: memory-bank-strategy).
 At every chat completion of the task, the tool interaction the messages end with (the last
 assistant message with ``tool_calls`` and the tool answers after it; parallel calls give one
 record each) is stored in memsvc as tool records: the raw output kept whole (the fact store;
-an input or output over memsvc's 1 MiB is kept to its start, ``kept_whole_or_cut``)
+an input or output over memsvc's 1 MiB, or its share of a step's 32 MiB, is kept to its
+start, ``kept_whole_or_cut``)
 and a summary with its vector (the insight store, written by memsvc's observer). Then the
 records most relevant to "how to proceed with the task" are retrieved and the model is sent
 a compressed context instead of the whole history:
@@ -52,6 +53,10 @@ MAX_TOP_K = 20  # the most a tool record search returns (the server's limit)
 # The most memsvc keeps of a tool's input or its output, as JSON in UTF-8 (the server's
 # limit: ``agents_api.api.serializers.TOOL_JSON_MAX_BYTES``).
 MAX_TOOL_JSON_BYTES = 1024 * 1024
+# What the inputs and outputs of one step's records weigh at most in all: its store is one
+# request, under memsvc's default body cap (``MEMSVC_MAX_BODY_BYTES``, 41 MiB); 42 parallel
+# calls of 1 MB each were refused whole (review).
+MAX_STEP_JSON_BYTES = 32 * 1024 * 1024
 TRUNCATED = "...[truncated]"
 
 
@@ -160,19 +165,17 @@ def format_records(records: list[dict], max_chars: int) -> str:
     return f"\n{RECORD_SEPARATOR}\n".join(blocks)
 
 
-def kept_whole_or_cut(value):
-    """A tool's input or output as memsvc can keep it: whole when its JSON is within the
-    server's limit, else the start of that JSON as ``{"_raw": ...}`` (the form of an answer
-    that is no JSON), marked truncated. (One output over the limit was refused by memsvc
-    with the step's other records: review.)"""
+def kept_whole_or_cut(value, max_bytes: int = MAX_TOOL_JSON_BYTES):
+    """A tool's input or output as memsvc can keep it: whole when its JSON is within
+    ``max_bytes`` (at most the server's limit), else the start of that JSON as
+    ``{"_raw": ...}`` (the form of an answer that is no JSON), marked truncated. (One output
+    over the limit was refused by memsvc with the step's other records: review.)"""
     text = json.dumps(value, ensure_ascii=False)
-    if len(text.encode()) <= MAX_TOOL_JSON_BYTES:
+    if len(text.encode()) <= max_bytes:
         return value
-    head = text.encode()[: MAX_TOOL_JSON_BYTES // 2].decode(errors="ignore")
-    while len(json.dumps({"_raw": head + TRUNCATED}, ensure_ascii=False).encode()) > (
-        MAX_TOOL_JSON_BYTES
-    ):  # (escapes: a control character is six bytes in JSON)
-        head = head[: len(head) // 2]
+    head = text.encode()[: max_bytes // 2].decode(errors="ignore")
+    while len(json.dumps({"_raw": head + TRUNCATED}, ensure_ascii=False).encode()) > max_bytes:
+        head = head[: len(head) // 2]  # (escapes: a control character is six bytes in JSON)
     return {"_raw": head + TRUNCATED}
 
 
@@ -283,6 +286,7 @@ class MemoryBank:
         call_ids = tuple(i.call_id for i in new)
         if self.task.unanswered is not None and self.task.unanswered[0] == call_ids:
             return self.task.unanswered[1]
+        each = min(MAX_TOOL_JSON_BYTES, MAX_STEP_JSON_BYTES // (2 * len(new)))
         request = ServerRequest(
             "POST",
             "/tool-records",
@@ -294,8 +298,8 @@ class MemoryBank:
                     {
                         "step": self.task.step,
                         "tool_name": readable_json(i.tool_name),
-                        "input": kept_whole_or_cut(readable_json(i.raw_input)),
-                        "output": kept_whole_or_cut(readable_json(i.raw_output)),
+                        "input": kept_whole_or_cut(readable_json(i.raw_input), each),
+                        "output": kept_whole_or_cut(readable_json(i.raw_output), each),
                     }
                     for i in new
                 ],

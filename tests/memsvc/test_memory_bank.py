@@ -18,6 +18,7 @@ from memsvc.memory_bank import (
     CONTEXT_HEADING,
     MAX_TOOL_JSON_BYTES,
     TRUNCATED,
+    MemoryBank,
     compressed,
     format_records,
     tool_interactions,
@@ -239,6 +240,29 @@ def test_a_tool_output_over_memsvcs_limit_is_kept_to_its_start_beside_the_others
     kept = records["dump_log"].raw_output["_raw"]
     assert kept.endswith(TRUNCATED) and '"lines": ["\\u0001 log line éé 0"' in kept
     assert len(json.dumps({"_raw": kept}, ensure_ascii=False).encode()) <= MAX_TOOL_JSON_BYTES
+
+
+def test_a_step_of_many_large_parallel_calls_is_one_request_memsvc_takes(settings):
+    """42 parallel calls each answering 1 MB (under the 1 MiB a record may keep) made one
+    store of 43.7 MB: refused (413) by memsvc's default body cap, every record of the step
+    lost (review). Each keeps its share of the step's budget."""
+    calls = [ToolCall("read_file", {"path": f"f{n}"}) for n in range(42)]
+    messages = [
+        {"role": "user", "content": "Read them all."},
+        {"role": "assistant", "content": None, "tool_calls": [c.as_json() for c in calls]},
+        *({"role": "tool", "tool_call_id": c.id, "content": "x" * 1_040_000} for c in calls),
+    ]
+    store = next(MemoryBank(AGENT)._step(messages))
+    assert store.path == "/tool-records" and len(store.json["records"]) == 42
+    assert len(json.dumps(store.json).encode()) < settings.MEMSVC_MAX_BODY_BYTES
+    for record in store.json["records"]:  # (the start of its JSON: {"_raw": "xxx...)
+        kept = record["output"]["_raw"]
+        assert kept.startswith('{"_raw": "xxx') and kept.endswith(TRUNCATED)
+    one = ToolCall("read_file", {"path": "f"})
+    alone = [*messages[:1], {**messages[1], "tool_calls": [one.as_json()]}]
+    alone.append({"role": "tool", "tool_call_id": one.id, "content": "x" * 1_040_000})
+    [record] = next(MemoryBank(AGENT)._step(alone)).json["records"]
+    assert record["output"] == {"_raw": "x" * 1_040_000}  # (alone, kept whole)
 
 
 def test_async_and_streamed_calls_are_compressed_too(live_server, llm):
