@@ -32,6 +32,11 @@ def memories_answer(*facts) -> str:
     return json.dumps({"memories": [{"content": f, "importance": 0.8} for f in facts]})
 
 
+def citing(*facts: tuple[str, int]) -> str:
+    """An answer of facts, each citing one turn by its number."""
+    return json.dumps({"memories": [{"content": f, "turns": [n]} for f, n in facts]})
+
+
 @pytest.fixture
 def llm(settings):
     with FakeOpenAI(reply="Noted.") as fake:
@@ -506,17 +511,7 @@ def test_a_fact_of_turns_erased_while_the_llm_read_them_is_not_kept(
 ):
     """Bob erased his data while the LLM read his turn: the fact citing it, left citing
     nothing, fell to the conversation's owner and was kept about Alice."""
-    llm.answer(
-        MARKER,
-        json.dumps(
-            {
-                "memories": [
-                    {"content": GREEN, "turns": [1]},
-                    {"content": "Bob is allergic to cats", "turns": [2]},
-                ]
-            }
-        ),
-    )
+    llm.answer(MARKER, citing((GREEN, 1), ("Bob is allergic to cats", 2)))
     while_the_llm_reads(monkeypatch, lambda: user_erase(Principal.user("bob"), confirm="bob"))
     speak_in_turn(api, helper, alice, bob, shared)
     assert extractions(llm)
@@ -541,17 +536,7 @@ def test_a_person_who_turns_memory_off_while_the_llm_reads_is_skipped_not_the_ot
 ):
     """Bob turned memory off while the LLM read: the save about him was a 409 that failed
     the task, Alice's fact with it."""
-    llm.answer(
-        MARKER,
-        json.dumps(
-            {
-                "memories": [
-                    {"content": GREEN, "turns": [1]},
-                    {"content": "Bob is allergic to cats", "turns": [2]},
-                ]
-            }
-        ),
-    )
+    llm.answer(MARKER, citing((GREEN, 1), ("Bob is allergic to cats", 2)))
     while_the_llm_reads(
         monkeypatch, lambda: memory_setting_update(Principal.user("bob"), enabled=False)
     )
@@ -626,9 +611,7 @@ def test_two_extractions_about_the_same_two_people_take_turns_not_deadlock(
     monkeypatch.setattr(
         extraction,
         "chat",
-        lambda messages: json.dumps(
-            {"memories": [{"content": c, "turns": [n]} for c, n in answers[mine.conversation]]}
-        ),
+        lambda messages: citing(*answers[mine.conversation]),
     )
     first_saved = {conversation: threading.Event() for conversation in conversations}
     real_save = services.memories_save
