@@ -34,7 +34,7 @@ from agents_api.selectors import (
     memory_off_for,
     messages_seen_by,
 )
-from conversations.models import Conversation, Role
+from conversations.models import Conversation, Message, Role
 from conversations.selectors import conversation_messages, turn_speakers
 from memsvc.db import held_keys, hold_users
 from memsvc.llm import LLMError, chat, json_answer, llm_configured
@@ -288,6 +288,10 @@ def _distil(agent: Agent, conversation: Conversation, previous: int, claimed: li
         # while it read is over, and one that comes later waits for this commit.
         hold_users({speaker(m) for m in messages} | {subject})
         about = _facts_by_person(agent, facts, messages, speaker, subject)
+        # Every cited turn held at once, in id order, as a deletion locks them: held person
+        # by person (each save holds its own), Alice's turn was held while a deletion that
+        # had locked Bob's waited for it, and Bob's save then waited for the deletion.
+        held_keys(Message, {i for fact in facts for i in fact.message_ids})
         saved = []
         # People in one order: each save holds its person's memories until this commits,
         # and two extractions taking Alice and Bob in turn the other way round deadlocked.

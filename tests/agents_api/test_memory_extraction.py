@@ -4,6 +4,7 @@
 import json
 import logging
 import threading
+import time
 import uuid
 
 import pytest
@@ -646,3 +647,69 @@ def test_two_extractions_about_the_same_two_people_take_turns_not_deadlock(
     assert failures == []
     assert about("alice") == ["Alice likes green", "Alice lives in Lisbon"]
     assert about("bob") == ["Bob is allergic to cats", "Bob is allergic to dogs"]
+
+
+def test_an_extraction_and_a_deletion_of_its_conversation_take_turns_not_deadlock(
+    api, helper, alice, bob, shared, llm, monkeypatch
+):
+    """The extraction held Alice's cited turn for her save, then Bob's for his; the
+    deletion, locking the turns in id order, had locked Bob's (the smaller id) and waited
+    for Alice's: a deadlock (review). The cited turns are held at once, in id order."""
+    from conversations.services import conversation_delete
+
+    monkeypatch.setattr(extraction, "llm_configured", lambda: False)  # (nothing yet)
+    say(api, alice, shared, "Alice: I like green")
+    hers = Message.objects.get(content="Alice: I like green")
+    for n in range(50):  # Bob's turn must come first in id order
+        say(api, bob, shared, f"Bob {n}: I am allergic to cats")
+        his = Message.objects.get(content=f"Bob {n}: I am allergic to cats")
+        if his.id < hers.id:
+            break
+    else:
+        pytest.fail("no turn of Bob's had a smaller id")
+    for n in range(4):
+        say(api, alice, shared, f"Alice again {n}")
+    monkeypatch.setattr(extraction, "llm_configured", lambda: True)
+    order = list(Message.objects.filter(conversation_id=shared).order_by("seq"))
+    number = {message.id: n for n, message in enumerate(order, start=1)}
+    monkeypatch.setattr(
+        extraction,
+        "chat",
+        lambda messages: citing(
+            (GREEN, number[hers.id]), ("Bob is allergic to cats", number[his.id])
+        ),
+    )
+    first_saved = threading.Event()
+    real_save = services.memories_save
+
+    def save(*args, **kwargs):
+        """Bob's save (the second) starts once the deletion is under way."""
+        if first_saved.is_set():
+            time.sleep(1.5)
+        saved = real_save(*args, **kwargs)
+        first_saved.set()
+        return saved
+
+    monkeypatch.setattr(services, "memories_save", save)
+    failures = []
+
+    def delete():
+        try:
+            assert first_saved.wait(10)
+            conversation = Conversation.objects.get(id=shared)
+            conversation_delete(Principal.user("alice"), conversation=conversation)
+        except Exception as exc:
+            failures.append(exc)
+        finally:
+            connection.close()
+
+    deleting = threading.Thread(target=delete)
+    deleting.start()
+    try:
+        extraction.memories_extract(helper.agent, Conversation.objects.get(id=shared))
+    except Exception as exc:
+        failures.append(exc)
+    deleting.join(30)
+    assert failures == []
+    assert about("alice") == [GREEN] and about("bob") == ["Bob is allergic to cats"]
+    assert not Conversation.objects.filter(id=shared).exists()
