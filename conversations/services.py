@@ -710,12 +710,20 @@ def ownership_transfer_accept(
 ) -> OwnershipTransfer:
     """The recipient becomes owner and the old owner a manager, in one transaction. The
     recipient held first (``hold_users``): their erase in flight ends before (and took the
-    offer: 404), one that comes later finds them owner."""
+    offer: 404), one that comes later finds them owner. An offer whose sender no longer owns
+    the conversation (a stale one an import brought back) is a 409: accepted, it demoted
+    an owner who never offered anything (review)."""
     if transfer.to_principal != actor.id:
         raise Forbidden("only the recipient can accept a transfer")
     hold_users([actor.id])
     transfer = _lock_pending(transfer)
     _lock_group(transfer.group_id)
+    if not Membership.objects.filter(
+        group_id=transfer.group_id,
+        principal_id=transfer.from_principal,
+        access_level=AccessLevel.OWNER,
+    ).exists():
+        raise Conflict("this offer no longer stands: its sender does not own the conversation")
     Membership.objects.filter(group_id=transfer.group_id, access_level=AccessLevel.OWNER).update(
         access_level=AccessLevel.MANAGER
     )

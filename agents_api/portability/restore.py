@@ -27,13 +27,16 @@ from agents_api.selectors import memory_off_for
 from agents_api.services.memories import expired_copies_forget
 from agents_api.tasks import sweep_unembedded_memories_task, sweep_unembedded_tool_records_task
 from conversations.models import (
+    AccessLevel,
     Conversation,
     ConversationGroup,
     Membership,
     Message,
     OwnershipTransfer,
+    TransferStatus,
 )
 from conversations.selectors import WRITING_LEVELS, conversations_owned_by, said_by
+from memsvc.db import held_keys
 from search.services import EMBED_BATCH
 from search.tasks import enqueue_embedding
 
@@ -149,8 +152,17 @@ def sequences_past_stored_numbers() -> None:
 
 def _store_messages(records: list[dict]) -> int:
     """Messages in their old places in the order of all messages (``_keep_numbers``): fork
-    points and replies name messages by id, so they hold either way."""
+    points and replies name messages by id, so they hold either way. A reply whose parent
+    is neither in the document nor stored any more (someone else's erase took it) comes back
+    without it, as the stored reply had lost it (it refused the whole import: review)."""
     _keep_numbers("message", "seq", records, "seq")
+    outside = {r["parent_message_id"] for r in records if r["parent_message_id"]} - {
+        r["id"] for r in records
+    }
+    gone = outside - held_keys(Message, outside) if outside else set()
+    for record in records:
+        if record["parent_message_id"] in gone:
+            record["parent_message_id"] = None
     undecided = [record["id"] for record in records if "written_for" not in record]
     for record in records:
         # Only what an agent's user turn may be: the user it is signed with, or nobody's.
@@ -242,7 +254,11 @@ def restore_messages_elsewhere(user_id: str, records: list[dict]) -> int:
 
 
 def restore_transfers_elsewhere(user_id: str, records: list[dict]) -> int:
-    """Transfers the user made or was offered, of conversations that still exist."""
+    """Transfers the user made or was offered, of conversations that still exist. An offer
+    still pending in the document only while it would stand now: its sender still owns the
+    conversation and no other offer is pending (one cancelled since, revived, let its
+    recipient take the conversation from the owner of today; one beside a new offer refused
+    the whole import: review)."""
     strangers = [r for r in records if user_id not in (r["from_principal"], r["to_principal"])]
     if strangers:
         raise ImportRefused(f"ownershipTransfersElsewhere: {strangers[0]['id']} is not {user_id}'s")
@@ -251,7 +267,26 @@ def restore_transfers_elsewhere(user_id: str, records: list[dict]) -> int:
             "id", flat=True
         )
     )
-    kept = [r for r in records if r["conversation_id"] in existing]
+    pending = [r for r in records if r["status"] == TransferStatus.PENDING]
+    owners = set(
+        Membership.objects.filter(
+            group_id__in=[r["group_id"] for r in pending], access_level=AccessLevel.OWNER
+        ).values_list("group_id", "principal_id")
+    )
+    offered = set(
+        OwnershipTransfer.objects.filter(
+            group_id__in=[r["group_id"] for r in pending], status=TransferStatus.PENDING
+        ).values_list("group_id", flat=True)
+    )
+    kept = [
+        r
+        for r in records
+        if r["conversation_id"] in existing
+        and (
+            r["status"] != TransferStatus.PENDING
+            or ((r["group_id"], r["from_principal"]) in owners and r["group_id"] not in offered)
+        )
+    ]
     return len(OwnershipTransfer.objects.bulk_create(OwnershipTransfer(**r) for r in kept))
 
 

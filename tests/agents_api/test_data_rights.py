@@ -1873,3 +1873,87 @@ def test_fork_trees_are_read_in_one_walk_whatever_their_depth():
     chain[5]["forked_at_message_id"], chain[0]["forked_at_conversation_id"] = None, ids[1999]
     with pytest.raises(ImportRefused, match="is forked from itself"):
         _forks_form_trees({"conversations": chain, "messages": messages})
+
+
+# --- an export brought back after the world moved on (review) -------------------------------
+
+
+def test_an_offer_cancelled_since_the_export_is_not_brought_back(
+    api, alice, bob, charlie, tmp_path, capsys
+):
+    """Bob's export held alice's offer, pending; she cancelled it and gave the conversation
+    to charlie. Imported, the offer came back pending, and bob's accept made him owner and
+    charlie a manager. Now it is not restored, and a stale offer is refused at accept."""
+    mine = call(api, "POST", "/v1/user/conversations", alice, {"title": "Plans"}, 201)["id"]
+    path = f"/v1/user/conversations/{mine}/transfer-ownership"
+    offer = call(api, "POST", path, alice, {"newOwnerUserId": "bob"}, 202)
+    document = export(api, bob)
+    assert [t["status"] for t in document["ownershipTransfersElsewhere"]] == ["pending"]
+    call(api, "DELETE", f"/v1/user/ownership-transfers/{offer['id']}", alice, status=204)
+    given = call(api, "POST", path, alice, {"newOwnerUserId": "charlie"}, 202)
+    call(api, "POST", f"/v1/user/ownership-transfers/{given['id']}/accept", charlie)
+    call(api, "POST", "/v1/user/erase", bob, {"confirm": "bob"})
+
+    assert import_file(tmp_path, document) == 0
+    assert call(api, "GET", "/v1/user/ownership-transfers", bob)["data"] == []
+    # (Were it restored as it was: its sender owns nothing now.)
+    OwnershipTransfer.objects.filter(id=given["id"]).update(status="cancelled")
+    stale = OwnershipTransfer.objects.create(
+        group_id=document["ownershipTransfersElsewhere"][0]["conversationGroupId"],
+        conversation_id=mine,
+        from_principal="alice",
+        to_principal="bob",
+    )
+    refused = api.post(f"/v1/user/ownership-transfers/{stale.id}/accept", as_=bob)
+    assert refused.status_code == 409, refused.content
+    assert call(api, "GET", f"/v1/user/conversations/{mine}", charlie)["accessLevel"] == "owner"
+
+
+def test_an_offer_beside_a_new_one_is_skipped_not_the_whole_import(
+    api, alice, bob, charlie, tmp_path, capsys
+):
+    """Bob's export held alice's pending offer; she cancelled it and offered the
+    conversation to charlie. The revived offer broke the one-pending-offer rule: nothing of
+    bob's document was imported ("a block's label ... is stored already")."""
+    mine = call(api, "POST", "/v1/user/conversations", alice, {"title": "Plans"}, 201)["id"]
+    member = {"userId": "bob", "accessLevel": "writer"}
+    call(api, "POST", f"/v1/user/conversations/{mine}/memberships", alice, member, 201)
+    call(api, "POST", f"/v1/user/conversations/{mine}/messages", bob, {"content": "hi"}, 201)
+    path = f"/v1/user/conversations/{mine}/transfer-ownership"
+    offer = call(api, "POST", path, alice, {"newOwnerUserId": "bob"}, 202)
+    document = export(api, bob)
+    call(api, "DELETE", f"/v1/user/ownership-transfers/{offer['id']}", alice, status=204)
+    call(api, "POST", "/v1/user/erase", bob, {"confirm": "bob"})
+    call(api, "POST", path, alice, {"newOwnerUserId": "charlie"}, 202)
+
+    assert import_file(tmp_path, document) == 0
+    assert "ownershipTransfersElsewhere: 0" in capsys.readouterr().err
+    said = call(api, "GET", f"/v1/user/conversations/{mine}/messages", bob)["data"]
+    assert [m["content"] for m in said] == ["hi"]
+
+
+def test_a_reply_whose_parent_was_erased_since_comes_back_without_it(
+    api, alice, bob, charlie, helper, tmp_path, capsys
+):
+    """Bob's turn (recorded by the agent acting for him) replied to charlie's in alice's
+    conversation; charlie's erase took the turn (bob's stored reply lost its parent), then
+    bob erased his data: his import failed whole ("a record breaks a rule of what is
+    stored")."""
+    made = call(api, "POST", "/v1/agent/conversations", helper.acting_for("alice"), {}, 201)
+    mine = made["id"]
+    for person in ("bob", "charlie"):
+        member = {"userId": person, "accessLevel": "writer"}
+        call(api, "POST", f"/v1/user/conversations/{mine}/memberships", alice, member, 201)
+    messages = f"/v1/user/conversations/{mine}/messages"
+    asked = call(api, "POST", messages, charlie, {"content": "who comes?"}, 201)
+    reply = {"role": "user", "content": "I do", "parentMessageId": asked["id"]}
+    path = f"/v1/agent/conversations/{mine}/messages"
+    call(api, "POST", path, helper.acting_for("bob"), {"messages": [reply]}, 201)
+    document = export(api, bob)
+    assert [m["parentMessageId"] for m in document["messagesElsewhere"]] == [asked["id"]]
+    call(api, "POST", "/v1/user/erase", charlie, {"confirm": "charlie"})
+    call(api, "POST", "/v1/user/erase", bob, {"confirm": "bob"})
+
+    assert import_file(tmp_path, document) == 0
+    [back] = call(api, "GET", messages, bob)["data"]
+    assert (back["content"], back["parentMessageId"]) == ("I do", None)
