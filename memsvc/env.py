@@ -133,10 +133,18 @@ def env_hosts(name: str, default: list[str]) -> list[str]:
     for host in hosts:
         bracketed = host.startswith("[") and host.endswith("]")  # an IPv6 address
         if "/" in host or "@" in host or (":" in host and not bracketed):
-            raise ImproperlyConfigured(
-                f"{name} must name hosts (example.com, .example.com, [::1]), without a "
-                f"scheme, path or port: got {host!r}"
-            )
+            problem = "without a scheme, path or port"
+        elif "*" in host and host != "*":
+            problem = "a domain and its subdomains as .example.com, not *.example.com"
+        elif host.endswith("."):
+            problem = "without the trailing dot"
+        elif not host.isascii():
+            problem = "an international name as its ASCII form (xn--...)"
+        else:
+            continue
+        raise ImproperlyConfigured(
+            f"{name} must name hosts (example.com, .example.com, [::1]), {problem}: got {host!r}"
+        )
     return hosts
 
 

@@ -57,6 +57,9 @@ def test_typed_helpers_read_values(monkeypatch):
         ("127.0.0.1:8283", lambda: env_hosts("X", ["localhost"])),  # (Django matches no port)
         ("[::1]:8283", lambda: env_hosts("X", ["localhost"])),
         ("::1", lambda: env_hosts("X", ["localhost"])),
+        ("*.example.com", lambda: env_hosts("X", ["localhost"])),
+        ("example.com.", lambda: env_hosts("X", ["localhost"])),
+        ("bücher.example", lambda: env_hosts("X", ["localhost"])),
         ("LOUD", lambda: env_choice("X", "INFO", ("DEBUG", "INFO"), upper=True)),
     ],
 )
