@@ -4,8 +4,8 @@ window (seed: memory-bank-strategy).
 At every chat completion of the task, the tool interaction the messages end with (the last
 assistant message with ``tool_calls`` and the tool answers after it; parallel calls give one
 record each) is stored in memsvc as tool records: the raw output kept whole (the fact store;
-an input or output over memsvc's 1 MiB, or its share of a step's 32 MiB, is kept to its
-start, ``kept_whole_or_cut``)
+an input or output over memsvc's 1 MiB, or its share of a store's 32 MiB, is kept to its
+start, ``kept_whole_or_cut``; a step of more than 100 calls is stored 100 at a time)
 and a summary with its vector (the insight store, written by memsvc's observer). Then the
 records most relevant to "how to proceed with the task" are retrieved and the model is sent
 a compressed context instead of the whole history:
@@ -53,10 +53,14 @@ MAX_TOP_K = 20  # the most a tool record search returns (the server's limit)
 # The most memsvc keeps of a tool's input or its output, as JSON in UTF-8 (the server's
 # limit: ``agents_api.api.serializers.TOOL_JSON_MAX_BYTES``).
 MAX_TOOL_JSON_BYTES = 1024 * 1024
-# What the inputs and outputs of one step's records weigh at most in all: its store is one
-# request, under memsvc's default body cap (``MEMSVC_MAX_BODY_BYTES``, 41 MiB); 42 parallel
-# calls of 1 MB each were refused whole (review).
-MAX_STEP_JSON_BYTES = 32 * 1024 * 1024
+# What the inputs and outputs of one store's records weigh at most in all, under memsvc's
+# default body cap (``MEMSVC_MAX_BODY_BYTES``, 41 MiB): 42 parallel calls of 1 MB each
+# were refused whole (review).
+MAX_STORE_JSON_BYTES = 32 * 1024 * 1024
+# A store holds at most this many records, and a tool's name this many characters (the
+# server's limits: a step of 101 parallel calls, or one name of 250, was refused whole).
+MAX_RECORDS_PER_STORE = 100
+MAX_TOOL_NAME_CHARS = 200
 TRUNCATED = "...[truncated]"
 
 
@@ -249,10 +253,11 @@ class MemoryBank:
             return messages  # the first step: nothing to store or retrieve yet
         interactions = tool_interactions(messages)
         new = [i for i in interactions if i.call_id not in self.task.trace_ids]
-        if new:
-            stored = yield self._store(new)
+        for start in range(0, len(new), MAX_RECORDS_PER_STORE):
+            batch = new[start : start + MAX_RECORDS_PER_STORE]
+            stored = yield self._store(batch)
             self.task.unanswered = None
-            for interaction, record in zip(new, stored, strict=True):
+            for interaction, record in zip(batch, stored, strict=True):
                 self.task.trace_ids[interaction.call_id] = record["trace_id"]
         # The last interaction is sent whole after the records: the records retrieved are
         # the most relevant of the earlier ones, not copies of it.
@@ -286,7 +291,7 @@ class MemoryBank:
         call_ids = tuple(i.call_id for i in new)
         if self.task.unanswered is not None and self.task.unanswered[0] == call_ids:
             return self.task.unanswered[1]
-        each = min(MAX_TOOL_JSON_BYTES, MAX_STEP_JSON_BYTES // (2 * len(new)))
+        each = min(MAX_TOOL_JSON_BYTES, MAX_STORE_JSON_BYTES // (2 * len(new)))
         request = ServerRequest(
             "POST",
             "/tool-records",
@@ -297,7 +302,7 @@ class MemoryBank:
                 "records": [
                     {
                         "step": self.task.step,
-                        "tool_name": readable_json(i.tool_name),
+                        "tool_name": readable_json(i.tool_name)[:MAX_TOOL_NAME_CHARS],
                         "input": kept_whole_or_cut(readable_json(i.raw_input), each),
                         "output": kept_whole_or_cut(readable_json(i.raw_output), each),
                     }

@@ -265,6 +265,24 @@ def test_a_step_of_many_large_parallel_calls_is_one_request_memsvc_takes(setting
     assert record["output"] == {"_raw": "x" * 1_040_000}  # (alone, kept whole)
 
 
+def test_a_step_of_more_calls_than_a_store_takes_is_stored_whole(live_server, llm, caplog):
+    """A step of 101 parallel calls (memsvc takes 100 records a request), one of them a
+    tool whose name is longer than memsvc keeps (200): each was refused whole, and the
+    step's records lost (review). Stored 100 at a time; the name kept to its start."""
+    calls = [ToolCall("t" * 250 if n == 0 else f"tool_{n}", {"n": n}) for n in range(101)]
+    messages = [
+        {"role": "user", "content": "Do it all."},
+        {"role": "assistant", "content": None, "tool_calls": [c.as_json() for c in calls]},
+        *(
+            {"role": "tool", "tool_call_id": c.id, "content": f"done {n}"}
+            for n, c in enumerate(calls)
+        ),
+    ]
+    one_step_stored(live_server, llm, caplog, messages)
+    names = set(ToolRecord.objects.filter(agent__name=AGENT).values_list("tool_name", flat=True))
+    assert len(names) == 101 and "t" * 200 in names
+
+
 def test_async_and_streamed_calls_are_compressed_too(live_server, llm):
     scripted(llm, 3)
 
