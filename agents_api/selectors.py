@@ -510,8 +510,10 @@ def memory_search(
     prefetch: bool = False,
     ranking_: MemoryRanking | None = None,
 ) -> list[MemoryHit]:
-    """The ``limit`` memories that best answer ``query``, ranked by relevance fused with
-    importance and recency (``MemoryRanking``). Expired memories are not found.
+    """The ``limit`` memories that best answer ``query``, ranked by relevance
+    (``Candidates.measured``: cosine and word share as they are, weighted as hybrid search
+    weighs them) fused with importance and recency (``MemoryRanking``). Expired memories are
+    not found.
 
     ``min_score`` filters on relevance, measured so that it means the same for every query:
     the cosine similarity to the query or the share of the query's words (by weight) a
@@ -532,11 +534,11 @@ def memory_search(
             MEMORIES, scope, text, mode=mode, top_k=limit, tuning=tuning, probed=probed
         )
         rank_columns.update((i, (found.importance[i], found.created[i])) for i in found.created)
-        fused = found.scores(mode, tuning)
-        for memory_id, relevance in ranking.normalised(fused, fused).items():
+        for memory_id in found.scores(mode, tuning):
             absolute = found.relevance(memory_id, mode)
             if absolute < min_score:
                 continue
+            relevance = found.measured(memory_id, mode, tuning)
             if memory_id not in best or best[memory_id][0] < relevance:
                 best[memory_id] = (relevance, absolute)
     if not best:

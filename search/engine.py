@@ -120,6 +120,22 @@ class Candidates:
             else 0.0,
         )
 
+    def measured(self, row_id, mode: str, tuning: SearchTuning) -> float:
+        """A candidate's relevance as its measures stand: the cosine similarity and the
+        share of the query's words it holds, weighted as hybrid search weighs them (one
+        alone in its own mode). Unlike ``scores`` it is not stretched over the candidates:
+        it means the same whatever else was found, and leaves room for what is fused with
+        it (a memory's importance and recency: stretched, the last candidate's relevance
+        was 0 however close, and a memory with the least importance outranked one with the
+        most; review)."""
+        cosine = self.semantic.get(row_id, 0.0)
+        share = ranking.keyword_coverage(self.keyword.get(row_id, 0.0), self.idf)
+        if mode == "semantic":
+            return cosine
+        if mode == "keyword":
+            return share
+        return tuning.semantic_weight * cosine + tuning.keyword_weight * share
+
     def scores(
         self,
         mode: str,

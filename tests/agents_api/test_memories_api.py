@@ -212,6 +212,30 @@ def test_importance_breaks_a_tie_of_relevance(api, helper, mode, important_first
     assert (first["score"] > alices["score"]) == important_first
 
 
+@pytest.mark.parametrize("mode", ["hybrid", "semantic"])
+def test_importance_outweighs_a_small_edge_of_relevance(api, helper, mode):
+    """Relevance was stretched over the candidates: of two, the less relevant got 0
+    however close, and the memory of importance 0 outranked the one of importance 1, both
+    shown relevant (review)."""
+    save(api, helper, "Dave drinks green tea every morning", importance=0.0, userId="dave")
+    save(api, helper, "Dave enjoys a cup of green tea after lunch", importance=1.0, userId="dave")
+    found = search(api, helper, "green tea", userId="dave", minScore=0, mode=mode)
+    assert contents(found)[0] == "Dave enjoys a cup of green tea after lunch"
+
+
+def test_a_memorys_score_does_not_depend_on_what_else_was_found(api, helper, alices_facts):
+    """A tags filter (fewer candidates) moved an unchanged memory's score from 0.81 to
+    0.20 (review)."""
+    save(api, helper, "Alice works night shifts at the hospital", userId="alice", tags=["work"])
+    save(api, helper, "Alice cycles to the hospital", userId="alice", tags=["work"])
+    query = "alice night shifts at the hospital"
+    every = search(api, helper, query, userId="alice", minScore=0)
+    tagged = search(api, helper, query, userId="alice", minScore=0, tags=["work"])
+    assert len(every) > len(tagged) == 2
+    scores = {r["content"]: r["score"] for r in every}
+    assert all(scores[r["content"]] == r["score"] for r in tagged)
+
+
 @pytest.mark.parametrize("mode", ["hybrid", "semantic", "keyword"])
 def test_a_search_ranks_its_candidates_on_what_it_read_of_them(api, helper, alices_facts, mode):
     # The importance and age of each candidate come with it from the nearest-vector
