@@ -253,8 +253,12 @@ def ranked(
         )
         checked |= found[0].semantic.keys() | found[0].keyword.keys()
         scores = ranking.with_shares(fused(), shares)
+    # Ties (min-max fusion makes them: the best by one measure and the worst by the other
+    # score alike) go to the more relevant as measured: a turn holding the identifier asked
+    # for, not the one holding a neighbour of it whose vector is nearer (review).
+    measured = {i: found[0].measured(i, mode, tuning) for i in scores}
     while True:
-        best = ranking.top(scores, top_k)
+        best = ranking.top(scores, top_k, then=measured)
         reached = [i for i, _ in best if i not in checked]
         if not reached:
             return best

@@ -127,9 +127,13 @@ def best_of(rankings: list[Mapping], weights: list[float]) -> dict:
     return best
 
 
-def top(scores: Mapping, k: int) -> list[tuple]:
-    """The ``k`` best (id, score), ties broken by id so that the order is stable."""
-    return sorted(scores.items(), key=lambda item: (-item[1], str(item[0])))[:k]
+def top(scores: Mapping, k: int, *, then: Mapping | None = None) -> list[tuple]:
+    """The ``k`` best (id, score); ties broken by ``then`` (higher first), then by id so that
+    the order is stable."""
+    then = then or {}
+    return sorted(
+        scores.items(), key=lambda item: (-item[1], -then.get(item[0], 0.0), str(item[0]))
+    )[:k]
 
 
 def mixed_vector(vector, other, share: float) -> list[float]:
