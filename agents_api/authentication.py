@@ -125,9 +125,11 @@ class ApiKeyAuthentication(BaseAuthentication):
         if key is None:
             return None
         api_key = authenticate_key(key)
-        if not self.acts_for_users:
+        on_behalf_of = None
+        if self.acts_for_users:
+            on_behalf_of = _utf8_header(request, ON_BEHALF_HEADER)
+        else:
             refuse_acting_for_a_user(request)
-        on_behalf_of = _utf8_header(request, ON_BEHALF_HEADER) if self.acts_for_users else None
         principal = principal_for_key(api_key, on_behalf_of)
         request._request.principal = principal
         request._request.agent = api_key.agent
