@@ -526,7 +526,7 @@ def memory_search(
     tuning = configured_tuning()
     ranking_ = ranking_ or configured_memory_ranking()
     scope = memory_scope(agent.id if agent else None, user_id, tags)
-    best: dict = {}
+    best: dict = {}  # memory id -> (its best measured relevance, its best shown relevance)
     probed: dict = {}  # (one scope for every sentence)
     rank_columns: dict = {}  # memory id -> (importance, created_at), as the candidates came
     for text in prefetch_queries(query) if prefetch else [query]:
@@ -535,12 +535,14 @@ def memory_search(
         )
         rank_columns.update((i, (found.importance[i], found.created[i])) for i in found.created)
         for memory_id in found.scores(mode, tuning):
-            absolute = found.relevance(memory_id, mode)
-            if absolute < min_score:
-                continue
-            relevance = found.measured(memory_id, mode, tuning)
-            if memory_id not in best or best[memory_id][0] < relevance:
-                best[memory_id] = (relevance, absolute)
+            measured, shown = best.get(memory_id, (0.0, 0.0))
+            best[memory_id] = (
+                max(measured, found.measured(memory_id, mode, tuning)),
+                max(shown, found.relevance(memory_id, mode)),
+            )
+    # Each measure its best over the sentences, then the threshold: filtered sentence by
+    # sentence, a memory's score and relevance moved with ``min_score`` (review).
+    best = {memory_id: pair for memory_id, pair in best.items() if pair[1] >= min_score}
     if not best:
         return []
     # Ranked on two columns of each candidate (read with it, but for keyword candidates

@@ -314,6 +314,42 @@ def test_a_store_found_empty_finds_the_memory_saved_next(api, helper):
     ]
 
 
+def test_with_prefetch_a_memory_keeps_its_best_of_each_measure_whatever_the_threshold(api, helper):
+    """Each memory kept the measures of the sentence it ranked best on, after a threshold
+    applied sentence by sentence: its shown relevance was not its best, and raising
+    ``minScore`` moved its score (0.570 -> 0.530; review)."""
+    for content, importance in [
+        ("Carl is allergic to peanuts", 0.9),
+        ("Carl is allergic to peanuts and shellfish", 0.0),
+        ("Carl drives a blue Volvo", 0.5),
+        ("Carl prefers vim over emacs", 0.5),
+        ("Carl's daughter is named Mia", 0.5),
+        ("Carl lives in Porto", 0.5),
+        ("The peanut butter jar is in the kitchen", 0.1),
+    ]:
+        save(api, helper, content, importance=importance, userId="carl")
+    sentences = ["What car does he drive?", "Where does Carl live?"]
+    alone = [search(api, helper, s, userId="carl", limit=10, minScore=0) for s in sentences]
+    both = search(
+        api, helper, " ".join(sentences), userId="carl", limit=10, prefetch=True, minScore=0
+    )
+    assert len(both) == 7
+    for hit in both:
+        best = max(r["relevance"] for found in alone for r in found if r["id"] == hit["id"])
+        assert hit["relevance"] == best
+        at_best = best - 1e-5  # (shown rounded to 6 places)
+        kept = search(
+            api,
+            helper,
+            " ".join(sentences),
+            userId="carl",
+            limit=10,
+            prefetch=True,
+            minScore=at_best,
+        )
+        assert (hit["score"], hit["relevance"]) in [(r["score"], r["relevance"]) for r in kept]
+
+
 def test_prefetch_searches_a_bounded_number_of_sentences(api, helper, alices_facts):
     # Each sentence is a search of its own: a query of 2,000 characters held hundreds of
     # them (seconds of work for one request). A long one costs what its first ones cost.
