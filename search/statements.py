@@ -564,13 +564,17 @@ def keyword_candidates(
     if not terms.idf:
         return {}
     score, score_params = terms.score_sql("m.search_vector")
+    # Rows holding the same words score alike (BM25 counts a word once): of those, the
+    # weightier first (memories: ``importance``; of 41 memories holding "coffee", the one
+    # of importance 1 was left out of the 30 candidates, and of every result: review).
+    weight = f"m.{corpus.importance}" if corpus.importance else "0"
 
     def matches(rows: _Rows, counted: str, settings: dict) -> list[tuple]:
         best = f"""
             SELECT id, score FROM (
-                SELECT m.id, {score} AS score FROM {rows.within}
+                SELECT m.id, {score} AS score, {weight} AS weight FROM {rows.within}
                 AND m.search_vector @@ to_tsquery('simple', %s) LIMIT %s
-            ) matches ORDER BY score DESC LIMIT %s"""
+            ) matches ORDER BY score DESC, weight DESC LIMIT %s"""
         return execute_planned(
             cursor,
             f"{rows.read} ({best}) {counted}" if counted else best,

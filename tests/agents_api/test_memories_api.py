@@ -223,6 +223,22 @@ def test_importance_outweighs_a_small_edge_of_relevance(api, helper, mode):
     assert contents(found)[0] == "Dave enjoys a cup of green tea after lunch"
 
 
+def test_of_memories_holding_the_same_words_the_weightier_are_the_candidates(api, helper):
+    """41 memories hold "coffee" alike (each word counts once): the 30 keyword candidates
+    were any 30, and the one of importance 1, nearest to none by meaning, was found from
+    limit 8 on, never at MCP's default of 5 (review)."""
+    memories = [{"content": f"Coffee order number {i}", "importance": 0.0} for i in range(40)]
+    important = (
+        "Coffee is what the user said once, while we were discussing the migration of the "
+        "billing database to a new cluster and the holiday schedule for the operations team"
+    )
+    memories.append({"content": important, "importance": 1.0})
+    response = api.post(f"{MEMORIES}/batch", {"memories": memories}, as_=helper)
+    assert response.status_code == 201, response.content
+    for limit in (1, 5, 20):
+        assert contents(search(api, helper, "coffee", limit=limit, minScore=0))[0] == important
+
+
 def test_a_memorys_score_does_not_depend_on_what_else_was_found(api, helper, alices_facts):
     """A tags filter (fewer candidates) moved an unchanged memory's score from 0.81 to
     0.20 (review)."""
