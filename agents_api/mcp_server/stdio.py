@@ -31,7 +31,7 @@ def stdio_caller(*, agent_name: str | None, api_key: str | None, local_mode: boo
             raise CallerError(
                 f"MEMSVC_API_KEY belongs to agent {key.agent.name!r}, not {agent_name!r}"
             )
-        return Caller(principal=principal, agent=key.agent)
+        return Caller(principal=principal, agent=key.agent, api_key=api_key.strip())
     if not agent_name:
         raise CallerError("name the agent (--agent NAME) or set MEMSVC_API_KEY=msk_...")
     if not local_mode:

@@ -23,7 +23,7 @@ from django.db import DatabaseError
 from agents_api import selectors, services
 from agents_api.api import serializers as s
 from agents_api.api.memories import search_memories
-from agents_api.authentication import require_scope
+from agents_api.authentication import authenticate_key, principal_for_key, require_scope
 from agents_api.models import (
     MEMORY_DEFAULT_IMPORTANCE,
     MEMORY_MAX_MESSAGES,
@@ -65,6 +65,17 @@ class Caller:
 
     principal: Principal
     agent: Agent
+    # The key to check again at each call (stdio: the process's key, taken once at its
+    # start; revoked meanwhile it kept working: review). Over HTTP each request's key is.
+    api_key: str | None = None
+
+    def as_it_stands(self) -> "Caller":
+        """This caller with its key as it stands now: revoked or its agent gone, a 401 as
+        over HTTP; its scopes changed, the new ones."""
+        if self.api_key is None:
+            return self
+        key = authenticate_key(self.api_key)
+        return Caller(principal=principal_for_key(key, None), agent=key.agent, api_key=self.api_key)
 
     @property
     def subject(self) -> str:
@@ -492,6 +503,7 @@ def call_tool(caller: Caller, name: str, arguments: dict) -> Outcome:
     tool = TOOLS[name]
     try:
         with like_a_request():
+            caller = caller.as_it_stands()
             require_scope(caller.principal, tool.scope)
             _check_arguments(tool, arguments)
             _refuse_nul(arguments)

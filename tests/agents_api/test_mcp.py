@@ -28,6 +28,7 @@ from agents_api.selectors import LOCAL_OWNER
 from agents_api.services import (
     agent_get_or_create,
     api_key_create,
+    api_key_revoke,
     local_message_append,
     memory_block_create,
     memory_save,
@@ -282,6 +283,25 @@ def test_stdio_with_a_read_key_acts_as_its_agent_and_cannot_write():
     assert refusal(append) == "this API key lacks the 'write' scope"
     assert Memory.objects.count() == 1
     assert MemoryBlock.objects.get(agent=agent).value == "Name: Ada"
+
+
+def test_a_key_revoked_during_a_stdio_session_works_no_more():
+    """The process's key was checked once, at its start: revoked meanwhile (`memsvc apikey
+    revoke`), it still saved and searched (over HTTP, the next request was a 401; review)."""
+    agent = local_agent_with_history("keyed")
+    stored, key = api_key_create(agent=agent, scopes=["read", "write"])
+
+    async def session(client):
+        before = await client.call_tool("memory_save", {"content": "Saved before"})
+        await anyio.to_thread.run_sync(lambda: api_key_revoke(api_key=stored))
+        after = await client.call_tool("memory_save", {"content": "Saved after"})
+        return before, after, await client.call_tool("memory_search", {"query": "saved"})
+
+    before, after, search = run(stdio(MEMSVC_API_KEY=key), session)
+    assert body(before)["status"] == "saved"
+    assert refusal(after) == "invalid API key" and refusal(search) == "invalid API key"
+    assert after.structured_content["code"] == "unauthorized"
+    assert list(Memory.objects.values_list("content", flat=True)) == ["Saved before"]
 
 
 @pytest.mark.parametrize(
