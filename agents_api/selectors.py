@@ -7,6 +7,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Exists, OuterRef, Prefetch, Q, QuerySet, TextField, Value
 from django.db.models.functions import Cast, Concat
@@ -529,9 +530,13 @@ def memory_search(
     best: dict = {}  # memory id -> (its best measured relevance, its best shown relevance)
     probed: dict = {}  # (one scope for every sentence)
     rank_columns: dict = {}  # memory id -> (importance, created_at), as the candidates came
+    # The candidates of the largest limit whatever ``limit`` is: importance and recency can
+    # lift a memory past those more relevant, and with fewer candidates for a smaller limit
+    # the best-scoring memory of limit 10 was missing at limit 5 (review).
+    candidates_for = max(limit, settings.MEMORY_MAX_SEARCH_LIMIT)
     for text in prefetch_queries(query) if prefetch else [query]:
         found = find_candidates(
-            MEMORIES, scope, text, mode=mode, top_k=limit, tuning=tuning, probed=probed
+            MEMORIES, scope, text, mode=mode, top_k=candidates_for, tuning=tuning, probed=probed
         )
         rank_columns.update((i, (found.importance[i], found.created[i])) for i in found.created)
         for memory_id in found.scores(mode, tuning):

@@ -239,6 +239,27 @@ def test_of_memories_holding_the_same_words_the_weightier_are_the_candidates(api
         assert contents(search(api, helper, "coffee", limit=limit, minScore=0))[0] == important
 
 
+@pytest.mark.parametrize("mode", ["hybrid", "semantic"])
+def test_a_smaller_limit_gives_the_first_results_of_a_larger_one(api, helper, mode):
+    """Candidates were 5 per result (at least 30), chosen by relevance alone: the memory of
+    importance 1, 37th by relevance and first by score, was found at limit 10 and missing
+    at limit 5 (review)."""
+    words = "zebra giraffe lion tiger hippo walrus otter"
+    memories = [{"content": f"{words} badger count {n}", "importance": 0.0} for n in range(36)]
+    memories.append({"content": f"{words} sighting 999", "importance": 1.0})
+    memories += [{"content": f"Dan owns a red bicycle number {n}"} for n in range(40)]
+    response = api.post(f"{MEMORIES}/batch", {"userId": "dan", "memories": memories}, as_=helper)
+    assert response.status_code == 201, response.content
+    query = {"userId": "dan", "minScore": 0, "mode": mode}
+    longest = contents(search(api, helper, f"{words} badger", limit=20, **query))
+    assert longest[0] == f"{words} sighting 999"
+    for limit in (1, 5, 10):
+        assert (
+            contents(search(api, helper, f"{words} badger", limit=limit, **query))
+            == (longest[:limit])
+        )
+
+
 def test_a_memorys_score_does_not_depend_on_what_else_was_found(api, helper, alices_facts):
     """A tags filter (fewer candidates) moved an unchanged memory's score from 0.81 to
     0.20 (review)."""
