@@ -3,6 +3,7 @@
 import functools
 from datetime import timedelta
 
+from django.conf import settings
 from django.utils import timezone
 from rest_framework import serializers
 
@@ -375,7 +376,13 @@ class UpdateMemoryIn(InputSerializer):
 
 class SearchMemoriesIn(InputSerializer):
     query = TextField(max_length=2000)
-    limit = serializers.IntegerField(required=False, min_value=1, max_value=20, default=5)
+    # (The operator's result counts, as every search's: the local API's, MCP's.)
+    limit = serializers.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=settings.MEMORY_MAX_SEARCH_LIMIT,
+        default=settings.MEMORY_DEFAULT_SEARCH_LIMIT,
+    )
     tags = TagsField(required=False, help_text="Only memories with any of these tags.")
     minScore = serializers.FloatField(
         required=False,

@@ -638,6 +638,23 @@ def test_a_setting_the_command_line_cannot_use_is_said_not_a_traceback(
     assert "Traceback" not in result.stderr
 
 
+def test_the_search_result_counts_hold_for_the_agents_memory_search_too(tmp_path):
+    """``MEMORY_MAX_SEARCH_LIMIT`` / ``MEMORY_DEFAULT_SEARCH_LIMIT`` ("search result counts")
+    held for the local API and MCP, but /v1/agent's memory search kept 20 and 5 (review)."""
+    code = (
+        "from agents_api.api.serializers import SearchMemoriesIn as S; "
+        "print(S.parse({'query': 'q'})['limit'], S.parse({'query': 'q', 'limit': 30})['limit'])"
+    )
+    env = {
+        "MEMSVC_DATA_DIR": str(tmp_path),
+        "MEMORY_MAX_SEARCH_LIMIT": "30",
+        "MEMORY_DEFAULT_SEARCH_LIMIT": "7",
+    }
+    result = run_django(env, code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["7", "30"]
+
+
 def test_a_malformed_setting_stops_the_command_line_with_one_line(tmp_path):
     """(It was a 37-line traceback ending in the message.)"""
     result = run_python(
