@@ -539,7 +539,7 @@ def memory_search(
             MEMORIES, scope, text, mode=mode, top_k=candidates_for, tuning=tuning, probed=probed
         )
         rank_columns.update((i, (found.importance[i], found.created[i])) for i in found.created)
-        for memory_id in found.scores(mode, tuning):
+        for memory_id in found.ids(mode):
             measured, shown = best.get(memory_id, (0.0, 0.0))
             best[memory_id] = (
                 max(measured, found.measured(memory_id, mode, tuning)),

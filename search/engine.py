@@ -120,6 +120,14 @@ class Candidates:
             else 0.0,
         )
 
+    def ids(self, mode: str) -> set:
+        """The candidates ``mode`` scores (``scores``' keys, without scoring them)."""
+        if mode == "semantic":
+            return set(self.semantic)
+        if mode == "keyword":
+            return set(self.keyword)
+        return self.semantic.keys() | self.keyword.keys()
+
     def measured(self, row_id, mode: str, tuning: SearchTuning) -> float:
         """A candidate's relevance as its measures stand: the cosine similarity and the
         share of the query's words it holds, weighted as hybrid search weighs them (one

@@ -7,7 +7,6 @@ import anyio
 from mcp.server.stdio import stdio_server
 
 from agents_api import selectors, services
-from agents_api.authentication import authenticate_key, principal_for_key
 from agents_api.mcp_server.server import build_server
 from agents_api.mcp_server.tools import Caller
 from memsvc.api.errors import ApiError
@@ -23,15 +22,14 @@ def stdio_caller(*, agent_name: str | None, api_key: str | None, local_mode: boo
     there this machine's user may act as any local agent, as on the local API)."""
     if api_key:
         try:
-            key = authenticate_key(api_key.strip())
-            principal = principal_for_key(key, None)
+            caller = Caller.of_key(api_key.strip())
         except ApiError as exc:
             raise CallerError(f"MEMSVC_API_KEY: {exc.message}") from None
-        if agent_name and agent_name != key.agent.name:
+        if agent_name and agent_name != caller.agent.name:
             raise CallerError(
-                f"MEMSVC_API_KEY belongs to agent {key.agent.name!r}, not {agent_name!r}"
+                f"MEMSVC_API_KEY belongs to agent {caller.agent.name!r}, not {agent_name!r}"
             )
-        return Caller(principal=principal, agent=key.agent, api_key=api_key.strip())
+        return caller
     if not agent_name:
         raise CallerError("name the agent (--agent NAME) or set MEMSVC_API_KEY=msk_...")
     if not local_mode:

@@ -69,13 +69,17 @@ class Caller:
     # start; revoked meanwhile it kept working: review). Over HTTP each request's key is.
     api_key: str | None = None
 
+    @classmethod
+    def of_key(cls, api_key: str) -> "Caller":
+        """The agent of ``api_key`` with the key's scopes, as the key stands now (revoked or
+        unknown: ``Unauthorized``)."""
+        key = authenticate_key(api_key)
+        return cls(principal=principal_for_key(key, None), agent=key.agent, api_key=api_key)
+
     def as_it_stands(self) -> "Caller":
         """This caller with its key as it stands now: revoked or its agent gone, a 401 as
         over HTTP; its scopes changed, the new ones."""
-        if self.api_key is None:
-            return self
-        key = authenticate_key(self.api_key)
-        return Caller(principal=principal_for_key(key, None), agent=key.agent, api_key=self.api_key)
+        return self if self.api_key is None else Caller.of_key(self.api_key)
 
     @property
     def subject(self) -> str:
