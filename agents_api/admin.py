@@ -2,7 +2,6 @@ from urllib.parse import urlencode
 
 from django import forms
 from django.contrib import admin, messages
-from django.contrib.postgres.search import SearchQuery
 from django.core.exceptions import ValidationError
 from django.db.models import Q
 from django.urls import reverse
@@ -35,7 +34,7 @@ from agents_api.services import (
     tool_records_delete,
 )
 from agents_api.services.messages import local_conversation_renamed
-from conversations.models import TEXT_SEARCH_CONFIG, Conversation
+from conversations.models import Conversation
 from conversations.selectors import groups_owned_by
 from memsvc.admin_tools import (
     DeletedByService,
@@ -48,6 +47,7 @@ from memsvc.admin_tools import (
 )
 from memsvc.api.errors import as_api_error
 from memsvc.api.principals import user_id_problem
+from memsvc.db import words_query
 from memsvc.validators import path_segment
 
 
@@ -60,8 +60,7 @@ def _id_words_or_exact(queryset, search_term: str, exact_field: str):
     row_id = as_uuid(term)
     if row_id is not None:
         return queryset.filter(id=row_id)
-    words = SearchQuery(term, search_type="websearch", config=TEXT_SEARCH_CONFIG)
-    return queryset.filter(Q(search_vector=words) | Q(**{exact_field: term}))
+    return queryset.filter(Q(search_vector=words_query(term)) | Q(**{exact_field: term}))
 
 
 class AgentFilter(admin.SimpleListFilter):

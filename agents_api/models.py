@@ -8,16 +8,14 @@ from datetime import timedelta
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.indexes import GinIndex
-from django.contrib.postgres.search import SearchVector, SearchVectorField
 from django.db import models
 from django.db.models import F, Q
-from django.db.models.functions import Cast, Concat, Left, Length, Now
+from django.db.models.functions import Cast, Left, Length, Now
 from django.db.models.lookups import LessThanOrEqual
 from django.utils import timezone
 
-from conversations.models import TEXT_SEARCH_CONFIG
 from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, PRINCIPAL_MAX_LENGTH, Principal
-from memsvc.db import embedding_has_model, embedding_index, json_is_object
+from memsvc.db import embedding_has_model, embedding_index, json_is_object, words_column
 from memsvc.validators import no_control_characters, no_nul_characters, shown_as_it_is
 from search.embeddings import EmbeddingField
 
@@ -338,14 +336,7 @@ class Memory(models.Model):
     )
     embedding_model = models.CharField(max_length=200, blank=True, default="")
     embedded_at = models.DateTimeField(null=True, blank=True)
-    search_vector = models.GeneratedField(
-        expression=SearchVector(
-            Concat("content", models.Value(" "), "summary", output_field=models.TextField()),
-            config=TEXT_SEARCH_CONFIG,
-        ),
-        output_field=SearchVectorField(),
-        db_persist=True,
-    )
+    search_vector = words_column("content", models.Value(" "), "summary")
 
     class Meta:
         db_table = "memory"
@@ -541,23 +532,12 @@ class ToolRecord(models.Model):
     )
     embedding_model = models.CharField(max_length=200, blank=True, default="")
     embedded_at = models.DateTimeField(null=True, blank=True)
-    search_vector = models.GeneratedField(
-        expression=SearchVector(
-            Concat(
-                "tool_name",
-                models.Value(" "),
-                "summary",
-                models.Value(" "),
-                Left(
-                    Cast("raw_output", output_field=models.TextField()),
-                    TOOL_OUTPUT_INDEXED_CHARS,
-                ),
-                output_field=models.TextField(),
-            ),
-            config=TEXT_SEARCH_CONFIG,
-        ),
-        output_field=SearchVectorField(),
-        db_persist=True,
+    search_vector = words_column(
+        "tool_name",
+        models.Value(" "),
+        "summary",
+        models.Value(" "),
+        Left(Cast("raw_output", output_field=models.TextField()), TOOL_OUTPUT_INDEXED_CHARS),
     )
 
     class Meta:

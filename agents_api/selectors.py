@@ -45,7 +45,7 @@ from memsvc.api.principals import (
 from memsvc.db import compiled_once
 from memsvc.validators import shows_nothing
 from search import queries, ranking
-from search.engine import Citing, find_candidates
+from search.engine import Citing, find_candidates, without_excluded
 from search.statements import Corpus, Scope, holds_any
 from search.tuning import MemoryRanking, configured_memory_ranking, configured_tuning
 
@@ -519,14 +519,15 @@ def memory_search(
     ``min_score`` filters on relevance, measured so that it means the same for every query:
     the cosine similarity to the query or the share of the query's words (by weight) a
     memory holds, whichever is higher. With ``prefetch`` each sentence of the query is
-    searched and a memory keeps its best result. A user who turned memory off
+    searched and a memory keeps its best result. A memory holding a word the query
+    excludes ("-word", ``search.engine.without_excluded``) is not found. A user who turned memory off
     (``memory_enabled_for``) has nothing found about them.
     """
     if not memory_enabled_for(user_id):
         return []
     tuning = configured_tuning()
     ranking_ = ranking_ or configured_memory_ranking()
-    scope = memory_scope(agent.id if agent else None, user_id, tags)
+    scope, query = without_excluded(memory_scope(agent.id if agent else None, user_id, tags), query)
     best: dict = {}  # memory id -> (its best measured relevance, its best shown relevance)
     probed: dict = {}  # (one scope for every sentence)
     rank_columns: dict = {}  # memory id -> (importance, created_at), as the candidates came
@@ -720,6 +721,7 @@ def tool_record_search(
     scope = Scope(" AND ".join(clauses), params)
     if task_id is not None:  # (a word weighs by all the records the caller may read)
         scope = Scope(f"{scope.sql} AND m.task_id = %s", [*params, task_id], view=scope)
+    scope, query = without_excluded(scope, query)
     tuning = configured_tuning()
     found = find_candidates(
         TOOL_RECORDS,

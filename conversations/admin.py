@@ -7,14 +7,12 @@ for the conversation column, search through the GIN-indexed full-text column ins
 
 from django import forms
 from django.contrib import admin
-from django.contrib.postgres.search import SearchQuery
 from django.core.exceptions import ValidationError
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.text import Truncator
 
 from conversations.models import (
-    TEXT_SEARCH_CONFIG,
     AccessLevel,
     Conversation,
     ConversationGroup,
@@ -41,6 +39,7 @@ from memsvc.admin_tools import (
 )
 from memsvc.api.errors import InvalidInput
 from memsvc.api.principals import principal_for_sharing
+from memsvc.db import words_query
 
 
 def _admin_link(obj, label=None):
@@ -353,8 +352,7 @@ class MessageAdmin(LargeTableAdmin):
         message_id = as_uuid(term)
         if message_id is not None:
             return queryset.filter(id=message_id), False
-        query = SearchQuery(term, search_type="websearch", config=TEXT_SEARCH_CONFIG)
-        return queryset.filter(search_vector=query), False
+        return queryset.filter(search_vector=words_query(term)), False
 
     @admin.display(description="content")
     def short_content(self, message):

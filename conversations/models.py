@@ -10,21 +10,16 @@ import uuid
 
 from django.conf import settings
 from django.contrib.postgres.indexes import GinIndex
-from django.contrib.postgres.search import SearchVector, SearchVectorField
 from django.db import models
 from django.db.models import Q
-from django.db.models.functions import Concat
 from django.utils import timezone
 from pgvector.django import VectorField
 
 from memsvc.api.principals import PRINCIPAL_MAX_LENGTH
-from memsvc.db import embedding_has_model, embedding_index, json_is_object
+from memsvc.db import embedding_has_model, embedding_index, json_is_object, words_column
 from memsvc.validators import no_control_characters, no_nul_characters
 
 TITLE_MAX_LENGTH = 500
-
-# Text search configuration of the message full-text index (stemming, stop words).
-TEXT_SEARCH_CONFIG = "english"
 
 
 class AccessLevel(models.TextChoices):
@@ -316,19 +311,7 @@ class Message(models.Model):
     embedding_model = models.CharField(max_length=200, blank=True, default="")
     embedded_at = models.DateTimeField(null=True, blank=True)
 
-    search_vector = models.GeneratedField(
-        expression=SearchVector(
-            Concat(
-                "author_name",
-                models.Value(": "),
-                "content",
-                output_field=models.TextField(),
-            ),
-            config=TEXT_SEARCH_CONFIG,
-        ),
-        output_field=SearchVectorField(),
-        db_persist=True,
-    )
+    search_vector = words_column("author_name", models.Value(": "), "content")
 
     objects = MessageQuerySet.as_manager()
 

@@ -3,6 +3,7 @@
 import contextlib
 import functools
 import logging
+import re
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent import futures
@@ -10,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from django.conf import settings
+from django.contrib.postgres.search import SearchQuery, SearchVector, SearchVectorField
 from django.db import close_old_connections, connection, migrations, models
 from django.db.models import Q
 from django.db.models.lookups import Exact
@@ -40,6 +42,59 @@ def embedding_index(name: str) -> HnswIndex:
     )
 
 
+# The text search configuration of every words index and every query of one: english
+# stemming and stop words, accents folded (``unaccent``: "cafe" finds "café", "Zoe"
+# finds "Zoë"). Made by ``conversations`` migration 0011, with ``memsvc_words``.
+TEXT_SEARCH_CONFIG = "memsvc"
+# A text as the words index reads it (SQL, ``{}`` the text): each Chinese character, kana
+# and CJK symbol a word of its own. PostgreSQL's parser takes a run of them, written
+# without spaces, for one word: "東京" was found only as a whole message's text.
+WORDS_SQL = "memsvc_words({})"
+# The characters ``memsvc_words`` parts (as its migration writes them; a test holds the two
+# alike). Hangul is left whole: Korean separates its words with spaces.
+CJK_CHARACTERS = "\u3000-\u303f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f"
+_CJK_RUN = re.compile(f"[{CJK_CHARACTERS}]+")
+
+
+def websearch_text(text: str) -> str:
+    """``text`` for ``websearch_to_tsquery``, its CJK as the words index reads them: a run
+    of CJK characters a quoted phrase of them, one word each ("-東京" excludes the texts
+    holding 東 then 京, as "-Tokyo" those holding Tokyo), spaced within a quoted phrase."""
+    pieces, quoted, start = [], False, 0
+    for match in _CJK_RUN.finditer(text):
+        before = text[start : match.start()]
+        quoted ^= before.count('"') % 2 == 1
+        characters = " ".join(match.group())
+        pieces += [before, f" {characters} " if quoted else f'"{characters}"']
+        start = match.end()
+    return "".join([*pieces, text[start:]])
+
+
+class Words(models.Func):
+    """``WORDS_SQL`` as an expression (a generated column's)."""
+
+    function = "memsvc_words"
+    output_field = models.TextField()
+
+
+def words_column(*parts) -> models.GeneratedField:
+    """A ``search_vector`` column: the words of ``parts`` (expressions, joined as given)."""
+    return models.GeneratedField(
+        expression=SearchVector(
+            Words(models.functions.Concat(*parts, output_field=models.TextField())),
+            config=TEXT_SEARCH_CONFIG,
+        ),
+        output_field=SearchVectorField(),
+        db_persist=True,
+    )
+
+
+def words_query(text: str) -> SearchQuery:
+    """The rows whose ``search_vector`` holds ``text``'s words, as a person types them
+    (``websearch_to_tsquery``: "quoted phrases", ``or``, ``-word``): the admin's search."""
+    return SearchQuery(websearch_text(text), search_type="websearch", config=TEXT_SEARCH_CONFIG)
+
+
 def embedding_has_model(name: str) -> models.CheckConstraint:
     """A vector is never stored without the model (and the time) that made it: vectors of
     two models are never compared by mistake."""
@@ -48,6 +103,19 @@ def embedding_has_model(name: str) -> models.CheckConstraint:
         | (Q(embedded_at__isnull=False) & ~Q(embedding_model="")),
         name=name,
     )
+
+
+def words_column_replaced(model_name: str, field: models.GeneratedField, index) -> list:
+    """A migration's steps: the ``search_vector`` column of ``model_name`` made again as
+    ``field`` (``words_column``) and ``index``, its words index, built again on it.
+    PostgreSQL before 17 cannot change a generated column's expression: the column is
+    dropped (its index with it) and added again, which rewrites the table once."""
+    return [
+        migrations.RemoveIndex(model_name=model_name, name=index.name),
+        migrations.RemoveField(model_name=model_name, name="search_vector"),
+        migrations.AddField(model_name=model_name, name="search_vector", field=field),
+        migrations.AddIndex(model_name=model_name, index=index),
+    ]
 
 
 def foreign_key_unindexed(

@@ -193,6 +193,14 @@ class Citing:
     scope: Scope
 
 
+def without_excluded(scope: Scope, query: str) -> tuple[Scope, str]:
+    """The scope without the rows the query excludes ("cake -chocolate": those holding
+    "chocolate", ``queries.exclusions``), and the query without those words: what the
+    search then looks for, by vector and by keyword."""
+    query, excluded = queries.exclusions(query)
+    return (scope.without(excluded) if excluded else scope), query
+
+
 def ranked(
     corpus: Corpus,
     scope: Scope,
@@ -210,7 +218,9 @@ def ranked(
     the most relevant ``citing`` rows cite (``cited_rows``), and with
     ``SearchTuning.feedback_words`` the whole query's candidates scored again with the best
     rows' words (``with_feedback``); rows reached only as a candidate's neighbour kept if
-    the scope holds them."""
+    the scope holds them. Rows holding a word the query excludes are not found
+    (``without_excluded``)."""
+    scope, query = without_excluded(scope, query)
     texts = [query]
     if tuning.query_parts:
         split = queries.parts(query)

@@ -13,6 +13,8 @@ it names. Plain functions, no database.
   its author wrote is more likely the one meant (``SearchTuning.author_weight``).
 - ``without_names``: the query without the names it holds ("What did paint?"), whose vector
   says what it asks about (``SearchTuning.unnamed_vector_share``).
+- ``exclusions``: the words and phrases a query asks not to find ("cake -chocolate"), as
+  ``websearch_to_tsquery`` reads a ``-`` (``search.engine.without_excluded``).
 """
 
 import calendar
@@ -67,6 +69,23 @@ def without_names(text: str) -> str:
             kept.append(token)
         starts = token.endswith((".", "!", "?"))
     return " ".join(kept) if len(kept) < len(text.split()) else text
+
+
+# A "-" that starts a word or a quoted phrase ("-chocolate", '-"birthday cake"'), as
+# ``websearch_to_tsquery`` reads it; not one inside a word ("well-known"), nor a number's
+# sign ("-5 degrees": a question says that, it excludes nothing).
+_EXCLUDED = re.compile(r'(?:^|(?<=\s))-("[^"]*"?|[^\s"\d-][^\s"]*)')
+
+
+def exclusions(text: str) -> tuple[str, list[str]]:
+    """``text`` without the words and phrases it excludes, and those (a phrase in its
+    quotes). ``text`` as it is when it holds nothing else: a query that only excludes
+    asks for nothing."""
+    excluded = [match.group(1) for match in _EXCLUDED.finditer(text)]
+    rest = " ".join(_EXCLUDED.sub(" ", text).split())
+    if not excluded or not _WORD.search(rest):
+        return text, []
+    return rest, excluded
 
 
 def sentences(text: str) -> list[str]:

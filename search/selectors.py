@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from conversations.models import TEXT_SEARCH_CONFIG, Channel, Message, Visibility
+from conversations.models import Channel, Message, Visibility
 from conversations.selectors import (
     SEEN_BY_USERS,
     LineageStep,
@@ -20,6 +20,7 @@ from conversations.selectors import (
 )
 from memsvc.api.errors import InvalidInput
 from memsvc.api.principals import Principal
+from memsvc.db import TEXT_SEARCH_CONFIG, websearch_text
 from search.embeddings import configured_backend
 from search.engine import MODES, Citing, query_embedding, ranked
 from search.statements import Corpus, Scope
@@ -216,7 +217,7 @@ def _hits(ranked: list[tuple], query: str | None) -> list[SearchHit]:
         # query's (one message of 25,000 words and a query of 40: 9 s, while it held a web
         # thread and a connection): it reads the first HEADLINE_CHARS of each hit, for each
         # word once.
-        words = " ".join(dict.fromkeys(query.lower().split()))
+        words = websearch_text(" ".join(dict.fromkeys(query.lower().split())))
         messages = Message.objects.raw(
             _HITS_SQL.format(headline=_HEADLINE),
             [TEXT_SEARCH_CONFIG, HEADLINE_CHARS, TEXT_SEARCH_CONFIG, words, _HEADLINE_OPTIONS, ids],

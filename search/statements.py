@@ -12,9 +12,9 @@ Two retrievers run in PostgreSQL, each over the caller's scope only:
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from conversations.models import TEXT_SEARCH_CONFIG
+from memsvc.db import TEXT_SEARCH_CONFIG, WORDS_SQL, websearch_text
 from search.ranking import bm25_idf, rarest_within
 from search.tuning import SearchTuning
 
@@ -73,6 +73,20 @@ class Scope:
 
     def sql_for(self, few: bool) -> str:
         return self.few_sql if few and self.few_sql else self.sql
+
+    def without(self, excluded: list[str]) -> "Scope":
+        """This scope without the rows that hold any of the ``excluded`` words or phrases
+        (``search.queries.exclusions``; read as ``websearch_to_tsquery`` reads them, so
+        a stop word excludes nothing). A word weighs as it does in the whole scope."""
+        words = websearch_text(" or ".join(excluded))
+        clause = " AND NOT (m.search_vector @@ websearch_to_tsquery(%s::regconfig, %s))"
+        return replace(
+            self,
+            sql=self.sql + clause,
+            params=[*self.params, TEXT_SEARCH_CONFIG, words],
+            few_sql=self.few_sql + clause if self.few_sql else "",
+            view=self.view or self,
+        )
 
 
 # By distance on the HNSW index, or by an expression the index cannot serve: exact distances.
@@ -284,7 +298,8 @@ def text_lexemes(cursor, text: str) -> list[str]:
     lexemes = _LEXEMES.get(text)
     if lexemes is None:
         cursor.execute(
-            "SELECT tsvector_to_array(to_tsvector(%s::regconfig, %s))", [TEXT_SEARCH_CONFIG, text]
+            f"SELECT tsvector_to_array(to_tsvector(%s::regconfig, {WORDS_SQL.format('%s')}))",
+            [TEXT_SEARCH_CONFIG, text],
         )
         lexemes = cursor.fetchone()[0] or []
         if len(_LEXEMES) >= LEXEMES_KEPT:

@@ -194,6 +194,25 @@ def test_search_finds_by_meaning_and_counts_each_use(api, helper, alices_facts):
     )
 
 
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_a_word_after_a_dash_excludes_the_memories_holding_it(api, helper, alices_facts, prefetch):
+    query = "Which animals and places does Alice like? Not her pets -retriever"
+    found = contents(search(api, helper, query, userId="alice", limit=10, prefetch=prefetch))
+    assert "Alice wants to visit Kyoto in the autumn" in found
+    assert "Alice has a golden retriever named Rex" not in found
+
+
+def test_memories_are_found_by_their_words_whatever_accents_or_script(api, helper):
+    save(api, helper, "Zoë runs a café in São Paulo", userId="alice")
+    save(api, helper, "アリスは東京に住んでいます", userId="alice")
+    assert contents(search(api, helper, "Zoe cafe Sao Paulo", userId="alice", mode="keyword")) == [
+        "Zoë runs a café in São Paulo"
+    ]
+    assert contents(search(api, helper, "東京", userId="alice", mode="keyword")) == [
+        "アリスは東京に住んでいます"
+    ]
+
+
 def test_min_score_filters_on_relevance(api, helper, alices_facts):
     assert search(api, helper, "quantum chromodynamics lattice", userId="alice", minScore=0.5) == []
     everything = search(api, helper, "quantum chromodynamics lattice", userId="alice", minScore=0)

@@ -129,6 +129,13 @@ def test_an_identifier_only_the_output_holds_is_found_by_keyword_at_once(
     assert hits[0]["toolName"] == "search_hotels"
 
 
+def test_a_word_after_a_dash_excludes_the_records_holding_it(api, helper):
+    create(api, helper, "search_hotels", HOTELS)
+    create(api, helper, "book_hotel", {"booking": {"hotel_id": "htl-002", "status": "confirmed"}})
+    hits = search(api, helper, "hotel -htl-003", topK=5)
+    assert [hit["toolName"] for hit in hits] == ["book_hotel"]
+
+
 def test_search_and_list_narrow_to_a_task(api, helper):
     create(api, helper, taskId="trip-1", step=1)
     create(api, helper, taskId="trip-2", step=1)

@@ -140,6 +140,21 @@ def test_messages_are_found_by_words_and_speaker(operator, memory):
     assert "Tell me about cats" not in page
 
 
+def test_the_admin_reads_words_as_search_does(operator):
+    conversation = ConversationFactory()
+    MessageFactory(conversation=conversation, content="Zoë ate at the café in 東京")
+    MessageFactory(conversation=conversation, content="A cafe in Kyoto")
+    url = reverse("admin:conversations_message_changelist")
+
+    def found(q):
+        page = operator.get(url, {"q": q}).content.decode()
+        return [text for text in ("Zoë ate", "A cafe in Kyoto") if text in page]
+
+    assert found("zoe cafe") == ["Zoë ate"]
+    assert found("東京") == ["Zoë ate"]
+    assert found("cafe -東京") == ["A cafe in Kyoto"]
+
+
 def test_messages_filter_by_embedding_state_and_show_model_and_dimension(
     operator, memory, settings
 ):

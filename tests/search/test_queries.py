@@ -9,9 +9,19 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from conversations.models import TEXT_SEARCH_CONFIG, Visibility
+from conversations.models import Visibility
+from memsvc.db import TEXT_SEARCH_CONFIG
 from search import engine, ranking
-from search.queries import STOP_WORDS, names, parts, periods, within, without_names, words
+from search.queries import (
+    STOP_WORDS,
+    exclusions,
+    names,
+    parts,
+    periods,
+    within,
+    without_names,
+    words,
+)
 from search.services import embed_pending
 from search.tuning import DEFAULT_TUNING, FEEDBACK_TUNING, configured_tuning
 from tests.factories import ConversationFactory, MessageFactory
@@ -22,6 +32,17 @@ NOW = datetime(2026, 11, 23, 15, 30, tzinfo=UTC)  # a Monday
 
 def days(first: datetime, end: datetime) -> tuple:
     return first.date(), end.date()
+
+
+def test_a_dash_before_a_word_or_phrase_excludes_it_as_websearch_reads_it():
+    assert exclusions("cake -chocolate") == ("cake", ["chocolate"])
+    assert exclusions('well-known -"birthday cake" party') == (
+        "well-known party",
+        ['"birthday cake"'],
+    )
+    # A number's sign, a dash standing alone and a query of exclusions alone exclude nothing.
+    for text in ["-5 degrees in Oslo", "a - b", "-chocolate"]:
+        assert exclusions(text) == (text, [])
 
 
 def test_a_question_splits_into_its_sentences_and_clauses():

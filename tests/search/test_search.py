@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from conversations.models import Channel, Message, Visibility
 from memsvc.api.principals import Principal
+from memsvc.db import CJK_CHARACTERS
 from search import selectors, statements
 from search.embeddings import EmbeddingError, OllamaBackend, configured_backend
 from search.services import embed_messages, embed_pending
@@ -541,6 +542,61 @@ def test_the_speaker_is_searchable_by_keyword_and_by_meaning(api, alice):
     embed_pending()
     [first, *_] = search(api, alice, "what does Caroline love", mode="semantic")
     assert first["message"]["authorName"] == "Caroline"
+
+
+def test_keywords_find_words_whatever_their_accents(api, alice):
+    conversation = ConversationFactory(group__owner=alice.id)
+    MessageFactory(conversation=conversation, author_name="Zoë", content="Meet me at the café")
+    MessageFactory(conversation=conversation, author_name="Ben", content="The cafeteria is shut")
+    [hit] = search(api, alice, "cafe", mode="keyword")
+    assert hit["message"]["content"] == "Meet me at the café"
+    assert "<b>café</b>" in hit["highlights"]
+    assert contents(search(api, alice, "Zoe", mode="keyword")) == ["Meet me at the café"]
+    assert contents(search(api, alice, "Zoë café", mode="keyword")) == ["Meet me at the café"]
+
+
+def test_keywords_find_chinese_and_japanese_words_inside_a_sentence(api, alice):
+    # Written without spaces: to PostgreSQL's parser each sentence was one word.
+    conversation = ConversationFactory(group__owner=alice.id)
+    for text in ["私は東京に行きました", "京都はきれいです", "我喜欢北京烤鸭"]:
+        MessageFactory(conversation=conversation, author_name="alice", content=text)
+    found = contents(search(api, alice, "東京", mode="keyword"))
+    assert found[0] == "私は東京に行きました"  # (both characters; Kyoto holds one)
+    assert contents(search(api, alice, "北京", mode="keyword"))[0] == "我喜欢北京烤鸭"
+    found = contents(search(api, alice, "京 -東京", mode="keyword", topK=10))
+    assert sorted(found) == sorted(["京都はきれいです", "我喜欢北京烤鸭"])
+
+
+def test_the_words_index_and_the_queries_part_the_same_characters():
+    every = "".join(chr(c) for c in range(0x2E80, 0xFFF0) if not 0xD800 <= c < 0xF900)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT memsvc_words(%s)", [every])
+        assert cursor.fetchone()[0] == re.sub(f"([{CJK_CHARACTERS}])", r" \1 ", every)
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "semantic", "keyword"])
+def test_a_word_or_phrase_after_a_dash_excludes_the_messages_holding_it(api, alice, mode):
+    conversation = ConversationFactory(group__owner=alice.id)
+    for text in [
+        "I baked a chocolate cake for the party",
+        "I baked a lemon cake for the party",
+        "The birthday cake was carrot",
+        "A chocolate bar after lunch",
+    ]:
+        MessageFactory(conversation=conversation, author_name="alice", content=text)
+    embed_pending()
+    found = contents(search(api, alice, "cake -chocolate", mode=mode, topK=10))
+    assert "I baked a lemon cake for the party" in found
+    assert not any("chocolate" in text for text in found)
+    found = contents(search(api, alice, 'cake -"birthday cake"', mode=mode, topK=10))
+    assert "The birthday cake was carrot" not in found
+    assert "I baked a lemon cake for the party" in found
+    # (stemmed as the index stems: "-cakes" excludes "cake")
+    found = contents(search(api, alice, "baked -cakes", mode=mode, topK=10))
+    assert not any("cake" in text for text in found)
+    # A stop word excludes nothing; the excluded word is not highlighted.
+    [first, *_] = search(api, alice, "lemon cake -the", mode=mode)
+    assert first["message"]["content"] == "I baked a lemon cake for the party"
 
 
 def test_top_k_and_the_documented_result_shape(api, alice, pets):
