@@ -6,6 +6,8 @@ import threading
 import time
 from collections.abc import Sequence
 
+from celery.exceptions import SoftTimeLimitExceeded
+from django.conf import settings
 from django.db import DatabaseError, connections, transaction
 
 from agents_api import extraction, services, sleeptime
@@ -22,6 +24,18 @@ logger = logging.getLogger(__name__)
 
 class TransientLLMError(Exception):
     """Raised to make Celery retry: the LLM may answer next time."""
+
+
+# A task that asks the LLM: on the LLM's queue (its own worker, ``memsvc.cli``), and ended
+# (``SoftTimeLimitExceeded``, then killed 30 s later) when the model takes longer than
+# MEMSVC_LLM_TASK_SECONDS; the turns it claimed are given back (``extraction``,
+# ``sleeptime``), a tool record keeps its deterministic summary.
+LLM_TASK_OPTIONS = {
+    "queue": settings.MEMSVC_LLM_QUEUE,
+    "soft_time_limit": settings.MEMSVC_LLM_TASK_SECONDS,
+    "time_limit": settings.MEMSVC_LLM_TASK_SECONDS + 30,
+    "acks_late": True,
+}
 
 
 # Batches per sweep, as many as the message sweep's: a large backlog is worked off over
@@ -190,7 +204,7 @@ def sweep_unembedded_memories_task() -> int:
 # --- memories distilled from conversations ---------------------------------------------------
 
 
-@app.task(name="agents_api.extract_memories", acks_late=True)
+@app.task(name="agents_api.extract_memories", **LLM_TASK_OPTIONS)
 def extract_memories_task(agent_id: str, conversation_id: str) -> int:
     agent = Agent.objects.filter(id=agent_id).first()
     conversation = Conversation.objects.filter(id=conversation_id).first()
@@ -231,7 +245,7 @@ def enqueue_memory_extraction(agent: Agent, conversation: Conversation) -> None:
     retry_backoff_max=300,
     retry_jitter=True,
     max_retries=5,
-    acks_late=True,
+    **LLM_TASK_OPTIONS,
 )
 def observe_tool_record_task(record_id: str) -> bool:
     """The observer LLM's summary of one tool record (``services.tool_record_observe``).
@@ -239,6 +253,13 @@ def observe_tool_record_task(record_id: str) -> bool:
     nothing (or refuses) leaves the record its deterministic summary."""
     try:
         return services.tool_record_observe(record_id)
+    except SoftTimeLimitExceeded:
+        logger.warning(
+            "tool record %s keeps its fallback summary: the model took longer than %s s",
+            record_id,
+            settings.MEMSVC_LLM_TASK_SECONDS,
+        )
+        return False
     except LLMError as exc:
         if exc.transient:
             raise TransientLLMError(str(exc)) from exc
@@ -276,7 +297,7 @@ def sweep_unembedded_tool_records_task() -> int:
 # --- Letta's sleeptime agent -----------------------------------------------------------------
 
 
-@app.task(name="agents_api.observe_letta_turns", acks_late=True)
+@app.task(name="agents_api.observe_letta_turns", **LLM_TASK_OPTIONS)
 def observe_letta_turns_task(agent_id: str) -> list[str]:
     agent = Agent.objects.filter(id=agent_id).first()
     return sleeptime.blocks_observe(agent) if agent is not None else []

@@ -126,14 +126,22 @@ def _memsvc_command(*arguments: str) -> list[str]:
     return [sys.executable, "-m", "memsvc.cli", *arguments]
 
 
-def _worker_command(*, processes: int, extra: list[str] | None = None) -> list[str]:
+def _worker_command(
+    *, processes: int, extra: list[str] | None = None, llm: bool = False
+) -> list[str]:
+    """The Celery worker of the default queue (Celery's options in ``extra`` may change
+    it), or with ``llm`` the one of the LLM's queue (whose queue and name ``extra`` does
+    not change: they come after it)."""
     from django.conf import settings
 
     command = _celery("worker", "--loglevel", "INFO", "--concurrency", str(processes))
     if settings.CELERY_BROKER_URL.startswith("filesystem://"):
         # The filesystem transport has no broadcast: no worker-to-worker chatter.
         command += ["--without-mingle", "--without-gossip", "--without-heartbeat"]
-    return command + (extra or [])
+    if llm:
+        queue = ["--queues", settings.MEMSVC_LLM_QUEUE, "--hostname", "llm@%h"]
+        return command + (extra or []) + queue
+    return command + ["--queues", settings.CELERY_TASK_DEFAULT_QUEUE] + (extra or [])
 
 
 def _beat_command() -> list[str]:
@@ -157,6 +165,12 @@ def _worker_niceness() -> int:
 
 
 def _start_workers(supervisor: Supervisor, *, beat: bool, extra: list[str] | None = None) -> None:
+    """The embedding worker; with an LLM configured, the LLM's worker beside it (its tasks
+    wait on the model, for minutes at times: on the embedding worker they held its processes
+    while messages waited to be embedded); with ``beat``, the scheduler."""
+    from memsvc.env import env_int
+    from memsvc.llm import llm_configured
+
     processes = _worker_processes()
     supervisor.start(
         "worker",
@@ -164,6 +178,14 @@ def _start_workers(supervisor: Supervisor, *, beat: bool, extra: list[str] | Non
         env=_worker_env(processes),
         niceness=_worker_niceness(),
     )
+    if llm_configured():
+        processes = env_int("MEMSVC_LLM_WORKER_CONCURRENCY", 2, minimum=1)
+        supervisor.start(
+            "LLM worker",
+            _worker_command(processes=processes, extra=extra, llm=True),
+            env=_worker_env(processes),
+            niceness=_worker_niceness(),
+        )
     if beat:
         supervisor.start("beat", _beat_command())
 

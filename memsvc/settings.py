@@ -13,6 +13,7 @@ from pathlib import Path
 import dj_database_url
 from celery.schedules import crontab
 from django.core.exceptions import ImproperlyConfigured
+from kombu import Queue
 from kombu.transport import TRANSPORT_ALIASES
 
 from memsvc import embedded_db
@@ -424,6 +425,15 @@ CELERY_BEAT_SCHEDULE = {
 }
 # Tests and scripts may run tasks in the calling process instead of a worker.
 CELERY_TASK_EAGER_PROPAGATES = True
+# The LLM's work (memories distilled, tool records observed, Letta's sleeptime) has a queue
+# of its own, which `memsvc serve` and `memsvc worker` give a worker of its own
+# (MEMSVC_LLM_WORKER_CONCURRENCY processes): a slow model holds back no embedding. A plain
+# `celery worker` takes both queues. Each such task ends after MEMSVC_LLM_TASK_SECONDS (the
+# turns it read given back for the next one).
+MEMSVC_LLM_QUEUE = "llm"
+CELERY_TASK_DEFAULT_QUEUE = "celery"
+CELERY_TASK_QUEUES = (Queue(CELERY_TASK_DEFAULT_QUEUE), Queue(MEMSVC_LLM_QUEUE))
+MEMSVC_LLM_TASK_SECONDS = env_int("MEMSVC_LLM_TASK_SECONDS", 600, minimum=1)
 
 # --- Rate limits (memsvc/api/ratelimit.py) ------------------------------------------------------
 

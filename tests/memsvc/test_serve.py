@@ -7,12 +7,15 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import httpx
 import psutil
 import pytest
+
+from tests.local_http import LocalHttpServer, Reply
 
 # This checkout's code (a worktree shares the environment, whose console script may import
 # another checkout's).
@@ -332,3 +335,46 @@ def test_slow_clients_do_not_starve_the_web_server(shared):
     finally:
         for sock in slow:
             sock.close()
+
+
+def test_a_model_that_does_not_answer_holds_back_no_embedding(tmp_path):
+    """The LLM's tasks have a worker of their own, and a time limit: while the model keeps
+    a tool record's observation waiting, a message appended is embedded; once the limit has
+    passed, the LLM's worker takes the next observation."""
+    release = threading.Event()
+
+    def respond(method, path, body):
+        release.wait(120)  # (the client's timeout is 120 s: longer than the task's limit)
+        return Reply(503, {"error": {"message": "gone"}})
+
+    record = {"agent_name": "scout", "records": [{"tool_name": "search_hotels", "output": {}}]}
+    with LocalHttpServer(respond) as llm:
+        served = Served(
+            tmp_path,
+            MEMSVC_LLM_BASE_URL=f"{llm.url}/v1",
+            MEMSVC_LLM_MODEL="stand-in",
+            MEMSVC_LLM_TASK_SECONDS="8",
+            MEMSVC_LLM_WORKER_CONCURRENCY="1",
+        )
+        try:
+            served.wait_until_healthy()
+            assert httpx.post(f"{served.url}/agents", json={"name": "scout"}).is_success
+            assert httpx.post(f"{served.url}/tool-records", json=record).is_success
+            served.wait_for(lambda: llm.requests, "the observer asking the model")
+            message = {"agent_name": "scout", "role": "user", "content": "Book the harbour inn"}
+            assert httpx.post(f"{served.url}/messages", json=message).is_success
+            served.wait_for(
+                lambda: httpx.get(f"{served.url}/v1/health").json()["pendingEmbeddings"] == 0,
+                "the message embedded while the model is silent",
+                deadline=60,
+            )
+            assert len(llm.requests) == 1  # (still that one)
+            served.wait_for(
+                lambda: "the model took longer than 8 s" in served.log.read_text(),
+                "the observation ended by its time limit",
+            )
+            assert httpx.post(f"{served.url}/tool-records", json=record).is_success
+            served.wait_for(lambda: len(llm.requests) == 2, "the next observation asking")
+        finally:
+            release.set()
+            served.kill()
