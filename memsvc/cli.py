@@ -317,9 +317,13 @@ def cmd_prune(args: argparse.Namespace) -> int:
 
 
 def cmd_mcp(args: argparse.Namespace) -> int:
-    # stdout is the protocol's alone: from here on whatever else writes to file descriptor 1
-    # (this process, a library, a child such as the embedded PostgreSQL) writes to stderr.
-    wire = os.fdopen(os.dup(1), "wb")
+    # stdin and stdout are the protocol's alone: from here on whatever else writes to file
+    # descriptor 1 (this process, a library, a child such as the embedded PostgreSQL) writes
+    # to stderr, and whatever reads file descriptor 0 reads nothing.
+    wire_in, wire = os.fdopen(os.dup(0), "rb"), os.fdopen(os.dup(1), "wb")
+    nothing = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(nothing, 0)
+    os.close(nothing)
     os.dup2(2, 1)
     _setup_django()
     from django.conf import settings
@@ -350,7 +354,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-        serve(caller, wire)
+        serve(caller, wire_in, wire)
         # The session's use counts, while the database is up for the broker-down fallback
         # (the exit's own flush would come after it stopped).
         flush_memory_touches()

@@ -31,9 +31,14 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from agents_api.authentication import ApiKeyAuthentication
+from agents_api.mcp_server.server import (
+    INVALID_PARAMS,
+    INVALID_REQUEST,
+    NOT_A_MESSAGE,
+    request_refused,
+)
 from agents_api.mcp_server.tools import CALLER_SCOPE_KEY, Caller
 from memsvc.api.errors import error_body, render_v1_error
-from memsvc.api.parsers import MAX_JSON_DEPTH, json_problem
 
 if TYPE_CHECKING:
     from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
@@ -172,15 +177,6 @@ def _asgi_scope(request, caller: Caller) -> dict:
     }
 
 
-INVALID_REQUEST = -32600  # JSON-RPC 2.0: "the JSON sent is not a valid Request object"
-INVALID_PARAMS = -32602
-NOT_A_MESSAGE = (
-    'Invalid Request: a JSON-RPC 2.0 message is one JSON object with "jsonrpc": "2.0" '
-    "and a method (a request or a notification) or a result or an error (a response); "
-    "batches are not supported"
-)
-
-
 def _invalid_request_said_plainly(status: int, body: bytes) -> bytes:
     """The SDK's answer, but for a body that is JSON and no JSON-RPC message (a batch,
     ``null``, an object without a method): the SDK calls that -32602 (invalid params) with
@@ -197,38 +193,6 @@ def _invalid_request_said_plainly(status: int, body: bytes) -> bytes:
         return body
     answer["error"] = {"code": INVALID_REQUEST, "message": NOT_A_MESSAGE}
     return json.dumps(answer).encode()
-
-
-def _request_refused(body: bytes) -> bytes | None:
-    """The answer to a body the SDK must not be given, else None: JSON the service cannot
-    take (nested deeper than ``MAX_JSON_DEPTH``, or holding a lone surrogate: ``json_problem``,
-    as every other API refuses it; 1,000 levels were a 500 here, 65 went on to the tools), or
-    a request (it has a method) whose ``id`` is neither a string nor an integer (MCP: "MUST
-    be a string or integer", not null: the SDK took it for a notification, answered 202 and
-    nothing, and the caller waited for an answer that never came)."""
-    try:
-        message = json.loads(body)
-    except RecursionError:
-        return _invalid_request(f"nested more than {MAX_JSON_DEPTH} levels deep")
-    except ValueError:
-        return None  # (the SDK's parse error)
-    problem = json_problem(message)
-    if problem is not None:
-        path, what = problem
-        return _invalid_request(f"{'.'.join(map(str, path)) or 'body'}: {what}")
-    if not isinstance(message, dict) or "method" not in message or "id" not in message:
-        return None
-    request_id = message["id"]
-    if isinstance(request_id, str) or (
-        isinstance(request_id, int) and not isinstance(request_id, bool)
-    ):
-        return None
-    return _invalid_request("id: a string or an integer")
-
-
-def _invalid_request(problem: str) -> bytes:
-    error = {"code": INVALID_REQUEST, "message": f"Invalid Request: {problem}"}
-    return json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
 
 
 # Headers of the SDK's answer that the web server sets itself.
@@ -256,7 +220,7 @@ class McpView(APIView):
         if not request.content_type.lower().startswith("application/json"):
             # (The SDK refuses it too, with a plain-text 400.)
             raise UnsupportedMediaType(request.content_type)
-        refused = _request_refused(request._request.body)
+        refused = request_refused(request._request.body)
         if refused is not None:
             return HttpResponse(refused, status=400, content_type="application/json")
         caller = Caller(principal=request.principal, agent=request.agent)

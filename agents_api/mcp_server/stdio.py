@@ -1,13 +1,22 @@
 """MCP over stdio (``memsvc mcp``): one client, one agent, for the life of the process."""
 
 import io
+import json
+from collections.abc import AsyncIterator
 from typing import BinaryIO
 
 import anyio
+import mcp_types as types
 from mcp.server.stdio import stdio_server
+from pydantic import ValidationError
 
 from agents_api import selectors, services
-from agents_api.mcp_server.server import build_server
+from agents_api.mcp_server.server import (
+    INVALID_REQUEST,
+    NOT_A_MESSAGE,
+    build_server,
+    request_refused,
+)
 from agents_api.mcp_server.tools import Caller
 from memsvc.api.errors import ApiError
 
@@ -38,14 +47,68 @@ def stdio_caller(*, agent_name: str | None, api_key: str | None, local_mode: boo
     return Caller(principal=agent.as_principal(), agent=agent)
 
 
-def serve(caller: Caller, wire: BinaryIO) -> None:
-    """Serve MCP on stdin and ``wire`` (the process's original stdout) until the client
+PARSE_ERROR = -32700  # JSON-RPC 2.0: "invalid JSON was received"
+
+
+def line_refused(line: str) -> str | None:
+    """The answer to a line the SDK would take in and never answer, else None: JSON the
+    service cannot take or a request with an ``id`` MCP does not allow (``request_refused``,
+    as on HTTP), a line that is not JSON, or JSON that is no JSON-RPC message (the SDK
+    logged those and answered nothing: the client waited for good)."""
+    refused = request_refused(line)
+    if refused is not None:
+        return refused.decode()
+    try:
+        message = json.loads(line)
+    except ValueError:
+        error = {"code": PARSE_ERROR, "message": "Parse error: a line holds one JSON message"}
+    else:
+        try:
+            types.jsonrpc_message_adapter.validate_python(message, by_name=False)
+            return None
+        except ValidationError:
+            error = {"code": INVALID_REQUEST, "message": NOT_A_MESSAGE}
+    return json.dumps({"jsonrpc": "2.0", "id": None, "error": error})
+
+
+class _Lines:
+    """The client's lines (``wire``), but those ``line_refused`` answers, which are
+    answered on ``stdout`` here, and blank ones; and ``stdout`` one whole line a write,
+    whoever writes (the SDK's answers, these)."""
+
+    def __init__(self, wire: BinaryIO, stdout: BinaryIO):
+        self._in = anyio.wrap_file(io.TextIOWrapper(wire, encoding="utf-8", errors="replace"))
+        self._out = anyio.wrap_file(io.TextIOWrapper(stdout, encoding="utf-8", newline="\n"))
+        self._writing = anyio.Lock()
+
+    async def __aiter__(self) -> AsyncIterator[str]:
+        async for line in self._in:
+            if not line.strip():
+                continue
+            answer = line_refused(line)
+            if answer is None:
+                yield line
+            else:
+                await self.write(answer + "\n")
+                await self.flush()
+
+    async def write(self, text: str) -> None:
+        async with self._writing:
+            await self._out.write(text)
+
+    async def flush(self) -> None:
+        async with self._writing:
+            await self._out.flush()
+
+
+def serve(caller: Caller, stdin: BinaryIO, stdout: BinaryIO) -> None:
+    """Serve MCP on ``stdin`` and ``stdout`` (the process's original ones) until the client
     closes stdin."""
-    anyio.run(_serve, caller, wire)
+    anyio.run(_serve, caller, stdin, stdout)
 
 
-async def _serve(caller: Caller, wire: BinaryIO) -> None:
+async def _serve(caller: Caller, stdin: BinaryIO, stdout: BinaryIO) -> None:
     server = build_server(caller)
-    stdout = anyio.wrap_file(io.TextIOWrapper(wire, encoding="utf-8", newline="\n"))
-    async with stdio_server(stdout=stdout) as (read_stream, write_stream):
+    lines = _Lines(stdin, stdout)
+    async with stdio_server(stdin=lines, stdout=lines) as (read_stream, write_stream):
         await server.run(read_stream, write_stream, server.create_initialization_options())

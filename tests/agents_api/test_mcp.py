@@ -388,6 +388,57 @@ def test_stdout_carries_nothing_but_protocol():
     assert "serving agent 'raw' over stdio" in stderr
 
 
+def test_stdio_answers_every_line_it_cannot_serve():
+    """A line the SDK would log and leave unanswered (JSON the service refuses, a line that
+    is no JSON, JSON that is no JSON-RPC message, a request whose id MCP does not allow) is
+    answered with a JSON-RPC error, as on HTTP; blank lines are skipped, and the session
+    goes on."""
+    start = {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "r", "version": "1"},
+    }
+    lines = [
+        json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": start}),
+        '{"jsonrpc": "2.0", "method": "notifications/initialized"}',
+        '{"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "memory_search",'
+        ' "arguments": {"query": "a\\udc00b"}}}',
+        "",
+        "not json",
+        "[1, 2]",
+        '{"jsonrpc": "2.0", "id": null, "method": "tools/list"}',
+        '{"jsonrpc": "2.0", "id": 3, "method": "tools/list"}',
+    ]
+    with subprocess.Popen(
+        [str(MEMSVC), "mcp", "--agent", "raw"],
+        env=server_env(),
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as process:
+        process.stdin.write("".join(line + "\n" for line in lines))
+        process.stdin.flush()
+        # (A line left unanswered would hold the read for good: the server is ended.)
+        deadline = threading.Timer(60, process.kill)
+        deadline.start()
+        try:
+            read = [process.stdout.readline() for _ in range(6)]
+        finally:
+            deadline.cancel()
+        assert all(read), f"unanswered lines: {read}"
+        answers = [json.loads(line) for line in read]
+        process.stdin.close()
+        assert process.wait(timeout=60) == 0
+    errors = [a["error"] for a in answers if "error" in a]
+    assert [e["code"] for e in errors] == [-32600, -32700, -32600, -32600]
+    assert "lone surrogate" in errors[0]["message"]
+    assert "id: a string or an integer" in errors[3]["message"]
+    assert all(a["id"] is None for a in answers if "error" in a)
+    assert sorted(a["id"] for a in answers if "result" in a) == [1, 3]
+
+
 # --- streamable HTTP -------------------------------------------------------------------------
 
 
