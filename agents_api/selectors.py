@@ -510,6 +510,7 @@ def memory_search(
     mode: str = "hybrid",
     prefetch: bool = False,
     ranking_: MemoryRanking | None = None,
+    exclusions: bool = False,
 ) -> list[MemoryHit]:
     """The ``limit`` memories that best answer ``query``, ranked by relevance
     (``Candidates.measured``: cosine and word share as they are, weighted as hybrid search
@@ -519,15 +520,18 @@ def memory_search(
     ``min_score`` filters on relevance, measured so that it means the same for every query:
     the cosine similarity to the query or the share of the query's words (by weight) a
     memory holds, whichever is higher. With ``prefetch`` each sentence of the query is
-    searched and a memory keeps its best result. A memory holding a word the query
-    excludes ("-word", ``search.engine.without_excluded``) is not found. A user who turned memory off
+    searched and a memory keeps its best result. With ``exclusions`` (a search someone
+    asked for, not a context's), a memory holding a word the query excludes ("-word",
+    ``search.engine.without_excluded``) is not found. A user who turned memory off
     (``memory_enabled_for``) has nothing found about them.
     """
     if not memory_enabled_for(user_id):
         return []
     tuning = configured_tuning()
     ranking_ = ranking_ or configured_memory_ranking()
-    scope, query = without_excluded(memory_scope(agent.id if agent else None, user_id, tags), query)
+    scope = memory_scope(agent.id if agent else None, user_id, tags)
+    if exclusions:
+        scope, query = without_excluded(scope, query)
     best: dict = {}  # memory id -> (its best measured relevance, its best shown relevance)
     probed: dict = {}  # (one scope for every sentence)
     rank_columns: dict = {}  # memory id -> (importance, created_at), as the candidates came

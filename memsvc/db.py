@@ -52,7 +52,10 @@ TEXT_SEARCH_CONFIG = "memsvc"
 WORDS_SQL = "memsvc_words({})"
 # The characters ``memsvc_words`` parts (as its migration writes them; a test holds the two
 # alike). Hangul is left whole: Korean separates its words with spaces.
-CJK_CHARACTERS = "\u3000-\u303f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f"
+CJK_CHARACTERS = (
+    "\u3000-\u303f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f"
+    "\U00020000-\U0003ffff"  # (the rarer characters, beyond the first 65,536)
+)
 _CJK_RUN = re.compile(f"[{CJK_CHARACTERS}]+")
 
 

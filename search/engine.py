@@ -211,6 +211,7 @@ def ranked(
     tuning: SearchTuning,
     now: datetime | None = None,
     citing: Citing | None = None,
+    exclusions: bool = False,
 ) -> list[tuple]:
     """The ``top_k`` best (id, score) of ``query`` in ``scope``: ``find_candidates`` scored
     for ``mode``; with ``SearchTuning.query_parts``, each part of a query that asks several
@@ -218,9 +219,11 @@ def ranked(
     the most relevant ``citing`` rows cite (``cited_rows``), and with
     ``SearchTuning.feedback_words`` the whole query's candidates scored again with the best
     rows' words (``with_feedback``); rows reached only as a candidate's neighbour kept if
-    the scope holds them. Rows holding a word the query excludes are not found
-    (``without_excluded``)."""
-    scope, query = without_excluded(scope, query)
+    the scope holds them. With ``exclusions`` (a search someone asked for, not the chat
+    text a context is found with, where "-Tom" signs a message: review), rows holding a
+    word the query excludes are not found (``without_excluded``)."""
+    if exclusions:
+        scope, query = without_excluded(scope, query)
     texts = [query]
     if tuning.query_parts:
         split = queries.parts(query)

@@ -72,17 +72,18 @@ def without_names(text: str) -> str:
 
 
 # A "-" that starts a word or a quoted phrase ("-chocolate", '-"birthday cake"'), as
-# ``websearch_to_tsquery`` reads it; not one inside a word ("well-known"), nor a number's
-# sign ("-5 degrees": a question says that, it excludes nothing).
-_EXCLUDED = re.compile(r'(?:^|(?<=\s))-("[^"]*"?|[^\s"\d-][^\s"]*)')
+# ``websearch_to_tsquery`` reads it; not one inside a word ("well-known") or inside a quoted
+# phrase ('"ls -la"', taken whole by the second branch), nor a number's sign ("-5 degrees":
+# a question says that, it excludes nothing).
+_EXCLUDED = re.compile(r'(?:^|(?<=\s))-("[^"]*"?|[^\s"\d-][^\s"]*)|"[^"]*"?')
 
 
 def exclusions(text: str) -> tuple[str, list[str]]:
     """``text`` without the words and phrases it excludes, and those (a phrase in its
     quotes). ``text`` as it is when it holds nothing else: a query that only excludes
     asks for nothing."""
-    excluded = [match.group(1) for match in _EXCLUDED.finditer(text)]
-    rest = " ".join(_EXCLUDED.sub(" ", text).split())
+    excluded = [m.group(1) for m in _EXCLUDED.finditer(text) if m.group(1) is not None]
+    rest = " ".join(_EXCLUDED.sub(lambda m: m.group() if m.group(1) is None else " ", text).split())
     if not excluded or not _WORD.search(rest):
         return text, []
     return rest, excluded

@@ -183,11 +183,13 @@ def search_messages(
     highlights: bool = True,
     roots: bool = False,
     citations: bool = True,
+    exclusions: bool = False,
 ) -> list[SearchHit]:
     """The ``top_k`` messages the principal may see that best answer ``query``; each with
     its ``highlights`` unless the caller shows none (they cost PostgreSQL a headline per
     hit). ``roots``: as ``message_scope`` says. ``citations`` False: the caller knows there
-    are no memories to read for the turns they cite (not even a probe for them)."""
+    are no memories to read for the turns they cite (not even a probe for them).
+    ``exclusions``: as ``engine.ranked`` says."""
     tuning = tuning or configured_tuning()
     scope = message_scope(
         principal,
@@ -200,7 +202,16 @@ def search_messages(
     if citations and mode == "hybrid" and tuning.citation_weight and _citing is not None:
         citing = _citing(principal)
     return _hits(
-        ranked(MESSAGES, scope, query, mode=mode, top_k=top_k, tuning=tuning, citing=citing),
+        ranked(
+            MESSAGES,
+            scope,
+            query,
+            mode=mode,
+            top_k=top_k,
+            tuning=tuning,
+            citing=citing,
+            exclusions=exclusions,
+        ),
         query if highlights else None,
     )
 

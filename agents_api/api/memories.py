@@ -47,6 +47,7 @@ def search_memories(agent, *, user_id, data, in_use: bool) -> list:
         min_score=data["minScore"],
         mode=data["mode"],
         prefetch=data["prefetch"],
+        exclusions=True,
     )
     if in_use:
         enqueue_memory_touch([hit.memory.id for hit in hits])

@@ -139,9 +139,12 @@ def _agent(request, name: str, *, memories: bool = False) -> Agent:
     return agent_selectors.local_agent(request.user.agent, name, memories=memories)
 
 
-def _search(agent: Agent, query: str, limit: int, *, citations: bool = True) -> list[dict]:
+def _search(
+    agent: Agent, query: str, limit: int, *, citations: bool = True, exclusions: bool = False
+) -> list[dict]:
     """The agent's messages most relevant to ``query``, best first, ``similarity`` filled.
-    ``citations`` False: the agent keeps no memories (``keeps_memories``)."""
+    ``citations`` False: the agent keeps no memories (``keeps_memories``); ``exclusions``:
+    a search asked for (``search_messages``)."""
     if agent.local_conversation_id is None:
         return []
     hits = search_messages(
@@ -153,6 +156,7 @@ def _search(agent: Agent, query: str, limit: int, *, citations: bool = True) -> 
         highlights=False,  # (the seed's messages have none)
         roots=True,  # (``local_conversation_for`` makes a new one, never a fork)
         citations=citations,
+        exclusions=exclusions,
     )
     return [s.message_out(hit.message, agent, similarity=hit.score) for hit in hits]
 
@@ -277,7 +281,7 @@ class MessageSearchView(LocalView):
     def post(self, request):
         data = s.SearchIn.parse(request.data)
         agent = _agent(request, data["agent_name"])
-        return Response(_search(agent, data["query"], data["limit"]))
+        return Response(_search(agent, data["query"], data["limit"], exclusions=True))
 
     @extend_schema(exclude=True)
     def get(self, request):

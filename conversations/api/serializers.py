@@ -248,4 +248,5 @@ class SearchMessagesIn(InputSerializer):
             "mode": data["mode"],
             "conversation_ids": data.get("conversationIds"),
             "before_message_id": data.get("before"),
+            "exclusions": True,  # (a search asked for: its "-word"s exclude)
         }

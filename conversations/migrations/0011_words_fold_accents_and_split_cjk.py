@@ -2,16 +2,17 @@
 character by character (a run of them, written without spaces, was one word: "東京" found
 only a message that said nothing else): the ``memsvc`` text search configuration (english
 with ``unaccent``) and ``memsvc_words`` (``memsvc.db.TEXT_SEARCH_CONFIG``, ``WORDS_SQL``),
-and the messages' ``search_vector`` made with them. The table is rewritten once (docs:
-README, "Upgrading")."""
+and the messages' ``search_vector`` made with them. The table is rewritten once, its
+indexes built again (README, "Production"; docs/benchmarks.md, "Words in any accent")."""
 
 import django.contrib.postgres.indexes
 from django.db import migrations, models
 
 from memsvc.db import words_column, words_column_replaced
 
-# Each CJK symbol, kana (full and half width) and Chinese character becomes a word of its
-# own. Hangul is left whole: Korean separates its words with spaces.
+# Each CJK symbol, kana (full and half width) and Chinese character (those beyond the first
+# 65,536 too) becomes a word of its own. Hangul is left whole: Korean separates its words
+# with spaces.
 WORDS = r"""
 CREATE EXTENSION IF NOT EXISTS unaccent;
 CREATE TEXT SEARCH CONFIGURATION memsvc (COPY = english);
@@ -20,7 +21,8 @@ ALTER TEXT SEARCH CONFIGURATION memsvc
 CREATE FUNCTION memsvc_words(text) RETURNS text
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
     RETURN regexp_replace(
-        $1, '([\u3000-\u303f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f])',
+        $1,
+        '([\u3000-\u303f\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003ffff])',
         ' \1 ', 'g'
     );
 """

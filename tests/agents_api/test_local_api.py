@@ -402,6 +402,24 @@ def remember(agent: Agent, content: str, user_id: str = "") -> None:
     memory_save(agent.as_principal(), agent=agent, user_id=user_id, content=content)
 
 
+def test_a_dash_in_a_context_query_is_chat_text_and_excludes_nothing(local):
+    """Search syntax is for searches asked for: a context's query is someone's message, and
+    "-Tom" signing it left out every memory and message about Tom (review)."""
+    make(local)
+    remember(Agent.objects.get(name="my_agent"), "Tom the cat is allergic to chicken")
+    store(local, "my_agent", "user", "Tom the cat got sick after eating chicken")
+    store(local, "my_agent", "user", "The weather is nice")
+    embed_pending()
+    query = "What food should my cat avoid? Thanks! -Tom"
+    context = local.post("/context/my_agent", {"agent_name": "my_agent", "query": query}).json()
+    assert [m["content"] for m in context["memories"]] == ["Tom the cat is allergic to chicken"]
+    found = [m["content"] for m in context["relevant_messages"]]
+    assert "Tom the cat got sick after eating chicken" in found
+    # The same words searched: the dash excludes.
+    searched = local.post("/messages/search", {"agent_name": "my_agent", "query": query}).json()
+    assert [m["content"] for m in searched] == ["The weather is nice"]
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_context_searches_the_memories_beside_the_messages(local, monkeypatch):
     """As a server answers (outside a transaction), the memories are searched on a thread

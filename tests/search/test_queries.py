@@ -40,8 +40,10 @@ def test_a_dash_before_a_word_or_phrase_excludes_it_as_websearch_reads_it():
         "well-known party",
         ['"birthday cake"'],
     )
-    # A number's sign, a dash standing alone and a query of exclusions alone exclude nothing.
-    for text in ["-5 degrees in Oslo", "a - b", "-chocolate"]:
+    assert exclusions('"ls -la" options -verbose') == ('"ls -la" options', ["verbose"])
+    # A number's sign, a dash standing alone or inside a quoted phrase, and a query of
+    # exclusions alone exclude nothing.
+    for text in ["-5 degrees in Oslo", "a - b", "-chocolate", 'run "ls -la"']:
         assert exclusions(text) == (text, [])
 
 

@@ -568,7 +568,11 @@ def test_keywords_find_chinese_and_japanese_words_inside_a_sentence(api, alice):
 
 
 def test_the_words_index_and_the_queries_part_the_same_characters():
-    every = "".join(chr(c) for c in range(0x2E80, 0xFFF0) if not 0xD800 <= c < 0xF900)
+    every = "".join(
+        chr(c)
+        for c in [*range(0x2E80, 0xFFF0), *range(0x1F900, 0x20100), *range(0x3FF00, 0x40100)]
+        if not 0xD800 <= c < 0xF900
+    )
     with connection.cursor() as cursor:
         cursor.execute("SELECT memsvc_words(%s)", [every])
         assert cursor.fetchone()[0] == re.sub(f"([{CJK_CHARACTERS}])", r" \1 ", every)

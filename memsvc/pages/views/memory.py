@@ -63,6 +63,7 @@ def agent_memory(request, agent_id):
             limit=data["limit"],
             min_score=data["minScore"],
             mode=data["mode"],
+            exclusions=True,
         )
     elif query:
         context["hits"] = []  # only spaces: nothing to look for (as the conversations' search)
