@@ -30,15 +30,33 @@ class NotImplementedByMemsvc(ApiError):
     code = "not_implemented"
 
 
+# Answers the same request gets again whenever it is sent: Letta's client retries every 409
+# and 5xx unless told not to, and an attach that conflicted, whose waiting block it deletes,
+# was retried into a 404 "Block not found"; a 501 was asked three times (review).
+FINAL_STATUSES = {409, 501}
+
+
+def letta_errors(exc, context):
+    """Errors as the local API answers them (``fastapi_errors``), with ``x-should-retry:
+    false`` on those a retry cannot change (``FINAL_STATUSES``)."""
+    response = fastapi_errors(exc, context)
+    if response is not None and response.status_code in FINAL_STATUSES:
+        response["x-should-retry"] = "false"
+    return response
+
+
 class LettaView(APIView):
     authentication_classes = [OwnMemoryKeyAuthentication]
     permission_classes = [IsAuthenticated, HasScope]
+    # Letta's writes answer with the agent's state or the block, every block's value in it:
+    # a key that may not read may not learn them by writing (review).
+    writes_read = True
     # Refusals outside the view (body too large, NUL in the path, database down, rate
     # limits: memsvc.api.middleware) in Letta's shape too, not /v1's.
     render_error = staticmethod(render_local_error)
 
     def get_exception_handler(self):
-        return fastapi_errors
+        return letta_errors
 
     def caller(self, request):
         """The key's agent: the agents it reaches are ``selectors.letta_agents``."""

@@ -256,6 +256,8 @@ def test_attaching_a_second_block_of_a_label_is_a_conflict(api, helper):
     )
     assert response.status_code == 409
     assert "human" in response.json()["detail"]
+    # Final: Letta's client retries a 409 unless told not to (into a 404 here: review).
+    assert response["x-should-retry"] == "false"
 
 
 def test_attaching_another_agents_block_does_not_take_it_from_that_agent(api, helper):
@@ -550,6 +552,23 @@ def test_a_read_key_reads_and_cannot_write(api, helper):
     assert not Message.objects.filter(conversation__local_agent__name="travel").exists()
 
 
+def test_a_write_key_that_may_not_read_learns_no_block_by_writing(api, helper):
+    """Letta's writes answer with the agent's state or the block, values and all."""
+    state = create_agent(api, helper)
+    api.post("/v1/blocks/", {"label": "secret", "value": "s3cret"}, as_=helper)
+    writer = make_agent("helper", scopes=("write",))  # a second key of the same agent
+    block_id = next(b["id"] for b in state["memory"]["blocks"])
+    for method, path, body in [
+        ("GET", f"/v1/agents/{state['id']}", None),
+        ("PATCH", f"/v1/agents/{state['id']}", {}),
+        ("POST", "/v1/agents/", {"name": "travel"}),
+        ("PATCH", f"/v1/blocks/{block_id}", {"description": "the same"}),
+    ]:
+        response = api.call(method, path, as_=writer, body=body)
+        assert response.status_code == 403, (method, path)
+        assert "s3cret" not in response.content.decode()
+
+
 def test_acting_for_a_user_is_refused_not_ignored(api, helper):
     """Letta's routes keep an agent's own memory: ``X-On-Behalf-Of`` (a key that may act for
     users) was taken and ignored (review of the local API); refused whatever the key's
@@ -682,6 +701,7 @@ def test_letta_routes_memsvc_does_not_serve_answer_501_naming_them(api, helper):
         response = api.call(method, path, as_=helper, body={} if method != "GET" else None)
         assert response.status_code == 501, (method, path)
         assert "/v1/" in response.json()["detail"]
+        assert response["x-should-retry"] == "false"
     assert api.get("/v1/tools/").status_code == 401  # the key first
 
 
