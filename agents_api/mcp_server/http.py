@@ -31,7 +31,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from agents_api.authentication import ApiKeyAuthentication
-from agents_api.mcp_server.server import (
+from agents_api.mcp_server.jsonrpc import (
     INVALID_PARAMS,
     INVALID_REQUEST,
     NOT_A_MESSAGE,

@@ -7,7 +7,6 @@ on the event loop, and a long-lived thread keeps its database connection between
 """
 
 import asyncio
-import json
 import threading
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -18,50 +17,8 @@ from mcp.server import Server, ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
 from agents_api.mcp_server.tools import CALLER_SCOPE_KEY, INSTRUCTIONS, TOOLS, Caller, call_tool
-from memsvc.api.parsers import MAX_JSON_DEPTH, json_problem
 
 SERVER_NAME = "memsvc"
-
-INVALID_REQUEST = -32600  # JSON-RPC 2.0: "the JSON sent is not a valid Request object"
-INVALID_PARAMS = -32602
-NOT_A_MESSAGE = (
-    'Invalid Request: a JSON-RPC 2.0 message is one JSON object with "jsonrpc": "2.0" '
-    "and a method (a request or a notification) or a result or an error (a response); "
-    "batches are not supported"
-)
-
-
-def request_refused(body: bytes | str) -> bytes | None:
-    """The answer to a body the SDK must not be given, else None: JSON the service cannot
-    take (nested deeper than ``MAX_JSON_DEPTH``, or holding a lone surrogate: ``json_problem``,
-    as every other API refuses it; 1,000 levels were a 500 here, 65 went on to the tools), or
-    a request (it has a method) whose ``id`` is neither a string nor an integer (MCP: "MUST
-    be a string or integer", not null: the SDK took it for a notification, answered 202 and
-    nothing, and the caller waited for an answer that never came)."""
-    try:
-        message = json.loads(body)
-    except RecursionError:
-        return invalid_request(f"nested more than {MAX_JSON_DEPTH} levels deep")
-    except ValueError:
-        return None  # (the SDK's parse error)
-    problem = json_problem(message)
-    if problem is not None:
-        path, what = problem
-        return invalid_request(f"{'.'.join(map(str, path)) or 'body'}: {what}")
-    if not isinstance(message, dict) or "method" not in message or "id" not in message:
-        return None
-    request_id = message["id"]
-    if isinstance(request_id, str) or (
-        isinstance(request_id, int) and not isinstance(request_id, bool)
-    ):
-        return None
-    return invalid_request("id: a string or an integer")
-
-
-def invalid_request(problem: str) -> bytes:
-    error = {"code": INVALID_REQUEST, "message": f"Invalid Request: {problem}"}
-    return json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
-
 
 # Threads that run tools, per process: as many calls at once as a web process serves
 # requests (gunicorn's threads), each thread with its own database connection.

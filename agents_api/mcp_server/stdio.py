@@ -11,12 +11,8 @@ from mcp.server.stdio import stdio_server
 from pydantic import ValidationError
 
 from agents_api import selectors, services
-from agents_api.mcp_server.server import (
-    INVALID_REQUEST,
-    NOT_A_MESSAGE,
-    build_server,
-    request_refused,
-)
+from agents_api.mcp_server.jsonrpc import INVALID_REQUEST, NOT_A_MESSAGE, request_refused
+from agents_api.mcp_server.server import build_server
 from agents_api.mcp_server.tools import Caller
 from memsvc.api.errors import ApiError
 

@@ -333,6 +333,35 @@ def test_stdio_refuses_to_start_without_an_agent_it_may_act_as(args, env, messag
     assert done.stdout == ""
 
 
+def raw_stdio(lines: list[str], *, answers: int) -> tuple[list[str], str]:
+    """``lines`` sent raw to ``memsvc mcp --agent raw``: the first ``answers`` lines of its
+    stdout, and its stderr, once it has ended on EOF (nothing else written to stdout)."""
+    with subprocess.Popen(
+        [str(MEMSVC), "mcp", "--agent", "raw"],
+        env=server_env(),
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as process:
+        process.stdin.write("".join(line + "\n" for line in lines))
+        process.stdin.flush()
+        # A client keeps stdin open until its answers are in (EOF ends the session at once).
+        # A line left unanswered would hold the read for good: the server is ended.
+        deadline = threading.Timer(60, process.kill)
+        deadline.start()
+        try:
+            read = [process.stdout.readline() for _ in range(answers)]
+        finally:
+            deadline.cancel()
+        assert all(read), f"unanswered lines: {read}"
+        process.stdin.close()
+        assert process.wait(timeout=60) == 0
+        assert process.stdout.read() == ""
+        return read, process.stderr.read()
+
+
 def test_stdout_carries_nothing_but_protocol():
     """Raw JSON-RPC on the pipes, as a client sees them: every stdout line is a message;
     logs (the start-up line, a refused key's warning) go to stderr."""
@@ -362,23 +391,7 @@ def test_stdout_carries_nothing_but_protocol():
             "params": {"name": "no_such_tool", "arguments": {}},
         },
     ]
-    with subprocess.Popen(
-        [str(MEMSVC), "mcp", "--agent", "raw"],
-        env=server_env(),
-        cwd=REPO,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    ) as process:
-        process.stdin.write("".join(json.dumps(m) + "\n" for m in messages))
-        process.stdin.flush()
-        # A client keeps stdin open until its answers are in (EOF ends the session at once).
-        lines = [process.stdout.readline() for _ in range(3)]
-        process.stdin.close()
-        assert process.wait(timeout=60) == 0
-        assert process.stdout.read() == ""
-        stderr = process.stderr.read()
+    lines, stderr = raw_stdio([json.dumps(m) for m in messages], answers=3)
     # Requests are served concurrently: answers come as they are ready.
     answers = sorted((json.loads(line) for line in lines), key=lambda a: a["id"])
     assert [a["id"] for a in answers] == [1, 2, 3], stderr
@@ -409,28 +422,8 @@ def test_stdio_answers_every_line_it_cannot_serve():
         '{"jsonrpc": "2.0", "id": null, "method": "tools/list"}',
         '{"jsonrpc": "2.0", "id": 3, "method": "tools/list"}',
     ]
-    with subprocess.Popen(
-        [str(MEMSVC), "mcp", "--agent", "raw"],
-        env=server_env(),
-        cwd=REPO,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    ) as process:
-        process.stdin.write("".join(line + "\n" for line in lines))
-        process.stdin.flush()
-        # (A line left unanswered would hold the read for good: the server is ended.)
-        deadline = threading.Timer(60, process.kill)
-        deadline.start()
-        try:
-            read = [process.stdout.readline() for _ in range(6)]
-        finally:
-            deadline.cancel()
-        assert all(read), f"unanswered lines: {read}"
-        answers = [json.loads(line) for line in read]
-        process.stdin.close()
-        assert process.wait(timeout=60) == 0
+    read, _ = raw_stdio(lines, answers=6)
+    answers = [json.loads(line) for line in read]
     errors = [a["error"] for a in answers if "error" in a]
     assert [e["code"] for e in errors] == [-32600, -32700, -32600, -32600]
     assert "lone surrogate" in errors[0]["message"]
