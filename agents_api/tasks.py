@@ -31,7 +31,7 @@ class TransientLLMError(Exception):
 # MEMSVC_LLM_TASK_SECONDS; the turns it claimed are given back (``extraction``,
 # ``sleeptime``), a tool record keeps its deterministic summary.
 LLM_TASK_OPTIONS = {
-    "queue": settings.MEMSVC_LLM_QUEUE,
+    "uses_llm": True,  # (``memsvc.celery.route``)
     "soft_time_limit": settings.MEMSVC_LLM_TASK_SECONDS,
     "time_limit": settings.MEMSVC_LLM_TASK_SECONDS + 30,
     "acks_late": True,

@@ -14,6 +14,16 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memsvc.settings")
 # the alias, in every process that sends or receives tasks.
 TRANSPORT_ALIASES["filesystem"] = "memsvc.broker:Transport"
 
+def route(name, args, kwargs, options, task=None, **kw) -> dict | None:
+    """The queue of a task: the LLM's own (``MEMSVC_LLM_QUEUE``) for a task that asks it
+    (``uses_llm``), else the default (``CELERY_TASK_ROUTES``)."""
+    if getattr(task, "uses_llm", False):
+        from django.conf import settings
+
+        return {"queue": settings.MEMSVC_LLM_QUEUE}
+    return None
+
+
 app = Celery("memsvc")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["search", "agents_api"])

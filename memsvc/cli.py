@@ -126,12 +126,45 @@ def _memsvc_command(*arguments: str) -> list[str]:
     return [sys.executable, "-m", "memsvc.cli", *arguments]
 
 
+# Celery's options that name one worker, and its files: the LLM's worker takes a name of its
+# own, and a file only a name in it (``%n``) tells apart from the other worker's.
+_NAME_OPTIONS = {"-n", "--hostname"}
+_FILE_OPTIONS = {"-f", "--logfile", "--pidfile", "-S", "--statedb"}
+# What the LLM's worker sets for itself.
+_OWN_OPTIONS = {"-Q", "--queues", "-c", "--concurrency"}
+
+
+def _llm_worker_extra(extra: list[str]) -> list[str]:
+    """Celery's options of ``memsvc worker -- ...`` as the LLM's worker takes them: a name
+    given (``-n w1@%h``) as ``llm-w1@%h``, its queue and processes its own; ``ValueError``
+    for a file both workers would share (a pid file: the second worker to start found it
+    and ended, and the whole ``memsvc worker`` with it: review)."""
+    taken, options = [], iter(extra)
+    for option in options:
+        name, given, value = option.partition("=")
+        if name in _NAME_OPTIONS | _FILE_OPTIONS | _OWN_OPTIONS and not given:
+            value = next(options, "")
+        if name in _OWN_OPTIONS:
+            continue
+        if name in _NAME_OPTIONS:
+            taken += [name, f"llm-{value}"]
+        elif name in _FILE_OPTIONS:
+            if "%n" not in value:
+                raise ValueError(
+                    f"{name} {value}: both workers (the LLM's too) would write that file; "
+                    "put %n (each worker's name) in it"
+                )
+            taken += [name, value]
+        else:
+            taken.append(option)
+    return taken
+
+
 def _worker_command(
     *, processes: int, extra: list[str] | None = None, llm: bool = False
 ) -> list[str]:
     """The Celery worker of the default queue (Celery's options in ``extra`` may change
-    it), or with ``llm`` the one of the LLM's queue (whose queue and name ``extra`` does
-    not change: they come after it)."""
+    it), or with ``llm`` the one of the LLM's queue (``_llm_worker_extra``)."""
     from django.conf import settings
 
     command = _celery("worker", "--loglevel", "INFO", "--concurrency", str(processes))
@@ -139,8 +172,14 @@ def _worker_command(
         # The filesystem transport has no broadcast: no worker-to-worker chatter.
         command += ["--without-mingle", "--without-gossip", "--without-heartbeat"]
     if llm:
-        queue = ["--queues", settings.MEMSVC_LLM_QUEUE, "--hostname", "llm@%h"]
-        return command + (extra or []) + queue
+        named = any(option.partition("=")[0] in _NAME_OPTIONS for option in extra or [])
+        queue = ["--queues", settings.MEMSVC_LLM_QUEUE]
+        return (
+            command
+            + queue
+            + ([] if named else ["--hostname", "llm@%h"])
+            + _llm_worker_extra(extra or [])
+        )
     return command + ["--queues", settings.CELERY_TASK_DEFAULT_QUEUE] + (extra or [])
 
 
@@ -254,18 +293,24 @@ def cmd_prepare_model(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     supervisor = Supervisor()
     _setup_database()
+    from memsvc import embedded_db
+    from memsvc.llm import llm_configured
     from search.checks import check_embedding_dimension, warn_about_other_vector_models
 
-    check_embedding_dimension()
-    warn_about_other_vector_models()
-    # `memsvc worker -- --hostname w1@%h`: what follows "--" is Celery's.
-    extra = args.celery_args[1:] if args.celery_args[:1] == ["--"] else args.celery_args
-    _start_workers(supervisor, beat=args.beat, extra=extra)
     try:
+        check_embedding_dimension()
+        warn_about_other_vector_models()
+        # `memsvc worker -- --hostname w1@%h`: what follows "--" is Celery's.
+        extra = args.celery_args[1:] if args.celery_args[:1] == ["--"] else args.celery_args
+        if llm_configured():
+            try:
+                _llm_worker_extra(extra)
+            except ValueError as exc:
+                print(f"memsvc worker: {exc}", file=sys.stderr)
+                return 2
+        _start_workers(supervisor, beat=args.beat, extra=extra)
         return supervisor.run()
     finally:
-        from memsvc import embedded_db
-
         embedded_db.stop_server()
 
 

@@ -432,7 +432,11 @@ CELERY_TASK_EAGER_PROPAGATES = True
 # turns it read given back for the next one).
 MEMSVC_LLM_QUEUE = "llm"
 CELERY_TASK_DEFAULT_QUEUE = "celery"
-CELERY_TASK_QUEUES = (Queue(CELERY_TASK_DEFAULT_QUEUE), Queue(MEMSVC_LLM_QUEUE))
+CELERY_TASK_QUEUES = (
+    Queue(CELERY_TASK_DEFAULT_QUEUE),
+    Queue(MEMSVC_LLM_QUEUE, routing_key=MEMSVC_LLM_QUEUE),
+)
+CELERY_TASK_ROUTES = ("memsvc.celery.route",)
 MEMSVC_LLM_TASK_SECONDS = env_int("MEMSVC_LLM_TASK_SECONDS", 600, minimum=1)
 
 # --- Rate limits (memsvc/api/ratelimit.py) ------------------------------------------------------

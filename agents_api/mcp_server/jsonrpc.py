@@ -31,17 +31,25 @@ def request_refused(body: bytes | str) -> bytes | None:
     problem = json_problem(message)
     if problem is not None:
         path, what = problem
-        return invalid_request(f"{'.'.join(map(str, path)) or 'body'}: {what}")
+        problem = f"{'.'.join(map(str, path)) or 'body'}: {what}"
+        return invalid_request(problem, request_id_of(message))
     if not isinstance(message, dict) or "method" not in message or "id" not in message:
         return None
-    request_id = message["id"]
-    if isinstance(request_id, str) or (
-        isinstance(request_id, int) and not isinstance(request_id, bool)
-    ):
+    if request_id_of(message) is not None:
         return None
     return invalid_request("id: a string or an integer")
 
 
-def invalid_request(problem: str) -> bytes:
+def request_id_of(message) -> str | int | None:
+    """The id of a request, if it has one MCP allows (a string or an integer), else None:
+    an answer names it, so that the client knows which request it answers (JSON-RPC: null
+    only when it cannot be told)."""
+    request_id = message.get("id") if isinstance(message, dict) else None
+    if isinstance(request_id, bool) or not isinstance(request_id, str | int):
+        return None
+    return request_id
+
+
+def invalid_request(problem: str, request_id: str | int | None = None) -> bytes:
     error = {"code": INVALID_REQUEST, "message": f"Invalid Request: {problem}"}
-    return json.dumps({"jsonrpc": "2.0", "id": None, "error": error}).encode()
+    return json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}).encode()

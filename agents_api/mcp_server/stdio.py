@@ -11,7 +11,12 @@ from mcp.server.stdio import stdio_server
 from pydantic import ValidationError
 
 from agents_api import selectors, services
-from agents_api.mcp_server.jsonrpc import INVALID_REQUEST, NOT_A_MESSAGE, request_refused
+from agents_api.mcp_server.jsonrpc import (
+    INVALID_REQUEST,
+    NOT_A_MESSAGE,
+    request_id_of,
+    request_refused,
+)
 from agents_api.mcp_server.server import build_server
 from agents_api.mcp_server.tools import Caller
 from memsvc.api.errors import ApiError
@@ -58,13 +63,13 @@ def line_refused(line: str) -> str | None:
         message = json.loads(line)
     except ValueError:
         error = {"code": PARSE_ERROR, "message": "Parse error: a line holds one JSON message"}
-    else:
-        try:
-            types.jsonrpc_message_adapter.validate_python(message, by_name=False)
-            return None
-        except ValidationError:
-            error = {"code": INVALID_REQUEST, "message": NOT_A_MESSAGE}
-    return json.dumps({"jsonrpc": "2.0", "id": None, "error": error})
+        return json.dumps({"jsonrpc": "2.0", "id": None, "error": error})
+    try:
+        types.jsonrpc_message_adapter.validate_python(message, by_name=False)
+        return None
+    except ValidationError:
+        error = {"code": INVALID_REQUEST, "message": NOT_A_MESSAGE}
+    return json.dumps({"jsonrpc": "2.0", "id": request_id_of(message), "error": error})
 
 
 class _Lines:

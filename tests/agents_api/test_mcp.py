@@ -420,15 +420,21 @@ def test_stdio_answers_every_line_it_cannot_serve():
         "not json",
         "[1, 2]",
         '{"jsonrpc": "2.0", "id": null, "method": "tools/list"}',
+        '{"jsonrpc": "2.0", "id": "p", "method": "ping", "params": "x"}',
         '{"jsonrpc": "2.0", "id": 3, "method": "tools/list"}',
     ]
-    read, _ = raw_stdio(lines, answers=6)
+    read, _ = raw_stdio(lines, answers=7)
     answers = [json.loads(line) for line in read]
-    errors = [a["error"] for a in answers if "error" in a]
-    assert [e["code"] for e in errors] == [-32600, -32700, -32600, -32600]
-    assert "lone surrogate" in errors[0]["message"]
-    assert "id: a string or an integer" in errors[3]["message"]
-    assert all(a["id"] is None for a in answers if "error" in a)
+    errors = [(a["id"], a["error"]) for a in answers if "error" in a]
+    assert [(i, e["code"]) for i, e in errors] == [
+        (2, -32600),  # (an id the answer can name, it names: the client is waiting on it)
+        (None, -32700),
+        (None, -32600),
+        (None, -32600),
+        ("p", -32600),
+    ]
+    assert "lone surrogate" in errors[0][1]["message"]
+    assert "id: a string or an integer" in errors[3][1]["message"]
     assert sorted(a["id"] for a in answers if "result" in a) == [1, 3]
 
 

@@ -219,3 +219,39 @@ def test_a_database_that_stops_answering_mid_command_is_said_in_a_line(monkeypat
     assert said == (
         "memsvc: the database did not answer: connection failed: the server closed the connection\n"
     )
+
+
+def test_the_llms_worker_takes_the_options_given_to_both_with_a_name_of_its_own():
+    """``memsvc worker -- ...`` starts two workers when an LLM is configured: the LLM's gets
+    a name of its own and keeps its queue and processes; a file the two would share (a
+    pid file: the second worker found it and ended everything, review) is refused."""
+    assert cli._llm_worker_extra(["--loglevel", "DEBUG", "-n", "w1@%h", "-c", "8"]) == [
+        "--loglevel",
+        "DEBUG",
+        "-n",
+        "llm-w1@%h",
+    ]
+    assert cli._llm_worker_extra(["--hostname=w1@%h", "--queues=x", "--pidfile=/run/%n.pid"]) == [
+        "--hostname",
+        "llm-w1@%h",
+        "--pidfile",
+        "/run/%n.pid",
+    ]
+    for shared in (["--pidfile", "/run/w.pid"], ["--logfile=/var/log/w.log"], ["-S", "state"]):
+        with pytest.raises(ValueError, match="put %n"):
+            cli._llm_worker_extra(shared)
+
+
+def test_the_llms_tasks_go_to_its_queue_and_the_others_to_the_default(settings):
+    from agents_api import tasks
+    from memsvc.celery import app
+    from search.tasks import embed_messages_task
+
+    def queue(task) -> str:
+        return app.amqp.router.route({}, task.name, task_type=task)["queue"].name
+
+    llm = [tasks.extract_memories_task, tasks.observe_tool_record_task]
+    llm.append(tasks.observe_letta_turns_task)
+    assert {queue(task) for task in llm} == {settings.MEMSVC_LLM_QUEUE}
+    others = [embed_messages_task, tasks.touch_memories_task, tasks.prune_memories_task]
+    assert {queue(task) for task in others} == {settings.CELERY_TASK_DEFAULT_QUEUE}
