@@ -59,6 +59,17 @@ CJK_CHARACTERS = (
 _CJK_RUN = re.compile(f"[{CJK_CHARACTERS}]+")
 
 
+# A CJK character as ``memsvc_words`` spaces it, and as a highlight may mark it.
+_SPACED_CJK = re.compile(f" ?(<b>)?([{CJK_CHARACTERS}])(</b>)? ?")
+
+
+def words_unspaced(text: str) -> str:
+    """A text ``memsvc_words`` spaced, back as it was written: the one space it put on each
+    side of a CJK character taken away (its marks, a highlight's ``<b>``, kept). The spaces
+    the text had stay."""
+    return _SPACED_CJK.sub(r"\1\2\3", text) if _CJK_RUN.search(text) else text
+
+
 def websearch_text(text: str) -> str:
     """``text`` for ``websearch_to_tsquery``, its CJK as the words index reads them: a run
     of CJK characters a quoted phrase of them, one word each ("-東京" excludes the texts

@@ -20,7 +20,7 @@ from conversations.selectors import (
 )
 from memsvc.api.errors import InvalidInput
 from memsvc.api.principals import Principal
-from memsvc.db import TEXT_SEARCH_CONFIG, websearch_text
+from memsvc.db import TEXT_SEARCH_CONFIG, WORDS_SQL, websearch_text, words_unspaced
 from search.embeddings import configured_backend
 from search.engine import MODES, Citing, query_embedding, ranked
 from search.statements import Corpus, Scope
@@ -235,7 +235,11 @@ def _hits(ranked: list[tuple], query: str | None) -> list[SearchHit]:
         )
     by_id = {message.id: message for message in messages}
     return [
-        SearchHit(message=by_id[i], score=round(score, 6), highlights=by_id[i].headline)
+        SearchHit(
+            message=by_id[i],
+            score=round(score, 6),
+            highlights=by_id[i].headline and words_unspaced(by_id[i].headline),
+        )
         for i, score in ranked
         if i in by_id
     ]
@@ -247,8 +251,16 @@ _HITS_SQL = f"""
 SELECT {", ".join(field.column for field in Message.shown_fields())}, {{headline}} AS headline
 FROM message WHERE id = ANY(%s)
 """
+# (Of the text as the words index reads it, ``WORDS_SQL``, so that a match inside a CJK run
+# is marked too; ``words_unspaced`` gives it back as written.)
 _HEADLINE = (
-    "ts_headline(%s::regconfig, left(content, %s), websearch_to_tsquery(%s::regconfig, %s), %s)"
+    f"ts_headline(%s::regconfig, {WORDS_SQL.format('left(content, %s)')},"
+    " websearch_to_tsquery(%s::regconfig, %s), %s)"
 )
 HEADLINE_CHARS = 4000
-_HEADLINE_OPTIONS = "MaxFragments=2, MaxWords=20, MinWords=5, StartSel=<b>, StopSel=</b>"
+# ``ShortWord=0``: no word is too short to end an extract (by default one of up to 3
+# letters is cut from its ends: an extract of Chinese or Japanese, a word a character, was
+# the match alone).
+_HEADLINE_OPTIONS = (
+    "MaxFragments=2, MaxWords=20, MinWords=5, ShortWord=0, StartSel=<b>, StopSel=</b>"
+)

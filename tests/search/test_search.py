@@ -558,11 +558,15 @@ def test_keywords_find_words_whatever_their_accents(api, alice):
 def test_keywords_find_chinese_and_japanese_words_inside_a_sentence(api, alice):
     # Written without spaces: to PostgreSQL's parser each sentence was one word.
     conversation = ConversationFactory(group__owner=alice.id)
-    for text in ["私は東京に行きました", "京都はきれいです", "我喜欢北京烤鸭"]:
+    for text in ["私は東京に行きました", "京都はきれいです", "我喜欢北京烤鸭", "私はTokyo 駅に"]:
         MessageFactory(conversation=conversation, author_name="alice", content=text)
-    found = contents(search(api, alice, "東京", mode="keyword"))
-    assert found[0] == "私は東京に行きました"  # (both characters; Kyoto holds one)
+    [first, *_] = search(api, alice, "東京", mode="keyword")
+    assert first["message"]["content"] == "私は東京に行きました"  # (both; Kyoto holds one)
+    # Marked where it matched, the text as written (no space the index reads added).
+    assert first["highlights"] == "私は<b>東</b><b>京</b>に行きました"
     assert contents(search(api, alice, "北京", mode="keyword"))[0] == "我喜欢北京烤鸭"
+    [hit] = search(api, alice, "Tokyo", mode="keyword")
+    assert hit["highlights"] == "私は<b>Tokyo</b> 駅に"
     found = contents(search(api, alice, "京 -東京", mode="keyword", topK=10))
     assert sorted(found) == sorted(["京都はきれいです", "我喜欢北京烤鸭"])
 
