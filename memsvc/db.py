@@ -77,7 +77,8 @@ def websearch_text(text: str) -> str:
     pieces, quoted, start = [], False, 0
     for match in _CJK_RUN.finditer(text):
         before = text[start : match.start()]
-        quoted ^= before.count('"') % 2 == 1
+        if before.count('"') % 2:  # (a quote opened or closed since the last run)
+            quoted = not quoted
         characters = " ".join(match.group())
         pieces += [before, f" {characters} " if quoted else f'"{characters}"']
         start = match.end()
