@@ -11,8 +11,9 @@ nor the model calls meanwhile); one that timed out, or whose connection broke be
 answer, is sent once more (``MAX_UNANSWERED_ATTEMPTS``) when it carries an idempotency key
 (memsvc stores it once however often it is sent; one without a key is never sent twice). When memsvc does not answer at all the
 request is dropped with one warning per outage, so a stopped server never stalls the
-program, and for ``DOWN_SECONDS`` the calls ask it for no context (``is_down``): a server
-that takes connections and never answers cost every call the whole timeout.
+program, and for ``DOWN_SECONDS`` the calls ask it for no context and their stores are
+dropped unsent (``is_down``): a server that takes connections and never answers cost every
+call, and every store, the whole timeout.
 """
 
 import logging
@@ -189,6 +190,11 @@ class Sender:
         return client
 
     def _deliver(self, destination: Destination, request: ServerRequest, lane: _Lane) -> None:
+        if self.is_down(destination.url):
+            # Dropped quietly (the outage's warning is given): each waited out the timeout
+            # in turn, and a block's exit for all of them (review). Sent again once
+            # ``DOWN_SECONDS`` have passed.
+            return
         client = self._client(destination)
         headers = {KEY_HEADER: request.idempotency_key} if request.idempotency_key else {}
         failures = deferrals = unanswered = 0

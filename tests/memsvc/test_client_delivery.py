@@ -240,6 +240,31 @@ def test_a_memsvc_that_never_answers_costs_one_call_its_timeout(llm, caplog, mon
     assert any("going on without memory" in w for w in warnings(caplog))
 
 
+def test_the_stores_of_a_memsvc_taken_for_down_are_dropped_not_each_waited_for(
+    llm, caplog, monkeypatch
+):
+    """Once a memsvc that takes connections and answers nothing is taken for down, the
+    stores queued for it are dropped at once, as the calls' context requests are skipped:
+    each waited out the timeout in turn, and the block's exit waited for all of them (30 s,
+    and they were lost anyway: review)."""
+    monkeypatch.setattr(session, "TIMEOUT_SECONDS", 0.5)
+    monkeypatch.setattr(sender_module, "TIMEOUT_SECONDS", 0.5)
+    client = openai.OpenAI(base_url=llm.base_url, api_key="k")
+    with (
+        StandInMemsvc(context_seconds=3.0, store_seconds=3.0) as memsvc,
+        caplog.at_level(logging.WARNING, logger="memsvc.client"),
+    ):
+        with learning(agent="a", server_url=memsvc.url):
+            for text in ["one", "two", "three", "four", "five", "six"]:
+                ask(client, text)
+            leaving = time.monotonic()
+        left = time.monotonic() - leaving
+        tried = [path for path in memsvc.paths() if path != "/context/a"]
+    assert left < 1.5, left  # (one store in flight at most: 0.5 s)
+    assert len(tried) <= 2, tried
+    assert not any("still unsent" in w for w in warnings(caplog))
+
+
 # The timeout the caller gives a model call, and where it gives it.
 CALLER_TIMEOUTS = {
     "the call's": ({}, {"timeout": 0.3}),
