@@ -163,11 +163,16 @@ def current_session():
     (one agent, one memsvc: two requests of one web app, say). With blocks of several
     agents active in other threads, which one the worker's call belongs to is unknown (a
     thread does not inherit its maker's context): it goes without memory, with one
-    warning, rather than into another agent's (review)."""
+    warning, rather than into another agent's (review). A thread or task whose own blocks
+    have all ended (a job given ``contextvars.copy_context()`` that outlived its block) is
+    served by none: another agent's block, running elsewhere, is not its (review)."""
     active = list(_active)
-    mine = [session for session in _entered.get() if session in active]
+    entered = _entered.get()
+    mine = [session for session in entered if session in active]
     if mine:
         return mine[-1]
+    if entered:
+        return None
     if len({session.serving for session in active}) > 1:
         _warn_once(
             "a call from a thread in no learning() block while blocks of several agents run "

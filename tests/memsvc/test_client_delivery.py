@@ -4,6 +4,7 @@ memsvc that fails or stops never failing the call; LangChain's ``ChatOpenAI`` in
 block; the memsvc address from the environment."""
 
 import asyncio
+import contextvars
 import json
 import logging
 import socket
@@ -860,6 +861,32 @@ def test_a_worker_thread_is_served_when_the_blocks_running_serve_alike(llm):
         ("/messages", "support-bot"),
         ("/messages", "support-bot"),
     ]
+
+
+def test_a_job_that_outlives_its_block_is_not_served_by_another_agents(llm):
+    """A job handed its block's context runs after the block has ended, while another
+    agent's block runs in another thread: its call goes without memory, not into that
+    agent's (it got the other agent's memory and was stored as its turn: review)."""
+    client = openai.OpenAI(base_url=llm.base_url, api_key="k")
+    entered, done = threading.Event(), threading.Event()
+
+    def bobs_request():
+        with learning(agent="bob", server_url=memsvc.url):
+            entered.set()
+            done.wait(10)
+
+    with StandInMemsvc() as memsvc:
+        bob = threading.Thread(target=bobs_request)
+        bob.start()
+        entered.wait(10)
+        with learning(agent="alice", server_url=memsvc.url):
+            job = contextvars.copy_context()
+        worker = threading.Thread(target=job.run, args=(ask, client, "What is my PIN?"))
+        worker.start()
+        worker.join()
+        done.set()
+        bob.join()
+    assert agents_served(memsvc) == []
 
 
 @pytest.mark.parametrize("ends", ["joined", "pool"])
