@@ -104,7 +104,7 @@ class AgentMemoriesView(AgentApiView):
         responses={
             201: s.MemoryOut,
             200: s.MemoryOut,  # the same memory was already kept: merged into it
-            **errors(400, 401, 403),
+            **errors(400, 401, 403, 409),  # (409: the user turned memory off)
         },
     )
     def post(self, request):
@@ -137,7 +137,7 @@ class AgentMemoryBatchView(AgentApiView):
     @agent_operation(
         "agentSaveMemories",
         request=s.BatchMemoriesIn,
-        responses={201: s.MemoryList, **errors(400, 401, 403)},
+        responses={201: s.MemoryList, **errors(400, 401, 403, 409)},
     )
     def post(self, request):
         data = s.BatchMemoriesIn.parse(request.data)

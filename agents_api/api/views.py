@@ -394,7 +394,7 @@ class MemoryBlockView(AgentApiView):
         "agentReplaceMemoryBlock",
         parameters=[USER_ID],
         request=s.PutMemoryBlockIn,
-        responses={200: s.MemoryBlockOut, **errors(400, 401, 403, 404)},
+        responses={200: s.MemoryBlockOut, **errors(400, 401, 403, 404, 409)},
     )
     def put(self, request, label):
         block = _requested_block(request, label)
