@@ -14,6 +14,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memsvc.settings")
 # the alias, in every process that sends or receives tasks.
 TRANSPORT_ALIASES["filesystem"] = "memsvc.broker:Transport"
 
+
 def route(name, args, kwargs, options, task=None, **kw) -> dict | None:
     """The queue of a task: the LLM's own (``MEMSVC_LLM_QUEUE``) for a task that asks it
     (``uses_llm``), else the default (``CELERY_TASK_ROUTES``)."""
