@@ -384,7 +384,8 @@ def main(argv=None) -> int:
 
     # (Said with the figures: an old checkout has no ../shared beside it, and its runs
     # searched generated texts, not comparable: docs/benchmarks.md.)
-    texts = f"LoCoMo texts from {args.data}" if args.data.exists() else "GENERATED texts"
+    locomo = args.data.exists()
+    texts = f"LoCoMo texts from {args.data}" if locomo else "GENERATED texts"
     print(
         f"\nsearch benchmark: {total} messages, {len(conversations)} conversations, "
         f"{args.users} users, {texts}"
@@ -413,7 +414,7 @@ def main(argv=None) -> int:
             "embedding_messages_per_second": round(embed_rate_total, 1),
             "embedding_messages_per_second_after_ingest": round(embed_rate_drain or 0, 1),
             "corpus_build": build,
-            "texts": "locomo" if args.data.exists() else "generated",
+            "texts": "locomo" if locomo else "generated",
             "latency": results,
         },
     )

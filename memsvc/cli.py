@@ -136,10 +136,10 @@ _OWN_OPTIONS = {"-Q", "--queues", "-c", "--concurrency"}
 
 def _llm_worker_extra(extra: list[str]) -> list[str]:
     """Celery's options of ``memsvc worker -- ...`` as the LLM's worker takes them: a name
-    given (``-n w1@%h``) as ``llm-w1@%h``, its queue and processes its own; ``ValueError``
-    for a file both workers would share (a pid file: the second worker to start found it
-    and ended, and the whole ``memsvc worker`` with it: review)."""
-    taken, options = [], iter(extra)
+    given (``-n w1@%h``) as ``llm-w1@%h``, else ``llm@%h``; its queue and processes its own;
+    ``ValueError`` for a file both workers would share (a pid file: the second worker to
+    start found it and ended, and the whole ``memsvc worker`` with it: review)."""
+    taken, named, options = [], False, iter(extra)
     for option in options:
         name, given, value = option.partition("=")
         if name in _NAME_OPTIONS | _FILE_OPTIONS | _OWN_OPTIONS and not given:
@@ -148,6 +148,7 @@ def _llm_worker_extra(extra: list[str]) -> list[str]:
             continue
         if name in _NAME_OPTIONS:
             taken += [name, f"llm-{value}"]
+            named = True
         elif name in _FILE_OPTIONS:
             if "%n" not in value:
                 raise ValueError(
@@ -157,7 +158,7 @@ def _llm_worker_extra(extra: list[str]) -> list[str]:
             taken += [name, value]
         else:
             taken.append(option)
-    return taken
+    return taken if named else ["--hostname", "llm@%h", *taken]
 
 
 def _worker_command(
@@ -172,14 +173,7 @@ def _worker_command(
         # The filesystem transport has no broadcast: no worker-to-worker chatter.
         command += ["--without-mingle", "--without-gossip", "--without-heartbeat"]
     if llm:
-        named = any(option.partition("=")[0] in _NAME_OPTIONS for option in extra or [])
-        queue = ["--queues", settings.MEMSVC_LLM_QUEUE]
-        return (
-            command
-            + queue
-            + ([] if named else ["--hostname", "llm@%h"])
-            + _llm_worker_extra(extra or [])
-        )
+        return [*command, "--queues", settings.MEMSVC_LLM_QUEUE, *_llm_worker_extra(extra or [])]
     return command + ["--queues", settings.CELERY_TASK_DEFAULT_QUEUE] + (extra or [])
 
 

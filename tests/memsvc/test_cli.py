@@ -225,6 +225,12 @@ def test_the_llms_worker_takes_the_options_given_to_both_with_a_name_of_its_own(
     """``memsvc worker -- ...`` starts two workers when an LLM is configured: the LLM's gets
     a name of its own and keeps its queue and processes; a file the two would share (a
     pid file: the second worker found it and ended everything, review) is refused."""
+    assert cli._llm_worker_extra(["--loglevel", "DEBUG"]) == [
+        "--hostname",
+        "llm@%h",
+        "--loglevel",
+        "DEBUG",
+    ]
     assert cli._llm_worker_extra(["--loglevel", "DEBUG", "-n", "w1@%h", "-c", "8"]) == [
         "--loglevel",
         "DEBUG",

@@ -221,11 +221,16 @@ def test_model_calls_do_not_wait_for_a_store_memsvc_defers_or_fails(status):
     assert received == [{"n": 1}]
 
 
+def memsvc_waited_for(monkeypatch, seconds: float) -> None:
+    """A block waits this long for memsvc, for its context and for each store."""
+    monkeypatch.setattr(session, "TIMEOUT_SECONDS", seconds)
+    monkeypatch.setattr(sender_module, "TIMEOUT_SECONDS", seconds)
+
+
 def test_a_memsvc_that_never_answers_costs_one_call_its_timeout(llm, caplog, monkeypatch):
     """It takes connections and answers nothing (here: later than the client waits): the
     first call waits out the timeout and warns; the next ones ask it for nothing."""
-    monkeypatch.setattr(session, "TIMEOUT_SECONDS", 0.3)
-    monkeypatch.setattr(sender_module, "TIMEOUT_SECONDS", 0.3)
+    memsvc_waited_for(monkeypatch, 0.3)
     client = openai.OpenAI(base_url=llm.base_url, api_key="k")
     with (
         StandInMemsvc(context_seconds=1.0, store_seconds=1.0) as memsvc,
@@ -248,8 +253,7 @@ def test_the_stores_of_a_memsvc_taken_for_down_are_dropped_not_each_waited_for(
     stores queued for it are dropped at once, as the calls' context requests are skipped:
     each waited out the timeout in turn, and the block's exit waited for all of them (30 s,
     and they were lost anyway: review)."""
-    monkeypatch.setattr(session, "TIMEOUT_SECONDS", 0.5)
-    monkeypatch.setattr(sender_module, "TIMEOUT_SECONDS", 0.5)
+    memsvc_waited_for(monkeypatch, 0.5)
     client = openai.OpenAI(base_url=llm.base_url, api_key="k")
     with (
         StandInMemsvc(context_seconds=3.0, store_seconds=3.0) as memsvc,
