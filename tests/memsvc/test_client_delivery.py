@@ -885,11 +885,18 @@ def test_a_job_that_outlives_its_block_is_not_served_by_another_agents(llm):
         entered.wait(10)
         with learning(agent="alice", server_url=memsvc.url):
             job = contextvars.copy_context()
-        worker = threading.Thread(target=job.run, args=(ask, client, "What is my PIN?"))
+        answers = []
+        worker = threading.Thread(
+            target=lambda: answers.append(job.run(ask, client, "What is my PIN?"))
+        )
         worker.start()
         worker.join()
         done.set()
         bob.join()
+    # The call was made, and answered, with no memory asked for or stored.
+    assert [answer.choices[0].message.content for answer in answers] == [llm.reply]
+    [asked] = [request.body["messages"] for request in llm.requests]
+    assert asked == [{"role": "user", "content": "What is my PIN?"}]  # (no memory put in)
     assert agents_served(memsvc) == []
 
 
