@@ -26,9 +26,11 @@ AGENT_NAME_MAX_CHARS = 200
 # read with it by every request of its keys: a system prompt of 20 MB made each 150 ms.
 AGENT_DESCRIPTION_MAX_CHARS = 2_000
 AGENT_SYSTEM_MAX_CHARS = 50_000
-# An agent's name, whoever gives it (an API, the admin, an import): one line, as it titles
-# the agent's own conversation ("<name> (local)"), shown as what it is.
-AGENT_NAME_RULES = (no_control_characters, shown_as_it_is)
+# A name, whoever gives it (an API, the admin, an import): one line, shown as what it is. An
+# agent's titles its own conversation ("<name> (local)"); a block's label heads its section
+# of every prompt and names it in the pages. (Labels from before the rule stay reachable:
+# only a label given is checked, not one looked up.)
+NAME_RULES = (no_control_characters, shown_as_it_is)
 
 
 class Agent(models.Model):
@@ -38,7 +40,7 @@ class Agent(models.Model):
     # Who created the agent: a user id, or "local" for agents of the local compatibility API.
     owner_principal = models.CharField(max_length=PRINCIPAL_MAX_LENGTH)
     name = models.CharField(
-        max_length=AGENT_NAME_MAX_CHARS, validators=[no_nul_characters, *AGENT_NAME_RULES]
+        max_length=AGENT_NAME_MAX_CHARS, validators=[no_nul_characters, *NAME_RULES]
     )
     description = models.TextField(blank=True, default="", validators=[no_nul_characters])
     metadata = models.JSONField(default=dict, blank=True)
@@ -90,7 +92,7 @@ class MemoryBlock(models.Model):
     user_id = models.CharField(
         max_length=PRINCIPAL_MAX_LENGTH, blank=True, default="", validators=[no_nul_characters]
     )
-    label = models.CharField(max_length=100, validators=[no_nul_characters])
+    label = models.CharField(max_length=100, validators=[no_nul_characters, *NAME_RULES])
     value = models.TextField(blank=True, default="", validators=[no_nul_characters])
     description = models.TextField(blank=True, default="", validators=[no_nul_characters])
     limit = models.PositiveIntegerField(default=DEFAULT_BLOCK_LIMIT)

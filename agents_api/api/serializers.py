@@ -13,6 +13,7 @@ from agents_api.models import (
     MEMORY_MAX_MESSAGES,
     MEMORY_MAX_TAGS,
     MEMORY_TAG_MAX_LENGTH,
+    NAME_RULES,
     Scope,
 )
 from agents_api.selectors import MEMORY_ORDERS, PREFETCH_MAX_SENTENCES
@@ -129,8 +130,12 @@ class MemoryBlockRevisionOut(serializers.Serializer):
 
 
 class LabelField(PathSegmentField):
+    """A block's label as it is given (made or renamed), whichever API gives it: a name
+    (``NAME_RULES``) and a segment of its routes."""
+
     def __init__(self, **kwargs):
         super().__init__(max_length=100, allow_blank=False, **kwargs)
+        self.validators += NAME_RULES
 
 
 class BlockLimitField(serializers.IntegerField):

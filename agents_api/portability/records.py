@@ -25,7 +25,7 @@ from agents_api.letta_api.serializers import letta_settings_checked
 from agents_api.models import (
     AGENT_DESCRIPTION_MAX_CHARS,
     AGENT_NAME_MAX_CHARS,
-    AGENT_NAME_RULES,
+    NAME_RULES,
     MemorySource,
     SummarySource,
 )
@@ -271,7 +271,7 @@ class AgentMetadataRecordField(JSONObjectField):
 
 class AgentRecord(Record):
     id = serializers.UUIDField()
-    name = TextField(max_length=AGENT_NAME_MAX_CHARS, validators=[*AGENT_NAME_RULES])
+    name = TextField(max_length=AGENT_NAME_MAX_CHARS, validators=[*NAME_RULES])
     description = serializers.CharField(allow_blank=True, max_length=AGENT_DESCRIPTION_MAX_CHARS)
     metadata = AgentMetadataRecordField()
     ownerPrincipal = serializers.CharField(

@@ -1060,7 +1060,7 @@ def test_an_agent_whose_letta_settings_letta_could_not_read_is_not_imported(
     ],
 )
 def test_an_agent_named_as_no_api_names_one_is_not_imported(tmp_path, world, capsys, name, why):
-    """The name rule of every API that makes an agent (``AGENT_NAME_RULES``) holds for an
+    """The name rule of every API that makes an agent (``NAME_RULES``) holds for an
     import too: a document's "\u202ebob" was imported, and showed as "bob" reversed."""
     document = cli_export(tmp_path, "first", "agent", world.agent.name)
     world.agent.delete()

@@ -1,6 +1,7 @@
 """Memory blocks through the agent API: limits, read-only blocks, append / replace, revisions."""
 
 import threading
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -68,12 +69,17 @@ def test_a_duplicate_label_is_a_conflict(api, helper):
         ("a/b", 'must not contain "/" (it names it in URLs)'),
         (".", 'must not be "." or ".." (it names it in URLs, where clients drop those)'),
         ("..", 'must not be "." or ".." (it names it in URLs, where clients drop those)'),
+        ("\u202ehuman", "must not contain bidirectional control characters"),
+        ("human ", "must not begin or end with a space"),
+        ("hu\tman", "must not contain control characters"),
     ],
 )
 def test_a_label_no_url_reaches_is_refused_through_every_door(api, client, helper, label, problem):
     """A label names its block in URLs (/v1/agent/memory-blocks/<label>, the local API's, the
     pages'): one with "/" could be made and then reached by none of them; "." and ".." are
-    dropped from a path by clients (curl, httpx, browsers) before they send it."""
+    dropped from a path by clients (curl, httpx, browsers) before they send it. And it heads
+    its block's section of the prompt and its form in the pages, shown as what it is, as an
+    agent's name: "\u202ehuman" showed as "human" reversed, "human " as a second "human"."""
     response = api.post(BLOCKS, {"label": label}, as_=helper)
     assert response.status_code == 400
     assert response.json()["details"] == {"label": [problem]}
@@ -91,6 +97,19 @@ def test_a_label_no_url_reaches_is_refused_through_every_door(api, client, helpe
     )
     assert named.status_code == 422
     assert not MemoryBlock.objects.filter(label=label).exists()
+
+
+def test_a_label_stored_before_the_name_rule_is_still_reached(api, helper):
+    """Only a label given is held to the rule, not one a route looks up: a block stored
+    before it (or by the admin's shell) is read, written and deleted as ever."""
+    label = "\u202ehuman"
+    MemoryBlock.objects.create(agent=helper.agent, label=label, value="old")
+    path = f"{BLOCKS}/{quote(label)}"
+    assert api.get(path, as_=helper).json()["value"] == "old"
+    assert api.call("PUT", path, as_=helper, body={"value": "new"}).status_code == 200
+    assert stored(helper, label).value == "new"
+    assert api.delete(path, as_=helper).status_code == 204
+    assert not MemoryBlock.objects.exists()
 
 
 def test_blocks_per_user_are_separate(api, helper):
