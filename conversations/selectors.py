@@ -29,7 +29,7 @@ from django.db.models import (
     Value,
     When,
 )
-from django.db.models.functions import Coalesce, Least, Left
+from django.db.models.functions import Coalesce, Greatest, Least, Left
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -77,7 +77,8 @@ def _level_of(rank_expression):
 
 
 def conversations_visible_to(principal: Principal) -> QuerySet[Conversation]:
-    """Every conversation the principal is a member of, annotated with ``access_level``.
+    """Every conversation the principal is a member of, annotated with ``access_level`` and
+    ``joined_at`` (since when the principal sees it).
 
     An agent acting for a user needs both memberships; its level is the lower of the two.
     """
@@ -92,11 +93,16 @@ def conversations_visible_to(principal: Principal) -> QuerySet[Conversation]:
             }
         ).filter(**{f"_member{index}__isnull": False})
     if len(principal.member_ids) == 1:
-        return queryset.annotate(access_level=F("_member0__access_level"))
-    ranks = [_rank_of(f"_member{i}__access_level") for i in range(len(principal.member_ids))]
-    return queryset.annotate(_access_rank=Least(*ranks)).annotate(
-        access_level=_level_of("_access_rank")
-    )
+        return queryset.annotate(
+            access_level=F("_member0__access_level"), joined_at=F("_member0__created_at")
+        )
+    members = range(len(principal.member_ids))
+    ranks = [_rank_of(f"_member{i}__access_level") for i in members]
+    return queryset.annotate(
+        _access_rank=Least(*ranks),
+        # (seen since the later of the two memberships)
+        joined_at=Greatest(*(F(f"_member{i}__created_at") for i in members)),
+    ).annotate(access_level=_level_of("_access_rank"))
 
 
 # The messages a user reads (agents read every channel): the HISTORY channel's user-visible
@@ -323,36 +329,41 @@ def activity_page(
 ) -> Page:
     """A page of conversations, latest activity first, where a walk of the pages loses
     none: one that has activity meanwhile moves ahead of the cursor, where no page of the
-    walk would reach it, so when a pass of the list ends, a pass of the conversations with
-    activity since that pass began follows (each again, with its new ``updatedAt``: a
-    client keeps the latest by id), until no conversation had any.
+    walk would reach it, and so may one the principal is given meanwhile (shared with them,
+    or theirs by a transfer), so when a pass of the list ends, a pass of the conversations
+    with activity, or joined, since that pass began follows (each again, with its new
+    ``updatedAt``: a client keeps the latest by id), until there was none.
 
     The cursor holds the pass (from when its conversations had activity: "" for any time;
     and since when: what moved after, the next pass lists) and the last row's sort key.
-    ``column``: the time of activity (``activity_column``).
+    ``column``: the time of activity (``activity_column``); ``queryset`` holds ``joined_at``
+    (``conversations_visible_to``).
     """
     order = (f"-{column}", "id")
-    later = f"{column}__gt"
+
+    def moved_after(moment) -> Q:
+        return Q(**{f"{column}__gt": moment}) | Q(joined_at__gt=moment)
+
     if after:
         lower, since, key = _activity_cursor(after)
     else:
         lower, since, key = None, timezone.now(), None
     rows = queryset
     if lower is not None:
-        rows = rows.filter(**{later: lower})
+        rows = rows.filter(moved_after(lower))
     if key is not None:
         rows = rows.filter(beyond(order, key))
     # Whether any moved since the pass began: asked once with the page (an InitPlan), not
     # by a query of its own; it only matters on the pass's last page.
     rows = list(
-        rows.annotate(_moved=Exists(queryset.filter(**{later: since}))).order_by(*order)[
+        rows.annotate(_moved=Exists(queryset.filter(moved_after(since)))).order_by(*order)[
             : limit + 1
         ]
     )
     if len(rows) > limit:
         rows = rows[:limit]
         return Page(rows, _activity_cursor_of(lower, since, getattr(rows[-1], column), rows[-1].id))
-    moved = rows[0]._moved if rows else queryset.filter(**{later: since}).exists()
+    moved = rows[0]._moved if rows else queryset.filter(moved_after(since)).exists()
     if not moved:
         return Page(rows, None)
     return Page(rows, _activity_cursor_of(since - CATCH_UP_OVERLAP, timezone.now()))

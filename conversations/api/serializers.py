@@ -132,10 +132,11 @@ CONVERSATION_LIST_PARAMETERS = [
     ),
 ]
 CONVERSATION_LIST_DESCRIPTION = (
-    "Latest activity first. A walk of the pages loses no conversation: one with activity "
-    "while you walk moves ahead of your cursor, so once the others are listed, the pages go "
-    "on with those that had activity since the walk began, each again with its new "
-    "`updatedAt` (keep the latest of an id), until none had any."
+    "Latest activity first. A walk of the pages loses no conversation: one with activity, "
+    "or given to you (shared, or yours by a transfer), while you walk moves ahead of your "
+    "cursor, so once the others are listed, the pages go on with those that had activity "
+    "or were given since the walk began, each again with its new `updatedAt` (keep the "
+    "latest of an id), until there was none."
 )
 
 

@@ -191,6 +191,7 @@ def test_a_conversation_with_activity_between_pages_is_not_lost(api, alice):
         )
         for i in range(7)
     ]
+    Membership.objects.update(created_at=an_hour_ago)  # (made with them, as they say)
     path = f"/v1/user/conversations/{conversations[1].id}/messages"
     writes = [lambda: api.post(path, {"content": "back on top"}, as_=alice)]
 
@@ -206,6 +207,40 @@ def test_a_conversation_with_activity_between_pages_is_not_lost(api, alice):
     # A walk now (the message is an hour younger than the rest) lists it first, once.
     again = walk(api, alice, "/v1/user/conversations", limit=3)
     assert [c["title"] for c in again] == ["c1", "c6", "c5", "c4", "c3", "c2", "c0"]
+
+
+@pytest.mark.parametrize("how", ["shared", "transferred"])
+def test_a_conversation_given_between_pages_is_not_lost(api, alice, bob, how):
+    """One the walker is given while the walk runs (shared with them, or theirs by an
+    accepted transfer) has no new activity, and sorted in behind the cursor: the walk ended
+    without it (review). It is listed after the others, as one with activity is."""
+    an_hour_ago = timezone.now() - timedelta(hours=1)
+    for i in range(7):
+        ConversationFactory(
+            group__owner="alice", title=f"c{i}", updated_at=an_hour_ago + timedelta(minutes=i)
+        )
+    # Newer than every one of Alice's: ahead of any cursor of her walk.
+    bobs = ConversationFactory(group__owner="bob", title="bob's", updated_at=timezone.now())
+    Membership.objects.update(created_at=an_hour_ago)  # (made with them, as they say)
+    given = []
+
+    def bob_gives_it():
+        if given:
+            return
+        if how == "shared":
+            body = {"userId": "alice", "accessLevel": "reader"}
+            path = f"/v1/user/conversations/{bobs.id}/memberships"
+            given.append(api.post(path, body, as_=bob).status_code)
+        else:
+            path = f"/v1/user/conversations/{bobs.id}/transfer-ownership"
+            offer = api.post(path, {"newOwnerUserId": "alice"}, as_=bob).json()
+            accept = f"/v1/user/ownership-transfers/{offer['id']}/accept"
+            given.append(api.post(accept, as_=alice).status_code)
+
+    walked = walk(api, alice, "/v1/user/conversations", limit=3, on_each_page=bob_gives_it)
+
+    assert given == [201] if how == "shared" else given == [200]
+    assert [c["title"] for c in walked] == ["c6", "c5", "c4", "c3", "c2", "c1", "c0", "bob's"]
 
 
 @pytest.mark.parametrize(
