@@ -57,6 +57,7 @@ class ConversationSummaryOut(serializers.Serializer):
 
 
 class ConversationOut(ConversationSummaryOut):
+    metadata = serializers.DictField(help_text="As it was given (create, update, fork).")
     conversationGroupId = serializers.UUIDField(source="group_id")
     forkedAtConversationId = serializers.UUIDField(
         source="forked_at_conversation_id", allow_null=True

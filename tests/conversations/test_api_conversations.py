@@ -42,6 +42,7 @@ def walk(api, persona, path, limit, on_each_page=None):
 
 def test_create_get_patch_conversation(api, alice):
     created = create(api, alice, title="Plans", metadata={"topic": "travel"})
+    assert created["metadata"] == {"topic": "travel"}  # (written, and never read back: review)
     assert created["ownerUserId"] == "alice"
     assert created["accessLevel"] == "owner"
     assert created["forkedAtConversationId"] is None
@@ -54,6 +55,7 @@ def test_create_get_patch_conversation(api, alice):
         f"/v1/user/conversations/{created['id']}", {"metadata": {"topic": "food"}}, as_=alice
     ).json()
     assert patched["title"] == "Plans"
+    assert patched["metadata"] == {"topic": "food"}
     assert Conversation.objects.get(id=created["id"]).metadata == {"topic": "food"}
     assert patched["updatedAt"] > created["updatedAt"]
 
