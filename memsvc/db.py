@@ -59,21 +59,30 @@ CJK_CHARACTERS = (
 _CJK_RUN = re.compile(f"[{CJK_CHARACTERS}]+")
 
 
+# What ``memsvc_words`` gives the parser for each "<" (conversations migration 0012): a
+# noncharacter, never in a text people exchange, and a blank to the parser. PostgreSQL's
+# parser takes "<" for the start of markup and skips what looks like a tag ("<div>", the
+# "b and c" of "a<b and c>d") and all that follows an unclosed "<script" or "<style".
+MARKUP_STAND_IN = "\ufdd0"
+
 # A CJK character as ``memsvc_words`` spaces it, and as a highlight may mark it.
 _SPACED_CJK = re.compile(f" ?(<b>)?([{CJK_CHARACTERS}])(</b>)? ?")
 
 
 def words_unspaced(text: str) -> str:
     """A text ``memsvc_words`` spaced, back as it was written: the one space it put on each
-    side of a CJK character taken away (its marks, a highlight's ``<b>``, kept). The spaces
-    the text had stay."""
+    side of a CJK character taken away (its marks, a highlight's ``<b>``, kept), each "<"
+    given back. The spaces the text had stay."""
+    text = text.replace(MARKUP_STAND_IN, "<")
     return _SPACED_CJK.sub(r"\1\2\3", text) if _CJK_RUN.search(text) else text
 
 
 def websearch_text(text: str) -> str:
-    """``text`` for ``websearch_to_tsquery``, its CJK as the words index reads them: a run
-    of CJK characters a quoted phrase of them, one word each ("-東京" excludes the texts
-    holding 東 then 京, as "-Tokyo" those holding Tokyo), spaced within a quoted phrase."""
+    """``text`` for ``websearch_to_tsquery``, its words as the words index reads them: a "<"
+    no markup's start (``MARKUP_STAND_IN``); a run of CJK characters a quoted phrase of
+    them, one word each ("-東京" excludes the texts holding 東 then 京, as "-Tokyo" those
+    holding Tokyo), spaced within a quoted phrase."""
+    text = text.replace("<", MARKUP_STAND_IN)
     pieces, quoted, start = [], False, 0
     for match in _CJK_RUN.finditer(text):
         before = text[start : match.start()]

@@ -517,6 +517,15 @@ def test_saving_an_expired_fact_again_keeps_it_as_new(api, helper):
     ]
 
 
+def test_a_memory_holding_a_less_than_sign_is_found_by_its_words_after_it(api, helper):
+    """The words after an unclosed "<style" were not indexed (read as markup)."""
+    save(api, helper, "Put a <style block before the zebrafoo widget", importance=0.5)
+    save(api, helper, "Nothing about it", importance=0.5)
+    assert contents(search(api, helper, "zebrafoo widget", mode="keyword")) == [
+        "Put a <style block before the zebrafoo widget"
+    ]
+
+
 def test_a_memory_is_found_by_keyword_before_it_has_a_vector(api, helper, monkeypatch):
     class Down:
         model = "down"

@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from conversations.models import Channel, Message, Visibility
 from memsvc.api.principals import Principal
-from memsvc.db import CJK_CHARACTERS
+from memsvc.db import CJK_CHARACTERS, MARKUP_STAND_IN, websearch_text
 from search import selectors, statements
 from search.embeddings import EmbeddingError, OllamaBackend, configured_backend
 from search.services import embed_messages, embed_pending
@@ -555,6 +555,31 @@ def test_keywords_find_words_whatever_their_accents(api, alice):
     assert contents(search(api, alice, "Zoë café", mode="keyword")) == ["Meet me at the café"]
 
 
+def test_keywords_find_the_words_around_a_less_than_sign_as_written(api, alice):
+    """Code and formulas hold "<": PostgreSQL's parser took it for markup, skipped what
+    looked like a tag and everything after an unclosed "<script" (review). The words are
+    found, the highlights show the text as written, and a query holding "<" finds them."""
+    conversation = ConversationFactory(group__owner=alice.id)
+    texts = [
+        "Wrap it in <script src=x> for zebrafoo",
+        "Use the <div> element for the zebrafoo layout",
+        "zebrafoo: if a<b and c>d then swap",
+        "<!-- note --> zebrafoo",
+    ]
+    for text in texts:
+        MessageFactory(conversation=conversation, author_name="alice", content=text)
+    hits = search(api, alice, "zebrafoo", mode="keyword", topK=10)
+    assert sorted(contents(hits)) == sorted(texts)
+    # (An extract begins at a word: the comment's "<!--" is before its first.)
+    assert {hit["highlights"] for hit in hits} == {
+        t.replace("zebrafoo", "<b>zebrafoo</b>").removeprefix("<!-- ") for t in texts
+    }
+    [hit] = search(api, alice, "swap", mode="keyword")
+    assert hit["highlights"] == "zebrafoo: if a<b and c>d then <b>swap</b>"
+    assert contents(search(api, alice, "<div> element", mode="keyword")) == [texts[1]]
+    assert contents(search(api, alice, "script -<div>", mode="keyword")) == [texts[0]]
+
+
 def test_keywords_find_chinese_and_japanese_words_inside_a_sentence(api, alice):
     # Written without spaces: to PostgreSQL's parser each sentence was one word.
     conversation = ConversationFactory(group__owner=alice.id)
@@ -580,6 +605,8 @@ def test_the_words_index_and_the_queries_part_the_same_characters():
     with connection.cursor() as cursor:
         cursor.execute("SELECT memsvc_words(%s)", [every])
         assert cursor.fetchone()[0] == re.sub(f"([{CJK_CHARACTERS}])", r" \1 ", every)
+        cursor.execute("SELECT memsvc_words(%s)", ["a<b"])
+        assert cursor.fetchone()[0] == websearch_text("a<b") == f"a{MARKUP_STAND_IN}b"
 
 
 @pytest.mark.parametrize("mode", ["hybrid", "semantic", "keyword"])
