@@ -41,6 +41,7 @@ from memsvc.admin_tools import (
     EmbeddedFilter,
     LargeTableAdmin,
     MetadataChecked,
+    ModelAdmin,
     as_uuid,
     merged_deletions,
     operator,
@@ -137,7 +138,7 @@ class AgentForm(forms.ModelForm):
 
 
 @admin.register(Agent)
-class AgentAdmin(MetadataChecked, DeletedByService, admin.ModelAdmin):
+class AgentAdmin(MetadataChecked, DeletedByService, ModelAdmin):
     form = AgentForm
     list_display = ("name", "id", "owner_principal", "created_at")
     search_fields = ("name", "=owner_principal")
@@ -300,7 +301,7 @@ class NewApiKeyForm(forms.ModelForm):
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin):
+class ApiKeyAdmin(ModelAdmin):
     """Keys are made here through the same service as ``memsvc apikey create``; the secret is
     shown once, in the confirmation message, and never stored."""
 
@@ -494,7 +495,7 @@ class ToolRecordAdmin(AgentColumn, LargeTableAdmin):
 
 
 @admin.register(UserMemorySetting)
-class UserMemorySettingAdmin(admin.ModelAdmin):
+class UserMemorySettingAdmin(ModelAdmin):
     """Read-only: a user turns memory on or off themselves (the memory page). Nor deleted
     here: no row is memory on."""
 

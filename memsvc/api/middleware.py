@@ -134,6 +134,15 @@ def exception_refusal(exception: Exception) -> ApiError:
     return InternalError()
 
 
+def _admin_refusal(request, refusal: ApiError) -> HttpResponseBadRequest | None:
+    """The admin's answer to a request PostgreSQL cannot take (a NUL, a value the database
+    refused: its lists filter on what the query names, a 500 before): Django's own page for a
+    bad request, as the admin has. None for another path."""
+    if not request.path_info.startswith(ADMIN_PREFIX):
+        return None
+    return HttpResponseBadRequest(refusal.message, content_type="text/plain")
+
+
 class ApiErrorMiddleware:
     def __init__(self, get_response):
         self.get_response = get_response
@@ -144,11 +153,7 @@ class ApiErrorMiddleware:
             return response
         refusal = request_refusal(request)
         if refusal is not None:
-            response = render_api_error(request, refusal)
-            if response is None and request.path_info.startswith(ADMIN_PREFIX):
-                # The admin's lists filter on what the query names: a NUL there reached
-                # PostgreSQL (a 500). Django's own page for a bad request, as the admin has.
-                response = HttpResponseBadRequest(refusal.message, content_type="text/plain")
+            response = render_api_error(request, refusal) or _admin_refusal(request, refusal)
             if response is not None:
                 if isinstance(refusal, PayloadTooLarge):
                     discard_body(request)
@@ -175,6 +180,8 @@ class ApiErrorMiddleware:
         refusal = exception_refusal(exception)
         response = render_api_error(request, refusal)
         if response is None:
+            if isinstance(exception, DataError):
+                return _admin_refusal(request, refusal)
             return None  # not an API: Django's own handling
         if isinstance(refusal, InternalError | Unavailable):
             logger.error(

@@ -283,6 +283,47 @@ def test_a_nul_in_a_list_filter_is_a_bad_request_not_a_500(operator, memories, c
     assert b"NUL" in response.content
 
 
+@pytest.mark.parametrize(
+    ("changelist", "query"),
+    [
+        ("conversations_message_changelist", "content__regex=("),
+        ("conversations_message_changelist", "content__iregex=%5B"),
+        ("conversations_message_changelist", "content__trigram_similar=x"),
+        ("conversations_message_changelist", "created_at__year=-5"),
+        ("conversations_message_changelist", "conversation__title__regex=("),
+        ("agents_api_memory_changelist", "tags__contains=zz"),
+        ("agents_api_memory_changelist", "tags__overlap=zz"),
+        ("agents_api_memory_changelist", "expires_at__year=99999"),
+        ("agents_api_agent_changelist", "name__regex=("),
+    ],
+)
+def test_a_lookup_no_filter_of_the_admin_writes_is_a_bad_request(
+    operator, memories, changelist, query
+):
+    """A list's query may name any lookup of a field: PostgreSQL refused the value (a bad
+    regular expression, an array of "zz"), Python the year, or no operator took it: 500s
+    (review). Only the lookups of the admin's own filters and links are taken."""
+    response = operator.get(f"{reverse(f'admin:{changelist}')}?{query}")
+    assert response.status_code == 400, response.content[:200]
+
+
+@pytest.mark.django_db(transaction=True)  # (the refused statement ends the transaction)
+def test_a_value_postgresql_refuses_in_a_list_filter_is_a_bad_request(operator, memories):
+    """An exact lookup is taken, and PostgreSQL refuses "zz" for an array: a 400 too."""
+    response = operator.get(f"{reverse('admin:agents_api_memory_changelist')}?tags=zz")
+    assert response.status_code == 400, response.content[:200]
+    assert b"cannot be stored" in response.content
+
+
+def test_the_lookups_of_the_admins_own_filters_and_links_are_taken(operator, memories):
+    memory = reverse("admin:agents_api_memory_changelist")
+    agent_id = Agent.objects.get(name="helper").id
+    for query in [f"agent__id__exact={agent_id}", "source__exact=api", "importance__gte=0.5"]:
+        assert operator.get(f"{memory}?{query}").status_code == 200, query
+    keys = reverse("admin:agents_api_apikey_changelist")
+    assert operator.get(f"{keys}?revoked_at__isempty=1").status_code == 200
+
+
 @pytest.mark.parametrize("model", [Conversation, Agent])
 @pytest.mark.parametrize(
     ("metadata", "problem"),
