@@ -430,6 +430,21 @@ def test_sharing_makes_the_conversation_appear_for_the_other_person(alice_page, 
     assert bob_page.get(page_of(conversation)).status_code == 200
 
 
+def test_an_offer_to_someone_not_yet_a_member_names_the_conversation_without_a_link(
+    alice_page, bob_page
+):
+    """Its link led the one offered it to a 404: they may not open it before they accept."""
+    conversation = conversation_of("alice", "Handover", "hi")
+    transfer = reverse("pages:transfer", args=[conversation.id])
+    assert alice_page.post(transfer, {"newOwnerUserId": "bob"}).status_code == 302
+    bob_sees = bob_page.get("/app/").content.decode()
+    assert "alice</strong> offers you “Handover”." in bob_sees
+    assert page_of(conversation) not in bob_sees
+    assert f'You offered <a href="{page_of(conversation)}">“Handover”</a> to' in (
+        alice_page.get("/app/").content.decode()
+    )
+
+
 def test_ownership_transfer_offered_accepted_and_declined(alice_page, bob_page, charlie_page):
     conversation = conversation_of(
         "alice", "Handover", "hi", shared=[("bob", "writer"), ("charlie", "reader")]

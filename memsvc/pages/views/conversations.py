@@ -40,6 +40,15 @@ def home(request):
     )
     transfers = selectors.transfers_for(request.principal, status=None)
     prefetch_related_objects(transfers, "conversation")  # their titles, in one query
+    # Which of them the person may open: one offered to them may be of a group they are not
+    # in yet (its link was a 404).
+    opened = set(
+        selectors.visible_conversation_ids(request.principal)
+        .filter(id__in=[transfer.conversation_id for transfer in transfers])
+        .values_list("id", flat=True)
+    )
+    for transfer in transfers:
+        transfer.opens = transfer.conversation_id in opened
     context = {
         "conversations": conversations,
         "transfers": transfers,
