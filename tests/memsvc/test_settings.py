@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from urllib.parse import quote
 
@@ -308,13 +309,56 @@ def test_the_last_process_to_exit_stops_the_server_though_one_was_killed(tmp_pat
     its exit. The dead are dropped, and the last one alive stops it."""
     data_dir = tmp_path / "data"
     query = "from django.db import connection; connection.cursor().execute('SELECT 1');"
-    killed = run_django({"MEMSVC_DATA_DIR": str(data_dir)}, query + "import os; os._exit(0)")
+    unwatched = "import memsvc.embedded_db as e; e.WATCH_SECONDS = 30;"  # (the next test's)
+    killed = run_django(
+        {"MEMSVC_DATA_DIR": str(data_dir)}, unwatched + query + "import os; os._exit(0)"
+    )
     assert killed.returncode == 0, killed.stderr
     assert postgres_servers_of(data_dir)  # (left running, its holder gone)
     result = run_django({"MEMSVC_DATA_DIR": str(data_dir)}, query)
     assert result.returncode == 0, result.stderr
     assert postgres_servers_of(data_dir) == []
     assert not (data_dir / "pgdata" / "postmaster.pid").exists()
+
+
+def test_a_server_whose_holders_were_all_killed_is_stopped_by_its_watcher(tmp_path):
+    """``kill -9`` of ``memsvc serve`` ended its children with it, some without their exit
+    hooks (Celery's pool processes): no holder was left to stop the server, which ran on for
+    good (review). The watcher started with it stops it once no holder is alive, and not
+    while one is."""
+    data_dir = tmp_path / "data"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import memsvc.embedded_db as e; e.WATCH_SECONDS = 0.5;"
+            "import django; django.setup();"
+            "from django.db import connection; connection.cursor().execute('SELECT 1');"
+            "print('holding', flush=True); import time; time.sleep(120)",
+        ],
+        cwd=ROOT,
+        env=django_env({"MEMSVC_DATA_DIR": str(data_dir)}),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline() == "holding\n"
+        pid = int((data_dir / "pgdata" / "postmaster.pid").read_text().split()[0])
+        postmaster = psutil.Process(pid)
+        [watcher] = [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if "memsvc.embedded_db" in (p.info["cmdline"] or [])
+            and str(data_dir) in " ".join(p.info["cmdline"])
+        ]
+        time.sleep(2)  # four looks of the watcher
+        assert postmaster.is_running()
+    finally:
+        holder.kill()  # (no exit hook runs)
+        holder.wait()
+    postmaster.wait(timeout=30)
+    assert postgres_servers_of(data_dir) == []
+    watcher.wait(timeout=10)  # and it ends
 
 
 def test_the_list_of_holders_is_rewritten_under_the_packages_lock(tmp_path, monkeypatch):
