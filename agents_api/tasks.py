@@ -14,7 +14,7 @@ from agents_api import extraction, services, sleeptime
 from agents_api.models import Agent, SummarySource
 from conversations.models import Conversation
 from memsvc.broker import TRANSIENT
-from memsvc.celery import app
+from memsvc.celery import app, sent
 from memsvc.llm import LLMError, llm_configured
 from search.embeddings import EmbeddingError
 from search.tasks import TransientEmbeddingError
@@ -127,11 +127,8 @@ def _send(ids: list[str]) -> None:
     broker does not wait for the disk: a use count need not outlive a crash of the machine,
     and every memory search waited about 1-4 ms for the ``fsync``); with the broker down,
     at once (one cheap UPDATE): a search never fails for its bookkeeping."""
-    try:
-        touch_memories_task.apply_async(args=[ids], retry=False, delivery_mode=TRANSIENT)
+    if sent(touch_memories_task, [ids], instead="counted now", delivery_mode=TRANSIENT):
         return
-    except Exception as exc:  # any broker failure: kombu, redis, amqp, OS errors
-        logger.warning("could not enqueue a memory touch (%s); counted now", exc)
     try:
         # A savepoint: a failed UPDATE must not break a transaction the caller is in.
         with transaction.atomic():
@@ -223,14 +220,9 @@ def enqueue_memory_extraction(agent: Agent, conversation: Conversation) -> None:
     """
 
     def enqueue():
-        if not extraction.extraction_due(agent, conversation):
-            return
-        try:
-            extract_memories_task.apply_async(
-                args=[str(agent.id), str(conversation.id)], retry=False
-            )
-        except Exception as exc:  # any broker failure: kombu, redis, amqp, OS errors
-            logger.warning("could not enqueue a memory extraction (%s); next turn will", exc)
+        if extraction.extraction_due(agent, conversation):
+            args = [str(agent.id), str(conversation.id)]
+            sent(extract_memories_task, args, instead="the next turn will")
 
     transaction.on_commit(enqueue, robust=True)
 
@@ -278,10 +270,9 @@ def enqueue_tool_record_observation(records) -> None:
 
     def enqueue():
         for record_id in record_ids:
-            try:
-                observe_tool_record_task.apply_async(args=[str(record_id)], retry=False)
-            except Exception as exc:  # any broker failure: kombu, redis, amqp, OS errors
-                logger.warning("could not enqueue the observer (%s); fallback summaries kept", exc)
+            if not sent(
+                observe_tool_record_task, [str(record_id)], instead="fallback summaries kept"
+            ):
                 return
 
     transaction.on_commit(enqueue, robust=True)
@@ -311,11 +302,7 @@ def enqueue_letta_observation(agent: Agent) -> None:
     def enqueue():
         # As committed: the capture may have made the agent's conversation.
         fresh = Agent.objects.filter(pk=agent.pk).first()
-        if fresh is None or not sleeptime.observation_due(fresh):
-            return
-        try:
-            observe_letta_turns_task.apply_async(args=[str(agent.id)], retry=False)
-        except Exception as exc:  # any broker failure: kombu, redis, amqp, OS errors
-            logger.warning("could not enqueue a sleeptime observation (%s); next capture will", exc)
+        if fresh is not None and sleeptime.observation_due(fresh):
+            sent(observe_letta_turns_task, [str(agent.id)], instead="the next capture will")
 
     transaction.on_commit(enqueue, robust=True)

@@ -1,11 +1,15 @@
 """The Celery application. Configuration comes from Django settings (``CELERY_*``)."""
 
+import logging
 import os
 from pathlib import Path
 
 from celery import Celery
 from celery.signals import before_task_publish, worker_init
+from kombu.exceptions import OperationalError
 from kombu.transport import TRANSPORT_ALIASES
+
+from memsvc.outage import Outage
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memsvc.settings")
 
@@ -24,6 +28,8 @@ def route(name, args, kwargs, options, task=None, **kw) -> dict | None:
         return {"queue": settings.MEMSVC_LLM_QUEUE}
     return None
 
+
+logger = logging.getLogger(__name__)
 
 app = Celery("memsvc")
 app.config_from_object("django.conf:settings", namespace="CELERY")
@@ -55,3 +61,26 @@ def broker_reachable(timeout: float = 1.0) -> bool:
     except Exception:  # kombu raises the transport's own errors, whatever they are
         return False
     return True
+
+
+# A broker that failed a send is not asked again for this long (``sent``): every append of
+# an outage waited for its connection timeout (3 s).
+BROKER_OUTAGE = Outage(seconds=5.0)
+
+
+def sent(task, args=(), *, instead: str, **options) -> bool:
+    """Whether ``task`` (with ``args``, and ``apply_async``'s ``options``) was handed to a
+    worker. When the broker fails, or failed a moment ago (``BROKER_OUTAGE``), False, and
+    a warning says what happens ``instead`` ("the sweep will"): a request never fails for
+    its background work, nor waits for a broker that is down."""
+    if BROKER_OUTAGE.ongoing:
+        logger.info("the broker is down: %s not sent; %s", task.name, instead)
+        return False
+    try:
+        task.apply_async(args=list(args), retry=False, **options)
+        return True
+    except Exception as exc:  # any broker failure: kombu, redis, amqp, OS errors
+        if isinstance(exc, OperationalError | OSError):  # (it could not be reached)
+            BROKER_OUTAGE.began()
+        logger.warning("could not send %s (%s); %s", task.name, exc, instead)
+        return False

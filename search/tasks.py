@@ -6,7 +6,7 @@ from celery.utils.log import get_task_logger
 from django.db import OperationalError
 
 from memsvc.broker import TRANSIENT
-from memsvc.celery import app
+from memsvc.celery import app, sent
 from search import services
 from search.embeddings import EmbeddingError
 
@@ -69,9 +69,4 @@ def enqueue_embedding(message_ids: Sequence) -> None:
     (an append waited about 0.5-0.7 ms for the ``fsync``; docs/benchmarks.md, "An Intel host
     again"), and a message lost with the machine is the sweep's."""
     ids = [str(message_id) for message_id in message_ids]
-    try:
-        embed_messages_task.apply_async(args=[ids], retry=False, delivery_mode=TRANSIENT)
-    except Exception as exc:  # any broker failure: kombu, redis, amqp, OS errors
-        logger.warning(
-            "could not enqueue %d messages for embedding (%s); the sweep will", len(ids), exc
-        )
+    sent(embed_messages_task, [ids], instead="the sweep will", delivery_mode=TRANSIENT)

@@ -111,6 +111,17 @@ def celery_runs_tasks_inline():
     app.conf.task_always_eager = False
 
 
+@pytest.fixture(autouse=True)
+def no_outage_is_remembered():
+    """A test's broker or Redis is up until it fails in that test (a process remembers a
+    failure a few seconds: ``memsvc.outage``)."""
+    from memsvc.api.ratelimit import REDIS_OUTAGE
+    from memsvc.celery import BROKER_OUTAGE
+
+    BROKER_OUTAGE.end()
+    REDIS_OUTAGE.end()
+
+
 @pytest.fixture
 def dead_broker():
     """A broker nobody listens on, and tasks really sent to it (not run inline)."""

@@ -36,6 +36,7 @@ from conversations.models import (
     TransferStatus,
 )
 from conversations.selectors import WRITING_LEVELS, conversations_owned_by, said_by
+from memsvc.celery import sent
 from memsvc.db import held_keys
 from search.services import EMBED_BATCH
 from search.tasks import enqueue_embedding
@@ -320,7 +321,7 @@ def _swept_on_commit(sweep) -> None:
     """Restored rows get their vectors as soon as the import commits (``sweep``, the task
     that embeds what waits), not at the sweep's next run, up to a minute later; a broker
     that is down leaves them to that run."""
-    transaction.on_commit(lambda: sweep.apply_async(retry=False), robust=True)
+    transaction.on_commit(lambda: sent(sweep, instead="the next sweep will"), robust=True)
 
 
 def restore_memories(subject, records: list[dict]) -> int:

@@ -44,6 +44,7 @@ from django.http import HttpResponse
 from rest_framework.throttling import BaseThrottle
 
 from memsvc.api.errors import RateLimited, render_api_error
+from memsvc.outage import Outage
 
 logger = logging.getLogger(__name__)
 
@@ -159,6 +160,11 @@ def _window() -> tuple[int, int]:
     return start, max(1, int(start + WINDOW_SECONDS - now + 0.999))
 
 
+# Redis that failed a count is not asked again for this long (``_counted``): each request
+# of an outage waited for its timeout (1 s), before the broker's.
+REDIS_OUTAGE = Outage(seconds=5.0)
+
+
 def _counted(
     operation: str, bucket: str, window: tuple[int, int] | None = None
 ) -> tuple[int, int] | None:
@@ -171,9 +177,12 @@ def _counted(
     if isinstance(counter, RedisCounter):
         import redis
 
+        if REDIS_OUTAGE.ongoing:
+            return None
         try:
             return getattr(counter, operation)(bucket, window_start), left
         except redis.RedisError as exc:
+            REDIS_OUTAGE.began()
             logger.warning("rate limits not enforced: Redis unreachable (%s)", exc)
             return None
     return getattr(counter, operation)(bucket, window_start), left

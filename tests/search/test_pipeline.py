@@ -123,9 +123,10 @@ def test_handing_work_to_a_broker_that_is_down_waits_at_most_the_connection_time
     code = (
         "import time, django; django.setup()\n"
         "from search.tasks import enqueue_embedding\n"
-        "started = time.monotonic()\n"
-        "enqueue_embedding(['00000000-0000-0000-0000-000000000000'])\n"
-        "print(time.monotonic() - started)\n"
+        "for _ in range(3):\n"
+        "    started = time.monotonic()\n"
+        "    enqueue_embedding(['00000000-0000-0000-0000-000000000000'])\n"
+        "    print(time.monotonic() - started)\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code],
@@ -137,7 +138,11 @@ def test_handing_work_to_a_broker_that_is_down_waits_at_most_the_connection_time
     )
     assert result.returncode == 0, result.stderr
     assert "the sweep will" in result.stderr
-    assert float(result.stdout) < settings.CELERY_BROKER_CONNECTION_TIMEOUT + 1
+    first, *then = (float(seconds) for seconds in result.stdout.split())
+    assert first < settings.CELERY_BROKER_CONNECTION_TIMEOUT + 1
+    # The appends after it, in the same outage, do not wait for the broker again (each did:
+    # review). (Ceilings for slow machines, not speed targets.)
+    assert all(seconds < 0.5 for seconds in then), then
 
 
 def test_the_sweep_leaves_fresh_messages_to_their_own_task(api, alice, conversation):

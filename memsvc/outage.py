@@ -1,0 +1,25 @@
+"""A service found down, not asked again for a while (the broker, Redis): each call to one that
+does not answer waits for its timeout, and every request of an outage paid it again (an append
+with Redis stopped: 4 s, its broker's 3 and the rate limit's 1; review)."""
+
+import time
+
+
+class Outage:
+    """Whether a service failed less than ``seconds`` ago (``ongoing``): a caller that does
+    without it meanwhile does so at once. Per process; a thread may ask while another
+    records a failure (one float read or written)."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self._began = float("-inf")  # (time.monotonic)
+
+    @property
+    def ongoing(self) -> bool:
+        return time.monotonic() - self._began < self.seconds
+
+    def began(self) -> None:
+        self._began = time.monotonic()
+
+    def end(self) -> None:
+        self._began = float("-inf")
