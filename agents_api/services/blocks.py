@@ -122,6 +122,11 @@ def memory_block_update(
         new_value = new_value.replace(old, new, 1)
     new_limit = block.limit if limit is None else limit
     _check_fits(new_value, new_limit, field if limit is None else "limit")
+    if (new_value, new_limit) == (block.value, block.limit) and all(
+        given in (None, now)
+        for given, now in ((description, block.description), (label, block.label))
+    ):
+        return block  # nothing changes, not even ``updatedAt`` (as a conversation's)
     changed = new_value != block.value
     block.value = new_value
     block.limit = new_limit

@@ -442,6 +442,10 @@ def _write_memory_update(
     _hold_cited_messages(new_citations)
     memory = locked_row(Memory.objects, pk, missing="memory not found")
     refuse_if_memory_off(memory.user_id, lock=True)
+    if content in (None, memory.content) and all(
+        getattr(memory, name) == value for name, value in changes.items()
+    ):
+        return memory  # nothing changes, not even ``updatedAt`` (as a conversation's)
     if content is not None and content != memory.content:
         hashed = content_hash(content)
         if hashed != memory.content_hash:  # (another fact: an expired copy of it is gone)

@@ -713,6 +713,17 @@ def test_get_patch_and_delete(api, helper):
     assert api.get(url, as_=helper).status_code == 404
 
 
+def test_a_patch_that_changes_nothing_leaves_the_memory_as_it_was(api, helper):
+    """(Each moved ``updatedAt``: a memory looked edited when nothing had changed; review.)"""
+    memory = save(api, helper, "Uses vim", tags=["editor"], importance=0.4)
+    url = f"{MEMORIES}/{memory['id']}"
+    for body in [{}, {"content": "Uses vim", "tags": ["editor"], "importance": 0.4}]:
+        response = api.patch(url, body, as_=helper)
+        assert response.status_code == 200, response.content
+        assert response.json()["updatedAt"] == memory["updatedAt"]
+    assert api.patch(url, {"importance": 0.5}, as_=helper).json()["updatedAt"] > memory["updatedAt"]
+
+
 def test_an_id_in_a_path_is_read_in_either_case(api, helper, alice):
     """As a body's ids are: a client that writes UUIDs in capitals (Swift's ``uuidString``)
     got "no such route"."""

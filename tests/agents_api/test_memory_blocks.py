@@ -99,6 +99,23 @@ def test_a_label_no_url_reaches_is_refused_through_every_door(api, client, helpe
     assert not MemoryBlock.objects.filter(label=label).exists()
 
 
+def test_a_write_that_changes_nothing_leaves_the_block_as_it_was(api, helper):
+    """(Each moved ``updatedAt``, with no revision to say what changed; review.)"""
+    block = create_block(api, helper, label="notes", value="v1", description="d")
+    path = f"{BLOCKS}/notes"
+    for method, body in [
+        ("PATCH", {}),
+        ("PUT", {"value": "v1"}),
+        ("PATCH", {"value": "v1", "description": "d", "limit": block["limit"]}),
+    ]:
+        response = api.call(method, path, as_=helper, body=body)
+        assert response.status_code == 200, response.content
+        assert response.json()["updatedAt"] == block["updatedAt"], (method, body)
+    assert api.get(f"{path}/revisions", as_=helper).json()["data"][0]["value"] == "v1"
+    changed = api.patch(path, {"description": "other"}, as_=helper).json()
+    assert changed["updatedAt"] > block["updatedAt"]
+
+
 def test_a_label_stored_before_the_name_rule_is_still_reached(api, helper):
     """Only a label given is held to the rule, not one a route looks up: a block stored
     before it (or by the admin's shell) is read, written and deleted as ever."""
