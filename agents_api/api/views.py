@@ -3,7 +3,6 @@
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
 from agents_api import selectors as agent_selectors
 from agents_api import services as agent_services
@@ -44,6 +43,7 @@ from memsvc.api.pagination import (
 )
 from memsvc.api.principals import PRINCIPAL_MAX_LENGTH
 from memsvc.api.schema import errors, listed, paged
+from memsvc.api.views import ApiView
 from memsvc.validators import as_uuid
 from search.selectors import search_messages
 
@@ -83,7 +83,7 @@ def agent_operation(operation_id: str, *, parameters=(), **kwargs):
     )
 
 
-class AgentApiView(APIView):
+class AgentApiView(ApiView):
     authentication_classes = [ApiKeyAuthentication]
     permission_classes = [IsAuthenticated, HasScope]
 

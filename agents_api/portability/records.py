@@ -36,6 +36,7 @@ from memsvc.api.fields import (
     JSONValueField,
     MessageContentField,
     MetadataField,
+    MomentField,
     TextField,
     json_typed,
 )
@@ -95,9 +96,9 @@ class ConversationRecord(Record):
         source="forked_at_conversation_id", allow_null=True
     )
     forkedAtMessageId = serializers.UUIDField(source="forked_at_message_id", allow_null=True)
-    createdAt = serializers.DateTimeField(source="created_at")
-    updatedAt = serializers.DateTimeField(source="updated_at")
-    seenAt = serializers.DateTimeField(
+    createdAt = MomentField(source="created_at")
+    updatedAt = MomentField(source="updated_at")
+    seenAt = MomentField(
         source="seen_at",
         required=False,
         help_text="Its latest change that its users see (absent: updatedAt).",
@@ -111,7 +112,7 @@ class MembershipRecord(Record):
     conversationGroupId = serializers.UUIDField(source="group_id")
     userId = serializers.CharField(source="principal_id", max_length=PRINCIPAL_MAX_LENGTH)
     accessLevel = ChoiceField(source="access_level", choices=AccessLevel.choices)
-    createdAt = serializers.DateTimeField(source="created_at")
+    createdAt = MomentField(source="created_at")
 
     class Meta:
         ref_name = "ExportedMembership"
@@ -148,7 +149,7 @@ class MessageRecord(Record):
     content = serializers.CharField()
     metadata = serializers.JSONField()
     parentMessageId = serializers.UUIDField(source="parent_message_id", allow_null=True)
-    createdAt = serializers.DateTimeField(source="created_at")
+    createdAt = MomentField(source="created_at")
     writtenFor = SubjectField(
         source="written_for",
         required=False,
@@ -179,8 +180,8 @@ class TransferRecord(Record):
     fromUserId = serializers.CharField(source="from_principal", max_length=PRINCIPAL_MAX_LENGTH)
     toUserId = serializers.CharField(source="to_principal", max_length=PRINCIPAL_MAX_LENGTH)
     status = ChoiceField(choices=TransferStatus.choices)
-    createdAt = serializers.DateTimeField(source="created_at")
-    resolvedAt = serializers.DateTimeField(source="resolved_at", allow_null=True)
+    createdAt = MomentField(source="created_at")
+    resolvedAt = MomentField(source="resolved_at", allow_null=True)
 
     class Meta:
         ref_name = "ExportedOwnershipTransfer"
@@ -199,10 +200,10 @@ class MemoryRecord(Record):
     messageIds = MessageIdsField(source="message_ids", required=False, default=list)
     source = ChoiceField(choices=MemorySource.choices)
     accessCount = serializers.IntegerField(source="access_count", min_value=0, max_value=2**31 - 1)
-    lastAccessedAt = serializers.DateTimeField(source="last_accessed_at", allow_null=True)
-    expiresAt = serializers.DateTimeField(source="expires_at")
-    createdAt = serializers.DateTimeField(source="created_at")
-    updatedAt = serializers.DateTimeField(source="updated_at")
+    lastAccessedAt = MomentField(source="last_accessed_at", allow_null=True)
+    expiresAt = MomentField(source="expires_at")
+    createdAt = MomentField(source="created_at")
+    updatedAt = MomentField(source="updated_at")
 
     class Meta:
         ref_name = "ExportedMemory"
@@ -212,7 +213,7 @@ class MemorySettingRecord(Record):
     """Whether the user lets agents remember them (``UserMemorySetting``; no record: on)."""
 
     memoryEnabled = serializers.BooleanField(source="memory_enabled")
-    updatedAt = serializers.DateTimeField(source="updated_at")
+    updatedAt = MomentField(source="updated_at")
 
     class Meta:
         ref_name = "ExportedMemorySetting"
@@ -221,7 +222,7 @@ class MemorySettingRecord(Record):
 class MemoryBlockRevisionRecord(Record):
     value = TextField(allow_blank=True)
     actor = serializers.CharField(source="actor_principal", max_length=PRINCIPAL_MAX_LENGTH)
-    createdAt = serializers.DateTimeField(source="created_at")
+    createdAt = MomentField(source="created_at")
 
     class Meta:
         ref_name = "ExportedMemoryBlockRevision"
@@ -238,8 +239,8 @@ class MemoryBlockRecord(Record):
     description = BlockDescriptionField()
     limit = BlockLimitField()
     readOnly = serializers.BooleanField(source="read_only")
-    createdAt = serializers.DateTimeField(source="created_at")
-    updatedAt = serializers.DateTimeField(source="updated_at")
+    createdAt = MomentField(source="created_at")
+    updatedAt = MomentField(source="updated_at")
     revisions = MemoryBlockRevisionRecord(
         many=True, source="exported_revisions", help_text="Every change, oldest first."
     )
@@ -277,7 +278,7 @@ class AgentRecord(Record):
     ownerPrincipal = serializers.CharField(
         source="owner_principal", max_length=PRINCIPAL_MAX_LENGTH
     )
-    createdAt = serializers.DateTimeField(source="created_at")
+    createdAt = MomentField(source="created_at")
 
     class Meta:
         ref_name = "ExportedAgent"
@@ -300,7 +301,7 @@ class ToolRecordRecord(Record):
     output = JSONValueField(source="raw_output", max_bytes=TOOL_JSON_MAX_BYTES)
     summary = TextField(max_length=10_000)
     summarySource = ChoiceField(source="summary_source", choices=SummarySource.choices)
-    createdAt = serializers.DateTimeField(source="created_at")
+    createdAt = MomentField(source="created_at")
 
     class Meta:
         ref_name = "ExportedToolRecord"

@@ -69,8 +69,8 @@ def parse_limit(
     field: str = "limit",
 ) -> int:
     """``?limit=`` (or another count): ``minimum``..``maximum``; 400 (``InvalidInput``)
-    naming ``field`` otherwise."""
-    if raw is None or raw == "":
+    naming ``field`` otherwise, an empty one too (``?limit=`` is not one left out)."""
+    if raw is None:
         return default
     # Digits only: Python's int() also reads "1_000", " 10" and other scripts' digits.
     if not _INTEGER.fullmatch(raw):

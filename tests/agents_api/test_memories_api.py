@@ -713,6 +713,30 @@ def test_get_patch_and_delete(api, helper):
     assert api.get(url, as_=helper).status_code == 404
 
 
+@pytest.mark.parametrize(
+    ("expires_at", "status"),
+    [
+        ("2031-05-06", 400),  # a date alone: which moment of it, where?
+        ("2031-05-06T10:00:00", 400),  # a time without its offset
+        ("2031-05-06T10:00:00+25:00", 400),
+        ("next week", 400),
+        ("2031-05-06t10:00:00z", 201),  # RFC 3339 in lower case
+        ("2031-05-06 10:00:00+02:00", 201),  # as Python writes one
+        ("2031-05-06T10:00:00.123456Z", 201),
+    ],
+)
+def test_a_time_is_taken_with_its_offset_as_rfc_3339_writes_it(api, helper, expires_at, status):
+    """The schema says ``date-time``: a date alone and a time without its offset were read
+    in the server's zone, and RFC 3339's lower-case ``t`` and ``z`` refused (review)."""
+    response = api.post(
+        MEMORIES, {"content": "Quinn keeps bees", "expiresAt": expires_at}, as_=helper
+    )
+    assert response.status_code == status, response.content
+    if status == 400:
+        assert "RFC 3339" in response.json()["details"]["expiresAt"][0]
+        assert not Memory.objects.exists()
+
+
 def test_a_patch_that_changes_nothing_leaves_the_memory_as_it_was(api, helper):
     """(Each moved ``updatedAt``: a memory looked edited when nothing had changed; review.)"""
     memory = save(api, helper, "Uses vim", tags=["editor"], importance=0.4)

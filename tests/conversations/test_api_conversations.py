@@ -175,6 +175,26 @@ def test_the_query_matches_the_titles_and_metadata_values_not_the_json_around_th
     assert api.get("/v1/user/conversations", as_=alice, query="\\").status_code == 200
 
 
+@pytest.mark.parametrize(
+    ("path", "query"),
+    [
+        ("/v1/user/conversations", "limit="),  # (an empty one was the default's 20)
+        ("/v1/user/conversations", "limit=abc&limit=2"),  # (read as its last)
+        ("/v1/user/conversations", "query=a&query=b"),
+        ("/v1/agent/memories", "order=popular&order=recent"),
+        ("/v1/agent/memories", "limit="),
+    ],
+)
+def test_a_query_parameter_empty_or_given_twice_is_400(api, alice, path, query):
+    from tests.agents_api.conftest import make_agent
+
+    who = alice if path.startswith("/v1/user") else make_agent("helper")
+    response = api.get(f"{path}?{query}", as_=who)
+    assert response.status_code == 400, response.content
+    name = query.split("=")[0]
+    assert response.json()["details"] == {name: [response.json()["details"][name][0]]}
+
+
 def test_walking_conversation_pages_returns_each_once(api, alice):
     ids = {create(api, alice, title=f"c{i}")["id"] for i in range(7)}
     walked = walk(api, alice, "/v1/user/conversations", limit=3)
