@@ -153,7 +153,12 @@ class Membership(models.Model):
 
     class Meta:
         db_table = "membership"
-        indexes = [models.Index(fields=["principal_id", "group"], name="membership_principal")]
+        indexes = [
+            models.Index(fields=["principal_id", "group"], name="membership_principal"),
+            # A principal's memberships made since a moment: the conversations given to them
+            # while they walk their list (``selectors.activity_page``).
+            models.Index(fields=["principal_id", "created_at"], name="membership_principal_joined"),
+        ]
         constraints = [
             models.UniqueConstraint(fields=["group", "principal_id"], name="membership_unique"),
             models.UniqueConstraint(

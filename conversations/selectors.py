@@ -307,7 +307,13 @@ def conversation_page(
         queryset = queryset.filter(
             Q(title__icontains=query) | MetadataValueContains("metadata", Value(pattern))
         )
-    page = activity_page(queryset, column=activity_column(principal), after=after, limit=limit)
+    page = activity_page(
+        queryset,
+        column=activity_column(principal),
+        memberships=Membership.objects.filter(principal_id__in=principal.member_ids),
+        after=after,
+        limit=limit,
+    )
     _previewed_through_forks(page.rows)
     return page
 
@@ -325,7 +331,12 @@ CURSOR_MOMENTS = (
 
 
 def activity_page(
-    queryset: QuerySet[Conversation], *, column: str, after: str | None, limit: int
+    queryset: QuerySet[Conversation],
+    *,
+    column: str,
+    memberships: QuerySet[Membership],
+    after: str | None,
+    limit: int,
 ) -> Page:
     """A page of conversations, latest activity first, where a walk of the pages loses
     none: one that has activity meanwhile moves ahead of the cursor, where no page of the
@@ -337,33 +348,34 @@ def activity_page(
     The cursor holds the pass (from when its conversations had activity: "" for any time;
     and since when: what moved after, the next pass lists) and the last row's sort key.
     ``column``: the time of activity (``activity_column``); ``queryset`` holds ``joined_at``
-    (``conversations_visible_to``).
+    (``conversations_visible_to``); ``memberships``: the principal's.
     """
     order = (f"-{column}", "id")
-
-    def moved_after(moment) -> Q:
-        return Q(**{f"{column}__gt": moment}) | Q(joined_at__gt=moment)
-
+    later = f"{column}__gt"
     if after:
         lower, since, key = _activity_cursor(after)
     else:
         lower, since, key = None, timezone.now(), None
     rows = queryset
     if lower is not None:
-        rows = rows.filter(moved_after(lower))
+        rows = rows.filter(Q(**{later: lower}) | Q(joined_at__gt=lower))
     if key is not None:
         rows = rows.filter(beyond(order, key))
-    # Whether any moved since the pass began: asked once with the page (an InitPlan), not
-    # by a query of its own; it only matters on the pass's last page.
+    # Whether any moved since the pass began: asked once with the page (InitPlans), not by
+    # a query of its own; it only matters on the pass's last page. Each side by its own
+    # index: asked as one condition over the join, every conversation of the principal was
+    # read (a user of 20,000: 7 ms a page).
+    moved_since = (queryset.filter(**{later: since}), memberships.filter(created_at__gt=since))
+    moved_now = Q(Exists(moved_since[0])) | Q(Exists(moved_since[1]))
     rows = list(
-        rows.annotate(_moved=Exists(queryset.filter(moved_after(since)))).order_by(*order)[
+        rows.annotate(_moved=ExpressionWrapper(moved_now, BooleanField())).order_by(*order)[
             : limit + 1
         ]
     )
     if len(rows) > limit:
         rows = rows[:limit]
         return Page(rows, _activity_cursor_of(lower, since, getattr(rows[-1], column), rows[-1].id))
-    moved = rows[0]._moved if rows else queryset.filter(moved_after(since)).exists()
+    moved = rows[0]._moved if rows else any(moved.exists() for moved in moved_since)
     if not moved:
         return Page(rows, None)
     return Page(rows, _activity_cursor_of(since - CATCH_UP_OVERLAP, timezone.now()))
