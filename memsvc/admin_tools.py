@@ -63,7 +63,9 @@ def lookups_named(model, lookup: str) -> list[str]:
     parts = lookup.split(LOOKUP_SEP)
     for index, part in enumerate(parts):
         try:
-            field = model._meta.get_field(part)
+            # (``pk`` names the primary key to a queryset, not to ``get_field``: its lookups
+            # went unchecked, ``?pk__regex=``; review)
+            field = model._meta.pk if part == "pk" else model._meta.get_field(part)
         except FieldDoesNotExist:
             return parts[index:] if index else []
         if not field.is_relation:

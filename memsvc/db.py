@@ -64,6 +64,10 @@ _CJK_RUN = re.compile(f"[{CJK_CHARACTERS}]+")
 # parser takes "<" for the start of markup and skips what looks like a tag ("<div>", the
 # "b and c" of "a<b and c>d") and all that follows an unclosed "<script" or "<style".
 MARKUP_STAND_IN = "\ufdd0"
+# The same translation as ``memsvc_words``': a text that holds the stand-in itself has a
+# U+FFFD in its place, never read back as a "<" (a highlight showed "<script>" that the
+# text never held; review).
+_WORDS_TRANSLATION = str.maketrans({"<": MARKUP_STAND_IN, MARKUP_STAND_IN: "\ufffd"})
 
 # A CJK character as ``memsvc_words`` spaces it, and as a highlight may mark it.
 _SPACED_CJK = re.compile(f" ?(<b>)?([{CJK_CHARACTERS}])(</b>)? ?")
@@ -82,7 +86,7 @@ def websearch_text(text: str) -> str:
     no markup's start (``MARKUP_STAND_IN``); a run of CJK characters a quoted phrase of
     them, one word each ("-東京" excludes the texts holding 東 then 京, as "-Tokyo" those
     holding Tokyo), spaced within a quoted phrase."""
-    text = text.replace("<", MARKUP_STAND_IN)
+    text = text.translate(_WORDS_TRANSLATION)
     pieces, quoted, start = [], False, 0
     for match in _CJK_RUN.finditer(text):
         before = text[start : match.start()]

@@ -132,11 +132,14 @@ class MemoryBlockRevisionOut(serializers.Serializer):
 
 class LabelField(PathSegmentField):
     """A block's label as it is given (made or renamed), whichever API gives it: a name
-    (``NAME_RULES``) and a segment of its routes."""
+    (``NAME_RULES``) and a segment of its routes. ``restored``: one a document brings back
+    as it was stored, held to the rules of its routes only (one stored before the name
+    rule was reached, and exported, and its import refused: review)."""
 
-    def __init__(self, **kwargs):
+    def __init__(self, *, restored: bool = False, **kwargs):
         super().__init__(max_length=100, allow_blank=False, **kwargs)
-        self.validators += NAME_RULES
+        if not restored:
+            self.validators += NAME_RULES
 
 
 class BlockLimitField(serializers.IntegerField):

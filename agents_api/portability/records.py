@@ -38,6 +38,7 @@ from memsvc.api.fields import (
     MetadataField,
     MomentField,
     TextField,
+    TitleField,
     json_typed,
 )
 from memsvc.api.principals import PRINCIPAL_MAX_LENGTH, user_id_problem
@@ -90,8 +91,8 @@ class Record(serializers.Serializer):
 class ConversationRecord(Record):
     id = serializers.UUIDField()
     conversationGroupId = serializers.UUIDField(source="group_id")
-    title = serializers.CharField(allow_blank=True)
-    metadata = serializers.JSONField()
+    title = TitleField()
+    metadata = MetadataField()
     forkedAtConversationId = serializers.UUIDField(
         source="forked_at_conversation_id", allow_null=True
     )
@@ -146,8 +147,8 @@ class MessageRecord(Record):
     authorName = serializers.CharField(
         source="author_name", allow_blank=True, max_length=PRINCIPAL_MAX_LENGTH
     )
-    content = serializers.CharField()
-    metadata = serializers.JSONField()
+    content = MessageContentField()
+    metadata = MetadataField()
     parentMessageId = serializers.UUIDField(source="parent_message_id", allow_null=True)
     createdAt = MomentField(source="created_at")
     writtenFor = SubjectField(
@@ -234,7 +235,7 @@ class MemoryBlockRecord(Record):
     )
     agentId = serializers.UUIDField(source="agent_id")
     userId = SubjectField(source="user_id", help_text="null: the agent's own block")
-    label = LabelField()
+    label = LabelField(restored=True)
     value = TextField(allow_blank=True)
     description = BlockDescriptionField()
     limit = BlockLimitField()

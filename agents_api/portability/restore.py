@@ -86,17 +86,26 @@ def _embed_on_commit(message_ids: list) -> None:
 # --- a user's conversations ------------------------------------------------------------------
 
 
-def restore_conversations(user_id: str, records: list[dict]) -> int:
-    """The user's conversations, their groups made again with them (parents, forks). No
-    time later than now (a clock ahead where it was exported, an edited document): a
-    conversation active "in 2100" would lead every walk of the list into another catch-up
-    pass until then (``conversations.selectors.activity_page``)."""
+def _not_after_now(records: list[dict], *names: str) -> None:
+    """No time of ``names`` later than now in ``records`` (a clock ahead where it was
+    exported, an edited document): a conversation active, or a membership made, "in 2100"
+    would lead every walk of the list into another catch-up pass until then
+    (``conversations.selectors.activity_page``); a message or a memory "of 2100" would be
+    the newest of every list until then."""
     now = timezone.now()
+    for record in records:
+        for name in names:
+            if record.get(name) is not None:
+                record[name] = min(record[name], now)
+
+
+def restore_conversations(user_id: str, records: list[dict]) -> int:
+    """The user's conversations, their groups made again with them (parents, forks)."""
+    for record in records:
+        record.setdefault("seen_at", record["updated_at"])
+    _not_after_now(records, "created_at", "updated_at", "seen_at")
     groups = {}
     for record in records:
-        record["created_at"] = min(record["created_at"], now)
-        record["updated_at"] = min(record["updated_at"], now)
-        record["seen_at"] = min(record.get("seen_at", record["updated_at"]), now)
         group_id = record["group_id"]
         groups[group_id] = min(groups.get(group_id, record["created_at"]), record["created_at"])
     ConversationGroup.objects.bulk_create(
@@ -107,6 +116,7 @@ def restore_conversations(user_id: str, records: list[dict]) -> int:
 
 
 def restore_memberships(user_id: str, records: list[dict]) -> int:
+    _not_after_now(records, "created_at")
     return len(Membership.objects.bulk_create(Membership(**record) for record in records))
 
 
@@ -157,6 +167,7 @@ def _store_messages(records: list[dict]) -> int:
     is neither in the document nor stored any more (someone else's erase took it) comes back
     without it, as the stored reply had lost it (it refused the whole import: review)."""
     _keep_numbers("message", "seq", records, "seq")
+    _not_after_now(records, "created_at")
     outside = {r["parent_message_id"] for r in records if r["parent_message_id"]} - {
         r["id"] for r in records
     }
@@ -210,6 +221,7 @@ def restore_messages(user_id: str, records: list[dict]) -> int:
 
 
 def restore_transfers(user_id: str, records: list[dict]) -> int:
+    _not_after_now(records, "created_at", "resolved_at")
     return len(OwnershipTransfer.objects.bulk_create(OwnershipTransfer(**r) for r in records))
 
 
@@ -226,6 +238,7 @@ def restore_memberships_elsewhere(user_id: str, records: list[dict]) -> int:
     )
     member = set(Membership.objects.filter(principal_id=user_id).values_list("group_id", flat=True))
     kept = [r for r in records if r["group_id"] in existing and r["group_id"] not in member]
+    _not_after_now(kept, "created_at")
     return len(Membership.objects.bulk_create(Membership(**record) for record in kept))
 
 
@@ -328,6 +341,7 @@ def restore_memories(subject, records: list[dict]) -> int:
     """Memories; an expired one with the same words is gone (``expired_copies_forget``),
     one kept still is a collision."""
     kept = _agents_for(subject, records, "memories")
+    _not_after_now(kept, "created_at", "updated_at", "last_accessed_at")
     if kept:
         _swept_on_commit(sweep_unembedded_memories_task)
     memories = [Memory(**record, content_hash=content_hash(record["content"])) for record in kept]

@@ -20,7 +20,8 @@ CREATE OR REPLACE FUNCTION memsvc_words(text) RETURNS text
     LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
     RETURN regexp_replace({text}, {cjk}, ' \\1 ', 'g');
 """
-WORDS = _WORDS.format(text="translate($1, '<', U&'\\FDD0')", cjk=_CJK)
+# (and the stand-in itself, were a text to hold it, a U+FFFD: never taken back for a "<")
+WORDS = _WORDS.format(text="translate($1, U&'<\\FDD0', U&'\\FDD0\\FFFD')", cjk=_CJK)
 UNDO = _WORDS.format(text="$1", cjk=_CJK)
 
 

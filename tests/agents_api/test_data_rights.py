@@ -971,6 +971,11 @@ def test_a_conversation_dated_later_than_the_import_is_imported_as_of_now(
     document = cli_export(tmp_path, "first", "user", "alice")
     for conversation in document["conversations"]:
         conversation["createdAt"] = conversation["updatedAt"] = "2100-01-01T00:00:00Z"
+    # So did a membership made "in 2100" (one given meanwhile is listed by the walk too),
+    # and a message or a memory "of 2100" was the newest of every list (review).
+    for section in ("memberships", "membershipsElsewhere", "messages", "memories"):
+        for record in document[section]:
+            record["createdAt"] = "2100-01-01T00:00:00Z"
     (tmp_path / "edited.json").write_text(json.dumps(document), encoding="utf-8")
     call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
     assert cli.main(["import", str(tmp_path / "edited.json")]) == 0
@@ -980,6 +985,44 @@ def test_a_conversation_dated_later_than_the_import_is_imported_as_of_now(
     page = call(api, "GET", "/v1/user/conversations?limit=50", alice)
     assert page["data"] and all(parse_datetime(c["updatedAt"]) <= now for c in page["data"])
     assert page["nextCursor"] is None  # nothing "moved" after the walk began
+    assert not Membership.objects.filter(created_at__gt=now).exists()
+    assert not Message.objects.filter(created_at__gt=now).exists()
+    assert not Memory.objects.filter(created_at__gt=now).exists()
+
+
+@pytest.mark.parametrize(
+    ("section", "field", "value", "why"),
+    [
+        ("conversations", "title", "line1\nline2\x1b[31m", "control characters"),
+        ("conversations", "metadata", {"k": "v" * 20_000}, "metadata"),
+        ("messages", "content", "   ", "must not be empty"),
+        ("messages", "content", "x" * 100_001, "content"),
+        ("messages", "metadata", {"k": "v" * 20_000}, "metadata"),
+    ],
+)
+def test_a_user_import_holds_what_the_api_holds(
+    api, alice, tmp_path, world, capsys, section, field, value, why
+):
+    """An import stored a title, a message or metadata the API refuses (review)."""
+    document = cli_export(tmp_path, "first", "user", "alice")
+    document[section][0][field] = value
+    call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    assert import_file(tmp_path, document) == 1
+    err = capsys.readouterr().err
+    assert "nothing imported" in err and why in err, err
+    assert not Conversation.objects.filter(id=world.ours).exists()
+
+
+def test_a_label_stored_before_the_name_rule_comes_back_with_an_import(
+    api, alice, tmp_path, world, capsys
+):
+    """Only a label given is held to the name rule: one stored before it was exported, and
+    its import refused, the user's or agent's data lost with the erase (review)."""
+    MemoryBlock.objects.create(agent=world.agent, user_id="alice", label="prefs ", value="tea")
+    document = cli_export(tmp_path, "first", "user", "alice")
+    call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    assert import_file(tmp_path, document) == 0, capsys.readouterr().err
+    assert MemoryBlock.objects.get(user_id="alice", label="prefs ").value == "tea"
 
 
 def test_an_agent_round_trip_export_drop_import_gives_the_same_export(tmp_path, world, capsys):

@@ -723,6 +723,8 @@ def test_get_patch_and_delete(api, helper):
         ("2031-05-06t10:00:00z", 201),  # RFC 3339 in lower case
         ("2031-05-06 10:00:00+02:00", 201),  # as Python writes one
         ("2031-05-06T10:00:00.123456Z", 201),
+        ("2031-05-06T10:00:00.1234567891Z", 201),  # (RFC 3339's fraction has no cap)
+        ("\uff12\uff10\uff13\uff11-05-06T10:00:00Z", 400),  # fullwidth digits
     ],
 )
 def test_a_time_is_taken_with_its_offset_as_rfc_3339_writes_it(api, helper, expires_at, status):

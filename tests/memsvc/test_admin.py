@@ -295,6 +295,8 @@ def test_a_nul_in_a_list_filter_is_a_bad_request_not_a_500(operator, memories, c
         ("agents_api_memory_changelist", "tags__overlap=zz"),
         ("agents_api_memory_changelist", "expires_at__year=99999"),
         ("agents_api_agent_changelist", "name__regex=("),
+        ("conversations_message_changelist", "pk__regex=^f"),  # (through ``pk``: review)
+        ("agents_api_memoryblock_changelist", "pk__iregex=.*"),
     ],
 )
 def test_a_lookup_no_filter_of_the_admin_writes_is_a_bad_request(
