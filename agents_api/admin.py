@@ -21,6 +21,7 @@ from agents_api.models import (
     MemoryBlockRevision,
     Scope,
     ToolRecord,
+    UserErasure,
     UserMemorySetting,
 )
 from agents_api.selectors import LOCAL_OWNER
@@ -42,6 +43,7 @@ from memsvc.admin_tools import (
     LargeTableAdmin,
     MetadataChecked,
     ModelAdmin,
+    ReadOnlyAdmin,
     as_uuid,
     merged_deletions,
     operator,
@@ -495,7 +497,7 @@ class ToolRecordAdmin(AgentColumn, LargeTableAdmin):
 
 
 @admin.register(UserMemorySetting)
-class UserMemorySettingAdmin(ModelAdmin):
+class UserMemorySettingAdmin(ReadOnlyAdmin):
     """Read-only: a user turns memory on or off themselves (the memory page). Nor deleted
     here: no row is memory on."""
 
@@ -503,11 +505,10 @@ class UserMemorySettingAdmin(ModelAdmin):
     list_filter = ("memory_enabled",)
     search_fields = ("user_id",)
 
-    def has_add_permission(self, request):
-        return False
 
-    def has_change_permission(self, request, obj=None):
-        return False
+@admin.register(UserErasure)
+class UserErasureAdmin(ReadOnlyAdmin):
+    """Who was erased, and when (``UserErasure``): read-only, as what an erase keeps."""
 
-    def has_delete_permission(self, request, obj=None):
-        return False
+    list_display = ("user_id", "erased_at")
+    search_fields = ("user_id",)

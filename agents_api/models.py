@@ -467,6 +467,25 @@ class UserMemorySetting(models.Model):
         return f"{self.user_id}: memory {'on' if self.memory_enabled else 'off'}"
 
 
+class UserErasure(models.Model):
+    """That a user's data was erased, and when: all memsvc keeps of them after an erase.
+    An owner's export made before it holds their turns and membership in the owner's
+    conversations, and an import of it brought them back (review); an import erases again
+    what of theirs is older than this (``portability.importing``). Gone when the user
+    imports their own document: they brought their data back themselves."""
+
+    user_id = models.CharField(
+        primary_key=True, max_length=PRINCIPAL_MAX_LENGTH, validators=[no_nul_characters]
+    )
+    erased_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "user_erasure"
+
+    def __str__(self) -> str:
+        return f"{self.user_id}: erased {self.erased_at:%Y-%m-%d %H:%M}"
+
+
 # --- tool records (the memory bank) ---------------------------------------------------------
 
 # How much of a tool's raw output (as JSON text) the full-text index covers: every

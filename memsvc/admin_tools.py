@@ -84,6 +84,19 @@ class ModelAdmin(admin.ModelAdmin):
         return super().lookup_allowed(lookup, value, request)
 
 
+class ReadOnlyAdmin(ModelAdmin):
+    """Rows to look at: the admin neither adds, changes nor deletes them."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
 class LargeTableAdmin(ModelAdmin):
     """A ModelAdmin for tables that grow without bound."""
 

@@ -587,7 +587,7 @@ def cmd_import(args: argparse.Namespace) -> int:
         skipped = result.skipped[name]
         note = (
             f" ({skipped} skipped: their conversation or agent is gone, the user is not "
-            "a member there, or turned memory off)"
+            "a member there, turned memory off, or was erased since)"
             if skipped
             else ""
         )

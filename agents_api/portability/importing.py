@@ -6,9 +6,10 @@ export, put in the agent as it could have written it itself)."""
 from dataclasses import dataclass, field
 
 from django.db import DataError, IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
-from agents_api.models import Agent, Scope
+from agents_api.models import Agent, Scope, UserErasure
 from agents_api.portability.export import FORMAT, VERSION
 from agents_api.portability.records import AgentRecord
 from agents_api.portability.restore import (
@@ -19,10 +20,13 @@ from agents_api.portability.restore import (
 )
 from agents_api.portability.sections import AGENT_SECTIONS, USER_SECTIONS
 from agents_api.selectors import messages_seen_by
-from conversations.models import AccessLevel
-from conversations.selectors import visible_conversation_ids
+from agents_api.services.memories import memory_citations_forget
+from conversations.models import AccessLevel, Membership, OwnershipTransfer
+from conversations.selectors import messages_elsewhere, said_by, visible_conversation_ids
+from conversations.services import messages_delete
 from memsvc.api.fields import contains_nul
 from memsvc.api.parsers import DOCUMENT_MAX_JSON_DEPTH, json_problem
+from memsvc.api.principals import Principal
 from memsvc.db import hold_users
 
 UNIQUE_VIOLATION = "23505"  # PostgreSQL's SQLSTATE
@@ -83,7 +87,9 @@ def document_import(
         with transaction.atomic():
             # Before any other lock: nothing is put back about a user whose erase is in
             # flight until it ends (``hold_users``).
-            hold_users({user_id if kind == "user" else "", *_users_named(parsed)})
+            hold_users(
+                {user_id if kind == "user" else "", *_users_named(parsed), *_members_named(parsed)}
+            )
             if into is not None:
                 _as_its_own(into, parsed, impersonates=impersonates)
             if kind == "user":
@@ -93,6 +99,8 @@ def document_import(
                 stored = section.restore(subject, parsed[section.name])
                 result.stored[section.name] = stored
                 result.skipped[section.name] = given[section.name] - stored
+            if kind == "user":
+                _erased_again(user_id, parsed, result)
             sequences_past_stored_numbers()
     # (In our own words: PostgreSQL's would name its internals and echo whole rows.)
     except IntegrityError as exc:
@@ -105,6 +113,52 @@ def document_import(
     except DataError:
         raise ImportRefused("a value does not fit where it is stored (too long?)") from None
     return result
+
+
+def _erased_again(user_id: str, parsed: dict[str, list[dict]], result: ImportResult) -> None:
+    """What a user's document brought back of others erased since it was made (its
+    conversations hold every member's turns and memberships): erased again, as their erase
+    did it (``conversations.services.messages_delete``: a fork at one of their turns starts
+    at the message before), but what they did after their erase. The user's own erasure is
+    forgotten: they brought their data back themselves."""
+    UserErasure.objects.filter(user_id=user_id).delete()
+    groups = {record["group_id"] for record in parsed["conversations"]}
+    erasures = UserErasure.objects.filter(user_id__in=_members_named(parsed) - {user_id})
+    for erasure in erasures if groups else ():
+        erased, before = erasure.user_id, {"created_at__lt": erasure.erased_at}
+        theirs = messages_elsewhere(erased).filter(conversation__group_id__in=groups, **before)
+        gone = messages_delete(Principal.user(erased), messages=theirs)
+        memory_citations_forget(gone)
+        memberships, _ = Membership.objects.filter(
+            principal_id=erased, group_id__in=groups, **before
+        ).delete()
+        transfers, _ = OwnershipTransfer.objects.filter(
+            Q(from_principal=erased) | Q(to_principal=erased), group_id__in=groups, **before
+        ).delete()
+        for section, count in [
+            ("messages", len(gone)),
+            ("memberships", memberships),
+            ("ownershipTransfers", transfers),
+        ]:
+            result.stored[section] -= count
+            result.skipped[section] += count
+
+
+def _members_named(parsed: dict[str, list[dict]]) -> set[str]:
+    """Who a user's document names in its conversations: members, those whose turns they
+    are, those who offered or were offered one (nobody, in an agent's document)."""
+    named = {record["principal_id"] for record in parsed.get("memberships", [])}
+    for record in parsed.get("ownershipTransfers", []):
+        named |= {record["from_principal"], record["to_principal"]}
+    for record in parsed.get("messages", []):
+        named.add(
+            said_by(
+                role=record["role"],
+                author_principal=record["author_principal"],
+                author_name=record["author_name"],
+            )
+        )
+    return named
 
 
 def _users_named(parsed: dict[str, list[dict]]) -> set[str]:

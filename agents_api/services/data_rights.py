@@ -4,8 +4,9 @@ from dataclasses import dataclass
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
+from django.utils import timezone
 
-from agents_api.models import MemoryBlock, UserMemorySetting
+from agents_api.models import MemoryBlock, UserErasure, UserMemorySetting
 from agents_api.selectors import memories_of, tool_records_kept_about
 from agents_api.services.memories import memories_delete, memory_citations_forget
 from agents_api.services.tool_records import tool_records_delete
@@ -36,7 +37,9 @@ def user_erase(actor: Principal, *, confirm: str) -> Erased:
     the admin's to remove). Others' memories that cited a message erased cite it no more
     (``memory_citations_forget``). Their memory switch goes too, unless it is off: that row
     says only that agents must not remember them, and is kept so that they do not start
-    again. ``confirm`` must be their id: this cannot be undone. All or nothing."""
+    again. That they were erased, and when, is kept (``UserErasure``): no import of an
+    older document brings back their turns in another's conversations. ``confirm`` must be
+    their id: this cannot be undone. All or nothing."""
     if confirm != actor.id:
         raise InvalidInput.for_field(
             "confirm", "must be your own user id: erasing your data cannot be undone"
@@ -52,6 +55,7 @@ def user_erase(actor: Principal, *, confirm: str) -> Erased:
     _, deleted = MemoryBlock.objects.filter(user_id=actor.id).delete()
     UserMemorySetting.objects.filter(user_id=actor.id, memory_enabled=True).delete()
     get_user_model().objects.filter(username=actor.id, is_staff=False).delete()
+    UserErasure.objects.update_or_create(user_id=actor.id, defaults={"erased_at": timezone.now()})
     return Erased(
         conversations=conversations.conversations,
         messages=conversations.messages,

@@ -24,6 +24,7 @@ from agents_api.models import (
     MemoryBlock,
     MemoryBlockRevision,
     ToolRecord,
+    UserErasure,
     UserMemorySetting,
 )
 from agents_api.portability.export import agent_header, document_chunks
@@ -941,6 +942,30 @@ def test_a_user_round_trip_export_erase_import_gives_the_same_export(
     assert cli.main(["import", str(tmp_path / "first.json")]) == 1
     assert "nothing imported" in capsys.readouterr().err
     assert cli_export(tmp_path, "fourth", "user", "alice") == before
+
+
+def test_an_owners_older_document_brings_back_nothing_of_a_member_erased_since(
+    api, alice, bob, tmp_path, world, capsys
+):
+    """An owner's document holds every member's turns and memberships in the owner's
+    conversations: imported after a member's erase, it brought them back (review). What
+    the member wrote before their erase stays erased; the rest comes back."""
+    document = cli_export(tmp_path, "bob", "user", "bob")
+    assert "Alice hums xylophone tunes" in contents(document["messages"])
+    assert "alice" in {m["userId"] for m in document["memberships"]}
+    call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    call(api, "POST", "/v1/user/erase", bob, {"confirm": "bob"})
+    assert import_file(tmp_path, document) == 0
+    err = capsys.readouterr().err
+    assert "messages: 3 (1 skipped" in err and "memberships: 2 (1 skipped" in err, err
+
+    messages = call(api, "GET", f"/v1/user/conversations/{world.his}/messages", bob)["data"]
+    assert contents(messages) == ["Bob keeps a quokka diary", "Bob answers about quokkas"]
+    assert not Membership.objects.filter(principal_id="alice").exists()
+    assert not OwnershipTransfer.objects.filter(to_principal="alice").exists()
+    assert not Message.objects.filter(author_principal="alice").exists()
+    # Her own document is hers to bring back: then nothing of hers is erased again.
+    assert UserErasure.objects.filter(user_id="alice").exists()
 
 
 @pytest.mark.parametrize("enabled", [True, False])
