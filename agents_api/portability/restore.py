@@ -36,6 +36,7 @@ from conversations.models import (
     TransferStatus,
 )
 from conversations.selectors import WRITING_LEVELS, conversations_owned_by, said_by
+from memsvc.api.principals import agent_uuid_of
 from memsvc.celery import sent
 from memsvc.db import held_keys
 from search.services import EMBED_BATCH
@@ -116,8 +117,15 @@ def restore_conversations(user_id: str, records: list[dict]) -> int:
 
 
 def restore_memberships(user_id: str, records: list[dict]) -> int:
-    _not_after_now(records, "created_at")
-    return len(Membership.objects.bulk_create(Membership(**record) for record in records))
+    """The members of the user's conversations; an agent's membership only while the agent
+    exists (the API refuses to share with one that does not: an import stored it)."""
+    agents = {agent_uuid_of(record["principal_id"]) for record in records} - {None}
+    existing = set(Agent.objects.filter(id__in=agents).values_list("id", flat=True))
+    kept = [
+        record for record in records if agent_uuid_of(record["principal_id"]) in (None, *existing)
+    ]
+    _not_after_now(kept, "created_at")
+    return len(Membership.objects.bulk_create(Membership(**record) for record in kept))
 
 
 def _keep_numbers(table: str, column: str, records: list[dict], key: str) -> None:

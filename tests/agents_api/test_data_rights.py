@@ -1038,6 +1038,21 @@ def test_a_user_import_holds_what_the_api_holds(
     assert not Conversation.objects.filter(id=world.ours).exists()
 
 
+def test_a_membership_of_an_agent_that_is_gone_is_skipped_by_an_import(
+    api, alice, tmp_path, world, capsys
+):
+    """The API refuses to share with an agent that does not exist; an import stored its
+    membership (review)."""
+    document = cli_export(tmp_path, "first", "user", "alice")
+    [owner] = [m for m in document["memberships"] if m["userId"] == "alice"][:1]
+    gone = {**owner, "userId": f"agent:{uuid.uuid4()}", "accessLevel": "reader"}
+    document["memberships"].append(gone)
+    call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    assert import_file(tmp_path, document) == 0, capsys.readouterr().err
+    assert "memberships: 2 (1 skipped" in capsys.readouterr().err
+    assert not Membership.objects.filter(principal_id=gone["userId"]).exists()
+
+
 def test_a_label_stored_before_the_name_rule_comes_back_with_an_import(
     api, alice, tmp_path, world, capsys
 ):
