@@ -16,7 +16,13 @@ from django.utils import timezone
 
 from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, PRINCIPAL_MAX_LENGTH, Principal
 from memsvc.db import embedding_has_model, embedding_index, json_is_object, words_column
-from memsvc.validators import no_control_characters, no_nul_characters, shown_as_it_is
+from memsvc.validators import (
+    no_blank_ends,
+    no_control_characters,
+    no_nul_characters,
+    one_line,
+    shown_as_it_is,
+)
 from search.embeddings import EmbeddingField
 
 DEFAULT_BLOCK_LIMIT = 5_000
@@ -31,6 +37,8 @@ AGENT_SYSTEM_MAX_CHARS = 50_000
 # of every prompt and names it in the pages. (Labels from before the rule stay reachable:
 # only a label given is checked, not one looked up.)
 NAME_RULES = (no_control_characters, shown_as_it_is)
+# And a name given now (an API's, the CLI's; not one an import restores as it was stored).
+GIVEN_NAME_RULES = (*NAME_RULES, one_line, no_blank_ends)
 
 
 class Agent(models.Model):

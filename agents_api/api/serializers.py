@@ -10,10 +10,10 @@ from rest_framework import serializers
 from agents_api.models import (
     BLOCK_DESCRIPTION_MAX_CHARS,
     DEFAULT_BLOCK_LIMIT,
+    GIVEN_NAME_RULES,
     MEMORY_MAX_MESSAGES,
     MEMORY_MAX_TAGS,
     MEMORY_TAG_MAX_LENGTH,
-    NAME_RULES,
     Scope,
 )
 from agents_api.selectors import MEMORY_ORDERS, PREFETCH_MAX_SENTENCES
@@ -132,14 +132,14 @@ class MemoryBlockRevisionOut(serializers.Serializer):
 
 class LabelField(PathSegmentField):
     """A block's label as it is given (made or renamed), whichever API gives it: a name
-    (``NAME_RULES``) and a segment of its routes. ``restored``: one a document brings back
+    (``GIVEN_NAME_RULES``) and a segment of its routes. ``restored``: one a document brings back
     as it was stored, held to the rules of its routes only (one stored before the name
     rule was reached, and exported, and its import refused: review)."""
 
     def __init__(self, *, restored: bool = False, **kwargs):
         super().__init__(max_length=100, allow_blank=False, **kwargs)
         if not restored:
-            self.validators += NAME_RULES
+            self.validators += GIVEN_NAME_RULES
 
 
 class BlockLimitField(serializers.IntegerField):

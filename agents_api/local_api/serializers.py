@@ -11,7 +11,7 @@ from agents_api.api.serializers import (
     StepField,
     TaskIdField,
 )
-from agents_api.models import AGENT_NAME_MAX_CHARS, NAME_RULES, Agent, MemoryBlock
+from agents_api.models import AGENT_NAME_MAX_CHARS, GIVEN_NAME_RULES, Agent, MemoryBlock
 from agents_api.selectors import MemoryHit, ToolRecordHit
 from agents_api.services.letta import LETTA_METADATA_KEY, letta_metadata
 from conversations.models import Message, Role
@@ -133,11 +133,11 @@ class LocalInput(InputSerializer):
 
 class AgentNameField(PathSegmentField):
     """An agent's name (the local API's, Letta's, ``memsvc apikey create``'s), as the model
-    takes it (``NAME_RULES``), and a segment of its routes."""
+    takes it (``GIVEN_NAME_RULES``), and a segment of its routes."""
 
     def __init__(self, **kwargs):
         super().__init__(max_length=AGENT_NAME_MAX_CHARS, **kwargs)
-        self.validators += NAME_RULES
+        self.validators += GIVEN_NAME_RULES
 
 
 class AgentMetadataField(MetadataField):

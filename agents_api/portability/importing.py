@@ -19,8 +19,9 @@ from agents_api.portability.restore import (
     sequences_past_stored_numbers,
 )
 from agents_api.portability.sections import AGENT_SECTIONS, USER_SECTIONS
-from agents_api.selectors import messages_seen_by
+from agents_api.selectors import messages_seen_by, tool_records_kept_about
 from agents_api.services.memories import memory_citations_forget
+from agents_api.services.tool_records import tool_records_delete
 from conversations.models import AccessLevel, Membership, OwnershipTransfer
 from conversations.selectors import messages_elsewhere, said_by, visible_conversation_ids
 from conversations.services import messages_delete
@@ -117,17 +118,18 @@ def document_import(
 
 def _erased_again(user_id: str, parsed: dict[str, list[dict]], result: ImportResult) -> None:
     """What a user's document brought back of others erased since it was made (its
-    conversations hold every member's turns and memberships): erased again, as their erase
-    did it (``conversations.services.messages_delete``: a fork at one of their turns starts
-    at the message before), but what they did after their erase. The user's own erasure is
-    forgotten: they brought their data back themselves."""
-    UserErasure.objects.filter(user_id=user_id).delete()
+    conversations hold every member's turns and memberships, and the tool records made for
+    them there): erased again, as their erase did it (``messages_delete``: a fork at one of
+    their turns starts at the message before), but what they did after their erase. The
+    user's own erasure stays: their own document brings their data back, and what it did
+    not bring back stays erased (review: forgetting it let any older document undo it)."""
     groups = {record["group_id"] for record in parsed["conversations"]}
-    erasures = UserErasure.objects.filter(user_id__in=_members_named(parsed) - {user_id})
-    for erasure in erasures if groups else ():
+    named = _members_named(parsed) | _users_named(parsed)
+    for erasure in UserErasure.objects.filter(user_id__in=named - {user_id}):
         erased, before = erasure.user_id, {"created_at__lt": erasure.erased_at}
+        actor = Principal.user(erased)
         theirs = messages_elsewhere(erased).filter(conversation__group_id__in=groups, **before)
-        gone = messages_delete(Principal.user(erased), messages=theirs)
+        gone = messages_delete(actor, messages=theirs)
         memory_citations_forget(gone)
         memberships, _ = Membership.objects.filter(
             principal_id=erased, group_id__in=groups, **before
@@ -135,10 +137,14 @@ def _erased_again(user_id: str, parsed: dict[str, list[dict]], result: ImportRes
         transfers, _ = OwnershipTransfer.objects.filter(
             Q(from_principal=erased) | Q(to_principal=erased), group_id__in=groups, **before
         ).delete()
+        records = tool_records_delete(
+            actor, records=tool_records_kept_about(erased).filter(**before)
+        )
         for section, count in [
             ("messages", len(gone)),
             ("memberships", memberships),
             ("ownershipTransfers", transfers),
+            ("toolRecords", records),
         ]:
             result.stored[section] -= count
             result.skipped[section] += count

@@ -91,7 +91,7 @@ class Record(serializers.Serializer):
 class ConversationRecord(Record):
     id = serializers.UUIDField()
     conversationGroupId = serializers.UUIDField(source="group_id")
-    title = TitleField()
+    title = TitleField(restored=True)
     metadata = MetadataField()
     forkedAtConversationId = serializers.UUIDField(
         source="forked_at_conversation_id", allow_null=True

@@ -20,6 +20,7 @@ from memsvc.text import shortened
 from memsvc.validators import (
     no_control_characters,
     no_nul_characters,
+    one_line,
     path_segment,
     shows_nothing,
 )
@@ -118,13 +119,16 @@ class MessageContentField(TextField):
 
 
 class TitleField(TextField):
-    """A conversation's title: one line (no tab, newline or escape), at most 500 characters."""
+    """A conversation's title: one line (no tab, newline or escape), at most 500 characters.
+    ``restored``: one an import brings back as it was stored (``one_line`` came later)."""
 
-    def __init__(self, **kwargs):
+    def __init__(self, *, restored: bool = False, **kwargs):
         kwargs.setdefault("max_length", 500)
         kwargs.setdefault("allow_blank", True)
         super().__init__(**kwargs)
         self.validators.append(no_control_characters)
+        if not restored:
+            self.validators.append(one_line)
 
 
 def contains_nul(value) -> bool:

@@ -950,21 +950,34 @@ def test_an_owners_older_document_brings_back_nothing_of_a_member_erased_since(
     """An owner's document holds every member's turns and memberships in the owner's
     conversations: imported after a member's erase, it brought them back (review). What
     the member wrote before their erase stays erased; the rest comes back."""
+    # (A tool record an agent made for her in bob's conversation: his document holds it.)
+    ToolRecord.objects.create(
+        agent=world.agent,
+        user_id="alice",
+        conversation_id=world.his,
+        tool_name="lookup",
+        raw_output={"secret": "alice's"},
+        summary="lookup",
+    )
     document = cli_export(tmp_path, "bob", "user", "bob")
     assert "Alice hums xylophone tunes" in contents(document["messages"])
     assert "alice" in {m["userId"] for m in document["memberships"]}
+    assert "alice" in {r["userId"] for r in document["toolRecords"]}
     call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    # Her own document, of nothing, imported: the record of her erase stays (forgetting
+    # it let any older document bring back what it had erased; review).
+    assert import_file(tmp_path, cli_export(tmp_path, "alice", "user", "alice")) == 0
     call(api, "POST", "/v1/user/erase", bob, {"confirm": "bob"})
     assert import_file(tmp_path, document) == 0
     err = capsys.readouterr().err
     assert "messages: 3 (1 skipped" in err and "memberships: 2 (1 skipped" in err, err
+    assert not ToolRecord.objects.filter(user_id="alice").exists()
 
     messages = call(api, "GET", f"/v1/user/conversations/{world.his}/messages", bob)["data"]
     assert contents(messages) == ["Bob keeps a quokka diary", "Bob answers about quokkas"]
     assert not Membership.objects.filter(principal_id="alice").exists()
     assert not OwnershipTransfer.objects.filter(to_principal="alice").exists()
     assert not Message.objects.filter(author_principal="alice").exists()
-    # Her own document is hers to bring back: then nothing of hers is erased again.
     assert UserErasure.objects.filter(user_id="alice").exists()
 
 
@@ -1036,6 +1049,27 @@ def test_a_user_import_holds_what_the_api_holds(
     err = capsys.readouterr().err
     assert "nothing imported" in err and why in err, err
     assert not Conversation.objects.filter(id=world.ours).exists()
+
+
+def test_a_title_and_a_name_stored_before_the_one_line_rules_come_back_with_an_import(
+    api, alice, tmp_path, world, capsys
+):
+    """A title or a name is held to the rules of today when it is given (a line separator,
+    a zero-width space at an end), not when an import restores it as the API once stored
+    it: the export of one was refused, and the user's data lost with the erase (review)."""
+    title = "line one\u2028line two"
+    response = api.post("/v1/user/conversations", {"title": title}, as_=alice)
+    assert response.status_code == 400 and "one line" in response.content.decode()
+    Conversation.objects.filter(id=world.ours).update(title=title)
+    Agent.objects.filter(id=world.agent.id).update(name="legacy\u200b")
+    document = cli_export(tmp_path, "first", "user", "alice")
+    agents = cli_export(tmp_path, "agent", "agent", str(world.agent.id))
+    call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    assert import_file(tmp_path, document) == 0, capsys.readouterr().err
+    assert Conversation.objects.get(id=world.ours).title == title
+    world.agent.delete()
+    assert import_file(tmp_path, agents) == 0, capsys.readouterr().err
+    assert Agent.objects.get(id=agents["agent"]["id"]).name == "legacy\u200b"
 
 
 def test_a_membership_of_an_agent_that_is_gone_is_skipped_by_an_import(
