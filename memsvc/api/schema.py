@@ -35,6 +35,7 @@ _DESCRIPTIONS = {
     401: "No or bad credentials, or a credential of the wrong kind for this API.",
     403: "A member below the needed level, a missing scope, or a refused policy.",
     404: "Missing, or not visible to the caller.",
+    406: "An `Accept` header that takes no JSON (`not_acceptable`).",
     409: "Conflicts with the current state.",
     413: "The body is larger than the server takes (`payload_too_large`).",
     415: "A body that is not JSON (`unsupported_media_type`).",
@@ -134,7 +135,9 @@ def state_enforced_constraints(result, generator, request, public):
       block PATCH's "at most one of value, append, replace");
     - the refusals any ``/v1`` operation may answer whatever its input: 400 (a NUL in a
       query parameter; on ``/v1/user``, a token whose ``sub`` cannot be a user id), 429 (rate
-      limits), 503 (database down), and 413 and 415 (not JSON) for those with a body.
+      limits), 503 (database down), 406 (an ``Accept`` that takes no JSON), and 413 and 415
+      (not JSON) for those with a body. (A 405 is a method its path has no operation for:
+      OpenAPI has no place to say it; the README does.)
     """
     from rest_framework import serializers
 
@@ -163,6 +166,7 @@ def state_enforced_constraints(result, generator, request, public):
             continue
         for operation in operations.values():
             codes = (400, 413, 415, 429, 503) if "requestBody" in operation else (400, 429, 503)
+            codes += (406,)
             for code, response in errors(*codes).items():
                 operation["responses"].setdefault(
                     str(code),

@@ -269,3 +269,20 @@ def test_more_query_parameters_than_django_reads_is_a_400(client, settings):
         client.get(f"/v1/agent/memories?{query}", HTTP_AUTHORIZATION=f"Bearer {key}"), 400
     )
     assert body["details"] == {"query": ["at most 10 parameters"]}
+
+
+def test_an_accept_that_takes_no_json_is_406_as_the_schema_says(client, alice):
+    """Every /v1 operation may answer it; the schema said so of none (review)."""
+    import yaml
+    from django.conf import settings
+
+    response = client.get("/v1/user/conversations", HTTP_ACCEPT="text/html", **alice.auth_headers())
+    assert_v1_error(response, 406, code="not_acceptable")
+    schema = yaml.safe_load((settings.BASE_DIR / "openapi" / "schema.yaml").read_text())
+    operations = [
+        operation
+        for path, methods in schema["paths"].items()
+        if path.startswith("/v1/") and path != "/v1/health"
+        for operation in methods.values()
+    ]
+    assert operations and all("406" in operation["responses"] for operation in operations)
