@@ -7,7 +7,7 @@ from rest_framework.response import Response
 from conversations import selectors, services
 from conversations.api import serializers as s
 from conversations.models import AccessLevel, TransferStatus
-from memsvc.api.fields import query_choice
+from memsvc.api.fields import no_body_fields, query_choice
 from memsvc.api.pagination import AFTER_PARAMETER, LIMIT_PARAMETER, page_data, page_params
 from memsvc.api.principals import agent_principal_id, principal_for_sharing
 from memsvc.api.schema import errors, listed, paged
@@ -267,6 +267,7 @@ class AcceptTransferView(UserApiView):
         responses={200: s.TransferOut, **errors(401, 403, 404, 409)},
     )
     def post(self, request, transfer_id):
+        no_body_fields(request)
         transfer = selectors.access_transfer(request.principal, transfer_id)
         transfer = services.ownership_transfer_accept(request.principal, transfer=transfer)
         return Response(s.TransferOut(transfer).data)
@@ -279,6 +280,7 @@ class DeclineTransferView(UserApiView):
         responses={200: s.TransferOut, **errors(401, 403, 404, 409)},
     )
     def post(self, request, transfer_id):
+        no_body_fields(request)
         transfer = selectors.access_transfer(request.principal, transfer_id)
         transfer = services.ownership_transfer_decline(request.principal, transfer=transfer)
         return Response(s.TransferOut(transfer).data)

@@ -314,6 +314,17 @@ class InputSerializer(serializers.Serializer):
         return serializer.validated_data
 
 
+class _NoFields(InputSerializer):
+    pass
+
+
+def no_body_fields(request) -> None:
+    """400 naming the fields of a body sent to an operation that takes none (accepting an
+    offer of ownership): they were ignored, whatever the client meant by them. No body, or
+    ``{}``, is none."""
+    _NoFields.parse(request.data or {})
+
+
 def only_query_parameters(request, *names: str) -> None:
     """400 naming the first query parameter that is not one of ``names``. For deletions
     chosen by their query: a misspelt filter read as none deleted more than was asked

@@ -191,6 +191,23 @@ def test_ownership_transfer_accepted(api, alice, bob, conversation):
     )
 
 
+@pytest.mark.parametrize("verb", ["accept", "decline"])
+def test_a_body_to_accept_or_decline_an_offer_is_refused_not_ignored(
+    api, alice, bob, conversation, verb
+):
+    """They take no body: one with fields was answered 200, the fields ignored, whatever the
+    client meant by them ("accept": false). No body, or ``{}``, is none."""
+    transfer = api.post(
+        url(conversation, "/transfer-ownership"), {"newOwnerUserId": "bob"}, as_=alice
+    ).json()
+    path = f"/v1/user/ownership-transfers/{transfer['id']}/{verb}"
+    refused = api.post(path, {"accept": False}, as_=bob)
+    assert refused.status_code == 400
+    assert refused.json()["details"] == {"accept": ["unknown field"]}
+    assert api.get("/v1/user/ownership-transfers", as_=bob).json()["data"][0]["status"] == "pending"
+    assert api.post(path, {}, as_=bob).status_code == 200
+
+
 def test_a_transfer_to_a_non_member_makes_them_owner(api, alice, conversation):
     transfer = api.post(
         url(conversation, "/transfer-ownership"), {"newOwnerUserId": "dora"}, as_=alice
