@@ -319,10 +319,11 @@ class _NoFields(InputSerializer):
 
 
 def no_body_fields(request) -> None:
-    """400 naming the fields of a body sent to an operation that takes none (accepting an
-    offer of ownership): they were ignored, whatever the client meant by them. No body, or
-    ``{}``, is none."""
-    _NoFields.parse(request.data or {})
+    """400 naming the fields of a JSON body sent to an operation that takes none (accepting
+    an offer of ownership): they were ignored, whatever the client meant by them. No body,
+    ``{}``, or an empty form (what a client sends for "no data") is none."""
+    if request.content_type.startswith("application/json"):
+        _NoFields.parse(request.data or {})
 
 
 def only_query_parameters(request, *names: str) -> None:
