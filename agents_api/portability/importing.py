@@ -15,6 +15,7 @@ from agents_api.portability.records import AgentRecord
 from agents_api.portability.restore import (
     ImportCollides,
     ImportRefused,
+    not_after_now,
     parse_records,
     sequences_past_stored_numbers,
 )
@@ -214,11 +215,10 @@ def _as_its_own(agent: Agent, parsed: dict[str, list[dict]], *, impersonates: bo
         block["exported_revisions"] = [
             {"value": block["value"], "actor_principal": actor.id, "created_at": now}
         ]
-    for row in (*memories, *records, *parsed["memoryBlocks"]):
+    rows = [*memories, *records, *parsed["memoryBlocks"]]
+    for row in rows:
         del row["id"]
-        for name in ("created_at", "updated_at"):
-            if name in row:
-                row[name] = min(row[name], now)
+    not_after_now(rows, "created_at", "updated_at")
 
 
 def _within_its_own(user_id: str, parsed: dict[str, list[dict]]) -> None:

@@ -87,7 +87,7 @@ def _embed_on_commit(message_ids: list) -> None:
 # --- a user's conversations ------------------------------------------------------------------
 
 
-def _not_after_now(records: list[dict], *names: str) -> None:
+def not_after_now(records: list[dict], *names: str) -> None:
     """No time of ``names`` later than now in ``records`` (a clock ahead where it was
     exported, an edited document): a conversation active, or a membership made, "in 2100"
     would lead every walk of the list into another catch-up pass until then
@@ -104,7 +104,7 @@ def restore_conversations(user_id: str, records: list[dict]) -> int:
     """The user's conversations, their groups made again with them (parents, forks)."""
     for record in records:
         record.setdefault("seen_at", record["updated_at"])
-    _not_after_now(records, "created_at", "updated_at", "seen_at")
+    not_after_now(records, "created_at", "updated_at", "seen_at")
     groups = {}
     for record in records:
         group_id = record["group_id"]
@@ -124,7 +124,7 @@ def restore_memberships(user_id: str, records: list[dict]) -> int:
     kept = [
         record for record in records if agent_uuid_of(record["principal_id"]) in (None, *existing)
     ]
-    _not_after_now(kept, "created_at")
+    not_after_now(kept, "created_at")
     return len(Membership.objects.bulk_create(Membership(**record) for record in kept))
 
 
@@ -175,7 +175,7 @@ def _store_messages(records: list[dict]) -> int:
     is neither in the document nor stored any more (someone else's erase took it) comes back
     without it, as the stored reply had lost it (it refused the whole import: review)."""
     _keep_numbers("message", "seq", records, "seq")
-    _not_after_now(records, "created_at")
+    not_after_now(records, "created_at")
     outside = {r["parent_message_id"] for r in records if r["parent_message_id"]} - {
         r["id"] for r in records
     }
@@ -229,7 +229,7 @@ def restore_messages(user_id: str, records: list[dict]) -> int:
 
 
 def restore_transfers(user_id: str, records: list[dict]) -> int:
-    _not_after_now(records, "created_at", "resolved_at")
+    not_after_now(records, "created_at", "resolved_at")
     return len(OwnershipTransfer.objects.bulk_create(OwnershipTransfer(**r) for r in records))
 
 
@@ -246,7 +246,7 @@ def restore_memberships_elsewhere(user_id: str, records: list[dict]) -> int:
     )
     member = set(Membership.objects.filter(principal_id=user_id).values_list("group_id", flat=True))
     kept = [r for r in records if r["group_id"] in existing and r["group_id"] not in member]
-    _not_after_now(kept, "created_at")
+    not_after_now(kept, "created_at")
     return len(Membership.objects.bulk_create(Membership(**record) for record in kept))
 
 
@@ -349,7 +349,7 @@ def restore_memories(subject, records: list[dict]) -> int:
     """Memories; an expired one with the same words is gone (``expired_copies_forget``),
     one kept still is a collision."""
     kept = _agents_for(subject, records, "memories")
-    _not_after_now(kept, "created_at", "updated_at", "last_accessed_at")
+    not_after_now(kept, "created_at", "updated_at", "last_accessed_at")
     if kept:
         _swept_on_commit(sweep_unembedded_memories_task)
     memories = [Memory(**record, content_hash=content_hash(record["content"])) for record in kept]
