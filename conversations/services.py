@@ -770,7 +770,9 @@ class ErasedConversations:
 
 
 @transaction.atomic
-def user_conversations_erase(user_id: str) -> ErasedConversations:
+def user_conversations_erase(
+    user_id: str, *, within=None, made_before: datetime | None = None
+) -> ErasedConversations:
     """Erase what the conversations app keeps about a user: the groups they own (every
     conversation, message, membership and transfer in them), their messages in others'
     conversations, their memberships, and the transfers they made or were offered
@@ -780,21 +782,27 @@ def user_conversations_erase(user_id: str) -> ErasedConversations:
     at one of those starts at the message before it instead. The caller holds the user
     alone first (``hold_users``): a conversation, membership or offer of ownership being
     made for them ends before, and is erased here.
+
+    ``within`` (group ids) and ``made_before``: only what is of those groups and was made
+    before then (an import erasing again what its document brought back of someone erased
+    since it was made: ``data_rights.user_traces_erase``).
     """
+
+    def scoped(rows, group: str = "group_id"):
+        if within is not None:
+            rows = rows.filter(**{f"{group}__in": within})
+        return rows if made_before is None else rows.filter(created_at__lt=made_before)
+
     # Pending transfers before groups, in the order accepting one takes its locks
     # (transfer, then group): an accept racing the erase waits, it never deadlocks.
+    groups = scoped(selectors.groups_owned_by(user_id), "id")
     list(
-        selectors.transfers_of_owned(user_id)
-        .filter(status=TransferStatus.PENDING)
+        OwnershipTransfer.objects.filter(group__in=groups, status=TransferStatus.PENDING)
         .select_for_update(of=("self",))
+        .order_by("created_at", "id")
         .values_list("id", flat=True)
     )
-    owned = list(
-        selectors.groups_owned_by(user_id)
-        .select_for_update(of=("self",))
-        .order_by("id")
-        .values_list("id", flat=True)
-    )
+    owned = list(groups.select_for_update(of=("self",)).order_by("id").values_list("id", flat=True))
     conversations = Conversation.objects.filter(group_id__in=owned).count()
     transfers = OwnershipTransfer.objects.filter(group_id__in=owned).count()
 
@@ -807,27 +815,23 @@ def user_conversations_erase(user_id: str) -> ErasedConversations:
     # user's messages).
     # Those of the groups where their messages are too, which ``messages_delete`` locks
     # (``_groups_of``): a group they have left keeps their turns, and may be forked at one.
-    member_of = Membership.objects.filter(principal_id=user_id).values("group_id")
-    theirs_in = _groups_of(selectors.messages_elsewhere(user_id))
-    _lock_conversations(Conversation.objects.filter(group_id__in=member_of.union(theirs_in)))
-    list(
-        Membership.objects.filter(principal_id=user_id)
-        .select_for_update()
-        .order_by("id")
-        .values_list("id", flat=True)
+    theirs = scoped(Membership.objects.filter(principal_id=user_id))
+    elsewhere = scoped(selectors.messages_elsewhere(user_id), "conversation__group_id")
+    member_of = theirs.values("group_id")
+    _lock_conversations(
+        Conversation.objects.filter(group_id__in=member_of.union(_groups_of(elsewhere)))
     )
+    list(theirs.select_for_update().order_by("id").values_list("id", flat=True))
     # Then every message the erase deletes, in one statement in id order, before any is
     # deleted: a write holding some of them (a memory citing turns of the user's and of
     # another's conversation, ``held_keys``) holds none of those still to be locked here
     # while it waits for one locked already, which would be a deadlock.
     in_owned = Message.objects.filter(conversation__group_id__in=owned).values("id")
-    theirs = selectors.messages_elsewhere(user_id).order_by().values("id")
-    _lock_messages(Message.objects.filter(id__in=in_owned.union(theirs)))
+    _lock_messages(Message.objects.filter(id__in=in_owned.union(elsewhere.order_by().values("id"))))
     messages = conversation_groups_delete(Principal.user(user_id), group_ids=owned)
-    elsewhere = selectors.messages_elsewhere(user_id)
     messages += messages_delete(Principal.user(user_id), messages=elsewhere)
-    memberships, _ = Membership.objects.filter(principal_id=user_id).delete()
-    others, _ = selectors.transfers_elsewhere(user_id).delete()
+    memberships, _ = theirs.delete()
+    others, _ = scoped(selectors.transfers_elsewhere(user_id)).delete()
     return ErasedConversations(
         conversations=conversations,
         message_ids=messages,

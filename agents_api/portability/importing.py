@@ -6,7 +6,6 @@ export, put in the agent as it could have written it itself)."""
 from dataclasses import dataclass, field
 
 from django.db import DataError, IntegrityError, transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from agents_api.models import Agent, Scope, UserErasure
@@ -20,15 +19,12 @@ from agents_api.portability.restore import (
     sequences_past_stored_numbers,
 )
 from agents_api.portability.sections import AGENT_SECTIONS, USER_SECTIONS
-from agents_api.selectors import messages_seen_by, tool_records_kept_about
-from agents_api.services.memories import memory_citations_forget
-from agents_api.services.tool_records import tool_records_delete
-from conversations.models import AccessLevel, Membership, OwnershipTransfer
-from conversations.selectors import messages_elsewhere, said_by, visible_conversation_ids
-from conversations.services import messages_delete
+from agents_api.selectors import messages_seen_by
+from agents_api.services.data_rights import user_traces_erase
+from conversations.models import AccessLevel
+from conversations.selectors import said_by, visible_conversation_ids
 from memsvc.api.fields import contains_nul
 from memsvc.api.parsers import DOCUMENT_MAX_JSON_DEPTH, json_problem
-from memsvc.api.principals import Principal
 from memsvc.db import hold_users
 
 UNIQUE_VIOLATION = "23505"  # PostgreSQL's SQLSTATE
@@ -120,32 +116,20 @@ def document_import(
 def _erased_again(user_id: str, parsed: dict[str, list[dict]], result: ImportResult) -> None:
     """What a user's document brought back of others erased since it was made (its
     conversations hold every member's turns and memberships, and the tool records made for
-    them there): erased again, as their erase did it (``messages_delete``: a fork at one of
-    their turns starts at the message before), but what they did after their erase. The
-    user's own erasure stays: their own document brings their data back, and what it did
-    not bring back stays erased (review: forgetting it let any older document undo it)."""
+    them there): erased again by their erase's own service (``user_traces_erase``: a fork
+    at one of their turns starts at the message before), within the document's groups, but
+    what they did after their erase. The user's own erasure stays: their own document
+    brings their data back, and what it did not bring back stays erased (review:
+    forgetting it let any older document undo it)."""
     groups = {record["group_id"] for record in parsed["conversations"]}
     named = _members_named(parsed) | _users_named(parsed)
     for erasure in UserErasure.objects.filter(user_id__in=named - {user_id}):
-        erased, before = erasure.user_id, {"created_at__lt": erasure.erased_at}
-        actor = Principal.user(erased)
-        theirs = messages_elsewhere(erased).filter(conversation__group_id__in=groups, **before)
-        gone = messages_delete(actor, messages=theirs)
-        memory_citations_forget(gone)
-        memberships, _ = Membership.objects.filter(
-            principal_id=erased, group_id__in=groups, **before
-        ).delete()
-        transfers, _ = OwnershipTransfer.objects.filter(
-            Q(from_principal=erased) | Q(to_principal=erased), group_id__in=groups, **before
-        ).delete()
-        records = tool_records_delete(
-            actor, records=tool_records_kept_about(erased).filter(**before)
-        )
+        erased = user_traces_erase(erasure.user_id, within=groups, made_before=erasure.erased_at)
         for section, count in [
-            ("messages", len(gone)),
-            ("memberships", memberships),
-            ("ownershipTransfers", transfers),
-            ("toolRecords", records),
+            ("messages", erased.messages),
+            ("memberships", erased.memberships),
+            ("ownershipTransfers", erased.ownership_transfers),
+            ("toolRecords", erased.tool_records),
         ]:
             result.stored[section] -= count
             result.skipped[section] += count

@@ -1,6 +1,7 @@
 """A user's right to be forgotten: everything kept about them, erased in one transaction."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
@@ -47,21 +48,36 @@ def user_erase(actor: Principal, *, confirm: str) -> Erased:
     # Before anything: the writes about them in flight end first (and are erased here), and
     # those that come later wait for the erase.
     hold_users([actor.id], alone=True)
-    # Before the conversations, which would leave their records unlinked rather than gone.
-    tool_records = tool_records_delete(actor, records=tool_records_kept_about(actor.id))
-    conversations = user_conversations_erase(actor.id)
-    memory_citations_forget(conversations.message_ids)
+    erased = user_traces_erase(actor.id)
     memories = memories_delete(actor, memories=memories_of(user_id=actor.id, with_expired=True))
     _, deleted = MemoryBlock.objects.filter(user_id=actor.id).delete()
     UserMemorySetting.objects.filter(user_id=actor.id, memory_enabled=True).delete()
     get_user_model().objects.filter(username=actor.id, is_staff=False).delete()
     UserErasure.objects.update_or_create(user_id=actor.id, defaults={"erased_at": timezone.now()})
+    return replace(erased, memories=memories, memory_blocks=deleted.get(MemoryBlock._meta.label, 0))
+
+
+def user_traces_erase(user_id: str, *, within=None, made_before: datetime | None = None) -> Erased:
+    """What a user left in conversations, erased (``user_conversations_erase``), with the
+    tool records about them (before the conversations, which would leave their records
+    unlinked rather than gone), and others' memories forget the messages erased. No memory
+    or block (0 of each). The caller holds the user (``hold_users``).
+
+    ``within`` (group ids) and ``made_before``: only what is of those groups (tool records:
+    wherever they are) and was made before then: an import's document brought back of
+    someone erased since it was made (``importing._erased_again``)."""
+    records = tool_records_kept_about(user_id)
+    if made_before is not None:
+        records = records.filter(created_at__lt=made_before)
+    tool_records = tool_records_delete(Principal.user(user_id), records=records)
+    conversations = user_conversations_erase(user_id, within=within, made_before=made_before)
+    memory_citations_forget(conversations.message_ids)
     return Erased(
         conversations=conversations.conversations,
         messages=conversations.messages,
         memberships=conversations.memberships,
         ownership_transfers=conversations.ownership_transfers,
-        memories=memories,
-        memory_blocks=deleted.get(MemoryBlock._meta.label, 0),
+        memories=0,
+        memory_blocks=0,
         tool_records=tool_records,
     )
