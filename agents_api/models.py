@@ -479,8 +479,10 @@ class UserErasure(models.Model):
     """That a user's data was erased, and when: all memsvc keeps of them after an erase.
     An owner's export made before it holds their turns and membership in the owner's
     conversations, and an import of it brought them back (review); an import erases again
-    what of theirs is older than this (``portability.importing``). Gone when the user
-    imports their own document: they brought their data back themselves."""
+    what of theirs is older than this (``portability.importing``), and an agent's import
+    skips what it holds about them that is older (``restore._agents_for``). Kept when the
+    user imports their own document: it brings back what it holds, and what it does not
+    stays erased."""
 
     user_id = models.CharField(
         primary_key=True, max_length=PRINCIPAL_MAX_LENGTH, validators=[no_nul_characters]

@@ -24,6 +24,7 @@ from agents_api.models import (
     MemoryBlockRevision,
     MemoryListing,
     ToolRecord,
+    UserErasure,
     UserMemorySetting,
 )
 from conversations.models import Conversation, Membership
@@ -299,6 +300,15 @@ def memory_off_for(user_ids: Iterable[str], *, lock: bool = False) -> set[str]:
         for user_id, enabled in settings_.values_list("user_id", "memory_enabled")
         if not enabled
     }
+
+
+def erasures_of(user_ids: Iterable[str]) -> dict:
+    """When each of ``user_ids`` who was erased was (``UserErasure``), by user id."""
+    return dict(
+        UserErasure.objects.filter(
+            user_id__in={user_id for user_id in user_ids if user_id}
+        ).values_list("user_id", "erased_at")
+    )
 
 
 MEMORIES = Corpus(

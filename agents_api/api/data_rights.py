@@ -134,7 +134,8 @@ class ImportedOut(serializers.Serializer):
         child=serializers.IntegerField(),
         help_text=(
             "Records left out, by section: memories, blocks and tool records about a user "
-            "who turned memory off, memories whose time is up."
+            "who turned memory off, or made before the user was erased; memories whose "
+            "time is up."
         ),
     )
 

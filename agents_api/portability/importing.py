@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from django.db import DataError, IntegrityError, transaction
 from django.utils import timezone
 
-from agents_api.models import Agent, Scope, UserErasure
+from agents_api.models import Agent, Scope
 from agents_api.portability.export import FORMAT, VERSION
 from agents_api.portability.records import AgentRecord
 from agents_api.portability.restore import (
@@ -19,7 +19,7 @@ from agents_api.portability.restore import (
     sequences_past_stored_numbers,
 )
 from agents_api.portability.sections import AGENT_SECTIONS, USER_SECTIONS
-from agents_api.selectors import messages_seen_by
+from agents_api.selectors import erasures_of, messages_seen_by
 from agents_api.services.data_rights import user_traces_erase
 from conversations.models import AccessLevel
 from conversations.selectors import said_by, visible_conversation_ids
@@ -123,8 +123,8 @@ def _erased_again(user_id: str, parsed: dict[str, list[dict]], result: ImportRes
     forgetting it let any older document undo it)."""
     groups = {record["group_id"] for record in parsed["conversations"]}
     named = _members_named(parsed) | _users_named(parsed)
-    for erasure in UserErasure.objects.filter(user_id__in=named - {user_id}):
-        erased = user_traces_erase(erasure.user_id, within=groups, made_before=erasure.erased_at)
+    for user, erased_at in erasures_of(named - {user_id}).items():
+        erased = user_traces_erase(user, within=groups, made_before=erased_at)
         for section, count in [
             ("messages", erased.messages),
             ("memberships", erased.memberships),
@@ -167,8 +167,8 @@ def _as_its_own(agent: Agent, parsed: dict[str, list[dict]], *, impersonates: bo
     conversations only those the agent sees (the others dropped, as a random id would be);
     no memory whose time is up (skipped, as the API refuses an ``expiresAt`` not in the
     future: a document that was exported, and is imported later, is not wrong for it).
-    (What is about a user who turned memory off is skipped by every import:
-    ``restore._agents_for``.) Each memory keeps its ``source``: how it was first kept (from
+    (What is about a user who turned memory off, or was erased after it was made, is
+    skipped by every import: ``restore._agents_for``.) Each memory keeps its ``source``: how it was first kept (from
     a conversation, through MCP, ...)."""
     actor, now = agent.as_principal(), timezone.now()
     memories = [memory for memory in parsed["memories"] if memory["expires_at"] > now]

@@ -23,7 +23,7 @@ from agents_api.models import (
     UserMemorySetting,
     content_hash,
 )
-from agents_api.selectors import memory_off_for
+from agents_api.selectors import erasures_of, memory_off_for
 from agents_api.services.memories import expired_copies_forget
 from agents_api.tasks import sweep_unembedded_memories_task, sweep_unembedded_tool_records_task
 from conversations.models import (
@@ -322,7 +322,9 @@ def _agents_for(subject, records: list[dict], section: str, *, about=None) -> li
     so; any other refuses the document. An agent's document keeps none made about a user who
     turned memory off (skipped: an agent keeps nothing new about them, whoever brings it;
     their settings locked until the import commits, as ``services.memories_save`` locks
-    them). A user's own document comes back whole: what was kept about them, kept while
+    them), nor any made about a user before they were erased (``UserErasure``: the erase
+    took it; the import holds the user, ``hold_users``, so no erase is in flight). A user's
+    own document comes back whole: what was kept about them, kept while
     their memory was off too, then their switch as it was (its last section)."""
     if not isinstance(subject, Agent):
         _belongs_to(subject, [r for r in records if not (about and about(r))], "user_id", section)
@@ -335,7 +337,13 @@ def _agents_for(subject, records: list[dict], section: str, *, about=None) -> li
     for record in records:
         record["agent_id"] = subject.id
     off = memory_off_for((record["user_id"] for record in records), lock=True)
-    return [record for record in records if record["user_id"] not in off]
+    erased = erasures_of(record["user_id"] for record in records)
+    return [
+        record
+        for record in records
+        if record["user_id"] not in off
+        and (record["user_id"] not in erased or record["created_at"] >= erased[record["user_id"]])
+    ]
 
 
 def _swept_on_commit(sweep) -> None:

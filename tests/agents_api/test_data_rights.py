@@ -673,7 +673,8 @@ def kept_about_alice() -> dict:
 
 
 NOTHING = {"memories": [], "blocks": [], "revisions": 0, "tool records": [], "switch": []}
-# What each write keeps when it comes after the erase (none: her block to change is gone).
+# What each write keeps when it comes after the erase (none: her block to change is gone;
+# an import's document, whose memory about her is older than her erase).
 AFTER_THE_ERASE = {
     "memory": {"memories": [("Alice is in Lisbon",)]},
     "memory, her switch on": {"memories": [("Alice is in Lisbon",)]},
@@ -681,7 +682,7 @@ AFTER_THE_ERASE = {
     "block change": {},
     "tool record": {"tool records": [("locate",)]},
     "her switch": {"switch": [("alice",)]},
-    "import": {"memories": [("Alice is in Lisbon",)]},
+    "import": {},
 }
 WRITES = list(AFTER_THE_ERASE)
 
@@ -1838,6 +1839,59 @@ def test_an_agent_import_skips_what_is_about_a_user_who_turned_memory_off(api, w
     assert "alice" not in {user for user, *_ in kept["blocks"]}
     records = ToolRecord.objects.filter(agent=newcomer.agent)
     assert sorted(records.values_list("tool_name", flat=True)) == ["ping", "search_hotels"]
+
+
+def test_an_agent_import_skips_what_was_about_a_user_before_she_was_erased(api, world):
+    """Her memory, her block and the tool record made for her, exported before her erase,
+    stay erased when the document comes back (they were put back); what the agent learned
+    about her after it is kept, as it keeps anything new."""
+    tool_records_create(
+        Principal.for_agent(world.agent.id, on_behalf_of="alice"),
+        agent=world.agent,
+        records=[NewToolRecord(tool_name="lookup_allergies", raw_output={"nuts": True})],
+    )
+    before = agent_export(api, key_of(world.agent))
+    user_erase(Principal.user("alice"), confirm="alice")
+    memory_save(
+        world.agent.as_principal(), agent=world.agent, user_id="alice", content="Alice is new"
+    )
+    after = agent_export(api, key_of(world.agent))
+
+    newcomer = make_agent("newcomer", ("read", "write", "impersonate"))
+    response = api.post("/v1/agent/import", before, as_=newcomer)
+    assert response.status_code == 200, response.content[:400]
+    assert response.json()["stored"] == {"memoryBlocks": 1, "memories": 2, "toolRecords": 2}
+    assert response.json()["skipped"] == {"memoryBlocks": 1, "memories": 1, "toolRecords": 1}
+    assert not Memory.objects.filter(user_id="alice").exclude(agent=world.agent).exists()
+    assert not MemoryBlock.objects.filter(user_id="alice").exists()
+    assert not ToolRecord.objects.filter(user_id="alice").exists()
+
+    third = make_agent("third")
+    response = api.post("/v1/agent/import", after, as_=third)
+    assert response.status_code == 200, response.content[:400]
+    assert response.json()["skipped"]["memories"] == 0
+    assert list(
+        Memory.objects.filter(agent=third.agent, user_id="alice").values_list("content", flat=True)
+    ) == ["Alice is new"]
+
+
+def test_an_operators_import_skips_what_was_about_a_user_before_she_was_erased(
+    tmp_path, world, capsys
+):
+    """``memsvc import`` of an agent's document made before her erase (the agent restored
+    after a drop) does not put back what the erase took about her."""
+    cli_export(tmp_path, "first", "agent", str(world.agent.id))
+    user_erase(Principal.user("alice"), confirm="alice")
+    agent_id = world.agent.id
+    world.agent.delete()
+
+    assert cli.main(["import", str(tmp_path / "first.json")]) == 0
+    err = capsys.readouterr().err
+    for section in ("memoryBlocks: 1", "memories: 2"):
+        assert f"{section} (1 skipped" in err, err
+    assert not Memory.objects.filter(user_id="alice").exists()
+    assert not MemoryBlock.objects.filter(user_id="alice").exists()
+    assert Memory.objects.filter(agent_id=agent_id, user_id="bob").exists()
 
 
 def test_an_operators_import_skips_what_is_about_a_user_who_turned_memory_off(
