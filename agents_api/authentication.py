@@ -154,17 +154,18 @@ def require_scope(principal: Principal, needed: str) -> None:
 
 
 class HasScope(BasePermission):
-    """Reads need the ``read`` scope, writes the ``write`` scope (a view may name its own;
-    one whose writes answer with what only a reader may see, ``writes_read = True``, needs
-    ``read`` for them too). The scopes are those of the authenticated caller
-    (``request.user.scopes``): an agent principal on ``/v1``, a ``LocalCaller`` on the
-    local API."""
+    """Reads need the ``read`` scope, writes the ``write`` scope (a view may name its own).
+    A write that answers with what only a reader may see (the memory a save was merged
+    into, a block's whole value after an append), its method in the view's ``writes_read``,
+    needs ``read`` too: a key that may not read may not learn it by writing. The scopes are
+    those of the authenticated caller (``request.user.scopes``): an agent principal on
+    ``/v1``, a ``LocalCaller`` on the local API."""
 
     def has_permission(self, request, view):
         needed = getattr(view, "required_scope", None) or (
             Scope.READ if request.method in SAFE_METHODS else Scope.WRITE
         )
         require_scope(request.user, needed)
-        if needed != Scope.READ and getattr(view, "writes_read", False):
+        if needed != Scope.READ and request.method in getattr(view, "writes_read", ()):
             require_scope(request.user, Scope.READ)
         return True

@@ -84,6 +84,8 @@ def _subject(request, user_id) -> str:
 
 
 class AgentMemoriesView(AgentApiView):
+    writes_read = ("POST",)  # a save merged into a memory kept already answers with it
+
     @agent_operation(
         "agentListMemories",
         parameters=[USER_ID, TAG, ORDER, LIMIT_PARAMETER, AFTER_PARAMETER],
@@ -134,6 +136,8 @@ class AgentMemoriesView(AgentApiView):
 
 
 class AgentMemoryBatchView(AgentApiView):
+    writes_read = ("POST",)  # as a save
+
     @agent_operation(
         "agentSaveMemories",
         request=s.BatchMemoriesIn,
@@ -168,6 +172,8 @@ class AgentMemorySearchView(AgentApiView):
 
 
 class AgentMemoryView(AgentApiView):
+    writes_read = ("PATCH",)  # the whole memory, what the change left of it (``{}``: all)
+
     @agent_operation("agentGetMemory", responses={200: s.MemoryOut, **errors(401, 403, 404)})
     def get(self, request, memory_id):
         return Response(s.MemoryOut(selectors.memory_of(_reachable(request), memory_id)).data)

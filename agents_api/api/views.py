@@ -382,6 +382,8 @@ def _requested_block(request, label):
 
 
 class MemoryBlockView(AgentApiView):
+    writes_read = ("PUT", "PATCH")  # the whole block: an append answers with what it held
+
     @agent_operation(
         "agentGetMemoryBlock",
         parameters=[USER_ID],

@@ -50,7 +50,7 @@ class LettaView(APIView):
     permission_classes = [IsAuthenticated, HasScope]
     # Letta's writes answer with the agent's state or the block, every block's value in it:
     # a key that may not read may not learn them by writing (review).
-    writes_read = True
+    writes_read = ("POST", "PUT", "PATCH", "DELETE")
     # Refusals outside the view (body too large, NUL in the path, database down, rate
     # limits: memsvc.api.middleware) in Letta's shape too, not /v1's.
     render_error = staticmethod(render_local_error)

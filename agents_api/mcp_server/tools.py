@@ -97,6 +97,9 @@ class Tool:
     required: tuple[str, ...]
     scope: str  # what the agent API needs for the same operation
     run: Callable[[Caller, dict], dict]
+    # A write that answers with what only a reader may see (a block's whole value): needs
+    # ``read`` too, as the agent API's (``HasScope``'s ``writes_read``).
+    writes_read: bool = False
     read_only: bool = False
     destructive: bool = False
 
@@ -436,6 +439,7 @@ TOOLS: dict[str, Tool] = {
             required=("label", "text"),
             scope=Scope.WRITE,
             run=_memory_block_append,
+            writes_read=True,
         ),
         Tool(
             name="memory_block_replace",
@@ -453,6 +457,7 @@ TOOLS: dict[str, Tool] = {
             required=("label", "old", "new"),
             scope=Scope.WRITE,
             run=_memory_block_replace,
+            writes_read=True,
         ),
     ]
 }
@@ -509,6 +514,8 @@ def call_tool(caller: Caller, name: str, arguments: dict) -> Outcome:
         with like_a_request():
             caller = caller.as_it_stands()
             require_scope(caller.principal, tool.scope)
+            if tool.writes_read:
+                require_scope(caller.principal, Scope.READ)
             _check_arguments(tool, arguments)
             _refuse_nul(arguments)
             return Outcome(compact(tool.run(caller, arguments)))

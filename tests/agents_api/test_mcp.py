@@ -527,6 +527,29 @@ def test_http_read_key_cannot_save_or_delete(served):
     assert list(Memory.objects.values_list("id", flat=True)) == [memory.id]
 
 
+def test_http_write_only_key_cannot_read_a_block_by_editing_it(served):
+    """``memory_block_append`` and ``memory_block_replace`` answer with the whole block
+    (an append: all it held before): a key that may not read it (``memory_block_list``:
+    refused) read it that way, as the agent API's and Letta's writes no longer let it."""
+    agent, key = keyed_agent("writer", scopes=["write"])
+    memory_block_create(agent.as_principal(), agent=agent, label="notes", value="Secret line")
+
+    async def session(client):
+        return (
+            await client.call_tool("memory_block_append", {"label": "notes", "text": "probe"}),
+            await client.call_tool(
+                "memory_block_replace", {"label": "notes", "old": "Secret", "new": "Open"}
+            ),
+            await client.call_tool("memory_save", {"content": "Something new"}),
+        )
+
+    append, replace, save = run(http(served, key), session)
+    assert refusal(append) == "this API key lacks the 'read' scope"
+    assert refusal(replace) == "this API key lacks the 'read' scope"
+    assert MemoryBlock.objects.get(agent=agent, label="notes").value == "Secret line"
+    assert body(save)["status"] == "saved"  # (its answer: the id, nothing stored before)
+
+
 def test_http_acts_for_the_user_of_an_impersonating_key(served):
     agent, key = keyed_agent("assistant", scopes=["read", "write", "impersonate"])
 

@@ -919,6 +919,35 @@ def test_a_write_only_key_cannot_search_or_list(api, helper):
     assert api.get(MEMORIES, as_=writer).status_code == 403
 
 
+@pytest.mark.parametrize(
+    "method, path, body",
+    [
+        ("POST", MEMORIES, {"content": "Hank's PIN hint is his dog's name"}),
+        (
+            "POST",
+            f"{MEMORIES}/batch",
+            {"memories": [{"content": "Hank's PIN hint is his dog's name"}]},
+        ),
+        ("PATCH", f"{MEMORIES}/{{id}}", {}),
+        ("PATCH", f"{MEMORIES}/{{id}}", {"importance": 0.9}),
+    ],
+)
+def test_a_write_only_key_cannot_read_a_memory_by_writing(api, helper, method, path, body):
+    """A save merged into a memory kept already answers with it whole (its summary,
+    metadata, every tag), as does a change (``{}``: a change of nothing): a key that may
+    not read it (GET: 403) read it that way (review)."""
+    memory = save(api, helper, "Hank's PIN hint is his dog's name", summary="private")
+    writer = make_agent("helper", scopes=["write"])
+    before = snapshot()
+    response = api.call(method, path.format(id=memory["id"]), as_=writer, body=body)
+    assert response.status_code == 403, response.content
+    assert response.json()["error"] == "this API key lacks the 'read' scope"
+    assert "private" not in response.content.decode()
+    assert snapshot() == before
+    # What writing alone reveals nothing of is the key's to do.
+    assert api.delete(f"{MEMORIES}/{memory['id']}", as_=writer).status_code == 204
+
+
 def test_acting_for_a_user_reaches_that_users_memories_only(api, helper):
     bobs = save(api, helper, "Bob's fact", userId="bob")
     as_alice = helper.acting_for("alice")

@@ -56,6 +56,25 @@ def test_a_delete_with_a_misspelt_user_is_400_and_deletes_no_block(api, helper):
     assert MemoryBlock.objects.count() == 2
 
 
+@pytest.mark.parametrize(
+    "method, body",
+    [("PATCH", {"append": "probe"}), ("PATCH", {}), ("PUT", {"value": "new"})],
+)
+def test_a_write_only_key_cannot_read_a_block_by_changing_it(api, helper, method, body):
+    """A change answers with the whole block (an append: all it held before); a key that
+    may not read it (GET: 403) read it that way (review)."""
+    create_block(api, helper, label="human", value="The secret line", description="private")
+    writer = make_agent("helper", scopes=["write"])
+    assert api.get(f"{BLOCKS}/human", as_=writer).status_code == 403
+    response = api.call(method, f"{BLOCKS}/human", as_=writer, body=body)
+    assert response.status_code == 403, response.content
+    assert "secret" not in response.content.decode()
+    assert stored(helper, "human").value == "The secret line"
+    # A new block answers with what the key sent only, and a delete with nothing.
+    assert api.post(BLOCKS, {"label": "notes", "value": "x"}, as_=writer).status_code == 201
+    assert api.delete(f"{BLOCKS}/human", as_=writer).status_code == 204
+
+
 def test_a_duplicate_label_is_a_conflict(api, helper):
     create_block(api, helper, label="human")
     response = api.post(BLOCKS, {"label": "human", "value": "again"}, as_=helper)
