@@ -640,6 +640,20 @@ def test_a_word_or_phrase_after_a_dash_excludes_the_messages_holding_it(api, ali
     assert first["message"]["content"] == "I baked a lemon cake for the party"
 
 
+@pytest.mark.parametrize("mode", ["hybrid", "semantic", "keyword"])
+@pytest.mark.parametrize("rule", ["-" * 40, "-(" * 40, "-!" * 40, "- " * 40, "-_" * 40])
+def test_a_run_of_dashes_excludes_nothing_and_breaks_nothing(api, alice, mode, rule):
+    """A pasted rule: each "-" a NOT to ``websearch_to_tsquery``, 32 of them nested past
+    what it can read ("tsquery stack too small"): the highlights' statement failed, a 500
+    (review). A "-" before no word excludes nothing."""
+    conversation = ConversationFactory(group__owner=alice.id)
+    MessageFactory(conversation=conversation, author_name="alice", content="I baked a cake")
+    embed_pending()
+    [hit] = search(api, alice, f"cake {rule}", mode=mode)
+    assert hit["message"]["content"] == "I baked a cake"
+    assert hit["highlights"] == "I baked a <b>cake</b>" or mode == "semantic"
+
+
 def test_top_k_and_the_documented_result_shape(api, alice, pets):
     embed_pending()
     results = search(api, alice, "day", topK=2)
