@@ -62,7 +62,11 @@ class Turn:
         """Start reading the reply from ``response``; True when its body is already read
         (``finish`` after the SDK has processed it), False when the reply is read as the
         body is consumed."""
-        streamed = response.headers.get("content-type", "").startswith("text/event-stream")
+        # As the SDK reads it: streamed when the call asked for a stream, whatever type the
+        # server names (a stream said to be JSON lost the turn; review).
+        streamed = self.call.body.get("stream") is True or response.headers.get(
+            "content-type", ""
+        ).startswith("text/event-stream")
         self.reader = ReplyReader(self.call.api, streamed=streamed)
         try:
             content = response.content
@@ -114,6 +118,10 @@ def _not_read_error(response) -> type[Exception]:
 
 _lock = threading.Lock()
 _active: list = []  # the learning() blocks running, in any thread, innermost last
+# The model calls a block began that are not back yet: the SDKs stay wrapped for them (one
+# the last block's end unwrapped under it met the plain ``_process_response``, and its turn
+# was never stored, without a word; review).
+_in_flight = 0
 # The blocks this thread or task entered, innermost last (one it exits elsewhere stays
 # listed: only the active ones count).
 _entered: contextvars.ContextVar[tuple] = contextvars.ContextVar(
@@ -136,9 +144,10 @@ if hasattr(os, "register_at_fork"):
 
 
 def activate(session) -> None:
-    """A ``learning()`` block begins: the SDKs are patched while any block runs."""
+    """A ``learning()`` block begins: the SDKs are patched while any block runs, or a call
+    one began is not back."""
     with _lock:
-        if not _active:
+        if not _active and not _in_flight:
             patch()
         _active.append(session)
     _entered.set((*_entered.get(), session))
@@ -152,7 +161,21 @@ def deactivate(session) -> None:
     with _lock:
         if session in _active:
             _active.remove(session)
-        if not _active:
+        if not _active and not _in_flight:
+            unpatch()
+
+
+def _call_begins() -> None:
+    global _in_flight
+    with _lock:
+        _in_flight += 1
+
+
+def _call_ends() -> None:
+    global _in_flight
+    with _lock:
+        _in_flight -= 1
+        if not _active and not _in_flight:
             unpatch()
 
 
@@ -227,47 +250,78 @@ def _with_body(options, body: dict):
 # --- the shells -------------------------------------------------------------------------------
 
 
+def _begun(sdk: str, client, options) -> Turn | None:
+    """``_begin``, counted in flight until ``_call_ends``; None (the plain call) when it
+    fails, with one warning."""
+    try:
+        turn = _begin(sdk, client, options)
+    except Exception as exc:
+        warn("prepare the call", exc)
+        return None
+    if turn is not None:
+        _call_begins()
+    return turn
+
+
+def _prepared(turn: Turn, options, context: dict | None):
+    """The options with the body prepared with ``context``; without memory when that fails
+    (a context answer not of our shape, one warning), as the caller made them when even
+    that does. Never raises: the turn is stored all the same (review: a context answer
+    that was not our JSON lost the call's stores too)."""
+    try:
+        return _with_body(options, turn.prepare_body(context))
+    except Exception as exc:
+        warn("prepare the call", exc)
+    try:
+        return _with_body(options, turn.prepare_body(None))
+    except Exception:
+        return options
+
+
 def _sync_request(sdk, original):
     def request(client, cast_to, options, *args, **kwargs):
         # The user's request is sent once, outside what may fail of ours: a request that is
-        # no model call (embeddings, files), sent inside the ``try``, was sent again when it
+        # no model call (embeddings, files), sent inside a ``try``, was sent again when it
         # failed, as if preparing it had.
-        try:
-            turn = _begin(sdk, client, options)
-            if turn is not None:
-                context = turn.session.fetch_context(turn.call)
-                options = _with_body(options, turn.prepare_body(context))
-        except Exception as exc:
-            warn("prepare the call", exc)
-            turn = None
+        turn = _begun(sdk, client, options)
         if turn is None:
             return original(client, cast_to, options, *args, **kwargs)
-        token = _current_turn.set(turn)
         try:
-            return original(client, cast_to, options, *args, **kwargs)
+            try:
+                context = turn.session.fetch_context(turn.call)
+            except Exception as exc:  # (an answer not of JSON: ``fetch_context`` warns of others)
+                warn("read memory", exc)
+                context = None
+            token = _current_turn.set(turn)
+            try:
+                return original(client, cast_to, _prepared(turn, options, context), *args, **kwargs)
+            finally:
+                _current_turn.reset(token)
         finally:
-            _current_turn.reset(token)
+            _call_ends()
 
     return request
 
 
 def _async_request(sdk, original):
     async def request(client, cast_to, options, *args, **kwargs):
-        try:  # (as ``_sync_request``'s)
-            turn = _begin(sdk, client, options)
-            if turn is not None:
-                context = await turn.session.afetch_context(turn.call)
-                options = _with_body(options, turn.prepare_body(context))
-        except Exception as exc:
-            warn("prepare the call", exc)
-            turn = None
+        turn = _begun(sdk, client, options)  # (as ``_sync_request``'s)
         if turn is None:
             return await original(client, cast_to, options, *args, **kwargs)
-        token = _current_turn.set(turn)
         try:
-            return await original(client, cast_to, options, *args, **kwargs)
+            try:
+                context = await turn.session.afetch_context(turn.call)
+            except Exception as exc:  # (an answer not of JSON: ``fetch_context`` warns of others)
+                warn("read memory", exc)
+                context = None
+            token = _current_turn.set(turn)
+            try:
+                prepared = _prepared(turn, options, context)
+                return await original(client, cast_to, prepared, *args, **kwargs)
+            finally:
+                _current_turn.reset(token)
         finally:
-            _current_turn.reset(token)
+            _call_ends()
 
     return request
 

@@ -113,7 +113,7 @@ class learning:
         self.url = (server_url or server_url_from_env()).rstrip("/")
         api_key = api_key or os.environ.get("MEMSVC_API_KEY")
         self.destination = Destination(self.url, (("X-API-Key", api_key),) if api_key else ())
-        self._client: httpx.Client | None = None
+        self._client: _KeptClient | None = None  # the ``with`` block's
         # One block object may be entered again while in it (nested, or in another thread):
         # it opens its client at the first entry and closes it at the last exit (an inner
         # exit closed the outer block's client, and its calls went without memory).
@@ -172,7 +172,7 @@ class learning:
                 # Closed on the loop that made it; from another (the object entered on two
                 # loops, the first one gone: "Event loop is closed", review) only dropped.
                 if kept is not None and loop is asyncio.get_running_loop():
-                    await kept.let_go()
+                    await kept.alet_go()
         except Exception as exc:  # (leaving the block never fails the program)
             logger.warning("memsvc: could not close a connection to memsvc (%s)", exc)
         finally:  # (the stores are sent, whatever closing the client raised)
@@ -189,10 +189,10 @@ class learning:
         self._client = None  # (the parent's connections are the parent's)
 
     @property
-    def _http(self) -> httpx.Client:
+    def _http(self) -> "_KeptClient":
         """The block's client (a forked child's, made now)."""
         if self._client is None:
-            self._client = self._new_client()
+            self._client = _KeptClient(self._new_client())
         return self._client
 
     def _enter(self) -> None:
@@ -202,8 +202,8 @@ class learning:
                 self._open()
             self._entries += 1
 
-    def _leave(self) -> tuple[bool, httpx.Client | None]:
-        """One entry ends: whether it was the last, and then the client to close."""
+    def _leave(self) -> tuple[bool, "_KeptClient | None"]:
+        """One entry ends: whether it was the last, and then the client to let go of."""
         with self._entries_lock:
             self._entries -= 1
             if self._entries:
@@ -211,13 +211,13 @@ class learning:
             client, self._client = self._client, None
             return True, client
 
-    def _send_and_close(self, client: httpx.Client | None) -> None:
-        """What the entry stored is sent; ``client`` (the last exit's) closed."""
+    def _send_and_close(self, client: "_KeptClient | None") -> None:
+        """What the entry stored is sent; ``client`` (the last exit's) let go of."""
         try:
             self.flush()
         finally:
             if client is not None:
-                client.close()
+                client.let_go()
 
     def _new_client(self) -> httpx.Client:
         # Through a proxy of the environment's (which a transport given to httpx would
@@ -237,12 +237,12 @@ class learning:
         return self._ssl
 
     def _open(self) -> None:
-        client = self._client = self._new_client()
+        client = self._client = _KeptClient(self._new_client())
         try:
             self._check()
         except BaseException:
             self._client = None
-            client.close()
+            client.let_go()
             raise
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -255,7 +255,7 @@ class learning:
 
     def _check(self) -> None:
         try:
-            self._client.get("/health").raise_for_status()
+            self._client.client.get("/health").raise_for_status()
         except httpx.HTTPError as exc:
             raise MemoryServerUnavailable(
                 f"memsvc is not reachable at {self.url} ({exc}). Start it with "
@@ -263,7 +263,7 @@ class learning:
                 "MEMORY_SERVER_URL (or MEMORY_SERVER_PORT) to where it runs."
             ) from exc
         try:
-            response = self._client.post("/agents", json={"name": self.agent})
+            response = self._client.client.post("/agents", json={"name": self.agent})
         except httpx.HTTPError as exc:
             raise MemoryServerUnavailable(f"memsvc at {self.url} did not answer ({exc})") from exc
         if response.is_error:
@@ -311,7 +311,7 @@ class learning:
                 kept = self._kept = self._kept or _KeptClient(self._new_aclient())
                 response = await _by(
                     deadline,
-                    kept.request(
+                    kept.arequest(
                         request.method, request.path, json=request.json, timeout=time_left(deadline)
                     ),
                 )
@@ -397,28 +397,56 @@ async def _by(deadline: float, request):
 
 
 class _KeptClient:
-    """An ``async with`` block's client, and how many calls are on it. The block's exit lets
-    go of it: closed at once, or as the last call on it ends (a call of a task the block
-    started, still asking for context): closed under a call, that call failed, went without
-    its context, and memsvc was taken for down (``sender.mark_down``)."""
+    """A block's client, and how many requests are on it. The block's exit lets go of it:
+    closed at once, or as the last request on it ends (a call of a task or thread the block
+    started, still asking for context: closed under it, that call failed, went without its
+    context, and memsvc was taken for down, ``sender.mark_down``; review). ``request`` and
+    ``let_go`` for a ``with`` block's ``httpx.Client`` (from any thread), ``arequest`` and
+    ``alet_go`` for an ``async with`` block's ``httpx.AsyncClient`` (on its loop)."""
 
-    def __init__(self, client: httpx.AsyncClient):
+    def __init__(self, client: httpx.Client | httpx.AsyncClient):
         self.client = client
+        self._lock = threading.Lock()
         self._calls = 0
         self._released = False
 
-    async def request(self, method: str, path: str, **options) -> httpx.Response:
-        self._calls += 1
+    def _on(self) -> None:
+        with self._lock:
+            self._calls += 1
+
+    def _off(self) -> bool:
+        """One request ends: whether the client is to be closed now."""
+        with self._lock:
+            self._calls -= 1
+            return self._released and not self._calls
+
+    def _release(self) -> bool:
+        with self._lock:
+            self._released = True
+            return not self._calls
+
+    def request(self, method: str, path: str, **options) -> httpx.Response:
+        self._on()
+        try:
+            return self.client.request(method, path, **options)
+        finally:
+            if self._off():
+                self.client.close()
+
+    def let_go(self) -> None:
+        if self._release():
+            self.client.close()
+
+    async def arequest(self, method: str, path: str, **options) -> httpx.Response:
+        self._on()
         try:
             return await self.client.request(method, path, **options)
         finally:
-            self._calls -= 1
-            if self._released and not self._calls:
+            if self._off():
                 await self.client.aclose()
 
-    async def let_go(self) -> None:
-        self._released = True
-        if not self._calls:
+    async def alet_go(self) -> None:
+        if self._release():
             await self.client.aclose()
 
 

@@ -14,6 +14,7 @@ import pytest
 from agents_api.models import ToolRecord
 from bench.tool_task import FINAL_ANSWER, first_messages, run_agent, script, tool_output
 from memsvc.client import learning
+from memsvc.client.session import _KeptClient
 from memsvc.memory_bank import (
     CONTEXT_HEADING,
     MAX_TOOL_JSON_BYTES,
@@ -351,8 +352,8 @@ def test_with_memsvc_gone_the_call_gets_the_whole_history(live_server, llm, capl
     client = openai.OpenAI(base_url=llm.base_url, api_key="test")
     session = learning(agent=AGENT, server_url=live_server.url, strategy="memory_bank")
     with session, caplog.at_level(logging.WARNING, logger="memsvc.client"):
-        session._client.close()  # memsvc stops answering mid-block
-        session._client = httpx.Client(base_url="http://127.0.0.1:1")
+        session._client.let_go()  # memsvc stops answering mid-block
+        session._client = _KeptClient(httpx.Client(base_url="http://127.0.0.1:1"))
         history = run_agent(client, model="gpt-test")
     assert sent(llm)[-1] == history[:-1]  # unchanged: the whole history
     assert "memory bank unavailable" in caplog.text
