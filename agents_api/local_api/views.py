@@ -22,6 +22,7 @@ from django.http import JsonResponse
 from drf_spectacular.utils import extend_schema
 from rest_framework import exceptions as drf
 from rest_framework.authentication import BaseAuthentication
+from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.permissions import AllowAny, BasePermission
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -111,8 +112,25 @@ def _place(field: str) -> list:
     return [int(part) if part.isdigit() else part for part in field.split(".")]
 
 
+class FastApiBodies(DefaultContentNegotiation):
+    """A body read as the seed's FastAPI server reads one: as JSON when it names no type
+    (a client that sent JSON without saying so got a 415; review), or a JSON type
+    (``application/json``, ``application/...+json``); a body of another type is no object
+    of the fields asked for (422, ``fastapi_errors``)."""
+
+    def select_parser(self, request, parsers):
+        media_type = request.content_type.split(";", 1)[0].strip().lower()
+        if not media_type or (
+            media_type.startswith("application/") and media_type.endswith("+json")
+        ):
+            return next(parser for parser in parsers if parser.media_type == "application/json")
+        return super().select_parser(request, parsers)
+
+
 def fastapi_errors(exc, context):
     """Errors as the seed's FastAPI server answers them."""
+    if isinstance(exc, drf.UnsupportedMediaType):  # (FastAPI reads the body as bytes)
+        exc = drf.ParseError("Input should be a valid dictionary or object to extract fields from")
     if isinstance(exc, drf.ValidationError | drf.ParseError):
         detail = exc.detail if isinstance(exc, drf.ValidationError) else {"body": [str(exc.detail)]}
         return Response({"detail": s.validation_detail(detail)}, status=422)
@@ -126,6 +144,7 @@ def fastapi_errors(exc, context):
 class LocalView(APIView):
     authentication_classes = [LocalAuthentication]
     permission_classes = [IsLocalCaller, HasScope]
+    content_negotiation_class = FastApiBodies
 
     # How memsvc.api.errors.render_api_error answers for this API outside the view's own
     # handling (body too large, NUL in the path, database down, rate limits).
