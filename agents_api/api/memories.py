@@ -11,7 +11,7 @@ from agents_api.api.views import USER_ID, AgentApiView, agent_operation
 from agents_api.models import MEMORY_TAG_MAX_LENGTH, Agent, Scope
 from agents_api.tasks import enqueue_memory_touch
 from memsvc.api.errors import InvalidInput
-from memsvc.api.fields import only_query_parameters, query_choice
+from memsvc.api.fields import only_query_parameters, query_choice, query_text
 from memsvc.api.pagination import AFTER_PARAMETER, LIMIT_PARAMETER, page_data, page_params
 from memsvc.api.schema import errors
 from memsvc.api.views import UserApiView, user_operation
@@ -69,9 +69,7 @@ def _tag(request) -> str | None:
     """``?tag=``. One longer than a tag may be is refused: compared with the stored tags it
     would be cut to their length (PostgreSQL casts it to the column's type) and match a tag
     it is not."""
-    tag = request.query_params.get("tag")
-    if tag == "":
-        raise InvalidInput.for_field("tag", "must not be empty", location="query")
+    tag = query_text(request, "tag")
     if tag and len(tag) > MEMORY_TAG_MAX_LENGTH:
         raise InvalidInput.for_field(
             "tag", f"at most {MEMORY_TAG_MAX_LENGTH} characters", location="query"

@@ -13,7 +13,7 @@ from agents_api.services import NewToolRecord
 from agents_api.tasks import enqueue_tool_record_observation
 from conversations.selectors import access_conversation
 from memsvc.api.errors import InvalidInput, NotFound
-from memsvc.api.fields import only_query_parameters
+from memsvc.api.fields import only_query_parameters, query_text
 from memsvc.api.idempotency import idempotency_key, marked_replayed, request_fingerprint
 from memsvc.api.pagination import AFTER_PARAMETER, LIMIT_PARAMETER, page_data, page_params
 from memsvc.api.schema import errors
@@ -76,7 +76,7 @@ class ToolRecordsView(AgentApiView):
     )
     def get(self, request):
         records = selectors.tool_records_of(
-            request.agent, task_id=request.query_params.get("taskId"), principal=request.principal
+            request.agent, task_id=query_text(request, "taskId"), principal=request.principal
         )
         page = selectors.tool_record_page(records, **page_params(request))
         return Response(page_data(page, s.ToolRecordOut))

@@ -159,6 +159,11 @@ def test_list_by_task_pages_in_the_order_made(api, helper):
     assert len(api.get(RECORDS, as_=helper).json()["data"]) == 6  # every task
     assert api.get(RECORDS, as_=helper, after="garbage!").status_code == 400
     assert api.get(RECORDS, as_=helper, limit=0).status_code == 400
+    # ``?taskId=`` (a client's empty variable) listed the records of no task (review).
+    create(api, helper, "no task")
+    empty = api.get(RECORDS, as_=helper, taskId="")
+    assert empty.status_code == 400
+    assert empty.json()["details"] == {"taskId": ["must not be empty"]}
 
 
 def test_delete_by_task(api, helper):
