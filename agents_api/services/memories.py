@@ -9,7 +9,7 @@ from datetime import datetime
 
 import numpy as np
 from django.db import IntegrityError, connection, transaction
-from django.db.models import F, Q
+from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 from agents_api.models import (
@@ -572,10 +572,14 @@ def memories_prune(*, now: datetime | None = None) -> PruneResult:
     expired = Memory.objects.filter(expires_at__lte=now)
     deleted, _ = expired.filter(access_count__lt=POPULAR_ACCESS_COUNT).delete()
     extended = expired.filter(access_count__gte=POPULAR_ACCESS_COUNT).update(
-        # From ``now``, not from the old expiry: one that a late run finds long expired
-        # would come out expired still, and be deleted next time with its count reset.
-        # The caller's ``now``, not the database's clock: a run told the time extends past it.
-        expires_at=now + MEMORY_TTL,
+        # ``expiresAt`` + 15 days (kagent's, DESIGN's); from ``now`` for one a late run
+        # finds expired that long: it would come out expired still, and be deleted next time
+        # with its count reset. The caller's ``now``, not the database's clock: a run told
+        # the time extends past it.
+        expires_at=Case(
+            When(expires_at__gt=now - MEMORY_TTL, then=F("expires_at") + MEMORY_TTL),
+            default=Value(now + MEMORY_TTL),
+        ),
         access_count=0,
     )
     # The orders of walks by popularity begun long enough ago (a cursor into one is a 400).
