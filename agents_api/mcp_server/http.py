@@ -217,8 +217,9 @@ class McpView(APIView):
 
     @extend_schema(exclude=True)  # JSON-RPC, described by the MCP specification, not OpenAPI
     def post(self, request):
-        if not request.content_type.lower().startswith("application/json"):
-            # (The SDK refuses it too, with a plain-text 400.)
+        if request.content_type.split(";", 1)[0].strip().lower() != "application/json":
+            # (The SDK refuses it too, with a plain-text 400; "application/jsonfoo" passed
+            # a test of the start, and the SDK's refusal came in its own shape: review.)
             raise UnsupportedMediaType(request.content_type)
         refused = request_refused(request._request.body)
         if refused is not None:

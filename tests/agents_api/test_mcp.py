@@ -598,9 +598,10 @@ def test_http_refuses_requests_without_a_valid_key(served):
     [block] = json.loads(response.json()["result"]["content"][0]["text"])["data"]
     assert block["value"] == "Name: Ada"
     # Not JSON: refused in the API's shape (the SDK's own refusal is a plain-text 400).
-    text = httpx.post(served, content=b"{}", headers={**authorized, "Content-Type": "text/plain"})
-    assert text.status_code == 415
-    assert text.json()["code"] == "unsupported_media_type"
+    for media_type in ("text/plain", "application/jsonfoo"):
+        text = httpx.post(served, content=b"{}", headers={**authorized, "Content-Type": media_type})
+        assert text.status_code == 415, media_type
+        assert text.json()["code"] == "unsupported_media_type"
     # An MCP client opens its stream asking for events only: 405 (no stream) all the same,
     # which the protocol reads as "none"; a 406 broke the TypeScript SDK's client.
     for accept in ("application/json, text/event-stream", "text/event-stream"):
