@@ -13,7 +13,7 @@ Tools are plain functions run in a worker thread (``server``): Django's ORM is s
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import jsonschema
@@ -100,6 +100,20 @@ class Tool:
     # A write that answers with what only a reader may see (a block's whole value): needs
     # ``read`` too, as the agent API's (``HasScope``'s ``writes_read``).
     writes_read: bool = False
+    # The agent API's fields the tool fills, by the argument that fills each: a refusal of
+    # one names the argument (a model was told to fix an ``append`` it never sent; review).
+    fields: dict[str, str] = field(default_factory=dict)
+
+    def named_as_arguments(self, message: str, details: dict) -> tuple[str, dict]:
+        """A refusal's message and details with the tool's fields named as its arguments."""
+        for name, argument in self.fields.items():
+            if message.startswith(f"{name}:"):
+                message = f"{argument}{message[len(name) :]}"
+                break
+        return message, {
+            self.fields.get(name, name): problems for name, problems in details.items()
+        }
+
     read_only: bool = False
     destructive: bool = False
 
@@ -440,6 +454,7 @@ TOOLS: dict[str, Tool] = {
             scope=Scope.WRITE,
             run=_memory_block_append,
             writes_read=True,
+            fields={"append": "text", "value": "text"},
         ),
         Tool(
             name="memory_block_replace",
@@ -458,6 +473,7 @@ TOOLS: dict[str, Tool] = {
             scope=Scope.WRITE,
             run=_memory_block_replace,
             writes_read=True,
+            fields={"replace": "new", "replace.new": "new", "replace.old": "old"},
         ),
     ]
 }
@@ -529,4 +545,5 @@ def call_tool(caller: Caller, name: str, arguments: dict) -> Outcome:
         error = as_api_error(exc)
         if error is None:
             raise
-        return Outcome(error_body(error.message, error.code, error.details), is_error=True)
+        message, details = tool.named_as_arguments(error.message, error.details)
+        return Outcome(error_body(message, error.code, details), is_error=True)

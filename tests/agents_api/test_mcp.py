@@ -829,6 +829,25 @@ def test_http_a_value_of_another_kind_is_refused_without_echoing_it(
     refused_without_echo(client, tool, arguments, problem)
 
 
+@pytest.mark.parametrize(
+    ("tool", "arguments", "argument"),
+    [
+        ("memory_block_append", {"label": "human", "text": "x" * 6000}, "text"),
+        ("memory_block_append", {"label": "notes", "text": "x" * 6000}, "text"),  # (made now)
+        ("memory_block_replace", {"label": "human", "old": "Ada", "new": "x" * 6000}, "new"),
+    ],
+)
+def test_http_a_block_tools_refusal_names_its_own_argument(client, tool, arguments, argument):
+    """Not the agent API's field the tool fills (``append``, ``value``, ``replace``): a
+    model was told to fix what it never sent (review)."""
+    agent, key = keyed_agent("block-refusals")  # (its "human" block: "Name: Ada")
+    result = call_tool(client, key, tool, arguments).json()["result"]
+    assert result["isError"], result
+    assert result["content"][0]["text"].startswith(f"{argument}: "), result
+    assert list(result["structuredContent"]["details"]) == [argument]
+    assert MemoryBlock.objects.get(agent=agent, label="human").value == "Name: Ada"
+
+
 def refused_without_echo(client, tool: str, arguments: dict, problem: str) -> None:
     _, key = keyed_agent("too-long")
     response = call_tool(client, key, tool, arguments)
