@@ -24,6 +24,7 @@ from agents_api.models import (
     content_hash,
 )
 from agents_api.selectors import erasures_of, memory_off_for
+from agents_api.services.blocks import revisions_trim
 from agents_api.services.memories import expired_copies_forget
 from agents_api.tasks import sweep_unembedded_memories_task, sweep_unembedded_tool_records_task
 from conversations.models import (
@@ -377,6 +378,7 @@ def restore_memory_blocks(subject, records: list[dict]) -> int:
         for block, block_revisions in zip(blocks, revisions, strict=True)
         for revision in block_revisions
     )
+    revisions_trim([block.id for block in blocks])
     return len(blocks)
 
 

@@ -2,6 +2,8 @@
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import F, Window
+from django.db.models.functions import RowNumber
 from django.utils import timezone
 
 from agents_api.models import (
@@ -31,12 +33,29 @@ def _refuse_an_agent_if_memory_off(actor: Principal, user_id: str) -> None:
 
 
 def _record(block: MemoryBlock, actor: Principal) -> None:
-    """Keep the block's new value as a revision, and only the newest
-    ``MEMSVC_BLOCK_REVISIONS_KEPT`` of them (0: every one)."""
+    """Keep the block's new value as a revision (``revisions_trim``)."""
     MemoryBlockRevision.objects.create(block=block, value=block.value, actor_principal=actor.id)
+    revisions_trim([block.id])
+
+
+def revisions_trim(block_ids) -> None:
+    """Only the newest ``MEMSVC_BLOCK_REVISIONS_KEPT`` revisions of each of these blocks
+    are kept (0: every one): after a write, and after an import, whose document may hold
+    more (review: 120 of a block were listed, with the setting at 50)."""
     kept = settings.MEMSVC_BLOCK_REVISIONS_KEPT
     if kept:
-        older = block.revisions.order_by(*MemoryBlockRevision.NEWEST_FIRST).values("id")[kept:]
+        older = (
+            MemoryBlockRevision.objects.filter(block_id__in=block_ids)
+            .annotate(
+                place=Window(
+                    RowNumber(),
+                    partition_by=F("block_id"),
+                    order_by=list(MemoryBlockRevision.NEWEST_FIRST),
+                )
+            )
+            .filter(place__gt=kept)
+            .values("id")
+        )
         MemoryBlockRevision.objects.filter(id__in=older).delete()
 
 

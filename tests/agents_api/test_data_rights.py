@@ -1875,6 +1875,34 @@ def test_an_agent_import_skips_what_was_about_a_user_before_she_was_erased(api, 
     ) == ["Alice is new"]
 
 
+def test_an_import_keeps_only_the_newest_revisions_this_server_keeps(tmp_path, world, settings):
+    """A document from a server that keeps more revisions (or all: 0) put every one back,
+    listed until the block's next write (review)."""
+    block = MemoryBlock.objects.get(agent=world.agent, user_id="alice")
+    for line in range(4):
+        block = memory_block_update(world.agent.as_principal(), block=block, append=f"l{line}")
+    newest = list(
+        block.revisions.order_by(*MemoryBlockRevision.NEWEST_FIRST).values_list("value", flat=True)
+    )
+    assert len(newest) == 6
+    cli_export(tmp_path, "first", "agent", str(world.agent.id))
+    world.agent.delete()
+
+    settings.MEMSVC_BLOCK_REVISIONS_KEPT = 3
+    assert cli.main(["import", str(tmp_path / "first.json")]) == 0
+    restored = MemoryBlock.objects.get(user_id="alice")
+    assert (
+        list(
+            restored.revisions.order_by(*MemoryBlockRevision.NEWEST_FIRST).values_list(
+                "value", flat=True
+            )
+        )
+        == newest[:3]
+    )
+    # Another block's, fewer than that, all kept.
+    assert MemoryBlockRevision.objects.filter(block__user_id="bob").count() == 1
+
+
 def test_an_operators_import_skips_what_was_about_a_user_before_she_was_erased(
     tmp_path, world, capsys
 ):
