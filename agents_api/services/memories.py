@@ -159,6 +159,7 @@ def memories_save(
     user_id: str = "",
     memories: Sequence[NewMemory],
     source: str = MemorySource.API,
+    items: str | None = "memories",
 ) -> list[tuple[Memory, bool]]:
     """Save memories of ``agent`` about ``user_id`` ("" for its own), all or nothing.
 
@@ -166,21 +167,21 @@ def memories_save(
     earlier one of the same batch) is merged into it instead of stored twice. All are
     embedded in one call before the transaction (the model's time holds no locks), so a
     near-duplicate is caught at once. 409 when the user turned memory off; 400 when one
-    cites a message the actor does not see (``messageIds``).
+    cites a message the actor does not see (``memories[1].messageIds``, the batch's
+    ``items`` named; None: one memory's, ``messageIds``).
     """
     refuse_if_memory_off(user_id)
-    _refuse_unseen_messages(actor, [i for new in memories for i in new.message_ids])
+    cited = [new.message_ids for new in memories]
+    _refuse_missing_messages(cited, messages_seen_by(actor, _flat(cited)), items=items)
     model, vectors = _memory_vectors([new.content for new in memories])
-    return _store_memories(agent, user_id, memories, source, model, vectors)
+    return _store_memories(agent, user_id, memories, source, model, vectors, items)
 
 
-def _refuse_unseen_messages(actor: Principal, message_ids: Sequence) -> None:
-    """A memory cites only messages its writer may see: another's message is "no such
-    message", like a random id."""
-    _refuse_missing_messages(message_ids, messages_seen_by(actor, message_ids))
+def _flat(cited: Sequence[Sequence]) -> list:
+    return [i for message_ids in cited for i in message_ids]
 
 
-def _hold_cited_messages(message_ids: Sequence) -> None:
+def _hold_cited_messages(cited: Sequence[Sequence], items: str | None) -> None:
     """Hold the messages a memory is about to cite until its write commits (``held_keys``):
     one deleted since the writer saw it (a user's erase, which strips its id from the
     memories already stored, ``memory_citations_forget``) is "no such message", and a
@@ -188,15 +189,21 @@ def _hold_cited_messages(message_ids: Sequence) -> None:
     transaction but for its user's hold (``hold_users``, which the erase takes before
     anything): the erase locks the messages before any memory or setting, so a write waiting
     here holds nothing the erase waits for."""
-    wanted = set(message_ids)
+    wanted = set(_flat(cited))
     if wanted:
-        _refuse_missing_messages(wanted, held_keys(Message, wanted))
+        _refuse_missing_messages(cited, held_keys(Message, wanted), items=items)
 
 
-def _refuse_missing_messages(message_ids, found: set) -> None:
-    missing = sorted(str(i) for i in set(message_ids) - found)
-    if missing:
-        raise InvalidInput.for_field("messageIds", f"no such message: {missing[0]}")
+def _refuse_missing_messages(cited: Sequence[Sequence], found: set, *, items: str | None) -> None:
+    """A memory cites only messages there, that its writer may see (``found``): another's
+    message is "no such message", like a random id. 400 naming the first memory of
+    ``cited`` (the ids each cites) that cites another: ``items[1].messageIds`` (review: a
+    batch's refusal named no memory), ``messageIds`` when ``items`` is None."""
+    for index, message_ids in enumerate(cited):
+        missing = sorted(str(i) for i in set(message_ids) - found)
+        if missing:
+            refused = InvalidInput.for_field("messageIds", f"no such message: {missing[0]}")
+            raise refused.within(f"{items}[{index}]") if items else refused
 
 
 def refuse_if_memory_off(user_id: str, *, lock: bool = False) -> None:
@@ -207,7 +214,7 @@ def refuse_if_memory_off(user_id: str, *, lock: bool = False) -> None:
 
 
 @transaction.atomic
-def _store_memories(agent, user_id, memories, source, model, vectors):
+def _store_memories(agent, user_id, memories, source, model, vectors, items):
     """``memories_save``'s write, in a few statements whatever the batch's size: the stored
     memories repeating the batch's texts, then the nearest stored one to each new text, then
     one insert of the new facts. Each memory of the batch, in order, is merged into the one
@@ -215,7 +222,7 @@ def _store_memories(agent, user_id, memories, source, model, vectors):
     text, else the nearest of them (cosine similarity ``NEAR_DUPLICATE_SIMILARITY`` or more),
     else it is a new fact."""
     hold_users([user_id])
-    _hold_cited_messages([i for new in memories for i in new.message_ids])
+    _hold_cited_messages([new.message_ids for new in memories], items)
     # Again under the setting's row lock: a switch turned off while the batch was embedded
     # wins (the switch's write waits for this transaction, or this one sees it).
     refuse_if_memory_off(user_id, lock=True)
@@ -379,7 +386,12 @@ def memory_save(
 ):
     """One memory (``memories_save``): (memory, created)."""
     [result] = memories_save(
-        actor, agent=agent, user_id=user_id, memories=[NewMemory(**fields)], source=source
+        actor,
+        agent=agent,
+        user_id=user_id,
+        memories=[NewMemory(**fields)],
+        source=source,
+        items=None,
     )
     return result
 
@@ -410,7 +422,8 @@ def memory_update(
     if message_ids is not None:
         cited = set(memory.message_ids)
         new_citations = [i for i in message_ids if i not in cited]
-        _refuse_unseen_messages(actor, new_citations)
+        seen = messages_seen_by(actor, new_citations)
+        _refuse_missing_messages([new_citations], seen, items=None)
     refuse_if_memory_off(memory.user_id)
     model, vectors = (None, None)
     if content is not None and content != memory.content:
@@ -439,7 +452,7 @@ def _write_memory_update(
 ) -> Memory:
     """``memory_update``'s write; ``vector`` (of ``model``): ``content``'s, or None;
     ``new_citations``: the turns it did not cite when the change was read."""
-    _hold_cited_messages(new_citations)
+    _hold_cited_messages([new_citations], None)
     memory = locked_row(Memory.objects, pk, missing="memory not found")
     refuse_if_memory_off(memory.user_id, lock=True)
     if content in (None, memory.content) and all(

@@ -990,6 +990,13 @@ def test_a_memory_cites_turns_the_agent_sees_and_no_others(api, helper, rival):
     assert refused.status_code == 400 and "messageIds" in refused.json()["details"]
     refused = api.post(MEMORIES, {"content": "Plans", "messageIds": [elsewhere]}, as_=helper)
     assert refused.status_code == 400 and "messageIds" in refused.json()["details"]
+    # In a batch, the memory that cites it is named, as any other refusal of one (review).
+    batch = {"memories": [{"content": "Fine", "messageIds": [first]}, {"content": "Plans"}]}
+    batch["memories"][1]["messageIds"] = [second, elsewhere]
+    refused = api.post(f"{MEMORIES}/batch", batch, as_=helper)
+    assert refused.status_code == 400
+    assert list(refused.json()["details"]) == ["memories[1].messageIds"]
+    assert refused.json()["error"].startswith("memories[1].messageIds: no such message")
     assert (snapshot(), Memory.objects.get(id=memory["id"]).message_ids) == before
 
 
@@ -1056,7 +1063,7 @@ def test_a_tag_filter_longer_than_any_tag_is_refused(api, helper, alice):
                     {"content": "x", "messageIds": [str(uuid.uuid4())]},
                 ]
             },
-            "messageIds",
+            "memories",  # (``memories[1].messageIds``)
         ),
         (f"{MEMORIES}/batch", {"memories": [{"content": "x"}] * 101}, "memories"),
         (f"{MEMORIES}/batch", {"memories": []}, "memories"),
