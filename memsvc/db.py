@@ -81,19 +81,20 @@ def words_unspaced(text: str) -> str:
     return _SPACED_CJK.sub(r"\1\2\3", text) if _CJK_RUN.search(text) else text
 
 
-# A "-" that excludes nothing: not right before a letter, a digit or a quote. To
-# ``websearch_to_tsquery`` each is a NOT of what follows, and a run of 32 ("-----...", a
-# pasted rule) nests deeper than it can read: "tsquery stack too small" (review: a 500).
-_IDLE_MINUS = re.compile(r'-(?![^\W_]|")')
+# A run of "-" (with nothing but punctuation or spaces between them): to
+# ``websearch_to_tsquery`` each is a NOT of the word that follows, however far, and 32 of
+# them ("-----...", a pasted rule) nest deeper than it can read: "tsquery stack too small"
+# (review: a 500). One NOT is what such a run asks.
+_MINUS_RUN = re.compile(r'-(?:(?:(?![-"])[\W_])*-)+')
 
 
 def websearch_text(text: str) -> str:
     """``text`` for ``websearch_to_tsquery``, its words as the words index reads them: a "<"
-    no markup's start (``MARKUP_STAND_IN``); a "-" a space unless it excludes a word or a
-    phrase (``_IDLE_MINUS``); a run of CJK characters a quoted phrase of them, one word
+    no markup's start (``MARKUP_STAND_IN``); a run of "-" one (``_MINUS_RUN``); a run of
+    CJK characters a quoted phrase of them, one word
     each ("-東京" excludes the texts holding 東 then 京, as "-Tokyo" those holding Tokyo),
     spaced within a quoted phrase."""
-    text = _IDLE_MINUS.sub(" ", text.translate(_WORDS_TRANSLATION))
+    text = _MINUS_RUN.sub("-", text.translate(_WORDS_TRANSLATION))
     pieces, quoted, start = [], False, 0
     for match in _CJK_RUN.finditer(text):
         before = text[start : match.start()]
