@@ -328,6 +328,7 @@ TOOLS: dict[str, Tool] = {
             required=("content",),
             scope=Scope.WRITE,
             run=_memory_save,
+            writes_read=True,  # ("merged": the fact was kept already, as the API's answer)
         ),
         Tool(
             name="memory_search",

@@ -264,17 +264,15 @@ def _begun(sdk: str, client, options) -> Turn | None:
 
 
 def _prepared(turn: Turn, options, context: dict | None):
-    """The options with the body prepared with ``context``; without memory when that fails
-    (a context answer not of our shape, one warning), as the caller made them when even
-    that does. Never raises: the turn is stored all the same (review: a context answer
-    that was not our JSON lost the call's stores too)."""
+    """The options with the body prepared with ``context``; as the caller made them when
+    that fails (a context answer not of our shape), with one warning. Never raises: the
+    turn is stored all the same (review: a context answer that was not our JSON lost the
+    call's stores too). Prepared once: a strategy's ``prepare`` may count the call (the
+    memory bank's steps)."""
     try:
         return _with_body(options, turn.prepare_body(context))
     except Exception as exc:
         warn("prepare the call", exc)
-    try:
-        return _with_body(options, turn.prepare_body(None))
-    except Exception:
         return options
 
 

@@ -190,10 +190,16 @@ class learning:
 
     @property
     def _http(self) -> "_KeptClient":
-        """The block's client (a forked child's, made now)."""
-        if self._client is None:
+        """The block's client (a forked child's, made now); once the block has ended (a call
+        of a worker it started, still asking), one of the request's own, closed as it ends
+        (kept, it was never closed: review)."""
+        with self._entries_lock:
+            if self._client is not None:
+                return self._client
+            if not self._entries:
+                return _KeptClient(self._new_client(), one_off=True)
             self._client = _KeptClient(self._new_client())
-        return self._client
+            return self._client
 
     def _enter(self) -> None:
         with self._entries_lock:
@@ -404,11 +410,11 @@ class _KeptClient:
     ``let_go`` for a ``with`` block's ``httpx.Client`` (from any thread), ``arequest`` and
     ``alet_go`` for an ``async with`` block's ``httpx.AsyncClient`` (on its loop)."""
 
-    def __init__(self, client: httpx.Client | httpx.AsyncClient):
+    def __init__(self, client: httpx.Client | httpx.AsyncClient, *, one_off: bool = False):
         self.client = client
         self._lock = threading.Lock()
         self._calls = 0
-        self._released = False
+        self._released = one_off  # (closed as its one request ends)
 
     def _on(self) -> None:
         with self._lock:

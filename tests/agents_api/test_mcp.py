@@ -529,8 +529,9 @@ def test_http_read_key_cannot_save_or_delete(served):
 
 def test_http_write_only_key_cannot_read_a_block_by_editing_it(served):
     """``memory_block_append`` and ``memory_block_replace`` answer with the whole block
-    (an append: all it held before): a key that may not read it (``memory_block_list``:
-    refused) read it that way, as the agent API's and Letta's writes no longer let it."""
+    (an append: all it held before), ``memory_save`` whether the fact was kept: a key that
+    may not read (``memory_block_list``: refused) read them that way, as the agent API's
+    and Letta's writes no longer let it."""
     agent, key = keyed_agent("writer", scopes=["write"])
     memory_block_create(agent.as_principal(), agent=agent, label="notes", value="Secret line")
 
@@ -547,7 +548,9 @@ def test_http_write_only_key_cannot_read_a_block_by_editing_it(served):
     assert refusal(append) == "this API key lacks the 'read' scope"
     assert refusal(replace) == "this API key lacks the 'read' scope"
     assert MemoryBlock.objects.get(agent=agent, label="notes").value == "Secret line"
-    assert body(save)["status"] == "saved"  # (its answer: the id, nothing stored before)
+    # A save's answer says whether the fact was kept already ("merged"): read too (review).
+    assert refusal(save) == "this API key lacks the 'read' scope"
+    assert not Memory.objects.filter(agent=agent).exists()
 
 
 def test_http_acts_for_the_user_of_an_impersonating_key(served):

@@ -1,11 +1,12 @@
 """The I/O-free core of ``learning()`` and the memsvc address, without a server."""
 
 import json
+from types import SimpleNamespace
 
 import httpx
 import pytest
 
-from memsvc.client import learning, server_url_from_env
+from memsvc.client import hooks, learning, server_url_from_env
 from memsvc.client.core import (
     ANTHROPIC,
     CHAT,
@@ -357,3 +358,22 @@ def test_blocks_serve_a_worker_alike_only_without_a_state_of_their_own():
         for t in ("task-A", "task-B")
     ]
     assert banks[0].serving != banks[1].serving
+
+
+def test_a_call_is_prepared_once_and_sent_as_made_when_preparing_it_fails(caplog):
+    """A context answer not of our shape: the call goes as the caller made it, with one
+    warning, and the strategy's ``prepare`` ran once (a second, without memory, counted the
+    memory bank's step twice: review)."""
+    prepared = []
+
+    class Failing:
+        def prepare(self, call, context):
+            prepared.append(context)
+            raise KeyError("label")
+
+    turn = hooks.Turn(SimpleNamespace(strategy=Failing()), call=None)
+    options = SimpleNamespace(json_data={"messages": []})
+    with caplog.at_level("WARNING", logger="memsvc.client"):
+        assert hooks._prepared(turn, options, {"memory_blocks": [{"x": 1}]}) is options
+    assert prepared == [{"memory_blocks": [{"x": 1}]}]
+    assert len(caplog.records) == 1

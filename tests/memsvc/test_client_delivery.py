@@ -1204,3 +1204,19 @@ def test_an_sdk_is_imported_only_by_the_program_and_wrapped_when_it_is():
         )
         result = run_script(script, check=False)
     assert result.stdout.strip() == "ok", result.stderr
+
+
+def test_a_request_after_its_block_ended_closes_the_client_it_opened(monkeypatch):
+    """A worker's call begun in the block asks for context after the block ended: it opened
+    a client that was kept, and never closed (review). Now one of the request's own."""
+    with StandInMemsvc() as memsvc:
+        block = learning(agent="a", server_url=memsvc.url)
+        with block:
+            pass
+        opened = []
+        new_client = block._new_client
+        monkeypatch.setattr(block, "_new_client", lambda: opened.append(new_client()) or opened[-1])
+        assert block.request("GET", "/health").status_code == 200
+        assert block._client is None
+        [client] = opened
+        assert client.is_closed
