@@ -64,9 +64,13 @@ def user_traces_erase(user_id: str, *, within=None, made_before: datetime | None
     or block (0 of each). The caller holds the user (``hold_users``).
 
     ``within`` (group ids) and ``made_before``: only what is of those groups (tool records:
-    wherever they are) and was made before then: an import's document brought back of
-    someone erased since it was made (``importing._erased_again``)."""
+    of their conversations) and was made before then: what an import's document brought
+    back of someone erased since it was made (``importing._erased_again``; a user's
+    document holds the records of their own conversations only: one elsewhere, made for
+    the erased user, was taken too, though the document never held it; review)."""
     records = tool_records_kept_about(user_id)
+    if within is not None:
+        records = records.filter(conversation__group_id__in=within)
     if made_before is not None:
         records = records.filter(created_at__lt=made_before)
     tool_records = tool_records_delete(Principal.user(user_id), records=records)

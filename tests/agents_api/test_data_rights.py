@@ -1875,6 +1875,31 @@ def test_an_agent_import_skips_what_was_about_a_user_before_she_was_erased(api, 
     ) == ["Alice is new"]
 
 
+def test_a_users_import_erases_again_only_what_its_document_brought_back(
+    api, alice, bob, tmp_path, world, capsys
+):
+    """Alice's record (made for her, in no conversation) is not in Bob's document: his
+    import, erasing again what it brought back of those erased since it was made, took it
+    too, and counted it against his own records (review)."""
+    tool_records_create(
+        Principal.for_agent(world.agent.id, on_behalf_of="alice"),
+        agent=world.agent,
+        records=[NewToolRecord(tool_name="lookup_allergies", raw_output={"nuts": True})],
+    )
+    alices, bobs = (
+        cli_export(tmp_path, "alice", "user", "alice"),
+        cli_export(tmp_path, "bob", "user", "bob"),
+    )
+    assert "lookup_allergies" not in {record["toolName"] for record in bobs["toolRecords"]}
+    call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    assert import_file(tmp_path, alices) == 0  # (hers, back)
+    call(api, "POST", "/v1/user/erase", bob, {"confirm": "bob"})
+    capsys.readouterr()
+    assert import_file(tmp_path, bobs) == 0
+    assert f"toolRecords: {len(bobs['toolRecords'])}\n" in capsys.readouterr().err
+    assert ToolRecord.objects.filter(user_id="alice", tool_name="lookup_allergies").exists()
+
+
 def test_an_import_keeps_only_the_newest_revisions_this_server_keeps(tmp_path, world, settings):
     """A document from a server that keeps more revisions (or all: 0) put every one back,
     listed until the block's next write (review)."""
