@@ -510,5 +510,5 @@ class UserMemorySettingAdmin(ReadOnlyAdmin):
 class UserErasureAdmin(ReadOnlyAdmin):
     """Who was erased, and when (``UserErasure``): read-only, as what an erase keeps."""
 
-    list_display = ("user_id", "erased_at")
+    list_display = ("user_id", "erased_at", "restored_at")
     search_fields = ("user_id",)

@@ -480,14 +480,16 @@ class UserErasure(models.Model):
     An owner's export made before it holds their turns and membership in the owner's
     conversations, and an import of it brought them back (review); an import erases again
     what of theirs is older than this (``portability.importing``), and an agent's import
-    skips what it holds about them that is older (``restore._agents_for``). Kept when the
-    user imports their own document: it brings back what it holds, and what it does not
-    stays erased."""
+    skips what it holds about them that is older (``restore._agents_for``) until they
+    import their own document (``restored_at``): what they brought back themselves, an agent
+    moved later keeps (review). Kept then: an owner's older document still does not bring
+    back their turns."""
 
     user_id = models.CharField(
         primary_key=True, max_length=PRINCIPAL_MAX_LENGTH, validators=[no_nul_characters]
     )
     erased_at = models.DateTimeField()
+    restored_at = models.DateTimeField(null=True, blank=True)  # their own import's, since
 
     class Meta:
         db_table = "user_erasure"

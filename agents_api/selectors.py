@@ -302,13 +302,13 @@ def memory_off_for(user_ids: Iterable[str], *, lock: bool = False) -> set[str]:
     }
 
 
-def erasures_of(user_ids: Iterable[str]) -> dict:
-    """When each of ``user_ids`` who was erased was (``UserErasure``), by user id."""
-    return dict(
-        UserErasure.objects.filter(
-            user_id__in={user_id for user_id in user_ids if user_id}
-        ).values_list("user_id", "erased_at")
-    )
+def erasures_of(user_ids: Iterable[str], *, restored: bool = True) -> dict:
+    """When each of ``user_ids`` who was erased was (``UserErasure``), by user id;
+    ``restored`` False: not those who imported their own document since."""
+    erasures = UserErasure.objects.filter(user_id__in={user_id for user_id in user_ids if user_id})
+    if not restored:
+        erasures = erasures.filter(restored_at__isnull=True)
+    return dict(erasures.values_list("user_id", "erased_at"))
 
 
 MEMORIES = Corpus(

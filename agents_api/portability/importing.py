@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from django.db import DataError, IntegrityError, transaction
 from django.utils import timezone
 
-from agents_api.models import Agent, Scope
+from agents_api.models import Agent, Scope, UserErasure
 from agents_api.portability.export import FORMAT, VERSION
 from agents_api.portability.records import AgentRecord
 from agents_api.portability.restore import (
@@ -99,6 +99,7 @@ def document_import(
                 result.skipped[section.name] = given[section.name] - stored
             if kind == "user":
                 _erased_again(user_id, parsed, result)
+                UserErasure.objects.filter(user_id=user_id).update(restored_at=timezone.now())
             sequences_past_stored_numbers()
     # (In our own words: PostgreSQL's would name its internals and echo whole rows.)
     except IntegrityError as exc:

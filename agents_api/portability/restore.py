@@ -324,7 +324,8 @@ def _agents_for(subject, records: list[dict], section: str, *, about=None) -> li
     turned memory off (skipped: an agent keeps nothing new about them, whoever brings it;
     their settings locked until the import commits, as ``services.memories_save`` locks
     them), nor any made about a user before they were erased (``UserErasure``: the erase
-    took it; the import holds the user, ``hold_users``, so no erase is in flight). A user's
+    took it; the import holds the user, ``hold_users``, so no erase is in flight), unless
+    they have brought their data back themselves since. A user's
     own document comes back whole: what was kept about them, kept while
     their memory was off too, then their switch as it was (its last section)."""
     if not isinstance(subject, Agent):
@@ -338,7 +339,7 @@ def _agents_for(subject, records: list[dict], section: str, *, about=None) -> li
     for record in records:
         record["agent_id"] = subject.id
     off = memory_off_for((record["user_id"] for record in records), lock=True)
-    erased = erasures_of(record["user_id"] for record in records)
+    erased = erasures_of((record["user_id"] for record in records), restored=False)
     return [
         record
         for record in records

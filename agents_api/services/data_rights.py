@@ -53,7 +53,9 @@ def user_erase(actor: Principal, *, confirm: str) -> Erased:
     _, deleted = MemoryBlock.objects.filter(user_id=actor.id).delete()
     UserMemorySetting.objects.filter(user_id=actor.id, memory_enabled=True).delete()
     get_user_model().objects.filter(username=actor.id, is_staff=False).delete()
-    UserErasure.objects.update_or_create(user_id=actor.id, defaults={"erased_at": timezone.now()})
+    UserErasure.objects.update_or_create(
+        user_id=actor.id, defaults={"erased_at": timezone.now(), "restored_at": None}
+    )
     return replace(erased, memories=memories, memory_blocks=deleted.get(MemoryBlock._meta.label, 0))
 
 

@@ -1928,6 +1928,30 @@ def test_an_import_keeps_only_the_newest_revisions_this_server_keeps(tmp_path, w
     assert MemoryBlockRevision.objects.filter(block__user_id="bob").count() == 1
 
 
+def test_what_a_user_brought_back_herself_survives_her_agents_move(
+    api, alice, tmp_path, world, capsys
+):
+    """Alice erased, then imported her own document: her memory and block are back with
+    their old dates. The operator then moved the agent (export, drop, import): its import
+    skipped them as older than her erase (review). Erased again, it skips them again."""
+    alices = cli_export(tmp_path, "alice", "user", "alice")
+    call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    assert import_file(tmp_path, alices) == 0
+    cli_export(tmp_path, "agent", "agent", str(world.agent.id))
+    world.agent.delete()
+    capsys.readouterr()
+    assert cli.main(["import", str(tmp_path / "agent.json")]) == 0
+    assert "skipped" not in capsys.readouterr().err
+    assert Memory.objects.filter(user_id="alice").count() == 1
+    assert MemoryBlock.objects.filter(user_id="alice").count() == 1
+
+    call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    Agent.objects.all().delete()
+    assert cli.main(["import", str(tmp_path / "agent.json")]) == 0
+    assert not Memory.objects.filter(user_id="alice").exists()
+    assert not MemoryBlock.objects.filter(user_id="alice").exists()
+
+
 def test_an_operators_import_skips_what_was_about_a_user_before_she_was_erased(
     tmp_path, world, capsys
 ):
