@@ -82,6 +82,9 @@ class Sender:
         self._clients: dict[Destination, httpx.Client] = {}
         # memsvc URLs that did not answer (warned once per outage), and when they last did not
         self._down: dict[str, float] = {}
+        # The refusals warned of, (destination, status, answer): each once (a key that may
+        # not write warned twice for every call; review).
+        self._refusals: set[tuple] = set()
 
     def send(self, destination: Destination, requests: list[ServerRequest]) -> None:
         """Queue ``requests`` (kept in order); returns at once."""
@@ -229,13 +232,17 @@ class Sender:
             time.sleep(_retry_wait(response, failures))
             failures += 1
         if response.is_error:
-            logger.warning(
-                "memsvc: %s %s answered %d (%s); not stored",
-                request.method,
-                request.path,
-                response.status_code,
-                response.text[:200],
-            )
+            refusal = (destination, response.status_code, response.text[:200])
+            if refusal not in self._refusals:
+                self._refusals.add(refusal)
+                logger.warning(
+                    "memsvc: %s %s answered %d (%s); not stored (said once: the same answer "
+                    "to later stores is not repeated)",
+                    request.method,
+                    request.path,
+                    response.status_code,
+                    response.text[:200],
+                )
 
     def _not_answered(self, destination: Destination, exc: httpx.TransportError) -> None:
         """A request is dropped: memsvc did not answer (one warning per outage)."""

@@ -552,6 +552,28 @@ def test_a_store_a_failing_memsvc_keeps_refusing_is_dropped_with_a_warning(caplo
     assert "answered 500" in warning and "not stored" in warning
 
 
+def test_a_refusal_repeated_for_every_store_is_warned_of_once(caplog):
+    """A key that may not write: each store a 403, each warned of (two for every call;
+    review). The same answer once; another one again."""
+    answers = {"/messages": Reply(status=403, payload={"detail": "lacks the 'write' scope"})}
+    sender = Sender()
+    with (
+        caplog.at_level(logging.WARNING, logger="memsvc.client"),
+        LocalHttpServer(lambda _method, path, _body: answers[path]) as refusing,
+    ):
+        stores = [ServerRequest("POST", "/messages", {"n": n}) for n in range(6)]
+        sender.send(Destination(refusing.url), stores)
+        assert sender.flush(timeout=30)
+        answers["/messages"] = Reply(status=422, payload={"detail": "too long"})
+        sender.send(Destination(refusing.url), stores[:2])
+        assert sender.flush(timeout=30)
+    assert len(refusing.requests) == 8  # (a refusal is not sent again)
+    assert [w.split(" (")[0] for w in warnings(caplog)] == [
+        "memsvc: POST /messages answered 403",
+        "memsvc: POST /messages answered 422",
+    ]
+
+
 def late_first_store(memsvc_url: str, *, forwarded: bool, store: str = "/messages"):
     """A way to memsvc on which the first store (a POST to ``store``)'s answer comes later
     than the sender waits: memsvc stored it (``forwarded``: the answer was lost on its way
