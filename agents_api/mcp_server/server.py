@@ -17,6 +17,7 @@ from mcp.server import Server, ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
 from agents_api.mcp_server.tools import CALLER_SCOPE_KEY, INSTRUCTIONS, TOOLS, Caller, call_tool
+from memsvc.api.fields import named
 
 SERVER_NAME = "memsvc"
 
@@ -72,7 +73,9 @@ async def _call_tool(
     ctx: ServerRequestContext, params: types.CallToolRequestParams
 ) -> types.CallToolResult:
     if params.name not in TOOLS:
-        raise MCPError(code=types.INVALID_PARAMS, message=f"Unknown tool: {params.name}")
+        # (The name cut short, as every refusal names what was sent: review, a 20 MB name
+        # came back whole.)
+        raise MCPError(code=types.INVALID_PARAMS, message=f"Unknown tool: {named(params.name)}")
     # The running loop's executor API: the loop is asyncio's under every transport here.
     outcome = await asyncio.get_running_loop().run_in_executor(
         _tool_pool(), call_tool, _caller(ctx), params.name, params.arguments or {}

@@ -859,3 +859,11 @@ def refused_without_echo(client, tool: str, arguments: dict, problem: str) -> No
     assert result["content"][0]["text"].startswith(problem)
     assert len(response.content) < 1000
     assert not Memory.objects.exists()
+
+
+def test_http_an_unknown_tool_is_named_cut_short(client):
+    """Its name came back whole: 20 MB asked, 20 MB answered (review)."""
+    _, key = keyed_agent("unknown-tool")
+    response = call_tool(client, key, "x" * 100_000, {})
+    assert response.json()["error"]["message"].startswith("Unknown tool: xxx")
+    assert len(response.content) < 1000
