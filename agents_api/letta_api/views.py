@@ -241,9 +241,14 @@ class AttachBlockView(LettaView):
 
 class GroupView(LettaView):
     def _agent(self, request, group_id):
-        return selectors.letta_agent(
-            self.caller(request), s.parse_uuid_id(group_id, s.GROUP_ID_PREFIX, "Group")
-        )
+        """The agent whose sleeptime group this is; another's, or none: "Group not found",
+        as a malformed id (it said "Agent not found": review)."""
+        try:
+            return selectors.letta_agent(
+                self.caller(request), s.parse_uuid_id(group_id, s.GROUP_ID_PREFIX, "Group")
+            )
+        except NotFound:
+            raise NotFound("Group not found") from None
 
     @extend_schema(exclude=True)
     def get(self, request, group_id):

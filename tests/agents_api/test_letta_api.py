@@ -541,6 +541,9 @@ def test_without_a_key_401_and_another_keys_agents_are_404(api, helper, rival):
         response = api.call(method, path, as_=rival, body={} if method != "GET" else None)
         assert response.status_code == 404, (method, path, response.content)
     assert Agent.objects.filter(name="travel").exists()
+    # Named as what was asked for, as a malformed id is (it said "Agent not found").
+    group = api.get(f"/v1/groups/{state['multi_agent_group']['id']}", as_=rival)
+    assert group.json()["detail"] == "Group not found"
 
 
 def test_a_read_key_reads_and_cannot_write(api, helper):
