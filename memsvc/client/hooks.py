@@ -390,6 +390,15 @@ def _tee(response, turn: Turn) -> None:
             turn.finish()
 
     response.iter_bytes, response.close = observed_iter_bytes, observed_close
+    _finished_when_collected(response, turn)
+
+
+def _finished_when_collected(response, turn: Turn) -> None:
+    """A reply the program drops unread, or half-read, without closing it: its turn is
+    stored with what was read (the question at least) when the response is collected (it
+    was never stored; review). In the interpreter's teardown nothing is sent any more
+    (``sender.send``): the exit stores what is still being read first (``finish_reading``)."""
+    weakref.finalize(response, turn.finish).atexit = False
 
 
 def _atee(response, turn: Turn) -> None:
@@ -410,6 +419,7 @@ def _atee(response, turn: Turn) -> None:
             turn.finish()
 
     response.aiter_bytes, response.aclose = observed_aiter_bytes, observed_aclose
+    _finished_when_collected(response, turn)
 
 
 # --- installing -------------------------------------------------------------------------------

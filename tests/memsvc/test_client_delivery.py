@@ -5,6 +5,7 @@ block; the memsvc address from the environment."""
 
 import asyncio
 import contextvars
+import gc
 import json
 import logging
 import socket
@@ -698,6 +699,19 @@ def test_a_stream_left_half_read_is_stored_at_interpreter_exit(llm):
     question, reply = stores
     assert (question["role"], question["content"]) == ("user", "remember me")
     assert reply["role"] == "assistant" and reply["content"].startswith("Use")
+
+
+def test_a_stream_dropped_unread_stores_its_question(llm):
+    """A stream the program never reads nor closes: its turn was never stored, not even the
+    question (review). It is when the stream is collected."""
+    client = openai.OpenAI(base_url=llm.base_url, api_key="k")
+    with StandInMemsvc() as memsvc:
+        with learning(agent="a", server_url=memsvc.url):
+            stream = ask(client, "What is my name?", stream=True)
+            del stream
+            gc.collect()
+        stores = [r.body["content"] for r in memsvc.server.requests if r.path == "/messages"]
+    assert stores == ["What is my name?"]
 
 
 @pytest.mark.django_db(transaction=True)
