@@ -169,8 +169,8 @@ def _as_its_own(agent: Agent, parsed: dict[str, list[dict]], *, impersonates: bo
     no memory whose time is up (skipped, as the API refuses an ``expiresAt`` not in the
     future: a document that was exported, and is imported later, is not wrong for it).
     (What is about a user who turned memory off, or was erased after it was made, is
-    skipped by every import: ``restore._agents_for``.) Each memory keeps its ``source``: how it was first kept (from
-    a conversation, through MCP, ...)."""
+    skipped by every import: ``restore._agents_for``.) Each memory keeps its ``source``:
+    how it was first kept (from a conversation, through MCP, ...)."""
     actor, now = agent.as_principal(), timezone.now()
     memories = [memory for memory in parsed["memories"] if memory["expires_at"] > now]
     seen = messages_seen_by(actor, [i for memory in memories for i in memory["message_ids"]])

@@ -325,9 +325,9 @@ def _agents_for(subject, records: list[dict], section: str, *, about=None) -> li
     their settings locked until the import commits, as ``services.memories_save`` locks
     them), nor any made about a user before they were erased (``UserErasure``: the erase
     took it; the import holds the user, ``hold_users``, so no erase is in flight), unless
-    they have brought their data back themselves since. A user's
-    own document comes back whole: what was kept about them, kept while
-    their memory was off too, then their switch as it was (its last section)."""
+    they have brought their data back themselves since. A user's own document comes back
+    whole: what was kept about them, kept while their memory was off too, then their switch
+    as it was (its last section)."""
     if not isinstance(subject, Agent):
         _belongs_to(subject, [r for r in records if not (about and about(r))], "user_id", section)
         existing = set(
