@@ -399,14 +399,18 @@ def _guarded(check, *args):
 
 class RateLimitMiddleware:
     """Failed authentications per address: refuses requests with credentials from an
-    address past ``MEMSVC_AUTH_FAILURE_LIMIT``, and counts every 401 an API answers."""
+    address past ``MEMSVC_AUTH_FAILURE_LIMIT``, and counts every 401 an API answers to
+    credentials. A request without any is no guess: any web page its visitor opens could
+    send them by the hundred, unasked (a browser adds no credential header across origins
+    without a preflight), and lock the visitor's address out (review)."""
 
     def __init__(self, get_response):
         self.get_response = get_response
 
     def __call__(self, request):
         take_back = None  # (``auth_attempt``: the credentials counted as a failure already)
-        if any(request.META.get(header) for header in CREDENTIAL_HEADERS):
+        presented = any(request.META.get(header) for header in CREDENTIAL_HEADERS)
+        if presented:
             refusal, take_back = request_auth_attempt(request)
             if refusal is not None:
                 response = render_api_error(request, refusal)
@@ -416,7 +420,7 @@ class RateLimitMiddleware:
         if take_back is not None:
             if response.status_code != 401:
                 _guarded(take_back)
-        elif response.status_code == 401:
+        elif response.status_code == 401 and presented:
             _guarded(note_auth_failure, client_address(request))
         return response
 

@@ -145,6 +145,23 @@ def test_failed_authentications_lock_the_address_out(client, settings, backend, 
     )
 
 
+def test_requests_without_credentials_lock_nobody_out(client, settings, backend):
+    """Any web page its visitor opens may send them, unasked and by the hundred (a browser
+    adds no credential across origins without a preflight): each 401 was counted, and the
+    visitor's address was locked out of every API, their own right token refused (review)."""
+    settings.MEMSVC_AUTH_FAILURE_LIMIT = 4
+    address = f"198.51.100.{uuid.uuid4().int % 250 + 1}"
+    if backend == "redis":
+        redis.Redis.from_url(REDIS_URL).delete(
+            *redis.Redis.from_url(REDIS_URL).keys(f"*{address}:*") or ["-"]
+        )
+    user = someone()
+    for _ in range(10):
+        assert client.get("/v1/user/conversations", REMOTE_ADDR=address).status_code == 401
+    mine = client.get("/v1/user/conversations", REMOTE_ADDR=address, **user.auth_headers())
+    assert mine.status_code == 200
+
+
 def test_an_ipv6_client_counts_as_its_64_network(client, settings, backend):
     """A new address of the same /64 for every guess gets no more guesses; another /64
     is not affected."""
