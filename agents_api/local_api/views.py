@@ -14,6 +14,7 @@ other request needs a key.
 """
 
 import contextlib
+import ipaddress
 import logging
 
 from django.conf import settings
@@ -52,7 +53,22 @@ from search.selectors import embed_query_ahead, search_messages
 
 logger = logging.getLogger(__name__)
 
-LOOPBACK = {"127.0.0.1", "::1"}
+def _trusted_loopback(request) -> bool:
+    """A keyless caller trusted as this machine's: from a loopback address (an IPv4 one as
+    an IPv6 server sees it too: ``::ffff:127.0.0.1``, review), and not a web page's request
+    (it names its ``Origin``, or ``Sec-Fetch-Site`` says a site made it). A page the user
+    opens runs on this machine too: an untyped ``fetch`` it sends needs no preflight, and it
+    wrote a block into the agent's memory, in the model's context from then on (review)."""
+    if not settings.MEMSVC_LOCAL_TRUST_LOOPBACK:
+        return False
+    meta = request.META
+    if "HTTP_ORIGIN" in meta or meta.get("HTTP_SEC_FETCH_SITE", "none") != "none":
+        return False
+    try:
+        address = ipaddress.ip_address(meta.get("REMOTE_ADDR", ""))
+    except ValueError:
+        return False
+    return (getattr(address, "ipv4_mapped", None) or address).is_loopback
 MAX_LIST_LIMIT = 1000
 
 
@@ -75,7 +91,7 @@ class LocalAuthentication(BaseAuthentication):
         if result is not None:
             principal, api_key = result
             return LocalCaller(api_key.agent, principal.scopes), api_key
-        if settings.MEMSVC_LOCAL_TRUST_LOOPBACK and request.META.get("REMOTE_ADDR") in LOOPBACK:
+        if _trusted_loopback(request):
             refuse_acting_for_a_user(request)
             return LocalCaller(None, frozenset(Scope.values)), None
         raise drf.NotAuthenticated("an API key is required (X-API-Key or Bearer msk_...)")
