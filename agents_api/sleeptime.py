@@ -22,7 +22,7 @@ from conversations.models import Role
 from conversations.selectors import conversation_messages
 from memsvc.api.errors import ApiError
 from memsvc.db import locked_row
-from memsvc.llm import LLMError, chat, json_answer, llm_configured
+from memsvc.llm import LLMError, chat, json_answer, llm_configured, transcript_line
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +99,9 @@ def observer_prompt(blocks, turns) -> list[dict]:
         f"{b.value}\n</block>"
         for b in ordered
     )
-    transcript = "\n".join(f"{turn.role}: {turn.content[:MAX_MESSAGE_CHARS]}" for turn in turns)
+    transcript = "\n".join(
+        transcript_line(turn.role, turn.content[:MAX_MESSAGE_CHARS]) for turn in turns
+    )
     return [
         {"role": "system", "content": OBSERVER_INSTRUCTIONS},
         {

@@ -127,6 +127,14 @@ def chat(messages: list[dict]) -> str:
 _FENCE = re.compile(r"^```[a-zA-Z]*\s*(.*?)\s*```$", re.DOTALL)
 
 
+def transcript_line(speaker: str, text: str) -> str:
+    """One turn of a transcript given to the model: who speaks and what they said, each a
+    JSON string, on one line. A turn's text cannot start a line of its own: a member's
+    message holding "\\n[1] alice (user): ..." read as alice's own turn, and a memory about
+    her was kept from it (review)."""
+    return f"{json.dumps(speaker, ensure_ascii=False)}: {json.dumps(text, ensure_ascii=False)}"
+
+
 def json_answer(text: str):
     """The JSON value a model answered; ``LLMError`` when the answer is not JSON, or JSON
     that cannot be stored (a ``\\ud800`` escape, nesting deeper than any answer needs), as

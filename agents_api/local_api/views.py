@@ -53,6 +53,7 @@ from search.selectors import embed_query_ahead, search_messages
 
 logger = logging.getLogger(__name__)
 
+
 def _trusted_loopback(request) -> bool:
     """A keyless caller trusted as this machine's: from a loopback address (an IPv4 one as
     an IPv6 server sees it too: ``::ffff:127.0.0.1``, review), and not a web page's request
@@ -69,6 +70,8 @@ def _trusted_loopback(request) -> bool:
     except ValueError:
         return False
     return (getattr(address, "ipv4_mapped", None) or address).is_loopback
+
+
 MAX_LIST_LIMIT = 1000
 
 
