@@ -74,6 +74,24 @@ def test_the_script_gets_the_new_row_then_the_answer_streamed(alice_page, chat):
     assert Message.objects.filter(conversation=chat, role="assistant").count() == 1
 
 
+def test_an_answer_that_cannot_be_kept_says_so_at_the_streams_end(alice_page, chat):
+    """The conversation deleted while the answer streams: the store's refusal (404) ended
+    the response unhandled, cut short, without a word (review)."""
+    alice_page.post(
+        reverse("pages:append", args=[chat.id]),
+        {"content": "Hello"},
+        headers={"HX-Request": "true"},
+    )
+    streamed = alice_page.post(reverse("pages:reply", args=[chat.id]))
+    pieces = iter(streamed.streaming_content)
+    first = next(pieces).decode()
+    Conversation.objects.filter(id=chat.id).delete()
+    rest = b"".join(pieces).decode()
+    assert (first + rest).startswith("Rex would love")
+    assert rest.endswith("[The answer could not be kept: conversation not found]")
+    assert not Message.objects.filter(role="assistant").exists()
+
+
 def test_a_failing_model_writes_nothing_and_says_so(alice_page, chat, llm, caplog):
     """In the person's words: the model's server's own (a key, a host) only in the log
     (review: the page quoted them)."""

@@ -22,7 +22,7 @@ from agents_api.selectors import agent_names
 from conversations import selectors, services
 from conversations.api import serializers as s
 from conversations.models import AccessLevel, Conversation
-from memsvc.api.errors import Conflict, NotFound
+from memsvc.api.errors import ApiError, Conflict, NotFound
 from memsvc.api.fields import InputSerializer, PrincipalIdField
 from memsvc.api.principals import principal_for_sharing
 from memsvc.llm import LLMError, llm_configured
@@ -200,6 +200,8 @@ def reply(request, conversation_id):
         except LLMError as exc:
             _log_failed_answer(conversation, exc)
             yield f"\n[The assistant could not answer: {exc.shown}]"
+        except ApiError as exc:  # (the conversation gone, or the person out of it, meanwhile)
+            yield f"\n[The answer could not be kept: {exc.message}]"
 
     response = StreamingHttpResponse(stream(), content_type="text/plain; charset=utf-8")
     response["Cache-Control"] = "no-store"
