@@ -7,13 +7,14 @@ all, and the embedded database if it started it, on Ctrl-C or SIGTERM.
 """
 
 import argparse
+import contextlib
 import os
 import sys
 import time
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import SystemCheckError
-from django.db import OperationalError
+from django.db import IntegrityError, OperationalError
 
 from memsvc.env import usable_directory
 from memsvc.supervisor import Supervisor, log
@@ -234,7 +235,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from search.embeddings import configured_model_prepared
 
     host = args.host or settings.MEMORY_SERVER_HOST
-    port = args.port or settings.MEMORY_SERVER_PORT
+    port = settings.MEMORY_SERVER_PORT if args.port is None else args.port
     if settings.LOCAL_MODE:
         # Local mode's secrets exist from now on, for the children and for whoever wants the
         # JWT secret of a running server; the web processes' WhiteNoise scans STATIC_ROOT.
@@ -402,6 +403,18 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         embedded_db.stop_server()
 
 
+def _port(text: str) -> int:
+    """``--port``: 1..65535 (0 was read as no port given, and the server took another;
+    -1 or 99999 started everything, then the web server failed to bind: review)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 1..65535, not {port}")
+    return port
+
+
 def _refused(what: str, problem: str | None) -> bool:
     """Say why ``what`` is refused (``problem``, a ``*_problem`` function's answer), if it is."""
     if problem:
@@ -445,12 +458,18 @@ def cmd_token(args: argparse.Namespace) -> int:
 
 def cmd_apikey_create(args: argparse.Namespace) -> int:
     _setup_database()
+    from agents_api.models import ApiKey
     from agents_api.services import agent_get_or_create, api_key_create
     from memsvc.api.errors import NotFound
     from memsvc.api.principals import user_id_problem
 
-    if _refused("agent name", _agent_name_problem(args.agent)) or _refused(
-        "--owner", user_id_problem(args.owner)
+    longest = ApiKey._meta.get_field("name").max_length
+    if (
+        _refused("agent name", _agent_name_problem(args.agent))
+        or _refused("--owner", user_id_problem(args.owner))
+        or _refused(
+            "--name", f"at most {longest} characters" if len(args.name or "") > longest else None
+        )
     ):
         return 1
     agent, created = agent_get_or_create(owner_principal=args.owner, name=args.agent)
@@ -553,12 +572,19 @@ def cmd_export(args: argparse.Namespace) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             return 1
     else:
+        # Written beside it, then put in its place whole: an export stopped midway (Ctrl-C,
+        # the database gone) left the file half-written, the backup it held lost (review).
+        partial = f"{args.output}.partial"
         try:
-            with open(args.output, "w", encoding="utf-8") as output:
+            with open(partial, "w", encoding="utf-8") as output:
                 output.writelines(chunks)
+            os.replace(partial, args.output)
         except OSError as exc:
             print(f"the export failed: {exc}", file=sys.stderr)
             return 1
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(partial)
     return 0
 
 
@@ -607,9 +633,11 @@ def cmd_user_create(args: argparse.Namespace) -> int:
 
     from memsvc.api.principals import user_id_problem
 
-    if _refused("user name", user_id_problem(args.name)):
-        return 1
     users = get_user_model()
+    longest = users._meta.get_field("username").max_length  # (a user id may be longer)
+    too_long = f"at most {longest} characters for a login" if len(args.name) > longest else None
+    if _refused("user name", user_id_problem(args.name) or too_long):
+        return 1
     if users.objects.filter(username=args.name).exists():
         print(f"user {args.name!r} exists already", file=sys.stderr)
         return 1
@@ -631,7 +659,11 @@ def cmd_user_create(args: argparse.Namespace) -> int:
         print("\n".join(exc.messages), file=sys.stderr)
         return 1
     user.set_password(password)
-    user.save()
+    try:
+        user.save()
+    except IntegrityError:  # (made meanwhile, by another `memsvc user create`)
+        print(f"user {args.name!r} exists already", file=sys.stderr)
+        return 1
     print(f"created user {args.name!r}: log in at /app/login/", file=sys.stderr)
     return 0
 
@@ -642,7 +674,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = commands.add_parser("serve", help="migrate, then run the web server and a worker")
     serve.add_argument("--host", help="default: MEMORY_SERVER_HOST (127.0.0.1)")
-    serve.add_argument("--port", type=int, help="default: MEMORY_SERVER_PORT (8283)")
+    serve.add_argument("--port", type=_port, help="default: MEMORY_SERVER_PORT (8283)")
     serve.add_argument("--no-worker", action="store_true", help="run the web server only")
     serve.set_defaults(func=cmd_serve)
 
@@ -739,6 +771,9 @@ def main(argv: list[str] | None = None) -> int:
     except SystemCheckError as exc:  # (``serve``: a setting only Django's checks refuse)
         print(f"memsvc: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # (Ctrl-C: what the command did so far is committed or not)
+        print("memsvc: interrupted", file=sys.stderr)
+        return 130
     except OperationalError as exc:  # the database stopped answering (a restart, a crash)
         # What the command did so far is committed or rolled back whole; the driver's
         # message names the socket's path or host: the first line, not a traceback.

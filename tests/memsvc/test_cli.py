@@ -261,3 +261,43 @@ def test_the_llms_tasks_go_to_its_queue_and_the_others_to_the_default(settings):
     assert {queue(task) for task in llm} == {settings.MEMSVC_LLM_QUEUE}
     others = [embed_messages_task, tasks.touch_memories_task, tasks.prune_memories_task]
     assert {queue(task) for task in others} == {settings.CELERY_TASK_DEFAULT_QUEUE}
+
+
+@pytest.mark.django_db
+def test_an_export_stopped_midway_leaves_the_file_it_would_replace(tmp_path, monkeypatch, capsys):
+    """Ctrl-C (or the database gone) during ``memsvc export -o FILE``: the file was cut
+    short, the backup it held lost (review). Now it is replaced only once written whole."""
+    from agents_api.portability import export
+
+    backup = tmp_path / "alice.json"
+    backup.write_text('{"the": "backup"}')
+
+    def interrupted(*args):
+        yield '{"format": '
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(export, "document_chunks", interrupted)
+    assert cli.main(["export", "user", "alice", "-o", str(backup)]) == 130
+    assert "interrupted" in capsys.readouterr().err
+    assert backup.read_text() == '{"the": "backup"}'
+    assert [path.name for path in tmp_path.iterdir()] == ["alice.json"]
+
+
+@pytest.mark.parametrize("port", ["0", "-1", "99999", "http"])
+def test_serve_refuses_a_port_out_of_range_before_anything_starts(port, capsys):
+    """0 was read as none given (the server took MEMORY_SERVER_PORT's); -1 and 99999 ran
+    the migrations, then the web server failed to bind (review)."""
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["serve", "--port", port])
+    assert exited.value.code == 2
+    assert "--port" in capsys.readouterr().err
+
+
+@pytest.mark.django_db
+def test_names_longer_than_their_columns_are_refused_in_words(capsys):
+    """A login of 200 characters (a user id may have 255) and a key's name of 500 ended in
+    a DataError traceback (review)."""
+    assert cli.main(["user", "create", "u" * 200, "--password", "Xy7!kkkkkkkkk"]) == 1
+    assert "at most 150 characters for a login" in capsys.readouterr().err
+    assert cli.main(["apikey", "create", "bot", "--name", "x" * 500]) == 1
+    assert "--name at most 200 characters" in capsys.readouterr().err
