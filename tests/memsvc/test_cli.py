@@ -301,3 +301,26 @@ def test_names_longer_than_their_columns_are_refused_in_words(capsys):
     assert "at most 150 characters for a login" in capsys.readouterr().err
     assert cli.main(["apikey", "create", "bot", "--name", "x" * 500]) == 1
     assert "--name at most 200 characters" in capsys.readouterr().err
+
+
+def test_a_data_directory_that_is_a_file_is_refused_in_words(tmp_path):
+    """Every database command ended in a FileExistsError traceback (review); ``serve`` and
+    ``token`` said what was wrong."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.agents_api.test_mcp import REPO
+
+    not_a_directory = tmp_path / "afile"
+    not_a_directory.write_text("")
+    done = subprocess.run(
+        [sys.executable, "-m", "memsvc.cli", "apikey", "list"],
+        env={**os.environ, "MEMSVC_DATA_DIR": str(not_a_directory)},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "MEMSVC_DATA_DIR" in done.stderr and "Traceback" not in done.stderr
