@@ -76,7 +76,8 @@ if MEMSVC_JWT_JWKS_URL and not (MEMSVC_JWT_ISSUER and MEMSVC_JWT_AUDIENCE):
     )
 
 DEBUG = env_bool("DJANGO_DEBUG", False)
-ALLOWED_HOSTS = env_hosts("DJANGO_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
+# (Not Django's test client's "testserver", which its test set-up adds: review.)
+ALLOWED_HOSTS = env_hosts("DJANGO_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
 
 # --- Database --------------------------------------------------------------------------------

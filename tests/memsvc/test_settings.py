@@ -741,3 +741,18 @@ def test_memsvc_serve_gives_its_web_processes_a_statement_timeout(monkeypatch):
     assert cli._web_env()["MEMSVC_STATEMENT_TIMEOUT_SECONDS"] == "30"
     monkeypatch.setenv("MEMSVC_STATEMENT_TIMEOUT_SECONDS", "0")  # none, if asked
     assert cli._web_env()["MEMSVC_STATEMENT_TIMEOUT_SECONDS"] == "0"
+
+
+def test_the_default_hosts_are_loopback_names_only():
+    """Django's test client's "testserver" was served outside tests too (review): its test
+    set-up adds it where it is needed."""
+    environment = {k: v for k, v in os.environ.items() if k != "DJANGO_ALLOWED_HOSTS"}
+    read = subprocess.run(
+        [sys.executable, "-c", "from memsvc import settings; print(settings.ALLOWED_HOSTS)"],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert read.stdout.strip() == "['127.0.0.1', 'localhost', '[::1]']", read.stderr
