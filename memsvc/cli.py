@@ -59,7 +59,7 @@ def _web_command(host: str, port: int) -> list[str]:
         "gunicorn",
         "memsvc.asgi:application",
         "--bind",
-        f"{host}:{port}",
+        _address(host, port),
         "--workers",
         str(workers),
         "--worker-class",
@@ -268,7 +268,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         supervisor.start("web server", _web_command(host, port), env=_web_env())
         if not args.no_worker:
             _start_workers(supervisor, beat=True)
-        log(f"serving on http://{host}:{port}")
+        log(f"serving on http://{_address(host, port)}")
         return supervisor.run()
     finally:
         supervisor.stop_all()
@@ -401,6 +401,12 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         return 0
     finally:
         embedded_db.stop_server()
+
+
+def _address(host: str, port: int) -> str:
+    """``host:port``, an IPv6 host in brackets (``--host ::`` failed: "'' is not a valid
+    port number"; review)."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
 
 
 def _port(text: str) -> int:

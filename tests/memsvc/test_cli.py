@@ -324,3 +324,13 @@ def test_a_data_directory_that_is_a_file_is_refused_in_words(tmp_path):
     )
     assert done.returncode == 2, done.stderr
     assert "MEMSVC_DATA_DIR" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("host", "bound"),
+    [("127.0.0.1", "127.0.0.1:8283"), ("::", "[::]:8283"), ("[::1]", "[::1]:8283")],
+)
+def test_the_web_server_binds_an_ipv6_host_in_brackets(host, bound):
+    """``memsvc serve --host ::`` failed at once: "'' is not a valid port number" (review)."""
+    command = cli._web_command(host, 8283)
+    assert command[command.index("--bind") + 1] == bound
