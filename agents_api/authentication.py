@@ -146,26 +146,28 @@ class OwnMemoryKeyAuthentication(ApiKeyAuthentication):
     acts_for_users = False
 
 
-def require_scope(principal: Principal, needed: str) -> None:
+def require_scope(principal: Principal, needed: str, *, answers_stored: bool = False) -> None:
     """403 unless the key the principal came with has the ``needed`` scope (the agent API's
-    views through ``HasScope``, the MCP server's tools)."""
-    if needed not in principal.scopes:
-        raise Forbidden(f"this API key lacks the '{needed}' scope")
+    views through ``HasScope``, the MCP server's tools). ``answers_stored``: a write that
+    answers with what only a reader may see (the memory a save was merged into, a block's
+    whole value after an append) needs ``read`` too: a key that may not read may not learn
+    it by writing (review)."""
+    for scope in (needed, Scope.READ) if answers_stored else (needed,):
+        if scope not in principal.scopes:
+            raise Forbidden(f"this API key lacks the '{scope}' scope")
 
 
 class HasScope(BasePermission):
-    """Reads need the ``read`` scope, writes the ``write`` scope (a view may name its own).
-    A write that answers with what only a reader may see (the memory a save was merged
-    into, a block's whole value after an append), its method in the view's ``writes_read``,
-    needs ``read`` too: a key that may not read may not learn it by writing. The scopes are
-    those of the authenticated caller (``request.user.scopes``): an agent principal on
-    ``/v1``, a ``LocalCaller`` on the local API."""
+    """Reads need the ``read`` scope, writes the ``write`` scope (a view may name its own);
+    the methods in the view's ``writes_read`` ``read`` too (``require_scope``'s
+    ``answers_stored``). The scopes are those of the authenticated caller
+    (``request.user.scopes``): an agent principal on ``/v1``, a ``LocalCaller`` on the
+    local API."""
 
     def has_permission(self, request, view):
         needed = getattr(view, "required_scope", None) or (
             Scope.READ if request.method in SAFE_METHODS else Scope.WRITE
         )
-        require_scope(request.user, needed)
-        if needed != Scope.READ and request.method in getattr(view, "writes_read", ()):
-            require_scope(request.user, Scope.READ)
+        writes_read = request.method in getattr(view, "writes_read", ())
+        require_scope(request.user, needed, answers_stored=writes_read)
         return True

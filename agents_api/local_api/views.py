@@ -138,7 +138,7 @@ class FastApiBodies(DefaultContentNegotiation):
     of the fields asked for (422, ``fastapi_errors``)."""
 
     def select_parser(self, request, parsers):
-        media_type = request.content_type.split(";", 1)[0].strip().lower()
+        media_type = request._request.content_type  # (Django's: without parameters, lower case)
         if not media_type or (
             media_type.startswith("application/") and media_type.endswith("+json")
         ):

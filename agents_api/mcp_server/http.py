@@ -217,7 +217,7 @@ class McpView(APIView):
 
     @extend_schema(exclude=True)  # JSON-RPC, described by the MCP specification, not OpenAPI
     def post(self, request):
-        if request.content_type.split(";", 1)[0].strip().lower() != "application/json":
+        if request._request.content_type != "application/json":  # (Django's: bare, lower case)
             # (The SDK refuses it too, with a plain-text 400; "application/jsonfoo" passed
             # a test of the start, and the SDK's refusal came in its own shape: review.)
             raise UnsupportedMediaType(request.content_type)

@@ -98,7 +98,7 @@ class Tool:
     scope: str  # what the agent API needs for the same operation
     run: Callable[[Caller, dict], dict]
     # A write that answers with what only a reader may see (a block's whole value): needs
-    # ``read`` too, as the agent API's (``HasScope``'s ``writes_read``).
+    # ``read`` too, as the agent API's (``require_scope``'s ``answers_stored``).
     writes_read: bool = False
     # The agent API's fields the tool fills, by the argument that fills each: a refusal of
     # one names the argument (a model was told to fix an ``append`` it never sent; review).
@@ -530,9 +530,7 @@ def call_tool(caller: Caller, name: str, arguments: dict) -> Outcome:
     try:
         with like_a_request():
             caller = caller.as_it_stands()
-            require_scope(caller.principal, tool.scope)
-            if tool.writes_read:
-                require_scope(caller.principal, Scope.READ)
+            require_scope(caller.principal, tool.scope, answers_stored=tool.writes_read)
             _check_arguments(tool, arguments)
             _refuse_nul(arguments)
             return Outcome(compact(tool.run(caller, arguments)))

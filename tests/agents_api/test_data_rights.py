@@ -659,6 +659,9 @@ def before_writing_about_alice(agent, way: str) -> dict | None:
     memory_save(source.as_principal(), agent=source, user_id="alice", content="Alice is in Lisbon")
     document = json.loads("".join(document_chunks(agent_header(source), AGENT_SECTIONS, source)))
     source.delete()
+    # Dated later than any erase: what is older than hers, an import skips (its own test),
+    # and this import is to write (set to now, ``not_after_now``), or to be erased.
+    document["memories"][0]["createdAt"] = "2999-01-01T00:00:00Z"
     return document
 
 
@@ -673,8 +676,7 @@ def kept_about_alice() -> dict:
 
 
 NOTHING = {"memories": [], "blocks": [], "revisions": 0, "tool records": [], "switch": []}
-# What each write keeps when it comes after the erase (none: her block to change is gone;
-# an import's document, whose memory about her is older than her erase).
+# What each write keeps when it comes after the erase (none: her block to change is gone).
 AFTER_THE_ERASE = {
     "memory": {"memories": [("Alice is in Lisbon",)]},
     "memory, her switch on": {"memories": [("Alice is in Lisbon",)]},
@@ -682,7 +684,7 @@ AFTER_THE_ERASE = {
     "block change": {},
     "tool record": {"tool records": [("locate",)]},
     "her switch": {"switch": [("alice",)]},
-    "import": {},
+    "import": {"memories": [("Alice is in Lisbon",)]},
 }
 WRITES = list(AFTER_THE_ERASE)
 
