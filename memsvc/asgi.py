@@ -15,6 +15,7 @@ nothing.
 import asyncio
 import io
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO
 
@@ -54,13 +55,16 @@ class ThreadPoolHandler(ASGIHandler):
         except RequestAborted:
             return
         loop = asyncio.get_running_loop()
+        gone = threading.Event()
+        watcher = asyncio.ensure_future(_until_disconnect(receive, gone))
         try:
             response = await loop.run_in_executor(
-                self.threads, self.respond, scope, body_file, send, loop
+                self.threads, self.respond, scope, body_file, send, loop, gone
             )
             if response is not None:
                 await self.send_response(response, send)
         finally:
+            watcher.cancel()
             body_file.close()
 
     async def read_capped_body(self, scope, receive) -> tuple[dict, BinaryIO]:
@@ -98,11 +102,11 @@ class ThreadPoolHandler(ASGIHandler):
         headers.append((b"content-length", str(size).encode()))
         return {**scope, "headers": headers}, io.BytesIO()
 
-    def respond(self, scope, body_file, send, loop):
+    def respond(self, scope, body_file, send, loop, gone: threading.Event):
         """In a request thread: the response, already closed (for Django the request ends
         there: ``request_finished``, the thread's connection kept or dropped); or None once
         a streaming response has been sent from here, where its iterator may read the
-        database on the thread's connection."""
+        database on the thread's connection (until the client is ``gone``)."""
         set_script_prefix(get_script_prefix(scope))
         request_started.send(sender=self.__class__, scope=scope)
         request, response = self.create_request(scope, body_file)
@@ -112,13 +116,16 @@ class ThreadPoolHandler(ASGIHandler):
         try:
             if not response.streaming:
                 return response
-            self.stream(response, send, loop)
+            self.stream(response, send, loop, gone)
             return None
         finally:
             response.close()
 
-    def stream(self, response, send, loop) -> None:
-        """Send a streaming response from the request thread, chunk by chunk."""
+    def stream(self, response, send, loop, gone: threading.Event) -> None:
+        """Send a streaming response from the request thread, chunk by chunk. When the
+        client has gone, its next chunk is the last one asked for: the response's close
+        (``respond``) closes the iterator, and the thread serves others instead of making
+        what no one reads (a model's answer, an export)."""
 
         def emit(message: dict) -> None:
             asyncio.run_coroutine_threadsafe(send(message), loop).result()
@@ -131,9 +138,19 @@ class ThreadPoolHandler(ASGIHandler):
             }
         )
         for part in response:
+            if gone.is_set():
+                return
             for chunk, _ in self.chunk_bytes(part):
                 emit({"type": "http.response.body", "body": chunk, "more_body": True})
         emit({"type": "http.response.body"})
+
+
+async def _until_disconnect(receive, gone: threading.Event) -> None:
+    """Set ``gone`` when the client disconnects (once the body is read, the server's next
+    message is that one)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    gone.set()
 
 
 def _declared_length(scope) -> int:

@@ -55,11 +55,28 @@ def streamed(request):
     return StreamingHttpResponse(parts(), content_type="text/plain")
 
 
+made = []
+
+
+def endless(request):
+    def parts():
+        try:
+            for index in range(500):
+                made.append(index)
+                time.sleep(0.01)
+                yield f"{index};"
+        finally:
+            made.append("closed")
+
+    return StreamingHttpResponse(parts(), content_type="text/plain")
+
+
 urlpatterns = [
     path("slow", slow),
     path("backend", backend),
     path("echo", echo),
     path("streamed", streamed),
+    path("endless", endless),
 ]
 
 
@@ -87,9 +104,11 @@ def handler():
         each.threads.shutdown()
 
 
-async def call(app, path, body=b"", chunks=1):
-    """One request through the ASGI application: (status, headers, body)."""
+async def call(app, path, body=b"", chunks=1, leave_after=None):
+    """One request through the ASGI application: (status, headers, body). ``leave_after``:
+    the client disconnects once it has had that many chunks of the body."""
     sent = []
+    had_enough = asyncio.Event()
     scope = {
         "type": "http",
         "asgi": {"version": "3.0"},
@@ -113,10 +132,15 @@ async def call(app, path, body=b"", chunks=1):
     async def receive():
         if incoming:
             return incoming.pop(0)
-        await asyncio.sleep(3600)
+        if leave_after is None:
+            await asyncio.sleep(3600)
+        await had_enough.wait()
+        return {"type": "http.disconnect"}
 
     async def send(message):
         sent.append(message)
+        if leave_after is not None and len(sent) > leave_after:
+            had_enough.set()
 
     await app(scope, receive, send)
     start = sent[0]
@@ -124,7 +148,8 @@ async def call(app, path, body=b"", chunks=1):
     for name, value in start["headers"]:
         headers.setdefault(name.decode().lower(), []).append(value.decode())
     body = b"".join(m.get("body", b"") for m in sent[1:])
-    assert sent[-1].get("more_body", False) is False
+    if leave_after is None:
+        assert sent[-1].get("more_body", False) is False
     return start["status"], headers, body
 
 
@@ -165,6 +190,20 @@ def test_a_streaming_response_is_iterated_on_its_views_thread(handler):
     assert status == 200
     assert headers["content-type"] == ["text/plain"]
     assert answer == b"0:True;1:True;2:True;"
+
+
+def test_a_streaming_response_ends_when_its_client_has_gone(handler):
+    """A client that leaves frees the request thread at the next chunk: the iterator is
+    closed, not run on to its end (a model's answer no one reads)."""
+    app = handler(1)
+    made.clear()
+    status, _, answer = asyncio.run(call(app, "/endless", leave_after=3))
+    assert status == 200
+    assert answer.startswith(b"0;1;2;")
+    assert made[-1] == "closed"
+    assert len(made) < 20
+    # The thread serves the next request.
+    assert asyncio.run(call(app, "/streamed"))[0] == 200
 
 
 def test_the_web_processes_application_is_this_handler(settings):
