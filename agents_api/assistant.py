@@ -5,9 +5,11 @@ then the conversation's latest turns. The reply is the agent's message, written 
 acting for the person; what follows an agent's write (memory extraction) follows it too.
 """
 
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 
 from django.conf import settings
+from django.db.models import Q
 
 from agents_api import selectors
 from agents_api.models import Agent
@@ -22,6 +24,7 @@ from conversations.selectors import (
     user_members,
 )
 from conversations.services import NewMessage, within_message_limit
+from memsvc.api.errors import RateLimited
 from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, Principal, agent_uuid_of
 from memsvc.client import format_context
 from memsvc.llm import chat_stream
@@ -43,8 +46,47 @@ def pages_assistant() -> Agent:
     )[0]
 
 
-def assistant_of(conversation: Conversation) -> Agent | None:
-    """The agent that answers in a conversation: the first agent that may write in it."""
+class _Answering:
+    """The answers being written in this process. Each holds a web request thread for the
+    model's whole time: at most ``MEMSVC_PAGES_ANSWERS_AT_ONCE`` of them, so that slow
+    answers never hold every thread and the API stops for everyone."""
+
+    RETRY_SECONDS = 5
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.now = 0
+
+    def take(self) -> Callable[[], None]:
+        """A place for one answer: its release (once, whatever calls it again), or
+        ``RateLimited`` when every place is taken."""
+        with self.lock:
+            if self.now >= settings.MEMSVC_PAGES_ANSWERS_AT_ONCE:
+                raise RateLimited(
+                    self.RETRY_SECONDS,
+                    "the assistant is answering too many people at once; ask again shortly",
+                )
+            self.now += 1
+        given_back = threading.Event()
+
+        def release() -> None:
+            with self.lock:
+                if not given_back.is_set():
+                    given_back.set()
+                    self.now -= 1
+
+        return release
+
+
+answering = _Answering()
+
+
+def assistant_of(conversation: Conversation, *, asked_by: str) -> Agent | None:
+    """The agent that answers ``asked_by`` in a conversation on the pages: the first agent
+    that may write in it, of those that are the pages' assistant or the person's own
+    (``owner_principal``). Another owner's agent, shared into the conversation, answers
+    through its own API only: on the pages its blocks would go into a prompt the person
+    writes (and reads back), and its store would keep what it is told (review)."""
     principal_ids = (
         Membership.objects.filter(
             group_id=conversation.group_id,
@@ -55,7 +97,10 @@ def assistant_of(conversation: Conversation) -> Agent | None:
         .values_list("principal_id", flat=True)
     )
     order = [agent_uuid_of(principal_id) for principal_id in principal_ids]
-    agents = Agent.objects.in_bulk([agent_id for agent_id in order if agent_id])  # one query
+    owner, name = PAGES_ASSISTANT
+    agents = Agent.objects.filter(
+        Q(owner_principal=owner, name=name) | Q(owner_principal=asked_by)
+    ).in_bulk([agent_id for agent_id in order if agent_id])  # one query
     return next((agents[agent_id] for agent_id in order if agent_id in agents), None)
 
 
@@ -119,7 +164,8 @@ def assistant_reply(agent: Agent, conversation: Conversation, *, user: Principal
     actor = agent.as_principal(on_behalf_of=user.id)
     conversation = access_conversation(actor, conversation.id, need=AccessLevel.WRITER)
     pieces = []
-    for piece in chat_stream(assistant_prompt(agent, conversation, user_id=user.id)):
+    prompt = assistant_prompt(agent, conversation, user_id=user.id)
+    for piece in chat_stream(prompt, seconds=settings.MEMSVC_PAGES_ANSWER_SECONDS):
         pieces.append(piece)
         yield piece
     agent_messages_append(

@@ -6,6 +6,7 @@ LLM and that work is skipped: nothing else depends on it.
 
 import json
 import re
+import time
 from collections.abc import Iterator
 from types import ModuleType
 
@@ -81,17 +82,21 @@ def _text_of(answer, part: str) -> str:
     return content.replace("\x00", "").encode("utf-8", "replace").decode("utf-8")
 
 
-def chat_stream(messages: list[dict]) -> Iterator[str]:
+def chat_stream(messages: list[dict], *, seconds: float = TIMEOUT_SECONDS) -> Iterator[str]:
     """The model's reply to ``messages``, piece by piece as it is written; ``LLMError`` when
-    it cannot be asked, stops answering, or answers nothing."""
+    it cannot be asked, stops answering, answers nothing, or is still writing after
+    ``seconds`` (checked at each piece; a model silent for ``seconds`` is given up too)."""
     openai = _openai()
+    deadline = time.monotonic() + seconds
     answered = False
     try:
         with _client() as client:
             stream = client.chat.completions.create(
-                model=settings.MEMSVC_LLM_MODEL, messages=messages, stream=True
+                model=settings.MEMSVC_LLM_MODEL, messages=messages, stream=True, timeout=seconds
             )
             for chunk in stream:
+                if time.monotonic() > deadline:
+                    raise LLMError(f"the model was still answering after {seconds:g} s")
                 piece = _text_of(chunk, "delta")
                 if piece:
                     answered = answered or bool(piece.strip())

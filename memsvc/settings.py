@@ -442,6 +442,13 @@ CELERY_TASK_QUEUES = (
 )
 CELERY_TASK_ROUTES = ("memsvc.celery.route",)
 MEMSVC_LLM_TASK_SECONDS = env_int("MEMSVC_LLM_TASK_SECONDS", 600, minimum=1)
+# The pages' assistant writes its answer on a web process's request thread: at most this many
+# at once in a process (the others are refused with 429, the rest of the threads serve
+# everyone else), each given up after MEMSVC_PAGES_ANSWER_SECONDS.
+MEMSVC_PAGES_ANSWERS_AT_ONCE = env_int(
+    "MEMSVC_PAGES_ANSWERS_AT_ONCE", max(1, WEB_REQUEST_THREADS // 2), minimum=1
+)
+MEMSVC_PAGES_ANSWER_SECONDS = env_int("MEMSVC_PAGES_ANSWER_SECONDS", 120, minimum=1)
 
 # --- Rate limits (memsvc/api/ratelimit.py) ------------------------------------------------------
 

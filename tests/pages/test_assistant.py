@@ -2,17 +2,23 @@
 conversation with an agent's context, streamed; without one the page is a log."""
 
 import json
+import time
 
 import pytest
+from django.core.signals import request_finished
+from django.db import close_old_connections
 from django.urls import reverse
 
 from agents_api.assistant import pages_assistant
-from agents_api.services import memory_block_create, memory_save
+from agents_api.services import agent_get_or_create, memory_block_create, memory_save
 from conversations.models import Conversation, Message
+from memsvc.api.principals import Principal
 from tests.fake_openai import FakeOpenAI
 from tests.local_http import Reply
 
 pytestmark = pytest.mark.django_db
+
+HTMX = {"headers": {"HX-Request": "true"}}  # the page's script asking
 
 
 @pytest.fixture
@@ -198,12 +204,13 @@ def test_the_assistant_is_the_first_agent_that_may_write_found_in_two_queries(
     from agents_api.assistant import assistant_of
     from agents_api.models import Agent
     from conversations.services import membership_create
-    from memsvc.api.principals import Principal
-    from tests.agents_api.conftest import make_agent
     from tests.pages.conftest import conversation_of
 
     conversation = conversation_of("alice", "Trip")
-    agents = [make_agent(name).agent for name in ("reader-bot", "gone", "first", "second")]
+    agents = [
+        agent_get_or_create(owner_principal="alice", name=name)[0]
+        for name in ("reader-bot", "gone", "first", "second")
+    ]
     for agent, level in zip(agents, ("reader", "writer", "writer", "manager"), strict=True):
         membership_create(
             Principal.user("alice"),
@@ -213,4 +220,123 @@ def test_the_assistant_is_the_first_agent_that_may_write_found_in_two_queries(
         )
     Agent.objects.filter(pk=agents[1].pk).delete()  # its membership stays, naming no agent
     with django_assert_num_queries(2):
-        assert assistant_of(conversation) == agents[2]
+        assert assistant_of(conversation, asked_by="alice") == agents[2]
+
+
+def test_only_the_pages_assistant_or_the_persons_own_agent_answers_on_the_pages(alice_page, llm):
+    """Any agent may be shared into a conversation; on the pages it answered as itself, its
+    owner's blocks in the prompt the person wrote, and kept what it was told (review)."""
+    from conversations.services import membership_create
+    from tests.agents_api.conftest import make_agent
+    from tests.pages.conftest import conversation_of
+
+    theirs = make_agent("support-bot").agent  # owned by "ops"
+    memory_block_create(
+        theirs.as_principal(), agent=theirs, label="persona", value="internal discount code Z9"
+    )
+    conversation = conversation_of("alice", "Trip")
+    membership_create(
+        Principal.user("alice"),
+        conversation=conversation,
+        principal_id=theirs.principal_id,
+        access_level="writer",
+    )
+    page = alice_page.get(reverse("pages:conversation", args=[conversation.id])).content.decode()
+    assert "No agent answers" in page
+    assert alice_page.post(reverse("pages:reply", args=[conversation.id])).status_code == 409
+    alice_page.post(reverse("pages:append", args=[conversation.id]), {"content": "Hi there"})
+    assert llm.requests_containing("Hi there") == []
+    assert not Message.objects.filter(conversation=conversation, role="assistant").exists()
+
+    # Her own agent answers her.
+    own = agent_get_or_create(owner_principal="alice", name="my-bot")[0]
+    membership_create(
+        Principal.user("alice"),
+        conversation=conversation,
+        principal_id=own.principal_id,
+        access_level="writer",
+    )
+    streamed = alice_page.post(reverse("pages:reply", args=[conversation.id]))
+    assert b"".join(streamed.streaming_content).decode() == "Rex would love Brittany, Alice."
+    assert Message.objects.get(conversation=conversation, role="assistant").author_name == (
+        "my-bot"
+    )
+    assert "discount code" not in json.dumps(llm.requests_containing("Hi there"))
+
+
+def _slow_answer(words: int, every: float):
+    """A model writing one word every ``every`` seconds (chat completion chunks)."""
+
+    def events():
+        for index in range(words):
+            time.sleep(every)
+            delta = {"content": f"word{index} "}
+            yield json.dumps(
+                {
+                    "id": "chatcmpl-slow",
+                    "object": "chat.completion.chunk",
+                    "created": 1,
+                    "model": "gpt-test",
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
+                }
+            )
+        yield "[DONE]"
+
+    return Reply(events=events())
+
+
+def test_an_answer_still_written_after_its_time_is_given_up(alice_page, chat, llm, settings):
+    """A slow model held a web request thread for as long as it wrote (review: 8 slow
+    answers stopped the API for 29 s)."""
+    settings.MEMSVC_PAGES_ANSWER_SECONDS = 1
+    llm.answer("Hello", _slow_answer(words=30, every=0.1))
+    alice_page.post(reverse("pages:append", args=[chat.id]), {"content": "Hello"}, **HTMX)
+    started = time.monotonic()
+    streamed = alice_page.post(reverse("pages:reply", args=[chat.id]))
+    text = b"".join(streamed.streaming_content).decode()
+    assert time.monotonic() - started < 2.5
+    assert text.startswith("word0 ")
+    assert text.endswith(
+        "[The assistant could not answer: the model was still answering after 1 s]"
+    )
+    assert not Message.objects.filter(role="assistant").exists()
+
+
+def test_answers_at_once_are_capped_and_a_finished_one_gives_its_place_back(
+    alice_page, chat, llm, settings
+):
+    """Beyond MEMSVC_PAGES_ANSWERS_AT_ONCE answers in a process, a 429 at once (the script's
+    stream and the page without a script alike): the other request threads stay free."""
+    settings.MEMSVC_PAGES_ANSWERS_AT_ONCE = 1
+    alice_page.post(reverse("pages:append", args=[chat.id]), {"content": "Hello"}, **HTMX)
+    first = alice_page.post(reverse("pages:reply", args=[chat.id]))
+    pieces = iter(first.streaming_content)
+    assert next(pieces).decode() == "Rex"
+
+    second = alice_page.post(reverse("pages:reply", args=[chat.id]))
+    assert second.status_code == 429 and int(second["Retry-After"]) >= 1
+    assert "answering too many people at once" in second.content.decode()
+    plain = alice_page.post(reverse("pages:append", args=[chat.id]), {"content": "And then?"})
+    assert plain.status_code == 429
+    assert not Message.objects.filter(content="And then?").exists()  # refused: nothing kept
+
+    assert b"".join(pieces).decode().endswith("Brittany, Alice.")
+    third = alice_page.post(reverse("pages:reply", args=[chat.id]))
+    assert b"".join(third.streaming_content).decode() == "Rex would love Brittany, Alice."
+    assert Message.objects.filter(conversation=chat, role="assistant").count() == 2
+
+
+def test_a_stream_closed_unread_gives_its_place_back(alice_page, chat, llm, settings):
+    settings.MEMSVC_PAGES_ANSWERS_AT_ONCE = 1
+    alice_page.post(reverse("pages:append", args=[chat.id]), {"content": "Hello"}, **HTMX)
+    unread = alice_page.post(reverse("pages:reply", args=[chat.id]))
+    assert alice_page.post(reverse("pages:reply", args=[chat.id])).status_code == 429
+    # Closed unread, as the server closes it when its client has gone (``memsvc.asgi``);
+    # without the signal that ends a request's database connection, as the test client
+    # closes a response it has read.
+    request_finished.disconnect(close_old_connections)
+    try:
+        unread.close()
+    finally:
+        request_finished.connect(close_old_connections)
+    assert alice_page.post(reverse("pages:reply", args=[chat.id])).status_code == 200

@@ -13,6 +13,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 
 from agents_api.assistant import (
+    answering,
     assistant_of,
     assistant_reply,
     pages_assistant,
@@ -136,7 +137,7 @@ def conversation(request, conversation_id):
         "can_manage": level.allows(AccessLevel.MANAGER),
         "is_owner": level == AccessLevel.OWNER,
         "llm": llm,
-        "assistant": assistant_of(conversation) if llm else None,
+        "assistant": assistant_of(conversation, asked_by=request.principal.id) if llm else None,
     }
     if context["assistant"] is not None:
         context["read_by_others"] = read_by_others(conversation, request.principal.id)
@@ -169,18 +170,25 @@ def message_append(request, conversation_id):
     any) answers before the page comes back."""
     conversation = _at_level(request, conversation_id, AccessLevel.WRITER)
     data = s.CreateUserMessageIn.parse(form_fields(request, "content"))
-    message = services.message_append(request.principal, conversation=conversation, **data)
     if request.htmx:
+        message = services.message_append(request.principal, conversation=conversation, **data)
         context = {"rows": [message], "conversation": conversation, "can_write": True}
         return render(request, "pages/_message_rows.html", context)
-    assistant = assistant_of(conversation) if llm_configured() else None
-    if assistant is not None:
-        try:
+    assistant = (
+        assistant_of(conversation, asked_by=request.principal.id) if llm_configured() else None
+    )
+    # Its place is taken before the message is kept: refused (429), nothing is written.
+    release = answering.take() if assistant is not None else lambda: None
+    try:
+        message = services.message_append(request.principal, conversation=conversation, **data)
+        if assistant is not None:
             for _ in assistant_reply(assistant, conversation, user=request.principal):
                 pass
-        except LLMError as exc:
-            _log_failed_answer(conversation, exc)
-            flash.error(request, f"The assistant could not answer: {exc.shown}")
+    except LLMError as exc:
+        _log_failed_answer(conversation, exc)
+        flash.error(request, f"The assistant could not answer: {exc.shown}")
+    finally:
+        release()
     page_url = reverse("pages:conversation", args=[conversation.id])
     return redirect(f"{page_url}#m-{message.id}")
 
@@ -190,9 +198,12 @@ def reply(request, conversation_id):
     """The assistant's answer to the latest turns, streamed as plain text while the model
     writes it, then kept as its message."""
     conversation = _at_level(request, conversation_id, AccessLevel.WRITER)
-    assistant = assistant_of(conversation) if llm_configured() else None
+    assistant = (
+        assistant_of(conversation, asked_by=request.principal.id) if llm_configured() else None
+    )
     if assistant is None:
         raise Conflict("no assistant answers in this conversation")
+    release = answering.take()
 
     def stream():
         try:
@@ -203,10 +214,25 @@ def reply(request, conversation_id):
         except ApiError as exc:  # (the conversation gone, or the person out of it, meanwhile)
             yield f"\n[The answer could not be kept: {exc.message}]"
 
-    response = StreamingHttpResponse(stream(), content_type="text/plain; charset=utf-8")
+    response = _Answer(stream(), release=release, content_type="text/plain; charset=utf-8")
     response["Cache-Control"] = "no-store"
     response["X-Accel-Buffering"] = "no"  # a proxy in front passes the pieces on at once
     return response
+
+
+class _Answer(StreamingHttpResponse):
+    """A streamed answer, which gives its place back (``answering``) when it is closed:
+    sent whole, cut short, or its client gone."""
+
+    def __init__(self, *args, release, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.release = release
+
+    def close(self):
+        try:
+            super().close()
+        finally:
+            self.release()
 
 
 def _log_failed_answer(conversation, exc: LLMError) -> None:
