@@ -254,7 +254,7 @@ def _distil(agent: Agent, conversation: Conversation, previous: int, claimed: li
     def speaker(message) -> str:
         return speakers.get(message.id, subject)
 
-    messages = [m for m in claimed if m.role != Role.USER or speaker(m) not in off]
+    messages = _read_for(claimed, speaker, off)
     people = {speaker(m) for m in messages if m.role == Role.USER}
     if not people:
         return []
@@ -308,6 +308,19 @@ def _distil(agent: Agent, conversation: Conversation, previous: int, claimed: li
                 source=MemorySource.EXTRACTED,
             )
     return [memory for memory, _ in saved]
+
+
+def _read_for(claimed: list, speaker, off: set[str]) -> list:
+    """The turns the LLM reads: none of a person who turned memory off, nor the replies to
+    them (until the next person's turn), which repeat what they said and would be kept
+    about whoever else spoke (review)."""
+    read, answering_off = [], False
+    for message in claimed:
+        if message.role == Role.USER:
+            answering_off = speaker(message) in off
+        if not answering_off:
+            read.append(message)
+    return read
 
 
 def _facts_by_person(

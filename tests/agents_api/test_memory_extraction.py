@@ -743,3 +743,31 @@ def test_the_llms_url_is_not_logged_with_its_credentials(llm, settings, caplog):
     with caplog.at_level(logging.INFO):
         chat([{"role": "user", "content": "hello"}])
     assert "sekrit" not in caplog.text
+
+
+def test_the_replies_to_someone_who_turned_memory_off_are_not_read_either(
+    api, helper, alice, bob, shared, llm
+):
+    """The agent's reply repeating what Bob said reached the LLM, and the fact citing it fell
+    to Alice, the one person left (review)."""
+    memory_setting_update(Principal.user("bob"), enabled=False)
+    llm.answers.clear()  # the PIN kept whenever the model reads it, nothing else
+    llm.answer("4321", citing(("Bob's PIN is 4321", 2)))
+    llm.answer(MARKER, json.dumps({"memories": []}))
+    say(api, alice, shared, "turn 1: my favourite colour is green")
+    response = append(
+        api,
+        helper.acting_for("bob"),
+        shared,
+        {"role": "user", "content": "my PIN is 4321"},
+        {"role": "assistant", "content": "Noted: your PIN is 4321."},
+    )
+    assert response.status_code == 201, response.content
+    for n in range(2, 5):
+        say(api, alice, shared, f"turn {n}: still green")
+    append(api, helper, shared, {"role": "assistant", "content": "Green it is."})
+    [request] = extractions(llm)
+    prompt = request["messages"][1]["content"]
+    assert "4321" not in prompt
+    assert "Green it is." in prompt and "turn 4: still green" in prompt
+    assert about("alice") == [] and about("bob") == []
