@@ -25,9 +25,9 @@ Using it on a new surface:
   that refuses credentials without answering 401 (a stdio protocol, say) calls
   ``note_auth_failure(address)`` itself;
 - a password login (the web pages', the admin's) goes through ``LockoutModelBackend``: its
-  wrong passwords count as 401s do (near the limit before the hash is checked, as the
-  middleware's credentials), and an address past the limit has every password refused, the
-  right one too.
+  wrong passwords count as 401s do (near the limit, its checks running counted too, as the
+  middleware's), and an address past the limit has every password refused, the right one
+  too.
 """
 
 import functools
@@ -220,40 +220,62 @@ def _locked_out(limit: int, retry_after: int) -> RateLimited:
 
 
 # How many requests a server may check at once (its web processes' threads, with room):
-# an address that many failures from its limit has its credentials counted before they are
-# checked (``auth_attempt``).
+# an address that many failures from its limit has its checks counted while they run
+# (``auth_attempt``).
 CHECKS_AT_ONCE = 32
+# Near the limit, a request whose check would pass it waits for those running to end, at
+# most this long (then it is refused), looking again this often.
+CHECK_WAIT_SECONDS = 5.0
+CHECK_POLL_SECONDS = 0.02
 
 
 def auth_attempt(address: str) -> tuple[RateLimited | None, Callable[[], None] | None]:
-    """The refusal for a request with credentials from ``address`` when it has failed
-    authentication too often in this window, and whether they were counted as a failure
-    already: ``(refusal, take_back)``, ``take_back`` to call unless the request is
-    answered 401. A failure is counted once answered; so a burst of guesses at once, all
-    checked before the first answer, got as many as the server checks at once past the
-    limit (24 at once, a limit of 3: 24 checked). Near the limit (``CHECKS_AT_ONCE``) the
-    credentials count before the check, so no more than the limit are checked; far from it,
-    a request pays one read, as every right one does."""
+    """The refusal for a request with credentials from ``address`` that has failed
+    authentication too often in this window; else None and, near the limit, the call that
+    ends its check (``checked``, once its failure, if any, is counted).
+
+    A failure is counted once answered; so a burst of guesses at once, all checked before
+    the first answer, got as many checks as the server runs at once past the limit (24 at
+    once, a limit of 3: 24 checked). Near the limit (``CHECKS_AT_ONCE``) the checks running
+    are counted too (``auth-checking``): failures and running checks together never pass
+    the limit, and a request that would pass it waits for the running ones to end (a right
+    one ends in milliseconds, a wrong one is a failure), then goes on or is refused. (They
+    were counted as failures until taken back: right requests at once near the limit were
+    refused for each other, 6 of 24 at a limit of 5: review.) Far from the limit a request
+    pays one read, as every right one does."""
     limit = settings.MEMSVC_AUTH_FAILURE_LIMIT
     if not limit:
         return None, None
-    bucket, window = f"auth-failures:{counted_as(address)}", _window()
-    counted = _counted("count", bucket, window)
+    where = counted_as(address)
+    failures, checking = f"auth-failures:{where}", f"auth-checking:{where}"
+    window = _window()
+    counted = _counted("count", failures, window)
     if counted is None or counted[0] < limit - CHECKS_AT_ONCE:
         return None, None
-    if counted[0] >= limit:
-        return _locked_out(limit, counted[1]), None
-    counted = _counted("hit", bucket, window)
-    if counted is None:
-        return None, None
-
-    def take_back():
-        _counted("take_back", bucket, window)
-
-    if counted[0] > limit:
-        take_back()  # (refused unchecked: not a failure of its own)
-        return _locked_out(limit, counted[1]), None
-    return None, take_back
+    give_up_at = time.monotonic() + CHECK_WAIT_SECONDS
+    while counted[0] < limit:
+        running = _counted("hit", checking, window)
+        # The failures read again, once this check is counted: a check that fails counts
+        # its failure before it stops counting as running, so the two read in this order
+        # never miss it (read before, a failure of the meantime was missed: one check past
+        # the limit).
+        counted = running and _counted("count", failures, window)
+        if counted is None:  # (Redis unreachable: let through, ``_counted``)
+            return None, None
+        if counted[0] + running[0] <= limit:
+            return None, functools.partial(_counted, "take_back", checking, window)
+        _counted("take_back", checking, window)
+        if counted[0] >= limit:
+            break
+        if time.monotonic() >= give_up_at:
+            message = "too many authentications at once from this address"
+            return RateLimited(running[1], message), None
+        time.sleep(CHECK_POLL_SECONDS)
+        window = _window()
+        counted = _counted("count", failures, window)
+        if counted is None:
+            return None, None
+    return _locked_out(limit, counted[1]), None
 
 
 def _ip(address: str):
@@ -408,20 +430,21 @@ class RateLimitMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
-        take_back = None  # (``auth_attempt``: the credentials counted as a failure already)
+        checked = None  # (``auth_attempt``: near the limit, the end of the check)
         presented = any(request.META.get(header) for header in CREDENTIAL_HEADERS)
         if presented:
-            refusal, take_back = request_auth_attempt(request)
+            refusal, checked = request_auth_attempt(request)
             if refusal is not None:
                 response = render_api_error(request, refusal)
                 if response is not None:
                     return response
-        response = self.get_response(request)
-        if take_back is not None:
-            if response.status_code != 401:
-                _guarded(take_back)
-        elif response.status_code == 401 and presented:
-            _guarded(note_auth_failure, client_address(request))
+        try:
+            response = self.get_response(request)
+            if response.status_code == 401 and presented:
+                _guarded(note_auth_failure, client_address(request))
+        finally:
+            if checked is not None:
+                _guarded(checked)
         return response
 
 
@@ -440,27 +463,25 @@ class LockoutModelBackend(ModelBackend):
     ``PermissionDenied``, which ends ``authenticate()``): ``ModelBackend``, listed after it
     only so that sessions made before keep their backend, never checks a password again.
 
-    It counts the wrong passwords itself, with ``auth_attempt`` as ``RateLimitMiddleware``
-    counts 401s: near the limit before the (slow) hash is checked, taken back for a right
-    one, so that a burst of guesses at once gets no more checks than the limit. Counted only
-    once checked (on Django's ``user_login_failed``), every guess of a burst was checked (12
-    at once, a limit of 3: 12 checked)."""
+    It counts the wrong passwords itself and, near the limit, the (slow) hash checks running
+    (``auth_attempt``), as ``RateLimitMiddleware`` does, so that a burst of guesses at once
+    gets no more checks than the limit. Counted only once checked (on Django's
+    ``user_login_failed``), every guess of a burst was checked (12 at once, a limit of 3: 12
+    checked)."""
 
     def authenticate(self, request, username=None, password=None, **kwargs):
-        refusal, take_back = request_auth_attempt(request)
+        refusal, checked = request_auth_attempt(request)
         if refusal is not None:
             setattr(request, LOGIN_REFUSAL, refusal)  # (for the login form to say so)
             raise PermissionDenied
-        failed = False  # (an error is no answer, as a 500 is none: not a failure)
         try:
             user = super().authenticate(request, username, password, **kwargs)
-            failed = user is None
-        finally:
-            if take_back is not None and not failed:
-                _guarded(take_back)
-        if failed:
-            if take_back is None and request is not None:
+            if user is None and request is not None:
                 _guarded(note_auth_failure, client_address(request))
+        finally:
+            if checked is not None:
+                _guarded(checked)
+        if user is None:
             raise PermissionDenied
         return user
 

@@ -385,27 +385,31 @@ def test_concurrent_wrong_keys_get_no_more_checks_than_the_limit(tmp_path):
 
 @pytest.fixture
 def failure_counting(monkeypatch):
-    """What the requests do to the counts of failed authentications, in order ("count",
-    "hit", "take_back")."""
+    """What the requests do to the counts of failed authentications and of the checks
+    running, in order: ("count" | "hit" | "take_back", "failures" | "checking")."""
     operations = []
     counted = ratelimit._counted
 
     def recording(operation, bucket, *args):
-        if bucket.startswith("auth-failures:"):
-            operations.append(operation)
+        kind = bucket.split(":")[0].removeprefix("auth-")
+        if kind in ("failures", "checking"):
+            operations.append((operation, kind))
         return counted(operation, bucket, *args)
 
     monkeypatch.setattr(ratelimit, "_counted", recording)
     return operations
 
 
-@pytest.mark.parametrize(("failures", "writes"), [(0, []), (9, ["hit", "take_back"])])
+# Near the limit: the check counted, the failures read again, the check's count taken back.
+CHECK_COUNTED = [("hit", "checking"), ("count", "failures"), ("take_back", "checking")]
+
+
+@pytest.mark.parametrize(("failures", "writes"), [(0, []), (9, CHECK_COUNTED)])
 def test_only_near_the_limit_are_credentials_counted_before_the_check(
     client, settings, failures, writes, failure_counting
 ):
-    """Counting credentials before the check costs two writes on the address's row: only
-    an address within ``CHECKS_AT_ONCE`` of its limit pays them; a right key far from it is
-    one read, as before."""
+    """Counting the check costs two writes: only an address within ``CHECKS_AT_ONCE`` of
+    its limit pays them; a right key far from it is one read, as before."""
     settings.MEMSVC_AUTH_FAILURE_LIMIT = ratelimit.CHECKS_AT_ONCE + 5
     settings.MEMSVC_REDIS_URL = None
     agent = make_agent(f"agent-{uuid.uuid4()}")
@@ -415,7 +419,37 @@ def test_only_near_the_limit_are_credentials_counted_before_the_check(
     failure_counting.clear()  # (the failures above)
     response = client.get("/v1/agent/me", REMOTE_ADDR=address, **agent.auth_headers())
     assert response.status_code == 200
-    assert failure_counting == ["count", *writes]
+    assert failure_counting == [("count", "failures"), *writes]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("failures", [0, 4])
+def test_right_keys_at_once_near_the_limit_are_all_answered(settings, backend, failures):
+    """Right keys at once from one address near its limit: each was counted as a failure
+    until answered, so the others in flight pushed it past the limit and they were refused
+    (6 of 24 at a limit of 5: review). Now they wait for the checks running, and pass."""
+    settings.MEMSVC_AUTH_FAILURE_LIMIT = 5
+    agent = make_agent(f"agent-{uuid.uuid4()}")
+    part = uuid.uuid4().hex
+    address = f"2001:db8:{part[:4]}:{part[4:8]}::1"
+    for _ in range(failures):
+        ratelimit.note_auth_failure(address)
+
+    def ask(_):
+        try:
+            return Client(REMOTE_ADDR=address).get("/v1/agent/me", **agent.auth_headers())
+        finally:
+            connection.close()  # (this thread's: the test database is dropped at the end)
+
+    with ThreadPoolExecutor(24) as pool:
+        statuses = [response.status_code for response in pool.map(ask, range(24))]
+    assert statuses == [200] * 24
+    # And the checks' count is back to nothing: a wrong key is still checked, the limit's
+    # last one refused.
+    wrong = {"HTTP_X_API_KEY": agent.key[:-4] + "AAAA"}
+    browser = Client(REMOTE_ADDR=address)
+    answers = [browser.get("/v1/agent/me", **wrong).status_code for _ in range(6 - failures)]
+    assert answers == [401] * (5 - failures) + [429]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -453,9 +487,9 @@ def test_concurrent_wrong_passwords_get_no_more_checks_than_the_limit(settings, 
     ("failures", "password", "writes"),
     [
         (0, "the right password", []),
-        (9, "the right password", ["hit", "take_back"]),
-        (0, "a guess", ["hit"]),
-        (9, "a guess", ["hit"]),
+        (9, "the right password", CHECK_COUNTED),
+        (0, "a guess", [("hit", "failures")]),
+        (9, "a guess", [*CHECK_COUNTED[:2], ("hit", "failures"), CHECK_COUNTED[2]]),
     ],
 )
 def test_only_near_the_limit_is_a_password_counted_before_the_check(
@@ -474,7 +508,7 @@ def test_only_near_the_limit_is_a_password_counted_before_the_check(
     failure_counting.clear()  # (the failures above)
     client.post("/app/login/", {"username": name, "password": password}, REMOTE_ADDR=address)
     assert ("_auth_user_id" in client.session) == (password == "the right password")
-    assert failure_counting == ["count", *writes]
+    assert failure_counting == [("count", "failures"), *writes]
 
 
 @pytest.mark.parametrize("page", ["/app/login/", "/admin/login/"])
