@@ -322,9 +322,13 @@ def cmd_reindex(args: argparse.Namespace) -> int:
 
     started = time.monotonic()
     try:
-        count = reembed_all() if args.all else embed_pending()
-        memories = memories_reembed_all() if args.all else memories_embed_pending()
-        records = tool_records_reembed_all() if args.all else tool_records_embed_pending()
+        # (``patient``: what another reindex or a worker is embedding meanwhile is waited
+        # for, so that nothing waits once this says it is done.)
+        count = reembed_all() if args.all else embed_pending(patient=True)
+        memories = memories_reembed_all() if args.all else memories_embed_pending(patient=True)
+        records = (
+            tool_records_reembed_all() if args.all else tool_records_embed_pending(patient=True)
+        )
     except EmbeddingError as exc:
         print(
             f"the embedding backend failed ({exc}): what was embedded before it stays; "

@@ -55,9 +55,9 @@ class WrongDimension(EmbeddingError):
     def __init__(self, backend: "EmbeddingBackend", width: int):
         super().__init__(
             f"{backend.name}: the model {backend.model!r} answered {width}-dimensional vectors "
-            f"but the database holds {backend.expected_dimension}: put the model back, or "
-            "change MEMORY_EMBEDDING_MODEL and MEMORY_EMBEDDING_DIMENSION, migrate the columns "
-            "and `memsvc reindex --all`",
+            f"where MEMORY_EMBEDDING_DIMENSION is {backend.expected_dimension}: put the model "
+            "back, or change MEMORY_EMBEDDING_MODEL and MEMORY_EMBEDDING_DIMENSION, migrate the "
+            "columns and `memsvc reindex --all`",
             transient=True,
         )
         self.width = width

@@ -6,6 +6,7 @@ unsearchable because of a broker problem, and keywords find it meanwhile.
 """
 
 import logging
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -218,22 +219,57 @@ def embed_rows(model, ids: Sequence, *, text_field: str, backend=None, force: bo
 
 
 def embed_pending_rows(
-    model, *, text_field: str, backend=None, batch: int = EMBED_BATCH, max_batches=None
+    model,
+    *,
+    text_field: str,
+    backend=None,
+    batch: int = EMBED_BATCH,
+    max_batches=None,
+    patient: bool = False,
 ) -> int:
     """Embed every row of ``model`` still waiting for a vector, oldest first (a sweep,
     ``memsvc reindex``), served by the table's partial index on ``created_at``."""
+
+    def pending() -> list:
+        waiting = model.objects.filter(embedded_at__isnull=True).order_by("created_at")
+        return list(waiting.values_list("pk", flat=True)[:batch])
+
+    def embed(ids) -> int:
+        return embed_rows(model, ids, text_field=text_field, backend=backend)
+
+    return _embed_waiting(pending, embed, max_batches=max_batches, patient=patient)
+
+
+# ``patient``: how long a reindex waits for others that keep every waiting row to themselves.
+PATIENCE_SECONDS = 60.0
+PATIENCE_POLL_SECONDS = 0.2
+
+
+def _embed_waiting(pending, embed, *, max_batches: int | None, patient: bool) -> int:
+    """Batch after batch, ``embed`` (how many got a vector) what ``pending()`` finds
+    waiting, until nothing waits; how many got one. A batch that gets none is another's (a
+    worker, a second ``memsvc reindex``): a sweep leaves the rest to them and the next
+    sweep; ``patient`` (the command) waits for them and carries on, so that it ends with
+    nothing waiting (a second reindex said "embedded 0" and left rows waiting: review), at
+    most ``PATIENCE_SECONDS`` without a row's progress (a process stuck holding them)."""
     total = batches = 0
+    stalled = {"since": None, "waiting": None}
     while max_batches is None or batches < max_batches:
-        ids = list(
-            model.objects.filter(embedded_at__isnull=True)
-            .order_by("created_at")
-            .values_list("pk", flat=True)[:batch]
-        )
-        done = embed_rows(model, ids, text_field=text_field, backend=backend) if ids else 0
+        ids = pending()
+        if not ids:
+            break
+        done = embed(ids)
         total += done
         batches += 1
-        if done == 0:
-            break  # nothing waits, or someone else is on these: the next sweep will see
+        if done:
+            continue
+        if not patient:
+            break  # someone else is on these; the next sweep will see
+        if ids != stalled["waiting"]:  # others got on: a new wait starts
+            stalled.update(since=time.monotonic(), waiting=ids)
+        elif time.monotonic() - stalled["since"] > PATIENCE_SECONDS:
+            break
+        time.sleep(PATIENCE_POLL_SECONDS)
     return total
 
 
@@ -266,21 +302,19 @@ def pending_message_ids(*, older_than_seconds: float = 0, limit: int = EMBED_BAT
 
 
 def embed_pending(
-    *, older_than_seconds: float = 0, backend=None, max_batches: int | None = None
+    *,
+    older_than_seconds: float = 0,
+    backend=None,
+    max_batches: int | None = None,
+    patient: bool = False,
 ) -> int:
     """Embed what is waiting, batch by batch (the sweep, ``memsvc reindex``)."""
-    total = 0
-    batches = 0
-    while max_batches is None or batches < max_batches:
-        ids = pending_message_ids(older_than_seconds=older_than_seconds)
-        if not ids:
-            break
-        done = embed_messages(ids, backend=backend)
-        total += done
-        batches += 1
-        if done == 0:
-            break  # someone else is on these; the next sweep will see
-    return total
+    return _embed_waiting(
+        lambda: pending_message_ids(older_than_seconds=older_than_seconds),
+        lambda ids: embed_messages(ids, backend=backend),
+        max_batches=max_batches,
+        patient=patient,
+    )
 
 
 def reembed_all(*, backend=None) -> int:

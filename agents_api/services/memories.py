@@ -611,9 +611,14 @@ def memories_reembed_all(*, backend=None, batch: int = 256) -> int:
 
 
 def memories_embed_pending(
-    *, backend=None, batch: int = 256, max_batches: int | None = None
+    *, backend=None, batch: int = 256, max_batches: int | None = None, patient: bool = False
 ) -> int:
     """Embed every memory still waiting for a vector, oldest first (the sweep, reindex)."""
     return embed_pending_rows(
-        Memory, text_field="content", backend=backend, batch=batch, max_batches=max_batches
+        Memory,
+        text_field="content",
+        backend=backend,
+        batch=batch,
+        max_batches=max_batches,
+        patient=patient,
     )

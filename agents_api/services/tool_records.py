@@ -167,10 +167,12 @@ def tool_records_embed(record_ids: Sequence, *, backend=None, force: bool = Fals
     return embed_rows(ToolRecord, record_ids, text_field="summary", backend=backend, force=force)
 
 
-def tool_records_embed_pending(*, backend=None, max_batches: int | None = None) -> int:
+def tool_records_embed_pending(
+    *, backend=None, max_batches: int | None = None, patient: bool = False
+) -> int:
     """Embed every record still waiting for a vector, oldest first (the sweep, reindex)."""
     return embed_pending_rows(
-        ToolRecord, text_field="summary", backend=backend, max_batches=max_batches
+        ToolRecord, text_field="summary", backend=backend, max_batches=max_batches, patient=patient
     )
 
 

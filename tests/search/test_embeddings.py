@@ -433,7 +433,9 @@ def test_vectors_of_another_width_than_the_database_holds_are_an_embedding_error
             remote.embed(["a", "b"])
     assert isinstance(excinfo.value, EmbeddingError)
     assert excinfo.value.transient  # the service's state, not a text's
-    assert "'m' answered 16-dimensional vectors but the database holds 8" in str(excinfo.value)
+    assert "'m' answered 16-dimensional vectors where MEMORY_EMBEDDING_DIMENSION is 8" in str(
+        excinfo.value
+    )
     assert [r.levelname for r in caplog.records if r.name == "search.embeddings"] == ["ERROR"]
 
 

@@ -437,7 +437,10 @@ def test_a_model_of_another_width_behind_the_url_is_refused_not_stored(
         assert Memory.objects.get(id=saved.json()["id"]).embedding is None
     refusals = [r for r in caplog.records if r.name == "search.embeddings"]
     assert refusals and all(r.levelname == "ERROR" for r in refusals)
-    assert "answered 768-dimensional vectors but the database holds 384" in refusals[0].getMessage()
+    assert (
+        "answered 768-dimensional vectors where MEMORY_EMBEDDING_DIMENSION is 384"
+        in refusals[0].getMessage()
+    )
 
 
 def test_a_memory_or_tool_record_the_backend_refuses_keeps_no_other_waiting(monkeypatch):
@@ -511,3 +514,39 @@ def test_a_summary_embedded_while_the_turn_it_covers_is_deleted_deadlocks_neithe
     assert summary.embedded_at is not None
     assert summary.metadata["untilMessageId"] is None  # nothing stays before it
     assert Conversation.objects.get(pk=conversation.pk).vectorized_at is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_reindex_waits_for_rows_another_is_embedding_where_a_sweep_leaves_them(monkeypatch):
+    """Two ``memsvc reindex`` at once: the second found the oldest rows claimed, said
+    "embedded 0" and ended with them waiting (review). The sweep leaves them to the other
+    (and the next sweep); the command waits for the other, then embeds what is left."""
+    monkeypatch.setattr(services, "PATIENCE_POLL_SECONDS", 0.05)
+    with transaction.atomic():
+        conversation = ConversationFactory(group__owner="alice")
+        ids = [MessageFactory(conversation=conversation).id for _ in range(3)]
+    claimed, release = threading.Event(), threading.Event()
+
+    def another_embedder():  # holds the claims, then ends without writing
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT id FROM message WHERE id = ANY(%s::uuid[]) FOR NO KEY UPDATE",
+                    [[str(i) for i in ids]],
+                )
+                claimed.set()
+                release.wait(10)
+        finally:
+            connection.close()
+
+    other = threading.Thread(target=another_embedder)
+    other.start()
+    try:
+        assert claimed.wait(10)
+        assert services.embed_pending() == 0  # the sweep: the others' rows left to them
+        threading.Timer(0.5, release.set).start()
+        assert services.embed_pending(patient=True) == 3
+    finally:
+        release.set()
+        other.join()
+    assert not Message.objects.filter(id__in=ids, embedded_at=None).exists()
