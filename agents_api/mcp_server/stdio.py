@@ -51,51 +51,82 @@ def stdio_caller(*, agent_name: str | None, api_key: str | None, local_mode: boo
 PARSE_ERROR = -32700  # JSON-RPC 2.0: "invalid JSON was received"
 
 
-def line_refused(line: str) -> str | None:
+def line_read(line: str) -> tuple[str | None, object]:
     """The answer to a line the SDK would take in and never answer, else None: JSON the
     service cannot take or a request with an ``id`` MCP does not allow (``request_refused``,
     as on HTTP), a line that is not JSON, or JSON that is no JSON-RPC message (the SDK
-    logged those and answered nothing: the client waited for good)."""
+    logged those and answered nothing: the client waited for good); and the message read
+    (None when it is no JSON)."""
     refused = request_refused(line)
     if refused is not None:
-        return refused.decode()
+        return refused.decode(), None
     try:
         message = json.loads(line)
     except ValueError:
         error = {"code": PARSE_ERROR, "message": "Parse error: a line holds one JSON message"}
-        return json.dumps({"jsonrpc": "2.0", "id": None, "error": error})
+        return json.dumps({"jsonrpc": "2.0", "id": None, "error": error}), None
     try:
         types.jsonrpc_message_adapter.validate_python(message, by_name=False)
-        return None
+        return None, message
     except ValidationError:
         error = {"code": INVALID_REQUEST, "message": NOT_A_MESSAGE}
-    return json.dumps({"jsonrpc": "2.0", "id": request_id_of(message), "error": error})
+    return json.dumps({"jsonrpc": "2.0", "id": request_id_of(message), "error": error}), message
+
+
+# Once the client has closed stdin, its requests still being served are answered before the
+# session ends, waiting this long at most.
+ANSWERS_AFTER_EOF_SECONDS = 120
 
 
 class _Lines:
-    """The client's lines (``wire``), but those ``line_refused`` answers, which are
-    answered on ``stdout`` here, and blank ones; and ``stdout`` one whole line a write,
-    whoever writes (the SDK's answers, these)."""
+    """The client's lines (``wire``), but those ``line_read`` answers, which are answered
+    on ``stdout`` here, and blank ones; and ``stdout`` one whole line a write, whoever
+    writes (the SDK's answers, these).
+
+    The end of the client's lines is passed on once its requests are answered: the SDK
+    ends the session at once, and a call in flight was answered "Connection closed" and
+    then done all the same (review)."""
 
     def __init__(self, wire: BinaryIO, stdout: BinaryIO):
         self._in = anyio.wrap_file(io.TextIOWrapper(wire, encoding="utf-8", errors="replace"))
         self._out = anyio.wrap_file(io.TextIOWrapper(stdout, encoding="utf-8", newline="\n"))
         self._writing = anyio.Lock()
+        self._asked: set = set()  # the ids of the client's requests not answered yet
+        self._all_answered = anyio.Event()
 
     async def __aiter__(self) -> AsyncIterator[str]:
         async for line in self._in:
             if not line.strip():
                 continue
-            answer = line_refused(line)
+            answer, message = line_read(line)
             if answer is None:
+                if isinstance(message, dict) and "method" in message and "id" in message:
+                    if not self._asked:
+                        self._all_answered = anyio.Event()  # (set when the last was answered)
+                    self._asked.add(request_id_of(message))
                 yield line
             else:
                 await self.write(answer + "\n")
                 await self.flush()
+        if self._asked:
+            with anyio.move_on_after(ANSWERS_AFTER_EOF_SECONDS):
+                await self._all_answered.wait()
 
     async def write(self, text: str) -> None:
+        if self._asked:
+            self._answered(text)
         async with self._writing:
             await self._out.write(text)
+
+    def _answered(self, text: str) -> None:
+        try:
+            message = json.loads(text)
+        except ValueError:
+            return
+        if isinstance(message, dict) and "method" not in message:  # an answer
+            self._asked.discard(request_id_of(message))
+            if not self._asked:
+                self._all_answered.set()
 
     async def flush(self) -> None:
         async with self._writing:

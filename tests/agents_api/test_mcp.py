@@ -867,3 +867,35 @@ def test_http_an_unknown_tool_is_named_cut_short(client):
     response = call_tool(client, key, "x" * 100_000, {})
     assert response.json()["error"]["message"].startswith("Unknown tool: xxx")
     assert len(response.content) < 1000
+
+
+def test_stdio_answers_the_calls_in_flight_when_the_client_closes_stdin():
+    """A client that writes its requests and closes stdin (a script piping them in) was
+    answered "Connection closed" for a call then done all the same (review)."""
+    local_agent_with_history("piped")
+    start = {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "p", "version": "1"},
+    }
+    save = {"name": "memory_save", "arguments": {"content": "Piped fact: the key is blue"}}
+    lines = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": start},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": save},
+        {"jsonrpc": "2.0", "id": 3, "method": "tools/list"},
+    ]
+    done = subprocess.run(
+        [str(MEMSVC), "mcp", "--agent", "piped"],
+        env=server_env(),
+        cwd=REPO,
+        input="".join(json.dumps(line) + "\n" for line in lines),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    answers = {answer["id"]: answer for answer in map(json.loads, done.stdout.splitlines())}
+    assert sorted(answers) == [1, 2, 3], done.stdout
+    assert "error" not in answers[2] and answers[2]["result"]["isError"] is False
+    assert "tools" in answers[3]["result"]
