@@ -2,6 +2,7 @@
 
 import re
 import threading
+import time
 from contextlib import contextmanager
 from urllib.parse import quote
 
@@ -45,20 +46,36 @@ def recorded_statements():
         yield sent
 
 
+# How long the held transaction waits for the request to wait for it, at most: a request that
+# never does (it needs none of the rows held) runs on meanwhile.
+HELD_AT_MOST_SECONDS = 1.5
+
+
 def while_held(hold, request, *, waits: bool = False):
     """``request()`` (an API call, made here) while ``hold()`` has run in a transaction of
-    another connection that commits only once the request is waiting for its rows; what
-    ``request()`` returned. ``waits``: the request must not end before that transaction
-    commits (it waited for it). (Tests that need real commits: ``transaction=True``.)"""
+    another connection that commits only once the request is waiting for its locks (or has
+    ended, or ``HELD_AT_MOST_SECONDS`` have passed); what ``request()`` returned.
+    ``waits``: the request must not end before that transaction commits (it waited for
+    it). (Tests that need real commits: ``transaction=True``.)"""
     held, done, committing = threading.Event(), threading.Event(), threading.Event()
+    connection.ensure_connection()
+    requester = connection.connection.info.backend_pid  # (the request runs on this thread)
 
     def other_transaction():
         try:
             with transaction.atomic():
                 hold()
                 held.set()
-                # Long enough for the request to reach the rows' locks, on a busy machine too.
-                done.wait(1.5)
+                holder = connection.connection.info.backend_pid
+                deadline = time.monotonic() + HELD_AT_MOST_SECONDS
+                # Until the request waits for a lock of this transaction: a fixed 1.5 s was
+                # most of the time of 80 tests.
+                while not done.is_set() and time.monotonic() < deadline:
+                    with connection.cursor() as cursor:
+                        cursor.execute("SELECT %s = ANY(pg_blocking_pids(%s))", [holder, requester])
+                        if cursor.fetchone()[0]:
+                            break
+                    done.wait(0.01)
                 # Before the commit, not after it: the commit frees the request, which could
                 # end before this thread ran again (a request that had waited, seen as not).
                 committing.set()

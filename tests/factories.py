@@ -4,6 +4,7 @@ Groups are created with their owner's membership, as the database requires at co
 """
 
 import factory
+from django.db import connection
 from django.utils import timezone
 from factory.django import DjangoModelFactory
 
@@ -70,6 +71,34 @@ class MessageFactory(DjangoModelFactory):
     author_principal = "alice"
     author_name = "Alice"
     content = factory.Faker("sentence")
+
+
+def messages_inserted(
+    conversation, count: int, content: str, *, author_principal: str = "", author_name: str = ""
+) -> None:
+    """``count`` user messages of ``conversation``, in order, written by one statement, each
+    ``content`` with ``{n}`` replaced by its number (0, 1, ...). For a test that needs many
+    rows, not the model's save path: ``bulk_create`` took 11.5 s for 20,000 on a slow host,
+    this 0.9 s."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO message (id, conversation_id, channel, role, visibility,
+                                 author_principal, author_name, content, written_for,
+                                 metadata, created_at, embedding_model)
+            SELECT gen_random_uuid(), %(conversation)s, 'history', 'user', 'user',
+                   %(principal)s, %(name)s, replace(%(content)s, '{n}', n::text), '',
+                   '{}', now(), ''
+            FROM generate_series(0, %(count)s - 1) AS n ORDER BY n
+            """,
+            {
+                "conversation": conversation.id,
+                "principal": author_principal,
+                "name": author_name,
+                "content": content,
+                "count": count,
+            },
+        )
 
 
 class AgentFactory(DjangoModelFactory):

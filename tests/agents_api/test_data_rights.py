@@ -63,7 +63,7 @@ from search.services import embed_pending
 from tests.agents_api.conftest import AgentCredential, make_agent
 from tests.conftest import Persona
 from tests.db import recorded_statements, while_held
-from tests.factories import AgentFactory, ConversationFactory
+from tests.factories import AgentFactory, ConversationFactory, messages_inserted
 
 pytestmark = pytest.mark.django_db
 
@@ -242,16 +242,8 @@ def test_the_export_of_someone_else_is_impossible(api, alice, bob, charlie, help
 def test_the_export_is_streamed_a_batch_at_a_time(api, alice, world):
     """10,000 messages are written a batch at a time, never as one string."""
     conversation = Conversation.objects.get(id=world.ours)
-    Message.objects.bulk_create(
-        Message(
-            conversation=conversation,
-            role="user",
-            author_principal="alice",
-            author_name="alice",
-            content=f"message number {n} " + "x" * 200,
-        )
-        for n in range(10_000)
-    )
+    content = "message number {n} " + "x" * 200
+    messages_inserted(conversation, 10_000, content, author_principal="alice", author_name="alice")
     response = api.get("/v1/user/export", as_=alice)
     assert response.streaming
     tracemalloc.start()

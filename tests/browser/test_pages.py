@@ -399,7 +399,7 @@ def test_an_answer_refused_after_the_message_is_sent_says_why(page, assistant_ch
     from conversations import selectors, services
     from memsvc.api.principals import Principal
 
-    assistant = assistant_of(assistant_chat).as_principal()
+    assistant = assistant_of(assistant_chat, asked_by="alice").as_principal()
     services.membership_delete(
         Principal.user("alice"), membership=selectors.membership_of(assistant_chat, assistant.id)
     )

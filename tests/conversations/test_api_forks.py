@@ -7,7 +7,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from conversations.models import Channel, Conversation, Message, Role, Visibility
-from tests.factories import ConversationFactory, MessageFactory
+from tests.factories import ConversationFactory, MessageFactory, messages_inserted
 
 pytestmark = pytest.mark.django_db
 
@@ -271,10 +271,7 @@ def test_forking_costs_the_same_queries_for_10000_messages_as_for_one(api, alice
     MessageFactory(conversation=short)  # (both forks have a fork point to show)
     short_target = MessageFactory(conversation=short)
     long = ConversationFactory(group__owner="alice")
-    Message.objects.bulk_create(
-        Message(conversation=long, role="user", author_principal="alice", content=f"m{i}")
-        for i in range(10_000)
-    )
+    messages_inserted(long, 10_000, "m{n}", author_principal="alice")
     long_target = Message.objects.filter(conversation=long).order_by("-seq").first()
 
     with CaptureQueriesContext(connection) as one:

@@ -100,16 +100,13 @@ def test_an_export_into_a_pipe_its_reader_closed_ends_quietly():
     import subprocess
     import sys
 
-    from conversations.models import Message
     from conversations.services import conversation_create
     from memsvc.api.principals import Principal
     from tests.agents_api.test_mcp import REPO, server_env
+    from tests.factories import messages_inserted
 
     conversation = conversation_create(Principal.user("alice"), title="Long")
-    Message.objects.bulk_create(
-        Message(conversation=conversation, role="user", author_principal="alice", content="x" * 500)
-        for _ in range(1_000)
-    )
+    messages_inserted(conversation, 1_000, "x" * 500, author_principal="alice")
     export = subprocess.Popen(
         [sys.executable, "-m", "memsvc.cli", "export", "user", "alice"],
         env=server_env(),

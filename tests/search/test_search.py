@@ -20,7 +20,12 @@ from search.statements import EXACT_ORDER, INDEX_ORDER, sees_few
 from search.tuning import DEFAULT_TUNING, configured_tuning
 from tests.agents_api.conftest import make_agent
 from tests.db import plans_of, recorded_statements
-from tests.factories import ConversationFactory, MembershipFactory, MessageFactory
+from tests.factories import (
+    ConversationFactory,
+    MembershipFactory,
+    MessageFactory,
+    messages_inserted,
+)
 from tests.local_http import LocalHttpServer, Reply
 
 pytestmark = pytest.mark.django_db
@@ -332,9 +337,7 @@ def test_the_words_of_a_view_of_many_small_conversations_are_read_from_them_alon
     a stranger's for alice's 402: 54 ms against 0.5). It takes a conversation's rows for
     the table's average, and the stranger's one conversation held them all."""
     stranger = ConversationFactory(group__owner="mallory")
-    Message.objects.bulk_create(
-        Message(conversation=stranger, role="user", content=f"note {i}") for i in range(3000)
-    )
+    messages_inserted(stranger, 3000, "note {n}")
     for _ in range(201):
         MessageFactory(conversation=ConversationFactory(group__owner=alice.id), content="zebra")
     with connection.cursor() as cursor:
@@ -359,10 +362,8 @@ def test_a_small_view_is_searched_for_words_row_by_row_not_in_everyones_index(
     one reads the index. With a ``before`` cursor, no plan walks the whole service's older
     messages by their number (17 ms per 100,000 of them, an outside review found)."""
     stranger = ConversationFactory(group__owner="mallory")
-    Message.objects.bulk_create(
-        Message(conversation=stranger, role="user", content=f"my puppy {i}")
-        for i in range(20_000 if narrowing else 500)  # (enough for PostgreSQL to walk them)
-    )
+    # (enough for PostgreSQL to walk them)
+    messages_inserted(stranger, 20_000 if narrowing else 500, "my puppy {n}")
     last = MessageFactory(conversation=pets, author_name="alice", content="and a zebra")
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE message")
