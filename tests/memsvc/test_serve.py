@@ -118,25 +118,36 @@ def alive(proc: psutil.Process) -> bool:
         return False
 
 
-@pytest.fixture
-def served(tmp_path):
-    served = Served(tmp_path)
-    yield served
-    served.kill()
-
-
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory):
     """One ``memsvc serve`` for the tests that break a part of it and watch it mended: each
     leaves it running and healthy for the next (starting one costs ~15 s: initdb, migrations,
-    the worker's model)."""
-    served = Served(tmp_path_factory.mktemp("shared"))
+    the worker's model; 25 s on a slow host). Its start is a first one (the model's int8
+    graph still to make: ``test_the_first_start_makes_...``), and its stop is the module's
+    last test (``test_sigterm_stops_everything``)."""
+    directory = tmp_path_factory.mktemp("shared")
+    cache = directory / "models"
+    cache.mkdir()
+    # The float32 graph from the suite's cache, if made (else `serve` exports it too: ~10 s
+    # more); the int8 graph, made from it, is left to make.
+    for graph in Path(os.environ["MEMSVC_MODEL_CACHE_DIR"]).glob("*.onnx"):
+        if not graph.name.endswith("-int8.onnx"):
+            shutil.copy(graph, cache)
+    served = Served(directory, MEMSVC_MODEL_CACHE_DIR=str(cache))
+    served.cache = cache
     yield served
     served.kill()
 
 
-def test_serve_answers_health_and_stops_everything_on_sigterm(served):
+def test_the_first_start_makes_the_models_graph_before_it_answers(shared):
+    """A search of a new data directory waited for the model's graph (an export and a
+    quantisation: seconds), and a context request of ``learning()`` that waited past the
+    client's 10 s went on without memory (``bench.learning``'s first minute). ``serve``
+    makes the graph before it answers. And it answers health, the admin and its static
+    files, with every part of the service running."""
+    served = shared
     response = served.wait_until_healthy()
+    assert list(served.cache.glob("*-int8.onnx")) != [], served.log.read_text()
     assert response.status_code == 200
     assert response.json()["status"] == "ok"
     assert response.json()["database"] == "embedded"
@@ -148,39 +159,12 @@ def test_serve_answers_health_and_stops_everything_on_sigterm(served):
     assert css.status_code == 200
     assert httpx.get(f"{served.url}/admin/login/", timeout=5).status_code == 200
 
-    tree = served.process_tree()
-    commands = " ".join(" ".join(p.cmdline()) for p in tree)
+    commands = " ".join(" ".join(p.cmdline()) for p in served.process_tree())
     assert "gunicorn" in commands
     assert "memsvc.asgi:application" in commands
     assert "celery -A memsvc.celery worker" in commands
     assert "celery -A memsvc.celery beat" in commands
-    postmaster = served.postmaster()
-    assert alive(postmaster)
-
-    assert served.terminate() == 0
-    # (The server's watcher, started with it by `serve`, ends a moment after it.)
-    _, left = psutil.wait_procs([p for p in [*tree, postmaster] if alive(p)], timeout=5)
-    assert left == [], served.log.read_text()
-
-
-def test_the_first_start_makes_the_models_graph_before_it_answers(tmp_path):
-    """A search of a new data directory waited for the model's graph (an export and a
-    quantisation: seconds), and a context request of ``learning()`` that waited past the
-    client's 10 s went on without memory (``bench.learning``'s first minute). ``serve``
-    makes the graph before it answers."""
-    cache = tmp_path / "models"
-    cache.mkdir()
-    # The float32 graph from the suite's cache, if made (else `serve` exports it too: ~10 s
-    # more); the int8 graph, made from it, is left to make.
-    for graph in Path(os.environ["MEMSVC_MODEL_CACHE_DIR"]).glob("*.onnx"):
-        if not graph.name.endswith("-int8.onnx"):
-            shutil.copy(graph, cache)
-    served = Served(tmp_path, MEMSVC_MODEL_CACHE_DIR=str(cache))
-    try:
-        assert served.wait_until_healthy().status_code == 200
-        assert list(cache.glob("*-int8.onnx")) != [], served.log.read_text()
-    finally:
-        served.kill()
+    assert alive(served.postmaster())
 
 
 def test_the_graph_is_made_by_a_child_that_a_stop_ends_at_once(tmp_path):
@@ -379,3 +363,15 @@ def test_a_model_that_does_not_answer_holds_back_no_embedding(tmp_path):
         finally:
             release.set()
             served.kill()
+
+
+def test_sigterm_stops_everything(shared):
+    """(The last test of the module that uses ``shared``: it stops it.)"""
+    served = shared
+    served.wait_until_healthy()
+    tree = served.process_tree()
+    postmaster = served.postmaster()
+    assert served.terminate() == 0
+    # (The server's watcher, started with it by `serve`, ends a moment after it.)
+    _, left = psutil.wait_procs([p for p in [*tree, postmaster] if alive(p)], timeout=5)
+    assert left == [], served.log.read_text()
