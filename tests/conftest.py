@@ -38,6 +38,34 @@ def pytest_collection_modifyitems(items):
         label = getattr(item, "operation_label", None)
         if label and not item.nodeid.endswith("]"):
             item._id = item._id.with_params(label)
+    items.sort(key=_longest_first)
+
+
+# The modules that take longest, longest first (seconds on a slow 2-core host, 2026-12-03).
+# ``scripts/test`` hands whole modules to its two processes in the order of the collection
+# (``--dist loadfile --no-loadscope-reorder``): these go first, the many short ones fill in
+# after them, so that neither process is left with a long module at the end while the other
+# idles (by number of tests, xdist's own order, test_serve.py came near the end).
+LONGEST_MODULES = [
+    "tests/memsvc/test_settings.py",  # 83
+    "tests/memsvc/test_client_delivery.py",  # 81
+    "tests/memsvc/test_serve.py",  # 77
+    "tests/agents_api/test_mcp.py",  # 75
+    "tests/agents_api/test_data_rights.py",  # 70
+    "tests/browser/test_pages.py",  # 66
+    "tests/search/test_embeddings.py",  # 42
+    "tests/agents_api/test_schemathesis.py",  # 41
+    "tests/memsvc/test_schemathesis.py",  # 40
+    "tests/memsvc/test_rate_limits.py",  # 38
+    "tests/agents_api/test_memory_extraction.py",  # 36
+    "tests/conversations/test_services.py",  # 35
+    "tests/memsvc/test_cli.py",  # 30
+]
+
+
+def _longest_first(item) -> int:
+    module = item.nodeid.split("::")[0]
+    return LONGEST_MODULES.index(module) if module in LONGEST_MODULES else len(LONGEST_MODULES)
 
 
 @pytest.fixture(scope="session", autouse=True)
