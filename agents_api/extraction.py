@@ -119,7 +119,11 @@ def _claim(agent: Agent, conversation: Conversation) -> tuple[int, list] | None:
         # (Held: deleted since the task read it, its state row's key would fail at commit.)
         if not held_keys(Conversation, [conversation.pk]):
             return None
-        state, _ = MemoryExtraction.objects.get_or_create(agent=agent, conversation=conversation)
+        state, _ = MemoryExtraction.objects.get_or_create(
+            agent=agent,
+            conversation=conversation,
+            defaults={"through_seq": _read_before_the_fork(agent, conversation)},
+        )
         if not _enough_turns(agent, conversation, state.through_seq):
             return None
         since = conversation_messages(conversation).filter(seq__gt=state.through_seq)
@@ -128,6 +132,21 @@ def _claim(agent: Agent, conversation: Conversation) -> tuple[int, list] | None:
             pk=state.pk, through_seq=state.through_seq
         ).update(through_seq=messages[-1].seq, extracted_at=timezone.now())
     return (state.through_seq, messages) if claimed else None
+
+
+def _read_before_the_fork(agent: Agent, conversation: Conversation) -> int:
+    """Where the agent's first extraction of a fork starts: past the turns it shares with
+    its parent that the agent's extraction of the parent has read. (It started from the
+    first: after one new turn, a fork's extraction read its parent's again.)"""
+    if conversation.forked_at_message_id is None:
+        return 0
+    parent = MemoryExtraction.objects.filter(
+        agent=agent, conversation_id=conversation.forked_at_conversation_id
+    ).values_list("through_seq", flat=True)
+    fork_point = Message.objects.filter(pk=conversation.forked_at_message_id).values_list(
+        "seq", flat=True
+    )
+    return min(parent.first() or 0, fork_point.first() or 0)
 
 
 def _release(agent: Agent, conversation: Conversation, previous: int, claimed: int) -> None:

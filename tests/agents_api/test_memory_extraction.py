@@ -771,3 +771,29 @@ def test_the_replies_to_someone_who_turned_memory_off_are_not_read_either(
     assert "4321" not in prompt
     assert "Green it is." in prompt and "turn 4: still green" in prompt
     assert about("alice") == [] and about("bob") == []
+
+
+def test_a_forks_first_extraction_does_not_read_its_parents_turns_again(
+    api, alice, helper, conversation, llm
+):
+    """A fork's extraction started from its first turn: after one new turn in it, the four
+    turns it shares with its parent, read for the parent already, were counted and read
+    again (review)."""
+    turns(api, helper, conversation, range(1, 6))
+    assert len(extractions(llm)) == 1
+    fifth = Message.objects.filter(content__startswith="turn 5:").get()
+    response = api.post(
+        f"/v1/user/conversations/{conversation}/messages/{fifth.id}/fork",
+        {"newMessage": {"content": "turn 5: blue, actually"}},
+        as_=alice,
+    )
+    assert response.status_code == 201, response.content
+    fork = response.json()["id"]
+    append(api, helper, fork, {"role": "assistant", "content": "Blue it is."})
+    assert len(extractions(llm)) == 1  # one turn of its own: not yet
+
+    turns(api, helper, fork, range(6, 10))
+    [_, request] = extractions(llm)
+    prompt = request["messages"][1]["content"]
+    assert "turn 5: blue, actually" in prompt and "turn 9:" in prompt
+    assert "turn 4:" not in prompt  # (the parent's, read before)
