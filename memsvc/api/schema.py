@@ -1,8 +1,13 @@
-"""OpenAPI helpers: the error shape, and the error responses each operation documents."""
+"""OpenAPI helpers: the error shape, the error responses each operation documents, and the
+view that serves the document."""
 
+from django.conf import settings
+from django.utils import translation
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import OpenApiResponse
+from drf_spectacular.views import SpectacularAPIView
 from rest_framework import serializers
+from rest_framework.response import Response
 
 
 class ErrorSerializer(serializers.Serializer):
@@ -178,3 +183,29 @@ def state_enforced_constraints(result, generator, request, public):
                     },
                 )
     return result
+
+
+class SchemaView(SpectacularAPIView):
+    """``/v1/schema``: the OpenAPI document, made once per process and language, then served
+    from what was made. A public document (no credentials, no rate limit: the rate limits
+    need the database), it was made afresh for each request: about 0.2 s of CPU each, which
+    anyone could ask for in a loop (review). It depends on the code alone, not on who asks.
+    """
+
+    authentication_classes = []
+    permission_classes = []
+    throttle_classes = []
+    made: dict[str, dict] = {}  # language -> the schema
+
+    def _get_schema_response(self, request):
+        language = translation.get_language()
+        if language not in dict(settings.LANGUAGES):  # (``?lang=`` is anyone's to write)
+            language = settings.LANGUAGE_CODE
+        schema = self.made.get(language)
+        if schema is None:
+            schema = self.made.setdefault(language, super()._get_schema_response(request).data)
+        version = None  # (the API has one version: ``_get_schema_response``'s)
+        filename = self._get_filename(request, version)
+        return Response(
+            data=schema, headers={"Content-Disposition": f'inline; filename="{filename}"'}
+        )
