@@ -267,13 +267,22 @@ def memories_extract(agent: Agent, conversation: Conversation) -> list[Memory]:
 def _distil(agent: Agent, conversation: Conversation, previous: int, claimed: list) -> list[Memory]:
     """``memories_extract``'s work on the turns it claimed."""
     subject = conversation_memory_subject(conversation, on_behalf_of=None)
-    speakers = turn_speakers(claimed)
+    # The person's turn the first claimed replies may answer (claims end at any agent write,
+    # a turn the agent records for someone included, so a reply may open the next claim).
+    answered = (
+        conversation_messages(conversation)
+        .filter(seq__lte=previous, role=Role.USER)
+        .order_by("-seq")
+        .first()
+    )
+    turns = [answered, *claimed] if answered is not None else claimed
+    speakers = turn_speakers(turns)
     off = memory_off_for({subject, *speakers.values()})
 
     def speaker(message) -> str:
         return speakers.get(message.id, subject)
 
-    messages = _read_for(claimed, speaker, off)
+    messages = [m for m in _read_for(turns, speaker, off) if m is not answered]
     people = {speaker(m) for m in messages if m.role == Role.USER}
     if not people:
         return []

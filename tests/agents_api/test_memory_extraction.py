@@ -797,3 +797,26 @@ def test_a_forks_first_extraction_does_not_read_its_parents_turns_again(
     prompt = request["messages"][1]["content"]
     assert "turn 5: blue, actually" in prompt and "turn 9:" in prompt
     assert "turn 4:" not in prompt  # (the parent's, read before)
+
+
+def test_a_reply_to_someone_who_turned_memory_off_is_not_read_when_it_opens_the_next_batch(
+    api, helper, alice, bob, shared, llm
+):
+    """The agent recorded Bob's turn (which ended a batch) and its reply in two calls: the
+    reply opened the next batch, was read, and its fact was kept about Alice (review)."""
+    memory_setting_update(Principal.user("bob"), enabled=False)
+    llm.answers.clear()
+    llm.answer("4321", citing(("Bob's PIN is 4321", 1)))
+    llm.answer(MARKER, json.dumps({"memories": []}))
+    for n in range(1, 5):
+        say(api, alice, shared, f"turn {n}: my favourite colour is green")
+    bobs = append(api, helper.acting_for("bob"), shared, {"role": "user", "content": "PIN 4321"})
+    assert bobs.status_code == 201, bobs.content
+    append(api, helper, shared, {"role": "assistant", "content": "Noted: your PIN is 4321."})
+    for n in range(6, 11):
+        say(api, alice, shared, f"turn {n}: still green")
+    append(api, helper, shared, {"role": "assistant", "content": "Green it is."})
+    requests = extractions(llm)
+    assert len(requests) == 2
+    assert "4321" not in json.dumps(requests)
+    assert about("alice") == [] and about("bob") == []
