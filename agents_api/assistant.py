@@ -57,15 +57,24 @@ class _Answering:
         self.lock = threading.Lock()
         self.now = 0
 
+    def _refuse_when_full(self) -> None:
+        if self.now >= settings.MEMSVC_PAGES_ANSWERS_AT_ONCE:
+            raise RateLimited(
+                self.RETRY_SECONDS,
+                "the assistant is answering too many people at once; ask again shortly",
+            )
+
+    def check(self) -> None:
+        """``RateLimited`` when every place is taken now: a look, not a hold (the page's
+        script keeps the message, then asks for the answer, which takes a place)."""
+        with self.lock:
+            self._refuse_when_full()
+
     def take(self) -> Callable[[], None]:
         """A place for one answer: its release (once, whatever calls it again), or
         ``RateLimited`` when every place is taken."""
         with self.lock:
-            if self.now >= settings.MEMSVC_PAGES_ANSWERS_AT_ONCE:
-                raise RateLimited(
-                    self.RETRY_SECONDS,
-                    "the assistant is answering too many people at once; ask again shortly",
-                )
+            self._refuse_when_full()
             self.now += 1
         given_back = threading.Event()
 

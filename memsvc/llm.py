@@ -6,7 +6,7 @@ LLM and that work is skipped: nothing else depends on it.
 
 import json
 import re
-import time
+import threading
 from collections.abc import Iterator
 from types import ModuleType
 
@@ -84,27 +84,40 @@ def _text_of(answer, part: str) -> str:
 
 def chat_stream(messages: list[dict], *, seconds: float = TIMEOUT_SECONDS) -> Iterator[str]:
     """The model's reply to ``messages``, piece by piece as it is written; ``LLMError`` when
-    it cannot be asked, stops answering, answers nothing, or is still writing after
-    ``seconds`` (checked at each piece; a model silent for ``seconds`` is given up too)."""
+    it cannot be asked, stops answering, answers nothing, or is still answering after
+    ``seconds``: then its stream is closed under the reader (a model that sends only
+    keep-alive comments yields no piece at which to look at the time: review)."""
     openai = _openai()
-    deadline = time.monotonic() + seconds
     answered = False
+    overdue = threading.Event()
     try:
         with _client() as client:
             stream = client.chat.completions.create(
                 model=settings.MEMSVC_LLM_MODEL, messages=messages, stream=True, timeout=seconds
             )
-            for chunk in stream:
-                if time.monotonic() > deadline:
-                    raise LLMError(f"the model was still answering after {seconds:g} s")
-                piece = _text_of(chunk, "delta")
-                if piece:
-                    answered = answered or bool(piece.strip())
-                    yield piece
-    except openai.OpenAIError as exc:
-        raise _llm_error(exc) from exc
-    except ValueError as exc:  # an event that is not JSON
-        raise LLMError(f"the answer is not a chat completion: {exc}") from None
+            deadline = threading.Timer(seconds, lambda: (overdue.set(), stream.close()))
+            deadline.daemon = True
+            deadline.start()
+            try:
+                for chunk in stream:
+                    piece = _text_of(chunk, "delta")
+                    if piece:
+                        answered = answered or bool(piece.strip())
+                        yield piece
+            finally:
+                deadline.cancel()
+            if overdue.is_set():  # (closed between two pieces: the stream just ended)
+                raise LLMError(f"the model was still answering after {seconds:g} s")
+    except LLMError:
+        raise
+    except Exception as exc:
+        if overdue.is_set():
+            raise LLMError(f"the model was still answering after {seconds:g} s") from exc
+        if isinstance(exc, openai.OpenAIError):
+            raise _llm_error(exc) from exc
+        if isinstance(exc, ValueError):  # an event that is not JSON
+            raise LLMError(f"the answer is not a chat completion: {exc}") from None
+        raise
     if not answered:
         raise LLMError("the model answered nothing")
 

@@ -14,7 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 class Reply:
     status: int = 200
     payload: object = None  # JSON-able, or bytes sent as they are
-    # server-sent events, streamed in order: data, or (event name, data)
+    # server-sent events, streamed in order: data, or (event name, data), or bytes as they are
     events: Iterable[str | tuple[str, str]] | None = None
     headers: dict[str, str] = field(default_factory=dict)
 
@@ -79,9 +79,12 @@ class LocalHttpServer:
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
                 for event in events:
-                    name, event = event if isinstance(event, tuple) else (None, event)
-                    data = (f"event: {name}\n" if name else "").encode()
-                    data += f"data: {event}\n\n".encode()
+                    if isinstance(event, bytes):  # sent as it is (an SSE comment, say)
+                        data = event
+                    else:
+                        name, event = event if isinstance(event, tuple) else (None, event)
+                        data = (f"event: {name}\n" if name else "").encode()
+                        data += f"data: {event}\n\n".encode()
                     self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
                     self.wfile.flush()
                 self.wfile.write(b"0\r\n\r\n")

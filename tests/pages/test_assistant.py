@@ -264,12 +264,17 @@ def test_only_the_pages_assistant_or_the_persons_own_agent_answers_on_the_pages(
     assert "discount code" not in json.dumps(llm.requests_containing("Hi there"))
 
 
-def _slow_answer(words: int, every: float):
-    """A model writing one word every ``every`` seconds (chat completion chunks)."""
+def _slow_answer(words: int, every: float, *, pings: int = 0):
+    """A model writing one word every ``every`` seconds (chat completion chunks); after the
+    first word, ``pings`` keep-alive comments as often instead of words."""
 
     def events():
         for index in range(words):
             time.sleep(every)
+            if index == 1:
+                for _ in range(pings):
+                    yield b": ping\n\n"
+                    time.sleep(every)
             delta = {"content": f"word{index} "}
             yield json.dumps(
                 {
@@ -302,6 +307,25 @@ def test_an_answer_still_written_after_its_time_is_given_up(alice_page, chat, ll
     assert not Message.objects.filter(role="assistant").exists()
 
 
+def test_a_model_sending_only_keep_alive_comments_is_given_up_in_time(
+    alice_page, chat, llm, settings
+):
+    """Comments reset the client's read timeout and yield no piece at which to look at the
+    time: such an answer ran on for as long as the model sent them (review)."""
+    settings.MEMSVC_PAGES_ANSWER_SECONDS = 1
+    llm.answer("Hello", _slow_answer(words=3, every=0.1, pings=50))
+    alice_page.post(reverse("pages:append", args=[chat.id]), {"content": "Hello"}, **HTMX)
+    started = time.monotonic()
+    streamed = alice_page.post(reverse("pages:reply", args=[chat.id]))
+    text = b"".join(streamed.streaming_content).decode()
+    assert time.monotonic() - started < 3
+    assert text.startswith("word0 ")
+    assert text.endswith(
+        "[The assistant could not answer: the model was still answering after 1 s]"
+    )
+    assert not Message.objects.filter(role="assistant").exists()
+
+
 def test_answers_at_once_are_capped_and_a_finished_one_gives_its_place_back(
     alice_page, chat, llm, settings
 ):
@@ -316,9 +340,12 @@ def test_answers_at_once_are_capped_and_a_finished_one_gives_its_place_back(
     second = alice_page.post(reverse("pages:reply", args=[chat.id]))
     assert second.status_code == 429 and int(second["Retry-After"]) >= 1
     assert "answering too many people at once" in second.content.decode()
-    plain = alice_page.post(reverse("pages:append", args=[chat.id]), {"content": "And then?"})
-    assert plain.status_code == 429
-    assert not Message.objects.filter(content="And then?").exists()  # refused: nothing kept
+    for headers in ({}, HTMX):  # without the page's script, and with it
+        plain = alice_page.post(
+            reverse("pages:append", args=[chat.id]), {"content": "And then?"}, **headers
+        )
+        assert plain.status_code == 429
+        assert not Message.objects.filter(content="And then?").exists()  # refused: not kept
 
     assert b"".join(pieces).decode().endswith("Brittany, Alice.")
     third = alice_page.post(reverse("pages:reply", args=[chat.id]))

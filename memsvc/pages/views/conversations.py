@@ -170,13 +170,17 @@ def message_append(request, conversation_id):
     any) answers before the page comes back."""
     conversation = _at_level(request, conversation_id, AccessLevel.WRITER)
     data = s.CreateUserMessageIn.parse(form_fields(request, "content"))
-    if request.htmx:
-        message = services.message_append(request.principal, conversation=conversation, **data)
-        context = {"rows": [message], "conversation": conversation, "can_write": True}
-        return render(request, "pages/_message_rows.html", context)
     assistant = (
         assistant_of(conversation, asked_by=request.principal.id) if llm_configured() else None
     )
+    if request.htmx:
+        if assistant is not None:
+            # A busy assistant refuses before the message is kept, as without the script (a
+            # look: one that fills meanwhile refuses the answer the script then asks for).
+            answering.check()
+        message = services.message_append(request.principal, conversation=conversation, **data)
+        context = {"rows": [message], "conversation": conversation, "can_write": True}
+        return render(request, "pages/_message_rows.html", context)
     # Its place is taken before the message is kept: refused (429), nothing is written.
     release = answering.take() if assistant is not None else lambda: None
     try:
