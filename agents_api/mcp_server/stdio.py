@@ -2,6 +2,7 @@
 
 import io
 import json
+from collections import Counter
 from collections.abc import AsyncIterator
 from typing import BinaryIO
 
@@ -91,7 +92,7 @@ class _Lines:
         self._in = anyio.wrap_file(io.TextIOWrapper(wire, encoding="utf-8", errors="replace"))
         self._out = anyio.wrap_file(io.TextIOWrapper(stdout, encoding="utf-8", newline="\n"))
         self._writing = anyio.Lock()
-        self._asked: set = set()  # the ids of the client's requests not answered yet
+        self._asked = Counter()  # the ids of the client's requests not answered yet
         self._all_answered = anyio.Event()
 
     async def __aiter__(self) -> AsyncIterator[str]:
@@ -100,10 +101,7 @@ class _Lines:
                 continue
             answer, message = line_read(line)
             if answer is None:
-                if isinstance(message, dict) and "method" in message and "id" in message:
-                    if not self._asked:
-                        self._all_answered = anyio.Event()  # (set when the last was answered)
-                    self._asked.add(request_id_of(message))
+                self._note(message)
                 yield line
             else:
                 await self.write(answer + "\n")
@@ -118,15 +116,33 @@ class _Lines:
         async with self._writing:
             await self._out.write(text)
 
+    def _note(self, message) -> None:
+        """A request of the client's to be answered; or a request it cancelled, which is
+        not (MCP: "SHOULD NOT send a response"; a cancelled call held the end 120 s)."""
+        if not isinstance(message, dict) or "method" not in message:
+            return
+        if "id" in message:
+            if not self._asked:
+                self._all_answered = anyio.Event()  # (set when the last is answered)
+            self._asked[request_id_of(message)] += 1
+        elif message["method"] == "notifications/cancelled":
+            params = message.get("params")
+            self._settle(params.get("requestId") if isinstance(params, dict) else None)
+
     def _answered(self, text: str) -> None:
         try:
             message = json.loads(text)
         except ValueError:
             return
         if isinstance(message, dict) and "method" not in message:  # an answer
-            self._asked.discard(request_id_of(message))
-            if not self._asked:
-                self._all_answered.set()
+            self._settle(request_id_of(message))
+
+    def _settle(self, request_id) -> None:
+        self._asked[request_id] -= 1
+        if self._asked[request_id] <= 0:
+            self._asked.pop(request_id)
+        if not self._asked:
+            self._all_answered.set()
 
     async def flush(self) -> None:
         async with self._writing:

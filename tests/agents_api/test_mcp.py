@@ -899,3 +899,34 @@ def test_stdio_answers_the_calls_in_flight_when_the_client_closes_stdin():
     assert sorted(answers) == [1, 2, 3], done.stdout
     assert "error" not in answers[2] and answers[2]["result"]["isError"] is False
     assert "tools" in answers[3]["result"]
+
+
+def test_stdio_ends_at_once_after_a_call_the_client_cancelled():
+    """A cancelled request gets no answer (MCP), and the end of stdin waited for one for
+    120 s (review)."""
+    local_agent_with_history("cancelling")
+    start = {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "c", "version": "1"},
+    }
+    search = {"name": "memory_search", "arguments": {"query": "billing"}}
+    lines = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": start},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 6, "method": "tools/call", "params": search},
+        {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 6}},
+    ]
+    started = time.monotonic()
+    done = subprocess.run(
+        [str(MEMSVC), "mcp", "--agent", "cancelling"],
+        env=server_env(),
+        cwd=REPO,
+        input="".join(json.dumps(line) + "\n" for line in lines),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert time.monotonic() - started < 60
+    assert json.loads(done.stdout.splitlines()[0])["id"] == 1
