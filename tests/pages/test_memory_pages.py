@@ -11,6 +11,7 @@ from django.utils import timezone
 from agents_api.models import Memory, MemoryBlock, UserMemorySetting
 from agents_api.services import memories_prune, memory_block_create, memory_save
 from conversations import services as conversation_services
+from conversations.models import Message
 from memsvc.api.principals import Principal
 from tests.agents_api.conftest import make_agent
 from tests.pages.conftest import conversation_of
@@ -88,6 +89,30 @@ def test_blocks_about_the_person_are_edited_with_revisions(alice_page, helper):
     assert alice_page.post(update, {"label": "nope", "value": "x"}).status_code == 404
     assert alice_page.post(update, {"value": "x"}).status_code == 400
     assert MemoryBlock.objects.get(user_id="bob").value == "Bob's"
+
+
+def test_a_text_typed_on_the_pages_keeps_its_line_breaks_as_the_apis(alice_page, helper):
+    """A browser sends a textarea's line breaks as CRLF: a block saved unchanged was rewritten
+    (a revision more), a text within its limit as typed went past it, and messages were kept
+    with "\r\n" (review)."""
+    block = memory_block_create(
+        helper.as_principal(),
+        agent=helper,
+        user_id="alice",
+        label="human",
+        value="Name: Alice\nLikes: Kyoto",
+        limit=24,
+    )
+    update = reverse("pages:block_update", args=[helper.id])
+    sent = {"label": "human", "value": "Name: Alice\r\nLikes: Kyoto"}  # 25 as sent, 24 typed
+    assert alice_page.post(update, sent).status_code == 302
+    block.refresh_from_db()
+    assert block.value == "Name: Alice\nLikes: Kyoto"
+    assert block.revisions.count() == 1  # (saved unchanged: no revision)
+    conversation = conversation_of("alice", "Notes")
+    append = reverse("pages:append", args=[conversation.id])
+    assert alice_page.post(append, {"content": "one\r\ntwo"}).status_code == 302
+    assert Message.objects.get(conversation=conversation).content == "one\ntwo"
 
 
 @pytest.mark.parametrize("label", ["..", ".", "%2e%2e", "a?b", "a/b"])

@@ -79,11 +79,12 @@ def fragment_or_page(request, fragment: str, page_template: str, context: dict):
 
 
 def form_fields(request, *names: str, user_ids: tuple[str, ...] = ()) -> dict:
-    """The named fields a form sent (absent ones left out, as in a JSON body). The
-    ``user_ids`` fields lose the spaces around them: typed or pasted with one (a phone
+    """The named fields a form sent (absent ones left out, as in a JSON body), their line
+    breaks as the API's ("\n": a browser sends a textarea's as "\r\n", so a block saved
+    unchanged was rewritten, and a text within its limit as typed went past it: review).
+    The ``user_ids`` fields lose the spaces around them: typed or pasted with one (a phone
     keyboard adds it after a completed word), a user id would name someone else."""
-    return {
-        name: request.POST[name].strip() if name in user_ids else request.POST[name]
-        for name in names
-        if name in request.POST
+    fields = {
+        name: request.POST[name].replace("\r\n", "\n") for name in names if name in request.POST
     }
+    return {name: value.strip() if name in user_ids else value for name, value in fields.items()}

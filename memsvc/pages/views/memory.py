@@ -106,7 +106,7 @@ def block_update(request, agent_id):
     agent = _agent(request, agent_id)
     label = BlockIn.parse(form_fields(request, "label"))["label"]
     block = selectors.memory_block(agent, user_id=request.principal.id, label=label)
-    data = s.PutMemoryBlockIn.parse({"value": request.POST.get("value", "")})
+    data = s.PutMemoryBlockIn.parse({"value": "", **form_fields(request, "value")})
     services.memory_block_update(request.principal, block=block, value=data["value"])
     return redirect("pages:agent_memory", agent.id)
 
