@@ -438,7 +438,7 @@ class MemoryListing(models.Model):
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     # Which list it walks (a digest of its statement): each keeps its newest listings only.
-    scope = models.CharField(max_length=64, default="")
+    scope = models.CharField(max_length=64, default="", db_default="")  # (as Message.written_for)
     memory_ids = ArrayField(models.UUIDField())
     created_at = models.DateTimeField(default=timezone.now)
 

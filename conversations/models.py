@@ -12,6 +12,7 @@ from django.conf import settings
 from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Now
 from django.utils import timezone
 from pgvector.django import VectorField
 
@@ -102,7 +103,9 @@ class Conversation(models.Model):
     # Its latest change that its users see: its creation, a new title or metadata, a message
     # on the HISTORY channel for users. Users' lists go by it and show it as ``updatedAt``:
     # ``updated_at`` told them when an agent wrote turns they cannot read.
-    seen_at = models.DateTimeField(default=timezone.now)
+    # (``db_default`` too: a process of the release before this column, still running while
+    # the migrations of the next one are applied, inserts rows without it: review.)
+    seen_at = models.DateTimeField(default=timezone.now, db_default=Now())
     vectorized_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
@@ -299,7 +302,9 @@ class Message(models.Model):
     # the conversation when it was written: the user it acted for, the owner, a member it
     # named); "" for any other message. Their export and erase find it by this, whether or
     # not they are a member still (``selectors.messages_elsewhere``).
-    written_for = models.CharField(max_length=PRINCIPAL_MAX_LENGTH, blank=True, default="")
+    written_for = models.CharField(  # (``db_default``: as ``Conversation.seen_at``)
+        max_length=PRINCIPAL_MAX_LENGTH, blank=True, default="", db_default=""
+    )
     metadata = models.JSONField(default=dict, blank=True)
     # Indexed by ``message_parent`` (replies only: most messages have no parent).
     parent_message = models.ForeignKey(

@@ -5,7 +5,8 @@ import ipaddress
 from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.core.checks import Tags, Warning, register
+from django.core.checks import Error, Tags, Warning, register
+from django.db import connections
 from django.utils.functional import SimpleLazyObject
 
 MIN_JWT_SECRET_BYTES = 32  # HS256's key should be at least as long as its hash (RFC 7518)
@@ -64,3 +65,48 @@ def _fetched_in_the_clear(url: str) -> bool:
         return not ipaddress.ip_address(host).is_loopback
     except ValueError:  # a name
         return True
+
+
+@register(Tags.database)
+def check_pgvector(app_configs=None, databases=None, **kwargs) -> list[Error]:
+    """The database's ``vector`` extension (pgvector), which the first migration creates and
+    every table of messages, memories and tool records needs: on a PostgreSQL without it,
+    or where the role may not create it (pgvector is no trusted extension: a superuser's
+    to create), ``migrate`` ended in a traceback, half done (review). Checked by every
+    ``migrate`` (``memsvc serve`` runs one) before anything is made."""
+    found = []
+    for alias in databases or ():
+        with connections[alias].cursor() as cursor:
+            cursor.execute(
+                """
+                SELECT EXISTS (SELECT 1 FROM pg_available_extensions WHERE name = 'vector'),
+                       EXISTS (SELECT 1 FROM pg_extension WHERE extname = 'vector'),
+                       (SELECT rolsuper FROM pg_roles WHERE rolname = current_user),
+                       current_database()
+                """
+            )
+            available, installed, superuser, database = cursor.fetchone()
+        if installed:
+            continue
+        if not available:
+            found.append(
+                Error(
+                    f"The PostgreSQL server of database {database!r} has no pgvector "
+                    "(the 'vector' extension): memsvc cannot store vectors there.",
+                    hint="Install pgvector on that server (a package such as "
+                    "postgresql-<version>-pgvector), or leave DATABASE_URL unset for the "
+                    "embedded PostgreSQL, which has it.",
+                    id="memsvc.E001",
+                )
+            )
+        elif not superuser:
+            found.append(
+                Error(
+                    f"The 'vector' extension is not created in database {database!r}, and "
+                    "only a superuser may create it (pgvector is not a trusted extension).",
+                    hint=f'As a superuser: psql -d "{database}" -c "CREATE EXTENSION vector"; '
+                    "then run the migrations again.",
+                    id="memsvc.E002",
+                )
+            )
+    return found

@@ -40,10 +40,29 @@ def _migrate_embedded() -> None:
     (a key made for an MCP client before any `memsvc serve`). A database of
     ``DATABASE_URL`` is migrated by its operator, once per release."""
     from django.conf import settings
-    from django.core.management import call_command
 
     if not settings.DATABASE_URL:
-        call_command("migrate", interactive=False, verbosity=0)
+        migrate()
+
+
+# Taken by ``migrate``: the key of one session-level advisory lock ("memsvc" in ASCII).
+MIGRATION_LOCK = 0x6D656D737663
+
+
+def migrate(**options) -> None:
+    """Django's ``migrate``, one process at a time on a database: two `memsvc serve` started
+    at once on one database both migrated, one failed half-way, and a migration was applied
+    twice (review). The second waits, then finds nothing to do."""
+    from django.core.management import call_command
+    from django.db import DatabaseError, connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_lock(%s)", [MIGRATION_LOCK])
+    try:
+        call_command("migrate", interactive=False, verbosity=0, **options)
+    finally:
+        with contextlib.suppress(DatabaseError), connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [MIGRATION_LOCK])
 
 
 def _web_command(host: str, port: int) -> list[str]:
@@ -228,7 +247,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     supervisor = Supervisor()
     _setup_django()
     from django.conf import settings
-    from django.core.management import call_command
 
     from memsvc import embedded_db
     from search.checks import check_embedding_dimension, warn_about_other_vector_models
@@ -246,7 +264,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # process holds it until the `finally` below, and starts it again if it stops.
         # (With the system checks, which call_command skips: a setting Django refuses, such
         # as a CSRF origin without its scheme, stops the start, as in `manage.py check`.)
-        call_command("migrate", interactive=False, verbosity=0, skip_checks=False)
+        migrate(skip_checks=False)
         check_embedding_dimension()
         warn_about_other_vector_models()
         # Before the first request can come: the first start on a data directory makes the

@@ -2,7 +2,7 @@
 
 import pytest
 from django.core.exceptions import ValidationError
-from django.db import DataError, IntegrityError, transaction
+from django.db import DataError, IntegrityError, connection, transaction
 from django.utils import timezone
 
 from conversations.models import (
@@ -214,3 +214,25 @@ def test_deleting_a_conversation_deletes_the_forks_below_it():
     root.delete()
     assert not Conversation.objects.filter(pk__in=[root.pk, fork.pk, fork_of_fork.pk]).exists()
     assert not Message.objects.exists()
+
+
+# The columns a migration added to tables every process writes: a process of the release
+# before them, still running while the next release's migrations are applied, inserts rows
+# without them (review: every new conversation and append was a 500 until it restarted).
+ADDED_COLUMNS = [
+    ("conversation", "seen_at"),
+    ("message", "written_for"),
+    ("memory_listing", "scope"),
+]
+
+
+@pytest.mark.parametrize(("table", "column"), ADDED_COLUMNS)
+def test_a_column_added_for_new_code_has_a_default_in_the_database(table, column):
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT column_default, is_nullable FROM information_schema.columns"
+            " WHERE table_name = %s AND column_name = %s",
+            [table, column],
+        )
+        [(default, nullable)] = cursor.fetchall()
+    assert default is not None or nullable == "YES"

@@ -331,3 +331,35 @@ def test_the_web_server_binds_an_ipv6_host_in_brackets(host, bound):
     """``memsvc serve --host ::`` failed at once: "'' is not a valid port number" (review)."""
     command = cli._web_command(host, 8283)
     assert command[command.index("--bind") + 1] == bound
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_migrate_waits_for_another_on_the_same_database():
+    """Two `memsvc serve` started at once on one database both migrated: one failed
+    half-way, and a migration was applied twice (review). One migrates at a time."""
+    import threading
+
+    from django.db import connection, connections
+
+    other = connections.create_connection("default")  # (another process's session)
+    with other.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_lock(%s)", [cli.MIGRATION_LOCK])
+    done = threading.Event()
+
+    def migrating():
+        try:
+            cli.migrate()
+            done.set()
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=migrating)
+    thread.start()
+    try:
+        assert not done.wait(1.0)  # (waiting for the other)
+    finally:
+        with other.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [cli.MIGRATION_LOCK])
+        other.close()
+    thread.join(60)
+    assert done.is_set()

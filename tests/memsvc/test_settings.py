@@ -7,10 +7,12 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import psutil
+import psycopg
 import pytest
 from django.conf import settings as django_settings
 from django.core.exceptions import ImproperlyConfigured
@@ -27,6 +29,8 @@ from memsvc.env import (
     env_url,
 )
 from search.tuning import SearchTuning
+from tests.agents_api.test_mcp import REPO, server_env
+from tests.db import database_url
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -756,3 +760,34 @@ def test_the_default_hosts_are_loopback_names_only():
         cwd=Path(__file__).resolve().parents[2],
     )
     assert read.stdout.strip() == "['127.0.0.1', 'localhost', '[::1]']", read.stderr
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_database_where_the_vector_extension_cannot_be_made_is_refused_in_words():
+    """A role that is no superuser cannot create pgvector's extension (not a trusted one):
+    the first migration ended in a traceback, the earlier apps' tables made (review). The
+    check every ``migrate`` runs first says so in words, and nothing is made."""
+    name = f"novector_{uuid.uuid4().hex[:8]}"
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE ROLE {name} LOGIN")
+        cursor.execute(f"CREATE DATABASE {name} OWNER {name}")
+    try:
+        owner, server = urlsplit(database_url()).netloc.split("@")
+        done = subprocess.run(
+            [sys.executable, "-m", "memsvc.cli", "serve", "--no-worker", "--port", "1"],
+            env={**server_env(), "DATABASE_URL": f"postgres://{name}@{server}/{name}"},
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode != 0
+        assert "memsvc.E002" in done.stderr and "CREATE EXTENSION vector" in done.stderr
+        assert "Traceback" not in done.stderr, done.stderr
+        with psycopg.connect(f"postgres://{owner}@{server}/{name}") as made:
+            tables = "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'"
+            assert made.execute(tables).fetchone() == (0,)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+            cursor.execute(f"DROP ROLE IF EXISTS {name}")
