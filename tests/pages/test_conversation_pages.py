@@ -54,6 +54,7 @@ def test_pages_need_a_login_and_the_login_page_logs_in(client, alice_page):
     refused = client.post("/app/login/", {"username": "alice", "password": "wrong"})
     assert refused.status_code == 200
     assert b"did not match" in refused.content
+    assert b'value="alice"' in refused.content  # (the name typed kept: review)
     logged_in = client.post(
         "/app/login/", {"username": "alice", "password": "a long enough password"}
     )
@@ -224,6 +225,10 @@ def test_a_long_conversation_opens_on_its_latest_messages_and_pages_back(alice_p
     assert "<html" not in earlier and "Earlier messages" not in earlier
     assert earlier.index("message number 000") < earlier.index("message number 009")
     assert "message number 010" not in earlier
+    # Without the script, the earlier page is a whole one, which leads back to the latest
+    # (it led nowhere but further back: review).
+    whole = alice_page.get(page_of(conversation), {"before": cursor}).content.decode()
+    assert f'<a href="{page_of(conversation)}">To the latest messages</a>' in whole
     # Opened at a message (a search hit), it pages on from there.
     middle = Message.objects.get(content="message number 005")
     at = alice_page.get(page_of(conversation), {"at": str(middle.id)}).content.decode()
