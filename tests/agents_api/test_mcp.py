@@ -869,32 +869,44 @@ def test_http_an_unknown_tool_is_named_cut_short(client):
     assert len(response.content) < 1000
 
 
-def test_stdio_answers_the_calls_in_flight_when_the_client_closes_stdin():
-    """A client that writes its requests and closes stdin (a script piping them in) was
-    answered "Connection closed" for a call then done all the same (review)."""
-    local_agent_with_history("piped")
+def piped_stdio(agent: str, *calls: dict) -> tuple[subprocess.CompletedProcess, float]:
+    """``memsvc mcp --agent <agent>`` given the start of a session and ``calls`` on stdin,
+    which is closed once they are written (a script piping them in): the ended process, and
+    the seconds it took."""
+    local_agent_with_history(agent)
     start = {
         "protocolVersion": "2025-11-25",
         "capabilities": {},
-        "clientInfo": {"name": "p", "version": "1"},
+        "clientInfo": {"name": agent, "version": "1"},
     }
-    save = {"name": "memory_save", "arguments": {"content": "Piped fact: the key is blue"}}
     lines = [
         {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": start},
         {"jsonrpc": "2.0", "method": "notifications/initialized"},
-        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": save},
-        {"jsonrpc": "2.0", "id": 3, "method": "tools/list"},
+        *calls,
     ]
+    started = time.monotonic()
     done = subprocess.run(
-        [str(MEMSVC), "mcp", "--agent", "piped"],
+        [str(MEMSVC), "mcp", "--agent", agent],
         env=server_env(),
         cwd=REPO,
         input="".join(json.dumps(line) + "\n" for line in lines),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=180,
     )
     assert done.returncode == 0, done.stderr
+    return done, time.monotonic() - started
+
+
+def test_stdio_answers_the_calls_in_flight_when_the_client_closes_stdin():
+    """A client that writes its requests and closes stdin (a script piping them in) was
+    answered "Connection closed" for a call then done all the same (review)."""
+    save = {"name": "memory_save", "arguments": {"content": "Piped fact: the key is blue"}}
+    done, _ = piped_stdio(
+        "piped",
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": save},
+        {"jsonrpc": "2.0", "id": 3, "method": "tools/list"},
+    )
     answers = {answer["id"]: answer for answer in map(json.loads, done.stdout.splitlines())}
     assert sorted(answers) == [1, 2, 3], done.stdout
     assert "error" not in answers[2] and answers[2]["result"]["isError"] is False
@@ -904,29 +916,11 @@ def test_stdio_answers_the_calls_in_flight_when_the_client_closes_stdin():
 def test_stdio_ends_at_once_after_a_call_the_client_cancelled():
     """A cancelled request gets no answer (MCP), and the end of stdin waited for one for
     120 s (review)."""
-    local_agent_with_history("cancelling")
-    start = {
-        "protocolVersion": "2025-11-25",
-        "capabilities": {},
-        "clientInfo": {"name": "c", "version": "1"},
-    }
     search = {"name": "memory_search", "arguments": {"query": "billing"}}
-    lines = [
-        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": start},
-        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+    done, seconds = piped_stdio(
+        "cancelling",
         {"jsonrpc": "2.0", "id": 6, "method": "tools/call", "params": search},
         {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 6}},
-    ]
-    started = time.monotonic()
-    done = subprocess.run(
-        [str(MEMSVC), "mcp", "--agent", "cancelling"],
-        env=server_env(),
-        cwd=REPO,
-        input="".join(json.dumps(line) + "\n" for line in lines),
-        capture_output=True,
-        text=True,
-        timeout=120,
     )
-    assert done.returncode == 0, done.stderr
-    assert time.monotonic() - started < 60
+    assert seconds < 60
     assert json.loads(done.stdout.splitlines()[0])["id"] == 1
