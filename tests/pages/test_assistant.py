@@ -66,6 +66,23 @@ def test_without_a_script_the_answer_comes_with_the_page(alice_page, chat, llm):
     assert "assistant answers here" in html and "Rex would love Brittany" in html
 
 
+def test_a_new_version_of_a_message_on_a_fork_is_answered(alice_page, chat, llm):
+    """ "Fork from here" in a conversation with the assistant opened a branch that ended on
+    the person's unanswered message (review)."""
+    alice_page.post(reverse("pages:append", args=[chat.id]), {"content": "Kyoto in May?"})
+    asked = Message.objects.get(conversation=chat, content="Kyoto in May?")
+    forked = alice_page.post(
+        reverse("pages:fork", args=[chat.id, asked.id]), {"content": "Nara in May?"}
+    )
+    assert forked.status_code == 302
+    fork = Conversation.objects.exclude(id=chat.id).get(group=chat.group)
+    said = list(
+        Message.objects.filter(conversation=fork).order_by("seq").values_list("role", "content")
+    )
+    assert said == [("user", "Nara in May?"), ("assistant", "Rex would love Brittany, Alice.")]
+    assert llm.requests_containing("Nara in May?")
+
+
 def test_the_script_gets_the_new_row_then_the_answer_streamed(alice_page, chat):
     row = alice_page.post(
         reverse("pages:append", args=[chat.id]),

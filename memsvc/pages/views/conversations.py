@@ -137,7 +137,7 @@ def conversation(request, conversation_id):
         "can_manage": level.allows(AccessLevel.MANAGER),
         "is_owner": level == AccessLevel.OWNER,
         "llm": llm,
-        "assistant": assistant_of(conversation, asked_by=request.principal.id) if llm else None,
+        "assistant": _assistant(request, conversation),
     }
     if context["assistant"] is not None:
         context["read_by_others"] = read_by_others(conversation, request.principal.id)
@@ -159,6 +159,12 @@ def conversation(request, conversation_id):
     return render(request, "pages/conversation.html", context)
 
 
+def _assistant(request, conversation):
+    """The agent that answers the person asking in ``conversation`` (``assistant_of``);
+    None without an LLM."""
+    return assistant_of(conversation, asked_by=request.principal.id) if llm_configured() else None
+
+
 def _at_level(request, conversation_id, need: AccessLevel) -> Conversation:
     return selectors.access_conversation(request.principal, conversation_id, need=need)
 
@@ -170,9 +176,7 @@ def message_append(request, conversation_id):
     any) answers before the page comes back."""
     conversation = _at_level(request, conversation_id, AccessLevel.WRITER)
     data = s.CreateUserMessageIn.parse(form_fields(request, "content"))
-    assistant = (
-        assistant_of(conversation, asked_by=request.principal.id) if llm_configured() else None
-    )
+    assistant = _assistant(request, conversation)
     if request.htmx:
         if assistant is not None:
             # A busy assistant refuses before the message is kept, as without the script (a
@@ -181,18 +185,11 @@ def message_append(request, conversation_id):
         message = services.message_append(request.principal, conversation=conversation, **data)
         context = {"rows": [message], "conversation": conversation, "can_write": True}
         return render(request, "pages/_message_rows.html", context)
-    # Its place is taken before the message is kept: refused (429), nothing is written.
-    release = answering.take() if assistant is not None else lambda: None
-    try:
-        message = services.message_append(request.principal, conversation=conversation, **data)
-        if assistant is not None:
-            for _ in assistant_reply(assistant, conversation, user=request.principal):
-                pass
-    except LLMError as exc:
-        _log_failed_answer(conversation, exc)
-        flash.error(request, f"The assistant could not answer: {exc.shown}")
-    finally:
-        release()
+    message = _kept_and_answered(
+        request,
+        assistant,
+        lambda: services.message_append(request.principal, conversation=conversation, **data),
+    )
     page_url = reverse("pages:conversation", args=[conversation.id])
     return redirect(f"{page_url}#m-{message.id}")
 
@@ -202,9 +199,7 @@ def reply(request, conversation_id):
     """The assistant's answer to the latest turns, streamed as plain text while the model
     writes it, then kept as its message."""
     conversation = _at_level(request, conversation_id, AccessLevel.WRITER)
-    assistant = (
-        assistant_of(conversation, asked_by=request.principal.id) if llm_configured() else None
-    )
+    assistant = _assistant(request, conversation)
     if assistant is None:
         raise Conflict("no assistant answers in this conversation")
     release = answering.take()
@@ -222,6 +217,26 @@ def reply(request, conversation_id):
     response["Cache-Control"] = "no-store"
     response["X-Accel-Buffering"] = "no"  # a proxy in front passes the pieces on at once
     return response
+
+
+def _kept_and_answered(request, assistant, keep):
+    """What ``keep()`` returns (the person's message appended, or the fork made with it),
+    then ``assistant``'s answer (if any) in its conversation, before the page comes back.
+    The answer's place is taken first: refused (429), nothing is kept. A model's failure
+    is said on the page; the person's message stays."""
+    release = answering.take() if assistant is not None else lambda: None
+    try:
+        kept = keep()
+        conversation = kept if isinstance(kept, Conversation) else kept.conversation
+        if assistant is not None:
+            for _ in assistant_reply(assistant, conversation, user=request.principal):
+                pass
+    except LLMError as exc:
+        _log_failed_answer(conversation, exc)
+        flash.error(request, f"The assistant could not answer: {exc.shown}")
+    finally:
+        release()
+    return kept
 
 
 class _Answer(StreamingHttpResponse):
@@ -248,8 +263,13 @@ def fork(request, conversation_id, message_id):
     conversation = _at_level(request, conversation_id, AccessLevel.WRITER)
     message = selectors.message_in_view(conversation, message_id, for_agent=False)
     data = s.CreateUserMessageIn.parse(form_fields(request, "content"))
-    new = services.conversation_fork(
-        request.principal, conversation=conversation, message=message, new_message=data
+    # Its new version of the message is answered as a message sent is (it was not: review).
+    new = _kept_and_answered(
+        request,
+        _assistant(request, conversation),
+        lambda: services.conversation_fork(
+            request.principal, conversation=conversation, message=message, new_message=data
+        ),
     )
     return redirect("pages:conversation", new.id)
 
