@@ -233,6 +233,11 @@ def test_a_long_conversation_opens_on_its_latest_messages_and_pages_back(alice_p
     middle = Message.objects.get(content="message number 005")
     at = alice_page.get(page_of(conversation), {"at": str(middle.id)}).content.decode()
     assert "message number 004" not in at and "message number 054" in at
+    # ... and back to the turns before it (it could not: review).
+    before = at.split('href="?before=')[1].split('"')[0]
+    back = alice_page.get(page_of(conversation), {"before": before}).content.decode()
+    assert "message number 000" in back and "message number 004" in back
+    assert "message number 005" not in back
     cursor = at.split('href="?after=')[1].split('"')[0]
     later = alice_page.get(page_of(conversation), {"after": cursor}).content.decode()
     assert "message number 055" in later and "message number 059" in later

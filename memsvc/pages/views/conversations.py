@@ -25,6 +25,7 @@ from conversations.api import serializers as s
 from conversations.models import AccessLevel, Conversation
 from memsvc.api.errors import ApiError, Conflict, NotFound
 from memsvc.api.fields import InputSerializer, PrincipalIdField
+from memsvc.api.pagination import encode_cursor
 from memsvc.api.principals import principal_for_sharing
 from memsvc.llm import LLMError, llm_configured
 from memsvc.pages.views.common import PAGE_SIZE, action, back, form_fields, fragment_or_page, page
@@ -120,6 +121,11 @@ def conversation(request, conversation_id):
             else None,
         )
         rows, earlier, later = forward.rows, None, forward.next_cursor
+        if starting_at and rows and not request.htmx:
+            # Opened at a message (a search hit): the turns before it are a page back, as
+            # from the latest (there was no way to them but from the latest: review).
+            before = selectors.conversation_messages(conversation).filter(seq__lt=rows[0].seq)
+            earlier = encode_cursor(rows[0].seq) if before.exists() else None
     else:
         backward = selectors.latest_message_page(
             conversation, before=request.GET.get("before") or None, limit=PAGE_SIZE
