@@ -909,36 +909,44 @@ def test_two_tasks_leaving_one_block_object_at_once_let_go_of_its_client(llm):
 def test_one_block_object_entered_on_two_event_loops_leaves_both_without_an_error(llm):
     """The first loop made the kept client and ended; the last exit, on the second loop,
     closed it on the first: "Event loop is closed" out of the user's ``async with``
-    (review)."""
-    first_left, errors = threading.Event(), {}
+    (review). In order: the first enters, the second enters, the first leaves, the second
+    leaves. (The test waited for the first to be inside by polling; a first that was in and
+    out between two looks held the suite for good.)"""
+    first_in, second_in, first_left = threading.Event(), threading.Event(), threading.Event()
+    errors = {}
 
-    async def inside(block, name, wait_for=None):
+    async def inside(block, name, entered, stay_until):
         client = openai.AsyncOpenAI(base_url=llm.base_url, api_key="k")
         async with client, block:
+            entered.set()
             await client.chat.completions.create(
                 model="m", messages=[{"role": "user", "content": name}]
             )
-            if wait_for is not None:
-                await asyncio.to_thread(wait_for.wait, 10)
+            await asyncio.to_thread(stay_until.wait, 10)
 
-    def run(block, name, wait_for=None):
+    def run(block, name, entered, stay_until, after=None, left=None):
         try:
-            asyncio.run(inside(block, name, wait_for))
+            if after is not None:
+                assert after.wait(10)
+            asyncio.run(inside(block, name, entered, stay_until))
         except Exception as exc:
             errors[name] = exc
-        if wait_for is None:
-            first_left.set()
+        finally:
+            if left is not None:
+                left.set()
 
     with StandInMemsvc() as memsvc:
         block = learning(agent="a", server_url=memsvc.url)
-        second = threading.Thread(target=run, args=(block, "second", first_left))
-        first = threading.Thread(target=run, args=(block, "first"))
+        first = threading.Thread(
+            target=run, args=(block, "first", first_in, second_in), kwargs={"left": first_left}
+        )
+        second = threading.Thread(
+            target=run, args=(block, "second", second_in, first_left), kwargs={"after": first_in}
+        )
         first.start()
-        while block._entries == 0:  # (the first loop's entry made the block's clients)
-            time.sleep(0.01)
         second.start()
-        first.join()
-        second.join()
+        first.join(30)
+        second.join(30)
     assert errors == {}
 
 
