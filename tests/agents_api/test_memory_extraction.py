@@ -745,15 +745,21 @@ def test_the_llms_url_is_not_logged_with_its_credentials(llm, settings, caplog):
     assert "sekrit" not in caplog.text
 
 
+def bobs_pin_kept_if_read(llm, *, turn: int) -> None:
+    """Bob turns memory off; the model keeps his PIN (citing ``turn``) whenever it reads it
+    in a transcript, and nothing else."""
+    memory_setting_update(Principal.user("bob"), enabled=False)
+    llm.answers.clear()
+    llm.answer("4321", citing(("Bob's PIN is 4321", turn)))
+    llm.answer(MARKER, json.dumps({"memories": []}))
+
+
 def test_the_replies_to_someone_who_turned_memory_off_are_not_read_either(
     api, helper, alice, bob, shared, llm
 ):
     """The agent's reply repeating what Bob said reached the LLM, and the fact citing it fell
     to Alice, the one person left (review)."""
-    memory_setting_update(Principal.user("bob"), enabled=False)
-    llm.answers.clear()  # the PIN kept whenever the model reads it, nothing else
-    llm.answer("4321", citing(("Bob's PIN is 4321", 2)))
-    llm.answer(MARKER, json.dumps({"memories": []}))
+    bobs_pin_kept_if_read(llm, turn=2)
     say(api, alice, shared, "turn 1: my favourite colour is green")
     response = append(
         api,
@@ -804,10 +810,7 @@ def test_a_reply_to_someone_who_turned_memory_off_is_not_read_when_it_opens_the_
 ):
     """The agent recorded Bob's turn (which ended a batch) and its reply in two calls: the
     reply opened the next batch, was read, and its fact was kept about Alice (review)."""
-    memory_setting_update(Principal.user("bob"), enabled=False)
-    llm.answers.clear()
-    llm.answer("4321", citing(("Bob's PIN is 4321", 1)))
-    llm.answer(MARKER, json.dumps({"memories": []}))
+    bobs_pin_kept_if_read(llm, turn=1)
     for n in range(1, 5):
         say(api, alice, shared, f"turn {n}: my favourite colour is green")
     bobs = append(api, helper.acting_for("bob"), shared, {"role": "user", "content": "PIN 4321"})
