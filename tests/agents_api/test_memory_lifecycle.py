@@ -2,7 +2,6 @@
 embedded later when the backend was down."""
 
 import threading
-import time
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
@@ -33,6 +32,7 @@ from memsvc.broker import TRANSIENT
 from memsvc.celery import app
 from search.embeddings import EmbeddingError, configured_backend
 from tests.factories import AgentFactory
+from tests.waiting import wait_until
 
 NOW = timezone.now()
 
@@ -371,9 +371,7 @@ def test_a_processs_uses_go_in_one_message_sent_off_the_request_path(monkeypatch
     enqueue_memory_touch([tea, coffee])
     enqueue_memory_touch([tea])
     assert sent == []  # (nothing on the searches' path)
-    deadline = time.monotonic() + 5
-    while not sent and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: sent, "the touch was sent")
     assert [kw["args"] for kw in sent] == [[[tea, coffee, tea]]]
     assert sent[0]["delivery_mode"] == TRANSIENT
 

@@ -29,6 +29,7 @@ from tests.fake_memsvc import StandInMemsvc
 from tests.fake_openai import FakeOpenAI
 from tests.local_http import LocalHttpServer, Reply
 from tests.memsvc.test_client import ask, embedding_model_loaded, stored
+from tests.waiting import until, wait_until
 
 __all__ = ["embedding_model_loaded"]  # a fixture: the live server's searches need the model
 
@@ -142,8 +143,7 @@ def test_a_call_begun_in_a_block_and_answered_after_it_is_stored(llm, caplog):
         with learning(agent="a", server_url=memsvc.url):
             thread = threading.Thread(target=ask, args=(client, "What is my name?"))
             thread.start()
-            while "/context/a" not in memsvc.paths():
-                time.sleep(0.01)
+            wait_until(lambda: "/context/a" in memsvc.paths(), "the call asked for context")
         thread.join()
         sender_module.sender.flush(10)
         assert memsvc.paths()[2:] == ["/context/a", "/messages", "/messages"]
@@ -165,8 +165,7 @@ def test_an_async_call_begun_in_a_block_and_answered_after_it_is_stored(llm):
                     model="m", messages=[{"role": "user", "content": "What is my name?"}]
                 )
             )
-            while "/context/a" not in memsvc.paths():
-                await asyncio.sleep(0.01)
+            await until(lambda: "/context/a" in memsvc.paths(), "the call asked for context")
         await call
 
     with StandInMemsvc(context_seconds=0.5) as memsvc:
@@ -259,8 +258,7 @@ def test_a_memsvc_that_defers_its_stores_holds_back_no_other_memsvcs():
     sender = Sender()
     with LocalHttpServer(respond) as limited, LocalHttpServer(healthy) as up:
         sender.send(Destination(limited.url), [ServerRequest("POST", "/messages", {"n": 1})])
-        while not limited.requests:
-            time.sleep(0.01)
+        wait_until(lambda: limited.requests, "the deferred store was sent")
         started = time.monotonic()
         sender.send(Destination(up.url), [ServerRequest("POST", "/messages", {"n": 2})])
         assert sender.flush(timeout=10, destination=Destination(up.url))
@@ -281,9 +279,7 @@ def test_model_calls_do_not_wait_for_a_store_memsvc_defers_or_fails(status):
         sender.send(
             Destination(refusing_server.url), [ServerRequest("POST", "/messages", {"n": 1})]
         )
-        deadline = time.monotonic() + 5
-        while not refusing_server.requests and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: refusing_server.requests, "the store was sent")
         time.sleep(0.1)
         assert not sender.busy()
         assert sender.flush(timeout=10)
@@ -488,8 +484,10 @@ def test_a_sync_call_waits_for_a_free_connection_no_longer_than_its_timeout(llm,
         patient = [threading.Thread(target=chat, args=("sync", llm, "wait")) for _ in range(100)]
         for thread in patient:
             thread.start()
-        while len([p for p in memsvc.paths() if p.startswith("/context/")]) < 100:
-            time.sleep(0.01)
+        wait_until(
+            lambda: len([p for p in memsvc.paths() if p.startswith("/context/")]) >= 100,
+            "the 100 calls asked for context",
+        )
         started = time.monotonic()
         reply = client.with_options(timeout=1.0).chat.completions.create(
             model="m", messages=[{"role": "user", "content": "hurried"}]
@@ -1070,10 +1068,7 @@ def test_a_sending_thread_ends_once_it_has_nothing_to_send(monkeypatch):
         started = senders() - before
         assert started
         assert sender.flush(timeout=10)
-        deadline = time.monotonic() + 5
-        while any(t.is_alive() for t in started) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not any(t.is_alive() for t in started)
+        wait_until(lambda: not any(t.is_alive() for t in started), "the senders ended")
         sender.send(Destination(up.url), [ServerRequest("POST", "/messages", {"n": 5})])
         assert sender.flush(timeout=10)
     assert sorted(body["n"] for body in received) == list(range(6))
@@ -1180,8 +1175,8 @@ def test_a_call_still_asking_for_context_when_its_async_block_ends_gets_it(llm, 
                     model="m", messages=[{"role": "user", "content": "What is my name?"}]
                 )
             )
-            while "/context/a" not in memsvc.paths():
-                await asyncio.sleep(0.01)  # (memsvc has the request and answers in 0.5 s)
+            # (memsvc has the request and answers in 0.5 s)
+            await until(lambda: "/context/a" in memsvc.paths(), "the call asked for context")
             kept = block._kept
         await call
         return kept

@@ -14,6 +14,7 @@ from agents_api.models import Agent, MemoryBlock
 from agents_api.selectors import LOCAL_OWNER, local_agent, memory_blocks
 from memsvc import db
 from tests.factories import AgentFactory
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -209,10 +210,8 @@ def test_a_health_check_sends_the_server_nothing():
 def test_a_connection_the_server_ended_fails_its_health_check_and_is_made_anew():
     pid = _backend_pid()
     assert _in_another_connection("SELECT pg_terminate_backend(%s)", [pid]) == [(True,)]
-    deadline = time.monotonic() + 10
-    while connection.is_usable():  # (the server's goodbye reaches the socket shortly)
-        assert time.monotonic() < deadline, "the ended connection still looks usable"
-        time.sleep(0.01)
+    # (the server's goodbye reaches the socket shortly)
+    wait_until(lambda: not connection.is_usable(), "the ended connection looks unusable")
 
     connection.health_check_done = False  # (as at the start of a request)
     connection.close_if_health_check_failed()
@@ -228,12 +227,10 @@ def test_a_connection_with_a_message_waiting_from_a_live_server_stays():
         cursor.execute("LISTEN memsvc_health_check")
     try:
         _in_another_connection("SELECT pg_notify('memsvc_health_check', 'hello'), 1")
-        deadline = time.monotonic() + 10
         poller = select.poll()
         poller.register(connection.connection.fileno(), select.POLLIN)
-        while not poller.poll(0):  # (the notification reaches the socket shortly)
-            assert time.monotonic() < deadline, "no notification arrived"
-            time.sleep(0.01)
+        # (the notification reaches the socket shortly)
+        wait_until(lambda: poller.poll(0), "the notification arrived")
 
         assert connection.is_usable()
         connection.health_check_done = False  # (as at the start of a request)

@@ -10,6 +10,7 @@ import psutil
 import pytest
 
 from memsvc import supervisor as supervision
+from tests.waiting import wait_until
 
 DEADLINE_SECONDS = 30
 
@@ -31,15 +32,6 @@ def running(supervisor) -> threading.Thread:
     thread = threading.Thread(target=supervisor.run, daemon=True)
     thread.start()
     return thread
-
-
-def wait_until(condition, what: str):
-    deadline = time.monotonic() + DEADLINE_SECONDS
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)
-    pytest.fail(what)
 
 
 def test_a_child_that_fails_on_its_first_start_ends_the_service(supervisor, capsys):

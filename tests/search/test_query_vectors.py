@@ -3,7 +3,6 @@ local API's context searches the agent's memories and its messages with one text
 
 import json
 import threading
-import time
 
 import pytest
 
@@ -12,6 +11,7 @@ from agents_api.services import agent_get_or_create, local_message_append, memor
 from search import engine
 from search.embeddings import configured_backend
 from search.services import embed_pending
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -83,7 +83,5 @@ def test_an_embedding_started_ahead_is_the_one_the_search_waits_for(embedded_tex
     vector = needed.result(10)
     assert engine.query_embedding("model-a", "where is the cat?").result(10) == vector
     assert embedded_texts == ["where is the cat?"]
-    deadline = time.monotonic() + 5  # (a done future's callback runs just after its result)
-    while engine._ON_THEIR_WAY and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not engine._ON_THEIR_WAY
+    # (a done future's callback runs just after its result)
+    wait_until(lambda: not engine._ON_THEIR_WAY, "the embedding left the ones on their way")
