@@ -515,6 +515,27 @@ def test_only_the_owner_deletes(alice_page, bob_page):
     assert not Conversation.objects.exists()
 
 
+def test_a_refused_page_leads_back_to_the_page_it_was_asked_from(bob_page):
+    """A refused form (a manager may not delete) offered only the way home: the person lost
+    the conversation they were in (review R3). Back goes to this site's pages only."""
+    conversation = conversation_of("alice", "Doomed", "bye", shared=[("bob", "manager")])
+    delete = reverse("pages:delete", args=[conversation.id])
+    came_from = f"http://testserver{page_of(conversation)}"
+
+    refused = bob_page.post(delete, HTTP_REFERER=came_from)
+    assert refused.status_code == 403
+    assert f'<a href="{came_from}">Back to the page you were on</a>' in refused.text
+    assert 'href="/app/">Your conversations</a>' in refused.text
+    for elsewhere in ("https://elsewhere.example/app/", "javascript:alert(1)", delete):
+        refused = bob_page.post(delete, HTTP_REFERER=elsewhere)
+        assert refused.status_code == 403
+        assert "Back to the page you were on" not in refused.text, elsewhere
+        assert 'href="/app/">Your conversations</a>' in refused.text
+    # A form's own ``next`` comes first.
+    refused = bob_page.post(delete, {"next": page_of(conversation)}, HTTP_REFERER="/app/")
+    assert f'<a href="{page_of(conversation)}">Back to the page you were on</a>' in refused.text
+
+
 def test_the_delete_button_says_when_branches_go_with_the_conversation(alice_page):
     """Deleting a branch deletes the branches forked from it too; its button says so (it
     said so only on the first conversation, which it also said of one without branches)."""
@@ -556,6 +577,16 @@ def test_a_message_with_markup_shows_as_text_everywhere(alice_page):
     assert "&lt;img src=x onerror=<b>alert</b>(2)&gt;" in found
     assert "<script>alert" not in found and "<img src=x" not in found
     assert inline_scripts(found) == []
+
+
+def test_a_message_that_writes_bold_markup_shows_it_in_a_search_hit_as_written(alice_page):
+    """A hit's extract marks its matches with ``<b>``, and showed a message's own "<b>" bold
+    too (review R3): only the matches are bold."""
+    conversation_of("alice", "Markup", "wrap it in <b>bold</b> tags, or <i>Köln</i> 東京")
+    found = alice_page.get("/app/search/", {"q": "tags koln 東"}).content.decode()
+    assert "wrap it in &lt;b&gt;bold&lt;/b&gt; <b>tags</b>, or &lt;i&gt;<b>Köln</b>" in found
+    assert "&lt;/i&gt; <b>東</b>京" in found
+    assert "<b>bold</b>" not in found
 
 
 def test_every_form_needs_the_csrf_token(db):

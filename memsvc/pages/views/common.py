@@ -1,6 +1,7 @@
 """What every page shares: who is asking, and how a refusal of a service looks on a page."""
 
 from functools import wraps
+from urllib.parse import urlsplit
 
 from django.contrib.auth.decorators import login_required
 from django.http import HttpResponseRedirect
@@ -45,9 +46,8 @@ def page(view):
         except (ApiError, ValidationError) as exc:
             refusal = exception_handler(exc, None)
             template = "pages/_refused.html" if request.htmx else "pages/refused.html"
-            response = render(
-                request, template, {"error": refusal.data["error"]}, status=refusal.status_code
-            )
+            context = {"error": refusal.data["error"], "came_from": _came_from(request)}
+            response = render(request, template, context, status=refusal.status_code)
             if "Retry-After" in refusal:
                 response["Retry-After"] = refusal["Retry-After"]
         patch_vary_headers(response, ["HX-Request"])
@@ -66,11 +66,25 @@ def back(request, fallback: str, *args, **kwargs):
     else ``fallback``. A ``next`` is an address, never a view's name to look up (``redirect``
     would, and fail with a 500 on a word that names none)."""
     target = request.POST.get("next", "")
-    if target and url_has_allowed_host_and_scheme(
-        target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
-    ):
+    if _ours(request, target):
         return HttpResponseRedirect(target)
     return redirect(fallback, *args, **kwargs)
+
+
+def _came_from(request) -> str | None:
+    """The page a refused request was made from, to go back to: a form's ``next``, else the
+    page the browser says it came from (``Referer``), this site's only, and never the
+    refused address itself."""
+    for target in (request.POST.get("next", ""), request.headers.get("Referer", "")):
+        if _ours(request, target) and urlsplit(target).path != request.path:
+            return target
+    return None
+
+
+def _ours(request, target: str) -> bool:
+    return bool(target) and url_has_allowed_host_and_scheme(
+        target, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    )
 
 
 def fragment_or_page(request, fragment: str, page_template: str, context: dict):
