@@ -73,11 +73,11 @@ _WORDS_TRANSLATION = str.maketrans({"<": MARKUP_STAND_IN, MARKUP_STAND_IN: "\uff
 _SPACED_CJK = re.compile(f" ?(<b>)?([{CJK_CHARACTERS}])(</b>)? ?")
 
 
-def words_unspaced(text: str) -> str:
+def words_unspaced(text: str, *, less_than: str = "<") -> str:
     """A text ``memsvc_words`` spaced, back as it was written: the one space it put on each
     side of a CJK character taken away (its marks, a highlight's ``<b>``, kept), each "<"
-    given back. The spaces the text had stay."""
-    text = text.replace(MARKUP_STAND_IN, "<")
+    given back (as ``less_than``: "&lt;" in escaped HTML). The spaces the text had stay."""
+    text = text.replace(MARKUP_STAND_IN, less_than)
     return _SPACED_CJK.sub(r"\1\2\3", text) if _CJK_RUN.search(text) else text
 
 

@@ -71,7 +71,14 @@ def pending_embedding_count() -> int:
 class SearchHit:
     message: Message
     score: float
-    highlights: str | None
+    # PostgreSQL's extract (``ts_headline``), matches in ``<b>``, as it marked them: the
+    # text's own "<" still ``MARKUP_STAND_IN``, so that its markers are the only ``<b>``.
+    headline: str | None
+
+    @property
+    def highlights(self) -> str | None:
+        """The extract as the APIs show it: the text as written, matches in ``<b>``."""
+        return self.headline and words_unspaced(self.headline)
 
 
 _VISIBLE_SQL: dict[int, str] = {}
@@ -238,7 +245,7 @@ def _hits(ranked: list[tuple], query: str | None) -> list[SearchHit]:
         SearchHit(
             message=by_id[i],
             score=round(score, 6),
-            highlights=by_id[i].headline and words_unspaced(by_id[i].headline),
+            headline=by_id[i].headline,
         )
         for i, score in ranked
         if i in by_id

@@ -2,6 +2,8 @@ from django import template
 from django.utils.html import escape
 from django.utils.safestring import mark_safe
 
+from memsvc.db import words_unspaced
+
 register = template.Library()
 
 
@@ -13,11 +15,12 @@ def shown_title(title: str) -> str:
 
 
 @register.filter
-def highlighted(headline: str | None) -> str:
-    """A search hit's ``highlights`` (PostgreSQL's ``ts_headline``, matches in ``<b>``) as
-    safe HTML: the text escaped whole, then only the ``<b>`` markers given back. A message
-    that itself holds ``<b>`` shows it bold, never anything else."""
-    if not headline:
+def highlighted(hit) -> str:
+    """A search hit's extract (PostgreSQL's ``ts_headline``, matches in ``<b>``) as safe
+    HTML: the text escaped whole, then only the markers given back. They are its only
+    ``<b>`` while the text's own "<" is still ``MARKUP_STAND_IN``: a message that holds
+    "<b>" shows it as written (the API's ``highlights`` cannot tell the two apart)."""
+    if not hit.headline:
         return ""
-    text = escape(headline).replace("&lt;b&gt;", "<b>").replace("&lt;/b&gt;", "</b>")
-    return mark_safe(text)  # noqa: S308 (escaped above)
+    marked = escape(hit.headline).replace("&lt;b&gt;", "<b>").replace("&lt;/b&gt;", "</b>")
+    return mark_safe(words_unspaced(marked, less_than="&lt;"))  # noqa: S308 (escaped above)
