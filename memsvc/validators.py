@@ -29,6 +29,12 @@ def has_bidi_controls(value: str) -> bool:
     return not BIDI_CONTROLS.isdisjoint(value)
 
 
+def has_format_characters(value: str) -> bool:
+    """Whether ``value`` holds a character that draws nothing and only formats the text
+    (category Cf: a zero-width space or joiner, a soft hyphen, a BOM)."""
+    return not value.isprintable() and any(unicodedata.category(c) == "Cf" for c in value)
+
+
 def shown_as_it_is(value: str) -> None:
     """A name shown as what it is: no bidirectional controls ("\u202ebob" showed as "bob"
     reversed) and no space at either end ("bob " and "bob" were two agents that look one)."""

@@ -6,7 +6,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from memsvc.api.errors import InvalidInput, NotFound
-from memsvc.validators import as_uuid, has_bidi_controls, has_control_characters
+from memsvc.validators import (
+    as_uuid,
+    has_bidi_controls,
+    has_control_characters,
+    has_format_characters,
+)
 
 # Principal ids of agents: ``agent:<uuid>``. Anything else is a user id.
 AGENT_PRINCIPAL_PREFIX = "agent:"
@@ -29,6 +34,9 @@ def user_id_problem(value) -> str | None:
     if has_bidi_controls(value):
         # (one id shown as another's: "\u202eecila" as "alice", in a list of members)
         return "must not contain bidirectional control characters"
+    if has_format_characters(value):
+        # (one id that looks like another: "ali\u200bce" is listed as "alice")
+        return "must not contain invisible characters (a zero-width space or joiner)"
     if len(value) > PRINCIPAL_MAX_LENGTH:
         return f"must be at most {PRINCIPAL_MAX_LENGTH} characters"
     if value.startswith(AGENT_PRINCIPAL_PREFIX):

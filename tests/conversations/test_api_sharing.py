@@ -124,6 +124,20 @@ def test_sharing_with_an_id_that_shows_as_another_is_400(api, alice, conversatio
     assert levels(conversation) == {"alice": "owner"}
 
 
+@pytest.mark.parametrize("user_id", ["ali\u200bce", "alice\u2060", "\ufeffalice", "al\u00adice"])
+def test_sharing_with_an_id_that_looks_like_another_is_400(api, alice, conversation, user_id):
+    """An invisible character makes an id that is listed as another's: "ali\u200bce" was a
+    member shown as "alice" (review R6)."""
+    response = api.post(
+        url(conversation, "/memberships"), {"userId": user_id, "accessLevel": "reader"}, as_=alice
+    )
+    assert response.status_code == 400, response.content
+    assert response.json()["details"] == {
+        "userId": ["must not contain invisible characters (a zero-width space or joiner)"]
+    }
+    assert levels(conversation) == {"alice": "owner"}
+
+
 @pytest.mark.parametrize("actor_level", ["manager", "owner"])
 def test_nobody_grants_or_removes_owner_through_memberships(api, conversation, actor_level):
     actor = Persona("mia") if actor_level == "manager" else Persona("alice")
