@@ -411,6 +411,43 @@ def test_an_answer_refused_after_the_message_is_sent_says_why(page, assistant_ch
     expect(page.locator("#messages")).not_to_contain_text("<")
 
 
+def test_an_answer_refused_as_too_many_at_once_is_asked_for_again(page, assistant_chat, settings):
+    """The assistant was free when the message was sent and full when its answer was asked
+    for (others' answers took the places between the two requests): the message was kept
+    unanswered, and only sending it again asked again (review R7). The page offers to ask
+    for the answer alone."""
+    from agents_api.assistant import answering
+    from conversations.models import Message
+
+    settings.MEMSVC_PAGES_ANSWERS_AT_ONCE = 1
+    taken = []
+
+    def full_as_it_goes(route):
+        if not taken:  # the first ask: every place taken meanwhile, by someone else
+            taken.append(answering.take())
+        route.continue_()
+
+    page.route("**/reply", full_as_it_goes)
+    send(page, "Which museums first?")
+    form = page.locator("form#append")
+    expect(form.get_by_role("alert")).to_have_text(
+        "the assistant is answering too many people at once; ask again shortly"
+    )
+    expect(page.locator("#messages li.assistant")).to_have_count(0)
+    taken[0]()  # the other answer ends
+    form.get_by_role("button", name="Ask for the answer again").click()
+    expect(page.locator("#messages li.message.assistant .content")).to_have_text(
+        "Start with the Vatican Museums."
+    )
+    expect(form.get_by_role("alert")).to_have_count(0)
+    expect(form.get_by_role("button", name="Ask for the answer again")).to_have_count(0)
+    assert list(
+        Message.objects.filter(conversation=assistant_chat)
+        .order_by("seq")
+        .values_list("role", "content")
+    ) == [("user", "Which museums first?"), ("assistant", "Start with the Vatican Museums.")]
+
+
 def test_a_refused_message_is_said_once_and_no_more_once_one_is_sent(page, assistant_chat):
     form = page.locator("form#append")
     for _ in range(2):

@@ -29,12 +29,7 @@ document.addEventListener("submit", async (event) => {
     return;
   }
   event.preventDefault();
-  // What refused the previous send says nothing about this one.
-  form.querySelectorAll(".error").forEach((notice) => notice.remove());
-  const button = form.querySelector("button[type=submit]");
-  const token = form.querySelector("input[name=csrfmiddlewaretoken]").value;
-  button.disabled = true;
-  try {
+  await whileSending(form, async () => {
     const sent = await fetch(form.action, {
       method: "POST",
       body: new FormData(form),
@@ -48,43 +43,76 @@ document.addEventListener("submit", async (event) => {
     list.querySelector(".empty")?.remove();
     list.insertAdjacentHTML("beforeend", row);
     form.reset();
+    await answer(form, list);
+  });
+});
 
-    const answer = document.createElement("li");
-    answer.className = "message assistant streaming";
-    answer.setAttribute("aria-live", "polite");
-    const who = document.createElement("p");
-    who.className = "who";
-    who.innerHTML = "<strong></strong>";
-    who.firstChild.textContent = form.dataset.assistant;
-    const content = document.createElement("div");
-    content.className = "content";
-    answer.append(who, content);
-    list.append(answer);
+// An answer refused as too many at once, after the message was kept (the assistant was free
+// when it was sent): the person asks for it again, without sending the message twice.
+document.addEventListener("click", async (event) => {
+  const again = event.target.closest("form#append button.ask-again");
+  if (!again) return;
+  const form = again.form;
+  await whileSending(form, () => answer(form, document.getElementById("messages")));
+});
 
-    const reply = await fetch(form.dataset.replyUrl, {
-      method: "POST",
-      headers: { "X-CSRFToken": token, "HX-Request": "true" },
-    });
-    if (!reply.ok) {
-      // Refused (the assistant removed meanwhile, too many requests): why, as for a message.
-      answer.remove();
-      form.insertAdjacentHTML("afterbegin", await reply.text());
-      return;
-    }
-    const reader = reply.body.getReader();
-    const decoder = new TextDecoder();
-    for (;;) {
-      const { done, value } = await reader.read();
-      if (done) break;
-      content.textContent += decoder.decode(value, { stream: true });
-    }
-    answer.classList.remove("streaming");
+// The form's send button is off while it sends or an answer comes; what refused the previous
+// send says nothing about this one.
+async function whileSending(form, work) {
+  form.querySelectorAll(".error, .ask-again").forEach((notice) => notice.remove());
+  const button = form.querySelector("button[type=submit]");
+  button.disabled = true;
+  try {
+    await work();
   } finally {
     button.disabled = false;
     // Disabling the button took the focus off it (to the page): back to the message box.
     if (document.activeElement === document.body) form.elements.content.focus();
   }
-});
+}
+
+// The assistant's answer to the latest turns, streamed into a new row of ``list``.
+async function answer(form, list) {
+  const row = document.createElement("li");
+  row.className = "message assistant streaming";
+  row.setAttribute("aria-live", "polite");
+  const who = document.createElement("p");
+  who.className = "who";
+  who.innerHTML = "<strong></strong>";
+  who.firstChild.textContent = form.dataset.assistant;
+  const content = document.createElement("div");
+  content.className = "content";
+  row.append(who, content);
+  list.append(row);
+
+  const token = form.querySelector("input[name=csrfmiddlewaretoken]").value;
+  const reply = await fetch(form.dataset.replyUrl, {
+    method: "POST",
+    headers: { "X-CSRFToken": token, "HX-Request": "true" },
+  });
+  if (!reply.ok) {
+    // Refused (the assistant removed meanwhile, too many answers at once): why, as for a
+    // message; too many at once may be asked again.
+    row.remove();
+    form.insertAdjacentHTML("afterbegin", await reply.text());
+    if (reply.status === 429) {
+      const again = document.createElement("button");
+      again.type = "button";
+      again.className = "link ask-again";
+      again.textContent = "Ask for the answer again";
+      form.querySelector(".error").after(again);
+    }
+    return;
+  }
+  const reader = reply.body.getReader();
+  const decoder = new TextDecoder();
+  for (;;) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    content.textContent += decoder.decode(value, { stream: true });
+  }
+  row.classList.remove("streaming");
+}
 
 // What htmx swaps in where the focus was (a "More ..." link, a memory's Delete button) takes
 // the focus: its first link or button, else the new element itself (a "Deleted." notice).
