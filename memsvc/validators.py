@@ -93,17 +93,20 @@ def no_control_characters(value: str) -> None:
         raise ValidationError("must not contain control characters", code="control_character")
 
 
+# RFC 3986's dot segments, which clients resolve away before they send a path: a thing
+# named so in a URL's path cannot be reached by its routes.
+DOT_SEGMENTS = frozenset({".", ".."})
+DOT_SEGMENT_PROBLEM = 'must not be "." or ".." (it names it in URLs, where clients drop those)'
+
+
 def path_segment(value: str) -> None:
     """A text that names a thing in a URL's path (a block's label, a local agent's name):
     no "/", and not "." or "..", which clients resolve away before they send the path
     (RFC 3986's dot segments): its routes could not reach it."""
     if "/" in value:
         raise ValidationError('must not contain "/" (it names it in URLs)', code="slash")
-    if value in (".", ".."):
-        raise ValidationError(
-            'must not be "." or ".." (it names it in URLs, where clients drop those)',
-            code="dot_segment",
-        )
+    if value in DOT_SEGMENTS:
+        raise ValidationError(DOT_SEGMENT_PROBLEM, code="dot_segment")
 
 
 def as_uuid(value) -> uuid.UUID | None:

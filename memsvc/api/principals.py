@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 from memsvc.api.errors import InvalidInput, NotFound
 from memsvc.validators import (
+    DOT_SEGMENT_PROBLEM,
+    DOT_SEGMENTS,
     as_uuid,
     has_bidi_controls,
     has_control_characters,
@@ -22,9 +24,10 @@ PRINCIPAL_MAX_LENGTH = 255
 def user_id_problem(value) -> str | None:
     """Why ``value`` cannot be a user id (a JWT ``sub``, ``X-On-Behalf-Of``, a ``userId``
     parameter), or None when it can: a non-empty string PostgreSQL can store in a principal
-    column, without control characters (a tab, an escape: no one's name) or bidirectional
-    ones (which show it as another id), that does not
-    name an agent (a user called ``agent:...`` would borrow that agent's memberships)."""
+    column, without control characters (a tab, an escape: no one's name), bidirectional or
+    invisible ones (which show it as another id), that does not name an agent (a user
+    called ``agent:...`` would borrow that agent's memberships) and that a member's routes
+    can name (not a dot segment)."""
     if not isinstance(value, str) or not value:
         return "must be a non-empty string"
     if "\x00" in value:
@@ -41,6 +44,10 @@ def user_id_problem(value) -> str | None:
         return f"must be at most {PRINCIPAL_MAX_LENGTH} characters"
     if value.startswith(AGENT_PRINCIPAL_PREFIX):
         return "must name a user, not an agent"
+    if value in DOT_SEGMENTS:
+        # (a member's routes name them: "remove member .." reached the conversation's own
+        # DELETE, and deleted it; review)
+        return DOT_SEGMENT_PROBLEM
     return None
 
 

@@ -138,6 +138,20 @@ def test_sharing_with_an_id_that_looks_like_another_is_400(api, alice, conversat
     assert levels(conversation) == {"alice": "owner"}
 
 
+@pytest.mark.parametrize("user_id", [".", ".."])
+def test_sharing_with_an_id_no_member_route_can_name_is_400(api, alice, conversation, user_id):
+    """A member's routes name them in the path, where clients resolve "." and ".." away:
+    "remove member .." was sent as the conversation's own DELETE, and deleted it (review)."""
+    response = api.post(
+        url(conversation, "/memberships"), {"userId": user_id, "accessLevel": "reader"}, as_=alice
+    )
+    assert response.status_code == 400, response.content
+    assert response.json()["details"] == {
+        "userId": ['must not be "." or ".." (it names it in URLs, where clients drop those)']
+    }
+    assert levels(conversation) == {"alice": "owner"}
+
+
 @pytest.mark.parametrize("actor_level", ["manager", "owner"])
 def test_nobody_grants_or_removes_owner_through_memberships(api, conversation, actor_level):
     actor = Persona("mia") if actor_level == "manager" else Persona("alice")
