@@ -11,6 +11,7 @@ from agents_api.keys import KEY_PREFIX, secret_matches, split_key
 from agents_api.models import Agent, ApiKey, Scope
 from memsvc.api.errors import Forbidden, InvalidInput, Unauthorized
 from memsvc.api.principals import Principal, user_id_problem
+from memsvc.api.ratelimit import auth_check_ended
 
 LAST_USED_GRANULARITY = timedelta(minutes=1)
 ON_BEHALF_HEADER = "X-On-Behalf-Of"
@@ -133,6 +134,7 @@ class ApiKeyAuthentication(BaseAuthentication):
         principal = principal_for_key(api_key, on_behalf_of)
         request._request.principal = principal
         request._request.agent = api_key.agent
+        auth_check_ended(request)
         return principal, api_key
 
     def authenticate_header(self, request):

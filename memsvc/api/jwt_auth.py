@@ -21,6 +21,7 @@ from rest_framework.authentication import BaseAuthentication, get_authorization_
 
 from memsvc.api.errors import InvalidInput, Unauthorized
 from memsvc.api.principals import Principal, user_id_problem
+from memsvc.api.ratelimit import auth_check_ended
 
 SHARED_SECRET_ALGORITHMS = ("HS256",)
 ISSUER_ALGORITHMS = ("RS256", "RS384", "RS512", "ES256", "ES384")
@@ -134,6 +135,7 @@ class JWTAuthentication(BaseAuthentication):
             raise Unauthorized("an API key is not accepted here: the user API needs a user token")
         principal = Principal.user(decode_user_token(token)["sub"])
         request._request.principal = principal
+        auth_check_ended(request)
         return principal, token
 
     def authenticate_header(self, request):

@@ -430,7 +430,6 @@ class RateLimitMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
-        checked = None  # (``auth_attempt``: near the limit, the end of the check)
         presented = any(request.META.get(header) for header in CREDENTIAL_HEADERS)
         if presented:
             refusal, checked = request_auth_attempt(request)
@@ -438,14 +437,33 @@ class RateLimitMiddleware:
                 response = render_api_error(request, refusal)
                 if response is not None:
                     return response
+            if checked is not None:
+                setattr(request, _CHECK_RUNNING, checked)
         try:
             response = self.get_response(request)
             if response.status_code == 401 and presented:
                 _guarded(note_auth_failure, client_address(request))
         finally:
-            if checked is not None:
-                _guarded(checked)
+            auth_check_ended(request)
         return response
+
+
+# The request attribute holding the end of its credential check (``auth_attempt``'s
+# ``checked``): near the failure limit only.
+_CHECK_RUNNING = "memsvc_auth_check_running"
+
+
+def auth_check_ended(request) -> None:
+    """The end of ``request``'s credential check (Django's request or DRF's), if it is
+    counted as running (``auth_attempt``): by the authentication that accepts its
+    credentials, else once it is answered (a failure counted first, by the middleware).
+    Counted until the answer, a right request held back the others of its address for its
+    view's whole time (one waiting on a lock: the others waited 5 s each, then were
+    refused; review)."""
+    request = getattr(request, "_request", request)
+    ended = request.__dict__.pop(_CHECK_RUNNING, None)
+    if ended is not None:
+        _guarded(ended)
 
 
 def request_auth_attempt(request) -> tuple[RateLimited | None, Callable[[], None] | None]:

@@ -8,6 +8,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
+import psycopg
 import pytest
 import redis
 from django.contrib.auth import get_user_model
@@ -15,11 +16,15 @@ from django.db import connection
 from django.http import JsonResponse
 from django.test import Client, RequestFactory
 
+from conversations import services
 from memsvc.api import ratelimit
+from memsvc.api.principals import Principal
 from memsvc.api.ratelimit import rate_limited
 from tests.agents_api.conftest import make_agent
 from tests.conftest import Persona
+from tests.db import database_url
 from tests.hashers import CountedPasswordHasher
+from tests.waiting import wait_until
 from tests.web_server import WebServer, shared_database_env
 
 pytestmark = pytest.mark.django_db
@@ -308,7 +313,6 @@ def test_a_proxy_nobody_named_is_warned_of_at_most_once_a_minute(rf, settings, c
     """Behind a proxy not in MEMSVC_TRUSTED_PROXIES every client is the proxy's address: one
     client's failed logins would lock everyone out. The log says so, but a client sending
     X-Forwarded-For from ever new addresses cannot flood it."""
-    from memsvc.api import ratelimit
     from memsvc.api.ratelimit import client_address
 
     monkeypatch.setattr(ratelimit, "_unnamed_proxy_warned_at", [float("-inf")])
@@ -450,6 +454,66 @@ def test_right_keys_at_once_near_the_limit_are_all_answered(settings, backend, f
     browser = Client(REMOTE_ADDR=address)
     answers = [browser.get("/v1/agent/me", **wrong).status_code for _ in range(6 - failures)]
     assert answers == [401] * (5 - failures) + [429]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_right_request_that_waits_in_its_view_holds_back_no_other_near_the_limit(
+    settings, backend
+):
+    """Near the limit a check is counted as running until it ends: it ended only with the
+    answer, so a right request waiting on a lock in its view (a PATCH of a conversation
+    another transaction holds) made every other right request of its address wait 5 s and
+    refused it (review). It ends once the credentials are accepted."""
+    settings.MEMSVC_AUTH_FAILURE_LIMIT = 5
+    user = someone()
+    conversation = services.conversation_create(Principal.user(user.id), title="Held")
+    part = uuid.uuid4().hex
+    address = f"2001:db8:{part[:4]}:{part[4:8]}::1"
+    for _ in range(4):
+        ratelimit.note_auth_failure(address)
+    browser = Client(REMOTE_ADDR=address)
+
+    def rename():
+        try:
+            return browser.patch(
+                f"/v1/user/conversations/{conversation.id}",
+                {"title": "Renamed"},
+                content_type="application/json",
+                **user.auth_headers(),
+            )
+        finally:
+            connection.close()  # (this thread's: the test database is dropped at the end)
+
+    holder = psycopg.connect(database_url())  # (another connection, in a transaction)
+    with ThreadPoolExecutor(1) as pool:
+        try:
+            holder.execute("SELECT 1 FROM conversation WHERE id = %s FOR UPDATE", [conversation.id])
+            renaming = pool.submit(rename)
+            wait_until(_a_lock_awaited, "the rename waits for the held row")
+            started = time.monotonic()
+            lists = [
+                browser.get("/v1/user/conversations", **user.auth_headers()).status_code
+                for _ in range(3)
+            ]
+            elapsed = time.monotonic() - started
+        finally:
+            holder.commit()
+            holder.close()
+        assert renaming.result(10).status_code == 200
+    assert lists == [200] * 3
+    assert elapsed < ratelimit.CHECK_WAIT_SECONDS
+    # And the failures still count: the limit's last wrong token, then the lockout.
+    wrong = {"HTTP_AUTHORIZATION": "Bearer nope"}
+    assert [browser.get("/v1/user/conversations", **wrong).status_code for _ in range(2)] == [
+        401,
+        429,
+    ]
+
+
+def _a_lock_awaited() -> bool:
+    with connection.cursor() as cursor:  # (pg_locks: live, unlike the statistics views)
+        cursor.execute("SELECT EXISTS (SELECT 1 FROM pg_locks WHERE NOT granted)")
+        return cursor.fetchone()[0]
 
 
 @pytest.mark.django_db(transaction=True)
