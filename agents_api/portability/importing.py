@@ -25,6 +25,7 @@ from conversations.models import AccessLevel
 from conversations.selectors import said_by, visible_conversation_ids
 from memsvc.api.fields import contains_nul
 from memsvc.api.parsers import DOCUMENT_MAX_JSON_DEPTH, json_problem
+from memsvc.api.principals import user_id_problem
 from memsvc.db import hold_users
 
 UNIQUE_VIOLATION = "23505"  # PostgreSQL's SQLSTATE
@@ -67,6 +68,8 @@ def document_import(
         user_id = document.get("userId")
         if not isinstance(user_id, str) or not user_id:
             raise ImportRefused("userId: missing")
+        if problem := user_id_problem(user_id):
+            raise ImportRefused(f"userId: {problem}")
         sections, result = USER_SECTIONS, ImportResult(kind, user_id)
     elif kind == "agent":
         if not isinstance(document.get("agent"), dict):

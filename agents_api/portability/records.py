@@ -41,7 +41,13 @@ from memsvc.api.fields import (
     TitleField,
     json_typed,
 )
-from memsvc.api.principals import PRINCIPAL_MAX_LENGTH, user_id_problem
+from memsvc.api.principals import (
+    AGENT_PRINCIPAL_PREFIX,
+    PRINCIPAL_MAX_LENGTH,
+    agent_uuid_of,
+    stored_principal_id,
+    user_id_problem,
+)
 from memsvc.validators import as_uuid
 
 # The largest number a record may give a message's place or a block's id, which an import
@@ -68,6 +74,28 @@ class SubjectField(serializers.CharField):
 
     def to_representation(self, value):
         return value or None
+
+
+class PrincipalField(serializers.CharField):
+    """Who did something: a user id (``user_id_problem``, as every API takes one) or, where
+    an agent may stand (``agents``), ``agent:<id>`` (stored in its canonical form). A
+    document's "eve\u200b", "\u202eecila" or a user named ``agent:...`` was imported as it
+    was given (review)."""
+
+    def __init__(self, *, agents: bool = True, **kwargs):
+        self.agents = agents
+        super().__init__(max_length=PRINCIPAL_MAX_LENGTH, **kwargs)
+
+    def to_internal_value(self, data):
+        value = super().to_internal_value(data)
+        if self.agents and value.startswith(AGENT_PRINCIPAL_PREFIX):
+            if agent_uuid_of(value) is None:
+                raise serializers.ValidationError("must be agent:<the agent's id>")
+            return stored_principal_id(value)
+        problem = user_id_problem(value)
+        if problem:
+            raise serializers.ValidationError(problem)
+        return value
 
 
 class Record(serializers.Serializer):
@@ -111,7 +139,7 @@ class ConversationRecord(Record):
 
 class MembershipRecord(Record):
     conversationGroupId = serializers.UUIDField(source="group_id")
-    userId = serializers.CharField(source="principal_id", max_length=PRINCIPAL_MAX_LENGTH)
+    userId = PrincipalField(source="principal_id")
     accessLevel = ChoiceField(source="access_level", choices=AccessLevel.choices)
     createdAt = MomentField(source="created_at")
 
@@ -141,9 +169,7 @@ class MessageRecord(Record):
     role = ChoiceField(choices=Role.choices)
     channel = ChoiceField(choices=Channel.choices)
     visibility = ChoiceField(choices=Visibility.choices)
-    authorPrincipal = serializers.CharField(
-        source="author_principal", max_length=PRINCIPAL_MAX_LENGTH
-    )
+    authorPrincipal = PrincipalField(source="author_principal")
     authorName = serializers.CharField(
         source="author_name", allow_blank=True, max_length=PRINCIPAL_MAX_LENGTH
     )
@@ -178,8 +204,8 @@ class TransferRecord(Record):
     id = serializers.UUIDField()
     conversationGroupId = serializers.UUIDField(source="group_id")
     conversationId = serializers.UUIDField(source="conversation_id")
-    fromUserId = serializers.CharField(source="from_principal", max_length=PRINCIPAL_MAX_LENGTH)
-    toUserId = serializers.CharField(source="to_principal", max_length=PRINCIPAL_MAX_LENGTH)
+    fromUserId = PrincipalField(source="from_principal", agents=False)
+    toUserId = PrincipalField(source="to_principal", agents=False)
     status = ChoiceField(choices=TransferStatus.choices)
     createdAt = MomentField(source="created_at")
     resolvedAt = MomentField(source="resolved_at", allow_null=True)
@@ -222,7 +248,7 @@ class MemorySettingRecord(Record):
 
 class MemoryBlockRevisionRecord(Record):
     value = TextField(allow_blank=True)
-    actor = serializers.CharField(source="actor_principal", max_length=PRINCIPAL_MAX_LENGTH)
+    actor = PrincipalField(source="actor_principal")
     createdAt = MomentField(source="created_at")
 
     class Meta:
@@ -276,9 +302,7 @@ class AgentRecord(Record):
     name = TextField(max_length=AGENT_NAME_MAX_CHARS, validators=[*NAME_RULES])
     description = serializers.CharField(allow_blank=True, max_length=AGENT_DESCRIPTION_MAX_CHARS)
     metadata = AgentMetadataRecordField()
-    ownerPrincipal = serializers.CharField(
-        source="owner_principal", max_length=PRINCIPAL_MAX_LENGTH
-    )
+    ownerPrincipal = PrincipalField(source="owner_principal")
     createdAt = MomentField(source="created_at")
 
     class Meta:

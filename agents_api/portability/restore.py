@@ -230,6 +230,19 @@ def restore_messages(user_id: str, records: list[dict]) -> int:
 
 
 def restore_transfers(user_id: str, records: list[dict]) -> int:
+    """Transfers of the user's own conversations. An offer still pending is the owner's,
+    who is the user (``_within_its_own``): one from anyone else was imported, and stood
+    where its recipient could not take it nor the user make another (review)."""
+    forged = [
+        r
+        for r in records
+        if r["status"] == TransferStatus.PENDING and r["from_principal"] != user_id
+    ]
+    if forged:
+        raise ImportRefused(
+            f"ownershipTransfers: {forged[0]['id']} is a pending offer not made by "
+            f"{user_id}, who owns its conversation"
+        )
     not_after_now(records, "created_at", "resolved_at")
     return len(OwnershipTransfer.objects.bulk_create(OwnershipTransfer(**r) for r in records))
 

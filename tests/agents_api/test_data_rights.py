@@ -1031,6 +1031,10 @@ def test_a_conversation_dated_later_than_the_import_is_imported_as_of_now(
         ("messages", "content", "   ", "must not be empty"),
         ("messages", "content", "x" * 100_001, "content"),
         ("messages", "metadata", {"k": "v" * 20_000}, "metadata"),
+        # Ids as every API takes them (review: an agent came to own a user's conversation).
+        ("memberships", "userId", "bo\u200bb", "invisible characters"),
+        ("memberships", "userId", "agent:nobody", "must be agent:<the agent's id>"),
+        ("messages", "authorPrincipal", "\u202eecila", "bidirectional control characters"),
     ],
 )
 def test_a_user_import_holds_what_the_api_holds(
@@ -1043,6 +1047,60 @@ def test_a_user_import_holds_what_the_api_holds(
     assert import_file(tmp_path, document) == 1
     err = capsys.readouterr().err
     assert "nothing imported" in err and why in err, err
+    assert not Conversation.objects.filter(id=world.ours).exists()
+
+
+@pytest.mark.parametrize(
+    ("user_id", "why"),
+    [
+        ("eve\u200b", "invisible characters"),
+        ("agent:5f0c2c8e-6a43-4c1e-9d2b-0d6f7a3e1b24", "must name a user"),
+    ],
+)
+def test_a_user_document_of_an_id_no_user_can_have_is_not_imported(
+    api, alice, tmp_path, world, capsys, user_id, why
+):
+    """A document's ``userId`` was checked only to be a string: "eve\u200b" (listed as
+    "eve") and ``agent:<id>`` (then owner of the conversations) were imported (review)."""
+    document = cli_export(tmp_path, "first", "user", "alice")
+    call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    assert import_file(tmp_path, {**document, "userId": user_id}) == 1
+    err = capsys.readouterr().err
+    assert "nothing imported: userId: " in err and why in err, err
+    assert not Conversation.objects.filter(id=world.ours).exists()
+
+
+@pytest.mark.parametrize(
+    ("offer", "why"),
+    [
+        ({"fromUserId": "bob", "toUserId": "charlie"}, "a pending offer not made by alice"),
+        (
+            {"fromUserId": "alice", "toUserId": "agent:5f0c2c8e-6a43-4c1e-9d2b-0d6f7a3e1b24"},
+            "must name a user",
+        ),
+    ],
+)
+def test_a_user_document_with_an_offer_its_owner_could_not_make_is_not_imported(
+    api, alice, tmp_path, world, capsys, offer, why
+):
+    """A pending offer of her own conversation from bob, who never owned it, was imported:
+    its recipient's accept was refused, and she could neither see it nor make another
+    (review)."""
+    document = cli_export(tmp_path, "first", "user", "alice")
+    [conversation] = [c for c in document["conversations"] if c["id"] == str(world.ours)]
+    offer = {
+        "id": str(uuid.uuid4()),
+        "conversationGroupId": conversation["conversationGroupId"],
+        "conversationId": conversation["id"],
+        "status": "pending",
+        "createdAt": conversation["createdAt"],
+        "resolvedAt": None,
+        **offer,
+    }
+    call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    assert import_file(tmp_path, {**document, "ownershipTransfers": [offer]}) == 1
+    err = capsys.readouterr().err
+    assert "nothing imported: ownershipTransfers" in err and why in err, err
     assert not Conversation.objects.filter(id=world.ours).exists()
 
 
@@ -1074,7 +1132,11 @@ def test_a_membership_of_an_agent_that_is_gone_is_skipped_by_an_import(
     membership (review)."""
     document = cli_export(tmp_path, "first", "user", "alice")
     [owner] = [m for m in document["memberships"] if m["userId"] == "alice"][:1]
-    gone = {**owner, "userId": f"agent:{uuid.uuid4()}", "accessLevel": "reader"}
+    gone = {
+        **owner,
+        "userId": "agent:5f0c2c8e-6a43-4c1e-9d2b-0d6f7a3e1b24",
+        "accessLevel": "reader",
+    }
     document["memberships"].append(gone)
     call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
     assert import_file(tmp_path, document) == 0, capsys.readouterr().err
