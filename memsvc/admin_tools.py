@@ -2,15 +2,19 @@
 
 import uuid
 
-from django.contrib import admin
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.core.exceptions import FieldDoesNotExist, ValidationError
 from django.core.paginator import Paginator
 from django.db import transaction
 from django.db.models.constants import LOOKUP_SEP
+from django.forms.fields import InvalidJSONInput
 from django.utils.functional import cached_property
 
 from memsvc import validators
 from memsvc.api.fields import METADATA_MAX_BYTES, json_value_problem
+from memsvc.api.parsers import FIELD_MAX_JSON_DEPTH, json_problem, too_deep
 from memsvc.api.principals import Principal
 
 # Above this many matching rows the admin says "10,000+" pages instead of counting them all.
@@ -31,11 +35,34 @@ class CappedCountPaginator(Paginator):
 
 
 def metadata_object(value) -> None:
-    """A ``metadata`` as the APIs take it (``MetadataField``): an object of at most 16 KiB,
-    without NUL characters."""
+    """A ``metadata`` as the APIs take it (``MetadataField`` in a parsed body): an object of
+    at most 16 KiB, without NUL characters, nested no deeper than a body's field may be
+    (``json_problem``: 65 levels were saved, and the owner's export of it was refused by
+    every import; review)."""
+    problem = json_problem(value, FIELD_MAX_JSON_DEPTH)
+    if problem:
+        raise ValidationError(problem[1])
     problem = json_value_problem(value, max_bytes=METADATA_MAX_BYTES, objects_only=True)
     if problem:
         raise ValidationError(problem)
+
+
+class MetadataFormField(forms.JSONField):
+    """Django's, refusing a value nested deeper than Python's decoder goes (thousands of
+    levels) as one too deep, where its ``RecursionError`` was a 500; ``metadata_object``
+    refuses the rest."""
+
+    def to_python(self, value):
+        try:
+            return super().to_python(value)
+        except RecursionError:
+            raise ValidationError(too_deep(FIELD_MAX_JSON_DEPTH)) from None
+
+    def bound_data(self, data, initial):
+        try:
+            return super().bound_data(data, initial)
+        except RecursionError:  # (the refused form shown again, as sent)
+            return InvalidJSONInput(data)
 
 
 class MetadataChecked:
@@ -43,6 +70,8 @@ class MetadataChecked:
     a 500 (PostgreSQL refuses it in jsonb), and 40 KB were saved past the 16 KiB cap."""
 
     def formfield_for_dbfield(self, db_field, request, **kwargs):
+        if db_field.name == "metadata":
+            kwargs["form_class"] = MetadataFormField
         field = super().formfield_for_dbfield(db_field, request, **kwargs)
         if db_field.name == "metadata" and field is not None:
             field.validators.append(metadata_object)
@@ -74,8 +103,31 @@ def lookups_named(model, lookup: str) -> list[str]:
     return []
 
 
-class ModelAdmin(admin.ModelAdmin):
-    """Django's, taking in a list's query only the lookups its own filters write."""
+class SelectionChecked:
+    """A ModelAdmin mixin: an action's selection must name rows of the table by their ids.
+    Django filters by what the form sent, and the action reading it was a 500 for an id
+    the table cannot hold ("xyz" of a UUID key, 50 digits of an integer one, a NUL; review);
+    now it is the admin's "nothing changed" notice, as for no selection."""
+
+    def response_action(self, request, queryset):
+        key = self.model._meta.pk
+        try:
+            for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME):
+                validators.no_nul_characters(value)
+                key.clean(value, None)
+        except ValidationError:
+            self.message_user(
+                request,
+                "The selection names no rows of this list: no items have been changed.",
+                messages.WARNING,
+            )
+            return None
+        return super().response_action(request, queryset)
+
+
+class ModelAdmin(SelectionChecked, admin.ModelAdmin):
+    """Django's, taking in a list's query only the lookups its own filters write, and an
+    action's selection only of ids (``SelectionChecked``)."""
 
     def lookup_allowed(self, lookup, value, request=None):
         named = lookups_named(self.model, lookup)

@@ -16,6 +16,13 @@ MAX_JSON_DEPTH = 64
 # An export document holds each record two levels below its top (its section's list, the
 # record): a value as deep as a request may make it is as deep as that in a document.
 DOCUMENT_MAX_JSON_DEPTH = MAX_JSON_DEPTH + 2
+# A value given outside a request's body (the admin's forms) as deep as one in it may be: a
+# field of the body, one level below its top.
+FIELD_MAX_JSON_DEPTH = MAX_JSON_DEPTH - 1
+
+
+def too_deep(max_depth: int) -> str:
+    return f"must not be nested more than {max_depth} levels deep"
 
 
 def json_problem(value, max_depth: int = MAX_JSON_DEPTH) -> tuple[tuple, str] | None:
@@ -26,7 +33,7 @@ def json_problem(value, max_depth: int = MAX_JSON_DEPTH) -> tuple[tuple, str] | 
     while stack:
         item, path, depth = stack.pop()
         if depth > max_depth:
-            return path, f"must not be nested more than {max_depth} levels deep"
+            return path, too_deep(max_depth)
         if isinstance(item, str):
             if not item.isascii():
                 try:

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 from django.contrib import admin
 from django.contrib.auth import get_user_model
+from django.contrib.messages import get_messages
 from django.core.exceptions import ValidationError
 from django.db import connection
 from django.db.models.signals import pre_save
@@ -333,6 +334,11 @@ def test_the_lookups_of_the_admins_own_filters_and_links_are_taken(operator, mem
         ({"a": "\u0000"}, "NUL"),  # PostgreSQL refuses it in jsonb: a 500
         ({"big": "x" * 17_000}, "at most 16384 bytes"),
         (["not", "an", "object"], "JSON object"),
+        # Deeper than a request's body lets it be (one level below the body's 64): an
+        # export of it was refused by every import (review).
+        ('{"a":' * 64 + "1" + "}" * 64, "nested more than 63 levels deep"),
+        ('{"a":' * 5000 + "1" + "}" * 5000, "nested more than 63 levels deep"),
+        ({"a": "\ud800"}, "lone surrogate"),
     ],
 )
 def test_an_admin_forms_metadata_is_checked_as_the_apis_check_it(model, metadata, problem):
@@ -340,8 +346,10 @@ def test_an_admin_forms_metadata_is_checked_as_the_apis_check_it(model, metadata
     request.user = get_user_model()(is_superuser=True, is_staff=True)
     field = admin.site._registry[model].get_form(request)().fields["metadata"]
     with pytest.raises(ValidationError, match=problem):
-        field.clean(json.dumps(metadata))
+        field.clean(metadata if isinstance(metadata, str) else json.dumps(metadata))
     assert field.clean('{"fine": true}') == {"fine": True}
+    deepest = '{"a":' * 63 + "1" + "}" * 63  # as deep as the APIs take it
+    assert field.clean(deepest) == json.loads(deepest)
 
 
 @pytest.mark.parametrize("model", ["memory", "toolrecord", "memoryblock"])
@@ -1006,6 +1014,49 @@ def test_blocks_are_deleted_as_the_api_deletes_them_read_only_ones_kept(operator
     one = {"action": "delete_selected", "post": "yes", "_selected_action": [notes.pk]}
     assert operator.post(listing, one).status_code == 302
     assert list(MemoryBlock.objects.values_list("label", flat=True)) == ["rules"]
+
+
+@pytest.mark.parametrize("selected", ["xyz", "\x00", "9" * 50])
+def test_an_action_on_a_selection_of_no_ids_changes_nothing_on_every_list(
+    operator, memory, selected
+):
+    """Django filters the table by what the form's selection says: the action reading it
+    was a 500 for what no id of the table is (review)."""
+    memory = Memory.objects.first()
+    before = Memory.objects.count()
+    notice = "The selection names no rows of this list: no items have been changed."
+    ops = RequestFactory().get("/")
+    ops.user = get_user_model().objects.get(username="ops")
+    asked = []
+    for model, model_admin in admin.site._registry.items():
+        listing = reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
+        for action in model_admin.get_actions(ops):
+            form = {"action": action, "_selected_action": [selected], "index": 0, "post": "yes"}
+            response = operator.post(listing, form)
+            asked.append((model._meta.model_name, action))
+            assert response.status_code == 302, (model, action)
+            # (The notices pile up, no list being shown.)
+            shown = [str(m) for m in get_messages(response.wsgi_request)]
+            assert shown == [notice] * len(asked), (model, action)
+    assert {("user", "delete_selected"), ("apikey", "revoke"), ("memory", "delete_selected")} <= {
+        *asked
+    }
+    assert Memory.objects.count() == before
+    form = {"action": "delete_selected", "_selected_action": [memory.pk], "post": "yes"}
+    assert operator.post(reverse("admin:agents_api_memory_changelist"), form).status_code == 302
+    assert Memory.objects.count() == before - 1
+
+
+def test_metadata_too_deep_for_the_decoder_is_refused_on_the_form_not_a_500(operator):
+    agent, _ = agent_get_or_create(owner_principal="local", name="helper")
+    page = reverse("admin:agents_api_agent_change", args=[agent.pk])
+    deep = '{"a":' * 5000 + "1" + "}" * 5000
+    form = {"owner_principal": "local", "name": "helper", "description": "", "metadata": deep}
+    refused = operator.post(page, form)
+    assert refused.status_code == 200
+    assert "must not be nested more than 63 levels deep" in refused.content.decode()
+    agent.refresh_from_db()
+    assert agent.metadata == {}
 
 
 def test_renaming_an_agent_in_the_admin_renames_its_own_conversation(operator):
