@@ -1,5 +1,6 @@
 """Validators shared by the models of every app."""
 
+import re
 import unicodedata
 import uuid
 
@@ -29,10 +30,23 @@ def has_bidi_controls(value: str) -> bool:
     return not BIDI_CONTROLS.isdisjoint(value)
 
 
-def has_format_characters(value: str) -> bool:
-    """Whether ``value`` holds a character that draws nothing and only formats the text
-    (category Cf: a zero-width space or joiner, a soft hyphen, a BOM)."""
-    return not value.isprintable() and any(unicodedata.category(c) == "Cf" for c in value)
+# Unicode's Default_Ignorable_Code_Point (DerivedCoreProperties.txt): what draws nothing
+# where it means nothing, beyond category Cf: a combining grapheme joiner, Hangul fillers,
+# variation selectors (review: "ali\u034fce" and "ali\u3164ce" were ids shown as "alice").
+_DEFAULT_IGNORABLE = re.compile(
+    "[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u202a-\u202e"
+    "\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufff8\U0001bca0-\U0001bca3"
+    "\U0001d173-\U0001d17a\U000e0000-\U000e0fff]"
+)
+
+
+def has_invisible_characters(value: str) -> bool:
+    """Whether ``value`` holds a character that draws nothing of its own: a format
+    character (category Cf: a zero-width space or joiner, a soft hyphen, a BOM) or another
+    default-ignorable one (a Hangul filler, a variation selector)."""
+    return _DEFAULT_IGNORABLE.search(value) is not None or (
+        not value.isprintable() and any(unicodedata.category(c) == "Cf" for c in value)
+    )
 
 
 def shown_as_it_is(value: str) -> None:

@@ -12,7 +12,7 @@ from memsvc.validators import (
     as_uuid,
     has_bidi_controls,
     has_control_characters,
-    has_format_characters,
+    has_invisible_characters,
 )
 
 # Principal ids of agents: ``agent:<uuid>``. Anything else is a user id.
@@ -37,7 +37,7 @@ def user_id_problem(value) -> str | None:
     if has_bidi_controls(value):
         # (one id shown as another's: "\u202eecila" as "alice", in a list of members)
         return "must not contain bidirectional control characters"
-    if has_format_characters(value):
+    if has_invisible_characters(value):
         # (one id that looks like another: "ali\u200bce" is listed as "alice")
         return "must not contain invisible characters (a zero-width space or joiner)"
     if len(value) > PRINCIPAL_MAX_LENGTH:

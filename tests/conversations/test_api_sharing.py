@@ -124,7 +124,10 @@ def test_sharing_with_an_id_that_shows_as_another_is_400(api, alice, conversatio
     assert levels(conversation) == {"alice": "owner"}
 
 
-@pytest.mark.parametrize("user_id", ["ali\u200bce", "alice\u2060", "\ufeffalice", "al\u00adice"])
+@pytest.mark.parametrize(
+    "user_id",
+    ["ali\u200bce", "alice\u2060", "\ufeffalice", "al\u00adice", "ali\u034fce", "ali\u3164ce"],
+)
 def test_sharing_with_an_id_that_looks_like_another_is_400(api, alice, conversation, user_id):
     """An invisible character makes an id that is listed as another's: "ali\u200bce" was a
     member shown as "alice" (review R6)."""
