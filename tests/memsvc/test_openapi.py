@@ -180,6 +180,15 @@ def test_the_docs_page_is_served_without_credentials_from_local_assets(client):
     assert '"/v1/schema"' in page
 
 
+def calls_counted(monkeypatch, cls, name: str) -> list:
+    """A list that gets a 1 for each call of ``cls``'s method ``name`` (which still runs)."""
+    calls, method = [], getattr(cls, name)
+    monkeypatch.setattr(
+        cls, name, lambda self, *args, **kwargs: calls.append(1) or method(self, *args, **kwargs)
+    )
+    return calls
+
+
 def test_the_schema_is_made_once_and_served_again(client, monkeypatch):
     """Made afresh for each request, it cost 0.2 s of CPU a request, unlimited (review)."""
     from drf_spectacular.generators import SchemaGenerator
@@ -187,13 +196,7 @@ def test_the_schema_is_made_once_and_served_again(client, monkeypatch):
     from memsvc.api.schema import SchemaView
 
     monkeypatch.setattr(SchemaView, "made", {})
-    made = []
-    get_schema = SchemaGenerator.get_schema
-    monkeypatch.setattr(
-        SchemaGenerator,
-        "get_schema",
-        lambda self, *args, **kwargs: made.append(1) or get_schema(self, *args, **kwargs),
-    )
+    made = calls_counted(monkeypatch, SchemaGenerator, "get_schema")
     answers = [
         client.get("/v1/schema", {"lang": lang}, HTTP_ACCEPT="application/json")
         for lang in ["", "", "xx-made-up", "en-us"]
@@ -213,13 +216,7 @@ def test_the_schema_is_written_out_once_per_format(client, monkeypatch):
     from memsvc.api.schema import SchemaView
 
     monkeypatch.setattr(SchemaView, "written", {}, raising=False)
-    dumped = []
-    render = OpenApiYamlRenderer.render
-    monkeypatch.setattr(
-        OpenApiYamlRenderer,
-        "render",
-        lambda self, *args, **kwargs: dumped.append(1) or render(self, *args, **kwargs),
-    )
+    dumped = calls_counted(monkeypatch, OpenApiYamlRenderer, "render")
     answers = [client.get("/v1/schema") for _ in range(3)]
     assert dumped == [1]
     assert [answer.status_code for answer in answers] == [200] * 3
