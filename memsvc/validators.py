@@ -75,16 +75,21 @@ def no_blank_ends(value: str) -> None:
     """A name as it is given now: nothing that draws nothing at either end, a zero-width
     space or a BOM as a space ("a\u200b" and "a" were two labels that look one; review).
     (A space and a bidirectional control are ``shown_as_it_is``' to refuse: said once.)"""
-    if value and (_blank(value[0]) or _blank(value[-1])):
+    if value == value.strip() and has_blank_ends(value):
         raise ValidationError("must not begin or end with a space", code="outer_space")
 
 
+def has_blank_ends(value: str) -> bool:
+    """Whether ``value`` begins or ends with what draws nothing and is no mark of the one
+    before it: a space of any kind, a zero-width one, a BOM, a Braille blank ("bob " and
+    "bob\u2800" are listed as "bob"; review)."""
+    return bool(value) and (_blank(value[0]) or _blank(value[-1]))
+
+
 def _blank(character: str) -> bool:
-    """A character that draws nothing and is no mark of the one before it, but a space."""
-    return (
-        not character.isspace()
-        and character not in BIDI_CONTROLS
-        and unicodedata.category(character) in {"Cf", "Zs", "Zl", "Zp"}
+    return character == "\u2800" or (
+        character not in BIDI_CONTROLS
+        and (character.isspace() or unicodedata.category(character) in {"Cf", "Zs", "Zl", "Zp"})
     )
 
 
@@ -108,9 +113,19 @@ def no_control_characters(value: str) -> None:
 
 
 # RFC 3986's dot segments, which clients resolve away before they send a path: a thing
-# named so in a URL's path cannot be reached by its routes.
+# named so in a URL's path cannot be reached by its routes, and one whose name holds one
+# between its "/" (or "\\", which browsers read as "/") names another's route ("../../<id>":
+# a member's removal was the conversation's DELETE; review).
 DOT_SEGMENTS = frozenset({".", ".."})
-DOT_SEGMENT_PROBLEM = 'must not be "." or ".." (it names it in URLs, where clients drop those)'
+DOT_SEGMENT_PROBLEM = (
+    'must not be "." or "..", nor have one between its "/" (it names it in URLs, where '
+    "clients drop those)"
+)
+_PATH_SEPARATORS = re.compile(r"[/\\]")
+
+
+def has_dot_segment(value: str) -> bool:
+    return any(part in DOT_SEGMENTS for part in _PATH_SEPARATORS.split(value))
 
 
 def path_segment(value: str) -> None:
@@ -119,7 +134,7 @@ def path_segment(value: str) -> None:
     (RFC 3986's dot segments): its routes could not reach it."""
     if "/" in value:
         raise ValidationError('must not contain "/" (it names it in URLs)', code="slash")
-    if value in DOT_SEGMENTS:
+    if has_dot_segment(value):
         raise ValidationError(DOT_SEGMENT_PROBLEM, code="dot_segment")
 
 

@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 from memsvc.api.errors import InvalidInput, NotFound
 from memsvc.validators import (
     DOT_SEGMENT_PROBLEM,
-    DOT_SEGMENTS,
     as_uuid,
     has_bidi_controls,
+    has_blank_ends,
     has_control_characters,
+    has_dot_segment,
     has_invisible_characters,
 )
 
@@ -40,11 +41,13 @@ def user_id_problem(value) -> str | None:
     if has_invisible_characters(value):
         # (one id that looks like another: "ali\u200bce" is listed as "alice")
         return "must not contain invisible characters (a zero-width space or joiner)"
+    if has_blank_ends(value):
+        return "must not begin or end with a space"  # ("bob " is listed as "bob")
     if len(value) > PRINCIPAL_MAX_LENGTH:
         return f"must be at most {PRINCIPAL_MAX_LENGTH} characters"
     if value.startswith(AGENT_PRINCIPAL_PREFIX):
         return "must name a user, not an agent"
-    if value in DOT_SEGMENTS:
+    if has_dot_segment(value):
         # (a member's routes name them: "remove member .." reached the conversation's own
         # DELETE, and deleted it; review)
         return DOT_SEGMENT_PROBLEM

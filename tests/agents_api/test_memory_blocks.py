@@ -10,6 +10,7 @@ from django.db import connection, transaction
 from agents_api.models import MemoryBlock, MemoryBlockRevision
 from agents_api.services import memory_block_create, memory_block_delete, memory_block_update
 from memsvc.api.errors import NotFound
+from memsvc.validators import DOT_SEGMENT_PROBLEM
 from tests.agents_api.conftest import make_agent
 
 pytestmark = pytest.mark.django_db
@@ -86,8 +87,9 @@ def test_a_duplicate_label_is_a_conflict(api, helper):
     ("label", "problem"),
     [
         ("a/b", 'must not contain "/" (it names it in URLs)'),
-        (".", 'must not be "." or ".." (it names it in URLs, where clients drop those)'),
-        ("..", 'must not be "." or ".." (it names it in URLs, where clients drop those)'),
+        (".", DOT_SEGMENT_PROBLEM),
+        ("..", DOT_SEGMENT_PROBLEM),
+        ("..\\x", DOT_SEGMENT_PROBLEM),  # (browsers read "\\" as "/": review R4)
         ("\u202ehuman", "must not contain bidirectional control characters"),
         ("human ", "must not begin or end with a space"),
         ("hu\tman", "must not contain control characters"),

@@ -98,7 +98,11 @@ def test_an_agent_shared_with_is_found_by_the_id_it_was_shared_with(api, alice, 
 
 BIDI = "must not contain bidirectional control characters"
 INVISIBLE = "must not contain invisible characters (a zero-width space or joiner)"
-DOT = 'must not be "." or ".." (it names it in URLs, where clients drop those)'
+DOT = (
+    'must not be "." or "..", nor have one between its "/" (it names it in URLs, where '
+    "clients drop those)"
+)
+OUTER = "must not begin or end with a space"
 
 
 @pytest.mark.parametrize(
@@ -122,6 +126,11 @@ DOT = 'must not be "." or ".." (it names it in URLs, where clients drop those)'
         # "remove member .." was sent as the conversation's own DELETE, and deleted it.
         (".", DOT),
         ("..", DOT),
+        # ... nor between its "/" (or "\\", a "/" to browsers): "remove member ../../<id>"
+        # was the conversation's DELETE too (review R4).
+        *[(user_id, DOT) for user_id in ["../../x", "x/..", "./..", "../x", "a\\..\\b"]],
+        # Listed as "bob": spaces and blanks at either end (review R4).
+        *[(user_id, OUTER) for user_id in ["bob ", " bob", "bob\u00a0", "bob\u2800"]],
     ],
 )
 def test_sharing_with_an_id_no_user_can_have_is_400(api, alice, conversation, user_id, problem):
