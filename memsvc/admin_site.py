@@ -2,8 +2,11 @@
 by failed logins (``memsvc.pages.forms``) as the APIs do. It is ``admin.site``
 (``memsvc.apps.AdminConfig``)."""
 
+from functools import wraps
+
 from django.contrib import admin
 
+from memsvc.api.ratelimit import auth_check_ended
 from memsvc.pages.forms import AdminLoginForm, refused_as_locked_out
 
 
@@ -12,3 +15,16 @@ class AdminSite(admin.AdminSite):
 
     def login(self, request, extra_context=None):
         return refused_as_locked_out(super().login(request, extra_context))
+
+    def admin_view(self, view, cacheable=False):
+        """Django's, ending the count of a credential header's check first
+        (``auth_check_ended``): the admin's credential is its session or its password, and
+        a header nothing checks held back the address's other requests for the whole view."""
+        inner = super().admin_view(view, cacheable)
+
+        @wraps(inner)
+        def checked(request, *args, **kwargs):
+            auth_check_ended(request)
+            return inner(request, *args, **kwargs)
+
+        return checked

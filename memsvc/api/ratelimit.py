@@ -488,6 +488,11 @@ class LockoutModelBackend(ModelBackend):
     checked)."""
 
     def authenticate(self, request, username=None, password=None, **kwargs):
+        if request is not None:
+            # The password is this request's credential: a header the middleware counted
+            # (a proxy's ``Authorization: Basic``) is checked by nothing here, and counted
+            # twice the login waited for itself, then was refused (review).
+            auth_check_ended(request)
         refusal, checked = request_auth_attempt(request)
         if refusal is not None:
             setattr(request, LOGIN_REFUSAL, refusal)  # (for the login form to say so)

@@ -2,6 +2,7 @@
 per address, 429 ``rate_limited`` with ``Retry-After`` in each API's shape, counted where
 every process sees the same count."""
 
+import functools
 import json
 import time
 import uuid
@@ -15,6 +16,7 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django.http import JsonResponse
 from django.test import Client, RequestFactory
+from django.urls import reverse
 
 from conversations import services
 from memsvc.api import ratelimit
@@ -219,6 +221,37 @@ def test_wrong_passwords_lock_the_address_out_of_the_logins(settings, backend, p
     assert 1 <= int(refused["Retry-After"]) <= 60
     assert b"did not match" not in refused.content
     assert b"correct username" not in refused.content
+
+
+@pytest.mark.parametrize("page", ["/app/login/", "/admin/login/"])
+def test_a_right_password_sent_with_a_credential_header_near_the_limit_logs_in(
+    settings, backend, page
+):
+    """A proxy's ``Authorization: Basic`` on every request: the middleware counted it as a
+    check running, the login counted its password again, and the right password, one
+    failure short of the limit, waited 5 s for itself and was refused (review). The pages
+    and the admin, whose credential is the session, end that count before their views."""
+    settings.MEMSVC_AUTH_FAILURE_LIMIT = 5
+    part = uuid.uuid4().hex
+    address = f"2001:db8:{part[:4]}:{part[4:8]}::1"
+    name = f"staff-{uuid.uuid4()}"
+    get_user_model().objects.create_superuser(name, password="the right password")
+    for _ in range(4):
+        ratelimit.note_auth_failure(address)
+    browser = Client(REMOTE_ADDR=address, HTTP_AUTHORIZATION="Basic YTpi")
+    started = time.monotonic()
+    response = browser.post(page, {"username": name, "password": "the right password"})
+    assert response.status_code == 302
+    assert "_auth_user_id" in browser.session
+    for shown in ["/app/", "/admin/"]:
+        assert browser.get(shown).status_code == 200
+    assert time.monotonic() - started < ratelimit.CHECK_WAIT_SECONDS
+    assert (
+        ratelimit._counted(
+            "count", f"auth-checking:{ratelimit.counted_as(address)}", ratelimit._window()
+        )[0]
+        == 0
+    )
 
 
 def test_a_session_made_before_the_lockout_backend_stays_logged_in(client):
@@ -457,13 +490,16 @@ def test_right_keys_at_once_near_the_limit_are_all_answered(settings, backend, f
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("door", ["api", "pages"])
 def test_a_right_request_that_waits_in_its_view_holds_back_no_other_near_the_limit(
-    settings, backend
+    settings, backend, door
 ):
     """Near the limit a check is counted as running until it ends: it ended only with the
-    answer, so a right request waiting on a lock in its view (a PATCH of a conversation
+    answer, so a right request waiting on a lock in its view (a rename of a conversation
     another transaction holds) made every other right request of its address wait 5 s and
-    refused it (review). It ends once the credentials are accepted."""
+    refused it (review). It ends once the credentials are accepted: the API's token, or on
+    the pages the session (a proxy's ``Authorization: Basic`` on every request is a header
+    nothing there checks; review)."""
     settings.MEMSVC_AUTH_FAILURE_LIMIT = 5
     user = someone()
     conversation = services.conversation_create(Principal.user(user.id), title="Held")
@@ -471,16 +507,26 @@ def test_a_right_request_that_waits_in_its_view_holds_back_no_other_near_the_lim
     address = f"2001:db8:{part[:4]}:{part[4:8]}::1"
     for _ in range(4):
         ratelimit.note_auth_failure(address)
-    browser = Client(REMOTE_ADDR=address)
+    if door == "api":
+        browser = Client(REMOTE_ADDR=address, **user.auth_headers())
+        rename = functools.partial(
+            browser.patch,
+            f"/v1/user/conversations/{conversation.id}",
+            {"title": "Renamed"},
+            content_type="application/json",
+        )
+        listing = "/v1/user/conversations"
+    else:
+        browser = Client(REMOTE_ADDR=address, HTTP_AUTHORIZATION="Basic YTpi")
+        browser.force_login(get_user_model().objects.create_user(user.id))
+        rename = functools.partial(
+            browser.post, reverse("pages:rename", args=[conversation.id]), {"title": "Renamed"}
+        )
+        listing = "/app/"
 
-    def rename():
+    def renamed():
         try:
-            return browser.patch(
-                f"/v1/user/conversations/{conversation.id}",
-                {"title": "Renamed"},
-                content_type="application/json",
-                **user.auth_headers(),
-            )
+            return rename().status_code
         finally:
             connection.close()  # (this thread's: the test database is dropped at the end)
 
@@ -488,26 +534,20 @@ def test_a_right_request_that_waits_in_its_view_holds_back_no_other_near_the_lim
     with ThreadPoolExecutor(1) as pool:
         try:
             holder.execute("SELECT 1 FROM conversation WHERE id = %s FOR UPDATE", [conversation.id])
-            renaming = pool.submit(rename)
+            renaming = pool.submit(renamed)
             wait_until(_a_lock_awaited, "the rename waits for the held row")
             started = time.monotonic()
-            lists = [
-                browser.get("/v1/user/conversations", **user.auth_headers()).status_code
-                for _ in range(3)
-            ]
+            lists = [browser.get(listing).status_code for _ in range(3)]
             elapsed = time.monotonic() - started
         finally:
             holder.commit()
             holder.close()
-        assert renaming.result(10).status_code == 200
+        assert renaming.result(10) in (200, 302)
     assert lists == [200] * 3
     assert elapsed < ratelimit.CHECK_WAIT_SECONDS
     # And the failures still count: the limit's last wrong token, then the lockout.
-    wrong = {"HTTP_AUTHORIZATION": "Bearer nope"}
-    assert [browser.get("/v1/user/conversations", **wrong).status_code for _ in range(2)] == [
-        401,
-        429,
-    ]
+    wrong = Client(REMOTE_ADDR=address, HTTP_AUTHORIZATION="Bearer nope")
+    assert [wrong.get("/v1/user/conversations").status_code for _ in range(2)] == [401, 429]
 
 
 def _a_lock_awaited() -> bool:

@@ -14,7 +14,7 @@ from rest_framework.exceptions import ValidationError
 from memsvc.api.errors import ApiError, exception_handler
 from memsvc.api.middleware import request_refusal
 from memsvc.api.principals import Principal
-from memsvc.api.ratelimit import limit_principal
+from memsvc.api.ratelimit import auth_check_ended, limit_principal
 
 PAGE_SIZE = 50
 
@@ -34,6 +34,7 @@ def page(view):
     @wraps(view)
     @login_required
     def wrapper(request, *args, **kwargs):
+        auth_check_ended(request)  # (a page's credential is its session, not a header)
         request.principal = Principal.user(request.user.get_username())
         try:
             # What the API refuses before any view (a NUL in the path or the query, which
