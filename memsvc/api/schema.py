@@ -8,6 +8,7 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import OpenApiResponse
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework import serializers
+from rest_framework.renderers import JSONRenderer
 
 
 class ErrorSerializer(serializers.Serializer):
@@ -221,3 +222,13 @@ class SchemaView(SpectacularAPIView):
         response = HttpResponse(body, content_type=content_type)
         response["Content-Disposition"] = f'inline; filename="{filename}"'
         return response
+
+    def finalize_response(self, request, response, *args, **kwargs):
+        # A refusal (an unknown ``?format=``, an ``Accept`` of no format it writes, a POST)
+        # is the API's JSON error, not written as the document's YAML (review).
+        if response.status_code >= 400:
+            request.accepted_renderer, request.accepted_media_type = (
+                JSONRenderer(),
+                "application/json",
+            )
+        return super().finalize_response(request, response, *args, **kwargs)

@@ -189,6 +189,22 @@ def calls_counted(monkeypatch, cls, name: str) -> list:
     return calls
 
 
+@pytest.mark.parametrize(
+    ("method", "query", "accept", "status"),
+    [
+        ("get", "?format=xml", "*/*", 404),
+        ("get", "", "text/html", 406),
+        ("post", "", "*/*", 405),
+    ],
+)
+def test_a_refused_schema_request_is_the_apis_json_error(client, method, query, accept, status):
+    """Refusals were written as the document's YAML (``error: not found``; review)."""
+    response = getattr(client, method)(f"/v1/schema{query}", HTTP_ACCEPT=accept)
+    assert response.status_code == status
+    assert response["Content-Type"] == "application/json"
+    assert set(response.json()) == {"error", "code", "details"}
+
+
 def test_the_schema_is_made_once_and_served_again(client, monkeypatch):
     """Made afresh for each request, it cost 0.2 s of CPU a request, unlimited (review)."""
     from drf_spectacular.generators import SchemaGenerator
