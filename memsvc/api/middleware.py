@@ -20,7 +20,7 @@ from django.conf import settings
 from django.core import signals
 from django.core.exceptions import DisallowedHost, RequestDataTooBig, TooManyFieldsSent
 from django.db import DataError, IntegrityError, InterfaceError, OperationalError, connections
-from django.http import HttpResponseBadRequest
+from django.http import HttpResponse, HttpResponseBadRequest
 from django.urls import Resolver404, resolve
 from psycopg import errors
 
@@ -134,6 +134,10 @@ def exception_refusal(exception: Exception) -> ApiError:
     return InternalError()
 
 
+# When a page refused in an outage says to come back (a few restarts of the database).
+UNAVAILABLE_RETRY_SECONDS = 5
+
+
 def _admin_refusal(request, refusal: ApiError) -> HttpResponseBadRequest | None:
     """The admin's answer to a request PostgreSQL cannot take (a NUL, a value the database
     refused: its lists filter on what the query names, a 500 before): Django's own page for a
@@ -182,7 +186,12 @@ class ApiErrorMiddleware:
         if response is None:
             if isinstance(exception, DataError):
                 return _admin_refusal(request, refusal)
-            return None  # not an API: Django's own handling
+            if not isinstance(refusal, Unavailable):
+                return None  # not an API: Django's own handling
+            # The web pages and the admin too: an outage, not a bug (their 500 page said
+            # the server had failed while every API said 503; review).
+            response = HttpResponse(refusal.message, status=503, content_type="text/plain")
+            response["Retry-After"] = str(UNAVAILABLE_RETRY_SECONDS)
         if isinstance(refusal, InternalError | Unavailable):
             logger.error(
                 "%s: %s",

@@ -59,6 +59,14 @@ def test_database_down_is_503_unavailable_but_for_health(no_database, settings):
             assert response.status_code == 503, (path, response.text)
             assert set(response.json()) == {"detail"}
 
+        # The web pages and the admin of a signed-in person (whose session is in the
+        # database): an outage too, not their 500 page (review).
+        for path in ["/app/", "/app/search/?q=fox", "/app/memory/", "/admin/"]:
+            response = client.get(path, cookies={"sessionid": "a-session-of-before"})
+            assert response.status_code == 503, (path, response.text)
+            assert response.headers["retry-after"] == "5"
+            assert response.text == "the service is unavailable, try again shortly"
+
         health = client.get("/v1/health")
         assert health.status_code == 503
         assert health.json()["status"] == "unavailable"
