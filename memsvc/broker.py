@@ -75,7 +75,10 @@ class Channel(filesystem.Channel):
                 raise ChannelError(f"Cannot read file {name!r} from queue.") from exc
             try:
                 message = loads(bytes_to_str(payload))
-            except (ValueError, UnicodeDecodeError):
+                # What the worker makes of it: JSON that is no message (no delivery tag, a
+                # body its encoding does not decode) ended the worker too (review).
+                self.Message(message, channel=self)
+            except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
                 self._reject(claimed, len(payload))
                 continue
             if self.store_processed:

@@ -3,6 +3,7 @@ the queue is set aside rather than the end of the worker (kombu issue #1551)."""
 
 import json
 import threading
+import uuid
 
 import pytest
 from kombu import Connection
@@ -29,6 +30,14 @@ def folders(tmp_path):
 def channel(options, transport=broker.Transport):
     connection = Connection("filesystem://", transport=transport, transport_options=options)
     return connection, connection.default_channel
+
+
+def message(body: str, **properties) -> dict:
+    """A payload as kombu's channel gives one to ``_put`` (``basic_publish``)."""
+    return {
+        "body": body,
+        "properties": {"delivery_tag": str(uuid.uuid4()), "delivery_info": {}, **properties},
+    }
 
 
 def write_in_progress(queue_folder, queue="celery"):
@@ -58,11 +67,37 @@ def test_a_file_that_holds_no_message_is_set_aside_and_the_next_one_read(folders
     connection, ours = channel(options)
     with connection:
         bad = write_in_progress(tmp_path / "queue")
-        ours._put("celery", {"body": "after the bad file"})
+        ours._put("celery", message("after the bad file"))
 
-        assert ours._get("celery") == {"body": "after the bad file"}
+        assert ours._get("celery")["body"] == "after the bad file"
         with pytest.raises(filesystem.Empty):
             ours._get("celery")
+    assert (tmp_path / "rejected" / bad.name).exists()
+    assert "holds no message" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b'{"body": "xx", "properties": {}}',  # no delivery tag: KeyError in the worker
+        b'{"body": "xx"}',
+        b"[1, 2]",
+        b'"a string"',
+        b'{"body": "a", "properties": {"delivery_tag": "t", "body_encoding": "base64"}}',
+    ],
+)
+def test_a_file_of_json_that_is_no_message_is_set_aside_too(folders, caplog, content):
+    """JSON, but not what kombu makes of a message: the worker ended ("Unrecoverable error:
+    KeyError('delivery_tag')"), and what it had taken was left to the sweep (review)."""
+    tmp_path, options = folders
+    connection, ours = channel(options)
+    with connection:
+        bad = tmp_path / "queue" / "1_00000000-0000-0000-0000-000000000001.celery.msg"
+        bad.write_bytes(content)
+        ours._put("celery", message("after the bad file"))
+        got = ours._get("celery")
+        assert got["body"] == "after the bad file"
+        ours.Message(got, channel=ours)  # (what the worker makes of it)
     assert (tmp_path / "rejected" / bad.name).exists()
     assert "holds no message" in caplog.text
 
@@ -83,10 +118,10 @@ def test_a_message_is_never_visible_before_it_is_whole(folders, monkeypatch):
     connection, ours = channel(options)
     with connection:
         monkeypatch.setattr(broker.os, "rename", rename_and_look)
-        ours._put("celery", {"body": "x" * 100_000})
+        ours._put("celery", message("x" * 100_000))
         monkeypatch.undo()
         assert seen_partial == []
-        assert ours._get("celery") == {"body": "x" * 100_000}
+        assert ours._get("celery")["body"] == "x" * 100_000
 
 
 def test_a_transient_message_is_written_without_waiting_for_the_disk(folders, monkeypatch):
@@ -96,10 +131,10 @@ def test_a_transient_message_is_written_without_waiting_for_the_disk(folders, mo
     monkeypatch.setattr(broker.os, "fsync", lambda fd: synced.append(fd) or real_fsync(fd))
     connection, ours = channel(options)
     with connection:
-        ours._put("celery", {"body": "a use count", "properties": {"delivery_mode": 1}})
+        ours._put("celery", message("a use count", delivery_mode=1))
         assert synced == []
-        ours._put("celery", {"body": "a lasting task", "properties": {"delivery_mode": 2}})
-        ours._put("celery", {"body": "no mode said"})
+        ours._put("celery", message("a lasting task", delivery_mode=2))
+        ours._put("celery", message("no mode said"))
         assert len(synced) == 2  # persistent unless said otherwise
         bodies = [ours._get("celery")["body"] for _ in range(3)]
     assert sorted(bodies) == ["a lasting task", "a use count", "no mode said"]
@@ -115,14 +150,15 @@ def test_concurrent_writers_and_readers_get_every_message_once_and_whole(folders
         connection, ours = channel(options)
         with connection:
             for index in range(per_writer):
-                ours._put("celery", {"writer": number, "index": index, "pad": "p" * 2_000})
+                sent = {"writer": number, "index": index, "pad": "p" * 2_000}
+                ours._put("celery", message(json.dumps(sent)))
 
     def read():
         connection, ours = channel(options)
         with connection:
             while True:
                 try:
-                    received.append(ours._get("celery"))
+                    received.append(json.loads(ours._get("celery")["body"]))
                 except filesystem.Empty:
                     if done_writing.is_set():
                         return
