@@ -100,6 +100,20 @@ class Channel(filesystem.Channel):
 class Transport(filesystem.Transport):
     Channel = Channel
 
+    def establish_connection(self):
+        """kombu's, which opens a folder without a look: a queue folder no message could be
+        written to (made read-only, not a folder) was "reachable" to the health probe while
+        every send failed (review). A connection is one that can write."""
+        connection = super().establish_connection()
+        folder = Path(self._avail_channels[-1].data_folder_out)
+        probe = folder / f".{uuid.uuid4()}{_PARTIAL_SUFFIX}"
+        try:
+            os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+            probe.unlink()
+        except OSError as exc:
+            raise ChannelError("cannot write in the queue folder") from exc
+        return connection
+
     @property
     def default_connection_params(self):
         # A folder has no host: without this kombu warns "No hostname was supplied" when a

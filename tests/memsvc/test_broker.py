@@ -7,6 +7,7 @@ import uuid
 
 import pytest
 from kombu import Connection
+from kombu.exceptions import OperationalError
 from kombu.transport import filesystem
 
 from memsvc import broker
@@ -100,6 +101,22 @@ def test_a_file_of_json_that_is_no_message_is_set_aside_too(folders, caplog, con
         ours.Message(got, channel=ours)  # (what the worker makes of it)
     assert (tmp_path / "rejected" / bad.name).exists()
     assert "holds no message" in caplog.text
+
+
+def test_a_connection_is_one_that_can_write_in_the_queue(folders):
+    """kombu's opened a folder without a look: the health probe said "reachable" while every
+    send failed (review)."""
+    tmp_path, options = folders
+    with Connection("filesystem://", transport_options=options) as connection:
+        connection.ensure_connection(max_retries=0)
+    (tmp_path / "not-a-folder").write_text("")
+    unwritable = {**options, "data_folder_out": str(tmp_path / "not-a-folder")}
+    with (
+        Connection("filesystem://", transport_options=unwritable) as connection,
+        pytest.raises(OperationalError, match="cannot write in the queue folder"),
+    ):
+        connection.ensure_connection(max_retries=0)
+    assert not list((tmp_path / "queue").iterdir())  # (no probe left behind)
 
 
 def test_a_message_is_never_visible_before_it_is_whole(folders, monkeypatch):
