@@ -103,11 +103,13 @@ class Transport(filesystem.Transport):
     def establish_connection(self):
         """kombu's, which opens a folder without a look: a queue folder no message could be
         written to (made read-only, not a folder) was "reachable" to the health probe while
-        every send failed (review). A connection is one that can write."""
+        every send failed (review). A connection is one that can write (the folder made
+        if it is not yet: ``memsvc.celery.make_local_queue_folders``)."""
         connection = super().establish_connection()
         folder = Path(self._avail_channels[-1].data_folder_out)
         probe = folder / f".{uuid.uuid4()}{_PARTIAL_SUFFIX}"
         try:
+            folder.mkdir(parents=True, exist_ok=True)
             os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
             probe.unlink()
         except OSError as exc:
