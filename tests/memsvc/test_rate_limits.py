@@ -490,7 +490,7 @@ def test_right_keys_at_once_near_the_limit_are_all_answered(settings, backend, f
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("door", ["api", "pages"])
+@pytest.mark.parametrize("door", ["api", "pages", "admin"])
 def test_a_right_request_that_waits_in_its_view_holds_back_no_other_near_the_limit(
     settings, backend, door
 ):
@@ -516,13 +516,22 @@ def test_a_right_request_that_waits_in_its_view_holds_back_no_other_near_the_lim
             content_type="application/json",
         )
         listing = "/v1/user/conversations"
-    else:
+    elif door == "pages":
         browser = Client(REMOTE_ADDR=address, HTTP_AUTHORIZATION="Basic YTpi")
         browser.force_login(get_user_model().objects.create_user(user.id))
         rename = functools.partial(
             browser.post, reverse("pages:rename", args=[conversation.id]), {"title": "Renamed"}
         )
         listing = "/app/"
+    else:  # (the admin's deletion waits on the held row as a rename does)
+        browser = Client(REMOTE_ADDR=address, HTTP_AUTHORIZATION="Basic YTpi")
+        browser.force_login(get_user_model().objects.create_superuser(user.id))
+        rename = functools.partial(
+            browser.post,
+            reverse("admin:conversations_conversation_delete", args=[conversation.id]),
+            {"post": "yes"},
+        )
+        listing = "/admin/"
 
     def renamed():
         try:
