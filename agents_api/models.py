@@ -260,6 +260,17 @@ def normalised_content(content: str) -> str:
 
 
 _NUMBERS = re.compile(r"\d+(?:[.,:/-]\d+)*")
+# Numbers written as words: "has three children" corrects "has two children" as "3" does
+# "2" (a review's "three" was merged into the "two" it corrected, and lost). ("one" is also
+# a pronoun: a repeat that differs in it is kept twice, a correction is never lost.)
+_NUMBER_WORDS = frozenset(
+    (  # noqa: SIM905 (a list of 47 words, one a line, reads worse)
+        "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen"
+        " fifteen sixteen seventeen eighteen nineteen twenty thirty forty fifty sixty seventy"
+        " eighty ninety hundred thousand million billion dozen half once twice thrice first"
+        " second third fourth fifth sixth seventh eighth ninth tenth"
+    ).split()
+)
 _NEGATIONS = frozenset(
     [
         "not",
@@ -285,7 +296,8 @@ def claims(content: str) -> tuple:
     a repeat to merge into the old fact."""
     words = re.findall(r"[^\W\d_]+(?:'[^\W\d_]+)?", content.casefold())
     negations = sum(w in _NEGATIONS or w.endswith("n't") for w in words)
-    return tuple(_NUMBERS.findall(content)), negations
+    numbers = _NUMBERS.findall(content) + [w for w in words if w in _NUMBER_WORDS]
+    return tuple(numbers), negations
 
 
 def content_hash(content: str) -> str:

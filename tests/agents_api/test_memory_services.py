@@ -78,6 +78,8 @@ def test_a_near_duplicate_is_merged_into_the_memory_it_repeats(agent):
         ("The user's phone number is 555-1234", "The user's phone number is 555-9876"),
         ("User's wifi password is hunter2", "User's wifi password is hunter3"),
         ("Alice doesn't drink coffee", "Alice drinks coffee"),
+        ("Henry has two children", "Henry has three children"),  # (review)
+        ("Alice is allergic to peanuts", "Alice is allergic to peanuts twice"),
     ],
 )
 def test_a_correction_near_the_fact_it_corrects_is_kept_beside_it(agent, kept, correction):
