@@ -87,9 +87,12 @@ def has_blank_ends(value: str) -> bool:
 
 
 def _blank(character: str) -> bool:
-    return character == "\u2800" or (
-        character not in BIDI_CONTROLS
-        and (character.isspace() or unicodedata.category(character) in {"Cf", "Zs", "Zl", "Zp"})
+    # (A bidirectional control is refused as one, wherever it is.)
+    return character not in BIDI_CONTROLS and (
+        character == "\u2800"
+        or character.isspace()
+        or unicodedata.category(character) in {"Cf", "Zs", "Zl", "Zp"}
+        or _DEFAULT_IGNORABLE.match(character) is not None  # (a Hangul filler: review)
     )
 
 

@@ -94,6 +94,7 @@ def test_a_duplicate_label_is_a_conflict(api, helper):
         ("human ", "must not begin or end with a space"),
         ("hu\tman", "must not contain control characters"),
         ("human\u200b", "must not begin or end with a space"),  # (zero-width: review)
+        ("human\u3164", "must not begin or end with a space"),  # (a Hangul filler)
         ("hu\u2028man", "must be one line"),  # a line separator
     ],
 )
