@@ -99,6 +99,9 @@ def test_a_file_of_json_that_is_no_message_is_set_aside_too(folders, caplog, con
         got = ours._get("celery")
         assert got["body"] == "after the bad file"
         ours.Message(got, channel=ours)  # (what the worker makes of it)
+        # (Whichever comes first by name: "1_..." sorts after a stamp of "12...")
+        with pytest.raises(filesystem.Empty):
+            ours._get("celery")
     assert (tmp_path / "rejected" / bad.name).exists()
     assert "holds no message" in caplog.text
 
