@@ -473,16 +473,30 @@ def test_an_update_whose_memory_changed_since_it_was_read_leaves_the_vector_to_t
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_save_whose_colliding_row_vanishes_before_the_merge_stores_the_fact():
+def test_a_save_whose_colliding_row_vanishes_before_the_merge_stores_the_fact(monkeypatch):
     """Three requests at once: an update gives memory X the words a save is storing (the
     save's insert waits on X, then collides with it), and a delete of X takes X's row
     before the save can lock it to merge. The save found nothing to merge into (a 500:
-    ``_merge(None)``): it stores the fact."""
+    ``_merge(None)``): it stores the fact.
+
+    When the update commits, PostgreSQL wakes the save and the delete in an order of its
+    own: the save's look for the colliding row waits here until the delete has taken it
+    (had the save been woken second, its insert waits on the delete instead; the fact
+    must be stored either way)."""
+    from agents_api.services import memories
+
     agent = AgentFactory(name="busy")
     coffee, _ = save(agent, "Likes coffee")
     deleting = {}
     deleted = threading.Event()
     commit_delete = threading.Event()
+    live_by_hash = memories._live_by_hash
+
+    def after_the_delete(*args):
+        deleted.wait(timeout=10)
+        return live_by_hash(*args)
+
+    monkeypatch.setattr(memories, "_live_by_hash", after_the_delete)
 
     def delete_coffee():
         try:
