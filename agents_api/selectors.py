@@ -9,7 +9,16 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Exists, OuterRef, Prefetch, Q, QuerySet, TextField, Value
+from django.db.models import (
+    Exists,
+    OuterRef,
+    Prefetch,
+    Q,
+    QuerySet,
+    Subquery,
+    TextField,
+    Value,
+)
 from django.db.models.functions import Cast, Concat
 from django.utils import timezone
 
@@ -27,7 +36,7 @@ from agents_api.models import (
     UserErasure,
     UserMemorySetting,
 )
-from conversations.models import Conversation, Membership
+from conversations.models import AccessLevel, Conversation, Membership
 from conversations.selectors import (
     conversation_owner_id,
     conversations_owned_by,
@@ -690,6 +699,16 @@ def tool_records_kept_about(user_id: str) -> QuerySet[ToolRecord]:
         .defer(*ToolRecord.SEARCH_DATA)
         .order_by("agent_id", "created_at", "id")
     )
+
+
+def with_conversation_owners(records: QuerySet[ToolRecord]) -> QuerySet[ToolRecord]:
+    """``records`` each with the owner of its conversation (``conversation_owner``; None
+    without one), as an export names it: an import then knows a record that the owner's
+    erase took (``restore.restore_tool_records``) once the conversation is gone."""
+    owner = Membership.objects.filter(
+        group=OuterRef("conversation__group"), access_level=AccessLevel.OWNER
+    ).values("principal_id")
+    return records.annotate(conversation_owner=Subquery(owner[:1]))
 
 
 def tool_record_page(records: QuerySet[ToolRecord], *, after: str | None, limit: int) -> Page:

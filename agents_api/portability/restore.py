@@ -370,9 +370,15 @@ def _swept_on_commit(sweep) -> None:
 
 def restore_memories(subject, records: list[dict]) -> int:
     """Memories; an expired one with the same words is gone (``expired_copies_forget``),
-    one kept still is a collision."""
+    one kept still is a collision. They cite only messages that exist (restored before,
+    or kept): an erase since the document was made took the others, and took them from
+    every memory (``memory_citations_forget``)."""
     kept = _agents_for(subject, records, "memories")
     not_after_now(kept, "created_at", "updated_at", "last_accessed_at")
+    cited = {message_id for record in kept for message_id in record["message_ids"]}
+    existing = set(Message.objects.filter(id__in=cited).values_list("id", flat=True))
+    for record in kept:
+        record["message_ids"] = [i for i in record["message_ids"] if i in existing]
     if kept:
         _swept_on_commit(sweep_unembedded_memories_task)
     memories = [Memory(**record, content_hash=content_hash(record["content"])) for record in kept]
@@ -408,7 +414,8 @@ def restore_tool_records(subject, records: list[dict]) -> int:
     """Tool records (an agent's, or those about a user of agents that exist: made for them,
     or of their conversations, restored before, as ``tool_records_kept_about`` exports
     them); one whose conversation is gone keeps its facts without it, as when it is
-    deleted."""
+    deleted, but for one that the erase of the conversation's owner took (made before it,
+    the document naming the owner): it stays erased, whoever it was made for."""
     theirs = set()
     if not isinstance(subject, Agent):
         wanted = [r["conversation_id"] for r in records if r["conversation_id"]]
@@ -417,14 +424,20 @@ def restore_tool_records(subject, records: list[dict]) -> int:
     kept = _agents_for(
         subject, records, "toolRecords", about=lambda r: r["conversation_id"] in theirs
     )
-    if kept:
-        _swept_on_commit(sweep_unembedded_tool_records_task)
     existing = set(
         Conversation.objects.filter(
             id__in=[r["conversation_id"] for r in kept if r["conversation_id"]]
         ).values_list("id", flat=True)
     )
+    owners = erasures_of((r["conversation_owner"] or "" for r in kept), restored=False)
+    rows = []
     for record in kept:
+        owner = record.pop("conversation_owner")
         if record["conversation_id"] not in existing:
+            if owner in owners and record["created_at"] < owners[owner]:
+                continue
             record["conversation_id"] = None
-    return len(ToolRecord.objects.bulk_create(ToolRecord(**record) for record in kept))
+        rows.append(ToolRecord(**record))
+    if rows:
+        _swept_on_commit(sweep_unembedded_tool_records_task)
+    return len(ToolRecord.objects.bulk_create(rows))

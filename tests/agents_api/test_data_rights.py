@@ -1197,6 +1197,60 @@ def test_an_agent_round_trip_export_drop_import_gives_the_same_export(tmp_path, 
     assert cli.main(["export", "agent", "nobody"]) == 1
 
 
+def test_an_agents_older_document_brings_back_nothing_an_owners_erase_took(
+    tmp_path, world, alice, api
+):
+    """The agent's records of alice's conversation (its own, and one made for bob there)
+    and its memory's citation of her turn, exported before her erase: the erase took them,
+    the conversation with them, so its document came back with the records unlinked (as
+    when a conversation is only deleted) and the memory citing a message that no longer
+    exists (review). The document names each conversation's owner: they stay erased."""
+    agent = world.agent
+    ours = Conversation.objects.get(id=world.ours)
+    in_hers = NewToolRecord(
+        tool_name="book_flight", raw_output={"to": "Zanzibar"}, conversation=ours
+    )
+    tool_records_create(agent.as_principal(), agent=agent, records=[in_hers])
+    for_bob_in_hers = NewToolRecord(tool_name="rate_idea", raw_output=5, conversation=ours)
+    tool_records_create(
+        Principal.for_agent(agent.id, on_behalf_of="bob"), agent=agent, records=[for_bob_in_hers]
+    )
+    Membership.objects.create(
+        group=ours.group, principal_id=agent.principal_id, access_level="reader"
+    )
+    Membership.objects.create(
+        group=Conversation.objects.get(id=world.his).group,
+        principal_id=agent.principal_id,
+        access_level="reader",
+    )
+    bobs_own = Message.objects.get(content="Bob keeps a quokka diary").id
+    memory_save(
+        agent.as_principal(),
+        agent=agent,
+        content="Quokkas and xylophones",
+        message_ids=[bobs_own, uuid.UUID(world.hers)],
+    )
+    document = cli_export(tmp_path, "first", "agent", agent.name)
+    owners = {r["toolName"]: r["conversationOwnerId"] for r in document["toolRecords"]}
+    assert owners == {
+        "book_flight": "alice",
+        "rate_idea": "alice",
+        "search_hotels": "bob",
+        "ping": None,
+    }
+
+    call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    agent_id = agent.id
+    agent.delete()
+    assert import_file(tmp_path, document) == 0
+    records = ToolRecord.objects.filter(agent_id=agent_id)
+    assert sorted(records.values_list("tool_name", "conversation_id")) == [
+        ("ping", None),
+        ("search_hotels", uuid.UUID(world.his)),
+    ]
+    assert Memory.objects.get(content="Quokkas and xylophones").message_ids == [bobs_own]
+
+
 @pytest.mark.parametrize(
     "metadata",
     [{"letta": "x"}, {"letta": {"tags": 5}}, {"letta": {"model": 5}}, ["not", "an", "object"]],
