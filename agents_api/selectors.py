@@ -686,16 +686,20 @@ def tool_records_of(
     return records
 
 
+def tool_records_about(user_id: str) -> Q:
+    """The tool records kept about a user: those made for them (``X-On-Behalf-Of``), and
+    those of the conversations they own, whoever the agent acted for (they would otherwise
+    outlive those conversations, unlinked)."""
+    return Q(user_id=user_id) | Q(
+        conversation_id__in=conversations_owned_by(user_id).order_by().values("id")
+    )
+
+
 def tool_records_kept_about(user_id: str) -> QuerySet[ToolRecord]:
-    """Every agent's tool records about a user, for the user's own export and erase only
-    (one rule: what the erase takes, the export shows): those made for them
-    (``X-On-Behalf-Of``), and those of the conversations they own, whoever the agent acted
-    for (they would otherwise outlive those conversations, unlinked)."""
+    """Every agent's tool records about a user (``tool_records_about``), for the user's own
+    export and erase only (one rule: what the erase takes, the export shows)."""
     return (
-        ToolRecord.objects.filter(
-            Q(user_id=user_id)
-            | Q(conversation_id__in=conversations_owned_by(user_id).order_by().values("id"))
-        )
+        ToolRecord.objects.filter(tool_records_about(user_id))
         .defer(*ToolRecord.SEARCH_DATA)
         .order_by("agent_id", "created_at", "id")
     )

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from agents_api import observer
 from agents_api.models import Agent, SummarySource, ToolRecord
+from agents_api.selectors import tool_records_about
 from agents_api.services.idempotency import write_once
 from agents_api.services.memories import refuse_if_memory_off
 from conversations.models import Conversation
@@ -118,7 +119,13 @@ def _hold_conversations(records: Sequence[NewToolRecord]) -> None:
 
 @transaction.atomic
 def tool_records_delete(actor: Principal, *, records) -> int:
-    """Delete every record of a queryset the caller chose (``selectors.tool_records_of``)."""
+    """Delete every record of a queryset the caller chose (``selectors.tool_records_of``).
+    Acting for a user, only those of them kept about that user (``tool_records_about``:
+    made for them, or of a conversation they own, as their erase takes them): what they
+    read of others' in a conversation they share, as a reader too, is not theirs to delete
+    (review)."""
+    if actor.on_behalf_of:
+        records = records.filter(tool_records_about(actor.on_behalf_of))
     deleted, _ = records.delete()
     return deleted
 

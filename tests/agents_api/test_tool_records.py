@@ -252,6 +252,28 @@ def test_acting_for_a_user_reaches_only_what_that_user_may_see(api, alice, bob, 
     assert {str(i) for i in ToolRecord.objects.values_list("id", flat=True)} == hidden
 
 
+def test_acting_for_a_reader_deletes_only_what_was_kept_about_them(api, bob, charlie, helper):
+    """Charlie reads bob's conversation, so an agent acting for him reaches its records;
+    his delete of the task took them all, the record made for bob (the owner) and the
+    agent's own too (review). He deletes what is kept about him (made for him, or of a
+    conversation he owns: as his erase); bob, the owner, deletes the rest."""
+    body = {"agentId": str(helper.agent.id)}
+    his = api.post("/v1/user/conversations", body, as_=bob).json()["id"]
+    shared = {"userId": "charlie", "accessLevel": "reader"}
+    assert api.post(f"/v1/user/conversations/{his}/memberships", shared, as_=bob).status_code == 201
+    as_bob, as_charlie = helper.acting_for("bob"), helper.acting_for("charlie")
+    for_bob = create(api, as_bob, "for_bob", taskId="t", conversationId=his)["traceId"]
+    own = create(api, helper, "own", taskId="t", conversationId=his)["traceId"]
+    create(api, as_charlie, "for_charlie", taskId="t", conversationId=his)
+    listed = api.get(RECORDS, as_=as_charlie, taskId="t").json()["data"]
+    assert len(listed) == 3
+
+    assert api.call("DELETE", f"{RECORDS}?taskId=t", as_=as_charlie).json() == {"deleted": 1}
+    assert {str(i) for i in ToolRecord.objects.values_list("id", flat=True)} == {for_bob, own}
+    assert api.call("DELETE", f"{RECORDS}?taskId=t", as_=as_bob).json() == {"deleted": 2}
+    assert not ToolRecord.objects.exists()
+
+
 def test_a_record_sent_again_with_its_idempotency_key_is_stored_once(api, helper):
     """A create whose answer was lost is sent again with its key: the first record back
     (201, ``Idempotent-Replayed``), nothing stored; the same key acting for a user is
