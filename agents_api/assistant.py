@@ -28,7 +28,7 @@ from memsvc.api.errors import RateLimited
 from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, Principal, agent_uuid_of
 from memsvc.client import format_context
 from memsvc.llm import chat_stream
-from memsvc.validators import shows_nothing
+from memsvc.text import shows_nothing
 from search.selectors import search_messages
 
 RECENT_TURNS = 20  # the conversation's latest messages, verbatim, after the context

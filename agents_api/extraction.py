@@ -38,8 +38,7 @@ from conversations.models import Conversation, Message, Role
 from conversations.selectors import conversation_messages, turn_speakers
 from memsvc.db import held_keys, hold_users
 from memsvc.llm import LLMError, chat, json_answer, llm_configured, transcript_line
-from memsvc.text import shortened
-from memsvc.validators import shows_nothing
+from memsvc.text import shortened, shows_nothing
 
 logger = logging.getLogger(__name__)
 

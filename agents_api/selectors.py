@@ -53,7 +53,7 @@ from memsvc.api.principals import (
     user_id_problem,
 )
 from memsvc.db import compiled_once
-from memsvc.validators import shows_nothing
+from memsvc.text import shows_nothing
 from search import queries, ranking
 from search.engine import Citing, find_candidates, without_excluded
 from search.statements import Corpus, Scope, holds_any

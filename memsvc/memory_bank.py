@@ -40,7 +40,15 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from memsvc.client.core import ChatCompletions, Recall, ServerRequest, readable_json
+from memsvc.client.core import (
+    TRUNCATED,
+    ChatCompletions,
+    Recall,
+    ServerRequest,
+    json_bytes,
+    readable_json,
+    text_cut_to,
+)
 
 logger = logging.getLogger("memsvc.client")
 
@@ -61,7 +69,7 @@ MAX_STORE_JSON_BYTES = 32 * 1024 * 1024
 # server's limits: a step of 101 parallel calls, or one name of 250, was refused whole).
 MAX_RECORDS_PER_STORE = 100
 MAX_TOOL_NAME_CHARS = 200
-TRUNCATED = "...[truncated]"
+_RAW_BYTES = json_bytes({"_raw": ""}) - 2  # (the text's own quotes are its JSON's)
 
 
 @dataclass(frozen=True)
@@ -174,13 +182,9 @@ def kept_whole_or_cut(value, max_bytes: int = MAX_TOOL_JSON_BYTES):
     ``max_bytes`` (at most the server's limit), else the start of that JSON as
     ``{"_raw": ...}`` (the form of an answer that is no JSON), marked truncated. (One output
     over the limit was refused by memsvc with the step's other records: review.)"""
-    text = json.dumps(value, ensure_ascii=False)
-    if len(text.encode()) <= max_bytes:
+    if json_bytes(value) <= max_bytes:
         return value
-    head = text.encode()[: max_bytes // 2].decode(errors="ignore")
-    while len(json.dumps({"_raw": head + TRUNCATED}, ensure_ascii=False).encode()) > max_bytes:
-        head = head[: len(head) // 2]  # (escapes: a control character is six bytes in JSON)
-    return {"_raw": head + TRUNCATED}
+    return {"_raw": text_cut_to(json.dumps(value, ensure_ascii=False), max_bytes - _RAW_BYTES)}
 
 
 def compressed(messages: list, records: list[dict], max_chars: int) -> list:

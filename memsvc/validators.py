@@ -96,18 +96,6 @@ def _blank(character: str) -> bool:
     )
 
 
-# What draws nothing of its own: controls, format marks (zero-width spaces and joiners, bidi
-# marks, a BOM), combining marks with nothing to combine with, and separators.
-_INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Mn", "Me", "Zs", "Zl", "Zp"})
-
-
-def shows_nothing(text: str) -> bool:
-    """Whether ``text`` holds nothing to read or search: "   ", and "\u200b" too, which
-    ``str.strip`` keeps (a memory or a message of it was stored, and a query of it searched,
-    finding what shared nothing with it)."""
-    return all(c.isspace() or unicodedata.category(c) in _INVISIBLE_CATEGORIES for c in text)
-
-
 def no_control_characters(value: str) -> None:
     """A one-line text (a title): no control characters (``has_control_characters``). A
     NUL is ``no_nul_characters``' to refuse: said once."""

@@ -48,7 +48,7 @@ from memsvc.api.errors import ApiError, Forbidden, InvalidInput, NotFound
 from memsvc.api.idempotency import idempotency_key, marked_replayed, request_fingerprint
 from memsvc.api.pagination import parse_limit
 from memsvc.db import beside
-from memsvc.validators import shows_nothing
+from memsvc.text import shows_nothing
 from search.selectors import embed_query_ahead, search_messages
 
 logger = logging.getLogger(__name__)

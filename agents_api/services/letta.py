@@ -20,7 +20,7 @@ from conversations.models import Message, Role
 from conversations.services import NewMessage, within_message_limit
 from memsvc.api.errors import Conflict, Forbidden, InvalidInput, NotFound
 from memsvc.db import locked_row
-from memsvc.validators import shows_nothing
+from memsvc.text import shows_nothing
 
 LETTA_METADATA_KEY = "letta"
 # What ``POST /v1/agents/`` may set and the agent then answers with.

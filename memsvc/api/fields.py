@@ -16,13 +16,12 @@ from rest_framework import serializers
 
 from memsvc.api.errors import InvalidInput
 from memsvc.api.principals import PRINCIPAL_MAX_LENGTH, user_id_problem
-from memsvc.text import shortened
+from memsvc.text import shortened, shows_nothing
 from memsvc.validators import (
     no_control_characters,
     no_nul_characters,
     one_line,
     path_segment,
-    shows_nothing,
 )
 
 METADATA_MAX_BYTES = 16 * 1024

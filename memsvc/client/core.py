@@ -24,10 +24,16 @@ from memsvc.client.formatting import (
     inject,
     last_user_text,
 )
+from memsvc.text import shows_nothing
 
 NO_TEXT_REPLY = "(tool calls)"
 NO_TEXT_MESSAGE = "(no text)"  # a user's message of images, audio or files only
 KEY_HEADER = "Idempotency-Key"  # what memsvc reads a store's key from
+TRUNCATED = "...[truncated]"
+# memsvc's limits of a message's metadata: its JSON's bytes (``METADATA_MAX_BYTES``) and
+# its depth within a request's body (``FIELD_MAX_JSON_DEPTH``).
+METADATA_MAX_BYTES = 16 * 1024
+METADATA_MAX_DEPTH = 63
 
 
 @dataclass(frozen=True)
@@ -51,7 +57,70 @@ class Reply:
 
     @property
     def metadata(self) -> dict | None:
-        return {"tool_calls": list(self.tool_calls)} if self.tool_calls else None
+        return stored_tool_calls(self.tool_calls) if self.tool_calls else None
+
+
+def json_bytes(value) -> int:
+    """The bytes of ``value``'s JSON, as memsvc counts them."""
+    return len(json.dumps(value, ensure_ascii=False).encode())
+
+
+def _depth(value) -> int:
+    """How deep ``value``'s JSON nests (a text or a number: 0)."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if isinstance(item, dict):
+            stack.extend((sub, depth + 1) for sub in item.values())
+        elif isinstance(item, list):
+            stack.extend((sub, depth + 1) for sub in item)
+    return deepest
+
+
+def text_cut_to(text: str, max_bytes: int) -> str:
+    """``text`` whole when its JSON is within ``max_bytes``, else its start, marked
+    ``TRUNCATED``, whose JSON is (a control character is six bytes in JSON)."""
+    if json_bytes(text) <= max_bytes:
+        return text
+    head = text.encode()[: max_bytes // 2].decode(errors="ignore")
+    while head and json_bytes(head + TRUNCATED) > max_bytes:
+        head = head[: len(head) // 2]
+    return head + TRUNCATED
+
+
+def stored_tool_calls(calls: tuple) -> dict:
+    """A reply's tool calls as a message's metadata that memsvc keeps: whole when within its
+    limits; else each call's arguments as text (an object's as its JSON), cut to an equal
+    share, and the last calls left out if their names alone are too many. Over the limits
+    the whole reply was refused, its text too (a coding agent's file written by a tool call
+    is more than 16 KiB; review)."""
+    metadata = readable_json({"tool_calls": list(calls)})
+    if json_bytes(metadata) <= METADATA_MAX_BYTES and _depth(metadata) <= METADATA_MAX_DEPTH:
+        return metadata
+    kept = metadata["tool_calls"]
+    texts = [_arguments_text(call) for call in kept]
+    share = METADATA_MAX_BYTES // len(kept)
+    while True:
+        cut = [
+            {
+                **call,
+                "function": {**(call.get("function") or {}), "arguments": text_cut_to(text, share)},
+            }
+            for call, text in zip(kept, texts, strict=True)
+        ]
+        metadata = {"tool_calls": cut}
+        if json_bytes(metadata) <= METADATA_MAX_BYTES and _depth(metadata) <= METADATA_MAX_DEPTH:
+            return metadata
+        if share > 256:
+            share //= 2
+        else:
+            kept, texts = kept[: len(kept) // 2], texts[: len(kept) // 2]
+
+
+def _arguments_text(call: dict) -> str:
+    arguments = (call.get("function") or {}).get("arguments")
+    return arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False)
 
 
 # --- the model APIs ---------------------------------------------------------------------------
@@ -370,7 +439,9 @@ class Call:
     asks: bool = field(init=False)
 
     def __post_init__(self):
-        self.query = self.api.query(self.body)
+        # (A text of nothing to read, " " or a zero-width space: memsvc refuses it.)
+        query = self.api.query(self.body)
+        self.query = "" if shows_nothing(query) else query
         self.answers_tools = self.api.answers_tools(self.body)
         self.asks = self.api.asks(self.body)
 
@@ -455,10 +526,9 @@ class Recall:
         if call.asks and not call.answers_tools:
             # (A message of images only is a turn too: the reply is not left answering none.)
             messages.append(_message(call, "user", call.query or NO_TEXT_MESSAGE, None))
-        if reply.text or reply.tool_calls:
-            messages.append(
-                _message(call, "assistant", reply.text or NO_TEXT_REPLY, reply.metadata)
-            )
+        text = "" if shows_nothing(reply.text) else reply.text
+        if text or reply.tool_calls:
+            messages.append(_message(call, "assistant", text or NO_TEXT_REPLY, reply.metadata))
         return messages
 
 

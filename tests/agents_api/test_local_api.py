@@ -862,3 +862,83 @@ def test_a_refused_message_leaves_no_conversation_behind(local):
     assert not Conversation.objects.exists()
     agent.refresh_from_db()
     assert agent.local_conversation_id is None
+
+
+def nested(depth: int):
+    value = "deep"
+    for _ in range(depth):
+        value = {"next": value}
+    return value
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        # a coding agent writing a file through a tool call: 21 KB of arguments (text, as
+        # the OpenAI clients give them)
+        [json.dumps({"path": "big.py", "content": "x = 1\n" * 3500})],
+        # the Anthropic client's input is an object: one nested 60 levels
+        [nested(60)],
+        # many calls, each small
+        [{"n": n, "text": "y" * 200} for n in range(120)],
+        # arguments of control characters, six bytes each in JSON
+        [json.dumps({"log": "\x01" * 12_000})],
+    ],
+    ids=["large", "deep", "many", "escaped"],
+)
+def test_a_reply_whose_tool_calls_are_over_the_metadata_limits_is_stored(local, arguments):
+    """``learning()`` sent a reply's tool calls whole as its metadata: over 16 KiB, or
+    deeper than a body may nest, memsvc refused the reply (422) and its text was lost with
+    it (review). The calls are cut to fit (arguments as text, marked truncated where cut),
+    and the reply is stored."""
+    from memsvc.client.core import CHAT, TRUNCATED, Call, Recall, Reply
+
+    make(local)
+    tool_calls = tuple(
+        {"id": f"call_{n}", "type": "function", "function": {"name": "f", "arguments": a}}
+        for n, a in enumerate(arguments)
+    )
+    call = Call("my_agent", CHAT, {"messages": [{"role": "user", "content": "write it"}]})
+    for request in Recall().stores(call, Reply("Here it is.", tool_calls)):
+        response = local.post(request.path, request.json)
+        assert response.status_code == 200, response.content[:300]
+    reply = Message.objects.get(role="assistant")
+    assert reply.content == "Here it is."
+    kept = reply.metadata["tool_calls"]
+    assert len(kept) >= min(len(arguments), 50)
+    for stored, given in zip(kept, tool_calls, strict=False):
+        assert (stored["id"], stored["function"]["name"]) == (given["id"], "f")
+        text = stored["function"]["arguments"]
+        given_text = given["function"]["arguments"]
+        if not isinstance(given_text, str):
+            given_text = json.dumps(given_text, ensure_ascii=False)
+        assert text == given_text or (
+            text.endswith(TRUNCATED) and given_text.startswith(text.removesuffix(TRUNCATED))
+        )
+
+    small = ({"id": "c", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}},)
+    assert Reply("", small).metadata == {"tool_calls": list(small)}  # within: whole
+
+
+@pytest.mark.parametrize("blank", [" ", "\n", "\u200b", "\ufeff \u00ad"])
+def test_a_turn_of_nothing_to_read_is_stored_as_memsvc_takes_it(local, blank):
+    """``learning()`` took only "" for a message without text: a user's " " beside an
+    image, or a zero-width space, was sent as it was, refused (422), and the reply stored
+    answering nothing; a blank reply was refused too (review). The question is a turn of
+    "(no text)", with nothing to ask memory about; a blank reply is no turn."""
+    from memsvc.client.core import CHAT, NO_TEXT_MESSAGE, Call, Recall, Reply
+
+    make(local)
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA=="}}
+    content = [image, {"type": "text", "text": blank}]
+    call = Call("my_agent", CHAT, {"messages": [{"role": "user", "content": content}]})
+    assert Recall().context_request(call) is None
+    for reply in (Reply(blank), Reply("A red bicycle.")):
+        for request in Recall().stores(call, reply):
+            response = local.post(request.path, request.json)
+            assert response.status_code == 200, response.content[:300]
+    assert list(Message.objects.order_by("seq").values_list("role", "content")) == [
+        ("user", NO_TEXT_MESSAGE),
+        ("user", NO_TEXT_MESSAGE),
+        ("assistant", "A red bicycle."),
+    ]

@@ -10,6 +10,8 @@ from memsvc.client import hooks, learning, server_url_from_env
 from memsvc.client.core import (
     ANTHROPIC,
     CHAT,
+    METADATA_MAX_BYTES,
+    METADATA_MAX_DEPTH,
     RESPONSES,
     STORED_MAX_CHARS,
     Call,
@@ -231,7 +233,11 @@ def test_a_reply_in_the_older_function_call_form_is_stored_as_its_tool_call():
 def test_the_client_cuts_turns_where_memsvc_does_by_default():
     from django.conf import settings
 
+    from memsvc.api import fields, parsers
+
     assert STORED_MAX_CHARS == settings.MEMSVC_MAX_MESSAGE_CHARS
+    assert METADATA_MAX_BYTES == fields.METADATA_MAX_BYTES
+    assert METADATA_MAX_DEPTH == parsers.FIELD_MAX_JSON_DEPTH
 
 
 def test_a_turns_stores_carry_keys_that_name_it():

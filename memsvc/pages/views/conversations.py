@@ -29,7 +29,7 @@ from memsvc.api.pagination import encode_cursor
 from memsvc.api.principals import principal_for_sharing
 from memsvc.llm import LLMError, llm_configured
 from memsvc.pages.views.common import PAGE_SIZE, action, back, form_fields, fragment_or_page, page
-from memsvc.validators import shows_nothing
+from memsvc.text import shows_nothing
 from search.selectors import search_messages
 
 logger = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from agents_api.api import serializers as s
 from memsvc.api.errors import one_or_404
 from memsvc.api.fields import InputSerializer, TextField
 from memsvc.pages.views.common import PAGE_SIZE, action, back, form_fields, page
-from memsvc.validators import shows_nothing
+from memsvc.text import shows_nothing
 
 SEARCH_RESULTS = 20
 # The newest revisions of each block shown beside it (the API pages through all of them).
