@@ -159,6 +159,11 @@ class Sender:
         with self._condition:
             self._down[url] = time.monotonic()
 
+    def mark_up(self, url: str) -> None:
+        """``url`` answered: its stores are sent again."""
+        with self._condition:
+            self._down.pop(url, None)
+
     def is_down(self, url: str) -> bool:
         """Whether ``url`` did not answer within the last ``DOWN_SECONDS``."""
         since = self._down.get(url)
@@ -220,7 +225,7 @@ class Sender:
                     return
                 response = None
             else:
-                self._down.pop(destination.url, None)
+                self.mark_up(destination.url)
                 if response.status_code == DEFERRED:
                     lane.waiting = True
                     time.sleep(_retry_wait(response, deferrals, most=MAX_DEFERRED_WAIT_SECONDS))

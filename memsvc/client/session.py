@@ -243,7 +243,13 @@ class learning:
         return self._ssl
 
     def _open(self) -> None:
-        client = self._client = _KeptClient(self._new_client())
+        try:
+            client = self._client = _KeptClient(self._new_client())
+        except httpx.InvalidURL as exc:  # ("MEMORY_SERVER_PORT=abc": review)
+            raise MemoryServerUnavailable(
+                f"memsvc's address {self.url!r} is no URL ({exc}): see MEMORY_SERVER_URL, "
+                "MEMORY_SERVER_HOST and MEMORY_SERVER_PORT"
+            ) from exc
         try:
             self._check()
         except BaseException:
@@ -277,6 +283,9 @@ class learning:
                 f"memsvc at {self.url} refused the agent {self.agent!r} "
                 f"({response.status_code}: {_reason(response)})"
             )
+        # It answers: a block entered as it came back gives memory and stores at once, not
+        # after what is left of a down server's quiet time (review).
+        sender.mark_up(self.url)
 
     # what the hooks call
 

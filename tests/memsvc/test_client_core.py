@@ -347,6 +347,18 @@ def test_where_memsvc_is(environ, url):
     assert server_url_from_env(environ) == url
 
 
+@pytest.mark.parametrize("url", ["http://127.0.0.1:abc", "http://[::1"])
+def test_an_address_that_is_no_url_is_memsvc_unavailable(url):
+    """The block's entry raises one of its two exceptions, not httpx's ``InvalidURL``."""
+    from memsvc.client import MemoryServerUnavailable
+
+    with (
+        pytest.raises(MemoryServerUnavailable, match="is no URL"),
+        learning(agent="a", server_url=url),
+    ):
+        pass
+
+
 def test_a_block_names_its_strategy():
     assert isinstance(learning(agent="a").strategy, Recall)
     with pytest.raises(ValueError, match="unknown strategy 'nope'; one of recall"):

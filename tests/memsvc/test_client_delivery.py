@@ -1259,3 +1259,20 @@ def test_a_request_after_its_block_ended_closes_the_client_it_opened(monkeypatch
         assert block._client is None
         [client] = opened
         assert client.is_closed
+
+
+def test_a_block_entered_once_memsvc_answers_again_gets_memory_and_stores_at_once(llm, caplog):
+    """memsvc stopped mid-block: the call warned once and memsvc was taken for down, its
+    stores dropped quietly for 30 s. A block entered after it came back checked that it
+    answers, and still dropped its turns unsent and asked for no memory, with no warning
+    (review). Its entry's answer is memsvc answering."""
+    client = openai.OpenAI(base_url=llm.base_url, api_key="k")
+    with StandInMemsvc() as memsvc, caplog.at_level(logging.WARNING, logger="memsvc.client"):
+        sender_module.sender.mark_down(memsvc.url)  # (as the stopped server left it)
+        with learning(agent="a", server_url=memsvc.url):
+            client.chat.completions.create(
+                model="m", messages=[{"role": "user", "content": "server back"}]
+            )
+        assert "/context/a" in memsvc.paths()
+        assert memsvc.paths().count("/messages") == 2
+        assert not sender_module.sender.is_down(memsvc.url)
