@@ -44,6 +44,9 @@ urlpatterns = [
     *v1,
     # MCP over streamable HTTP (agents_api/mcp_server): an agent key's memory as tools.
     path("mcp", McpView.as_view(), name="mcp"),
+    # Anything under it ("/mcp/", a client's URL with a slash) in the MCP endpoint's shape
+    # (its refusals are the API's), not the local API's "Not Found" (review).
+    re_path(r"^mcp/[\s\S]*$", not_found_view, {"instead": "/mcp"}),
     # The local compatibility API (seeds/local-memory-server.md) keeps the seed's paths.
     # A person who opens the service's address gets the web pages.
     path("", RedirectView.as_view(pattern_name="pages:home")),

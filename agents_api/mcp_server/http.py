@@ -156,10 +156,14 @@ async def _exchange(manager: "StreamableHTTPSessionManager", scope: dict, body: 
 
 def _asgi_scope(request, caller: Caller) -> dict:
     django_request = request._request
+    # The media type as the view checked it (``post``): the SDK's own check is of the
+    # header's case, and refused "Application/JSON" in its own shape (review).
     headers = [
         (name.lower().encode("latin-1"), value.encode("latin-1"))
         for name, value in django_request.headers.items()
+        if name.lower() != "content-type"
     ]
+    headers.append((b"content-type", django_request.content_type.encode("latin-1")))
     return {
         "type": "http",
         "asgi": {"version": "3.0"},

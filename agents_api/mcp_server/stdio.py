@@ -58,20 +58,37 @@ def line_read(line: str) -> tuple[str | None, object]:
     as on HTTP), a line that is not JSON, or JSON that is no JSON-RPC message (the SDK
     logged those and answered nothing: the client waited for good); and the message read
     (None when it is no JSON)."""
+    if not _utf8(line):
+        return _parse_error("a line is UTF-8 text"), None
     refused = request_refused(line)
     if refused is not None:
         return refused.decode(), None
     try:
         message = json.loads(line)
     except ValueError:
-        error = {"code": PARSE_ERROR, "message": "Parse error: a line holds one JSON message"}
-        return json.dumps({"jsonrpc": "2.0", "id": None, "error": error}), None
+        return _parse_error("a line holds one JSON message"), None
     try:
         types.jsonrpc_message_adapter.validate_python(message, by_name=False)
         return None, message
     except ValidationError:
         error = {"code": INVALID_REQUEST, "message": NOT_A_MESSAGE}
     return json.dumps({"jsonrpc": "2.0", "id": request_id_of(message), "error": error}), message
+
+
+def _parse_error(problem: str) -> str:
+    error = {"code": PARSE_ERROR, "message": f"Parse error: {problem}"}
+    return json.dumps({"jsonrpc": "2.0", "id": None, "error": error})
+
+
+def _utf8(line: str) -> bool:
+    """Whether the client's line was UTF-8 (read with ``surrogateescape``: a byte that is
+    not is a lone surrogate here; replaced, it was stored as "\ufffd", where HTTP refuses
+    the same bytes: review)."""
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 # Once the client has closed stdin, its requests still being served are answered before the
@@ -89,7 +106,9 @@ class _Lines:
     then done all the same (review)."""
 
     def __init__(self, wire: BinaryIO, stdout: BinaryIO):
-        self._in = anyio.wrap_file(io.TextIOWrapper(wire, encoding="utf-8", errors="replace"))
+        self._in = anyio.wrap_file(
+            io.TextIOWrapper(wire, encoding="utf-8", errors="surrogateescape")
+        )
         self._out = anyio.wrap_file(io.TextIOWrapper(stdout, encoding="utf-8", newline="\n"))
         self._writing = anyio.Lock()
         self._asked = Counter()  # the ids of the client's requests not answered yet

@@ -237,5 +237,7 @@ def render_api_error(request, error: ApiError) -> HttpResponse | None:
 
 
 @csrf_exempt  # an API route: no cookies, so no CSRF; and a 404 must not become a 403
-def not_found_view(request, *args, **kwargs):
-    return JsonResponse(error_body("no such route", NotFound.code), status=404)
+def not_found_view(request, *args, instead: str = "", **kwargs):
+    """404 in the API's shape; ``instead``: the route meant, most likely."""
+    said = f"no such route (the endpoint is {instead})" if instead else "no such route"
+    return JsonResponse(error_body(said, NotFound.code), status=404)
