@@ -7,6 +7,8 @@ need the ``read`` scope and writes ``write``, as on ``/v1/agent``. Errors are Fa
 or selector; a route of Letta's that memsvc does not serve answers 501 naming it.
 """
 
+from contextlib import contextmanager
+
 from drf_spectacular.utils import extend_schema
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
@@ -242,13 +244,17 @@ class AttachBlockView(LettaView):
 class GroupView(LettaView):
     def _agent(self, request, group_id):
         """The agent whose sleeptime group this is; another's, or none: "Group not found",
-        as a malformed id (it said "Agent not found": review)."""
+        as a malformed id (it said "Agent not found": review), and as the group of an agent
+        without sleeptime, which has none (its ``multi_agent_group`` is null; review)."""
         try:
-            return selectors.letta_agent(
+            agent = selectors.letta_agent(
                 self.caller(request), s.parse_uuid_id(group_id, s.GROUP_ID_PREFIX, "Group")
             )
         except NotFound:
             raise NotFound("Group not found") from None
+        if not s.letta_settings(agent).get("enable_sleeptime"):
+            raise NotFound("Group not found")
+        return agent
 
     @extend_schema(exclude=True)
     def get(self, request, group_id):
@@ -288,21 +294,33 @@ class BlockView(LettaView):
     def patch(self, request, block_id):
         block = self.block(request, block_id)
         data = s.BlockUpdateIn.parse(request.data)
-        block = services.memory_block_update(
-            block.agent.as_principal(),
-            block=block,
-            value=data.get("value"),
-            description=data.get("description"),
-            limit=data.get("limit"),
-            label=data.get("label"),
-        )
+        with _deleted_meanwhile():
+            block = services.memory_block_update(
+                block.agent.as_principal(),
+                block=block,
+                value=data.get("value"),
+                description=data.get("description"),
+                limit=data.get("limit"),
+                label=data.get("label"),
+            )
         return Response(s.block_out(block))
 
     @extend_schema(exclude=True)
     def delete(self, request, block_id):
         block = self.block(request, block_id)
-        services.memory_block_delete(block.agent.as_principal(), block=block)
+        with _deleted_meanwhile():
+            services.memory_block_delete(block.agent.as_principal(), block=block)
         return Response(None)
+
+
+@contextmanager
+def _deleted_meanwhile():
+    """A block deleted after it was read: Letta's "Block not found", as when it was gone
+    before (the services' own words are the agent API's; review)."""
+    try:
+        yield
+    except NotFound:
+        raise NotFound("Block not found") from None
 
 
 class UnsupportedView(LettaView):

@@ -216,6 +216,23 @@ def test_the_sleeptime_frequency_is_stored_on_the_group(api, helper):
     assert api.get(f"/v1/groups/{group_id}", as_=helper).json()["sleeptime_agent_frequency"] == 2
 
 
+def test_an_agent_without_sleeptime_has_no_group(api, helper):
+    """Its ``multi_agent_group`` is null: its group id answered, and took a patch (review)."""
+    state = create_agent(api, helper, name="awake", enable_sleeptime=False)
+    assert state["multi_agent_group"] is None
+    group_id = state["id"].replace("agent-", "group-")
+    for method, body in (
+        ("GET", None),
+        ("PATCH", {"manager_config": {"sleeptime_agent_frequency": 3}}),
+    ):
+        response = api.call(method, f"/v1/groups/{group_id}", as_=helper, body=body)
+        assert response.status_code == 404, response.content
+        assert response.json() == {"detail": "Group not found"}
+    assert "sleeptime_agent_frequency" not in Agent.objects.get(name="awake").metadata.get(
+        "letta", {}
+    )
+
+
 def test_a_block_is_created_attached_updated_and_deleted(api, helper):
     agent_id = create_agent(api, helper)["id"]
     block = api.post(
@@ -1032,6 +1049,21 @@ def test_an_attach_racing_a_block_of_its_label_is_a_conflict(api, helper, taken_
     assert "'notes'" in response.json()["detail"]
     assert not MemoryBlock.objects.filter(value="Waiting.").exists()
     assert MemoryBlock.objects.get(agent=helper.agent, label="notes").value == "Mine."
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("method", ["PATCH", "DELETE"])
+def test_a_block_deleted_while_it_is_changed_is_letta_s_block_not_found(api, helper, method):
+    """A change or a delete that read the block before another request deleted it answered
+    the agent API's "memory block not found", where a block gone before is "Block not
+    found" (review)."""
+    block = api.post("/v1/blocks/", {"label": "notes", "value": "Soon gone."}, as_=helper).json()
+    response = while_held(
+        lambda: MemoryBlock.objects.filter(value="Soon gone.").delete(),
+        lambda: api.call(method, f"/v1/blocks/{block['id']}", as_=helper, body={"value": "x"}),
+    )
+    assert response.status_code == 404, response.content
+    assert response.json() == {"detail": "Block not found"}
 
 
 def test_the_daily_prune_deletes_blocks_whose_attach_never_came_for_a_day(api, helper):
