@@ -511,3 +511,32 @@ def test_after_sending_with_the_keyboard_the_focus_is_back_in_the_message_box(pa
     )
     expect(page.locator("#messages li.streaming")).to_have_count(0)
     expect(page.get_by_label("Your message")).to_be_focused()
+
+
+def test_a_message_sent_once_the_session_ended_goes_to_the_login_page(page, assistant_chat):
+    """Logged out in another tab: the chat's script followed the redirect inside its
+    request and put the login page into the conversation as a message (review). The browser
+    goes to the login page, which comes back here; nothing was kept."""
+    from conversations.models import Message
+
+    conversation_page = page.url
+    page.context.clear_cookies(name="sessionid")  # (the CSRF cookie stays, as on a logout)
+    page.get_by_label("Your message").fill("Which museums first?")
+    page.get_by_role("button", name="Send").click()
+    expect(page.get_by_role("button", name="Log in")).to_be_visible()
+    page.get_by_label("User name").fill("alice")
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    expect(page.get_by_label("Your message")).to_be_visible()
+    assert page.url == conversation_page
+    assert not Message.objects.filter(conversation=assistant_chat).exists()
+
+
+def test_a_fragment_asked_once_the_session_ended_goes_to_the_login_page(page, live_server, people):
+    """htmx (here the list's search) swapped the login page in as the fragment."""
+    log_in(page, live_server, "alice")
+    page.context.clear_cookies()
+    page.get_by_role("searchbox").fill("plans")
+    page.get_by_role("searchbox").press("Enter")
+    expect(page.get_by_role("button", name="Log in")).to_be_visible()
+    expect(page.get_by_role("heading", name="Conversations", exact=True)).to_have_count(0)

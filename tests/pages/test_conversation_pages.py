@@ -1,7 +1,8 @@
 """The conversations pages with the Django test client: what each person sees and may do,
 and every refusal (a stranger's 404, a reader's 403, bad input's 400), with nothing changed."""
 
-from urllib.parse import urljoin, urlsplit
+import uuid
+from urllib.parse import quote, urljoin, urlsplit
 
 import pytest
 from django.urls import resolve, reverse
@@ -62,6 +63,36 @@ def test_pages_need_a_login_and_the_login_page_logs_in(client, alice_page):
     assert client.get("/app/").status_code == 200
     assert client.post("/app/logout/").status_code == 302
     assert client.get("/app/").status_code == 302
+
+
+def test_a_request_of_a_page_whose_session_ended_goes_to_the_login_page_whole(client):
+    """htmx (a "More" link, a search) and the chat's script follow a redirect inside the
+    request: the login page came back as the fragment, and was put into the list (review).
+    They are told where to send the browser (``HX-Redirect``: htmx goes there, and so does
+    the script), and the login then comes back to the page the person was on; a form's POST
+    comes back to the page it was sent from (this site's only), not to its own address."""
+    conversation = f"/app/c/{uuid.uuid4()}/"
+    fragment = client.get(
+        "/app/search/",
+        {"q": "plans"},
+        HTTP_HX_REQUEST="true",
+        HTTP_HX_CURRENT_URL=f"http://testserver{conversation}?at=5",
+    )
+    assert fragment.status_code == 200 and fragment.content == b""
+    assert fragment["HX-Redirect"] == f"/app/login/?next={quote(conversation)}%3Fat%3D5"
+
+    chat = client.post(
+        f"{conversation}messages",
+        {"content": "hello"},
+        HTTP_HX_REQUEST="true",
+        HTTP_REFERER=f"http://testserver{conversation}",
+    )
+    assert chat["HX-Redirect"] == f"/app/login/?next={quote(conversation)}"
+    for referer in ("https://elsewhere.example/", None):
+        headers = {"HTTP_REFERER": referer} if referer else {}
+        form = client.post(f"{conversation}rename", {"title": "x"}, **headers)
+        assert (form.status_code, form["Location"]) == (302, "/app/login/?next=/app/")
+    assert client.get("/app/search/?q=x")["Location"] == "/app/login/?next=/app/search/%3Fq%3Dx"
 
 
 def test_pages_count_against_the_persons_rate_limit_as_their_api_calls_do(

@@ -3,12 +3,14 @@
 from functools import wraps
 from urllib.parse import urlsplit
 
-from django.contrib.auth.decorators import login_required
+from django.contrib.auth.views import redirect_to_login
 from django.http import HttpResponseRedirect
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.utils.cache import patch_vary_headers
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_POST
+from django_htmx.http import HttpResponseClientRedirect
 from rest_framework.exceptions import ValidationError
 
 from memsvc.api.errors import ApiError, exception_handler
@@ -32,8 +34,9 @@ def page(view):
     htmx pushed, and going back to that address shows the bare fragment."""
 
     @wraps(view)
-    @login_required
     def wrapper(request, *args, **kwargs):
+        if not request.user.is_authenticated:
+            return _to_login(request)
         auth_check_ended(request)  # (a page's credential is its session, not a header)
         request.principal = Principal.user(request.user.get_username())
         try:
@@ -55,6 +58,22 @@ def page(view):
         return response
 
     return wrapper
+
+
+def _to_login(request):
+    """The login page, which then comes back to the page the person was on. Asked by htmx
+    or the chat's script (a session ended meanwhile: logged out in another tab, expired),
+    the browser goes there whole (``HX-Redirect``): a redirect was followed inside the
+    request, and the login page swapped in as a fragment (review). A form's POST, and a
+    fragment, come back to the page they were sent from (the ``HX-Current-URL``, else the
+    ``Referer``), not to their own address."""
+    here = request.get_full_path()
+    if request.htmx or request.method != "GET":
+        sent_from = [request.htmx.current_url, request.headers.get("Referer", "")]
+        ours = [urlsplit(target) for target in sent_from if target and _ours(request, target)]
+        here = ours[0]._replace(scheme="", netloc="").geturl() if ours else reverse("pages:home")
+    login = redirect_to_login(here)
+    return HttpResponseClientRedirect(login.url) if request.htmx else login
 
 
 def action(view):

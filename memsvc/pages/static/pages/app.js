@@ -35,6 +35,7 @@ document.addEventListener("submit", async (event) => {
       body: new FormData(form),
       headers: { "HX-Request": "true" },
     });
+    if (loggedOut(sent)) return;
     const row = await sent.text(); // rendered (and escaped) by the server
     if (!sent.ok) {
       form.insertAdjacentHTML("afterbegin", row);
@@ -55,6 +56,15 @@ document.addEventListener("click", async (event) => {
   const form = again.form;
   await whileSending(form, () => answer(form, document.getElementById("messages")));
 });
+
+// The session ended meanwhile (logged out in another tab, expired): the server names the
+// login page (``HX-Redirect``, as htmx reads it), and the browser goes there whole; the
+// login page is not put into the list as a message.
+function loggedOut(response) {
+  const login = response.headers.get("HX-Redirect");
+  if (login) window.location.assign(login);
+  return Boolean(login);
+}
 
 // The form's send button is off while it sends or an answer comes; what refused the previous
 // send says nothing about this one.
@@ -90,6 +100,7 @@ async function answer(form, list) {
     method: "POST",
     headers: { "X-CSRFToken": token, "HX-Request": "true" },
   });
+  if (loggedOut(reply)) return;
   if (!reply.ok) {
     // Refused (the assistant removed meanwhile, too many answers at once): why, as for a
     // message; too many at once may be asked again.
