@@ -435,9 +435,12 @@ TOOL_JSON_MAX_BYTES = 1024 * 1024
 TOOL_RECORD_MAX_TOP_K = 20
 
 
+TASK_ID_MAX_LENGTH = 255
+
+
 class TaskIdField(TextField):
     def __init__(self, **kwargs):
-        super().__init__(max_length=255, **kwargs)
+        super().__init__(max_length=TASK_ID_MAX_LENGTH, **kwargs)
 
 
 class StepField(serializers.IntegerField):

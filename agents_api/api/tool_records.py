@@ -18,13 +18,25 @@ from memsvc.api.idempotency import idempotency_key, marked_replayed, request_fin
 from memsvc.api.pagination import AFTER_PARAMETER, LIMIT_PARAMETER, page_data, page_params
 from memsvc.api.schema import errors
 
-TASK_ID = OpenApiParameter("taskId", str, description="Only this task's records.")
+_TASK_ID_SCHEMA = {"type": "string", "minLength": 1, "maxLength": s.TASK_ID_MAX_LENGTH}
+TASK_ID = OpenApiParameter("taskId", _TASK_ID_SCHEMA, description="Only this task's records.")
 REQUIRED_TASK_ID = OpenApiParameter(
     "taskId",
-    {"type": "string", "minLength": 1},
+    _TASK_ID_SCHEMA,
     required=True,
     description="The task whose records are deleted.",
 )
+
+
+def _task_id(request) -> str | None:
+    """``?taskId=``, a task's id as a record may have it: a longer one named no task, and
+    listed nothing where a search refused it (review)."""
+    task_id = query_text(request, "taskId")
+    if task_id is not None and len(task_id) > s.TASK_ID_MAX_LENGTH:
+        raise InvalidInput.for_field(
+            "taskId", f"must be at most {s.TASK_ID_MAX_LENGTH} characters", location="query"
+        )
+    return task_id
 
 
 def _conversation(request, conversation_id):
@@ -76,7 +88,7 @@ class ToolRecordsView(AgentApiView):
     )
     def get(self, request):
         records = selectors.tool_records_of(
-            request.agent, task_id=query_text(request, "taskId"), principal=request.principal
+            request.agent, task_id=_task_id(request), principal=request.principal
         )
         page = selectors.tool_record_page(records, **page_params(request))
         return Response(page_data(page, s.ToolRecordOut))
@@ -88,7 +100,7 @@ class ToolRecordsView(AgentApiView):
     )
     def delete(self, request):
         only_query_parameters(request, "taskId")  # (a narrowing it does not know: refused)
-        task_id = request.query_params.get("taskId")
+        task_id = _task_id(request)
         if not task_id:
             raise InvalidInput.for_field("taskId", "name the task whose records to delete")
         records = selectors.tool_records_of(

@@ -7,6 +7,8 @@ whatever walks the value next). Both are refused here, as a bad body (400 ``vali
 on ``/v1``, 422 on the local API), naming where in the body the problem is.
 """
 
+import sys
+
 from rest_framework import parsers
 from rest_framework.exceptions import ParseError, ValidationError
 
@@ -59,6 +61,15 @@ class JSONParser(parsers.JSONParser):
             raise ParseError(
                 f"JSON parse error - nested more than {self.max_depth} levels deep"
             ) from None
+        except ParseError as exc:
+            # (Python's words name its own setting: "use sys.set_int_max_str_digits()";
+            # review.)
+            if "int_max_str_digits" in str(exc.__context__):
+                raise ParseError(
+                    f"JSON parse error - a number has more than {sys.get_int_max_str_digits()} "
+                    "digits"
+                ) from None
+            raise
         problem = json_problem(data, self.max_depth)
         if problem:
             path, message = problem

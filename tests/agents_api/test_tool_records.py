@@ -186,6 +186,20 @@ def test_delete_by_task(api, helper):
     assert ToolRecord.objects.count() == 1
 
 
+def test_a_task_id_longer_than_a_record_keeps_is_refused_wherever_it_is_given(api, helper):
+    """A list or a delete by a task id of 256 characters answered 200 with nothing, where a
+    create and a search refused it (review): 400 naming it, nothing deleted."""
+    longest = create(api, helper, taskId="t" * 255)
+    assert [
+        r["traceId"] for r in api.get(RECORDS, as_=helper, taskId="t" * 255).json()["data"]
+    ] == [longest["traceId"]]
+    for method in ("GET", "DELETE"):
+        response = api.call(method, f"{RECORDS}?taskId={'t' * 256}", as_=helper)
+        assert response.status_code == 400, (method, response.content)
+        assert response.json()["details"] == {"taskId": ["must be at most 255 characters"]}
+    assert ToolRecord.objects.count() == 1
+
+
 # --- who reaches what ------------------------------------------------------------------------
 
 

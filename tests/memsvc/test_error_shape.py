@@ -239,6 +239,26 @@ def test_json_nested_too_deep_is_a_local_422(client):
     assert "nested more than" in assert_local_422(response)[0]["msg"]
 
 
+def test_a_number_of_too_many_digits_is_said_in_our_words(client, alice):
+    """(Python's: "... use sys.set_int_max_str_digits() to increase the limit"; review.)"""
+    response = client.post(
+        "/v1/user/conversations",
+        data='{"title": "t", "metadata": {"n": ' + "7" * 5000 + "}}",
+        content_type="application/json",
+        **alice.auth_headers(),
+    )
+    error = assert_v1_error(response, 400)["error"]
+    assert error == "body: JSON parse error - a number has more than 4300 digits"
+    local = client.post(
+        "/messages",
+        data='{"agent_name": "a", "role": "user", "content": "x", "metadata": {"n": '
+        + "7" * 5000
+        + "}}",
+        content_type="application/json",
+    )
+    assert "sys." not in json.dumps(assert_local_422(local))
+
+
 def test_json_as_deep_as_allowed_is_stored(client, alice):
     value = {"a": deep(MAX_JSON_DEPTH - 2)}
     response = client.post(
