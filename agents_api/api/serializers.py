@@ -284,9 +284,15 @@ class DeletedOut(serializers.Serializer):
 
 
 class TagsField(serializers.ListField):
-    def __init__(self, **kwargs):
+    """Tags, each something to read (" " was kept as a tag, where a memory of it is refused;
+    review); ``as_stored``: as a document holds what was stored before that rule."""
+
+    def __init__(self, *, as_stored: bool = False, **kwargs):
         super().__init__(
-            child=TextField(max_length=MEMORY_TAG_MAX_LENGTH),
+            child=TextField(
+                max_length=MEMORY_TAG_MAX_LENGTH,
+                validators=[] if as_stored else [something_to_read],
+            ),
             max_length=MEMORY_MAX_TAGS,
             **kwargs,
         )

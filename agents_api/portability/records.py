@@ -221,7 +221,7 @@ class MemoryRecord(Record):
     content = MessageContentField()
     summary = TextField(allow_blank=True, max_length=10_000)
     importance = ImportanceField()
-    tags = TagsField()
+    tags = TagsField(as_stored=True)
     metadata = MetadataField()
     # Absent from exports made before memories cited messages.
     messageIds = MessageIdsField(source="message_ids", required=False, default=list)

@@ -1148,12 +1148,15 @@ def test_a_label_stored_before_the_name_rule_comes_back_with_an_import(
     api, alice, tmp_path, world, capsys
 ):
     """Only a label given is held to the name rule: one stored before it was exported, and
-    its import refused, the user's or agent's data lost with the erase (review)."""
+    its import refused, the user's or agent's data lost with the erase (review). So is a
+    memory's tag of nothing to read."""
     MemoryBlock.objects.create(agent=world.agent, user_id="alice", label="prefs ", value="tea")
+    Memory.objects.filter(user_id="alice").update(tags=["nuts", " "])
     document = cli_export(tmp_path, "first", "user", "alice")
     call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
     assert import_file(tmp_path, document) == 0, capsys.readouterr().err
     assert MemoryBlock.objects.get(user_id="alice", label="prefs ").value == "tea"
+    assert Memory.objects.get(user_id="alice").tags == ["nuts", " "]
 
 
 def test_an_agent_round_trip_export_drop_import_gives_the_same_export(tmp_path, world, capsys):
