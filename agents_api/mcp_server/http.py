@@ -227,7 +227,9 @@ class McpView(APIView):
             raise UnsupportedMediaType(request.content_type)
         refused = request_refused(request._request.body)
         if refused is not None:
-            return HttpResponse(refused, status=400, content_type="application/json")
+            return HttpResponse(
+                refused.answer, status=refused.status, content_type="application/json"
+            )
         caller = Caller(principal=request.principal, agent=request.agent)
         try:
             status, headers, body = _exchanges.exchange(

@@ -3,6 +3,7 @@ message it must not be given: JSON-RPC 2.0 errors. No import of the SDK: the web
 processes load this with the app's URLs, and the SDK on the first call to ``/mcp``."""
 
 import json
+from typing import NamedTuple
 
 from memsvc.api.parsers import MAX_JSON_DEPTH, json_problem
 
@@ -15,29 +16,74 @@ NOT_A_MESSAGE = (
 )
 
 
-def request_refused(body: bytes | str) -> bytes | None:
+class Refused(NamedTuple):
+    """The answer to a message the SDK is not given, and its HTTP status: 400 for one that
+    is no request memsvc can take, 200 for a request whose params are wrong (as the SDK
+    answers one: a client reads the error, not a failed exchange)."""
+
+    answer: bytes
+    status: int = 400
+
+
+def request_refused(body: bytes | str) -> Refused | None:
     """The answer to a body the SDK must not be given, else None: JSON the service cannot
     take (nested deeper than ``MAX_JSON_DEPTH``, or holding a lone surrogate: ``json_problem``,
-    as every other API refuses it; 1,000 levels were a 500 here, 65 went on to the tools), or
-    a request (it has a method) whose ``id`` is neither a string nor an integer (MCP: "MUST
+    as every other API refuses it; 1,000 levels were a 500 here, 65 went on to the tools), a
+    request (it has a method) whose ``id`` is neither a string nor an integer (MCP: "MUST
     be a string or integer", not null: the SDK took it for a notification, answered 202 and
-    nothing, and the caller waited for an answer that never came)."""
+    nothing, and the caller waited for an answer that never came), or one whose params the
+    SDK refuses without saying what is wrong (``_params_problem``)."""
     try:
         message = json.loads(body)
     except RecursionError:
-        return invalid_request(f"nested more than {MAX_JSON_DEPTH} levels deep")
+        return Refused(invalid_request(f"nested more than {MAX_JSON_DEPTH} levels deep"))
     except ValueError:
         return None  # (the SDK's parse error)
     problem = json_problem(message)
     if problem is not None:
         path, what = problem
         problem = f"{'.'.join(map(str, path)) or 'body'}: {what}"
-        return invalid_request(problem, request_id_of(message))
+        return Refused(invalid_request(problem, request_id_of(message)))
     if not isinstance(message, dict) or "method" not in message or "id" not in message:
         return None
-    if request_id_of(message) is not None:
+    if request_id_of(message) is None:
+        return Refused(invalid_request("id: a string or an integer"))
+    problem = _params_problem(message)
+    if problem is not None:
+        error = {"code": INVALID_PARAMS, "message": f"Invalid params: {problem}"}
+        answer = {"jsonrpc": "2.0", "id": message["id"], "error": error}
+        return Refused(json.dumps(answer).encode(), status=200)
+    return None
+
+
+# The params of the requests whose refusal by the SDK says nothing of what is wrong ("Invalid
+# request parameters", and no data: review): key -> (what it must be, the types it may be).
+_OBJECT, _TEXT = (dict,), (str,)
+_PARAMS = {
+    "tools/call": {"name": ("a text", _TEXT, True), "arguments": ("an object", _OBJECT, False)},
+    "initialize": {
+        "protocolVersion": ("a text", _TEXT, True),
+        "capabilities": ("an object", _OBJECT, True),
+        "clientInfo": ("an object with a name and a version", _OBJECT, True),
+    },
+}
+
+
+def _params_problem(request: dict) -> str | None:
+    """What is wrong with the params of a request of ``_PARAMS``, said plainly, or None."""
+    shape = _PARAMS.get(request["method"])
+    if shape is None:
         return None
-    return invalid_request("id: a string or an integer")
+    params = request.get("params")
+    if not isinstance(params, dict):
+        return f"{request['method']} takes params: an object with {', '.join(shape)}"
+    for key, (what, types, required) in shape.items():
+        if key not in params:
+            if required:
+                return f"params.{key}: missing ({what})"
+        elif not isinstance(params[key], types):
+            return f"params.{key}: must be {what}"
+    return None
 
 
 def request_id_of(message) -> str | int | None:

@@ -62,7 +62,7 @@ def line_read(line: str) -> tuple[str | None, object]:
         return _parse_error("a line is UTF-8 text"), None
     refused = request_refused(line)
     if refused is not None:
-        return refused.decode(), None
+        return refused.answer.decode(), None
     try:
         message = json.loads(line)
     except ValueError:

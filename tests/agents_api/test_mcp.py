@@ -696,6 +696,34 @@ def test_http_a_path_under_the_endpoint_is_404_in_its_shape(client, path):
     }
 
 
+@pytest.mark.parametrize(
+    ("method", "params", "problem"),
+    [
+        ("tools/call", None, "tools/call takes params: an object with name, arguments"),
+        ("tools/call", {"name": 5}, "params.name: must be a text"),
+        (
+            "tools/call",
+            {"name": "memory_list", "arguments": [1]},
+            "params.arguments: must be an object",
+        ),
+        ("initialize", {}, "params.protocolVersion: missing (a text)"),
+    ],
+)
+def test_http_wrong_params_are_said_plainly(client, method, params, problem):
+    """The SDK answered "Invalid request parameters" and nothing more (review)."""
+    _, key = keyed_agent(f"params-{uuid.uuid4().hex[:8]}")
+    request = {"jsonrpc": "2.0", "id": 7, "method": method}
+    if params is not None:
+        request["params"] = params
+    response = post_mcp(client, key, request)
+    assert response.status_code == 200, response.content
+    assert response.json() == {
+        "jsonrpc": "2.0",
+        "id": 7,
+        "error": {"code": -32602, "message": f"Invalid params: {problem}"},
+    }
+
+
 def call_tool(client, key: str, name: str, arguments: dict):
     """``POST /mcp`` of a ``tools/call`` of ``name`` with ``arguments``."""
     params = {"name": name, "arguments": arguments}
