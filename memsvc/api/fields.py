@@ -297,7 +297,10 @@ class InputSerializer(serializers.Serializer):
 
     def to_internal_value(self, data):
         if not isinstance(data, dict):
-            raise serializers.ValidationError({"body": ["must be a JSON object"]})
+            # The body, or a nested object: named by the field that holds it ("body" in
+            # its place said ``memory_blocks.0.body``; review).
+            problem = ["must be a JSON object"]
+            raise serializers.ValidationError(problem if self.parent else {"body": problem})
         unknown = sorted(set(data) - set(self.fields))
         if unknown and not self.ignore_unknown_fields:
             raise serializers.ValidationError({named(name): ["unknown field"] for name in unknown})

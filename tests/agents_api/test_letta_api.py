@@ -1099,3 +1099,15 @@ def test_letta_settings_an_import_once_kept_with_a_null_are_read_as_left_out(api
     assert api.get("/v1/agents/", as_=helper).status_code == 200
     again = create_agent(api, helper, name="kept")
     assert again["id"] == state["id"] and again["tags"] == [SDK_TAG]
+
+
+def test_an_object_expected_in_a_list_is_named_by_its_place(api, helper):
+    """(Its place was said ``memory_blocks.0.body``: "body" is the request's, not the
+    item's; review.)"""
+    response = api.post("/v1/agents/", {"name": "locx", "memory_blocks": ["x"]}, as_=helper)
+    assert response.status_code == 422
+    assert [error["loc"] for error in response.json()["detail"]] == [["body", "memory_blocks", 0]]
+    batch = api.post("/v1/agent/memories/batch", {"memories": ["x"]}, as_=helper)
+    assert batch.json()["details"] == {"memories[0]": ["must be a JSON object"]}
+    body = api.post("/v1/agent/memories", ["x"], as_=helper)
+    assert body.json()["details"] == {"body": ["must be a JSON object"]}
