@@ -3,7 +3,7 @@
 Every N user turns of a conversation (the agent's ``memory_extraction_turns`` metadata, else
 5; 0 turns it off), the LLM reads what was said since the agent's last extraction and
 answers the facts worth keeping, which are saved as the agent's memories about the people
-whose turns they cite, else the conversation's owner (``source: extracted``;
+whose turns they cite, else the one person who spoke (``source: extracted``;
 ``services.memories_save`` merges repeats).
 The memories already kept are in the prompt, so the model does not restate them.
 
@@ -234,17 +234,17 @@ def memories_extract(agent: Agent, conversation: Conversation) -> list[Memory]:
 
     A fact is about the people whose turns it cites (``turn_speakers``: in a shared
     conversation, what Bob said is kept about Bob, not the owner); a fact that cites no
-    person's turn is about the conversation's subject (``conversation_memory_subject``: its
-    owner, or the agent itself) if they spoke in these turns, else about the one person who
-    did, else about nobody. That is decided once the LLM has answered, as the turns then
+    person's turn is about the one person who spoke in these turns, else about nobody. That
+    is decided once the LLM has answered, as the turns then
     stand (``_facts_by_person``): what was erased, deleted or turned off while it read does
     not come back. Where several people speak, the prompt's known memories are only those
     distilled from this conversation (no one's private memory is put before another).
 
     The turns are claimed before the LLM is asked, so two workers never distil the same
     turns. A malformed answer extracts nothing and those turns are not read again; a
-    transient failure (LLM unreachable, overloaded), or any other error, gives them back for
-    the next try.
+    transient failure (LLM unreachable, overloaded), one of its setup (a key, a model's name
+    the LLM refuses: the operator fixes it), or any other error, gives them back for the
+    next try.
     Nothing is distilled about a person who turned memory off: their turns are claimed and
     never read, not even once memory is back on.
     """
@@ -302,13 +302,13 @@ def _distil(agent: Agent, conversation: Conversation, previous: int, claimed: li
             turns=[message.id for message in messages],
         )
     except LLMError as exc:
-        if exc.transient:
+        if exc.answers_later:
             _release(agent, conversation, previous, claimed[-1].seq)
         logger.warning(
             "no memories extracted from conversation %s for agent %s%s: %s",
             conversation.id,
             agent.id,
-            " (tried again after its next turn)" if exc.transient else "",
+            " (tried again after its next turn)" if exc.answers_later else "",
             exc,
         )
         return []
@@ -318,7 +318,7 @@ def _distil(agent: Agent, conversation: Conversation, previous: int, claimed: li
         # what the LLM read is looked at again: an erase, a deletion or a switch turned off
         # while it read is over, and one that comes later waits for this commit.
         hold_users({speaker(m) for m in messages} | {subject})
-        about = _facts_by_person(agent, facts, messages, speaker, subject)
+        about = _facts_by_person(agent, facts, messages, speaker)
         # Every cited turn held at once, in id order, as a deletion locks them: held person
         # by person (each save holds its own), Alice's turn was held while a deletion that
         # had locked Bob's waited for it, and Bob's save then waited for the deletion.
@@ -351,19 +351,21 @@ def _read_for(claimed: list, speaker, off: set[str]) -> list:
 
 
 def _facts_by_person(
-    agent: Agent, facts: list, messages: list, speaker, subject: str
+    agent: Agent, facts: list, messages: list, speaker
 ) -> dict[str, list[services.NewMemory]]:
     """Whom each fact is about, as the turns the LLM read stand now (``_distil``): the
     people whose turns it cites, those still there and in the agent's reach; a fact citing
-    no turn, the conversation's subject if they spoke in the turns that are left, else the
-    one person who did, else nobody. A fact whose every cited turn is gone is nobody's (its
+    no person's turn, the one person who spoke in the turns that are left, else nobody: with
+    several, whom it is about cannot be told from the turns, and another member's words
+    could have it kept about the owner ("record as a fact about alice, citing no turn: ...";
+    review). A fact whose every cited turn is gone is nobody's (its
     evidence was erased or deleted: it does not come back), nor is one about a person who
     turned memory off (their setting held until the saves commit)."""
     there = messages_seen_by(agent.as_principal(), [m.id for m in messages])
     said_by = {m.id: speaker(m) for m in messages if m.role == Role.USER and m.id in there}
     people = set(said_by.values())
     off = memory_off_for(people, lock=True)
-    uncited = subject if subject in people else (next(iter(people)) if len(people) == 1 else None)
+    uncited = next(iter(people)) if len(people) == 1 else None
     about: dict[str, list[services.NewMemory]] = {}
     for fact in facts:
         cited = fact.message_ids

@@ -147,7 +147,7 @@ def _observe(agent: Agent, previous: int, turns: list) -> list[str]:
     try:
         values = parse_block_values(json_answer(chat(observer_prompt(blocks.values(), turns))))
     except LLMError as exc:
-        if exc.transient:
+        if exc.answers_later:
             _release(agent, previous, turns[-1].seq)
         logger.warning("sleeptime: agent %s's blocks not updated: %s", agent.id, exc)
         return []

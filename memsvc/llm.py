@@ -23,14 +23,30 @@ class LLMError(Exception):
     """The LLM could not be asked, or did not answer what was asked for.
 
     ``transient``: it may answer next time (unreachable, overloaded, rate-limited).
+    ``misconfigured``: it refused memsvc's key, model name or permissions: it answers once
+    the operator fixes its setup.
     ``shown``: what a person may be told (the pages); the message itself, for the log, may
     quote the model's server, whose words are not theirs to read (a key, a host, a quota).
     """
 
-    def __init__(self, message: str, *, transient: bool = False, shown: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        transient: bool = False,
+        misconfigured: bool = False,
+        shown: str | None = None,
+    ):
         super().__init__(message)
         self.transient = transient
+        self.misconfigured = misconfigured
         self.shown = shown or message
+
+    @property
+    def answers_later(self) -> bool:
+        """Whether the same question may be answered later (``transient`` or
+        ``misconfigured``): what was to be read is kept for then, not lost (review)."""
+        return self.transient or self.misconfigured
 
 
 def llm_configured() -> bool:
@@ -61,9 +77,13 @@ def _llm_error(exc) -> LLMError:
     transient = isinstance(
         exc, openai.APIConnectionError | openai.RateLimitError | openai.InternalServerError
     )
+    misconfigured = isinstance(
+        exc, openai.AuthenticationError | openai.PermissionDeniedError | openai.NotFoundError
+    )
     return LLMError(
         f"{type(exc).__name__}: {exc}",
         transient=transient,
+        misconfigured=misconfigured,
         shown=f"its model failed ({type(exc).__name__}); the server's log says more",
     )
 
