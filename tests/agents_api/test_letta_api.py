@@ -434,6 +434,27 @@ def test_every_n_captures_the_observer_rewrites_the_human_block(
     assert not observation_due(block.agent)  # the two turns were read
 
 
+@pytest.mark.parametrize("status", [503, 401])
+def test_turns_the_observer_could_not_have_read_are_read_next_time(
+    api, helper, llm, committed_capture, status
+):
+    """Down, or refusing memsvc's key (its setup, which the operator fixes): the capture
+    is read with the next one; refused, it was lost (review)."""
+    from tests.local_http import Reply
+
+    state = create_agent(api, helper)
+    every_n_captures(api, helper, state, 1)
+    llm.answer(OBSERVER_MARKER, Reply(status=status, payload={"error": {"message": "no"}}))
+    committed_capture(helper, state["id"], "My name is Ada.")
+    assert llm.requests_containing(OBSERVER_MARKER)
+    assert observation_due(Agent.objects.get(name="travel"))
+    human = {"blocks": [{"label": "human", "value": "Ada lives in Lisbon."}]}
+    llm.answer(OBSERVER_MARKER, json.dumps(human))
+    committed_capture(helper, state["id"], "I live in Lisbon.")
+    prompt = llm.requests_containing(OBSERVER_MARKER)[-1]["messages"][1]["content"]
+    assert "My name is Ada." in prompt and "I live in Lisbon." in prompt
+
+
 def test_an_answer_over_the_limit_leaves_the_block_as_it_was(api, helper, llm, committed_capture):
     state = create_agent(
         api, helper, memory_blocks=[{"label": "human", "value": "Unknown.", "limit": 20}]
