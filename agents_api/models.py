@@ -502,6 +502,9 @@ class UserErasure(models.Model):
     )
     erased_at = models.DateTimeField()
     restored_at = models.DateTimeField(null=True, blank=True)  # their own import's, since
+    # The conversations erased with them (ids: nothing of them): an agent's older document
+    # brings back none of its tool records of those (``restore.restore_tool_records``).
+    conversation_ids = ArrayField(models.UUIDField(), default=list, db_default=[], blank=True)
 
     class Meta:
         db_table = "user_erasure"

@@ -9,16 +9,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import (
-    Exists,
-    OuterRef,
-    Prefetch,
-    Q,
-    QuerySet,
-    Subquery,
-    TextField,
-    Value,
-)
+from django.db.models import Exists, OuterRef, Prefetch, Q, QuerySet, TextField, Value
 from django.db.models.functions import Cast, Concat
 from django.utils import timezone
 
@@ -36,7 +27,7 @@ from agents_api.models import (
     UserErasure,
     UserMemorySetting,
 )
-from conversations.models import AccessLevel, Conversation, Membership
+from conversations.models import Conversation, Membership
 from conversations.selectors import (
     conversation_owner_id,
     conversations_owned_by,
@@ -318,6 +309,15 @@ def erasures_of(user_ids: Iterable[str], *, restored: bool = True) -> dict:
     if not restored:
         erasures = erasures.filter(restored_at__isnull=True)
     return dict(erasures.values_list("user_id", "erased_at"))
+
+
+def erased_conversations(conversation_ids) -> set:
+    """Those of ``conversation_ids`` that went with their owner's erase (``UserErasure``)."""
+    if not conversation_ids:
+        return set()
+    erasures = UserErasure.objects.filter(conversation_ids__overlap=list(conversation_ids))
+    taken = {i for ids in erasures.values_list("conversation_ids", flat=True) for i in ids}
+    return taken & set(conversation_ids)
 
 
 MEMORIES = Corpus(
@@ -703,16 +703,6 @@ def tool_records_kept_about(user_id: str) -> QuerySet[ToolRecord]:
         .defer(*ToolRecord.SEARCH_DATA)
         .order_by("agent_id", "created_at", "id")
     )
-
-
-def with_conversation_owners(records: QuerySet[ToolRecord]) -> QuerySet[ToolRecord]:
-    """``records`` each with the owner of its conversation (``conversation_owner``; None
-    without one), as an export names it: an import then knows a record that the owner's
-    erase took (``restore.restore_tool_records``) once the conversation is gone."""
-    owner = Membership.objects.filter(
-        group=OuterRef("conversation__group"), access_level=AccessLevel.OWNER
-    ).values("principal_id")
-    return records.annotate(conversation_owner=Subquery(owner[:1]))
 
 
 def tool_record_page(records: QuerySet[ToolRecord], *, after: str | None, limit: int) -> Page:

@@ -622,6 +622,7 @@ def cmd_import(args: argparse.Namespace) -> int:
     _setup_database()
     from agents_api.portability.importing import document_import
     from agents_api.portability.restore import ImportRefused
+    from memsvc.api.parsers import too_many_digits
 
     try:
         if args.file == "-":
@@ -630,7 +631,10 @@ def cmd_import(args: argparse.Namespace) -> int:
             with open(args.file, encoding="utf-8") as source:
                 document = json.load(source)
         result = document_import(document)
-    except (OSError, ValueError, ImportRefused) as exc:
+    except ValueError as exc:
+        print(f"nothing imported: {too_many_digits(exc) or exc}", file=sys.stderr)
+        return 1
+    except (OSError, ImportRefused) as exc:
         print(f"nothing imported: {exc}", file=sys.stderr)
         return 1
     except RecursionError:  # (the decoder's: ``document_import`` refuses far less deep)

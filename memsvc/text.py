@@ -1,6 +1,16 @@
 """Text helpers with nothing of Django in them (``memsvc.client`` uses them too)."""
 
+import re
 import unicodedata
+
+# Unicode's Default_Ignorable_Code_Point (DerivedCoreProperties.txt): what draws nothing
+# where it means nothing, beyond category Cf: a combining grapheme joiner, Hangul fillers,
+# variation selectors (review: "ali\u034fce" and "ali\u3164ce" were ids shown as "alice").
+DEFAULT_IGNORABLE = re.compile(
+    "[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u202a-\u202e"
+    "\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufff8\U0001bca0-\U0001bca3"
+    "\U0001d173-\U0001d17a\U000e0000-\U000e0fff]"
+)
 
 # What draws nothing of its own: controls, format marks (zero-width spaces and joiners, bidi
 # marks, a BOM), combining marks with nothing to combine with, and separators.
@@ -10,8 +20,15 @@ _INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Mn", "Me", "Zs", "Zl", "Zp"})
 def shows_nothing(text: str) -> bool:
     """Whether ``text`` holds nothing to read or search: "   ", and "\u200b" too, which
     ``str.strip`` keeps (a memory or a message of it was stored, and a query of it searched,
-    finding what shared nothing with it)."""
-    return all(c.isspace() or unicodedata.category(c) in _INVISIBLE_CATEGORIES for c in text)
+    finding what shared nothing with it); a Hangul filler or a Braille blank as well
+    (review)."""
+    return all(
+        c.isspace()
+        or c == "\u2800"
+        or unicodedata.category(c) in _INVISIBLE_CATEGORIES
+        or DEFAULT_IGNORABLE.match(c)
+        for c in text
+    )
 
 
 def shortened(text: str, limit: int) -> str:

@@ -6,6 +6,8 @@ import uuid
 
 from django.core.exceptions import ValidationError
 
+from memsvc.text import DEFAULT_IGNORABLE
+
 
 def no_nul_characters(value: str) -> None:
     """PostgreSQL cannot store NUL in text; refuse it with a clear message instead of a 500."""
@@ -30,21 +32,11 @@ def has_bidi_controls(value: str) -> bool:
     return not BIDI_CONTROLS.isdisjoint(value)
 
 
-# Unicode's Default_Ignorable_Code_Point (DerivedCoreProperties.txt): what draws nothing
-# where it means nothing, beyond category Cf: a combining grapheme joiner, Hangul fillers,
-# variation selectors (review: "ali\u034fce" and "ali\u3164ce" were ids shown as "alice").
-_DEFAULT_IGNORABLE = re.compile(
-    "[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f\u202a-\u202e"
-    "\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff0-\ufff8\U0001bca0-\U0001bca3"
-    "\U0001d173-\U0001d17a\U000e0000-\U000e0fff]"
-)
-
-
 def has_invisible_characters(value: str) -> bool:
     """Whether ``value`` holds a character that draws nothing of its own: a format
     character (category Cf: a zero-width space or joiner, a soft hyphen, a BOM) or another
     default-ignorable one (a Hangul filler, a variation selector)."""
-    return _DEFAULT_IGNORABLE.search(value) is not None or (
+    return DEFAULT_IGNORABLE.search(value) is not None or (
         not value.isprintable() and any(unicodedata.category(c) == "Cf" for c in value)
     )
 
@@ -92,7 +84,7 @@ def _blank(character: str) -> bool:
         character == "\u2800"
         or character.isspace()
         or unicodedata.category(character) in {"Cf", "Zs", "Zl", "Zp"}
-        or _DEFAULT_IGNORABLE.match(character) is not None  # (a Hangul filler: review)
+        or DEFAULT_IGNORABLE.match(character) is not None  # (a Hangul filler: review)
     )
 
 

@@ -21,6 +21,7 @@ from agents_api.mcp_server.jsonrpc import (
 from agents_api.mcp_server.server import build_server
 from agents_api.mcp_server.tools import Caller
 from memsvc.api.errors import ApiError
+from memsvc.api.parsers import too_many_digits
 
 
 class CallerError(Exception):
@@ -65,8 +66,8 @@ def line_read(line: str) -> tuple[str | None, object]:
         return refused.answer.decode(), None
     try:
         message = json.loads(line)
-    except ValueError:
-        return _parse_error("a line holds one JSON message"), None
+    except ValueError as exc:
+        return _parse_error(too_many_digits(exc) or "a line holds one JSON message"), None
     try:
         types.jsonrpc_message_adapter.validate_python(message, by_name=False)
         return None, message

@@ -319,16 +319,6 @@ class ToolRecordRecord(Record):
         help_text="The user the agent acted for when it made it; null: the agent's own.",
     )
     conversationId = serializers.UUIDField(source="conversation_id", allow_null=True)
-    # Absent from exports made before it was written. Only looked up (who was erased), never
-    # stored: an id as it was stored, whatever rules ids have since.
-    conversationOwnerId = serializers.CharField(
-        source="conversation_owner",
-        required=False,
-        allow_null=True,
-        default=None,
-        max_length=PRINCIPAL_MAX_LENGTH,
-        help_text="Who owned the conversation when the document was made.",
-    )
     taskId = TaskIdField(source="task_id", allow_blank=True)
     step = StepField()
     toolName = TextField(source="tool_name", max_length=200)

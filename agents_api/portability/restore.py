@@ -23,7 +23,7 @@ from agents_api.models import (
     UserMemorySetting,
     content_hash,
 )
-from agents_api.selectors import erasures_of, memory_off_for
+from agents_api.selectors import erased_conversations, erasures_of, memory_off_for
 from agents_api.services.blocks import revisions_trim
 from agents_api.services.memories import expired_copies_forget
 from agents_api.tasks import sweep_unembedded_memories_task, sweep_unembedded_tool_records_task
@@ -414,8 +414,8 @@ def restore_tool_records(subject, records: list[dict]) -> int:
     """Tool records (an agent's, or those about a user of agents that exist: made for them,
     or of their conversations, restored before, as ``tool_records_kept_about`` exports
     them); one whose conversation is gone keeps its facts without it, as when it is
-    deleted, but for one that the erase of the conversation's owner took (made before it,
-    the document naming the owner): it stays erased, whoever it was made for."""
+    deleted, but for one whose conversation went with its owner's erase (``UserErasure``):
+    that erase took it, whoever it was made for, and it stays erased."""
     theirs = set()
     if not isinstance(subject, Agent):
         wanted = [r["conversation_id"] for r in records if r["conversation_id"]]
@@ -429,13 +429,13 @@ def restore_tool_records(subject, records: list[dict]) -> int:
             id__in=[r["conversation_id"] for r in kept if r["conversation_id"]]
         ).values_list("id", flat=True)
     )
-    owners = erasures_of((r["conversation_owner"] or "" for r in kept), restored=False)
+    gone = {r["conversation_id"] for r in kept if r["conversation_id"]} - existing
+    erased = erased_conversations(gone)
     rows = []
     for record in kept:
-        owner = record.pop("conversation_owner")
+        if record["conversation_id"] in erased:
+            continue
         if record["conversation_id"] not in existing:
-            if owner in owners and record["created_at"] < owners[owner]:
-                continue
             record["conversation_id"] = None
         rows.append(ToolRecord(**record))
     if rows:

@@ -76,9 +76,7 @@ USER_SECTIONS = [
     Section(
         "toolRecords",
         records.ToolRecordRecord,
-        lambda user_id: agent_selectors.with_conversation_owners(
-            agent_selectors.tool_records_kept_about(user_id)
-        ),
+        agent_selectors.tool_records_kept_about,
         restore.restore_tool_records,
     ),
     # Last: an import puts back what agents kept about the user before their memory may be
@@ -104,9 +102,7 @@ AGENT_SECTIONS = [
     Section(
         "toolRecords",
         records.ToolRecordRecord,
-        lambda agent: agent_selectors.with_conversation_owners(
-            agent_selectors.tool_records_of(agent).order_by("created_at", "id")
-        ),
+        lambda agent: agent_selectors.tool_records_of(agent).order_by("created_at", "id"),
         restore.restore_tool_records,
     ),
 ]

@@ -11,6 +11,7 @@ from agents_api.models import MemoryBlock, UserErasure, UserMemorySetting
 from agents_api.selectors import memories_of, tool_records_kept_about
 from agents_api.services.memories import memories_delete, memory_citations_forget
 from agents_api.services.tool_records import tool_records_delete
+from conversations.selectors import conversations_owned_by
 from conversations.services import user_conversations_erase
 from memsvc.api.errors import InvalidInput
 from memsvc.api.principals import Principal
@@ -38,8 +39,9 @@ def user_erase(actor: Principal, *, confirm: str) -> Erased:
     the admin's to remove). Others' memories that cited a message erased cite it no more
     (``memory_citations_forget``). Their memory switch goes too, unless it is off: that row
     says only that agents must not remember them, and is kept so that they do not start
-    again. That they were erased, and when, is kept (``UserErasure``): no import of an
-    older document brings back their turns in another's conversations. ``confirm`` must be
+    again. That they were erased, and when, and the ids of the conversations erased with
+    them, is kept (``UserErasure``): no import of an older document brings back their turns
+    in another's conversations, nor an agent's records of their conversations. ``confirm`` must be
     their id: this cannot be undone. All or nothing."""
     if confirm != actor.id:
         raise InvalidInput.for_field(
@@ -48,14 +50,19 @@ def user_erase(actor: Principal, *, confirm: str) -> Erased:
     # Before anything: the writes about them in flight end first (and are erased here), and
     # those that come later wait for the erase.
     hold_users([actor.id], alone=True)
+    owned = list(conversations_owned_by(actor.id).values_list("id", flat=True))
     erased = user_traces_erase(actor.id)
     memories = memories_delete(actor, memories=memories_of(user_id=actor.id, with_expired=True))
     _, deleted = MemoryBlock.objects.filter(user_id=actor.id).delete()
     UserMemorySetting.objects.filter(user_id=actor.id, memory_enabled=True).delete()
     get_user_model().objects.filter(username=actor.id, is_staff=False).delete()
-    UserErasure.objects.update_or_create(
-        user_id=actor.id, defaults={"erased_at": timezone.now(), "restored_at": None}
+    erasure, made = UserErasure.objects.get_or_create(
+        user_id=actor.id, defaults={"erased_at": timezone.now(), "conversation_ids": owned}
     )
+    if not made:  # (erased again: what an erase took stays taken, once gone)
+        erasure.erased_at, erasure.restored_at = timezone.now(), None
+        erasure.conversation_ids = sorted({*erasure.conversation_ids, *owned})
+        erasure.save()
     return replace(erased, memories=memories, memory_blocks=deleted.get(MemoryBlock._meta.label, 0))
 
 

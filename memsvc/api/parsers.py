@@ -51,6 +51,14 @@ def json_problem(value, max_depth: int = MAX_JSON_DEPTH) -> tuple[tuple, str] | 
     return None
 
 
+def too_many_digits(exc: ValueError) -> str | None:
+    """A JSON decoder's refusal of a number too long, in our words (Python's name its own
+    setting: "use sys.set_int_max_str_digits()"; review); None for any other."""
+    if "int_max_str_digits" in str(exc):
+        return f"a number has more than {sys.get_int_max_str_digits()} digits"
+    return None
+
+
 class JSONParser(parsers.JSONParser):
     max_depth = MAX_JSON_DEPTH
 
@@ -62,13 +70,9 @@ class JSONParser(parsers.JSONParser):
                 f"JSON parse error - nested more than {self.max_depth} levels deep"
             ) from None
         except ParseError as exc:
-            # (Python's words name its own setting: "use sys.set_int_max_str_digits()";
-            # review.)
-            if "int_max_str_digits" in str(exc.__context__):
-                raise ParseError(
-                    f"JSON parse error - a number has more than {sys.get_int_max_str_digits()} "
-                    "digits"
-                ) from None
+            if isinstance(exc.__context__, ValueError):  # (DRF's: "JSON parse error - ...")
+                said = too_many_digits(exc.__context__) or exc.__context__
+                raise ParseError(f"JSON parse error - {said}") from None
             raise
         problem = json_problem(data, self.max_depth)
         if problem:

@@ -268,7 +268,8 @@ class learning:
     def _check(self) -> None:
         try:
             self._client.client.get("/health").raise_for_status()
-        except httpx.HTTPError as exc:
+        # (A host name no resolver takes, "a" * 64 or "xn--zz": the IDNA codec's error.)
+        except (httpx.HTTPError, UnicodeError) as exc:
             raise MemoryServerUnavailable(
                 f"memsvc is not reachable at {self.url} ({exc}). Start it with "
                 "`./scripts/serve` in the memsvc checkout (or `memsvc serve`), or set "

@@ -423,11 +423,12 @@ def test_stdio_answers_every_line_it_cannot_serve():
         '{"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "memory_save",'
         ' "arguments": {"content": "latin \udcff\udcfe bytes"}}}',
         "[1, 2]",
+        '{"jsonrpc": "2.0", "id": 5, "method": "ping", "params": {"n": ' + "7" * 4301 + "}}",
         '{"jsonrpc": "2.0", "id": null, "method": "tools/list"}',
         '{"jsonrpc": "2.0", "id": "p", "method": "ping", "params": "x"}',
         '{"jsonrpc": "2.0", "id": 3, "method": "tools/list"}',
     ]
-    read, _ = raw_stdio(lines, answers=8)
+    read, _ = raw_stdio(lines, answers=9)
     answers = [json.loads(line) for line in read]
     errors = [(a["id"], a["error"]) for a in answers if "error" in a]
     assert [(i, e["code"]) for i, e in errors] == [
@@ -435,12 +436,14 @@ def test_stdio_answers_every_line_it_cannot_serve():
         (None, -32700),
         (None, -32700),
         (None, -32600),
+        (None, -32700),
         (None, -32600),
         ("p", -32600),
     ]
     assert "lone surrogate" in errors[0][1]["message"]
     assert errors[2][1]["message"] == "Parse error: a line is UTF-8 text"
-    assert "id: a string or an integer" in errors[4][1]["message"]
+    assert errors[4][1]["message"] == "Parse error: a number has more than 4300 digits"
+    assert "id: a string or an integer" in errors[5][1]["message"]
     assert sorted(a["id"] for a in answers if "result" in a) == [1, 3]
     assert not Memory.objects.exists()
 

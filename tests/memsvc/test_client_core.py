@@ -347,13 +347,16 @@ def test_where_memsvc_is(environ, url):
     assert server_url_from_env(environ) == url
 
 
-@pytest.mark.parametrize("url", ["http://127.0.0.1:abc", "http://[::1"])
+@pytest.mark.parametrize(
+    "url",
+    ["http://127.0.0.1:abc", "http://[::1", f"http://{'a' * 64}.example", "http://xn--zz.example"],
+)
 def test_an_address_that_is_no_url_is_memsvc_unavailable(url):
     """The block's entry raises one of its two exceptions, not httpx's ``InvalidURL``."""
     from memsvc.client import MemoryServerUnavailable
 
     with (
-        pytest.raises(MemoryServerUnavailable, match="is no URL"),
+        pytest.raises(MemoryServerUnavailable, match=r"is no URL|is not reachable"),
         learning(agent="a", server_url=url),
     ):
         pass
