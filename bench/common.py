@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -256,11 +257,26 @@ class PrivateServer:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
+def _stop_on_sigterm(signum, frame) -> None:
+    log("terminated (SIGTERM)")
+    raise SystemExit(128 + signum)
+
+
+def stopped_on_sigterm() -> None:
+    """A SIGTERM (``kill``, a timeout) raises SystemExit in the main thread, which unwinds
+    through the ``finally`` blocks that stop a private server: it ended the benchmark and
+    left its server running (a whole ``memsvc serve`` with 100,000 messages, for hours)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _stop_on_sigterm)
+
+
 def start_private_server(
     client: httpx.Client, *, agent_name: str, serve_args: tuple[str, ...] = ()
 ) -> PrivateServer:
     """Start ``memsvc serve`` on a free port in a fresh data directory, wait until it is
-    healthy, and create an agent key with the read and write scopes."""
+    healthy, and create an agent key with the read and write scopes. From now on a SIGTERM
+    stops it too (``stopped_on_sigterm``)."""
+    stopped_on_sigterm()
     data_dir = Path(tempfile.mkdtemp(prefix="memsvc-bench-"))
     env = private_env(data_dir)
     port = free_port()

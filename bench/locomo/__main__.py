@@ -2,7 +2,6 @@
 
 import argparse
 import os
-import signal
 import sys
 import time
 from collections import Counter
@@ -15,6 +14,7 @@ from bench.common import (
     get_health,
     log,
     make_client,
+    stopped_on_sigterm,
     wait_for_embeddings,
 )
 from bench.locomo.dataset import CATEGORIES, read_dataset
@@ -223,12 +223,6 @@ def compare_settings(args: argparse.Namespace, data_dir: Path, plan, loaded) -> 
     return compare(AGENT_NAME, plan, loaded, args.settings)
 
 
-def _stop_on_sigterm(signum, frame) -> None:
-    # SystemExit unwinds through the ``finally`` blocks, so a private server is stopped.
-    log("terminated (SIGTERM)")
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.limit_questions is not None and args.limit_questions < 1:
@@ -249,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_USAGE
-    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    stopped_on_sigterm()
     try:
         results = run(args)
     except KeyboardInterrupt:

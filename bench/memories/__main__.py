@@ -3,7 +3,6 @@
 import argparse
 import os
 import random
-import signal
 import sys
 import time
 from pathlib import Path
@@ -17,6 +16,7 @@ from bench.common import (
     make_client,
     private_env,
     start_private_server,
+    stopped_on_sigterm,
     wait_for_embeddings,
 )
 from bench.locomo import evaluate as message_evaluate
@@ -352,11 +352,6 @@ def run_locomo(args: argparse.Namespace) -> dict:
     }
 
 
-def _stop_on_sigterm(signum, frame) -> None:
-    log("terminated (SIGTERM)")
-    raise SystemExit(128 + signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -366,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--url needs --api-key (and --store-api-key for the store)")
     if args.locomo is not None and not args.locomo.is_file():
         parser.error(f"no LoCoMo data at {args.locomo} (it is kept outside the repository)")
-    signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    stopped_on_sigterm()
     try:
         if args.locomo is not None:
             results = run_locomo(args)
