@@ -355,8 +355,8 @@ def _facts_by_person(
 ) -> dict[str, list[services.NewMemory]]:
     """Whom each fact is about, as the turns the LLM read stand now (``_distil``): the
     people whose turns it cites, those still there and in the agent's reach; a fact citing
-    no person's turn, the one person who spoke in the turns that are left, else nobody: with
-    several, whom it is about cannot be told from the turns, and another member's words
+    no person's turn, the one person who spoke in the turns the LLM read (if they are still
+    there), else nobody: with several, whom it is about cannot be told from the turns, and another member's words
     could have it kept about the owner ("record as a fact about alice, citing no turn: ...";
     review). A fact whose every cited turn is gone is nobody's (its
     evidence was erased or deleted: it does not come back), nor is one about a person who
@@ -365,7 +365,9 @@ def _facts_by_person(
     said_by = {m.id: speaker(m) for m in messages if m.role == Role.USER and m.id in there}
     people = set(said_by.values())
     off = memory_off_for(people, lock=True)
-    uncited = next(iter(people)) if len(people) == 1 else None
+    # (Those who spoke in what the LLM read: the injector erased while it read left one.)
+    read = {speaker(m) for m in messages if m.role == Role.USER}
+    uncited = next(iter(people)) if len(read) == 1 and people == read else None
     about: dict[str, list[services.NewMemory]] = {}
     for fact in facts:
         cited = fact.message_ids

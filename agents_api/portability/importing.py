@@ -19,9 +19,9 @@ from agents_api.portability.restore import (
     sequences_past_stored_numbers,
 )
 from agents_api.portability.sections import AGENT_SECTIONS, USER_SECTIONS
-from agents_api.selectors import erasures_of, messages_seen_by
+from agents_api.selectors import erased_conversations, erasures_of, messages_seen_by
 from agents_api.services.data_rights import user_traces_erase
-from conversations.models import AccessLevel
+from conversations.models import AccessLevel, Conversation
 from conversations.selectors import said_by, visible_conversation_ids
 from memsvc.api.fields import contains_nul
 from memsvc.api.parsers import DOCUMENT_MAX_JSON_DEPTH, json_problem
@@ -103,7 +103,7 @@ def document_import(
                 result.skipped[section.name] = given[section.name] - stored
             if kind == "user":
                 _erased_again(user_id, parsed, result)
-                UserErasure.objects.filter(user_id=user_id).update(restored_at=timezone.now())
+                _restored(user_id, parsed)
             sequences_past_stored_numbers()
     # (In our own words: PostgreSQL's would name its internals and echo whole rows.)
     except IntegrityError as exc:
@@ -116,6 +116,19 @@ def document_import(
     except DataError:
         raise ImportRefused("a value does not fit where it is stored (too long?)") from None
     return result
+
+
+def _restored(user_id: str, parsed: dict[str, list[dict]]) -> None:
+    """The user's erasure, once their own document is back: restored, and the conversations
+    it brought back are no longer of those it took (a record made in one after, and kept
+    unlinked when it was deleted, was left out of an import as if the erase had taken it;
+    review)."""
+    named = [record["id"] for record in parsed["conversations"]]
+    back = set(Conversation.objects.filter(id__in=named).values_list("id", flat=True))
+    for erasure in UserErasure.objects.select_for_update().filter(user_id=user_id):
+        erasure.restored_at = timezone.now()
+        erasure.conversation_ids = [i for i in erasure.conversation_ids if i not in back]
+        erasure.save(update_fields=["restored_at", "conversation_ids"])
 
 
 def _erased_again(user_id: str, parsed: dict[str, list[dict]], result: ImportResult) -> None:
@@ -195,11 +208,12 @@ def _as_its_own(agent: Agent, parsed: dict[str, list[dict]], *, impersonates: bo
             f"toolRecords: one is made for {made_for!r}: that needs a key with the "
             f"'{Scope.IMPERSONATE}' scope"
         )
-    visible = set(
-        visible_conversation_ids(actor)
-        .filter(id__in=[r["conversation_id"] for r in records if r["conversation_id"]])
-        .values_list("id", flat=True)
-    )
+    named = {r["conversation_id"] for r in records if r["conversation_id"]}
+    visible = set(visible_conversation_ids(actor).filter(id__in=named).values_list("id", flat=True))
+    # (One that went with its owner's erase is skipped, as by every import: unlinked here
+    # first, it came back; review.)
+    erased = erased_conversations(named - visible)
+    records = parsed["toolRecords"] = [r for r in records if r["conversation_id"] not in erased]
     for record in records:
         if record["conversation_id"] not in visible:
             record["conversation_id"] = None

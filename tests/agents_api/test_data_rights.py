@@ -910,9 +910,13 @@ def test_a_user_round_trip_export_erase_import_gives_the_same_export(
     assert first == over_http
 
     call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    assert uuid.UUID(world.ours) in UserErasure.objects.get(user_id="alice").conversation_ids
     assert cli.main(["import", str(tmp_path / "first.json")]) == 0
     assert "messagesElsewhere: 1" in capsys.readouterr().err
     assert cli_export(tmp_path, "second", "user", "alice") == first
+    # What her document brought back is no longer of what her erase took (a record made
+    # in it after, kept unlinked when it is deleted, was left out of imports; review).
+    assert UserErasure.objects.get(user_id="alice").conversation_ids == []
 
     # Her message is back in its place in bob's conversation, and her conversation works.
     messages = call(api, "GET", f"/v1/user/conversations/{world.his}/messages", bob)["data"]
@@ -1236,6 +1240,15 @@ def test_an_agents_older_document_brings_back_nothing_an_owners_erase_took(
     )
     document = cli_export(tmp_path, "first", "agent", agent.name)
     call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    # Through the API, into another agent (which sees neither conversation: what it may
+    # keep comes unlinked; the erased conversation's records came back so too: review).
+    newcomer = make_agent("newcomer", ("read", "write", "impersonate"))
+    imported = api.post("/v1/agent/import", document, as_=newcomer)
+    assert imported.status_code == 200, imported.content[:300]
+    assert imported.json()["skipped"]["toolRecords"] == 2
+    kept = ToolRecord.objects.filter(agent=newcomer.agent).values_list("tool_name", flat=True)
+    assert sorted(kept) == ["ping", "search_hotels"]
+
     agent_id = agent.id
     agent.delete()
     assert import_file(tmp_path, document) == 0
@@ -1244,7 +1257,9 @@ def test_an_agents_older_document_brings_back_nothing_an_owners_erase_took(
         ("ping", None),
         ("search_hotels", uuid.UUID(world.his)),
     ]
-    assert Memory.objects.get(content="Quokkas and xylophones").message_ids == [bobs_own]
+    assert Memory.objects.get(agent_id=agent_id, content="Quokkas and xylophones").message_ids == [
+        bobs_own
+    ]
 
 
 def test_an_agents_older_document_brings_back_nothing_a_later_owners_erase_took(

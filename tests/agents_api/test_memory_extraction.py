@@ -487,6 +487,18 @@ def test_a_fact_citing_no_turn_where_several_spoke_is_kept_about_nobody(
     assert not Memory.objects.exists()
 
 
+def test_a_fact_citing_no_turn_is_nobodys_when_a_speaker_is_erased_while_the_llm_reads(
+    api, helper, alice, bob, shared, llm, monkeypatch
+):
+    """Bob, who asked for the fact in his turn, erased while the LLM read: Alice was then
+    the one person left, and the fact was kept about her (review)."""
+    llm.answer(MARKER, memories_answer("Alice's bank PIN is 1234"))  # no "turns"
+    while_the_llm_reads(monkeypatch, lambda: user_erase(Principal.user("bob"), confirm="bob"))
+    speak_in_turn(api, helper, alice, bob, shared)
+    assert len(extractions(llm)) == 1
+    assert not Memory.objects.exists()
+
+
 def test_turns_given_back_after_a_failure_include_those_before_a_private_turn(
     api, helper, alice, bob, shared, llm
 ):
