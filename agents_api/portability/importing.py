@@ -19,7 +19,7 @@ from agents_api.portability.restore import (
     sequences_past_stored_numbers,
 )
 from agents_api.portability.sections import AGENT_SECTIONS, USER_SECTIONS
-from agents_api.selectors import erased_conversations, erasures_of, messages_seen_by
+from agents_api.selectors import erasures_of, messages_seen_by
 from agents_api.services.data_rights import user_traces_erase
 from conversations.models import AccessLevel, Conversation
 from conversations.selectors import said_by, visible_conversation_ids
@@ -210,12 +210,12 @@ def _as_its_own(agent: Agent, parsed: dict[str, list[dict]], *, impersonates: bo
         )
     named = {r["conversation_id"] for r in records if r["conversation_id"]}
     visible = set(visible_conversation_ids(actor).filter(id__in=named).values_list("id", flat=True))
-    # (One that went with its owner's erase is skipped, as by every import: unlinked here
-    # first, it came back; review.)
-    erased = erased_conversations(named - visible)
-    records = parsed["toolRecords"] = [r for r in records if r["conversation_id"] not in erased]
+    # Unlinked here: those that exist and the agent does not see. One that is gone is left
+    # to ``restore.restore_tool_records``, as in every import (unlinked, or skipped when it
+    # went with its owner's erase: unlinked here first, it came back; review).
+    hidden = set(Conversation.objects.filter(id__in=named - visible).values_list("id", flat=True))
     for record in records:
-        if record["conversation_id"] not in visible:
+        if record["conversation_id"] in hidden:
             record["conversation_id"] = None
 
     for block in parsed["memoryBlocks"]:
