@@ -49,6 +49,7 @@ from conversations.selectors import access_conversation, messages_elsewhere
 from conversations.services import (
     NewMessage,
     conversation_create,
+    conversation_fork,
     membership_create,
     message_append,
     messages_append,
@@ -83,27 +84,36 @@ def export(api, user) -> dict:
 
 
 @pytest.fixture
-def world(api, alice, bob, charlie):
-    def post(path, body, as_, status=201):
-        return call(api, "POST", f"/v1/user/{path}", as_, body, status)
+def world():
+    """Built with the services the API calls (the API's own tests are elsewhere): about 20
+    requests a test through the API were most of this module's time."""
+    as_alice, as_bob = Principal.user("alice"), Principal.user("bob")
 
-    ours = post("conversations", {"title": "Alice's plans"}, alice)["id"]
-    post(f"conversations/{ours}/messages", {"content": "Alice plans a trip to Zanzibar"}, alice)
-    post(f"conversations/{ours}/memberships", {"userId": "bob", "accessLevel": "writer"}, alice)
-    post(f"conversations/{ours}/messages", {"content": "Bob likes the Zanzibar idea"}, bob)
+    def say(who, conversation, content):
+        return message_append(who, conversation=conversation, content=content)
 
-    his = post("conversations", {"title": "Bob's diary"}, bob)["id"]
-    post(f"conversations/{his}/messages", {"content": "Bob keeps a quokka diary"}, bob)
-    post(f"conversations/{his}/memberships", {"userId": "alice", "accessLevel": "writer"}, bob)
-    hers = post(f"conversations/{his}/messages", {"content": "Alice hums xylophone tunes"}, alice)
-    reply = post(f"conversations/{his}/messages", {"content": "Bob answers about quokkas"}, bob)
-    fork = post(f"conversations/{his}/messages/{reply['id']}/fork", {"title": "Bob's fork"}, bob)
-    post(f"conversations/{fork['id']}/messages", {"content": "Bob goes on in his fork"}, bob)
-    offered = post("conversations", {"title": "Bob's gift"}, bob)["id"]
-    post(f"conversations/{offered}/transfer-ownership", {"newOwnerUserId": "alice"}, bob, 202)
+    def share(who, conversation, principal_id):
+        membership_create(
+            who, conversation=conversation, principal_id=principal_id, access_level="writer"
+        )
 
-    strangers = post("conversations", {"title": "Charlie's notes"}, charlie)["id"]
-    post(f"conversations/{strangers}/messages", {"content": "Charlie writes alone"}, charlie)
+    ours = conversation_create(as_alice, title="Alice's plans")
+    say(as_alice, ours, "Alice plans a trip to Zanzibar")
+    share(as_alice, ours, "bob")
+    say(as_bob, ours, "Bob likes the Zanzibar idea")
+
+    his = conversation_create(as_bob, title="Bob's diary")
+    say(as_bob, his, "Bob keeps a quokka diary")
+    share(as_bob, his, "alice")
+    hers = say(as_alice, his, "Alice hums xylophone tunes")
+    reply = say(as_bob, his, "Bob answers about quokkas")
+    fork = conversation_fork(as_bob, conversation=his, message=reply, title="Bob's fork")
+    say(as_bob, fork, "Bob goes on in his fork")
+    offered = conversation_create(as_bob, title="Bob's gift")
+    ownership_transfer_start(as_bob, conversation=offered, to_principal="alice")
+
+    strangers = conversation_create(Principal.user("charlie"), title="Charlie's notes")
+    say(Principal.user("charlie"), strangers, "Charlie writes alone")
 
     agent = AgentFactory()
     actor = agent.as_principal()
@@ -119,13 +129,18 @@ def world(api, alice, bob, charlie):
         raw_output={"results": [{"id": "htl-001", "price": 120}]},
         task_id="trip",
         step=1,
-        conversation=Conversation.objects.get(id=his),
+        conversation=his,
     )
     nothing = NewToolRecord(tool_name="ping", raw_output=None, summary="No answer")
     tool_records_create(actor, agent=agent, records=[hotels, nothing])
     embed_pending()
     return SimpleNamespace(
-        ours=ours, his=his, hers=hers["id"], fork=fork["id"], offered=offered, agent=agent
+        ours=str(ours.id),
+        his=str(his.id),
+        hers=str(hers.id),
+        fork=str(fork.id),
+        offered=str(offered.id),
+        agent=agent,
     )
 
 

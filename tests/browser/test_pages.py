@@ -439,6 +439,7 @@ def test_an_answer_refused_as_too_many_at_once_is_asked_for_again(page, assistan
     expect(page.locator("#messages li.message.assistant .content")).to_have_text(
         "Start with the Vatican Museums."
     )
+    expect(page.locator("#messages li.streaming")).to_have_count(0)  # the stream ended: kept
     expect(form.get_by_role("alert")).to_have_count(0)
     expect(form.get_by_role("button", name="Ask for the answer again")).to_have_count(0)
     assert list(
