@@ -41,23 +41,24 @@ def pytest_collection_modifyitems(items):
     items.sort(key=_longest_first)
 
 
-# The modules that take longest, longest first (seconds on a slow 2-core host, 2026-12-03).
-# ``scripts/test`` hands whole modules to its two processes in the order of the collection
-# (``--dist loadfile --no-loadscope-reorder``): these go first, the many short ones fill in
-# after them, so that neither process is left with a long module at the end while the other
-# idles (by number of tests, xdist's own order, test_serve.py came near the end).
+# The modules that take longest, longest first (seconds of test time on the slowest host
+# kind, a 2-core Zen 3, 2026-12-04). ``scripts/test`` hands whole modules to its processes in
+# the order of the collection (``--dist loadfile --no-loadscope-reorder``): these go first,
+# the many short ones fill in after them, so that no process is left with a long module at
+# the end while the others idle (by number of tests, xdist's own order, test_serve.py came
+# near the end).
 LONGEST_MODULES = [
-    "tests/memsvc/test_settings.py",  # 83
-    "tests/memsvc/test_client_delivery.py",  # 81
-    "tests/memsvc/test_serve.py",  # 77
-    "tests/agents_api/test_mcp.py",  # 75
-    "tests/agents_api/test_data_rights.py",  # 70
-    "tests/browser/test_pages.py",  # 66
-    "tests/search/test_embeddings.py",  # 42
+    "tests/agents_api/test_data_rights.py",  # 155 (before its world was built by services)
+    "tests/memsvc/test_settings.py",  # 115
+    "tests/agents_api/test_mcp.py",  # 101
+    "tests/memsvc/test_client_delivery.py",  # 86
+    "tests/memsvc/test_serve.py",  # 80
+    "tests/browser/test_pages.py",  # 74
+    "tests/agents_api/test_memory_extraction.py",  # 51
+    "tests/search/test_embeddings.py",  # 42 (2026-12-03)
     "tests/agents_api/test_schemathesis.py",  # 41
     "tests/memsvc/test_schemathesis.py",  # 40
     "tests/memsvc/test_rate_limits.py",  # 38
-    "tests/agents_api/test_memory_extraction.py",  # 36
     "tests/conversations/test_services.py",  # 35
     "tests/memsvc/test_cli.py",  # 30
 ]
