@@ -184,7 +184,8 @@ class ReplaceTextIn(InputSerializer):
 
 class PatchMemoryBlockIn(InputSerializer):
     value = TextField(required=False, allow_blank=True)
-    append = TextField(required=False, allow_blank=False)
+    # (A line of blanks appended made a block of blanks: review.)
+    append = TextField(required=False, allow_blank=False, validators=[something_to_read])
     replace = ReplaceTextIn(required=False)
     description = BlockDescriptionField(required=False)
     limit = BlockLimitField(required=False)
@@ -284,15 +285,19 @@ class DeletedOut(serializers.Serializer):
 
 
 class TagsField(serializers.ListField):
-    """Tags, each something to read (" " was kept as a tag, where a memory of it is refused;
-    review); ``as_stored``: as a document holds what was stored before that rule."""
+    """Tags, each held to ``rules``: by default, something to read (" " was kept as a tag,
+    where a memory of it is refused; review) and a name as it is given now (" a " and "a"
+    were two tags that look one: review). A search's filter looks tags up (``LOOKED_UP``):
+    one stored before the name rules is found; a document brings them back as they were
+    stored (``AS_STORED``)."""
 
-    def __init__(self, *, as_stored: bool = False, **kwargs):
+    GIVEN = (something_to_read, *GIVEN_NAME_RULES)
+    LOOKED_UP = (something_to_read,)
+    AS_STORED = ()
+
+    def __init__(self, *, rules=GIVEN, **kwargs):
         super().__init__(
-            child=TextField(
-                max_length=MEMORY_TAG_MAX_LENGTH,
-                validators=[] if as_stored else [something_to_read],
-            ),
+            child=TextField(max_length=MEMORY_TAG_MAX_LENGTH, validators=list(rules)),
             max_length=MEMORY_MAX_TAGS,
             **kwargs,
         )
@@ -398,7 +403,9 @@ class SearchMemoriesIn(InputSerializer):
         max_value=settings.MEMORY_MAX_SEARCH_LIMIT,
         default=settings.MEMORY_DEFAULT_SEARCH_LIMIT,
     )
-    tags = TagsField(required=False, help_text="Only memories with any of these tags.")
+    tags = TagsField(
+        required=False, rules=TagsField.LOOKED_UP, help_text="Only memories with any of these tags."
+    )
     minScore = serializers.FloatField(
         required=False,
         min_value=0.0,

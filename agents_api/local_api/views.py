@@ -34,6 +34,7 @@ from agents_api.authentication import (
     HasScope,
     OwnMemoryKeyAuthentication,
     refuse_acting_for_a_user,
+    require_scope,
 )
 from agents_api.local_api import serializers as s
 from agents_api.models import Agent, Scope
@@ -240,16 +241,23 @@ class HealthView(LocalView):
 
 
 class AgentsView(LocalView):
-    # With a key this only returns the key's agent: a read. A keyless caller has every scope.
-    required_scope = Scope.READ
+    """``POST /agents``, "create or return", with which ``learning()`` enters its block. A
+    key's agent is its own: returned by name to a key of either scope, its metadata only to
+    a key that may read (a write-only key enters a ``capture_only`` block: review). A
+    keyless caller has every scope."""
+
+    permission_classes = [IsLocalCaller]
 
     @extend_schema(exclude=True)
     def post(self, request):
         data = s.CreateAgentIn.parse(request.data)
         caller = request.user
         if caller.agent is not None:
-            # A key's only agent is its own: "create or return" returns it by name.
-            return Response(s.agent_out(_agent(request, data["name"])))
+            agent = _agent(request, data["name"])
+            if Scope.READ in caller.scopes:
+                return Response(s.agent_out(agent))
+            require_scope(caller, Scope.WRITE)
+            return Response({"id": str(agent.id), "name": agent.name})
         agent, _ = agent_services.agent_get_or_create(
             owner_principal=agent_selectors.LOCAL_OWNER,
             name=data["name"],

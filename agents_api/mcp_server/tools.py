@@ -224,8 +224,9 @@ def _memory_block_list(caller: Caller, args: dict) -> dict:
 
 
 def _block_edit(caller: Caller, label: str, edit: dict) -> dict:
-    block = selectors.memory_block(caller.agent, user_id=caller.subject, label=label)
+    # (The edit read first: a blank append to no block was made a block of blanks.)
     data = s.PatchMemoryBlockIn.parse(edit)
+    block = selectors.memory_block(caller.agent, user_id=caller.subject, label=label)
     replace = data.get("replace")
     block = services.memory_block_update(
         caller.principal,

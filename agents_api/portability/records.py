@@ -221,7 +221,7 @@ class MemoryRecord(Record):
     content = MessageContentField()
     summary = TextField(allow_blank=True, max_length=10_000)
     importance = ImportanceField()
-    tags = TagsField(as_stored=True)
+    tags = TagsField(rules=TagsField.AS_STORED)
     metadata = MetadataField()
     # Absent from exports made before memories cited messages.
     messageIds = MessageIdsField(source="message_ids", required=False, default=list)

@@ -816,6 +816,11 @@ def test_a_write_only_key_cannot_read_through_the_local_api(local):
     assert local.post("/context/writer", {"query": "x"}, **key).status_code == 403
     message = {"agent_name": "writer", "role": "user", "content": "x"}
     assert local.post("/messages", message, **key).status_code == 200
+    # Its own agent, as ``learning()`` enters a block with it, without what only a reader sees.
+    entered = local.post("/agents", {"name": "writer"}, **key)
+    assert entered.status_code == 200
+    assert entered.json() == {"id": str(writer.agent.id), "name": "writer"}
+    assert local.post("/agents", {"name": "other"}, **key).status_code == 404
 
 
 def test_keyless_loopback_reaches_only_agents_the_local_api_made(local, capsys):

@@ -907,6 +907,8 @@ def test_http_a_value_of_another_kind_is_refused_without_echoing_it(
     [
         ("memory_block_append", {"label": "human", "text": "x" * 6000}, "text"),
         ("memory_block_append", {"label": "notes", "text": "x" * 6000}, "text"),  # (made now)
+        ("memory_block_append", {"label": "human", "text": " \n "}, "text"),
+        ("memory_block_append", {"label": "notes", "text": " \n "}, "text"),  # (not made)
         ("memory_block_replace", {"label": "human", "old": "Ada", "new": "x" * 6000}, "new"),
     ],
 )
@@ -919,6 +921,7 @@ def test_http_a_block_tools_refusal_names_its_own_argument(client, tool, argumen
     assert result["content"][0]["text"].startswith(f"{argument}: "), result
     assert list(result["structuredContent"]["details"]) == [argument]
     assert MemoryBlock.objects.get(agent=agent, label="human").value == "Name: Ada"
+    assert not MemoryBlock.objects.filter(agent=agent, label="notes").exists()
 
 
 def refused_without_echo(client, tool: str, arguments: dict, problem: str) -> None:

@@ -437,6 +437,16 @@ def test_tags_filter_search_and_list(api, helper):
     assert contents(listed) == ["Tuesdays are for team lunch"]
 
 
+def test_a_tag_stored_before_the_name_rules_is_still_found_by_it(api, helper):
+    """A tag is given as a name now (no blank ends); one stored before is looked up as it
+    is."""
+    memory = save(api, helper, "Deploys happen on Tuesdays", tags=["ops"])
+    Memory.objects.filter(id=memory["id"]).update(tags=["ops "])
+    found = search(api, helper, "Tuesdays", tags=["ops "], minScore=0)
+    assert contents(found) == ["Deploys happen on Tuesdays"]
+    assert search(api, helper, "Tuesdays", tags=["ops"], minScore=0) == []
+
+
 def expire(*memories, used: int = 0):
     """Let these memories expire a second ago, used ``used`` times, the prune not yet run."""
     Memory.objects.filter(id__in=[memory["id"] for memory in memories]).update(
@@ -1051,6 +1061,10 @@ def test_a_tag_filter_longer_than_any_tag_is_refused(api, helper, alice):
         (MEMORIES, {"content": "x", "tags": ["t" * 101]}, "tags"),
         (MEMORIES, {"content": "x", "tags": ["ok", " "]}, "tags"),  # (kept as a tag: review)
         (MEMORIES, {"content": "x", "tags": ["\u200b"]}, "tags"),
+        (MEMORIES, {"content": "x", "tags": ["a", " a "]}, "tags"),  # (two that look one)
+        (MEMORIES, {"content": "x", "tags": ["a\u200b"]}, "tags"),
+        (MEMORIES, {"content": "x", "tags": ["two\nlines"]}, "tags"),
+        (MEMORIES, {"content": "x", "tags": ["\u202egat"]}, "tags"),  # (shown reversed)
         (MEMORIES, {"content": "x", "userId": "agent:someone"}, "userId"),
         (MEMORIES, {"content": "x", "expiresAt": "2001-01-01T00:00:00Z"}, "expiresAt"),
         (MEMORIES, {"content": "x", "colour": "red"}, "colour"),

@@ -230,6 +230,16 @@ def test_append_and_replace(api, helper):
     assert both.status_code == 400
 
 
+@pytest.mark.parametrize("blank", ["   ", "\n\t", "\u200b"])
+def test_an_append_of_nothing_to_read_is_refused(api, helper, blank):
+    """(It added a line of blanks: review.)"""
+    create_block(api, helper, label="human", value="Name: Alice")
+    refused = api.patch(f"{BLOCKS}/human", {"append": blank}, as_=helper)
+    assert refused.status_code == 400
+    assert refused.json()["details"] == {"append": ["must not be empty"]}
+    assert stored(helper, "human").value == "Name: Alice"
+
+
 def test_every_change_keeps_a_revision(api, helper):
     create_block(api, helper, label="notes", value="v1")
     api.call("PUT", f"{BLOCKS}/notes", as_=helper, body={"value": "v2"})

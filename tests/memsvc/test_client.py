@@ -13,7 +13,7 @@ from openai._base_client import AsyncAPIClient, SyncAPIClient
 
 from agents_api.models import Agent, Memory
 from agents_api.selectors import LOCAL_OWNER
-from agents_api.services import agent_get_or_create, memory_save
+from agents_api.services import agent_get_or_create, api_key_create, memory_save
 from conversations.models import Message
 from memsvc.client import (
     AgentRefused,
@@ -166,6 +166,16 @@ def test_capture_only_stores_and_never_injects(live_server, client, llm):
         "and this",
         "Use Python, Alice.",
     ]
+
+
+def test_a_write_only_key_enters_a_capture_only_block_and_stores(live_server, client, llm):
+    """Entering asks ``POST /agents``, which needed ``read``: a key that may only write was
+    refused a block that only writes (review)."""
+    agent, _ = agent_get_or_create(owner_principal="ops", name="scribe")
+    _, key = api_key_create(agent=agent, scopes=["write"])
+    with learning(agent="scribe", server_url=live_server.url, api_key=key, capture_only=True):
+        ask(client, "remember this")
+    assert stored("scribe") == [("user", "remember this"), ("assistant", "Use Python, Alice.")]
 
 
 def test_the_originals_are_restored_even_after_an_error(live_server):
