@@ -61,6 +61,7 @@ def request_refused(body: bytes | str) -> Refused | None:
 _OBJECT, _TEXT = (dict,), (str,)
 _PARAMS = {
     "tools/call": {"name": ("a text", _TEXT, True), "arguments": ("an object", _OBJECT, False)},
+    "tools/list": {"cursor": ("a text", _TEXT, False)},
     "initialize": {
         "protocolVersion": ("a text", _TEXT, True),
         "capabilities": ("an object", _OBJECT, True),
@@ -75,14 +76,16 @@ def _params_problem(request: dict) -> str | None:
     if shape is None:
         return None
     params = request.get("params")
+    if params is None and not any(required for *_, required in shape.values()):
+        return None  # (params of nothing but optional keys may be left out)
     if not isinstance(params, dict):
         return f"{request['method']} takes params: an object with {', '.join(shape)}"
     for key, (what, types, required) in shape.items():
         if key not in params:
             if required:
                 return f"params.{key}: missing ({what})"
-        elif not isinstance(params[key], types):
-            return f"params.{key}: must be {what}"
+        elif not isinstance(params[key], types) and (required or params[key] is not None):
+            return f"params.{key}: must be {what}"  # (an optional one may be null: none)
     return None
 
 

@@ -710,6 +710,8 @@ def test_http_a_path_under_the_endpoint_is_404_in_its_shape(client, path):
             "params.arguments: must be an object",
         ),
         ("initialize", {}, "params.protocolVersion: missing (a text)"),
+        ("tools/list", {"cursor": 5}, "params.cursor: must be a text"),
+        ("tools/list", [5], "tools/list takes params: an object with cursor"),
     ],
 )
 def test_http_wrong_params_are_said_plainly(client, method, params, problem):
@@ -725,6 +727,16 @@ def test_http_wrong_params_are_said_plainly(client, method, params, problem):
         "id": 7,
         "error": {"code": -32602, "message": f"Invalid params: {problem}"},
     }
+
+
+def test_http_tools_are_listed_with_or_without_params(client):
+    _, key = keyed_agent("lister")
+    for params in ({}, {"cursor": None}, None):  # (a cursor of null: none, as the SDK takes it)
+        request = {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}
+        if params is not None:
+            request["params"] = params
+        tools = post_mcp(client, key, request).json()["result"]["tools"]
+        assert "memory_save" in {tool["name"] for tool in tools}
 
 
 def call_tool(client, key: str, name: str, arguments: dict):
