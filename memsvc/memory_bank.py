@@ -58,6 +58,8 @@ RECORD_SEPARATOR = "-------------------"
 DEFAULT_TOP_K = 3
 DEFAULT_MAX_CHARS_PER_RECORD = 2000
 MAX_TOP_K = 20  # the most a tool record search returns (the server's limit)
+# The longest task id memsvc keeps (``agents_api.api.serializers.TASK_ID_MAX_LENGTH``).
+MAX_TASK_ID_CHARS = 255
 # The most memsvc keeps of a tool's input or its output, as JSON in UTF-8 (the server's
 # limit: ``agents_api.api.serializers.TOOL_JSON_MAX_BYTES``).
 MAX_TOOL_JSON_BYTES = 1024 * 1024
@@ -234,6 +236,9 @@ class MemoryBank:
         top_k: int = DEFAULT_TOP_K,
         max_chars_per_record: int = DEFAULT_MAX_CHARS_PER_RECORD,
     ):
+        if task_id is not None and len(task_id) > MAX_TASK_ID_CHARS:
+            # (Taken, and then every store of the block refused and its records lost: review.)
+            raise ValueError(f"task_id: at most {MAX_TASK_ID_CHARS} characters")
         self.agent = agent
         self.fixed_task_id = task_id
         self.top_k = top_k

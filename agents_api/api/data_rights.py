@@ -170,6 +170,9 @@ class AgentExportView(AgentApiView):
 class AgentImportView(AgentApiView):
     # Its records' values as deep as a request may make them, two levels below the body.
     parser_classes = [DocumentJSONParser]
+    # Its 409 tells whether a memory's content is kept already: a key that may not read may
+    # not learn it by importing (a write-only key made a memory it may not save: review).
+    writes_read = ("POST",)
 
     @agent_operation(
         "agentImportMemory",
@@ -179,7 +182,8 @@ class AgentImportView(AgentApiView):
             "new (new ids and block numbers, no time later than now, memories not yet used, "
             "a block's history one revision by you); a cited message or a tool record's "
             "conversation you cannot see here is dropped; a tool record made for a user "
-            "needs a key with the `impersonate` scope (else 400); memories, blocks and tool "
+            "needs a key with the `impersonate` scope (else 400); a key needs `read` beside "
+            "`write` (the answer tells what you keep); memories, blocks and tool "
             "records "
             "about a user who turned memory off, and memories whose `expiresAt` has passed, "
             "are skipped. "

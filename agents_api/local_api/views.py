@@ -253,10 +253,12 @@ class AgentsView(LocalView):
         data = s.CreateAgentIn.parse(request.data)
         caller = request.user
         if caller.agent is not None:
+            reads = Scope.READ in caller.scopes
+            if not reads:  # (before the name is looked up: a key of neither scope learns none)
+                require_scope(caller, Scope.WRITE)
             agent = _agent(request, data["name"])
-            if Scope.READ in caller.scopes:
+            if reads:
                 return Response(s.agent_out(agent))
-            require_scope(caller, Scope.WRITE)
             return Response({"id": str(agent.id), "name": agent.name})
         agent, _ = agent_services.agent_get_or_create(
             owner_principal=agent_selectors.LOCAL_OWNER,

@@ -1848,6 +1848,18 @@ def test_an_import_makes_a_tool_record_for_a_user_only_with_a_key_that_may_act_f
     ) == ["bob"]
 
 
+def test_an_import_needs_a_key_that_may_read(api, helper):
+    """Its 409 told a write-only key whether a memory's content is kept already, which a
+    save refuses it (review)."""
+    memory_save(helper.agent.as_principal(), agent=helper.agent, content="The PIN is 4812")
+    document = agent_export(api, helper)
+    writer = make_agent(helper.agent.name, scopes=("write",))  # (a second key of the agent)
+    refused = api.post("/v1/agent/import", document, as_=writer)
+    assert refused.status_code == 403, refused.content
+    assert refused.json()["error"] == "this API key lacks the 'read' scope"
+    assert Memory.objects.filter(agent=helper.agent).count() == 1
+
+
 def test_an_imports_records_are_of_the_json_types_the_export_says(api, helper):
     """(A block's limit "5000", readOnly 0 and an importance "0.5" were converted and
     stored; review.) Refused as a request body's values are, nothing imported."""

@@ -821,6 +821,11 @@ def test_a_write_only_key_cannot_read_through_the_local_api(local):
     assert entered.status_code == 200
     assert entered.json() == {"id": str(writer.agent.id), "name": "writer"}
     assert local.post("/agents", {"name": "other"}, **key).status_code == 404
+    # A key of neither scope learns no name: its own is refused as any other.
+    acting = make_agent("writer", scopes=("impersonate",))
+    for name in ("writer", "other"):
+        refused = local.post("/agents", {"name": name}, HTTP_X_API_KEY=acting.key, **REMOTE)
+        assert refused.status_code == 403
 
 
 def test_keyless_loopback_reaches_only_agents_the_local_api_made(local, capsys):

@@ -240,6 +240,44 @@ def test_an_append_of_nothing_to_read_is_refused(api, helper, blank):
     assert stored(helper, "human").value == "Name: Alice"
 
 
+@pytest.mark.parametrize(
+    ("method", "body", "field"),
+    [
+        ("PUT", {"value": "   "}, "value"),
+        ("PATCH", {"value": "\n\n"}, "value"),
+        ("PATCH", {"replace": {"old": "Name: Alice", "new": "\u200b"}}, "replace"),
+    ],
+)
+def test_a_change_that_leaves_nothing_but_blanks_is_refused(api, helper, method, body, field):
+    """A value of blanks only was kept and headed every prompt (review); empty is fine."""
+    create_block(api, helper, label="human", value="Name: Alice")
+    refused = api.call(method, f"{BLOCKS}/human", as_=helper, body=body)
+    assert refused.status_code == 400
+    assert refused.json()["details"] == {field: ["the block would hold nothing but blanks"]}
+    assert stored(helper, "human").value == "Name: Alice"
+    assert MemoryBlockRevision.objects.filter(block__label="human").count() == 1
+
+
+def test_a_block_of_blanks_is_not_made_but_an_empty_one_and_blanks_within_are(api, helper):
+    refused = api.post(BLOCKS, {"label": "notes", "value": "\u200b  "}, as_=helper)
+    assert refused.status_code == 400
+    assert refused.json()["details"] == {"value": ["the block would hold nothing but blanks"]}
+    assert not MemoryBlock.objects.filter(label="notes").exists()
+    create_block(api, helper, label="notes", value="a b")
+    spaced = {"replace": {"old": "b", "new": "  "}}
+    assert api.patch(f"{BLOCKS}/notes", spaced, as_=helper).json()["value"] == "a   "
+    assert api.call("PUT", f"{BLOCKS}/notes", as_=helper, body={"value": ""}).status_code == 200
+    assert stored(helper, "notes").value == ""
+
+
+def test_a_block_of_blanks_stored_before_the_rule_takes_other_changes(api, helper):
+    create_block(api, helper, label="old", value="x")
+    MemoryBlock.objects.filter(label="old").update(value="   ")
+    changed = api.patch(f"{BLOCKS}/old", {"limit": 100, "description": "kept"}, as_=helper)
+    assert changed.status_code == 200, changed.content
+    assert (changed.json()["value"], changed.json()["limit"]) == ("   ", 100)
+
+
 def test_every_change_keeps_a_revision(api, helper):
     create_block(api, helper, label="notes", value="v1")
     api.call("PUT", f"{BLOCKS}/notes", as_=helper, body={"value": "v2"})

@@ -11,12 +11,14 @@ import httpx
 import openai
 import pytest
 
+from agents_api.api.serializers import TASK_ID_MAX_LENGTH
 from agents_api.models import ToolRecord
 from bench.tool_task import FINAL_ANSWER, first_messages, run_agent, script, tool_output
 from memsvc.client import learning
 from memsvc.client.session import _KeptClient
 from memsvc.memory_bank import (
     CONTEXT_HEADING,
+    MAX_TASK_ID_CHARS,
     MAX_TOOL_JSON_BYTES,
     TRUNCATED,
     MemoryBank,
@@ -385,6 +387,14 @@ def test_records_whose_answer_was_lost_are_sent_again_and_stored_once(live_serve
 def test_an_unknown_strategy_is_refused():
     with pytest.raises(ValueError, match="memory_bank"):
         learning(agent=AGENT, strategy="summarise")
+
+
+def test_a_task_id_longer_than_memsvc_keeps_is_refused_when_the_block_is_made():
+    """(Taken, and then every store of the block refused: its records lost; review.)"""
+    assert MAX_TASK_ID_CHARS == TASK_ID_MAX_LENGTH
+    learning(agent=AGENT, strategy="memory_bank", task_id="t" * MAX_TASK_ID_CHARS)
+    with pytest.raises(ValueError, match="task_id: at most 255 characters"):
+        learning(agent=AGENT, strategy="memory_bank", task_id="t" * (MAX_TASK_ID_CHARS + 1))
 
 
 def test_the_bench_measures_the_tokens_of_an_agent_with_a_key(live_server):
