@@ -19,6 +19,7 @@ from pgvector.django import HnswIndex
 
 from memsvc.api.errors import NotFound
 from memsvc.api.principals import agent_uuid_of
+from memsvc.text import DEFAULT_IGNORABLE
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +70,14 @@ MARKUP_STAND_IN = "\ufdd0"
 # text never held; review).
 _WORDS_TRANSLATION = str.maketrans({"<": MARKUP_STAND_IN, MARKUP_STAND_IN: "\ufffd"})
 
+
+def words_read(text: str) -> str:
+    """``text`` as ``memsvc_words`` reads it before it spaces CJK characters (conversations
+    migration 0015): ``_WORDS_TRANSLATION``, and the default-ignorable characters, which
+    draw nothing, left out ("infor\u00admation" is the word it shows; review)."""
+    return DEFAULT_IGNORABLE.sub("", text.translate(_WORDS_TRANSLATION))
+
+
 # A CJK character as ``memsvc_words`` spaces it, and as a highlight may mark it.
 _SPACED_CJK = re.compile(f" ?(<b>)?([{CJK_CHARACTERS}])(</b>)? ?")
 
@@ -94,7 +103,7 @@ def websearch_text(text: str) -> str:
     CJK characters a quoted phrase of them, one word
     each ("-東京" excludes the texts holding 東 then 京, as "-Tokyo" those holding Tokyo),
     spaced within a quoted phrase."""
-    text = _MINUS_RUN.sub("-", text.translate(_WORDS_TRANSLATION))
+    text = _MINUS_RUN.sub("-", words_read(text))
     pieces, quoted, start = [], False, 0
     for match in _CJK_RUN.finditer(text):
         before = text[start : match.start()]

@@ -437,6 +437,16 @@ def test_tags_filter_search_and_list(api, helper):
     assert contents(listed) == ["Tuesdays are for team lunch"]
 
 
+def test_a_memory_is_found_by_the_words_it_shows_whatever_invisible_characters_they_hold(
+    api, helper
+):
+    """(A soft hyphen or a zero-width space inside a word hid it from keyword search.)"""
+    save(api, helper, "Alice prefers the Mar\u00adgherita at Lu\u200bigi place")
+    for query in ("Margherita", "Luigi"):
+        found = search(api, helper, query, minScore=0.5)
+        assert contents(found) == ["Alice prefers the Mar\u00adgherita at Lu\u200bigi place"]
+
+
 def test_a_tag_stored_before_the_name_rules_is_still_found_by_it(api, helper):
     """A tag is given as a name now (no blank ends); one stored before is looked up as it
     is."""

@@ -12,7 +12,8 @@ from django.utils import timezone
 
 from conversations.models import Channel, Message, Visibility
 from memsvc.api.principals import Principal
-from memsvc.db import CJK_CHARACTERS, MARKUP_STAND_IN, websearch_text
+from memsvc.db import CJK_CHARACTERS, MARKUP_STAND_IN, websearch_text, words_read
+from memsvc.text import DEFAULT_IGNORABLE
 from search import selectors, statements
 from search.embeddings import EmbeddingError, OllamaBackend, configured_backend
 from search.services import embed_messages, embed_pending
@@ -556,6 +557,29 @@ def test_keywords_find_words_whatever_their_accents(api, alice):
     assert contents(search(api, alice, "Zoë café", mode="keyword")) == ["Meet me at the café"]
 
 
+def test_keywords_find_a_word_with_an_invisible_character_inside_by_the_word_it_shows(api, alice):
+    """Text pasted from web pages holds soft hyphens and zero-width characters: such a word
+    was found only by a query holding the same character (review)."""
+    conversation = ConversationFactory(group__owner=alice.id)
+    for text in [
+        "infor\u00admation soft hyphen",
+        "straw\u200dberry jam",
+        "nut\u2060meg spice",
+        "zero\u200bwidth space",
+    ]:
+        MessageFactory(conversation=conversation, author_name="alice", content=text)
+    for query, found in [
+        ("information", "infor\u00admation soft hyphen"),
+        ("strawberry", "straw\u200dberry jam"),
+        ("straw\u200dberry", "straw\u200dberry jam"),
+        ("nutmeg", "nut\u2060meg spice"),
+        ("zerowidth", "zero\u200bwidth space"),  # (as it shows)
+    ]:
+        [hit] = search(api, alice, query, mode="keyword")
+        assert hit["message"]["content"] == found, query
+    assert contents(search(api, alice, "jam -strawberry", mode="keyword")) == []
+
+
 def test_keywords_find_the_words_around_a_less_than_sign_as_written(api, alice):
     """Code and formulas hold "<": PostgreSQL's parser took it for markup, skipped what
     looked like a tag and everything after an unclosed "<script" (review). The words are
@@ -609,9 +633,14 @@ def test_the_words_index_and_the_queries_part_the_same_characters():
     )
     with connection.cursor() as cursor:
         cursor.execute("SELECT memsvc_words(%s)", [every])
-        # (the stand-in of a "<", were a text to hold it, a U+FFFD)
-        read = every.replace(MARKUP_STAND_IN, "\ufffd")
+        # (the stand-in of a "<", were a text to hold it, a U+FFFD; the default-ignorable
+        # characters left out)
+        read = words_read(every)
+        assert MARKUP_STAND_IN not in read and "\u3164" not in read and "\ufeff" not in read
         assert cursor.fetchone()[0] == re.sub(f"([{CJK_CHARACTERS}])", r" \1 ", read)
+        invisible = "".join(chr(c) for c in range(0x110000) if DEFAULT_IGNORABLE.match(chr(c)))
+        cursor.execute("SELECT memsvc_words(%s)", [f"a{invisible}b"])
+        assert cursor.fetchone()[0] == words_read(f"a{invisible}b") == "ab"
         cursor.execute("SELECT memsvc_words(%s)", ["a<b"])
         assert cursor.fetchone()[0] == websearch_text("a<b") == f"a{MARKUP_STAND_IN}b"
 
