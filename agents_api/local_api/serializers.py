@@ -188,6 +188,9 @@ class SearchIn(LocalInput):
         default=settings.MEMORY_DEFAULT_SEARCH_LIMIT,
     )
 
+    # (One of blanks answered the agent's messages in no order: review.)
+    validate_query = SearchToolRecordsIn.validate_query
+
 
 class CreateBlockIn(LocalInput):
     agent_name = AgentNameField()

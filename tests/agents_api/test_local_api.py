@@ -312,6 +312,17 @@ def test_search_limit_default_and_maximum(local, settings):
     assert too_many.json()["detail"][0]["loc"] == ["body", "limit"]
 
 
+@pytest.mark.parametrize("query", ["   ", "\u200b"])
+def test_a_search_for_nothing_to_read_is_refused(local, query):
+    """(It answered the agent's messages in no order, where every other search refuses.)"""
+    make(local)
+    store(local, "my_agent", "user", "a note about tea")
+    refused = local.post("/messages/search", {"agent_name": "my_agent", "query": query})
+    assert refused.status_code == 422
+    [issue] = refused.json()["detail"]
+    assert (issue["loc"], issue["msg"]) == (["body", "query"], "must not be empty")
+
+
 def test_memory_blocks(local):
     make(local)
     created = local.post(
