@@ -145,22 +145,42 @@ def tool_interactions(messages: list) -> list[ToolInteraction]:
     index = last_tool_call_index(messages)
     if index is None:
         return []
-    calls = {}
+    # Each id's calls in order: the n-th answer of an id is its n-th call's (a server that
+    # gives every call one id: review).
+    calls: dict[str, list] = {}
     for call in _get(messages[index], "tool_calls") or []:
         function = _get(call, "function") or {}
-        calls[_get(call, "id")] = (_get(function, "name") or "tool", _get(function, "arguments"))
+        calls.setdefault(_get(call, "id"), []).append(
+            (_get(function, "name") or "tool", _get(function, "arguments"))
+        )
     found = []
     for message in messages[index + 1 :]:
         call_id = _get(message, "tool_call_id")
-        if _get(message, "role") != "tool" or call_id not in calls:
+        if _get(message, "role") != "tool" or not calls.get(call_id):
             continue
-        name, arguments = calls[call_id]
+        name, arguments = calls[call_id].pop(0)
         found.append(
             ToolInteraction(
                 call_id, name, _arguments(arguments), _json(_text(_get(message, "content")))
             )
         )
     return found
+
+
+def _keyed(
+    messages: list, interactions: list[ToolInteraction]
+) -> list[tuple[tuple, ToolInteraction]]:
+    """The last step's ``interactions``, each with what tells it from every other of the
+    task: the place of its assistant message in the history, its call id, and how many
+    before it there had that id. Not the call id alone: a server that gives every call the
+    id "call_0" had each step's records taken for the first one's, and none stored (review)."""
+    index = last_tool_call_index(messages)
+    seen: dict[str, int] = {}
+    keyed = []
+    for interaction in interactions:
+        n = seen[interaction.call_id] = seen.get(interaction.call_id, -1) + 1
+        keyed.append(((index, interaction.call_id, n), interaction))
+    return keyed
 
 
 def anchor_index(messages: list) -> int | None:
@@ -220,9 +240,9 @@ class TaskState:
     task_id: str
     anchor: str | None = None
     step: int = 0
-    trace_ids: dict[str, str] = field(default_factory=dict)  # tool_call id -> its record
-    # The store of these tool_call ids whose answer has not come (yet): sent again as it is
-    unanswered: tuple[tuple[str, ...], ServerRequest] | None = None
+    trace_ids: dict[tuple, str] = field(default_factory=dict)  # an interaction's key -> its record
+    # The store of these interactions (keys) whose answer has not come (yet): sent again as it is
+    unanswered: tuple[tuple[tuple, ...], ServerRequest] | None = None
 
 
 class MemoryBank:
@@ -260,17 +280,17 @@ class MemoryBank:
         self._begin(messages)
         if last_tool_call_index(messages) is None:
             return messages  # the first step: nothing to store or retrieve yet
-        interactions = tool_interactions(messages)
-        new = [i for i in interactions if i.call_id not in self.task.trace_ids]
+        keyed = _keyed(messages, tool_interactions(messages))
+        new = [(key, i) for key, i in keyed if key not in self.task.trace_ids]
         for start in range(0, len(new), MAX_RECORDS_PER_STORE):
             batch = new[start : start + MAX_RECORDS_PER_STORE]
             stored = yield self._store(batch)
             self.task.unanswered = None
-            for interaction, record in zip(batch, stored, strict=True):
-                self.task.trace_ids[interaction.call_id] = record["trace_id"]
+            for (key, _), record in zip(batch, stored, strict=True):
+                self.task.trace_ids[key] = record["trace_id"]
         # The last interaction is sent whole after the records: the records retrieved are
         # the most relevant of the earlier ones, not copies of it.
-        shown = {self.task.trace_ids.get(i.call_id) for i in interactions}
+        shown = {self.task.trace_ids.get(key) for key, _ in keyed}
         found = yield ServerRequest(
             "POST",
             "/tool-records/search",
@@ -293,13 +313,15 @@ class MemoryBank:
             )
         return result
 
-    def _store(self, new: list[ToolInteraction]) -> ServerRequest:
-        """The request that stores the ``new`` interactions, with a key of its own; the one
-        sent before for them, unchanged (its step, its key), when its answer did not come:
-        memsvc may have stored them, and then answers the retry with those records."""
-        call_ids = tuple(i.call_id for i in new)
-        if self.task.unanswered is not None and self.task.unanswered[0] == call_ids:
+    def _store(self, new: list[tuple[tuple, ToolInteraction]]) -> ServerRequest:
+        """The request that stores the ``new`` interactions (``_keyed``), with a key of its
+        own; the one sent before for them, unchanged (its step, its key), when its answer
+        did not come: memsvc may have stored them, and then answers the retry with those
+        records."""
+        keys = tuple(key for key, _ in new)
+        if self.task.unanswered is not None and self.task.unanswered[0] == keys:
             return self.task.unanswered[1]
+        new = [interaction for _, interaction in new]
         each = min(MAX_TOOL_JSON_BYTES, MAX_STORE_JSON_BYTES // (2 * len(new)))
         request = ServerRequest(
             "POST",
@@ -320,7 +342,7 @@ class MemoryBank:
             },
             idempotency_key=f"memory-bank:{uuid.uuid4().hex}",
         )
-        self.task.unanswered = (call_ids, request)
+        self.task.unanswered = (keys, request)
         return request
 
     def prepare(self, messages: list, request: Callable[[ServerRequest], object]) -> list:

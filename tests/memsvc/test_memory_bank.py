@@ -130,6 +130,26 @@ def test_each_step_sends_anchor_retrieved_records_and_the_last_interaction(live_
     assert hotels.raw_output == tool_output("search_hotels", {"city": "Lisbon"})  # whole
 
 
+def test_a_model_server_that_gives_every_call_one_id_gets_a_record_of_each(live_server, llm):
+    """Some servers give every tool call the id "call_0": each step's records were taken for
+    the first one's, none stored, and nothing retrieved (review)."""
+    llm.then(*([ToolCall(n, a, id="call_0") for n, a in calls] for calls in script(6)), "Done.")
+    client = openai.OpenAI(base_url=llm.base_url, api_key="test")
+    with learning(agent=AGENT, server_url=live_server.url, strategy="memory_bank", task_id="t"):
+        run_agent(client, model="gpt-test")
+    records = ToolRecord.objects.filter(agent__name=AGENT).order_by("step", "tool_name")
+    assert [(r.step, r.tool_name) for r in records] == [
+        (2, "search_hotels"),
+        (3, "get_hotel_details"),
+        (4, "check_availability"),
+        (5, "get_weather"),
+        (6, "get_weather"),  # (parallel calls of one id: one record each)
+        (6, "search_trains"),
+        (7, "search_hotels"),
+    ]
+    assert CONTEXT_HEADING in sent(llm)[-1][2]["content"]  # records retrieved
+
+
 def test_the_compressed_context_is_exactly_the_seeds():
     messages = [
         {"role": "system", "content": "Be brief."},
