@@ -46,6 +46,7 @@ from memsvc.client.core import (
     Recall,
     ServerRequest,
     json_bytes,
+    json_depth,
     readable_json,
     text_cut_to,
 )
@@ -63,6 +64,9 @@ MAX_TASK_ID_CHARS = 255
 # The most memsvc keeps of a tool's input or its output, as JSON in UTF-8 (the server's
 # limit: ``agents_api.api.serializers.TOOL_JSON_MAX_BYTES``).
 MAX_TOOL_JSON_BYTES = 1024 * 1024
+# How deep a tool's input or output may nest: a request's body 64 levels
+# (``memsvc.api.parsers.MAX_JSON_DEPTH``), less the three above a record's output.
+MAX_TOOL_JSON_DEPTH = 61
 # What the inputs and outputs of one store's records weigh at most in all, under memsvc's
 # default body cap (``MEMSVC_MAX_BODY_BYTES``, 41 MiB): 42 parallel calls of 1 MB each
 # were refused whole (review).
@@ -201,10 +205,11 @@ def format_records(records: list[dict], max_chars: int) -> str:
 
 def kept_whole_or_cut(value, max_bytes: int = MAX_TOOL_JSON_BYTES):
     """A tool's input or output as memsvc can keep it: whole when its JSON is within
-    ``max_bytes`` (at most the server's limit), else the start of that JSON as
-    ``{"_raw": ...}`` (the form of an answer that is no JSON), marked truncated. (One output
-    over the limit was refused by memsvc with the step's other records: review.)"""
-    if json_bytes(value) <= max_bytes:
+    ``max_bytes`` (at most the server's limit) and ``MAX_TOOL_JSON_DEPTH``, else the start
+    of that JSON as ``{"_raw": ...}`` (the form of an answer that is no JSON), marked
+    truncated when cut. (One output over a limit was refused by memsvc with the step's other
+    records: review.)"""
+    if json_bytes(value) <= max_bytes and json_depth(value) <= MAX_TOOL_JSON_DEPTH:
         return value
     return {"_raw": text_cut_to(json.dumps(value, ensure_ascii=False), max_bytes - _RAW_BYTES)}
 

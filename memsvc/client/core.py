@@ -65,7 +65,7 @@ def json_bytes(value) -> int:
     return len(json.dumps(value, ensure_ascii=False).encode())
 
 
-def _depth(value) -> int:
+def json_depth(value) -> int:
     """How deep ``value``'s JSON nests (a text or a number: 0)."""
     deepest, stack = 0, [(value, 0)]
     while stack:
@@ -96,7 +96,7 @@ def stored_tool_calls(calls: tuple) -> dict:
     the whole reply was refused, its text too (a coding agent's file written by a tool call
     is more than 16 KiB; review)."""
     metadata = readable_json({"tool_calls": list(calls)})
-    if json_bytes(metadata) <= METADATA_MAX_BYTES and _depth(metadata) <= METADATA_MAX_DEPTH:
+    if json_bytes(metadata) <= METADATA_MAX_BYTES and json_depth(metadata) <= METADATA_MAX_DEPTH:
         return metadata
     kept = metadata["tool_calls"]
     texts = [_arguments_text(call) for call in kept]
@@ -110,7 +110,10 @@ def stored_tool_calls(calls: tuple) -> dict:
             for call, text in zip(kept, texts, strict=True)
         ]
         metadata = {"tool_calls": cut}
-        if json_bytes(metadata) <= METADATA_MAX_BYTES and _depth(metadata) <= METADATA_MAX_DEPTH:
+        if (
+            json_bytes(metadata) <= METADATA_MAX_BYTES
+            and json_depth(metadata) <= METADATA_MAX_DEPTH
+        ):
             return metadata
         if share > 256:
             share //= 2

@@ -265,6 +265,34 @@ def test_a_tool_output_over_memsvcs_limit_is_kept_to_its_start_beside_the_others
     assert len(json.dumps({"_raw": kept}, ensure_ascii=False).encode()) <= MAX_TOOL_JSON_BYTES
 
 
+def test_a_tool_output_deeper_than_memsvc_takes_is_kept_as_text_beside_the_others(
+    live_server, llm, caplog
+):
+    """An output nested 70 levels deep was refused (422) with the step's other records
+    (review). As deep as memsvc takes it is kept whole; deeper, as its JSON text."""
+
+    def nested(levels):
+        value = "leaf"
+        for _ in range(levels):
+            value = {"n": value}
+        return value
+
+    deep, deepest, small = ToolCall("ast", {}), ToolCall("parse", {}), ToolCall("price", {})
+    calls = [deep.as_json(), deepest.as_json(), small.as_json()]
+    messages = [
+        {"role": "user", "content": "Parse it."},
+        {"role": "assistant", "content": None, "tool_calls": calls},
+        {"role": "tool", "tool_call_id": deep.id, "content": json.dumps(nested(61))},
+        {"role": "tool", "tool_call_id": deepest.id, "content": json.dumps(nested(70))},
+        {"role": "tool", "tool_call_id": small.id, "content": '{"id": "htl-777"}'},
+    ]
+    one_step_stored(live_server, llm, caplog, messages)
+    records = {r.tool_name: r for r in ToolRecord.objects.filter(agent__name=AGENT)}
+    assert records["price"].raw_output == {"id": "htl-777"}
+    assert records["ast"].raw_output == nested(61)
+    assert records["parse"].raw_output == {"_raw": json.dumps(nested(70), ensure_ascii=False)}
+
+
 def test_a_step_of_many_large_parallel_calls_is_one_request_memsvc_takes(settings):
     """42 parallel calls each answering 1 MB (under the 1 MiB a record may keep) made one
     store of 43.7 MB: refused (413) by memsvc's default body cap, every record of the step
