@@ -168,11 +168,17 @@ class StreamAssembler:
         self.refusal: list[str] = []
         self.calls: dict[int, dict] = {}
         self.whole: Reply | None = None  # a final event that carries the whole reply
+        # The stream ended in an error event: the SDK raises it to the caller, who got no
+        # reply, and nothing of the turn is stored, as when the model answers an error
+        # status (review: a cut reply was stored as the answer).
+        self.failed = False
 
     def add(self, event: str | None, data: dict) -> None:
         raise NotImplementedError
 
-    def reply(self) -> Reply:
+    def reply(self) -> Reply | None:
+        if self.failed:
+            return None
         if self.whole is not None:
             return self.whole
         text = "".join(self.text) or "".join(self.refusal)
@@ -205,6 +211,8 @@ class ChatCompletions(ModelApi):
 
 class _ChatAssembler(StreamAssembler):
     def add(self, event, data):
+        if data.get("error") is not None:
+            self.failed = True
         for choice in data.get("choices") or []:
             if choice.get("index", 0) != 0:
                 continue
@@ -272,6 +280,8 @@ class _ResponsesAssembler(StreamAssembler):
             self.refusal.append(data.get("delta") or "")
         elif kind == "response.completed" and isinstance(data.get("response"), dict):
             self.whole = self.api.reply(data["response"])
+        elif kind in ("error", "response.failed"):
+            self.failed = True
 
 
 class AnthropicMessages(ModelApi):
@@ -312,7 +322,9 @@ class _AnthropicAssembler(StreamAssembler):
     def add(self, event, data):
         kind = data.get("type") or event
         index = data.get("index", 0)
-        if kind == "content_block_start":
+        if kind == "error":
+            self.failed = True
+        elif kind == "content_block_start":
             block = data.get("content_block") or {}
             if block.get("type") == "text" and block.get("text"):
                 self.text.append(block["text"])
@@ -411,7 +423,8 @@ class ReplyReader:
         if isinstance(parsed, dict):
             self._assembler.add(event, parsed)
 
-    def finish(self) -> Reply:
+    def finish(self) -> Reply | None:
+        """The reply; None when a stream ended in an error (``StreamAssembler.failed``)."""
         if self._events is None:
             data = json.loads(b"".join(self._chunks) or b"{}")
             return self.api.reply(data if isinstance(data, dict) else {})

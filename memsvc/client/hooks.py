@@ -92,7 +92,8 @@ class Turn:
         self.done = True
         try:
             reply = self.reader.finish()
-            self.session.store(self.session.strategy.stores(self.call, reply))
+            if reply is not None:
+                self.session.store(self.session.strategy.stores(self.call, reply))
         except Exception as exc:
             warn("store the conversation", exc)
 

@@ -116,10 +116,13 @@ class Sender:
         *,
         quiet: bool = False,
         destination: Destination | None = None,
+        until_held_back: bool = False,
     ) -> bool:
         """Wait until everything queued so far (for ``destination``; None: for every memsvc)
         is sent or dropped; False on timeout (with a warning unless ``quiet``: the rest is
-        still being sent)."""
+        still being sent). ``until_held_back``: False too as soon as memsvc holds back what
+        is left (a 429, a 5xx: ``busy``), which would hold the caller back as long (a call
+        waited its whole timeout for stores memsvc failed; review)."""
         deadline = time.monotonic() + timeout
         with self._condition:
             targets = [(lane, lane.queued) for lane in self._lanes_of(destination)]
@@ -127,7 +130,12 @@ class Sender:
             def unsent() -> int:
                 return sum(target - lane.done for lane, target in targets if lane.done < target)
 
+            def held_back() -> bool:
+                return all(lane.waiting for lane, target in targets if lane.done < target)
+
             while unsent():
+                if until_held_back and held_back():
+                    return False
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     if quiet:
@@ -227,13 +235,13 @@ class Sender:
             else:
                 self.mark_up(destination.url)
                 if response.status_code == DEFERRED:
-                    lane.waiting = True
+                    self._held_back(lane)
                     time.sleep(_retry_wait(response, deferrals, most=MAX_DEFERRED_WAIT_SECONDS))
                     deferrals += 1
                     continue
                 if response.status_code not in RETRY_STATUSES or failures == MAX_ATTEMPTS - 1:
                     break
-            lane.waiting = True
+            self._held_back(lane)
             time.sleep(_retry_wait(response, failures))
             failures += 1
         if response.is_error:
@@ -248,6 +256,13 @@ class Sender:
                     response.status_code,
                     response.text[:200],
                 )
+
+    def _held_back(self, lane: _Lane) -> None:
+        """The request being sent waits to be sent again: said to a ``flush`` that waits
+        ``until_held_back``."""
+        with self._condition:
+            lane.waiting = True
+            self._condition.notify_all()
 
     def _not_answered(self, destination: Destination, exc: httpx.TransportError) -> None:
         """A request is dropped: memsvc did not answer (one warning per outage)."""

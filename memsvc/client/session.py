@@ -303,7 +303,12 @@ class learning:
             return None
         deadline = self.deadline(call)
         if sender.busy(self.destination):
-            sender.flush(time_left(deadline, quiet=True), quiet=True, destination=self.destination)
+            sender.flush(
+                time_left(deadline, quiet=True),
+                quiet=True,
+                destination=self.destination,
+                until_held_back=True,
+            )
         try:
             response = self.request(request.method, request.path, request.json, deadline=deadline)
             return self._context_of(response)
@@ -321,6 +326,7 @@ class learning:
                 time_left(deadline, quiet=True),
                 quiet=True,
                 destination=self.destination,
+                until_held_back=True,
             )
         try:
             if asyncio.get_running_loop() is self._loop:

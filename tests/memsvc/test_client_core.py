@@ -117,6 +117,26 @@ def test_a_streamed_responses_reply_prefers_the_completed_response():
     assert read_in_pieces(RESPONSES, sse(*map(json.dumps, [*deltas, completed])), 3).text == "ab!"
 
 
+def test_a_stream_that_ends_in_an_error_is_no_reply():
+    """The SDK raises the error to the caller, who got no answer: a cut reply was stored as
+    the answer (review). Nothing of the turn is stored, as for an error status."""
+    text = {
+        "type": "content_block_delta",
+        "index": 0,
+        "delta": {"type": "text_delta", "text": "Hel"},
+    }
+    error = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    anthropic = sse(*((e["type"], json.dumps(e)) for e in [text, error]))
+    assert read_in_pieces(ANTHROPIC, anthropic, 5) is None
+    chat = [{"choices": [{"index": 0, "delta": {"content": "Hel"}}]}, {"error": {"message": "x"}}]
+    assert read_in_pieces(CHAT, sse(*map(json.dumps, chat)), 5) is None
+    for failure in ({"type": "error", "message": "x"}, {"type": "response.failed"}):
+        events = [{"type": "response.output_text.delta", "delta": "Hel"}, failure]
+        assert read_in_pieces(RESPONSES, sse(*map(json.dumps, events)), 5) is None
+    # (Without the error, the reply so far: a stream the caller breaks off.)
+    assert read_in_pieces(ANTHROPIC, sse((text["type"], json.dumps(text))), 5).text == "Hel"
+
+
 def test_a_streamed_refusal_is_the_reply_when_no_text_comes():
     """A declining model streams its refusal instead of text: chat's ``delta.refusal``, the
     Responses API's ``response.refusal.delta`` (here cut before ``response.completed``)."""

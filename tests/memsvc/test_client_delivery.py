@@ -286,6 +286,26 @@ def test_model_calls_do_not_wait_for_a_store_memsvc_defers_or_fails(status):
     assert received == [{"n": 1}]
 
 
+def test_a_call_that_began_waiting_for_a_store_memsvc_then_fails_waits_no_more():
+    """``busy`` is read before the store's first answer: the call waited for it, and then
+    for its retries, its whole timeout (10 s; review). It waits until memsvc holds the
+    store back."""
+
+    def slowly_failing(method, path, body):
+        time.sleep(0.3)
+        return Reply(status=503, payload={}, headers={"Retry-After": "5"})
+
+    sender = Sender()
+    with LocalHttpServer(slowly_failing) as failing:
+        destination = Destination(failing.url)
+        sender.send(destination, [ServerRequest("POST", "/messages", {"n": 1})])
+        assert sender.busy(destination)  # (its first answer not come yet)
+        started = time.monotonic()
+        assert not sender.flush(10, quiet=True, destination=destination, until_held_back=True)
+        assert time.monotonic() - started < 2
+        assert not sender.busy(destination)
+
+
 def memsvc_waited_for(monkeypatch, seconds: float) -> None:
     """A block waits this long for memsvc, for its context and for each store."""
     monkeypatch.setattr(session, "TIMEOUT_SECONDS", seconds)
