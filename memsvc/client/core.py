@@ -23,6 +23,7 @@ from memsvc.client.formatting import (
     has_user_message,
     inject,
     last_user_text,
+    text_of,
 )
 from memsvc.text import shows_nothing
 
@@ -153,6 +154,10 @@ class ModelApi:
 
     def reply(self, data: dict) -> Reply:
         raise NotImplementedError
+
+    def prefilled(self, body: dict) -> str:
+        """The start of the reply the call wrote itself (none, but for Anthropic's)."""
+        return ""
 
     def assembler(self) -> "StreamAssembler":
         raise NotImplementedError
@@ -292,6 +297,15 @@ class AnthropicMessages(ModelApi):
 
     def with_memory(self, body, text):
         return {**body, "system": append_text(body.get("system"), text)}
+
+    def prefilled(self, body):
+        """An assistant message that ends the messages: the reply goes on from it (the model
+        answers only the rest; review: the reply was stored without its start)."""
+        messages = body.get("messages")
+        last = messages[-1] if isinstance(messages, list) and messages else None
+        if isinstance(last, dict) and last.get("role") == "assistant":
+            return text_of(last.get("content"))
+        return ""
 
     def reply(self, data):
         texts, calls = [], []
@@ -542,7 +556,8 @@ class Recall:
         if call.asks and not call.answers_tools:
             # (A message of images only is a turn too: the reply is not left answering none.)
             messages.append(_message(call, "user", call.query or NO_TEXT_MESSAGE, None))
-        text = "" if shows_nothing(reply.text) else reply.text
+        text = call.api.prefilled(call.body) + reply.text
+        text = "" if shows_nothing(text) else text
         if text or reply.tool_calls:
             messages.append(_message(call, "assistant", text or NO_TEXT_REPLY, reply.metadata))
         return messages

@@ -192,6 +192,23 @@ def test_the_recall_strategy_decides_what_is_asked_injected_and_stored():
     assert strategy.context_request(Call("a", CHAT, call.body, capture_only=True)) is None
 
 
+def test_an_anthropic_reply_that_goes_on_from_a_prefill_is_stored_whole():
+    """The model answers only the rest of an assistant message that ends the messages: the
+    reply was stored without its start (review)."""
+    messages = [
+        {"role": "user", "content": "List two colours."},
+        {"role": "assistant", "content": [{"type": "text", "text": "Sure:"}]},
+    ]
+    stores = Recall().stores(Call("a", ANTHROPIC, {"messages": messages}), Reply(" red, blue"))
+    assert [(s.json["role"], s.json["content"]) for s in stores] == [
+        ("user", "List two colours."),
+        ("assistant", "Sure: red, blue"),
+    ]
+    # Not another API's (an assistant message last is no prefill there).
+    chat = Call("a", CHAT, {"messages": messages})
+    assert Recall().stores(chat, Reply(" red, blue"))[-1].json["content"] == " red, blue"
+
+
 def test_a_turn_longer_than_memsvc_takes_is_stored_and_asked_about_by_its_start():
     """(A pasted document of 150,000 characters: memsvc refused the store and the context
     request, 422, and the turn was neither remembered nor given memory.)"""
