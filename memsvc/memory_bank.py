@@ -50,6 +50,7 @@ from memsvc.client.core import (
     readable_json,
     text_cut_to,
 )
+from memsvc.text import shows_nothing
 
 logger = logging.getLogger("memsvc.client")
 
@@ -169,6 +170,11 @@ def tool_interactions(messages: list) -> list[ToolInteraction]:
             )
         )
     return found
+
+
+def _tool_name(name: str) -> str:
+    """A call's tool name as memsvc keeps one: something to read, else "tool"."""
+    return "tool" if shows_nothing(name) else name
 
 
 def _keyed(
@@ -338,7 +344,7 @@ class MemoryBank:
                 "records": [
                     {
                         "step": self.task.step,
-                        "tool_name": readable_json(i.tool_name)[:MAX_TOOL_NAME_CHARS],
+                        "tool_name": _tool_name(readable_json(i.tool_name)[:MAX_TOOL_NAME_CHARS]),
                         "input": kept_whole_or_cut(readable_json(i.raw_input), each),
                         "output": kept_whole_or_cut(readable_json(i.raw_output), each),
                     }

@@ -451,6 +451,13 @@ TOOL_RECORD_MAX_TOP_K = 20
 TASK_ID_MAX_LENGTH = 255
 
 
+class ToolNameField(TextField):
+    """A tool's name: something to read (one of spaces was kept; review)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(max_length=200, validators=[something_to_read], **kwargs)
+
+
 class TaskIdField(TextField):
     def __init__(self, **kwargs):
         super().__init__(max_length=TASK_ID_MAX_LENGTH, **kwargs)
@@ -471,7 +478,7 @@ class CreateToolRecordIn(InputSerializer):
         required=False, allow_null=True, help_text="A conversation the agent sees."
     )
     step = StepField(required=False)
-    toolName = TextField(max_length=200)
+    toolName = ToolNameField()
     input = JSONObjectField(
         max_bytes=TOOL_JSON_MAX_BYTES, required=False, help_text="The tool's arguments."
     )

@@ -10,6 +10,7 @@ from agents_api.api.serializers import (
     SearchToolRecordsIn,
     StepField,
     TaskIdField,
+    ToolNameField,
 )
 from agents_api.models import AGENT_NAME_MAX_CHARS, GIVEN_NAME_RULES, Agent, MemoryBlock
 from agents_api.selectors import MemoryHit, ToolRecordHit
@@ -220,7 +221,7 @@ MAX_TOOL_RECORDS = 100
 
 class NewToolRecordIn(LocalInput):
     step = StepField(required=False)
-    tool_name = TextField(max_length=200)
+    tool_name = ToolNameField()
     input = JSONObjectField(max_bytes=TOOL_JSON_MAX_BYTES, required=False)
     output = JSONValueField(max_bytes=TOOL_JSON_MAX_BYTES)
     summary = TextField(required=False, allow_blank=True, max_length=10_000)

@@ -421,6 +421,8 @@ def test_without_a_key_it_is_401(api, alice):
     [
         ({"output": 1}, "toolName"),
         ({"toolName": "", "output": 1}, "toolName"),
+        ({"toolName": "   ", "output": 1}, "toolName"),  # (kept: review)
+        ({"toolName": "\u200b", "output": 1}, "toolName"),
         ({"toolName": "t"}, "output"),
         ({"toolName": "t", "output": 1, "input": [1, 2]}, "input"),
         ({"toolName": "t", "output": {"a": "nul\x00here"}}, "output"),

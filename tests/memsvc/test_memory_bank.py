@@ -293,6 +293,23 @@ def test_a_tool_output_deeper_than_memsvc_takes_is_kept_as_text_beside_the_other
     assert records["parse"].raw_output == {"_raw": json.dumps(nested(70), ensure_ascii=False)}
 
 
+def test_a_tool_of_a_blank_name_is_recorded_as_a_tool(live_server, llm, caplog):
+    """memsvc refuses a tool name of nothing to read: the step would be lost with it."""
+    blank, named = ToolCall("   ", {}), ToolCall("price", {})
+    messages = [
+        {"role": "user", "content": "Price it."},
+        {"role": "assistant", "content": None, "tool_calls": [blank.as_json(), named.as_json()]},
+        {"role": "tool", "tool_call_id": blank.id, "content": '{"a": 1}'},
+        {"role": "tool", "tool_call_id": named.id, "content": '{"b": 2}'},
+    ]
+    one_step_stored(live_server, llm, caplog, messages)
+    records = ToolRecord.objects.filter(agent__name=AGENT).order_by("tool_name")
+    assert [(r.tool_name, r.raw_output) for r in records] == [
+        ("price", {"b": 2}),
+        ("tool", {"a": 1}),
+    ]
+
+
 def test_a_step_of_many_large_parallel_calls_is_one_request_memsvc_takes(settings):
     """42 parallel calls each answering 1 MB (under the 1 MiB a record may keep) made one
     store of 43.7 MB: refused (413) by memsvc's default body cap, every record of the step
