@@ -84,9 +84,11 @@ def text_cut_to(text: str, max_bytes: int) -> str:
     ``TRUNCATED``, whose JSON is (a control character is six bytes in JSON)."""
     if json_bytes(text) <= max_bytes:
         return text
-    head = text.encode()[: max_bytes // 2].decode(errors="ignore")
-    while head and json_bytes(head + TRUNCATED) > max_bytes:
-        head = head[: len(head) // 2]
+    # Shrunk in proportion to what its JSON is over (halved, 2 MiB were kept as 512 KiB of
+    # the 1 MiB allowed; review): a few passes, each at least a character shorter.
+    head = text.encode()[:max_bytes].decode(errors="ignore")
+    while head and (size := json_bytes(head + TRUNCATED)) > max_bytes:
+        head = head[: min(len(head) - 1, len(head) * max_bytes // size)]
     return head + TRUNCATED
 
 
