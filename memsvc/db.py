@@ -82,12 +82,50 @@ def words_read(text: str) -> str:
 _SPACED_CJK = re.compile(f" ?(<b>)?([{CJK_CHARACTERS}])(</b>)? ?")
 
 
-def words_unspaced(text: str, *, less_than: str = "<") -> str:
+def words_unspaced(text: str) -> str:
     """A text ``memsvc_words`` spaced, back as it was written: the one space it put on each
-    side of a CJK character taken away (its marks, a highlight's ``<b>``, kept), each "<"
-    given back (as ``less_than``: "&lt;" in escaped HTML). The spaces the text had stay."""
-    text = text.replace(MARKUP_STAND_IN, less_than)
+    side of a CJK character taken away (its marks, a highlight's ``<b>``, kept). The spaces
+    the text had stay."""
     return _SPACED_CJK.sub(r"\1\2\3", text) if _CJK_RUN.search(text) else text
+
+
+# A highlight's marks, and what ``ts_headline`` puts between two extracts of one text.
+_MARKS = re.compile("(</?b>)")
+FRAGMENT_DELIMITER = " ... "
+
+
+def headline_as_written(headline: str, content: str) -> str:
+    """``ts_headline``'s extract of ``memsvc_words(content)`` as ``content`` is written: the
+    spaces put around CJK characters taken away (``words_unspaced``), and the characters the
+    words index leaves out (``words_read``: an emoji's zero-width joiner and variation
+    selector, a Persian zero-width non-joiner) put back where the text has them (the family
+    emoji showed as three; review). Its marks (``<b>``) kept, the text's own "<" still
+    ``MARKUP_STAND_IN``: the only ``<b>`` are the marks."""
+    marked = words_unspaced(headline)
+    if not DEFAULT_IGNORABLE.search(content):
+        return marked
+    written = content.translate(_WORDS_TRANSLATION)
+    # ``read``: the text as the index reads it; ``at[i]``: where its i-th character is
+    # written (and, last, the text's end).
+    at = [i for i, character in enumerate(written) if not DEFAULT_IGNORABLE.match(character)]
+    read = "".join(written[i] for i in at)
+    at.append(len(written))
+    shown, place = [], 0
+    for piece in _MARKS.split(marked):
+        if not piece or _MARKS.fullmatch(piece):
+            shown.append(piece)
+            continue
+        parts = [piece] if read.find(piece, place) >= 0 else piece.split(FRAGMENT_DELIMITER)
+        written_parts = []
+        for part in parts:
+            start = read.find(part, place) if part else -1
+            if start < 0:  # (not found as read: shown as the headline has it)
+                written_parts.append(part)
+                continue
+            place = start + len(part)
+            written_parts.append(written[at[start] : at[place]])
+        shown.append(FRAGMENT_DELIMITER.join(written_parts))
+    return "".join(shown)
 
 
 # A run of "-" (with nothing but punctuation or spaces between them): to

@@ -20,7 +20,13 @@ from conversations.selectors import (
 )
 from memsvc.api.errors import InvalidInput
 from memsvc.api.principals import Principal
-from memsvc.db import TEXT_SEARCH_CONFIG, WORDS_SQL, websearch_text, words_unspaced
+from memsvc.db import (
+    MARKUP_STAND_IN,
+    TEXT_SEARCH_CONFIG,
+    WORDS_SQL,
+    headline_as_written,
+    websearch_text,
+)
 from search.embeddings import configured_backend
 from search.engine import MODES, Citing, query_embedding, ranked
 from search.statements import Corpus, Scope
@@ -76,9 +82,15 @@ class SearchHit:
     headline: str | None
 
     @property
+    def marked(self) -> str | None:
+        """The extract as written (``headline_as_written``), matches in ``<b>``, the text's
+        own "<" still ``MARKUP_STAND_IN`` (the pages escape it, then show the marks)."""
+        return self.headline and headline_as_written(self.headline, self.message.content)
+
+    @property
     def highlights(self) -> str | None:
         """The extract as the APIs show it: the text as written, matches in ``<b>``."""
-        return self.headline and words_unspaced(self.headline)
+        return self.headline and self.marked.replace(MARKUP_STAND_IN, "<")
 
 
 _VISIBLE_SQL: dict[int, str] = {}
@@ -259,7 +271,7 @@ SELECT {", ".join(field.column for field in Message.shown_fields())}, {{headline
 FROM message WHERE id = ANY(%s)
 """
 # (Of the text as the words index reads it, ``WORDS_SQL``, so that a match inside a CJK run
-# is marked too; ``words_unspaced`` gives it back as written.)
+# is marked too; ``headline_as_written`` gives it back as written.)
 _HEADLINE = (
     f"ts_headline(%s::regconfig, {WORDS_SQL.format('left(content, %s)')},"
     " websearch_to_tsquery(%s::regconfig, %s), %s)"

@@ -35,18 +35,22 @@ WORDS = _WORDS.format(
 UNDO = _WORDS.format(text="translate($1, U&'<\\FDD0', U&'\\FDD0\\FFFD')", cjk=_CJK)
 
 
+REMADE = words_column_replaced(
+    "message",
+    words_column("author_name", models.Value(": "), "content"),
+    django.contrib.postgres.indexes.GinIndex(
+        fields=["search_vector"], name="message_search_vector", fastupdate=False
+    ),
+)
+
+
 class Migration(migrations.Migration):
     dependencies = [
         ("conversations", "0014_old_processes_insert_without_the_new_columns"),
     ]
 
-    operations = [
-        migrations.RunSQL(WORDS, reverse_sql=UNDO),
-        *words_column_replaced(
-            "message",
-            words_column("author_name", models.Value(": "), "content"),
-            django.contrib.postgres.indexes.GinIndex(
-                fields=["search_vector"], name="message_search_vector", fastupdate=False
-            ),
-        ),
-    ]
+    # The function changed between the column's drop and its return, both ways: migrated
+    # back, the column came back while the new function was still in place, and the words
+    # index read every row the new way under the old function (review).
+    dropped, added = REMADE[:2], REMADE[2:]
+    operations = [*dropped, migrations.RunSQL(WORDS, reverse_sql=UNDO), *added]

@@ -12,7 +12,14 @@ from django.utils import timezone
 
 from conversations.models import Channel, Message, Visibility
 from memsvc.api.principals import Principal
-from memsvc.db import CJK_CHARACTERS, MARKUP_STAND_IN, websearch_text, words_read
+from memsvc.db import (
+    CJK_CHARACTERS,
+    FRAGMENT_DELIMITER,
+    MARKUP_STAND_IN,
+    headline_as_written,
+    websearch_text,
+    words_read,
+)
 from memsvc.text import DEFAULT_IGNORABLE
 from search import selectors, statements
 from search.embeddings import EmbeddingError, OllamaBackend, configured_backend
@@ -578,6 +585,37 @@ def test_keywords_find_a_word_with_an_invisible_character_inside_by_the_word_it_
         [hit] = search(api, alice, query, mode="keyword")
         assert hit["message"]["content"] == found, query
     assert contents(search(api, alice, "jam -strawberry", mode="keyword")) == []
+
+
+def test_highlights_show_the_invisible_characters_the_words_index_leaves_out(api, alice):
+    """The index reads words without them; the highlights are the text as written: a family
+    emoji (joined by zero-width joiners) showed as three, a Persian word without its
+    zero-width non-joiner (review)."""
+    conversation = ConversationFactory(group__owner=alice.id)
+    texts = {
+        "picnics": "Our family 👨\u200d👩\u200d👧 loves ❤\ufe0f picnics",
+        "کتابها": "می\u200cخواهم کتاب\u200cها را بخوانم",  # noqa: RUF001
+        "information": "infor\u00admation desk",
+    }
+    for text in texts.values():
+        MessageFactory(conversation=conversation, author_name="alice", content=text)
+    for query, text in texts.items():
+        [hit] = search(api, alice, query, mode="keyword")
+        assert hit["highlights"].replace("<b>", "").replace("</b>", "") in (text, text[4:]), query
+    [hit] = search(api, alice, "picnics", mode="keyword")
+    assert hit["highlights"] == "Our family 👨\u200d👩\u200d👧 loves ❤\ufe0f <b>picnics</b>"
+    [hit] = search(api, alice, "کتابها", mode="keyword")
+    assert "<b>کتاب\u200cها</b>" in hit["highlights"]  # noqa: RUF001
+
+
+def test_a_headline_of_two_extracts_is_given_its_invisible_characters_in_each():
+    content = "one\u00ad two three " + "filler " * 40 + "nine\u200d ten"
+    headline = f"one <b>two</b> three{FRAGMENT_DELIMITER}<b>nine</b> ten"
+    assert headline_as_written(headline, content) == (
+        f"one\u00ad <b>two</b> three{FRAGMENT_DELIMITER}<b>nine\u200d</b> ten"
+    )
+    # (What is not found in the text as the index reads it is shown as the headline has it.)
+    assert headline_as_written("<b>elsewhere</b>", content) == "<b>elsewhere</b>"
 
 
 def test_keywords_find_the_words_around_a_less_than_sign_as_written(api, alice):

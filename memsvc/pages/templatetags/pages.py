@@ -2,7 +2,7 @@ from django import template
 from django.utils.html import escape
 from django.utils.safestring import mark_safe
 
-from memsvc.db import words_unspaced
+from memsvc.db import MARKUP_STAND_IN
 
 register = template.Library()
 
@@ -22,5 +22,5 @@ def highlighted(hit) -> str:
     "<b>" shows it as written (the API's ``highlights`` cannot tell the two apart)."""
     if not hit.headline:
         return ""
-    marked = escape(hit.headline).replace("&lt;b&gt;", "<b>").replace("&lt;/b&gt;", "</b>")
-    return mark_safe(words_unspaced(marked, less_than="&lt;"))  # noqa: S308 (escaped above)
+    marked = escape(hit.marked).replace("&lt;b&gt;", "<b>").replace("&lt;/b&gt;", "</b>")
+    return mark_safe(marked.replace(MARKUP_STAND_IN, "&lt;"))  # noqa: S308 (escaped above)
