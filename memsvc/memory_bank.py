@@ -31,6 +31,7 @@ fails, a warning is logged and the model gets the messages unchanged. Only ``ope
 ``httpx``: no Django here.
 """
 
+import hashlib
 import json
 import logging
 import math
@@ -181,15 +182,23 @@ def _keyed(
     messages: list, interactions: list[ToolInteraction]
 ) -> list[tuple[tuple, ToolInteraction]]:
     """The last step's ``interactions``, each with what tells it from every other of the
-    task: the place of its assistant message in the history, its call id, and how many
-    before it there had that id. Not the call id alone: a server that gives every call the
-    id "call_0" had each step's records taken for the first one's, and none stored (review)."""
+    task: the place of its assistant message in the history, its call id, how many before
+    it there had that id, and what it holds. Not the call id alone: a server that gives
+    every call the id "call_0" had each step's records taken for the first one's, and none
+    stored (review); nor its place alone, which a history that keeps only the last step
+    gives every step."""
     index = last_tool_call_index(messages)
     seen: dict[str, int] = {}
     keyed = []
     for interaction in interactions:
         n = seen[interaction.call_id] = seen.get(interaction.call_id, -1) + 1
-        keyed.append(((index, interaction.call_id, n), interaction))
+        held = json.dumps(
+            [interaction.tool_name, interaction.raw_input, interaction.raw_output],
+            sort_keys=True,
+            default=str,
+        )
+        digest = hashlib.blake2b(held.encode(errors="replace"), digest_size=16).hexdigest()
+        keyed.append(((index, interaction.call_id, n, digest), interaction))
     return keyed
 
 
@@ -267,9 +276,11 @@ class MemoryBank:
         top_k: int = DEFAULT_TOP_K,
         max_chars_per_record: int = DEFAULT_MAX_CHARS_PER_RECORD,
     ):
+        # (Taken, and then every store of the block refused and its records lost: review.)
         if task_id is not None and len(task_id) > MAX_TASK_ID_CHARS:
-            # (Taken, and then every store of the block refused and its records lost: review.)
             raise ValueError(f"task_id: at most {MAX_TASK_ID_CHARS} characters")
+        if task_id is not None and readable_json(task_id) != task_id:
+            raise ValueError("task_id: must not hold a NUL or a lone surrogate")
         self.agent = agent
         self.fixed_task_id = task_id
         self.top_k = top_k

@@ -21,6 +21,8 @@ import calendar
 import re
 from datetime import UTC, date, datetime, timedelta
 
+from memsvc.text import DEFAULT_IGNORABLE
+
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 _CLAUSE_BREAK = re.compile(r"\s*;\s*|,\s+(?=(?:and|but|also)\s)", re.IGNORECASE)
 # A part must say something of its own: fewer words than this join the part before.
@@ -81,9 +83,12 @@ _EXCLUDED = re.compile(r'(?:^|(?<=\s))-("[^"]*"?|[^\s"\d-][^\s"]*)|"[^"]*"?')
 def exclusions(text: str) -> tuple[str, list[str]]:
     """``text`` without the words and phrases it excludes, and those (a phrase in its
     quotes). ``text`` as it is when it holds nothing else: a query that only excludes
-    asks for nothing."""
-    excluded = [m.group(1) for m in _EXCLUDED.finditer(text) if m.group(1) is not None]
-    rest = " ".join(_EXCLUDED.sub(lambda m: m.group() if m.group(1) is None else " ", text).split())
+    asks for nothing. Read as the words index reads it, the characters that draw nothing
+    left out (``memsvc.db.words_read``): "a \u200b-b" excludes "b" for PostgreSQL, and
+    was ranked as asking for it (review)."""
+    read = DEFAULT_IGNORABLE.sub("", text)
+    excluded = [m.group(1) for m in _EXCLUDED.finditer(read) if m.group(1) is not None]
+    rest = " ".join(_EXCLUDED.sub(lambda m: m.group() if m.group(1) is None else " ", read).split())
     if not excluded or not _WORD.search(rest):
         return text, []
     return rest, excluded

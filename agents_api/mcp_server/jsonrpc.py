@@ -59,15 +59,23 @@ def request_refused(body: bytes | str) -> Refused | None:
 # The params of the requests whose refusal by the SDK says nothing of what is wrong ("Invalid
 # request parameters", and no data: review): key -> (what it must be, the types it may be).
 _OBJECT, _TEXT = (dict,), (str,)
+_META = ("an object", _OBJECT, False)
 _PARAMS = {
-    "tools/call": {"name": ("a text", _TEXT, True), "arguments": ("an object", _OBJECT, False)},
-    "tools/list": {"cursor": ("a text", _TEXT, False)},
+    "tools/call": {
+        "name": ("a text", _TEXT, True),
+        "arguments": ("an object", _OBJECT, False),
+        "_meta": _META,
+    },
+    "tools/list": {"cursor": ("a text", _TEXT, False), "_meta": _META},
     "initialize": {
         "protocolVersion": ("a text", _TEXT, True),
         "capabilities": ("an object", _OBJECT, True),
         "clientInfo": ("an object with a name and a version", _OBJECT, True),
+        "_meta": _META,
     },
 }
+# The texts an object of the params must hold.
+_HOLDS = {"clientInfo": ("name", "version")}
 
 
 def _params_problem(request: dict) -> str | None:
@@ -86,6 +94,8 @@ def _params_problem(request: dict) -> str | None:
                 return f"params.{key}: missing ({what})"
         elif not isinstance(params[key], types) and (required or params[key] is not None):
             return f"params.{key}: must be {what}"  # (an optional one may be null: none)
+        elif not all(isinstance(params[key].get(text), str) for text in _HOLDS.get(key, ())):
+            return f"params.{key}: must be {what}"
     return None
 
 

@@ -702,7 +702,7 @@ def test_http_a_path_under_the_endpoint_is_404_in_its_shape(client, path):
 @pytest.mark.parametrize(
     ("method", "params", "problem"),
     [
-        ("tools/call", None, "tools/call takes params: an object with name, arguments"),
+        ("tools/call", None, "tools/call takes params: an object with name, arguments, _meta"),
         ("tools/call", {"name": 5}, "params.name: must be a text"),
         (
             "tools/call",
@@ -711,7 +711,14 @@ def test_http_a_path_under_the_endpoint_is_404_in_its_shape(client, path):
         ),
         ("initialize", {}, "params.protocolVersion: missing (a text)"),
         ("tools/list", {"cursor": 5}, "params.cursor: must be a text"),
-        ("tools/list", [5], "tools/list takes params: an object with cursor"),
+        ("tools/list", [5], "tools/list takes params: an object with cursor, _meta"),
+        ("tools/list", {"_meta": 5}, "params._meta: must be an object"),
+        ("tools/call", {"name": "memory_list", "_meta": 5}, "params._meta: must be an object"),
+        (
+            "initialize",
+            {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {}},
+            "params.clientInfo: must be an object with a name and a version",
+        ),
     ],
 )
 def test_http_wrong_params_are_said_plainly(client, method, params, problem):

@@ -150,6 +150,28 @@ def test_a_model_server_that_gives_every_call_one_id_gets_a_record_of_each(live_
     assert CONTEXT_HEADING in sent(llm)[-1][2]["content"]  # records retrieved
 
 
+def test_a_history_that_keeps_only_the_last_step_of_reused_ids_gets_a_record_of_each(
+    live_server, llm
+):
+    """The task, then only the last interaction, its call always "call_0": every step's
+    interaction has the same place and id (review)."""
+    client = openai.OpenAI(base_url=llm.base_url, api_key="test")
+    with learning(agent=AGENT, server_url=live_server.url, strategy="memory_bank", task_id="w"):
+        for step, city in enumerate(["Lisbon", "Porto", "Faro"]):
+            call = ToolCall("weather", {"city": city}, id="call_0")
+            llm.then("Noted.")
+            client.chat.completions.create(
+                model="gpt-test",
+                messages=[
+                    {"role": "user", "content": "Plan the trip."},
+                    {"role": "assistant", "content": None, "tool_calls": [call.as_json()]},
+                    {"role": "tool", "tool_call_id": "call_0", "content": f'{{"n": {step}}}'},
+                ],
+            )
+    records = ToolRecord.objects.filter(agent__name=AGENT).order_by("created_at")
+    assert [r.raw_input["city"] for r in records] == ["Lisbon", "Porto", "Faro"]
+
+
 def test_the_compressed_context_is_exactly_the_seeds():
     messages = [
         {"role": "system", "content": "Be brief."},
@@ -461,6 +483,9 @@ def test_a_task_id_longer_than_memsvc_keeps_is_refused_when_the_block_is_made():
     learning(agent=AGENT, strategy="memory_bank", task_id="t" * MAX_TASK_ID_CHARS)
     with pytest.raises(ValueError, match="task_id: at most 255 characters"):
         learning(agent=AGENT, strategy="memory_bank", task_id="t" * (MAX_TASK_ID_CHARS + 1))
+    for unstorable in ("a\x00b", "a\ud800b"):
+        with pytest.raises(ValueError, match="task_id: must not hold a NUL or a lone surrogate"):
+            learning(agent=AGENT, strategy="memory_bank", task_id=unstorable)
 
 
 def test_the_bench_measures_the_tokens_of_an_agent_with_a_key(live_server):

@@ -45,6 +45,8 @@ def test_a_dash_before_a_word_or_phrase_excludes_it_as_websearch_reads_it():
     # exclusions alone exclude nothing.
     for text in ["-5 degrees in Oslo", "a - b", "-chocolate", 'run "ls -la"']:
         assert exclusions(text) == (text, [])
+    # Read as the words index reads it: a zero-width space before the dash draws nothing.
+    assert exclusions("information \u200b-desk") == ("information", ["desk"])
 
 
 def test_a_question_splits_into_its_sentences_and_clauses():
