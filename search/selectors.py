@@ -85,7 +85,10 @@ class SearchHit:
     def marked(self) -> str | None:
         """The extract as written (``headline_as_written``), matches in ``<b>``, the text's
         own "<" still ``MARKUP_STAND_IN`` (the pages escape it, then show the marks)."""
-        return self.headline and headline_as_written(self.headline, self.message.content)
+        return self.headline and headline_as_written(
+            self.headline,
+            self.message.content[:HEADLINE_CHARS],  # (what the extract reads)
+        )
 
     @property
     def highlights(self) -> str | None:
