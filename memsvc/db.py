@@ -96,36 +96,45 @@ FRAGMENT_DELIMITER = " ... "
 
 def headline_as_written(headline: str, content: str) -> str:
     """``ts_headline``'s extract of ``memsvc_words(content)`` as ``content`` is written: the
-    spaces put around CJK characters taken away (``words_unspaced``), and the characters the
-    words index leaves out (``words_read``: an emoji's zero-width joiner and variation
-    selector, a Persian zero-width non-joiner) put back where the text has them (the family
-    emoji showed as three; review). Its marks (``<b>``) kept, the text's own "<" still
-    ``MARKUP_STAND_IN``: the only ``<b>`` are the marks."""
-    marked = words_unspaced(headline)
+    spaces put around CJK characters taken away (``words_unspaced``, extract by extract: the
+    space before a delimiter was taken for one), and the characters the words index leaves
+    out (``words_read``: an emoji's zero-width joiner and variation selector, a Persian
+    zero-width non-joiner) put back where the text has them (the family emoji showed as
+    three; review). Its marks (``<b>``) kept, the text's own "<" still ``MARKUP_STAND_IN``:
+    the only ``<b>`` are the marks."""
+    extracts = [words_unspaced(extract) for extract in headline.split(FRAGMENT_DELIMITER)]
     if not DEFAULT_IGNORABLE.search(content):
-        return marked
+        return FRAGMENT_DELIMITER.join(extracts)
     written = content.translate(_WORDS_TRANSLATION)
     # ``read``: the text as the index reads it; ``at[i]``: where its i-th character is
     # written (and, last, the text's end).
     at = [i for i, character in enumerate(written) if not DEFAULT_IGNORABLE.match(character)]
     read = "".join(written[i] for i in at)
     at.append(len(written))
-    shown, place = [], 0
-    for piece in _MARKS.split(marked):
-        if not piece or _MARKS.fullmatch(piece):
-            shown.append(piece)
+    shown, place, first = [], 0, 0
+    while first < len(extracts):
+        # An extract, found whole as the index reads the text (the first place of a run of
+        # text the text repeats lent its characters to the second: review); or several,
+        # when the text itself holds the delimiter.
+        for last in range(first, len(extracts)):
+            marked = FRAGMENT_DELIMITER.join(extracts[first : last + 1])
+            start = read.find(_MARKS.sub("", marked), place)
+            if start >= 0:
+                break
+        else:  # (not found as read: shown as the headline has it)
+            shown.append(extracts[first])
+            first += 1
             continue
-        parts = [piece] if read.find(piece, place) >= 0 else piece.split(FRAGMENT_DELIMITER)
-        written_parts = []
-        for part in parts:
-            start = read.find(part, place) if part else -1
-            if start < 0:  # (not found as read: shown as the headline has it)
-                written_parts.append(part)
-                continue
-            place = start + len(part)
-            written_parts.append(written[at[start] : at[place]])
-        shown.append(FRAGMENT_DELIMITER.join(written_parts))
-    return "".join(shown)
+        pieces = []
+        for piece in _MARKS.split(marked):
+            if _MARKS.fullmatch(piece):
+                pieces.append(piece)
+            else:
+                pieces.append(written[at[start] : at[start + len(piece)]])
+                start += len(piece)
+        shown.append("".join(pieces))
+        place, first = start, last + 1
+    return FRAGMENT_DELIMITER.join(shown)
 
 
 # A run of "-" (with nothing but punctuation or spaces between them): to

@@ -608,6 +608,45 @@ def test_highlights_show_the_invisible_characters_the_words_index_leaves_out(api
     assert "<b>کتاب\u200cها</b>" in hit["highlights"]  # noqa: RUF001
 
 
+def shown_in(highlights: str, content: str) -> bool:
+    """Whether ``highlights`` without its marks is the text as written: one piece of it, or
+    pieces in order joined by the extracts' delimiter."""
+    place = 0
+    for extract in highlights.replace("<b>", "").replace("</b>", "").split(FRAGMENT_DELIMITER):
+        place = content.find(extract, place)
+        if place < 0:
+            return False
+        place += len(extract)
+    return True
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        # A run of text the text repeats: the first place lent its joiners to the second.
+        "apple "
+        + " ".join(f"w{i}" for i in range(60))
+        + " "
+        + " ".join(f"t{i}" for i in range(20))
+        + " our family 👨\u200d👩\u200d👧 went "
+        + " ".join(f"v{i}" for i in range(40))
+        + " "
+        + " ".join(f"t{i}" for i in range(20))
+        + " our family 👨👩👧 went apple end",
+        # CJK before the extracts' delimiter: its space was taken for the CJK's.
+        "東京" + "のん\u00adびり" * 10 + " filler" * 80 + " 東京 end",
+    ],
+    ids=["repeated run", "CJK before the delimiter"],
+)
+def test_highlights_of_two_extracts_are_the_text_as_written(api, alice, content):
+    conversation = ConversationFactory(group__owner=alice.id)
+    MessageFactory(conversation=conversation, author_name="alice", content=content)
+    query = "apple" if content.startswith("apple") else "東京"
+    [hit] = search(api, alice, query, mode="keyword")
+    assert FRAGMENT_DELIMITER in hit["highlights"]
+    assert shown_in(hit["highlights"], content), hit["highlights"]
+
+
 def test_a_headline_of_two_extracts_is_given_its_invisible_characters_in_each():
     content = "one\u00ad two three " + "filler " * 40 + "nine\u200d ten"
     headline = f"one <b>two</b> three{FRAGMENT_DELIMITER}<b>nine</b> ten"
