@@ -46,4 +46,13 @@ class Migration(migrations.Migration):
         ("conversations", "0015_words_leave_out_invisible_characters"),
     ]
 
-    operations = [*memory[:2], *tool_records[:2], the_function, *memory[2:], *tool_records[2:]]
+    operations = [
+        # Migrated back alone (conversations still at 0015), the function its messages'
+        # column was made with is set again last (review).
+        migrations.RunSQL(migrations.RunSQL.noop, reverse_sql=_words.WORDS),
+        *memory[:2],
+        *tool_records[:2],
+        the_function,
+        *memory[2:],
+        *tool_records[2:],
+    ]
