@@ -19,7 +19,7 @@ from pgvector.django import HnswIndex
 
 from memsvc.api.errors import NotFound
 from memsvc.api.principals import agent_uuid_of
-from memsvc.text import DEFAULT_IGNORABLE
+from memsvc.text import DEFAULT_IGNORABLE, MINUS_RUN
 
 logger = logging.getLogger(__name__)
 
@@ -137,20 +137,13 @@ def headline_as_written(headline: str, content: str) -> str:
     return FRAGMENT_DELIMITER.join(shown)
 
 
-# A run of "-" (with nothing but punctuation or spaces between them): to
-# ``websearch_to_tsquery`` each is a NOT of the word that follows, however far, and 32 of
-# them ("-----...", a pasted rule) nest deeper than it can read: "tsquery stack too small"
-# (review: a 500). One NOT is what such a run asks.
-_MINUS_RUN = re.compile(r'-(?:(?:(?![-"])[\W_])*-)+')
-
-
 def websearch_text(text: str) -> str:
     """``text`` for ``websearch_to_tsquery``, its words as the words index reads them: a "<"
-    no markup's start (``MARKUP_STAND_IN``); a run of "-" one (``_MINUS_RUN``); a run of
+    no markup's start (``MARKUP_STAND_IN``); a run of "-" one (``memsvc.text.MINUS_RUN``); a run of
     CJK characters a quoted phrase of them, one word
     each ("-東京" excludes the texts holding 東 then 京, as "-Tokyo" those holding Tokyo),
     spaced within a quoted phrase."""
-    text = _MINUS_RUN.sub("-", words_read(text))
+    text = MINUS_RUN.sub("-", words_read(text))
     pieces, quoted, start = [], False, 0
     for match in _CJK_RUN.finditer(text):
         before = text[start : match.start()]

@@ -12,6 +12,12 @@ DEFAULT_IGNORABLE = re.compile(
     "\U0001d173-\U0001d17a\U000e0000-\U000e0fff]"
 )
 
+# A run of "-" (with nothing but punctuation or spaces between them): to
+# ``websearch_to_tsquery`` each is a NOT of the word that follows, however far, and 32 of
+# them ("-----...", a pasted rule) nest deeper than it can read: "tsquery stack too small"
+# (review: a 500). One NOT is what such a run asks.
+MINUS_RUN = re.compile(r'-(?:(?:(?![-"])[\W_])*-)+')
+
 # What draws nothing of its own: controls, format marks (zero-width spaces and joiners, bidi
 # marks, a BOM), combining marks with nothing to combine with, and separators.
 _INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Mn", "Me", "Zs", "Zl", "Zp"})

@@ -47,6 +47,9 @@ def test_a_dash_before_a_word_or_phrase_excludes_it_as_websearch_reads_it():
         assert exclusions(text) == (text, [])
     # Read as the words index reads it: a zero-width space before the dash draws nothing.
     assert exclusions("information \u200b-desk") == ("information", ["desk"])
+    # A run of "-" is one, as PostgreSQL is given it.
+    for text in ["cake --chocolate", "cake -\u200b-chocolate", "cake - -chocolate"]:
+        assert exclusions(text) == ("cake", ["chocolate"]), text
 
 
 def test_a_question_splits_into_its_sentences_and_clauses():
