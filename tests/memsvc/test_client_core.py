@@ -14,12 +14,15 @@ from memsvc.client.core import (
     METADATA_MAX_DEPTH,
     RESPONSES,
     STORED_MAX_CHARS,
+    TRUNCATED,
     Call,
     Recall,
     Reply,
     ReplyReader,
     ServerSentEvents,
+    json_bytes,
     model_api,
+    text_cut_to,
 )
 
 
@@ -207,6 +210,24 @@ def test_an_anthropic_reply_that_goes_on_from_a_prefill_is_stored_whole():
     # Not another API's (an assistant message last is no prefill there).
     chat = Call("a", CHAT, {"messages": messages})
     assert Recall().stores(chat, Reply(" red, blue"))[-1].json["content"] == " red, blue"
+
+
+@pytest.mark.parametrize(
+    ("text", "max_bytes"),
+    [
+        ("a" * 900 + "\x01" * 200, 1000),  # (a control character is six bytes in JSON)
+        ("é" * 3000, 1001),
+        ("x" * 3_000_000, 1024 * 1024),
+        ("a\x01" * 700_000, 1024 * 1024),
+    ],
+)
+def test_a_text_cut_to_fit_keeps_the_longest_start_that_fits(text, max_bytes):
+    """(Halved, 2 MiB were kept as 512 KiB of 1 MiB; shrunk once in proportion, 659 of the
+    914 characters that fit: review.)"""
+    cut = text_cut_to(text, max_bytes)
+    kept = cut.removesuffix(TRUNCATED)
+    assert cut.endswith(TRUNCATED) and text.startswith(kept)
+    assert json_bytes(cut) <= max_bytes < json_bytes(text[: len(kept) + 1] + TRUNCATED)
 
 
 def test_a_turn_longer_than_memsvc_takes_is_stored_and_asked_about_by_its_start():
