@@ -46,7 +46,13 @@ class WebServer:
             self.process = subprocess.Popen(
                 command, cwd=ROOT, env=full_env, stdout=log, stderr=subprocess.STDOUT
             )
-        self._wait_until_listening()
+        try:
+            self._wait_until_listening()
+        except BaseException:
+            # (A server that did not answer was left running by the failed test: a gunicorn
+            # whose parent was gone still ran an hour later.)
+            self.stop()
+            raise
 
     def _wait_until_listening(self) -> None:
         deadline = time.monotonic() + START_DEADLINE_SECONDS
