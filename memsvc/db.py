@@ -19,7 +19,7 @@ from pgvector.django import HnswIndex
 
 from memsvc.api.errors import NotFound
 from memsvc.api.principals import agent_uuid_of
-from memsvc.text import DEFAULT_IGNORABLE, MINUS_RUN
+from memsvc.text import DEFAULT_IGNORABLE, query_read
 
 logger = logging.getLogger(__name__)
 
@@ -108,8 +108,8 @@ def headline_as_written(headline: str, content: str) -> str:
     written = content.translate(_WORDS_TRANSLATION)
     # ``read``: the text as the index reads it; ``at[i]``: where its i-th character is
     # written (and, last, the text's end).
+    read = words_read(content)
     at = [i for i, character in enumerate(written) if not DEFAULT_IGNORABLE.match(character)]
-    read = "".join(written[i] for i in at)
     at.append(len(written))
     shown, place, first = [], 0, 0
     while first < len(extracts):
@@ -139,11 +139,11 @@ def headline_as_written(headline: str, content: str) -> str:
 
 def websearch_text(text: str) -> str:
     """``text`` for ``websearch_to_tsquery``, its words as the words index reads them: a "<"
-    no markup's start (``MARKUP_STAND_IN``); a run of "-" one (``memsvc.text.MINUS_RUN``); a run of
+    no markup's start (``MARKUP_STAND_IN``); a run of "-" one (``memsvc.text.query_read``); a run of
     CJK characters a quoted phrase of them, one word
     each ("-東京" excludes the texts holding 東 then 京, as "-Tokyo" those holding Tokyo),
     spaced within a quoted phrase."""
-    text = MINUS_RUN.sub("-", words_read(text))
+    text = query_read(text.translate(_WORDS_TRANSLATION))
     pieces, quoted, start = [], False, 0
     for match in _CJK_RUN.finditer(text):
         before = text[start : match.start()]

@@ -18,6 +18,14 @@ DEFAULT_IGNORABLE = re.compile(
 # (review: a 500). One NOT is what such a run asks.
 MINUS_RUN = re.compile(r'-(?:(?:(?![-"])[\W_])*-)+')
 
+
+def query_read(text: str) -> str:
+    """A query's words as PostgreSQL is given them (``memsvc.db.websearch_text``) and its
+    exclusions are read (``search.queries.exclusions``): the default-ignorable characters
+    left out, as the words index leaves them out; a run of "-" one."""
+    return MINUS_RUN.sub("-", DEFAULT_IGNORABLE.sub("", text))
+
+
 # What draws nothing of its own: controls, format marks (zero-width spaces and joiners, bidi
 # marks, a BOM), combining marks with nothing to combine with, and separators.
 _INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Mn", "Me", "Zs", "Zl", "Zp"})

@@ -21,7 +21,7 @@ import calendar
 import re
 from datetime import UTC, date, datetime, timedelta
 
-from memsvc.text import DEFAULT_IGNORABLE, MINUS_RUN
+from memsvc.text import query_read
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
 _CLAUSE_BREAK = re.compile(r"\s*;\s*|,\s+(?=(?:and|but|also)\s)", re.IGNORECASE)
@@ -83,10 +83,10 @@ _EXCLUDED = re.compile(r'(?:^|(?<=\s))-("[^"]*"?|[^\s"\d-][^\s"]*)|"[^"]*"?')
 def exclusions(text: str) -> tuple[str, list[str]]:
     """``text`` without the words and phrases it excludes, and those (a phrase in its
     quotes). ``text`` as it is when it holds nothing else: a query that only excludes
-    asks for nothing. Read as ``memsvc.db.websearch_text`` gives it to PostgreSQL: the
-    characters that draw nothing left out, a run of "-" one ("a \u200b-b" and "a --b"
+    asks for nothing. Read as PostgreSQL is given it (``query_read``): the characters that
+    draw nothing left out, a run of "-" one ("a \u200b-b" and "a --b"
     exclude "b" there, and were ranked as asking for it; review)."""
-    read = MINUS_RUN.sub("-", DEFAULT_IGNORABLE.sub("", text))
+    read = query_read(text)
     excluded = [m.group(1) for m in _EXCLUDED.finditer(read) if m.group(1) is not None]
     rest = " ".join(_EXCLUDED.sub(lambda m: m.group() if m.group(1) is None else " ", read).split())
     if not excluded or not _WORD.search(rest):

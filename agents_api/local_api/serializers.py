@@ -31,7 +31,11 @@ from memsvc.api.fields import (
 )
 
 
-def agent_out(agent: Agent) -> dict:
+def agent_out(agent: Agent, *, reads: bool = True) -> dict:
+    """An agent as the local API shows it; to a caller that may not read (a write-only
+    key entering a ``capture_only`` block), only its id and name."""
+    if not reads:
+        return {"id": str(agent.id), "name": agent.name}
     return {
         "id": str(agent.id),
         "name": agent.name,

@@ -256,10 +256,7 @@ class AgentsView(LocalView):
             reads = Scope.READ in caller.scopes
             if not reads:  # (before the name is looked up: a key of neither scope learns none)
                 require_scope(caller, Scope.WRITE)
-            agent = _agent(request, data["name"])
-            if reads:
-                return Response(s.agent_out(agent))
-            return Response({"id": str(agent.id), "name": agent.name})
+            return Response(s.agent_out(_agent(request, data["name"]), reads=reads))
         agent, _ = agent_services.agent_get_or_create(
             owner_principal=agent_selectors.LOCAL_OWNER,
             name=data["name"],

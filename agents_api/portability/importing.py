@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 
 from django.db import DataError, IntegrityError, transaction
 from django.utils import timezone
+from rest_framework.exceptions import ValidationError
 
+from agents_api.api.serializers import TagsField
 from agents_api.models import Agent, Scope, UserErasure
 from agents_api.portability.export import FORMAT, VERSION
 from agents_api.portability.records import AgentRecord
@@ -27,7 +29,6 @@ from memsvc.api.fields import contains_nul
 from memsvc.api.parsers import DOCUMENT_MAX_JSON_DEPTH, json_problem
 from memsvc.api.principals import user_id_problem
 from memsvc.db import hold_users
-from memsvc.text import shows_nothing
 
 UNIQUE_VIOLATION = "23505"  # PostgreSQL's SQLSTATE
 
@@ -189,10 +190,16 @@ def _as_its_own(agent: Agent, parsed: dict[str, list[dict]], *, impersonates: bo
     skipped by every import: ``restore._agents_for``.) Each memory keeps its ``source``:
     how it was first kept (from a conversation, through MCP, ...)."""
     actor, now = agent.as_principal(), timezone.now()
-    # (The API's rules of what it writes: ``records.MemoryRecord`` takes tags as stored.)
-    for tags in (memory["tags"] for memory in parsed["memories"]):
-        if blank := next((tag for tag in tags if shows_nothing(tag)), None):
-            raise ImportRefused(f"memories: the tag {blank!r} has nothing to read")
+    # The API's rules of what it writes (``TagsField``'s, as a save holds them to):
+    # ``records.MemoryRecord`` takes tags as stored.
+    given = TagsField()
+    for memory in parsed["memories"]:
+        try:
+            given.run_validation(memory["tags"])
+        except ValidationError as exc:
+            [(place, [problem, *_])] = list(exc.detail.items())[:1]
+            tag = memory["tags"][place]
+            raise ImportRefused(f"memories: the tag {tag!r}: {problem}") from None
     memories = [memory for memory in parsed["memories"] if memory["expires_at"] > now]
     seen = messages_seen_by(actor, [i for memory in memories for i in memory["message_ids"]])
     for memory in memories:

@@ -1881,12 +1881,17 @@ def test_an_agents_import_is_held_to_the_apis_tag_rule(api, helper):
     save = {"content": "Alice likes tea", "userId": "alice"}
     assert api.post("/v1/agent/memories", save, as_=helper).status_code == 201
     document = agent_export(api, helper)
-    document["memories"][0]["tags"] = ["tea", "\u200b"]
     other = make_agent("tagged")
-    refused = api.post("/v1/agent/import", document, as_=other)
-    assert refused.status_code == 400, refused.content
-    assert refused.json()["error"].endswith("memories: the tag '\\u200b' has nothing to read")
-    assert not Memory.objects.filter(agent=other.agent).exists()
+    for tags, said in [
+        (["tea", "\u200b"], "memories: the tag '\\u200b': must not be empty"),
+        # (A save refuses it too: " a " and "a" were two tags.)
+        (["a", " a "], "memories: the tag ' a ': must not begin or end with a space"),
+    ]:
+        document["memories"][0]["tags"] = tags
+        refused = api.post("/v1/agent/import", document, as_=other)
+        assert refused.status_code == 400, refused.content
+        assert refused.json()["error"].endswith(said)
+        assert not Memory.objects.filter(agent=other.agent).exists()
 
 
 def test_an_agent_imports_an_export_as_if_it_had_written_it(api, world):
