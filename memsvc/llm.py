@@ -13,10 +13,15 @@ from types import ModuleType
 from django.conf import settings
 
 from memsvc.api.parsers import json_problem
+from memsvc.outage import Outage
 
 TIMEOUT_SECONDS = 120.0
 # The client's own retries, with its backoff: enough for a blip, not for an outage.
 MAX_RETRIES = 2
+# After the LLM refused memsvc's setup (a key, permissions, a model's name), it is not asked
+# again for a minute in the process: each agent's write asked it, in vain, and logged its
+# refusal (review). The setup is the operator's to mend (settings read at start).
+LLM_REFUSAL = Outage(60.0)
 
 
 class LLMError(Exception):
@@ -63,6 +68,14 @@ def _openai() -> ModuleType:
 
 
 def _client():
+    """A client of the configured LLM; ``LLMError`` (misconfigured), asking nothing, while
+    the pause after it refused memsvc's setup lasts (``LLM_REFUSAL``)."""
+    if LLM_REFUSAL.ongoing:
+        raise LLMError(
+            f"not asked: it refused memsvc's setup less than {LLM_REFUSAL.seconds:g} s ago",
+            misconfigured=True,
+            shown="its model refused memsvc's setup; the server's log says more",
+        )
     return _openai().OpenAI(
         base_url=settings.MEMSVC_LLM_BASE_URL,
         # Local servers want no key, but the client insists on one.
@@ -80,6 +93,8 @@ def _llm_error(exc) -> LLMError:
     misconfigured = isinstance(
         exc, openai.AuthenticationError | openai.PermissionDeniedError | openai.NotFoundError
     )
+    if misconfigured:
+        LLM_REFUSAL.began()
     return LLMError(
         f"{type(exc).__name__}: {exc}",
         transient=transient,

@@ -355,7 +355,7 @@ def with_feedback(
                 vector = query_vector(backend.model, query, tuning.unnamed_vector_share)
             except EmbeddingError:
                 vector = None  # (the backend failed, ``_embedded``: their words alone)
-            rows = statements.described(cursor, corpus, new, vector, backend.model, terms)
+            rows = statements.described(cursor, corpus, scope, new, vector, backend.model, terms)
     again = Candidates(
         semantic=dict(found.semantic),
         keyword={

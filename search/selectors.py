@@ -132,8 +132,7 @@ def message_scope(
     view is its own messages, and its lineage is not read (a statement fewer).
     """
     visible_sql, visible_params = _visible_conversations_sql(principal)
-    clauses = []
-    params = list(visible_params)
+    clauses, params = [], []
     if not for_agent:
         clauses.append("m.channel = %s AND m.visibility = %s")
         params += [Channel.HISTORY, Visibility.USER]
@@ -155,6 +154,8 @@ def message_scope(
                     views.append("(m.conversation_id = %s AND m.seq <= %s)")
                     params += [step.conversation_id, step.max_seq]
         clauses.append(f"({' OR '.join(views) or 'FALSE'})")
+    # (the conditions on a visible conversation's turns: its own conversation is one)
+    turns, turns_params = list(clauses), list(params)
     if before_message_id is not None:
         # Only a message the principal may see marks the place: another's message is "no
         # such message" like a random id, or the answer would tell that it exists.
@@ -165,12 +166,15 @@ def message_scope(
         if before is None:
             raise InvalidInput.for_field("before", "no such message")
         # (``+ 0``: no plan reads the whole service's older messages by their number to
-        # find the principal's; the conversations' index reads them.)
+        # find the principal's; the conversations' index reads them. A turn's neighbours
+        # are read from that index, bounded by the place.)
         clauses.append("m.seq + 0 < %s")
         params.append(before)
+        turns.append("m.seq < %s")
+        turns_params.append(before)
     return Scope(
         " AND ".join([f"m.conversation_id IN ({visible_sql})", *clauses]),
-        params,
+        [*visible_params, *params],
         narrowed=conversation_ids is not None or before_message_id is not None,
         visible_sql=visible_sql,
         visible_params=tuple(visible_params),
@@ -182,6 +186,8 @@ def message_scope(
         view=message_scope(principal, for_agent=for_agent)
         if conversation_ids is not None or before_message_id is not None
         else None,
+        turns_sql=" AND ".join(turns) or "TRUE",
+        turns_params=tuple(turns_params),
     )
 
 

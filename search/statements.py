@@ -70,6 +70,12 @@ class Scope:
     # before one, memories with some tags): a word's weight is counted there
     # (``view_frequencies``), once per caller and not once per narrowing.
     view: "Scope | None" = None
+    # Of a conversation that holds one of its rows, which turns the scope holds too (on
+    # alias ``m``): a turn's neighbours are the ones before and after it among them
+    # (``_around``), never a turn the caller does not see (an agent's, another channel's,
+    # one past a fork point), whose place would tell it is there (review).
+    turns_sql: str = "TRUE"
+    turns_params: tuple = ()
 
     def sql_for(self, few: bool) -> str:
         return self.few_sql if few and self.few_sql else self.sql
@@ -86,6 +92,8 @@ class Scope:
             params=[*self.params, TEXT_SEARCH_CONFIG, words],
             few_sql=self.few_sql + clause if self.few_sql else "",
             view=self.view or self,
+            turns_sql=self.turns_sql + clause,
+            turns_params=(*self.turns_params, TEXT_SEARCH_CONFIG, words),
         )
 
 
@@ -613,20 +621,20 @@ def keyword_candidates(
     return {row_id: float(value) for row_id, value in rows}
 
 
-def _around(corpus: Corpus) -> tuple[str, str, str]:
-    """The SQL of a row's place (on alias ``m`` and unaliased) and of the rows just before
-    and after it in its conversation (on alias ``c``), for a corpus of conversation turns;
-    else no place and two nulls."""
+def _around(corpus: Corpus, scope: Scope) -> tuple[str, str, str, list]:
+    """The SQL of a row's place (on alias ``m`` and unaliased), of the turns of the scope
+    just before and after it in its conversation (on alias ``c``: ``Scope.turns_sql``) and
+    their parameters, for a corpus of conversation turns; else no place and two nulls."""
     if not corpus.neighbours:
-        return "", "", "NULL, NULL,"
+        return "", "", "NULL, NULL,", []
     around = f"""
-        (SELECT p.id FROM {corpus.table} p
-         WHERE p.conversation_id = c.conversation_id AND p.seq < c.seq
-         ORDER BY p.seq DESC LIMIT 1),
-        (SELECT n.id FROM {corpus.table} n
-         WHERE n.conversation_id = c.conversation_id AND n.seq > c.seq
-         ORDER BY n.seq LIMIT 1),"""
-    return "m.conversation_id, m.seq,", "conversation_id, seq,", around
+        (SELECT m.id FROM {corpus.table} m
+         WHERE m.conversation_id = c.conversation_id AND m.seq < c.seq AND {scope.turns_sql}
+         ORDER BY m.seq DESC LIMIT 1),
+        (SELECT m.id FROM {corpus.table} m
+         WHERE m.conversation_id = c.conversation_id AND m.seq > c.seq AND {scope.turns_sql}
+         ORDER BY m.seq LIMIT 1),"""
+    return "m.conversation_id, m.seq,", "conversation_id, seq,", around, [*scope.turns_params] * 2
 
 
 def _author(corpus: Corpus) -> str:
@@ -667,7 +675,7 @@ def nearest_with_fills(
     count would read it twice.
     """
     score, score_params = terms.score_sql("search_vector")
-    position, outer_position, around = _around(corpus)
+    position, outer_position, around, around_params = _around(corpus, scope)
     below, below_params = exact_below(corpus, limit, tuning)
     author = _author(corpus)
     in_scope = f"""
@@ -719,7 +727,7 @@ def nearest_with_fills(
             FROM {corpus.table} WHERE id = ANY(%s)
         ) c
         """,
-        [*cte_params, *score_params, *nearest_params, model, query_vector, fills],
+        [*cte_params, *around_params, *score_params, *nearest_params, model, query_vector, fills],
         nearest_settings(order, limit, tuning),
     )
 
@@ -755,13 +763,13 @@ def in_scope(cursor, corpus: Corpus, scope: Scope, ids: list) -> set:
 
 
 def described(
-    cursor, corpus: Corpus, ids: list, query_vector: str, model: str, terms: Terms
+    cursor, corpus: Corpus, scope: Scope, ids: list, query_vector: str, model: str, terms: Terms
 ) -> list[tuple]:
-    """``ids`` (rows found in scope) as ``nearest_with_fills`` gives its rows, their keyword
+    """``ids`` (rows found in ``scope``) as ``nearest_with_fills`` gives its rows, their keyword
     scores by ``terms``: the candidates of a query scored again with more words (keyword
     feedback)."""
     score, score_params = terms.score_sql("search_vector")
-    _position, outer_position, around = _around(corpus)
+    _position, outer_position, around, around_params = _around(corpus, scope)
     cursor.execute(
         f"""
         SELECT c.id, c.similarity, c.keyword_score, {around} false, c.created_at, NULL,
@@ -774,7 +782,7 @@ def described(
             FROM {corpus.table} WHERE id = ANY(%s)
         ) c
         """,
-        [model, query_vector, *score_params, list(ids)],
+        [*around_params, model, query_vector, *score_params, list(ids)],
     )
     return cursor.fetchall()
 

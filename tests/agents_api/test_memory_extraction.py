@@ -18,7 +18,7 @@ from agents_api.services import memory_save, memory_setting_update, user_erase
 from agents_api.tasks import extract_memories_task
 from conversations.models import Conversation, Message
 from memsvc.api.principals import Principal
-from memsvc.llm import LLMError, chat, json_answer
+from memsvc.llm import LLM_REFUSAL, LLMError, chat, json_answer
 from tests.agents_api.test_api import agent_conversation, append
 from tests.fake_openai import FakeOpenAI
 from tests.local_http import Reply
@@ -228,6 +228,12 @@ def test_an_llm_that_is_down_extracts_nothing_and_is_asked_again_after_the_next_
 
     llm.answer(MARKER, memories_answer(GREEN))
     tried = len(extractions(llm))
+    if status != 503:
+        # Refused memsvc's setup: not asked again for a minute, whatever writes come.
+        turns(api, helper, conversation, [6, 7])
+        assert len(extractions(llm)) == tried
+        assert not Memory.objects.exists()
+        LLM_REFUSAL.end()  # (the minute is over)
     turns(api, helper, conversation, [6])
     assert len(extractions(llm)) == tried + 1
     assert "turn 1:" in extractions(llm)[-1]["messages"][1]["content"]

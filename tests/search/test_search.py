@@ -23,8 +23,9 @@ from memsvc.db import (
 from memsvc.text import DEFAULT_IGNORABLE
 from search import selectors, statements
 from search.embeddings import EmbeddingError, OllamaBackend, configured_backend
+from search.engine import query_vector
 from search.services import embed_messages, embed_pending
-from search.statements import EXACT_ORDER, INDEX_ORDER, sees_few
+from search.statements import EXACT_ORDER, INDEX_ORDER, NO_TERMS, sees_few
 from search.tuning import DEFAULT_TUNING, configured_tuning
 from tests.agents_api.conftest import make_agent
 from tests.db import plans_of, recorded_statements
@@ -541,6 +542,61 @@ def test_a_tie_of_the_fusion_goes_to_the_turn_that_holds_what_was_asked(api, ali
             api, alice, f"ORD-{5000 + 2 * n}", topK=1, conversationIds=[str(conversation.id)]
         )
         assert f"ORD-{5000 + 2 * n} shipped" in first["message"]["content"]
+
+
+@pytest.mark.parametrize(
+    "hidden",
+    [
+        {"visibility": Visibility.AGENT},
+        {"channel": Channel.MEMORY, "role": "assistant"},
+    ],
+    ids=["agent-only", "memory-channel"],
+)
+def test_turns_a_user_does_not_see_change_no_score_the_user_is_shown(api, alice, hidden):
+    """A turn's neighbours are the turns before and after it that the caller sees: a
+    hidden turn between two visible ones changed the second one's score (its neighbour
+    was the hidden turn, so the first one's share went missing), telling the user that
+    something sits between them (review)."""
+    turns = [
+        "Our flight to Lisbon leaves on Friday morning",
+        "Pack the sunscreen and the passports tonight",
+    ]
+    conversations = []
+    for with_hidden in (False, True):
+        conversation = ConversationFactory(group__owner=alice.id)
+        MessageFactory(conversation=conversation, content=turns[0])
+        if with_hidden:
+            MessageFactory(conversation=conversation, content="tool output: 42 rows", **hidden)
+        MessageFactory(conversation=conversation, content=turns[1])
+        conversations.append(str(conversation.id))
+    embed_pending()
+    results = search(api, alice, "when is the flight to Lisbon", topK=10)
+    scores = {(r["conversationId"], r["message"]["content"]): r["score"] for r in results}
+    assert len(scores) == 4
+    for turn in turns:
+        plain, with_hidden = (scores[(c, turn)] for c in conversations)
+        assert with_hidden == pytest.approx(plain)
+
+
+def test_a_turns_neighbours_in_a_search_before_a_message_end_at_it(api, alice):
+    """The neighbour after a turn, within a search of the messages before one, is one
+    of those: the place ends the view as for the turns found."""
+    conversation = ConversationFactory(group__owner=alice.id)
+    first = MessageFactory(conversation=conversation, content="The Lisbon flight is on Friday")
+    second = MessageFactory(conversation=conversation, content="Bring the passports")
+    place = MessageFactory(conversation=conversation, content="Lisbon Lisbon Lisbon flight")
+    scope = selectors.message_scope(
+        Principal.user(alice.id), for_agent=False, before_message_id=place.id
+    )
+    embed_pending()
+    model = configured_backend().model
+    vector = query_vector(model, "Lisbon flight")
+    with connection.cursor() as cursor:
+        rows = statements.described(
+            cursor, selectors.MESSAGES, scope, [first.id, second.id], vector, model, NO_TERMS
+        )
+    neighbours = {row[0]: (row[3], row[4]) for row in rows}
+    assert neighbours == {first.id: (None, second.id), second.id: (first.id, None)}
 
 
 def test_the_speaker_is_searchable_by_keyword_and_by_meaning(api, alice):
