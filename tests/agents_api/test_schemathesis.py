@@ -11,13 +11,11 @@ messages, a memory, a memory block, a tool record) so the success paths run too.
 import uuid
 
 import pytest
-import schemathesis
 from django.db import transaction
 from hypothesis import HealthCheck, settings
 
 from agents_api.models import Memory, ToolRecord, content_hash
 from agents_api.services import api_key_create
-from memsvc.wsgi import application
 from tests.factories import (
     AgentFactory,
     ConversationFactory,
@@ -26,13 +24,11 @@ from tests.factories import (
     MemoryBlockFactory,
     MessageFactory,
 )
-from tests.schema_cases import CHECKS, with_known_ids
+from tests.schema_cases import CHECKS, served_schema, with_known_ids
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-schema = schemathesis.openapi.from_wsgi("/v1/schema", application).include(
-    path_regex=r"^/v1/agent/"
-)
+schema = served_schema(r"^/v1/agent/")
 
 AGENT = uuid.UUID("00000000-0000-4000-8000-0000000000a9")
 CONVERSATION = uuid.UUID("00000000-0000-4000-8000-00000000a901")

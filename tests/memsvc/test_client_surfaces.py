@@ -5,7 +5,6 @@ it, its turn is stored, and it returns exactly what the plain call returns."""
 
 import asyncio
 
-import anthropic
 import openai
 import pytest
 from pydantic import BaseModel
@@ -26,6 +25,15 @@ PARSED_REPLY = '{"city": "Use Python, Alice."}'
 
 class City(BaseModel):
     city: str
+
+
+@pytest.fixture(scope="session")
+def anthropic_sdk():
+    """The ``anthropic`` package, imported by the tests that call it: its import took 5 s
+    of every test process's collection on a slow host."""
+    import anthropic
+
+    return anthropic
 
 
 @pytest.fixture
@@ -369,8 +377,8 @@ def test_every_async_openai_surface(live_server, llm, remembered, surface, expec
 
 
 @pytest.mark.parametrize(("surface", "expected"), ANTHROPIC_SURFACES, ids=names(ANTHROPIC_SURFACES))
-def test_every_anthropic_surface(live_server, llm, remembered, surface, expected):
-    client = anthropic.Anthropic(base_url=llm.anthropic_base_url, api_key="k")
+def test_every_anthropic_surface(live_server, llm, remembered, surface, expected, anthropic_sdk):
+    client = anthropic_sdk.Anthropic(base_url=llm.anthropic_base_url, api_key="k")
     plain = surface(client)
     with learning(agent=remembered, server_url=live_server.url):
         inside = surface(client)
@@ -380,9 +388,13 @@ def test_every_anthropic_surface(live_server, llm, remembered, surface, expected
 @pytest.mark.parametrize(
     ("surface", "expected"), ASYNC_ANTHROPIC_SURFACES, ids=names(ASYNC_ANTHROPIC_SURFACES)
 )
-def test_every_async_anthropic_surface(live_server, llm, remembered, surface, expected):
+def test_every_async_anthropic_surface(
+    live_server, llm, remembered, surface, expected, anthropic_sdk
+):
     async def run():
-        async with anthropic.AsyncAnthropic(base_url=llm.anthropic_base_url, api_key="k") as client:
+        async with anthropic_sdk.AsyncAnthropic(
+            base_url=llm.anthropic_base_url, api_key="k"
+        ) as client:
             plain = await surface(client)
             async with learning(agent=remembered, server_url=live_server.url):
                 inside = await surface(client)
@@ -391,8 +403,10 @@ def test_every_async_anthropic_surface(live_server, llm, remembered, surface, ex
     check(llm, remembered, *asyncio.run(run()), expected)
 
 
-def test_anthropic_memory_joins_an_existing_system_prompt(live_server, llm, remembered):
-    client = anthropic.Anthropic(base_url=llm.anthropic_base_url, api_key="k")
+def test_anthropic_memory_joins_an_existing_system_prompt(
+    live_server, llm, remembered, anthropic_sdk
+):
+    client = anthropic_sdk.Anthropic(base_url=llm.anthropic_base_url, api_key="k")
     with learning(agent=remembered, server_url=live_server.url):
         client.messages.create(**anthropic_messages(), system="Be terse.")
         client.messages.create(
@@ -404,14 +418,14 @@ def test_anthropic_memory_joins_an_existing_system_prompt(live_server, llm, reme
     assert "Lives in Lisbon" in second[1]["text"]
 
 
-def test_tool_calls_are_stored_as_the_replys_metadata(live_server, llm, remembered):
+def test_tool_calls_are_stored_as_the_replys_metadata(live_server, llm, remembered, anthropic_sdk):
     llm.call_tool(QUESTION, "lookup_city", {"person": "Alice"})
     tools = [{"type": "function", "function": {"name": "lookup_city", "parameters": {}}}]
     with learning(agent=remembered, server_url=live_server.url):
         openai.OpenAI(base_url=llm.base_url, api_key="k").chat.completions.create(
             model="m", messages=chat_messages(), tools=tools
         )
-        anthropic.Anthropic(base_url=llm.anthropic_base_url, api_key="k").messages.create(
+        anthropic_sdk.Anthropic(base_url=llm.anthropic_base_url, api_key="k").messages.create(
             **anthropic_messages(), tools=[{"name": "lookup_city", "input_schema": {}}]
         )
     from conversations.models import Message

@@ -1,6 +1,6 @@
 """Property-based tests of the user API against its own OpenAPI schema (schemathesis).
 
-The schema is loaded from the running WSGI application (``/v1/schema``), restricted to the
+The schema is what the WSGI application serves (``/v1/schema``), restricted to the
 ``/v1/user`` operations, and every operation gets generated requests sent in-process with
 alice's bearer token. Each response must not be a 5xx, must have a documented status code
 and content type, and must match the documented body schema.
@@ -12,13 +12,11 @@ before each operation's test, so the success paths (200/201/204), 403 and 409 ru
 import uuid
 
 import pytest
-import schemathesis
 from django.db import transaction
 from hypothesis import HealthCheck, settings
 
 from conversations.models import AccessLevel, Membership
 from memsvc.tokens import mint_user_token
-from memsvc.wsgi import application
 from tests.factories import (
     ConversationFactory,
     ConversationGroupFactory,
@@ -26,7 +24,7 @@ from tests.factories import (
     MessageFactory,
     OwnershipTransferFactory,
 )
-from tests.schema_cases import CHECKS, with_known_ids
+from tests.schema_cases import CHECKS, served_schema, with_known_ids
 
 # Requests go through the real WSGI handler, which sends `request_started`/`request_finished`
 # and so runs Django's `close_old_connections`. Inside the test transaction that the plain
@@ -37,7 +35,7 @@ from tests.schema_cases import CHECKS, with_known_ids
 # empties the tables after each test, so every operation starts from the same seeded state.
 pytestmark = pytest.mark.django_db(transaction=True)
 
-schema = schemathesis.openapi.from_wsgi("/v1/schema", application).include(path_regex=r"^/v1/user/")
+schema = served_schema(r"^/v1/user/")
 
 # Fixed ids, so a run is reproducible down to the requests it sends.
 ALICE_CONVERSATION = uuid.UUID("00000000-0000-4000-8000-00000000a001")

@@ -110,22 +110,29 @@ def test_the_onnx_encoder_tokenizes_as_transformers_does():
     assert ours["input_ids"].shape == (len(texts), 256)
 
 
-def test_onnx_runtime_and_torch_give_the_same_vectors(tmp_path):
+@pytest.fixture(scope="module")
+def graphs(tmp_path_factory) -> Path:
+    """A model cache of this module's own, its graphs made from the packaged weights by the
+    first test that needs them (each export costs seconds of a slow host's CPU)."""
+    return tmp_path_factory.mktemp("graphs")
+
+
+def test_onnx_runtime_and_torch_give_the_same_vectors(graphs):
     texts = ["Caroline: I went to a support group", "short", "a much longer sentence " * 20]
-    onnx = LocalBackend(precision="float32", runtime="onnx", cache_dir=tmp_path)
+    onnx = LocalBackend(precision="float32", runtime="onnx", cache_dir=graphs)
     torch = LocalBackend(precision="float32", runtime="torch")
     fast, reference = onnx.embed(texts), torch.embed(texts)
     assert isinstance(onnx._load(), OnnxSentenceEncoder)
-    assert list(tmp_path.glob("*.onnx"))  # exported once, from the packaged weights
+    assert list(graphs.glob("*.onnx"))  # exported once, from the packaged weights
     assert np.allclose(fast, reference, atol=1e-4)
     # A second backend reuses the exported graph.
     assert np.allclose(
-        LocalBackend(precision="float32", runtime="onnx", cache_dir=tmp_path).embed(texts), fast
+        LocalBackend(precision="float32", runtime="onnx", cache_dir=graphs).embed(texts), fast
     )
     assert onnx.model == torch.model == "all-MiniLM-L6-v2"
 
 
-def test_int8_weights_keep_the_vectors_close_and_the_ranking(tmp_path):
+def test_int8_weights_keep_the_vectors_close_and_the_ranking(graphs):
     texts = [
         "Caroline: I went to a LGBTQ support group yesterday and it was so powerful.",
         "Melanie: I painted a lake sunrise last year, it's special to me.",
@@ -140,11 +147,11 @@ def test_int8_weights_keep_the_vectors_close_and_the_ranking(tmp_path):
         "Where did Melanie camp?",
         "What business is Jon starting?",
     ]
-    int8 = LocalBackend(cache_dir=tmp_path)
-    reference = LocalBackend(precision="float32", runtime="onnx", cache_dir=tmp_path)
+    int8 = LocalBackend(cache_dir=graphs)
+    reference = LocalBackend(precision="float32", runtime="onnx", cache_dir=graphs)
     assert int8.model == "all-MiniLM-L6-v2@int8"  # stored with its vectors: never mixed
     quantised, exact = int8.embed(texts), reference.embed(texts)
-    assert len(list(tmp_path.glob("*-int8.onnx"))) == 1
+    assert len(list(graphs.glob("*-int8.onnx"))) == 1
     cosines = (quantised * exact).sum(axis=1)
     assert cosines.min() > 0.97, cosines
     # Each question still finds its own turn first.
@@ -153,10 +160,10 @@ def test_int8_weights_keep_the_vectors_close_and_the_ranking(tmp_path):
         assert ranking.tolist() == list(range(len(texts)))
 
 
-def test_an_int8_vector_does_not_depend_on_the_texts_embedded_with_it(tmp_path):
+def test_an_int8_vector_does_not_depend_on_the_texts_embedded_with_it(graphs):
     # The int8 graph quantises activations with one scale per input: run in a batch, a text
     # got another vector than alone (cosine 0.99), and a query is always embedded alone.
-    int8 = LocalBackend(cache_dir=tmp_path)
+    int8 = LocalBackend(cache_dir=graphs)
     text = "I adopted a puppy named Rex last week"
     alone = int8.embed([text])[0]
     for companion in ["Wow!", "The marathon plan is going well, twenty kilometres on Sunday"]:
