@@ -394,23 +394,24 @@ def chat(mode: str, llm, text: str, client_options=None, **call_options) -> str:
 @pytest.mark.parametrize("where", CALLER_TIMEOUTS)
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_slow_memsvc_costs_a_call_no_more_than_the_callers_timeout(llm, caplog, mode, where):
-    """memsvc answers context in 2.5 s; the caller gives the call 0.3 s: the call goes on
+    """memsvc answers context in 3 s; the caller gives the call 0.3 s: the call goes on
     without memory once those are over (it waited the client's 10 s), with one warning. A
     later call with the usual timeout waits for memsvc and gets its memory: memsvc is not
-    taken for down because one caller was in a hurry. (The hurried call's 0.3 s took 1.25
-    on a loaded 2-core host: a bound well under memsvc's answer tells the two apart.)"""
+    taken for down because one caller was in a hurry. (Timed from the context request's
+    arrival: a process's first call imports the SDK's resources, which took more than a
+    second on a loaded 2-core host.)"""
     client_options, call_options = CALLER_TIMEOUTS[where]
     with (
-        StandInMemsvc(context_seconds=2.5) as memsvc,
+        StandInMemsvc(context_seconds=3.0) as memsvc,
         caplog.at_level(logging.WARNING, logger="memsvc.client"),
         learning(agent="a", server_url=memsvc.url),
     ):
-        started = time.monotonic()
         hurried = chat(mode, llm, "What is my name?", client_options, **call_options)
-        elapsed = time.monotonic() - started
+        returned = time.monotonic()
+        [asked] = [at for at, path in memsvc.log if path.startswith("/context/")]
         memsvc.context_seconds = 0.5
         patient = chat(mode, llm, "And my name?")
-    assert elapsed < 2.0
+    assert returned - asked < 2.0  # (memsvc answers at 3.0)
     assert hurried == patient == "Use Python, Alice."
     assert llm.system_messages(0) == []  # the plain call
     assert "Name: Alice" in llm.system_messages(1)[0]
