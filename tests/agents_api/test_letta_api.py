@@ -22,6 +22,7 @@ from conversations.services import (
 )
 from memsvc.api.errors import NotFound
 from memsvc.api.principals import Principal
+from memsvc.llm import LLM_REFUSAL
 from tests.agents_api.conftest import make_agent
 from tests.conversations.test_services import waits_for
 from tests.db import while_held
@@ -450,9 +451,15 @@ def test_turns_the_observer_could_not_have_read_are_read_next_time(
     assert observation_due(Agent.objects.get(name="travel"))
     human = {"blocks": [{"label": "human", "value": "Ada lives in Lisbon."}]}
     llm.answer(OBSERVER_MARKER, json.dumps(human))
+    if status == 401:  # (refused: not asked again for a minute, ``memsvc.llm.LLM_REFUSAL``)
+        asked = len(llm.requests_containing(OBSERVER_MARKER))
+        committed_capture(helper, state["id"], "I was born in Porto.")
+        assert len(llm.requests_containing(OBSERVER_MARKER)) == asked
+        LLM_REFUSAL.end()  # (the minute is over)
     committed_capture(helper, state["id"], "I live in Lisbon.")
     prompt = llm.requests_containing(OBSERVER_MARKER)[-1]["messages"][1]["content"]
     assert "My name is Ada." in prompt and "I live in Lisbon." in prompt
+    assert ("I was born in Porto." in prompt) == (status == 401)
 
 
 def test_an_answer_over_the_limit_leaves_the_block_as_it_was(api, helper, llm, committed_capture):
