@@ -649,7 +649,9 @@ def test_a_store_that_timed_out_is_sent_again_and_stored_once(
         stores = [r for r in proxy.requests if r.path == "/messages"]
     assert stored("retried") == [("user", "remember me once"), ("assistant", "Use Python, Alice.")]
     keys = [{k.lower(): v for k, v in r.headers.items()}["idempotency-key"] for r in stores]
-    assert len(keys) == 3 and keys[0] == keys[1] != keys[2]  # the user's store, sent again
+    # The user's store, sent again; the reply's once (twice when a slow spell of a loaded
+    # host kept its answer past the sender's 0.5 s too: stored once all the same).
+    assert keys[0] == keys[1] != keys[2] and set(keys[2:]) == {keys[2]} and len(keys) <= 4
     assert warnings(caplog) == []
 
 
