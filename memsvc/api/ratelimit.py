@@ -430,35 +430,22 @@ class RateLimitMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
+        presented = any(request.META.get(header) for header in CREDENTIAL_HEADERS)
+        if presented:
+            refusal, checked = request_auth_attempt(request)
+            if refusal is not None:
+                response = render_api_error(request, refusal)
+                if response is not None:
+                    return response
+            if checked is not None:
+                setattr(request, _CHECK_RUNNING, checked)
         try:
             response = self.get_response(request)
-            if response.status_code == 401 and _presented(request):
+            if response.status_code == 401 and presented:
                 _guarded(note_auth_failure, client_address(request))
         finally:
             auth_check_ended(request)
         return response
-
-    def process_view(self, request, view_func, view_args, view_kwargs):
-        """The refusal of a locked-out address's credentials, for a view that reads them:
-        a probe (``/v1/health``, ``/health``: views without authentication) is answered
-        whatever headers it carries, as ``learning()``'s, which sends its key with every
-        request, was refused and told to start a memsvc that ran (review)."""
-        view = getattr(view_func, "view_class", None)
-        if not _presented(request) or getattr(view, "authentication_classes", None) == []:
-            return None
-        refusal, checked = request_auth_attempt(request)
-        if refusal is not None:
-            response = render_api_error(request, refusal)
-            if response is not None:
-                return response
-        if checked is not None:
-            setattr(request, _CHECK_RUNNING, checked)
-        return None
-
-
-def _presented(request) -> bool:
-    """Whether ``request`` carries credentials (an API's headers; a session is no guess)."""
-    return any(request.META.get(header) for header in CREDENTIAL_HEADERS)
 
 
 # The request attribute holding the end of its credential check (``auth_attempt``'s
