@@ -40,7 +40,8 @@ from django.conf import settings
 from django.contrib.auth.backends import ModelBackend
 from django.core.exceptions import PermissionDenied
 from django.db import DatabaseError, connection
-from django.http import HttpResponse
+from django.http import Http404, HttpResponse
+from django.urls import resolve
 from rest_framework.throttling import BaseThrottle
 
 from memsvc.api.errors import RateLimited, render_api_error
@@ -431,7 +432,7 @@ class RateLimitMiddleware:
 
     def __call__(self, request):
         presented = any(request.META.get(header) for header in CREDENTIAL_HEADERS)
-        if presented:
+        if presented and _reads_credentials(request):
             refusal, checked = request_auth_attempt(request)
             if refusal is not None:
                 response = render_api_error(request, refusal)
@@ -446,6 +447,18 @@ class RateLimitMiddleware:
         finally:
             auth_check_ended(request)
         return response
+
+
+def _reads_credentials(request) -> bool:
+    """Whether ``request``'s view reads credentials: a probe (``/v1/health``, ``/health``)
+    and the public documents (``authentication_classes = []``) do not, and are answered to a
+    locked-out address whatever headers it sends (``learning()`` sends its key with its
+    health check, was refused, and told to start a memsvc that ran: review)."""
+    try:
+        view = resolve(request.path_info).func
+    except Http404:  # (a path no URL takes: its 404 reads nothing either)
+        return False
+    return getattr(getattr(view, "view_class", None), "authentication_classes", None) != []
 
 
 # The request attribute holding the end of its credential check (``auth_attempt``'s

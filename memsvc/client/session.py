@@ -267,7 +267,7 @@ class learning:
 
     def _check(self) -> None:
         try:
-            self._client.client.get("/health").raise_for_status()
+            health = self._client.client.get("/health")
         # (A host name no resolver takes, "a" * 64 or "xn--zz": the IDNA codec's error.)
         except (httpx.HTTPError, UnicodeError) as exc:
             raise MemoryServerUnavailable(
@@ -275,6 +275,11 @@ class learning:
                 "`./scripts/serve` in the memsvc checkout (or `memsvc serve`), or set "
                 "MEMORY_SERVER_URL (or MEMORY_SERVER_PORT) to where it runs."
             ) from exc
+        if health.is_error:  # (a server answers there: "start it" would mislead)
+            raise MemoryServerUnavailable(
+                f"memsvc at {self.url} answered its health check with "
+                f"{health.status_code}: {_reason(health)}"
+            )
         try:
             response = self._client.client.post("/agents", json={"name": self.agent})
         except httpx.HTTPError as exc:

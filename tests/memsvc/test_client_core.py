@@ -24,6 +24,8 @@ from memsvc.client.core import (
     model_api,
     text_cut_to,
 )
+from tests.local_http import LocalHttpServer
+from tests.local_http import Reply as Answer
 
 
 def sse(*events) -> bytes:
@@ -418,6 +420,22 @@ def test_an_address_that_is_no_url_is_memsvc_unavailable(url):
         learning(agent="a", server_url=url),
     ):
         pass
+
+
+def test_a_memsvc_whose_health_check_fails_is_said_to_answer_not_to_be_started():
+    """A server answers there (a 503 of a database down, a 429): "start it" misled."""
+    from memsvc.client import MemoryServerUnavailable
+
+    down = Answer(503, {"status": "unavailable", "detail": "database unreachable"})
+    with (
+        LocalHttpServer(lambda method, path, body: down) as server,
+        pytest.raises(MemoryServerUnavailable) as refused,
+        learning(agent="a", server_url=server.url),
+    ):
+        pass
+    assert str(refused.value) == (
+        f"memsvc at {server.url} answered its health check with 503: database unreachable"
+    )
 
 
 def test_a_block_names_its_strategy():

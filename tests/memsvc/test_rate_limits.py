@@ -150,6 +150,11 @@ def test_failed_authentications_lock_the_address_out(client, settings, backend, 
         client.get("/v1/agent/me", REMOTE_ADDR="192.0.2.251", **agent.auth_headers()).status_code
         == 200
     )
+    # Health checks are never limited, whatever headers they carry (``learning()`` sends its
+    # key with its probe, and was told to start a memsvc that ran: review).
+    for probe in ("/v1/health", "/health"):
+        for headers in (agent.auth_headers(), wrong):
+            assert client.get(probe, REMOTE_ADDR=address, **headers).status_code == 200
 
 
 def test_requests_without_credentials_lock_nobody_out(client, settings, backend):
