@@ -19,11 +19,18 @@ DEFAULT_IGNORABLE = re.compile(
 MINUS_RUN = re.compile(r'-(?:(?:(?![-"])[\W_])*-)+')
 
 
+# A space beyond ASCII's (a no-break space, a line separator): a space to ``exclusions``, but
+# to ``websearch_to_tsquery`` part of a word's run ("cake\u00a0-lemon" read as the phrase
+# "cake lemon", excluded as "lemon" in the ranking: review).
+_WIDE_SPACE = re.compile(r"[^\S\x00-\x7f]")
+
+
 def query_read(text: str) -> str:
     """A query's words as PostgreSQL is given them (``memsvc.db.websearch_text``) and its
     exclusions are read (``search.queries.exclusions``): the default-ignorable characters
-    left out, as the words index leaves them out; a run of "-" one."""
-    return MINUS_RUN.sub("-", DEFAULT_IGNORABLE.sub("", text))
+    left out, as the words index leaves them out; every space an ASCII one; a run of "-"
+    one."""
+    return MINUS_RUN.sub("-", _WIDE_SPACE.sub(" ", DEFAULT_IGNORABLE.sub("", text)))
 
 
 # What draws nothing of its own: controls, format marks (zero-width spaces and joiners, bidi

@@ -825,6 +825,10 @@ def test_a_run_of_dashes_excludes_nothing_and_breaks_nothing(api, alice, mode, r
         ("cake -#lemon", "'cake' & !'lemon'"),  # (a NOT as websearch reads it, kept)
         ("cake - lemon", "'cake' & !'lemon'"),
         ("well-known -cake", "'well-known' <-> 'well' <-> 'known' & !'cake'"),
+        # After any space, as ``exclusions`` reads it (a no-break space, a line separator)
+        ("cake\u00a0-lemon", "'cake' & !'lemon'"),
+        ("cake\u2028-lemon", "'cake' & !'lemon'"),
+        ("cake\u3000-lemon", "'cake' & !'lemon'"),
     ],
 )
 def test_a_run_of_dashes_is_one_not(query, read):
