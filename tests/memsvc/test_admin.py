@@ -1071,3 +1071,33 @@ def test_renaming_an_agent_in_the_admin_renames_its_own_conversation(operator):
     assert list(Conversation.objects.values_list("title", "metadata")) == [
         ("aide (local)", {"local_agent": "aide"})
     ]
+
+
+@pytest.mark.parametrize("username", ["..", ".", "a/../b"])
+def test_a_login_is_made_in_the_admin_only_for_a_name_a_user_id_can_be(operator, username):
+    """The pages act as ``Principal.user(username)``: ".." was taken, and a conversation its
+    holder shared had a member no member route could name (review)."""
+    password = "Sup3r-secret-pw!"
+    form = {"username": username, "password1": password, "password2": password}
+    response = operator.post(reverse("admin:auth_user_add"), {**form, "usable_password": "true"})
+    assert response.status_code == 200  # (the form again, with its error)
+    assert "A user id must not be" in response.content.decode()
+    assert not get_user_model().objects.filter(username=username).exists()
+    response = operator.post(reverse("admin:auth_user_add"), {**form, "username": "dot.ted"})
+    assert response.status_code == 302
+    assert get_user_model().objects.filter(username="dot.ted").exists()
+
+
+def test_a_login_is_never_renamed_in_the_admin(operator, django_user_model):
+    """Its name is its principal: a rename moved the login to another one and left what was
+    kept under the old name to whoever took it next (review)."""
+    alice = django_user_model.objects.create_user("alice", password="a-long-password")
+    change = reverse("admin:auth_user_change", args=[alice.pk])
+    page = operator.get(change).content.decode()
+    assert 'name="username"' not in page and "alice" in page
+    response = operator.post(
+        change, {"username": "mallory", "date_joined_0": "2026-12-05", "date_joined_1": "10:00"}
+    )
+    assert response.status_code in (200, 302)
+    alice.refresh_from_db()
+    assert alice.username == "alice"
