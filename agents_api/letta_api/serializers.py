@@ -211,6 +211,17 @@ class AgentIn(LettaSettingsFields):
     memory_blocks = serializers.ListField(child=BlockIn(), required=False, default=list)
     metadata = AgentMetadataField(required=False)
 
+    def validate_memory_blocks(self, blocks):
+        # (A second block of a label was dropped, its value lost, and the create said 200:
+        # review. A label the agent has already is kept as it is: a create asked again.)
+        seen = set()
+        for index, block in enumerate(blocks):
+            if block["label"] in seen:
+                problem = f"block {block['label']!r} is given twice"
+                raise serializers.ValidationError({index: {"label": [problem]}})
+            seen.add(block["label"])
+        return blocks
+
 
 class AgentUpdateIn(LettaTexts):
     name = AgentNameField(required=False)

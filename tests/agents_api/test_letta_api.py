@@ -266,6 +266,17 @@ def test_a_block_of_a_new_agent_over_its_limit_is_named_by_its_place(api, helper
     assert "its limit is 1" in issue["msg"]
 
 
+def test_a_new_agent_given_one_label_twice_is_refused_whole(api, helper):
+    """(The second block was dropped, its value lost, with a 200: review.)"""
+    blocks = [{"label": "h", "value": "1"}, {"label": "h", "value": "2"}]
+    refused = api.post("/v1/agents/", {"name": "twice", "memory_blocks": blocks}, as_=helper)
+    assert refused.status_code == 422, refused.content
+    [issue] = refused.json()["detail"]
+    assert issue["loc"] == ["body", "memory_blocks", 1, "label"]
+    assert "given twice" in issue["msg"]
+    assert not Agent.objects.filter(name="twice").exists()
+
+
 def test_attaching_a_second_block_of_a_label_is_a_conflict(api, helper):
     agent_id = create_agent(api, helper)["id"]
     block = api.post("/v1/blocks/", {"label": "human", "value": "Another."}, as_=helper).json()
