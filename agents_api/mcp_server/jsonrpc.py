@@ -6,9 +6,16 @@ import json
 from typing import NamedTuple
 
 from memsvc.api.parsers import MAX_JSON_DEPTH, json_problem
+from memsvc.text import shortened
 
 INVALID_REQUEST = -32600  # JSON-RPC 2.0: "the JSON sent is not a valid Request object"
+METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
+# The requests memsvc's server serves (``server.build_server``'s handlers and the SDK's own:
+# ``initialize``, ``ping``, the 2026-07-28 protocol's ``server/discover``). The SDK answers
+# another with -32601 only when its params are right for it, else "Invalid request
+# parameters" and nothing more ("completion/complete" with ``{}``: review).
+SERVED_METHODS = frozenset({"initialize", "ping", "server/discover", "tools/list", "tools/call"})
 NOT_A_MESSAGE = (
     'Invalid Request: a JSON-RPC 2.0 message is one JSON object with "jsonrpc": "2.0" '
     "and a method (a request or a notification) or a result or an error (a response); "
@@ -46,13 +53,25 @@ def request_refused(body: bytes | str) -> Refused | None:
         return Refused(invalid_request(problem, request_id_of(message)))
     if not isinstance(message, dict) or "method" not in message or "id" not in message:
         return None
-    if request_id_of(message) is None:
+    request_id = request_id_of(message)
+    if request_id is None:
         return Refused(invalid_request("id: a string or an integer"))
+    # (The SDK answered these with the id null, which JSON-RPC keeps for an id it cannot
+    # read: review.)
+    if message.get("jsonrpc") != "2.0":
+        return Refused(invalid_request('jsonrpc: must be "2.0"', request_id))
+    method = message["method"]
+    if not isinstance(method, str):
+        return Refused(invalid_request("method: must be a text", request_id))
+    if method not in SERVED_METHODS:
+        found = error_answer(
+            request_id, METHOD_NOT_FOUND, "Method not found", shortened(method, 100)
+        )
+        return Refused(found, status=200)
     problem = _params_problem(message)
     if problem is not None:
-        error = {"code": INVALID_PARAMS, "message": f"Invalid params: {problem}"}
-        answer = {"jsonrpc": "2.0", "id": message["id"], "error": error}
-        return Refused(json.dumps(answer).encode(), status=200)
+        answer = error_answer(request_id, INVALID_PARAMS, f"Invalid params: {problem}")
+        return Refused(answer, status=200)
     return None
 
 
@@ -110,5 +129,10 @@ def request_id_of(message) -> str | int | None:
 
 
 def invalid_request(problem: str, request_id: str | int | None = None) -> bytes:
-    error = {"code": INVALID_REQUEST, "message": f"Invalid Request: {problem}"}
+    return error_answer(request_id, INVALID_REQUEST, f"Invalid Request: {problem}")
+
+
+def error_answer(request_id: str | int | None, code: int, message: str, data=None) -> bytes:
+    """A JSON-RPC 2.0 error answer to the request ``request_id``."""
+    error = {"code": code, "message": message, **({} if data is None else {"data": data})}
     return json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}).encode()

@@ -15,6 +15,7 @@ from agents_api import selectors, services
 from agents_api.mcp_server.jsonrpc import (
     INVALID_REQUEST,
     NOT_A_MESSAGE,
+    error_answer,
     request_id_of,
     request_refused,
 )
@@ -72,13 +73,13 @@ def line_read(line: str) -> tuple[str | None, object]:
         types.jsonrpc_message_adapter.validate_python(message, by_name=False)
         return None, message
     except ValidationError:
-        error = {"code": INVALID_REQUEST, "message": NOT_A_MESSAGE}
-    return json.dumps({"jsonrpc": "2.0", "id": request_id_of(message), "error": error}), message
+        return error_answer(
+            request_id_of(message), INVALID_REQUEST, NOT_A_MESSAGE
+        ).decode(), message
 
 
 def _parse_error(problem: str) -> str:
-    error = {"code": PARSE_ERROR, "message": f"Parse error: {problem}"}
-    return json.dumps({"jsonrpc": "2.0", "id": None, "error": error})
+    return error_answer(None, PARSE_ERROR, f"Parse error: {problem}").decode()
 
 
 def _utf8(line: str) -> bool:
@@ -114,12 +115,15 @@ class _Lines:
         self._writing = anyio.Lock()
         self._asked = Counter()  # the ids of the client's requests not answered yet
         self._all_answered = anyio.Event()
+        self._initialize_sent = False
 
     async def __aiter__(self) -> AsyncIterator[str]:
         async for line in self._in:
             if not line.strip():
                 continue
             answer, message = line_read(line)
+            if answer is None:
+                answer = self._before_initialize(message)
             if answer is None:
                 self._note(message)
                 yield line
@@ -129,6 +133,17 @@ class _Lines:
         if self._asked:
             with anyio.move_on_after(ANSWERS_AFTER_EOF_SECONDS):
                 await self._all_answered.wait()
+
+    def _before_initialize(self, message) -> str | None:
+        """The answer to a request sent before ``initialize`` (but a ``ping``), which the
+        SDK refuses as "Invalid request parameters", though its params are right (review)."""
+        method = message.get("method") if isinstance(message, dict) else None
+        if method == "initialize":
+            self._initialize_sent = True
+        if self._initialize_sent or method in (None, "ping") or "id" not in message:
+            return None
+        problem = "Invalid Request: the session is not initialized: send initialize first"
+        return error_answer(request_id_of(message), INVALID_REQUEST, problem).decode()
 
     async def write(self, text: str) -> None:
         if self._asked:

@@ -448,6 +448,50 @@ def test_stdio_answers_every_line_it_cannot_serve():
     assert not Memory.objects.exists()
 
 
+def test_the_methods_answered_as_not_found_before_the_sdk_are_those_it_does_not_serve():
+    from agents_api.mcp_server.jsonrpc import SERVED_METHODS
+    from agents_api.mcp_server.server import build_server
+
+    assert {*build_server()._request_handlers, "initialize"} == SERVED_METHODS
+
+
+def test_stdio_says_what_is_wrong_with_a_request_it_does_not_serve():
+    """The SDK answered a call before ``initialize``, and a method it does not serve with
+    params not of it, "Invalid request parameters" and nothing more; an invalid request whose
+    id it could read with the id null (review)."""
+    start = {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "r", "version": "1"},
+    }
+    lines = [
+        '{"jsonrpc": "2.0", "id": "early", "method": "tools/list"}',
+        '{"jsonrpc": "2.0", "id": "ping", "method": "ping"}',
+        json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": start}),
+        '{"jsonrpc": "2.0", "method": "notifications/initialized"}',
+        '{"jsonrpc": "2.0", "id": "c", "method": "completion/complete", "params": {}}',
+        '{"jsonrpc": "1.0", "id": 9, "method": "ping"}',
+        '{"jsonrpc": "2.0", "id": 3, "method": "tools/list"}',
+    ]
+    read, _ = raw_stdio(lines, answers=6)
+    answers = {answer["id"]: answer for answer in map(json.loads, read)}
+    assert answers["early"]["error"] == {
+        "code": -32600,
+        "message": "Invalid Request: the session is not initialized: send initialize first",
+    }
+    assert answers["ping"]["result"] == {} and "result" in answers[1]
+    assert answers["c"]["error"] == {
+        "code": -32601,
+        "message": "Method not found",
+        "data": "completion/complete",
+    }
+    assert answers[9]["error"] == {
+        "code": -32600,
+        "message": 'Invalid Request: jsonrpc: must be "2.0"',
+    }
+    assert "memory_save" in {tool["name"] for tool in answers[3]["result"]["tools"]}
+
+
 # --- streamable HTTP -------------------------------------------------------------------------
 
 
@@ -734,6 +778,37 @@ def test_http_wrong_params_are_said_plainly(client, method, params, problem):
         "id": 7,
         "error": {"code": -32602, "message": f"Invalid params: {problem}"},
     }
+
+
+@pytest.mark.parametrize(
+    ("request_", "error"),
+    [
+        (
+            {"jsonrpc": "2.0", "id": 7, "method": "completion/complete", "params": {}},
+            {"code": -32601, "message": "Method not found", "data": "completion/complete"},
+        ),
+        (
+            {"jsonrpc": "2.0", "id": 7, "method": "resources/list"},
+            {"code": -32601, "message": "Method not found", "data": "resources/list"},
+        ),
+        (
+            {"jsonrpc": "1.0", "id": 7, "method": "ping"},
+            {"code": -32600, "message": 'Invalid Request: jsonrpc: must be "2.0"'},
+        ),
+        (
+            {"jsonrpc": "2.0", "id": 7, "method": 5},
+            {"code": -32600, "message": "Invalid Request: method: must be a text"},
+        ),
+    ],
+)
+def test_http_a_request_not_served_is_answered_by_its_id_with_why(client, request_, error):
+    """(A method not served, with params not of it, was "Invalid request parameters" and
+    nothing more; an invalid request whose id could be read was answered to the id null:
+    review.)"""
+    _, key = keyed_agent(f"unserved-{uuid.uuid4().hex[:8]}")
+    response = post_mcp(client, key, request_)
+    assert response.json() == {"jsonrpc": "2.0", "id": 7, "error": error}
+    assert response.status_code == (200 if error["code"] == -32601 else 400)
 
 
 def test_http_tools_are_listed_with_or_without_params(client):
