@@ -9,6 +9,7 @@ from typing import BinaryIO
 import anyio
 import mcp_types as types
 from mcp.server.stdio import stdio_server
+from mcp_types import PROTOCOL_VERSION_META_KEY
 from pydantic import ValidationError
 
 from agents_api import selectors, services
@@ -115,7 +116,7 @@ class _Lines:
         self._writing = anyio.Lock()
         self._asked = Counter()  # the ids of the client's requests not answered yet
         self._all_answered = anyio.Event()
-        self._initialize_sent = False
+        self._opened = False  # (by initialize, or by a request of the 2026-07-28 protocol)
 
     async def __aiter__(self) -> AsyncIterator[str]:
         async for line in self._in:
@@ -135,12 +136,17 @@ class _Lines:
                 await self._all_answered.wait()
 
     def _before_initialize(self, message) -> str | None:
-        """The answer to a request sent before ``initialize`` (but a ``ping``), which the
-        SDK refuses as "Invalid request parameters", though its params are right (review)."""
-        method = message.get("method") if isinstance(message, dict) else None
-        if method == "initialize":
-            self._initialize_sent = True
-        if self._initialize_sent or method in (None, "ping") or "id" not in message:
+        """The answer to a request of the handshake's protocol sent before ``initialize``
+        (but a ``ping``), which the SDK refuses as "Invalid request parameters", though its
+        params are right (review). A connection the 2026-07-28 protocol opens (a request
+        carrying its version: no handshake) is the SDK's to serve."""
+        if self._opened or not isinstance(message, dict) or "id" not in message:
+            return None
+        method, params = message.get("method"), message.get("params")
+        meta = params.get("_meta") if isinstance(params, dict) else None
+        if method == "initialize" or (isinstance(meta, dict) and PROTOCOL_VERSION_META_KEY in meta):
+            self._opened = True
+        if self._opened or method in (None, "ping"):
             return None
         problem = "Invalid Request: the session is not initialized: send initialize first"
         return error_answer(request_id_of(message), INVALID_REQUEST, problem).decode()

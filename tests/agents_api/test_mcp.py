@@ -448,6 +448,19 @@ def test_stdio_answers_every_line_it_cannot_serve():
     assert not Memory.objects.exists()
 
 
+def test_stdio_serves_the_2026_protocol_without_a_handshake():
+    """(Its requests open a connection with no ``initialize``: not refused as sent before it.)"""
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "r", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    request = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {"_meta": meta}}
+    read, _ = raw_stdio([json.dumps(request)], answers=1)
+    [answer] = map(json.loads, read)
+    assert "memory_save" in {tool["name"] for tool in answer["result"]["tools"]}, answer
+
+
 def test_the_methods_answered_as_not_found_before_the_sdk_are_those_it_does_not_serve():
     from agents_api.mcp_server.jsonrpc import SERVED_METHODS
     from agents_api.mcp_server.server import build_server
