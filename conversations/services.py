@@ -794,10 +794,17 @@ def user_conversations_erase(
         return rows if made_before is None else rows.filter(created_at__lt=made_before)
 
     # Pending transfers before groups, in the order accepting one takes its locks
-    # (transfer, then group): an accept racing the erase waits, it never deadlocks.
+    # (transfer, then group): an accept racing the erase waits, it never deadlocks. With
+    # them, in the same statement, those of others' groups the erase deletes: locked last,
+    # two people erased at once who had offered each other a conversation each held the
+    # other's offer to them and waited (a deadlock, a 503; review).
     groups = scoped(selectors.groups_owned_by(user_id), "id")
+    elsewhere_transfers = scoped(selectors.transfers_elsewhere(user_id))
     list(
-        OwnershipTransfer.objects.filter(group__in=groups, status=TransferStatus.PENDING)
+        OwnershipTransfer.objects.filter(
+            Q(group__in=groups, status=TransferStatus.PENDING)
+            | Q(id__in=elsewhere_transfers.order_by().values("id"))
+        )
         .select_for_update(of=("self",))
         .order_by("created_at", "id")
         .values_list("id", flat=True)
@@ -831,7 +838,7 @@ def user_conversations_erase(
     messages = conversation_groups_delete(Principal.user(user_id), group_ids=owned)
     messages += messages_delete(Principal.user(user_id), messages=elsewhere)
     memberships, _ = theirs.delete()
-    others, _ = scoped(selectors.transfers_elsewhere(user_id)).delete()
+    others, _ = elsewhere_transfers.delete()
     return ErasedConversations(
         conversations=conversations,
         message_ids=messages,

@@ -6,8 +6,10 @@ own; an agent keeps memories and blocks about alice and bob.
 """
 
 import json
+import threading
 import tracemalloc
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import httpx
@@ -2403,3 +2405,33 @@ def test_a_reply_whose_parent_was_erased_since_comes_back_without_it(
     assert import_file(tmp_path, document) == 0
     [back] = call(api, "GET", messages, bob)["data"]
     assert (back["content"], back["parentMessageId"]) == ("I do", None)
+
+
+def erased_at_once(start: threading.Barrier, user_id: str):
+    """``user_erase`` of ``user_id`` once the other threads of ``start`` are there too."""
+    try:
+        start.wait(10)
+        return user_erase(Principal.user(user_id), confirm=user_id)
+    finally:
+        connection.close()  # (this thread's)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_people_who_offered_each_other_a_conversation_erase_at_once():
+    """Each erase locked the offers of its own groups first and the other's offer to it last,
+    after the other's erase had locked that offer and waited for a conversation of the first:
+    a deadlock, one erase a 503, every time (review)."""
+    for round_ in range(3):
+        people = [f"crossing-{round_}-{side}" for side in "ab"]
+        for giver, taker in (people, people[::-1]):
+            conversation = conversation_create(Principal.user(giver), title="Offered")
+            ownership_transfer_start(
+                Principal.user(giver), conversation=conversation, to_principal=taker
+            )
+        start = threading.Barrier(2)
+        with ThreadPoolExecutor(2) as pool:
+            erasers = [pool.submit(erased_at_once, start, person) for person in people]
+            erased = [eraser.result(30) for eraser in erasers]
+        assert [e.conversations for e in erased] == [1, 1]
+        assert not OwnershipTransfer.objects.filter(group__conversations__title="Offered").exists()
+        assert not Conversation.objects.filter(title="Offered").exists()
