@@ -109,14 +109,46 @@ def document_import(
     # (In our own words: PostgreSQL's would name its internals and echo whole rows.)
     except IntegrityError as exc:
         if getattr(exc.__cause__, "sqlstate", None) == UNIQUE_VIOLATION:
-            raise ImportCollides(
-                "a block's label, a memory's content or an id in it is stored already, "
-                "or is in it twice"
-            ) from None
+            raise ImportCollides(_collision(exc.__cause__)) from None
         raise ImportRefused("a record breaks a rule of what is stored") from None
     except DataError:
         raise ImportRefused("a value does not fit where it is stored (too long?)") from None
     return result
+
+
+# What a unique constraint broken by an import says, by constraint (else by table); the
+# one message for all of them named neither the record nor the problem (review).
+_COLLISIONS = {
+    "membership_one_owner_per_group": "a group has one owner: a membership of the document "
+    "makes a second one",
+    "membership_unique": "a membership is stored already, or is in the document twice",
+    "memory_block_unique_label": "a block's label is stored already, or is in the document twice",
+    "memory_unique_content": "a memory's content is stored already, or is in the document twice",
+    "agent_name_unique_per_owner": "an agent's name is taken here",
+}
+_COLLIDING_ROWS = {
+    "conversation": "a conversation",
+    "conversation_group": "a conversation's group",
+    "membership": "a membership",
+    "message": "a message",
+    "ownership_transfer": "an ownership transfer",
+    "memory": "a memory",
+    "memory_block": "a block",
+    "memory_block_revision": "a block's revision",
+    "tool_record": "a tool record",
+    "agent": "an agent",
+}
+
+
+def _collision(error) -> str:
+    """What collided, in our words, from PostgreSQL's unique violation ``error``: its
+    constraint or its table, never its text (which names internals and echoes rows)."""
+    diagnosis = getattr(error, "diag", None)
+    said = _COLLISIONS.get(getattr(diagnosis, "constraint_name", None) or "")
+    if said is not None:
+        return said
+    rows = _COLLIDING_ROWS.get(getattr(diagnosis, "table_name", None) or "", "a record")
+    return f"{rows}'s id is stored already, or is in the document twice"
 
 
 def _restored(user_id: str, parsed: dict[str, list[dict]]) -> None:

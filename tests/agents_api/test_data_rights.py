@@ -2016,16 +2016,20 @@ def test_an_import_that_collides_stores_nothing(api, world):
     response = api.post("/v1/agent/import", document, as_=newcomer)
     assert response.status_code == 409, response.content[:300]
     assert response.json()["code"] == "conflict"
-    assert "is stored already" in response.json()["error"]
-    assert "Failing row" not in response.json()["error"]  # PostgreSQL's words stay inside
+    # What collided, named (one message said "a block's label, a memory's content or an id
+    # in it": review); PostgreSQL's words stay inside.
+    assert response.json()["error"].endswith(
+        "a block's label is stored already, or is in the document twice"
+    )
+    assert "Failing row" not in response.json()["error"]
     assert memory_of_the_agent(newcomer.agent) == kept
     # The same memory twice in one document collides with itself: nothing stored.
     twice = {**document, "memories": [document["memories"][0]] * 2, "memoryBlocks": []}
-    assert (
-        api.post(
-            "/v1/agent/import", twice, as_=make_agent("third", ("read", "write", "impersonate"))
-        ).status_code
-        == 409
+    third = make_agent("third", ("read", "write", "impersonate"))
+    response = api.post("/v1/agent/import", twice, as_=third)
+    assert response.status_code == 409
+    assert response.json()["error"].endswith(
+        "a memory's content is stored already, or is in the document twice"
     )
     assert not Memory.objects.filter(agent__name="third").exists()
 
@@ -2463,3 +2467,13 @@ def test_two_people_who_offered_each_other_a_conversation_erase_at_once():
         assert [e.conversations for e in erased] == [1, 1]
         assert not OwnershipTransfer.objects.filter(group__conversations__title="Offered").exists()
         assert not Conversation.objects.filter(title="Offered").exists()
+
+
+def test_a_user_document_imported_over_itself_names_what_is_stored_already(
+    api, alice, tmp_path, world, capsys
+):
+    document = cli_export(tmp_path, "first", "user", "alice")
+    capsys.readouterr()
+    assert import_file(tmp_path, document) != 0
+    said = capsys.readouterr().err
+    assert "a conversation's group's id is stored already, or is in the document twice" in said
