@@ -181,7 +181,7 @@ class AgentImportView(AgentApiView):
             "memory, all of it or nothing, as you could have written it yourself: every row "
             "new (new ids and block numbers, no time later than now, memories not yet used, "
             "a block's history one revision by you); a cited message or a tool record's "
-            "conversation you cannot see here is dropped; a tool record or a block made for a user "
+            "conversation you cannot see here is dropped; a tool record made for a user "
             "needs a key with the `impersonate` scope (else 400); a key needs `read` beside "
             "`write` (the answer tells what you keep); memories, blocks and tool "
             "records "

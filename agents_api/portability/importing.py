@@ -239,17 +239,14 @@ def _as_its_own(agent: Agent, parsed: dict[str, list[dict]], *, impersonates: bo
         memory.update(access_count=0, last_accessed_at=None)
     parsed["memories"] = memories
 
-    # Through the API a tool record or a block is a user's only by ``X-On-Behalf-Of`` (a
-    # memory names its user in its body): a plain key imported blocks about any user
-    # (review).
-    for section in ("toolRecords", "memoryBlocks"):
-        made_for = next((row["user_id"] for row in parsed[section] if row["user_id"]), None)
-        if made_for is not None and not impersonates:
-            raise ImportRefused(
-                f"{section}: one is made for {made_for!r}: that needs a key with the "
-                f"'{Scope.IMPERSONATE}' scope"
-            )
     records = parsed["toolRecords"]
+    made_for = next((r["user_id"] for r in records if r["user_id"]), None)
+    if made_for is not None and not impersonates:
+        # (Through the API a record is a user's only by ``X-On-Behalf-Of``.)
+        raise ImportRefused(
+            f"toolRecords: one is made for {made_for!r}: that needs a key with the "
+            f"'{Scope.IMPERSONATE}' scope"
+        )
     named = {r["conversation_id"] for r in records if r["conversation_id"]}
     visible = set(visible_conversation_ids(actor).filter(id__in=named).values_list("id", flat=True))
     # Unlinked here: those that exist and the agent does not see. One that is gone is left
