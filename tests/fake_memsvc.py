@@ -19,12 +19,13 @@ class StandInMemsvc:
         store_seconds: float = 0.0,
         context_reply: Reply | None = None,
         context_seconds: float = 0.0,
+        port: int = 0,
     ):
         self.store_seconds = store_seconds
         self.context_reply = context_reply
         self.context_seconds = context_seconds
         self.log: list[tuple[float, str]] = []
-        self.server = LocalHttpServer(self._respond)
+        self.server = LocalHttpServer(self._respond, port=port)
         self.url = self.server.url
 
     def _respond(self, method, path, body) -> Reply:

@@ -3,7 +3,9 @@ key set, an embedding API, an LLM). It records every request and answers through
 ``respond(method, path, body) -> Reply`` callback (``respond(method, path, body, headers)``
 with ``pass_headers=True``)."""
 
+import contextlib
 import json
+import socket
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -38,9 +40,25 @@ class _Server(ThreadingHTTPServer):
     # once (a client's whole pool).
     request_queue_size = 128
 
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.connections: set[socket.socket] = set()
+
+    def process_request(self, request, client_address):
+        self.connections.add(request)
+        super().process_request(request, client_address)
+
+    def server_close(self):
+        """Stopped as a server stops: its kept-alive connections closed too (their threads
+        went on answering on them)."""
+        super().server_close()
+        for connection in list(self.connections):
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
+
 
 class LocalHttpServer:
-    def __init__(self, respond: Callable[..., Reply], *, pass_headers: bool = False):
+    def __init__(self, respond: Callable[..., Reply], *, pass_headers: bool = False, port: int = 0):
         self.requests: list[Recorded] = []
         self._lock = threading.Lock()
         server = self
@@ -92,7 +110,7 @@ class LocalHttpServer:
             def log_message(self, *args):
                 pass
 
-        self.httpd = _Server(("127.0.0.1", 0), Handler)
+        self.httpd = _Server(("127.0.0.1", port), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, args=(0.01,), daemon=True)
 

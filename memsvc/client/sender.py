@@ -11,9 +11,12 @@ nor the model calls meanwhile); one that timed out, or whose connection broke be
 answer, is sent once more (``MAX_UNANSWERED_ATTEMPTS``) when it carries an idempotency key
 (memsvc stores it once however often it is sent; one without a key is never sent twice). When memsvc does not answer at all the
 request is dropped with one warning per outage, so a stopped server never stalls the
-program, and for ``DOWN_SECONDS`` the calls ask it for no context and their stores are
-dropped unsent (``is_down``): a server that takes connections and never answers cost every
-call, and every store, the whole timeout.
+program. One that took the request and gave no answer in time is taken for down: for
+``DOWN_SECONDS`` the calls ask it for no context and their stores are dropped unsent
+(``is_down``): a server that takes connections and never answers cost every call, and every
+store, the whole timeout. One that refused the connection (stopped, or restarting) is
+tried by every request still, at the cost of that refusal, so that the first turn after it
+is back is stored.
 """
 
 import logging
@@ -161,11 +164,15 @@ class Sender:
         lane = self._lanes.get(destination)
         return [lane] if lane is not None else []
 
-    def mark_down(self, url: str) -> None:
-        """``url`` did not answer and the caller has warned: drop its stores quietly until
-        it answers again."""
+    def mark_down(self, url: str, *, unanswered: bool = True) -> None:
+        """``url`` failed and the caller has warned (once an outage: ``warned``).
+        ``unanswered``: it gave no answer in time (hung, or overloaded): its stores are
+        dropped quietly, and the calls ask it for nothing, until it answers again or
+        ``DOWN_SECONDS`` have passed. Else (a connection refused or broken, which costs
+        nothing to try again) every request still tries it: taken for down for 30 s, a
+        memsvc back after two had the turns of those 30 s dropped unsent (review)."""
         with self._condition:
-            self._down[url] = time.monotonic()
+            self._down[url] = (time.monotonic(), unanswered)
 
     def mark_up(self, url: str) -> None:
         """``url`` answered: its stores are sent again."""
@@ -173,9 +180,13 @@ class Sender:
             self._down.pop(url, None)
 
     def is_down(self, url: str) -> bool:
-        """Whether ``url`` did not answer within the last ``DOWN_SECONDS``."""
-        since = self._down.get(url)
-        return since is not None and time.monotonic() - since < DOWN_SECONDS
+        """Whether ``url`` left a request unanswered within the last ``DOWN_SECONDS``."""
+        since, unanswered = self._down.get(url, (0.0, False))
+        return unanswered and time.monotonic() - since < DOWN_SECONDS
+
+    def warned(self, url: str) -> bool:
+        """Whether the caller has warned that ``url`` fails (it has not answered since)."""
+        return url in self._down
 
     def _run(self, destination: Destination, lane: _Lane) -> None:
         while True:
@@ -266,14 +277,14 @@ class Sender:
 
     def _not_answered(self, destination: Destination, exc: httpx.TransportError) -> None:
         """A request is dropped: memsvc did not answer (one warning per outage)."""
-        if destination.url not in self._down:
+        if not self.warned(destination.url):
             logger.warning(
                 "memsvc at %s does not answer (%s): the conversation is not stored "
                 "until it is back",
                 destination.url,
                 exc,
             )
-        self.mark_down(destination.url)
+        self.mark_down(destination.url, unanswered=isinstance(exc, httpx.TimeoutException))
 
 
 def _may_have_arrived(exc: httpx.TransportError) -> bool:

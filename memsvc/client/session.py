@@ -22,6 +22,8 @@ logger = logging.getLogger("memsvc.client")
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8283
 TIMEOUT_SECONDS = 10.0
+# A caller's timeout under this is in a hurry: memsvc not answering within it is not down.
+HURRIED_SECONDS = 1.0
 # A server bound to every address is reached on this machine's loopback.
 ANY_ADDRESS = {"0.0.0.0", "::", "[::]", ""}  # noqa: S104 (compared with, never bound)
 
@@ -97,6 +99,7 @@ class learning:
             raise ValueError(f"unknown strategy {strategy!r}; one of {choices}")
         self.agent = agent
         self.capture_only = capture_only
+        self.reads = True  # (False once memsvc refused its key the memory: 403)
         if strategy == MEMORY_BANK:
             from memsvc import memory_bank
 
@@ -304,7 +307,7 @@ class learning:
 
     def fetch_context(self, call: Call) -> dict | None:
         request = self.strategy.context_request(call)
-        if request is None or sender.is_down(self.url):
+        if request is None or not self.reads or sender.is_down(self.url):
             return None
         deadline = self.deadline(call)
         if sender.busy(self.destination):
@@ -322,7 +325,7 @@ class learning:
 
     async def afetch_context(self, call: Call) -> dict | None:
         request = self.strategy.context_request(call)
-        if request is None or sender.is_down(self.url):
+        if request is None or not self.reads or sender.is_down(self.url):
             return None
         deadline = self.deadline(call)
         if sender.busy(self.destination):
@@ -372,19 +375,34 @@ class learning:
         """When memsvc's part before ``call`` must be over (``time.monotonic()``)."""
         return time.monotonic() + call.seconds_before(TIMEOUT_SECONDS)
 
-    @staticmethod
-    def _context_of(response: httpx.Response) -> dict:
+    def _context_of(self, response: httpx.Response) -> dict:
         response.raise_for_status()
+        if sender.warned(self.url):  # (back: its stores are sent, its outage warned anew)
+            sender.mark_up(self.url)
         return response.json()
 
     def _no_context(self, call: Call, exc: httpx.HTTPError) -> None:
-        hooks.warn("read memory", exc)
-        # A memsvc slower than one caller's short timeout is not down for the others.
-        hurried = call.seconds_before(TIMEOUT_SECONDS) < TIMEOUT_SECONDS
-        if isinstance(exc, httpx.TransportError) and not (
-            hurried and isinstance(exc, httpx.TimeoutException)
-        ):
-            sender.mark_down(self.url)  # this call's one warning says so already
+        if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code == 403:
+            # A key that may not read: the block stores the conversation and asks for no
+            # more memory, said once (each call asked, was refused and warned: review).
+            self.reads = False
+            logger.warning(
+                "memsvc: memory of %r is not given to the model (%s); the block stores the "
+                "conversation (capture_only=True says so at once)",
+                self.agent,
+                _reason(exc.response),
+            )
+            return None
+        unreachable = isinstance(exc, httpx.TransportError)
+        if not (unreachable and sender.warned(self.url)):  # (once an outage)
+            hooks.warn("read memory", exc)
+        # A memsvc slower than one caller's timeout under a second is not down for the
+        # others; one that left a caller's second or more unanswered (it answers in
+        # milliseconds) is: each call of a 2 s timeout waited its 2 s, and warned (review).
+        unanswered = isinstance(exc, httpx.TimeoutException)
+        hurried = call.seconds_before(TIMEOUT_SECONDS) < min(HURRIED_SECONDS, TIMEOUT_SECONDS)
+        if unreachable and not (unanswered and hurried):
+            sender.mark_down(self.url, unanswered=unanswered)  # (the warning said so)
         return None
 
     def request(

@@ -1311,3 +1311,69 @@ def test_a_block_entered_once_memsvc_answers_again_gets_memory_and_stores_at_onc
         assert "/context/a" in memsvc.paths()
         assert memsvc.paths().count("/messages") == 2
         assert not sender_module.sender.is_down(memsvc.url)
+
+
+def test_a_memsvc_back_after_refusing_a_call_gets_the_next_turns_at_once(llm, caplog):
+    """A refused connection (memsvc stopped, or restarting) took memsvc for down for 30 s:
+    the turns of calls made once it was back, 2 s later, were dropped unsent and got no
+    memory, and nothing said so (review). A refusal costs nothing to try again: the next
+    call asks, and stores, as soon as memsvc answers; the outage is warned of once."""
+    client = openai.OpenAI(base_url=llm.base_url, api_key="k")
+    first = StandInMemsvc().__enter__()
+    port = int(first.url.rsplit(":", 1)[1])
+    with caplog.at_level(logging.WARNING, logger="memsvc.client"):
+        with learning(agent="a", server_url=first.url) as block:
+            ask(client, "one")
+            assert block.flush(10)
+            first.__exit__(None, None, None)  # (stopped: its port refuses connections)
+            ask(client, "two")
+            ask(client, "three")
+            assert block.flush(10)
+            assert not sender_module.sender.is_down(first.url)
+            with StandInMemsvc(port=port) as back:
+                ask(client, "four")
+                assert block.flush(10)
+        said = warnings(caplog)
+    assert back.paths() == ["/context/a", "/messages", "/messages"]
+    sent = [r.body["content"] for r in back.server.requests if r.path == "/messages"]
+    assert sent == ["four", "Use Python, Alice."]
+    assert len(said) == 1, said
+    assert "does not answer" in said[0] or "going on without memory" in said[0]
+
+
+def test_a_key_refused_memory_asks_for_it_no_more_in_its_block(llm, caplog):
+    """A write-only key: every call asked for context, was refused (403) and warned, each
+    time (review). The block stores its turns and asks no more, said once."""
+    refused = Reply(status=403, payload={"detail": "this API key lacks the 'read' scope"})
+    client = openai.OpenAI(base_url=llm.base_url, api_key="k")
+    with (
+        StandInMemsvc(context_reply=refused) as memsvc,
+        caplog.at_level(logging.WARNING, logger="memsvc.client"),
+        learning(agent="a", server_url=memsvc.url) as block,
+    ):
+        for text in ["one", "two", "three"]:
+            ask(client, text)
+        assert block.flush(10)
+    assert memsvc.paths().count("/context/a") == 1
+    assert memsvc.paths().count("/messages") == 6
+    [warning] = warnings(caplog)
+    assert "this API key lacks the 'read' scope" in warning
+
+
+def test_a_memsvc_leaving_a_callers_second_unanswered_is_taken_for_down(llm, caplog):
+    """A caller's timeout of a second or more (not memsvc's own 10 s) that memsvc leaves
+    unanswered (it answers in milliseconds) takes it for down: each call of a 2 s timeout
+    waited its 2 s for a hung memsvc, and warned (review)."""
+    client = openai.OpenAI(base_url=llm.base_url, api_key="k", timeout=1.2, max_retries=0)
+    with (
+        StandInMemsvc(context_seconds=3.0) as memsvc,
+        caplog.at_level(logging.WARNING, logger="memsvc.client"),
+        learning(agent="a", server_url=memsvc.url),
+    ):
+        ask(client, "one")
+        started = time.monotonic()
+        ask(client, "two")
+        second = time.monotonic() - started
+    assert second < 1.0, second  # (no context asked: waited 1.2 s before)
+    assert memsvc.paths().count("/context/a") == 1
+    assert len(warnings(caplog)) == 1, warnings(caplog)
