@@ -3,14 +3,13 @@ from django.contrib import admin
 from django.templatetags.static import static
 from django.urls import include, path, re_path, register_converter
 from django.views.generic import RedirectView
-from drf_spectacular.views import SpectacularSwaggerView
 
 from agents_api.local_api.views import UnknownRouteView
 from agents_api.mcp_server.http import McpView
 from memsvc.api.converters import AnyCaseUuidConverter
 from memsvc.api.errors import not_found_view
 from memsvc.api.health import HealthView
-from memsvc.api.schema import SchemaView
+from memsvc.api.schema import DocsView, SchemaView
 
 # Before the apps' URL confs, which name it.
 register_converter(AnyCaseUuidConverter, "id")
@@ -19,16 +18,7 @@ v1 = [
     path("v1/health", HealthView.as_view(), name="health"),
     # The schema and its docs are public documents: no credentials, no rate limit.
     path("v1/schema", SchemaView.as_view(), name="schema"),
-    path(
-        "v1/docs",
-        SpectacularSwaggerView.as_view(
-            url_name="schema",
-            authentication_classes=[],
-            permission_classes=[],
-            throttle_classes=[],
-        ),
-        name="docs",
-    ),
+    path("v1/docs", DocsView.as_view(url_name="schema"), name="docs"),
     path("v1/user/", include("conversations.api.urls")),
     path("v1/user/", include("agents_api.api.user_urls")),
     path("v1/agent/", include("agents_api.api.urls")),

@@ -6,7 +6,7 @@ from django.http import HttpResponse
 from django.utils import translation
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from drf_spectacular.utils import OpenApiResponse
-from drf_spectacular.views import SpectacularAPIView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework import serializers
 from rest_framework.renderers import JSONRenderer
 
@@ -186,7 +186,21 @@ def state_enforced_constraints(result, generator, request, public):
     return result
 
 
-class SchemaView(SpectacularAPIView):
+class RefusalsInJson:
+    """For a view whose answer is a document of its own format (YAML, an HTML page): a
+    refusal (an unknown ``?format=``, an ``Accept`` of no format it writes, a method it
+    does not take) is the API's JSON error, not written in that format (review)."""
+
+    def finalize_response(self, request, response, *args, **kwargs):
+        if response.status_code >= 400:
+            request.accepted_renderer, request.accepted_media_type = (
+                JSONRenderer(),
+                "application/json",
+            )
+        return super().finalize_response(request, response, *args, **kwargs)
+
+
+class SchemaView(RefusalsInJson, SpectacularAPIView):
     """``/v1/schema``: the OpenAPI document, made and written out (YAML, JSON) once per
     process, language and format, then served as it was written. A public document (no
     credentials, no rate limit: the rate limits need the database), it was made afresh for
@@ -223,12 +237,13 @@ class SchemaView(SpectacularAPIView):
         response["Content-Disposition"] = f'inline; filename="{filename}"'
         return response
 
-    def finalize_response(self, request, response, *args, **kwargs):
-        # A refusal (an unknown ``?format=``, an ``Accept`` of no format it writes, a POST)
-        # is the API's JSON error, not written as the document's YAML (review).
-        if response.status_code >= 400:
-            request.accepted_renderer, request.accepted_media_type = (
-                JSONRenderer(),
-                "application/json",
-            )
-        return super().finalize_response(request, response, *args, **kwargs)
+
+class DocsView(RefusalsInJson, SpectacularSwaggerView):
+    """``/v1/docs``: the schema's Swagger UI, a public page (no credentials, no rate limit)
+    to open, and nothing else: DRF's answer to its OPTIONS, written by the page's template
+    renderer, which has no template for it, was a 500 (review)."""
+
+    http_method_names = ["get", "head"]
+    authentication_classes = []
+    permission_classes = []
+    throttle_classes = []

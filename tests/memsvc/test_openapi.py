@@ -180,6 +180,16 @@ def test_the_docs_page_is_served_without_credentials_from_local_assets(client):
     assert '"/v1/schema"' in page
 
 
+@pytest.mark.django_db
+@pytest.mark.parametrize("method", ["options", "post", "put", "delete"])
+def test_the_docs_page_refuses_other_methods_in_the_apis_shape(client, method):
+    """(Its OPTIONS was a 500: DRF's metadata written by the page's template renderer.)"""
+    response = getattr(client, method)("/v1/docs")
+    assert response.status_code == 405
+    assert response.json()["code"] == "method_not_allowed"
+    assert response["Allow"] == "GET, HEAD"
+
+
 def calls_counted(monkeypatch, cls, name: str) -> list:
     """A list that gets a 1 for each call of ``cls``'s method ``name`` (which still runs)."""
     calls, method = [], getattr(cls, name)
