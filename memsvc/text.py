@@ -19,10 +19,11 @@ DEFAULT_IGNORABLE = re.compile(
 MINUS_RUN = re.compile(r'-(?:(?:(?![-"])[\W_])*-)+')
 
 
-# A space beyond ASCII's (a no-break space, a line separator): a space to ``exclusions``, but
-# to ``websearch_to_tsquery`` part of a word's run ("cake\u00a0-lemon" read as the phrase
-# "cake lemon", excluded as "lemon" in the ranking: review).
-_WIDE_SPACE = re.compile(r"[^\S\x00-\x7f]")
+# A space to Python but not to PostgreSQL (a no-break space, a line separator, ASCII's
+# separators \x1c-\x1f): a space to ``exclusions``, but to ``websearch_to_tsquery`` part of
+# a word's run ("cake\u00a0-lemon" read as the phrase "cake lemon", excluded as "lemon" in
+# the ranking: review).
+_WIDE_SPACE = re.compile(r"[^\S \t\n\r\f\v]")
 
 
 def query_read(text: str) -> str:

@@ -7,7 +7,8 @@ Two limits, per minute (fixed one-minute windows), ``0`` turning one off:
   schema), its address.
 - ``MEMSVC_AUTH_FAILURE_LIMIT`` (60): answers 401 to one client address. Past the limit,
   every request from that address that carries credentials is refused until the window
-  ends, the right ones too: guessing secrets or tokens gets nowhere.
+  ends, the right ones too: guessing secrets or tokens gets nowhere. (But for a view that
+  reads none: health checks, the schema and its docs, the local API's unknown paths.)
 
 An IPv6 client counts as its /64 (``counted_as``). Over a limit: 429 ``rate_limited`` with ``Retry-After`` (seconds to the next window), in the
 shape of the API asked. The counts are shared by every process of the service: in Redis when

@@ -509,7 +509,7 @@ def _reason(response: httpx.Response) -> str:
             else str(item)
             for item in detail
         )
-    return str(detail) if detail else response.text[:200]
+    return str(detail) if detail else response.text[:200].strip() or response.reason_phrase
 
 
 def time_left(deadline: float, *, quiet: bool = False) -> float:

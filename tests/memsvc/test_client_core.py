@@ -422,20 +422,27 @@ def test_an_address_that_is_no_url_is_memsvc_unavailable(url):
         pass
 
 
-def test_a_memsvc_whose_health_check_fails_is_said_to_answer_not_to_be_started():
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        (
+            Answer(503, {"status": "unavailable", "detail": "database unreachable"}),
+            "503: database unreachable",
+        ),
+        (Answer(404, b""), "404: Not Found"),  # (nothing said: its status's words; review)
+    ],
+)
+def test_a_memsvc_whose_health_check_fails_is_said_to_answer_not_to_be_started(answer, reason):
     """A server answers there (a 503 of a database down, a 429): "start it" misled."""
     from memsvc.client import MemoryServerUnavailable
 
-    down = Answer(503, {"status": "unavailable", "detail": "database unreachable"})
     with (
-        LocalHttpServer(lambda method, path, body: down) as server,
+        LocalHttpServer(lambda method, path, body: answer) as server,
         pytest.raises(MemoryServerUnavailable) as refused,
         learning(agent="a", server_url=server.url),
     ):
         pass
-    assert str(refused.value) == (
-        f"memsvc at {server.url} answered its health check with 503: database unreachable"
-    )
+    assert str(refused.value) == f"memsvc at {server.url} answered its health check with {reason}"
 
 
 def test_a_block_names_its_strategy():

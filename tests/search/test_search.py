@@ -829,6 +829,7 @@ def test_a_run_of_dashes_excludes_nothing_and_breaks_nothing(api, alice, mode, r
         ("cake\u00a0-lemon", "'cake' & !'lemon'"),
         ("cake\u2028-lemon", "'cake' & !'lemon'"),
         ("cake\u3000-lemon", "'cake' & !'lemon'"),
+        ("cake\x1f-lemon", "'cake' & !'lemon'"),
     ],
 )
 def test_a_run_of_dashes_is_one_not(query, read):
