@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from datetime import timedelta
 
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from conversations.models import Channel, Conversation, Message
@@ -160,6 +160,19 @@ def write_vectors(cursor, table: str, ids: list, vectors, *, model: str, at, for
         [model, at, list(ids), [vector_literal(vector) for vector in vectors]],
     )
     return {row_id for (row_id,) in cursor.fetchall()}
+
+
+def messages_embedded_now(message_ids: Sequence) -> None:
+    """Embed these committed messages on the caller's path, as a memory is: the local API's
+    stores (``learning()``'s, sent off its caller's path), whose next context request,
+    a moment later, is to find them by meaning (a fact said in one session was missing
+    from the next begun at once: the worker's turn came a second or two later; review).
+    What fails here (the backend, the database) is left to the worker and the sweep,
+    which the append has queued the messages for as every append does."""
+    try:
+        embed_messages(message_ids)
+    except (EmbeddingError, DatabaseError) as exc:
+        logger.info("messages left to the worker to embed (%s)", exc)
 
 
 def vectors_or_none(texts: list[str], *, what: str) -> tuple:

@@ -51,6 +51,7 @@ from memsvc.api.pagination import parse_limit
 from memsvc.db import beside
 from memsvc.text import shows_nothing
 from search.selectors import embed_query_ahead, search_messages
+from search.services import messages_embedded_now
 
 logger = logging.getLogger(__name__)
 
@@ -306,6 +307,7 @@ class MessagesView(LocalView):
             request_hash=request_fingerprint("local", data),
         )
         if created:
+            messages_embedded_now([message.id])
             enqueue_memory_extraction(agent, message.conversation)
         return marked_replayed(Response(s.message_out(message, agent)), created)
 

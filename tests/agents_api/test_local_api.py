@@ -14,6 +14,8 @@ from agents_api.models import Agent, Memory, MemoryBlock, ToolRecord
 from agents_api.services import memory_save
 from conversations.models import Message
 from memsvc import cli
+from search import services as search_services
+from search.embeddings import EmbeddingError
 from search.services import embed_pending
 from tests.agents_api.conftest import make_agent
 from tests.db import recorded_statements
@@ -278,7 +280,16 @@ def test_a_bad_list_limit_is_a_422_about_the_query(local, limit):
     assert response.json()["detail"][0]["loc"] == ["query", "limit"]
 
 
-def test_a_message_is_found_at_once_by_keywords_and_later_by_meaning(local):
+def test_a_message_the_model_could_not_embed_is_found_by_keywords_and_later_by_meaning(
+    local, monkeypatch
+):
+    """A store embeds its turn (``messages_embedded_now``); when the model fails, the turn
+    is stored all the same, found by its words, and embedded by the worker later."""
+
+    def down(message_ids):
+        raise EmbeddingError("the embedding service is down", transient=True)
+
+    monkeypatch.setattr(search_services, "embed_messages", down)
     make(local)
     store(local, "my_agent", "user", "My name is Alice and I prefer Python")
     store(local, "my_agent", "user", "The weather is nice today")
@@ -289,6 +300,7 @@ def test_a_message_is_found_at_once_by_keywords_and_later_by_meaning(local):
     assert [m["content"] for m in right_away] == ["My name is Alice and I prefer Python"]
     assert right_away[0]["similarity"] > 0
 
+    monkeypatch.undo()
     embed_pending()
     by_meaning = local.post(
         "/messages/search", {"agent_name": "my_agent", "query": "which programming language?"}
@@ -366,6 +378,23 @@ def test_context_has_blocks_and_relevant_messages(local, settings):
     assert len(relevant) == settings.MEMORY_MAX_CONTEXT_MESSAGES
     assert relevant[0]["content"] == "My name is Alice and I prefer Python"
     assert relevant[0]["similarity"] is not None
+
+
+def test_a_turn_just_stored_is_found_by_meaning_at_once(local):
+    """A store embeds its turn before it answers: a fact said in one session was missing
+    from the context of the next begun at once, found by shared words only until the
+    worker's turn came, a second or two later (review)."""
+    make(local)
+    for text in [
+        "I work as a dentist in Porto",
+        "The weather was sunny all week",
+        "My cat is named Whiskers",
+        "We watched a film about trains",
+    ]:
+        store(local, "my_agent", "user", text)
+    assert not Message.objects.filter(embedded_at__isnull=True).exists()
+    context = local.post("/context/my_agent", {"query": "What pet do I have?"}).json()
+    assert context["relevant_messages"][0]["content"] == "My cat is named Whiskers"
 
 
 def test_context_for_a_long_user_message_still_has_blocks_and_relevant_messages(local):
