@@ -176,8 +176,25 @@ def local_agent(caller_agent: Agent | None, name: str, *, memories: bool = False
     else:
         agent = next(iter(compiled_once("local_agent", trusted, [name, LOCAL_OWNER])), None)
     if agent is None:
+        if (
+            caller_agent is None
+            and Agent.objects.filter(owner_principal=LOCAL_OWNER, name=name).exists()
+        ):
+            # (Its 404 said "Agent not found" where ``POST /agents`` says how to reach it:
+            # review.)
+            raise reached_with_a_key(name)
         raise NotFound("Agent not found")
     return agent
+
+
+def reached_with_a_key(name: str) -> Forbidden:
+    """The refusal of a keyless caller asking for a local agent made by another door
+    (`memsvc apikey create`, `memsvc mcp --agent`; it may have no key yet, so the message
+    says how to get one), or one that has a key now."""
+    return Forbidden(
+        f"this agent is reached with an API key (`memsvc apikey create {name}` makes one): "
+        "keyless calls reach only agents this API made"
+    )
 
 
 # --- the Letta-compatible routes --------------------------------------------------------------

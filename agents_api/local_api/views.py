@@ -45,7 +45,7 @@ from agents_api.tasks import (
     enqueue_tool_record_observation,
 )
 from conversations.selectors import conversation_messages
-from memsvc.api.errors import ApiError, Forbidden, InvalidInput, NotFound
+from memsvc.api.errors import ApiError, InvalidInput, NotFound
 from memsvc.api.idempotency import idempotency_key, marked_replayed, request_fingerprint
 from memsvc.api.pagination import parse_limit
 from memsvc.db import beside
@@ -265,12 +265,7 @@ class AgentsView(LocalView):
             loopback_trusted=True,
         )
         if not agent.loopback_trusted:
-            # (Made by another door: `memsvc apikey create`, `memsvc mcp --agent`; it may
-            # have no key yet, so the message says how to get one.)
-            raise Forbidden(
-                f"this agent is reached with an API key (`memsvc apikey create {agent.name}`"
-                " makes one): keyless calls reach only agents this API made"
-            )
+            raise agent_selectors.reached_with_a_key(agent.name)
         return Response(s.agent_out(agent))
 
 

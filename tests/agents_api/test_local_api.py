@@ -875,24 +875,29 @@ def test_keyless_loopback_reaches_only_agents_the_local_api_made(local, capsys):
 
     assert cli.main(["apikey", "create", "keyed"]) == 0
     key = {"HTTP_X_API_KEY": capsys.readouterr().out.strip()}
-    assert local.get("/agents/keyed").status_code == 404
-    message = {"agent_name": "keyed", "role": "user", "content": "x"}
-    assert local.post("/messages", message).status_code == 404
-    assert local.get("/memory-blocks/keyed").status_code == 404
-    assert local.post("/context/keyed", {"query": "x"}).status_code == 404
-    refused = local.post("/agents", {"name": "keyed"})
-    assert refused.status_code == 403
-    assert refused.json() == {
+    said = {
         "detail": "this agent is reached with an API key (`memsvc apikey create keyed` makes"
         " one): keyless calls reach only agents this API made"
     }
+    message = {"agent_name": "keyed", "role": "user", "content": "x"}
+    # Each door says how to reach it (all but POST /agents said "Agent not found": review).
+    for refused in [
+        local.post("/agents", {"name": "keyed"}),
+        local.get("/agents/keyed"),
+        local.post("/messages", message),
+        local.get("/memory-blocks/keyed"),
+        local.post("/context/keyed", {"query": "x"}),
+    ]:
+        assert refused.status_code == 403
+        assert refused.json() == said
+    assert local.get("/agents/nobody").status_code == 404
     assert not Message.objects.exists()
     assert local.post("/messages", message, **key).status_code == 200
 
     make(local, "mine")
     assert local.get("/agents/mine").status_code == 200
     assert cli.main(["apikey", "create", "mine"]) == 0
-    assert local.get("/agents/mine").status_code == 404
+    assert local.get("/agents/mine").status_code == 403
 
 
 def test_a_refused_message_leaves_no_conversation_behind(local):
