@@ -142,6 +142,7 @@ class LocalBackend:
         self.expected_dimension = expected_dimension
         self._encoder = None
         self._lock = threading.Lock()
+        self._prepared = False  # (once its files are seen, or it is loaded: they stay)
 
     def _model_path(self) -> str:
         if self.source == DEFAULT_LOCAL_MODEL:
@@ -180,11 +181,15 @@ class LocalBackend:
         return self.cache_dir or settings.MEMSVC_MODEL_CACHE_DIR
 
     def prepared(self) -> bool:
-        """Whether ``prepare`` has nothing to make (read from the files, loading nothing)."""
-        path = Path(self._model_path())
-        if not self._runs_on_onnx(path):
+        """Whether ``prepare`` has nothing to make (read from the files, loading nothing;
+        once seen, not read again: a store asks, ``messages_embedded_now``)."""
+        if self._prepared or self._encoder is not None:
             return True
-        return graph_file(path, self._cache_dir(), self.precision).exists()
+        path = Path(self._model_path())
+        self._prepared = not self._runs_on_onnx(path) or (
+            graph_file(path, self._cache_dir(), self.precision).exists()
+        )
+        return self._prepared
 
     def prepare(self) -> None:
         """Make the files the model runs from (its ONNX graph at this precision, once per

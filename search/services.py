@@ -10,6 +10,7 @@ import time
 from collections.abc import Sequence
 from datetime import timedelta
 
+from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
@@ -18,6 +19,7 @@ from search.embeddings import (
     EmbeddingBackend,
     EmbeddingError,
     configured_backend,
+    configured_model_prepared,
     embedding_text,
     vector_literal,
 )
@@ -168,7 +170,11 @@ def messages_embedded_now(message_ids: Sequence) -> None:
     a moment later, is to find them by meaning (a fact said in one session was missing
     from the next begun at once: the worker's turn came a second or two later; review).
     What fails here (the backend, the database) is left to the worker and the sweep,
-    which the append has queued the messages for as every append does."""
+    which the append has queued the messages for as every append does. The local model
+    only, and once its graph is made: a remote backend's time (up to its 60 s timeout,
+    hung) was every store's (review), as making the graph would be the first one's."""
+    if settings.MEMORY_EMBEDDING_BACKEND != "local" or not configured_model_prepared():
+        return
     try:
         embed_messages(message_ids)
     except (EmbeddingError, DatabaseError) as exc:

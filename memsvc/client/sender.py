@@ -83,8 +83,10 @@ class Sender:
         self._condition = threading.Condition()
         self._lanes: dict[Destination, _Lane] = {}
         self._clients: dict[Destination, httpx.Client] = {}
-        # memsvc URLs that did not answer (warned once per outage), and when they last did not
-        self._down: dict[str, float] = {}
+        # memsvc URLs that did not answer (warned once per outage): since when, and whether
+        # they left a request unanswered (``mark_down``); and when each last answered
+        self._down: dict[str, tuple[float, bool]] = {}
+        self._answered: dict[str, float] = {}
         # The refusals warned of, (destination, status, answer): each once (a key that may
         # not write warned twice for every call; review).
         self._refusals: set[tuple] = set()
@@ -164,20 +166,27 @@ class Sender:
         lane = self._lanes.get(destination)
         return [lane] if lane is not None else []
 
-    def mark_down(self, url: str, *, unanswered: bool = True) -> None:
-        """``url`` failed and the caller has warned (once an outage: ``warned``).
-        ``unanswered``: it gave no answer in time (hung, or overloaded): its stores are
-        dropped quietly, and the calls ask it for nothing, until it answers again or
+    def mark_down(self, url: str, *, unanswered: bool, sent_at: float) -> None:
+        """``url`` failed a request sent at ``sent_at`` (``time.monotonic()``) and the caller
+        has warned (once an outage: ``warned``), unless it answered another since (a late
+        failure took a memsvc back for down 30 s, and every turn of them was dropped:
+        review). ``unanswered``: it gave no answer in time (hung, or overloaded): its stores
+        are dropped quietly, and the calls ask it for nothing, until it answers again or
         ``DOWN_SECONDS`` have passed. Else (a connection refused or broken, which costs
-        nothing to try again) every request still tries it: taken for down for 30 s, a
-        memsvc back after two had the turns of those 30 s dropped unsent (review)."""
+        nothing to try again; a caller's short timeout) every request still tries it: taken
+        for down for 30 s, a memsvc back after two had the turns of those 30 s dropped
+        unsent (review)."""
         with self._condition:
-            self._down[url] = (time.monotonic(), unanswered)
+            if self._answered.get(url, float("-inf")) < sent_at:
+                self._down[url] = (time.monotonic(), unanswered)
 
-    def mark_up(self, url: str) -> None:
-        """``url`` answered: its stores are sent again."""
-        with self._condition:
-            self._down.pop(url, None)
+    def mark_answered(self, url: str) -> None:
+        """``url`` answered a request: its stores are sent again, and a later failure of a
+        request sent before is not an outage."""
+        self._answered[url] = time.monotonic()
+        if url in self._down:
+            with self._condition:
+                self._down.pop(url, None)
 
     def is_down(self, url: str) -> bool:
         """Whether ``url`` left a request unanswered within the last ``DOWN_SECONDS``."""
@@ -226,6 +235,7 @@ class Sender:
         headers = {KEY_HEADER: request.idempotency_key} if request.idempotency_key else {}
         failures = deferrals = unanswered = 0
         while True:
+            sent_at = time.monotonic()
             try:
                 response = client.request(
                     request.method, request.path, json=request.json, headers=headers
@@ -240,11 +250,11 @@ class Sender:
                     or unanswered == MAX_UNANSWERED_ATTEMPTS
                     or self.is_down(destination.url)
                 ):
-                    self._not_answered(destination, exc)
+                    self._not_answered(destination, exc, sent_at)
                     return
                 response = None
             else:
-                self.mark_up(destination.url)
+                self.mark_answered(destination.url)
                 if response.status_code == DEFERRED:
                     self._held_back(lane)
                     time.sleep(_retry_wait(response, deferrals, most=MAX_DEFERRED_WAIT_SECONDS))
@@ -275,16 +285,23 @@ class Sender:
             lane.waiting = True
             self._condition.notify_all()
 
-    def _not_answered(self, destination: Destination, exc: httpx.TransportError) -> None:
-        """A request is dropped: memsvc did not answer (one warning per outage)."""
-        if not self.warned(destination.url):
+    def _not_answered(
+        self, destination: Destination, exc: httpx.TransportError, sent_at: float
+    ) -> None:
+        """A request sent at ``sent_at`` is dropped: memsvc did not answer (one warning per
+        outage)."""
+        url = destination.url
+        if self._answered.get(url, float("-inf")) >= sent_at:  # (it answers others)
+            logger.warning("memsvc at %s did not answer a store (%s): dropped", url, exc)
+            return
+        if not self.warned(url):
             logger.warning(
                 "memsvc at %s does not answer (%s): the conversation is not stored "
                 "until it is back",
-                destination.url,
+                url,
                 exc,
             )
-        self.mark_down(destination.url, unanswered=isinstance(exc, httpx.TimeoutException))
+        self.mark_down(url, unanswered=isinstance(exc, httpx.TimeoutException), sent_at=sent_at)
 
 
 def _may_have_arrived(exc: httpx.TransportError) -> bool:

@@ -294,7 +294,7 @@ class learning:
             )
         # It answers: a block entered as it came back gives memory and stores at once, not
         # after what is left of a down server's quiet time (review).
-        sender.mark_up(self.url)
+        sender.mark_answered(self.url)
 
     # what the hooks call
 
@@ -317,11 +317,12 @@ class learning:
                 destination=self.destination,
                 until_held_back=True,
             )
+        sent_at = time.monotonic()
         try:
             response = self.request(request.method, request.path, request.json, deadline=deadline)
             return self._context_of(response)
         except httpx.HTTPError as exc:
-            return self._no_context(call, exc)
+            return self._no_context(call, exc, sent_at)
 
     async def afetch_context(self, call: Call) -> dict | None:
         request = self.strategy.context_request(call)
@@ -336,6 +337,7 @@ class learning:
                 destination=self.destination,
                 until_held_back=True,
             )
+        sent_at = time.monotonic()
         try:
             if asyncio.get_running_loop() is self._loop:
                 kept = self._kept = self._kept or _KeptClient(self._new_aclient())
@@ -360,7 +362,7 @@ class learning:
                     )
             return self._context_of(response)
         except httpx.HTTPError as exc:
-            return self._no_context(call, exc)
+            return self._no_context(call, exc, sent_at)
 
     def _new_aclient(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(
@@ -377,11 +379,10 @@ class learning:
 
     def _context_of(self, response: httpx.Response) -> dict:
         response.raise_for_status()
-        if sender.warned(self.url):  # (back: its stores are sent, its outage warned anew)
-            sender.mark_up(self.url)
+        sender.mark_answered(self.url)  # (back: its stores are sent, its outage warned anew)
         return response.json()
 
-    def _no_context(self, call: Call, exc: httpx.HTTPError) -> None:
+    def _no_context(self, call: Call, exc: httpx.HTTPError, sent_at: float) -> None:
         if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code == 403:
             # A key that may not read: the block stores the conversation and asks for no
             # more memory, said once (each call asked, was refused and warned: review).
@@ -397,12 +398,13 @@ class learning:
         if not (unreachable and sender.warned(self.url)):  # (once an outage)
             hooks.warn("read memory", exc)
         # A memsvc slower than one caller's timeout under a second is not down for the
-        # others; one that left a caller's second or more unanswered (it answers in
-        # milliseconds) is: each call of a 2 s timeout waited its 2 s, and warned (review).
-        unanswered = isinstance(exc, httpx.TimeoutException)
+        # others (but warned of once, as a refusal is); one that left a caller's second or
+        # more unanswered (it answers in milliseconds) is: each call of a 2 s timeout waited
+        # its 2 s, and warned (review).
         hurried = call.seconds_before(TIMEOUT_SECONDS) < min(HURRIED_SECONDS, TIMEOUT_SECONDS)
-        if unreachable and not (unanswered and hurried):
-            sender.mark_down(self.url, unanswered=unanswered)  # (the warning said so)
+        if unreachable:
+            unanswered = isinstance(exc, httpx.TimeoutException) and not hurried
+            sender.mark_down(self.url, unanswered=unanswered, sent_at=sent_at)
         return None
 
     def request(

@@ -397,6 +397,14 @@ def test_a_turn_just_stored_is_found_by_meaning_at_once(local):
     assert context["relevant_messages"][0]["content"] == "My cat is named Whiskers"
 
 
+def test_a_store_leaves_its_turn_to_the_worker_with_a_remote_model(local, settings):
+    """(A hung remote backend held every store its 60 s timeout: review.)"""
+    settings.MEMORY_EMBEDDING_BACKEND = "ollama"
+    make(local)
+    store(local, "my_agent", "user", "My cat is named Whiskers")
+    assert Message.objects.get().embedded_at is None
+
+
 def test_context_for_a_long_user_message_still_has_blocks_and_relevant_messages(local):
     """learning() asks for context with the user's whole message, which may be far longer
     than a search query: it is searched by its start, not refused (which left the call

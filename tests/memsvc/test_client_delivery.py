@@ -1303,7 +1303,8 @@ def test_a_block_entered_once_memsvc_answers_again_gets_memory_and_stores_at_onc
     (review). Its entry's answer is memsvc answering."""
     client = openai.OpenAI(base_url=llm.base_url, api_key="k")
     with StandInMemsvc() as memsvc, caplog.at_level(logging.WARNING, logger="memsvc.client"):
-        sender_module.sender.mark_down(memsvc.url)  # (as the stopped server left it)
+        # (as a hung server left it)
+        sender_module.sender.mark_down(memsvc.url, unanswered=True, sent_at=time.monotonic())
         with learning(agent="a", server_url=memsvc.url):
             client.chat.completions.create(
                 model="m", messages=[{"role": "user", "content": "server back"}]
@@ -1377,3 +1378,35 @@ def test_a_memsvc_leaving_a_callers_second_unanswered_is_taken_for_down(llm, cap
     assert second < 1.0, second  # (no context asked: waited 1.2 s before)
     assert memsvc.paths().count("/context/a") == 1
     assert len(warnings(caplog)) == 1, warnings(caplog)
+
+
+def test_a_failure_of_a_request_sent_before_memsvc_answered_another_takes_it_for_down_no_more():
+    """A store sent while memsvc hung failed after it was back: it took memsvc for down 30 s
+    anew, and every turn of them was dropped (review)."""
+    sender, url = Sender(), "http://127.0.0.1:9"
+    sent_at = time.monotonic()
+    sender.mark_answered(url)  # (another request, answered meanwhile)
+    sender.mark_down(url, unanswered=True, sent_at=sent_at)
+    assert not sender.is_down(url) and not sender.warned(url)
+    sender.mark_down(url, unanswered=True, sent_at=time.monotonic())
+    assert sender.is_down(url)
+
+
+def test_callers_in_a_hurry_are_warned_of_a_hung_memsvc_once(llm, caplog):
+    """A timeout under a second does not take memsvc for down for the others, but each call
+    warned of the same outage (review): once now, while memsvc answers nothing."""
+    client = openai.OpenAI(base_url=llm.base_url, api_key="k", timeout=0.4, max_retries=0)
+    memsvc = StandInMemsvc(context_seconds=2.0, store_seconds=2.0).__enter__()
+    block = learning(agent="a", server_url=memsvc.url)
+    with caplog.at_level(logging.WARNING, logger="memsvc.client"):
+        block.__enter__()
+        try:
+            for text in ["one", "two", "three"]:
+                ask(client, text)
+            said = [w for w in warnings(caplog) if "memsvc" in w]
+            down = sender_module.sender.is_down(memsvc.url)
+        finally:
+            memsvc.__exit__(None, None, None)  # (the stores in flight then fail at once)
+            block.__exit__(None, None, None)
+    assert not down  # (not for the other callers)
+    assert len(said) == 1, said
