@@ -177,16 +177,21 @@ class Sender:
         for down for 30 s, a memsvc back after two had the turns of those 30 s dropped
         unsent (review)."""
         with self._condition:
-            if self._answered.get(url, float("-inf")) < sent_at:
-                self._down[url] = (time.monotonic(), unanswered)
+            if self._answered.get(url, float("-inf")) >= sent_at:
+                return
+            # A refusal, or a caller's short timeout, ends no quiet time of a hang: a hurried
+            # call in flight as the sender took memsvc for down undid it, and every call
+            # waited its timeout again (review).
+            if not unanswered and self.is_down(url):
+                return
+            self._down[url] = (time.monotonic(), unanswered)
 
     def mark_answered(self, url: str) -> None:
         """``url`` answered a request: its stores are sent again, and a later failure of a
         request sent before is not an outage."""
-        self._answered[url] = time.monotonic()
-        if url in self._down:
-            with self._condition:
-                self._down.pop(url, None)
+        with self._condition:
+            self._answered[url] = time.monotonic()
+            self._down.pop(url, None)
 
     def is_down(self, url: str) -> bool:
         """Whether ``url`` left a request unanswered within the last ``DOWN_SECONDS``."""

@@ -1390,6 +1390,9 @@ def test_a_failure_of_a_request_sent_before_memsvc_answered_another_takes_it_for
     assert not sender.is_down(url) and not sender.warned(url)
     sender.mark_down(url, unanswered=True, sent_at=time.monotonic())
     assert sender.is_down(url)
+    # A hurried call's failure in flight then ends no quiet time (it undid it: review).
+    sender.mark_down(url, unanswered=False, sent_at=time.monotonic())
+    assert sender.is_down(url)
 
 
 def test_callers_in_a_hurry_are_warned_of_a_hung_memsvc_once(llm, caplog):
