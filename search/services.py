@@ -10,7 +10,6 @@ import time
 from collections.abc import Sequence
 from datetime import timedelta
 
-from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
@@ -18,8 +17,8 @@ from conversations.models import Channel, Conversation, Message
 from search.embeddings import (
     EmbeddingBackend,
     EmbeddingError,
+    LocalBackend,
     configured_backend,
-    configured_model_prepared,
     embedding_text,
     vector_literal,
 )
@@ -173,10 +172,11 @@ def messages_embedded_now(message_ids: Sequence) -> None:
     which the append has queued the messages for as every append does. The local model
     only, and once its graph is made: a remote backend's time (up to its 60 s timeout,
     hung) was every store's (review), as making the graph would be the first one's."""
-    if settings.MEMORY_EMBEDDING_BACKEND != "local" or not configured_model_prepared():
+    backend = configured_backend()
+    if not (isinstance(backend, LocalBackend) and backend.prepared()):
         return
     try:
-        embed_messages(message_ids)
+        embed_messages(message_ids, backend=backend)
     except (EmbeddingError, DatabaseError) as exc:
         logger.info("messages left to the worker to embed (%s)", exc)
 

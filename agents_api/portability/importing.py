@@ -5,6 +5,7 @@ export, put in the agent as it could have written it itself)."""
 
 from dataclasses import dataclass, field
 
+from django.apps import apps
 from django.db import DataError, IntegrityError, transaction
 from django.utils import timezone
 from rest_framework.exceptions import ValidationError
@@ -116,8 +117,9 @@ def document_import(
     return result
 
 
-# What a unique constraint broken by an import says, by constraint (else by table); the
-# one message for all of them named neither the record nor the problem (review).
+# What a unique constraint broken by an import says, by constraint (else the id of the
+# table's rows, named as its model is); the one message for all of them named neither the
+# record nor the problem (review).
 _COLLISIONS = {
     "membership_one_owner_per_group": "a group has one owner: a membership of the document "
     "makes a second one",
@@ -125,18 +127,6 @@ _COLLISIONS = {
     "memory_block_unique_label": "a block's label is stored already, or is in the document twice",
     "memory_unique_content": "a memory's content is stored already, or is in the document twice",
     "agent_name_unique_per_owner": "an agent's name is taken here",
-}
-_COLLIDING_ROWS = {
-    "conversation": "a conversation",
-    "conversation_group": "a conversation's group",
-    "membership": "a membership",
-    "message": "a message",
-    "ownership_transfer": "an ownership transfer",
-    "memory": "a memory",
-    "memory_block": "a block",
-    "memory_block_revision": "a block's revision",
-    "tool_record": "a tool record",
-    "agent": "an agent",
 }
 
 
@@ -147,8 +137,10 @@ def _collision(error) -> str:
     said = _COLLISIONS.get(getattr(diagnosis, "constraint_name", None) or "")
     if said is not None:
         return said
-    rows = _COLLIDING_ROWS.get(getattr(diagnosis, "table_name", None) or "", "a record")
-    return f"{rows}'s id is stored already, or is in the document twice"
+    table = getattr(diagnosis, "table_name", None)
+    names = {model._meta.db_table: model._meta.verbose_name for model in apps.get_models()}
+    name = names.get(table, "record")
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}'s id is stored already, or is in the document twice"
 
 
 def _restored(user_id: str, parsed: dict[str, list[dict]]) -> None:

@@ -2467,4 +2467,4 @@ def test_a_user_document_imported_over_itself_names_what_is_stored_already(
     capsys.readouterr()
     assert import_file(tmp_path, document) != 0
     said = capsys.readouterr().err
-    assert "a conversation's group's id is stored already, or is in the document twice" in said
+    assert "a conversation group's id is stored already, or is in the document twice" in said

@@ -15,7 +15,7 @@ from agents_api.services import memory_save
 from conversations.models import Message
 from memsvc import cli
 from search import services as search_services
-from search.embeddings import EmbeddingError
+from search.embeddings import EmbeddingError, OllamaBackend
 from search.services import embed_pending
 from tests.agents_api.conftest import make_agent
 from tests.db import recorded_statements
@@ -286,7 +286,7 @@ def test_a_message_the_model_could_not_embed_is_found_by_keywords_and_later_by_m
     """A store embeds its turn (``messages_embedded_now``); when the model fails, the turn
     is stored all the same, found by its words, and embedded by the worker later."""
 
-    def down(message_ids):
+    def down(message_ids, **options):
         raise EmbeddingError("the embedding service is down", transient=True)
 
     monkeypatch.setattr(search_services, "embed_messages", down)
@@ -397,11 +397,21 @@ def test_a_turn_just_stored_is_found_by_meaning_at_once(local):
     assert context["relevant_messages"][0]["content"] == "My cat is named Whiskers"
 
 
-def test_a_store_leaves_its_turn_to_the_worker_with_a_remote_model(local, settings):
+def test_a_store_leaves_its_turn_to_the_worker_with_a_remote_model(local, monkeypatch):
     """(A hung remote backend held every store its 60 s timeout: review.)"""
-    settings.MEMORY_EMBEDDING_BACKEND = "ollama"
+
+    class Remote(OllamaBackend):
+        asked: list = []
+
+        def embed(self, texts):
+            self.asked.append(texts)
+            return [[0.0] * 384 for _ in texts]
+
+    remote = Remote("all-minilm", base_url="http://127.0.0.1:9", expected_dimension=384)
+    monkeypatch.setattr(search_services, "configured_backend", lambda: remote)
     make(local)
     store(local, "my_agent", "user", "My cat is named Whiskers")
+    assert remote.asked == []
     assert Message.objects.get().embedded_at is None
 
 
