@@ -695,15 +695,21 @@ def test_an_extraction_and_a_deletion_of_its_conversation_take_turns_not_deadloc
     from conversations.services import conversation_delete
 
     monkeypatch.setattr(extraction, "llm_configured", lambda: False)  # (nothing yet)
-    say(api, alice, shared, "Alice: I like green")
-    hers = Message.objects.get(content="Alice: I like green")
-    for n in range(50):  # Bob's turn must come first in id order
+    said = {"alice": [], "bob": []}
+    for n in range(20):  # a turn of Bob's must come before one of Alice's in id order
+        say(api, alice, shared, f"Alice {n}: I like green")
         say(api, bob, shared, f"Bob {n}: I am allergic to cats")
-        his = Message.objects.get(content=f"Bob {n}: I am allergic to cats")
-        if his.id < hers.id:
+        for person, text in (
+            ("alice", "Alice {}: I like green"),
+            ("bob", "Bob {}: I am allergic to cats"),
+        ):
+            said[person].append(Message.objects.get(content=text.format(n)))
+        pairs = [(h, b) for h in said["alice"] for b in said["bob"] if b.id < h.id]
+        if pairs:
+            hers, his = pairs[0]
             break
-    else:
-        pytest.fail("no turn of Bob's had a smaller id")
+    else:  # (with 20 turns each: a chance of 1 in 10^11; one Alice turn alone missed 1 in 51)
+        pytest.fail("no turn of Bob's had a smaller id than one of Alice's")
     for n in range(4):
         say(api, alice, shared, f"Alice again {n}")
     monkeypatch.setattr(extraction, "llm_configured", lambda: True)
