@@ -94,10 +94,16 @@ def principal_for_key(api_key: ApiKey, on_behalf_of: str | None) -> Principal:
 
 def _utf8_header(request, name: str) -> str | None:
     """A header's value as the text its client sent, UTF-8 (a server hands header values
-    over as Latin-1, a character per byte), stripped; 400 naming it when it is not UTF-8."""
+    over as Latin-1, a character per byte), stripped; 400 naming it when it is not UTF-8
+    or given twice."""
     value = request.headers.get(name)
     if value is None:
         return None
+    raw = getattr(request, "scope", {}).get("headers", ())  # (an ASGI request's, as sent)
+    if sum(sent == name.lower().encode() for sent, _ in raw) > 1:
+        # Django joins a header's values with ",": "alice" and "bob" acted for "alice,bob"
+        # (review).
+        raise InvalidInput.for_field(name, "must be given once", location="header")
     try:
         return value.encode("latin-1").decode("utf-8").strip()
     except UnicodeError:

@@ -259,16 +259,32 @@ def normalised_content(content: str) -> str:
     return re.sub(r"\s+", " ", content).strip().casefold()
 
 
-_NUMBERS = re.compile(r"\d+(?:[.,:/-]\d+)*")
+# A text's numbers and words, in the order it says them.
+_NUMBERS_AND_WORDS = re.compile(r"(\d+(?:[.,:/-]\d+)*)|([^\W\d_]+(?:'[^\W\d_]+)?)")
 # Numbers written as words: "has three children" corrects "has two children" as "3" does
-# "2" (a review's "three" was merged into the "two" it corrected, and lost). ("one" is also
-# a pronoun: a repeat that differs in it is kept twice, a correction is never lost.)
+# "2" (a review's "three" was merged into the "two" it corrected, and lost). A word that
+# names one number is read as its digits ("has 2 children" repeats "has two children":
+# review); the rest stay words. ("one" is also a pronoun: a repeat that differs in it is
+# kept twice, a correction is never lost.)
+_NUMBER_DIGITS = (
+    {
+        word: str(value)
+        for value, word in enumerate(
+            ["zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen"]
+        )
+    }
+    | {
+        word: str(10 * tens)
+        for tens, word in enumerate(
+            ["twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety"], start=2
+        )
+    }
+    | {"dozen": "12"}
+)
 _NUMBER_WORDS = frozenset(
-    (  # noqa: SIM905 (a list of 47 words, one a line, reads worse)
-        "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen"
-        " fifteen sixteen seventeen eighteen nineteen twenty thirty forty fifty sixty seventy"
-        " eighty ninety hundred thousand million billion dozen half once twice thrice first"
-        " second third fourth fifth sixth seventh eighth ninth tenth"
+    (  # noqa: SIM905 (a list of words, a line of them, reads worse)
+        "hundred thousand million billion half once twice thrice first second third fourth"
+        " fifth sixth seventh eighth ninth tenth"
     ).split()
 )
 _NEGATIONS = frozenset(
@@ -294,9 +310,14 @@ def claims(content: str) -> tuple:
     (``NEAR_DUPLICATE_SIMILARITY``) are one only if these agree: "is allergic to peanuts"
     and "is not allergic to peanuts", or two phone numbers, are a correction to keep, not
     a repeat to merge into the old fact."""
-    words = re.findall(r"[^\W\d_]+(?:'[^\W\d_]+)?", content.casefold())
-    negations = sum(w in _NEGATIONS or w.endswith("n't") for w in words)
-    numbers = _NUMBERS.findall(content) + [w for w in words if w in _NUMBER_WORDS]
+    numbers, negations = [], 0
+    for number, word in _NUMBERS_AND_WORDS.findall(content.casefold()):
+        if number or word in _NUMBER_WORDS:
+            numbers.append(number or word)
+        elif word in _NUMBER_DIGITS:
+            numbers.append(_NUMBER_DIGITS[word])
+        else:
+            negations += word in _NEGATIONS or word.endswith("n't")
     return tuple(numbers), negations
 
 

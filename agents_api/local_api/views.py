@@ -349,6 +349,8 @@ class AgentMemoryBlocksView(LocalView):
 
 
 class MemoryBlockView(LocalView):
+    writes_read = ("PUT",)  # it answers with the block as stored (as ``/v1``'s)
+
     def _block(self, request, agent_name, label):
         agent = _agent(request, agent_name)
         try:

@@ -295,6 +295,11 @@ class InputSerializer(serializers.Serializer):
     ignore_unknown_fields = False
     json_types_strict = True
 
+    def run_validation(self, data=serializers.empty):
+        if data is None and self.parent is None:  # a body of ``null``: as any other non-object
+            self.to_internal_value(data)  # (DRF said "non_field_errors: No data provided": review)
+        return super().run_validation(data)
+
     def to_internal_value(self, data):
         if not isinstance(data, dict):
             # The body, or a nested object: named by the field that holds it ("body" in

@@ -1,6 +1,7 @@
 """The agent API: keys, isolation between agents, acting for users, messages, context."""
 
 import base64
+import io
 import json
 import threading
 import uuid
@@ -8,6 +9,7 @@ from datetime import timedelta
 from uuid import uuid4
 
 import pytest
+from django.core.handlers.asgi import ASGIRequest
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -16,6 +18,7 @@ from agents_api.services import api_key_revoke
 from conversations.models import Conversation, Membership, Message
 from conversations.services import messages_delete
 from memsvc.api.pagination import encode_cursor
+from memsvc.asgi import ThreadPoolHandler
 from tests.agents_api.conftest import make_agent
 from tests.db import recorded_statements
 from tests.factories import ConversationFactory, MembershipFactory, MessageFactory
@@ -229,6 +232,34 @@ def test_the_user_acted_for_is_the_utf8_text_the_client_sent(api, helper):
         assert response.status_code == 400, response.content
         assert response.json()["details"] == {"X-On-Behalf-Of": [problem]}
     assert Conversation.objects.count() == 1
+
+
+def test_a_user_acted_for_is_named_once(helper):
+    """Two ``X-On-Behalf-Of`` headers ("alice", "bob") acted for the user "alice,bob":
+    Django joins a repeated header's values (review). Through the web processes' own
+    handler, in this thread (the test's transaction holds the key)."""
+    handler = ThreadPoolHandler(1)
+    handler.threads.shutdown()
+
+    def create(*acting_for: bytes):
+        headers = [(b"host", b"testserver"), (b"authorization", f"Bearer {helper.key}".encode())]
+        headers += [(b"x-on-behalf-of", user) for user in acting_for]
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/agent/conversations",
+            "query_string": b"",
+            "headers": [*headers, (b"content-type", b"application/json")],
+        }
+        return handler.get_response(ASGIRequest(scope, io.BytesIO(b"{}")))
+
+    refused = create(b"alice", b"bob")
+    assert refused.status_code == 400, refused.content
+    assert json.loads(refused.content)["details"] == {"X-On-Behalf-Of": ["must be given once"]}
+    assert not Conversation.objects.exists()
+    created = create(b"alice")
+    assert created.status_code == 201
+    assert json.loads(created.content)["ownerUserId"] == "alice"
 
 
 def test_acting_for_a_user_applies_the_users_access_too(api, helper):

@@ -1150,3 +1150,12 @@ def test_an_object_expected_in_a_list_is_named_by_its_place(api, helper):
     assert batch.json()["details"] == {"memories[0]": ["must be a JSON object"]}
     body = api.post("/v1/agent/memories", ["x"], as_=helper)
     assert body.json()["details"] == {"body": ["must be a JSON object"]}
+    # A body of null alike (DRF said "non_field_errors: No data provided": review).
+    for path in ("/v1/agent/memories", "/v1/agent/memory-blocks", "/v1/agent/tool-records"):
+        null = api.client.post(
+            path, "null", content_type="application/json", **helper.auth_headers()
+        )
+        assert (null.status_code, null.json()["details"]) == (
+            400,
+            {"body": ["must be a JSON object"]},
+        ), path

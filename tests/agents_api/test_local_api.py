@@ -874,6 +874,13 @@ def test_a_write_only_key_cannot_read_through_the_local_api(local):
     assert local.post("/context/writer", {"query": "x"}, **key).status_code == 403
     message = {"agent_name": "writer", "role": "user", "content": "x"}
     assert local.post("/messages", message, **key).status_code == 200
+    # A block made, not replaced: the answer would be the block as stored (/v1's PUT needs
+    # ``read`` too; here it answered 200 and changed it: review).
+    block = {"agent_name": "writer", "label": "notes", "value": "first"}
+    assert local.post("/memory-blocks", block, **key).status_code == 200
+    assert local.put("/memory-blocks/writer/notes", {"value": "second"}, **key).status_code == 403
+    assert local.put("/memory-blocks/writer/none", {"value": "second"}, **key).status_code == 403
+    assert MemoryBlock.objects.get(label="notes").value == "first"
     # Its own agent, as ``learning()`` enters a block with it, without what only a reader sees.
     entered = local.post("/agents", {"name": "writer"}, **key)
     assert entered.status_code == 200

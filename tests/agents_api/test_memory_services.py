@@ -12,7 +12,7 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from agents_api.models import Memory
+from agents_api.models import Memory, claims
 from agents_api.services import (
     NewMemory,
     memories_embed_pending,
@@ -97,6 +97,23 @@ def test_a_correction_near_the_fact_it_corrects_is_kept_beside_it(agent, kept, c
     )
     assert [created for _, created in batch] == [True, True, False]
     assert Memory.objects.filter(user_id="bob").count() == 2
+
+
+@pytest.mark.parametrize(
+    ("kept", "repeat"),
+    [
+        ("Dave has two children", "Dave has 2 children"),  # (review)
+        ("Dave has 2 children", "Dave has two children"),
+        ("Erin has 2 cats and three dogs", "Erin has two cats and 3 dogs"),
+    ],
+)
+def test_a_number_in_digits_or_in_words_is_the_same_number(agent, kept, repeat):
+    """A near-duplicate had to write its numbers as the memory it repeats did: "2 children"
+    was kept beside "two children" (review)."""
+    old, _ = save(agent, kept)
+    again, created = save(agent, repeat)
+    assert (again.id, created) == (old.id, False)
+    assert claims("3 cats and two dogs") != claims("2 cats and three dogs")  # (in order)
 
 
 @pytest.mark.parametrize("way", ["exact", "hnsw"])

@@ -94,7 +94,7 @@ def test_a_host_the_server_does_not_answer_for_is_refused_in_each_apis_shape(cli
 def test_a_local_refusal_names_where_the_bad_input_is(client):
     """A body that is no object was at ``body.body``; a user id too long in
     ``X-On-Behalf-Of`` at ``body.X-On-Behalf-Of`` (outside review)."""
-    for body in ("[]", "5", "not json"):
+    for body in ("[]", "5", "not json", "null"):
         response = client.post("/agents", body, content_type="application/json")
         assert [problem["loc"] for problem in assert_local_422(response)] == [["body"]]
     helper = make_agent("on-behalf-helper", scopes=("read", "write", "impersonate"))
