@@ -56,10 +56,14 @@ def shown_as_it_is(value: str) -> None:
 _LINE_SEPARATORS = frozenset({"Zl", "Zp"})
 
 
+def has_line_separators(value: str) -> bool:
+    return any(unicodedata.category(c) in _LINE_SEPARATORS for c in value)
+
+
 def one_line(value: str) -> None:
     """A name or a title as it is given now (an import restores one stored before this rule
     as it was): no line separator, which breaks the line as a newline does (review)."""
-    if any(unicodedata.category(c) in _LINE_SEPARATORS for c in value):
+    if has_line_separators(value):
         raise ValidationError("must be one line", code="line_separator")
 
 

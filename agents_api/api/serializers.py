@@ -66,7 +66,11 @@ class CreateAgentMessageIn(InputSerializer):
     content = MessageContentField()
     metadata = MetadataField(required=False)
     parentMessageId = serializers.UUIDField(required=False, allow_null=True)
-    authorName = TextField(required=False, max_length=255, allow_blank=False)
+    # The speaker's name, shown and searched with the turn: a name's rules ("\u202eecila" or
+    # "alice\nbob" were taken: review).
+    authorName = TextField(
+        required=False, max_length=255, allow_blank=False, validators=[*GIVEN_NAME_RULES]
+    )
     createdAt = MomentField(required=False)
 
     class Meta:

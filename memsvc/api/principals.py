@@ -14,6 +14,7 @@ from memsvc.validators import (
     has_control_characters,
     has_dot_segment,
     has_invisible_characters,
+    has_line_separators,
 )
 
 # Principal ids of agents: ``agent:<uuid>``. Anything else is a user id.
@@ -25,8 +26,8 @@ PRINCIPAL_MAX_LENGTH = 255
 def user_id_problem(value) -> str | None:
     """Why ``value`` cannot be a user id (a JWT ``sub``, ``X-On-Behalf-Of``, a ``userId``
     parameter), or None when it can: a non-empty string PostgreSQL can store in a principal
-    column, without control characters (a tab, an escape: no one's name), bidirectional or
-    invisible ones (which show it as another id), that does not name an agent (a user
+    column, without control characters (a tab, an escape: no one's name), line separators,
+    bidirectional or invisible ones (which show it as another id), that does not name an agent (a user
     called ``agent:...`` would borrow that agent's memberships) and that a member's routes
     can name (not a dot segment)."""
     if not isinstance(value, str) or not value:
@@ -35,6 +36,9 @@ def user_id_problem(value) -> str | None:
         return "must not contain NUL characters"
     if has_control_characters(value):
         return "must not contain control characters"
+    if has_line_separators(value):
+        # (one id shown as two: "mallory\u2028alice" as "mallory" and "alice"; review)
+        return "must be one line"
     if has_bidi_controls(value):
         # (one id shown as another's: "\u202eecila" as "alice", in a list of members)
         return "must not contain bidirectional control characters"

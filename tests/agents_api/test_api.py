@@ -13,6 +13,7 @@ from django.core.handlers.asgi import ASGIRequest
 from django.db import connection, transaction
 from django.utils import timezone
 
+from agents_api.keys import split_key
 from agents_api.models import ApiKey, IdempotentRequest
 from agents_api.services import api_key_revoke
 from conversations.models import Conversation, Membership, Message
@@ -74,8 +75,10 @@ def test_two_different_keys_are_refused_not_chosen_between(api, helper, rival):
 
 def test_only_an_hmac_of_the_secret_is_stored(helper):
     stored = ApiKey.objects.get(agent=helper.agent)
-    secret = helper.key.rsplit("_", 1)[1]
-    assert secret not in str(stored.__dict__)
+    # (The secret is URL-safe base64, which may hold "_": the test once took the text after
+    # the last one, a few characters that a hash's hex digits can hold by chance.)
+    _, secret = split_key(helper.key)
+    assert len(secret) == 43 and secret not in str(stored.__dict__)
     assert helper.key.startswith(stored.prefix)
 
 
@@ -374,6 +377,11 @@ def test_one_invalid_message_stores_none(api, helper):
             "messages[0].parentMessageId",
         ),
         ({"role": "user", "content": "x", "authorName": ""}, "messages[0].authorName"),
+        # A speaker's name shown as what it is, on one line (review).
+        *[
+            ({"role": "user", "content": "x", "authorName": name}, "messages[0].authorName")
+            for name in ["\u202eecila", "alice\nbob", "alice\u2028bob", " alice", "alice\u200b"]
+        ],
     ],
 )
 def test_invalid_fields_are_named(api, helper, message, field):

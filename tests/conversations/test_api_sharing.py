@@ -122,6 +122,9 @@ OUTER = "must not begin or end with a space"
         ],
         ("ali\u034fce", INVISIBLE),  # a combining grapheme joiner (review R1)
         ("ali\u3164ce", INVISIBLE),  # a Hangul filler
+        # Shown as two: a line separator ("mallory\u2028alice" as "mallory", then "alice"
+        # on a line of its own; review).
+        *[(user_id, "must be one line") for user_id in ["mallory\u2028alice", "a\u2029b"]],
         # A member's routes name them in the path, where clients resolve "." and ".." away:
         # "remove member .." was sent as the conversation's own DELETE, and deleted it.
         (".", DOT),
