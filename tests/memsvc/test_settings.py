@@ -605,14 +605,19 @@ def test_local_secrets_are_made_on_first_use_and_the_same_for_every_process(tmp_
     assert later.stdout.strip() == expected
 
 
-@pytest.mark.parametrize("written", ["{", "[]", None])
+@pytest.mark.parametrize("written", ["{", "[]", None, "unwritable"])
 def test_a_data_dir_memsvc_cannot_use_is_said_not_a_traceback(tmp_path, written):
-    """A secrets file edited into something else, or a file where the directory should be:
-    ``memsvc token`` printed a traceback (review)."""
+    """A secrets file edited into something else, a file where the directory should be, or
+    a directory memsvc cannot write its secrets in (a read-only one; here a directory where
+    the file is written first, which refuses root too): ``memsvc token`` printed a traceback
+    (reviews)."""
     data_dir = tmp_path / "data"
     if written is None:
         data_dir.write_text("a file")
         expected = "is no directory memsvc can use"
+    elif written == "unwritable":
+        (data_dir / "secrets.tmp").mkdir(parents=True)
+        expected = f"MEMSVC_DATA_DIR ({data_dir}) is no directory memsvc can use: Is a directory"
     else:
         data_dir.mkdir()
         (data_dir / "secrets.json").write_text(written)
@@ -621,6 +626,19 @@ def test_a_data_dir_memsvc_cannot_use_is_said_not_a_traceback(tmp_path, written)
     assert result.returncode != 0
     assert expected in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_database_that_cannot_be_made_is_said_not_a_traceback(tmp_path):
+    """initdb failed (a full disk: here a database directory that holds a stray file) and
+    every command that reads the database printed its traceback (review)."""
+    data_dir = tmp_path / "data"
+    (data_dir / "pgdata").mkdir(parents=True)
+    (data_dir / "pgdata" / "stray").write_text("x")
+    result = run_python({"MEMSVC_DATA_DIR": str(data_dir)}, "-m", "memsvc.cli", "apikey", "list")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    said = f"memsvc: the embedded PostgreSQL of {data_dir / 'pgdata'} did not start: initdb"
+    assert said + " exited with 1 (what it said is above)" in result.stderr
 
 
 def test_a_token_minted_on_a_fresh_data_dir_is_accepted_by_a_later_process(tmp_path):
