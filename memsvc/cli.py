@@ -16,7 +16,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import SystemCheckError
 from django.db import IntegrityError, OperationalError
 
-from memsvc.env import usable_directory
+from memsvc.env import unusable_directory, usable_directory
 from memsvc.supervisor import Supervisor, log
 
 KEEP_ALIVE_SECONDS = 75
@@ -207,6 +207,33 @@ def _beat_command() -> list[str]:
     return _celery("beat", "--loglevel", "INFO", "--schedule", str(schedule), "--pidfile=")
 
 
+def _hold_the_scheduler() -> int | None:
+    """A descriptor holding the lock of this data directory's scheduler until it is closed,
+    or None (said) when another process (a ``memsvc serve`` with its worker, a ``memsvc
+    worker --beat``) holds it. (A second ``serve`` on one data directory ran a second beat
+    on the same schedule file: every periodic sweep twice; review.)"""
+    import fcntl
+
+    from django.conf import settings
+
+    data_dir = usable_directory(settings.MEMSVC_DATA_DIR, "MEMSVC_DATA_DIR")
+    try:
+        held = os.open(data_dir / "scheduler.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise unusable_directory(data_dir, "MEMSVC_DATA_DIR", exc) from None
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(held)
+        print(
+            f"memsvc: another memsvc process runs the scheduler of {data_dir} (a `memsvc "
+            "serve`, or a `memsvc worker --beat`): stop it first, or serve with --no-worker",
+            file=sys.stderr,
+        )
+        return None
+    return held
+
+
 def _worker_niceness() -> int:
     """How much lower the worker's scheduling priority is than the web server's. Embedding
     appended messages can wait; a request waiting behind it is a user waiting. Under a full
@@ -254,12 +281,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     host = args.host or settings.MEMORY_SERVER_HOST
     port = settings.MEMORY_SERVER_PORT if args.port is None else args.port
-    if settings.LOCAL_MODE:
-        # Local mode's secrets exist from now on, for the children and for whoever wants the
-        # JWT secret of a running server; the web processes' WhiteNoise scans STATIC_ROOT.
-        embedded_db.local_secrets(settings.MEMSVC_DATA_DIR)
-        usable_directory(settings.STATIC_ROOT, "DJANGO_STATIC_ROOT")
+    scheduler = None if args.no_worker else _hold_the_scheduler()
+    if scheduler is None and not args.no_worker:
+        return 1
     try:
+        if settings.LOCAL_MODE:
+            # Local mode's secrets exist from now on, for the children and for whoever wants
+            # the JWT secret of a running server; the web processes' WhiteNoise scans
+            # STATIC_ROOT.
+            embedded_db.local_secrets(settings.MEMSVC_DATA_DIR)
+            usable_directory(settings.STATIC_ROOT, "DJANGO_STATIC_ROOT")
         # The first connection starts the embedded database (memsvc.db_backend): this
         # process holds it until the `finally` below, and starts it again if it stops.
         # (With the system checks, which call_command skips: a setting Django refuses, such
@@ -291,6 +322,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         supervisor.stop_all()
         embedded_db.stop_server()
+        if scheduler is not None:
+            os.close(scheduler)  # (and with it the lock)
 
 
 def cmd_prepare_model(args: argparse.Namespace) -> int:
@@ -305,12 +338,16 @@ def cmd_prepare_model(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     supervisor = Supervisor()
-    _setup_database()
+    _setup_django()
+    scheduler = _hold_the_scheduler() if args.beat else None
+    if scheduler is None and args.beat:
+        return 1
     from memsvc import embedded_db
     from memsvc.llm import llm_configured
     from search.checks import check_embedding_dimension, warn_about_other_vector_models
 
     try:
+        _migrate_embedded()
         check_embedding_dimension()
         warn_about_other_vector_models()
         # `memsvc worker -- --hostname w1@%h`: what follows "--" is Celery's.
@@ -325,6 +362,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return supervisor.run()
     finally:
         embedded_db.stop_server()
+        if scheduler is not None:
+            os.close(scheduler)  # (and with it the lock)
 
 
 def cmd_reindex(args: argparse.Namespace) -> int:

@@ -284,6 +284,28 @@ def test_beat_and_the_web_server_are_restarted_too(shared):
     assert not any(alive(p) for p in web_workers)
 
 
+def test_a_second_scheduler_on_the_data_directory_is_refused(shared):
+    """A second `serve` on the data directory started a second beat on the same schedule
+    file: every periodic sweep ran twice (review). It, and a `worker --beat`, are refused
+    before they start anything; the first runs on."""
+    served = shared
+    served.wait_until_healthy()
+    env = {
+        **os.environ,
+        "MEMSVC_DATA_DIR": str(served.data_dir),
+        "MEMORY_SERVER_PORT": str(free_port()),
+        "PYTHONPATH": str(CHECKOUT),
+    }
+    env.pop("DATABASE_URL", None)
+    for command in (["serve"], ["worker", "--beat"]):
+        second = subprocess.run(
+            [*MEMSVC, *command], env=env, cwd=CHECKOUT, capture_output=True, text=True, timeout=60
+        )
+        assert second.returncode == 1, second.stderr
+        assert f"another memsvc process runs the scheduler of {served.data_dir}" in second.stderr
+    assert served.child("beat") is not None and healthy(served)
+
+
 def test_a_file_in_the_local_queue_that_holds_no_message_does_not_stop_the_worker(shared):
     """kombu #1551: a reader that met an empty message file ended the worker, and the service."""
     served = shared
