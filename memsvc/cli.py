@@ -314,6 +314,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
             supervisor.watch(
                 "embedded PostgreSQL", embedded_db.server_running, embedded_db.restart_server
             )
+            supervisor.watch(
+                "embedded PostgreSQL's watcher",
+                embedded_db.watcher_running,
+                embedded_db.restart_watcher,
+            )
         supervisor.start("web server", _web_command(host, port), env=_web_env())
         if not args.no_worker:
             _start_workers(supervisor, beat=True)

@@ -299,6 +299,24 @@ def restart_server() -> None:
         logger.info("the embedded PostgreSQL of %s runs again (pid %s)", _handle.pgdata, info.pid)
 
 
+def watcher_running() -> bool:
+    """Whether the server this process holds has its watcher (``watch_holders``); True when
+    this process holds none, or its server is not running (``server_running``'s to mend)."""
+    with _lock:
+        if _handle is None or _running_postmaster(_handle.pgdata) is None:
+            return True
+        return _watched(_handle.pgdata)
+
+
+def restart_watcher() -> None:
+    """Start the watcher of the server this process holds again (``memsvc serve`` supervises
+    it: one killed left the server running for good if ``serve`` was killed next; review),
+    and wait until it watches; raises when it does not."""
+    with _lock:
+        if _handle is not None:
+            _start_watcher(_handle.pgdata)
+
+
 # How often the watcher of a server (``watch_holders``) looks whether anyone holds it.
 WATCH_SECONDS = 5.0
 
@@ -325,8 +343,10 @@ def _watcher_lock(pgdata: Path) -> int:
 def _start_watcher(pgdata: Path) -> None:
     """Start ``watch_holders`` for the server just started on ``pgdata``, in a process of its
     own, in a session of its own (no signal sent to the group of whoever started the server
-    reaches it): it outlives them all, and then ends."""
-    subprocess.Popen(  # noqa: S603 (our own interpreter and arguments)
+    reaches it): it outlives them all, and then ends. Returns once it watches (so that no
+    one takes the server for unwatched meanwhile, and starts another); raises when it does
+    not within ``START_SECONDS``."""
+    watcher = subprocess.Popen(  # noqa: S603 (our own interpreter and arguments)
         [sys.executable, "-m", "memsvc.embedded_db", str(pgdata), str(WATCH_SECONDS)],
         cwd=Path(__file__).resolve().parents[1],  # (where ``memsvc`` is found)
         stdin=subprocess.DEVNULL,
@@ -334,6 +354,13 @@ def _start_watcher(pgdata: Path) -> None:
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
+    deadline = time.monotonic() + START_SECONDS
+    while not _watched(pgdata):
+        if watcher.poll() is not None and not _watched(pgdata):
+            return  # (it ended at once: the server stopped meanwhile, or another took it)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no watcher took {pgdata} within {START_SECONDS} s")
+        time.sleep(0.05)
 
 
 def watch_holders(pgdata: Path, every: float) -> None:

@@ -229,6 +229,29 @@ def test_a_stopped_database_is_started_again(shared):
     assert "the embedded PostgreSQL is running again" in served.log.read_text()
 
 
+def watchers(served) -> list[psutil.Process]:
+    """The embedded PostgreSQL's watchers (``python -m memsvc.embedded_db <pgdata>``)."""
+    pgdata = str((served.data_dir / "pgdata").resolve())
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        if "memsvc.embedded_db" in (cmdline := process.info["cmdline"] or []) and pgdata in cmdline:
+            found.append(process)
+    return [process for process in found if alive(process)]
+
+
+def test_a_killed_watcher_of_the_database_is_started_again(shared):
+    """The watcher killed, `serve` started none: killed next, `serve` left the database
+    running for good, with a quarter of the machine's memory (review)."""
+    served = shared
+    served.wait_until_healthy()
+    [watcher] = watchers(served)
+    watcher.kill()
+    watcher.wait(timeout=10)
+    again = "the embedded PostgreSQL's watcher is running again"
+    served.wait_for(lambda: again in served.log.read_text(), "a new watcher")
+    assert len(watchers(served)) == 1 and watchers(served)[0].pid != watcher.pid
+
+
 def test_a_worker_killed_with_sigkill_is_restarted_and_leaves_nothing_behind(shared):
     served = shared
     served.wait_until_healthy()
