@@ -63,10 +63,8 @@ def tool_records_create(
         for new in records
     ]
     model, vectors = _vectors(summaries)
-    now = timezone.now()
-    rows = []
-    for index, new in enumerate(records):
-        row = ToolRecord(
+    rows = [
+        ToolRecord(
             agent=agent,
             user_id=actor.on_behalf_of or "",
             conversation=new.conversation,
@@ -77,15 +75,21 @@ def tool_records_create(
             raw_output=new.raw_output,
             summary=summaries[index],
             summary_source=SummarySource.CALLER if new.summary else SummarySource.FALLBACK,
-            # A microsecond apart, in the order given: listed in the order they were made
-            # (``selectors.TOOL_RECORD_ORDER``), not by their random ids (outside review).
-            created_at=now + timedelta(microseconds=index),
         )
-        if vectors is not None:
-            row.embedding, row.embedding_model, row.embedded_at = vectors[index], model, now
-        rows.append(row)
+        for index, new in enumerate(records)
+    ]
     with transaction.atomic():
         hold_users([actor.on_behalf_of or ""])
+        # Made now, once the user's erase (which holds them) is over: a record that waited
+        # for it was dated before it, and an import of the agent's document left it out as
+        # kept before the erase (review).
+        now = timezone.now()
+        for index, row in enumerate(rows):
+            # A microsecond apart, in the order given: listed in the order they were made
+            # (``selectors.TOOL_RECORD_ORDER``), not by their random ids (outside review).
+            row.created_at = now + timedelta(microseconds=index)
+            if vectors is not None:
+                row.embedding, row.embedding_model, row.embedded_at = vectors[index], model, now
         stored, created = write_once(
             actor,
             idempotency_key,

@@ -748,6 +748,39 @@ def test_a_write_about_the_user_during_their_erase_waits_and_then_writes(alice, 
     assert kept_about_alice() == NOTHING | AFTER_THE_ERASE[way]
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_tool_record_that_waited_for_an_erase_is_dated_after_it(monkeypatch):
+    """A tool record for alice came as her erase ran, waited for it, then was written, but
+    dated as it came: before the erase, and an import of the agent's document left it out
+    as kept before it (review). Here her erase commits just as the record's write asks for
+    her hold."""
+    from agents_api.services import tool_records
+
+    agent = AgentFactory()
+    real_hold = tool_records.hold_users
+
+    def erase_first(user_ids, **options):
+        def erase():
+            try:
+                user_erase(Principal.user("alice"), confirm="alice")
+            finally:
+                connection.close()
+
+        eraser = threading.Thread(target=erase)
+        eraser.start()
+        eraser.join()
+        return real_hold(user_ids, **options)
+
+    monkeypatch.setattr(tool_records, "hold_users", erase_first)
+    tool_records_create(
+        Principal.for_agent(agent.id, on_behalf_of="alice"),
+        agent=agent,
+        records=[NewToolRecord(tool_name="locate", raw_output={"city": "Lisbon"})],
+    )
+    record = ToolRecord.objects.get(user_id="alice")
+    assert record.created_at > UserErasure.objects.get(user_id="alice").erased_at
+
+
 def bobs_conversation_for(way: str, agent) -> Conversation:
     """Bob's conversation, and what a write in it about alice needs before it: her
     membership for her own append and the turns an agent signs with her id (the agent a
