@@ -29,11 +29,13 @@ from agents_api.services.memories import expired_copies_forget
 from agents_api.tasks import sweep_unembedded_memories_task, sweep_unembedded_tool_records_task
 from conversations.models import (
     AccessLevel,
+    Channel,
     Conversation,
     ConversationGroup,
     Membership,
     Message,
     OwnershipTransfer,
+    Role,
     TransferStatus,
 )
 from conversations.selectors import WRITING_LEVELS, conversations_owned_by, said_by
@@ -282,6 +284,14 @@ def restore_messages_elsewhere(user_id: str, records: list[dict]) -> int:
     ]
     if strangers:
         raise ImportRefused(f"messagesElsewhere: {strangers[0]['id']} is not {user_id}'s")
+    # Elsewhere the user has only turns (by themselves or an agent for them): a summary, or
+    # an agent's line, "by" them opened the owner's agent's context (review).
+    others = [r for r in records if r["role"] != Role.USER or r["channel"] == Channel.SUMMARY]
+    if others:
+        raise ImportRefused(
+            f"messagesElsewhere: {others[0]['id']} is not {user_id}'s turn (a user turn, "
+            "not a summary)"
+        )
     member = Conversation.objects.filter(
         id__in=[r["conversation_id"] for r in records], group__memberships__principal_id=user_id
     )
