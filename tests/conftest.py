@@ -7,6 +7,7 @@ test database on it once per session.
 import base64
 import json
 import os
+import sys
 from dataclasses import dataclass
 
 import pytest
@@ -151,6 +152,16 @@ def no_outage_is_remembered():
     BROKER_OUTAGE.end()
     REDIS_OUTAGE.end()
     LLM_REFUSAL.end()
+
+
+@pytest.fixture(autouse=True)
+def no_learning_warning_is_remembered():
+    """Each test's ``learning()`` warns of a failure as a fresh process's would (a process
+    warns of each kind once until a call has memory again: ``memsvc.client.hooks.warn``).
+    (Not imported here when no test did: its import patches the model clients.)"""
+    hooks = sys.modules.get("memsvc.client.hooks")
+    if hooks is not None:
+        hooks.forget_warnings()
 
 
 @pytest.fixture

@@ -39,11 +39,33 @@ _current_turn: contextvars.ContextVar["Turn | None"] = contextvars.ContextVar(
 )
 
 
-def warn(action: str, exc: BaseException) -> None:
+# The failures warned of since the model last had memory: (action, kind, words).
+_warned: set[tuple[str, str, str]] = set()
+_warned_lock = threading.Lock()
+
+
+def warn(action: str, exc: BaseException, *, each_time: bool = False) -> None:
+    """One warning for each kind of failure (its action, type and words) until a call has
+    memory again, not one for every call (a context answered with a 500, or not in JSON,
+    warned at each call; review); ``each_time``: the caller decides (an outage's, warned
+    once for each outage)."""
     # (httpx's timeouts of an async client say nothing of themselves: their kind does)
-    logger.warning(
-        "memsvc: could not %s (%s); going on without memory", action, str(exc) or type(exc).__name__
-    )
+    said = str(exc) or type(exc).__name__
+    # (A timeout is one kind, however it is said: a read's, or the call's deadline's.)
+    kind = (action, "timeout", "") if isinstance(exc, httpx.TimeoutException) else None
+    kind = kind or (action, type(exc).__name__, said)
+    with _warned_lock:
+        new = kind not in _warned
+        _warned.add(kind)
+    if new or each_time:
+        logger.warning("memsvc: could not %s (%s); going on without memory", action, said)
+
+
+def forget_warnings() -> None:
+    """A call has memory: a failure from now on is warned of again."""
+    if _warned:
+        with _warned_lock:
+            _warned.clear()
 
 
 class Turn:
@@ -271,10 +293,13 @@ def _prepared(turn: Turn, options, context: dict | None):
     call's stores too). Prepared once: a strategy's ``prepare`` may count the call (the
     memory bank's steps)."""
     try:
-        return _with_body(options, turn.prepare_body(context))
+        prepared = _with_body(options, turn.prepare_body(context))
     except Exception as exc:
         warn("prepare the call", exc)
         return options
+    if context is not None:
+        forget_warnings()
+    return prepared
 
 
 def _sync_request(sdk, original):

@@ -7,7 +7,8 @@ sent again when its ``Retry-After`` says (else after a growing wait), for as lon
 keeps deferring it and the program runs: a server that answers loses no turn, and the model
 calls meanwhile do not wait for it (``busy``). One it fails (5xx) is tried ``MAX_ATTEMPTS``
 times, then dropped with a warning (a broken server must not hold every later store back,
-nor the model calls meanwhile); one that timed out, or whose connection broke before the
+nor the model calls meanwhile), and the next ones once each until memsvc answers one
+otherwise; one that timed out, or whose connection broke before the
 answer, is sent once more (``MAX_UNANSWERED_ATTEMPTS``) when it carries an idempotency key
 (memsvc stores it once however often it is sent; one without a key is never sent twice). When memsvc does not answer at all the
 request is dropped with one warning per outage, so a stopped server never stalls the
@@ -71,6 +72,11 @@ class _Lane:
         self.thread: threading.Thread | None = None
         # The request being sent waits to be sent again (a 429's Retry-After, a 5xx's backoff)
         self.waiting = False
+        # memsvc failed (5xx) a request every time it was tried: the next ones are tried once
+        # each until it answers one otherwise (each was tried 6 times, 6 s, one after the
+        # other: a block of five calls waited 30 s at its exit, and the program 30 s more at
+        # its own; review)
+        self.failing = False
 
 
 class Sender:
@@ -239,6 +245,7 @@ class Sender:
         client = self._client(destination)
         headers = {KEY_HEADER: request.idempotency_key} if request.idempotency_key else {}
         failures = deferrals = unanswered = 0
+        attempts = 1 if lane.failing else MAX_ATTEMPTS
         while True:
             sent_at = time.monotonic()
             try:
@@ -251,7 +258,7 @@ class Sender:
                 unanswered += 1
                 if (
                     not (request.idempotency_key and _may_have_arrived(exc))
-                    or failures == MAX_ATTEMPTS - 1
+                    or failures >= attempts - 1
                     or unanswered == MAX_UNANSWERED_ATTEMPTS
                     or self.is_down(destination.url)
                 ):
@@ -265,7 +272,9 @@ class Sender:
                     time.sleep(_retry_wait(response, deferrals, most=MAX_DEFERRED_WAIT_SECONDS))
                     deferrals += 1
                     continue
-                if response.status_code not in RETRY_STATUSES or failures == MAX_ATTEMPTS - 1:
+                failed = response.status_code in RETRY_STATUSES
+                if not failed or failures >= attempts - 1:
+                    lane.failing = failed  # (failed every time it was tried)
                     break
             self._held_back(lane)
             time.sleep(_retry_wait(response, failures))

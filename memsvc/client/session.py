@@ -395,16 +395,20 @@ class learning:
             )
             return None
         unreachable = isinstance(exc, httpx.TransportError)
-        if not (unreachable and sender.warned(self.url)):  # (once an outage)
-            hooks.warn("read memory", exc)
         # A memsvc slower than one caller's timeout under a second is not down for the
-        # others (but warned of once, as a refusal is); one that left a caller's second or
+        # others (but warned of once, as a refusal is: it warned at each call, each store
+        # answered since ending the "outage"; review); one that left a caller's second or
         # more unanswered (it answers in milliseconds) is: each call of a 2 s timeout waited
         # its 2 s, and warned (review).
         hurried = call.seconds_before(TIMEOUT_SECONDS) < min(HURRIED_SECONDS, TIMEOUT_SECONDS)
+        timed_out = isinstance(exc, httpx.TimeoutException)
+        if unreachable and not (hurried and timed_out):  # an outage: warned once for each
+            if not sender.warned(self.url):
+                hooks.warn("read memory", exc, each_time=True)
+        else:  # an error answer (a 500, a 429), a caller's short timeout: each kind once
+            hooks.warn("read memory", exc)
         if unreachable:
-            unanswered = isinstance(exc, httpx.TimeoutException) and not hurried
-            sender.mark_down(self.url, unanswered=unanswered, sent_at=sent_at)
+            sender.mark_down(self.url, unanswered=timed_out and not hurried, sent_at=sent_at)
         return None
 
     def request(

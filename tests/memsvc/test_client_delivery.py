@@ -134,6 +134,38 @@ def test_a_failing_memsvc_leaves_the_plain_call_with_one_warning(llm, caplog, co
     assert memsvc.paths()[2:] == ["/context/a", "/messages", "/messages"]
 
 
+@pytest.mark.parametrize(
+    "context_reply",
+    [
+        Reply(status=500, payload={"detail": "boom"}),
+        Reply(status=429, payload={"detail": "slow down"}),
+        Reply(payload=b"<html>not json</html>"),
+        Reply(payload={"memory_blocks": [{"x": 1}]}),
+    ],
+    ids=["server error", "rate limit", "not json", "a block without a label"],
+)
+def test_a_failure_at_every_call_is_warned_of_once_until_a_call_has_memory(
+    llm, caplog, context_reply
+):
+    """Each call warned of the same failure (1,000 calls, 1,000 warnings; review): once,
+    until a call has memory again; then a failure is warned of anew."""
+    client = openai.OpenAI(base_url=llm.base_url, api_key="k")
+    with (
+        StandInMemsvc(context_reply=context_reply) as memsvc,
+        learning(agent="a", server_url=memsvc.url),
+        caplog.at_level(logging.WARNING, logger="memsvc.client"),
+    ):
+        for text in ["one", "two", "three"]:
+            ask(client, text)
+        assert len(warnings(caplog)) == 1
+        memsvc.context_reply = None
+        ask(client, "four")
+        memsvc.context_reply = context_reply
+        ask(client, "five")
+    assert "Name: Alice" in llm.system_messages(3)[0]
+    assert len(warnings(caplog)) == 2
+
+
 def test_a_call_begun_in_a_block_and_answered_after_it_is_stored(llm, caplog):
     """A worker thread's call begins inside the block, which ends while the call waits for
     memsvc's context: the SDK was unwrapped under it, the reply met the plain
@@ -582,6 +614,33 @@ def test_a_store_a_failing_memsvc_keeps_refusing_is_dropped_with_a_warning(caplo
         assert len(broken.requests) == MAX_ATTEMPTS
     [warning] = warnings(caplog)
     assert "answered 500" in warning and "not stored" in warning
+
+
+def test_after_a_store_failed_every_time_the_next_are_tried_once_until_one_is_not(caplog):
+    """Each store memsvc failed was tried 6 times, 6 s, one after the other: a block of five
+    calls waited 30 s at its exit, and the program 30 s more at its own (review). Once one
+    has failed every time, the next are tried once each, until memsvc answers one
+    otherwise: then a failure is tried again as often as the first."""
+    sender = Sender()
+    answers = {"status": 500}
+    with (
+        caplog.at_level(logging.WARNING, logger="memsvc.client"),
+        LocalHttpServer(
+            lambda *_: Reply(status=answers["status"], payload={}, headers={"Retry-After": "0"})
+        ) as broken,
+    ):
+        stores = [ServerRequest("POST", "/messages", {"n": n}) for n in range(5)]
+        sender.send(Destination(broken.url), stores)
+        assert sender.flush(timeout=30)
+        assert len(broken.requests) == MAX_ATTEMPTS + 4
+        answers["status"] = 200
+        sender.send(Destination(broken.url), stores[:1])
+        assert sender.flush(timeout=30)
+        answers["status"] = 503
+        sender.send(Destination(broken.url), stores[:1])
+        assert sender.flush(timeout=30)
+        assert len(broken.requests) == MAX_ATTEMPTS + 4 + 1 + MAX_ATTEMPTS
+    assert [w for w in warnings(caplog) if "answered 500" in w] != []
 
 
 def test_a_refusal_repeated_for_every_store_is_warned_of_once(caplog):
@@ -1392,11 +1451,14 @@ def test_a_failure_of_a_request_sent_before_memsvc_answered_another_takes_it_for
     assert sender.is_down(url)
 
 
-def test_callers_in_a_hurry_are_warned_of_a_hung_memsvc_once(llm, caplog):
+@pytest.mark.parametrize("store_seconds", [2.0, 0.0], ids=["stores hung", "stores answered"])
+def test_callers_in_a_hurry_are_warned_of_a_hung_memsvc_once(llm, caplog, store_seconds):
     """A timeout under a second does not take memsvc for down for the others, but each call
-    warned of the same outage (review): once now, while memsvc answers nothing."""
+    warned of the same outage (review): once now, while memsvc answers nothing; and while
+    it answers the stores and not the context in time (each store answered ended the
+    "outage": warned at each call again; review)."""
     client = openai.OpenAI(base_url=llm.base_url, api_key="k", timeout=0.4, max_retries=0)
-    memsvc = StandInMemsvc(context_seconds=2.0, store_seconds=2.0).__enter__()
+    memsvc = StandInMemsvc(context_seconds=2.0, store_seconds=store_seconds).__enter__()
     block = learning(agent="a", server_url=memsvc.url)
     with caplog.at_level(logging.WARNING, logger="memsvc.client"):
         block.__enter__()
