@@ -45,12 +45,16 @@ logger = logging.getLogger(__name__)
 DEFAULT_EXTRACTION_TURNS = 5  # kagent's auto-save: every 5 user turns
 EXTRACTION_TURNS_KEY = "memory_extraction_turns"  # in an agent's metadata
 
-# What one extraction reads and answers at most: the newest turns (a conversation that had
-# many turns before an LLM was configured is not sent whole), known memories (the most
-# important), and facts.
+# What one extraction reads and answers at most: the turns since the last, oldest first (the
+# rest are left for the next: an extraction of 5 turns with 24 tool messages each read the
+# newest 100 messages and moved past the first turn for good; review), known memories (the
+# most important), and facts.
 MAX_TRANSCRIPT_MESSAGES = 100
 MAX_TRANSCRIPT_CHARS = 24_000
 MAX_MESSAGE_CHARS = 4_000
+# More unread messages than this are a conversation that had many turns before an LLM was
+# configured: its newest are read, the rest never (it is not sent whole).
+BACKLOG_MESSAGES = 3 * MAX_TRANSCRIPT_MESSAGES
 MAX_KNOWN_MEMORIES = 50
 MAX_FACTS = 20
 MAX_FACT_CHARS = 1_000
@@ -100,37 +104,75 @@ def _enough_turns(agent: Agent, conversation: Conversation, through_seq: int) ->
 
 
 def extraction_due(agent: Agent, conversation: Conversation) -> bool:
-    """Whether the agent's next extraction from the conversation is due: an LLM, and enough
-    user turns since the last one."""
+    """Whether the agent's next extraction from the conversation is due: an LLM, and turns
+    given back to read again, or enough user turns since the last one."""
     if not llm_configured():
         return False
-    state = MemoryExtraction.objects.filter(agent=agent, conversation=conversation)
-    through_seq = state.values_list("through_seq", flat=True).first() or 0
-    return _enough_turns(agent, conversation, through_seq)
+    state = MemoryExtraction.objects.filter(agent=agent, conversation=conversation).first()
+    if state is not None and state.unread:
+        return True
+    return _enough_turns(agent, conversation, state.through_seq if state else 0)
 
 
 def _claim(agent: Agent, conversation: Conversation) -> tuple[int, list] | None:
-    """Take the turns since the last extraction if there are enough: (the previous
-    ``through_seq``, the newest of the messages since). None when they are too few (another
-    worker may have just taken them), or taken by another worker meanwhile (the conditional
-    UPDATE decides)."""
+    """Take the turns to read (``_window``): first those given back after a later
+    extraction had read past them (``MemoryExtraction.unread``), else those since the last
+    extraction if there are enough. Returns (the ``seq`` they come after, the messages), or
+    None when there is nothing to read (another worker may have just taken it). The state's
+    row is locked meanwhile: two workers never take the same turns."""
     with transaction.atomic():
         # (Held: deleted since the task read it, its state row's key would fail at commit.)
         if not held_keys(Conversation, [conversation.pk]):
             return None
-        state, _ = MemoryExtraction.objects.get_or_create(
+        MemoryExtraction.objects.get_or_create(
             agent=agent,
             conversation=conversation,
             defaults={"through_seq": _read_before_the_fork(agent, conversation)},
         )
-        if not _enough_turns(agent, conversation, state.through_seq):
+        state = MemoryExtraction.objects.select_for_update().get(
+            agent=agent, conversation=conversation
+        )
+        while state.unread:  # (a span whose messages are all deleted since is dropped)
+            (after, through), *rest = state.unread
+            messages = _window(conversation, after=after, through=through)
+            state.unread = rest
+            if messages:
+                if messages[-1].seq < through:  # (the rest of the span: the next one's)
+                    state.unread = [[messages[-1].seq, through], *rest]
+                state.save(update_fields=["unread"])
+                return after, messages
+        after = state.through_seq
+        if not _enough_turns(agent, conversation, after):
+            state.save(update_fields=["unread"])
             return None
-        since = conversation_messages(conversation).filter(seq__gt=state.through_seq)
-        messages = list(since.order_by("-seq")[:MAX_TRANSCRIPT_MESSAGES])[::-1]
-        claimed = MemoryExtraction.objects.filter(
-            pk=state.pk, through_seq=state.through_seq
-        ).update(through_seq=messages[-1].seq, extracted_at=timezone.now())
-    return (state.through_seq, messages) if claimed else None
+        messages = _window(conversation, after=after)
+        state.through_seq, state.extracted_at = messages[-1].seq, timezone.now()
+        state.save(update_fields=["unread", "through_seq", "extracted_at"])
+    return after, messages
+
+
+def _window(conversation: Conversation, *, after: int, through: int | None = None) -> list:
+    """The messages of the conversation's view after ``after`` (through ``through``) that one
+    extraction reads: the oldest, as many as fit in a prompt (at least one). Past
+    ``BACKLOG_MESSAGES`` (not through a span given back), the newest that fit, and the
+    older never."""
+    since = conversation_messages(conversation).filter(seq__gt=after)
+    if through is not None:
+        since = since.filter(seq__lte=through)
+    elif since.count() > BACKLOG_MESSAGES:
+        newest = list(since.order_by("-seq")[:MAX_TRANSCRIPT_MESSAGES])
+        return _fitting(newest)[::-1]
+    return _fitting(list(since.order_by("seq")[:MAX_TRANSCRIPT_MESSAGES]))
+
+
+def _fitting(messages: list) -> list:
+    """The first of ``messages`` whose lines fit in ``MAX_TRANSCRIPT_CHARS`` (at least one)."""
+    size = 0
+    for count, message in enumerate(messages):
+        size += len(_line(count + 1, message)) + 1
+        if count and size > MAX_TRANSCRIPT_CHARS:
+            return messages[:count]
+    return messages
 
 
 def _read_before_the_fork(agent: Agent, conversation: Conversation) -> int:
@@ -149,10 +191,29 @@ def _read_before_the_fork(agent: Agent, conversation: Conversation) -> int:
 
 
 def _release(agent: Agent, conversation: Conversation, previous: int, claimed: int) -> None:
-    """Give turns back after a transient failure: the agent's next write tries again."""
-    MemoryExtraction.objects.filter(
-        agent=agent, conversation=conversation, through_seq=claimed
-    ).update(through_seq=previous)
+    """Give the turns after ``previous`` through ``claimed`` back after a transient failure:
+    the agent's next write tries again. When a later extraction has read past them since,
+    they are a span to read first (a give-back that found the state moved on did nothing,
+    and those turns were never read; review)."""
+    with transaction.atomic():
+        state = (
+            MemoryExtraction.objects.select_for_update()
+            .filter(agent=agent, conversation=conversation)
+            .first()
+        )
+        if state is None:  # (the conversation is gone)
+            return
+        if state.through_seq == claimed:
+            state.through_seq = previous
+        else:
+            state.unread = sorted([*state.unread, [previous, claimed]])
+        state.save(update_fields=["through_seq", "unread"])
+
+
+def _line(number: int, message) -> str:
+    """A turn's line in the prompt: its number, who speaks, what they said (shortened)."""
+    speaker = f"{message.author_name} ({message.role})" if message.author_name else message.role
+    return f"[{number}] {transcript_line(speaker, shortened(message.content, MAX_MESSAGE_CHARS))}"
 
 
 def extraction_prompt(messages, known: list[str]) -> list[dict]:
@@ -160,10 +221,7 @@ def extraction_prompt(messages, known: list[str]) -> list[dict]:
     the turns to read, numbered from 1 (newest kept when they are too long)."""
     lines, size = [], 0
     for number, message in reversed(list(enumerate(messages, start=1))):
-        speaker = f"{message.author_name} ({message.role})" if message.author_name else message.role
-        line = (
-            f"[{number}] {transcript_line(speaker, shortened(message.content, MAX_MESSAGE_CHARS))}"
-        )
+        line = _line(number, message)
         size += len(line) + 1
         if lines and size > MAX_TRANSCRIPT_CHARS:
             break

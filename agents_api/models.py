@@ -460,7 +460,9 @@ class Memory(models.Model):
 class MemoryExtraction(models.Model):
     """How far an agent has distilled memories from one conversation (``extraction.py``):
     ``through_seq`` is the ``seq`` of the last message the latest extraction read. The user
-    turns of the conversation's view after it count toward the next extraction."""
+    turns of the conversation's view after it count toward the next extraction. ``unread``:
+    the spans of messages (``[after_seq, through_seq]``) an extraction gave back (the LLM
+    failed) after a later one had read past them, read first by the next."""
 
     # Indexed by ``memory_extraction_unique``, whose first column it is.
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="+", db_index=False)
@@ -468,6 +470,7 @@ class MemoryExtraction(models.Model):
         "conversations.Conversation", on_delete=models.CASCADE, related_name="+"
     )
     through_seq = models.BigIntegerField(default=0)
+    unread = models.JSONField(default=list, blank=True)
     extracted_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

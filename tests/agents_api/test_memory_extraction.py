@@ -240,6 +240,65 @@ def test_an_llm_that_is_down_extracts_nothing_and_is_asked_again_after_the_next_
     assert Memory.objects.get().content == GREEN
 
 
+def prompt_of(request: dict) -> str:
+    return request["messages"][1]["content"]
+
+
+def test_an_extraction_reads_the_oldest_turns_and_leaves_the_rest_for_the_next(
+    api, helper, conversation, llm, monkeypatch
+):
+    """Five turns with more messages than a prompt holds: the newest were read, and the
+    position moved past the oldest for good (review). The oldest are read, the rest are
+    left for the next extraction."""
+    monkeypatch.setattr(extraction, "MAX_TRANSCRIPT_MESSAGES", 6)  # (three turns and replies)
+    turns(api, helper, conversation, range(1, 6))
+    [first] = extractions(llm)
+    assert "turn 1:" in prompt_of(first) and "turn 3:" in prompt_of(first)
+    assert "turn 4:" not in prompt_of(first)
+    turns(api, helper, conversation, range(6, 9))  # (5 user turns unread: 4 to 8)
+    [_, second] = extractions(llm)
+    assert "turn 3:" not in prompt_of(second)
+    assert "turn 4:" in prompt_of(second) and "turn 6:" in prompt_of(second)
+
+
+def test_a_character_limit_leaves_the_turns_past_it_for_the_next(api, helper, conversation, llm):
+    """(Long turns: only the newest two of five were sent, and the rest skipped; review.)"""
+    for n in range(1, 6):
+        turn(api, helper, conversation, f"turn {n}: " + "green " * 1000)
+    [first] = extractions(llm)
+    assert "turn 1:" in prompt_of(first)
+    assert len(prompt_of(first)) < extraction.MAX_TRANSCRIPT_CHARS + 2_000
+    read = [n for n in range(1, 6) if f"turn {n}:" in prompt_of(first)]
+    assert read == list(range(1, read[-1] + 1)) and read[-1] < 5
+    turns(api, helper, conversation, range(6, 6 + read[-1]))
+    assert f"turn {read[-1] + 1}:" in prompt_of(extractions(llm)[-1])
+
+
+def test_turns_given_back_after_a_later_extraction_read_past_them_are_read_first(
+    api, helper, conversation, llm, monkeypatch
+):
+    """The LLM failed the first five turns after the next five had been read (their task
+    started while the first waited): the give-back found the position moved on, did
+    nothing, and the first five were never read (review)."""
+    asked = []
+    real_chat = extraction.chat
+
+    def chat(messages):
+        asked.append(messages[1]["content"])
+        if len(asked) == 1:  # the first extraction: five more turns come, read meanwhile
+            turns(api, helper, conversation, range(6, 11))
+            raise LLMError("overloaded", transient=True)
+        return real_chat(messages)
+
+    monkeypatch.setattr(extraction, "chat", chat)
+    turns(api, helper, conversation, range(1, 6))
+    assert len(asked) == 2 and "turn 6:" in asked[1] and "turn 1:" not in asked[1]
+    turn(api, helper, conversation, "turn 11: hello")  # the next write: the first five read
+    assert len(asked) == 3
+    assert "turn 1:" in asked[2] and "turn 5:" in asked[2] and "turn 6:" not in asked[2]
+    assert not MemoryExtraction.objects.get().unread
+
+
 def test_turns_are_given_back_when_saving_what_was_distilled_fails(
     api, helper, conversation, llm, monkeypatch
 ):
