@@ -35,12 +35,14 @@ import hashlib
 import json
 import logging
 import math
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 
 import httpx
 
+from memsvc.client import hooks
 from memsvc.client.core import (
     TRUNCATED,
     ChatCompletions,
@@ -51,6 +53,7 @@ from memsvc.client.core import (
     readable_json,
     text_cut_to,
 )
+from memsvc.client.sender import sender
 from memsvc.text import shows_nothing
 
 logger = logging.getLogger("memsvc.client")
@@ -265,6 +268,10 @@ class TaskState:
     unanswered: tuple[tuple[tuple, ...], ServerRequest] | None = None
 
 
+def _whole(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 class MemoryBank:
     """The strategy's state for one ``learning()`` block, and its steps."""
 
@@ -281,6 +288,12 @@ class MemoryBank:
             raise ValueError(f"task_id: at most {MAX_TASK_ID_CHARS} characters")
         if task_id is not None and readable_json(task_id) != task_id:
             raise ValueError("task_id: must not hold a NUL or a lone surrogate")
+        # (0 was taken for the default, -1 or 2.5 had every search refused, and the whole
+        # history sent at every step; -5 cut 5 characters off every record: review.)
+        if not _whole(top_k) or not 1 <= top_k <= MAX_TOP_K:
+            raise ValueError(f"top_k: a whole number from 1 to {MAX_TOP_K}")
+        if not _whole(max_chars_per_record) or max_chars_per_record < 1:
+            raise ValueError("max_chars_per_record: a whole number of at least 1")
         self.agent = agent
         self.fixed_task_id = task_id
         self.top_k = top_k
@@ -369,7 +382,7 @@ class MemoryBank:
 
     def prepare(self, messages: list, request: Callable[[ServerRequest], object]) -> list:
         """The messages to send the model at this step (sync): ``request(server_request)``
-        answers memsvc's JSON."""
+        answers memsvc's JSON (its ``httpx.HTTPError`` is the caller's to handle)."""
         step = self._step(list(messages))
         try:
             sent = next(step)
@@ -377,10 +390,9 @@ class MemoryBank:
                 sent = step.send(request(sent))
         except StopIteration as done:
             return done.value
-        except httpx.HTTPError as exc:
-            return self._unchanged(messages, exc)
 
     async def aprepare(self, messages: list, arequest: Callable[..., Awaitable]) -> list:
+        """``prepare``'s async twin: ``await arequest(server_request)``."""
         step = self._step(list(messages))
         try:
             sent = next(step)
@@ -388,13 +400,6 @@ class MemoryBank:
                 sent = step.send(await arequest(sent))
         except StopIteration as done:
             return done.value
-        except httpx.HTTPError as exc:
-            return self._unchanged(messages, exc)
-
-    @staticmethod
-    def _unchanged(messages: list, exc: Exception) -> list:
-        logger.warning("memsvc: memory bank unavailable (%s); sending the whole history", exc)
-        return messages
 
 
 class MemoryBankStrategy:
@@ -420,21 +425,63 @@ class MemoryBankStrategy:
     def prepare(self, call, context):
         if not self._is_chat(call):
             return self.recall.prepare(call, context)
+        if sender.is_down(self.session.url):  # (hung: one call waited, warned; review)
+            return call.body
         deadline = self.session.deadline(call)  # the caller's timeout bounds these requests
+        sent_at = time.monotonic()
 
         def request(sent: ServerRequest):
-            response = self.session.request(
-                sent.method,
-                sent.path,
-                sent.json,
-                deadline=deadline,
-                idempotency_key=sent.idempotency_key,
+            return self._answer(
+                self.session.request(
+                    sent.method,
+                    sent.path,
+                    sent.json,
+                    deadline=deadline,
+                    idempotency_key=sent.idempotency_key,
+                )
             )
-            response.raise_for_status()
-            return response.json()
 
-        messages = self.bank.prepare(call.body["messages"], request)
+        try:
+            messages = self.bank.prepare(call.body["messages"], request)
+        except httpx.HTTPError as exc:
+            self.session.no_context(call, exc, sent_at)
+            return call.body  # the whole history
+        hooks.forget_warnings()  # (the call has memory)
         return {**call.body, "messages": messages}
+
+    async def aprepare(self, call, context):
+        """``prepare`` in the caller's event loop: its requests awaited, not made in the
+        loop's thread (a hung memsvc stalled every other task of the program; review)."""
+        if not self._is_chat(call):
+            return self.recall.prepare(call, context)
+        if sender.is_down(self.session.url):
+            return call.body
+        deadline = self.session.deadline(call)
+        sent_at = time.monotonic()
+
+        async def arequest(sent: ServerRequest):
+            return self._answer(
+                await self.session.arequest(
+                    sent.method,
+                    sent.path,
+                    sent.json,
+                    deadline=deadline,
+                    idempotency_key=sent.idempotency_key,
+                )
+            )
+
+        try:
+            messages = await self.bank.aprepare(call.body["messages"], arequest)
+        except httpx.HTTPError as exc:
+            self.session.no_context(call, exc, sent_at)
+            return call.body
+        hooks.forget_warnings()
+        return {**call.body, "messages": messages}
+
+    def _answer(self, response: httpx.Response):
+        response.raise_for_status()
+        sender.mark_answered(self.session.url)  # (back: an outage is warned of anew)
+        return response.json()
 
     def stores(self, call, reply):
         return [] if self._is_chat(call) else self.recall.stores(call, reply)

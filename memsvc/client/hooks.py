@@ -302,6 +302,22 @@ def _prepared(turn: Turn, options, context: dict | None):
     return prepared
 
 
+async def _aprepared(turn: Turn, options, context: dict | None):
+    """``_prepared`` for an async call: a strategy that asks memsvc while it prepares the
+    body (``aprepare``) is awaited, not run in the event loop's thread."""
+    aprepare = getattr(turn.session.strategy, "aprepare", None)
+    if aprepare is None:
+        return _prepared(turn, options, context)
+    try:
+        prepared = _with_body(options, await aprepare(turn.call, context))
+    except Exception as exc:
+        warn("prepare the call", exc)
+        return options
+    if context is not None:
+        forget_warnings()
+    return prepared
+
+
 def _sync_request(sdk, original):
     def request(client, cast_to, options, *args, **kwargs):
         # The user's request is sent once, outside what may fail of ours: a request that is
@@ -340,7 +356,7 @@ def _async_request(sdk, original):
                 context = None
             token = _current_turn.set(turn)
             try:
-                prepared = _prepared(turn, options, context)
+                prepared = await _aprepared(turn, options, context)
                 return await original(client, cast_to, prepared, *args, **kwargs)
             finally:
                 _current_turn.reset(token)

@@ -106,9 +106,10 @@ class learning:
             bank = memory_bank.MemoryBank(
                 agent,
                 task_id=task_id,
-                top_k=top_k or memory_bank.DEFAULT_TOP_K,
-                max_chars_per_record=max_chars_per_record
-                or memory_bank.DEFAULT_MAX_CHARS_PER_RECORD,
+                top_k=memory_bank.DEFAULT_TOP_K if top_k is None else top_k,
+                max_chars_per_record=memory_bank.DEFAULT_MAX_CHARS_PER_RECORD
+                if max_chars_per_record is None
+                else max_chars_per_record,
             )
             self.strategy = memory_bank.MemoryBankStrategy(self, bank)
         else:
@@ -322,7 +323,7 @@ class learning:
             response = self.request(request.method, request.path, request.json, deadline=deadline)
             return self._context_of(response)
         except httpx.HTTPError as exc:
-            return self._no_context(call, exc, sent_at)
+            return self.no_context(call, exc, sent_at)
 
     async def afetch_context(self, call: Call) -> dict | None:
         request = self.strategy.context_request(call)
@@ -339,30 +340,33 @@ class learning:
             )
         sent_at = time.monotonic()
         try:
-            if asyncio.get_running_loop() is self._loop:
-                kept = self._kept = self._kept or _KeptClient(self._new_aclient())
-                response = await _by(
-                    deadline,
-                    kept.arequest(
-                        request.method, request.path, json=request.json, timeout=time_left(deadline)
-                    ),
-                )
-            else:
-                # An AsyncClient belongs to the event loop that made it: a call from another
-                # loop (a ``with`` block around ``asyncio.run``) opens one of its own.
-                async with self._new_aclient() as client:
-                    response = await _by(
-                        deadline,
-                        client.request(
-                            request.method,
-                            request.path,
-                            json=request.json,
-                            timeout=time_left(deadline),
-                        ),
-                    )
+            response = await self.arequest(
+                request.method, request.path, request.json, deadline=deadline
+            )
             return self._context_of(response)
         except httpx.HTTPError as exc:
-            return self._no_context(call, exc, sent_at)
+            return self.no_context(call, exc, sent_at)
+
+    async def arequest(
+        self,
+        method: str,
+        path: str,
+        body: dict | None = None,
+        *,
+        deadline: float,
+        idempotency_key: str | None = None,
+    ) -> httpx.Response:
+        """``request``'s async twin, over by ``deadline``: on the block's async connection in
+        its event loop, else on one of its own."""
+        headers = {KEY_HEADER: idempotency_key} if idempotency_key else None
+        options = {"json": body, "headers": headers, "timeout": time_left(deadline)}
+        if asyncio.get_running_loop() is self._loop:
+            kept = self._kept = self._kept or _KeptClient(self._new_aclient())
+            return await _by(deadline, kept.arequest(method, path, **options))
+        # An AsyncClient belongs to the event loop that made it: a call from another loop (a
+        # ``with`` block around ``asyncio.run``) opens one of its own.
+        async with self._new_aclient() as client:
+            return await _by(deadline, client.request(method, path, **options))
 
     def _new_aclient(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(
@@ -382,11 +386,15 @@ class learning:
         sender.mark_answered(self.url)  # (back: its stores are sent, its outage warned anew)
         return response.json()
 
-    def _no_context(self, call: Call, exc: httpx.HTTPError, sent_at: float) -> None:
+    def no_context(self, call: Call, exc: httpx.HTTPError, sent_at: float) -> None:
+        """A request for ``call``'s memory, sent at ``sent_at``, failed with ``exc``: said
+        (once a kind, or an outage), and a memsvc that did not answer taken for down."""
         if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code == 403:
             # A key that may not read: the block stores the conversation and asks for no
             # more memory, said once (each call asked, was refused and warned: review).
-            self.reads = False
+            said, self.reads = self.reads, False
+            if not said:
+                return None
             logger.warning(
                 "memsvc: memory of %r is not given to the model (%s); the block stores the "
                 "conversation (capture_only=True says so at once)",

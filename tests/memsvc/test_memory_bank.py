@@ -243,7 +243,7 @@ def one_step_stored(live_server, llm, caplog, messages: list) -> None:
         learning(agent=AGENT, server_url=live_server.url, strategy="memory_bank"),
     ):
         client.chat.completions.create(model="gpt-test", messages=messages)
-    assert "memory bank unavailable" not in caplog.text
+    assert "going on without memory" not in caplog.text
 
 
 def test_a_tool_step_holding_a_nul_is_stored_with_the_replacement_character(
@@ -446,7 +446,7 @@ def test_with_memsvc_gone_the_call_gets_the_whole_history(live_server, llm, capl
         session._client = _KeptClient(httpx.Client(base_url="http://127.0.0.1:1"))
         history = run_agent(client, model="gpt-test")
     assert sent(llm)[-1] == history[:-1]  # unchanged: the whole history
-    assert "memory bank unavailable" in caplog.text
+    assert "going on without memory" in caplog.text
 
 
 def test_records_whose_answer_was_lost_are_sent_again_and_stored_once(live_server, llm, caplog):
@@ -461,8 +461,10 @@ def test_records_whose_answer_was_lost_are_sent_again_and_stored_once(live_serve
         caplog.at_level(logging.WARNING, logger="memsvc.client"),
         learning(agent=AGENT, server_url=proxy.url, strategy="memory_bank"),
     ):
-        client.chat.completions.create(model="gpt-test", messages=messages, timeout=1.0)
-        assert "memory bank unavailable" in caplog.text  # the answer was lost
+        # (A caller's timeout under a second: memsvc is not taken for down, and the retry
+        # asks it again.)
+        client.chat.completions.create(model="gpt-test", messages=messages, timeout=0.5)
+        assert "going on without memory" in caplog.text  # the answer was lost
         client.chat.completions.create(model="gpt-test", messages=messages)
         stores = [r for r in proxy.requests if r.path == "/tool-records"]
     keys = [{k.lower(): v for k, v in r.headers.items()}.get("idempotency-key") for r in stores]
@@ -470,6 +472,84 @@ def test_records_whose_answer_was_lost_are_sent_again_and_stored_once(live_serve
     assert stores[0].body == stores[1].body
     records = ToolRecord.objects.values_list("tool_name", "step", "raw_output")
     assert list(records) == [("search_flights", 1, {"flights": 3})]
+
+
+def hung_after_its_checks(method, path, body):
+    """A memsvc that answers its health and agent checks, and then nothing in time."""
+    if path in ("/health", "/agents"):
+        return Reply(payload={"status": "ok", "name": AGENT})
+    time.sleep(3.0)
+    return Reply(payload=[])
+
+
+def test_a_hung_memsvc_costs_one_step_its_timeout_not_every_step(llm, caplog):
+    """Each step of a memory bank waited its whole timeout for a hung memsvc (the default
+    strategy waits once, then takes memsvc for down 30 s; review)."""
+    messages = one_tool_step()
+    client = openai.OpenAI(base_url=llm.base_url, api_key="test")
+    with (
+        LocalHttpServer(hung_after_its_checks) as memsvc,
+        caplog.at_level(logging.WARNING, logger="memsvc.client"),
+        learning(agent=AGENT, server_url=memsvc.url, strategy="memory_bank"),
+    ):
+        took = []
+        for _ in range(3):
+            started = time.monotonic()
+            client.chat.completions.create(model="gpt-test", messages=messages, timeout=1.2)
+            took.append(time.monotonic() - started)
+    assert took[0] >= 1.0 and max(took[1:]) < 0.5, took
+    assert sent(llm) == [messages] * 3  # the whole history each time
+    assert len([r for r in caplog.records if r.levelno >= logging.WARNING]) == 1
+
+
+def test_an_async_step_waits_for_memsvc_without_holding_its_event_loop(llm):
+    """An async call's memory bank asked memsvc in the event loop's thread: a hung memsvc
+    stalled every other task of the program for the call's timeout (review)."""
+    client = openai.AsyncOpenAI(base_url=llm.base_url, api_key="test")
+
+    async def main():
+        stalls, ticking = [], True
+
+        async def ticker():
+            last = time.monotonic()
+            while ticking:
+                await asyncio.sleep(0.05)
+                stalls.append(time.monotonic() - last)
+                last = time.monotonic()
+
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0.1)  # (ticking before the call begins)
+        await client.chat.completions.create(
+            model="gpt-test", messages=one_tool_step(), timeout=1.2
+        )
+        ticking = False
+        await task
+        return max(stalls)
+
+    with (
+        LocalHttpServer(hung_after_its_checks) as memsvc,
+        learning(agent=AGENT, server_url=memsvc.url, strategy="memory_bank"),
+    ):
+        longest = asyncio.run(main())
+    assert longest < 0.5, longest
+
+
+@pytest.mark.parametrize(
+    ("options", "said"),
+    [
+        ({"top_k": 0}, "top_k: a whole number from 1 to 20"),
+        ({"top_k": -1}, "top_k"),
+        ({"top_k": 2.5}, "top_k"),
+        ({"top_k": 21}, "top_k"),
+        ({"max_chars_per_record": 0}, "max_chars_per_record: a whole number of at least 1"),
+        ({"max_chars_per_record": -5}, "max_chars_per_record"),
+    ],
+)
+def test_options_out_of_range_are_refused_when_the_block_is_made(options, said):
+    """(0 was taken for the default; -1 or 2.5 had every search refused and the whole
+    history sent at every step; -5 cut 5 characters off every record: review.)"""
+    with pytest.raises(ValueError, match=said):
+        learning(agent=AGENT, strategy="memory_bank", **options)
 
 
 def test_an_unknown_strategy_is_refused():
@@ -525,4 +605,4 @@ def test_a_slow_memsvc_costs_a_step_no_more_than_the_callers_timeout(llm, caplog
     assert elapsed < 0.9
     assert sent(llm) == [messages]
     [warning] = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert "memory bank unavailable" in warning
+    assert "going on without memory" in warning
