@@ -1,3 +1,4 @@
+import contextlib
 from urllib.parse import urlencode
 
 from django import forms
@@ -48,7 +49,7 @@ from memsvc.admin_tools import (
     merged_deletions,
     operator,
 )
-from memsvc.api.errors import as_api_error
+from memsvc.api.errors import NotFound, as_api_error
 from memsvc.api.principals import user_id_problem
 from memsvc.db import words_query
 from memsvc.validators import path_segment
@@ -422,7 +423,8 @@ class MemoryAdmin(AgentColumn, LargeTableAdmin):
         return False
 
     def delete_model(self, request, obj):
-        memory_delete(operator(request), memory=obj)
+        with contextlib.suppress(NotFound):  # (deleted meanwhile: gone, as asked)
+            memory_delete(operator(request), memory=obj)
 
     def delete_queryset(self, request, queryset):
         memories_delete(operator(request), memories=queryset)

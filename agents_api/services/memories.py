@@ -30,7 +30,7 @@ from agents_api.models import (
 )
 from agents_api.selectors import MEMORIES, memory_off_for, memory_scope, messages_seen_by
 from conversations.models import Message
-from memsvc.api.errors import Conflict, InvalidInput
+from memsvc.api.errors import Conflict, InvalidInput, NotFound
 from memsvc.api.principals import Principal
 from memsvc.db import held_keys, hold_users, lock_name, locked_row
 from search.embeddings import vector_literal
@@ -495,7 +495,11 @@ def memory_setting_update(actor: Principal, *, enabled: bool) -> UserMemorySetti
 
 @transaction.atomic
 def memory_delete(actor: Principal, *, memory: Memory) -> None:
-    memory.delete()
+    """Delete a memory; 404 when a concurrent request deleted it first (three DELETEs at
+    once each answered 204; review)."""
+    deleted, _ = Memory.objects.filter(pk=memory.pk).delete()
+    if not deleted:
+        raise NotFound("memory not found")
 
 
 @transaction.atomic

@@ -18,12 +18,13 @@ from agents_api.services import (
     memories_embed_pending,
     memories_reembed_all,
     memories_save,
+    memory_delete,
     memory_save,
     memory_update,
     user_erase,
 )
 from conversations.models import Conversation, Message
-from memsvc.api.errors import Conflict, InvalidInput
+from memsvc.api.errors import Conflict, InvalidInput, NotFound
 from memsvc.api.principals import Principal
 from search.tuning import DEFAULT_TUNING
 from tests.db import refused, while_held
@@ -61,6 +62,15 @@ def test_the_same_words_in_another_case_and_spacing_are_one_memory(agent):
     # Saving it again with a lower importance keeps the higher one.
     save(agent, "alice likes python", importance=0.1)
     assert Memory.objects.get().importance == 0.9
+
+
+def test_a_memory_deleted_by_another_request_since_it_was_read_is_not_found(agent):
+    """Three DELETEs of one memory at once each answered 204 (review): the first deletes
+    it, the others find it gone."""
+    memory, _ = save(agent, "Alice likes tea")
+    Memory.objects.filter(pk=memory.pk).delete()  # (another request's, committed first)
+    with pytest.raises(NotFound, match="memory not found"):
+        memory_delete(agent.as_principal(), memory=memory)
 
 
 def test_a_near_duplicate_is_merged_into_the_memory_it_repeats(agent):
