@@ -25,6 +25,7 @@ from memsvc.api.fields import (
     InputSerializer,
     JSONObjectField,
     JSONValueField,
+    ListField,
     MessageContentField,
     MetadataField,
     MomentField,
@@ -288,7 +289,7 @@ class DeletedOut(serializers.Serializer):
         ref_name = "DeletedCount"
 
 
-class TagsField(serializers.ListField):
+class TagsField(ListField):
     """Tags, each held to ``rules``: by default, something to read (" " was kept as a tag,
     where a memory of it is refused; review) and a name as it is given now (" a " and "a"
     were two tags that look one: review). A search's filter looks tags up (``LOOKED_UP``):
@@ -307,7 +308,7 @@ class TagsField(serializers.ListField):
         )
 
 
-class MessageIdsField(serializers.ListField):
+class MessageIdsField(ListField):
     def __init__(self, **kwargs):
         super().__init__(
             child=serializers.UUIDField(),

@@ -26,7 +26,7 @@ from agents_api.services.letta import (
 )
 from conversations.models import Message, Role
 from memsvc.api.errors import NotFound
-from memsvc.api.fields import TextField, datetime_text
+from memsvc.api.fields import ListField, TextField, datetime_text
 
 AGENT_ID_PREFIX = "agent-"
 BLOCK_ID_PREFIX = "block-"
@@ -182,7 +182,7 @@ class BlockUpdateIn(LettaInput):
     limit = BlockLimitField(required=False)
 
 
-class TagsField(serializers.ListField):
+class TagsField(ListField):
     """An agent's tags (``MAX_TAGS``, of up to 100 characters each), on create as on update."""
 
     def __init__(self, **kwargs):
@@ -274,7 +274,7 @@ class GroupUpdateIn(LettaInput):
 class CaptureIn(LettaInput):
     provider = TextField(max_length=100, required=False, allow_blank=True, default="")
     model = TextField(max_length=200, required=False, allow_blank=True, default="")
-    request_messages = serializers.ListField(
+    request_messages = ListField(
         child=serializers.DictField(), required=False, default=list, max_length=1000
     )
     response_dict = serializers.DictField(required=False, default=dict)

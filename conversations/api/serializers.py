@@ -8,6 +8,7 @@ from conversations.models import AccessLevel, TransferStatus
 from memsvc.api.fields import (
     ChoiceField,
     InputSerializer,
+    ListField,
     MessageContentField,
     MetadataField,
     PrincipalIdField,
@@ -228,9 +229,7 @@ class SearchMessagesIn(InputSerializer):
     topK = serializers.IntegerField(
         required=False, min_value=1, max_value=settings.MEMORY_MAX_SEARCH_LIMIT
     )
-    conversationIds = serializers.ListField(
-        child=serializers.UUIDField(), required=False, max_length=100
-    )
+    conversationIds = ListField(child=serializers.UUIDField(), required=False, max_length=100)
     before = serializers.UUIDField(required=False, help_text="Only messages before this one.")
     mode = ChoiceField(choices=MODES, default="hybrid")
 
