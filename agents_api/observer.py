@@ -102,6 +102,10 @@ def fallback_summary(tool_name: str, raw_input, raw_output) -> str:
     error = raw_output.get("error") if isinstance(raw_output, dict) else None
     if error:
         parts.append(f"Error: {shortened(str(error), MAX_INPUT_CHARS)}.")
+    if isinstance(raw_output, dict) and set(raw_output) == {"_raw"}:
+        # Its words: each text answer of a tool said the same, the error that was in one
+        # found by nothing of it (review).
+        parts.append(f"Text: {shortened(str(raw_output['_raw']), MAX_INPUT_CHARS)}.")
     sizes = _sizes(raw_output)
     if sizes:
         parts.append("Sizes: " + "; ".join(sizes) + ".")

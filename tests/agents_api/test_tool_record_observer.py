@@ -168,8 +168,14 @@ def test_the_fallback_names_the_tool_input_sizes_identifiers_and_errors():
     failed = fallback_summary("book", {}, {"error": "no rooms left", "code": 409})
     assert "Error: no rooms left." in failed and "409" in failed
     assert fallback_summary("read_page", {}, {"_raw": "<html>"}) == (
-        "Tool read_page returned text of 6 characters."
+        "Tool read_page returned text of 6 characters. Text: <html>."
     )
+    # A text answer says what it says (each said only its length: an error in one was found
+    # by nothing of it; review), cut as an input is.
+    refused = fallback_summary("fetch", {}, {"_raw": "Error: connection refused to ERRHOST-9"})
+    assert refused.endswith("Text: Error: connection refused to ERRHOST-9.")
+    long = fallback_summary("read_page", {}, {"_raw": "x" * 5_000})
+    assert len(long) < 400 and "Text: xxx" in long
     assert fallback_summary("noop", {}, None) == "Tool noop returned nothing."
 
 
