@@ -463,12 +463,25 @@ def warm_up_in_background() -> None:
     search does not pay for the load (a remote backend has nothing to load)."""
     backend = configured_backend()
     if isinstance(backend, LocalBackend):
-        thread = threading.Thread(target=backend.warm_up, name="embedding-warm-up", daemon=True)
+        thread = threading.Thread(
+            target=_warm_up_quietly, args=(backend,), name="embedding-warm-up", daemon=True
+        )
         thread.start()
         # A process that ends while ONNX Runtime makes the model's session is aborted
         # (SIGABRT: its threads are torn down under it): a short `memsvc mcp` session was.
         # Its exit waits for the load (a fraction of a second once the graph is made).
         atexit.register(thread.join, WARM_UP_EXIT_WAIT_SECONDS)
+
+
+def _warm_up_quietly(backend: "LocalBackend") -> None:
+    """A warm-up is a head start, not a need: one cut short (the process ending as the model
+    loads: "cannot schedule new futures after interpreter shutdown", a traceback at the end
+    of a short `memsvc mcp` session; review) is said in a line, and the first text embedded
+    loads the model itself."""
+    try:
+        backend.warm_up()
+    except Exception as exc:
+        logger.info("the embedding model's warm-up stopped: %s", exc)
 
 
 def prepare_configured_model() -> None:

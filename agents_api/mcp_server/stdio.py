@@ -192,8 +192,12 @@ class _Lines:
 
 def serve(caller: Caller, stdin: BinaryIO, stdout: BinaryIO) -> None:
     """Serve MCP on ``stdin`` and ``stdout`` (the process's original ones) until the client
-    closes stdin."""
-    anyio.run(_serve, caller, stdin, stdout)
+    closes stdin, or stops reading stdout (the session is over: it ended in a traceback of
+    a broken pipe; review)."""
+    try:
+        anyio.run(_serve, caller, stdin, stdout)
+    except* BrokenPipeError:
+        pass
 
 
 async def _serve(caller: Caller, stdin: BinaryIO, stdout: BinaryIO) -> None:

@@ -2,6 +2,7 @@
 stdio (``memsvc mcp`` as the process a client starts) and streamable HTTP (``memsvc serve``,
 the live server users run, with ``/mcp``)."""
 
+import contextlib
 import json
 import os
 import signal
@@ -400,6 +401,43 @@ def test_stdout_carries_nothing_but_protocol():
     assert answers[1]["result"]["isError"] is False
     assert answers[2]["error"]["message"] == "Unknown tool: no_such_tool"
     assert "serving agent 'raw' over stdio" in stderr
+
+
+def test_stdio_ends_quietly_when_the_client_stops_reading():
+    """A client that closed its end of stdout (and kept stdin open): the session ended in a
+    traceback of a broken pipe, exit 1 (review). It ends, exit 0, and says nothing of it."""
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "1"},
+        },
+    }
+    with subprocess.Popen(
+        [str(MEMSVC), "mcp", "--agent", "raw"],
+        env=server_env(),
+        cwd=REPO,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as process:
+        process.stdin.write(json.dumps(initialize) + "\n")
+        process.stdin.flush()
+        assert json.loads(process.stdout.readline())["id"] == 1
+        process.stdout.close()  # stops reading
+        for n in range(2, 6):
+            with contextlib.suppress(BrokenPipeError):
+                process.stdin.write(
+                    json.dumps({"jsonrpc": "2.0", "id": n, "method": "tools/list"}) + "\n"
+                )
+                process.stdin.flush()
+        assert process.wait(timeout=60) == 0
+        stderr = process.stderr.read()
+    assert "Traceback" not in stderr, stderr
 
 
 def test_stdio_answers_every_line_it_cannot_serve():

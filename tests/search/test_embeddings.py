@@ -2,6 +2,7 @@
 test server standing in for Ollama / OpenAI (outside services, so faked at the HTTP level)."""
 
 import importlib
+import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -83,6 +84,20 @@ def test_a_process_that_ends_while_its_model_loads_exits_cleanly(tmp_path, secon
         f"time.sleep({seconds})",
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_a_warm_up_cut_short_is_said_in_a_line_not_a_traceback(caplog):
+    """A short `memsvc mcp` session ended as its model loaded: the warm-up's thread printed
+    "cannot schedule new futures after interpreter shutdown" as a traceback (review)."""
+    from search.embeddings import _warm_up_quietly
+
+    class CutShort:
+        def warm_up(self):
+            raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+
+    with caplog.at_level(logging.INFO, logger="search.embeddings"):
+        _warm_up_quietly(CutShort())
+    assert "warm-up stopped: cannot schedule new futures" in caplog.text
 
 
 def test_the_onnx_encoder_tokenizes_as_transformers_does():
