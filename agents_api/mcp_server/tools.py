@@ -505,9 +505,15 @@ def _check_arguments(tool: Tool, arguments: dict) -> None:
     error = jsonschema.exceptions.best_match(tool.validator.iter_errors(arguments))
     if error is None:
         return
-    field = ".".join(str(part) for part in error.absolute_path)
+    # Named as the REST API names it ("tags[0]", not "tags.0": review).
+    field = "".join(
+        f"[{part}]" if isinstance(part, int) else f".{part}" for part in error.absolute_path
+    ).removeprefix(".")
     problem = error.message
-    if error.validator in _SIZE_PROBLEMS:
+    if error.validator == "minLength":  # (not the schema's "'' should be non-empty": review)
+        limit = error.validator_value
+        problem = "must not be empty" if limit == 1 else f"must be at least {limit} characters"
+    elif error.validator in _SIZE_PROBLEMS:
         limit = error.validator_value
         limit = ", ".join(map(str, limit)) if isinstance(limit, list) else limit
         problem = _SIZE_PROBLEMS[error.validator].format(limit)

@@ -1025,6 +1025,9 @@ def test_http_memory_list_refuses_a_tag_longer_than_any_tag(client):
         ({"content": "x" * (settings.MEMSVC_MAX_MESSAGE_CHARS + 1)}, "content: must be at most"),
         ({"content": "x", "summary": "s" * 10_001}, "summary: must be at most 10000 characters"),
         ({"content": "x", "tags": ["a"] * 51}, "tags: must hold at most 50 items"),
+        # Named and said as the REST API does ("tags.0", "'' should be non-empty": review).
+        ({"content": "x", "tags": ["t" * 101]}, "tags[0]: must be at most 100 characters"),
+        ({"content": ""}, "content: must not be empty"),
     ],
 )
 def test_http_a_refusal_of_an_argument_too_long_does_not_echo_it(client, arguments, problem):
