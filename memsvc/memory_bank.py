@@ -402,6 +402,14 @@ class MemoryBank:
             return done.value
 
 
+def _asked(sent: ServerRequest) -> tuple:
+    return sent.method, sent.path, sent.json
+
+
+def _options(sent: ServerRequest, deadline: float) -> dict:
+    return {"deadline": deadline, "idempotency_key": sent.idempotency_key}
+
+
 class MemoryBankStrategy:
     """``learning(strategy="memory_bank")`` as the client's strategy (``memsvc.client.core``):
     a chat completion is sent the compressed context (its tool records stored and the
@@ -425,29 +433,19 @@ class MemoryBankStrategy:
     def prepare(self, call, context):
         if not self._is_chat(call):
             return self.recall.prepare(call, context)
-        if sender.is_down(self.session.url):  # (hung: one call waited, warned; review)
+        if sender.is_down(self.session.url):  # (hung: one call waited and warned; review)
             return call.body
         deadline = self.session.deadline(call)  # the caller's timeout bounds these requests
         sent_at = time.monotonic()
 
         def request(sent: ServerRequest):
-            return self._answer(
-                self.session.request(
-                    sent.method,
-                    sent.path,
-                    sent.json,
-                    deadline=deadline,
-                    idempotency_key=sent.idempotency_key,
-                )
-            )
+            return self._answer(self.session.request(*_asked(sent), **_options(sent, deadline)))
 
         try:
             messages = self.bank.prepare(call.body["messages"], request)
         except httpx.HTTPError as exc:
-            self.session.no_context(call, exc, sent_at)
-            return call.body  # the whole history
-        hooks.forget_warnings()  # (the call has memory)
-        return {**call.body, "messages": messages}
+            return self._whole_history(call, exc, sent_at)
+        return self._compressed(call, messages)
 
     async def aprepare(self, call, context):
         """``prepare`` in the caller's event loop: its requests awaited, not made in the
@@ -460,28 +458,29 @@ class MemoryBankStrategy:
         sent_at = time.monotonic()
 
         async def arequest(sent: ServerRequest):
-            return self._answer(
-                await self.session.arequest(
-                    sent.method,
-                    sent.path,
-                    sent.json,
-                    deadline=deadline,
-                    idempotency_key=sent.idempotency_key,
-                )
-            )
+            response = await self.session.arequest(*_asked(sent), **_options(sent, deadline))
+            return self._answer(response)
 
         try:
             messages = await self.bank.aprepare(call.body["messages"], arequest)
         except httpx.HTTPError as exc:
-            self.session.no_context(call, exc, sent_at)
-            return call.body
-        hooks.forget_warnings()
-        return {**call.body, "messages": messages}
+            return self._whole_history(call, exc, sent_at)
+        return self._compressed(call, messages)
 
     def _answer(self, response: httpx.Response):
         response.raise_for_status()
         sender.mark_answered(self.session.url)  # (back: an outage is warned of anew)
         return response.json()
+
+    def _whole_history(self, call, exc: httpx.HTTPError, sent_at: float) -> dict:
+        """The call as it was made, memsvc's failure said (``no_context``)."""
+        self.session.no_context(call, exc, sent_at)
+        return call.body
+
+    @staticmethod
+    def _compressed(call, messages: list) -> dict:
+        hooks.forget_warnings()  # (the call has memory)
+        return {**call.body, "messages": messages}
 
     def stores(self, call, reply):
         return [] if self._is_chat(call) else self.recall.stores(call, reply)

@@ -292,14 +292,7 @@ def _prepared(turn: Turn, options, context: dict | None):
     turn is stored all the same (review: a context answer that was not our JSON lost the
     call's stores too). Prepared once: a strategy's ``prepare`` may count the call (the
     memory bank's steps)."""
-    try:
-        prepared = _with_body(options, turn.prepare_body(context))
-    except Exception as exc:
-        warn("prepare the call", exc)
-        return options
-    if context is not None:
-        forget_warnings()
-    return prepared
+    return _prepared_with(options, context, lambda: turn.prepare_body(context))
 
 
 async def _aprepared(turn: Turn, options, context: dict | None):
@@ -309,7 +302,17 @@ async def _aprepared(turn: Turn, options, context: dict | None):
     if aprepare is None:
         return _prepared(turn, options, context)
     try:
-        prepared = _with_body(options, await aprepare(turn.call, context))
+        body = await aprepare(turn.call, context)
+    except Exception as exc:
+        warn("prepare the call", exc)
+        return options
+    return _prepared_with(options, context, lambda: body)
+
+
+def _prepared_with(options, context: dict | None, body):
+    """The options with the body ``body()`` gives; as they were when that fails."""
+    try:
+        prepared = _with_body(options, body())
     except Exception as exc:
         warn("prepare the call", exc)
         return options

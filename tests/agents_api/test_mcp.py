@@ -334,6 +334,19 @@ def test_stdio_refuses_to_start_without_an_agent_it_may_act_as(args, env, messag
     assert done.stdout == ""
 
 
+# The handshake's first request, as a raw client sends it.
+RAW_INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "1"},
+    },
+}
+
+
 def raw_stdio(lines: list[str], *, answers: int) -> tuple[list[str], str]:
     """``lines`` sent raw to ``memsvc mcp --agent raw``: the first ``answers`` lines of its
     stdout, and its stderr, once it has ended on EOF (nothing else written to stdout)."""
@@ -369,16 +382,7 @@ def test_stdout_carries_nothing_but_protocol():
     logs (the start-up line, a refused key's warning) go to stderr."""
     local_agent_with_history("raw")
     messages = [
-        {
-            "jsonrpc": "2.0",
-            "id": 1,
-            "method": "initialize",
-            "params": {
-                "protocolVersion": "2025-11-25",
-                "capabilities": {},
-                "clientInfo": {"name": "raw", "version": "1"},
-            },
-        },
+        RAW_INITIALIZE,
         {"jsonrpc": "2.0", "method": "notifications/initialized"},
         {
             "jsonrpc": "2.0",
@@ -406,16 +410,7 @@ def test_stdout_carries_nothing_but_protocol():
 def test_stdio_ends_quietly_when_the_client_stops_reading():
     """A client that closed its end of stdout (and kept stdin open): the session ended in a
     traceback of a broken pipe, exit 1 (review). It ends, exit 0, and says nothing of it."""
-    initialize = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-11-25",
-            "capabilities": {},
-            "clientInfo": {"name": "raw", "version": "1"},
-        },
-    }
+    initialize = RAW_INITIALIZE
     with subprocess.Popen(
         [str(MEMSVC), "mcp", "--agent", "raw"],
         env=server_env(),
@@ -670,16 +665,7 @@ def test_http_acts_for_the_user_of_an_impersonating_key(served):
 
 
 def test_http_refuses_requests_without_a_valid_key(served):
-    initialize = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-11-25",
-            "capabilities": {},
-            "clientInfo": {"name": "raw", "version": "1"},
-        },
-    }
+    initialize = RAW_INITIALIZE
     headers = {"Accept": "application/json, text/event-stream"}
     for auth in ({}, {"Authorization": "Bearer msk_nope_nope"}, {"Authorization": "Basic x"}):
         response = httpx.post(served, json=initialize, headers={**headers, **auth}, timeout=10)
