@@ -408,8 +408,9 @@ def test_stdout_carries_nothing_but_protocol():
 
 
 def test_stdio_ends_quietly_when_the_client_stops_reading():
-    """A client that closed its end of stdout (and kept stdin open): the session ended in a
-    traceback of a broken pipe, exit 1 (review). It ends, exit 0, and says nothing of it."""
+    """A client that closed its end of stdout, wrote on, and then went: the session ended
+    in a traceback of a broken pipe, exit 1 (review). It ends, exit 0, and says nothing of
+    it. (It ends once stdin ends too: the line it waits for is read in a thread.)"""
     initialize = RAW_INITIALIZE
     with subprocess.Popen(
         [str(MEMSVC), "mcp", "--agent", "raw"],
@@ -430,6 +431,8 @@ def test_stdio_ends_quietly_when_the_client_stops_reading():
                     json.dumps({"jsonrpc": "2.0", "id": n, "method": "tools/list"}) + "\n"
                 )
                 process.stdin.flush()
+        with contextlib.suppress(BrokenPipeError):
+            process.stdin.close()
         assert process.wait(timeout=60) == 0
         stderr = process.stderr.read()
     assert "Traceback" not in stderr, stderr
