@@ -74,7 +74,9 @@ def _claim(agent: Agent) -> tuple[int, list] | None:
     if agent is None or not observation_due(agent):  # (deleted since the task read it)
         return None
     previous = letta_settings(agent).get(THROUGH_KEY) or 0
-    turns = list(_unread(agent).order_by("-seq")[:MAX_TRANSCRIPT_MESSAGES])[::-1]
+    # The oldest first, the rest for the next observation: the blocks learn the turns in
+    # the order they came (the newest 100 were read, and the older never: review).
+    turns = list(_unread(agent).order_by("seq")[:MAX_TRANSCRIPT_MESSAGES])
     _set_through(agent, turns[-1].seq)
     return previous, turns
 

@@ -446,6 +446,28 @@ def test_every_n_captures_the_observer_rewrites_the_human_block(
     assert not observation_due(block.agent)  # the two turns were read
 
 
+def test_the_observer_reads_the_oldest_unread_turns_and_leaves_the_rest_for_the_next(
+    api, helper, llm, committed_capture, monkeypatch
+):
+    """More turns than one observation reads: the newest were read, and the older never
+    (review). The oldest are, in the order they came; the rest at the next observation."""
+    from agents_api import sleeptime
+
+    monkeypatch.setattr(sleeptime, "MAX_TRANSCRIPT_MESSAGES", 2)  # (one capture's turns)
+    state = create_agent(api, helper)
+    every_n_captures(api, helper, state, 2)
+    llm.answer(OBSERVER_MARKER, json.dumps({"blocks": []}))
+    committed_capture(helper, state["id"], "My name is Ada.")
+    committed_capture(helper, state["id"], "I live in Lisbon.")
+    [first] = [
+        asked["messages"][1]["content"] for asked in llm.requests_containing(OBSERVER_MARKER)
+    ]
+    assert "My name is Ada." in first and "I live in Lisbon." not in first
+    committed_capture(helper, state["id"], "I was born in Porto.")
+    second = llm.requests_containing(OBSERVER_MARKER)[-1]["messages"][1]["content"]
+    assert "I live in Lisbon." in second and "My name is Ada." not in second
+
+
 @pytest.mark.parametrize("status", [503, 401])
 def test_turns_the_observer_could_not_have_read_are_read_next_time(
     api, helper, llm, committed_capture, status
