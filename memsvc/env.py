@@ -99,6 +99,20 @@ def unusable_directory(path: Path, setting: str, exc: OSError) -> ImproperlyConf
     )
 
 
+def lock_alone(path: Path) -> int | None:
+    """A descriptor holding the lock of the file ``path`` (made if missing) for this process
+    alone until it is closed, or None when another holds it (nothing waits)."""
+    import fcntl
+
+    descriptor = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(descriptor)
+        return None
+    return descriptor
+
+
 def env_url(
     name: str, default: str | None, *, schemes: tuple[str, ...], several: bool = False
 ) -> str | None:

@@ -439,7 +439,9 @@ class MemoryBankStrategy:
         sent_at = time.monotonic()
 
         def request(sent: ServerRequest):
-            return self._answer(self.session.request(*_asked(sent), **_options(sent, deadline)))
+            return self.session.answer_of(
+                self.session.request(*_asked(sent), **_options(sent, deadline))
+            )
 
         try:
             messages = self.bank.prepare(call.body["messages"], request)
@@ -459,18 +461,13 @@ class MemoryBankStrategy:
 
         async def arequest(sent: ServerRequest):
             response = await self.session.arequest(*_asked(sent), **_options(sent, deadline))
-            return self._answer(response)
+            return self.session.answer_of(response)
 
         try:
             messages = await self.bank.aprepare(call.body["messages"], arequest)
         except httpx.HTTPError as exc:
             return self._whole_history(call, exc, sent_at)
         return self._compressed(call, messages)
-
-    def _answer(self, response: httpx.Response):
-        response.raise_for_status()
-        sender.mark_answered(self.session.url)  # (back: an outage is warned of anew)
-        return response.json()
 
     def _whole_history(self, call, exc: httpx.HTTPError, sent_at: float) -> dict:
         """The call as it was made, memsvc's failure said (``no_context``)."""

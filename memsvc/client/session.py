@@ -321,7 +321,7 @@ class learning:
         sent_at = time.monotonic()
         try:
             response = self.request(request.method, request.path, request.json, deadline=deadline)
-            return self._context_of(response)
+            return self.answer_of(response)
         except httpx.HTTPError as exc:
             return self.no_context(call, exc, sent_at)
 
@@ -343,7 +343,7 @@ class learning:
             response = await self.arequest(
                 request.method, request.path, request.json, deadline=deadline
             )
-            return self._context_of(response)
+            return self.answer_of(response)
         except httpx.HTTPError as exc:
             return self.no_context(call, exc, sent_at)
 
@@ -381,7 +381,9 @@ class learning:
         """When memsvc's part before ``call`` must be over (``time.monotonic()``)."""
         return time.monotonic() + call.seconds_before(TIMEOUT_SECONDS)
 
-    def _context_of(self, response: httpx.Response) -> dict:
+    def answer_of(self, response: httpx.Response):
+        """What memsvc answered (its JSON), or the ``HTTPStatusError`` of its refusal; an
+        answer ends an outage."""
         response.raise_for_status()
         sender.mark_answered(self.url)  # (back: its stores are sent, its outage warned anew)
         return response.json()

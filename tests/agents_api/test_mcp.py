@@ -347,10 +347,9 @@ RAW_INITIALIZE = {
 }
 
 
-def raw_stdio(lines: list[str], *, answers: int) -> tuple[list[str], str]:
-    """``lines`` sent raw to ``memsvc mcp --agent raw``: the first ``answers`` lines of its
-    stdout, and its stderr, once it has ended on EOF (nothing else written to stdout)."""
-    with subprocess.Popen(
+def raw_process() -> subprocess.Popen:
+    """``memsvc mcp --agent raw`` with its three pipes, as text."""
+    return subprocess.Popen(
         [str(MEMSVC), "mcp", "--agent", "raw"],
         env=server_env(),
         cwd=REPO,
@@ -359,7 +358,13 @@ def raw_stdio(lines: list[str], *, answers: int) -> tuple[list[str], str]:
         stderr=subprocess.PIPE,
         text=True,
         errors="surrogateescape",  # (a line's "\udcff" is the byte 0xff)
-    ) as process:
+    )
+
+
+def raw_stdio(lines: list[str], *, answers: int) -> tuple[list[str], str]:
+    """``lines`` sent raw to ``memsvc mcp --agent raw``: the first ``answers`` lines of its
+    stdout, and its stderr, once it has ended on EOF (nothing else written to stdout)."""
+    with raw_process() as process:
         process.stdin.write("".join(line + "\n" for line in lines))
         process.stdin.flush()
         # A client keeps stdin open until its answers are in (EOF ends the session at once).
@@ -411,17 +416,8 @@ def test_stdio_ends_quietly_when_the_client_stops_reading():
     """A client that closed its end of stdout, wrote on, and then went: the session ended
     in a traceback of a broken pipe, exit 1 (review). It ends, exit 0, and says nothing of
     it. (It ends once stdin ends too: the line it waits for is read in a thread.)"""
-    initialize = RAW_INITIALIZE
-    with subprocess.Popen(
-        [str(MEMSVC), "mcp", "--agent", "raw"],
-        env=server_env(),
-        cwd=REPO,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    ) as process:
-        process.stdin.write(json.dumps(initialize) + "\n")
+    with raw_process() as process:
+        process.stdin.write(json.dumps(RAW_INITIALIZE) + "\n")
         process.stdin.flush()
         assert json.loads(process.stdout.readline())["id"] == 1
         process.stdout.close()  # stops reading

@@ -474,12 +474,20 @@ def test_records_whose_answer_was_lost_are_sent_again_and_stored_once(live_serve
     assert list(records) == [("search_flights", 1, {"flights": 3})]
 
 
-def hung_after_its_checks(method, path, body):
-    """A memsvc that answers its health and agent checks, and then nothing in time."""
-    if path in ("/health", "/agents"):
-        return Reply(payload={"status": "ok", "name": AGENT})
-    time.sleep(3.0)
-    return Reply(payload=[])
+def answering_in(seconds: float):
+    """A memsvc that answers its health and agent checks at once, and the rest (storing
+    and finding records) in ``seconds``."""
+
+    def respond(method, path, body):
+        if path in ("/health", "/agents"):
+            return Reply(payload={"status": "ok", "name": AGENT})
+        time.sleep(seconds)
+        return Reply(payload=[])
+
+    return respond
+
+
+hung_after_its_checks = answering_in(3.0)  # (nothing in any caller's time)
 
 
 def test_a_hung_memsvc_costs_one_step_its_timeout_not_every_step(llm, caplog):
@@ -586,16 +594,10 @@ def test_a_slow_memsvc_costs_a_step_no_more_than_the_callers_timeout(llm, caplog
     call's timeout (0.3 s; memsvc takes 1 s): past it the model gets the whole history, with
     one warning (the step waited the client's 10 s a request)."""
 
-    def slow(method, path, body):
-        if path in ("/health", "/agents"):
-            return Reply(payload={"status": "ok", "name": AGENT})
-        time.sleep(1.0)
-        return Reply(payload=[])
-
     messages = one_tool_step()
     client = openai.OpenAI(base_url=llm.base_url, api_key="test")
     with (
-        LocalHttpServer(slow) as memsvc,
+        LocalHttpServer(answering_in(1.0)) as memsvc,
         caplog.at_level(logging.WARNING, logger="memsvc.client"),
         learning(agent=AGENT, server_url=memsvc.url, strategy="memory_bank"),
     ):
