@@ -527,6 +527,17 @@ def _check_arguments(tool: Tool, arguments: dict) -> None:
     raise InvalidInput.for_field(field or "arguments", problem)
 
 
+def _without_nulls(tool: Tool, arguments: dict) -> dict:
+    """``arguments`` with a null for an optional argument read as the argument left out:
+    models send ``"limit": null`` for what they do not mean to set, as their SDKs' optional
+    parameters do (each such call was refused: review). A required one stays, to be refused."""
+    return {
+        name: value
+        for name, value in arguments.items()
+        if value is not None or name in tool.required
+    }
+
+
 def _refuse_nul(arguments: dict) -> None:
     """A NUL character, which the database cannot store or look up, is a bad argument (as
     on the REST API), not a store that is down."""
@@ -545,6 +556,7 @@ def call_tool(caller: Caller, name: str, arguments: dict) -> Outcome:
         with like_a_request():
             caller = caller.as_it_stands()
             require_scope(caller.principal, tool.scope, answers_stored=tool.writes_read)
+            arguments = _without_nulls(tool, arguments)
             _check_arguments(tool, arguments)
             _refuse_nul(arguments)
             return Outcome(compact(tool.run(caller, arguments)))

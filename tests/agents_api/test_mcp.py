@@ -24,7 +24,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 from agents_api.mcp_server import http as mcp_http
-from agents_api.models import Memory, MemoryBlock, MemorySource
+from agents_api.models import MEMORY_DEFAULT_IMPORTANCE, Memory, MemoryBlock, MemorySource
 from agents_api.selectors import LOCAL_OWNER
 from agents_api.services import (
     agent_get_or_create,
@@ -970,6 +970,41 @@ def test_http_memory_list_takes_a_whole_number_written_with_a_point(client):
     page = json.loads(result["content"][0]["text"])
     assert [m["content"] for m in page["data"]] == ["The team meets on Mondays"]
     assert page["nextCursor"]
+
+
+def test_http_a_null_for_an_optional_argument_is_the_argument_left_out(client):
+    """Models send ``"limit": null`` for what they do not mean to set, as their SDKs'
+    optional parameters do: each such call was refused ("must be of type integer"; review).
+    A null for a required argument is still refused, and nothing is saved."""
+    agent, key = keyed_agent("nulls")
+    saved = call_tool(
+        client,
+        key,
+        "memory_save",
+        {
+            "content": "The office is in Lisbon",
+            "summary": None,
+            "importance": None,
+            "tags": None,
+            "messageIds": None,
+        },
+    ).json()["result"]
+    assert not saved["isError"], saved
+    memory = Memory.objects.get(agent=agent)
+    assert (memory.importance, memory.tags, memory.summary) == (
+        MEMORY_DEFAULT_IMPORTANCE,
+        [],
+        "",
+    )
+    found = call_tool(
+        client, key, "memory_search", {"query": "office", "limit": None, "tags": None}
+    ).json()["result"]
+    assert not found["isError"], found
+    assert [m["content"] for m in found["structuredContent"]["data"]] == [memory.content]
+    refused = call_tool(client, key, "memory_save", {"content": None}).json()["result"]
+    assert refused["isError"], refused
+    assert refused["content"][0]["text"] == "content: must be of type string"
+    assert Memory.objects.count() == 1
 
 
 def test_http_memory_list_and_delete_treat_an_expired_memory_as_gone(client):
