@@ -3,7 +3,7 @@ reaches."""
 
 import hashlib
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -745,9 +745,11 @@ def tool_record_search(
     task_id: str | None = None,
     mode: str = "hybrid",
     principal: Principal | None = None,
+    excluding: Collection[uuid.UUID] = (),
 ) -> list[ToolRecordHit]:
     """The agent's ``top_k`` tool records (of one task, with ``task_id``; those
-    ``principal`` reaches, ``tool_records_of``) that best answer ``query``, by the one
+    ``principal`` reaches, ``tool_records_of``; none of ``excluding``) that best answer
+    ``query``, by the one
     search engine: their summaries' vectors, and the words of the summary, the tool's name
     and the raw output (an identifier only the output holds). As for memories
     (``memory_search``), nothing is found acting for a user who turned memory off, nor
@@ -763,8 +765,15 @@ def tool_record_search(
         clauses.append(f"m.id IN ({reached_sql})")
         params.extend(reached_params)
     scope = Scope(" AND ".join(clauses), params)
+    narrowing, narrowed_by = [], []
     if task_id is not None:  # (a word weighs by all the records the caller may read)
-        scope = Scope(f"{scope.sql} AND m.task_id = %s", [*params, task_id], view=scope)
+        narrowing.append("m.task_id = %s")
+        narrowed_by.append(task_id)
+    if excluding:
+        narrowing.append("m.id <> ALL(%s::uuid[])")
+        narrowed_by.append(list(excluding))
+    if narrowing:
+        scope = Scope(" AND ".join([scope.sql, *narrowing]), [*params, *narrowed_by], view=scope)
     scope, query = without_excluded(scope, query)
     tuning = configured_tuning()
     found = find_candidates(

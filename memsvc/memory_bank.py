@@ -325,7 +325,9 @@ class MemoryBank:
                 self.task.trace_ids[key] = record["trace_id"]
         # The last interaction is sent whole after the records: the records retrieved are
         # the most relevant of the earlier ones, not copies of it.
-        shown = {self.task.trace_ids.get(key) for key, _ in keyed}
+        # (memsvc leaves them out: asked for 20 and filtering here, a step of 20 parallel
+        # calls was given its own records only, and nothing was retrieved; review.)
+        shown = sorted({self.task.trace_ids[key] for key, _ in keyed if key in self.task.trace_ids})
         found = yield ServerRequest(
             "POST",
             "/tool-records/search",
@@ -333,10 +335,11 @@ class MemoryBank:
                 "agent_name": self.agent,
                 "task_id": self.task.task_id,
                 "query": RETRIEVAL_QUERY,
-                "top_k": min(self.top_k + len(shown), MAX_TOP_K),
+                "top_k": self.top_k,
+                "exclude_trace_ids": shown,
             },
         )
-        records = [r for r in found or [] if r["trace_id"] not in shown][: self.top_k]
+        records = list(found or [])
         result = compressed(messages, records, self.max_chars)
         if logger.isEnabledFor(logging.DEBUG):  # sizing the history costs a JSON dump of it
             logger.debug(

@@ -22,6 +22,7 @@ from memsvc.api.fields import (
     InputSerializer,
     JSONObjectField,
     JSONValueField,
+    ListField,
     MessageContentField,
     MetadataField,
     PathSegmentField,
@@ -29,6 +30,9 @@ from memsvc.api.fields import (
     datetime_text,
     something_to_read,
 )
+
+# The most records a tool record search may be told to leave out.
+MAX_EXCLUDED_TRACE_IDS = 1000
 
 
 def agent_out(agent: Agent, *, reads: bool = True) -> dict:
@@ -243,6 +247,11 @@ class ToolRecordSearchIn(LocalInput):
     task_id = TaskIdField(required=False)
     top_k = serializers.IntegerField(
         required=False, min_value=1, max_value=TOOL_RECORD_MAX_TOP_K, default=3
+    )
+    # The records the caller holds already (the memory bank: the last step's, sent whole):
+    # asked for the best of the others, it was given them, all 20 filtered out (review).
+    exclude_trace_ids = ListField(
+        child=serializers.UUIDField(), required=False, max_length=MAX_EXCLUDED_TRACE_IDS
     )
 
     validate_query = SearchToolRecordsIn.validate_query

@@ -460,6 +460,10 @@ class ToolRecordSearchView(LocalView):
         data = s.ToolRecordSearchIn.parse(request.data)
         agent = _agent(request, data["agent_name"])
         hits = agent_selectors.tool_record_search(
-            agent, query=data["query"], top_k=data["top_k"], task_id=data.get("task_id")
+            agent,
+            query=data["query"],
+            top_k=data["top_k"],
+            task_id=data.get("task_id"),
+            excluding=data.get("exclude_trace_ids", ()),
         )
         return Response([s.tool_record_hit_out(hit) for hit in hits])

@@ -344,6 +344,27 @@ def test_search_finds_no_record_about_a_user_who_turned_memory_off(api, helper):
     assert found == {hers["traceId"], mine["traceId"]}
 
 
+def test_the_local_search_leaves_out_the_records_it_is_told_to(api, helper):
+    """The memory bank holds the last step's records already: the search gives the best of
+    the others (it had asked for 20 and filtered them out: a step of 20 calls got none)."""
+    first = create(api, helper, output={"hotel": "htl-777", "n": 1})
+    second = create(api, helper, output={"hotel": "htl-777", "n": 2})
+
+    def found(**extra) -> object:
+        body = {"agent_name": helper.agent.name, "query": "htl-777", "top_k": 1, **extra}
+        return api.post("/tool-records/search", body, as_=helper)
+
+    assert len(found().json()) == 1
+    kept = found(exclude_trace_ids=[first["traceId"]])
+    assert [hit["trace_id"] for hit in kept.json()] == [second["traceId"]]
+    both = [first["traceId"], second["traceId"]]
+    assert found(exclude_trace_ids=both).json() == []
+    for refused in (["not-an-id"], [first["traceId"]] * 1001, "htl"):
+        response = found(exclude_trace_ids=refused)
+        assert response.status_code == 422, response.content
+        assert response.json()["detail"][0]["loc"][:2] == ["body", "exclude_trace_ids"]
+
+
 def test_a_record_outlives_its_conversation_as_an_import_keeps_it(api, alice, helper):
     """The record is the agent's memory: deleting its conversation unlinks it (as an import
     keeps a record whose conversation is gone), it does not delete it."""

@@ -374,6 +374,38 @@ def test_a_step_of_more_calls_than_a_store_takes_is_stored_whole(live_server, ll
     assert len(names) == 101 and "t" * 200 in names
 
 
+def test_a_step_of_twenty_parallel_calls_still_retrieves_the_earlier_records(live_server, llm):
+    """The search asked for 20 records (the most) and left out the last step's here: a
+    step of 20 parallel calls was given its own records only, and nothing was retrieved
+    (review). memsvc leaves them out, and the earlier steps' are found."""
+    client = openai.OpenAI(base_url=llm.base_url, api_key="test")
+    first = ToolCall("search_flights", {"to": "Lisbon"})
+    history = [
+        {"role": "user", "content": "Plan a trip to Lisbon."},
+        {"role": "assistant", "content": None, "tool_calls": [first.as_json()]},
+        {"role": "tool", "tool_call_id": first.id, "content": '{"flights": 3}'},
+    ]
+    parallel = [ToolCall("hotel_price", {"hotel": n}) for n in range(20)]
+    with learning(agent=AGENT, server_url=live_server.url, strategy="memory_bank", task_id="p"):
+        llm.then("Noted.")
+        client.chat.completions.create(model="gpt-test", messages=history)
+        history += [
+            {"role": "assistant", "content": None, "tool_calls": [c.as_json() for c in parallel]},
+            *(
+                {"role": "tool", "tool_call_id": c.id, "content": f'{{"price": {n}}}'}
+                for n, c in enumerate(parallel)
+            ),
+        ]
+        llm.then("Done.")
+        client.chat.completions.create(model="gpt-test", messages=history)
+    assert ToolRecord.objects.filter(agent__name=AGENT, task_id="p").count() == 21
+    messages = sent(llm)[-1]
+    assert roles(messages) == ["user", "system", "assistant", *["tool"] * 20]
+    retrieved = messages[1]["content"]
+    assert retrieved.count("[RETRIEVED RECORD") == 1
+    assert '{"flights": 3}' in retrieved
+
+
 def test_async_and_streamed_calls_are_compressed_too(live_server, llm):
     scripted(llm, 3)
 
