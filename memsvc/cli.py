@@ -317,7 +317,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         supervisor.start("web server", _web_command(host, port), env=_web_env())
         if not args.no_worker:
             _start_workers(supervisor, beat=True)
-        log(f"serving on http://{_address(host, port)}")
         return supervisor.run()
     finally:
         supervisor.stop_all()

@@ -9,3 +9,12 @@ def post_worker_init(worker):
 
     warm_up_in_background()
     mcp_http.warm_up_in_background()
+
+
+def when_ready(server):
+    """Said once the web server listens, so that a client that reads it can call (``memsvc
+    serve`` said it as it started the web server, a second or more before: review)."""
+    from memsvc.supervisor import log
+
+    for listener in server.LISTENERS:
+        log(f"serving on {listener}")

@@ -146,6 +146,14 @@ def test_the_first_start_makes_the_models_graph_before_it_answers(shared):
     makes the graph before it answers. And it answers health, the admin and its static
     files, with every part of the service running."""
     served = shared
+    # "serving on" is said once the web server listens: a client that read it and called
+    # was refused (it was said as the web server was started; review).
+    deadline = time.monotonic() + START_DEADLINE_SECONDS
+    while "serving on" not in served.log.read_text():  # (read closely: the race is short)
+        assert time.monotonic() < deadline and served.process.poll() is None
+        time.sleep(0.002)
+    socket.create_connection(("127.0.0.1", served.port), timeout=5).close()
+    assert f"memsvc: serving on {served.url}\n" in served.log.read_text()
     response = served.wait_until_healthy()
     assert list(served.cache.glob("*-int8.onnx")) != [], served.log.read_text()
     assert response.status_code == 200
