@@ -233,18 +233,21 @@ def kept_whole_or_cut(value, max_bytes: int = MAX_TOOL_JSON_BYTES):
 
 
 def compressed(messages: list, records: list[dict], max_chars: int) -> list:
-    """The seed's context: the leading system messages and the anchor user message, the
-    retrieved records as a system message, then the last tool interaction onwards."""
+    """The seed's context: the leading system messages and the anchor user message (and
+    any user message after it: what the user said mid-task is no tool interaction, and it
+    was lost to the model for good; review), the retrieved records as a system message,
+    then the last tool interaction onwards."""
     last = last_tool_call_index(messages)
     anchor = anchor_index(messages)
     if last is None or anchor is None or anchor > last:
         return messages
     leading = [m for m in messages[:anchor] if _get(m, "role") in ("system", "developer")]
+    said = [m for m in messages[anchor:last] if _get(m, "role") == "user"]
     context = []
     if records:
         text = f"{CONTEXT_HEADING}\n\n{format_records(records, max_chars)}"
         context = [{"role": "system", "content": text}]
-    return [*leading, messages[anchor], *context, *messages[last:]]
+    return [*leading, *said, *context, *messages[last:]]
 
 
 def estimated_tokens(messages: list) -> int:

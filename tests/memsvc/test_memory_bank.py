@@ -217,6 +217,16 @@ def test_the_compressed_context_is_exactly_the_seeds():
         *messages[4:],
     ]
     assert compressed(messages[:2], records, 20) == messages[:2]  # no tool call yet
+    # What the user said mid-task is kept, in order (it was dropped, with the middle).
+    said = {"role": "user", "content": "Near the sea, please."}
+    mid_task = [*messages[:4], said, *messages[4:]]
+    assert compressed(mid_task, records, 20) == [
+        messages[0],
+        messages[1],
+        said,
+        {"role": "system", "content": f"{CONTEXT_HEADING}\n\n{text}"},
+        *messages[4:],
+    ]
 
 
 @pytest.mark.parametrize("answer", ['{"score": NaN}', "[Infinity]", '{"big": 1e400}'])
