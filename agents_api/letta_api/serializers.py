@@ -4,6 +4,7 @@ Letta's prefixed ids (``agent-<uuid>``, ``block-<id>``, ``group-<agent uuid>``,
 ``message-<uuid>``). Letta's clients parse answers leniently; every field they require is
 here, the optional ones memsvc has nothing for are left out."""
 
+import re
 import uuid
 
 from django.conf import settings
@@ -25,6 +26,7 @@ from agents_api.services.letta import (
     letta_settings,
 )
 from conversations.models import Message, Role
+from memsvc.api.converters import AnyCaseUuidConverter
 from memsvc.api.errors import NotFound
 from memsvc.api.fields import ListField, TextField, datetime_text
 
@@ -41,12 +43,16 @@ def _time(value) -> str | None:
     return datetime_text(value) if value else None
 
 
+_UUID = AnyCaseUuidConverter.regex
+
+
 def parse_uuid_id(raw: str, prefix: str, what: str) -> uuid.UUID:
-    """``agent-<uuid>`` -> the uuid; anything else names no such object (404)."""
-    try:
-        return uuid.UUID(raw.removeprefix(prefix))
-    except ValueError:
-        raise NotFound(f"{what} not found") from None
+    """``agent-<uuid>`` -> the uuid; anything else names no such object (404): a uuid
+    without its prefix, in braces or as a URN (``uuid.UUID`` takes them all) is no id
+    memsvc gives (review)."""
+    if not (raw.startswith(prefix) and re.fullmatch(_UUID, raw[len(prefix) :])):
+        raise NotFound(f"{what} not found")
+    return uuid.UUID(raw[len(prefix) :])
 
 
 def parse_block_id(raw: str) -> int:

@@ -790,6 +790,12 @@ def test_bad_input_is_422_and_changes_nothing(api, helper):
     assert api.post("/v1/agents/", {"tags": [SDK_TAG]}, as_=helper).status_code == 422
     assert api.post("/v1/agents/", {"name": "a\x00b"}, as_=helper).status_code == 422
     assert api.get("/v1/agents/agent-not-a-uuid", as_=helper).status_code == 404
+    # A uuid in another form than memsvc gives names no agent (uuid.UUID took them all).
+    agent_uuid = create_agent(api, helper)["id"].removeprefix("agent-")
+    other_forms = [f"{{{agent_uuid}}}", f"urn:uuid:{agent_uuid}", agent_uuid.replace("-", "")]
+    for wrong in (agent_uuid, *(f"agent-{form}" for form in other_forms)):
+        assert api.get(f"/v1/agents/{wrong}", as_=helper).status_code == 404, wrong
+    assert api.get(f"/v1/agents/agent-{agent_uuid.upper()}", as_=helper).status_code == 200
     for block_id in ("block-abc", "block-²", "²", "block-\u0661", "block-\uff11"):
         # (Digits int() reads, or str.isdigit() takes, but not ASCII: no block's id.)
         assert api.get(f"/v1/blocks/{block_id}", as_=helper).status_code == 404, block_id
