@@ -15,6 +15,7 @@ from agents_api.letta_api.serializers import letta_settings_checked
 from agents_api.models import (
     AGENT_DESCRIPTION_MAX_CHARS,
     BLOCK_DESCRIPTION_MAX_CHARS,
+    GIVEN_NAME_RULES,
     Agent,
     ApiKey,
     Memory,
@@ -25,7 +26,6 @@ from agents_api.models import (
     UserErasure,
     UserMemorySetting,
 )
-from agents_api.selectors import LOCAL_OWNER
 from agents_api.services import (
     agent_delete,
     api_key_create,
@@ -125,13 +125,19 @@ class AgentForm(forms.ModelForm):
             raise ValidationError(problem)
         return owner
 
+    def clean_name(self):
+        """Named as every API names an agent (``AgentNameField``): one line, no blank at
+        either end, no "/" and not "." or "..", a segment of its routes (the admin took
+        "bot\u2028x" and "a/b" for an agent of a user's, which no API makes: review). A
+        name kept as it was is not checked again."""
+        name = self.cleaned_data["name"]
+        if self.instance._state.adding or "name" in self.changed_data:
+            for rule in (path_segment, *GIVEN_NAME_RULES):
+                rule(name)
+        return name
+
     def clean(self):
         data = super().clean()
-        if data.get("owner_principal") == LOCAL_OWNER and data.get("name"):
-            try:
-                path_segment(data["name"])
-            except ValidationError as exc:
-                self.add_error("name", exc)
         if isinstance(data.get("metadata"), dict):
             try:
                 data["metadata"] = letta_settings_checked(data["metadata"])

@@ -900,17 +900,17 @@ def test_deleting_an_agent_in_the_admin_first_lists_its_own_conversation(operato
     assert Agent.objects.count() == 2  # (asked, not yet confirmed)
 
 
-def test_a_local_agents_name_holds_no_slash_in_the_admin_as_in_the_local_api(operator):
-    """A local agent is reached by its name in a path (``/agents/{name}``): the local API
-    refuses a "/" in it, and so does the admin now. (An agent made or renamed "a/b" here
-    could not be reached at all.) Other agents are reached by id: theirs may hold one."""
+def test_an_agents_name_holds_no_slash_in_the_admin_as_in_the_apis(operator):
+    """An agent is reached by its name in a path (``/agents/{name}``, Letta's lists): every
+    API refuses a "/" in it, and so does the admin, whoever owns it. (An agent made or
+    renamed "a/b" here could not be reached at all; a user's agent took it: review.)"""
     add = reverse("admin:agents_api_agent_add")
     form = {"owner_principal": "local", "name": "a/b", "description": "", "metadata": "{}"}
-    refused = operator.post(add, form)
-    assert refused.status_code == 200
-    assert "must not contain &quot;/&quot; (it names it in URLs)" in refused.content.decode()
+    for owner in ("local", "alice"):
+        refused = operator.post(add, {**form, "owner_principal": owner})
+        assert refused.status_code == 200
+        assert "must not contain &quot;/&quot; (it names it in URLs)" in refused.content.decode()
     assert not Agent.objects.exists()
-    assert operator.post(add, {**form, "owner_principal": "alice"}).status_code == 302
     local, _ = agent_get_or_create(owner_principal="local", name="helper")
     change = reverse("admin:agents_api_agent_change", args=[local.pk])
     assert operator.post(change, {**form, "name": "x/y"}).status_code == 200
@@ -920,7 +920,12 @@ def test_a_local_agents_name_holds_no_slash_in_the_admin_as_in_the_local_api(ope
 
 @pytest.mark.parametrize(
     ("name", "why"),
-    [("\u202ebob", "bidirectional control characters"), ("bob\tsmith", "control characters")],
+    [
+        ("\u202ebob", "bidirectional control characters"),
+        ("bob\tsmith", "control characters"),
+        ("bot\u2028x", "must be one line"),  # (the admin took it: review)
+        ("..", "&quot;..&quot;"),
+    ],
 )
 def test_an_agent_is_named_in_the_admin_as_the_apis_name_one(operator, name, why):
     """The admin took "\u202ebob" (shown as "bob" reversed), which every API refuses: the
