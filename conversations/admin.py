@@ -40,6 +40,7 @@ from memsvc.admin_tools import (
 from memsvc.api.errors import InvalidInput
 from memsvc.api.principals import principal_for_sharing
 from memsvc.db import words_query
+from memsvc.validators import one_line
 
 
 def _admin_link(obj, label=None):
@@ -193,8 +194,19 @@ class ConversationGroupAdmin(LargeTableAdmin):
         )
 
 
+class ConversationForm(forms.ModelForm):
+    def clean_title(self):
+        """A new title is one line, as the APIs take one (``TitleField``; the admin saved
+        "a\u2028b": review); one kept as an import restored it is not checked again."""
+        title = self.cleaned_data["title"]
+        if "title" in self.changed_data:
+            one_line(title)
+        return title
+
+
 @admin.register(Conversation)
 class ConversationAdmin(MetadataChecked, LargeTableAdmin):
+    form = ConversationForm
     list_display = ("__str__", "id", "group_link", "parent_link", "created_at", "updated_at")
     list_select_related = ("group", "forked_at_conversation")
     search_fields = ("title",)

@@ -658,6 +658,20 @@ def test_a_conversation_is_never_moved_in_the_admin(operator, counted):
     assert counted.fork.forked_at_message_id is not None
 
 
+def test_a_conversations_new_title_is_one_line_as_the_apis_take_it(operator, counted):
+    page = reverse("admin:conversations_conversation_change", args=[counted.fork.pk])
+    refused = operator.post(page, {"title": "a\u2028b", "metadata": "{}"})
+    assert refused.status_code == 200 and "must be one line" in refused.content.decode()
+    counted.fork.refresh_from_db()
+    assert counted.fork.title == "Pets (fork)"
+    # One an import kept from before the rule stays, its metadata changed beside it.
+    Conversation.objects.filter(pk=counted.fork.pk).update(title="old\u2028title")
+    kept = operator.post(page, {"title": "old\u2028title", "metadata": '{"k": 1}'})
+    assert kept.status_code == 302, kept.content[:500]
+    counted.fork.refresh_from_db()
+    assert (counted.fork.title, counted.fork.metadata) == ("old\u2028title", {"k": 1})
+
+
 @pytest.mark.parametrize(
     "model",
     [
