@@ -104,16 +104,6 @@ class Tool:
     # one names the argument (a model was told to fix an ``append`` it never sent; review).
     fields: dict[str, str] = field(default_factory=dict)
 
-    def named_as_arguments(self, message: str, details: dict) -> tuple[str, dict]:
-        """A refusal's message and details with the tool's fields named as its arguments."""
-        for name, argument in self.fields.items():
-            if message.startswith(f"{name}:"):
-                message = f"{argument}{message[len(name) :]}"
-                break
-        return message, {
-            self.fields.get(name, name): problems for name, problems in details.items()
-        }
-
     read_only: bool = False
     destructive: bool = False
 
@@ -570,5 +560,5 @@ def call_tool(caller: Caller, name: str, arguments: dict) -> Outcome:
         error = as_api_error(exc)
         if error is None:
             raise
-        message, details = tool.named_as_arguments(error.message, error.details)
-        return Outcome(error_body(message, error.code, details), is_error=True)
+        error = error.named(tool.fields)  # (a refusal of a field names the tool's argument)
+        return Outcome(error_body(error.message, error.code, error.details), is_error=True)

@@ -5,6 +5,7 @@ exceptions (parse errors, authentication failures, throttling) are translated he
 client sees the same shape whatever refused its request.
 """
 
+import copy
 import uuid
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
@@ -32,6 +33,23 @@ class ApiError(Exception):
         self.details = details or {}
         self.headers = headers or {}
         super().__init__(self.message)
+
+    def named(self, names: dict[str, str]) -> "ApiError":
+        """The same refusal with its fields named as the caller named them (``names``: the
+        service's name -> the caller's): a page's ``q`` for the API's ``query``, an MCP
+        tool's argument for the API field it fills (a model was told to fix an ``append`` it
+        never sent; review)."""
+        message = self.message
+        for name, given in names.items():
+            if message.startswith(f"{name}:"):
+                message = f"{given}{message[len(name) :]}"
+                break
+        error = copy.copy(self)
+        error.message, error.args = message, (message,)
+        error.details = {
+            names.get(field, field): problems for field, problems in self.details.items()
+        }
+        return error
 
 
 class InvalidInput(ApiError):

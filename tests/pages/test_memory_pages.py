@@ -269,6 +269,31 @@ def test_a_nul_in_a_block_label_is_refused_and_changes_nothing(alice_page, helpe
     assert block.value == "Likes tea"
 
 
+def test_a_block_edit_without_a_value_is_refused_and_changes_nothing(alice_page, helper):
+    """(It emptied the block, where the API's PUT requires a value: review.)"""
+    block = memory_block_create(
+        helper.as_principal(), agent=helper, user_id="alice", label="human", value="Likes tea"
+    )
+    update = reverse("pages:block_update", args=[helper.id])
+    response = alice_page.post(update, {"label": "human"})
+    assert response.status_code == 400
+    assert "value: This field is required." in response.content.decode()
+    block.refresh_from_db()
+    assert block.value == "Likes tea"
+
+
+def test_a_search_too_long_is_refused_naming_the_search_box(alice_page, helper):
+    """The search box is ``?q=``: its refusal said "query: ...", a field the person never
+    saw (review)."""
+    remember(helper, "alice", "Alice likes tea")
+    for address in ("/app/search/", agent_page(helper)):
+        response = alice_page.get(address, {"q": "tea " * 1000})
+        assert response.status_code == 400, address
+        assert "q: Ensure this field has no more than 2000 characters." in (
+            response.content.decode()
+        ), address
+
+
 def test_an_agent_that_keeps_nothing_about_the_person_is_not_found(alice_page, helper, rival):
     """(Any agent's page showed its name to anyone who had its id.)"""
     remember(rival, "bob", "Bob is allergic to cats")

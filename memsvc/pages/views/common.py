@@ -1,5 +1,6 @@
 """What every page shares: who is asking, and how a refusal of a service looks on a page."""
 
+from contextlib import contextmanager
 from functools import wraps
 from urllib.parse import urlsplit
 
@@ -13,7 +14,7 @@ from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRedirect
 from rest_framework.exceptions import ValidationError
 
-from memsvc.api.errors import ApiError, exception_handler
+from memsvc.api.errors import ApiError, as_api_error, exception_handler
 from memsvc.api.middleware import request_refusal
 from memsvc.api.principals import Principal
 from memsvc.api.ratelimit import auth_check_ended, limit_principal
@@ -110,6 +111,17 @@ def _ours(request, target: str) -> bool:
 def fragment_or_page(request, fragment: str, page_template: str, context: dict):
     """An htmx request gets the fragment it swaps in; a plain one, the whole page."""
     return render(request, fragment if request.htmx else page_template, context)
+
+
+@contextmanager
+def fields_named(**names: str):
+    """A refusal inside names the fields as the page does (``query="q"``: the search box is
+    ``?q=``, and "query: Ensure this field has no more than 2000 characters" named a field
+    the person never saw; review)."""
+    try:
+        yield
+    except (ApiError, ValidationError) as exc:
+        raise as_api_error(exc).named(names) from None
 
 
 def form_fields(request, *names: str, user_ids: tuple[str, ...] = ()) -> dict:

@@ -28,7 +28,15 @@ from memsvc.api.fields import InputSerializer, PrincipalIdField
 from memsvc.api.pagination import encode_cursor
 from memsvc.api.principals import principal_for_sharing
 from memsvc.llm import LLMError, llm_configured
-from memsvc.pages.views.common import PAGE_SIZE, action, back, form_fields, fragment_or_page, page
+from memsvc.pages.views.common import (
+    PAGE_SIZE,
+    action,
+    back,
+    fields_named,
+    form_fields,
+    fragment_or_page,
+    page,
+)
 from memsvc.text import shows_nothing
 from search.selectors import search_messages
 
@@ -64,13 +72,12 @@ def search(request):
     query = request.GET.get("q", "")
     hits = []
     if not shows_nothing(query):
-        hits = search_messages(
-            request.principal,
+        with fields_named(query="q"):
             # As many hits as the API gives at most.
-            **s.SearchMessagesIn.search_arguments(
+            asked = s.SearchMessagesIn.search_arguments(
                 {"query": query, "topK": settings.MEMORY_MAX_SEARCH_LIMIT}
-            ),
-        )
+            )
+        hits = search_messages(request.principal, **asked)
     context = {"query": query, "hits": hits}
     return fragment_or_page(request, "pages/_search_results.html", "pages/search.html", context)
 

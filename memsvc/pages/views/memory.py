@@ -9,7 +9,7 @@ from agents_api import selectors, services
 from agents_api.api import serializers as s
 from memsvc.api.errors import one_or_404
 from memsvc.api.fields import InputSerializer, TextField
-from memsvc.pages.views.common import PAGE_SIZE, action, back, form_fields, page
+from memsvc.pages.views.common import PAGE_SIZE, action, back, fields_named, form_fields, page
 from memsvc.text import shows_nothing
 
 SEARCH_RESULTS = 20
@@ -55,7 +55,8 @@ def agent_memory(request, agent_id):
         "memory_enabled": selectors.memory_enabled_for(user_id),
     }
     if not shows_nothing(query):
-        data = s.UserSearchMemoriesIn.parse({"query": query, "limit": SEARCH_RESULTS})
+        with fields_named(query="q"):
+            data = s.UserSearchMemoriesIn.parse({"query": query, "limit": SEARCH_RESULTS})
         context["hits"] = selectors.memory_search(
             agent,
             user_id=user_id,
@@ -106,7 +107,8 @@ def block_update(request, agent_id):
     agent = _agent(request, agent_id)
     label = BlockIn.parse(form_fields(request, "label"))["label"]
     block = selectors.memory_block(agent, user_id=request.principal.id, label=label)
-    data = s.PutMemoryBlockIn.parse({"value": "", **form_fields(request, "value")})
+    # (No value sent is refused, as by the API's PUT: it emptied the block; review.)
+    data = s.PutMemoryBlockIn.parse(form_fields(request, "value"))
     services.memory_block_update(request.principal, block=block, value=data["value"])
     return redirect("pages:agent_memory", agent.id)
 
