@@ -227,7 +227,10 @@ class TransferIn(InputSerializer):
 class SearchMessagesIn(InputSerializer):
     query = TextField(max_length=2000)
     topK = serializers.IntegerField(
-        required=False, min_value=1, max_value=settings.MEMORY_MAX_SEARCH_LIMIT
+        required=False,
+        min_value=1,
+        max_value=settings.MEMORY_MAX_SEARCH_LIMIT,
+        default=settings.MEMORY_DEFAULT_SEARCH_LIMIT,
     )
     conversationIds = ListField(child=serializers.UUIDField(), required=False, max_length=100)
     before = serializers.UUIDField(required=False, help_text="Only messages before this one.")
@@ -245,7 +248,7 @@ class SearchMessagesIn(InputSerializer):
         data = cls.parse(body)
         return {
             "query": data["query"],
-            "top_k": data.get("topK", settings.MEMORY_DEFAULT_SEARCH_LIMIT),
+            "top_k": data["topK"],
             "mode": data["mode"],
             "conversation_ids": data.get("conversationIds"),
             "before_message_id": data.get("before"),

@@ -142,7 +142,7 @@ def state_enforced_constraints(result, generator, request, public):
     - the refusals any ``/v1`` operation may answer whatever its input: 400 (a NUL in a
       query parameter; on ``/v1/user``, a token whose ``sub`` cannot be a user id), 429 (rate
       limits), 503 (database down), 406 (an ``Accept`` that takes no JSON), and 413 and 415
-      (not JSON) for those with a body. (A 405 is a method its path has no operation for:
+      (not JSON) for those with a body; of these, health answers 400 and 406 only. (A 405 is a method its path has no operation for:
       OpenAPI has no place to say it; the README does.)
     """
     from rest_framework import serializers
@@ -168,10 +168,15 @@ def state_enforced_constraints(result, generator, request, public):
         component.update(getattr(cls, "schema_rules", {}))
 
     for path, operations in result.get("paths", {}).items():
-        if not path.startswith("/v1/") or path == "/v1/health":
+        if not path.startswith("/v1/"):
             continue
         for operation in operations.values():
-            codes = (400, 413, 415, 429, 503) if "requestBody" in operation else (400, 429, 503)
+            if path == "/v1/health":  # (never limited; its 503 is its own body)
+                codes = (400,)
+            elif "requestBody" in operation:
+                codes = (400, 413, 415, 429, 503)
+            else:
+                codes = (400, 429, 503)
             codes += (406,)
             for code, response in errors(*codes).items():
                 operation["responses"].setdefault(
