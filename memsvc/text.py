@@ -52,3 +52,13 @@ def shortened(text: str, limit: int) -> str:
     """``text`` whole when it has at most ``limit`` characters, else cut to ``limit``
     characters, the last of them "…" (a quoted name, a prompt's line, a summary)."""
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+NAMED_MAX_CHARS = 64
+
+
+def named(name: str) -> str:
+    """A name the caller sent (an unknown field's, parameter's or argument's), as a refusal
+    names it: whole up to ``NAMED_MAX_CHARS`` characters, else cut short. A refusal of a
+    megabyte-long name quoted it in the message and again as the key of its details."""
+    return shortened(name, NAMED_MAX_CHARS)

@@ -17,7 +17,7 @@ from mcp.server import Server, ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
 from agents_api.mcp_server.tools import CALLER_SCOPE_KEY, INSTRUCTIONS, TOOLS, Caller, call_tool
-from memsvc.api.fields import named
+from memsvc.text import named
 
 SERVER_NAME = "memsvc"
 

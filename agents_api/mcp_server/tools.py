@@ -35,10 +35,11 @@ from agents_api.models import (
 )
 from conversations.api.serializers import SearchMessagesIn, SearchResultsOut
 from memsvc.api.errors import Conflict, InvalidInput, NotFound, as_api_error, error_body
-from memsvc.api.fields import contains_nul, named
+from memsvc.api.fields import contains_nul
 from memsvc.api.pagination import DEFAULT_LIMIT, MAX_LIMIT, page_data
 from memsvc.api.principals import Principal
 from memsvc.db import like_a_request
+from memsvc.text import named
 from search.selectors import search_messages
 
 logger = logging.getLogger(__name__)

@@ -16,6 +16,8 @@ from django.views.decorators.csrf import csrf_exempt
 from rest_framework import exceptions as drf
 from rest_framework.response import Response
 
+from memsvc.text import named
+
 
 class ApiError(Exception):
     status_code = 400
@@ -256,6 +258,33 @@ def render_api_error(request, error: ApiError) -> HttpResponse | None:
 
 @csrf_exempt  # an API route: no cookies, so no CSRF; and a 404 must not become a 403
 def not_found_view(request, *args, instead: str = "", **kwargs):
-    """404 in the API's shape; ``instead``: the route meant, most likely."""
-    said = f"no such route (the endpoint is {instead})" if instead else "no such route"
+    """404 in the API's shape; ``instead``: the route meant, most likely. A route whose id
+    is no UUID is named as such: "no such route" sent its client looking for a wrong URL
+    (``/v1/agent/memories/notauuid``; review)."""
+    if instead:
+        said = f"no such route (the endpoint is {instead})"
+    elif (malformed := _malformed_id(request.path_info)) is not None:
+        said = f"not found: {named(malformed)!r} is no id (an id is a UUID)"
+    else:
+        said = "no such route"
     return JsonResponse(error_body(said, NotFound.code), status=404)
+
+
+_SOME_ID = str(uuid.UUID(int=0))
+
+
+def _malformed_id(path: str) -> str | None:
+    """The segment of ``path`` (``/v1/...``) after ``/v1`` that, were it a UUID, would make
+    it a route of ``/v1``; None if none."""
+    parts = path.split("/")
+    for index, part in enumerate(parts[2:], start=2):
+        if not part or part == _SOME_ID:
+            continue
+        candidate = "/".join([*parts[:index], _SOME_ID, *parts[index + 1 :]])
+        try:
+            match = resolve(candidate)
+        except Resolver404:
+            continue
+        if match.func is not not_found_view:
+            return part
+    return None

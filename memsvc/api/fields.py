@@ -16,7 +16,7 @@ from rest_framework import serializers
 
 from memsvc.api.errors import InvalidInput
 from memsvc.api.principals import PRINCIPAL_MAX_LENGTH, user_id_problem
-from memsvc.text import shortened, shows_nothing
+from memsvc.text import named, shows_nothing
 from memsvc.validators import (
     no_control_characters,
     no_nul_characters,
@@ -208,16 +208,6 @@ class MetadataField(JSONObjectField):
     def __init__(self, **kwargs):
         kwargs.setdefault("max_bytes", METADATA_MAX_BYTES)
         super().__init__(**kwargs)
-
-
-NAMED_MAX_CHARS = 64
-
-
-def named(name: str) -> str:
-    """A name the caller sent (an unknown field's, parameter's or argument's), as a refusal
-    names it: whole up to ``NAMED_MAX_CHARS`` characters, else cut short. A refusal of a
-    megabyte-long name quoted it in the message and again as the key of its details."""
-    return shortened(name, NAMED_MAX_CHARS)
 
 
 class ChoiceField(serializers.ChoiceField):

@@ -53,6 +53,22 @@ def test_unknown_v1_routes_answer_in_the_error_shape(client):
         assert response.json() == {"error": "no such route", "code": "not_found", "details": {}}
 
 
+def test_a_route_whose_id_is_no_uuid_says_so(client):
+    """It said "no such route": its client went looking for a wrong URL (review)."""
+    for path, segment in [
+        ("/v1/agent/memories/notauuid", "notauuid"),
+        ("/v1/user/conversations/12/messages", "12"),
+        ("/v1/agent/memories/" + "x" * 100, "x" * 63 + "…"),
+    ]:
+        response = client.get(path)
+        assert response.status_code == 404
+        assert response.json() == {
+            "error": f"not found: {segment!r} is no id (an id is a UUID)",
+            "code": "not_found",
+            "details": {},
+        }
+
+
 def test_health_needs_no_credentials_but_refuses_writes(client):
     response = client.post("/v1/health")
     assert response.status_code == 405
