@@ -1120,3 +1120,13 @@ def test_a_login_is_never_renamed_in_the_admin(operator, django_user_model):
     assert response.status_code in (200, 302)
     alice.refresh_from_db()
     assert alice.username == "alice"
+
+
+def test_deleting_a_login_says_that_what_is_kept_under_its_name_stays(operator, django_user_model):
+    """A login made later with the name reaches what was kept for it: an operator who
+    deleted one and made another of the name gave the new person the old one's
+    conversations, unwarned (review)."""
+    carol = django_user_model.objects.create_user("carol", password="a-long-password")
+    page = operator.get(reverse("admin:auth_user_delete", args=[carol.pk])).content.decode()
+    assert "leaves what is kept for that user id" in page
+    assert "POST /v1/user/erase" in page
