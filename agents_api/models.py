@@ -96,6 +96,9 @@ class MemoryBlock(models.Model):
     """
 
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="memory_blocks")
+    # The id the local API shows (the seed's "uuid"): the key counted every block of the
+    # server up, and a seed client that reads a uuid there broke (review).
+    public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
     # "" for a block of the agent itself, shared by all of its users.
     user_id = models.CharField(
         max_length=PRINCIPAL_MAX_LENGTH, blank=True, default="", validators=[no_nul_characters]

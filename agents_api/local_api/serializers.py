@@ -62,7 +62,7 @@ def message_out(message: Message, agent: Agent, *, similarity: float | None = No
 
 def block_out(block: MemoryBlock) -> dict:
     return {
-        "id": str(block.pk),
+        "id": str(block.public_id),
         "agent_id": str(block.agent_id),
         "label": block.label,
         "value": block.value,

@@ -4,6 +4,7 @@ platform's storage."""
 import json
 import threading
 import time
+import uuid
 from urllib.parse import urlencode
 
 import pytest
@@ -343,6 +344,8 @@ def test_memory_blocks(local):
     assert created.status_code == 200
     block = created.json()
     assert set(block) == {"id", "agent_id", "label", "value", "created_at", "updated_at"}
+    # A uuid, as the seed gives one (the table's counter showed how many blocks there were).
+    assert str(uuid.UUID(block["id"])) == block["id"]
 
     duplicate = local.post(
         "/memory-blocks", {"agent_name": "my_agent", "label": "human", "value": "again"}
@@ -357,6 +360,7 @@ def test_memory_blocks(local):
     # The platform's blocks: the agent API and the admin see the same row, with revisions.
     stored = MemoryBlock.objects.get(agent__name="my_agent", label="human")
     assert stored.revisions.count() == 2
+    assert local.get("/memory-blocks/my_agent/human").json()["id"] == block["id"]
 
     assert local.get("/memory-blocks/my_agent/persona").status_code == 404
     assert local.put("/memory-blocks/my_agent/persona", {"value": "x"}).status_code == 404
