@@ -79,6 +79,8 @@ MAX_STORE_JSON_BYTES = 32 * 1024 * 1024
 # A store holds at most this many records, and a tool's name this many characters (the
 # server's limits: a step of 101 parallel calls, or one name of 250, was refused whole).
 MAX_RECORDS_PER_STORE = 100
+# The most interactions kept while memsvc cannot store them (an outage's oldest go first).
+MAX_PENDING_INTERACTIONS = 1000
 MAX_TOOL_NAME_CHARS = 200
 _RAW_BYTES = json_bytes({"_raw": ""}) - 2  # (the text's own quotes are its JSON's)
 
@@ -267,6 +269,10 @@ class TaskState:
     anchor: str | None = None
     step: int = 0
     trace_ids: dict[tuple, str] = field(default_factory=dict)  # an interaction's key -> its record
+    # The interactions seen and not stored yet (memsvc failed or was down at their step),
+    # each with its step, in the order seen: stored with the next step memsvc answers (they
+    # were lost, and a later step retrieved nothing of them; review)
+    pending: dict[tuple, tuple[ToolInteraction, int]] = field(default_factory=dict)
     # The store of these interactions (keys) whose answer has not come (yet): sent again as it is
     unanswered: tuple[tuple[tuple, ...], ServerRequest] | None = None
 
@@ -312,20 +318,56 @@ class MemoryBank:
         self.task.anchor = text
         self.task.step += 1
 
+    def _keep(self, messages: list) -> list[tuple[tuple, ToolInteraction]]:
+        """The last step's interactions (``_keyed``); those not stored yet kept to store."""
+        keyed = _keyed(messages, tool_interactions(messages))
+        pending = self.task.pending
+        for key, interaction in keyed:
+            if key not in self.task.trace_ids and key not in pending:
+                pending[key] = (interaction, self.task.step)
+        while len(pending) > MAX_PENDING_INTERACTIONS:  # (a long outage: the oldest go)
+            del pending[next(iter(pending))]
+        return keyed
+
+    def note(self, messages: list) -> None:
+        """A step memsvc is not asked about (it is taken for down): counted, and its
+        interactions kept, to be stored with the next step it answers."""
+        self._begin(list(messages))
+        if last_tool_call_index(messages) is not None:
+            self._keep(messages)
+
+    def _batches(self) -> list[list[tuple[tuple, tuple[ToolInteraction, int]]]]:
+        """The pending interactions as stores: first the one whose answer did not come,
+        as it was (memsvc may have stored it), then the rest, ``MAX_RECORDS_PER_STORE`` a
+        store."""
+        pending = self.task.pending
+        batches, rest = [], list(pending.items())
+        if self.task.unanswered is not None:
+            keys = self.task.unanswered[0]
+            if all(key in pending for key in keys):
+                batches.append([(key, pending[key]) for key in keys])
+                rest = [(key, kept) for key, kept in rest if key not in set(keys)]
+            else:
+                self.task.unanswered = None
+        batches += [
+            rest[start : start + MAX_RECORDS_PER_STORE]
+            for start in range(0, len(rest), MAX_RECORDS_PER_STORE)
+        ]
+        return batches
+
     def _step(self, messages: list) -> Generator[ServerRequest, object, list]:
         """One step, free of I/O: yields the requests to memsvc and returns the messages to
         send the model."""
         self._begin(messages)
         if last_tool_call_index(messages) is None:
             return messages  # the first step: nothing to store or retrieve yet
-        keyed = _keyed(messages, tool_interactions(messages))
-        new = [(key, i) for key, i in keyed if key not in self.task.trace_ids]
-        for start in range(0, len(new), MAX_RECORDS_PER_STORE):
-            batch = new[start : start + MAX_RECORDS_PER_STORE]
+        keyed = self._keep(messages)
+        for batch in self._batches():
             stored = yield self._store(batch)
             self.task.unanswered = None
             for (key, _), record in zip(batch, stored, strict=True):
                 self.task.trace_ids[key] = record["trace_id"]
+                del self.task.pending[key]
         # The last interaction is sent whole after the records: the records retrieved are
         # the most relevant of the earlier ones, not copies of it.
         # (memsvc leaves them out: asked for 20 and filtering here, a step of 20 parallel
@@ -354,15 +396,15 @@ class MemoryBank:
             )
         return result
 
-    def _store(self, new: list[tuple[tuple, ToolInteraction]]) -> ServerRequest:
-        """The request that stores the ``new`` interactions (``_keyed``), with a key of its
-        own; the one sent before for them, unchanged (its step, its key), when its answer
-        did not come: memsvc may have stored them, and then answers the retry with those
-        records."""
+    def _store(self, new: list[tuple[tuple, tuple[ToolInteraction, int]]]) -> ServerRequest:
+        """The request that stores the ``new`` interactions (``_keyed``, each with its
+        step), with a key of its own; the one sent before for them, unchanged (its key),
+        when its answer did not come: memsvc may have stored them, and then answers the
+        retry with those records."""
         keys = tuple(key for key, _ in new)
         if self.task.unanswered is not None and self.task.unanswered[0] == keys:
             return self.task.unanswered[1]
-        new = [interaction for _, interaction in new]
+        new = [kept for _, kept in new]
         each = min(MAX_TOOL_JSON_BYTES, MAX_STORE_JSON_BYTES // (2 * len(new)))
         request = ServerRequest(
             "POST",
@@ -373,12 +415,12 @@ class MemoryBank:
                 # (A NUL in a tool's output, which memsvc refuses, lost the step: review.)
                 "records": [
                     {
-                        "step": self.task.step,
+                        "step": step,
                         "tool_name": _tool_name(readable_json(i.tool_name)[:MAX_TOOL_NAME_CHARS]),
                         "input": kept_whole_or_cut(readable_json(i.raw_input), each),
                         "output": kept_whole_or_cut(readable_json(i.raw_output), each),
                     }
-                    for i in new
+                    for i, step in new
                 ],
             },
             idempotency_key=f"memory-bank:{uuid.uuid4().hex}",
@@ -440,6 +482,7 @@ class MemoryBankStrategy:
         if not self._is_chat(call):
             return self.recall.prepare(call, context)
         if sender.is_down(self.session.url):  # (hung: one call waited and warned; review)
+            self.bank.note(call.body["messages"])
             return call.body
         deadline = self.session.deadline(call)  # the caller's timeout bounds these requests
         sent_at = time.monotonic()
@@ -461,6 +504,7 @@ class MemoryBankStrategy:
         if not self._is_chat(call):
             return self.recall.prepare(call, context)
         if sender.is_down(self.session.url):
+            self.bank.note(call.body["messages"])
             return call.body
         deadline = self.session.deadline(call)
         sent_at = time.monotonic()

@@ -15,6 +15,7 @@ from agents_api.api.serializers import TASK_ID_MAX_LENGTH
 from agents_api.models import ToolRecord
 from bench.tool_task import FINAL_ANSWER, first_messages, run_agent, script, tool_output
 from memsvc.client import learning
+from memsvc.client.sender import sender
 from memsvc.client.session import _KeptClient
 from memsvc.memory_bank import (
     CONTEXT_HEADING,
@@ -489,6 +490,34 @@ def test_with_memsvc_gone_the_call_gets_the_whole_history(live_server, llm, capl
         history = run_agent(client, model="gpt-test")
     assert sent(llm)[-1] == history[:-1]  # unchanged: the whole history
     assert "going on without memory" in caplog.text
+
+
+def test_a_step_while_memsvc_is_down_is_stored_with_the_next_step_it_answers(live_server, llm):
+    """A step's records were lost when memsvc was taken for down at it (the call went out
+    whole, nothing kept): the next step memsvc answers stores them, under their own step,
+    and retrieves them (review)."""
+    client = openai.OpenAI(base_url=llm.base_url, api_key="test")
+    history = one_tool_step()
+    later = ToolCall("search_hotels", {"city": "Lisbon"})
+    with learning(agent=AGENT, server_url=live_server.url, strategy="memory_bank", task_id="o"):
+        sender.mark_down(live_server.url, unanswered=True, sent_at=time.monotonic())
+        llm.then("Noted.")
+        client.chat.completions.create(model="gpt-test", messages=history)
+        assert sent(llm)[-1] == history and not ToolRecord.objects.exists()
+        sender.mark_answered(live_server.url)  # back
+        history += [
+            {"role": "assistant", "content": None, "tool_calls": [later.as_json()]},
+            {"role": "tool", "tool_call_id": later.id, "content": '{"hotels": 2}'},
+        ]
+        llm.then("Done.")
+        client.chat.completions.create(model="gpt-test", messages=history)
+    records = ToolRecord.objects.filter(task_id="o").order_by("step")
+    assert [(r.step, r.tool_name) for r in records] == [
+        (1, "search_flights"),
+        (2, "search_hotels"),
+    ]
+    retrieved = sent(llm)[-1][1]["content"]
+    assert retrieved.startswith(CONTEXT_HEADING) and '{"flights": 3}' in retrieved
 
 
 def test_records_whose_answer_was_lost_are_sent_again_and_stored_once(live_server, llm, caplog):
