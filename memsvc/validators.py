@@ -15,6 +15,21 @@ def no_nul_characters(value: str) -> None:
         raise ValidationError("must not contain NUL characters", code="nul_character")
 
 
+LONE_SURROGATE_PROBLEM = "must not contain lone surrogate characters"
+
+
+def has_lone_surrogates(value: str) -> bool:
+    """Whether ``value`` holds a lone surrogate, which has no UTF-8 (nor a place in
+    PostgreSQL's text)."""
+    if value.isascii():
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
 def has_control_characters(value: str) -> bool:
     """Whether ``value`` holds a control character (a tab, a newline, an escape: category
     Cc), which nothing shown on one line (a name, a title) has."""

@@ -12,6 +12,8 @@ import sys
 from rest_framework import parsers
 from rest_framework.exceptions import ParseError, ValidationError
 
+from memsvc.validators import LONE_SURROGATE_PROBLEM, has_lone_surrogates
+
 # Far deeper than any real metadata, far below the recursion limit (1000) of the code that
 # walks a value (the decoder, the serializers, the JSON renderer).
 MAX_JSON_DEPTH = 64
@@ -37,11 +39,8 @@ def json_problem(value, max_depth: int = MAX_JSON_DEPTH) -> tuple[tuple, str] | 
         if depth > max_depth:
             return path, too_deep(max_depth)
         if isinstance(item, str):
-            if not item.isascii():
-                try:
-                    item.encode("utf-8")
-                except UnicodeEncodeError:
-                    return path, "must not contain lone surrogate characters"
+            if has_lone_surrogates(item):
+                return path, LONE_SURROGATE_PROBLEM
         elif isinstance(item, dict):
             for key, sub in item.items():
                 stack.append((key, path, depth + 1))

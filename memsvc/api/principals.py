@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from memsvc.api.errors import InvalidInput, NotFound
 from memsvc.validators import (
     DOT_SEGMENT_PROBLEM,
+    LONE_SURROGATE_PROBLEM,
     as_uuid,
     has_bidi_controls,
     has_blank_ends,
@@ -15,6 +16,7 @@ from memsvc.validators import (
     has_dot_segment,
     has_invisible_characters,
     has_line_separators,
+    has_lone_surrogates,
 )
 
 # Principal ids of agents: ``agent:<uuid>``. Anything else is a user id.
@@ -34,6 +36,8 @@ def user_id_problem(value) -> str | None:
         return "must be a non-empty string"
     if "\x00" in value:
         return "must not contain NUL characters"
+    if has_lone_surrogates(value):  # (a JWT's sub was a 500 where it was counted; review)
+        return LONE_SURROGATE_PROBLEM
     if has_control_characters(value):
         return "must not contain control characters"
     if has_line_separators(value):

@@ -257,6 +257,8 @@ def test_sub_not_a_non_empty_string(api, sub):
         ("x" * 256, "must be at most 255 characters"),
         ("ali\x00ce", "must not contain NUL characters"),
         ("agent:1234", "must name a user, not an agent"),
+        # (A 500 where the rate limit counted it, or where a query named it: review.)
+        ("ali\ud800ce", "must not contain lone surrogate characters"),
     ],
 )
 def test_a_signed_sub_that_cannot_be_a_user_id_is_a_400(api, sub, problem):
