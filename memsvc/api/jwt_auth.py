@@ -6,20 +6,22 @@ as another kind of key (no HS/RS confusion, never ``none``):
 - HS256 signed with ``MEMSVC_JWT_SECRET`` (local mode, tests, simple deployments);
 - RS256/RS384/RS512/ES256/ES384 from an OIDC issuer's key set at ``MEMSVC_JWT_JWKS_URL``
   (cached for an hour, then fetched again: a key the issuer has removed stops being
-  accepted; while the issuer fails, its last key set stays in use), with
+  accepted; while the issuer fails, its last key set stays in use, and a process that has
+  none answers 503), with
   ``MEMSVC_JWT_ISSUER`` and ``MEMSVC_JWT_AUDIENCE`` checked.
 
 Every token needs ``exp`` and ``sub``; the user id is ``sub``.
 """
 
 import functools
+import logging
 import time
 
 import jwt
 from django.conf import settings
 from rest_framework.authentication import BaseAuthentication, get_authorization_header
 
-from memsvc.api.errors import InvalidInput, Unauthorized
+from memsvc.api.errors import InvalidInput, Unauthorized, Unavailable
 from memsvc.api.principals import Principal, user_id_problem
 from memsvc.api.ratelimit import auth_check_ended
 
@@ -27,6 +29,8 @@ SHARED_SECRET_ALGORITHMS = ("HS256",)
 ISSUER_ALGORITHMS = ("RS256", "RS384", "RS512", "ES256", "ES384")
 API_KEY_PREFIX = "msk_"
 
+
+logger = logging.getLogger(__name__)
 
 KEY_SET_RETRY_SECONDS = 30
 
@@ -49,13 +53,19 @@ class IssuerKeySet(jwt.PyJWKClient):
             try:
                 self._last_key_set = super().get_jwk_set(refresh)
                 self._failed_at = None
-            except (jwt.PyJWTError, ValueError):
+            except (jwt.PyJWTError, ValueError) as exc:
                 self._failed_at = time.monotonic()
-                if self._last_key_set is None:
-                    raise
+                logger.warning("the issuer's key set at %s could not be read: %s", self.uri, exc)
         if self._last_key_set is None:
-            raise jwt.PyJWKClientConnectionError("the issuer's key set could not be fetched")
+            raise KeySetUnavailable
         return self._last_key_set
+
+
+class KeySetUnavailable(Exception):
+    """No key set of the issuer's to check a token with: it has not answered one this
+    process could read. The service's outage, not the caller's bad token: a 401 was counted
+    as the address's failed authentication, every user behind one address was locked out,
+    and the answer showed the fetch's network error (review)."""
 
 
 @functools.cache
@@ -102,9 +112,10 @@ def decode_user_token(token: str) -> dict:
         )
     except jwt.ExpiredSignatureError:
         raise Unauthorized("token expired") from None
+    except KeySetUnavailable:
+        raise Unavailable("the token issuer's key set cannot be read; try again shortly") from None
     except (jwt.PyJWTError, ValueError) as exc:
-        # Every way a token or the issuer's key set can be wrong (ValueError: a key set that
-        # is not JSON) is the caller's 401, never a 500.
+        # Every way a token can be wrong is the caller's 401, never a 500.
         raise Unauthorized(f"invalid token: {exc}") from None
     sub = claims["sub"]
     if not isinstance(sub, str) or not sub:
