@@ -28,6 +28,7 @@ from memsvc.api.ratelimit import auth_check_ended
 SHARED_SECRET_ALGORITHMS = ("HS256",)
 ISSUER_ALGORITHMS = ("RS256", "RS384", "RS512", "ES256", "ES384")
 API_KEY_PREFIX = "msk_"
+API_KEY_REFUSED = "an API key is not accepted here: the user API needs a user token"
 
 
 logger = logging.getLogger(__name__)
@@ -135,6 +136,8 @@ class JWTAuthentication(BaseAuthentication):
     def authenticate(self, request):
         parts = get_authorization_header(request).split()
         if not parts:
+            if request.headers.get("X-API-Key"):  # (said "no credentials": review)
+                raise Unauthorized(API_KEY_REFUSED)
             return None  # the permission check answers 401
         if parts[0].lower() != b"bearer" or len(parts) != 2:
             raise Unauthorized("expected 'Authorization: Bearer <token>'")
@@ -143,7 +146,7 @@ class JWTAuthentication(BaseAuthentication):
         except UnicodeDecodeError:
             raise Unauthorized("invalid token") from None
         if token.startswith(API_KEY_PREFIX):
-            raise Unauthorized("an API key is not accepted here: the user API needs a user token")
+            raise Unauthorized(API_KEY_REFUSED)
         principal = Principal.user(decode_user_token(token)["sub"])
         request._request.principal = principal
         auth_check_ended(request)

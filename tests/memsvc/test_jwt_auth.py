@@ -215,6 +215,9 @@ def test_non_ascii_token(api):
 
 def test_api_key_is_refused_with_a_hint(api):
     assert_unauthorized(api.get(PATH, as_=bearer("msk_abc_def")), "user token")
+    # Sent as the agent API takes it too (it said "credentials were not provided": review).
+    as_agent = {"HTTP_X_API_KEY": "msk_abc_def"}
+    assert_unauthorized(api.get(PATH, as_=as_agent), "the user API needs a user token")
 
 
 # --- HS256 with the shared secret ------------------------------------------------------------
