@@ -48,6 +48,7 @@ from conversations.selectors import conversation_messages
 from memsvc.api.errors import ApiError, InvalidInput, NotFound
 from memsvc.api.idempotency import idempotency_key, marked_replayed, request_fingerprint
 from memsvc.api.pagination import parse_limit
+from memsvc.api.ratelimit import client_address
 from memsvc.db import beside
 from memsvc.text import shows_nothing
 from search.selectors import embed_query_ahead, search_messages
@@ -68,7 +69,9 @@ def _trusted_loopback(request) -> bool:
     if "HTTP_ORIGIN" in meta or meta.get("HTTP_SEC_FETCH_SITE", "none") != "none":
         return False
     try:
-        address = ipaddress.ip_address(meta.get("REMOTE_ADDR", ""))
+        # The client's, past the proxies of MEMSVC_TRUSTED_PROXIES: a proxy on this machine
+        # forwarding another's request made that one trusted (review).
+        address = ipaddress.ip_address(client_address(request))
     except ValueError:
         return False
     return (getattr(address, "ipv4_mapped", None) or address).is_loopback

@@ -802,6 +802,22 @@ def test_an_ipv4_client_of_an_ipv6_server_is_loopback(local):
     assert local.get("/agents/my_agent", REMOTE_ADDR="::ffff:192.0.2.1").status_code == 401
 
 
+def test_a_proxy_on_this_machine_forwarding_another_gets_no_loopback_trust(local, settings):
+    """The proxy is named (``MEMSVC_TRUSTED_PROXIES``), so the client is the one it
+    forwards: a remote one made and used agents without a key (review). The proxy's own
+    request, or one it forwards from this machine, is trusted as before."""
+    make(local)
+    settings.MEMSVC_TRUSTED_PROXIES = ["127.0.0.50"]
+    proxy = {"REMOTE_ADDR": "127.0.0.50"}
+    remote = {**proxy, "HTTP_X_FORWARDED_FOR": "203.0.113.9"}
+    assert local.get("/agents/my_agent", **remote).status_code == 401
+    assert local.post("/agents", {"name": "remote-made"}, **remote).status_code == 401
+    assert not Agent.objects.filter(name="remote-made").exists()
+    assert local.get("/agents/my_agent", **proxy).status_code == 200
+    here = {**proxy, "HTTP_X_FORWARDED_FOR": "127.0.0.1"}
+    assert local.get("/agents/my_agent", **here).status_code == 200
+
+
 def test_a_read_key_cannot_write_through_the_local_api(local):
     """The key's scopes hold here as on /v1, from loopback too (a key is the credential
     whenever one is presented)."""
