@@ -172,6 +172,22 @@ def _with_summary_fields(
     )
 
 
+def show_parents(messages) -> None:
+    """Set each message's ``parent_shown``: its parent when users see that message, else
+    None (the id of an agent-only turn that a reply named was shown to users as its
+    ``parentMessageId``, a message none of their lists holds: review). One query."""
+    parents = {message.parent_message_id for message in messages if message.parent_message_id}
+    seen = set(
+        Message.objects.filter(SEEN_BY_USERS, id__in=parents).values_list("id", flat=True)
+        if parents
+        else ()
+    )
+    for message in messages:
+        message.parent_shown = (
+            message.parent_message_id if message.parent_message_id in seen else None
+        )
+
+
 def show_fork_points(conversations) -> None:
     """Set each fork's ``fork_point_shown``: its fork point when users see that message,
     else the last message before it that they see in its view (None when there is none).

@@ -24,6 +24,14 @@ from search.selectors import HEADLINE_CHARS, MODES
 # --- out -------------------------------------------------------------------------------------
 
 
+class ParentMessageField(serializers.UUIDField):
+    """A message's parent: as users see it where ``selectors.show_parents`` ran (null for a
+    message they do not see), else whichever it is (agents see every message)."""
+
+    def get_attribute(self, instance):
+        return getattr(instance, "parent_shown", instance.parent_message_id)
+
+
 class MessageOut(serializers.Serializer):
     id = serializers.UUIDField()
     conversationId = serializers.UUIDField(source="conversation_id")
@@ -33,7 +41,7 @@ class MessageOut(serializers.Serializer):
     authorName = serializers.CharField(source="author_name")
     content = serializers.CharField()
     metadata = serializers.DictField()
-    parentMessageId = serializers.UUIDField(source="parent_message_id", allow_null=True)
+    parentMessageId = ParentMessageField(allow_null=True)
     createdAt = serializers.DateTimeField(source="created_at")
 
     class Meta:

@@ -97,6 +97,7 @@ class MessagesView(UserApiView):
             request.principal, conversation_id, summary=False
         )
         page = selectors.message_page(conversation, **page_params(request))
+        selectors.show_parents(page.rows)
         return Response(page_data(page, s.MessageOut))
 
     @user_operation(
@@ -110,6 +111,7 @@ class MessagesView(UserApiView):
         )
         data = s.CreateUserMessageIn.parse(request.data)
         message = services.message_append(request.principal, conversation=conversation, **data)
+        selectors.show_parents([message])
         return Response(s.MessageOut(message).data, status=201)
 
 
@@ -233,6 +235,7 @@ class SearchView(UserApiView):
         hits = search_messages(
             request.principal, **s.SearchMessagesIn.search_arguments(request.data)
         )
+        selectors.show_parents([hit.message for hit in hits])
         return Response(s.SearchResultsOut({"data": hits}).data)
 
 

@@ -8,7 +8,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from conversations.models import Conversation, Membership, Message
+from conversations.models import Conversation, Membership, Message, Role, Visibility
 from memsvc.api.pagination import encode_cursor
 from tests.factories import AgentFactory, ConversationFactory, MembershipFactory, MessageFactory
 
@@ -460,3 +460,28 @@ def test_a_body_that_is_not_json_is_400(api, alice, client):
     )
     assert response.status_code == 400
     assert response.json()["code"] == "validation_error"
+
+
+def test_users_are_not_shown_the_id_of_a_parent_they_do_not_see(api, alice):
+    """A reply whose parent is an agent-only turn showed that turn's id as its
+    ``parentMessageId`` to users, a message none of their lists holds (review): null, as a
+    fork point they do not see is not shown either. A parent they see is shown."""
+    conversation = ConversationFactory(group__owner="alice")
+    asked = MessageFactory(conversation=conversation, content="Which hotel?")
+    hidden = MessageFactory(
+        conversation=conversation, role=Role.AGENT, visibility=Visibility.AGENT, content="note"
+    )
+    MessageFactory(
+        conversation=conversation, role=Role.AGENT, content="The Grand", parent_message=hidden
+    )
+    MessageFactory(conversation=conversation, content="Thanks", parent_message=asked)
+    path = f"/v1/user/conversations/{conversation.id}/messages"
+    listed = api.get(path, as_=alice).json()["data"]
+    parents = {message["content"]: message["parentMessageId"] for message in listed}
+    assert parents == {"Which hotel?": None, "The Grand": None, "Thanks": str(asked.id)}
+    found = api.post(
+        "/v1/user/search/messages", {"query": "Grand", "mode": "keyword"}, as_=alice
+    ).json()["data"]
+    assert [(hit["message"]["content"], hit["message"]["parentMessageId"]) for hit in found] == [
+        ("The Grand", None)
+    ]
