@@ -172,6 +172,16 @@ def _with_summary_fields(
     )
 
 
+def deletes_branches(conversation: Conversation) -> bool:
+    """Whether deleting ``conversation`` deletes forks too (``services.conversation_delete``):
+    a root's, any fork (the group goes); another's, a fork made at one of its own messages
+    (those made at its parent's stay)."""
+    forks = Conversation.objects.filter(forked_at_conversation=conversation)
+    if conversation.forked_at_conversation_id is not None:
+        forks = forks.filter(forked_at_message__conversation=conversation)
+    return forks.exists()
+
+
 def show_parents(messages) -> None:
     """Set each message's ``parent_shown``: its parent when users see that message, else
     None (the id of an agent-only turn that a reply named was shown to users as its

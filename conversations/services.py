@@ -109,7 +109,9 @@ SELECT id FROM subtree
 def conversation_delete(
     actor: Principal, *, conversation: Conversation, need: AccessLevel | None = AccessLevel.OWNER
 ) -> None:
-    """Delete the conversation and every fork below it; the root takes its group along.
+    """Delete the conversation and every fork below it that shares its messages (made at one
+    of its own, or below such a fork); the others stay (``_branches_kept``). The root takes
+    its group along.
 
     ``need``: the level the actor must still have once the group is locked (the view checked
     it before, and an ownership transfer may have been accepted since: the old owner, a
@@ -121,16 +123,44 @@ def conversation_delete(
     if conversation.forked_at_conversation_id is None:
         conversation_groups_delete(actor, group_ids=[conversation.group_id])
     else:
-        with connection.cursor() as cursor:
-            cursor.execute(_SUBTREE_SQL, [conversation.pk])
-            subtree = [conversation_id for (conversation_id,) in cursor.fetchall()]
+        subtree = _subtree(conversation)
         _lock_conversations(Conversation.objects.filter(pk__in=subtree))
+        if _branches_kept(conversation, subtree):
+            subtree = _subtree(conversation)
         _messages_delete(Message.objects.filter(conversation_id__in=subtree))
         # Transfers are of the group, which stays: those made from the subtree name its parent.
         OwnershipTransfer.objects.filter(conversation_id__in=subtree).update(
             conversation_id=conversation.forked_at_conversation_id
         )
         Conversation.objects.filter(pk=conversation.pk).delete()
+
+
+def _subtree(conversation: Conversation) -> list:
+    """The ids of ``conversation`` and of every fork below it."""
+    with connection.cursor() as cursor:
+        cursor.execute(_SUBTREE_SQL, [conversation.pk])
+        return [conversation_id for (conversation_id,) in cursor.fetchall()]
+
+
+def _branches_kept(conversation: Conversation, subtree: list) -> bool:
+    """The forks below ``conversation`` that share none of the messages going with it (made
+    at a message of an ancestor of it, seen through it, or before any message) stay: moved
+    to the conversation their fork point is in (one made before any message, to the deleted
+    one's parent), they read what they read. Deleting a fork took along every fork made
+    from it, other members' branches holding none of its messages (review). Whether any
+    moved."""
+    kept = (
+        Conversation.objects.filter(pk__in=subtree)
+        .exclude(pk=conversation.pk)
+        .exclude(forked_at_message__conversation_id__in=subtree)
+        .values_list("pk", "forked_at_message__conversation_id")
+    )
+    moved = False
+    for fork_id, point_in in kept:
+        parent = point_in or conversation.forked_at_conversation_id
+        Conversation.objects.filter(pk=fork_id).update(forked_at_conversation=parent)
+        moved = True
+    return moved
 
 
 @transaction.atomic
@@ -522,8 +552,9 @@ def conversation_fork(
 ) -> Conversation:
     """Fork ``conversation`` at ``message`` (a user's HISTORY message of its view).
 
-    The fork shares everything before ``message`` and nothing is copied: the new row records
-    its parent and the last HISTORY message before ``message``. A constant number of queries,
+    The fork shares the view up to the last HISTORY message before ``message`` (DESIGN,
+    "Forks": a summary or a memory note written after that message is not shared) and
+    nothing is copied: the new row records its parent and that message. A constant number of queries,
     whatever the length of the conversation.
     """
     if message.channel != Channel.HISTORY or message.role != Role.USER:

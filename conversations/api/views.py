@@ -77,7 +77,14 @@ class ConversationView(UserApiView):
         conversation = selectors.access_conversation(request.principal, conversation_id)
         return Response(s.ConversationOut(conversation).data)
 
-    @user_operation("deleteConversation", responses={204: None, **errors(401, 403, 404)})
+    @user_operation(
+        "deleteConversation",
+        description="The conversation (its owner only), with the forks made at its own "
+        "messages and those made from them; a fork made from it at an earlier message of "
+        "its parent stays, moved to that parent. The first conversation of a group takes "
+        "the whole group.",
+        responses={204: None, **errors(401, 403, 404)},
+    )
     def delete(self, request, conversation_id):
         conversation = selectors.access_conversation(
             request.principal, conversation_id, need=AccessLevel.OWNER

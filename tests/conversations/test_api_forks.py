@@ -285,6 +285,48 @@ def test_forking_costs_the_same_queries_for_10000_messages_as_for_one(api, alice
     assert Message.objects.count() == 10_002
 
 
+def test_deleting_a_fork_keeps_the_branches_below_it_that_hold_none_of_its_messages(
+    api, alice, bob, root
+):
+    """Deleting a fork took along every fork made from it: bob's branch, made at a message
+    of the root he saw through it, holding none of its messages, went with it, unasked
+    (review). Such a branch stays, moved to the root, and reads what it read; one made at
+    the fork's own message goes with it, and so does what was made from that one."""
+    api.post(
+        f"/v1/user/conversations/{root['id']}/memberships",
+        {"userId": "bob", "accessLevel": "writer"},
+        as_=alice,
+    )
+    branch = fork(api, alice, root["id"], message_id(api, alice, root["id"], "a3")).json()
+    say(api, alice, branch["id"], "b3")
+    say(api, alice, branch["id"], "b4")
+    bobs = fork(
+        api,
+        bob,
+        branch["id"],
+        message_id(api, bob, branch["id"], "a2"),
+        newMessage={"content": "x"},
+    ).json()
+    say(api, bob, bobs["id"], "x2")
+    early = fork(api, alice, branch["id"], message_id(api, alice, branch["id"], "a1")).json()
+    on_the_fork = fork(api, alice, branch["id"], message_id(api, alice, branch["id"], "b4"))
+    below = fork(
+        api, alice, on_the_fork.json()["id"], message_id(api, alice, root["id"], "a2")
+    ).json()
+    before = {c: contents(api, bob, c) for c in (bobs["id"], early["id"], below["id"])}
+
+    assert api.delete(f"/v1/user/conversations/{branch['id']}", as_=alice).status_code == 204
+
+    assert not Conversation.objects.filter(id=on_the_fork.json()["id"]).exists()
+    for kept in (bobs, early, below):
+        assert contents(api, bob, kept["id"]) == before[kept["id"]]
+        assert Conversation.objects.get(id=kept["id"]).forked_at_conversation_id == uuid.UUID(
+            root["id"]
+        )
+    assert before[bobs["id"]] == ["a1", "x", "x2"]
+    assert contents(api, alice, root["id"]) == ["a1", "a2", "a3", "a4"]
+
+
 def test_users_never_see_agent_only_memory_or_summary_messages(api, alice):
     conversation = ConversationFactory(group__owner="alice")
     MessageFactory(conversation=conversation, content="visible")
@@ -305,7 +347,9 @@ def test_users_never_see_agent_only_memory_or_summary_messages(api, alice):
 
 def test_deleting_a_fork_keeps_its_parent_and_deleting_the_root_removes_the_group(api, alice, root):
     branch = fork(api, alice, root["id"], message_id(api, alice, root["id"], "a3")).json()
-    twig = fork(api, alice, branch["id"], message_id(api, alice, branch["id"], "a2")).json()
+    say(api, alice, branch["id"], "b3")
+    say(api, alice, branch["id"], "b4")
+    twig = fork(api, alice, branch["id"], message_id(api, alice, branch["id"], "b4")).json()
 
     assert api.delete(f"/v1/user/conversations/{branch['id']}", as_=alice).status_code == 204
     assert not Conversation.objects.filter(id__in=[branch["id"], twig["id"]]).exists()

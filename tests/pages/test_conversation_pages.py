@@ -568,26 +568,37 @@ def test_a_refused_page_leads_back_to_the_page_it_was_asked_from(bob_page):
 
 
 def test_the_delete_button_says_when_branches_go_with_the_conversation(alice_page):
-    """Deleting a branch deletes the branches forked from it too; its button says so (it
-    said so only on the first conversation, which it also said of one without branches)."""
-    from conversations.services import conversation_fork
+    """Deleting a branch deletes the branches forked at its own messages too; its button
+    says so (it said so only on the first conversation, which it also said of one without
+    branches). One forked from it at its parent's message stays, and is not counted."""
+    from conversations.services import conversation_fork, message_append
 
     alice = Principal.user("alice")
     root = conversation_of("alice", "Tree", "one", "two")
     branch = conversation_fork(alice, conversation=root, message=Message.objects.get(content="two"))
     conversation_of("alice", "Alone", "hi")
-    leaf = conversation_fork(alice, conversation=branch, message=Message.objects.get(content="two"))
+    kept = conversation_fork(alice, conversation=branch, message=Message.objects.get(content="two"))
+    assert delete_button_of(alice_page, branch) == "Delete this conversation"
+    for text in ("three", "four"):
+        message_append(alice, conversation=branch, content=text)
+    leaf = conversation_fork(
+        alice, conversation=branch, message=Message.objects.get(content="four")
+    )
 
     def delete_button(conversation) -> str:
-        html = alice_page.get(page_of(conversation)).content.decode()
-        return " ".join(html.split('class="danger">')[1].split("</button>")[0].split())
+        return delete_button_of(alice_page, conversation)
 
     assert delete_button(root) == "Delete this conversation and its branches"
     assert delete_button(branch) == "Delete this conversation and its branches"
     assert delete_button(leaf) == "Delete this conversation"
     assert delete_button(Conversation.objects.get(title="Alone")) == "Delete this conversation"
     alice_page.post(reverse("pages:delete", args=[branch.id]))
-    assert list(Conversation.objects.filter(group=root.group)) == [root]
+    assert set(Conversation.objects.filter(group=root.group)) == {root, kept}
+
+
+def delete_button_of(alice_page, conversation) -> str:
+    html = alice_page.get(page_of(conversation)).content.decode()
+    return " ".join(html.split('class="danger">')[1].split("</button>")[0].split())
 
 
 # --- safety ----------------------------------------------------------------------------------

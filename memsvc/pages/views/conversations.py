@@ -164,7 +164,7 @@ def conversation(request, conversation_id):
     context.update(
         forks=_fork_tree(forks),
         # Deleting it deletes them too (``conversation_delete``): its button says so.
-        has_branches=any(fork.forked_at_conversation_id == conversation.id for fork in forks),
+        has_branches=selectors.deletes_branches(conversation),
         memberships=memberships,
         levels=[level for level in AccessLevel if level != AccessLevel.OWNER],
         offer=selectors.pending_transfer_seen_by(request.principal, conversation),
