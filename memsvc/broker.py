@@ -16,6 +16,7 @@ an empty file, ``json.loads("")`` raises in the worker's event loop, and Celery 
 """
 
 import contextlib
+import json
 import logging
 import os
 import uuid
@@ -71,13 +72,16 @@ class Channel(filesystem.Channel):
                 continue  # another reader took it
             try:
                 payload = claimed.read_bytes()
-            except OSError as exc:
-                raise ChannelError(f"Cannot read file {name!r} from queue.") from exc
+            except OSError:  # (a folder of the name ended the worker: review)
+                self._reject(claimed, 0)
+                continue
             try:
                 message = loads(bytes_to_str(payload))
                 # What the worker makes of it: JSON that is no message (no delivery tag, a
-                # body its encoding does not decode) ended the worker too (review).
-                self.Message(message, channel=self)
+                # body its encoding does not decode, a task's body of another shape) ended
+                # the worker too, and every worker started after it (review).
+                if not _task_shaped(self.Message(message, channel=self)):
+                    raise ValueError("a task's body of another shape")
             except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
                 self._reject(claimed, len(payload))
                 continue
@@ -95,6 +99,22 @@ class Channel(filesystem.Channel):
         logger.warning(
             "broker: %s (%d bytes) holds no message; moved to %s", path.name, size, rejected
         )
+
+
+def _task_shaped(message) -> bool:
+    """Whether a Celery task message's JSON body is what its worker unpacks: ``[args,
+    kwargs, embed]``. Other messages, and bodies of other types (which the worker refuses
+    itself, and which are never decoded here: a pickle would run), are not looked into."""
+    if "task" not in (message.headers or {}) or message.content_type != "application/json":
+        return True
+    body = json.loads(message.body)
+    return (
+        isinstance(body, list)
+        and len(body) == 3
+        and isinstance(body[0], list)
+        and isinstance(body[1], dict)
+        and isinstance(body[2], dict | None)
+    )
 
 
 class Transport(filesystem.Transport):

@@ -1,6 +1,7 @@
 """Local mode's broker (memsvc.broker): no reader ever sees half a message, and a bad file in
 the queue is set aside rather than the end of the worker (kombu issue #1551)."""
 
+import base64
 import json
 import threading
 import uuid
@@ -208,3 +209,50 @@ def test_describing_the_connection_warns_of_no_missing_host(caplog):
     with caplog.at_level("WARNING"), app.connection_for_write() as connection:
         connection.info()
     assert not [r for r in caplog.records if "hostname" in r.getMessage()]
+
+
+def task(body, content_type="application/json") -> dict:
+    """A Celery task message as the worker gets one: its body base64-encoded JSON."""
+    encoded = base64.b64encode(json.dumps(body).encode()).decode()
+    return {
+        "body": encoded,
+        "content-type": content_type,
+        "content-encoding": "utf-8",
+        "headers": {"task": "search.embed_messages", "id": str(uuid.uuid4())},
+        "properties": {
+            "delivery_tag": str(uuid.uuid4()),
+            "delivery_info": {},
+            "body_encoding": "base64",
+        },
+    }
+
+
+@pytest.mark.parametrize("body", [{"a": 1}, [[], {}], [{}, {}, {}], ["x", {}, {}], "text"])
+def test_a_task_whose_body_is_of_another_shape_is_set_aside(folders, caplog, body):
+    """The worker unpacks a task's body as ``[args, kwargs, embed]``: one of another shape
+    ended it ("not enough values to unpack"), it gave the message back to the queue, and
+    every worker started after it ended on it again (review)."""
+    tmp_path, options = folders
+    connection, ours = channel(options)
+    with connection:
+        bad = tmp_path / "queue" / "1_00000000-0000-0000-0000-000000000002.celery.msg"
+        bad.write_text(json.dumps(task(body)))
+        ours._put("celery", task([["m1"], {}, {"callbacks": None}]))
+        got = ours.Message(ours._get("celery"), channel=ours)
+        assert json.loads(got.body) == [["m1"], {}, {"callbacks": None}]
+        with pytest.raises(filesystem.Empty):
+            ours._get("celery")
+    assert (tmp_path / "rejected" / bad.name).exists()
+    assert "holds no message" in caplog.text
+
+
+def test_a_folder_named_as_a_message_is_set_aside(folders, caplog):
+    """(Reading it raised ChannelError, which ended the worker.)"""
+    tmp_path, options = folders
+    connection, ours = channel(options)
+    with connection:
+        folder = tmp_path / "queue" / "0_dir.celery.msg"
+        folder.mkdir()
+        ours._put("celery", message("after the folder"))
+        assert ours._get("celery")["body"] == "after the folder"
+    assert (tmp_path / "rejected" / folder.name).is_dir()
