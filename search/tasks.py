@@ -3,7 +3,7 @@
 from collections.abc import Sequence
 
 from celery.utils.log import get_task_logger
-from django.db import OperationalError
+from django.db import InterfaceError, OperationalError
 
 from memsvc.broker import TRANSIENT
 from memsvc.celery import app, sent
@@ -11,8 +11,6 @@ from search import services
 from search.embeddings import EmbeddingError
 
 logger = get_task_logger(__name__)
-
-DEADLOCK_DETECTED = "40P01"  # PostgreSQL's SQLSTATE
 
 # Messages younger than this are left to the task queued when they were committed.
 SWEEP_GRACE_SECONDS = 30
@@ -34,11 +32,11 @@ class TransientEmbeddingError(Exception):
 def embed_messages_task(message_ids: list[str]) -> int:
     try:
         return services.embed_messages(message_ids, batch=services.TASK_BATCH)
-    except OperationalError as exc:
-        # PostgreSQL chose this task to end a deadlock (with a deletion counting its
-        # messages out, say): nothing was written, and it is tried again.
-        if getattr(exc.__cause__, "sqlstate", None) != DEADLOCK_DETECTED:
-            raise
+    except (OperationalError, InterfaceError) as exc:
+        # The database did not answer (restarting, a connection it dropped) or chose this
+        # task to end a deadlock (with a deletion counting its messages out, say): nothing
+        # was written, and it is tried again. (Only a deadlock was: a restart's tasks were
+        # dropped, their messages left to the sweep for a minute or more; review.)
         raise TransientEmbeddingError(str(exc)) from exc
     except EmbeddingError as exc:
         if exc.transient:

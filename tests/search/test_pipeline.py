@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from celery.exceptions import Retry
 from django.conf import settings
-from django.db import OperationalError, connection, transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.utils import timezone
 
 from agents_api.models import Memory, ToolRecord
@@ -297,10 +297,20 @@ def test_a_message_another_worker_is_embedding_is_skipped(alice):
 
 
 @pytest.mark.django_db
-def test_a_task_chosen_to_end_a_deadlock_is_tried_again(monkeypatch):
-    """PostgreSQL's error for the task it ends is raised here by the test, the first time
-    (a real deadlock needs two transactions locking in opposite orders; the second review
-    saw one with a deletion's cascade)."""
+@pytest.mark.parametrize(
+    ("raised", "as_django"),
+    [
+        (psycopg.errors.DeadlockDetected("deadlock detected"), OperationalError),
+        (psycopg.OperationalError("connection is bad: Connection refused"), OperationalError),
+        (psycopg.InterfaceError("the connection is closed"), InterfaceError),
+    ],
+    ids=["deadlock", "database restarting", "connection closed"],
+)
+def test_a_task_the_database_fails_is_tried_again(monkeypatch, raised, as_django):
+    """PostgreSQL's error is raised here by the test, the first time (a real deadlock needs
+    two transactions locking in opposite orders; the second review saw one with a
+    deletion's cascade; a restart of the database, the errors a review saw its tasks fail
+    with: they were dropped, their messages left to the sweep for a minute or more)."""
     message = MessageFactory(content="caught in a deadlock")
     real = services.embed_messages
     calls = []
@@ -309,9 +319,9 @@ def test_a_task_chosen_to_end_a_deadlock_is_tried_again(monkeypatch):
         calls.append(args)
         if len(calls) == 1:
             try:
-                raise psycopg.errors.DeadlockDetected("deadlock detected")
+                raise raised
             except psycopg.Error as exc:
-                raise OperationalError(str(exc)) from exc
+                raise as_django(str(exc)) from exc
         return real(*args, **kwargs)
 
     monkeypatch.setattr(services, "embed_messages", deadlocked_once)
