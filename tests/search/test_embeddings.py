@@ -462,6 +462,9 @@ def test_vectors_of_another_width_than_the_database_holds_are_an_embedding_error
 
 
 def test_the_configured_backend_expects_the_width_of_the_columns(settings):
+    # (The process's backend made first: made after the settings changed, as the first
+    # test of a process to ask for it, it was an ollama one for every later test there.)
+    process_backend = configured_backend()
     with ollama_of_width([2 * settings.MEMORY_EMBEDDING_DIMENSION]) as server:
         settings.MEMORY_EMBEDDING_BACKEND = "ollama"
         settings.OLLAMA_BASE_URL = server.url
@@ -469,7 +472,8 @@ def test_the_configured_backend_expects_the_width_of_the_columns(settings):
         assert backend.expected_dimension == settings.MEMORY_EMBEDDING_DIMENSION
         with pytest.raises(WrongDimension):
             backend.embed(["a"])
-    assert configured_backend().expected_dimension == settings.MEMORY_EMBEDDING_DIMENSION
+    assert configured_backend() is process_backend
+    assert process_backend.expected_dimension == settings.MEMORY_EMBEDDING_DIMENSION
 
 
 def test_asking_an_openai_server_its_width_does_not_ask_for_a_width_afterwards():
