@@ -120,8 +120,15 @@ def parts(text: str) -> list[str]:
 
 _MONTHS = {name.lower(): number for number, name in enumerate(calendar.month_name) if name}
 _MONTHS.update({name.lower(): number for number, name in enumerate(calendar.month_abbr) if name})
+_MONTHS["sept"] = 9
 del _MONTHS["may"]  # "may" the verb: only the full name counts, checked below
 _MONTH_WORDS = "|".join(sorted(_MONTHS, key=len, reverse=True))
+# Month names that are words too ("may", "march", "jan", "dec"): one counts only written
+# with a capital, and "May" or "March" not before a pronoun ("May I ask"), unless a
+# preposition or a year says it is the month ("in may", "dec 2022"). Each lifted the turns
+# of its month for a query that named none (review).
+_ALSO_WORDS = {"may", "march"} | {name.lower() for name in calendar.month_abbr if name} | {"sept"}
+_PRONOUN_AFTER = re.compile(r"\s+(?:i|we|you|he|she|it|they)\b", re.I)
 _MONTH = re.compile(
     rf"\b(?:(in|of|during)\s+)?({_MONTH_WORDS}|may)\b\.?(?:,?\s+((?:19|20)\d\d))?", re.I
 )
@@ -189,8 +196,9 @@ def periods(text: str, now: datetime) -> list[Period]:
     taken: list[tuple[int, int]] = []
     for match in _MONTH.finditer(text):
         preposition, name, year = match.groups()
-        if name.lower() == "may" and not (preposition or year or name == "May"):
-            continue  # "may" the verb
+        as_a_word = not name[0].isupper() or _PRONOUN_AFTER.match(text, match.end(2))
+        if name.lower() in _ALSO_WORDS and not (preposition or year) and as_a_word:
+            continue  # the word ("may", "May I", "march on", "dec")
         month = _MONTHS.get(name.lower().rstrip("."), 5)
         taken.append(match.span())
         if year:
