@@ -7,6 +7,7 @@ LLM and that work is skipped: nothing else depends on it.
 import json
 import re
 import threading
+import time
 from collections.abc import Iterator
 from types import ModuleType
 
@@ -125,12 +126,12 @@ def chat_stream(messages: list[dict], *, seconds: float = TIMEOUT_SECONDS) -> It
     openai = _openai()
     answered = False
     overdue = threading.Event()
+    given_up_at = time.monotonic() + seconds
     try:
         with _client() as client:
-            stream = client.chat.completions.create(
-                model=settings.MEMSVC_LLM_MODEL, messages=messages, stream=True, timeout=seconds
-            )
-            deadline = threading.Timer(seconds, lambda: (overdue.set(), stream.close()))
+            stream = _stream_opened(client, messages, given_up_at)
+            left = max(given_up_at - time.monotonic(), 0.0)
+            deadline = threading.Timer(left, lambda: (overdue.set(), stream.close()))
             deadline.daemon = True
             deadline.start()
             try:
@@ -155,6 +156,29 @@ def chat_stream(messages: list[dict], *, seconds: float = TIMEOUT_SECONDS) -> It
         raise
     if not answered:
         raise LLMError("the model answered nothing")
+
+
+def _stream_opened(client, messages: list[dict], given_up_at: float):
+    """The model's stream, asked for again after a failure worth another try (as the
+    client's own retries, ``MAX_RETRIES``) while time is left before ``given_up_at``: the
+    client's retries each waited the whole time for a model that never answered, three
+    times over, after the reader had gone (review)."""
+    openai = _openai()
+    attempt = 0
+    while True:
+        left = given_up_at - time.monotonic()
+        if left <= 0:
+            raise LLMError("the model did not answer in time", transient=True)
+        try:
+            return client.with_options(max_retries=0).chat.completions.create(
+                model=settings.MEMSVC_LLM_MODEL, messages=messages, stream=True, timeout=left
+            )
+        except (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError):
+            attempt += 1
+            pause = 0.5 * 2 ** (attempt - 1)
+            if attempt > MAX_RETRIES or given_up_at - time.monotonic() <= pause:
+                raise
+            time.sleep(pause)
 
 
 def chat(messages: list[dict]) -> str:

@@ -14,7 +14,7 @@ from agents_api.services import agent_get_or_create, memory_block_create, memory
 from conversations.models import Conversation, Message
 from memsvc.api.principals import Principal
 from tests.fake_openai import FakeOpenAI
-from tests.local_http import Reply
+from tests.local_http import LocalHttpServer, Reply
 
 pytestmark = pytest.mark.django_db
 
@@ -331,6 +331,33 @@ def test_an_answer_still_written_after_its_time_is_given_up(alice_page, chat, ll
     assert text.endswith(
         "[The assistant could not answer: the model was still answering after 1 s]"
     )
+    assert not Message.objects.filter(role="assistant").exists()
+
+
+def test_a_model_that_never_answers_is_given_up_after_the_answers_time_once(
+    alice_page, chat, settings
+):
+    """The client's own retries each waited the whole time for a model that took the
+    request and sent nothing: three times the time, and after the reader had gone (review:
+    46 s for 15). One try, or more, within the answer's time in all."""
+    asked = []
+
+    def silent(method, path, body):
+        asked.append(time.monotonic())
+        time.sleep(5)
+        return Reply(payload={})
+
+    with LocalHttpServer(silent) as model:
+        settings.MEMSVC_LLM_BASE_URL = f"{model.url}/v1"
+        settings.MEMSVC_PAGES_ANSWER_SECONDS = 1
+        alice_page.post(reverse("pages:append", args=[chat.id]), {"content": "Hi"}, **HTMX)
+        started = time.monotonic()
+        streamed = alice_page.post(reverse("pages:reply", args=[chat.id]))
+        text = b"".join(streamed.streaming_content).decode()
+        took = time.monotonic() - started
+    assert took < 2.5, took
+    assert "could not answer" in text
+    assert len(asked) == 1
     assert not Message.objects.filter(role="assistant").exists()
 
 
