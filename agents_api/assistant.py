@@ -114,8 +114,22 @@ def assistant_of(conversation: Conversation, *, asked_by: str) -> Agent | None:
 
 
 def read_by_others(conversation: Conversation, user_id: str) -> bool:
-    """Whether a person other than ``user_id`` is a member of the conversation."""
-    return bool(user_members(conversation) - {user_id})
+    """Whether anyone but ``user_id`` reads the conversation: another person, or an agent
+    that is not theirs nor the pages' assistant (its owner reads what it reads, through its
+    key: one shared with another person's agent was given the asker's memories and other
+    conversations; review)."""
+    if user_members(conversation) - {user_id}:
+        return True
+    agents = Membership.objects.filter(
+        group_id=conversation.group_id, principal_id__startswith=AGENT_PRINCIPAL_PREFIX
+    ).values_list("principal_id", flat=True)
+    owner, name = PAGES_ASSISTANT
+    return (
+        Agent.objects.filter(id__in=[agent_uuid_of(agent) for agent in agents])
+        .exclude(owner_principal=user_id)
+        .exclude(owner_principal=owner, name=name)
+        .exists()
+    )
 
 
 def assistant_prompt(agent: Agent, conversation: Conversation, *, user_id: str) -> list[dict]:

@@ -214,6 +214,35 @@ def test_in_a_conversation_others_read_the_context_holds_only_what_they_all_may_
     assert "4321" in json.dumps(own["messages"]) and "Name: Alice" in json.dumps(own["messages"])
 
 
+def test_a_conversation_another_persons_agent_reads_holds_only_what_everyone_may_read(
+    alice_page, chat, llm
+):
+    """Carol's agent reads what it is shared into, and carol through its key: shared with
+    it, alice's conversation with the assistant was given her memories, block and other
+    conversations, which carol's key then read back (review). Her own agent is hers."""
+    from conversations.services import membership_create
+
+    secret = "Note to self: my bank PIN is 4321"
+    alice_page.post("/app/conversations/new", {"title": "Private", "assistant": "on"})
+    private = Conversation.objects.get(title="Private")
+    alice_page.post(reverse("pages:append", args=[private.id]), {"content": secret})
+    for owner, name in (("alice", "alices-bot"), ("carol", "carolbot")):
+        agent = agent_get_or_create(owner_principal=owner, name=name)[0]
+        membership_create(
+            Principal.user("alice"),
+            conversation=chat,
+            principal_id=agent.principal_id,
+            access_level="reader",
+        )
+        question = f"What is my bank PIN? ({name})"
+        alice_page.post(reverse("pages:append", args=[chat.id]), {"content": question})
+        [request] = llm.requests_containing(question)
+        prompt = json.dumps(request["messages"])
+        mine = owner == "alice"
+        assert ("4321" in prompt) is mine, name
+        assert ("Alice has a dog named Rex" in prompt) is mine, name
+
+
 def test_the_assistant_is_the_first_agent_that_may_write_found_in_two_queries(
     django_assert_num_queries,
 ):
