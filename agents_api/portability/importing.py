@@ -22,7 +22,7 @@ from agents_api.portability.restore import (
     sequences_past_stored_numbers,
 )
 from agents_api.portability.sections import AGENT_SECTIONS, USER_SECTIONS
-from agents_api.selectors import erasures_of, messages_seen_by
+from agents_api.selectors import LOCAL_OWNER, erasures_of, messages_seen_by
 from agents_api.services.data_rights import user_traces_erase
 from conversations.models import AccessLevel, Conversation
 from conversations.selectors import said_by, visible_conversation_ids
@@ -111,7 +111,7 @@ def document_import(
     except IntegrityError as exc:
         if getattr(exc.__cause__, "sqlstate", None) == UNIQUE_VIOLATION:
             raise ImportCollides(_collision(exc.__cause__)) from None
-        raise ImportRefused("a record breaks a rule of what is stored") from None
+        raise ImportRefused(_broken_rule(exc.__cause__)) from None
     except DataError:
         raise ImportRefused("a value does not fit where it is stored (too long?)") from None
     return result
@@ -141,6 +141,24 @@ def _collision(error) -> str:
     names = {model._meta.db_table: model._meta.verbose_name for model in apps.get_models()}
     name = names.get(table, "record")
     return f"{'an' if name[0] in 'aeiou' else 'a'} {name}'s id is stored already, or is in the document twice"
+
+
+# What another rule broken by an import says, by constraint (else the rule's name): "a
+# record breaks a rule" named neither the record nor the rule among 100,000 (review).
+_RULES = {
+    "conversation_group_one_owner": "a conversation group has no owner, or more than one: "
+    "its owner's membership must be in the document (memberships)",
+}
+
+
+def _broken_rule(error) -> str:
+    """The rule PostgreSQL's ``error`` says an import broke, in our words or by its name,
+    never its text (which names internals and echoes rows)."""
+    constraint = getattr(getattr(error, "diag", None), "constraint_name", None)
+    if constraint in _RULES:
+        return _RULES[constraint]
+    rule = f" ({constraint})" if constraint else ""
+    return f"a record breaks a rule of what is stored{rule}"
 
 
 def _restored(user_id: str, parsed: dict[str, list[dict]]) -> None:
@@ -368,4 +386,6 @@ def _agent(data: dict) -> Agent:
         return agent
     if Agent.objects.filter(owner_principal=owner, name=name).exists():
         raise ImportCollides(f"agent: {owner} has an agent named {name!r} here, of another id")
+    # Keyless trust is the local API's agents' only (``selectors.local_agent``).
+    data["loopback_trusted"] = data.get("loopback_trusted", False) and owner == LOCAL_OWNER
     return Agent.objects.create(**data)

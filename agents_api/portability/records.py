@@ -304,6 +304,15 @@ class AgentRecord(Record):
     metadata = AgentMetadataRecordField()
     ownerPrincipal = PrincipalField(source="owner_principal")
     createdAt = MomentField(source="created_at")
+    # (An agent the local API made for a keyless loopback caller, made again by an import,
+    # was reached with a key only: its caller was refused; review.)
+    loopbackTrusted = serializers.BooleanField(
+        source="loopback_trusted",
+        required=False,
+        default=False,
+        help_text="Reached without a key from loopback in local mode (an agent the local "
+        "API made for a keyless caller, before it got a key).",
+    )
 
     class Meta:
         ref_name = "ExportedAgent"

@@ -333,6 +333,7 @@ def restore_transfers_elsewhere(user_id: str, records: list[dict]) -> int:
             or ((r["group_id"], r["from_principal"]) in owners and r["group_id"] not in offered)
         )
     ]
+    not_after_now(kept, "created_at", "resolved_at")
     return len(OwnershipTransfer.objects.bulk_create(OwnershipTransfer(**r) for r in kept))
 
 
@@ -402,6 +403,11 @@ def restore_memory_blocks(subject, records: list[dict]) -> int:
     kept = _agents_for(subject, records, "memoryBlocks")
     _keep_numbers("memory_block", "id", kept, "id")
     revisions = [record.pop("exported_revisions") for record in kept]
+    # (Revisions "of 2099" were the newest for good: every real change was trimmed at once
+    # as one past the kept number; review.)
+    not_after_now(kept, "created_at", "updated_at")
+    for block_revisions in revisions:
+        not_after_now(block_revisions, "created_at")
     blocks = MemoryBlock.objects.bulk_create(MemoryBlock(**record) for record in kept)
     MemoryBlockRevision.objects.bulk_create(
         MemoryBlockRevision(block=block, **revision)
@@ -415,6 +421,7 @@ def restore_memory_blocks(subject, records: list[dict]) -> int:
 def restore_memory_setting(user_id: str, records: list[dict]) -> int:
     """The user's memory switch as the document had it (the last section of a user's
     document: what agents kept about them is back before memory may be off again)."""
+    not_after_now(records, "updated_at")
     for record in records[-1:]:
         UserMemorySetting.objects.update_or_create(user_id=user_id, defaults=record)
     return len(records[-1:])
@@ -427,15 +434,20 @@ def restore_tool_records(subject, records: list[dict]) -> int:
     deleted, but for one whose conversation went with its owner's erase (``UserErasure``):
     that erase took it, whoever it was made for, and it stays erased."""
     theirs = set()
+    existing_of = Conversation.objects.all()
     if not isinstance(subject, Agent):
         wanted = [r["conversation_id"] for r in records if r["conversation_id"]]
         owned = conversations_owned_by(subject).filter(id__in=wanted).order_by()
         theirs = set(owned.values_list("id", flat=True))
+        # A user's document links its records to conversations the user is in only: one of
+        # another's was linked, and listed among that conversation's records (review).
+        existing_of = existing_of.filter(group__memberships__principal_id=subject)
     kept = _agents_for(
         subject, records, "toolRecords", about=lambda r: r["conversation_id"] in theirs
     )
+    not_after_now(kept, "created_at")
     existing = set(
-        Conversation.objects.filter(
+        existing_of.filter(
             id__in=[r["conversation_id"] for r in kept if r["conversation_id"]]
         ).values_list("id", flat=True)
     )

@@ -1055,14 +1055,35 @@ def test_a_conversation_dated_later_than_the_import_is_imported_as_of_now(
 ):
     """A document's conversation active "in 2100" (a clock ahead, an edit) made every walk
     of the user's list end in another catch-up pass, until 2100."""
+    for_alice = world.agent.as_principal(on_behalf_of="alice")
+    made_for_her = NewToolRecord(tool_name="lookup", raw_output={"ok": True}, summary="Looked")
+    tool_records_create(for_alice, agent=world.agent, records=[made_for_her])
+    memory_setting_update(Principal.user("alice"), enabled=True)
     document = cli_export(tmp_path, "first", "user", "alice")
     for conversation in document["conversations"]:
         conversation["createdAt"] = conversation["updatedAt"] = "2100-01-01T00:00:00Z"
     # So did a membership made "in 2100" (one given meanwhile is listed by the walk too),
-    # and a message or a memory "of 2100" was the newest of every list (review).
-    for section in ("memberships", "membershipsElsewhere", "messages", "memories"):
+    # and a message or a memory "of 2100" was the newest of every list (review). Block
+    # revisions "of 2099" were the newest for good: every real change was trimmed at once;
+    # a block, a tool record, a transfer or the memory switch "of 2100" too (review).
+    for section in (
+        "memberships",
+        "membershipsElsewhere",
+        "messages",
+        "memories",
+        "memoryBlocks",
+        "toolRecords",
+        "ownershipTransfersElsewhere",
+    ):
+        assert document[section], section
         for record in document[section]:
             record["createdAt"] = "2100-01-01T00:00:00Z"
+            for revision in record.get("revisions", []):
+                revision["createdAt"] = "2100-01-01T00:00:00Z"
+    document["memoryBlocks"][0]["updatedAt"] = "2100-01-01T00:00:00Z"
+    assert document["memorySetting"]
+    for setting in document["memorySetting"]:
+        setting["updatedAt"] = "2100-01-01T00:00:00Z"
     (tmp_path / "edited.json").write_text(json.dumps(document), encoding="utf-8")
     call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
     assert cli.main(["import", str(tmp_path / "edited.json")]) == 0
@@ -1075,6 +1096,10 @@ def test_a_conversation_dated_later_than_the_import_is_imported_as_of_now(
     assert not Membership.objects.filter(created_at__gt=now).exists()
     assert not Message.objects.filter(created_at__gt=now).exists()
     assert not Memory.objects.filter(created_at__gt=now).exists()
+    for model in (MemoryBlock, MemoryBlockRevision, ToolRecord, OwnershipTransfer):
+        assert not model.objects.filter(created_at__gt=now).exists(), model
+    assert not MemoryBlock.objects.filter(updated_at__gt=now).exists()
+    assert not UserMemorySetting.objects.filter(updated_at__gt=now).exists()
 
 
 @pytest.mark.parametrize(
@@ -1434,6 +1459,56 @@ def test_the_export_of_no_user_is_refused(tmp_path, world, capsys, subject):
     assert cli.main(["export", "user", subject, "-o", str(path)]) == 1
     assert "user id must" in capsys.readouterr().err
     assert not path.exists()
+
+
+def test_a_users_document_links_its_tool_records_only_to_conversations_they_are_in(
+    api, alice, tmp_path, world, capsys
+):
+    """A record linked to charlie's conversation, which alice is not in, was imported so
+    linked: listed among its records, taken by charlie's export and erase (review). It is
+    kept, unlinked, as the agent API's import keeps one of a conversation it cannot see."""
+    for_alice = world.agent.as_principal(on_behalf_of="alice")
+    made_for_her = NewToolRecord(tool_name="lookup", raw_output={"ok": True}, summary="Looked")
+    [record], _ = tool_records_create(for_alice, agent=world.agent, records=[made_for_her])
+    document = cli_export(tmp_path, "first", "user", "alice")
+    charlies = Conversation.objects.get(title="Charlie's notes")
+    [planted] = document["toolRecords"]
+    planted["conversationId"] = str(charlies.id)
+    call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    assert not ToolRecord.objects.filter(id=record.id).exists()
+    assert import_file(tmp_path, document) == 0
+    capsys.readouterr()
+    restored = ToolRecord.objects.get(id=planted["id"])
+    assert restored.conversation_id is None and restored.user_id == "alice"
+
+
+def test_an_agent_the_local_api_made_keyless_is_made_again_keyless(tmp_path, capsys):
+    """Its document said nothing of the trust: made again by an import, the keyless caller
+    that made it was refused (review). Only a local agent is trusted so (an edited
+    document's user's agent is not)."""
+    from agents_api.services import agent_get_or_create
+
+    local, _ = agent_get_or_create(owner_principal="local", name="localbot", loopback_trusted=True)
+    document = cli_export(tmp_path, "first", "agent", str(local.id))
+    assert document["agent"]["loopbackTrusted"] is True
+    local.delete()
+    assert import_file(tmp_path, document) == 0
+    assert Agent.objects.get(id=document["agent"]["id"]).loopback_trusted
+    users = {**document["agent"], "id": str(uuid.uuid4()), "ownerPrincipal": "alice"}
+    assert import_file(tmp_path, {**document, "agent": users}) == 0
+    assert not Agent.objects.get(id=users["id"]).loopback_trusted
+    capsys.readouterr()
+
+
+@pytest.mark.django_db(transaction=True)  # (the owner's rule is checked at commit)
+def test_a_document_that_breaks_a_rule_is_refused_naming_it(api, alice, tmp_path, world, capsys):
+    """(It said "a record breaks a rule of what is stored", whichever of 100,000: review.)"""
+    document = cli_export(tmp_path, "first", "user", "alice")
+    call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    document["memberships"] = [m for m in document["memberships"] if m["accessLevel"] != "owner"]
+    assert import_file(tmp_path, document) == 1
+    err = capsys.readouterr().err
+    assert "nothing imported" in err and "its owner's membership must be in the document" in err
 
 
 def test_import_refuses_what_is_not_an_export(tmp_path, capsys):
