@@ -109,9 +109,8 @@ SELECT id FROM subtree
 def conversation_delete(
     actor: Principal, *, conversation: Conversation, need: AccessLevel | None = AccessLevel.OWNER
 ) -> None:
-    """Delete the conversation and every fork below it that shares its messages (made at one
-    of its own, or below such a fork); the others stay (``_branches_kept``). The root takes
-    its group along.
+    """Delete the conversation and every fork below it that shares its messages; the others
+    stay (``_branches_kept``). The root takes its group along.
 
     ``need``: the level the actor must still have once the group is locked (the view checked
     it before, and an ownership transfer may have been accepted since: the old owner, a
@@ -125,8 +124,7 @@ def conversation_delete(
     else:
         subtree = _subtree(conversation)
         _lock_conversations(Conversation.objects.filter(pk__in=subtree))
-        if _branches_kept(conversation, subtree):
-            subtree = _subtree(conversation)
+        subtree = _branches_kept(conversation, subtree)
         _messages_delete(Message.objects.filter(conversation_id__in=subtree))
         # Transfers are of the group, which stays: those made from the subtree name its parent.
         OwnershipTransfer.objects.filter(conversation_id__in=subtree).update(
@@ -142,25 +140,38 @@ def _subtree(conversation: Conversation) -> list:
         return [conversation_id for (conversation_id,) in cursor.fetchall()]
 
 
-def _branches_kept(conversation: Conversation, subtree: list) -> bool:
-    """The forks below ``conversation`` that share none of the messages going with it (made
-    at a message of an ancestor of it, seen through it, or before any message) stay: moved
-    to the conversation their fork point is in (one made before any message, to the deleted
-    one's parent), they read what they read. Deleting a fork took along every fork made
-    from it, other members' branches holding none of its messages (review). Whether any
-    moved."""
-    kept = (
-        Conversation.objects.filter(pk__in=subtree)
-        .exclude(pk=conversation.pk)
-        .exclude(forked_at_message__conversation_id__in=subtree)
-        .values_list("pk", "forked_at_message__conversation_id")
+def _branches_kept(conversation: Conversation, subtree: list) -> list:
+    """The ids of ``subtree`` (``conversation`` and the forks below it) that go with it: the
+    forks sharing its messages. A fork that shares none of them (made at a message of an
+    ancestor of it, seen through it, or before any message) stays, with what was made from
+    it: one whose parent goes is moved to the conversation its fork point is in (one made
+    before any message, to the deleted one's parent), and reads what it read. Deleting a
+    fork took along every fork made from it, other members' branches holding none of its
+    messages (review)."""
+    rows = Conversation.objects.filter(pk__in=subtree).values_list(
+        "pk", "forked_at_conversation_id", "forked_at_message__conversation_id"
     )
-    moved = False
-    for fork_id, point_in in kept:
-        parent = point_in or conversation.forked_at_conversation_id
-        Conversation.objects.filter(pk=fork_id).update(forked_at_conversation=parent)
-        moved = True
-    return moved
+    parent_of, point_in = {}, {}
+    for fork_id, parent, point in rows:
+        parent_of[fork_id], point_in[fork_id] = parent, point
+    inside = set(subtree)
+
+    def shares_none(fork_id) -> bool:
+        return fork_id != conversation.pk and point_in[fork_id] not in inside
+
+    stays: dict = {conversation.pk: False}
+
+    def staying(fork_id) -> bool:
+        if fork_id not in stays:
+            stays[fork_id] = shares_none(fork_id) or staying(parent_of[fork_id])
+        return stays[fork_id]
+
+    going = [fork_id for fork_id in subtree if not staying(fork_id)]
+    for fork_id in subtree:
+        if shares_none(fork_id) and parent_of[fork_id] in going:
+            parent = point_in[fork_id] or conversation.forked_at_conversation_id
+            Conversation.objects.filter(pk=fork_id).update(forked_at_conversation=parent)
+    return going
 
 
 @transaction.atomic

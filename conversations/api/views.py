@@ -79,10 +79,11 @@ class ConversationView(UserApiView):
 
     @user_operation(
         "deleteConversation",
-        description="The conversation (its owner only), with the forks made at its own "
-        "messages and those made from them; a fork made from it at an earlier message of "
-        "its parent stays, moved to that parent. The first conversation of a group takes "
-        "the whole group.",
+        description="The conversation (its owner only), with the forks that share its "
+        "messages (made at its own messages, and what was made from them at theirs); a "
+        "fork that holds none of them (made at an earlier message of its parent) stays, "
+        "moved up to where its fork point is. The first conversation of a group takes the "
+        "whole group.",
         responses={204: None, **errors(401, 403, 404)},
     )
     def delete(self, request, conversation_id):

@@ -5,7 +5,6 @@ exceptions (parse errors, authentication failures, throttling) are translated he
 client sees the same shape whatever refused its request.
 """
 
-import copy
 import uuid
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
@@ -46,8 +45,10 @@ class ApiError(Exception):
             if message.startswith(f"{name}:"):
                 message = f"{given}{message[len(name) :]}"
                 break
-        error = copy.copy(self)
-        error.message, error.args = message, (message,)
+        # (Not ``copy.copy``, which calls the class with ``args``: ``RateLimited`` takes others.)
+        error = type(self).__new__(type(self), message)
+        error.__dict__.update(self.__dict__)
+        error.message = message
         error.details = {
             names.get(field, field): problems for field, problems in self.details.items()
         }

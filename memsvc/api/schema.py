@@ -47,8 +47,9 @@ _DESCRIPTIONS = {
     415: "A body that is not JSON (`unsupported_media_type`).",
     429: "Over a rate limit (`rate_limited`); `Retry-After` says when to try again.",
     503: (
-        "A service it needs is unreachable (`unavailable`): the database, or for a semantic"
-        " search the embedding service; try again shortly."
+        "A service it needs is unreachable (`unavailable`): the database, for a semantic"
+        " search the embedding service, for a token of an OIDC issuer the issuer's key set;"
+        " try again shortly."
     ),
 }
 

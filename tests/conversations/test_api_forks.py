@@ -313,6 +313,8 @@ def test_deleting_a_fork_keeps_the_branches_below_it_that_hold_none_of_its_messa
     below = fork(
         api, alice, on_the_fork.json()["id"], message_id(api, alice, root["id"], "a2")
     ).json()
+    # Made from a branch that stays: it stays under it, unmoved (it was moved to the root).
+    nested = fork(api, bob, bobs["id"], message_id(api, bob, bobs["id"], "x")).json()
     before = {c: contents(api, bob, c) for c in (bobs["id"], early["id"], below["id"])}
 
     assert api.delete(f"/v1/user/conversations/{branch['id']}", as_=alice).status_code == 204
@@ -324,6 +326,9 @@ def test_deleting_a_fork_keeps_the_branches_below_it_that_hold_none_of_its_messa
             root["id"]
         )
     assert before[bobs["id"]] == ["a1", "x", "x2"]
+    assert Conversation.objects.get(id=nested["id"]).forked_at_conversation_id == uuid.UUID(
+        bobs["id"]
+    )
     assert contents(api, alice, root["id"]) == ["a1", "a2", "a3", "a4"]
 
 

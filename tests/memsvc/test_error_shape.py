@@ -8,6 +8,7 @@ import pytest
 from django.db import connection
 
 from conversations.models import Conversation
+from memsvc.api.errors import InvalidInput, RateLimited
 from memsvc.api.parsers import MAX_JSON_DEPTH
 from tests.agents_api.conftest import make_agent
 
@@ -306,3 +307,24 @@ def test_an_accept_that_takes_no_json_is_406_as_the_schema_says(client, alice):
         for operation in methods.values()
     ]
     assert operations and all("406" in operation["responses"] for operation in operations)
+
+
+# --- ApiError.named: a refusal with its fields named as the caller named them ---------------
+
+
+def test_a_refusal_names_the_callers_field_and_keeps_the_rest():
+    refused = InvalidInput.for_field("query", "too long", location="query").named({"query": "q"})
+    assert (refused.message, refused.details, refused.location) == (
+        "q: too long",
+        {"q": ["too long"]},
+        "query",
+    )
+    assert str(refused) == "q: too long"
+
+
+def test_a_refusal_of_a_class_with_its_own_arguments_is_named_too():
+    """(Copied by calling the class with its message: ``RateLimited`` takes a number first,
+    and the copy raised TypeError; review.)"""
+    limited = RateLimited(5, "slow down").named({"x": "y"})
+    assert isinstance(limited, RateLimited)
+    assert (limited.message, limited.headers) == ("slow down", {"Retry-After": "5"})
