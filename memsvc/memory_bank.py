@@ -81,6 +81,8 @@ MAX_STORE_JSON_BYTES = 32 * 1024 * 1024
 MAX_RECORDS_PER_STORE = 100
 # The most interactions kept while memsvc cannot store them (an outage's oldest go first).
 MAX_PENDING_INTERACTIONS = 1000
+# How many steps try a store memsvc fails (a 5xx, no answer) before its records are dropped.
+MAX_STORE_TRIES = 3
 MAX_TOOL_NAME_CHARS = 200
 _RAW_BYTES = json_bytes({"_raw": ""}) - 2  # (the text's own quotes are its JSON's)
 
@@ -275,6 +277,7 @@ class TaskState:
     pending: dict[tuple, tuple[ToolInteraction, int]] = field(default_factory=dict)
     # The store of these interactions (keys) whose answer has not come (yet): sent again as it is
     unanswered: tuple[tuple[tuple, ...], ServerRequest] | None = None
+    tries: dict[tuple, int] = field(default_factory=dict)  # failed stores of these keys
 
 
 def _whole(value) -> bool:
@@ -314,7 +317,10 @@ class MemoryBank:
         anchor = anchor_index(messages)
         text = _text(_get(messages[anchor], "content")) if anchor is not None else None
         if self.task.anchor is not None and text != self.task.anchor:
+            old = self.task
             self.task = TaskState(self.fixed_task_id or str(uuid.uuid4()))
+            if self.fixed_task_id:  # (the same task's records: still to be stored)
+                self.task.pending, self.task.unanswered = old.pending, old.unanswered
         self.task.anchor = text
         self.task.step += 1
 
@@ -363,7 +369,11 @@ class MemoryBank:
             return messages  # the first step: nothing to store or retrieve yet
         keyed = self._keep(messages)
         for batch in self._batches():
-            stored = yield self._store(batch)
+            try:
+                stored = yield self._store(batch)
+            except httpx.HTTPError as exc:
+                self._not_stored(batch, exc)
+                raise
             self.task.unanswered = None
             for (key, _), record in zip(batch, stored, strict=True):
                 self.task.trace_ids[key] = record["trace_id"]
@@ -395,6 +405,23 @@ class MemoryBank:
                 estimated_tokens(result),
             )
         return result
+
+    def _not_stored(self, batch: list, exc: httpx.HTTPError) -> None:
+        """A store of ``batch`` failed with ``exc``: tried again with the next step, unless
+        memsvc refused it (a 4xx but a timeout's or a rate limit's) or it failed
+        ``MAX_STORE_TRIES`` times: then its records are dropped, with a warning. (Kept for
+        good, one refused store failed every later step, each sent the whole history;
+        review.)"""
+        keys = tuple(key for key, _ in batch)
+        tries = self.task.tries[keys] = self.task.tries.get(keys, 0) + 1
+        status = exc.response.status_code if isinstance(exc, httpx.HTTPStatusError) else None
+        refused = status is not None and 400 <= status < 500 and status not in (408, 429)
+        if refused or tries >= MAX_STORE_TRIES:
+            for key in keys:
+                self.task.pending.pop(key, None)
+            self.task.tries.pop(keys, None)
+            self.task.unanswered = None
+            logger.warning("memory bank: %d tool records not stored (%s); dropped", len(keys), exc)
 
     def _store(self, new: list[tuple[tuple, tuple[ToolInteraction, int]]]) -> ServerRequest:
         """The request that stores the ``new`` interactions (``_keyed``, each with its
@@ -435,7 +462,11 @@ class MemoryBank:
         try:
             sent = next(step)
             while True:
-                sent = step.send(request(sent))
+                try:
+                    answer = request(sent)
+                except httpx.HTTPError as exc:
+                    step.throw(exc)  # (the step hears of it: ``_not_stored``)
+                sent = step.send(answer)
         except StopIteration as done:
             return done.value
 
@@ -445,7 +476,11 @@ class MemoryBank:
         try:
             sent = next(step)
             while True:
-                sent = step.send(await arequest(sent))
+                try:
+                    answer = await arequest(sent)
+                except httpx.HTTPError as exc:
+                    step.throw(exc)
+                sent = step.send(answer)
         except StopIteration as done:
             return done.value
 

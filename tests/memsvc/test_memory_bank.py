@@ -6,6 +6,7 @@ import asyncio
 import json
 import logging
 import time
+import uuid
 
 import httpx
 import openai
@@ -518,6 +519,43 @@ def test_a_step_while_memsvc_is_down_is_stored_with_the_next_step_it_answers(liv
     ]
     retrieved = sent(llm)[-1][1]["content"]
     assert retrieved.startswith(CONTEXT_HEADING) and '{"flights": 3}' in retrieved
+
+
+def test_a_store_memsvc_refuses_is_dropped_and_the_next_steps_are_compressed(llm, caplog):
+    """Kept to be sent again, a store memsvc refused for good (a 413 of one large output)
+    failed every later step, each sent the whole history (code review). Dropped, with a
+    warning; the next steps store and compress as before."""
+    stores = []
+
+    def refusing_one(method, path, body):
+        if path in ("/health", "/agents"):
+            return Reply(payload={"status": "ok", "name": AGENT})
+        if path == "/tool-records":
+            stores.append(json.dumps(body))
+            if "poison" in stores[-1]:
+                return Reply(status=413, payload={"detail": "too large"})
+            return Reply(payload=[{"trace_id": str(uuid.uuid4())} for _ in body["records"]])
+        return Reply(payload=[])
+
+    client = openai.OpenAI(base_url=llm.base_url, api_key="test")
+    history = [{"role": "user", "content": "Plan a trip."}]
+    with (
+        LocalHttpServer(refusing_one) as memsvc,
+        caplog.at_level(logging.WARNING, logger="memsvc.client"),
+        learning(agent=AGENT, server_url=memsvc.url, strategy="memory_bank"),
+    ):
+        for step, output in enumerate(['{"poison": 1}', '{"ok": 2}', '{"ok": 3}']):
+            call = ToolCall("lookup", {"step": step})
+            history += [
+                {"role": "assistant", "content": None, "tool_calls": [call.as_json()]},
+                {"role": "tool", "tool_call_id": call.id, "content": output},
+            ]
+            llm.then("Noted.")
+            client.chat.completions.create(model="gpt-test", messages=history)
+    assert [("poison" in store) for store in stores] == [True, False, False]
+    assert sent(llm)[0] == history[:3]  # the refused step: the whole history
+    assert len(sent(llm)[2]) < len(history)  # compressed again
+    assert "tool records not stored" in caplog.text
 
 
 def test_records_whose_answer_was_lost_are_sent_again_and_stored_once(live_server, llm, caplog):
