@@ -15,6 +15,7 @@ from agents_api.models import Agent, SummarySource
 from conversations.models import Conversation
 from memsvc.broker import TRANSIENT
 from memsvc.celery import app, sent
+from memsvc.db import DATABASE_DID_NOT_ANSWER
 from memsvc.llm import LLMError, llm_configured
 from search.embeddings import EmbeddingError
 from search.tasks import TransientEmbeddingError
@@ -201,7 +202,15 @@ def sweep_unembedded_memories_task() -> int:
 # --- memories distilled from conversations ---------------------------------------------------
 
 
-@app.task(name="agents_api.extract_memories", **LLM_TASK_OPTIONS)
+@app.task(
+    name="agents_api.extract_memories",
+    autoretry_for=DATABASE_DID_NOT_ANSWER,
+    retry_backoff=5,
+    retry_backoff_max=300,
+    retry_jitter=True,
+    max_retries=5,
+    **LLM_TASK_OPTIONS,
+)
 def extract_memories_task(agent_id: str, conversation_id: str) -> int:
     agent = Agent.objects.filter(id=agent_id).first()
     conversation = Conversation.objects.filter(id=conversation_id).first()
@@ -232,7 +241,7 @@ def enqueue_memory_extraction(agent: Agent, conversation: Conversation) -> None:
 
 @app.task(
     name="agents_api.observe_tool_record",
-    autoretry_for=(TransientLLMError,),
+    autoretry_for=(TransientLLMError, *DATABASE_DID_NOT_ANSWER),
     retry_backoff=5,
     retry_backoff_max=300,
     retry_jitter=True,

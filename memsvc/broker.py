@@ -72,9 +72,13 @@ class Channel(filesystem.Channel):
                 continue  # another reader took it
             try:
                 payload = claimed.read_bytes()
-            except OSError:  # (a folder of the name ended the worker: review)
+            except IsADirectoryError:  # (a folder of the name ended the worker: review)
                 self._reject(claimed, 0)
                 continue
+            except OSError as exc:  # (a message, maybe: back in the queue for the next try)
+                with contextlib.suppress(OSError):
+                    os.rename(claimed, folder / name)
+                raise ChannelError(f"Cannot read file {name!r} from queue.") from exc
             try:
                 message = loads(bytes_to_str(payload))
                 # What the worker makes of it: JSON that is no message (no delivery tag, a

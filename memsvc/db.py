@@ -12,7 +12,14 @@ from typing import TypeVar
 
 from django.conf import settings
 from django.contrib.postgres.search import SearchQuery, SearchVector, SearchVectorField
-from django.db import close_old_connections, connection, migrations, models
+from django.db import (
+    InterfaceError,
+    OperationalError,
+    close_old_connections,
+    connection,
+    migrations,
+    models,
+)
 from django.db.models import Q
 from django.db.models.lookups import Exact
 from pgvector.django import HnswIndex
@@ -22,6 +29,12 @@ from memsvc.api.principals import agent_uuid_of
 from memsvc.text import DEFAULT_IGNORABLE, query_read
 
 logger = logging.getLogger(__name__)
+
+# What a background task tries again: the database did not answer (restarting, a
+# connection dropped), or chose it to end a deadlock; nothing it wrote was kept. Such tasks
+# were dropped: messages waited for the sweep a minute or more, a tool record kept its
+# fallback summary for good (review).
+DATABASE_DID_NOT_ANSWER = (OperationalError, InterfaceError)
 
 
 def json_is_object(field: str, name: str) -> models.CheckConstraint:

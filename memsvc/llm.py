@@ -173,12 +173,25 @@ def _stream_opened(client, messages: list[dict], given_up_at: float):
             return client.with_options(max_retries=0).chat.completions.create(
                 model=settings.MEMSVC_LLM_MODEL, messages=messages, stream=True, timeout=left
             )
-        except (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError):
+        except (openai.APIConnectionError, openai.APIStatusError) as exc:
+            status = getattr(exc, "status_code", None)
+            # What the client's own retries try again: no answer, 408, 409, 429, a 5xx.
+            if status is not None and status not in (408, 409, 429) and status < 500:
+                raise
             attempt += 1
-            pause = 0.5 * 2 ** (attempt - 1)
+            pause = _retry_after(exc) or 0.5 * 2 ** (attempt - 1)
             if attempt > MAX_RETRIES or given_up_at - time.monotonic() <= pause:
                 raise
             time.sleep(pause)
+
+
+def _retry_after(exc) -> float | None:
+    """The seconds a refusal's ``Retry-After`` asks for (a number of them), if any."""
+    response = getattr(exc, "response", None)
+    try:
+        return max(float(response.headers["Retry-After"]), 0.0)
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
 
 
 def chat(messages: list[dict]) -> str:

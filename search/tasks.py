@@ -3,10 +3,10 @@
 from collections.abc import Sequence
 
 from celery.utils.log import get_task_logger
-from django.db import InterfaceError, OperationalError
 
 from memsvc.broker import TRANSIENT
 from memsvc.celery import app, sent
+from memsvc.db import DATABASE_DID_NOT_ANSWER
 from search import services
 from search.embeddings import EmbeddingError
 
@@ -32,7 +32,7 @@ class TransientEmbeddingError(Exception):
 def embed_messages_task(message_ids: list[str]) -> int:
     try:
         return services.embed_messages(message_ids, batch=services.TASK_BATCH)
-    except (OperationalError, InterfaceError) as exc:
+    except DATABASE_DID_NOT_ANSWER as exc:
         # The database did not answer (restarting, a connection it dropped) or chose this
         # task to end a deadlock (with a deletion counting its messages out, say): nothing
         # was written, and it is tried again. (Only a deadlock was: a restart's tasks were

@@ -27,7 +27,7 @@ from search import services
 from search.embeddings import EmbeddingError, OllamaBackend, configured_backend
 from search.tasks import embed_messages_task, enqueue_embedding, sweep_unembedded_task
 from tests.agents_api.conftest import make_agent
-from tests.factories import ConversationFactory, MessageFactory
+from tests.factories import AgentFactory, ConversationFactory, MessageFactory
 from tests.local_http import LocalHttpServer, Reply
 
 pytestmark = pytest.mark.django_db
@@ -560,3 +560,30 @@ def test_a_reindex_waits_for_rows_another_is_embedding_where_a_sweep_leaves_them
         release.set()
         other.join()
     assert not Message.objects.filter(id__in=ids, embedded_at=None).exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("task_name", ["observe_tool_record", "extract_memories"])
+def test_the_llm_tasks_are_tried_again_when_the_database_does_not_answer(monkeypatch, task_name):
+    """As an embedding is (above): the observer's task was dropped, and its record kept its
+    fallback summary for good; an extraction's turns waited for the conversation's next
+    turn (code review). The database's error is raised here by the test."""
+    from agents_api import extraction, tasks
+    from agents_api import services as agent_services
+
+    def restarting(*args, **kwargs):
+        try:
+            raise psycopg.OperationalError("connection is bad: Connection refused")
+        except psycopg.Error as exc:
+            raise OperationalError(str(exc)) from exc
+
+    monkeypatch.setattr(agent_services, "tool_record_observe", restarting)
+    monkeypatch.setattr(extraction, "memories_extract", restarting)
+    conversation = MessageFactory(content="a turn").conversation
+    agent = AgentFactory()
+    task, args = {
+        "observe_tool_record": (tasks.observe_tool_record_task, [str(agent.id)]),
+        "extract_memories": (tasks.extract_memories_task, [str(agent.id), str(conversation.id)]),
+    }[task_name]
+    with pytest.raises(Retry):
+        task.apply(args=args)
