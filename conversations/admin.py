@@ -6,12 +6,13 @@ for the conversation column, search through the GIN-indexed full-text column ins
 """
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.text import Truncator
 
+from conversations import selectors
 from conversations.models import (
     AccessLevel,
     Conversation,
@@ -239,7 +240,8 @@ class ConversationAdmin(MetadataChecked, LargeTableAdmin):
     def has_add_permission(self, request):
         return False
 
-    # Deleted as the API deletes: with the forks below it, a root with its whole group. So a
+    # Deleted as the API deletes: with the forks below it that share its messages, a root
+    # with its whole group (a fork's page says which stay: ``delete_view``). So a
     # root's deletion is the group's: it needs the group's permission and lists what the
     # group's would.
     def has_delete_permission(self, request, obj=None):
@@ -259,6 +261,23 @@ class ConversationAdmin(MetadataChecked, LargeTableAdmin):
         if forks:
             parts.append(super().get_deleted_objects(forks, request))
         return merged_deletions(parts)
+
+    def delete_view(self, request, object_id, extra_context=None):
+        """Said on a fork's confirmation: the forks below it that share none of its messages
+        stay (``selectors.deletion``), though Django's list below names every fork below
+        it (it said they went; code review)."""
+        conversation = self.get_object(request, object_id)
+        a_fork = conversation is not None and conversation.forked_at_conversation_id is not None
+        moved = selectors.deletion(conversation)[1] if a_fork and request.method == "GET" else {}
+        if moved:
+            self.message_user(
+                request,
+                f"{len(moved)} fork(s) below it share none of its messages: they stay, moved "
+                "up to where their fork point is, with what was made from them, though "
+                "listed below.",
+                messages.WARNING,
+            )
+        return super().delete_view(request, object_id, extra_context)
 
     def delete_model(self, request, obj):
         conversation_delete(operator(request), conversation=obj, need=None)

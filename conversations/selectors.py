@@ -172,14 +172,68 @@ def _with_summary_fields(
     )
 
 
+_SUBTREE_SQL = """
+WITH RECURSIVE subtree(id) AS (
+    SELECT %s::uuid
+  UNION ALL
+    SELECT c.id FROM conversation c JOIN subtree ON c.forked_at_conversation_id = subtree.id
+)
+SELECT id FROM subtree
+"""
+
+
+def conversation_subtree(conversation: Conversation) -> list:
+    """The ids of ``conversation`` and of every fork below it."""
+    with connection.cursor() as cursor:
+        cursor.execute(_SUBTREE_SQL, [conversation.pk])
+        return [conversation_id for (conversation_id,) in cursor.fetchall()]
+
+
+def deletion(conversation: Conversation) -> tuple[list, dict]:
+    """What deleting ``conversation`` (a fork) takes: the ids of it and of the forks below
+    it that share its messages, and the forks below it that stay, each with the
+    conversation it moves to (``services.conversation_delete``). A fork that shares none of
+    its messages (made at a message of an ancestor of it, seen through it, or before any
+    message) stays, with what was made from it; one whose parent goes moves to the
+    conversation its fork point is in (one made before any message, to the deleted one's
+    parent), and reads what it read. Deleting a fork took along every fork made from it,
+    other members' branches holding none of its messages (review)."""
+    subtree = conversation_subtree(conversation)
+    rows = Conversation.objects.filter(pk__in=subtree).values_list(
+        "pk", "forked_at_conversation_id", "forked_at_message__conversation_id"
+    )
+    parent_of, point_in = {}, {}
+    for fork_id, parent, point in rows:
+        parent_of[fork_id], point_in[fork_id] = parent, point
+    inside = set(subtree)
+
+    def shares_none(fork_id) -> bool:
+        return fork_id != conversation.pk and point_in[fork_id] not in inside
+
+    stays: dict = {conversation.pk: False}
+
+    def staying(fork_id) -> bool:
+        if fork_id not in stays:
+            stays[fork_id] = shares_none(fork_id) or staying(parent_of[fork_id])
+        return stays[fork_id]
+
+    going = [fork_id for fork_id in subtree if not staying(fork_id)]
+    moved = {
+        fork_id: point_in[fork_id] or conversation.forked_at_conversation_id
+        for fork_id in subtree
+        if shares_none(fork_id) and parent_of[fork_id] in going
+    }
+    return going, moved
+
+
 def deletes_branches(conversation: Conversation) -> bool:
     """Whether deleting ``conversation`` deletes forks too (``services.conversation_delete``):
-    a root's, any fork (the group goes); another's, a fork made at one of its own messages
-    (those made at its parent's stay)."""
-    forks = Conversation.objects.filter(forked_at_conversation=conversation)
-    if conversation.forked_at_conversation_id is not None:
-        forks = forks.filter(forked_at_message__conversation=conversation)
-    return forks.exists()
+    a root's, any fork (the group goes); another's, those that share its messages
+    (``deletion``)."""
+    if conversation.forked_at_conversation_id is None:
+        return Conversation.objects.filter(forked_at_conversation=conversation).exists()
+    going, _ = deletion(conversation)
+    return len(going) > 1
 
 
 def show_parents(messages) -> None:

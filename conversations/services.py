@@ -95,16 +95,6 @@ def conversation_update(
     return conversation
 
 
-_SUBTREE_SQL = """
-WITH RECURSIVE subtree(id) AS (
-    SELECT %s::uuid
-  UNION ALL
-    SELECT c.id FROM conversation c JOIN subtree ON c.forked_at_conversation_id = subtree.id
-)
-SELECT id FROM subtree
-"""
-
-
 @transaction.atomic
 def conversation_delete(
     actor: Principal, *, conversation: Conversation, need: AccessLevel | None = AccessLevel.OWNER
@@ -122,9 +112,10 @@ def conversation_delete(
     if conversation.forked_at_conversation_id is None:
         conversation_groups_delete(actor, group_ids=[conversation.group_id])
     else:
-        subtree = _subtree(conversation)
-        _lock_conversations(Conversation.objects.filter(pk__in=subtree))
-        subtree = _branches_kept(conversation, subtree)
+        _lock_conversations(
+            Conversation.objects.filter(pk__in=selectors.conversation_subtree(conversation))
+        )
+        subtree = _branches_kept(conversation)
         _messages_delete(Message.objects.filter(conversation_id__in=subtree))
         # Transfers are of the group, which stays: those made from the subtree name its parent.
         OwnershipTransfer.objects.filter(conversation_id__in=subtree).update(
@@ -133,44 +124,12 @@ def conversation_delete(
         Conversation.objects.filter(pk=conversation.pk).delete()
 
 
-def _subtree(conversation: Conversation) -> list:
-    """The ids of ``conversation`` and of every fork below it."""
-    with connection.cursor() as cursor:
-        cursor.execute(_SUBTREE_SQL, [conversation.pk])
-        return [conversation_id for (conversation_id,) in cursor.fetchall()]
-
-
-def _branches_kept(conversation: Conversation, subtree: list) -> list:
-    """The ids of ``subtree`` (``conversation`` and the forks below it) that go with it: the
-    forks sharing its messages. A fork that shares none of them (made at a message of an
-    ancestor of it, seen through it, or before any message) stays, with what was made from
-    it: one whose parent goes is moved to the conversation its fork point is in (one made
-    before any message, to the deleted one's parent), and reads what it read. Deleting a
-    fork took along every fork made from it, other members' branches holding none of its
-    messages (review)."""
-    rows = Conversation.objects.filter(pk__in=subtree).values_list(
-        "pk", "forked_at_conversation_id", "forked_at_message__conversation_id"
-    )
-    parent_of, point_in = {}, {}
-    for fork_id, parent, point in rows:
-        parent_of[fork_id], point_in[fork_id] = parent, point
-    inside = set(subtree)
-
-    def shares_none(fork_id) -> bool:
-        return fork_id != conversation.pk and point_in[fork_id] not in inside
-
-    stays: dict = {conversation.pk: False}
-
-    def staying(fork_id) -> bool:
-        if fork_id not in stays:
-            stays[fork_id] = shares_none(fork_id) or staying(parent_of[fork_id])
-        return stays[fork_id]
-
-    going = [fork_id for fork_id in subtree if not staying(fork_id)]
-    for fork_id in subtree:
-        if shares_none(fork_id) and parent_of[fork_id] in going:
-            parent = point_in[fork_id] or conversation.forked_at_conversation_id
-            Conversation.objects.filter(pk=fork_id).update(forked_at_conversation=parent)
+def _branches_kept(conversation: Conversation) -> list:
+    """The ids of the conversations that go with ``conversation`` (``selectors.deletion``);
+    the forks below it that stay are moved first where it says."""
+    going, moved = selectors.deletion(conversation)
+    for fork_id, parent in moved.items():
+        Conversation.objects.filter(pk=fork_id).update(forked_at_conversation=parent)
     return going
 
 

@@ -259,6 +259,10 @@ class MemoryBlockRecord(Record):
     id = serializers.IntegerField(
         min_value=1, max_value=NUMBER_MAX, help_text="Letta's routes show it (block-<id>)."
     )
+    # (Made again with a new one, the local API's id of a block changed: review.)
+    publicId = serializers.UUIDField(
+        source="public_id", required=False, help_text="The local API shows it (its id)."
+    )
     agentId = serializers.UUIDField(source="agent_id")
     userId = SubjectField(source="user_id", help_text="null: the agent's own block")
     label = LabelField(restored=True)

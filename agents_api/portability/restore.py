@@ -398,10 +398,20 @@ def restore_memories(subject, records: list[dict]) -> int:
 
 
 def restore_memory_blocks(subject, records: list[dict]) -> int:
-    """Blocks with every revision they had, under their old ids when free
-    (``_keep_numbers``)."""
+    """Blocks with every revision they had, under their old ids (and local API ids) when
+    free (``_keep_numbers``)."""
     kept = _agents_for(subject, records, "memoryBlocks")
     _keep_numbers("memory_block", "id", kept, "id")
+    # Their local API ids too, when free (a copy into another agent gets new ones).
+    wanted = [record["public_id"] for record in kept if record.get("public_id")]
+    taken = set(
+        MemoryBlock.objects.filter(public_id__in=wanted).values_list("public_id", flat=True)
+    )
+    for record in kept:
+        if record.get("public_id") in taken:
+            del record["public_id"]
+        elif record.get("public_id"):
+            taken.add(record["public_id"])
     revisions = [record.pop("exported_revisions") for record in kept]
     # (Revisions "of 2099" were the newest for good: every real change was trimmed at once
     # as one past the kept number; review.)

@@ -1130,3 +1130,22 @@ def test_deleting_a_login_says_that_what_is_kept_under_its_name_stays(operator, 
     page = operator.get(reverse("admin:auth_user_delete", args=[carol.pk])).content.decode()
     assert "leaves what is kept for that user id" in page
     assert "POST /v1/user/erase" in page
+
+
+def test_a_forks_delete_page_says_which_forks_below_it_stay(operator):
+    """Django's list names every fork below it (the database's cascade); those that share
+    none of its messages stay (``selectors.deletion``): the page said they went (code
+    review)."""
+    alice = Principal.user("alice")
+    root = conversation_create(alice, title="Root")
+    first, second = messages_append(
+        alice, conversation=root, messages=[NewMessage(content="a1"), NewMessage(content="a2")]
+    )
+    branch = conversation_fork(alice, conversation=root, message=second, title="Branch")
+    page = reverse("admin:conversations_conversation_delete", args=[branch.pk])
+    assert "share none of its messages" not in operator.get(page).content.decode()
+    kept = conversation_fork(alice, conversation=branch, message=first, title="Kept")
+    assert "1 fork(s) below it share none of its messages" in operator.get(page).content.decode()
+    operator.post(page, {"post": "yes"})
+    assert Conversation.objects.get(pk=kept.pk).forked_at_conversation_id == root.pk
+    assert not Conversation.objects.filter(pk=branch.pk).exists()
