@@ -95,6 +95,12 @@ def test_the_script_gets_the_new_row_then_the_answer_streamed(alice_page, chat):
     pieces = [piece.decode() for piece in streamed.streaming_content]
     assert len(pieces) > 1 and "".join(pieces) == "Rex would love Brittany, Alice."
     assert Message.objects.filter(conversation=chat, role="assistant").count() == 1
+    # Asked again (a second tab, a request sent again), with nothing new to answer: it
+    # answered the answered turn once more, and kept it (review).
+    again = alice_page.post(reverse("pages:reply", args=[chat.id]))
+    assert again.status_code == 409
+    assert "the latest turn has its answer" in again.content.decode()
+    assert Message.objects.filter(conversation=chat, role="assistant").count() == 1
 
 
 def test_an_answer_that_cannot_be_kept_says_so_at_the_streams_end(alice_page, chat):
@@ -160,6 +166,7 @@ def test_an_answer_is_kept_without_what_postgresql_cannot_hold(alice_page, chat,
     """A NUL and a lone surrogate in the streamed answer: the page was a 500 and nothing was
     kept (a review's finding)."""
     llm.then("Rex\x00 loves \ud800 Brittany.")
+    alice_page.post(reverse("pages:append", args=[chat.id]), {"content": "Hello"}, **HTMX)
     streamed = alice_page.post(reverse("pages:reply", args=[chat.id]))
     assert b"".join(streamed.streaming_content).decode() == "Rex loves ? Brittany."
     assert Message.objects.get(role="assistant").content == "Rex loves ? Brittany."
@@ -168,6 +175,7 @@ def test_an_answer_is_kept_without_what_postgresql_cannot_hold(alice_page, chat,
 def test_an_answer_is_kept_to_the_longest_message_memsvc_takes(alice_page, chat, llm, settings):
     settings.MEMSVC_MAX_MESSAGE_CHARS = 10
     llm.then("Rex loves Brittany and the sea.")
+    alice_page.post(reverse("pages:append", args=[chat.id]), {"content": "Hello"}, **HTMX)
     streamed = alice_page.post(reverse("pages:reply", args=[chat.id]))
     assert b"".join(streamed.streaming_content).decode() == "Rex loves Brittany and the sea."
     assert Message.objects.get(role="assistant").content == "Rex loves "
@@ -412,6 +420,7 @@ def test_answers_at_once_are_capped_and_a_finished_one_gives_its_place_back(
         assert not Message.objects.filter(content="And then?").exists()  # refused: not kept
 
     assert b"".join(pieces).decode().endswith("Brittany, Alice.")
+    alice_page.post(reverse("pages:append", args=[chat.id]), {"content": "And then?"}, **HTMX)
     third = alice_page.post(reverse("pages:reply", args=[chat.id]))
     assert b"".join(third.streaming_content).decode() == "Rex would love Brittany, Alice."
     assert Message.objects.filter(conversation=chat, role="assistant").count() == 2

@@ -22,7 +22,7 @@ from agents_api.assistant import (
 from agents_api.selectors import agent_names
 from conversations import selectors, services
 from conversations.api import serializers as s
-from conversations.models import AccessLevel, Conversation
+from conversations.models import AccessLevel, Conversation, Role
 from memsvc.api.errors import ApiError, Conflict, NotFound
 from memsvc.api.fields import InputSerializer, PrincipalIdField
 from memsvc.api.pagination import encode_cursor
@@ -215,6 +215,11 @@ def reply(request, conversation_id):
     assistant = _assistant(request, conversation)
     if assistant is None:
         raise Conflict("no assistant answers in this conversation")
+    # An answer asks for a turn to answer: a second tab, or a request sent again, had the
+    # assistant answer the answered turns once more, and keep it (review).
+    latest = selectors.conversation_messages(conversation).order_by("-seq").first()
+    if latest is None or latest.role != Role.USER:
+        raise Conflict("nothing to answer: the latest turn has its answer")
     release = answering.take()
 
     def stream():
