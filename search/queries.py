@@ -123,12 +123,15 @@ _MONTHS.update({name.lower(): number for number, name in enumerate(calendar.mont
 _MONTHS["sept"] = 9
 del _MONTHS["may"]  # "may" the verb: only the full name counts, checked below
 _MONTH_WORDS = "|".join(sorted(_MONTHS, key=len, reverse=True))
-# Month names that are words too ("may", "march", "jan", "dec"): one counts only written
-# with a capital, and "May" or "March" not before a pronoun ("May I ask"), unless a
-# preposition or a year says it is the month ("in may", "dec 2022"). Each lifted the turns
-# of its month for a query that named none (review).
-_ALSO_WORDS = {"may", "march"} | {name.lower() for name in calendar.month_abbr if name} | {"sept"}
+# Month names that are words too: "May" or "March" counts only written with a capital and
+# not before a pronoun ("May I ask"), an abbreviation ("jan", "Jan": a name too, "dec")
+# only with a period, a day or a year after it ("Jan.", "Jan 5", "dec 2022"), unless a
+# preposition says it is the month ("in may", "in Jan"). Each lifted the turns of its month
+# for a query that named none (review).
+_WORDS_TOO = {"may", "march"}
+_ABBREVIATIONS = {name.lower() for name in calendar.month_abbr if name} - {"may"} | {"sept"}
 _PRONOUN_AFTER = re.compile(r"\s+(?:i|we|you|he|she|it|they)\b", re.I)
+_DAY_AFTER = re.compile(r"\.?\s+\d{1,2}(?:st|nd|rd|th)?\b", re.I)
 _MONTH = re.compile(
     rf"\b(?:(in|of|during)\s+)?({_MONTH_WORDS}|may)\b\.?(?:,?\s+((?:19|20)\d\d))?", re.I
 )
@@ -196,9 +199,14 @@ def periods(text: str, now: datetime) -> list[Period]:
     taken: list[tuple[int, int]] = []
     for match in _MONTH.finditer(text):
         preposition, name, year = match.groups()
-        as_a_word = not name[0].isupper() or _PRONOUN_AFTER.match(text, match.end(2))
-        if name.lower() in _ALSO_WORDS and not (preposition or year) and as_a_word:
-            continue  # the word ("may", "May I", "march on", "dec")
+        word, after = name.lower(), match.end(2)
+        said_so = preposition or year
+        as_a_word = not name[0].isupper() or _PRONOUN_AFTER.match(text, after)
+        if word in _WORDS_TOO and not said_so and as_a_word:
+            continue  # the word ("may", "May I", "march on")
+        written_as_one = text[after : after + 1] == "." or _DAY_AFTER.match(text, after)
+        if word in _ABBREVIATIONS and not (said_so or written_as_one):
+            continue  # the word or the name ("dec", "What did Jan say?")
         month = _MONTHS.get(name.lower().rstrip("."), 5)
         taken.append(match.span())
         if year:

@@ -85,7 +85,13 @@ def test_relative_dates_resolve_against_the_moment_of_the_search():
     assert all(start.month == 6 for start, _ in june)
     assert periods("Caroline may go camping", NOW) == []  # the verb
     # Month names that are words too count as months only as months are written (review).
-    for word in ("May I ask about Kyoto?", "I will march on", "Do you jan", "I saw a dec"):
+    for word in (
+        "May I ask about Kyoto?",
+        "I will march on",
+        "Do you jan",
+        "I saw a dec",
+        "What did Jan say about Dec?",  # (names)
+    ):
         assert periods(word, NOW) == [], word
     for month, said in [
         (5, "What did we plan for May?"),
@@ -94,7 +100,9 @@ def test_relative_dates_resolve_against_the_moment_of_the_search():
         (12, "the party in dec"),
         (12, "Dec 2022 plans"),
         (1, "Jan. meetings"),
-        (9, "the Sept trip"),
+        (9, "the Sept. trip"),
+        (1, "the Jan 5th meeting"),
+        (1, "What happened in Jan?"),
     ]:
         found = periods(said, NOW)
         assert found and all(start.month == month for start, _ in found), said
