@@ -96,20 +96,8 @@ def assistant_of(conversation: Conversation, *, asked_by: str) -> Agent | None:
     (``owner_principal``). Another owner's agent, shared into the conversation, answers
     through its own API only: on the pages its blocks would go into a prompt the person
     writes (and reads back), and its store would keep what it is told (review)."""
-    principal_ids = (
-        Membership.objects.filter(
-            group_id=conversation.group_id,
-            principal_id__startswith=AGENT_PRINCIPAL_PREFIX,
-            access_level__in=[level for level in AccessLevel if level != AccessLevel.READER],
-        )
-        .order_by("created_at", "id")
-        .values_list("principal_id", flat=True)
-    )
-    order = [agent_uuid_of(principal_id) for principal_id in principal_ids]
-    owner, name = PAGES_ASSISTANT
-    agents = Agent.objects.filter(
-        Q(owner_principal=owner, name=name) | Q(owner_principal=asked_by)
-    ).in_bulk([agent_id for agent_id in order if agent_id])  # one query
+    order = _agent_members(conversation, writers=True)
+    agents = Agent.objects.filter(_the_persons_own(asked_by)).in_bulk(order)  # one query
     return next((agents[agent_id] for agent_id in order if agent_id in agents), None)
 
 
@@ -120,16 +108,27 @@ def read_by_others(conversation: Conversation, user_id: str) -> bool:
     conversations; review)."""
     if user_members(conversation) - {user_id}:
         return True
-    agents = Membership.objects.filter(
-        group_id=conversation.group_id, principal_id__startswith=AGENT_PRINCIPAL_PREFIX
-    ).values_list("principal_id", flat=True)
+    others = Agent.objects.filter(id__in=_agent_members(conversation))
+    return others.exclude(_the_persons_own(user_id)).exists()
+
+
+def _the_persons_own(user_id: str) -> Q:
+    """The agents that are the person's own on the pages: the pages' assistant, and those
+    the person owns."""
     owner, name = PAGES_ASSISTANT
-    return (
-        Agent.objects.filter(id__in=[agent_uuid_of(agent) for agent in agents])
-        .exclude(owner_principal=user_id)
-        .exclude(owner_principal=owner, name=name)
-        .exists()
+    return Q(owner_principal=owner, name=name) | Q(owner_principal=user_id)
+
+
+def _agent_members(conversation: Conversation, *, writers: bool = False) -> list:
+    """The ids of the agents that are members of the conversation (``writers``: those that
+    may write in it), in the order they joined."""
+    members = Membership.objects.filter(
+        group_id=conversation.group_id, principal_id__startswith=AGENT_PRINCIPAL_PREFIX
     )
+    if writers:
+        members = members.exclude(access_level=AccessLevel.READER)
+    ids = members.order_by("created_at", "id").values_list("principal_id", flat=True)
+    return [agent for agent in map(agent_uuid_of, ids) if agent]
 
 
 def assistant_prompt(agent: Agent, conversation: Conversation, *, user_id: str) -> list[dict]:

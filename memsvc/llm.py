@@ -14,6 +14,7 @@ from types import ModuleType
 from django.conf import settings
 
 from memsvc.api.parsers import json_problem
+from memsvc.client.core import retry_after_seconds
 from memsvc.outage import Outage
 
 TIMEOUT_SECONDS = 120.0
@@ -179,19 +180,10 @@ def _stream_opened(client, messages: list[dict], given_up_at: float):
             if status is not None and status not in (408, 409, 429) and status < 500:
                 raise
             attempt += 1
-            pause = _retry_after(exc) or 0.5 * 2 ** (attempt - 1)
+            pause = retry_after_seconds(getattr(exc, "response", None)) or 0.5 * 2 ** (attempt - 1)
             if attempt > MAX_RETRIES or given_up_at - time.monotonic() <= pause:
                 raise
             time.sleep(pause)
-
-
-def _retry_after(exc) -> float | None:
-    """The seconds a refusal's ``Retry-After`` asks for (a number of them), if any."""
-    response = getattr(exc, "response", None)
-    try:
-        return max(float(response.headers["Retry-After"]), 0.0)
-    except (AttributeError, KeyError, TypeError, ValueError):
-        return None
 
 
 def chat(messages: list[dict]) -> str:

@@ -19,7 +19,7 @@ from urllib.parse import unquote_plus
 from django.conf import settings
 from django.core import signals
 from django.core.exceptions import DisallowedHost, RequestDataTooBig, TooManyFieldsSent
-from django.db import DataError, IntegrityError, InterfaceError, OperationalError, connections
+from django.db import DataError, IntegrityError, connections
 from django.http import HttpResponse, HttpResponseBadRequest
 from django.urls import Resolver404, resolve
 from psycopg import errors
@@ -32,6 +32,7 @@ from memsvc.api.errors import (
     Unavailable,
     render_api_error,
 )
+from memsvc.db import DATABASE_DID_NOT_ANSWER
 
 logger = logging.getLogger("django.request")
 security_logger = logging.getLogger("django.security.DisallowedHost")
@@ -116,7 +117,7 @@ def exception_refusal(exception: Exception) -> ApiError:
             f"at most {settings.DATA_UPLOAD_MAX_NUMBER_FIELDS} parameters",
             location="query",
         )
-    if isinstance(exception, OperationalError | InterfaceError):
+    if isinstance(exception, DATABASE_DID_NOT_ANSWER):
         # A broken connection must not stay with this thread: the next request reconnects.
         for connection in connections.all(initialized_only=True):
             connection.close_if_unusable_or_obsolete()

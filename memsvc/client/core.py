@@ -589,3 +589,12 @@ def _message(call: Call, role: str, content: str, metadata: dict | None) -> Serv
 
 # learning(strategy=NAME): the class made for each block.
 STRATEGIES: dict[str, type] = {"recall": Recall}
+
+
+def retry_after_seconds(response) -> float | None:
+    """The seconds an answer's ``Retry-After`` asks for (a number of them), None when it
+    asks none (or there is no answer): what memsvc's deferrals and a model's refusals say."""
+    try:
+        return max(float(response.headers["Retry-After"]), 0.0)
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None

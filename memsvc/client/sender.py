@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from memsvc.client.core import KEY_HEADER, ServerRequest
+from memsvc.client.core import KEY_HEADER, ServerRequest, retry_after_seconds
 
 logger = logging.getLogger("memsvc.client")
 
@@ -330,12 +330,8 @@ def _retry_wait(
     response: httpx.Response | None, attempt: int, *, most: float = MAX_RETRY_WAIT_SECONDS
 ) -> float:
     """Seconds to wait: the answer's ``Retry-After``, else a backoff by ``attempt``."""
-    retry_after = "" if response is None else response.headers.get("Retry-After", "")
-    try:
-        wait = float(retry_after)
-    except ValueError:
-        wait = 0.2 * 2**attempt
-    return min(max(wait, 0.0), most)
+    wait = retry_after_seconds(response)
+    return min(0.2 * 2**attempt if wait is None else wait, most)
 
 
 sender = Sender()
