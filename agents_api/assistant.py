@@ -9,6 +9,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 from django.conf import settings
+from django.db import transaction
 from django.db.models import Q
 
 from agents_api import selectors
@@ -24,9 +25,10 @@ from conversations.selectors import (
     user_members,
 )
 from conversations.services import NewMessage, within_message_limit
-from memsvc.api.errors import RateLimited
+from memsvc.api.errors import Conflict, RateLimited
 from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, Principal, agent_uuid_of
 from memsvc.client import format_context
+from memsvc.db import locked_row
 from memsvc.llm import chat_stream
 from memsvc.text import shows_nothing
 from search.selectors import search_messages
@@ -190,9 +192,31 @@ def assistant_reply(agent: Agent, conversation: Conversation, *, user: Principal
     for piece in chat_stream(prompt, seconds=settings.MEMSVC_PAGES_ANSWER_SECONDS):
         pieces.append(piece)
         yield piece
-    agent_messages_append(
-        actor,
-        conversation=conversation,
-        messages=[NewMessage(content=within_message_limit("".join(pieces)), role=Role.ASSISTANT)],
-    )
+    with transaction.atomic():
+        # Answers to one conversation are kept one at a time, each after a look at the
+        # latest turn: two tabs asking at once both streamed an answer, and both kept it
+        # (review). The one that comes second is refused (``Conflict``). (The lock an
+        # append takes: a conversation deleted meanwhile is a 404 here.)
+        locked_row(
+            Conversation.objects.only("pk"),
+            conversation.pk,
+            missing="conversation not found",
+            no_key=True,
+        )
+        refuse_answered(conversation)
+        agent_messages_append(
+            actor,
+            conversation=conversation,
+            messages=[
+                NewMessage(content=within_message_limit("".join(pieces)), role=Role.ASSISTANT)
+            ],
+        )
     enqueue_memory_extraction(agent, conversation)
+
+
+def refuse_answered(conversation: Conversation) -> None:
+    """``Conflict`` unless the conversation's latest turn (as its people see it) is a
+    person's, waiting for its answer."""
+    latest = conversation_messages(conversation).order_by("-seq").only("role").first()
+    if latest is None or latest.role != Role.USER:
+        raise Conflict("nothing to answer: the latest turn has its answer")

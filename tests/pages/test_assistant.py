@@ -103,6 +103,22 @@ def test_the_script_gets_the_new_row_then_the_answer_streamed(alice_page, chat):
     assert Message.objects.filter(conversation=chat, role="assistant").count() == 1
 
 
+def test_two_tabs_asking_at_once_keep_one_answer(alice_page, chat):
+    """Both asked before either answer was kept: both looked at an unanswered turn, both
+    streamed, and both answers were kept (review). The second to finish is refused."""
+    alice_page.post(reverse("pages:append", args=[chat.id]), {"content": "Hello"}, **HTMX)
+    first = alice_page.post(reverse("pages:reply", args=[chat.id]))
+    second = alice_page.post(reverse("pages:reply", args=[chat.id]))
+    assert first.status_code == second.status_code == 200
+    assert b"".join(first.streaming_content).decode() == "Rex would love Brittany, Alice."
+    late = b"".join(second.streaming_content).decode()
+    assert late.endswith(
+        "[The answer could not be kept: nothing to answer: the latest turn has its answer]"
+    )
+    kept = Message.objects.filter(conversation=chat, role="assistant")
+    assert list(kept.values_list("content", flat=True)) == ["Rex would love Brittany, Alice."]
+
+
 def test_an_answer_that_cannot_be_kept_says_so_at_the_streams_end(alice_page, chat):
     """The conversation deleted while the answer streams: the store's refusal (404) ended
     the response unhandled, cut short, without a word (review)."""

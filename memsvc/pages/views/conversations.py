@@ -18,11 +18,12 @@ from agents_api.assistant import (
     assistant_reply,
     pages_assistant,
     read_by_others,
+    refuse_answered,
 )
 from agents_api.selectors import agent_names
 from conversations import selectors, services
 from conversations.api import serializers as s
-from conversations.models import AccessLevel, Conversation, Role
+from conversations.models import AccessLevel, Conversation
 from memsvc.api.errors import ApiError, Conflict, NotFound
 from memsvc.api.fields import InputSerializer, PrincipalIdField
 from memsvc.api.pagination import encode_cursor
@@ -216,10 +217,9 @@ def reply(request, conversation_id):
     if assistant is None:
         raise Conflict("no assistant answers in this conversation")
     # An answer asks for a turn to answer: a second tab, or a request sent again, had the
-    # assistant answer the answered turns once more, and keep it (review).
-    latest = selectors.conversation_messages(conversation).order_by("-seq").first()
-    if latest is None or latest.role != Role.USER:
-        raise Conflict("nothing to answer: the latest turn has its answer")
+    # assistant answer the answered turns once more, and keep it (review). Looked at again
+    # as the answer is kept (two tabs asking at once).
+    refuse_answered(conversation)
     release = answering.take()
 
     def stream():
