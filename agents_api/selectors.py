@@ -251,7 +251,8 @@ def letta_page(
 ) -> list:
     """A page of a Letta list (``letta_agents``, ``letta_blocks``; an agent's messages with
     ``LETTA_MESSAGE_ORDERS``) in creation ``order`` ("asc" or "desc"): the rows after the
-    row ``after`` and before the row ``before`` in that order (primary keys; one that names
+    row ``after`` and before the row ``before`` in that order (primary keys or lookups, as
+    ``_named`` reads them; one that names
     none of ``rows`` is ignored, as Letta's server ignores it, or, with ``missing``, a 404
     saying so, as its message list answers). letta-client walks a list by ``after`` the
     last item of each page."""
@@ -261,9 +262,9 @@ def letta_page(
     # Both rows looked up among all of ``rows``: a ``before`` at or before ``after`` was
     # looked up past ``after``, not found, ignored, and the page ran on (review).
     cursors = [
-        (rows.filter(pk=pk).prefetch_related(None).values_list(*fields).first(), direction)
-        for pk, direction in ((after, keys), (before, backwards))
-        if pk is not None
+        (_named(rows, key).prefetch_related(None).values_list(*fields).first(), direction)
+        for key, direction in ((after, keys), (before, backwards))
+        if key is not None
     ]
     for cursor, direction in cursors:
         if cursor is not None:
@@ -280,10 +281,17 @@ def letta_agent(caller: Agent, agent_id) -> Agent:
     return agent
 
 
-def letta_block(caller: Agent, block_id) -> MemoryBlock:
-    """A block of ``letta_blocks``: an agent's own (Letta has no users, so the blocks an
-    agent keeps per user are not Letta's), or one waiting for its attach."""
-    block = letta_blocks(caller).filter(pk=block_id).select_related("agent").first()
+def _named(rows: QuerySet, key) -> QuerySet:
+    """The row of ``rows`` that ``key`` names: a primary key, or a lookup (``Q``: a block's
+    id names its ``public_id``)."""
+    return rows.filter(key if isinstance(key, Q) else Q(pk=key))
+
+
+def letta_block(caller: Agent, block: Q) -> MemoryBlock:
+    """A block of ``letta_blocks`` (``block``: its lookup, ``parse_block_id``): an agent's
+    own (Letta has no users, so the blocks an agent keeps per user are not Letta's), or one
+    waiting for its attach."""
+    block = _named(letta_blocks(caller), block).select_related("agent").first()
     if block is None:
         raise NotFound("Block not found")
     return block

@@ -1,6 +1,6 @@
 """Letta's JSON: its inputs (snake_case, unknown fields ignored as Letta's server does) and
 its objects (``AgentState``, ``Block``, ``Group``, messages) built from memsvc's rows, with
-Letta's prefixed ids (``agent-<uuid>``, ``block-<id>``, ``group-<agent uuid>``,
+Letta's prefixed ids (``agent-<uuid>``, ``block-<uuid>``, ``group-<agent uuid>``,
 ``message-<uuid>``). Letta's clients parse answers leniently; every field they require is
 here, the optional ones memsvc has nothing for are left out."""
 
@@ -8,6 +8,7 @@ import re
 import uuid
 
 from django.conf import settings
+from django.db.models import Q
 from rest_framework import serializers
 
 from agents_api.api.serializers import BlockDescriptionField, BlockLimitField, LabelField
@@ -55,13 +56,18 @@ def parse_uuid_id(raw: str, prefix: str, what: str) -> uuid.UUID:
     return uuid.UUID(raw[len(prefix) :])
 
 
-def parse_block_id(raw: str) -> int:
+def parse_block_id(raw: str) -> Q:
+    """``block-<uuid>`` (the block's ``public_id``, as the local API names it) -> the block's
+    lookup; ``block-<number>`` too, the table's counter, which named blocks before (Letta
+    clients keep the ids they were given). Anything else names no block (404)."""
     digits = raw.removeprefix(BLOCK_ID_PREFIX)
     # ASCII digits only: str.isdigit() takes "²" (which int() refuses) and int() takes
     # other scripts' digits ("١٤١" is 141), so neither would do alone.
-    if not (digits.isascii() and digits.isdigit()) or len(digits) > 18:
-        raise NotFound("Block not found")
-    return int(digits)
+    if raw.startswith(BLOCK_ID_PREFIX) and digits.isascii() and digits.isdigit():
+        if len(digits) > 18:
+            raise NotFound("Block not found")
+        return Q(pk=int(digits))
+    return Q(public_id=parse_uuid_id(raw, BLOCK_ID_PREFIX, "Block"))
 
 
 def agent_id(agent: Agent) -> str:
@@ -70,7 +76,7 @@ def agent_id(agent: Agent) -> str:
 
 def block_out(block: MemoryBlock) -> dict:
     return {
-        "id": f"{BLOCK_ID_PREFIX}{block.pk}",
+        "id": f"{BLOCK_ID_PREFIX}{block.public_id}",
         "label": block.label,
         "value": block.value,
         "description": block.description,

@@ -962,8 +962,28 @@ def test_a_block_is_relabelled_and_a_label_taken_is_a_conflict(api, helper):
     assert "human" in taken.json()["detail"]
     for bad in ("", "a/b", "x" * 101):
         assert api.patch(path, {"label": bad}, as_=helper).status_code == 422, bad
-    block = MemoryBlock.objects.get(pk=persona["id"].removeprefix("block-"))
+    block = MemoryBlock.objects.get(public_id=persona["id"].removeprefix("block-"))
     assert (block.label, block.value) == ("style", "Kind.")
+
+
+def test_a_block_is_named_by_its_uuid_and_still_by_its_old_number(api, helper):
+    """Letta names a block ``block-<uuid>``; memsvc named it by the table's counter, which
+    told any client how many blocks the service held (review). Its id is now the uuid the
+    local API gives it; the number a client was given before still names it."""
+    state = create_agent(api, helper)
+    [shown] = state["blocks"]
+    block = MemoryBlock.objects.get(agent__name="travel")
+    assert shown["id"] == f"block-{block.public_id}"
+    for named in (shown["id"], f"block-{block.pk}", f"block-{str(block.public_id).upper()}"):
+        got = api.get(f"/v1/blocks/{named}", as_=helper)
+        assert got.status_code == 200, named
+        assert got.json()["id"] == shown["id"]
+    for wrong in (str(block.public_id), f"block-{{{block.public_id}}}", str(block.pk)):
+        assert api.get(f"/v1/blocks/{wrong}", as_=helper).status_code == 404, wrong
+    # A page goes on after the block a uuid names (letta-client walks lists by ``after``).
+    second = api.post("/v1/blocks/", {"label": "style", "value": "Brief."}, as_=helper).json()
+    after = api.get("/v1/blocks/", as_=helper, after=shown["id"]).json()
+    assert [b["id"] for b in after] == [second["id"]]
 
 
 def test_a_null_in_a_create_is_the_default(api, helper):
