@@ -4,29 +4,12 @@ admin of memsvc's checks it (``SelectionChecked``)."""
 from django.contrib import admin, messages
 from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
-from django.contrib.auth.forms import AdminUserCreationForm
 from django.contrib.auth.models import Group
-from django.core.exceptions import ValidationError
 
 from memsvc.admin_tools import SelectionChecked
-from memsvc.api.principals import user_id_problem
-
-
-class LoginCreationForm(AdminUserCreationForm):
-    """A login's username is its principal id (the pages act as ``Principal.user(username)``):
-    one no user id can be is refused, as ``memsvc user create`` refuses it. ".." was taken,
-    and its holder shared a conversation that no member route could then name (review)."""
-
-    def clean_username(self):
-        username = super().clean_username()
-        if username is not None and (problem := user_id_problem(username)):
-            raise ValidationError(f"A user id {problem}.", code="invalid")
-        return username
 
 
 class CheckedUserAdmin(SelectionChecked, UserAdmin):
-    add_form = LoginCreationForm
-
     def get_readonly_fields(self, request, obj=None):
         # A rename would move the login to another principal and leave what was kept under
         # the old name to whoever takes it next (review): the name is given once.

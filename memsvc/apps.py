@@ -8,7 +8,15 @@ class MemsvcConfig(AppConfig):
     verbose_name = "memsvc"
 
     def ready(self):
+        from django.contrib.auth import get_user_model
+
         from memsvc import checks  # noqa: F401 (registers them)
+        from memsvc.api.principals import user_id_validator
+
+        # A login's username is its principal id (the pages act as ``Principal.user``):
+        # one no user id can be is refused wherever a login is made (``createsuperuser``
+        # made "..", which the admin's form refused; review).
+        get_user_model()._meta.get_field("username").validators.append(user_id_validator)
 
 
 class AdminConfig(admin_apps.AdminConfig):

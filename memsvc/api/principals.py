@@ -5,6 +5,8 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from django.core.exceptions import ValidationError
+
 from memsvc.api.errors import InvalidInput, NotFound
 from memsvc.validators import (
     DOT_SEGMENT_PROBLEM,
@@ -60,6 +62,13 @@ def user_id_problem(value) -> str | None:
         # DELETE, and deleted it; review)
         return DOT_SEGMENT_PROBLEM
     return None
+
+
+def user_id_validator(value) -> None:
+    """``user_id_problem`` as a Django validator: a login's username, which the pages act
+    as (``memsvc.apps``: the admin's form and ``manage.py createsuperuser`` alike)."""
+    if problem := user_id_problem(value):
+        raise ValidationError(f"A user id {problem}.", code="invalid")
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from django.contrib import admin
 from django.contrib.auth import get_user_model
 from django.contrib.messages import get_messages
 from django.core.exceptions import ValidationError
+from django.core.management import CommandError, call_command
 from django.db import connection
 from django.db.models.signals import pre_save
 from django.test import RequestFactory
@@ -1105,6 +1106,17 @@ def test_a_login_is_made_in_the_admin_only_for_a_name_a_user_id_can_be(operator,
     response = operator.post(reverse("admin:auth_user_add"), {**form, "username": "dot.ted"})
     assert response.status_code == 302
     assert get_user_model().objects.filter(username="dot.ted").exists()
+
+
+@pytest.mark.parametrize("username", ["..", "a/../b", "agent:x"])
+def test_createsuperuser_makes_a_login_only_for_a_name_a_user_id_can_be(username, monkeypatch):
+    """Django's command took "..", which the admin's form refuses (review)."""
+    monkeypatch.setenv("DJANGO_SUPERUSER_PASSWORD", "Sup3r-secret-pw!")
+    with pytest.raises(CommandError, match="A user id must"):
+        call_command("createsuperuser", "--noinput", username=username, email="", verbosity=0)
+    assert not get_user_model().objects.filter(username=username).exists()
+    call_command("createsuperuser", "--noinput", username="dot.ted", email="", verbosity=0)
+    assert get_user_model().objects.get(username="dot.ted").is_superuser
 
 
 def test_a_login_is_never_renamed_in_the_admin(operator, django_user_model):
