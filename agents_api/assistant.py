@@ -17,16 +17,17 @@ from agents_api.models import Agent
 from agents_api.services import agent_get_or_create
 from agents_api.services.messages import agent_messages_append
 from agents_api.tasks import enqueue_memory_extraction, enqueue_memory_touch
-from conversations.models import AccessLevel, Conversation, Membership, Role
+from conversations.models import AccessLevel, Conversation, Role
 from conversations.selectors import (
     access_conversation,
+    agent_members,
     conversation_messages,
     latest_user_text,
     user_members,
 )
 from conversations.services import NewMessage, within_message_limit
 from memsvc.api.errors import Conflict, RateLimited
-from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, Principal, agent_uuid_of
+from memsvc.api.principals import Principal
 from memsvc.client import format_context
 from memsvc.db import locked_row
 from memsvc.llm import chat_stream
@@ -98,7 +99,7 @@ def assistant_of(conversation: Conversation, *, asked_by: str) -> Agent | None:
     (``owner_principal``). Another owner's agent, shared into the conversation, answers
     through its own API only: on the pages its blocks would go into a prompt the person
     writes (and reads back), and its store would keep what it is told (review)."""
-    order = _agent_members(conversation, writers=True)
+    order = agent_members(conversation, writers=True)
     agents = Agent.objects.filter(_the_persons_own(asked_by)).in_bulk(order)  # one query
     return next((agents[agent_id] for agent_id in order if agent_id in agents), None)
 
@@ -110,7 +111,7 @@ def read_by_others(conversation: Conversation, user_id: str) -> bool:
     conversations; review)."""
     if user_members(conversation) - {user_id}:
         return True
-    others = Agent.objects.filter(id__in=_agent_members(conversation))
+    others = Agent.objects.filter(id__in=agent_members(conversation))
     return others.exclude(_the_persons_own(user_id)).exists()
 
 
@@ -119,18 +120,6 @@ def _the_persons_own(user_id: str) -> Q:
     the person owns."""
     owner, name = PAGES_ASSISTANT
     return Q(owner_principal=owner, name=name) | Q(owner_principal=user_id)
-
-
-def _agent_members(conversation: Conversation, *, writers: bool = False) -> list:
-    """The ids of the agents that are members of the conversation (``writers``: those that
-    may write in it), in the order they joined."""
-    members = Membership.objects.filter(
-        group_id=conversation.group_id, principal_id__startswith=AGENT_PRINCIPAL_PREFIX
-    )
-    if writers:
-        members = members.exclude(access_level=AccessLevel.READER)
-    ids = members.order_by("created_at", "id").values_list("principal_id", flat=True)
-    return [agent for agent in map(agent_uuid_of, ids) if agent]
 
 
 def assistant_prompt(agent: Agent, conversation: Conversation, *, user_id: str) -> list[dict]:

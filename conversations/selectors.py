@@ -54,7 +54,12 @@ from memsvc.api.pagination import (
     in_utc,
     keyset_page,
 )
-from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, Principal, stored_principal_id
+from memsvc.api.principals import (
+    AGENT_PRINCIPAL_PREFIX,
+    Principal,
+    agent_uuid_of,
+    stored_principal_id,
+)
 from memsvc.validators import as_uuid
 
 PREVIEW_CHARS = 200
@@ -902,15 +907,28 @@ def messages_elsewhere(user_id: str) -> QuerySet[Message]:
 WRITING_LEVELS = [level.value for level in AccessLevel if level.allows(AccessLevel.WRITER)]
 
 
+def _members(conversation: Conversation, *, agents: bool, writers: bool):
+    """The memberships of the conversation's group held by agents, or by users (``writers``:
+    those that may write in it)."""
+    members = Membership.objects.filter(group_id=conversation.group_id)
+    is_agent = Q(principal_id__startswith=AGENT_PRINCIPAL_PREFIX)
+    members = members.filter(is_agent if agents else ~is_agent)
+    return members.filter(access_level__in=WRITING_LEVELS) if writers else members
+
+
 def user_members(conversation: Conversation, *, writers: bool = False) -> set[str]:
     """The users (not agents) who are members of the conversation's group (``writers``:
     those who may write in it)."""
-    members = Membership.objects.filter(group_id=conversation.group_id).exclude(
-        principal_id__startswith=AGENT_PRINCIPAL_PREFIX
-    )
-    if writers:
-        members = members.filter(access_level__in=WRITING_LEVELS)
+    members = _members(conversation, agents=False, writers=writers)
     return set(members.values_list("principal_id", flat=True))
+
+
+def agent_members(conversation: Conversation, *, writers: bool = False) -> list[uuid.UUID]:
+    """The ids of the agents that are members of the conversation's group (``writers``:
+    those that may write in it), in the order they joined."""
+    members = _members(conversation, agents=True, writers=writers)
+    ids = members.order_by("created_at", "id").values_list("principal_id", flat=True)
+    return [agent for agent in map(agent_uuid_of, ids) if agent]
 
 
 def turn_speakers(messages: Sequence[Message]) -> dict:
