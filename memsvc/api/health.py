@@ -1,6 +1,7 @@
 import concurrent.futures
 import logging
 import os
+import shutil
 import threading
 import time
 
@@ -13,6 +14,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from memsvc.celery import broker_reachable
+from memsvc.embedded_db import socket_dir
 from search.embeddings import configured_backend
 from search.selectors import PENDING_COUNTED_UP_TO, pending_embedding_count
 
@@ -93,9 +95,24 @@ def _select_one() -> None:
 
 _probe = _DatabaseProbe()
 
+# The embedded database's disk holds less than this: PostgreSQL cannot make its next WAL
+# segment (16 MB), and a write it cannot log stops the server. Health said ok on a full disk
+# while every write failed (review).
+DISK_FULL_BELOW_BYTES = 64 * 1024 * 1024
+
+
+def _disk_full() -> bool:
+    """Whether the embedded database's disk is (nearly) full; False for a database of its
+    own (``DATABASE_URL``: its disk is not this machine's to see)."""
+    if settings.DATABASE_URL is not None:
+        return False
+    free = shutil.disk_usage(socket_dir(settings.MEMSVC_DATA_DIR)).free
+    return free < DISK_FULL_BELOW_BYTES
+
 
 class HealthView(APIView):
-    """Readiness and liveness: 200 when the database answers, 503 with a reason when not.
+    """Readiness and liveness: 200 when the database answers, 503 with a reason when not, or
+    when the embedded database's disk is full.
 
     ``broker`` says whether the task broker answers. Without it the service goes on (what
     it would have queued is embedded by the periodic sweep once the broker is back), so it
@@ -128,6 +145,10 @@ class HealthView(APIView):
                 body.update(status="unavailable", reason="database not answering")
                 return Response(body, status=503)
             body["pendingEmbeddings"] = pending_embedding_count()
+            if _disk_full():
+                logger.warning("health: the database's disk has less than 64 MB free")
+                body.update(status="unavailable", reason="disk full")
+                return Response(body, status=503)
         except DatabaseError:
             # A broken connection must not stick to this worker thread: drop it so the next
             # request reconnects once the database is back.

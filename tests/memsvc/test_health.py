@@ -132,3 +132,15 @@ def test_a_database_restarted_since_the_last_probe_is_answered_ok(client, monkey
         cursor.execute("SELECT pg_terminate_backend(%s, 5000)", [pid])  # (waits for its end)
         assert cursor.fetchone()[0]
     assert client.get("/v1/health").status_code == 200
+
+
+def test_health_is_503_when_the_embedded_databases_disk_is_full(client, monkeypatch):
+    """It said ok on a full disk, where every write failed (review). The disk's free space
+    is read as it is: "full" here is below a bound set above it."""
+    from memsvc.api import health
+
+    assert client.get("/v1/health").status_code == 200
+    monkeypatch.setattr(health, "DISK_FULL_BELOW_BYTES", 2**62)
+    response = client.get("/v1/health")
+    assert response.status_code == 503
+    assert (response.json()["status"], response.json()["reason"]) == ("unavailable", "disk full")
