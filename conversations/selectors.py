@@ -178,20 +178,28 @@ def _with_summary_fields(
 
 
 _SUBTREE_SQL = """
-WITH RECURSIVE subtree(id) AS (
-    SELECT %s::uuid
+WITH RECURSIVE subtree(id, parent, point) AS (
+    SELECT id, forked_at_conversation_id, forked_at_message_id FROM conversation WHERE id = %s
   UNION ALL
-    SELECT c.id FROM conversation c JOIN subtree ON c.forked_at_conversation_id = subtree.id
+    SELECT c.id, c.forked_at_conversation_id, c.forked_at_message_id
+    FROM conversation c JOIN subtree ON c.forked_at_conversation_id = subtree.id
 )
-SELECT id FROM subtree
+SELECT subtree.id, subtree.parent, point.conversation_id
+FROM subtree LEFT JOIN message point ON point.id = subtree.point
 """
+
+
+def _subtree_rows(conversation: Conversation) -> list[tuple]:
+    """(id, the conversation it was forked from, the conversation its fork point is in) of
+    ``conversation`` and of every fork below it (none when it is gone), in one statement."""
+    with connection.cursor() as cursor:
+        cursor.execute(_SUBTREE_SQL, [conversation.pk])
+        return cursor.fetchall()
 
 
 def conversation_subtree(conversation: Conversation) -> list:
     """The ids of ``conversation`` and of every fork below it."""
-    with connection.cursor() as cursor:
-        cursor.execute(_SUBTREE_SQL, [conversation.pk])
-        return [conversation_id for (conversation_id,) in cursor.fetchall()]
+    return [conversation_id for conversation_id, _, _ in _subtree_rows(conversation)]
 
 
 def deletion(conversation: Conversation) -> tuple[list, dict]:
@@ -203,10 +211,8 @@ def deletion(conversation: Conversation) -> tuple[list, dict]:
     conversation its fork point is in (one made before any message, to the deleted one's
     parent), and reads what it read. Deleting a fork took along every fork made from it,
     other members' branches holding none of its messages (review)."""
-    subtree = conversation_subtree(conversation)
-    rows = Conversation.objects.filter(pk__in=subtree).values_list(
-        "pk", "forked_at_conversation_id", "forked_at_message__conversation_id"
-    )
+    rows = _subtree_rows(conversation)
+    subtree = [fork_id for fork_id, _, _ in rows]
     parent_of, point_in = {}, {}
     for fork_id, parent, point in rows:
         parent_of[fork_id], point_in[fork_id] = parent, point
