@@ -83,6 +83,9 @@ MAX_RECORDS_PER_STORE = 100
 MAX_PENDING_INTERACTIONS = 1000
 # How many steps try a store memsvc fails (a 5xx, no answer) before its records are dropped.
 MAX_STORE_TRIES = 3
+# A store's failures that sent memsvc nothing (no connection): they count no try, the
+# records wait for it (``MAX_PENDING_INTERACTIONS`` of them at most).
+NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout)
 MAX_TOOL_NAME_CHARS = 200
 _RAW_BYTES = json_bytes({"_raw": ""}) - 2  # (the text's own quotes are its JSON's)
 
@@ -409,9 +412,15 @@ class MemoryBank:
     def _not_stored(self, batch: list, exc: httpx.HTTPError) -> None:
         """A store of ``batch`` failed with ``exc``: tried again with the next step, unless
         memsvc refused it (a 4xx but a timeout's or a rate limit's) or it failed
-        ``MAX_STORE_TRIES`` times: then its records are dropped, with a warning. (Kept for
+        ``MAX_STORE_TRIES`` times (a store that never reached it, ``NOT_SENT``, is no try):
+        then its records are dropped, with a warning. (Kept for
         good, one refused store failed every later step, each sent the whole history;
         review.)"""
+        if isinstance(exc, NOT_SENT):
+            # Nothing reached memsvc (stopped, restarting): no try. Counted, a fast loop
+            # went through its tries in the seconds of a restart, and dropped the oldest
+            # records while later ones were kept (review).
+            return
         keys = tuple(key for key, _ in batch)
         tries = self.task.tries[keys] = self.task.tries.get(keys, 0) + 1
         status = exc.response.status_code if isinstance(exc, httpx.HTTPStatusError) else None

@@ -521,6 +521,32 @@ def test_a_step_while_memsvc_is_down_is_stored_with_the_next_step_it_answers(liv
     assert retrieved.startswith(CONTEXT_HEADING) and '{"flights": 3}' in retrieved
 
 
+def test_steps_while_memsvc_is_stopped_are_all_stored_once_it_is_back(live_server, llm, caplog):
+    """A store that could not connect counted a try: five quick steps while memsvc
+    restarted dropped the oldest records after three, and kept the later ones (review).
+    Nothing reached memsvc: no try; every step is stored once it is back."""
+    client = openai.OpenAI(base_url=llm.base_url, api_key="test")
+    history = [{"role": "user", "content": "Plan a trip."}]
+    session = learning(agent=AGENT, server_url=live_server.url, strategy="memory_bank", task_id="r")
+    with session, caplog.at_level(logging.WARNING, logger="memsvc.client"):
+        up = session._client
+        for step in range(8):
+            if step == 1:  # stopped: nothing listens
+                session._client = _KeptClient(httpx.Client(base_url="http://127.0.0.1:1"))
+            if step == 6:  # back
+                session._client = up
+            call = ToolCall(f"lookup_{step}", {"step": step})
+            history += [
+                {"role": "assistant", "content": None, "tool_calls": [call.as_json()]},
+                {"role": "tool", "tool_call_id": call.id, "content": f'{{"found": {step}}}'},
+            ]
+            llm.then("Noted.")
+            client.chat.completions.create(model="gpt-test", messages=history)
+    stored = ToolRecord.objects.filter(task_id="r").order_by("step")
+    assert [r.tool_name for r in stored] == [f"lookup_{step}" for step in range(8)]
+    assert "dropped" not in caplog.text
+
+
 def test_a_store_memsvc_refuses_is_dropped_and_the_next_steps_are_compressed(llm, caplog):
     """Kept to be sent again, a store memsvc refused for good (a 413 of one large output)
     failed every later step, each sent the whole history (code review). Dropped, with a
