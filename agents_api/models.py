@@ -14,6 +14,7 @@ from django.db.models.functions import Cast, Left, Length, Now
 from django.db.models.lookups import LessThanOrEqual
 from django.utils import timezone
 
+from conversations.models import AccessLevel, Membership
 from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, PRINCIPAL_MAX_LENGTH, Principal
 from memsvc.db import embedding_has_model, embedding_index, json_is_object, words_column
 from memsvc.validators import (
@@ -574,6 +575,29 @@ class SummarySource(models.TextChoices):
     LLM = "llm"  # the observer's model
 
 
+def kept_about_the_owner(collector, field, sub_objs, using):
+    """``on_delete`` of a tool record's conversation: the record outlives it, unlinked
+    (``SET_NULL``), and one made for no user (``user_id`` "") is kept about the person who
+    owned the conversation: their export and erase still find it (``selectors
+    .tool_records_about``). Unlinked, it was about nobody: a person who deleted a
+    conversation, then erased themselves, left an agent's records of it behind (review)."""
+    records = list(sub_objs.filter(user_id="").values_list("pk", "conversation__group_id"))
+    owners = dict(
+        Membership.objects.filter(
+            group_id__in={group for _, group in records}, access_level=AccessLevel.OWNER
+        ).values_list("group_id", "principal_id")
+    )
+    about: dict[str, list] = {}
+    for record, group in records:
+        owner = owners.get(group)
+        if owner and not owner.startswith(AGENT_PRINCIPAL_PREFIX):
+            about.setdefault(owner, []).append(ToolRecord(pk=record))
+    user_id = ToolRecord._meta.get_field("user_id")
+    for owner, kept in about.items():
+        collector.add_field_update(user_id, owner, kept)
+    collector.add_field_update(field, None, sub_objs)
+
+
 class ToolRecord(models.Model):
     """One tool interaction of an agent (seed: memory-bank-strategy), both of the seed's
     stores in one row: the fact store is the raw input and output, kept whole; the insight
@@ -600,13 +624,13 @@ class ToolRecord(models.Model):
     )
     # The conversation the interaction belongs to, when the agent says so (one it sees).
     # The record is the agent's memory: it outlives the conversation (as an import keeps a
-    # record whose conversation is gone); only the erase of the conversation's owner takes
-    # it along (``services.user_erase``).
+    # record whose conversation is gone), kept about its owner (``kept_about_the_owner``);
+    # only the erase of the conversation's owner takes it along (``services.user_erase``).
     conversation = models.ForeignKey(
         "conversations.Conversation",
         null=True,
         blank=True,
-        on_delete=models.SET_NULL,
+        on_delete=kept_about_the_owner,
         related_name="+",
     )
     # The caller's task (any string; "" for none): what a search or a clean-up is limited to.

@@ -51,6 +51,7 @@ from conversations.selectors import access_conversation, messages_elsewhere
 from conversations.services import (
     NewMessage,
     conversation_create,
+    conversation_delete,
     conversation_fork,
     membership_create,
     message_append,
@@ -384,6 +385,38 @@ def test_tool_records_made_for_the_user_or_in_their_conversations_go_with_the_er
     assert cli.main(["import", str(tmp_path / "first.json")]) == 0
     assert "toolRecords: 3" in capsys.readouterr().err
     assert cli_export(tmp_path, "second", "user", "alice") == first
+
+
+def test_an_agents_records_of_a_conversation_she_deleted_still_go_with_her_erase(api, alice, world):
+    """Unlinked when she deleted the conversation, the agent's own records of it were about
+    nobody: her export left them out, her erase left them behind (review). They are kept
+    about her; one made for bob stays his, one of an agent's own conversation its own."""
+    agent = world.agent
+    ours = Conversation.objects.get(id=world.ours)
+    own = conversation_create(agent.as_principal(), title="The agent's notes")
+    [in_hers, in_its_own], _ = tool_records_create(
+        agent.as_principal(),
+        agent=agent,
+        records=[
+            NewToolRecord(tool_name="passport", raw_output={"no": "P-123"}, conversation=ours),
+            NewToolRecord(tool_name="note", raw_output=1, conversation=own),
+        ],
+    )
+    [for_bob], _ = tool_records_create(
+        Principal.for_agent(agent.id, on_behalf_of="bob"),
+        agent=agent,
+        records=[NewToolRecord(tool_name="rate_idea", raw_output=5, conversation=ours)],
+    )
+    call(api, "DELETE", f"/v1/user/conversations/{world.ours}", alice, status=204)
+    conversation_delete(agent.as_principal(), conversation=own)
+    kept = dict(ToolRecord.objects.values_list("id", "user_id"))
+    assert (kept[in_hers.id], kept[for_bob.id], kept[in_its_own.id]) == ("alice", "bob", "")
+    mine = [in_hers.id, for_bob.id, in_its_own.id]
+    assert not ToolRecord.objects.filter(id__in=mine, conversation__isnull=False).exists()
+    assert str(in_hers.id) in {r["id"] for r in export(api, alice)["toolRecords"]}
+    call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    left = set(ToolRecord.objects.values_list("id", flat=True))
+    assert in_hers.id not in left and {for_bob.id, in_its_own.id} <= left
 
 
 @pytest.mark.parametrize("per_statement", [1000, 1])
