@@ -526,6 +526,14 @@ def memories_citing(principal: Principal) -> Citing:
 _MEMORY_ON = """NOT EXISTS (SELECT 1 FROM user_memory_setting s
                             WHERE s.user_id = m.user_id AND NOT s.memory_enabled)"""
 
+# A tool record not of a conversation whose owner turned memory off (it is kept about that
+# owner too: ``tool_records_about``).
+_OWNER_MEMORY_ON = """(m.conversation_id IS NULL OR NOT EXISTS (
+    SELECT 1 FROM conversation c
+    JOIN membership o ON o.group_id = c.group_id AND o.access_level = 'owner'
+    JOIN user_memory_setting s ON s.user_id = o.principal_id AND NOT s.memory_enabled
+    WHERE c.id = m.conversation_id))"""
+
 # A memory that cites turns (as ``models.CITES`` says it, so its indexes serve), about a
 # user who did not turn memory off.
 _CITING = ("NOT (m.message_ids = '{}'::uuid[])", _MEMORY_ON)
@@ -761,10 +769,11 @@ def tool_record_search(
     search engine: their summaries' vectors, and the words of the summary, the tool's name
     and the raw output (an identifier only the output holds). As for memories
     (``memory_search``), nothing is found acting for a user who turned memory off, nor
-    any record made for such a user (those made before stay, for their export and erase)."""
+    any record made for such a user or of a conversation they own (those made before stay,
+    for their export and erase)."""
     if principal is not None and not memory_enabled_for(principal.on_behalf_of):
         return []
-    clauses, params = ["m.agent_id = %s", _MEMORY_ON], [agent.id]
+    clauses, params = ["m.agent_id = %s", _MEMORY_ON, _OWNER_MEMORY_ON], [agent.id]
     if principal is not None and principal.on_behalf_of:
         # The narrowing itself is the list's, in SQL: one rule for both.
         reached_sql, reached_params = (

@@ -14,9 +14,9 @@ from agents_api.models import Agent, SummarySource, ToolRecord
 from agents_api.selectors import tool_records_about
 from agents_api.services.idempotency import write_once
 from agents_api.services.memories import refuse_if_memory_off
-from conversations.models import Conversation
+from conversations.models import AccessLevel, Conversation, Membership
 from memsvc.api.errors import Conflict, InvalidInput
-from memsvc.api.principals import Principal
+from memsvc.api.principals import Principal, agent_uuid_of
 from memsvc.db import held_keys, hold_users
 from search.services import (
     embed_pending_rows,
@@ -109,7 +109,22 @@ def _store(
     # and blocks); a retry of a request stored before gets it back all the same.
     refuse_if_memory_off(actor.on_behalf_of or "", lock=True)
     _hold_conversations(records)
+    # Nor about the owner of a conversation they name, whoever the agent acts for (such a
+    # record is kept about that owner: ``selectors.tool_records_about``; review).
+    for owner in _owners(records):
+        refuse_if_memory_off(owner, lock=True)
     return ToolRecord.objects.bulk_create(rows)
+
+
+def _owners(records: Sequence[NewToolRecord]) -> list[str]:
+    """The users who own the conversations the records name, in order."""
+    wanted = {new.conversation.pk for new in records if new.conversation is not None}
+    if not wanted:
+        return []
+    groups = Conversation.objects.filter(pk__in=wanted).values("group_id")
+    owners = Membership.objects.filter(group_id__in=groups, access_level=AccessLevel.OWNER)
+    ids = owners.values_list("principal_id", flat=True)
+    return sorted(owner for owner in set(ids) if not agent_uuid_of(owner))
 
 
 def _hold_conversations(records: Sequence[NewToolRecord]) -> None:

@@ -2,6 +2,8 @@
 vector and by keyword (an identifier only the raw output holds), paged by task, deleted by
 task, who reaches what, and bad input refused with nothing written."""
 
+import uuid
+
 import numpy as np
 import pytest
 
@@ -342,6 +344,25 @@ def test_search_finds_no_record_about_a_user_who_turned_memory_off(api, helper):
     memory_setting_update(Principal.user("alice"), enabled=True)
     found = {hit["traceId"] for hit in search(api, helper, "htl-777")}
     assert found == {hers["traceId"], mine["traceId"]}
+
+
+def test_nothing_new_is_kept_of_her_conversations_once_memory_is_off(api, alice, helper):
+    """The agent's own record of a conversation she owns is kept about her (her export
+    and erase take it): with memory off it was still stored, and found (review). Refused,
+    as one made for her; those made before stay, not found."""
+    body = {"agentId": str(helper.agent.id)}
+    hers = api.post("/v1/user/conversations", body, as_=alice).json()["id"]
+    before = create(api, helper, output={"id": "carol-medical-77"}, conversationId=hers)
+    memory_setting_update(Principal.user("alice"), enabled=False)
+    refused = api.post(RECORDS, {"toolName": "t", "output": 1, "conversationId": hers}, as_=helper)
+    assert refused.status_code == 409, refused.content
+    assert "alice has turned memory off" in refused.json()["error"]
+    assert list(ToolRecord.objects.values_list("id", flat=True)) == [uuid.UUID(before["traceId"])]
+    assert search(api, helper, "carol-medical-77") == []
+    memory_setting_update(Principal.user("alice"), enabled=True)
+    assert [hit["traceId"] for hit in search(api, helper, "carol-medical-77")] == [
+        before["traceId"]
+    ]
 
 
 def test_the_local_search_leaves_out_the_records_it_is_told_to(api, helper):
