@@ -130,7 +130,7 @@ def keyset_page(
             key = [
                 in_utc(f.to_python(value)) for f, value in zip(model_fields, raw_key, strict=True)
             ]
-        except (ValidationError, OverflowError):
+        except (ValidationError, ValueError, OverflowError):
             raise InvalidInput.for_field(cursor_field, "malformed cursor") from None
         queryset = queryset.filter(beyond(order, key))
     rows = list(queryset.order_by(*order)[: limit + 1])
@@ -144,8 +144,14 @@ def keyset_page(
 def in_utc(value):
     """A cursor's moment in UTC (anything else as it is): PostgreSQL takes offsets up to 15:59
     only, where Python reads up to 23:59, and one it refused was a 400 naming nothing.
-    ``OverflowError`` for a moment beyond the calendar in UTC (year 1 at +23:59)."""
-    return value.astimezone(UTC) if isinstance(value, datetime) else value
+    ``OverflowError`` for a moment beyond the calendar in UTC (year 1 at +23:59),
+    ``ValueError`` for one without an offset (memsvc writes none: one was read as the
+    machine's local time; review)."""
+    if not isinstance(value, datetime):
+        return value
+    if value.tzinfo is None:
+        raise ValueError("a cursor's moment has an offset")
+    return value.astimezone(UTC)
 
 
 def beyond(order: Sequence[str], key: list) -> Q:

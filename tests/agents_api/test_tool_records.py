@@ -14,6 +14,7 @@ from conversations.models import Conversation
 from conversations.services import conversation_delete
 from memsvc import cli
 from memsvc.api.errors import InvalidInput
+from memsvc.api.pagination import encode_cursor
 from memsvc.api.principals import Principal
 from search.embeddings import configured_backend
 from tests.agents_api.conftest import make_agent
@@ -166,6 +167,23 @@ def test_list_by_task_pages_in_the_order_made(api, helper):
     empty = api.get(RECORDS, as_=helper, taskId="")
     assert empty.status_code == 400
     assert empty.json()["details"] == {"taskId": ["must not be empty"]}
+
+
+def test_a_cursor_moment_without_an_offset_is_malformed(api, helper):
+    """memsvc writes every cursor's moment with its offset: one without was read as the
+    machine's local time (review)."""
+    create(api, helper, taskId="t")
+    record_id = str(uuid.uuid4())
+    for moment, status in (("2026-01-01T00:00:00", 400), ("2026-01-01T00:00:00+00:00", 200)):
+        after = encode_cursor(moment, record_id)
+        response = api.get(RECORDS, as_=helper, taskId="t", after=after)
+        assert response.status_code == status, (moment, response.content)
+    assert (
+        "after"
+        in api.get(RECORDS, as_=helper, after=encode_cursor("2026-01-01", record_id)).json()[
+            "details"
+        ]
+    )
 
 
 def test_delete_by_task(api, helper):
