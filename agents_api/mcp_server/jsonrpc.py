@@ -86,6 +86,8 @@ _PARAMS = {
         "_meta": _META,
     },
     "tools/list": {"cursor": ("a text", _TEXT, False), "_meta": _META},
+    "ping": {"_meta": _META},
+    "server/discover": {"_meta": _META},
     "initialize": {
         "protocolVersion": ("a text", _TEXT, True),
         "capabilities": ("an object", _OBJECT, True),
@@ -115,7 +117,32 @@ def _params_problem(request: dict) -> str | None:
             return f"params.{key}: must be {what}"  # (an optional one may be null: none)
         elif not all(isinstance(params[key].get(text), str) for text in _HOLDS.get(key, ())):
             return f"params.{key}: must be {what}"
+        elif key in _INSIDE and (problem := _INSIDE[key](params[key] or {})):
+            return f"params.{key}.{problem}"
     return None
+
+
+def _progress_token_problem(meta: dict) -> str | None:
+    token = meta.get("progressToken")
+    if token is None or (isinstance(token, str | int) and not isinstance(token, bool)):
+        return None
+    return "progressToken: must be a text or an integer"
+
+
+def _capabilities_problem(capabilities: dict) -> str | None:
+    return next(
+        (
+            f"{name}: must be an object"
+            for name, value in capabilities.items()
+            if value is not None and not isinstance(value, dict)
+        ),
+        None,
+    )
+
+
+# What the objects of the params must hold inside, said plainly (the SDK's refusal of a
+# progress token of [1, 2], or a capability of [1], named nothing: review).
+_INSIDE = {"_meta": _progress_token_problem, "capabilities": _capabilities_problem}
 
 
 def request_id_of(message) -> str | int | None:

@@ -481,6 +481,10 @@ _SIZE_PROBLEMS = {
     "maxItems": "must hold at most {} items",
     "enum": "must be one of {}",
     "type": "must be of type {}",
+    "minimum": "must be at least {}",
+    "maximum": "must be at most {}",
+    "exclusiveMinimum": "must be more than {}",
+    "exclusiveMaximum": "must be less than {}",
 }
 
 
@@ -504,8 +508,8 @@ def _check_arguments(tool: Tool, arguments: dict) -> None:
     if error.validator == "minLength":  # (not the schema's "'' should be non-empty": review)
         limit = error.validator_value
         problem = "must not be empty" if limit == 1 else f"must be at least {limit} characters"
-    elif error.validator in _SIZE_PROBLEMS:
-        limit = error.validator_value
+    elif error.validator in _SIZE_PROBLEMS:  # (said without the value: 4,000 digits were
+        limit = error.validator_value  # quoted three times; review)
         limit = ", ".join(map(str, limit)) if isinstance(limit, list) else limit
         problem = _SIZE_PROBLEMS[error.validator].format(limit)
     elif error.validator == "required":
@@ -514,7 +518,8 @@ def _check_arguments(tool: Tool, arguments: dict) -> None:
     elif error.validator == "additionalProperties":
         unknown = sorted(set(error.instance) - set(tool.properties))
         field = named(unknown[0])
-        problem = f"unknown argument (expected: {', '.join(tool.properties)})"
+        expected = ", ".join(tool.properties)
+        problem = f"unknown argument (expected: {expected})" if expected else "takes no arguments"
     raise InvalidInput.for_field(field or "arguments", problem)
 
 
