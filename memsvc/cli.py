@@ -9,6 +9,7 @@ all, and the embedded database if it started it, on Ctrl-C or SIGTERM.
 import argparse
 import contextlib
 import os
+import stat
 import sys
 import time
 
@@ -630,28 +631,48 @@ def cmd_export(args: argparse.Namespace) -> int:
         if agent is None:
             return 1
         chunks = document_chunks(agent_header(agent), AGENT_SECTIONS, agent)
-    if args.output in (None, "-"):
-        try:
+    try:
+        if args.output in (None, "-"):
             sys.stdout.writelines(chunks)
             sys.stdout.flush()
-        except BrokenPipeError:  # the reader stopped (`| head`): end quietly, as cat does
+        else:
+            _write_whole(args.output, chunks)
+    except OSError as exc:
+        if args.output in (None, "-"):
+            # What is left unwritten goes nowhere at exit (its flush fails again).
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return 1
-    else:
-        # Written beside it, then put in its place whole: an export stopped midway (Ctrl-C,
-        # the database gone) left the file half-written, the backup it held lost (review).
-        partial = f"{args.output}.partial"
-        try:
-            with open(partial, "w", encoding="utf-8") as output:
-                output.writelines(chunks)
-            os.replace(partial, args.output)
-        except OSError as exc:
+        # The reader stopped (`| head`): end quietly, as cat does; else say why (a full
+        # disk was a traceback; review).
+        if not isinstance(exc, BrokenPipeError):
             print(f"the export failed: {exc}", file=sys.stderr)
-            return 1
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(partial)
+        return 1
     return 0
+
+
+def _write_whole(path: str, chunks) -> None:
+    """Write ``chunks`` to the file at ``path``, beside it first, then put in its place
+    whole: an export stopped midway (Ctrl-C, the database gone) left the file half-written,
+    the backup it held lost (review). A link's target is written (the link stays), keeping
+    an existing file's mode (a new one's is 0600: it holds a person's data); a path that is
+    no file (a device, a pipe) is written to as it is (``/dev/stdout`` was replaced by a
+    file: review)."""
+    target = os.path.realpath(path)
+    if os.path.exists(target) and not os.path.isfile(target):
+        with open(target, "w", encoding="utf-8") as output:
+            output.writelines(chunks)
+        return
+    mode = stat.S_IMODE(os.stat(target).st_mode) if os.path.exists(target) else 0o600
+    partial = f"{target}.partial"
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+        descriptor = os.open(partial, flags, 0o600)
+        os.fchmod(descriptor, mode)
+        with os.fdopen(descriptor, "w", encoding="utf-8") as output:
+            output.writelines(chunks)
+        os.replace(partial, target)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(partial)
 
 
 def cmd_import(args: argparse.Namespace) -> int:

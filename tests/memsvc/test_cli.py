@@ -1,4 +1,9 @@
+import contextlib
+import json
+import os
+import stat
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import jwt
 import pytest
@@ -278,6 +283,45 @@ def test_an_export_stopped_midway_leaves_the_file_it_would_replace(tmp_path, mon
     assert "interrupted" in capsys.readouterr().err
     assert backup.read_text() == '{"the": "backup"}'
     assert [path.name for path in tmp_path.iterdir()] == ["alice.json"]
+
+
+@pytest.mark.django_db
+def test_an_export_writes_a_links_target_keeps_a_files_mode_and_makes_a_new_one_private(
+    tmp_path, capsys
+):
+    """It replaced whatever was at the path with a new file: a link (its target left as it
+    was), a device (``/dev/stdout`` as root), a file made private, now world-readable; a
+    full disk on stdout was a traceback (review)."""
+    target, link = tmp_path / "target.json", tmp_path / "link.json"
+    target.write_text("old")
+    target.chmod(0o640)
+    link.symlink_to(target)
+    assert cli.main(["export", "user", "alice", "-o", str(link)]) == 0
+    assert link.is_symlink() and json.loads(target.read_text())["userId"] == "alice"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640
+    new = tmp_path / "new.json"
+    assert cli.main(["export", "user", "alice", "-o", str(new)]) == 0
+    assert stat.S_IMODE(new.stat().st_mode) == 0o600
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    with ThreadPoolExecutor(1) as reader:
+        read = reader.submit(pipe.read_text)
+        assert cli.main(["export", "user", "alice", "-o", str(pipe)]) == 0
+        assert json.loads(read.result(timeout=30))["userId"] == "alice"
+    assert pipe.is_fifo()
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        "link.json",
+        "new.json",
+        "pipe",
+        "target.json",
+    ]
+    if os.path.exists("/dev/full"):
+        full = open("/dev/full", "w")  # noqa: SIM115 (its close is this test's to make)
+        with contextlib.redirect_stdout(full):
+            assert cli.main(["export", "user", "alice"]) == 1
+        assert "the export failed: [Errno 28]" in capsys.readouterr().err
+        with contextlib.suppress(OSError):
+            full.close()
 
 
 @pytest.mark.parametrize("port", ["0", "-1", "99999", "http"])
