@@ -99,6 +99,21 @@ def test_user_create_makes_a_login_for_the_pages(capsys, monkeypatch, client):
     assert "no password given" in capsys.readouterr().err
 
 
+@pytest.mark.django_db
+def test_user_create_refuses_a_name_the_login_form_reads_as_another(capsys, client):
+    """The login form reads a name in NFKC ("ﬁsh" as "fish"): the login made for "ﬁsh"
+    never logged in, by either name (review)."""
+    from django.contrib.auth import get_user_model
+
+    password = "correct horse battery"
+    assert cli.main(["user", "create", "\ufb01sh", "--password", password]) == 1
+    assert "is read as 'fish' by the login form" in capsys.readouterr().err
+    assert not get_user_model().objects.exists()
+    assert cli.main(["user", "create", "fish", "--password", password]) == 0
+    page = client.post("/app/login/", {"username": "\ufb01sh", "password": password})
+    assert page.status_code == 302
+
+
 @pytest.mark.django_db(transaction=True)
 def test_an_export_into_a_pipe_its_reader_closed_ends_quietly():
     """(`memsvc export user alice | head -c 200` ended in a BrokenPipeError traceback.)"""
