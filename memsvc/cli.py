@@ -565,9 +565,12 @@ def cmd_apikey_list(args: argparse.Namespace) -> int:
     for key in keys:
         state = f"revoked {key.revoked_at:%Y-%m-%d %H:%M}" if key.revoked_at else "active"
         used = f"{key.last_used_at:%Y-%m-%d %H:%M}" if key.last_used_at else "never"
+        # Its note last (README: "NOTE tells keys apart"; it was not shown: review), as
+        # Python writes it when it holds what would break the line.
+        note = key.name if key.name.isprintable() else repr(key.name)
         print(
             f"{key.public_id}\t{key.agent.name}\t{key.agent_id}\t{','.join(key.scopes)}"
-            f"\t{state}\tlast used {used}"
+            f"\t{state}\tlast used {used}\t{note}"
         )
     return 0
 

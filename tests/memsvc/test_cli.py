@@ -31,7 +31,7 @@ def test_apikey_create_list_and_revoke(capsys, api):
     assert me.json()["name"] == "scribe"
 
     # A second key for the same agent: the agent is reused.
-    assert cli.main(["apikey", "create", "scribe"]) == 0
+    assert cli.main(["apikey", "create", "scribe", "--name", "the\tlaptop"]) == 0
     second = capsys.readouterr().out.strip()
     assert api.get("/v1/agent/me", as_={"HTTP_X_API_KEY": second}).json()["id"] == me.json()["id"]
 
@@ -40,6 +40,7 @@ def test_apikey_create_list_and_revoke(capsys, api):
     public_id = key.removeprefix("msk_").split("_")[0]
     assert public_id in listing
     assert key not in listing and second not in listing
+    assert [line.split("\t")[-1] for line in listing.splitlines()] == ["", "'the\\tlaptop'"]
 
     capsys.readouterr()
     assert cli.main(["apikey", "revoke", public_id]) == 0
