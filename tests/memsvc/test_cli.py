@@ -173,6 +173,35 @@ def test_the_commands_work_on_a_data_directory_serve_never_ran_on(tmp_path):
     assert exported.stdout.startswith('{"format":"memsvc-export"')
 
 
+def test_a_data_directory_whose_first_start_was_killed_in_initdb_starts(tmp_path):
+    """initdb writes PG_VERSION first, and the package takes that for a whole cluster: a
+    first start killed during initdb left a data directory no command could start again
+    ('database "postgres" does not exist'; review). What initdb left is moved aside."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.agents_api.test_mcp import REPO
+
+    pgdata = tmp_path / "data" / "pgdata"
+    (pgdata / "base" / "1").mkdir(parents=True)
+    (pgdata / "PG_VERSION").write_text("18\n")  # (what initdb writes first)
+    env = {**os.environ, "MEMSVC_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": str(REPO)}
+    env.pop("DATABASE_URL", None)
+    listed = subprocess.run(
+        [sys.executable, "-m", "memsvc.cli", "apikey", "list"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert "was left half-made by a first start that was stopped" in listed.stderr
+    [aside] = (tmp_path / "data").glob("pgdata.cut-*")
+    assert (aside / "PG_VERSION").exists() and (pgdata / "memsvc.conf").exists()
+
+
 def test_a_worker_starts_on_a_data_directory_serve_never_ran_on(tmp_path):
     """(It ended in a traceback: relation "message" does not exist.)"""
     import os
