@@ -32,22 +32,55 @@ def too_deep(max_depth: int) -> str:
 def json_problem(value, max_depth: int = MAX_JSON_DEPTH) -> tuple[tuple, str] | None:
     """``(path, problem)`` for the first part of a parsed JSON value that cannot be stored
     (``path``: the keys and indexes that lead to it), or None. Iterative, so the check itself
-    cannot run out of stack."""
-    stack = [(value, (), 0)]
-    while stack:
-        item, path, depth = stack.pop()
+    cannot run out of stack. A container's own texts are checked at once and only the
+    containers in it entered, the path kept once for all: each item was put on a stack with
+    a path of its own, and a body of 4,000,000 numbers 60 levels deep took 2.5 GB and 20 s
+    (review)."""
+    path: list = []
+    containers: list = []  # (the containers in one entered, and its depth)
+    item, depth = value, 0
+    while True:
         if depth > max_depth:
-            return path, too_deep(max_depth)
-        if isinstance(item, str):
+            return tuple(path), too_deep(max_depth)
+        if type(item) is str:
             if has_lone_surrogates(item):
-                return path, LONE_SURROGATE_PROBLEM
-        elif isinstance(item, dict):
-            for key, sub in item.items():
-                stack.append((key, path, depth + 1))
-                stack.append((sub, (*path, key), depth + 1))
-        elif isinstance(item, list):
-            stack.extend((sub, (*path, index), depth + 1) for index, sub in enumerate(item))
-    return None
+                return tuple(path), LONE_SURROGATE_PROBLEM
+        elif type(item) in (dict, list):
+            if any(map(has_lone_surrogates, item if type(item) is dict else ())):  # its keys
+                return tuple(path), LONE_SURROGATE_PROBLEM
+            if item and depth == max_depth:  # (its items are a level deeper)
+                return (*path, next(iter(_steps(item)))[0]), too_deep(max_depth)
+            subs = item.values() if type(item) is dict else item
+            kinds = set(map(type, subs))  # (at C's pace: a list of numbers stops here)
+            if str in kinds:
+                texts = [sub for sub in subs if type(sub) is str]
+                if not all(map(str.isascii, texts)) and any(map(has_lone_surrogates, texts)):
+                    step = next(
+                        step
+                        for step, sub in _steps(item)
+                        if type(sub) is str and has_lone_surrogates(sub)
+                    )
+                    return (*path, step), LONE_SURROGATE_PROBLEM
+            if dict in kinds or list in kinds:
+                inside = [(step, sub) for step, sub in _steps(item) if type(sub) in (dict, list)]
+                containers.append((iter(inside), depth))
+        while containers:
+            inside, at = containers[-1]
+            entered = next(inside, None)
+            if entered is not None:
+                break
+            containers.pop()
+        else:
+            return None
+        step, item = entered
+        depth = at + 1
+        del path[at:]
+        path.append(step)
+
+
+def _steps(container: dict | list):
+    """(key or index, item) of each item of a JSON container."""
+    return container.items() if type(container) is dict else enumerate(container)
 
 
 def too_many_digits(exc: ValueError) -> str | None:
