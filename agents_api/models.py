@@ -7,6 +7,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
+from django.contrib.postgres.functions import RandomUUID
 from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 from django.db.models import F, Q
@@ -99,7 +100,11 @@ class MemoryBlock(models.Model):
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="memory_blocks")
     # The id the local API shows (the seed's "uuid"): the key counted every block of the
     # server up, and a seed client that reads a uuid there broke (review).
-    public_id = models.UUIDField(default=uuid.uuid4, unique=True, editable=False)
+    # (``db_default`` too: a process of the release before this column, still running while
+    # the migrations are applied, inserts without it; its block creates failed, as a 409.)
+    public_id = models.UUIDField(
+        default=uuid.uuid4, db_default=RandomUUID(), unique=True, editable=False
+    )
     # "" for a block of the agent itself, shared by all of its users.
     user_id = models.CharField(
         max_length=PRINCIPAL_MAX_LENGTH, blank=True, default="", validators=[no_nul_characters]
@@ -474,7 +479,9 @@ class MemoryExtraction(models.Model):
         "conversations.Conversation", on_delete=models.CASCADE, related_name="+"
     )
     through_seq = models.BigIntegerField(default=0)
-    unread = models.JSONField(default=list, blank=True)
+    unread = models.JSONField(  # (``db_default``: as ``MemoryBlock.public_id``)
+        default=list, db_default=models.Value([], output_field=models.JSONField()), blank=True
+    )
     extracted_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:

@@ -1,9 +1,15 @@
 import pytest
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, models, transaction
+from django.db.models.sql import InsertQuery
 
-from agents_api.models import MemoryBlock
+from agents_api.models import MemoryBlock, MemoryExtraction
 from tests.db import refused
-from tests.factories import AgentFactory, MemoryBlockFactory, MemoryBlockRevisionFactory
+from tests.factories import (
+    AgentFactory,
+    ConversationFactory,
+    MemoryBlockFactory,
+    MemoryBlockRevisionFactory,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -51,3 +57,29 @@ def test_revisions_belong_to_their_block():
 def test_an_agent_is_a_principal():
     agent = AgentFactory()
     assert agent.principal_id == f"agent:{agent.id}"
+
+
+def inserted_without(instance, *columns: str) -> None:
+    """``instance`` inserted as a process of the release before a column writes it: an
+    INSERT naming every column but ``columns`` (and the generated key)."""
+    model = type(instance)
+    fields = [
+        field
+        for field in model._meta.concrete_fields
+        if field.name not in columns and not isinstance(field, models.AutoField)
+    ]
+    query = InsertQuery(model)
+    query.insert_values(fields, [instance])
+    query.get_compiler(using="default").execute_sql()
+
+
+def test_a_process_of_the_release_before_inserts_blocks_and_extractions():
+    """The columns of the last migrations have database defaults (README: "a process of the
+    release before keeps working while the next release's migrations are applied"): a
+    block's ``public_id`` had none, and an old process's block creates failed (review)."""
+    agent = AgentFactory()
+    inserted_without(MemoryBlock(agent=agent, label="human", value="A"), "public_id")
+    assert MemoryBlock.objects.get(label="human").public_id is not None
+    conversation = ConversationFactory()
+    inserted_without(MemoryExtraction(agent=agent, conversation=conversation), "unread")
+    assert MemoryExtraction.objects.get().unread == []
