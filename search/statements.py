@@ -285,7 +285,7 @@ def query_terms(
 ) -> Terms:
     """The query's words, each weighted by how rare it is among the rows the caller may read
     (``view_frequencies``), and the rarest to match candidates on."""
-    lexemes = text_lexemes(cursor, text)
+    lexemes = text_lexemes(cursor, text)[: tuning.query_words]
     if not lexemes:
         return NO_TERMS
     words, frequencies = view_frequencies(cursor, corpus, scope, lexemes, tuning, few=few)
@@ -302,11 +302,13 @@ LEXEMES_KEPT = 4096
 
 
 def text_lexemes(cursor, text: str) -> list[str]:
-    """The lexemes a search of ``text`` looks for (its words stemmed, stop words out)."""
+    """The lexemes a search of ``text`` looks for (its words stemmed, stop words out), in the
+    order the text first says them."""
     lexemes = _LEXEMES.get(text)
     if lexemes is None:
         cursor.execute(
-            f"SELECT tsvector_to_array(to_tsvector(%s::regconfig, {WORDS_SQL.format('%s')}))",
+            "SELECT array_agg(lexeme ORDER BY positions[1], lexeme) FROM "
+            f"unnest(to_tsvector(%s::regconfig, {WORDS_SQL.format('%s')}))",
             [TEXT_SEARCH_CONFIG, text],
         )
         lexemes = cursor.fetchone()[0] or []

@@ -96,6 +96,10 @@ class SearchTuning:
     # commoner words still add to the score of the rows found. BM25 ranks those matches at
     # a cost proportional to their number.
     keyword_match_cap: int = 500
+    # A query's first this many distinct words (stop words out) are its keyword terms: each
+    # is counted among the caller's rows, and a query of 2,000 characters of distinct words
+    # (500 of them) held the database 3 s (review). No LoCoMo question has half as many.
+    query_words: int = 32
     # A word's weight (its BM25 IDF) comes from the rows the searcher may read
     # (``search.statements.view_frequencies``): the ``view_words_kept`` commonest words of
     # the first ``scope_sample_rows`` rows of the caller's view, a larger view's rows counted
@@ -138,6 +142,7 @@ class SearchTuning:
                 "scope_sample_rows",
                 "scope_rows_cap",
                 "view_words_kept",
+                "query_words",
             ),
         )
         if self.scope_rows_cap < self.scope_sample_rows:

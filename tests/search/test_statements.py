@@ -40,6 +40,30 @@ def test_a_rarer_word_weighs_more():
     assert found.match_on[0] == "capybara"
 
 
+def test_a_query_counts_its_first_words_only(monkeypatch):
+    """Each query word is counted among the caller's rows: 500 distinct words held the
+    database 3 s (review). The first ``query_words`` (as the query says them) are its
+    terms."""
+    agent = AgentFactory()
+    memories(agent, ["the user keeps a capybara", "zebra notes"])
+    counted = []
+    counting = statements.view_frequencies
+
+    def view_frequencies_counted(cursor, corpus, scope, lexemes, tuning, **options):
+        counted.append(list(lexemes))
+        return counting(cursor, corpus, scope, lexemes, tuning, **options)
+
+    monkeypatch.setattr(statements, "view_frequencies", view_frequencies_counted)
+    filler = " ".join(f"filler{i}" for i in range(40))
+    assert "capybara" not in terms(f"{filler} capybara", agent, query_words=32).idf
+    assert counted[-1] == [f"filler{i}" for i in range(32)]
+    assert set(terms(f"zebra capybara {filler}", agent, query_words=3).idf) == {
+        "zebra",
+        "capybara",
+        "filler0",
+    }
+
+
 def test_a_word_weighs_by_the_rows_of_the_scope_alone():
     """What other agents or users keep moves no weight and no choice of words: a weight
     from everyone's rows told a searcher how many rows of others hold a word (a stranger's
