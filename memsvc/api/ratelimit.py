@@ -34,6 +34,7 @@ Using it on a new surface:
 import functools
 import ipaddress
 import logging
+import threading
 import time
 from collections.abc import Callable
 
@@ -488,6 +489,14 @@ def request_auth_attempt(request) -> tuple[RateLimited | None, Callable[[], None
     return _guarded(auth_attempt, client_address(request)) or (None, None)
 
 
+# Password checks run at once in a process at most (Django's PBKDF2 is about 0.25 s of CPU
+# each): a flood of wrong passwords, from as many addresses as the lockout counts apart,
+# took both cores from every other request (review). One more is refused at once (429).
+PASSWORD_CHECKS_AT_ONCE = 2
+_password_checks = threading.BoundedSemaphore(PASSWORD_CHECKS_AT_ONCE)
+LOGINS_BUSY = "Too many logins are being checked right now. Please try again in a moment."
+
+
 class LockoutModelBackend(ModelBackend):
     """Django's password check for the web pages and the admin, refused outright for an
     address locked out by failed authentications, as the APIs refuse its credentials:
@@ -508,6 +517,10 @@ class LockoutModelBackend(ModelBackend):
             # twice the login waited for itself, then was refused (review).
             auth_check_ended(request)
         refusal, checked = request_auth_attempt(request)
+        if refusal is None and not _password_checks.acquire(blocking=False):
+            refusal = RateLimited(1, LOGINS_BUSY)
+            if checked is not None:
+                _guarded(checked)
         if refusal is not None:
             setattr(request, LOGIN_REFUSAL, refusal)  # (for the login form to say so)
             raise PermissionDenied
@@ -516,6 +529,7 @@ class LockoutModelBackend(ModelBackend):
             if user is None and request is not None:
                 _guarded(note_auth_failure, client_address(request))
         finally:
+            _password_checks.release()
             if checked is not None:
                 _guarded(checked)
         if user is None:

@@ -6,7 +6,7 @@ from django.contrib.auth.forms import AuthenticationForm
 from django.core.exceptions import ValidationError
 
 from memsvc.api.errors import RateLimited
-from memsvc.api.ratelimit import login_refusal
+from memsvc.api.ratelimit import LOGINS_BUSY, login_refusal
 
 LOCKED_OUT = "Too many failed logins from this address. Please try again in a minute."
 
@@ -34,7 +34,8 @@ class LockoutAware:
             self.refusal = login_refusal(self.request) if self.request is not None else None
             if self.refusal is None:
                 raise
-            raise ValidationError(LOCKED_OUT, code="locked_out") from None
+            busy = self.refusal.message == LOGINS_BUSY  # (no password of anyone's checked)
+            raise ValidationError(LOGINS_BUSY if busy else LOCKED_OUT, code="locked_out") from None
 
 
 class LoginForm(LockoutAware, AuthenticationForm):

@@ -4,6 +4,7 @@ every process sees the same count."""
 
 import functools
 import json
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -226,6 +227,35 @@ def test_wrong_passwords_lock_the_address_out_of_the_logins(settings, backend, p
     assert 1 <= int(refused["Retry-After"]) <= 60
     assert b"did not match" not in refused.content
     assert b"correct username" not in refused.content
+
+
+@pytest.mark.parametrize("page", ["/app/login/", "/admin/login/"])
+def test_password_checks_past_those_a_process_runs_at_once_are_refused_unchecked(page, monkeypatch):
+    """Each check is about 0.25 s of CPU: a flood of wrong passwords from many addresses
+    took both cores from every other request (review). Past ``PASSWORD_CHECKS_AT_ONCE``
+    running, a login is a 429 saying so, its password not checked; then it logs in."""
+    from django.contrib.auth import base_user
+
+    name = f"staff-{uuid.uuid4()}"
+    get_user_model().objects.create_superuser(name, password="the right password")
+    checked = []
+    check = base_user.check_password
+    monkeypatch.setattr(
+        base_user, "check_password", lambda *a, **k: checked.append(1) or check(*a, **k)
+    )
+    for _ in range(ratelimit.PASSWORD_CHECKS_AT_ONCE):  # (as many as run at once)
+        assert ratelimit._password_checks.acquire(blocking=False)
+    browser = Client(REMOTE_ADDR="198.51.100.77")
+    try:
+        busy = browser.post(page, {"username": name, "password": "the right password"})
+    finally:
+        for _ in range(ratelimit.PASSWORD_CHECKS_AT_ONCE):
+            ratelimit._password_checks.release()
+    assert busy.status_code == 429 and int(busy["Retry-After"]) >= 1
+    assert ratelimit.LOGINS_BUSY.encode() in busy.content and not checked
+    assert "_auth_user_id" not in browser.session
+    browser.post(page, {"username": name, "password": "the right password", "next": "/app/"})
+    assert "_auth_user_id" in browser.session and checked
 
 
 @pytest.mark.parametrize("page", ["/app/login/", "/admin/login/"])
@@ -571,12 +601,16 @@ def _a_lock_awaited() -> bool:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_concurrent_wrong_passwords_get_no_more_checks_than_the_limit(settings, backend):
+def test_concurrent_wrong_passwords_get_no_more_checks_than_the_limit(
+    settings, backend, monkeypatch
+):
     """Wrong passwords sent all at once from one address to the login: no more than the
     limit of them are checked. They counted only once checked (``user_login_failed``), so
     every login that came in before the first check ended was checked: a burst had as many
-    guesses as the server checks passwords at once (12 at once, a limit of 3: 12 checked)."""
+    guesses as the server checks passwords at once (12 at once, a limit of 3: 12 checked).
+    (As many checks at once as the burst: the process's own cap is another test's.)"""
     limit, burst = 3, 12
+    monkeypatch.setattr(ratelimit, "_password_checks", threading.BoundedSemaphore(burst))
     settings.MEMSVC_AUTH_FAILURE_LIMIT = limit
     settings.PASSWORD_HASHERS = ["tests.hashers.CountedPasswordHasher"]
     name = f"someone-{uuid.uuid4()}"
