@@ -2,13 +2,14 @@
 
 import contextlib
 import select
+import socket
 import threading
 import time
 
 import pytest
 from django.apps import apps
 from django.conf import settings
-from django.db import DataError, connection
+from django.db import DataError, OperationalError, connection, connections
 
 from agents_api.models import Agent, MemoryBlock
 from agents_api.selectors import LOCAL_OWNER, local_agent, memory_blocks
@@ -330,3 +331,20 @@ def test_work_beside_a_transaction_runs_in_it_when_its_result_is_asked_for():
         assert ran == []
         assert result() == 1
     assert ran == [threading.current_thread()]
+
+
+def test_a_connection_to_a_server_that_never_answers_is_given_up():
+    """A database that takes connections and never answers (stopped by a signal, a frozen
+    machine) held each request that connected without end (review): given up after
+    ``DATABASE_CONNECT_SECONDS``, an ``OperationalError`` (answered 503)."""
+    listener = socket.create_server(("127.0.0.1", 0))  # accepts, says nothing
+    port = listener.getsockname()[1]
+    settings_dict = {**connection.settings_dict, "HOST": "127.0.0.1", "PORT": str(port)}
+    frozen = type(connections["default"])(settings_dict)  # (a connection of its own)
+    started = time.monotonic()
+    try:
+        with pytest.raises(OperationalError):
+            frozen.ensure_connection()
+    finally:
+        listener.close()
+    assert time.monotonic() - started < settings.DATABASE_CONNECT_SECONDS + 5
