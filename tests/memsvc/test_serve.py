@@ -205,6 +205,23 @@ def healthy(served) -> bool:
         return False
 
 
+def test_the_access_log_shows_no_querys_values(shared):
+    """A key, a token or a password a client put in the address, and what a person
+    searched for, were kept in clear in the access log (review)."""
+    shared.wait_until_healthy()
+    secret = "msk_0123456789ab_NotARealSecretButKeptOutAnyway"
+    answer = httpx.get(f"{shared.url}/v1/agent/me?api_key={secret}&q=my+diagnosis", timeout=10)
+    assert answer.status_code == 401
+    line = shared.wait_for(
+        lambda: next(
+            (x for x in shared.log.read_text().splitlines() if "/v1/agent/me?" in x), None
+        ),
+        "the request's access log line",
+    )
+    assert "/v1/agent/me?api_key=…&q=…" in line and secret not in shared.log.read_text()
+    assert "diagnosis" not in shared.log.read_text()
+
+
 def test_health_is_503_with_a_reason_while_the_database_is_down(shared):
     served = shared
     assert served.wait_until_healthy().status_code == 200
