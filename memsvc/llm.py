@@ -44,6 +44,11 @@ class LLMError(Exception):
         misconfigured: bool = False,
         shown: str | None = None,
     ):
+        # memsvc's own key is not for its log, whoever quotes it (a model's server that
+        # echoed the request's headers in its error had it logged: review).
+        key = settings.MEMSVC_LLM_API_KEY
+        if key and len(key) >= 8:
+            message = message.replace(key, "<MEMSVC_LLM_API_KEY>")
         super().__init__(message)
         self.transient = transient
         self.misconfigured = misconfigured

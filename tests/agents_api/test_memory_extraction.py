@@ -843,6 +843,19 @@ def test_the_llms_url_is_not_logged_with_its_credentials(llm, settings, caplog):
     assert "sekrit" not in caplog.text
 
 
+def test_a_model_server_quoting_memsvcs_key_in_its_error_is_not_logged_with_it(llm, settings):
+    """A model's server that echoed the request's headers in its 500 had memsvc's key in
+    the worker's log, quoted by the error (review)."""
+    settings.MEMSVC_LLM_API_KEY = "sk-test-SECRET-123"
+    llm.answer(
+        "hello", Reply(status=500, payload={"error": {"message": "Bearer sk-test-SECRET-123"}})
+    )
+    with pytest.raises(LLMError) as failed:
+        chat([{"role": "user", "content": "hello"}])
+    assert "SECRET" not in str(failed.value) and "SECRET" not in failed.value.shown
+    assert "<MEMSVC_LLM_API_KEY>" in str(failed.value)
+
+
 def bobs_pin_kept_if_read(llm, *, turn: int) -> None:
     """Bob turns memory off; the model keeps his PIN (citing ``turn``) whenever it reads it
     in a transcript, and nothing else."""
