@@ -172,10 +172,11 @@ def assistant_prompt(agent: Agent, conversation: Conversation, *, user_id: str) 
 
 def assistant_reply(agent: Agent, conversation: Conversation, *, user: Principal) -> Iterator[str]:
     """The agent's answer, piece by piece as the model writes it; once it is whole, it is
-    appended to the conversation as the agent's message (``LLMError`` when the model fails:
-    nothing is written)."""
+    appended to the conversation as the agent's message (``LLMError`` when the model fails,
+    an ``ApiError`` when it cannot be kept: nothing is written)."""
     actor = agent.as_principal(on_behalf_of=user.id)
     conversation = access_conversation(actor, conversation.id, need=AccessLevel.WRITER)
+    turn = refuse_answered(conversation)  # (the turn the prompt ends on)
     pieces = []
     prompt = assistant_prompt(agent, conversation, user_id=user.id)
     for piece in chat_stream(prompt, seconds=settings.MEMSVC_PAGES_ANSWER_SECONDS):
@@ -184,15 +185,17 @@ def assistant_reply(agent: Agent, conversation: Conversation, *, user: Principal
     with transaction.atomic():
         # Answers to one conversation are kept one at a time, each after a look at the
         # latest turn: two tabs asking at once both streamed an answer, and both kept it
-        # (review). The one that comes second is refused (``Conflict``). (The lock an
-        # append takes: a conversation deleted meanwhile is a 404 here.)
+        # (review). One is kept only as the answer to the turn its prompt ended on, still
+        # the latest (``Conflict`` otherwise: answered meanwhile, or a newer turn came,
+        # whose own answer answers it). (The lock an append takes: a conversation deleted
+        # meanwhile is a 404 here.)
         locked_row(
             Conversation.objects.only("pk"),
             conversation.pk,
             missing="conversation not found",
             no_key=True,
         )
-        refuse_answered(conversation)
+        refuse_answered(conversation, turn=turn)
         agent_messages_append(
             actor,
             conversation=conversation,
@@ -203,9 +206,12 @@ def assistant_reply(agent: Agent, conversation: Conversation, *, user: Principal
     enqueue_memory_extraction(agent, conversation)
 
 
-def refuse_answered(conversation: Conversation) -> None:
-    """``Conflict`` unless the conversation's latest turn (as its people see it) is a
-    person's, waiting for its answer."""
+def refuse_answered(conversation: Conversation, *, turn=None):
+    """The id of the conversation's latest turn (as its people see it), a person's waiting
+    for its answer; ``Conflict`` when it is not, or is another than ``turn`` now."""
     latest = conversation_messages(conversation).order_by("-seq").only("role").first()
     if latest is None or latest.role != Role.USER:
         raise Conflict("nothing to answer: the latest turn has its answer")
+    if turn is not None and latest.pk != turn:
+        raise Conflict("a newer turn came meanwhile: the answer to it answers it")
+    return latest.pk

@@ -15,7 +15,7 @@ from django.db.models.functions import Cast, Left, Length, Now
 from django.db.models.lookups import LessThanOrEqual
 from django.utils import timezone
 
-from conversations.models import AccessLevel, Membership
+from conversations.selectors import group_owners
 from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, PRINCIPAL_MAX_LENGTH, Principal
 from memsvc.db import embedding_has_model, embedding_index, json_is_object, words_column
 from memsvc.validators import (
@@ -587,22 +587,23 @@ def kept_about_the_owner(collector, field, sub_objs, using):
     (``SET_NULL``), and one made for no user (``user_id`` "") is kept about the person who
     owned the conversation: their export and erase still find it (``selectors
     .tool_records_about``). Unlinked, it was about nobody: a person who deleted a
-    conversation, then erased themselves, left an agent's records of it behind (review)."""
-    records = list(sub_objs.filter(user_id="").values_list("pk", "conversation__group_id"))
-    owners = dict(
-        Membership.objects.filter(
-            group_id__in={group for _, group in records}, access_level=AccessLevel.OWNER
-        ).values_list("group_id", "principal_id")
-    )
+    conversation, then erased themselves, left an agent's records of it behind (review).
+    The records are not loaded (``lazy_sub_objs``): an update by owner of the ids of those
+    made for no one, then one of them all."""
+    made_for_none = list(sub_objs.filter(user_id="").values_list("pk", "conversation__group_id"))
+    owners = group_owners({group for _, group in made_for_none})
     about: dict[str, list] = {}
-    for record, group in records:
+    for record, group in made_for_none:
         owner = owners.get(group)
         if owner and not owner.startswith(AGENT_PRINCIPAL_PREFIX):
-            about.setdefault(owner, []).append(ToolRecord(pk=record))
+            about.setdefault(owner, []).append(record)
     user_id = ToolRecord._meta.get_field("user_id")
-    for owner, kept in about.items():
-        collector.add_field_update(user_id, owner, kept)
+    for owner, records in about.items():  # (by id: run before or after the unlinking alike)
+        collector.add_field_update(user_id, owner, ToolRecord.objects.filter(pk__in=records))
     collector.add_field_update(field, None, sub_objs)
+
+
+kept_about_the_owner.lazy_sub_objs = True
 
 
 class ToolRecord(models.Model):

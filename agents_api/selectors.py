@@ -318,8 +318,8 @@ def memory_off_for(user_ids: Iterable[str], *, lock: bool = False) -> set[str]:
     if not user_ids:
         return set()
     settings_ = UserMemorySetting.objects.filter(user_id__in=user_ids)
-    if lock:
-        settings_ = settings_.select_for_update()
+    if lock:  # (in one order, whoever locks several)
+        settings_ = settings_.order_by("user_id").select_for_update()
     return {
         user_id
         for user_id, enabled in settings_.values_list("user_id", "memory_enabled")

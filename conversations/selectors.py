@@ -513,14 +513,15 @@ def conversation_owner_id(conversation: Conversation) -> str:
     """The owner's principal id (annotated by ``access_conversation``, else looked up)."""
     owner_id = getattr(conversation, "owner_id", None)
     if owner_id is None:
-        owner_id = (
-            Membership.objects.filter(
-                group_id=conversation.group_id, access_level=AccessLevel.OWNER
-            )
-            .values_list("principal_id", flat=True)
-            .get()
-        )
+        owner_id = group_owners([conversation.group_id])[conversation.group_id]
     return owner_id
+
+
+def group_owners(group_ids) -> dict:
+    """Each group's owner's principal id, by group id (one query; ``group_ids``: ids or a
+    query of them)."""
+    owners = Membership.objects.filter(group_id__in=group_ids, access_level=AccessLevel.OWNER)
+    return dict(owners.values_list("group_id", "principal_id"))
 
 
 # --- messages through fork ancestry ----------------------------------------------------------

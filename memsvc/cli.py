@@ -656,21 +656,21 @@ def _write_whole(path: str, chunks) -> None:
     """Write ``chunks`` to the file at ``path``, beside it first, then put in its place
     whole: an export stopped midway (Ctrl-C, the database gone) left the file half-written,
     the backup it held lost (review). A link's target is written (the link stays), keeping
-    an existing file's mode (a new one's is 0600: it holds a person's data); a path that is
-    no file (a device, a pipe) is written to as it is (``/dev/stdout`` was replaced by a
-    file: review)."""
-    target = os.path.realpath(path)
-    if os.path.exists(target) and not os.path.isfile(target):
-        with open(target, "w", encoding="utf-8") as output:
+    an existing file's mode (a new one's is 0600: it holds a person's data). A device, a
+    descriptor's name (``/dev/stdout``, ``/dev/fd/3``) or a pipe is written to as it is,
+    after what it holds (``-o /dev/stdout >> log`` appends): it was replaced by a file
+    (review)."""
+    if path.startswith(("/dev/", "/proc/")) or (os.path.exists(path) and not os.path.isfile(path)):
+        with open(path, "a", encoding="utf-8") as output:
             output.writelines(chunks)
         return
+    target = os.path.realpath(path)
     mode = stat.S_IMODE(os.stat(target).st_mode) if os.path.exists(target) else 0o600
     partial = f"{target}.partial"
     try:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
-        descriptor = os.open(partial, flags, 0o600)
-        os.fchmod(descriptor, mode)
-        with os.fdopen(descriptor, "w", encoding="utf-8") as output:
+        with os.fdopen(os.open(partial, flags, 0o600), "w", encoding="utf-8") as output:
+            os.fchmod(output.fileno(), mode)
             output.writelines(chunks)
         os.replace(partial, target)
     finally:

@@ -269,20 +269,24 @@ def _clear_stale_lock(pgdata: Path) -> None:
 
 def _set_aside_a_cut_initdb(pgdata: Path) -> None:
     """Move aside a data directory whose ``initdb`` was cut short (the first start killed):
-    it holds ``PG_VERSION`` (written early), which the package takes for a whole cluster,
-    and every later start failed ('database "postgres" does not exist'; review). Whole, it
-    would hold ``SETTINGS_FILE``, written once ``initdb`` returns, under the same lock (the
-    package's, across processes), before anything of memsvc's is stored: without it, it
-    holds nothing of memsvc's. Kept beside it (``pgdata.cut-<time>``), not deleted."""
-    if (pgdata / "PG_VERSION").exists() and not (pgdata / SETTINGS_FILE).exists():
-        aside = pgdata.with_name(f"{pgdata.name}.cut-{int(time.time())}")
-        pgdata.rename(aside)
-        pgdata.mkdir(mode=0o700)
-        print(
-            f"memsvc: {pgdata} was left half-made by a first start that was stopped: "
-            f"moved to {aside}, and made again",
-            file=sys.stderr,
-        )
+    it holds ``PG_VERSION`` (written first), which the package takes for a whole cluster,
+    and every later start failed ('database "postgres" does not exist'; review). A whole
+    one holds the cluster's control file and the ``postgres`` database (``base/5``, the
+    last made); one a server runs on is whole, and one memsvc has started holds
+    ``SETTINGS_FILE``. Anything else holds nothing of memsvc's: kept beside it
+    (``pgdata.cut-<time>``), not deleted."""
+    made = (pgdata / "PG_VERSION").exists()
+    whole = (pgdata / "global" / "pg_control").exists() and (pgdata / "base" / "5").is_dir()
+    if not made or whole or (pgdata / SETTINGS_FILE).exists() or _running_postmaster(pgdata):
+        return
+    aside = pgdata.with_name(f"{pgdata.name}.cut-{int(time.time())}")
+    pgdata.rename(aside)
+    pgdata.mkdir(mode=0o700)
+    print(
+        f"memsvc: {pgdata} was left half-made by a first start that was stopped: "
+        f"moved to {aside}, and made again",
+        file=sys.stderr,
+    )
 
 
 def _write_settings(pgdata: Path) -> None:

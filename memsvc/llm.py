@@ -156,7 +156,8 @@ def chat_stream(messages: list[dict], *, seconds: float = TIMEOUT_SECONDS) -> It
         if overdue.is_set():
             raise LLMError(f"the model was still answering after {seconds:g} s") from exc
         if isinstance(exc, openai.OpenAIError):
-            raise _llm_error(exc) from exc
+            # (Not chained: its text, which may quote memsvc's key, is in ours, masked.)
+            raise _llm_error(exc) from None
         if isinstance(exc, ValueError):  # an event that is not JSON
             raise LLMError(f"the answer is not a chat completion: {exc}") from None
         raise
@@ -201,7 +202,7 @@ def chat(messages: list[dict]) -> str:
                 model=settings.MEMSVC_LLM_MODEL, messages=messages
             )
     except openai.OpenAIError as exc:
-        raise _llm_error(exc) from exc
+        raise _llm_error(exc) from None  # (not chained: as ``chat_stream``)
     except ValueError as exc:  # a body that is not JSON
         raise LLMError(f"the answer is not a chat completion: {exc}") from None
     content = _text_of(response, "message")

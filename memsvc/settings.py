@@ -88,13 +88,15 @@ if DATABASE_URL:
 else:
     DATABASES = {"default": {**embedded_db.database_settings(MEMSVC_DATA_DIR), "CONN_MAX_AGE": 60}}
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
-# A connection is made, or given up, within this many seconds: a database that takes
+# A connection is made, or given up, within this many seconds (unless DATABASE_URL says): a database that takes
 # connections and never answers them (stopped by a signal, a frozen machine) held each
 # request that connected without end (review). (A statement on a connection made before
 # still waits for it: the server's own timeouts cannot run, and PostgreSQL's client has
 # none of its own.)
 DATABASE_CONNECT_SECONDS = 10
-DATABASES["default"].setdefault("OPTIONS", {})["connect_timeout"] = DATABASE_CONNECT_SECONDS
+DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
+    "connect_timeout", DATABASE_CONNECT_SECONDS
+)
 # The longest one statement of this process may run (0: no limit), so that a request that
 # turns out slow (or one its client gave up on) does not hold a web thread and a connection
 # for minutes: `memsvc serve` gives its web processes 30 s (the worker and the commands,

@@ -255,8 +255,10 @@ def _hits(ranked: list[tuple], query: str | None) -> list[SearchHit]:
         # PostgreSQL's highlighting costs about the product of the text's words and the
         # query's (one message of 25,000 words and a query of 40: 9 s, while it held a web
         # thread and a connection): it reads the first HEADLINE_CHARS of each hit, for each
-        # word once.
-        words = websearch_text(" ".join(dict.fromkeys(query.lower().split())))
+        # word once. Its words: those of the query's keywords (``SearchTuning.query_words``,
+        # counted here with the stop words among them).
+        written = list(dict.fromkeys(query.lower().split()))[: 2 * configured_tuning().query_words]
+        words = websearch_text(" ".join(written))
         messages = Message.objects.raw(
             _HITS_SQL.format(headline=_HEADLINE),
             [TEXT_SEARCH_CONFIG, HEADLINE_CHARS, TEXT_SEARCH_CONFIG, words, _HEADLINE_OPTIONS, ids],

@@ -14,7 +14,8 @@ from agents_api.models import Agent, SummarySource, ToolRecord
 from agents_api.selectors import tool_records_about
 from agents_api.services.idempotency import write_once
 from agents_api.services.memories import refuse_if_memory_off
-from conversations.models import AccessLevel, Conversation, Membership
+from conversations.models import Conversation
+from conversations.selectors import group_owners
 from memsvc.api.errors import Conflict, InvalidInput
 from memsvc.api.principals import Principal, agent_uuid_of
 from memsvc.db import held_keys, hold_users
@@ -79,7 +80,11 @@ def tool_records_create(
         for index, new in enumerate(records)
     ]
     with transaction.atomic():
-        hold_users([actor.on_behalf_of or ""])
+        # The user it acts for and the owners of the conversations named (the record is kept
+        # about them too): their erase takes turns with it (an erase that waited for it then
+        # left it labelled with the erased user; review).
+        owners = _owners(records)
+        hold_users([actor.on_behalf_of or "", *owners])
         # Made now, once the user's erase (which holds them) is over: a record that waited
         # for it was dated before it, and an import of the agent's document left it out as
         # kept before the erase (review).
@@ -94,7 +99,7 @@ def tool_records_create(
             actor,
             idempotency_key,
             request_hash,
-            lambda: _store(actor, records, rows),
+            lambda: _store(actor, records, rows, owners),
             ToolRecord.objects.defer(*ToolRecord.SEARCH_DATA),
         )
         if len(stored) != len(rows):
@@ -103,16 +108,16 @@ def tool_records_create(
 
 
 def _store(
-    actor: Principal, records: Sequence[NewToolRecord], rows: list[ToolRecord]
+    actor: Principal, records: Sequence[NewToolRecord], rows: list[ToolRecord], owners: list
 ) -> list[ToolRecord]:
     # An agent keeps nothing new about a user who turned memory off (409, as for memories
-    # and blocks); a retry of a request stored before gets it back all the same.
-    refuse_if_memory_off(actor.on_behalf_of or "", lock=True)
+    # and blocks), nor about the owner of a conversation it names, whoever it acts for (such
+    # a record is kept about that owner: ``selectors.tool_records_about``; review): their
+    # settings locked in one statement, in one order (one by one, two creates naming each
+    # other's users' conversations deadlocked). A retry of a request stored before gets it
+    # back all the same.
+    refuse_if_memory_off(actor.on_behalf_of or "", *owners, lock=True)
     _hold_conversations(records)
-    # Nor about the owner of a conversation they name, whoever the agent acts for (such a
-    # record is kept about that owner: ``selectors.tool_records_about``; review).
-    for owner in _owners(records):
-        refuse_if_memory_off(owner, lock=True)
     return ToolRecord.objects.bulk_create(rows)
 
 
@@ -121,10 +126,8 @@ def _owners(records: Sequence[NewToolRecord]) -> list[str]:
     wanted = {new.conversation.pk for new in records if new.conversation is not None}
     if not wanted:
         return []
-    groups = Conversation.objects.filter(pk__in=wanted).values("group_id")
-    owners = Membership.objects.filter(group_id__in=groups, access_level=AccessLevel.OWNER)
-    ids = owners.values_list("principal_id", flat=True)
-    return sorted(owner for owner in set(ids) if not agent_uuid_of(owner))
+    owners = group_owners(Conversation.objects.filter(pk__in=wanted).values("group_id"))
+    return sorted(owner for owner in set(owners.values()) if not agent_uuid_of(owner))
 
 
 def _hold_conversations(records: Sequence[NewToolRecord]) -> None:

@@ -517,7 +517,9 @@ class LockoutModelBackend(ModelBackend):
             # twice the login waited for itself, then was refused (review).
             auth_check_ended(request)
         refusal, checked = request_auth_attempt(request)
-        if refusal is None and not _password_checks.acquire(blocking=False):
+        # (A password checked from a shell, without a request, is not held to the cap.)
+        capped = request is not None
+        if refusal is None and capped and not _password_checks.acquire(blocking=False):
             refusal = RateLimited(1, LOGINS_BUSY)
             if checked is not None:
                 _guarded(checked)
@@ -529,7 +531,8 @@ class LockoutModelBackend(ModelBackend):
             if user is None and request is not None:
                 _guarded(note_auth_failure, client_address(request))
         finally:
-            _password_checks.release()
+            if capped:
+                _password_checks.release()
             if checked is not None:
                 _guarded(checked)
         if user is None:

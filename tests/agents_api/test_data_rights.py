@@ -17,6 +17,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.db import DatabaseError, connection, transaction
 from django.db.models import Q
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -417,6 +418,23 @@ def test_an_agents_records_of_a_conversation_she_deleted_still_go_with_her_erase
     call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
     left = set(ToolRecord.objects.values_list("id", flat=True))
     assert in_hers.id not in left and {for_bob.id, in_its_own.id} <= left
+
+
+def test_a_deleted_conversations_records_are_kept_about_its_owner_in_two_updates(world):
+    """Its records were loaded, then updated 100 ids a statement (a conversation of 50,000
+    memory-bank records: 1,000 statements under the deletion's locks; review)."""
+    agent = world.agent
+    ours = Conversation.objects.get(id=world.ours)
+    new = [
+        NewToolRecord(tool_name=f"step_{i}", raw_output=i, conversation=ours) for i in range(100)
+    ]
+    for _ in range(3):
+        tool_records_create(agent.as_principal(), agent=agent, records=new)
+    with CaptureQueriesContext(connection) as statements:
+        conversation_delete(Principal.user("alice"), conversation=ours)
+    writes = [q["sql"] for q in statements if q["sql"].startswith('UPDATE "tool_record"')]
+    assert len(writes) == 2, writes
+    assert ToolRecord.objects.filter(user_id="alice", conversation=None).count() == 300
 
 
 @pytest.mark.parametrize("per_statement", [1000, 1])

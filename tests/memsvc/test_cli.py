@@ -200,6 +200,28 @@ def test_a_data_directory_whose_first_start_was_killed_in_initdb_starts(tmp_path
     assert "was left half-made by a first start that was stopped" in listed.stderr
     [aside] = (tmp_path / "data").glob("pgdata.cut-*")
     assert (aside / "PG_VERSION").exists() and (pgdata / "memsvc.conf").exists()
+    # A whole cluster without memsvc's settings file (deleted; a data directory older
+    # than it) is kept where it is, its keys with it.
+    created = subprocess.run(
+        [sys.executable, "-m", "memsvc.cli", "apikey", "create", "kept"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert created.returncode == 0, created.stderr[-2000:]
+    (pgdata / "memsvc.conf").unlink()
+    again = subprocess.run(
+        [sys.executable, "-m", "memsvc.cli", "apikey", "list"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert again.returncode == 0 and "\tkept\t" in again.stdout, again.stderr[-2000:]
+    assert len(list((tmp_path / "data").glob("pgdata.cut-*"))) == 1
 
 
 def test_a_worker_starts_on_a_data_directory_serve_never_ran_on(tmp_path):
@@ -354,6 +376,16 @@ def test_an_export_writes_a_links_target_keeps_a_files_mode_and_makes_a_new_one_
         assert cli.main(["export", "user", "alice", "-o", str(pipe)]) == 0
         assert json.loads(read.result(timeout=30))["userId"] == "alice"
     assert pipe.is_fifo()
+    # An anonymous pipe, named as a descriptor (`-o /dev/stdout | gzip`): its name resolves
+    # to no path a file could be made beside.
+    read_end, write_end = os.pipe()
+    with ThreadPoolExecutor(1) as reader, os.fdopen(read_end, "rb") as source:
+        read = reader.submit(source.read)
+        try:
+            assert cli.main(["export", "user", "alice", "-o", f"/dev/fd/{write_end}"]) == 0
+        finally:
+            os.close(write_end)
+        assert json.loads(read.result(timeout=30))["userId"] == "alice"
     assert sorted(path.name for path in tmp_path.iterdir()) == [
         "link.json",
         "new.json",

@@ -119,6 +119,36 @@ def test_two_tabs_asking_at_once_keep_one_answer(alice_page, chat):
     assert list(kept.values_list("content", flat=True)) == ["Rex would love Brittany, Alice."]
 
 
+def test_an_answer_overtaken_by_a_newer_turn_is_not_kept_after_it(alice_page, chat, llm):
+    """Tab 1's answer, still streaming when a newer message came (tab 2), was kept after
+    that message, which it never saw, and tab 2's answer to it refused (review). An answer
+    is kept only while the turn its prompt ended on is the latest."""
+    alice_page.post(reverse("pages:append", args=[chat.id]), {"content": "Hello"}, **HTMX)
+    first = alice_page.post(reverse("pages:reply", args=[chat.id]))
+    first_pieces = iter(first.streaming_content)
+    next(first_pieces)  # (its prompt is built: it ends on "Hello")
+    alice_page.post(reverse("pages:append", args=[chat.id]), {"content": "And Rome?"}, **HTMX)
+    second = alice_page.post(reverse("pages:reply", args=[chat.id]))
+    assert (
+        b"".join(first_pieces)
+        .decode()
+        .endswith(
+            "[The answer could not be kept: a newer turn came meanwhile: the answer to it answers it]"
+        )
+    )
+    assert b"".join(second.streaming_content).decode() == "Rex would love Brittany, Alice."
+    said = list(
+        Message.objects.filter(conversation=chat).order_by("seq").values_list("role", "content")
+    )
+    assert said == [
+        ("user", "Hello"),
+        ("user", "And Rome?"),
+        ("assistant", "Rex would love Brittany, Alice."),
+    ]
+    # The model was asked with both turns for the answer that was kept.
+    assert llm.requests_containing("And Rome?")
+
+
 def test_an_answer_that_cannot_be_kept_says_so_at_the_streams_end(alice_page, chat):
     """The conversation deleted while the answer streams: the store's refusal (404) ended
     the response unhandled, cut short, without a word (review)."""

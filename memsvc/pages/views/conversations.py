@@ -240,15 +240,18 @@ def reply(request, conversation_id):
 def _kept_and_answered(request, assistant, keep):
     """What ``keep()`` returns (the person's message appended, or the fork made with it),
     then ``assistant``'s answer (if any) in its conversation, before the page comes back.
-    The answer's place is taken first: refused (429), nothing is kept. A model's failure
-    is said on the page; the person's message stays."""
+    The answer's place is taken first: refused (429), nothing is kept. A model's failure,
+    or an answer that cannot be kept, is said on the page; the person's message stays."""
     release = answering.take() if assistant is not None else lambda: None
     try:
         kept = keep()
         conversation = kept if isinstance(kept, Conversation) else kept.conversation
         if assistant is not None:
-            for _ in assistant_reply(assistant, conversation, user=request.principal):
-                pass
+            try:
+                for _ in assistant_reply(assistant, conversation, user=request.principal):
+                    pass
+            except ApiError as exc:  # (answered meanwhile, in another tab: was a 409 page)
+                flash.error(request, f"The answer could not be kept: {exc.message}")
     except LLMError as exc:
         _log_failed_answer(conversation, exc)
         flash.error(request, f"The assistant could not answer: {exc.shown}")
