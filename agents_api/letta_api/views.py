@@ -70,6 +70,53 @@ class LettaView(APIView):
     def block(self, request, block_id: str):
         return selectors.letta_block(self.caller(request), s.parse_block_id(block_id))
 
+    def http_method_not_allowed(self, request, *args, **kwargs):
+        # A method of a route memsvc serves, but not with it (``DELETE /v1/groups/{id}``):
+        # 501, as every route it does not serve (it was a 405; review).
+        raise NotImplementedByMemsvc(
+            f"memsvc does not serve {request.method} {request.path} of Letta's API"
+        )
+
+
+# The filters of Letta's lists that memsvc does not apply: a list asked with one is refused
+# (501), not answered whole. Answered whole, Letta's clean-up of unattached blocks
+# (``connected_to_agents_count_eq=0``, then a delete of each) deleted every attached one
+# (review).
+UNAPPLIED_BLOCK_FILTERS = (
+    "connected_to_agents_count_eq",
+    "connected_to_agents_count_gt",
+    "connected_to_agents_count_lt",
+    "description_search",
+    "identifier_keys",
+    "identity_id",
+    "label_search",
+    "name",
+    "project_id",
+    "templates_only",
+    "value_search",
+)
+UNAPPLIED_AGENT_FILTERS = (
+    "base_template_id",
+    "identifier_keys",
+    "identity_id",
+    "last_stop_reason",
+    "project_id",
+    "query_text",
+    "template_id",
+)
+
+
+def _refuse_unapplied(params, filters: tuple[str, ...], listed: str) -> None:
+    """``NotImplementedByMemsvc`` naming the ``filters`` a list request asks for (but
+    ``templates_only=false``, which asks for the list as it is)."""
+    asked = [
+        name
+        for name in filters
+        if params.get(name) and not (name == "templates_only" and params[name].lower() == "false")
+    ]
+    if asked:
+        raise NotImplementedByMemsvc(f"memsvc does not filter {listed} by {', '.join(asked)}")
+
 
 def _order(params, default: str) -> str:
     order = params.get("order") or default
@@ -132,6 +179,7 @@ class AgentsView(LettaView):
     @extend_schema(exclude=True)
     def get(self, request):
         params = request.query_params
+        _refuse_unapplied(params, UNAPPLIED_AGENT_FILTERS, "agents")
         agents = selectors.letta_agents(self.caller(request))
         if params.get("name"):
             agents = agents.filter(name=params["name"])
@@ -274,6 +322,7 @@ class BlocksView(LettaView):
     @extend_schema(exclude=True)
     def get(self, request):
         params = request.query_params
+        _refuse_unapplied(params, UNAPPLIED_BLOCK_FILTERS, "blocks")
         blocks = selectors.letta_blocks(self.caller(request), label=params.get("label"))
         page = _page(blocks, params, default_order="asc", parse_id=s.parse_block_id)
         return Response([s.block_out(block) for block in page])

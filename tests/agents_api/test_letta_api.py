@@ -778,12 +778,33 @@ def test_letta_routes_memsvc_does_not_serve_answer_501_naming_them(api, helper):
         ("POST", f"/v1/agents/{state['id']}/messages"),
         ("GET", "/v1/tools/"),
         ("POST", f"/v1/agents/{state['id']}/summarize"),
+        # A method of a route memsvc serves, but not with it (it was a 405; review).
+        ("DELETE", f"/v1/groups/{state['multi_agent_group']['id']}"),
     ]:
         response = api.call(method, path, as_=helper, body={} if method != "GET" else None)
         assert response.status_code == 501, (method, path)
         assert "/v1/" in response.json()["detail"]
         assert response["x-should-retry"] == "false"
     assert api.get("/v1/tools/").status_code == 401  # the key first
+
+
+def test_a_list_filter_memsvc_does_not_apply_is_refused_not_answered_whole(api, helper):
+    """Letta's clean-up of blocks whose attach never came lists them with
+    ``connected_to_agents_count_eq=0`` and deletes each: memsvc answered every block, and
+    the loop deleted the attached ones (review). A filter it does not apply is a 501."""
+    create_agent(api, helper)
+    for path, query in [
+        ("/v1/blocks/", {"connected_to_agents_count_eq": "0"}),
+        ("/v1/blocks/", {"label_search": "orph"}),
+        ("/v1/blocks/", {"templates_only": "true"}),
+        ("/v1/agents/", {"query_text": "nomatch"}),
+    ]:
+        response = api.get(path, as_=helper, **query)
+        assert response.status_code == 501, (path, query)
+        assert next(iter(query)) in response.json()["detail"]
+        assert response["x-should-retry"] == "false"
+    assert len(api.get("/v1/blocks/", as_=helper, templates_only="false").json()) == 1
+    assert len(api.get("/v1/agents/", as_=helper, tags=SDK_TAG, include="agent.blocks").json()) == 1
 
 
 def test_bad_input_is_422_and_changes_nothing(api, helper):
