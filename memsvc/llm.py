@@ -159,7 +159,11 @@ def chat_stream(messages: list[dict], *, seconds: float = TIMEOUT_SECONDS) -> It
             # (Not chained: its text, which may quote memsvc's key, is in ours, masked.)
             raise _llm_error(exc) from None
         if isinstance(exc, ValueError):  # an event that is not JSON
-            raise LLMError(f"the answer is not a chat completion: {exc}") from None
+            raise LLMError(
+                f"the answer is not a chat completion: {exc}",
+                # (The parser's words were shown to the person: review.)
+                shown="its model's answer could not be read; the server's log says more",
+            ) from None
         raise
     if not answered:
         raise LLMError("the model answered nothing")

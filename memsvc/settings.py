@@ -79,6 +79,8 @@ DEBUG = env_bool("DJANGO_DEBUG", False)
 # (Not Django's test client's "testserver", which its test set-up adds: review.)
 ALLOWED_HOSTS = env_hosts("DJANGO_ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
+# A page whose token is out of date is loaded again (memsvc.pages.views.common.csrf_failure).
+CSRF_FAILURE_VIEW = "memsvc.pages.views.common.csrf_failure"
 
 # --- Database --------------------------------------------------------------------------------
 

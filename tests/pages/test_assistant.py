@@ -149,6 +149,18 @@ def test_an_answer_overtaken_by_a_newer_turn_is_not_kept_after_it(alice_page, ch
     assert llm.requests_containing("And Rome?")
 
 
+def test_a_stream_cut_by_a_broken_event_says_so_in_the_persons_words(alice_page, chat, llm):
+    """The JSON parser's own words were shown on the page (review)."""
+    llm.answer("Hello", Reply(events=["{not json"]))
+    alice_page.post(reverse("pages:append", args=[chat.id]), {"content": "Hello"}, **HTMX)
+    said = b"".join(alice_page.post(reverse("pages:reply", args=[chat.id])).streaming_content)
+    assert said.decode() == (
+        "\n[The assistant could not answer: its model's answer could not be read; "
+        "the server's log says more]"
+    )
+    assert not Message.objects.filter(conversation=chat, role="assistant").exists()
+
+
 def test_an_answer_that_cannot_be_kept_says_so_at_the_streams_end(alice_page, chat):
     """The conversation deleted while the answer streams: the store's refusal (404) ended
     the response unhandled, cut short, without a word (review)."""

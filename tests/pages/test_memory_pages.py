@@ -1,6 +1,7 @@
 """The memory pages: per agent that serves the person, the memory blocks about them (edit,
 revisions) and the memories about them (search, delete, clear), and the memory switch."""
 
+import re
 from datetime import timedelta
 from urllib.parse import urljoin, urlsplit
 
@@ -52,6 +53,28 @@ def test_the_agents_that_serve_the_person_are_listed(alice_page, helper, rival):
     assert agent_page(helper) in html and agent_page(rival) in html
     assert "stranger" not in html
     assert unlabelled_controls(html) == []
+
+
+def test_a_block_of_emoji_within_its_limit_is_saved_from_its_page(alice_page, helper):
+    """The browser counts a text's length in UTF-16 units, the service in characters: a
+    block of 40 emoji of a limit of 60 was 80 long to the textarea's ``maxlength``, and no
+    edit of it could be sent (review). The service alone holds the limit."""
+    memory_block_create(
+        helper.as_principal(),
+        agent=helper,
+        user_id="alice",
+        label="mood",
+        value="😀" * 40,
+        limit=60,
+    )
+    page = alice_page.get(reverse("pages:agent_memory", args=[helper.id])).content.decode()
+    [textarea] = re.findall(r"<textarea[^>]*>", page)
+    assert "maxlength" not in textarea
+    saved = alice_page.post(
+        reverse("pages:block_update", args=[helper.id]), {"label": "mood", "value": "😀" * 39}
+    )
+    assert saved.status_code == 302
+    assert MemoryBlock.objects.get(label="mood").value == "😀" * 39
 
 
 def test_blocks_about_the_person_are_edited_with_revisions(alice_page, helper):

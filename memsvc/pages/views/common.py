@@ -70,11 +70,32 @@ def _to_login(request):
     ``Referer``), not to their own address."""
     here = request.get_full_path()
     if request.htmx or request.method != "GET":
-        sent_from = [request.htmx.current_url, request.headers.get("Referer", "")]
-        ours = [urlsplit(target) for target in sent_from if target and _ours(request, target)]
-        here = ours[0]._replace(scheme="", netloc="").geturl() if ours else reverse("pages:home")
+        here = _sent_from(request)
     login = redirect_to_login(here)
     return HttpResponseClientRedirect(login.url) if request.htmx else login
+
+
+def _sent_from(request) -> str:
+    """The page a request was sent from (the ``HX-Current-URL``, else the ``Referer``), of
+    this site; else the home page."""
+    sent_from = [request.htmx.current_url, request.headers.get("Referer", "")]
+    ours = [urlsplit(target) for target in sent_from if target and _ours(request, target)]
+    return ours[0]._replace(scheme="", netloc="").geturl() if ours else reverse("pages:home")
+
+
+OUT_OF_DATE = "The page was out of date (a login in another tab renews it): try again."
+
+
+def csrf_failure(request, reason=""):
+    """``CSRF_FAILURE_VIEW``: a form sent from a page whose token a login in another tab
+    renewed (or not sent from a page of this site). Asked by htmx or the chat's script, the
+    whole browser loads that page again, with the new token (``HX-Redirect``): Django's own
+    refusal page was put into the chat's form or a memory's row (review). A plain form gets
+    the pages' refusal (403), with a link back."""
+    if request.htmx:
+        return HttpResponseClientRedirect(_sent_from(request))
+    context = {"error": OUT_OF_DATE, "came_from": _came_from(request)}
+    return render(request, "pages/refused.html", context, status=403)
 
 
 def action(view):
