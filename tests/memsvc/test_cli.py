@@ -2,6 +2,8 @@ import contextlib
 import json
 import os
 import stat
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -142,33 +144,30 @@ def test_an_export_into_a_pipe_its_reader_closed_ends_quietly():
     assert b"Traceback" not in errors, errors.decode()[-2000:]
 
 
+def memsvc_on(data_dir, *args: str) -> subprocess.CompletedProcess:
+    """``memsvc ARGS`` in a process of its own on ``data_dir``, the embedded database."""
+    from tests.agents_api.test_mcp import REPO
+
+    env = {**os.environ, "MEMSVC_DATA_DIR": str(data_dir), "PYTHONPATH": str(REPO)}
+    env.pop("DATABASE_URL", None)
+    return subprocess.run(
+        [sys.executable, "-m", "memsvc.cli", *args],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
 def test_the_commands_work_on_a_data_directory_serve_never_ran_on(tmp_path):
     """The README's MCP setup makes a key (`memsvc apikey create claude-code`) before anything
     else may have run: the embedded database was created empty, and the command ended in a
     traceback (relation "agent" does not exist)."""
-    import os
-    import subprocess
-    import sys
-
-    from tests.agents_api.test_mcp import REPO
-
-    env = {**os.environ, "MEMSVC_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": str(REPO)}
-    env.pop("DATABASE_URL", None)
-
-    def memsvc(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "memsvc.cli", *args],
-            env=env,
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=180,
-        )
-
-    created = memsvc("apikey", "create", "claude-code")
+    created = memsvc_on(tmp_path / "data", "apikey", "create", "claude-code")
     assert created.returncode == 0, created.stderr[-2000:]
     assert created.stdout.strip().startswith("msk_")
-    exported = memsvc("export", "agent", "claude-code")
+    exported = memsvc_on(tmp_path / "data", "export", "agent", "claude-code")
     assert exported.returncode == 0, exported.stderr[-2000:]
     assert exported.stdout.startswith('{"format":"memsvc-export"')
 
@@ -177,51 +176,23 @@ def test_a_data_directory_whose_first_start_was_killed_in_initdb_starts(tmp_path
     """initdb writes PG_VERSION first, and the package takes that for a whole cluster: a
     first start killed during initdb left a data directory no command could start again
     ('database "postgres" does not exist'; review). What initdb left is moved aside."""
-    import os
-    import subprocess
-    import sys
-
-    from tests.agents_api.test_mcp import REPO
-
-    pgdata = tmp_path / "data" / "pgdata"
+    data_dir = tmp_path / "data"
+    pgdata = data_dir / "pgdata"
     (pgdata / "base" / "1").mkdir(parents=True)
     (pgdata / "PG_VERSION").write_text("18\n")  # (what initdb writes first)
-    env = {**os.environ, "MEMSVC_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": str(REPO)}
-    env.pop("DATABASE_URL", None)
-    listed = subprocess.run(
-        [sys.executable, "-m", "memsvc.cli", "apikey", "list"],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    listed = memsvc_on(data_dir, "apikey", "list")
     assert listed.returncode == 0, listed.stderr[-2000:]
     assert "was left half-made by a first start that was stopped" in listed.stderr
-    [aside] = (tmp_path / "data").glob("pgdata.cut-*")
+    [aside] = data_dir.glob("pgdata.cut-*")
     assert (aside / "PG_VERSION").exists() and (pgdata / "memsvc.conf").exists()
     # A whole cluster without memsvc's settings file (deleted; a data directory older
     # than it) is kept where it is, its keys with it.
-    created = subprocess.run(
-        [sys.executable, "-m", "memsvc.cli", "apikey", "create", "kept"],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    created = memsvc_on(data_dir, "apikey", "create", "kept")
     assert created.returncode == 0, created.stderr[-2000:]
     (pgdata / "memsvc.conf").unlink()
-    again = subprocess.run(
-        [sys.executable, "-m", "memsvc.cli", "apikey", "list"],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    again = memsvc_on(data_dir, "apikey", "list")
     assert again.returncode == 0 and "\tkept\t" in again.stdout, again.stderr[-2000:]
-    assert len(list((tmp_path / "data").glob("pgdata.cut-*"))) == 1
+    assert len(list(data_dir.glob("pgdata.cut-*"))) == 1
 
 
 def test_a_worker_starts_on_a_data_directory_serve_never_ran_on(tmp_path):
