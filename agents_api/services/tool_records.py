@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from agents_api import observer
 from agents_api.models import Agent, SummarySource, ToolRecord
-from agents_api.selectors import tool_records_about
+from agents_api.selectors import memory_off_for, tool_records_about
 from agents_api.services.idempotency import write_once
 from agents_api.services.memories import refuse_if_memory_off
 from conversations.models import Conversation
@@ -116,7 +116,10 @@ def _store(
     # settings locked in one statement, in one order (one by one, two creates naming each
     # other's users' conversations deadlocked). A retry of a request stored before gets it
     # back all the same.
-    refuse_if_memory_off(actor.on_behalf_of or "", *owners, lock=True)
+    off = memory_off_for([actor.on_behalf_of or "", *owners], lock=True)
+    refuse_if_memory_off(*(off & {actor.on_behalf_of}))  # (the user it acts for: named)
+    if off:  # (an owner, whom an agent acting for someone else is not told of)
+        raise Conflict("the owner of a conversation named has turned memory off")
     _hold_conversations(records)
     return ToolRecord.objects.bulk_create(rows)
 
