@@ -170,13 +170,16 @@ def assistant_prompt(agent: Agent, conversation: Conversation, *, user_id: str) 
     return ([{"role": "system", "content": context}] if context else []) + turns
 
 
-def assistant_reply(agent: Agent, conversation: Conversation, *, user: Principal) -> Iterator[str]:
+def assistant_reply(
+    agent: Agent, conversation: Conversation, *, user: Principal, turn=None
+) -> Iterator[str]:
     """The agent's answer, piece by piece as the model writes it; once it is whole, it is
     appended to the conversation as the agent's message (``LLMError`` when the model fails,
     an ``ApiError`` when it cannot be kept: nothing is written)."""
     actor = agent.as_principal(on_behalf_of=user.id)
     conversation = access_conversation(actor, conversation.id, need=AccessLevel.WRITER)
-    turn = refuse_answered(conversation)  # (the turn the prompt ends on)
+    # The turn the prompt ends on (``turn``: the caller's look at it, ``refuse_answered``).
+    turn = turn or refuse_answered(conversation)
     pieces = []
     prompt = assistant_prompt(agent, conversation, user_id=user.id)
     for piece in chat_stream(prompt, seconds=settings.MEMSVC_PAGES_ANSWER_SECONDS):

@@ -206,12 +206,15 @@ def _refuse_missing_messages(cited: Sequence[Sequence], found: set, *, items: st
             raise refused.within(f"{items}[{index}]") if items else refused
 
 
-def refuse_if_memory_off(*user_ids: str, lock: bool = False) -> None:
-    """409 when one of the users turned memory off; ``lock``: their settings stay as read
-    until the transaction ends (``memory_off_for``)."""
-    off = memory_off_for(user_ids, lock=lock)
-    if off:
-        raise Conflict(f"{min(off)} has turned memory off: no new memories about them are kept")
+def refuse_if_memory_off(user_id: str, *, lock: bool = False) -> None:
+    """409 when the user turned memory off; ``lock``: their setting stays as read until the
+    transaction ends (``memory_off_for``)."""
+    if user_id and memory_off_for([user_id], lock=lock):
+        raise memory_off_refusal(user_id)
+
+
+def memory_off_refusal(user_id: str) -> Conflict:
+    return Conflict(f"{user_id} has turned memory off: no new memories about them are kept")
 
 
 @transaction.atomic

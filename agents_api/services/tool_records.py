@@ -13,7 +13,7 @@ from agents_api import observer
 from agents_api.models import Agent, SummarySource, ToolRecord
 from agents_api.selectors import memory_off_for, tool_records_about
 from agents_api.services.idempotency import write_once
-from agents_api.services.memories import refuse_if_memory_off
+from agents_api.services.memories import memory_off_refusal
 from conversations.models import Conversation
 from conversations.selectors import group_owners
 from memsvc.api.errors import Conflict, InvalidInput
@@ -117,7 +117,8 @@ def _store(
     # other's users' conversations deadlocked). A retry of a request stored before gets it
     # back all the same.
     off = memory_off_for([actor.on_behalf_of or "", *owners], lock=True)
-    refuse_if_memory_off(*(off & {actor.on_behalf_of}))  # (the user it acts for: named)
+    if actor.on_behalf_of in off:  # (the user it acts for: named)
+        raise memory_off_refusal(actor.on_behalf_of)
     if off:  # (an owner, whom an agent acting for someone else is not told of)
         raise Conflict("the owner of a conversation named has turned memory off")
     _hold_conversations(records)

@@ -219,12 +219,12 @@ def reply(request, conversation_id):
     # An answer asks for a turn to answer: a second tab, or a request sent again, had the
     # assistant answer the answered turns once more, and keep it (review). Looked at again
     # as the answer is kept (two tabs asking at once).
-    refuse_answered(conversation)
+    turn = refuse_answered(conversation)
     release = answering.take()
 
     def stream():
         try:
-            yield from assistant_reply(assistant, conversation, user=request.principal)
+            yield from assistant_reply(assistant, conversation, user=request.principal, turn=turn)
         except LLMError as exc:
             _log_failed_answer(conversation, exc)
             yield f"\n[The assistant could not answer: {exc.shown}]"
