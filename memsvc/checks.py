@@ -110,3 +110,32 @@ def check_pgvector(app_configs=None, databases=None, **kwargs) -> list[Error]:
                 )
             )
     return found
+
+
+@register(Tags.database)
+def check_schema_not_newer(app_configs=None, databases=None, **kwargs) -> list[Warning]:
+    """A database migrated by a newer memsvc, which this older code starts on (a rollback
+    after an upgrade): it may refuse what the newer code stores, or fail on columns it does
+    not know. It started without a word (review); now every ``migrate`` (``memsvc serve``
+    runs one) says which migrations it does not know."""
+    from django.db.migrations.loader import MigrationLoader
+
+    found = []
+    for alias in databases or ():
+        loader = MigrationLoader(connections[alias], ignore_no_migrations=True)
+        unknown = sorted(
+            f"{app}.{name}"
+            for app, name in loader.applied_migrations
+            if app in loader.migrated_apps and (app, name) not in loader.disk_migrations
+        )
+        if unknown:
+            found.append(
+                Warning(
+                    f"Database {alias!r} was migrated by a newer memsvc: this code does not know "
+                    f"its migrations {', '.join(unknown)}, and may fail on what they changed.",
+                    hint="Run the release that migrated it, or restore the database's "
+                    "backup taken before the upgrade.",
+                    id="memsvc.W004",
+                )
+            )
+    return found

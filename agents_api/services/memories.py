@@ -564,13 +564,14 @@ def memory_citations_forget(message_ids: Sequence) -> int:
 def memories_touch(memory_ids: Sequence) -> int:
     """Count a use of each memory searches returned, one per time it is named (the uses of a
     process's searches are sent together: ``tasks.enqueue_memory_touch``). How many
-    memories were there to count."""
+    memories were there to count. A memory that has expired since its search is not
+    counted: a use arriving late must not make the prune extend what it would delete."""
     uses = Counter(str(memory_id) for memory_id in memory_ids)
     now = timezone.now()
     touched = 0
     for times in sorted(set(uses.values())):
         touched += Memory.objects.filter(
-            id__in=[memory_id for memory_id, n in uses.items() if n == times]
+            LIVE, id__in=[memory_id for memory_id, n in uses.items() if n == times]
         ).update(access_count=F("access_count") + times, last_accessed_at=now)
     return touched
 

@@ -42,6 +42,7 @@ DISCARD_MAX_FACTOR = 2
 DISCARD_CHUNK_BYTES = 64 * 1024
 
 ADMIN_PREFIX = "/admin/"  # (memsvc.urls)
+LETTA_VIEWS = "agents_api.letta_api."  # Letta's routes, under /v1/ too
 
 
 class InternalError(ApiError):
@@ -53,13 +54,14 @@ class InternalError(ApiError):
 def _nul_path_parameter(path: str) -> str:
     """The name of the path parameter that holds a NUL character (``path`` when none does),
     as the API documents it: ``/v1``'s are camelCase (``userId``, not the route's
-    ``user_id``), the local API's as its routes name them."""
+    ``user_id``), the local API's and Letta's (``/v1/blocks/...``: ``block_id``) as their
+    routes name them."""
     try:
-        kwargs = resolve(path).kwargs
+        match = resolve(path)
     except Resolver404:
-        kwargs = {}
-    name = next((name for name, value in kwargs.items() if "\x00" in str(value)), "path")
-    if path.startswith("/v1/"):
+        return "path"
+    name = next((name for name, value in match.kwargs.items() if "\x00" in str(value)), "path")
+    if path.startswith("/v1/") and not match.func.__module__.startswith(LETTA_VIEWS):
         first, *rest = name.split("_")
         name = first + "".join(part.capitalize() for part in rest)
     return name

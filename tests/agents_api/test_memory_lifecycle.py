@@ -38,12 +38,10 @@ NOW = timezone.now()
 
 
 def save(agent, content, *, expires_in: timedelta = MEMORY_TTL, used: int = 0) -> Memory:
-    memory, _ = memory_save(
-        agent.as_principal(), agent=agent, user_id="alice", content=content, expires_at=NOW
-    )
-    Memory.objects.filter(pk=memory.pk).update(expires_at=NOW + expires_in)
-    for _ in range(used):
+    memory, _ = memory_save(agent.as_principal(), agent=agent, user_id="alice", content=content)
+    for _ in range(used):  # (while it lives: an expired memory's uses are not counted)
         memories_touch([memory.id])
+    Memory.objects.filter(pk=memory.pk).update(expires_at=NOW + expires_in)
     memory.refresh_from_db()
     return memory
 
@@ -411,6 +409,18 @@ def test_a_use_named_twice_counts_twice():
     tea.refresh_from_db()
     coffee.refresh_from_db()
     assert (tea.access_count, coffee.access_count) == (2, 1)
+
+
+@pytest.mark.django_db
+def test_a_use_counted_after_the_memory_expired_does_not_keep_it_alive():
+    """A search found it just before it expired; the count arrives after (it is sent off the
+    request path): the prune must still delete it, not extend it for 15 days."""
+    agent = AgentFactory()
+    fading = save(agent, "Likes tea", expires_in=-timedelta(seconds=1), used=9)
+    assert memories_touch([fading.id, fading.id]) == 0
+    fading.refresh_from_db()
+    assert fading.access_count == 9
+    assert memories_prune() == PruneResult(deleted=1, extended=0)
 
 
 @pytest.mark.django_db

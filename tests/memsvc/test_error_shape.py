@@ -181,9 +181,12 @@ def test_a_local_api_refusal_of_a_choice_quotes_no_value(client):
         ("post", "/context/a%00b", "agent_name"),
         ("get", "/messages/a%00b", "agent_name"),
         ("get", "/memory-blocks/x/a%00b", "label"),
+        # Letta's routes are under /v1/ too, named as Letta names them (not camelCase).
+        ("get", "/v1/blocks/a%00b", "block_id"),
+        ("get", "/v1/agents/a%00b/messages", "agent_id"),
     ],
 )
-def test_nul_in_a_local_api_path_is_a_422(client, method, path, parameter):
+def test_nul_in_a_local_api_or_letta_path_is_a_422(client, method, path, parameter):
     detail = assert_local_422(getattr(client, method)(path, content_type="application/json"))
     assert detail == [
         {

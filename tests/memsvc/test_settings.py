@@ -15,6 +15,7 @@ import psutil
 import psycopg
 import pytest
 from django.conf import settings as django_settings
+from django.core.checks import run_checks
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
 
@@ -874,3 +875,18 @@ def test_a_database_where_the_vector_extension_cannot_be_made_is_refused_in_word
         with connection.cursor() as cursor:
             cursor.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
             cursor.execute(f"DROP ROLE IF EXISTS {name}")
+
+
+@pytest.mark.django_db
+def test_a_database_a_newer_release_migrated_is_warned_of_by_name():
+    """A rollback: older code started on a database a newer release had migrated, without
+    a word (review). Every migrate's checks name the migrations this code does not know."""
+    assert [w for w in run_checks(databases=["default"]) if w.id == "memsvc.W004"] == []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO django_migrations (app, name, applied) VALUES "
+            "('agents_api', '9999_from_the_future', now()), ('gone_app', '0001_initial', now())"
+        )
+    [warning] = [w for w in run_checks(databases=["default"]) if w.id == "memsvc.W004"]
+    assert "agents_api.9999_from_the_future" in warning.msg
+    assert "gone_app" not in warning.msg  # an app this code has no migrations for: not ours
