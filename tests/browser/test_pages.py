@@ -376,20 +376,53 @@ def test_back_to_a_search_made_on_the_list_shows_the_whole_page(page, live_serve
 
 
 @pytest.fixture
-def assistant_chat(page, live_server, people, settings):
-    """Alice on a new conversation of hers where the pages' assistant (a stand-in LLM)
-    answers; yields the conversation."""
-    from conversations.models import Conversation
+def assistant_llm(settings):
+    """The stand-in LLM the pages' assistant asks."""
     from tests.fake_openai import FakeOpenAI
 
     with FakeOpenAI(reply="Start with the Vatican Museums.") as llm:
         settings.MEMSVC_LLM_BASE_URL = llm.base_url
         settings.MEMSVC_LLM_MODEL = "gpt-test"
-        log_in(page, live_server, "alice")
-        page.get_by_label("Title").fill("Ask the assistant")
-        page.get_by_role("button", name="Create").click()
-        expect(page.get_by_text("assistant answers here")).to_be_visible()
-        yield Conversation.objects.get(title="Ask the assistant")
+        yield llm
+
+
+@pytest.fixture
+def assistant_chat(page, live_server, people, assistant_llm):
+    """Alice on a new conversation of hers where the pages' assistant (``assistant_llm``)
+    answers; yields the conversation."""
+    from conversations.models import Conversation
+
+    log_in(page, live_server, "alice")
+    page.get_by_label("Title").fill("Ask the assistant")
+    page.get_by_role("button", name="Create").click()
+    expect(page.get_by_text("assistant answers here")).to_be_visible()
+    return Conversation.objects.get(title="Ask the assistant")
+
+
+def test_an_answer_the_model_failed_to_write_is_asked_for_again(
+    page, assistant_chat, assistant_llm
+):
+    """The model failed: the stream ended with why, shown as the assistant's answer, and
+    only sending the message again asked again (review R9). The page says why as a refusal
+    and offers to ask for the answer alone."""
+    from conversations.models import Message
+    from tests.local_http import Reply
+
+    failure = Reply(status=400, payload={"error": {"message": "context too long"}})
+    assistant_llm.answer("Which museums first?", failure)
+    send(page, "Which museums first?")
+    form = page.locator("form#append")
+    expect(form.get_by_role("alert")).to_contain_text("The assistant could not answer")
+    expect(page.locator("#messages li.assistant")).to_have_count(0)
+    del assistant_llm.answers["Which museums first?"]  # the model is well again
+    form.get_by_role("button", name="Ask for the answer again").click()
+    expect(page.locator("#messages li.message.assistant .content")).to_have_text(
+        "Start with the Vatican Museums."
+    )
+    expect(form.get_by_role("alert")).to_have_count(0)
+    expect(form.get_by_role("button", name="Ask for the answer again")).to_have_count(0)
+    said = Message.objects.filter(conversation=assistant_chat).order_by("seq")
+    assert list(said.values_list("role", flat=True)) == ["user", "assistant"]
 
 
 def test_an_answer_refused_after_the_message_is_sent_says_why(page, assistant_chat):

@@ -149,14 +149,24 @@ def test_an_answer_overtaken_by_a_newer_turn_is_not_kept_after_it(alice_page, ch
     assert llm.requests_containing("And Rome?")
 
 
+def test_the_models_own_failure_mark_is_taken_out_of_its_answer(alice_page, chat, llm):
+    """The mark that ends a failed answer (ANSWER_FAILED, which the chat's script reads) is
+    never in an answer that did not fail."""
+    llm.then("one\x1etwo")
+    alice_page.post(reverse("pages:append", args=[chat.id]), {"content": "Hello"}, **HTMX)
+    said = b"".join(alice_page.post(reverse("pages:reply", args=[chat.id])).streaming_content)
+    assert said.decode() == "onetwo"
+    assert Message.objects.filter(conversation=chat, role="assistant").exists()
+
+
 def test_a_stream_cut_by_a_broken_event_says_so_in_the_persons_words(alice_page, chat, llm):
     """The JSON parser's own words were shown on the page (review)."""
     llm.answer("Hello", Reply(events=["{not json"]))
     alice_page.post(reverse("pages:append", args=[chat.id]), {"content": "Hello"}, **HTMX)
     said = b"".join(alice_page.post(reverse("pages:reply", args=[chat.id])).streaming_content)
     assert said.decode() == (
-        "\n[The assistant could not answer: its model's answer could not be read; "
-        "the server's log says more]"
+        "\x1eThe assistant could not answer: its model's answer could not be read; "
+        "the server's log says more"
     )
     assert not Message.objects.filter(conversation=chat, role="assistant").exists()
 
@@ -424,7 +434,7 @@ def test_an_answer_still_written_after_its_time_is_given_up(alice_page, chat, ll
     assert time.monotonic() - started < 3
     assert text.startswith("word0 ")
     assert text.endswith(
-        "[The assistant could not answer: the model was still answering after 1 s]"
+        "\x1eThe assistant could not answer: the model was still answering after 1 s"
     )
     assert not Message.objects.filter(role="assistant").exists()
 

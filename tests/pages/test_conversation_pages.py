@@ -742,3 +742,20 @@ def test_an_agent_member_is_shown_by_its_name(alice_page):
     assert ">trip-helper</span>" in html and ">bob</span>" in html
     assert 'aria-label="Remove trip-helper"' in html
     assert unlabelled_controls(html) == []
+
+
+def test_a_refused_share_or_transfer_names_the_fields_by_their_labels(alice_page):
+    """(The refusals named the form's fields, "userId: ...", which no one sees on the page.)"""
+    conversation = conversation_of("alice", "Team", "hi")
+    share = reverse("pages:share", args=[conversation.id])
+    refused = alice_page.post(share, {"userId": "b" * 300, "accessLevel": "reader"})
+    assert refused.status_code == 400
+    assert "Share with: " in refused.content.decode()
+    assert "userId" not in refused.content.decode()
+    refused = alice_page.post(share, {"userId": "bob", "accessLevel": "boss"})
+    assert "Access: " in refused.content.decode()
+    transfer = reverse("pages:transfer", args=[conversation.id])
+    refused = alice_page.post(transfer, {"newOwnerUserId": "alice"})
+    assert refused.status_code == 400
+    assert "Transfer ownership to: you already own this conversation" in refused.content.decode()
+    assert "newOwnerUserId" not in refused.content.decode()

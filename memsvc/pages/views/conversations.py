@@ -208,6 +208,12 @@ def message_append(request, conversation_id):
     return redirect(f"{page_url}#m-{message.id}")
 
 
+# Ends a streamed answer the model failed to write (nothing is kept): the chat's script
+# (app.js) shows what follows it as the refusal of the answer, which may be asked for again.
+# (A control character, taken out of the model's own text.)
+ANSWER_FAILED = "\x1e"
+
+
 @action
 def reply(request, conversation_id):
     """The assistant's answer to the latest turns, streamed as plain text while the model
@@ -224,10 +230,13 @@ def reply(request, conversation_id):
 
     def stream():
         try:
-            yield from assistant_reply(assistant, conversation, user=request.principal, turn=turn)
+            for piece in assistant_reply(
+                assistant, conversation, user=request.principal, turn=turn
+            ):
+                yield piece.replace(ANSWER_FAILED, "")
         except LLMError as exc:
             _log_failed_answer(conversation, exc)
-            yield f"\n[The assistant could not answer: {exc.shown}]"
+            yield f"{ANSWER_FAILED}The assistant could not answer: {exc.shown}"
         except ApiError as exc:  # (the conversation gone, or the person out of it, meanwhile)
             yield f"\n[The answer could not be kept: {exc.message}]"
 
@@ -313,14 +322,22 @@ def delete(request, conversation_id):
 @action
 def share(request, conversation_id):
     conversation = _at_level(request, conversation_id, AccessLevel.MANAGER)
-    data = s.ShareIn.parse(form_fields(request, "userId", "accessLevel", user_ids=("userId",)))
-    services.membership_create(
-        request.principal,
-        conversation=conversation,
-        principal_id=principal_for_sharing(data["userId"], field="userId"),
-        access_level=data["accessLevel"],
-    )
+    # A refusal names the fields by their labels (SHARE_LABELS), not the form's names.
+    with fields_named(**SHARE_LABELS):
+        fields = form_fields(request, "userId", "accessLevel", user_ids=("userId",))
+        data = s.ShareIn.parse(fields)
+        services.membership_create(
+            request.principal,
+            conversation=conversation,
+            principal_id=principal_for_sharing(data["userId"], field="userId"),
+            access_level=data["accessLevel"],
+        )
     return redirect("pages:conversation", conversation.id)
+
+
+# The labels of the share and transfer forms' fields (templates/pages/conversation.html).
+SHARE_LABELS = {"userId": "Share with", "accessLevel": "Access"}
+TRANSFER_LABELS = {"newOwnerUserId": "Transfer ownership to"}
 
 
 class MemberIn(InputSerializer):
@@ -361,10 +378,12 @@ def membership_delete(request, conversation_id):
 @action
 def transfer(request, conversation_id):
     conversation = _at_level(request, conversation_id, AccessLevel.OWNER)
-    data = s.TransferIn.parse(form_fields(request, "newOwnerUserId", user_ids=("newOwnerUserId",)))
-    services.ownership_transfer_start(
-        request.principal, conversation=conversation, to_principal=data["newOwnerUserId"]
-    )
+    with fields_named(**TRANSFER_LABELS):
+        fields = form_fields(request, "newOwnerUserId", user_ids=("newOwnerUserId",))
+        data = s.TransferIn.parse(fields)
+        services.ownership_transfer_start(
+            request.principal, conversation=conversation, to_principal=data["newOwnerUserId"]
+        )
     return redirect("pages:conversation", conversation.id)
 
 

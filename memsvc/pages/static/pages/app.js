@@ -49,7 +49,8 @@ document.addEventListener("submit", async (event) => {
 });
 
 // An answer refused as too many at once, after the message was kept (the assistant was free
-// when it was sent): the person asks for it again, without sending the message twice.
+// when it was sent), or that the model failed to write: the person asks for it again,
+// without sending the message twice.
 document.addEventListener("click", async (event) => {
   const again = event.target.closest("form#append button.ask-again");
   if (!again) return;
@@ -81,6 +82,9 @@ async function whileSending(form, work) {
   }
 }
 
+// What ends a streamed answer the model failed to write (the server's ANSWER_FAILED).
+const ANSWER_FAILED = "\u001e";
+
 // The assistant's answer to the latest turns, streamed into a new row of ``list``.
 async function answer(form, list) {
   const row = document.createElement("li");
@@ -106,13 +110,7 @@ async function answer(form, list) {
     // message; too many at once may be asked again.
     row.remove();
     form.insertAdjacentHTML("afterbegin", await reply.text());
-    if (reply.status === 429) {
-      const again = document.createElement("button");
-      again.type = "button";
-      again.className = "link ask-again";
-      again.textContent = "Ask for the answer again";
-      form.querySelector(".error").after(again);
-    }
+    if (reply.status === 429) offerToAskAgain(form);
     return;
   }
   const reader = reply.body.getReader();
@@ -122,7 +120,29 @@ async function answer(form, list) {
     if (done) break;
     content.textContent += decoder.decode(value, { stream: true });
   }
+  // The model failed (the server's ANSWER_FAILED, then why): nothing was kept, what was
+  // written of it goes; why is said as a refusal, and the answer may be asked for again.
+  const failed = content.textContent.indexOf(ANSWER_FAILED);
+  if (failed >= 0) {
+    row.remove();
+    const why = document.createElement("p");
+    why.className = "error";
+    why.setAttribute("role", "alert");
+    why.textContent = content.textContent.slice(failed + 1);
+    form.prepend(why);
+    offerToAskAgain(form);
+    return;
+  }
   row.classList.remove("streaming");
+}
+
+// A button after the refusal of an answer (``.error``) that asks for the answer alone.
+function offerToAskAgain(form) {
+  const again = document.createElement("button");
+  again.type = "button";
+  again.className = "link ask-again";
+  again.textContent = "Ask for the answer again";
+  form.querySelector(".error").after(again);
 }
 
 // What htmx swaps in where the focus was (a "More ..." link, a memory's Delete button) takes
