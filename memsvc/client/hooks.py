@@ -229,12 +229,16 @@ def current_session():
     return active[-1] if active else None
 
 
-_warned: set[str] = set()
+# What a process says once in its life (not a failure's warning, which ``forget_warnings``
+# lets be said again: sharing its set, this was said at each call; review).
+_said_once: set[str] = set()
 
 
 def _warn_once(message: str) -> None:
-    if message not in _warned:
-        _warned.add(message)
+    with _warned_lock:
+        new = message not in _said_once
+        _said_once.add(message)
+    if new:
         logger.warning("memsvc: %s", message)
 
 

@@ -940,14 +940,21 @@ def test_a_worker_thread_goes_without_memory_when_blocks_of_several_agents_run(l
     """A thread in no block, with alice's and bob's blocks running in two other threads:
     its call was served by whichever block began last, bob's memory in alice's worker's
     call and its turn stored as bob's (review). Unknown whose it is: no memory, one
-    warning; with one block running, that block serves it (the test above)."""
+    warning; with one block running, that block serves it (the test above). One warning
+    also when a call in a block had memory between the worker's two (the failures' warnings
+    are forgotten then, and so was this one: a warning at each call; review)."""
     client = openai.OpenAI(base_url=llm.base_url, api_key="k")
     entered = threading.Barrier(3)
+    go, asked = threading.Event(), threading.Event()
     done = threading.Event()
 
     def block(agent):
         with learning(agent=agent, server_url=memsvc.url):
             entered.wait(10)
+            if agent == "alice":
+                go.wait(10)
+                ask(client, "alice, in her block")
+                asked.set()
             done.wait(10)
 
     with StandInMemsvc() as memsvc:
@@ -959,10 +966,13 @@ def test_a_worker_thread_goes_without_memory_when_blocks_of_several_agents_run(l
             worker = threading.Thread(target=ask, args=(client, "whose am I?"))
             worker.start()
             worker.join()
+            go.set()
+            asked.wait(10)
         done.set()
         for thread in threads:
             thread.join()
-    assert agents_served(memsvc) == []
+    # Only alice's own call (its context, then its two turns) went to memsvc.
+    assert agents_served(memsvc) == [("/context/alice", "alice")] + [("/messages", "alice")] * 2
     assert "Name: Alice" not in json.dumps(llm.requests[-1].body)
     assert sum("which block it belongs to is unknown" in w for w in warnings(caplog)) == 1
 
