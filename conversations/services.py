@@ -146,14 +146,36 @@ def conversation_groups_delete(actor: Principal, *, group_ids) -> list:
 
 def _lock_groups_to_delete(group_ids) -> None:
     """The locks of groups (``_lock_group``) whose conversations are about to be deleted: no
-    fork is made in them meanwhile. Their pending transfers are locked first, in the order
-    accepting one takes its locks (transfer, then group): an accept racing the deletion
-    waits and then finds its transfer gone, it never deadlocks."""
-    for rows in (
-        OwnershipTransfer.objects.filter(group_id__in=group_ids, status=TransferStatus.PENDING),
-        ConversationGroup.objects.filter(pk__in=group_ids),
-    ):
-        list(rows.select_for_update().order_by("id").values_list("id", flat=True))
+    fork is made in them meanwhile, and their pending transfers are locked with them
+    (``_lock_offers_then_groups``)."""
+    pending = OwnershipTransfer.objects.filter(
+        group_id__in=group_ids, status=TransferStatus.PENDING
+    )
+    _lock_offers_then_groups(pending, group_ids)
+
+
+def _lock_offers_then_groups(offers, group_ids) -> None:
+    """Lock ``offers`` (pending transfers, a queryset), then the groups, in the order
+    accepting one takes its locks (transfer, then group): an accept racing waits, and then
+    finds its transfer gone, it never deadlocks. An offer made while this waited for a
+    group's lock (an offer is made under it) was not locked first: both are let go and
+    taken again (a savepoint's rollback releases its row locks). Else a second deletion
+    that had locked the new offer, and waited for the group, and this one, which went on to
+    move the offer, waited for each other (review: a deadlock, 503); a member removed kept
+    the offer made to them meanwhile, and accepted it (review)."""
+    while True:
+        savepoint = transaction.savepoint()
+        locked = _lock_in_id_order(offers)
+        _lock_in_id_order(ConversationGroup.objects.filter(pk__in=group_ids))
+        if set(offers.values_list("id", flat=True)) <= set(locked):
+            transaction.savepoint_commit(savepoint)
+            return
+        transaction.savepoint_rollback(savepoint)
+
+
+def _lock_in_id_order(rows) -> list:
+    """Lock ``rows`` (a queryset) in id order, as every holder of them takes them; their ids."""
+    return list(rows.select_for_update().order_by("id").values_list("id", flat=True))
 
 
 def _groups_of(messages):
@@ -174,7 +196,7 @@ def _lock_conversations(conversations) -> None:
     deletion of messages does not (a fork made meanwhile of a fork that committed while it
     waited is not seen: a known gap). Rows are locked in id order, the same in every
     deletion."""
-    list(conversations.select_for_update().order_by("id").values_list("id", flat=True))
+    _lock_in_id_order(conversations)
 
 
 def _lock_messages(messages) -> list:
@@ -641,23 +663,22 @@ def membership_delete(
 ) -> None:
     """Remove a member (or leave). An offer of ownership to them ends with it (cancelled):
     one removed, or gone, does not come back as owner. The offer is locked before the group,
-    in the order an accept takes them, so an accept racing the removal ends first (and the
-    new owner cannot be removed). ``by_operator``: the admin's, who removes any member but
-    the owner."""
-    offers = list(
-        OwnershipTransfer.objects.select_for_update().filter(
-            group_id=membership.group_id,
-            to_principal=membership.principal_id,
-            status=TransferStatus.PENDING,
-        )
+    in the order an accept takes them (``_lock_offers_then_groups``), so an accept racing
+    the removal ends first (and the new owner cannot be removed). ``by_operator``: the
+    admin's, who removes any member but the owner."""
+    offers = OwnershipTransfer.objects.filter(
+        group_id=membership.group_id,
+        to_principal=membership.principal_id,
+        status=TransferStatus.PENDING,
     )
+    _lock_offers_then_groups(offers, [membership.group_id])
     leaving = membership.principal_id == actor.id  # any member but the owner may leave
     need = AccessLevel.READER if leaving else AccessLevel.MANAGER
     membership = _locked_membership(actor, membership, need=None if by_operator else need)
     if membership.access_level == AccessLevel.OWNER:
         raise Forbidden("the owner cannot be removed; transfer ownership first")
     membership.delete()
-    for offer in offers:
+    for offer in offers:  # (locked above: no other is made while the group is)
         _resolve(offer, TransferStatus.CANCELLED)
 
 
@@ -829,7 +850,7 @@ def user_conversations_erase(
     _lock_conversations(
         Conversation.objects.filter(group_id__in=member_of.union(_groups_of(elsewhere)))
     )
-    list(theirs.select_for_update().order_by("id").values_list("id", flat=True))
+    _lock_in_id_order(theirs)
     # Then every message the erase deletes, in one statement in id order, before any is
     # deleted: a write holding some of them (a memory citing turns of the user's and of
     # another's conversation, ``held_keys``) holds none of those still to be locked here

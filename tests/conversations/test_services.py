@@ -226,6 +226,74 @@ def test_an_offer_made_from_a_fork_being_deleted_is_404():
 
 
 @pytest.mark.django_db(transaction=True)
+def test_two_fork_deletions_racing_an_offer_from_one_of_the_forks_both_end(monkeypatch):
+    """Deletion A waited for the group while alice offered ownership from A's fork; then B,
+    deleting another fork, locked that new offer and waited for the group, which A held; A,
+    moving the offer off its fork, waited for B: a deadlock, 503 (review). A locks the
+    offer made while it waited before it goes on (here: paused once it has its locks)."""
+    root = shared_group()
+    first, second = fork_of(root), fork_of(root)
+    alice = Principal.user("alice")
+    paused, go_on = threading.Event(), threading.Event()
+    access_group = selectors.access_group
+
+    def pausing_a(actor, group_id, **kwargs):
+        if threading.current_thread().name == "A":
+            paused.set()
+            go_on.wait(10)
+        return access_group(actor, group_id, **kwargs)
+
+    monkeypatch.setattr(services.selectors, "access_group", pausing_a)
+    outcomes = {}
+
+    def delete(fork):
+        try:
+            services.conversation_delete(alice, conversation=fork)
+            outcomes[threading.current_thread().name] = "deleted"
+        except Exception as exc:  # (a deadlock's OperationalError)
+            outcomes[threading.current_thread().name] = exc
+        finally:
+            connection.close()
+
+    a = threading.Thread(target=delete, args=(first,), name="A")
+    b = threading.Thread(target=delete, args=(second,), name="B")
+    with transaction.atomic():
+        services.ownership_transfer_start(alice, conversation=first, to_principal="bob")
+        a.start()
+        a.join(timeout=1.0)
+        assert a.is_alive()  # waiting for the group, which the offer holds
+    assert paused.wait(10)  # A holds its locks
+    b.start()
+    b.join(timeout=1.0)
+    assert b.is_alive()  # waiting for A
+    go_on.set()
+    a.join(timeout=15)
+    b.join(timeout=15)
+    assert outcomes == {"A": "deleted", "B": "deleted"}
+    assert set(Conversation.objects.values_list("pk", flat=True)) == {root.pk}
+    assert OwnershipTransfer.objects.get().conversation_id == root.pk  # moved off the fork
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_member_removed_while_an_offer_to_them_is_made_loses_the_offer():
+    """alice offers bob ownership while carol removes him: the removal waited for the group
+    and kept the offer it had not seen; bob, no member, accepted it and became owner
+    (review). The offer is cancelled with the membership."""
+    conversation = shared_group(bob="writer", carol="manager")
+    bob = selectors.membership_of(conversation, "bob")
+
+    waits_for(
+        lambda: services.ownership_transfer_start(
+            Principal.user("alice"), conversation=conversation, to_principal="bob"
+        ),
+        lambda: services.membership_delete(Principal.user("carol"), membership=bob),
+    )
+
+    assert OwnershipTransfer.objects.get().status == "cancelled"
+    assert levels(conversation.group) == {"alice": "owner", "carol": "manager"}
+
+
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("deleted", ["root", "fork"])
 def test_an_owner_whose_offer_is_being_accepted_deletes_nothing(deleted):
     """alice's deletion was checked while she owned the conversation; bob accepts her offer
