@@ -56,6 +56,12 @@ def has_invisible_characters(value: str) -> bool:
     )
 
 
+def has_decomposed_letters(value: str) -> bool:
+    """Whether ``value`` is not in Unicode's composed form (NFC): "zoe" and a combining
+    diaeresis shows as "zoë", a different text (review: two members listed alike)."""
+    return not value.isascii() and not unicodedata.is_normalized("NFC", value)
+
+
 def shown_as_it_is(value: str) -> None:
     """A name shown as what it is: no bidirectional controls ("\u202ebob" showed as "bob"
     reversed) and no space at either end ("bob " and "bob" were two agents that look one)."""

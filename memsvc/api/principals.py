@@ -15,6 +15,7 @@ from memsvc.validators import (
     has_bidi_controls,
     has_blank_ends,
     has_control_characters,
+    has_decomposed_letters,
     has_dot_segment,
     has_invisible_characters,
     has_line_separators,
@@ -51,6 +52,8 @@ def user_id_problem(value) -> str | None:
     if has_invisible_characters(value):
         # (one id that looks like another: "ali\u200bce" is listed as "alice")
         return "must not contain invisible characters (a zero-width space or joiner)"
+    if has_decomposed_letters(value):
+        return "must be in Unicode's composed form (NFC): a letter and its accent as one"
     if has_blank_ends(value):
         return "must not begin or end with a space"  # ("bob " is listed as "bob")
     if len(value) > PRINCIPAL_MAX_LENGTH:

@@ -132,6 +132,11 @@ OUTER = "must not begin or end with a space"
         # ... nor between its "/" (or "\\", a "/" to browsers): "remove member ../../<id>"
         # was the conversation's DELETE too (review R4).
         *[(user_id, DOT) for user_id in ["../../x", "x/..", "./..", "../x", "a\\..\\b"]],
+        # Shown as "zoë" (U+00EB), which is another id: a letter and its combining mark.
+        (
+            "zoe\u0308",
+            "must be in Unicode's composed form (NFC): a letter and its accent as one",
+        ),
         # Listed as "bob": spaces and blanks at either end (review R4).
         *[(user_id, OUTER) for user_id in ["bob ", " bob", "bob\u00a0", "bob\u2800"]],
     ],
