@@ -10,6 +10,7 @@ from rest_framework.permissions import SAFE_METHODS, BasePermission
 from agents_api.keys import KEY_PREFIX, secret_matches, split_key
 from agents_api.models import Agent, ApiKey, Scope
 from memsvc.api.errors import Forbidden, InvalidInput, Unauthorized
+from memsvc.api.fields import header_text
 from memsvc.api.principals import Principal, user_id_problem
 from memsvc.api.ratelimit import auth_check_ended
 
@@ -92,24 +93,6 @@ def principal_for_key(api_key: ApiKey, on_behalf_of: str | None) -> Principal:
     return api_key.agent.as_principal(scopes=scopes, on_behalf_of=on_behalf_of)
 
 
-def _utf8_header(request, name: str) -> str | None:
-    """A header's value as the text its client sent, UTF-8 (a server hands header values
-    over as Latin-1, a character per byte), stripped; 400 naming it when it is not UTF-8
-    or given twice."""
-    value = request.headers.get(name)
-    if value is None:
-        return None
-    raw = getattr(request, "scope", {}).get("headers", ())  # (an ASGI request's, as sent)
-    if sum(sent == name.lower().encode() for sent, _ in raw) > 1:
-        # Django joins a header's values with ",": "alice" and "bob" acted for "alice,bob"
-        # (review).
-        raise InvalidInput.for_field(name, "must be given once", location="header")
-    try:
-        return value.encode("latin-1").decode("utf-8").strip()
-    except UnicodeError:
-        raise InvalidInput.for_field(name, "must be UTF-8 text", location="header") from None
-
-
 def refuse_acting_for_a_user(request) -> None:
     """The APIs that keep an agent's own memory alone (the local API, Letta's routes) refuse
     ``X-On-Behalf-Of`` once the caller is known (422, whatever the key's scopes): taken and
@@ -134,7 +117,7 @@ class ApiKeyAuthentication(BaseAuthentication):
         api_key = authenticate_key(key)
         on_behalf_of = None
         if self.acts_for_users:
-            on_behalf_of = _utf8_header(request, ON_BEHALF_HEADER)
+            on_behalf_of = header_text(request, ON_BEHALF_HEADER)
         else:
             refuse_acting_for_a_user(request)
         principal = principal_for_key(api_key, on_behalf_of)

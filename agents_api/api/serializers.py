@@ -457,15 +457,28 @@ TASK_ID_MAX_LENGTH = 255
 
 
 class ToolNameField(TextField):
-    """A tool's name: something to read (one of spaces was kept; review)."""
+    """A tool's name as a record gives it: something to read (one of spaces was kept;
+    review), a name (``GIVEN_NAME_RULES``: "a\nb" and " t" were kept; review)."""
 
     def __init__(self, **kwargs):
-        super().__init__(max_length=200, validators=[something_to_read], **kwargs)
+        super().__init__(
+            max_length=200, validators=[something_to_read, *GIVEN_NAME_RULES], **kwargs
+        )
 
 
 class TaskIdField(TextField):
+    """A task's id as it is looked up (or restored by an import)."""
+
     def __init__(self, **kwargs):
         super().__init__(max_length=TASK_ID_MAX_LENGTH, **kwargs)
+
+
+class NewTaskIdField(TaskIdField):
+    """A task's id as a record gives it: a name (``GIVEN_NAME_RULES``)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.validators += GIVEN_NAME_RULES
 
 
 class StepField(serializers.IntegerField):
@@ -476,7 +489,7 @@ class StepField(serializers.IntegerField):
 
 
 class CreateToolRecordIn(InputSerializer):
-    taskId = TaskIdField(
+    taskId = NewTaskIdField(
         required=False, help_text="The caller's task: what search and delete narrow to."
     )
     conversationId = serializers.UUIDField(
@@ -485,11 +498,14 @@ class CreateToolRecordIn(InputSerializer):
     step = StepField(required=False)
     toolName = ToolNameField()
     input = JSONObjectField(
-        max_bytes=TOOL_JSON_MAX_BYTES, required=False, help_text="The tool's arguments."
+        max_bytes=TOOL_JSON_MAX_BYTES,
+        required=False,
+        help_text=f"The tool's arguments, at most {TOOL_JSON_MAX_BYTES} bytes as compact JSON.",
     )
     output = JSONValueField(
         max_bytes=TOOL_JSON_MAX_BYTES,
-        help_text="The tool's answer, any JSON, kept whole (the fact store).",
+        help_text="The tool's answer, any JSON, kept whole (the fact store): at most "
+        f"{TOOL_JSON_MAX_BYTES} bytes as compact JSON.",
     )
     summary = TextField(
         required=False,

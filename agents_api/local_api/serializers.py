@@ -7,6 +7,7 @@ from agents_api.api.serializers import (
     TOOL_JSON_MAX_BYTES,
     TOOL_RECORD_MAX_TOP_K,
     LabelField,
+    NewTaskIdField,
     SearchToolRecordsIn,
     StepField,
     TaskIdField,
@@ -237,7 +238,7 @@ class NewToolRecordIn(LocalInput):
 
 class CreateToolRecordsIn(LocalInput):
     agent_name = AgentNameField()
-    task_id = TaskIdField(required=False)
+    task_id = NewTaskIdField(required=False)
     records = NewToolRecordIn(many=True, allow_empty=False, max_length=MAX_TOOL_RECORDS)
 
 

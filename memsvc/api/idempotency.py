@@ -6,14 +6,21 @@ gets the first request's result and writes nothing (``agents_api.services.idempo
 import hashlib
 import json
 
+from memsvc.api.errors import InvalidInput
+from memsvc.api.fields import header_text
+
 KEY_HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"
 
 
 def idempotency_key(request) -> str | None:
-    """The request's key, or None when it sends none."""
-    key = (request.headers.get(KEY_HEADER) or "").strip()
-    return key or None
+    """The request's key, or None when it sends none; 400 when it is empty, given twice or
+    not UTF-8 (``header_text``): taken as none, or as the two joined, a client's retry
+    was not the retry it meant (review)."""
+    key = header_text(request, KEY_HEADER)
+    if key == "":
+        raise InvalidInput.for_field(KEY_HEADER, "must not be empty", location="header")
+    return key
 
 
 def request_fingerprint(*parts) -> str:

@@ -116,8 +116,13 @@ def decode_user_token(token: str) -> dict:
     except KeySetUnavailable:
         raise Unavailable("the token issuer's key set cannot be read; try again shortly") from None
     except (jwt.PyJWTError, ValueError) as exc:
-        # Every way a token can be wrong is the caller's 401, never a 500.
-        raise Unauthorized(f"invalid token: {exc}") from None
+        # Every way a token can be wrong is the caller's 401, never a 500. A part that does
+        # not decode is said without the decoder's own words ("Invalid header string:
+        # 'utf-8' codec can't decode byte 0xb7 ...": review).
+        said = str(exc)
+        if isinstance(exc, jwt.DecodeError) and not isinstance(exc, jwt.InvalidSignatureError):
+            said = said.partition(":")[0]
+        raise Unauthorized(f"invalid token: {said}") from None
     sub = claims["sub"]
     if not isinstance(sub, str) or not sub:
         raise Unauthorized("invalid token: sub must be a non-empty string")

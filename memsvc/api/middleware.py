@@ -14,7 +14,7 @@ or for a database that is down.
 """
 
 import logging
-from urllib.parse import unquote_plus
+from urllib.parse import unquote_plus, unquote_to_bytes
 
 from django.conf import settings
 from django.core import signals
@@ -67,6 +67,18 @@ def _nul_path_parameter(path: str) -> str:
     return name
 
 
+def _not_utf8_parameter(query: str) -> str | None:
+    """The name of the first query parameter whose percent-encoded bytes are no UTF-8 (a
+    lone surrogate's among them), or None. Django reads them with U+FFFD in their place:
+    "?userId=a%FFb" listed the memories of a user no one named (review)."""
+    for part in query.split("&"):
+        try:
+            unquote_to_bytes(part).decode("utf-8")
+        except UnicodeDecodeError:
+            return unquote_plus(part.partition("=")[0], errors="replace")
+    return None
+
+
 def request_refusal(request) -> ApiError | None:
     """What makes ``request`` unanswerable before any view reads it, or None."""
     if "\x00" in request.path_info:
@@ -85,6 +97,10 @@ def request_refusal(request) -> ApiError | None:
                     location="query",
                 )
         return InvalidInput.for_field("query", "must not contain NUL characters", location="query")
+    if "%" in query:
+        not_text = _not_utf8_parameter(query)
+        if not_text is not None:
+            return InvalidInput.for_field(not_text, "must be UTF-8 text", location="query")
     try:
         length = int(request.META.get("CONTENT_LENGTH") or 0)
     except ValueError:

@@ -142,9 +142,10 @@ def state_enforced_constraints(result, generator, request, public):
       block PATCH's "at most one of value, append, replace");
     - the refusals any ``/v1`` operation may answer whatever its input: 400 (a NUL in a
       query parameter; on ``/v1/user``, a token whose ``sub`` cannot be a user id), 429 (rate
-      limits), 503 (database down), 406 (an ``Accept`` that takes no JSON), and 413 and 415
-      (not JSON) for those with a body; of these, health answers 400 and 406 only. (A 405 is a method its path has no operation for:
-      OpenAPI has no place to say it; the README does.)
+      limits), 503 (database down), 406 (an ``Accept`` that takes no JSON), 413 (a body over
+      the cap, which a GET may send too), and 415 (not JSON) for those with a body; of
+      these, health answers 400, 406 and 413 only. (A 405 is a method its path has no
+      operation for: OpenAPI has no place to say it; the README does.)
     """
     from rest_framework import serializers
 
@@ -173,11 +174,11 @@ def state_enforced_constraints(result, generator, request, public):
             continue
         for operation in operations.values():
             if path == "/v1/health":  # (never limited; its 503 is its own body)
-                codes = (400,)
+                codes = (400, 413)
             elif "requestBody" in operation:
                 codes = (400, 413, 415, 429, 503)
             else:
-                codes = (400, 429, 503)
+                codes = (400, 413, 429, 503)
             codes += (406,)
             for code, response in errors(*codes).items():
                 operation["responses"].setdefault(

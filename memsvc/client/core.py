@@ -62,8 +62,8 @@ class Reply:
 
 
 def json_bytes(value) -> int:
-    """The bytes of ``value``'s JSON, as memsvc counts them."""
-    return len(json.dumps(value, ensure_ascii=False).encode())
+    """The bytes of ``value``'s JSON, as memsvc counts them (compact)."""
+    return len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode())
 
 
 def json_depth(value) -> int:

@@ -265,6 +265,39 @@ def test_a_user_acted_for_is_named_once(helper):
     assert json.loads(created.content)["ownerUserId"] == "alice"
 
 
+@pytest.mark.parametrize(
+    ("keys", "problem"),
+    [
+        ([b"a", b"b"], "must be given once"),  # (taken as "a,b": review)
+        ([b""], "must not be empty"),  # (taken as none: a retry stored twice; review)
+        ([b"k\xe9\xff"], "must be UTF-8 text"),
+    ],
+)
+def test_an_idempotency_key_is_one_utf8_text(helper, keys, problem):
+    """Through the web processes' own handler (a repeated header as sent), in this thread."""
+    conversation = ConversationFactory(group__owner=helper.agent.principal_id)
+    handler = ThreadPoolHandler(1)
+    handler.threads.shutdown()
+    body = json.dumps({"messages": [{"role": "user", "content": "once"}]}).encode()
+    headers = [(b"host", b"testserver"), (b"authorization", f"Bearer {helper.key}".encode())]
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": f"/v1/agent/conversations/{conversation.id}/messages",
+        "query_string": b"",
+        "headers": [
+            *headers,
+            *((b"idempotency-key", k) for k in keys),
+            (b"content-type", b"application/json"),
+            (b"content-length", b"%d" % len(body)),
+        ],
+    }
+    refused = handler.get_response(ASGIRequest(scope, io.BytesIO(body)))
+    assert refused.status_code == 400, refused.content
+    assert json.loads(refused.content)["details"] == {"Idempotency-Key": [problem]}
+    assert not Message.objects.exists()
+
+
 def test_acting_for_a_user_applies_the_users_access_too(api, helper):
     conversation = ConversationFactory(group__owner="alice")
     MembershipFactory(
@@ -320,6 +353,27 @@ def test_the_body_cap_admits_the_largest_documented_bulk_append(api, helper, set
     response = append(api, helper, conversation["id"], *thirty)
     assert response.status_code == 201, response.content[:300]
     assert Message.objects.filter(conversation_id=conversation["id"]).count() == 30
+
+
+def test_metadata_is_measured_as_the_compact_json_a_client_sends(api, helper):
+    """16,384 bytes as JSON text: counted with a space after every "," and ":", a compact
+    12,007 bytes was refused as 18,007 (review)."""
+    from memsvc.api.fields import METADATA_MAX_BYTES
+
+    conversation = agent_conversation(api, helper)
+    zeros = {"a": [0] * 6000}  # 12,007 bytes compact
+    at_the_limit = {"k": "x" * (METADATA_MAX_BYTES - len('{"k":""}'))}
+    for metadata in (zeros, at_the_limit):
+        message = {"role": "user", "content": "x", "metadata": metadata}
+        assert append(api, helper, conversation["id"], message).status_code == 201
+    over = {"k": "x" * (METADATA_MAX_BYTES - len('{"k":""}') + 1)}
+    refused = append(
+        api, helper, conversation["id"], {"role": "user", "content": "x", "metadata": over}
+    )
+    assert refused.status_code == 400
+    assert refused.json()["details"] == {
+        "messages[0].metadata": [f"must be at most {METADATA_MAX_BYTES} bytes"]
+    }
 
 
 def test_a_body_over_the_cap_is_413_in_the_error_shape(api, helper, settings):

@@ -491,6 +491,11 @@ def test_without_a_key_it_is_401(api, alice):
         ({"toolName": "t", "output": 1, "step": -1}, "step"),
         ({"toolName": "t", "output": 1, "step": 2**31}, "step"),
         ({"toolName": "t", "output": 1, "taskId": "t" * 256}, "taskId"),
+        # Names, as a block's label or a tag is (review: these were kept).
+        ({"toolName": "a\nb", "output": 1}, "toolName"),
+        ({"toolName": " t", "output": 1}, "toolName"),
+        ({"toolName": "t", "output": 1, "taskId": " x"}, "taskId"),
+        ({"toolName": "t", "output": 1, "taskId": "x\u202e"}, "taskId"),
         ({"toolName": "t", "output": 1, "conversationId": "nope"}, "conversationId"),
         ({"toolName": "t", "output": 1, "conversationId": "5" * 32}, "conversationId"),
         ({"toolName": "t", "output": 1, "colour": "red"}, "colour"),

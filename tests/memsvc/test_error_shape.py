@@ -56,6 +56,29 @@ def test_nul_in_a_user_api_path_or_query_is_a_400(client, alice, path):
     assert "NUL" in body["error"]
 
 
+@pytest.mark.parametrize(
+    ("query", "parameter"),
+    [
+        ("query=a%FFb", "query"),  # not UTF-8
+        ("limit=5&query=%ED%A0%80", "query"),  # a lone surrogate's bytes
+        ("a%FF=b", "a\ufffd"),
+    ],
+)
+def test_a_query_parameter_that_is_no_utf8_is_a_400_naming_it(client, alice, query, parameter):
+    """(Read with U+FFFD in the bad bytes' place: a list filtered by a value no one sent.)"""
+    body = assert_v1_error(
+        client.get(f"/v1/user/conversations?{query}", **alice.auth_headers()), 400
+    )
+    assert body["details"] == {parameter: ["must be UTF-8 text"]}
+
+
+def test_a_percent_encoded_utf8_query_is_read_as_its_text(client, alice):
+    response = client.get(
+        "/v1/user/conversations?query=zo%C3%AB+%F0%9F%98%80", **alice.auth_headers()
+    )
+    assert response.status_code == 200, response.content
+
+
 def test_nul_in_an_agent_api_path_names_the_parameter(client):
     helper = make_agent("nul-helper")
     body = assert_v1_error(

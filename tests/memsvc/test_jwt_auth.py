@@ -207,6 +207,11 @@ def test_garbage_token(api, value):
     assert_unauthorized(api.get(PATH, as_=bearer(value)))
 
 
+def test_a_token_that_does_not_decode_is_refused_without_the_decoders_words(api):
+    refused = assert_unauthorized(api.get(PATH, as_=bearer("abc.def.ghi")))
+    assert refused["error"] == "invalid token: Invalid header string"  # (not "'utf-8' codec ...")
+
+
 def test_non_ascii_token(api):
     # A WSGI/ASGI server hands headers over as latin-1 strings: UTF-8 "é" arrives as "Ã©".
     value = token(claims(), SECRET) + "é".encode().decode("latin-1")

@@ -16,6 +16,7 @@ from agents_api.api.serializers import TASK_ID_MAX_LENGTH
 from agents_api.models import ToolRecord
 from bench.tool_task import FINAL_ANSWER, first_messages, run_agent, script, tool_output
 from memsvc.client import learning
+from memsvc.client.core import json_bytes
 from memsvc.client.sender import sender
 from memsvc.client.session import _KeptClient
 from memsvc.memory_bank import (
@@ -296,7 +297,7 @@ def test_a_tool_output_over_memsvcs_limit_is_kept_to_its_start_beside_the_others
     assert records["lookup"].raw_output == {"status": "ok"}
     kept = records["dump_log"].raw_output["_raw"]
     assert kept.endswith(TRUNCATED) and '"lines": ["\\u0001 log line éé 0"' in kept
-    kept_bytes = len(json.dumps({"_raw": kept}, ensure_ascii=False).encode())
+    kept_bytes = json_bytes({"_raw": kept})  # (as memsvc counts it: compact)
     assert 0.95 * MAX_TOOL_JSON_BYTES < kept_bytes <= MAX_TOOL_JSON_BYTES  # (half was kept)
 
 
