@@ -72,7 +72,7 @@ class CreateAgentMessageIn(InputSerializer):
     authorName = TextField(
         required=False, max_length=255, allow_blank=False, validators=[*GIVEN_NAME_RULES]
     )
-    createdAt = MomentField(required=False)
+    createdAt = MomentField(required=False, help_text="Not in the future.")
 
     class Meta:
         ref_name = "CreateAgentMessageRequest"
@@ -92,13 +92,13 @@ MessageList = listed(MessageOut, "MessageList")
 
 
 class SummaryIn(InputSerializer):
-    title = TitleField()
+    title = TitleField(help_text="The conversation's title from now on")
     summary = MessageContentField()
     untilMessageId = serializers.UUIDField(
         help_text="The last message the summary covers: a message of the conversation's view, "
         "not another summary."
     )
-    summarizedAt = MomentField()
+    summarizedAt = MomentField(help_text="Not in the future.")
 
     class Meta:
         ref_name = "CreateSummaryRequest"
@@ -159,9 +159,13 @@ class BlockDescriptionField(TextField):
         super().__init__(allow_blank=True, max_length=BLOCK_DESCRIPTION_MAX_CHARS, **kwargs)
 
 
+# A block's text, as the service holds it (the limit is the block's own, or the new one given).
+BLOCK_VALUE_RULE = "At most the block's limit, in characters."
+
+
 class CreateMemoryBlockIn(InputSerializer):
     label = LabelField()
-    value = TextField(required=False, allow_blank=True, default="")
+    value = TextField(required=False, allow_blank=True, default="", help_text=BLOCK_VALUE_RULE)
     description = BlockDescriptionField(required=False, default="")
     limit = BlockLimitField(required=False, default=DEFAULT_BLOCK_LIMIT)
     readOnly = serializers.BooleanField(required=False, default=False)
@@ -171,7 +175,7 @@ class CreateMemoryBlockIn(InputSerializer):
 
 
 class PutMemoryBlockIn(InputSerializer):
-    value = TextField(allow_blank=True)
+    value = TextField(allow_blank=True, help_text=BLOCK_VALUE_RULE)
     description = BlockDescriptionField(required=False)
     limit = BlockLimitField(required=False)
 
@@ -188,7 +192,7 @@ class ReplaceTextIn(InputSerializer):
 
 
 class PatchMemoryBlockIn(InputSerializer):
-    value = TextField(required=False, allow_blank=True)
+    value = TextField(required=False, allow_blank=True, help_text=BLOCK_VALUE_RULE)
     # (A line of blanks appended made a block of blanks: review.)
     append = TextField(required=False, allow_blank=False, validators=[something_to_read])
     replace = ReplaceTextIn(required=False)
@@ -345,7 +349,7 @@ class NewMemoryIn(InputSerializer):
     tags = TagsField(required=False)
     metadata = MetadataField(required=False)
     messageIds = MessageIdsField(required=False)
-    expiresAt = MomentField(required=False, help_text="default: 15 days from now")
+    expiresAt = MomentField(required=False, help_text="In the future; default: 15 days from now.")
 
     class Meta:
         ref_name = "NewMemory"
@@ -390,7 +394,7 @@ class UpdateMemoryIn(InputSerializer):
     tags = TagsField(required=False)
     metadata = MetadataField(required=False)
     messageIds = MessageIdsField(required=False)
-    expiresAt = MomentField(required=False)
+    expiresAt = MomentField(required=False, help_text="In the future.")
 
     class Meta:
         ref_name = "UpdateMemoryRequest"

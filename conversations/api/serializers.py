@@ -4,8 +4,9 @@ from django.conf import settings
 from drf_spectacular.utils import OpenApiParameter
 from rest_framework import serializers
 
-from conversations.models import AccessLevel, TransferStatus
+from conversations.models import AccessLevel, Channel, Role, TransferStatus, Visibility
 from memsvc.api.fields import (
+    USER_ID_RULE,
     ChoiceField,
     InputSerializer,
     ListField,
@@ -35,9 +36,9 @@ class ParentMessageField(serializers.UUIDField):
 class MessageOut(serializers.Serializer):
     id = serializers.UUIDField()
     conversationId = serializers.UUIDField(source="conversation_id")
-    role = serializers.CharField()
-    channel = serializers.CharField()
-    visibility = serializers.CharField()
+    role = serializers.ChoiceField(choices=Role.choices)
+    channel = serializers.ChoiceField(choices=Channel.choices)
+    visibility = serializers.ChoiceField(choices=Visibility.choices)
     authorName = serializers.CharField(source="author_name")
     content = serializers.CharField()
     metadata = serializers.DictField()
@@ -209,16 +210,20 @@ class ForkIn(InputSerializer):
         ref_name = "ForkFromMessageRequest"
 
 
+# A level a membership may be given: not the owner's, given by a transfer alone.
+SHARED_LEVEL = "Not owner (403): ownership is given by a transfer."
+
+
 class ShareIn(InputSerializer):
-    userId = PrincipalIdField()
-    accessLevel = ChoiceField(choices=AccessLevel.choices)
+    userId = PrincipalIdField(help_text=f"{USER_ID_RULE} Or agent:<id> of an existing agent.")
+    accessLevel = ChoiceField(choices=AccessLevel.choices, help_text=SHARED_LEVEL)
 
     class Meta:
         ref_name = "ShareConversationRequest"
 
 
 class UpdateMembershipIn(InputSerializer):
-    accessLevel = ChoiceField(choices=AccessLevel.choices)
+    accessLevel = ChoiceField(choices=AccessLevel.choices, help_text=SHARED_LEVEL)
 
     class Meta:
         ref_name = "UpdateMembershipRequest"

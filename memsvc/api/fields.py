@@ -58,6 +58,13 @@ class ListField(serializers.ListField):
         return super().to_internal_value(data)
 
 
+def with_rule(kwargs: dict, rule: str) -> dict:
+    """``kwargs`` of a field whose description (``help_text``) says ``rule`` after what the
+    caller says of it: the schema says what the server enforces (review)."""
+    given = kwargs.get("help_text")
+    return {**kwargs, "help_text": f"{given}. {rule}" if given else rule}
+
+
 class PathSegmentField(TextField):
     """A text that names a thing in a URL's path (``path_segment``)."""
 
@@ -98,8 +105,19 @@ class PrincipalIdField(TextField):
         super().__init__(**kwargs)
 
 
+# What ``user_id_problem`` refuses, as the schema says it.
+USER_ID_RULE = (
+    "A user id: no control, bidirectional or invisible character nor line separator, no "
+    'blank at either end, in Unicode\'s composed form (NFC), neither "." nor ".." (nor one '
+    'between its "/"), not beginning "agent:".'
+)
+
+
 class UserIdField(PrincipalIdField):
     """A user id (``user_id_problem``)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**with_rule(kwargs, USER_ID_RULE))
 
     def to_internal_value(self, data):
         value = super().to_internal_value(data)
@@ -121,7 +139,8 @@ class MessageContentField(TextField):
     def __init__(self, **kwargs):
         kwargs.setdefault("allow_blank", False)
         kwargs.setdefault("max_length", settings.MEMSVC_MAX_MESSAGE_CHARS)
-        super().__init__(**kwargs)
+        rule = "Something to read: not only spaces or invisible characters."
+        super().__init__(**with_rule(kwargs, rule))
 
     def to_internal_value(self, data):
         return something_to_read(super().to_internal_value(data))
@@ -134,6 +153,8 @@ class TitleField(TextField):
     def __init__(self, *, restored: bool = False, **kwargs):
         kwargs.setdefault("max_length", 500)
         kwargs.setdefault("allow_blank", True)
+        if not restored:
+            kwargs = with_rule(kwargs, "One line: no control character nor line separator.")
         super().__init__(**kwargs)
         self.validators.append(no_control_characters)
         if not restored:
