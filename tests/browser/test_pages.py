@@ -554,7 +554,8 @@ def test_after_sending_with_the_keyboard_the_focus_is_back_in_the_message_box(pa
 def test_a_message_sent_once_the_session_ended_goes_to_the_login_page(page, assistant_chat):
     """Logged out in another tab: the chat's script followed the redirect inside its
     request and put the login page into the conversation as a message (review). The browser
-    goes to the login page, which comes back here; nothing was kept."""
+    goes to the login page, which comes back here; nothing was kept, and the message is back
+    in its box, to send again (it was lost: review)."""
     from conversations.models import Message
 
     conversation_page = page.url
@@ -565,9 +566,11 @@ def test_a_message_sent_once_the_session_ended_goes_to_the_login_page(page, assi
     page.get_by_label("User name").fill("alice")
     page.get_by_label("Password").fill(PASSWORD)
     page.get_by_role("button", name="Log in").click()
-    expect(page.get_by_label("Your message")).to_be_visible()
+    expect(page.get_by_label("Your message")).to_have_value("Which museums first?")
     assert page.url == conversation_page
     assert not Message.objects.filter(conversation=assistant_chat).exists()
+    page.reload()  # (given back once)
+    expect(page.get_by_label("Your message")).to_have_value("")
 
 
 def test_a_fragment_asked_once_the_session_ended_goes_to_the_login_page(page, live_server, people):

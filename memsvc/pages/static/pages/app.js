@@ -35,7 +35,7 @@ document.addEventListener("submit", async (event) => {
       body: new FormData(form),
       headers: { "HX-Request": "true" },
     });
-    if (loggedOut(sent)) return;
+    if (loggedOut(sent, form)) return;
     const row = await sent.text(); // rendered (and escaped) by the server
     if (!sent.ok) {
       form.insertAdjacentHTML("afterbegin", row);
@@ -60,11 +60,24 @@ document.addEventListener("click", async (event) => {
 
 // The session ended meanwhile (logged out in another tab, expired): the server names the
 // login page (``HX-Redirect``, as htmx reads it), and the browser goes there whole; the
-// login page is not put into the list as a message.
-function loggedOut(response) {
+// login page is not put into the list as a message. A message ``form`` did not send is
+// kept for this page, which the login comes back to (it was lost: review).
+function loggedOut(response, form) {
   const login = response.headers.get("HX-Redirect");
-  if (login) window.location.assign(login);
+  if (login) {
+    if (form) sessionStorage.setItem(UNSENT + location.pathname, form.elements.content.value);
+    window.location.assign(login);
+  }
   return Boolean(login);
+}
+
+// A message kept when the session ended as it was sent, back in its box.
+const UNSENT = "memsvc-unsent:";
+const unsent = sessionStorage.getItem(UNSENT + location.pathname);
+const box = document.querySelector("form#append textarea[name=content]");
+if (unsent !== null && box) {
+  sessionStorage.removeItem(UNSENT + location.pathname);
+  if (!box.value) box.value = unsent;
 }
 
 // The form's send button is off while it sends or an answer comes; what refused the previous
