@@ -36,7 +36,7 @@ from agents_api.services import (
     tool_records_delete,
 )
 from agents_api.services.messages import local_conversation_renamed
-from conversations.models import Conversation
+from conversations.models import Conversation, Membership
 from conversations.selectors import groups_owned_by
 from memsvc.admin_tools import (
     DeletedByService,
@@ -202,15 +202,21 @@ class AgentAdmin(MetadataChecked, DeletedByService, ModelAdmin):
         )
 
     def get_deleted_objects(self, objs, request):
-        # (``agent_delete``'s: those of the groups it owns, its own one among them)
-        owned = Q(pk__in=[])
+        # (``agent_delete``'s: the conversations of the groups it owns, its own one among
+        # them, and its memberships of others' groups, which the page did not list, nor ask
+        # the permission to delete: review)
+        owned, elsewhere = Q(pk__in=[]), Q(pk__in=[])
         for agent in objs:
-            owned |= Q(group__in=groups_owned_by(agent.principal_id))
+            groups = groups_owned_by(agent.principal_id)
+            owned |= Q(group__in=groups)
+            elsewhere |= Q(principal_id=agent.principal_id) & ~Q(group__in=groups)
         conversations = Conversation.objects.filter(owned).select_related("group")
+        memberships = Membership.objects.filter(elsewhere).select_related("group")
         parts = [super().get_deleted_objects(objs, request)]
-        if conversations:
-            conversation_admin = self.admin_site.get_model_admin(Conversation)
-            parts.append(conversation_admin.get_deleted_objects(conversations, request))
+        for model, rows in ((Conversation, conversations), (Membership, memberships)):
+            if rows:
+                model_admin = self.admin_site.get_model_admin(model)
+                parts.append(model_admin.get_deleted_objects(rows, request))
         return merged_deletions(parts)
 
 
@@ -316,6 +322,7 @@ class ApiKeyAdmin(ModelAdmin):
 
     list_display = ("prefix", "agent", "name", "scope_list", "created_at", "last_used_at", "state")
     list_select_related = ("agent",)
+    secret_fields = ("secret_hmac",)
     list_filter = (("revoked_at", admin.EmptyFieldListFilter),)
     search_fields = ("=public_id", "agent__name", "name")
     raw_id_fields = ("agent",)

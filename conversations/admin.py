@@ -6,7 +6,7 @@ for the conversation column, search through the GIN-indexed full-text column ins
 """
 
 from django import forms
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.core.exceptions import ValidationError
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
@@ -37,6 +37,7 @@ from memsvc.admin_tools import (
     as_uuid,
     merged_deletions,
     operator,
+    said_before_deleting,
 )
 from memsvc.api.errors import InvalidInput
 from memsvc.api.principals import principal_for_sharing
@@ -252,6 +253,11 @@ class ConversationAdmin(MetadataChecked, LargeTableAdmin):
         return super().has_delete_permission(request, obj)
 
     def get_deleted_objects(self, objs, request):
+        """What goes (a root's group; a fork and the forks below it that share its
+        messages), and said on the confirmation, the delete page's or the delete action's
+        (review: the action's did not say it), which forks below stay (``selectors.
+        deletion``), though Django's list names every fork below (it said they went; code
+        review)."""
         roots = [c.group for c in objs if c.forked_at_conversation_id is None]
         forks = [c for c in objs if c.forked_at_conversation_id is not None]
         parts = []
@@ -260,24 +266,17 @@ class ConversationAdmin(MetadataChecked, LargeTableAdmin):
             parts.append(group_admin.get_deleted_objects(roots, request))
         if forks:
             parts.append(super().get_deleted_objects(forks, request))
+            chosen = {c.pk for c in objs}
+            moved = {pk for fork in forks for pk in selectors.deletion(fork)[1]} - chosen
+            if moved:
+                said_before_deleting(
+                    self,
+                    request,
+                    f"{len(moved)} fork(s) below share none of the messages deleted: they "
+                    "stay, moved up to where their fork point is, with what was made from "
+                    "them, though listed below.",
+                )
         return merged_deletions(parts)
-
-    def delete_view(self, request, object_id, extra_context=None):
-        """Said on a fork's confirmation: the forks below it that share none of its messages
-        stay (``selectors.deletion``), though Django's list below names every fork below
-        it (it said they went; code review)."""
-        conversation = self.get_object(request, object_id)
-        a_fork = conversation is not None and conversation.forked_at_conversation_id is not None
-        moved = selectors.deletion(conversation)[1] if a_fork and request.method == "GET" else {}
-        if moved:
-            self.message_user(
-                request,
-                f"{len(moved)} fork(s) below it share none of its messages: they stay, moved "
-                "up to where their fork point is, with what was made from them, though "
-                "listed below.",
-                messages.WARNING,
-            )
-        return super().delete_view(request, object_id, extra_context)
 
     def delete_model(self, request, obj):
         conversation_delete(operator(request), conversation=obj, need=None)

@@ -1,5 +1,7 @@
 """Pieces shared by the admin pages of every app: they must stay fast at millions of rows."""
 
+import contextlib
+import math
 import uuid
 
 from django import forms
@@ -13,6 +15,7 @@ from django.forms.fields import InvalidJSONInput
 from django.utils.functional import cached_property
 
 from memsvc import validators
+from memsvc.api.errors import NotFound
 from memsvc.api.fields import METADATA_MAX_BYTES, json_value_problem
 from memsvc.api.parsers import FIELD_MAX_JSON_DEPTH, json_problem, too_deep
 from memsvc.api.principals import Principal
@@ -45,6 +48,20 @@ def metadata_object(value) -> None:
     problem = json_value_problem(value, max_bytes=METADATA_MAX_BYTES, objects_only=True)
     if problem:
         raise ValidationError(problem)
+    if _holds_non_finite_numbers(value):
+        # (Python reads NaN and 1e999; PostgreSQL's jsonb refuses them, a bare 400 page)
+        raise ValidationError("numbers must be finite: no NaN or Infinity")
+
+
+def _holds_non_finite_numbers(value) -> bool:
+    within = [value]
+    while within:
+        item = within.pop()
+        if type(item) is float and not math.isfinite(item):
+            return True
+        if type(item) in (dict, list):
+            within.extend(item.values() if type(item) is dict else item)
+    return False
 
 
 class MetadataFormField(forms.JSONField):
@@ -59,10 +76,15 @@ class MetadataFormField(forms.JSONField):
             raise ValidationError(too_deep(FIELD_MAX_JSON_DEPTH)) from None
 
     def bound_data(self, data, initial):
+        """The refused form shown again, as sent: too deep for the decoder, or holding what
+        cannot be written out again (a lone surrogate: a 500 page; review)."""
         try:
-            return super().bound_data(data, initial)
-        except RecursionError:  # (the refused form shown again, as sent)
+            value = super().bound_data(data, initial)
+        except RecursionError:
             return InvalidJSONInput(data)
+        if not isinstance(value, InvalidJSONInput) and json_problem(value, FIELD_MAX_JSON_DEPTH):
+            return InvalidJSONInput(data)
+        return value
 
 
 class MetadataChecked:
@@ -103,11 +125,27 @@ def lookups_named(model, lookup: str) -> list[str]:
     return []
 
 
-class SelectionChecked:
-    """A ModelAdmin mixin: an action's selection must name rows of the table by their ids.
-    Django filters by what the form sent, and the action reading it was a 500 for an id
-    the table cannot hold ("xyz" of a UUID key, 50 digits of an integer one, a NUL; review);
-    now it is the admin's "nothing changed" notice, as for no selection."""
+class Checked:
+    """A ModelAdmin mixin, for memsvc's admins and Django's own (logins, groups) alike.
+
+    An action's selection must name rows of the table by their ids. Django filters by what
+    the form sent, and the action reading it was a 500 for an id the table cannot hold
+    ("xyz" of a UUID key, 50 digits of an integer one, a NUL; review); now it is the
+    admin's "nothing changed" notice, as for no selection.
+
+    A list's query takes only the lookups its own filters write (``ADMIN_LOOKUPS``), and
+    none of ``secret_fields`` (a key's HMAC, read a hex digit at a time through
+    ``?secret_hmac__gte=``: review)."""
+
+    secret_fields: tuple[str, ...] = ()
+
+    def lookup_allowed(self, lookup, value, request=None):
+        named = lookups_named(self.model, lookup)
+        if len(named) > 1 or not ADMIN_LOOKUPS.issuperset(named):
+            return False  # (Django answers 400: DisallowedModelAdminLookup)
+        if lookup.split(LOOKUP_SEP)[0] in self.secret_fields:
+            return False
+        return super().lookup_allowed(lookup, value, request)
 
     def response_action(self, request, queryset):
         key = self.model._meta.pk
@@ -125,15 +163,9 @@ class SelectionChecked:
         return super().response_action(request, queryset)
 
 
-class ModelAdmin(SelectionChecked, admin.ModelAdmin):
+class ModelAdmin(Checked, admin.ModelAdmin):
     """Django's, taking in a list's query only the lookups its own filters write, and an
-    action's selection only of ids (``SelectionChecked``)."""
-
-    def lookup_allowed(self, lookup, value, request=None):
-        named = lookups_named(self.model, lookup)
-        if len(named) > 1 or not ADMIN_LOOKUPS.issuperset(named):
-            return False  # (Django answers 400: DisallowedModelAdminLookup)
-        return super().lookup_allowed(lookup, value, request)
+    action's selection only of ids (``Checked``)."""
 
 
 class ReadOnlyAdmin(ModelAdmin):
@@ -160,18 +192,29 @@ class LargeTableAdmin(ModelAdmin):
 class DeletedByService:
     """A ModelAdmin mixin for rows a service deletes one at a time (locks, what goes with
     them): ``delete_one(request, obj)``, for the delete page and the delete action, whose
-    selection goes in one transaction."""
+    selection goes in one transaction. One deleted meanwhile (two operators confirming at
+    once) is gone, as asked: the service's 404 was a 500 page (review)."""
 
     def delete_one(self, request, obj) -> None:
         raise NotImplementedError
 
     def delete_model(self, request, obj):
-        self.delete_one(request, obj)
+        with contextlib.suppress(NotFound):
+            self.delete_one(request, obj)
 
     @transaction.atomic
     def delete_queryset(self, request, queryset):
         for obj in queryset.order_by("pk"):
-            self.delete_one(request, obj)
+            with contextlib.suppress(NotFound), transaction.atomic():
+                self.delete_one(request, obj)
+
+
+def said_before_deleting(model_admin, request, message: str) -> None:
+    """``message`` (a warning) on a deletion's confirmation page, the delete page's or the
+    delete action's, both of which ask ``get_deleted_objects``; not once it is confirmed
+    (``post``), when it would be shown after the deletion."""
+    if not request.POST.get("post"):
+        model_admin.message_user(request, message, messages.WARNING)
 
 
 def merged_deletions(parts):

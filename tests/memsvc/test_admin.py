@@ -299,6 +299,14 @@ def test_a_nul_in_a_list_filter_is_a_bad_request_not_a_500(operator, memories, c
         ("agents_api_agent_changelist", "name__regex=("),
         ("conversations_message_changelist", "pk__regex=^f"),  # (through ``pk``: review)
         ("agents_api_memoryblock_changelist", "pk__iregex=.*"),
+        # Django's own lists of logins and groups too (review).
+        ("auth_user_changelist", "date_joined__year=99999"),
+        ("auth_user_changelist", "first_name__trigram_similar=x"),
+        ("auth_user_changelist", "username__regex=."),
+        ("auth_group_changelist", "name__iregex=a"),
+        # A key's HMAC, read a hex digit at a time (review).
+        ("agents_api_apikey_changelist", "secret_hmac__gte=e0"),
+        ("agents_api_apikey_changelist", "secret_hmac__exact=e0"),
     ],
 )
 def test_a_lookup_no_filter_of_the_admin_writes_is_a_bad_request(
@@ -915,6 +923,106 @@ def test_deleting_an_agent_in_the_admin_first_lists_its_own_conversation(operato
     assert Agent.objects.count() == 2  # (asked, not yet confirmed)
 
 
+def test_an_agents_delete_confirmation_lists_its_memberships_in_others_conversations(
+    operator, django_user_model
+):
+    """``agent_delete`` removes them: the page did not list them, and a staff user who may
+    delete agents but not memberships removed them unasked (review)."""
+    from django.contrib.auth.models import Permission
+
+    agent = AgentFactory(name="bot2")
+    shared = ConversationFactory(group__owner="alice", title="Alice's")
+    MembershipFactory(group=shared.group, principal_id=agent.principal_id, access_level="reader")
+    page = reverse("admin:agents_api_agent_delete", args=[agent.pk])
+    listing = operator.get(page).content.decode()
+    assert "<li>Memberships: 1</li>" in listing
+    staff = django_user_model.objects.create_user("staffd", password="pw", is_staff=True)
+    staff.user_permissions.set(
+        Permission.objects.filter(codename__in=["view_agent", "delete_agent"])
+    )
+    operator.force_login(staff)
+    asked = operator.get(page).content.decode()
+    assert "would require deleting the following protected related objects" in asked or (
+        "your account doesn't have permission to delete the following types of objects" in asked
+    )
+    assert operator.post(page, {"post": "yes"}).status_code == 403
+    assert Agent.objects.filter(pk=agent.pk).exists()
+    assert Membership.objects.filter(principal_id=agent.principal_id).exists()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        AgentFactory,
+        lambda: MemoryBlockFactory(agent=AgentFactory()),
+        lambda: MembershipFactory(principal_id="bob"),
+    ],
+)
+def test_a_row_deleted_meanwhile_is_gone_as_asked_not_a_500(django_user_model, make):
+    """Two operators confirming one deletion at once: the second's service found nothing
+    (NotFound), a 500 page (review). Played in order: both read the row, one deletes it,
+    then the other, on the page and in the list's action."""
+    request = RequestFactory().post("/")
+    request.user = django_user_model.objects.create_superuser("ops", "o@example.com", "pw")
+    for delete in ("delete_model", "delete_queryset"):
+        row = make()
+        model = type(row)
+        admin_of = admin.site.get_model_admin(model)
+        admin_of.delete_model(request, model.objects.get(pk=row.pk))
+        late = row if delete == "delete_model" else [row]
+        getattr(admin_of, delete)(request, late if delete == "delete_model" else _rows(late))
+        assert not model.objects.filter(pk=row.pk).exists()
+
+
+class _rows(list):
+    """A list of rows standing for a queryset whose rows are gone meanwhile."""
+
+    def order_by(self, *fields):
+        return self
+
+
+def test_the_delete_action_says_what_the_delete_page_says(operator, django_user_model):
+    """A fork's forks that stay, a login's data that stays: said on the delete page only,
+    not on the list action's confirmation (review)."""
+    alice = Principal.user("alice")
+    root = conversation_create(alice, title="Root")
+    first, second = messages_append(
+        alice, conversation=root, messages=[NewMessage(content="a1"), NewMessage(content="a2")]
+    )
+    branch = conversation_fork(alice, conversation=root, message=second, title="Branch")
+    conversation_fork(alice, conversation=branch, message=first, title="Kept")
+    chosen = {"action": "delete_selected", "_selected_action": [branch.pk]}
+    asked = operator.post(reverse("admin:conversations_conversation_changelist"), chosen)
+    assert "1 fork(s) below share none of the messages deleted" in asked.content.decode()
+    carol = django_user_model.objects.create_user("carol", password="a-long-password")
+    chosen = {"action": "delete_selected", "_selected_action": [carol.pk]}
+    asked = operator.post(reverse("admin:auth_user_changelist"), chosen, follow=True)
+    assert "leaves what is kept for each user id" in asked.content.decode()
+    # Confirmed: done, and not said again after it.
+    done = operator.post(
+        reverse("admin:auth_user_changelist"), {**chosen, "post": "yes"}, follow=True
+    )
+    assert "leaves what is kept" not in done.content.decode()
+    assert not django_user_model.objects.filter(pk=carol.pk).exists()
+
+
+@pytest.mark.parametrize(
+    ("metadata", "problem"),
+    [
+        ('{"a": "\\ud800"}', "lone surrogate"),  # (shown again: a 500 page; review)
+        ('{"a": NaN}', "numbers must be finite"),  # (a bare 400 page; review)
+        ('{"a": 1e999}', "numbers must be finite"),
+    ],
+)
+def test_metadata_the_database_cannot_take_is_refused_in_the_form(operator, metadata, problem):
+    add = reverse("admin:agents_api_agent_add")
+    form = {"owner_principal": "local", "name": "odd", "description": "", "metadata": metadata}
+    refused = operator.post(add, form)
+    assert refused.status_code == 200
+    assert problem in refused.content.decode()
+    assert not Agent.objects.exists()
+
+
 def test_an_agents_name_holds_no_slash_in_the_admin_as_in_the_apis(operator):
     """An agent is reached by its name in a path (``/agents/{name}``, Letta's lists): every
     API refuses a "/" in it, and so does the admin, whoever owns it. (An agent made or
@@ -1140,7 +1248,7 @@ def test_deleting_a_login_says_that_what_is_kept_under_its_name_stays(operator, 
     conversations, unwarned (review)."""
     carol = django_user_model.objects.create_user("carol", password="a-long-password")
     page = operator.get(reverse("admin:auth_user_delete", args=[carol.pk])).content.decode()
-    assert "leaves what is kept for that user id" in page
+    assert "leaves what is kept for each user id" in page
     assert "POST /v1/user/erase" in page
 
 
@@ -1157,7 +1265,9 @@ def test_a_forks_delete_page_says_which_forks_below_it_stay(operator):
     page = reverse("admin:conversations_conversation_delete", args=[branch.pk])
     assert "share none of its messages" not in operator.get(page).content.decode()
     kept = conversation_fork(alice, conversation=branch, message=first, title="Kept")
-    assert "1 fork(s) below it share none of its messages" in operator.get(page).content.decode()
+    assert (
+        "1 fork(s) below share none of the messages deleted" in operator.get(page).content.decode()
+    )
     operator.post(page, {"post": "yes"})
     assert Conversation.objects.get(pk=kept.pk).forked_at_conversation_id == root.pk
     assert not Conversation.objects.filter(pk=branch.pk).exists()
