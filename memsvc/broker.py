@@ -84,7 +84,7 @@ class Channel(filesystem.Channel):
                 # What the worker makes of it: JSON that is no message (no delivery tag, a
                 # body its encoding does not decode, a task's body of another shape) ended
                 # the worker too, and every worker started after it (review).
-                if not _task_shaped(self.Message(message, channel=self)):
+                if not task_shaped(self.Message(message, channel=self)):
                     raise ValueError("a task's body of another shape")
             except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
                 self._reject(claimed, len(payload))
@@ -105,10 +105,11 @@ class Channel(filesystem.Channel):
         )
 
 
-def _task_shaped(message) -> bool:
+def task_shaped(message) -> bool:
     """Whether a Celery task message's JSON body is what its worker unpacks: ``[args,
-    kwargs, embed]``. Other messages, and bodies of other types (which the worker refuses
-    itself, and which are never decoded here: a pickle would run), are not looked into."""
+    kwargs, embed]`` (any broker's: ``memsvc.celery.Task``'s strategy asks too). Other
+    messages, and bodies of other types (which the worker refuses itself, and which are
+    never decoded here: a pickle would run), are not looked into."""
     if "task" not in (message.headers or {}) or message.content_type != "application/json":
         return True
     body = json.loads(message.body)

@@ -5,10 +5,14 @@ import os
 from pathlib import Path
 
 from celery import Celery
+from celery import Task as CeleryTask
+from celery.exceptions import InvalidTaskError
 from celery.signals import before_task_publish, worker_init
+from celery.worker.strategy import default as default_strategy
 from kombu.exceptions import OperationalError
 from kombu.transport import TRANSPORT_ALIASES
 
+from memsvc.broker import task_shaped
 from memsvc.outage import Outage
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memsvc.settings")
@@ -31,7 +35,33 @@ def route(name, args, kwargs, options, task=None, **kw) -> dict | None:
 
 logger = logging.getLogger(__name__)
 
-app = Celery("memsvc")
+
+def shape_checked_strategy(task, app, consumer, **kwargs):
+    """Celery's strategy (how a worker takes a task's message), refusing a message whose
+    body is not a task's (``task_shaped``) as an invalid task: rejected, not requeued, and
+    logged. Its unpacking raised out of the worker's loop and ended the worker; Redis gave
+    the message back to the next one, which ended too, and nothing was embedded again
+    until it was removed by hand (review). (Local mode's reader sets such a file aside
+    before: ``memsvc.broker``.)"""
+    handle = default_strategy(task, app, consumer, **kwargs)
+
+    def checked(message, body, ack, reject, callbacks, **more):
+        try:
+            shaped = task_shaped(message)
+        except (ValueError, TypeError):  # (a body that is no JSON at all)
+            shaped = False
+        if not shaped:
+            raise InvalidTaskError("the message's body is not a task's [args, kwargs, embed]")
+        return handle(message, body, ack, reject, callbacks, **more)
+
+    return checked
+
+
+class Task(CeleryTask):
+    Strategy = "memsvc.celery:shape_checked_strategy"
+
+
+app = Celery("memsvc", task_cls=Task)
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["search", "agents_api"])
 

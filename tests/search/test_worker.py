@@ -1,5 +1,7 @@
 """A real Celery worker, fed through Redis, embeds a message end to end."""
 
+import base64
+import json
 import os
 import subprocess
 import sys
@@ -92,3 +94,47 @@ def test_a_real_worker_embeds_a_message_through_redis(api, alice, worker):
         "/v1/user/search/messages", {"query": "support group", "mode": "semantic"}, as_=alice
     ).json()["data"]
     assert found[0]["message"]["id"] == str(message.id)
+
+
+def malformed_task(queue: str) -> str:
+    """A message as kombu's Redis transport writes one, named as an embedding task, whose
+    body (``[]``) is not a task's ``[args, kwargs, embed]``."""
+    return json.dumps(
+        {
+            "body": base64.b64encode(b"[]").decode(),
+            "headers": {"task": "search.embed_messages", "id": str(uuid.uuid4()), "lang": "py"},
+            "content-type": "application/json",
+            "content-encoding": "utf-8",
+            "properties": {
+                "delivery_tag": str(uuid.uuid4()),
+                "delivery_info": {"exchange": "", "routing_key": queue},
+                "body_encoding": "base64",
+                "priority": 0,
+            },
+        }
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_message_that_is_no_task_is_rejected_and_the_worker_goes_on(api, alice, worker):
+    """Its unpacking ended the worker; Redis gave it back to the next worker, which ended
+    too, and nothing was embedded again (review). Rejected, logged, and the next message
+    embedded by the same worker."""
+    process, log = worker
+    queue = process.args[process.args.index("--queues") + 1]
+    redis.Redis.from_url(REDIS_URL).lpush(queue, malformed_task(queue))
+    conversation = api.post("/v1/user/conversations", {}, as_=alice).json()
+    response = api.post(
+        f"/v1/user/conversations/{conversation['id']}/messages",
+        {"content": "Caroline went to the support group"},
+        as_=alice,
+    )
+    message = Message.objects.get(id=response.json()["id"])
+    deadline = time.monotonic() + DEADLINE_SECONDS
+    while message.embedded_at is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+        message.refresh_from_db()
+    said = log.read_text()
+    assert message.embedded_at is not None, said
+    assert "the message's body is not a task's" in said
+    assert "Unrecoverable error" not in said
