@@ -9,6 +9,7 @@ import dataclasses
 import ipaddress
 import math
 import os
+import re
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -43,10 +44,10 @@ def env_int(
     value = _raw(name)
     if value is None:
         return default
-    try:
-        number = int(value)
-    except ValueError:
-        raise ImproperlyConfigured(f"{name} must be an integer, got {value!r}") from None
+    # ASCII digits only: Python's int() reads "4_0" and Arabic-Indic digits (review).
+    if not re.fullmatch(r"[+-]?[0-9]+", value):
+        raise ImproperlyConfigured(f"{name} must be an integer, got {value!r}")
+    number = int(value)
     if minimum is not None and number < minimum:
         raise ImproperlyConfigured(f"{name} must be >= {minimum}, got {number}")
     if maximum is not None and number > maximum:

@@ -103,7 +103,10 @@ DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
 # turns out slow (or one its client gave up on) does not hold a web thread and a connection
 # for minutes: `memsvc serve` gives its web processes 30 s (the worker and the commands,
 # which build indexes and reindex, have none). A statement cut short answers 503.
-MEMSVC_STATEMENT_TIMEOUT_SECONDS = env_int("MEMSVC_STATEMENT_TIMEOUT_SECONDS", 0, minimum=0)
+# (At most PostgreSQL's: larger, every connection was refused, said as the database down.)
+MEMSVC_STATEMENT_TIMEOUT_SECONDS = env_int(
+    "MEMSVC_STATEMENT_TIMEOUT_SECONDS", 0, minimum=0, maximum=2_147_483
+)
 if MEMSVC_STATEMENT_TIMEOUT_SECONDS:
     _options = DATABASES["default"].setdefault("OPTIONS", {})
     _options["options"] = (

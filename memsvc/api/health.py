@@ -8,6 +8,7 @@ import time
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 from drf_spectacular.utils import extend_schema, inline_serializer
+from psycopg import errors
 from rest_framework import serializers
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
@@ -137,6 +138,12 @@ class HealthView(APIView):
             "pendingEmbeddings": None,
             "broker": "reachable" if broker_reachable() else "unreachable",
         }
+        # The disk first: a full one stops PostgreSQL, which then does not answer either
+        # (the reason said was "database unreachable": review).
+        if _disk_full():
+            logger.warning("health: the database's disk has less than 64 MB free")
+            body.update(status="unavailable", reason="disk full")
+            return Response(body, status=503)
         try:
             if not _probe.answers(DATABASE_ANSWER_SECONDS):
                 logger.warning(
@@ -145,11 +152,13 @@ class HealthView(APIView):
                 body.update(status="unavailable", reason="database not answering")
                 return Response(body, status=503)
             body["pendingEmbeddings"] = pending_embedding_count()
-            if _disk_full():
-                logger.warning("health: the database's disk has less than 64 MB free")
-                body.update(status="unavailable", reason="disk full")
+        except DatabaseError as exc:
+            if isinstance(exc.__cause__, errors.UndefinedTable):
+                # It answers, without memsvc's tables: a DATABASE_URL not migrated yet (it
+                # said "database unreachable": review).
+                logger.warning("health: the database has no memsvc tables (run migrate)")
+                body.update(status="unavailable", reason="database not migrated")
                 return Response(body, status=503)
-        except DatabaseError:
             # A broken connection must not stick to this worker thread: drop it so the next
             # request reconnects once the database is back.
             connection.close_if_unusable_or_obsolete()

@@ -1,4 +1,5 @@
 import pytest
+from django.db import OperationalError, connection
 
 from conversations.models import Message
 from tests.factories import MessageFactory
@@ -144,3 +145,32 @@ def test_health_is_503_when_the_embedded_databases_disk_is_full(client, monkeypa
     response = client.get("/v1/health")
     assert response.status_code == 503
     assert (response.json()["status"], response.json()["reason"]) == ("unavailable", "disk full")
+
+
+def test_a_full_disk_is_said_though_the_database_stopped_on_it(client, monkeypatch):
+    """PostgreSQL stops when its disk is full: the reason said was "database unreachable"
+    (review), which sent an operator to look at the database, not the disk."""
+    from memsvc.api import health
+
+    monkeypatch.setattr(health, "DISK_FULL_BELOW_BYTES", 2**62)
+
+    def stopped():
+        raise OperationalError("connection refused")
+
+    monkeypatch.setattr(health, "_select_one", stopped)
+    response = client.get("/v1/health")
+    assert (response.status_code, response.json()["reason"]) == (503, "disk full")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_database_without_memsvcs_tables_is_said_not_migrated(client, monkeypatch):
+    """A DATABASE_URL that answers, before its migrate: it was "database unreachable"."""
+    from memsvc.api import health
+
+    def not_migrated():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM no_such_table_of_memsvc")
+
+    monkeypatch.setattr(health, "pending_embedding_count", not_migrated)
+    response = client.get("/v1/health")
+    assert (response.status_code, response.json()["reason"]) == (503, "database not migrated")

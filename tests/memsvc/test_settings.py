@@ -51,6 +51,8 @@ def test_typed_helpers_read_values(monkeypatch):
     ("value", "read"),
     [
         ("seven", lambda: env_int("X", 1)),
+        ("4_0", lambda: env_int("X", 1)),  # (Python's int() reads these: review)
+        ("\u0664", lambda: env_int("X", 1)),  # an Arabic-Indic four
         ("0", lambda: env_int("X", 1, minimum=1)),
         ("99999", lambda: env_int("X", 8283, minimum=1, maximum=65535)),  # a port
         ("maybe", lambda: env_bool("X", False)),
@@ -794,6 +796,18 @@ def test_a_malformed_setting_stops_the_command_line_with_one_line(tmp_path):
     )
     assert result.returncode == 2
     assert result.stderr.strip() == "memsvc: MEMSVC_RATE_LIMIT must be an integer, got 'abc'"
+    # Past PostgreSQL's longest statement_timeout: every connection was refused, and said
+    # as the database down (review).
+    result = run_python(
+        {"MEMSVC_DATA_DIR": str(tmp_path), "MEMSVC_STATEMENT_TIMEOUT_SECONDS": "3000000"},
+        "-m",
+        "memsvc.cli",
+        "prune",
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "memsvc: MEMSVC_STATEMENT_TIMEOUT_SECONDS must be <= 2147483, got 3000000"
+    )
 
 
 @pytest.mark.django_db  # the test database's server runs the statement
