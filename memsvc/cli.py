@@ -15,7 +15,8 @@ import time
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import SystemCheckError
-from django.db import IntegrityError, OperationalError
+from django.db import IntegrityError, OperationalError, ProgrammingError
+from psycopg import errors
 
 from memsvc.env import lock_alone, unusable_directory, usable_directory
 from memsvc.supervisor import Supervisor, log
@@ -878,6 +879,17 @@ def main(argv: list[str] | None = None) -> int:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(f"memsvc: the database did not answer: {first_line}", file=sys.stderr)
         return 1
+    except ProgrammingError as exc:
+        if not isinstance(exc.__cause__, errors.UndefinedTable):
+            raise
+        # A DATABASE_URL before its migrate (or one without pgvector, which migrate
+        # refuses): a 47-line traceback ended in 'relation "message" does not exist'.
+        print(
+            "memsvc: the database has no memsvc tables: run `python manage.py migrate` "
+            "on it first (it says what is missing, pgvector among it)",
+            file=sys.stderr,
+        )
+        return 2
 
 
 if __name__ == "__main__":

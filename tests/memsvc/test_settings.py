@@ -904,3 +904,28 @@ def test_a_database_a_newer_release_migrated_is_warned_of_by_name():
     [warning] = [w for w in run_checks(databases=["default"]) if w.id == "memsvc.W004"]
     assert "agents_api.9999_from_the_future" in warning.msg
     assert "gone_app" not in warning.msg  # an app this code has no migrations for: not ours
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_command_on_a_database_not_migrated_says_so_in_words():
+    """`memsvc prune` (or apikey, reindex, worker) on a DATABASE_URL before its migrate
+    printed a 47-line traceback ending in 'relation ... does not exist' (review)."""
+    name = f"unmigrated_{uuid.uuid4().hex[:8]}"
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE DATABASE {name}")
+    try:
+        owner, server = urlsplit(database_url()).netloc.split("@")
+        done = subprocess.run(
+            [sys.executable, "-m", "memsvc.cli", "prune"],
+            env={**server_env(), "DATABASE_URL": f"postgres://{owner}@{server}/{name}"},
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 2, done.stderr
+        assert "the database has no memsvc tables" in done.stderr
+        assert "Traceback" not in done.stderr, done.stderr
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
