@@ -11,6 +11,7 @@ import contextlib
 import os
 import stat
 import sys
+import threading
 import time
 
 from django.core.exceptions import ImproperlyConfigured
@@ -308,14 +309,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if supervisor.stopping:
             return 0
         if settings.DATABASE_URL is None:
-            supervisor.watch(
-                "embedded PostgreSQL", embedded_db.server_running, embedded_db.restart_server
-            )
-            supervisor.watch(
-                "embedded PostgreSQL's watcher",
-                embedded_db.watcher_running,
-                embedded_db.restart_watcher,
-            )
+            supervisor.watched += _embedded_database_watched()
         supervisor.start("web server", _web_command(host, port), env=_web_env())
         if not args.no_worker:
             _start_workers(supervisor, beat=True)
@@ -418,6 +412,22 @@ def cmd_prune(args: argparse.Namespace) -> int:
     return 0
 
 
+def _embedded_database_watched() -> list:
+    """What a process that holds the embedded database keeps running: the server, and its
+    watcher (which stops it once no process holds it)."""
+    from memsvc import embedded_db
+    from memsvc.supervisor import Watched
+
+    return [
+        Watched("embedded PostgreSQL", embedded_db.server_running, embedded_db.restart_server),
+        Watched(
+            "embedded PostgreSQL's watcher",
+            embedded_db.watcher_running,
+            embedded_db.restart_watcher,
+        ),
+    ]
+
+
 def cmd_mcp(args: argparse.Namespace) -> int:
     # stdin and stdout are the protocol's alone: from here on whatever else writes to file
     # descriptor 1 (this process, a library, a child such as the embedded PostgreSQL) writes
@@ -433,7 +443,10 @@ def cmd_mcp(args: argparse.Namespace) -> int:
     from agents_api.mcp_server.stdio import CallerError, serve, stdio_caller
     from agents_api.tasks import flush_memory_touches
     from memsvc import embedded_db
+    from memsvc.supervisor import keep_running
     from search.embeddings import warm_up_in_background
+
+    stopped = threading.Event()
 
     try:
         # The name of an agent made here follows the rule of every API that makes one;
@@ -451,6 +464,13 @@ def cmd_mcp(args: argparse.Namespace) -> int:
             print(f"memsvc mcp: {exc}", file=sys.stderr)
             return 2
         warm_up_in_background()
+        if settings.DATABASE_URL is None:
+            threading.Thread(
+                target=keep_running,
+                args=(_embedded_database_watched(), stopped),
+                name="embedded-database",
+                daemon=True,
+            ).start()
         print(
             f"memsvc mcp: serving agent {caller.agent.name!r} over stdio",
             file=sys.stderr,
@@ -462,6 +482,7 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         flush_memory_touches()
         return 0
     finally:
+        stopped.set()
         embedded_db.stop_server()
 
 

@@ -18,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -110,6 +111,33 @@ class Watched:
     retry_at: float = 0.0
 
 
+def check_watched(watched: Watched) -> None:
+    """Start ``watched`` again if it stopped and its time to try has come (with backoff)."""
+    now = time.monotonic()
+    if now < watched.retry_at or watched.running():
+        return
+    log(f"the {watched.name} is not running: starting it again")
+    try:
+        watched.restart()
+    except Exception as exc:
+        watched.failures += 1
+        delay = _backoff(watched.failures)
+        log(f"the {watched.name} did not start ({exc!r}); trying again in {delay:.0f} s")
+        watched.retry_at = now + delay
+    else:
+        log(f"the {watched.name} is running again")
+        watched.failures = 0
+
+
+def keep_running(watched: list[Watched], stop: threading.Event) -> None:
+    """``check_watched`` of each, every ``POLL_SECONDS`` until ``stop`` is set: for a process
+    that supervises nothing else (``memsvc mcp`` over stdio, which an AI tool keeps for
+    hours: the embedded database it started, killed, was never started again; review)."""
+    while not stop.wait(POLL_SECONDS):
+        for one in watched:
+            check_watched(one)
+
+
 class Supervisor:
     """Runs children until told to stop (SIGTERM, SIGINT), restarting those that die."""
 
@@ -156,7 +184,7 @@ class Supervisor:
         exit_code = 0
         while not self.stopping:
             for watched in self.watched:
-                self._check_watched(watched)
+                check_watched(watched)
             for child in self.children:
                 code = self._check_child(child)
                 if code is not None:
@@ -189,22 +217,6 @@ class Supervisor:
         log(f"the {child.name} (pid {child.process.pid}) {how}; restarting in {delay:.0f} s")
         child.restart_at = now + delay
         return None
-
-    def _check_watched(self, watched: Watched) -> None:
-        now = time.monotonic()
-        if now < watched.retry_at or watched.running():
-            return
-        log(f"the {watched.name} is not running: starting it again")
-        try:
-            watched.restart()
-        except Exception as exc:
-            watched.failures += 1
-            delay = _backoff(watched.failures)
-            log(f"the {watched.name} did not start ({exc!r}); trying again in {delay:.0f} s")
-            watched.retry_at = now + delay
-        else:
-            log(f"the {watched.name} is running again")
-            watched.failures = 0
 
     def stop_all(self) -> None:
         """SIGTERM to every child's main process, then SIGKILL to whatever is left of its group

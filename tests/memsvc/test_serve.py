@@ -445,3 +445,55 @@ def test_sigterm_stops_everything(shared):
     # (The server's watcher, started with it by `serve`, ends a moment after it.)
     _, left = psutil.wait_procs([p for p in [*tree, postmaster] if alive(p)], timeout=5)
     assert left == [], served.log.read_text()
+
+
+def test_memsvc_mcp_over_stdio_starts_its_database_again(tmp_path):
+    """An AI tool keeps `memsvc mcp` for hours: the embedded PostgreSQL it started, killed,
+    was never started again, and every call said "try again shortly" for good (review)."""
+    import json
+
+    from tests.agents_api.test_mcp import RAW_INITIALIZE
+
+    env = {**os.environ, "MEMSVC_DATA_DIR": str(tmp_path / "data"), "PYTHONPATH": str(CHECKOUT)}
+    for name in ("DATABASE_URL", "CELERY_BROKER_URL", "MEMSVC_API_KEY"):
+        env.pop(name, None)
+    log = tmp_path / "mcp.log"
+    with log.open("w") as errors:
+        process = subprocess.Popen(
+            [*MEMSVC, "mcp", "--agent", "survivor"],
+            env=env,
+            cwd=CHECKOUT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            text=True,
+        )
+    ids = iter(range(2, 1000))
+
+    def ask(message: dict) -> dict | None:
+        process.stdin.write(json.dumps(message) + "\n")
+        process.stdin.flush()
+        return json.loads(process.stdout.readline()) if "id" in message else None
+
+    def listed() -> bool:
+        call = {"name": "memory_list", "arguments": {}}
+        answer = ask({"jsonrpc": "2.0", "id": next(ids), "method": "tools/call", "params": call})
+        return not answer["result"].get("isError")
+
+    try:
+        assert "result" in ask(RAW_INITIALIZE), log.read_text()
+        ask({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        assert listed(), log.read_text()
+        pid = int((tmp_path / "data" / "pgdata" / "postmaster.pid").read_text().split()[0])
+        psutil.Process(pid).kill()
+        # (The killed server's backends may answer a moment longer: the restart is awaited.)
+        deadline = time.monotonic() + RECOVERY_DEADLINE_SECONDS
+        while "the embedded PostgreSQL is running again" not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.5)
+        while not listed():  # (a connection to the killed server is dropped at its first use)
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.5)
+    finally:
+        process.stdin.close()
+        process.wait(timeout=60)
