@@ -145,6 +145,12 @@ class AgentNameField(PathSegmentField):
     """An agent's name (the local API's, Letta's, ``memsvc apikey create``'s), as the model
     takes it (``GIVEN_NAME_RULES``), and a segment of its routes."""
 
+    default_error_messages = {
+        # (said after "agent name" by the command line, which printed DRF's sentence there:
+        # "agent name Ensure this field has no more than 200 characters."; review)
+        "max_length": "must be at most {max_length} characters",
+    }
+
     def __init__(self, **kwargs):
         super().__init__(max_length=AGENT_NAME_MAX_CHARS, **kwargs)
         self.validators += GIVEN_NAME_RULES

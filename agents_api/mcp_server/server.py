@@ -66,6 +66,10 @@ def _caller(ctx: ServerRequestContext) -> Caller:
 
 
 async def _list_tools(ctx: ServerRequestContext, params) -> types.ListToolsResult:
+    # One page, which no cursor continues: one given was taken as none (review; the spec's
+    # pagination: an invalid cursor SHOULD be -32602).
+    if params is not None and getattr(params, "cursor", None) is not None:
+        raise MCPError(code=types.INVALID_PARAMS, message="no such cursor: the tools fit one page")
     return _tool_listing()
 
 

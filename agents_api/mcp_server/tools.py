@@ -79,8 +79,14 @@ class Caller:
 
     def as_it_stands(self) -> "Caller":
         """This caller with its key as it stands now: revoked or its agent gone, a 401 as
-        over HTTP; its scopes changed, the new ones."""
-        return self if self.api_key is None else Caller.of_key(self.api_key)
+        over HTTP; its scopes changed, the new ones. Without a key (``memsvc mcp --agent``),
+        its agent deleted meanwhile is a 404 (its saves said "the memory store is
+        unavailable", its lists answered nothing: review)."""
+        if self.api_key is not None:
+            return Caller.of_key(self.api_key)
+        if not Agent.objects.filter(pk=self.agent.pk).exists():
+            raise NotFound("this session's agent was deleted; start memsvc mcp again")
+        return self
 
     @property
     def subject(self) -> str:

@@ -24,7 +24,13 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
 from agents_api.mcp_server import http as mcp_http
-from agents_api.models import MEMORY_DEFAULT_IMPORTANCE, Memory, MemoryBlock, MemorySource
+from agents_api.models import (
+    MEMORY_DEFAULT_IMPORTANCE,
+    Agent,
+    Memory,
+    MemoryBlock,
+    MemorySource,
+)
 from agents_api.selectors import LOCAL_OWNER
 from agents_api.services import (
     agent_get_or_create,
@@ -305,6 +311,27 @@ def test_a_key_revoked_during_a_stdio_session_works_no_more():
     assert list(Memory.objects.values_list("content", flat=True)) == ["Saved before"]
 
 
+def test_an_agent_deleted_during_a_keyless_stdio_session_is_said_so():
+    """Its saves said "the memory store is unavailable; try again shortly" (a foreign key
+    refused), its lists answered nothing (review): one clear 404 for every tool."""
+    agent = local_agent_with_history("doomed")
+
+    async def session(client):
+        before = await client.call_tool("memory_save", {"content": "Saved before"})
+        await anyio.to_thread.run_sync(lambda: Agent.objects.filter(pk=agent.pk).delete())
+        return before, [
+            await client.call_tool("memory_save", {"content": "Saved after"}),
+            await client.call_tool("memory_list", {}),
+            await client.call_tool("memory_block_append", {"label": "x", "text": "y"}),
+        ]
+
+    before, after = run(stdio("--agent", "doomed"), session)
+    assert body(before)["status"] == "saved"
+    for answer in after:
+        assert refusal(answer) == "this session's agent was deleted; start memsvc mcp again"
+        assert answer.structured_content["code"] == "not_found"
+
+
 @pytest.mark.parametrize(
     ("args", "env", "message"),
     [
@@ -317,6 +344,7 @@ def test_a_key_revoked_during_a_stdio_session_works_no_more():
         ),
         # (Made, and then out of reach of the local API's /agents/{name}.)
         (["mcp", "--agent", "a/b"], {}, 'agent name must not contain "/"'),
+        (["mcp", "--agent", "x" * 300], {}, "agent name must be at most 200 characters"),
     ],
 )
 def test_stdio_refuses_to_start_without_an_agent_it_may_act_as(args, env, message):
@@ -491,6 +519,25 @@ def test_stdio_serves_the_2026_protocol_without_a_handshake():
     read, _ = raw_stdio([json.dumps(request)], answers=1)
     [answer] = map(json.loads, read)
     assert "memory_save" in {tool["name"] for tool in answer["result"]["tools"]}, answer
+
+
+def test_a_tools_list_cursor_is_refused_as_invalid_params():
+    """The tools fit one page: a cursor given was taken as none (review)."""
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "r", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    request = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/list",
+        "params": {"_meta": meta, "cursor": "abc"},
+    }
+    read, _ = raw_stdio([json.dumps(request)], answers=1)
+    [answer] = map(json.loads, read)
+    assert answer["error"]["code"] == -32602, answer
+    assert answer["error"]["message"] == "no such cursor: the tools fit one page"
 
 
 def test_the_methods_answered_as_not_found_before_the_sdk_are_those_it_does_not_serve():
