@@ -315,11 +315,30 @@ def restart_server() -> None:
     with _lock:
         if _handle is None:
             return
-        # Under the package's inter-process lock, as every start of it is.
-        with _handle._lock:
-            _handle.ensure_postgres_running()
+        try:
+            # Under the package's inter-process lock, as every start of it is.
+            with _handle._lock:
+                _handle.ensure_postgres_running()
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
+            # Why, as the server said it: the supervisor's line repeated pg_ctl's arguments,
+            # every 30 s of a full disk, never "No space left on device" (review).
+            raise RuntimeError(
+                f"{_last_line(_handle.log)} (the server's log: {_handle.log})"
+            ) from None
         info = _handle.get_postmaster_info()
         logger.info("the embedded PostgreSQL of %s runs again (pid %s)", _handle.pgdata, info.pid)
+
+
+def _last_line(log: Path) -> str:
+    """The last line the server wrote in ``log`` (its end read, not the whole of it)."""
+    try:
+        with log.open("rb") as handle:
+            handle.seek(max(0, log.stat().st_size - 4096))
+            lines = handle.read().decode(errors="replace").splitlines()
+    except OSError:
+        return "it wrote no log"
+    said = [line.strip() for line in lines if line.strip()]
+    return said[-1] if said else "it wrote no log"
 
 
 def watcher_running() -> bool:

@@ -1,5 +1,6 @@
 """Configuration comes from the environment and fails loudly when it is wrong."""
 
+import contextlib
 import json
 import logging
 import os
@@ -929,3 +930,24 @@ def test_a_command_on_a_database_not_migrated_says_so_in_words():
     finally:
         with connection.cursor() as cursor:
             cursor.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def test_a_database_that_does_not_start_again_says_why_in_the_servers_words(tmp_path, monkeypatch):
+    """The supervisor's line repeated pg_ctl's arguments, every 30 s of a full disk, and
+    never "No space left on device", which only the server's log said (review)."""
+    log = tmp_path / "log"
+    log.write_text("LOG:  starting\nFATAL:  could not write lock file: No space left on device\n")
+
+    class Stopped:
+        _lock = contextlib.nullcontext()
+
+        def ensure_postgres_running(self):
+            raise subprocess.CalledProcessError(1, ["pg_ctl", "start", "-D", "/somewhere"])
+
+    Stopped.log = log
+    monkeypatch.setattr(embedded_db, "_handle", Stopped())
+    with pytest.raises(RuntimeError) as refused:
+        embedded_db.restart_server()
+    assert str(refused.value) == (
+        f"FATAL:  could not write lock file: No space left on device (the server's log: {log})"
+    )
