@@ -67,12 +67,28 @@ def request_refused(body: bytes | str) -> Refused | None:
         found = error_answer(
             request_id, METHOD_NOT_FOUND, "Method not found", shortened(method, 100)
         )
-        return Refused(found, status=200)
+        return Refused(found, status=_status_of(message, METHOD_NOT_FOUND))
     problem = _params_problem(message)
     if problem is not None:
         answer = error_answer(request_id, INVALID_PARAMS, f"Invalid params: {problem}")
-        return Refused(answer, status=200)
+        return Refused(answer, status=_status_of(message, INVALID_PARAMS))
     return None
+
+
+# The key of a request's ``_meta`` that names its protocol on the per-request one
+# (2026-07-28: no handshake), whose errors have HTTP statuses of their own (the SDK's
+# ``ERROR_CODE_HTTP_STATUS``): the SDK answered 404 and 400 where these answered 200 (review).
+PROTOCOL_VERSION_META_KEY = "io.modelcontextprotocol/protocolVersion"
+_PER_REQUEST_STATUS = {METHOD_NOT_FOUND: 404, INVALID_PARAMS: 400}
+
+
+def _status_of(request: dict, code: int) -> int:
+    """The HTTP status of a request's error of ``code``: 200 on the handshake protocols (a
+    client reads the error, not a failed exchange), the per-request protocol's own else."""
+    params = request.get("params")
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    per_request = isinstance(meta, dict) and PROTOCOL_VERSION_META_KEY in meta
+    return _PER_REQUEST_STATUS[code] if per_request else 200
 
 
 # The params of the requests whose refusal by the SDK says nothing of what is wrong ("Invalid

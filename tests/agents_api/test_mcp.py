@@ -912,6 +912,25 @@ def test_http_a_request_not_served_is_answered_by_its_id_with_why(client, reques
     assert response.status_code == (200 if error["code"] == -32601 else 400)
 
 
+@pytest.mark.parametrize(
+    ("method", "params", "status"),
+    [("resources/list", {}, 404), ("tools/list", {"cursor": 5}, 400)],
+)
+def test_http_the_per_request_protocols_errors_have_its_statuses(client, method, params, status):
+    """2026-07-28's requests name their protocol in their ``_meta``: its method not found is
+    a 404 and its invalid params a 400, as the SDK answers them (these were 200: review)."""
+    _, key = keyed_agent(f"modern-{uuid.uuid4().hex[:8]}")
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "r", "version": "1"},
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    request = {"jsonrpc": "2.0", "id": 7, "method": method, "params": {**params, "_meta": meta}}
+    response = post_mcp(client, key, request)
+    assert response.status_code == status, response.content
+    assert response.json()["error"]["code"] == (-32601 if status == 404 else -32602)
+
+
 def test_http_tools_are_listed_with_or_without_params(client):
     _, key = keyed_agent("lister")
     for params in ({}, {"cursor": None}, None):  # (a cursor of null: none, as the SDK takes it)
