@@ -56,10 +56,12 @@ def has_invisible_characters(value: str) -> bool:
     )
 
 
-def has_decomposed_letters(value: str) -> bool:
-    """Whether ``value`` is not in Unicode's composed form (NFC): "zoe" and a combining
-    diaeresis shows as "zoë", a different text (review: two members listed alike)."""
-    return not value.isascii() and not unicodedata.is_normalized("NFC", value)
+def has_unnormalised_letters(value: str) -> bool:
+    """Whether ``value`` is not in Unicode's NFKC form: "zoe" and a combining diaeresis
+    shows as "zoë", "bob" in fullwidth letters as "bob", each a different text (review: two
+    members listed alike); and a login's name is NFKC (Django makes it so: "\ufb01x" logs
+    in as "fix"), so a token's was another person than the pages' (review)."""
+    return not value.isascii() and not unicodedata.is_normalized("NFKC", value)
 
 
 def shown_as_it_is(value: str) -> None:

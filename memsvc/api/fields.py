@@ -108,8 +108,8 @@ class PrincipalIdField(TextField):
 # What ``user_id_problem`` refuses, as the schema says it.
 USER_ID_RULE = (
     "A user id: no control, bidirectional or invisible character nor line separator, no "
-    'blank at either end, in Unicode\'s composed form (NFC), neither "." nor ".." (nor one '
-    'between its "/"), not beginning "agent:".'
+    'blank at either end, in Unicode\'s NFKC form, neither "." nor ".." (nor one between '
+    'its "/"), not beginning "agent:" (in any case).'
 )
 
 

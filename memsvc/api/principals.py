@@ -15,11 +15,11 @@ from memsvc.validators import (
     has_bidi_controls,
     has_blank_ends,
     has_control_characters,
-    has_decomposed_letters,
     has_dot_segment,
     has_invisible_characters,
     has_line_separators,
     has_lone_surrogates,
+    has_unnormalised_letters,
 )
 
 # Principal ids of agents: ``agent:<uuid>``. Anything else is a user id.
@@ -52,13 +52,17 @@ def user_id_problem(value) -> str | None:
     if has_invisible_characters(value):
         # (one id that looks like another: "ali\u200bce" is listed as "alice")
         return "must not contain invisible characters (a zero-width space or joiner)"
-    if has_decomposed_letters(value):
-        return "must be in Unicode's composed form (NFC): a letter and its accent as one"
     if has_blank_ends(value):
         return "must not begin or end with a space"  # ("bob " is listed as "bob")
+    if has_unnormalised_letters(value):
+        return (
+            "must be in Unicode's NFKC form: a letter and its accent as one, no fullwidth "
+            "letters or ligatures"
+        )
     if len(value) > PRINCIPAL_MAX_LENGTH:
         return f"must be at most {PRINCIPAL_MAX_LENGTH} characters"
-    if value.startswith(AGENT_PRINCIPAL_PREFIX):
+    if value[: len(AGENT_PRINCIPAL_PREFIX)].casefold() == AGENT_PRINCIPAL_PREFIX:
+        # (in any case: "AGENT:<id>" was a user who looked like an agent; review)
         return "must name a user, not an agent"
     if has_dot_segment(value):
         # (a member's routes name them: "remove member .." reached the conversation's own

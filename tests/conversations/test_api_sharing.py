@@ -132,11 +132,18 @@ OUTER = "must not begin or end with a space"
         # ... nor between its "/" (or "\\", a "/" to browsers): "remove member ../../<id>"
         # was the conversation's DELETE too (review R4).
         *[(user_id, DOT) for user_id in ["../../x", "x/..", "./..", "../x", "a\\..\\b"]],
-        # Shown as "zoë" (U+00EB), which is another id: a letter and its combining mark.
-        (
-            "zoe\u0308",
-            "must be in Unicode's composed form (NFC): a letter and its accent as one",
-        ),
+        # Shown as "zoë" (U+00EB) and "bob", which are other ids: a letter and its combining
+        # mark, fullwidth letters; a ligature, which a login's name is not (review).
+        *[
+            (
+                user_id,
+                "must be in Unicode's NFKC form: a letter and its accent as one, no fullwidth "
+                "letters or ligatures",
+            )
+            for user_id in ["zoe\u0308", "\uff42\uff4f\uff42", "\ufb01x"]
+        ],
+        # An agent's prefix in any case (review).
+        ("AGENT:00000000-0000-0000-0000-000000000000", "must name a user, not an agent"),
         # Listed as "bob": spaces and blanks at either end (review R4).
         *[(user_id, OUTER) for user_id in ["bob ", " bob", "bob\u00a0", "bob\u2800"]],
     ],
