@@ -120,7 +120,7 @@ class AgentForm(forms.ModelForm):
 
     def clean_owner_principal(self):
         owner = self.cleaned_data["owner_principal"]
-        problem = user_id_problem(owner) if self.instance._state.adding else None
+        problem = user_id_problem(owner, given=True) if self.instance._state.adding else None
         if problem is not None:
             raise ValidationError(problem)
         return owner

@@ -555,7 +555,7 @@ def cmd_apikey_create(args: argparse.Namespace) -> int:
     longest = ApiKey._meta.get_field("name").max_length
     if (
         _refused("agent name", _agent_name_problem(args.agent))
-        or _refused("--owner", user_id_problem(args.owner))
+        or _refused("--owner", user_id_problem(args.owner, given=True))
         or _refused(
             "--name", f"at most {longest} characters" if len(args.name or "") > longest else None
         )
@@ -756,7 +756,7 @@ def cmd_user_create(args: argparse.Namespace) -> int:
     # otherwise could never log in (review).
     normal = users.normalize_username(args.name)
     unread = f"is read as {normal!r} by the login form" if normal != args.name else None
-    if _refused("user name", user_id_problem(args.name) or too_long or unread):
+    if _refused("user name", user_id_problem(args.name, given=True) or too_long or unread):
         return 1
     if users.objects.filter(username=args.name).exists():
         print(f"user {args.name!r} exists already", file=sys.stderr)

@@ -6,7 +6,7 @@ from rest_framework import serializers
 
 from conversations.models import AccessLevel, Channel, Role, TransferStatus, Visibility
 from memsvc.api.fields import (
-    USER_ID_RULE,
+    GIVEN_USER_ID_RULE,
     ChoiceField,
     InputSerializer,
     ListField,
@@ -215,7 +215,7 @@ SHARED_LEVEL = "Not owner (403): ownership is given by a transfer."
 
 
 class ShareIn(InputSerializer):
-    userId = PrincipalIdField(help_text=f"{USER_ID_RULE} Or agent:<id> of an existing agent.")
+    userId = PrincipalIdField(help_text=f"{GIVEN_USER_ID_RULE} Or agent:<id> of an existing agent.")
     accessLevel = ChoiceField(choices=AccessLevel.choices, help_text=SHARED_LEVEL)
 
     class Meta:
@@ -231,7 +231,7 @@ class UpdateMembershipIn(InputSerializer):
 
 class TransferIn(InputSerializer):
     # A user: an agent could never accept (its key reaches no transfer route).
-    newOwnerUserId = UserIdField()
+    newOwnerUserId = UserIdField(given=True)
 
     class Meta:
         ref_name = "TransferOwnershipRequest"

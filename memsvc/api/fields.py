@@ -108,20 +108,26 @@ class PrincipalIdField(TextField):
 # What ``user_id_problem`` refuses, as the schema says it.
 USER_ID_RULE = (
     "A user id: no control, bidirectional or invisible character nor line separator, no "
-    'blank at either end, in Unicode\'s NFKC form, neither "." nor ".." (nor one between '
-    'its "/"), not beginning "agent:" (in any case).'
+    'blank at either end, neither "." nor ".." (nor one between its "/"), not beginning '
+    '"agent:".'
+)
+GIVEN_USER_ID_RULE = (
+    f"{USER_ID_RULE[:-1]} in any case, and in Unicode's NFKC form (one given here: "
+    "shared with, offered ownership)."
 )
 
 
 class UserIdField(PrincipalIdField):
-    """A user id (``user_id_problem``)."""
+    """A user id (``user_id_problem``); ``given``: one introduced here."""
 
-    def __init__(self, **kwargs):
-        super().__init__(**with_rule(kwargs, USER_ID_RULE))
+    def __init__(self, *, given: bool = False, **kwargs):
+        self.given = given
+        rule = GIVEN_USER_ID_RULE if given else USER_ID_RULE
+        super().__init__(**with_rule(kwargs, rule))
 
     def to_internal_value(self, data):
         value = super().to_internal_value(data)
-        problem = user_id_problem(value)
+        problem = user_id_problem(value, given=self.given)
         if problem:
             raise serializers.ValidationError(problem)
         return value

@@ -28,13 +28,18 @@ AGENT_PRINCIPAL_PREFIX = "agent:"
 PRINCIPAL_MAX_LENGTH = 255
 
 
-def user_id_problem(value) -> str | None:
+def user_id_problem(value, *, given: bool = False) -> str | None:
     """Why ``value`` cannot be a user id (a JWT ``sub``, ``X-On-Behalf-Of``, a ``userId``
     parameter), or None when it can: a non-empty string PostgreSQL can store in a principal
     column, without control characters (a tab, an escape: no one's name), line separators,
     bidirectional or invisible ones (which show it as another id), that does not name an agent (a user
     called ``agent:...`` would borrow that agent's memberships) and that a member's routes
-    can name (not a dot segment)."""
+    can name (not a dot segment).
+
+    ``given``: an id introduced here (shared with, offered a conversation, a login made, an
+    agent's owner), held to the rules made later too: NFKC, and no ``agent:`` in any case.
+    An id presented (a token's, a lookup's, an import's) is not: one stored before them
+    still authenticates, erases and exports (code review)."""
     if not isinstance(value, str) or not value:
         return "must be a non-empty string"
     if "\x00" in value:
@@ -54,15 +59,18 @@ def user_id_problem(value) -> str | None:
         return "must not contain invisible characters (a zero-width space or joiner)"
     if has_blank_ends(value):
         return "must not begin or end with a space"  # ("bob " is listed as "bob")
-    if has_unnormalised_letters(value):
+    if given and has_unnormalised_letters(value):
         return (
-            "must be in Unicode's NFKC form: a letter and its accent as one, no fullwidth "
-            "letters or ligatures"
+            "must be in Unicode's NFKC form (as written once normalised: no fullwidth letters, "
+            "ligatures or separate accents)"
         )
     if len(value) > PRINCIPAL_MAX_LENGTH:
         return f"must be at most {PRINCIPAL_MAX_LENGTH} characters"
-    if value[: len(AGENT_PRINCIPAL_PREFIX)].casefold() == AGENT_PRINCIPAL_PREFIX:
-        # (in any case: "AGENT:<id>" was a user who looked like an agent; review)
+    agent_like = value[: len(AGENT_PRINCIPAL_PREFIX)]
+    if agent_like == AGENT_PRINCIPAL_PREFIX or (
+        given and agent_like.casefold() == AGENT_PRINCIPAL_PREFIX
+    ):
+        # (given, in any case: "AGENT:<id>" was a user who looked like an agent; review)
         return "must name a user, not an agent"
     if has_dot_segment(value):
         # (a member's routes name them: "remove member .." reached the conversation's own
@@ -74,7 +82,7 @@ def user_id_problem(value) -> str | None:
 def user_id_validator(value) -> None:
     """``user_id_problem`` as a Django validator: a login's username, which the pages act
     as (``memsvc.apps``: the admin's form and ``manage.py createsuperuser`` alike)."""
-    if problem := user_id_problem(value):
+    if problem := user_id_problem(value, given=True):
         raise ValidationError(f"A user id {problem}.", code="invalid")
 
 
@@ -192,7 +200,7 @@ def principal_for_sharing(principal_id: str, *, field: str) -> str:
     400), or ``agent:<id>`` of an existing agent."""
     if principal_id.startswith(AGENT_PRINCIPAL_PREFIX):
         return agent_principal_id(principal_id.removeprefix(AGENT_PRINCIPAL_PREFIX), field=field)
-    problem = user_id_problem(principal_id)
+    problem = user_id_problem(principal_id, given=True)
     if problem:
         raise InvalidInput.for_field(field, problem)
     return principal_id

@@ -137,8 +137,8 @@ OUTER = "must not begin or end with a space"
         *[
             (
                 user_id,
-                "must be in Unicode's NFKC form: a letter and its accent as one, no fullwidth "
-                "letters or ligatures",
+                "must be in Unicode's NFKC form (as written once normalised: no fullwidth "
+                "letters, ligatures or separate accents)",
             )
             for user_id in ["zoe\u0308", "\uff42\uff4f\uff42", "\ufb01x"]
         ],

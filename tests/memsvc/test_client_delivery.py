@@ -438,12 +438,15 @@ def test_a_slow_memsvc_costs_a_call_no_more_than_the_callers_timeout(llm, caplog
         caplog.at_level(logging.WARNING, logger="memsvc.client"),
         learning(agent="a", server_url=memsvc.url),
     ):
+        started = time.monotonic()
         hurried = chat(mode, llm, "What is my name?", client_options, **call_options)
         returned = time.monotonic()
-        [asked] = [at for at, path in memsvc.log if path.startswith("/context/")]
+        # (On a loaded host the caller may give up before the stand-in has read the
+        # request: then the call's start is the mark.)
+        asked = [at for at, path in memsvc.log if path.startswith("/context/")] or [started]
         memsvc.context_seconds = 0.5
         patient = chat(mode, llm, "And my name?")
-    assert returned - asked < 2.0  # (memsvc answers at 3.0)
+    assert returned - asked[0] < 2.0  # (memsvc answers at 3.0)
     assert hurried == patient == "Use Python, Alice."
     assert llm.system_messages(0) == []  # the plain call
     assert "Name: Alice" in llm.system_messages(1)[0]

@@ -591,3 +591,11 @@ def test_a_user_token_cannot_name_an_agent(api):
     response = api.get(PATH, as_=bearer(token(claims(sub="agent:1234"), SECRET)))
     assert response.status_code == 400
     assert "agent" in response.json()["error"]
+
+
+@pytest.mark.parametrize("sub", ["\uff42\uff4f\uff42", "zoe\u0308", "AGENT:x"])
+def test_a_user_stored_before_the_rules_of_given_ids_still_authenticates(api, sub):
+    """NFKC and ``agent:`` in any case are rules of ids given (shared with, offered): a
+    token's ``sub`` held to them locked out who was stored before them (code review)."""
+    response = api.get(PATH, as_=bearer(token(claims(sub=sub), SECRET)))
+    assert response.status_code == 200, response.content
