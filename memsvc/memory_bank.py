@@ -54,7 +54,13 @@ from memsvc.client.core import (
     text_cut_to,
 )
 from memsvc.client.sender import sender
-from memsvc.text import shows_nothing
+from memsvc.text import (
+    has_bidi_controls,
+    has_blank_ends,
+    has_control_characters,
+    has_line_separators,
+    shows_nothing,
+)
 
 logger = logging.getLogger("memsvc.client")
 
@@ -184,8 +190,34 @@ def tool_interactions(messages: list) -> list[ToolInteraction]:
 
 
 def _tool_name(name: str) -> str:
-    """A call's tool name as memsvc keeps one: something to read, else "tool"."""
+    """A call's tool name as memsvc keeps one: a name (one line, no control or bidirectional
+    character, nothing blank at its ends: ``agents_api``'s ``GIVEN_NAME_RULES``; one a model
+    made otherwise had the step's records refused: code review), at most
+    ``MAX_TOOL_NAME_CHARS``, something to read, else "tool"."""
+    name = "".join(" " if _breaks_a_name(c) else c for c in name)[:MAX_TOOL_NAME_CHARS]
+    while has_blank_ends(name):
+        name = name[1:] if has_blank_ends(name[0]) else name[:-1]
     return "tool" if shows_nothing(name) else name
+
+
+def _breaks_a_name(character: str) -> bool:
+    return (
+        has_control_characters(character)
+        or has_line_separators(character)
+        or has_bidi_controls(character)
+    )
+
+
+def _task_id_problem(task_id: str) -> str | None:
+    """Why memsvc would refuse ``task_id`` (and with it every store of the block), or None."""
+    if len(task_id) > MAX_TASK_ID_CHARS:
+        return f"at most {MAX_TASK_ID_CHARS} characters"
+    if readable_json(task_id) != task_id:
+        return "must not hold a NUL or a lone surrogate"
+    if any(map(_breaks_a_name, task_id)) or has_blank_ends(task_id):
+        # (a trailing newline, as read from a file: code review)
+        return "must be one line, without control characters or blanks at either end"
+    return None
 
 
 def _keyed(
@@ -299,10 +331,8 @@ class MemoryBank:
         max_chars_per_record: int = DEFAULT_MAX_CHARS_PER_RECORD,
     ):
         # (Taken, and then every store of the block refused and its records lost: review.)
-        if task_id is not None and len(task_id) > MAX_TASK_ID_CHARS:
-            raise ValueError(f"task_id: at most {MAX_TASK_ID_CHARS} characters")
-        if task_id is not None and readable_json(task_id) != task_id:
-            raise ValueError("task_id: must not hold a NUL or a lone surrogate")
+        if task_id is not None and (problem := _task_id_problem(task_id)):
+            raise ValueError(f"task_id: {problem}")
         # (0 was taken for the default, -1 or 2.5 had every search refused, and the whole
         # history sent at every step; -5 cut 5 characters off every record: review.)
         if not _whole(top_k) or not 1 <= top_k <= MAX_TOP_K:
@@ -452,7 +482,7 @@ class MemoryBank:
                 "records": [
                     {
                         "step": step,
-                        "tool_name": _tool_name(readable_json(i.tool_name)[:MAX_TOOL_NAME_CHARS]),
+                        "tool_name": _tool_name(readable_json(i.tool_name)),
                         "input": kept_whole_or_cut(readable_json(i.raw_input), each),
                         "output": kept_whole_or_cut(readable_json(i.raw_output), each),
                     }

@@ -12,6 +12,51 @@ DEFAULT_IGNORABLE = re.compile(
     "\U0001d173-\U0001d17a\U000e0000-\U000e0fff]"
 )
 
+# --- what a name may not hold (``memsvc.validators``'s rules; the client's too) ---
+
+
+def has_control_characters(value: str) -> bool:
+    """Whether ``value`` holds a control character (a tab, a newline, an escape: category
+    Cc), which nothing shown on one line (a name, a title) has."""
+    return not value.isprintable() and any(unicodedata.category(c) == "Cc" for c in value)
+
+
+# Unicode's bidirectional controls: marks, embeddings, overrides and isolates. In a name
+# they change how the text around them is shown ("\u202eecila" shows as "alice").
+BIDI_CONTROLS = frozenset(
+    "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+)
+
+
+def has_bidi_controls(value: str) -> bool:
+    return not BIDI_CONTROLS.isdisjoint(value)
+
+
+# Separators that break a line as a newline does (U+2028, U+2029).
+_LINE_SEPARATORS = frozenset({"Zl", "Zp"})
+
+
+def has_line_separators(value: str) -> bool:
+    return any(unicodedata.category(c) in _LINE_SEPARATORS for c in value)
+
+
+def has_blank_ends(value: str) -> bool:
+    """Whether ``value`` begins or ends with what draws nothing and is no mark of the one
+    before it: a space of any kind, a zero-width one, a BOM, a Braille blank ("bob " and
+    "bob\u2800" are listed as "bob"; review)."""
+    return bool(value) and (_blank(value[0]) or _blank(value[-1]))
+
+
+def _blank(character: str) -> bool:
+    # (A bidirectional control is refused as one, wherever it is.)
+    return character not in BIDI_CONTROLS and (
+        character == "\u2800"
+        or character.isspace()
+        or unicodedata.category(character) in {"Cf", "Zs", "Zl", "Zp"}
+        or DEFAULT_IGNORABLE.match(character) is not None  # (a Hangul filler: review)
+    )
+
+
 # A run of "-" (with nothing but punctuation or spaces between them): to
 # ``websearch_to_tsquery`` each is a NOT of the word that follows, however far, and 32 of
 # them ("-----...", a pasted rule) nest deeper than it can read: "tsquery stack too small"

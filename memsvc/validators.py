@@ -6,7 +6,13 @@ import uuid
 
 from django.core.exceptions import ValidationError
 
-from memsvc.text import DEFAULT_IGNORABLE
+from memsvc.text import (
+    DEFAULT_IGNORABLE,
+    has_bidi_controls,
+    has_blank_ends,
+    has_control_characters,
+    has_line_separators,
+)
 
 
 def no_nul_characters(value: str) -> None:
@@ -28,23 +34,6 @@ def has_lone_surrogates(value: str) -> bool:
     except UnicodeEncodeError:
         return True
     return False
-
-
-def has_control_characters(value: str) -> bool:
-    """Whether ``value`` holds a control character (a tab, a newline, an escape: category
-    Cc), which nothing shown on one line (a name, a title) has."""
-    return not value.isprintable() and any(unicodedata.category(c) == "Cc" for c in value)
-
-
-# Unicode's bidirectional controls: marks, embeddings, overrides and isolates. In a name
-# they change how the text around them is shown ("\u202eecila" shows as "alice").
-BIDI_CONTROLS = frozenset(
-    "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
-)
-
-
-def has_bidi_controls(value: str) -> bool:
-    return not BIDI_CONTROLS.isdisjoint(value)
 
 
 def has_invisible_characters(value: str) -> bool:
@@ -75,14 +64,6 @@ def shown_as_it_is(value: str) -> None:
         raise ValidationError("must not begin or end with a space", code="outer_space")
 
 
-# Separators that break a line as a newline does (U+2028, U+2029).
-_LINE_SEPARATORS = frozenset({"Zl", "Zp"})
-
-
-def has_line_separators(value: str) -> bool:
-    return any(unicodedata.category(c) in _LINE_SEPARATORS for c in value)
-
-
 def one_line(value: str) -> None:
     """A name or a title as it is given now (an import restores one stored before this rule
     as it was): no line separator, which breaks the line as a newline does (review)."""
@@ -96,23 +77,6 @@ def no_blank_ends(value: str) -> None:
     (A space and a bidirectional control are ``shown_as_it_is``' to refuse: said once.)"""
     if value == value.strip() and has_blank_ends(value):
         raise ValidationError("must not begin or end with a space", code="outer_space")
-
-
-def has_blank_ends(value: str) -> bool:
-    """Whether ``value`` begins or ends with what draws nothing and is no mark of the one
-    before it: a space of any kind, a zero-width one, a BOM, a Braille blank ("bob " and
-    "bob\u2800" are listed as "bob"; review)."""
-    return bool(value) and (_blank(value[0]) or _blank(value[-1]))
-
-
-def _blank(character: str) -> bool:
-    # (A bidirectional control is refused as one, wherever it is.)
-    return character not in BIDI_CONTROLS and (
-        character == "\u2800"
-        or character.isspace()
-        or unicodedata.category(character) in {"Cf", "Zs", "Zl", "Zp"}
-        or DEFAULT_IGNORABLE.match(character) is not None  # (a Hangul filler: review)
-    )
 
 
 def no_control_characters(value: str) -> None:

@@ -8,16 +8,18 @@ from dataclasses import dataclass, field
 from django.core.exceptions import ValidationError
 
 from memsvc.api.errors import InvalidInput, NotFound
+from memsvc.text import (
+    has_bidi_controls,
+    has_blank_ends,
+    has_control_characters,
+    has_line_separators,
+)
 from memsvc.validators import (
     DOT_SEGMENT_PROBLEM,
     LONE_SURROGATE_PROBLEM,
     as_uuid,
-    has_bidi_controls,
-    has_blank_ends,
-    has_control_characters,
     has_dot_segment,
     has_invisible_characters,
-    has_line_separators,
     has_lone_surrogates,
     has_unnormalised_letters,
 )

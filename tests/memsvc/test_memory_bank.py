@@ -710,6 +710,23 @@ def test_a_task_id_longer_than_memsvc_keeps_is_refused_when_the_block_is_made():
     for unstorable in ("a\x00b", "a\ud800b"):
         with pytest.raises(ValueError, match="task_id: must not hold a NUL or a lone surrogate"):
             learning(agent=AGENT, strategy="memory_bank", task_id=unstorable)
+    # A name, as memsvc takes one (a trailing newline, as read from a file: code review).
+    for unstorable in ("task-7\n", " task-7", "a\u2028b", "a\u202eb"):
+        with pytest.raises(ValueError, match="task_id: must be one line"):
+            learning(agent=AGENT, strategy="memory_bank", task_id=unstorable)
+
+
+def test_a_tool_name_a_model_made_is_kept_as_a_name_memsvc_takes(live_server, llm, caplog):
+    """One name with a newline, or a blank left at the end of its first 200 characters,
+    had memsvc refuse the step's records (code review)."""
+    odd = [ToolCall("look\nup", {}), ToolCall("t" * 199 + " tail", {}), ToolCall("\u202e", {})]
+    messages = [
+        {"role": "user", "content": "Look."},
+        {"role": "assistant", "content": None, "tool_calls": [c.as_json() for c in odd]},
+        *({"role": "tool", "tool_call_id": c.id, "content": "ok"} for c in odd),
+    ]
+    names = [r["tool_name"] for r in next(MemoryBank(AGENT)._step(messages)).json["records"]]
+    assert names == ["look up", "t" * 199, "tool"]
 
 
 def test_the_bench_measures_the_tokens_of_an_agent_with_a_key(live_server):
