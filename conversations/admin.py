@@ -35,6 +35,7 @@ from memsvc.admin_tools import (
     LargeTableAdmin,
     MetadataChecked,
     as_uuid,
+    asking_to_confirm,
     merged_deletions,
     operator,
     said_before_deleting,
@@ -242,7 +243,7 @@ class ConversationAdmin(MetadataChecked, LargeTableAdmin):
         return False
 
     # Deleted as the API deletes: with the forks below it that share its messages, a root
-    # with its whole group (a fork's page says which stay: ``delete_view``). So a
+    # with its whole group (its confirmation says which forks stay: ``get_deleted_objects``). So a
     # root's deletion is the group's: it needs the group's permission and lists what the
     # group's would.
     def has_delete_permission(self, request, obj=None):
@@ -266,8 +267,12 @@ class ConversationAdmin(MetadataChecked, LargeTableAdmin):
             parts.append(group_admin.get_deleted_objects(roots, request))
         if forks:
             parts.append(super().get_deleted_objects(forks, request))
+        # (The forks of a group whose root is chosen too go with it.)
+        going = {c.group_id for c in objs if c.forked_at_conversation_id is None}
+        forks_left = [fork for fork in forks if fork.group_id not in going]
+        if forks_left and asking_to_confirm(request):
             chosen = {c.pk for c in objs}
-            moved = {pk for fork in forks for pk in selectors.deletion(fork)[1]} - chosen
+            moved = {pk for fork in forks_left for pk in selectors.deletion(fork)[1]} - chosen
             if moved:
                 said_before_deleting(
                     self,

@@ -209,11 +209,16 @@ class DeletedByService:
                 self.delete_one(request, obj)
 
 
+def asking_to_confirm(request) -> bool:
+    """Whether ``get_deleted_objects`` is asked for a deletion's confirmation page (the
+    delete page's, or the delete action's), not for the deletion confirmed (``post``)."""
+    return not request.POST.get("post")
+
+
 def said_before_deleting(model_admin, request, message: str) -> None:
-    """``message`` (a warning) on a deletion's confirmation page, the delete page's or the
-    delete action's, both of which ask ``get_deleted_objects``; not once it is confirmed
-    (``post``), when it would be shown after the deletion."""
-    if not request.POST.get("post"):
+    """``message`` (a warning) on a deletion's confirmation page; not once it is confirmed,
+    when it would be shown after the deletion."""
+    if asking_to_confirm(request):
         model_admin.message_user(request, message, messages.WARNING)
 
 

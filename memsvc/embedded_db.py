@@ -210,8 +210,7 @@ def _start(server):
         )
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
         # What the server said is the reason (as the package's start shows it).
-        log = server.log.read_text() if server.log.exists() else ""
-        logger.error("the embedded PostgreSQL did not start; its log:\n%s", log[-4000:])
+        logger.error("the embedded PostgreSQL did not start; its log:\n%s", _log_end(server.log))
         raise
     # pg_ctl -w returns once postmaster.pid says "ready".
     info = _running_postmaster(server.pgdata)
@@ -322,23 +321,32 @@ def restart_server() -> None:
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
             # Why, as the server said it: the supervisor's line repeated pg_ctl's arguments,
             # every 30 s of a full disk, never "No space left on device" (review).
-            raise RuntimeError(
-                f"{_last_line(_handle.log)} (the server's log: {_handle.log})"
-            ) from None
+            raise RuntimeError(f"{_why_it_stopped(_handle.log)} (its log: {_handle.log})") from None
         info = _handle.get_postmaster_info()
         logger.info("the embedded PostgreSQL of %s runs again (pid %s)", _handle.pgdata, info.pid)
 
 
-def _last_line(log: Path) -> str:
-    """The last line the server wrote in ``log`` (its end read, not the whole of it)."""
+def _log_end(log: Path, size: int = 4000) -> str:
+    """The end of the server's ``log`` (not the whole of it: it grows for as long as the
+    data directory lives); "" when there is none."""
     try:
         with log.open("rb") as handle:
-            handle.seek(max(0, log.stat().st_size - 4096))
-            lines = handle.read().decode(errors="replace").splitlines()
+            handle.seek(max(0, log.stat().st_size - size))
+            return handle.read().decode(errors="replace")
     except OSError:
-        return "it wrote no log"
-    said = [line.strip() for line in lines if line.strip()]
-    return said[-1] if said else "it wrote no log"
+        return ""
+
+
+# The levels of what the server says when it stops, of the messages that say why.
+_WHY_LEVELS = ("PANIC:", "FATAL:", "ERROR:")
+
+
+def _why_it_stopped(log: Path) -> str:
+    """The last line of the server's log that says why it did not start (its log then ends
+    "aborting startup" and "database system is shut down"), else its last line."""
+    lines = [line.strip() for line in _log_end(log).splitlines() if line.strip()]
+    why = [line for line in lines if any(level in line for level in _WHY_LEVELS)]
+    return (why or lines or ["it wrote no log"])[-1]
 
 
 def watcher_running() -> bool:

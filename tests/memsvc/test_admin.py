@@ -994,6 +994,10 @@ def test_the_delete_action_says_what_the_delete_page_says(operator, django_user_
     chosen = {"action": "delete_selected", "_selected_action": [branch.pk]}
     asked = operator.post(reverse("admin:conversations_conversation_changelist"), chosen)
     assert "1 fork(s) below share none of the messages deleted" in asked.content.decode()
+    # With its root chosen too, the whole group goes: none stays (code review).
+    chosen = {"action": "delete_selected", "_selected_action": [branch.pk, root.pk]}
+    asked = operator.post(reverse("admin:conversations_conversation_changelist"), chosen)
+    assert "share none of the messages deleted" not in asked.content.decode()
     carol = django_user_model.objects.create_user("carol", password="a-long-password")
     chosen = {"action": "delete_selected", "_selected_action": [carol.pk]}
     asked = operator.post(reverse("admin:auth_user_changelist"), chosen, follow=True)

@@ -936,7 +936,13 @@ def test_a_database_that_does_not_start_again_says_why_in_the_servers_words(tmp_
     """The supervisor's line repeated pg_ctl's arguments, every 30 s of a full disk, and
     never "No space left on device", which only the server's log said (review)."""
     log = tmp_path / "log"
-    log.write_text("LOG:  starting\nFATAL:  could not write lock file: No space left on device\n")
+    log.write_text(
+        "2026-12-06 10:00:00.000 UTC [7] LOG:  starting PostgreSQL 18\n"
+        "2026-12-06 10:00:00.001 UTC [7] FATAL:  could not write lock file: No space left on"
+        " device\n"
+        "2026-12-06 10:00:00.002 UTC [7] LOG:  aborting startup due to startup process failure\n"
+        "2026-12-06 10:00:00.003 UTC [7] LOG:  database system is shut down\n"
+    )
 
     class Stopped:
         _lock = contextlib.nullcontext()
@@ -949,5 +955,6 @@ def test_a_database_that_does_not_start_again_says_why_in_the_servers_words(tmp_
     with pytest.raises(RuntimeError) as refused:
         embedded_db.restart_server()
     assert str(refused.value) == (
-        f"FATAL:  could not write lock file: No space left on device (the server's log: {log})"
+        "2026-12-06 10:00:00.001 UTC [7] FATAL:  could not write lock file: No space left on"
+        f" device (its log: {log})"
     )
