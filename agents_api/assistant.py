@@ -170,6 +170,12 @@ def assistant_prompt(agent: Agent, conversation: Conversation, *, user_id: str) 
     return ([{"role": "system", "content": context}] if context else []) + turns
 
 
+# Ends a streamed answer the model failed to write (nothing is kept): the pages' chat script
+# shows what follows it as the answer's refusal, which may be asked for again. A control
+# character, taken out of the model's own text (streamed and kept alike).
+ANSWER_FAILED = "\x1e"
+
+
 def assistant_reply(
     agent: Agent, conversation: Conversation, *, user: Principal, turn=None
 ) -> Iterator[str]:
@@ -183,6 +189,7 @@ def assistant_reply(
     pieces = []
     prompt = assistant_prompt(agent, conversation, user_id=user.id)
     for piece in chat_stream(prompt, seconds=settings.MEMSVC_PAGES_ANSWER_SECONDS):
+        piece = piece.replace(ANSWER_FAILED, "")  # (the model's own: kept as streamed)
         pieces.append(piece)
         yield piece
     with transaction.atomic():

@@ -32,7 +32,7 @@ from conversations.models import (
     Visibility,
 )
 from conversations.selectors import conversation_owner_id, history_message_before
-from memsvc.api.errors import Conflict, Forbidden, InvalidInput, NotFound
+from memsvc.api.errors import Conflict, Forbidden, InvalidInput, NotFound, Unavailable
 from memsvc.api.principals import Principal, agent_uuid_of, hold_agents
 from memsvc.db import held_keys, hold_users, locked_row
 from search.tasks import enqueue_embedding
@@ -154,6 +154,11 @@ def _lock_groups_to_delete(group_ids) -> None:
     _lock_offers_then_groups(pending, group_ids)
 
 
+# How many times ``_lock_offers_then_groups`` takes its locks again (an offer made each time
+# it waited, at most one at a time a group: a few).
+OFFER_LOCK_TRIES = 10
+
+
 def _lock_offers_then_groups(offers, group_ids) -> None:
     """Lock ``offers`` (pending transfers, a queryset), then the groups, in the order
     accepting one takes its locks (transfer, then group): an accept racing waits, and then
@@ -163,7 +168,7 @@ def _lock_offers_then_groups(offers, group_ids) -> None:
     that had locked the new offer, and waited for the group, and this one, which went on to
     move the offer, waited for each other (review: a deadlock, 503); a member removed kept
     the offer made to them meanwhile, and accepted it (review)."""
-    while True:
+    for _ in range(OFFER_LOCK_TRIES):
         savepoint = transaction.savepoint()
         locked = _lock_in_id_order(offers)
         _lock_in_id_order(ConversationGroup.objects.filter(pk__in=group_ids))
@@ -171,6 +176,7 @@ def _lock_offers_then_groups(offers, group_ids) -> None:
             transaction.savepoint_commit(savepoint)
             return
         transaction.savepoint_rollback(savepoint)
+    raise Unavailable("the conversation's offers of ownership kept changing; try again")
 
 
 def _lock_in_id_order(rows) -> list:

@@ -1,7 +1,6 @@
 """Pieces shared by the admin pages of every app: they must stay fast at millions of rows."""
 
 import contextlib
-import math
 import uuid
 
 from django import forms
@@ -48,20 +47,6 @@ def metadata_object(value) -> None:
     problem = json_value_problem(value, max_bytes=METADATA_MAX_BYTES, objects_only=True)
     if problem:
         raise ValidationError(problem)
-    if _holds_non_finite_numbers(value):
-        # (Python reads NaN and 1e999; PostgreSQL's jsonb refuses them, a bare 400 page)
-        raise ValidationError("numbers must be finite: no NaN or Infinity")
-
-
-def _holds_non_finite_numbers(value) -> bool:
-    within = [value]
-    while within:
-        item = within.pop()
-        if type(item) is float and not math.isfinite(item):
-            return True
-        if type(item) in (dict, list):
-            within.extend(item.values() if type(item) is dict else item)
-    return False
 
 
 class MetadataFormField(forms.JSONField):

@@ -16,13 +16,12 @@ an empty file, ``json.loads("")`` raises in the worker's event loop, and Celery 
 """
 
 import contextlib
-import json
 import logging
 import os
 import uuid
 from pathlib import Path
 
-from kombu.exceptions import ChannelError
+from kombu.exceptions import ChannelError, DecodeError
 from kombu.transport import filesystem
 from kombu.utils.encoding import bytes_to_str, str_to_bytes
 from kombu.utils.json import dumps, loads
@@ -86,7 +85,15 @@ class Channel(filesystem.Channel):
                 # the worker too, and every worker started after it (review).
                 if not task_shaped(self.Message(message, channel=self)):
                     raise ValueError("a task's body of another shape")
-            except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
+            except (
+                ValueError,
+                UnicodeDecodeError,
+                KeyError,
+                TypeError,
+                AttributeError,
+                RecursionError,
+                DecodeError,
+            ):
                 self._reject(claimed, len(payload))
                 continue
             if self.store_processed:
@@ -112,7 +119,7 @@ def task_shaped(message) -> bool:
     never decoded here: a pickle would run), are not looked into."""
     if "task" not in (message.headers or {}) or message.content_type != "application/json":
         return True
-    body = json.loads(message.body)
+    body = message.decode()  # (kept for the worker's own read; compressed ones too)
     return (
         isinstance(body, list)
         and len(body) == 3

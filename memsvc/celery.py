@@ -8,7 +8,6 @@ from celery import Celery
 from celery import Task as CeleryTask
 from celery.exceptions import InvalidTaskError
 from celery.signals import before_task_publish, worker_init
-from celery.worker.strategy import default as default_strategy
 from kombu.exceptions import OperationalError
 from kombu.transport import TRANSPORT_ALIASES
 
@@ -43,12 +42,14 @@ def shape_checked_strategy(task, app, consumer, **kwargs):
     the message back to the next one, which ended too, and nothing was embedded again
     until it was removed by hand (review). (Local mode's reader sets such a file aside
     before: ``memsvc.broker``.)"""
-    handle = default_strategy(task, app, consumer, **kwargs)
+    from celery.worker.strategy import default  # (a worker's: not every process's import)
+
+    handle = default(task, app, consumer, **kwargs)
 
     def checked(message, body, ack, reject, callbacks, **more):
         try:
             shaped = task_shaped(message)
-        except (ValueError, TypeError):  # (a body that is no JSON at all)
+        except (ValueError, TypeError, RecursionError):  # (no JSON, or nested past reading)
             shaped = False
         if not shaped:
             raise InvalidTaskError("the message's body is not a task's [args, kwargs, embed]")

@@ -906,8 +906,9 @@ def main(argv: list[str] | None = None) -> int:
         # A DATABASE_URL before its migrate (or one without pgvector, which migrate
         # refuses): a 47-line traceback ended in 'relation "message" does not exist'.
         print(
-            "memsvc: the database has no memsvc tables: run `python manage.py migrate` "
-            "on it first (it says what is missing, pgvector among it)",
+            "memsvc: the database is not (fully) migrated: a table of memsvc's is missing; "
+            "run `python manage.py migrate` on it first (it says what else is missing, "
+            "pgvector among it)",
             file=sys.stderr,
         )
         return 2

@@ -38,14 +38,19 @@ def env_required(name: str) -> str:
     return value
 
 
+# Numbers as ASCII writes them: Python's int() and float() read "4_0" and Arabic-Indic
+# digits too (review).
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
 def env_int(
     name: str, default: int, *, minimum: int | None = None, maximum: int | None = None
 ) -> int:
     value = _raw(name)
     if value is None:
         return default
-    # ASCII digits only: Python's int() reads "4_0" and Arabic-Indic digits (review).
-    if not re.fullmatch(r"[+-]?[0-9]+", value):
+    if not _INTEGER.fullmatch(value):
         raise ImproperlyConfigured(f"{name} must be an integer, got {value!r}")
     number = int(value)
     if minimum is not None and number < minimum:
@@ -231,6 +236,8 @@ def env_changes(name: str, tunables: type) -> dict:
             raise ImproperlyConfigured(f"{name}: {field} is given twice")
         kind = types[field]
         try:
+            if kind in (int, float) and not (_INTEGER if kind is int else _NUMBER).fullmatch(text):
+                raise ValueError(text)
             value = kind(text)
         except ValueError:
             raise ImproperlyConfigured(

@@ -114,7 +114,13 @@ class Watched:
 def check_watched(watched: Watched) -> None:
     """Start ``watched`` again if it stopped and its time to try has come (with backoff)."""
     now = time.monotonic()
-    if now < watched.retry_at or watched.running():
+    if now < watched.retry_at:
+        return
+    try:
+        if watched.running():
+            return
+    except Exception as exc:  # (unknown for now: asked again at the next look)
+        log(f"whether the {watched.name} runs is unknown ({exc!r})")
         return
     log(f"the {watched.name} is not running: starting it again")
     try:
@@ -129,11 +135,16 @@ def check_watched(watched: Watched) -> None:
         watched.failures = 0
 
 
+# How often a process that supervises nothing else looks (``keep_running``): an idle
+# ``memsvc mcp`` read the server's pid file and took a lock five times a second for hours.
+KEEP_RUNNING_SECONDS = 2.0
+
+
 def keep_running(watched: list[Watched], stop: threading.Event) -> None:
-    """``check_watched`` of each, every ``POLL_SECONDS`` until ``stop`` is set: for a process
-    that supervises nothing else (``memsvc mcp`` over stdio, which an AI tool keeps for
-    hours: the embedded database it started, killed, was never started again; review)."""
-    while not stop.wait(POLL_SECONDS):
+    """``check_watched`` of each, every ``KEEP_RUNNING_SECONDS`` until ``stop`` is set: for a
+    process that supervises nothing else (``memsvc mcp`` over stdio, which an AI tool keeps
+    for hours: the embedded database it started, killed, was never started again; review)."""
+    while not stop.wait(KEEP_RUNNING_SECONDS):
         for one in watched:
             check_watched(one)
 

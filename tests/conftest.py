@@ -162,6 +162,7 @@ def no_learning_warning_is_remembered():
     hooks = sys.modules.get("memsvc.client.hooks")
     if hooks is not None:
         hooks.forget_warnings()
+        hooks._said_once.clear()  # (what a process says once in its life: once a test)
 
 
 @pytest.fixture

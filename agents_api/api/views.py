@@ -63,9 +63,10 @@ USER_ID = OpenApiParameter(
 IDEMPOTENCY_PARAMETERS = [
     OpenApiParameter(
         KEY_HEADER,
-        {"type": "string", "maxLength": IDEMPOTENCY_KEY_MAX_LENGTH},
+        {"type": "string", "minLength": 1, "maxLength": IDEMPOTENCY_KEY_MAX_LENGTH},
         location=OpenApiParameter.HEADER,
-        description="A retry with the same key returns the first result, writing nothing.",
+        description="A retry with the same key returns the first result, writing nothing. "
+        "UTF-8 text, given once (400 otherwise, and when empty).",
     ),
     OpenApiParameter(
         REPLAYED_HEADER,

@@ -184,7 +184,11 @@ def json_value_problem(value, *, max_bytes: int, objects_only: bool) -> str | No
         return "must be a JSON object"
     # Counted as compact JSON (no space after "," and ":"), as a client sends it at least:
     # counted with Python's spaces, a body of 12,000 bytes was refused as over 16,384 (review).
-    if len(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()) > max_bytes:
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except ValueError:  # (1e999 reads as infinity, which jsonb cannot hold: a DataError)
+        return "numbers must be finite: no NaN or Infinity"
+    if len(text.encode()) > max_bytes:
         return f"must be at most {max_bytes} bytes"
     if contains_nul(value):
         return "must not contain NUL characters"
@@ -196,6 +200,8 @@ class JSONValueField(serializers.JSONField):
     PostgreSQL's jsonb cannot hold); with ``objects_only``, a JSON object."""
 
     objects_only = False
+    # (DRF's "Value must be valid JSON." for 1e999, which reads as infinity)
+    default_error_messages = {"invalid": "numbers must be finite: no NaN or Infinity"}
 
     def __init__(self, *, max_bytes: int, **kwargs):
         self.max_bytes = max_bytes

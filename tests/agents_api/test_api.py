@@ -376,6 +376,23 @@ def test_metadata_is_measured_as_the_compact_json_a_client_sends(api, helper):
     }
 
 
+def test_a_number_jsonb_cannot_hold_is_refused_naming_its_field(api, helper):
+    """1e999 reads as infinity, which PostgreSQL's jsonb refuses (DRF said "Value must be
+    valid JSON." of a number)."""
+    conversation = agent_conversation(api, helper)
+    body = b'{"messages": [{"role": "user", "content": "x", "metadata": {"a": 1e999}}]}'
+    refused = api.client.post(
+        f"/v1/agent/conversations/{conversation['id']}/messages",
+        body,
+        content_type="application/json",
+        **helper.auth_headers(),
+    )
+    assert refused.status_code == 400, refused.content
+    assert refused.json()["details"] == {
+        "messages[0].metadata": ["numbers must be finite: no NaN or Infinity"]
+    }
+
+
 def test_a_body_over_the_cap_is_413_in_the_error_shape(api, helper, settings):
     settings.MEMSVC_MAX_BODY_BYTES = 10_000
     conversation = agent_conversation(api, helper)

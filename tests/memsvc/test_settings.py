@@ -106,7 +106,10 @@ def test_tunables_are_changed_field_by_field(monkeypatch):
         ("no_such_knob=1", "'no_such_knob=1' is not field=value"),
         ("feedback_words=2.5", "feedback_words must be an integer, got '2.5'"),
         ("semantic_weight=heavy", "semantic_weight must be a number, got 'heavy'"),
-        ("semantic_weight=nan", "semantic_weight must be a finite number"),
+        ("semantic_weight=nan", "semantic_weight must be a number, got 'nan'"),
+        ("semantic_weight=1e999", "semantic_weight must be a finite number"),
+        ("feedback_words=2_0", "feedback_words must be an integer, got '2_0'"),  # (review)
+        ("semantic_weight=\u0661", "semantic_weight must be a number"),
         ("semantic_weight=-1", "semantic_weight must be a number >= 0, got -1.0"),
         ("min_candidates=0", "min_candidates must be a number >= 1"),
         ("hnsw_ef_search=5000", "hnsw_ef_search must be <= 1000"),
@@ -925,7 +928,7 @@ def test_a_command_on_a_database_not_migrated_says_so_in_words():
             timeout=120,
         )
         assert done.returncode == 2, done.stderr
-        assert "the database has no memsvc tables" in done.stderr
+        assert "the database is not (fully) migrated" in done.stderr
         assert "Traceback" not in done.stderr, done.stderr
     finally:
         with connection.cursor() as cursor:

@@ -13,6 +13,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 
 from agents_api.assistant import (
+    ANSWER_FAILED,
     answering,
     assistant_of,
     assistant_reply,
@@ -208,12 +209,6 @@ def message_append(request, conversation_id):
     return redirect(f"{page_url}#m-{message.id}")
 
 
-# Ends a streamed answer the model failed to write (nothing is kept): the chat's script
-# (app.js) shows what follows it as the refusal of the answer, which may be asked for again.
-# (A control character, taken out of the model's own text.)
-ANSWER_FAILED = "\x1e"
-
-
 @action
 def reply(request, conversation_id):
     """The assistant's answer to the latest turns, streamed as plain text while the model
@@ -230,10 +225,7 @@ def reply(request, conversation_id):
 
     def stream():
         try:
-            for piece in assistant_reply(
-                assistant, conversation, user=request.principal, turn=turn
-            ):
-                yield piece.replace(ANSWER_FAILED, "")
+            yield from assistant_reply(assistant, conversation, user=request.principal, turn=turn)
         except LLMError as exc:
             _log_failed_answer(conversation, exc)
             yield f"{ANSWER_FAILED}The assistant could not answer: {exc.shown}"

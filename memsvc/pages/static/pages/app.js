@@ -61,23 +61,27 @@ document.addEventListener("click", async (event) => {
 // The session ended meanwhile (logged out in another tab, expired): the server names the
 // login page (``HX-Redirect``, as htmx reads it), and the browser goes there whole; the
 // login page is not put into the list as a message. A message ``form`` did not send is
-// kept for this page, which the login comes back to (it was lost: review).
+// kept for this page and this person, whom the login brings back here (it was lost:
+// review); another person logging in in this tab does not get it (code review).
 function loggedOut(response, form) {
   const login = response.headers.get("HX-Redirect");
   if (login) {
-    if (form) sessionStorage.setItem(UNSENT + location.pathname, form.elements.content.value);
+    if (form) sessionStorage.setItem(unsentKey(form), form.elements.content.value);
     window.location.assign(login);
   }
   return Boolean(login);
 }
 
+function unsentKey(form) {
+  return `memsvc-unsent:${form.dataset.user}:${location.pathname}`;
+}
+
 // A message kept when the session ended as it was sent, back in its box.
-const UNSENT = "memsvc-unsent:";
-const unsent = sessionStorage.getItem(UNSENT + location.pathname);
-const box = document.querySelector("form#append textarea[name=content]");
-if (unsent !== null && box) {
-  sessionStorage.removeItem(UNSENT + location.pathname);
-  if (!box.value) box.value = unsent;
+const chat = document.querySelector("form#append");
+if (chat) {
+  const unsent = sessionStorage.getItem(unsentKey(chat));
+  sessionStorage.removeItem(unsentKey(chat));
+  if (unsent !== null && !chat.elements.content.value) chat.elements.content.value = unsent;
 }
 
 // The form's send button is off while it sends or an answer comes; what refused the previous
