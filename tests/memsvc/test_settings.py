@@ -864,35 +864,53 @@ def test_the_default_hosts_are_loopback_names_only():
     assert read.stdout.strip() == "['127.0.0.1', 'localhost', '[::1]']", read.stderr
 
 
+@contextlib.contextmanager
+def a_database_of_its_own(prefix: str, *, own_role: bool = False):
+    """An empty database on the test server, dropped after (``own_role``: owned by a role of
+    its name, no superuser): the names of its owner, its server and itself."""
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    owner, server = urlsplit(database_url()).netloc.split("@")
+    with connection.cursor() as cursor:
+        if own_role:
+            cursor.execute(f"CREATE ROLE {name} LOGIN")
+        cursor.execute(f"CREATE DATABASE {name} OWNER {name if own_role else owner}")
+    try:
+        yield (name if own_role else owner), server, name
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+            if own_role:
+                cursor.execute(f"DROP ROLE IF EXISTS {name}")
+
+
+def memsvc_with_database(database_url: str, *args: str) -> subprocess.CompletedProcess:
+    """``memsvc <args>`` run on the database at ``database_url``."""
+    return subprocess.run(
+        [sys.executable, "-m", "memsvc.cli", *args],
+        env={**server_env(), "DATABASE_URL": database_url},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_database_where_the_vector_extension_cannot_be_made_is_refused_in_words():
     """A role that is no superuser cannot create pgvector's extension (not a trusted one):
     the first migration ended in a traceback, the earlier apps' tables made (review). The
     check every ``migrate`` runs first says so in words, and nothing is made."""
-    name = f"novector_{uuid.uuid4().hex[:8]}"
-    with connection.cursor() as cursor:
-        cursor.execute(f"CREATE ROLE {name} LOGIN")
-        cursor.execute(f"CREATE DATABASE {name} OWNER {name}")
-    try:
-        owner, server = urlsplit(database_url()).netloc.split("@")
-        done = subprocess.run(
-            [sys.executable, "-m", "memsvc.cli", "serve", "--no-worker", "--port", "1"],
-            env={**server_env(), "DATABASE_URL": f"postgres://{name}@{server}/{name}"},
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=120,
+    with a_database_of_its_own("novector", own_role=True) as (role, server, name):
+        done = memsvc_with_database(
+            f"postgres://{role}@{server}/{name}", "serve", "--no-worker", "--port", "1"
         )
         assert done.returncode != 0
         assert "memsvc.E002" in done.stderr and "CREATE EXTENSION vector" in done.stderr
         assert "Traceback" not in done.stderr, done.stderr
+        owner = urlsplit(database_url()).netloc.split("@")[0]
         with psycopg.connect(f"postgres://{owner}@{server}/{name}") as made:
             tables = "SELECT count(*) FROM pg_tables WHERE schemaname = 'public'"
             assert made.execute(tables).fetchone() == (0,)
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-            cursor.execute(f"DROP ROLE IF EXISTS {name}")
 
 
 @pytest.mark.django_db
@@ -914,25 +932,11 @@ def test_a_database_a_newer_release_migrated_is_warned_of_by_name():
 def test_a_command_on_a_database_not_migrated_says_so_in_words():
     """`memsvc prune` (or apikey, reindex, worker) on a DATABASE_URL before its migrate
     printed a 47-line traceback ending in 'relation ... does not exist' (review)."""
-    name = f"unmigrated_{uuid.uuid4().hex[:8]}"
-    with connection.cursor() as cursor:
-        cursor.execute(f"CREATE DATABASE {name}")
-    try:
-        owner, server = urlsplit(database_url()).netloc.split("@")
-        done = subprocess.run(
-            [sys.executable, "-m", "memsvc.cli", "prune"],
-            env={**server_env(), "DATABASE_URL": f"postgres://{owner}@{server}/{name}"},
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+    with a_database_of_its_own("unmigrated") as (owner, server, name):
+        done = memsvc_with_database(f"postgres://{owner}@{server}/{name}", "prune")
         assert done.returncode == 2, done.stderr
         assert "the database is not (fully) migrated" in done.stderr
         assert "Traceback" not in done.stderr, done.stderr
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 def test_a_database_that_does_not_start_again_says_why_in_the_servers_words(tmp_path, monkeypatch):
