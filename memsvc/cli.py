@@ -752,11 +752,8 @@ def cmd_user_create(args: argparse.Namespace) -> int:
     users = get_user_model()
     longest = users._meta.get_field("username").max_length  # (a user id may be longer)
     too_long = f"at most {longest} characters for a login" if len(args.name) > longest else None
-    # The login form reads a name as Django writes it (NFKC: "ﬁ" as "fi"): a login made
-    # otherwise could never log in (review).
-    normal = users.normalize_username(args.name)
-    unread = f"is read as {normal!r} by the login form" if normal != args.name else None
-    if _refused("user name", user_id_problem(args.name, given=True) or too_long or unread):
+    # (A name the login form reads as another, NFKC's: ``user_id_problem``'s given rule.)
+    if _refused("user name", user_id_problem(args.name, given=True) or too_long):
         return 1
     if users.objects.filter(username=args.name).exists():
         print(f"user {args.name!r} exists already", file=sys.stderr)

@@ -1,6 +1,7 @@
 """Who is asking: the one object the rest of the code sees as ``request.principal``; and
 which principal ids exist."""
 
+import unicodedata
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ from memsvc.text import (
     has_blank_ends,
     has_control_characters,
     has_line_separators,
+    named,
 )
 from memsvc.validators import (
     DOT_SEGMENT_PROBLEM,
@@ -62,10 +64,9 @@ def user_id_problem(value, *, given: bool = False) -> str | None:
     if has_blank_ends(value):
         return "must not begin or end with a space"  # ("bob " is listed as "bob")
     if given and has_unnormalised_letters(value):
-        return (
-            "must be in Unicode's NFKC form (as written once normalised: no fullwidth letters, "
-            "ligatures or separate accents)"
-        )
+        # (As a login's name is read: "\ufb01sh" logs in as "fish"; review.)
+        normal = unicodedata.normalize("NFKC", value)
+        return f"must be written as it reads in Unicode's NFKC form: {named(normal)!r}"
     if len(value) > PRINCIPAL_MAX_LENGTH:
         return f"must be at most {PRINCIPAL_MAX_LENGTH} characters"
     agent_like = value[: len(AGENT_PRINCIPAL_PREFIX)]

@@ -135,12 +135,12 @@ OUTER = "must not begin or end with a space"
         # Shown as "zoë" (U+00EB) and "bob", which are other ids: a letter and its combining
         # mark, fullwidth letters; a ligature, which a login's name is not (review).
         *[
-            (
-                user_id,
-                "must be in Unicode's NFKC form (as written once normalised: no fullwidth "
-                "letters, ligatures or separate accents)",
-            )
-            for user_id in ["zoe\u0308", "\uff42\uff4f\uff42", "\ufb01x"]
+            (user_id, f"must be written as it reads in Unicode's NFKC form: {normal!r}")
+            for user_id, normal in [
+                ("zoe\u0308", "zo\u00eb"),
+                ("\uff42\uff4f\uff42", "bob"),
+                ("\ufb01x", "fix"),
+            ]
         ],
         # An agent's prefix in any case (review).
         ("AGENT:00000000-0000-0000-0000-000000000000", "must name a user, not an agent"),

@@ -110,7 +110,8 @@ def test_user_create_refuses_a_name_the_login_form_reads_as_another(capsys, clie
 
     password = "correct horse battery"
     assert cli.main(["user", "create", "\ufb01sh", "--password", password]) == 1
-    assert "is read as 'fish' by the login form" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert said == "user name must be written as it reads in Unicode's NFKC form: 'fish'\n"
     assert not get_user_model().objects.exists()
     assert cli.main(["user", "create", "fish", "--password", password]) == 0
     page = client.post("/app/login/", {"username": "\ufb01sh", "password": password})
