@@ -32,7 +32,8 @@ HealthResponse = inline_serializer(
         "pendingEmbeddings": serializers.IntegerField(
             allow_null=True,
             help_text=f"Messages waiting for their embedding, counted up to "
-            f"{PENDING_COUNTED_UP_TO:,}; null when the database did not answer, or its disk is full.",
+            f"{PENDING_COUNTED_UP_TO:,}; null when the database did not answer, or its disk "
+            "is full.",
         ),
         "broker": serializers.ChoiceField(choices=["reachable", "unreachable"]),
         "reason": serializers.CharField(required=False),

@@ -33,6 +33,7 @@ from memsvc.api.errors import (
     render_api_error,
 )
 from memsvc.db import DATABASE_DID_NOT_ANSWER
+from memsvc.text import named
 
 logger = logging.getLogger("django.request")
 security_logger = logging.getLogger("django.security.DisallowedHost")
@@ -75,7 +76,7 @@ def _not_utf8_parameter(query: str) -> str | None:
         try:
             unquote_to_bytes(part).decode("utf-8")
         except UnicodeDecodeError:
-            return unquote_plus(part.partition("=")[0], errors="replace")
+            return named(unquote_plus(part.partition("=")[0], errors="replace"))
     return None
 
 
