@@ -50,7 +50,7 @@ from memsvc.admin_tools import (
     operator,
 )
 from memsvc.api.errors import NotFound, as_api_error
-from memsvc.api.principals import user_id_problem
+from memsvc.api.principals import agent_owner_problem
 from memsvc.db import words_query
 from memsvc.validators import path_segment
 
@@ -120,7 +120,7 @@ class AgentForm(forms.ModelForm):
 
     def clean_owner_principal(self):
         owner = self.cleaned_data["owner_principal"]
-        problem = user_id_problem(owner, given=True) if self.instance._state.adding else None
+        problem = agent_owner_problem(owner) if self.instance._state.adding else None
         if problem is not None:
             raise ValidationError(problem)
         return owner

@@ -27,7 +27,7 @@ from conversations.selectors import (
 )
 from conversations.services import NewMessage, within_message_limit
 from memsvc.api.errors import Conflict, RateLimited
-from memsvc.api.principals import Principal
+from memsvc.api.principals import PAGES_OWNER, Principal
 from memsvc.client import format_context
 from memsvc.db import locked_row
 from memsvc.llm import chat_stream
@@ -39,7 +39,7 @@ SPEAKERS = {Role.USER: "user", Role.ASSISTANT: "assistant", Role.AGENT: "assista
 
 
 # The agent that answers in conversations made on the pages (with "with the assistant").
-PAGES_ASSISTANT = ("memsvc", "assistant")  # (owner_principal, name)
+PAGES_ASSISTANT = (PAGES_OWNER, "assistant")  # (owner_principal, name)
 
 
 def pages_assistant() -> Agent:

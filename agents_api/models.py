@@ -19,6 +19,7 @@ from conversations.selectors import group_owners
 from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, PRINCIPAL_MAX_LENGTH, Principal
 from memsvc.db import embedding_has_model, embedding_index, json_is_object, words_column
 from memsvc.validators import (
+    composed,
     no_blank_ends,
     no_control_characters,
     no_nul_characters,
@@ -40,7 +41,7 @@ AGENT_SYSTEM_MAX_CHARS = 50_000
 # only a label given is checked, not one looked up.)
 NAME_RULES = (no_control_characters, shown_as_it_is)
 # And a name given now (an API's, the CLI's; not one an import restores as it was stored).
-GIVEN_NAME_RULES = (*NAME_RULES, one_line, no_blank_ends)
+GIVEN_NAME_RULES = (*NAME_RULES, one_line, no_blank_ends, composed)
 
 
 class Agent(models.Model):

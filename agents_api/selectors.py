@@ -39,6 +39,7 @@ from memsvc.api.errors import Forbidden, InvalidInput, NotFound, one_or_404
 from memsvc.api.pagination import Page, beyond, decode_cursor, encode_cursor, keyset_page
 from memsvc.api.principals import (
     AGENT_PRINCIPAL_PREFIX,
+    LOCAL_OWNER,  # owner_principal of the local API's agents
     Principal,
     agent_uuid_of,
     user_id_problem,
@@ -147,9 +148,6 @@ def agent_names(principal_ids) -> dict[str, str]:
         f"{AGENT_PRINCIPAL_PREFIX}{agent_id}": name
         for agent_id, name in Agent.objects.filter(id__in=ids).values_list("id", "name")
     }
-
-
-LOCAL_OWNER = "local"  # owner_principal of the local compatibility API's agents
 
 
 def local_agent(caller_agent: Agent | None, name: str, *, memories: bool = False) -> Agent:

@@ -12,6 +12,7 @@ from memsvc.text import (
     has_blank_ends,
     has_control_characters,
     has_line_separators,
+    named,
 )
 
 
@@ -51,6 +52,17 @@ def has_unnormalised_letters(value: str) -> bool:
     members listed alike); and a login's name is NFKC (Django makes it so: "\ufb01x" logs
     in as "fix"), so a token's was another person than the pages' (review)."""
     return not value.isascii() and not unicodedata.is_normalized("NFKC", value)
+
+
+def composed(value: str) -> None:
+    """A name as it is given now, its letters composed (NFC): "zoe" and a combining
+    diaeresis, and "zoë", were two block labels, and two agents, that look one (review)."""
+    if not value.isascii() and not unicodedata.is_normalized("NFC", value):
+        normal = unicodedata.normalize("NFC", value)
+        raise ValidationError(
+            f"must be written with its letters composed (NFC): {named(normal)!r}",
+            code="decomposed",
+        )
 
 
 def shown_as_it_is(value: str) -> None:

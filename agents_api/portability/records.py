@@ -44,6 +44,7 @@ from memsvc.api.fields import (
 from memsvc.api.principals import (
     AGENT_PRINCIPAL_PREFIX,
     PRINCIPAL_MAX_LENGTH,
+    SERVICE_OWNERS,
     agent_uuid_of,
     stored_principal_id,
     user_id_problem,
@@ -92,6 +93,8 @@ class PrincipalField(serializers.CharField):
             if agent_uuid_of(value) is None:
                 raise serializers.ValidationError("must be agent:<the agent's id>")
             return stored_principal_id(value)
+        if self.agents and value in SERVICE_OWNERS:  # (memsvc's own agents' owner: no user)
+            return value
         problem = user_id_problem(value)
         if problem:
             raise serializers.ValidationError(problem)

@@ -26,6 +26,14 @@ from memsvc.validators import (
     has_unnormalised_letters,
 )
 
+# The owners of memsvc's own agents: the local API's and the operator's (``memsvc apikey
+# create``, ``memsvc mcp``), and the pages' assistant's. No user is either: a user "local"
+# had every operator agent as an agent of their own on the pages, its blocks in a prompt
+# they read back (review).
+LOCAL_OWNER = "local"
+PAGES_OWNER = "memsvc"
+SERVICE_OWNERS = frozenset({LOCAL_OWNER, PAGES_OWNER})
+
 # Principal ids of agents: ``agent:<uuid>``. Anything else is a user id.
 AGENT_PRINCIPAL_PREFIX = "agent:"
 # The width of every column that holds a principal id.
@@ -46,6 +54,8 @@ def user_id_problem(value, *, given: bool = False) -> str | None:
     still authenticates, erases and exports (code review)."""
     if not isinstance(value, str) or not value:
         return "must be a non-empty string"
+    if value in SERVICE_OWNERS:
+        return f"must not be {value!r}: it owns memsvc's own agents"
     if "\x00" in value:
         return "must not contain NUL characters"
     if has_lone_surrogates(value):  # (a JWT's sub was a 500 where it was counted; review)
@@ -80,6 +90,12 @@ def user_id_problem(value, *, given: bool = False) -> str | None:
         # DELETE, and deleted it; review)
         return DOT_SEGMENT_PROBLEM
     return None
+
+
+def agent_owner_problem(owner: str) -> str | None:
+    """Why ``owner`` cannot own a new agent, or None: a user id given here, or the local
+    API's and the operator's owner (``LOCAL_OWNER``)."""
+    return None if owner == LOCAL_OWNER else user_id_problem(owner, given=True)
 
 
 def user_id_validator(value) -> None:

@@ -96,6 +96,8 @@ def test_a_duplicate_label_is_a_conflict(api, helper):
         ("human\u200b", "must not begin or end with a space"),  # (zero-width: review)
         ("human\u3164", "must not begin or end with a space"),  # (a Hangul filler)
         ("hu\u2028man", "must be one line"),  # a line separator
+        # "zoë" (U+00EB) beside it: two labels that look one (review)
+        ("zoe\u0308", "must be written with its letters composed (NFC): 'zo\u00eb'"),
     ],
 )
 def test_a_label_no_url_reaches_is_refused_through_every_door(api, client, helper, label, problem):

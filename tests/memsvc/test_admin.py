@@ -1275,3 +1275,18 @@ def test_a_forks_delete_page_says_which_forks_below_it_stay(operator):
     operator.post(page, {"post": "yes"})
     assert Conversation.objects.get(pk=kept.pk).forked_at_conversation_id == root.pk
     assert not Conversation.objects.filter(pk=branch.pk).exists()
+
+
+def test_a_login_is_made_in_the_admin_for_any_user_id(operator, django_user_model):
+    """Django's own rule refused "auth0|abc123", an issuer's usual ``sub``, which
+    ``memsvc user create`` made (review)."""
+    add = reverse("admin:auth_user_add")
+    form = {
+        "username": "auth0|abc123",
+        "password1": "a-long-pass-phrase",
+        "password2": "a-long-pass-phrase",
+        "usable_password": "true",
+    }
+    response = operator.post(add, form)
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert django_user_model.objects.filter(username="auth0|abc123").exists()

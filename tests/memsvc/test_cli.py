@@ -456,3 +456,19 @@ def test_a_migrate_waits_for_another_on_the_same_database():
         other.close()
     thread.join(60)
     assert done.is_set()
+
+
+@pytest.mark.django_db
+def test_apikey_create_gives_a_key_to_an_agent_named_by_the_rules_of_its_time(capsys):
+    """An imported agent whose owner or name the given rules refuse now got no key, and a
+    new agent of its name was made for another owner (review)."""
+    from agents_api.models import Agent
+    from agents_api.services import agent_get_or_create
+
+    kept, _ = agent_get_or_create(owner_principal="zoe\u0308", name="bot3")
+    assert cli.main(["apikey", "create", "bot3", "--owner", "zoe\u0308"]) == 0
+    assert capsys.readouterr().out.startswith("msk_")
+    assert list(Agent.objects.filter(name="bot3")) == [kept]
+    # A new agent's owner is held to them.
+    assert cli.main(["apikey", "create", "bot4", "--owner", "zoe\u0308"]) == 1
+    assert "--owner must be written as it reads" in capsys.readouterr().err

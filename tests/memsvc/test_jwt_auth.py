@@ -599,3 +599,12 @@ def test_a_user_stored_before_the_rules_of_given_ids_still_authenticates(api, su
     token's ``sub`` held to them locked out who was stored before them (code review)."""
     response = api.get(PATH, as_=bearer(token(claims(sub=sub), SECRET)))
     assert response.status_code == 200, response.content
+
+
+@pytest.mark.parametrize("sub", ["local", "memsvc"])
+def test_a_token_for_the_owner_of_memsvcs_own_agents_is_refused(api, sub):
+    """A user "local" had every operator agent as an agent of their own on the pages, its
+    blocks in a prompt they read back (review): no user is the owner of memsvc's agents."""
+    response = api.get(PATH, as_=bearer(token(claims(sub=sub), SECRET)))
+    assert response.status_code == 400
+    assert f"must not be {sub!r}: it owns memsvc's own agents" in response.json()["error"]
