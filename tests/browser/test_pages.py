@@ -492,7 +492,7 @@ def test_a_refused_message_is_said_once_and_no_more_once_one_is_sent(page, assis
         page.get_by_label("Your message").fill(" ")
         page.get_by_role("button", name="Send").click()
         expect(form.get_by_role("alert")).to_have_count(1)
-        expect(form.get_by_role("alert")).to_have_text("content: must not be empty")
+        expect(form.get_by_role("alert")).to_have_text("Your message: must not be empty")
     send(page, "Which museums first?")
     expect(page.locator("#messages li.message.assistant .content")).to_have_text(
         "Start with the Vatican Museums."

@@ -759,3 +759,38 @@ def test_a_refused_share_or_transfer_names_the_fields_by_their_labels(alice_page
     assert refused.status_code == 400
     assert "Transfer ownership to: you already own this conversation" in refused.content.decode()
     assert "newOwnerUserId" not in refused.content.decode()
+
+
+def test_every_form_refusal_names_the_field_by_its_label(alice_page):
+    """Only share and transfer did: the chat box, the fork box, a title and a member's
+    access were named "content", "title", "accessLevel" (review)."""
+    conversation = conversation_of("alice", "Team", "hi", shared=[("bob", "reader")])
+    message = Message.objects.get(conversation=conversation)
+    asked = [
+        (reverse("pages:append", args=[conversation.id]), {"content": "  "}, "Your message: "),
+        (
+            reverse("pages:fork", args=[conversation.id, message.id]),
+            {"content": "  "},
+            "A new version of this message: ",
+        ),
+        (reverse("pages:rename", args=[conversation.id]), {"title": "x" * 501}, "New title: "),
+        (reverse("pages:conversation_create"), {"title": "x" * 501}, "Title: "),
+        (
+            reverse("pages:membership_update", args=[conversation.id]),
+            {"userId": "bob", "accessLevel": "boss"},
+            "Access: ",
+        ),
+    ]
+    for path, form, label in asked:
+        refused = alice_page.post(path, form).content.decode()
+        assert label in refused, (path, refused[-600:])
+
+
+def test_a_refusal_after_logging_in_as_another_does_not_lead_back_to_the_login(bob_page):
+    """Bob logged in on alice's login page, whose ``next`` was her conversation: its 404's
+    way back was the login page, which sends a logged-in person straight back (review)."""
+    conversation = conversation_of("alice", "Team", "hi")
+    login = f"{reverse('pages:login')}?next={page_of(conversation)}"
+    refused = bob_page.get(page_of(conversation), headers={"Referer": f"http://testserver{login}"})
+    assert refused.status_code == 404
+    assert reverse("pages:login") not in refused.content.decode()

@@ -300,19 +300,22 @@ def test_a_block_edit_without_a_value_is_refused_and_changes_nothing(alice_page,
     update = reverse("pages:block_update", args=[helper.id])
     response = alice_page.post(update, {"label": "human"})
     assert response.status_code == 400
-    assert "value: This field is required." in response.content.decode()
+    assert "Value: This field is required." in response.content.decode()
     block.refresh_from_db()
     assert block.value == "Likes tea"
 
 
 def test_a_search_too_long_is_refused_naming_the_search_box(alice_page, helper):
-    """The search box is ``?q=``: its refusal said "query: ...", a field the person never
-    saw (review)."""
+    """The search box is ``?q=``: its refusal said "query: ...", then "q: ...", fields the
+    person never saw (reviews): it names the box by its label."""
     remember(helper, "alice", "Alice likes tea")
-    for address in ("/app/search/", agent_page(helper)):
+    for address, label in (
+        ("/app/search/", "Search words"),
+        (agent_page(helper), "Search memories"),
+    ):
         response = alice_page.get(address, {"q": "tea " * 1000})
         assert response.status_code == 400, address
-        assert "q: Ensure this field has no more than 2000 characters." in (
+        assert f"{label}: Ensure this field has no more than 2000 characters." in (
             response.content.decode()
         ), address
 

@@ -118,7 +118,10 @@ def _came_from(request) -> str | None:
     page the browser says it came from (``Referer``), this site's only, and never the
     refused address itself."""
     for target in (request.POST.get("next", ""), request.headers.get("Referer", "")):
-        if _ours(request, target) and urlsplit(target).path != request.path:
+        # (Not the login page either: for a logged-in person it goes straight back to the
+        # refused page, a loop after logging in as another person; review.)
+        path = urlsplit(target).path
+        if _ours(request, target) and path not in (request.path, reverse("pages:login")):
             return target
     return None
 

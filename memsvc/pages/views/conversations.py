@@ -24,7 +24,7 @@ from agents_api.assistant import (
 from agents_api.selectors import agent_names
 from conversations import selectors, services
 from conversations.api import serializers as s
-from conversations.models import AccessLevel, Conversation
+from conversations.models import AccessLevel, Conversation, Role
 from memsvc.api.errors import ApiError, Conflict, NotFound
 from memsvc.api.fields import InputSerializer, PrincipalIdField
 from memsvc.api.pagination import encode_cursor
@@ -74,7 +74,7 @@ def search(request):
     query = request.GET.get("q", "")
     hits = []
     if not shows_nothing(query):
-        with fields_named(query="q"):
+        with fields_named(query="Search words"):
             # As many hits as the API gives at most.
             asked = s.SearchMessagesIn.search_arguments(
                 {"query": query, "topK": settings.MEMORY_MAX_SEARCH_LIMIT}
@@ -86,7 +86,8 @@ def search(request):
 
 @action
 def conversation_create(request):
-    data = s.CreateConversationIn.parse(form_fields(request, "title"))
+    with fields_named(title="Title"):
+        data = s.CreateConversationIn.parse(form_fields(request, "title"))
     writers = []
     if llm_configured() and request.POST.get("assistant") == "on":
         writers.append(pages_assistant().principal_id)
@@ -156,6 +157,10 @@ def conversation(request, conversation_id):
     }
     if context["assistant"] is not None:
         context["read_by_others"] = read_by_others(conversation, request.principal.id)
+        # The latest turn the person's, still unanswered (the model failed, the page was
+        # left meanwhile): the answer may be asked for again (it could not, once the page
+        # was reloaded: review).
+        context["unanswered"] = later is None and bool(rows) and rows[-1].role == Role.USER
     if request.htmx:  # the next page of messages
         return render(request, "pages/_message_rows.html", context)
     memberships = selectors.group_memberships(conversation)
@@ -190,7 +195,8 @@ def message_append(request, conversation_id):
     (``reply``) and gets just the new message to show; without the script the assistant (if
     any) answers before the page comes back."""
     conversation = _at_level(request, conversation_id, AccessLevel.WRITER)
-    data = s.CreateUserMessageIn.parse(form_fields(request, "content"))
+    with fields_named(content="Your message"):
+        data = s.CreateUserMessageIn.parse(form_fields(request, "content"))
     assistant = _assistant(request, conversation)
     if request.htmx:
         if assistant is not None:
@@ -230,7 +236,8 @@ def reply(request, conversation_id):
             _log_failed_answer(conversation, exc)
             yield f"{ANSWER_FAILED}The assistant could not answer: {exc.shown}"
         except ApiError as exc:  # (the conversation gone, or the person out of it, meanwhile)
-            yield f"\n[The answer could not be kept: {exc.message}]"
+            # (Said as a refusal, not left as the assistant's answer: review.)
+            yield f"{ANSWER_FAILED}The answer could not be kept: {exc.message}"
 
     response = _Answer(stream(), release=release, content_type="text/plain; charset=utf-8")
     response["Cache-Control"] = "no-store"
@@ -284,7 +291,8 @@ def _log_failed_answer(conversation, exc: LLMError) -> None:
 def fork(request, conversation_id, message_id):
     conversation = _at_level(request, conversation_id, AccessLevel.WRITER)
     message = selectors.message_in_view(conversation, message_id, for_agent=False)
-    data = s.CreateUserMessageIn.parse(form_fields(request, "content"))
+    with fields_named(content="A new version of this message"):
+        data = s.CreateUserMessageIn.parse(form_fields(request, "content"))
     # Its new version of the message is answered as a message sent is (it was not: review).
     new = _kept_and_answered(
         request,
@@ -299,8 +307,9 @@ def fork(request, conversation_id, message_id):
 @action
 def rename(request, conversation_id):
     conversation = _at_level(request, conversation_id, AccessLevel.WRITER)
-    data = s.UpdateConversationIn.parse(form_fields(request, "title"))
-    services.conversation_update(request.principal, conversation=conversation, **data)
+    with fields_named(title="New title"):
+        data = s.UpdateConversationIn.parse(form_fields(request, "title"))
+        services.conversation_update(request.principal, conversation=conversation, **data)
     return redirect("pages:conversation", conversation.id)
 
 
@@ -347,7 +356,8 @@ def membership_update(request, conversation_id):
     user_id = _member_id(request)
     conversation = _at_level(request, conversation_id, AccessLevel.MANAGER)
     membership = selectors.membership_of(conversation, user_id)
-    data = s.UpdateMembershipIn.parse(form_fields(request, "accessLevel"))
+    with fields_named(accessLevel="Access"):
+        data = s.UpdateMembershipIn.parse(form_fields(request, "accessLevel"))
     services.membership_update(
         request.principal, membership=membership, access_level=data["accessLevel"]
     )

@@ -55,7 +55,7 @@ def agent_memory(request, agent_id):
         "memory_enabled": selectors.memory_enabled_for(user_id),
     }
     if not shows_nothing(query):
-        with fields_named(query="q"):
+        with fields_named(query="Search memories"):
             data = s.UserSearchMemoriesIn.parse({"query": query, "limit": SEARCH_RESULTS})
         context["hits"] = selectors.memory_search(
             agent,
@@ -108,8 +108,9 @@ def block_update(request, agent_id):
     label = BlockIn.parse(form_fields(request, "label"))["label"]
     block = selectors.memory_block(agent, user_id=request.principal.id, label=label)
     # (No value sent is refused, as by the API's PUT: it emptied the block; review.)
-    data = s.PutMemoryBlockIn.parse(form_fields(request, "value"))
-    services.memory_block_update(request.principal, block=block, value=data["value"])
+    with fields_named(value="Value"):
+        data = s.PutMemoryBlockIn.parse(form_fields(request, "value"))
+        services.memory_block_update(request.principal, block=block, value=data["value"])
     return redirect("pages:agent_memory", agent.id)
 
 
