@@ -13,7 +13,13 @@ from agents_api.api.serializers import (
     TaskIdField,
     ToolNameField,
 )
-from agents_api.models import AGENT_NAME_MAX_CHARS, GIVEN_NAME_RULES, Agent, MemoryBlock
+from agents_api.models import (
+    AGENT_NAME_MAX_CHARS,
+    GIVEN_NAME_RULES,
+    NAME_RULES,
+    Agent,
+    MemoryBlock,
+)
 from agents_api.selectors import MemoryHit, ToolRecordHit
 from agents_api.services.letta import LETTA_METADATA_KEY, letta_metadata
 from conversations.models import Message, Role
@@ -143,7 +149,10 @@ class LocalInput(InputSerializer):
 
 class AgentNameField(PathSegmentField):
     """An agent's name (the local API's, Letta's, ``memsvc apikey create``'s), as the model
-    takes it (``GIVEN_NAME_RULES``), and a segment of its routes."""
+    takes it (``GIVEN_NAME_RULES``), and a segment of its routes. ``given`` False: a name
+    that looks an agent up, held to the rules of names of every time (``NAME_RULES``): an
+    agent an import brought back, named by older rules, was read by its path but refused
+    in a body (review)."""
 
     default_error_messages = {
         # (said after "agent name" by the command line, which printed DRF's sentence there:
@@ -151,9 +160,9 @@ class AgentNameField(PathSegmentField):
         "max_length": "must be at most {max_length} characters",
     }
 
-    def __init__(self, **kwargs):
+    def __init__(self, *, given: bool = True, **kwargs):
         super().__init__(max_length=AGENT_NAME_MAX_CHARS, **kwargs)
-        self.validators += GIVEN_NAME_RULES
+        self.validators += GIVEN_NAME_RULES if given else NAME_RULES
 
 
 class AgentMetadataField(MetadataField):
@@ -177,7 +186,7 @@ class CreateAgentIn(LocalInput):
 
 
 class CreateMessageIn(LocalInput):
-    agent_name = AgentNameField()
+    agent_name = AgentNameField(given=False)  # (a lookup)
     role = ChoiceField(choices=[Role.USER, Role.ASSISTANT, Role.SYSTEM])
     # Kept to its first MEMSVC_MAX_MESSAGE_CHARS characters, not refused: a turn learning()
     # records (the seed's server took any length). With a lower limit set, learning()'s
@@ -195,7 +204,7 @@ SEARCH_QUERY_MAX_CHARS = 2000
 
 
 class SearchIn(LocalInput):
-    agent_name = AgentNameField()
+    agent_name = AgentNameField(given=False)  # (a lookup)
     query = TextField(max_length=SEARCH_QUERY_MAX_CHARS)
     limit = serializers.IntegerField(
         required=False,
@@ -209,7 +218,7 @@ class SearchIn(LocalInput):
 
 
 class CreateBlockIn(LocalInput):
-    agent_name = AgentNameField()
+    agent_name = AgentNameField(given=False)  # (a lookup)
     label = LabelField()
     value = TextField(allow_blank=True)
 
@@ -243,13 +252,13 @@ class NewToolRecordIn(LocalInput):
 
 
 class CreateToolRecordsIn(LocalInput):
-    agent_name = AgentNameField()
+    agent_name = AgentNameField(given=False)  # (a lookup)
     task_id = NewTaskIdField(required=False)
     records = NewToolRecordIn(many=True, allow_empty=False, max_length=MAX_TOOL_RECORDS)
 
 
 class ToolRecordSearchIn(LocalInput):
-    agent_name = AgentNameField()
+    agent_name = AgentNameField(given=False)  # (a lookup)
     query = TextField(max_length=2000)
     task_id = TaskIdField(required=False)
     top_k = serializers.IntegerField(

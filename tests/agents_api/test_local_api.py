@@ -1041,3 +1041,17 @@ def test_a_turn_of_nothing_to_read_is_stored_as_memsvc_takes_it(local, blank):
         ("user", NO_TEXT_MESSAGE),
         ("assistant", "A red bicycle."),
     ]
+
+
+def test_an_agent_named_by_older_rules_is_written_through_a_body_as_through_its_path(local):
+    """An import brings back names that rules made later refuse to new agents ("bot\u200b"):
+    it was read through its path (``/agents/{name}``) and refused in a body that only
+    names it (``POST /messages``; review). A name in a body that looks an agent up is held
+    to the rules of names of every time; one that makes an agent, to today's."""
+    from agents_api.services import agent_get_or_create
+
+    agent_get_or_create(owner_principal="local", name="bot\u200b", loopback_trusted=True)
+    assert store(local, "bot\u200b", "user", "Hello")["content"] == "Hello"
+    blocks = {"agent_name": "bot\u200b", "label": "notes", "value": "x"}
+    assert local.post("/memory-blocks", blocks).status_code == 200
+    assert local.post("/agents", {"name": "new\u200b"}).status_code == 422
