@@ -90,6 +90,18 @@ def test_a_near_duplicate_is_merged_into_the_memory_it_repeats(agent):
         ("Alice doesn't drink coffee", "Alice drinks coffee"),
         ("Henry has two children", "Henry has three children"),  # (review)
         ("Alice is allergic to peanuts", "Alice is allergic to peanuts twice"),
+        # (These were merged into the fact they corrected: review.)
+        ("Alice is allergic to peanuts", "Alice isn\u2019t allergic to peanuts"),
+        ("Alice should take the pill at night", "Alice shouldn\u2019t take the pill at night"),
+        ("The flight is at 5pm", "The flight is at 5am"),
+        ("Alice has a meeting on Monday", "Alice has a meeting on Tuesday"),
+        ("Alice is a smoker", "Alice is a non-smoker"),
+        ("Alice is left-handed", "Alice is right-handed"),
+        ("Alice exercises before work", "Alice exercises after work"),
+        (
+            "Alice ist allergisch gegen Erdn\u00fcsse",
+            "Alice ist nicht allergisch gegen Erdn\u00fcsse",
+        ),
     ],
 )
 def test_a_correction_near_the_fact_it_corrects_is_kept_beside_it(agent, kept, correction):
