@@ -30,6 +30,7 @@ from memsvc.api.fields import contains_nul
 from memsvc.api.parsers import DOCUMENT_MAX_JSON_DEPTH, json_problem
 from memsvc.api.principals import user_id_problem
 from memsvc.db import hold_users
+from memsvc.text import named
 
 UNIQUE_VIOLATION = "23505"  # PostgreSQL's SQLSTATE
 
@@ -82,6 +83,12 @@ def document_import(
         result = ImportResult(kind, f"{agent_data['name']} ({agent_data['id']})")
     else:
         raise ImportRefused(f"kind: {kind!r} is neither user nor agent")
+    # A name no export writes (a typo, "memroies"): its records were skipped in silence, and
+    # the import said it was done (review).
+    header = {"format", "version", "kind", "exportedAt", "userId" if kind == "user" else "agent"}
+    unknown = sorted(set(document) - header - {section.name for section in sections})
+    if unknown:
+        raise ImportRefused(f"{named(unknown[0])}: no part of {kind} documents")
     parsed = {
         section.name: parse_records(section.record, document.get(section.name, []), section.name)
         for section in sections

@@ -2166,6 +2166,18 @@ def test_an_agent_imports_an_export_of_values_as_deep_as_the_api_takes(api):
     assert refused.status_code == 400
 
 
+def test_an_import_refuses_a_part_no_export_writes(api, world):
+    """A typo ("memroies") had its records skipped in silence, and the import said it was
+    done (review): refused, naming it, nothing stored."""
+    document = agent_export(api, key_of(world.agent))
+    document["memroies"] = document.pop("memories")
+    newcomer = make_agent("newcomer")
+    refused = api.post("/v1/agent/import", document, as_=newcomer)
+    assert refused.status_code == 400, refused.content[:300]
+    assert refused.json()["error"].endswith("memroies: no part of agent documents")
+    assert not MemoryBlock.objects.filter(agent=newcomer.agent).exists()
+
+
 def test_an_import_that_collides_stores_nothing(api, world):
     """Imported twice: its blocks' labels (and memories) are the agent's already: 409."""
     document = agent_export(api, key_of(world.agent))
