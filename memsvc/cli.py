@@ -17,7 +17,6 @@ import time
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import SystemCheckError
 from django.db import IntegrityError, OperationalError, ProgrammingError
-from psycopg import errors
 
 from memsvc.env import lock_alone, unusable_directory, usable_directory
 from memsvc.supervisor import Supervisor, log
@@ -901,7 +900,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"memsvc: the database did not answer: {first_line}", file=sys.stderr)
         return 1
     except ProgrammingError as exc:
-        if not isinstance(exc.__cause__, errors.UndefinedTable):
+        from memsvc.db import not_migrated
+
+        if not not_migrated(exc):
             raise
         # A DATABASE_URL before its migrate (or one without pgvector, which migrate
         # refuses): a 47-line traceback ended in 'relation "message" does not exist'.

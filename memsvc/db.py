@@ -23,6 +23,7 @@ from django.db import (
 from django.db.models import Q
 from django.db.models.lookups import Exact
 from pgvector.django import HnswIndex
+from psycopg import errors
 
 from memsvc.api.errors import NotFound
 from memsvc.api.principals import agent_uuid_of
@@ -35,6 +36,12 @@ logger = logging.getLogger(__name__)
 # were dropped: messages waited for the sweep a minute or more, a tool record kept its
 # fallback summary for good (review).
 DATABASE_DID_NOT_ANSWER = (OperationalError, InterfaceError)
+
+
+def not_migrated(exc: Exception) -> bool:
+    """Whether a statement failed for a table memsvc's migrations make: a database not (or
+    not fully) migrated, which the command line and health say in words."""
+    return isinstance(exc.__cause__, errors.UndefinedTable)
 
 
 def json_is_object(field: str, name: str) -> models.CheckConstraint:

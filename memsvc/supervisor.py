@@ -184,9 +184,6 @@ class Supervisor:
         finally:
             self.children.remove(child)
 
-    def watch(self, name: str, running: Callable[[], bool], restart: Callable[[], None]) -> None:
-        self.watched.append(Watched(name=name, running=running, restart=restart))
-
     def request_stop(self, signum, frame) -> None:
         self.stopping = True
 

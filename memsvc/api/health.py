@@ -8,13 +8,13 @@ import time
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
 from drf_spectacular.utils import extend_schema, inline_serializer
-from psycopg import errors
 from rest_framework import serializers
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from memsvc.celery import broker_reachable
+from memsvc.db import not_migrated
 from memsvc.embedded_db import socket_dir
 from search.embeddings import configured_backend
 from search.selectors import PENDING_COUNTED_UP_TO, pending_embedding_count
@@ -154,7 +154,7 @@ class HealthView(APIView):
                 return Response(body, status=503)
             body["pendingEmbeddings"] = pending_embedding_count()
         except DatabaseError as exc:
-            if isinstance(exc.__cause__, errors.UndefinedTable):
+            if not_migrated(exc):
                 # It answers, without memsvc's tables: a DATABASE_URL not migrated yet (it
                 # said "database unreachable": review).
                 logger.warning("health: the database has no memsvc tables (run migrate)")

@@ -81,7 +81,9 @@ def test_a_watched_service_that_stops_is_started_again_and_retried(supervisor, c
             raise RuntimeError("still shutting down")
         state["up"] = True
 
-    supervisor.watch("embedded PostgreSQL", lambda: state["up"], restart)
+    supervisor.watched.append(
+        supervision.Watched("embedded PostgreSQL", lambda: state["up"], restart)
+    )
     thread = running(supervisor)
     state["up"] = False
     wait_until(lambda: state["up"], "restarted")

@@ -232,12 +232,10 @@ def reply(request, conversation_id):
     def stream():
         try:
             yield from assistant_reply(assistant, conversation, user=request.principal, turn=turn)
-        except LLMError as exc:
-            _log_failed_answer(conversation, exc)
-            yield f"{ANSWER_FAILED}The assistant could not answer: {exc.shown}"
-        except ApiError as exc:  # (the conversation gone, or the person out of it, meanwhile)
-            # (Said as a refusal, not left as the assistant's answer: review.)
-            yield f"{ANSWER_FAILED}The answer could not be kept: {exc.message}"
+        # (The conversation gone, or the person out of it, meanwhile: an ApiError. Said as a
+        # refusal, not left as the assistant's answer: review.)
+        except (LLMError, ApiError) as exc:
+            yield f"{ANSWER_FAILED}{_not_answered(conversation, exc)}"
 
     response = _Answer(stream(), release=release, content_type="text/plain; charset=utf-8")
     response["Cache-Control"] = "no-store"
@@ -259,10 +257,9 @@ def _kept_and_answered(request, assistant, keep):
                 for _ in assistant_reply(assistant, conversation, user=request.principal):
                     pass
             except ApiError as exc:  # (answered meanwhile, in another tab: was a 409 page)
-                flash.error(request, f"The answer could not be kept: {exc.message}")
+                flash.error(request, _not_answered(conversation, exc))
     except LLMError as exc:
-        _log_failed_answer(conversation, exc)
-        flash.error(request, f"The assistant could not answer: {exc.shown}")
+        flash.error(request, _not_answered(conversation, exc))
     finally:
         release()
     return kept
@@ -283,8 +280,15 @@ class _Answer(StreamingHttpResponse):
             self.release()
 
 
-def _log_failed_answer(conversation, exc: LLMError) -> None:
-    logger.warning("the assistant of conversation %s could not answer: %s", conversation.id, exc)
+def _not_answered(conversation, exc: LLMError | ApiError) -> str:
+    """Why the assistant's answer is not in ``conversation``, as a page says it (the chat's
+    stream, or the page after a form); a model's failure logged."""
+    if isinstance(exc, LLMError):
+        logger.warning(
+            "the assistant of conversation %s could not answer: %s", conversation.id, exc
+        )
+        return f"The assistant could not answer: {exc.shown}"
+    return f"The answer could not be kept: {exc.message}"
 
 
 @action
