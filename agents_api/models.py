@@ -2,6 +2,7 @@
 
 import hashlib
 import re
+import unicodedata
 import uuid
 from datetime import timedelta
 
@@ -18,6 +19,7 @@ from django.utils import timezone
 from conversations.selectors import group_owners
 from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, PRINCIPAL_MAX_LENGTH, Principal
 from memsvc.db import embedding_has_model, embedding_index, json_is_object, words_column
+from memsvc.text import DEFAULT_IGNORABLE
 from memsvc.validators import (
     composed,
     no_blank_ends,
@@ -265,7 +267,12 @@ class MemorySource(models.TextChoices):
 
 
 def normalised_content(content: str) -> str:
-    """The text two memories must share to be one: case and runs of whitespace ignored."""
+    """The text two memories must share to be one: case, runs of whitespace, compatibility
+    forms (NFKC: a fullwidth "\uff13" is a "3", a ligature its letters) and what draws nothing
+    (a zero-width space inside a word) ignored (review: each made a second memory of a fact
+    kept once already)."""
+    if not content.isascii():
+        content = unicodedata.normalize("NFKC", DEFAULT_IGNORABLE.sub("", content))
     return re.sub(r"\s+", " ", content).strip().casefold()
 
 

@@ -1,9 +1,13 @@
 """The pages' Content-Security-Policy: scripts, styles and everything else from this origin
 only, no inline script or style, no framing (beside X-Frame-Options), forms posted here only.
+And no page kept by the browser or a proxy: each shows someone's conversations or memory,
+which the back button of a shared computer showed after the logout (review).
 
 htmx is a static file of this origin (django-htmx ships it) told by its ``htmx-config`` meta
 tag not to evaluate code or inject its indicator styles, so it runs under this policy.
 """
+
+from django.utils.cache import add_never_cache_headers
 
 CONTENT_SECURITY_POLICY = "; ".join(
     [
@@ -21,8 +25,9 @@ CONTENT_SECURITY_POLICY = "; ".join(
 
 
 class ContentSecurityPolicyMiddleware:
-    """Sets the policy on the pages' responses (the API answers JSON; the admin and the API
-    docs keep Django's and drf-spectacular's own pages as they are)."""
+    """Sets the policy, and that nothing keeps the page, on the pages' responses (the API
+    answers JSON; the admin and the API docs keep Django's and drf-spectacular's own pages
+    as they are: the admin's are never cached either)."""
 
     def __init__(self, get_response):
         self.get_response = get_response
@@ -32,4 +37,5 @@ class ContentSecurityPolicyMiddleware:
         match = getattr(request, "resolver_match", None)
         if match is not None and match.namespace == "pages":
             response.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
+            add_never_cache_headers(response)
         return response

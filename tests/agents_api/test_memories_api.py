@@ -141,6 +141,19 @@ def test_the_same_fact_again_is_one_memory_with_the_higher_importance_and_every_
     assert Memory.objects.count() == 5
 
 
+def test_the_same_fact_written_in_other_unicode_forms_is_one_memory(api, helper):
+    first = save(api, helper, "Alice has 3 cats", userId="alice")
+    # A fullwidth digit, a zero-width space in a word, a ligature: each made a second
+    # memory of the fact (review).
+    for again in ["Alice has \uff13 cats", "Alice has 3 c\u200bats"]:
+        answer = api.post(MEMORIES, {"content": again, "userId": "alice"}, as_=helper)
+        assert (answer.status_code, answer.json()["id"]) == (200, first["id"]), again
+    ligature = save(api, helper, "Alice keeps \ufb01sh", userId="alice")
+    answer = api.post(MEMORIES, {"content": "Alice keeps fish", "userId": "alice"}, as_=helper)
+    assert (answer.status_code, answer.json()["id"]) == (200, ligature["id"])
+    assert Memory.objects.count() == 2
+
+
 def test_a_batch_saves_all_in_one_go_and_merges_repeats(api, helper):
     response = api.post(
         f"{MEMORIES}/batch",

@@ -92,6 +92,7 @@ def test_the_script_gets_the_new_row_then_the_answer_streamed(alice_page, chat):
     assert row.status_code == 200 and b"<html" not in row.content and b"Hello" in row.content
     streamed = alice_page.post(reverse("pages:reply", args=[chat.id]))
     assert streamed.streaming and streamed["Content-Type"].startswith("text/plain")
+    assert "no-store" in streamed["Cache-Control"]
     pieces = [piece.decode() for piece in streamed.streaming_content]
     assert len(pieces) > 1 and "".join(pieces) == "Rex would love Brittany, Alice."
     assert Message.objects.filter(conversation=chat, role="assistant").count() == 1

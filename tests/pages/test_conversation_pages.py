@@ -675,6 +675,8 @@ def test_pages_carry_the_csp_and_refuse_framing(alice_page):
         assert "script-src 'self'" in policy and "unsafe-inline" not in policy
         assert "frame-ancestors 'none'" in policy
         assert response["X-Frame-Options"] == "DENY"
+        # Someone's conversations are not kept for the back button after a logout.
+        assert "no-store" in response["Cache-Control"] and "private" in response["Cache-Control"]
         assert inline_scripts(response.content) == []
         assert unlabelled_controls(response.content) == [], path
     # The page loads htmx from this site, not a CDN.

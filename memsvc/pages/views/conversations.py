@@ -238,7 +238,6 @@ def reply(request, conversation_id):
             yield f"{ANSWER_FAILED}{_not_answered(conversation, exc)}"
 
     response = _Answer(stream(), release=release, content_type="text/plain; charset=utf-8")
-    response["Cache-Control"] = "no-store"
     response["X-Accel-Buffering"] = "no"  # a proxy in front passes the pieces on at once
     return response
 
