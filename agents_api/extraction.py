@@ -132,15 +132,12 @@ def _claim(agent: Agent, conversation: Conversation) -> tuple[int, list] | None:
         state = MemoryExtraction.objects.select_for_update().get(
             agent=agent, conversation=conversation
         )
-        while state.unread:  # (a span whose messages are all deleted since is dropped)
-            (after, through), *rest = state.unread
-            messages = _window(conversation, after=after, through=through)
-            state.unread = rest
-            if messages:
-                if messages[-1].seq < through:  # (the rest of the span: the next one's)
-                    state.unread = [[messages[-1].seq, through], *rest]
-                state.save(update_fields=["unread"])
-                return after, messages
+        after, messages, state.unread = unread_taken(
+            state.unread, lambda after, through: _window(conversation, after=after, through=through)
+        )
+        if messages:
+            state.save(update_fields=["unread"])
+            return after, messages
         after = state.through_seq
         if not _enough_turns(agent, conversation, after):
             state.save(update_fields=["unread"])
@@ -203,11 +200,37 @@ def _release(agent: Agent, conversation: Conversation, previous: int, claimed: i
         )
         if state is None:  # (the conversation is gone)
             return
-        if state.through_seq == claimed:
-            state.through_seq = previous
-        else:
-            state.unread = sorted([*state.unread, [previous, claimed]])
+        state.through_seq, state.unread = given_back(
+            state.through_seq, state.unread, previous=previous, claimed=claimed
+        )
         state.save(update_fields=["through_seq", "unread"])
+
+
+def given_back(through: int, unread: list, *, previous: int, claimed: int) -> tuple[int, list]:
+    """A reader's place (``through``: read through that ``seq``) and its spans to read again
+    (``unread``: ``[after, through]`` pairs, oldest first) once it gives back the turns it
+    claimed after ``previous`` through ``claimed``: its place moves back when nothing was read
+    past them since, else they are a span to read first (a give-back that found the place
+    moved on did nothing, and those turns were never read; review). The extraction's and the
+    sleeptime observer's."""
+    if through == claimed:
+        return previous, unread
+    return through, sorted([*unread, [previous, claimed]])
+
+
+def unread_taken(unread: list, window) -> tuple[int, list, list]:
+    """The first span given back (``given_back``) whose ``window(after, through)`` (the
+    turns a reader takes at once, oldest first) holds turns: (after, the turns, the spans
+    left); what of the span the window did not hold stays first. A span whose turns are all
+    deleted since is dropped. (0, [], []) when none holds any."""
+    while unread:
+        (after, through), *unread = unread
+        messages = window(after, through)
+        if messages:
+            if messages[-1].seq < through:  # (the rest of the span: the next one's)
+                unread = [[messages[-1].seq, through], *unread]
+            return after, messages, unread
+    return 0, [], []
 
 
 def _line(number: int, message) -> str:

@@ -5,9 +5,10 @@ Each change is a block revision by ``agent:<id>`` like any other write.
 
 Without an LLM (``memsvc.llm``) captures are stored and nothing else happens. The turns are
 claimed before the LLM is asked (the agent's row lock decides between two workers); a
-transient failure (or any other error) gives them back for the next capture, a malformed
-answer changes nothing, and a block changed while the LLM read it keeps that change (the
-turns are given back).
+transient failure (or any other error) gives them back for the next capture, as the
+extraction's are (``extraction.given_back``: turns a later observation read past are read
+first), a malformed answer changes nothing, and a block changed while the LLM read it keeps
+that change (the turns are given back).
 """
 
 import logging
@@ -15,6 +16,7 @@ import logging
 from django.db import transaction
 
 from agents_api import services
+from agents_api.extraction import given_back, unread_taken
 from agents_api.models import Agent, MemoryBlock
 from agents_api.selectors import memory_blocks
 from agents_api.services.letta import letta_settings
@@ -28,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 FREQUENCY_KEY = "sleeptime_agent_frequency"
 THROUGH_KEY = "observed_through_seq"  # the last message the observer has read
+UNREAD_KEY = "observed_unread"  # turns given back after it read past them: [after, through]
 MAX_TRANSCRIPT_MESSAGES = 100
 MAX_MESSAGE_CHARS = 4_000
 
@@ -59,11 +62,24 @@ def _unread(agent: Agent):
     return conversation_messages(agent.local_conversation, for_agent=True).filter(seq__gt=through)
 
 
+def _given_back(agent: Agent) -> list:
+    """The spans of turns given back to read first (``extraction.given_back``)."""
+    spans = letta_settings(agent).get(UNREAD_KEY)
+    return [
+        span
+        for span in (spans if isinstance(spans, list) else [])
+        if isinstance(span, list) and len(span) == 2 and all(type(seq) is int for seq in span)
+    ]
+
+
 def observation_due(agent: Agent) -> bool:
-    """An LLM, a sleeptime frequency, and at least that many captured turns unread."""
+    """An LLM, a sleeptime frequency, and turns given back to read again or at least that
+    many captured turns unread."""
     frequency = _frequency(agent)
     unread = _unread(agent) if frequency and llm_configured() else None
-    return unread is not None and unread.filter(role=Role.USER).count() >= frequency
+    return unread is not None and (
+        bool(_given_back(agent)) or unread.filter(role=Role.USER).count() >= frequency
+    )
 
 
 @transaction.atomic
@@ -73,16 +89,28 @@ def _claim(agent: Agent) -> tuple[int, list] | None:
     agent = Agent.objects.select_for_update().filter(pk=agent.pk).first()
     if agent is None or not observation_due(agent):  # (deleted since the task read it)
         return None
-    previous = letta_settings(agent).get(THROUGH_KEY) or 0
-    # The oldest first, the rest for the next observation: the blocks learn the turns in
-    # the order they came (the newest 100 were read, and the older never: review).
-    turns = list(_unread(agent).order_by("seq")[:MAX_TRANSCRIPT_MESSAGES])
-    _set_through(agent, turns[-1].seq)
-    return previous, turns
+    through = letta_settings(agent).get(THROUGH_KEY) or 0
+    captured = conversation_messages(agent.local_conversation, for_agent=True)
+
+    def window(after: int, until: int | None = None) -> list:
+        # The oldest first, the rest for the next observation: the blocks learn the turns
+        # in the order they came (the newest 100 were read, and the older never: review).
+        turns = captured.filter(seq__gt=after)
+        if until is not None:
+            turns = turns.filter(seq__lte=until)
+        return list(turns.order_by("seq")[:MAX_TRANSCRIPT_MESSAGES])
+
+    after, turns, spans = unread_taken(_given_back(agent), window)
+    if turns:
+        _save_place(agent, through, spans)
+        return after, turns
+    turns = window(through)
+    _save_place(agent, turns[-1].seq, spans)
+    return through, turns
 
 
-def _set_through(agent: Agent, seq: int) -> None:
-    letta = {**letta_settings(agent), THROUGH_KEY: seq}
+def _save_place(agent: Agent, through: int, unread: list) -> None:
+    letta = {**letta_settings(agent), THROUGH_KEY: through, UNREAD_KEY: unread}
     agent.metadata = {**agent.metadata, "letta": letta}
     agent.save(update_fields=["metadata"])
 
@@ -90,8 +118,11 @@ def _set_through(agent: Agent, seq: int) -> None:
 @transaction.atomic
 def _release(agent: Agent, previous: int, claimed: int) -> None:
     agent = Agent.objects.select_for_update().filter(pk=agent.pk).first()
-    if agent is not None and letta_settings(agent).get(THROUGH_KEY) == claimed:
-        _set_through(agent, previous)
+    if agent is not None:
+        through = letta_settings(agent).get(THROUGH_KEY) or 0
+        _save_place(
+            agent, *given_back(through, _given_back(agent), previous=previous, claimed=claimed)
+        )
 
 
 def observer_prompt(blocks, turns) -> list[dict]:

@@ -582,6 +582,36 @@ def test_turns_are_given_back_when_writing_the_blocks_fails(
     assert MemoryBlock.objects.get(agent__name="travel", label="human").value == "Ada."
 
 
+def test_turns_given_back_after_a_later_observation_read_past_them_are_read_next(
+    api, helper, llm, committed_capture, monkeypatch
+):
+    """The model failed for a first observation while a second had claimed the turns after
+    it: the give-back found the place moved on and did nothing, and the first turns were
+    never read (review). They are read first at the next observation."""
+    from agents_api import sleeptime
+    from memsvc.llm import LLMError
+
+    state = create_agent(api, helper)
+    every_n_captures(api, helper, state, 1)
+    llm.answer(OBSERVER_MARKER, json.dumps({"blocks": []}))
+    model = sleeptime.chat
+    calls = []
+
+    def down_while_a_second_capture_is_read(messages):
+        calls.append(messages[1]["content"])
+        if len(calls) == 1:
+            committed_capture(helper, state["id"], "I live in Lisbon.")
+            raise LLMError("overloaded", transient=True)
+        return model(messages)
+
+    monkeypatch.setattr(sleeptime, "chat", down_while_a_second_capture_is_read)
+    committed_capture(helper, state["id"], "My name is Ada.")
+    assert "I live in Lisbon." in calls[1] and "Ada" not in calls[1]
+    # (The task's retry of the transient failure: the first turns, and those alone.)
+    assert len(calls) == 3 and "My name is Ada." in calls[2] and "Lisbon" not in calls[2]
+    assert not observation_due(Agent.objects.get(name="travel"))
+
+
 def test_an_observation_of_an_agent_deleted_meanwhile_ends_quietly(api, helper, llm):
     """The task read the agent, then its DELETE came first: nothing to observe (it failed
     with ``Agent.DoesNotExist``), and the LLM is not asked."""
