@@ -19,6 +19,7 @@ from conversations.models import (
 from conversations.services import (
     NewMessage,
     conversation_delete,
+    conversation_fork,
     messages_append,
     messages_delete,
 )
@@ -368,6 +369,70 @@ def test_a_writer_appends_forks_and_renames_but_does_not_share(bob_page):
 
     bob_page.post(reverse("pages:rename", args=[conversation.id]), {"title": "Rome or Paris"})
     assert Conversation.objects.get(id=conversation.id).title == "Rome or Paris"
+
+
+def _branches(html: str) -> list[tuple[int, str]]:
+    """The branches' list of a page: (how many lists deep, the title) of each entry; the
+    lists and items it opens all closed."""
+    from html.parser import HTMLParser
+
+    class Branches(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.open, self.entries, self.naming = [], [], False
+
+        def handle_starttag(self, tag, attrs):
+            if tag in {"ul", "li"}:
+                self.open.append(tag)
+            self.naming = tag == "a" or ("aria-current", "page") in attrs
+
+        def handle_endtag(self, tag):
+            if tag in {"ul", "li"}:
+                assert self.open.pop() == tag
+            self.naming = False
+
+        def handle_data(self, data):
+            if self.naming and data.strip():
+                self.entries.append((self.open.count("ul"), data.strip()))
+
+    nav = html[html.index('<nav aria-label="Branches">') :]
+    parser = Branches()
+    parser.feed(nav[: nav.index("</nav>")])
+    assert parser.open == []
+    return parser.entries
+
+
+def test_the_branches_are_drawn_nested_however_deep_the_forks_go(alice_page):
+    root = conversation_of("alice", "root", "hello")
+    alice = Principal.user("alice")
+
+    def fork_of(conversation, title):
+        at = Message.objects.filter(conversation=conversation).order_by("seq").last()
+        return conversation_fork(
+            alice, conversation=conversation, message=at, title=title, new_message={"content": "x"}
+        )
+
+    a = fork_of(root, "a")
+    a1 = fork_of(a, "a1")
+    fork_of(a1, "a11")
+    fork_of(root, "b")
+    assert _branches(alice_page.get(page_of(a1)).content.decode()) == [
+        (1, "root"),
+        (2, "a"),
+        (3, "a1"),
+        (4, "a11"),
+        (2, "b"),
+    ]
+    # A chain of 100 forks (a person editing a message again and again): the template that
+    # included itself for each level reached Python's recursion limit at about 70, and no
+    # page of the group opened (500; review).
+    deepest = a1
+    for depth in range(100):
+        deepest = fork_of(deepest, f"d{depth}")
+    response = alice_page.get(page_of(deepest))
+    assert response.status_code == 200
+    drawn = _branches(response.content.decode())
+    assert len(drawn) == 105 and drawn[-2:] == [(103, "d99"), (2, "b")]
 
 
 def test_a_manager_shares_changes_and_removes_members_but_never_the_owner(alice_page, bob_page):

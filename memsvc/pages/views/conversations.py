@@ -97,20 +97,48 @@ def conversation_create(request):
     return redirect("pages:conversation", conversation.id)
 
 
+# How deep the branches' list indents; deeper ones are drawn at that depth (a chain of forks
+# made as a person edits a message again and again has hundreds).
+FORK_TREE_INDENTS = 8
+
+
 @dataclass
-class ForkNode:
+class ForkRow:
+    """A conversation of the group in the branches' list: ``depth`` forks from the root;
+    ``forked``: whether a nested list of its forks follows; ``ends``: how many nested
+    lists end after it (its depth down to the next row's)."""
+
     conversation: Conversation
-    children: list["ForkNode"] = field(default_factory=list)
+    depth: int
+    forked: bool = False
+    ends: range = range(0)
+
+    @property
+    def forks_indented(self) -> bool:
+        return self.depth + 1 < FORK_TREE_INDENTS
 
 
-def _fork_tree(forks: list[Conversation]) -> list[ForkNode]:
-    """The group's conversations (root first, ``conversation_forks``) as a tree to draw."""
-    nodes = {fork.id: ForkNode(fork) for fork in forks}
-    roots = []
+def _fork_rows(forks: list[Conversation]) -> list[ForkRow]:
+    """The group's conversations (root first, ``conversation_forks``) in the order the
+    branches' nested lists show them, each fork under its parent. Walked with a list of
+    its own, not drawn by a template that includes itself: a chain of about 70 forks
+    reached Python's recursion limit and no page of the group opened (review)."""
+    ids = {fork.id for fork in forks}
+    children: dict = {}
     for fork in forks:
-        parent = nodes.get(fork.forked_at_conversation_id)
-        (parent.children if parent else roots).append(nodes[fork.id])
-    return roots
+        parent = fork.forked_at_conversation_id if fork.forked_at_conversation_id in ids else None
+        children.setdefault(parent, []).append(fork)
+    rows: list[ForkRow] = []
+    waiting = [(root, 0) for root in reversed(children.get(None, []))]
+    while waiting:
+        fork, depth = waiting.pop()
+        forked = children.get(fork.id, [])
+        rows.append(ForkRow(fork, depth, forked=bool(forked)))
+        waiting.extend((child, depth + 1) for child in reversed(forked))
+    for row, after in zip(rows, [*rows[1:], None], strict=True):
+        if not row.forked:
+            row.ends = range(row.depth - (after.depth if after else 0))
+    return rows
 
 
 @page
@@ -169,7 +197,7 @@ def conversation(request, conversation_id):
         membership.shown_as = names.get(membership.principal_id, membership.principal_id)
     forks = selectors.conversation_forks(conversation, previews=True)
     context.update(
-        forks=_fork_tree(forks),
+        forks=_fork_rows(forks),
         # Deleting it deletes them too (``conversation_delete``): its button says so.
         has_branches=selectors.deletes_branches(conversation),
         memberships=memberships,
