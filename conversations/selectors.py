@@ -10,12 +10,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+from django.core.exceptions import EmptyResultSet
 from django.db import connection
 from django.db.models import (
     BooleanField,
     Case,
     CharField,
     Exists,
+    Expression,
     ExpressionWrapper,
     F,
     FilteredRelation,
@@ -290,9 +292,7 @@ def show_fork_points(conversations) -> None:
         return
     lineages = conversation_lineages([fork.id for fork in hidden])
     last_seen = [
-        Message.objects.filter(
-            SEEN_BY_USERS, _lineage_filter(lineages.get(fork.id, [])), seq__lte=seq
-        )
+        Message.objects.filter(SEEN_BY_USERS, _InLineage(lineages.get(fork.id, [])), seq__lte=seq)
         .annotate(fork_id=Value(fork.id, output_field=UUIDField()))
         .order_by("-seq")
         .values_list("fork_id", "id")[:1]
@@ -594,14 +594,40 @@ def conversation_lineage(conversation: Conversation) -> list[LineageStep]:
     return conversation_lineages([conversation.id]).get(conversation.id, [])
 
 
-def _lineage_filter(lineage: list[LineageStep]) -> Q:
-    condition = Q(pk__in=[])
-    for step in lineage:
-        if step.max_seq is None:
-            condition |= Q(conversation_id=step.conversation_id)
-        else:
-            condition |= Q(conversation_id=step.conversation_id, seq__lte=step.max_seq)
-    return condition
+class _InLineage(Expression):
+    """A message is in ``lineage``'s view: ``(conversation_id = c AND seq <= s) OR ...``, one
+    condition per step, each an index range. Written as SQL once: the same condition of Q
+    objects, one per step, cost Django about 25 ms to resolve and compile for a chain of 300
+    forks (the statement itself, 0.6 ms), at every request of the conversation (review)."""
+
+    output_field = BooleanField()
+    conditional = True
+
+    def __init__(self, lineage: list[LineageStep]):
+        super().__init__()
+        self.lineage = lineage
+
+    def resolve_expression(self, query=None, *args, **kwargs):
+        resolved = super().resolve_expression(query, *args, **kwargs)
+        resolved.columns = [
+            F(name).resolve_expression(query, *args, **kwargs)
+            for name in ("conversation_id", "seq")
+        ]
+        return resolved
+
+    def as_sql(self, compiler, connection):
+        if not self.lineage:
+            raise EmptyResultSet
+        conversation, seq = (compiler.compile(column)[0] for column in self.columns)
+        conditions, params = [], []
+        for step in self.lineage:
+            if step.max_seq is None:
+                conditions.append(f"{conversation} = %s")
+                params.append(step.conversation_id)
+            else:
+                conditions.append(f"({conversation} = %s AND {seq} <= %s)")
+                params += [step.conversation_id, step.max_seq]
+        return f"({' OR '.join(conditions)})", params
 
 
 def conversation_messages(conversation: Conversation, *, for_agent: bool = False):
@@ -610,7 +636,7 @@ def conversation_messages(conversation: Conversation, *, for_agent: bool = False
     Users see the HISTORY channel's user-visible messages only; agents see every channel.
     """
     queryset = Message.objects.without_search_data().filter(
-        _lineage_filter(conversation_lineage(conversation))
+        _InLineage(conversation_lineage(conversation))
     )
     if not for_agent:
         queryset = queryset.filter(SEEN_BY_USERS)

@@ -3,7 +3,7 @@ and transfers. Each view parses its form with the user API's own input serialize
 the conversation through ``access_conversation`` and calls one service or selector."""
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.contrib import messages as flash
