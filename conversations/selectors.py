@@ -589,6 +589,16 @@ def conversation_lineages(
     return lineages
 
 
+def conversation_ancestry(conversation: Conversation) -> list[Conversation]:
+    """The conversation and each one it was forked from, root first, whether or not its
+    view reaches them (the admin's lineage): two queries, whatever the depth."""
+    with connection.cursor() as cursor:
+        cursor.execute(_LINEAGES_SQL.format(within=""), [[conversation.id]])
+        ids = [conversation_id for _root, conversation_id, _fork_seq in cursor.fetchall()]
+    found = Conversation.objects.in_bulk(ids)
+    return [found[conversation_id] for conversation_id in reversed(ids) if conversation_id in found]
+
+
 def conversation_lineage(conversation: Conversation) -> list[LineageStep]:
     """The view of one conversation (``conversation_lineages``; none if it is gone)."""
     return conversation_lineages([conversation.id]).get(conversation.id, [])

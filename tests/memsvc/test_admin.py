@@ -186,6 +186,29 @@ def test_the_conversation_page_shows_its_fork_lineage(operator, memory):
     assert page.index("Dogs</a>") < page.index("Dogs (fork)</a>")
 
 
+def test_a_forks_lineage_costs_the_same_queries_however_deep(operator):
+    def page_of_a_chain(depth: int) -> tuple[str, int]:
+        chain = [ConversationFactory(title="c0")]
+        for level in range(1, depth + 1):
+            chain.append(
+                ConversationFactory(
+                    group=chain[0].group, title=f"c{level}", forked_at_conversation=chain[-1]
+                )
+            )
+        url = reverse("admin:conversations_conversation_change", args=[chain[-1].pk])
+        with CaptureQueriesContext(connection) as queries:
+            page = operator.get(url).content.decode()
+        return page, len(queries)
+
+    page_of_a_chain(1)  # (what a first page reads once)
+    _, queries = page_of_a_chain(2)
+    deep, deep_queries = page_of_a_chain(12)
+    assert deep_queries == queries  # (a query per ancestor: review)
+    lineage = deep[deep.index("Fork lineage") :]
+    places = [lineage.index(f">c{level}</a>") for level in range(12)]
+    assert places == sorted(places)
+
+
 def test_the_message_list_costs_the_same_queries_at_any_size(operator):
     url = reverse("admin:conversations_message_changelist")
     MessageFactory.create_batch(3)
