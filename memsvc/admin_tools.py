@@ -2,16 +2,21 @@
 
 import contextlib
 import uuid
+from collections import Counter
 
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.admin.utils import NestedObjects, quote
 from django.core.exceptions import FieldDoesNotExist, ValidationError
 from django.core.paginator import Paginator
-from django.db import transaction
+from django.db import router, transaction
 from django.db.models.constants import LOOKUP_SEP
 from django.forms.fields import InvalidJSONInput
+from django.urls import NoReverseMatch, reverse
 from django.utils.functional import cached_property
+from django.utils.html import format_html
+from django.utils.text import capfirst
 
 from memsvc import validators
 from memsvc.api.errors import NotFound
@@ -148,9 +153,70 @@ class Checked:
         return super().response_action(request, queryset)
 
 
+# How many rows of each kind a deletion's confirmation page lists under one row (the rest
+# counted in a line, all counted in its summary).
+DELETION_ROWS_SHOWN = 20
+
+
+class _ShownNestedObjects(NestedObjects):
+    """Django's rows a deletion takes, nested, but at most ``DELETION_ROWS_SHOWN`` of a kind
+    under one row: a conversation of 20,000 messages made a page of 3 MB in 3.1 s, one of
+    an agent of 50,000 memories 7.4 MB in 6.1 s (review), and more would have met the web
+    processes' 30 s before the operator saw the button."""
+
+    def _nested(self, obj, seen, format_callback):
+        if obj in seen:
+            return []
+        seen.add(obj)
+        children, shown, more = [], Counter(), Counter()
+        for child in self.edges.get(obj, ()):
+            if child in seen:
+                continue
+            if shown[child._meta] < DELETION_ROWS_SHOWN:
+                shown[child._meta] += 1
+                children.extend(self._nested(child, seen, format_callback))
+            else:
+                more[child._meta] += 1
+        children += [
+            f"… and {count:,} more {opts.verbose_name_plural}" for opts, count in more.items()
+        ]
+        return [format_callback(obj), *([children] if children else [])]
+
+
 class ModelAdmin(Checked, admin.ModelAdmin):
     """Django's, taking in a list's query only the lookups its own filters write, and an
-    action's selection only of ids (``Checked``)."""
+    action's selection only of ids (``Checked``); a deletion's confirmation lists a few rows
+    of each kind under a row, and counts them all (``_ShownNestedObjects``)."""
+
+    def get_deleted_objects(self, objs, request):
+        """Django's ``admin.utils.get_deleted_objects``, with ``_ShownNestedObjects``."""
+        if not objs:
+            return [], {}, set(), []
+        collector = _ShownNestedObjects(using=router.db_for_write(self.model), origin=objs)
+        collector.collect(objs)
+        perms_needed = set()
+
+        def shown(obj) -> str:
+            opts = obj._meta
+            if not self.admin_site.is_registered(type(obj)):
+                return f"{capfirst(opts.verbose_name)}: {obj}"
+            if not self.admin_site.get_model_admin(type(obj)).has_delete_permission(request, obj):
+                perms_needed.add(opts.verbose_name)
+            try:
+                url = reverse(
+                    f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_change",
+                    args=[quote(obj.pk)],
+                )
+            except NoReverseMatch:
+                return f"{capfirst(opts.verbose_name)}: {obj}"
+            return format_html('{}: <a href="{}">{}</a>', capfirst(opts.verbose_name), url, obj)
+
+        counts = {
+            model._meta.verbose_name_plural: len(rows)
+            for model, rows in collector.model_objs.items()
+        }
+        protected = [shown(obj) for obj in collector.protected]
+        return collector.nested(shown), counts, perms_needed, protected
 
 
 class ReadOnlyAdmin(ModelAdmin):
