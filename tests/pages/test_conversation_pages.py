@@ -6,6 +6,7 @@ from urllib.parse import quote, urljoin, urlsplit
 
 import pytest
 from django.urls import resolve, reverse
+from django.utils.html import escape
 
 from conversations.models import (
     AccessLevel,
@@ -57,6 +58,10 @@ def test_pages_need_a_login_and_the_login_page_logs_in(client, alice_page):
     assert refused.status_code == 200
     assert b"did not match" in refused.content
     assert b'value="alice"' in refused.content  # (the name typed kept: review)
+    # Both fields said invalid and described by the refusal (review: neither was).
+    assert refused.content.count(b'aria-invalid="true" aria-describedby="login-refused"') == 2
+    assert b'role="alert" id="login-refused"' in refused.content
+    assert b"aria-invalid" not in login_page.content
     logged_in = client.post(
         "/app/login/", {"username": "alice", "password": "a long enough password"}
     )
@@ -861,3 +866,76 @@ def test_a_refusal_after_logging_in_as_another_does_not_lead_back_to_the_login(b
     refused = bob_page.get(page_of(conversation), headers={"Referer": f"http://testserver{login}"})
     assert refused.status_code == 404
     assert reverse("pages:login") not in refused.content.decode()
+
+
+def _field(html: str, field_id: str) -> str:
+    """The tag of the form control ``field_id`` (a textarea with its text)."""
+    start = html.index(f'id="{field_id}"')
+    start = html.rindex("<", 0, start)
+    end = html.index("</textarea>", start) if html[start:].startswith("<textarea") else None
+    return html[start:end] if end else html[start : html.index(">", start) + 1]
+
+
+def test_a_form_refused_goes_back_to_its_page_with_what_was_typed_and_why(alice_page):
+    """A refusal was a page of its own: the person left the form, and going back to it
+    lost their text; the refused POST's address, reloaded, posted it again (reviews). The
+    page it was sent from shows it once, on the field, with the text typed."""
+    conversation = conversation_of("alice", "Team", "hi", shared=[("bob", "reader")])
+    message = Message.objects.get(conversation=conversation)
+    came_from = f"http://testserver{page_of(conversation)}"
+    asked = [
+        ("pages:rename", [conversation.id], {"title": "t" * 501}, "rename-title"),
+        (
+            "pages:share",
+            [conversation.id],
+            {"userId": "b" * 300, "accessLevel": "writer"},
+            "share-user",
+        ),
+        ("pages:transfer", [conversation.id], {"newOwnerUserId": "alice"}, "transfer-to"),
+        ("pages:fork", [conversation.id, message.id], {"content": "  "}, f"fork-{message.id}"),
+        ("pages:append", [conversation.id], {"content": " \u200b "}, "append-content"),
+    ]
+    before = snapshot()
+    for name, args, form, field_id in asked:
+        refused = alice_page.post(reverse(name, args=args), form, HTTP_REFERER=came_from)
+        assert (refused.status_code, refused["Location"]) == (302, came_from), name
+        html = alice_page.get(page_of(conversation)).content.decode()
+        field = _field(html, field_id)
+        assert 'aria-invalid="true" aria-describedby="refusal" autofocus' in field, field
+        typed = next(value for key, value in form.items() if key != "accessLevel")
+        assert escape(typed) in field, field
+        alert = html[html.index('id="refusal"') :].split("</p>")[0]
+        assert 'role="alert"' in html[html.rindex("<p", 0, html.index('id="refusal"')) :]
+        assert ": " in alert and len(alert) > 20, alert
+        # Once: shown again, the page is as it was.
+        again = alice_page.get(page_of(conversation)).content.decode()
+        assert 'id="refusal"' not in again and "aria-invalid" not in again
+    assert snapshot() == before
+    # The access chosen with the refused share stays chosen; a fork's box stays open.
+    alice_page.post(
+        reverse("pages:share", args=[conversation.id]),
+        {"userId": "b" * 300, "accessLevel": "writer"},
+        HTTP_REFERER=came_from,
+    )
+    html = alice_page.get(page_of(conversation)).content.decode()
+    assert '<option value="writer" selected>' in html
+    alice_page.post(
+        reverse("pages:fork", args=[conversation.id, message.id]),
+        {"content": ""},
+        HTTP_REFERER=came_from,
+    )
+    assert '<details class="fork" open>' in alice_page.get(page_of(conversation)).content.decode()
+    # Refusals of who asked, not what the form said, keep their own page.
+    assert bob_page_refused(conversation, came_from) == 403
+
+
+def bob_page_refused(conversation, came_from) -> int:
+    from tests.pages.conftest import login
+
+    return (
+        login("bob")
+        .post(
+            reverse("pages:rename", args=[conversation.id]), {"title": "x"}, HTTP_REFERER=came_from
+        )
+        .status_code
+    )

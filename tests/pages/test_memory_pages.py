@@ -335,3 +335,25 @@ def test_an_agent_that_keeps_nothing_about_the_person_is_not_found(alice_page, h
     assert alice_page.get(agent_page(helper)).status_code == 200
     clear = alice_page.post(reverse("pages:memories_clear", args=[helper.id]))
     assert clear.status_code == 302 and clear["Location"] == reverse("pages:memory")
+
+
+def test_a_block_value_refused_is_kept_on_its_own_block(alice_page, helper):
+    """(A refusal was a page of its own, and going back lost the text; review.)"""
+    from tests.pages.test_conversation_pages import _field
+
+    for label in ("human", "notes"):
+        memory_block_create(
+            helper.as_principal(), agent=helper, label=label, value="v", limit=10, user_id="alice"
+        )
+    page = reverse("pages:agent_memory", args=[helper.id])
+    refused = alice_page.post(
+        reverse("pages:block_update", args=[helper.id]),
+        {"label": "notes", "value": "n" * 11},
+        HTTP_REFERER=f"http://testserver{page}",
+    )
+    assert refused.status_code == 302
+    html = alice_page.get(page).content.decode()
+    assert html.count('aria-invalid="true"') == 1
+    notes = _field(html[html.index("<h3>notes</h3>") :], "block-2")
+    assert 'aria-invalid="true"' in notes and "n" * 11 in notes
+    assert MemoryBlock.objects.get(label="notes").value == "v"

@@ -24,3 +24,23 @@ def highlighted(hit) -> str:
         return ""
     marked = escape(hit.marked).replace("&lt;b&gt;", "<b>").replace("&lt;/b&gt;", "</b>")
     return mark_safe(marked.replace(MARKUP_STAND_IN, "&lt;"))  # noqa: S308 (escaped above)
+
+
+@register.simple_tag(takes_context=True)
+def refusal_of(context, action: str, **same):
+    """The refusal of the form at ``action`` sent from this page (``common.refused_form``:
+    what it said and what was typed), if it is this form's; ``same``: the values that tell
+    it from the other forms of its address (a block's ``label``)."""
+    refused = getattr(context.get("request"), "refused_form", None)
+    if not refused or refused["action"] != action:
+        return None
+    if any(refused["typed"].get(name) != str(value) for name, value in same.items()):
+        return None
+    return refused
+
+
+@register.simple_tag
+def invalid(refused) -> str:
+    """A refused form's field: said invalid, described by the refusal, and focused."""
+    shown = ' aria-invalid="true" aria-describedby="refusal" autofocus' if refused else ""
+    return mark_safe(shown)  # noqa: S308 (a constant)

@@ -47,18 +47,58 @@ def page(view):
             if refusal is not None:
                 raise refusal
             limit_principal(request.principal.rate_limit_key)
+            request.refused_form = refused_form(request)
             response = view(request, *args, **kwargs)
         except (ApiError, ValidationError) as exc:
-            refusal = exception_handler(exc, None)
-            template = "pages/_refused.html" if request.htmx else "pages/refused.html"
-            context = {"error": refusal.data["error"], "came_from": _came_from(request)}
-            response = render(request, template, context, status=refusal.status_code)
-            if "Retry-After" in refusal:
-                response["Retry-After"] = refusal["Retry-After"]
+            response = _refused(request, exception_handler(exc, None))
         patch_vary_headers(response, ["HX-Request"])
         return response
 
     return wrapper
+
+
+# A form's refusal kept for the page it was sent from (``_refused``): the form's address, what
+# it said, and what was typed into it.
+REFUSED_FORM = "refused_form"
+# Refusals of what a form said (invalid, or in conflict with what is there), not of who sent
+# it or when (403, 404, 429: the refusal's own page says those).
+_KEPT_ON_THE_FORM = {400, 409}
+
+
+def _refused(request, refusal):
+    """A refusal as a page, or as a fragment for htmx. A plain form's refusal of what it said
+    goes back to the page it was sent from, which shows it on the form with what was typed
+    (``refused_form``; a page of its own took the person away from the form, and going back
+    to it lost their text: review). The refused POST's address is no page to reload: a
+    reload posted the form again (review)."""
+    came_from = _came_from(request)
+    error = refusal.data["error"]
+    if (
+        request.method == "POST"
+        and not request.htmx
+        and came_from
+        and refusal.status_code in _KEPT_ON_THE_FORM
+    ):
+        typed = {name: value for name, value in request.POST.items() if name not in _NOT_TYPED}
+        request.session[REFUSED_FORM] = {"action": request.path, "error": error, "typed": typed}
+        return HttpResponseRedirect(came_from)
+    template = "pages/_refused.html" if request.htmx else "pages/refused.html"
+    context = {"error": error, "came_from": came_from}
+    response = render(request, template, context, status=refusal.status_code)
+    if "Retry-After" in refusal:
+        response["Retry-After"] = refusal["Retry-After"]
+    return response
+
+
+_NOT_TYPED = {"csrfmiddlewaretoken", "next"}
+
+
+def refused_form(request) -> dict | None:
+    """The refusal of a form sent from this page (``_refused``), once: a page shown again
+    later shows none."""
+    if request.method != "GET" or request.htmx or REFUSED_FORM not in request.session:
+        return None
+    return request.session.pop(REFUSED_FORM)
 
 
 def _to_login(request):
