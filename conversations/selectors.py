@@ -589,6 +589,13 @@ def conversation_lineages(
     return lineages
 
 
+def conversation_titles(conversation_ids) -> dict:
+    """id -> title of these conversations (those that exist), in one query."""
+    return dict(
+        Conversation.objects.filter(id__in=set(conversation_ids)).values_list("id", "title")
+    )
+
+
 def conversation_ancestry(conversation: Conversation) -> list[Conversation]:
     """The conversation and each one it was forked from, root first, whether or not its
     view reaches them (the admin's lineage): two queries, whatever the depth."""

@@ -6,6 +6,7 @@ are shown. A conversation is a sequence: the turn next to a good match is often 
 so a message also gets a share of its best direct neighbour's score.
 """
 
+import re
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -244,6 +245,25 @@ def search_messages(
     )
 
 
+# A query's parts a hit's extract marks: a quoted phrase (its closing quote may be missing,
+# as ``websearch_to_tsquery`` allows) or a word; "-" before one excludes it.
+_QUERY_TERM = re.compile(r'-?"[^"]*"?|\S+')
+
+
+def highlighted_terms(query: str) -> list[str]:
+    """The parts of ``query`` a hit's extract marks, each on its own (``or``): all at once,
+    an extract of a hit holding some of them only was its first words, none marked (the
+    README's "highlights mark the matches"; review). Not its exclusions, which no hit
+    holds. PostgreSQL's highlighting costs about the product of the text's words and the
+    query's (one message of 25,000 words and a query of 40: 9 s, while it held a web
+    thread and a connection): it reads the first HEADLINE_CHARS of each hit, for each term
+    once, and the terms are those of the query's keywords (``SearchTuning.query_words``,
+    counted here with the stop words among them)."""
+    terms = dict.fromkeys(_QUERY_TERM.findall(query.lower()))
+    marked = [term for term in terms if not term.startswith("-") and term != "or"]
+    return marked[: 2 * configured_tuning().query_words]
+
+
 def _hits(ranked: list[tuple], query: str | None) -> list[SearchHit]:
     """The ranked messages, each with its highlights of ``query`` (None: none)."""
     if not ranked:
@@ -252,13 +272,7 @@ def _hits(ranked: list[tuple], query: str | None) -> list[SearchHit]:
     if query is None:
         messages = Message.objects.raw(_HITS_SQL.format(headline="NULL"), [ids])
     else:
-        # PostgreSQL's highlighting costs about the product of the text's words and the
-        # query's (one message of 25,000 words and a query of 40: 9 s, while it held a web
-        # thread and a connection): it reads the first HEADLINE_CHARS of each hit, for each
-        # word once. Its words: those of the query's keywords (``SearchTuning.query_words``,
-        # counted here with the stop words among them).
-        written = list(dict.fromkeys(query.lower().split()))[: 2 * configured_tuning().query_words]
-        words = websearch_text(" ".join(written))
+        words = websearch_text(" or ".join(highlighted_terms(query)))
         messages = Message.objects.raw(
             _HITS_SQL.format(headline=_HEADLINE),
             [TEXT_SEARCH_CONFIG, HEADLINE_CHARS, TEXT_SEARCH_CONFIG, words, _HEADLINE_OPTIONS, ids],

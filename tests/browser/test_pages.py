@@ -124,10 +124,14 @@ def test_create_post_fork_switch_share_search(
     page.get_by_role("button", name="Search").click()
     hit = page.locator("#search-results li.card a").first
     expect(hit).to_be_visible()
-    expect(page.locator("#search-results b").first).to_be_visible()  # highlighted words
+    expect(hit).to_contain_text("Trip to Rome: alice")  # the conversation named (review)
+    expect(page.locator("#search-results mark").first).to_be_visible()  # highlighted words
+    expect(page.get_by_role("status").filter(has_text="found for")).to_be_visible()
+    expect(page).to_have_title(re.compile("^Search: museums Rome"))
     shots(page, "conversations")
     hit.click()
     expect(page.locator("#messages li.target")).to_contain_text("Which museums")
+    expect(page.locator("#messages li.target")).to_be_focused()  # (a ring alone: review)
 
     # Bob, in a browser of his own, sees it, reads it, and has no controls to write.
     bobs = browser.new_context()
@@ -538,8 +542,10 @@ def test_a_memory_deleted_among_the_search_hits_leaves_the_list_too(page, live_s
 
 
 def test_after_sending_with_the_keyboard_the_focus_is_back_in_the_message_box(page, assistant_chat):
-    """The Send button is disabled while the answer streams in, which takes the focus off it;
-    the next Tab must not start again from the top of the page."""
+    """The Send button is off while the answer streams in (``aria-disabled``: a disabled one
+    took the focus off it, to the page, for as long as the answer took; review); then the
+    focus is back in the message box, and a screen reader hears the answer once, whole (the
+    row was a live region read again from its start at every piece; review)."""
     page.get_by_label("Your message").focus()
     page.keyboard.type("Which museums first?")
     page.keyboard.press("Tab")
@@ -549,6 +555,10 @@ def test_after_sending_with_the_keyboard_the_focus_is_back_in_the_message_box(pa
     )
     expect(page.locator("#messages li.streaming")).to_have_count(0)
     expect(page.get_by_label("Your message")).to_be_focused()
+    status = page.locator("form#append [role=status]")
+    expect(status).to_have_text(re.compile(r": Start with the Vatican Museums\.$"))
+    assert page.locator("#messages [aria-live]").count() == 0
+    assert page.get_by_role("button", name="Send").get_attribute("aria-disabled") is None
 
 
 def test_a_message_sent_once_the_session_ended_goes_to_the_login_page(page, assistant_chat):

@@ -202,12 +202,20 @@ def test_search_finds_what_the_person_may_see_and_links_to_the_message(alice_pag
     html = response.content.decode()
     message = Message.objects.get(conversation=mine)
     assert f"{page_of(mine)}?at={message.id}#m-{message.id}" in html
-    assert "<b>dog</b>" in html or "<b>beach</b>" in html
+    assert "<mark>dog</mark>" in html or "<mark>beach</mark>" in html
+    # Named by its conversation too, and counted (review: "alice, <date>" three times).
+    assert f">Pets: alice, {message.created_at:%Y-%m-%d}" in html
+    assert "1 message found for “dog beach”" in html
     assert "Charlie" not in html
     assert "Nothing found" in bob_page.get("/app/search/", {"q": "dog beach"}).content.decode()
-    # The link opens the conversation at that message.
+    # The link opens the conversation at that message, marked for a screen reader too (a
+    # ring marked it only; review).
     opened = alice_page.get(page_of(mine), {"at": str(message.id)}).content.decode()
-    assert f'id="m-{message.id}"' in opened and "target" in opened
+    assert (
+        f'class="message user target" id="m-{message.id}" tabindex="-1" aria-current="true"'
+        in opened
+    )
+    assert "The message you were looking for:" in opened
 
 
 @pytest.mark.parametrize("query", ["   ", "\u200b\u2060"])
@@ -684,21 +692,24 @@ def test_a_message_with_markup_shows_as_text_everywhere(alice_page):
         assert "<script>alert" not in html and "<img src=x" not in html
         assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
         assert inline_scripts(html) == []
-    # A search snippet (PostgreSQL's ts_headline) is escaped too; only its <b> marks stay.
+    # A search snippet (PostgreSQL's ts_headline) is escaped too; only its marks stay.
     found = alice_page.get("/app/search/", {"q": "look here alert"}).content.decode()
-    assert "&lt;img src=x onerror=<b>alert</b>(2)&gt;" in found
+    assert "&lt;img src=x onerror=<mark>alert</mark>(2)&gt;" in found
     assert "<script>alert" not in found and "<img src=x" not in found
     assert inline_scripts(found) == []
 
 
 def test_a_message_that_writes_bold_markup_shows_it_in_a_search_hit_as_written(alice_page):
-    """A hit's extract marks its matches with ``<b>``, and showed a message's own "<b>" bold
+    """A hit's extract marks its matches (``<mark>``), and showed a message's own "<b>" bold
     too (review R3): only the matches are bold."""
     conversation_of("alice", "Markup", "wrap it in <b>bold</b> tags, or <i>Köln</i> 東京")
     found = alice_page.get("/app/search/", {"q": "tags koln 東"}).content.decode()
-    assert "wrap it in &lt;b&gt;bold&lt;/b&gt; <b>tags</b>, or &lt;i&gt;<b>Köln</b>" in found
-    assert "&lt;/i&gt; <b>東</b>京" in found
-    assert "<b>bold</b>" not in found
+    assert (
+        "wrap it in &lt;b&gt;bold&lt;/b&gt; <mark>tags</mark>, or &lt;i&gt;<mark>Köln</mark>"
+        in found
+    )
+    assert "&lt;/i&gt; <mark>東</mark>京" in found
+    assert "<b>bold</b>" not in found and "<mark>bold</mark>" not in found
 
 
 def test_every_form_needs_the_csrf_token(db):

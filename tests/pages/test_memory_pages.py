@@ -105,7 +105,9 @@ def test_blocks_about_the_person_are_edited_with_revisions(alice_page, helper):
     block.refresh_from_db()
     assert block.value == "Likes coffee"
     html = alice_page.get(agent_page(helper)).content.decode()
-    assert "Revisions (2)" in html and "Likes tea" in html  # the old value, among revisions
+    assert (
+        "of human</span> (2)</summary>" in html and "Likes tea" in html
+    )  # the old value, among revisions
     # The block's limit and read-only hold here as in the API.
     assert alice_page.post(update, {"label": "human", "value": "x" * 41}).status_code == 400
     assert alice_page.post(update, {"label": "persona", "value": "Changed"}).status_code == 403

@@ -1057,3 +1057,24 @@ def test_a_huge_message_and_a_long_query_are_highlighted_in_bounded_time(api, al
     [late] = search(api, alice, "zebra", mode="keyword")
     assert late["message"]["content"].endswith("late zebra")
     assert "<b>" not in late["highlights"]
+
+
+def test_a_hit_holding_some_of_the_querys_words_is_marked_where_it_holds_them(api, alice):
+    """All the words at once: a hit holding some only was shown from its first words, none
+    marked ("Kowalski deadline" showed "We hired a new data"; review)."""
+    conversation = ConversationFactory(group__owner=alice.id)
+    MessageFactory(
+        conversation=conversation,
+        content="We hired a new data engineer, Tomasz Kowalski, he starts on May 6.",
+    )
+    MessageFactory(conversation=conversation, content="A birthday cake with chocolate icing")
+    [hit] = search(api, alice, "Kowalski deadline", mode="keyword")
+    assert "<b>Kowalski</b>" in hit["highlights"]
+    # A quoted phrase is marked as one; an excluded word is not marked.
+    [cake] = search(api, alice, '"birthday cake" party -vanilla', mode="keyword")
+    assert "<b>birthday</b> <b>cake</b>" in cake["highlights"]
+    assert selectors.highlighted_terms('"Birthday cake" party -vanilla -"ice cream" or "open') == [
+        '"birthday cake"',
+        "party",
+        '"open',
+    ]

@@ -80,7 +80,13 @@ def search(request):
                 {"query": query, "topK": settings.MEMORY_MAX_SEARCH_LIMIT}
             )
         hits = search_messages(request.principal, **asked)
-    context = {"query": query, "hits": hits}
+    # Each hit named by its conversation too: "alice, 2026-12-06 11:39", three times, said
+    # nowhere where the link goes (review).
+    titles = selectors.conversation_titles(hit.message.conversation_id for hit in hits)
+    context = {
+        "query": query,
+        "hits": [(hit, titles.get(hit.message.conversation_id, "")) for hit in hits],
+    }
     return fragment_or_page(request, "pages/_search_results.html", "pages/search.html", context)
 
 

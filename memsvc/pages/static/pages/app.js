@@ -29,6 +29,7 @@ document.addEventListener("submit", async (event) => {
     return;
   }
   event.preventDefault();
+  if (form.dataset.sending) return; // (one at a time: the button stays focusable meanwhile)
   await whileSending(form, async () => {
     const sent = await fetch(form.action, {
       method: "POST",
@@ -44,7 +45,7 @@ document.addEventListener("submit", async (event) => {
     list.querySelector(".empty")?.remove();
     list.insertAdjacentHTML("beforeend", row);
     form.reset();
-    await answer(form, list);
+    return answer(form, list);
   });
 });
 
@@ -55,6 +56,7 @@ document.addEventListener("click", async (event) => {
   const again = event.target.closest("form#append button.ask-again");
   if (!again) return;
   const form = again.form;
+  if (form.dataset.sending) return;
   await whileSending(form, () => answer(form, document.getElementById("messages")));
 });
 
@@ -84,33 +86,56 @@ if (chat) {
   if (unsent !== null && !chat.elements.content.value) chat.elements.content.value = unsent;
 }
 
-// The form's send button is off while it sends or an answer comes; what refused the previous
+// The form's send button is off while it sends or an answer comes (``aria-disabled``, not
+// ``disabled``: a disabled button lost the focus to the page for as long as the answer took,
+// and a screen reader said the person had left the form; review); what refused the previous
 // send says nothing about this one.
 async function whileSending(form, work) {
   form.querySelectorAll(".error, .ask-again").forEach((notice) => notice.remove());
   const button = form.querySelector("button[type=submit]");
-  button.disabled = true;
+  form.dataset.sending = "true";
+  button.setAttribute("aria-disabled", "true");
+  let spoken = "";
   try {
-    await work();
+    spoken = (await work()) || "";
   } finally {
-    button.disabled = false;
-    // Disabling the button took the focus off it (to the page): back to the message box.
-    if (document.activeElement === document.body) form.elements.content.focus();
+    delete form.dataset.sending;
+    button.removeAttribute("aria-disabled");
+    // Back to the message box for the next one (from the button, or the page if a refusal
+    // took the focus), and then the answer said: after the focus moved, not cut off by it.
+    if ([document.body, button].includes(document.activeElement)) form.elements.content.focus();
+    said(form, spoken);
   }
+}
+
+// What a screen reader hears of an answer: that it is being written, then the answer once
+// whole (the row itself, a live region, was read again from its start at every piece, with
+// the typing cursor: review).
+function said(form, text) {
+  let status = form.querySelector(".chat-status");
+  if (!status) {
+    status = document.createElement("p");
+    status.className = "chat-status visually-hidden";
+    status.setAttribute("role", "status");
+    form.append(status);
+  }
+  status.textContent = text;
 }
 
 // What ends a streamed answer the model failed to write (the server's ANSWER_FAILED).
 const ANSWER_FAILED = "\u001e";
 
-// The assistant's answer to the latest turns, streamed into a new row of ``list``.
+// The assistant's answer to the latest turns, streamed into a new row of ``list``; what a
+// screen reader is to say of it once whole (nothing when it failed: the refusal says why).
 async function answer(form, list) {
   const row = document.createElement("li");
   row.className = "message assistant streaming";
-  row.setAttribute("aria-live", "polite");
+  row.setAttribute("aria-busy", "true");
   const who = document.createElement("p");
   who.className = "who";
-  who.innerHTML = "<strong></strong>";
+  who.innerHTML = '<strong></strong> <span class="meta">assistant</span>';
   who.firstChild.textContent = form.dataset.assistant;
+  said(form, `${form.dataset.assistant} is writing an answer…`);
   const content = document.createElement("div");
   content.className = "content";
   row.append(who, content);
@@ -135,7 +160,7 @@ async function answer(form, list) {
   for (;;) {
     const { done, value } = await reader.read();
     if (done) break;
-    content.textContent += decoder.decode(value, { stream: true });
+    content.append(decoder.decode(value, { stream: true })); // (a text node more, each piece)
   }
   // The model failed (the server's ANSWER_FAILED, then why): nothing was kept, what was
   // written of it goes; why is said as a refusal, and the answer may be asked for again.
@@ -148,9 +173,11 @@ async function answer(form, list) {
     why.textContent = content.textContent.slice(failed + 1);
     form.prepend(why);
     offerToAskAgain(form);
-    return;
+    return "";
   }
   row.classList.remove("streaming");
+  row.removeAttribute("aria-busy");
+  return `${form.dataset.assistant}: ${content.textContent}`;
 }
 
 // A button after the refusal of an answer (``.error``) that asks for the answer alone.
@@ -203,3 +230,7 @@ document.addEventListener("htmx:afterSettle", (event) => {
     if (shown !== row) shown.remove();
   }
 });
+
+// A conversation opened at a message (a search hit, ``?at=``): the focus on it, so that a
+// screen reader starts there and a keyboard goes on from it (only a ring marked it; review).
+document.querySelector("#messages .message.target")?.focus();
