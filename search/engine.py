@@ -87,6 +87,7 @@ class Candidates:
     created: dict = field(default_factory=dict)  # when each candidate was written
     authors: dict = field(default_factory=dict)  # who wrote it (``Corpus.author``)
     importance: dict = field(default_factory=dict)  # ``Corpus.importance``
+    vectorless: set = field(default_factory=set)  # candidates not embedded yet
     terms: Terms = NO_TERMS  # the query's words, as the keyword retriever took them
 
     @property
@@ -101,6 +102,8 @@ class Candidates:
             author, importance = row[8:]
             if similarity is not None:
                 self.semantic[row_id] = similarity
+            else:
+                self.vectorless.add(row_id)
             if keyword_score is not None:
                 self.keyword.setdefault(row_id, float(keyword_score))
             self.neighbours[row_id] = (before, after)
@@ -166,6 +169,7 @@ class Candidates:
             self.keyword,
             semantic_weight=tuning.semantic_weight,
             keyword_weight=tuning.keyword_weight,
+            vectorless=self.vectorless,
         )
         if periods and tuning.date_weight:
             slack = timedelta(days=tuning.date_slack_days)

@@ -71,11 +71,26 @@ def normalised(scores: Mapping, ids: Iterable) -> dict:
     return {i: ((scores[i] - low) / spread if spread else 1.0) if i in scores else 0.0 for i in ids}
 
 
-def fuse(semantic: Mapping, keyword: Mapping, *, semantic_weight: float, keyword_weight: float):
-    """One score per candidate from both measures, each normalised over the candidates."""
+def fuse(
+    semantic: Mapping,
+    keyword: Mapping,
+    *,
+    semantic_weight: float,
+    keyword_weight: float,
+    vectorless: Collection = (),
+):
+    """One score per candidate from both measures, each normalised over the candidates. A
+    candidate in ``vectorless`` (no vector yet: its semantic measure unknown, not 0) is
+    scored by its keyword measure alone, at both weights: a new message that held the only
+    word asked for ranked below the nearest unrelated one until it was embedded (review)."""
     ids = set(semantic) | set(keyword)
     s, k = normalised(semantic, ids), normalised(keyword, ids)
-    return {i: semantic_weight * s[i] + keyword_weight * k[i] for i in ids}
+    return {
+        i: (semantic_weight + keyword_weight) * k[i]
+        if i in vectorless
+        else semantic_weight * s[i] + keyword_weight * k[i]
+        for i in ids
+    }
 
 
 def with_neighbours(

@@ -39,6 +39,15 @@ def test_fusion_normalises_each_measure_over_the_candidates():
     fused = ranking.fuse(semantic, keyword, semantic_weight=0.5, keyword_weight=0.5)
     # x: best by meaning, no keyword; y: worst by meaning, best by keyword; z: keyword only.
     assert fused == {"x": 0.5, "y": 0.5, "z": 0.0}
+    # One without a vector yet is judged by its keywords alone, not as unrelated in meaning.
+    vectorless = ranking.fuse(
+        {"x": 0.9},
+        {"new": 3.0, "z": 1.0},
+        semantic_weight=0.5,
+        keyword_weight=0.5,
+        vectorless={"new"},
+    )
+    assert vectorless == {"x": 0.5, "new": 1.0, "z": 0.0}
 
 
 def test_a_candidate_gets_a_share_of_its_best_neighbours_score():

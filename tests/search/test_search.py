@@ -96,6 +96,17 @@ def test_keywords_find_a_message_before_it_is_embedded(api, alice, pets):
     assert search(api, alice, "dog", mode="semantic") == []
 
 
+def test_a_new_message_holding_the_word_asked_for_comes_first_before_it_is_embedded(
+    api, alice, pets
+):
+    """Its meaning unknown was counted as unrelated: the nearest unrelated message ranked
+    above it until it was embedded (review)."""
+    embed_pending()
+    elsewhere = ConversationFactory(group__owner=alice.id)
+    MessageFactory(conversation=elsewhere, author_name="alice", content="Booked a kayak lesson")
+    assert contents(search(api, alice, "kayak", mode="hybrid"))[0] == "Booked a kayak lesson"
+
+
 def test_a_search_whose_caller_shows_no_highlights_asks_for_none(alice, pets):
     # PostgreSQL's headline costs a read of each hit's text per query word: the local API
     # and the assistant, which show none, find the same messages without it.
