@@ -267,12 +267,10 @@ class MemorySource(models.TextChoices):
 
 
 def normalised_content(content: str) -> str:
-    """The text two memories must share to be one: case, runs of whitespace, compatibility
-    forms (NFKC: a fullwidth "\uff13" is a "3", a ligature its letters) and what draws nothing
-    (a zero-width space inside a word) ignored (review: each made a second memory of a fact
-    kept once already)."""
-    if not content.isascii():
-        content = unicodedata.normalize("NFKC", DEFAULT_IGNORABLE.sub("", content))
+    """The text two memories must share to be one: case and runs of whitespace ignored.
+    (Other forms of one text, a fullwidth digit or a zero-width space inside a word, are
+    one fact by their vectors and ``claims``: a hash of them read otherwise would need every
+    stored hash, and every export's, read again.)"""
     return re.sub(r"\s+", " ", content).strip().casefold()
 
 
@@ -376,6 +374,8 @@ def claims(content: str) -> tuple:
     and "is not allergic to peanuts", or two phone numbers, are a correction to keep, not
     a repeat to merge into the old fact."""
     numbers, negations = [], 0
+    if not content.isascii():  # (a fullwidth "\uff13" is a "3"; a zero-width space is nothing)
+        content = unicodedata.normalize("NFKC", DEFAULT_IGNORABLE.sub("", content))
     for number, word in _NUMBERS_AND_WORDS.findall(content.casefold().translate(_APOSTROPHES)):
         if number or word in _NUMBER_WORDS or word in _CLAIM_WORDS:
             numbers.append(number or word)

@@ -136,6 +136,9 @@ def test_a_number_in_digits_or_in_words_is_the_same_number(agent, kept, repeat):
     again, created = save(agent, repeat)
     assert (again.id, created) == (old.id, False)
     assert claims("3 cats and two dogs") != claims("2 cats and three dogs")  # (in order)
+    # A fullwidth digit is its number; an invisible character inside one, nothing.
+    assert claims("\uff13 cats") == claims("3 cats") == claims("3\u200b cats")
+    assert claims("13 cats") != claims("1\u200b 3 cats")
 
 
 @pytest.mark.parametrize("way", ["exact", "hnsw"])

@@ -83,30 +83,3 @@ def test_a_process_of_the_release_before_inserts_blocks_and_extractions():
     conversation = ConversationFactory()
     inserted_without(MemoryExtraction(agent=agent, conversation=conversation), "unread")
     assert MemoryExtraction.objects.get().unread == []
-
-
-def test_the_migration_rehashes_memories_as_the_new_reading_reads_them():
-    import hashlib
-    import importlib
-
-    from django.apps import apps
-
-    from agents_api.models import Memory, content_hash
-
-    migration = importlib.import_module("agents_api.migrations.0037_memory_content_hash_nfkc")
-    agent = AgentFactory()
-
-    def stored_as_before(text: str) -> Memory:  # (the hash before NFKC)
-        old = hashlib.sha256(" ".join(text.split()).casefold().encode()).hexdigest()
-        return Memory.objects.create(agent=agent, user_id="alice", content=text, content_hash=old)
-
-    ascii_one = stored_as_before("Alice has 3 cats")
-    twin = stored_as_before("Alice has \uff13 cats")  # one fact with the first, by the new reading
-    alone = stored_as_before("Alice keeps \ufb01sh")
-    migration.rehash(apps, None)
-    for memory in (ascii_one, twin, alone):
-        memory.refresh_from_db()
-    assert ascii_one.content_hash == content_hash("Alice has 3 cats")
-    assert alone.content_hash == content_hash("Alice keeps fish")
-    # Two rows stay two (the unique constraint holds): the later keeps its hash.
-    assert twin.content_hash not in {ascii_one.content_hash, content_hash(twin.content)}
