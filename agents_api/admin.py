@@ -36,6 +36,7 @@ from agents_api.services import (
     tool_records_delete,
 )
 from agents_api.services.messages import local_conversation_renamed
+from agents_api.sleeptime import with_place_kept
 from conversations.models import Conversation, Membership
 from conversations.selectors import groups_owned_by
 from memsvc.admin_tools import (
@@ -140,7 +141,9 @@ class AgentForm(forms.ModelForm):
         data = super().clean()
         if isinstance(data.get("metadata"), dict):
             try:
-                data["metadata"] = letta_settings_checked(data["metadata"])
+                data["metadata"] = with_place_kept(
+                    letta_settings_checked(data["metadata"]), self.instance
+                )
             except serializers.ValidationError as exc:
                 self.add_error("metadata", as_api_error(exc).message)
         return data

@@ -109,6 +109,22 @@ def _claim(agent: Agent) -> tuple[int, list] | None:
     return through, turns
 
 
+def with_place_kept(metadata: dict, agent: Agent) -> dict:
+    """``metadata`` given to ``agent`` (the admin's form) with the observer's place in it as
+    it is now: Letta's settings as its API takes them hold no place, and a save of the
+    agent's description sent the model every captured turn again, and lost those given
+    back (review)."""
+    letta = metadata.get("letta")
+    place = {
+        key: value
+        for key, value in letta_settings(agent).items()
+        if key in (THROUGH_KEY, UNREAD_KEY)
+    }
+    if not isinstance(letta, dict) or not place:
+        return metadata
+    return {**metadata, "letta": {**letta, **place}}
+
+
 def _save_place(agent: Agent, through: int, unread: list) -> None:
     letta = {**letta_settings(agent), THROUGH_KEY: through, UNREAD_KEY: unread}
     agent.metadata = {**agent.metadata, "letta": letta}

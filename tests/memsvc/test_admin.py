@@ -1144,6 +1144,23 @@ def test_an_agents_letta_settings_are_kept_in_the_admin_as_letta_keeps_them(
     assert api.get("/v1/agents/", as_=helper).json()[0]["tags"] == ["x"]
 
 
+def test_an_agents_description_saved_in_the_admin_keeps_the_observers_place(operator):
+    """Letta's settings as its API takes them hold no place of the sleeptime observer: a
+    save of the description dropped it, and the model was sent every captured turn again,
+    and those given back were lost (review)."""
+    agent = make_agent("helper").agent
+    place = {"observed_through_seq": 105, "observed_unread": [[3, 7]]}
+    agent.metadata = {"letta": {"enable_sleeptime": True, **place}}
+    agent.save()
+    change = reverse("admin:agents_api_agent_change", args=[agent.pk])
+    form = {"owner_principal": agent.owner_principal, "name": agent.name, "description": "new"}
+    shown = {"letta": {"enable_sleeptime": True}}  # (as an operator edits it)
+    assert operator.post(change, {**form, "metadata": json.dumps(shown)}).status_code == 302
+    agent.refresh_from_db()
+    assert agent.description == "new"
+    assert agent.metadata == {"letta": {"enable_sleeptime": True, **place}}
+
+
 def test_a_users_memory_setting_is_not_deleted_in_the_admin(operator):
     """No row is memory on: deleting alice's "off" turned her memory back on, unasked."""
     setting = memory_setting_update(Principal.user("alice"), enabled=False)
