@@ -4,6 +4,7 @@ agent's (``/v1/agent/export``, ``/v1/agent/import``). Thin views over
 none takes a user id other than the token's, or an agent other than the key's."""
 
 from django.http import StreamingHttpResponse
+from django.utils.cache import add_never_cache_headers
 from rest_framework import serializers
 from rest_framework.response import Response
 
@@ -44,8 +45,11 @@ def _document_schema(name: str, kind: str, subject, sections) -> type[serializer
 
 
 def _streamed(chunks) -> StreamingHttpResponse:
+    """A document as a file to download, which no browser or proxy keeps (all that is kept
+    about someone; review)."""
     response = StreamingHttpResponse(chunks, content_type="application/json")
     response["Content-Disposition"] = 'attachment; filename="memsvc-export.json"'
+    add_never_cache_headers(response)
     return response
 
 

@@ -84,6 +84,7 @@ def export(api, user) -> dict:
     assert response.status_code == 200
     assert response.streaming
     assert response["Content-Type"] == "application/json"
+    assert "no-store" in response["Cache-Control"]  # (kept by no browser or proxy: review)
     return json.loads(b"".join(response.streaming_content))
 
 
