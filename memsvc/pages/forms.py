@@ -8,7 +8,15 @@ from django.core.exceptions import ValidationError
 from memsvc.api.errors import RateLimited
 from memsvc.api.ratelimit import LOGINS_BUSY, login_refusal
 
-LOCKED_OUT = "Too many failed logins from this address. Please try again in a minute."
+
+def locked_out(refusal: RateLimited) -> str:
+    """Why a locked-out address is refused, with the wait its ``Retry-After`` says (the page
+    said "a minute" when the header said 2 seconds; review)."""
+    seconds = int(refusal.headers["Retry-After"])
+    return (
+        "Too many failed logins from this address. Please try again in "
+        f"{seconds} second{'s' if seconds != 1 else ''}."
+    )
 
 
 class LockoutAware:
@@ -35,11 +43,12 @@ class LockoutAware:
             if self.refusal is None:
                 raise
             busy = self.refusal.message == LOGINS_BUSY  # (no password of anyone's checked)
-            raise ValidationError(LOGINS_BUSY if busy else LOCKED_OUT, code="locked_out") from None
+            why = LOGINS_BUSY if busy else locked_out(self.refusal)
+            raise ValidationError(why, code="locked_out") from None
 
 
 class LoginForm(LockoutAware, AuthenticationForm):
-    """The pages' login (``pages/login.html`` shows ``LOCKED_OUT`` itself)."""
+    """The pages' login (``pages/login.html`` shows ``locked_out``'s words itself)."""
 
 
 class AdminLoginForm(LockoutAware, AdminAuthenticationForm):

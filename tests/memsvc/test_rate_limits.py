@@ -225,6 +225,9 @@ def test_wrong_passwords_lock_the_address_out_of_the_logins(settings, backend, p
     # Answered as the APIs answer a locked-out address: a script is told to stop.
     assert refused.status_code == 429
     assert 1 <= int(refused["Retry-After"]) <= 60
+    # The wait the page says is the header's (it said "a minute": review).
+    wait = int(refused["Retry-After"])
+    assert f"try again in {wait} second".encode() in refused.content
     assert b"did not match" not in refused.content
     assert b"correct username" not in refused.content
 
