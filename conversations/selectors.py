@@ -710,15 +710,17 @@ def conversation_context(
     rest = view.exclude(channel=Channel.SUMMARY)
     head: list[Message] = []
     if summary is not None:
-        # (null: every message it covered is deleted, ``services._summaries_moved_off``)
+        # Null: every message it covered is deleted (``services._summaries_moved_off``); no
+        # id at all (as an operator's import once stored) is read the same: it covers none.
         until_id = summary.metadata.get("untilMessageId")
         if not until_id:
             until = {"seq": 0}
-        else:  # (no id at all, as an operator's import once stored: as if deleted)
+        else:
             # Looked up in the whole group, not the view: a fork whose point was deleted
             # starts earlier (``services._forks_moved_off``), and a parent's turn its summary
             # covers up to may be out of its view now; what it covered is still what comes
-            # before that turn (seq is global: the order of every turn of the group).
+            # before that turn (seq is global: the order of every turn of the group). An id
+            # that names no message of the group: it covers what came before it.
             until_uuid = as_uuid(until_id)
             until = (
                 Message.objects.filter(id=until_uuid, conversation__group_id=conversation.group_id)

@@ -442,14 +442,15 @@ class OpenAIBackend:
         return array
 
 
-def get_embedding_backend(kind: str, **options) -> EmbeddingBackend:
-    """A backend of ``kind`` (local, ollama, openai) with its options."""
+def get_embedding_backend(kind: str, *model, **options) -> EmbeddingBackend:
+    """A backend of ``kind`` (local, ollama, openai) of ``model`` (else its default), with
+    its options (``configured_backend``'s, the settings')."""
     if kind == "local":
-        return LocalBackend(**options)
+        return LocalBackend(*model, **options)
     if kind == "ollama":
-        return OllamaBackend(**options)
+        return OllamaBackend(*model, **options)
     if kind == "openai":
-        return OpenAIBackend(**options)
+        return OpenAIBackend(*model, **options)
     raise ImproperlyConfigured(f"unknown embedding backend {kind!r}")
 
 
@@ -502,19 +503,16 @@ def configured_model_prepared() -> bool:
 def configured_backend() -> EmbeddingBackend:
     """The backend the settings name, one per process."""
     kind = settings.MEMORY_EMBEDDING_BACKEND
-    model = settings.MEMORY_EMBEDDING_MODEL
-    width = settings.MEMORY_EMBEDDING_DIMENSION  # the vector columns' (search.checks)
-    if kind == "local":
-        return LocalBackend(
-            model, precision=settings.MEMORY_EMBEDDING_PRECISION, expected_dimension=width
-        )
-    if kind == "ollama":
-        return OllamaBackend(model, base_url=settings.OLLAMA_BASE_URL, expected_dimension=width)
-    return OpenAIBackend(
-        model,
-        api_key=settings.OPENAI_API_KEY,
-        base_url=settings.OPENAI_BASE_URL,
-        expected_dimension=width,
+    options = {
+        "local": {"precision": settings.MEMORY_EMBEDDING_PRECISION},
+        "ollama": {"base_url": settings.OLLAMA_BASE_URL},
+        "openai": {"api_key": settings.OPENAI_API_KEY, "base_url": settings.OPENAI_BASE_URL},
+    }.get(kind, {})
+    return get_embedding_backend(
+        kind,
+        settings.MEMORY_EMBEDDING_MODEL,
+        expected_dimension=settings.MEMORY_EMBEDDING_DIMENSION,  # the columns' (search.checks)
+        **options,
     )
 
 
