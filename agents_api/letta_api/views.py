@@ -17,7 +17,7 @@ from rest_framework.views import APIView
 from agents_api import selectors, services
 from agents_api.authentication import HasScope, OwnMemoryKeyAuthentication
 from agents_api.letta_api import serializers as s
-from agents_api.local_api.views import fastapi_errors, render_local_error
+from agents_api.local_api.fastapi import fastapi_errors, render_local_error
 from agents_api.tasks import enqueue_letta_observation, enqueue_memory_extraction
 from conversations.models import Message
 from conversations.selectors import conversation_messages
