@@ -34,10 +34,14 @@ def write_once(
     request_hash: str,
     write: Callable[[], list[Row]],
     rows: QuerySet[Row],
+    *,
+    kind: str,
 ) -> tuple[list[Row], bool]:
     """``write()``, once per ``idempotency_key`` of ``actor``: a retry gets the rows the
-    first request wrote (those of ``rows`` still there, in the order written), and
-    (rows, created) says which.
+    first request wrote (of ``rows``, in the order written), and (rows, created) says which.
+    A retry after some of them were deleted is a conflict naming their ``kind`` ("messages"):
+    answered with those left, a client whose answer was lost took its rows for stored, and
+    each caller decided it for itself (code review).
 
     A key reused for a different request (another ``request_hash``: the hash names what
     kind of request it is, so a message's key is no tool record's) is a conflict. Two
@@ -58,7 +62,9 @@ def write_once(
         if record.request_hash != request_hash:
             raise Conflict("this Idempotency-Key was already used for a different request")
         found = {str(row.pk): row for row in rows.filter(pk__in=record.result_ids)}
-        return [found[i] for i in record.result_ids if i in found], False
+        if len(found) != len(record.result_ids):
+            raise Conflict(f"{kind} stored with this Idempotency-Key have been deleted since")
+        return [found[i] for i in record.result_ids], False
     written = write()
     IdempotentRequest.objects.filter(pk=record_id).update(
         result_ids=[str(row.pk) for row in written]

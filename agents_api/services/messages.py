@@ -12,7 +12,6 @@ from conversations.services import (
     conversation_update,
     messages_append,
 )
-from memsvc.api.errors import Conflict
 from memsvc.api.principals import Principal
 from memsvc.db import locked_row
 
@@ -26,8 +25,8 @@ def agent_messages_append(
     idempotency_key: str | None = None,
     request_hash: str = "",
 ) -> tuple[list[Message], bool]:
-    """Append like ``messages_append``; with a key, a retry returns the first result (the
-    messages still there: ``write_once``).
+    """Append like ``messages_append``; with a key, a retry returns the first result
+    (``write_once``).
 
     Returns (messages, created).
     """
@@ -37,6 +36,7 @@ def agent_messages_append(
         request_hash,
         lambda: messages_append(actor, conversation=conversation, messages=messages),
         Message.objects.without_search_data(),
+        kind="messages",
     )
 
 
@@ -126,7 +126,6 @@ def local_message_append(
             agent, [NewMessage(content=content, role=role, metadata=metadata or {})]
         ),
         Message.objects.without_search_data(),
+        kind="messages",
     )
-    if not messages:
-        raise Conflict("the message stored with this Idempotency-Key has been deleted since")
     return messages[0], created

@@ -101,9 +101,8 @@ def tool_records_create(
             request_hash,
             lambda: _store(actor, records, rows, owners),
             ToolRecord.objects.defer(*ToolRecord.SEARCH_DATA),
+            kind="tool records",
         )
-        if len(stored) != len(rows):
-            raise Conflict("tool records stored with this Idempotency-Key have been deleted since")
     return stored, created
 
 

@@ -19,6 +19,7 @@ from agents_api.services import api_key_revoke
 from conversations.models import Conversation, Membership, Message
 from conversations.services import messages_delete
 from memsvc.api.pagination import encode_cursor
+from memsvc.api.principals import Principal
 from memsvc.asgi import ThreadPoolHandler
 from tests.agents_api.conftest import make_agent
 from tests.db import recorded_statements
@@ -521,6 +522,16 @@ def test_the_same_idempotency_key_twice_stores_one_set(api, helper):
     )
     assert different.status_code == 409
     assert Message.objects.count() == 2
+
+    # Sent again after one of them was deleted: a conflict (a 201 with the one left, or
+    # none, told a client whose answer was lost that both were stored; code review).
+    messages_delete(Principal.user("ops"), messages=Message.objects.filter(content="only"))
+    gone = append(api, helper, conversation["id"], *body, HTTP_IDEMPOTENCY_KEY="k-1")
+    assert gone.status_code == 409
+    assert (
+        gone.json()["error"] == "messages stored with this Idempotency-Key have been deleted since"
+    )
+    assert Message.objects.count() == 1
 
 
 def test_an_idempotency_key_is_forgotten_after_its_time_by_the_daily_prune(api, helper):
