@@ -17,8 +17,7 @@ from memsvc.broker import TRANSIENT
 from memsvc.celery import app, sent
 from memsvc.db import DATABASE_DID_NOT_ANSWER
 from memsvc.llm import LLMError, llm_configured
-from search.embeddings import EmbeddingError
-from search.tasks import TransientEmbeddingError
+from search.tasks import SWEEP_TASK_OPTIONS, sweep
 
 logger = logging.getLogger(__name__)
 
@@ -37,11 +36,6 @@ LLM_TASK_OPTIONS = {
     "time_limit": settings.MEMSVC_LLM_TASK_SECONDS + 30,
     "acks_late": True,
 }
-
-
-# Batches per sweep, as many as the message sweep's: a large backlog is worked off over
-# several runs, not by one run that outlasts many minutes.
-SWEEP_MAX_BATCHES = 40
 
 
 @app.task(name="agents_api.touch_memories", acks_late=True)
@@ -161,34 +155,6 @@ def prune_memories_task() -> dict[str, int]:
     }
 
 
-# The sweeps of what is embedded when it is written (memories, tool records): a backend that
-# is restarting is tried again within the minute; a longer outage is left to the next runs,
-# so retries of one run never pile up behind the next.
-SWEEP_TASK_OPTIONS = {
-    "autoretry_for": (TransientEmbeddingError,),
-    "retry_backoff": 2,
-    "retry_backoff_max": 16,
-    "retry_jitter": True,
-    "max_retries": 3,
-    "acks_late": True,
-}
-
-
-def _sweep(embed_pending, what: str) -> int:
-    """Run one sweep (``embed_pending(max_batches=...)``): a transient failure is retried
-    by the task, another (a bad model name, say) is logged and tried again next minute."""
-    try:
-        embedded = embed_pending(max_batches=SWEEP_MAX_BATCHES)
-    except EmbeddingError as exc:
-        if exc.transient:
-            raise TransientEmbeddingError(str(exc)) from exc
-        logger.error("the sweep of %s stopped: %s", what, exc)
-        return 0
-    if embedded:
-        logger.info("sweep embedded %d %s", embedded, what)
-    return embedded
-
-
 @app.task(name="agents_api.sweep_unembedded_memories", **SWEEP_TASK_OPTIONS)
 def sweep_unembedded_memories_task() -> int:
     """Embed memories saved while the embedding backend was down. Runs every minute.
@@ -196,7 +162,7 @@ def sweep_unembedded_memories_task() -> int:
     A memory is embedded when it is saved, so there is no task per memory to race with:
     whatever is waiting is the sweep's. Keywords find those memories meanwhile.
     """
-    return _sweep(services.memories_embed_pending, "memories")
+    return sweep(services.memories_embed_pending, "memories")
 
 
 # --- memories distilled from conversations ---------------------------------------------------
@@ -291,7 +257,7 @@ def enqueue_tool_record_observation(records) -> None:
 def sweep_unembedded_tool_records_task() -> int:
     """Embed tool records written while the embedding backend was down (or whose LLM
     summary came then). Runs every minute, as the memory sweep does."""
-    return _sweep(services.tool_records_embed_pending, "tool records")
+    return sweep(services.tool_records_embed_pending, "tool records")
 
 
 # --- Letta's sleeptime agent -----------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Celery tasks of the search app: they take ids, and call a service that reloads the rows."""
 
+import functools
 from collections.abc import Sequence
 
 from celery.utils.log import get_task_logger
@@ -47,17 +48,46 @@ def embed_messages_task(message_ids: list[str]) -> int:
         return 0
 
 
-@app.task(name="search.sweep_unembedded", acks_late=True)
-def sweep_unembedded_task() -> int:
-    """Embed whatever the queue lost (broker down, worker killed). Runs every minute."""
+# Batches per sweep: a large backlog is worked off over several runs, not by one run that
+# outlasts many minutes.
+SWEEP_MAX_BATCHES = 40
+
+# The sweeps (of messages the queue lost, of memories and tool records saved while the
+# backend was down): a backend that is restarting is tried again within the minute; a longer
+# outage is left to the next runs, so retries of one run never pile up behind the next. (The
+# messages' sweep gave up at once: code review.)
+SWEEP_TASK_OPTIONS = {
+    "autoretry_for": (TransientEmbeddingError,),
+    "retry_backoff": 2,
+    "retry_backoff_max": 16,
+    "retry_jitter": True,
+    "max_retries": 3,
+    "acks_late": True,
+}
+
+
+def sweep(embed_pending, what: str) -> int:
+    """Run one sweep (``embed_pending(max_batches=...)``): a transient failure is retried
+    by the task, another (a bad model name, say) is logged and tried again next minute."""
     try:
-        embedded = services.embed_pending(older_than_seconds=SWEEP_GRACE_SECONDS, max_batches=40)
+        embedded = embed_pending(max_batches=SWEEP_MAX_BATCHES)
     except EmbeddingError as exc:
-        logger.warning("sweep stopped: %s", exc)
+        if exc.transient:
+            raise TransientEmbeddingError(str(exc)) from exc
+        logger.error("the sweep of %s stopped: %s", what, exc)
         return 0
     if embedded:
-        logger.info("sweep embedded %d messages", embedded)
+        logger.info("sweep embedded %d %s", embedded, what)
     return embedded
+
+
+@app.task(name="search.sweep_unembedded", **SWEEP_TASK_OPTIONS)
+def sweep_unembedded_task() -> int:
+    """Embed whatever the queue lost (broker down, worker killed). Runs every minute."""
+    return sweep(
+        functools.partial(services.embed_pending, older_than_seconds=SWEEP_GRACE_SECONDS),
+        "messages",
+    )
 
 
 def enqueue_embedding(message_ids: Sequence) -> None:
