@@ -296,16 +296,28 @@ def reembed_all_rows(model, *, text_field: str, backend=None, batch: int = EMBED
     """Re-embed every row of ``model`` with the configured model (after a model change),
     batch by batch in id order. Rows written meanwhile get that model's vector anyway."""
     backend = backend or configured_backend()
-    total, last_id = 0, None
+    return _reembedded_in_order(
+        model.objects.all(),
+        "pk",
+        lambda ids: embed_rows(model, ids, text_field=text_field, backend=backend, force=True),
+        batch=batch,
+    )
+
+
+def _reembedded_in_order(rows, key: str, embed, *, batch: int = EMBED_BATCH) -> int:
+    """``embed(ids)`` (how many it embedded) for every row of ``rows``, batch by batch in
+    ``key`` order; how many in all. (Written once for messages and for other rows: code
+    review.)"""
+    total, last = 0, None
     while True:
-        rows = model.objects.order_by("pk")
-        if last_id is not None:
-            rows = rows.filter(pk__gt=last_id)
-        ids = list(rows.values_list("pk", flat=True)[:batch])
-        if not ids:
+        page = rows.order_by(key)
+        if last is not None:
+            page = page.filter(**{f"{key}__gt": last})
+        found = list(page.values_list(key, "pk")[:batch])
+        if not found:
             return total
-        last_id = ids[-1]
-        total += embed_rows(model, ids, text_field=text_field, backend=backend, force=True)
+        last = found[-1][0]
+        total += embed([row_id for _, row_id in found])
 
 
 def pending_message_ids(*, older_than_seconds: float = 0, limit: int = EMBED_BATCH) -> list:
@@ -339,17 +351,8 @@ def embed_pending(
 def reembed_all(*, backend=None) -> int:
     """Re-embed every message with the configured model (after a model change)."""
     backend = backend or configured_backend()
-    total, last_seq = 0, 0
-    while True:
-        batch = list(
-            Message.objects.filter(seq__gt=last_seq)
-            .order_by("seq")
-            .values_list("seq", "id")[:EMBED_BATCH]
-        )
-        if not batch:
-            break
-        last_seq = batch[-1][0]
-        total += embed_messages(
-            [message_id for _, message_id in batch], backend=backend, force=True
-        )
-    return total
+    return _reembedded_in_order(
+        Message.objects.all(),
+        "seq",
+        lambda ids: embed_messages(ids, backend=backend, force=True),
+    )
