@@ -216,6 +216,7 @@ def ranked(
     now: datetime | None = None,
     citing: Citing | None = None,
     exclusions: bool = False,
+    min_relevance: float = 0.0,
 ) -> list[tuple]:
     """The ``top_k`` best (id, score) of ``query`` in ``scope``: ``find_candidates`` scored
     for ``mode``; with ``SearchTuning.query_parts``, each part of a query that asks several
@@ -225,7 +226,9 @@ def ranked(
     rows' words (``with_feedback``); rows reached only as a candidate's neighbour kept if
     the scope holds them. With ``exclusions`` (a search someone asked for, not the chat
     text a context is found with, where "-Tom" signs a message: review), rows holding a
-    word the query excludes are not found (``without_excluded``)."""
+    word the query excludes are not found (``without_excluded``). ``min_relevance``: only
+    rows at least that relevant themselves (``Candidates.relevance``, by any text searched:
+    a row reached only through a neighbour or a citation has none)."""
     if exclusions:
         scope, query = without_excluded(scope, query)
     texts = [query]
@@ -281,6 +284,12 @@ def ranked(
     # Ties (min-max fusion makes them: the best by one measure and the worst by the other
     # score alike) go to the more relevant as measured: a turn holding the identifier asked
     # for, not the one holding a neighbour of it whose vector is nearer (review).
+    if min_relevance:
+        scores = {
+            i: score
+            for i, score in scores.items()
+            if max(f.relevance(i, mode) for f in found) >= min_relevance
+        }
     measured = {i: found[0].measured(i, mode, tuning) for i in scores}
     while True:
         best = ranking.top(scores, top_k, then=measured)

@@ -213,12 +213,13 @@ def search_messages(
     roots: bool = False,
     citations: bool = True,
     exclusions: bool = False,
+    min_relevance: float = 0.0,
 ) -> list[SearchHit]:
     """The ``top_k`` messages the principal may see that best answer ``query``; each with
     its ``highlights`` unless the caller shows none (they cost PostgreSQL a headline per
     hit). ``roots``: as ``message_scope`` says. ``citations`` False: the caller knows there
     are no memories to read for the turns they cite (not even a probe for them).
-    ``exclusions``: as ``engine.ranked`` says."""
+    ``exclusions`` and ``min_relevance``: as ``engine.ranked`` says."""
     tuning = tuning or configured_tuning()
     scope = message_scope(
         principal,
@@ -240,6 +241,7 @@ def search_messages(
             tuning=tuning,
             citing=citing,
             exclusions=exclusions,
+            min_relevance=min_relevance,
         ),
         query if highlights else None,
     )

@@ -304,7 +304,7 @@ def reembed_all_rows(model, *, text_field: str, backend=None, batch: int = EMBED
     )
 
 
-def _reembedded_in_order(rows, key: str, embed, *, batch: int = EMBED_BATCH) -> int:
+def _reembedded_in_order(rows, key: str, embed, *, batch: int | None = None) -> int:
     """``embed(ids)`` (how many it embedded) for every row of ``rows``, batch by batch in
     ``key`` order; how many in all. (Written once for messages and for other rows: code
     review.)"""
@@ -313,7 +313,7 @@ def _reembedded_in_order(rows, key: str, embed, *, batch: int = EMBED_BATCH) -> 
         page = rows.order_by(key)
         if last is not None:
             page = page.filter(**{f"{key}__gt": last})
-        found = list(page.values_list(key, "pk")[:batch])
+        found = list(page.values_list(key, "pk")[: batch or EMBED_BATCH])
         if not found:
             return total
         last = found[-1][0]

@@ -248,6 +248,17 @@ class SearchMessagesIn(InputSerializer):
     conversationIds = ListField(child=serializers.UUIDField(), required=False, max_length=100)
     before = serializers.UUIDField(required=False, help_text="Only messages before this one.")
     mode = ChoiceField(choices=MODES, default="hybrid")
+    # (Scores are ranks, stretched over what was found: the best of a search that matched
+    # nothing scored as high as an exact match, and a caller could not tell them apart; review.)
+    minScore = serializers.FloatField(
+        required=False,
+        min_value=0.0,
+        max_value=1.0,
+        default=0.0,
+        help_text="The least relevance of a result: its cosine similarity to the query or the "
+        "share of the query's words it holds (by their weight), whichever is higher, the same "
+        "for every query (0, the default: none).",
+    )
 
     class Meta:
         ref_name = "SearchMessagesRequest"
@@ -265,5 +276,6 @@ class SearchMessagesIn(InputSerializer):
             "mode": data["mode"],
             "conversation_ids": data.get("conversationIds"),
             "before_message_id": data.get("before"),
+            "min_relevance": data["minScore"],
             "exclusions": True,  # (a search asked for: its "-word"s exclude)
         }

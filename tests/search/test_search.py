@@ -1089,3 +1089,16 @@ def test_a_hit_holding_some_of_the_querys_words_is_marked_where_it_holds_them(ap
         "party",
         '"open',
     ]
+
+
+def test_min_score_keeps_only_what_is_relevant_itself_whatever_else_was_found(api, alice, pets):
+    """Scores are stretched over what was found: the best of a search matching nothing
+    scored as an exact match did, and a caller could not tell them apart (review)."""
+    embed_pending()
+    assert len(search(api, alice, "quokka", mode="hybrid")) > 0  # (the nearest, however far)
+    assert search(api, alice, "quokka", mode="hybrid", minScore=0.5) == []
+    found = search(api, alice, "puppy adopted", mode="hybrid", minScore=0.5)
+    assert contents(found) == ["I adopted a puppy named Rex last week"]
+    assert contents(search(api, alice, "puppy", mode="keyword", minScore=0.5)) == contents(found)
+    refused = api.post(SEARCH, {"query": "puppy", "minScore": 1.5}, as_=alice)
+    assert refused.status_code == 400 and "minScore" in refused.json()["details"]
