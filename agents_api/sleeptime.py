@@ -104,6 +104,11 @@ def _claim(agent: Agent) -> tuple[int, list] | None:
     if turns:
         _save_place(agent, through, spans)
         return after, turns
+    # (The turns given back all deleted since: as many as the frequency asks, or none yet;
+    # ``turns[-1]`` failed on none: code review.)
+    if _unread(agent).filter(role=Role.USER).count() < _frequency(agent):
+        _save_place(agent, through, spans)
+        return None
     turns = window(through)
     _save_place(agent, turns[-1].seq, spans)
     return through, turns

@@ -620,17 +620,18 @@ class _InLineage(Expression):
     output_field = BooleanField()
     conditional = True
 
-    def __init__(self, lineage: list[LineageStep]):
+    def __init__(self, lineage: list[LineageStep], columns=None):
         super().__init__()
         self.lineage = lineage
+        self.columns = columns or [F("conversation_id"), F("seq")]
 
-    def resolve_expression(self, query=None, *args, **kwargs):
-        resolved = super().resolve_expression(query, *args, **kwargs)
-        resolved.columns = [
-            F(name).resolve_expression(query, *args, **kwargs)
-            for name in ("conversation_id", "seq")
-        ]
-        return resolved
+    # The columns as its source expressions: resolved and relabelled as Django does any (in
+    # a subquery too, where they were resolved against the outer query: code review).
+    def get_source_expressions(self):
+        return self.columns
+
+    def set_source_expressions(self, exprs):
+        self.columns = list(exprs)
 
     def as_sql(self, compiler, connection):
         if not self.lineage:

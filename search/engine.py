@@ -380,6 +380,7 @@ def with_feedback(
         created=dict(found.created),
         authors=dict(found.authors),
         importance=dict(found.importance),
+        vectorless=set(found.vectorless),  # (lost, the fix was undone by feedback: code review)
         terms=terms,
     )
     return again.add(rows)

@@ -39,7 +39,7 @@ def write_once(
 ) -> tuple[list[Row], bool]:
     """``write()``, once per ``idempotency_key`` of ``actor``: a retry gets the rows the
     first request wrote (of ``rows``, in the order written), and (rows, created) says which.
-    A retry after some of them were deleted is a conflict naming their ``kind`` ("messages"):
+    A retry after some of them were deleted is a conflict naming their ``kind`` ("message"):
     answered with those left, a client whose answer was lost took its rows for stored, and
     each caller decided it for itself (code review).
 
@@ -63,7 +63,11 @@ def write_once(
             raise Conflict("this Idempotency-Key was already used for a different request")
         found = {str(row.pk): row for row in rows.filter(pk__in=record.result_ids)}
         if len(found) != len(record.result_ids):
-            raise Conflict(f"{kind} stored with this Idempotency-Key have been deleted since")
+            many = len(record.result_ids) > 1
+            raise Conflict(
+                f"the {kind}{'s' if many else ''} stored with this Idempotency-Key "
+                f"{'have' if many else 'has'} been deleted since"
+            )
         return [found[i] for i in record.result_ids], False
     written = write()
     IdempotentRequest.objects.filter(pk=record_id).update(

@@ -36,7 +36,7 @@ def agent_messages_append(
         request_hash,
         lambda: messages_append(actor, conversation=conversation, messages=messages),
         Message.objects.without_search_data(),
-        kind="messages",
+        kind="message",
     )
 
 
@@ -126,6 +126,6 @@ def local_message_append(
             agent, [NewMessage(content=content, role=role, metadata=metadata or {})]
         ),
         Message.objects.without_search_data(),
-        kind="messages",
+        kind="message",
     )
     return messages[0], created

@@ -101,7 +101,7 @@ def tool_records_create(
             request_hash,
             lambda: _store(actor, records, rows, owners),
             ToolRecord.objects.defer(*ToolRecord.SEARCH_DATA),
-            kind="tool records",
+            kind="tool record",
         )
     return stored, created
 

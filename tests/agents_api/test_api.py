@@ -529,7 +529,8 @@ def test_the_same_idempotency_key_twice_stores_one_set(api, helper):
     gone = append(api, helper, conversation["id"], *body, HTTP_IDEMPOTENCY_KEY="k-1")
     assert gone.status_code == 409
     assert (
-        gone.json()["error"] == "messages stored with this Idempotency-Key have been deleted since"
+        gone.json()["error"]
+        == "the messages stored with this Idempotency-Key have been deleted since"
     )
     assert Message.objects.count() == 1
 

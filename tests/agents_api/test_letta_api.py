@@ -612,6 +612,28 @@ def test_turns_given_back_after_a_later_observation_read_past_them_are_read_next
     assert not observation_due(Agent.objects.get(name="travel"))
 
 
+def test_turns_given_back_and_deleted_since_leave_nothing_to_observe(
+    api, helper, llm, committed_capture
+):
+    """The spans given back name turns deleted since: the observation failed on the empty
+    list (``IndexError``), and was due while no turn waited (code review)."""
+    from agents_api import sleeptime
+
+    state = create_agent(api, helper)
+    every_n_captures(api, helper, state, 1)
+    llm.answer(OBSERVER_MARKER, json.dumps({"blocks": []}))
+    committed_capture(helper, state["id"], "My name is Ada.")
+    agent = Agent.objects.get(name="travel")
+    asked = len(llm.requests_containing(OBSERVER_MARKER))
+    agent.metadata["letta"][sleeptime.UNREAD_KEY] = [[0, 0]]  # (no turn is in it)
+    agent.save()
+    assert sleeptime.blocks_observe(agent) == []
+    assert len(llm.requests_containing(OBSERVER_MARKER)) == asked
+    agent.refresh_from_db()
+    assert agent.metadata["letta"][sleeptime.UNREAD_KEY] == []
+    assert not observation_due(agent)
+
+
 def test_an_observation_of_an_agent_deleted_meanwhile_ends_quietly(api, helper, llm):
     """The task read the agent, then its DELETE came first: nothing to observe (it failed
     with ``Agent.DoesNotExist``), and the LLM is not asked."""

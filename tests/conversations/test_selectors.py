@@ -29,3 +29,21 @@ def test_the_visible_ids_are_the_visible_conversations():
         ids = set(visible_conversation_ids(principal).values_list("id", flat=True))
         assert ids == expected, principal
         assert ids == set(conversations_visible_to(principal).values_list("id", flat=True))
+
+
+@pytest.mark.django_db
+def test_a_conversations_view_is_a_condition_a_subquery_may_hold():
+    """``conversation_messages`` inside another query's ``Exists``: the view's condition
+    named its columns in the outer query (a ``FieldError``: code review)."""
+    from django.db.models import Exists, OuterRef
+
+    from conversations.models import Conversation
+    from conversations.selectors import conversation_messages
+    from tests.factories import MessageFactory
+
+    talked = MessageFactory(content="hello").conversation
+    quiet = ConversationFactory()
+    holding = Conversation.objects.filter(
+        Exists(conversation_messages(talked).filter(conversation_id=OuterRef("pk")))
+    )
+    assert list(holding) == [talked] and quiet not in holding

@@ -1344,3 +1344,16 @@ def test_a_deletions_confirmation_lists_a_few_rows_of_a_kind_and_counts_them_all
     assert f"… and {45 - DELETION_ROWS_SHOWN} more messages" in listing
     assert operator.post(page, {"post": "yes"}).status_code == 302
     assert not Message.objects.filter(conversation=conversation).exists()
+
+
+def test_a_row_the_confirmation_does_not_list_still_asks_its_delete_permission(operator):
+    """A read-only block may not be deleted in the admin: as the agent's 26th block, past
+    the rows listed, the agent was deleted with it (code review)."""
+    agent = AgentFactory()
+    for index in range(DELETION_ROWS_SHOWN + 5):
+        MemoryBlockFactory(agent=agent, label=f"b{index:02}")
+    MemoryBlockFactory(agent=agent, label="zz-rules", read_only=True)
+    page = reverse("admin:agents_api_agent_delete", args=[agent.pk])
+    assert "permission to delete" in operator.get(page).content.decode()
+    assert operator.post(page, {"post": "yes"}).status_code == 403
+    assert Agent.objects.filter(pk=agent.pk).exists()

@@ -950,3 +950,35 @@ def bob_page_refused(conversation, came_from) -> int:
         )
         .status_code
     )
+
+
+def test_a_refusal_is_shown_on_the_page_it_came_from_not_the_next_one_loaded(alice_page):
+    """Popped by whichever page loaded next: another conversation showed it, and its own
+    page then nothing (code review)."""
+    a = conversation_of("alice", "A", "hi")
+    b = conversation_of("alice", "B", "hi")
+    alice_page.post(
+        reverse("pages:rename", args=[a.id]),
+        {"title": "t" * 501},
+        HTTP_REFERER=f"http://testserver{page_of(a)}",
+    )
+    assert 'id="refusal"' not in alice_page.get(page_of(b)).content.decode()
+    assert 'id="refusal"' in alice_page.get(page_of(a)).content.decode()
+
+
+def test_a_refused_fork_comes_back_to_a_page_that_shows_its_message(alice_page):
+    """The message a fork is of may be on an earlier page ("Earlier messages", loaded in
+    place): the conversation's page, which the browser names, has no form of it, and what
+    was typed was lost (code review)."""
+    conversation = conversation_of("alice", "Long", *[f"m{n}" for n in range(60)])
+    oldest = Message.objects.filter(conversation=conversation).order_by("seq").first()
+    refused = alice_page.post(
+        reverse("pages:fork", args=[conversation.id, oldest.id]),
+        {"content": "  ", "next": f"{page_of(conversation)}?at={oldest.id}#m-{oldest.id}"},
+        HTTP_REFERER=f"http://testserver{page_of(conversation)}",
+    )
+    assert refused["Location"] == f"{page_of(conversation)}?at={oldest.id}#m-{oldest.id}"
+    html = alice_page.get(refused["Location"]).content.decode()
+    assert 'aria-invalid="true"' in _field(html, f"fork-{oldest.id}")
+    # The fork's form names that page.
+    assert f'name="next" value="{page_of(conversation)}?at={oldest.id}#m-{oldest.id}"' in html

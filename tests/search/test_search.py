@@ -96,11 +96,14 @@ def test_keywords_find_a_message_before_it_is_embedded(api, alice, pets):
     assert search(api, alice, "dog", mode="semantic") == []
 
 
+@pytest.mark.parametrize("feedback", [False, True])
 def test_a_new_message_holding_the_word_asked_for_comes_first_before_it_is_embedded(
-    api, alice, pets
+    api, alice, pets, settings, feedback
 ):
     """Its meaning unknown was counted as unrelated: the nearest unrelated message ranked
-    above it until it was embedded (review)."""
+    above it until it was embedded (review); with keyword feedback, still (code review)."""
+    if feedback:
+        tuned(settings, feedback_words=20)
     embed_pending()
     elsewhere = ConversationFactory(group__owner=alice.id)
     MessageFactory(conversation=elsewhere, author_name="alice", content="Booked a kayak lesson")

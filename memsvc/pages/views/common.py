@@ -1,5 +1,6 @@
 """What every page shares: who is asking, and how a refusal of a service looks on a page."""
 
+import time
 from contextlib import contextmanager
 from functools import wraps
 from urllib.parse import urlsplit
@@ -80,7 +81,13 @@ def _refused(request, refusal):
         and refusal.status_code in _KEPT_ON_THE_FORM
     ):
         typed = {name: value for name, value in request.POST.items() if name not in _NOT_TYPED}
-        request.session[REFUSED_FORM] = {"action": request.path, "error": error, "typed": typed}
+        request.session[REFUSED_FORM] = {
+            "action": request.path,
+            "page": urlsplit(came_from).path,
+            "at": time.time(),
+            "error": error,
+            "typed": typed,
+        }
         return HttpResponseRedirect(came_from)
     template = "pages/_refused.html" if request.htmx else "pages/refused.html"
     context = {"error": error, "came_from": came_from}
@@ -93,12 +100,23 @@ def _refused(request, refusal):
 _NOT_TYPED = {"csrfmiddlewaretoken", "next"}
 
 
+# How long a refusal waits for its page (another tab of the session may load another page
+# first); then it is forgotten.
+REFUSED_FORM_SECONDS = 60
+
+
 def refused_form(request) -> dict | None:
     """The refusal of a form sent from this page (``_refused``), once: a page shown again
-    later shows none."""
-    if request.method != "GET" or request.htmx or REFUSED_FORM not in request.session:
+    later shows none, and another page does not take it (another tab's, or the next page
+    loaded after it: code review)."""
+    refused = request.session.get(REFUSED_FORM)
+    if request.method != "GET" or request.htmx or refused is None:
         return None
-    return request.session.pop(REFUSED_FORM)
+    if refused["page"] == request.path:
+        return request.session.pop(REFUSED_FORM)
+    if time.time() - refused["at"] > REFUSED_FORM_SECONDS:
+        del request.session[REFUSED_FORM]
+    return None
 
 
 def _to_login(request):

@@ -404,12 +404,10 @@ def membership_update(request, conversation_id):
 @action
 def membership_delete(request, conversation_id):
     user_id = _member_id(request)
-    leaving = user_id == request.principal.id  # any member but the owner may leave
-    need = AccessLevel.READER if leaving else AccessLevel.MANAGER
-    conversation = _at_level(request, conversation_id, need)
+    conversation = _at_level(request, conversation_id, AccessLevel.READER)
     membership = selectors.membership_of(conversation, user_id)
-    services.membership_delete(request.principal, membership=membership)
-    if leaving:
+    services.membership_delete(request.principal, membership=membership)  # (who may: its rule)
+    if user_id == request.principal.id:  # (left: the conversation is no longer theirs to see)
         return redirect("pages:home")
     return redirect("pages:conversation", conversation.id)
 

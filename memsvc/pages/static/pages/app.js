@@ -110,7 +110,8 @@ async function whileSending(form, work) {
 
 // What a screen reader hears of an answer: that it is being written, then the answer once
 // whole (the row itself, a live region, was read again from its start at every piece, with
-// the typing cursor: review).
+// the typing cursor: review). The page has the region from the start (one made as it is
+// filled is seldom read).
 function said(form, text) {
   let status = form.querySelector(".chat-status");
   if (!status) {
@@ -233,4 +234,7 @@ document.addEventListener("htmx:afterSettle", (event) => {
 
 // A conversation opened at a message (a search hit, ``?at=``): the focus on it, so that a
 // screen reader starts there and a keyboard goes on from it (only a ring marked it; review).
-document.querySelector("#messages .message.target")?.focus();
+// (Not when a refused form's field asks for it: code review.)
+if (!document.querySelector("[aria-invalid=true]")) {
+  document.querySelector("#messages .message.target")?.focus();
+}
