@@ -123,9 +123,9 @@ def headline_as_written(headline: str, content: str) -> str:
     three; review). Its marks (``<b>``) kept, the text's own "<" still ``MARKUP_STAND_IN``:
     the only ``<b>`` are the marks."""
     extracts = [words_unspaced(extract) for extract in headline.split(FRAGMENT_DELIMITER)]
-    if not DEFAULT_IGNORABLE.search(content):
-        return FRAGMENT_DELIMITER.join(extracts)
     written = content.translate(_WORDS_TRANSLATION)
+    if not DEFAULT_IGNORABLE.search(content):
+        return FRAGMENT_DELIMITER.join(_from_word_starts(extracts, written))
     # ``read``: the text as the index reads it; ``at[i]``: where its i-th character is
     # written (and, last, the text's end).
     read = words_read(content)
@@ -154,7 +154,35 @@ def headline_as_written(headline: str, content: str) -> str:
                 start += len(piece)
         shown.append("".join(pieces))
         place, first = start, last + 1
-    return FRAGMENT_DELIMITER.join(shown)
+    return FRAGMENT_DELIMITER.join(_from_word_starts(shown, written))
+
+
+# How far back an extract reaches for the start of the word it begins inside.
+_WORD_START_REACH = 30
+
+
+def _from_word_starts(extracts: list[str], written: str) -> list[str]:
+    """Each extract (marked) of ``written`` begun where its first word is written: the
+    parser's word may start inside it ("s 10 weeks" of "She's 10 weeks", "4,500" of
+    "€4,500", "see below)" of "(see below)": reviews). A CJK character is a word of its
+    own; an extract not found as written is left as it is."""
+    place = 0
+    for index, extract in enumerate(extracts):
+        plain = _MARKS.sub("", extract)
+        start = written.find(plain, place)
+        if start < 0:
+            continue
+        begin = start
+        while (
+            begin > 0
+            and start - begin < _WORD_START_REACH
+            and not written[begin - 1].isspace()
+            and not _CJK_RUN.match(written[begin - 1])
+        ):
+            begin -= 1
+        extracts[index] = written[begin:start] + extract
+        place = start + len(plain)
+    return extracts
 
 
 def websearch_text(text: str) -> str:

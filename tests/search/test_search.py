@@ -717,6 +717,31 @@ def test_highlights_of_two_extracts_are_the_text_as_written(api, alice, content)
     assert shown_in(hit["highlights"], content), hit["highlights"]
 
 
+@pytest.mark.parametrize(
+    ("headline", "content", "shown"),
+    [
+        ("s 10 weeks <b>old</b>", "She's 10 weeks old", "She's 10 weeks <b>old</b>"),
+        (
+            "<b>4</b>,<b>500</b> for two",
+            "Costs \u20ac4,500 for two",
+            "\u20ac<b>4</b>,<b>500</b> for two",
+        ),
+        ("<b>see</b> below)", "as we said (see below)", "(<b>see</b> below)"),
+        (
+            f"a <b>b</b>{FRAGMENT_DELIMITER}<b>x</b>y",
+            "a b " + "w " * 40 + "(xy",
+            f"a <b>b</b>{FRAGMENT_DELIMITER}(<b>x</b>y",
+        ),
+        ("<b>京</b>都", "東京都", "<b>京</b>都"),  # (a CJK character is a word)
+        ("s lake <b>trip</b>", "Tom's lake\u00ad trip", "Tom's lake\u00ad <b>trip</b>"),
+    ],
+)
+def test_an_extract_begins_where_its_first_word_is_written(headline, content, shown):
+    """The parser's word may begin inside a written one: an extract began at the "s" of
+    "She's", without the "\u20ac" of a price or the "(" of an aside (reviews)."""
+    assert headline_as_written(headline, content) == shown
+
+
 def test_a_headline_of_two_extracts_is_given_its_invisible_characters_in_each():
     content = "one\u00ad two three " + "filler " * 40 + "nine\u200d ten"
     headline = f"one <b>two</b> three{FRAGMENT_DELIMITER}<b>nine</b> ten"
