@@ -237,6 +237,8 @@ def test_a_page_and_its_htmx_fragment_share_an_address_and_say_they_vary_on_it(a
     refused = alice_page.get("/app/search/", {"q": "\x00"}, headers={"HX-Request": "true"})
     for response in (fragment, whole, refused):
         assert "HX-Request" in response["Vary"]
+    # A refused search puts no address into the history (review).
+    assert refused["HX-Push-Url"] == "false" and "HX-Push-Url" not in fragment
 
 
 # --- one conversation ------------------------------------------------------------------------

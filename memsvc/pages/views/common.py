@@ -92,6 +92,8 @@ def _refused(request, refusal):
     template = "pages/_refused.html" if request.htmx else "pages/refused.html"
     context = {"error": error, "came_from": came_from}
     response = render(request, template, context, status=refusal.status_code)
+    if request.htmx:  # (no address in the history for what was refused: review)
+        response["HX-Push-Url"] = "false"
     if "Retry-After" in refusal:
         response["Retry-After"] = refusal["Retry-After"]
     return response
