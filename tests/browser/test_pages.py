@@ -541,6 +541,30 @@ def test_a_memory_deleted_among_the_search_hits_leaves_the_list_too(page, live_s
     assert script_errors == []
 
 
+def test_a_chat_whose_server_cannot_be_reached_says_so_and_lets_the_person_go_on(
+    page, assistant_chat
+):
+    """A fetch that failed, or never ended (a frozen server: it has a time limit now), left
+    the Send button off for good and said nothing (review)."""
+    page.route("**/messages", lambda route: route.abort())
+    page.get_by_label("Your message").fill("Which museums first?")
+    page.get_by_role("button", name="Send").click()
+    expect(page.get_by_role("alert")).to_have_text("The server could not be reached. Try again.")
+    assert page.get_by_role("button", name="Send").get_attribute("aria-disabled") is None
+    expect(page.get_by_role("button", name="Ask for the answer again")).to_have_count(0)
+    page.unroute("**/messages")
+    # The answer that could not come may be asked for again (the message, still in its
+    # box, is sent now).
+    page.route("**/reply", lambda route: route.abort())
+    page.get_by_role("button", name="Send").click()
+    expect(page.get_by_role("alert")).to_have_text("The server could not be reached. Try again.")
+    page.unroute("**/reply")
+    page.get_by_role("button", name="Ask for the answer again").click()
+    expect(page.locator("#messages li.message.assistant .content")).to_have_text(
+        "Start with the Vatican Museums."
+    )
+
+
 def test_after_sending_with_the_keyboard_the_focus_is_back_in_the_message_box(page, assistant_chat):
     """The Send button is off while the answer streams in (``aria-disabled``: a disabled one
     took the focus off it, to the page, for as long as the answer took; review); then the

@@ -17,6 +17,11 @@ document.addEventListener(
   true,
 );
 
+// How long the chat waits for a message to be kept, and for an answer whole (the model's
+// own limit, ``memsvc.llm.TIMEOUT_SECONDS``, and some).
+const SENDING_SECONDS = 30;
+const ANSWERING_SECONDS = 150;
+
 // The chat: the person's message is sent, shown, and the assistant's answer is streamed into
 // the page as the model writes it. Without this script the same form posts normally and the
 // page comes back with the answer.
@@ -35,6 +40,7 @@ document.addEventListener("submit", async (event) => {
       method: "POST",
       body: new FormData(form),
       headers: { "HX-Request": "true" },
+      signal: AbortSignal.timeout(SENDING_SECONDS * 1000),
     });
     if (loggedOut(sent, form)) return;
     const row = await sent.text(); // rendered (and escaped) by the server
@@ -98,6 +104,21 @@ async function whileSending(form, work) {
   let spoken = "";
   try {
     spoken = (await work()) || "";
+  } catch (error) {
+    // No answer in time (a server that hangs: the button stayed off for good; review), or
+    // none at all (the network): said; the answer, if that is what did not come, may be
+    // asked for again (a message not sent is still in its box).
+    const answering = document.querySelectorAll("#messages .message.streaming");
+    answering.forEach((row) => row.remove());
+    const why = document.createElement("p");
+    why.className = "error";
+    why.setAttribute("role", "alert");
+    why.textContent =
+      error.name === "TimeoutError"
+        ? "The server did not answer in time. Try again."
+        : "The server could not be reached. Try again.";
+    form.prepend(why);
+    if (answering.length) offerToAskAgain(form);
   } finally {
     delete form.dataset.sending;
     button.removeAttribute("aria-disabled");
@@ -146,6 +167,7 @@ async function answer(form, list) {
   const reply = await fetch(form.dataset.replyUrl, {
     method: "POST",
     headers: { "X-CSRFToken": token, "HX-Request": "true" },
+    signal: AbortSignal.timeout(ANSWERING_SECONDS * 1000),
   });
   if (loggedOut(reply)) return;
   if (!reply.ok) {
