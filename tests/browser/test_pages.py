@@ -270,6 +270,25 @@ def test_the_focus_stays_where_htmx_swapped_in_what_was_asked_for(page, live_ser
     page.keyboard.press("Enter")
     expect(page.locator(":focus")).to_have_text("Deleted.")
 
+    # Earlier messages: their first control a keyboard can reach (the first button found was
+    # in a closed "Fork from here", and the focus fell to the page; review).
+    from conversations.services import message_append
+
+    long = conversation_create(Principal.user("alice"), title="Long")
+    for n in range(PAGE_SIZE + 3):
+        message_append(Principal.user("alice"), conversation=long, content=f"turn {n}")
+    page.goto(f"{live_server.url}/app/c/{long.id}/")
+    page.get_by_role("link", name="Earlier messages").focus()
+    page.keyboard.press("Enter")
+    expect(page.locator(":focus")).to_have_text(re.compile("^Fork from here"))
+    assert page.evaluate("document.activeElement.tagName") == "SUMMARY"
+
+    # Logging out leaves no copy of a page htmx kept in the tab (review).
+    page.evaluate("sessionStorage.setItem('htmx-history-cache', '[]')")
+    page.get_by_role("button", name="Log out").click()
+    expect(page.get_by_role("button", name="Log in")).to_be_visible()
+    assert page.evaluate("sessionStorage.getItem('htmx-history-cache')") is None
+
 
 def test_more_conversations_shows_each_conversation_once_the_newest_row(page, live_server, people):
     """After a walk of the list reaches its end, the conversations with activity since it

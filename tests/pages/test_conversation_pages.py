@@ -976,11 +976,49 @@ def test_a_refused_fork_comes_back_to_a_page_that_shows_its_message(alice_page):
     oldest = Message.objects.filter(conversation=conversation).order_by("seq").first()
     refused = alice_page.post(
         reverse("pages:fork", args=[conversation.id, oldest.id]),
-        {"content": "  ", "next": f"{page_of(conversation)}?at={oldest.id}#m-{oldest.id}"},
+        {"content": "  ", "next": f"{page_of(conversation)}?at={oldest.id}"},
         HTTP_REFERER=f"http://testserver{page_of(conversation)}",
     )
-    assert refused["Location"] == f"{page_of(conversation)}?at={oldest.id}#m-{oldest.id}"
+    assert refused["Location"] == f"{page_of(conversation)}?at={oldest.id}"
     html = alice_page.get(refused["Location"]).content.decode()
     assert 'aria-invalid="true"' in _field(html, f"fork-{oldest.id}")
-    # The fork's form names that page.
-    assert f'name="next" value="{page_of(conversation)}?at={oldest.id}#m-{oldest.id}"' in html
+    # The fork's form names that page (no "#m-": the browser focused the message, not the
+    # refused field; review).
+    assert f'name="next" value="{page_of(conversation)}?at={oldest.id}"' in html
+
+
+def test_refusals_on_two_pages_wait_each_for_its_own(alice_page):
+    """One slot a session: a second tab's refusal took the first's place (review)."""
+    a = conversation_of("alice", "A", "hi")
+    b = conversation_of("alice", "B", "hi")
+    for conversation in (a, b):
+        alice_page.post(
+            reverse("pages:rename", args=[conversation.id]),
+            {"title": f"{conversation.title}" * 501},
+            HTTP_REFERER=f"http://testserver{page_of(conversation)}",
+        )
+    for conversation in (b, a):
+        html = alice_page.get(page_of(conversation)).content.decode()
+        assert conversation.title * 501 in _field(html, "rename-title")
+
+
+def test_a_new_conversation_refused_after_a_search_comes_back_to_its_form(alice_page):
+    """htmx's search had pushed its address: the browser named the search page, which has
+    no such form, and the title typed was lost (review)."""
+    home = alice_page.get("/app/").content.decode()
+    assert 'name="next" value="/app/"' in home
+    refused = alice_page.post(
+        reverse("pages:conversation_create"),
+        {"title": "Z" * 501, "next": "/app/"},
+        HTTP_REFERER="http://testserver/app/search/?q=question",
+    )
+    assert refused["Location"] == "/app/"
+    assert "Z" * 501 in _field(alice_page.get("/app/").content.decode(), "new-title")
+
+
+def test_a_refused_search_clears_the_last_searchs_count_and_title(alice_page):
+    refused = alice_page.get("/app/search/", {"q": "q" * 2001}, headers={"HX-Request": "true"})
+    html = refused.content.decode()
+    assert refused.status_code == 400
+    assert '<p id="search-status" hx-swap-oob="innerHTML"></p>' in html
+    assert "<title>Search · memsvc</title>" in html

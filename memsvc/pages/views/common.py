@@ -81,13 +81,15 @@ def _refused(request, refusal):
         and refusal.status_code in _KEPT_ON_THE_FORM
     ):
         typed = {name: value for name, value in request.POST.items() if name not in _NOT_TYPED}
-        request.session[REFUSED_FORM] = {
+        # One a page (two tabs' refusals on two pages took each other's place: review).
+        waiting = _waiting_refusals(request)
+        waiting[urlsplit(came_from).path] = {
             "action": request.path,
-            "page": urlsplit(came_from).path,
             "at": time.time(),
             "error": error,
             "typed": typed,
         }
+        request.session[REFUSED_FORM] = waiting
         return HttpResponseRedirect(came_from)
     template = "pages/_refused.html" if request.htmx else "pages/refused.html"
     context = {"error": error, "came_from": came_from}
@@ -111,14 +113,25 @@ def refused_form(request) -> dict | None:
     """The refusal of a form sent from this page (``_refused``), once: a page shown again
     later shows none, and another page does not take it (another tab's, or the next page
     loaded after it: code review)."""
-    refused = request.session.get(REFUSED_FORM)
-    if request.method != "GET" or request.htmx or refused is None:
+    if request.method != "GET" or request.htmx or REFUSED_FORM not in request.session:
         return None
-    if refused["page"] == request.path:
-        return request.session.pop(REFUSED_FORM)
-    if time.time() - refused["at"] > REFUSED_FORM_SECONDS:
+    waiting = _waiting_refusals(request)
+    refused = waiting.pop(request.path, None)
+    if waiting:
+        request.session[REFUSED_FORM] = waiting
+    else:
         del request.session[REFUSED_FORM]
-    return None
+    return refused
+
+
+def _waiting_refusals(request) -> dict:
+    """The refusals waiting for their pages (page -> refusal), those of the last minute."""
+    now = time.time()
+    return {
+        page: refused
+        for page, refused in request.session.get(REFUSED_FORM, {}).items()
+        if now - refused["at"] <= REFUSED_FORM_SECONDS
+    }
 
 
 def _to_login(request):

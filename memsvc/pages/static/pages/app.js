@@ -2,6 +2,12 @@
 // inline script: the page's Content-Security-Policy allows only files of this site.
 "use strict";
 
+// Logging out leaves no copy of a page in this tab: htmx keeps the pages it swapped in
+// (its history) in the tab's storage, someone's conversations among them (review).
+document.addEventListener("submit", (event) => {
+  if (event.target.matches("form[data-logout]")) sessionStorage.removeItem("htmx-history-cache");
+});
+
 // A form that deletes much at once asks first (``data-confirm``: the question). Registered
 // for the capture phase, so it runs before any other handler (the chat's, htmx's) sees the
 // submit. Without this script the form deletes at once.
@@ -84,9 +90,12 @@ function unsentKey(form) {
   return `memsvc-unsent:${form.dataset.user}:${location.pathname}`;
 }
 
-// A message kept when the session ended as it was sent, back in its box.
+// A message kept when the session ended as it was sent, back in its box. The page's offer
+// to ask for an answer again is the script's to keep (hidden without it, a button that did
+// nothing: review).
 const chat = document.querySelector("form#append");
 if (chat) {
+  chat.querySelectorAll(".ask-again[hidden]").forEach((again) => again.removeAttribute("hidden"));
   const unsent = sessionStorage.getItem(unsentKey(chat));
   sessionStorage.removeItem(unsentKey(chat));
   if (unsent !== null && !chat.elements.content.value) chat.elements.content.value = unsent;
@@ -97,8 +106,11 @@ if (chat) {
 // and a screen reader said the person had left the form; review); what refused the previous
 // send says nothing about this one.
 async function whileSending(form, work) {
-  form.querySelectorAll(".error, .ask-again").forEach((notice) => notice.remove());
   const button = form.querySelector("button[type=submit]");
+  // (The focus on a notice about to go goes to the Send button: it fell to the page for as
+  // long as the answer took; review.)
+  if (document.activeElement?.matches("form#append .ask-again")) button.focus();
+  form.querySelectorAll(".error, .ask-again").forEach((notice) => notice.remove());
   form.dataset.sending = "true";
   button.setAttribute("aria-disabled", "true");
   let spoken = "";
@@ -231,7 +243,9 @@ document.addEventListener("htmx:afterSettle", () => {
   if (!arrived) return;
   const control = arrived.matches("a[href], button")
     ? arrived
-    : arrived.querySelector("a[href], button:not([disabled])");
+    : [...arrived.querySelectorAll("a[href], summary, button:not([disabled])")].find((c) =>
+        c.checkVisibility(),
+      ); // (not a button in a closed "Fork from here": the focus fell to the page; review)
   if (control) {
     control.focus();
   } else {
