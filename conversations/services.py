@@ -663,6 +663,13 @@ def membership_update(actor: Principal, *, membership: Membership, access_level:
     return membership
 
 
+def removal_needs(actor: Principal, principal_id: str) -> str:
+    """The access a removal of ``principal_id`` needs: any member but the owner may leave;
+    removing another takes a manager. (The views ask it first, so that a reader removing
+    someone is told 403 before whether that someone is a member, as a change of level is.)"""
+    return AccessLevel.READER if principal_id == actor.id else AccessLevel.MANAGER
+
+
 @transaction.atomic
 def membership_delete(
     actor: Principal, *, membership: Membership, by_operator: bool = False
@@ -678,9 +685,8 @@ def membership_delete(
         status=TransferStatus.PENDING,
     )
     _lock_offers_then_groups(offers, [membership.group_id])
-    leaving = membership.principal_id == actor.id  # any member but the owner may leave
-    need = AccessLevel.READER if leaving else AccessLevel.MANAGER
-    membership = _locked_membership(actor, membership, need=None if by_operator else need)
+    need = None if by_operator else removal_needs(actor, membership.principal_id)
+    membership = _locked_membership(actor, membership, need=need)
     if membership.access_level == AccessLevel.OWNER:
         raise Forbidden("the owner cannot be removed; transfer ownership first")
     membership.delete()

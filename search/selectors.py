@@ -256,13 +256,15 @@ def highlighted_terms(query: str) -> list[str]:
     """The parts of ``query`` a hit's extract marks, each on its own (``or``): all at once,
     an extract of a hit holding some of them only was its first words, none marked (the
     README's "highlights mark the matches"; review). Not its exclusions, which no hit
-    holds. PostgreSQL's highlighting costs about the product of the text's words and the
+    holds (but for a query of exclusions alone, which is searched as written: review). PostgreSQL's highlighting costs about the product of the text's words and the
     query's (one message of 25,000 words and a query of 40: 9 s, while it held a web
     thread and a connection): it reads the first HEADLINE_CHARS of each hit, for each term
     once, and the terms are those of the query's keywords (``SearchTuning.query_words``,
     counted here with the stop words among them)."""
-    terms = dict.fromkeys(_QUERY_TERM.findall(query.lower()))
-    marked = [term for term in terms if not term.startswith("-") and term != "or"]
+    terms = [term for term in dict.fromkeys(_QUERY_TERM.findall(query.lower())) if term != "or"]
+    marked = [term for term in terms if not term.startswith("-")]
+    # (A query of exclusions alone is searched as written, its words found: marked too.)
+    marked = marked or [term.lstrip("-") for term in terms]
     return marked[: 2 * configured_tuning().query_words]
 
 

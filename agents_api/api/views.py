@@ -65,8 +65,10 @@ IDEMPOTENCY_PARAMETERS = [
         KEY_HEADER,
         {"type": "string", "minLength": 1, "maxLength": IDEMPOTENCY_KEY_MAX_LENGTH},
         location=OpenApiParameter.HEADER,
-        description="A retry with the same key returns the first result, writing nothing. "
-        "UTF-8 text, given once (400 otherwise, and when empty).",
+        description="A retry with the same key returns the first result, writing nothing; "
+        "409 when the key was used for another request, or when what it wrote has been "
+        "deleted since (wholly or in part). UTF-8 text, given once (400 otherwise, and when "
+        "empty).",
     ),
     OpenApiParameter(
         REPLAYED_HEADER,

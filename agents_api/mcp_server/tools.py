@@ -209,6 +209,8 @@ def _conversation_search(caller: Caller, args: dict) -> dict:
     body = {"query": args["query"]}
     if "limit" in args:
         body["topK"] = args["limit"]
+    if "minScore" in args:
+        body["minScore"] = args["minScore"]
     hits = search_messages(
         caller.principal, for_agent=True, **SearchMessagesIn.search_arguments(body)
     )
@@ -406,7 +408,10 @@ TOOLS: dict[str, Tool] = {
             description=(
                 "Search the messages of the conversations you take part in (what was said, "
                 "word for word), best matches first, with highlighted extracts. Use it to "
-                "find an earlier exchange; for distilled facts, use memory_search."
+                "find an earlier exchange; for distilled facts, use memory_search. The best "
+                "found come back even when nothing matches well: minScore (0..1, e.g. 0.4) "
+                "keeps only messages relevant themselves, and an empty list then means "
+                "nothing was said about it."
             ),
             properties={
                 "query": {"type": "string", "minLength": 1, "maxLength": 2000},
@@ -416,10 +421,12 @@ TOOLS: dict[str, Tool] = {
                     "maximum": settings.MEMORY_MAX_SEARCH_LIMIT,
                     "default": settings.MEMORY_DEFAULT_SEARCH_LIMIT,
                 },
+                "minScore": {"type": "number", "minimum": 0, "maximum": 1, "default": 0},
             },
             required=("query",),
             scope=Scope.READ,
             run=_conversation_search,
+            fields={"topK": "limit"},
             read_only=True,
         ),
         Tool(

@@ -154,7 +154,12 @@ CONVERSATION_LIST_DESCRIPTION = (
 class SearchResultOut(serializers.Serializer):
     message = MessageOut()
     conversationId = serializers.UUIDField(source="message.conversation_id")
-    score = serializers.FloatField()
+    score = serializers.FloatField(
+        help_text="How the hit ranks among those this search found (higher is better): a "
+        "fusion of its measures stretched over the candidates, with shares for its "
+        "neighbours, the dates and people the query names, and the memories citing it. "
+        "Comparable within one answer only; it is not the relevance `minScore` bounds."
+    )
     highlights = serializers.CharField(
         allow_null=True,
         help_text=f"Extracts with the query's words in <b>, from the first {HEADLINE_CHARS:,} "

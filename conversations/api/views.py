@@ -205,10 +205,10 @@ class MembershipView(UserApiView):
 
     @user_operation("revokeMembership", responses={204: None, **errors(401, 403, 404)})
     def delete(self, request, conversation_id, user_id):
-        # (Who may remove whom, a manager anyone but the owner and a member themselves, is
-        # the service's to decide: it was written here too, and on the pages; code review.)
         conversation = selectors.access_conversation(
-            request.principal, conversation_id, need=AccessLevel.READER
+            request.principal,
+            conversation_id,
+            need=services.removal_needs(request.principal, user_id),
         )
         membership = selectors.membership_of(conversation, user_id)
         services.membership_delete(request.principal, membership=membership)

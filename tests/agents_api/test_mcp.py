@@ -142,6 +142,9 @@ async def memory_session(client) -> dict:
         "memory_block_replace", {"label": "human", "old": "Ada", "new": "Ada Lovelace"}
     )
     out["conversations"] = await call("conversation_search", {"query": "billing database"})
+    # Nothing said about it: the best found come back, unless only relevant ones are asked.
+    out["nothing_said"] = await call("conversation_search", {"query": "quokka", "minScore": 0.5})
+    out["min_score_2"] = await call("conversation_search", {"query": "x", "minScore": 2})
     # The fact again, citing the turn it rests on (merged: the same memory now cites it).
     turn = body(out["conversations"])["data"][0]["message"]["id"]
     out["cite"] = await call(
@@ -215,6 +218,8 @@ def check_memory_session(out: dict, agent) -> None:
     [found] = body(out["conversations"])["data"]
     assert found["message"]["content"] == "We chose PostgreSQL for the billing database"
     assert "<b>billing</b>" in found["highlights"]
+    assert body(out["nothing_said"])["data"] == []  # (a model could not tell: review)
+    assert refusal(out["min_score_2"]).startswith("minScore: ")
 
     assert body(out["cite"]) == {"id": saved["id"], "status": "saved", "merged": True}
     assert memory.message_ids == [uuid.UUID(found["message"]["id"])]

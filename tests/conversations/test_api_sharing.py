@@ -184,6 +184,8 @@ def test_a_member_may_leave_but_not_remove_others(api, conversation):
     MembershipFactory(group=conversation.group, principal_id="will", access_level="writer")
     rita = Persona("rita")
     assert api.delete(url(conversation, "/memberships/will"), as_=rita).status_code == 403
+    # Someone who is no member: 403 too, as a change of their level is (a 404 first: review).
+    assert api.delete(url(conversation, "/memberships/nobody"), as_=rita).status_code == 403
     assert api.delete(url(conversation, "/memberships/rita"), as_=rita).status_code == 204
     assert "rita" not in levels(conversation)
 

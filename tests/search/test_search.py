@@ -1117,6 +1117,11 @@ def test_a_hit_holding_some_of_the_querys_words_is_marked_where_it_holds_them(ap
         "party",
         '"open',
     ]
+    # A query of exclusions alone is searched as written: its words are marked (review).
+    assert selectors.highlighted_terms('-kyoto -"rottnest island"') == [
+        "kyoto",
+        '"rottnest island"',
+    ]
 
 
 def test_min_score_keeps_only_what_is_relevant_itself_whatever_else_was_found(api, alice, pets):

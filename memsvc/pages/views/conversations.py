@@ -404,9 +404,10 @@ def membership_update(request, conversation_id):
 @action
 def membership_delete(request, conversation_id):
     user_id = _member_id(request)
-    conversation = _at_level(request, conversation_id, AccessLevel.READER)
+    need = services.removal_needs(request.principal, user_id)
+    conversation = _at_level(request, conversation_id, need)
     membership = selectors.membership_of(conversation, user_id)
-    services.membership_delete(request.principal, membership=membership)  # (who may: its rule)
+    services.membership_delete(request.principal, membership=membership)
     if user_id == request.principal.id:  # (left: the conversation is no longer theirs to see)
         return redirect("pages:home")
     return redirect("pages:conversation", conversation.id)
