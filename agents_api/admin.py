@@ -4,6 +4,7 @@ from urllib.parse import urlencode
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
+from django.db import transaction
 from django.db.models import Q
 from django.urls import reverse
 from django.utils import timezone
@@ -141,9 +142,7 @@ class AgentForm(forms.ModelForm):
         data = super().clean()
         if isinstance(data.get("metadata"), dict):
             try:
-                data["metadata"] = with_place_kept(
-                    letta_settings_checked(data["metadata"]), self.instance
-                )
+                data["metadata"] = letta_settings_checked(data["metadata"])
             except serializers.ValidationError as exc:
                 self.add_error("metadata", as_api_error(exc).message)
         return data
@@ -176,8 +175,18 @@ class AgentAdmin(MetadataChecked, DeletedByService, ModelAdmin):
     # follows (``local_conversation_renamed``; the save's UPDATE holds the agent's row lock
     # that it asks for). The form refuses a name its owner has already.
     def save_model(self, request, obj, form, change):
-        super().save_model(request, obj, form, change)
-        if change and "name" in form.changed_data:
+        if not change:
+            super().save_model(request, obj, form, change)
+            return
+        # The sleeptime observer's place as it is now, read under the agent's row lock (the
+        # observer's claims and give-backs take it): Letta's settings as its API takes them
+        # hold none, and the metadata read when the page was posted undid a claim landing
+        # meanwhile, and the turns were read again (reviews).
+        with transaction.atomic():
+            current = Agent.objects.select_for_update().get(pk=obj.pk)
+            obj.metadata = with_place_kept(obj.metadata, current)
+            super().save_model(request, obj, form, change)
+        if "name" in form.changed_data:
             local_conversation_renamed(obj, old_name=form.initial["name"])
 
     # Deleted as Letta's route deletes one: with its own conversation (``agent_delete``),

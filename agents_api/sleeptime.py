@@ -115,10 +115,10 @@ def _claim(agent: Agent) -> tuple[int, list] | None:
 
 
 def with_place_kept(metadata: dict, agent: Agent) -> dict:
-    """``metadata`` given to ``agent`` (the admin's form) with the observer's place in it as
-    it is now: Letta's settings as its API takes them hold no place, and a save of the
-    agent's description sent the model every captured turn again, and lost those given
-    back (review)."""
+    """``metadata`` given to ``agent`` (the admin's) with the observer's place in it as it is
+    in ``agent`` (read under its row lock by the caller): Letta's settings as its API takes
+    them hold no place, and a save of the agent's description sent the model every captured
+    turn again, and lost those given back (review)."""
     letta = metadata.get("letta")
     place = {
         key: value

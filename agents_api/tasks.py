@@ -155,14 +155,14 @@ def prune_memories_task() -> dict[str, int]:
     }
 
 
-@app.task(name="agents_api.sweep_unembedded_memories", **SWEEP_TASK_OPTIONS)
-def sweep_unembedded_memories_task() -> int:
+@app.task(name="agents_api.sweep_unembedded_memories", bind=True, **SWEEP_TASK_OPTIONS)
+def sweep_unembedded_memories_task(self) -> int:
     """Embed memories saved while the embedding backend was down. Runs every minute.
 
     A memory is embedded when it is saved, so there is no task per memory to race with:
     whatever is waiting is the sweep's. Keywords find those memories meanwhile.
     """
-    return sweep(services.memories_embed_pending, "memories")
+    return sweep(self, services.memories_embed_pending, "memories")
 
 
 # --- memories distilled from conversations ---------------------------------------------------
@@ -253,11 +253,11 @@ def enqueue_tool_record_observation(records) -> None:
     transaction.on_commit(enqueue, robust=True)
 
 
-@app.task(name="agents_api.sweep_unembedded_tool_records", **SWEEP_TASK_OPTIONS)
-def sweep_unembedded_tool_records_task() -> int:
+@app.task(name="agents_api.sweep_unembedded_tool_records", bind=True, **SWEEP_TASK_OPTIONS)
+def sweep_unembedded_tool_records_task(self) -> int:
     """Embed tool records written while the embedding backend was down (or whose LLM
     summary came then). Runs every minute, as the memory sweep does."""
-    return sweep(services.tool_records_embed_pending, "tool records")
+    return sweep(self, services.tool_records_embed_pending, "tool records")
 
 
 # --- Letta's sleeptime agent -----------------------------------------------------------------

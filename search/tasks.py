@@ -66,25 +66,29 @@ SWEEP_TASK_OPTIONS = {
 }
 
 
-def sweep(embed_pending, what: str) -> int:
-    """Run one sweep (``embed_pending(max_batches=...)``): a transient failure is retried
-    by the task, another (a bad model name, say) is logged and tried again next minute."""
+def sweep(task, embed_pending, what: str) -> int:
+    """Run one sweep (``embed_pending(max_batches=...)``) of ``task`` (bound): a transient
+    failure is retried by the task, and after its last try said in one line, as another (a
+    bad model name, say) is; the next minute's run tries again. (An outage of minutes
+    logged a traceback from every sweep every minute: review.)"""
     try:
         embedded = embed_pending(max_batches=SWEEP_MAX_BATCHES)
     except EmbeddingError as exc:
-        if exc.transient:
+        if exc.transient and task.request.retries < SWEEP_TASK_OPTIONS["max_retries"]:
             raise TransientEmbeddingError(str(exc)) from exc
-        logger.error("the sweep of %s stopped: %s", what, exc)
+        log = logger.warning if exc.transient else logger.error
+        log("the sweep of %s stopped: %s", what, exc)
         return 0
     if embedded:
         logger.info("sweep embedded %d %s", embedded, what)
     return embedded
 
 
-@app.task(name="search.sweep_unembedded", **SWEEP_TASK_OPTIONS)
-def sweep_unembedded_task() -> int:
+@app.task(name="search.sweep_unembedded", bind=True, **SWEEP_TASK_OPTIONS)
+def sweep_unembedded_task(self) -> int:
     """Embed whatever the queue lost (broker down, worker killed). Runs every minute."""
     return sweep(
+        self,
         functools.partial(services.embed_pending, older_than_seconds=SWEEP_GRACE_SECONDS),
         "messages",
     )

@@ -1144,7 +1144,7 @@ def test_an_agents_letta_settings_are_kept_in_the_admin_as_letta_keeps_them(
     assert api.get("/v1/agents/", as_=helper).json()[0]["tags"] == ["x"]
 
 
-def test_an_agents_description_saved_in_the_admin_keeps_the_observers_place(operator):
+def test_an_agents_description_saved_in_the_admin_keeps_the_observers_place(operator, monkeypatch):
     """Letta's settings as its API takes them hold no place of the sleeptime observer: a
     save of the description dropped it, and the model was sent every captured turn again,
     and those given back were lost (review)."""
@@ -1159,6 +1159,26 @@ def test_an_agents_description_saved_in_the_admin_keeps_the_observers_place(oper
     agent.refresh_from_db()
     assert agent.description == "new"
     assert agent.metadata == {"letta": {"enable_sleeptime": True, **place}}
+
+    # A claim of the observer landing after the page was posted and read: its place stays
+    # (the place read with the page undid it, and the turns were read again; review).
+    from agents_api.admin import AgentAdmin
+
+    claimed = {"observed_through_seq": 130, "observed_unread": []}
+    save_model = AgentAdmin.save_model
+
+    def claim_then_save(admin, request, obj, form, change):
+        Agent.objects.filter(pk=obj.pk).update(
+            metadata={"letta": {"enable_sleeptime": True, **claimed}}
+        )
+        save_model(admin, request, obj, form, change)
+
+    monkeypatch.setattr(AgentAdmin, "save_model", claim_then_save)
+    form["description"] = "newer"
+    assert operator.post(change, {**form, "metadata": json.dumps(shown)}).status_code == 302
+    agent.refresh_from_db()
+    assert agent.description == "newer"
+    assert agent.metadata == {"letta": {"enable_sleeptime": True, **claimed}}
 
 
 def test_a_users_memory_setting_is_not_deleted_in_the_admin(operator):
