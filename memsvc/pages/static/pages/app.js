@@ -244,7 +244,7 @@ document.addEventListener("htmx:afterSettle", () => {
   const control = arrived.matches("a[href], button")
     ? arrived
     : [...arrived.querySelectorAll("a[href], summary, button:not([disabled])")].find((c) =>
-        c.checkVisibility(),
+        c.checkVisibility ? c.checkVisibility() : c.getClientRects().length > 0,
       ); // (not a button in a closed "Fork from here": the focus fell to the page; review)
   if (control) {
     control.focus();
