@@ -589,11 +589,13 @@ def conversation_lineages(
     return lineages
 
 
-def conversation_titles(conversation_ids) -> dict:
-    """id -> title of these conversations (those that exist), in one query."""
-    return dict(
-        Conversation.objects.filter(id__in=set(conversation_ids)).values_list("id", "title")
+def conversation_titles(principal: Principal, conversation_ids) -> dict:
+    """id -> title of these conversations, of those the principal sees
+    (``visible_conversation_ids``), in one query."""
+    titles = Conversation.objects.filter(id__in=set(conversation_ids)).filter(
+        id__in=visible_conversation_ids(principal)
     )
+    return dict(titles.values_list("id", "title"))
 
 
 def conversation_ancestry(conversation: Conversation) -> list[Conversation]:

@@ -28,6 +28,7 @@ from memsvc.db import (
     headline_as_written,
     websearch_text,
 )
+from search import queries
 from search.embeddings import configured_backend
 from search.engine import MODES, Citing, query_embedding, ranked
 from search.statements import Corpus, Scope
@@ -248,7 +249,7 @@ def search_messages(
 
 
 # A query's parts a hit's extract marks: a quoted phrase (its closing quote may be missing,
-# as ``websearch_to_tsquery`` allows) or a word; "-" before one excludes it.
+# as ``websearch_to_tsquery`` allows) or a word, either after the "-" of an exclusion.
 _QUERY_TERM = re.compile(r'-?"[^"]*"?|\S+')
 
 
@@ -256,16 +257,16 @@ def highlighted_terms(query: str) -> list[str]:
     """The parts of ``query`` a hit's extract marks, each on its own (``or``): all at once,
     an extract of a hit holding some of them only was its first words, none marked (the
     README's "highlights mark the matches"; review). Not its exclusions, which no hit
-    holds (but for a query of exclusions alone, which is searched as written: review). PostgreSQL's highlighting costs about the product of the text's words and the
-    query's (one message of 25,000 words and a query of 40: 9 s, while it held a web
-    thread and a connection): it reads the first HEADLINE_CHARS of each hit, for each term
-    once, and the terms are those of the query's keywords (``SearchTuning.query_words``,
-    counted here with the stop words among them)."""
-    terms = [term for term in dict.fromkeys(_QUERY_TERM.findall(query.lower())) if term != "or"]
-    marked = [term for term in terms if not term.startswith("-")]
-    # (A query of exclusions alone is searched as written, its words found: marked too.)
-    marked = marked or [term.lstrip("-") for term in terms]
-    return marked[: 2 * configured_tuning().query_words]
+    holds, read as the search reads them (``queries.exclusions``: "-5 degrees" excludes
+    nothing, and a query of exclusions alone is searched as written, its words marked).
+    PostgreSQL's highlighting costs about the product of the text's words and the query's
+    (one message of 25,000 words and a query of 40: 9 s, while it held a web thread and a
+    connection): it reads the first HEADLINE_CHARS of each hit, for each term once, and the
+    terms are those of the query's keywords (``SearchTuning.query_words``, counted here with
+    the stop words among them)."""
+    asked, _excluded = queries.exclusions(query)
+    terms = dict.fromkeys(term.lstrip("-") for term in _QUERY_TERM.findall(asked.lower()))
+    return [term for term in terms if term and term != "or"][: 2 * configured_tuning().query_words]
 
 
 def _hits(ranked: list[tuple], query: str | None) -> list[SearchHit]:

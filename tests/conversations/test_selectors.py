@@ -47,3 +47,12 @@ def test_a_conversations_view_is_a_condition_a_subquery_may_hold():
         Exists(conversation_messages(talked).filter(conversation_id=OuterRef("pk")))
     )
     assert list(holding) == [talked] and quiet not in holding
+
+
+@pytest.mark.django_db
+def test_titles_are_read_of_the_conversations_the_principal_sees_only():
+    from conversations.selectors import conversation_titles
+
+    mine = ConversationFactory(group__owner="alice", title="Mine")
+    theirs = ConversationFactory(group__owner="bob", title="Bob's")
+    assert conversation_titles(Principal.user("alice"), [mine.id, theirs.id]) == {mine.id: "Mine"}

@@ -1122,6 +1122,9 @@ def test_a_hit_holding_some_of_the_querys_words_is_marked_where_it_holds_them(ap
         "kyoto",
         '"rottnest island"',
     ]
+    # Read as the search reads exclusions (``queries.exclusions``): a number's sign excludes
+    # nothing, and a phrase holding "-" is a phrase.
+    assert selectors.highlighted_terms('-5 degrees "ls -la"') == ["5", "degrees", '"ls -la"']
 
 
 def test_min_score_keeps_only_what_is_relevant_itself_whatever_else_was_found(api, alice, pets):

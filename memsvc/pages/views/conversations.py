@@ -82,7 +82,9 @@ def search(request):
         hits = search_messages(request.principal, **asked)
     # Each hit named by its conversation too: "alice, 2026-12-06 11:39", three times, said
     # nowhere where the link goes (review).
-    titles = selectors.conversation_titles(hit.message.conversation_id for hit in hits)
+    titles = selectors.conversation_titles(
+        request.principal, (hit.message.conversation_id for hit in hits)
+    )
     context = {
         "query": query,
         "hits": [(hit, titles.get(hit.message.conversation_id, "")) for hit in hits],
