@@ -109,17 +109,18 @@ def extraction_due(agent: Agent, conversation: Conversation) -> bool:
     if not llm_configured():
         return False
     state = MemoryExtraction.objects.filter(agent=agent, conversation=conversation).first()
-    if state is not None and state.unread:
+    if state is not None and (state.place.unread or state.place.lapsed()):
         return True
     return _enough_turns(agent, conversation, state.through_seq if state else 0)
 
 
 def _claim(agent: Agent, conversation: Conversation) -> tuple[int, list] | None:
-    """Take the turns to read (``_window``): first those given back after a later
-    extraction had read past them (``MemoryExtraction.unread``), else those since the last
-    extraction if there are enough. Returns (the ``seq`` they come after, the messages), or
-    None when there is nothing to read (another worker may have just taken it). The state's
-    row is locked meanwhile: two workers never take the same turns."""
+    """Take the turns to read (``_window``): first those given back (``Place.unread``; a
+    lease that lapsed, its worker killed, gives its turns back first), else those since the
+    last extraction if there are enough. Returns (the ``seq`` they come after, the
+    messages), or None when there is nothing to read (another worker may have just taken
+    it). The state's row is locked meanwhile: two workers never take the same turns; the
+    turns are leased to this one (``reading``) until it is done with them."""
     with transaction.atomic():
         # (Held: deleted since the task read it, its state row's key would fail at commit.)
         if not held_keys(Conversation, [conversation.pk]):
@@ -132,20 +133,21 @@ def _claim(agent: Agent, conversation: Conversation) -> tuple[int, list] | None:
         state = MemoryExtraction.objects.select_for_update().get(
             agent=agent, conversation=conversation
         )
-        after, messages, state.unread = unread_taken(
-            state.unread, lambda after, through: _window(conversation, after=after, through=through)
+        place = state.place
+        place.recover()
+        after, messages = place.next_unread(
+            lambda after, through: _window(conversation, after=after, through=through)
         )
         if messages:
-            state.save(update_fields=["unread"])
-            return after, messages
-        after = state.through_seq
-        if not _enough_turns(agent, conversation, after):
-            state.save(update_fields=["unread"])
-            return None
-        messages = _window(conversation, after=after)
-        state.through_seq, state.extracted_at = messages[-1].seq, timezone.now()
-        state.save(update_fields=["unread", "through_seq", "extracted_at"])
-    return after, messages
+            place.take(after, messages[-1].seq, moves=False)
+        elif _enough_turns(agent, conversation, place.through):
+            after = place.through
+            messages = _window(conversation, after=after)
+            place.take(after, messages[-1].seq, moves=True)
+            state.extracted_at = timezone.now()
+        state.place = place
+        state.save(update_fields=["through_seq", "unread", "taken", "extracted_at"])
+    return (after, messages) if messages else None
 
 
 def _window(conversation: Conversation, *, after: int, through: int | None = None) -> list:
@@ -187,11 +189,11 @@ def _read_before_the_fork(agent: Agent, conversation: Conversation) -> int:
     return min(parent.first() or 0, fork_point.first() or 0)
 
 
-def _release(agent: Agent, conversation: Conversation, previous: int, claimed: int) -> None:
-    """Give the turns after ``previous`` through ``claimed`` back after a transient failure:
-    the agent's next write tries again. When a later extraction has read past them since,
-    they are a span to read first (a give-back that found the state moved on did nothing,
-    and those turns were never read; review)."""
+def _done(
+    agent: Agent, conversation: Conversation, previous: int, claimed: int, *, read: bool
+) -> None:
+    """End the lease on the turns taken after ``previous`` through ``claimed``: read, or
+    given back (``Place.give_back``) after a transient failure, for the next try."""
     with transaction.atomic():
         state = (
             MemoryExtraction.objects.select_for_update()
@@ -200,37 +202,26 @@ def _release(agent: Agent, conversation: Conversation, previous: int, claimed: i
         )
         if state is None:  # (the conversation is gone)
             return
-        state.through_seq, state.unread = given_back(
-            state.through_seq, state.unread, previous=previous, claimed=claimed
-        )
-        state.save(update_fields=["through_seq", "unread"])
+        place = state.place
+        if read:
+            place.end(previous, claimed)
+        else:
+            place.give_back(previous, claimed)
+        state.place = place
+        state.save(update_fields=["through_seq", "unread", "taken"])
 
 
-def given_back(through: int, unread: list, *, previous: int, claimed: int) -> tuple[int, list]:
-    """A reader's place (``through``: read through that ``seq``) and its spans to read again
-    (``unread``: ``[after, through]`` pairs, oldest first) once it gives back the turns it
-    claimed after ``previous`` through ``claimed``: its place moves back when nothing was read
-    past them since, else they are a span to read first (a give-back that found the place
-    moved on did nothing, and those turns were never read; review). The extraction's and the
-    sleeptime observer's."""
-    if through == claimed:
-        return previous, unread
-    return through, sorted([*unread, [previous, claimed]])
-
-
-def unread_taken(unread: list, window) -> tuple[int, list, list]:
-    """The first span given back (``given_back``) whose ``window(after, through)`` (the
-    turns a reader takes at once, oldest first) holds turns: (after, the turns, the spans
-    left); what of the span the window did not hold stays first. A span whose turns are all
-    deleted since is dropped. (0, [], []) when none holds any."""
-    while unread:
-        (after, through), *unread = unread
-        messages = window(after, through)
-        if messages:
-            if messages[-1].seq < through:  # (the rest of the span: the next one's)
-                unread = [[messages[-1].seq, through], *unread]
-            return after, messages, unread
-    return 0, [], []
+def lapsed_claims() -> list[tuple[str, str]]:
+    """(agent id, conversation id) of each extraction whose worker was killed while it read
+    (its lease lapsed, ``reading``): the sweep hands them to a worker again."""
+    states = MemoryExtraction.objects.exclude(taken=[]).only(
+        "agent_id", "conversation_id", "through_seq", "unread", "taken"
+    )
+    return [
+        (str(state.agent_id), str(state.conversation_id))
+        for state in states
+        if state.place.lapsed()
+    ]
 
 
 def _line(number: int, message) -> str:
@@ -322,7 +313,8 @@ def memories_extract(agent: Agent, conversation: Conversation) -> list[Memory]:
     distilled from this conversation (no one's private memory is put before another).
 
     The turns are claimed before the LLM is asked, so two workers never distil the same
-    turns. A malformed answer extracts nothing and those turns are not read again; a
+    turns; those of a worker killed meanwhile are read again once its lease lapses
+    (``reading``). A malformed answer extracts nothing and those turns are not read again; a
     transient failure (LLM unreachable, overloaded), one of its setup (a key, a model's name
     the LLM refuses: the operator fixes it), or any other error, gives them back for the
     next try.
@@ -336,12 +328,16 @@ def memories_extract(agent: Agent, conversation: Conversation) -> list[Memory]:
         return []
     previous, claimed = claim
     try:
-        return _distil(agent, conversation, previous, claimed)
+        saved = _distil(agent, conversation, previous, claimed)
     except Exception:
         # Whatever else failed (the database, the embedding backend, a bug): the turns are
         # given back, not lost, and nothing of them was saved (one transaction).
-        _release(agent, conversation, previous, claimed[-1].seq)
+        _done(agent, conversation, previous, claimed[-1].seq, read=False)
         raise
+    # (Killed before this, its lease lapses and the turns are read again: what was saved
+    # of them is merged with the repeat, ``services.memories_save``.)
+    _done(agent, conversation, previous, claimed[-1].seq, read=True)
+    return saved
 
 
 def _distil(agent: Agent, conversation: Conversation, previous: int, claimed: list) -> list[Memory]:
@@ -384,7 +380,7 @@ def _distil(agent: Agent, conversation: Conversation, previous: int, claimed: li
         )
     except LLMError as exc:
         if exc.answers_later:
-            _release(agent, conversation, previous, claimed[-1].seq)
+            _done(agent, conversation, previous, claimed[-1].seq, read=False)
         logger.warning(
             "no memories extracted from conversation %s for agent %s%s: %s",
             conversation.id,

@@ -16,6 +16,7 @@ from django.db.models.functions import Cast, Left, Length, Now
 from django.db.models.lookups import LessThanOrEqual
 from django.utils import timezone
 
+from agents_api.reading import Place
 from conversations.selectors import group_owners
 from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, PRINCIPAL_MAX_LENGTH, Principal
 from memsvc.db import embedding_has_model, embedding_index, json_is_object, words_column
@@ -502,11 +503,13 @@ class Memory(models.Model):
 
 
 class MemoryExtraction(models.Model):
-    """How far an agent has distilled memories from one conversation (``extraction.py``):
-    ``through_seq`` is the ``seq`` of the last message the latest extraction read. The user
-    turns of the conversation's view after it count toward the next extraction. ``unread``:
-    the spans of messages (``[after_seq, through_seq]``) an extraction gave back (the LLM
-    failed) after a later one had read past them, read first by the next."""
+    """How far an agent has distilled memories from one conversation (``extraction.py``), a
+    reader's place (``reading.Place``): ``through_seq`` is the ``seq`` of the last message
+    the latest extraction read. The user turns of the conversation's view after it count
+    toward the next extraction. ``unread``: the spans of messages (``[after_seq,
+    through_seq]``) an extraction gave back (the LLM failed) after a later one had read past
+    them, read first by the next. ``taken``: the spans workers are reading, each with the
+    time its lease lapses."""
 
     # Indexed by ``memory_extraction_unique``, whose first column it is.
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="+", db_index=False)
@@ -515,6 +518,9 @@ class MemoryExtraction(models.Model):
     )
     through_seq = models.BigIntegerField(default=0)
     unread = models.JSONField(  # (``db_default``: as ``MemoryBlock.public_id``)
+        default=list, db_default=models.Value([], output_field=models.JSONField()), blank=True
+    )
+    taken = models.JSONField(
         default=list, db_default=models.Value([], output_field=models.JSONField()), blank=True
     )
     extracted_at = models.DateTimeField(null=True, blank=True)
@@ -529,6 +535,14 @@ class MemoryExtraction(models.Model):
 
     def __str__(self) -> str:
         return f"{self.agent_id} in {self.conversation_id} through #{self.through_seq}"
+
+    @property
+    def place(self) -> Place:
+        return Place.of(self.through_seq, self.unread, self.taken)
+
+    @place.setter
+    def place(self, place: Place) -> None:
+        self.through_seq, self.unread, self.taken = place.through, place.unread, place.taken
 
 
 class MemoryListing(models.Model):

@@ -4,11 +4,12 @@ rewrites the agent's memory blocks (the ``human`` block first) within each block
 Each change is a block revision by ``agent:<id>`` like any other write.
 
 Without an LLM (``memsvc.llm``) captures are stored and nothing else happens. The turns are
-claimed before the LLM is asked (the agent's row lock decides between two workers); a
-transient failure (or any other error) gives them back for the next capture, as the
-extraction's are (``extraction.given_back``: turns a later observation read past are read
-first), a malformed answer changes nothing, and a block changed while the LLM read it keeps
-that change (the turns are given back).
+claimed before the LLM is asked (the agent's row lock decides between two workers) and
+leased to the worker (``reading.Place``, as the extraction's: a killed worker's turns are
+read again once its lease lapses); a transient failure (or any other error) gives them back
+for the next capture (turns a later observation read past are read first), a malformed
+answer changes nothing, and a block changed while the LLM read it keeps that change (the
+turns are given back).
 """
 
 import logging
@@ -16,8 +17,8 @@ import logging
 from django.db import transaction
 
 from agents_api import services
-from agents_api.extraction import given_back, unread_taken
 from agents_api.models import Agent, MemoryBlock
+from agents_api.reading import Place
 from agents_api.selectors import memory_blocks
 from agents_api.services.letta import letta_settings
 from conversations.models import Role
@@ -31,6 +32,7 @@ logger = logging.getLogger(__name__)
 FREQUENCY_KEY = "sleeptime_agent_frequency"
 THROUGH_KEY = "observed_through_seq"  # the last message the observer has read
 UNREAD_KEY = "observed_unread"  # turns given back after it read past them: [after, through]
+TAKEN_KEY = "observing"  # the turns a worker is reading: [after, through, lease's end]
 MAX_TRANSCRIPT_MESSAGES = 100
 MAX_MESSAGE_CHARS = 4_000
 
@@ -54,32 +56,37 @@ def _frequency(agent: Agent) -> int:
     return frequency
 
 
-def _unread(agent: Agent):
-    """The agent's captured user turns the observer has not read, and the turns around them."""
-    if agent.local_conversation is None:
-        return None
-    through = letta_settings(agent).get(THROUGH_KEY) or 0
-    return conversation_messages(agent.local_conversation, for_agent=True).filter(seq__gt=through)
+def _place(agent: Agent) -> Place:
+    """The observer's place in the agent's captured turns (``reading.Place``)."""
+    letta = letta_settings(agent)
+    return Place.of(letta.get(THROUGH_KEY) or 0, letta.get(UNREAD_KEY), letta.get(TAKEN_KEY))
 
 
-def _given_back(agent: Agent) -> list:
-    """The spans of turns given back to read first (``extraction.given_back``)."""
-    spans = letta_settings(agent).get(UNREAD_KEY)
-    return [
-        span
-        for span in (spans if isinstance(spans, list) else [])
-        if isinstance(span, list) and len(span) == 2 and all(type(seq) is int for seq in span)
-    ]
+def _enough_turns(agent: Agent, through: int) -> bool:
+    """Whether at least the sleeptime frequency of captured user turns came after ``through``."""
+    frequency = _frequency(agent)
+    turns = conversation_messages(agent.local_conversation, for_agent=True).filter(
+        seq__gt=through, role=Role.USER
+    )
+    return bool(frequency) and turns.count() >= frequency
 
 
 def observation_due(agent: Agent) -> bool:
-    """An LLM, a sleeptime frequency, and turns given back to read again or at least that
-    many captured turns unread."""
-    frequency = _frequency(agent)
-    unread = _unread(agent) if frequency and llm_configured() else None
-    return unread is not None and (
-        bool(_given_back(agent)) or unread.filter(role=Role.USER).count() >= frequency
+    """An LLM, a sleeptime frequency, and turns given back to read again (a lapsed lease's
+    too) or at least that many captured turns unread."""
+    if not _frequency(agent) or agent.local_conversation is None or not llm_configured():
+        return False
+    place = _place(agent)
+    return bool(place.unread) or place.lapsed() or _enough_turns(agent, place.through)
+
+
+def lapsed_observers() -> list[str]:
+    """The ids of the agents whose observer was killed while it read (its lease lapsed): the
+    sweep hands them to a worker again."""
+    agents = Agent.objects.filter(metadata__letta__has_key=TAKEN_KEY).exclude(
+        **{f"metadata__letta__{TAKEN_KEY}": []}
     )
+    return [str(agent.id) for agent in agents.only("id", "metadata") if _place(agent).lapsed()]
 
 
 @transaction.atomic
@@ -89,7 +96,8 @@ def _claim(agent: Agent) -> tuple[int, list] | None:
     agent = Agent.objects.select_for_update().filter(pk=agent.pk).first()
     if agent is None or not observation_due(agent):  # (deleted since the task read it)
         return None
-    through = letta_settings(agent).get(THROUGH_KEY) or 0
+    place = _place(agent)
+    place.recover()
     captured = conversation_messages(agent.local_conversation, for_agent=True)
 
     def window(after: int, until: int | None = None) -> list:
@@ -100,18 +108,17 @@ def _claim(agent: Agent) -> tuple[int, list] | None:
             turns = turns.filter(seq__lte=until)
         return list(turns.order_by("seq")[:MAX_TRANSCRIPT_MESSAGES])
 
-    after, turns, spans = unread_taken(_given_back(agent), window)
+    after, turns = place.next_unread(window)
     if turns:
-        _save_place(agent, through, spans)
-        return after, turns
+        place.take(after, turns[-1].seq, moves=False)
     # (The turns given back all deleted since: as many as the frequency asks, or none yet;
     # ``turns[-1]`` failed on none: code review.)
-    if _unread(agent).filter(role=Role.USER).count() < _frequency(agent):
-        _save_place(agent, through, spans)
-        return None
-    turns = window(through)
-    _save_place(agent, turns[-1].seq, spans)
-    return through, turns
+    elif _enough_turns(agent, place.through):
+        after = place.through
+        turns = window(after)
+        place.take(after, turns[-1].seq, moves=True)
+    _save_place(agent, place)
+    return (after, turns) if turns else None
 
 
 def with_place_kept(metadata: dict, agent: Agent) -> dict:
@@ -123,27 +130,36 @@ def with_place_kept(metadata: dict, agent: Agent) -> dict:
     place = {
         key: value
         for key, value in letta_settings(agent).items()
-        if key in (THROUGH_KEY, UNREAD_KEY)
+        if key in (THROUGH_KEY, UNREAD_KEY, TAKEN_KEY)
     }
     if not isinstance(letta, dict) or not place:
         return metadata
     return {**metadata, "letta": {**letta, **place}}
 
 
-def _save_place(agent: Agent, through: int, unread: list) -> None:
-    letta = {**letta_settings(agent), THROUGH_KEY: through, UNREAD_KEY: unread}
+def _save_place(agent: Agent, place: Place) -> None:
+    letta = {
+        **letta_settings(agent),
+        THROUGH_KEY: place.through,
+        UNREAD_KEY: place.unread,
+        TAKEN_KEY: place.taken,
+    }
     agent.metadata = {**agent.metadata, "letta": letta}
     agent.save(update_fields=["metadata"])
 
 
 @transaction.atomic
-def _release(agent: Agent, previous: int, claimed: int) -> None:
+def _done(agent: Agent, previous: int, claimed: int, *, read: bool) -> None:
+    """End the lease on the turns taken after ``previous`` through ``claimed``: read, or
+    given back (``Place.give_back``) for the next capture."""
     agent = Agent.objects.select_for_update().filter(pk=agent.pk).first()
     if agent is not None:
-        through = letta_settings(agent).get(THROUGH_KEY) or 0
-        _save_place(
-            agent, *given_back(through, _given_back(agent), previous=previous, claimed=claimed)
-        )
+        place = _place(agent)
+        if read:
+            place.end(previous, claimed)
+        else:
+            place.give_back(previous, claimed)
+        _save_place(agent, place)
 
 
 def observer_prompt(blocks, turns) -> list[dict]:
@@ -188,11 +204,13 @@ def blocks_observe(agent: Agent) -> list[str]:
         return []
     previous, turns = claim
     try:
-        return _observe(agent, previous, turns)
+        changed = _observe(agent, previous, turns)
     except Exception:
         # Whatever else failed (the database, a bug): the turns are given back, not lost.
-        _release(agent, previous, turns[-1].seq)
+        _done(agent, previous, turns[-1].seq, read=False)
         raise
+    _done(agent, previous, turns[-1].seq, read=True)
+    return changed
 
 
 def _observe(agent: Agent, previous: int, turns: list) -> list[str]:
@@ -202,7 +220,7 @@ def _observe(agent: Agent, previous: int, turns: list) -> list[str]:
         values = parse_block_values(json_answer(chat(observer_prompt(blocks.values(), turns))))
     except LLMError as exc:
         if exc.answers_later:
-            _release(agent, previous, turns[-1].seq)
+            _done(agent, previous, turns[-1].seq, read=False)
         logger.warning("sleeptime: agent %s's blocks not updated: %s", agent.id, exc)
         return []
     changed, outdated = [], False
@@ -222,7 +240,7 @@ def _observe(agent: Agent, previous: int, turns: list) -> list[str]:
         changed.append(label)
     if outdated:
         # Read again, with the block as it is now, at the next capture.
-        _release(agent, previous, turns[-1].seq)
+        _done(agent, previous, turns[-1].seq, read=False)
     return changed
 
 

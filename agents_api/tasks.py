@@ -281,3 +281,22 @@ def enqueue_letta_observation(agent: Agent) -> None:
             sent(observe_letta_turns_task, [str(agent.id)], instead="the next capture will")
 
     transaction.on_commit(enqueue, robust=True)
+
+
+# --- turns a killed worker was reading --------------------------------------------------------
+
+
+@app.task(name="agents_api.sweep_lapsed_reads")
+def sweep_lapsed_reads_task() -> int:
+    """Hand to a worker again the turns a killed worker was reading (``reading``: its lease
+    lapsed; the task that claims them gives them back first). Runs every minute; returns
+    how many readers it handed on."""
+    readers = [(extract_memories_task, list(pair)) for pair in extraction.lapsed_claims()] + [
+        (observe_letta_turns_task, [agent_id]) for agent_id in sleeptime.lapsed_observers()
+    ]
+    handed = sum(sent(task, args, instead="the next sweep will") for task, args in readers)
+    if readers:
+        logger.warning(
+            "%d readers' workers were killed while they read: %d handed on", len(readers), handed
+        )
+    return handed

@@ -436,6 +436,8 @@ CELERY_BEAT_SCHEDULE = {
         "task": "agents_api.sweep_unembedded_tool_records",
         "schedule": 60.0,
     },
+    # The turns a killed worker was reading (agents_api.reading), read again.
+    "sweep-lapsed-reads": {"task": "agents_api.sweep_lapsed_reads", "schedule": 60.0},
     # Daily at a time of day (UTC): an interval counted from beat's start came a day after
     # each start, so a beat restarted more often than daily without its schedule file never
     # pruned. A run missed while beat was down is made at its next start (the file).

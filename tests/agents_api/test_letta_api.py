@@ -612,6 +612,37 @@ def test_turns_given_back_after_a_later_observation_read_past_them_are_read_next
     assert not observation_due(Agent.objects.get(name="travel"))
 
 
+def test_the_turns_a_killed_observer_was_reading_are_read_once_its_lease_lapses(
+    api, helper, llm, committed_capture, monkeypatch
+):
+    """The observer's worker killed once it had claimed the turns (their place moved past
+    them, committed, before the model is asked): they were never read (review). Its lease
+    lapses, and the minute's sweep hands them on."""
+    from types import SimpleNamespace
+
+    from agents_api import reading, sleeptime
+    from agents_api.tasks import sweep_lapsed_reads_task
+
+    state = create_agent(api, helper)
+    every_n_captures(api, helper, state, 1)
+    llm.answer(OBSERVER_MARKER, json.dumps({"blocks": [{"label": "human", "value": "Ada."}]}))
+    assert capture(api, helper, state["id"], "My name is Ada.").status_code == 200
+    agent = Agent.objects.get(name="travel")
+    claimed = sleeptime._claim(agent)  # (the worker that is killed: nothing after its claim)
+    assert claimed is not None and not observation_due(Agent.objects.get(name="travel"))
+    assert sweep_lapsed_reads_task() == 0
+    [[_, _, until]] = Agent.objects.get(name="travel").metadata["letta"][sleeptime.TAKEN_KEY]
+    monkeypatch.setattr(reading, "time", SimpleNamespace(time=lambda: until + 1))
+    assert observation_due(Agent.objects.get(name="travel"))
+    assert sweep_lapsed_reads_task() == 1
+    [asked] = llm.requests_containing(OBSERVER_MARKER)
+    assert "My name is Ada." in asked["messages"][1]["content"]
+    agent.refresh_from_db()
+    assert MemoryBlock.objects.get(agent=agent, label="human").value == "Ada."
+    assert agent.metadata["letta"][sleeptime.TAKEN_KEY] == []
+    assert not observation_due(agent)
+
+
 def test_turns_given_back_and_deleted_since_leave_nothing_to_observe(
     api, helper, llm, committed_capture
 ):

@@ -3,6 +3,10 @@
 
 import json
 import logging
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -11,17 +15,19 @@ from types import SimpleNamespace
 import pytest
 from django.db import DatabaseError, connection
 
-from agents_api import extraction, services
+from agents_api import extraction, reading, services
 from agents_api.extraction import EXTRACTION_TURNS_KEY, extraction_prompt, parse_facts
 from agents_api.models import Memory, MemoryExtraction
 from agents_api.services import memory_save, memory_setting_update, user_erase
-from agents_api.tasks import extract_memories_task
+from agents_api.tasks import extract_memories_task, sweep_lapsed_reads_task
 from conversations.models import Conversation, Message
 from memsvc.api.principals import Principal
 from memsvc.llm import LLM_REFUSAL, LLMError, chat, json_answer
 from tests.agents_api.test_api import agent_conversation, append
+from tests.db import database_url
 from tests.fake_openai import FakeOpenAI
 from tests.local_http import Reply
+from tests.waiting import wait_until
 
 # Every request commits, so what it does after committing (embedding, extraction) runs.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -324,6 +330,64 @@ def test_turns_are_given_back_when_saving_what_was_distilled_fails(
     assert len(extractions(llm)) == 2
     assert "turn 1:" in extractions(llm)[-1]["messages"][1]["content"]
     assert Memory.objects.get().content == GREEN
+
+
+def test_the_turns_a_killed_worker_was_reading_are_read_once_its_lease_lapses(
+    api, helper, conversation, settings, monkeypatch
+):
+    """A worker killed (``kill -9``) while the LLM read: the turns it had claimed were never
+    read, nor due again (review). Its lease lapses, and the minute's sweep hands them on."""
+    turns(api, helper, conversation, range(1, 6))  # (no LLM yet: nothing extracted)
+    with socket.create_server(("127.0.0.1", 0)) as silent_llm:  # (accepts, never answers)
+        env = {
+            **os.environ,
+            "DATABASE_URL": database_url(),
+            "MEMSVC_LOCAL_MODE": "1",
+            "MEMSVC_LLM_BASE_URL": f"http://127.0.0.1:{silent_llm.getsockname()[1]}/v1",
+            "MEMSVC_LLM_MODEL": "gpt-test",
+        }
+        worker = subprocess.Popen(
+            [sys.executable, "-c", EXTRACT_IN_A_WORKER, str(helper.agent.id), conversation],
+            env=env,
+        )
+        try:
+            wait_until(
+                lambda: MemoryExtraction.objects.exclude(taken=[]).exists(),
+                "the worker's claim, with the LLM asked",
+                seconds=60,
+            )
+        finally:
+            worker.kill()
+            worker.wait()
+    state = MemoryExtraction.objects.get()
+    [[after, through, until]] = state.taken
+    assert after == 0 and through == state.through_seq and until > time.time()
+
+    with FakeOpenAI() as llm:
+        settings.MEMSVC_LLM_BASE_URL, settings.MEMSVC_LLM_MODEL = llm.base_url, "gpt-test"
+        llm.answer(MARKER, memories_answer(GREEN))
+        conversation_obj = Conversation.objects.get(id=conversation)
+        assert not extraction.extraction_due(state.agent, conversation_obj)  # (being read)
+        assert sweep_lapsed_reads_task() == 0
+        monkeypatch.setattr(reading, "time", SimpleNamespace(time=lambda: until + 1))
+        assert extraction.extraction_due(state.agent, conversation_obj)
+        assert sweep_lapsed_reads_task() == 1
+        [request] = extractions(llm)
+    assert "turn 1:" in prompt_of(request) and "turn 5:" in prompt_of(request)
+    assert Memory.objects.get().content == GREEN
+    state.refresh_from_db()
+    assert state.taken == [] and state.unread == [] and state.through_seq == through
+
+
+# A worker's process as Celery runs it (``tests.search.test_worker`` starts a real one):
+# Django set up, the task called with its arguments.
+EXTRACT_IN_A_WORKER = """
+import os, sys, django
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memsvc.settings")
+django.setup()
+from agents_api.tasks import extract_memories_task, sweep_lapsed_reads_task
+extract_memories_task(*sys.argv[1:])
+"""
 
 
 def test_without_an_llm_nothing_is_extracted(api, helper, conversation):

@@ -81,5 +81,6 @@ def test_a_process_of_the_release_before_inserts_blocks_and_extractions():
     inserted_without(MemoryBlock(agent=agent, label="human", value="A"), "public_id")
     assert MemoryBlock.objects.get(label="human").public_id is not None
     conversation = ConversationFactory()
-    inserted_without(MemoryExtraction(agent=agent, conversation=conversation), "unread")
+    inserted_without(MemoryExtraction(agent=agent, conversation=conversation), "unread", "taken")
     assert MemoryExtraction.objects.get().unread == []
+    assert MemoryExtraction.objects.get().taken == []

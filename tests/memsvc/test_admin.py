@@ -1149,7 +1149,11 @@ def test_an_agents_description_saved_in_the_admin_keeps_the_observers_place(oper
     save of the description dropped it, and the model was sent every captured turn again,
     and those given back were lost (review)."""
     agent = make_agent("helper").agent
-    place = {"observed_through_seq": 105, "observed_unread": [[3, 7]]}
+    place = {
+        "observed_through_seq": 105,
+        "observed_unread": [[3, 7]],
+        "observing": [[100, 105, 2_000_000_000]],  # (a worker reading them)
+    }
     agent.metadata = {"letta": {"enable_sleeptime": True, **place}}
     agent.save()
     change = reverse("admin:agents_api_agent_change", args=[agent.pk])
