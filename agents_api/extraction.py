@@ -28,6 +28,7 @@ from django.utils import timezone
 
 from agents_api import services
 from agents_api.models import Agent, Memory, MemoryExtraction, MemorySource
+from agents_api.reading import Claim, GiveBack
 from agents_api.selectors import (
     conversation_memory_subject,
     memories_of,
@@ -105,22 +106,22 @@ def _enough_turns(agent: Agent, conversation: Conversation, through_seq: int) ->
 
 def extraction_due(agent: Agent, conversation: Conversation) -> bool:
     """Whether the agent's next extraction from the conversation is due: an LLM, and turns
-    given back to read again, or enough user turns since the last one."""
+    given back to read again (a lapsed lease's too), or enough user turns since the last
+    one."""
     if not llm_configured():
         return False
     state = MemoryExtraction.objects.filter(agent=agent, conversation=conversation).first()
-    if state is not None and (state.place.unread or state.place.lapsed()):
+    if state is not None and ((place := state.place).unread or place.lapsed()):
         return True
     return _enough_turns(agent, conversation, state.through_seq if state else 0)
 
 
-def _claim(agent: Agent, conversation: Conversation) -> tuple[int, list] | None:
-    """Take the turns to read (``_window``): first those given back (``Place.unread``; a
+def _claim(agent: Agent, conversation: Conversation) -> Claim | None:
+    """Take the turns to read (``_window``; ``Place.claim``): first those given back (a
     lease that lapsed, its worker killed, gives its turns back first), else those since the
-    last extraction if there are enough. Returns (the ``seq`` they come after, the
-    messages), or None when there is nothing to read (another worker may have just taken
-    it). The state's row is locked meanwhile: two workers never take the same turns; the
-    turns are leased to this one (``reading``) until it is done with them."""
+    last extraction if there are enough. None when there is nothing to read (another worker
+    may have just taken it). The state's row is locked meanwhile: two workers never take the
+    same turns; the turns are leased to this one until it is done with them."""
     with transaction.atomic():
         # (Held: deleted since the task read it, its state row's key would fail at commit.)
         if not held_keys(Conversation, [conversation.pk]):
@@ -134,20 +135,17 @@ def _claim(agent: Agent, conversation: Conversation) -> tuple[int, list] | None:
             agent=agent, conversation=conversation
         )
         place = state.place
-        place.recover()
-        after, messages = place.next_unread(
-            lambda after, through: _window(conversation, after=after, through=through)
+        before = place.copy()
+        claim = place.claim(
+            lambda after, through: _window(conversation, after=after, through=through),
+            lambda after: _enough_turns(agent, conversation, after),
         )
-        if messages:
-            place.take(after, messages[-1].seq, moves=False)
-        elif _enough_turns(agent, conversation, place.through):
-            after = place.through
-            messages = _window(conversation, after=after)
-            place.take(after, messages[-1].seq, moves=True)
+        if claim is not None and place.through != before.through:
             state.extracted_at = timezone.now()
-        state.place = place
-        state.save(update_fields=["through_seq", "unread", "taken", "extracted_at"])
-    return (after, messages) if messages else None
+        if place != before:
+            state.place = place
+            state.save(update_fields=["through_seq", "unread", "taken", "extracted_at"])
+    return claim
 
 
 def _window(conversation: Conversation, *, after: int, through: int | None = None) -> list:
@@ -189,11 +187,9 @@ def _read_before_the_fork(agent: Agent, conversation: Conversation) -> int:
     return min(parent.first() or 0, fork_point.first() or 0)
 
 
-def _done(
-    agent: Agent, conversation: Conversation, previous: int, claimed: int, *, read: bool
-) -> None:
-    """End the lease on the turns taken after ``previous`` through ``claimed``: read, or
-    given back (``Place.give_back``) after a transient failure, for the next try."""
+def _done(agent: Agent, conversation: Conversation, claim: Claim, *, again: bool) -> None:
+    """End the lease of ``claim`` (``Place.end``): its turns read, or ``again``: given back
+    after a transient failure, for the next try."""
     with transaction.atomic():
         state = (
             MemoryExtraction.objects.select_for_update()
@@ -203,25 +199,32 @@ def _done(
         if state is None:  # (the conversation is gone)
             return
         place = state.place
-        if read:
-            place.end(previous, claimed)
-        else:
-            place.give_back(previous, claimed)
-        state.place = place
-        state.save(update_fields=["through_seq", "unread", "taken"])
+        if place.end(claim.token, again=again):
+            state.place = place
+            state.save(update_fields=["through_seq", "unread", "taken"])
 
 
-def lapsed_claims() -> list[tuple[str, str]]:
-    """(agent id, conversation id) of each extraction whose worker was killed while it read
-    (its lease lapsed, ``reading``): the sweep hands them to a worker again."""
-    states = MemoryExtraction.objects.exclude(taken=[]).only(
-        "agent_id", "conversation_id", "through_seq", "unread", "taken"
-    )
-    return [
-        (str(state.agent_id), str(state.conversation_id))
-        for state in states
-        if state.place.lapsed()
-    ]
+def recover_lapsed_claims() -> list[tuple[str, str]]:
+    """Give back the turns of every lease that lapsed (``Place.recover``: its worker was
+    killed, or is past its time) and answer (agent id, conversation id) of the extractions
+    then due: the sweep hands them to a worker. A state another worker holds is left for
+    the next sweep."""
+    due = []
+    for state_id in MemoryExtraction.objects.exclude(taken=[]).values_list("id", flat=True):
+        with transaction.atomic():
+            state = (
+                MemoryExtraction.objects.select_for_update(skip_locked=True)
+                .select_related("agent", "conversation")
+                .filter(id=state_id)
+                .first()
+            )
+            if state is None or not (place := state.place).recover():
+                continue
+            state.place = place
+            state.save(update_fields=["through_seq", "unread", "taken"])
+        if extraction_due(state.agent, state.conversation):
+            due.append((str(state.agent_id), str(state.conversation_id)))
+    return due
 
 
 def _line(number: int, message) -> str:
@@ -326,18 +329,10 @@ def memories_extract(agent: Agent, conversation: Conversation) -> list[Memory]:
     claim = _claim(agent, conversation)
     if claim is None:
         return []
-    previous, claimed = claim
-    try:
-        saved = _distil(agent, conversation, previous, claimed)
-    except Exception:
-        # Whatever else failed (the database, the embedding backend, a bug): the turns are
-        # given back, not lost, and nothing of them was saved (one transaction).
-        _done(agent, conversation, previous, claimed[-1].seq, read=False)
-        raise
-    # (Killed before this, its lease lapses and the turns are read again: what was saved
-    # of them is merged with the repeat, ``services.memories_save``.)
-    _done(agent, conversation, previous, claimed[-1].seq, read=True)
-    return saved
+    return claim.read(
+        lambda: _distil(agent, conversation, claim.after, claim.turns),
+        lambda again: _done(agent, conversation, claim, again=again),
+    )
 
 
 def _distil(agent: Agent, conversation: Conversation, previous: int, claimed: list) -> list[Memory]:
@@ -379,8 +374,6 @@ def _distil(agent: Agent, conversation: Conversation, previous: int, claimed: li
             turns=[message.id for message in messages],
         )
     except LLMError as exc:
-        if exc.answers_later:
-            _done(agent, conversation, previous, claimed[-1].seq, read=False)
         logger.warning(
             "no memories extracted from conversation %s for agent %s%s: %s",
             conversation.id,
@@ -388,6 +381,8 @@ def _distil(agent: Agent, conversation: Conversation, previous: int, claimed: li
             " (tried again after its next turn)" if exc.answers_later else "",
             exc,
         )
+        if exc.answers_later:
+            raise GiveBack([]) from exc
         return []
     with transaction.atomic():
         # Every person's hold before any other lock (one save's cited turns are not held

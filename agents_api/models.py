@@ -527,6 +527,11 @@ class MemoryExtraction(models.Model):
 
     class Meta:
         db_table = "memory_extraction"
+        indexes = [
+            # The leases the minute's sweep looks at (``extraction.recover_lapsed_claims``): a
+            # handful among a row per agent and conversation ever read.
+            models.Index(fields=["id"], name="memory_extraction_leased", condition=~Q(taken=[])),
+        ]
         constraints = [
             models.UniqueConstraint(
                 fields=["agent", "conversation"], name="memory_extraction_unique"

@@ -1,23 +1,32 @@
 """A reader's place in a conversation's turns: how far an LLM reader (the memory extraction,
 ``extraction.py``; Letta's sleeptime observer, ``sleeptime.py``) has read, what it gave back
-to read again, and what a worker is reading now.
+to read again, and what workers are reading now.
 
 A worker claims turns before it asks the LLM (two workers never read the same turns), and
 the claim is committed before the LLM answers. A worker that fails gives its turns back; one
 that is killed (``kill -9``, the machine lost, the task's hard time limit) cannot, so a
 claim is a lease (``taken``): past ``lease_seconds()`` its turns are given back by the next
-claim, and the minute's sweep (``tasks.sweep_lapsed_reads_task``) hands them to a worker.
-(The turns a killed worker had claimed were never read: review.)
+claim or by the minute's sweep (``tasks.sweep_lapsed_reads_task``), which hands them on.
+(The turns a killed worker had claimed were never read: review.) Each lease has a token of
+its own: a worker that was alive after all (a pool without time limits, a machine that was
+suspended) and finishes once its lease was given back changes nothing (it had taken back
+or ended the next worker's lease of the same turns: code review); at worst its turns are
+read twice, and the readers' saves merge what repeats.
 """
 
-import time
+import copy
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from django.conf import settings
+from django.db import connection
+
+T = TypeVar("T")
 
 # The lease outlives the task that holds it: a task asking the LLM is killed 30 s after its
-# soft limit (``tasks.LLM_TASK_OPTIONS``), so past this its worker is gone.
+# soft limit (``tasks.LLM_TASK_OPTIONS``), and the lease lasts a minute past that limit.
 LEASE_MARGIN_SECONDS = 60
 
 
@@ -25,15 +34,46 @@ def lease_seconds() -> int:
     return settings.MEMSVC_LLM_TASK_SECONDS + LEASE_MARGIN_SECONDS
 
 
-def _spans(value) -> list:
-    """The well-formed spans of ``value`` (a JSON list of ``[after, through, ...]`` lists of
-    whole numbers): a place edited by hand or left by an older release reads as what it
-    holds, not as an error."""
-    return [
-        list(span)
-        for span in (value if isinstance(value, list) else [])
-        if isinstance(span, list) and len(span) in (2, 3) and all(type(n) is int for n in span)
-    ]
+def database_now() -> float:
+    """The database's clock, in seconds since the epoch: every worker's lease is measured by
+    the one clock, whichever machine it runs on."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
+        return cursor.fetchone()[0]
+
+
+def _seq(value) -> int | None:
+    """A stored ``seq``: a whole number (or its digits, as an operator may type it)."""
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        return int(value)
+    return value if type(value) is int else None
+
+
+@dataclass
+class Claim:
+    """The turns a worker took: those after ``after``, its lease's ``token``."""
+
+    after: int
+    turns: list
+    token: str
+
+    def read(self, work: Callable[[], T], end: Callable[[bool], None]) -> T:
+        """What ``work`` (the reader's, on these turns) answers, the lease ended after it by
+        ``end(again)``: the turns read, or given back to be read again when it raised
+        ``GiveBack`` (then its ``result`` is answered) or failed (then the error is raised
+        on: the database, the embedding backend, a bug; nothing of the turns was saved)."""
+        try:
+            result = work()
+        except GiveBack as back:
+            end(True)
+            return back.result
+        except Exception:
+            end(True)
+            raise
+        # (Killed before this, the lease lapses and the turns are read again: the readers'
+        # saves merge what repeats.)
+        end(False)
+        return result
 
 
 @dataclass
@@ -41,7 +81,8 @@ class Place:
     """``through``: the ``seq`` of the last turn read (the next claim starts after it);
     ``unread``: spans given back after a later claim had read past them, ``[after, through]``,
     oldest first, read first; ``taken``: the spans workers are reading,
-    ``[after, through, until]`` (``until``: when the lease lapses, in seconds since the epoch).
+    ``[after, through, until, token]`` (``until``: when the lease lapses, in seconds since
+    the epoch by the database's clock).
     """
 
     through: int = 0
@@ -50,51 +91,90 @@ class Place:
 
     @classmethod
     def of(cls, through, unread, taken) -> "Place":
-        """A place as stored (JSON), whatever shape its lists are in."""
-        spans = [span[:2] for span in _spans(unread)]
-        leases = [span for span in _spans(taken) if len(span) == 3]
-        return cls(through if type(through) is int else 0, spans, leases)
+        """A place as stored (JSON), whatever shape it is in: a place edited by hand or
+        left by an older release reads as what it holds, not as an error."""
+
+        def spans(value, size: int) -> list:
+            return [
+                list(span)
+                for span in (value if isinstance(value, list) else [])
+                if isinstance(span, list)
+                and len(span) == size
+                and all(_seq(n) is not None for n in span[:2])
+            ]
+
+        unread = [[_seq(a), _seq(b)] for a, b in spans(unread, 2)]
+        taken = [
+            [_seq(a), _seq(b), until, token]
+            for a, b, until, token in spans(taken, 4)
+            if isinstance(until, int | float) and isinstance(token, str)
+        ]
+        return cls(_seq(through) or 0, unread, taken)
 
     def lapsed(self, now: float | None = None) -> bool:
-        """Whether a worker's lease has lapsed (its worker is gone, its turns are unread)."""
-        now = time.time() if now is None else now
-        return any(until <= now for _, _, until in self.taken)
+        """Whether a worker's lease has lapsed (its worker is gone, its turns unread)."""
+        if not self.taken:
+            return False
+        now = database_now() if now is None else now
+        return any(until <= now for _, _, until, _ in self.taken)
 
-    def recover(self, now: float | None = None) -> None:
+    def recover(self, now: float | None = None) -> bool:
         """Give back the turns of every lapsed lease, the newest first (so the place moves
-        back over each in turn where nothing was read past them)."""
-        now = time.time() if now is None else now
-        for after, through, until in sorted(self.taken, key=lambda span: -span[1]):
-            if until <= now:
-                self.give_back(after, through)
+        back over each in turn where nothing was read past them); whether any had lapsed."""
+        if not self.taken:
+            return False
+        now = database_now() if now is None else now
+        lapsed = [lease for lease in self.taken if lease[2] <= now]
+        for _, _, _, token in sorted(lapsed, key=lambda lease: -lease[1]):
+            self.end(token, again=True)
+        return bool(lapsed)
 
-    def take(self, after: int, through: int, *, moves: bool) -> None:
-        """Lease the turns after ``after`` through ``through`` to this worker; ``moves``: they
-        are the next turns, read past from now on (else a span given back)."""
+    def claim(
+        self, window: Callable[[int, int | None], list], enough: Callable[[int], bool]
+    ) -> Claim | None:
+        """Lease the next turns to read to a worker: first those of a lapsed lease or given
+        back (``unread``), else, when there are ``enough(after)``, those after the place,
+        read past from now on. ``window(after, through)``: the turns a reader takes at once
+        after ``after`` (through ``through``, or as far as it goes), oldest first. None when
+        there is nothing to read."""
+        now = database_now()
+        self.recover(now)
+        after, turns = self._next_unread(window)
+        moves = not turns
+        if moves and enough(self.through):
+            after, turns = self.through, window(self.through, None)
+        if not turns:
+            return None
+        token = secrets.token_hex(8)
         if moves:
-            self.through = through
-        self.taken.append([after, through, int(time.time()) + lease_seconds()])
+            self.through = turns[-1].seq
+        self.taken.append([after, turns[-1].seq, now + lease_seconds(), token])
+        return Claim(after, turns, token)
 
-    def end(self, after: int, through: int) -> None:
-        """The worker is done with the turns it took (read, or given back)."""
-        self.taken = [span for span in self.taken if span[:2] != [after, through]]
-
-    def give_back(self, previous: int, claimed: int) -> None:
-        """Give back the turns taken after ``previous`` through ``claimed``: the place moves
-        back when nothing was read past them since, else they are a span to read first (a
-        give-back that found the place moved on did nothing, and those turns were never
-        read; review)."""
-        self.end(previous, claimed)
+    def end(self, token: str, *, again: bool = False) -> bool:
+        """The worker holding the lease ``token`` is done with its turns: read (or not to be
+        read, an answer that could not be), or ``again``: given back, to be read again. The
+        place moves back when nothing was read past them since, else they are a span to read
+        first (a give-back that found the place moved on did nothing, and those turns were
+        never read; review). False, and nothing changes, when the lease is not there (it
+        lapsed and was given back)."""
+        lease = next((lease for lease in self.taken if lease[3] == token), None)
+        if lease is None:
+            return False
+        self.taken.remove(lease)
+        previous, claimed = lease[:2]
+        if not again:
+            return True
         if self.through == claimed:
             self.through = previous
         else:
             self.unread = sorted([*self.unread, [previous, claimed]])
+        return True
 
-    def next_unread(self, window: Callable[[int, int], list]) -> tuple[int, list]:
-        """The first span given back whose ``window(after, through)`` (the turns a reader
-        takes at once, oldest first) holds turns, taken off ``unread``: (after, the turns);
-        what of the span the window did not hold stays first. A span whose turns are all
-        deleted since is dropped. (0, []) when none holds any."""
+    def _next_unread(self, window: Callable[[int, int | None], list]) -> tuple[int, list]:
+        """The first span given back whose window holds turns, taken off ``unread``: (after,
+        the turns); what of the span the window did not hold stays first. A span whose turns
+        are all deleted since is dropped. (0, []) when none holds any."""
         while self.unread:
             (after, through), *self.unread = self.unread
             turns = window(after, through)
@@ -103,3 +183,16 @@ class Place:
                     self.unread = [[turns[-1].seq, through], *self.unread]
                 return after, turns
         return 0, []
+
+    def copy(self) -> "Place":
+        return copy.deepcopy(self)
+
+
+class GiveBack(Exception):
+    """Raised by a reader's work on the turns it claimed, once it has said why (logged): the
+    turns are given back to be read again (``Place.end(..., again=True)``). ``result``: what
+    the work did before."""
+
+    def __init__(self, result=None):
+        super().__init__()
+        self.result = result

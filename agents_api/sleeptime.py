@@ -18,7 +18,7 @@ from django.db import transaction
 
 from agents_api import services
 from agents_api.models import Agent, MemoryBlock
-from agents_api.reading import Place
+from agents_api.reading import Claim, GiveBack, Place
 from agents_api.selectors import memory_blocks
 from agents_api.services.letta import letta_settings
 from conversations.models import Role
@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 FREQUENCY_KEY = "sleeptime_agent_frequency"
 THROUGH_KEY = "observed_through_seq"  # the last message the observer has read
 UNREAD_KEY = "observed_unread"  # turns given back after it read past them: [after, through]
-TAKEN_KEY = "observing"  # the turns a worker is reading: [after, through, lease's end]
+TAKEN_KEY = "observing"  # the turns workers are reading: [after, through, until, token]
 MAX_TRANSCRIPT_MESSAGES = 100
 MAX_MESSAGE_CHARS = 4_000
 
@@ -80,27 +80,36 @@ def observation_due(agent: Agent) -> bool:
     return bool(place.unread) or place.lapsed() or _enough_turns(agent, place.through)
 
 
-def lapsed_observers() -> list[str]:
-    """The ids of the agents whose observer was killed while it read (its lease lapsed): the
-    sweep hands them to a worker again."""
-    agents = Agent.objects.filter(metadata__letta__has_key=TAKEN_KEY).exclude(
+def recover_lapsed_observers() -> list[str]:
+    """Give back the turns of every observer's lease that lapsed (``Place.recover``: its
+    worker was killed, or is past its time) and answer the ids of the agents whose
+    observation is then due: the sweep hands them to a worker. An agent another worker
+    holds is left for the next sweep."""
+    leased = Agent.objects.filter(metadata__letta__has_key=TAKEN_KEY).exclude(
         **{f"metadata__letta__{TAKEN_KEY}": []}
     )
-    return [str(agent.id) for agent in agents.only("id", "metadata") if _place(agent).lapsed()]
+    due = []
+    for agent_id in leased.values_list("id", flat=True):
+        with transaction.atomic():
+            agent = Agent.objects.select_for_update(skip_locked=True).filter(id=agent_id).first()
+            if agent is None or not (place := _place(agent)).recover():
+                continue
+            _save_place(agent, place)
+        if observation_due(agent):
+            due.append(str(agent.id))
+    return due
 
 
 @transaction.atomic
-def _claim(agent: Agent) -> tuple[int, list] | None:
-    """Take the unread turns when enough have come: (what was read through before, the
-    turns). The agent's row lock makes a second worker wait and then find them taken."""
+def _claim(agent: Agent) -> Claim | None:
+    """Take the unread turns when enough have come (``Place.claim``: those given back
+    first). The agent's row lock makes a second worker wait and then find them taken."""
     agent = Agent.objects.select_for_update().filter(pk=agent.pk).first()
     if agent is None or not observation_due(agent):  # (deleted since the task read it)
         return None
-    place = _place(agent)
-    place.recover()
     captured = conversation_messages(agent.local_conversation, for_agent=True)
 
-    def window(after: int, until: int | None = None) -> list:
+    def window(after: int, until: int | None) -> list:
         # The oldest first, the rest for the next observation: the blocks learn the turns
         # in the order they came (the newest 100 were read, and the older never: review).
         turns = captured.filter(seq__gt=after)
@@ -108,17 +117,14 @@ def _claim(agent: Agent) -> tuple[int, list] | None:
             turns = turns.filter(seq__lte=until)
         return list(turns.order_by("seq")[:MAX_TRANSCRIPT_MESSAGES])
 
-    after, turns = place.next_unread(window)
-    if turns:
-        place.take(after, turns[-1].seq, moves=False)
+    place = _place(agent)
+    before = place.copy()
     # (The turns given back all deleted since: as many as the frequency asks, or none yet;
     # ``turns[-1]`` failed on none: code review.)
-    elif _enough_turns(agent, place.through):
-        after = place.through
-        turns = window(after)
-        place.take(after, turns[-1].seq, moves=True)
-    _save_place(agent, place)
-    return (after, turns) if turns else None
+    claim = place.claim(window, lambda after: _enough_turns(agent, after))
+    if place != before:
+        _save_place(agent, place)
+    return claim
 
 
 def with_place_kept(metadata: dict, agent: Agent) -> dict:
@@ -149,16 +155,11 @@ def _save_place(agent: Agent, place: Place) -> None:
 
 
 @transaction.atomic
-def _done(agent: Agent, previous: int, claimed: int, *, read: bool) -> None:
-    """End the lease on the turns taken after ``previous`` through ``claimed``: read, or
-    given back (``Place.give_back``) for the next capture."""
+def _done(agent: Agent, claim: Claim, *, again: bool) -> None:
+    """End the lease of ``claim`` (``Place.end``): its turns read, or ``again``: given back
+    for the next capture."""
     agent = Agent.objects.select_for_update().filter(pk=agent.pk).first()
-    if agent is not None:
-        place = _place(agent)
-        if read:
-            place.end(previous, claimed)
-        else:
-            place.give_back(previous, claimed)
+    if agent is not None and (place := _place(agent)).end(claim.token, again=again):
         _save_place(agent, place)
 
 
@@ -202,26 +203,21 @@ def blocks_observe(agent: Agent) -> list[str]:
     claim = _claim(agent)
     if claim is None:
         return []
-    previous, turns = claim
-    try:
-        changed = _observe(agent, previous, turns)
-    except Exception:
-        # Whatever else failed (the database, a bug): the turns are given back, not lost.
-        _done(agent, previous, turns[-1].seq, read=False)
-        raise
-    _done(agent, previous, turns[-1].seq, read=True)
-    return changed
+    return claim.read(
+        lambda: _observe(agent, claim.turns), lambda again: _done(agent, claim, again=again)
+    )
 
 
-def _observe(agent: Agent, previous: int, turns: list) -> list[str]:
-    """``blocks_observe``'s work on the turns it claimed."""
+def _observe(agent: Agent, turns: list) -> list[str]:
+    """``blocks_observe``'s work on the turns it claimed; ``GiveBack`` (with the labels it
+    changed) when they are to be read again."""
     blocks = {block.label: block for block in memory_blocks(agent, user_id="")}
     try:
         values = parse_block_values(json_answer(chat(observer_prompt(blocks.values(), turns))))
     except LLMError as exc:
-        if exc.answers_later:
-            _done(agent, previous, turns[-1].seq, read=False)
         logger.warning("sleeptime: agent %s's blocks not updated: %s", agent.id, exc)
+        if exc.answers_later:
+            raise GiveBack([]) from exc
         return []
     changed, outdated = [], False
     for label, value in values.items():
@@ -240,7 +236,7 @@ def _observe(agent: Agent, previous: int, turns: list) -> list[str]:
         changed.append(label)
     if outdated:
         # Read again, with the block as it is now, at the next capture.
-        _done(agent, previous, turns[-1].seq, read=False)
+        raise GiveBack(changed)
     return changed
 
 

@@ -288,15 +288,14 @@ def enqueue_letta_observation(agent: Agent) -> None:
 
 @app.task(name="agents_api.sweep_lapsed_reads")
 def sweep_lapsed_reads_task() -> int:
-    """Hand to a worker again the turns a killed worker was reading (``reading``: its lease
-    lapsed; the task that claims them gives them back first). Runs every minute; returns
-    how many readers it handed on."""
-    readers = [(extract_memories_task, list(pair)) for pair in extraction.lapsed_claims()] + [
-        (observe_letta_turns_task, [agent_id]) for agent_id in sleeptime.lapsed_observers()
-    ]
-    handed = sum(sent(task, args, instead="the next sweep will") for task, args in readers)
+    """Give back the turns of every reader's lease that lapsed (``reading``: its worker was
+    killed, or is past its time), and hand the readers then due to a worker. Runs every
+    minute; returns how many it handed on. (Without an LLM, or with the observer turned off
+    since, nothing is due: the turns wait, given back, as after any failure.)"""
+    readers = [(extract_memories_task, list(pair)) for pair in extraction.recover_lapsed_claims()]
+    readers += [(observe_letta_turns_task, [i]) for i in sleeptime.recover_lapsed_observers()]
     if readers:
         logger.warning(
-            "%d readers' workers were killed while they read: %d handed on", len(readers), handed
+            "%d readers' leases lapsed (their workers killed?): read again", len(readers)
         )
-    return handed
+    return sum(sent(task, args, instead="the next write will") for task, args in readers)

@@ -212,6 +212,9 @@ class SearchIn(LocalInput):
         max_value=settings.MEMORY_MAX_SEARCH_LIMIT,
         default=settings.MEMORY_DEFAULT_SEARCH_LIMIT,
     )
+    # (``/v1``'s ``minScore``, in the seed's spelling: ``similarity`` is a hybrid score that
+    # no threshold bounds, so a search that matched nothing well answered its best anyway.)
+    min_score = serializers.FloatField(required=False, min_value=0.0, max_value=1.0, default=0.0)
 
     # (One of blanks answered the agent's messages in no order: review.)
     validate_query = SearchToolRecordsIn.validate_query

@@ -130,11 +130,17 @@ def _agent(request, name: str, *, memories: bool = False) -> Agent:
 
 
 def _search(
-    agent: Agent, query: str, limit: int, *, citations: bool = True, exclusions: bool = False
+    agent: Agent,
+    query: str,
+    limit: int,
+    *,
+    citations: bool = True,
+    exclusions: bool = False,
+    min_relevance: float = 0.0,
 ) -> list[dict]:
     """The agent's messages most relevant to ``query``, best first, ``similarity`` filled.
-    ``citations`` False: the agent keeps no memories (``keeps_memories``); ``exclusions``:
-    a search asked for (``search_messages``)."""
+    ``citations`` False: the agent keeps no memories (``keeps_memories``); ``exclusions``
+    and ``min_relevance``: a search asked for (``search_messages``)."""
     if agent.local_conversation_id is None:
         return []
     hits = search_messages(
@@ -147,6 +153,7 @@ def _search(
         roots=True,  # (``local_conversation_for`` makes a new one, never a fork)
         citations=citations,
         exclusions=exclusions,
+        min_relevance=min_relevance,
     )
     return [s.message_out(hit.message, agent, similarity=hit.score) for hit in hits]
 
@@ -273,7 +280,15 @@ class MessageSearchView(LocalView):
     def post(self, request):
         data = s.SearchIn.parse(request.data)
         agent = _agent(request, data["agent_name"])
-        return Response(_search(agent, data["query"], data["limit"], exclusions=True))
+        return Response(
+            _search(
+                agent,
+                data["query"],
+                data["limit"],
+                exclusions=True,
+                min_relevance=data["min_score"],
+            )
+        )
 
     @extend_schema(exclude=True)
     def get(self, request):

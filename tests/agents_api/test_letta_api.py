@@ -618,8 +618,6 @@ def test_the_turns_a_killed_observer_was_reading_are_read_once_its_lease_lapses(
     """The observer's worker killed once it had claimed the turns (their place moved past
     them, committed, before the model is asked): they were never read (review). Its lease
     lapses, and the minute's sweep hands them on."""
-    from types import SimpleNamespace
-
     from agents_api import reading, sleeptime
     from agents_api.tasks import sweep_lapsed_reads_task
 
@@ -631,8 +629,8 @@ def test_the_turns_a_killed_observer_was_reading_are_read_once_its_lease_lapses(
     claimed = sleeptime._claim(agent)  # (the worker that is killed: nothing after its claim)
     assert claimed is not None and not observation_due(Agent.objects.get(name="travel"))
     assert sweep_lapsed_reads_task() == 0
-    [[_, _, until]] = Agent.objects.get(name="travel").metadata["letta"][sleeptime.TAKEN_KEY]
-    monkeypatch.setattr(reading, "time", SimpleNamespace(time=lambda: until + 1))
+    [[_, _, until, _]] = Agent.objects.get(name="travel").metadata["letta"][sleeptime.TAKEN_KEY]
+    monkeypatch.setattr(reading, "database_now", lambda: until + 1)  # (time passes)
     assert observation_due(Agent.objects.get(name="travel"))
     assert sweep_lapsed_reads_task() == 1
     [asked] = llm.requests_containing(OBSERVER_MARKER)

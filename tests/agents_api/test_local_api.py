@@ -325,6 +325,28 @@ def test_search_limit_default_and_maximum(local, settings):
     assert too_many.json()["detail"][0]["loc"] == ["body", "limit"]
 
 
+def test_min_score_keeps_only_what_is_relevant_itself(local):
+    """As ``/v1``'s ``minScore``: without it a search that matched nothing answered its
+    nearest turns, however far, with hybrid scores a caller could not tell from a match's."""
+    make(local)
+    store(local, "my_agent", "user", "I adopted a puppy named Rex last week")
+    store(local, "my_agent", "user", "The weather is nice today")
+    embed_pending()
+
+    def found(query, **extra):
+        body = {"agent_name": "my_agent", "query": query, **extra}
+        return [m["content"] for m in local.post("/messages/search", body).json()]
+
+    assert found("quokka")  # (the nearest, however far)
+    assert found("quokka", min_score=0.5) == []
+    assert found("puppy adopted", min_score=0.5) == ["I adopted a puppy named Rex last week"]
+    refused = local.post(
+        "/messages/search", {"agent_name": "my_agent", "query": "puppy", "min_score": 1.5}
+    )
+    assert refused.status_code == 422
+    assert refused.json()["detail"][0]["loc"] == ["body", "min_score"]
+
+
 @pytest.mark.parametrize("query", ["   ", "\u200b"])
 def test_a_search_for_nothing_to_read_is_refused(local, query):
     """(It answered the agent's messages in no order, where every other search refuses.)"""

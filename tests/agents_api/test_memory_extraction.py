@@ -360,8 +360,8 @@ def test_the_turns_a_killed_worker_was_reading_are_read_once_its_lease_lapses(
             worker.kill()
             worker.wait()
     state = MemoryExtraction.objects.get()
-    [[after, through, until]] = state.taken
-    assert after == 0 and through == state.through_seq and until > time.time()
+    [[after, through, until, _]] = state.taken
+    assert after == 0 and through == state.through_seq and until > reading.database_now()
 
     with FakeOpenAI() as llm:
         settings.MEMSVC_LLM_BASE_URL, settings.MEMSVC_LLM_MODEL = llm.base_url, "gpt-test"
@@ -369,7 +369,7 @@ def test_the_turns_a_killed_worker_was_reading_are_read_once_its_lease_lapses(
         conversation_obj = Conversation.objects.get(id=conversation)
         assert not extraction.extraction_due(state.agent, conversation_obj)  # (being read)
         assert sweep_lapsed_reads_task() == 0
-        monkeypatch.setattr(reading, "time", SimpleNamespace(time=lambda: until + 1))
+        monkeypatch.setattr(reading, "database_now", lambda: until + 1)  # (time passes)
         assert extraction.extraction_due(state.agent, conversation_obj)
         assert sweep_lapsed_reads_task() == 1
         [request] = extractions(llm)
@@ -379,8 +379,8 @@ def test_the_turns_a_killed_worker_was_reading_are_read_once_its_lease_lapses(
     assert state.taken == [] and state.unread == [] and state.through_seq == through
 
 
-# A worker's process as Celery runs it (``tests.search.test_worker`` starts a real one):
-# Django set up, the task called with its arguments.
+# A worker's process (``tests.search.test_worker`` starts a real Celery worker): Django set
+# up, the task called with its arguments.
 EXTRACT_IN_A_WORKER = """
 import os, sys, django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memsvc.settings")

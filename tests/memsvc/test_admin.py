@@ -1152,7 +1152,7 @@ def test_an_agents_description_saved_in_the_admin_keeps_the_observers_place(oper
     place = {
         "observed_through_seq": 105,
         "observed_unread": [[3, 7]],
-        "observing": [[100, 105, 2_000_000_000]],  # (a worker reading them)
+        "observing": [[100, 105, 2_000_000_000, "a1b2"]],  # (a worker reading them)
     }
     agent.metadata = {"letta": {"enable_sleeptime": True, **place}}
     agent.save()
