@@ -28,7 +28,7 @@ from django.utils import timezone
 
 from agents_api import services
 from agents_api.models import Agent, Memory, MemoryExtraction, MemorySource
-from agents_api.reading import Claim, GiveBack
+from agents_api.reading import Claim, GiveBack, Place, to_recover
 from agents_api.selectors import (
     conversation_memory_subject,
     memories_of,
@@ -135,14 +135,13 @@ def _claim(agent: Agent, conversation: Conversation) -> Claim | None:
             agent=agent, conversation=conversation
         )
         place = state.place
-        before = place.copy()
         claim = place.claim(
             lambda after, through: _window(conversation, after=after, through=through),
             lambda after: _enough_turns(agent, conversation, after),
         )
-        if claim is not None and place.through != before.through:
+        if claim is not None and place.through != state.through_seq:
             state.extracted_at = timezone.now()
-        if place != before:
+        if place != Place(state.through_seq, state.unread, state.taken):  # (as stored)
             state.place = place
             state.save(update_fields=["through_seq", "unread", "taken", "extracted_at"])
     return claim
@@ -188,8 +187,8 @@ def _read_before_the_fork(agent: Agent, conversation: Conversation) -> int:
 
 
 def _done(agent: Agent, conversation: Conversation, claim: Claim, *, again: bool) -> None:
-    """End the lease of ``claim`` (``Place.end``): its turns read, or ``again``: given back
-    after a transient failure, for the next try."""
+    """End the lease of ``claim`` (``Place.end``): its turns read (or not to be), or
+    ``again``: given back after a failure, for the next try."""
     with transaction.atomic():
         state = (
             MemoryExtraction.objects.select_for_update()
@@ -207,23 +206,31 @@ def _done(agent: Agent, conversation: Conversation, claim: Claim, *, again: bool
 def recover_lapsed_claims() -> list[tuple[str, str]]:
     """Give back the turns of every lease that lapsed (``Place.recover``: its worker was
     killed, or is past its time) and answer (agent id, conversation id) of the extractions
-    then due: the sweep hands them to a worker. A state another worker holds is left for
-    the next sweep."""
+    then due: the sweep hands them to a worker. A state a claim holds is left for the next
+    sweep (only the state's row is locked: ``of``, as an update of no key)."""
+    leased = MemoryExtraction.objects.exclude(taken=[]).values_list("id", "taken")
     due = []
-    for state_id in MemoryExtraction.objects.exclude(taken=[]).values_list("id", flat=True):
+    for state_id in to_recover(leased):
         with transaction.atomic():
             state = (
-                MemoryExtraction.objects.select_for_update(skip_locked=True)
-                .select_related("agent", "conversation")
+                MemoryExtraction.objects.select_for_update(
+                    skip_locked=True, no_key=True, of=("self",)
+                )
                 .filter(id=state_id)
                 .first()
             )
-            if state is None or not (place := state.place).recover():
+            if state is None:
+                continue
+            place = state.place
+            place.recover()
+            if place == Place(state.through_seq, state.unread, state.taken):
                 continue
             state.place = place
             state.save(update_fields=["through_seq", "unread", "taken"])
-        if extraction_due(state.agent, state.conversation):
-            due.append((str(state.agent_id), str(state.conversation_id)))
+        agent = Agent.objects.filter(id=state.agent_id).first()
+        conversation = Conversation.objects.filter(id=state.conversation_id).first()
+        if agent and conversation and extraction_due(agent, conversation):
+            due.append((str(agent.id), str(conversation.id)))
     return due
 
 
@@ -329,7 +336,7 @@ def memories_extract(agent: Agent, conversation: Conversation) -> list[Memory]:
     claim = _claim(agent, conversation)
     if claim is None:
         return []
-    return claim.read(
+    return claim.settle(
         lambda: _distil(agent, conversation, claim.after, claim.turns),
         lambda again: _done(agent, conversation, claim, again=again),
     )

@@ -14,9 +14,8 @@ or ended the next worker's lease of the same turns: code review); at worst its t
 read twice, and the readers' saves merge what repeats.
 """
 
-import copy
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -24,9 +23,11 @@ from django.conf import settings
 from django.db import connection
 
 T = TypeVar("T")
+K = TypeVar("K")
 
 # The lease outlives the task that holds it: a task asking the LLM is killed 30 s after its
-# soft limit (``tasks.LLM_TASK_OPTIONS``), and the lease lasts a minute past that limit.
+# soft limit (``tasks.LLM_TASK_OPTIONS``), and the lease lasts 60 s past that limit (30 s
+# past the kill).
 LEASE_MARGIN_SECONDS = 60
 
 
@@ -57,7 +58,7 @@ class Claim:
     turns: list
     token: str
 
-    def read(self, work: Callable[[], T], end: Callable[[bool], None]) -> T:
+    def settle(self, work: Callable[[], T], end: Callable[[bool], None]) -> T:
         """What ``work`` (the reader's, on these turns) answers, the lease ended after it by
         ``end(again)``: the turns read, or given back to be read again when it raised
         ``GiveBack`` (then its ``result`` is answered) or failed (then the error is raised
@@ -107,7 +108,9 @@ class Place:
         taken = [
             [_seq(a), _seq(b), until, token]
             for a, b, until, token in spans(taken, 4)
-            if isinstance(until, int | float) and isinstance(token, str)
+            if isinstance(until, int | float)
+            and not isinstance(until, bool)
+            and isinstance(token, str)
         ]
         return cls(_seq(through) or 0, unread, taken)
 
@@ -184,8 +187,18 @@ class Place:
                 return after, turns
         return 0, []
 
-    def copy(self) -> "Place":
-        return copy.deepcopy(self)
+
+def to_recover(leases: Iterable[tuple[K, object]], now: float | None = None) -> list[K]:
+    """The keys of ``leases`` (key, ``taken`` as stored) whose leases hold a lapsed one, or
+    one that cannot be read (left by an older release, edited by hand: dropped, or the row
+    was looked at every minute for good)."""
+    now = database_now() if now is None else now
+    found = []
+    for key, taken in leases:
+        place = Place.of(0, [], taken)
+        if place.taken != taken or place.lapsed(now):
+            found.append(key)
+    return found
 
 
 class GiveBack(Exception):

@@ -18,7 +18,7 @@ from django.db import transaction
 
 from agents_api import services
 from agents_api.models import Agent, MemoryBlock
-from agents_api.reading import Claim, GiveBack, Place
+from agents_api.reading import Claim, GiveBack, Place, to_recover
 from agents_api.selectors import memory_blocks
 from agents_api.services.letta import letta_settings
 from conversations.models import Role
@@ -58,8 +58,14 @@ def _frequency(agent: Agent) -> int:
 
 def _place(agent: Agent) -> Place:
     """The observer's place in the agent's captured turns (``reading.Place``)."""
+    stored = _stored_place(agent)
+    return Place.of(stored.through, stored.unread, stored.taken)
+
+
+def _stored_place(agent: Agent) -> Place:
+    """The observer's place as it is stored, whatever its shape (``_place`` reads it)."""
     letta = letta_settings(agent)
-    return Place.of(letta.get(THROUGH_KEY) or 0, letta.get(UNREAD_KEY), letta.get(TAKEN_KEY))
+    return Place(letta.get(THROUGH_KEY), letta.get(UNREAD_KEY), letta.get(TAKEN_KEY))
 
 
 def _enough_turns(agent: Agent, through: int) -> bool:
@@ -74,7 +80,7 @@ def _enough_turns(agent: Agent, through: int) -> bool:
 def observation_due(agent: Agent) -> bool:
     """An LLM, a sleeptime frequency, and turns given back to read again (a lapsed lease's
     too) or at least that many captured turns unread."""
-    if not _frequency(agent) or agent.local_conversation is None or not llm_configured():
+    if not _frequency(agent) or agent.local_conversation_id is None or not llm_configured():
         return False
     place = _place(agent)
     return bool(place.unread) or place.lapsed() or _enough_turns(agent, place.through)
@@ -83,16 +89,27 @@ def observation_due(agent: Agent) -> bool:
 def recover_lapsed_observers() -> list[str]:
     """Give back the turns of every observer's lease that lapsed (``Place.recover``: its
     worker was killed, or is past its time) and answer the ids of the agents whose
-    observation is then due: the sweep hands them to a worker. An agent another worker
-    holds is left for the next sweep."""
-    leased = Agent.objects.filter(metadata__letta__has_key=TAKEN_KEY).exclude(
-        **{f"metadata__letta__{TAKEN_KEY}": []}
+    observation is then due: the sweep hands them to a worker. An agent a claim holds is
+    left for the next sweep (its row locked as an update of no key: a write that names the
+    agent, a block's, is not held back)."""
+    leased = (
+        Agent.objects.filter(metadata__letta__has_key=TAKEN_KEY)
+        .exclude(**{f"metadata__letta__{TAKEN_KEY}": []})
+        .values_list("id", f"metadata__letta__{TAKEN_KEY}")
     )
     due = []
-    for agent_id in leased.values_list("id", flat=True):
+    for agent_id in to_recover(leased):
         with transaction.atomic():
-            agent = Agent.objects.select_for_update(skip_locked=True).filter(id=agent_id).first()
-            if agent is None or not (place := _place(agent)).recover():
+            agent = (
+                Agent.objects.select_for_update(skip_locked=True, no_key=True)
+                .filter(id=agent_id)
+                .first()
+            )
+            if agent is None:
+                continue
+            place = _place(agent)
+            place.recover()
+            if place == _stored_place(agent):
                 continue
             _save_place(agent, place)
         if observation_due(agent):
@@ -118,11 +135,10 @@ def _claim(agent: Agent) -> Claim | None:
         return list(turns.order_by("seq")[:MAX_TRANSCRIPT_MESSAGES])
 
     place = _place(agent)
-    before = place.copy()
     # (The turns given back all deleted since: as many as the frequency asks, or none yet;
     # ``turns[-1]`` failed on none: code review.)
     claim = place.claim(window, lambda after: _enough_turns(agent, after))
-    if place != before:
+    if place != _stored_place(agent):
         _save_place(agent, place)
     return claim
 
@@ -203,7 +219,7 @@ def blocks_observe(agent: Agent) -> list[str]:
     claim = _claim(agent)
     if claim is None:
         return []
-    return claim.read(
+    return claim.settle(
         lambda: _observe(agent, claim.turns), lambda again: _done(agent, claim, again=again)
     )
 

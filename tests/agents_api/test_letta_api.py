@@ -641,6 +641,36 @@ def test_the_turns_a_killed_observer_was_reading_are_read_once_its_lease_lapses(
     assert not observation_due(agent)
 
 
+@pytest.mark.parametrize("turned_off", ["sleeptime", "the LLM"])
+def test_a_lapsed_lease_of_an_observer_turned_off_since_is_given_back_once(
+    api, helper, llm, monkeypatch, settings, turned_off
+):
+    """Its lease stayed, and the sweep handed the agent on every minute for good, each time
+    for nothing (code review). Given back once; the next capture after it is back on reads
+    the turns."""
+    from agents_api import reading, sleeptime
+    from agents_api.tasks import sweep_lapsed_reads_task
+
+    state = create_agent(api, helper)
+    every_n_captures(api, helper, state, 1)
+    assert capture(api, helper, state["id"], "My name is Ada.").status_code == 200
+    assert sleeptime._claim(Agent.objects.get(name="travel")) is not None  # (then killed)
+    agent = Agent.objects.get(name="travel")
+    [[_, _, until, _]] = agent.metadata["letta"][sleeptime.TAKEN_KEY]
+    if turned_off == "sleeptime":
+        agent.metadata["letta"]["enable_sleeptime"] = False
+        agent.save()
+    else:
+        settings.MEMSVC_LLM_BASE_URL = settings.MEMSVC_LLM_MODEL = None
+    monkeypatch.setattr(reading, "database_now", lambda: until + 1)  # (time passes)
+    assert sweep_lapsed_reads_task() == 0
+    agent.refresh_from_db()
+    assert agent.metadata["letta"][sleeptime.TAKEN_KEY] == []
+    assert sleeptime._place(agent).through == 0  # (given back)
+    assert sweep_lapsed_reads_task() == 0
+    assert not llm.requests_containing(OBSERVER_MARKER)
+
+
 def test_turns_given_back_and_deleted_since_leave_nothing_to_observe(
     api, helper, llm, committed_capture
 ):

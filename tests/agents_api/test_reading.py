@@ -1,6 +1,7 @@
 """A reader's place in a conversation's turns (``agents_api.reading``), its clock stood still
 (the database's, ``reading.database_now``)."""
 
+import copy
 from types import SimpleNamespace
 
 import pytest
@@ -48,7 +49,8 @@ def test_a_lease_outlives_the_task_that_holds_it(settings):
     """A task asking the LLM is killed at its hard limit: past the lease, it is gone."""
     from agents_api.tasks import LLM_TASK_OPTIONS
 
-    assert reading.lease_seconds() > LLM_TASK_OPTIONS["time_limit"]
+    killed_after = LLM_TASK_OPTIONS["time_limit"] - LLM_TASK_OPTIONS["soft_time_limit"]
+    assert reading.lease_seconds() - settings.MEMSVC_LLM_TASK_SECONDS > killed_after
 
 
 def test_turns_given_back_move_the_place_back_unless_read_past():
@@ -88,7 +90,7 @@ def test_a_worker_that_finishes_after_its_lease_was_given_back_changes_nothing()
     place.recover()
     next_one = place.claim(window, enough)
     assert [t.seq for t in next_one.turns] == [5, 6, 7]
-    held = place.copy()
+    held = copy.deepcopy(place)
     assert not place.end(late.token, again=True) and place == held
     assert not place.end(late.token) and place == held
     assert place.end(next_one.token) and place == Place(through=7)
@@ -115,10 +117,10 @@ def test_a_reader_ends_its_lease_once_whatever_its_work_does():
     def give_back():
         raise GiveBack(["human"])
 
-    assert claim.read(give_back, ended.append) == ["human"]
-    assert claim.read(lambda: "saved", ended.append) == "saved"
+    assert claim.settle(give_back, ended.append) == ["human"]
+    assert claim.settle(lambda: "saved", ended.append) == "saved"
     with pytest.raises(ZeroDivisionError):
-        claim.read(lambda: 1 / 0, ended.append)
+        claim.settle(lambda: 1 / 0, ended.append)
     assert ended == [True, False, True]
 
 
@@ -126,5 +128,16 @@ def test_a_place_stored_in_another_shape_reads_as_what_it_holds():
     """Edited by hand (the admin's metadata), or left by a release before leases."""
     place = Place.of("9", [[1, 2], [3], "x", [True, 4], ["5", 6]], None)
     assert place == Place(through=9, unread=[[1, 2], [5, 6]], taken=[])
-    stored = Place.of(7, [[1, 2, 3]], [[1, 2], [3, 4, 5.5, "t"], [3, 4, "5", "t"]])
+    stored = Place.of(
+        7, [[1, 2, 3]], [[1, 2], [3, 4, 5.5, "t"], [3, 4, "5", "t"], [3, 4, True, "t"]]
+    )
     assert stored == Place(7, [], [[3, 4, 5.5, "t"]])
+
+
+def test_the_sweep_looks_again_at_lapsed_and_unreadable_leases_only():
+    leases = [
+        ("live", [[1, 2, NOW + 1, "a"]]),
+        ("lapsed", [[1, 2, NOW + 1, "a"], [2, 3, NOW, "b"]]),
+        ("of an older release", [[1, 2, NOW + 1]]),
+    ]
+    assert reading.to_recover(leases, NOW) == ["lapsed", "of an older release"]
