@@ -270,11 +270,9 @@ class MemoryBlockAdmin(AgentColumn, DeletedByService, LargeTableAdmin):
 
     # Deleted as the API deletes one (``memory_block_delete``: locked, so a change in
     # progress ends first); a read-only block only once its flag is cleared here (Django
-    # refuses a selection holding one whole).
-    def has_delete_permission(self, request, obj=None):
-        return not (obj is not None and obj.read_only) and super().has_delete_permission(
-            request, obj
-        )
+    # refuses a selection holding one whole, and the agent it is of).
+    def deletion_refused(self, obj) -> str | None:
+        return "it is read-only: clear its “read only” flag first" if obj.read_only else None
 
     def delete_one(self, request, obj):
         memory_block_delete(operator(request), block=obj)

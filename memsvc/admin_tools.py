@@ -7,12 +7,13 @@ from collections import Counter
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.contrib.admin.utils import NestedObjects, quote
+from django.contrib.admin.utils import NestedObjects, quote, unquote
 from django.core.exceptions import FieldDoesNotExist, ValidationError
 from django.core.paginator import Paginator
 from django.db import router, transaction
 from django.db.models.constants import LOOKUP_SEP
 from django.forms.fields import InvalidJSONInput
+from django.shortcuts import redirect
 from django.urls import NoReverseMatch, reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html
@@ -186,7 +187,32 @@ class _ShownNestedObjects(NestedObjects):
 class ModelAdmin(Checked, admin.ModelAdmin):
     """Django's, taking in a list's query only the lookups its own filters write, and an
     action's selection only of ids (``Checked``); a deletion's confirmation lists a few rows
-    of each kind under a row, and counts them all (``_ShownNestedObjects``)."""
+    of each kind under a row, and counts them all (``_ShownNestedObjects``); a row refused
+    by what it is (``deletion_refused``) is refused with the reason."""
+
+    def deletion_refused(self, obj) -> str | None:
+        """Why ``obj`` is not deleted whatever the operator may do (a read-only block: its
+        flag cleared first), or None. Said on the confirmation of a deletion that would take
+        it, and on its own delete page (Django's said "your account doesn't have permission"
+        to a superuser, or answered a bare 403: review)."""
+        return None
+
+    def has_delete_permission(self, request, obj=None):
+        refused = obj is not None and self.deletion_refused(obj)
+        return not refused and super().has_delete_permission(request, obj)
+
+    def delete_view(self, request, object_id, extra_context=None):
+        obj = self.get_object(request, unquote(object_id))
+        refused = obj is not None and self.deletion_refused(obj)
+        if not refused:
+            return super().delete_view(request, object_id, extra_context)
+        self.message_user(
+            request, f"{capfirst(self.opts.verbose_name)} not deleted: {refused}.", messages.ERROR
+        )
+        return redirect(
+            f"{self.admin_site.name}:{self.opts.app_label}_{self.opts.model_name}_change",
+            quote(obj.pk),
+        )
 
     def get_deleted_objects(self, objs, request):
         """Django's ``admin.utils.get_deleted_objects``, with ``_ShownNestedObjects``."""
@@ -197,15 +223,16 @@ class ModelAdmin(Checked, admin.ModelAdmin):
         # Every row taken asked, shown or not (some are refused by what they are, a read-only
         # block: checked on the rows shown alone, an agent whose 26th block was read-only
         # was deleted with it; code review).
-        perms_needed = {
-            model._meta.verbose_name
-            for model, rows in collector.model_objs.items()
-            if self.admin_site.is_registered(model)
-            and not all(
-                self.admin_site.get_model_admin(model).has_delete_permission(request, row)
-                for row in rows
-            )
-        }
+        perms_needed = set()
+        for model, rows in collector.model_objs.items():
+            if not self.admin_site.is_registered(model):
+                continue
+            model_admin = self.admin_site.get_model_admin(model)
+            refused = [row for row in rows if not model_admin.has_delete_permission(request, row)]
+            reasons = sorted({model_admin.deletion_refused(row) for row in refused} - {None})
+            if refused:
+                name = model._meta.verbose_name
+                perms_needed.add(f"{name} ({'; '.join(reasons)})" if reasons else name)
 
         def shown(obj) -> str:
             opts = obj._meta

@@ -560,6 +560,27 @@ def test_a_memory_deleted_among_the_search_hits_leaves_the_list_too(page, live_s
     assert script_errors == []
 
 
+def test_a_memory_search_is_kept_in_the_address_for_reload_and_back(page, live_server, people):
+    """(The agent's page swapped its hits in and kept no ``?q=``: a reload showed the plain
+    list, and Back left the page; review.)"""
+    helper, _ = agent_get_or_create(owner_principal="ops", name="travel-helper")
+    memory_save(helper.as_principal(), agent=helper, user_id="alice", content="Alice likes kiwis")
+    log_in(page, live_server, "alice")
+    page.get_by_role("link", name="Memory").click()
+    page.get_by_role("link", name="travel-helper").click()
+    agent_page = page.url
+    page.get_by_label("Search memories").fill("kiwi fruit")
+    page.get_by_role("button", name="Search").click()
+    expect(page).to_have_url(re.compile(r"\?q=kiwi(\+|%20)fruit$"))
+    expect(page.locator("#memory-hits")).to_contain_text("Alice likes kiwis")
+    page.reload()
+    expect(page.get_by_label("Search memories")).to_have_value("kiwi fruit")
+    expect(page.locator("#memory-hits")).to_contain_text("Alice likes kiwis")
+    page.go_back()
+    expect(page).to_have_url(agent_page)
+    expect(page.get_by_role("heading", name="Long-term memories about you")).to_be_visible()
+
+
 def test_a_chat_whose_server_cannot_be_reached_says_so_and_lets_the_person_go_on(
     page, assistant_chat
 ):

@@ -185,14 +185,32 @@ def test_create_a_conversation(alice_page):
     assert Conversation.objects.count() == 1
 
 
-def test_a_title_of_spaces_is_shown_as_untitled_not_as_an_empty_link(alice_page):
-    """(The form took "   " as a title: the list showed a link with no text to click.)"""
-    conversation = conversation_of("alice", "   ", "hello")
+@pytest.mark.parametrize("title", ["   ", "\ufeff", "\u200b "])
+def test_a_title_of_spaces_is_shown_as_untitled_not_as_an_empty_link(alice_page, title):
+    """(The form took "   " as a title: the list showed a link with no text to click; one
+    of invisible characters too: review.)"""
+    conversation = conversation_of("alice", title, "hello")
     link = f'<a class="title" href="{page_of(conversation)}">Untitled</a>'
     assert link in alice_page.get("/app/").content.decode()
     html = alice_page.get(page_of(conversation)).content.decode()
     assert '<h1 id="conversation-title">Untitled</h1>' in html
     assert '<span aria-current="page" class="current">Untitled</span>' in html
+
+
+def test_a_title_is_isolated_from_the_text_around_it(alice_page):
+    """A title holding a right-to-left override turned the author and the date after it
+    around in a hit's link, and could pass a message off as someone else's (review): it is
+    isolated (FSI ... PDI), its own isolates left out so none ends that early."""
+    conversation = conversation_of("alice", "\u202eevil\u2069\u202e", "zanzibar spice market")
+    isolated = "\u2068\u202eevil\u202e\u2069"
+    found = alice_page.get("/app/search/?q=zanzibar").content.decode()
+    assert f"{isolated}: alice, " in found
+    assert (
+        f'href="{page_of(conversation)}">{isolated}</a>' in alice_page.get("/app/").content.decode()
+    )
+    html = alice_page.get(page_of(conversation)).content.decode()
+    assert f"<title>{isolated} | memsvc</title>" in html or f"<title>{isolated}" in html
+    assert f'data-confirm="Delete “{isolated}”' in html
 
 
 def test_search_finds_what_the_person_may_see_and_links_to_the_message(alice_page, bob_page):
@@ -204,7 +222,7 @@ def test_search_finds_what_the_person_may_see_and_links_to_the_message(alice_pag
     assert f"{page_of(mine)}?at={message.id}#m-{message.id}" in html
     assert "<mark>dog</mark>" in html or "<mark>beach</mark>" in html
     # Named by its conversation too, and counted (review: "alice, <date>" three times).
-    assert f">Pets: alice, {message.created_at:%Y-%m-%d}" in html
+    assert f">\u2068Pets\u2069: alice, {message.created_at:%Y-%m-%d}" in html
     assert "1 message found for “dog beach”" in html
     assert "Charlie" not in html
     assert "Nothing found" in bob_page.get("/app/search/", {"q": "dog beach"}).content.decode()
@@ -408,7 +426,8 @@ def _branches(html: str) -> list[tuple[int, str]]:
 
         def handle_data(self, data):
             if self.naming and data.strip():
-                self.entries.append((self.open.count("ul"), data.strip()))
+                # (A title isolated from what is around it, ``shown_title``.)
+                self.entries.append((self.open.count("ul"), data.strip().strip("\u2068\u2069")))
 
     nav = html[html.index('<nav aria-label="Branches">') :]
     parser = Branches()
@@ -559,9 +578,9 @@ def test_an_offer_to_someone_not_yet_a_member_names_the_conversation_without_a_l
     transfer = reverse("pages:transfer", args=[conversation.id])
     assert alice_page.post(transfer, {"newOwnerUserId": "bob"}).status_code == 302
     bob_sees = bob_page.get("/app/").content.decode()
-    assert "alice</strong> offers you “Handover”." in bob_sees
+    assert "alice</strong> offers you “\u2068Handover\u2069”." in bob_sees
     assert page_of(conversation) not in bob_sees
-    assert f'You offered <a href="{page_of(conversation)}">“Handover”</a> to' in (
+    assert f'You offered <a href="{page_of(conversation)}">“\u2068Handover\u2069”</a> to' in (
         alice_page.get("/app/").content.decode()
     )
 
@@ -578,9 +597,9 @@ def test_ownership_transfer_offered_accepted_and_declined(alice_page, bob_page, 
     # Each sees the offer by the conversation's title, on the list and on its page, with
     # what they may do about it; a third member sees nothing of it.
     assert "alice</strong> offers you <a" in bob_page.get("/app/").content.decode()
-    assert "“Handover”" in bob_page.get("/app/").content.decode()
+    assert "“\u2068Handover\u2069”" in bob_page.get("/app/").content.decode()
     assert "You offered <a" in alice_page.get("/app/").content.decode()
-    assert "“Handover”" in alice_page.get("/app/").content.decode()
+    assert "“\u2068Handover\u2069”" in alice_page.get("/app/").content.decode()
     bob_sees = bob_page.get(page_of(conversation)).content.decode()
     assert "offers you this conversation" in bob_sees
     assert reverse("pages:transfer_resolve", args=[offer.id, "accept"]) in bob_sees
@@ -615,6 +634,25 @@ def test_ownership_transfer_offered_accepted_and_declined(alice_page, bob_page, 
     alice_page.post(reverse("pages:transfer_resolve", args=[second.id, "decline"]))
     second.refresh_from_db()
     assert second.status == "declined"
+
+
+@pytest.mark.parametrize("verb", ["cancel", "decline", "accept"])
+def test_an_offer_resolved_on_the_conversations_page_comes_back_to_it(alice_page, bob_page, verb):
+    """(Each of its buttons went to the list of conversations: review.)"""
+    conversation = conversation_of("alice", "Handover", "hi", shared=[("bob", "writer")])
+    alice_page.post(reverse("pages:transfer", args=[conversation.id]), {"newOwnerUserId": "bob"})
+    offer = OwnershipTransfer.objects.get()
+    person = alice_page if verb == "cancel" else bob_page
+    html = person.get(page_of(conversation)).content.decode()
+    assert f'<input type="hidden" name="next" value="{page_of(conversation)}">' in html
+    resolved = person.post(
+        reverse("pages:transfer_resolve", args=[offer.id, verb]), {"next": page_of(conversation)}
+    )
+    assert resolved["Location"] == page_of(conversation)
+    offer.refresh_from_db()
+    assert (
+        offer.status == {"cancel": "cancelled", "decline": "declined", "accept": "accepted"}[verb]
+    )
 
 
 def test_only_the_owner_deletes(alice_page, bob_page):

@@ -1,17 +1,28 @@
+import re
+
 from django import template
 from django.utils.html import escape
 from django.utils.safestring import mark_safe
 
 from memsvc.db import MARKUP_STAND_IN
+from memsvc.text import shows_nothing
 
 register = template.Library()
 
+_ISOLATES = re.compile("[\u2066-\u2069]")  # LRI, RLI, FSI, PDI
+
 
 @register.filter
-def shown_title(title: str) -> str:
-    """A conversation's title as the pages show it: "Untitled" when it has none, or only
-    spaces (which would make a link with nothing to click)."""
-    return title if title.strip() else "Untitled"
+def shown_title(title: str, untitled: str = "Untitled") -> str:
+    """A conversation's title as the pages show it: ``untitled`` when it shows nothing (only
+    spaces, or invisible characters: a link with nothing to click; review), else isolated
+    from the text around it (FSI ... PDI, which the page's title and a dialog's text honour
+    too: a title holding a right-to-left override turned around the author and the date
+    after it in a hit's link, and so could pass a message off as another's; review). Isolates
+    of its own are left out, or one of them would end the isolation early."""
+    if shows_nothing(title):
+        return untitled
+    return f"\u2068{_ISOLATES.sub('', title)}\u2069"
 
 
 @register.filter
