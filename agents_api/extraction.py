@@ -105,10 +105,10 @@ def _enough_turns(agent: Agent, conversation: Conversation, through_seq: int) ->
 
 
 def extraction_due(agent: Agent, conversation: Conversation) -> bool:
-    """Whether the agent's next extraction from the conversation is due: an LLM, and turns
-    given back to read again (a lapsed lease's too), or enough user turns since the last
-    one."""
-    if not llm_configured():
+    """Whether the agent's next extraction from the conversation is due: an LLM, extraction
+    on (the turns given back while it was off wait: they were read, review), and turns given
+    back to read again (a lapsed lease's too), or enough user turns since the last one."""
+    if not llm_configured() or not extraction_turns(agent):
         return False
     state = MemoryExtraction.objects.filter(agent=agent, conversation=conversation).first()
     if state is not None and ((place := state.place).unread or place.lapsed()):
@@ -331,8 +331,8 @@ def memories_extract(agent: Agent, conversation: Conversation) -> list[Memory]:
     Nothing is distilled about a person who turned memory off: their turns are claimed and
     never read, not even once memory is back on.
     """
-    if not llm_configured():
-        return []
+    if not llm_configured() or not extraction_turns(agent):
+        return []  # (turned off since the task was sent: what was given back waits)
     claim = _claim(agent, conversation)
     if claim is None:
         return []

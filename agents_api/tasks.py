@@ -1,6 +1,7 @@
 """Celery tasks of the agents app: they take ids and call a service."""
 
 import atexit
+import contextlib
 import logging
 import threading
 import time
@@ -182,7 +183,24 @@ def extract_memories_task(agent_id: str, conversation_id: str) -> int:
     conversation = Conversation.objects.filter(id=conversation_id).first()
     if agent is None or conversation is None:
         return 0  # deleted meanwhile
-    return len(extraction.memories_extract(agent, conversation))
+    with _given_back_when_too_slow(f"conversation {conversation_id} for agent {agent_id}"):
+        return len(extraction.memories_extract(agent, conversation))
+    return 0
+
+
+@contextlib.contextmanager
+def _given_back_when_too_slow(read: str):
+    """A reader's task past ``MEMSVC_LLM_TASK_SECONDS`` (its turns given back by
+    ``Claim.settle``) said in one line: its traceback of some 95 lines was logged for each
+    task while the model was slow (review)."""
+    try:
+        yield
+    except SoftTimeLimitExceeded:
+        logger.warning(
+            "the turns of %s were given back: the model took longer than %s s",
+            read,
+            settings.MEMSVC_LLM_TASK_SECONDS,
+        )
 
 
 def enqueue_memory_extraction(agent: Agent, conversation: Conversation) -> None:
@@ -266,7 +284,11 @@ def sweep_unembedded_tool_records_task(self) -> int:
 @app.task(name="agents_api.observe_letta_turns", **LLM_TASK_OPTIONS)
 def observe_letta_turns_task(agent_id: str) -> list[str]:
     agent = Agent.objects.filter(id=agent_id).first()
-    return sleeptime.blocks_observe(agent) if agent is not None else []
+    if agent is None:
+        return []
+    with _given_back_when_too_slow(f"agent {agent_id}'s captures"):
+        return sleeptime.blocks_observe(agent)
+    return []
 
 
 def enqueue_letta_observation(agent: Agent) -> None:

@@ -671,6 +671,31 @@ def test_a_lapsed_lease_of_an_observer_turned_off_since_is_given_back_once(
     assert not llm.requests_containing(OBSERVER_MARKER)
 
 
+def test_an_observer_turned_off_while_the_model_reads_changes_no_block(
+    api, helper, llm, committed_capture, monkeypatch
+):
+    """(It rewrote the blocks all the same: review.) The turns wait, given back."""
+    from agents_api import sleeptime
+
+    state = create_agent(api, helper)
+    every_n_captures(api, helper, state, 1)
+    llm.answer(OBSERVER_MARKER, json.dumps({"blocks": [{"label": "human", "value": "Ada."}]}))
+    model = sleeptime.chat
+
+    def turned_off_meanwhile(messages):
+        agent = Agent.objects.get(name="travel")
+        agent.metadata["letta"]["enable_sleeptime"] = False
+        agent.save()
+        return model(messages)
+
+    monkeypatch.setattr(sleeptime, "chat", turned_off_meanwhile)
+    committed_capture(helper, state["id"], "My name is Ada.")
+    assert len(llm.requests_containing(OBSERVER_MARKER)) == 1
+    agent = Agent.objects.get(name="travel")
+    assert MemoryBlock.objects.get(agent=agent, label="human").value == "Nothing known yet."
+    assert sleeptime._place(agent) == sleeptime.Place(through=0)
+
+
 def test_turns_given_back_and_deleted_since_leave_nothing_to_observe(
     api, helper, llm, committed_capture
 ):

@@ -409,6 +409,48 @@ def test_the_agents_metadata_sets_how_many_turns(
         assert Memory.objects.exists() == (extracted_after is not None and n >= extracted_after)
 
 
+def test_turns_given_back_are_not_read_once_extraction_is_turned_off(
+    api, helper, conversation, llm
+):
+    """Turned off (0 turns: never), turns given back (after a later extraction read past
+    them, or a killed worker's lease lapsed) were read all the same, at the next write or by
+    the sweep (review). They wait until it is back on."""
+    turns(api, helper, conversation, range(1, 6))
+    [_] = extractions(llm)
+    state = MemoryExtraction.objects.get()
+    state.place = reading.Place(state.through_seq, [[0, state.through_seq]], [])
+    state.save()  # (given back)
+    helper.agent.metadata = {EXTRACTION_TURNS_KEY: 0}
+    helper.agent.save(update_fields=["metadata"])
+    turns(api, helper, conversation, [6])
+    assert extract_memories_task(str(helper.agent.id), conversation) == 0
+    assert not extraction.extraction_due(helper.agent, Conversation.objects.get(id=conversation))
+    assert len(extractions(llm)) == 1
+    assert MemoryExtraction.objects.get().place.unread  # (waiting)
+    helper.agent.metadata = {}
+    helper.agent.save(update_fields=["metadata"])
+    turns(api, helper, conversation, [7])
+    assert len(extractions(llm)) == 2 and "turn 1:" in prompt_of(extractions(llm)[-1])
+
+
+def test_a_task_past_its_time_gives_the_turns_back_and_says_so_in_a_line(
+    api, helper, conversation, llm, monkeypatch, caplog
+):
+    """(Its traceback, some 95 lines, was logged for each task while the model was slow.)"""
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    def too_slow(messages):
+        raise SoftTimeLimitExceeded()
+
+    monkeypatch.setattr(extraction, "chat", too_slow)
+    with caplog.at_level(logging.WARNING):
+        turns(api, helper, conversation, range(1, 6))
+    assert "were given back: the model took longer than" in caplog.text
+    assert "Traceback" not in caplog.text and "SoftTimeLimitExceeded" not in caplog.text
+    state = MemoryExtraction.objects.get()
+    assert (state.through_seq, state.taken) == (0, [])
+
+
 def test_user_turns_through_the_user_api_count_at_the_agents_next_write(
     api, helper, alice, conversation, llm
 ):
