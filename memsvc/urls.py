@@ -28,6 +28,9 @@ v1 = [
     re_path(r"^v1(?:/[\s\S]*)?$", not_found_view),
 ]
 
+# A path no route takes under the pages' is answered as they answer a refusal.
+handler404 = "memsvc.pages.views.common.not_found"
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("app/", include("memsvc.pages.urls")),

@@ -312,6 +312,17 @@ def test_a_long_conversation_opens_on_its_latest_messages_and_pages_back(alice_p
     assert "before: malformed cursor" in refused.content.decode()
 
 
+@pytest.mark.parametrize("path", ["/app/c/not-a-uuid/", "/app/nowhere/"])
+def test_a_path_no_page_takes_is_a_page_with_a_way_back(alice_page, client, path):
+    """(Django's bare "Not Found" page, with no way back: review.) Elsewhere, Django's."""
+    for person in (alice_page, client):
+        response = person.get(path)
+        assert response.status_code == 404
+        assert "There is no such page here." in response.content.decode()
+        assert f'href="{reverse("pages:home")}"' in response.content.decode()
+    assert "no such page" not in client.get("/static/nothing.css").content.decode()
+
+
 def test_a_stranger_gets_404_and_learns_nothing(charlie_page):
     conversation = conversation_of("alice", "Alice's secret plans", "the secret")
     before = snapshot()

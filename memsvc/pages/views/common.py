@@ -11,6 +11,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils.cache import patch_vary_headers
 from django.utils.http import url_has_allowed_host_and_scheme
+from django.views import defaults
 from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRedirect
 from rest_framework.exceptions import ValidationError
@@ -107,6 +108,16 @@ _NOT_TYPED = {"csrfmiddlewaretoken", "next"}
 # How long a refusal waits for its page (another tab of the session may load another page
 # first); then it is forgotten.
 REFUSED_FORM_SECONDS = 60
+
+
+def not_found(request, exception):
+    """Django's answer to a path no route takes (``handler404``): under the pages', their
+    refusal page, with its way back to the conversations (Django's bare "Not Found" page had
+    none: review); elsewhere (the admin's, static files') Django's."""
+    if request.path.startswith(reverse("pages:home")):
+        context = {"error": "There is no such page here.", "came_from": None}
+        return render(request, "pages/refused.html", context, status=404)
+    return defaults.page_not_found(request, exception)
 
 
 def refused_form(request) -> dict | None:
