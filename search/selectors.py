@@ -258,14 +258,20 @@ def highlighted_terms(query: str) -> list[str]:
     an extract of a hit holding some of them only was its first words, none marked (the
     README's "highlights mark the matches"; review). Not its exclusions, which no hit
     holds, read as the search reads them (``queries.exclusions``: "-5 degrees" excludes
-    nothing, and a query of exclusions alone is searched as written, its words marked).
-    PostgreSQL's highlighting costs about the product of the text's words and the query's
+    nothing, and a query of exclusions alone is searched as written, its words marked). A
+    quoted phrase's words each, as the keywords read them (a phrase is a bag of words to
+    them: a hit holding "cake for the birthday", found and ranked by both words for
+    '"birthday cake"', was marked on "cake" alone; review). PostgreSQL's highlighting costs about the product of the text's words and the query's
     (one message of 25,000 words and a query of 40: 9 s, while it held a web thread and a
     connection): it reads the first HEADLINE_CHARS of each hit, for each term once, and the
     terms are those of the query's keywords (``SearchTuning.query_words``, counted here with
     the stop words among them)."""
     asked, _excluded = queries.exclusions(query)
-    terms = dict.fromkeys(term.lstrip("-") for term in _QUERY_TERM.findall(asked.lower()))
+    terms = dict.fromkeys(
+        word.lstrip("-")
+        for term in _QUERY_TERM.findall(asked.lower())
+        for word in term.lstrip("-").strip('"').split()
+    )
     return [term for term in terms if term and term != "or"][: 2 * configured_tuning().query_words]
 
 

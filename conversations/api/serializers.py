@@ -165,7 +165,8 @@ class SearchResultOut(serializers.Serializer):
         help_text=f"Extracts with the query's words in <b>, from the first {HEADLINE_CHARS:,} "
         "characters. The text is the messages' own, not HTML-escaped: escape it, then give "
         "back the <b> and </b> markers, before showing it as HTML (any member may have "
-        "written markup).",
+        'written markup; a message\'s own "<b>" or "</b>" reads as a marker there: '
+        "`content` holds it as written).",
     )
 
     class Meta:
