@@ -207,15 +207,13 @@ def recover_lapsed_claims() -> list[tuple[str, str]]:
     """Give back the turns of every lease that lapsed (``Place.recover``: its worker was
     killed, or is past its time) and answer (agent id, conversation id) of the extractions
     then due: the sweep hands them to a worker. A state a claim holds is left for the next
-    sweep (only the state's row is locked: ``of``, as an update of no key)."""
+    sweep."""
     leased = MemoryExtraction.objects.exclude(taken=[]).values_list("id", "taken")
     due = []
     for state_id in to_recover(leased):
         with transaction.atomic():
             state = (
-                MemoryExtraction.objects.select_for_update(
-                    skip_locked=True, no_key=True, of=("self",)
-                )
+                MemoryExtraction.objects.select_for_update(skip_locked=True)
                 .filter(id=state_id)
                 .first()
             )
@@ -391,6 +389,12 @@ def _distil(agent: Agent, conversation: Conversation, previous: int, claimed: li
         if exc.answers_later:
             raise GiveBack([]) from exc
         return []
+    # Turned off while the model read (as the observer, ``sleeptime._observe``): the turns
+    # wait for it to be back on.
+    current = Agent.objects.filter(pk=agent.pk).first()
+    if current is None or not extraction_turns(current):
+        logger.info("agent %s's extraction was turned off while the model read", agent.id)
+        raise GiveBack([])
     with transaction.atomic():
         # Every person's hold before any other lock (one save's cited turns are not held
         # while the next waits for its person's erase, which waits for those turns); then

@@ -235,10 +235,10 @@ def _observe(agent: Agent, turns: list) -> list[str]:
         if exc.answers_later:
             raise GiveBack([]) from exc
         return []
-    # Turned off while the model read (it rewrote the blocks all the same; the extraction
-    # looks at its switches again too: review): the turns wait for it to be back on.
-    now = Agent.objects.filter(pk=agent.pk).first()
-    if now is None or not _frequency(now):
+    # Turned off while the model read (it rewrote the blocks all the same: review): the
+    # turns wait for it to be back on.
+    current = Agent.objects.filter(pk=agent.pk).first()
+    if current is None or not _frequency(current):
         logger.info("sleeptime: agent %s's observer was turned off while the model read", agent.id)
         raise GiveBack([])
     changed, outdated = [], False

@@ -7,6 +7,7 @@ from collections import Counter
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.admin.options import TO_FIELD_VAR
 from django.contrib.admin.utils import NestedObjects, quote, unquote
 from django.core.exceptions import FieldDoesNotExist, ValidationError
 from django.core.paginator import Paginator
@@ -193,8 +194,9 @@ class ModelAdmin(Checked, admin.ModelAdmin):
     def deletion_refused(self, obj) -> str | None:
         """Why ``obj`` is not deleted whatever the operator may do (a read-only block: its
         flag cleared first), or None. Said on the confirmation of a deletion that would take
-        it, and on its own delete page (Django's said "your account doesn't have permission"
-        to a superuser, or answered a bare 403: review)."""
+        it (``templates/admin/delete_confirmation.html``), and on its own delete page to whom
+        may delete such rows (Django's said "your account doesn't have permission" to a
+        superuser, or answered a bare 403: review)."""
         return None
 
     def has_delete_permission(self, request, obj=None):
@@ -202,7 +204,14 @@ class ModelAdmin(Checked, admin.ModelAdmin):
         return not refused and super().has_delete_permission(request, obj)
 
     def delete_view(self, request, object_id, extra_context=None):
-        obj = self.get_object(request, unquote(object_id))
+        # (Only to whom Django's own view would answer: the reason told a staff user who may
+        # not delete such rows that this one exists: code review.)
+        to_field = request.POST.get(TO_FIELD_VAR, request.GET.get(TO_FIELD_VAR))
+        obj = None
+        if super().has_delete_permission(request) and (
+            to_field is None or self.to_field_allowed(request, to_field)
+        ):
+            obj = self.get_object(request, unquote(object_id), to_field)
         refused = obj is not None and self.deletion_refused(obj)
         if not refused:
             return super().delete_view(request, object_id, extra_context)
@@ -229,7 +238,9 @@ class ModelAdmin(Checked, admin.ModelAdmin):
                 continue
             model_admin = self.admin_site.get_model_admin(model)
             refused = [row for row in rows if not model_admin.has_delete_permission(request, row)]
-            reasons = sorted({model_admin.deletion_refused(row) for row in refused} - {None})
+            # (Django's own admins, the users' and groups', say no reason.)
+            reason = getattr(model_admin, "deletion_refused", lambda row: None)
+            reasons = sorted({reason(row) for row in refused} - {None})
             if refused:
                 name = model._meta.verbose_name
                 perms_needed.add(f"{name} ({'; '.join(reasons)})" if reasons else name)

@@ -433,6 +433,23 @@ def test_turns_given_back_are_not_read_once_extraction_is_turned_off(
     assert len(extractions(llm)) == 2 and "turn 1:" in prompt_of(extractions(llm)[-1])
 
 
+def test_an_extraction_turned_off_while_the_model_reads_keeps_nothing(
+    api, helper, conversation, llm, monkeypatch
+):
+    """(The observer's rewrote the blocks all the same: review.) The turns wait."""
+    model = extraction.chat
+
+    def turned_off_meanwhile(messages):
+        helper.agent.metadata = {EXTRACTION_TURNS_KEY: 0}
+        helper.agent.save(update_fields=["metadata"])
+        return model(messages)
+
+    monkeypatch.setattr(extraction, "chat", turned_off_meanwhile)
+    turns(api, helper, conversation, range(1, 6))
+    assert len(extractions(llm)) == 1 and not Memory.objects.exists()
+    assert MemoryExtraction.objects.get().place == reading.Place(through=0)
+
+
 def test_a_task_past_its_time_gives_the_turns_back_and_says_so_in_a_line(
     api, helper, conversation, llm, monkeypatch, caplog
 ):

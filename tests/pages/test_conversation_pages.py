@@ -201,15 +201,15 @@ def test_a_title_is_isolated_from_the_text_around_it(alice_page):
     """A title holding a right-to-left override turned the author and the date after it
     around in a hit's link, and could pass a message off as someone else's (review): it is
     isolated (FSI ... PDI), its own isolates left out so none ends that early."""
-    conversation = conversation_of("alice", "\u202eevil\u2069\u202e", "zanzibar spice market")
-    isolated = "\u2068\u202eevil\u202e\u2069"
+    conversation = conversation_of("alice", "\u202eevil\u2069\u2029\u202e", "zanzibar spice market")
+    isolated = "\u2068\u202eevil \u202e\u2069"  # (a paragraph's end ends every isolate)
     found = alice_page.get("/app/search/?q=zanzibar").content.decode()
     assert f"{isolated}: alice, " in found
     assert (
         f'href="{page_of(conversation)}">{isolated}</a>' in alice_page.get("/app/").content.decode()
     )
     html = alice_page.get(page_of(conversation)).content.decode()
-    assert f"<title>{isolated} | memsvc</title>" in html or f"<title>{isolated}" in html
+    assert f"<title>{isolated}" in html
     assert f'data-confirm="Delete “{isolated}”' in html
 
 

@@ -10,6 +10,9 @@ from memsvc.text import shows_nothing
 register = template.Library()
 
 _ISOLATES = re.compile("[\u2066-\u2069]")  # LRI, RLI, FSI, PDI
+# What ends a paragraph, and every isolate with it (bidi class B): not in a title made here
+# (one line), but one restored from an export is not read again (code review).
+_PARAGRAPH_ENDS = re.compile("[\n\r\x1c-\x1e\x85\u2029]")
 
 
 @register.filter
@@ -19,10 +22,11 @@ def shown_title(title: str, untitled: str = "Untitled") -> str:
     from the text around it (FSI ... PDI, which the page's title and a dialog's text honour
     too: a title holding a right-to-left override turned around the author and the date
     after it in a hit's link, and so could pass a message off as another's; review). Isolates
-    of its own are left out, or one of them would end the isolation early."""
+    of its own are left out, or one of them would end the isolation early, and what ends a
+    paragraph is a space."""
     if shows_nothing(title):
         return untitled
-    return f"\u2068{_ISOLATES.sub('', title)}\u2069"
+    return f"\u2068{_PARAGRAPH_ENDS.sub(' ', _ISOLATES.sub('', title))}\u2069"
 
 
 @register.filter
