@@ -43,16 +43,33 @@ RETURNING m.id
 # ``search.onnx_encoder``; docs/benchmarks.md).
 TASK_BATCH = 32
 
-# The messages to embed, claimed: row locks held until the vectors are written, and rows
-# another worker holds skipped (a no-key lock: a reply to one of them may still be inserted).
+# The messages to embed, claimed: each by a session-level advisory lock on its name
+# (``claim_name``), held until its vector is written, and those another worker holds
+# skipped. Not a lock of the row: held while the model ran (a minute for a batch on a busy
+# machine), row locks kept a deletion of those messages (a user's erase, a conversation's)
+# waiting past its statement timeout, again and again while a backlog was embedded
+# (review). The rows are read once (``MATERIALIZED``), so no lock is taken of one the
+# statement does not answer.
 _CLAIM = """
-SELECT id, author_name, content, channel, conversation_id FROM message
-WHERE (id = ANY(%s::uuid[]) OR id IN (
-        SELECT id FROM message WHERE embedded_at IS NULL ORDER BY seq LIMIT %s))
-  {only_pending}
+WITH waiting AS MATERIALIZED (
+    SELECT id, author_name, content, channel, conversation_id, seq FROM message
+    WHERE (id = ANY(%s::uuid[]) OR id IN (
+            SELECT id FROM message WHERE embedded_at IS NULL ORDER BY seq LIMIT %s))
+      {only_pending}
+)
+SELECT id, author_name, content, channel, conversation_id FROM waiting
+WHERE pg_try_advisory_lock(hashtextextended(%s || id::text, 0))
 ORDER BY seq
-FOR NO KEY UPDATE SKIP LOCKED
 """
+_RELEASE = """
+SELECT pg_advisory_unlock(hashtextextended(%s || id, 0)) FROM unnest(%s::text[]) AS id
+"""
+CLAIM_PREFIX = "embedding\x1f"
+
+
+def claim_name(message_id) -> str:
+    """The name a worker embedding the message holds (``_CLAIM``)."""
+    return f"{CLAIM_PREFIX}{message_id}"
 
 
 def embed_messages(
@@ -67,37 +84,43 @@ def embed_messages(
 
     Idempotent: without ``force`` only messages still waiting (``embedded_at IS NULL``) are
     embedded. The messages are claimed for the time it takes (``_CLAIM``): a second worker
-    skips those one is embedding, so a message is embedded once. ``force`` re-embeds (a
-    new model).
+    skips those one is embedding, so a message is embedded once. A message deleted
+    meanwhile is not written (``write_vectors`` finds no row). ``force`` re-embeds (a new
+    model).
     """
     backend = backend or configured_backend()
     ids = [str(message_id) for message_id in message_ids]
-    with transaction.atomic(), connection.cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(
             _CLAIM.format(only_pending="" if force else "AND embedded_at IS NULL"),
-            [ids, max(batch - len(ids), 0)],
+            [ids, max(batch - len(ids), 0), CLAIM_PREFIX],
         )
         rows = cursor.fetchall()
         if not rows:
             return 0
-        kept, vectors = _vectors(
-            backend,
-            {row[0]: embedding_text(row[1], row[2]) for row in rows},
-            own=set(ids),
-            what="message",
-        )
-        embedded = set(kept)
-        rows = [row for row in rows if row[0] in embedded]  # (``kept`` is in this order)
-        now = timezone.now()
-        written = write_vectors(
-            cursor,
-            "message",
-            [message_id for message_id, *_ in rows],
-            vectors,
-            model=backend.model,
-            at=now,
-            force=force,
-        )
+        claimed = [str(row[0]) for row in rows]
+        try:
+            kept, vectors = _vectors(
+                backend,
+                {row[0]: embedding_text(row[1], row[2]) for row in rows},
+                own=set(ids),
+                what="message",
+            )
+            embedded = set(kept)
+            rows = [row for row in rows if row[0] in embedded]  # (``kept`` is in this order)
+            now = timezone.now()
+            with transaction.atomic():
+                written = write_vectors(
+                    cursor,
+                    "message",
+                    [message_id for message_id, *_ in rows],
+                    vectors,
+                    model=backend.model,
+                    at=now,
+                    force=force,
+                )
+        finally:
+            _release(cursor, claimed)
         summarized = {
             c for m, _, _, channel, c in rows if channel == Channel.SUMMARY and m in written
         }
@@ -107,6 +130,14 @@ def embed_messages(
     if summarized:
         Conversation.objects.filter(id__in=summarized).update(vectorized_at=now)
     return len(written)
+
+
+def _release(cursor, claimed: list[str]) -> None:
+    """Let go of the claims of these messages (``_CLAIM``)."""
+    try:
+        cursor.execute(_RELEASE, [CLAIM_PREFIX, claimed])
+    except DatabaseError as exc:  # (a connection that failed let them go with it)
+        logger.info("the claims of %d messages went with their connection (%s)", len(claimed), exc)
 
 
 def _vectors(backend: EmbeddingBackend, texts: dict, *, own: set[str], what: str) -> tuple:

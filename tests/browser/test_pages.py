@@ -200,7 +200,8 @@ def test_deleting_a_conversation_asks_first(page, live_server, people, csp_viola
     page.get_by_role("button", name="Delete this conversation").click()
     page.wait_for_timeout(300)  # time for a form sent anyway to land
     expect(page.get_by_role("heading", name="Tax papers")).to_be_visible()
-    assert asked == ["Delete “Tax papers” for everyone in it? This cannot be undone."]
+    # (The title isolated from the text around it: FSI ... PDI.)
+    assert asked == ["Delete “\u2068Tax papers\u2069” for everyone in it? This cannot be undone."]
     assert Conversation.objects.filter(pk=conversation.pk).exists()
 
     page.once("dialog", lambda dialog: answer(dialog, True))

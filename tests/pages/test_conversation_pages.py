@@ -200,17 +200,18 @@ def test_a_title_of_spaces_is_shown_as_untitled_not_as_an_empty_link(alice_page,
 def test_a_title_is_isolated_from_the_text_around_it(alice_page):
     """A title holding a right-to-left override turned the author and the date after it
     around in a hit's link, and could pass a message off as someone else's (review): it is
-    isolated (FSI ... PDI), its own isolates left out so none ends that early."""
+    isolated (a ``<bdi>``), its own isolates left out so none ends that early."""
     conversation = conversation_of("alice", "\u202eevil\u2069\u2029\u202e", "zanzibar spice market")
-    isolated = "\u2068\u202eevil \u202e\u2069"  # (a paragraph's end ends every isolate)
+    title = "\u202eevil \u202e"  # (a paragraph's end ends every isolate: a space)
     found = alice_page.get("/app/search/?q=zanzibar").content.decode()
-    assert f"{isolated}: alice, " in found
-    assert (
-        f'href="{page_of(conversation)}">{isolated}</a>' in alice_page.get("/app/").content.decode()
-    )
+    assert f"<bdi>{title}</bdi>: alice, " in found
+    listed = alice_page.get("/app/").content.decode()
+    assert f'href="{page_of(conversation)}"><bdi>{title}</bdi></a>' in listed
     html = alice_page.get(page_of(conversation)).content.decode()
-    assert f"<title>{isolated}" in html
-    assert f'data-confirm="Delete “{isolated}”' in html
+    assert f'<h1 id="conversation-title"><bdi>{title}</bdi></h1>' in html
+    # Where no element may be, by FSI ... PDI.
+    assert f"<title>\u2068{title}\u2069 · memsvc</title>" in html
+    assert f'data-confirm="Delete “\u2068{title}\u2069”' in html
 
 
 def test_search_finds_what_the_person_may_see_and_links_to_the_message(alice_page, bob_page):
@@ -222,7 +223,7 @@ def test_search_finds_what_the_person_may_see_and_links_to_the_message(alice_pag
     assert f"{page_of(mine)}?at={message.id}#m-{message.id}" in html
     assert "<mark>dog</mark>" in html or "<mark>beach</mark>" in html
     # Named by its conversation too, and counted (review: "alice, <date>" three times).
-    assert f">\u2068Pets\u2069: alice, {message.created_at:%Y-%m-%d}" in html
+    assert f"><bdi>Pets</bdi>: alice, {message.created_at:%Y-%m-%d}" in html
     assert "1 message found for “dog beach”" in html
     assert "Charlie" not in html
     assert "Nothing found" in bob_page.get("/app/search/", {"q": "dog beach"}).content.decode()
@@ -426,19 +427,22 @@ def _branches(html: str) -> list[tuple[int, str]]:
             self.open, self.entries, self.naming = [], [], False
 
         def handle_starttag(self, tag, attrs):
+            if tag == "bdi":  # (a title's, isolated: ``shown_title``)
+                return
             if tag in {"ul", "li"}:
                 self.open.append(tag)
             self.naming = tag == "a" or ("aria-current", "page") in attrs
 
         def handle_endtag(self, tag):
+            if tag == "bdi":
+                return
             if tag in {"ul", "li"}:
                 assert self.open.pop() == tag
             self.naming = False
 
         def handle_data(self, data):
             if self.naming and data.strip():
-                # (A title isolated from what is around it, ``shown_title``.)
-                self.entries.append((self.open.count("ul"), data.strip().strip("\u2068\u2069")))
+                self.entries.append((self.open.count("ul"), data.strip()))
 
     nav = html[html.index('<nav aria-label="Branches">') :]
     parser = Branches()
@@ -589,9 +593,9 @@ def test_an_offer_to_someone_not_yet_a_member_names_the_conversation_without_a_l
     transfer = reverse("pages:transfer", args=[conversation.id])
     assert alice_page.post(transfer, {"newOwnerUserId": "bob"}).status_code == 302
     bob_sees = bob_page.get("/app/").content.decode()
-    assert "alice</strong> offers you “\u2068Handover\u2069”." in bob_sees
+    assert "alice</strong> offers you “<bdi>Handover</bdi>”." in bob_sees
     assert page_of(conversation) not in bob_sees
-    assert f'You offered <a href="{page_of(conversation)}">“\u2068Handover\u2069”</a> to' in (
+    assert f'You offered <a href="{page_of(conversation)}">“<bdi>Handover</bdi>”</a> to' in (
         alice_page.get("/app/").content.decode()
     )
 
@@ -608,9 +612,9 @@ def test_ownership_transfer_offered_accepted_and_declined(alice_page, bob_page, 
     # Each sees the offer by the conversation's title, on the list and on its page, with
     # what they may do about it; a third member sees nothing of it.
     assert "alice</strong> offers you <a" in bob_page.get("/app/").content.decode()
-    assert "“\u2068Handover\u2069”" in bob_page.get("/app/").content.decode()
+    assert "“<bdi>Handover</bdi>”" in bob_page.get("/app/").content.decode()
     assert "You offered <a" in alice_page.get("/app/").content.decode()
-    assert "“\u2068Handover\u2069”" in alice_page.get("/app/").content.decode()
+    assert "“<bdi>Handover</bdi>”" in alice_page.get("/app/").content.decode()
     bob_sees = bob_page.get(page_of(conversation)).content.decode()
     assert "offers you this conversation" in bob_sees
     assert reverse("pages:transfer_resolve", args=[offer.id, "accept"]) in bob_sees

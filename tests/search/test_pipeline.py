@@ -276,8 +276,11 @@ def test_a_message_another_worker_is_embedding_is_skipped(alice):
     release = threading.Event()
 
     def first_worker():
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute("SELECT 1 FROM message WHERE id = %s FOR NO KEY UPDATE", [held.id])
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_advisory_lock(hashtextextended(%s, 0))",
+                [services.claim_name(held.id)],
+            )
             claimed.set()
             release.wait(30)
         connection.close()
@@ -294,6 +297,58 @@ def test_a_message_another_worker_is_embedding_is_skipped(alice):
         release.set()
         thread.join()
     assert services.embed_messages([held.id]) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_deletion_does_not_wait_for_the_model_embedding_its_messages(alice):
+    """The claims were row locks, held while the model ran (a minute a batch on a busy
+    machine): an erase of the user's messages waited past its statement timeout, again and
+    again while their backlog was embedded (503; review). Deleted meanwhile, a message is
+    not written, and nothing fails."""
+    with transaction.atomic():
+        conversation = ConversationFactory(group__owner=alice.id)
+        message = MessageFactory(conversation=conversation, content="embedded as it goes")
+    model_runs, deleted = threading.Event(), threading.Event()
+    inner = configured_backend()
+
+    class SlowBackend:
+        model = inner.model
+
+        def embed(self, texts):
+            model_runs.set()
+            assert deleted.wait(30)
+            return inner.embed(texts)
+
+    results = []
+
+    def worker():
+        try:
+            results.append(services.embed_messages([message.id], backend=SlowBackend()))
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    try:
+        assert model_runs.wait(30)
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute("SET LOCAL lock_timeout = '2s'")
+            conversations_services.conversation_delete(
+                Principal.user(alice.id), conversation=conversation
+            )
+    finally:
+        deleted.set()
+        thread.join(30)
+    assert results == [0]
+    assert not Message.objects.filter(id=message.id).exists()
+    # And the claim was let go: a message of that name is taken again.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))",
+            [services.claim_name(message.id)],
+        )
+        assert cursor.fetchone()[0]
+        cursor.execute("SELECT pg_advisory_unlock_all()")
 
 
 @pytest.mark.django_db
@@ -540,10 +595,10 @@ def test_a_reindex_waits_for_rows_another_is_embedding_where_a_sweep_leaves_them
 
     def another_embedder():  # holds the claims, then ends without writing
         try:
-            with transaction.atomic(), connection.cursor() as cursor:
+            with connection.cursor() as cursor:
                 cursor.execute(
-                    "SELECT id FROM message WHERE id = ANY(%s::uuid[]) FOR NO KEY UPDATE",
-                    [[str(i) for i in ids]],
+                    "SELECT pg_advisory_lock(hashtextextended(name, 0)) FROM unnest(%s::text[]) AS name",
+                    [[services.claim_name(i) for i in ids]],
                 )
                 claimed.set()
                 release.wait(10)

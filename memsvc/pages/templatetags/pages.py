@@ -1,7 +1,7 @@
 import re
 
 from django import template
-from django.utils.html import escape
+from django.utils.html import escape, format_html
 from django.utils.safestring import mark_safe
 
 from memsvc.db import MARKUP_STAND_IN
@@ -15,18 +15,32 @@ _ISOLATES = re.compile("[\u2066-\u2069]")  # LRI, RLI, FSI, PDI
 _PARAGRAPH_ENDS = re.compile("[\n\r\x1c-\x1e\x85\u2029]")
 
 
+def _title(title: str) -> str:
+    """A title to isolate from the text around it: its own isolates left out (one of them
+    would end the isolation early), and what ends a paragraph (and every isolate with it)
+    a space."""
+    return _PARAGRAPH_ENDS.sub(" ", _ISOLATES.sub("", title))
+
+
 @register.filter
 def shown_title(title: str, untitled: str = "Untitled") -> str:
-    """A conversation's title as the pages show it: ``untitled`` when it shows nothing (only
-    spaces, or invisible characters: a link with nothing to click; review), else isolated
-    from the text around it (FSI ... PDI, which the page's title and a dialog's text honour
-    too: a title holding a right-to-left override turned around the author and the date
-    after it in a hit's link, and so could pass a message off as another's; review). Isolates
-    of its own are left out, or one of them would end the isolation early, and what ends a
-    paragraph is a space."""
+    """A conversation's title as the pages show it in their HTML: ``untitled`` when it shows
+    nothing (only spaces, or invisible characters: a link with nothing to click; review),
+    else in a ``<bdi>``, isolated from the text around it (a title holding a right-to-left
+    override turned around the author and the date after it in a hit's link, and so could
+    pass a message off as another's; review). ``shown_title_text`` where no element may be."""
     if shows_nothing(title):
         return untitled
-    return f"\u2068{_PARAGRAPH_ENDS.sub(' ', _ISOLATES.sub('', title))}\u2069"
+    return format_html("<bdi>{}</bdi>", _title(title))
+
+
+@register.filter
+def shown_title_text(title: str, untitled: str = "Untitled") -> str:
+    """``shown_title`` as plain text (the page's title, a dialog's text in an attribute):
+    isolated by FSI ... PDI, which those honour too."""
+    if shows_nothing(title):
+        return untitled
+    return f"\u2068{_title(title)}\u2069"
 
 
 @register.filter
