@@ -108,6 +108,9 @@ class AgentMemoriesView(AgentApiView):
         },
     )
     def post(self, request):
+        # (Whom they are about is the body's ``userId``: a ``?userId=`` was passed over, and
+        # the memories were the agent's own; review.)
+        only_query_parameters(request)
         data = s.CreateMemoryIn.parse(request.data)
         memory, created = services.memory_save(
             request.principal,
@@ -142,6 +145,7 @@ class AgentMemoryBatchView(AgentApiView):
         responses={201: s.MemoryList, **errors(400, 401, 403, 409)},
     )
     def post(self, request):
+        only_query_parameters(request)
         data = s.BatchMemoriesIn.parse(request.data)
         saved = services.memories_save(
             request.principal,
@@ -162,6 +166,7 @@ class AgentMemorySearchView(AgentApiView):
         responses={200: s.MemoryHitList, **errors(400, 401, 403)},
     )
     def post(self, request):
+        only_query_parameters(request)
         data = s.AgentSearchMemoriesIn.parse(request.data)
         hits = search_memories(
             request.agent, user_id=_subject(request, data.get("userId")), data=data, in_use=True

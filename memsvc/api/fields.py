@@ -375,7 +375,9 @@ def no_body_fields(request) -> None:
 def only_query_parameters(request, *names: str) -> None:
     """400 naming the first query parameter that is not one of ``names``. For deletions
     chosen by their query: a misspelt filter read as none deleted more than was asked
-    (``DELETE /v1/agent/memories?userid=alice``: every memory of the agent's own)."""
+    (``DELETE /v1/agent/memories?userid=alice``: every memory of the agent's own); and for
+    the writes and searches whose subject is their body's, where the list's ``?userId=``
+    was passed over."""
     unknown = sorted(set(request.query_params) - set(names))
     if unknown:
         raise InvalidInput.for_field(named(unknown[0]), "unknown query parameter", location="query")

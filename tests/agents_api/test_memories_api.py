@@ -831,6 +831,22 @@ def test_a_bulk_delete_with_a_parameter_it_does_not_take_is_400_and_deletes_noth
     assert snapshot() == before
 
 
+@pytest.mark.parametrize("route", ["", "/batch", "/search"])
+def test_a_save_or_search_naming_its_user_in_the_query_is_400_and_saves_nothing(api, helper, route):
+    """Whom they are about is the body's ``userId``: a ``?userId=alice`` was passed over,
+    and the memories saved were the agent's own, the search searched those (review)."""
+    body = {
+        "": {"content": "Alice likes tea"},
+        "/batch": {"memories": [{"content": "Alice likes tea"}]},
+        "/search": {"query": "tea"},
+    }[route]
+    before = snapshot()
+    response = api.post(f"{MEMORIES}{route}?userId=alice", body, as_=helper)
+    assert response.status_code == 400
+    assert response.json()["details"] == {"userId": ["unknown query parameter"]}
+    assert snapshot() == before
+
+
 @pytest.mark.parametrize(
     ("method", "path", "who", "field"),
     [
