@@ -362,6 +362,13 @@ _CLAIM_WORDS = frozenset(
         " before after"
     ).split()
 )
+# Names of things a fact may turn on, whose words alone its vector barely tells apart:
+# "alice@example.org" corrected "alice@example.com", and was merged into it (review).
+_NAMES_OF_THINGS = re.compile(r"[^\s@]+@[^\s@]*\w|\w+(?:[./:_-]\w+)+")
+# A word negated by its first letters ("disallowed", "unable", "nonsmoker"): one text that
+# has it where the other has the word alone is a correction ("allowed": review). Counted in
+# both texts of a repeat alike, a word that negates nothing ("display") changes nothing.
+_NEGATING = re.compile(r"(?:dis|un|non|in|im|ir|il)\w{4,}")
 # Apostrophes typed otherwise (a right quotation mark, by a phone's smart punctuation or a
 # model; a modifier letter): "isn\u2019t" was read as the words "isn" and "t", no negation
 # (review).
@@ -369,21 +376,26 @@ _APOSTROPHES = str.maketrans({"\u2019": "'", "\u02bc": "'", "\u2018": "'"})
 
 
 def claims(content: str) -> tuple:
-    """What a text states that its vector barely tells: its numbers, in order, and how many
-    negations it holds. Two texts a cosine similarity calls the same fact
+    """What a text states that its vector barely tells: its numbers and names of things
+    (an address, a domain, a handle with a dot or a dash), in order, and how many negations
+    it holds. Two texts a cosine similarity calls the same fact
     (``NEAR_DUPLICATE_SIMILARITY``) are one only if these agree: "is allergic to peanuts"
-    and "is not allergic to peanuts", or two phone numbers, are a correction to keep, not
-    a repeat to merge into the old fact."""
+    and "is not allergic to peanuts", two phone numbers, or two email addresses, are a
+    correction to keep, not a repeat to merge into the old fact."""
     numbers, negations = [], 0
     if not content.isascii():  # (a fullwidth "\uff13" is a "3"; a zero-width space is nothing)
         content = unicodedata.normalize("NFKC", DEFAULT_IGNORABLE.sub("", content))
-    for number, word in _NUMBERS_AND_WORDS.findall(content.casefold().translate(_APOSTROPHES)):
+    content = content.casefold().translate(_APOSTROPHES)
+    numbers += _NAMES_OF_THINGS.findall(content)
+    for number, word in _NUMBERS_AND_WORDS.findall(content):
         if number or word in _NUMBER_WORDS or word in _CLAIM_WORDS:
             numbers.append(number or word)
         elif word in _NUMBER_DIGITS:
             numbers.append(_NUMBER_DIGITS[word])
         else:
-            negations += word in _NEGATIONS or word.endswith("n't")
+            negations += (
+                word in _NEGATIONS or word.endswith("n't") or _NEGATING.match(word) is not None
+            )
     return tuple(numbers), negations
 
 

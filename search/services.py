@@ -44,18 +44,22 @@ RETURNING m.id
 TASK_BATCH = 32
 
 # The messages to embed, claimed: each by a session-level advisory lock on its name
-# (``claim_name``), held until its vector is written, and those another worker holds
-# skipped. Not a lock of the row: held while the model ran (a minute for a batch on a busy
-# machine), row locks kept a deletion of those messages (a user's erase, a conversation's)
-# waiting past its statement timeout, again and again while a backlog was embedded
-# (review). The rows are read once (``MATERIALIZED``), so no lock is taken of one the
-# statement does not answer.
+# (``claim_name``; the key space of ``memsvc.db.lock_names``, a name of its own), held until
+# its vector is written, and those another worker holds skipped. Not a lock of the row: held
+# while the model ran (a minute for a batch on a busy machine), row locks kept a deletion of
+# those messages (a user's erase, a conversation's) waiting past its statement timeout,
+# again and again while a backlog was embedded (review). The rows are read once
+# (``MATERIALIZED``), so no lock is taken of one the statement does not answer; the ones
+# asked for and the oldest waiting, each by its index (under an ``OR`` the ids' index was
+# not used: code review).
 _CLAIM = """
 WITH waiting AS MATERIALIZED (
     SELECT id, author_name, content, channel, conversation_id, seq FROM message
-    WHERE (id = ANY(%s::uuid[]) OR id IN (
-            SELECT id FROM message WHERE embedded_at IS NULL ORDER BY seq LIMIT %s))
-      {only_pending}
+    WHERE id = ANY(%s::uuid[]) {only_pending}
+    UNION
+    SELECT * FROM (
+        SELECT id, author_name, content, channel, conversation_id, seq FROM message
+        WHERE embedded_at IS NULL ORDER BY seq LIMIT %s) AS oldest
 )
 SELECT id, author_name, content, channel, conversation_id FROM waiting
 WHERE pg_try_advisory_lock(hashtextextended(%s || id::text, 0))
@@ -63,6 +67,12 @@ ORDER BY seq
 """
 _RELEASE = """
 SELECT pg_advisory_unlock(hashtextextended(%s || id, 0)) FROM unnest(%s::text[]) AS id
+"""
+# The claimed rows a write may take at once: those a deletion holds are left (it deletes
+# them; waiting for it, the write locked rows in another order than its, and one of the two
+# was ended as a deadlock, the deletion perhaps: code review).
+_FREE_TO_WRITE = """
+SELECT id FROM message WHERE id = ANY(%s::uuid[]) FOR NO KEY UPDATE SKIP LOCKED
 """
 CLAIM_PREFIX = "embedding\x1f"
 
@@ -84,37 +94,40 @@ def embed_messages(
 
     Idempotent: without ``force`` only messages still waiting (``embedded_at IS NULL``) are
     embedded. The messages are claimed for the time it takes (``_CLAIM``): a second worker
-    skips those one is embedding, so a message is embedded once. A message deleted
-    meanwhile is not written (``write_vectors`` finds no row). ``force`` re-embeds (a new
-    model).
+    skips those one is embedding, so a message's vector is written once. A message deleted
+    meanwhile is not written. ``force`` re-embeds (a new model). Not inside a transaction
+    (the claims outlive one; every caller's messages are committed).
     """
     backend = backend or configured_backend()
     ids = [str(message_id) for message_id in message_ids]
+    claimed = None  # (None: the claim's own statement failed, having taken who knows which)
     with connection.cursor() as cursor:
-        cursor.execute(
-            _CLAIM.format(only_pending="" if force else "AND embedded_at IS NULL"),
-            [ids, max(batch - len(ids), 0), CLAIM_PREFIX],
-        )
-        rows = cursor.fetchall()
-        if not rows:
-            return 0
-        claimed = [str(row[0]) for row in rows]
         try:
+            cursor.execute(
+                _CLAIM.format(only_pending="" if force else "AND embedded_at IS NULL"),
+                [ids, max(batch - len(ids), 0), CLAIM_PREFIX],
+            )
+            rows = cursor.fetchall()
+            claimed = [str(row[0]) for row in rows]
+            if not rows:
+                return 0
             kept, vectors = _vectors(
                 backend,
                 {row[0]: embedding_text(row[1], row[2]) for row in rows},
                 own=set(ids),
                 what="message",
             )
-            embedded = set(kept)
-            rows = [row for row in rows if row[0] in embedded]  # (``kept`` is in this order)
+            by_id = dict(zip(kept, vectors, strict=True))
             now = timezone.now()
             with transaction.atomic():
+                cursor.execute(_FREE_TO_WRITE, [[str(row_id) for row_id in kept]])
+                free = {row_id for (row_id,) in cursor.fetchall()}
+                rows = [row for row in rows if row[0] in free]  # (in ``seq`` order)
                 written = write_vectors(
                     cursor,
                     "message",
-                    [message_id for message_id, *_ in rows],
-                    vectors,
+                    [row[0] for row in rows],
+                    [by_id[row[0]] for row in rows],
                     model=backend.model,
                     at=now,
                     force=force,
@@ -124,20 +137,28 @@ def embed_messages(
         summarized = {
             c for m, _, _, channel, c in rows if channel == Channel.SUMMARY and m in written
         }
-    # Once the claims are let go: a deletion locks conversations before messages (one that
-    # moves a summary off a deleted turn updates it), so this waits for the conversation
-    # holding none of its messages, rather than each waiting for the other (a deadlock).
+    # Once the vectors are committed: a deletion locks conversations before messages (one
+    # that moves a summary off a deleted turn updates it), so this waits for the
+    # conversation holding none of its messages, rather than each waiting for the other.
     if summarized:
         Conversation.objects.filter(id__in=summarized).update(vectorized_at=now)
     return len(written)
 
 
-def _release(cursor, claimed: list[str]) -> None:
-    """Let go of the claims of these messages (``_CLAIM``)."""
+def _release(cursor, claimed: list[str] | None) -> None:
+    """Let go of the claims of these messages (``_CLAIM``); of every claim the session holds
+    when which is not known (None). A session that cannot let go of them is ended, and they
+    with it: else they stayed on a persistent connection, and no worker took those messages
+    until it closed (code review)."""
     try:
-        cursor.execute(_RELEASE, [CLAIM_PREFIX, claimed])
-    except DatabaseError as exc:  # (a connection that failed let them go with it)
-        logger.info("the claims of %d messages went with their connection (%s)", len(claimed), exc)
+        if claimed is None:
+            cursor.execute("SELECT pg_advisory_unlock_all()")
+        elif claimed:
+            cursor.execute(_RELEASE, [CLAIM_PREFIX, claimed])
+    except DatabaseError as exc:
+        logger.info("the embedding claims end with their connection (%s)", exc)
+        if not connection.in_atomic_block:
+            connection.close()
 
 
 def _vectors(backend: EmbeddingBackend, texts: dict, *, own: set[str], what: str) -> tuple:

@@ -11,7 +11,7 @@ from agents_api.api.views import USER_ID, AgentApiView, agent_operation
 from agents_api.models import MEMORY_TAG_MAX_LENGTH, Agent, Scope
 from agents_api.tasks import enqueue_memory_touch
 from memsvc.api.errors import InvalidInput
-from memsvc.api.fields import only_query_parameters, query_choice, query_text
+from memsvc.api.fields import chosen_by_query, only_query_parameters, query_choice, query_text
 from memsvc.api.pagination import AFTER_PARAMETER, LIMIT_PARAMETER, page_data, page_params
 from memsvc.api.schema import errors
 from memsvc.api.views import UserApiView, user_operation
@@ -126,7 +126,7 @@ class AgentMemoriesView(AgentApiView):
         responses={200: s.DeletedOut, **errors(400, 401, 403)},
     )
     def delete(self, request):
-        only_query_parameters(request, "userId")
+        chosen_by_query(request, "userId")
         memories = selectors.memories_of(
             request.agent,
             user_id=_subject(request, request.query_params.get("userId")),
@@ -245,7 +245,7 @@ class UserMemoriesView(UserApiView):
         responses={200: s.DeletedOut, **errors(400, 401)},
     )
     def delete(self, request):
-        only_query_parameters(request, "agentId")
+        chosen_by_query(request, "agentId")
         memories = selectors.memories_of(
             _agent_filter(request.query_params.get("agentId")),
             user_id=request.principal.id,

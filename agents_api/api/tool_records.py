@@ -13,7 +13,7 @@ from agents_api.services import NewToolRecord
 from agents_api.tasks import enqueue_tool_record_observation
 from conversations.selectors import access_conversation
 from memsvc.api.errors import InvalidInput, NotFound
-from memsvc.api.fields import only_query_parameters, query_text
+from memsvc.api.fields import chosen_by_query, query_text
 from memsvc.api.idempotency import idempotency_key, marked_replayed, request_fingerprint
 from memsvc.api.pagination import AFTER_PARAMETER, LIMIT_PARAMETER, page_data, page_params
 from memsvc.api.schema import errors
@@ -99,7 +99,7 @@ class ToolRecordsView(AgentApiView):
         responses={200: s.DeletedOut, **errors(400, 401, 403)},
     )
     def delete(self, request):
-        only_query_parameters(request, "taskId")  # (a narrowing it does not know: refused)
+        chosen_by_query(request, "taskId")  # (a narrowing it does not know: refused)
         task_id = _task_id(request)
         if not task_id:
             raise InvalidInput.for_field("taskId", "name the task whose records to delete")

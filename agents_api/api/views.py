@@ -24,7 +24,7 @@ from conversations.api.serializers import (
 from conversations.models import AccessLevel, Channel, Message
 from conversations.services import NewMessage
 from memsvc.api.errors import InvalidInput, NotFound
-from memsvc.api.fields import only_query_parameters
+from memsvc.api.fields import chosen_by_query
 from memsvc.api.idempotency import (
     KEY_HEADER,
     REPLAYED_HEADER,
@@ -440,7 +440,7 @@ class MemoryBlockView(AgentApiView):
         responses={204: None, **errors(400, 401, 403, 404)},
     )
     def delete(self, request, label):
-        only_query_parameters(request, "userId")
+        chosen_by_query(request, "userId")
         agent_services.memory_block_delete(
             request.principal, block=_requested_block(request, label)
         )

@@ -137,12 +137,20 @@ def _merged(memory: Memory, new: NewMemory) -> Memory:
         memory.importance = max(memory.importance, new.importance)
     # The newest tags and citations, if a fact found again and again would hold more than
     # a memory may (a save of more is refused).
-    memory.tags = list(dict.fromkeys([*memory.tags, *new.tags]))[-MEMORY_MAX_TAGS:]
+    memory.tags = _newest(memory.tags, new.tags, MEMORY_MAX_TAGS)
     memory.expires_at = max(memory.expires_at, new.expires_at or default_expiry())
     memory.updated_at = timezone.now()
-    cited = list(dict.fromkeys([*memory.message_ids, *new.message_ids]))
+    cited = list(dict.fromkeys([*memory.message_ids, *new.message_ids]))  # (as first cited)
     memory.message_ids = cited[-MEMORY_MAX_MESSAGES:]
     return memory
+
+
+def _newest(kept, given, most: int) -> list:
+    """``kept`` and ``given`` once each, ``given`` the newest (last, whether kept already or
+    not: a tag the newest save sent again was dropped as one of the oldest; review), at most
+    the ``most`` newest."""
+    again = set(given)
+    return [*(item for item in kept if item not in again), *dict.fromkeys(given)][-most:]
 
 
 def _merge(memory: Memory, new: NewMemory) -> Memory:

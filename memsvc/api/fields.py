@@ -372,6 +372,17 @@ def no_body_fields(request) -> None:
         _NoFields.parse(request.data or {})
 
 
+def chosen_by_query(request, *names: str) -> None:
+    """A deletion chosen by its query: ``only_query_parameters``, and no body, whose filter
+    was passed over (``{"userId": "bob"}`` deleted the agent's own memories: review)."""
+    only_query_parameters(request, *names)
+    if request.body.strip():
+        raise InvalidInput(
+            f"this request takes no body: what it deletes is chosen by its query "
+            f"({', '.join(f'?{name}=' for name in names)})"
+        )
+
+
 def only_query_parameters(request, *names: str) -> None:
     """400 naming the first query parameter that is not one of ``names``. For deletions
     chosen by their query: a misspelt filter read as none deleted more than was asked

@@ -831,6 +831,36 @@ def test_a_bulk_delete_with_a_parameter_it_does_not_take_is_400_and_deletes_noth
     assert snapshot() == before
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "who"),
+    [
+        (MEMORIES, {"userId": "alice"}, "helper"),  # the agent's own went
+        (MINE, {"agentId": "x"}, "alice"),  # every agent's memories of Alice went
+        ("/v1/agent/memory-blocks/human", {"userId": "alice"}, "helper"),
+        ("/v1/agent/tool-records?taskId=t", {"taskId": "u"}, "helper"),
+    ],
+)
+def test_a_deletion_chosen_by_its_query_refuses_a_body_and_deletes_nothing(
+    api, helper, alice, path, body, who
+):
+    """Its filter in a body was passed over: ``{"userId": "bob"}`` deleted the agent's own
+    memories instead (review)."""
+    save(api, helper, "Alice fact", userId="alice")
+    save(api, helper, "The helper's own note")
+    before = snapshot()
+    response = api.call("DELETE", path, as_={"helper": helper, "alice": alice}[who], body=body)
+    assert response.status_code == 400
+    assert "takes no body" in response.json()["error"]
+    assert snapshot() == before
+
+
+def test_a_tag_the_newest_save_sends_again_is_among_the_newest(api, helper):
+    """(Kept at its old place, it was dropped as one of the oldest: review.)"""
+    save(api, helper, "Gina likes tags", tags=[f"t{n}" for n in range(50)])
+    merged = save(api, helper, "gina likes tags", tags=["n1", "t0", "n2"])
+    assert merged["tags"] == [f"t{n}" for n in range(3, 50)] + ["n1", "t0", "n2"]
+
+
 @pytest.mark.parametrize("route", ["", "/batch", "/search"])
 def test_a_save_or_search_naming_its_user_in_the_query_is_400_and_saves_nothing(api, helper, route):
     """Whom they are about is the body's ``userId``: a ``?userId=alice`` was passed over,

@@ -102,6 +102,9 @@ def test_a_near_duplicate_is_merged_into_the_memory_it_repeats(agent):
             "Alice ist allergisch gegen Erdn\u00fcsse",
             "Alice ist nicht allergisch gegen Erdn\u00fcsse",
         ),
+        # (Both merged into the fact they corrected: review.)
+        ("Alice's email is alice@example.com", "Alice's email is alice@example.org"),
+        ("Alice is allowed to deploy", "Alice is disallowed to deploy"),
     ],
 )
 def test_a_correction_near_the_fact_it_corrects_is_kept_beside_it(agent, kept, correction):
@@ -139,6 +142,8 @@ def test_a_number_in_digits_or_in_words_is_the_same_number(agent, kept, repeat):
     # A fullwidth digit is its number; an invisible character inside one, nothing.
     assert claims("\uff13 cats") == claims("3 cats") == claims("3\u200b cats")
     assert claims("13 cats") != claims("1\u200b 3 cats")
+    # An address at the end of a sentence is the address.
+    assert claims("Mail alice@example.com.") == claims("mail Alice@example.com")
 
 
 @pytest.mark.parametrize("way", ["exact", "hnsw"])

@@ -27,6 +27,7 @@ from search import services
 from search.embeddings import EmbeddingError, OllamaBackend, configured_backend
 from search.tasks import embed_messages_task, enqueue_embedding, sweep_unembedded_task
 from tests.agents_api.conftest import make_agent
+from tests.db import database_url
 from tests.factories import AgentFactory, ConversationFactory, MessageFactory
 from tests.local_http import LocalHttpServer, Reply
 
@@ -349,6 +350,55 @@ def test_a_deletion_does_not_wait_for_the_model_embedding_its_messages(alice):
         )
         assert cursor.fetchone()[0]
         cursor.execute("SELECT pg_advisory_unlock_all()")
+
+
+def _taken_elsewhere(name: str) -> bool:
+    """Whether another session holds the advisory lock of ``name``."""
+    with psycopg.connect(database_url(), autocommit=True) as other:
+        taken = other.execute("SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", [name])
+        free = taken.fetchone()[0]
+        if free:
+            other.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", [name])
+        return not free
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_claims_are_let_go_whatever_fails(alice):
+    """(Nothing let them go when the claim's own statement failed, and a failed release was
+    passed over: a persistent connection kept them, and no worker took those messages
+    until it closed; code review.)"""
+    with transaction.atomic():
+        conversation = ConversationFactory(group__owner=alice.id)
+        message = MessageFactory(conversation=conversation, content="the model fails it")
+
+    class Failing:
+        model = configured_backend().model
+
+        def embed(self, texts):
+            assert _taken_elsewhere(services.claim_name(message.id))  # (claimed meanwhile)
+            raise EmbeddingError("the model is down", transient=True)
+
+    with pytest.raises(EmbeddingError):
+        services.embed_messages([message.id], backend=Failing())
+    assert not _taken_elsewhere(services.claim_name(message.id))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_write_leaves_the_rows_a_deletion_holds(alice):
+    """The write waited for a deletion holding some of its rows, in another order than the
+    deletion's: a deadlock, whichever PostgreSQL ended (code review). It leaves them."""
+    with transaction.atomic():
+        conversation = ConversationFactory(group__owner=alice.id)
+        held, free = (MessageFactory(conversation=conversation) for _ in range(2))
+    with psycopg.connect(database_url()) as deletion:
+        deletion.execute("SET lock_timeout = '5s'")
+        deletion.execute("SELECT 1 FROM message WHERE id = %s FOR UPDATE", [held.id])
+        with connection.cursor() as cursor:
+            cursor.execute("SET lock_timeout = '2s'")
+        assert services.embed_messages([held.id, free.id]) == 1
+        deletion.rollback()
+    held.refresh_from_db()
+    assert held.embedded_at is None  # (the sweep's, if it is still there)
 
 
 @pytest.mark.django_db
