@@ -119,7 +119,20 @@ def _refuse_unapplied(params, filters: tuple[str, ...], listed: str) -> None:
 
 
 def _order(params, default: str) -> str:
-    order = params.get("order") or default
+    """Letta's ``order``, else its older ``ascending`` (true: oldest first), else
+    ``default``; by creation, the one order memsvc lists by (another ``order_by`` or
+    ``sort_by`` is a 501: one asked for was passed over, and a client asking oldest first
+    by ``ascending`` was given the newest; review)."""
+    for name in ("order_by", "sort_by"):
+        if params.get(name) and params[name] != "created_at":
+            raise NotImplementedByMemsvc(f"memsvc lists by created_at only, not by {params[name]}")
+    order = params.get("order")
+    if not order and params.get("ascending"):
+        ascending = params["ascending"].lower()
+        if ascending not in ("true", "false"):
+            raise InvalidInput.for_field("ascending", "must be true or false", location="query")
+        order = "asc" if ascending == "true" else "desc"
+    order = order or default
     if order not in selectors.LETTA_ORDERS:
         raise InvalidInput.for_field("order", "must be 'asc' or 'desc'", location="query")
     return order
@@ -192,6 +205,13 @@ class AgentsView(LettaView):
 
     @extend_schema(exclude=True)
     def post(self, request):
+        if isinstance(request.data, dict) and request.data.get("block_ids"):
+            # (Passed over as the options memsvc does not take are: the agent was made
+            # without the blocks it was to share; review.)
+            raise NotImplementedByMemsvc(
+                "memsvc does not attach blocks at creation (block_ids): attach each after, "
+                "PATCH /v1/agents/{agent_id}/core-memory/blocks/attach/{block_id}"
+            )
         data = s.AgentIn.parse(request.data)
         agent = services.letta_agent_create(
             self.caller(request),

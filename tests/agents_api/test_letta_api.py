@@ -967,6 +967,37 @@ def test_bad_input_is_422_and_changes_nothing(api, helper):
     assert Agent.objects.filter(owner_principal=helper.agent.principal_id).count() == 1
 
 
+def test_the_agents_are_listed_oldest_first_by_ascending_and_by_no_order_memsvc_has_not(
+    api, helper
+):
+    """``ascending=true`` (the SDK's older parameter) was passed over, and the newest came
+    first; ``order_by=name`` too, as if it had been applied (review)."""
+    first, second = create_agent(api, helper, name="one"), create_agent(api, helper, name="two")
+
+    def listed(**params):
+        response = api.get("/v1/agents/", as_=helper, **params)
+        assert response.status_code == 200, response.content
+        ours = {first["id"], second["id"]}  # (and the key's own agent)
+        return [agent["id"] for agent in response.json() if agent["id"] in ours]
+
+    assert listed() == [second["id"], first["id"]]
+    assert listed(ascending="true") == [first["id"], second["id"]]
+    assert listed(ascending="false") == [second["id"], first["id"]]
+    assert listed(ascending="true", order="desc") == [second["id"], first["id"]]  # (order's)
+    assert listed(order_by="created_at", ascending="True") == [first["id"], second["id"]]
+    for asked in ({"order_by": "name"}, {"sort_by": "last_run_completion"}):
+        refused = api.get("/v1/agents/", as_=helper, **asked)
+        assert refused.status_code == 501 and refused["x-should-retry"] == "false"
+    state = api.get(f"/v1/agents/{first['id']}/messages", as_=helper, order_by="foo")
+    assert state.status_code == 501
+    shared = api.post("/v1/agents/", {"name": "b16", "block_ids": ["block-1"]}, as_=helper)
+    assert shared.status_code == 501 and "attach each after" in shared.json()["detail"]
+    assert not Agent.objects.filter(name="b16").exists()
+    wrong = api.get("/v1/agents/", as_=helper, ascending="sometimes")
+    assert wrong.status_code == 422
+    assert wrong.json()["detail"][0]["loc"] == ["query", "ascending"]
+
+
 def kept_state():
     return (
         sorted(Agent.objects.values_list("id", "name", "metadata")),
