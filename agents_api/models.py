@@ -4,6 +4,7 @@ import hashlib
 import re
 import unicodedata
 import uuid
+from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
@@ -362,27 +363,64 @@ _CLAIM_WORDS = frozenset(
         " before after"
     ).split()
 )
-# Names of things a fact may turn on, whose words alone its vector barely tells apart:
-# "alice@example.org" corrected "alice@example.com", and was merged into it (review).
-_NAMES_OF_THINGS = re.compile(r"[^\s@]+@[^\s@]*\w|\w+(?:[./:_-]\w+)+")
-# A word negated by its first letters ("disallowed", "unable", "nonsmoker"): one text that
-# has it where the other has the word alone is a correction ("allowed": review). Counted in
-# both texts of a repeat alike, a word that negates nothing ("display") changes nothing.
-_NEGATING = re.compile(r"(?:dis|un|non|in|im|ir|il)\w{4,}")
+# Names of things a fact may turn on, whose words alone its vector barely tells apart: an
+# email address ("alice@example.org" corrected "alice@example.com", and was merged into it:
+# review), a domain or a file's name (labels of two characters or more, the last letters:
+# not "U.S." or "e.g.", and no hyphenated word, which reads as its words: code review).
+_NAMES_OF_THINGS = re.compile(
+    r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+|\b[\w-]{2,}(?:\.[\w-]{2,})*\.[^\W\d_]{2,24}\b"
+)
+# A word negated by its first letters ("disallowed", "unable", "inactive"): a text holding
+# it where the other holds the word it negates is a correction ("is allowed": review). Told
+# pair by pair (``Claims``): counted alone, every "interested", "display" or "university"
+# kept a repeat apart from its rewording (code review).
+_NEGATING = re.compile(r"(?:dis|un|non|in|im|ir|il)(\w{3,})")
 # Apostrophes typed otherwise (a right quotation mark, by a phone's smart punctuation or a
 # model; a modifier letter): "isn\u2019t" was read as the words "isn" and "t", no negation
 # (review).
 _APOSTROPHES = str.maketrans({"\u2019": "'", "\u02bc": "'", "\u2018": "'"})
 
 
-def claims(content: str) -> tuple:
-    """What a text states that its vector barely tells: its numbers and names of things
-    (an address, a domain, a handle with a dot or a dash), in order, and how many negations
-    it holds. Two texts a cosine similarity calls the same fact
-    (``NEAR_DUPLICATE_SIMILARITY``) are one only if these agree: "is allergic to peanuts"
-    and "is not allergic to peanuts", two phone numbers, or two email addresses, are a
-    correction to keep, not a repeat to merge into the old fact."""
-    numbers, negations = [], 0
+@dataclass(frozen=True, eq=False)
+class Claims:
+    """What a text states that its vector barely tells (``claims``): its numbers and names
+    of things, in order, how many negations it holds, and its words (for the negations a
+    word's first letters make). Equal when they state the same: the same numbers, names
+    and negations, and no word of one the negation of a word of the other."""
+
+    numbers: tuple
+    negations: int
+    words: frozenset
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Claims):
+            return NotImplemented
+        return (
+            self.numbers == other.numbers
+            and self.negations == other.negations
+            and not _negated_apart(self.words, other.words)
+        )
+
+    __hash__ = None
+
+
+def _negated_apart(mine: frozenset, theirs: frozenset) -> bool:
+    """Whether a word of one set negates, by its first letters, a word of the other."""
+    for only, other in ((mine - theirs, theirs), (theirs - mine, mine)):
+        for word in only:
+            negated = _NEGATING.fullmatch(word)
+            if negated is not None and negated.group(1) in other:
+                return True
+    return False
+
+
+def claims(content: str) -> Claims:
+    """What a text states that its vector barely tells (``Claims``). Two texts a cosine
+    similarity calls the same fact (``NEAR_DUPLICATE_SIMILARITY``) are one only if these
+    agree: "is allergic to peanuts" and "is not allergic to peanuts", two phone numbers,
+    two email addresses, or "is allowed" and "is disallowed", are a correction to keep, not
+    a repeat to merge into the old fact."""
+    numbers, negations, words = [], 0, set()
     if not content.isascii():  # (a fullwidth "\uff13" is a "3"; a zero-width space is nothing)
         content = unicodedata.normalize("NFKC", DEFAULT_IGNORABLE.sub("", content))
     content = content.casefold().translate(_APOSTROPHES)
@@ -393,10 +431,9 @@ def claims(content: str) -> tuple:
         elif word in _NUMBER_DIGITS:
             numbers.append(_NUMBER_DIGITS[word])
         else:
-            negations += (
-                word in _NEGATIONS or word.endswith("n't") or _NEGATING.match(word) is not None
-            )
-    return tuple(numbers), negations
+            negations += word in _NEGATIONS or word.endswith("n't")
+            words.add(word)
+    return Claims(tuple(numbers), negations, frozenset(words))
 
 
 def content_hash(content: str) -> str:

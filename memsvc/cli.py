@@ -362,6 +362,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_reindex(args: argparse.Namespace) -> int:
     _setup_database()
+    from django.utils import timezone
+
     from agents_api.services import (
         memories_embed_pending,
         memories_reembed_all,
@@ -369,9 +371,9 @@ def cmd_reindex(args: argparse.Namespace) -> int:
         tool_records_reembed_all,
     )
     from search.embeddings import EmbeddingError
-    from search.services import embed_pending, reembed_all
+    from search.services import PATIENCE_SECONDS, embed_pending, reembed_all
 
-    started = time.monotonic()
+    started, began = time.monotonic(), timezone.now()
     try:
         # (``patient``: what another reindex or a worker is embedding meanwhile is waited
         # for, so that nothing waits once this says it is done.)
@@ -393,6 +395,29 @@ def cmd_reindex(args: argparse.Namespace) -> int:
         f"in {elapsed:.1f} s",
         file=sys.stderr,
     )
+    if args.all:
+        return 0
+    # What another process held past the patience (a worker hung on a remote model): said,
+    # and a failure (it said it was done, those still waiting: review).
+    from agents_api.models import Memory, ToolRecord
+    from conversations.models import Message
+
+    waiting = {
+        name: model.objects.filter(embedded_at__isnull=True, created_at__lte=began).count()
+        for name, model in (
+            ("messages", Message),
+            ("memories", Memory),
+            ("tool records", ToolRecord),
+        )
+    }
+    left = ", ".join(f"{n} {name}" for name, n in waiting.items() if n)
+    if left:
+        print(
+            f"still waiting, held by another process past {PATIENCE_SECONDS:.0f} s: {left}; "
+            "the sweep embeds them once it lets go",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

@@ -23,3 +23,21 @@ class Outage:
 
     def end(self) -> None:
         self._began = float("-inf")
+
+
+class Reminder:
+    """A line logged at most once every ``seconds`` (per process): what every request meets
+    while it lasts (the database down) said once a while, not by every request (some 115
+    lines a refused request with its traceback, 11,400 in an outage of 7 s: review)."""
+
+    def __init__(self, seconds: float = 60.0):
+        self._said = Outage(seconds)
+
+    def say(self, log, *args, **kwargs) -> bool:
+        """``log(*args, **kwargs)`` unless it was said less than ``seconds`` ago; whether it
+        was said."""
+        if self._said.ongoing:
+            return False
+        self._said.began()
+        log(*args, **kwargs)
+        return True

@@ -68,11 +68,18 @@ ORDER BY seq
 _RELEASE = """
 SELECT pg_advisory_unlock(hashtextextended(%s || id, 0)) FROM unnest(%s::text[]) AS id
 """
-# The claimed rows a write may take at once: those a deletion holds are left (it deletes
-# them; waiting for it, the write locked rows in another order than its, and one of the two
-# was ended as a deadlock, the deletion perhaps: code review).
+# The claimed rows a write may take at once: those another transaction holds are left (a
+# deletion's, which deletes them or updates them, a reply's or a summary's): waiting for it,
+# the write locked rows in another order than its, and one of the two was ended as a
+# deadlock, the deletion perhaps (code review). Left waiting, they are the sweep's. A
+# re-embedding (``force``, every row's vector replaced by the new model's) cannot leave
+# them to a sweep, which takes waiting rows only: it waits, locking in the order a deletion
+# locks messages (``conversations.services._lock_messages``), by id.
 _FREE_TO_WRITE = """
 SELECT id FROM message WHERE id = ANY(%s::uuid[]) FOR NO KEY UPDATE SKIP LOCKED
+"""
+_ALL_TO_WRITE = """
+SELECT id FROM message WHERE id = ANY(%s::uuid[]) ORDER BY id FOR NO KEY UPDATE
 """
 CLAIM_PREFIX = "embedding\x1f"
 
@@ -120,7 +127,9 @@ def embed_messages(
             by_id = dict(zip(kept, vectors, strict=True))
             now = timezone.now()
             with transaction.atomic():
-                cursor.execute(_FREE_TO_WRITE, [[str(row_id) for row_id in kept]])
+                cursor.execute(
+                    _ALL_TO_WRITE if force else _FREE_TO_WRITE, [[str(row_id) for row_id in kept]]
+                )
                 free = {row_id for (row_id,) in cursor.fetchall()}
                 rows = [row for row in rows if row[0] in free]  # (in ``seq`` order)
                 written = write_vectors(
@@ -147,9 +156,11 @@ def embed_messages(
 
 def _release(cursor, claimed: list[str] | None) -> None:
     """Let go of the claims of these messages (``_CLAIM``); of every claim the session holds
-    when which is not known (None). A session that cannot let go of them is ended, and they
-    with it: else they stayed on a persistent connection, and no worker took those messages
-    until it closed (code review)."""
+    when which is not known (None: every session-level advisory lock it holds, which only
+    these are; ``migrate``'s is its own process's). A session that cannot let go of them is
+    ended, and they with it, unless it is in a transaction (a test's): else they stayed on a
+    persistent connection, and no worker took those messages until it closed (code
+    review)."""
     try:
         if claimed is None:
             cursor.execute("SELECT pg_advisory_unlock_all()")
@@ -301,8 +312,11 @@ def embed_pending_rows(
     """Embed every row of ``model`` still waiting for a vector, oldest first (a sweep,
     ``memsvc reindex``), served by the table's partial index on ``created_at``."""
 
+    waiting = model.objects.filter(embedded_at__isnull=True).order_by("created_at")
+    if patient:  # (the rows there as it begins: see ``embed_pending``)
+        waiting = waiting.filter(created_at__lte=timezone.now())
+
     def pending() -> list:
-        waiting = model.objects.filter(embedded_at__isnull=True).order_by("created_at")
         return list(waiting.values_list("pk", flat=True)[:batch])
 
     def embed(ids) -> int:
@@ -372,9 +386,14 @@ def _reembedded_in_order(rows, key: str, embed, *, batch: int | None = None) -> 
         total += embed([row_id for _, row_id in found])
 
 
-def pending_message_ids(*, older_than_seconds: float = 0, limit: int = EMBED_BATCH) -> list:
-    """Messages waiting for a vector, oldest first (served by the partial index)."""
+def pending_message_ids(
+    *, older_than_seconds: float = 0, limit: int = EMBED_BATCH, through_seq: int | None = None
+) -> list:
+    """Messages waiting for a vector, oldest first (served by the partial index); with
+    ``through_seq``, those written by then."""
     waiting = Message.objects.filter(embedded_at__isnull=True)
+    if through_seq is not None:
+        waiting = waiting.filter(seq__lte=through_seq)
     if older_than_seconds:
         # Leave the newest to the task queued for them. (Imported messages carry old
         # times and may be embedded by both: the conditional write keeps that harmless.)
@@ -391,9 +410,17 @@ def embed_pending(
     max_batches: int | None = None,
     patient: bool = False,
 ) -> int:
-    """Embed what is waiting, batch by batch (the sweep, ``memsvc reindex``)."""
+    """Embed what is waiting, batch by batch (the sweep, ``memsvc reindex``). ``patient``
+    (the command): what waits as it begins; written later, a worker's (under appends that
+    never stopped, each batch found new rows, and it waited for a held one for good:
+    review)."""
+    through_seq = None
+    if patient:
+        with connection.cursor() as cursor:  # (the last ``seq`` given: ``Message.seq``)
+            cursor.execute("SELECT last_value FROM message_seq")
+            through_seq = cursor.fetchone()[0]
     return _embed_waiting(
-        lambda: pending_message_ids(older_than_seconds=older_than_seconds),
+        lambda: pending_message_ids(older_than_seconds=older_than_seconds, through_seq=through_seq),
         lambda ids: embed_messages(ids, backend=backend),
         max_batches=max_batches,
         patient=patient,

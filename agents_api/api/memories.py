@@ -261,6 +261,7 @@ class UserMemorySearchView(UserApiView):
         responses={200: s.MemoryHitList, **errors(400, 401)},
     )
     def post(self, request):
+        only_query_parameters(request)  # (a ``?agentId=`` searched every agent's: code review)
         data = s.UserSearchMemoriesIn.parse(request.data)
         agent = _agent_filter(data.get("agentId"))
         hits = search_memories(agent, user_id=request.principal.id, data=data, in_use=False)

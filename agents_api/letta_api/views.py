@@ -175,6 +175,17 @@ def _page(
     )
 
 
+def _refuse_block_ids(request) -> None:
+    """A 501 for Letta's ``block_ids`` (the blocks an agent is made with, or that replace its
+    own): passed over as the options memsvc does not take are, the agent was made or left
+    without the blocks it was to share (reviews)."""
+    if isinstance(request.data, dict) and request.data.get("block_ids") is not None:
+        raise NotImplementedByMemsvc(
+            "memsvc does not set an agent's blocks by id (block_ids): attach each, "
+            "PATCH /v1/agents/{agent_id}/core-memory/blocks/attach/{block_id}"
+        )
+
+
 def _agent_id(raw: str):
     return s.parse_uuid_id(raw, s.AGENT_ID_PREFIX, "Agent")
 
@@ -205,13 +216,7 @@ class AgentsView(LettaView):
 
     @extend_schema(exclude=True)
     def post(self, request):
-        if isinstance(request.data, dict) and request.data.get("block_ids"):
-            # (Passed over as the options memsvc does not take are: the agent was made
-            # without the blocks it was to share; review.)
-            raise NotImplementedByMemsvc(
-                "memsvc does not attach blocks at creation (block_ids): attach each after, "
-                "PATCH /v1/agents/{agent_id}/core-memory/blocks/attach/{block_id}"
-            )
+        _refuse_block_ids(request)
         data = s.AgentIn.parse(request.data)
         agent = services.letta_agent_create(
             self.caller(request),
@@ -232,6 +237,7 @@ class AgentView(LettaView):
     @extend_schema(exclude=True)
     def patch(self, request, agent_id):
         agent = self.agent(request, agent_id)
+        _refuse_block_ids(request)
         data = s.AgentUpdateIn.parse(request.data)
         agent = services.letta_agent_update(
             self.caller(request),

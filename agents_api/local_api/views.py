@@ -45,6 +45,7 @@ from agents_api.tasks import (
 )
 from conversations.selectors import conversation_messages
 from memsvc.api.errors import NotFound
+from memsvc.api.health import unavailable
 from memsvc.api.idempotency import idempotency_key, marked_replayed, request_fingerprint
 from memsvc.api.pagination import parse_limit
 from memsvc.api.ratelimit import client_address
@@ -183,8 +184,12 @@ class HealthView(LocalView):
         except DatabaseError:
             connection.close_if_unusable_or_obsolete()
             # The driver's message names hosts, sockets and paths: logged, never answered.
-            logger.warning("health: database unreachable", exc_info=True)
-            return Response({"status": "unavailable", "detail": "database unreachable"}, status=503)
+            return unavailable(
+                {"status": "unavailable", "detail": "database unreachable"},
+                "database unreachable",
+                "health: database unreachable",
+                exc_info=True,
+            )
         return Response(
             {
                 "status": "ok",

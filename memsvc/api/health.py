@@ -16,10 +16,39 @@ from rest_framework.views import APIView
 from memsvc.celery import broker_reachable
 from memsvc.db import not_migrated
 from memsvc.embedded_db import socket_dir
+from memsvc.outage import Reminder
 from search.embeddings import configured_backend
 from search.selectors import PENDING_COUNTED_UP_TO, pending_embedding_count
 
 logger = logging.getLogger(__name__)
+
+# Each reason said once a minute while it lasts: every probe logged it, a traceback each
+# (review); and Django's own line of each 503 is left out (``log_response``'s mark).
+_SAID = {
+    reason: Reminder()
+    for reason in (
+        "disk full",
+        "database not answering",
+        "database not migrated",
+        "database unreachable",
+    )
+}
+
+
+def unavailable(body: dict, reason: str, message: str, *args, **kwargs) -> Response:
+    """A health check's 503 (this one's, the local API's), ``body`` as it is; ``message``
+    logged once a minute for ``reason``."""
+    _SAID[reason].say(logger.warning, message, *args, **kwargs)
+    response = Response(body, status=503)
+    response._has_been_logged = True
+    return response
+
+
+def _unavailable(body: dict, reason: str, message: str, *args, **kwargs) -> Response:
+    """This health check's 503, ``reason`` in its body (``unavailable``)."""
+    body.update(status="unavailable", reason=reason)
+    return unavailable(body, reason, message, *args, **kwargs)
+
 
 HealthResponse = inline_serializer(
     "Health",
@@ -142,30 +171,33 @@ class HealthView(APIView):
         # The disk first: a full one stops PostgreSQL, which then does not answer either
         # (the reason said was "database unreachable": review).
         if _disk_full():
-            logger.warning("health: the database's disk has less than 64 MB free")
-            body.update(status="unavailable", reason="disk full")
-            return Response(body, status=503)
+            return _unavailable(
+                body, "disk full", "health: the database's disk has less than 64 MB free"
+            )
         try:
             if not _probe.answers(DATABASE_ANSWER_SECONDS):
-                logger.warning(
-                    "health: the database did not answer in %s s", DATABASE_ANSWER_SECONDS
+                return _unavailable(
+                    body,
+                    "database not answering",
+                    "health: the database did not answer in %s s",
+                    DATABASE_ANSWER_SECONDS,
                 )
-                body.update(status="unavailable", reason="database not answering")
-                return Response(body, status=503)
             body["pendingEmbeddings"] = pending_embedding_count()
         except DatabaseError as exc:
             if not_migrated(exc):
                 # It answers, without memsvc's tables: a DATABASE_URL not migrated yet (it
                 # said "database unreachable": review).
-                logger.warning("health: the database has no memsvc tables (run migrate)")
-                body.update(status="unavailable", reason="database not migrated")
-                return Response(body, status=503)
+                return _unavailable(
+                    body,
+                    "database not migrated",
+                    "health: the database has no memsvc tables (run migrate)",
+                )
             # A broken connection must not stick to this worker thread: drop it so the next
             # request reconnects once the database is back.
             connection.close_if_unusable_or_obsolete()
             # The driver's message names hosts, sockets and paths: for the logs, not for
             # whoever probes the service.
-            logger.warning("health: database unreachable", exc_info=True)
-            body.update(status="unavailable", reason="database unreachable")
-            return Response(body, status=503)
+            return _unavailable(
+                body, "database unreachable", "health: database unreachable", exc_info=True
+            )
         return Response(body)

@@ -33,6 +33,7 @@ from memsvc.api.errors import (
     render_api_error,
 )
 from memsvc.db import DATABASE_DID_NOT_ANSWER
+from memsvc.outage import Reminder
 from memsvc.text import named
 
 logger = logging.getLogger("django.request")
@@ -156,6 +157,7 @@ def exception_refusal(exception: Exception) -> ApiError:
 
 # When a page refused in an outage says to come back (a few restarts of the database).
 UNAVAILABLE_RETRY_SECONDS = 5
+UNAVAILABLE_SAID = Reminder()
 
 
 def _admin_refusal(request, refusal: ApiError) -> HttpResponseBadRequest | None:
@@ -212,7 +214,19 @@ class ApiErrorMiddleware:
             # the server had failed while every API said 503; review).
             response = HttpResponse(refusal.message, status=503, content_type="text/plain")
             response["Retry-After"] = str(UNAVAILABLE_RETRY_SECONDS)
-        if isinstance(refusal, InternalError | Unavailable):
+        if isinstance(refusal, Unavailable):
+            # Said once a minute, with a traceback of what failed; Django's own line of each
+            # 503 left out too (``log_response``'s mark).
+            UNAVAILABLE_SAID.say(
+                logger.error,
+                "%s: %s (said once a minute while it lasts)",
+                refusal.message,
+                request.path,
+                exc_info=exception,
+                extra={"status_code": refusal.status_code, "request": request},
+            )
+            response._has_been_logged = True
+        elif isinstance(refusal, InternalError):
             logger.error(
                 "%s: %s",
                 refusal.message,

@@ -47,7 +47,7 @@ from django.urls import resolve
 from rest_framework.throttling import BaseThrottle
 
 from memsvc.api.errors import RateLimited, render_api_error
-from memsvc.outage import Outage
+from memsvc.outage import Outage, Reminder
 
 logger = logging.getLogger(__name__)
 
@@ -166,6 +166,7 @@ def _window() -> tuple[int, int]:
 # Redis that failed a count is not asked again for this long (``_counted``): each request
 # of an outage waited for its timeout (1 s), before the broker's.
 REDIS_OUTAGE = Outage(seconds=5.0)
+_UNCOUNTED_SAID = Reminder()
 
 
 def _counted(
@@ -349,18 +350,15 @@ def _trusted_proxy(address: str) -> bool:
     )
 
 
-UNNAMED_PROXY_WARNING_EVERY = 60  # seconds: a client can send X-Forwarded-For from anywhere
-_unnamed_proxy_warned_at = [float("-inf")]
+# At most once a minute: a client can send X-Forwarded-For from anywhere.
+_UNNAMED_PROXY_SAID = Reminder()
 
 
 def _warn_of_unnamed_proxy(address: str) -> None:
-    """At most once a minute: behind a proxy nobody named, every client is the proxy's
-    address, and one client's failed authentications lock everyone out."""
-    now = time.monotonic()
-    if now - _unnamed_proxy_warned_at[0] < UNNAMED_PROXY_WARNING_EVERY:
-        return
-    _unnamed_proxy_warned_at[0] = now
-    logger.warning(
+    """Behind a proxy nobody named, every client is the proxy's address, and one client's
+    failed authentications lock everyone out."""
+    _UNNAMED_PROXY_SAID.say(
+        logger.warning,
         "a request came through a proxy at %s (X-Forwarded-For) that MEMSVC_TRUSTED_PROXIES "
         "does not name: if it is yours, name it, or every client counts as %s for the rate "
         "limits and the lockout of failed authentications",
@@ -418,7 +416,12 @@ def _guarded(check, *args):
     try:
         return check(*args)
     except DatabaseError:
-        logger.warning("failed authentications not counted: database unreachable")
+        # (Said once a minute: by every request with credentials, it named failed
+        # authentications where none had failed; review.)
+        _UNCOUNTED_SAID.say(
+            logger.warning,
+            "the database is unreachable: failed authentications are not counted meanwhile",
+        )
         return None
 
 

@@ -991,8 +991,10 @@ def test_the_agents_are_listed_oldest_first_by_ascending_and_by_no_order_memsvc_
     state = api.get(f"/v1/agents/{first['id']}/messages", as_=helper, order_by="foo")
     assert state.status_code == 501
     shared = api.post("/v1/agents/", {"name": "b16", "block_ids": ["block-1"]}, as_=helper)
-    assert shared.status_code == 501 and "attach each after" in shared.json()["detail"]
+    assert shared.status_code == 501 and "attach each" in shared.json()["detail"]
     assert not Agent.objects.filter(name="b16").exists()
+    replaced = api.patch(f"/v1/agents/{first['id']}", {"block_ids": []}, as_=helper)
+    assert replaced.status_code == 501
     wrong = api.get("/v1/agents/", as_=helper, ascending="sometimes")
     assert wrong.status_code == 422
     assert wrong.json()["detail"][0]["loc"] == ["query", "ascending"]

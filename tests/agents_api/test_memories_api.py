@@ -852,6 +852,9 @@ def test_a_deletion_chosen_by_its_query_refuses_a_body_and_deletes_nothing(
     assert response.status_code == 400
     assert "takes no body" in response.json()["error"]
     assert snapshot() == before
+    # An empty one is none, as a client that always sends one sends it.
+    emptied = api.call("DELETE", path, as_={"helper": helper, "alice": alice}[who], body={})
+    assert emptied.status_code in (200, 204, 404), emptied.content
 
 
 def test_a_tag_the_newest_save_sends_again_is_among_the_newest(api, helper):
@@ -861,19 +864,32 @@ def test_a_tag_the_newest_save_sends_again_is_among_the_newest(api, helper):
     assert merged["tags"] == [f"t{n}" for n in range(3, 50)] + ["n1", "t0", "n2"]
 
 
-@pytest.mark.parametrize("route", ["", "/batch", "/search"])
-def test_a_save_or_search_naming_its_user_in_the_query_is_400_and_saves_nothing(api, helper, route):
-    """Whom they are about is the body's ``userId``: a ``?userId=alice`` was passed over,
-    and the memories saved were the agent's own, the search searched those (review)."""
-    body = {
-        "": {"content": "Alice likes tea"},
-        "/batch": {"memories": [{"content": "Alice likes tea"}]},
-        "/search": {"query": "tea"},
-    }[route]
+@pytest.mark.parametrize(
+    ("path", "body", "who"),
+    [
+        (f"{MEMORIES}?userId=alice", {"content": "Alice likes tea"}, "helper"),
+        (
+            f"{MEMORIES}/batch?userId=alice",
+            {"memories": [{"content": "Alice likes tea"}]},
+            "helper",
+        ),
+        (f"{MEMORIES}/search?userId=alice", {"query": "tea"}, "helper"),
+        (f"{MINE}/search?agentId=0d5e4c1a-9f3b-4a43-b2cb-5a8a6f6f0e11", {"query": "tea"}, "alice"),
+        ("/v1/agent/tool-records?taskId=t", {"toolName": "look", "output": "x"}, "helper"),
+        ("/v1/agent/tool-records/search?taskId=t", {"query": "look"}, "helper"),
+    ],
+)
+def test_a_save_or_search_naming_its_subject_in_the_query_is_400_and_saves_nothing(
+    api, helper, alice, path, body, who
+):
+    """Whom they are about is the body's: a ``?userId=alice`` was passed over, and the
+    memories saved were the agent's own, the search searched those (review); a user's
+    ``?agentId=`` searched every agent's (code review)."""
     before = snapshot()
-    response = api.post(f"{MEMORIES}{route}?userId=alice", body, as_=helper)
+    response = api.post(path, body, as_={"helper": helper, "alice": alice}[who])
     assert response.status_code == 400
-    assert response.json()["details"] == {"userId": ["unknown query parameter"]}
+    [(name, problems)] = response.json()["details"].items()
+    assert name in path and problems == ["unknown query parameter"]
     assert snapshot() == before
 
 

@@ -23,6 +23,7 @@ from conversations import services
 from memsvc.api import ratelimit
 from memsvc.api.principals import Principal
 from memsvc.api.ratelimit import rate_limited
+from memsvc.outage import Reminder
 from tests.agents_api.conftest import make_agent
 from tests.conftest import Persona
 from tests.db import database_url
@@ -386,7 +387,7 @@ def test_a_proxy_nobody_named_is_warned_of_at_most_once_a_minute(rf, settings, c
     X-Forwarded-For from ever new addresses cannot flood it."""
     from memsvc.api.ratelimit import client_address
 
-    monkeypatch.setattr(ratelimit, "_unnamed_proxy_warned_at", [float("-inf")])
+    monkeypatch.setattr(ratelimit, "_UNNAMED_PROXY_SAID", Reminder())
     settings.MEMSVC_TRUSTED_PROXIES = []
     with caplog.at_level("WARNING", logger="memsvc.api.ratelimit"):
         for n in range(20):

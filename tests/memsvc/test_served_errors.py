@@ -78,6 +78,25 @@ def test_database_down_is_503_unavailable_but_for_health(no_database, settings):
             assert "127.0.0.1" not in text and "/" not in text.replace("\\/", "")
 
 
+def test_an_outage_is_said_once_a_minute_not_by_every_request(no_database, settings):
+    """Every refused request logged the traceback of what failed (some 115 lines each),
+    Django's line of its 503, and a warning of failed authentications not counted where
+    none had failed; every health probe its traceback (11,400 lines in 7 s: review)."""
+    settings.MEMSVC_JWT_SECRET = "jwt-secret-for-this-test-of-32-bytes-or-more"
+    user = {"Authorization": f"Bearer {mint_user_token('alice', ttl_seconds=600)}"}
+    before = no_database.log.read_text().count("\n")
+    with httpx.Client(base_url=no_database.url, timeout=30) as client:
+        for _ in range(10):
+            assert client.get("/v1/user/conversations", headers=user).status_code == 503
+            assert client.get("/v1/health").status_code == 503
+    logged = no_database.log.read_text().splitlines()[before:]
+    assert sum("Traceback" in line for line in logged) <= 2  # (once a minute each, if not yet)
+    assert not any("Service Unavailable" in line for line in logged), [
+        line for line in logged if "Service Unavailable" in line
+    ][:3]
+    assert len(logged) < 200, "\n".join(logged[:50])
+
+
 def test_a_body_over_the_cap_is_413_and_the_connection_stays_open(no_database):
     """Refused before any view (or the database) is reached; the unread body is discarded
     and the next request on the same connection is answered."""

@@ -384,6 +384,19 @@ def test_the_claims_are_let_go_whatever_fails(alice):
 
 
 @pytest.mark.django_db(transaction=True)
+def test_claims_that_cannot_be_let_go_end_with_their_session(alice, monkeypatch):
+    """(A failed release was passed over: a persistent connection kept the claims, and no
+    worker took those messages until it closed; code review.)"""
+    with transaction.atomic():
+        conversation = ConversationFactory(group__owner=alice.id)
+        message = MessageFactory(conversation=conversation, content="its release fails")
+    monkeypatch.setattr(services, "_RELEASE", "SELECT no_such_function()")
+    assert services.embed_messages([message.id]) == 1
+    assert connection.connection is None  # (closed: its claims went with it)
+    assert not _taken_elsewhere(services.claim_name(message.id))
+
+
+@pytest.mark.django_db(transaction=True)
 def test_the_write_leaves_the_rows_a_deletion_holds(alice):
     """The write waited for a deletion holding some of its rows, in another order than the
     deletion's: a deadlock, whichever PostgreSQL ended (code review). It leaves them."""
@@ -395,7 +408,11 @@ def test_the_write_leaves_the_rows_a_deletion_holds(alice):
         deletion.execute("SELECT 1 FROM message WHERE id = %s FOR UPDATE", [held.id])
         with connection.cursor() as cursor:
             cursor.execute("SET lock_timeout = '2s'")
-        assert services.embed_messages([held.id, free.id]) == 1
+        try:
+            assert services.embed_messages([held.id, free.id]) == 1
+        finally:
+            with connection.cursor() as cursor:
+                cursor.execute("RESET lock_timeout")
         deletion.rollback()
     held.refresh_from_db()
     assert held.embedded_at is None  # (the sweep's, if it is still there)
@@ -666,6 +683,36 @@ def test_a_reindex_waits_for_rows_another_is_embedding_where_a_sweep_leaves_them
         release.set()
         other.join()
     assert not Message.objects.filter(id__in=ids, embedded_at=None).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_reindex_ends_under_appends_and_says_what_another_still_holds(monkeypatch, capsys):
+    """Under appends that never stopped, each batch found new rows, and it waited for a row
+    a hung worker held for good; when it ended, it said it was done with that row waiting
+    (review). It embeds what waited as it began, and says what is still held: a failure."""
+    monkeypatch.setattr(services, "PATIENCE_SECONDS", 0.3)
+    monkeypatch.setattr(services, "PATIENCE_POLL_SECONDS", 0.05)
+    with transaction.atomic():
+        conversation = ConversationFactory(group__owner="alice")
+        held, free = (MessageFactory(conversation=conversation) for _ in range(2))
+    appended = []
+    real = services.embed_messages
+
+    def embed_while_appends_go_on(ids, **options):
+        with transaction.atomic():  # (a write of someone else's, each batch)
+            appended.append(MessageFactory(conversation=conversation))
+        return real(ids, **options)
+
+    monkeypatch.setattr(services, "embed_messages", embed_while_appends_go_on)
+    with psycopg.connect(database_url(), autocommit=True) as hung_worker:
+        hung_worker.execute(
+            "SELECT pg_advisory_lock(hashtextextended(%s, 0))", [services.claim_name(held.id)]
+        )
+        assert cli.main(["reindex"]) == 1
+    err = capsys.readouterr().err
+    assert "still waiting, held by another process" in err and "1 messages" in err
+    free.refresh_from_db()
+    assert free.embedded_at is not None and len(appended) < 50
 
 
 @pytest.mark.django_db
