@@ -363,18 +363,19 @@ _CLAIM_WORDS = frozenset(
         " before after"
     ).split()
 )
-# Names of things a fact may turn on, whose words alone its vector barely tells apart: an
-# email address ("alice@example.org" corrected "alice@example.com", and was merged into it:
-# review), a domain or a file's name (labels of two characters or more, the last letters:
-# not "U.S." or "e.g.", and no hyphenated word, which reads as its words: code review).
-_NAMES_OF_THINGS = re.compile(
-    r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+|\b[\w-]{2,}(?:\.[\w-]{2,})*\.[^\W\d_]{2,24}\b"
-)
-# A word negated by its first letters ("disallowed", "unable", "inactive"): a text holding
-# it where the other holds the word it negates is a correction ("is allowed": review). Told
-# pair by pair (``Claims``): counted alone, every "interested", "display" or "university"
-# kept a repeat apart from its rewording (code review).
-_NEGATING = re.compile(r"(?:dis|un|non|in|im|ir|il)(\w{3,})")
+# An email address: a fact that names one turns on it ("alice@example.org" corrected
+# "alice@example.com", and was merged into it: review).
+_EMAILS = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
+# Other names of things, words joined by a dot, a slash, a colon, an underscore or a dash (a
+# domain, a path, a handle, "part-time"): told apart only where both texts hold some (a text
+# that writes "e-mail", "U.S." or "5:30pm" where the other writes "email", "US" or "5:30 pm"
+# repeats it: code review; "github.com/bob" corrects "github.com/alice").
+_NAMES = re.compile(r"\w+(?:[./:_-]\w+)+")
+# A word negated by its first letters ("disallowed", "unable", "inactive"), counted as
+# "not" is: a text near another but for one is a correction ("is allowed": review). A word
+# that only looks so ("interested") keeps a repeat apart from a text without it, rarely as
+# near: a repeat kept twice, never a correction lost.
+_NEGATING = re.compile(r"(?:dis|un|non|in|im|ir|il)\w{3,}")
 # Apostrophes typed otherwise (a right quotation mark, by a phone's smart punctuation or a
 # model; a modifier letter): "isn\u2019t" was read as the words "isn" and "t", no negation
 # (review).
@@ -383,35 +384,26 @@ _APOSTROPHES = str.maketrans({"\u2019": "'", "\u02bc": "'", "\u2018": "'"})
 
 @dataclass(frozen=True, eq=False)
 class Claims:
-    """What a text states that its vector barely tells (``claims``): its numbers and names
-    of things, in order, how many negations it holds, and its words (for the negations a
-    word's first letters make). Equal when they state the same: the same numbers, names
-    and negations, and no word of one the negation of a word of the other."""
+    """What a text states that its vector barely tells (``claims``): its numbers and email
+    addresses, in order, how many negations it holds, and the other names of things it
+    holds. Equal when they state the same: the same numbers, addresses and negations, and
+    the same names where both hold some."""
 
     numbers: tuple
     negations: int
-    words: frozenset
+    names: tuple
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, Claims):
             return NotImplemented
+        named_both = bool(self.names) and bool(other.names)
         return (
             self.numbers == other.numbers
             and self.negations == other.negations
-            and not _negated_apart(self.words, other.words)
+            and (not named_both or self.names == other.names)
         )
 
     __hash__ = None
-
-
-def _negated_apart(mine: frozenset, theirs: frozenset) -> bool:
-    """Whether a word of one set negates, by its first letters, a word of the other."""
-    for only, other in ((mine - theirs, theirs), (theirs - mine, mine)):
-        for word in only:
-            negated = _NEGATING.fullmatch(word)
-            if negated is not None and negated.group(1) in other:
-                return True
-    return False
 
 
 def claims(content: str) -> Claims:
@@ -420,20 +412,25 @@ def claims(content: str) -> Claims:
     agree: "is allergic to peanuts" and "is not allergic to peanuts", two phone numbers,
     two email addresses, or "is allowed" and "is disallowed", are a correction to keep, not
     a repeat to merge into the old fact."""
-    numbers, negations, words = [], 0, set()
+    numbers, negations = [], 0
     if not content.isascii():  # (a fullwidth "\uff13" is a "3"; a zero-width space is nothing)
         content = unicodedata.normalize("NFKC", DEFAULT_IGNORABLE.sub("", content))
     content = content.casefold().translate(_APOSTROPHES)
-    numbers += _NAMES_OF_THINGS.findall(content)
+    numbers += _EMAILS.findall(content)
+    # (A number's own dots and colons make no name: "5:30", "3.12" are numbers.)
+    names = tuple(
+        name for name in _NAMES.findall(_EMAILS.sub(" ", content)) if not name[0].isdigit()
+    )
     for number, word in _NUMBERS_AND_WORDS.findall(content):
         if number or word in _NUMBER_WORDS or word in _CLAIM_WORDS:
             numbers.append(number or word)
         elif word in _NUMBER_DIGITS:
             numbers.append(_NUMBER_DIGITS[word])
         else:
-            negations += word in _NEGATIONS or word.endswith("n't")
-            words.add(word)
-    return Claims(tuple(numbers), negations, frozenset(words))
+            negations += (
+                word in _NEGATIONS or word.endswith("n't") or _NEGATING.fullmatch(word) is not None
+            )
+    return Claims(tuple(numbers), negations, names)
 
 
 def content_hash(content: str) -> str:

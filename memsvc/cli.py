@@ -389,6 +389,13 @@ def cmd_reindex(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    except OperationalError as exc:  # (a row another transaction held past the lock timeout)
+        print(
+            f"the database refused a write ({exc}): what was embedded before it stays; "
+            "run this again",
+            file=sys.stderr,
+        )
+        return 1
     elapsed = time.monotonic() - started
     print(
         f"embedded {count} messages, {memories} memories and {records} tool records "
@@ -410,11 +417,12 @@ def cmd_reindex(args: argparse.Namespace) -> int:
             ("tool records", ToolRecord),
         )
     }
-    left = ", ".join(f"{n} {name}" for name, n in waiting.items() if n)
+    left = ", ".join(f"{name}: {n}" for name, n in waiting.items() if n)
     if left:
         print(
-            f"still waiting, held by another process past {PATIENCE_SECONDS:.0f} s: {left}; "
-            "the sweep embeds them once it lets go",
+            f"still waiting ({left}): held by another process past {PATIENCE_SECONDS:.0f} s "
+            "(the sweep embeds them once it lets go), or refused by the model (the log says "
+            "which)",
             file=sys.stderr,
         )
         return 1

@@ -127,6 +127,8 @@ def embed_messages(
             by_id = dict(zip(kept, vectors, strict=True))
             now = timezone.now()
             with transaction.atomic():
+                if force:  # (a row held for good by a transaction left open: an error, said)
+                    cursor.execute("SET LOCAL lock_timeout = '10s'")
                 cursor.execute(
                     _ALL_TO_WRITE if force else _FREE_TO_WRITE, [[str(row_id) for row_id in kept]]
                 )

@@ -179,7 +179,8 @@ def _refuse_block_ids(request) -> None:
     """A 501 for Letta's ``block_ids`` (the blocks an agent is made with, or that replace its
     own): passed over as the options memsvc does not take are, the agent was made or left
     without the blocks it was to share (reviews)."""
-    if isinstance(request.data, dict) and request.data.get("block_ids") is not None:
+    given = request.data.get("block_ids") if isinstance(request.data, dict) else None
+    if given or (given is not None and request.method == "PATCH"):  # ([] there: detach all)
         raise NotImplementedByMemsvc(
             "memsvc does not set an agent's blocks by id (block_ids): attach each, "
             "PATCH /v1/agents/{agent_id}/core-memory/blocks/attach/{block_id}"

@@ -376,7 +376,7 @@ def chosen_by_query(request, *names: str) -> None:
     """A deletion chosen by its query: ``only_query_parameters``, and no body, whose filter
     was passed over (``{"userId": "bob"}`` deleted the agent's own memories: review)."""
     only_query_parameters(request, *names)
-    if request.data:  # (no body, ``{}`` or ``null``, as ``no_body_fields`` reads them)
+    if request.data != {} and request.data is not None:  # (no body, ``{}`` or ``null``)
         raise InvalidInput(
             f"this request takes no body: what it deletes is chosen by its query "
             f"({', '.join(f'?{name}=' for name in names)})"
