@@ -367,6 +367,7 @@ def cmd_reindex(args: argparse.Namespace) -> int:
     from agents_api.services import (
         memories_embed_pending,
         memories_reembed_all,
+        still_waiting,
         tool_records_embed_pending,
         tool_records_reembed_all,
     )
@@ -406,17 +407,7 @@ def cmd_reindex(args: argparse.Namespace) -> int:
         return 0
     # What another process held past the patience (a worker hung on a remote model): said,
     # and a failure (it said it was done, those still waiting: review).
-    from agents_api.models import Memory, ToolRecord
-    from conversations.models import Message
-
-    waiting = {
-        name: model.objects.filter(embedded_at__isnull=True, created_at__lte=began).count()
-        for name, model in (
-            ("messages", Message),
-            ("memories", Memory),
-            ("tool records", ToolRecord),
-        )
-    }
+    waiting = still_waiting(began)
     left = ", ".join(f"{name}: {n}" for name, n in waiting.items() if n)
     if left:
         print(

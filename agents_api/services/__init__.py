@@ -51,6 +51,7 @@ from agents_api.services.messages import (
 )
 from agents_api.services.tool_records import (
     NewToolRecord,
+    still_waiting,
     tool_record_observe,
     tool_records_create,
     tool_records_delete,
@@ -99,6 +100,7 @@ __all__ = [
     "memory_save",
     "memory_setting_update",
     "memory_update",
+    "still_waiting",
     "tool_record_observe",
     "tool_records_create",
     "tool_records_delete",

@@ -10,11 +10,11 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from agents_api import observer
-from agents_api.models import Agent, SummarySource, ToolRecord
+from agents_api.models import Agent, Memory, SummarySource, ToolRecord
 from agents_api.selectors import memory_off_for, tool_records_about
 from agents_api.services.idempotency import write_once
 from agents_api.services.memories import memory_off_refusal
-from conversations.models import Conversation
+from conversations.models import Conversation, Message
 from conversations.selectors import group_owners
 from memsvc.api.errors import Conflict, InvalidInput
 from memsvc.api.principals import Principal, agent_uuid_of
@@ -206,6 +206,16 @@ def tool_records_embed_pending(
     return embed_pending_rows(
         ToolRecord, text_field="summary", backend=backend, max_batches=max_batches, patient=patient
     )
+
+
+def still_waiting(written_by) -> dict[str, int]:
+    """How many rows written by ``written_by`` still wait for a vector, by corpus (messages,
+    memories, tool records): what ``memsvc reindex`` names once it is done."""
+    corpora = (("messages", Message), ("memories", Memory), ("tool records", ToolRecord))
+    return {
+        name: model.objects.filter(embedded_at__isnull=True, created_at__lte=written_by).count()
+        for name, model in corpora
+    }
 
 
 def tool_records_reembed_all(*, backend=None) -> int:
