@@ -57,9 +57,15 @@ class Served:
             )
 
     def wait_until_healthy(self) -> httpx.Response:
+        """Its health's first answer, once it says it listens: a server of another test that
+        had taken the port meanwhile (``free_port`` frees it before this binds it) answered
+        first, and the test went on talking to it (a 404 in CI)."""
         deadline = time.monotonic() + START_DEADLINE_SECONDS
         while time.monotonic() < deadline:
             assert self.process.poll() is None, self.log.read_text()
+            if "serving on" not in self.log.read_text():
+                time.sleep(0.2)
+                continue
             try:
                 return httpx.get(f"{self.url}/v1/health", timeout=2)
             except httpx.TransportError:
