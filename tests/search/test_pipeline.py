@@ -30,6 +30,7 @@ from tests.agents_api.conftest import make_agent
 from tests.db import database_url
 from tests.factories import AgentFactory, ConversationFactory, MessageFactory
 from tests.local_http import LocalHttpServer, Reply
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -284,6 +285,8 @@ def test_a_message_another_worker_is_embedding_is_skipped(alice):
             )
             claimed.set()
             release.wait(30)
+            # (Let go at once: a closed connection's session ends a moment later.)
+            cursor.execute("SELECT pg_advisory_unlock_all()")
         connection.close()
 
     thread = threading.Thread(target=first_worker)
@@ -393,7 +396,8 @@ def test_claims_that_cannot_be_let_go_end_with_their_session(alice, monkeypatch)
     monkeypatch.setattr(services, "_RELEASE", "SELECT no_such_function()")
     assert services.embed_messages([message.id]) == 1
     assert connection.connection is None  # (closed: its claims went with it)
-    assert not _taken_elsewhere(services.claim_name(message.id))
+    # (The server ends the session a moment after the connection closes.)
+    wait_until(lambda: not _taken_elsewhere(services.claim_name(message.id)), "the claims let go")
 
 
 @pytest.mark.django_db(transaction=True)
