@@ -28,7 +28,7 @@ from django.utils import timezone
 
 from agents_api import services
 from agents_api.models import Agent, Memory, MemoryExtraction, MemorySource
-from agents_api.reading import Claim, GiveBack, Place, to_recover
+from agents_api.reading import Claim, GiveBack, recovered
 from agents_api.selectors import (
     conversation_memory_subject,
     memories_of,
@@ -141,9 +141,7 @@ def _claim(agent: Agent, conversation: Conversation) -> Claim | None:
         )
         if claim is not None and place.through != state.through_seq:
             state.extracted_at = timezone.now()
-        if place != Place(state.through_seq, state.unread, state.taken):  # (as stored)
-            state.place = place
-            state.save(update_fields=["through_seq", "unread", "taken", "extracted_at"])
+        state.keep(place, "extracted_at")
     return claim
 
 
@@ -199,32 +197,23 @@ def _done(agent: Agent, conversation: Conversation, claim: Claim, *, again: bool
             return
         place = state.place
         if place.end(claim.token, again=again):
-            state.place = place
-            state.save(update_fields=["through_seq", "unread", "taken"])
+            state.keep(place)
 
 
 def recover_lapsed_claims() -> list[tuple[str, str]]:
-    """Give back the turns of every lease that lapsed (``Place.recover``: its worker was
+    """Give back the turns of every lease that lapsed (``reading.recovered``: its worker was
     killed, or is past its time) and answer (agent id, conversation id) of the extractions
-    then due: the sweep hands them to a worker. A state a claim holds is left for the next
-    sweep."""
-    leased = MemoryExtraction.objects.exclude(taken=[]).values_list("id", "taken")
+    then due: the sweep hands them to a worker."""
+    states = recovered(
+        MemoryExtraction.objects.exclude(taken=[]).values_list("id", "taken"),
+        lock=lambda key: (
+            MemoryExtraction.objects.select_for_update(skip_locked=True).filter(id=key).first()
+        ),
+        stored=lambda state: state.place_as_stored,
+        save=lambda state, place: state.keep(place),
+    )
     due = []
-    for state_id in to_recover(leased):
-        with transaction.atomic():
-            state = (
-                MemoryExtraction.objects.select_for_update(skip_locked=True)
-                .filter(id=state_id)
-                .first()
-            )
-            if state is None:
-                continue
-            place = state.place
-            place.recover()
-            if place == Place(state.through_seq, state.unread, state.taken):
-                continue
-            state.place = place
-            state.save(update_fields=["through_seq", "unread", "taken"])
+    for state in states:
         agent = Agent.objects.filter(id=state.agent_id).first()
         conversation = Conversation.objects.filter(id=state.conversation_id).first()
         if agent and conversation and extraction_due(agent, conversation):

@@ -595,6 +595,17 @@ class MemoryExtraction(models.Model):
     def place(self, place: Place) -> None:
         self.through_seq, self.unread, self.taken = place.through, place.unread, place.taken
 
+    @property
+    def place_as_stored(self) -> Place:
+        """The place as its columns hold it, whatever its shape (``place`` reads it)."""
+        return Place(self.through_seq, self.unread, self.taken)
+
+    def keep(self, place: Place, *also: str) -> None:
+        """Save ``place`` (and the fields ``also``), unless it is the one stored."""
+        if place != self.place_as_stored:
+            self.place = place
+            self.save(update_fields=["through_seq", "unread", "taken", *also])
+
 
 class MemoryListing(models.Model):
     """The order of a walk through memories by popularity (``selectors.memory_page``): the

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from django.conf import settings
-from django.db import connection
+from django.db import connection, transaction
 
 T = TypeVar("T")
 K = TypeVar("K")
@@ -199,6 +199,27 @@ def to_recover(leases: Iterable[tuple[K, object]], now: float | None = None) -> 
         if place.taken != taken or place.lapsed(now):
             found.append(key)
     return found
+
+
+def recovered(leased: Iterable[tuple[K, object]], *, lock, stored, save) -> list:
+    """A sweep's part of a reader (``tasks.sweep_lapsed_reads_task``): the rows of
+    ``leased`` ((key, ``taken`` as stored)) whose lapsed leases it gave back, each locked by
+    ``lock(key)`` (None: gone, or held by a claim, left for the next sweep), its place as
+    stored ``stored(row)``, saved by ``save(row, place)`` once recovered."""
+    rows = []
+    for key in to_recover(leased):
+        with transaction.atomic():
+            row = lock(key)
+            if row is None:
+                continue
+            as_stored = stored(row)
+            place = Place.of(as_stored.through, as_stored.unread, as_stored.taken)
+            place.recover()
+            if place == as_stored:
+                continue
+            save(row, place)
+        rows.append(row)
+    return rows
 
 
 class GiveBack(Exception):

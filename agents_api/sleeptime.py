@@ -18,7 +18,7 @@ from django.db import transaction
 
 from agents_api import services
 from agents_api.models import Agent, MemoryBlock
-from agents_api.reading import Claim, GiveBack, Place, to_recover
+from agents_api.reading import Claim, GiveBack, Place, recovered
 from agents_api.selectors import memory_blocks
 from agents_api.services.letta import letta_settings
 from conversations.models import Role
@@ -87,34 +87,21 @@ def observation_due(agent: Agent) -> bool:
 
 
 def recover_lapsed_observers() -> list[str]:
-    """Give back the turns of every observer's lease that lapsed (``Place.recover``: its
+    """Give back the turns of every observer's lease that lapsed (``reading.recovered``: its
     worker was killed, or is past its time) and answer the ids of the agents whose
-    observation is then due: the sweep hands them to a worker. An agent a claim holds is
-    left for the next sweep (its row locked as an update of no key: a write that names the
-    agent, a block's, is not held back)."""
-    leased = (
+    observation is then due: the sweep hands them to a worker. (The agent's row locked as an
+    update of no key: a write that names the agent, a block's, is not held back.)"""
+    agents = recovered(
         Agent.objects.filter(metadata__letta__has_key=TAKEN_KEY)
         .exclude(**{f"metadata__letta__{TAKEN_KEY}": []})
-        .values_list("id", f"metadata__letta__{TAKEN_KEY}")
+        .values_list("id", f"metadata__letta__{TAKEN_KEY}"),
+        lock=lambda key: (
+            Agent.objects.select_for_update(skip_locked=True, no_key=True).filter(id=key).first()
+        ),
+        stored=_stored_place,
+        save=_save_place,
     )
-    due = []
-    for agent_id in to_recover(leased):
-        with transaction.atomic():
-            agent = (
-                Agent.objects.select_for_update(skip_locked=True, no_key=True)
-                .filter(id=agent_id)
-                .first()
-            )
-            if agent is None:
-                continue
-            place = _place(agent)
-            place.recover()
-            if place == _stored_place(agent):
-                continue
-            _save_place(agent, place)
-        if observation_due(agent):
-            due.append(str(agent.id))
-    return due
+    return [str(agent.id) for agent in agents if observation_due(agent)]
 
 
 @transaction.atomic

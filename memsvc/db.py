@@ -297,10 +297,17 @@ def lock_name(*parts, shared: bool = False) -> None:
     lock_names([parts], shared=shared)
 
 
+def lock_key(*parts) -> str:
+    """The name of the advisory lock of ``parts`` (what PostgreSQL hashes to its key,
+    ``hashtextextended(name, 0)``): the transaction's of ``lock_names``, and the session's
+    of the embedding claims (``search.services.claim_name``), one key space."""
+    return "\x1f".join(str(part) for part in parts)
+
+
 def lock_names(names, *, shared: bool = False) -> None:
     """``lock_name`` of each of ``names`` (each a tuple of parts), in one statement, in
     their order as text (the same whoever takes several)."""
-    keys = sorted({"\x1f".join(str(part) for part in parts) for parts in names})
+    keys = sorted({lock_key(*parts) for parts in names})
     function = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
     with connection.cursor() as cursor:
         cursor.execute(

@@ -14,6 +14,7 @@ from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
 from conversations.models import Channel, Conversation, Message
+from memsvc.db import lock_key
 from search.embeddings import (
     EmbeddingBackend,
     EmbeddingError,
@@ -44,7 +45,7 @@ RETURNING m.id
 TASK_BATCH = 32
 
 # The messages to embed, claimed: each by a session-level advisory lock on its name
-# (``claim_name``; the key space of ``memsvc.db.lock_names``, a name of its own), held until
+# (``claim_name``; ``memsvc.db.lock_key``'s names, one of its own), held until
 # its vector is written, and those another worker holds skipped. Not a lock of the row: held
 # while the model ran (a minute for a batch on a busy machine), row locks kept a deletion of
 # those messages (a user's erase, a conversation's) waiting past its statement timeout,
@@ -81,12 +82,12 @@ SELECT id FROM message WHERE id = ANY(%s::uuid[]) FOR NO KEY UPDATE SKIP LOCKED
 _ALL_TO_WRITE = """
 SELECT id FROM message WHERE id = ANY(%s::uuid[]) ORDER BY id FOR NO KEY UPDATE
 """
-CLAIM_PREFIX = "embedding\x1f"
+CLAIM_PREFIX = lock_key("embedding", "")  # (followed by the message's id, in ``_CLAIM``)
 
 
 def claim_name(message_id) -> str:
     """The name a worker embedding the message holds (``_CLAIM``)."""
-    return f"{CLAIM_PREFIX}{message_id}"
+    return lock_key("embedding", message_id)
 
 
 def embed_messages(

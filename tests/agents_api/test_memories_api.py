@@ -11,7 +11,13 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from agents_api import selectors
-from agents_api.models import MEMORY_LISTINGS_PER_SCOPE, Memory, MemoryBlock, MemoryListing
+from agents_api.models import (
+    MEMORY_LISTINGS_PER_SCOPE,
+    Memory,
+    MemoryBlock,
+    MemoryListing,
+    ToolRecord,
+)
 from conversations.models import Message, Visibility
 from conversations.services import messages_delete
 from memsvc.api.pagination import encode_cursor
@@ -832,29 +838,39 @@ def test_a_bulk_delete_with_a_parameter_it_does_not_take_is_400_and_deletes_noth
 
 
 @pytest.mark.parametrize(
-    ("path", "body", "who"),
+    ("path", "body", "who", "deleted"),
     [
-        (MEMORIES, {"userId": "alice"}, "helper"),  # the agent's own went
-        (MINE, {"agentId": "x"}, "alice"),  # every agent's memories of Alice went
-        ("/v1/agent/memory-blocks/human", {"userId": "alice"}, "helper"),
-        ("/v1/agent/tool-records?taskId=t", {"taskId": "u"}, "helper"),
+        (MEMORIES, {"userId": "alice"}, "helper", 200),  # the agent's own went
+        (MINE, {"agentId": "x"}, "alice", 200),  # every agent's memories of Alice went
+        ("/v1/agent/memory-blocks/human", {"userId": "alice"}, "helper", 204),
+        ("/v1/agent/tool-records?taskId=t", {"taskId": "u"}, "helper", 200),
     ],
 )
 def test_a_deletion_chosen_by_its_query_refuses_a_body_and_deletes_nothing(
-    api, helper, alice, path, body, who
+    api, helper, alice, path, body, who, deleted
 ):
     """Its filter in a body was passed over: ``{"userId": "bob"}`` deleted the agent's own
     memories instead (review)."""
     save(api, helper, "Alice fact", userId="alice")
     save(api, helper, "The helper's own note")
-    before = snapshot()
-    response = api.call("DELETE", path, as_={"helper": helper, "alice": alice}[who], body=body)
+    block = {"label": "human", "value": "Knows Alice"}
+    assert api.post("/v1/agent/memory-blocks", block, as_=helper).status_code == 201
+    record = {"toolName": "look", "output": "x", "taskId": "t"}
+    assert api.post("/v1/agent/tool-records", record, as_=helper).status_code == 201
+
+    def kept():
+        return snapshot(), MemoryBlock.objects.count(), ToolRecord.objects.count()
+
+    before = kept()
+    caller = {"helper": helper, "alice": alice}[who]
+    response = api.call("DELETE", path, as_=caller, body=body)
     assert response.status_code == 400
     assert "takes no body" in response.json()["error"]
-    assert snapshot() == before
-    # An empty one is none, as a client that always sends one sends it.
-    emptied = api.call("DELETE", path, as_={"helper": helper, "alice": alice}[who], body={})
-    assert emptied.status_code in (200, 204, 404), emptied.content
+    assert kept() == before
+    # An empty one is none, as a client that always sends one sends it: deleted as asked.
+    emptied = api.call("DELETE", path, as_=caller, body={})
+    assert emptied.status_code == deleted, emptied.content
+    assert kept() != before
 
 
 def test_a_tag_the_newest_save_sends_again_is_among_the_newest(api, helper):
