@@ -95,9 +95,9 @@ def extraction_turns(agent: Agent) -> int:
     return value
 
 
-def _enough_turns(agent: Agent, conversation: Conversation, through_seq: int) -> bool:
-    """Whether the conversation has had ``extraction_turns`` user turns after ``through_seq``."""
-    every = extraction_turns(agent)
+def _enough_turns(conversation: Conversation, through_seq: int, every: int) -> bool:
+    """Whether the conversation has had ``every`` (``extraction_turns``) user turns after
+    ``through_seq``."""
     if not every:
         return False
     turns = conversation_messages(conversation).filter(role=Role.USER, seq__gt=through_seq)
@@ -108,12 +108,12 @@ def extraction_due(agent: Agent, conversation: Conversation) -> bool:
     """Whether the agent's next extraction from the conversation is due: an LLM, extraction
     on (the turns given back while it was off wait: they were read, review), and turns given
     back to read again (a lapsed lease's too), or enough user turns since the last one."""
-    if not llm_configured() or not extraction_turns(agent):
+    if not llm_configured() or not (every := extraction_turns(agent)):
         return False
     state = MemoryExtraction.objects.filter(agent=agent, conversation=conversation).first()
     if state is not None and ((place := state.place).unread or place.lapsed()):
         return True
-    return _enough_turns(agent, conversation, state.through_seq if state else 0)
+    return _enough_turns(conversation, state.through_seq if state else 0, every)
 
 
 def _claim(agent: Agent, conversation: Conversation) -> Claim | None:
@@ -122,6 +122,7 @@ def _claim(agent: Agent, conversation: Conversation) -> Claim | None:
     last extraction if there are enough. None when there is nothing to read (another worker
     may have just taken it). The state's row is locked meanwhile: two workers never take the
     same turns; the turns are leased to this one until it is done with them."""
+    every = extraction_turns(agent)
     with transaction.atomic():
         # (Held: deleted since the task read it, its state row's key would fail at commit.)
         if not held_keys(Conversation, [conversation.pk]):
@@ -137,7 +138,7 @@ def _claim(agent: Agent, conversation: Conversation) -> Claim | None:
         place = state.place
         claim = place.claim(
             lambda after, through: _window(conversation, after=after, through=through),
-            lambda after: _enough_turns(agent, conversation, after),
+            lambda after: _enough_turns(conversation, after, every),
         )
         if claim is not None and place.through != state.through_seq:
             state.extracted_at = timezone.now()

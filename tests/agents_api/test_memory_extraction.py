@@ -409,6 +409,22 @@ def test_the_agents_metadata_sets_how_many_turns(
         assert Memory.objects.exists() == (extracted_after is not None and n >= extracted_after)
 
 
+def test_a_setting_that_is_no_number_is_warned_of_once_a_write(
+    api, helper, conversation, llm, caplog
+):
+    """(Each write asked for the setting twice, and said so twice.)"""
+    helper.agent.metadata = {EXTRACTION_TURNS_KEY: "often"}
+    helper.agent.save(update_fields=["metadata"])
+    turns(api, helper, conversation, range(1, 4))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="agents_api.extraction"):
+        turns(api, helper, conversation, [4])
+    assert [r.getMessage() for r in caplog.records].count(
+        f"agent {helper.agent.id}: {EXTRACTION_TURNS_KEY} must be a whole number >= 0, "
+        "not 'often'; using 5"
+    ) == 1
+
+
 def test_turns_given_back_are_not_read_once_extraction_is_turned_off(
     api, helper, conversation, llm
 ):
