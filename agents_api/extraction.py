@@ -28,7 +28,7 @@ from django.utils import timezone
 
 from agents_api import services
 from agents_api.models import Agent, Memory, MemoryExtraction, MemorySource
-from agents_api.reading import Claim, GiveBack, recovered
+from agents_api.reading import Claim, GiveBack, given_back, recovered
 from agents_api.selectors import (
     conversation_memory_subject,
     memories_of,
@@ -369,15 +369,16 @@ def _distil(agent: Agent, conversation: Conversation, previous: int, claimed: li
             turns=[message.id for message in messages],
         )
     except LLMError as exc:
+        back = given_back(exc)
         logger.warning(
             "no memories extracted from conversation %s for agent %s%s: %s",
             conversation.id,
             agent.id,
-            " (tried again after its next turn)" if exc.answers_later else "",
+            f" (the turns are {back.later})" if back else "",
             exc,
         )
-        if exc.answers_later:
-            raise GiveBack([]) from exc
+        if back:
+            raise back from exc
         return []
     # Turned off while the model read (as the observer, ``sleeptime._observe``): the turns
     # wait for it to be back on.

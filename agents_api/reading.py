@@ -22,6 +22,8 @@ from typing import TypeVar
 from django.conf import settings
 from django.db import connection, transaction
 
+from memsvc.llm import LLMError
+
 T = TypeVar("T")
 K = TypeVar("K")
 
@@ -61,10 +63,14 @@ class Claim:
     def settle(self, work: Callable[[], T], end: Callable[[bool], None]) -> T:
         """What ``work`` (the reader's, on these turns) answers, the lease ended after it by
         ``end(again)``: the turns read, or given back to be read again when it raised
-        ``GiveBack`` (then its ``result`` is answered) or failed (then the error is raised
-        on: the database, the embedding backend, a bug; nothing of the turns was saved)."""
+        ``GiveBack`` (then its ``result`` is answered; ``TryAgain`` is raised on, for the
+        reader's task to be tried again) or failed (then the error is raised on: the
+        database, the embedding backend, a bug; nothing of the turns was saved)."""
         try:
             result = work()
+        except TryAgain:
+            end(True)
+            raise
         except GiveBack as back:
             end(True)
             return back.result
@@ -227,6 +233,28 @@ class GiveBack(Exception):
     turns are given back to be read again (``Place.end(..., again=True)``). ``result``: what
     the work did before."""
 
+    later = "read again after the next write"  # (what a reader's log says)
+
     def __init__(self, result=None):
         super().__init__()
         self.result = result
+
+
+class TryAgain(GiveBack):
+    """The turns given back, and the reader's task to be tried again in a while: its LLM
+    could not answer now (unreachable, overloaded, too slow) and may soon. ``Claim.settle``
+    raises it on once the turns are given back (``tasks``). Else a conversation whose last
+    turns came while the LLM was down was never read past them (they waited for its next
+    write)."""
+
+    later = "read again in a while"
+
+
+def given_back(exc: LLMError) -> GiveBack | None:
+    """What becomes of the turns a reader's LLM did not answer for: read again in a while
+    (``TryAgain``: it may answer then), after the conversation's next write (``GiveBack``:
+    it refused memsvc's setup, which the operator fixes), or None: read for nothing (an
+    answer that could not be used)."""
+    if exc.transient:
+        return TryAgain([])
+    return GiveBack([]) if exc.misconfigured else None

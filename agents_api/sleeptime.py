@@ -18,7 +18,7 @@ from django.db import transaction
 
 from agents_api import services
 from agents_api.models import Agent, MemoryBlock
-from agents_api.reading import Claim, GiveBack, Place, recovered
+from agents_api.reading import Claim, GiveBack, Place, given_back, recovered
 from agents_api.selectors import memory_blocks
 from agents_api.services.letta import letta_settings
 from conversations.models import Role
@@ -218,9 +218,15 @@ def _observe(agent: Agent, turns: list) -> list[str]:
     try:
         values = parse_block_values(json_answer(chat(observer_prompt(blocks.values(), turns))))
     except LLMError as exc:
-        logger.warning("sleeptime: agent %s's blocks not updated: %s", agent.id, exc)
-        if exc.answers_later:
-            raise GiveBack([]) from exc
+        back = given_back(exc)
+        logger.warning(
+            "sleeptime: agent %s's blocks not updated%s: %s",
+            agent.id,
+            f" (the turns are {back.later})" if back else "",
+            exc,
+        )
+        if back:
+            raise back from exc
         return []
     # Turned off while the model read (it rewrote the blocks all the same: review): the
     # turns wait for it to be back on.

@@ -11,7 +11,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.db import DatabaseError, connections, transaction
 
-from agents_api import extraction, services, sleeptime
+from agents_api import extraction, reading, services, sleeptime
 from agents_api.models import Agent, SummarySource
 from conversations.models import Conversation
 from memsvc.broker import TRANSIENT
@@ -171,6 +171,7 @@ def sweep_unembedded_memories_task(self) -> int:
 
 @app.task(
     name="agents_api.extract_memories",
+    bind=True,
     autoretry_for=DATABASE_DID_NOT_ANSWER,
     retry_backoff=5,
     retry_backoff_max=300,
@@ -178,21 +179,29 @@ def sweep_unembedded_memories_task(self) -> int:
     max_retries=5,
     **LLM_TASK_OPTIONS,
 )
-def extract_memories_task(agent_id: str, conversation_id: str) -> int:
+def extract_memories_task(self, agent_id: str, conversation_id: str) -> int:
     agent = Agent.objects.filter(id=agent_id).first()
     conversation = Conversation.objects.filter(id=conversation_id).first()
     if agent is None or conversation is None:
         return 0  # deleted meanwhile
-    with _given_back_when_too_slow(f"conversation {conversation_id} for agent {agent_id}"):
+    with _turns_given_back(self, f"conversation {conversation_id} for agent {agent_id}"):
         return len(extraction.memories_extract(agent, conversation))
     return 0
 
 
+# How many times a reader's task is tried again when its LLM could not answer
+# (``reading.TryAgain``), READ_RETRY_SECONDS, then twice as long each time (30 s, 1 min,
+# 2 min); then its turns wait for the conversation's next write.
+READ_RETRIES = 3
+READ_RETRY_SECONDS = 30
+
+
 @contextlib.contextmanager
-def _given_back_when_too_slow(read: str):
-    """A reader's task past ``MEMSVC_LLM_TASK_SECONDS`` (its turns given back by
-    ``Claim.settle``) said in one line: its traceback of some 95 lines was logged for each
-    task while the model was slow (review)."""
+def _turns_given_back(task, read: str):
+    """A reader's task whose turns were given back (``Claim.settle``): one past
+    ``MEMSVC_LLM_TASK_SECONDS`` said in one line (its traceback of some 95 lines was logged
+    for each task while the model was slow: review), one whose LLM could not answer now
+    tried again in a while, READ_RETRIES times."""
     try:
         yield
     except SoftTimeLimitExceeded:
@@ -201,6 +210,16 @@ def _given_back_when_too_slow(read: str):
             read,
             settings.MEMSVC_LLM_TASK_SECONDS,
         )
+    except reading.TryAgain as exc:
+        tried = task.request.retries
+        if tried >= READ_RETRIES:
+            logger.warning(
+                "the turns of %s wait for its next write: the model did not answer %d times",
+                read,
+                tried + 1,
+            )
+            return
+        raise task.retry(exc=exc, countdown=READ_RETRY_SECONDS * 2**tried) from exc
 
 
 def enqueue_memory_extraction(agent: Agent, conversation: Conversation) -> None:
@@ -281,12 +300,12 @@ def sweep_unembedded_tool_records_task(self) -> int:
 # --- Letta's sleeptime agent -----------------------------------------------------------------
 
 
-@app.task(name="agents_api.observe_letta_turns", **LLM_TASK_OPTIONS)
-def observe_letta_turns_task(agent_id: str) -> list[str]:
+@app.task(name="agents_api.observe_letta_turns", bind=True, **LLM_TASK_OPTIONS)
+def observe_letta_turns_task(self, agent_id: str) -> list[str]:
     agent = Agent.objects.filter(id=agent_id).first()
     if agent is None:
         return []
-    with _given_back_when_too_slow(f"agent {agent_id}'s captures"):
+    with _turns_given_back(self, f"agent {agent_id}'s captures"):
         return sleeptime.blocks_observe(agent)
     return []
 

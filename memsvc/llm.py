@@ -54,12 +54,6 @@ class LLMError(Exception):
         self.misconfigured = misconfigured
         self.shown = shown or message
 
-    @property
-    def answers_later(self) -> bool:
-        """Whether the same question may be answered later (``transient`` or
-        ``misconfigured``): what was to be read is kept for then, not lost (review)."""
-        return self.transient or self.misconfigured
-
 
 def llm_configured() -> bool:
     return bool(settings.MEMSVC_LLM_BASE_URL and settings.MEMSVC_LLM_MODEL)

@@ -696,6 +696,32 @@ def test_an_observer_turned_off_while_the_model_reads_changes_no_block(
     assert sleeptime._place(agent) == sleeptime.Place(through=0)
 
 
+def test_turns_the_observer_could_not_read_for_a_moment_are_read_without_another_capture(
+    api, helper, llm, committed_capture, monkeypatch, retries_run_inline
+):
+    """The model down for a moment (a 503): the observer's task is tried again in a while
+    (``tasks.READ_RETRIES``; at once here), not at the next capture, which may never come."""
+    from agents_api import sleeptime
+    from memsvc.llm import LLMError
+
+    state = create_agent(api, helper)
+    every_n_captures(api, helper, state, 1)
+    llm.answer(OBSERVER_MARKER, json.dumps({"blocks": [{"label": "human", "value": "Ada."}]}))
+    model, down = sleeptime.chat, [True]
+
+    def down_once(messages):
+        if down and down.pop():
+            raise LLMError("overloaded", transient=True)
+        return model(messages)
+
+    monkeypatch.setattr(sleeptime, "chat", down_once)
+    committed_capture(helper, state["id"], "My name is Ada.")
+    assert not down
+    agent = Agent.objects.get(name="travel")
+    assert MemoryBlock.objects.get(agent=agent, label="human").value == "Ada."
+    assert sleeptime._place(agent).unread == [] and sleeptime._place(agent).through > 0
+
+
 def test_turns_given_back_and_deleted_since_leave_nothing_to_observe(
     api, helper, llm, committed_capture
 ):

@@ -19,10 +19,10 @@ from agents_api import extraction, reading, services
 from agents_api.extraction import EXTRACTION_TURNS_KEY, extraction_prompt, parse_facts
 from agents_api.models import Memory, MemoryExtraction
 from agents_api.services import memory_save, memory_setting_update, user_erase
-from agents_api.tasks import extract_memories_task, sweep_lapsed_reads_task
+from agents_api.tasks import READ_RETRIES, extract_memories_task, sweep_lapsed_reads_task
 from conversations.models import Conversation, Message
 from memsvc.api.principals import Principal
-from memsvc.llm import LLM_REFUSAL, LLMError, chat, json_answer
+from memsvc.llm import LLM_REFUSAL, MAX_RETRIES, LLMError, chat, json_answer
 from tests.agents_api.test_api import agent_conversation, append
 from tests.db import database_url
 from tests.fake_openai import FakeOpenAI
@@ -218,32 +218,76 @@ def test_a_malformed_answer_is_logged(api, helper, conversation, llm, caplog):
     assert "not JSON" in caplog.text
 
 
-@pytest.mark.parametrize("status", [503, 401, 403, 404])
-def test_an_llm_that_is_down_extracts_nothing_and_is_asked_again_after_the_next_turn(
+@pytest.mark.parametrize("status", [401, 403, 404])
+def test_an_llm_that_refuses_memsvcs_setup_is_asked_again_after_the_next_turn(
     api, helper, conversation, llm, caplog, status
 ):
-    """Down (503), or refusing memsvc's key, permissions or model's name (401, 403, 404:
-    its setup, which the operator fixes): the turns it could not read are read next time;
-    they were lost but for a 503 (review)."""
+    """Refusing memsvc's key, permissions or model's name (401, 403, 404: its setup, which
+    the operator fixes): the turns it could not read are read next time; they were lost
+    (review)."""
     llm.answer(MARKER, Reply(status=status, payload={"error": {"message": "no"}}))
     with caplog.at_level(logging.WARNING, logger="agents_api.extraction"):
         turns(api, helper, conversation, range(1, 6))
-    assert extractions(llm)  # asked (and retried by the client), in vain
+    assert len(extractions(llm)) == 1  # (not tried again: it would refuse again)
     assert not Memory.objects.exists()
-    assert "tried again after its next turn" in caplog.text
+    assert "(the turns are read again after the next write)" in caplog.text
 
     llm.answer(MARKER, memories_answer(GREEN))
+    # Refused memsvc's setup: not asked again for a minute, whatever writes come.
+    turns(api, helper, conversation, [6, 7])
+    assert len(extractions(llm)) == 1
+    assert not Memory.objects.exists()
+    LLM_REFUSAL.end()  # (the minute is over)
+    turns(api, helper, conversation, [8])
+    assert len(extractions(llm)) == 2
+    assert "turn 1:" in extractions(llm)[-1]["messages"][1]["content"]
+    assert Memory.objects.get().content == GREEN
+
+
+def test_an_llm_that_is_down_is_asked_again_in_a_while_then_after_the_next_turn(
+    api, helper, conversation, llm, caplog, retries_run_inline
+):
+    """Down (503, each request retried by the client too): the task is tried again
+    (``tasks.READ_RETRIES`` times; inline here, where Celery runs tasks eagerly), then the
+    turns wait for the next write. They were lost (review), then waited for the next write
+    however short the outage."""
+    llm.answer(MARKER, Reply(status=503, payload={"error": {"message": "overloaded"}}))
+    with caplog.at_level(logging.WARNING, logger="agents_api"):
+        turns(api, helper, conversation, range(1, 6))
     tried = len(extractions(llm))
-    if status != 503:
-        # Refused memsvc's setup: not asked again for a minute, whatever writes come.
-        turns(api, helper, conversation, [6, 7])
-        assert len(extractions(llm)) == tried
-        assert not Memory.objects.exists()
-        LLM_REFUSAL.end()  # (the minute is over)
+    assert tried == (READ_RETRIES + 1) * (MAX_RETRIES + 1)
+    assert not Memory.objects.exists()
+    assert caplog.text.count("(the turns are read again in a while)") == READ_RETRIES + 1
+    assert f"wait for its next write: the model did not answer {READ_RETRIES + 1} times" in (
+        caplog.text
+    )
+    llm.answer(MARKER, memories_answer(GREEN))
     turns(api, helper, conversation, [6])
     assert len(extractions(llm)) == tried + 1
     assert "turn 1:" in extractions(llm)[-1]["messages"][1]["content"]
     assert Memory.objects.get().content == GREEN
+
+
+def test_a_turn_the_llm_could_not_read_for_a_moment_is_read_without_another_write(
+    api, helper, conversation, llm, monkeypatch, retries_run_inline
+):
+    """The conversation's last turns came while the model was down for a moment: read when
+    the task is tried again, with no write after them."""
+    model, down = extraction.chat, [True]
+
+    def down_once(messages):
+        if down.pop() if down else False:
+            raise LLMError("overloaded", transient=True)
+        return model(messages)
+
+    monkeypatch.setattr(extraction, "chat", down_once)
+    llm.answer(MARKER, memories_answer(GREEN))
+    turns(api, helper, conversation, range(1, 6))
+    assert not down
+    assert Memory.objects.get().content == GREEN
+    place = MemoryExtraction.objects.get().place
+    assert (place.unread, place.taken) == ([], [])  # (nothing waits)
+    assert place.through == Message.objects.filter(conversation_id=conversation).latest("seq").seq
 
 
 def prompt_of(request: dict) -> str:
