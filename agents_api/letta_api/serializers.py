@@ -185,6 +185,17 @@ class BlockIn(LettaInput):
     # Letta's "the agent has read-only access": memsvc's read-only block, as /v1/agent's
     # ``readOnly`` makes it (no write changes or deletes it, the observer's included).
     read_only = serializers.BooleanField(required=False, default=False)
+    metadata = serializers.DictField(required=False)
+
+    def validate_metadata(self, metadata):
+        # (Passed over, a block's metadata was lost and the write said 200: review.)
+        if metadata:
+            raise serializers.ValidationError("memsvc keeps no metadata on a block")
+        return metadata
+
+    def validate(self, attrs):
+        attrs.pop("metadata", None)  # (an empty one: nothing to keep)
+        return attrs
 
 
 class BlockUpdateIn(LettaInput):
@@ -192,6 +203,10 @@ class BlockUpdateIn(LettaInput):
     value = TextField(allow_blank=True, required=False)
     description = BlockDescriptionField(required=False)
     limit = BlockLimitField(required=False)
+    read_only = serializers.BooleanField(required=False)  # (only as it is: ``views``)
+    metadata = serializers.DictField(required=False)
+    validate_metadata = BlockIn.validate_metadata
+    validate = BlockIn.validate
 
 
 class TagsField(ListField):
@@ -254,6 +269,12 @@ class SleeptimeFrequencyIn(LettaInput):
 
 class ManagerConfigIn(SleeptimeFrequencyIn):
     manager_type = TextField(max_length=50, required=False)
+
+    def validate_manager_type(self, manager_type):
+        # (Another was passed over, and the group stayed a sleeptime group: review.)
+        if manager_type != "sleeptime":
+            raise serializers.ValidationError("memsvc's groups are sleeptime groups")
+        return manager_type
 
 
 class LettaSettingsIn(LettaSettingsFields, SleeptimeFrequencyIn):

@@ -370,6 +370,9 @@ class BlockView(LettaView):
     def patch(self, request, block_id):
         block = self.block(request, block_id)
         data = s.BlockUpdateIn.parse(request.data)
+        if data.get("read_only", block.read_only) != block.read_only:
+            # (Passed over: a block asked to be kept from writes stayed writable; review.)
+            raise NotImplementedByMemsvc("memsvc sets a block's read_only when it is made only")
         with _deleted_meanwhile():
             block = services.memory_block_update(
                 block.agent.as_principal(),

@@ -1307,6 +1307,45 @@ def test_a_block_created_read_only_is_read_only(api, helper):
     ]
 
 
+def test_what_memsvc_does_not_keep_of_a_block_or_group_is_refused_not_passed_over(api, helper):
+    """A block's ``metadata``, a change of its ``read_only`` and a group's other manager type
+    were passed over with a 200 (review): a block asked to be kept from writes stayed
+    writable. As they are (an empty metadata, the same read_only, sleeptime), they pass."""
+    state = create_agent(api, helper)
+    made = api.post("/v1/blocks/", {"label": "style", "value": "Brief."}, as_=helper)
+    assert made.status_code == 200, made.content
+    url = f"/v1/blocks/{made.json()['id']}"
+    before = sorted(MemoryBlock.objects.values_list("label", "value", "read_only"))
+    for method, path, body, status in (
+        ("POST", "/v1/blocks/", {"label": "tone", "metadata": {"source": "crm"}}, 422),
+        ("PATCH", url, {"value": "Long.", "metadata": {"source": "crm"}}, 422),
+        ("PATCH", url, {"value": "Long.", "read_only": True}, 501),
+        (
+            "POST",
+            "/v1/agents/",
+            {"name": "other", "memory_blocks": [{"label": "x", "metadata": {"a": 1}}]},
+            422,
+        ),
+        (
+            "PATCH",
+            f"/v1/groups/{state['multi_agent_group']['id']}",
+            {"manager_config": {"manager_type": "round_robin", "sleeptime_agent_frequency": 3}},
+            422,
+        ),
+    ):
+        refused = api.call(method, path, as_=helper, body=body)
+        assert refused.status_code == status, (path, body, refused.content)
+    assert sorted(MemoryBlock.objects.values_list("label", "value", "read_only")) == before
+    assert not Agent.objects.filter(name="other").exists()
+    assert "sleeptime_agent_frequency" not in Agent.objects.get(name="travel").metadata["letta"]
+
+    kept = api.patch(url, {"value": "Long.", "read_only": False, "metadata": {}}, as_=helper)
+    assert kept.status_code == 200, kept.content
+    assert (kept.json()["value"], kept.json()["read_only"]) == ("Long.", False)
+    made = api.post("/v1/blocks/", {"label": "tone", "metadata": {}}, as_=helper)
+    assert made.status_code == 200, made.content
+
+
 def test_an_unknown_cursor_is_ignored_by_the_lists_and_a_404_for_messages(api, helper):
     """As Letta's server answers them: its agent and block lists skip a cursor that names
     no row (``_apply_pagination_async``), its message list looks the message up and answers
