@@ -10,6 +10,7 @@ from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+import psycopg
 from django.conf import settings
 from django.contrib.postgres.search import SearchQuery, SearchVector, SearchVectorField
 from django.db import (
@@ -36,6 +37,17 @@ logger = logging.getLogger(__name__)
 # were dropped: messages waited for the sweep a minute or more, a tool record kept its
 # fallback summary for good (review).
 DATABASE_DID_NOT_ANSWER = (OperationalError, InterfaceError)
+
+
+def database_gone(exception) -> bool:
+    """Whether ``exception`` is the database not being there (refused, broken: an outage
+    every request meets), not a statement's own failure (psycopg's subclasses of its
+    ``OperationalError``: a timeout, a deadlock)."""
+    cause = exception.__cause__
+    return isinstance(exception, InterfaceError) or type(cause) in (
+        psycopg.OperationalError,
+        psycopg.InterfaceError,
+    )
 
 
 def not_migrated(exc: Exception) -> bool:

@@ -19,6 +19,7 @@ import concurrent.futures
 import json
 import os
 import threading
+from functools import partial
 from typing import TYPE_CHECKING
 
 import anyio
@@ -35,6 +36,7 @@ from agents_api.mcp_server.jsonrpc import (
     INVALID_PARAMS,
     INVALID_REQUEST,
     NOT_A_MESSAGE,
+    refusal,
     request_refused,
 )
 from agents_api.mcp_server.tools import CALLER_SCOPE_KEY, Caller
@@ -212,7 +214,14 @@ class McpView(APIView):
     parser_classes = []  # the SDK reads the body itself
     # Refusals before the view (failed authentications locking the address out, a body over
     # the cap, the database down, a NUL in the path) in the shape of the view's own 401s.
-    render_error = staticmethod(render_v1_error)
+    render_error = staticmethod(partial(render_v1_error, shaped=refusal))
+
+    def handle_exception(self, exc):
+        """The view's own refusals (no key, ``X-On-Behalf-Of`` refused, not JSON, ...) as
+        JSON-RPC errors (``jsonrpc.refusal``), at their HTTP status and with its headers."""
+        response = super().handle_exception(exc)
+        response.data = refusal(response.data)
+        return response
 
     def perform_content_negotiation(self, request, force=False):
         # A client opens its stream with ``Accept: text/event-stream`` alone: it must be told
@@ -236,7 +245,8 @@ class McpView(APIView):
                 _asgi_scope(request, caller), request._request.body
             )
         except TimeoutError:
-            return Response(error_body("the MCP call took too long", "timeout"), status=504)
+            took_too_long = error_body("the MCP call took too long", "timeout")
+            return Response(refusal(took_too_long), status=504)
         # The SDK's body is JSON-RPC already: passed through as it is, not re-rendered.
         response = HttpResponse(_invalid_request_said_plainly(status, body), status=status)
         if not any(name.lower() == b"content-type" for name, _ in headers):

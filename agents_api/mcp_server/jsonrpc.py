@@ -11,6 +11,7 @@ from memsvc.text import shortened
 INVALID_REQUEST = -32600  # JSON-RPC 2.0: "the JSON sent is not a valid Request object"
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
+SERVICE_REFUSED = -32000  # JSON-RPC's range for a server's own errors: ``refusal``
 # The requests memsvc's server serves (``server.build_server``'s handlers and the SDK's own:
 # ``initialize``, ``ping``, the 2026-07-28 protocol's ``server/discover``). The SDK answers
 # another with -32601 only when its params are right for it, else "Invalid request
@@ -177,5 +178,19 @@ def invalid_request(problem: str, request_id: str | int | None = None) -> bytes:
 
 def error_answer(request_id: str | int | None, code: int, message: str, data=None) -> bytes:
     """A JSON-RPC 2.0 error answer to the request ``request_id``."""
+    return json.dumps(error_object(request_id, code, message, data)).encode()
+
+
+def error_object(request_id: str | int | None, code: int, message: str, data=None) -> dict:
     error = {"code": code, "message": message, **({} if data is None else {"data": data})}
-    return json.dumps({"jsonrpc": "2.0", "id": request_id, "error": error}).encode()
+    return {"jsonrpc": "2.0", "id": request_id, "error": error}
+
+
+def refusal(body: dict) -> dict:
+    """memsvc's refusal of a request before its method ran (``memsvc.api.errors.error_body``:
+    a key that is no key, a rate limit, the database down, ...) as a JSON-RPC error: an MCP
+    client reads the error of a non-2xx answer in that shape only (told "Server returned an
+    error response" and nothing more, its user never saw why: review). ``data``: the /v1
+    error's code and details; the id null (the message was not read)."""
+    data = {"code": body["code"], "details": body["details"]}
+    return error_object(None, SERVICE_REFUSED, body["error"], data)

@@ -38,7 +38,8 @@ from memsvc.api.errors import Conflict, InvalidInput, NotFound, as_api_error, er
 from memsvc.api.fields import contains_nul
 from memsvc.api.pagination import DEFAULT_LIMIT, MAX_LIMIT, page_data
 from memsvc.api.principals import Principal
-from memsvc.db import like_a_request
+from memsvc.db import database_gone, like_a_request
+from memsvc.outage import Reminder
 from memsvc.text import named
 from search.selectors import search_messages
 
@@ -555,6 +556,9 @@ def _refuse_nul(arguments: dict) -> None:
             raise InvalidInput.for_field(name, "must not contain NUL characters")
 
 
+_UNAVAILABLE_SAID = Reminder()
+
+
 def call_tool(caller: Caller, name: str, arguments: dict) -> Outcome:
     """Run tool ``name`` (one of ``TOOLS``) for ``caller``. A refusal (a missing scope, bad
     arguments, an unknown id) is an error outcome; anything else that fails is a bug and
@@ -569,8 +573,16 @@ def call_tool(caller: Caller, name: str, arguments: dict) -> Outcome:
             _check_arguments(tool, arguments)
             _refuse_nul(arguments)
             return Outcome(compact(tool.run(caller, arguments)))
-    except DatabaseError:
-        logger.exception("MCP tool %s: database error", name)
+    except DatabaseError as exc:
+        if not database_gone(exc):  # (a statement's own failure: a timeout, a deadlock)
+            logger.exception("MCP tool %s: database error", name)
+        else:  # (every call meets it while it lasts: its traceback was 411 lines in 2 s)
+            _UNAVAILABLE_SAID.say(
+                logger.error,
+                "MCP tool %s: the database is unavailable (said once a minute while it lasts)",
+                name,
+                exc_info=exc,
+            )
         return Outcome(
             error_body("the memory store is unavailable; try again shortly", "unavailable"),
             is_error=True,

@@ -223,10 +223,10 @@ def exception_handler(exc, context):
     return None  # anything else is a bug: let it be a 500 and reach the logs
 
 
-def render_v1_error(error: ApiError) -> JsonResponse:
-    response = JsonResponse(
-        error_body(error.message, error.code, error.details), status=error.status_code
-    )
+def render_v1_error(error: ApiError, shaped=None) -> JsonResponse:
+    """``error`` in the /v1 shape (``error_body``), or as ``shaped(body)`` makes it."""
+    body = error_body(error.message, error.code, error.details)
+    response = JsonResponse(body if shaped is None else shaped(body), status=error.status_code)
     for name, value in error.headers.items():
         response[name] = value
     return response

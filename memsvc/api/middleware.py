@@ -16,11 +16,10 @@ or for a database that is down.
 import logging
 from urllib.parse import unquote_plus, unquote_to_bytes
 
-import psycopg
 from django.conf import settings
 from django.core import signals
 from django.core.exceptions import DisallowedHost, RequestDataTooBig, TooManyFieldsSent
-from django.db import DataError, IntegrityError, InterfaceError, connections
+from django.db import DataError, IntegrityError, connections
 from django.http import HttpResponse, HttpResponseBadRequest
 from django.urls import Resolver404, resolve
 from psycopg import errors
@@ -33,7 +32,7 @@ from memsvc.api.errors import (
     Unavailable,
     render_api_error,
 )
-from memsvc.db import DATABASE_DID_NOT_ANSWER
+from memsvc.db import DATABASE_DID_NOT_ANSWER, database_gone
 from memsvc.outage import Reminder
 from memsvc.text import named
 
@@ -161,17 +160,6 @@ UNAVAILABLE_RETRY_SECONDS = 5
 UNAVAILABLE_SAID = Reminder()
 
 
-def _database_gone(exception) -> bool:
-    """Whether ``exception`` is the database not being there (refused, broken: an outage
-    every request meets), not a statement's own failure (psycopg's subclasses of its
-    ``OperationalError``: a timeout, a deadlock)."""
-    cause = exception.__cause__
-    return isinstance(exception, InterfaceError) or type(cause) in (
-        psycopg.OperationalError,
-        psycopg.InterfaceError,
-    )
-
-
 def _admin_refusal(request, refusal: ApiError) -> HttpResponseBadRequest | None:
     """The admin's answer to a request PostgreSQL cannot take (a NUL, a value the database
     refused: its lists filter on what the query names, a 500 before): Django's own page for a
@@ -226,7 +214,7 @@ class ApiErrorMiddleware:
             # the server had failed while every API said 503; review).
             response = HttpResponse(refusal.message, status=503, content_type="text/plain")
             response["Retry-After"] = str(UNAVAILABLE_RETRY_SECONDS)
-        if isinstance(refusal, Unavailable) and _database_gone(exception):
+        if isinstance(refusal, Unavailable) and database_gone(exception):
             # Said once a minute, with a traceback of what failed; Django's own line of each
             # 503 left out too (``log_response``'s mark). (A statement's own failure, a
             # timeout or a deadlock, is said by each request, as before: code review.)

@@ -3,7 +3,9 @@ stdio (``memsvc mcp`` as the process a client starts) and streamable HTTP (``mem
 the live server users run, with ``/mcp``)."""
 
 import contextlib
+import dataclasses
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -314,6 +316,39 @@ def test_a_key_revoked_during_a_stdio_session_works_no_more():
     assert refusal(after) == "invalid API key" and refusal(search) == "invalid API key"
     assert after.structured_content["code"] == "unauthorized"
     assert list(Memory.objects.values_list("content", flat=True)) == ["Saved before"]
+
+
+@pytest.mark.django_db(transaction=True)  # (a tool call closes a connection in a transaction)
+def test_a_database_that_is_gone_is_logged_once_a_minute_a_statements_failure_each_time(
+    monkeypatch, caplog
+):
+    """Every tool call logged its traceback while the database was down (411 lines in an
+    outage of 2 s, kept by the MCP host: review); a statement's own failure (a timeout) is
+    each call's own, and said each time."""
+    import psycopg
+    from django.db import OperationalError
+
+    from agents_api.mcp_server import tools
+
+    agent = local_agent_with_history("outage")
+    caller = tools.Caller(principal=agent.as_principal(), agent=agent)
+    monkeypatch.setattr(tools, "_UNAVAILABLE_SAID", tools.Reminder())
+    failure = {}
+
+    def failing(caller, arguments):
+        raise OperationalError("failed") from failure["cause"]
+
+    monkeypatch.setitem(
+        tools.TOOLS, "memory_list", dataclasses.replace(tools.TOOLS["memory_list"], run=failing)
+    )
+    for cause, logged in ((psycopg.OperationalError("gone"), 1), (TimeoutError("slow"), 3)):
+        failure["cause"] = cause
+        caplog.clear()
+        with caplog.at_level(logging.ERROR, logger="agents_api.mcp_server.tools"):
+            outcomes = [tools.call_tool(caller, "memory_list", {}) for _ in range(3)]
+        assert {o.data["code"] for o in outcomes} == {"unavailable"}
+        assert all(o.is_error for o in outcomes)
+        assert len(caplog.records) == logged, caplog.text
 
 
 def test_an_agent_deleted_during_a_keyless_stdio_session_is_said_so():
@@ -634,6 +669,36 @@ def served_asgi(django_db_setup, django_db_blocker, tmp_path_factory):
     yield from serve(command, log_path)
 
 
+def refused_with(response) -> str:
+    """The code of memsvc's refusal of an ``/mcp`` request, told as a JSON-RPC error (the
+    /v1 error's code in its data)."""
+    answer = response.json()
+    assert answer["jsonrpc"] == "2.0" and answer["id"] is None, answer
+    assert answer["error"]["code"] == -32000 and answer["error"]["message"], answer
+    assert set(answer["error"]["data"]) == {"code", "details"}, answer
+    return answer["error"]["data"]["code"]
+
+
+def test_http_refusals_reach_the_sdks_client_with_their_reason(served):
+    """The SDK's client reads the error of a non-2xx answer only when it is JSON-RPC's: a
+    key that is no key was "Server returned an error response" (review)."""
+    _, key = keyed_agent("refused-agent", scopes=["read"])
+
+    async def session(client):
+        return await client.call_tool("memory_save", {"content": "Bob is vegetarian"})
+
+    for credentials, headers, said in (
+        ("msk_nope_nope", {}, "invalid API key"),
+        (key, {"X-On-Behalf-Of": "bob"}, "impersonate"),
+    ):
+        with pytest.raises(BaseException) as raised:
+            run(http(served, credentials, **headers), session)
+        errors = [raised.value]
+        while isinstance(errors[-1], BaseExceptionGroup):
+            errors.append(errors[-1].exceptions[0])
+        assert said in str(errors[-1]), repr(raised.value)
+
+
 def http(url: str, key: str, **headers: str):
     """The SDK's streamable HTTP transport with an API key (and a patient read timeout: the
     server's first search may wait for its model to load on a busy machine)."""
@@ -722,7 +787,7 @@ def test_http_refuses_requests_without_a_valid_key(served):
         response = httpx.post(served, json=initialize, headers={**headers, **auth}, timeout=10)
         assert response.status_code == 401
         assert response.headers["WWW-Authenticate"] == "Bearer"
-        assert response.json()["code"] == "unauthorized"
+        assert refused_with(response) == "unauthorized"
 
     _, key = keyed_agent("raw-http")
     authorized = {**headers, "Authorization": f"Bearer {key}"}
@@ -746,14 +811,14 @@ def test_http_refuses_requests_without_a_valid_key(served):
     for media_type in ("text/plain", "application/jsonfoo"):
         text = httpx.post(served, content=b"{}", headers={**authorized, "Content-Type": media_type})
         assert text.status_code == 415, media_type
-        assert text.json()["code"] == "unsupported_media_type"
+        assert refused_with(text) == "unsupported_media_type"
     # An MCP client opens its stream asking for events only: 405 (no stream) all the same,
     # which the protocol reads as "none"; a 406 broke the TypeScript SDK's client.
     for accept in ("application/json, text/event-stream", "text/event-stream"):
         stream = httpx.get(served, headers={**authorized, "Accept": accept}, timeout=10)
         assert stream.status_code == 405, accept
         assert "POST" in stream.headers["Allow"] and "GET" not in stream.headers["Allow"]
-        assert stream.json()["code"] == "method_not_allowed"
+        assert refused_with(stream) == "method_not_allowed"
 
 
 def test_http_works_the_same_under_an_asgi_server(served_asgi):

@@ -142,7 +142,8 @@ def test_failed_authentications_lock_the_address_out(client, settings, backend, 
         assert call(**wrong).status_code == 401
     locked = call(**wrong)
     assert_rate_limited(locked)
-    assert locked.json()["code"] == "rate_limited"
+    answer = locked.json()
+    assert (answer["error"]["data"] if path == "/mcp" else answer)["code"] == "rate_limited"
     assert_rate_limited(call(**agent.auth_headers()))  # the right key too
     assert_rate_limited(client.get("/v1/agent/me", REMOTE_ADDR=address, **agent.auth_headers()))
     assert_rate_limited(

@@ -47,7 +47,10 @@ def test_database_down_is_503_unavailable_but_for_health(no_database, settings):
             response = client.request(method, path, headers=headers, json=body)
             assert response.status_code == 503, (path, response.text)
             assert response.headers["content-type"] == "application/json"
-            assert response.json()["code"] == "unavailable"
+            answer = response.json()
+            if path == "/mcp":  # (told as a JSON-RPC error, the /v1 error in its data)
+                answer = answer["error"]["data"]
+            assert answer["code"] == "unavailable"
 
         for method, path, body in [
             ("GET", "/agents/a", None),
@@ -112,7 +115,7 @@ def test_a_body_over_the_cap_is_413_and_the_connection_stays_open(no_database):
             head, _, payload = response.partition(b"\r\n\r\n")
             assert head.startswith(b"HTTP/1.1 413"), response[:300]
             assert b"connection: close" not in head.lower()
-            if path != "/messages":  # /v1 and /mcp answer in the /v1 shape
+            if path != "/messages":  # /v1 in its shape, /mcp that as a JSON-RPC error's data
                 assert b'"code": "payload_too_large"' in payload
             else:
                 assert payload.startswith(b'{"detail": "the body must be at most')
