@@ -355,12 +355,14 @@ _NEGATIONS = frozenset(
 )
 # Words a fact turns on as it does on its numbers: the half of the day, the day, the month,
 # the side, the order ("at 5am" corrected "at 5pm", "on Tuesday" "on Monday", "right-handed"
-# "left-handed", "after work" "before work", each merged into the fact it corrected: review).
+# "left-handed", "after work" "before work", each merged into the fact it corrected: review),
+# and the past ("was vegetarian", "used to be vegetarian" corrected "is vegetarian", and were
+# merged into it: review; a repeat in another tense is kept twice, a correction never lost).
 _CLAIM_WORDS = frozenset(
     (  # noqa: SIM905 (a list of words, a line of them, reads worse)
         "am pm monday tuesday wednesday thursday friday saturday sunday january february"
         " march april may june july august september october november december left right"
-        " before after"
+        " before after was were had used formerly previously former anymore"
     ).split()
 )
 # An email address: a fact that names one turns on it ("alice@example.org" corrected

@@ -105,6 +105,9 @@ def test_a_near_duplicate_is_merged_into_the_memory_it_repeats(agent):
         # (Both merged into the fact they corrected: review.)
         ("Alice's email is alice@example.com", "Alice's email is alice@example.org"),
         ("Alice is allowed to deploy", "Alice is disallowed to deploy"),
+        # (Merged into the present they corrected: review.)
+        ("Lena is vegetarian", "Lena was vegetarian"),
+        ("Lena is vegetarian", "Lena used to be vegetarian"),
     ],
 )
 def test_a_correction_near_the_fact_it_corrects_is_kept_beside_it(agent, kept, correction):
