@@ -320,6 +320,11 @@ def test_a_search_too_long_is_refused_naming_the_search_box(alice_page, helper):
         assert f"{label}: Ensure this field has no more than 2000 characters." in (
             response.content.decode()
         ), address
+        # A NUL, refused before the page reads the box, too (it said "q: ...": review).
+        for htmx in ({}, {"HX-Request": "true"}):
+            response = alice_page.get(address, {"q": "tea\x00"}, headers=htmx)
+            assert response.status_code == 400, address
+            assert f"{label}: must not contain NUL characters" in response.content.decode()
 
 
 def test_an_agent_that_keeps_nothing_about_the_person_is_not_found(alice_page, helper, rival):

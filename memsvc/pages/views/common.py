@@ -2,7 +2,7 @@
 
 import time
 from contextlib import contextmanager
-from functools import wraps
+from functools import partial, wraps
 from urllib.parse import urlsplit
 
 from django.contrib.auth.views import redirect_to_login
@@ -24,8 +24,10 @@ from memsvc.api.ratelimit import auth_check_ended, limit_principal
 PAGE_SIZE = 50
 
 
-def page(view):
-    """A page for a logged-in person. ``request.principal`` is that person as the API knows
+def page(view=None, /, **query_labels: str):
+    """A page for a logged-in person (``@page``; ``@page(q="Search words")``: the page's
+    query parameters as it labels them, for the refusals made before it reads them: a NUL
+    in ``?q=`` named "q", a field the person never saw; review). ``request.principal`` is that person as the API knows
     them: the username is the principal id, the ``sub`` of their JWT, so the pages and the
     user API show one person the same conversations, and count against one rate limit
     (``limit_principal``). Whatever a service or selector refuses (404 to a stranger, 403
@@ -35,6 +37,9 @@ def page(view):
     An address answers htmx with a fragment and a browser with the page, so every answer
     varies on ``HX-Request``: else the browser keeps the fragment of a search whose address
     htmx pushed, and going back to that address shows the bare fragment."""
+
+    if view is None:
+        return partial(page, **query_labels)
 
     @wraps(view)
     def wrapper(request, *args, **kwargs):
@@ -47,7 +52,7 @@ def page(view):
             # PostgreSQL cannot compare): the pages too, not as a 500.
             refusal = request_refusal(request)
             if refusal is not None:
-                raise refusal
+                raise refusal.named(query_labels)
             limit_principal(request.principal.rate_limit_key)
             request.refused_form = refused_form(request)
             response = view(request, *args, **kwargs)

@@ -69,12 +69,15 @@ def home(request):
     return fragment_or_page(request, "pages/_conversation_rows.html", "pages/home.html", context)
 
 
-@page
+SEARCH_WORDS = "Search words"  # (the search box's label)
+
+
+@page(q=SEARCH_WORDS)
 def search(request):
     query = request.GET.get("q", "")
     hits = []
     if not shows_nothing(query):
-        with fields_named(query="Search words"):
+        with fields_named(query=SEARCH_WORDS):
             # As many hits as the API gives at most.
             asked = s.SearchMessagesIn.search_arguments(
                 {"query": query, "topK": settings.MEMORY_MAX_SEARCH_LIMIT}

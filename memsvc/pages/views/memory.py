@@ -42,7 +42,10 @@ def switch(request):
     return back(request, "pages:memory")
 
 
-@page
+SEARCH_MEMORIES = "Search memories"  # (the search box's label)
+
+
+@page(q=SEARCH_MEMORIES)
 def agent_memory(request, agent_id):
     """One agent's memory about the user; ``?q=`` searches the memories, ``?after=`` pages
     them (htmx asks for just the results or the next page)."""
@@ -55,7 +58,7 @@ def agent_memory(request, agent_id):
         "memory_enabled": selectors.memory_enabled_for(user_id),
     }
     if not shows_nothing(query):
-        with fields_named(query="Search memories"):
+        with fields_named(query=SEARCH_MEMORIES):
             data = s.UserSearchMemoriesIn.parse({"query": query, "limit": SEARCH_RESULTS})
         context["hits"] = selectors.memory_search(
             agent,
