@@ -11,7 +11,7 @@ from agents_api.api.views import USER_ID, AgentApiView, agent_operation
 from agents_api.models import MEMORY_TAG_MAX_LENGTH, Agent, Scope
 from agents_api.tasks import enqueue_memory_touch
 from memsvc.api.errors import InvalidInput
-from memsvc.api.fields import chosen_by_query, only_query_parameters, query_choice, query_text
+from memsvc.api.fields import chosen_by_query, query_choice, query_text
 from memsvc.api.pagination import AFTER_PARAMETER, LIMIT_PARAMETER, page_data, page_params
 from memsvc.api.schema import errors
 from memsvc.api.views import UserApiView, user_operation
@@ -108,9 +108,6 @@ class AgentMemoriesView(AgentApiView):
         },
     )
     def post(self, request):
-        # (Whom they are about is the body's ``userId``: a ``?userId=`` was passed over, and
-        # the memories were the agent's own; review.)
-        only_query_parameters(request)
         data = s.CreateMemoryIn.parse(request.data)
         memory, created = services.memory_save(
             request.principal,
@@ -145,7 +142,6 @@ class AgentMemoryBatchView(AgentApiView):
         responses={201: s.MemoryList, **errors(400, 401, 403, 409)},
     )
     def post(self, request):
-        only_query_parameters(request)
         data = s.BatchMemoriesIn.parse(request.data)
         saved = services.memories_save(
             request.principal,
@@ -166,7 +162,6 @@ class AgentMemorySearchView(AgentApiView):
         responses={200: s.MemoryHitList, **errors(400, 401, 403)},
     )
     def post(self, request):
-        only_query_parameters(request)
         data = s.AgentSearchMemoriesIn.parse(request.data)
         hits = search_memories(
             request.agent, user_id=_subject(request, data.get("userId")), data=data, in_use=True
@@ -261,7 +256,6 @@ class UserMemorySearchView(UserApiView):
         responses={200: s.MemoryHitList, **errors(400, 401)},
     )
     def post(self, request):
-        only_query_parameters(request)  # (a ``?agentId=`` searched every agent's: code review)
         data = s.UserSearchMemoriesIn.parse(request.data)
         agent = _agent_filter(data.get("agentId"))
         hits = search_memories(agent, user_id=request.principal.id, data=data, in_use=False)

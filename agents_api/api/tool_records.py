@@ -13,7 +13,7 @@ from agents_api.services import NewToolRecord
 from agents_api.tasks import enqueue_tool_record_observation
 from conversations.selectors import access_conversation
 from memsvc.api.errors import InvalidInput, NotFound
-from memsvc.api.fields import chosen_by_query, only_query_parameters, query_text
+from memsvc.api.fields import chosen_by_query, query_text
 from memsvc.api.idempotency import idempotency_key, marked_replayed, request_fingerprint
 from memsvc.api.pagination import AFTER_PARAMETER, LIMIT_PARAMETER, page_data, page_params
 from memsvc.api.schema import errors
@@ -57,7 +57,6 @@ class ToolRecordsView(AgentApiView):
         responses={201: s.ToolRecordOut, **errors(400, 401, 403, 409)},
     )
     def post(self, request):
-        only_query_parameters(request)  # (the body's ``taskId``: a ``?taskId=`` was passed over)
         data = s.CreateToolRecordIn.parse(request.data)
         [record], created = services.tool_records_create(
             request.principal,
@@ -120,7 +119,6 @@ class ToolRecordSearchView(AgentApiView):
         responses={200: s.ToolRecordHitList, **errors(400, 401, 403)},
     )
     def post(self, request):
-        only_query_parameters(request)
         data = s.SearchToolRecordsIn.parse(request.data)
         hits = selectors.tool_record_search(
             request.agent,

@@ -1,6 +1,6 @@
 """The agent API (``/v1/agent``): thin views over the same services as the user API."""
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.utils import OpenApiParameter
 from rest_framework.permissions import IsAuthenticated
 from rest_framework.response import Response
 
@@ -43,7 +43,7 @@ from memsvc.api.pagination import (
 )
 from memsvc.api.principals import PRINCIPAL_MAX_LENGTH
 from memsvc.api.schema import errors, listed, paged
-from memsvc.api.views import ApiView
+from memsvc.api.views import ApiView, operation
 from memsvc.validators import as_uuid
 from search.selectors import search_messages
 
@@ -81,9 +81,7 @@ IDEMPOTENCY_PARAMETERS = [
 
 
 def agent_operation(operation_id: str, *, parameters=(), **kwargs):
-    return extend_schema(
-        operation_id=operation_id, tags=["agent"], parameters=[ON_BEHALF, *parameters], **kwargs
-    )
+    return operation(operation_id, tags=["agent"], parameters=[ON_BEHALF, *parameters], **kwargs)
 
 
 class AgentApiView(ApiView):

@@ -373,9 +373,9 @@ def no_body_fields(request) -> None:
 
 
 def chosen_by_query(request, *names: str) -> None:
-    """A deletion chosen by its query: ``only_query_parameters``, and no body, whose filter
-    was passed over (``{"userId": "bob"}`` deleted the agent's own memories: review)."""
-    only_query_parameters(request, *names)
+    """A deletion chosen by its query (``names``; ``views.operation`` refuses any other): no
+    body, whose filter was passed over (``{"userId": "bob"}`` deleted the agent's own
+    memories: review)."""
     if request.data != {} and request.data is not None:  # (no body, ``{}`` or ``null``)
         raise InvalidInput(
             f"this request takes no body: what it deletes is chosen by its query "
@@ -384,11 +384,10 @@ def chosen_by_query(request, *names: str) -> None:
 
 
 def only_query_parameters(request, *names: str) -> None:
-    """400 naming the first query parameter that is not one of ``names``. For deletions
-    chosen by their query: a misspelt filter read as none deleted more than was asked
-    (``DELETE /v1/agent/memories?userid=alice``: every memory of the agent's own); and for
-    the writes and searches whose subject is their body's, where the list's ``?userId=``
-    was passed over."""
+    """400 naming the first query parameter that is not one of ``names`` (``views.operation``:
+    those its description names). A misspelt filter read as none deleted more than was asked
+    (``DELETE /v1/agent/memories?userid=alice``: every memory of the agent's own); a write or
+    search whose subject is its body's passed over the list's ``?userId=``."""
     unknown = sorted(set(request.query_params) - set(names))
     if unknown:
         raise InvalidInput.for_field(named(unknown[0]), "unknown query parameter", location="query")

@@ -1135,12 +1135,32 @@ def test_a_memory_citing_a_turn_deleted_since_takes_its_ids_back(api, helper, al
     assert api.get(url, as_=helper).json()["messageIds"] == [second, first]
 
 
+def test_a_misspelt_query_parameter_is_refused_not_read_as_none(api, helper, alice):
+    """``?userid=alice`` listed the agent's own memories (a list passed over a parameter it
+    did not take; review): every /v1 operation takes the query its description names."""
+    save(api, helper, "The agent's own note")
+    save(api, helper, "Alice likes tea", userId="alice")
+    for path, caller, query in (
+        (MEMORIES, helper, {"userid": "alice"}),
+        (MINE, alice, {"agentid": str(helper.agent.id)}),
+        ("/v1/agent/conversations", helper, {"limt": "1"}),
+        ("/v1/user/conversations", alice, {"qeury": "tea"}),
+    ):
+        refused = api.get(path, as_=caller, **query)
+        assert refused.status_code == 400, (path, refused.content)
+        [name] = query
+        assert refused.json()["details"] == {name: ["unknown query parameter"]}
+    assert contents(api.get(MEMORIES, as_=helper, userId="alice").json()["data"]) == [
+        "Alice likes tea"
+    ]
+
+
 def test_a_tag_filter_longer_than_any_tag_is_refused(api, helper, alice):
     """(Cut to the column's 100 characters by PostgreSQL, it matched the tag it starts with.)"""
     save(api, helper, "Alice likes tea", userId="alice", tags=["t" * 100])
-    for path, caller in ((MEMORIES, helper), (MINE, alice)):
-        assert len(api.get(path, as_=caller, tag="t" * 100, userId="alice").json()["data"]) == 1
-        refused = api.get(path, as_=caller, tag="t" * 101, userId="alice")
+    for path, caller, whose in ((MEMORIES, helper, {"userId": "alice"}), (MINE, alice, {})):
+        assert len(api.get(path, as_=caller, tag="t" * 100, **whose).json()["data"]) == 1
+        refused = api.get(path, as_=caller, tag="t" * 101, **whose)
         assert refused.status_code == 400, refused.content
         assert "tag" in refused.json()["details"]
 
