@@ -20,7 +20,7 @@ from agents_api import services
 from agents_api.models import Agent, MemoryBlock
 from agents_api.reading import Claim, GiveBack, Place, given_back, recovered
 from agents_api.selectors import memory_blocks
-from agents_api.services.letta import letta_settings
+from agents_api.services.letta import letta_settings, sleeptime_frequency
 from conversations.models import Role
 from conversations.selectors import conversation_messages
 from memsvc.api.errors import ApiError
@@ -29,7 +29,6 @@ from memsvc.llm import LLMError, chat, json_answer, llm_configured, transcript_l
 
 logger = logging.getLogger(__name__)
 
-FREQUENCY_KEY = "sleeptime_agent_frequency"
 THROUGH_KEY = "observed_through_seq"  # the last message the observer has read
 UNREAD_KEY = "observed_unread"  # turns given back after it read past them: [after, through]
 TAKEN_KEY = "observing"  # the turns workers are reading: [after, through, until, token]
@@ -49,11 +48,12 @@ listing only the blocks that change ({"blocks": []} when none does)."""
 
 
 def _frequency(agent: Agent) -> int:
-    letta = letta_settings(agent)
-    frequency = letta.get(FREQUENCY_KEY)
-    if not letta.get("enable_sleeptime") or not isinstance(frequency, int) or frequency < 1:
+    """Every how many captured turns the observer runs; 0: never (sleeptime off, or a
+    frequency an import or the admin left that is no whole number >= 1)."""
+    frequency = sleeptime_frequency(agent)
+    if not letta_settings(agent).get("enable_sleeptime") or type(frequency) is not int:
         return 0
-    return frequency
+    return max(frequency, 0)
 
 
 def _place(agent: Agent) -> Place:

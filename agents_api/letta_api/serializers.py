@@ -25,6 +25,7 @@ from agents_api.services.letta import (
     MAX_TAGS,
     letta_metadata,
     letta_settings,
+    sleeptime_frequency,
 )
 from conversations.models import Message, Role
 from memsvc.api.converters import AnyCaseUuidConverter
@@ -97,7 +98,7 @@ def group_out(agent: Agent) -> dict:
         "description": f"sleeptime memory of {agent.name}",
         "manager_type": "sleeptime",
         "manager_agent_id": agent_id(agent),
-        "sleeptime_agent_frequency": letta_settings(agent).get("sleeptime_agent_frequency"),
+        "sleeptime_agent_frequency": sleeptime_frequency(agent),
     }
 
 

@@ -42,6 +42,18 @@ def letta_settings(agent: Agent) -> dict:
     return {key: value for key, value in kept.items() if value is not None}
 
 
+# Every how many captured turns the sleeptime observer runs when no group's manager config
+# said: as Letta's server makes a sleeptime group (the SDK asks for 2). Unset, an agent made
+# with sleeptime by another client, or turned to it later, was never observed (review).
+DEFAULT_SLEEPTIME_FREQUENCY = 5
+
+
+def sleeptime_frequency(agent: Agent):
+    """The agent's ``sleeptime_agent_frequency`` as stored (whatever an import or the admin
+    left), else ``DEFAULT_SLEEPTIME_FREQUENCY``."""
+    return letta_settings(agent).get("sleeptime_agent_frequency", DEFAULT_SLEEPTIME_FREQUENCY)
+
+
 def letta_metadata(agent: Agent) -> dict:
     """What Letta calls the agent's metadata: the agent's own, but for its Letta settings."""
     return {key: value for key, value in agent.metadata.items() if key != LETTA_METADATA_KEY}

@@ -217,6 +217,22 @@ def test_the_sleeptime_frequency_is_stored_on_the_group(api, helper):
     assert api.get(f"/v1/groups/{group_id}", as_=helper).json()["sleeptime_agent_frequency"] == 2
 
 
+def test_a_group_no_one_set_runs_every_five_turns_as_lettas_does(
+    api, helper, llm, committed_capture
+):
+    """An agent made with sleeptime by a client other than the SDK (which asks for 2), or
+    turned to it later, showed a frequency of null and was never observed (review). Letta's
+    server makes the group with 5."""
+    state = create_agent(api, helper, enable_sleeptime=False)
+    turned = api.patch(f"/v1/agents/{state['id']}", {"enable_sleeptime": True}, as_=helper)
+    assert turned.status_code == 200, turned.content
+    group = api.get(f"/v1/groups/{turned.json()['multi_agent_group']['id']}", as_=helper)
+    assert group.json()["sleeptime_agent_frequency"] == 5
+    for turn in range(1, 6):
+        committed_capture(helper, state["id"], f"Turn {turn}: my name is Ada.")
+        assert len(llm.requests_containing(OBSERVER_MARKER)) == (turn == 5)
+
+
 def test_an_agent_without_sleeptime_has_no_group(api, helper):
     """Its ``multi_agent_group`` is null: its group id answered, and took a patch (review)."""
     state = create_agent(api, helper, name="awake", enable_sleeptime=False)
