@@ -172,12 +172,15 @@ def test_a_revision_by_an_agent_names_it(alice_page, helper):
 
 def test_memories_are_searched_deleted_and_cleared(alice_page, bob_page, helper, rival):
     peanuts = remember(helper, "alice", "Alice is allergic to peanuts")
-    remember(helper, "alice", "Alice works as a nurse in Boston")
+    nurse = remember(helper, "alice", "Alice works as a nurse in Boston")
+    nurse.summary = "Her <job>"  # (a memory's summary was never shown: review)
+    nurse.save(update_fields=["summary"])
     bobs = remember(helper, "bob", "Bob is allergic to cats")
     remember(rival, "alice", "Alice is vegetarian")
 
     html = alice_page.get(agent_page(helper)).content.decode()
     assert "allergic to peanuts" in html and "nurse" in html
+    assert '<p class="summary">Her &lt;job&gt;</p>' in html
     assert "Bob" not in html and "vegetarian" not in html
     found = alice_page.get(
         agent_page(helper), {"q": "what allergy?"}, headers={"HX-Request": "true"}
