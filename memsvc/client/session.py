@@ -247,19 +247,25 @@ class learning:
         return self._ssl
 
     def _open(self) -> None:
+        # (Without one, "localhost:8283" was "not reachable ... start it": review.)
+        if not self.url.lower().startswith(("http://", "https://")):
+            raise self._no_url("it starts with neither http:// nor https://")
         try:
             client = self._client = _KeptClient(self._new_client())
         except httpx.InvalidURL as exc:  # ("MEMORY_SERVER_PORT=abc": review)
-            raise MemoryServerUnavailable(
-                f"memsvc's address {self.url!r} is no URL ({exc}): see MEMORY_SERVER_URL, "
-                "MEMORY_SERVER_HOST and MEMORY_SERVER_PORT"
-            ) from exc
+            raise self._no_url(exc) from exc
         try:
             self._check()
         except BaseException:
             self._client = None
             client.let_go()
             raise
+
+    def _no_url(self, why) -> "MemoryServerUnavailable":
+        return MemoryServerUnavailable(
+            f"memsvc's address {self.url!r} is no URL ({why}): see MEMORY_SERVER_URL, "
+            "MEMORY_SERVER_HOST and MEMORY_SERVER_PORT"
+        )
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until what the block stored so far has reached memsvc (or been dropped
