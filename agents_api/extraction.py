@@ -80,10 +80,13 @@ Answer with JSON only, in this shape:
 When nothing is worth keeping, answer {"memories": []}."""
 
 
-def extraction_turns(agent: Agent) -> int:
-    """Every how many user turns the agent distils memories (0: never)."""
+def extraction_turns(agent: Agent, *, said: bool = False) -> int:
+    """Every how many user turns the agent distils memories (0: never). One that is no whole
+    number >= 0 is warned of, unless the caller ``said`` it already."""
     value = agent.metadata.get(EXTRACTION_TURNS_KEY, DEFAULT_EXTRACTION_TURNS)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if said:
+            return DEFAULT_EXTRACTION_TURNS
         logger.warning(
             "agent %s: %s must be a whole number >= 0, not %r; using %d",
             agent.id,
@@ -116,13 +119,12 @@ def extraction_due(agent: Agent, conversation: Conversation) -> bool:
     return _enough_turns(conversation, state.through_seq if state else 0, every)
 
 
-def _claim(agent: Agent, conversation: Conversation) -> Claim | None:
+def _claim(agent: Agent, conversation: Conversation, every: int) -> Claim | None:
     """Take the turns to read (``_window``; ``Place.claim``): first those given back (a
     lease that lapsed, its worker killed, gives its turns back first), else those since the
     last extraction if there are enough. None when there is nothing to read (another worker
     may have just taken it). The state's row is locked meanwhile: two workers never take the
     same turns; the turns are leased to this one until it is done with them."""
-    every = extraction_turns(agent)
     with transaction.atomic():
         # (Held: deleted since the task read it, its state row's key would fail at commit.)
         if not held_keys(Conversation, [conversation.pk]):
@@ -319,9 +321,9 @@ def memories_extract(agent: Agent, conversation: Conversation) -> list[Memory]:
     Nothing is distilled about a person who turned memory off: their turns are claimed and
     never read, not even once memory is back on.
     """
-    if not llm_configured() or not extraction_turns(agent):
+    if not llm_configured() or not (every := extraction_turns(agent)):
         return []  # (turned off since the task was sent: what was given back waits)
-    claim = _claim(agent, conversation)
+    claim = _claim(agent, conversation, every)
     if claim is None:
         return []
     return claim.settle(
@@ -383,7 +385,7 @@ def _distil(agent: Agent, conversation: Conversation, previous: int, claimed: li
     # Turned off while the model read (as the observer, ``sleeptime._observe``): the turns
     # wait for it to be back on.
     current = Agent.objects.filter(pk=agent.pk).first()
-    if current is None or not extraction_turns(current):
+    if current is None or not extraction_turns(current, said=True):
         logger.info("agent %s's extraction was turned off while the model read", agent.id)
         raise GiveBack([])
     with transaction.atomic():

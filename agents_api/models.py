@@ -362,7 +362,7 @@ _CLAIM_WORDS = frozenset(
     (  # noqa: SIM905 (a list of words, a line of them, reads worse)
         "am pm monday tuesday wednesday thursday friday saturday sunday january february"
         " march april may june july august september october november december left right"
-        " before after was were had used formerly previously former anymore"
+        " before after was were had did used formerly previously former anymore"
     ).split()
 )
 # An email address: a fact that names one turns on it ("alice@example.org" corrected
@@ -432,6 +432,8 @@ def claims(content: str) -> Claims:
             negations += (
                 word in _NEGATIONS or word.endswith("n't") or _NEGATING.fullmatch(word) is not None
             )
+            if word.endswith("n't") and word[:-3] in _CLAIM_WORDS:  # ("wasn't": past, negated)
+                numbers.append(word[:-3])
     return Claims(tuple(numbers), negations, names)
 
 

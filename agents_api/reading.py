@@ -241,13 +241,13 @@ class GiveBack(Exception):
 
 
 class TryAgain(GiveBack):
-    """The turns given back, and the reader's task to be tried again in a while: its LLM
-    could not answer now (unreachable, overloaded, too slow) and may soon. ``Claim.settle``
-    raises it on once the turns are given back (``tasks``). Else a conversation whose last
-    turns came while the LLM was down was never read past them (they waited for its next
-    write)."""
+    """The turns given back, and the reader's task to be sent again for later: its LLM could
+    not answer now (unreachable, overloaded, its answer not in time) and may soon.
+    ``Claim.settle`` raises it on once the turns are given back (``tasks``). Else a
+    conversation whose last turns came while the LLM was down was never read past them
+    (they waited for its next write)."""
 
-    later = "read again in a while"
+    later = "given back: the model may answer later"
 
 
 def given_back(exc: LLMError) -> GiveBack | None:

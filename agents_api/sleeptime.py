@@ -6,8 +6,9 @@ Each change is a block revision by ``agent:<id>`` like any other write.
 Without an LLM (``memsvc.llm``) captures are stored and nothing else happens. The turns are
 claimed before the LLM is asked (the agent's row lock decides between two workers) and
 leased to the worker (``reading.Place``, as the extraction's: a killed worker's turns are
-read again once its lease lapses); a transient failure (or any other error) gives them back
-for the next capture (turns a later observation read past are read first), a malformed
+read again once its lease lapses); a transient failure gives them back and the task is sent
+again for later (``tasks.READ_RETRIES`` times), any other error gives them back for the next
+capture (turns a later observation read past are read first), a malformed
 answer changes nothing, and a block changed while the LLM read it keeps that change (the
 turns are given back).
 """

@@ -3,6 +3,7 @@
 import atexit
 import contextlib
 import logging
+import random
 import threading
 import time
 from collections.abc import Sequence
@@ -171,7 +172,6 @@ def sweep_unembedded_memories_task(self) -> int:
 
 @app.task(
     name="agents_api.extract_memories",
-    bind=True,
     autoretry_for=DATABASE_DID_NOT_ANSWER,
     retry_backoff=5,
     retry_backoff_max=300,
@@ -179,29 +179,33 @@ def sweep_unembedded_memories_task(self) -> int:
     max_retries=5,
     **LLM_TASK_OPTIONS,
 )
-def extract_memories_task(self, agent_id: str, conversation_id: str) -> int:
+def extract_memories_task(agent_id: str, conversation_id: str, tries: int = 0) -> int:
     agent = Agent.objects.filter(id=agent_id).first()
     conversation = Conversation.objects.filter(id=conversation_id).first()
     if agent is None or conversation is None:
         return 0  # deleted meanwhile
-    with _turns_given_back(self, f"conversation {conversation_id} for agent {agent_id}"):
+    read = f"conversation {conversation_id} for agent {agent_id}"
+    with _turns_given_back(extract_memories_task, [agent_id, conversation_id], tries, read):
         return len(extraction.memories_extract(agent, conversation))
     return 0
 
 
-# How many times a reader's task is tried again when its LLM could not answer
-# (``reading.TryAgain``), READ_RETRY_SECONDS, then twice as long each time (30 s, 1 min,
-# 2 min); then its turns wait for the conversation's next write.
+# How many times a reader's task is sent again when its LLM could not answer
+# (``reading.TryAgain``): after about READ_RETRY_SECONDS, then twice as long each time
+# (30 s, 1 min, 2 min, each between half and all of it, so that the tasks of one outage do
+# not all ask at once); then its turns wait for the conversation's next write.
 READ_RETRIES = 3
 READ_RETRY_SECONDS = 30
 
 
 @contextlib.contextmanager
-def _turns_given_back(task, read: str):
-    """A reader's task whose turns were given back (``Claim.settle``): one past
-    ``MEMSVC_LLM_TASK_SECONDS`` said in one line (its traceback of some 95 lines was logged
-    for each task while the model was slow: review), one whose LLM could not answer now
-    tried again in a while, READ_RETRIES times."""
+def _turns_given_back(task, args: list, tries: int, read: str):
+    """A reader's task (``task`` with ``args``, tried ``tries`` times before) whose turns
+    were given back (``Claim.settle``): one past ``MEMSVC_LLM_TASK_SECONDS`` said in one
+    line (its traceback of some 95 lines was logged for each task while the model was slow:
+    review), one whose LLM could not answer now sent again for later, READ_RETRIES times.
+    (Sent anew, not Celery's retry: that one counts the database's retries too, and waits
+    on a broker that is down, ``sent`` does neither: code review.)"""
     try:
         yield
     except SoftTimeLimitExceeded:
@@ -210,16 +214,22 @@ def _turns_given_back(task, read: str):
             read,
             settings.MEMSVC_LLM_TASK_SECONDS,
         )
-    except reading.TryAgain as exc:
-        tried = task.request.retries
-        if tried >= READ_RETRIES:
+    except reading.TryAgain:
+        if tries >= READ_RETRIES:
             logger.warning(
                 "the turns of %s wait for its next write: the model did not answer %d times",
                 read,
-                tried + 1,
+                tries + 1,
             )
             return
-        raise task.retry(exc=exc, countdown=READ_RETRY_SECONDS * 2**tried) from exc
+        later = READ_RETRY_SECONDS * 2**tries * random.uniform(0.5, 1)  # noqa: S311 (a jitter)
+        sent(
+            task,
+            args,
+            kwargs={"tries": tries + 1},
+            countdown=later,
+            instead="its turns wait for its next write",
+        )
 
 
 def enqueue_memory_extraction(agent: Agent, conversation: Conversation) -> None:
@@ -300,12 +310,14 @@ def sweep_unembedded_tool_records_task(self) -> int:
 # --- Letta's sleeptime agent -----------------------------------------------------------------
 
 
-@app.task(name="agents_api.observe_letta_turns", bind=True, **LLM_TASK_OPTIONS)
-def observe_letta_turns_task(self, agent_id: str) -> list[str]:
+@app.task(name="agents_api.observe_letta_turns", **LLM_TASK_OPTIONS)
+def observe_letta_turns_task(agent_id: str, tries: int = 0) -> list[str]:
     agent = Agent.objects.filter(id=agent_id).first()
     if agent is None:
         return []
-    with _turns_given_back(self, f"agent {agent_id}'s captures"):
+    with _turns_given_back(
+        observe_letta_turns_task, [agent_id], tries, f"agent {agent_id}'s captures"
+    ):
         return sleeptime.blocks_observe(agent)
     return []
 

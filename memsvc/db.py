@@ -28,6 +28,7 @@ from psycopg import errors
 
 from memsvc.api.errors import NotFound
 from memsvc.api.principals import agent_uuid_of
+from memsvc.outage import Reminder
 from memsvc.text import DEFAULT_IGNORABLE, query_read
 
 logger = logging.getLogger(__name__)
@@ -37,6 +38,12 @@ logger = logging.getLogger(__name__)
 # were dropped: messages waited for the sweep a minute or more, a tool record kept its
 # fallback summary for good (review).
 DATABASE_DID_NOT_ANSWER = (OperationalError, InterfaceError)
+
+
+# The database being gone (``database_gone``) said by a process once a minute, whatever
+# meets it (a request, an MCP tool's call), not by each: some 115 lines a refused request
+# with its traceback, 11,400 in an outage of 7 s (review).
+DATABASE_GONE_SAID = Reminder()
 
 
 def database_gone(exception) -> bool:

@@ -141,19 +141,6 @@ def celery_runs_tasks_inline():
     app.conf.task_always_eager = False
 
 
-@pytest.fixture
-def retries_run_inline():
-    """Tasks run here retry here, one try after another as a worker would (without the
-    wait), and end in a result instead of raising the first failure. (Celery's eager
-    retries read this setting, not the argument given to ``apply``.)"""
-    from memsvc.celery import app
-
-    previous = app.conf.task_eager_propagates
-    app.conf.task_eager_propagates = False
-    yield
-    app.conf.task_eager_propagates = previous
-
-
 @pytest.fixture(autouse=True)
 def no_outage_is_remembered():
     """A test's broker or Redis is up, and its LLM takes memsvc's setup, until it fails in

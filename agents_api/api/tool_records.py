@@ -99,7 +99,7 @@ class ToolRecordsView(AgentApiView):
         responses={200: s.DeletedOut, **errors(400, 401, 403)},
     )
     def delete(self, request):
-        chosen_by_query(request, "taskId")  # (a narrowing it does not know: refused)
+        chosen_by_query(request, "taskId")
         task_id = _task_id(request)
         if not task_id:
             raise InvalidInput.for_field("taskId", "name the task whose records to delete")

@@ -34,12 +34,19 @@ from agents_api.models import (
     Scope,
 )
 from conversations.api.serializers import SearchMessagesIn, SearchResultsOut
-from memsvc.api.errors import Conflict, InvalidInput, NotFound, as_api_error, error_body
+from memsvc.api.errors import (
+    Conflict,
+    InvalidInput,
+    NotFound,
+    Unavailable,
+    as_api_error,
+    error_body,
+)
 from memsvc.api.fields import contains_nul
+from memsvc.api.middleware import InternalError, exception_refusal
 from memsvc.api.pagination import DEFAULT_LIMIT, MAX_LIMIT, page_data
 from memsvc.api.principals import Principal
-from memsvc.db import database_gone, like_a_request
-from memsvc.outage import Reminder
+from memsvc.db import DATABASE_GONE_SAID, database_gone, like_a_request
 from memsvc.text import named
 from search.selectors import search_messages
 
@@ -556,9 +563,6 @@ def _refuse_nul(arguments: dict) -> None:
             raise InvalidInput.for_field(name, "must not contain NUL characters")
 
 
-_UNAVAILABLE_SAID = Reminder()
-
-
 def call_tool(caller: Caller, name: str, arguments: dict) -> Outcome:
     """Run tool ``name`` (one of ``TOOLS``) for ``caller``. A refusal (a missing scope, bad
     arguments, an unknown id) is an error outcome; anything else that fails is a bug and
@@ -574,19 +578,21 @@ def call_tool(caller: Caller, name: str, arguments: dict) -> Outcome:
             _refuse_nul(arguments)
             return Outcome(compact(tool.run(caller, arguments)))
     except DatabaseError as exc:
-        if not database_gone(exc):  # (a statement's own failure: a timeout, a deadlock)
-            logger.exception("MCP tool %s: database error", name)
-        else:  # (every call meets it while it lasts: its traceback was 411 lines in 2 s)
-            _UNAVAILABLE_SAID.say(
-                logger.error,
-                "MCP tool %s: the database is unavailable (said once a minute while it lasts)",
-                name,
-                exc_info=exc,
-            )
-        return Outcome(
-            error_body("the memory store is unavailable; try again shortly", "unavailable"),
-            is_error=True,
-        )
+        # As a request's: a value the database cannot take a 400, a row deleted meanwhile a
+        # 404 (both were "unavailable", with a traceback: code review), else unavailable.
+        error = exception_refusal(exc)
+        if isinstance(error, InternalError | Unavailable):
+            if not database_gone(exc):  # (a statement's own failure: a timeout, a deadlock)
+                logger.exception("MCP tool %s: database error", name)
+            else:  # (every call meets it while it lasts: its traceback was 411 lines in 2 s)
+                DATABASE_GONE_SAID.say(
+                    logger.error,
+                    "MCP tool %s: the database is unavailable (said once a minute while it lasts)",
+                    name,
+                    exc_info=exc,
+                )
+            error = Unavailable("the memory store is unavailable; try again shortly")
+        return Outcome(error_body(error.message, error.code, error.details), is_error=True)
     except Exception as exc:
         error = as_api_error(exc)
         if error is None:

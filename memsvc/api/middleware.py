@@ -32,8 +32,7 @@ from memsvc.api.errors import (
     Unavailable,
     render_api_error,
 )
-from memsvc.db import DATABASE_DID_NOT_ANSWER, database_gone
-from memsvc.outage import Reminder
+from memsvc.db import DATABASE_DID_NOT_ANSWER, DATABASE_GONE_SAID, database_gone
 from memsvc.text import named
 
 logger = logging.getLogger("django.request")
@@ -157,7 +156,6 @@ def exception_refusal(exception: Exception) -> ApiError:
 
 # When a page refused in an outage says to come back (a few restarts of the database).
 UNAVAILABLE_RETRY_SECONDS = 5
-UNAVAILABLE_SAID = Reminder()
 
 
 def _admin_refusal(request, refusal: ApiError) -> HttpResponseBadRequest | None:
@@ -218,7 +216,7 @@ class ApiErrorMiddleware:
             # Said once a minute, with a traceback of what failed; Django's own line of each
             # 503 left out too (``log_response``'s mark). (A statement's own failure, a
             # timeout or a deadlock, is said by each request, as before: code review.)
-            UNAVAILABLE_SAID.say(
+            DATABASE_GONE_SAID.say(
                 logger.error,
                 "%s: %s (said once a minute while it lasts)",
                 refusal.message,

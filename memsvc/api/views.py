@@ -13,13 +13,16 @@ from memsvc.api.jwt_auth import JWTAuthentication
 def operation(operation_id: str, *, parameters=(), **kwargs):
     """An operation of the OpenAPI description (drf-spectacular's ``extend_schema``) whose
     query is what its ``parameters`` name: any other query parameter is a 400 naming it
-    (``ApiView.initial``). A misspelt filter read as none answered another list than the
+    (``ApiView.initial``; the description of every /v1 operation says it may answer 400:
+    ``schema.state_enforced_constraints``). A misspelt filter read as none answered another list than the
     one asked for (``?userid=alice``: the agent's own memories; review)."""
-    described = extend_schema(operation_id=operation_id, parameters=list(parameters), **kwargs)
+    parameters = list(parameters)
+    if not all(isinstance(parameter, OpenApiParameter) for parameter in parameters):
+        # (A serializer's fields would be parameters the check below does not know.)
+        raise TypeError(f"{operation_id}: parameters are OpenApiParameter objects")
+    described = extend_schema(operation_id=operation_id, parameters=parameters, **kwargs)
     names = frozenset(
-        parameter.name
-        for parameter in parameters
-        if isinstance(parameter, OpenApiParameter) and parameter.location == OpenApiParameter.QUERY
+        parameter.name for parameter in parameters if parameter.location == OpenApiParameter.QUERY
     )
 
     def decorate(method):

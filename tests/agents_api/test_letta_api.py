@@ -713,7 +713,7 @@ def test_an_observer_turned_off_while_the_model_reads_changes_no_block(
 
 
 def test_turns_the_observer_could_not_read_for_a_moment_are_read_without_another_capture(
-    api, helper, llm, committed_capture, monkeypatch, retries_run_inline
+    api, helper, llm, committed_capture, monkeypatch
 ):
     """The model down for a moment (a 503): the observer's task is tried again in a while
     (``tasks.READ_RETRIES``; at once here), not at the next capture, which may never come."""

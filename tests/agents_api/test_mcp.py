@@ -324,29 +324,37 @@ def test_a_database_that_is_gone_is_logged_once_a_minute_a_statements_failure_ea
 ):
     """Every tool call logged its traceback while the database was down (411 lines in an
     outage of 2 s, kept by the MCP host: review); a statement's own failure (a timeout) is
-    each call's own, and said each time."""
+    each call's own, and said each time. A value the database cannot take, or a row
+    deleted meanwhile, is the caller's 400 or 404, as a request's (they were "unavailable",
+    with a traceback: code review)."""
     import psycopg
-    from django.db import OperationalError
+    from django.db import DataError, IntegrityError, OperationalError
 
     from agents_api.mcp_server import tools
+    from memsvc.outage import Reminder
 
     agent = local_agent_with_history("outage")
     caller = tools.Caller(principal=agent.as_principal(), agent=agent)
-    monkeypatch.setattr(tools, "_UNAVAILABLE_SAID", tools.Reminder())
+    monkeypatch.setattr(tools, "DATABASE_GONE_SAID", Reminder())
     failure = {}
 
     def failing(caller, arguments):
-        raise OperationalError("failed") from failure["cause"]
+        raise failure["error"]("failed") from failure["cause"]
 
     monkeypatch.setitem(
         tools.TOOLS, "memory_list", dataclasses.replace(tools.TOOLS["memory_list"], run=failing)
     )
-    for cause, logged in ((psycopg.OperationalError("gone"), 1), (TimeoutError("slow"), 3)):
-        failure["cause"] = cause
+    for error, cause, code, logged in (
+        (OperationalError, psycopg.OperationalError("gone"), "unavailable", 1),
+        (OperationalError, TimeoutError("slow"), "unavailable", 3),
+        (DataError, psycopg.errors.NumericValueOutOfRange("big"), "validation_error", 0),
+        (IntegrityError, psycopg.errors.ForeignKeyViolation("gone"), "not_found", 0),
+    ):
+        failure.update(error=error, cause=cause)
         caplog.clear()
         with caplog.at_level(logging.ERROR, logger="agents_api.mcp_server.tools"):
             outcomes = [tools.call_tool(caller, "memory_list", {}) for _ in range(3)]
-        assert {o.data["code"] for o in outcomes} == {"unavailable"}
+        assert {o.data["code"] for o in outcomes} == {code}, error
         assert all(o.is_error for o in outcomes)
         assert len(caplog.records) == logged, caplog.text
 

@@ -245,11 +245,11 @@ def test_an_llm_that_refuses_memsvcs_setup_is_asked_again_after_the_next_turn(
 
 
 def test_an_llm_that_is_down_is_asked_again_in_a_while_then_after_the_next_turn(
-    api, helper, conversation, llm, caplog, retries_run_inline
+    api, helper, conversation, llm, caplog
 ):
-    """Down (503, each request retried by the client too): the task is tried again
-    (``tasks.READ_RETRIES`` times; inline here, where Celery runs tasks eagerly), then the
-    turns wait for the next write. They were lost (review), then waited for the next write
+    """Down (503, each request retried by the client too): the task is sent again
+    (``tasks.READ_RETRIES`` times; run at once here, where Celery runs tasks eagerly), then
+    the turns wait for the next write. They were lost (review), then waited for the next write
     however short the outage."""
     llm.answer(MARKER, Reply(status=503, payload={"error": {"message": "overloaded"}}))
     with caplog.at_level(logging.WARNING, logger="agents_api"):
@@ -257,7 +257,9 @@ def test_an_llm_that_is_down_is_asked_again_in_a_while_then_after_the_next_turn(
     tried = len(extractions(llm))
     assert tried == (READ_RETRIES + 1) * (MAX_RETRIES + 1)
     assert not Memory.objects.exists()
-    assert caplog.text.count("(the turns are read again in a while)") == READ_RETRIES + 1
+    assert caplog.text.count("(the turns are given back: the model may answer later)") == (
+        READ_RETRIES + 1
+    )
     assert f"wait for its next write: the model did not answer {READ_RETRIES + 1} times" in (
         caplog.text
     )
@@ -268,8 +270,30 @@ def test_an_llm_that_is_down_is_asked_again_in_a_while_then_after_the_next_turn(
     assert Memory.objects.get().content == GREEN
 
 
+def test_a_task_that_cannot_be_sent_again_leaves_its_turns_for_the_next_write(
+    api, helper, conversation, llm, caplog, settings
+):
+    """The broker down too (a retry through Celery waited on it, then failed the task with
+    its traceback: code review): one line, and the turns wait, given back."""
+    from memsvc.celery import BROKER_OUTAGE
+
+    model = settings.MEMSVC_LLM_MODEL
+    settings.MEMSVC_LLM_MODEL = ""  # (the turns come while no LLM is configured)
+    turns(api, helper, conversation, range(1, 6))
+    settings.MEMSVC_LLM_MODEL = model
+    llm.answer(MARKER, Reply(status=503, payload={"error": {"message": "overloaded"}}))
+    BROKER_OUTAGE.began()
+    with caplog.at_level(logging.INFO):
+        assert extract_memories_task(str(helper.agent.id), conversation) == 0
+    assert len(extractions(llm)) == MAX_RETRIES + 1  # (one task's requests, not sent again)
+    assert "the broker is down: agents_api.extract_memories not sent; its turns wait" in (
+        caplog.text
+    )
+    assert MemoryExtraction.objects.get().place.through == 0  # (given back)
+
+
 def test_a_turn_the_llm_could_not_read_for_a_moment_is_read_without_another_write(
-    api, helper, conversation, llm, monkeypatch, retries_run_inline
+    api, helper, conversation, llm, monkeypatch
 ):
     """The conversation's last turns came while the model was down for a moment: read when
     the task is tried again, with no write after them."""
@@ -342,8 +366,8 @@ def test_turns_given_back_after_a_later_extraction_read_past_them_are_read_first
 
     monkeypatch.setattr(extraction, "chat", chat)
     turns(api, helper, conversation, range(1, 6))
-    assert len(asked) == 2 and "turn 6:" in asked[1] and "turn 1:" not in asked[1]
-    turn(api, helper, conversation, "turn 11: hello")  # the next write: the first five read
+    assert "turn 6:" in asked[1] and "turn 1:" not in asked[1]
+    # The first task, sent again (at once here, where Celery runs tasks eagerly), read them.
     assert len(asked) == 3
     assert "turn 1:" in asked[2] and "turn 5:" in asked[2] and "turn 6:" not in asked[2]
     assert not MemoryExtraction.objects.get().unread
@@ -456,17 +480,21 @@ def test_the_agents_metadata_sets_how_many_turns(
 def test_a_setting_that_is_no_number_is_warned_of_once_a_write(
     api, helper, conversation, llm, caplog
 ):
-    """(Each write asked for the setting twice, and said so twice.)"""
+    """(Each write asked for the setting twice, and said so twice; an extraction three
+    times more: code review.) Once by the write, once by the extraction it hands on."""
     helper.agent.metadata = {EXTRACTION_TURNS_KEY: "often"}
     helper.agent.save(update_fields=["metadata"])
     turns(api, helper, conversation, range(1, 4))
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="agents_api.extraction"):
-        turns(api, helper, conversation, [4])
-    assert [r.getMessage() for r in caplog.records].count(
+    said = (
         f"agent {helper.agent.id}: {EXTRACTION_TURNS_KEY} must be a whole number >= 0, "
         "not 'often'; using 5"
-    ) == 1
+    )
+    for turn, times in ((4, 1), (5, 2)):  # (the fifth is read: the default is 5)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="agents_api.extraction"):
+            turns(api, helper, conversation, [turn])
+        assert [r.getMessage() for r in caplog.records].count(said) == times
+    assert len(extractions(llm)) == 1
 
 
 def test_turns_given_back_are_not_read_once_extraction_is_turned_off(

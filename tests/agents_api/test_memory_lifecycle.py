@@ -218,6 +218,17 @@ def test_a_memory_saved_while_the_backend_is_down_is_embedded_by_the_sweep(
     assert sweep_unembedded_memories_task.apply().get() == 0  # nothing left
 
 
+@pytest.fixture
+def retries_run_inline():
+    """Tasks run here retry here, one try after another as a worker would, and end in a
+    result instead of raising the first failure. (Celery's eager retries read this setting,
+    not the argument given to ``apply``.)"""
+    previous = app.conf.task_eager_propagates
+    app.conf.task_eager_propagates = False
+    yield
+    app.conf.task_eager_propagates = previous
+
+
 @pytest.mark.django_db
 def test_the_sweep_retries_a_transient_failure_a_few_times_then_leaves_it_for_later(
     backend_down, retries_run_inline, caplog

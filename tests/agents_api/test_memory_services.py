@@ -108,6 +108,8 @@ def test_a_near_duplicate_is_merged_into_the_memory_it_repeats(agent):
         # (Merged into the present they corrected: review.)
         ("Lena is vegetarian", "Lena was vegetarian"),
         ("Lena is vegetarian", "Lena used to be vegetarian"),
+        ("Lena isn't vegetarian", "Lena wasn't vegetarian"),  # (code review)
+        ("Lena doesn't eat meat", "Lena didn't eat meat"),
     ],
 )
 def test_a_correction_near_the_fact_it_corrects_is_kept_beside_it(agent, kept, correction):
