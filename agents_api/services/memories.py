@@ -27,6 +27,7 @@ from agents_api.models import (
     claims,
     content_hash,
     default_expiry,
+    same_words,
 )
 from agents_api.selectors import MEMORIES, memory_off_for, memory_scope, messages_seen_by
 from conversations.models import Message
@@ -42,6 +43,9 @@ from search.tuning import configured_tuning
 # user, stating the same numbers and negations (``models.claims``), is the same fact in
 # other words: it is merged into that one.
 NEAR_DUPLICATE_SIMILARITY = 0.95
+# A text at least this near one stored that says the same words but for their punctuation
+# ("Oslo!!", "Oslo": 0.90) repeats it too (``models.same_words``).
+SAME_WORDS_SIMILARITY = 0.8
 # kagent: a memory used this often by the time it expires is kept another MEMORY_TTL.
 POPULAR_ACCESS_COUNT = 10
 # Inserts of one new fact a save tries while the row it collides with keeps vanishing
@@ -246,7 +250,8 @@ def _store_memories(agent, user_id, memories, source, model, vectors, items):
     hashes = [content_hash(new.content) for new in memories]
     by_hash = _live_by_hash(agent, user_id, hashes)  # (and the batch's new facts, as they come)
     said = [claims(new.content) for new in memories]
-    near = _stored_near_duplicates(agent, user_id, model, vectors, said, hashes, by_hash)
+    texts = [new.content for new in memories]
+    near = _stored_near_duplicates(agent, user_id, model, vectors, texts, said, hashes, by_hash)
     fresh: dict = {}  # each new fact (a Memory not yet stored) -> the saves it holds
     embedded_fresh: dict[int, Memory] = {}  # the new facts with a vector, by their index
     units = _unit_rows(vectors)
@@ -294,9 +299,10 @@ def _store_memories(agent, user_id, memories, source, model, vectors, items):
     ]
 
 
-def _stored_near_duplicates(agent, user_id, model, vectors, said, hashes, by_hash) -> dict:
-    """For each new text (by its index) that repeats no stored text, the stored memory
-    nearest to it if it is a near-duplicate stating the same ``claims`` (``said``, by index):
+def _stored_near_duplicates(agent, user_id, model, vectors, texts, said, hashes, by_hash) -> dict:
+    """For each new text (``texts``, by index) that repeats no stored text, the stored memory
+    nearest to it if it is a near-duplicate (or says the same words: ``models.same_words``)
+    stating the same ``claims`` (``said``, by index):
     (that memory, locked, or None if it was deleted while this waited for its row: the fact
     is new again; the distance). Near as the row is once locked: a change of its content
     committed while this waited for it (a PATCH) is measured again. (The save was merged
@@ -308,6 +314,20 @@ def _stored_near_duplicates(agent, user_id, model, vectors, said, hashes, by_has
         for i, (memory_id, distance) in zip(asked, nearest, strict=True)
         if distance is not None and distance <= 1 - NEAR_DUPLICATE_SIMILARITY
     }
+    # Farther, the same words but for their punctuation (read first without a lock: most
+    # are another fact, whose row this save must not hold).
+    farther = {
+        i: memory_id
+        for i, (memory_id, distance) in zip(asked, nearest, strict=True)
+        if i not in found and distance is not None and distance <= 1 - SAME_WORDS_SIMILARITY
+    }
+    if farther:
+        stored = dict(Memory.objects.filter(pk__in=farther.values()).values_list("pk", "content"))
+        found |= {
+            i: memory_id
+            for i, memory_id in farther.items()
+            if same_words(stored.get(memory_id, ""), texts[i])
+        }
     rows = {memory.pk: memory for memory in by_hash.values()}
     missing = set(found.values()) - rows.keys()
     if missing:
@@ -321,7 +341,10 @@ def _stored_near_duplicates(agent, user_id, model, vectors, said, hashes, by_has
         distance = _distance_to(memory, vectors[i], model)
         if (
             distance is not None
-            and distance <= 1 - NEAR_DUPLICATE_SIMILARITY
+            and (
+                distance <= 1 - NEAR_DUPLICATE_SIMILARITY
+                or (distance <= 1 - SAME_WORDS_SIMILARITY and same_words(memory.content, texts[i]))
+            )
             and claims(memory.content) == said[i]
         ):
             near[i] = (memory, distance)
@@ -356,7 +379,9 @@ def _nearest_repeat(stored, units: np.ndarray, embedded_fresh: dict, index: int,
     if earlier:
         distances = 1 - units[earlier] @ units[index]
         nearest = int(np.argmin(distances))
-        if distances[nearest] <= best_distance:
+        # (Near enough, and nearer than the stored one, which its same words bring from
+        # farther: ``_stored_near_duplicates``.)
+        if distances[nearest] <= min(best_distance, 1 - NEAR_DUPLICATE_SIMILARITY):
             best = embedded_fresh[earlier[nearest]]
     return best
 

@@ -130,6 +130,25 @@ def test_a_correction_near_the_fact_it_corrects_is_kept_beside_it(agent, kept, c
 
 
 @pytest.mark.parametrize(
+    "repeat",
+    [
+        "Jane works as a nurse in Oslo!!",
+        "jane works as a nurse in oslo?",
+        "Jane works, as a nurse, in Oslo...",
+    ],
+)
+def test_the_same_words_but_for_their_punctuation_are_a_repeat(agent, repeat):
+    """Saved again with "!!" (cosine 0.90) it was kept as a second memory (review)."""
+    first, _ = save(agent, "Jane works as a nurse in Oslo")
+    again, created = save(agent, repeat)
+    assert (again.id, created) == (first.id, False)
+    # A number's punctuation is its claim: "3.5 km" is no "35 km".
+    ran, _ = save(agent, "Jane ran 3.5 km today")
+    other, created = save(agent, "Jane ran 35 km today")
+    assert created and other.id != ran.id
+
+
+@pytest.mark.parametrize(
     ("kept", "repeat"),
     [
         ("Dave has two children", "Dave has 2 children"),  # (review)
@@ -247,7 +266,10 @@ def test_a_batch_costs_the_same_statements_whatever_its_size(agent):
             memories_save(agent.as_principal(), agent=agent, user_id="alice", memories=batch)
         return len(saved.captured_queries)
 
-    assert statements_to_save(3, 0) == statements_to_save(60, 3)
+    few = statements_to_save(3, 0)
+    # (One more when some are farther but might say the same words: their texts read at
+    # once, ``_stored_near_duplicates``.)
+    assert statements_to_save(60, 3) in (few, few + 1)
     # (Texts that differ only in their number are not near-duplicates: ``claims``.)
     assert Memory.objects.count() == 1 + 3 + 60
 
