@@ -70,6 +70,10 @@ def home(request):
 
 
 SEARCH_WORDS = "Search words"  # (the search box's label)
+# The relevance a hit needs to be shown to a person (the API's ``minScore``): with none, any
+# word found the 20 messages nearest it, however unrelated (review); 0.3 keeps a message
+# holding a third of the words, or as near in meaning as a paraphrase.
+PAGE_MIN_SCORE = 0.3
 
 
 @page(q=SEARCH_WORDS)
@@ -80,7 +84,11 @@ def search(request):
         with fields_named(query=SEARCH_WORDS):
             # As many hits as the API gives at most.
             asked = s.SearchMessagesIn.search_arguments(
-                {"query": query, "topK": settings.MEMORY_MAX_SEARCH_LIMIT}
+                {
+                    "query": query,
+                    "topK": settings.MEMORY_MAX_SEARCH_LIMIT,
+                    "minScore": PAGE_MIN_SCORE,
+                }
             )
         hits = search_messages(request.principal, **asked)
     # Each hit named by its conversation too: "alice, 2026-12-06 11:39", three times, said
