@@ -182,12 +182,15 @@ class AgentAdmin(MetadataChecked, DeletedByService, ModelAdmin):
         # observer's claims and give-backs take it): Letta's settings as its API takes them
         # hold none, and the metadata read when the page was posted undid a claim landing
         # meanwhile, and the turns were read again (reviews).
+        # Only what the operator changed (another operator's rename landing meanwhile was
+        # undone by a save of the description: review).
         with transaction.atomic():
             current = Agent.objects.select_for_update().get(pk=obj.pk)
             obj.metadata = with_place_kept(obj.metadata, current)
-            super().save_model(request, obj, form, change)
+            if form.changed_data:
+                obj.save(update_fields=form.changed_data)
         if "name" in form.changed_data:
-            local_conversation_renamed(obj, old_name=form.initial["name"])
+            local_conversation_renamed(obj, old_name=current.name)
 
     # Deleted as Letta's route deletes one: with its own conversation (``agent_delete``),
     # which the confirmation lists as the conversation's own would (with its group, forks

@@ -7,6 +7,7 @@ from collections import Counter
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
+from django.contrib.admin.models import LogEntry
 from django.contrib.admin.options import TO_FIELD_VAR
 from django.contrib.admin.utils import NestedObjects, quote, unquote
 from django.core.exceptions import FieldDoesNotExist, ValidationError
@@ -185,11 +186,44 @@ class _ShownNestedObjects(NestedObjects):
         return [format_callback(obj), *([children] if children else [])]
 
 
+def _unworded(entries: list) -> list:
+    """Log entries (``LogEntry``) named by their row's kind and id instead of its text."""
+    for entry in entries:
+        entry.object_repr = f"{entry.content_type.name} {entry.object_id}"[:200]
+    LogEntry.objects.bulk_update(entries, ["object_repr"])
+    return entries
+
+
 class ModelAdmin(Checked, admin.ModelAdmin):
     """Django's, taking in a list's query only the lookups its own filters write, and an
     action's selection only of ids (``Checked``); a deletion's confirmation lists a few rows
     of each kind under a row, and counts them all (``_ShownNestedObjects``); a row refused
     by what it is (``deletion_refused``) is refused with the reason."""
+
+    def formfield_for_dbfield(self, db_field, request, **kwargs):
+        field = super().formfield_for_dbfield(db_field, request, **kwargs)
+        if field is not None:
+            # What the operator changed is told from what the page showed them (sent back
+            # hidden beside each field), not from the row as it is once the page is posted:
+            # a change landing meanwhile (the API's, another operator's) was undone by a save
+            # that did not touch it (review). A text is kept as typed, as the APIs keep it
+            # (a title's spaces were cut by a save that did not touch it: review).
+            field.show_hidden_initial = True
+            if isinstance(field, forms.CharField):
+                field.strip = False
+        return field
+
+    # The admin's log ("Recent actions", kept for good) names a row by its kind and id, not
+    # by its text: a message's first words, a title, a user's id stayed there after that
+    # user's erase (review).
+    def log_addition(self, request, obj, message):
+        return _unworded([super().log_addition(request, obj, message)])[0]
+
+    def log_change(self, request, obj, message):
+        return _unworded([super().log_change(request, obj, message)])[0]
+
+    def log_deletions(self, request, queryset):
+        return _unworded(list(super().log_deletions(request, queryset)))
 
     def deletion_refused(self, obj) -> str | None:
         """Why ``obj`` is not deleted whatever the operator may do (a read-only block: its

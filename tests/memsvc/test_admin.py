@@ -639,6 +639,14 @@ def test_deleting_in_the_admin_deletes_as_the_api_does_and_keeps_forks(operator,
     page = reverse("admin:conversations_conversationgroup_delete", args=[counted.root.group_id])
     assert operator.post(page, {"post": "yes"}).status_code == 302
     assert not Message.objects.exists()
+    # The admin's log names each row by its kind and id, never by its words: a message's
+    # and a title's stayed there after their user's erase (review).
+    from django.contrib.admin.models import LogEntry
+
+    logged = list(LogEntry.objects.values_list("object_repr", flat=True))
+    assert len(logged) >= 4
+    assert not [text for text in logged if "quokka" in text or "Pets" in text or "alice" in text]
+    assert f"conversation {counted.fork.pk}" in logged
 
 
 @pytest.mark.django_db(transaction=True)
@@ -699,10 +707,47 @@ def test_a_conversations_new_title_is_one_line_as_the_apis_take_it(operator, cou
     assert counted.fork.title == "Pets (fork)"
     # One an import kept from before the rule stays, its metadata changed beside it.
     Conversation.objects.filter(pk=counted.fork.pk).update(title="old\u2028title")
-    kept = operator.post(page, {"title": "old\u2028title", "metadata": '{"k": 1}'})
+    kept = operator.post(
+        page,
+        {
+            "title": "old\u2028title",
+            "initial-title": "old\u2028title",  # (what the page showed, as a browser sends it)
+            "metadata": '{"k": 1}',
+            "initial-metadata": "{}",
+        },
+    )
     assert kept.status_code == 302, kept.content[:500]
     counted.fork.refresh_from_db()
     assert (counted.fork.title, counted.fork.metadata) == ("old\u2028title", {"k": 1})
+
+
+def test_a_save_here_changes_only_what_the_operator_changed_on_the_page(operator, counted):
+    """The fields a save had not touched were written back as the page showed them: a title
+    the API changed meanwhile went back, and a title's spaces were cut (review)."""
+    from agents_api.models import Agent
+
+    page = reverse("admin:conversations_conversation_change", args=[counted.fork.pk])
+    shown = operator.get(page).content.decode()
+    assert 'name="initial-title"' in shown  # (the page sends back what it showed)
+    Conversation.objects.filter(pk=counted.fork.pk).update(title="  Renamed by Alice  ")
+    form = {"title": "Pets (fork)", "initial-title": "Pets (fork)", "initial-metadata": "{}"}
+    saved = operator.post(page, {**form, "metadata": '{"reviewed": true}'})
+    assert saved.status_code == 302, saved.content[:500]
+    counted.fork.refresh_from_db()
+    assert (counted.fork.title, counted.fork.metadata) == (
+        "  Renamed by Alice  ",
+        {"reviewed": True},
+    )
+
+    agent = AgentFactory(name="bot3")
+    page = reverse("admin:agents_api_agent_change", args=[agent.pk])
+    Agent.objects.filter(pk=agent.pk).update(name="bot4")  # (another operator's rename)
+    form = {"name": "bot3", "initial-name": "bot3", "initial-description": ""}
+    form |= {"owner_principal": agent.owner_principal, "metadata": "{}", "initial-metadata": "{}"}
+    saved = operator.post(page, {**form, "description": "Helps with travel"})
+    assert saved.status_code == 302, saved.content[:500]
+    agent.refresh_from_db()
+    assert (agent.name, agent.description) == ("bot4", "Helps with travel")
 
 
 @pytest.mark.parametrize(
