@@ -11,6 +11,7 @@ from django.conf import settings
 from django.contrib.postgres.fields import ArrayField
 from django.contrib.postgres.functions import RandomUUID
 from django.contrib.postgres.indexes import GinIndex
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import F, Q
 from django.db.models.functions import Cast, Left, Length, Now
@@ -180,6 +181,18 @@ class Scope(models.TextChoices):
     IMPERSONATE = "impersonate"
 
 
+def api_key_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a key's note (``ApiKey.name``'s rules), or None."""
+    field = ApiKey._meta.get_field("name")
+    if len(name) > field.max_length:
+        return f"at most {field.max_length} characters"
+    try:
+        field.run_validators(name)
+    except ValidationError as exc:
+        return exc.messages[0]
+    return None
+
+
 class ApiKey(models.Model):
     """An agent's credential: ``msk_<public_id>_<secret>``.
 
@@ -189,7 +202,14 @@ class ApiKey(models.Model):
 
     public_id = models.CharField(max_length=32, unique=True, editable=False)
     agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="api_keys")
-    name = models.CharField(max_length=200, blank=True, default="")
+    # A note that tells keys apart, shown in lists: one line of text shown as it is (a bidi
+    # control or a control character showed another note: review).
+    name = models.CharField(
+        max_length=200,
+        blank=True,
+        default="",
+        validators=[no_nul_characters, no_control_characters, one_line, shown_as_it_is],
+    )
     prefix = models.CharField(max_length=64, editable=False)
     secret_hmac = models.CharField(max_length=64, editable=False)
     scopes = models.JSONField(default=list)

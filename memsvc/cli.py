@@ -570,21 +570,18 @@ def cmd_token(args: argparse.Namespace) -> int:
 
 def cmd_apikey_create(args: argparse.Namespace) -> int:
     _setup_database()
-    from agents_api.models import Agent, ApiKey
+    from agents_api.models import Agent, api_key_name_problem
     from agents_api.services import agent_get_or_create, api_key_create
     from memsvc.api.errors import NotFound
     from memsvc.api.principals import agent_owner_problem
 
-    longest = ApiKey._meta.get_field("name").max_length
     # The rules of a new agent's name and owner, not of one that exists (an import's, named
     # by rules of its time, got no key here, and a new agent of the name was made: review).
     new = not Agent.objects.filter(owner_principal=args.owner, name=args.agent).exists()
     if (
         (new and _refused("agent name", _agent_name_problem(args.agent)))
         or (new and _refused("--owner", agent_owner_problem(args.owner)))
-        or _refused(
-            "--name", f"at most {longest} characters" if len(args.name or "") > longest else None
-        )
+        or _refused("--name", api_key_name_problem(args.name or ""))
     ):
         return 1
     agent, created = agent_get_or_create(owner_principal=args.owner, name=args.agent)
