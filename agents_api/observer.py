@@ -78,10 +78,21 @@ def _sizes(output) -> list[str]:
     return [f"{name}: {count} item{'s' if count != 1 else ''}" for name, count in ranked]
 
 
+def _text_of(output) -> str | None:
+    """The text a tool answered: its output when that is a JSON string, or what it answered
+    that is no JSON (``{"_raw": ...}``); None for other JSON."""
+    if isinstance(output, str):
+        return output
+    if isinstance(output, dict) and set(output) == {"_raw"}:
+        return str(output["_raw"])
+    return None
+
+
 def _shape(output) -> str:
+    text = _text_of(output)
+    if text is not None:
+        return f"text of {len(text)} characters"
     if isinstance(output, dict):
-        if set(output) == {"_raw"}:  # a tool that answered something other than JSON
-            return f"text of {len(str(output['_raw']))} characters"
         keys = list(output)
         shown = ", ".join(keys[:10]) + (", ..." if len(keys) > 10 else "")
         return f"an object with {len(keys)} field{'s' if len(keys) != 1 else ''} ({shown})"
@@ -89,7 +100,7 @@ def _shape(output) -> str:
         return f"a list of {len(output)} item{'s' if len(output) != 1 else ''}"
     if output is None:
         return "nothing"
-    return f"the value {json.dumps(output)[:200]}"
+    return f"the value {json.dumps(output, ensure_ascii=False)[:200]}"
 
 
 def fallback_summary(tool_name: str, raw_input, raw_output) -> str:
@@ -102,10 +113,11 @@ def fallback_summary(tool_name: str, raw_input, raw_output) -> str:
     error = raw_output.get("error") if isinstance(raw_output, dict) else None
     if error:
         parts.append(f"Error: {shortened(str(error), MAX_INPUT_CHARS)}.")
-    if isinstance(raw_output, dict) and set(raw_output) == {"_raw"}:
+    text = _text_of(raw_output)
+    if text is not None:
         # Its words: each text answer of a tool said the same, the error that was in one
-        # found by nothing of it (review).
-        parts.append(f"Text: {shortened(str(raw_output['_raw']), MAX_INPUT_CHARS)}.")
+        # found by nothing of it (review; a JSON string's were escaped, "\u6771...": review).
+        parts.append(f"Text: {shortened(text, MAX_INPUT_CHARS)}.")
     sizes = _sizes(raw_output)
     if sizes:
         parts.append("Sizes: " + "; ".join(sizes) + ".")

@@ -19,6 +19,7 @@ from conversations.selectors import group_owners
 from memsvc.api.errors import Conflict, InvalidInput
 from memsvc.api.principals import Principal, agent_uuid_of
 from memsvc.db import held_keys, hold_users
+from memsvc.text import shows_nothing
 from search.services import (
     embed_pending_rows,
     embed_rows,
@@ -59,9 +60,12 @@ def tool_records_create(
     deleted since). Returns (records, created). The caller hands new ones to the observer
     once committed (``tasks.enqueue_tool_record_observation``), as a write's other
     after-commit work is handed on by its view."""
+    # A summary of nothing to read (spaces, a zero-width space) is none: the observer's
+    # (it was kept, and the record had no words to be found by: review).
+    given = ["" if shows_nothing(new.summary) else new.summary for new in records]
     summaries = [
-        new.summary or observer.fallback_summary(new.tool_name, new.raw_input, new.raw_output)
-        for new in records
+        summary or observer.fallback_summary(new.tool_name, new.raw_input, new.raw_output)
+        for summary, new in zip(given, records, strict=True)
     ]
     model, vectors = _vectors(summaries)
     rows = [
@@ -75,7 +79,7 @@ def tool_records_create(
             raw_input=new.raw_input,
             raw_output=new.raw_output,
             summary=summaries[index],
-            summary_source=SummarySource.CALLER if new.summary else SummarySource.FALLBACK,
+            summary_source=SummarySource.CALLER if given[index] else SummarySource.FALLBACK,
         )
         for index, new in enumerate(records)
     ]

@@ -177,6 +177,14 @@ def test_the_fallback_names_the_tool_input_sizes_identifiers_and_errors():
     long = fallback_summary("read_page", {}, {"_raw": "x" * 5_000})
     assert len(long) < 400 and "Text: xxx" in long
     assert fallback_summary("noop", {}, None) == "Tool noop returned nothing."
+    # A JSON string is text too, its letters as they are (they were escaped, "\u6771...",
+    # and its vector and keywords read those: review).
+    assert fallback_summary("jp", {}, "東京駅の天気は晴れです") == (
+        "Tool jp returned text of 11 characters. Text: 東京駅の天気は晴れです."
+    )
+    assert fallback_summary("price", {}, "€5") == (
+        "Tool price returned text of 2 characters. Text: €5."
+    )
 
 
 def test_the_observer_prompt_keeps_the_seeds_rules():

@@ -94,6 +94,10 @@ def test_any_json_is_an_output_and_a_callers_summary_is_kept(api, helper):
         assert record["output"] == output
         assert record["summary"] == "my summary"
     assert set(ToolRecord.objects.values_list("summary_source", flat=True)) == {"caller"}
+    # One of nothing to read is none: the observer's (review: it was kept, words of nothing).
+    for blank in ("\t \n", "   ", "\u200b"):
+        record = create(api, helper, tool_name="echo", output={"id": "WS-1"}, summary=blank)
+        assert "WS-1" in record["summary"] and "Tool echo returned" in record["summary"]
 
 
 def test_a_record_can_name_a_conversation_the_agent_sees(api, helper):
