@@ -126,6 +126,12 @@ def decode_user_token(token: str) -> dict:
     sub = claims["sub"]
     if not isinstance(sub, str) or not sub:
         raise Unauthorized("invalid token: sub must be a non-empty string")
+    # Times are numbers (RFC 7519's NumericDate): PyJWT reads "9999999999" as one, and a
+    # token whose exp was that text was taken (review).
+    for name in ("exp", "nbf", "iat"):
+        value = claims.get(name)
+        if name in claims and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise Unauthorized(f"invalid token: {name} must be a number")
     # A signed token for an id this service cannot take as a user's (too long, a NUL, an
     # agent's ``agent:`` prefix: agent principals come from API keys only) is a request it
     # cannot serve, not a failed authentication: 400 naming ``sub``.

@@ -261,9 +261,16 @@ def test_required_claim_missing(api, claim):
     assert_unauthorized(api.get(PATH, as_=bearer(token(claims(**{claim: None}), SECRET))), claim)
 
 
-@pytest.mark.parametrize("exp", ["tomorrow", [1], {"at": 1}])
+@pytest.mark.parametrize("exp", ["tomorrow", [1], {"at": 1}, "9999999999", True])
 def test_exp_not_a_number(api, exp):
+    """(A text of digits was read as the number and taken: review.)"""
     assert_unauthorized(api.get(PATH, as_=bearer(token(claims(exp=exp), SECRET))))
+
+
+@pytest.mark.parametrize("claim", ["nbf", "iat"])
+def test_other_times_are_numbers_too(api, claim):
+    now = str(int(time.time()) - 60)
+    assert_unauthorized(api.get(PATH, as_=bearer(token(claims(**{claim: now}), SECRET))), claim)
 
 
 @pytest.mark.parametrize("sub", [42, "", ["alice"], {"id": "alice"}, True])
