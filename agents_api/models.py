@@ -298,13 +298,25 @@ def normalised_content(content: str) -> str:
 
 def same_words(content: str, other: str) -> bool:
     """Whether two texts say the same words in the same order, whatever their case, spacing
-    and punctuation ("lives in Oslo!!" and "lives in Oslo"): a repeat, if they state the
-    same ``claims`` ("3.5 km" and "35 km" do not). Their vectors may be far apart (cosine
-    0.90 for those two: a repeat was kept twice; review)."""
-    return _WORDS.findall(normalised_content(content)) == _WORDS.findall(normalised_content(other))
+    and the sentence punctuation at the ends of their words ("lives in Oslo!!" and "lives
+    in Oslo"): a repeat, if they state the same ``claims`` ("3.5 km" and "35 km" do not).
+    Their vectors may be far apart (cosine 0.90 for those two: a repeat was kept twice;
+    review). Only that punctuation: any other sign is part of its word ("C++" is no "C",
+    "A+" no "A-", "$500" no "€500": code review), and a text of no word repeats nothing."""
+    words = _punctuated_words(content)
+    return bool(words) and words == _punctuated_words(other)
 
 
-_WORDS = re.compile(r"\w+")
+# The sentence punctuation a word may carry at either end and still be the same word.
+_SENTENCE_PUNCTUATION = ".,;:!?\u2026\"'\u201c\u201d\u2018\u2019\u00ab\u00bb()[]{}\u00bf\u00a1"
+
+
+def _punctuated_words(content: str) -> list[str]:
+    text = unicodedata.normalize("NFC", normalised_content(content))
+    stripped = (word.strip(_SENTENCE_PUNCTUATION) for word in text.split())
+    return [word for word in stripped if word]
+
+
 # A text's numbers and words, in the order it says them.
 _NUMBERS_AND_WORDS = re.compile(r"(\d+(?:[.,:/-]\d+)*)|([^\W\d_]+(?:'[^\W\d_]+)?)")
 # Numbers written as words: "has three children" corrects "has two children" as "3" does

@@ -85,7 +85,10 @@ class MembershipForm(forms.ModelForm):
     def clean(self):
         data = super().clean()
         if self.instance.pk and self.initial.get("access_level") == AccessLevel.OWNER:
-            if self.has_changed():
+            # The row as it is now (an owner made meanwhile, a transfer accepted, is one
+            # whatever the page showed: ``has_changed`` compares with the page, and a save
+            # of an unchanged page wrote "reader" over the new owner; code review).
+            if data.get("access_level") != AccessLevel.OWNER:
                 raise ValidationError(OWNER_STAYS)
         elif data.get("access_level") == AccessLevel.OWNER:
             raise ValidationError({"access_level": OWNER_STAYS})
@@ -97,7 +100,7 @@ def save_membership(request, membership: Membership) -> None:
     (``membership_create_by_operator``: the member held against their erase first); a
     change (its level) saved as it is."""
     if not membership._state.adding:
-        membership.save()
+        membership.save(update_fields=["access_level"])  # (what the form may change)
         return
     created = membership_create_by_operator(
         operator(request),

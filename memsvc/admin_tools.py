@@ -1,15 +1,17 @@
 """Pieces shared by the admin pages of every app: they must stay fast at millions of rows."""
 
 import contextlib
+import json
 import uuid
 from collections import Counter
 
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.contrib.admin.models import LogEntry
+from django.contrib.admin.models import ADDITION, CHANGE, DELETION, LogEntry
 from django.contrib.admin.options import TO_FIELD_VAR
 from django.contrib.admin.utils import NestedObjects, quote, unquote
+from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import FieldDoesNotExist, ValidationError
 from django.core.paginator import Paginator
 from django.db import router, transaction
@@ -186,12 +188,22 @@ class _ShownNestedObjects(NestedObjects):
         return [format_callback(obj), *([children] if children else [])]
 
 
-def _unworded(entries: list) -> list:
-    """Log entries (``LogEntry``) named by their row's kind and id instead of its text."""
-    for entry in entries:
-        entry.object_repr = f"{entry.content_type.name} {entry.object_id}"[:200]
-    LogEntry.objects.bulk_update(entries, ["object_repr"])
-    return entries
+def _logged(request, objects, action_flag: int, message) -> list:
+    """The admin's log entries (``LogEntry``, as Django's ``log_actions`` writes them) of an
+    action on ``objects``, each naming its row by its kind and id, never by its text (written
+    so at once: a text written and then replaced stays in the table's old row versions)."""
+    entries = [
+        LogEntry(
+            user_id=request.user.pk,
+            content_type_id=ContentType.objects.get_for_model(obj, for_concrete_model=False).pk,
+            object_id=obj.pk,
+            object_repr=f"{obj._meta.verbose_name} {obj.pk}"[:200],
+            action_flag=action_flag,
+            change_message=json.dumps(message) if isinstance(message, list) else message,
+        )
+        for obj in objects
+    ]
+    return LogEntry.objects.bulk_create(entries)
 
 
 class ModelAdmin(Checked, admin.ModelAdmin):
@@ -217,13 +229,13 @@ class ModelAdmin(Checked, admin.ModelAdmin):
     # by its text: a message's first words, a title, a user's id stayed there after that
     # user's erase (review).
     def log_addition(self, request, obj, message):
-        return _unworded([super().log_addition(request, obj, message)])[0]
+        return _logged(request, [obj], ADDITION, message)[0]
 
     def log_change(self, request, obj, message):
-        return _unworded([super().log_change(request, obj, message)])[0]
+        return _logged(request, [obj], CHANGE, message)[0]
 
     def log_deletions(self, request, queryset):
-        return _unworded(list(super().log_deletions(request, queryset)))
+        return _logged(request, queryset, DELETION, "")
 
     def deletion_refused(self, obj) -> str | None:
         """Why ``obj`` is not deleted whatever the operator may do (a read-only block: its

@@ -12,7 +12,7 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from agents_api.models import Memory, claims
+from agents_api.models import Memory, claims, same_words
 from agents_api.services import (
     NewMemory,
     memories_embed_pending,
@@ -146,6 +146,19 @@ def test_the_same_words_but_for_their_punctuation_are_a_repeat(agent, repeat):
     ran, _ = save(agent, "Jane ran 3.5 km today")
     other, created = save(agent, "Jane ran 35 km today")
     assert created and other.id != ran.id
+    # Only sentence punctuation at a word's ends: any other sign is part of the word (a
+    # first rule read only letters and digits, and merged these: code review).
+    for text, other in [
+        ("Bob codes in C#", "Bob codes in C"),
+        ("Alice prefers C++", "Alice prefers C"),
+        ("blood type A+", "blood type A-"),
+        ("The rent is $500", "The rent is €500"),
+        ("balance is -50 EUR", "balance is 50 EUR"),
+        ("tea > coffee", "tea < coffee"),
+        ("!!!", "???"),
+        ("वह दिन याद है", "वह दान याद है"),  # (a vowel sign is no letter to \w)
+    ]:
+        assert not same_words(text, other), text
 
 
 @pytest.mark.parametrize(

@@ -491,6 +491,27 @@ def test_tool_records_are_found_by_output_words_task_or_id_and_can_be_deleted(op
     assert list(ToolRecord.objects.values_list("tool_name", flat=True)) == ["get_weather"]
 
 
+def test_a_member_made_owner_since_the_page_was_shown_stays_owner(operator, memory):
+    """The page showed "reader"; a transfer then made them the owner; a save of the page
+    unchanged wrote "reader" over the owner's row, and the group had none (code review:
+    the check compared with the page, not the row)."""
+    from conversations.models import AccessLevel, Membership
+
+    conversation, _ = memory
+    bob = Membership.objects.get(group=conversation.group, principal_id="bob")
+    change = reverse("admin:conversations_membership_change", args=[bob.pk])
+    shown = {"principal_id": "bob", "group": bob.group_id, "access_level": bob.access_level}
+    form = {**shown, **{f"initial-{name}": value for name, value in shown.items()}}
+    Membership.objects.filter(group=conversation.group, access_level=AccessLevel.OWNER).update(
+        access_level=AccessLevel.MANAGER
+    )
+    Membership.objects.filter(pk=bob.pk).update(access_level=AccessLevel.OWNER)  # (accepted)
+    refused = operator.post(change, form)
+    assert refused.status_code == 200
+    assert "ownership moves by a transfer" in refused.content.decode()
+    assert Membership.objects.get(pk=bob.pk).access_level == AccessLevel.OWNER
+
+
 def test_an_owners_membership_stays_as_it_is_in_the_admin(operator, memory):
     """Ownership moves by a transfer: the admin refuses to change or delete the owner's row,
     or to make a second owner, with a message (the database's refusal was a 500)."""
