@@ -24,7 +24,9 @@ from memsvc.api.principals import AGENT_PRINCIPAL_PREFIX, PRINCIPAL_MAX_LENGTH, 
 from memsvc.db import embedding_has_model, embedding_index, json_is_object, words_column
 from memsvc.text import DEFAULT_IGNORABLE
 from memsvc.validators import (
+    LONE_SURROGATE_PROBLEM,
     composed,
+    has_lone_surrogates,
     no_blank_ends,
     no_control_characters,
     no_nul_characters,
@@ -186,6 +188,8 @@ def api_key_name_problem(name: str) -> str | None:
     field = ApiKey._meta.get_field("name")
     if len(name) > field.max_length:
         return f"at most {field.max_length} characters"
+    if has_lone_surrogates(name):  # (a command line's bytes that are no UTF-8)
+        return LONE_SURROGATE_PROBLEM
     try:
         field.run_validators(name)
     except ValidationError as exc:
@@ -208,7 +212,13 @@ class ApiKey(models.Model):
         max_length=200,
         blank=True,
         default="",
-        validators=[no_nul_characters, no_control_characters, one_line, shown_as_it_is],
+        validators=[
+            no_nul_characters,
+            no_control_characters,
+            one_line,
+            shown_as_it_is,
+            no_blank_ends,
+        ],
     )
     prefix = models.CharField(max_length=64, editable=False)
     secret_hmac = models.CharField(max_length=64, editable=False)

@@ -23,6 +23,7 @@ class Migration(migrations.Migration):
                     memsvc.validators.no_control_characters,
                     memsvc.validators.one_line,
                     memsvc.validators.shown_as_it_is,
+                    memsvc.validators.no_blank_ends,
                 ],
             ),
         ),

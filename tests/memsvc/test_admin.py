@@ -245,6 +245,14 @@ def test_an_api_key_made_in_the_admin_is_shown_once_and_works(operator, api):
         reverse("admin:agents_api_apikey_change", args=[ApiKey.objects.get().pk])
     ).content.decode()
     assert key not in change
+    # A note is one line shown as it is (a bidi control showed another: review).
+    for note in ("\u202epotpal", "two\nlines", "laptop\u200b"):
+        refused = operator.post(
+            reverse("admin:agents_api_apikey_add"),
+            {"agent": str(agent.id), "name": note, "scopes": ["read"]},
+        )
+        assert refused.status_code == 200 and "errornote" in refused.content.decode(), note
+    assert ApiKey.objects.count() == 1
 
 
 @pytest.fixture

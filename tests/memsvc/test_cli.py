@@ -396,6 +396,8 @@ def test_names_longer_than_their_columns_are_refused_in_words(capsys):
         ("\u202epotpal", "bidirectional control"),
         ("the\tlaptop", "control characters"),
         ("a\u2028b", "one line"),
+        ("laptop\u200b", "must not begin or end with a space"),
+        ("\udcff", "lone surrogate"),  # (a command line's byte that is no UTF-8)
     ):
         assert cli.main(["apikey", "create", "bot", "--name", note]) == 1
         assert said in capsys.readouterr().err
