@@ -260,7 +260,7 @@ def _store_memories(agent, user_id, memories, source, model, vectors, items):
         vector = vectors[index] if vectors else None
         same = by_hash.get(hashes[index])
         if same is None and vector is not None:
-            same = _nearest_repeat(near.get(index), units, embedded_fresh, index, said)
+            same = _nearest_repeat(near.get(index), units, embedded_fresh, index, said, texts)
         if same is not None:
             if same in fresh:
                 fresh[same].append(new)
@@ -368,21 +368,27 @@ def _unit_rows(vectors) -> np.ndarray | None:
     return rows / np.maximum(np.linalg.norm(rows, axis=1, keepdims=True), 1e-12)
 
 
-def _nearest_repeat(stored, units: np.ndarray, embedded_fresh: dict, index: int, said: list):
+def _nearest_repeat(stored, units: np.ndarray, embedded_fresh: dict, index: int, said, texts):
     """The memory the batch's text ``index`` repeats in other words: the nearer of the stored
     near-duplicate (``_stored_near_duplicates``) and the batch's earlier new facts stating
-    the same ``claims`` (``said``, by index), if it is near enough."""
-    best, best_distance = None, 1 - NEAR_DUPLICATE_SIMILARITY
+    the same ``claims`` (``said``, by index) that repeat it (near enough, or the same words:
+    ``models.same_words``, of ``texts``)."""
+    best, best_distance = None, None
     if stored is not None and stored[0] is not None:
         best, best_distance = stored
     earlier = [i for i in embedded_fresh if said[i] == said[index]]
     if earlier:
         distances = 1 - units[earlier] @ units[index]
-        nearest = int(np.argmin(distances))
-        # (Near enough, and nearer than the stored one, which its same words bring from
-        # farther: ``_stored_near_duplicates``.)
-        if distances[nearest] <= min(best_distance, 1 - NEAR_DUPLICATE_SIMILARITY):
-            best = embedded_fresh[earlier[nearest]]
+        repeats = [
+            (float(distance), i)
+            for distance, i in zip(distances, earlier, strict=True)
+            if distance <= 1 - NEAR_DUPLICATE_SIMILARITY
+            or (distance <= 1 - SAME_WORDS_SIMILARITY and same_words(texts[i], texts[index]))
+        ]
+        if repeats:
+            distance, nearest = min(repeats)
+            if best_distance is None or distance <= best_distance:
+                best = embedded_fresh[nearest]
     return best
 
 

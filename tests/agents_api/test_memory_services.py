@@ -142,6 +142,11 @@ def test_the_same_words_but_for_their_punctuation_are_a_repeat(agent, repeat):
     first, _ = save(agent, "Jane works as a nurse in Oslo")
     again, created = save(agent, repeat)
     assert (again.id, created) == (first.id, False)
+    # In one batch alike (code review: both were kept).
+    batch = [NewMemory("Jane lives in Oslo"), NewMemory("Jane lives in Oslo!!")]
+    saved = memories_save(agent.as_principal(), agent=agent, user_id="carol", memories=batch)
+    assert [created for _, created in saved] == [True, False]
+    assert saved[0][0].id == saved[1][0].id
     # A number's punctuation is its claim: "3.5 km" is no "35 km".
     ran, _ = save(agent, "Jane ran 3.5 km today")
     other, created = save(agent, "Jane ran 35 km today")
