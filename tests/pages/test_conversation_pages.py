@@ -25,6 +25,7 @@ from conversations.services import (
     messages_delete,
 )
 from memsvc.api.principals import Principal
+from search.services import embed_pending
 from tests.pages.conftest import conversation_of
 from tests.pages.html import forms, inline_scripts, unlabelled_controls
 
@@ -244,6 +245,17 @@ def test_a_search_with_nothing_to_read_is_no_search(alice_page, query):
     response = alice_page.get("/app/search/", {"q": query})
     assert response.status_code == 200
     assert "Rex" not in response.content.decode()
+
+
+def test_a_search_shows_only_what_is_relevant_itself(alice_page):
+    """Any word showed the 20 messages nearest it, however unrelated (review): a hit needs a
+    relevance of ``PAGE_MIN_SCORE`` (the API's ``minScore``)."""
+    conversation_of("alice", "Pets", "My dog Rex loves the beach", "We bought oat milk")
+    embed_pending()
+    found = alice_page.get("/app/search/", {"q": "dog"}).content.decode()
+    assert "Rex" in found and "oat milk" not in found
+    nothing = alice_page.get("/app/search/", {"q": "quantum chromodynamics"}).content.decode()
+    assert "Nothing found for" in nothing and "Rex" not in nothing
 
 
 def test_a_page_and_its_htmx_fragment_share_an_address_and_say_they_vary_on_it(alice_page):
