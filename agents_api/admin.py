@@ -189,6 +189,7 @@ class AgentAdmin(MetadataChecked, DeletedByService, ModelAdmin):
             obj.metadata = with_place_kept(obj.metadata, current)
             if form.changed_data:
                 obj.save(update_fields=form.changed_data)
+            obj.refresh_from_db()  # (as it is now: the page's values of the rest are stale)
         if "name" in form.changed_data:
             local_conversation_renamed(obj, old_name=current.name)
 
@@ -357,7 +358,8 @@ class ApiKeyAdmin(ModelAdmin):
 
     def save_model(self, request, obj, form, change):
         if change:
-            obj.save(update_fields=["name"])
+            if "name" in form.changed_data:  # (else the page's, stale: code review)
+                obj.save(update_fields=["name"])
             return
         api_key, full_key = api_key_create(
             agent=form.cleaned_data["agent"],

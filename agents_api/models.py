@@ -212,13 +212,7 @@ class ApiKey(models.Model):
         max_length=200,
         blank=True,
         default="",
-        validators=[
-            no_nul_characters,
-            no_control_characters,
-            one_line,
-            shown_as_it_is,
-            no_blank_ends,
-        ],
+        validators=[no_nul_characters, *GIVEN_NAME_RULES],
     )
     prefix = models.CharField(max_length=64, editable=False)
     secret_hmac = models.CharField(max_length=64, editable=False)
@@ -323,8 +317,27 @@ _SENTENCE_PUNCTUATION = ".,;:!?\u2026\"'\u201c\u201d\u2018\u2019\u00ab\u00bb()[]
 
 def _punctuated_words(content: str) -> list[str]:
     text = unicodedata.normalize("NFC", normalised_content(content))
-    stripped = (word.strip(_SENTENCE_PUNCTUATION) for word in text.split())
+    stripped = (_without_sentence_punctuation(word) for word in text.split())
     return [word for word in stripped if word]
+
+
+def _without_sentence_punctuation(word: str) -> str:
+    """``word`` without the sentence punctuation at its ends, but where it touches a digit
+    (".5 mg" is no "5 mg", 6' no 6": code review)."""
+    start, end = 0, len(word)
+    while (
+        start < end
+        and word[start] in _SENTENCE_PUNCTUATION
+        and not (start + 1 < end and word[start + 1].isdigit())
+    ):
+        start += 1
+    while (
+        end > start
+        and word[end - 1] in _SENTENCE_PUNCTUATION
+        and not word[end - 2 : end - 1].isdigit()
+    ):
+        end -= 1
+    return word[start:end]
 
 
 # A text's numbers and words, in the order it says them.

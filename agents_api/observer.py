@@ -12,7 +12,7 @@ import json
 import re
 
 from memsvc.llm import LLMError, chat
-from memsvc.text import shortened
+from memsvc.text import shortened, shows_nothing
 
 # The seed's observer: the raw output is cut here before it is sent to the model.
 OBSERVER_INPUT_CHARS = 10_000
@@ -114,7 +114,7 @@ def fallback_summary(tool_name: str, raw_input, raw_output) -> str:
     if error:
         parts.append(f"Error: {shortened(str(error), MAX_INPUT_CHARS)}.")
     text = _text_of(raw_output)
-    if text is not None:
+    if text is not None and not shows_nothing(text):
         # Its words: each text answer of a tool said the same, the error that was in one
         # found by nothing of it (review; a JSON string's were escaped, "\u6771...": review).
         parts.append(f"Text: {shortened(text, MAX_INPUT_CHARS)}.")
@@ -146,6 +146,6 @@ def observer_messages(tool_name: str, raw_input, raw_output) -> list[dict]:
 def observe(tool_name: str, raw_input, raw_output) -> str:
     """The model's summary of a tool's output; ``LLMError`` when it answers nothing."""
     answer = chat(observer_messages(tool_name, raw_input, raw_output)).strip()
-    if not answer:
-        raise LLMError("the model answered only whitespace")
+    if shows_nothing(answer):  # (a zero-width space too: as a caller's summary, code review)
+        raise LLMError("the model answered nothing to read")
     return shortened(answer, MAX_SUMMARY_CHARS)

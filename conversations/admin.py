@@ -34,6 +34,7 @@ from memsvc.admin_tools import (
     EmbeddedFilter,
     LargeTableAdmin,
     MetadataChecked,
+    ShownValues,
     as_uuid,
     asking_to_confirm,
     merged_deletions,
@@ -84,10 +85,19 @@ class MembershipForm(forms.ModelForm):
 
     def clean(self):
         data = super().clean()
-        if self.instance.pk and self.initial.get("access_level") == AccessLevel.OWNER:
-            # The row as it is now (an owner made meanwhile, a transfer accepted, is one
-            # whatever the page showed: ``has_changed`` compares with the page, and a save
-            # of an unchanged page wrote "reader" over the new owner; code review).
+        # The row as it is now, locked until the save (the admin's change is one
+        # transaction): an owner made meanwhile, a transfer accepted, is one whatever the page
+        # showed (``has_changed`` compares with the page, and a save of an unchanged page
+        # wrote "reader" over the new owner; code review).
+        now = (
+            Membership.objects.select_for_update()
+            .filter(pk=self.instance.pk)
+            .values_list("access_level", flat=True)
+            .first()
+            if self.instance.pk
+            else None
+        )
+        if now == AccessLevel.OWNER:
             if data.get("access_level") != AccessLevel.OWNER:
                 raise ValidationError(OWNER_STAYS)
         elif data.get("access_level") == AccessLevel.OWNER:
@@ -119,7 +129,7 @@ class MembershipFormSet(forms.BaseInlineFormSet):
                 raise ValidationError(OWNER_STAYS)
 
 
-class MembershipInline(admin.TabularInline):
+class MembershipInline(ShownValues, admin.TabularInline):
     model = Membership
     form = MembershipForm
     formset = MembershipFormSet
@@ -419,7 +429,8 @@ class MembershipAdmin(DeletedByService, LargeTableAdmin):
         return not owner and super().has_delete_permission(request, obj)
 
     def save_model(self, request, obj, form, change):
-        save_membership(request, obj)
+        if not change or "access_level" in form.changed_data:  # (else the page's, stale)
+            save_membership(request, obj)
 
     # Removed as the API removes a member: an offer of ownership to them ends.
     def delete_one(self, request, obj):

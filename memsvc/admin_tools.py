@@ -188,6 +188,23 @@ class _ShownNestedObjects(NestedObjects):
         return [format_callback(obj), *([children] if children else [])]
 
 
+class ShownValues:
+    """An admin (or an inline) whose forms tell what the operator changed from what the page
+    showed them (each field's shown value sent back hidden beside it), not from the row as
+    it is once the page is posted: a change landing meanwhile (the API's, another
+    operator's) was undone by a save that did not touch it (review). A text is kept as
+    typed, as the APIs keep it (a title's spaces were cut by a save that did not touch it:
+    review)."""
+
+    def formfield_for_dbfield(self, db_field, request, **kwargs):
+        field = super().formfield_for_dbfield(db_field, request, **kwargs)
+        if field is not None:
+            field.show_hidden_initial = True
+            if isinstance(field, forms.CharField):
+                field.strip = False
+        return field
+
+
 def _logged(request, objects, action_flag: int, message) -> list:
     """The admin's log entries (``LogEntry``, as Django's ``log_actions`` writes them) of an
     action on ``objects``, each naming its row by its kind and id, never by its text (written
@@ -206,24 +223,11 @@ def _logged(request, objects, action_flag: int, message) -> list:
     return LogEntry.objects.bulk_create(entries)
 
 
-class ModelAdmin(Checked, admin.ModelAdmin):
+class ModelAdmin(ShownValues, Checked, admin.ModelAdmin):
     """Django's, taking in a list's query only the lookups its own filters write, and an
     action's selection only of ids (``Checked``); a deletion's confirmation lists a few rows
     of each kind under a row, and counts them all (``_ShownNestedObjects``); a row refused
     by what it is (``deletion_refused``) is refused with the reason."""
-
-    def formfield_for_dbfield(self, db_field, request, **kwargs):
-        field = super().formfield_for_dbfield(db_field, request, **kwargs)
-        if field is not None:
-            # What the operator changed is told from what the page showed them (sent back
-            # hidden beside each field), not from the row as it is once the page is posted:
-            # a change landing meanwhile (the API's, another operator's) was undone by a save
-            # that did not touch it (review). A text is kept as typed, as the APIs keep it
-            # (a title's spaces were cut by a save that did not touch it: review).
-            field.show_hidden_initial = True
-            if isinstance(field, forms.CharField):
-                field.strip = False
-        return field
 
     # The admin's log ("Recent actions", kept for good) names a row by its kind and id, not
     # by its text: a message's first words, a title, a user's id stayed there after that

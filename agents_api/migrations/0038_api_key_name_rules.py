@@ -21,9 +21,10 @@ class Migration(migrations.Migration):
                 validators=[
                     memsvc.validators.no_nul_characters,
                     memsvc.validators.no_control_characters,
-                    memsvc.validators.one_line,
                     memsvc.validators.shown_as_it_is,
+                    memsvc.validators.one_line,
                     memsvc.validators.no_blank_ends,
+                    memsvc.validators.composed,
                 ],
             ),
         ),

@@ -341,14 +341,19 @@ def _stored_near_duplicates(agent, user_id, model, vectors, texts, said, hashes,
         distance = _distance_to(memory, vectors[i], model)
         if (
             distance is not None
-            and (
-                distance <= 1 - NEAR_DUPLICATE_SIMILARITY
-                or (distance <= 1 - SAME_WORDS_SIMILARITY and same_words(memory.content, texts[i]))
-            )
+            and _repeats(distance, memory.content, texts[i])
             and claims(memory.content) == said[i]
         ):
             near[i] = (memory, distance)
     return near
+
+
+def _repeats(distance: float, text: str, other: str) -> bool:
+    """Whether ``other`` at cosine ``distance`` from ``text`` repeats it (their ``claims``
+    aside): a near-duplicate, or the same words (``models.same_words``) a little farther."""
+    return distance <= 1 - NEAR_DUPLICATE_SIMILARITY or (
+        distance <= 1 - SAME_WORDS_SIMILARITY and same_words(text, other)
+    )
 
 
 def _distance_to(memory: Memory, vector, model: str) -> float | None:
@@ -382,8 +387,7 @@ def _nearest_repeat(stored, units: np.ndarray, embedded_fresh: dict, index: int,
         repeats = [
             (float(distance), i)
             for distance, i in zip(distances, earlier, strict=True)
-            if distance <= 1 - NEAR_DUPLICATE_SIMILARITY
-            or (distance <= 1 - SAME_WORDS_SIMILARITY and same_words(texts[i], texts[index]))
+            if _repeats(distance, texts[i], texts[index])
         ]
         if repeats:
             distance, nearest = min(repeats)

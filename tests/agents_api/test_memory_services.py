@@ -162,6 +162,8 @@ def test_the_same_words_but_for_their_punctuation_are_a_repeat(agent, repeat):
         ("tea > coffee", "tea < coffee"),
         ("!!!", "???"),
         ("वह दिन याद है", "वह दान याद है"),  # (a vowel sign is no letter to \w)
+        ("Dose is .5 mg", "Dose is 5 mg"),  # (punctuation that touches a digit: code review)
+        ("He is 6' tall", 'He is 6" tall'),
     ]:
         assert not same_words(text, other), text
 

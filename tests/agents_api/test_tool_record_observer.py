@@ -185,6 +185,7 @@ def test_the_fallback_names_the_tool_input_sizes_identifiers_and_errors():
     assert fallback_summary("price", {}, "€5") == (
         "Tool price returned text of 2 characters. Text: €5."
     )
+    assert fallback_summary("blank", {}, "   ") == "Tool blank returned text of 3 characters."
 
 
 def test_the_observer_prompt_keeps_the_seeds_rules():

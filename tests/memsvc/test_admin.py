@@ -565,6 +565,22 @@ def test_the_group_page_keeps_the_owners_membership_too(operator, memory):
     assert Membership.objects.filter(group=conversation.group).count() == 2
 
 
+def test_the_group_page_keeps_a_members_level_changed_since_it_was_shown(operator, memory):
+    """A row of the page left as it was is not written: a level changed meanwhile (the
+    API's) was put back to the page's by a save of the page (code review)."""
+    from conversations.models import AccessLevel, Membership
+
+    conversation, _ = memory
+    page, form = group_page_form(operator, conversation.group_id)
+    bob = Membership.objects.get(group=conversation.group, principal_id="bob")
+    assert any(name.startswith("initial-memberships-") for name in form)  # (sent back)
+    changed = AccessLevel.MANAGER if bob.access_level != AccessLevel.MANAGER else "reader"
+    Membership.objects.filter(pk=bob.pk).update(access_level=changed)
+    response = operator.post(page, form)
+    assert response.status_code == 302, response.content[:500]
+    assert Membership.objects.get(pk=bob.pk).access_level == changed
+
+
 def test_messages_and_block_values_change_only_through_the_services(operator, memory):
     """(An audit's finding: an edit here skipped the vector, the keyword statistics, the
     block's revisions and its limit.)"""
