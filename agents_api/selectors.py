@@ -150,6 +150,11 @@ def agent_names(principal_ids) -> dict[str, str]:
     }
 
 
+def local_agent_named(name: str) -> bool:
+    """Whether an agent of the local API (keyless or given a key since) has ``name``."""
+    return Agent.objects.filter(owner_principal=LOCAL_OWNER, name=name).exists()
+
+
 def local_agent(caller_agent: Agent | None, name: str, *, memories: bool = False) -> Agent:
     """The named agent of the local API, as a caller may reach it: a trusted keyless
     loopback caller (``caller_agent`` None) reaches the agents the local API made for such
@@ -174,10 +179,7 @@ def local_agent(caller_agent: Agent | None, name: str, *, memories: bool = False
     else:
         agent = next(iter(compiled_once("local_agent", trusted, [name, LOCAL_OWNER])), None)
     if agent is None:
-        if (
-            caller_agent is None
-            and Agent.objects.filter(owner_principal=LOCAL_OWNER, name=name).exists()
-        ):
+        if caller_agent is None and local_agent_named(name):
             # (Its 404 said "Agent not found" where ``POST /agents`` says how to reach it:
             # review.)
             raise reached_with_a_key(name)

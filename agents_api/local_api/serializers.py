@@ -181,8 +181,15 @@ class AgentMetadataField(MetadataField):
 
 
 class CreateAgentIn(LocalInput):
-    name = AgentNameField()
+    # "Create or return": a lookup first (an agent an import brought back, named by older
+    # rules, was refused, and learning() could not enter its block: review), held to the
+    # rules of a new name when there is none (``NewAgentIn``).
+    name = AgentNameField(given=False)
     metadata = AgentMetadataField(required=False, allow_null=True)
+
+
+class NewAgentIn(LocalInput):
+    name = AgentNameField()
 
 
 class CreateMessageIn(LocalInput):
@@ -232,7 +239,7 @@ class UpdateBlockIn(LocalInput):
 
 class ContextIn(LocalInput):
     # The path names the agent; the seed's clients send it in the body too.
-    agent_name = AgentNameField(required=False)
+    agent_name = AgentNameField(required=False, given=False)  # (a lookup, not read)
     # The seed's clients (learning() too) send the user's whole message, however long (the
     # body's cap bounds it): it is searched by its start, as much as a search query holds.
     query = TextField(allow_blank=True)

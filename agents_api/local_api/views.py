@@ -220,6 +220,8 @@ class AgentsView(LocalView):
             if not reads:  # (before the name is looked up: a key of neither scope learns none)
                 require_scope(caller, Scope.WRITE)
             return Response(s.agent_out(_agent(request, data["name"]), reads=reads))
+        if not agent_selectors.local_agent_named(data["name"]):
+            s.NewAgentIn.parse({"name": data["name"]})  # (a new one: a name given now)
         agent, _ = agent_services.agent_get_or_create(
             owner_principal=agent_selectors.LOCAL_OWNER,
             name=data["name"],

@@ -1,6 +1,8 @@
 """Text in and out of a model call: the text of a message, the memory as the model reads it
 (the seed's format), and where it goes in a list of chat messages. Pure functions."""
 
+from datetime import UTC, datetime
+
 from memsvc.text import shortened
 
 MAX_CONTEXT_MESSAGE_CHARS = 500
@@ -82,6 +84,17 @@ def answers_tools(messages) -> bool:
     return any(is_tool_result(m) for m in messages[0 if index is None else index + 1 :])
 
 
+def _when(message: dict):
+    """A message's time to order by: its ``created_at`` read as a time ("10:00:00Z", a whole
+    second, sorted as text after "10:00:00.4Z": code review), as text if it is none."""
+    stamp = message.get("created_at") or ""
+    try:
+        when = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    except (AttributeError, TypeError, ValueError):
+        return (1, None, str(stamp))
+    return (0, when if when.tzinfo else when.replace(tzinfo=UTC), "")
+
+
 def format_context(context: dict) -> str | None:
     """The seed's format: memory blocks, then the relevant long-term memories (best first),
     then the relevant past messages in time order. None when there is nothing to say."""
@@ -97,7 +110,7 @@ def format_context(context: dict) -> str | None:
             "## Memories\n\n"
             + "\n".join(f"- {shortened(m['content'], MAX_CONTEXT_MESSAGE_CHARS)}" for m in memories)
         )
-    messages = sorted(context.get("relevant_messages") or [], key=lambda m: m["created_at"])
+    messages = sorted(context.get("relevant_messages") or [], key=_when)
     if messages:
         lines = [
             f"**{m['role'].capitalize()}**: {shortened(m['content'], MAX_CONTEXT_MESSAGE_CHARS)}"

@@ -5,7 +5,7 @@ import json
 import threading
 import time
 import uuid
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import pytest
 from django.db import connection
@@ -111,6 +111,22 @@ def test_an_agents_letta_settings_are_not_shown_as_its_metadata(local, api):
     assert shown.status_code == 200, shown.content
     assert shown.json()["metadata"] == {"team": "a"}
     assert Agent.objects.get(pk=keyed.agent.pk).metadata["letta"]["system"] == "Be brief."
+
+
+def test_an_agent_named_by_older_rules_is_returned_and_given_its_context(local):
+    """An import brings back an agent named before a rule (letters not composed): found by
+    its path, it was refused by ``POST /agents`` (how learning() enters its block) and by
+    ``/context``'s body, whose name is not read (review). A new agent is held to the rule."""
+    old = "zoe\u0308 old"
+    Agent.objects.create(owner_principal="local", name=old, loopback_trusted=True)
+    assert local.post("/agents", {"name": old}).json()["name"] == old
+    path = "/context/" + quote(old)
+    context = local.post(path, {"agent_name": old, "query": "tea"})
+    assert context.status_code == 200, context.content
+    refused = local.post("/agents", {"name": "zoe\u0308 new"})
+    assert refused.status_code == 422
+    assert refused.json()["detail"][0]["loc"] == ["body", "name"]
+    assert Agent.objects.count() == 1
 
 
 def test_an_agents_name_holds_no_control_characters(local):

@@ -355,6 +355,18 @@ def test_the_context_format_and_long_messages_cut():
     assert format_context({"memory_blocks": [], "relevant_messages": [], "memories": []}) is None
     only_memories = format_context({"memories": [{"content": "Alice likes tea"}]})
     assert only_memories.endswith("\n\n## Memories\n\n- Alice likes tea")
+    # In time order, a whole second's time ("...:00Z", no fraction) too: as text it sorted
+    # after a later one of the same second (code review).
+    second_first = format_context(
+        {
+            "relevant_messages": [
+                {"role": "assistant", "content": "second", "created_at": "2026-01-01T10:00:00.4Z"},
+                {"role": "user", "content": "first", "created_at": "2026-01-01T10:00:00Z"},
+                {"role": "user", "content": "third", "created_at": "2026-01-01T10:00:01"},
+            ]
+        }
+    ).split("## Relevant Past Conversations\n\n")[1]
+    assert second_first == "**User**: first\n\n**Assistant**: second\n\n**User**: third"
 
 
 def test_injection_keeps_the_callers_list_unchanged():
