@@ -67,13 +67,18 @@ def migrate(**options) -> None:
             cursor.execute("SELECT pg_advisory_unlock(%s)", [MIGRATION_LOCK])
 
 
+# The most processes of one kind ``serve`` and ``worker`` start (each loads the model): a
+# typo of 99999 booted workers until the machine's load was 129 (review).
+MAX_PROCESSES = 64
+
+
 def _web_command(host: str, port: int) -> list[str]:
     """gunicorn managing uvicorn workers, serving the ASGI application: a request reaches a
     thread only once its headers and body are in, so slow clients cost a socket each, never a
     request thread (docs/benchmarks.md, "Slow clients")."""
     from memsvc.env import env_int
 
-    workers = env_int("MEMSVC_WEB_WORKERS", 2, minimum=1)
+    workers = env_int("MEMSVC_WEB_WORKERS", 2, minimum=1, maximum=MAX_PROCESSES)
     return [
         sys.executable,
         "-m",
@@ -128,7 +133,9 @@ def _worker_processes() -> int:
     per process, and one process embeds while another waits for PostgreSQL."""
     from memsvc.env import env_int
 
-    return env_int("MEMSVC_WORKER_CONCURRENCY", min(4, os.cpu_count() or 1), minimum=1)
+    return env_int(
+        "MEMSVC_WORKER_CONCURRENCY", min(4, os.cpu_count() or 1), minimum=1, maximum=MAX_PROCESSES
+    )
 
 
 def _worker_env(processes: int) -> dict[str, str]:
@@ -256,7 +263,7 @@ def _start_workers(supervisor: Supervisor, *, beat: bool, extra: list[str] | Non
         niceness=_worker_niceness(),
     )
     if llm_configured():
-        processes = env_int("MEMSVC_LLM_WORKER_CONCURRENCY", 2, minimum=1)
+        processes = env_int("MEMSVC_LLM_WORKER_CONCURRENCY", 2, minimum=1, maximum=MAX_PROCESSES)
         supervisor.start(
             "LLM worker",
             _worker_command(processes=processes, extra=extra, llm=True),

@@ -368,7 +368,10 @@ MEMSVC_SEARCH_TUNING = env_changes("MEMSVC_SEARCH_TUNING", SearchTuning)
 MEMSVC_MEMORY_RANKING = env_changes("MEMSVC_MEMORY_RANKING", MemoryRanking)
 
 MEMORY_DEFAULT_SEARCH_LIMIT = env_int("MEMORY_DEFAULT_SEARCH_LIMIT", 5, minimum=1)
-MEMORY_MAX_SEARCH_LIMIT = env_int("MEMORY_MAX_SEARCH_LIMIT", 20, minimum=1)
+# At most 200: a search reads 5 candidates a result, and PostgreSQL's HNSW search takes at
+# most 1,000 (``hnsw.ef_search``): a larger limit was taken, and every search then answered
+# a 400 "a value in the request cannot be stored" (review).
+MEMORY_MAX_SEARCH_LIMIT = env_int("MEMORY_MAX_SEARCH_LIMIT", 20, minimum=1, maximum=200)
 if MEMORY_DEFAULT_SEARCH_LIMIT > MEMORY_MAX_SEARCH_LIMIT:
     raise ImproperlyConfigured(
         f"MEMORY_DEFAULT_SEARCH_LIMIT ({MEMORY_DEFAULT_SEARCH_LIMIT}) is above "

@@ -234,7 +234,13 @@ class LocalBackend:
 
         path = self._model_path()
         logger.info("embedding model %s from %s on torch", self.source, path)
-        return SentenceTransformer(path, device=self.device)
+        try:
+            return SentenceTransformer(path, device=self.device)
+        except OSError as exc:  # (no such model here, nor one to fetch: a traceback; review)
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ImproperlyConfigured(
+                f"the embedding model {self.source!r} cannot be loaded: {reason}"
+            ) from None
 
     @property
     def dimension(self) -> int:

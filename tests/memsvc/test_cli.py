@@ -485,3 +485,21 @@ def test_apikey_create_gives_a_key_to_an_agent_named_by_the_rules_of_its_time(ca
     # A new agent's owner is held to them.
     assert cli.main(["apikey", "create", "bot4", "--owner", "zoe\u0308"]) == 1
     assert "--owner must be written as it reads" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("name", "read"),
+    [
+        ("MEMSVC_WEB_WORKERS", lambda: cli._web_command("127.0.0.1", 8283)),
+        ("MEMSVC_WORKER_CONCURRENCY", lambda: cli._worker_processes()),
+    ],
+)
+def test_a_count_of_processes_past_any_machine_is_refused(monkeypatch, name, read):
+    """(A typo of 99999 web workers was taken, and booted them until the load was 129.)"""
+    from django.core.exceptions import ImproperlyConfigured
+
+    monkeypatch.setenv(name, str(cli.MAX_PROCESSES + 1))
+    with pytest.raises(ImproperlyConfigured, match=f"{name} must be <= {cli.MAX_PROCESSES}"):
+        read()
+    monkeypatch.setenv(name, "3")
+    read()  # (a count a machine has: taken)

@@ -194,6 +194,8 @@ def test_failover_brokers_are_taken_and_redis_counts_on_the_first(tmp_path):
         ({"MEMSVC_LLM_MODEL": "gpt-test"}, "(MEMSVC_LLM_BASE_URL is missing)"),
         ({"MEMORY_EMBEDDING_BACKEND": "openai"}, "needs OPENAI_API_KEY"),
         ({"MEMORY_DEFAULT_SEARCH_LIMIT": "30"}, "is above MEMORY_MAX_SEARCH_LIMIT (20)"),
+        # (Taken, every search answered 400: PostgreSQL's HNSW search reads at most 1,000.)
+        ({"MEMORY_MAX_SEARCH_LIMIT": "201"}, "MEMORY_MAX_SEARCH_LIMIT must be <= 200"),
     ],
     ids=[
         "jwks without audience",
@@ -201,6 +203,7 @@ def test_failover_brokers_are_taken_and_redis_counts_on_the_first(tmp_path):
         "llm without url",
         "openai without key",
         "default limit above the maximum",
+        "a maximum past the nearest-neighbour search",
     ],
 )
 def test_half_a_configuration_is_an_error_at_start_up(tmp_path, env, message):

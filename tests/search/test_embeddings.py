@@ -597,3 +597,16 @@ def test_vectors_of_another_model_are_found_at_start_up(settings):
         embedding=vector, embedding_model="all-MiniLM-L6-v2", embedded_at=current.created_at
     )
     assert other_vector_models(backend) == ["all-MiniLM-L6-v2"]
+
+
+def test_a_model_that_is_nowhere_stops_in_words_not_a_traceback(tmp_path, monkeypatch):
+    """(An unknown model at float32 precision ended ``serve`` and ``reindex`` in a 93-line
+    traceback of the hub's download: review.)"""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from search.embeddings import LocalBackend
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    backend = LocalBackend(str(tmp_path / "no-such-model"), precision="float32")
+    with pytest.raises(ImproperlyConfigured, match="cannot be loaded"):
+        backend._torch_encoder()
