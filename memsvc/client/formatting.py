@@ -87,7 +87,7 @@ def answers_tools(messages) -> bool:
 def _when(message: dict):
     """A message's time to order by: its ``created_at`` read as a time ("10:00:00Z", a whole
     second, sorted as text after "10:00:00.4Z": code review), as text if it is none."""
-    stamp = message.get("created_at") or ""
+    stamp = message["created_at"]  # (none: not a context of memsvc's shape, as before)
     try:
         when = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
     except (AttributeError, TypeError, ValueError):
