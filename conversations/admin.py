@@ -89,12 +89,15 @@ class MembershipForm(forms.ModelForm):
         # transaction): an owner made meanwhile, a transfer accepted, is one whatever the page
         # showed (``has_changed`` compares with the page, and a save of an unchanged page
         # wrote "reader" over the new owner; code review).
+        # (Read only for a row that may be written or is the owner's: the group page's
+        # unchanged rows are not saved, and a query each was a query per member.)
+        may_write = self.has_changed() or self.instance.access_level == AccessLevel.OWNER
         now = (
             Membership.objects.select_for_update()
             .filter(pk=self.instance.pk)
             .values_list("access_level", flat=True)
             .first()
-            if self.instance.pk
+            if self.instance.pk and may_write
             else None
         )
         if now == AccessLevel.OWNER:

@@ -356,3 +356,21 @@ def _instance_of(schema: dict, defs: dict, text: str):
     if kind == "array":
         return [_instance_of(schema.get("items") or {"type": "string"}, defs, text)]
     return {"integer": 1, "number": 1.5, "boolean": True, "null": None}.get(kind, text)
+
+
+def down_for_one_call(monkeypatch, module, name: str = "chat") -> list:
+    """``module.<name>`` (a reader's way to the LLM) fails its next call as a model that is
+    down for a moment (a transient ``LLMError``), then asks the stand-in as before. The list
+    is empty once that call has come."""
+    from memsvc.llm import LLMError
+
+    model, down = getattr(module, name), [True]
+
+    def down_once(messages):
+        if down:
+            down.pop()
+            raise LLMError("overloaded", transient=True)
+        return model(messages)
+
+    monkeypatch.setattr(module, name, down_once)
+    return down

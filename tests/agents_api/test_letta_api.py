@@ -718,19 +718,12 @@ def test_turns_the_observer_could_not_read_for_a_moment_are_read_without_another
     """The model down for a moment (a 503): the observer's task is tried again in a while
     (``tasks.READ_RETRIES``; at once here), not at the next capture, which may never come."""
     from agents_api import sleeptime
-    from memsvc.llm import LLMError
+    from tests.fake_openai import down_for_one_call
 
     state = create_agent(api, helper)
     every_n_captures(api, helper, state, 1)
     llm.answer(OBSERVER_MARKER, json.dumps({"blocks": [{"label": "human", "value": "Ada."}]}))
-    model, down = sleeptime.chat, [True]
-
-    def down_once(messages):
-        if down and down.pop():
-            raise LLMError("overloaded", transient=True)
-        return model(messages)
-
-    monkeypatch.setattr(sleeptime, "chat", down_once)
+    down = down_for_one_call(monkeypatch, sleeptime)
     committed_capture(helper, state["id"], "My name is Ada.")
     assert not down
     agent = Agent.objects.get(name="travel")

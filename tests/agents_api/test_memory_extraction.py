@@ -25,7 +25,7 @@ from memsvc.api.principals import Principal
 from memsvc.llm import LLM_REFUSAL, MAX_RETRIES, LLMError, chat, json_answer
 from tests.agents_api.test_api import agent_conversation, append
 from tests.db import database_url
-from tests.fake_openai import FakeOpenAI
+from tests.fake_openai import FakeOpenAI, down_for_one_call
 from tests.local_http import Reply
 from tests.waiting import wait_until
 
@@ -240,7 +240,7 @@ def test_an_llm_that_refuses_memsvcs_setup_is_asked_again_after_the_next_turn(
     LLM_REFUSAL.end()  # (the minute is over)
     turns(api, helper, conversation, [8])
     assert len(extractions(llm)) == 2
-    assert "turn 1:" in extractions(llm)[-1]["messages"][1]["content"]
+    assert_read_from_the_first_turn(llm)
     assert Memory.objects.get().content == GREEN
 
 
@@ -266,7 +266,7 @@ def test_an_llm_that_is_down_is_asked_again_in_a_while_then_after_the_next_turn(
     llm.answer(MARKER, memories_answer(GREEN))
     turns(api, helper, conversation, [6])
     assert len(extractions(llm)) == tried + 1
-    assert "turn 1:" in extractions(llm)[-1]["messages"][1]["content"]
+    assert_read_from_the_first_turn(llm)
     assert Memory.objects.get().content == GREEN
 
 
@@ -297,14 +297,7 @@ def test_a_turn_the_llm_could_not_read_for_a_moment_is_read_without_another_writ
 ):
     """The conversation's last turns came while the model was down for a moment: read when
     the task is tried again, with no write after them."""
-    model, down = extraction.chat, [True]
-
-    def down_once(messages):
-        if down.pop() if down else False:
-            raise LLMError("overloaded", transient=True)
-        return model(messages)
-
-    monkeypatch.setattr(extraction, "chat", down_once)
+    down = down_for_one_call(monkeypatch, extraction)
     llm.answer(MARKER, memories_answer(GREEN))
     turns(api, helper, conversation, range(1, 6))
     assert not down
@@ -316,6 +309,11 @@ def test_a_turn_the_llm_could_not_read_for_a_moment_is_read_without_another_writ
 
 def prompt_of(request: dict) -> str:
     return request["messages"][1]["content"]
+
+
+def assert_read_from_the_first_turn(llm) -> None:
+    """The last extraction read the conversation from its first turn (turns given back)."""
+    assert "turn 1:" in prompt_of(extractions(llm)[-1])
 
 
 def test_an_extraction_reads_the_oldest_turns_and_leaves_the_rest_for_the_next(
@@ -396,7 +394,7 @@ def test_turns_are_given_back_when_saving_what_was_distilled_fails(
     failing[0] = False
     turns(api, helper, conversation, [6])
     assert len(extractions(llm)) == 2
-    assert "turn 1:" in extractions(llm)[-1]["messages"][1]["content"]
+    assert_read_from_the_first_turn(llm)
     assert Memory.objects.get().content == GREEN
 
 
@@ -794,7 +792,7 @@ def test_turns_given_back_after_a_failure_include_those_before_a_private_turn(
     llm.answer(MARKER, memories_answer(GREEN))
     say(api, alice, shared, "turn 5: still green")
     append(api, helper, shared, {"role": "assistant", "content": "Noted."})
-    assert "turn 1:" in extractions(llm)[-1]["messages"][1]["content"]
+    assert_read_from_the_first_turn(llm)
     assert about("alice") == [GREEN]
 
 

@@ -142,6 +142,9 @@ def test_the_same_words_but_for_their_punctuation_are_a_repeat(agent, repeat):
     first, _ = save(agent, "Jane works as a nurse in Oslo")
     again, created = save(agent, repeat)
     assert (again.id, created) == (first.id, False)
+
+
+def test_punctuation_is_ignored_in_a_batch_too_but_no_sign_of_meaning_is(agent):
     # In one batch alike (code review: both were kept).
     batch = [NewMemory("Jane lives in Oslo"), NewMemory("Jane lives in Oslo!!")]
     saved = memories_save(agent.as_principal(), agent=agent, user_id="carol", memories=batch)

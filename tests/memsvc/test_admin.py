@@ -576,9 +576,13 @@ def test_the_group_page_keeps_a_members_level_changed_since_it_was_shown(operato
     assert any(name.startswith("initial-memberships-") for name in form)  # (sent back)
     changed = AccessLevel.MANAGER if bob.access_level != AccessLevel.MANAGER else "reader"
     Membership.objects.filter(pk=bob.pk).update(access_level=changed)
-    response = operator.post(page, form)
+    with CaptureQueriesContext(connection) as saved:
+        response = operator.post(page, form)
     assert response.status_code == 302, response.content[:500]
     assert Membership.objects.get(pk=bob.pk).access_level == changed
+    # Only the owner's row is read again, locked: not one statement per member left as is.
+    locked = [q["sql"] for q in saved.captured_queries if "FOR UPDATE" in q["sql"]]
+    assert len([sql for sql in locked if '"membership"' in sql]) == 1
 
 
 def test_messages_and_block_values_change_only_through_the_services(operator, memory):
