@@ -28,3 +28,15 @@ class Api:
 
     def delete(self, path, as_=None):
         return self.call("DELETE", path, as_=as_)
+
+
+def refusal_code(response, *, mcp: bool = False) -> str:
+    """The code of memsvc's refusal: the /v1 error's, or on ``/mcp`` (``mcp``) that of the
+    JSON-RPC error it is told as (the /v1 error's code and details in its data)."""
+    answer = response.json()
+    if not mcp:
+        return answer["code"]
+    assert answer["jsonrpc"] == "2.0" and answer["id"] is None, answer
+    assert answer["error"]["code"] == -32000 and answer["error"]["message"], answer
+    assert set(answer["error"]["data"]) == {"code", "details"}, answer
+    return answer["error"]["data"]["code"]

@@ -42,6 +42,7 @@ from agents_api.services import (
     memory_block_create,
     memory_save,
 )
+from tests.api import refusal_code
 from tests.db import database_url
 from tests.factories import ConversationFactory, ConversationGroupFactory, MessageFactory
 from tests.memsvc.test_serve import START_DEADLINE_SECONDS, free_port
@@ -678,13 +679,8 @@ def served_asgi(django_db_setup, django_db_blocker, tmp_path_factory):
 
 
 def refused_with(response) -> str:
-    """The code of memsvc's refusal of an ``/mcp`` request, told as a JSON-RPC error (the
-    /v1 error's code in its data)."""
-    answer = response.json()
-    assert answer["jsonrpc"] == "2.0" and answer["id"] is None, answer
-    assert answer["error"]["code"] == -32000 and answer["error"]["message"], answer
-    assert set(answer["error"]["data"]) == {"code", "details"}, answer
-    return answer["error"]["data"]["code"]
+    """The code of memsvc's refusal of an ``/mcp`` request (a JSON-RPC error)."""
+    return refusal_code(response, mcp=True)
 
 
 def test_http_refusals_reach_the_sdks_client_with_their_reason(served):
@@ -699,12 +695,14 @@ def test_http_refusals_reach_the_sdks_client_with_their_reason(served):
         ("msk_nope_nope", {}, "invalid API key"),
         (key, {"X-On-Behalf-Of": "bob"}, "impersonate"),
     ):
-        with pytest.raises(BaseException) as raised:
+        from mcp.shared.exceptions import MCPError
+
+        with pytest.raises((MCPError, BaseExceptionGroup)) as raised:
             run(http(served, credentials, **headers), session)
         errors = [raised.value]
         while isinstance(errors[-1], BaseExceptionGroup):
             errors.append(errors[-1].exceptions[0])
-        assert said in str(errors[-1]), repr(raised.value)
+        assert isinstance(errors[-1], MCPError) and said in str(errors[-1]), repr(raised.value)
 
 
 def http(url: str, key: str, **headers: str):

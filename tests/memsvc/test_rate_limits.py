@@ -25,6 +25,7 @@ from memsvc.api.principals import Principal
 from memsvc.api.ratelimit import rate_limited
 from memsvc.outage import Reminder
 from tests.agents_api.conftest import make_agent
+from tests.api import refusal_code
 from tests.conftest import Persona
 from tests.db import database_url
 from tests.hashers import CountedPasswordHasher
@@ -142,8 +143,7 @@ def test_failed_authentications_lock_the_address_out(client, settings, backend, 
         assert call(**wrong).status_code == 401
     locked = call(**wrong)
     assert_rate_limited(locked)
-    answer = locked.json()
-    assert (answer["error"]["data"] if path == "/mcp" else answer)["code"] == "rate_limited"
+    assert refusal_code(locked, mcp=path == "/mcp") == "rate_limited"
     assert_rate_limited(call(**agent.auth_headers()))  # the right key too
     assert_rate_limited(client.get("/v1/agent/me", REMOTE_ADDR=address, **agent.auth_headers()))
     assert_rate_limited(

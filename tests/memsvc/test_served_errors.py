@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from memsvc.tokens import mint_user_token
+from tests.api import refusal_code
 from tests.web_server import WebServer, raw_exchange
 
 BODY_CAP = 100_000
@@ -47,10 +48,7 @@ def test_database_down_is_503_unavailable_but_for_health(no_database, settings):
             response = client.request(method, path, headers=headers, json=body)
             assert response.status_code == 503, (path, response.text)
             assert response.headers["content-type"] == "application/json"
-            answer = response.json()
-            if path == "/mcp":  # (told as a JSON-RPC error, the /v1 error in its data)
-                answer = answer["error"]["data"]
-            assert answer["code"] == "unavailable"
+            assert refusal_code(response, mcp=path == "/mcp") == "unavailable"
 
         for method, path, body in [
             ("GET", "/agents/a", None),
