@@ -239,9 +239,7 @@ def test_an_llm_that_refuses_memsvcs_setup_is_asked_again_after_the_next_turn(
     assert not Memory.objects.exists()
     LLM_REFUSAL.end()  # (the minute is over)
     turns(api, helper, conversation, [8])
-    assert len(extractions(llm)) == 2
-    assert_read_from_the_first_turn(llm)
-    assert Memory.objects.get().content == GREEN
+    assert_green_read_from_the_first_turn(llm, asked=2)
 
 
 def test_an_llm_that_is_down_is_asked_again_in_a_while_then_after_the_next_turn(
@@ -265,9 +263,7 @@ def test_an_llm_that_is_down_is_asked_again_in_a_while_then_after_the_next_turn(
     )
     llm.answer(MARKER, memories_answer(GREEN))
     turns(api, helper, conversation, [6])
-    assert len(extractions(llm)) == tried + 1
-    assert_read_from_the_first_turn(llm)
-    assert Memory.objects.get().content == GREEN
+    assert_green_read_from_the_first_turn(llm, asked=tried + 1)
 
 
 def test_a_task_that_cannot_be_sent_again_leaves_its_turns_for_the_next_write(
@@ -314,6 +310,14 @@ def prompt_of(request: dict) -> str:
 def assert_read_from_the_first_turn(llm) -> None:
     """The last extraction read the conversation from its first turn (turns given back)."""
     assert "turn 1:" in prompt_of(extractions(llm)[-1])
+
+
+def assert_green_read_from_the_first_turn(llm, *, asked: int) -> None:
+    """The LLM was asked ``asked`` times in all, the last time from the first turn (the
+    turns given back read again), and the one memory is the fact it answered."""
+    assert len(extractions(llm)) == asked
+    assert_read_from_the_first_turn(llm)
+    assert Memory.objects.get().content == GREEN
 
 
 def test_an_extraction_reads_the_oldest_turns_and_leaves_the_rest_for_the_next(
@@ -393,9 +397,7 @@ def test_turns_are_given_back_when_saving_what_was_distilled_fails(
 
     failing[0] = False
     turns(api, helper, conversation, [6])
-    assert len(extractions(llm)) == 2
-    assert_read_from_the_first_turn(llm)
-    assert Memory.objects.get().content == GREEN
+    assert_green_read_from_the_first_turn(llm, asked=2)
 
 
 def test_the_turns_a_killed_worker_was_reading_are_read_once_its_lease_lapses(
