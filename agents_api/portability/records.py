@@ -85,7 +85,8 @@ class PrincipalField(serializers.CharField):
 
     def __init__(self, *, agents: bool = True, **kwargs):
         self.agents = agents
-        super().__init__(max_length=PRINCIPAL_MAX_LENGTH, **kwargs)
+        # (min_length: the schema says that a blank one is refused; review)
+        super().__init__(min_length=1, max_length=PRINCIPAL_MAX_LENGTH, **kwargs)
 
     def to_internal_value(self, data):
         value = super().to_internal_value(data)

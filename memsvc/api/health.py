@@ -77,11 +77,15 @@ DATABASE_ANSWER_SECONDS = 5
 
 
 class _DatabaseProbe:
-    """``SELECT 1`` on a thread of its own (with its own connection), waited for at most
-    ``DATABASE_ANSWER_SECONDS`` from when it was sent. One probe at a time per process:
-    while one waits on a database that does not answer, the next asks for no other, and
-    waits only for what is left of that probe's time: told no at once once it is up (a
-    thread per probe would pile up behind it; every probe waited its whole time again)."""
+    """The backlog (``pending_embedding_count``) read on a thread of its own (with its own
+    connection), waited for at most ``DATABASE_ANSWER_SECONDS`` from when it was asked.
+    One probe at a time per process: while one waits on a database that does not answer,
+    the next asks for no other, and waits only for what is left of that probe's time: told
+    no at once once it is up (a thread per probe would pile up behind it; every probe waited
+    its whole time again). The thread that answers a probe never reads the database itself:
+    it is one of the web process's own for probes (``memsvc.asgi``), which a frozen database
+    must not hold (review: health went unanswered for 75 s once every request thread hung
+    on one)."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -90,9 +94,10 @@ class _DatabaseProbe:
         self._in_flight: concurrent.futures.Future | None = None
         self._sent_at = 0.0
 
-    def answers(self, seconds: float) -> bool:
-        """Whether the database answered within ``seconds``; ``DatabaseError`` when it
-        refused (down, unreachable)."""
+    def backlog(self, seconds: float) -> int | None:
+        """The messages waiting for their embedding as the database counted them, or None
+        when it did not answer within ``seconds``; ``DatabaseError`` when it refused (down,
+        unreachable, not migrated)."""
         with self._lock:
             if self._pid != os.getpid():  # (a forked child has none of its parent's threads)
                 self._pid, self._in_flight = os.getpid(), None
@@ -100,28 +105,33 @@ class _DatabaseProbe:
                     max_workers=1, thread_name_prefix="health-probe"
                 )
             if self._in_flight is None or self._in_flight.done():
-                self._in_flight = self._executor.submit(_select_one)
+                self._in_flight = self._executor.submit(_count_backlog)
                 self._sent_at = time.monotonic()
             probe, left = self._in_flight, self._sent_at + seconds - time.monotonic()
         try:
-            probe.result(timeout=max(left, 0))
+            return probe.result(timeout=max(left, 0))
         except concurrent.futures.TimeoutError:
-            return False
-        return True
+            return None
 
 
-def _select_one() -> None:
+def _count_backlog() -> int:
     # As a request starts (Django's ``close_old_connections``): a connection the server
     # dropped since (a restart, a failover) is checked and replaced, not failed on, and
     # ``CONN_MAX_AGE`` holds for this thread's too. Without it the first probe after a
     # restart answered 503 while the database answered (review).
     close_old_connections()
     try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
+        return pending_embedding_count()
     except DatabaseError:
         connection.close_if_unusable_or_obsolete()  # (this thread's own connection)
         raise
+
+
+def database_backlog() -> int | None:
+    """The probe of both health checks (this one's, the local API's): the backlog, or None
+    when the database did not answer within ``DATABASE_ANSWER_SECONDS``; ``DatabaseError``
+    when it refused."""
+    return _probe.backlog(DATABASE_ANSWER_SECONDS)
 
 
 _probe = _DatabaseProbe()
@@ -175,14 +185,7 @@ class HealthView(APIView):
                 body, "disk full", "health: the database's disk has less than 64 MB free"
             )
         try:
-            if not _probe.answers(DATABASE_ANSWER_SECONDS):
-                return _unavailable(
-                    body,
-                    "database not answering",
-                    "health: the database did not answer in %s s",
-                    DATABASE_ANSWER_SECONDS,
-                )
-            body["pendingEmbeddings"] = pending_embedding_count()
+            backlog = database_backlog()
         except DatabaseError as exc:
             if not_migrated(exc):
                 # It answers, without memsvc's tables: a DATABASE_URL not migrated yet (it
@@ -192,12 +195,17 @@ class HealthView(APIView):
                     "database not migrated",
                     "health: the database has no memsvc tables (run migrate)",
                 )
-            # A broken connection must not stick to this worker thread: drop it so the next
-            # request reconnects once the database is back.
-            connection.close_if_unusable_or_obsolete()
             # The driver's message names hosts, sockets and paths: for the logs, not for
             # whoever probes the service.
             return _unavailable(
                 body, "database unreachable", "health: database unreachable", exc_info=True
             )
+        if backlog is None:
+            return _unavailable(
+                body,
+                "database not answering",
+                "health: the database did not answer in %s s",
+                DATABASE_ANSWER_SECONDS,
+            )
+        body["pendingEmbeddings"] = backlog
         return Response(body)

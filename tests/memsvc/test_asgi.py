@@ -13,7 +13,7 @@ from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 
-from memsvc.asgi import ThreadPoolHandler
+from memsvc.asgi import PROBE_PATHS, ThreadPoolHandler
 
 pytestmark = [pytest.mark.urls(__name__), pytest.mark.django_db(transaction=True)]
 
@@ -102,6 +102,7 @@ def handler():
         for done in [each.threads.submit(close) for _ in range(threads)]:
             done.result()
         each.threads.shutdown()
+        each.probes.shutdown()
 
 
 async def call(app, path, body=b"", chunks=1, leave_after=None):
@@ -204,6 +205,24 @@ def test_a_streaming_response_ends_when_its_client_has_gone(handler):
     assert len(made) < 20
     # The thread serves the next request.
     assert asyncio.run(call(app, "/streamed"))[0] == 200
+
+
+@pytest.mark.urls("memsvc.urls")
+@pytest.mark.parametrize("path", sorted(PROBE_PATHS))
+def test_a_probe_is_answered_while_every_request_thread_is_held(handler, path):
+    """Health is answered on a thread of its own: with every request thread held (on a
+    database that does not answer, review: a probe unanswered for 75 s), a probe is answered,
+    and its thread reads no database itself (the health check's probe has a thread of its
+    own, waited for within a bound: test_health)."""
+    app = handler(1)
+    held = threading.Event()
+    app.threads.submit(held.wait, 30)
+    try:
+        status, _, answer = asyncio.run(asyncio.wait_for(call(app, path), 10))
+    finally:
+        held.set()
+    assert (status, json.loads(answer)["status"]) == (200, "ok")
+    assert app.probes.submit(lambda: connection.connection).result() is None
 
 
 def test_the_web_processes_application_is_this_handler(settings):
