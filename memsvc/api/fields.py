@@ -6,6 +6,7 @@ content, a title or a metadata object with these, so the rules (and their messag
 same everywhere.
 """
 
+import decimal
 import json
 import re
 
@@ -181,6 +182,26 @@ def contains_nul(value) -> bool:
     return False
 
 
+def as_jsonb_gives_back(value):
+    """``value`` as PostgreSQL's jsonb gives it back, so that a write answers what later
+    reads answer (review: a message's ``-0.0`` read back ``0.0``). A number is a ``numeric``
+    there, which has no negative zero and writes the float that Python shows in exponent
+    form (from 1e16 up) as its digits: ``1E30`` is read back as the integer
+    ``1000000000000000000000000000000``. Small exponents (``1.5e-07``) are read back as
+    the same float; everything else as it is (but for the order of an object's keys, which
+    JSON gives no meaning)."""
+    if isinstance(value, float):
+        if value == 0:
+            return 0.0
+        shown = repr(value)
+        return int(decimal.Decimal(shown)) if "e+" in shown else value
+    if isinstance(value, dict):
+        return {key: as_jsonb_gives_back(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [as_jsonb_gives_back(item) for item in value]
+    return value
+
+
 def json_value_problem(value, *, max_bytes: int, objects_only: bool) -> str | None:
     """What makes a JSON value unfit to store (``JSONValueField``'s rules), or None."""
     if objects_only and not isinstance(value, dict):
@@ -224,7 +245,7 @@ class JSONValueField(serializers.JSONField):
         )
         if problem:
             raise serializers.ValidationError(problem)
-        return value
+        return as_jsonb_gives_back(value)
 
 
 @extend_schema_field({"type": "object", "additionalProperties": True})

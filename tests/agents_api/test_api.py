@@ -397,6 +397,48 @@ def test_a_number_jsonb_cannot_hold_is_refused_naming_its_field(api, helper):
     }
 
 
+# Numbers as a client may write them, which jsonb gives back otherwise: no negative zero, and
+# a float Python shows in exponent form as its digits (an integer).
+NUMBERS = b'{"zero": -0.0, "hundred": 1E2, "big": 1E30, "long": 123456789012345678901234567890.5, "small": 1.5e-7, "ints": [-0, 12345678901234567890]}'
+
+
+def test_a_write_answers_the_json_that_its_reads_answer(api, helper):
+    """A message's metadata read ``-0.0`` and ``1.2345678901234568e+29`` in the create's
+    answer, ``0.0`` and ``123456789012345680000000000000`` ever after (review); memories'
+    and tool records' the same."""
+
+    def sent(path, body: bytes):
+        response = api.client.post(
+            path, body, content_type="application/json", **helper.auth_headers()
+        )
+        assert response.status_code == 201, response.content
+        return response.json()
+
+    def read(path):
+        response = api.get(path, as_=helper)
+        assert response.status_code == 200, response.content
+        return response.json()
+
+    conversation = agent_conversation(api, helper)
+    path = f"/v1/agent/conversations/{conversation['id']}/messages"
+    body = b'{"messages": [{"role": "user", "content": "x", "metadata": %s}]}' % NUMBERS
+    (message,) = sent(path, body)["data"]
+    (listed,) = read(f"/v1/agent/conversations/{conversation['id']}/context")["messages"]
+    assert message["metadata"] == listed["metadata"]
+    assert listed["metadata"]["zero"] == 0.0 and listed["metadata"]["big"] == 10**30
+
+    memory = sent("/v1/agent/memories", b'{"content": "a fact", "metadata": %s}' % NUMBERS)
+    assert memory["metadata"] == read(f"/v1/agent/memories/{memory['id']}")["metadata"]
+    body = b'{"memories": [{"content": "another fact", "metadata": %s}]}' % NUMBERS
+    (saved,) = sent("/v1/agent/memories/batch", body)["data"]
+    assert saved["metadata"] == read(f"/v1/agent/memories/{saved['id']}")["metadata"]
+
+    body = b'{"toolName": "look", "input": %s, "output": [%s, -0.0]}' % (NUMBERS, NUMBERS)
+    record = sent("/v1/agent/tool-records", body)
+    stored = read(f"/v1/agent/tool-records/{record['traceId']}")
+    assert (record["input"], record["output"]) == (stored["input"], stored["output"])
+
+
 def test_a_body_over_the_cap_is_413_in_the_error_shape(api, helper, settings):
     settings.MEMSVC_MAX_BODY_BYTES = 10_000
     conversation = agent_conversation(api, helper)

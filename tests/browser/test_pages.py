@@ -249,6 +249,34 @@ def test_members_and_blocks_whose_names_are_dot_segments_are_changed(page, live_
     assert MemoryBlock.objects.get(label="..").value == "New"
 
 
+def test_a_text_that_begins_with_a_newline_is_shown_and_saved_as_it_is(page, live_server, people):
+    """A browser drops a newline right after ``<textarea>``: a block's value shown without
+    its first newline was saved so, a revision no one made, by a Save that changed nothing
+    (and a message's "Fork from here" began without it; review)."""
+    from agents_api.models import MemoryBlock, MemoryBlockRevision
+    from tests.pages.conftest import conversation_of
+
+    helper, _ = agent_get_or_create(owner_principal="ops", name="helper")
+    value = "\n\nstarts with two newlines"
+    memory_block_create(
+        helper.as_principal(), agent=helper, user_id="alice", label="notes", value=value
+    )
+    log_in(page, live_server, "alice")
+    page.goto(f"{live_server.url}/app/memory/{helper.id}/")
+    assert page.get_by_label(re.compile(r"^Value")).input_value() == value
+    revisions = MemoryBlockRevision.objects.count()
+    with page.expect_navigation():
+        page.get_by_role("button", name="Save").click()
+    expect(page.get_by_role("heading", name="helper")).to_be_visible()
+    assert MemoryBlock.objects.get(label="notes").value == value
+    assert MemoryBlockRevision.objects.count() == revisions
+
+    conversation = conversation_of("alice", "Lines", "\nHello")
+    page.goto(f"{live_server.url}/app/c/{conversation.id}/")
+    page.get_by_text("Fork from here").click()
+    assert page.get_by_label("A new version of this message").input_value() == "\nHello"
+
+
 def test_the_focus_stays_where_htmx_swapped_in_what_was_asked_for(page, live_server, people):
     """A keyboard user who opens the next page of the list, or deletes a memory, goes on
     from there, not from the top of the page."""
