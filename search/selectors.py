@@ -11,6 +11,8 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from django.db import connection
+
 from conversations.models import Channel, Message, Visibility
 from conversations.selectors import (
     SEEN_BY_USERS,
@@ -22,6 +24,7 @@ from conversations.selectors import (
 from memsvc.api.errors import InvalidInput
 from memsvc.api.principals import Principal
 from memsvc.db import (
+    CJK_CHARACTERS,
     MARKUP_STAND_IN,
     TEXT_SEARCH_CONFIG,
     WORDS_SQL,
@@ -82,6 +85,8 @@ class SearchHit:
     # PostgreSQL's extract (``ts_headline``), matches in ``<b>``, as it marked them: the
     # text's own "<" still ``MARKUP_STAND_IN``, so that its markers are the only ``<b>``.
     headline: str | None
+    # Where the HEADLINE_CHARS the extract reads begin in the text (``_extracts_further_in``).
+    headline_from: int = 0
 
     @property
     def marked(self) -> str | None:
@@ -89,7 +94,7 @@ class SearchHit:
         own "<" still ``MARKUP_STAND_IN`` (the pages escape it, then show the marks)."""
         return self.headline and headline_as_written(
             self.headline,
-            self.message.content[:HEADLINE_CHARS],  # (what the extract reads)
+            self.message.content[self.headline_from :][:HEADLINE_CHARS],  # (what it reads)
         )
 
     @property
@@ -280,16 +285,17 @@ def _hits(ranked: list[tuple], query: str | None) -> list[SearchHit]:
     if not ranked:
         return []
     ids = [i for i, _ in ranked]
+    terms = [] if query is None else highlighted_terms(query)
     if query is None:
         messages = Message.objects.raw(_HITS_SQL.format(headline="NULL"), [ids])
     else:
-        words = websearch_text(" or ".join(highlighted_terms(query)))
+        words = websearch_text(" or ".join(terms))
         messages = Message.objects.raw(
             _HITS_SQL.format(headline=_HEADLINE),
             [TEXT_SEARCH_CONFIG, HEADLINE_CHARS, TEXT_SEARCH_CONFIG, words, _HEADLINE_OPTIONS, ids],
         )
     by_id = {message.id: message for message in messages}
-    return [
+    hits = [
         SearchHit(
             message=by_id[i],
             score=round(score, 6),
@@ -298,6 +304,71 @@ def _hits(ranked: list[tuple], query: str | None) -> list[SearchHit]:
         for i, score in ranked
         if i in by_id
     ]
+    if terms:
+        _extracts_further_in(hits, terms, words)
+    return hits
+
+
+# A term that begins with a CJK character: a word of its own wherever it is written.
+_CJK = re.compile(f"[{CJK_CHARACTERS}]")
+# An extract read further in a long text begins this many characters before the first word
+# that begins with a term (``_extracts_further_in``).
+HEADLINE_LEAD_CHARS = 200
+
+
+def _extracts_further_in(hits: list[SearchHit], terms: list[str], words: str) -> None:
+    """The extracts of texts longer than HEADLINE_CHARS whose first HEADLINE_CHARS hold no
+    match (found by words further in, the extract was the text's first words, none marked,
+    or nothing; review), read again from a little before the first word that begins with
+    one of ``terms`` in any case: one statement for them all, only for such hits. A term the
+    text holds only in another form ("cities" for its "city") is not looked for: that
+    extract stays the first words."""
+    longest = max(map(len, terms))
+    unmarked = [
+        hit
+        for hit in hits
+        if hit.headline is not None
+        and "<b>" not in hit.headline
+        and len(hit.message.content) > HEADLINE_CHARS
+    ]
+    if not unmarked:
+        return
+    first_word = re.compile(
+        "|".join(
+            re.escape(term) if _CJK.match(term) else rf"\b{re.escape(term)}" for term in terms
+        ),
+        re.IGNORECASE,
+    )
+    found = []
+    for hit in unmarked:
+        further = first_word.search(hit.message.content, HEADLINE_CHARS - longest)
+        if further is not None:
+            start = max(0, further.start() - HEADLINE_LEAD_CHARS)
+            found.append((hit, start, hit.message.content[start:][:HEADLINE_CHARS]))
+    if not found:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _FURTHER_IN_SQL,
+            [
+                TEXT_SEARCH_CONFIG,
+                TEXT_SEARCH_CONFIG,
+                words,
+                _HEADLINE_OPTIONS,
+                [text for _, _, text in found],
+            ],
+        )
+        headlines = [headline for (headline,) in cursor.fetchall()]
+    for (hit, start, _), headline in zip(found, headlines, strict=True):
+        if "<b>" in headline:
+            hit.headline, hit.headline_from = headline, start
+
+
+_FURTHER_IN_SQL = f"""
+SELECT ts_headline(%s::regconfig, {WORDS_SQL.format("part")},
+    websearch_to_tsquery(%s::regconfig, %s), %s)
+FROM unnest(%s::text[]) WITH ORDINALITY AS parts(part, n) ORDER BY n
+"""
 
 
 # The found messages, each with a highlighted extract: the columns the APIs show, in one

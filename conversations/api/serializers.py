@@ -162,8 +162,9 @@ class SearchResultOut(serializers.Serializer):
     )
     highlights = serializers.CharField(
         allow_null=True,
-        help_text=f"Extracts with the query's words in <b>, from the first {HEADLINE_CHARS:,} "
-        "characters. The text is the messages' own, not HTML-escaped: escape it, then give "
+        help_text=f"Extracts with the query's words in <b>, from {HEADLINE_CHARS:,} characters "
+        "of the text: its first, or, when a longer text holds no match there, those from a "
+        "little before its first word that begins with one of the query's. The text is the messages' own, not HTML-escaped: escape it, then give "
         "back the <b> and </b> markers, before showing it as HTML (any member may have "
         'written markup; a message\'s own "<b>" or "</b>" reads as a marker there: '
         "`content` holds it as written).",

@@ -1092,10 +1092,37 @@ def test_a_huge_message_and_a_long_query_are_highlighted_in_bounded_time(api, al
         finally:
             cursor.execute("SET statement_timeout = 0")
     assert hit["highlights"].startswith("<b>abc</b>")
-    # A match past the highlighted start of a long message is found, without highlights.
-    [late] = search(api, alice, "zebra", mode="keyword")
-    assert late["message"]["content"].endswith("late zebra")
-    assert "<b>" not in late["highlights"]
+
+
+@pytest.mark.parametrize(
+    "content, query, marked",
+    [
+        ("x " * 3_000 + "late zebra", "zebra", "late <b>zebra</b>"),
+        ("a" * 5_000 + " quokkafind tomorrow", "QuokkaFind", "<b>quokkafind</b> tomorrow"),
+        (
+            "filler " * 700 + "the 東京 trip, a fam\u00adily 👨\u200d👩\u200d👧 one",
+            "東京",
+            "<b>東</b><b>京</b> trip",
+        ),
+    ],
+    ids=["words", "one long word first", "CJK and invisible characters"],
+)
+def test_a_long_text_matched_past_its_first_part_is_marked_where_it_matches(
+    api, alice, content, query, marked
+):
+    """The extract reads the first HEADLINE_CHARS of a text: found by a word further in, a
+    hit showed its first words, none marked, or nothing (review). Read again from before
+    the first word that begins with a term, it is marked there, as the text is written."""
+    assert len(content) > selectors.HEADLINE_CHARS
+    conversation = ConversationFactory(group__owner=alice.id)
+    MessageFactory(conversation=conversation, content=content)
+    MessageFactory(conversation=conversation, content=query + " at the start")
+    hits = search(api, alice, query, mode="keyword")
+    [late] = [hit for hit in hits if hit["message"]["content"] == content]
+    assert marked in late["highlights"]
+    assert shown_in(late["highlights"], content)
+    [early] = [hit for hit in hits if hit["message"]["content"] != content]
+    assert early["highlights"].startswith("<b>")
 
 
 def test_a_hit_holding_some_of_the_querys_words_is_marked_where_it_holds_them(api, alice):
