@@ -1,4 +1,3 @@
-from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from memsvc.pages.views import accounts, conversations, memory
@@ -12,7 +11,7 @@ urlpatterns = [
         accounts.LoginView.as_view(),
         name="login",
     ),
-    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("logout/", accounts.LogoutView.as_view(), name="logout"),
     path("", conversations.home, name="home"),
     path("search/", conversations.search, name="search"),
     path("conversations/new", conversations.conversation_create, name="conversation_create"),

@@ -277,6 +277,30 @@ def test_a_text_that_begins_with_a_newline_is_shown_and_saved_as_it_is(page, liv
     assert page.get_by_label("A new version of this message").input_value() == "\nHello"
 
 
+def test_a_long_word_does_not_stretch_the_admins_pages(page, live_server, people):
+    """A title of 500 "W" made a conversation's admin page 9,163 px wide in a window of
+    1,280 (its delete confirmation 2,277 px; review)."""
+    from tests.pages.conftest import conversation_of
+
+    get_user_model().objects.create_superuser("ops", "ops@example.com", PASSWORD)
+    conversation = conversation_of("alice", "W" * 500, "hi")
+    page.set_viewport_size({"width": 1280, "height": 800})
+    page.goto(f"{live_server.url}/admin/login/")
+    page.get_by_label("Username").fill("ops")
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    base = f"{live_server.url}/admin/conversations/conversation"
+    for address in (
+        f"{base}/{conversation.id}/change/",
+        f"{base}/{conversation.id}/delete/",
+        f"{base}/",
+    ):
+        page.goto(address)
+        expect(page.locator("#content")).to_be_visible()
+        width = page.evaluate("document.documentElement.scrollWidth")
+        assert width <= 1280, (address, width)
+
+
 def test_the_focus_stays_where_htmx_swapped_in_what_was_asked_for(page, live_server, people):
     """A keyboard user who opens the next page of the list, or deletes a memory, goes on
     from there, not from the top of the page."""

@@ -691,6 +691,28 @@ def test_only_the_owner_deletes(alice_page, bob_page):
     assert not Conversation.objects.exists()
 
 
+def test_a_forms_address_opened_in_the_browser_is_a_page_that_says_so(client, alice_page):
+    """An empty 405, which the browser showed as an error page of its own (a bookmark, or
+    Enter in the address bar after a refused form left it on the form's address; review)."""
+    conversation = conversation_of("alice", "Kept", "hi")
+    addresses = [
+        reverse("pages:logout"),
+        reverse("pages:conversation_create"),
+        reverse("pages:delete", args=[conversation.id]),
+    ]
+    for browser in (alice_page, client):
+        for address in addresses:
+            response = browser.get(
+                address, HTTP_REFERER=f"http://testserver{page_of(conversation)}"
+            )
+            assert response.status_code == 405, address
+            assert response["Allow"] == "POST"
+            assert "takes a form&#x27;s answer" in response.content.decode(), address
+            assert f'href="http://testserver{page_of(conversation)}"' in response.content.decode()
+    assert Conversation.objects.filter(pk=conversation.pk).exists()
+    assert alice_page.get(page_of(conversation)).status_code == 200  # (still logged in)
+
+
 def test_a_refused_page_leads_back_to_the_page_it_was_asked_from(bob_page):
     """A refused form (a manager may not delete) offered only the way home: the person lost
     the conversation they were in (review R3). Back goes to this site's pages only."""

@@ -3,6 +3,7 @@
 from django.contrib.auth import views as auth_views
 
 from memsvc.pages.forms import LoginForm, refused_as_locked_out
+from memsvc.pages.views.common import not_a_page
 
 
 class LoginView(auth_views.LoginView):
@@ -14,3 +15,10 @@ class LoginView(auth_views.LoginView):
 
     def form_invalid(self, form):
         return refused_as_locked_out(super().form_invalid(form))
+
+
+class LogoutView(auth_views.LogoutView):
+    """Django's logout (a POST); its address opened in the browser, ``not_a_page``."""
+
+    def http_method_not_allowed(self, request, *args, **kwargs):
+        return not_a_page(request)

@@ -12,7 +12,6 @@ from django.urls import reverse
 from django.utils.cache import patch_vary_headers
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views import defaults
-from django.views.decorators.http import require_POST
 from django_htmx.http import HttpResponseClientRedirect
 from rest_framework.exceptions import ValidationError
 
@@ -188,8 +187,30 @@ def csrf_failure(request, reason=""):
 
 
 def action(view):
-    """A form's POST (``page``): CSRF-checked by the middleware, answered by a redirect."""
-    return require_POST(page(view))
+    """A form's POST (``page``): CSRF-checked by the middleware, answered by a redirect;
+    its address opened in the browser, ``not_a_page``."""
+    posted = page(view)
+
+    @wraps(view)
+    def only_posted(request, *args, **kwargs):
+        if request.method != "POST":
+            return not_a_page(request)
+        return posted(request, *args, **kwargs)
+
+    return only_posted
+
+
+NOT_A_PAGE = "This address takes a form's answer, not a visit: go back to the page of the form."
+
+
+def not_a_page(request):
+    """The address of a form's POST opened in the browser (a bookmark, Enter in the address
+    bar after a refusal left it there): the pages' refusal (405), with its ways back. It
+    was an empty 405, which the browser showed as an error page of its own (review)."""
+    context = {"error": NOT_A_PAGE, "came_from": _came_from(request)}
+    response = render(request, "pages/refused.html", context, status=405)
+    response["Allow"] = "POST"
+    return response
 
 
 def back(request, fallback: str, *args, **kwargs):
