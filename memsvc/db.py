@@ -47,13 +47,16 @@ DATABASE_GONE_SAID = Reminder()
 
 
 def database_gone(exception) -> bool:
-    """Whether ``exception`` is the database not being there (refused, broken: an outage
-    every request meets), not a statement's own failure (psycopg's subclasses of its
-    ``OperationalError``: a timeout, a deadlock)."""
+    """Whether ``exception`` is the database not being there (refused, broken, or not
+    answering a new connection in time: an outage every request meets), not a statement's
+    own failure (psycopg's other subclasses of its ``OperationalError``: a statement's
+    timeout, a deadlock). (A connection's timeout was a statement's: each request of a
+    frozen database logged its traceback, and waited for a second connection; review.)"""
     cause = exception.__cause__
     return isinstance(exception, InterfaceError) or type(cause) in (
         psycopg.OperationalError,
         psycopg.InterfaceError,
+        errors.ConnectionTimeout,
     )
 
 

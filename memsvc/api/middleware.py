@@ -201,39 +201,46 @@ class ApiErrorMiddleware:
             return response
 
     def process_exception(self, request, exception):
-        refusal = exception_refusal(exception)
-        response = render_api_error(request, refusal)
-        if response is None:
-            if isinstance(exception, DataError):
-                return _admin_refusal(request, refusal)
-            if not isinstance(refusal, Unavailable):
-                return None  # not an API: Django's own handling
-            # The web pages and the admin too: an outage, not a bug (their 500 page said
-            # the server had failed while every API said 503; review).
-            response = HttpResponse(refusal.message, status=503, content_type="text/plain")
-            response["Retry-After"] = str(UNAVAILABLE_RETRY_SECONDS)
-        if isinstance(refusal, Unavailable) and database_gone(exception):
-            # Said once a minute, with a traceback of what failed; Django's own line of each
-            # 503 left out too (``log_response``'s mark). (A statement's own failure, a
-            # timeout or a deadlock, is said by each request, as before: code review.)
-            DATABASE_GONE_SAID.say(
-                logger.error,
-                "%s: %s (said once a minute while it lasts)",
-                refusal.message,
-                request.path,
-                exc_info=exception,
-                extra={"status_code": refusal.status_code, "request": request},
-            )
-            response._has_been_logged = True
-        elif isinstance(refusal, InternalError | Unavailable):
-            logger.error(
-                "%s: %s",
-                refusal.message,
-                request.path,
-                exc_info=exception,
-                extra={"status_code": refusal.status_code, "request": request},
-            )
-        if isinstance(refusal, InternalError):
-            # What Django sends for an unhandled exception (the test client re-raises it).
-            signals.got_request_exception.send(sender=None, request=request)
-        return response
+        return exception_response(request, exception)
+
+
+def exception_response(request, exception):
+    """The answer to ``exception`` raised by a view (or a step before it): the API's refusal
+    in its shape, an outage's 503 for the pages and the admin too; None for Django's own
+    handling (an exception of a page that is not the database's)."""
+    refusal = exception_refusal(exception)
+    response = render_api_error(request, refusal)
+    if response is None:
+        if isinstance(exception, DataError):
+            return _admin_refusal(request, refusal)
+        if not isinstance(refusal, Unavailable):
+            return None  # not an API: Django's own handling
+        # The web pages and the admin too: an outage, not a bug (their 500 page said
+        # the server had failed while every API said 503; review).
+        response = HttpResponse(refusal.message, status=503, content_type="text/plain")
+        response["Retry-After"] = str(UNAVAILABLE_RETRY_SECONDS)
+    if isinstance(refusal, Unavailable) and database_gone(exception):
+        # Said once a minute, with a traceback of what failed; Django's own line of each
+        # 503 left out too (``log_response``'s mark). (A statement's own failure, a
+        # timeout or a deadlock, is said by each request, as before: code review.)
+        DATABASE_GONE_SAID.say(
+            logger.error,
+            "%s: %s (said once a minute while it lasts)",
+            refusal.message,
+            request.path,
+            exc_info=exception,
+            extra={"status_code": refusal.status_code, "request": request},
+        )
+        response._has_been_logged = True
+    elif isinstance(refusal, InternalError | Unavailable):
+        logger.error(
+            "%s: %s",
+            refusal.message,
+            request.path,
+            exc_info=exception,
+            extra={"status_code": refusal.status_code, "request": request},
+        )
+    if isinstance(refusal, InternalError):
+        # What Django sends for an unhandled exception (the test client re-raises it).
+        signals.got_request_exception.send(sender=None, request=request)
+    return response

@@ -47,6 +47,8 @@ from django.urls import resolve
 from rest_framework.throttling import BaseThrottle
 
 from memsvc.api.errors import RateLimited, render_api_error
+from memsvc.api.middleware import exception_response
+from memsvc.db import database_gone
 from memsvc.outage import Outage, Reminder
 
 logger = logging.getLogger(__name__)
@@ -416,13 +418,17 @@ def _guarded(check, *args):
     try:
         return check(*args)
     except DatabaseError:
-        # (Said once a minute: by every request with credentials, it named failed
-        # authentications where none had failed; review.)
-        _UNCOUNTED_SAID.say(
-            logger.warning,
-            "the database is unreachable: failed authentications are not counted meanwhile",
-        )
+        _say_uncounted()
         return None
+
+
+def _say_uncounted() -> None:
+    # (Said once a minute: by every request with credentials, it named failed
+    # authentications where none had failed; review.)
+    _UNCOUNTED_SAID.say(
+        logger.warning,
+        "the database is unreachable: failed authentications are not counted meanwhile",
+    )
 
 
 class RateLimitMiddleware:
@@ -438,7 +444,10 @@ class RateLimitMiddleware:
     def __call__(self, request):
         presented = any(request.META.get(header) for header in CREDENTIAL_HEADERS)
         if presented and _reads_credentials(request):
-            refusal, checked = request_auth_attempt(request)
+            try:
+                refusal, checked = request_auth_attempt(request)
+            except DatabaseError as gone:
+                return exception_response(request, gone)
             if refusal is not None:
                 response = render_api_error(request, refusal)
                 if response is not None:
@@ -486,10 +495,19 @@ def auth_check_ended(request) -> None:
 
 def request_auth_attempt(request) -> tuple[RateLimited | None, Callable[[], None] | None]:
     """``auth_attempt`` for ``request``'s address; nothing refused or counted without a
-    request (a password checked from a shell) or when the database is down."""
+    request (a password checked from a shell) or when a statement fails. A database that
+    is not there (``database_gone``) raises: the request, which reads it to check its
+    credentials, would wait for a connection once more (review: a 503 after 20 s, two
+    connection timeouts)."""
     if request is None:
         return None, None
-    return _guarded(auth_attempt, client_address(request)) or (None, None)
+    try:
+        return auth_attempt(client_address(request))
+    except DatabaseError as exc:
+        if database_gone(exc):
+            raise
+        _say_uncounted()
+        return None, None
 
 
 # Password checks run at once in a process at most (Django's PBKDF2 is about 0.25 s of CPU

@@ -4,6 +4,7 @@ is a 413 in the error shape on a connection that stays usable; a database that i
 
 import contextlib
 import socket
+import threading
 
 import httpx
 import pytest
@@ -160,3 +161,64 @@ def test_a_huge_declared_body_is_refused_without_reading_it_all(no_database):
         while b"\r\n\r\n" not in answer:
             answer += sock.recv(65536)
         assert answer.startswith(b"HTTP/1.1 413"), answer[:300]
+
+
+@pytest.fixture
+def silent_database():
+    """A database address that takes connections and never answers them (a server stopped
+    by a signal, a frozen machine): (its port, the connections made to it)."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=64)
+    listener.settimeout(0.2)
+    made, done = [], threading.Event()
+
+    def take():
+        while not done.is_set():
+            with contextlib.suppress(TimeoutError):
+                made.append(listener.accept()[0])
+
+    taker = threading.Thread(target=take, daemon=True)
+    taker.start()
+    yield listener.getsockname()[1], made
+    done.set()
+    taker.join()
+    for connection in made:
+        connection.close()
+    listener.close()
+
+
+def test_a_request_waits_for_one_connection_to_a_database_that_does_not_answer(
+    silent_database, tmp_path, settings
+):
+    """Credentials are checked against the failed authentications (in the database) first:
+    that check's connection timed out, the request went on and waited for a second (review:
+    a 503 after 20 s, twice the connection timeout). One connection, then 503; the outage
+    said once a minute (each request logged its traceback: a connection's timeout was taken
+    for a statement's)."""
+    port, made = silent_database
+    secret = "jwt-secret-for-this-test-of-32-bytes-or-more"
+    server = WebServer(
+        tmp_path,
+        {
+            "DATABASE_URL": f"postgres://memsvc@127.0.0.1:{port}/memsvc?connect_timeout=2",
+            "MEMSVC_LOCAL_MODE": "1",
+            "DJANGO_SECRET_KEY": "k" * 50,
+            "MEMSVC_JWT_SECRET": secret,
+        },
+    )
+    settings.MEMSVC_JWT_SECRET = secret
+    user = {"Authorization": f"Bearer {mint_user_token('alice', ttl_seconds=600)}"}
+    key = {"X-API-Key": "msk_abcdefabcdef_secretsecretsecret"}
+    logged_before = server.log.read_text().count("\n")
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as client:
+            for path, headers in [("/v1/user/conversations", user), ("/v1/agent/me", key)]:
+                before = len(made)
+                response = client.get(path, headers=headers)
+                assert response.status_code == 503, response.text
+                assert refusal_code(response) == "unavailable"
+                assert len(made) - before == 1, path
+        logged = server.log.read_text().splitlines()[logged_before:]
+        said = [line for line in logged if "the service is unavailable, try again" in line]
+        assert len(said) == 1 and "said once a minute" in said[0], "\n".join(logged)
+    finally:
+        server.stop()
