@@ -33,6 +33,7 @@ from memsvc.api.middleware import DISCARD_MAX_FACTOR
 # thread of their own, so that a probe is answered (503 within the probe's bound) while
 # every request thread waits on a database that does not answer (review: 75 s unanswered).
 PROBE_PATHS = frozenset({"/v1/health", "/health"})
+PROBE_THREADS = 4
 
 
 class ThreadPoolHandler(ASGIHandler):
@@ -44,7 +45,9 @@ class ThreadPoolHandler(ASGIHandler):
         BaseHandler.__init__(self)
         self.load_middleware(is_async=False)
         self.threads = ThreadPoolExecutor(threads, thread_name_prefix="request")
-        self.probes = ThreadPoolExecutor(1, thread_name_prefix="probe")
+        # (Several: a probe may wait up to its bound, and those at once wait together for
+        # one statement of the database's, on a thread of the health check's own.)
+        self.probes = ThreadPoolExecutor(PROBE_THREADS, thread_name_prefix="probe")
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":
@@ -65,7 +68,8 @@ class ThreadPoolHandler(ASGIHandler):
         gone = threading.Event()
         watcher = asyncio.ensure_future(_until_disconnect(receive, gone))
         try:
-            threads = self.probes if scope["path"] in PROBE_PATHS else self.threads
+            path = scope["path"].removeprefix(scope.get("root_path", ""))
+            threads = self.probes if path in PROBE_PATHS else self.threads
             response = await loop.run_in_executor(
                 threads, self.respond, scope, body_file, send, loop, gone
             )

@@ -85,11 +85,16 @@ def make_local_queue_folders(**kwargs) -> None:
 
 def broker_reachable(timeout: float = 1.0) -> bool:
     """Whether a connection to the broker opens within ``timeout`` seconds (for the health
-    probe: with the broker down the service still answers, and the sweep embeds later)."""
+    probe: with the broker down the service still answers, and the sweep embeds later); not
+    asked again while it failed a moment ago (``BROKER_OUTAGE``: one that does not answer
+    cost each probe some 3 s, Redis's own connection timeout; code review)."""
+    if BROKER_OUTAGE.ongoing:
+        return False
     try:
         with app.connection_for_write() as connection:
             connection.ensure_connection(max_retries=0, timeout=timeout)
     except Exception:  # kombu raises the transport's own errors, whatever they are
+        BROKER_OUTAGE.began()
         return False
     return True
 

@@ -6,6 +6,7 @@ are shown. A conversation is a sequence: the turn next to a good match is often 
 so a message also gets a share of its best direct neighbour's score.
 """
 
+import itertools
 import re
 import uuid
 from collections.abc import Callable
@@ -94,7 +95,8 @@ class SearchHit:
         own "<" still ``MARKUP_STAND_IN`` (the pages escape it, then show the marks)."""
         return self.headline and headline_as_written(
             self.headline,
-            self.message.content[self.headline_from :][:HEADLINE_CHARS],  # (what it reads)
+            # (what the extract reads)
+            self.message.content[self.headline_from : self.headline_from + HEADLINE_CHARS],
         )
 
     @property
@@ -311,19 +313,24 @@ def _hits(ranked: list[tuple], query: str | None) -> list[SearchHit]:
 
 # A term that begins with a CJK character: a word of its own wherever it is written.
 _CJK = re.compile(f"[{CJK_CHARACTERS}]")
-# An extract read further in a long text begins this many characters before the first word
-# that begins with a term (``_extracts_further_in``).
+# The words of a query's terms as PostgreSQL's parser parts them ("zebra?", "connect_timeout").
+_WORD_PART = re.compile(r"[^\W_]+")
+# An extract read further in a long text begins this many characters before the word found.
 HEADLINE_LEAD_CHARS = 200
+# The places of a long text read again (``_extracts_further_in``) at most, per hit.
+FURTHER_IN_TRIES = 3
 
 
 def _extracts_further_in(hits: list[SearchHit], terms: list[str], words: str) -> None:
     """The extracts of texts longer than HEADLINE_CHARS whose first HEADLINE_CHARS hold no
     match (found by words further in, the extract was the text's first words, none marked,
-    or nothing; review), read again from a little before the first word that begins with
-    one of ``terms`` in any case: one statement for them all, only for such hits. A term the
-    text holds only in another form ("cities" for its "city") is not looked for: that
-    extract stays the first words."""
-    longest = max(map(len, terms))
+    or nothing; review), read again from a little before a word that begins with one of
+    ``terms`` (any case; after a character that is no letter or digit, as PostgreSQL's
+    parser parts words: "connect_timeout" holds "timeout"): the first place of each of up to
+    ``FURTHER_IN_TRIES`` terms, stop words aside (one begins nearly every sentence), in one
+    statement for all, only for such hits; the first place marked is kept. A term the text
+    holds only in another form ("cities" for its "city", "koln" for its "Köln") is not
+    looked for: that extract stays the first words."""
     unmarked = [
         hit
         for hit in hits
@@ -331,21 +338,39 @@ def _extracts_further_in(hits: list[SearchHit], terms: list[str], words: str) ->
         and "<b>" not in hit.headline
         and len(hit.message.content) > HEADLINE_CHARS
     ]
-    if not unmarked:
+    looked_for = [
+        word
+        for word in dict.fromkeys(_WORD_PART.findall(" ".join(terms)))
+        if len(word) > 1 and word not in queries.STOP_WORDS
+    ]
+    if not unmarked or not looked_for:
         return
-    first_word = re.compile(
-        "|".join(
-            re.escape(term) if _CJK.match(term) else rf"\b{re.escape(term)}" for term in terms
-        ),
-        re.IGNORECASE,
-    )
-    found = []
+    places = [
+        (
+            re.compile(
+                re.escape(term) if _CJK.match(term) else rf"(?<![^\W_]){re.escape(term)}",
+                re.IGNORECASE,
+            ),
+            HEADLINE_CHARS - len(term),  # (one that ends past the first part)
+        )
+        for term in looked_for
+    ]
+    tries = []  # (hit, where its part begins, the part)
     for hit in unmarked:
-        further = first_word.search(hit.message.content, HEADLINE_CHARS - longest)
-        if further is not None:
-            start = max(0, further.start() - HEADLINE_LEAD_CHARS)
-            found.append((hit, start, hit.message.content[start:][:HEADLINE_CHARS]))
-    if not found:
+        content = hit.message.content
+        found = sorted(
+            place.start()
+            for pattern, past in places
+            for place in itertools.islice(pattern.finditer(content, past), FURTHER_IN_TRIES)
+        )
+        starts = []  # (each past the part before it, which holds no match if it is read)
+        for place in found:
+            if len(starts) < FURTHER_IN_TRIES and (
+                not starts or place >= starts[-1] + HEADLINE_CHARS
+            ):
+                starts.append(max(0, place - HEADLINE_LEAD_CHARS))
+        tries += [(hit, start, content[start : start + HEADLINE_CHARS]) for start in starts]
+    if not tries:
         return
     with connection.cursor() as cursor:
         cursor.execute(
@@ -355,12 +380,14 @@ def _extracts_further_in(hits: list[SearchHit], terms: list[str], words: str) ->
                 TEXT_SEARCH_CONFIG,
                 words,
                 _HEADLINE_OPTIONS,
-                [text for _, _, text in found],
+                [part for _, _, part in tries],
             ],
         )
         headlines = [headline for (headline,) in cursor.fetchall()]
-    for (hit, start, _), headline in zip(found, headlines, strict=True):
-        if "<b>" in headline:
+    marked = set()
+    for (hit, start, _), headline in zip(tries, headlines, strict=True):
+        if "<b>" in headline and id(hit) not in marked:
+            marked.add(id(hit))
             hit.headline, hit.headline_from = headline, start
 
 

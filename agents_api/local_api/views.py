@@ -49,7 +49,7 @@ from memsvc.api.health import DATABASE_ANSWER_SECONDS, database_backlog, unavail
 from memsvc.api.idempotency import idempotency_key, marked_replayed, request_fingerprint
 from memsvc.api.pagination import parse_limit
 from memsvc.api.ratelimit import client_address
-from memsvc.db import beside
+from memsvc.db import beside, not_migrated
 from memsvc.text import shows_nothing
 from search.selectors import embed_query_ahead, search_messages
 from search.services import messages_embedded_now
@@ -183,7 +183,13 @@ class HealthView(LocalView):
         # already open said ok for a database that did not answer).
         try:
             backlog = database_backlog()
-        except DatabaseError:
+        except DatabaseError as exc:
+            if not_migrated(exc):
+                return unavailable(
+                    {"status": "unavailable", "detail": "database not migrated"},
+                    "database not migrated",
+                    "health: the database has no memsvc tables (run migrate)",
+                )
             # The driver's message names hosts, sockets and paths: logged, never answered.
             return unavailable(
                 {"status": "unavailable", "detail": "database unreachable"},

@@ -239,13 +239,14 @@ class JSONValueField(serializers.JSONField):
         return super().validate_empty_values(data)
 
     def to_internal_value(self, data):
-        value = super().to_internal_value(data)
+        # (Measured as it is kept: 1e308, five bytes sent, is kept as 309 digits; code review.)
+        value = as_jsonb_gives_back(super().to_internal_value(data))
         problem = json_value_problem(
             value, max_bytes=self.max_bytes, objects_only=self.objects_only
         )
         if problem:
             raise serializers.ValidationError(problem)
-        return as_jsonb_gives_back(value)
+        return value
 
 
 @extend_schema_field({"type": "object", "additionalProperties": True})

@@ -181,3 +181,5 @@ def test_a_database_without_memsvcs_tables_is_said_not_migrated(client, monkeypa
     monkeypatch.setattr(health, "pending_embedding_count", not_migrated)
     response = client.get("/v1/health")
     assert (response.status_code, response.json()["reason"]) == (503, "database not migrated")
+    local = client.get("/health")  # (the same probe: it said "database unreachable")
+    assert (local.status_code, local.json()["detail"]) == (503, "database not migrated")

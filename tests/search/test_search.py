@@ -1104,8 +1104,22 @@ def test_a_huge_message_and_a_long_query_are_highlighted_in_bounded_time(api, al
             "東京",
             "<b>東</b><b>京</b> trip",
         ),
+        ("x " * 3_000 + "the animal is a zebra", "where is the zebra?", "a <b>zebra</b>"),
+        ("x " * 3_000 + "set connect_timeout to 2", "timeout", "connect_<b>timeout</b>"),
+        (
+            "x " * 2_500 + "see example.com " + "y " * 2_500 + "an example here",
+            "example",
+            "an <b>example</b> here",
+        ),
     ],
-    ids=["words", "one long word first", "CJK and invisible characters"],
+    ids=[
+        "words",
+        "one long word first",
+        "CJK and invisible characters",
+        "a question of stop words",
+        "a word within another",
+        "a first place not the word",
+    ],
 )
 def test_a_long_text_matched_past_its_first_part_is_marked_where_it_matches(
     api, alice, content, query, marked
@@ -1122,7 +1136,7 @@ def test_a_long_text_matched_past_its_first_part_is_marked_where_it_matches(
     assert marked in late["highlights"]
     assert shown_in(late["highlights"], content)
     [early] = [hit for hit in hits if hit["message"]["content"] != content]
-    assert early["highlights"].startswith("<b>")
+    assert "<b>" in early["highlights"]
 
 
 def test_a_hit_holding_some_of_the_querys_words_is_marked_where_it_holds_them(api, alice):

@@ -21,4 +21,4 @@ class LogoutView(auth_views.LogoutView):
     """Django's logout (a POST); its address opened in the browser, ``not_a_page``."""
 
     def http_method_not_allowed(self, request, *args, **kwargs):
-        return not_a_page(request)
+        return not_a_page(request, ", ".join(self._allowed_methods()))

@@ -96,13 +96,21 @@ def _refused(request, refusal):
         }
         request.session[REFUSED_FORM] = waiting
         return HttpResponseRedirect(came_from)
-    template = "pages/_refused.html" if request.htmx else "pages/refused.html"
-    context = {"error": error, "came_from": came_from}
-    response = render(request, template, context, status=refusal.status_code)
-    if request.htmx:  # (no address in the history for what was refused: review)
-        response["HX-Push-Url"] = "false"
+    response = refusal_page(request, error, status=refusal.status_code, came_from=came_from)
     if "Retry-After" in refusal:
         response["Retry-After"] = refusal["Retry-After"]
+    return response
+
+
+def refusal_page(request, error: str, *, status: int, came_from: str | None):
+    """The pages' refusal: ``error`` said, with the way back to ``came_from`` (this site's
+    page the request came from, if any) and to the conversations; asked by htmx, the part
+    that says it (``_refused.html``), the address in the history left as it was."""
+    template = "pages/_refused.html" if request.htmx else "pages/refused.html"
+    context = {"error": error, "came_from": came_from}
+    response = render(request, template, context, status=status)
+    if request.htmx:  # (no address in the history for what was refused: review)
+        response["HX-Push-Url"] = "false"
     return response
 
 
@@ -119,8 +127,7 @@ def not_found(request, exception):
     refusal page, with its way back to the conversations (Django's bare "Not Found" page had
     none: review); elsewhere (the admin's, static files') Django's."""
     if request.path.startswith(reverse("pages:home")):
-        context = {"error": "There is no such page here.", "came_from": None}
-        return render(request, "pages/refused.html", context, status=404)
+        return refusal_page(request, "There is no such page here.", status=404, came_from=None)
     return defaults.page_not_found(request, exception)
 
 
@@ -182,8 +189,7 @@ def csrf_failure(request, reason=""):
     the pages' refusal (403), with a link back."""
     if request.htmx:
         return HttpResponseClientRedirect(_sent_from(request))
-    context = {"error": OUT_OF_DATE, "came_from": _came_from(request)}
-    return render(request, "pages/refused.html", context, status=403)
+    return refusal_page(request, OUT_OF_DATE, status=403, came_from=_came_from(request))
 
 
 def action(view):
@@ -203,13 +209,12 @@ def action(view):
 NOT_A_PAGE = "This address takes a form's answer, not a visit: go back to the page of the form."
 
 
-def not_a_page(request):
+def not_a_page(request, allowed: str = "POST"):
     """The address of a form's POST opened in the browser (a bookmark, Enter in the address
     bar after a refusal left it there): the pages' refusal (405), with its ways back. It
     was an empty 405, which the browser showed as an error page of its own (review)."""
-    context = {"error": NOT_A_PAGE, "came_from": _came_from(request)}
-    response = render(request, "pages/refused.html", context, status=405)
-    response["Allow"] = "POST"
+    response = refusal_page(request, NOT_A_PAGE, status=405, came_from=_came_from(request))
+    response["Allow"] = allowed
     return response
 
 
