@@ -294,6 +294,15 @@ class learning:
             response = self._client.client.post("/agents", json={"name": self.agent})
         except httpx.HTTPError as exc:
             raise MemoryServerUnavailable(f"memsvc at {self.url} did not answer ({exc})") from exc
+        if response.status_code == 429 or response.is_server_error:
+            # Busy, or unable to serve now (its database down): no refusal of the agent
+            # (it said "refused the agent" of a rate limit's 429; review).
+            retry = response.headers.get("Retry-After")
+            raise MemoryServerUnavailable(
+                f"memsvc at {self.url} cannot serve the agent {self.agent!r} now "
+                f"({response.status_code}: {_reason(response)})"
+                + (f"; try again in {retry} s" if retry else "")
+            )
         if response.is_error:
             raise AgentRefused(
                 f"memsvc at {self.url} refused the agent {self.agent!r} "

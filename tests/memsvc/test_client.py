@@ -299,6 +299,25 @@ def test_an_agent_memsvc_refuses_is_a_clear_error_with_its_reason(live_server, o
     assert sdk_unpatched()
 
 
+def test_a_memsvc_over_its_rate_limit_is_unavailable_not_a_refusal_of_the_agent(
+    live_server, settings
+):
+    """A rate limit's 429 at the block's entry said "refused the agent" (review): the agent
+    is not refused, memsvc cannot serve it now, and says when to try again."""
+    settings.MEMSVC_RATE_LIMIT = 1  # (a minute: the agent's request counts, not the health check)
+    with learning(agent="busy", server_url=live_server.url):
+        pass
+    with (
+        pytest.raises(
+            MemoryServerUnavailable, match=r"cannot serve .*\(429: .*try again in"
+        ) as busy,
+        learning(agent="busy", server_url=live_server.url),
+    ):
+        pass
+    assert not isinstance(busy.value, AgentRefused)
+    assert sdk_unpatched()
+
+
 def test_importing_the_client_needs_no_django():
     code = "import sys, memsvc.client; print('django' in sys.modules)"
     result = subprocess.run(
