@@ -211,6 +211,47 @@ def test_deleting_a_conversation_asks_first(page, live_server, people, csp_viola
     assert csp_violations == []
 
 
+def test_removing_a_member_and_leaving_ask_first(page, live_server, people, csp_violations):
+    """Neither can be undone by who does it (a reader who leaves cannot come back alone);
+    both were done at the first click (review)."""
+    from conversations.models import Membership
+    from tests.pages.conftest import conversation_of
+
+    conversation = conversation_of("alice", "Plans", "hi", shared=[("bob", "reader")])
+    asked = []
+
+    def answer(dialog, accept: bool) -> None:
+        asked.append(dialog.message)
+        dialog.accept() if accept else dialog.dismiss()
+
+    def member(name: str) -> bool:
+        return Membership.objects.filter(group=conversation.group, principal_id=name).exists()
+
+    for person, button in [("alice", "Remove bob"), ("bob", "Leave")]:
+        if person == "bob":
+            page.context.clear_cookies()
+            Membership.objects.create(
+                group=conversation.group, principal_id="bob", access_level="reader"
+            )
+        log_in(page, live_server, person)
+        page.goto(f"{live_server.url}/app/c/{conversation.id}/")
+        page.once("dialog", lambda dialog: answer(dialog, False))
+        page.get_by_role("button", name=button, exact=True).click()
+        page.wait_for_timeout(300)  # time for a form sent anyway to land
+        assert member("bob"), person
+        page.once("dialog", lambda dialog: answer(dialog, True))
+        with page.expect_navigation():
+            page.get_by_role("button", name=button, exact=True).click()
+        assert not member("bob"), person
+    assert asked == [
+        "Remove bob from this conversation?",
+        "Remove bob from this conversation?",
+        "Leave this conversation? Only someone who manages it can share it with you again.",
+        "Leave this conversation? Only someone who manages it can share it with you again.",
+    ]
+    assert csp_violations == []
+
+
 def test_members_and_blocks_whose_names_are_dot_segments_are_changed(page, live_server, people):
     """(The browser dropped the dot segments of the Remove form's address: beside a member
     shared as "../../delete", Remove deleted the conversation, without asking; a member
@@ -230,6 +271,7 @@ def test_members_and_blocks_whose_names_are_dot_segments_are_changed(page, live_
         ).click()
     expect(page.get_by_role("heading", name="Team")).to_be_visible()
     assert Membership.objects.get(principal_id="..").access_level == "writer"
+    page.on("dialog", lambda dialog: dialog.accept())  # ("Remove ... from this conversation?")
     for member, _ in members:
         with page.expect_navigation():
             page.get_by_role("button", name=f"Remove {member}", exact=True).click()

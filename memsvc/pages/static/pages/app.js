@@ -8,7 +8,8 @@ document.addEventListener("submit", (event) => {
   if (event.target.matches("form[data-logout]")) sessionStorage.removeItem("htmx-history-cache");
 });
 
-// A form that deletes much at once asks first (``data-confirm``: the question). Registered
+// A form that deletes much at once, or what its sender cannot undo alone (a member removed,
+// leaving), asks first (``data-confirm``: the question). Registered
 // for the capture phase, so it runs before any other handler (the chat's, htmx's) sees the
 // submit. Without this script the form deletes at once.
 document.addEventListener(
