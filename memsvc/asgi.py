@@ -39,7 +39,7 @@ PROBE_THREADS = 4
 class ThreadPoolHandler(ASGIHandler):
     """Django's ASGI handler with the synchronous request path: the body read in the event
     loop, then middleware, view and response in one thread of a fixed pool (health probes:
-    one of their own, ``PROBE_PATHS``)."""
+    in a pool of their own, ``PROBE_PATHS``)."""
 
     def __init__(self, threads: int):
         BaseHandler.__init__(self)
