@@ -2008,6 +2008,34 @@ def test_an_import_takes_a_block_about_a_user_from_any_key_as_the_api_does(api, 
     assert list(kept) == [("bob", "Bob likes tea")]
 
 
+def test_an_import_takes_back_what_is_about_an_id_that_became_memsvcs_own(api, helper):
+    """``local`` and ``memsvc`` became memsvc's own (the owners of its agents) after some
+    kept memory about users so named: the agent's export of it was refused by its own
+    import (review). What is about them is the agent's to keep; no user may name them."""
+    for label, user_id in [("prefs", "keeper"), ("notes", "keeper2")]:
+        made = api.post(
+            f"/v1/agent/memory-blocks?userId={user_id}", {"label": label, "value": "v"}, as_=helper
+        )
+        assert made.status_code == 201, made.content
+    assert api.post("/v1/agent/memories", {"content": "Likes tea", "userId": "keeper"}, as_=helper)
+    # (Stored so before the rule: no API takes these ids now.)
+    MemoryBlock.objects.filter(user_id="keeper").update(user_id="local")
+    MemoryBlock.objects.filter(user_id="keeper2").update(user_id="memsvc")
+    Memory.objects.filter(user_id="keeper").update(user_id="local")
+    document = agent_export(api, helper)
+    plain = make_agent("plain")
+    imported = api.post("/v1/agent/import", document, as_=plain)
+    assert imported.status_code == 200, imported.content
+    assert sorted(
+        MemoryBlock.objects.filter(agent=plain.agent).values_list("user_id", flat=True)
+    ) == ["local", "memsvc"]
+    assert list(Memory.objects.filter(agent=plain.agent).values_list("user_id", flat=True)) == [
+        "local"
+    ]
+    refused = api.post("/v1/agent/memories", {"content": "x", "userId": "local"}, as_=helper)
+    assert refused.status_code == 400
+
+
 def test_an_import_makes_a_tool_record_for_a_user_only_with_a_key_that_may_act_for_them(
     api, helper
 ):

@@ -691,6 +691,19 @@ def test_only_the_owner_deletes(alice_page, bob_page):
     assert not Conversation.objects.exists()
 
 
+@pytest.mark.parametrize("name", ["local", "memsvc"])
+def test_a_login_named_as_memsvcs_own_acts_as_no_one(db, name):
+    """``local`` and ``memsvc`` own memsvc's own agents; a login so named, made before that
+    rule (an upgrade), made conversations as their owner (review)."""
+    from tests.pages.conftest import login
+
+    person = login(name)
+    for response in (person.get("/app/"), person.post("/app/conversations/new", {"title": "x"})):
+        assert response.status_code == 403
+        assert "This login cannot use the pages" in response.content.decode()
+    assert not Conversation.objects.exists()
+
+
 def test_a_forms_address_opened_in_the_browser_is_a_page_that_says_so(client, alice_page):
     """An empty 405, which the browser showed as an error page of its own (a bookmark, or
     Enter in the address bar after a refused form left it on the form's address; review)."""

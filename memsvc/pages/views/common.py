@@ -17,7 +17,7 @@ from rest_framework.exceptions import ValidationError
 
 from memsvc.api.errors import ApiError, as_api_error, exception_handler
 from memsvc.api.middleware import request_refusal
-from memsvc.api.principals import Principal
+from memsvc.api.principals import Principal, user_id_problem
 from memsvc.api.ratelimit import auth_check_ended, limit_principal
 
 PAGE_SIZE = 50
@@ -45,7 +45,15 @@ def page(view=None, /, **query_labels: str):
         if not request.user.is_authenticated:
             return _to_login(request)
         auth_check_ended(request)  # (a page's credential is its session, not a header)
-        request.principal = Principal.user(request.user.get_username())
+        name = request.user.get_username()
+        problem = user_id_problem(name)
+        if problem:
+            # A login made before its name became memsvc's own (``local``, ``memsvc``:
+            # the owners of its agents) acts as no one (review: an upgrade's "local"
+            # made conversations as the owner of the local agents).
+            error = f"This login cannot use the pages: its name {problem}."
+            return refusal_page(request, error, status=403, came_from=None)
+        request.principal = Principal.user(name)
         try:
             # What the API refuses before any view (a NUL in the path or the query, which
             # PostgreSQL cannot compare): the pages too, not as a 500.
