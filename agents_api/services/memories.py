@@ -46,6 +46,13 @@ NEAR_DUPLICATE_SIMILARITY = 0.95
 # A text at least this near one stored that says the same words but for their punctuation
 # ("Oslo!!", "Oslo": 0.90) repeats it too (``models.same_words``).
 SAME_WORDS_SIMILARITY = 0.8
+# The longest text (in characters other than blanks) that a vector surely reads whole: each
+# token of the tokenizers of the models memsvc is used with holds a character at least, and
+# the smallest window among them is all-MiniLM-L6-v2's 256 tokens, two of them its markers.
+# A longer text's vector may end before the text does: two texts alike in their first 250
+# words were one near-duplicate, and the second's fact (an allergy) was dropped (review).
+# Such a text repeats another only in the same words (``SAME_WORDS_SIMILARITY``).
+NEAR_DUPLICATE_MAX_CHARS = 254
 # kagent: a memory used this often by the time it expires is kept another MEMORY_TTL.
 POPULAR_ACCESS_COUNT = 10
 # Inserts of one new fact a save tries while the row it collides with keeps vanishing
@@ -237,6 +244,10 @@ def _store_memories(agent, user_id, memories, source, model, vectors, items):
     it repeats: a stored memory or a new one earlier in the batch, of the same normalised
     text, else the nearest of them (cosine similarity ``NEAR_DUPLICATE_SIMILARITY`` or more),
     else it is a new fact."""
+    # (Read before any lock: a text's claims and hash cost its length, which no other save
+    # of the agent's should wait for; review.)
+    hashes = [content_hash(new.content) for new in memories]
+    said = [claims(new.content) for new in memories]
     hold_users([user_id])
     _hold_cited_messages([new.message_ids for new in memories], items)
     # Again under the setting's row lock: a switch turned off while the batch was embedded
@@ -247,9 +258,7 @@ def _store_memories(agent, user_id, memories, source, model, vectors, items):
     # new facts in another order do not each wait for the other's row (a deadlock).
     lock_name("memories", agent.pk, user_id)
     now = timezone.now()
-    hashes = [content_hash(new.content) for new in memories]
     by_hash = _live_by_hash(agent, user_id, hashes)  # (and the batch's new facts, as they come)
-    said = [claims(new.content) for new in memories]
     texts = [new.content for new in memories]
     near = _stored_near_duplicates(agent, user_id, model, vectors, texts, said, hashes, by_hash)
     fresh: dict = {}  # each new fact (a Memory not yet stored) -> the saves it holds
@@ -350,9 +359,17 @@ def _stored_near_duplicates(agent, user_id, model, vectors, texts, said, hashes,
 
 def _repeats(distance: float, text: str, other: str) -> bool:
     """Whether ``other`` at cosine ``distance`` from ``text`` repeats it (their ``claims``
-    aside): a near-duplicate, or the same words (``models.same_words``) a little farther."""
-    return distance <= 1 - NEAR_DUPLICATE_SIMILARITY or (
-        distance <= 1 - SAME_WORDS_SIMILARITY and same_words(text, other)
+    aside): a near-duplicate, both read whole by their vectors (``NEAR_DUPLICATE_MAX_CHARS``),
+    or the same words (``models.same_words``) a little farther."""
+    near = distance <= 1 - NEAR_DUPLICATE_SIMILARITY and _read_whole(text) and _read_whole(other)
+    return near or (distance <= 1 - SAME_WORDS_SIMILARITY and same_words(text, other))
+
+
+def _read_whole(text: str) -> bool:
+    """Whether every part of ``text`` is surely in its vector (``NEAR_DUPLICATE_MAX_CHARS``)."""
+    return (
+        len(text) <= NEAR_DUPLICATE_MAX_CHARS
+        or len("".join(text.split())) <= NEAR_DUPLICATE_MAX_CHARS
     )
 
 

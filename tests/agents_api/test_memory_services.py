@@ -237,6 +237,36 @@ def test_a_different_fact_in_similar_words_is_kept_apart(agent):
     assert Memory.objects.count() == 2
 
 
+def test_a_long_text_alike_in_its_first_words_is_another_fact(agent):
+    """A vector reads a text's first 256 tokens: two texts alike in their first 250 words were
+    one near-duplicate (cosine 1.0), and the second's fact was dropped (review). A long text
+    repeats another only in the same words (here up to case and spacing)."""
+    routine = " ".join(
+        ["Yara wakes early, walks her dog along the river, reads the news and joins a call."] * 20
+    )
+    first, created = save(agent, routine + " Her favourite food is sushi.")
+    assert created
+    second, created = save(agent, routine + " She is severely allergic to shellfish.")
+    assert created and second.pk != first.pk
+    again, created = save(agent, routine.upper() + "  HER FAVOURITE FOOD IS SUSHI.")
+    assert not created and again.pk == first.pk
+    assert Memory.objects.count() == 2
+
+
+def test_a_text_of_one_long_word_is_read_in_time(agent):
+    """The claims' patterns were tried at every letter of a run: a word of 20,000 letters
+    took 7 s, one of 100,000 its web worker's life, while the agent's other saves waited for
+    its lock (review). (Milliseconds now; the bound only tells linear from quadratic.)"""
+    import time
+
+    for text in ("y" * 100_000, "a." * 50_000, "a-" * 50_000, "x@" * 50_000):
+        started = time.monotonic()
+        claims(text)
+        assert time.monotonic() - started < 2, text[:4]
+    memory, created = save(agent, "dna " + "acgt" * 24_000)
+    assert created and memory.content.startswith("dna acgt")
+
+
 def test_memories_of_other_users_or_other_agents_never_merge(agent):
     other_agent = AgentFactory(name="other")
     results = [
