@@ -95,6 +95,7 @@ UNAPPLIED_BLOCK_FILTERS = (
     "templates_only",
     "value_search",
 )
+UNAPPLIED_MESSAGE_FILTERS = ("group_id",)  # (answered whole, a group's were all the agent's)
 UNAPPLIED_AGENT_FILTERS = (
     "base_template_id",
     "identifier_keys",
@@ -260,6 +261,7 @@ class AgentMessagesView(LettaView):
     def get(self, request, agent_id):
         """``after`` and ``before`` in the list's ``order``: ``after`` the last of a page in
         the default (newest first) order walked back to the newest (review)."""
+        _refuse_unapplied(request.query_params, UNAPPLIED_MESSAGE_FILTERS, "messages")
         agent = self.agent(request, agent_id)
         conversation = agent.local_conversation
         messages = (

@@ -963,12 +963,13 @@ def test_a_list_filter_memsvc_does_not_apply_is_refused_not_answered_whole(api, 
     """Letta's clean-up of blocks whose attach never came lists them with
     ``connected_to_agents_count_eq=0`` and deletes each: memsvc answered every block, and
     the loop deleted the attached ones (review). A filter it does not apply is a 501."""
-    create_agent(api, helper)
+    agent = create_agent(api, helper)
     for path, query in [
         ("/v1/blocks/", {"connected_to_agents_count_eq": "0"}),
         ("/v1/blocks/", {"label_search": "orph"}),
         ("/v1/blocks/", {"templates_only": "true"}),
         ("/v1/agents/", {"query_text": "nomatch"}),
+        (f"/v1/agents/{agent['id']}/messages", {"group_id": "group-x"}),  # (review)
     ]:
         response = api.get(path, as_=helper, **query)
         assert response.status_code == 501, (path, query)
