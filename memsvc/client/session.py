@@ -13,7 +13,13 @@ import time
 import httpx
 
 from memsvc.client import hooks
-from memsvc.client.core import KEY_HEADER, STRATEGIES, Call, ServerRequest
+from memsvc.client.core import (
+    KEY_HEADER,
+    STRATEGIES,
+    Call,
+    ServerRequest,
+    retry_after_seconds,
+)
 from memsvc.client.deadline import over_by, proxied, transport
 from memsvc.client.sender import Destination, sender
 
@@ -41,6 +47,11 @@ def _at_exit() -> None:
 
 
 atexit.register(_at_exit)
+
+
+# What a memsvc answers when it cannot serve now, to try again later: a rate limit, a
+# failure of its own, a proxy's or a gateway's.
+NOT_NOW = frozenset({429, 500, 502, 503, 504})
 
 
 class MemoryServerUnavailable(RuntimeError):
@@ -294,14 +305,14 @@ class learning:
             response = self._client.client.post("/agents", json={"name": self.agent})
         except httpx.HTTPError as exc:
             raise MemoryServerUnavailable(f"memsvc at {self.url} did not answer ({exc})") from exc
-        if response.status_code == 429 or response.is_server_error:
+        if response.status_code in NOT_NOW:
             # Busy, or unable to serve now (its database down): no refusal of the agent
             # (it said "refused the agent" of a rate limit's 429; review).
-            retry = response.headers.get("Retry-After")
+            retry = retry_after_seconds(response)
             raise MemoryServerUnavailable(
                 f"memsvc at {self.url} cannot serve the agent {self.agent!r} now "
                 f"({response.status_code}: {_reason(response)})"
-                + (f"; try again in {retry} s" if retry else "")
+                + (f"; try again in {retry:g} s" if retry is not None else "")
             )
         if response.is_error:
             raise AgentRefused(

@@ -251,6 +251,13 @@ def test_a_long_text_alike_in_its_first_words_is_another_fact(agent):
     again, created = save(agent, routine.upper() + "  HER FAVOURITE FOOD IS SUSHI.")
     assert not created and again.pk == first.pk
     assert Memory.objects.count() == 2
+    # Fewer characters, more tokens: a Hangul syllable is two or three of them (code review).
+    korean = "유나는 아침 일찍 일어나서 강가를 따라 개를 산책시키고 뉴스를 읽습니다. " * 4
+    assert len(korean) < 200
+    allergy, created = save(agent, korean + "그리고 땅콩 알레르기가 있습니다")
+    assert created
+    cats, created = save(agent, korean + "그리고 고양이를 좋아합니다")
+    assert created and cats.pk != allergy.pk
 
 
 def test_a_text_of_one_long_word_is_read_in_time(agent):

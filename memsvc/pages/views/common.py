@@ -52,7 +52,9 @@ def page(view=None, /, **query_labels: str):
             # the owners of its agents) acts as no one (review: an upgrade's "local"
             # made conversations as the owner of the local agents).
             error = f"This login cannot use the pages: its name {problem}."
-            return refusal_page(request, error, status=403, came_from=None)
+            response = refusal_page(request, error, status=403, came_from=None)
+            patch_vary_headers(response, ["HX-Request"])
+            return response
         request.principal = Principal.user(name)
         try:
             # What the API refuses before any view (a NUL in the path or the query, which
