@@ -24,7 +24,9 @@ from datetime import UTC, date, datetime, timedelta
 from memsvc.text import query_read
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+|\n+")
-_CLAUSE_BREAK = re.compile(r"\s*;\s*|,\s+(?=(?:and|but|also)\s)", re.IGNORECASE)
+# (Blanks before a ";" looked for from where they begin: from every blank of a long run, a
+# context's text of 10,000 spaces took 0.2 s, of 80,000 20 s; review.)
+_CLAUSE_BREAK = re.compile(r"(?<!\s)\s*;\s*|,\s+(?=(?:and|but|also)\s)", re.IGNORECASE)
 # A part must say something of its own: fewer words than this join the part before.
 MIN_PART_WORDS = 3
 
