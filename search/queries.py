@@ -198,7 +198,7 @@ def periods(text: str, now: datetime) -> list[Period]:
     (a long memory holds several Junes)."""
     today = _day(now.astimezone(UTC).date())
     found: list[Period] = []
-    taken: list[tuple[int, int]] = []
+    taken: set[int] = set()  # where the years a month named begin
     for match in _MONTH.finditer(text):
         preposition, name, year = match.groups()
         word, after = name.lower(), match.end(2)
@@ -210,13 +210,13 @@ def periods(text: str, now: datetime) -> list[Period]:
         if word in _ABBREVIATIONS and not (said_so or written_as_one):
             continue  # the word or the name ("dec", "What did Jan say?")
         month = _MONTHS.get(name.lower().rstrip("."), 5)
-        taken.append(match.span())
         if year:
+            taken.add(match.start(3))
             found.append(_month_span(int(year), month))
         else:
             found += [_month_span(y, month) for y in range(today.year - 10, today.year + 1)]
     for match in _YEAR.finditer(text):
-        if any(start <= match.start() < end for start, end in taken):
+        if match.start() in taken:
             continue
         year = int(match.group(1))
         found.append((datetime(year, 1, 1, tzinfo=UTC), datetime(year + 1, 1, 1, tzinfo=UTC)))
@@ -230,7 +230,9 @@ def periods(text: str, now: datetime) -> list[Period]:
         found.append((middle - timedelta(days=slack), middle + timedelta(days=slack + 1)))
     for match in _RELATIVE.finditer(text):
         found.append(_relative(match.group(1), today))
-    return found
+    # Each once: a long text (a context's, someone's message) naming months again and again
+    # made thousands of spans, each looked through for each row ranked (review).
+    return list(dict.fromkeys(found))
 
 
 def within(moment: datetime | None, spans: list[Period], *, slack: timedelta) -> bool:
