@@ -397,13 +397,19 @@ class ServerSentEvents:
     """An incremental decoder of ``text/event-stream`` bytes into (event, data) pairs."""
 
     def __init__(self):
-        self._buffer = b""
+        self._unended: list[bytes] = []  # the pieces of a line not ended yet
         self._event: str | None = None
         self._data: list[str] = []
 
     def feed(self, chunk: bytes) -> Iterable[tuple[str | None, str]]:
-        self._buffer += chunk
-        *lines, self._buffer = self._buffer.split(b"\n")
+        # (A line is joined once it ends: the whole buffer split again at every chunk was
+        # quadratic in a long line, 800 KB of one in 64-byte chunks: 4.7 s; review.)
+        if b"\n" not in chunk:
+            self._unended.append(chunk)
+            return
+        first, *lines = chunk.split(b"\n")
+        lines.insert(0, b"".join([*self._unended, first]))
+        self._unended = [lines.pop()]
         for raw in lines:
             line = raw.rstrip(b"\r").decode("utf-8", "replace")
             if not line:
