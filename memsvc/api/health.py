@@ -35,19 +35,12 @@ _SAID = {
 }
 
 
-def unavailable(body: dict, reason: str, message: str, *args, **kwargs) -> Response:
-    """A health check's 503 (this one's, the local API's), ``body`` as it is; ``message``
-    logged once a minute for ``reason``."""
-    _SAID[reason].say(logger.warning, message, *args, **kwargs)
+def unavailable(body: dict) -> Response:
+    """A health check's 503 (this one's, the local API's), ``body`` as it is: its reason is
+    said in the log once a minute (``_said``), not by Django for each probe."""
     response = Response(body, status=503)
     response._has_been_logged = True
     return response
-
-
-def _unavailable(body: dict, reason: str, message: str, *args, **kwargs) -> Response:
-    """This health check's 503, ``reason`` in its body (``unavailable``)."""
-    body.update(status="unavailable", reason=reason)
-    return unavailable(body, reason, message, *args, **kwargs)
 
 
 HealthResponse = inline_serializer(
@@ -127,11 +120,35 @@ def _count_backlog() -> int:
         raise
 
 
-def database_backlog() -> int | None:
-    """The probe of both health checks (this one's, the local API's): the backlog, or None
-    when the database did not answer within ``DATABASE_ANSWER_SECONDS``; ``DatabaseError``
-    when it refused."""
-    return _probe.backlog(DATABASE_ANSWER_SECONDS)
+def database_backlog() -> tuple[int | None, str | None]:
+    """The probe of both health checks (this one's, the local API's): (the backlog, None)
+    when the database answered within ``DATABASE_ANSWER_SECONDS``; else (None, why not:
+    "database not migrated", "database unreachable" or "database not answering"), said in
+    the log once a minute."""
+    try:
+        backlog = _probe.backlog(DATABASE_ANSWER_SECONDS)
+    except DatabaseError as exc:
+        if not_migrated(exc):
+            # It answers, without memsvc's tables: a DATABASE_URL not migrated yet (it
+            # said "database unreachable": review).
+            return _said(
+                "database not migrated", "health: the database has no memsvc tables (run migrate)"
+            )
+        # The driver's message names hosts, sockets and paths: for the logs, not for
+        # whoever probes the service.
+        return _said("database unreachable", "health: database unreachable", exc_info=True)
+    if backlog is None:
+        return _said(
+            "database not answering",
+            "health: the database did not answer in %s s",
+            DATABASE_ANSWER_SECONDS,
+        )
+    return backlog, None
+
+
+def _said(reason: str, message: str, *args, **kwargs) -> tuple[None, str]:
+    _SAID[reason].say(logger.warning, message, *args, **kwargs)
+    return None, reason
 
 
 _probe = _DatabaseProbe()
@@ -181,31 +198,10 @@ class HealthView(APIView):
         # The disk first: a full one stops PostgreSQL, which then does not answer either
         # (the reason said was "database unreachable": review).
         if _disk_full():
-            return _unavailable(
-                body, "disk full", "health: the database's disk has less than 64 MB free"
-            )
-        try:
-            backlog = database_backlog()
-        except DatabaseError as exc:
-            if not_migrated(exc):
-                # It answers, without memsvc's tables: a DATABASE_URL not migrated yet (it
-                # said "database unreachable": review).
-                return _unavailable(
-                    body,
-                    "database not migrated",
-                    "health: the database has no memsvc tables (run migrate)",
-                )
-            # The driver's message names hosts, sockets and paths: for the logs, not for
-            # whoever probes the service.
-            return _unavailable(
-                body, "database unreachable", "health: database unreachable", exc_info=True
-            )
-        if backlog is None:
-            return _unavailable(
-                body,
-                "database not answering",
-                "health: the database did not answer in %s s",
-                DATABASE_ANSWER_SECONDS,
-            )
+            _said("disk full", "health: the database's disk has less than 64 MB free")
+            return unavailable({**body, "status": "unavailable", "reason": "disk full"})
+        backlog, reason = database_backlog()
+        if reason is not None:
+            return unavailable({**body, "status": "unavailable", "reason": reason})
         body["pendingEmbeddings"] = backlog
         return Response(body)

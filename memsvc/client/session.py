@@ -21,7 +21,7 @@ from memsvc.client.core import (
     retry_after_seconds,
 )
 from memsvc.client.deadline import over_by, proxied, transport
-from memsvc.client.sender import Destination, sender
+from memsvc.client.sender import DEFERRED, RETRY_STATUSES, Destination, sender
 
 logger = logging.getLogger("memsvc.client")
 
@@ -50,8 +50,8 @@ atexit.register(_at_exit)
 
 
 # What a memsvc answers when it cannot serve now, to try again later: a rate limit, a
-# failure of its own, a proxy's or a gateway's.
-NOT_NOW = frozenset({429, 500, 502, 503, 504})
+# failure of its own, a proxy's or a gateway's (the answers the sender sends again).
+NOT_NOW = frozenset({DEFERRED, *RETRY_STATUSES})
 
 
 class MemoryServerUnavailable(RuntimeError):
