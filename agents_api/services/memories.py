@@ -506,7 +506,7 @@ def memory_update(
         "message_ids": None if message_ids is None else list(dict.fromkeys(message_ids)),
     }
     return _write_memory_update(
-        memory.pk,
+        memory,
         content,
         vectors[0] if vectors else None,
         model,
@@ -517,13 +517,18 @@ def memory_update(
 
 @transaction.atomic
 def _write_memory_update(
-    pk, content: str | None, vector, model, changes: dict, new_citations: Sequence
+    read: Memory, content: str | None, vector, model, changes: dict, new_citations: Sequence
 ) -> Memory:
-    """``memory_update``'s write; ``vector`` (of ``model``): ``content``'s, or None;
-    ``new_citations``: the turns it did not cite when the change was read."""
+    """``memory_update``'s write of the memory ``read``; ``vector`` (of ``model``):
+    ``content``'s, or None; ``new_citations``: the turns it did not cite when the change was
+    read. Its locks in a save's order (``_store_memories``): the user, their setting, then
+    the row (the row before the setting, a change and a save merging into the same memory
+    each held what the other waited for: a deadlock, 503; code review). A memory's user
+    never changes."""
+    hold_users([read.user_id])
     _hold_cited_messages([new_citations], None)
-    memory = locked_row(Memory.objects, pk, missing="memory not found")
-    refuse_if_memory_off(memory.user_id, lock=True)
+    refuse_if_memory_off(read.user_id, lock=True)
+    memory = locked_row(Memory.objects, read.pk, missing="memory not found")
     if content in (None, memory.content) and all(
         getattr(memory, name) == value for name, value in changes.items()
     ):

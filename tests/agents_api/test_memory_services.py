@@ -12,7 +12,8 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from agents_api.models import Memory, claims, same_words
+from agents_api.models import Memory, UserMemorySetting, claims, same_words
+from agents_api.selectors import memory_off_for
 from agents_api.services import (
     NewMemory,
     memories_embed_pending,
@@ -26,6 +27,7 @@ from agents_api.services import (
 from conversations.models import Conversation, Message
 from memsvc.api.errors import Conflict, InvalidInput, NotFound
 from memsvc.api.principals import Principal
+from memsvc.db import locked_row
 from search.tuning import DEFAULT_TUNING
 from tests.db import refused, while_held
 from tests.factories import (
@@ -449,6 +451,39 @@ def test_two_batches_of_the_same_facts_in_another_order_both_succeed():
         "Alice likes jazz",
         "Alice likes tea",
     ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_change_and_a_save_into_the_same_memory_take_their_locks_in_one_order():
+    """A save holds the user's memory setting, then the memory it merges into; a change of
+    that memory took its row first, then the setting: each held what the other waited for
+    (a deadlock: one of them a 503; code review). Here this transaction is a save between
+    its two locks, and the change must not hold the row meanwhile."""
+    agent = AgentFactory(name="busy")
+    first, _ = save(agent, "Alice drinks green tea")
+    UserMemorySetting.objects.create(user_id="alice", memory_enabled=True)  # (off, then on)
+    outcome = {}
+
+    def change():
+        try:
+            outcome["changed"] = memory_update(agent.as_principal(), memory=first, importance=0.7)
+        except Exception as exc:  # the test's point: it must not fail
+            outcome["changed"] = exc
+        finally:
+            connection.close()
+
+    with transaction.atomic():
+        memory_off_for(["alice"], lock=True)  # (a save's first lock)
+        other = threading.Thread(target=change)
+        other.start()
+        other.join(timeout=1.0)
+        assert other.is_alive()  # waiting for the setting
+        locked_row(
+            Memory.objects, first.pk, missing="gone"
+        )  # (a save's next: the memory it merges into)
+    other.join(timeout=10)
+    assert outcome["changed"].importance == 0.7
+    assert Memory.objects.get().importance == 0.7
 
 
 @pytest.mark.django_db(transaction=True)
