@@ -165,9 +165,14 @@ def test_memory_page_deletes_a_memory_and_turns_memory_off(
     expect(page.get_by_text("Alice is allergic to peanuts")).to_be_visible()
     shots(page, "agent-memory")
 
-    # Delete one memory (htmx swaps the row; no page load).
+    # Delete one memory, asked first (htmx swaps the row; no page load).
+    asked = []
+    page.once("dialog", lambda dialog: (asked.append(dialog.message), dialog.accept()))
     page.get_by_role("button", name=re.compile("Delete the memory “Alice is allergic")).click()
     expect(page.get_by_text("Deleted.")).to_be_visible()
+    assert asked == [
+        "Delete the memory “\u2068Alice is allergic to peanuts\u2069”? This cannot be undone."
+    ]
     expect(page.get_by_text("Alice is allergic to peanuts")).to_have_count(0)
 
     # Search finds the other; with memory off, nothing.
@@ -362,6 +367,7 @@ def test_the_focus_stays_where_htmx_swapped_in_what_was_asked_for(page, live_ser
 
     page.goto(f"{live_server.url}/app/memory/{helper.id}/")
     page.get_by_role("button", name=re.compile("Delete the memory “Likes tea")).focus()
+    page.once("dialog", lambda dialog: dialog.accept())
     page.keyboard.press("Enter")
     expect(page.locator(":focus")).to_have_text("Deleted.")
 
@@ -634,6 +640,7 @@ def test_a_memory_deleted_among_the_search_hits_leaves_the_list_too(page, live_s
             else None
         ),
     )
+    page.on("dialog", lambda dialog: dialog.accept())  # (each deletion asks first)
     log_in(page, live_server, "alice")
     page.get_by_role("link", name="Memory").click()
     page.get_by_role("link", name="travel-helper").click()
@@ -740,6 +747,33 @@ def test_a_message_sent_once_the_session_ended_goes_to_the_login_page(page, assi
     assert not Message.objects.filter(conversation=assistant_chat).exists()
     page.reload()  # (given back once)
     expect(page.get_by_label("Your message")).to_have_value("")
+
+
+def test_a_message_sent_once_the_session_ended_is_back_in_its_box_without_an_assistant(
+    page, live_server, people
+):
+    """No LLM, so no assistant: the form was posted as without the script, and the message
+    was lost at the login page (review). The script sends it, as when an assistant answers."""
+    from conversations.models import Message
+    from conversations.services import conversation_create
+    from memsvc.api.principals import Principal
+
+    conversation = conversation_create(Principal.user("alice"), title="Notes")
+    log_in(page, live_server, "alice")
+    page.goto(f"{live_server.url}/app/c/{conversation.id}/")
+    send(page, "First note")  # (shown without a page load, then the box is empty again)
+    expect(page.get_by_label("Your message")).to_have_value("")
+    conversation_page = page.url
+    page.context.clear_cookies(name="sessionid")  # (the CSRF cookie stays, as on a logout)
+    page.get_by_label("Your message").fill("Second note")
+    page.get_by_role("button", name="Send").click()
+    expect(page.get_by_role("button", name="Log in")).to_be_visible()
+    page.get_by_label("User name").fill("alice")
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    expect(page.get_by_label("Your message")).to_have_value("Second note")
+    assert page.url == conversation_page
+    assert list(Message.objects.values_list("content", flat=True)) == ["First note"]
 
 
 def test_a_fragment_asked_once_the_session_ended_goes_to_the_login_page(page, live_server, people):

@@ -924,9 +924,48 @@ def test_an_agent_member_is_shown_by_its_name(alice_page):
     )
     html = alice_page.get(page_of(conversation)).content.decode()
     assert '<span class="member" title="agent:' in html
-    assert ">trip-helper</span>" in html and ">bob</span>" in html
-    assert 'aria-label="Remove trip-helper"' in html
+    # (Said to be an agent: one named bob was the user bob beside it; review.)
+    assert ">agent trip-helper</span>" in html and '"bob">bob</span>' in html
+    assert 'aria-label="Remove agent trip-helper"' in html
     assert unlabelled_controls(html) == []
+
+
+def test_a_turn_an_agent_signed_with_another_name_says_which_agent_wrote_it(alice_page):
+    """An agent of the conversation may record a user's turn signed with their name; it was
+    shown as that person's own (and another agent's signed "alice" too; review)."""
+    from conversations.services import membership_create
+    from tests.agents_api.conftest import make_agent
+
+    relay = make_agent("relay").agent
+    conversation = conversation_of("alice", "Team", "hi from alice")
+    membership_create(
+        Principal.user("alice"),
+        conversation=conversation,
+        principal_id=relay.principal_id,
+        access_level="writer",
+    )
+    messages_append(
+        relay.as_principal(),
+        conversation=conversation,
+        messages=[
+            NewMessage(role="user", content="I agree to everything", author_name="alice"),
+            NewMessage(role="assistant", content="Noted."),
+        ],
+    )
+    html = alice_page.get(page_of(conversation)).content.decode()
+    who = {
+        content: row.split('<p class="who">', 1)[1].split("</p>", 1)[0]
+        for row in html.split('<li class="message')[1:]
+        for content in ("hi from alice", "I agree to everything", "Noted.")
+        if f">{content}</div>" in row
+    }
+    assert "written by" not in who["hi from alice"]
+    assert "<strong>alice</strong>" in who["I agree to everything"]
+    assert "written by agent relay" in who["I agree to everything"]
+    assert "<strong>relay</strong>" in who["Noted."] and "written by" not in who["Noted."]
+    embed_pending()
+    found = alice_page.get(reverse("pages:search"), {"q": "agree to everything"})
+    assert "alice (written by agent relay)," in found.content.decode()
 
 
 def test_a_refused_share_or_transfer_names_the_fields_by_their_labels(alice_page):

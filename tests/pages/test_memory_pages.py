@@ -167,7 +167,7 @@ def test_a_revision_by_an_agent_names_it(alice_page, helper):
     )
     html = alice_page.get(agent_page(helper)).content.decode()
     assert helper.principal_id not in html
-    assert f"· {helper.name}</span>" in html and "· alice</span>" in html
+    assert f"· agent {helper.name}</span>" in html and "· alice</span>" in html
 
 
 def test_memories_are_searched_deleted_and_cleared(alice_page, bob_page, helper, rival):

@@ -15,12 +15,37 @@ from django.views import defaults
 from django_htmx.http import HttpResponseClientRedirect
 from rest_framework.exceptions import ValidationError
 
+from agents_api.selectors import agent_names
 from memsvc.api.errors import ApiError, as_api_error, exception_handler
 from memsvc.api.middleware import request_refusal
-from memsvc.api.principals import Principal, user_id_problem
+from memsvc.api.principals import Principal, agent_uuid_of, user_id_problem
 from memsvc.api.ratelimit import auth_check_ended, limit_principal
 
 PAGE_SIZE = 50
+
+
+def names_shown(principal_ids) -> dict[str, str]:
+    """How the pages name each of ``principal_ids``: a user by their id, an agent as
+    "agent <its name>" (not ``agent:<uuid>``, an id the person never sees elsewhere; and
+    an agent named bob was the user bob beside it: review), one no longer there by its id."""
+    principal_ids = set(principal_ids)
+    agents = agent_names(principal_ids)
+    return {
+        principal_id: f"agent {agents[principal_id]}" if principal_id in agents else principal_id
+        for principal_id in principal_ids
+    }
+
+
+def say_who_recorded(messages) -> None:
+    """A turn an agent signed with a name other than its own (a user's turn it recorded, say)
+    says which agent wrote it (``message.recorded_by``): it was shown as that person's own,
+    a turn any other agent in the conversation could sign "alice" (review)."""
+    agents = agent_names(message.author_principal for message in messages)
+    for message in messages:
+        if agent_uuid_of(message.author_principal):
+            name = agents.get(message.author_principal)
+            if message.author_name != name:
+                message.recorded_by = f"agent {name}" if name else "an agent"
 
 
 def page(view=None, /, **query_labels: str):

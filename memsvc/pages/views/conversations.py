@@ -21,7 +21,6 @@ from agents_api.assistant import (
     read_by_others,
     refuse_answered,
 )
-from agents_api.selectors import agent_names
 from conversations import selectors, services
 from conversations.api import serializers as s
 from conversations.models import AccessLevel, Conversation, Role
@@ -37,7 +36,9 @@ from memsvc.pages.views.common import (
     fields_named,
     form_fields,
     fragment_or_page,
+    names_shown,
     page,
+    say_who_recorded,
 )
 from memsvc.text import shows_nothing
 from search.selectors import search_messages
@@ -96,6 +97,7 @@ def search(request):
     titles = selectors.conversation_titles(
         request.principal, (hit.message.conversation_id for hit in hits)
     )
+    say_who_recorded([hit.message for hit in hits])
     context = {
         "query": query,
         "hits": [(hit, titles.get(hit.message.conversation_id, "")) for hit in hits],
@@ -188,6 +190,7 @@ def conversation(request, conversation_id):
             conversation, before=request.GET.get("before") or None, limit=PAGE_SIZE
         )
         rows, earlier, later = backward.rows[::-1], backward.next_cursor, None
+    say_who_recorded(rows)
     level = AccessLevel(conversation.access_level)
     llm = llm_configured()
     context = {
@@ -211,9 +214,9 @@ def conversation(request, conversation_id):
     if request.htmx:  # the next page of messages
         return render(request, "pages/_message_rows.html", context)
     memberships = selectors.group_memberships(conversation)
-    names = agent_names(m.principal_id for m in memberships)
-    for membership in memberships:  # an agent by its name, not its principal id
-        membership.shown_as = names.get(membership.principal_id, membership.principal_id)
+    names = names_shown(m.principal_id for m in memberships)
+    for membership in memberships:
+        membership.shown_as = names[membership.principal_id]
     forks = selectors.conversation_forks(conversation, previews=True)
     context.update(
         forks=_fork_rows(forks),

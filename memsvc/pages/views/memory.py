@@ -9,7 +9,15 @@ from agents_api import selectors, services
 from agents_api.api import serializers as s
 from memsvc.api.errors import one_or_404
 from memsvc.api.fields import InputSerializer, TextField
-from memsvc.pages.views.common import PAGE_SIZE, action, back, fields_named, form_fields, page
+from memsvc.pages.views.common import (
+    PAGE_SIZE,
+    action,
+    back,
+    fields_named,
+    form_fields,
+    names_shown,
+    page,
+)
 from memsvc.text import shows_nothing
 
 SEARCH_RESULTS = 20
@@ -93,9 +101,9 @@ def agent_memory(request, agent_id):
         for block in selectors.memory_blocks(agent, user_id=user_id)
     ]
     revisions = [revision for _, rows in context["blocks"] for revision in rows]
-    names = selectors.agent_names(revision.actor_principal for revision in revisions)
-    for revision in revisions:  # an agent by its name, not its principal id
-        revision.shown_as = names.get(revision.actor_principal, revision.actor_principal)
+    names = names_shown(revision.actor_principal for revision in revisions)
+    for revision in revisions:
+        revision.shown_as = names[revision.actor_principal]
     return render(request, "pages/agent.html", context)
 
 

@@ -29,15 +29,17 @@ document.addEventListener(
 const SENDING_SECONDS = 30;
 const ANSWERING_SECONDS = 150;
 
-// The chat: the person's message is sent, shown, and the assistant's answer is streamed into
-// the page as the model writes it. Without this script the same form posts normally and the
-// page comes back with the answer.
+// The chat: the person's message is sent, shown, and the assistant's answer (if the
+// conversation has one) is streamed into the page as the model writes it. Without this
+// script the same form posts normally and the page comes back with the answer. (Without an
+// assistant too: posted normally, a message sent once the session had ended was lost at the
+// login page; review.)
 document.addEventListener("submit", async (event) => {
   const form = event.target;
   const list = document.getElementById("messages");
   // A conversation opened at an earlier message (a search hit): the new turn belongs after
   // pages not shown, so the form posts normally and the page opens on the latest messages.
-  if (!form.matches("form#append[data-reply-url]") || !list || list.querySelector(".more.later")) {
+  if (!form.matches("form#append") || !list || list.querySelector(".more.later")) {
     return;
   }
   event.preventDefault();
@@ -58,7 +60,7 @@ document.addEventListener("submit", async (event) => {
     list.querySelector(".empty")?.remove();
     list.insertAdjacentHTML("beforeend", row);
     form.reset();
-    return answer(form, list);
+    if (form.dataset.replyUrl) return answer(form, list);
   });
 });
 
