@@ -39,7 +39,6 @@ from conversations.models import (
     TransferStatus,
 )
 from conversations.selectors import WRITING_LEVELS, conversations_owned_by, said_by
-from memsvc.api.principals import agent_uuid_of
 from memsvc.celery import sent
 from memsvc.db import held_keys
 from search.services import EMBED_BATCH
@@ -120,15 +119,14 @@ def restore_conversations(user_id: str, records: list[dict]) -> int:
 
 
 def restore_memberships(user_id: str, records: list[dict]) -> int:
-    """The members of the user's conversations; an agent's membership only while the agent
-    exists (the API refuses to share with one that does not: an import stored it)."""
-    agents = {agent_uuid_of(record["principal_id"]) for record in records} - {None}
-    existing = set(Agent.objects.filter(id__in=agents).values_list("id", flat=True))
-    kept = [
-        record for record in records if agent_uuid_of(record["principal_id"]) in (None, *existing)
-    ]
-    not_after_now(kept, "created_at")
-    return len(Membership.objects.bulk_create(Membership(**record) for record in kept))
+    """The members of the user's conversations, agents too while they are not here: an
+    agent's own document, imported next, holds no memberships, and a server restored from
+    its users' and agents' documents (users first) lost every agent's place in the
+    conversations made for it (review; an agent's membership used to be skipped while the
+    agent was not here, as the API refuses to share with one that does not exist). It
+    reaches nothing until its agent is imported, with its id."""
+    not_after_now(records, "created_at")
+    return len(Membership.objects.bulk_create(Membership(**record) for record in records))
 
 
 def _keep_numbers(table: str, column: str, records: list[dict], key: str) -> None:
@@ -296,7 +294,20 @@ def restore_messages_elsewhere(user_id: str, records: list[dict]) -> int:
         id__in=[r["conversation_id"] for r in records], group__memberships__principal_id=user_id
     )
     kept = set(member.values_list("id", flat=True))
-    return _store_messages([r for r in records if r["conversation_id"] in kept])
+    return _store_messages(
+        _not_stored_yet(Message, [r for r in records if r["conversation_id"] in kept])
+    )
+
+
+def _not_stored_yet(model, records: list[dict]) -> list[dict]:
+    """The records of what the user had in others' conversations that are not stored there
+    already: the owner's document, imported before, brought back every member's turns and
+    offers (two users who wrote in each other's conversations could not both be restored,
+    in either order: review). Stored already means the same id in the same conversation."""
+    stored = set(
+        model.objects.filter(id__in=[r["id"] for r in records]).values_list("id", "conversation_id")
+    )
+    return [r for r in records if (r["id"], r["conversation_id"]) not in stored]
 
 
 def restore_transfers_elsewhere(user_id: str, records: list[dict]) -> int:
@@ -326,7 +337,7 @@ def restore_transfers_elsewhere(user_id: str, records: list[dict]) -> int:
     )
     kept = [
         r
-        for r in records
+        for r in _not_stored_yet(OwnershipTransfer, records)
         if r["conversation_id"] in existing
         and (
             r["status"] != TransferStatus.PENDING
