@@ -727,6 +727,22 @@ def test_after_sending_with_the_keyboard_the_focus_is_back_in_the_message_box(pa
     assert page.get_by_role("button", name="Send").get_attribute("aria-disabled") is None
 
 
+def sent_once_the_session_ended(page, text: str) -> None:
+    """Alice sends ``text`` from the conversation page once her session ended (logged out in
+    another tab), goes through the login page, and is back on the conversation page with
+    ``text`` in its box."""
+    conversation_page = page.url
+    page.context.clear_cookies(name="sessionid")  # (the CSRF cookie stays, as on a logout)
+    page.get_by_label("Your message").fill(text)
+    page.get_by_role("button", name="Send").click()
+    expect(page.get_by_role("button", name="Log in")).to_be_visible()
+    page.get_by_label("User name").fill("alice")
+    page.get_by_label("Password").fill(PASSWORD)
+    page.get_by_role("button", name="Log in").click()
+    expect(page.get_by_label("Your message")).to_have_value(text)
+    assert page.url == conversation_page
+
+
 def test_a_message_sent_once_the_session_ended_goes_to_the_login_page(page, assistant_chat):
     """Logged out in another tab: the chat's script followed the redirect inside its
     request and put the login page into the conversation as a message (review). The browser
@@ -734,16 +750,7 @@ def test_a_message_sent_once_the_session_ended_goes_to_the_login_page(page, assi
     in its box, to send again (it was lost: review)."""
     from conversations.models import Message
 
-    conversation_page = page.url
-    page.context.clear_cookies(name="sessionid")  # (the CSRF cookie stays, as on a logout)
-    page.get_by_label("Your message").fill("Which museums first?")
-    page.get_by_role("button", name="Send").click()
-    expect(page.get_by_role("button", name="Log in")).to_be_visible()
-    page.get_by_label("User name").fill("alice")
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Log in").click()
-    expect(page.get_by_label("Your message")).to_have_value("Which museums first?")
-    assert page.url == conversation_page
+    sent_once_the_session_ended(page, "Which museums first?")
     assert not Message.objects.filter(conversation=assistant_chat).exists()
     page.reload()  # (given back once)
     expect(page.get_by_label("Your message")).to_have_value("")
@@ -763,16 +770,7 @@ def test_a_message_sent_once_the_session_ended_is_back_in_its_box_without_an_ass
     page.goto(f"{live_server.url}/app/c/{conversation.id}/")
     send(page, "First note")  # (shown without a page load, then the box is empty again)
     expect(page.get_by_label("Your message")).to_have_value("")
-    conversation_page = page.url
-    page.context.clear_cookies(name="sessionid")  # (the CSRF cookie stays, as on a logout)
-    page.get_by_label("Your message").fill("Second note")
-    page.get_by_role("button", name="Send").click()
-    expect(page.get_by_role("button", name="Log in")).to_be_visible()
-    page.get_by_label("User name").fill("alice")
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Log in").click()
-    expect(page.get_by_label("Your message")).to_have_value("Second note")
-    assert page.url == conversation_page
+    sent_once_the_session_ended(page, "Second note")
     assert list(Message.objects.values_list("content", flat=True)) == ["First note"]
 
 
