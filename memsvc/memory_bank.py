@@ -344,6 +344,7 @@ class MemoryBank:
         self.top_k = top_k
         self.max_chars = max_chars_per_record
         self.task = TaskState(task_id or str(uuid.uuid4()))
+        self.said: set = set()  # the kinds of failure warned of (``warn_once``)
 
     def _begin(self, messages: list) -> None:
         """Count the step; a new anchor message starts a new task (the seed's reset)."""
@@ -405,7 +406,8 @@ class MemoryBank:
             try:
                 stored = yield self._store(batch)
             except httpx.HTTPError as exc:
-                self._not_stored(batch, exc)
+                if self._not_stored(batch, exc):
+                    continue  # (refused, dropped: the step goes on to what is stored)
                 raise
             self.task.unanswered = None
             for (key, _), record in zip(batch, stored, strict=True):
@@ -439,18 +441,19 @@ class MemoryBank:
             )
         return result
 
-    def _not_stored(self, batch: list, exc: httpx.HTTPError) -> None:
+    def _not_stored(self, batch: list, exc: httpx.HTTPError) -> bool:
         """A store of ``batch`` failed with ``exc``: tried again with the next step, unless
         memsvc refused it (a 4xx but a timeout's or a rate limit's) or it failed
         ``MAX_STORE_TRIES`` times (a store that never reached it, ``NOT_SENT``, is no try):
-        then its records are dropped, with a warning. (Kept for
-        good, one refused store failed every later step, each sent the whole history;
+        then its records are dropped, with a warning (once a kind: a key without the
+        ``write`` scope warned at every step; review). Whether memsvc refused it. (Kept
+        for good, one refused store failed every later step, each sent the whole history;
         review.)"""
         if isinstance(exc, NOT_SENT):
             # Nothing reached memsvc (stopped, restarting): no try. Counted, a fast loop
             # went through its tries in the seconds of a restart, and dropped the oldest
             # records while later ones were kept (review).
-            return
+            return False
         keys = tuple(key for key, _ in batch)
         tries = self.task.tries[keys] = self.task.tries.get(keys, 0) + 1
         status = exc.response.status_code if isinstance(exc, httpx.HTTPStatusError) else None
@@ -460,7 +463,26 @@ class MemoryBank:
                 self.task.pending.pop(key, None)
             self.task.tries.pop(keys, None)
             self.task.unanswered = None
-            logger.warning("memory bank: %d tool records not stored (%s); dropped", len(keys), exc)
+            self.warn_once(
+                (type(exc).__name__, status),
+                f"memory bank: tool records not stored ({exc}); dropped (said once for "
+                "this failure)",
+            )
+        return refused
+
+    def warn_once(self, kind, message: str) -> None:
+        """``message``, the first time a failure of ``kind`` happens in this block."""
+        if kind not in self.said:
+            self.said.add(kind)
+            logger.warning(message)
+
+    def unstored(self) -> tuple[int, list[ServerRequest]]:
+        """The interactions not stored yet (memsvc failed, or was taken for down, at their
+        steps), as stores, and how many: given up here, for the block's exit to send."""
+        batches = self._batches()
+        stores = [self._store(batch) for batch in batches]  # (the one unanswered, as it was)
+        self.task.pending, self.task.tries, self.task.unanswered = {}, {}, None
+        return sum(map(len, batches)), stores
 
     def _store(self, new: list[tuple[tuple, tuple[ToolInteraction, int]]]) -> ServerRequest:
         """The request that stores the ``new`` interactions (``_keyed``, each with its
@@ -504,7 +526,10 @@ class MemoryBank:
                 try:
                     answer = request(sent)
                 except httpx.HTTPError as exc:
-                    step.throw(exc)  # (the step hears of it: ``_not_stored``)
+                    # The step hears of it (``_not_stored``): it raises it, or goes on to
+                    # its next request (a store refused: dropped).
+                    sent = step.throw(exc)
+                    continue
                 sent = step.send(answer)
         except StopIteration as done:
             return done.value
@@ -518,7 +543,8 @@ class MemoryBank:
                 try:
                     answer = await arequest(sent)
                 except httpx.HTTPError as exc:
-                    step.throw(exc)
+                    sent = step.throw(exc)
+                    continue
                 sent = step.send(answer)
         except StopIteration as done:
             return done.value
@@ -594,9 +620,34 @@ class MemoryBankStrategy:
         return self._compressed(call, messages)
 
     def _whole_history(self, call, exc: httpx.HTTPError, sent_at: float) -> dict:
-        """The call as it was made, memsvc's failure said (``no_context``)."""
-        self.session.no_context(call, exc, sent_at)
+        """The call as it was made, memsvc's failure said (``no_context``); a refusal of
+        the key (403) in the bank's words, once: the recall's said the block stored the
+        conversation, which the bank does not (review)."""
+        if isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code == 403:
+            self.bank.warn_once(
+                403,
+                f"memsvc: the memory bank of {self.session.agent!r} is refused ({exc}); the "
+                "model is sent the whole history",
+            )
+        else:
+            self.session.no_context(call, exc, sent_at)
         return call.body
+
+    def leaving(self) -> None:
+        """The block ends: the tool records not stored yet (memsvc failed, or was taken for
+        down, at their steps, and no later step asked it) go with the block's other stores,
+        which its exit waits for; dropped with a warning while memsvc is taken for down
+        (they were lost without a word: review)."""
+        count, stores = self.bank.unstored()
+        if not count:
+            return
+        if sender.is_down(self.session.url):
+            logger.warning(
+                "memory bank: %d tool records not stored (memsvc did not answer); dropped",
+                count,
+            )
+            return
+        self.session.store(stores)
 
     @staticmethod
     def _compressed(call, messages: list) -> dict:

@@ -188,18 +188,26 @@ def as_jsonb_gives_back(value):
     there, which has no negative zero and writes the float that Python shows in exponent
     form (from 1e16 up) as its digits: ``1E30`` is read back as the integer
     ``1000000000000000000000000000000``. Small exponents (``1.5e-07``) are read back as
-    the same float; everything else as it is (but for the order of an object's keys, which
-    JSON gives no meaning)."""
+    the same float. An object's keys in jsonb's order: the shorter first, then by their
+    bytes (a tool record's output was answered in the order sent, and read in this one ever
+    after, by the API and by the model the memory bank showed it to; review); the last of
+    a key given twice, as jsonb keeps it."""
     if isinstance(value, float):
         if value == 0:
             return 0.0
         shown = repr(value)
         return int(decimal.Decimal(shown)) if "e+" in shown else value
     if isinstance(value, dict):
-        return {key: as_jsonb_gives_back(item) for key, item in value.items()}
+        return {key: as_jsonb_gives_back(value[key]) for key in sorted(value, key=_jsonb_order)}
     if isinstance(value, list):
         return [as_jsonb_gives_back(item) for item in value]
     return value
+
+
+def _jsonb_order(key: str) -> tuple[int, bytes]:
+    """Where jsonb puts an object's ``key``: by its length in bytes, then its bytes."""
+    encoded = key.encode()
+    return len(encoded), encoded
 
 
 def json_value_problem(value, *, max_bytes: int, objects_only: bool) -> str | None:

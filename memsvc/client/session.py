@@ -233,8 +233,12 @@ class learning:
             return True, client
 
     def _send_and_close(self, client: "_KeptClient | None") -> None:
-        """What the entry stored is sent; ``client`` (the last exit's) let go of."""
+        """What the entry stored is sent (and what its strategy held back: ``leaving``);
+        ``client`` (the last exit's) let go of."""
         try:
+            leaving = getattr(self.strategy, "leaving", None)
+            if leaving is not None:
+                leaving()
             self.flush()
         finally:
             if client is not None:

@@ -436,21 +436,34 @@ def test_a_write_answers_the_json_that_its_reads_answer(api, helper):
     body = b'{"messages": [{"role": "user", "content": "x", "metadata": %s}]}' % NUMBERS
     (message,) = sent(path, body)["data"]
     (listed,) = read(f"/v1/agent/conversations/{conversation['id']}/context")["messages"]
-    assert message["metadata"] == listed["metadata"]
+    # (Its keys in the order of the reads too: jsonb's, the shorter first; review.)
+    assert json.dumps(message["metadata"]) == json.dumps(listed["metadata"])
+    assert list(listed["metadata"]) == ["big", "ints", "long", "zero", "small", "hundred"]
     assert listed["metadata"]["big"] == 10**30
     # (-0.0 == 0.0 in Python: its sign is what tells them apart.)
     assert math.copysign(1, message["metadata"]["zero"]) == 1
 
     memory = sent("/v1/agent/memories", b'{"content": "a fact", "metadata": %s}' % NUMBERS)
-    assert memory["metadata"] == read(f"/v1/agent/memories/{memory['id']}")["metadata"]
+    stored = read(f"/v1/agent/memories/{memory['id']}")
+    assert json.dumps(memory["metadata"]) == json.dumps(stored["metadata"])
     body = b'{"memories": [{"content": "another fact", "metadata": %s}]}' % NUMBERS
     (saved,) = sent("/v1/agent/memories/batch", body)["data"]
-    assert saved["metadata"] == read(f"/v1/agent/memories/{saved['id']}")["metadata"]
+    stored = read(f"/v1/agent/memories/{saved['id']}")
+    assert json.dumps(saved["metadata"]) == json.dumps(stored["metadata"])
 
-    body = b'{"toolName": "look", "input": %s, "output": [%s, -0.0]}' % (NUMBERS, NUMBERS)
+    # Keys of any length and script, and one given twice (the last kept).
+    keys = b'{"\u00e9t\u00e9": 1, "zz": 2, "\u0436": 3, "a": 4, "ab": 5, "a": 6, "Z": 7}'
+    body = b'{"toolName": "look", "input": %s, "output": [%s, -0.0, %s]}' % (
+        NUMBERS,
+        NUMBERS,
+        keys,
+    )
     record = sent("/v1/agent/tool-records", body)
     stored = read(f"/v1/agent/tool-records/{record['traceId']}")
-    assert (record["input"], record["output"]) == (stored["input"], stored["output"])
+    assert json.dumps([record["input"], record["output"]]) == json.dumps(
+        [stored["input"], stored["output"]]
+    )
+    assert record["output"][2] == {"Z": 7, "a": 6, "ab": 5, "zz": 2, "ж": 3, "été": 1}
 
 
 def test_a_body_over_the_cap_is_413_in_the_error_shape(api, helper, settings):

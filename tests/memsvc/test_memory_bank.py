@@ -80,6 +80,16 @@ def one_tool_step() -> list[dict]:
     ]
 
 
+def two_tool_steps() -> list[dict]:
+    """``one_tool_step`` and a second tool call with its answer."""
+    call = ToolCall("book_flight", {"flight": "TP123"})
+    return [
+        *one_tool_step(),
+        {"role": "assistant", "content": None, "tool_calls": [call.as_json()]},
+        {"role": "tool", "tool_call_id": call.id, "content": '{"booked": true}'},
+    ]
+
+
 def test_each_step_sends_anchor_retrieved_records_and_the_last_interaction(live_server, llm):
     scripted(llm, 6)
     client = openai.OpenAI(base_url=llm.base_url, api_key="test")
@@ -643,7 +653,83 @@ def test_a_hung_memsvc_costs_one_step_its_timeout_not_every_step(llm, caplog):
             took.append(time.monotonic() - started)
     assert took[0] >= 1.0 and max(took[1:]) < 0.5, took
     assert sent(llm) == [messages] * 3  # the whole history each time
-    assert len([r for r in caplog.records if r.levelno >= logging.WARNING]) == 1
+    # The outage said once; and at the block's end, that its record was not stored.
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == [
+        "memsvc: could not read memory (timed out); going on without memory",
+        "memory bank: 1 tool records not stored (memsvc did not answer); dropped",
+    ]
+
+
+def test_a_block_ends_by_storing_the_records_no_later_step_asked_memsvc_to(llm, caplog):
+    """memsvc did not answer a step and was taken for down; it answered again before the
+    block ended, but no step asked it: the records of the steps meanwhile were lost without
+    a word (review). The block's exit sends them with its other stores."""
+    stored = []
+    state = {"hung": True}
+
+    def respond(method, path, body):
+        if path in ("/health", "/agents"):
+            return Reply(payload={"status": "ok", "name": AGENT})
+        if state["hung"]:
+            time.sleep(1.5)
+            return Reply(payload=[])
+        if path == "/tool-records":
+            stored.extend(record["tool_name"] for record in body["records"])
+            return Reply(payload=[{"trace_id": str(n)} for n, _ in enumerate(body["records"])])
+        return Reply(payload=[])
+
+    client = openai.OpenAI(base_url=llm.base_url, api_key="test")
+    with LocalHttpServer(respond) as memsvc:
+        block = learning(agent=AGENT, server_url=memsvc.url, strategy="memory_bank")
+        with block:
+            client.chat.completions.create(model="gpt-test", messages=one_tool_step(), timeout=1.0)
+            client.chat.completions.create(model="gpt-test", messages=two_tool_steps())
+            state["hung"] = False
+            sender.mark_answered(memsvc.url)  # (what an answer to another block says)
+        assert stored == ["search_flights", "book_flight"]
+
+
+def refusing_stores(method, path, body):
+    """A memsvc that refuses the key the storing of records (no ``write`` scope)."""
+    if path in ("/health", "/agents"):
+        return Reply(payload={"status": "ok", "name": AGENT})
+    if path == "/tool-records":
+        return Reply(status=403, payload={"detail": "this API key lacks the 'write' scope"})
+    return Reply(payload=[])
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_key_refused_the_bank_is_said_once_and_its_steps_go_on(llm, caplog, asynchronous):
+    """A key without the ``write`` scope: every step's store refused, each warned, and the
+    first said the block stored the conversation, which the bank does not (review). The
+    steps go on to the records stored (a search): the model is sent the compressed
+    history."""
+    steps = (one_tool_step(), two_tool_steps(), two_tool_steps())
+
+    async def run_async(url):
+        client = openai.AsyncOpenAI(base_url=llm.base_url, api_key="test")
+        async with learning(agent=AGENT, server_url=url, strategy="memory_bank"):
+            for messages in steps:
+                await client.chat.completions.create(model="gpt-test", messages=messages)
+
+    with (
+        LocalHttpServer(refusing_stores) as memsvc,
+        caplog.at_level(logging.WARNING, logger="memsvc.client"),
+    ):
+        if asynchronous:
+            asyncio.run(run_async(memsvc.url))
+        else:
+            client = openai.OpenAI(base_url=llm.base_url, api_key="test")
+            with learning(agent=AGENT, server_url=memsvc.url, strategy="memory_bank"):
+                for messages in steps:
+                    client.chat.completions.create(model="gpt-test", messages=messages)
+        searched = [r for r in memsvc.requests if r.path == "/tool-records/search"]
+    assert len(searched) == 3
+    assert sent(llm)[2] != two_tool_steps()  # (compressed: the anchor, no first interaction)
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(said) == 1, said
+    assert said[0].startswith("memory bank: tool records not stored (Client error '403")
+    assert "stores the conversation" not in said[0]
 
 
 def test_an_async_step_waits_for_memsvc_without_holding_its_event_loop(llm):
