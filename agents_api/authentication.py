@@ -9,10 +9,10 @@ from rest_framework.permissions import SAFE_METHODS, BasePermission
 
 from agents_api.keys import KEY_PREFIX, secret_matches, split_key
 from agents_api.models import Agent, ApiKey, Scope
-from memsvc.api.errors import Forbidden, InvalidInput, Unauthorized
+from memsvc.api.errors import ApiError, Forbidden, InvalidInput, Unauthorized
 from memsvc.api.fields import header_text
 from memsvc.api.principals import Principal, user_id_problem
-from memsvc.api.ratelimit import auth_check_ended
+from memsvc.api.ratelimit import auth_check_ended, limit_principal
 
 LAST_USED_GRANULARITY = timedelta(minutes=1)
 ON_BEHALF_HEADER = "X-On-Behalf-Of"
@@ -116,11 +116,17 @@ class ApiKeyAuthentication(BaseAuthentication):
             return None
         api_key = authenticate_key(key)
         on_behalf_of = None
-        if self.acts_for_users:
-            on_behalf_of = header_text(request, ON_BEHALF_HEADER)
-        else:
-            refuse_acting_for_a_user(request)
-        principal = principal_for_key(api_key, on_behalf_of)
+        try:
+            if self.acts_for_users:
+                on_behalf_of = header_text(request, ON_BEHALF_HEADER)
+            else:
+                refuse_acting_for_a_user(request)
+            principal = principal_for_key(api_key, on_behalf_of)
+        except ApiError:
+            # Refused what it asked (to act for a user it may not): counted against the key,
+            # and 429 past its limit, as its other requests (none was: review).
+            limit_principal(api_key.rate_limit_key)
+            raise
         request._request.principal = principal
         request._request.agent = api_key.agent
         auth_check_ended(request)

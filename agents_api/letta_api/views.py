@@ -23,6 +23,7 @@ from conversations.models import Message
 from conversations.selectors import conversation_messages
 from memsvc.api.errors import ApiError, InvalidInput, NotFound
 from memsvc.api.pagination import parse_limit
+from memsvc.api.ratelimit import CountedBeforePermissions
 
 MAX_LIST_LIMIT = 1000
 
@@ -47,7 +48,7 @@ def letta_errors(exc, context):
     return response
 
 
-class LettaView(APIView):
+class LettaView(CountedBeforePermissions, APIView):
     authentication_classes = [OwnMemoryKeyAuthentication]
     permission_classes = [IsAuthenticated, HasScope]
     # Letta's writes answer with the agent's state or the block, every block's value in it:

@@ -47,7 +47,7 @@ from memsvc.api.errors import NotFound
 from memsvc.api.health import database_backlog, unavailable
 from memsvc.api.idempotency import idempotency_key, marked_replayed, request_fingerprint
 from memsvc.api.pagination import parse_limit
-from memsvc.api.ratelimit import client_address
+from memsvc.api.ratelimit import CountedBeforePermissions, client_address
 from memsvc.db import beside
 from memsvc.text import shows_nothing
 from search.selectors import embed_query_ahead, search_messages
@@ -112,7 +112,7 @@ class IsLocalCaller(BasePermission):
         return isinstance(request.user, LocalCaller)
 
 
-class LocalView(APIView):
+class LocalView(CountedBeforePermissions, APIView):
     authentication_classes = [LocalAuthentication]
     permission_classes = [IsLocalCaller, HasScope]
     content_negotiation_class = FastApiBodies

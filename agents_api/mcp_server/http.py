@@ -41,6 +41,7 @@ from agents_api.mcp_server.jsonrpc import (
 )
 from agents_api.mcp_server.tools import CALLER_SCOPE_KEY, Caller
 from memsvc.api.errors import error_body, render_v1_error
+from memsvc.api.ratelimit import CountedBeforePermissions
 
 if TYPE_CHECKING:
     from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
@@ -205,7 +206,7 @@ def _invalid_request_said_plainly(status: int, body: bytes) -> bytes:
 _HOP_BY_HOP = {b"content-length", b"connection", b"transfer-encoding"}
 
 
-class McpView(APIView):
+class McpView(CountedBeforePermissions, APIView):
     """``POST /mcp``: one JSON-RPC message of the Model Context Protocol, for an agent key.
     Other methods answer 405 (no SSE stream to GET, no session to DELETE)."""
 

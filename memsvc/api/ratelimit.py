@@ -18,8 +18,9 @@ otherwise in the database (``memsvc.models.RateLimitCounter``).
 Using it on a new surface:
 
 - a DRF view gets the per-principal limit by default (``PrincipalRateThrottle`` is in
-  ``REST_FRAMEWORK["DEFAULT_THROTTLE_CLASSES"]``); ``throttle_classes = []`` exempts one
-  (health checks);
+  ``REST_FRAMEWORK["DEFAULT_THROTTLE_CLASSES"]``), counted before its permissions are
+  checked when ``CountedBeforePermissions`` is its first base (every API's base view);
+  ``throttle_classes = []`` exempts one (health checks);
 - anything else calls ``limit_principal(identity)`` once it knows who is asking (it raises
   ``RateLimited``), or wraps a Django view in ``@rate_limited(identity_of)``;
 - a 401 from any API path is counted against its address by ``RateLimitMiddleware``; code
@@ -386,6 +387,20 @@ class PrincipalRateThrottle(BaseThrottle):
     def allow_request(self, request, view):
         limit_principal(principal_identity(request))
         return True
+
+
+class CountedBeforePermissions:
+    """A DRF view's mixin (first among its bases): its requests count against their
+    principal before its permissions are checked. DRF checks them first: a request they
+    refused (a key without the scope, no credentials) counted nowhere, and was answered 403
+    or 401, never 429, however many came (review)."""
+
+    def check_permissions(self, request):
+        super().check_throttles(request)
+        super().check_permissions(request)
+
+    def check_throttles(self, request):
+        """(Done before the permissions, by ``check_permissions``.)"""
 
 
 def rate_limited(identity_of: Callable = principal_identity):

@@ -8,6 +8,7 @@ from rest_framework.views import APIView
 from memsvc.api.errors import InvalidInput
 from memsvc.api.fields import only_query_parameters
 from memsvc.api.jwt_auth import JWTAuthentication
+from memsvc.api.ratelimit import CountedBeforePermissions
 
 
 def operation(operation_id: str, *, parameters=(), **kwargs):
@@ -39,7 +40,7 @@ def user_operation(operation_id: str, **kwargs):
 
 # The base of every view of ``/v1/user`` and ``/v1/agent``. (No docstring: the OpenAPI
 # schema would give it to every operation without a description of its own.)
-class ApiView(APIView):
+class ApiView(CountedBeforePermissions, APIView):
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)
         # No parameter of theirs is a list: one given twice ("?limit=abc&limit=2") was read

@@ -103,6 +103,40 @@ def test_requests_per_api_key_are_limited_on_both_apis(client, settings, backend
     assert local.json() == {"detail": "rate limit of 3 requests a minute exceeded"}
 
 
+def test_requests_their_permissions_refuse_count_and_are_429_past_the_limit(
+    client, settings, backend
+):
+    """DRF checks a view's permissions before its limits: a key without the scope, one
+    acting for a user without ``impersonate``, or no credentials at all, was answered 403
+    or 401 however many came, and counted nowhere (review)."""
+    settings.MEMSVC_RATE_LIMIT = 3
+    reader = {"HTTP_X_API_KEY": make_agent(f"agent-{uuid.uuid4()}", scopes=("read",)).key}
+
+    def write(**headers):
+        return client.post("/v1/agent/conversations", {}, "application/json", **headers)
+
+    for _ in range(3):
+        assert write(**reader).status_code == 403
+    assert_rate_limited(write(**reader))
+    assert_rate_limited(client.get("/v1/agent/me", **reader))  # (one count, the key's)
+
+    acting = {"HTTP_X_API_KEY": make_agent(f"agent-{uuid.uuid4()}").key}
+    for _ in range(3):
+        response = client.get("/v1/agent/me", HTTP_X_ON_BEHALF_OF="alice", **acting)
+        assert response.status_code == 403
+    assert_rate_limited(client.get("/v1/agent/me", HTTP_X_ON_BEHALF_OF="alice", **acting))
+    assert_rate_limited(client.get("/v1/agent/me", **acting))
+
+    address = f"203.0.113.{uuid.uuid4().int % 250 + 1}"
+    if backend == "redis":
+        redis.Redis.from_url(REDIS_URL).delete(
+            *redis.Redis.from_url(REDIS_URL).keys(f"*{address}*") or ["-"]
+        )
+    for path in ("/v1/agent/me", "/v1/user/conversations", "/v1/agent/me"):
+        assert client.get(path, REMOTE_ADDR=address).status_code == 401
+    assert_rate_limited(client.get("/v1/user/conversations", REMOTE_ADDR=address))
+
+
 def test_keyless_loopback_callers_are_limited_by_address(client, settings, backend):
     settings.MEMSVC_RATE_LIMIT = 2
     address = {"REMOTE_ADDR": "127.0.0.1" if backend == "database" else "::1"}
