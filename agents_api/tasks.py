@@ -244,7 +244,7 @@ def enqueue_memory_extraction(agent: Agent, conversation: Conversation) -> None:
     def enqueue():
         if extraction.extraction_due(agent, conversation):
             args = [str(agent.id), str(conversation.id)]
-            sent(extract_memories_task, args, instead="the next turn will")
+            sent(extract_memories_task, args, instead="the next turn will ask again")
 
     transaction.on_commit(enqueue, robust=True)
 
@@ -331,7 +331,9 @@ def enqueue_letta_observation(agent: Agent) -> None:
         # As committed: the capture may have made the agent's conversation.
         fresh = Agent.objects.filter(pk=agent.pk).first()
         if fresh is not None and sleeptime.observation_due(fresh):
-            sent(observe_letta_turns_task, [str(agent.id)], instead="the next capture will")
+            sent(
+                observe_letta_turns_task, [str(agent.id)], instead="the next capture will ask again"
+            )
 
     transaction.on_commit(enqueue, robust=True)
 
@@ -351,4 +353,4 @@ def sweep_lapsed_reads_task() -> int:
         logger.warning(
             "%d readers' leases lapsed (their workers killed?): read again", len(readers)
         )
-    return sum(sent(task, args, instead="the next write will") for task, args in readers)
+    return sum(sent(task, args, instead="the next write will ask again") for task, args in readers)

@@ -101,4 +101,4 @@ def enqueue_embedding(message_ids: Sequence) -> None:
     (an append waited about 0.5-0.7 ms for the ``fsync``; docs/benchmarks.md, "An Intel host
     again"), and a message lost with the machine is the sweep's."""
     ids = [str(message_id) for message_id in message_ids]
-    sent(embed_messages_task, [ids], instead="the sweep will", delivery_mode=TRANSIENT)
+    sent(embed_messages_task, [ids], instead="the sweep will embed them", delivery_mode=TRANSIENT)

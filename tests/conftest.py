@@ -146,10 +146,11 @@ def no_outage_is_remembered():
     """A test's broker or Redis is up, and its LLM takes memsvc's setup, until it fails in
     that test (a process remembers a failure a few seconds or a minute: ``memsvc.outage``)."""
     from memsvc.api.ratelimit import REDIS_OUTAGE
-    from memsvc.celery import BROKER_OUTAGE
+    from memsvc.celery import BROKER_OUTAGE, NOT_SENT_SAID
     from memsvc.llm import LLM_REFUSAL
 
     BROKER_OUTAGE.end()
+    NOT_SENT_SAID.clear()
     REDIS_OUTAGE.end()
     LLM_REFUSAL.end()
 

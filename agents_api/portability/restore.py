@@ -387,7 +387,9 @@ def _swept_on_commit(sweep) -> None:
     """Restored rows get their vectors as soon as the import commits (``sweep``, the task
     that embeds what waits), not at the sweep's next run, up to a minute later; a broker
     that is down leaves them to that run."""
-    transaction.on_commit(lambda: sent(sweep, instead="the next sweep will"), robust=True)
+    transaction.on_commit(
+        lambda: sent(sweep, instead="the next sweep will embed them"), robust=True
+    )
 
 
 def restore_memories(subject, records: list[dict]) -> int:

@@ -282,9 +282,8 @@ def test_a_task_that_cannot_be_sent_again_leaves_its_turns_for_the_next_write(
     with caplog.at_level(logging.INFO):
         assert extract_memories_task(str(helper.agent.id), conversation) == 0
     assert len(extractions(llm)) == MAX_RETRIES + 1  # (one task's requests, not sent again)
-    assert "the broker is down: agents_api.extract_memories not sent; its turns wait" in (
-        caplog.text
-    )
+    assert "the broker is down: agents_api.extract_memories not sent meanwhile" in caplog.text
+    assert "; its turns wait for its next write" in caplog.text
     assert MemoryExtraction.objects.get().place.through == 0  # (given back)
 
 
