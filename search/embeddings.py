@@ -35,6 +35,13 @@ logger = logging.getLogger(__name__)
 DEFAULT_LOCAL_MODEL = "all-MiniLM-L6-v2"
 
 
+# What a remote backend answers when it refuses the caller, not a text (a key revoked, a
+# rate limit): transient, the service's state, like its 5xx. Taken for a refusal of the
+# texts, every waiting row was sent again alone, each logged, at every sweep: 869 requests
+# and lines a minute for a backlog (review).
+SERVICE_REFUSED = frozenset({401, 403, 429})
+
+
 class EmbeddingError(Exception):
     """The backend failed; ``transient`` errors are worth retrying. ``status``: the HTTP
     status a remote backend answered with, if that was the failure."""
@@ -293,7 +300,7 @@ class _HttpBackend:
         if response.status_code >= 400:
             raise EmbeddingError(
                 f"{self.name}: HTTP {response.status_code}: {response.text[:200]}",
-                transient=response.status_code == 429 or response.status_code >= 500,
+                transient=response.status_code in SERVICE_REFUSED or response.status_code >= 500,
                 status=response.status_code,
             )
         try:
@@ -434,6 +441,8 @@ class OpenAIBackend:
             openai.APIConnectionError,
             openai.RateLimitError,
             openai.InternalServerError,
+            openai.AuthenticationError,  # (``SERVICE_REFUSED``)
+            openai.PermissionDeniedError,
         ) as exc:
             raise EmbeddingError(f"openai: {exc}", transient=True) from exc
         except openai.APIError as exc:

@@ -318,7 +318,8 @@ def test_the_old_ollama_api_once_chosen_is_checked_again_after_a_while(monkeypat
 
 
 @pytest.mark.parametrize(
-    ("status", "transient"), [(500, True), (503, True), (429, True), (400, False)]
+    ("status", "transient"),
+    [(500, True), (503, True), (429, True), (401, True), (403, True), (400, False)],
 )
 def test_ollama_errors_say_whether_to_retry(status, transient):
     with (
@@ -385,8 +386,12 @@ def test_openai_uses_the_embeddings_endpoint_of_any_compatible_server():
     assert server.requests[0].body["model"] == "text-embedding-3-small"
 
 
-@pytest.mark.parametrize(("status", "transient"), [(500, True), (429, True), (401, False)])
+@pytest.mark.parametrize(
+    ("status", "transient"), [(500, True), (429, True), (401, True), (403, True), (400, False)]
+)
 def test_openai_errors_say_whether_to_retry(status, transient):
+    """A key refused (401, 403) is the service's state, not a text's (each text was sent
+    again alone, and logged, at every sweep: review)."""
     with FakeEmbeddingServer(lambda path, body: (status, {"error": {"message": "no"}})) as server:
         backend = OpenAIBackend("m", api_key="k", base_url=f"{server.url}/v1")
         with pytest.raises(EmbeddingError) as excinfo:

@@ -26,7 +26,7 @@ from memsvc import cli
 from memsvc.api.principals import Principal
 from memsvc.broker import TRANSIENT
 from search import services
-from search.embeddings import EmbeddingError, OllamaBackend, configured_backend
+from search.embeddings import EmbeddingError, OllamaBackend, OpenAIBackend, configured_backend
 from search.tasks import embed_messages_task, enqueue_embedding, sweep_unembedded_task
 from tests.agents_api.conftest import make_agent
 from tests.db import database_url
@@ -533,6 +533,36 @@ def test_a_message_the_backend_refuses_keeps_no_other_waiting(
     assert not Message.objects.filter(pk__in=[m.pk for m in lost], embedded_at=None).exists()
     refused.refresh_from_db()
     assert refused.embedded_at is None  # still found by keywords
+
+
+def test_a_backend_that_refuses_its_key_is_asked_once_a_sweep_not_once_a_message(
+    api, alice, conversation, monkeypatch, caplog
+):
+    """A key revoked at the embedding service (401): each waiting message was sent again
+    alone and logged, at every sweep (869 requests a minute for a backlog: review). It is
+    the service's state: the sweep stops at its first answer, as for a 5xx."""
+
+    def respond(method, path, body):
+        return Reply(401, {"error": {"message": "Incorrect API key provided"}})
+
+    with LocalHttpServer(respond) as server:
+        # The embedding service is outside memsvc: it is faked at the HTTP level.
+        backend = OpenAIBackend(
+            "refusing",
+            api_key="revoked",
+            base_url=f"{server.url}/v1",
+            expected_dimension=settings.MEMORY_EMBEDDING_DIMENSION,
+        )
+        monkeypatch.setattr(services, "configured_backend", lambda: backend)
+        for n in range(6):
+            post_message(api, alice, conversation, f"a turn {n}")
+        Message.objects.update(created_at=timezone.now() - timedelta(minutes=5))
+        server.requests.clear()
+        with caplog.at_level(logging.WARNING), pytest.raises(Retry):  # (after its backoff)
+            sweep_unembedded_task.apply()
+    assert len(server.requests) == 1
+    assert "left without a vector" not in caplog.text
+    assert Message.objects.filter(embedded_at=None).count() == 6
 
 
 def test_a_model_of_another_width_behind_the_url_is_refused_not_stored(
