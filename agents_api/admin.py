@@ -36,6 +36,7 @@ from agents_api.services import (
     memory_delete,
     tool_records_delete,
 )
+from agents_api.services.letta import LETTA_METADATA_KEY
 from agents_api.services.messages import local_conversation_renamed
 from agents_api.sleeptime import with_place_kept
 from conversations.models import Conversation, Membership
@@ -49,6 +50,7 @@ from memsvc.admin_tools import (
     ReadOnlyAdmin,
     as_uuid,
     merged_deletions,
+    metadata_object,
     operator,
 )
 from memsvc.api.errors import NotFound, as_api_error
@@ -148,9 +150,20 @@ class AgentForm(forms.ModelForm):
         return data
 
 
+def agent_metadata(value) -> None:
+    """An agent's ``metadata`` as its APIs take it: the client's own part as any metadata
+    (``metadata_object``), its Letta settings apart (``AgentForm``): a system prompt of 50,000
+    characters, which Letta's routes take, counted against the 16 KiB of the client's, and
+    such an agent could not be renamed in the admin (review)."""
+    if isinstance(value, dict):
+        value = {key: item for key, item in value.items() if key != LETTA_METADATA_KEY}
+    metadata_object(value)
+
+
 @admin.register(Agent)
 class AgentAdmin(MetadataChecked, DeletedByService, ModelAdmin):
     form = AgentForm
+    metadata_checked = staticmethod(agent_metadata)
     list_display = ("name", "id", "owner_principal", "created_at")
     search_fields = ("name", "=owner_principal")
     # The agent's own conversation and its trust from loopback are the services' to set

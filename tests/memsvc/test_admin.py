@@ -1238,6 +1238,31 @@ def test_an_agents_letta_settings_are_kept_in_the_admin_as_letta_keeps_them(
     assert api.get("/v1/agents/", as_=helper).json()[0]["tags"] == ["x"]
 
 
+def test_an_agent_whose_letta_system_prompt_is_long_is_renamed_in_the_admin(operator, api):
+    """Letta's routes take a system prompt of 50,000 characters, kept among its settings in
+    the agent's metadata: counted against the 16 KiB of the client's own metadata, it made
+    every save of such an agent a refusal of a field not changed (review)."""
+    helper = make_agent("helper")
+    made = api.post("/v1/agents/", {"name": "long-system", "system": "S" * 30_000}, as_=helper)
+    assert made.status_code == 200, made.content[:300]
+    agent = Agent.objects.get(name="long-system")
+    change = reverse("admin:agents_api_agent_change", args=[agent.pk])
+    form = {
+        "owner_principal": agent.owner_principal,
+        "name": "renamed",
+        "description": "",
+        "metadata": json.dumps(agent.metadata),
+    }
+    saved = operator.post(change, form)
+    assert saved.status_code == 302, saved.content.decode()[-2000:]
+    agent.refresh_from_db()
+    assert agent.name == "renamed" and agent.metadata["letta"]["system"] == "S" * 30_000
+    # The client's own part is held to its 16 KiB as before.
+    form["metadata"] = json.dumps({**agent.metadata, "notes": "n" * 17_000})
+    refused = operator.post(change, form)
+    assert refused.status_code == 200 and "must be at most 16384 bytes" in refused.content.decode()
+
+
 def test_an_agents_description_saved_in_the_admin_keeps_the_observers_place(operator, monkeypatch):
     """Letta's settings as its API takes them hold no place of the sleeptime observer: a
     save of the description dropped it, and the model was sent every captured turn again,
@@ -1476,6 +1501,20 @@ def test_a_deletions_confirmation_lists_a_few_rows_of_a_kind_and_counts_them_all
     assert listing.count("Message: <a href=") == DELETION_ROWS_SHOWN
     assert f"… and {45 - DELETION_ROWS_SHOWN} more messages" in listing
     assert operator.post(page, {"post": "yes"}).status_code == 302
+    assert not Message.objects.filter(conversation=conversation).exists()
+
+
+def test_a_bulk_deletions_confirmation_lists_a_few_of_the_rows_selected(operator):
+    """(Every row selected was listed: 4.9 MB in 5.4 s for 20,000 messages; review.)"""
+    conversation = ConversationFactory(group__owner="alice", title="Long")
+    messages = MessageFactory.create_batch(45, conversation=conversation)
+    changelist = reverse("admin:conversations_message_changelist")
+    form = {"action": "delete_selected", "_selected_action": [str(m.pk) for m in messages]}
+    listing = operator.post(changelist, form).content.decode()
+    assert "<li>Messages: 45</li>" in listing
+    assert listing.count("Message: <a href=") == DELETION_ROWS_SHOWN
+    assert f"… and {45 - DELETION_ROWS_SHOWN} more messages" in listing
+    assert operator.post(changelist, {**form, "post": "yes"}).status_code == 302
     assert not Message.objects.filter(conversation=conversation).exists()
 
 
