@@ -165,7 +165,7 @@ class AgentAdmin(MetadataChecked, DeletedByService, ModelAdmin):
     form = AgentForm
     metadata_checked = staticmethod(agent_metadata)
     list_display = ("name", "id", "owner_principal", "created_at")
-    search_fields = ("name", "=owner_principal")
+    search_fields = ("name", "owner_principal__exact")
     # The agent's own conversation and its trust from loopback are the services' to set
     # (``local_conversation_for``, the local API's keyless agents, cleared by a key): an
     # agent pointed at another conversation would show its messages on the local API.
@@ -266,7 +266,7 @@ class MemoryBlockAdmin(AgentColumn, DeletedByService, LargeTableAdmin):
     list_display = ("label", "agent_link", "user_id", "size", "limit", "read_only", "updated_at")
     list_filter = (AgentFilter, "read_only")
     list_select_related = ("agent",)
-    search_fields = ("label", "=user_id", "agent__name")
+    search_fields = ("label", "user_id__exact", "agent__name")
     raw_id_fields = ("agent",)
     # A block's value changes through the services (a revision for each change, the limit
     # held): here its value and limit are read, its description and read-only flag set.
@@ -319,7 +319,7 @@ class MemoryBlockRevisionAdmin(LargeTableAdmin):
     list_display = ("block", "actor_principal", "created_at")
     list_select_related = ("block",)
     raw_id_fields = ("block",)
-    search_fields = ("=actor_principal",)
+    search_fields = ("actor_principal__exact",)
 
     # A block's history is what its writers did (the services record it): read here, never
     # written (an added or edited revision told of a change nobody made).
@@ -351,7 +351,7 @@ class ApiKeyAdmin(ModelAdmin):
     list_select_related = ("agent",)
     secret_fields = ("secret_hmac",)
     list_filter = (("revoked_at", admin.EmptyFieldListFilter),)
-    search_fields = ("=public_id", "agent__name", "name")
+    search_fields = ("public_id__exact", "agent__name", "name")
     raw_id_fields = ("agent",)
     readonly_fields = ("public_id", "prefix", "scopes", "created_at", "last_used_at", "revoked_at")
     actions = ("revoke",)

@@ -155,9 +155,15 @@ class TransferInline(admin.TabularInline):
 @admin.register(ConversationGroup)
 class ConversationGroupAdmin(LargeTableAdmin):
     list_display = ("id", "created_at")
-    search_fields = ("=id", "memberships__principal_id")
+    search_fields = ("memberships__principal_id__exact",)
     readonly_fields = ("id", "created_at", "conversation_tree")
     inlines = (MembershipInline, TransferInline)
+
+    def get_search_results(self, request, queryset, search_term):
+        group_id = as_uuid(search_term)
+        if group_id is not None:
+            return queryset.filter(id=group_id), False
+        return super().get_search_results(request, queryset, search_term)
 
     def has_add_permission(self, request):
         return False  # a group is made with its first conversation, by the services
@@ -424,7 +430,7 @@ class MembershipAdmin(DeletedByService, LargeTableAdmin):
     form = MembershipForm
     list_display = ("principal_id", "access_level", "group", "created_at")
     list_filter = ("access_level",)
-    search_fields = ("=principal_id",)
+    search_fields = ("principal_id__exact",)
     raw_id_fields = ("group",)
 
     def has_delete_permission(self, request, obj=None):
@@ -444,7 +450,7 @@ class MembershipAdmin(DeletedByService, LargeTableAdmin):
 class OwnershipTransferAdmin(LargeTableAdmin):
     list_display = ("id", "group", "from_principal", "to_principal", "status", "created_at")
     list_filter = ("status",)
-    search_fields = ("=from_principal", "=to_principal")
+    search_fields = ("from_principal__exact", "to_principal__exact")
     raw_id_fields = ("group",)
 
     # Offered by an owner and answered by the one offered, through the APIs: an offer made
