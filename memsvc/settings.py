@@ -187,6 +187,10 @@ if env_bool("MEMSVC_PROXY_HTTPS", False):
 SECURE_HSTS_SECONDS = env_int("MEMSVC_HSTS_SECONDS", 0, minimum=0)
 SESSION_COOKIE_HTTPONLY = CSRF_COOKIE_HTTPONLY = True
 X_FRAME_OPTIONS = "DENY"
+# The pages' and the admin's notices kept in the session, on the server: in a cookie (Django's
+# first choice), a new API key made in the admin went back and forth in the browser's
+# cookie, signed but readable, outside the HttpOnly session (review).
+MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
 
 ROOT_URLCONF = "memsvc.urls"
 WSGI_APPLICATION = "memsvc.wsgi.application"
