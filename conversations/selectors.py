@@ -842,13 +842,25 @@ def membership_of(conversation: Conversation, principal_id: str) -> Membership:
     return membership
 
 
-def transfers_for(principal: Principal, *, status: str | None) -> list[OwnershipTransfer]:
-    """Transfers the principal made or received, newest first; pending ones by default."""
-    return list(
-        OwnershipTransfer.objects.filter(
-            Q(from_principal=principal.id) | Q(to_principal=principal.id),
-            status=status or TransferStatus.PENDING,
-        ).order_by("-created_at", "id")
+TRANSFER_ORDER = ("-created_at", "id")
+
+
+def transfers_for(principal: Principal, *, status: str | None) -> QuerySet[OwnershipTransfer]:
+    """Transfers the principal made or received, newest first (``TRANSFER_ORDER``); pending
+    ones by default."""
+    return OwnershipTransfer.objects.filter(
+        Q(from_principal=principal.id) | Q(to_principal=principal.id),
+        status=status or TransferStatus.PENDING,
+    ).order_by(*TRANSFER_ORDER)
+
+
+def transfer_page(
+    principal: Principal, *, status: str | None, after: str | None, limit: int
+) -> Page:
+    """A page of ``transfers_for``: those resolved only ever grow (every one was answered
+    at once, unpaged: review)."""
+    return keyset_page(
+        transfers_for(principal, status=status), order=TRANSFER_ORDER, after=after, limit=limit
     )
 
 

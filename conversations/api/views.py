@@ -17,7 +17,7 @@ from search.selectors import search_messages
 MessagePage = paged(s.MessageOut, "MessagePage")
 ForkList = listed(s.ForkOut, "ConversationForkList")
 MembershipList = listed(s.MembershipOut, "ConversationMembershipList")
-TransferList = listed(s.TransferOut, "OwnershipTransferList")
+TransferPage = paged(s.TransferOut, "OwnershipTransferPage")
 
 
 class ConversationsView(UserApiView):
@@ -250,16 +250,18 @@ class TransfersView(UserApiView):
     @user_operation(
         "listOwnershipTransfers",
         parameters=[
+            LIMIT_PARAMETER,
+            AFTER_PARAMETER,
             OpenApiParameter(
                 "status", str, enum=TransferStatus.values, description="default: pending"
-            )
+            ),
         ],
-        responses={200: TransferList, **errors(400, 401)},
+        responses={200: TransferPage, **errors(400, 401)},
     )
     def get(self, request):
         status = query_choice(request, "status", TransferStatus.values)
-        transfers = selectors.transfers_for(request.principal, status=status)
-        return Response({"data": s.TransferOut(transfers, many=True).data})
+        page = selectors.transfer_page(request.principal, status=status, **page_params(request))
+        return Response(page_data(page, s.TransferOut))
 
 
 class TransferView(UserApiView):

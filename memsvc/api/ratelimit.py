@@ -389,12 +389,12 @@ class PrincipalRateThrottle(BaseThrottle):
         return True
 
 
+# A DRF view's mixin (first among its bases): its requests count against their principal
+# before its permissions are checked. DRF checks them first: a request they refused (a key
+# without the scope, no credentials) counted nowhere, and was answered 403 or 401, never
+# 429, however many came (review). (No docstring: the OpenAPI schema would give it to every
+# operation without a description of its own.)
 class CountedBeforePermissions:
-    """A DRF view's mixin (first among its bases): its requests count against their
-    principal before its permissions are checked. DRF checks them first: a request they
-    refused (a key without the scope, no credentials) counted nowhere, and was answered 403
-    or 401, never 429, however many came (review)."""
-
     def check_permissions(self, request):
         super().check_throttles(request)
         super().check_permissions(request)

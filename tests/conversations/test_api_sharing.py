@@ -226,6 +226,25 @@ def test_ownership_transfer_accepted(api, alice, bob, conversation):
     )
 
 
+def test_transfers_are_listed_a_page_at_a_time_newest_first(api, alice, bob):
+    """Anyone may offer anyone a conversation, and answered offers stay: every one was in
+    one answer, unpaged (review)."""
+    offered = []
+    for n in range(3):
+        conversation = ConversationFactory(group__owner="alice", title=f"Gift {n}")
+        transfer = api.post(
+            url(conversation, "/transfer-ownership"), {"newOwnerUserId": "bob"}, as_=alice
+        )
+        offered.append(transfer.json()["id"])
+    first = api.get("/v1/user/ownership-transfers", as_=bob, limit=2).json()
+    assert [t["id"] for t in first["data"]] == offered[:0:-1] and first["nextCursor"]
+    rest = api.get("/v1/user/ownership-transfers", as_=bob, limit=2, after=first["nextCursor"])
+    assert rest.json() == {"data": [rest.json()["data"][0]], "nextCursor": None}
+    assert rest.json()["data"][0]["id"] == offered[0]
+    forged = api.get("/v1/user/ownership-transfers", as_=bob, after="bm9wZQ")
+    assert forged.status_code == 400 and forged.json()["details"] == {"after": ["malformed cursor"]}
+
+
 @pytest.mark.parametrize("verb", ["accept", "decline"])
 def test_a_body_to_accept_or_decline_an_offer_is_refused_not_ignored(
     api, alice, bob, conversation, verb

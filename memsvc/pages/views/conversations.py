@@ -51,7 +51,11 @@ def home(request):
     conversations = selectors.conversation_page(
         request.principal, after=request.GET.get("after") or None, limit=PAGE_SIZE
     )
-    transfers = selectors.transfers_for(request.principal, status=None)
+    # The newest pending offers (anyone may offer anyone a conversation: unbounded, every
+    # one was a row of this page).
+    transfers = selectors.transfer_page(
+        request.principal, status=None, after=None, limit=PAGE_SIZE
+    ).rows
     prefetch_related_objects(transfers, "conversation")  # their titles, in one query
     # Which of them the person may open: one offered to them may be of a group they are not
     # in yet (its link was a 404).
