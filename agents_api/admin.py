@@ -36,7 +36,7 @@ from agents_api.services import (
     memory_delete,
     tool_records_delete,
 )
-from agents_api.services.letta import LETTA_METADATA_KEY
+from agents_api.services.letta import without_letta_settings
 from agents_api.services.messages import local_conversation_renamed
 from agents_api.sleeptime import with_place_kept
 from conversations.models import Conversation, Membership
@@ -155,9 +155,7 @@ def agent_metadata(value) -> None:
     (``metadata_object``), its Letta settings apart (``AgentForm``): a system prompt of 50,000
     characters, which Letta's routes take, counted against the 16 KiB of the client's, and
     such an agent could not be renamed in the admin (review)."""
-    if isinstance(value, dict):
-        value = {key: item for key, item in value.items() if key != LETTA_METADATA_KEY}
-    metadata_object(value)
+    metadata_object(without_letta_settings(value) if isinstance(value, dict) else value)
 
 
 @admin.register(Agent)

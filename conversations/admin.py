@@ -8,6 +8,7 @@ for the conversation column, search through the GIN-indexed full-text column ins
 from django import forms
 from django.contrib import admin
 from django.core.exceptions import ValidationError
+from django.db.models import Q
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.text import Truncator
@@ -160,10 +161,12 @@ class ConversationGroupAdmin(LargeTableAdmin):
     inlines = (MembershipInline, TransferInline)
 
     def get_search_results(self, request, queryset, search_term):
+        """A group by its id or a member's (a user's id may be a UUID too: code review)."""
         group_id = as_uuid(search_term)
-        if group_id is not None:
-            return queryset.filter(id=group_id), False
-        return super().get_search_results(request, queryset, search_term)
+        if group_id is None:
+            return super().get_search_results(request, queryset, search_term)
+        by_member = queryset.filter(memberships__principal_id=search_term.strip()).values("id")
+        return queryset.filter(Q(id=group_id) | Q(id__in=by_member)), False
 
     def has_add_permission(self, request):
         return False  # a group is made with its first conversation, by the services

@@ -102,17 +102,18 @@ def broker_reachable(timeout: float = 1.0) -> bool:
 # A broker that failed a send is not asked again for this long (``sent``): every append of
 # an outage waited for its connection timeout (3 s).
 BROKER_OUTAGE = Outage(seconds=5.0)
-NOT_SENT_SAID: dict[str, Reminder] = {}  # by task name: the tasks not sent while it lasts
+# By task and what happens instead: the tasks not sent while it lasts.
+NOT_SENT_SAID: dict[tuple[str, str], Reminder] = {}
 
 
 def sent(task, args=(), *, instead: str, **options) -> bool:
     """Whether ``task`` (with ``args``, and ``apply_async``'s ``options``) was handed to a
     worker. When the broker fails, or failed a moment ago (``BROKER_OUTAGE``), False, and
-    a warning says what happens ``instead`` ("the sweep will"): a request never fails for
+    a warning says what happens ``instead`` ("the sweep will embed them"): a request never fails for
     its background work, nor waits for a broker that is down."""
     if BROKER_OUTAGE.ongoing:
         # Once a minute a task, not at every request (941 lines in 40 s of appends: review).
-        NOT_SENT_SAID.setdefault(task.name, Reminder()).say(
+        NOT_SENT_SAID.setdefault((task.name, instead), Reminder()).say(
             logger.info,
             "the broker is down: %s not sent meanwhile (said once a minute); %s",
             task.name,

@@ -638,6 +638,7 @@ class MemoryBankStrategy:
         down, at their steps, and no later step asked it) go with the block's other stores,
         which its exit waits for; dropped with a warning while memsvc is taken for down
         (they were lost without a word: review)."""
+        self.bank.said.clear()  # (the next block warns anew)
         count, stores = self.bank.unstored()
         if not count:
             return

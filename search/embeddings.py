@@ -35,21 +35,23 @@ logger = logging.getLogger(__name__)
 DEFAULT_LOCAL_MODEL = "all-MiniLM-L6-v2"
 
 
-# What a remote backend answers when it refuses the caller, not a text (a key revoked, a
-# rate limit): transient, the service's state, like its 5xx. Taken for a refusal of the
-# texts, every waiting row was sent again alone, each logged, at every sweep: 869 requests
-# and lines a minute for a backlog (review).
-SERVICE_REFUSED = frozenset({401, 403, 429})
+# What a remote backend answers when it refuses the caller, not a text (a key revoked or
+# without the right): taken for a refusal of the texts, every waiting row was sent again
+# alone, each logged, at every sweep: 869 requests and lines a minute for a backlog
+# (review). Not transient either (a key does not come back by itself: the operator is told).
+CALLER_REFUSED = frozenset({401, 403})
 
 
 class EmbeddingError(Exception):
     """The backend failed; ``transient`` errors are worth retrying. ``status``: the HTTP
-    status a remote backend answered with, if that was the failure."""
+    status a remote backend answered with, if that was the failure; ``refuses_caller``: it
+    refused memsvc's credentials (``CALLER_REFUSED``), whatever the texts."""
 
     def __init__(self, message: str, *, transient: bool, status: int | None = None):
         super().__init__(message)
         self.transient = transient
         self.status = status
+        self.refuses_caller = status in CALLER_REFUSED
 
 
 class WrongDimension(EmbeddingError):
@@ -300,7 +302,7 @@ class _HttpBackend:
         if response.status_code >= 400:
             raise EmbeddingError(
                 f"{self.name}: HTTP {response.status_code}: {response.text[:200]}",
-                transient=response.status_code in SERVICE_REFUSED or response.status_code >= 500,
+                transient=response.status_code == 429 or response.status_code >= 500,
                 status=response.status_code,
             )
         try:
@@ -441,12 +443,11 @@ class OpenAIBackend:
             openai.APIConnectionError,
             openai.RateLimitError,
             openai.InternalServerError,
-            openai.AuthenticationError,  # (``SERVICE_REFUSED``)
-            openai.PermissionDeniedError,
         ) as exc:
             raise EmbeddingError(f"openai: {exc}", transient=True) from exc
         except openai.APIError as exc:
-            raise EmbeddingError(f"openai: {exc}", transient=False) from exc
+            status = getattr(exc, "status_code", None)
+            raise EmbeddingError(f"openai: {exc}", transient=False, status=status) from exc
         except ValueError as exc:  # an answer without vectors ("No embedding data received")
             raise EmbeddingError(f"openai: {exc}", transient=False) from exc
         ordered = sorted(response.data, key=lambda item: item.index)

@@ -186,7 +186,8 @@ def _vectors(backend: EmbeddingBackend, texts: dict, *, own: set[str], what: str
     try:
         return ids, list(backend.embed(list(texts.values())))
     except EmbeddingError as exc:
-        if exc.transient or len(ids) == 1:
+        # (Credentials refused: every text alone would be refused alike.)
+        if exc.transient or exc.refuses_caller or len(ids) == 1:
             raise
         refusal = exc
     asked = [row_id for row_id in ids if str(row_id) in own]

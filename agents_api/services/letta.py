@@ -56,7 +56,12 @@ def sleeptime_frequency(agent: Agent):
 
 def letta_metadata(agent: Agent) -> dict:
     """What Letta calls the agent's metadata: the agent's own, but for its Letta settings."""
-    return {key: value for key, value in agent.metadata.items() if key != LETTA_METADATA_KEY}
+    return without_letta_settings(agent.metadata)
+
+
+def without_letta_settings(metadata: dict) -> dict:
+    """An agent's ``metadata`` but for its Letta settings: the client's own part."""
+    return {key: value for key, value in metadata.items() if key != LETTA_METADATA_KEY}
 
 
 def _save_settings(agent: Agent, *, metadata: dict | None = None, **changes) -> None:

@@ -67,7 +67,10 @@ class ConversationSummaryOut(serializers.Serializer):
 
 
 class ConversationOut(ConversationSummaryOut):
-    metadata = serializers.DictField(help_text="As it was given (create, update, fork).")
+    metadata = serializers.DictField(
+        help_text="As it was given (create, update, fork), kept as jsonb keeps it: its keys "
+        "the shorter first, numbers as their values."
+    )
     conversationGroupId = serializers.UUIDField(source="group_id")
     forkedAtConversationId = serializers.UUIDField(
         source="forked_at_conversation_id", allow_null=True

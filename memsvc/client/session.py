@@ -162,8 +162,8 @@ class learning:
 
     def __exit__(self, *exc):
         hooks.deactivate(self)
-        _, client = self._leave()
-        self._send_and_close(client)
+        last, client = self._leave()
+        self._send_and_close(client, last=last)
         return False
 
     # The entry's checks and the exit's flush are blocking HTTP: off the event loop, which
@@ -191,7 +191,7 @@ class learning:
         except Exception as exc:  # (leaving the block never fails the program)
             logger.warning("memsvc: could not close a connection to memsvc (%s)", exc)
         finally:  # (the stores are sent, whatever closing the client raised)
-            await asyncio.to_thread(self._send_and_close, client)
+            await asyncio.to_thread(self._send_and_close, client, last=last)
         return False
 
     def forked(self) -> None:
@@ -232,12 +232,13 @@ class learning:
             client, self._client = self._client, None
             return True, client
 
-    def _send_and_close(self, client: "_KeptClient | None") -> None:
-        """What the entry stored is sent (and what its strategy held back: ``leaving``);
-        ``client`` (the last exit's) let go of."""
+    def _send_and_close(self, client: "_KeptClient | None", *, last: bool) -> None:
+        """What the entry stored is sent (and, at the ``last`` exit, what its strategy held
+        back: ``leaving``; at an inner one, the outer block's steps go on with it: code
+        review); ``client`` (the last exit's) let go of."""
         try:
             leaving = getattr(self.strategy, "leaving", None)
-            if leaving is not None:
+            if last and leaving is not None:
                 leaving()
             self.flush()
         finally:

@@ -1531,6 +1531,20 @@ def test_an_id_is_searched_by_its_exact_value_which_an_index_serves(operator, ch
         assert operator.get(reverse(changelist), {"q": "alice"}).context["cl"].result_count == 1
 
 
+def test_a_group_is_searched_by_its_id_or_a_members_which_may_be_a_uuid_too(operator):
+    """(A search that read as a UUID found the group of that id alone: code review.)"""
+    member = str(uuid.uuid4())  # (an issuer's ``sub``: Keycloak's is a UUID)
+    theirs = ConversationFactory(group__owner=member, title="Theirs")
+    other = ConversationFactory(group__owner="bob", title="His")
+    changelist = reverse("admin:conversations_conversationgroup_changelist")
+
+    def found(term):
+        return {g.id for g in operator.get(changelist, {"q": term}).context["cl"].result_list}
+
+    assert found(member) == {theirs.group_id}
+    assert found(str(other.group_id)) == {other.group_id}
+
+
 def test_a_bulk_deletions_confirmation_lists_a_few_of_the_rows_selected(operator):
     """(Every row selected was listed: 4.9 MB in 5.4 s for 20,000 messages; review.)"""
     conversation = ConversationFactory(group__owner="alice", title="Long")

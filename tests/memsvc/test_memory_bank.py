@@ -682,10 +682,17 @@ def test_a_block_ends_by_storing_the_records_no_later_step_asked_memsvc_to(llm, 
     with LocalHttpServer(respond) as memsvc:
         block = learning(agent=AGENT, server_url=memsvc.url, strategy="memory_bank")
         with block:
-            client.chat.completions.create(model="gpt-test", messages=one_tool_step(), timeout=1.0)
-            client.chat.completions.create(model="gpt-test", messages=two_tool_steps())
+            # Each call in the block entered again (a helper's own ``with``): an inner exit
+            # is not the block's end (it dropped the records held: code review).
+            with block:
+                client.chat.completions.create(
+                    model="gpt-test", messages=one_tool_step(), timeout=1.0
+                )
+            with block:
+                client.chat.completions.create(model="gpt-test", messages=two_tool_steps())
             state["hung"] = False
             sender.mark_answered(memsvc.url)  # (what an answer to another block says)
+            assert stored == []
         assert stored == ["search_flights", "book_flight"]
 
 

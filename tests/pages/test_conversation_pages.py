@@ -932,7 +932,8 @@ def test_an_agent_member_is_shown_by_its_name(alice_page):
 
 def test_a_turn_an_agent_signed_with_another_name_says_which_agent_wrote_it(alice_page):
     """An agent of the conversation may record a user's turn signed with their name; it was
-    shown as that person's own (and another agent's signed "alice" too; review)."""
+    shown as that person's own (and another agent's signed "alice" too; review). Its own
+    turns are its, renamed since or not (code review)."""
     from conversations.services import membership_create
     from tests.agents_api.conftest import make_agent
 
@@ -963,9 +964,13 @@ def test_a_turn_an_agent_signed_with_another_name_says_which_agent_wrote_it(alic
     assert "<strong>alice</strong>" in who["I agree to everything"]
     assert "written by agent relay" in who["I agree to everything"]
     assert "<strong>relay</strong>" in who["Noted."] and "written by" not in who["Noted."]
+    relay.name = "relay2"
+    relay.save(update_fields=["name"])
+    html = alice_page.get(page_of(conversation)).content.decode()
+    assert "written by agent relay2" in html and html.count("written by") == 1
     embed_pending()
     found = alice_page.get(reverse("pages:search"), {"q": "agree to everything"})
-    assert "alice (written by agent relay)," in found.content.decode()
+    assert "alice (written by agent relay2)," in found.content.decode()
 
 
 def test_a_refused_share_or_transfer_names_the_fields_by_their_labels(alice_page):

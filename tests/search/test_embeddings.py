@@ -319,7 +319,7 @@ def test_the_old_ollama_api_once_chosen_is_checked_again_after_a_while(monkeypat
 
 @pytest.mark.parametrize(
     ("status", "transient"),
-    [(500, True), (503, True), (429, True), (401, True), (403, True), (400, False)],
+    [(500, True), (503, True), (429, True), (401, False), (403, False), (400, False)],
 )
 def test_ollama_errors_say_whether_to_retry(status, transient):
     with (
@@ -387,16 +387,24 @@ def test_openai_uses_the_embeddings_endpoint_of_any_compatible_server():
 
 
 @pytest.mark.parametrize(
-    ("status", "transient"), [(500, True), (429, True), (401, True), (403, True), (400, False)]
+    ("status", "transient", "refuses_caller"),
+    [
+        (500, True, False),
+        (429, True, False),
+        (401, False, True),
+        (403, False, True),
+        (400, False, False),
+    ],
 )
-def test_openai_errors_say_whether_to_retry(status, transient):
-    """A key refused (401, 403) is the service's state, not a text's (each text was sent
-    again alone, and logged, at every sweep: review)."""
+def test_openai_errors_say_whether_to_retry(status, transient, refuses_caller):
+    """A key refused (401, 403) refuses every text alike (each was sent again alone, and
+    logged, at every sweep: review)."""
     with FakeEmbeddingServer(lambda path, body: (status, {"error": {"message": "no"}})) as server:
         backend = OpenAIBackend("m", api_key="k", base_url=f"{server.url}/v1")
         with pytest.raises(EmbeddingError) as excinfo:
             backend.embed(["a"])
     assert excinfo.value.transient is transient
+    assert excinfo.value.refuses_caller is refuses_caller
 
 
 @pytest.mark.parametrize(

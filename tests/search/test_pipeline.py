@@ -539,8 +539,8 @@ def test_a_backend_that_refuses_its_key_is_asked_once_a_sweep_not_once_a_message
     api, alice, conversation, monkeypatch, caplog
 ):
     """A key revoked at the embedding service (401): each waiting message was sent again
-    alone and logged, at every sweep (869 requests a minute for a backlog: review). It is
-    the service's state: the sweep stops at its first answer, as for a 5xx."""
+    alone and logged, at every sweep (869 requests a minute for a backlog: review). Every
+    text would be refused alike: the sweep stops at its first answer, and says so."""
 
     def respond(method, path, body):
         return Reply(401, {"error": {"message": "Incorrect API key provided"}})
@@ -558,10 +558,11 @@ def test_a_backend_that_refuses_its_key_is_asked_once_a_sweep_not_once_a_message
             post_message(api, alice, conversation, f"a turn {n}")
         Message.objects.update(created_at=timezone.now() - timedelta(minutes=5))
         server.requests.clear()
-        with caplog.at_level(logging.WARNING), pytest.raises(Retry):  # (after its backoff)
+        with caplog.at_level(logging.WARNING):
             sweep_unembedded_task.apply()
     assert len(server.requests) == 1
     assert "left without a vector" not in caplog.text
+    assert "the sweep of messages stopped: openai: Error code: 401" in caplog.text
     assert Message.objects.filter(embedded_at=None).count() == 6
 
 

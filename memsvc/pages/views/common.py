@@ -16,6 +16,7 @@ from django_htmx.http import HttpResponseClientRedirect
 from rest_framework.exceptions import ValidationError
 
 from agents_api.selectors import agent_names
+from conversations.models import Role
 from memsvc.api.errors import ApiError, as_api_error, exception_handler
 from memsvc.api.middleware import request_refusal
 from memsvc.api.principals import Principal, agent_uuid_of, user_id_problem
@@ -37,15 +38,20 @@ def names_shown(principal_ids) -> dict[str, str]:
 
 
 def say_who_recorded(messages) -> None:
-    """A turn an agent signed with a name other than its own (a user's turn it recorded, say)
-    says which agent wrote it (``message.recorded_by``): it was shown as that person's own,
-    a turn any other agent in the conversation could sign "alice" (review)."""
-    agents = agent_names(message.author_principal for message in messages)
-    for message in messages:
-        if agent_uuid_of(message.author_principal):
-            name = agents.get(message.author_principal)
-            if message.author_name != name:
-                message.recorded_by = f"agent {name}" if name else "an agent"
+    """A user's turn an agent wrote (recorded for them, or signed with any name) says which
+    agent wrote it (``message.recorded_by``): it was shown as that person's own, a turn any
+    agent in the conversation could sign "alice" (review). An agent's own turns are its
+    role's (assistant, tool, ...), signed with its name when it wrote them, which a rename
+    since does not make another's (code review)."""
+    recorded = [
+        message
+        for message in messages
+        if message.role == Role.USER and agent_uuid_of(message.author_principal)
+    ]
+    agents = agent_names(message.author_principal for message in recorded)
+    for message in recorded:
+        name = agents.get(message.author_principal)
+        message.recorded_by = f"agent {name}" if name else "an agent"
 
 
 def page(view=None, /, **query_labels: str):
