@@ -258,6 +258,10 @@ def search_messages(
 # A query's parts a hit's extract marks: a quoted phrase (its closing quote may be missing,
 # as ``websearch_to_tsquery`` allows) or a word, either after the "-" of an exclusion.
 _QUERY_TERM = re.compile(r'-?"[^"]*"?|\S+')
+# What glues a query's words into one term where markup is read as words ("<i>budget</i>":
+# a phrase of "i budget i", which a hit holding "budget" alone does not hold, so its
+# extract was its first words, nothing marked; review): each word a term of its own.
+_MARKUP_GLUE = re.compile(r"[<>/=]+")
 
 
 def highlighted_terms(query: str) -> list[str]:
@@ -275,9 +279,10 @@ def highlighted_terms(query: str) -> list[str]:
     the stop words among them)."""
     asked, _excluded = queries.exclusions(query)
     terms = dict.fromkeys(
-        word.lstrip("-")
+        part.lstrip("-")
         for term in _QUERY_TERM.findall(asked.lower())
         for word in term.lstrip("-").strip('"').split()
+        for part in _MARKUP_GLUE.split(word)
     )
     return [term for term in terms if term and term != "or"][: 2 * configured_tuning().query_words]
 
