@@ -23,9 +23,11 @@ from agents_api.portability.restore import (
 )
 from agents_api.portability.sections import AGENT_SECTIONS, USER_SECTIONS
 from agents_api.selectors import LOCAL_OWNER, erasures_of, messages_seen_by
+from agents_api.services.blocks import check_readable
 from agents_api.services.data_rights import user_traces_erase
 from conversations.models import AccessLevel, Conversation
 from conversations.selectors import said_by, visible_conversation_ids
+from memsvc.api.errors import InvalidInput
 from memsvc.api.fields import contains_nul
 from memsvc.api.parsers import DOCUMENT_MAX_JSON_DEPTH, json_problem
 from memsvc.api.principals import user_id_problem
@@ -275,6 +277,11 @@ def _as_its_own(agent: Agent, parsed: dict[str, list[dict]], *, impersonates: bo
             record["conversation_id"] = None
 
     for block in parsed["memoryBlocks"]:
+        # (A value of blanks alone, which every write refuses, was stored: review.)
+        try:
+            check_readable(block["value"], "value")
+        except InvalidInput as exc:
+            raise ImportRefused(f"memoryBlocks: {block['label']!r}: {exc.message}") from None
         block["exported_revisions"] = [
             {"value": block["value"], "actor_principal": actor.id, "created_at": now}
         ]

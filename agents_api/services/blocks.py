@@ -27,7 +27,7 @@ def _check_fits(value: str, limit: int, field: str) -> None:
         )
 
 
-def _check_readable(value: str, field: str) -> None:
+def check_readable(value: str, field: str) -> None:
     """A block's value as a write gives it: something to read, or nothing at all (one of
     blanks only, spaces or a zero-width space, was kept, and headed every prompt: review).
     Values stored before this rule are kept, and come back with an import."""
@@ -83,7 +83,7 @@ def memory_block_create(
     awaiting_attach: bool = False,
 ) -> MemoryBlock:
     hold_users([user_id])
-    _check_readable(value, "value")
+    check_readable(value, "value")
     _check_fits(value, limit, "value")
     _refuse_an_agent_if_memory_off(actor, user_id)
     # The agent held as the block's foreign key will hold it at commit, but before the
@@ -151,7 +151,7 @@ def memory_block_update(
             raise Conflict("the text to replace is not in the block")
         new_value = new_value.replace(old, new, 1)
     if new_value != block.value:
-        _check_readable(new_value, field)
+        check_readable(new_value, field)
     new_limit = block.limit if limit is None else limit
     _check_fits(new_value, new_limit, field if limit is None else "limit")
     if (new_value, new_limit) == (block.value, block.limit) and all(

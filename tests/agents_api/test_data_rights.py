@@ -2122,6 +2122,22 @@ def test_an_import_needs_a_key_that_may_read(api, helper):
     assert Memory.objects.filter(agent=helper.agent).count() == 1
 
 
+def test_an_agents_import_refuses_a_block_of_blanks_as_its_writes_do(api, helper):
+    """(A value of blanks alone, which every write refuses, was stored by an import, and
+    headed the agent's context: review.)"""
+    made = api.post("/v1/agent/memory-blocks", {"label": "l", "value": "v"}, as_=helper)
+    assert made.status_code == 201, made.content
+    document = agent_export(api, helper)
+    block = {**document["memoryBlocks"][0], "value": "\u200b  "}
+    plain = make_agent("blank")
+    refused = api.post("/v1/agent/import", {**document, "memoryBlocks": [block]}, as_=plain)
+    assert refused.status_code == 400, refused.content
+    assert refused.json()["error"].endswith(
+        "memoryBlocks: 'l': value: the block would hold nothing but blanks"
+    )
+    assert not MemoryBlock.objects.filter(agent=plain.agent).exists()
+
+
 def test_an_imports_records_are_of_the_json_types_the_export_says(api, helper):
     """(A block's limit "5000", readOnly 0 and an importance "0.5" were converted and
     stored; review.) Refused as a request body's values are, nothing imported."""
