@@ -152,6 +152,7 @@ class LocalBackend:
         self._encoder = None
         self._lock = threading.Lock()
         self._prepared = False  # (once its files are seen, or it is loaded: they stay)
+        self._reader = None  # (``_tokenizer``)
 
     def _model_path(self) -> str:
         if self.source == DEFAULT_LOCAL_MODEL:
@@ -274,6 +275,28 @@ class LocalBackend:
         """Load the model now (a web worker does it in the background after it boots)."""
         self.embed(["warm up"])
 
+    def unread(self, text: str) -> tuple[str, ...]:
+        """The words of ``text`` this model reads as its unknown token alone, in order
+        (all-MiniLM-L6-v2's vocabulary has no Thai, Khmer or emoji): two texts that differ
+        only there get the same vector."""
+        tokenizer, unknown = self._tokenizer()
+        if tokenizer is None:
+            return ()
+        encoding = tokenizer.encode(text, add_special_tokens=False)
+        return tuple(
+            text[start:end]
+            for token, (start, end) in zip(encoding.ids, encoding.offsets, strict=True)
+            if token == unknown
+        )
+
+    def _tokenizer(self):
+        """The model's tokenizer, reading whole texts, and its unknown token's id; (None,
+        None) for a model without one (a byte-level tokenizer knows every text). Read once."""
+        with self._lock:
+            if self._reader is None:
+                self._reader = _unknown_words_reader(Path(self._model_path()))
+        return self._reader
+
     def embed(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
@@ -289,6 +312,21 @@ class LocalBackend:
                 show_progress_bar=False,
             )
         return _of_expected_width(self, np.asarray(vectors, dtype=np.float32))
+
+
+def _unknown_words_reader(model_dir: Path):
+    """``LocalBackend._tokenizer`` of the model in ``model_dir``."""
+    from tokenizers import Tokenizer
+
+    path = model_dir / "tokenizer.json"
+    if not path.is_file():
+        return None, None
+    tokenizer = Tokenizer.from_file(str(path))
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    unknown = getattr(tokenizer.model, "unk_token", None)
+    token_id = tokenizer.token_to_id(unknown) if unknown else None
+    return (tokenizer, token_id) if token_id is not None else (None, None)
 
 
 class _HttpBackend:
@@ -530,6 +568,13 @@ def configured_backend() -> EmbeddingBackend:
         expected_dimension=settings.MEMORY_EMBEDDING_DIMENSION,  # the columns' (search.checks)
         **options,
     )
+
+
+def unread_parts(text: str) -> tuple[str, ...]:
+    """The words of ``text`` the configured model cannot read (``LocalBackend.unread``), in
+    order; none for a remote model, whose tokenizer reads any text as far as memsvc knows."""
+    reader = getattr(configured_backend(), "unread", None)
+    return reader(text) if reader else ()
 
 
 def vector_literal(vector) -> str:

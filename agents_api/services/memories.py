@@ -35,7 +35,7 @@ from conversations.models import Message
 from memsvc.api.errors import Conflict, InvalidInput, NotFound
 from memsvc.api.principals import Principal
 from memsvc.db import held_keys, hold_users, lock_name, locked_row
-from search.embeddings import vector_literal
+from search.embeddings import unread_parts, vector_literal
 from search.services import embed_pending_rows, embed_rows, reembed_all_rows, vectors_or_none
 from search.statements import execute_planned, nearest_order, nearest_settings, order_on
 from search.tuning import configured_tuning
@@ -360,9 +360,16 @@ def _stored_near_duplicates(agent, user_id, model, vectors, texts, said, hashes,
 
 def _repeats(distance: float, text: str, other: str) -> bool:
     """Whether ``other`` at cosine ``distance`` from ``text`` repeats it (their ``claims``
-    aside): a near-duplicate, both read whole by their vectors (``NEAR_DUPLICATE_MAX_CHARS``),
-    or the same words (``models.same_words``) a little farther."""
-    near = distance <= 1 - NEAR_DUPLICATE_SIMILARITY and _read_whole(text) and _read_whole(other)
+    aside): a near-duplicate, both read whole by their vectors (``NEAR_DUPLICATE_MAX_CHARS``)
+    with the same words the model cannot read (``unread_parts``: "eats ข้าวผัด" and "eats
+    ต้มยำ", "flag is 🇯🇵" and "flag is 🇫🇷" were one vector, the second fact merged into the
+    first and lost; review), or the same words (``models.same_words``) a little farther."""
+    near = (
+        distance <= 1 - NEAR_DUPLICATE_SIMILARITY
+        and _read_whole(text)
+        and _read_whole(other)
+        and unread_parts(text) == unread_parts(other)
+    )
     return near or (distance <= 1 - SAME_WORDS_SIMILARITY and same_words(text, other))
 
 

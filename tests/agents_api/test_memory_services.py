@@ -112,6 +112,16 @@ def test_a_near_duplicate_is_merged_into_the_memory_it_repeats(agent):
         ("Lena is vegetarian", "Lena used to be vegetarian"),
         ("Lena isn't vegetarian", "Lena wasn't vegetarian"),  # (code review)
         ("Lena doesn't eat meat", "Lena didn't eat meat"),
+        # (Words the model cannot read, one vector for both: merged, the new fact lost; review.)
+        (
+            "Pim eats \u0e02\u0e49\u0e32\u0e27\u0e1c\u0e31\u0e14 daily",
+            "Pim eats \u0e15\u0e49\u0e21\u0e22\u0e33 daily",
+        ),
+        (
+            "Gina's favourite flag is \U0001f1ef\U0001f1f5",
+            "Gina's favourite flag is \U0001f1eb\U0001f1f7",
+        ),
+        ("The wifi password is \U0001f431\U0001f436", "The wifi password is \U0001f98a\U0001f43b"),
     ],
 )
 def test_a_correction_near_the_fact_it_corrects_is_kept_beside_it(agent, kept, correction):
@@ -143,6 +153,15 @@ def test_the_same_words_but_for_their_punctuation_are_a_repeat(agent, repeat):
     """Saved again with "!!" (cosine 0.90) it was kept as a second memory (review)."""
     first, _ = save(agent, "Jane works as a nurse in Oslo")
     again, created = save(agent, repeat)
+    assert (again.id, created) == (first.id, False)
+
+
+def test_words_the_model_cannot_read_repeat_a_fact_only_as_they_were(agent):
+    """A fact in a script the model has no letters for is told apart by those words (the
+    model gave "eats ข้าวผัด" and "eats ต้มยำ" one vector: review), and a repeat of
+    the same words in other words around them still merges."""
+    first, _ = save(agent, "Pim eats \u0e02\u0e49\u0e32\u0e27\u0e1c\u0e31\u0e14 every day.")
+    again, created = save(agent, "Pim eats \u0e02\u0e49\u0e32\u0e27\u0e1c\u0e31\u0e14 daily")
     assert (again.id, created) == (first.id, False)
 
 
