@@ -14,6 +14,7 @@ from agents_api.models import (
     MEMORY_MAX_MESSAGES,
     MEMORY_MAX_TAGS,
     MEMORY_TAG_MAX_LENGTH,
+    MemorySource,
     Scope,
 )
 from agents_api.selectors import MEMORY_ORDERS, PREFETCH_MAX_SENTENCES
@@ -245,7 +246,7 @@ class MemoryOut(serializers.Serializer):
             "shown those of them they may read."
         ),
     )
-    source = serializers.CharField()
+    source = ChoiceField(choices=MemorySource.choices)  # (the spec said any string: review)
     accessCount = serializers.IntegerField(source="access_count")
     lastAccessedAt = serializers.DateTimeField(source="last_accessed_at", allow_null=True)
     expiresAt = serializers.DateTimeField(source="expires_at")

@@ -87,6 +87,9 @@ class ConversationOut(ConversationSummaryOut):
 
 class ForkOut(serializers.Serializer):
     conversationId = serializers.UUIDField(source="id")
+    # The seed's name of the same id (a UI written from it looked for ``forkId``: review);
+    # each fork is a conversation of its own, with its own id.
+    forkId = serializers.UUIDField(source="id", help_text="The same id: a fork is a conversation.")
     forkedAtConversationId = serializers.UUIDField(
         source="forked_at_conversation_id", allow_null=True
     )

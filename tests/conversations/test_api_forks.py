@@ -121,6 +121,8 @@ def test_forks_lists_every_branch_root_first(api, alice, root):
     listed = api.get(f"/v1/user/conversations/{first['id']}/forks", as_=alice).json()["data"]
 
     assert [f["conversationId"] for f in listed] == [root["id"], first["id"], second["id"]]
+    # (the seed's name of the fork's id: a UI written from it looked for it; review)
+    assert [f["forkId"] for f in listed] == [f["conversationId"] for f in listed]
     assert [f["isCurrentFork"] for f in listed] == [False, True, False]
     assert listed[0]["forkedAtConversationId"] is None
     assert listed[1]["forkedAtConversationId"] == root["id"]

@@ -8,6 +8,8 @@ import pytest
 from django.core.management import call_command
 from drf_spectacular.drainage import GENERATOR_STATS
 
+from agents_api.models import MemorySource
+
 COMMITTED_SCHEMA = Path(__file__).resolve().parents[2] / "openapi" / "schema.yaml"
 REGENERATE = (
     "MEMSVC_DATA_DIR=$PWD/.data/dev .venv/bin/python manage.py spectacular "
@@ -256,3 +258,11 @@ def test_the_schema_is_written_out_once_per_format(client, monkeypatch):
     assert as_json[0]["Content-Type"] == "application/json"
     assert as_json[0].json()["openapi"] == "3.1.0"
     assert sorted(fmt for _, fmt in SchemaView.written) == ["json", "yaml"]
+
+
+@pytest.mark.parametrize("schema_name", ["Memory", "MemorySearchResult"])
+def test_a_memorys_source_is_one_of_those_the_server_writes(served_schema, schema_name):
+    """The spec said any string, the server writes one of four (review)."""
+    source = component(served_schema, schema_name)["properties"]["source"]
+    enum = component(served_schema, source["$ref"].rsplit("/", 1)[-1])["enum"]
+    assert sorted(enum) == sorted(MemorySource.values)
