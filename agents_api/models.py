@@ -29,6 +29,7 @@ from memsvc.validators import (
     has_lone_surrogates,
     no_blank_ends,
     no_control_characters,
+    no_hidden_characters,
     no_nul_characters,
     one_line,
     shown_as_it_is,
@@ -48,7 +49,7 @@ AGENT_SYSTEM_MAX_CHARS = 50_000
 # only a label given is checked, not one looked up.)
 NAME_RULES = (no_control_characters, shown_as_it_is)
 # And a name given now (an API's, the CLI's; not one an import restores as it was stored).
-GIVEN_NAME_RULES = (*NAME_RULES, one_line, no_blank_ends, composed)
+GIVEN_NAME_RULES = (*NAME_RULES, one_line, no_blank_ends, no_hidden_characters, composed)
 
 
 class Agent(models.Model):

@@ -59,6 +59,7 @@ from memsvc.text import (
     has_blank_ends,
     has_control_characters,
     has_line_separators,
+    hidden_characters,
     shows_nothing,
 )
 
@@ -191,10 +192,14 @@ def tool_interactions(messages: list) -> list[ToolInteraction]:
 
 def _tool_name(name: str) -> str:
     """A call's tool name as memsvc keeps one: a name (one line, no control or bidirectional
-    character, nothing blank at its ends: ``agents_api``'s ``GIVEN_NAME_RULES``; one a model
-    made otherwise had the step's records refused: code review), at most
-    ``MAX_TOOL_NAME_CHARS``, something to read, else "tool"."""
-    name = "".join(" " if _breaks_a_name(c) else c for c in name)[:MAX_TOOL_NAME_CHARS]
+    character, nothing blank at its ends nor invisible inside: ``agents_api``'s
+    ``GIVEN_NAME_RULES``; one a model made otherwise had the step's records refused: code
+    review), at most ``MAX_TOOL_NAME_CHARS``, something to read, else "tool"."""
+    name = "".join(" " if _breaks_a_name(c) else c for c in name)
+    while hidden := set(hidden_characters(name)):  # (refused inside as well; one left out
+        # may leave a joiner beside a Latin letter, hidden in its turn)
+        name = "".join(c for place, c in enumerate(name) if place not in hidden)
+    name = name[:MAX_TOOL_NAME_CHARS]
     while has_blank_ends(name):
         name = name[1:] if has_blank_ends(name[0]) else name[:-1]
     return "tool" if shows_nothing(name) else name
@@ -217,6 +222,8 @@ def _task_id_problem(task_id: str) -> str | None:
     if any(map(_breaks_a_name, task_id)) or has_blank_ends(task_id):
         # (a trailing newline, as read from a file: code review)
         return "must be one line, without control characters or blanks at either end"
+    if hidden_characters(task_id):
+        return "must not contain invisible characters (a zero-width space or joiner)"
     return None
 
 

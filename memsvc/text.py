@@ -57,6 +57,42 @@ def _blank(character: str) -> bool:
     )
 
 
+# What joins or varies the character beside it and draws nothing: a zero-width joiner or
+# non-joiner inside an emoji sequence or a Persian or Indic word (between two characters
+# beyond ASCII); a variation selector or a tag after the character it varies (an emoji's
+# style, a keycap "1\ufe0f\u20e3", a subdivision's flag).
+_JOINERS = frozenset("\u200c\u200d")
+_VARIATIONS = re.compile("[\ufe00-\ufe0f\U000e0020-\U000e007f\U000e0100-\U000e01ef]")
+_KEYCAP_BASES = frozenset("0123456789#*")
+
+
+def hidden_characters(value: str) -> list[int]:
+    """The places in ``value`` of characters that draw nothing and do nothing there: a
+    zero-width space, a word joiner, a soft hyphen, a Hangul filler anywhere, a joiner
+    between Latin letters ("a\u200bb" and "a\u200db" are listed as "ab": two labels, two
+    agents that look one; review), a variation selector after a letter that has none. Not
+    a bidirectional control (refused as one: ``has_bidi_controls``)."""
+    if value.isascii():
+        return []
+    hidden = []
+    for place, character in enumerate(value):
+        if character in BIDI_CONTROLS or not (
+            DEFAULT_IGNORABLE.match(character) or unicodedata.category(character) == "Cf"
+        ):
+            continue
+        before = value[place - 1] if place else ""
+        after = value[place + 1] if place + 1 < len(value) else ""
+        if character in _JOINERS:
+            joins = not before.isascii() and not after.isascii()
+        elif _VARIATIONS.match(character):
+            joins = bool(before) and (not before.isascii() or before in _KEYCAP_BASES)
+        else:
+            joins = False
+        if not joins:
+            hidden.append(place)
+    return hidden
+
+
 # A run of "-" (with nothing but punctuation or spaces between them): to
 # ``websearch_to_tsquery`` each is a NOT of the word that follows, however far, and 32 of
 # them ("-----...", a pasted rule) nest deeper than it can read: "tsquery stack too small"

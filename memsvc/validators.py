@@ -12,6 +12,7 @@ from memsvc.text import (
     has_blank_ends,
     has_control_characters,
     has_line_separators,
+    hidden_characters,
     named,
 )
 
@@ -89,6 +90,18 @@ def no_blank_ends(value: str) -> None:
     (A space and a bidirectional control are ``shown_as_it_is``' to refuse: said once.)"""
     if value == value.strip() and has_blank_ends(value):
         raise ValidationError("must not begin or end with a space", code="outer_space")
+
+
+def no_hidden_characters(value: str) -> None:
+    """A name as it is given now: nothing inside it that draws nothing there
+    (``hidden_characters``: "a\u200bb" was a label, an agent, a tool's name listed as "ab";
+    review). A joiner inside an emoji or a Persian word is part of it. (At either end it is
+    ``no_blank_ends``' to refuse: said once.)"""
+    if not has_blank_ends(value) and hidden_characters(value):
+        raise ValidationError(
+            "must not contain invisible characters (a zero-width space or joiner)",
+            code="invisible_character",
+        )
 
 
 def no_control_characters(value: str) -> None:

@@ -12,6 +12,7 @@ from agents_api.services import memory_block_create, memory_block_delete, memory
 from memsvc.api.errors import NotFound
 from memsvc.validators import DOT_SEGMENT_PROBLEM
 from tests.agents_api.conftest import make_agent
+from tests.api import another_list
 
 pytestmark = pytest.mark.django_db
 
@@ -83,6 +84,9 @@ def test_a_duplicate_label_is_a_conflict(api, helper):
     assert stored(helper, "human").value == ""
 
 
+INVISIBLE = "must not contain invisible characters (a zero-width space or joiner)"
+
+
 @pytest.mark.parametrize(
     ("label", "problem"),
     [
@@ -96,6 +100,8 @@ def test_a_duplicate_label_is_a_conflict(api, helper):
         ("human\u200b", "must not begin or end with a space"),  # (zero-width: review)
         ("human\u3164", "must not begin or end with a space"),  # (a Hangul filler)
         ("hu\u2028man", "must be one line"),  # a line separator
+        # Inside, listed as "human" beside it (review):
+        *[(f"hu{c}man", INVISIBLE) for c in ["\u200b", "\u200d", "\u00ad", "\u2060", "\ufe0f"]],
         # "zoë" (U+00EB) beside it: two labels that look one (review)
         ("zoe\u0308", "must be written with its letters composed (NFC): 'zo\u00eb'"),
     ],
@@ -123,6 +129,20 @@ def test_a_label_no_url_reaches_is_refused_through_every_door(api, client, helpe
     )
     assert named.status_code == 422
     assert not MemoryBlock.objects.filter(label=label).exists()
+
+
+@pytest.mark.parametrize(
+    "label",
+    [
+        "\U0001f468\u200d\U0001f469\u200d\U0001f467",  # a family: three emoji joined
+        "\u2764\ufe0f\u200d\U0001f525",  # a heart on fire, in emoji style
+        "step 1\ufe0f\u20e3",  # a keycap
+        "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645",  # Persian, with its non-joiner
+    ],
+)
+def test_a_joiner_inside_an_emoji_or_a_word_that_needs_it_is_part_of_a_label(api, helper, label):
+    create_block(api, helper, label=label)
+    assert api.get(f"{BLOCKS}/{quote(label)}", as_=helper).json()["label"] == label
 
 
 def test_a_write_that_changes_nothing_leaves_the_block_as_it_was(api, helper):
@@ -308,6 +328,20 @@ def test_revisions_are_paged_newest_first(api, helper):
     default = api.get(f"{BLOCKS}/notes/revisions", as_=helper).json()
     assert len(default["data"]) == 5 and default["nextCursor"] is None
     assert api.get(f"{BLOCKS}/notes/revisions", as_=helper, limit=201).status_code == 400
+
+
+def test_a_revisions_cursor_of_another_block_is_400_not_its_page(api, helper):
+    """The cursor held only a revision's place: another block's list read it as a place of
+    its own, and answered a wrong page or a wrong end (review)."""
+    create_block(api, helper, label="older", value="w0")
+    api.call("PUT", f"{BLOCKS}/older", as_=helper, body={"value": "w1"})
+    create_block(api, helper, label="notes", value="v0")
+    api.call("PUT", f"{BLOCKS}/notes", as_=helper, body={"value": "v1"})
+    cursor = api.get(f"{BLOCKS}/notes/revisions", as_=helper, limit=1).json()["nextCursor"]
+    rest = api.get(f"{BLOCKS}/notes/revisions", as_=helper, after=cursor).json()["data"]
+    assert [r["value"] for r in rest] == ["v0"]
+    refused = api.get(f"{BLOCKS}/older/revisions", as_=helper, after=cursor)
+    assert another_list(refused), refused.content
 
 
 def test_only_the_newest_revisions_are_kept(api, helper, settings):

@@ -812,14 +812,20 @@ def test_a_task_id_longer_than_memsvc_keeps_is_refused_when_the_block_is_made():
 def test_a_tool_name_a_model_made_is_kept_as_a_name_memsvc_takes(live_server, llm, caplog):
     """One name with a newline, or a blank left at the end of its first 200 characters,
     had memsvc refuse the step's records (code review)."""
-    odd = [ToolCall("look\nup", {}), ToolCall("t" * 199 + " tail", {}), ToolCall("\u202e", {})]
+    odd = [
+        ToolCall("look\nup", {}),
+        ToolCall("t" * 199 + " tail", {}),
+        ToolCall("\u202e", {}),
+        ToolCall("look\u200bup", {}),  # (invisible inside: refused as well; review)
+        ToolCall("\U0001f468\u200d\U0001f469", {}),  # (a joiner that is part of it)
+    ]
     messages = [
         {"role": "user", "content": "Look."},
         {"role": "assistant", "content": None, "tool_calls": [c.as_json() for c in odd]},
         *({"role": "tool", "tool_call_id": c.id, "content": "ok"} for c in odd),
     ]
     names = [r["tool_name"] for r in next(MemoryBank(AGENT)._step(messages)).json["records"]]
-    assert names == ["look up", "t" * 199, "tool"]
+    assert names == ["look up", "t" * 199, "tool", "lookup", "\U0001f468\u200d\U0001f469"]
 
 
 def test_the_bench_measures_the_tokens_of_an_agent_with_a_key(live_server):
