@@ -2,6 +2,7 @@
 reaches."""
 
 import hashlib
+import unicodedata
 import uuid
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
@@ -90,9 +91,14 @@ def memory_blocks(agent: Agent, *, user_id: str) -> list[MemoryBlock]:
 
 
 def memory_block(agent: Agent, *, user_id: str, label: str) -> MemoryBlock:
-    block = MemoryBlock.objects.filter(
-        KEPT_BLOCKS, agent=agent, user_id=user_id, label=label
-    ).first()
+    """The block labelled ``label``, else the one labelled its composed form (NFC), as
+    every label given now is (``validators.composed``): "zoe\u0308" was a 404 naming a
+    block that looks exactly like the one there is (review). A label kept decomposed from
+    before that rule is found as it is written."""
+    labels = list(dict.fromkeys([label, unicodedata.normalize("NFC", label)]))
+    blocks = MemoryBlock.objects.filter(KEPT_BLOCKS, agent=agent, user_id=user_id, label__in=labels)
+    found = {block.label: block for block in blocks}
+    block = next((found[name] for name in labels if name in found), None)
     if block is None:
         raise NotFound(f"no memory block labelled {label!r}")
     return block

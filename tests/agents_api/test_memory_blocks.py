@@ -441,3 +441,16 @@ def test_a_block_deleted_while_it_changes_is_deleted_with_every_revision():
     # And a change that comes after the delete finds no block (404, not a failed save).
     with pytest.raises(NotFound):
         memory_block_update(principal, block=block, append="third")
+
+
+def test_a_label_written_decomposed_finds_the_block_it_looks_like(api, helper):
+    """ "zoe" and a combining diaeresis was a 404 naming a block that looks exactly like the
+    one there is (review): every label given is composed, so a lookup is too. A label kept
+    decomposed from before that rule is still found as it is written."""
+    decomposed = quote("zoe\u0308")
+    create_block(api, helper, label="zo\u00eb", value="composed")
+    found = api.get(f"{BLOCKS}/{decomposed}", as_=helper)
+    assert found.status_code == 200 and found.json()["value"] == "composed"
+    MemoryBlock.objects.create(agent=helper.agent, label="zoe\u0308", value="decomposed")
+    again = api.get(f"{BLOCKS}/{decomposed}", as_=helper)
+    assert again.json()["value"] == "decomposed"
