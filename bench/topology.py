@@ -7,7 +7,7 @@ What the README's "Production" section describes, every part a process of its ow
 - Redis as the broker (``CELERY_BROKER_URL=redis://127.0.0.1:<port>/0``): a private
   ``redis-server`` with an append-only file, because this run restarts it (the machine's
   shared Redis on 6379 serves others);
-- two web processes (``gunicorn memsvc.asgi:application -k uvicorn_worker.UvicornWorker``, one
+- two web processes (``gunicorn memsvc.asgi:application -k memsvc.web_worker...``, one
   worker each, two ports), two workers (``memsvc worker``), one ``celery beat``.
 
 Then ``--seconds`` of writers and searchers (``bench.load``: 70% appends, 30% searches,
@@ -204,7 +204,8 @@ def run(args) -> dict:
                 f"web-{index}",
                 [
                     *(PYTHON, "-m", "gunicorn", "memsvc.asgi:application"),
-                    *("--worker-class", "uvicorn_worker.UvicornWorker", "--workers", "1"),
+                    *("--worker-class", "memsvc.web_worker.OneConnectionAtATimeWorker"),
+                    *("--workers", "1"),
                     *("--bind", f"127.0.0.1:{port}", "--keep-alive", "75"),
                     *("--no-control-socket", "--config", "python:memsvc.gunicorn_conf"),
                 ],

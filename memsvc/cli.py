@@ -89,7 +89,7 @@ def _web_command(host: str, port: int) -> list[str]:
         "--workers",
         str(workers),
         "--worker-class",
-        "uvicorn_worker.UvicornWorker",
+        "memsvc.web_worker.OneConnectionAtATimeWorker",
         "--timeout",
         "60",
         "--graceful-timeout",
