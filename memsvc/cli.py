@@ -49,6 +49,7 @@ def _migrate_embedded() -> None:
 
 # Taken by ``migrate``: the key of one session-level advisory lock ("memsvc" in ASCII).
 MIGRATION_LOCK = 0x6D656D737663
+MIGRATION_LOCK_POLL_SECONDS = 0.2
 
 
 def migrate(**options) -> None:
@@ -59,7 +60,14 @@ def migrate(**options) -> None:
     from django.db import DatabaseError, connection
 
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_lock(%s)", [MIGRATION_LOCK])
+        # Asked again until it is free, not waited for in one statement: a waiting statement
+        # is a transaction, which a migration's CREATE INDEX CONCURRENTLY waits to see end,
+        # and it waited for the migration's lock (commands run at once on a new data
+        # directory: "deadlock detected"; review).
+        cursor.execute("SELECT pg_try_advisory_lock(%s)", [MIGRATION_LOCK])
+        while not cursor.fetchone()[0]:
+            time.sleep(MIGRATION_LOCK_POLL_SECONDS)
+            cursor.execute("SELECT pg_try_advisory_lock(%s)", [MIGRATION_LOCK])
     try:
         call_command("migrate", interactive=False, verbosity=0, **options)
     finally:

@@ -483,6 +483,7 @@ def stop_server() -> None:
 
 def _create_database(server: EmbeddedServer) -> None:
     import psycopg
+    import psycopg.errors
 
     with psycopg.connect(
         host=server.host, port=server.port, user=DATABASE_USER, dbname="postgres", autocommit=True
@@ -490,9 +491,15 @@ def _create_database(server: EmbeddedServer) -> None:
         exists = conn.execute(
             "SELECT 1 FROM pg_database WHERE datname = %s", [DATABASE_NAME]
         ).fetchone()
-        if not exists:
+        if exists:
+            return
+        try:
             conn.execute(f'CREATE DATABASE "{DATABASE_NAME}"')
-            logger.info("created database %s in %s", DATABASE_NAME, server.pgdata)
+        except (psycopg.errors.DuplicateDatabase, psycopg.errors.UniqueViolation):
+            # Made meanwhile by another process's first start (two commands on a new data
+            # directory: the second ended in a traceback; review).
+            return
+        logger.info("created database %s in %s", DATABASE_NAME, server.pgdata)
 
 
 SECRET_NAMES = ("DJANGO_SECRET_KEY", "MEMSVC_JWT_SECRET")

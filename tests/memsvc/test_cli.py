@@ -173,6 +173,17 @@ def test_the_commands_work_on_a_data_directory_serve_never_ran_on(tmp_path):
     assert exported.stdout.startswith('{"format":"memsvc-export"')
 
 
+def test_commands_run_at_once_on_a_new_data_directory_each_find_its_database(tmp_path):
+    """Each saw no database, and all but the first to create it ended in a traceback
+    (duplicate key in pg_database; review)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(3) as pool:
+        runs = list(pool.map(lambda _: memsvc_on(tmp_path / "data", "apikey", "list"), range(3)))
+    for run in runs:
+        assert run.returncode == 0, run.stderr[-2000:]
+
+
 def test_a_data_directory_whose_first_start_was_killed_in_initdb_starts(tmp_path):
     """initdb writes PG_VERSION first, and the package takes that for a whole cluster: a
     first start killed during initdb left a data directory no command could start again
