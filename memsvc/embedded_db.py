@@ -116,6 +116,10 @@ def ensure_server(data_dir: Path) -> EmbeddedServer:
                 f"the embedded PostgreSQL of {socket_dir(data_dir)} did not start: "
                 f"{Path(exc.cmd[0]).name} {ended} (what it said is above)"
             ) from None
+        except OSError as exc:
+            # (A data directory made before and mounted read-only since: the package's
+            # change of its modes was a traceback; review.)
+            raise unusable_directory(data_dir, "MEMSVC_DATA_DIR", exc) from None
         # Before the package's own exit hook (they run last registered first): the holders
         # that died without exiting are dropped first, so that the last one alive stops
         # the server. (One killed holder kept it running after every command since.)

@@ -145,14 +145,15 @@ def test_an_export_into_a_pipe_its_reader_closed_ends_quietly():
     assert b"Traceback" not in errors, errors.decode()[-2000:]
 
 
-def memsvc_on(data_dir, *args: str) -> subprocess.CompletedProcess:
-    """``memsvc ARGS`` in a process of its own on ``data_dir``, the embedded database."""
+def memsvc_on(data_dir, *args: str, prefix=()) -> subprocess.CompletedProcess:
+    """``memsvc ARGS`` in a process of its own on ``data_dir``, the embedded database (run
+    by the command ``prefix`` when given)."""
     from tests.agents_api.test_mcp import REPO
 
     env = {**os.environ, "MEMSVC_DATA_DIR": str(data_dir), "PYTHONPATH": str(REPO)}
     env.pop("DATABASE_URL", None)
     return subprocess.run(
-        [sys.executable, "-m", "memsvc.cli", *args],
+        [*prefix, sys.executable, "-m", "memsvc.cli", *args],
         env=env,
         cwd=REPO,
         capture_output=True,
@@ -182,6 +183,33 @@ def test_commands_run_at_once_on_a_new_data_directory_each_find_its_database(tmp
         runs = list(pool.map(lambda _: memsvc_on(tmp_path / "data", "apikey", "list"), range(3)))
     for run in runs:
         assert run.returncode == 0, run.stderr[-2000:]
+
+
+def test_a_data_directory_made_then_mounted_read_only_is_refused_in_words(tmp_path):
+    """The package's change of the directory's modes ended in a traceback (``OSError:
+    Read-only file system``; review). (The mount is a private one: ``unshare -m``.)"""
+    import shutil
+
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"]).returncode:
+        pytest.skip("no private mounts here (unshare -m needs root)")
+    data_dir = tmp_path / "data"
+    assert memsvc_on(data_dir, "apikey", "create", "kept").returncode == 0
+    listed = memsvc_on(
+        data_dir,
+        "apikey",
+        "list",
+        prefix=[
+            "unshare",
+            "-m",
+            "sh",
+            "-c",
+            f'mount --bind -o ro "{data_dir}" "{data_dir}" && exec "$@"',
+            "sh",
+        ],
+    )
+    assert listed.returncode == 2, listed.stderr[-2000:]
+    assert "is no directory memsvc can use: Read-only file system" in listed.stderr
+    assert "Traceback" not in listed.stderr
 
 
 def test_a_data_directory_whose_first_start_was_killed_in_initdb_starts(tmp_path):
