@@ -37,7 +37,14 @@ from conversations.selectors import (
     visible_conversation_ids,
 )
 from memsvc.api.errors import Forbidden, InvalidInput, NotFound, one_or_404
-from memsvc.api.pagination import Page, beyond, decode_cursor, encode_cursor, keyset_page
+from memsvc.api.pagination import (
+    Page,
+    beyond,
+    decode_cursor,
+    encode_cursor,
+    keyset_page,
+    list_digest,
+)
 from memsvc.api.principals import (
     AGENT_PRINCIPAL_PREFIX,
     LOCAL_OWNER,  # owner_principal of the local API's agents
@@ -105,9 +112,14 @@ def memory_block(agent: Agent, *, user_id: str, label: str) -> MemoryBlock:
 
 
 def memory_block_revision_page(block: MemoryBlock, *, after: str | None, limit: int) -> Page:
-    """A page of the block's kept revisions, newest first."""
+    """A page of the block's kept revisions, newest first. The block is the list: who
+    reaches it (the agent, acting for its user or not) reads the same revisions."""
     return keyset_page(
-        block.revisions.all(), order=MemoryBlockRevision.NEWEST_FIRST, after=after, limit=limit
+        block.revisions.all(),
+        order=MemoryBlockRevision.NEWEST_FIRST,
+        after=after,
+        limit=limit,
+        of_list=list_digest("memory block revisions", block=block.pk),
     )
 
 
@@ -386,26 +398,35 @@ def memories_of(
     return memories
 
 
-def memory_page(memories: QuerySet[Memory], *, order: str, after: str | None, limit: int) -> Page:
+def memory_page(
+    memories: QuerySet[Memory], *, order: str, after: str | None, limit: int, of_list: str
+) -> Page:
+    """A page of ``memories`` (``memories_of``) in ``order``; ``of_list``: ``list_digest``
+    of the listing, its caller, every filter that shaped ``memories`` and ``order``."""
     if order == "popular":
-        return _popular_page(memories, after=after, limit=limit)
-    return keyset_page(memories, order=MEMORY_ORDERS[order], after=after, limit=limit)
+        return _popular_page(memories, after=after, limit=limit, of_list=of_list)
+    return keyset_page(
+        memories, order=MEMORY_ORDERS[order], after=after, limit=limit, of_list=of_list
+    )
 
 
-def _popular_page(memories: QuerySet[Memory], *, after: str | None, limit: int) -> Page:
+def _popular_page(
+    memories: QuerySet[Memory], *, after: str | None, limit: int, of_list: str
+) -> Page:
     """A page of ``memories`` by popularity. Every search moves the counts this order sorts
     on, so a keyset cursor on them showed a memory twice, or never, when its count moved
     across a page's edge: the walk follows the order of its first page instead, kept in a
     ``MemoryListing`` when there is a next page (the one write of a read: a cache of an
-    order, not data). Its cursor is (listing, position); an unknown one is a 400, and so
-    is one of another list (another agent's, user's or tag's: it read as that list's end)."""
+    order, not data). Its cursor is (listing, position), of the list ``of_list``; an
+    unknown one is a 400, and so is one of another list (another agent's, user's or tag's:
+    it read as that list's end), which the listing's scope tells as well."""
     if after is None:
         listing_id = None
         popular = memories.order_by(*MEMORY_ORDERS["popular"])
         ids = list(popular.values_list("id", flat=True)[:MEMORY_LISTING_MAX])
         position = 0
     else:
-        listing_id, position = decode_cursor(after, types=(str, int))
+        listing_id, position = decode_cursor(after, types=(str, int), of_list=of_list)
         try:
             listing = MemoryListing.objects.filter(
                 id=uuid.UUID(listing_id), scope=_listing_scope(memories)
@@ -432,7 +453,8 @@ def _popular_page(memories: QuerySet[Memory], *, after: str | None, limit: int) 
     shown = shown[:limit]
     if listing_id is None:
         listing_id = _listing_of(memories, ids)
-    return Page([memory for _, memory in shown], encode_cursor(listing_id, shown[-1][0] + 1))
+    cursor = encode_cursor(listing_id, shown[-1][0] + 1, of_list=of_list)
+    return Page([memory for _, memory in shown], cursor)
 
 
 MEMORY_LISTING_REUSED_FOR = timedelta(hours=1)  # (a walk begun on it has 23 hours left)
@@ -744,8 +766,12 @@ def tool_records_kept_about(user_id: str) -> QuerySet[ToolRecord]:
     )
 
 
-def tool_record_page(records: QuerySet[ToolRecord], *, after: str | None, limit: int) -> Page:
-    return keyset_page(records, order=TOOL_RECORD_ORDER, after=after, limit=limit)
+def tool_record_page(
+    records: QuerySet[ToolRecord], *, after: str | None, limit: int, of_list: str
+) -> Page:
+    """A page of ``records`` (``tool_records_of``); ``of_list``: ``list_digest`` of the
+    listing, its caller and every filter that shaped ``records``."""
+    return keyset_page(records, order=TOOL_RECORD_ORDER, after=after, limit=limit, of_list=of_list)
 
 
 def tool_record_of(records: QuerySet[ToolRecord], trace_id) -> ToolRecord:

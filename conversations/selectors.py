@@ -55,6 +55,7 @@ from memsvc.api.pagination import (
     encode_cursor,
     in_utc,
     keyset_page,
+    list_digest,
 )
 from memsvc.api.principals import (
     AGENT_PRINCIPAL_PREFIX,
@@ -404,6 +405,9 @@ def conversation_page(
         memberships=Membership.objects.filter(principal_id__in=principal.member_ids),
         after=after,
         limit=limit,
+        # (The user's and an agent's lists of the same conversations, another user's, another
+        # query's: a cursor of one was read as a place in the other: review.)
+        of_list=list_digest("conversations", principal, query=query or None),
     )
     _previewed_through_forks(page.rows)
     return page
@@ -428,6 +432,7 @@ def activity_page(
     memberships: QuerySet[Membership],
     after: str | None,
     limit: int,
+    of_list: str,
 ) -> Page:
     """A page of conversations, latest activity first, where a walk of the pages loses
     none: one that has activity meanwhile moves ahead of the cursor, where no page of the
@@ -439,12 +444,13 @@ def activity_page(
     The cursor holds the pass (from when its conversations had activity: "" for any time;
     and since when: what moved after, the next pass lists) and the last row's sort key.
     ``column``: the time of activity (``activity_column``); ``queryset`` holds ``joined_at``
-    (``conversations_visible_to``); ``memberships``: the principal's.
+    (``conversations_visible_to``); ``memberships``: the principal's; ``of_list``: which
+    list this is (``list_digest``), which its cursors carry.
     """
     order = (f"-{column}", "id")
     later = f"{column}__gt"
     if after:
-        lower, since, key = _activity_cursor(after)
+        lower, since, key = _activity_cursor(after, of_list=of_list)
     else:
         lower, since, key = None, timezone.now(), None
     rows = queryset
@@ -465,25 +471,30 @@ def activity_page(
     )
     if len(rows) > limit:
         rows = rows[:limit]
-        return Page(rows, _activity_cursor_of(lower, since, getattr(rows[-1], column), rows[-1].id))
+        last_at, last_id = getattr(rows[-1], column), rows[-1].id
+        return Page(rows, _activity_cursor_of(of_list, lower, since, last_at, last_id))
     moved = rows[0]._moved if rows else any(moved.exists() for moved in moved_since)
     if not moved:
         return Page(rows, None)
-    return Page(rows, _activity_cursor_of(since - CATCH_UP_OVERLAP, timezone.now()))
+    return Page(rows, _activity_cursor_of(of_list, since - CATCH_UP_OVERLAP, timezone.now()))
 
 
-def _activity_cursor_of(lower, since, last_at=None, last_id=None) -> str:
+def _activity_cursor_of(of_list: str, lower, since, last_at=None, last_id=None) -> str:
     return encode_cursor(
         lower.isoformat() if lower else "",
         since.isoformat(),
         last_at.isoformat() if last_at else "",
         str(last_id) if last_id else "",
+        of_list=of_list,
     )
 
 
-def _activity_cursor(cursor: str):
-    """(lower, since, key) of an ``activity_page`` cursor; 400 when it is not one."""
-    lower, since, updated_at, last_id = decode_cursor(cursor, types=(str, str, str, str))
+def _activity_cursor(cursor: str, *, of_list: str):
+    """(lower, since, key) of an ``activity_page`` cursor of the list ``of_list``; 400
+    when it is not one."""
+    lower, since, updated_at, last_id = decode_cursor(
+        cursor, types=(str, str, str, str), of_list=of_list
+    )
 
     def moment(text: str, *, needed: bool):
         try:
@@ -663,7 +674,17 @@ def conversation_messages(conversation: Conversation, *, for_agent: bool = False
     return queryset.order_by("seq")
 
 
+def _message_list(principal: Principal, conversation: Conversation, *, newest_first: bool) -> str:
+    """Which list of messages a cursor is of: the conversation's, read by ``principal``,
+    one way (a cursor of the other way, or of another conversation, read as a place in it:
+    review). ``starting_at`` is not part of it: a cursor is past it anyway."""
+    return list_digest(
+        "messages", principal, conversation=conversation.id, newest_first=newest_first
+    )
+
+
 def message_page(
+    principal: Principal,
     conversation: Conversation,
     *,
     after: str | None = None,
@@ -675,11 +696,17 @@ def message_page(
     messages = conversation_messages(conversation)
     if starting_at is not None:
         messages = messages.filter(seq__gte=starting_at.seq)
-    return keyset_page(messages, order=("seq",), after=after, limit=limit)
+    return keyset_page(
+        messages,
+        order=("seq",),
+        after=after,
+        limit=limit,
+        of_list=_message_list(principal, conversation, newest_first=False),
+    )
 
 
 def latest_message_page(
-    conversation: Conversation, *, before: str | None = None, limit: int
+    principal: Principal, conversation: Conversation, *, before: str | None = None, limit: int
 ) -> Page:
     """The latest messages a user sees in the conversation's view, newest first (where a
     chat opens); the cursor continues with earlier ones."""
@@ -688,7 +715,17 @@ def latest_message_page(
         order=("-seq",),
         after=before,
         limit=limit,
+        of_list=_message_list(principal, conversation, newest_first=True),
         cursor_field="before",
+    )
+
+
+def earlier_messages_cursor(
+    principal: Principal, conversation: Conversation, *, before: Message
+) -> str:
+    """A ``before`` cursor of ``latest_message_page``: the messages before ``before``."""
+    return encode_cursor(
+        before.seq, of_list=_message_list(principal, conversation, newest_first=True)
     )
 
 
@@ -860,7 +897,13 @@ def transfer_page(
     """A page of ``transfers_for``: those resolved only ever grow (every one was answered
     at once, unpaged: review)."""
     return keyset_page(
-        transfers_for(principal, status=status), order=TRANSFER_ORDER, after=after, limit=limit
+        transfers_for(principal, status=status),
+        order=TRANSFER_ORDER,
+        after=after,
+        limit=limit,
+        of_list=list_digest(
+            "ownership transfers", principal, status=status or TransferStatus.PENDING
+        ),
     )
 
 

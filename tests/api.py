@@ -1,6 +1,9 @@
 """A small client for the JSON API, sending real ``Authorization`` headers."""
 
+import base64
 import json
+
+from memsvc.api.pagination import ANOTHER_LIST, encode_cursor
 
 
 class Api:
@@ -40,3 +43,15 @@ def refusal_code(response, *, mcp: bool = False) -> str:
     assert answer["error"]["code"] == -32000 and answer["error"]["message"], answer
     assert set(answer["error"]["data"]) == {"code", "details"}, answer
     return answer["error"]["data"]["code"]
+
+
+def rekeyed(cursor: str, *key) -> str:
+    """``cursor`` (a list's ``nextCursor``) holding ``key`` instead: a forged key in a
+    cursor of the right list (``memsvc.api.pagination``: the list's digest, then the key)."""
+    of_list = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))[0]
+    return encode_cursor(*key, of_list=of_list)
+
+
+def another_list(response, field: str = "after") -> bool:
+    """``response`` is the 400 of a cursor of another list, naming ``field``."""
+    return response.status_code == 400 and response.json().get("details") == {field: [ANOTHER_LIST]}

@@ -12,7 +12,13 @@ from agents_api.models import MEMORY_TAG_MAX_LENGTH, Agent, Scope
 from agents_api.tasks import enqueue_memory_touch
 from memsvc.api.errors import InvalidInput
 from memsvc.api.fields import chosen_by_query, query_choice, query_text
-from memsvc.api.pagination import AFTER_PARAMETER, LIMIT_PARAMETER, page_data, page_params
+from memsvc.api.pagination import (
+    AFTER_PARAMETER,
+    LIMIT_PARAMETER,
+    list_digest,
+    page_data,
+    page_params,
+)
 from memsvc.api.schema import errors
 from memsvc.api.views import UserApiView, user_operation
 
@@ -90,12 +96,17 @@ class AgentMemoriesView(AgentApiView):
         responses={200: s.MemoryPage, **errors(400, 401, 403)},
     )
     def get(self, request):
-        memories = selectors.memories_of(
-            request.agent,
-            user_id=_subject(request, request.query_params.get("userId")),
-            tag=_tag(request),
+        user_id = _subject(request, request.query_params.get("userId"))
+        tag, order = _tag(request), _order(request)
+        memories = selectors.memories_of(request.agent, user_id=user_id, tag=tag)
+        page = selectors.memory_page(
+            memories,
+            order=order,
+            **page_params(request),
+            of_list=list_digest(
+                "agent memories", request.principal, user_id=user_id, tag=tag, order=order
+            ),
         )
-        page = selectors.memory_page(memories, order=_order(request), **page_params(request))
         return Response(page_data(page, s.MemoryOut))
 
     @agent_operation(
@@ -225,12 +236,17 @@ class UserMemoriesView(UserApiView):
         responses={200: s.MemoryPage, **errors(400, 401)},
     )
     def get(self, request):
-        memories = selectors.memories_of(
-            _agent_filter(request.query_params.get("agentId")),
-            user_id=request.principal.id,
-            tag=_tag(request),
+        agent = _agent_filter(request.query_params.get("agentId"))
+        tag, order = _tag(request), _order(request)
+        memories = selectors.memories_of(agent, user_id=request.principal.id, tag=tag)
+        page = selectors.memory_page(
+            memories,
+            order=order,
+            **page_params(request),
+            of_list=list_digest(
+                "user memories", request.principal, agent=agent and agent.id, tag=tag, order=order
+            ),
         )
-        page = selectors.memory_page(memories, order=_order(request), **page_params(request))
         selectors.citations_shown_to(request.principal, page.rows)
         return Response(page_data(page, s.MemoryOut))
 

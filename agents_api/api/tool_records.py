@@ -15,7 +15,13 @@ from conversations.selectors import access_conversation
 from memsvc.api.errors import InvalidInput, NotFound
 from memsvc.api.fields import chosen_by_query, query_text
 from memsvc.api.idempotency import idempotency_key, marked_replayed, request_fingerprint
-from memsvc.api.pagination import AFTER_PARAMETER, LIMIT_PARAMETER, page_data, page_params
+from memsvc.api.pagination import (
+    AFTER_PARAMETER,
+    LIMIT_PARAMETER,
+    list_digest,
+    page_data,
+    page_params,
+)
 from memsvc.api.schema import errors
 
 _TASK_ID_SCHEMA = {"type": "string", "minLength": 1, "maxLength": s.TASK_ID_MAX_LENGTH}
@@ -87,10 +93,15 @@ class ToolRecordsView(AgentApiView):
         responses={200: s.ToolRecordPage, **errors(400, 401, 403)},
     )
     def get(self, request):
+        task_id = _task_id(request)
         records = selectors.tool_records_of(
-            request.agent, task_id=_task_id(request), principal=request.principal
+            request.agent, task_id=task_id, principal=request.principal
         )
-        page = selectors.tool_record_page(records, **page_params(request))
+        page = selectors.tool_record_page(
+            records,
+            **page_params(request),
+            of_list=list_digest("agent tool records", request.principal, task_id=task_id),
+        )
         return Response(page_data(page, s.ToolRecordOut))
 
     @agent_operation(

@@ -37,6 +37,7 @@ from memsvc.api.pagination import (
     LIMIT_PARAMETER,
     decode_cursor,
     encode_cursor,
+    list_digest,
     page_data,
     page_params,
     parse_limit,
@@ -230,8 +231,10 @@ class ContextView(AgentApiView):
             OpenApiParameter(
                 "after",
                 str,
-                description="`nextCursor` of the last page: where it ended, which outlives "
-                "its last message (erased by its author meanwhile, the walk goes on).",
+                description="`nextCursor` of the last page of this conversation's context, "
+                "read by the same caller (another's is a 400: list again): where it ended, "
+                "which outlives its last message (erased by its author meanwhile, the walk "
+                "goes on).",
             ),
             OpenApiParameter(
                 "afterMessageId",
@@ -263,27 +266,31 @@ class ContextView(AgentApiView):
             maximum=MAX_CONTEXT_MEMORIES,
             field="memories",
         )
-        after = _context_after(conversation, request.query_params)
+        of_list = list_digest("agent context", request.principal, conversation=conversation.id)
+        after = _context_after(conversation, request.query_params, of_list=of_list)
         context = selectors.conversation_context(conversation, after=after, limit=limit)
         last = context.messages[-1] if context.has_more else None
+        cursor = last and encode_cursor(last.seq, str(last.id), last.channel, of_list=of_list)
         return Response(
             s.ContextOut(
                 {
                     "conversationId": conversation.id,
                     "messages": context.messages,
                     "nextAfterMessageId": last and last.id,
-                    "nextCursor": last and encode_cursor(last.seq, str(last.id), last.channel),
+                    "nextCursor": cursor,
                     "memories": _context_memories(request, conversation, memory_count),
                 }
             ).data
         )
 
 
-def _context_after(conversation, params) -> Message | None:
+def _context_after(conversation, params, *, of_list: str) -> Message | None:
     """Where a page of context goes on: ``after`` (a page's ``nextCursor``: the place of its
     last message, read as a message that needs no row) or ``afterMessageId`` (the message
     itself, which must still be there: once its author erased it, an agent that resumed by
-    it was refused, and could only read everything again)."""
+    it was refused, and could only read everything again). ``of_list``: the conversation's
+    context as the caller reads it (``list_digest``): a cursor of another conversation was
+    read as a place in this one (review)."""
     cursor, after_id = params.get("after"), params.get("afterMessageId")
     if cursor and after_id:
         raise InvalidInput.for_field("after", "give after or afterMessageId, not both")
@@ -291,7 +298,7 @@ def _context_after(conversation, params) -> Message | None:
         return _in_view(conversation, after_id, "afterMessageId")
     if not cursor:
         return None
-    seq, message_id, channel = decode_cursor(cursor, types=(int, str, str))
+    seq, message_id, channel = decode_cursor(cursor, types=(int, str, str), of_list=of_list)
     if as_uuid(message_id) is None or channel not in Channel.values:
         raise InvalidInput.for_field("after", "malformed cursor")
     return Message(id=as_uuid(message_id), seq=seq, channel=channel)

@@ -104,7 +104,7 @@ class MessagesView(UserApiView):
         conversation = selectors.access_conversation(
             request.principal, conversation_id, summary=False
         )
-        page = selectors.message_page(conversation, **page_params(request))
+        page = selectors.message_page(request.principal, conversation, **page_params(request))
         selectors.show_parents(page.rows)
         return Response(page_data(page, s.MessageOut))
 

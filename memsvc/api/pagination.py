@@ -1,26 +1,36 @@
 """Cursor pagination for ``/v1`` lists: ``?limit=`` (1..200, default 20) and ``?after=<cursor>``.
 
-A cursor is opaque to clients (URL-safe base64 of a small JSON list): the sort key of the
-last item of the previous page. Pages are read with ``WHERE key > cursor ORDER BY key
-LIMIT n + 1``, so rows inserted while a client walks the list never make it see an item
-twice, and no page costs more than its own rows.
+A cursor is opaque to clients (URL-safe base64 of a small JSON list): which list it is of
+(``list_digest``), then the sort key of the last item of the previous page. Pages are read
+with ``WHERE key > cursor ORDER BY key LIMIT n + 1``, so rows inserted while a client walks
+the list never make it see an item twice, and no page costs more than its own rows.
+
+A cursor given to another list (another endpoint, other filters, another caller) is a 400
+asking to list again: it held only a sort key, and read as another list's place, often as
+its end (``{"data": [], "nextCursor": null}`` for a user with 10 memories, review). Cursors
+issued before they named their list are refused the same way.
 """
 
 import base64
 import binascii
 import functools
+import hashlib
 import json
 import operator
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 from django.core.exceptions import ValidationError
 from django.db.models import Q, QuerySet
 from drf_spectacular.utils import OpenApiParameter
 
 from memsvc.api.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from memsvc.api.principals import Principal
 
 DEFAULT_LIMIT = 20
 MAX_LIMIT = 200
@@ -30,31 +40,67 @@ LIMIT_PARAMETER = OpenApiParameter(
     {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT, "default": DEFAULT_LIMIT},
     description=f"Items per page, 1..{MAX_LIMIT}.",
 )
-AFTER_PARAMETER = OpenApiParameter("after", str, description="`nextCursor` of the previous page")
+AFTER_PARAMETER = OpenApiParameter(
+    "after",
+    str,
+    description="`nextCursor` of the previous page of this list, with the same filters and "
+    "caller (another list's cursor is a 400: list again).",
+)
+ANOTHER_LIST = "a cursor of another list, or of other filters or another caller: list again"
 
 
-def encode_cursor(*key) -> str:
-    raw = json.dumps(list(key), separators=(",", ":")).encode()
+def list_digest(name: str, principal: "Principal | None" = None, **filters) -> str:
+    """Which list a cursor is of (``keyset_page``'s ``of_list``): a short digest of the
+    list's ``name`` (one per listing), who lists it (``principal``: its id, and the user an
+    agent acts for) and each filter that shapes its items, by name (``None``, a filter left
+    out, is not ""). Values JSON holds, others (UUIDs) as text. 72 bits: no two lists a
+    client walks share one by chance; not a secret, nor needs to be (a cursor's key only
+    says where a page starts in what the caller may see anyway)."""
+    text = json.dumps(
+        [name, None if principal is None else principal.member_ids, filters],
+        default=str,
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()[:9]).decode()
+
+
+def encode_cursor(*key, of_list: str) -> str:
+    """A cursor of the list ``of_list`` (``list_digest``) holding ``key``."""
+    raw = json.dumps([of_list, *key], separators=(",", ":")).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-def decode_cursor(cursor: str, *, types: tuple[type, ...], field: str = "after") -> list:
-    """The key in ``cursor``; 400 naming ``field`` when it is not one of ours."""
+def decode_cursor(
+    cursor: str, *, types: tuple[type, ...], of_list: str, field: str = "after"
+) -> list:
+    """The key in ``cursor``, a cursor of the list ``of_list``; 400 naming ``field`` when
+    it is not one of ours ("malformed cursor"), or is another list's (``ANOTHER_LIST``), as
+    is one issued before cursors named their list (a key of these types alone)."""
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
         key = json.loads(base64.urlsafe_b64decode(padded.encode("ascii")))
     except (ValueError, UnicodeError, binascii.Error, RecursionError):
         # (RecursionError: a forged cursor of 1,000 nested lists was a 500, review)
         raise InvalidInput.for_field(field, "malformed cursor") from None
-    if (
-        not isinstance(key, list)
-        or len(key) != len(types)
-        or not all(
+    if isinstance(key, list) and key and isinstance(key[0], str) and _holds(key[1:], types):
+        if key[0] != of_list:
+            raise InvalidInput.for_field(field, ANOTHER_LIST)
+        return key[1:]
+    if _holds(key, types):
+        raise InvalidInput.for_field(field, ANOTHER_LIST)
+    raise InvalidInput.for_field(field, "malformed cursor")
+
+
+def _holds(key, types: tuple[type, ...]) -> bool:
+    """``key`` is a list of values of ``types``, one each (``True`` is no int here)."""
+    return (
+        isinstance(key, list)
+        and len(key) == len(types)
+        and all(
             isinstance(v, t) and not isinstance(v, bool) for v, t in zip(key, types, strict=True)
         )
-    ):
-        raise InvalidInput.for_field(field, "malformed cursor")
-    return key
+    )
 
 
 _INTEGER = re.compile(r"-?[0-9]+")
@@ -111,20 +157,26 @@ def keyset_page(
     order: Sequence[str],
     after: str | None,
     limit: int,
+    of_list: str,
     cursor_field: str = "after",
 ) -> Page:
     """One page of ``queryset`` sorted by ``order`` (field names, ``-`` for descending; the
     last one unique, so the order is total), starting after the cursor ``after`` (which the
-    request calls ``cursor_field``: a malformed one is a 400 naming it).
+    request calls ``cursor_field``: a malformed one, or one of another list than
+    ``of_list``, is a 400 naming it). ``of_list``: ``list_digest`` of what shapes
+    ``queryset`` (the caller, every filter), which its cursors carry.
 
-    The cursor holds the last row's sort key; the page is ``WHERE key beyond cursor ORDER BY
-    key LIMIT limit + 1``, the extra row telling whether there is a next page.
+    The cursor holds ``of_list`` and the last row's sort key; the page is ``WHERE key beyond
+    cursor ORDER BY key LIMIT limit + 1``, the extra row telling whether there is a next page.
     """
     fields = [name.removeprefix("-") for name in order]
     if after:
         model_fields = [queryset.model._meta.get_field(name) for name in fields]
         raw_key = decode_cursor(
-            after, types=tuple(_json_type(f) for f in model_fields), field=cursor_field
+            after,
+            types=tuple(_json_type(f) for f in model_fields),
+            of_list=of_list,
+            field=cursor_field,
         )
         try:
             key = [
@@ -138,7 +190,8 @@ def keyset_page(
         return Page(rows, None)
     rows = rows[:limit]
     last = rows[-1]
-    return Page(rows, encode_cursor(*(_json_value(getattr(last, name)) for name in fields)))
+    key = (_json_value(getattr(last, name)) for name in fields)
+    return Page(rows, encode_cursor(*key, of_list=of_list))
 
 
 def in_utc(value):

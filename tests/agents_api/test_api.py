@@ -19,10 +19,10 @@ from agents_api.models import ApiKey, IdempotentRequest
 from agents_api.services import api_key_revoke
 from conversations.models import Conversation, Membership, Message
 from conversations.services import messages_delete
-from memsvc.api.pagination import encode_cursor
 from memsvc.api.principals import Principal
 from memsvc.asgi import ThreadPoolHandler
 from tests.agents_api.conftest import make_agent
+from tests.api import another_list, rekeyed
 from tests.db import recorded_statements
 from tests.factories import ConversationFactory, MembershipFactory, MessageFactory
 
@@ -944,6 +944,23 @@ def test_context_pages_walk_every_message_once(api, helper, resume):
     assert seen == ["S", "m2", "m3", "m4", "m5", "m6"]
 
 
+def test_a_context_cursor_of_another_conversation_or_caller_is_400(api, helper):
+    """The cursor held only a place (seq, id, channel): given for another conversation's
+    context, or by the agent acting for a user, it read as a place there and answered what
+    follows it (review). Its own cursors still walk the context."""
+    made = [agent_conversation(api, helper.acting_for("alice")) for _ in range(2)]
+    for conversation in made:
+        turns = [{"role": "user", "content": f"m{i}"} for i in range(3)]
+        assert append(api, helper, conversation["id"], *turns).status_code == 201
+    first = context(api, helper, made[0]["id"], limit="1")
+    rest = context(api, helper, made[0]["id"], after=first["nextCursor"])
+    assert [m["content"] for m in first["messages"] + rest["messages"]] == ["m0", "m1", "m2"]
+    for credential, conversation in [(helper, made[1]), (helper.acting_for("alice"), made[0])]:
+        path = f"/v1/agent/conversations/{conversation['id']}/context"
+        refused = api.get(path, as_=credential, after=first["nextCursor"])
+        assert another_list(refused), refused.content
+
+
 def test_context_pages_go_on_past_a_message_erased_since_by_the_cursor(api, helper, alice, bob):
     """The message a page ended on is erased by its author before the next page: resumed by
     its id, the walk was refused (400, and the agent could only read everything again);
@@ -1079,12 +1096,14 @@ def test_a_summary_cannot_end_at_another_summary(api, helper):
 def test_bad_context_parameters_are_400(api, helper):
     conversation = agent_conversation(api, helper)
     path = f"/v1/agent/conversations/{conversation['id']}/context"
+    append(api, helper, conversation["id"], *[{"role": "user", "content": c} for c in "ab"])
+    real = context(api, helper, conversation["id"], limit="1")["nextCursor"]
     assert api.get(path, as_=helper, limit="0").status_code == 400
     assert api.get(path, as_=helper, afterMessageId="nope").status_code == 400
     for cursor in (
         "nope",
-        encode_cursor(1, "nope", "history"),
-        encode_cursor(1, str(uuid4()), "x"),
+        rekeyed(real, 1, "nope", "history"),
+        rekeyed(real, 1, str(uuid4()), "x"),
         # nested deeper than the decoder's stack (a 500 once, review)
         base64.urlsafe_b64encode(b"[" * 5000 + b"]" * 5000).decode().rstrip("="),
     ):
@@ -1094,7 +1113,7 @@ def test_bad_context_parameters_are_400(api, helper):
     both = api.get(
         path,
         as_=helper,
-        after=encode_cursor(1, str(uuid4()), "history"),
+        after=rekeyed(real, 1, str(uuid4()), "history"),
         afterMessageId=str(uuid4()),
     )
     assert both.json()["error"] == "after: give after or afterMessageId, not both"

@@ -42,6 +42,7 @@ from agents_api.services import (
     memory_block_create,
     memory_save,
 )
+from memsvc.api.pagination import ANOTHER_LIST
 from tests.api import refusal_code
 from tests.db import database_url
 from tests.factories import ConversationFactory, ConversationGroupFactory, MessageFactory
@@ -1130,6 +1131,33 @@ def test_http_memory_list_takes_a_whole_number_written_with_a_point(client):
     page = json.loads(result["content"][0]["text"])
     assert [m["content"] for m in page["data"]] == ["The team meets on Mondays"]
     assert page["nextCursor"]
+
+
+def test_http_memory_list_refuses_a_cursor_of_another_list(client):
+    """A cursor held only the last memory's place: one of another tag, or of the REST
+    list, answered that list's memories past it, often none, read as the end (review). Its
+    own cursors still walk the list."""
+    agent, key = keyed_agent("cursor-lists")
+    for content, tags in (("Lisbon office", ["office"]), ("Monday meetings", []), ("Tea", [])):
+        memory_save(agent.as_principal(), agent=agent, content=content, tags=tags)
+
+    def listed(**arguments):
+        response = call_tool(client, key, "memory_list", arguments)
+        assert response.status_code == 200, response.content
+        return response.json()["result"]
+
+    page = listed(limit=1)["structuredContent"]
+    seen, cursor = [m["content"] for m in page["data"]], page["nextCursor"]
+    while cursor:
+        page = listed(limit=1, after=cursor)["structuredContent"]
+        # (A tool's result leaves out what is null: the last page has no cursor.)
+        seen, cursor = seen + [m["content"] for m in page["data"]], page.get("nextCursor")
+    assert seen == ["Tea", "Monday meetings", "Lisbon office"]
+    of_mcp = listed(limit=1)["structuredContent"]["nextCursor"]
+    rest = client.get("/v1/agent/memories", {"limit": 1}, HTTP_AUTHORIZATION=f"Bearer {key}").json()
+    for refused in (listed(tag="office", after=of_mcp), listed(after=rest["nextCursor"])):
+        assert refused["isError"], refused
+        assert refused["content"][0]["text"] == f"after: {ANOTHER_LIST}", refused
 
 
 def test_http_a_null_for_an_optional_argument_is_the_argument_left_out(client):

@@ -20,12 +20,12 @@ from agents_api.models import (
 )
 from conversations.models import Message, Visibility
 from conversations.services import messages_delete
-from memsvc.api.pagination import encode_cursor
 from memsvc.api.principals import Principal
 from search import statements as search_statements
 from search.embeddings import EmbeddingError
 from tests.agents_api.conftest import make_agent
 from tests.agents_api.test_api import append
+from tests.api import another_list, rekeyed
 from tests.db import recorded_statements
 from tests.factories import ConversationFactory, MembershipFactory, MessageFactory
 
@@ -621,12 +621,14 @@ def test_list_pages_recent_or_popular(api, helper):
     assert api.get(MEMORIES, as_=helper, order="oldest").status_code == 400
     assert api.get(MEMORIES, as_=helper, after="garbage!").status_code == 400
     # A cursor of the right shape whose time is no time: 400 too, not a database error.
-    assert api.get(MEMORIES, as_=helper, after=encode_cursor("yesterday", "x")).status_code == 400
+    forged = rekeyed(first["nextCursor"], "yesterday", "x")
+    assert api.get(MEMORIES, as_=helper, after=forged).status_code == 400
 
     # Times Python reads and PostgreSQL would not (an offset past 15:59) are read in UTC,
     # or are a 400 naming the cursor when UTC has no such time; not the database's 400.
     def after(moment):
-        return api.get(MEMORIES, as_=helper, after=encode_cursor(moment, str(uuid.uuid4())))
+        forged = rekeyed(first["nextCursor"], moment, str(uuid.uuid4()))
+        return api.get(MEMORIES, as_=helper, after=forged)
 
     assert after("2026-01-01T00:00:00+16:00").status_code == 200
     forged = after("0001-01-01T00:00:00+23:59")
@@ -664,8 +666,9 @@ def test_a_walk_by_popularity_shows_each_memory_once_while_searches_count_uses(a
     # A new walk sees the new counts; a cursor of no walk is refused.
     again = api.get(MEMORIES, as_=helper, order="popular", limit=2).json()["data"]
     assert again[0]["id"] == saved[0]["id"]
-    for cursor in (encode_cursor(str(uuid.uuid4()), 3), encode_cursor("x", 3)):
-        refused = api.get(MEMORIES, as_=helper, order="popular", after=cursor)
+    for key in ((str(uuid.uuid4()), 3), ("x", 3)):
+        forged = rekeyed(first["nextCursor"], *key)
+        refused = api.get(MEMORIES, as_=helper, order="popular", after=forged)
         assert refused.status_code == 400 and "after" in refused.json()["details"]
 
 
@@ -685,6 +688,50 @@ def test_a_popular_cursor_of_another_list_is_400_not_its_end(api, helper, rival)
         refused = api.get(MEMORIES, as_=credential, order="popular", after=cursor, **params)
         assert refused.status_code == 400, refused.content
         assert "after" in refused.json()["details"]
+
+
+def test_a_recent_cursor_of_another_list_filter_or_caller_is_400_not_its_end(
+    api, helper, rival, alice, bob
+):
+    """A cursor held only the last memory's place (createdAt, id): given to another list
+    (the user's door, another user, tag, agent, or the user an agent acts for), it answered
+    that list's memories past that place, often none: ``{"data": [], "nextCursor": null}``,
+    read as the end of a list of 10 (review). Each list's own cursors still walk it."""
+    for i in range(3):
+        save(api, helper, f"Fact {i} about the agent itself")
+        save(api, helper, f"Alice's fact {i} about the sea", userId="alice", tags=["sea"])
+    first = api.get(MEMORIES, as_=helper, limit=2).json()
+    seen, cursor = contents(first["data"]), first["nextCursor"]
+    while cursor:
+        page = api.get(MEMORIES, as_=helper, limit=2, after=cursor).json()
+        seen, cursor = seen + contents(page["data"]), page["nextCursor"]
+    assert seen == [f"Fact {i} about the agent itself" for i in (2, 1, 0)]
+    cursor = first["nextCursor"]
+    for credential, path, params in [
+        (alice, MINE, {}),  # the review's: as alice, an agent's cursor was her list's end
+        (helper, MEMORIES, {"userId": "alice"}),
+        (helper, MEMORIES, {"tag": "sea"}),
+        (helper.acting_for("alice"), MEMORIES, {}),
+        (rival, MEMORIES, {}),
+    ]:
+        refused = api.get(path, as_=credential, after=cursor, **params)
+        assert another_list(refused), (path, params, refused.content)
+
+    first = api.get(MINE, as_=alice, limit=1).json()
+    seen, cursor = contents(first["data"]), first["nextCursor"]
+    while cursor:
+        page = api.get(MINE, as_=alice, limit=1, after=cursor).json()
+        seen, cursor = seen + contents(page["data"]), page["nextCursor"]
+    assert seen == [f"Alice's fact {i} about the sea" for i in (2, 1, 0)]
+    cursor = first["nextCursor"]
+    for credential, path, params in [
+        (bob, MINE, {}),
+        (alice, MINE, {"agentId": str(rival.agent.id)}),
+        (alice, MINE, {"tag": "sea"}),
+        (helper, MEMORIES, {"userId": "alice"}),
+    ]:
+        refused = api.get(path, as_=credential, after=cursor, **params)
+        assert another_list(refused), (path, params, refused.content)
 
 
 def test_first_pages_by_popularity_read_again_and_again_keep_a_few_listings(

@@ -14,12 +14,12 @@ from conversations.models import Conversation
 from conversations.services import conversation_delete
 from memsvc import cli
 from memsvc.api.errors import InvalidInput
-from memsvc.api.pagination import encode_cursor
 from memsvc.api.principals import Principal
 from search.embeddings import configured_backend
 from tests.agents_api.conftest import make_agent
 from tests.agents_api.test_api import agent_conversation
 from tests.agents_api.test_memory_lifecycle import BrokenBackend
+from tests.api import another_list, rekeyed
 from tests.conversations.test_services import shared_group, waits_for
 
 pytestmark = pytest.mark.django_db
@@ -177,17 +177,43 @@ def test_a_cursor_moment_without_an_offset_is_malformed(api, helper):
     """memsvc writes every cursor's moment with its offset: one without was read as the
     machine's local time (review)."""
     create(api, helper, taskId="t")
+    create(api, helper, taskId="t")
+    of_task = api.get(RECORDS, as_=helper, taskId="t", limit=1).json()["nextCursor"]
+    of_all = api.get(RECORDS, as_=helper, limit=1).json()["nextCursor"]
     record_id = str(uuid.uuid4())
     for moment, status in (("2026-01-01T00:00:00", 400), ("2026-01-01T00:00:00+00:00", 200)):
-        after = encode_cursor(moment, record_id)
+        after = rekeyed(of_task, moment, record_id)
         response = api.get(RECORDS, as_=helper, taskId="t", after=after)
         assert response.status_code == status, (moment, response.content)
-    assert (
-        "after"
-        in api.get(RECORDS, as_=helper, after=encode_cursor("2026-01-01", record_id)).json()[
-            "details"
-        ]
-    )
+    forged = rekeyed(of_all, "2026-01-01", record_id)
+    assert "after" in api.get(RECORDS, as_=helper, after=forged).json()["details"]
+
+
+def test_a_cursor_of_another_task_or_caller_is_400_not_its_page(api, helper, rival):
+    """A cursor held only the last record's place (createdAt, id): with another ``taskId``,
+    none, or by another agent or one acting for a user, it answered that list's records
+    made after it, as if that list were walked (or ended) there (review). A list's own
+    cursors still walk it."""
+    for step in (1, 2, 3):
+        create(api, helper, f"tool_{step}", taskId="task1", step=step)
+    create(api, helper, "later", taskId="task2")
+    create(api, rival, "the rival's", taskId="task1")
+    first = api.get(RECORDS, as_=helper, taskId="task1", limit=1).json()
+    steps, cursor = [r["step"] for r in first["data"]], first["nextCursor"]
+    while cursor:
+        page = api.get(RECORDS, as_=helper, taskId="task1", limit=1, after=cursor).json()
+        steps += [r["step"] for r in page["data"]]
+        cursor = page["nextCursor"]
+    assert steps == [1, 2, 3]
+    cursor = first["nextCursor"]
+    for credential, params in [
+        (helper, {"taskId": "task2"}),
+        (helper, {}),
+        (helper.acting_for("alice"), {"taskId": "task1"}),
+        (rival, {"taskId": "task1"}),
+    ]:
+        refused = api.get(RECORDS, as_=credential, after=cursor, **params)
+        assert another_list(refused), (params, refused.content)
 
 
 def test_delete_by_task(api, helper):

@@ -9,7 +9,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from conversations.models import Conversation, Membership, Message, Role, Visibility
-from memsvc.api.pagination import encode_cursor
+from tests.agents_api.conftest import make_agent
+from tests.api import another_list, rekeyed
 from tests.factories import AgentFactory, ConversationFactory, MembershipFactory, MessageFactory
 
 pytestmark = pytest.mark.django_db
@@ -283,8 +284,8 @@ def test_a_conversation_given_between_pages_is_not_lost(api, alice, bob, how):
     ],
 )
 def test_a_forged_conversation_cursor_is_400(api, alice, key):
-    ConversationFactory(group__owner="alice")  # (a pass that ends with one moved since)
-    response = api.get("/v1/user/conversations", as_=alice, after=encode_cursor(*key))
+    forged = rekeyed(cursor_of_alices_list(api, alice), *key)
+    response = api.get("/v1/user/conversations", as_=alice, after=forged)
     assert response.status_code == 400, response.content
     assert "after" in response.json()["details"]
 
@@ -299,9 +300,59 @@ def test_a_forged_conversation_cursor_is_400(api, alice, key):
 def test_a_cursor_moment_at_an_offset_postgresql_does_not_take_is_read_in_utc(api, alice, key):
     """Python reads offsets up to 23:59, PostgreSQL up to 15:59: the database refused the
     cursor with a 400 naming nothing. Each moment is the same one in UTC."""
-    ConversationFactory(group__owner="alice")
-    response = api.get("/v1/user/conversations", as_=alice, after=encode_cursor(*key))
+    forged = rekeyed(cursor_of_alices_list(api, alice), *key)
+    response = api.get("/v1/user/conversations", as_=alice, after=forged)
     assert response.status_code == 200, response.content
+
+
+def cursor_of_alices_list(api, alice) -> str:
+    """A ``nextCursor`` of alice's conversations (a pass that ends with one moved since)."""
+    ConversationFactory.create_batch(2, group__owner="alice")
+    cursor = api.get("/v1/user/conversations", as_=alice, limit=1).json()["nextCursor"]
+    assert cursor
+    return cursor
+
+
+def test_a_cursor_of_another_list_filter_or_caller_is_400_not_its_page(api, alice, bob):
+    """A cursor held only its place in the list (and the pass): the agent's list of the
+    same conversations, bob's, another ``query``'s, or the messages of another conversation
+    read it as a place of their own, and answered a wrong page or a wrong end (review). A
+    list's own cursors still walk it."""
+    agent = make_agent("lister")
+    made = []
+    for i in range(3):
+        made.append(create(api, alice, title=f"Plans {i}", agentId=str(agent.agent.id)))
+        path = f"/v1/user/conversations/{made[-1]['id']}/memberships"
+        shared = api.post(path, {"userId": "bob", "accessLevel": "reader"}, as_=alice)
+        assert shared.status_code == 201, shared.content
+    for persona, path in [
+        (alice, "/v1/user/conversations"),
+        (bob, "/v1/user/conversations"),
+        (agent, "/v1/agent/conversations"),
+    ]:
+        titles = [c["title"] for c in walk(api, persona, path, limit=1)]
+        assert titles == ["Plans 2", "Plans 1", "Plans 0"], persona
+    alices = api.get("/v1/user/conversations", as_=alice, limit=1).json()["nextCursor"]
+    agents = api.get("/v1/agent/conversations", as_=agent, limit=1).json()["nextCursor"]
+    for persona, path, cursor, params in [
+        (bob, "/v1/user/conversations", alices, {}),
+        (alice, "/v1/user/conversations", alices, {"query": "Plans"}),
+        (agent, "/v1/agent/conversations", alices, {}),
+        (alice, "/v1/user/conversations", agents, {}),
+    ]:
+        refused = api.get(path, as_=persona, after=cursor, **params)
+        assert another_list(refused), (persona, params, refused.content)
+
+    messages = [f"/v1/user/conversations/{c['id']}/messages" for c in made[:2]]
+    for path in messages:
+        for i in range(3):
+            assert api.post(path, {"content": f"m{i}"}, as_=alice).status_code == 201
+    walked = walk(api, alice, messages[0], limit=1)
+    assert [m["content"] for m in walked] == ["m0", "m1", "m2"]
+    cursor = api.get(messages[0], as_=alice, limit=1).json()["nextCursor"]
+    for persona, path in [(alice, messages[1]), (bob, messages[0])]:
+        refused = api.get(path, as_=persona, after=cursor)
+        assert another_list(refused), (persona, path, refused.content)
 
 
 def test_walking_message_pages_while_messages_arrive_returns_each_once(api, alice):

@@ -3,6 +3,7 @@
 import pytest
 
 from conversations.models import Membership, OwnershipTransfer
+from tests.api import another_list
 from tests.conftest import Persona
 from tests.factories import AgentFactory, ConversationFactory, MembershipFactory, MessageFactory
 
@@ -243,6 +244,20 @@ def test_transfers_are_listed_a_page_at_a_time_newest_first(api, alice, bob):
     assert rest.json()["data"][0]["id"] == offered[0]
     forged = api.get("/v1/user/ownership-transfers", as_=bob, after="bm9wZQ")
     assert forged.status_code == 400 and forged.json()["details"] == {"after": ["malformed cursor"]}
+
+
+def test_a_transfers_cursor_of_another_caller_or_status_is_400_not_its_page(api, alice, bob):
+    """The cursor held only the last offer's place: alice, who made the offers bob
+    received, or bob's list of another ``status``, read it as a place of their own list
+    (review)."""
+    for n in range(3):
+        conversation = ConversationFactory(group__owner="alice", title=f"Gift {n}")
+        api.post(url(conversation, "/transfer-ownership"), {"newOwnerUserId": "bob"}, as_=alice)
+    cursor = api.get("/v1/user/ownership-transfers", as_=bob, limit=1).json()["nextCursor"]
+    assert len(api.get("/v1/user/ownership-transfers", as_=bob, after=cursor).json()["data"]) == 2
+    for persona, params in [(alice, {}), (bob, {"status": "declined"})]:
+        refused = api.get("/v1/user/ownership-transfers", as_=persona, after=cursor, **params)
+        assert another_list(refused), (persona, params, refused.content)
 
 
 @pytest.mark.parametrize("verb", ["accept", "decline"])

@@ -24,6 +24,7 @@ from conversations.services import (
     messages_append,
     messages_delete,
 )
+from memsvc.api.pagination import ANOTHER_LIST
 from memsvc.api.principals import Principal
 from search.services import embed_pending
 from tests.pages.conftest import conversation_of
@@ -323,6 +324,27 @@ def test_a_long_conversation_opens_on_its_latest_messages_and_pages_back(alice_p
     refused = alice_page.get(page_of(conversation), {"before": "garbage"})
     assert refused.status_code == 400
     assert "before: malformed cursor" in refused.content.decode()
+
+
+def test_a_message_cursor_of_the_other_way_or_of_another_conversation_is_refused(alice_page):
+    """A cursor held only a message's place (its seq): a later page's given as ``before``,
+    or one of another conversation, read as a place there, and showed the wrong messages
+    (review)."""
+    conversation = conversation_of("alice", "Long", *[f"message number {n:03d}" for n in range(60)])
+    other = conversation_of("alice", "Other", *[f"other number {n:03d}" for n in range(60)])
+    middle = Message.objects.get(content="message number 005")
+    at = alice_page.get(page_of(conversation), {"at": str(middle.id)}).content.decode()
+    later = at.split('href="?after=')[1].split('"')[0]
+    earlier = at.split('href="?before=')[1].split('"')[0]
+    for opened, params in [
+        (conversation, {"before": later}),
+        (other, {"after": later}),
+        (other, {"before": earlier}),
+    ]:
+        refused = alice_page.get(page_of(opened), params)
+        [(field, _)] = params.items()
+        assert refused.status_code == 400, (params, refused.content)
+        assert f"{field}: {ANOTHER_LIST}" in refused.content.decode()
 
 
 @pytest.mark.parametrize("path", ["/app/c/not-a-uuid/", "/app/nowhere/"])

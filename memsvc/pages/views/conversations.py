@@ -26,7 +26,6 @@ from conversations.api import serializers as s
 from conversations.models import AccessLevel, Conversation, Role
 from memsvc.api.errors import ApiError, Conflict, NotFound
 from memsvc.api.fields import InputSerializer, PrincipalIdField
-from memsvc.api.pagination import encode_cursor
 from memsvc.api.principals import principal_for_sharing
 from memsvc.llm import LLMError, llm_configured
 from memsvc.pages.views.common import (
@@ -176,6 +175,7 @@ def conversation(request, conversation_id):
     after = request.GET.get("after") or None
     if starting_at or after:
         forward = selectors.message_page(
+            request.principal,
             conversation,
             after=after,
             limit=PAGE_SIZE,
@@ -188,10 +188,17 @@ def conversation(request, conversation_id):
             # Opened at a message (a search hit): the turns before it are a page back, as
             # from the latest (there was no way to them but from the latest: review).
             before = selectors.conversation_messages(conversation).filter(seq__lt=rows[0].seq)
-            earlier = encode_cursor(rows[0].seq) if before.exists() else None
+            earlier = (
+                selectors.earlier_messages_cursor(request.principal, conversation, before=rows[0])
+                if before.exists()
+                else None
+            )
     else:
         backward = selectors.latest_message_page(
-            conversation, before=request.GET.get("before") or None, limit=PAGE_SIZE
+            request.principal,
+            conversation,
+            before=request.GET.get("before") or None,
+            limit=PAGE_SIZE,
         )
         rows, earlier, later = backward.rows[::-1], backward.next_cursor, None
     say_who_recorded(rows)
