@@ -1,12 +1,16 @@
 """MCP over stdio (``memsvc mcp``): one client, one agent, for the life of the process."""
 
+import contextlib
 import io
 import json
+import threading
 from collections import Counter
 from collections.abc import AsyncIterator
 from typing import BinaryIO
 
 import anyio
+import anyio.from_thread
+import anyio.lowlevel
 import mcp_types as types
 from mcp.server.stdio import stdio_server
 from mcp_types import PROTOCOL_VERSION_META_KEY
@@ -109,9 +113,7 @@ class _Lines:
     then done all the same (review)."""
 
     def __init__(self, wire: BinaryIO, stdout: BinaryIO):
-        self._in = anyio.wrap_file(
-            io.TextIOWrapper(wire, encoding="utf-8", errors="surrogateescape")
-        )
+        self._in = io.TextIOWrapper(wire, encoding="utf-8", errors="surrogateescape")
         self._out = anyio.wrap_file(io.TextIOWrapper(stdout, encoding="utf-8", newline="\n"))
         self._writing = anyio.Lock()
         self._asked = Counter()  # the ids of the client's requests not answered yet
@@ -119,7 +121,7 @@ class _Lines:
         self._opened = False  # (by initialize, or by a request of the 2026-07-28 protocol)
 
     async def __aiter__(self) -> AsyncIterator[str]:
-        async for line in self._in:
+        async for line in self._client_lines():
             if not line.strip():
                 continue
             answer, message = line_read(line)
@@ -134,6 +136,29 @@ class _Lines:
         if self._asked:
             with anyio.move_on_after(ANSWERS_AFTER_EOF_SECONDS):
                 await self._all_answered.wait()
+
+    async def _client_lines(self) -> AsyncIterator[str]:
+        """The lines of ``wire``, read on a daemon thread of their own: a read that waits for
+        the client holds neither the event loop's end nor the process's exit (a Ctrl-C in
+        the terminal ended the session only once stdin was closed; review)."""
+        send, receive = anyio.create_memory_object_stream[str](1)
+        token = anyio.lowlevel.current_token()
+
+        def read() -> None:
+            # (Once the session is over, the loop is gone: a line read then goes nowhere.)
+            with contextlib.suppress(
+                RuntimeError, anyio.ClosedResourceError, anyio.BrokenResourceError
+            ):
+                try:
+                    for line in self._in:
+                        anyio.from_thread.run(send.send, line, token=token)
+                finally:
+                    anyio.from_thread.run_sync(send.close, token=token)
+
+        threading.Thread(target=read, name="mcp-stdin", daemon=True).start()
+        async with receive:
+            async for line in receive:
+                yield line
 
     def _before_initialize(self, message) -> str | None:
         """The answer to a request of the handshake's protocol sent before ``initialize``

@@ -512,6 +512,19 @@ def test_stdio_ends_quietly_when_the_client_stops_reading():
     assert "Traceback" not in stderr, stderr
 
 
+def test_stdio_ends_on_ctrl_c_while_it_waits_for_the_client():
+    """The line it waited for was read in a thread the interpreter waited for at its exit:
+    a Ctrl-C in the terminal ended the session only once stdin was closed (35 s later;
+    review)."""
+    with raw_process() as process:
+        process.stdin.write(json.dumps(RAW_INITIALIZE) + "\n")
+        process.stdin.flush()
+        assert json.loads(process.stdout.readline())["id"] == 1
+        process.send_signal(signal.SIGINT)  # stdin stays open
+        assert process.wait(timeout=20) == 130
+        assert "memsvc: interrupted" in process.stderr.read()
+
+
 def test_stdio_answers_every_line_it_cannot_serve():
     """A line the SDK would log and leave unanswered (JSON the service refuses, a line that
     is no JSON, JSON that is no JSON-RPC message, a request whose id MCP does not allow) is
