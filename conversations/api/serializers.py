@@ -145,7 +145,7 @@ CONVERSATION_LIST_PARAMETERS = [
         "query",
         str,
         description="A text the title, or a text or number anywhere in the metadata, contains "
-        "(any case).",
+        "(in any case and accents, as keywords read them).",
     ),
 ]
 CONVERSATION_LIST_DESCRIPTION = (

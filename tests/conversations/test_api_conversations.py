@@ -176,6 +176,29 @@ def test_the_query_matches_the_titles_and_metadata_values_not_the_json_around_th
     assert api.get("/v1/user/conversations", as_=alice, query="\\").status_code == 200
 
 
+def test_the_query_reads_accents_case_and_letter_forms_as_search_does(api, alice):
+    """A title written decomposed was not found by the same word composed (nor the other
+    way), "istanbul" did not find "İstanbul", nor "STRASSE" "Straße", where message search
+    finds all of them (review)."""
+    titles = {
+        "cafe": create(api, alice, title="Cafe\u0301 talk")["id"],
+        "istanbul": create(api, alice, title="\u0130stanbul trip")["id"],
+        "strasse": create(api, alice, title="Gro\u00dfe Stra\u00dfe")["id"],
+        "wide": create(api, alice, title="Plans", metadata={"tag": "\uff26\uff35\uff2c\uff2c"})[
+            "id"
+        ],
+    }
+
+    def found(query):
+        response = api.get("/v1/user/conversations", as_=alice, query=query)
+        return {c["id"] for c in response.json()["data"]}
+
+    assert found("caf\u00e9") == found("CAFE") == {titles["cafe"]}
+    assert found("istanbul") == found("\u0130STANBUL") == {titles["istanbul"]}
+    assert found("STRASSE") == found("stra\u00dfe") == {titles["strasse"]}
+    assert found("full") == {titles["wide"]}  # (a full-width value in the metadata)
+
+
 @pytest.mark.parametrize(
     ("path", "query"),
     [
