@@ -8,6 +8,7 @@ all, and the embedded database if it started it, on Ctrl-C or SIGTERM.
 
 import argparse
 import contextlib
+import errno
 import os
 import stat
 import sys
@@ -621,7 +622,13 @@ def cmd_apikey_list(args: argparse.Namespace) -> int:
 
     keys = ApiKey.objects.select_related("agent").order_by("created_at")
     if args.agent:
-        keys = keys.filter(agent__name=args.agent)
+        # By id or by name, as ``export agent`` takes one (an id listed nothing, and so did
+        # an agent there is not, exit 0: review); every agent of that name.
+        agents = _agents_of(args.agent)
+        if not agents.exists():
+            print(f"no agent {args.agent!r}", file=sys.stderr)
+            return 1
+        keys = keys.filter(agent__in=agents)
     for key in keys:
         state = f"revoked {key.revoked_at:%Y-%m-%d %H:%M}" if key.revoked_at else "active"
         used = f"{key.last_used_at:%Y-%m-%d %H:%M}" if key.last_used_at else "never"
@@ -655,16 +662,21 @@ def cmd_apikey_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
-def _agent_named(name_or_id: str):
-    """The agent with this id, or the one agent with this name; None (said why) otherwise."""
+def _agents_of(name_or_id: str):
+    """The agent with this id, or the agents with this name (a queryset)."""
     import uuid
 
     from agents_api.models import Agent
 
     try:
-        agents = list(Agent.objects.filter(id=uuid.UUID(name_or_id)))
+        return Agent.objects.filter(id=uuid.UUID(name_or_id))
     except ValueError:
-        agents = list(Agent.objects.filter(name=name_or_id).order_by("created_at"))
+        return Agent.objects.filter(name=name_or_id).order_by("created_at")
+
+
+def _agent_named(name_or_id: str):
+    """The agent with this id, or the one agent with this name; None (said why) otherwise."""
+    agents = list(_agents_of(name_or_id))
     if len(agents) == 1:
         return agents[0]
     if agents:
@@ -720,6 +732,9 @@ def _write_whole(path: str, chunks) -> None:
     descriptor's name (``/dev/stdout``, ``/dev/fd/3``) or a pipe is written to as it is,
     after what it holds (``-o /dev/stdout >> log`` appends): it was replaced by a file
     (review)."""
+    if not path:
+        # ("" is the working directory: a ".partial" was written beside it first; review)
+        raise OSError(errno.ENOENT, "no file name given")
     if path.startswith(("/dev/", "/proc/")) or (os.path.exists(path) and not os.path.isfile(path)):
         with open(path, "a", encoding="utf-8") as output:
             output.writelines(chunks)
@@ -889,7 +904,7 @@ def build_parser() -> argparse.ArgumentParser:
     create.add_argument("--name", help="a note to tell keys apart")
     create.set_defaults(func=cmd_apikey_create)
     listing = apikey_commands.add_parser("list", help="every key (never the secrets)")
-    listing.add_argument("--agent", help="only this agent's keys")
+    listing.add_argument("--agent", help="only this agent's keys (its name or id)")
     listing.set_defaults(func=cmd_apikey_list)
     revoke = apikey_commands.add_parser("revoke", help="revoke a key by its id")
     revoke.add_argument("key_id")
@@ -916,8 +931,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Commands that write nothing a caller reads on standard output (their logs go to stderr).
+WITHOUT_OUTPUT = frozenset({"serve", "worker", "prepare-model"})
+
+
+def _writes_nowhere(args: argparse.Namespace) -> bool:
+    """Whether the command's result would go to a standard output that is closed (``>&-``):
+    a token made was lost without a word, exit 0, and an export ended in a traceback
+    (review)."""
+    to_a_file = getattr(args, "output", None) not in (None, "-")
+    return sys.stdout is None and args.command not in WITHOUT_OUTPUT and not to_a_file
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if _writes_nowhere(args):
+        print("memsvc: standard output is closed: nowhere to write the result", file=sys.stderr)
+        return 2
     try:
         return args.func(args)
     except ImproperlyConfigured as exc:  # a setting missing or malformed: its message says which

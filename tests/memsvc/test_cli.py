@@ -43,6 +43,12 @@ def test_apikey_create_list_and_revoke(capsys, api):
     assert public_id in listing
     assert key not in listing and second not in listing
     assert [line.split("\t")[-1] for line in listing.splitlines()] == ["", "the laptop"]
+    # By the agent's id too, as an export takes it; an agent there is not is said (an id
+    # listed nothing, and so did "nosuch", exit 0: review).
+    assert cli.main(["apikey", "list", "--agent", me.json()["id"]]) == 0
+    assert capsys.readouterr().out == listing
+    assert cli.main(["apikey", "list", "--agent", "nosuch"]) == 1
+    assert capsys.readouterr().err.strip() == "no agent 'nosuch'"
 
     capsys.readouterr()
     assert cli.main(["apikey", "revoke", public_id]) == 0
@@ -160,6 +166,30 @@ def memsvc_on(data_dir, *args: str, prefix=()) -> subprocess.CompletedProcess:
         text=True,
         timeout=180,
     )
+
+
+@pytest.mark.parametrize(
+    "command", [["token", "alice"], ["apikey", "list"], ["export", "user", "alice"]]
+)
+def test_a_result_for_a_closed_standard_output_is_refused_in_words(command, monkeypatch, capsys):
+    """``memsvc token alice >&-`` lost the token without a word (exit 0), and an export
+    ended in a traceback (review)."""
+    monkeypatch.setattr(sys, "stdout", None)  # (Python's, for a closed descriptor 1)
+    assert cli.main(command) == 2
+    assert capsys.readouterr().err == (
+        "memsvc: standard output is closed: nowhere to write the result\n"
+    )
+
+
+@pytest.mark.django_db
+def test_an_export_to_a_file_without_a_name_is_refused_and_writes_nothing(
+    tmp_path, monkeypatch, capsys
+):
+    """``-o ""`` is the working directory: a ".partial" was written beside it (review)."""
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["export", "user", "alice", "-o", ""]) == 1
+    assert "the export failed: [Errno 2] no file name given" in capsys.readouterr().err
+    assert list(tmp_path.parent.glob("*.partial")) == []
 
 
 def test_the_commands_work_on_a_data_directory_serve_never_ran_on(tmp_path):
