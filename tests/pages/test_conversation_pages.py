@@ -216,6 +216,19 @@ def test_a_title_is_isolated_from_the_text_around_it(alice_page):
     assert f'data-confirm="Delete “\u2068{title}\u2069”' in html
 
 
+def test_texts_are_laid_out_in_the_direction_of_their_own_script(alice_page):
+    """An Arabic or Hebrew message was laid out left to right, its last full stop at its
+    start (review): each text, and each box one is typed in, takes its own direction."""
+    arabic = "\u0645\u0631\u062d\u0628\u0627 \u0628\u0643."
+    conversation = conversation_of("alice", "Salam", arabic)
+    html = alice_page.get(page_of(conversation)).content.decode()
+    assert f'<div class="content" dir="auto">{arabic}</div>' in html
+    assert '<textarea id="append-content" name="content" rows="3" dir="auto"' in html
+    assert f'<p class="preview" dir="auto">{arabic}</p>' in alice_page.get("/app/").content.decode()
+    found = alice_page.get("/app/search/?q=" + arabic.split()[0]).content.decode()
+    assert '<p class="snippet" dir="auto">' in found
+
+
 def test_search_finds_what_the_person_may_see_and_links_to_the_message(alice_page, bob_page):
     mine = conversation_of("alice", "Pets", "My dog Rex loves the beach")
     conversation_of("charlie", "Charlie", "Charlie's dog loves the beach too")
