@@ -74,9 +74,12 @@ def user_id_problem(value, *, given: bool = False) -> str | None:
     if has_blank_ends(value):
         return "must not begin or end with a space"  # ("bob " is listed as "bob")
     if given and has_unnormalised_letters(value):
-        # (As a login's name is read: "\ufb01sh" logs in as "fish"; review.)
+        # (As a login's name is read: "\ufb01sh" logs in as "fish"; review.) Unless that form
+        # is refused in its turn: "\uff21gent:x" was told to be written "Agent:x" (review).
         normal = unicodedata.normalize("NFKC", value)
-        return f"must be written as it reads in Unicode's NFKC form: {named(normal)!r}"
+        return user_id_problem(normal, given=True) or (
+            f"must be written as it reads in Unicode's NFKC form: {named(normal)!r}"
+        )
     if len(value) > PRINCIPAL_MAX_LENGTH:
         return f"must be at most {PRINCIPAL_MAX_LENGTH} characters"
     agent_like = value[: len(AGENT_PRINCIPAL_PREFIX)]

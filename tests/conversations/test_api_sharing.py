@@ -143,8 +143,11 @@ OUTER = "must not begin or end with a space"
                 ("\ufb01x", "fix"),
             ]
         ],
-        # An agent's prefix in any case (review).
+        # An agent's prefix in any case (review), and in fullwidth letters, whose NFKC form
+        # was given as the way to write it (review).
         ("AGENT:00000000-0000-0000-0000-000000000000", "must name a user, not an agent"),
+        ("\uff21gent:x", "must name a user, not an agent"),
+        ("\uff4c\uff4f\uff43\uff41\uff4c", "must not be 'local': it owns memsvc's own agents"),
         # Listed as "bob": spaces and blanks at either end (review R4).
         *[(user_id, OUTER) for user_id in ["bob ", " bob", "bob\u00a0", "bob\u2800"]],
     ],
