@@ -55,3 +55,16 @@ def rekeyed(cursor: str, *key) -> str:
 def another_list(response, field: str = "after") -> bool:
     """``response`` is the 400 of a cursor of another list, naming ``field``."""
     return response.status_code == 400 and response.json().get("details") == {field: [ANOTHER_LIST]}
+
+
+def items_after(api, path: str, cursor: str | None, *, as_, **params) -> list:
+    """The items of a paged list after ``cursor`` (a page's ``nextCursor``) to its end,
+    page by page with the same ``params``."""
+    items = []
+    while cursor:
+        response = api.get(path, as_=as_, after=cursor, **params)
+        assert response.status_code == 200, response.content
+        page = response.json()
+        items += page["data"]
+        cursor = page["nextCursor"]
+    return items

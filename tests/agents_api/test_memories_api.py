@@ -25,7 +25,7 @@ from search import statements as search_statements
 from search.embeddings import EmbeddingError
 from tests.agents_api.conftest import make_agent
 from tests.agents_api.test_api import append
-from tests.api import another_list, rekeyed
+from tests.api import another_list, items_after, rekeyed
 from tests.db import recorded_statements
 from tests.factories import ConversationFactory, MembershipFactory, MessageFactory
 
@@ -608,12 +608,9 @@ def test_list_pages_recent_or_popular(api, helper):
     Memory.objects.filter(content__contains="number 2").update(access_count=9)
     first = api.get(MEMORIES, as_=helper, limit=2).json()
     assert len(first["data"]) == 2 and first["nextCursor"]
-    seen = contents(first["data"])
-    cursor = first["nextCursor"]
-    while cursor:
-        page = api.get(MEMORIES, as_=helper, limit=2, after=cursor).json()
-        seen += contents(page["data"])
-        cursor = page["nextCursor"]
+    seen = contents(
+        first["data"] + items_after(api, MEMORIES, first["nextCursor"], as_=helper, limit=2)
+    )
     assert len(seen) == len(set(seen)) == 5
     assert seen[0].startswith("Fact number 4")  # newest first
     popular = api.get(MEMORIES, as_=helper, order="popular").json()["data"]
@@ -655,14 +652,11 @@ def test_a_walk_by_popularity_shows_each_memory_once_while_searches_count_uses(a
     Memory.objects.filter(id=saved[6]["id"]).update(access_count=0)
     assert api.delete(f"{MEMORIES}/{saved[2]['id']}", as_=helper).status_code == 204
     save(api, helper, "A fact saved during the walk")
-    cursor = first["nextCursor"]
-    while cursor:
-        page = api.get(MEMORIES, as_=helper, order="popular", limit=3, after=cursor).json()
-        seen += [item["id"] for item in page["data"]]
-        cursor = page["nextCursor"]
+    rest = items_after(api, MEMORIES, first["nextCursor"], as_=helper, order="popular", limit=3)
+    seen += [item["id"] for item in rest]
     assert seen == [saved[i]["id"] for i in (6, 5, 4, 3, 1, 0)]
     # The order is the first page's; what is shown is the memory as it is now.
-    assert page["data"][-1]["accessCount"] == 100
+    assert rest[-1]["accessCount"] == 100
     # A new walk sees the new counts; a cursor of no walk is refused.
     again = api.get(MEMORIES, as_=helper, order="popular", limit=2).json()["data"]
     assert again[0]["id"] == saved[0]["id"]
@@ -701,10 +695,9 @@ def test_a_recent_cursor_of_another_list_filter_or_caller_is_400_not_its_end(
         save(api, helper, f"Fact {i} about the agent itself")
         save(api, helper, f"Alice's fact {i} about the sea", userId="alice", tags=["sea"])
     first = api.get(MEMORIES, as_=helper, limit=2).json()
-    seen, cursor = contents(first["data"]), first["nextCursor"]
-    while cursor:
-        page = api.get(MEMORIES, as_=helper, limit=2, after=cursor).json()
-        seen, cursor = seen + contents(page["data"]), page["nextCursor"]
+    seen = contents(
+        first["data"] + items_after(api, MEMORIES, first["nextCursor"], as_=helper, limit=2)
+    )
     assert seen == [f"Fact {i} about the agent itself" for i in (2, 1, 0)]
     cursor = first["nextCursor"]
     for credential, path, params in [
@@ -718,10 +711,7 @@ def test_a_recent_cursor_of_another_list_filter_or_caller_is_400_not_its_end(
         assert another_list(refused), (path, params, refused.content)
 
     first = api.get(MINE, as_=alice, limit=1).json()
-    seen, cursor = contents(first["data"]), first["nextCursor"]
-    while cursor:
-        page = api.get(MINE, as_=alice, limit=1, after=cursor).json()
-        seen, cursor = seen + contents(page["data"]), page["nextCursor"]
+    seen = contents(first["data"] + items_after(api, MINE, first["nextCursor"], as_=alice, limit=1))
     assert seen == [f"Alice's fact {i} about the sea" for i in (2, 1, 0)]
     cursor = first["nextCursor"]
     for credential, path, params in [
@@ -751,11 +741,7 @@ def test_first_pages_by_popularity_read_again_and_again_keep_a_few_listings(
     assert len({page["nextCursor"] for page in first}) == 1  # one listing, read three times
     [listing] = MemoryListing.objects.all()
     assert len(listing.memory_ids) == 5
-    cursor, shown = first[0]["nextCursor"], []
-    while cursor:
-        page = api.get(MEMORIES, as_=helper, order="popular", limit=2, after=cursor).json()
-        shown += page["data"]
-        cursor = page["nextCursor"]
+    shown = items_after(api, MEMORIES, first[0]["nextCursor"], as_=helper, order="popular", limit=2)
     assert len(first[0]["data"] + shown) == 5
 
     for used, memory in enumerate(saved * 2):  # each first page now sees another order

@@ -19,7 +19,7 @@ from search.embeddings import configured_backend
 from tests.agents_api.conftest import make_agent
 from tests.agents_api.test_api import agent_conversation
 from tests.agents_api.test_memory_lifecycle import BrokenBackend
-from tests.api import another_list, rekeyed
+from tests.api import another_list, items_after, rekeyed
 from tests.conversations.test_services import shared_group, waits_for
 
 pytestmark = pytest.mark.django_db
@@ -157,11 +157,8 @@ def test_list_by_task_pages_in_the_order_made(api, helper):
     create(api, helper, "elsewhere", taskId="other")
     first = api.get(RECORDS, as_=helper, taskId="long", limit=2).json()
     assert [r["step"] for r in first["data"]] == [1, 2] and first["nextCursor"]
-    steps, cursor = [1, 2], first["nextCursor"]
-    while cursor:
-        page = api.get(RECORDS, as_=helper, taskId="long", limit=2, after=cursor).json()
-        steps += [r["step"] for r in page["data"]]
-        cursor = page["nextCursor"]
+    rest = items_after(api, RECORDS, first["nextCursor"], as_=helper, taskId="long", limit=2)
+    steps = [1, 2] + [r["step"] for r in rest]
     assert steps == [1, 2, 3, 4, 5]
     assert len(api.get(RECORDS, as_=helper).json()["data"]) == 6  # every task
     assert api.get(RECORDS, as_=helper, after="garbage!").status_code == 400
@@ -199,11 +196,8 @@ def test_a_cursor_of_another_task_or_caller_is_400_not_its_page(api, helper, riv
     create(api, helper, "later", taskId="task2")
     create(api, rival, "the rival's", taskId="task1")
     first = api.get(RECORDS, as_=helper, taskId="task1", limit=1).json()
-    steps, cursor = [r["step"] for r in first["data"]], first["nextCursor"]
-    while cursor:
-        page = api.get(RECORDS, as_=helper, taskId="task1", limit=1, after=cursor).json()
-        steps += [r["step"] for r in page["data"]]
-        cursor = page["nextCursor"]
+    rest = items_after(api, RECORDS, first["nextCursor"], as_=helper, taskId="task1", limit=1)
+    steps = [r["step"] for r in first["data"] + rest]
     assert steps == [1, 2, 3]
     cursor = first["nextCursor"]
     for credential, params in [
