@@ -29,6 +29,9 @@ class Api:
     def patch(self, path, body, as_=None):
         return self.call("PATCH", path, as_=as_, body=body)
 
+    def put(self, path, body, as_=None):
+        return self.call("PUT", path, as_=as_, body=body)
+
     def delete(self, path, as_=None):
         return self.call("DELETE", path, as_=as_)
 

@@ -286,3 +286,37 @@ class UserMemoryView(UserApiView):
         memory = selectors.memory_of(mine, memory_id)
         services.memory_delete(request.principal, memory=memory)
         return Response(status=204)
+
+
+class UserMemorySettingView(UserApiView):
+    """The user's memory switch (the pages' "private chat"), for a chat frontend of its own:
+    it was the pages' alone (review)."""
+
+    @user_operation(
+        "getMyMemorySetting",
+        description="Whether agents may remember you (on until you turn it off).",
+        responses={200: s.MemorySettingOut, **errors(401)},
+    )
+    def get(self, request):
+        setting = selectors.memory_setting_of(request.principal.id).first()
+        return Response(s.MemorySettingOut(setting or _NEVER_CHANGED).data)
+
+    @user_operation(
+        "setMyMemorySetting",
+        description=(
+            "Turn agents' memory of you on or off. While it is off, agents keep nothing new "
+            "about you, neither memories nor memory blocks (their writes are refused, 409), "
+            "and searches of what they kept find nothing; what they kept stays until you "
+            "delete it."
+        ),
+        request=s.MemorySettingIn,
+        responses={200: s.MemorySettingOut, **errors(400, 401)},
+    )
+    def put(self, request):
+        data = s.MemorySettingIn.parse(request.data)
+        setting = services.memory_setting_update(request.principal, enabled=data["memoryEnabled"])
+        return Response(s.MemorySettingOut(setting).data)
+
+
+# A user who never turned the switch: memory on, no row.
+_NEVER_CHANGED = {"memory_enabled": True, "updated_at": None}

@@ -287,6 +287,26 @@ MemoryPage = paged(MemoryOut, "MemoryPage")
 MemoryHitList = listed(MemoryHitOut, "MemorySearchResults")
 
 
+class MemorySettingOut(serializers.Serializer):
+    memoryEnabled = serializers.BooleanField(
+        source="memory_enabled",
+        help_text="Whether agents may keep new memories and memory blocks about you.",
+    )
+    updatedAt = serializers.DateTimeField(
+        source="updated_at", allow_null=True, help_text="null: never changed (on)."
+    )
+
+    class Meta:
+        ref_name = "MemorySetting"
+
+
+class MemorySettingIn(InputSerializer):
+    memoryEnabled = serializers.BooleanField()
+
+    class Meta:
+        ref_name = "SetMemorySettingRequest"
+
+
 class DeletedOut(serializers.Serializer):
     deleted = serializers.IntegerField()
 

@@ -9,6 +9,7 @@ urlpatterns = [
     path("memories", memories.UserMemoriesView.as_view()),
     path("memories/search", memories.UserMemorySearchView.as_view()),
     path("memories/<id:memory_id>", memories.UserMemoryView.as_view()),
+    path("memory-setting", memories.UserMemorySettingView.as_view()),
     path("export", data_rights.UserExportView.as_view()),
     path("erase", data_rights.UserEraseView.as_view()),
 ]

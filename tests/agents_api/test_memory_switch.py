@@ -178,3 +178,28 @@ def test_agents_write_no_memory_block_about_a_user_who_turned_memory_off(api, he
     assert page.status_code == 302
     block.refresh_from_db()
     assert block.value == ""
+
+
+SETTING = "/v1/user/memory-setting"
+
+
+@pytest.mark.django_db
+def test_a_user_turns_the_switch_through_the_user_api_as_the_pages_do(api, helper, alice):
+    """It was the pages' alone: a chat frontend of its own, with the user's JWT, could not
+    turn agents' memory of its user off (review)."""
+    assert api.get(SETTING, as_=alice).json() == {"memoryEnabled": True, "updatedAt": None}
+    turned = api.put(SETTING, {"memoryEnabled": False}, as_=alice)
+    assert turned.status_code == 200, turned.content
+    assert turned.json()["memoryEnabled"] is False and turned.json()["updatedAt"]
+    assert api.get(SETTING, as_=alice).json() == turned.json()
+    refused = api.post(MEMORIES, {"content": "Alice likes jazz", "userId": "alice"}, as_=helper)
+    assert refused.status_code == 409
+    assert api.put(SETTING, {"memoryEnabled": True}, as_=alice).json()["memoryEnabled"] is True
+    saved = api.post(MEMORIES, {"content": "Alice likes jazz", "userId": "alice"}, as_=helper)
+    assert saved.status_code == 201
+    # Bad input changes nothing; an agent's key is no user's.
+    for body in [{}, {"memoryEnabled": "off"}, {"memoryEnabled": None}, {"enabled": False}]:
+        assert api.put(SETTING, body, as_=alice).status_code == 400, body
+    assert api.get(SETTING, as_=alice).json()["memoryEnabled"] is True
+    assert api.put(SETTING, {"memoryEnabled": False}, as_=helper).status_code == 401
+    assert api.get(SETTING, as_=alice).json()["memoryEnabled"] is True
