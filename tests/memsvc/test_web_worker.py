@@ -109,8 +109,10 @@ def body_of(connection: socket.socket) -> bytes:
 def test_connections_made_together_are_shared_by_the_workers(two_workers):
     """uvicorn's own worker took every connection waiting at its wake-up: a client's 16
     kept-alive connections all went to one web process, which served every request while
-    the other idled (``bench.load``: 38 s of CPU against 3)."""
+    the other idled (``bench.load``: 38 s of CPU against 3). Taking one a wake-up was not
+    enough on a busy machine: the worker that ran first came back for the next before the
+    other ran (review), so each gives the others the processor after a connection."""
     port, workers = two_workers
     pids = served_by(port, workers)
     assert len(pids) == 2, pids
-    assert min(pids.values()) >= 2, pids  # (one a connection is a coin's toss each)
+    assert min(pids.values()) >= 3, pids
