@@ -753,6 +753,15 @@ def earlier_messages_cursor(
     )
 
 
+def later_messages_cursor(
+    principal: Principal, conversation: Conversation, *, after: Message
+) -> str:
+    """An ``after`` cursor of ``message_page``: the messages after ``after``."""
+    return encode_cursor(
+        after.seq, of_list=_message_list(principal, conversation, newest_first=False)
+    )
+
+
 @dataclass(frozen=True)
 class ContextPage:
     messages: list[Message]

@@ -782,3 +782,83 @@ def test_a_fragment_asked_once_the_session_ended_goes_to_the_login_page(page, li
     page.get_by_role("searchbox").press("Enter")
     expect(page.get_by_role("button", name="Log in")).to_be_visible()
     expect(page.get_by_role("heading", name="Conversations", exact=True)).to_have_count(0)
+
+
+def long_conversation(pages: int):
+    """Alice's conversation of ``pages`` pages of messages and one more: "turn 0" first."""
+    from conversations.services import NewMessage, conversation_create, messages_append
+    from memsvc.api.principals import Principal
+    from memsvc.pages.views.common import PAGE_SIZE
+
+    alice = Principal.user("alice")
+    conversation = conversation_create(alice, title="Long talk")
+    messages_append(
+        alice,
+        conversation=conversation,
+        messages=[NewMessage(content=f"turn {i}") for i in range(pages * PAGE_SIZE + 1)],
+    )
+    return conversation
+
+
+def test_a_message_sent_from_a_page_back_opened_on_its_own_goes_after_the_latest(
+    page, live_server, people
+):
+    """A page back opened as a page of its own (a link opened in a tab) had no way on to the
+    later turns, and the chat put the message sent there after its last row, turns before
+    it that came after (review). The page links on; the message sent is kept and the page
+    opens on the latest messages, the new one last."""
+    from conversations.models import Message
+
+    conversation = long_conversation(pages=2)
+    log_in(page, live_server, "alice")
+    page.goto(f"{live_server.url}/app/c/{conversation.id}/")
+    back = page.get_by_role("link", name="Earlier messages").get_attribute("href")
+    page.goto(f"{live_server.url}/app/c/{conversation.id}/{back}")
+    expect(page.get_by_role("link", name="Later messages")).to_be_visible()
+    page.get_by_label("Your message").fill("Sent from a page back")
+    page.get_by_role("button", name="Send").click()
+    expect(page).to_have_url(f"{live_server.url}/app/c/{conversation.id}/")
+    expect(page.locator("#messages .message .content").last).to_have_text("Sent from a page back")
+    assert Message.objects.order_by("-seq").first().content == "Sent from a page back"
+
+
+def test_a_message_sent_from_a_search_hit_once_the_session_ended_is_back_in_its_box(
+    page, live_server, people
+):
+    """Opened at a search hit, the chat posted the form without its script: once the session
+    had ended, the message was lost at the login page (review)."""
+    from conversations.models import Message
+
+    conversation = long_conversation(pages=2)
+    hit = Message.objects.get(content="turn 3")
+    log_in(page, live_server, "alice")
+    page.goto(f"{live_server.url}/app/c/{conversation.id}/?at={hit.id}")
+    expect(page.get_by_role("link", name="Later messages")).to_be_visible()
+    count = Message.objects.count()
+    sent_once_the_session_ended(page, "Unsent from a search hit")
+    assert Message.objects.count() == count
+
+
+def test_an_answer_to_a_message_sent_from_a_search_hit_is_streamed_on_the_latest_page(
+    page, live_server, assistant_chat
+):
+    """Sent from a page that is not the latest, the message goes after the latest turns and
+    the page opens there: the assistant's answer is asked for and streamed on that page."""
+    from conversations.models import Message
+    from conversations.services import NewMessage, messages_append
+    from memsvc.api.principals import Principal
+    from memsvc.pages.views.common import PAGE_SIZE
+
+    messages_append(
+        Principal.user("alice"),
+        conversation=assistant_chat,
+        messages=[NewMessage(content=f"turn {i}") for i in range(PAGE_SIZE + 5)],
+    )
+    hit = Message.objects.get(content="turn 1")
+    page.goto(f"{live_server.url}/app/c/{assistant_chat.id}/?at={hit.id}")
+    page.get_by_label("Your message").fill("Which museums first?")
+    page.get_by_role("button", name="Send").click()
+    expect(page).to_have_url(f"{live_server.url}/app/c/{assistant_chat.id}/")
+    answer = page.locator("#messages li.message.assistant .content").last
+    expect(answer).to_have_text("Start with the Vatican Museums.")
+    assert Message.objects.filter(content="Which museums first?").count() == 1

@@ -201,6 +201,16 @@ def conversation(request, conversation_id):
             limit=PAGE_SIZE,
         )
         rows, earlier, later = backward.rows[::-1], backward.next_cursor, None
+        if request.GET.get("before") and rows and not request.htmx:
+            # A page back opened as a page of its own (a link opened in a tab, no script):
+            # the turns after it are a page on, as from a search hit (it had no way to them,
+            # and the chat put a message sent there after its last row: review).
+            following = selectors.conversation_messages(conversation).filter(seq__gt=rows[-1].seq)
+            later = (
+                selectors.later_messages_cursor(request.principal, conversation, after=rows[-1])
+                if following.exists()
+                else None
+            )
     say_who_recorded(rows)
     level = AccessLevel(conversation.access_level)
     llm = llm_configured()

@@ -37,13 +37,14 @@ const ANSWERING_SECONDS = 150;
 document.addEventListener("submit", async (event) => {
   const form = event.target;
   const list = document.getElementById("messages");
-  // A conversation opened at an earlier message (a search hit): the new turn belongs after
-  // pages not shown, so the form posts normally and the page opens on the latest messages.
-  if (!form.matches("form#append") || !list || list.querySelector(".more.later")) {
-    return;
-  }
+  if (!form.matches("form#append") || !list) return;
   event.preventDefault();
   if (form.dataset.sending) return; // (one at a time: the button stays focusable meanwhile)
+  // A conversation opened at an earlier message (a search hit, a page back): the new turn
+  // belongs after pages not shown, so once it is kept the page opens on the latest messages,
+  // where the answer is asked for. (It was posted without the script, and lost at the login
+  // page when the session had ended; a page back put it after its last row: review.)
+  const elsewhere = list.querySelector(".more.later") !== null;
   await whileSending(form, async () => {
     const sent = await fetch(form.action, {
       method: "POST",
@@ -55,6 +56,12 @@ document.addEventListener("submit", async (event) => {
     const row = await sent.text(); // rendered (and escaped) by the server
     if (!sent.ok) {
       form.insertAdjacentHTML("afterbegin", row);
+      return;
+    }
+    if (elsewhere) {
+      if (form.dataset.replyUrl) sessionStorage.setItem(answerKey(form), "asked");
+      form.reset();
+      window.location.assign(location.pathname);
       return;
     }
     list.querySelector(".empty")?.remove();
@@ -93,6 +100,11 @@ function unsentKey(form) {
   return `memsvc-unsent:${form.dataset.user}:${location.pathname}`;
 }
 
+// A message sent from an earlier page, whose answer the latest page asks for.
+function answerKey(form) {
+  return `memsvc-answer:${form.dataset.user}:${location.pathname}`;
+}
+
 // A message kept when the session ended as it was sent, back in its box. The page's offer
 // to ask for an answer again is the script's to keep (hidden without it, a button that did
 // nothing: review).
@@ -102,6 +114,10 @@ if (chat) {
   const unsent = sessionStorage.getItem(unsentKey(chat));
   sessionStorage.removeItem(unsentKey(chat));
   if (unsent !== null && !chat.elements.content.value) chat.elements.content.value = unsent;
+  const asked = sessionStorage.getItem(answerKey(chat)) !== null;
+  sessionStorage.removeItem(answerKey(chat));
+  const list = document.getElementById("messages");
+  if (asked && list && chat.dataset.replyUrl) whileSending(chat, () => answer(chat, list));
 }
 
 // The form's send button is off while it sends or an answer comes (``aria-disabled``, not
@@ -175,6 +191,7 @@ async function answer(form, list) {
   said(form, `${form.dataset.assistant} is writing an answer…`);
   const content = document.createElement("div");
   content.className = "content";
+  content.dir = "auto"; // (as the rows the server writes)
   row.append(who, content);
   list.append(row);
 
