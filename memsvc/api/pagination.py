@@ -65,6 +65,10 @@ def list_digest(name: str, principal: "Principal | None" = None, **filters) -> s
     return base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()[:9]).decode()
 
 
+# What ``list_digest`` makes: 9 bytes in URL-safe base64.
+_DIGEST = re.compile(r"[A-Za-z0-9_-]{12}")
+
+
 def encode_cursor(*key, of_list: str) -> str:
     """A cursor of the list ``of_list`` (``list_digest``) holding ``key``."""
     raw = json.dumps([of_list, *key], separators=(",", ":")).encode()
@@ -83,11 +87,12 @@ def decode_cursor(
     except (ValueError, UnicodeError, binascii.Error, RecursionError):
         # (RecursionError: a forged cursor of 1,000 nested lists was a 500, review)
         raise InvalidInput.for_field(field, "malformed cursor") from None
-    if isinstance(key, list) and key and isinstance(key[0], str) and _holds(key[1:], types):
-        if key[0] != of_list:
-            raise InvalidInput.for_field(field, ANOTHER_LIST)
+    named = isinstance(key, list) and key and isinstance(key[0], str)
+    if named and key[0] == of_list and _holds(key[1:], types):
         return key[1:]
-    if _holds(key, types):
+    # Another list's, whatever its key (a list of messages' cursor on a list of memories
+    # was "malformed": review), or one of before lists named theirs.
+    if (named and key[0] != of_list and _DIGEST.fullmatch(key[0])) or _holds(key, types):
         raise InvalidInput.for_field(field, ANOTHER_LIST)
     raise InvalidInput.for_field(field, "malformed cursor")
 

@@ -68,6 +68,13 @@ def test_an_agent_and_the_user_it_acts_for_are_the_caller():
     )
 
 
+def test_a_cursor_of_another_list_with_a_key_of_another_shape_is_refused_as_such():
+    """A list of messages' cursor (one number) on a list of memories was "malformed", not
+    another list's (review)."""
+    messages = encode_cursor(42, of_list=list_digest("messages", ALICE))
+    assert refusal(messages, ALICES_SEA) == {"after": [ANOTHER_LIST]}
+
+
 def test_a_cursor_issued_before_cursors_named_their_list_is_refused_to_list_again():
     before = base64.urlsafe_b64encode(json.dumps(KEY).encode()).decode().rstrip("=")
     assert refusal(before, ALICES_SEA, field="before") == {"before": [ANOTHER_LIST]}

@@ -162,6 +162,10 @@ def test_a_later_page_emptied_meanwhile_does_not_say_there_are_no_conversations(
     assert rest.status_code == 200
     assert "No conversations yet" not in rest.content.decode()
     assert "No conversations yet" in bob_page.get("/app/").content.decode()
+    # Opened on its own (a link opened in a tab), it says so, with the way back: it was a
+    # blank section (review).
+    alone = alice_page.get(f"/app/?after={cursor}").content.decode()
+    assert "No more conversations here" in alone and '<a href="/app/">The first page</a>' in alone
 
 
 def test_an_earlier_page_emptied_meanwhile_does_not_say_there_are_no_messages(alice_page):

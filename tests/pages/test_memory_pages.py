@@ -247,6 +247,10 @@ def test_a_later_page_emptied_meanwhile_does_not_say_there_are_no_memories(alice
     rest = alice_page.get(f"{agent_page(helper)}?after={cursor}", HTTP_HX_REQUEST="true")
     assert rest.status_code == 200 and "<html" not in rest.content.decode()
     assert "No memories about you" not in rest.content.decode()
+    # Opened on its own, it says so, with the way back: it was a blank section (review).
+    alone = alice_page.get(f"{agent_page(helper)}?after={cursor}").content.decode()
+    assert "No more memories here" in alone
+    assert f'<a href="{agent_page(helper)}">The first page</a>' in alone
 
 
 def test_the_switch_turns_memory_off_and_on(alice_page, helper):
