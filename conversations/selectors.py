@@ -371,43 +371,46 @@ def refuse_below(level: str | None, need: AccessLevel) -> None:
 
 
 # A text as the conversation list's ``query`` reads it (SQL, ``{}`` the text): accents,
-# case and the forms of a letter folded, as keywords fold them (``unaccent``): "Cafe\u0301"
-# (decomposed) is found by "café", "İstanbul" by "istanbul", "Straße" by "STRASSE", a
-# full-width "\uff26\uff35\uff2c\uff2c" by "full" (``title__icontains`` found none of them: review).
+# case and the forms of a letter folded (``unaccent``): "Cafe\u0301" (decomposed) is found
+# by "café", "İstanbul" by "istanbul", "Straße" by "STRASSE", a full-width
+# "\uff26\uff35\uff2c\uff2c" by "full" (``title__icontains`` found none of them: review).
 FOLDED_SQL = "lower(unaccent({}))"
 
 
+def _holds_folded(text: str, query: str) -> str:
+    """SQL: whether ``text`` holds ``query``, both folded (``FOLDED_SQL``). A substring, not
+    a LIKE pattern: a fullwidth percent sign or low line is folded to LIKE's own wildcards, which an
+    escaped pattern then held unescaped (code review)."""
+    return f"strpos({FOLDED_SQL.format(text)}, {FOLDED_SQL.format(query)}) > 0"
+
+
 class FoldedContains(Func):
-    """Whether the text contains ``pattern`` (a LIKE pattern), both folded
-    (``FOLDED_SQL``)."""
+    """Whether the text holds ``query`` (``_holds_folded``)."""
 
     output_field = BooleanField()
 
     def as_sql(self, compiler, connection, **extra_context):
         text, text_params = compiler.compile(self.source_expressions[0])
-        pattern, pattern_params = compiler.compile(self.source_expressions[1])
-        sql = f"{FOLDED_SQL.format(text)} LIKE {FOLDED_SQL.format(pattern)}"
-        return sql, (*text_params, *pattern_params)
+        query, query_params = compiler.compile(self.source_expressions[1])
+        return _holds_folded(text, query), (*text_params, *query_params)
 
 
 class MetadataValueContains(Func):
     """Whether a text or number anywhere in a JSON document (``metadata``, at any depth)
-    contains ``pattern`` (a LIKE pattern), both folded (``FOLDED_SQL``): the values people
-    write, not the JSON text around them, whose keys, quotes and braces every document
-    has."""
+    holds ``query`` (``_holds_folded``): the values people write, not the JSON text around
+    them, whose keys, quotes and braces every document has."""
 
     output_field = BooleanField()
 
     def as_sql(self, compiler, connection, **extra_context):
         document, document_params = compiler.compile(self.source_expressions[0])
-        pattern, pattern_params = compiler.compile(self.source_expressions[1])
-        value = FOLDED_SQL.format("v.value #>> '{}'")
+        query, query_params = compiler.compile(self.source_expressions[1])
         sql = f"""EXISTS (
             SELECT 1 FROM jsonb_path_query({document}, 'strict $.**') AS v(value)
             WHERE jsonb_typeof(v.value) IN ('string', 'number')
-              AND {value} LIKE {FOLDED_SQL.format(pattern)}
+              AND {_holds_folded("v.value #>> '{}'", query)}
         )"""  # noqa: S608 (compiled expressions; every value is a parameter)
-        return sql, (*document_params, *pattern_params)
+        return sql, (*document_params, *query_params)
 
 
 def conversation_page(
@@ -418,10 +421,9 @@ def conversation_page(
     and accents: ``FOLDED_SQL``)."""
     queryset = _with_summary_fields(conversations_visible_to(principal), principal)
     if query:
-        pattern = f"%{connection.ops.prep_for_like_query(query)}%"
         queryset = queryset.filter(
-            Q(FoldedContains("title", Value(pattern)))
-            | Q(MetadataValueContains("metadata", Value(pattern)))
+            Q(FoldedContains("title", Value(query)))
+            | Q(MetadataValueContains("metadata", Value(query)))
         )
     page = activity_page(
         queryset,
@@ -746,8 +748,11 @@ def latest_message_page(
 
 def earlier_messages_cursor(
     principal: Principal, conversation: Conversation, *, before: Message
-) -> str:
-    """A ``before`` cursor of ``latest_message_page``: the messages before ``before``."""
+) -> str | None:
+    """A ``before`` cursor of ``latest_message_page``: the messages before ``before``; None
+    when the conversation's view holds none."""
+    if not conversation_messages(conversation).filter(seq__lt=before.seq).exists():
+        return None
     return encode_cursor(
         before.seq, of_list=_message_list(principal, conversation, newest_first=True)
     )
@@ -755,8 +760,11 @@ def earlier_messages_cursor(
 
 def later_messages_cursor(
     principal: Principal, conversation: Conversation, *, after: Message
-) -> str:
-    """An ``after`` cursor of ``message_page``: the messages after ``after``."""
+) -> str | None:
+    """An ``after`` cursor of ``message_page``: the messages after ``after``; None when the
+    conversation's view holds none."""
+    if not conversation_messages(conversation).filter(seq__gt=after.seq).exists():
+        return None
     return encode_cursor(
         after.seq, of_list=_message_list(principal, conversation, newest_first=False)
     )

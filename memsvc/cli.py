@@ -931,8 +931,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# Commands that write nothing a caller reads on standard output (their logs go to stderr).
-WITHOUT_OUTPUT = frozenset({"serve", "worker", "prepare-model"})
+# Commands whose result is what they write on standard output (not a summary of what they
+# did: ``prune >&-`` in a cron job still prunes).
+WRITING_THEIR_RESULT = frozenset({"token", "apikey", "export", "mcp"})
 
 
 def _writes_nowhere(args: argparse.Namespace) -> bool:
@@ -940,7 +941,7 @@ def _writes_nowhere(args: argparse.Namespace) -> bool:
     a token made was lost without a word, exit 0, and an export ended in a traceback
     (review)."""
     to_a_file = getattr(args, "output", None) not in (None, "-")
-    return sys.stdout is None and args.command not in WITHOUT_OUTPUT and not to_a_file
+    return sys.stdout is None and args.command in WRITING_THEIR_RESULT and not to_a_file
 
 
 def main(argv: list[str] | None = None) -> int:

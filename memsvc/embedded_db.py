@@ -13,6 +13,7 @@ Local mode's secrets are kept in the same directory (``local_secrets``).
 
 import atexit
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -118,7 +119,10 @@ def ensure_server(data_dir: Path) -> EmbeddedServer:
             ) from None
         except OSError as exc:
             # (A data directory made before and mounted read-only since: the package's
-            # change of its modes was a traceback; review.)
+            # change of its modes was a traceback; review.) Not another failure (a file
+            # missing, too many open): said as it is.
+            if exc.errno not in UNWRITABLE:
+                raise
             raise unusable_directory(data_dir, "MEMSVC_DATA_DIR", exc) from None
         # Before the package's own exit hook (they run last registered first): the holders
         # that died without exiting are dropped first, so that the last one alive stops
@@ -135,6 +139,10 @@ def ensure_server(data_dir: Path) -> EmbeddedServer:
         _create_database(server)
         _server = server
         return server
+
+
+# Why a data directory cannot be written to: read-only, not ours, full.
+UNWRITABLE = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT})
 
 
 # Settings of our own, read by the server at every start (an include in postgresql.conf).

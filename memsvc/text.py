@@ -43,54 +43,107 @@ def has_line_separators(value: str) -> bool:
 def has_blank_ends(value: str) -> bool:
     """Whether ``value`` begins or ends with what draws nothing and is no mark of the one
     before it: a space of any kind, a zero-width one, a BOM, a Braille blank ("bob " and
-    "bob\u2800" are listed as "bob"; review)."""
-    return bool(value) and (_blank(value[0]) or _blank(value[-1]))
+    "bob\u2800" are listed as "bob"; review). An emoji's style or a flag's cancel tag at
+    the end is part of the emoji ("I \u2764\ufe0f" was refused: code review)."""
+    if not value:
+        return False
+    end = len(value) - 1
+    return _blank(value[0]) or (_blank(value[end]) and not (end and _joined(value, end)))
 
 
 def _blank(character: str) -> bool:
     # (A bidirectional control is refused as one, wherever it is.)
-    return character not in BIDI_CONTROLS and (
-        character == "\u2800"
-        or character.isspace()
-        or unicodedata.category(character) in {"Cf", "Zs", "Zl", "Zp"}
-        or DEFAULT_IGNORABLE.match(character) is not None  # (a Hangul filler: review)
+    return (
+        character not in BIDI_CONTROLS
+        and character not in _DRAWN_FORMATS
+        and (
+            character == "\u2800"
+            or character.isspace()
+            or unicodedata.category(character) in {"Cf", "Zs", "Zl", "Zp"}
+            or DEFAULT_IGNORABLE.match(character) is not None  # (a Hangul filler: review)
+        )
     )
 
 
-# What joins or varies the character beside it and draws nothing: a zero-width joiner or
-# non-joiner inside an emoji sequence or a Persian or Indic word (between two characters
-# beyond ASCII); a variation selector or a tag after the character it varies (an emoji's
-# style, a keycap "1\ufe0f\u20e3", a subdivision's flag).
-_JOINERS = frozenset("\u200c\u200d")
-_VARIATIONS = re.compile("[\ufe00-\ufe0f\U000e0020-\U000e007f\U000e0100-\U000e01ef]")
+# What joins or varies the character beside it and draws nothing, where it does (each kind
+# but where it has a use is a character hidden in a name: ``hidden_characters``).
+_ZWJ, _ZWNJ = "\u200d", "\u200c"
+_EMOJI_STYLES = re.compile("[\ufe00-\ufe0f]")  # (variation selectors: text or emoji style)
+_IDEOGRAPHIC_VARIANTS = re.compile("[\U000e0100-\U000e01ef]")  # (a CJK ideograph's form)
+_TAGS = re.compile("[\U000e0020-\U000e007f]")  # (a subdivision's flag, after a black flag)
+_TAG_END, _BLACK_FLAG = "\U000e007f", "\U0001f3f4"
+_MONGOLIAN_VARIANTS = re.compile("[\u180b-\u180f]")
 _KEYCAP_BASES = frozenset("0123456789#*")
+# Format characters that are drawn: Arabic's number signs and the end of an ayah, Syriac's
+# abbreviation mark, Kaithi's and Brahmi's number signs.
+_DRAWN_FORMATS = frozenset(
+    "\u0600\u0601\u0602\u0603\u0604\u0605\u06dd\u070f\u0890\u0891\u08e2\U000110bd\U000110cd"
+)
+# Scripts whose words a joiner or a non-joiner shapes (Arabic, Syriac, Thaana, N'Ko and
+# their kin; the Brahmic scripts of India and South-East Asia; Mongolian).
+_JOINING_SCRIPTS = re.compile(
+    "[\u0600-\u08ff\u0900-\u0dff\u1000-\u109f\u1780-\u18af\ua800-\ua8ff\ufb50-\ufdff\ufe70-\ufeff]"
+)
+_IDEOGRAPHS = re.compile("[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003ffff]")
+
+
+def _symbol(character: str) -> bool:
+    """An emoji or another symbol, or an emoji's skin tone (what a joiner makes sequences
+    of, and a variation selector draws in emoji or text style)."""
+    return bool(character) and unicodedata.category(character) in {"So", "Sk", "Sm"}
+
+
+def _joined(value: str, place: int) -> bool:
+    """Whether the character at ``place`` (one that draws nothing) shapes what is beside it
+    there: a joiner inside an emoji sequence (after an emoji, its style or its skin tone)
+    or a word of a joining script; a variation selector after a symbol, a keycap's digit, an
+    ideograph or a Mongolian letter; a tag inside a black flag's subdivision, which ends
+    with its cancel tag."""
+    character = value[place]
+    before = value[place - 1] if place else ""
+    after = value[place + 1] if place + 1 < len(value) else ""
+    if character in (_ZWJ, _ZWNJ):
+        in_script = bool(
+            _JOINING_SCRIPTS.match(before or " ") and _JOINING_SCRIPTS.match(after or " ")
+        )
+        if character == _ZWNJ:
+            return in_script
+        styled = _EMOJI_STYLES.match(before or " ") and place > 1 and _symbol(value[place - 2])
+        return in_script or ((_symbol(before) or bool(styled)) and _symbol(after))
+    if _EMOJI_STYLES.match(character):
+        return _symbol(before) or before in _KEYCAP_BASES or bool(_IDEOGRAPHS.match(before or " "))
+    if _IDEOGRAPHIC_VARIANTS.match(character):
+        return bool(_IDEOGRAPHS.match(before or " "))
+    if _MONGOLIAN_VARIANTS.match(character):
+        return bool(_JOINING_SCRIPTS.match(before or " "))
+    if _TAGS.match(character):
+        start = place
+        while start > 0 and _TAGS.match(value[start - 1]):
+            start -= 1
+        end = place
+        while end + 1 < len(value) and _TAGS.match(value[end + 1]):
+            end += 1
+        return start > 0 and value[start - 1] == _BLACK_FLAG and value[end] == _TAG_END
+    return False
 
 
 def hidden_characters(value: str) -> list[int]:
-    """The places in ``value`` of characters that draw nothing and do nothing there: a
-    zero-width space, a word joiner, a soft hyphen, a Hangul filler anywhere, a joiner
-    between Latin letters ("a\u200bb" and "a\u200db" are listed as "ab": two labels, two
-    agents that look one; review), a variation selector after a letter that has none. Not
-    a bidirectional control (refused as one: ``has_bidi_controls``)."""
+    """The places in ``value`` of characters that draw nothing and shape nothing there: a
+    zero-width space, a word joiner, a soft hyphen, a Hangul filler anywhere; a joiner or a
+    variation selector but where it has a use (``_joined``): "a\u200bb", "a\u200db" and a
+    Russian name with a non-joiner inside are listed as "ab" and the name, two labels or
+    agents that look one (review; code review). Not a bidirectional control (refused as one: ``has_bidi_controls``), nor a
+    format character that is drawn."""
     if value.isascii():
         return []
-    hidden = []
-    for place, character in enumerate(value):
-        if character in BIDI_CONTROLS or not (
-            DEFAULT_IGNORABLE.match(character) or unicodedata.category(character) == "Cf"
-        ):
-            continue
-        before = value[place - 1] if place else ""
-        after = value[place + 1] if place + 1 < len(value) else ""
-        if character in _JOINERS:
-            joins = not before.isascii() and not after.isascii()
-        elif _VARIATIONS.match(character):
-            joins = bool(before) and (not before.isascii() or before in _KEYCAP_BASES)
-        else:
-            joins = False
-        if not joins:
-            hidden.append(place)
-    return hidden
+    return [
+        place
+        for place, character in enumerate(value)
+        if character not in BIDI_CONTROLS
+        and character not in _DRAWN_FORMATS
+        and (DEFAULT_IGNORABLE.match(character) or unicodedata.category(character) == "Cf")
+        and not _joined(value, place)
+    ]
 
 
 # A run of "-" (with nothing but punctuation or spaces between them): to

@@ -290,11 +290,11 @@ class LocalBackend:
         )
 
     def _tokenizer(self):
-        """The model's tokenizer, reading whole texts, and its unknown token's id; (None,
-        None) for a model without one (a byte-level tokenizer knows every text). Read once."""
-        with self._lock:
-            if self._reader is None:
-                self._reader = _unknown_words_reader(Path(self._model_path()))
+        """The loaded model's own tokenizer and its unknown token's id; (None, None) for a
+        model without one (a byte-level tokenizer knows every text). Read once the model is
+        (a save has embedded its texts by then)."""
+        if self._reader is None:
+            self._reader = _unknown_words_reader(self._load())
         return self._reader
 
     def embed(self, texts: list[str]) -> np.ndarray:
@@ -314,17 +314,15 @@ class LocalBackend:
         return _of_expected_width(self, np.asarray(vectors, dtype=np.float32))
 
 
-def _unknown_words_reader(model_dir: Path):
-    """``LocalBackend._tokenizer`` of the model in ``model_dir``."""
-    from tokenizers import Tokenizer
-
-    path = model_dir / "tokenizer.json"
-    if not path.is_file():
-        return None, None
-    tokenizer = Tokenizer.from_file(str(path))
-    tokenizer.no_padding()
-    tokenizer.no_truncation()
-    unknown = getattr(tokenizer.model, "unk_token", None)
+def _unknown_words_reader(encoder):
+    """``LocalBackend._tokenizer`` of ``encoder`` (ONNX Runtime's, or sentence-transformers'
+    whose tokenizer wraps one of the ``tokenizers`` package)."""
+    tokenizer = (
+        encoder.tokenizer
+        if isinstance(encoder, OnnxSentenceEncoder)
+        else getattr(getattr(encoder, "tokenizer", None), "backend_tokenizer", None)
+    )
+    unknown = getattr(getattr(tokenizer, "model", None), "unk_token", None)
     token_id = tokenizer.token_to_id(unknown) if unknown else None
     return (tokenizer, token_id) if token_id is not None else (None, None)
 

@@ -145,7 +145,7 @@ CONVERSATION_LIST_PARAMETERS = [
         "query",
         str,
         description="A text the title, or a text or number anywhere in the metadata, contains "
-        "(in any case and accents, as keywords read them).",
+        '(in any case and accents: "cafe" finds "Café").',
     ),
 ]
 CONVERSATION_LIST_DESCRIPTION = (

@@ -88,11 +88,13 @@ def decode_cursor(
         # (RecursionError: a forged cursor of 1,000 nested lists was a 500, review)
         raise InvalidInput.for_field(field, "malformed cursor") from None
     named = isinstance(key, list) and key and isinstance(key[0], str)
-    if named and key[0] == of_list and _holds(key[1:], types):
-        return key[1:]
+    if named and key[0] == of_list:
+        if _holds(key[1:], types):
+            return key[1:]
+        raise InvalidInput.for_field(field, "malformed cursor")
     # Another list's, whatever its key (a list of messages' cursor on a list of memories
     # was "malformed": review), or one of before lists named theirs.
-    if (named and key[0] != of_list and _DIGEST.fullmatch(key[0])) or _holds(key, types):
+    if (named and _DIGEST.fullmatch(key[0])) or _holds(key, types):
         raise InvalidInput.for_field(field, ANOTHER_LIST)
     raise InvalidInput.for_field(field, "malformed cursor")
 

@@ -102,6 +102,19 @@ INVISIBLE = "must not contain invisible characters (a zero-width space or joiner
         ("hu\u2028man", "must be one line"),  # a line separator
         # Inside, listed as "human" beside it (review):
         *[(f"hu{c}man", INVISIBLE) for c in ["\u200b", "\u200d", "\u00ad", "\u2060", "\ufe0f"]],
+        # ... and where a joiner or a selector shapes nothing (code review): a non-joiner in
+        # a Russian name, a joiner between ideographs, a run of joiners, a selector after a
+        # letter, tags after a letter.
+        *[
+            (label, INVISIBLE)
+            for label in [
+                "\u0414\u043c\u0438\u200c\u0442\u0440\u0438\u0439",
+                "\u6771\u200d\u4eac",
+                "\u00e9\u200d\u200d\u00e9",
+                "Jos\u00e9\ufe0f Luis",
+                "\u044f\U000e0041\U000e0042\u044f",
+            ]
+        ],
         # "zoë" (U+00EB) beside it: two labels that look one (review)
         ("zoe\u0308", "must be written with its letters composed (NFC): 'zo\u00eb'"),
     ],
@@ -138,6 +151,13 @@ def test_a_label_no_url_reaches_is_refused_through_every_door(api, client, helpe
         "\u2764\ufe0f\u200d\U0001f525",  # a heart on fire, in emoji style
         "step 1\ufe0f\u20e3",  # a keycap
         "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645",  # Persian, with its non-joiner
+        # (Each refused as ending in a blank, or hidden inside: code review.)
+        "I \u2764\ufe0f",  # a heart in emoji style, last
+        "\U0001f3f4\U000e0067\U000e0062\U000e0073\U000e0063\U000e0074\U000e007f",  # Scotland
+        "\u182c\u1820\u1837\u180e\u1820",  # Mongolian, with its vowel separator
+        "\u845b\U000e0100\u57ce",  # an ideograph's variant (a Japanese place's name)
+        "\u0915\u094d\u200d\u0937",  # Devanagari, a joiner shaping a conjunct
+        "\u0600\u0661\u0662",  # an Arabic number sign, drawn
     ],
 )
 def test_a_joiner_inside_an_emoji_or_a_word_that_needs_it_is_part_of_a_label(api, helper, label):

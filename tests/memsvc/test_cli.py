@@ -182,6 +182,14 @@ def test_a_result_for_a_closed_standard_output_is_refused_in_words(command, monk
 
 
 @pytest.mark.django_db
+def test_a_command_whose_result_is_no_output_runs_with_standard_output_closed(monkeypatch):
+    """``memsvc prune >&-`` in a cron job: its summary goes nowhere, its work is done
+    (code review: it was refused with the commands whose output is their result)."""
+    monkeypatch.setattr(sys, "stdout", None)
+    assert cli.main(["prune"]) == 0
+
+
+@pytest.mark.django_db
 def test_an_export_to_a_file_without_a_name_is_refused_and_writes_nothing(
     tmp_path, monkeypatch, capsys
 ):

@@ -87,6 +87,7 @@ def test_a_cursor_issued_before_cursors_named_their_list_is_refused_to_list_agai
         b'{"after": 1}',
         b"[]",
         json.dumps([ALICES_SEA, 1, 2]).encode(),  # its list's, but not its key's types
+        json.dumps([ALICES_SEA, KEY[0]]).encode(),  # its list's, a value short (code review)
         json.dumps([ALICES_SEA, *KEY, "more"]).encode(),
         json.dumps([7, *KEY]).encode(),
     ],

@@ -187,11 +187,8 @@ def conversation(request, conversation_id):
         if starting_at and rows and not request.htmx:
             # Opened at a message (a search hit): the turns before it are a page back, as
             # from the latest (there was no way to them but from the latest: review).
-            before = selectors.conversation_messages(conversation).filter(seq__lt=rows[0].seq)
-            earlier = (
-                selectors.earlier_messages_cursor(request.principal, conversation, before=rows[0])
-                if before.exists()
-                else None
+            earlier = selectors.earlier_messages_cursor(
+                request.principal, conversation, before=rows[0]
             )
     else:
         backward = selectors.latest_message_page(
@@ -205,12 +202,7 @@ def conversation(request, conversation_id):
             # A page back opened as a page of its own (a link opened in a tab, no script):
             # the turns after it are a page on, as from a search hit (it had no way to them,
             # and the chat put a message sent there after its last row: review).
-            following = selectors.conversation_messages(conversation).filter(seq__gt=rows[-1].seq)
-            later = (
-                selectors.later_messages_cursor(request.principal, conversation, after=rows[-1])
-                if following.exists()
-                else None
-            )
+            later = selectors.later_messages_cursor(request.principal, conversation, after=rows[-1])
     say_who_recorded(rows)
     level = AccessLevel(conversation.access_level)
     llm = llm_configured()
