@@ -644,12 +644,17 @@ def cmd_apikey_list(args: argparse.Namespace) -> int:
 
 def cmd_apikey_revoke(args: argparse.Namespace) -> int:
     _setup_database()
+    from agents_api.keys import split_key
     from agents_api.models import ApiKey
     from agents_api.services import api_key_revoke
 
-    api_key = ApiKey.objects.filter(public_id=args.key_id).first()
+    # The whole key names its id too; its secret is never written back (it was, on stderr,
+    # in "no API key 'msk_...'": review).
+    whole = split_key(args.key_id)
+    key_id = whole[0] if whole else args.key_id
+    api_key = ApiKey.objects.filter(public_id=key_id).first()
     if api_key is None:
-        print(f"no API key {args.key_id!r}", file=sys.stderr)
+        print(f"no API key {key_id!r}", file=sys.stderr)
         return 1
     if api_key.revoked_at is not None:
         print(
@@ -907,7 +912,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--agent", help="only this agent's keys (its name or id)")
     listing.set_defaults(func=cmd_apikey_list)
     revoke = apikey_commands.add_parser("revoke", help="revoke a key by its id")
-    revoke.add_argument("key_id")
+    revoke.add_argument("key_id", help="its id (as `apikey list` shows it), or the key itself")
     revoke.set_defaults(func=cmd_apikey_revoke)
 
     export = commands.add_parser(
