@@ -337,10 +337,16 @@ def test_a_long_conversation_opens_on_its_latest_messages_and_pages_back(alice_p
     cursor = at.split('href="?after=')[1].split('"')[0]
     later = alice_page.get(page_of(conversation), {"after": cursor}).content.decode()
     assert "message number 055" in later and "message number 059" in later
-    # A cursor that is not one of ours is refused by its own name.
-    refused = alice_page.get(page_of(conversation), {"before": "garbage"})
-    assert refused.status_code == 400
-    assert "before: malformed cursor" in refused.content.decode()
+    # A cursor that is not one of ours opens the conversation at its latest messages,
+    # saying so (it was a 400 page in the API's words, with no way back: review).
+    opened = alice_page.get(page_of(conversation), {"before": "garbage"}, follow=True)
+    assert opened.redirect_chain == [(page_of(conversation), 302)]
+    html = opened.content.decode()
+    assert "no longer there: here is its start" in html and "message number 059" in html
+    # Its fragment, for htmx, is refused: the page around it holds the list already.
+    fragment = alice_page.get(page_of(conversation), {"before": "garbage"}, HTTP_HX_REQUEST="true")
+    assert fragment.status_code == 400
+    assert "before: malformed cursor" in fragment.content.decode()
 
 
 def test_a_message_cursor_of_the_other_way_or_of_another_conversation_is_refused(alice_page):
@@ -358,10 +364,16 @@ def test_a_message_cursor_of_the_other_way_or_of_another_conversation_is_refused
         (other, {"after": later}),
         (other, {"before": earlier}),
     ]:
-        refused = alice_page.get(page_of(opened), params)
+        refused = alice_page.get(page_of(opened), params, HTTP_HX_REQUEST="true")
         [(field, _)] = params.items()
         assert refused.status_code == 400, (params, refused.content)
         assert f"{field}: {ANOTHER_LIST}" in refused.content.decode()
+        # As a page of its own: the conversation's latest messages (code review).
+        page = alice_page.get(page_of(opened), params)
+        assert (page.status_code, page["Location"]) == (302, page_of(opened))
+    # The list of conversations alike, its other parameters kept.
+    home = alice_page.get("/app/", {"after": later, "q": "Long"})
+    assert (home.status_code, home["Location"]) == (302, "/app/?q=Long")
 
 
 @pytest.mark.parametrize("path", ["/app/c/not-a-uuid/", "/app/nowhere/"])

@@ -5,6 +5,7 @@ from contextlib import contextmanager
 from functools import partial, wraps
 from urllib.parse import urlsplit
 
+from django.contrib import messages as flash
 from django.contrib.auth.views import redirect_to_login
 from django.http import HttpResponseRedirect
 from django.shortcuts import redirect, render
@@ -97,11 +98,34 @@ def page(view=None, /, **query_labels: str):
             request.refused_form = refused_form(request)
             response = view(request, *args, **kwargs)
         except (ApiError, ValidationError) as exc:
-            response = _refused(request, exception_handler(exc, None))
+            response = _from_the_start(request, exc) or _refused(
+                request, exception_handler(exc, None)
+            )
         patch_vary_headers(response, ["HX-Request"])
         return response
 
     return wrapper
+
+
+# The cursors of the pages' lists (``?after=``, ``?before=``).
+_CURSORS = ("after", "before")
+
+
+def _from_the_start(request, exc) -> HttpResponseRedirect | None:
+    """A page opened with a cursor its list refuses (another list's, another
+    conversation's, one made before cursors named their list: a link kept from another page
+    or tab) opens at its list's start, saying so: the refusal spoke the API's words to a
+    person ("before: a cursor of another list, or of other filters or another caller: list
+    again"), with no way back but to the conversations (review). Not for htmx, whose
+    fragment goes into a page that holds the list already."""
+    details = getattr(exc, "details", None) or {}
+    if request.method != "GET" or request.htmx or not set(details) & set(_CURSORS):
+        return None
+    query = request.GET.copy()
+    for name in _CURSORS:
+        query.pop(name, None)
+    flash.info(request, "That part of the list is no longer there: here is its start.")
+    return HttpResponseRedirect(request.path + (f"?{query.urlencode()}" if query else ""))
 
 
 # A form's refusal kept for the page it was sent from (``_refused``): the form's address, what
