@@ -399,10 +399,24 @@ def memories_of(
 
 
 def memory_page(
-    memories: QuerySet[Memory], *, order: str, after: str | None, limit: int, of_list: str
+    principal: Principal,
+    agent: Agent | None,
+    *,
+    user_id: str,
+    tag: str | None = None,
+    order: str,
+    after: str | None,
+    limit: int,
 ) -> Page:
-    """A page of ``memories`` (``memories_of``) in ``order``; ``of_list``: ``list_digest``
-    of the listing, its caller, every filter that shaped ``memories`` and ``order``."""
+    """A page of ``memories_of(agent, user_id=, tag=)`` in ``order``, as ``principal``
+    lists them. Its cursors are of that list (``list_digest``), whichever door asks for it:
+    an agent's through its API or MCP, a user's through theirs or the pages (each door
+    named its own list, and one's cursor was refused by another: code review)."""
+    memories = memories_of(agent, user_id=user_id, tag=tag)
+    tag = tag or None  # (none and "" are no tag alike: ``memories_of``)
+    of_list = list_digest(
+        "memories", principal, agent=agent and agent.pk, user_id=user_id, tag=tag, order=order
+    )
     if order == "popular":
         return _popular_page(memories, after=after, limit=limit, of_list=of_list)
     return keyset_page(

@@ -55,6 +55,7 @@ from memsvc.client.core import (
 )
 from memsvc.client.sender import sender
 from memsvc.text import (
+    INVISIBLE_PROBLEM,
     has_bidi_controls,
     has_blank_ends,
     has_control_characters,
@@ -224,7 +225,7 @@ def _task_id_problem(task_id: str) -> str | None:
         # (a trailing newline, as read from a file: code review)
         return "must be one line, without control characters or blanks at either end"
     if hidden_characters(task_id):
-        return "must not contain invisible characters (a zero-width space or joiner)"
+        return INVISIBLE_PROBLEM
     return None
 
 

@@ -127,6 +127,10 @@ def _joined(value: str, place: int) -> bool:
     return False
 
 
+# What a name or an id holding one is told (``hidden_characters``, the user-id rule).
+INVISIBLE_PROBLEM = "must not contain invisible characters (a zero-width space or joiner)"
+
+
 def hidden_characters(value: str) -> list[int]:
     """The places in ``value`` of characters that draw nothing and shape nothing there: a
     zero-width space, a word joiner, a soft hyphen, a Hangul filler anywhere; a joiner or a

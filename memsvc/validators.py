@@ -8,6 +8,7 @@ from django.core.exceptions import ValidationError
 
 from memsvc.text import (
     DEFAULT_IGNORABLE,
+    INVISIBLE_PROBLEM,
     has_bidi_controls,
     has_blank_ends,
     has_control_characters,
@@ -99,7 +100,7 @@ def no_hidden_characters(value: str) -> None:
     ``no_blank_ends``' to refuse: said once.)"""
     if not has_blank_ends(value) and hidden_characters(value):
         raise ValidationError(
-            "must not contain invisible characters (a zero-width space or joiner)",
+            INVISIBLE_PROBLEM,
             code="invisible_character",
         )
 

@@ -15,7 +15,6 @@ from memsvc.api.fields import chosen_by_query, query_choice, query_text
 from memsvc.api.pagination import (
     AFTER_PARAMETER,
     LIMIT_PARAMETER,
-    list_digest,
     page_data,
     page_params,
 )
@@ -98,14 +97,13 @@ class AgentMemoriesView(AgentApiView):
     def get(self, request):
         user_id = _subject(request, request.query_params.get("userId"))
         tag, order = _tag(request), _order(request)
-        memories = selectors.memories_of(request.agent, user_id=user_id, tag=tag)
         page = selectors.memory_page(
-            memories,
+            request.principal,
+            request.agent,
+            user_id=user_id,
+            tag=tag,
             order=order,
             **page_params(request),
-            of_list=list_digest(
-                "agent memories", request.principal, user_id=user_id, tag=tag, order=order
-            ),
         )
         return Response(page_data(page, s.MemoryOut))
 
@@ -238,14 +236,13 @@ class UserMemoriesView(UserApiView):
     def get(self, request):
         agent = _agent_filter(request.query_params.get("agentId"))
         tag, order = _tag(request), _order(request)
-        memories = selectors.memories_of(agent, user_id=request.principal.id, tag=tag)
         page = selectors.memory_page(
-            memories,
+            request.principal,
+            agent,
+            user_id=request.principal.id,
+            tag=tag,
             order=order,
             **page_params(request),
-            of_list=list_digest(
-                "user memories", request.principal, agent=agent and agent.id, tag=tag, order=order
-            ),
         )
         selectors.citations_shown_to(request.principal, page.rows)
         return Response(page_data(page, s.MemoryOut))

@@ -44,7 +44,7 @@ from memsvc.api.errors import (
 )
 from memsvc.api.fields import contains_nul
 from memsvc.api.middleware import InternalError, exception_refusal
-from memsvc.api.pagination import DEFAULT_LIMIT, MAX_LIMIT, list_digest, page_data
+from memsvc.api.pagination import DEFAULT_LIMIT, MAX_LIMIT, page_data
 from memsvc.api.principals import Principal
 from memsvc.db import DATABASE_GONE_SAID, database_gone, like_a_request
 from memsvc.text import named
@@ -190,17 +190,15 @@ def _memory_search(caller: Caller, args: dict) -> dict:
 
 
 def _memory_list(caller: Caller, args: dict) -> dict:
-    tag, order = args.get("tag"), args.get("order", "recent")
-    memories = selectors.memories_of(caller.agent, user_id=caller.subject, tag=tag)
     page = selectors.memory_page(
-        memories,
-        order=order,
+        caller.principal,
+        caller.agent,
+        user_id=caller.subject,
+        tag=args.get("tag"),
+        order=args.get("order", "recent"),
         after=args.get("after"),
         # (JSON Schema's integer admits 5.0 too: the schema checked it is a whole number)
         limit=int(args.get("limit", DEFAULT_LIMIT)),
-        of_list=list_digest(
-            "mcp memories", caller.principal, user_id=caller.subject, tag=tag, order=order
-        ),
     )
     return page_data(page, s.MemoryOut)
 

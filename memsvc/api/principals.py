@@ -10,6 +10,7 @@ from django.core.exceptions import ValidationError
 
 from memsvc.api.errors import InvalidInput, NotFound
 from memsvc.text import (
+    INVISIBLE_PROBLEM,
     has_bidi_controls,
     has_blank_ends,
     has_control_characters,
@@ -70,7 +71,7 @@ def user_id_problem(value, *, given: bool = False) -> str | None:
         return "must not contain bidirectional control characters"
     if has_invisible_characters(value):
         # (one id that looks like another: "ali\u200bce" is listed as "alice")
-        return "must not contain invisible characters (a zero-width space or joiner)"
+        return INVISIBLE_PROBLEM
     if has_blank_ends(value):
         return "must not begin or end with a space"  # ("bob " is listed as "bob")
     if given and has_unnormalised_letters(value):

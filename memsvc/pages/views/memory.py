@@ -9,7 +9,6 @@ from agents_api import selectors, services
 from agents_api.api import serializers as s
 from memsvc.api.errors import one_or_404
 from memsvc.api.fields import InputSerializer, TextField
-from memsvc.api.pagination import list_digest
 from memsvc.pages.views.common import (
     PAGE_SIZE,
     action,
@@ -83,11 +82,12 @@ def agent_memory(request, agent_id):
     if "hits" in context and request.htmx:
         return render(request, "pages/_memory_hits.html", context)
     context["memories"] = selectors.memory_page(
-        selectors.memories_of(agent, user_id=user_id),
+        request.principal,
+        agent,
+        user_id=user_id,
         order="recent",
         after=request.GET.get("after") or None,
         limit=PAGE_SIZE,
-        of_list=list_digest("memory page", request.principal, agent=agent.id),
     )
     if request.htmx:  # the next page of memories
         return render(request, "pages/_memory_rows.html", context)
