@@ -379,8 +379,8 @@ FOLDED_SQL = "lower(unaccent({}))"
 
 def _holds_folded(text: str, query: str) -> str:
     """SQL: whether ``text`` holds ``query``, both folded (``FOLDED_SQL``). A substring, not
-    a LIKE pattern: a fullwidth percent sign or low line is folded to LIKE's own wildcards, which an
-    escaped pattern then held unescaped (code review)."""
+    a LIKE pattern: a fullwidth percent sign or low line is folded to LIKE's own wildcards,
+    which an escaped pattern then held unescaped (code review)."""
     return f"strpos({FOLDED_SQL.format(text)}, {FOLDED_SQL.format(query)}) > 0"
 
 

@@ -136,8 +136,8 @@ def hidden_characters(value: str) -> list[int]:
     zero-width space, a word joiner, a soft hyphen, a Hangul filler anywhere; a joiner or a
     variation selector but where it has a use (``_joined``): "a\u200bb", "a\u200db" and a
     Russian name with a non-joiner inside are listed as "ab" and the name, two labels or
-    agents that look one (review; code review). Not a bidirectional control (refused as one: ``has_bidi_controls``), nor a
-    format character that is drawn."""
+    agents that look one (review; code review). Not a bidirectional control (refused as
+    one: ``has_bidi_controls``), nor a format character that is drawn."""
     if value.isascii():
         return []
     return [
