@@ -452,7 +452,7 @@ def test_a_write_answers_the_json_that_its_reads_answer(api, helper):
     assert json.dumps(saved["metadata"]) == json.dumps(stored["metadata"])
 
     # Keys of any length and script, and one given twice (the last kept).
-    keys = b'{"\u00e9t\u00e9": 1, "zz": 2, "\u0436": 3, "a": 4, "ab": 5, "a": 6, "Z": 7}'
+    keys = rb'{"\u00e9t\u00e9": 1, "zz": 2, "\u0436": 3, "a": 4, "ab": 5, "a": 6, "Z": 7}'
     body = b'{"toolName": "look", "input": %s, "output": [%s, -0.0, %s]}' % (
         NUMBERS,
         NUMBERS,

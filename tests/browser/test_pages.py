@@ -543,6 +543,8 @@ def test_an_answer_the_model_failed_to_write_is_asked_for_again(
     expect(page.locator("#messages li.message.assistant .content")).to_have_text(
         "Start with the Vatican Museums."
     )
+    # The text is shown as it streams; the answer is kept once the stream has ended.
+    expect(page.locator("#messages li.streaming")).to_have_count(0)
     expect(form.get_by_role("alert")).to_have_count(0)
     expect(form.get_by_role("button", name="Ask for the answer again")).to_have_count(0)
     said = Message.objects.filter(conversation=assistant_chat).order_by("seq")
