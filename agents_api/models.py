@@ -244,30 +244,6 @@ class ApiKey(models.Model):
         return self.revoked_at is None
 
 
-IDEMPOTENCY_KEY_MAX_LENGTH = 255
-
-
-class IdempotentRequest(models.Model):
-    """The result of a request sent with an ``Idempotency-Key``: a retry gets it back.
-    ``result_ids`` are the ids of the rows it wrote, in order: messages, or tool records
-    (``request_hash`` tells the kinds of request apart: ``services.idempotency``)."""
-
-    principal_id = models.CharField(max_length=PRINCIPAL_MAX_LENGTH)
-    key = models.CharField(max_length=IDEMPOTENCY_KEY_MAX_LENGTH)
-    request_hash = models.CharField(max_length=64)
-    result_ids = models.JSONField(default=list)
-    created_at = models.DateTimeField(default=timezone.now, editable=False)
-
-    class Meta:
-        db_table = "idempotent_request"
-        constraints = [
-            models.UniqueConstraint(fields=["principal_id", "key"], name="idempotency_key_unique")
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.principal_id}: {self.key}"
-
-
 # --- long-term memories ----------------------------------------------------------------------
 
 MEMORY_TTL = timedelta(days=15)  # kagent: a memory lives 15 days unless it keeps being used

@@ -15,6 +15,7 @@ from django.db import DatabaseError, connections, transaction
 from agents_api import extraction, reading, services, sleeptime
 from agents_api.models import Agent, SummarySource
 from conversations.models import Conversation
+from memsvc.api.idempotency import idempotency_keys_prune
 from memsvc.broker import TRANSIENT
 from memsvc.celery import app, sent
 from memsvc.db import DATABASE_DID_NOT_ANSWER
@@ -139,7 +140,7 @@ def prune_memories_task() -> dict[str, int]:
     """The daily lifecycle run (``memsvc prune`` does the same by hand): memories, the
     Idempotency-Keys past their time, and Letta's blocks whose attach never came."""
     result = services.memories_prune()
-    forgotten = services.idempotency_keys_prune()
+    forgotten = idempotency_keys_prune()
     unattached = services.unattached_blocks_prune()
     logger.info(
         "pruned memories: %d deleted, %d extended; %d idempotency keys forgotten; "

@@ -438,11 +438,8 @@ def cmd_reindex(args: argparse.Namespace) -> int:
 
 def cmd_prune(args: argparse.Namespace) -> int:
     _setup_database()
-    from agents_api.services import (
-        idempotency_keys_prune,
-        memories_prune,
-        unattached_blocks_prune,
-    )
+    from agents_api.services import memories_prune, unattached_blocks_prune
+    from memsvc.api.idempotency import idempotency_keys_prune
 
     result = memories_prune()
     print(f"memories: {result.deleted} deleted, {result.extended} extended")

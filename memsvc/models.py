@@ -1,6 +1,9 @@
 """Tables of the service itself (not of a feature app)."""
 
 from django.db import models
+from django.utils import timezone
+
+from memsvc.api.principals import PRINCIPAL_MAX_LENGTH
 
 
 class RateLimitCounter(models.Model):
@@ -18,3 +21,27 @@ class RateLimitCounter(models.Model):
 
     def __str__(self) -> str:
         return f"{self.bucket}: {self.hits}"
+
+
+IDEMPOTENCY_KEY_MAX_LENGTH = 255
+
+
+class IdempotentRequest(models.Model):
+    """The result of a request sent with an ``Idempotency-Key``: a retry gets it back.
+    ``result_ids`` are the ids of the rows it wrote, in order: messages, or tool records
+    (``request_hash`` tells the kinds of request apart: ``memsvc.api.idempotency``)."""
+
+    principal_id = models.CharField(max_length=PRINCIPAL_MAX_LENGTH)
+    key = models.CharField(max_length=IDEMPOTENCY_KEY_MAX_LENGTH)
+    request_hash = models.CharField(max_length=64)
+    result_ids = models.JSONField(default=list)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        db_table = "idempotent_request"
+        constraints = [
+            models.UniqueConstraint(fields=["principal_id", "key"], name="idempotency_key_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.principal_id}: {self.key}"

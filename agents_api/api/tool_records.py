@@ -7,14 +7,19 @@ from rest_framework.response import Response
 
 from agents_api import selectors, services
 from agents_api.api import serializers as s
-from agents_api.api.views import IDEMPOTENCY_PARAMETERS, AgentApiView, agent_operation
+from agents_api.api.views import AgentApiView, agent_operation
 from agents_api.models import Scope
 from agents_api.services import NewToolRecord
 from agents_api.tasks import enqueue_tool_record_observation
 from conversations.selectors import access_conversation
 from memsvc.api.errors import InvalidInput, NotFound
 from memsvc.api.fields import chosen_by_query, query_text
-from memsvc.api.idempotency import idempotency_key, marked_replayed, request_fingerprint
+from memsvc.api.idempotency import (
+    IDEMPOTENCY_PARAMETERS,
+    idempotency_key,
+    marked_replayed,
+    request_fingerprint,
+)
 from memsvc.api.pagination import (
     AFTER_PARAMETER,
     LIMIT_PARAMETER,

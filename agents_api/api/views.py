@@ -8,7 +8,7 @@ from agents_api import selectors as agent_selectors
 from agents_api import services as agent_services
 from agents_api.api import serializers as s
 from agents_api.authentication import ON_BEHALF_HEADER, ApiKeyAuthentication, HasScope
-from agents_api.models import IDEMPOTENCY_KEY_MAX_LENGTH, Scope
+from agents_api.models import Scope
 from agents_api.tasks import enqueue_memory_extraction, enqueue_memory_touch
 from conversations import selectors, services
 from conversations.api.serializers import (
@@ -26,8 +26,7 @@ from conversations.services import NewMessage
 from memsvc.api.errors import InvalidInput, NotFound
 from memsvc.api.fields import chosen_by_query
 from memsvc.api.idempotency import (
-    KEY_HEADER,
-    REPLAYED_HEADER,
+    IDEMPOTENCY_PARAMETERS,
     idempotency_key,
     marked_replayed,
     request_fingerprint,
@@ -59,26 +58,6 @@ USER_ID = OpenApiParameter(
     {"type": "string", "minLength": 1, "maxLength": PRINCIPAL_MAX_LENGTH},
     description="The user they are about (default: the agent's own).",
 )
-
-# A create that a retry may repeat (its answer lost): the header, and the answer's mark.
-IDEMPOTENCY_PARAMETERS = [
-    OpenApiParameter(
-        KEY_HEADER,
-        {"type": "string", "minLength": 1, "maxLength": IDEMPOTENCY_KEY_MAX_LENGTH},
-        location=OpenApiParameter.HEADER,
-        description="A retry with the same key returns the first result, writing nothing; "
-        "409 when the key was used for another request, or when what it wrote has been "
-        "deleted since (wholly or in part). UTF-8 text, given once (400 otherwise, and when "
-        "empty).",
-    ),
-    OpenApiParameter(
-        REPLAYED_HEADER,
-        {"type": "string", "enum": ["true"]},
-        location=OpenApiParameter.HEADER,
-        response=[201],
-        description="Set on the answer to a retry: the first request's result, again.",
-    ),
-]
 
 
 def agent_operation(operation_id: str, *, parameters=(), **kwargs):

@@ -13,7 +13,6 @@ from agents_api.services.blocks import (
     memory_block_update,
 )
 from agents_api.services.data_rights import Erased, user_erase
-from agents_api.services.idempotency import IDEMPOTENCY_KEY_TTL, idempotency_keys_prune
 from agents_api.services.letta import (
     letta_agent_create,
     letta_agent_delete,
@@ -61,7 +60,6 @@ from agents_api.services.tool_records import (
 )
 
 __all__ = [
-    "IDEMPOTENCY_KEY_TTL",
     "NEAR_DUPLICATE_SIMILARITY",
     "POPULAR_ACCESS_COUNT",
     "Erased",
@@ -74,7 +72,6 @@ __all__ = [
     "api_key_create",
     "api_key_revoke",
     "expired_copies_forget",
-    "idempotency_keys_prune",
     "letta_agent_create",
     "letta_agent_delete",
     "letta_agent_update",

@@ -16,6 +16,7 @@ from conversations.services import user_conversations_erase
 from memsvc.api.errors import InvalidInput
 from memsvc.api.principals import Principal
 from memsvc.db import hold_users
+from memsvc.models import IdempotentRequest
 
 
 @dataclass(frozen=True)
@@ -35,14 +36,15 @@ def user_erase(actor: Principal, *, confirm: str) -> Erased:
     messages in them), their messages and memberships elsewhere, the transfers they made or
     were offered, and what every agent keeps about them (memories, blocks and their
     revisions, tool records made for them or in the conversations they own, which would
-    otherwise outlive those), and their login to the web pages (an operator's, staff, is
-    the admin's to remove). Others' memories that cited a message erased cite it no more
-    (``memory_citations_forget``). Their memory switch goes too, unless it is off: that row
-    says only that agents must not remember them, and is kept so that they do not start
-    again. That they were erased, and when, and the ids of the conversations erased with
-    them, is kept (``UserErasure``): no import of an older document brings back their turns
-    in another's conversations, nor an agent's records of their conversations. ``confirm`` must be
-    their id: this cannot be undone. All or nothing."""
+    otherwise outlive those), the Idempotency-Keys they sent, and their login to the web
+    pages (an operator's, staff, is the admin's to remove). Others' memories that cited a
+    message erased cite it no more (``memory_citations_forget``). Their memory switch goes
+    too, unless it is off: that row says only that agents must not remember them, and is
+    kept so that they do not start again. That they were erased, and when, and the ids of
+    the conversations erased with them, is kept (``UserErasure``): no import of an older
+    document brings back their turns in another's conversations, nor an agent's records of
+    their conversations. ``confirm`` must be their id: this cannot be undone. All or
+    nothing."""
     if confirm != actor.id:
         raise InvalidInput.for_field(
             "confirm", "must be your own user id: erasing your data cannot be undone"
@@ -55,6 +57,7 @@ def user_erase(actor: Principal, *, confirm: str) -> Erased:
     memories = memories_delete(actor, memories=memories_of(user_id=actor.id, with_expired=True))
     _, deleted = MemoryBlock.objects.filter(user_id=actor.id).delete()
     UserMemorySetting.objects.filter(user_id=actor.id, memory_enabled=True).delete()
+    IdempotentRequest.objects.filter(principal_id=actor.id).delete()
     get_user_model().objects.filter(username=actor.id, is_staff=False).delete()
     erasure, made = UserErasure.objects.get_or_create(
         user_id=actor.id, defaults={"erased_at": timezone.now(), "conversation_ids": owned}

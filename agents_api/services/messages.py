@@ -4,7 +4,6 @@ compatibility API's."""
 from django.db import transaction
 
 from agents_api.models import Agent
-from agents_api.services.idempotency import write_once
 from conversations.models import Conversation, Message, Role
 from conversations.services import (
     NewMessage,
@@ -12,6 +11,7 @@ from conversations.services import (
     conversation_update,
     messages_append,
 )
+from memsvc.api.idempotency import write_once
 from memsvc.api.principals import Principal
 from memsvc.db import locked_row
 

@@ -12,11 +12,11 @@ from django.utils import timezone
 from agents_api import observer
 from agents_api.models import Agent, Memory, SummarySource, ToolRecord
 from agents_api.selectors import memory_off_for, tool_records_about
-from agents_api.services.idempotency import write_once
 from agents_api.services.memories import memory_off_refusal
 from conversations.models import Conversation, Message
 from conversations.selectors import group_owners
 from memsvc.api.errors import Conflict, InvalidInput
+from memsvc.api.idempotency import write_once
 from memsvc.api.principals import Principal, agent_uuid_of
 from memsvc.db import held_keys, hold_users
 from memsvc.text import shows_nothing

@@ -8,6 +8,12 @@ from conversations import selectors, services
 from conversations.api import serializers as s
 from conversations.models import AccessLevel, TransferStatus
 from memsvc.api.fields import no_body_fields, query_choice
+from memsvc.api.idempotency import (
+    IDEMPOTENCY_PARAMETERS,
+    idempotency_key,
+    marked_replayed,
+    request_fingerprint,
+)
 from memsvc.api.pagination import AFTER_PARAMETER, LIMIT_PARAMETER, page_data, page_params
 from memsvc.api.principals import agent_principal_id, principal_for_sharing
 from memsvc.api.schema import errors, listed, paged
@@ -110,17 +116,24 @@ class MessagesView(UserApiView):
 
     @user_operation(
         "appendMessage",
+        parameters=IDEMPOTENCY_PARAMETERS,
         request=s.CreateUserMessageIn,
-        responses={201: s.MessageOut, **errors(400, 401, 403, 404)},
+        responses={201: s.MessageOut, **errors(400, 401, 403, 404, 409)},
     )
     def post(self, request, conversation_id):
         conversation = selectors.access_conversation(
             request.principal, conversation_id, need=AccessLevel.WRITER, summary=False
         )
         data = s.CreateUserMessageIn.parse(request.data)
-        message = services.message_append(request.principal, conversation=conversation, **data)
+        message, created = services.message_append_once(
+            request.principal,
+            conversation=conversation,
+            **data,
+            idempotency_key=idempotency_key(request),
+            request_hash=request_fingerprint("user-message", str(conversation.id), request.data),
+        )
         selectors.show_parents([message])
-        return Response(s.MessageOut(message).data, status=201)
+        return marked_replayed(Response(s.MessageOut(message).data, status=201), created)
 
 
 class ForkView(UserApiView):

@@ -1,16 +1,49 @@
-"""The ``Idempotency-Key`` request header of the APIs that append messages (the agent API's
-bulk append, the local API's ``POST /messages``) and store tool records (``POST
-/v1/agent/tool-records``, the local API's ``POST /tool-records``): a retry with the same key
-gets the first request's result and writes nothing (``agents_api.services.idempotency``)."""
+"""The ``Idempotency-Key`` request header of the APIs that append messages (the user API's
+``POST /v1/user/conversations/{id}/messages``, the agent API's bulk append, the local API's
+``POST /messages``) and store tool records (``POST /v1/agent/tool-records``, the local API's
+``POST /tool-records``): a retry with the same key (its answer was lost) gets the first
+request's rows back and writes nothing (``write_once``; the keys kept in
+``memsvc.models.IdempotentRequest``, one store for every API)."""
 
 import hashlib
 import json
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from typing import TypeVar
 
-from memsvc.api.errors import InvalidInput
+from django.db import connection
+from django.db.models import Model, QuerySet
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiParameter
+
+from memsvc.api.errors import Conflict, InvalidInput
 from memsvc.api.fields import header_text
+from memsvc.api.principals import Principal
+from memsvc.models import IDEMPOTENCY_KEY_MAX_LENGTH, IdempotentRequest
 
 KEY_HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"
+
+
+# A create that a retry may repeat (its answer lost): the header, and the answer's mark.
+IDEMPOTENCY_PARAMETERS = [
+    OpenApiParameter(
+        KEY_HEADER,
+        {"type": "string", "minLength": 1, "maxLength": IDEMPOTENCY_KEY_MAX_LENGTH},
+        location=OpenApiParameter.HEADER,
+        description="A retry with the same key returns the first result, writing nothing; "
+        "409 when the key was used for another request, or when what it wrote has been "
+        "deleted since (wholly or in part). UTF-8 text, given once (400 otherwise, and when "
+        "empty).",
+    ),
+    OpenApiParameter(
+        REPLAYED_HEADER,
+        {"type": "string", "enum": ["true"]},
+        location=OpenApiParameter.HEADER,
+        response=[201],
+        description="Set on the answer to a retry: the first request's result, again.",
+    ),
+]
 
 
 def idempotency_key(request) -> str | None:
@@ -34,3 +67,84 @@ def marked_replayed(response, created: bool):
     if not created:
         response[REPLAYED_HEADER] = "true"
     return response
+
+
+Row = TypeVar("Row", bound=Model)
+
+# How long an Idempotency-Key is remembered: a retry comes within minutes or hours; kept
+# forever, every keyed write would leave a row behind for good. (The daily prune.)
+IDEMPOTENCY_KEY_TTL = timedelta(days=7)
+
+
+def idempotency_keys_prune(*, now: datetime | None = None) -> int:
+    """Forget the keys of requests older than ``IDEMPOTENCY_KEY_TTL``; how many."""
+    now = now or timezone.now()
+    deleted, _ = IdempotentRequest.objects.filter(created_at__lt=now - IDEMPOTENCY_KEY_TTL).delete()
+    return deleted
+
+
+def write_once(
+    actor: Principal,
+    idempotency_key: str | None,
+    request_hash: str,
+    write: Callable[[], list[Row]],
+    rows: QuerySet[Row],
+    *,
+    kind: str,
+) -> tuple[list[Row], bool]:
+    """``write()``, once per ``idempotency_key`` of ``actor``: a retry gets the rows the
+    first request wrote (of ``rows``, in the order written), and (rows, created) says which.
+    A retry after some of them were deleted is a conflict naming their ``kind`` ("message"):
+    answered with those left, a client whose answer was lost took its rows for stored, and
+    each caller decided it for itself (code review).
+
+    A key reused for a different request (another ``request_hash``: the hash names what
+    kind of request it is, so a message's key is no tool record's) is a conflict. Two
+    concurrent requests with one key serialise on the key's unique index. The caller holds
+    a transaction: the key is claimed in the one that writes.
+    """
+    if not idempotency_key:
+        return write(), True
+    if len(idempotency_key) > IDEMPOTENCY_KEY_MAX_LENGTH:
+        raise InvalidInput.for_field(
+            KEY_HEADER,
+            f"must be at most {IDEMPOTENCY_KEY_MAX_LENGTH} characters",
+            location="header",
+        )
+    record_id = _claim_key(actor.id, idempotency_key, request_hash)
+    if record_id is None:
+        record = IdempotentRequest.objects.get(principal_id=actor.id, key=idempotency_key)
+        if record.request_hash != request_hash:
+            raise Conflict("this Idempotency-Key was already used for a different request")
+        found = {str(row.pk): row for row in rows.filter(pk__in=record.result_ids)}
+        if len(found) != len(record.result_ids):
+            many = len(record.result_ids) > 1
+            raise Conflict(
+                f"the {kind}{'s' if many else ''} stored with this Idempotency-Key "
+                f"{'have' if many else 'has'} been deleted since"
+            )
+        return [found[i] for i in record.result_ids], False
+    written = write()
+    IdempotentRequest.objects.filter(pk=record_id).update(
+        result_ids=[str(row.pk) for row in written]
+    )
+    return written, True
+
+
+def _claim_key(principal_id: str, key: str, request_hash: str) -> int | None:
+    """The id of a new record of ``key``, or None if the key is taken. One statement (an
+    ORM ``get_or_create`` sends four: a read, a savepoint, the insert, its release). A
+    request with the same key in flight holds the key's unique index entry until it ends:
+    this one waits for it, then finds the key taken."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            INSERT INTO idempotent_request (principal_id, key, request_hash, result_ids, created_at)
+            VALUES (%s, %s, %s, '[]'::jsonb, now())
+            ON CONFLICT (principal_id, key) DO NOTHING
+            RETURNING id
+            """,
+            [principal_id, key, request_hash],
+        )
+        row = cursor.fetchone()
+    return row[0] if row else None

@@ -15,12 +15,13 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from agents_api.keys import split_key
-from agents_api.models import ApiKey, IdempotentRequest
+from agents_api.models import ApiKey
 from agents_api.services import api_key_revoke
 from conversations.models import Conversation, Membership, Message
 from conversations.services import messages_delete
 from memsvc.api.principals import Principal
 from memsvc.asgi import ThreadPoolHandler
+from memsvc.models import IdempotentRequest
 from tests.agents_api.conftest import make_agent
 from tests.api import another_list, rekeyed
 from tests.db import recorded_statements
@@ -605,7 +606,7 @@ def test_the_same_idempotency_key_twice_stores_one_set(api, helper):
 
 
 def test_an_idempotency_key_is_forgotten_after_its_time_by_the_daily_prune(api, helper):
-    from agents_api.services import IDEMPOTENCY_KEY_TTL, idempotency_keys_prune
+    from memsvc.api.idempotency import IDEMPOTENCY_KEY_TTL, idempotency_keys_prune
 
     conversation = agent_conversation(api, helper)
 

@@ -349,6 +349,20 @@ def test_erase_removes_the_users_login_to_the_pages_and_no_operators(api, alice,
     assert sorted(User.objects.values_list("username", flat=True)) == ["bob", "carol"]
 
 
+def test_erase_forgets_the_idempotency_keys_the_user_sent_and_no_one_elses(api, alice, bob):
+    """A key names what its sender sent (the ids of their messages): the erased user's go,
+    and a retry with one after the erase stores the turn anew rather than a 409."""
+    from memsvc.models import IdempotentRequest
+
+    for persona in (alice, bob):
+        conversation = call(api, "POST", "/v1/user/conversations", persona, {}, status=201)
+        path = f"/v1/user/conversations/{conversation['id']}/messages"
+        sent = api.post(path, {"content": "hi"}, as_=persona, headers={"HTTP_IDEMPOTENCY_KEY": "k"})
+        assert sent.status_code == 201
+    call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    assert list(IdempotentRequest.objects.values_list("principal_id", flat=True)) == ["bob"]
+
+
 def test_tool_records_made_for_the_user_or_in_their_conversations_go_with_the_erase(
     api, alice, bob, tmp_path, world, capsys
 ):

@@ -433,6 +433,37 @@ def test_appending_takes_a_constant_number_of_queries(api, alice):
     assert len(first) == len(later)
 
 
+def test_a_message_sent_again_with_its_idempotency_key_is_stored_once(api, alice, bob):
+    """A chat frontend whose answer was lost sends the turn again with the same key: the
+    first message comes back, marked replayed, and nothing more is stored (it was stored
+    twice: the user API ignored the header). The key is alice's own: bob's same key is
+    his, and the key with another message is a conflict."""
+    conversation = create(api, alice)
+    MembershipFactory(
+        group_id=conversation["conversationGroupId"], principal_id="bob", access_level="writer"
+    )
+    path = f"/v1/user/conversations/{conversation['id']}/messages"
+    key = {"HTTP_IDEMPOTENCY_KEY": "turn-1"}
+    first = api.post(path, {"content": "Book the train"}, as_=alice, headers=key)
+    again = api.post(path, {"content": "Book the train"}, as_=alice, headers=key)
+    assert first.status_code == again.status_code == 201
+    assert again.json() == first.json()
+    assert again["Idempotent-Replayed"] == "true" and "Idempotent-Replayed" not in first
+    assert Message.objects.filter(content="Book the train").count() == 1
+
+    other = api.post(path, {"content": "Book the plane"}, as_=alice, headers=key)
+    assert other.status_code == 409
+    assert other.json()["error"] == "this Idempotency-Key was already used for a different request"
+    assert not Message.objects.filter(content="Book the plane").exists()
+
+    his = api.post(path, {"content": "Book the train"}, as_=bob, headers=key)
+    assert his.status_code == 201 and his.json()["id"] != first.json()["id"]
+    assert Message.objects.filter(content="Book the train").count() == 2
+
+    empty = api.post(path, {"content": "x"}, as_=alice, headers={"HTTP_IDEMPOTENCY_KEY": ""})
+    assert empty.status_code == 400
+
+
 BAD_INPUT = [
     ("POST", "/conversations", {"title": "x" * 501}, "title"),
     ("POST", "/conversations", {"title": "a\x00b"}, "title"),
