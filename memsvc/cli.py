@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import errno
 import os
+import signal
 import stat
 import sys
 import threading
@@ -512,10 +513,16 @@ def cmd_mcp(args: argparse.Namespace) -> int:
             file=sys.stderr,
             flush=True,
         )
-        serve(caller, wire_in, wire)
-        # The session's use counts, while the database is up for the broker-down fallback
-        # (the exit's own flush would come after it stopped).
-        flush_memory_touches()
+        # An MCP client that ends its server with SIGTERM (rather than closing stdin) ends
+        # it as Ctrl-C does: the use counts below are sent first (the default action ended
+        # the process where it was: they were lost; review).
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
+        try:
+            serve(caller, wire_in, wire)
+        finally:
+            # The session's use counts, however it ended, while the database is up for the
+            # broker-down fallback (the exit's own flush would come after it stopped).
+            flush_memory_touches()
         return 0
     finally:
         stopped.set()

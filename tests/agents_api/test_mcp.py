@@ -525,6 +525,31 @@ def test_stdio_ends_on_ctrl_c_while_it_waits_for_the_client():
         assert "memsvc: interrupted" in process.stderr.read()
 
 
+def test_stdio_ended_by_sigterm_sends_the_use_counts_of_its_searches_first():
+    """An MCP client may end its server with SIGTERM (stdin still open): the process ended
+    where it was, and the uses of the memories its last searches returned (sent a second
+    later) were never counted (review). It ends as on Ctrl-C, its counts sent."""
+    agent = local_agent_with_history("raw")
+    memory, _ = memory_save(agent.as_principal(), agent=agent, content="The office is in Lisbon")
+    search = {
+        "jsonrpc": "2.0",
+        "id": 2,
+        "method": "tools/call",
+        "params": {"name": "memory_search", "arguments": {"query": "where is the office"}},
+    }
+    with raw_process() as process:
+        for message in (RAW_INITIALIZE, search):
+            process.stdin.write(json.dumps(message) + "\n")
+        process.stdin.flush()
+        answers = [json.loads(process.stdout.readline()) for _ in range(2)]
+        assert "Lisbon" in json.dumps(answers[1])
+        process.send_signal(signal.SIGTERM)  # stdin stays open
+        assert process.wait(timeout=20) == 130
+        assert "Traceback" not in process.stderr.read()
+    memory.refresh_from_db()
+    assert memory.access_count == 1
+
+
 def test_stdio_answers_every_line_it_cannot_serve():
     """A line the SDK would log and leave unanswered (JSON the service refuses, a line that
     is no JSON, JSON that is no JSON-RPC message, a request whose id MCP does not allow) is
