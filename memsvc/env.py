@@ -11,7 +11,7 @@ import math
 import os
 import re
 from pathlib import Path
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -130,14 +130,27 @@ def env_url(
         return None
     for url in value.split(";") if several else [value]:
         parts = urlsplit(url.strip())
+        shown = password_hidden(url.strip())
         if parts.scheme.partition("+")[0] not in schemes:
             expected = ", ".join(f"{scheme}://" for scheme in schemes)
-            raise ImproperlyConfigured(f"{name} must start with one of {expected}, got {value!r}")
+            raise ImproperlyConfigured(f"{name} must start with one of {expected}, got {shown!r}")
         try:
             parts.port  # noqa: B018 - raises ValueError on a port that is not a number in range
         except ValueError as error:
-            raise ImproperlyConfigured(f"{name} must be a URL, got {value!r}: {error}") from None
+            raise ImproperlyConfigured(f"{name} must be a URL, got {shown!r}: {error}") from None
     return value
+
+
+def password_hidden(url: str) -> str:
+    """``url`` as a message may show it: its password, if any, as ``**`` (as Celery shows a
+    broker's). A refused setting was said whole, the password of a database or a broker
+    with it (review)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.netloc.rpartition("@")[0].partition(":")[0]
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:**@{host}"))
 
 
 def env_list(name: str, default: list[str]) -> list[str]:

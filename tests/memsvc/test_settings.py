@@ -171,6 +171,24 @@ def test_a_malformed_url_or_tunable_stops_start_up(tmp_path, env, message):
     assert "ImproperlyConfigured" in result.stderr and message in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        ("postgres://u:hunter2@127.0.0.1:notaport/db", "'postgres://u:**@127.0.0.1:notaport/db'"),
+        ("mysql://u:hunter2@h/db", "'mysql://u:**@h/db'"),
+        ("redis://a/0; redis://:hunter2@b:99999/0", "'redis://:**@b:99999/0'"),
+    ],
+    ids=["port", "scheme", "second broker"],
+)
+def test_a_refused_url_is_said_without_its_password(monkeypatch, value, shown):
+    """(The message quoted the setting whole: a database's or a broker's password was
+    printed at start-up, to the terminal and whatever collects the logs; review.)"""
+    monkeypatch.setenv("X", value)
+    with pytest.raises(ImproperlyConfigured) as excinfo:
+        env_url("X", None, schemes=("postgres", "redis"), several=True)
+    assert "hunter2" not in str(excinfo.value) and shown in str(excinfo.value)
+
+
 def test_failover_brokers_are_taken_and_redis_counts_on_the_first(tmp_path):
     result = run_django(
         {
