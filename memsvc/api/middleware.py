@@ -219,6 +219,9 @@ def exception_response(request, exception):
         # the server had failed while every API said 503; review).
         response = HttpResponse(refusal.message, status=503, content_type="text/plain")
         response["Retry-After"] = str(UNAVAILABLE_RETRY_SECONDS)
+    # The path as Django's own lines log one, escaped: a newline or an escape sequence in it
+    # wrote a line of the client's own into the log (review).
+    path = request.path.encode("unicode_escape").decode("ascii")
     if isinstance(refusal, Unavailable) and database_gone(exception):
         # Said once a minute, with a traceback of what failed; Django's own line of each
         # 503 left out too (``log_response``'s mark). (A statement's own failure, a
@@ -227,7 +230,7 @@ def exception_response(request, exception):
             logger.error,
             "%s: %s (said once a minute while it lasts)",
             refusal.message,
-            request.path,
+            path,
             exc_info=exception,
             extra={"status_code": refusal.status_code, "request": request},
         )
@@ -236,7 +239,7 @@ def exception_response(request, exception):
         logger.error(
             "%s: %s",
             refusal.message,
-            request.path,
+            path,
             exc_info=exception,
             extra={"status_code": refusal.status_code, "request": request},
         )

@@ -381,3 +381,17 @@ def test_a_refusal_of_a_class_with_its_own_arguments_is_named_too():
     limited = RateLimited(5, "slow down").named({"x": "y"})
     assert isinstance(limited, RateLimited)
     assert (limited.message, limited.headers) == ("slow down", {"Retry-After": "5"})
+
+
+def test_a_path_is_logged_escaped_with_a_failure_it_met(rf, caplog):
+    """A 500 or 503 logs the path it met: a newline or an escape sequence in the path wrote
+    the client's own line into the log (review). Escaped, as Django logs a path."""
+    from memsvc.api.middleware import exception_response
+
+    request = rf.get("/v1/agent/memories/a%0a2026-12-07 06:00:00 ADMIN LOGIN OK%1b[31m")
+    response = exception_response(request, RuntimeError("boom"))
+    assert response.status_code == 500
+    [record] = [r for r in caplog.records if r.name == "django.request"]
+    logged = record.getMessage()
+    assert "\n" not in logged and "\x1b" not in logged
+    assert logged.endswith("/v1/agent/memories/a\\n2026-12-07 06:00:00 ADMIN LOGIN OK\\x1b[31m")
