@@ -21,6 +21,15 @@ def test_token_prints_a_local_jwt_for_the_user(capsys, settings):
     assert 110 <= claims["exp"] - time.time() <= 121
 
 
+def test_token_without_a_secret_says_so_in_one_line(capsys, settings):
+    """Outside local mode without MEMSVC_JWT_SECRET (review: a traceback, exit 1)."""
+    settings.MEMSVC_JWT_SECRET = ""
+    assert cli.main(["token", "alice"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err == "memsvc: MEMSVC_JWT_SECRET is not set: local tokens cannot be signed\n"
+
+
 @pytest.mark.django_db
 def test_apikey_create_list_and_revoke(capsys, api):
     assert cli.main(["apikey", "create", "scribe", "--scope", "read", "--scope", "write"]) == 0
