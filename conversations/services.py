@@ -453,14 +453,14 @@ def summary_create(
     actor: Principal,
     *,
     conversation: Conversation,
-    title: str,
+    title: str | None,
     summary: str,
     until_message: Message,
     summarized_at: datetime,
 ) -> Message:
     """An agent's summary of the view up to ``until_message``: a SUMMARY message that agents
-    see in place of what it covers, and the conversation's new title (a refusal below
-    rolls both back)."""
+    see in place of what it covers, and the conversation's new title unless ``title`` is
+    None (a refusal below rolls both back)."""
     if until_message.channel == Channel.SUMMARY:
         # The context would start after the older summary itself, so the messages between
         # what that one covers and it would be in neither.

@@ -93,7 +93,11 @@ MessageList = listed(MessageOut, "MessageList")
 
 
 class SummaryIn(InputSerializer):
-    title = TitleField(help_text="The conversation's title from now on")
+    # (Required, a blank one wiped the title the user gave: review.)
+    title = TitleField(
+        required=False,
+        help_text="The conversation's title from now on; left out or blank, it stays as it is",
+    )
     summary = MessageContentField()
     untilMessageId = serializers.UUIDField(
         help_text="The last message the summary covers: a message of the conversation's view, "

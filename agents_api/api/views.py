@@ -297,7 +297,7 @@ class SummariesView(AgentApiView):
         message = services.summary_create(
             request.principal,
             conversation=conversation,
-            title=data["title"],
+            title=data.get("title") or None,
             summary=data["summary"],
             until_message=_in_view(conversation, data["untilMessageId"], "untilMessageId"),
             summarized_at=data["summarizedAt"],

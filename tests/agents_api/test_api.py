@@ -1078,6 +1078,23 @@ def test_a_summary_made_in_the_future_is_refused(api, helper):
     assert Message.objects.filter(conversation_id=conversation["id"]).count() == 1
 
 
+def test_a_summary_without_a_title_leaves_the_users_title(api, helper):
+    """The title was required, and a blank one wiped the title the user had given (review):
+    left out or blank, it stays; given, it is the title from now on."""
+    conversation = agent_conversation(api, helper)
+    Conversation.objects.filter(id=conversation["id"]).update(title="Keep me")
+    [stored] = append(api, helper, conversation["id"], {"role": "user", "content": "m"}).json()[
+        "data"
+    ]
+    path = f"/v1/agent/conversations/{conversation['id']}/summaries"
+    body = {"summary": "s", "untilMessageId": stored["id"], "summarizedAt": "2026-01-01T00:00:00Z"}
+    for title in ({}, {"title": ""}):
+        assert api.post(path, {**body, **title}, as_=helper).status_code == 201
+        assert Conversation.objects.get(id=conversation["id"]).title == "Keep me"
+    assert api.post(path, {**body, "title": "Trip"}, as_=helper).status_code == 201
+    assert Conversation.objects.get(id=conversation["id"]).title == "Trip"
+
+
 def test_a_summary_cannot_end_at_another_summary(api, helper):
     conversation = agent_conversation(api, helper)
     stored = append(
