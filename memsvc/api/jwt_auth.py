@@ -112,7 +112,9 @@ def decode_user_token(token: str) -> dict:
             leeway=30,
         )
     except jwt.ExpiredSignatureError:
-        raise Unauthorized("token expired") from None
+        # (Its signature verified. PyJWT reads ``"exp": true`` as 1: "expired": review.)
+        unverified = jwt.decode(token, options={"verify_signature": False})
+        raise Unauthorized(_times_problem(unverified) or "token expired") from None
     except KeySetUnavailable:
         raise Unavailable("the token issuer's key set cannot be read; try again shortly") from None
     except (jwt.PyJWTError, ValueError) as exc:
@@ -126,12 +128,8 @@ def decode_user_token(token: str) -> dict:
     sub = claims["sub"]
     if not isinstance(sub, str) or not sub:
         raise Unauthorized("invalid token: sub must be a non-empty string")
-    # Times are numbers (RFC 7519's NumericDate): PyJWT reads "9999999999" as one, and a
-    # token whose exp was that text was taken (review).
-    for name in ("exp", "nbf", "iat"):
-        value = claims.get(name)
-        if name in claims and (isinstance(value, bool) or not isinstance(value, int | float)):
-            raise Unauthorized(f"invalid token: {name} must be a number")
+    if problem := _times_problem(claims):
+        raise Unauthorized(problem)
     # A signed token for an id this service cannot take as a user's (too long, a NUL, an
     # agent's ``agent:`` prefix: agent principals come from API keys only) is a request it
     # cannot serve, not a failed authentication: 400 naming ``sub``.
@@ -139,6 +137,16 @@ def decode_user_token(token: str) -> dict:
     if problem:
         raise InvalidInput.for_field("sub", problem, location="header")
     return claims
+
+
+def _times_problem(claims: dict) -> str | None:
+    """Why the token's times are not numbers (RFC 7519's NumericDate), or None. PyJWT reads
+    "9999999999" as one, and a token whose exp was that text was taken (review)."""
+    for name in ("exp", "nbf", "iat"):
+        value = claims.get(name)
+        if name in claims and (isinstance(value, bool) or not isinstance(value, int | float)):
+            return f"invalid token: {name} must be a number"
+    return None
 
 
 class JWTAuthentication(BaseAuthentication):
