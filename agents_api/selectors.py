@@ -18,6 +18,7 @@ from agents_api.models import (
     KEPT_BLOCKS,
     LIVE,
     MEMORY_LISTING_MAX,
+    MEMORY_LISTING_TTL,
     MEMORY_LISTINGS_PER_SCOPE,
     Agent,
     Memory,
@@ -442,8 +443,12 @@ def _popular_page(
     else:
         listing_id, position = decode_cursor(after, types=(str, int), of_list=of_list)
         try:
+            # A day's walk, as the README says: the daily prune reclaims older listings, up
+            # to a day later (read until then: review).
             listing = MemoryListing.objects.filter(
-                id=uuid.UUID(listing_id), scope=_listing_scope(memories)
+                id=uuid.UUID(listing_id),
+                scope=_listing_scope(memories),
+                created_at__gte=timezone.now() - MEMORY_LISTING_TTL,
             ).first()
         except ValueError:
             listing = None

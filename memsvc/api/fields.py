@@ -83,6 +83,8 @@ class MomentField(serializers.DateTimeField):
     default_error_messages = {
         "invalid": "must be a date and time with its offset (RFC 3339), as "
         "2026-05-06T10:00:00Z or 2026-05-06T12:00:00+02:00",
+        # (DRF's "Datetime value out of range.": a year 9999 west of UTC, 0001 east of it)
+        "overflow": "must be between 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z in UTC",
     }
     # (ASCII digits: ``\d`` took fullwidth ones; a fraction of any length, as RFC 3339's)
     _RFC_3339 = re.compile(

@@ -666,6 +666,23 @@ def test_a_walk_by_popularity_shows_each_memory_once_while_searches_count_uses(a
         assert refused.status_code == 400 and "after" in refused.json()["details"]
 
 
+def test_a_popular_cursor_lasts_a_day_whenever_the_prune_runs(api, helper):
+    """The README says a walk by popularity lasts a day: its cursor was read until the daily
+    prune reclaimed its order, up to a day later (review)."""
+    from agents_api.models import MEMORY_LISTING_TTL, MemoryListing
+
+    for i in range(3):
+        save(api, helper, f"Fact {i} about the {['sea', 'sky', 'hills'][i]}")
+    cursor = api.get(MEMORIES, as_=helper, order="popular", limit=1).json()["nextCursor"]
+    assert api.get(MEMORIES, as_=helper, order="popular", after=cursor).status_code == 200
+    MemoryListing.objects.update(
+        created_at=timezone.now() - MEMORY_LISTING_TTL - timedelta(minutes=1)
+    )
+    refused = api.get(MEMORIES, as_=helper, order="popular", after=cursor)
+    assert refused.status_code == 400
+    assert refused.json()["details"] == {"after": ["unknown or expired cursor: list again"]}
+
+
 def test_a_popular_cursor_of_another_list_is_400_not_its_end(api, helper, rival):
     """Another user's, tag's or agent's cursor read as an empty last page: a walk believed
     it had ended (review)."""
@@ -809,6 +826,17 @@ def test_a_time_is_taken_with_its_offset_as_rfc_3339_writes_it(api, helper, expi
     if status == 400:
         assert "RFC 3339" in response.json()["details"]["expiresAt"][0]
         assert not Memory.objects.exists()
+
+
+@pytest.mark.parametrize("moment", ["9999-12-31T23:00:00-05:00", "0001-01-01T00:00:00+05:30"])
+def test_a_time_past_the_years_a_date_holds_is_said_in_memsvcs_words(api, helper, moment):
+    """(DRF's own "Datetime value out of range.", where every other time is refused in the
+    API's words: review.)"""
+    response = api.post(MEMORIES, {"content": "Quinn keeps bees", "expiresAt": moment}, as_=helper)
+    assert response.status_code == 400
+    assert response.json()["details"] == {
+        "expiresAt": ["must be between 0001-01-01T00:00:00Z and 9999-12-31T23:59:59Z in UTC"]
+    }
 
 
 def test_a_patch_that_changes_nothing_leaves_the_memory_as_it_was(api, helper):
