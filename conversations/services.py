@@ -33,7 +33,6 @@ from conversations.models import (
 )
 from conversations.selectors import conversation_owner_id, history_message_before
 from memsvc.api.errors import Conflict, Forbidden, InvalidInput, NotFound, Unavailable
-from memsvc.api.idempotency import write_once
 from memsvc.api.principals import Principal, agent_uuid_of, hold_agents
 from memsvc.db import held_keys, hold_users, locked_row
 from search.tasks import enqueue_embedding
@@ -418,34 +417,6 @@ def message_append(
         messages=[NewMessage(content=content, metadata=metadata or {})],
     )
     return message
-
-
-@transaction.atomic
-def message_append_once(
-    actor: Principal,
-    *,
-    conversation: Conversation,
-    content: str,
-    metadata: dict | None = None,
-    idempotency_key: str | None,
-    request_hash: str,
-) -> tuple[Message, bool]:
-    """``message_append``, once per ``idempotency_key`` of ``actor``: a retry (its answer
-    lost) gets the first request's message back and writes nothing (``write_once``: 409
-    when the key was used for another request, or the message is deleted since).
-
-    Returns (message, created)."""
-    [message], created = write_once(
-        actor,
-        idempotency_key,
-        request_hash,
-        lambda: [
-            message_append(actor, conversation=conversation, content=content, metadata=metadata)
-        ],
-        Message.objects.without_search_data(),
-        kind="message",
-    )
-    return message, created
 
 
 @transaction.atomic

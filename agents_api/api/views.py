@@ -21,12 +21,13 @@ from conversations.api.serializers import (
     SearchMessagesIn,
     SearchResultsOut,
 )
-from conversations.models import AccessLevel, Channel, Message
+from conversations.models import AccessLevel, Channel, Conversation, Message
 from conversations.services import NewMessage
 from memsvc.api.errors import InvalidInput, NotFound
 from memsvc.api.fields import chosen_by_query
 from memsvc.api.idempotency import (
     IDEMPOTENCY_PARAMETERS,
+    created_once,
     idempotency_key,
     marked_replayed,
     request_fingerprint,
@@ -100,20 +101,27 @@ class ConversationsView(AgentApiView):
 
     @agent_operation(
         "agentCreateConversation",
+        parameters=IDEMPOTENCY_PARAMETERS,
         request=s.CreateAgentConversationIn,
-        responses={201: ConversationOut, **errors(400, 401, 403)},
+        responses={201: ConversationOut, **errors(400, 401, 403, 409)},
     )
     def post(self, request):
         data = s.CreateAgentConversationIn.parse(request.data)
         principal = request.principal
-        conversation = services.conversation_create(
-            principal,
-            title=data.get("title", ""),
-            metadata=data.get("metadata"),
-            writer_ids=[principal.id] if principal.on_behalf_of else [],
+        conversation, created = created_once(
+            request,
+            lambda: services.conversation_create(
+                principal,
+                title=data.get("title", ""),
+                metadata=data.get("metadata"),
+                writer_ids=[principal.id] if principal.on_behalf_of else [],
+            ),
+            Conversation.objects,
+            kind="conversation",
+            request_parts=(request.data, principal.on_behalf_of),
         )
         conversation = selectors.access_conversation(principal, conversation.id)
-        return Response(ConversationOut(conversation).data, status=201)
+        return marked_replayed(Response(ConversationOut(conversation).data, status=201), created)
 
 
 def _request_hash(principal, conversation_id, data) -> str:
@@ -286,23 +294,31 @@ def _context_after(conversation, params, *, of_list: str) -> Message | None:
 class SummariesView(AgentApiView):
     @agent_operation(
         "agentCreateSummary",
+        parameters=IDEMPOTENCY_PARAMETERS,
         request=s.SummaryIn,
-        responses={201: MessageOut, **errors(400, 401, 403, 404)},
+        responses={201: MessageOut, **errors(400, 401, 403, 404, 409)},
     )
     def post(self, request, conversation_id):
         conversation = selectors.access_conversation(
             request.principal, conversation_id, need=AccessLevel.WRITER, summary=False
         )
         data = s.SummaryIn.parse(request.data)
-        message = services.summary_create(
-            request.principal,
-            conversation=conversation,
-            title=data.get("title") or None,
-            summary=data["summary"],
-            until_message=_in_view(conversation, data["untilMessageId"], "untilMessageId"),
-            summarized_at=data["summarizedAt"],
+        until_message = _in_view(conversation, data["untilMessageId"], "untilMessageId")
+        message, created = created_once(
+            request,
+            lambda: services.summary_create(
+                request.principal,
+                conversation=conversation,
+                title=data.get("title") or None,
+                summary=data["summary"],
+                until_message=until_message,
+                summarized_at=data["summarizedAt"],
+            ),
+            Message.objects.without_search_data(),
+            kind="summary",
+            request_parts=(str(conversation.id), request.data, request.principal.on_behalf_of),
         )
-        return Response(MessageOut(message).data, status=201)
+        return marked_replayed(Response(MessageOut(message).data, status=201), created)
 
 
 class SearchView(AgentApiView):

@@ -6,14 +6,9 @@ from rest_framework.response import Response
 
 from conversations import selectors, services
 from conversations.api import serializers as s
-from conversations.models import AccessLevel, TransferStatus
+from conversations.models import AccessLevel, Conversation, Message, TransferStatus
 from memsvc.api.fields import no_body_fields, query_choice
-from memsvc.api.idempotency import (
-    IDEMPOTENCY_PARAMETERS,
-    idempotency_key,
-    marked_replayed,
-    request_fingerprint,
-)
+from memsvc.api.idempotency import IDEMPOTENCY_PARAMETERS, created_once, marked_replayed
 from memsvc.api.pagination import AFTER_PARAMETER, LIMIT_PARAMETER, page_data, page_params
 from memsvc.api.principals import agent_principal_id, principal_for_sharing
 from memsvc.api.schema import errors, listed, paged
@@ -41,21 +36,28 @@ class ConversationsView(UserApiView):
 
     @user_operation(
         "createConversation",
+        parameters=IDEMPOTENCY_PARAMETERS,
         request=s.CreateConversationIn,
-        responses={201: s.ConversationOut, **errors(400, 401)},
+        responses={201: s.ConversationOut, **errors(400, 401, 409)},
     )
     def post(self, request):
         data = s.CreateConversationIn.parse(request.data)
         agent_id = data.get("agentId")
         writers = [agent_principal_id(agent_id, field="agentId")] if agent_id else []
-        conversation = services.conversation_create(
-            request.principal,
-            title=data.get("title", ""),
-            metadata=data.get("metadata"),
-            writer_ids=writers,
+        conversation, created = created_once(
+            request,
+            lambda: services.conversation_create(
+                request.principal,
+                title=data.get("title", ""),
+                metadata=data.get("metadata"),
+                writer_ids=writers,
+            ),
+            Conversation.objects,
+            kind="conversation",
+            request_parts=(request.data,),
         )
         conversation = selectors.access_conversation(request.principal, conversation.id)
-        return Response(s.ConversationOut(conversation).data, status=201)
+        return marked_replayed(Response(s.ConversationOut(conversation).data, status=201), created)
 
 
 class ConversationView(UserApiView):
@@ -125,12 +127,12 @@ class MessagesView(UserApiView):
             request.principal, conversation_id, need=AccessLevel.WRITER, summary=False
         )
         data = s.CreateUserMessageIn.parse(request.data)
-        message, created = services.message_append_once(
-            request.principal,
-            conversation=conversation,
-            **data,
-            idempotency_key=idempotency_key(request),
-            request_hash=request_fingerprint("user-message", str(conversation.id), request.data),
+        message, created = created_once(
+            request,
+            lambda: services.message_append(request.principal, conversation=conversation, **data),
+            Message.objects.without_search_data(),
+            kind="message",
+            request_parts=(str(conversation.id), request.data),
         )
         selectors.show_parents([message])
         return marked_replayed(Response(s.MessageOut(message).data, status=201), created)
@@ -139,8 +141,9 @@ class MessagesView(UserApiView):
 class ForkView(UserApiView):
     @user_operation(
         "forkConversation",
+        parameters=IDEMPOTENCY_PARAMETERS,
         request=s.ForkIn,
-        responses={201: s.ConversationOut, **errors(400, 401, 403, 404)},
+        responses={201: s.ConversationOut, **errors(400, 401, 403, 404, 409)},
     )
     def post(self, request, conversation_id, message_id):
         conversation = selectors.access_conversation(
@@ -148,15 +151,21 @@ class ForkView(UserApiView):
         )
         message = selectors.message_in_view(conversation, message_id, for_agent=False)
         data = s.ForkIn.parse(request.data)
-        fork = services.conversation_fork(
-            request.principal,
-            conversation=conversation,
-            message=message,
-            title=data.get("title"),
-            new_message=data.get("newMessage"),
+        fork, created = created_once(
+            request,
+            lambda: services.conversation_fork(
+                request.principal,
+                conversation=conversation,
+                message=message,
+                title=data.get("title"),
+                new_message=data.get("newMessage"),
+            ),
+            Conversation.objects,
+            kind="conversation",
+            request_parts=(str(conversation.id), str(message.id), request.data),
         )
         fork = selectors.access_conversation(request.principal, fork.id)
-        return Response(s.ConversationOut(fork).data, status=201)
+        return marked_replayed(Response(s.ConversationOut(fork).data, status=201), created)
 
 
 class ForksView(UserApiView):

@@ -1,8 +1,9 @@
-"""The ``Idempotency-Key`` request header of the APIs that append messages (the user API's
-``POST /v1/user/conversations/{id}/messages``, the agent API's bulk append, the local API's
-``POST /messages``) and store tool records (``POST /v1/agent/tool-records``, the local API's
-``POST /tool-records``): a retry with the same key (its answer was lost) gets the first
-request's rows back and writes nothing (``write_once``; the keys kept in
+"""The ``Idempotency-Key`` request header of the creates a client may send again when their
+answer was lost: messages (the user API's ``POST .../messages``, the agent API's bulk
+append, the local API's ``POST /messages``), conversations and forks, summaries, and tool
+records (``POST /v1/agent/tool-records``, the local API's ``POST /tool-records``). A retry
+with the same key gets the first request's rows back and writes nothing (``write_once``;
+``created_once`` for a view's create of one row; the keys kept in
 ``memsvc.models.IdempotentRequest``, one store for every API)."""
 
 import hashlib
@@ -11,7 +12,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import TypeVar
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import Model, QuerySet
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter
@@ -129,6 +130,28 @@ def write_once(
         result_ids=[str(row.pk) for row in written]
     )
     return written, True
+
+
+def created_once(
+    request, create: Callable[[], Row], rows: QuerySet[Row], *, kind: str, request_parts: tuple
+) -> tuple[Row, bool]:
+    """The row ``create()`` makes, once per the request's ``Idempotency-Key`` of its
+    principal (``write_once``: a retry gets the first request's row back, and a 409 when the
+    key was used for another request, which ``kind`` and ``request_parts`` name, or the row
+    is deleted since); (row, created). Without a key, ``create()`` alone."""
+    key = idempotency_key(request)
+    if key is None:
+        return create(), True
+    with transaction.atomic():
+        [row], created = write_once(
+            request.principal,
+            key,
+            request_fingerprint(kind, *request_parts),
+            lambda: [create()],
+            rows,
+            kind=kind,
+        )
+    return row, created
 
 
 def _claim_key(principal_id: str, key: str, request_hash: str) -> int | None:

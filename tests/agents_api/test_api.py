@@ -1095,6 +1095,26 @@ def test_a_summary_without_a_title_leaves_the_users_title(api, helper):
     assert Conversation.objects.get(id=conversation["id"]).title == "Trip"
 
 
+def test_a_conversation_or_summary_created_again_with_its_idempotency_key_is_made_once(api, helper):
+    """(A retry of either made a second one: the header was taken and ignored; review.)"""
+    key = {**helper.auth_headers(), "HTTP_IDEMPOTENCY_KEY": "c-1"}
+    made = [api.post("/v1/agent/conversations", {"title": "t"}, as_=key) for _ in range(2)]
+    assert [m.status_code for m in made] == [201, 201]
+    assert made[0].json()["id"] == made[1].json()["id"]
+    assert made[1]["Idempotent-Replayed"] == "true" and Conversation.objects.count() == 1
+
+    conversation = made[0].json()["id"]
+    [stored] = append(api, helper, conversation, {"role": "user", "content": "m"}).json()["data"]
+    path = f"/v1/agent/conversations/{conversation}/summaries"
+    body = {"summary": "s", "untilMessageId": stored["id"], "summarizedAt": "2026-01-01T00:00:00Z"}
+    key["HTTP_IDEMPOTENCY_KEY"] = "s-1"
+    summaries = [api.post(path, body, as_=key) for _ in range(2)]
+    assert summaries[0].json()["id"] == summaries[1].json()["id"]
+    assert Message.objects.filter(channel="summary").count() == 1
+    refused = api.post(path, {**body, "summary": "other"}, as_=key)
+    assert refused.status_code == 409 and Message.objects.filter(channel="summary").count() == 1
+
+
 def test_a_summary_cannot_end_at_another_summary(api, helper):
     conversation = agent_conversation(api, helper)
     stored = append(

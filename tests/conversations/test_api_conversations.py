@@ -464,6 +464,30 @@ def test_a_message_sent_again_with_its_idempotency_key_is_stored_once(api, alice
     assert empty.status_code == 400
 
 
+def test_a_conversation_or_fork_created_again_with_its_idempotency_key_is_made_once(api, alice):
+    """A retry of a create whose answer was lost made a second conversation, or fork: the
+    header was taken and ignored (review)."""
+    key = {"HTTP_IDEMPOTENCY_KEY": "new-1"}
+    first = api.post("/v1/user/conversations", {"title": "Trip"}, as_=alice, headers=key)
+    again = api.post("/v1/user/conversations", {"title": "Trip"}, as_=alice, headers=key)
+    assert first.status_code == again.status_code == 201
+    assert again.json()["id"] == first.json()["id"] and again["Idempotent-Replayed"] == "true"
+    assert Conversation.objects.count() == 1
+    other = api.post("/v1/user/conversations", {"title": "Other"}, as_=alice, headers=key)
+    assert other.status_code == 409 and Conversation.objects.count() == 1
+
+    path = f"/v1/user/conversations/{first.json()['id']}/messages"
+    turn = api.post(path, {"content": "Rome or Paris?"}, as_=alice).json()
+    fork_path = f"{path}/{turn['id']}/fork"
+    key = {"HTTP_IDEMPOTENCY_KEY": "fork-1"}
+    body = {"newMessage": {"content": "Rome or Madrid?"}}
+    forked = [api.post(fork_path, body, as_=alice, headers=key) for _ in range(2)]
+    assert [f.status_code for f in forked] == [201, 201]
+    assert forked[0].json()["id"] == forked[1].json()["id"]
+    assert Conversation.objects.count() == 2
+    assert Message.objects.filter(content="Rome or Madrid?").count() == 1
+
+
 BAD_INPUT = [
     ("POST", "/conversations", {"title": "x" * 501}, "title"),
     ("POST", "/conversations", {"title": "a\x00b"}, "title"),
