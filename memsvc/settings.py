@@ -143,6 +143,8 @@ MIDDLEWARE = [
     # First, so that preflights are answered before anything else runs (authentication
     # included) and every answer under /v1 gets its CORS headers, whichever layer made it.
     "corsheaders.middleware.CorsMiddleware",
+    # Every answer names its request (``X-Request-Id``), as the log lines about it do.
+    "memsvc.request_ids.RequestIdMiddleware",
     # Then refusals in the API's error shape before anything reads the request, and the
     # last word on exceptions (memsvc/api/middleware.py).
     "memsvc.api.middleware.ApiErrorMiddleware",
@@ -233,7 +235,8 @@ WHITENOISE_USE_FINDERS = True
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "filters": {"request_id": {"()": "memsvc.request_ids.RequestIdFilter"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "filters": ["request_id"]}},
     "root": {
         "handlers": ["console"],
         "level": env_choice(
@@ -305,9 +308,16 @@ SPECTACULAR_SETTINGS = {
 MEMSVC_CORS_ALLOWED_ORIGINS = env_origins("MEMSVC_CORS_ALLOWED_ORIGINS")
 CORS_ALLOWED_ORIGINS = MEMSVC_CORS_ALLOWED_ORIGINS
 CORS_URLS_REGEX = r"^/v1(/|$)"
-CORS_ALLOW_HEADERS = ("authorization", "content-type", "idempotency-key", "x-on-behalf-of")
-# A page may read these on any answer (a 429's Retry-After); the body is always readable.
-CORS_EXPOSE_HEADERS = ("Retry-After",)
+CORS_ALLOW_HEADERS = (
+    "authorization",
+    "content-type",
+    "idempotency-key",
+    "x-on-behalf-of",
+    "x-request-id",
+)
+# A page may read these on any answer (a 429's Retry-After, a retry's mark, the request's
+# id); the body is always readable.
+CORS_EXPOSE_HEADERS = ("Retry-After", "Idempotent-Replayed", "X-Request-Id")
 CORS_ALLOW_CREDENTIALS = False
 
 # --- Messages and search ---------------------------------------------------------------------

@@ -48,6 +48,7 @@ def test_a_preflight_is_answered_without_credentials(client):
         "content-type",
         "idempotency-key",
         "x-on-behalf-of",
+        "x-request-id",
     }
     assert {"GET", "POST", "PATCH", "DELETE"} <= set(
         response["Access-Control-Allow-Methods"].replace(" ", "").split(",")
@@ -68,7 +69,11 @@ def test_an_allowed_origin_is_granted_and_may_read_retry_after(client, api, alic
     assert response.status_code == 200
     assert [c["title"] for c in response.json()["data"]] == ["Trip"]
     assert response["Access-Control-Allow-Origin"] == FRONTEND
-    assert listed(response["Access-Control-Expose-Headers"]) == {"retry-after"}
+    assert listed(response["Access-Control-Expose-Headers"]) == {
+        "retry-after",
+        "idempotent-replayed",  # (a retry's mark: unread, a page could not tell one)
+        "x-request-id",
+    }
     assert "Access-Control-Allow-Credentials" not in response
     assert "origin" in listed(response["Vary"])
 
@@ -112,7 +117,11 @@ def test_errors_carry_the_grant_so_the_page_can_read_them(
     assert response.status_code == status
     assert response.json()["code"] == code
     assert response["Access-Control-Allow-Origin"] == FRONTEND
-    assert listed(response["Access-Control-Expose-Headers"]) == {"retry-after"}
+    assert listed(response["Access-Control-Expose-Headers"]) == {
+        "retry-after",
+        "idempotent-replayed",
+        "x-request-id",
+    }
     if status == 429:
         assert response["Retry-After"] == "7"
 

@@ -395,3 +395,28 @@ def test_a_path_is_logged_escaped_with_a_failure_it_met(rf, caplog):
     logged = record.getMessage()
     assert "\n" not in logged and "\x1b" not in logged
     assert logged.endswith("/v1/agent/memories/a\\n2026-12-07 06:00:00 ADMIN LOGIN OK\\x1b[31m")
+
+
+def test_every_answer_names_its_request_and_the_log_lines_about_it_do_too(client, caplog):
+    """A refused request could not be traced from its answer to its log lines (review)."""
+    import logging
+
+    from memsvc.request_ids import RequestIdFilter
+
+    refused = client.get("/v1/agent/me")
+    assert refused.status_code == 401
+    request_id = refused["X-Request-Id"]
+    assert len(request_id) == 32 and int(request_id, 16) >= 0  # (a new one: uuid4's hex)
+    assert client.get("/v1/agent/me")["X-Request-Id"] != request_id
+    [line] = [r for r in caplog.records if r.name == "django.request"][:1]
+    RequestIdFilter().filter(line)
+    assert line.getMessage() == f"Unauthorized: /v1/agent/me [request {request_id}]"
+    # A proxy's plain id is kept; another is replaced (no newline into the log).
+    given = client.get("/v1/health", headers={"X-Request-Id": "lb-7f3a:9"})
+    assert given["X-Request-Id"] == "lb-7f3a:9"
+    for forged in ["a\nb", "x" * 129, "a b", "%s"]:
+        answer = client.get("/v1/health", headers={"X-Request-Id": forged})
+        assert len(answer["X-Request-Id"]) == 32
+    # The service's console handler names it (settings.LOGGING).
+    handlers = logging.getLogger().handlers
+    assert any(isinstance(f, RequestIdFilter) for h in handlers for f in h.filters), handlers
