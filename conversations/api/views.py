@@ -6,7 +6,7 @@ from rest_framework.response import Response
 
 from conversations import selectors, services
 from conversations.api import serializers as s
-from conversations.models import AccessLevel, Conversation, Message, TransferStatus
+from conversations.models import AccessLevel, Conversation, Membership, Message, TransferStatus
 from memsvc.api.fields import no_body_fields, query_choice
 from memsvc.api.idempotency import IDEMPOTENCY_PARAMETERS, created_once, marked_replayed
 from memsvc.api.pagination import AFTER_PARAMETER, LIMIT_PARAMETER, page_data, page_params
@@ -188,6 +188,7 @@ class MembershipsView(UserApiView):
 
     @user_operation(
         "shareConversation",
+        parameters=IDEMPOTENCY_PARAMETERS,
         request=s.ShareIn,
         responses={201: s.MembershipOut, **errors(400, 401, 403, 404, 409)},
     )
@@ -197,14 +198,23 @@ class MembershipsView(UserApiView):
         )
         data = s.ShareIn.parse(request.data)
         principal_id = principal_for_sharing(data["userId"], field="userId")
-        membership = services.membership_create(
-            request.principal,
-            conversation=conversation,
-            principal_id=principal_id,
-            access_level=data["accessLevel"],
+        # (With a key, a retry whose answer was lost gets the membership, not "already a
+        # member": review.)
+        membership, created = created_once(
+            request,
+            lambda: services.membership_create(
+                request.principal,
+                conversation=conversation,
+                principal_id=principal_id,
+                access_level=data["accessLevel"],
+            ),
+            Membership.objects,
+            kind="membership",
+            request_parts=(str(conversation.id), request.data),
         )
         context = {"conversation_id": conversation.id}
-        return Response(s.MembershipOut(membership, context=context).data, status=201)
+        response = Response(s.MembershipOut(membership, context=context).data, status=201)
+        return marked_replayed(response, created)
 
 
 class MembershipView(UserApiView):

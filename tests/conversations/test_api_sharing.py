@@ -58,6 +58,19 @@ def test_sharing_twice_is_a_conflict(api, alice, conversation):
         url(conversation, "/memberships"), {**body, "accessLevel": "writer"}, as_=alice
     )
     assert response.status_code == 409
+
+
+def test_a_share_sent_again_with_its_idempotency_key_answers_the_membership(
+    api, alice, conversation
+):
+    """(A retry whose answer was lost was told "already a member", a failure of a share that
+    worked; with its key it gets the membership: review.)"""
+    body, key = {"userId": "bob", "accessLevel": "reader"}, {"HTTP_IDEMPOTENCY_KEY": "share-1"}
+    first = api.post(url(conversation, "/memberships"), body, as_=alice, headers=key)
+    again = api.post(url(conversation, "/memberships"), body, as_=alice, headers=key)
+    assert first.status_code == again.status_code == 201
+    assert again.json() == first.json() and again["Idempotent-Replayed"] == "true"
+    assert levels(conversation) == {"alice": "owner", "bob": "reader"}
     assert levels(conversation)["bob"] == "reader"
 
 
