@@ -11,7 +11,7 @@ import math
 import os
 import re
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -129,8 +129,11 @@ def env_url(
     if value is None:
         return None
     for url in value.split(";") if several else [value]:
-        parts = urlsplit(url.strip())
         shown = password_hidden(url.strip())
+        try:
+            parts = urlsplit(url.strip())
+        except ValueError as error:  # ("Invalid IPv6 URL": a traceback; review)
+            raise ImproperlyConfigured(f"{name} must be a URL, got {shown!r}: {error}") from None
         if parts.scheme.partition("+")[0] not in schemes:
             expected = ", ".join(f"{scheme}://" for scheme in schemes)
             raise ImproperlyConfigured(f"{name} must start with one of {expected}, got {shown!r}")
@@ -144,13 +147,15 @@ def env_url(
 def password_hidden(url: str) -> str:
     """``url`` as a message may show it: its password, if any, as ``**`` (as Celery shows a
     broker's). A refused setting was said whole, the password of a database or a broker
-    with it (review)."""
-    parts = urlsplit(url)
-    if parts.password is None:
+    with it (review). Read from the text itself, not as a URL: the URLs refused are those
+    a parser does not read as meant (``user:pw@host`` without its scheme, ``postgres//``)."""
+    head, at, host = url.rpartition("@")
+    if not at:
         return url
-    user = parts.netloc.rpartition("@")[0].partition(":")[0]
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{user}:**@{host}"))
+    start = head.find("//")
+    start = start + 2 if start >= 0 else 0  # where the user's name begins
+    user, colon, _ = head[start:].partition(":")
+    return f"{head[:start]}{user}:**@{host}" if colon else url
 
 
 def env_list(name: str, default: list[str]) -> list[str]:

@@ -140,11 +140,12 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    # First, so that preflights are answered before anything else runs (authentication
+    # Every answer names its request (``X-Request-Id``), a preflight's too, as the log lines
+    # about it do.
+    "memsvc.request_ids.RequestIdMiddleware",
+    # Then CORS, so that preflights are answered before anything else runs (authentication
     # included) and every answer under /v1 gets its CORS headers, whichever layer made it.
     "corsheaders.middleware.CorsMiddleware",
-    # Every answer names its request (``X-Request-Id``), as the log lines about it do.
-    "memsvc.request_ids.RequestIdMiddleware",
     # Then refusals in the API's error shape before anything reads the request, and the
     # last word on exceptions (memsvc/api/middleware.py).
     "memsvc.api.middleware.ApiErrorMiddleware",

@@ -96,7 +96,8 @@ class SummaryIn(InputSerializer):
     # (Required, a blank one wiped the title the user gave: review.)
     title = TitleField(
         required=False,
-        help_text="The conversation's title from now on; left out or blank, it stays as it is",
+        allow_null=True,
+        help_text="The conversation's title from now on; left out, null or blank, it stays as it is",
     )
     summary = MessageContentField()
     untilMessageId = serializers.UUIDField(

@@ -45,6 +45,7 @@ from memsvc.api.pagination import (
 from memsvc.api.principals import PRINCIPAL_MAX_LENGTH
 from memsvc.api.schema import errors, listed, paged
 from memsvc.api.views import ApiView, operation
+from memsvc.text import shows_nothing
 from memsvc.validators import as_uuid
 from search.selectors import search_messages
 
@@ -304,12 +305,13 @@ class SummariesView(AgentApiView):
         )
         data = s.SummaryIn.parse(request.data)
         until_message = _in_view(conversation, data["untilMessageId"], "untilMessageId")
+        title = data.get("title")  # (blank: "   " too, which wiped the title: review)
         message, created = created_once(
             request,
             lambda: services.summary_create(
                 request.principal,
                 conversation=conversation,
-                title=data.get("title") or None,
+                title=None if title is None or shows_nothing(title) else title,
                 summary=data["summary"],
                 until_message=until_message,
                 summarized_at=data["summarizedAt"],

@@ -1088,7 +1088,7 @@ def test_a_summary_without_a_title_leaves_the_users_title(api, helper):
     ]
     path = f"/v1/agent/conversations/{conversation['id']}/summaries"
     body = {"summary": "s", "untilMessageId": stored["id"], "summarizedAt": "2026-01-01T00:00:00Z"}
-    for title in ({}, {"title": ""}):
+    for title in ({}, {"title": ""}, {"title": "   "}, {"title": None}):
         assert api.post(path, {**body, **title}, as_=helper).status_code == 201
         assert Conversation.objects.get(id=conversation["id"]).title == "Keep me"
     assert api.post(path, {**body, "title": "Trip"}, as_=helper).status_code == 201

@@ -350,8 +350,8 @@ def test_erase_removes_the_users_login_to_the_pages_and_no_operators(api, alice,
 
 
 def test_erase_forgets_the_idempotency_keys_the_user_sent_and_no_one_elses(api, alice, bob):
-    """A key names what its sender sent (the ids of their messages): the erased user's go,
-    and a retry with one after the erase stores the turn anew rather than a 409."""
+    """A key names what its sender sent (the ids of their messages, a hash of the turn):
+    the erased user's go with the rest of what is kept about them."""
     from memsvc.models import IdempotentRequest
 
     for persona in (alice, bob):

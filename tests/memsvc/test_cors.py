@@ -42,6 +42,7 @@ def test_a_preflight_is_answered_without_credentials(client):
         client, LIST, FRONTEND, headers="authorization, content-type, idempotency-key"
     )
     assert response.status_code == 200
+    assert len(response["X-Request-Id"]) == 32  # (every answer's, a preflight's too)
     assert response["Access-Control-Allow-Origin"] == FRONTEND
     assert listed(response["Access-Control-Allow-Headers"]) == {
         "authorization",

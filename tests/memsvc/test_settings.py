@@ -177,8 +177,12 @@ def test_a_malformed_url_or_tunable_stops_start_up(tmp_path, env, message):
         ("postgres://u:hunter2@127.0.0.1:notaport/db", "'postgres://u:**@127.0.0.1:notaport/db'"),
         ("mysql://u:hunter2@h/db", "'mysql://u:**@h/db'"),
         ("redis://a/0; redis://:hunter2@b:99999/0", "'redis://:**@b:99999/0'"),
+        ("user:hunter2@db.example:5432/memsvc", "'user:**@db.example:5432/memsvc'"),
+        ("postgres//user:hunter2@host/db", "'postgres//user:**@host/db'"),
+        ("postgres://u:pa/ss:hunter2@h/db", "'postgres://u:**@h/db'"),
+        ("postgres://u:hunter2@[::1/db", "'postgres://u:**@[::1/db': Invalid IPv6 URL"),
     ],
-    ids=["port", "scheme", "second broker"],
+    ids=["port", "scheme", "second broker", "no scheme", "no //", "a / in it", "ipv6"],
 )
 def test_a_refused_url_is_said_without_its_password(monkeypatch, value, shown):
     """(The message quoted the setting whole: a database's or a broker's password was
