@@ -9,6 +9,7 @@ const state = {
   // The token stays for this tab only.
   token: sessionStorage.getItem("memsvc.token") || "",
   conversationId: null,
+  opening: 0, // which openConversation() is the latest: an earlier one ending later is dropped
 };
 
 // --- The API ---------------------------------------------------------------------------------
@@ -21,8 +22,8 @@ class ApiError extends Error {
   }
 }
 
-async function api(method, path, body) {
-  const headers = { Authorization: `Bearer ${state.token}` };
+async function api(method, path, body, extraHeaders = {}) {
+  const headers = { Authorization: `Bearer ${state.token}`, ...extraHeaders };
   if (body !== undefined) headers["Content-Type"] = "application/json";
   let response;
   try {
@@ -48,9 +49,27 @@ async function api(method, path, body) {
     let message = data?.error ?? `HTTP ${response.status}`;
     const retryAfter = response.headers.get("Retry-After");
     if (retryAfter) message += ` (try again in ${retryAfter} s)`;
-    throw new ApiError(`${message} [${response.status} ${data?.code ?? ""}]`, response.status, data?.code);
+    // What to quote when reporting it: memsvc's log lines about the request name this id.
+    const requestId = response.headers.get("X-Request-Id");
+    const named = requestId ? ` (request ${requestId})` : "";
+    throw new ApiError(`${message} [${response.status} ${data?.code ?? ""}]${named}`, response.status, data?.code);
   }
   return data;
+}
+
+// A create sent again after its answer was lost (the connection dropped: did it happen?)
+// must not make a second one: the same action on the same input carries the same
+// Idempotency-Key until it succeeds, and memsvc answers the retry with what the first made.
+async function create(form, path, body) {
+  const sent = JSON.stringify([path, body]);
+  if (form.dataset.sent !== sent) {
+    form.dataset.sent = sent;
+    form.dataset.key = crypto.randomUUID();
+  }
+  const made = await api("POST", path, body, { "Idempotency-Key": form.dataset.key });
+  delete form.dataset.sent;
+  delete form.dataset.key;
+  return made;
 }
 
 const conversationPath = (id, rest = "") => `/v1/user/conversations/${encodeURIComponent(id)}${rest}`;
@@ -80,18 +99,26 @@ function showError(error) {
   $("#error").textContent = error ? error.message : "";
 }
 
-// Every action: clear the last error, run, show the API's message when it fails.
+// Every action: clear the last error, run, show the API's message when it fails. A form or
+// button whose action runs (``handler(event, itself)``) takes no second one meanwhile.
 function action(handler) {
   return async (event) => {
     event?.preventDefault();
+    const source = event?.currentTarget;
+    if (source?.dataset.busy) return;
+    if (source) source.dataset.busy = "yes";
     showError(null);
     try {
-      await handler(event);
+      await handler(event, source);
     } catch (error) {
       showError(error);
+    } finally {
+      if (source) delete source.dataset.busy;
     }
   };
 }
+
+const titled = (title) => title.trim() || "(untitled)";
 
 async function loadConversations() {
   const conversations = await allPages("/v1/user/conversations");
@@ -102,7 +129,7 @@ async function loadConversations() {
         {},
         element("button", {
           type: "button",
-          textContent: conversation.title || "(untitled)",
+          textContent: titled(conversation.title),
           title: conversation.lastMessagePreview || "",
           onclick: action(() => openConversation(conversation.id)),
         }),
@@ -112,16 +139,20 @@ async function loadConversations() {
 }
 
 async function openConversation(id) {
+  const opening = ++state.opening;
   const [conversation, messages, forks, members] = await Promise.all([
     api("GET", conversationPath(id)),
     allPages(conversationPath(id, "/messages")),
     api("GET", conversationPath(id, "/forks")),
     api("GET", conversationPath(id, "/memberships")),
   ]);
+  // Another was opened meanwhile (a click after this one): that one is shown, and the next
+  // message goes there, whichever answer came last.
+  if (opening !== state.opening) return;
   state.conversationId = id;
   $("#conversation").hidden = false;
   $("#fork").hidden = true;
-  $("#conversation-title").textContent = conversation.title || "(untitled)";
+  $("#conversation-title").textContent = titled(conversation.title);
   $("#access-level").textContent = `you are ${conversation.accessLevel}`;
 
   $("#branches").replaceChildren(
@@ -129,7 +160,7 @@ async function openConversation(id) {
       element("option", {
         value: fork.conversationId,
         selected: fork.isCurrentFork,
-        textContent: (fork.title || "(untitled)") + (fork.forkedAtConversationId ? " (fork)" : " (original)"),
+        textContent: titled(fork.title) + (fork.forkedAtConversationId ? " (fork)" : " (original)"),
       }),
     ),
   );
@@ -184,6 +215,13 @@ $("#connect").addEventListener(
     localStorage.setItem("memsvc.server", state.server);
     sessionStorage.setItem("memsvc.token", state.token);
     $("#who").textContent = "";
+    // Nothing of whoever was connected before stays on the page (nor is written to).
+    state.conversationId = null;
+    state.opening++;
+    $("#conversation").hidden = true;
+    for (const list of ["#conversations", "#messages", "#members", "#results", "#branches"]) {
+      $(list).replaceChildren();
+    }
     await loadConversations();
     $("#who").textContent = "connected";
   }),
@@ -191,8 +229,10 @@ $("#connect").addEventListener(
 
 $("#new-conversation").addEventListener(
   "submit",
-  action(async () => {
-    const conversation = await api("POST", "/v1/user/conversations", { title: $("#new-title").value });
+  action(async (event, form) => {
+    const conversation = await create(form, "/v1/user/conversations", {
+      title: $("#new-title").value,
+    });
     $("#new-title").value = "";
     await loadConversations();
     await openConversation(conversation.id);
@@ -201,8 +241,8 @@ $("#new-conversation").addEventListener(
 
 $("#append").addEventListener(
   "submit",
-  action(async () => {
-    await api("POST", conversationPath(state.conversationId, "/messages"), {
+  action(async (event, form) => {
+    await create(form, conversationPath(state.conversationId, "/messages"), {
       content: $("#append-content").value,
     });
     $("#append-content").value = "";
@@ -212,10 +252,10 @@ $("#append").addEventListener(
 
 $("#fork").addEventListener(
   "submit",
-  action(async () => {
-    const messageId = $("#fork").dataset.messageId;
-    const fork = await api(
-      "POST",
+  action(async (event, form) => {
+    const messageId = form.dataset.messageId;
+    const fork = await create(
+      form,
       conversationPath(state.conversationId, `/messages/${encodeURIComponent(messageId)}/fork`),
       { newMessage: { content: $("#fork-content").value } },
     );
@@ -235,8 +275,8 @@ $("#branches").addEventListener(
 
 $("#share").addEventListener(
   "submit",
-  action(async () => {
-    await api("POST", conversationPath(state.conversationId, "/memberships"), {
+  action(async (event, form) => {
+    await create(form, conversationPath(state.conversationId, "/memberships"), {
       userId: $("#share-user").value.trim(),
       accessLevel: $("#share-level").value,
     });

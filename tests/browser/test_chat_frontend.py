@@ -2,12 +2,13 @@
 grants that origin (CORS): list, create, append, fork and switch branch, share, search, and the
 API's error messages; a page from an origin memsvc does not grant cannot use the API."""
 
+import re
 from pathlib import Path
 
 import pytest
 from playwright.sync_api import expect
 
-from conversations.models import Membership
+from conversations.models import Conversation, Membership
 from search.embeddings import configured_backend
 
 FRONTEND = Path(__file__).resolve().parents[2] / "examples" / "chat-frontend"
@@ -91,7 +92,10 @@ def test_a_chat_session_from_another_origin(
     # The API's own error message reaches the page (a 400 answer, read across origins).
     page.fill("#share-user", "agent:someone")
     page.click("#share button")
-    expect(page.locator("#error")).to_have_text("userId: no such agent [400 validation_error]")
+    # (with the request's id, which the server's log names it by)
+    expect(page.locator("#error")).to_have_text(
+        re.compile(r"^userId: no such agent \[400 validation_error\] \(request [0-9a-f]{32}\)$")
+    )
     page.fill("#search-query", "gardens")
     page.click("#search button")
     expect(page.locator("#error")).to_be_empty()
@@ -115,3 +119,77 @@ def test_an_origin_memsvc_does_not_grant_cannot_use_the_api(
     )
     assert any("CORS policy" in line for line in console), console
     expect(page.locator("#who")).to_be_empty()
+
+
+def test_a_create_whose_answer_was_lost_is_sent_again_with_its_key_and_made_once(
+    page, frontend, live_server, alice
+):
+    """The connection dropped after the server made the conversation: pressing Create again
+    made a second one (review). The retry carries the first try's Idempotency-Key."""
+    connect(page, frontend, live_server.url, alice.auth_headers()["HTTP_AUTHORIZATION"][7:])
+    expect(page.locator("#who")).to_have_text("connected")
+    keys = []
+
+    def lose_the_first_answer(route):
+        if route.request.method != "POST":
+            return route.continue_()
+        keys.append(route.request.headers.get("idempotency-key"))
+        if len(keys) > 1:
+            return route.continue_()
+        route.fetch()  # made by the server...
+        route.abort()  # ...and its answer lost on the way
+
+    page.route("**/v1/user/conversations", lose_the_first_answer)
+    page.fill("#new-title", "Once only")
+    page.click("#new-conversation button")
+    expect(page.locator("#error")).to_contain_text("Cannot reach")
+    page.click("#new-conversation button")
+    expect(page.locator("#conversation-title")).to_have_text("Once only")
+    assert keys[0] and keys == [keys[0], keys[0]]
+    assert Conversation.objects.filter(title="Once only").count() == 1
+
+
+def test_connecting_as_another_user_leaves_nothing_of_the_last_one(
+    page, frontend, live_server, alice, bob
+):
+    """(Alice's conversation stayed on the page, and the next message went to it as the new
+    user: review.)"""
+    connect(page, frontend, live_server.url, alice.auth_headers()["HTTP_AUTHORIZATION"][7:])
+    page.fill("#new-title", "Alice's plans")
+    page.click("#new-conversation button")
+    expect(page.locator("#conversation-title")).to_have_text("Alice's plans")
+    page.fill("#token", bob.auth_headers()["HTTP_AUTHORIZATION"][7:])
+    page.click("#connect button[type=submit]")
+    expect(page.locator("#who")).to_have_text("connected")
+    expect(page.locator("#conversation")).to_be_hidden()
+    expect(page.locator("#conversations li")).to_have_count(0)
+    expect(page.locator("#members li")).to_have_count(0)
+
+
+def test_the_conversation_opened_last_is_shown_whichever_answer_comes_last(
+    page, frontend, live_server, alice
+):
+    """One conversation's answers came after the next one's had been shown: the page showed
+    the first, and the next message went to it (review)."""
+    from conversations.models import Message
+
+    connect(page, frontend, live_server.url, alice.auth_headers()["HTTP_AUTHORIZATION"][7:])
+    for title in ("First", "Second"):
+        page.fill("#new-title", title)
+        page.click("#new-conversation button")
+        expect(page.locator("#conversation-title")).to_have_text(title)
+    first, second = (Conversation.objects.get(title=t) for t in ("First", "Second"))
+    held = []
+    page.route(f"**/v1/user/conversations/{first.id}", lambda route: held.append(route))
+    page.get_by_role("button", name="First", exact=True).click()
+    while not held:
+        page.wait_for_timeout(20)
+    page.get_by_role("button", name="Second", exact=True).click()
+    expect(page.locator("#conversation-title")).to_have_text("Second")
+    held[0].continue_()  # the first's answer, last
+    page.wait_for_timeout(1000)
+    expect(page.locator("#conversation-title")).to_have_text("Second")
+    page.fill("#append-content", "Meant for the second")
+    page.click("#append button")
+    expect(page.locator("#messages li .content")).to_have_text(["Meant for the second"])
+    assert Message.objects.get(content="Meant for the second").conversation_id == second.id
