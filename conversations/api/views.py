@@ -6,7 +6,14 @@ from rest_framework.response import Response
 
 from conversations import selectors, services
 from conversations.api import serializers as s
-from conversations.models import AccessLevel, Conversation, Membership, Message, TransferStatus
+from conversations.models import (
+    AccessLevel,
+    Conversation,
+    Membership,
+    Message,
+    OwnershipTransfer,
+    TransferStatus,
+)
 from memsvc.api.fields import no_body_fields, query_choice
 from memsvc.api.idempotency import IDEMPOTENCY_PARAMETERS, created_once, marked_replayed
 from memsvc.api.pagination import AFTER_PARAMETER, LIMIT_PARAMETER, page_data, page_params
@@ -250,6 +257,7 @@ class MembershipView(UserApiView):
 class TransferOwnershipView(UserApiView):
     @user_operation(
         "transferOwnership",
+        parameters=IDEMPOTENCY_PARAMETERS,
         request=s.TransferIn,
         responses={202: s.TransferOut, **errors(400, 401, 403, 404, 409)},
     )
@@ -258,10 +266,17 @@ class TransferOwnershipView(UserApiView):
             request.principal, conversation_id, need=AccessLevel.OWNER
         )
         data = s.TransferIn.parse(request.data)
-        transfer = services.ownership_transfer_start(
-            request.principal, conversation=conversation, to_principal=data["newOwnerUserId"]
+        # (A retry whose answer was lost was "already has a pending ownership transfer".)
+        transfer, created = created_once(
+            request,
+            lambda: services.ownership_transfer_start(
+                request.principal, conversation=conversation, to_principal=data["newOwnerUserId"]
+            ),
+            OwnershipTransfer.objects,
+            kind="ownership transfer",
+            request_parts=(str(conversation.id), request.data),
         )
-        return Response(s.TransferOut(transfer).data, status=202)
+        return marked_replayed(Response(s.TransferOut(transfer).data, status=202), created)
 
 
 class SearchView(UserApiView):

@@ -41,7 +41,7 @@ IDEMPOTENCY_PARAMETERS = [
         REPLAYED_HEADER,
         {"type": "string", "enum": ["true"]},
         location=OpenApiParameter.HEADER,
-        response=[201],
+        response=[201, 202],
         description="Set on the answer to a retry: the first request's result, again.",
     ),
 ]

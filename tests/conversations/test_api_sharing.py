@@ -243,6 +243,17 @@ def test_ownership_transfer_accepted(api, alice, bob, conversation):
     )
 
 
+def test_a_transfer_sent_again_with_its_idempotency_key_answers_the_offer(api, alice, conversation):
+    """(A retry whose answer was lost was told the conversation "already has a pending
+    ownership transfer": review.)"""
+    body, key = {"newOwnerUserId": "bob"}, {"HTTP_IDEMPOTENCY_KEY": "transfer-1"}
+    first = api.post(url(conversation, "/transfer-ownership"), body, as_=alice, headers=key)
+    again = api.post(url(conversation, "/transfer-ownership"), body, as_=alice, headers=key)
+    assert first.status_code == again.status_code == 202
+    assert again.json() == first.json() and again["Idempotent-Replayed"] == "true"
+    assert OwnershipTransfer.objects.count() == 1
+
+
 def test_transfers_are_listed_a_page_at_a_time_newest_first(api, alice, bob):
     """Anyone may offer anyone a conversation, and answered offers stay: every one was in
     one answer, unpaged (review)."""
