@@ -14,9 +14,9 @@ from agents_api.services.tool_records import tool_records_delete
 from conversations.selectors import conversations_owned_by
 from conversations.services import user_conversations_erase
 from memsvc.api.errors import InvalidInput
+from memsvc.api.idempotency import idempotency_keys_forget
 from memsvc.api.principals import Principal
 from memsvc.db import hold_users
-from memsvc.models import IdempotentRequest
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ def user_erase(actor: Principal, *, confirm: str) -> Erased:
     memories = memories_delete(actor, memories=memories_of(user_id=actor.id, with_expired=True))
     _, deleted = MemoryBlock.objects.filter(user_id=actor.id).delete()
     UserMemorySetting.objects.filter(user_id=actor.id, memory_enabled=True).delete()
-    IdempotentRequest.objects.filter(principal_id=actor.id).delete()
+    idempotency_keys_forget(actor.id)
     get_user_model().objects.filter(username=actor.id, is_staff=False).delete()
     erasure, made = UserErasure.objects.get_or_create(
         user_id=actor.id, defaults={"erased_at": timezone.now(), "conversation_ids": owned}

@@ -84,6 +84,13 @@ def idempotency_keys_prune(*, now: datetime | None = None) -> int:
     return deleted
 
 
+def idempotency_keys_forget(principal_id: str) -> int:
+    """Forget every key ``principal_id`` sent (their erase: a key's record holds a hash of
+    what they sent, and the ids of what it made); how many."""
+    deleted, _ = IdempotentRequest.objects.filter(principal_id=principal_id).delete()
+    return deleted
+
+
 def write_once(
     actor: Principal,
     idempotency_key: str | None,
