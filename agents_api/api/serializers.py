@@ -610,6 +610,12 @@ class ContextOut(serializers.Serializer):
         help_text="Where this page ended, for `?after=` (null on the last page); unlike "
         "`nextAfterMessageId`, it outlives the message.",
     )
+    resumeCursor = serializers.CharField(
+        allow_null=True,
+        help_text="Where this page ended, on the last page too (the `after` given, when the "
+        "page is empty; null only when there is nothing to read yet): come back with it as "
+        "`?after=` for what is written later.",
+    )
     memories = MemoryOut(
         many=True, help_text="The memories asked for with `?memories=`, best first (else [])."
     )

@@ -257,15 +257,19 @@ class ContextView(AgentApiView):
         of_list = list_digest("agent context", request.principal, conversation=conversation.id)
         after = _context_after(conversation, request.query_params, of_list=of_list)
         context = selectors.conversation_context(conversation, after=after, limit=limit)
-        last = context.messages[-1] if context.has_more else None
-        cursor = last and encode_cursor(last.seq, str(last.id), last.channel, of_list=of_list)
+        # Where the page ended (where it began, when it is empty): an agent waiting for what
+        # is written next comes back with it (review: the last page had no cursor, and the id
+        # of its last message was refused once that message was deleted).
+        end = context.messages[-1] if context.messages else after
+        cursor = end and encode_cursor(end.seq, str(end.id), end.channel, of_list=of_list)
         return Response(
             s.ContextOut(
                 {
                     "conversationId": conversation.id,
                     "messages": context.messages,
-                    "nextAfterMessageId": last and last.id,
-                    "nextCursor": cursor,
+                    "nextAfterMessageId": end.id if context.has_more else None,
+                    "nextCursor": cursor if context.has_more else None,
+                    "resumeCursor": cursor,
                     "memories": _context_memories(request, conversation, memory_count),
                 }
             ).data

@@ -945,6 +945,35 @@ def test_context_pages_walk_every_message_once(api, helper, resume):
     assert seen == ["S", "m2", "m3", "m4", "m5", "m6"]
 
 
+def test_an_agent_waiting_for_new_messages_resumes_from_the_last_pages_end(api, helper, alice, bob):
+    """The last page had no cursor (``nextCursor`` null) and the id of its last message was
+    refused once that message was erased, so an agent polling for what is written next had
+    no place to come back to (review). ``resumeCursor`` is on every page: the empty one gives
+    back the place it was asked from."""
+    conversation = agent_conversation(api, helper.acting_for("alice"))
+    path = f"/v1/user/conversations/{conversation['id']}"
+    shared = api.post(f"{path}/memberships", {"userId": "bob", "accessLevel": "writer"}, as_=alice)
+    assert shared.status_code == 201
+    assert context(api, helper, conversation["id"])["resumeCursor"] is None
+    for author, content in ((alice, "a1"), (bob, "b1")):
+        assert api.post(f"{path}/messages", {"content": content}, as_=author).status_code == 201
+    last_page = context(api, helper, conversation["id"])
+    assert last_page["nextCursor"] is None and last_page["resumeCursor"]
+    waiting = context(api, helper, conversation["id"], after=last_page["resumeCursor"])
+    assert waiting["messages"] == [] and waiting["resumeCursor"] == last_page["resumeCursor"]
+
+    assert api.post("/v1/user/erase", {"confirm": "bob"}, as_=bob).status_code == 200
+    assert api.post(f"{path}/messages", {"content": "a2"}, as_=alice).status_code == 201
+    later = context(api, helper, conversation["id"], after=waiting["resumeCursor"])
+    assert [m["content"] for m in later["messages"]] == ["a2"]
+    by_id = api.get(
+        f"/v1/agent/conversations/{conversation['id']}/context",
+        as_=helper,
+        afterMessageId=last_page["messages"][-1]["id"],
+    )
+    assert by_id.status_code == 400  # (what the cursor is for)
+
+
 def test_a_context_cursor_of_another_conversation_or_caller_is_400(api, helper):
     """The cursor held only a place (seq, id, channel): given for another conversation's
     context, or by the agent acting for a user, it read as a place there and answered what
