@@ -6,8 +6,11 @@ from urllib.parse import urlsplit
 
 from django.conf import settings
 from django.core.checks import Error, Tags, Warning, register
+from django.core.checks.security import base as django_security
 from django.db import connections
 from django.utils.functional import SimpleLazyObject
+
+from memsvc.env import env_str
 
 MIN_JWT_SECRET_BYTES = 32  # HS256's key should be at least as long as its hash (RFC 7518)
 
@@ -51,6 +54,28 @@ def check_user_tokens(app_configs=None, **kwargs) -> list[Warning]:
             )
         )
     return found
+
+
+@register(Tags.security)
+def check_secret_key(app_configs=None, **kwargs) -> list[Warning]:
+    """Django's own test of a ``DJANGO_SECRET_KEY`` (at least 50 characters, 5 of them
+    different), which only ``check --deploy`` ran: a short key was taken without a word
+    (review), and the web pages' sessions and API keys' hashes are made with it. Read from
+    the environment: local mode's own key is made when first used, not by a check (and
+    ``settings.SECRET_KEY`` would make it)."""
+    key = env_str("DJANGO_SECRET_KEY")
+    # (Django's test itself, which its deployment check runs on the setting.)
+    if not key or django_security._check_secret_key(key):
+        return []
+    return [
+        Warning(
+            f"DJANGO_SECRET_KEY is shorter than {django_security.SECRET_KEY_MIN_LENGTH} "
+            "characters or has too few different ones: the web pages' sessions signed with "
+            "it can be forged by guessing it.",
+            hint="Use a random key (python -c 'import secrets; print(secrets.token_urlsafe(50))').",
+            id="memsvc.W005",
+        )
+    ]
 
 
 def _fetched_in_the_clear(url: str) -> bool:

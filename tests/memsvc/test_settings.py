@@ -4,6 +4,7 @@ import contextlib
 import json
 import logging
 import os
+import string
 import subprocess
 import sys
 import threading
@@ -746,6 +747,18 @@ def test_a_configuration_that_cannot_verify_user_tokens_is_warned_of(settings, s
     settings.MEMSVC_JWT_SECRET, settings.MEMSVC_JWT_JWKS_URL = secret, jwks
     warnings = [m.id for m in run_checks(tags=[Tags.security]) if m.id.startswith("memsvc.")]
     assert warnings == found
+
+
+@pytest.mark.parametrize(
+    ("key", "found"),
+    [("short", ["memsvc.W005"]), ("a" * 60, ["memsvc.W005"]), (string.ascii_letters, [])],
+)
+def test_a_guessable_django_secret_key_is_warned_of(monkeypatch, key, found):
+    """(Only ``check --deploy`` said so: review.)"""
+    from django.core.checks import Tags, run_checks
+
+    monkeypatch.setenv("DJANGO_SECRET_KEY", key)
+    assert [m.id for m in run_checks(tags=[Tags.security]) if m.id == "memsvc.W005"] == found
 
 
 def test_the_check_leaves_local_modes_own_secret_unmade(settings, tmp_path):
