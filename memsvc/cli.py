@@ -20,7 +20,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import SystemCheckError
 from django.db import IntegrityError, OperationalError, ProgrammingError
 
-from memsvc.env import lock_alone, unusable_directory, usable_directory
+from memsvc.env import data_directory, lock_alone, unusable_directory, usable_directory
 from memsvc.supervisor import Supervisor, log
 
 KEEP_ALIVE_SECONDS = 75
@@ -233,7 +233,7 @@ def _hold_the_scheduler() -> int | None:
     on the same schedule file: every periodic sweep twice; review.)"""
     from django.conf import settings
 
-    data_dir = usable_directory(settings.MEMSVC_DATA_DIR, "MEMSVC_DATA_DIR")
+    data_dir = data_directory(settings.MEMSVC_DATA_DIR)
     try:
         held = lock_alone(data_dir / "scheduler.lock")
     except OSError as exc:

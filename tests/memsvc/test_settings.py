@@ -615,6 +615,17 @@ def test_local_secrets_are_generated_once_and_private(tmp_path):
     assert (tmp_path / "secrets.json").stat().st_mode & 0o077 == 0
 
 
+def test_a_data_directory_memsvc_makes_is_its_users_alone(tmp_path):
+    """(It was 0755: anyone on the machine could read the local queue's tasks; review.)"""
+    data_dir = tmp_path / "made" / "data"
+    embedded_db.local_secrets(data_dir)
+    assert data_dir.stat().st_mode & 0o077 == 0
+    kept = tmp_path / "kept"
+    kept.mkdir(mode=0o755)
+    embedded_db.local_secrets(kept)
+    assert kept.stat().st_mode & 0o777 == 0o755  # (one made by its user is left as it is)
+
+
 def test_local_secrets_are_made_on_first_use_and_the_same_for_every_process(tmp_path):
     data_dir = tmp_path / "data"
     code = (
