@@ -613,17 +613,24 @@ def test_an_answer_refused_as_too_many_at_once_is_asked_for_again(page, assistan
 
 
 def test_a_refused_message_is_said_once_and_no_more_once_one_is_sent(page, assistant_chat):
-    form = page.locator("form#append")
+    """Said on the box too (invalid, described by the refusal), as every form's refusal is:
+    the script only inserted it above the box (review)."""
+    form, box = page.locator("form#append"), page.get_by_label("Your message")
     for _ in range(2):
-        page.get_by_label("Your message").fill(" ")
+        box.fill(" ")
         page.get_by_role("button", name="Send").click()
         expect(form.get_by_role("alert")).to_have_count(1)
         expect(form.get_by_role("alert")).to_have_text("Your message: must not be empty")
+        expect(box).to_have_attribute("aria-invalid", "true")
+        expect(box).to_have_accessible_description("Your message: must not be empty")
+        expect(box).to_be_focused()
     send(page, "Which museums first?")
     expect(page.locator("#messages li.message.assistant .content")).to_have_text(
         "Start with the Vatican Museums."
     )
     expect(form.get_by_role("alert")).to_have_count(0)
+    expect(box).not_to_have_attribute("aria-invalid", "true")
+    expect(box).to_have_accessible_description("")
 
 
 def test_a_memory_deleted_among_the_search_hits_leaves_the_list_too(page, live_server, people):

@@ -56,6 +56,12 @@ document.addEventListener("submit", async (event) => {
     const row = await sent.text(); // rendered (and escaped) by the server
     if (!sent.ok) {
       form.insertAdjacentHTML("afterbegin", row);
+      // Said on the box too, as every form's refusal is (the ``invalid`` tag): it was
+      // only inserted above it (review).
+      const refusal = form.querySelector(".error");
+      refusal.id = "append-refusal";
+      form.elements.content.setAttribute("aria-invalid", "true");
+      form.elements.content.setAttribute("aria-describedby", refusal.id);
       return;
     }
     if (elsewhere) {
@@ -130,6 +136,8 @@ async function whileSending(form, work) {
   // long as the answer took; review.)
   if (document.activeElement?.matches("form#append .ask-again")) button.focus();
   form.querySelectorAll(".error, .ask-again").forEach((notice) => notice.remove());
+  form.elements.content.removeAttribute("aria-invalid");
+  form.elements.content.removeAttribute("aria-describedby");
   form.dataset.sending = "true";
   button.setAttribute("aria-disabled", "true");
   let spoken = "";
