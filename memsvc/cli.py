@@ -388,9 +388,13 @@ def cmd_reindex(args: argparse.Namespace) -> int:
         tool_records_embed_pending,
         tool_records_reembed_all,
     )
+    from search.checks import check_embedding_dimension
     from search.embeddings import EmbeddingError
     from search.services import PATIENCE_SECONDS, embed_pending, reembed_all
 
+    # (A model of another width than the columns: said in one line, as `serve` says it; a
+    # traceback of the database's refusal of the first batch: review.)
+    check_embedding_dimension()
     started, began = time.monotonic(), timezone.now()
     try:
         # (``patient``: what another reindex or a worker is embedding meanwhile is waited

@@ -96,8 +96,17 @@ def _normalised(vectors, count: int) -> np.ndarray:
         raise EmbeddingError(f"expected a matrix of vectors: {exc}", transient=False) from exc
     if array.ndim != 2 or len(array) != count:
         raise EmbeddingError(f"expected {count} vectors, got shape {array.shape}", transient=False)
+    # A vector of NaN or of zeros has no direction: stored, it was refused by the database as
+    # if the client's input were wrong (a 400, the memory not saved), or kept and made every
+    # score NaN (a 500 at each search, and a query's cached vector kept it after the model
+    # recovered; review). The backend's failure, for this batch: each text is then asked
+    # alone (``services._vectors``), and a search falls back to keywords.
+    if not np.isfinite(array).all():
+        raise EmbeddingError("answered a vector that is not finite (NaN)", transient=False)
     norms = np.linalg.norm(array, axis=1, keepdims=True)
-    return array / np.where(norms == 0, 1, norms)
+    if not norms.all():
+        raise EmbeddingError("answered a vector of zeros", transient=False)
+    return array / norms
 
 
 def _of_expected_width(backend: EmbeddingBackend, array: np.ndarray) -> np.ndarray:

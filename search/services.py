@@ -44,6 +44,29 @@ RETURNING m.id
 # ``search.onnx_encoder``; docs/benchmarks.md).
 TASK_BATCH = 32
 
+# Rows the backend refused for good lately (a text too long for its model, one it answers
+# NaN for), by table, with when: this process leaves them out of the waiting rows a task
+# takes along and of its sweeps for ``REFUSED_SECONDS``, then asks again (the model may
+# have been changed). Each batch that held one was refused whole and sent again text by
+# text (every append cost two requests), and a reindex stopped on it (review). Per process:
+# each worker process learns it once; a reindex asks each such row once.
+REFUSED_SECONDS = 600
+_refused: dict[str, dict[str, float]] = {}
+
+
+def refused_lately(table: str) -> list[str]:
+    """The ids of ``table`` the backend refused for good in this process lately."""
+    rows = _refused.get(table, {})
+    since = time.monotonic() - REFUSED_SECONDS
+    for row_id in [row_id for row_id, at in rows.items() if at < since]:
+        del rows[row_id]
+    return list(rows)
+
+
+def _note_refused(table: str, row_id) -> None:
+    _refused.setdefault(table, {})[str(row_id)] = time.monotonic()
+
+
 # The messages to embed, claimed: each by a session-level advisory lock on its name
 # (``claim_name``; ``memsvc.db.lock_key``'s names, one of its own), held until
 # its vector is written, and those another worker holds skipped. Not a lock of the row: held
@@ -60,7 +83,7 @@ WITH waiting AS MATERIALIZED (
     UNION
     SELECT * FROM (
         SELECT id, author_name, content, channel, conversation_id, seq FROM message
-        WHERE embedded_at IS NULL ORDER BY seq LIMIT %s) AS oldest
+        WHERE embedded_at IS NULL AND NOT id = ANY(%s::uuid[]) ORDER BY seq LIMIT %s) AS oldest
 )
 SELECT id, author_name, content, channel, conversation_id FROM waiting
 WHERE pg_try_advisory_lock(hashtextextended(%s || id::text, 0))
@@ -113,7 +136,7 @@ def embed_messages(
         try:
             cursor.execute(
                 _CLAIM.format(only_pending="" if force else "AND embedded_at IS NULL"),
-                [ids, max(batch - len(ids), 0), CLAIM_PREFIX],
+                [ids, refused_lately("message"), max(batch - len(ids), 0), CLAIM_PREFIX],
             )
             rows = cursor.fetchall()
             claimed = [str(row[0]) for row in rows]
@@ -123,7 +146,7 @@ def embed_messages(
                 backend,
                 {row[0]: embedding_text(row[1], row[2]) for row in rows},
                 own=set(ids),
-                what="message",
+                table="message",
             )
             by_id = dict(zip(kept, vectors, strict=True))
             now = timezone.now()
@@ -175,19 +198,19 @@ def _release(cursor, claimed: list[str] | None) -> None:
             connection.close()
 
 
-def _vectors(backend: EmbeddingBackend, texts: dict, *, own: set[str], what: str) -> tuple:
-    """The ids of ``texts`` (id -> text, claimed rows) the backend embeds, and their
-    vectors: all in one call, unless it refuses the batch for good (a text too long for its
-    model, say). Then the rows asked for (``own``) alone, and else each alone: a row it
-    refuses stays waiting (found by keywords, logged) without keeping the others waiting,
-    nor every later batch, which takes the oldest waiting rows along. A transient error is
-    raised as it is; the refusal is raised when it refuses every row."""
+def _vectors(backend: EmbeddingBackend, texts: dict, *, own: set[str], table: str) -> tuple:
+    """The ids of ``texts`` (id -> text, claimed rows of ``table``) the backend embeds, and
+    their vectors: all in one call, unless it refuses the batch for good (a text too long
+    for its model, say). Then the rows asked for (``own``) alone, and else each alone: a row
+    it refuses stays waiting (found by keywords, logged, ``refused_lately``) without keeping
+    the others waiting, nor every later batch, which takes the oldest waiting rows along. A
+    transient error is raised as it is; the refusal is raised when it refuses every row."""
     ids = list(texts)
     try:
         return ids, list(backend.embed(list(texts.values())))
     except EmbeddingError as exc:
         # (Credentials refused: every text alone would be refused alike.)
-        if exc.transient or exc.refuses_caller or len(ids) == 1:
+        if exc.transient or exc.refuses_caller:
             raise
         refusal = exc
     asked = [row_id for row_id in ids if str(row_id) in own]
@@ -200,11 +223,14 @@ def _vectors(backend: EmbeddingBackend, texts: dict, *, own: set[str], what: str
     kept, vectors = [], []
     for row_id in ids:
         try:
+            if len(ids) == 1:  # (asked already)
+                raise refusal
             vectors.extend(backend.embed([texts[row_id]]))
         except EmbeddingError as exc:
             if exc.transient:
                 raise
-            logger.warning("%s %s left without a vector: %s", what, row_id, exc)
+            logger.warning("%s %s left without a vector: %s", table, row_id, exc)
+            _note_refused(table, row_id)
             continue
         kept.append(row_id)
     if not kept:
@@ -273,7 +299,7 @@ def embed_rows(model, ids: Sequence, *, text_field: str, backend=None, force: bo
         return 0
     # (A text the backend refuses for good stays waiting without keeping the others waiting:
     # it failed the whole batch, and every later sweep, the oldest rows first, stopped on it.)
-    kept, vectors = _vectors(backend, rows, own=set(), what=model._meta.verbose_name)
+    kept, vectors = _vectors(backend, rows, own=set(), table=model._meta.db_table)
     rows = [(row_id, rows[row_id]) for row_id in kept]
     with transaction.atomic(), connection.cursor() as cursor:
         # The model ran without locks: a row whose text changed meanwhile (a PATCH) keeps
@@ -321,7 +347,8 @@ def embed_pending_rows(
         waiting = waiting.filter(created_at__lte=timezone.now())
 
     def pending() -> list:
-        return list(waiting.values_list("pk", flat=True)[:batch])
+        left = waiting.exclude(pk__in=refused_lately(model._meta.db_table))
+        return list(left.values_list("pk", flat=True)[:batch])
 
     def embed(ids) -> int:
         return embed_rows(model, ids, text_field=text_field, backend=backend)
@@ -343,11 +370,23 @@ def _embed_waiting(pending, embed, *, max_batches: int | None, patient: bool) ->
     most ``PATIENCE_SECONDS`` without a row's progress (a process stuck holding them)."""
     total = batches = 0
     stalled = {"since": None, "waiting": None}
+    refused = None
     while max_batches is None or batches < max_batches:
         ids = pending()
         if not ids:
             break
-        done = embed(ids)
+        try:
+            done = embed(ids)
+        except EmbeddingError as exc:
+            # A batch of rows the backend refuses for good, each said and left out of the
+            # next ones (``refused_lately``): the rest go on (a reindex stopped there, before
+            # the memories and tool records: review). Else (the backend down, refusing
+            # memsvc's key, or the same rows again) raised.
+            if exc.transient or exc.refuses_caller or ids == refused:
+                raise
+            refused = ids
+            batches += 1
+            continue
         total += done
         batches += 1
         if done:
@@ -404,6 +443,7 @@ def pending_message_ids(
         waiting = waiting.filter(
             created_at__lt=timezone.now() - timedelta(seconds=older_than_seconds)
         )
+    waiting = waiting.exclude(id__in=refused_lately("message"))
     return list(waiting.order_by("seq").values_list("id", flat=True)[:limit])
 
 

@@ -254,6 +254,24 @@ def test_ollama_embeds_in_one_call_and_learns_the_dimension():
     )
 
 
+@pytest.mark.parametrize(("answered", "said"), [(float("nan"), "not finite"), (0.0, "zeros")])
+def test_a_vector_without_a_direction_is_the_backends_failure(answered, said):
+    """(Stored, NaN was the database's refusal, answered as a 400 to the client and the
+    memory not saved; zeros made every score NaN, a 500 at each search: review.)"""
+
+    def respond(path, body):
+        vectors = [fake_vector(text) for text in body["input"]]
+        vectors[-1] = [answered] * 8
+        return 200, {"embeddings": vectors}
+
+    with (
+        FakeEmbeddingServer(respond) as server,
+        pytest.raises(EmbeddingError, match=said) as excinfo,
+    ):
+        OllamaBackend("m", base_url=server.url).embed(["a", "b"])
+    assert excinfo.value.transient is False
+
+
 def test_an_older_ollama_is_asked_one_text_at_a_time():
     def respond(path, body):
         if path == "/api/embed":

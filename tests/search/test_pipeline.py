@@ -232,6 +232,15 @@ def test_reindex_with_the_backend_down_says_so(api, alice, conversation, capsys,
     assert "Traceback" not in err
 
 
+def test_reindex_for_a_model_of_another_width_says_so_in_one_line(api, capsys, settings):
+    """(``serve`` said it; ``reindex --all`` was the database's traceback: review.)"""
+    settings.MEMORY_EMBEDDING_DIMENSION = 768
+    assert cli.main(["reindex", "--all"]) == 2
+    err = capsys.readouterr().err
+    assert "MEMORY_EMBEDDING_DIMENSION is 768 but the database column" in err
+    assert "Traceback" not in err
+
+
 def toasted(message, *columns) -> list[bool]:
     """For each column: was its value compressed or moved out of the row?"""
     tests = [
@@ -535,6 +544,99 @@ def test_a_message_the_backend_refuses_keeps_no_other_waiting(
     assert refused.embedded_at is None  # still found by keywords
 
 
+class CountingRefusals(RefusingLongTexts):
+    def __init__(self, max_chars: int):
+        super().__init__(max_chars)
+        self.calls = []
+
+    def embed(self, texts):
+        self.calls.append(len(texts))
+        return super().embed(texts)
+
+
+def test_reindex_goes_on_past_what_the_backend_refuses_and_says_it_waits(
+    api, alice, conversation, capsys, monkeypatch
+):
+    """(It stopped at a batch of refused messages only: "the embedding backend failed ...
+    run this again", which could never end otherwise, and the memories and tool records
+    after them were never reached: review.)"""
+    refused = post_message(api, alice, conversation, "far too long " * 100)
+    agent = make_agent("keeper").agent
+    memory = Memory.objects.create(agent=agent, content="alice likes lakes")
+    monkeypatch.setattr(services, "configured_backend", lambda: RefusingLongTexts(1_000))
+    assert cli.main(["reindex"]) == 1
+    err = capsys.readouterr().err
+    assert "embedded 0 messages, 1 memories" in err
+    assert "still waiting (messages: 1)" in err and "refused by the model" in err
+    memory.refresh_from_db()
+    refused.refresh_from_db()
+    assert memory.embedded_at is not None and refused.embedded_at is None
+
+
+def test_a_refused_message_is_not_taken_along_by_every_later_task(
+    api, alice, conversation, monkeypatch
+):
+    """Each task takes the oldest waiting messages along: with one the backend refuses
+    among them, every append's batch was refused whole and sent again (two requests an
+    append, for good: review). Once refused it is left out, here for ``REFUSED_SECONDS``."""
+    refused = post_message(api, alice, conversation, "far too long " * 100)
+    backend = CountingRefusals(1_000)
+    monkeypatch.setattr(services, "configured_backend", lambda: backend)
+    first = post_message(api, alice, conversation, "a short turn")
+    assert embed_messages_task.apply(args=[[str(first.id)]]).get() == 1
+    assert backend.calls == [2, 1]  # (the refused one along, then its own alone)
+    Message.objects.filter(pk=refused.pk).update(created_at=timezone.now() - timedelta(minutes=5))
+    assert sweep_unembedded_task.apply().get() == 0  # (the sweep learns it is refused)
+    backend.calls.clear()
+    for n in range(3):
+        message = post_message(api, alice, conversation, f"a later turn {n}")
+        assert embed_messages_task.apply(args=[[str(message.id)]]).get() == 1
+    assert backend.calls == [1, 1, 1]
+    monkeypatch.setattr(services, "_refused", {})  # (``REFUSED_SECONDS`` later: asked again)
+    backend.calls.clear()
+    assert sweep_unembedded_task.apply().get() == 0
+    assert backend.calls == [1]
+    assert Message.objects.get(pk=refused.pk).embedded_at is None
+
+
+def test_a_backend_answering_nan_for_a_text_leaves_that_text_waiting_and_no_other(
+    api, alice, conversation, monkeypatch
+):
+    """An Ollama whose model answers NaN for one text: a memory of it was refused as the
+    client's error (400, not saved), a search for it too, and its message failed every batch
+    it was in, so no message after it was embedded (review)."""
+
+    def respond(method, path, body):
+        return Reply(
+            200,
+            {
+                "embeddings": [
+                    [float("nan")] * 384 if "poison" in text else np.ones(384).tolist()
+                    for text in body["input"]
+                ]
+            },
+        )
+
+    with LocalHttpServer(respond) as server:
+        # The embedding service is outside memsvc: it is faked at the HTTP level.
+        backend = OllamaBackend("nan", base_url=server.url, expected_dimension=384)
+        monkeypatch.setattr(services, "configured_backend", lambda: backend)
+        monkeypatch.setattr("search.engine.configured_backend", lambda: backend)
+        poison = post_message(api, alice, conversation, "this text is poison")
+        others = [post_message(api, alice, conversation, f"turn {n}") for n in range(3)]
+        for message in (poison, *others):
+            embed_messages_task.apply(args=[[str(message.id)]]).get()
+        assert list(Message.objects.filter(embedded_at=None)) == [poison]
+
+        agent = make_agent("keeper")
+        saved = api.post("/v1/agent/memories", {"content": "alice says poison"}, as_=agent)
+        assert saved.status_code == 201, saved.content
+        assert Memory.objects.get(id=saved.json()["id"]).embedding is None
+        found = api.post("/v1/user/search/messages", {"query": "poison"}, as_=alice)
+        assert found.status_code == 200, found.content
+        assert found.json()["data"][0]["message"]["id"] == str(poison.id)
+
+
 def test_a_backend_that_refuses_its_key_is_asked_once_a_sweep_not_once_a_message(
     api, alice, conversation, monkeypatch, caplog
 ):
@@ -646,10 +748,9 @@ def test_a_memory_or_tool_record_the_backend_refuses_keeps_no_other_waiting(monk
     record = ToolRecord.objects.create(agent=agent, tool_name="t", summary="far too long " * 100)
     kept = ToolRecord.objects.create(agent=agent, tool_name="t", summary="hotel 42 booked")
     backend = RefusingLongTexts(1_000)
-    # The others embedded, then the refusal said (the sweep logs it, and goes on next time).
-    for embed_pending_rows in (memories_embed_pending, tool_records_embed_pending):
-        with pytest.raises(EmbeddingError, match="maximum context length"):
-            embed_pending_rows(backend=backend)
+    # The others embedded, the refused ones said (logged) and left out of the next batches.
+    assert memories_embed_pending(backend=backend) == 2
+    assert tool_records_embed_pending(backend=backend) == 1
     assert not Memory.objects.filter(pk__in=[m.pk for m in others], embedded_at=None).exists()
     assert ToolRecord.objects.get(pk=kept.pk).embedded_at is not None
     assert Memory.objects.get(pk=refused.pk).embedded_at is None  # still found by keywords
