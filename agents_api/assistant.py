@@ -186,12 +186,22 @@ def assistant_reply(
     conversation = access_conversation(actor, conversation.id, need=AccessLevel.WRITER)
     # The turn the prompt ends on (``turn``: the caller's look at it, ``refuse_answered``).
     turn = turn or refuse_answered(conversation)
-    pieces = []
+    pieces, room = [], settings.MEMSVC_MAX_MESSAGE_CHARS
     prompt = assistant_prompt(agent, conversation, user_id=user.id)
-    for piece in chat_stream(prompt, seconds=settings.MEMSVC_PAGES_ANSWER_SECONDS):
-        piece = piece.replace(ANSWER_FAILED, "")  # (the model's own: kept as streamed)
-        pieces.append(piece)
-        yield piece
+    stream = chat_stream(prompt, seconds=settings.MEMSVC_PAGES_ANSWER_SECONDS)
+    try:
+        for piece in stream:
+            # (The model's own ``ANSWER_FAILED``: out, kept as streamed.) Only what can be
+            # kept is streamed, and the model's stream is closed there: a model sending 200 MB
+            # had it all sent on to the page, and held in the web process (review).
+            piece = piece.replace(ANSWER_FAILED, "")[:room]
+            pieces.append(piece)
+            room -= len(piece)
+            yield piece
+            if not room:
+                break
+    finally:
+        stream.close()
     with transaction.atomic():
         # Answers to one conversation are kept one at a time, each after a look at the
         # latest turn: two tabs asking at once both streamed an answer, and both kept it
