@@ -36,7 +36,7 @@ from agents_api.selectors import (
     messages_seen_by,
 )
 from conversations.models import Conversation, Message, Role
-from conversations.selectors import conversation_messages, turn_speakers
+from conversations.selectors import conversation_messages, turn_speakers, user_members
 from memsvc.db import held_keys, hold_users
 from memsvc.llm import LLMError, chat, json_answer, llm_configured, transcript_line
 from memsvc.text import shortened, shows_nothing
@@ -355,10 +355,12 @@ def _distil(agent: Agent, conversation: Conversation, previous: int, claimed: li
     if not people:
         return []
     known = memories_of(agent).filter(user_id__in=people)
-    if len(people) > 1:
-        # Where several people speak, the model sees only what was distilled here: one
-        # person's other memories, restated by the model at another's bidding and citing
-        # that one's turn, were kept about them (prompt injection: review).
+    if len(people) > 1 or user_members(conversation) - people:
+        # Where several people speak, or others read, the model sees only what was
+        # distilled here: one person's other memories, restated by the model at another's
+        # bidding and citing that one's turn, were kept about them (prompt injection:
+        # review); restated in a stretch where the person spoke alone, they were "distilled
+        # here" for the next stretch, where another's turn could cite them (LLM review).
         known = known.filter(
             source=MemorySource.EXTRACTED, metadata__conversationId=str(conversation.id)
         )

@@ -886,6 +886,25 @@ def test_in_a_shared_conversation_the_llm_is_not_shown_one_persons_private_memor
     assert f"- {from_here.content}" in prompt
 
 
+def test_where_others_read_the_llm_is_not_shown_a_persons_private_memories_even_alone(
+    api, helper, alice, shared, llm
+):
+    """Alice alone spoke in the stretch read, so the prompt listed all the agent keeps about
+    her: a restatement of a private one was kept as distilled here, and the next stretch,
+    where Bob speaks, showed it to the model, which could cite Bob's turn for it (LLM
+    review). Where others read, only what was distilled here is shown."""
+    agent = helper.agent
+    memory_save(
+        agent.as_principal(on_behalf_of="alice"),
+        agent=agent,
+        user_id="alice",
+        content="Alice's bank PIN is 9999",
+    )
+    turns(api, helper, shared, range(1, 6))
+    [request] = extractions(llm)
+    assert "9999" not in request["messages"][1]["content"]
+
+
 def test_a_conversation_deleted_once_its_task_has_read_it_is_not_claimed(
     api, helper, conversation, llm
 ):
