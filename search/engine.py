@@ -12,6 +12,7 @@ import functools
 import logging
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -20,7 +21,7 @@ from django.utils import timezone
 
 from memsvc.api.errors import Unavailable
 from search import queries, ranking, statements
-from search.embeddings import EmbeddingError, configured_backend, vector_literal
+from search.embeddings import EmbeddingError, LocalBackend, configured_backend, vector_literal
 from search.statements import EXACT_ORDER, INDEX_ORDER, NO_TERMS, Corpus, Scope, Terms
 from search.tuning import SEARCH_MODES, SearchTuning
 
@@ -506,16 +507,25 @@ def find_candidates(
     return Candidates(keyword=dict(keyword), terms=terms).add(rows)
 
 
+# How long a search waits for its query's vector from a remote embedding service (the local
+# model is on this machine, and its first load may take longer): one that hung kept every
+# search, and the database connection it held, waiting for the client's whole 60 s (review).
+REMOTE_QUERY_SECONDS = 5.0
+
+
 def _embedded(embedding: Future, mode: str) -> str | None:
     """The query's vector, or None when the embedding backend failed (a service that is
-    down): a hybrid search then answers with its keyword candidates, as it finds rows not
-    yet embedded; a semantic search has nothing to answer with (503)."""
+    down, or a remote one that does not answer within ``REMOTE_QUERY_SECONDS``): a hybrid
+    search then answers with its keyword candidates, as it finds rows not yet embedded; a
+    semantic search has nothing to answer with (503)."""
+    remote = not isinstance(configured_backend(), LocalBackend)
     try:
-        return embedding.result()
-    except EmbeddingError as exc:
+        return embedding.result(timeout=REMOTE_QUERY_SECONDS if remote else None)
+    except (EmbeddingError, FutureTimeout) as exc:
         if mode == "semantic":
             raise Unavailable(
                 "the embedding service is unavailable; try again shortly (keyword search works)"
             ) from None
-        logger.warning("search query not embedded (%s): keyword candidates only", exc)
+        why = str(exc) or "no answer in time"
+        logger.warning("search query not embedded (%s): keyword candidates only", why)
         return None

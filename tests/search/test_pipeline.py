@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from datetime import timedelta
 
 import numpy as np
@@ -635,6 +636,38 @@ def test_a_backend_answering_nan_for_a_text_leaves_that_text_waiting_and_no_othe
         found = api.post("/v1/user/search/messages", {"query": "poison"}, as_=alice)
         assert found.status_code == 200, found.content
         assert found.json()["data"][0]["message"]["id"] == str(poison.id)
+
+
+def test_a_search_waits_for_a_remote_service_that_hangs_no_longer_than_its_deadline(
+    api, alice, conversation, monkeypatch
+):
+    """A remote embedding service that did not answer kept each search waiting for the
+    client's whole 60 s (review): past ``REMOTE_QUERY_SECONDS`` a hybrid search answers by
+    keywords, a semantic one 503."""
+    stored = post_message(api, alice, conversation, "the kayak is in the garage")
+    released = threading.Event()
+
+    def respond(method, path, body):
+        released.wait(10)
+        return Reply(200, {"embeddings": [np.ones(384).tolist() for _ in body["input"]]})
+
+    with LocalHttpServer(respond) as server:
+        # The embedding service is outside memsvc: it is faked at the HTTP level.
+        backend = OllamaBackend("hung", base_url=server.url, expected_dimension=384)
+        monkeypatch.setattr("search.engine.configured_backend", lambda: backend)
+        monkeypatch.setattr("search.engine.REMOTE_QUERY_SECONDS", 0.5)
+        try:
+            started = time.monotonic()
+            found = api.post("/v1/user/search/messages", {"query": "kayak garage"}, as_=alice)
+            assert found.status_code == 200, found.content
+            assert found.json()["data"][0]["message"]["id"] == str(stored.id)
+            semantic = api.post(
+                "/v1/user/search/messages", {"query": "kayak", "mode": "semantic"}, as_=alice
+            )
+            assert semantic.status_code == 503, semantic.content
+            assert time.monotonic() - started < 5
+        finally:
+            released.set()
 
 
 def test_a_backend_that_refuses_its_key_is_asked_once_a_sweep_not_once_a_message(
