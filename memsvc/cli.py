@@ -379,6 +379,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_reindex(args: argparse.Namespace) -> int:
     _setup_database()
+    from django.conf import settings
     from django.utils import timezone
 
     from agents_api.services import (
@@ -390,8 +391,15 @@ def cmd_reindex(args: argparse.Namespace) -> int:
     )
     from search.checks import check_embedding_dimension
     from search.embeddings import EmbeddingError
-    from search.services import PATIENCE_SECONDS, embed_pending, reembed_all
+    from search.services import PATIENCE_SECONDS, embed_pending, reembed_all, vector_columns_resized
 
+    if args.resize:
+        width = settings.MEMORY_EMBEDDING_DIMENSION
+        for table in vector_columns_resized(width):
+            print(
+                f"{table}.embedding is now vector({width}): its rows wait for the new model",
+                file=sys.stderr,
+            )
     # (A model of another width than the columns: said in one line, as `serve` says it; a
     # traceback of the database's refusal of the first batch: review.)
     check_embedding_dimension()
@@ -876,6 +884,12 @@ def build_parser() -> argparse.ArgumentParser:
     reindex = commands.add_parser("reindex", help="embed what is waiting (--all: everything)")
     reindex.add_argument(
         "--all", action="store_true", help="re-embed every message and memory (a new model)"
+    )
+    reindex.add_argument(
+        "--resize",
+        action="store_true",
+        help="first make the vector columns MEMORY_EMBEDDING_DIMENSION wide, every row then "
+        "waiting (a model of another width; the service stopped)",
     )
     reindex.set_defaults(func=cmd_reindex)
 

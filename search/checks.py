@@ -49,7 +49,8 @@ def check_embedding_dimension(backend: EmbeddingBackend | None = None) -> None:
             raise ImproperlyConfigured(
                 f"MEMORY_EMBEDDING_DIMENSION is {expected} but the database column "
                 f"{table}.embedding holds {columns[table]}: the tables were made for another "
-                "model; set it back, or migrate the columns and `memsvc reindex --all`"
+                "model; set it back, or make them as wide: `memsvc reindex --resize` (the service "
+                "stopped)"
             )
     try:
         dimension = backend.dimension
@@ -61,7 +62,7 @@ def check_embedding_dimension(backend: EmbeddingBackend | None = None) -> None:
         raise ImproperlyConfigured(
             f"the embedding model {backend.model!r} ({backend.name}) makes {dimension}-dimensional "
             f"vectors but the database columns hold {expected}: set MEMORY_EMBEDDING_DIMENSION "
-            f"and MEMORY_EMBEDDING_MODEL to match, migrate the columns, then `memsvc reindex --all`"
+            f"and MEMORY_EMBEDDING_MODEL to match, then `memsvc reindex --resize`"
         )
 
 

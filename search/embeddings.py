@@ -65,8 +65,8 @@ class WrongDimension(EmbeddingError):
         super().__init__(
             f"{backend.name}: the model {backend.model!r} answered {width}-dimensional vectors "
             f"where MEMORY_EMBEDDING_DIMENSION is {backend.expected_dimension}: put the model "
-            "back, or change MEMORY_EMBEDDING_MODEL and MEMORY_EMBEDDING_DIMENSION, migrate the "
-            "columns and `memsvc reindex --all`",
+            "back, or change MEMORY_EMBEDDING_MODEL and MEMORY_EMBEDDING_DIMENSION and run "
+            "`memsvc reindex --resize` (the service stopped)",
             transient=True,
         )
         self.width = width

@@ -471,6 +471,30 @@ def embed_pending(
     )
 
 
+def vector_columns_resized(width: int) -> list[str]:
+    """Make every table's ``embedding`` column ``width`` wide (a model of another width:
+    ``memsvc reindex --all --resize``); the tables changed. Their rows' vectors, of the old
+    model, cannot be kept: each row waits for the new model's (found by keywords meanwhile),
+    and the HNSW index is made again by the change. One transaction: all or none. It locks
+    each table whole while it runs: the service is stopped (it refuses to start until the
+    columns fit the model)."""
+    from search.checks import VECTOR_TABLES, column_dimensions
+
+    changed = [table for table, found in column_dimensions().items() if found != width]
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")  # (ALTER TABLE waits for none)
+        for table in VECTOR_TABLES:
+            if table in changed:
+                cursor.execute(
+                    f"ALTER TABLE {table} ALTER COLUMN embedding TYPE vector(%s) USING NULL",
+                    [width],
+                )
+                cursor.execute(
+                    f"UPDATE {table} SET embedding_model = '', embedded_at = NULL"  # noqa: S608 (ours)
+                )
+    return changed
+
+
 def reembed_all(*, backend=None) -> int:
     """Re-embed every message with the configured model (after a model change)."""
     backend = backend or configured_backend()

@@ -27,12 +27,14 @@ from memsvc import cli
 from memsvc.api.principals import Principal
 from memsvc.broker import TRANSIENT
 from search import services
+from search.checks import column_dimensions
 from search.embeddings import EmbeddingError, OllamaBackend, OpenAIBackend, configured_backend
 from search.tasks import embed_messages_task, enqueue_embedding, sweep_unembedded_task
 from tests.agents_api.conftest import make_agent
 from tests.db import database_url
 from tests.factories import AgentFactory, ConversationFactory, MessageFactory
 from tests.local_http import LocalHttpServer, Reply
+from tests.search.test_embeddings import fake_vector
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.django_db
@@ -240,6 +242,41 @@ def test_reindex_for_a_model_of_another_width_says_so_in_one_line(api, capsys, s
     err = capsys.readouterr().err
     assert "MEMORY_EMBEDDING_DIMENSION is 768 but the database column" in err
     assert "Traceback" not in err
+
+
+def test_reindex_resize_moves_the_store_to_a_model_of_another_width(
+    api, alice, conversation, capsys, settings, monkeypatch
+):
+    """A model of another width had no way in: ``serve`` said "migrate the columns", which
+    nothing did (review). ``--resize`` makes them as wide; everything is embedded again."""
+    kept = post_message(api, alice, conversation, "the kayak is in the garage")
+    agent = make_agent("keeper").agent
+    memory, _ = memory_save(agent.as_principal(), agent=agent, content="alice owns a kayak")
+    assert cli.main(["reindex"]) == 0
+
+    def respond(method, path, body):
+        return Reply(200, {"embeddings": [fake_vector(text, 768) for text in body["input"]]})
+
+    with LocalHttpServer(respond) as server:
+        # The embedding service is outside memsvc: it is faked at the HTTP level.
+        wider = OllamaBackend("wider", base_url=server.url, expected_dimension=768)
+        for module in ("search.services", "search.checks", "search.engine"):
+            monkeypatch.setattr(f"{module}.configured_backend", lambda: wider)
+        settings.MEMORY_EMBEDDING_DIMENSION = 768
+        assert cli.main(["reindex"]) == 2  # (the columns are 384 wide)
+        assert cli.main(["reindex", "--resize"]) == 0
+        err = capsys.readouterr().err
+        assert "message.embedding is now vector(768)" in err
+        assert "embedded 1 messages, 1 memories" in err
+        assert column_dimensions() == {"message": 768, "memory": 768, "tool_record": 768}
+        for row in (kept, memory):
+            row.refresh_from_db()
+            assert (len(row.embedding), row.embedding_model) == (768, "wider")
+        found = api.post(
+            "/v1/user/search/messages", {"query": "kayak", "mode": "semantic"}, as_=alice
+        )
+        assert found.status_code == 200, found.content
+        assert [hit["message"]["id"] for hit in found.json()["data"]] == [str(kept.id)]
 
 
 def toasted(message, *columns) -> list[bool]:
