@@ -15,10 +15,11 @@ const state = {
 // --- The API ---------------------------------------------------------------------------------
 
 class ApiError extends Error {
-  constructor(message, status, code) {
+  constructor(message, status, code, details = {}) {
     super(message);
     this.status = status;
     this.code = code;
+    this.details = details; // {"field": ["problem", ...]}: which input a 400 is about
   }
 }
 
@@ -52,7 +53,12 @@ async function api(method, path, body, extraHeaders = {}) {
     // What to quote when reporting it: memsvc's log lines about the request name this id.
     const requestId = response.headers.get("X-Request-Id");
     const named = requestId ? ` (request ${requestId})` : "";
-    throw new ApiError(`${message} [${response.status} ${data?.code ?? ""}]${named}`, response.status, data?.code);
+    throw new ApiError(
+      `${message} [${response.status} ${data?.code ?? ""}]${named}`,
+      response.status,
+      data?.code,
+      data?.details ?? {},
+    );
   }
   return data;
 }
@@ -95,12 +101,43 @@ function element(tag, properties = {}, ...children) {
   return node;
 }
 
-function showError(error) {
+// The alert says what failed; the field it is about, when there is one, is marked invalid and
+// described by the alert, so that it is said on that field too (a11y review: only the alert
+// said it). The next action clears both.
+function showError(error, field = null) {
   $("#error").textContent = error ? error.message : "";
+  for (const marked of document.querySelectorAll("[aria-invalid]")) {
+    marked.removeAttribute("aria-invalid");
+    marked.removeAttribute("aria-describedby");
+  }
+  if (error && field) {
+    field.setAttribute("aria-invalid", "true");
+    field.setAttribute("aria-describedby", "error");
+  }
 }
 
-// Every action: clear the last error, run, show the API's message when it fails. A form or
-// button whose action runs (``handler(event, itself)``) takes no second one meanwhile.
+// The field an error is about: the input the API names in ``details`` (each name is one
+// form's here), or the token for a 401 and the server when there was no answer at all, which
+// are where to put it right whichever action it was.
+const FIELDS = {
+  title: "#new-title",
+  content: "#append-content",
+  "newMessage.content": "#fork-content",
+  userId: "#share-user",
+  accessLevel: "#share-level",
+  query: "#search-query",
+  unauthorized: "#token",
+  network: "#server",
+};
+
+function fieldOf(error) {
+  const named = Object.keys(error.details ?? {}).find((name) => name in FIELDS) ?? error.code;
+  return named in FIELDS ? $(FIELDS[named]) : null;
+}
+
+// Every action: clear the last error, run, show the API's message when it fails (on its field
+// too). A form or button whose action runs (``handler(event, itself)``) takes no second one
+// meanwhile.
 function action(handler) {
   return async (event) => {
     event?.preventDefault();
@@ -111,7 +148,7 @@ function action(handler) {
     try {
       await handler(event, source);
     } catch (error) {
-      showError(error);
+      showError(error, fieldOf(error));
     } finally {
       if (source) delete source.dataset.busy;
     }
@@ -131,14 +168,18 @@ async function loadConversations() {
           type: "button",
           textContent: titled(conversation.title),
           title: conversation.lastMessagePreview || "",
-          onclick: action(() => openConversation(conversation.id)),
+          onclick: action(() => openConversation(conversation.id, { focus: true })),
         }),
       ),
     ),
   );
 }
 
-async function openConversation(id) {
+// ``focus``: the reader chose to open it (from the list, a search hit, a branch, a fork just
+// made), and focus moves to its heading, which says which one is open; opening one said
+// nothing, and a fork's left focus on <body> as the hidden editor took it (a11y review). A
+// reload after a message or a share leaves focus where it is.
+async function openConversation(id, { focus = false } = {}) {
   const opening = ++state.opening;
   const [conversation, messages, forks, members] = await Promise.all([
     api("GET", conversationPath(id)),
@@ -192,6 +233,7 @@ async function openConversation(id) {
   $("#members").replaceChildren(
     ...members.data.map((member) => element("li", { textContent: `${member.userId}: ${member.accessLevel}` })),
   );
+  if (focus) $("#conversation-title").focus();
 }
 
 function startFork(message) {
@@ -200,6 +242,15 @@ function startFork(message) {
   $("#fork-content").value = message.content;
   form.hidden = false;
   $("#fork-content").focus();
+}
+
+// Cancel or Escape: focus goes back to the "Fork here" the editor was opened from; it fell to
+// <body> with the hidden editor (a11y review).
+function cancelFork() {
+  const form = $("#fork");
+  form.hidden = true;
+  const from = $(`#messages li[data-id="${CSS.escape(form.dataset.messageId ?? "")}"] button.fork`);
+  (from ?? $("#conversation-title")).focus();
 }
 
 // --- Wiring ----------------------------------------------------------------------------------
@@ -219,7 +270,7 @@ $("#connect").addEventListener(
     state.conversationId = null;
     state.opening++;
     $("#conversation").hidden = true;
-    for (const list of ["#conversations", "#messages", "#members", "#results", "#branches"]) {
+    for (const list of ["#conversations", "#messages", "#members", "#results", "#branches", "#search-status"]) {
       $(list).replaceChildren();
     }
     await loadConversations();
@@ -235,7 +286,7 @@ $("#new-conversation").addEventListener(
     });
     $("#new-title").value = "";
     await loadConversations();
-    await openConversation(conversation.id);
+    await openConversation(conversation.id, { focus: true });
   }),
 );
 
@@ -260,17 +311,21 @@ $("#fork").addEventListener(
       { newMessage: { content: $("#fork-content").value } },
     );
     await loadConversations();
-    await openConversation(fork.id);
+    await openConversation(fork.id, { focus: true });
   }),
 );
 
-$("#fork-cancel").addEventListener("click", () => {
-  $("#fork").hidden = true;
+$("#fork-cancel").addEventListener("click", cancelFork);
+
+$("#fork").addEventListener("keydown", (event) => {
+  if (event.key !== "Escape") return;
+  event.preventDefault();
+  cancelFork();
 });
 
-$("#branches").addEventListener(
-  "change",
-  action(() => openConversation($("#branches").value)),
+$("#branch").addEventListener(
+  "submit",
+  action(() => openConversation($("#branches").value, { focus: true })),
 );
 
 $("#share").addEventListener(
@@ -288,6 +343,8 @@ $("#share").addEventListener(
 $("#search").addEventListener(
   "submit",
   action(async () => {
+    // Emptied first, so that the same count after another search is said again.
+    $("#search-status").textContent = "";
     const results = await api("POST", "/v1/user/search/messages", { query: $("#search-query").value });
     const list = results.data.map((result) =>
       element(
@@ -296,10 +353,13 @@ $("#search").addEventListener(
         element("button", {
           type: "button",
           textContent: result.message.content,
-          onclick: action(() => openConversation(result.conversationId)),
+          onclick: action(() => openConversation(result.conversationId, { focus: true })),
         }),
       ),
     );
-    $("#results").replaceChildren(...(list.length ? list : [element("li", { textContent: "No match." })]));
+    $("#results").replaceChildren(...list);
+    // A status, said without moving focus: the hits only appeared (a11y review).
+    const count = list.length;
+    $("#search-status").textContent = `${count || "No"} message${count === 1 ? "" : "s"} found`;
   }),
 );
