@@ -7,6 +7,7 @@ htmx is a static file of this origin (django-htmx ships it) told by its ``htmx-c
 tag not to evaluate code or inject its indicator styles, so it runs under this policy.
 """
 
+from django.urls import reverse
 from django.utils.cache import add_never_cache_headers
 
 CONTENT_SECURITY_POLICY = "; ".join(
@@ -35,7 +36,14 @@ class ContentSecurityPolicyMiddleware:
     def __call__(self, request):
         response = self.get_response(request)
         match = getattr(request, "resolver_match", None)
-        if match is not None and match.namespace == "pages":
+        # (Or an address under the pages' that no route takes: their 404 page, with the
+        # person's name and the logout form, had neither: review.)
+        if (match.namespace == "pages") if match else under_the_pages(request):
             response.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
             add_never_cache_headers(response)
         return response
+
+
+def under_the_pages(request) -> bool:
+    """Whether the request's address is under the pages' (a route of theirs or not)."""
+    return request.path.startswith(reverse("pages:home"))

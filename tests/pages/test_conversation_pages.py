@@ -777,6 +777,28 @@ def test_a_forms_address_opened_in_the_browser_is_a_page_that_says_so(client, al
     assert alice_page.get(page_of(conversation)).status_code == 200  # (still logged in)
 
 
+def test_a_page_sent_to_is_405_not_the_page(alice_page):
+    """A POST, PUT or DELETE of a page's address was answered with the page, 200 (review)."""
+    conversation = conversation_of("alice", "Kept", "hi")
+    for path in ["/app/", page_of(conversation), "/app/memory/", "/app/search/?q=hi"]:
+        for method in ("post", "put", "delete"):
+            response = getattr(alice_page, method)(path)
+            assert response.status_code == 405, (method, path)
+            assert response["Allow"] == "GET, HEAD"
+            assert "nothing is sent to it" in response.content.decode()
+    assert alice_page.head(page_of(conversation)).status_code == 200
+    assert Conversation.objects.filter(pk=conversation.pk).exists()
+
+
+def test_an_address_under_the_pages_no_route_takes_carries_their_headers(alice_page):
+    """Their 404 page, with the person's name and the logout form, had no policy and could
+    be kept (review)."""
+    response = alice_page.get("/app/no-such-page/")
+    assert response.status_code == 404
+    assert "script-src 'self'" in response["Content-Security-Policy"]
+    assert "no-store" in response["Cache-Control"]
+
+
 def test_a_refused_page_leads_back_to_the_page_it_was_asked_from(bob_page):
     """A refused form (a manager may not delete) offered only the way home: the person lost
     the conversation they were in (review R3). Back goes to this site's pages only."""

@@ -22,6 +22,7 @@ from memsvc.api.errors import ApiError, as_api_error, exception_handler
 from memsvc.api.middleware import request_refusal
 from memsvc.api.principals import Principal, agent_uuid_of, user_id_problem
 from memsvc.api.ratelimit import auth_check_ended, limit_principal
+from memsvc.pages.security import under_the_pages
 
 PAGE_SIZE = 50
 
@@ -71,6 +72,20 @@ def page(view=None, /, **query_labels: str):
 
     if view is None:
         return partial(page, **query_labels)
+    shown = _logged_in(view, query_labels)
+
+    @wraps(view)
+    def only_read(request, *args, **kwargs):
+        # (A POST, PUT or DELETE was answered with the page, 200: review.)
+        if request.method not in ("GET", "HEAD"):
+            return not_a_page(request, allowed="GET, HEAD", said=NOT_A_FORM)
+        return shown(request, *args, **kwargs)
+
+    return only_read
+
+
+def _logged_in(view, query_labels: dict):
+    """``view`` as a page or a form's POST is served (``page``, ``action``)."""
 
     @wraps(view)
     def wrapper(request, *args, **kwargs):
@@ -191,7 +206,7 @@ def not_found(request, exception):
     """Django's answer to a path no route takes (``handler404``): under the pages', their
     refusal page, with its way back to the conversations (Django's bare "Not Found" page had
     none: review); elsewhere (the admin's, static files') Django's."""
-    if request.path.startswith(reverse("pages:home")):
+    if under_the_pages(request):
         return refusal_page(request, "There is no such page here.", status=404, came_from=None)
     return defaults.page_not_found(request, exception)
 
@@ -258,9 +273,9 @@ def csrf_failure(request, reason=""):
 
 
 def action(view):
-    """A form's POST (``page``): CSRF-checked by the middleware, answered by a redirect;
-    its address opened in the browser, ``not_a_page``."""
-    posted = page(view)
+    """A form's POST (as a ``page`` is served): CSRF-checked by the middleware, answered by
+    a redirect; its address opened in the browser, ``not_a_page``."""
+    posted = _logged_in(view, {})
 
     @wraps(view)
     def only_posted(request, *args, **kwargs):
@@ -272,13 +287,15 @@ def action(view):
 
 
 NOT_A_PAGE = "This address takes a form's answer, not a visit: go back to the page of the form."
+NOT_A_FORM = "This page is to be read: nothing is sent to it."
 
 
-def not_a_page(request, allowed: str = "POST"):
+def not_a_page(request, allowed: str = "POST", said: str = NOT_A_PAGE):
     """The address of a form's POST opened in the browser (a bookmark, Enter in the address
-    bar after a refusal left it there): the pages' refusal (405), with its ways back. It
-    was an empty 405, which the browser showed as an error page of its own (review)."""
-    response = refusal_page(request, NOT_A_PAGE, status=405, came_from=_came_from(request))
+    bar after a refusal left it there), or a page's sent to: the pages' refusal (405), with
+    its ways back. It was an empty 405, which the browser showed as an error page of its
+    own (review)."""
+    response = refusal_page(request, said, status=405, came_from=_came_from(request))
     response["Allow"] = allowed
     return response
 
