@@ -70,8 +70,9 @@ def check_secret_key(app_configs=None, **kwargs) -> list[Warning]:
     return [
         Warning(
             f"DJANGO_SECRET_KEY is shorter than {django_security.SECRET_KEY_MIN_LENGTH} "
-            "characters or has too few different ones: the web pages' sessions signed with "
-            "it can be forged by guessing it.",
+            "characters, has too few different ones or is one of Django's made-up "
+            f"{django_security.SECRET_KEY_INSECURE_PREFIX!r} keys: the web pages' sessions "
+            "signed with it can be forged by guessing it.",
             hint="Use a random key (python -c 'import secrets; print(secrets.token_urlsafe(50))').",
             id="memsvc.W005",
         )

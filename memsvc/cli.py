@@ -31,6 +31,12 @@ def _setup_django() -> None:
     import django
 
     django.setup()
+    from django.conf import settings
+
+    if settings.LOCAL_MODE:
+        # Its user's alone, whichever command makes it, before anything is made in it: the
+        # model's cache or the queue's folders made it 0755 as their parent (code review).
+        data_directory(settings.MEMSVC_DATA_DIR)
 
 
 def _setup_database() -> None:
@@ -389,13 +395,23 @@ def cmd_reindex(args: argparse.Namespace) -> int:
         tool_records_embed_pending,
         tool_records_reembed_all,
     )
-    from search.checks import check_embedding_dimension
+    from search.checks import check_embedding_dimension, check_model_width
     from search.embeddings import EmbeddingError
     from search.services import PATIENCE_SECONDS, embed_pending, reembed_all, vector_columns_resized
 
     if args.resize:
         width = settings.MEMORY_EMBEDDING_DIMENSION
-        for table in vector_columns_resized(width):
+        check_model_width(must_answer=True)  # (before a vector is dropped)
+        try:
+            resized = vector_columns_resized(width)
+        except OperationalError as exc:
+            print(
+                f"the tables are in use ({str(exc).strip()}): stop the service, then run this "
+                "again; nothing was changed",
+                file=sys.stderr,
+            )
+            return 1
+        for table in resized:
             print(
                 f"{table}.embedding is now vector({width}): its rows wait for the new model",
                 file=sys.stderr,

@@ -52,17 +52,32 @@ def check_embedding_dimension(backend: EmbeddingBackend | None = None) -> None:
                 "model; set it back, or make them as wide: `memsvc reindex --resize` (the service "
                 "stopped)"
             )
+    check_model_width(backend)
+
+
+def check_model_width(backend: EmbeddingBackend | None = None, *, must_answer=False) -> None:
+    """Refuse when the model's vectors are not ``MEMORY_EMBEDDING_DIMENSION`` wide; with
+    ``must_answer`` also when a remote model cannot be asked now (before ``memsvc reindex
+    --resize`` drops every vector: it dropped them for a model of the old width, and
+    refused only afterwards: code review)."""
+    backend = backend or configured_backend()
+    expected = settings.MEMORY_EMBEDDING_DIMENSION
     try:
         dimension = backend.dimension
     except WrongDimension as exc:
         dimension = exc.width
-    except EmbeddingError:
+    except EmbeddingError as exc:
+        if must_answer:
+            raise ImproperlyConfigured(
+                f"the embedding model {backend.model!r} ({backend.name}) could not be asked "
+                f"the width of its vectors ({exc}): nothing was changed"
+            ) from None
         return
     if dimension != expected:
         raise ImproperlyConfigured(
             f"the embedding model {backend.model!r} ({backend.name}) makes {dimension}-dimensional "
-            f"vectors but the database columns hold {expected}: set MEMORY_EMBEDDING_DIMENSION "
-            f"and MEMORY_EMBEDDING_MODEL to match, then `memsvc reindex --resize`"
+            f"vectors, not MEMORY_EMBEDDING_DIMENSION's {expected}: set MEMORY_EMBEDDING_DIMENSION "
+            "and MEMORY_EMBEDDING_MODEL to match, then `memsvc reindex --resize`"
         )
 
 

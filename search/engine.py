@@ -11,6 +11,7 @@ GIL): the two slowest steps of a hybrid search overlap.
 import functools
 import logging
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -35,6 +36,10 @@ _QUERY_EMBEDDER = ThreadPoolExecutor(max_workers=4, thread_name_prefix="query-em
 QUERY_VECTORS_KEPT = 256
 # A query that is little more than names ("Melanie?") keeps its own vector.
 MIN_UNNAMED_WORDS = 2
+# How long a search waits for its query's vector from a remote embedding service (the local
+# model is on this machine, and its first load may take longer): one that hung kept every
+# search, and the database connection it held, waiting for the client's whole 60 s (review).
+REMOTE_QUERY_SECONDS = 5.0
 
 
 @functools.lru_cache(maxsize=QUERY_VECTORS_KEPT)
@@ -65,6 +70,8 @@ def query_embedding(model: str, query: str, unnamed_share: float = 0.0) -> Futur
         future = _ON_THEIR_WAY.get(key)
         if future is None:
             future = _QUERY_EMBEDDER.submit(query_vector, *key)
+            # (What a search waits for it, at most, from a remote service: ``_embedded``.)
+            future.deadline = time.monotonic() + REMOTE_QUERY_SECONDS
             _ON_THEIR_WAY[key] = future
             future.add_done_callback(lambda done: _arrived(key, done))
     return future
@@ -364,11 +371,10 @@ def with_feedback(
         rows = []
         if new:
             backend = configured_backend()
-            try:
-                # (embedded for ``found``: kept)
-                vector = query_vector(backend.model, query, tuning.unnamed_vector_share)
-            except EmbeddingError:
-                vector = None  # (the backend failed, ``_embedded``: their words alone)
+            # (Embedded for ``found``, or given up: asked again without a deadline, it kept a
+            # search 60 s on a service that hung: code review.)
+            embedding = query_embedding(backend.model, query, tuning.unnamed_vector_share)
+            vector = _embedded(embedding, "hybrid")  # (None: their words alone)
             rows = statements.described(cursor, corpus, scope, new, vector, backend.model, terms)
     again = Candidates(
         semantic=dict(found.semantic),
@@ -507,20 +513,17 @@ def find_candidates(
     return Candidates(keyword=dict(keyword), terms=terms).add(rows)
 
 
-# How long a search waits for its query's vector from a remote embedding service (the local
-# model is on this machine, and its first load may take longer): one that hung kept every
-# search, and the database connection it held, waiting for the client's whole 60 s (review).
-REMOTE_QUERY_SECONDS = 5.0
-
-
 def _embedded(embedding: Future, mode: str) -> str | None:
     """The query's vector, or None when the embedding backend failed (a service that is
-    down, or a remote one that does not answer within ``REMOTE_QUERY_SECONDS``): a hybrid
-    search then answers with its keyword candidates, as it finds rows not yet embedded; a
-    semantic search has nothing to answer with (503)."""
+    down, or a remote one that did not answer within ``REMOTE_QUERY_SECONDS`` of when it was
+    asked: every wait for it ends then, each part of a question, each corpus a search reads,
+    not each after 5 s more: code review): a hybrid search then answers with its keyword
+    candidates, as it finds rows not yet embedded; a semantic search has nothing to answer
+    with (503)."""
     remote = not isinstance(configured_backend(), LocalBackend)
     try:
-        return embedding.result(timeout=REMOTE_QUERY_SECONDS if remote else None)
+        left = max(embedding.deadline - time.monotonic(), 0.0) if remote else None
+        return embedding.result(timeout=left)
     except (EmbeddingError, FutureTimeout) as exc:
         if mode == "semantic":
             raise Unavailable(

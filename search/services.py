@@ -6,6 +6,7 @@ unsearchable because of a broker problem, and keywords find it meanwhile.
 """
 
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from datetime import timedelta
@@ -52,19 +53,22 @@ TASK_BATCH = 32
 # each worker process learns it once; a reindex asks each such row once.
 REFUSED_SECONDS = 600
 _refused: dict[str, dict[str, float]] = {}
+_refused_lock = threading.Lock()  # (a web process's request threads embed too)
 
 
 def refused_lately(table: str) -> list[str]:
     """The ids of ``table`` the backend refused for good in this process lately."""
-    rows = _refused.get(table, {})
     since = time.monotonic() - REFUSED_SECONDS
-    for row_id in [row_id for row_id, at in rows.items() if at < since]:
-        del rows[row_id]
-    return list(rows)
+    with _refused_lock:
+        rows = _refused.get(table, {})
+        for row_id in [row_id for row_id, at in rows.items() if at < since]:
+            del rows[row_id]
+        return list(rows)
 
 
 def _note_refused(table: str, row_id) -> None:
-    _refused.setdefault(table, {})[str(row_id)] = time.monotonic()
+    with _refused_lock:
+        _refused.setdefault(table, {})[str(row_id)] = time.monotonic()
 
 
 # The messages to embed, claimed: each by a session-level advisory lock on its name
@@ -471,6 +475,9 @@ def embed_pending(
     )
 
 
+RESIZE_LOCK_SECONDS = 5
+
+
 def vector_columns_resized(width: int) -> list[str]:
     """Make every table's ``embedding`` column ``width`` wide (a model of another width:
     ``memsvc reindex --all --resize``); the tables changed. Their rows' vectors, of the old
@@ -483,10 +490,16 @@ def vector_columns_resized(width: int) -> list[str]:
     changed = [table for table, found in column_dimensions().items() if found != width]
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")  # (ALTER TABLE waits for none)
+        # A running service holds the tables: refused (``OperationalError``) rather than
+        # every request queued behind the change (code review).
+        cursor.execute(f"SET LOCAL lock_timeout = '{RESIZE_LOCK_SECONDS}s'")
         for table in VECTOR_TABLES:
             if table in changed:
+                # (A change of type sets the type's storage again: the vectors kept in the
+                # row, as the migrations made them: ``conversations`` 0004.)
                 cursor.execute(
-                    f"ALTER TABLE {table} ALTER COLUMN embedding TYPE vector(%s) USING NULL",
+                    f"ALTER TABLE {table} ALTER COLUMN embedding TYPE vector(%s) USING NULL, "
+                    "ALTER COLUMN embedding SET STORAGE MAIN",
                     [width],
                 )
                 cursor.execute(

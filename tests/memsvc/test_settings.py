@@ -624,6 +624,17 @@ def test_a_data_directory_memsvc_makes_is_its_users_alone(tmp_path):
     kept.mkdir(mode=0o755)
     embedded_db.local_secrets(kept)
     assert kept.stat().st_mode & 0o777 == 0o755  # (one made by its user is left as it is)
+    # Whichever command comes first: the model's cache made it as its parent (code review).
+    first = tmp_path / "first" / "data"
+    made = run_python(
+        {"MEMSVC_DATA_DIR": str(first)},
+        "-c",
+        "from memsvc import cli; cli._setup_django(); "
+        "from search.onnx_encoder import usable_directory; from django.conf import settings; "
+        "usable_directory(settings.MEMSVC_MODEL_CACHE_DIR, 'MEMSVC_MODEL_CACHE_DIR')",
+    )
+    assert made.returncode == 0, made.stderr
+    assert first.stat().st_mode & 0o077 == 0
 
 
 def test_local_secrets_are_made_on_first_use_and_the_same_for_every_process(tmp_path):
