@@ -395,6 +395,7 @@ def cmd_reindex(args: argparse.Namespace) -> int:
         tool_records_embed_pending,
         tool_records_reembed_all,
     )
+    from memsvc import embedded_db
     from search.checks import check_embedding_dimension, check_model_width
     from search.embeddings import EmbeddingError
     from search.services import PATIENCE_SECONDS, embed_pending, reembed_all, vector_columns_resized
@@ -402,6 +403,17 @@ def cmd_reindex(args: argparse.Namespace) -> int:
     if args.resize:
         width = settings.MEMORY_EMBEDDING_DIMENSION
         check_model_width(must_answer=True)  # (before a vector is dropped)
+        # A service running on the embedded database: its processes would go on with the
+        # old width, each write of a vector refused (review). (A database of DATABASE_URL:
+        # the tables held are refused, below; README says to stop the service.)
+        others = embedded_db.other_holders()
+        if others:
+            print(
+                f"other memsvc processes use this database ({', '.join(map(str, others))}): "
+                "stop the service, then run this again; nothing was changed",
+                file=sys.stderr,
+            )
+            return 1
         try:
             resized = vector_columns_resized(width)
         except OperationalError as exc:

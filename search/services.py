@@ -9,6 +9,8 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import timedelta
 
 from django.db import DatabaseError, connection, transaction
@@ -278,15 +280,27 @@ def messages_embedded_now(message_ids: Sequence) -> None:
         logger.info("messages left to the worker to embed (%s)", exc)
 
 
+# How long a save waits for its rows' vectors from a remote embedding service: one that hung
+# kept each memory's or tool record's save for the client's whole 60 s, and a few of them
+# every request thread of the web process, searches included (review).
+REMOTE_SAVE_SECONDS = 10.0
+_SAVE_EMBEDDER = ThreadPoolExecutor(max_workers=4, thread_name_prefix="save-embedding")
+
+
 def vectors_or_none(texts: list[str], *, what: str) -> tuple:
     """(model, vectors) for rows about to be written (memories, tool records), embedded in one
-    call; (None, None) when the backend fails: the rows are stored anyway, found by keywords,
-    and embedded later by their sweep."""
+    call; (None, None) when the backend fails, or a remote one does not answer within
+    ``REMOTE_SAVE_SECONDS``: the rows are stored anyway, found by keywords, and embedded
+    later by their sweep."""
     backend = configured_backend()
     try:
-        return backend.model, list(backend.embed(texts))
-    except EmbeddingError as exc:
-        logger.warning("%s saved without vectors (%s); the sweep will embed them", what, exc)
+        if isinstance(backend, LocalBackend):  # (on this machine: it cannot hang)
+            return backend.model, list(backend.embed(texts))
+        answer = _SAVE_EMBEDDER.submit(backend.embed, texts)
+        return backend.model, list(answer.result(timeout=REMOTE_SAVE_SECONDS))
+    except (EmbeddingError, FutureTimeout) as exc:
+        why = str(exc) or f"no answer within {REMOTE_SAVE_SECONDS:g} s"
+        logger.warning("%s saved without vectors (%s); the sweep will embed them", what, why)
         return None, None
 
 

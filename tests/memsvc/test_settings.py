@@ -339,6 +339,9 @@ def test_the_first_query_starts_the_embedded_server_and_exit_stops_it(tmp_path):
     # The process held the only handle on the server, so its exit stopped it.
     assert not (data_dir / "pgdata" / "postmaster.pid").exists()
     assert postgres_servers_of(data_dir) == []
+    # Its user's alone, but for passing through to the server's own (as root, the package
+    # opened it to others, 0755: review).
+    assert data_dir.stat().st_mode & 0o077 == (0o011 if os.geteuid() == 0 else 0)
 
 
 def test_the_last_process_to_exit_stops_the_server_though_one_was_killed(tmp_path):

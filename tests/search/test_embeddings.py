@@ -529,13 +529,17 @@ def test_a_model_of_another_width_than_the_column_stops_start_up():
 
     with (
         FakeEmbeddingServer(respond) as server,
-        pytest.raises(ImproperlyConfigured, match=r"768-dimensional.*MEMORY_EMBEDDING_DIMENSION's 384"),
+        pytest.raises(
+            ImproperlyConfigured, match=r"768-dimensional.*MEMORY_EMBEDDING_DIMENSION's 384"
+        ),
     ):
         check_embedding_dimension(OllamaBackend("nomic-embed-text", base_url=server.url))
     # The same when the backend itself refuses the width it is answered.
     with (
         FakeEmbeddingServer(respond) as server,
-        pytest.raises(ImproperlyConfigured, match=r"768-dimensional.*MEMORY_EMBEDDING_DIMENSION's 384"),
+        pytest.raises(
+            ImproperlyConfigured, match=r"768-dimensional.*MEMORY_EMBEDDING_DIMENSION's 384"
+        ),
     ):
         check_embedding_dimension(
             OllamaBackend("nomic-embed-text", base_url=server.url, expected_dimension=384)

@@ -23,7 +23,7 @@ from agents_api.models import Memory, ToolRecord
 from agents_api.services import memories_embed_pending, memory_save, tool_records_embed_pending
 from conversations import services as conversations_services
 from conversations.models import Conversation, Message
-from memsvc import cli
+from memsvc import cli, embedded_db
 from memsvc.api.principals import Principal
 from memsvc.broker import TRANSIENT
 from search import services
@@ -298,7 +298,14 @@ def test_reindex_resize_moves_the_store_to_a_model_of_another_width(
             monkeypatch.setattr(f"{module}.configured_backend", lambda: wider)
         set_width(settings, 768)
         assert cli.main(["reindex"]) == 2  # (the columns are 384 wide)
-        # A running service holds the tables: refused after a while, nothing changed.
+        # A service running on the embedded database: refused, nothing changed. (The
+        # other test processes hold this one: it is the service's embedded_db knows.)
+        holders = [4242]
+        monkeypatch.setattr(embedded_db, "other_holders", lambda: holders)
+        assert cli.main(["reindex", "--resize"]) == 1
+        assert "other memsvc processes use this database (4242)" in capsys.readouterr().err
+        holders.clear()
+        # One of DATABASE_URL that holds the tables: refused after a while, nothing changed.
         monkeypatch.setattr(services, "RESIZE_LOCK_SECONDS", 0.2)
         with psycopg.connect(database_url()) as service:
             service.execute("LOCK TABLE tool_record IN ACCESS SHARE MODE")
@@ -753,6 +760,33 @@ def test_a_search_waits_for_a_remote_service_that_hangs_no_longer_than_its_deadl
                 assert 1.0 <= time.monotonic() - started < 1.8, mode
                 if status == 200:
                     assert found.json()["data"][0]["message"]["id"] == str(stored.id)
+        finally:
+            released.set()
+
+
+def test_a_save_waits_for_a_remote_service_that_hangs_no_longer_than_its_deadline(api, monkeypatch):
+    """A memory's save waited for the client's whole 60 s, and a few such saves held every
+    request thread (review): past ``REMOTE_SAVE_SECONDS`` it is kept without its vector,
+    for the sweep."""
+    released = threading.Event()
+
+    def respond(method, path, body):
+        released.wait(10)
+        return Reply(200, {"embeddings": [np.ones(384).tolist() for _ in body["input"]]})
+
+    with LocalHttpServer(respond) as server:
+        # The embedding service is outside memsvc: it is faked at the HTTP level.
+        backend = OllamaBackend("hung", base_url=server.url, expected_dimension=384)
+        monkeypatch.setattr(services, "configured_backend", lambda: backend)
+        monkeypatch.setattr(services, "REMOTE_SAVE_SECONDS", 0.5)
+        try:
+            started = time.monotonic()
+            saved = api.post(
+                "/v1/agent/memories", {"content": "alice owns a kayak"}, as_=make_agent("keeper")
+            )
+            assert saved.status_code == 201, saved.content
+            assert time.monotonic() - started < 2
+            assert Memory.objects.get(id=saved.json()["id"]).embedded_at is None
         finally:
             released.set()
 
