@@ -723,8 +723,25 @@ def test_a_backend_answering_nan_for_a_text_leaves_that_text_waiting_and_no_othe
         assert found.json()["data"][0]["message"]["id"] == str(poison.id)
 
 
+@pytest.fixture
+def hung_service():
+    """A remote embedding service (Ollama's API) that answers nothing until the test ends.
+    The embedding service is outside memsvc: it is faked at the HTTP level."""
+    released = threading.Event()
+
+    def respond(method, path, body):
+        released.wait(10)
+        return Reply(200, {"embeddings": [np.ones(384).tolist() for _ in body["input"]]})
+
+    with LocalHttpServer(respond) as server:
+        try:
+            yield OllamaBackend("hung", base_url=server.url, expected_dimension=384)
+        finally:
+            released.set()
+
+
 def test_a_search_waits_for_a_remote_service_that_hangs_no_longer_than_its_deadline(
-    api, alice, conversation, monkeypatch
+    api, alice, conversation, monkeypatch, hung_service
 ):
     """A remote embedding service that did not answer kept each search waiting for the
     client's whole 60 s (review): past ``REMOTE_QUERY_SECONDS`` a hybrid search answers by
@@ -737,58 +754,34 @@ def test_a_search_waits_for_a_remote_service_that_hangs_no_longer_than_its_deadl
         content="alice keeps her kayak in the garage",
         message_ids=[stored.id],
     )
-    released = threading.Event()
-
-    def respond(method, path, body):
-        released.wait(10)
-        return Reply(200, {"embeddings": [np.ones(384).tolist() for _ in body["input"]]})
-
-    with LocalHttpServer(respond) as server:
-        # The embedding service is outside memsvc: it is faked at the HTTP level.
-        backend = OllamaBackend("hung", base_url=server.url, expected_dimension=384)
-        monkeypatch.setattr("search.engine.configured_backend", lambda: backend)
-        monkeypatch.setattr("search.engine.REMOTE_QUERY_SECONDS", 1.0)
-        try:
-            for mode, status in (("hybrid", 200), ("semantic", 503)):
-                started = time.monotonic()
-                found = api.post(
-                    "/v1/user/search/messages",
-                    {"query": f"kayak garage {mode}", "mode": mode},
-                    as_=alice,
-                )
-                assert found.status_code == status, found.content
-                assert 1.0 <= time.monotonic() - started < 1.8, mode
-                if status == 200:
-                    assert found.json()["data"][0]["message"]["id"] == str(stored.id)
-        finally:
-            released.set()
+    monkeypatch.setattr("search.engine.configured_backend", lambda: hung_service)
+    monkeypatch.setattr("search.engine.REMOTE_QUERY_SECONDS", 1.0)
+    for mode, status in (("hybrid", 200), ("semantic", 503)):
+        started = time.monotonic()
+        found = api.post(
+            "/v1/user/search/messages", {"query": f"kayak garage {mode}", "mode": mode}, as_=alice
+        )
+        assert found.status_code == status, found.content
+        assert 1.0 <= time.monotonic() - started < 1.8, mode
+        if status == 200:
+            assert found.json()["data"][0]["message"]["id"] == str(stored.id)
 
 
-def test_a_save_waits_for_a_remote_service_that_hangs_no_longer_than_its_deadline(api, monkeypatch):
+def test_a_save_waits_for_a_remote_service_that_hangs_no_longer_than_its_deadline(
+    api, monkeypatch, hung_service
+):
     """A memory's save waited for the client's whole 60 s, and a few such saves held every
     request thread (review): past ``REMOTE_SAVE_SECONDS`` it is kept without its vector,
     for the sweep."""
-    released = threading.Event()
-
-    def respond(method, path, body):
-        released.wait(10)
-        return Reply(200, {"embeddings": [np.ones(384).tolist() for _ in body["input"]]})
-
-    with LocalHttpServer(respond) as server:
-        # The embedding service is outside memsvc: it is faked at the HTTP level.
-        backend = OllamaBackend("hung", base_url=server.url, expected_dimension=384)
-        monkeypatch.setattr(services, "configured_backend", lambda: backend)
-        monkeypatch.setattr(services, "REMOTE_SAVE_SECONDS", 0.5)
-        try:
-            started = time.monotonic()
-            saved = api.post(
-                "/v1/agent/memories", {"content": "alice owns a kayak"}, as_=make_agent("keeper")
-            )
-            assert saved.status_code == 201, saved.content
-            assert time.monotonic() - started < 2
-            assert Memory.objects.get(id=saved.json()["id"]).embedded_at is None
-        finally:
-            released.set()
+    monkeypatch.setattr(services, "configured_backend", lambda: hung_service)
+    monkeypatch.setattr(services, "REMOTE_SAVE_SECONDS", 0.5)
+    started = time.monotonic()
+    saved = api.post(
+        "/v1/agent/memories", {"content": "alice owns a kayak"}, as_=make_agent("keeper")
+    )
+    assert saved.status_code == 201, saved.content
+    assert time.monotonic() - started < 2
+    assert Memory.objects.get(id=saved.json()["id"]).embedded_at is None
 
 
 def test_a_backend_that_refuses_its_key_is_asked_once_a_sweep_not_once_a_message(
