@@ -475,6 +475,8 @@ def find_candidates(
         # distances, capped (``nearest_with_fills``); when the principal sees many: the
         # graph. One agent's or user's rows (memories, tool records): the scope counted.
         capped = bool(scope.visible_sql) and (few or scope.narrowed)
+        if capped and statements.over_the_cap(corpus, scope, limit, tuning):
+            capped = False  # (the graph, as the last capped read said)
         if capped:
             order = EXACT_ORDER
         elif scope.visible_sql:
@@ -503,7 +505,9 @@ def find_candidates(
         )
         rows = statement(order, capped=capped, few=few)
         if capped and any(row[7] for row in rows):
-            # More rows in scope than exact distances are worth: the graph.
+            # More rows in scope than exact distances are worth: the graph (at once for a
+            # while: ``statements.over_the_cap``).
+            statements.keep_over_the_cap(corpus, scope, limit, tuning)
             order = INDEX_ORDER
             rows = statement(order)
         if order == INDEX_ORDER and sum(row[5] for row in rows) < limit:

@@ -130,7 +130,13 @@ def exact_below(corpus: Corpus, limit: int, tuning: SearchTuning) -> tuple[str, 
 # - whether a principal sees few conversations (``sees_few``): a round trip of every
 #   message search;
 # - how many of its rows hold a word the view's commonest words do not tell
-#   (``view_frequencies``): a word's weight, up to a minute old.
+#   (``view_frequencies``): a word's weight, up to a minute old;
+# - that a capped exact read of it found more rows than the cap (``over_the_cap``): the
+#   next searches walk the graph at once. The capped read was thrown away each time, once a
+#   principal's few conversations held a few thousand messages (10 ms of PostgreSQL's time
+#   and 0.7 ms of the web process's a search: docs/benchmarks.md). One that shrank under
+#   the cap meanwhile is searched on the graph a while, which comes back short and is redone
+#   exactly (``search.engine.find_candidates``).
 SCOPE_KEPT_SECONDS = 60
 SCOPES_KEPT = 4096
 _KEPT: dict[tuple, tuple[object, float]] = {}
@@ -181,6 +187,22 @@ def holds_any(cursor, corpus: Corpus, scope: Scope, *, kept: bool = False) -> bo
     if held:
         _keep(key, True)
     return held
+
+
+def _cap_key(corpus: Corpus, scope: Scope, limit: int, tuning: SearchTuning) -> tuple:
+    """What decides the cap of a capped read (``exact_below``) beside the scope."""
+    return _scope_key(
+        "over_the_cap", corpus, scope, limit, tuning.exact_search_below, tuning.hnsw_cost_per_exact
+    )
+
+
+def over_the_cap(corpus: Corpus, scope: Scope, limit: int, tuning: SearchTuning) -> bool:
+    """Whether a capped read of the scope found more rows than its cap lately."""
+    return bool(_kept(_cap_key(corpus, scope, limit, tuning)))
+
+
+def keep_over_the_cap(corpus: Corpus, scope: Scope, limit: int, tuning: SearchTuning) -> None:
+    _keep(_cap_key(corpus, scope, limit, tuning), True)
 
 
 def sees_few(cursor, scope: Scope, tuning: SearchTuning) -> bool:

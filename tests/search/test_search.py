@@ -458,6 +458,13 @@ def test_a_principal_who_sees_few_conversations_is_searched_exactly_unless_too_m
     assert not [
         sql for sql in sent if "SELECT count(*) FROM (\n" in sql and "LIMIT (SELECT n FROM" in sql
     ]
+    # Over it, the next searches walk the graph at once: the capped read was thrown away
+    # every time (profiling).
+    with recorded_statements() as sent:
+        assert contents(search(api, alice, "new dog", mode="semantic"))[0].startswith("I adopted")
+    nearest = [sql for sql in sent if "m.embedding <=>" in sql]
+    assert len(nearest) == statements_sent - (statements_sent > 1)
+    assert ("within_limit" in nearest[0]) is (statements_sent == 1)
 
 
 def test_only_a_principal_who_sees_few_conversations_reads_them_as_an_array(alice, pets, settings):
