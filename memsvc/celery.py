@@ -80,7 +80,10 @@ def make_local_queue_folders(**kwargs) -> None:
         return
     options = app.conf.broker_transport_options
     for folder in ("data_folder_in", "data_folder_out", "processed_folder", "control_folder"):
-        Path(options[folder]).mkdir(parents=True, exist_ok=True)
+        # Its user's alone, as the data directory (the tasks' files were anyone's to read
+        # where the data directory lets others pass through: review).
+        Path(options[folder]).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        Path(options[folder]).mkdir(mode=0o700, exist_ok=True)
 
 
 def broker_reachable(timeout: float = 1.0) -> bool:

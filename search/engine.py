@@ -22,7 +22,13 @@ from django.utils import timezone
 
 from memsvc.api.errors import Unavailable
 from search import queries, ranking, statements
-from search.embeddings import EmbeddingError, LocalBackend, configured_backend, vector_literal
+from search.embeddings import (
+    EmbeddingError,
+    LocalBackend,
+    configured_backend,
+    embedded_within,
+    vector_literal,
+)
 from search.statements import EXACT_ORDER, INDEX_ORDER, NO_TERMS, Corpus, Scope, Terms
 from search.tuning import SEARCH_MODES, SearchTuning
 
@@ -49,9 +55,12 @@ def query_vector(model: str, query: str, unnamed_share: float = 0.0) -> str:
     someone gets that share of the vector of its other words added
     (``ranking.mixed_vector``): two texts to embed, one batch."""
     unnamed = queries.without_names(query) if unnamed_share else query
+    # (A remote service's answer waited for no longer than a search waits for it: its thread
+    # is free again for the next query.)
+    backend = configured_backend()
     if unnamed == query or len(unnamed.split()) < MIN_UNNAMED_WORDS:
-        return vector_literal(configured_backend().embed([query])[0])
-    vector, other = configured_backend().embed([query, unnamed])
+        return vector_literal(embedded_within(backend, [query], REMOTE_QUERY_SECONDS)[0])
+    vector, other = embedded_within(backend, [query, unnamed], REMOTE_QUERY_SECONDS)
     return vector_literal(ranking.mixed_vector(vector, other, unnamed_share))
 
 

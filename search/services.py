@@ -9,8 +9,6 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import timedelta
 
 from django.db import DatabaseError, connection, transaction
@@ -23,6 +21,7 @@ from search.embeddings import (
     EmbeddingError,
     LocalBackend,
     configured_backend,
+    embedded_within,
     embedding_text,
     vector_literal,
 )
@@ -284,7 +283,6 @@ def messages_embedded_now(message_ids: Sequence) -> None:
 # kept each memory's or tool record's save for the client's whole 60 s, and a few of them
 # every request thread of the web process, searches included (review).
 REMOTE_SAVE_SECONDS = 10.0
-_SAVE_EMBEDDER = ThreadPoolExecutor(max_workers=4, thread_name_prefix="save-embedding")
 
 
 def vectors_or_none(texts: list[str], *, what: str) -> tuple:
@@ -294,13 +292,9 @@ def vectors_or_none(texts: list[str], *, what: str) -> tuple:
     later by their sweep."""
     backend = configured_backend()
     try:
-        if isinstance(backend, LocalBackend):  # (on this machine: it cannot hang)
-            return backend.model, list(backend.embed(texts))
-        answer = _SAVE_EMBEDDER.submit(backend.embed, texts)
-        return backend.model, list(answer.result(timeout=REMOTE_SAVE_SECONDS))
-    except (EmbeddingError, FutureTimeout) as exc:
-        why = str(exc) or f"no answer within {REMOTE_SAVE_SECONDS:g} s"
-        logger.warning("%s saved without vectors (%s); the sweep will embed them", what, why)
+        return backend.model, list(embedded_within(backend, texts, REMOTE_SAVE_SECONDS))
+    except EmbeddingError as exc:
+        logger.warning("%s saved without vectors (%s); the sweep will embed them", what, exc)
         return None, None
 
 

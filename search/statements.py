@@ -135,8 +135,9 @@ def exact_below(corpus: Corpus, limit: int, tuning: SearchTuning) -> tuple[str, 
 #   next searches walk the graph at once. The capped read was thrown away each time, once a
 #   principal's few conversations held a few thousand messages (10 ms of PostgreSQL's time
 #   and 0.7 ms of the web process's a search: docs/benchmarks.md). One that shrank under
-#   the cap meanwhile is searched on the graph a while, which comes back short and is redone
-#   exactly (``search.engine.find_candidates``).
+#   the cap meanwhile is walked on the graph a while: its nearest rows approximately, as
+#   any large scope's (a walk that comes back short is redone exactly,
+#   ``search.engine.find_candidates``).
 SCOPE_KEPT_SECONDS = 60
 SCOPES_KEPT = 4096
 _KEPT: dict[tuple, tuple[object, float]] = {}
@@ -158,8 +159,10 @@ def _keep(key: tuple, value: object, store: dict = _KEPT, most: int = SCOPES_KEP
     and users: start again)."""
     if len(store) >= most:
         now = time.monotonic()
-        for stale in [k for k, (_, at) in store.items() if now - at >= SCOPE_KEPT_SECONDS]:
-            del store[stale]
+        # (A copy of the items first: a request thread that keeps something meanwhile made
+        # the loop a RuntimeError, the search a 500: code review.)
+        for stale in [k for k, (_, at) in list(store.items()) if now - at >= SCOPE_KEPT_SECONDS]:
+            store.pop(stale, None)
         if len(store) >= most:
             store.clear()
     store[key] = (value, time.monotonic())

@@ -59,6 +59,24 @@ def test_kombus_own_reader_dies_on_a_message_being_written(folders):
         stock._get("celery")
 
 
+def test_the_queue_folders_made_are_their_users_alone(tmp_path, monkeypatch):
+    """(They were 0755, the tasks' files anyone's to read where the data directory lets
+    others pass through, as root's does for the embedded PostgreSQL: review.)"""
+    from memsvc.celery import make_local_queue_folders
+
+    options = {
+        "data_folder_in": str(tmp_path / "broker" / "queue"),
+        "data_folder_out": str(tmp_path / "broker" / "queue"),
+        "processed_folder": str(tmp_path / "broker" / "processed"),
+        "control_folder": str(tmp_path / "broker" / "control"),
+    }
+    monkeypatch.setitem(app.conf, "broker_transport_options", options)
+    monkeypatch.setitem(app.conf, "broker_url", "filesystem://")
+    make_local_queue_folders()
+    for folder in ("broker", "broker/queue", "broker/processed", "broker/control"):
+        assert (tmp_path / folder).stat().st_mode & 0o077 == 0, folder
+
+
 def test_the_url_names_memsvcs_transport():
     assert Connection("filesystem://").transport_cls == "filesystem"
     assert isinstance(Connection("filesystem://").transport, broker.Transport)

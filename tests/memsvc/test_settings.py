@@ -324,7 +324,9 @@ def test_loading_the_app_imports_neither_the_mcp_sdk_nor_openai(tmp_path):
 
 
 def test_the_first_query_starts_the_embedded_server_and_exit_stops_it(tmp_path):
-    data_dir = tmp_path / "data"
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    data_dir = home / "data"
     result = run_django(
         {"MEMSVC_DATA_DIR": str(data_dir)},
         "from django.db import connection; cursor = connection.cursor();"
@@ -339,9 +341,10 @@ def test_the_first_query_starts_the_embedded_server_and_exit_stops_it(tmp_path):
     # The process held the only handle on the server, so its exit stopped it.
     assert not (data_dir / "pgdata" / "postmaster.pid").exists()
     assert postgres_servers_of(data_dir) == []
-    # Its user's alone, but for passing through to the server's own (as root, the package
-    # opened it to others, 0755: review).
-    assert data_dir.stat().st_mode & 0o077 == (0o011 if os.geteuid() == 0 else 0)
+    # Its user's alone, and a home directory above it, but for passing through to the
+    # server's own (as root, the package opened them to others, 0755, up to /: reviews).
+    for private in (data_dir, home):
+        assert private.stat().st_mode & 0o077 == (0o011 if os.geteuid() == 0 else 0), private
 
 
 def test_the_last_process_to_exit_stops_the_server_though_one_was_killed(tmp_path):

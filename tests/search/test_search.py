@@ -1,6 +1,8 @@
 """Search finds what a principal may see, and only that; keywords work before embedding."""
 
 import re
+import sys
+import threading
 import uuid
 from dataclasses import replace
 
@@ -1206,3 +1208,29 @@ def test_min_score_keeps_only_what_is_relevant_itself_whatever_else_was_found(ap
     assert contents(search(api, alice, "puppy", mode="keyword", minScore=0.5)) == contents(found)
     refused = api.post(SEARCH, {"query": "puppy", "minScore": 1.5}, as_=alice)
     assert refused.status_code == 400 and "minScore" in refused.json()["details"]
+
+
+def test_what_searches_learn_of_scopes_is_kept_by_threads_at_once():
+    """A request thread keeping something while another cleared the full store made the
+    loop a RuntimeError ("dictionary changed size during iteration"), the search a 500
+    (code review)."""
+    store, failed = {}, []
+
+    def keep(thread: int) -> None:
+        try:
+            for n in range(3_000):
+                statements._keep((thread, n), True, store=store, most=50)
+        except RuntimeError as exc:
+            failed.append(exc)
+
+    switching = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=keep, args=(t,)) for t in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(switching)
+    assert failed == []
