@@ -79,11 +79,12 @@ def make_local_queue_folders(**kwargs) -> None:
     if not app.conf.broker_url.startswith("filesystem://"):
         return
     options = app.conf.broker_transport_options
-    for folder in ("data_folder_in", "data_folder_out", "processed_folder", "control_folder"):
-        # Its user's alone, as the data directory (the tasks' files were anyone's to read
-        # where the data directory lets others pass through: review).
-        Path(options[folder]).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        Path(options[folder]).mkdir(mode=0o700, exist_ok=True)
+    names = ("data_folder_in", "data_folder_out", "processed_folder", "control_folder")
+    folders = [Path(options[name]) for name in names]
+    # Each once, the folder holding them first; their user's alone, as the data directory
+    # (the tasks' files were anyone's to read where that lets others pass through: review).
+    for folder in dict.fromkeys([*(folder.parent for folder in folders), *folders]):
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
 
 
 def broker_reachable(timeout: float = 1.0) -> bool:
