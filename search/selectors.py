@@ -33,6 +33,7 @@ from memsvc.db import (
     websearch_text,
 )
 from search import queries
+from search.checks import VECTOR_TABLES
 from search.embeddings import configured_backend
 from search.engine import MODES, Citing, query_embedding, ranked
 from search.statements import Corpus, Scope
@@ -68,15 +69,24 @@ def register_citing(source: Callable[[Principal], Citing | None]) -> None:
     _citing = source
 
 
-# The most messages waiting for an embedding that ``pending_embedding_count`` counts: a probe
-# of a service with a backlog of millions read them all, every few seconds.
+# The most rows of a corpus waiting for an embedding that ``pending_embedding_counts`` counts:
+# a probe of a service with a backlog of millions read them all, every few seconds.
 PENDING_COUNTED_UP_TO = 100_000
 
 
-def pending_embedding_count() -> int:
-    """Messages waiting for an embedding, up to ``PENDING_COUNTED_UP_TO`` (counted on the
-    partial index ``message_unembedded``)."""
-    return Message.objects.filter(embedded_at__isnull=True)[:PENDING_COUNTED_UP_TO].count()
+def pending_embedding_counts() -> dict[str, int]:
+    """The rows waiting for an embedding in each corpus (``VECTOR_TABLES``: messages,
+    memories, tool records; only the messages' were counted, and after a ``memsvc reindex
+    --resize`` the memories waiting were seen nowhere: review), each up to
+    ``PENDING_COUNTED_UP_TO``, in one statement (each on its partial index
+    ``<table>_unembedded``)."""
+    counted = ", ".join(
+        f"(SELECT count(*) FROM (SELECT 1 FROM {table} WHERE embedded_at IS NULL LIMIT %s) w)"
+        for table in VECTOR_TABLES
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {counted}", [PENDING_COUNTED_UP_TO] * len(VECTOR_TABLES))
+        return dict(zip(VECTOR_TABLES, cursor.fetchone(), strict=True))
 
 
 @dataclass

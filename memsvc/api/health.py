@@ -18,7 +18,7 @@ from memsvc.db import not_migrated
 from memsvc.embedded_db import socket_dir
 from memsvc.outage import Reminder
 from search.embeddings import configured_backend
-from search.selectors import PENDING_COUNTED_UP_TO, pending_embedding_count
+from search.selectors import PENDING_COUNTED_UP_TO, pending_embedding_counts
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +57,12 @@ HealthResponse = inline_serializer(
             f"{PENDING_COUNTED_UP_TO:,}; null when the database did not answer, or its disk "
             "is full.",
         ),
+        "pendingMemoryEmbeddings": serializers.IntegerField(
+            allow_null=True, help_text="Memories waiting for theirs, counted alike."
+        ),
+        "pendingToolRecordEmbeddings": serializers.IntegerField(
+            allow_null=True, help_text="Tool records waiting for theirs, counted alike."
+        ),
         "broker": serializers.ChoiceField(choices=["reachable", "unreachable"]),
         "reason": serializers.CharField(required=False),
     },
@@ -70,7 +76,7 @@ DATABASE_ANSWER_SECONDS = 5
 
 
 class _DatabaseProbe:
-    """The backlog (``pending_embedding_count``) read on a thread of its own (with its own
+    """The backlogs (``pending_embedding_counts``) read on a thread of its own (with its own
     connection), waited for at most ``DATABASE_ANSWER_SECONDS`` from when it was asked.
     One probe at a time per process: while one waits on a database that does not answer,
     the next asks for no other, and waits only for what is left of that probe's time: told
@@ -87,8 +93,8 @@ class _DatabaseProbe:
         self._in_flight: concurrent.futures.Future | None = None
         self._sent_at = 0.0
 
-    def backlog(self, seconds: float) -> int | None:
-        """The messages waiting for their embedding as the database counted them, or None
+    def backlog(self, seconds: float) -> dict[str, int] | None:
+        """The rows waiting for their embedding, by table, as the database counted them, or None
         when it did not answer within ``seconds``; ``DatabaseError`` when it refused (down,
         unreachable, not migrated)."""
         with self._lock:
@@ -107,20 +113,20 @@ class _DatabaseProbe:
             return None
 
 
-def _count_backlog() -> int:
+def _count_backlog() -> dict[str, int]:
     # As a request starts (Django's ``close_old_connections``): a connection the server
     # dropped since (a restart, a failover) is checked and replaced, not failed on, and
     # ``CONN_MAX_AGE`` holds for this thread's too. Without it the first probe after a
     # restart answered 503 while the database answered (review).
     close_old_connections()
     try:
-        return pending_embedding_count()
+        return pending_embedding_counts()
     except DatabaseError:
         connection.close_if_unusable_or_obsolete()  # (this thread's own connection)
         raise
 
 
-def database_backlog() -> tuple[int | None, str | None]:
+def database_backlog() -> tuple[dict[str, int] | None, str | None]:
     """The probe of both health checks (this one's, the local API's): (the backlog, None)
     when the database answered within ``DATABASE_ANSWER_SECONDS``; else (None, why not:
     "database not migrated", "database unreachable" or "database not answering"), said in
@@ -193,6 +199,8 @@ class HealthView(APIView):
             "embeddingModel": configured_backend().model,
             "embeddingDimension": settings.MEMORY_EMBEDDING_DIMENSION,
             "pendingEmbeddings": None,
+            "pendingMemoryEmbeddings": None,
+            "pendingToolRecordEmbeddings": None,
             "broker": "reachable" if broker_reachable() else "unreachable",
         }
         # The disk first: a full one stops PostgreSQL, which then does not answer either
@@ -203,5 +211,7 @@ class HealthView(APIView):
         backlog, reason = database_backlog()
         if reason is not None:
             return unavailable({**body, "status": "unavailable", "reason": reason})
-        body["pendingEmbeddings"] = backlog
+        body["pendingEmbeddings"] = backlog["message"]
+        body["pendingMemoryEmbeddings"] = backlog["memory"]
+        body["pendingToolRecordEmbeddings"] = backlog["tool_record"]
         return Response(body)

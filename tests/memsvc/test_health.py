@@ -1,8 +1,10 @@
 import pytest
 from django.db import OperationalError, connection, transaction
 
+from agents_api.models import Memory, ToolRecord, content_hash
 from conversations.models import Message
-from tests.factories import MessageFactory
+from search.checks import VECTOR_TABLES
+from tests.factories import AgentFactory, MessageFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -28,6 +30,8 @@ def test_health_reports_database_embeddings_and_backlog(client, settings):
         "embeddingModel": "all-MiniLM-L6-v2@int8",
         "embeddingDimension": 384,
         "pendingEmbeddings": 3,
+        "pendingMemoryEmbeddings": 0,
+        "pendingToolRecordEmbeddings": 0,
         "broker": "reachable",
     }
 
@@ -41,6 +45,18 @@ def test_the_backlog_is_counted_up_to_a_bound(client, monkeypatch):
         MessageFactory.create_batch(3)
     monkeypatch.setattr(selectors, "PENDING_COUNTED_UP_TO", 2)
     assert client.get("/v1/health").json()["pendingEmbeddings"] == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_memories_and_tool_records_waiting_are_counted_too(client):
+    """Only messages were: after a ``memsvc reindex --resize`` every memory waited, and
+    health said nothing waited (review)."""
+    agent = AgentFactory()
+    for content in ("alice likes tea", "alice owns a kayak"):
+        Memory.objects.create(agent=agent, content=content, content_hash=content_hash(content))
+    ToolRecord.objects.create(agent=agent, tool_name="grep", summary="found 3 files")
+    body = client.get("/v1/health").json()
+    assert (body["pendingMemoryEmbeddings"], body["pendingToolRecordEmbeddings"]) == (2, 1)
 
 
 def test_health_says_when_the_broker_is_unreachable_and_stays_ok(client, dead_broker):
@@ -114,7 +130,7 @@ def test_a_database_that_does_not_answer_is_unavailable_within_seconds(
     assert 1.0 <= took[0] < 3 and took[1] < 0.5 and took[2] < 0.5, took
     stuck.set()
     time.sleep(0.1)
-    monkeypatch.setattr(health, "_count_backlog", lambda: 0)
+    monkeypatch.setattr(health, "_count_backlog", lambda: dict.fromkeys(VECTOR_TABLES, 0))
     assert client.get(path).status_code == 200
 
 
@@ -178,7 +194,7 @@ def test_a_database_without_memsvcs_tables_is_said_not_migrated(client, monkeypa
         with connection.cursor() as cursor:
             cursor.execute("SELECT count(*) FROM no_such_table_of_memsvc")
 
-    monkeypatch.setattr(health, "pending_embedding_count", not_migrated)
+    monkeypatch.setattr(health, "pending_embedding_counts", not_migrated)
     response = client.get("/v1/health")
     assert (response.status_code, response.json()["reason"]) == (503, "database not migrated")
     local = client.get("/health")  # (the same probe: it said "database unreachable")
