@@ -132,7 +132,7 @@ def ensure_server(data_dir: Path) -> EmbeddedServer:
         if os.geteuid() == 0:
             for above, mode in modes.items():
                 if stat.S_IMODE(above.stat().st_mode) != mode:
-                    os.chmod(above, mode | 0o011)  # noqa: S103 (pass through only)  # noqa: S103 (pass through only)
+                    os.chmod(above, mode | 0o011)  # noqa: S103 (pass through only)
         # Before the package's own exit hook (they run last registered first): the holders
         # that died without exiting are dropped first, so that the last one alive stops
         # the server. (One killed holder kept it running after every command since.)

@@ -601,9 +601,15 @@ def embedded_within(backend: EmbeddingBackend, texts: list[str], seconds: float)
     that waits, end then (a hung service held each save and search 60 s, and the threads
     that embed them, so that the next ones waited behind: reviews). The local model, on this
     machine, is asked as it is."""
-    if isinstance(backend, OllamaBackend | OpenAIBackend):
+    if is_remote(backend):
         return backend.embed(texts, seconds=seconds)
     return backend.embed(texts)
+
+
+def is_remote(backend: EmbeddingBackend) -> bool:
+    """Whether the backend asks a service elsewhere, which may not answer (not the local
+    model, on this machine)."""
+    return isinstance(backend, OllamaBackend | OpenAIBackend)
 
 
 class EmbeddingField(VectorField):

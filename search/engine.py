@@ -24,9 +24,9 @@ from memsvc.api.errors import Unavailable
 from search import queries, ranking, statements
 from search.embeddings import (
     EmbeddingError,
-    LocalBackend,
     configured_backend,
     embedded_within,
+    is_remote,
     vector_literal,
 )
 from search.statements import EXACT_ORDER, INDEX_ORDER, NO_TERMS, Corpus, Scope, Terms
@@ -533,9 +533,12 @@ def _embedded(embedding: Future, mode: str) -> str | None:
     not each after 5 s more: code review): a hybrid search then answers with its keyword
     candidates, as it finds rows not yet embedded; a semantic search has nothing to answer
     with (503)."""
-    remote = not isinstance(configured_backend(), LocalBackend)
     try:
-        left = max(embedding.deadline - time.monotonic(), 0.0) if remote else None
+        left = (
+            max(embedding.deadline - time.monotonic(), 0.0)
+            if is_remote(configured_backend())
+            else None
+        )
         return embedding.result(timeout=left)
     except (EmbeddingError, FutureTimeout) as exc:
         if mode == "semantic":

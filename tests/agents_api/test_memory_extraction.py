@@ -865,12 +865,7 @@ def test_in_a_shared_conversation_the_llm_is_not_shown_one_persons_private_memor
     kept about him (prompt injection). What was distilled from this conversation is still
     shown (not restated)."""
     agent = helper.agent
-    memory_save(
-        agent.as_principal(on_behalf_of="alice"),
-        agent=agent,
-        user_id="alice",
-        content="Alice is being treated for depression",
-    )
+    keep_about_alice(agent, "Alice is being treated for depression")
     from_here, _ = memory_save(
         agent.as_principal(),
         agent=agent,
@@ -886,23 +881,28 @@ def test_in_a_shared_conversation_the_llm_is_not_shown_one_persons_private_memor
     assert f"- {from_here.content}" in prompt
 
 
+def keep_about_alice(agent, content: str) -> None:
+    """A memory the agent keeps about Alice from elsewhere (not distilled here)."""
+    memory_save(
+        agent.as_principal(on_behalf_of="alice"), agent=agent, user_id="alice", content=content
+    )
+
+
+@pytest.mark.parametrize("read_by_bob", [True, False])
 def test_where_others_read_the_llm_is_not_shown_a_persons_private_memories_even_alone(
-    api, helper, alice, shared, llm
+    api, helper, alice, conversation, llm, request, read_by_bob
 ):
     """Alice alone spoke in the stretch read, so the prompt listed all the agent keeps about
     her: a restatement of a private one was kept as distilled here, and the next stretch,
     where Bob speaks, showed it to the model, which could cite Bob's turn for it (LLM
-    review). Where others read, only what was distilled here is shown."""
-    agent = helper.agent
-    memory_save(
-        agent.as_principal(on_behalf_of="alice"),
-        agent=agent,
-        user_id="alice",
-        content="Alice's bank PIN is 9999",
-    )
-    turns(api, helper, shared, range(1, 6))
-    [request] = extractions(llm)
-    assert "9999" not in request["messages"][1]["content"]
+    review). Where others read, only what was distilled here is shown; where she alone
+    reads, all the agent keeps about her, so that it is not restated."""
+    if read_by_bob:
+        request.getfixturevalue("shared")
+    keep_about_alice(helper.agent, "Alice's bank PIN is 9999")
+    turns(api, helper, conversation, range(1, 6))
+    [asked] = extractions(llm)
+    assert ("9999" in asked["messages"][1]["content"]) is not read_by_bob
 
 
 def test_a_conversation_deleted_once_its_task_has_read_it_is_not_claimed(
