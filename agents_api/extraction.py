@@ -390,6 +390,12 @@ def _distil(agent: Agent, conversation: Conversation, previous: int, claimed: li
     if current is None or not extraction_turns(current, said=True):
         logger.info("agent %s's extraction was turned off while the model read", agent.id)
         raise GiveBack([])
+    if not facts:
+        return []
+    # Embedded before the transaction: a remote embedding service that hung held every
+    # person's hold and the cited turns (a user's erase waiting) for its whole deadline.
+    model, vectors = services.memory_vectors([fact.content for fact in facts])
+    vector_of = dict(zip(map(id, facts), vectors, strict=True)) if vectors else None
     with transaction.atomic():
         # Every person's hold before any other lock (one save's cited turns are not held
         # while the next waits for its person's erase, which waits for those turns); then
@@ -411,6 +417,7 @@ def _distil(agent: Agent, conversation: Conversation, previous: int, claimed: li
                 user_id=person,
                 memories=memories,
                 source=MemorySource.EXTRACTED,
+                embedded=(model, vector_of and [vector_of[id(fact)] for fact in memories]),
             )
     return [memory for memory, _ in saved]
 

@@ -41,6 +41,7 @@ from agents_api.services.memories import (
     memory_save,
     memory_setting_update,
     memory_update,
+    memory_vectors,
 )
 from agents_api.services.messages import (
     agent_messages_append,
@@ -97,6 +98,7 @@ __all__ = [
     "memory_save",
     "memory_setting_update",
     "memory_update",
+    "memory_vectors",
     "still_waiting",
     "tool_record_observe",
     "tool_records_create",

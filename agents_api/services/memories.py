@@ -72,7 +72,9 @@ class NewMemory:
     message_ids: Sequence = ()  # the turns it rests on (``Memory.message_ids``)
 
 
-def _memory_vectors(texts: list[str]):
+def memory_vectors(texts: list[str]):
+    """(model, vectors) of memories about to be saved (``vectors_or_none``): asked before
+    any transaction, so that the model's time holds no locks."""
     return vectors_or_none(texts, what="memories")
 
 
@@ -180,6 +182,7 @@ def memories_save(
     memories: Sequence[NewMemory],
     source: str = MemorySource.API,
     items: str | None = "memories",
+    embedded: tuple | None = None,
 ) -> list[tuple[Memory, bool]]:
     """Save memories of ``agent`` about ``user_id`` ("" for its own), all or nothing.
 
@@ -188,12 +191,14 @@ def memories_save(
     embedded in one call before the transaction (the model's time holds no locks), so a
     near-duplicate is caught at once. 409 when the user turned memory off; 400 when one
     cites a message the actor does not see (``memories[1].messageIds``, the batch's
-    ``items`` named; None: one memory's, ``messageIds``).
+    ``items`` named; None: one memory's, ``messageIds``). ``embedded``: their (model,
+    vectors) from ``memory_vectors``, for a caller that saves inside a transaction of its
+    own and asked before it.
     """
     refuse_if_memory_off(user_id)
     cited = [new.message_ids for new in memories]
     _refuse_missing_messages(cited, messages_seen_by(actor, _flat(cited)), items=items)
-    model, vectors = _memory_vectors([new.content for new in memories])
+    model, vectors = embedded or memory_vectors([new.content for new in memories])
     return _store_memories(agent, user_id, memories, source, model, vectors, items)
 
 
@@ -503,7 +508,7 @@ def memory_update(
     refuse_if_memory_off(memory.user_id)
     model, vectors = (None, None)
     if content is not None and content != memory.content:
-        model, vectors = _memory_vectors([content])
+        model, vectors = memory_vectors([content])
     changes = {
         "summary": summary,
         "importance": importance,

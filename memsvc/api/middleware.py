@@ -167,11 +167,26 @@ def _admin_refusal(request, refusal: ApiError) -> HttpResponseBadRequest | None:
     return HttpResponseBadRequest(refusal.message, content_type="text/plain")
 
 
+def _kept_by_no_cache(response):
+    """An API's JSON answer (a user's conversations, memories, keys) marked
+    ``Cache-Control: no-store``, as the pages and the export are: without it a browser or a
+    proxy that ignores ``Authorization`` could keep it (review). An answer that says how it
+    may be kept (the OpenAPI document) is left as it is."""
+    if not response.has_header("Cache-Control") and response.get("Content-Type", "").startswith(
+        "application/json"
+    ):
+        response["Cache-Control"] = "no-store"
+    return response
+
+
 class ApiErrorMiddleware:
     def __init__(self, get_response):
         self.get_response = get_response
 
     def __call__(self, request):
+        return _kept_by_no_cache(self._answer(request))
+
+    def _answer(self, request):
         response = self._refused_host(request)
         if response is not None:
             return response

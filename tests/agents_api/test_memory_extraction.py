@@ -159,6 +159,34 @@ def test_a_fact_already_kept_is_merged_not_duplicated(api, helper, conversation,
     assert memory.tags == ["colours"]
 
 
+def test_what_was_distilled_is_embedded_before_anything_is_held(
+    api, helper, conversation, llm, monkeypatch
+):
+    """The facts were embedded inside the saves' transaction, after the people's holds and
+    the cited turns' locks: a remote embedding service that hung kept them (a user's erase
+    waiting) for its whole deadline (review). The model is asked before, and its vectors
+    are the memories'."""
+    from search import services as search_services
+
+    embed = search_services.embedded_within
+    asked = []
+
+    def embedded_within(backend, texts, seconds):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid()"
+                " AND locktype = 'advisory'"
+            )
+            asked.append((list(texts), connection.in_atomic_block, cursor.fetchone()[0]))
+        return embed(backend, texts, seconds)
+
+    monkeypatch.setattr(search_services, "embedded_within", embedded_within)
+    turns(api, helper, conversation, range(1, 6))
+    assert asked == [([GREEN], False, 0)]
+    [memory] = Memory.objects.all()
+    assert memory.content == GREEN and memory.embedding is not None
+
+
 @pytest.mark.parametrize(
     "answer",
     [

@@ -420,3 +420,23 @@ def test_every_answer_names_its_request_and_the_log_lines_about_it_do_too(client
     # The service's console handler names it (settings.LOGGING).
     handlers = logging.getLogger().handlers
     assert any(isinstance(f, RequestIdFilter) for h in handlers for f in h.filters), handlers
+
+
+def test_an_apis_answers_are_kept_by_no_cache(client, alice):
+    """A user's conversations, an agent's memories, the local API's blocks, and refusals
+    too: ``Cache-Control: no-store``, as the pages and the export say (review: the API's
+    answers said nothing, so a browser or a careless proxy could keep them). The OpenAPI
+    document, public, is left as its view says."""
+    agent = make_agent("keeper")
+    answers = [
+        client.get("/v1/user/conversations", **alice.auth_headers()),
+        client.get("/v1/user/conversations/notauuid", **alice.auth_headers()),
+        client.get("/v1/agent/memories", **agent.auth_headers()),
+        client.get("/v1/user/conversations"),
+        client.get("/memory-blocks/nobody"),
+    ]
+    assert [response.status_code for response in answers] == [200, 404, 200, 401, 404]
+    for response in answers:
+        assert response["Cache-Control"] == "no-store", response.content
+    schema = client.get("/v1/schema")
+    assert schema.status_code == 200 and "no-store" not in schema.get("Cache-Control", "")
