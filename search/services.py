@@ -23,6 +23,7 @@ from search.embeddings import (
     configured_backend,
     embedded_within,
     embedding_text,
+    is_remote,
     vector_literal,
 )
 
@@ -228,9 +229,9 @@ def _vectors(backend: EmbeddingBackend, texts: dict, *, own: set[str], table: st
     kept, vectors = [], []
     for row_id in ids:
         try:
-            if len(ids) == 1:  # (asked already)
-                raise refusal
-            vectors.extend(backend.embed([texts[row_id]]))
+            # (A row alone was asked already.)
+            alone = refusal if len(ids) == 1 else None
+            vectors.append(_embedded_alone(backend, texts[row_id], alone, f"{table} {row_id}"))
         except EmbeddingError as exc:
             if exc.transient:
                 raise
@@ -241,6 +242,44 @@ def _vectors(backend: EmbeddingBackend, texts: dict, *, own: set[str], table: st
     if not kept:
         raise refusal
     return kept, vectors
+
+
+# A text a remote service refuses is asked again cut to its first half, and so on down to this
+# many characters: a model's limit (OpenAI's 8,192 tokens, a self-hosted model's 512) left a
+# long message without a vector for good (review), where the local model reads the first 256
+# tokens of any text.
+MIN_CUT_CHARS = 500
+
+
+def _embedded_alone(
+    backend: EmbeddingBackend, text: str, refusal: EmbeddingError | None, name: str
+):
+    """``text``'s vector (``refusal``: the backend's answer to it already). A remote
+    backend's refusal of it (for good) is asked again of its first half, down to
+    ``MIN_CUT_CHARS``; the vector of the longest part it takes, or the first refusal."""
+    first, asked = refusal, text
+    while True:
+        if refusal is None:
+            try:
+                vector = backend.embed([asked])[0]
+            except EmbeddingError as exc:
+                if exc.transient or exc.refuses_caller:
+                    raise
+                refusal = exc
+            else:
+                if asked is not text:
+                    logger.info(
+                        "%s: embedded its first %d of %d characters (%s)",
+                        name,
+                        len(asked),
+                        len(text),
+                        first,
+                    )
+                return vector
+        first = first or refusal
+        if len(asked) <= MIN_CUT_CHARS or not is_remote(backend):
+            raise first
+        asked, refusal = asked[: len(asked) // 2], None
 
 
 def write_vectors(cursor, table: str, ids: list, vectors, *, model: str, at, force: bool) -> set:

@@ -630,6 +630,61 @@ def test_a_message_the_backend_refuses_keeps_no_other_waiting(
     assert refused.embedded_at is None  # still found by keywords
 
 
+def test_a_text_longer_than_a_remote_model_takes_is_embedded_by_its_beginning(
+    api, alice, conversation, monkeypatch, caplog
+):
+    """An OpenAI-compatible service refuses (400) a text past its model's limit: a long
+    message was left without a vector for good, found by keywords only (review). It is
+    asked again cut in half until taken, as the local model reads a text's beginning; a
+    text refused at any length is asked at most down to ``MIN_CUT_CHARS``, then waits."""
+
+    def respond(method, path, body):
+        if any(len(text) > 1_000 or "poison" in text for text in body["input"]):
+            return Reply(400, {"error": {"message": "maximum context length is 256 tokens"}})
+        return Reply(
+            200,
+            {
+                "data": [
+                    {
+                        "index": i,
+                        "embedding": fake_vector(text, settings.MEMORY_EMBEDDING_DIMENSION),
+                    }
+                    for i, text in enumerate(body["input"])
+                ]
+            },
+        )
+
+    with LocalHttpServer(respond) as server:
+        # The embedding service is outside memsvc: it is faked at the HTTP level.
+        backend = OpenAIBackend(
+            "limited",
+            api_key="test",
+            base_url=f"{server.url}/v1",
+            expected_dimension=settings.MEMORY_EMBEDDING_DIMENSION,
+        )
+        monkeypatch.setattr(services, "configured_backend", lambda: backend)
+        long = post_message(api, alice, conversation, "a lake in winter " * 400)
+        with caplog.at_level(logging.INFO):
+            assert embed_messages_task.apply(args=[[str(long.id)]]).get() == 1
+        asked = [request.body["input"] for request in server.requests]
+        whole = len(asked[0][0])  # (the message's text, its author's name before it)
+        assert [len(texts[0]) for texts in asked] == [whole, whole // 2, whole // 4, whole // 8]
+        assert asked[-1][0] == asked[0][0][: whole // 8]
+        assert f"message {long.id}: embedded its first {whole // 8} of {whole} " in caplog.text
+        long.refresh_from_db()
+        assert long.embedded_at is not None
+        expected = np.array(fake_vector(asked[-1][0], settings.MEMORY_EMBEDDING_DIMENSION))
+        assert np.allclose(long.embedding, expected / np.linalg.norm(expected), atol=1e-4)
+
+        server.requests.clear()
+        poison = post_message(api, alice, conversation, "poison " * 200)  # 1,400
+        assert embed_messages_task.apply(args=[[str(poison.id)]]).get() == 0
+        whole = len(server.requests[0].body["input"][0])
+        lengths = [len(r.body["input"][0]) for r in server.requests]
+        assert lengths == [whole, whole // 2, whole // 4] and whole // 4 <= services.MIN_CUT_CHARS
+        assert Message.objects.get(pk=poison.pk).embedded_at is None
+
+
 class CountingRefusals(RefusingLongTexts):
     def __init__(self, max_chars: int):
         super().__init__(max_chars)
