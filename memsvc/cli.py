@@ -911,7 +911,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     reindex = commands.add_parser("reindex", help="embed what is waiting (--all: everything)")
     reindex.add_argument(
-        "--all", action="store_true", help="re-embed every message and memory (a new model)"
+        "--all",
+        action="store_true",
+        help="re-embed every message, memory and tool record (a new model)",
     )
     reindex.add_argument(
         "--resize",

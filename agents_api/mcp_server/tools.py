@@ -360,8 +360,9 @@ TOOLS: dict[str, Tool] = {
                 "limit": {
                     "type": "integer",
                     "minimum": 1,
-                    "maximum": 20,
-                    "default": 5,
+                    # (The operator's result counts, as /v1's memory search: review.)
+                    "maximum": settings.MEMORY_MAX_SEARCH_LIMIT,
+                    "default": settings.MEMORY_DEFAULT_SEARCH_LIMIT,
                     "description": "How many memories at most.",
                 },
                 "tags": {**_TAGS, "description": "Only memories with any of these tags."},

@@ -327,7 +327,24 @@ def vars_of(tuning) -> dict:
     }
 
 
-if __name__ == "__main__":  # python -m bench.locomo.loo RUN.json RUN.json ...: put runs together
+def main(argv: list[str]) -> int:
+    import argparse
+
     from bench.locomo.report import format_loo
 
-    print(format_loo(merge([Path(p) for p in sys.argv[1:]])))
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.locomo.loo",
+        description="Put together runs of `bench.locomo --loo` (one per host, say) and "
+        "print the leave-one-conversation-out table of them all.",
+    )
+    parser.add_argument("runs", nargs="+", type=Path, metavar="RUN.json", help="their --out")
+    args = parser.parse_args(argv)
+    missing = [str(path) for path in args.runs if not path.is_file()]
+    if missing:
+        parser.error(f"no such file: {', '.join(missing)}")
+    print(format_loo(merge(args.runs)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

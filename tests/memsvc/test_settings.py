@@ -844,10 +844,14 @@ def test_a_setting_the_command_line_cannot_use_is_said_not_a_traceback(
 
 def test_the_search_result_counts_hold_for_the_agents_memory_search_too(tmp_path):
     """``MEMORY_MAX_SEARCH_LIMIT`` / ``MEMORY_DEFAULT_SEARCH_LIMIT`` ("search result counts")
-    held for the local API and MCP, but /v1/agent's memory search kept 20 and 5 (review)."""
+    held for the local API and MCP, but /v1/agent's memory search kept 20 and 5 (review);
+    MCP's ``memory_search`` kept them too, and refused 30 (review)."""
     code = (
         "from agents_api.api.serializers import SearchMemoriesIn as S; "
-        "print(S.parse({'query': 'q'})['limit'], S.parse({'query': 'q', 'limit': 30})['limit'])"
+        "from agents_api.mcp_server.tools import TOOLS; "
+        "print(S.parse({'query': 'q'})['limit'], S.parse({'query': 'q', 'limit': 30})['limit']); "
+        "tool = TOOLS['memory_search']; limit = tool.input_schema['properties']['limit']; "
+        "print(limit['default'], tool.validator.is_valid({'query': 'q', 'limit': 30}))"
     )
     env = {
         "MEMSVC_DATA_DIR": str(tmp_path),
@@ -856,7 +860,7 @@ def test_the_search_result_counts_hold_for_the_agents_memory_search_too(tmp_path
     }
     result = run_django(env, code)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["7", "30"]
+    assert result.stdout.split() == ["7", "30", "7", "True"]
 
 
 def test_a_malformed_setting_stops_the_command_line_with_one_line(tmp_path):
