@@ -116,6 +116,10 @@ def test_create_post_fork_switch_share_search(
     page.get_by_label("Access", exact=True).select_option("reader")
     page.get_by_role("button", name="Share").click()
     expect(page.locator(".members .member").get_by_text("bob", exact=True)).to_be_visible()
+    # What the form did is said, and the focus is there (it was on the page's start: review).
+    expect(
+        page.get_by_role("status").filter(has_text="Shared with bob, as a reader.")
+    ).to_be_focused()
     shots(page, "conversation")
 
     # Search across her conversations: the hit links to its message.
@@ -180,7 +184,8 @@ def test_memory_page_deletes_a_memory_and_turns_memory_off(
     page.get_by_role("button", name="Search").click()
     expect(page.locator("#memory-hits")).to_contain_text("window seats")
     page.get_by_role("button", name="Turn memory off (private chat)").click()
-    expect(page.get_by_text("Memory is off")).to_be_visible()
+    expect(page.get_by_text("Memory turned off.")).to_be_focused()
+    expect(page.get_by_text("Memory is off (private chat")).to_be_visible()
     page.get_by_label("Search memories").fill("seat on the plane")
     page.get_by_role("button", name="Search").click()
     expect(page.locator("#memory-hits")).to_contain_text("No memory found")

@@ -1,6 +1,7 @@
 """The conversations pages with the Django test client: what each person sees and may do,
 and every refusal (a stranger's 404, a reader's 403, bad input's 400), with nothing changed."""
 
+import re
 import uuid
 from urllib.parse import quote, urljoin, urlsplit
 
@@ -1239,3 +1240,43 @@ def test_a_refused_search_clears_the_last_searchs_count_and_title(alice_page):
     assert refused.status_code == 400
     assert '<p id="search-status" hx-swap-oob="innerHTML"></p>' in html
     assert "<title>Search · memsvc</title>" in html
+
+
+def said_done(page_client, response) -> list[str]:
+    """The notices of what a form did on the page its POST goes back to (followed)."""
+    assert response.status_code == 302, response.content
+    html = page_client.get(response["Location"]).content.decode()
+    return re.findall(r'<p class="done" role="status" tabindex="-1" autofocus>([^<]*)</p>', html)
+
+
+def test_what_a_form_did_is_said_once_on_the_page_it_goes_back_to(alice_page, bob_page):
+    """A rename, a share, a change of access, a removal, an offer and its answer reloaded
+    the page with nothing said of them and the focus on the page's start (review): a screen
+    reader user could not tell the form had done anything. Each is said, focused, once."""
+    conversation = conversation_of("alice", "Team", "hi", shared=[("bob", "writer")])
+    at = [conversation.id]
+    rename = alice_page.post(reverse("pages:rename", args=at), {"title": "Trip"})
+    assert said_done(alice_page, rename) == ["Title saved."]
+    assert said_done(alice_page, rename) == []  # (once)
+    # A refusal is no notice: the refusal is said, on its field.
+    refused = alice_page.post(
+        reverse("pages:share", args=at), {"userId": "", "accessLevel": "reader"}
+    )
+    assert refused.status_code == 400 and 'class="done"' not in refused.content.decode()
+    share = alice_page.post(
+        reverse("pages:share", args=at), {"userId": "carol", "accessLevel": "reader"}
+    )
+    assert said_done(alice_page, share) == ["Shared with carol, as a reader."]
+    level = alice_page.post(
+        reverse("pages:membership_update", args=at), {"userId": "carol", "accessLevel": "writer"}
+    )
+    assert said_done(alice_page, level) == ["carol is now a writer."]
+    removed = alice_page.post(reverse("pages:membership_delete", args=at), {"userId": "carol"})
+    assert said_done(alice_page, removed) == ["carol was removed."]
+    offered = alice_page.post(reverse("pages:transfer", args=at), {"newOwnerUserId": "bob"})
+    assert said_done(alice_page, offered) == ["Ownership offered to bob: theirs once they accept."]
+    transfer = OwnershipTransfer.objects.get()
+    accepted = bob_page.post(reverse("pages:transfer_resolve", args=[transfer.id, "accept"]))
+    assert said_done(bob_page, accepted) == ["The conversation is yours now."]
+    deleted = bob_page.post(reverse("pages:delete", args=at))
+    assert said_done(bob_page, deleted) == ["The conversation was deleted."]

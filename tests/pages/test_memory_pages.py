@@ -75,6 +75,14 @@ def test_a_block_of_emoji_within_its_limit_is_saved_from_its_page(alice_page, he
     )
     assert saved.status_code == 302
     assert MemoryBlock.objects.get(label="mood").value == "😀" * 39
+    back = alice_page.get(saved["Location"]).content.decode()
+    assert (
+        '<p class="done" role="status" tabindex="-1" autofocus>The block mood was saved.</p>'
+        in back
+    )
+    switched = alice_page.post(reverse("pages:memory_switch"), {})
+    said = alice_page.get(switched["Location"]).content.decode()
+    assert 'autofocus>Memory turned off.</p>' in said
 
 
 def test_blocks_about_the_person_are_edited_with_revisions(alice_page, helper):

@@ -367,6 +367,7 @@ def fork(request, conversation_id, message_id):
             request.principal, conversation=conversation, message=message, new_message=data
         ),
     )
+    flash.success(request, "A new branch, with your new version of the message.")
     return redirect("pages:conversation", new.id)
 
 
@@ -376,6 +377,7 @@ def rename(request, conversation_id):
     with fields_named(title="New title"):
         data = s.UpdateConversationIn.parse(form_fields(request, "title"))
         services.conversation_update(request.principal, conversation=conversation, **data)
+    flash.success(request, "Title saved.")
     return redirect("pages:conversation", conversation.id)
 
 
@@ -383,6 +385,7 @@ def rename(request, conversation_id):
 def delete(request, conversation_id):
     conversation = _at_level(request, conversation_id, AccessLevel.OWNER)
     services.conversation_delete(request.principal, conversation=conversation)
+    flash.success(request, "The conversation was deleted.")
     return redirect("pages:home")
 
 
@@ -393,12 +396,14 @@ def share(request, conversation_id):
     with fields_named(**SHARE_LABELS):
         fields = form_fields(request, "userId", "accessLevel", user_ids=("userId",))
         data = s.ShareIn.parse(fields)
+        member = principal_for_sharing(data["userId"], field="userId")
         services.membership_create(
             request.principal,
             conversation=conversation,
-            principal_id=principal_for_sharing(data["userId"], field="userId"),
+            principal_id=member,
             access_level=data["accessLevel"],
         )
+    flash.success(request, f"Shared with {_named(member)}, as a {data['accessLevel']}.")
     return redirect("pages:conversation", conversation.id)
 
 
@@ -411,6 +416,11 @@ class MemberIn(InputSerializer):
     # The member a form is about (``urls``: in the form, not in its address), exactly as
     # the membership names them.
     userId = PrincipalIdField()
+
+
+def _named(principal_id: str) -> str:
+    """A member as the page names them (``names_shown``)."""
+    return names_shown([principal_id])[principal_id]
 
 
 def _member_id(request) -> str:
@@ -427,6 +437,7 @@ def membership_update(request, conversation_id):
     services.membership_update(
         request.principal, membership=membership, access_level=data["accessLevel"]
     )
+    flash.success(request, f"{_named(user_id)} is now a {data['accessLevel']}.")
     return redirect("pages:conversation", conversation.id)
 
 
@@ -438,7 +449,9 @@ def membership_delete(request, conversation_id):
     membership = selectors.membership_of(conversation, user_id)
     services.membership_delete(request.principal, membership=membership)
     if user_id == request.principal.id:  # (left: the conversation is no longer theirs to see)
+        flash.success(request, "You left the conversation.")
         return redirect("pages:home")
+    flash.success(request, f"{_named(user_id)} was removed.")
     return redirect("pages:conversation", conversation.id)
 
 
@@ -451,13 +464,16 @@ def transfer(request, conversation_id):
         services.ownership_transfer_start(
             request.principal, conversation=conversation, to_principal=data["newOwnerUserId"]
         )
+    flash.success(
+        request, f"Ownership offered to {data['newOwnerUserId']}: theirs once they accept."
+    )
     return redirect("pages:conversation", conversation.id)
 
 
 _RESOLVE = {
-    "accept": services.ownership_transfer_accept,
-    "decline": services.ownership_transfer_decline,
-    "cancel": services.ownership_transfer_cancel,
+    "accept": (services.ownership_transfer_accept, "The conversation is yours now."),
+    "decline": (services.ownership_transfer_decline, "The offer was declined."),
+    "cancel": (services.ownership_transfer_cancel, "The offer was cancelled."),
 }
 
 
@@ -466,5 +482,7 @@ def transfer_resolve(request, transfer_id, verb):
     if verb not in _RESOLVE:
         raise NotFound("no such action")
     transfer = selectors.access_transfer(request.principal, transfer_id)
-    _RESOLVE[verb](request.principal, transfer=transfer)
+    resolve, said = _RESOLVE[verb]
+    resolve(request.principal, transfer=transfer)
+    flash.success(request, said)
     return back(request, "pages:home")

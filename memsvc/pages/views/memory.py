@@ -3,6 +3,7 @@ edit, revisions) and the long-term memories about them (search, delete one, clea
 the user's memory switch. On ``agents_api.selectors`` and ``agents_api.services``, as
 ``/v1/user/memories`` is."""
 
+from django.contrib import messages as flash
 from django.shortcuts import redirect, render
 
 from agents_api import selectors, services
@@ -46,7 +47,9 @@ def overview(request):
 
 @action
 def switch(request):
-    services.memory_setting_update(request.principal, enabled=request.POST.get("enabled") == "on")
+    enabled = request.POST.get("enabled") == "on"
+    services.memory_setting_update(request.principal, enabled=enabled)
+    flash.success(request, "Memory turned on." if enabled else "Memory turned off.")
     return back(request, "pages:memory")
 
 
@@ -124,6 +127,7 @@ def block_update(request, agent_id):
     with fields_named(value="Value"):
         data = s.PutMemoryBlockIn.parse(form_fields(request, "value"))
         services.memory_block_update(request.principal, block=block, value=data["value"])
+    flash.success(request, f"The block {label} was saved.")
     return redirect("pages:agent_memory", agent.id)
 
 
@@ -134,6 +138,7 @@ def memory_delete(request, memory_id):
     services.memory_delete(request.principal, memory=memory)
     if request.htmx:
         return render(request, "pages/_deleted.html", {"memory_id": memory_id})
+    flash.success(request, "The memory was deleted.")
     return back(request, "pages:memory")
 
 
@@ -141,7 +146,8 @@ def memory_delete(request, memory_id):
 def memories_clear(request, agent_id=None):
     agent = _agent(request, agent_id) if agent_id else None
     memories = selectors.memories_of(agent, user_id=request.principal.id, with_expired=True)
-    services.memories_delete(request.principal, memories=memories)
+    deleted = services.memories_delete(request.principal, memories=memories)
+    flash.success(request, f"{deleted} {'memory' if deleted == 1 else 'memories'} deleted.")
     if agent is not None and selectors.agents_serving(request.principal).filter(id=agent.id):
         return redirect("pages:agent_memory", agent.id)
     return redirect("pages:memory")  # it kept nothing else about them

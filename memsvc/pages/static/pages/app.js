@@ -298,7 +298,7 @@ document.addEventListener("htmx:afterSettle", (event) => {
 
 // A conversation opened at a message (a search hit, ``?at=``): the focus on it, so that a
 // screen reader starts there and a keyboard goes on from it (only a ring marked it; review).
-// (Not when a refused form's field asks for it: code review.)
-if (!document.querySelector("[aria-invalid=true]")) {
+// (Not when a refused form's field asks for it, nor a notice of what a form did: code review.)
+if (!document.querySelector("[aria-invalid=true], .done")) {
   document.querySelector("#messages .message.target")?.focus();
 }
