@@ -95,6 +95,13 @@ async function allPages(path) {
 
 // --- What the page shows ---------------------------------------------------------------------
 
+// A message's first words, to name what is about it (a button's label).
+const NAMED_CHARS = 40;
+function shortened(text) {
+  const line = text.replace(/\s+/g, " ").trim();
+  return line.length > NAMED_CHARS ? `${line.slice(0, NAMED_CHARS)}…` : line;
+}
+
 function element(tag, properties = {}, ...children) {
   const node = Object.assign(document.createElement(tag), properties);
   node.append(...children); // text stays text: nothing from the API is parsed as HTML
@@ -222,6 +229,9 @@ async function openConversation(id, { focus = false } = {}) {
             type: "button",
             className: "fork",
             textContent: "Fork here",
+            // (Named by its message: a screen reader's list of buttons was "Fork here" again
+            // and again; review.)
+            ariaLabel: `Fork here: ${shortened(message.content)}`,
             onclick: () => startFork(message),
           }),
         );

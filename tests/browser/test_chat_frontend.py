@@ -228,6 +228,10 @@ def test_every_field_has_a_label_and_the_page_a_title_heading(
     not at all, and the page had no <h1> (a11y review)."""
     connect(page, frontend, live_server.url, alice.auth_headers()["HTTP_AUTHORIZATION"][7:])
     open_new_conversation(page, "Labels", "Name every field")
+    # Each fork button named by its message (each was "Fork here" alone: a11y review).
+    expect(
+        page.get_by_role("button", name="Fork here: Name every field", exact=True)
+    ).to_have_count(1)
     page.get_by_role("button", name="Fork here").click()
     for label, field_id in [
         ("Server", "server"),

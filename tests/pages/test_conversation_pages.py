@@ -1275,6 +1275,9 @@ def test_what_a_form_did_is_said_once_on_the_page_it_goes_back_to(alice_page, bo
     assert said_done(alice_page, removed) == ["carol was removed."]
     offered = alice_page.post(reverse("pages:transfer", args=at), {"newOwnerUserId": "bob"})
     assert said_done(alice_page, offered) == ["Ownership offered to bob: theirs once they accept."]
+    # (The offer's Cancel names its conversation, as Accept and Decline do: a11y review.)
+    listed = alice_page.get(reverse("pages:home")).content.decode()
+    assert 'Cancel the offer<span class="visually-hidden"> of “<bdi>Trip</bdi>”</span>' in listed
     transfer = OwnershipTransfer.objects.get()
     accepted = bob_page.post(reverse("pages:transfer_resolve", args=[transfer.id, "accept"]))
     assert said_done(bob_page, accepted) == ["The conversation is yours now."]

@@ -82,7 +82,7 @@ def test_a_block_of_emoji_within_its_limit_is_saved_from_its_page(alice_page, he
     )
     switched = alice_page.post(reverse("pages:memory_switch"), {})
     said = alice_page.get(switched["Location"]).content.decode()
-    assert 'autofocus>Memory turned off.</p>' in said
+    assert "autofocus>Memory turned off.</p>" in said
 
 
 def test_blocks_about_the_person_are_edited_with_revisions(alice_page, helper):
