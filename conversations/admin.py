@@ -176,7 +176,8 @@ class ConversationGroupAdmin(LargeTableAdmin):
         if request.user.has_perm("conversations.delete_membership"):
             # The owner's membership is never deleted alone (MembershipAdmin), but it goes
             # with its group.
-            perms_needed.discard(Membership._meta.verbose_name)
+            membership = Membership._meta.verbose_name
+            perms_needed = {p for p in perms_needed if p.split(" (")[0] != membership}
         return deleted, counts, perms_needed, protected
 
     # Members removed as the API removes them: an offer of ownership to them ends.
@@ -439,6 +440,11 @@ class MembershipAdmin(DeletedByService, LargeTableAdmin):
     def has_delete_permission(self, request, obj=None):
         owner = obj is not None and obj.access_level == AccessLevel.OWNER
         return not owner and super().has_delete_permission(request, obj)
+
+    def deletion_refused_among(self, rows) -> str | None:
+        if rows.filter(access_level=AccessLevel.OWNER).exists():
+            return "the owner's: ownership moves by a transfer"
+        return None
 
     def save_model(self, request, obj, form, change):
         if not change or "access_level" in form.changed_data:  # (else the page's, stale)

@@ -6,12 +6,18 @@ from functools import wraps
 
 from django.contrib import admin
 
+from memsvc.admin_tools import delete_selected
 from memsvc.api.ratelimit import auth_check_ended
 from memsvc.pages.forms import AdminLoginForm, refused_as_locked_out
 
 
 class AdminSite(admin.AdminSite):
     login_form = AdminLoginForm
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Every list's delete action, for any number of rows (``admin_tools.delete_selected``).
+        self._actions["delete_selected"] = self._global_actions["delete_selected"] = delete_selected
 
     def login(self, request, extra_context=None):
         return refused_as_locked_out(super().login(request, extra_context))

@@ -3,25 +3,33 @@
 import contextlib
 import json
 import uuid
-from collections import Counter
+from dataclasses import dataclass, field
+from functools import reduce
+from itertools import islice
+from operator import or_ as operator_or
 
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.models import ADDITION, CHANGE, DELETION, LogEntry
 from django.contrib.admin.options import TO_FIELD_VAR
-from django.contrib.admin.utils import NestedObjects, quote, unquote
+from django.contrib.admin.utils import model_ngettext, quote, unquote
 from django.contrib.contenttypes.models import ContentType
-from django.core.exceptions import FieldDoesNotExist, ValidationError
-from django.core.paginator import Paginator
-from django.db import router, transaction
+from django.core.exceptions import FieldDoesNotExist, PermissionDenied, ValidationError
+from django.core.paginator import EmptyPage, Paginator
+from django.db import transaction
+from django.db.models import CASCADE, PROTECT, RESTRICT, Q, QuerySet
 from django.db.models.constants import LOOKUP_SEP
+from django.db.models.deletion import get_candidate_relations_to_delete
 from django.forms.fields import InvalidJSONInput
 from django.shortcuts import redirect
+from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 from django.utils.text import capfirst
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
 from memsvc import validators
 from memsvc.api.errors import NotFound
@@ -33,17 +41,49 @@ from memsvc.api.principals import Principal
 COUNT_CAP = 10_000
 
 
+class AtLeast(int):
+    """A count past ``COUNT_CAP``, written "10,000+" wherever a page shows it (the list's
+    total, "Select all ...", a search's results), where it showed 10001 as the total of a
+    table of 133,000 rows (review); a number to compare and to page by."""
+
+    def __str__(self) -> str:
+        return f"{COUNT_CAP:,}+"
+
+
 class CappedCountPaginator(Paginator):
-    """Counts at most ``COUNT_CAP + 1`` rows (``SELECT count(*) FROM (... LIMIT n)``).
+    """Counts at most ``COUNT_CAP + 1`` rows (``SELECT count(*) FROM (... LIMIT n)``,
+    without the list's order, which sorted the whole table to count it by a column no
+    index serves: 1 s at 133,000 messages; review).
 
     Django's admin counts the whole filtered queryset for its page links; on a table of
-    millions of messages that full COUNT is the slowest part of the page. Pages past the
-    cap stay reachable with ``?p=``; search and filters narrow the list.
+    millions of messages that full COUNT is the slowest part of the page. Past the cap the
+    count is ``AtLeast``, and pages past the last linked stay reachable with ``?p=``
+    (Django sent them back to the first page: review); search and filters narrow the list.
     """
 
     @cached_property
     def count(self) -> int:
-        return self.object_list[: COUNT_CAP + 1].count()
+        count = self.object_list.order_by()[: COUNT_CAP + 1].count()
+        return AtLeast(count) if count > COUNT_CAP else count
+
+    def validate_number(self, number):
+        if not isinstance(self.count, AtLeast):
+            return super().validate_number(number)
+        try:
+            return super().validate_number(number)
+        except EmptyPage:
+            number = int(number)
+            if number < 1 or not self.object_list[(number - 1) * self.per_page :].exists():
+                raise
+            return number
+
+    def page(self, number):
+        if not isinstance(self.count, AtLeast):
+            return super().page(number)
+        # (Django's ends the last page at the count, which is no row's place here.)
+        number = self.validate_number(number)
+        bottom = (number - 1) * self.per_page
+        return self._get_page(self.object_list[bottom : bottom + self.per_page], number, self)
 
 
 def metadata_object(value) -> None:
@@ -166,38 +206,66 @@ class Checked:
 DELETION_ROWS_SHOWN = 20
 
 
-class _ShownNestedObjects(NestedObjects):
-    """Django's rows a deletion takes, nested, but at most ``DELETION_ROWS_SHOWN`` of a kind
-    under one row, and of the rows selected: a conversation of 20,000 messages made a page
-    of 3 MB in 3.1 s, one of an agent of 50,000 memories 7.4 MB in 6.1 s, 20,000 messages
-    selected 4.9 MB in 5.4 s (reviews), and more would have met the web processes' 30 s
-    before the operator saw the button."""
+# How deep a deletion's cascade is followed (memsvc's goes four tables deep at most: an
+# agent, its blocks, their revisions).
+CASCADE_MAX_DEPTH = 8
 
-    def nested(self, format_callback=None):
-        seen = set()
-        return self._some_of(self.edges.get(None, ()), seen, format_callback)
 
-    def _nested(self, obj, seen, format_callback):
-        if obj in seen:
-            return []
-        seen.add(obj)
-        children = self._some_of(self.edges.get(obj, ()), seen, format_callback)
-        return [format_callback(obj), *([children] if children else [])]
+@dataclass
+class _Cascade:
+    """What deleting some rows takes along, by model, each as the querysets that reach its
+    rows (a conversation's forks by their group and by their parent: the rows of a model
+    are their union, ``rows``); and what refuses it (``PROTECT``, ``RESTRICT``), by model."""
 
-    def _some_of(self, rows, seen, format_callback) -> list:
-        """``rows`` nested, at most ``DELETION_ROWS_SHOWN`` of a kind, the others counted."""
-        nested, shown, more = [], Counter(), Counter()
-        for row in rows:
-            if row in seen:
-                continue
-            if shown[row._meta] < DELETION_ROWS_SHOWN:
-                shown[row._meta] += 1
-                nested.extend(self._nested(row, seen, format_callback))
-            else:
-                more[row._meta] += 1
-        return nested + [
-            f"… and {count:,} more {opts.verbose_name_plural}" for opts, count in more.items()
-        ]
+    taken: dict = field(default_factory=dict)
+    blocking: dict = field(default_factory=dict)
+
+    def rows(self, model) -> QuerySet:
+        reached = [Q(pk__in=queryset.values("pk")) for queryset in self.taken[model]]
+        return model._base_manager.filter(reduce(operator_or, reached)).order_by("pk")
+
+    def blockers(self, model) -> QuerySet:
+        reached = [Q(pk__in=queryset.values("pk")) for queryset in self.blocking[model]]
+        blocking = model._base_manager.filter(reduce(operator_or, reached))
+        if model in self.taken:  # (unless they go too: a fork made at a message deleted)
+            blocking = blocking.exclude(pk__in=self.rows(model).values("pk"))
+        return blocking.order_by("pk")
+
+
+def _cascade(rows: QuerySet) -> _Cascade:
+    """What deleting ``rows`` takes along, counted by the database, not loaded: Django's
+    collector loaded every row a deletion takes, as objects, to list them (an agent of
+    60,000 memories: 43 s; every message of a table selected: 64 s and 3.6 GB; review),
+    where the page shows a few of each kind and counts the rest. Each relation's rows are a
+    subquery of its parent's; a relation of a table to itself (a conversation's forks) is
+    read as ids, level by level (no subquery a hundred deep for a chain of forks). An
+    ``on_delete`` that keeps the rows (``SET_NULL``, memsvc's own such as
+    ``kept_about_the_owner``) takes nothing."""
+    cascade = _Cascade()
+    todo = [(rows.model, rows, 0)]
+    seen: dict = {}  # model -> the ids read already of a relation to itself
+    while todo:
+        model, queryset, depth = todo.pop()
+        cascade.taken.setdefault(model, []).append(queryset)
+        if depth >= CASCADE_MAX_DEPTH:
+            continue
+        for relation in get_candidate_relations_to_delete(model._meta):
+            on_delete = relation.field.remote_field.on_delete
+            related = relation.related_model._base_manager.filter(
+                **{f"{relation.field.name}__in": queryset}
+            )
+            if on_delete in (PROTECT, RESTRICT):
+                cascade.blocking.setdefault(relation.related_model, []).append(related)
+            elif on_delete is CASCADE:
+                if relation.related_model is model:
+                    known = seen.setdefault(model, set())
+                    ids = set(related.values_list("pk", flat=True)) - known
+                    if not ids:
+                        continue
+                    known |= ids
+                    related = model._base_manager.filter(pk__in=ids)
+                todo.append((relation.related_model, related, depth + 1))
+    return cascade
 
 
 class ShownValues:
@@ -217,41 +285,52 @@ class ShownValues:
         return field
 
 
-def _logged(request, objects, action_flag: int, message) -> list:
-    """The admin's log entries (``LogEntry``, as Django's ``log_actions`` writes them) of an
-    action on ``objects``, each naming its row by its kind and id, never by its text (written
-    so at once: a text written and then replaced stays in the table's old row versions)."""
-    entries = [
-        LogEntry(
-            user_id=request.user.pk,
-            content_type_id=ContentType.objects.get_for_model(obj, for_concrete_model=False).pk,
-            object_id=obj.pk,
-            object_repr=f"{obj._meta.verbose_name} {obj.pk}"[:200],
-            action_flag=action_flag,
-            change_message=json.dumps(message) if isinstance(message, list) else message,
-        )
-        for obj in objects
-    ]
-    return LogEntry.objects.bulk_create(entries)
+def _log_entry(request, model, pk, action_flag: int, message) -> LogEntry:
+    """The admin's log entry (``LogEntry``, as Django's ``log_actions`` writes one) of an
+    action on the row ``pk`` of ``model``, naming it by its kind and id, never by its text
+    (written so at once: a text written and then replaced stays in the table's old row
+    versions)."""
+    return LogEntry(
+        user_id=request.user.pk,
+        content_type_id=ContentType.objects.get_for_model(model, for_concrete_model=False).pk,
+        object_id=pk,
+        object_repr=f"{model._meta.verbose_name} {pk}"[:200],
+        action_flag=action_flag,
+        change_message=json.dumps(message) if isinstance(message, list) else message,
+    )
 
 
 class ModelAdmin(ShownValues, Checked, admin.ModelAdmin):
     """Django's, taking in a list's query only the lookups its own filters write, and an
     action's selection only of ids (``Checked``); a deletion's confirmation lists a few rows
-    of each kind under a row, and counts them all (``_ShownNestedObjects``); a row refused
+    of each kind under a row, and counts them all (``get_deleted_objects``); a row refused
     by what it is (``deletion_refused``) is refused with the reason."""
 
     # The admin's log ("Recent actions", kept for good) names a row by its kind and id, not
     # by its text: a message's first words, a title, a user's id stayed there after that
     # user's erase (review).
     def log_addition(self, request, obj, message):
-        return _logged(request, [obj], ADDITION, message)[0]
+        entry = _log_entry(request, obj, obj.pk, ADDITION, message)
+        entry.save()
+        return entry
 
     def log_change(self, request, obj, message):
-        return _logged(request, [obj], CHANGE, message)[0]
+        entry = _log_entry(request, obj, obj.pk, CHANGE, message)
+        entry.save()
+        return entry
 
     def log_deletions(self, request, queryset):
-        return _logged(request, queryset, DELETION, "")
+        """One entry a row, as Django's, written from the rows' ids (the rows were loaded
+        whole, every message's text, for a deletion of a whole table: review)."""
+        ids = (
+            queryset.values_list("pk", flat=True).iterator(chunk_size=LOG_BATCH)
+            if isinstance(queryset, QuerySet)
+            else iter([obj.pk for obj in queryset])  # (the delete page's one row)
+        )
+        while batch := list(islice(ids, LOG_BATCH)):
+            LogEntry.objects.bulk_create(
+                _log_entry(request, self.model, pk, DELETION, "") for pk in batch
+            )
 
     def deletion_refused(self, obj) -> str | None:
         """Why ``obj`` is not deleted whatever the operator may do (a read-only block: its
@@ -285,47 +364,123 @@ class ModelAdmin(ShownValues, Checked, admin.ModelAdmin):
             quote(obj.pk),
         )
 
+    def deletion_refused_among(self, rows: QuerySet) -> str | None:
+        """``deletion_refused`` of any of ``rows`` (a deletion's cascade), asked of the
+        database: None, or the reason."""
+        return None
+
     def get_deleted_objects(self, objs, request):
-        """Django's ``admin.utils.get_deleted_objects``, with ``_ShownNestedObjects``."""
-        if not objs:
-            return [], {}, set(), []
-        collector = _ShownNestedObjects(using=router.db_for_write(self.model), origin=objs)
-        collector.collect(objs)
-        # Every row taken asked, shown or not (some are refused by what they are, a read-only
-        # block: checked on the rows shown alone, an agent whose 26th block was read-only
-        # was deleted with it; code review).
-        perms_needed = set()
-        for model, rows in collector.model_objs.items():
+        """Django's ``admin.utils.get_deleted_objects``, counted (``_cascade``): under the
+        rows chosen, at most ``DELETION_ROWS_SHOWN`` of a kind listed, the rest counted in a
+        line, all counted in the summary. Every kind of row taken is asked its delete
+        permission, and its refusal by what it is (``deletion_refused_among``), listed or
+        not (an agent whose 26th block was read-only was deleted with it; code review)."""
+        if not isinstance(objs, QuerySet):
+            if not objs:
+                return [], {}, set(), []
+            objs = type(objs[0])._base_manager.filter(pk__in=[obj.pk for obj in objs])
+        cascade = _cascade(objs)
+        counts, perms_needed, chosen, below = {}, set(), [], []
+        for model in cascade.taken:
+            rows = cascade.rows(model)
+            count = rows.count()
+            if not count:
+                continue
+            opts = model._meta
+            counts[opts.verbose_name_plural] = count
+            (chosen if model is objs.model else below).extend(
+                self._some_of(rows, count, opts.verbose_name_plural)
+            )
             if not self.admin_site.is_registered(model):
                 continue
             model_admin = self.admin_site.get_model_admin(model)
-            refused = [row for row in rows if not model_admin.has_delete_permission(request, row)]
             # (Django's own admins, the users' and groups', say no reason.)
-            reason = getattr(model_admin, "deletion_refused", lambda row: None)
-            reasons = sorted({reason(row) for row in refused} - {None})
-            if refused:
-                name = model._meta.verbose_name
-                perms_needed.add(f"{name} ({'; '.join(reasons)})" if reasons else name)
+            refused_among = getattr(model_admin, "deletion_refused_among", lambda rows: None)
+            reason = refused_among(rows)
+            if reason is not None or not model_admin.has_delete_permission(request):
+                name = opts.verbose_name
+                perms_needed.add(f"{name} ({reason})" if reason else name)
+        protected = []
+        for model in cascade.blocking:
+            blockers = cascade.blockers(model)
+            count = blockers.count()
+            if count:
+                protected += self._some_of(blockers, count, model._meta.verbose_name_plural)
+        return [*chosen, *([below] if below else [])], counts, perms_needed, protected
 
-        def shown(obj) -> str:
-            opts = obj._meta
-            if not self.admin_site.is_registered(type(obj)):
-                return f"{capfirst(opts.verbose_name)}: {obj}"
-            try:
-                url = reverse(
-                    f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_change",
-                    args=[quote(obj.pk)],
-                )
-            except NoReverseMatch:
-                return f"{capfirst(opts.verbose_name)}: {obj}"
-            return format_html('{}: <a href="{}">{}</a>', capfirst(opts.verbose_name), url, obj)
+    def _some_of(self, rows: QuerySet, count: int, plural: str) -> list[str]:
+        """The first ``DELETION_ROWS_SHOWN`` of ``rows`` as links to their pages, then
+        how many more."""
+        shown = [self._shown(obj) for obj in rows[:DELETION_ROWS_SHOWN]]
+        more = count - len(shown)
+        return shown + ([f"… and {more:,} more {plural}"] if more > 0 else [])
 
-        counts = {
-            model._meta.verbose_name_plural: len(rows)
-            for model, rows in collector.model_objs.items()
-        }
-        protected = [shown(obj) for obj in collector.protected]
-        return collector.nested(shown), counts, perms_needed, protected
+    def _shown(self, obj) -> str:
+        opts = obj._meta
+        if not self.admin_site.is_registered(type(obj)):
+            return f"{capfirst(opts.verbose_name)}: {obj}"
+        try:
+            url = reverse(
+                f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_change",
+                args=[quote(obj.pk)],
+            )
+        except NoReverseMatch:
+            return f"{capfirst(opts.verbose_name)}: {obj}"
+        return format_html('{}: <a href="{}">{}</a>', capfirst(opts.verbose_name), url, obj)
+
+
+@admin.action(
+    permissions=["delete"], description=gettext_lazy("Delete selected %(verbose_name_plural)s")
+)
+def delete_selected(modeladmin, request, queryset):
+    """Django's delete action (``admin.actions.delete_selected``), for any number of rows:
+    a selection of every row of the list ("Select all") is confirmed as that, the list's
+    search and filters, not as a hidden field per row (133,000 of them: a page of 13 MB, and
+    past 1,000 its confirmation was refused by ``DATA_UPLOAD_MAX_NUMBER_FIELDS``, 400:
+    review); the rows are counted, not loaded (Django's ``len(queryset)``)."""
+    opts = modeladmin.model._meta
+    deletable, counts, perms_needed, protected = modeladmin.get_deleted_objects(queryset, request)
+    if request.POST.get("post") and not protected:
+        if perms_needed:
+            raise PermissionDenied
+        count = queryset.count()
+        if count:
+            modeladmin.log_deletions(request, queryset)
+            modeladmin.delete_queryset(request, queryset)
+            modeladmin.message_user(
+                request,
+                _("Successfully deleted %(count)d %(items)s.")
+                % {"count": count, "items": model_ngettext(opts, count)},
+                messages.SUCCESS,
+            )
+        return None
+    objects_name = model_ngettext(queryset)
+    across = request.POST.get("select_across") == "1"
+    context = {
+        **modeladmin.admin_site.each_context(request),
+        "title": _("Cannot delete %(name)s") % {"name": objects_name}
+        if perms_needed or protected
+        else _("Delete multiple objects"),
+        "subtitle": None,
+        "objects_name": str(objects_name),
+        "deletable_objects": [deletable],
+        "model_count": counts.items(),
+        "across": across,
+        "count": counts.get(opts.verbose_name_plural, 0),
+        # (Across, one row named, as Django's list asks an action: the list is the rest.)
+        "selected": queryset.values_list("pk", flat=True)[: 1 if across else None],
+        "perms_lacking": perms_needed,
+        "protected": protected,
+        "opts": opts,
+        "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+        "media": modeladmin.media,
+    }
+    request.current_app = modeladmin.admin_site.name
+    return TemplateResponse(request, "admin/delete_selected_confirmation.html", context)
+
+
+# Log entries written at once by a deletion of many rows.
+LOG_BATCH = 1_000
 
 
 class ReadOnlyAdmin(ModelAdmin):
