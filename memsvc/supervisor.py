@@ -34,7 +34,11 @@ START_FAILURE_SECONDS = 10.0
 
 
 def log(text: str) -> None:
-    print(f"memsvc: {text}", file=sys.stderr, flush=True)
+    """A line on standard error; none when it cannot be written (its reader gone, a pipe
+    closed, a full disk): the supervisor died of the ``BrokenPipeError`` at the next thing
+    it had to say, and took the service down with it (review)."""
+    with contextlib.suppress(OSError):
+        print(f"memsvc: {text}", file=sys.stderr, flush=True)
 
 
 def _backoff(failures: int) -> float:

@@ -26,6 +26,9 @@ class ErrorSerializer(serializers.Serializer):
             "not_acceptable",
             "payload_too_large",
             "unavailable",
+            # (A fault of the server's own, never the client's input: logged with the
+            # request's X-Request-Id. It was in no list: review.)
+            "internal_error",
         ]
     )
     details = serializers.DictField(

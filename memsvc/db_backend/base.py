@@ -65,8 +65,16 @@ class DatabaseWrapper(base.DatabaseWrapper):
 
     def get_new_connection(self, conn_params):
         if settings.DATABASE_URL is None:
-            # Once per process: later calls return at once (see ensure_server).
-            embedded_db.ensure_server(settings.MEMSVC_DATA_DIR)
+            # Once per process: later calls return at once (see ensure_server). The
+            # package's own checks of a server it cannot start (one still running on a data
+            # directory deleted under it) are assertions: an outage, as any database not
+            # answering (a 503), not a bug's HTML page (review).
+            try:
+                embedded_db.ensure_server(settings.MEMSVC_DATA_DIR)
+            except AssertionError as exc:
+                raise base.Database.OperationalError(
+                    f"the embedded PostgreSQL could not be started here ({exc!r})"
+                ) from exc
         connection = super().get_new_connection(conn_params)
         django_loader = connection.adapters.get_loader(base.TIMESTAMPTZ_OID, Format.TEXT)
         connection.adapters.register_loader("timestamptz", _iso_loader(django_loader))

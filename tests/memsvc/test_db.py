@@ -373,3 +373,54 @@ def test_a_connection_to_a_server_that_never_answers_is_given_up():
     finally:
         listener.close()
     assert time.monotonic() - started < settings.DATABASE_CONNECT_SECONDS + 5
+
+
+def test_a_server_handle_whose_start_failed_is_made_again_not_handed_back(tmp_path):
+    """The package lists a handle before it starts the server: one whose start failed (a
+    server still running on a data directory deleted under it) stayed, half made, and every
+    later connection of the process got it and failed on its missing server, for good,
+    though the server was back (review). It is made again."""
+    from types import SimpleNamespace
+
+    from memsvc import embedded_db
+
+    attempts = []
+
+    class Package:
+        _instances: dict = {}
+
+        def __init__(self, pgdata, *, cleanup_mode):
+            self._postmaster_info = None
+            self._instances[pgdata] = self
+            attempts.append(pgdata)
+            if len(attempts) == 1:
+                raise AssertionError  # (the package's check of a server left running)
+            self._postmaster_info = "running"
+
+        def _cleanup(self):
+            pass
+
+    package = SimpleNamespace(PostgresServer=Package)
+    with pytest.raises(AssertionError):
+        embedded_db._get_server(package, tmp_path / "pg")
+    assert Package._instances == {}
+    handle = embedded_db._get_server(package, tmp_path / "pg")
+    assert handle._postmaster_info == "running" and len(attempts) == 2
+    assert embedded_db._get_server(package, tmp_path / "pg") is handle  # (kept once made)
+
+
+def test_a_server_the_package_cannot_start_is_an_outage_not_a_bug(monkeypatch):
+    """Its assertion reached the request as a 500 page (review): the database is down."""
+    from memsvc import embedded_db
+
+    def cannot_start(data_dir):
+        raise AssertionError
+
+    monkeypatch.setattr(embedded_db, "ensure_server", cannot_start)
+    monkeypatch.setattr(settings, "DATABASE_URL", None)
+    fresh = connection.copy()
+    try:
+        with pytest.raises(OperationalError, match="could not be started here"):
+            fresh.ensure_connection()
+    finally:
+        fresh.close()

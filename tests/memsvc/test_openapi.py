@@ -266,3 +266,26 @@ def test_a_memorys_source_is_one_of_those_the_server_writes(served_schema, schem
     source = component(served_schema, schema_name)["properties"]["source"]
     enum = component(served_schema, source["$ref"].rsplit("/", 1)[-1])["enum"]
     assert sorted(enum) == sorted(MemorySource.values)
+
+
+def test_every_code_an_error_answers_with_is_one_the_schema_names(served_schema):
+    """A 500's ``internal_error`` was in neither the schema's codes nor the README's
+    (review): each refusal's code is named, whichever raised it."""
+    from memsvc.api.errors import ApiError
+
+    def kinds(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from kinds(sub)
+
+    codes = component(served_schema, "Error")["properties"]["code"]
+    if "$ref" in codes:
+        codes = served_schema["components"]["schemas"][codes["$ref"].rsplit("/", 1)[1]]
+    # (Letta's routes answer their own shape: its 501 ``not_implemented`` is no /v1 code.)
+    raised = {
+        kind.code
+        for kind in kinds(ApiError)
+        if isinstance(kind.code, str) and not kind.__module__.startswith("agents_api.letta_api")
+    }
+    assert "internal_error" in raised
+    assert raised <= set(codes["enum"]), raised - set(codes["enum"])

@@ -131,3 +131,19 @@ def test_a_stop_asked_while_a_child_runs_to_its_end_ends_it(supervisor):
     assert code is None
     assert time.monotonic() - started < 10
     assert supervisor.children == []
+
+
+def test_a_log_no_one_reads_any_more_stops_nothing(monkeypatch):
+    """``memsvc serve > pipe``, its reader gone (or its file's disk full): the supervisor
+    died of a ``BrokenPipeError`` at the next line it said (a child restarted), and the
+    service with it (review). The line is lost; the supervisor goes on."""
+
+    class Closed:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stderr", Closed())
+    supervision.log("the beat (pid 1) was killed; restarting in 1 s")  # (no exception)
