@@ -18,6 +18,7 @@ import fcntl
 import json
 import logging
 import os
+import resource
 import secrets
 import select
 import signal
@@ -166,14 +167,37 @@ SETTINGS_FILE = "memsvc.conf"
 AUTOVACUUM_NAPTIME = "10s"
 
 
+# Where a container's memory limit is read (cgroup v2, then v1); "max", or a number past the
+# machine's memory, is no limit.
+CGROUP_MEMORY_LIMITS = (
+    Path("/sys/fs/cgroup/memory.max"),
+    Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
+)
+
+
+def usable_memory() -> int:
+    """The bytes of memory the server may use: the machine's, or less where a container's
+    limit (cgroup) or the process's address space (``ulimit -v``) says so. (A quarter of the
+    machine's 24 GB was asked under a limit of 4 GB, and the server could not start:
+    review.)"""
+    limits = [os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")]
+    for path in CGROUP_MEMORY_LIMITS:
+        with contextlib.suppress(OSError, ValueError):
+            limits.append(int(path.read_text().strip()))
+    address_space, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if address_space != resource.RLIM_INFINITY:
+        limits.append(address_space)
+    return min(limits)
+
+
 def server_settings() -> dict[str, str]:
-    """What memsvc sets on the embedded server: a quarter of the memory for its buffers
-    (PostgreSQL's own advice for a dedicated server, at most 8 GB): with the default a large
-    search read most pages through the kernel (docs/benchmarks.md, 1M). Autovacuum looks
-    for tables to analyse every ``AUTOVACUUM_NAPTIME`` rather than every minute. And the
-    port settings name, whatever ``PGPORT`` the server inherits."""
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    buffers_mb = max(128, min(memory // 4, 8 * 1024**3) // 1024**2)
+    """What memsvc sets on the embedded server: a quarter of the memory it may use
+    (``usable_memory``) for its buffers (PostgreSQL's own advice for a dedicated server, at
+    most 8 GB): with the default a large search read most pages through the kernel
+    (docs/benchmarks.md, 1M). Autovacuum looks for tables to analyse every
+    ``AUTOVACUUM_NAPTIME`` rather than every minute. And the port settings name, whatever
+    ``PGPORT`` the server inherits."""
+    buffers_mb = max(128, min(usable_memory() // 4, 8 * 1024**3) // 1024**2)
     return {
         "shared_buffers": f"{buffers_mb}MB",
         "autovacuum_naptime": AUTOVACUUM_NAPTIME,

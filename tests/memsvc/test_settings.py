@@ -1035,3 +1035,23 @@ def test_a_database_that_does_not_start_again_says_why_in_the_servers_words(tmp_
         "2026-12-06 10:00:00.001 UTC [7] FATAL:  could not write lock file: No space left on"
         f" device (its log: {log})"
     )
+
+
+def test_the_embedded_servers_buffers_fit_a_containers_limit_and_the_address_space(
+    tmp_path, monkeypatch
+):
+    """A quarter of the machine's memory was asked whatever the limits: under ``ulimit -v``
+    of 4 GB (or a container's) on a machine of 24 GB the server could not start (review)."""
+    import resource
+
+    machine = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    limit = tmp_path / "memory.max"
+    limit.write_text("max\n")
+    monkeypatch.setattr(embedded_db, "CGROUP_MEMORY_LIMITS", (limit,))
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (resource.RLIM_INFINITY,) * 2)
+    assert embedded_db.usable_memory() == machine
+    limit.write_text(f"{2 * 1024**3}\n")
+    assert embedded_db.usable_memory() == 2 * 1024**3
+    assert embedded_db.server_settings()["shared_buffers"] == "512MB"
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (1024**3, resource.RLIM_INFINITY))
+    assert embedded_db.server_settings()["shared_buffers"] == "256MB"
