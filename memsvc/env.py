@@ -278,3 +278,31 @@ def env_changes(name: str, tunables: type) -> dict:
     except ValueError as error:
         raise ImproperlyConfigured(f"{name}: {error}") from None
     return changes
+
+
+# What a process of memsvc does, as its database connections name it (``application_name``:
+# ``memsvc web``), by the program that runs it.
+_ROLES = {
+    "gunicorn": "web",
+    "uvicorn": "web",
+    "celery": "celery",
+    "memsvc": "command",
+    "cli": "command",  # (python -m memsvc.cli)
+}
+
+
+def process_role(argv: list[str]) -> str:
+    """What the process of ``argv`` (``sys.argv``) does: ``web``, ``worker``, ``beat``, a
+    ``memsvc`` command's name, else its program's name. Every connection had no name in
+    ``pg_stat_activity``, so the web processes', the worker's and a command's could not be
+    told apart when looking for what held them (review)."""
+    if not argv:
+        return "python"
+    path = Path(argv[0])
+    program = path.parent.name if path.name == "__main__.py" else path.stem
+    role = _ROLES.get(program, program or "python")
+    if role == "celery":
+        return next((a for a in argv[1:] if a in ("worker", "beat")), role)
+    if role == "command":
+        return next((a for a in argv[1:] if not a.startswith("-")), "memsvc")
+    return role

@@ -8,6 +8,7 @@ Importing settings only reads: the database is started by the first connection
 (``memsvc.db_backend``), secrets and folders are made by ``memsvc serve`` or when first used.
 """
 
+import sys
 from pathlib import Path
 
 import dj_database_url
@@ -30,6 +31,7 @@ from memsvc.env import (
     env_required,
     env_str,
     env_url,
+    process_role,
 )
 from search.tuning import MemoryRanking, SearchTuning
 
@@ -98,6 +100,11 @@ DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DATABASE_CONNECT_SECONDS = 10
 DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
     "connect_timeout", DATABASE_CONNECT_SECONDS
+)
+# Each connection says which process of memsvc made it (``memsvc web``, ``memsvc worker``),
+# unless DATABASE_URL names it.
+DATABASES["default"]["OPTIONS"].setdefault(
+    "application_name", f"memsvc {process_role(sys.argv)}"[:63]
 )
 # The longest one statement of this process may run (0: no limit), so that a request that
 # turns out slow (or one its client gave up on) does not hold a web thread and a connection

@@ -1055,3 +1055,30 @@ def test_the_embedded_servers_buffers_fit_a_containers_limit_and_the_address_spa
     assert embedded_db.server_settings()["shared_buffers"] == "512MB"
     monkeypatch.setattr(resource, "getrlimit", lambda which: (1024**3, resource.RLIM_INFINITY))
     assert embedded_db.server_settings()["shared_buffers"] == "256MB"
+
+
+@pytest.mark.parametrize(
+    ("argv", "role"),
+    [
+        (["/x/.venv/lib/python3.11/site-packages/gunicorn/__main__.py", "memsvc.asgi"], "web"),
+        (["/x/celery/__main__.py", "-A", "memsvc.celery", "worker", "-c", "1"], "worker"),
+        (["/x/celery/__main__.py", "-A", "memsvc.celery", "beat"], "beat"),
+        (["/x/.venv/bin/memsvc", "--verbose", "reindex"], "reindex"),
+        (["/x/memsvc/cli.py", "serve", "--port", "8283"], "serve"),
+        (["manage.py", "migrate"], "manage"),
+        ([], "python"),
+    ],
+)
+def test_a_process_is_named_by_what_it_does(argv, role):
+    """Every connection had no ``application_name``: the web processes', the worker's and a
+    command's could not be told apart in ``pg_stat_activity`` (review)."""
+    from memsvc.env import process_role
+
+    assert process_role(argv) == role
+
+
+@pytest.mark.django_db
+def test_a_connection_names_its_process():
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW application_name")
+        assert cursor.fetchone()[0].startswith("memsvc ")
