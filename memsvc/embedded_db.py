@@ -259,6 +259,9 @@ def _start(server):
             _start_watcher(server.pgdata)
         return info
     _clear_stale_lock(server.pgdata)
+    # Where this start's lines begin in the log, which holds every earlier start's too (a
+    # failure was said with the reasons of older ones above its own: review).
+    server.started_at_byte = _log_size(server.log)
     options = ["-o", '-h ""', "-o", f"-k {server.pgdata}", "-l", str(server.log)]
     try:
         pg_ctl(
@@ -269,7 +272,12 @@ def _start(server):
         )
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
         # What the server said is the reason (as the package's start shows it).
-        logger.error("the embedded PostgreSQL did not start; its log:\n%s", _log_end(server.log))
+        said = _log_end(server.log, since=server.started_at_byte)
+        logger.error(
+            "the embedded PostgreSQL did not start; its log:%s\n%s",
+            "" if said.strip() else " (nothing new from this start; its end before it)",
+            said if said.strip() else _log_end(server.log),
+        )
         raise
     # pg_ctl -w returns once postmaster.pid says "ready".
     info = _running_postmaster(server.pgdata)
@@ -380,17 +388,27 @@ def restart_server() -> None:
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
             # Why, as the server said it: the supervisor's line repeated pg_ctl's arguments,
             # every 30 s of a full disk, never "No space left on device" (review).
-            raise RuntimeError(f"{_why_it_stopped(_handle.log)} (its log: {_handle.log})") from None
+            why = _why_it_stopped(_handle.log, since=getattr(_handle, "started_at_byte", 0))
+            raise RuntimeError(f"{why} (its log: {_handle.log})") from None
         info = _handle.get_postmaster_info()
         logger.info("the embedded PostgreSQL of %s runs again (pid %s)", _handle.pgdata, info.pid)
 
 
-def _log_end(log: Path, size: int = 4000) -> str:
+def _log_size(log: Path) -> int:
+    try:
+        return log.stat().st_size
+    except OSError:
+        return 0
+
+
+def _log_end(log: Path, size: int = 4000, *, since: int = 0) -> str:
     """The end of the server's ``log`` (not the whole of it: it grows for as long as the
-    data directory lives); "" when there is none."""
+    data directory lives), of what it wrote from byte ``since`` on (one start's lines);
+    "" when there is none."""
     try:
         with log.open("rb") as handle:
-            handle.seek(max(0, log.stat().st_size - size))
+            end = log.stat().st_size
+            handle.seek(max(since if since <= end else 0, end - size))  # (cut since: all)
             return handle.read().decode(errors="replace")
     except OSError:
         return ""
@@ -400,10 +418,11 @@ def _log_end(log: Path, size: int = 4000) -> str:
 _WHY_LEVELS = ("PANIC:", "FATAL:", "ERROR:")
 
 
-def _why_it_stopped(log: Path) -> str:
-    """The last line of the server's log that says why it did not start (its log then ends
-    "aborting startup" and "database system is shut down"), else its last line."""
-    lines = [line.strip() for line in _log_end(log).splitlines() if line.strip()]
+def _why_it_stopped(log: Path, *, since: int = 0) -> str:
+    """The last line of the server's log (from byte ``since``: its last start's) that says
+    why it did not start (its log then ends "aborting startup" and "database system is shut
+    down"), else its last line."""
+    lines = [line.strip() for line in _log_end(log, since=since).splitlines() if line.strip()]
     why = [line for line in lines if any(level in line for level in _WHY_LEVELS)]
     return (why or lines or ["it wrote no log"])[-1]
 

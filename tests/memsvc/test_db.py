@@ -424,3 +424,23 @@ def test_a_server_the_package_cannot_start_is_an_outage_not_a_bug(monkeypatch):
             fresh.ensure_connection()
     finally:
         fresh.close()
+
+
+def test_why_the_server_did_not_start_is_said_from_its_last_start_alone(tmp_path):
+    """The log holds every start's lines: a failure was said with older ones' reasons above
+    its own ("Permission denied" of a start long fixed, over "insufficient file
+    descriptors"; review)."""
+    from memsvc import embedded_db
+
+    log = tmp_path / "log"
+    log.write_text('FATAL:  could not open file "base/1": Permission denied\n')
+    since = embedded_db._log_size(log)
+    with log.open("a") as handle:
+        handle.write("FATAL:  insufficient file descriptors available to start server\n")
+        handle.write("LOG:  database system is shut down\n")
+    assert embedded_db._why_it_stopped(log, since=since).endswith(
+        "file descriptors available to start server"
+    )
+    assert "Permission denied" not in embedded_db._log_end(log, since=since)
+    log.write_text("LOG:  a log cut since\n")  # (shorter than where the start began: all of it)
+    assert "cut since" in embedded_db._log_end(log, since=since)
