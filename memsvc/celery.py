@@ -6,6 +6,7 @@ from pathlib import Path
 
 from celery import Celery
 from celery import Task as CeleryTask
+from celery.beat import PersistentScheduler
 from celery.exceptions import InvalidTaskError
 from celery.signals import before_task_publish, worker_init
 from kombu.exceptions import OperationalError
@@ -132,3 +133,25 @@ def sent(task, args=(), *, instead: str, **options) -> bool:
             BROKER_OUTAGE.began()
         logger.warning("could not send %s (%s); %s", task.name, exc, instead)
         return False
+
+
+# Periodic tasks beat could not send, by task: said once a minute while it lasts.
+BEAT_NOT_SENT_SAID: dict[str, Reminder] = {}
+
+
+class Scheduler(PersistentScheduler):
+    """Celery's beat scheduler (``--schedule`` file), saying a task it could not send in a
+    line, once a minute while it lasts: with the broker down, or its queue folder not
+    writable, Celery logged a traceback and the stack above it for every sweep every minute
+    (reviews). The next run sends it as before."""
+
+    def apply_entry(self, entry, producer=None):
+        try:
+            self.apply_async(entry, producer=producer, advance=False)
+        except Exception as exc:  # any broker failure, as Celery's own catches
+            BEAT_NOT_SENT_SAID.setdefault(entry.task, Reminder()).say(
+                logger.warning,
+                "beat could not send %s (%s); it is sent at its next run (said once a minute)",
+                entry.task,
+                exc,
+            )

@@ -454,6 +454,8 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# Beat says a task it could not send in a line a minute, not a traceback a run.
+CELERY_BEAT_SCHEDULER = "memsvc.celery:Scheduler"
 CELERY_BEAT_SCHEDULE = {
     "sweep-unembedded": {"task": "search.sweep_unembedded", "schedule": 60.0},
     "sweep-unembedded-memories": {"task": "agents_api.sweep_unembedded_memories", "schedule": 60.0},

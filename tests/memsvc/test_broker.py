@@ -3,6 +3,7 @@ the queue is set aside rather than the end of the worker (kombu issue #1551)."""
 
 import base64
 import json
+import logging
 import threading
 import uuid
 
@@ -274,3 +275,30 @@ def test_a_folder_named_as_a_message_is_set_aside(folders, caplog):
         ours._put("celery", message("after the folder"))
         assert ours._get("celery")["body"] == "after the folder"
     assert (tmp_path / "rejected" / folder.name).is_dir()
+
+
+def test_beat_says_a_task_it_could_not_send_in_a_line_a_minute(tmp_path, caplog, monkeypatch):
+    """With the broker down (or its queue folder not writable) Celery's beat logged a
+    traceback and the stack above it for every sweep, every minute (reviews)."""
+    from celery.beat import ScheduleEntry
+    from kombu.exceptions import OperationalError as BrokerDown
+
+    from memsvc import celery as memsvc_celery
+
+    monkeypatch.setattr(memsvc_celery, "BEAT_NOT_SENT_SAID", {})
+    scheduler = memsvc_celery.Scheduler(
+        app=memsvc_celery.app, schedule_filename=str(tmp_path / "schedule"), lazy=True
+    )
+
+    def down(*args, **kwargs):
+        raise BrokerDown("[Errno 30] Read-only file system")
+
+    monkeypatch.setattr(scheduler, "apply_async", down)
+    entry = ScheduleEntry(name="sweep", task="search.sweep_unembedded", app=memsvc_celery.app)
+    with caplog.at_level(logging.INFO):
+        for _ in range(3):
+            scheduler.apply_entry(entry)
+    said = [r for r in caplog.records if "could not send" in r.getMessage()]
+    assert len(said) == 1 and said[0].exc_info is None
+    assert "search.sweep_unembedded ([Errno 30] Read-only file system)" in said[0].getMessage()
+    assert "Traceback" not in caplog.text and "Message Error" not in caplog.text
