@@ -286,13 +286,7 @@ class MemoryBlockAdmin(AgentColumn, DeletedByService, LargeTableAdmin):
     # Deleted as the API deletes one (``memory_block_delete``: locked, so a change in
     # progress ends first); a read-only block only once its flag is cleared here (Django
     # refuses a selection holding one whole, and the agent it is of).
-    READ_ONLY = "it is read-only: clear its “read only” flag first"
-
-    def deletion_refused(self, obj) -> str | None:
-        return self.READ_ONLY if obj.read_only else None
-
-    def deletion_refused_among(self, rows) -> str | None:
-        return self.READ_ONLY if rows.filter(read_only=True).exists() else None
+    deletion_refusal = (Q(read_only=True), "it is read-only: clear its “read only” flag first")
 
     def delete_one(self, request, obj):
         memory_block_delete(operator(request), block=obj)

@@ -31,6 +31,7 @@ from conversations.services import (
     messages_delete,
 )
 from memsvc.admin_tools import (
+    DELETED_ONE_AT_A_TIME_MAX,
     DeletedByService,
     EmbeddedFilter,
     LargeTableAdmin,
@@ -171,14 +172,9 @@ class ConversationGroupAdmin(LargeTableAdmin):
     def has_add_permission(self, request):
         return False  # a group is made with its first conversation, by the services
 
-    def get_deleted_objects(self, objs, request):
-        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
-        if request.user.has_perm("conversations.delete_membership"):
-            # The owner's membership is never deleted alone (MembershipAdmin), but it goes
-            # with its group.
-            membership = Membership._meta.verbose_name
-            perms_needed = {p for p in perms_needed if p.split(" (")[0] != membership}
-        return deleted, counts, perms_needed, protected
+    # The owner's membership is never deleted alone (MembershipAdmin), but it goes with its
+    # group.
+    goes_along = (Membership,)
 
     # Members removed as the API removes them: an offer of ownership to them ends.
     def save_formset(self, request, form, formset, change):
@@ -312,6 +308,8 @@ class ConversationAdmin(MetadataChecked, LargeTableAdmin):
     def delete_model(self, request, obj):
         conversation_delete(operator(request), conversation=obj, need=None)
 
+    deleted_at_once_max = DELETED_ONE_AT_A_TIME_MAX  # (one at a time, as DeletedByService)
+
     def delete_queryset(self, request, queryset):
         for conversation in queryset.order_by("created_at"):
             # An earlier one's deletion may have taken this one along (a fork, a group).
@@ -437,14 +435,11 @@ class MembershipAdmin(DeletedByService, LargeTableAdmin):
     search_fields = ("principal_id__exact",)
     raw_id_fields = ("group",)
 
-    def has_delete_permission(self, request, obj=None):
-        owner = obj is not None and obj.access_level == AccessLevel.OWNER
-        return not owner and super().has_delete_permission(request, obj)
-
-    def deletion_refused_among(self, rows) -> str | None:
-        if rows.filter(access_level=AccessLevel.OWNER).exists():
-            return "the owner's: ownership moves by a transfer"
-        return None
+    # (It goes with its group: ``ConversationGroupAdmin.goes_along``.)
+    deletion_refusal = (
+        Q(access_level=AccessLevel.OWNER),
+        "it is the owner's: ownership moves by a transfer",
+    )
 
     def save_model(self, request, obj, form, change):
         if not change or "access_level" in form.changed_data:  # (else the page's, stale)

@@ -206,8 +206,9 @@ class Checked:
 DELETION_ROWS_SHOWN = 20
 
 
-# How deep a deletion's cascade is followed (memsvc's goes four tables deep at most: an
-# agent, its blocks, their revisions).
+# How many tables deep a deletion's cascade is followed (memsvc's goes four deep at most: an
+# agent, its blocks, their revisions); a table's relation to itself (forks of forks) is
+# followed to its end.
 CASCADE_MAX_DEPTH = 8
 
 
@@ -215,7 +216,8 @@ CASCADE_MAX_DEPTH = 8
 class _Cascade:
     """What deleting some rows takes along, by model, each as the querysets that reach its
     rows (a conversation's forks by their group and by their parent: the rows of a model
-    are their union, ``rows``); and what refuses it (``PROTECT``, ``RESTRICT``), by model."""
+    are their union, ``rows``); and what refuses it, by (model, ``PROTECT`` or
+    ``RESTRICT``)."""
 
     taken: dict = field(default_factory=dict)
     blocking: dict = field(default_factory=dict)
@@ -224,10 +226,13 @@ class _Cascade:
         reached = [Q(pk__in=queryset.values("pk")) for queryset in self.taken[model]]
         return model._base_manager.filter(reduce(operator_or, reached)).order_by("pk")
 
-    def blockers(self, model) -> QuerySet:
-        reached = [Q(pk__in=queryset.values("pk")) for queryset in self.blocking[model]]
+    def blockers(self, model, on_delete) -> QuerySet:
+        """The rows of ``model`` that refuse the deletion: all that ``PROTECT``, those that
+        ``RESTRICT`` unless they go too (a fork made at a message deleted with it), as
+        Django's collector decides."""
+        reached = [Q(pk__in=q.values("pk")) for q in self.blocking[model, on_delete]]
         blocking = model._base_manager.filter(reduce(operator_or, reached))
-        if model in self.taken:  # (unless they go too: a fork made at a message deleted)
+        if on_delete is RESTRICT and model in self.taken:
             blocking = blocking.exclude(pk__in=self.rows(model).values("pk"))
         return blocking.order_by("pk")
 
@@ -255,16 +260,18 @@ def _cascade(rows: QuerySet) -> _Cascade:
                 **{f"{relation.field.name}__in": queryset}
             )
             if on_delete in (PROTECT, RESTRICT):
-                cascade.blocking.setdefault(relation.related_model, []).append(related)
+                key = (relation.related_model, on_delete)
+                cascade.blocking.setdefault(key, []).append(related)
             elif on_delete is CASCADE:
+                deeper = depth + 1
                 if relation.related_model is model:
                     known = seen.setdefault(model, set())
                     ids = set(related.values_list("pk", flat=True)) - known
                     if not ids:
                         continue
                     known |= ids
-                    related = model._base_manager.filter(pk__in=ids)
-                todo.append((relation.related_model, related, depth + 1))
+                    related, deeper = model._base_manager.filter(pk__in=ids), depth
+                todo.append((relation.related_model, related, deeper))
     return cascade
 
 
@@ -332,13 +339,28 @@ class ModelAdmin(ShownValues, Checked, admin.ModelAdmin):
                 _log_entry(request, self.model, pk, DELETION, "") for pk in batch
             )
 
+    # Rows never deleted here whatever the operator may do, and why (a read-only block: its
+    # flag cleared first): ``Q(read_only=True), "it is read-only: ..."``. One rule, asked of
+    # one row (``deletion_refused``) and of a deletion's cascade (``deletion_refused_among``).
+    deletion_refusal: tuple[Q, str] | None = None
+    # Models whose ``deletion_refusal`` does not hold for rows deleted with this admin's (an
+    # owner's membership goes with its group); their delete permission is still asked.
+    goes_along: tuple[type, ...] = ()
+
     def deletion_refused(self, obj) -> str | None:
-        """Why ``obj`` is not deleted whatever the operator may do (a read-only block: its
-        flag cleared first), or None. Said on the confirmation of a deletion that would take
-        it (``templates/admin/delete_confirmation.html``), and on its own delete page to whom
+        """Why ``obj`` is not deleted (``deletion_refusal``), or None. Said on the
+        confirmation of a deletion that would take it
+        (``templates/admin/delete_confirmation.html``), and on its own delete page to whom
         may delete such rows (Django's said "your account doesn't have permission" to a
         superuser, or answered a bare 403: review)."""
-        return None
+        return self.deletion_refused_among(type(obj)._base_manager.filter(pk=obj.pk))
+
+    def deletion_refused_among(self, rows: QuerySet) -> str | None:
+        """``deletion_refused`` of any of ``rows`` (a deletion's cascade): None, or why."""
+        if self.deletion_refusal is None:
+            return None
+        refused, why = self.deletion_refusal
+        return why if rows.filter(refused).exists() else None
 
     def has_delete_permission(self, request, obj=None):
         refused = obj is not None and self.deletion_refused(obj)
@@ -363,11 +385,6 @@ class ModelAdmin(ShownValues, Checked, admin.ModelAdmin):
             f"{self.admin_site.name}:{self.opts.app_label}_{self.opts.model_name}_change",
             quote(obj.pk),
         )
-
-    def deletion_refused_among(self, rows: QuerySet) -> str | None:
-        """``deletion_refused`` of any of ``rows`` (a deletion's cascade), asked of the
-        database: None, or the reason."""
-        return None
 
     def get_deleted_objects(self, objs, request):
         """Django's ``admin.utils.get_deleted_objects``, counted (``_cascade``): under the
@@ -396,13 +413,13 @@ class ModelAdmin(ShownValues, Checked, admin.ModelAdmin):
             model_admin = self.admin_site.get_model_admin(model)
             # (Django's own admins, the users' and groups', say no reason.)
             refused_among = getattr(model_admin, "deletion_refused_among", lambda rows: None)
-            reason = refused_among(rows)
+            reason = None if model in self.goes_along else refused_among(rows)
             if reason is not None or not model_admin.has_delete_permission(request):
                 name = opts.verbose_name
                 perms_needed.add(f"{name} ({reason})" if reason else name)
         protected = []
-        for model in cascade.blocking:
-            blockers = cascade.blockers(model)
+        for model, on_delete in cascade.blocking:
+            blockers = cascade.blockers(model, on_delete)
             count = blockers.count()
             if count:
                 protected += self._some_of(blockers, count, model._meta.verbose_name_plural)
@@ -439,14 +456,27 @@ def delete_selected(modeladmin, request, queryset):
     past 1,000 its confirmation was refused by ``DATA_UPLOAD_MAX_NUMBER_FIELDS``, 400:
     review); the rows are counted, not loaded (Django's ``len(queryset)``)."""
     opts = modeladmin.model._meta
+    most = getattr(modeladmin, "deleted_at_once_max", None)
+    if most is not None and queryset[: most + 1].count() > most:
+        modeladmin.message_user(
+            request,
+            f"At most {most:,} {opts.verbose_name_plural} are deleted at once here (each as "
+            "the API deletes it, with what goes with it): narrow the list with its search "
+            "or filters. Nothing was deleted.",
+            messages.ERROR,
+        )
+        return None
     deletable, counts, perms_needed, protected = modeladmin.get_deleted_objects(queryset, request)
     if request.POST.get("post") and not protected:
         if perms_needed:
             raise PermissionDenied
         count = queryset.count()
         if count:
-            modeladmin.log_deletions(request, queryset)
-            modeladmin.delete_queryset(request, queryset)
+            # Logged with the deletion, or not at all (a deletion that failed was logged as
+            # done: code review).
+            with transaction.atomic():
+                modeladmin.log_deletions(request, queryset)
+                modeladmin.delete_queryset(request, queryset)
             modeladmin.message_user(
                 request,
                 _("Successfully deleted %(count)d %(items)s.")
@@ -481,6 +511,10 @@ def delete_selected(modeladmin, request, queryset):
 
 # Log entries written at once by a deletion of many rows.
 LOG_BATCH = 1_000
+# The most rows a list's delete action takes where each is deleted by a service of its own
+# (``DeletedByService``), in one transaction: "Select all" of 300,000 memberships would have
+# held the web process past its time limits (code review).
+DELETED_ONE_AT_A_TIME_MAX = 1_000
 
 
 class ReadOnlyAdmin(ModelAdmin):
@@ -510,8 +544,11 @@ class LargeTableAdmin(ModelAdmin):
 class DeletedByService:
     """A ModelAdmin mixin for rows a service deletes one at a time (locks, what goes with
     them): ``delete_one(request, obj)``, for the delete page and the delete action, whose
-    selection goes in one transaction. One deleted meanwhile (two operators confirming at
-    once) is gone, as asked: the service's 404 was a 500 page (review)."""
+    selection goes in one transaction, of at most ``deleted_at_once_max`` rows. One deleted
+    meanwhile (two operators confirming at once) is gone, as asked: the service's 404 was a
+    500 page (review)."""
+
+    deleted_at_once_max = DELETED_ONE_AT_A_TIME_MAX
 
     def delete_one(self, request, obj) -> None:
         raise NotImplementedError
