@@ -34,6 +34,7 @@ def route(name, args, kwargs, options, task=None, **kw) -> dict | None:
 
 
 logger = logging.getLogger(__name__)
+beat_logger = logging.getLogger("celery.beat")  # (Celery's own line of each task sent)
 
 
 def shape_checked_strategy(task, app, consumer, **kwargs):
@@ -135,10 +136,6 @@ def sent(task, args=(), *, instead: str, **options) -> bool:
         return False
 
 
-# Periodic tasks beat could not send, by task: said once a minute while it lasts.
-BEAT_NOT_SENT_SAID: dict[str, Reminder] = {}
-
-
 class Scheduler(PersistentScheduler):
     """Celery's beat scheduler (``--schedule`` file), saying a task it could not send in a
     line, once a minute while it lasts: with the broker down, or its queue folder not
@@ -146,12 +143,15 @@ class Scheduler(PersistentScheduler):
     (reviews). The next run sends it as before."""
 
     def apply_entry(self, entry, producer=None):
+        beat_logger.info("Scheduler: Sending due task %s (%s)", entry.name, entry.task)
         try:
             self.apply_async(entry, producer=producer, advance=False)
         except Exception as exc:  # any broker failure, as Celery's own catches
-            BEAT_NOT_SENT_SAID.setdefault(entry.task, Reminder()).say(
+            instead = "it is sent at its next run"
+            NOT_SENT_SAID.setdefault((entry.task, instead), Reminder()).say(
                 logger.warning,
-                "beat could not send %s (%s); it is sent at its next run (said once a minute)",
+                "beat could not send %s (%s); %s (said once a minute)",
                 entry.task,
                 exc,
+                instead,
             )

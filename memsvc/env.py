@@ -288,6 +288,7 @@ _ROLES = {
     "celery": "celery",
     "memsvc": "command",
     "cli": "command",  # (python -m memsvc.cli)
+    "manage": "command",  # (manage.py migrate)
 }
 
 

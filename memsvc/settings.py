@@ -102,9 +102,10 @@ DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
     "connect_timeout", DATABASE_CONNECT_SECONDS
 )
 # Each connection says which process of memsvc made it (``memsvc web``, ``memsvc worker``),
-# unless DATABASE_URL names it.
+# unless something else names it (DATABASE_URL's ``application_name`` or ``options``,
+# ``PGAPPNAME``: libpq's fallback gives way to each).
 DATABASES["default"]["OPTIONS"].setdefault(
-    "application_name", f"memsvc {process_role(sys.argv)}"[:63]
+    "fallback_application_name", f"memsvc {process_role(sys.argv)}"[:63]
 )
 # The longest one statement of this process may run (0: no limit), so that a request that
 # turns out slow (or one its client gave up on) does not hold a web thread and a connection

@@ -53,6 +53,12 @@ class EmbeddingError(Exception):
         self.status = status
         self.refuses_caller = status in CALLER_REFUSED
 
+    @property
+    def of_every_text(self) -> bool:
+        """The service's state (down, overloaded) or its refusal of memsvc's credentials:
+        each text alone would fail alike; else it is this text's (too long, NaN)."""
+        return self.transient or self.refuses_caller
+
 
 class WrongDimension(EmbeddingError):
     """The backend answered vectors of another width than the database's vector columns

@@ -216,7 +216,7 @@ def _vectors(backend: EmbeddingBackend, texts: dict, *, own: set[str], table: st
         return ids, list(backend.embed(list(texts.values())))
     except EmbeddingError as exc:
         # (Credentials refused: every text alone would be refused alike.)
-        if exc.transient or exc.refuses_caller:
+        if exc.of_every_text:
             raise
         refusal = exc
     asked = [row_id for row_id in ids if str(row_id) in own]
@@ -247,23 +247,26 @@ def _vectors(backend: EmbeddingBackend, texts: dict, *, own: set[str], table: st
 # A text a remote service refuses is asked again cut to its first half, and so on down to this
 # many characters: a model's limit (OpenAI's 8,192 tokens, a self-hosted model's 512) left a
 # long message without a vector for good (review), where the local model reads the first 256
-# tokens of any text.
+# tokens of any text. Only a refusal of the input (its HTTP status) is tried shorter: a
+# vector of NaN is no length's (code review).
 MIN_CUT_CHARS = 500
+INPUT_REFUSED = frozenset({400, 413, 422})
 
 
 def _embedded_alone(
     backend: EmbeddingBackend, text: str, refusal: EmbeddingError | None, name: str
 ):
     """``text``'s vector (``refusal``: the backend's answer to it already). A remote
-    backend's refusal of it (for good) is asked again of its first half, down to
-    ``MIN_CUT_CHARS``; the vector of the longest part it takes, or the first refusal."""
+    backend's refusal of the input (``INPUT_REFUSED``) is asked again of its first half,
+    down to ``MIN_CUT_CHARS``; the vector of the longest part it takes, or the first
+    refusal."""
     first, asked = refusal, text
     while True:
         if refusal is None:
             try:
                 vector = backend.embed([asked])[0]
             except EmbeddingError as exc:
-                if exc.transient or exc.refuses_caller:
+                if exc.of_every_text:
                     raise
                 refusal = exc
             else:
@@ -277,7 +280,11 @@ def _embedded_alone(
                     )
                 return vector
         first = first or refusal
-        if len(asked) <= MIN_CUT_CHARS or not is_remote(backend):
+        if (
+            len(asked) <= MIN_CUT_CHARS
+            or not is_remote(backend)
+            or refusal.status not in INPUT_REFUSED
+        ):
             raise first
         asked, refusal = asked[: len(asked) // 2], None
 
@@ -433,7 +440,7 @@ def _embed_waiting(pending, embed, *, max_batches: int | None, patient: bool) ->
             # next ones (``refused_lately``): the rest go on (a reindex stopped there, before
             # the memories and tool records: review). Else (the backend down, refusing
             # memsvc's key, or the same rows again) raised.
-            if exc.transient or exc.refuses_caller or ids == refused:
+            if exc.of_every_text or ids == refused:
                 raise
             refused = ids
             batches += 1

@@ -285,7 +285,7 @@ def test_beat_says_a_task_it_could_not_send_in_a_line_a_minute(tmp_path, caplog,
 
     from memsvc import celery as memsvc_celery
 
-    monkeypatch.setattr(memsvc_celery, "BEAT_NOT_SENT_SAID", {})
+    assert memsvc_celery.app.conf.beat_scheduler == "memsvc.celery:Scheduler"  # (beat's)
     scheduler = memsvc_celery.Scheduler(
         app=memsvc_celery.app, schedule_filename=str(tmp_path / "schedule"), lazy=True
     )

@@ -396,6 +396,8 @@ def test_a_server_handle_whose_start_failed_is_made_again_not_handed_back(tmp_pa
             if len(attempts) == 1:
                 raise AssertionError  # (the package's check of a server left running)
             self._postmaster_info = "running"
+            if len(attempts) == 2:  # (started, then its list of holders not written)
+                raise OSError(28, "No space left on device")
 
         def _cleanup(self):
             pass
@@ -404,8 +406,11 @@ def test_a_server_handle_whose_start_failed_is_made_again_not_handed_back(tmp_pa
     with pytest.raises(AssertionError):
         embedded_db._get_server(package, tmp_path / "pg")
     assert Package._instances == {}
+    with pytest.raises(OSError):
+        embedded_db._get_server(package, tmp_path / "pg")
+    assert Package._instances == {}
     handle = embedded_db._get_server(package, tmp_path / "pg")
-    assert handle._postmaster_info == "running" and len(attempts) == 2
+    assert handle._postmaster_info == "running" and len(attempts) == 3
     assert embedded_db._get_server(package, tmp_path / "pg") is handle  # (kept once made)
 
 
@@ -429,18 +434,24 @@ def test_a_server_the_package_cannot_start_is_an_outage_not_a_bug(monkeypatch):
 def test_why_the_server_did_not_start_is_said_from_its_last_start_alone(tmp_path):
     """The log holds every start's lines: a failure was said with older ones' reasons above
     its own ("Permission denied" of a start long fixed, over "insufficient file
-    descriptors"; review)."""
+    descriptors"; review). A start that wrote nothing (a full disk) is said from the end
+    before it, said so (code review)."""
     from memsvc import embedded_db
 
     log = tmp_path / "log"
     log.write_text('FATAL:  could not open file "base/1": Permission denied\n')
     since = embedded_db._log_size(log)
+    nothing = embedded_db._start_said(log, since)
+    assert embedded_db._why_it_stopped(nothing) == (
+        'before this start: FATAL:  could not open file "base/1": Permission denied'
+    )
     with log.open("a") as handle:
         handle.write("FATAL:  insufficient file descriptors available to start server\n")
         handle.write("LOG:  database system is shut down\n")
-    assert embedded_db._why_it_stopped(log, since=since).endswith(
-        "file descriptors available to start server"
+    said = embedded_db._start_said(log, since)
+    assert "Permission denied" not in said
+    assert embedded_db._why_it_stopped(said) == (
+        "FATAL:  insufficient file descriptors available to start server"
     )
-    assert "Permission denied" not in embedded_db._log_end(log, since=since)
     log.write_text("LOG:  a log cut since\n")  # (shorter than where the start began: all of it)
-    assert "cut since" in embedded_db._log_end(log, since=since)
+    assert "cut since" in embedded_db._start_said(log, since)

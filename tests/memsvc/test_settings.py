@@ -534,13 +534,16 @@ def test_a_server_stopped_again_as_it_starts_is_reported_not_waited_for(
         raise subprocess.CalledProcessError(1, ["pg_ctl", *args])
 
     monkeypatch.setattr(_commands, "pg_ctl", refused)
+    before = server.log.stat().st_size
     with (
         caplog.at_level(logging.ERROR, logger=embedded_db.__name__),
         pytest.raises(subprocess.CalledProcessError),
     ):
         server.ensure_postgres_running()
-    # A start that fails says why: the server's own log.
-    assert "the embedded PostgreSQL did not start; its log:" in caplog.text
+    # A start that fails says why: the server's own log, from where this start began (it
+    # wrote nothing here: its end before, said so).
+    assert server.started_at_byte == before
+    assert "the embedded PostgreSQL did not start; its log: (nothing new" in caplog.text
     assert "database system is shut down" in caplog.text
 
     monkeypatch.undo()
@@ -1065,7 +1068,7 @@ def test_the_embedded_servers_buffers_fit_a_containers_limit_and_the_address_spa
         (["/x/celery/__main__.py", "-A", "memsvc.celery", "beat"], "beat"),
         (["/x/.venv/bin/memsvc", "--verbose", "reindex"], "reindex"),
         (["/x/memsvc/cli.py", "serve", "--port", "8283"], "serve"),
-        (["manage.py", "migrate"], "manage"),
+        (["manage.py", "migrate"], "migrate"),
         ([], "python"),
     ],
 )
@@ -1078,7 +1081,29 @@ def test_a_process_is_named_by_what_it_does(argv, role):
 
 
 @pytest.mark.django_db
-def test_a_connection_names_its_process():
+def test_a_connection_names_its_process_unless_something_else_does(monkeypatch):
+    """(libpq's fallback: an ``application_name`` the operator gave, in DATABASE_URL or
+    ``PGAPPNAME``, is kept; code review.)"""
     with connection.cursor() as cursor:
         cursor.execute("SHOW application_name")
         assert cursor.fetchone()[0].startswith("memsvc ")
+    monkeypatch.setenv("PGAPPNAME", "the operator's")
+    fresh = connection.copy()
+    try:
+        with fresh.cursor() as cursor:
+            cursor.execute("SHOW application_name")
+            assert cursor.fetchone()[0] == "the operator's"
+    finally:
+        fresh.close()
+
+
+def test_a_services_own_memory_limit_is_found_in_its_cgroup(tmp_path):
+    from memsvc import embedded_db
+
+    cgroups = tmp_path / "cgroup"
+    cgroups.write_text("0::/system.slice/memsvc.service\n")
+    assert embedded_db._own_cgroup_limit(cgroups) == [
+        Path("/sys/fs/cgroup/system.slice/memsvc.service/memory.max")
+    ]
+    cgroups.write_text("0::/\n")
+    assert embedded_db._own_cgroup_limit(cgroups) == []

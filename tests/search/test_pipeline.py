@@ -639,6 +639,8 @@ def test_a_text_longer_than_a_remote_model_takes_is_embedded_by_its_beginning(
     text refused at any length is asked at most down to ``MIN_CUT_CHARS``, then waits."""
 
     def respond(method, path, body):
+        if any("nan nan" in text for text in body["input"]):  # (no length's refusal)
+            return Reply(200, {"data": [{"index": 0, "embedding": [float("nan")] * 384}]})
         if any(len(text) > 1_000 or "poison" in text for text in body["input"]):
             return Reply(400, {"error": {"message": "maximum context length is 256 tokens"}})
         return Reply(
@@ -682,6 +684,11 @@ def test_a_text_longer_than_a_remote_model_takes_is_embedded_by_its_beginning(
         whole = len(server.requests[0].body["input"][0])
         lengths = [len(r.body["input"][0]) for r in server.requests]
         assert lengths == [whole, whole // 2, whole // 4] and whole // 4 <= services.MIN_CUT_CHARS
+
+        server.requests.clear()
+        nan = post_message(api, alice, conversation, "nan " * 400)  # (a vector of NaN: uncut)
+        assert embed_messages_task.apply(args=[[str(nan.id)]]).get() == 0
+        assert len(server.requests) == 1
         assert Message.objects.get(pk=poison.pk).embedded_at is None
 
 

@@ -465,7 +465,7 @@ def transfer(request, conversation_id):
             request.principal, conversation=conversation, to_principal=data["newOwnerUserId"]
         )
     flash.success(
-        request, f"Ownership offered to {data['newOwnerUserId']}: theirs once they accept."
+        request, f"Ownership offered to {_named(data['newOwnerUserId'])}: theirs once they accept."
     )
     return redirect("pages:conversation", conversation.id)
 
