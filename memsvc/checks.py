@@ -79,6 +79,26 @@ def check_secret_key(app_configs=None, **kwargs) -> list[Warning]:
     ]
 
 
+@register(Tags.compatibility)
+def check_broker_outside_local_mode(app_configs=None, **kwargs) -> list[Warning]:
+    """Outside local mode (a service of several processes, perhaps machines), the task
+    queue in this machine's data directory (no ``CELERY_BROKER_URL``): a web process
+    started without it queued its embeddings to a folder no worker read, counted its rate
+    limits apart from the others' Redis, and said nothing (review)."""
+    if settings.LOCAL_MODE or settings.CELERY_BROKER_URL != "filesystem://":
+        return []
+    return [
+        Warning(
+            "CELERY_BROKER_URL is not set outside local mode: tasks go to a folder of this "
+            "machine's data directory, which a worker elsewhere never reads (the sweep "
+            "embeds them a minute late), and the rate limits are counted apart from "
+            "processes that count them in Redis.",
+            hint="Set CELERY_BROKER_URL (redis:// or amqp://) on every process of the service.",
+            id="memsvc.W006",
+        )
+    ]
+
+
 def _fetched_in_the_clear(url: str) -> bool:
     """``url`` is http:// to a host other than this machine's loopback."""
     parts = urlsplit(url)

@@ -17,6 +17,7 @@ from memsvc.celery import broker_reachable
 from memsvc.db import not_migrated
 from memsvc.embedded_db import socket_dir
 from memsvc.outage import Reminder
+from memsvc.secrets_of_record import differing
 from search.embeddings import configured_backend
 from search.selectors import PENDING_COUNTED_UP_TO, pending_embedding_counts
 
@@ -31,6 +32,7 @@ _SAID = {
         "database not answering",
         "database not migrated",
         "database unreachable",
+        "secrets differ from the database's",
     )
 }
 
@@ -93,10 +95,11 @@ class _DatabaseProbe:
         self._in_flight: concurrent.futures.Future | None = None
         self._sent_at = 0.0
 
-    def backlog(self, seconds: float) -> dict[str, int] | None:
-        """The rows waiting for their embedding, by table, as the database counted them, or None
-        when it did not answer within ``seconds``; ``DatabaseError`` when it refused (down,
-        unreachable, not migrated)."""
+    def backlog(self, seconds: float) -> tuple[dict[str, int], str | None] | None:
+        """The rows waiting for their embedding, by table, as the database counted them, and
+        how this process's secrets differ from the database's record (``differing``), or
+        None when it did not answer within ``seconds``; ``DatabaseError`` when it refused
+        (down, unreachable, not migrated)."""
         with self._lock:
             if self._pid != os.getpid():  # (a forked child has none of its parent's threads)
                 self._pid, self._in_flight = os.getpid(), None
@@ -113,14 +116,14 @@ class _DatabaseProbe:
             return None
 
 
-def _count_backlog() -> dict[str, int]:
+def _count_backlog() -> tuple[dict[str, int], str | None]:
     # As a request starts (Django's ``close_old_connections``): a connection the server
     # dropped since (a restart, a failover) is checked and replaced, not failed on, and
     # ``CONN_MAX_AGE`` holds for this thread's too. Without it the first probe after a
     # restart answered 503 while the database answered (review).
     close_old_connections()
     try:
-        return pending_embedding_counts()
+        return pending_embedding_counts(), differing()
     except DatabaseError:
         connection.close_if_unusable_or_obsolete()  # (this thread's own connection)
         raise
@@ -129,10 +132,11 @@ def _count_backlog() -> dict[str, int]:
 def database_backlog() -> tuple[dict[str, int] | None, str | None]:
     """The probe of both health checks (this one's, the local API's): (the backlog, None)
     when the database answered within ``DATABASE_ANSWER_SECONDS``; else (None, why not:
-    "database not migrated", "database unreachable" or "database not answering"), said in
-    the log once a minute."""
+    "database not migrated", "database unreachable", "database not answering", or this
+    process's secrets not the database's: ``memsvc.secrets_of_record``), said in the log
+    once a minute."""
     try:
-        backlog = _probe.backlog(DATABASE_ANSWER_SECONDS)
+        probed = _probe.backlog(DATABASE_ANSWER_SECONDS)
     except DatabaseError as exc:
         if not_migrated(exc):
             # It answers, without memsvc's tables: a DATABASE_URL not migrated yet (it
@@ -143,12 +147,15 @@ def database_backlog() -> tuple[dict[str, int] | None, str | None]:
         # The driver's message names hosts, sockets and paths: for the logs, not for
         # whoever probes the service.
         return _said("database unreachable", "health: database unreachable", exc_info=True)
-    if backlog is None:
+    if probed is None:
         return _said(
             "database not answering",
             "health: the database did not answer in %s s",
             DATABASE_ANSWER_SECONDS,
         )
+    backlog, secrets_differ = probed
+    if secrets_differ is not None:
+        return _said("secrets differ from the database's", "health: %s", secrets_differ)
     return backlog, None
 
 

@@ -130,7 +130,7 @@ def test_a_database_that_does_not_answer_is_unavailable_within_seconds(
     assert 1.0 <= took[0] < 3 and took[1] < 0.5 and took[2] < 0.5, took
     stuck.set()
     time.sleep(0.1)
-    monkeypatch.setattr(health, "_count_backlog", lambda: dict.fromkeys(VECTOR_TABLES, 0))
+    monkeypatch.setattr(health, "_count_backlog", lambda: (dict.fromkeys(VECTOR_TABLES, 0), None))
     assert client.get(path).status_code == 200
 
 
@@ -199,3 +199,41 @@ def test_a_database_without_memsvcs_tables_is_said_not_migrated(client, monkeypa
     assert (response.status_code, response.json()["reason"]) == (503, "database not migrated")
     local = client.get("/health")  # (the same probe: it said "database unreachable")
     assert (local.status_code, local.json()["detail"]) == (503, "database not migrated")
+
+
+@pytest.mark.django_db(transaction=True)  # (the probe reads on a thread of its own)
+@pytest.mark.parametrize("setting", ["SECRET_KEY", "MEMSVC_JWT_SECRET"])
+def test_a_process_whose_secrets_are_not_the_databases_is_unavailable(
+    client, settings, setting, caplog, monkeypatch
+):
+    """A web process started with another DJANGO_SECRET_KEY refused every API key, another
+    MEMSVC_JWT_SECRET every user token, while its health said ok; behind a balancer its
+    refusals locked the clients out of the good processes too (review). Each migrate
+    records the secrets' fingerprints; a process whose own differ is unavailable, naming
+    the setting in its log, and the record a migrate with the new one makes is the one."""
+    from memsvc.api import health
+    from memsvc.models import SecretsOfRecord
+    from memsvc.outage import Reminder
+    from memsvc.secrets_of_record import fingerprint, record
+
+    monkeypatch.setitem(health._SAID, "secrets differ from the database's", Reminder())
+    record()  # (as the test database's migrate did, before the tables were emptied)
+    recorded = SecretsOfRecord.objects.get()
+    assert len(recorded.api_keys) == 64 and str(settings.SECRET_KEY) not in str(vars(recorded))
+    assert recorded.user_tokens == fingerprint(settings.MEMSVC_JWT_SECRET)
+    assert client.get("/v1/health").status_code == 200
+
+    setattr(settings, setting, "another secret of fifty characters and more, not theirs")
+    response = client.get("/v1/health")
+    assert response.status_code == 503
+    assert response.json()["reason"] == "secrets differ from the database's"
+    local = client.get("/health")
+    assert (local.status_code, local.json()["detail"]) == (
+        503,
+        "secrets differ from the database's",
+    )
+    named = "DJANGO_SECRET_KEY" if setting == "SECRET_KEY" else "MEMSVC_JWT_SECRET"
+    assert f"{named} differs from the one the database's last migrate recorded" in caplog.text
+
+    record()  # (a deploy with the new secret: its migrate records it)
+    assert client.get("/v1/health").status_code == 200
