@@ -14,6 +14,7 @@ import hashlib
 import hmac
 
 from django.conf import settings
+from django.db import DEFAULT_DB_ALIAS, connections
 from django.utils import timezone
 
 # What is signed with a secret for its fingerprint (a fixed text: the fingerprint tells
@@ -35,11 +36,14 @@ def ours() -> dict[str, str]:
     }
 
 
-def record(**kwargs) -> None:
-    """Record this process's secrets (``post_migrate``, once for memsvc's app)."""
+def record(using: str = DEFAULT_DB_ALIAS, **kwargs) -> None:
+    """Record this process's secrets (``post_migrate``, once for memsvc's app); nothing
+    where the table is not (a migrate back to before it)."""
     from memsvc.models import SecretsOfRecord
 
-    SecretsOfRecord.objects.update_or_create(
+    if SecretsOfRecord._meta.db_table not in connections[using].introspection.table_names():
+        return
+    SecretsOfRecord.objects.using(using).update_or_create(
         id=1, defaults={**ours(), "recorded_at": timezone.now()}
     )
 

@@ -237,3 +237,17 @@ def test_a_process_whose_secrets_are_not_the_databases_is_unavailable(
 
     record()  # (a deploy with the new secret: its migrate records it)
     assert client.get("/v1/health").status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_migrate_back_to_before_the_record_records_nothing(monkeypatch):
+    """``post_migrate`` is sent after a migrate back too (``migrate memsvc 0002``), when
+    the table is gone: the record is not written, and the migrate does not fail."""
+    from memsvc.models import SecretsOfRecord
+    from memsvc.secrets_of_record import record
+
+    SecretsOfRecord.objects.all().delete()
+    introspection = connection.introspection
+    monkeypatch.setattr(type(introspection), "table_names", lambda self, *a, **k: [])
+    record()
+    assert not SecretsOfRecord.objects.exists()

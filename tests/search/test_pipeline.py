@@ -594,6 +594,19 @@ def test_a_re_embedding_that_fails_midway_keeps_what_it_embedded_and_leaves_the_
     assert Message.objects.get(pk=waiting[2].pk).embedded_at is None
 
 
+def openai_at(server, monkeypatch, model: str, *, api_key: str = "test") -> OpenAIBackend:
+    """The configured backend: an OpenAI-compatible embedding service at ``server`` (outside
+    memsvc: faked at the HTTP level)."""
+    backend = OpenAIBackend(
+        model,
+        api_key=api_key,
+        base_url=f"{server.url}/v1",
+        expected_dimension=settings.MEMORY_EMBEDDING_DIMENSION,
+    )
+    monkeypatch.setattr(services, "configured_backend", lambda: backend)
+    return backend
+
+
 class RefusingLongTexts:
     """The configured model, behind a remote API that refuses (for good, HTTP 400) any text
     longer than its model takes, as OpenAI's does past 8,192 tokens."""
@@ -657,14 +670,7 @@ def test_a_text_longer_than_a_remote_model_takes_is_embedded_by_its_beginning(
         )
 
     with LocalHttpServer(respond) as server:
-        # The embedding service is outside memsvc: it is faked at the HTTP level.
-        backend = OpenAIBackend(
-            "limited",
-            api_key="test",
-            base_url=f"{server.url}/v1",
-            expected_dimension=settings.MEMORY_EMBEDDING_DIMENSION,
-        )
-        monkeypatch.setattr(services, "configured_backend", lambda: backend)
+        openai_at(server, monkeypatch, "limited")
         long = post_message(api, alice, conversation, "a lake in winter " * 400)
         with caplog.at_level(logging.INFO):
             assert embed_messages_task.apply(args=[[str(long.id)]]).get() == 1
@@ -860,14 +866,7 @@ def test_a_backend_that_refuses_its_key_is_asked_once_a_sweep_not_once_a_message
         return Reply(401, {"error": {"message": "Incorrect API key provided"}})
 
     with LocalHttpServer(respond) as server:
-        # The embedding service is outside memsvc: it is faked at the HTTP level.
-        backend = OpenAIBackend(
-            "refusing",
-            api_key="revoked",
-            base_url=f"{server.url}/v1",
-            expected_dimension=settings.MEMORY_EMBEDDING_DIMENSION,
-        )
-        monkeypatch.setattr(services, "configured_backend", lambda: backend)
+        openai_at(server, monkeypatch, "refusing", api_key="revoked")
         for n in range(6):
             post_message(api, alice, conversation, f"a turn {n}")
         Message.objects.update(created_at=timezone.now() - timedelta(minutes=5))
