@@ -32,7 +32,7 @@ _SAID = {
         "database not answering",
         "database not migrated",
         "database unreachable",
-        "secrets differ from the database's",
+        "secrets differ",
     )
 }
 
@@ -66,6 +66,13 @@ HealthResponse = inline_serializer(
             allow_null=True, help_text="Tool records waiting for theirs, counted alike."
         ),
         "broker": serializers.ChoiceField(choices=["reachable", "unreachable"]),
+        "secrets": serializers.ChoiceField(
+            choices=["same", "differ"],
+            allow_null=True,
+            help_text="Whether this process's DJANGO_SECRET_KEY and MEMSVC_JWT_SECRET are "
+            "those the database's last migrate recorded (``differ``: the credentials made "
+            "with them are refused here, 503); null when the database did not answer.",
+        ),
         "reason": serializers.CharField(required=False),
     },
 )
@@ -95,7 +102,7 @@ class _DatabaseProbe:
         self._in_flight: concurrent.futures.Future | None = None
         self._sent_at = 0.0
 
-    def backlog(self, seconds: float) -> tuple[dict[str, int], str | None] | None:
+    def backlog(self, seconds: float) -> tuple[dict[str, int], dict[str, str]] | None:
         """The rows waiting for their embedding, by table, as the database counted them, and
         how this process's secrets differ from the database's record (``differing``), or
         None when it did not answer within ``seconds``; ``DatabaseError`` when it refused
@@ -116,7 +123,7 @@ class _DatabaseProbe:
             return None
 
 
-def _count_backlog() -> tuple[dict[str, int], str | None]:
+def _count_backlog() -> tuple[dict[str, int], dict[str, str]]:
     # As a request starts (Django's ``close_old_connections``): a connection the server
     # dropped since (a restart, a failover) is checked and replaced, not failed on, and
     # ``CONN_MAX_AGE`` holds for this thread's too. Without it the first probe after a
@@ -131,10 +138,10 @@ def _count_backlog() -> tuple[dict[str, int], str | None]:
 
 def database_backlog() -> tuple[dict[str, int] | None, str | None]:
     """The probe of both health checks (this one's, the local API's): (the backlog, None)
-    when the database answered within ``DATABASE_ANSWER_SECONDS``; else (None, why not:
-    "database not migrated", "database unreachable", "database not answering", or this
-    process's secrets not the database's: ``memsvc.secrets_of_record``), said in the log
-    once a minute."""
+    when the database answered within ``DATABASE_ANSWER_SECONDS``, with whether this
+    process's secrets are the database's (``secrets``: ``memsvc.secrets_of_record``; when
+    not, said in the log once a minute); else (None, why not: "database not migrated",
+    "database unreachable" or "database not answering"), said in the log once a minute."""
     try:
         probed = _probe.backlog(DATABASE_ANSWER_SECONDS)
     except DatabaseError as exc:
@@ -154,9 +161,16 @@ def database_backlog() -> tuple[dict[str, int] | None, str | None]:
             DATABASE_ANSWER_SECONDS,
         )
     backlog, secrets_differ = probed
-    if secrets_differ is not None:
-        return _said("secrets differ from the database's", "health: %s", secrets_differ)
-    return backlog, None
+    if secrets_differ:
+        settings_named = " and ".join(secrets_differ.values())
+        _SAID["secrets differ"].say(
+            logger.error,
+            "health: %s differ from those the database's last migrate recorded: every "
+            "credential made with them is refused here (503); set the ones every other "
+            "process of the service has",
+            settings_named,
+        )
+    return {**backlog, "secrets": "differ" if secrets_differ else "same"}, None
 
 
 def _said(reason: str, message: str, *args, **kwargs) -> tuple[None, str]:
@@ -209,6 +223,7 @@ class HealthView(APIView):
             "pendingMemoryEmbeddings": None,
             "pendingToolRecordEmbeddings": None,
             "broker": "reachable" if broker_reachable() else "unreachable",
+            "secrets": None,
         }
         # The disk first: a full one stops PostgreSQL, which then does not answer either
         # (the reason said was "database unreachable": review).
@@ -221,4 +236,5 @@ class HealthView(APIView):
         body["pendingEmbeddings"] = backlog["message"]
         body["pendingMemoryEmbeddings"] = backlog["memory"]
         body["pendingToolRecordEmbeddings"] = backlog["tool_record"]
+        body["secrets"] = backlog["secrets"]
         return Response(body)
