@@ -9,11 +9,10 @@ from rest_framework.permissions import SAFE_METHODS, BasePermission
 
 from agents_api.keys import KEY_PREFIX, secret_matches, split_key
 from agents_api.models import Agent, ApiKey, Scope
-from memsvc.api.errors import ApiError, Forbidden, InvalidInput, Unauthorized, Unavailable
+from memsvc.api.errors import ApiError, Forbidden, InvalidInput, Unauthorized
 from memsvc.api.fields import header_text
 from memsvc.api.principals import Principal, user_id_problem
 from memsvc.api.ratelimit import auth_check_ended, limit_principal
-from memsvc.secrets_of_record import differs, refusal
 
 LAST_USED_GRANULARITY = timedelta(minutes=1)
 ON_BEHALF_HEADER = "X-On-Behalf-Of"
@@ -75,11 +74,6 @@ def authenticate_key(key: str) -> ApiKey:
     # by how much of it is right. (A known id still costs its row's reading, some 80 µs: an
     # id, which ``apikey list`` shows, is no secret; review.)
     if not secret_matches(secret, api_key.secret_hmac if api_key else "0" * 64):
-        if api_key is not None and differs("api_keys"):
-            # This server's secret is not the one the key was made with: its fault, not
-            # the caller's (a 401 counted against the address locked the clients out of
-            # every server of the service: review).
-            raise Unavailable(refusal("api_keys"))
         api_key = None
     if api_key is None or not api_key.is_active:
         raise Unauthorized("invalid API key")

@@ -10,15 +10,9 @@ class MemsvcConfig(AppConfig):
     def ready(self):
         from django.contrib.auth import get_user_model
         from django.contrib.auth.validators import UnicodeUsernameValidator
-        from django.db.models.signals import post_migrate
 
         from memsvc import checks  # noqa: F401 (registers them)
         from memsvc.api.principals import user_id_validator
-        from memsvc.secrets_of_record import record
-
-        # Each migrate records the secrets the credentials are made with (a process whose
-        # own differ says so in its health: ``memsvc.secrets_of_record``).
-        post_migrate.connect(record, sender=self, dispatch_uid="memsvc.secrets_of_record")
 
         # A login's username is its principal id (the pages act as ``Principal.user``):
         # one no user id can be is refused wherever a login is made (``createsuperuser``

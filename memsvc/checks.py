@@ -5,7 +5,7 @@ import ipaddress
 from urllib.parse import urlsplit
 
 from django.conf import settings
-from django.core.checks import Error, Tags, Warning, register
+from django.core.checks import Error, Info, Tags, Warning, register
 from django.core.checks.security import base as django_security
 from django.db import connections
 from django.utils.functional import SimpleLazyObject
@@ -79,22 +79,23 @@ def check_secret_key(app_configs=None, **kwargs) -> list[Warning]:
     ]
 
 
-@register(Tags.compatibility)
-def check_broker_outside_local_mode(app_configs=None, **kwargs) -> list[Warning]:
+@register()
+def check_broker_outside_local_mode(app_configs=None, **kwargs) -> list[Info]:
     """Outside local mode (a service of several processes, perhaps machines), the task
     queue in this machine's data directory (no ``CELERY_BROKER_URL``): a web process
-    started without it queued its embeddings to a folder no worker read, counted its rate
-    limits apart from the others' Redis, and said nothing (review)."""
+    started without it queued its embeddings to a folder no other machine's worker read,
+    and said nothing (review). Said, not warned of: a service on one machine is served
+    right so (code review)."""
     if settings.LOCAL_MODE or settings.CELERY_BROKER_URL != "filesystem://":
         return []
     return [
-        Warning(
+        Info(
             "CELERY_BROKER_URL is not set outside local mode: tasks go to a folder of this "
-            "machine's data directory, which a worker elsewhere never reads (the sweep "
-            "embeds them a minute late), and the rate limits are counted apart from "
-            "processes that count them in Redis.",
-            hint="Set CELERY_BROKER_URL (redis:// or amqp://) on every process of the service.",
-            id="memsvc.W006",
+            "machine's data directory, which a worker on another machine never reads (the "
+            "sweep embeds what they were for, a minute late).",
+            hint="On several machines, set CELERY_BROKER_URL (redis:// or amqp://) on every "
+            "process of the service.",
+            id="memsvc.I006",
         )
     ]
 

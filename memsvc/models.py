@@ -45,23 +45,3 @@ class IdempotentRequest(models.Model):
 
     def __str__(self) -> str:
         return f"{self.principal_id}: {self.key}"
-
-
-class SecretsOfRecord(models.Model):
-    """Which secrets the stored credentials were made with, as fingerprints (never the
-    secrets: ``memsvc.secrets_of_record``): ``DJANGO_SECRET_KEY``, which keys each API key's
-    stored hash, and ``MEMSVC_JWT_SECRET``, which signs the user tokens. Written by each
-    ``migrate`` (the release step, ``memsvc serve``); a process whose own differ says so in
-    its health. One row."""
-
-    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
-    api_keys = models.CharField(max_length=64)
-    user_tokens = models.CharField(max_length=64, blank=True)
-    recorded_at = models.DateTimeField(default=timezone.now)
-
-    class Meta:
-        db_table = "secrets_of_record"
-        verbose_name_plural = "secrets of record"
-
-    def __str__(self) -> str:
-        return f"secrets of record ({self.recorded_at:%Y-%m-%d %H:%M})"

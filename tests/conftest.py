@@ -144,9 +144,7 @@ def celery_runs_tasks_inline():
 @pytest.fixture(autouse=True)
 def no_outage_is_remembered():
     """A test's broker or Redis is up, and its LLM takes memsvc's setup, until it fails in
-    that test (a process remembers a failure a few seconds or a minute: ``memsvc.outage``),
-    and its secrets are compared with the database's afresh (``memsvc.secrets_of_record``)."""
-    from memsvc import secrets_of_record
+    that test (a process remembers a failure a few seconds or a minute: ``memsvc.outage``)."""
     from memsvc.api.ratelimit import REDIS_OUTAGE
     from memsvc.celery import BROKER_OUTAGE, NOT_SENT_SAID
     from memsvc.llm import LLM_REFUSAL
@@ -155,7 +153,6 @@ def no_outage_is_remembered():
     NOT_SENT_SAID.clear()
     REDIS_OUTAGE.end()
     LLM_REFUSAL.end()
-    secrets_of_record.forget()
 
 
 @pytest.fixture(autouse=True)

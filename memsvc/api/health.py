@@ -17,7 +17,6 @@ from memsvc.celery import broker_reachable
 from memsvc.db import not_migrated
 from memsvc.embedded_db import socket_dir
 from memsvc.outage import Reminder
-from memsvc.secrets_of_record import differing
 from search.embeddings import configured_backend
 from search.selectors import PENDING_COUNTED_UP_TO, pending_embedding_counts
 
@@ -32,7 +31,6 @@ _SAID = {
         "database not answering",
         "database not migrated",
         "database unreachable",
-        "secrets differ",
     )
 }
 
@@ -66,13 +64,6 @@ HealthResponse = inline_serializer(
             allow_null=True, help_text="Tool records waiting for theirs, counted alike."
         ),
         "broker": serializers.ChoiceField(choices=["reachable", "unreachable"]),
-        "secrets": serializers.ChoiceField(
-            choices=["same", "differ"],
-            allow_null=True,
-            help_text="Whether this process's DJANGO_SECRET_KEY and MEMSVC_JWT_SECRET are "
-            "those the database's last migrate recorded (``differ``: the credentials made "
-            "with them are refused here, 503); null when the database did not answer.",
-        ),
         "reason": serializers.CharField(required=False),
     },
 )
@@ -102,11 +93,10 @@ class _DatabaseProbe:
         self._in_flight: concurrent.futures.Future | None = None
         self._sent_at = 0.0
 
-    def backlog(self, seconds: float) -> tuple[dict[str, int], dict[str, str]] | None:
-        """The rows waiting for their embedding, by table, as the database counted them, and
-        how this process's secrets differ from the database's record (``differing``), or
-        None when it did not answer within ``seconds``; ``DatabaseError`` when it refused
-        (down, unreachable, not migrated)."""
+    def backlog(self, seconds: float) -> dict[str, int] | None:
+        """The rows waiting for their embedding, by table, as the database counted them, or None
+        when it did not answer within ``seconds``; ``DatabaseError`` when it refused (down,
+        unreachable, not migrated)."""
         with self._lock:
             if self._pid != os.getpid():  # (a forked child has none of its parent's threads)
                 self._pid, self._in_flight = os.getpid(), None
@@ -123,14 +113,14 @@ class _DatabaseProbe:
             return None
 
 
-def _count_backlog() -> tuple[dict[str, int], dict[str, str]]:
+def _count_backlog() -> dict[str, int]:
     # As a request starts (Django's ``close_old_connections``): a connection the server
     # dropped since (a restart, a failover) is checked and replaced, not failed on, and
     # ``CONN_MAX_AGE`` holds for this thread's too. Without it the first probe after a
     # restart answered 503 while the database answered (review).
     close_old_connections()
     try:
-        return pending_embedding_counts(), differing()
+        return pending_embedding_counts()
     except DatabaseError:
         connection.close_if_unusable_or_obsolete()  # (this thread's own connection)
         raise
@@ -138,12 +128,11 @@ def _count_backlog() -> tuple[dict[str, int], dict[str, str]]:
 
 def database_backlog() -> tuple[dict[str, int] | None, str | None]:
     """The probe of both health checks (this one's, the local API's): (the backlog, None)
-    when the database answered within ``DATABASE_ANSWER_SECONDS``, with whether this
-    process's secrets are the database's (``secrets``: ``memsvc.secrets_of_record``; when
-    not, said in the log once a minute); else (None, why not: "database not migrated",
-    "database unreachable" or "database not answering"), said in the log once a minute."""
+    when the database answered within ``DATABASE_ANSWER_SECONDS``; else (None, why not:
+    "database not migrated", "database unreachable" or "database not answering"), said in
+    the log once a minute."""
     try:
-        probed = _probe.backlog(DATABASE_ANSWER_SECONDS)
+        backlog = _probe.backlog(DATABASE_ANSWER_SECONDS)
     except DatabaseError as exc:
         if not_migrated(exc):
             # It answers, without memsvc's tables: a DATABASE_URL not migrated yet (it
@@ -154,23 +143,13 @@ def database_backlog() -> tuple[dict[str, int] | None, str | None]:
         # The driver's message names hosts, sockets and paths: for the logs, not for
         # whoever probes the service.
         return _said("database unreachable", "health: database unreachable", exc_info=True)
-    if probed is None:
+    if backlog is None:
         return _said(
             "database not answering",
             "health: the database did not answer in %s s",
             DATABASE_ANSWER_SECONDS,
         )
-    backlog, secrets_differ = probed
-    if secrets_differ:
-        settings_named = " and ".join(secrets_differ.values())
-        _SAID["secrets differ"].say(
-            logger.error,
-            "health: %s differ from those the database's last migrate recorded: every "
-            "credential made with them is refused here (503); set the ones every other "
-            "process of the service has",
-            settings_named,
-        )
-    return {**backlog, "secrets": "differ" if secrets_differ else "same"}, None
+    return backlog, None
 
 
 def _said(reason: str, message: str, *args, **kwargs) -> tuple[None, str]:
@@ -223,7 +202,6 @@ class HealthView(APIView):
             "pendingMemoryEmbeddings": None,
             "pendingToolRecordEmbeddings": None,
             "broker": "reachable" if broker_reachable() else "unreachable",
-            "secrets": None,
         }
         # The disk first: a full one stops PostgreSQL, which then does not answer either
         # (the reason said was "database unreachable": review).
@@ -236,5 +214,4 @@ class HealthView(APIView):
         body["pendingEmbeddings"] = backlog["message"]
         body["pendingMemoryEmbeddings"] = backlog["memory"]
         body["pendingToolRecordEmbeddings"] = backlog["tool_record"]
-        body["secrets"] = backlog["secrets"]
         return Response(body)

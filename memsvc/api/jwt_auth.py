@@ -24,7 +24,6 @@ from rest_framework.authentication import BaseAuthentication, get_authorization_
 from memsvc.api.errors import InvalidInput, Unauthorized, Unavailable
 from memsvc.api.principals import Principal, user_id_problem
 from memsvc.api.ratelimit import auth_check_ended
-from memsvc.secrets_of_record import differs, refusal
 
 SHARED_SECRET_ALGORITHMS = ("HS256",)
 ISSUER_ALGORITHMS = ("RS256", "RS384", "RS512", "ES256", "ES384")
@@ -118,11 +117,6 @@ def decode_user_token(token: str) -> dict:
         raise Unauthorized(_times_problem(unverified) or "token expired") from None
     except KeySetUnavailable:
         raise Unavailable("the token issuer's key set cannot be read; try again shortly") from None
-    except jwt.InvalidSignatureError:
-        if algorithm in SHARED_SECRET_ALGORITHMS and differs("user_tokens"):
-            # (This server's secret is not the service's: as for an API key, its fault.)
-            raise Unavailable(refusal("user_tokens")) from None
-        raise Unauthorized("invalid token: Signature verification failed") from None
     except (jwt.PyJWTError, ValueError) as exc:
         # Every way a token can be wrong is the caller's 401, never a 500. A part that does
         # not decode is said without the decoder's own words ("Invalid header string:

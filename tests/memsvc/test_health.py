@@ -33,7 +33,6 @@ def test_health_reports_database_embeddings_and_backlog(client, settings):
         "pendingMemoryEmbeddings": 0,
         "pendingToolRecordEmbeddings": 0,
         "broker": "reachable",
-        "secrets": "same",
     }
 
 
@@ -131,7 +130,7 @@ def test_a_database_that_does_not_answer_is_unavailable_within_seconds(
     assert 1.0 <= took[0] < 3 and took[1] < 0.5 and took[2] < 0.5, took
     stuck.set()
     time.sleep(0.1)
-    monkeypatch.setattr(health, "_count_backlog", lambda: (dict.fromkeys(VECTOR_TABLES, 0), None))
+    monkeypatch.setattr(health, "_count_backlog", lambda: dict.fromkeys(VECTOR_TABLES, 0))
     assert client.get(path).status_code == 200
 
 
@@ -200,70 +199,3 @@ def test_a_database_without_memsvcs_tables_is_said_not_migrated(client, monkeypa
     assert (response.status_code, response.json()["reason"]) == (503, "database not migrated")
     local = client.get("/health")  # (the same probe: it said "database unreachable")
     assert (local.status_code, local.json()["detail"]) == (503, "database not migrated")
-
-
-@pytest.mark.django_db(transaction=True)  # (the probe reads on a thread of its own)
-@pytest.mark.parametrize("setting", ["SECRET_KEY", "MEMSVC_JWT_SECRET"])
-def test_a_process_whose_secrets_are_not_the_databases_says_so_and_is_not_the_callers_fault(
-    client, settings, setting, caplog, monkeypatch, alice
-):
-    """A web process started with another DJANGO_SECRET_KEY refused every API key, another
-    MEMSVC_JWT_SECRET every user token, as the caller's 401, while its health said ok;
-    behind a balancer those 401s locked the clients out of the good processes too (review).
-    Each migrate records the secrets' fingerprints: such a process says so in its health
-    and its log, and answers those credentials 503, counted as no failed authentication.
-    (Its health stays ok: a migrate run with a placeholder secret would have taken every
-    process out.)"""
-    from memsvc.api import health
-    from memsvc.models import SecretsOfRecord
-    from memsvc.outage import Reminder
-    from memsvc.secrets_of_record import fingerprint, forget, record
-    from tests.agents_api.conftest import make_agent
-
-    monkeypatch.setitem(health._SAID, "secrets differ", Reminder())
-    settings.MEMSVC_AUTH_FAILURE_LIMIT = 3
-    record()  # (as the test database's migrate did, before the tables were emptied)
-    recorded = SecretsOfRecord.objects.get()
-    assert len(recorded.api_keys) == 64 and str(settings.SECRET_KEY) not in str(vars(recorded))
-    assert recorded.user_tokens == fingerprint(settings.MEMSVC_JWT_SECRET)
-    agent = make_agent("keeper")
-    token = alice.auth_headers()
-    answered = client.get("/v1/health")
-    assert answered.status_code == 200 and answered.json()["secrets"] == "same"
-
-    setattr(settings, setting, "another secret of fifty characters and more, not theirs")
-    forget()
-    answered = client.get("/v1/health")
-    assert answered.status_code == 200 and answered.json()["secrets"] == "differ"
-    named = "DJANGO_SECRET_KEY" if setting == "SECRET_KEY" else "MEMSVC_JWT_SECRET"
-    assert f"health: {named} differ from those the database's last migrate recorded" in (
-        caplog.text
-    )
-    path, headers = (
-        ("/v1/agent/me", agent.auth_headers())
-        if setting == "SECRET_KEY"
-        else ("/v1/user/conversations", token)
-    )
-    for _ in range(5):  # (past the failed authentications an address may make)
-        refused = client.get(path, **headers)
-        assert refused.status_code == 503, refused.content
-        assert f"this server's {named} is not the one" in refused.json()["error"]
-    record()  # (a deploy with the new secret: its migrate records it)
-    forget()
-    assert client.get("/v1/health").json()["secrets"] == "same"
-    # (A key made with the old secret is revoked by the new one: the caller's 401 now.)
-    assert client.get(path, **headers).status_code == 401
-
-
-@pytest.mark.django_db(transaction=True)
-def test_a_migrate_back_to_before_the_record_records_nothing(monkeypatch):
-    """``post_migrate`` is sent after a migrate back too (``migrate memsvc 0002``), when
-    the table is gone: the record is not written, and the migrate does not fail."""
-    from memsvc.models import SecretsOfRecord
-    from memsvc.secrets_of_record import record
-
-    SecretsOfRecord.objects.all().delete()
-    introspection = connection.introspection
-    monkeypatch.setattr(type(introspection), "table_names", lambda self, *a, **k: [])
-    record()
-    assert not SecretsOfRecord.objects.exists()

@@ -120,17 +120,12 @@ def client():
 
 
 @pytest.fixture(autouse=True)
-def jwt_settings(settings, db):
-    """Local mode: HS256 tokens with ``SECRET``, no issuer, no audience, no key set; the
-    service's secret as its last migrate recorded it (``memsvc.secrets_of_record``: a
-    token of another secret is then the caller's 401, not this server's 503)."""
-    from memsvc.secrets_of_record import record
-
+def jwt_settings(settings):
+    """Local mode: HS256 tokens with ``SECRET``, no issuer, no audience, no key set."""
     settings.MEMSVC_JWT_SECRET = SECRET
     settings.MEMSVC_JWT_JWKS_URL = None
     settings.MEMSVC_JWT_ISSUER = None
     settings.MEMSVC_JWT_AUDIENCE = None
-    record()
     return settings
 
 

@@ -1112,14 +1112,12 @@ def test_a_services_own_memory_limit_is_found_in_its_cgroup(tmp_path):
 @pytest.mark.parametrize(
     ("local", "broker", "found"),
     [
-        (False, "filesystem://", ["memsvc.W006"]),
+        (False, "filesystem://", ["memsvc.I006"]),
         (False, "redis://127.0.0.1:6379/0", []),
         (True, "filesystem://", []),
     ],
 )
-def test_a_service_of_several_processes_without_a_broker_is_warned_of(
-    settings, local, broker, found
-):
+def test_a_service_of_several_processes_without_a_broker_is_told(settings, local, broker, found):
     """A web process started without CELERY_BROKER_URL outside local mode queued to its own
     folder, which the other machine's worker never read, and said nothing (review)."""
     from memsvc.checks import check_broker_outside_local_mode
