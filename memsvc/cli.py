@@ -656,6 +656,16 @@ def cmd_apikey_create(args: argparse.Namespace) -> int:
         "The key is shown only now:",
         file=sys.stderr,
     )
+    others = Agent.objects.filter(name=args.agent).exclude(pk=agent.pk)
+    if created and others.exists():
+        # (A Letta client's agent is owned by its key's: a key made without --owner made a
+        # second agent of the name, whose searches found nothing of the first's; review.)
+        owners = ", ".join(sorted(set(others.values_list("owner_principal", flat=True)))[:5])
+        print(
+            f"note: other agents named {args.agent!r} exist, owned by {owners}: for a key "
+            "of one of those, give its owner (--owner)",
+            file=sys.stderr,
+        )
     print(full_key)
     return 0
 

@@ -597,3 +597,21 @@ def test_a_count_of_processes_past_any_machine_is_refused(monkeypatch, name, rea
         read()
     monkeypatch.setenv(name, "3")
     read()  # (a count a machine has: taken)
+
+
+@pytest.mark.django_db
+def test_a_key_for_a_new_agent_of_a_name_others_have_says_whose_they_are(capsys):
+    """A Letta client's agent is owned by its key's: ``apikey create travel`` without
+    ``--owner`` made a second "travel", owned by local, whose searches found nothing of the
+    first's, and said nothing (review)."""
+    from agents_api.services import agent_get_or_create
+
+    letta, _ = agent_get_or_create(
+        owner_principal="agent:1f0c5c56-0000-0000-0000-000000000001", name="travel"
+    )
+    assert cli.main(["apikey", "create", "travel"]) == 0
+    said = capsys.readouterr().err
+    assert "created agent 'travel'" in said
+    assert f"note: other agents named 'travel' exist, owned by {letta.owner_principal}" in said
+    assert cli.main(["apikey", "create", "travel"]) == 0  # (its own again: no note)
+    assert "note:" not in capsys.readouterr().err
