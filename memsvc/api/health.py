@@ -114,16 +114,16 @@ class _DatabaseProbe:
 
 
 def _count_backlog() -> dict[str, int]:
-    # As a request starts (Django's ``close_old_connections``): a connection the server
-    # dropped since (a restart, a failover) is checked and replaced, not failed on, and
-    # ``CONN_MAX_AGE`` holds for this thread's too. Without it the first probe after a
-    # restart answered 503 while the database answered (review).
+    # On a connection of its own each time (this thread's, closed after): a connection kept
+    # from the last probe said ok while the database refused every new one (PostgreSQL out
+    # of processes: 33 of 48 appends refused; review), and one the server dropped since (a
+    # restart, a failover) answered 503 while the database answered (review): Django's
+    # check of a connection left open, as a request starts, first.
     close_old_connections()
     try:
         return pending_embedding_counts()
-    except DatabaseError:
-        connection.close_if_unusable_or_obsolete()  # (this thread's own connection)
-        raise
+    finally:
+        connection.close()
 
 
 def database_backlog() -> tuple[dict[str, int] | None, str | None]:

@@ -199,3 +199,22 @@ def test_a_database_without_memsvcs_tables_is_said_not_migrated(client, monkeypa
     assert (response.status_code, response.json()["reason"]) == (503, "database not migrated")
     local = client.get("/health")  # (the same probe: it said "database unreachable")
     assert (local.status_code, local.json()["detail"]) == (503, "database not migrated")
+
+
+def test_a_database_that_refuses_new_connections_is_unavailable(client, monkeypatch):
+    """Out of processes (``ulimit -u``), PostgreSQL refused new connections and most writes
+    got 503, while health said ok: its probe asked on a connection it kept (review)."""
+    import psycopg
+
+    from memsvc.api import health
+    from memsvc.db_backend.base import DatabaseWrapper
+
+    monkeypatch.setattr(health, "_probe", health._DatabaseProbe())
+    assert client.get("/v1/health").status_code == 200
+
+    def refused(self, conn_params):
+        raise psycopg.OperationalError("could not fork new process for connection")
+
+    monkeypatch.setattr(DatabaseWrapper, "get_new_connection", refused)
+    response = client.get("/v1/health")
+    assert (response.status_code, response.json()["reason"]) == (503, "database unreachable")
