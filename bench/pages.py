@@ -194,7 +194,9 @@ def rendered_summary(name: str, measured: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.pages", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--conversations", type=int, default=1000)
     parser.add_argument("--messages", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=5, help="times each walk is repeated")
