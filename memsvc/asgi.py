@@ -13,7 +13,9 @@ nothing.
 """
 
 import asyncio
+import concurrent.futures
 import io
+import logging
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +30,8 @@ from django.core.signals import request_started
 from django.urls import set_script_prefix
 
 from memsvc.api.middleware import DISCARD_MAX_FACTOR
+
+logger = logging.getLogger(__name__)
 
 # The health checks' paths (``/v1/health``, the local API's ``/health``): answered on a
 # thread of their own, so that a probe is answered (503 within the probe's bound) while
@@ -137,10 +141,19 @@ class ThreadPoolHandler(ASGIHandler):
         """Send a streaming response from the request thread, chunk by chunk. When the
         client has gone, its next chunk is the last one asked for: the response's close
         (``respond``) closes the iterator, and the thread serves others instead of making
-        what no one reads (a model's answer, an export)."""
+        what no one reads (a model's answer, an export). A client that reads nothing for
+        ``STALLED_SEND_SECONDS`` is given up the same way (its connection is closed, the
+        response unfinished): eight stalled downloads of an export held every request
+        thread of a server, and a database snapshot each, for as long as they stayed
+        (review)."""
 
         def emit(message: dict) -> None:
-            asyncio.run_coroutine_threadsafe(send(message), loop).result()
+            sending = asyncio.run_coroutine_threadsafe(send(message), loop)
+            try:
+                sending.result(timeout=STALLED_SEND_SECONDS)
+            except concurrent.futures.TimeoutError:
+                sending.cancel()
+                raise _Stalled from None
 
         emit(
             {
@@ -149,12 +162,25 @@ class ThreadPoolHandler(ASGIHandler):
                 "headers": response_headers(response),
             }
         )
-        for part in response:
-            if gone.is_set():
-                return
-            for chunk, _ in self.chunk_bytes(part):
-                emit({"type": "http.response.body", "body": chunk, "more_body": True})
-        emit({"type": "http.response.body"})
+        try:
+            for part in response:
+                if gone.is_set():
+                    return
+                for chunk, _ in self.chunk_bytes(part):
+                    emit({"type": "http.response.body", "body": chunk, "more_body": True})
+            emit({"type": "http.response.body"})
+        except _Stalled:
+            logger.info(
+                "a client read nothing for %s s: its response given up", STALLED_SEND_SECONDS
+            )
+
+
+class _Stalled(Exception):
+    """The client read nothing of a streaming response for ``STALLED_SEND_SECONDS``."""
+
+
+# How long a streaming response waits for its client to take the next chunk.
+STALLED_SEND_SECONDS = 30.0
 
 
 async def _until_disconnect(receive, gone: threading.Event) -> None:

@@ -268,3 +268,52 @@ def test_the_lifespan_protocol_is_answered_and_websockets_refused(handler):
     assert sent == [{"type": "lifespan.startup.complete"}, {"type": "lifespan.shutdown.complete"}]
     with pytest.raises(ValueError, match="HTTP only"):
         asyncio.run(app({"type": "websocket"}, receive, send))
+
+
+def test_a_client_that_reads_nothing_is_given_up(handler, monkeypatch):
+    """Eight stalled downloads of an export held every request thread of a server, and a
+    database snapshot each, for as long as they stayed (review): a client that takes no
+    chunk for ``STALLED_SEND_SECONDS`` is given up, its response's iterator closed, and the
+    thread serves the next request."""
+    from memsvc import asgi
+
+    monkeypatch.setattr(asgi, "STALLED_SEND_SECONDS", 0.3)
+    app = handler(1)
+    made.clear()
+    sent = []
+
+    async def stalled():
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "GET",
+            "scheme": "http",
+            "path": "/endless",
+            "raw_path": b"/endless",
+            "query_string": b"",
+            "root_path": "",
+            "headers": [(b"host", b"testserver")],
+            "client": ("127.0.0.1", 5000),
+            "server": ("testserver", 80),
+        }
+        requested = [{"type": "http.request", "body": b"", "more_body": False}]
+
+        async def receive():
+            if requested:
+                return requested.pop(0)
+            await asyncio.sleep(3600)
+
+        async def send(message):
+            sent.append(message)
+            if len(sent) > 2:  # (its socket's buffers full: the client reads no more)
+                await asyncio.sleep(3600)
+
+        await app(scope, receive, send)
+
+    started = time.monotonic()
+    asyncio.run(stalled())
+    assert time.monotonic() - started < 5
+    assert made[-1] == "closed" and len(made) < 20
+    assert sent[-1].get("more_body") is True  # (unfinished: the server closes the connection)
+    assert asyncio.run(call(app, "/streamed"))[0] == 200
