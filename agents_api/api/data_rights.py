@@ -3,9 +3,6 @@ agent's (``/v1/agent/export``, ``/v1/agent/import``). Thin views over
 ``agents_api.portability`` and ``services.user_erase``. Only ever the caller's own data:
 none takes a user id other than the token's, or an agent other than the key's."""
 
-import threading
-
-from django.conf import settings
 from django.http import StreamingHttpResponse
 from django.utils.cache import add_never_cache_headers
 from rest_framework import serializers
@@ -25,9 +22,8 @@ from agents_api.portability.importing import document_import
 from agents_api.portability.records import AgentRecord
 from agents_api.portability.restore import ImportCollides, ImportRefused
 from agents_api.portability.sections import AGENT_SECTIONS, USER_SECTIONS
-from memsvc.api.errors import Conflict, Forbidden, InvalidInput, Unavailable
+from memsvc.api.errors import Conflict, Forbidden, InvalidInput
 from memsvc.api.fields import ChoiceField, InputSerializer, TextField
-from memsvc.api.middleware import UNAVAILABLE_RETRY_SECONDS
 from memsvc.api.parsers import DocumentJSONParser
 from memsvc.api.schema import errors
 from memsvc.api.views import UserApiView, user_operation
@@ -48,39 +44,10 @@ def _document_schema(name: str, kind: str, subject, sections) -> type[serializer
     return type(name, (serializers.Serializer,), fields)
 
 
-# Documents a web process streams at once: each holds a request thread, and a database
-# snapshot, for as long as its client reads; eight stalled downloads held every thread of a
-# server (review). Past it, 503 and Retry-After: the other requests keep their threads.
-EXPORTS_AT_ONCE = max(1, settings.WEB_REQUEST_THREADS // 2)
-_exporting = threading.BoundedSemaphore(EXPORTS_AT_ONCE)
-
-
-class _Held:
-    """``chunks`` streamed holding a place of ``_exporting``, given back when the response
-    is closed (Django closes what it streams: sent whole, its client gone, or never begun)."""
-
-    def __init__(self, chunks):
-        self._chunks, self._held = chunks, True
-
-    def __iter__(self):
-        return iter(self._chunks)
-
-    def close(self):
-        if self._held:
-            self._held = False
-            _exporting.release()
-        getattr(self._chunks, "close", lambda: None)()
-
-
 def _streamed(chunks) -> StreamingHttpResponse:
     """A document as a file to download, which no browser or proxy keeps (all that is kept
-    about someone; review), while fewer than ``EXPORTS_AT_ONCE`` are streamed."""
-    if not _exporting.acquire(blocking=False):
-        raise Unavailable(
-            f"this server streams {EXPORTS_AT_ONCE} documents at once: try again shortly",
-            headers={"Retry-After": str(UNAVAILABLE_RETRY_SECONDS)},
-        )
-    response = StreamingHttpResponse(_Held(chunks), content_type="application/json")
+    about someone; review)."""
+    response = StreamingHttpResponse(chunks, content_type="application/json")
     response["Content-Disposition"] = 'attachment; filename="memsvc-export.json"'
     add_never_cache_headers(response)
     return response

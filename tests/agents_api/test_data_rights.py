@@ -2756,35 +2756,3 @@ def test_a_user_document_imported_over_itself_names_what_is_stored_already(
     assert import_file(tmp_path, document) != 0
     said = capsys.readouterr().err
     assert "a conversation group's id is stored already, or is in the document twice" in said
-
-
-def test_a_server_streams_a_bounded_number_of_documents_at_once(api, alice, bob, monkeypatch):
-    """Each export holds a request thread and a database snapshot while its client reads:
-    eight stalled downloads held every thread of a server (review). Past
-    ``EXPORTS_AT_ONCE`` an export is 503 with Retry-After; a place is given back when a
-    document's response is closed, sent whole or not begun."""
-    import threading
-
-    from agents_api.api import data_rights
-
-    monkeypatch.setattr(data_rights, "_exporting", threading.BoundedSemaphore(1))
-    first = api.get("/v1/user/export", as_=alice)
-    assert first.status_code == 200  # (not read yet: it holds the place)
-    refused = api.get("/v1/user/export", as_=bob)
-    assert refused.status_code == 503, refused.content
-    assert refused.json()["code"] == "unavailable" and int(refused["Retry-After"]) > 0
-    # Closed as a server closes it when its client has gone (the test client's own close
-    # would end the test's database connection with it).
-    from django.core.signals import request_finished
-    from django.db import close_old_connections
-
-    request_finished.disconnect(close_old_connections)
-    try:
-        first.close()
-    finally:
-        request_finished.connect(close_old_connections)
-    second = api.get("/v1/user/export", as_=bob)
-    assert second.status_code == 200
-    # (Read whole: closed, its place given back.)
-    assert json.loads(b"".join(second.streaming_content))["userId"] == "bob"
-    assert api.get("/v1/user/export", as_=alice).status_code == 200
