@@ -142,8 +142,9 @@ class ThreadPoolHandler(ASGIHandler):
         client has gone, its next chunk is the last one asked for: the response's close
         (``respond``) closes the iterator, and the thread serves others instead of making
         what no one reads (a model's answer, an export). A client that reads nothing for
-        ``STALLED_SEND_SECONDS`` is given up the same way (its connection is closed, the
-        response unfinished): eight stalled downloads of an export held every request
+        ``STALLED_SEND_SECONDS`` is given up the same way (the response unfinished: the
+        server closes the connection once what it holds for it is taken, or the client
+        goes; no thread and no snapshot wait for it meanwhile): eight stalled downloads of an export held every request
         thread of a server, and a database snapshot each, for as long as they stayed
         (review)."""
 
