@@ -136,6 +136,8 @@ _COLLISIONS = {
     "memory_block_unique_label": "a block's label is stored already, or is in the document twice",
     "memory_unique_content": "a memory's content is stored already, or is in the document twice",
     "agent_name_unique_per_owner": "an agent's name is taken here",
+    # (It said a message's id was, where none was: review.)
+    "message_seq_key": "a message's place (seq) is taken here, or is in the document twice",
 }
 
 

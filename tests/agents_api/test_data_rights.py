@@ -2756,3 +2756,19 @@ def test_a_user_document_imported_over_itself_names_what_is_stored_already(
     assert import_file(tmp_path, document) != 0
     said = capsys.readouterr().err
     assert "a conversation group's id is stored already, or is in the document twice" in said
+
+
+def test_a_message_place_in_a_document_twice_is_said_as_that(api, alice, tmp_path, world, capsys):
+    """(A duplicated ``seq`` was reported as a duplicated id, where no id was: review.)"""
+    document = cli_export(tmp_path, "first", "user", "alice")
+    call(api, "POST", "/v1/user/erase", alice, {"confirm": "alice"})
+    messages = document["messages"]
+    assert len(messages) >= 2
+    messages[-1]["seq"] = messages[-2]["seq"]
+    path = tmp_path / "twice.json"
+    path.write_text(json.dumps(document), encoding="utf-8")
+    capsys.readouterr()
+    assert cli.main(["import", str(path)]) != 0
+    said = capsys.readouterr().err
+    assert "a message's place (seq) is taken here, or is in the document twice" in said
+    assert not Conversation.objects.filter(group__memberships__principal_id="alice").exists()
