@@ -116,16 +116,13 @@ def handler():
         each.probes.shutdown()
 
 
-async def call(app, path, body=b"", chunks=1, leave_after=None):
-    """One request through the ASGI application: (status, headers, body). ``leave_after``:
-    the client disconnects once it has had that many chunks of the body."""
-    sent = []
-    had_enough = asyncio.Event()
-    scope = {
+def http_scope(path: str, method: str = "GET") -> dict:
+    """An HTTP request's ASGI scope, as the server makes one."""
+    return {
         "type": "http",
         "asgi": {"version": "3.0"},
         "http_version": "1.1",
-        "method": "POST" if body else "GET",
+        "method": method,
         "scheme": "http",
         "path": path,
         "raw_path": path.encode(),
@@ -135,6 +132,14 @@ async def call(app, path, body=b"", chunks=1, leave_after=None):
         "client": ("127.0.0.1", 5000),
         "server": ("testserver", 80),
     }
+
+
+async def call(app, path, body=b"", chunks=1, leave_after=None):
+    """One request through the ASGI application: (status, headers, body). ``leave_after``:
+    the client disconnects once it has had that many chunks of the body."""
+    sent = []
+    had_enough = asyncio.Event()
+    scope = http_scope(path, "POST" if body else "GET")
     size = max(1, -(-len(body) // chunks))
     incoming = [
         {"type": "http.request", "body": body[i : i + size], "more_body": i + size < len(body)}
@@ -283,20 +288,6 @@ def test_a_client_that_reads_nothing_is_given_up(handler, monkeypatch):
     sent = []
 
     async def stalled():
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": "GET",
-            "scheme": "http",
-            "path": "/endless",
-            "raw_path": b"/endless",
-            "query_string": b"",
-            "root_path": "",
-            "headers": [(b"host", b"testserver")],
-            "client": ("127.0.0.1", 5000),
-            "server": ("testserver", 80),
-        }
         requested = [{"type": "http.request", "body": b"", "more_body": False}]
 
         async def receive():
@@ -309,7 +300,7 @@ def test_a_client_that_reads_nothing_is_given_up(handler, monkeypatch):
             if len(sent) > 2:  # (its socket's buffers full: the client reads no more)
                 await asyncio.sleep(3600)
 
-        await app(scope, receive, send)
+        await app(http_scope("/endless"), receive, send)
 
     started = time.monotonic()
     asyncio.run(stalled())
