@@ -29,7 +29,8 @@ from django.core.handlers.base import BaseHandler
 from django.core.signals import request_started
 from django.urls import set_script_prefix
 
-from memsvc.api.middleware import DISCARD_MAX_FACTOR
+from memsvc.api.errors import Unavailable, render_api_error
+from memsvc.api.middleware import DISCARD_MAX_FACTOR, kept_by_no_cache, outage_page
 
 logger = logging.getLogger(__name__)
 
@@ -43,12 +44,15 @@ PROBE_THREADS = 4
 class ThreadPoolHandler(ASGIHandler):
     """Django's ASGI handler with the synchronous request path: the body read in the event
     loop, then middleware, view and response in one thread of a fixed pool (health probes:
-    in a pool of their own, ``PROBE_PATHS``)."""
+    in a pool of their own, ``PROBE_PATHS``); at most ``streams`` of the threads sending a
+    streamed response at once."""
 
-    def __init__(self, threads: int):
+    def __init__(self, threads: int, streams: int):
         BaseHandler.__init__(self)
         self.load_middleware(is_async=False)
         self.threads = ThreadPoolExecutor(threads, thread_name_prefix="request")
+        self.streams = threading.BoundedSemaphore(streams)
+        self.streams_at_once = streams
         # (Several: a probe may wait up to its bound, and those at once wait together for
         # one statement of the database's, on a thread of the health check's own.)
         self.probes = ThreadPoolExecutor(PROBE_THREADS, thread_name_prefix="probe")
@@ -122,7 +126,8 @@ class ThreadPoolHandler(ASGIHandler):
         """In a request thread: the response, already closed (for Django the request ends
         there: ``request_finished``, the thread's connection kept or dropped); or None once
         a streaming response has been sent from here, where its iterator may read the
-        database on the thread's connection (until the client is ``gone``)."""
+        database on the thread's connection (until the client is ``gone``); or, when
+        ``streams`` are being sent already, a 503 instead of it."""
         set_script_prefix(get_script_prefix(scope))
         request_started.send(sender=self.__class__, scope=scope)
         request, response = self.create_request(scope, body_file)
@@ -132,10 +137,29 @@ class ThreadPoolHandler(ASGIHandler):
         try:
             if not response.streaming:
                 return response
-            self.stream(response, send, loop, gone)
+            if not self.streams.acquire(blocking=False):
+                return self.stream_refused(request)
+            try:
+                self.stream(response, send, loop, gone)
+            finally:
+                self.streams.release()
             return None
         finally:
             response.close()
+
+    def stream_refused(self, request):
+        """The answer to a request whose streamed response would be one too many at once
+        (the response is closed unsent: an export's snapshot given back, a pages' answer's
+        place, before its model is asked)."""
+        logger.warning(
+            "a streamed response refused: %s are being sent at once (MEMSVC_WEB_STREAMS)",
+            self.streams_at_once,
+        )
+        refusal = Unavailable(
+            "too many downloads are being sent at once; try again shortly",
+            headers={"Retry-After": str(STREAM_RETRY_SECONDS)},
+        )
+        return kept_by_no_cache(render_api_error(request, refusal) or outage_page(refusal))
 
     def stream(self, response, send, loop, gone: threading.Event) -> None:
         """Send a streaming response from the request thread, chunk by chunk. When the
@@ -182,6 +206,8 @@ class _Stalled(Exception):
 
 # How long a streaming response waits for its client to take the next chunk.
 STALLED_SEND_SECONDS = 30.0
+# When a streamed response refused says to ask again.
+STREAM_RETRY_SECONDS = 5
 
 
 async def _until_disconnect(receive, gone: threading.Event) -> None:
@@ -227,7 +253,7 @@ def response_headers(response) -> list[tuple[bytes, bytes]]:
 def get_asgi_application() -> ThreadPoolHandler:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memsvc.settings")
     django.setup(set_prefix=False)
-    return ThreadPoolHandler(settings.WEB_REQUEST_THREADS)
+    return ThreadPoolHandler(settings.WEB_REQUEST_THREADS, settings.WEB_STREAMS_AT_ONCE)
 
 
 application = get_asgi_application()

@@ -123,6 +123,10 @@ if MEMSVC_STATEMENT_TIMEOUT_SECONDS:
 # A web process runs requests on this many threads (memsvc.asgi), each with its persistent
 # connection: the most connections a web process opens.
 WEB_REQUEST_THREADS = env_int("MEMSVC_WEB_THREADS", 4, minimum=1)
+# Of those, at most this many send a streamed response (an export, a pages' answer) at once,
+# each holding its thread until its client has taken it all: beyond, 503 at once, so that
+# slow downloads never hold every thread and the API stops for everyone (review).
+WEB_STREAMS_AT_ONCE = env_int("MEMSVC_WEB_STREAMS", max(1, WEB_REQUEST_THREADS // 2), minimum=1)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Applications ----------------------------------------------------------------------------

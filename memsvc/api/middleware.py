@@ -167,7 +167,15 @@ def _admin_refusal(request, refusal: ApiError) -> HttpResponseBadRequest | None:
     return HttpResponseBadRequest(refusal.message, content_type="text/plain")
 
 
-def _kept_by_no_cache(response):
+def outage_page(refusal: Unavailable) -> HttpResponse:
+    """The web pages' and the admin's answer to an outage: a 503, not a bug's 500 (their
+    500 page said the server had failed while every API said 503; review)."""
+    response = HttpResponse(refusal.message, status=503, content_type="text/plain")
+    response["Retry-After"] = refusal.headers.get("Retry-After", str(UNAVAILABLE_RETRY_SECONDS))
+    return response
+
+
+def kept_by_no_cache(response):
     """An API's JSON answer (a user's conversations, memories, keys) marked
     ``Cache-Control: no-store``, as the pages and the export are: without it a browser or a
     proxy that ignores ``Authorization`` could keep it (review). An answer that says how it
@@ -184,7 +192,7 @@ class ApiErrorMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
-        return _kept_by_no_cache(self._answer(request))
+        return kept_by_no_cache(self._answer(request))
 
     def _answer(self, request):
         response = self._refused_host(request)
@@ -230,10 +238,7 @@ def exception_response(request, exception):
             return _admin_refusal(request, refusal)
         if not isinstance(refusal, Unavailable):
             return None  # not an API: Django's own handling
-        # The web pages and the admin too: an outage, not a bug (their 500 page said
-        # the server had failed while every API said 503; review).
-        response = HttpResponse(refusal.message, status=503, content_type="text/plain")
-        response["Retry-After"] = str(UNAVAILABLE_RETRY_SECONDS)
+        response = outage_page(refusal)
     # The path as Django's own lines log one, escaped: a newline or an escape sequence in it
     # wrote a line of the client's own into the log (review).
     path = request.path.encode("unicode_escape").decode("ascii")

@@ -247,7 +247,7 @@ def test_a_user_acted_for_is_named_once(helper):
     """Two ``X-On-Behalf-Of`` headers ("alice", "bob") acted for the user "alice,bob":
     Django joins a repeated header's values (review). Through the web processes' own
     handler, in this thread (the test's transaction holds the key)."""
-    handler = ThreadPoolHandler(1)
+    handler = ThreadPoolHandler(1, 1)
     handler.threads.shutdown()
 
     def create(*acting_for: bytes):
@@ -282,7 +282,7 @@ def test_a_user_acted_for_is_named_once(helper):
 def test_an_idempotency_key_is_one_utf8_text(helper, keys, problem):
     """Through the web processes' own handler (a repeated header as sent), in this thread."""
     conversation = ConversationFactory(group__owner=helper.agent.principal_id)
-    handler = ThreadPoolHandler(1)
+    handler = ThreadPoolHandler(1, 1)
     handler.threads.shutdown()
     body = json.dumps({"messages": [{"role": "user", "content": "once"}]}).encode()
     headers = [(b"host", b"testserver"), (b"authorization", f"Bearer {helper.key}".encode())]

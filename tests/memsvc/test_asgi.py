@@ -88,6 +88,7 @@ urlpatterns = [
     path("data-echo", data_echo),
     path("streamed", streamed),
     path("endless", endless),
+    path("v1/endless", endless),
 ]
 
 
@@ -95,8 +96,8 @@ urlpatterns = [
 def handler():
     made = []
 
-    def make(threads):
-        made.append(ThreadPoolHandler(threads))
+    def make(threads, streams=None):
+        made.append(ThreadPoolHandler(threads, streams or threads))
         return made[-1]
 
     yield make
@@ -286,25 +287,64 @@ def test_a_client_that_reads_nothing_is_given_up(handler, monkeypatch):
     app = handler(1)
     made.clear()
     sent = []
-
-    async def stalled():
-        requested = [{"type": "http.request", "body": b"", "more_body": False}]
-
-        async def receive():
-            if requested:
-                return requested.pop(0)
-            await asyncio.sleep(3600)
-
-        async def send(message):
-            sent.append(message)
-            if len(sent) > 2:  # (its socket's buffers full: the client reads no more)
-                await asyncio.sleep(3600)
-
-        await app(http_scope("/endless"), receive, send)
-
     started = time.monotonic()
-    asyncio.run(stalled())
+    asyncio.run(stalled_call(app, "/endless", sent))
     assert time.monotonic() - started < 5
     assert made[-1] == "closed" and len(made) < 20
     assert sent[-1].get("more_body") is True  # (unfinished: the server closes the connection)
+    assert asyncio.run(call(app, "/streamed"))[0] == 200
+
+
+def stalled_call(app, path: str, sent: list) -> None:
+    """A request for ``path`` whose client takes two messages of the answer, then no more
+    (its socket's buffers full) and never leaves."""
+    requested = [{"type": "http.request", "body": b"", "more_body": False}]
+
+    async def receive():
+        if requested:
+            return requested.pop(0)
+        await asyncio.sleep(3600)
+
+    async def send(message):
+        sent.append(message)
+        if len(sent) > 2:
+            await asyncio.sleep(3600)
+
+    return app(http_scope(path), receive, send)
+
+
+@pytest.mark.parametrize(
+    ("path", "content_type"), [("/endless", "text/plain"), ("/v1/endless", "application/json")]
+)
+def test_streams_beyond_the_cap_are_refused_while_other_requests_are_served(
+    handler, monkeypatch, path, content_type
+):
+    """At most ``streams`` threads send a streamed response at once (stalled downloads of an
+    export held every request thread, again every 30 s: review): one more is 503 at once,
+    its response closed unsent; other requests are served meanwhile, and a stream is sent
+    again once one has ended."""
+    from memsvc import asgi
+
+    monkeypatch.setattr(asgi, "STALLED_SEND_SECONDS", 1.0)
+    app = handler(2, streams=1)
+    made.clear()
+
+    async def one_held_then_others():
+        held = asyncio.ensure_future(stalled_call(app, path, []))
+        while not made:
+            await asyncio.sleep(0.01)
+        refused = await call(app, path)
+        made_when_refused = len(made)
+        served = await call(app, "/slow")
+        await held
+        return refused, made_when_refused, served
+
+    refused, made_when_refused, served = asyncio.run(one_held_then_others())
+    status, headers, body = refused
+    assert (status, headers["retry-after"], headers["content-type"]) == (503, ["5"], [content_type])
+    assert b"too many downloads" in body
+    assert made.count(0) == 1  # (the refused response's iterator never started)
+    assert made_when_refused < 50
+    assert served[0] == 200
+    assert made[-1] == "closed"
     assert asyncio.run(call(app, "/streamed"))[0] == 200

@@ -212,10 +212,19 @@ async function answer(form, list) {
   if (loggedOut(reply)) return;
   if (!reply.ok) {
     // Refused (the assistant removed meanwhile, too many answers at once): why, as for a
-    // message; too many at once may be asked again.
+    // message; too many at once (the pages' own limit, or the server's on answers and
+    // downloads sent at once, whose refusal is plain text) may be asked again.
     row.remove();
-    form.insertAdjacentHTML("afterbegin", await reply.text());
-    if (reply.status === 429) offerToAskAgain(form);
+    if (reply.headers.get("Content-Type")?.startsWith("text/html")) {
+      form.insertAdjacentHTML("afterbegin", await reply.text());
+    } else {
+      const why = document.createElement("p");
+      why.className = "error";
+      why.setAttribute("role", "alert");
+      why.textContent = await reply.text();
+      form.prepend(why);
+    }
+    if (reply.status === 429 || reply.status === 503) offerToAskAgain(form);
     return;
   }
   const reader = reply.body.getReader();
