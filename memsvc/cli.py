@@ -555,7 +555,8 @@ def cmd_mcp(args: argparse.Namespace) -> int:
         )
         # An MCP client that ends its server with SIGTERM (rather than closing stdin) ends
         # it as Ctrl-C does: the use counts below are sent first (the default action ended
-        # the process where it was: they were lost; review).
+        # the process where it was: they were lost; review). While it serves, the session's
+        # event loop takes the signal (``serve``).
         signal.signal(signal.SIGTERM, signal.default_int_handler)
         try:
             serve(caller, wire_in, wire)

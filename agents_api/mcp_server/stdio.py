@@ -3,6 +3,7 @@
 import contextlib
 import io
 import json
+import signal
 import threading
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -218,15 +219,35 @@ class _Lines:
 def serve(caller: Caller, stdin: BinaryIO, stdout: BinaryIO) -> None:
     """Serve MCP on ``stdin`` and ``stdout`` (the process's original ones) until the client
     closes stdin, or stops reading stdout (the session is over: it ended in a traceback of
-    a broken pipe; review)."""
+    a broken pipe; review).
+
+    SIGTERM (an MCP client that ends its server so, stdin still open) ends it as Ctrl-C
+    does: a ``KeyboardInterrupt`` once the session has ended. The signal is taken by the
+    event loop: raised as the interrupt wherever the loop was, it could meet the SDK's task
+    group as it ended, and its traceback was printed (a race, 1 run in 40)."""
     try:
-        anyio.run(_serve, caller, stdin, stdout)
+        if anyio.run(_serve, caller, stdin, stdout):
+            raise KeyboardInterrupt
     except* BrokenPipeError:
         pass
 
 
-async def _serve(caller: Caller, stdin: BinaryIO, stdout: BinaryIO) -> None:
+async def _serve(caller: Caller, stdin: BinaryIO, stdout: BinaryIO) -> bool:
+    """Serve the session; whether SIGTERM ended it."""
     server = build_server(caller)
     lines = _Lines(stdin, stdout)
-    async with stdio_server(stdin=lines, stdout=lines) as (read_stream, write_stream):
-        await server.run(read_stream, write_stream, server.create_initialization_options())
+    terminated = False
+
+    async def end_on_sigterm(scope: anyio.CancelScope) -> None:
+        nonlocal terminated
+        with anyio.open_signal_receiver(signal.SIGTERM) as signals:
+            async for _ in signals:
+                terminated = True
+                scope.cancel()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(end_on_sigterm, group.cancel_scope)
+        async with stdio_server(stdin=lines, stdout=lines) as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, server.create_initialization_options())
+        group.cancel_scope.cancel()
+    return terminated
