@@ -245,8 +245,16 @@ class OnnxSentenceEncoder:
 
     def tokens(self, texts: list[str]) -> dict[str, np.ndarray]:
         """The model's inputs for ``texts``: token ids, attention mask and token types, each
-        padded to the longest text of the batch."""
-        encodings = self.tokenizer.encode_batch(texts)
+        padded to the longest text of the batch.
+
+        One text (every query) is tokenized holding the GIL, a few microseconds: the batch's
+        call gives the GIL up and takes it back, which waited for a switch while a request
+        thread ran Python (a query's embedding beside a busy thread 5.1 -> 3.8 ms,
+        docs/benchmarks.md, 2026-12-07)."""
+        if len(texts) == 1:
+            encodings = [self.tokenizer.encode(texts[0])]
+        else:
+            encodings = self.tokenizer.encode_batch(texts)
         return {
             "input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
             "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),

@@ -116,13 +116,25 @@ def test_the_onnx_encoder_tokenizes_as_transformers_does():
         "word " * 600,  # truncated at the model's 256 tokens
         "a\u0301 tab\there\nnewline",
     ]
-    reference = AutoTokenizer.from_pretrained(backend._model_path())(
-        texts, padding=True, truncation=True, max_length=encoder.max_length, return_tensors="np"
-    )
+    tokenizer = AutoTokenizer.from_pretrained(backend._model_path())
+    settings = {"padding": True, "truncation": True, "max_length": encoder.max_length}
+    reference = tokenizer(texts, **settings, return_tensors="np")
     ours = encoder.tokens(texts)
     for name in ("input_ids", "attention_mask", "token_type_ids"):
         assert np.array_equal(ours[name], reference[name]), name
     assert ours["input_ids"].shape == (len(texts), 256)
+    # One text (a query), tokenized by another call: each as transformers gives it alone.
+    for text in texts:
+        alone = AutoTokenizer.from_pretrained(backend._model_path())(
+            [text],
+            padding=True,
+            truncation=True,
+            max_length=encoder.max_length,
+            return_tensors="np",
+        )
+        ours = encoder.tokens([text])
+        for name in ("input_ids", "attention_mask", "token_type_ids"):
+            assert np.array_equal(ours[name], alone[name]), (text[:20], name)
 
 
 @pytest.fixture(scope="module")
