@@ -17,7 +17,6 @@ import concurrent.futures
 import io
 import logging
 import os
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO
@@ -205,12 +204,6 @@ class _Stalled(Exception):
     """The client read nothing of a streaming response for ``STALLED_SEND_SECONDS``."""
 
 
-# How long a thread that wants the GIL waits for the one running Python to give it up (the
-# interpreter's default: 5 ms). A request's query embedding takes the GIL a few times between
-# the model's steps, which run without it, while the request threads run Python between
-# their statements: each take waited for a switch, and a 3.4 ms embedding took 14.2 ms beside
-# a busy thread, 5.4 with 1 ms (docs/benchmarks.md, 2026-12-07).
-GIL_SWITCH_SECONDS = 0.001
 # How long a streaming response waits for its client to take the next chunk.
 STALLED_SEND_SECONDS = 30.0
 # When a streamed response refused says to ask again.
@@ -260,7 +253,6 @@ def response_headers(response) -> list[tuple[bytes, bytes]]:
 def get_asgi_application() -> ThreadPoolHandler:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "memsvc.settings")
     django.setup(set_prefix=False)
-    sys.setswitchinterval(GIL_SWITCH_SECONDS)
     return ThreadPoolHandler(settings.WEB_REQUEST_THREADS, settings.WEB_STREAMS_AT_ONCE)
 
 
