@@ -256,6 +256,7 @@ def test_the_web_processes_application_is_this_handler(settings):
 
     assert isinstance(application, ThreadPoolHandler)
     assert application.threads._max_workers == settings.WEB_REQUEST_THREADS
+    assert application.streams_at_once == settings.WEB_STREAMS_AT_ONCE
 
 
 def test_the_lifespan_protocol_is_answered_and_websockets_refused(handler):
