@@ -340,7 +340,7 @@ def test_streams_beyond_the_cap_are_refused_while_other_requests_are_served(
         await held
         return refused, made_when_refused, served
 
-    refused, made_when_refused, served = asyncio.run(one_held_then_others())
+    refused, made_when_refused, served = asyncio.run(asyncio.wait_for(one_held_then_others(), 20))
     status, headers, body = refused
     assert (status, headers["retry-after"], headers["content-type"]) == (503, ["5"], [content_type])
     assert b"too many downloads" in body
