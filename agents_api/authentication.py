@@ -8,8 +8,7 @@ from rest_framework.authentication import BaseAuthentication, get_authorization_
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 
 from agents_api.keys import KEY_PREFIX, secret_matches, split_key
-from agents_api.models import Agent, ApiKey, Memory, Scope
-from agents_api.selectors import memory_scope
+from agents_api.models import Agent, ApiKey, Scope
 from memsvc.api.errors import ApiError, Forbidden, InvalidInput, Unauthorized
 from memsvc.api.fields import header_text
 from memsvc.api.principals import Principal, user_id_problem
@@ -45,17 +44,10 @@ def _presented_key(request) -> str | None:
 
 # A key and its agent in one fixed statement: the agent's columns, then the key's as
 # key_<column>. Compiled per request as a queryset (``select_related``), it cost more than it
-# ran: 0.66 ms of every request with a key, 0.27 ms so. With them, whether the agent keeps a
-# memory (``selectors.keeps_memories``; an index probe): a context request of an agent that
-# keeps none asked it in a round trip of its own, on its critical path (1.1-2.6 ms with the
-# query's embedding starting beside it: docs/benchmarks.md, 2026-12-07).
+# ran: 0.66 ms of every request with a key, 0.27 ms so.
 _KEY_FIELDS = ApiKey._meta.concrete_fields
 _KEY_COLUMNS = ", ".join(f'k."{field.column}" AS "key_{field.column}"' for field in _KEY_FIELDS)
-_KEEPS_MEMORY = (
-    f"EXISTS (SELECT 1 FROM {Memory._meta.db_table} m"  # noqa: S608 (the model's table)
-    f" WHERE m.agent_id = a.id AND {memory_scope(None, None).sql}) AS keeps_memory"
-)
-_KEY_SQL = f"SELECT a.*, {_KEEPS_MEMORY}, {_KEY_COLUMNS} FROM api_key k JOIN agent a ON a.id = k.agent_id WHERE k.public_id = %s"  # noqa: S608 (the model's columns)
+_KEY_SQL = f"SELECT a.*, {_KEY_COLUMNS} FROM api_key k JOIN agent a ON a.id = k.agent_id WHERE k.public_id = %s"  # noqa: S608 (the model's columns)
 
 
 def key_with_agent(public_id: str) -> ApiKey | None:

@@ -15,8 +15,8 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from agents_api.keys import split_key
-from agents_api.models import ApiKey, Memory
-from agents_api.services import api_key_revoke, memory_save
+from agents_api.models import ApiKey
+from agents_api.services import api_key_revoke
 from conversations.models import Conversation, Membership, Message
 from conversations.services import messages_delete
 from memsvc.api.principals import Principal
@@ -135,21 +135,6 @@ def test_a_key_is_read_with_its_agent_in_one_statement_as_the_orm_reads_them(hel
     for field in type(stored.agent)._meta.concrete_fields:
         assert getattr(found.agent, field.attname) == getattr(stored.agent, field.attname)
     assert not [name for name in vars(found.agent) if name.startswith("key_")]  # (its HMAC)
-
-
-def test_a_keys_agent_comes_with_whether_it_keeps_a_live_memory(helper):
-    """(Asked by the context of the local API before it searches: a round trip of its own
-    on the critical path of every ``learning()`` call of an agent that keeps none.)"""
-    from agents_api.authentication import authenticate_key
-
-    assert authenticate_key(helper.key).agent.keeps_memory is False
-    memory, _ = memory_save(helper.agent.as_principal(), agent=helper.agent, content="Lisbon")
-    assert authenticate_key(helper.key).agent.keeps_memory is True
-    Memory.objects.filter(pk=memory.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
-    assert authenticate_key(helper.key).agent.keeps_memory is False
-    other = make_agent("another").agent
-    memory_save(other.as_principal(), agent=other, content="Porto")
-    assert authenticate_key(helper.key).agent.keeps_memory is False
 
 
 def test_a_revoked_key_is_401(api, helper):
