@@ -224,12 +224,17 @@ def serve(caller: Caller, stdin: BinaryIO, stdout: BinaryIO) -> None:
     SIGTERM (an MCP client that ends its server so, stdin still open) ends it as Ctrl-C
     does: a ``KeyboardInterrupt`` once the session has ended. The signal is taken by the
     event loop: raised as the interrupt wherever the loop was, it could meet the SDK's task
-    group as it ended, and its traceback was printed (a race, 1 run in 40)."""
+    group as it ended, and its traceback was printed (a race, 1 run in 40). Once the loop
+    has ended, SIGTERM is handled as before it began (the loop's end set the default
+    action, which killed the process in the caller's flush of use counts: code review)."""
+    before = signal.getsignal(signal.SIGTERM)
     try:
         if anyio.run(_serve, caller, stdin, stdout):
             raise KeyboardInterrupt
     except* BrokenPipeError:
         pass
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 async def _serve(caller: Caller, stdin: BinaryIO, stdout: BinaryIO) -> bool:

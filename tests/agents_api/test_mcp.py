@@ -550,6 +550,24 @@ def test_stdio_ended_by_sigterm_sends_the_use_counts_of_its_searches_first():
     assert memory.access_count == 1
 
 
+@pytest.mark.django_db
+def test_a_stdio_session_leaves_sigterm_as_it_found_it():
+    """The session's event loop takes SIGTERM while it serves; its end set the signal's
+    default action, and a SIGTERM during the flush of use counts that follows killed the
+    process (code review): it is handled as before the session began."""
+    import io
+
+    from agents_api.mcp_server.stdio import serve, stdio_caller
+
+    caller = stdio_caller(agent_name="raw", api_key=None, local_mode=True)
+    before = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        serve(caller, io.BytesIO(b""), io.BytesIO())  # (stdin at its end: the session ends)
+        assert signal.getsignal(signal.SIGTERM) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def test_stdio_answers_every_line_it_cannot_serve():
     """A line the SDK would log and leave unanswered (JSON the service refuses, a line that
     is no JSON, JSON that is no JSON-RPC message, a request whose id MCP does not allow) is
