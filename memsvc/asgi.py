@@ -27,10 +27,11 @@ from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.base import BaseHandler
 from django.core.signals import request_started
+from django.http import FileResponse
 from django.urls import set_script_prefix
 
 from memsvc.api.errors import Unavailable, render_api_error
-from memsvc.api.middleware import DISCARD_MAX_FACTOR, kept_by_no_cache, outage_page
+from memsvc.api.middleware import DISCARD_MAX_FACTOR, outage_page
 
 logger = logging.getLogger(__name__)
 
@@ -137,8 +138,14 @@ class ThreadPoolHandler(ASGIHandler):
         try:
             if not response.streaming:
                 return response
+            if isinstance(response, FileResponse):
+                # (A static file's: no stream that holds its thread long, and not capped: an
+                # admin page's stylesheets and scripts were refused while two exports ran;
+                # code review.)
+                self.stream(response, send, loop, gone)
+                return None
             if not self.streams.acquire(blocking=False):
-                return self.stream_refused(request)
+                return self.stream_refused(request, response)
             try:
                 self.stream(response, send, loop, gone)
             finally:
@@ -147,10 +154,12 @@ class ThreadPoolHandler(ASGIHandler):
         finally:
             response.close()
 
-    def stream_refused(self, request):
-        """The answer to a request whose streamed response would be one too many at once
-        (the response is closed unsent: an export's snapshot given back, a pages' answer's
-        place, before its model is asked)."""
+    def stream_refused(self, request, response):
+        """The answer to a request whose streamed ``response`` would be one too many at
+        once (it is closed unsent: an export's snapshot given back, a pages' answer's place,
+        before its model is asked). It keeps what the middleware gave the response (the
+        request's id, CORS, the security headers, cookies): a browser front end was told
+        of a network error, not of the 503 and its ``Retry-After`` (code review)."""
         logger.warning(
             "a streamed response refused: %s are being sent at once (MEMSVC_WEB_STREAMS)",
             self.streams_at_once,
@@ -159,7 +168,13 @@ class ThreadPoolHandler(ASGIHandler):
             "too many downloads are being sent at once; try again shortly",
             headers={"Retry-After": str(STREAM_RETRY_SECONDS)},
         )
-        return kept_by_no_cache(render_api_error(request, refusal) or outage_page(refusal))
+        refused = render_api_error(request, refusal) or outage_page(refusal)
+        for name, value in response.items():
+            if name.lower() not in _THE_CONTENTS_OWN and not refused.has_header(name):
+                refused[name] = value
+        refused.cookies = response.cookies
+        refused["Cache-Control"] = "no-store"
+        return refused
 
     def stream(self, response, send, loop, gone: threading.Event) -> None:
         """Send a streaming response from the request thread, chunk by chunk. When the
@@ -204,6 +219,12 @@ class _Stalled(Exception):
     """The client read nothing of a streaming response for ``STALLED_SEND_SECONDS``."""
 
 
+# The headers of a response that say what it holds, not what the middleware added: a refusal
+# sent instead of it keeps the others (``stream_refused``).
+_THE_CONTENTS_OWN = frozenset(
+    {"content-type", "content-length", "content-disposition", "content-encoding", "etag"}
+    | {"last-modified", "expires", "cache-control"}
+)
 # How long a streaming response waits for its client to take the next chunk.
 STALLED_SEND_SECONDS = 30.0
 # When a streamed response refused says to ask again.

@@ -175,7 +175,7 @@ def outage_page(refusal: Unavailable) -> HttpResponse:
     return response
 
 
-def kept_by_no_cache(response):
+def _kept_by_no_cache(response):
     """An API's JSON answer (a user's conversations, memories, keys) marked
     ``Cache-Control: no-store``, as the pages and the export are: without it a browser or a
     proxy that ignores ``Authorization`` could keep it (review). An answer that says how it
@@ -192,7 +192,7 @@ class ApiErrorMiddleware:
         self.get_response = get_response
 
     def __call__(self, request):
-        return kept_by_no_cache(self._answer(request))
+        return _kept_by_no_cache(self._answer(request))
 
     def _answer(self, request):
         response = self._refused_host(request)

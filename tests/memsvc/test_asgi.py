@@ -3,13 +3,14 @@ runs it in one thread of a fixed pool, which keeps its database connection; requ
 the pool wait their turn; a streaming response is iterated on the thread of its view."""
 
 import asyncio
+import io
 import json
 import threading
 import time
 
 import pytest
 from django.db import connection, connections
-from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import FileResponse, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework.decorators import api_view, authentication_classes, permission_classes
@@ -81,7 +82,12 @@ def endless(request):
     return StreamingHttpResponse(parts(), content_type="text/plain")
 
 
+def a_file(request):
+    return FileResponse(io.BytesIO(b"a static file"), content_type="text/css")
+
+
 urlpatterns = [
+    path("file", a_file),
     path("slow", slow),
     path("backend", backend),
     path("echo", echo),
@@ -336,16 +342,21 @@ def test_streams_beyond_the_cap_are_refused_while_other_requests_are_served(
             await asyncio.sleep(0.01)
         refused = await call(app, path)
         made_when_refused = len(made)
-        served = await call(app, "/slow")
+        served = [await call(app, "/slow"), await call(app, "/file")]
         await held
         return refused, made_when_refused, served
 
     refused, made_when_refused, served = asyncio.run(asyncio.wait_for(one_held_then_others(), 20))
     status, headers, body = refused
     assert (status, headers["retry-after"], headers["content-type"]) == (503, ["5"], [content_type])
+    assert headers["cache-control"] == ["no-store"]
+    # What the middleware gave the response it replaces (CORS, the security headers too).
+    assert headers["x-request-id"] and headers["x-content-type-options"] == ["nosniff"]
     assert b"too many downloads" in body
     assert made.count(0) == 1  # (the refused response's iterator never started)
     assert made_when_refused < 50
-    assert served[0] == 200
+    # Other requests are served, a file's response too (a static file's is not capped).
+    assert [status for status, _, _ in served] == [200, 200]
+    assert served[1][2] == b"a static file"
     assert made[-1] == "closed"
     assert asyncio.run(call(app, "/streamed"))[0] == 200
