@@ -165,7 +165,8 @@ class ThreadPoolHandler(ASGIHandler):
             self.streams_at_once,
         )
         refusal = Unavailable(
-            "too many downloads are being sent at once; try again shortly",
+            "too many streamed answers (exports, the assistant's answers) are being sent at once; "
+            "try again shortly",
             headers={"Retry-After": str(STREAM_RETRY_SECONDS)},
         )
         refused = render_api_error(request, refusal) or outage_page(refusal)

@@ -352,7 +352,7 @@ def test_streams_beyond_the_cap_are_refused_while_other_requests_are_served(
     assert headers["cache-control"] == ["no-store"]
     # What the middleware gave the response it replaces (CORS, the security headers too).
     assert headers["x-request-id"] and headers["x-content-type-options"] == ["nosniff"]
-    assert b"too many downloads" in body
+    assert b"too many streamed answers" in body
     assert made.count(0) == 1  # (the refused response's iterator never started)
     assert made_when_refused < 50
     # Other requests are served, a file's response too (a static file's is not capped).
