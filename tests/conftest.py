@@ -133,9 +133,18 @@ def searches_learn_of_their_own_scopes():
 
 @pytest.fixture(autouse=True)
 def celery_runs_tasks_inline():
-    """Tasks run in the calling process (a real worker is tested in tests/search)."""
+    """Tasks run in the calling process (a real worker is tested in tests/search).
+
+    Celery marks a task run inline by a process-wide flag (``denied_join_result``) that two
+    threads running tasks at once can leave set (each puts back what it found): every later
+    ``result.get()`` of the process was then "Never call result.get() within a task!" (15
+    tests of one CI worker, after a test whose threads appended at once). Cleared for each
+    test."""
+    from celery._state import _set_task_join_will_block
+
     from memsvc.celery import app
 
+    _set_task_join_will_block(False)
     app.conf.task_always_eager = True
     yield
     app.conf.task_always_eager = False
