@@ -617,6 +617,43 @@ def test_an_answer_refused_as_too_many_at_once_is_asked_for_again(page, assistan
     ) == [("user", "Which museums first?"), ("assistant", "Start with the Vatican Museums.")]
 
 
+def test_an_answer_refused_by_the_servers_cap_on_streams_is_said_and_asked_for_again(
+    page, assistant_chat
+):
+    """A web process sends at most MEMSVC_WEB_STREAMS streamed answers at once (memsvc.asgi;
+    the live server of these tests is not that process): its refusal is a plain-text 503,
+    said as the refusal it is, not put into the page as HTML, and the answer may be asked
+    for again."""
+    from conversations.models import Message
+
+    why = "too many streamed answers (exports, the assistant's answers) are being sent at once"
+    refused = []
+
+    def refused_once(route):
+        if refused:
+            route.continue_()
+            return
+        refused.append(1)
+        route.fulfill(
+            status=503,
+            content_type="text/plain",
+            headers={"Retry-After": "5"},
+            body=f"{why} <b>; try again shortly",
+        )
+
+    page.route("**/reply", refused_once)
+    send(page, "Which museums first?")
+    form = page.locator("form#append")
+    expect(form.get_by_role("alert")).to_have_text(f"{why} <b>; try again shortly")
+    expect(page.locator("#messages li.assistant")).to_have_count(0)
+    form.get_by_role("button", name="Ask for the answer again").click()
+    expect(page.locator("#messages li.message.assistant .content")).to_have_text(
+        "Start with the Vatican Museums."
+    )
+    expect(form.get_by_role("alert")).to_have_count(0)
+    assert Message.objects.filter(conversation=assistant_chat, role="assistant").count() == 1
+
+
 def test_a_refused_message_is_said_once_and_no_more_once_one_is_sent(page, assistant_chat):
     """Said on the box too (invalid, described by the refusal), as every form's refusal is:
     the script only inserted it above the box (review)."""
