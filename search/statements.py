@@ -159,9 +159,11 @@ def _keep(key: tuple, value: object, store: dict = _KEPT, most: int = SCOPES_KEP
     and users: start again)."""
     if len(store) >= most:
         now = time.monotonic()
-        # (A copy of the items first: a request thread that keeps something meanwhile made
-        # the loop a RuntimeError, the search a 500: code review.)
-        for stale in [k for k, (_, at) in list(store.items()) if now - at >= SCOPE_KEPT_SECONDS]:
+        # (A copy first: a request thread that keeps something meanwhile made the loop a
+        # RuntimeError, the search a 500: code review. ``dict.copy`` copies in one step;
+        # ``list(store.items())`` made a tuple an item, and a collection of garbage among
+        # them could let another thread in: CI, 2026-12-07.)
+        for stale in [k for k, (_, at) in store.copy().items() if now - at >= SCOPE_KEPT_SECONDS]:
             store.pop(stale, None)
         if len(store) >= most:
             store.clear()
