@@ -30,8 +30,8 @@ from django.core.signals import request_started
 from django.http import FileResponse
 from django.urls import set_script_prefix
 
-from memsvc.api.errors import Unavailable, render_api_error
-from memsvc.api.middleware import DISCARD_MAX_FACTOR, outage_page
+from memsvc.api.errors import Unavailable
+from memsvc.api.middleware import DISCARD_MAX_FACTOR, unavailable_response
 
 logger = logging.getLogger(__name__)
 
@@ -138,18 +138,17 @@ class ThreadPoolHandler(ASGIHandler):
         try:
             if not response.streaming:
                 return response
-            if isinstance(response, FileResponse):
-                # (A static file's: no stream that holds its thread long, and not capped: an
-                # admin page's stylesheets and scripts were refused while two exports ran;
-                # code review.)
-                self.stream(response, send, loop, gone)
-                return None
-            if not self.streams.acquire(blocking=False):
+            # (A file's response, a static file's, holds its thread no long time and is not
+            # capped: an admin page's stylesheets and scripts were refused while two exports
+            # ran; code review.)
+            capped = not isinstance(response, FileResponse)
+            if capped and not self.streams.acquire(blocking=False):
                 return self.stream_refused(request, response)
             try:
                 self.stream(response, send, loop, gone)
             finally:
-                self.streams.release()
+                if capped:
+                    self.streams.release()
             return None
         finally:
             response.close()
@@ -169,7 +168,7 @@ class ThreadPoolHandler(ASGIHandler):
             "try again shortly",
             headers={"Retry-After": str(STREAM_RETRY_SECONDS)},
         )
-        refused = render_api_error(request, refusal) or outage_page(refusal)
+        refused = unavailable_response(request, refusal)
         for name, value in response.items():
             if name.lower() not in _THE_CONTENTS_OWN and not refused.has_header(name):
                 refused[name] = value
@@ -184,9 +183,9 @@ class ThreadPoolHandler(ASGIHandler):
         what no one reads (a model's answer, an export). A client that reads nothing for
         ``STALLED_SEND_SECONDS`` is given up the same way (the response unfinished: the
         server closes the connection once what it holds for it is taken, or the client
-        goes; no thread and no snapshot wait for it meanwhile): eight stalled downloads of an export held every request
-        thread of a server, and a database snapshot each, for as long as they stayed
-        (review)."""
+        goes; no thread and no snapshot wait for it meanwhile): eight stalled downloads of
+        an export held every request thread of a server, and a database snapshot each, for
+        as long as they stayed (review)."""
 
         def emit(message: dict) -> None:
             sending = asyncio.run_coroutine_threadsafe(send(message), loop)

@@ -167,11 +167,15 @@ def _admin_refusal(request, refusal: ApiError) -> HttpResponseBadRequest | None:
     return HttpResponseBadRequest(refusal.message, content_type="text/plain")
 
 
-def outage_page(refusal: Unavailable) -> HttpResponse:
-    """The web pages' and the admin's answer to an outage: a 503, not a bug's 500 (their
-    500 page said the server had failed while every API said 503; review)."""
-    response = HttpResponse(refusal.message, status=503, content_type="text/plain")
-    response["Retry-After"] = refusal.headers.get("Retry-After", str(UNAVAILABLE_RETRY_SECONDS))
+def unavailable_response(request, refusal: Unavailable) -> HttpResponse:
+    """``refusal`` as the API that serves ``request`` answers it; on the web pages and the
+    admin, a plain 503 too: an outage, not a bug's 500 (their 500 page said the server had
+    failed while every API said 503; review)."""
+    response = render_api_error(request, refusal)
+    if response is None:
+        response = HttpResponse(refusal.message, status=503, content_type="text/plain")
+        retry = refusal.headers.get("Retry-After", str(UNAVAILABLE_RETRY_SECONDS))
+        response["Retry-After"] = retry
     return response
 
 
@@ -232,13 +236,14 @@ def exception_response(request, exception):
     in its shape, an outage's 503 for the pages and the admin too; None for Django's own
     handling (an exception of a page that is not the database's)."""
     refusal = exception_refusal(exception)
-    response = render_api_error(request, refusal)
-    if response is None:
-        if isinstance(exception, DataError):
-            return _admin_refusal(request, refusal)
-        if not isinstance(refusal, Unavailable):
+    if isinstance(refusal, Unavailable):
+        response = unavailable_response(request, refusal)
+    else:
+        response = render_api_error(request, refusal)
+        if response is None:
+            if isinstance(exception, DataError):
+                return _admin_refusal(request, refusal)
             return None  # not an API: Django's own handling
-        response = outage_page(refusal)
     # The path as Django's own lines log one, escaped: a newline or an escape sequence in it
     # wrote a line of the client's own into the log (review).
     path = request.path.encode("unicode_escape").decode("ascii")
