@@ -45,3 +45,19 @@ class IdempotentRequest(models.Model):
 
     def __str__(self) -> str:
         return f"{self.principal_id}: {self.key}"
+
+
+class WorkerHeartbeat(models.Model):
+    """A Celery worker's last sign of life (``memsvc.heartbeat``), by its name (Celery's
+    ``hostname``: ``celery@host``, ``llm@host``). UNLOGGED (migration 0003), as the rate
+    limit counts: a crash may lose the rows, which the workers write again within
+    ``HEARTBEAT_SECONDS``."""
+
+    worker = models.CharField(primary_key=True, max_length=255)
+    seen_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "worker_heartbeat"
+
+    def __str__(self) -> str:
+        return f"{self.worker}: {self.seen_at}"

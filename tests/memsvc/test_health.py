@@ -1,8 +1,13 @@
+from datetime import timedelta
+
 import pytest
 from django.db import OperationalError, connection, transaction
+from django.utils import timezone
 
 from agents_api.models import Memory, ToolRecord, content_hash
 from conversations.models import Message
+from memsvc.heartbeat import FORGOTTEN_AFTER, HEARD_WITHIN, beat, stopped
+from memsvc.models import WorkerHeartbeat
 from search.checks import VECTOR_TABLES
 from tests.factories import AgentFactory, MessageFactory
 
@@ -33,6 +38,7 @@ def test_health_reports_database_embeddings_and_backlog(client, settings):
         "pendingMemoryEmbeddings": 0,
         "pendingToolRecordEmbeddings": 0,
         "broker": "reachable",
+        "workers": 0,
     }
 
 
@@ -130,7 +136,8 @@ def test_a_database_that_does_not_answer_is_unavailable_within_seconds(
     assert 1.0 <= took[0] < 3 and took[1] < 0.5 and took[2] < 0.5, took
     stuck.set()
     time.sleep(0.1)
-    monkeypatch.setattr(health, "_count_backlog", lambda: dict.fromkeys(VECTOR_TABLES, 0))
+    backlog = health.Backlog(dict.fromkeys(VECTOR_TABLES, 0), 1)
+    monkeypatch.setattr(health, "_count_backlog", lambda: backlog)
     assert client.get(path).status_code == 200
 
 
@@ -218,3 +225,36 @@ def test_a_database_that_refuses_new_connections_is_unavailable(client, monkeypa
     monkeypatch.setattr(DatabaseWrapper, "get_new_connection", refused)
     response = client.get("/v1/health")
     assert (response.status_code, response.json()["reason"]) == (503, "database unreachable")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_health_counts_the_workers_heard_from_lately(client):
+    """(A real worker's beats: ``tests/search/test_worker.py``.)"""
+    beat("celery@one")
+    beat("llm@one")
+    beat("celery@quiet")
+    WorkerHeartbeat.objects.filter(worker="celery@quiet").update(
+        seen_at=timezone.now() - HEARD_WITHIN - timedelta(seconds=1)
+    )
+    assert client.get("/v1/health").json()["workers"] == 2
+    stopped("llm@one")
+    assert client.get("/v1/health").json()["workers"] == 1
+
+
+@pytest.mark.django_db(transaction=True)  # (a beat closes its connection)
+def test_a_heartbeat_the_database_refuses_is_said_not_raised(caplog, monkeypatch):
+    def refused(*args, **kwargs):
+        raise OperationalError("connection refused")
+
+    monkeypatch.setattr(WorkerHeartbeat.objects, "bulk_create", refused)
+    beat("celery@one")
+    assert "its heartbeat not written" in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_long_gone_is_forgotten_at_the_next_beat():
+    WorkerHeartbeat.objects.create(
+        worker="celery@gone", seen_at=timezone.now() - FORGOTTEN_AFTER - timedelta(minutes=1)
+    )
+    beat("celery@one")
+    assert list(WorkerHeartbeat.objects.values_list("worker", flat=True)) == ["celery@one"]
