@@ -555,6 +555,9 @@ class Memory(models.Model):
             models.Index(fields=["agent", "user_id"], condition=CITES, name="memory_citing"),
             models.Index(fields=["user_id"], condition=CITES, name="memory_of_user_citing"),
             models.Index(fields=["expires_at"], name="memory_expiry"),
+            # Whether an agent keeps a live memory at all (``selectors.keeps_live_memory_sql``):
+            # the first entry past (agent, now). With an agent's user (``memory_scope``).
+            models.Index(fields=["agent", "expires_at"], name="memory_agent_expiry"),
             # A memory's words under its agent and user (``btree_gin``): a keyword search
             # of one scope intersects its rarest word's few entries with the scope's inside
             # the index. With the words alone, PostgreSQL intersected the word's bitmap with

@@ -76,6 +76,12 @@ class Scope:
     # one past a fork point), whose place would tell it is there (review).
     turns_sql: str = "TRUE"
     turns_params: tuple = ()
+    # A statement (one boolean) of whether the scope holds a row, for ``holds_any``, where
+    # the EXISTS of ``sql`` is planned astray; empty: that EXISTS. (Of the scope before any
+    # ``without``: a probe that says yes where every row is excluded costs a search that
+    # finds nothing, never a row missed.)
+    any_sql: str = ""
+    any_params: tuple = ()
 
     def sql_for(self, few: bool) -> str:
         return self.few_sql if few and self.few_sql else self.sql
@@ -185,9 +191,12 @@ def holds_any(cursor, corpus: Corpus, scope: Scope, *, kept: bool = False) -> bo
     key = _scope_key("holds_any", corpus, scope)
     if kept and _kept(key):
         return True
-    cursor.execute(
-        f"SELECT EXISTS (SELECT 1 FROM {corpus.table} m WHERE {scope.sql})", scope.params
-    )
+    if scope.any_sql:
+        cursor.execute(scope.any_sql, scope.any_params)
+    else:
+        cursor.execute(
+            f"SELECT EXISTS (SELECT 1 FROM {corpus.table} m WHERE {scope.sql})", scope.params
+        )
     held = cursor.fetchone()[0]
     if held:
         _keep(key, True)

@@ -353,7 +353,7 @@ def test_prefetch_searches_each_sentence(api, helper, alices_facts):
         prefetched = search(api, helper, query, userId="alice", limit=2, prefetch=True, minScore=0)
     # The store's scope is probed once for both sentences: whether it holds a memory, and
     # how to find its nearest vectors (counted up to the exact-search limit).
-    assert sum("SELECT EXISTS (SELECT 1 FROM memory m" in sql for sql in statements) == 1
+    assert sum("SELECT EXISTS (SELECT 1 FROM (SELECT m.agent_id" in sql for sql in statements) == 1
     assert sum("SELECT (SELECT count(*) FROM (" in sql for sql in statements) == 1
     assert sorted(contents(prefetched)) == [
         "Alice is allergic to peanuts",
@@ -371,7 +371,7 @@ def test_a_scope_is_counted_again_only_after_a_minute(api, helper, alices_facts,
         with recorded_statements() as sent:
             assert search(api, helper, "peanut butter", userId="alice", minScore=0)
         counted = sum("SELECT (SELECT count(*) FROM (" in sql for sql in sent)
-        probed = sum("SELECT EXISTS (SELECT 1 FROM memory m" in sql for sql in sent)
+        probed = sum("SELECT EXISTS (SELECT 1 FROM (SELECT m.agent_id" in sql for sql in sent)
         return counted, probed
 
     assert counts() == (1, 1)

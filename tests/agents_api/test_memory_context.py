@@ -2,12 +2,15 @@
 ``GET /v1/agent/conversations/{id}/context?memories=N``."""
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
-from agents_api.models import Memory
+from agents_api.models import Agent, Memory
+from agents_api.selectors import LOCAL_OWNER, keeps_memories, local_agent
 from agents_api.services import memory_save
 from conversations.models import AccessLevel, Conversation
 from tests.agents_api.test_api import agent_conversation, append, context
-from tests.factories import MembershipFactory
+from tests.factories import AgentFactory, MembershipFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -129,3 +132,51 @@ def test_a_bad_number_of_memories_is_400_naming_it(api, helper, value):
     assert response.status_code == 400
     assert response.json()["code"] == "validation_error"
     assert "memories" in response.json()["details"]
+
+
+def memories_read(sql: str) -> int:
+    """How many memories the statement's plan read (those its scans returned and those
+    they filtered out), as EXPLAIN ANALYZE counts them."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}")
+        [[plan]] = cursor.fetchall()
+
+    def read(node: dict) -> float:
+        own = 0
+        if node.get("Relation Name") == "memory":
+            own = node["Actual Rows"] * node["Actual Loops"] + node.get("Rows Removed by Filter", 0)
+        return own + sum(read(child) for child in node.get("Plans", []))
+
+    return int(read(plan[0]["Plan"]))
+
+
+def test_whether_an_agent_keeps_a_live_memory_reads_an_entry_however_the_table_is_skewed():
+    """An agent whose many memories had all expired (not pruned yet) beside another's many
+    live ones: the EXISTS of its live memories was planned as a walk of them all, 125-130
+    ms each keyed context request and search of the agent, and 60 ms for the busy one
+    (200,000 memories each; docs/benchmarks.md). A plan that reads the rows is what such a
+    skew makes; here it is counted in rows read, on 4,000 memories."""
+    lapsed, busy = AgentFactory(name="lapsed"), AgentFactory(name="busy")
+    for agent, expiry in [(lapsed, "-1 hour"), (busy, "30 days")]:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                """INSERT INTO memory (id, agent_id, user_id, content, content_hash, summary,
+                tags, importance, metadata, source, access_count, expires_at, created_at,
+                updated_at, message_ids, embedding_model)
+                SELECT gen_random_uuid(), %s, 'u' || (g %% 50), 'fact ' || g, md5(g::text),
+                '', '{}', 0.5, '{}', 'api', 0, now() + %s::interval, now(), now(), '{}', ''
+                FROM generate_series(1, 2000) g""",
+                [agent.id, expiry],
+            )
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE memory")
+    LOCAL = {"owner_principal": LOCAL_OWNER, "loopback_trusted": True}
+    Agent.objects.filter(pk__in=[lapsed.pk, busy.pk]).update(**LOCAL)
+
+    for agent, keeps in [(lapsed, False), (busy, True)]:
+        with CaptureQueriesContext(connection) as keyed:
+            assert keeps_memories(agent) is keeps  # (an agent read from its key)
+        with CaptureQueriesContext(connection) as keyless:
+            assert local_agent(None, agent.name, memories=True).keeps_memory is keeps
+        for query in [*keyed.captured_queries, *keyless.captured_queries]:
+            assert memories_read(query["sql"]) <= 1, query["sql"]

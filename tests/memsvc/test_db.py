@@ -72,8 +72,8 @@ def test_the_local_agent_and_its_blocks_are_read_by_sql_compiled_once():
     # that moved them would make every request compile them again, silently).
     assert {"local_agent", "local_agent_and_memories", "memory_blocks"} <= db._COMPILED_SQL.keys()
     # Only the context's read of the agent asks about its memories.
-    assert '"memory"' not in db._COMPILED_SQL["local_agent"][1]
-    assert '"memory"' in db._COMPILED_SQL["local_agent_and_memories"][1]
+    assert "FROM memory" not in db._COMPILED_SQL["local_agent"][1]
+    assert "FROM memory" in db._COMPILED_SQL["local_agent_and_memories"][1]
 
 
 def test_a_writes_look_at_its_conversation_is_read_by_sql_compiled_once():
