@@ -18,6 +18,7 @@ import io
 import logging
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO
 
@@ -185,15 +186,23 @@ class ThreadPoolHandler(ASGIHandler):
         server closes the connection once what it holds for it is taken, or the client
         goes; no thread and no snapshot wait for it meanwhile): eight stalled downloads of
         an export held every request thread of a server, and a database snapshot each, for
-        as long as they stayed (review)."""
+        as long as they stayed (review). So is a client that takes it slower than
+        ``STREAM_MIN_BYTES_PER_SECOND`` once it has been waited for that long in all."""
+
+        waited, taken = 0.0, 0  # (seconds waiting for the client, bytes it took)
 
         def emit(message: dict) -> None:
+            nonlocal waited, taken
+            allowed = STALLED_SEND_SECONDS + taken / STREAM_MIN_BYTES_PER_SECOND - waited
+            started = time.monotonic()
             sending = asyncio.run_coroutine_threadsafe(send(message), loop)
             try:
-                sending.result(timeout=STALLED_SEND_SECONDS)
+                sending.result(timeout=max(min(allowed, STALLED_SEND_SECONDS), 0))
             except concurrent.futures.TimeoutError:
                 sending.cancel()
                 raise _Stalled from None
+            waited += time.monotonic() - started
+            taken += len(message.get("body", b""))
 
         emit(
             {
@@ -211,12 +220,16 @@ class ThreadPoolHandler(ASGIHandler):
             emit({"type": "http.response.body"})
         except _Stalled:
             logger.info(
-                "a client read nothing for %s s: its response given up", STALLED_SEND_SECONDS
+                "a client took %s bytes of a streamed response in %.0f s of waiting for it, "
+                "too slowly: its response given up",
+                taken,
+                waited,
             )
 
 
 class _Stalled(Exception):
-    """The client read nothing of a streaming response for ``STALLED_SEND_SECONDS``."""
+    """The client read nothing of a streaming response for ``STALLED_SEND_SECONDS``, or took
+    it too slowly (``STREAM_MIN_BYTES_PER_SECOND``)."""
 
 
 # The headers of a response that say what it holds, not what the middleware added: a refusal
@@ -227,6 +240,12 @@ _THE_CONTENTS_OWN = frozenset(
 )
 # How long a streaming response waits for its client to take the next chunk.
 STALLED_SEND_SECONDS = 30.0
+# How slowly a client may take a streaming response: past ``STALLED_SEND_SECONDS`` of waiting
+# for it in all, each byte it took allows 1 / this many seconds more. A client that took a
+# chunk every 29 s was never stalled, and held a thread, a place among the streams and an
+# export's database snapshot (which holds back the vacuum of every table) for as long as it
+# liked (review). A client reading at this rate takes an export of 16 MB in about 35 minutes.
+STREAM_MIN_BYTES_PER_SECOND = 8 * 1024
 # When a streamed response refused says to ask again.
 STREAM_RETRY_SECONDS = 5
 

@@ -302,6 +302,37 @@ def test_a_client_that_reads_nothing_is_given_up(handler, monkeypatch):
     assert asyncio.run(call(app, "/streamed"))[0] == 200
 
 
+def test_a_client_that_takes_a_stream_too_slowly_is_given_up(handler, monkeypatch):
+    """A client that took a chunk every 29 s was never stalled for 30, and held a thread and
+    an export's snapshot as long as it liked (review): past ``STALLED_SEND_SECONDS`` of
+    waiting for it in all, it must take ``STREAM_MIN_BYTES_PER_SECOND``. Here it takes each
+    chunk of 3-4 bytes after 0.2 s (about 17 bytes a second, never stalled for the 1 s
+    allowed), against a minimum of 100: given up after a few seconds, not the 100 s the 500
+    chunks would take."""
+    from memsvc import asgi
+
+    monkeypatch.setattr(asgi, "STALLED_SEND_SECONDS", 1.0)
+    monkeypatch.setattr(asgi, "STREAM_MIN_BYTES_PER_SECOND", 100)
+    app = handler(1)
+    made.clear()
+    sent = []
+    requested = [{"type": "http.request", "body": b"", "more_body": False}]
+
+    async def receive():
+        if requested:
+            return requested.pop(0)
+        await asyncio.sleep(3600)
+
+    async def send(message):
+        await asyncio.sleep(0.2)
+        sent.append(message)
+
+    asyncio.run(asyncio.wait_for(app(http_scope("/endless"), receive, send), 20))
+    assert made[-1] == "closed" and len(made) < 30
+    assert sent[-1].get("more_body") is True  # (unfinished: the server closes the connection)
+    assert asyncio.run(call(app, "/streamed"))[0] == 200
+
+
 def stalled_call(app, path: str, sent: list) -> None:
     """A request for ``path`` whose client takes two messages of the answer, then no more
     (its socket's buffers full) and never leaves."""
