@@ -201,7 +201,8 @@ class ThreadPoolHandler(ASGIHandler):
             except concurrent.futures.TimeoutError:
                 sending.cancel()
                 raise _Stalled from None
-            waited += time.monotonic() - started
+            finally:
+                waited += time.monotonic() - started
             taken += len(message.get("body", b""))
 
         emit(
@@ -220,8 +221,8 @@ class ThreadPoolHandler(ASGIHandler):
             emit({"type": "http.response.body"})
         except _Stalled:
             logger.info(
-                "a client took %s bytes of a streamed response in %.0f s of waiting for it, "
-                "too slowly: its response given up",
+                "a client took %s bytes of a streamed response, waited for %.1f s in all: "
+                "too slowly, its response given up",
                 taken,
                 waited,
             )
