@@ -7,6 +7,7 @@ import io
 import json
 import threading
 import time
+from collections.abc import Coroutine
 
 import pytest
 from django.db import connection, connections
@@ -316,39 +317,40 @@ def test_a_client_that_takes_a_stream_too_slowly_is_given_up(handler, monkeypatc
     app = handler(1)
     made.clear()
     sent = []
-    requested = [{"type": "http.request", "body": b"", "more_body": False}]
-
-    async def receive():
-        if requested:
-            return requested.pop(0)
-        await asyncio.sleep(3600)
 
     async def send(message):
         await asyncio.sleep(0.2)
         sent.append(message)
 
-    asyncio.run(asyncio.wait_for(app(http_scope("/endless"), receive, send), 20))
+    asyncio.run(asyncio.wait_for(staying_call(app, "/endless", send), 20))
     assert made[-1] == "closed" and len(made) < 30
     assert sent[-1].get("more_body") is True  # (unfinished: the server closes the connection)
     assert asyncio.run(call(app, "/streamed"))[0] == 200
 
 
-def stalled_call(app, path: str, sent: list) -> None:
-    """A request for ``path`` whose client takes two messages of the answer, then no more
-    (its socket's buffers full) and never leaves."""
+def staying_call(app, path: str, send) -> Coroutine:
+    """A request for ``path`` whose client takes the answer's messages by ``send`` and never
+    leaves."""
     requested = [{"type": "http.request", "body": b"", "more_body": False}]
 
     async def receive():
         if requested:
             return requested.pop(0)
         await asyncio.sleep(3600)
+
+    return app(http_scope(path), receive, send)
+
+
+def stalled_call(app, path: str, sent: list) -> Coroutine:
+    """A request for ``path`` whose client takes two messages of the answer, then no more
+    (its socket's buffers full) and never leaves."""
 
     async def send(message):
         sent.append(message)
         if len(sent) > 2:
             await asyncio.sleep(3600)
 
-    return app(http_scope(path), receive, send)
+    return staying_call(app, path, send)
 
 
 @pytest.mark.parametrize(
