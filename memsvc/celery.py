@@ -75,10 +75,11 @@ class Heartbeat(bootsteps.StartStopStep):
         from memsvc.heartbeat import HEARTBEAT_SECONDS, beat
 
         self.stopping = threading.Event()
+        queues = list(worker.app.amqp.queues.consume_from)  # (as ``-Q`` chose them)
 
         def beating():
             while True:
-                beat(worker.hostname)
+                beat(worker.hostname, queues)
                 if self.stopping.wait(HEARTBEAT_SECONDS):
                     return
 

@@ -1,5 +1,6 @@
 """Tables of the service itself (not of a feature app)."""
 
+from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.utils import timezone
 
@@ -54,7 +55,8 @@ class WorkerHeartbeat(models.Model):
     ``HEARTBEAT_SECONDS``."""
 
     worker = models.CharField(primary_key=True, max_length=255)
-    seen_at = models.DateTimeField()
+    queues = ArrayField(models.CharField(max_length=255))  # (those it takes tasks from)
+    seen_at = models.DateTimeField()  # (the database's clock)
 
     class Meta:
         db_table = "worker_heartbeat"

@@ -14,10 +14,11 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from memsvc.celery import broker_reachable
+from memsvc.celery import app, broker_reachable
 from memsvc.db import not_migrated
 from memsvc.embedded_db import socket_dir
 from memsvc.heartbeat import HEARD_WITHIN, workers_heard_from
+from memsvc.llm import llm_configured
 from memsvc.outage import Reminder
 from search.embeddings import configured_backend
 from search.selectors import PENDING_COUNTED_UP_TO, pending_embedding_counts
@@ -68,9 +69,15 @@ HealthResponse = inline_serializer(
         "broker": serializers.ChoiceField(choices=["reachable", "unreachable"]),
         "workers": serializers.IntegerField(
             allow_null=True,
-            help_text=f"Celery workers heard from in the last {HEARD_WITHIN.seconds} s (each "
-            "says so every 30 s); 0: nothing takes the tasks sent (embeddings wait for a "
-            "worker). Null when the database did not answer.",
+            help_text=f"Celery workers of the default queue (embeddings, the sweeps) heard from "
+            f"in the last {HEARD_WITHIN.seconds} s (each says so every 30 s); 0: nothing takes "
+            "those tasks, and embeddings wait. Null when the database did not answer.",
+        ),
+        "llmWorkers": serializers.IntegerField(
+            allow_null=True,
+            help_text="The same of the LLM's queue (``MEMSVC_LLM_QUEUE``: memories distilled, "
+            "tool records summarised); null without an LLM configured, or when the database "
+            "did not answer.",
         ),
         "reason": serializers.CharField(required=False),
     },
@@ -85,7 +92,8 @@ DATABASE_ANSWER_SECONDS = 5
 
 class Backlog(NamedTuple):
     pending: dict[str, int]  # by table (``pending_embedding_counts``)
-    workers: int  # (``workers_heard_from``)
+    workers: int  # of the default queue (``workers_heard_from``)
+    llm_workers: int  # of the LLM's
 
 
 class _DatabaseProbe:
@@ -134,7 +142,10 @@ def _count_backlog() -> Backlog:
     # check of a connection left open, as a request starts, first.
     close_old_connections()
     try:
-        return Backlog(pending_embedding_counts(), workers_heard_from())
+        workers, llm_workers = workers_heard_from(
+            app.conf.task_default_queue, settings.MEMSVC_LLM_QUEUE
+        )
+        return Backlog(pending_embedding_counts(), workers, llm_workers)
     finally:
         connection.close()
 
@@ -216,6 +227,7 @@ class HealthView(APIView):
             "pendingToolRecordEmbeddings": None,
             "broker": "reachable" if broker_reachable() else "unreachable",
             "workers": None,
+            "llmWorkers": None,
         }
         # The disk first: a full one stops PostgreSQL, which then does not answer either
         # (the reason said was "database unreachable": review).
@@ -229,4 +241,6 @@ class HealthView(APIView):
         body["pendingMemoryEmbeddings"] = backlog.pending["memory"]
         body["pendingToolRecordEmbeddings"] = backlog.pending["tool_record"]
         body["workers"] = backlog.workers
+        if llm_configured():
+            body["llmWorkers"] = backlog.llm_workers
         return Response(body)
