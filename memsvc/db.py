@@ -12,6 +12,7 @@ from typing import TypeVar
 
 import psycopg
 from django.conf import settings
+from django.contrib.postgres.operations import AddIndexConcurrently
 from django.contrib.postgres.search import SearchQuery, SearchVector, SearchVectorField
 from django.db import (
     InterfaceError,
@@ -270,6 +271,19 @@ def words_column_replaced(model_name: str, field: models.GeneratedField, index) 
         migrations.RemoveField(model_name=model_name, name="search_vector"),
         migrations.AddField(model_name=model_name, name="search_vector", field=field),
         migrations.AddIndex(model_name=model_name, index=index),
+    ]
+
+
+def index_added_concurrently(model_name: str, index: models.Index) -> list:
+    """A migration's steps (``atomic = False``): ``index`` built without holding writes to the
+    table (``CREATE INDEX CONCURRENTLY``), after dropping an index of its name that a failed
+    or interrupted build left behind, INVALID: the migration, run again, failed with
+    "already exists" (code review)."""
+    return [
+        migrations.RunSQL(
+            f'DROP INDEX CONCURRENTLY IF EXISTS "{index.name}"', reverse_sql=migrations.RunSQL.noop
+        ),
+        AddIndexConcurrently(model_name=model_name, index=index),
     ]
 
 

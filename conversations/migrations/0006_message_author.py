@@ -2,8 +2,9 @@
 through it (``selectors.messages_elsewhere``) instead of reading the whole table. Built
 concurrently: appends go on meanwhile, however large the table."""
 
-from django.contrib.postgres.operations import AddIndexConcurrently
 from django.db import migrations, models
+
+from memsvc.db import index_added_concurrently
 
 
 class Migration(migrations.Migration):
@@ -13,9 +14,6 @@ class Migration(migrations.Migration):
         ("conversations", "0005_title_one_line"),
     ]
 
-    operations = [
-        AddIndexConcurrently(
-            model_name="message",
-            index=models.Index(fields=["author_principal"], name="message_author"),
-        ),
-    ]
+    operations = index_added_concurrently(
+        "message", models.Index(fields=["author_principal"], name="message_author")
+    )

@@ -1,8 +1,9 @@
 """An index of memberships by principal and creation, for the conversation list's walk
 (``selectors.activity_page``), built without holding writes to the table."""
 
-from django.contrib.postgres.operations import AddIndexConcurrently
 from django.db import migrations, models
+
+from memsvc.db import index_added_concurrently
 
 
 class Migration(migrations.Migration):
@@ -12,11 +13,7 @@ class Migration(migrations.Migration):
         ("conversations", "0012_words_read_markup_as_text"),
     ]
 
-    operations = [
-        AddIndexConcurrently(
-            model_name="membership",
-            index=models.Index(
-                fields=["principal_id", "created_at"], name="membership_principal_joined"
-            ),
-        ),
-    ]
+    operations = index_added_concurrently(
+        "membership",
+        models.Index(fields=["principal_id", "created_at"], name="membership_principal_joined"),
+    )
