@@ -2,10 +2,9 @@
 
 import logging
 import os
-import threading
 from pathlib import Path
 
-from celery import Celery, bootsteps
+from celery import Celery
 from celery import Task as CeleryTask
 from celery.beat import PersistentScheduler
 from celery.exceptions import InvalidTaskError
@@ -65,44 +64,9 @@ class Task(CeleryTask):
     Strategy = "memsvc.celery:shape_checked_strategy"
 
 
-class Heartbeat(bootsteps.StartStopStep):
-    """The worker's sign of life for ``/v1/health`` (``memsvc.heartbeat``): written at
-    start and every ``HEARTBEAT_SECONDS`` from a thread of its own (the worker's timer runs
-    in its consumer's loop, which a database slow to answer would hold), taken out at
-    stop."""
-
-    def start(self, worker):
-        from memsvc.heartbeat import HEARTBEAT_SECONDS, beat
-
-        self.stopping = threading.Event()
-        queues = list(worker.app.amqp.queues.consume_from)  # (as ``-Q`` chose them)
-
-        def beating():
-            while True:
-                beat(worker.hostname, queues)
-                if self.stopping.wait(HEARTBEAT_SECONDS):
-                    return
-
-        self.thread = threading.Thread(target=beating, name="heartbeat", daemon=True)
-        self.thread.start()
-
-    def stop(self, worker):
-        from memsvc.heartbeat import stopped
-
-        if getattr(self, "thread", None) is None:  # (a worker that failed to start)
-            return
-        self.stopping.set()
-        self.thread.join(timeout=10)
-        self.thread = None
-        stopped(worker.hostname)
-
-    terminate = stop  # (a cold shutdown's: Celery sends steps ``terminate`` then)
-
-
 app = Celery("memsvc", task_cls=Task)
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["search", "agents_api"])
-app.steps["worker"].add(Heartbeat)
 
 
 @worker_init.connect

@@ -1,6 +1,5 @@
 """Tables of the service itself (not of a feature app)."""
 
-from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.utils import timezone
 
@@ -46,20 +45,3 @@ class IdempotentRequest(models.Model):
 
     def __str__(self) -> str:
         return f"{self.principal_id}: {self.key}"
-
-
-class WorkerHeartbeat(models.Model):
-    """A Celery worker's last sign of life (``memsvc.heartbeat``), by its name (Celery's
-    ``hostname``: ``celery@host``, ``llm@host``). UNLOGGED (migration 0003), as the rate
-    limit counts: a crash may lose the rows, which the workers write again within
-    ``HEARTBEAT_SECONDS``."""
-
-    worker = models.CharField(primary_key=True, max_length=255)
-    queues = ArrayField(models.CharField(max_length=255))  # (those it takes tasks from)
-    seen_at = models.DateTimeField()  # (the database's clock)
-
-    class Meta:
-        db_table = "worker_heartbeat"
-
-    def __str__(self) -> str:
-        return f"{self.worker}: {self.seen_at}"

@@ -4,7 +4,6 @@ import os
 import shutil
 import threading
 import time
-from typing import NamedTuple
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
@@ -14,11 +13,9 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from memsvc.celery import app, broker_reachable
+from memsvc.celery import broker_reachable
 from memsvc.db import not_migrated
 from memsvc.embedded_db import socket_dir
-from memsvc.heartbeat import HEARD_WITHIN, workers_heard_from
-from memsvc.llm import llm_configured
 from memsvc.outage import Reminder
 from search.embeddings import configured_backend
 from search.selectors import PENDING_COUNTED_UP_TO, pending_embedding_counts
@@ -67,18 +64,6 @@ HealthResponse = inline_serializer(
             allow_null=True, help_text="Tool records waiting for theirs, counted alike."
         ),
         "broker": serializers.ChoiceField(choices=["reachable", "unreachable"]),
-        "workers": serializers.IntegerField(
-            allow_null=True,
-            help_text=f"Celery workers of the default queue (embeddings, the sweeps) heard from "
-            f"in the last {HEARD_WITHIN.seconds} s (each says so every 30 s); 0: nothing takes "
-            "those tasks, and embeddings wait. Null when the database did not answer.",
-        ),
-        "llmWorkers": serializers.IntegerField(
-            allow_null=True,
-            help_text="The same of the LLM's queue (``MEMSVC_LLM_QUEUE``: memories distilled, "
-            "tool records summarised); null without an LLM configured, or when the database "
-            "did not answer.",
-        ),
         "reason": serializers.CharField(required=False),
     },
 )
@@ -88,12 +73,6 @@ HealthResponse = inline_serializer(
 # answer at all (stopped, a stalled disk, a frozen VM) never reaches its own
 # ``statement_timeout``, and the probe waited as long as it was stopped (review: 125 s).
 DATABASE_ANSWER_SECONDS = 5
-
-
-class Backlog(NamedTuple):
-    pending: dict[str, int]  # by table (``pending_embedding_counts``)
-    workers: int  # of the default queue (``workers_heard_from``)
-    llm_workers: int  # of the LLM's
 
 
 class _DatabaseProbe:
@@ -114,10 +93,10 @@ class _DatabaseProbe:
         self._in_flight: concurrent.futures.Future | None = None
         self._sent_at = 0.0
 
-    def backlog(self, seconds: float) -> Backlog | None:
-        """The rows waiting for their embedding and the workers heard from, as the database
-        counted them, or None when it did not answer within ``seconds``; ``DatabaseError``
-        when it refused (down, unreachable, not migrated)."""
+    def backlog(self, seconds: float) -> dict[str, int] | None:
+        """The rows waiting for their embedding, by table, as the database counted them, or None
+        when it did not answer within ``seconds``; ``DatabaseError`` when it refused (down,
+        unreachable, not migrated)."""
         with self._lock:
             if self._pid != os.getpid():  # (a forked child has none of its parent's threads)
                 self._pid, self._in_flight = os.getpid(), None
@@ -134,7 +113,7 @@ class _DatabaseProbe:
             return None
 
 
-def _count_backlog() -> Backlog:
+def _count_backlog() -> dict[str, int]:
     # On a connection of its own each time (this thread's, closed after): a connection kept
     # from the last probe said ok while the database refused every new one (PostgreSQL out
     # of processes: 33 of 48 appends refused; review), and one the server dropped since (a
@@ -142,15 +121,12 @@ def _count_backlog() -> Backlog:
     # check of a connection left open, as a request starts, first.
     close_old_connections()
     try:
-        workers, llm_workers = workers_heard_from(
-            app.conf.task_default_queue, settings.MEMSVC_LLM_QUEUE
-        )
-        return Backlog(pending_embedding_counts(), workers, llm_workers)
+        return pending_embedding_counts()
     finally:
         connection.close()
 
 
-def database_backlog() -> tuple[Backlog | None, str | None]:
+def database_backlog() -> tuple[dict[str, int] | None, str | None]:
     """The probe of both health checks (this one's, the local API's): (the backlog, None)
     when the database answered within ``DATABASE_ANSWER_SECONDS``; else (None, why not:
     "database not migrated", "database unreachable" or "database not answering"), said in
@@ -202,9 +178,9 @@ class HealthView(APIView):
     """Readiness and liveness: 200 when the database answers, 503 with a reason when not, or
     when the embedded database's disk is full.
 
-    ``broker`` says whether the task broker answers, ``workers`` how many workers take its
-    tasks. Without either the service goes on (what it would have queued is embedded by the
-    periodic sweep once the broker and a worker are back), so neither changes the status."""
+    ``broker`` says whether the task broker answers. Without it the service goes on (what
+    it would have queued is embedded by the periodic sweep once the broker is back), so it
+    does not change the status."""
 
     authentication_classes = []
     permission_classes = [AllowAny]
@@ -226,8 +202,6 @@ class HealthView(APIView):
             "pendingMemoryEmbeddings": None,
             "pendingToolRecordEmbeddings": None,
             "broker": "reachable" if broker_reachable() else "unreachable",
-            "workers": None,
-            "llmWorkers": None,
         }
         # The disk first: a full one stops PostgreSQL, which then does not answer either
         # (the reason said was "database unreachable": review).
@@ -237,10 +211,7 @@ class HealthView(APIView):
         backlog, reason = database_backlog()
         if reason is not None:
             return unavailable({**body, "status": "unavailable", "reason": reason})
-        body["pendingEmbeddings"] = backlog.pending["message"]
-        body["pendingMemoryEmbeddings"] = backlog.pending["memory"]
-        body["pendingToolRecordEmbeddings"] = backlog.pending["tool_record"]
-        body["workers"] = backlog.workers
-        if llm_configured():
-            body["llmWorkers"] = backlog.llm_workers
+        body["pendingEmbeddings"] = backlog["message"]
+        body["pendingMemoryEmbeddings"] = backlog["memory"]
+        body["pendingToolRecordEmbeddings"] = backlog["tool_record"]
         return Response(body)
