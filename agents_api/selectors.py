@@ -734,9 +734,9 @@ def keeps_live_memory_sql(agent: str, user: str | None = None) -> str:
 
     Not an EXISTS of the live memories: the planner rates an agent's share of the table and
     the live share apart, and for an agent whose many memories have all expired (a short
-    ``expiresAt``, a day's not pruned yet) beside another's many live ones it walked them
-    all (a sequential scan, or the expiry index), 150-220 ms each context request and
-    search of the agent, where this reads 0.1-0.3 ms (docs/benchmarks.md)."""
+    ``expiresAt``, a day's not pruned yet) beside another's many live ones it walked the
+    table (200,000 memories each: 130 ms each context request and search of that agent, 63
+    ms of the other), where this takes 0.3-0.4 ms (docs/benchmarks.md)."""
     columns = ["agent_id"] if user is None else ["agent_id", "user_id"]
     values = [agent] if user is None else [agent, user]
     listed = ", ".join(f"m.{column}" for column in columns)
