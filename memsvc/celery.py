@@ -89,6 +89,21 @@ def make_local_queue_folders(**kwargs) -> None:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
 
 
+@worker_init.connect
+def import_the_llm_client(sender, **kwargs) -> None:
+    """A worker of the LLM's queue imports the model's client before it forks its processes.
+    Imported by each process's first task, it took that task 0.6 s of CPU here, out of the
+    task's time limit (``MEMSVC_LLM_TASK_SECONDS``) and at the worker's lower priority: on a
+    busy CI host a first tool-record observation reached its 8 s limit before it asked the
+    model."""
+    from django.conf import settings
+
+    from memsvc.llm import llm_configured, openai_package
+
+    if llm_configured() and settings.MEMSVC_LLM_QUEUE in sender.app.amqp.queues.consume_from:
+        openai_package()
+
+
 def broker_reachable(timeout: float = 1.0) -> bool:
     """Whether a connection to the broker opens within ``timeout`` seconds (for the health
     probe: with the broker down the service still answers, and the sweep embeds later); not

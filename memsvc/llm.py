@@ -59,10 +59,11 @@ def llm_configured() -> bool:
     return bool(settings.MEMSVC_LLM_BASE_URL and settings.MEMSVC_LLM_MODEL)
 
 
-def _openai() -> ModuleType:
+def openai_package() -> ModuleType:
     """The ``openai`` package, imported on first use: its import takes a second or more of
     every process that loads the app (each web and worker process, each ``manage.py`` and
-    CLI command), for an LLM most deployments never configure."""
+    CLI command), for an LLM most deployments never configure. (The LLM's worker imports it
+    before it forks its processes: ``memsvc.celery.import_the_llm_client``.)"""
     import openai
 
     return openai
@@ -77,7 +78,7 @@ def _client():
             misconfigured=True,
             shown="its model refused memsvc's setup; the server's log says more",
         )
-    return _openai().OpenAI(
+    return openai_package().OpenAI(
         base_url=settings.MEMSVC_LLM_BASE_URL,
         # Local servers want no key, but the client insists on one.
         api_key=settings.MEMSVC_LLM_API_KEY or "none",
@@ -87,7 +88,7 @@ def _client():
 
 
 def _llm_error(exc) -> LLMError:
-    openai = _openai()
+    openai = openai_package()
     transient = isinstance(
         exc, openai.APIConnectionError | openai.RateLimitError | openai.InternalServerError
     )
@@ -123,7 +124,7 @@ def chat_stream(messages: list[dict], *, seconds: float = TIMEOUT_SECONDS) -> It
     it cannot be asked, stops answering, answers nothing, or is still answering after
     ``seconds``: then its stream is closed under the reader (a model that sends only
     keep-alive comments yields no piece at which to look at the time: review)."""
-    openai = _openai()
+    openai = openai_package()
     answered = False
     overdue = threading.Event()
     given_up_at = time.monotonic() + seconds
@@ -168,7 +169,7 @@ def _stream_opened(client, messages: list[dict], given_up_at: float):
     client's own retries, ``MAX_RETRIES``) while time is left before ``given_up_at``: the
     client's retries each waited the whole time for a model that never answered, three
     times over, after the reader had gone (review)."""
-    openai = _openai()
+    openai = openai_package()
     attempt = 0
     while True:
         left = given_up_at - time.monotonic()
@@ -193,7 +194,7 @@ def _stream_opened(client, messages: list[dict], given_up_at: float):
 def chat(messages: list[dict]) -> str:
     """The model's reply to ``messages`` (chat completion messages); ``LLMError`` when there
     is none."""
-    openai = _openai()
+    openai = openai_package()
     try:
         with _client() as client:
             response = client.chat.completions.create(

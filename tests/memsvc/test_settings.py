@@ -323,6 +323,27 @@ def test_loading_the_app_imports_neither_the_mcp_sdk_nor_openai(tmp_path):
     assert result.stdout.split() == ["[]"]
 
 
+@pytest.mark.parametrize(
+    ("llm", "queue", "imported"),
+    [(True, "llm", True), (True, "celery", False), (False, "llm", False)],
+    ids=["the LLM's worker", "the embedding worker", "no LLM configured"],
+)
+def test_the_llm_worker_imports_the_client_before_it_forks(tmp_path, llm, queue, imported):
+    """Imported by a pool process's first task, ``openai`` took its import out of that task's
+    time limit (a CI run: a first observation ended by its 8 s limit before it asked the
+    model). The worker of the LLM's queue imports it as it starts, before its pool forks;
+    the others do not pay for it."""
+    configured = {"MEMSVC_LLM_BASE_URL": "http://127.0.0.1:9/v1", "MEMSVC_LLM_MODEL": "m"}
+    result = run_django(
+        {"MEMSVC_DATA_DIR": str(tmp_path / "data"), **(configured if llm else {})},
+        "import sys; from memsvc.celery import app;"
+        f"app.WorkController(queues=[{queue!r}], pool_cls='solo', hostname='w@test');"
+        "print('openai' in sys.modules)",
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [str(imported)]
+
+
 def test_the_first_query_starts_the_embedded_server_and_exit_stops_it(tmp_path):
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
