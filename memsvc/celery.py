@@ -2,13 +2,14 @@
 
 import logging
 import os
+import time
 from pathlib import Path
 
 from celery import Celery
 from celery import Task as CeleryTask
 from celery.beat import PersistentScheduler
 from celery.exceptions import InvalidTaskError
-from celery.signals import before_task_publish, worker_init
+from celery.signals import before_task_publish, worker_init, worker_ready
 from kombu.exceptions import OperationalError
 from kombu.transport import TRANSPORT_ALIASES
 
@@ -63,6 +64,12 @@ def shape_checked_strategy(task, app, consumer, **kwargs):
 class Task(CeleryTask):
     Strategy = "memsvc.celery:shape_checked_strategy"
 
+    def after_return(self, *args, **kwargs) -> None:
+        """A worker's process, after each task of the default queue (the embeddings'), says
+        a worker takes its tasks (``worker_seen``)."""
+        if not self.request.is_eager and not getattr(self, "uses_llm", False):
+            worker_seen()
+
 
 app = Celery("memsvc", task_cls=Task)
 app.config_from_object("django.conf:settings", namespace="CELERY")
@@ -102,6 +109,67 @@ def import_the_llm_client(sender, **kwargs) -> None:
 
     if llm_configured() and settings.MEMSVC_LLM_QUEUE in sender.app.amqp.queues.consume_from:
         openai_package()
+
+
+# A process of a worker says it works (``worker_seen``) at most this often.
+WORKER_SEEN_EVERY_SECONDS = 10.0
+_worker_seen_said_at: float | None = None  # (this process's last, monotonic)
+
+
+def worker_seen() -> None:
+    """Note that a worker of the default queue (the embeddings') finished a task now, at
+    most every ``WORKER_SEEN_EVERY_SECONDS`` a process: health says whether one did lately
+    (``worker_seen_at``). Written by the task's own process, on its own connection, after
+    the task: a thread beside the pool, the worker's heartbeat tried before, hung the tasks
+    of the processes it forked (docs/benchmarks.md). A database that refuses costs the
+    note, never the task."""
+    global _worker_seen_said_at
+    from django.conf import settings
+    from django.db import DatabaseError, connection
+
+    now = time.monotonic()
+    if _worker_seen_said_at is not None and now - _worker_seen_said_at < WORKER_SEEN_EVERY_SECONDS:
+        return
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO worker_seen (queue, seen_at) VALUES (%s, statement_timestamp())"
+                " ON CONFLICT (queue) DO UPDATE"
+                " SET seen_at = greatest(worker_seen.seen_at, excluded.seen_at)",
+                [settings.CELERY_TASK_DEFAULT_QUEUE],
+            )
+    except DatabaseError:
+        logger.debug("could not note that a worker works", exc_info=True)
+        return
+    _worker_seen_said_at = now
+
+
+def worker_seen_at():
+    """When a worker of the default queue last said it works (``worker_seen``), or None."""
+    from django.conf import settings
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT seen_at FROM worker_seen WHERE queue = %s", [settings.CELERY_TASK_DEFAULT_QUEUE]
+        )
+        row = cursor.fetchone()
+    return row and row[0]
+
+
+@app.task(name="memsvc.worker_started")
+def worker_started_task() -> None:
+    """Nothing but the note its end makes (``Task.after_return``): sent by a worker of the
+    default queue as it is ready (``say_a_worker_started``), so that health sees it before its
+    first real task (the sweeps come each minute)."""
+
+
+@worker_ready.connect
+def say_a_worker_started(sender, **kwargs) -> None:
+    from django.conf import settings
+
+    if settings.CELERY_TASK_DEFAULT_QUEUE in sender.app.amqp.queues.consume_from:
+        sent(worker_started_task, instead="health sees the worker at its first task")
 
 
 def broker_reachable(timeout: float = 1.0) -> bool:

@@ -45,3 +45,19 @@ class IdempotentRequest(models.Model):
 
     def __str__(self) -> str:
         return f"{self.principal_id}: {self.key}"
+
+
+class WorkerSeen(models.Model):
+    """When a Celery worker last finished a task of a queue (``memsvc.celery.worker_seen``):
+    health's answer to whether anything takes the tasks sent (a reachable broker says
+    nothing of that). UNLOGGED (migration 0003), as the counters: a crash may lose it, the
+    next task writes it again."""
+
+    queue = models.CharField(primary_key=True, max_length=200)
+    seen_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "worker_seen"
+
+    def __str__(self) -> str:
+        return f"{self.queue}: {self.seen_at}"

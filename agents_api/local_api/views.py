@@ -44,7 +44,7 @@ from agents_api.tasks import (
 )
 from conversations.selectors import conversation_messages
 from memsvc.api.errors import NotFound
-from memsvc.api.health import database_backlog, unavailable
+from memsvc.api.health import database_state, unavailable
 from memsvc.api.idempotency import idempotency_key, marked_replayed, request_fingerprint
 from memsvc.api.pagination import parse_limit
 from memsvc.api.ratelimit import CountedBeforePermissions, client_address
@@ -180,7 +180,7 @@ class HealthView(LocalView):
     def get(self, request):
         # The probe of /v1/health: a statement, answered within a bound (a connection
         # already open said ok for a database that did not answer).
-        _, reason = database_backlog()
+        _, reason = database_state()
         if reason is not None:
             return unavailable({"status": "unavailable", "detail": reason})
         return Response(

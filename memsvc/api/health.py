@@ -4,16 +4,19 @@ import os
 import shutil
 import threading
 import time
+from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
+from django.utils import timezone
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from memsvc.celery import broker_reachable
+from memsvc.celery import broker_reachable, worker_seen_at
 from memsvc.db import not_migrated
 from memsvc.embedded_db import socket_dir
 from memsvc.outage import Reminder
@@ -43,6 +46,16 @@ def unavailable(body: dict) -> Response:
     return response
 
 
+# A worker that finished no task of the embedding queue for this long is silent: beat's
+# sweeps give one a task each minute, and ``worker_seen`` notes one each 10 s at most.
+WORKER_SILENT_AFTER = timedelta(seconds=180)
+
+
+class DatabaseState(NamedTuple):
+    backlog: dict[str, int]  # the rows waiting for their embedding, by table
+    worker_seen_at: datetime | None  # (``memsvc.celery.worker_seen_at``)
+
+
 HealthResponse = inline_serializer(
     "Health",
     fields={
@@ -64,6 +77,19 @@ HealthResponse = inline_serializer(
             allow_null=True, help_text="Tool records waiting for theirs, counted alike."
         ),
         "broker": serializers.ChoiceField(choices=["reachable", "unreachable"]),
+        "worker": serializers.ChoiceField(
+            choices=["active", "silent"],
+            allow_null=True,
+            help_text="Whether a worker took the embedding queue's tasks lately: active when "
+            f"one finished a task in the last {WORKER_SILENT_AFTER.seconds} s (beat's sweeps "
+            "give it one each minute, and a worker sends itself one as it starts), silent "
+            "when none did: appended messages then wait for their embedding "
+            "(pendingEmbeddings) until one runs. It does not change the status; null when the "
+            "database did not answer.",
+        ),
+        "workerSeenAt": serializers.DateTimeField(
+            allow_null=True, help_text="When a worker last finished one of those tasks."
+        ),
         "reason": serializers.CharField(required=False),
     },
 )
@@ -93,10 +119,9 @@ class _DatabaseProbe:
         self._in_flight: concurrent.futures.Future | None = None
         self._sent_at = 0.0
 
-    def backlog(self, seconds: float) -> dict[str, int] | None:
-        """The rows waiting for their embedding, by table, as the database counted them, or None
-        when it did not answer within ``seconds``; ``DatabaseError`` when it refused (down,
-        unreachable, not migrated)."""
+    def state(self, seconds: float) -> DatabaseState | None:
+        """What the database said (``_read_state``), or None when it did not answer within
+        ``seconds``; ``DatabaseError`` when it refused (down, unreachable, not migrated)."""
         with self._lock:
             if self._pid != os.getpid():  # (a forked child has none of its parent's threads)
                 self._pid, self._in_flight = os.getpid(), None
@@ -104,7 +129,7 @@ class _DatabaseProbe:
                     max_workers=1, thread_name_prefix="health-probe"
                 )
             if self._in_flight is None or self._in_flight.done():
-                self._in_flight = self._executor.submit(_count_backlog)
+                self._in_flight = self._executor.submit(_read_state)
                 self._sent_at = time.monotonic()
             probe, left = self._in_flight, self._sent_at + seconds - time.monotonic()
         try:
@@ -113,7 +138,7 @@ class _DatabaseProbe:
             return None
 
 
-def _count_backlog() -> dict[str, int]:
+def _read_state() -> DatabaseState:
     # On a connection of its own each time (this thread's, closed after): a connection kept
     # from the last probe said ok while the database refused every new one (PostgreSQL out
     # of processes: 33 of 48 appends refused; review), and one the server dropped since (a
@@ -121,18 +146,18 @@ def _count_backlog() -> dict[str, int]:
     # check of a connection left open, as a request starts, first.
     close_old_connections()
     try:
-        return pending_embedding_counts()
+        return DatabaseState(pending_embedding_counts(), worker_seen_at())
     finally:
         connection.close()
 
 
-def database_backlog() -> tuple[dict[str, int] | None, str | None]:
-    """The probe of both health checks (this one's, the local API's): (the backlog, None)
+def database_state() -> tuple[DatabaseState | None, str | None]:
+    """The probe of both health checks (this one's, the local API's): (what it said, None)
     when the database answered within ``DATABASE_ANSWER_SECONDS``; else (None, why not:
     "database not migrated", "database unreachable" or "database not answering"), said in
     the log once a minute."""
     try:
-        backlog = _probe.backlog(DATABASE_ANSWER_SECONDS)
+        state = _probe.state(DATABASE_ANSWER_SECONDS)
     except DatabaseError as exc:
         if not_migrated(exc):
             # It answers, without memsvc's tables: a DATABASE_URL not migrated yet (it
@@ -143,13 +168,13 @@ def database_backlog() -> tuple[dict[str, int] | None, str | None]:
         # The driver's message names hosts, sockets and paths: for the logs, not for
         # whoever probes the service.
         return _said("database unreachable", "health: database unreachable", exc_info=True)
-    if backlog is None:
+    if state is None:
         return _said(
             "database not answering",
             "health: the database did not answer in %s s",
             DATABASE_ANSWER_SECONDS,
         )
-    return backlog, None
+    return state, None
 
 
 def _said(reason: str, message: str, *args, **kwargs) -> tuple[None, str]:
@@ -202,16 +227,22 @@ class HealthView(APIView):
             "pendingMemoryEmbeddings": None,
             "pendingToolRecordEmbeddings": None,
             "broker": "reachable" if broker_reachable() else "unreachable",
+            "worker": None,
+            "workerSeenAt": None,
         }
         # The disk first: a full one stops PostgreSQL, which then does not answer either
         # (the reason said was "database unreachable": review).
         if _disk_full():
             _said("disk full", "health: the database's disk has less than 64 MB free")
             return unavailable({**body, "status": "unavailable", "reason": "disk full"})
-        backlog, reason = database_backlog()
+        state, reason = database_state()
         if reason is not None:
             return unavailable({**body, "status": "unavailable", "reason": reason})
-        body["pendingEmbeddings"] = backlog["message"]
-        body["pendingMemoryEmbeddings"] = backlog["memory"]
-        body["pendingToolRecordEmbeddings"] = backlog["tool_record"]
+        body["pendingEmbeddings"] = state.backlog["message"]
+        body["pendingMemoryEmbeddings"] = state.backlog["memory"]
+        body["pendingToolRecordEmbeddings"] = state.backlog["tool_record"]
+        seen = state.worker_seen_at
+        lately = seen is not None and timezone.now() - seen <= WORKER_SILENT_AFTER
+        body["worker"] = "active" if lately else "silent"
+        body["workerSeenAt"] = seen and serializers.DateTimeField().to_representation(seen)
         return Response(body)

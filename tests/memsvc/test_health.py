@@ -1,5 +1,9 @@
+from datetime import timedelta
+
 import pytest
 from django.db import OperationalError, connection, transaction
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from agents_api.models import Memory, ToolRecord, content_hash
 from conversations.models import Message
@@ -33,6 +37,8 @@ def test_health_reports_database_embeddings_and_backlog(client, settings):
         "pendingMemoryEmbeddings": 0,
         "pendingToolRecordEmbeddings": 0,
         "broker": "reachable",
+        "worker": "silent",
+        "workerSeenAt": None,
     }
 
 
@@ -57,6 +63,42 @@ def test_the_memories_and_tool_records_waiting_are_counted_too(client):
     ToolRecord.objects.create(agent=agent, tool_name="grep", summary="found 3 files")
     body = client.get("/v1/health").json()
     assert (body["pendingMemoryEmbeddings"], body["pendingToolRecordEmbeddings"]) == (2, 1)
+
+
+@pytest.mark.django_db(transaction=True)  # (read on the probe's thread)
+def test_health_says_whether_a_worker_took_the_embedding_tasks_lately(client, monkeypatch):
+    """It said ok, with no word of a worker, while none ran: appended messages waited for
+    their embedding and nothing said why (review). A worker's task notes it on its way out
+    (``memsvc.celery.Task.after_return``); the status stays ok either way."""
+    from memsvc import celery
+    from search.tasks import sweep_unembedded_task
+
+    def said():
+        body = client.get("/v1/health").json()
+        return body["status"], body["worker"], body["workerSeenAt"]
+
+    assert said() == ("ok", "silent", None)
+    sweep_unembedded_task.apply()  # (run here, as a test or a script does: no worker's)
+    assert said() == ("ok", "silent", None)
+
+    monkeypatch.setattr(celery, "_worker_seen_said_at", None)
+    sweep_unembedded_task.push_request(is_eager=False)  # (as a worker's process runs it)
+    try:
+        sweep_unembedded_task.after_return("SUCCESS", 0, "id", (), {}, None)
+    finally:
+        sweep_unembedded_task.pop_request()
+    status, worker, seen_at = said()
+    assert (status, worker) == ("ok", "active")
+    assert parse_datetime(seen_at) > timezone.now() - timedelta(seconds=10)
+
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE worker_seen SET seen_at = seen_at - interval '181 seconds'")
+    assert said()[:2] == ("ok", "silent")
+    celery.worker_seen()  # (within 10 s of its last note, the process writes none)
+    assert said()[:2] == ("ok", "silent")
+    monkeypatch.setattr(celery, "WORKER_SEEN_EVERY_SECONDS", 0.0)
+    celery.worker_seen()
+    assert said()[:2] == ("ok", "active")
 
 
 def test_health_says_when_the_broker_is_unreachable_and_stays_ok(client, dead_broker):
@@ -114,7 +156,7 @@ def test_a_database_that_does_not_answer_is_unavailable_within_seconds(
         calls.append(1)
         stuck.wait(30)
 
-    monkeypatch.setattr(health, "_count_backlog", count_backlog)
+    monkeypatch.setattr(health, "_read_state", count_backlog)
     monkeypatch.setattr(health, "_probe", health._DatabaseProbe())
     monkeypatch.setattr(health, "DATABASE_ANSWER_SECONDS", 1.0)
     took = []
@@ -130,7 +172,9 @@ def test_a_database_that_does_not_answer_is_unavailable_within_seconds(
     assert 1.0 <= took[0] < 3 and took[1] < 0.5 and took[2] < 0.5, took
     stuck.set()
     time.sleep(0.1)
-    monkeypatch.setattr(health, "_count_backlog", lambda: dict.fromkeys(VECTOR_TABLES, 0))
+    monkeypatch.setattr(
+        health, "_read_state", lambda: health.DatabaseState(dict.fromkeys(VECTOR_TABLES, 0), None)
+    )
     assert client.get(path).status_code == 200
 
 
@@ -180,7 +224,7 @@ def test_a_full_disk_is_said_though_the_database_stopped_on_it(client, monkeypat
     def stopped():
         raise OperationalError("connection refused")
 
-    monkeypatch.setattr(health, "_count_backlog", stopped)
+    monkeypatch.setattr(health, "_read_state", stopped)
     response = client.get("/v1/health")
     assert (response.status_code, response.json()["reason"]) == (503, "disk full")
 

@@ -283,10 +283,17 @@ def test_a_killed_watcher_of_the_database_is_started_again(shared):
     assert len(watchers(served)) == 1 and watchers(served)[0].pid != watcher.pid
 
 
+def worker_said(served) -> str | None:
+    """What health says of the embedding queue's worker: active, silent."""
+    return httpx.get(f"{served.url}/v1/health", timeout=10).json()["worker"]
+
+
 def test_a_worker_killed_with_sigkill_is_restarted_and_leaves_nothing_behind(shared):
     served = shared
     served.wait_until_healthy()
     served.wait_for(lambda: "ready." in served.log.read_text(), "the worker ready")
+    # (As it is ready a worker sends itself a task: health sees it before the first sweep.)
+    served.wait_for(lambda: worker_said(served) == "active", "health seeing the worker")
     worker, beat, web = served.child("worker"), served.child("beat"), served.child("gunicorn")
     pool = worker.children()
     assert pool, "the worker's pool processes"
