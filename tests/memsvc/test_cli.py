@@ -142,6 +142,22 @@ def test_user_create_refuses_a_name_the_login_form_reads_as_another(capsys, clie
 
 
 @pytest.mark.django_db(transaction=True)
+def test_python_dash_m_memsvc_is_the_memsvc_command():
+    """(`python -m memsvc serve` said "No module named memsvc.__main__": review.)"""
+    from tests.agents_api.test_mcp import REPO, server_env
+
+    result = subprocess.run(
+        [sys.executable, "-m", "memsvc", "token", "--help"],
+        env=server_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: memsvc token")
+
+
 def test_an_export_into_a_pipe_its_reader_closed_ends_quietly():
     """(`memsvc export user alice | head -c 200` ended in a BrokenPipeError traceback.)"""
     import subprocess
