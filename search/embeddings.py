@@ -26,6 +26,7 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from pgvector.django import VectorField
 
+from memsvc.outage import Outage
 from search.onnx_encoder import PRECISIONS as ONNX_PRECISIONS
 from search.onnx_encoder import OnnxSentenceEncoder, graph_file, graph_path
 from search.onnx_encoder import supports as onnx_supports
@@ -601,15 +602,28 @@ def vector_literal(vector) -> str:
     return "[" + ",".join(map("{:.7g}".format, values)) + "]"
 
 
+# The request path's last embedding failed less than this long ago, and none succeeded
+# since (``embedded_within``): health says the embedding is failing (per process).
+EMBEDDING_FAILING = Outage(60.0)
+
+
 def embedded_within(backend: EmbeddingBackend, texts: list[str], seconds: float) -> np.ndarray:
     """``backend.embed(texts)``, a remote service's answer waited for ``seconds`` at most (an
     ``EmbeddingError`` then, as for a service that is down): a request's wait, and the thread
     that waits, end then (a hung service held each save and search 60 s, and the threads
     that embed them, so that the next ones waited behind: reviews). The local model, on this
-    machine, is asked as it is."""
-    if is_remote(backend):
-        return backend.embed(texts, seconds=seconds)
-    return backend.embed(texts)
+    machine, is asked as it is. Each answer, or failure, is what health says of the
+    embedding (``EMBEDDING_FAILING``): searches then went on with keywords alone, memories
+    were saved without their vector, and health said ok (review)."""
+    try:
+        vectors = (
+            backend.embed(texts, seconds=seconds) if is_remote(backend) else backend.embed(texts)
+        )
+    except EmbeddingError:
+        EMBEDDING_FAILING.began()
+        raise
+    EMBEDDING_FAILING.end()
+    return vectors
 
 
 def is_remote(backend: EmbeddingBackend) -> bool:

@@ -20,7 +20,7 @@ from memsvc.celery import broker_reachable, worker_seen_at
 from memsvc.db import not_migrated
 from memsvc.embedded_db import socket_dir
 from memsvc.outage import Reminder
-from search.embeddings import configured_backend
+from search.embeddings import EMBEDDING_FAILING, configured_backend
 from search.selectors import PENDING_COUNTED_UP_TO, pending_embedding_counts
 
 logger = logging.getLogger(__name__)
@@ -64,6 +64,14 @@ HealthResponse = inline_serializer(
         "embeddingBackend": serializers.CharField(),
         "embeddingModel": serializers.CharField(),
         "embeddingDimension": serializers.IntegerField(),
+        "embedding": serializers.ChoiceField(
+            choices=["ok", "failing"],
+            help_text="failing when this web process's last embedding of a search query or "
+            f"a saved memory failed less than {EMBEDDING_FAILING.seconds:g} s ago (a remote "
+            "backend down or too slow): its searches then rank by keywords alone, and "
+            "memories wait for their vector (the worker embeds them later). It does not "
+            "change the status.",
+        ),
         "pendingEmbeddings": serializers.IntegerField(
             allow_null=True,
             help_text=f"Messages waiting for their embedding, counted up to "
@@ -223,6 +231,7 @@ class HealthView(APIView):
             "embeddingBackend": settings.MEMORY_EMBEDDING_BACKEND,
             "embeddingModel": configured_backend().model,
             "embeddingDimension": settings.MEMORY_EMBEDDING_DIMENSION,
+            "embedding": "failing" if EMBEDDING_FAILING.ongoing else "ok",
             "pendingEmbeddings": None,
             "pendingMemoryEmbeddings": None,
             "pendingToolRecordEmbeddings": None,

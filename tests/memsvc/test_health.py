@@ -33,6 +33,7 @@ def test_health_reports_database_embeddings_and_backlog(client, settings):
         "embeddingBackend": "local",
         "embeddingModel": "all-MiniLM-L6-v2@int8",
         "embeddingDimension": 384,
+        "embedding": "ok",
         "pendingEmbeddings": 3,
         "pendingMemoryEmbeddings": 0,
         "pendingToolRecordEmbeddings": 0,

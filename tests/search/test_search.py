@@ -178,6 +178,40 @@ def test_with_the_embedding_service_down_keywords_still_find(
     assert response.json()["code"] == "unavailable"
 
 
+def test_health_says_the_embedding_fails_while_searches_go_on_without_it(
+    api, alice, pets, monkeypatch
+):
+    """Searches ranked by keywords alone, saves kept no vector, and health said ok (review):
+    it says the embedding is failing until a query is embedded again; still ok."""
+    from search import embeddings
+
+    monkeypatch.setattr(embeddings, "EMBEDDING_FAILING", embeddings.Outage(60.0))
+    monkeypatch.setattr("memsvc.api.health.EMBEDDING_FAILING", embeddings.EMBEDDING_FAILING)
+
+    def said():
+        body = api.get("/v1/health").json()
+        return body["status"], body["embedding"]
+
+    assert search(api, alice, "puppy adopted") and said() == ("ok", "ok")
+    working = embeddings.configured_backend()
+
+    class Down:
+        model = "down"
+
+        def embed(self, texts):
+            raise EmbeddingError("embedding service unreachable", transient=True)
+
+    # The embedding service is outside memsvc: its failure is simulated.
+    monkeypatch.setattr("search.engine.configured_backend", lambda: Down())
+    assert contents(search(api, alice, "puppy adopted")) == [
+        "I adopted a puppy named Rex last week"
+    ]
+    assert said() == ("ok", "failing")
+    monkeypatch.setattr("search.engine.configured_backend", lambda: working)
+    # (A question asked before is answered by its kept vector: a new one is embedded.)
+    assert search(api, alice, "a puppy named Rex") and said() == ("ok", "ok")
+
+
 def test_an_embedding_service_answering_no_vectors_leaves_keywords_to_find(
     api, alice, pets, monkeypatch
 ):
