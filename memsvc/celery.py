@@ -5,7 +5,7 @@ import os
 import time
 from pathlib import Path
 
-from celery import Celery
+from celery import Celery, states
 from celery import Task as CeleryTask
 from celery.beat import PersistentScheduler
 from celery.exceptions import InvalidTaskError
@@ -63,11 +63,13 @@ def shape_checked_strategy(task, app, consumer, **kwargs):
 
 class Task(CeleryTask):
     Strategy = "memsvc.celery:shape_checked_strategy"
+    uses_llm = False  # (a task that asks the LLM: its own queue, ``route``)
 
-    def after_return(self, *args, **kwargs) -> None:
-        """A worker's process, after each task of the default queue (the embeddings'), says
-        a worker takes its tasks (``worker_seen``)."""
-        if not self.request.is_eager and not getattr(self, "uses_llm", False):
+    def after_return(self, status, *args, **kwargs) -> None:
+        """A worker's process, after each task of the default queue (the embeddings') that
+        succeeded, says a worker does its tasks (``worker_seen``): one whose every task
+        fails (its database refusing) is not seen (code review)."""
+        if status == states.SUCCESS and not self.request.is_eager and not self.uses_llm:
             worker_seen()
 
 
@@ -144,17 +146,19 @@ def worker_seen() -> None:
     _worker_seen_said_at = now
 
 
-def worker_seen_at():
-    """When a worker of the default queue last said it works (``worker_seen``), or None."""
+def worker_seen_at() -> tuple:
+    """When a worker of the default queue last said it works (``worker_seen``), and how long
+    ago by the database's clock, which wrote it (a web host's clock may differ from an
+    external database's: code review); (None, None) if none ever did."""
     from django.conf import settings
     from django.db import connection
 
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT seen_at FROM worker_seen WHERE queue = %s", [settings.CELERY_TASK_DEFAULT_QUEUE]
+            "SELECT seen_at, statement_timestamp() - seen_at FROM worker_seen WHERE queue = %s",
+            [settings.CELERY_TASK_DEFAULT_QUEUE],
         )
-        row = cursor.fetchone()
-    return row and row[0]
+        return cursor.fetchone() or (None, None)
 
 
 @app.task(name="memsvc.worker_started")

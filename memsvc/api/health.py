@@ -9,7 +9,6 @@ from typing import NamedTuple
 
 from django.conf import settings
 from django.db import DatabaseError, close_old_connections, connection
-from django.utils import timezone
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers
 from rest_framework.permissions import AllowAny
@@ -54,6 +53,7 @@ WORKER_SILENT_AFTER = timedelta(seconds=180)
 class DatabaseState(NamedTuple):
     backlog: dict[str, int]  # the rows waiting for their embedding, by table
     worker_seen_at: datetime | None  # (``memsvc.celery.worker_seen_at``)
+    worker_seen_ago: timedelta | None  # (by the database's clock)
 
 
 HealthResponse = inline_serializer(
@@ -154,7 +154,7 @@ def _read_state() -> DatabaseState:
     # check of a connection left open, as a request starts, first.
     close_old_connections()
     try:
-        return DatabaseState(pending_embedding_counts(), worker_seen_at())
+        return DatabaseState(pending_embedding_counts(), *worker_seen_at())
     finally:
         connection.close()
 
@@ -250,8 +250,7 @@ class HealthView(APIView):
         body["pendingEmbeddings"] = state.backlog["message"]
         body["pendingMemoryEmbeddings"] = state.backlog["memory"]
         body["pendingToolRecordEmbeddings"] = state.backlog["tool_record"]
-        seen = state.worker_seen_at
-        lately = seen is not None and timezone.now() - seen <= WORKER_SILENT_AFTER
-        body["worker"] = "active" if lately else "silent"
+        seen, ago = state.worker_seen_at, state.worker_seen_ago
+        body["worker"] = "active" if seen is not None and ago <= WORKER_SILENT_AFTER else "silent"
         body["workerSeenAt"] = seen and serializers.DateTimeField().to_representation(seen)
         return Response(body)

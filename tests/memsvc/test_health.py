@@ -85,12 +85,22 @@ def test_health_says_whether_a_worker_took_the_embedding_tasks_lately(client, mo
     monkeypatch.setattr(celery, "_worker_seen_said_at", None)
     sweep_unembedded_task.push_request(is_eager=False)  # (as a worker's process runs it)
     try:
+        # (A task that failed says nothing: every one fails in a worker whose database
+        # refuses it.)
+        sweep_unembedded_task.after_return("FAILURE", None, "id", (), {}, None)
+        assert said() == ("ok", "silent", None)
         sweep_unembedded_task.after_return("SUCCESS", 0, "id", (), {}, None)
     finally:
         sweep_unembedded_task.pop_request()
     status, worker, seen_at = said()
     assert (status, worker) == ("ok", "active")
     assert parse_datetime(seen_at) > timezone.now() - timedelta(seconds=10)
+    # Told by the database's clock, which wrote it: a web host's clock 10 minutes ahead of an
+    # external database's said silent (code review).
+    later = timezone.now() + timedelta(minutes=10)
+    with monkeypatch.context() as ahead:
+        ahead.setattr("django.utils.timezone.now", lambda: later)
+        assert said()[:2] == ("ok", "active")
 
     with connection.cursor() as cursor:
         cursor.execute("UPDATE worker_seen SET seen_at = seen_at - interval '181 seconds'")
@@ -174,7 +184,9 @@ def test_a_database_that_does_not_answer_is_unavailable_within_seconds(
     stuck.set()
     time.sleep(0.1)
     monkeypatch.setattr(
-        health, "_read_state", lambda: health.DatabaseState(dict.fromkeys(VECTOR_TABLES, 0), None)
+        health,
+        "_read_state",
+        lambda: health.DatabaseState(dict.fromkeys(VECTOR_TABLES, 0), None, None),
     )
     assert client.get(path).status_code == 200
 
