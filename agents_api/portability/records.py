@@ -32,6 +32,7 @@ from agents_api.models import (
 from conversations.models import AccessLevel, Channel, Role, TransferStatus, Visibility
 from memsvc.api.fields import (
     ChoiceField,
+    InputSerializer,
     JSONObjectField,
     JSONValueField,
     MessageContentField,
@@ -39,7 +40,6 @@ from memsvc.api.fields import (
     MomentField,
     TextField,
     TitleField,
-    json_typed,
 )
 from memsvc.api.principals import (
     AGENT_PRINCIPAL_PREFIX,
@@ -105,22 +105,18 @@ class PrincipalField(serializers.CharField):
         return value
 
 
-class Record(serializers.Serializer):
-    # A record keeps its text as it is (no trimming): what comes back is what went out.
-    # (A comment: drf-spectacular would copy a docstring into every record's schema.)
+class Record(InputSerializer):
+    # Read back as a request body is (``InputSerializer``): of the JSON types the export's
+    # schema says (a limit "5000" was taken as 5000; review), and no field it does not know
+    # (one was stored without it, where the API refuses it: review). A record keeps its text
+    # as it is (no trimming): what comes back is what went out. (A comment: drf-spectacular
+    # would copy a docstring into every record's schema.)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         for field in self.fields.values():
             if isinstance(field, serializers.CharField):
                 field.trim_whitespace = False
-
-    def to_internal_value(self, data):
-        # Of the JSON types the export's schema says, as a request body's (a limit "5000"
-        # was taken as 5000; review).
-        return super().to_internal_value(
-            json_typed(self.fields, data) if isinstance(data, dict) else data
-        )
 
 
 class ConversationRecord(Record):

@@ -141,7 +141,6 @@ def test_user_create_refuses_a_name_the_login_form_reads_as_another(capsys, clie
     assert page.status_code == 302
 
 
-@pytest.mark.django_db(transaction=True)
 def test_python_dash_m_memsvc_is_the_memsvc_command():
     """(`python -m memsvc serve` said "No module named memsvc.__main__": review.)"""
     from tests.agents_api.test_mcp import REPO, server_env
@@ -158,6 +157,7 @@ def test_python_dash_m_memsvc_is_the_memsvc_command():
     assert result.stdout.startswith("usage: memsvc token")
 
 
+@pytest.mark.django_db(transaction=True)
 def test_an_export_into_a_pipe_its_reader_closed_ends_quietly():
     """(`memsvc export user alice | head -c 200` ended in a BrokenPipeError traceback.)"""
     import subprocess
