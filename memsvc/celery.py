@@ -121,8 +121,8 @@ _worker_seen_said_at: float | None = None  # (this process's last, monotonic)
 def worker_seen() -> None:
     """Note that a worker of the default queue (the embeddings') finished a task now, at
     most every ``WORKER_SEEN_EVERY_SECONDS`` a process: health says whether one did lately
-    (``worker_seen_at``). Written by the task's own process, on its own connection, after
-    the task: a thread beside the pool, the worker's heartbeat tried before, hung the tasks
+    (``worker_seen_at``). Written by the task's own process, on the task's connection,
+    after the task: a thread beside the pool, the worker's heartbeat tried before, hung the tasks
     of the processes it forked (docs/benchmarks.md). A database that refuses costs the
     note, never the task."""
     global _worker_seen_said_at
