@@ -9,7 +9,6 @@ from rest_framework.permissions import SAFE_METHODS, BasePermission
 
 from agents_api.keys import KEY_PREFIX, secret_matches, split_key
 from agents_api.models import Agent, ApiKey, Scope
-from agents_api.selectors import keeps_live_memory_sql
 from memsvc.api.errors import ApiError, Forbidden, InvalidInput, Unauthorized
 from memsvc.api.fields import header_text
 from memsvc.api.principals import Principal, user_id_problem
@@ -44,22 +43,15 @@ def _presented_key(request) -> str | None:
 
 
 # A key and its agent in one fixed statement: the agent's columns, then the key's as
-# key_<column>, then whether the agent keeps a live memory (``keeps_memory``: one index entry
-# read, for ``selectors.keeps_memories``). Compiled per request as a queryset
-# (``select_related``), it cost more than it ran: 0.66 ms of every request with a key, 0.27
-# ms so. The memory probe in a statement of its own came before a keyed context's searches:
-# a round trip on their way.
+# key_<column>. Compiled per request as a queryset (``select_related``), it cost more than it
+# ran: 0.66 ms of every request with a key, 0.27 ms so.
 _KEY_FIELDS = ApiKey._meta.concrete_fields
 _KEY_COLUMNS = ", ".join(f'k."{field.column}" AS "key_{field.column}"' for field in _KEY_FIELDS)
-_KEY_SQL = (
-    f"SELECT a.*, {_KEY_COLUMNS}, {keeps_live_memory_sql('a.id')} AS keeps_memory"  # noqa: S608 (the model's columns)
-    " FROM api_key k JOIN agent a ON a.id = k.agent_id WHERE k.public_id = %s"
-)
+_KEY_SQL = f"SELECT a.*, {_KEY_COLUMNS} FROM api_key k JOIN agent a ON a.id = k.agent_id WHERE k.public_id = %s"  # noqa: S608 (the model's columns)
 
 
 def key_with_agent(public_id: str) -> ApiKey | None:
-    """The key of this public id, its agent loaded with it (and its ``keeps_memory``); None
-    if there is none."""
+    """The key of this public id, its agent loaded with it; None if there is none."""
     for agent in Agent.objects.raw(_KEY_SQL, [public_id]):
         values = []
         for field in _KEY_FIELDS:

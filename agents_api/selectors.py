@@ -190,7 +190,8 @@ def local_agent(caller_agent: Agent | None, name: str, *, memories: bool = False
     callers (``Agent.loopback_trusted``), a key only its own agent. 404 otherwise.
     ``memories``: a keyless caller's agent, read here, comes with ``keeps_memory``
     (``keeps_memories``) from the same statement (the context's; the other views' statement
-    reads no memory). A key's agent comes from the key, with it."""
+    reads no memory). A key's agent comes from the key, without it: ``keeps_memories``
+    probes for it."""
 
     def trusted():
         agents = Agent.objects.filter(owner_principal=LOCAL_OWNER, name=name, loopback_trusted=True)
@@ -753,8 +754,7 @@ def keeps_live_memory_sql(agent: str, user: str | None = None) -> str:
 def keeps_memories(agent: Agent) -> bool:
     """Whether the agent keeps a memory not yet expired, its own or about a user: one index
     probe, its yes kept a few seconds (``statements.holds_any``), or none for an agent read
-    with the answer (``keeps_memory``: a key's, ``authentication.key_with_agent``; a keyless
-    caller's, ``local_agent``). An agent that keeps none has none
+    with the answer (``local_agent``'s ``keeps_memory``). An agent that keeps none has none
     to put into a context, and none citing turns: its context asks no more."""
     read = getattr(agent, "keeps_memory", None)
     if read is not None:
