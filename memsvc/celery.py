@@ -2,7 +2,6 @@
 
 import logging
 import os
-import time
 from pathlib import Path
 
 from celery import Celery, states
@@ -63,14 +62,14 @@ def shape_checked_strategy(task, app, consumer, **kwargs):
 
 class Task(CeleryTask):
     Strategy = "memsvc.celery:shape_checked_strategy"
-    uses_llm = False  # (a task that asks the LLM: its own queue, ``route``)
 
     def after_return(self, status, *args, **kwargs) -> None:
-        """A worker's process, after each task of the default queue (the embeddings') that
-        succeeded, says a worker does its tasks (``worker_seen``): one whose every task
-        fails (its database refusing) is not seen (code review)."""
-        if status == states.SUCCESS and not self.request.is_eager and not self.uses_llm:
-            worker_seen()
+        """A worker's process, after each task that succeeded, says a worker of the task's
+        queue does its tasks (``worker_seen``): one whose every task fails (its database
+        refusing) is not seen (code review). (Not a retry's: Celery calls none then.)"""
+        queue = (self.request.delivery_info or {}).get("routing_key")
+        if status == states.SUCCESS and not self.request.is_eager and queue:
+            worker_seen(queue)
 
 
 app = Celery("memsvc", task_cls=Task)
@@ -113,24 +112,23 @@ def import_the_llm_client(sender, **kwargs) -> None:
         openai_package()
 
 
-# A process of a worker says it works (``worker_seen``) at most this often.
+# A queue's worker noted as working (``worker_seen``) by a process less than this long ago
+# is not noted again by it: one statement every 10 s at most, not one a task.
 WORKER_SEEN_EVERY_SECONDS = 10.0
-_worker_seen_said_at: float | None = None  # (this process's last, monotonic)
+_WORKER_NOTED: dict[str, Outage] = {}  # (this process's, by queue)
 
 
-def worker_seen() -> None:
-    """Note that a worker of the default queue (the embeddings') finished a task now, at
-    most every ``WORKER_SEEN_EVERY_SECONDS`` a process: health says whether one did lately
-    (``worker_seen_at``). Written by the task's own process, on the task's connection,
-    after the task: a thread beside the pool, the worker's heartbeat tried before, hung the tasks
-    of the processes it forked (docs/benchmarks.md). A database that refuses costs the
-    note, never the task."""
-    global _worker_seen_said_at
-    from django.conf import settings
+def worker_seen(queue: str) -> None:
+    """Note that a worker of ``queue`` finished a task now, unless this process noted it
+    less than ``WORKER_SEEN_EVERY_SECONDS`` ago: health says whether one of the default
+    queue's (the embeddings') did lately (``worker_seen_at``). Written by the task's own
+    process, on the task's connection, after the task: a thread beside the pool, the
+    worker's heartbeat tried before, hung the tasks of the processes it forked
+    (docs/benchmarks.md). A database that refuses costs the note, never the task."""
     from django.db import DatabaseError, connection
 
-    now = time.monotonic()
-    if _worker_seen_said_at is not None and now - _worker_seen_said_at < WORKER_SEEN_EVERY_SECONDS:
+    noted = _WORKER_NOTED.setdefault(queue, Outage(WORKER_SEEN_EVERY_SECONDS))
+    if noted.ongoing:
         return
     try:
         with connection.cursor() as cursor:
@@ -138,34 +136,44 @@ def worker_seen() -> None:
                 "INSERT INTO worker_seen (queue, seen_at) VALUES (%s, statement_timestamp())"
                 " ON CONFLICT (queue) DO UPDATE"
                 " SET seen_at = greatest(worker_seen.seen_at, excluded.seen_at)",
-                [settings.CELERY_TASK_DEFAULT_QUEUE],
+                [queue],
             )
     except DatabaseError:
         logger.debug("could not note that a worker works", exc_info=True)
         return
-    _worker_seen_said_at = now
+    noted.began()
 
 
-def worker_seen_at() -> tuple:
-    """When a worker of the default queue last said it works (``worker_seen``), and how long
-    ago by the database's clock, which wrote it (a web host's clock may differ from an
-    external database's: code review); (None, None) if none ever did."""
+def worker_seen_at() -> tuple | None:
+    """When a worker of the default queue was last noted working (``worker_seen``: up to
+    10 s after its last task), and how long ago by the database's clock, which wrote it (a
+    web host's clock may differ from an external database's: code review); (None, None) if
+    none ever was; None when the database has no such table yet (a ``DATABASE_URL`` not
+    migrated to this release: health is not refused for it; code review)."""
     from django.conf import settings
-    from django.db import connection
+    from django.db import ProgrammingError, connection
 
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT seen_at, statement_timestamp() - seen_at FROM worker_seen WHERE queue = %s",
-            [settings.CELERY_TASK_DEFAULT_QUEUE],
-        )
-        return cursor.fetchone() or (None, None)
+    from memsvc.db import not_migrated
+
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT seen_at, statement_timestamp() - seen_at FROM worker_seen WHERE queue = %s",
+                [settings.CELERY_TASK_DEFAULT_QUEUE],
+            )
+            return cursor.fetchone() or (None, None)
+    except ProgrammingError as exc:
+        if not_migrated(exc):
+            return None
+        raise
 
 
 @app.task(name="memsvc.worker_started")
 def worker_started_task() -> None:
-    """Nothing but the note its end makes (``Task.after_return``): sent by a worker of the
-    default queue as it is ready (``say_a_worker_started``), so that health sees it before its
-    first real task (the sweeps come each minute)."""
+    """Nothing but the note its end makes (``Task.after_return``): sent to the default
+    queue by a worker of it as it is ready (``say_a_worker_started``; any worker of the
+    queue may take it), so that health sees one before the first real task (the sweeps
+    come each minute)."""
 
 
 @worker_ready.connect

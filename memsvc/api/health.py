@@ -52,8 +52,9 @@ WORKER_SILENT_AFTER = timedelta(seconds=180)
 
 class DatabaseState(NamedTuple):
     backlog: dict[str, int]  # the rows waiting for their embedding, by table
-    worker_seen_at: datetime | None  # (``memsvc.celery.worker_seen_at``)
-    worker_seen_ago: timedelta | None  # (by the database's clock)
+    # (``memsvc.celery.worker_seen_at``: when, and how long ago by the database's clock;
+    # None when the database cannot say)
+    worker_seen: tuple[datetime | None, timedelta | None] | None
 
 
 HealthResponse = inline_serializer(
@@ -90,13 +91,15 @@ HealthResponse = inline_serializer(
             allow_null=True,
             help_text="Whether a worker took the embedding queue's tasks lately: active when "
             f"one finished a task in the last {WORKER_SILENT_AFTER.seconds} s (beat's sweeps "
-            "give it one each minute, and a worker sends itself one as it starts), silent "
+            "give it one each minute, and a worker sends its queue one as it starts), silent "
             "when none did: appended messages then wait for their embedding "
             "(pendingEmbeddings) until one runs. It does not change the status; null when the "
-            "database did not answer.",
+            "database did not answer (or is not migrated to this release).",
         ),
         "workerSeenAt": serializers.DateTimeField(
-            allow_null=True, help_text="When a worker last finished one of those tasks."
+            allow_null=True,
+            help_text="When a worker was last noted finishing one of those tasks (each of its "
+            "processes notes it at most every 10 s).",
         ),
         "reason": serializers.CharField(required=False),
     },
@@ -154,7 +157,7 @@ def _read_state() -> DatabaseState:
     # check of a connection left open, as a request starts, first.
     close_old_connections()
     try:
-        return DatabaseState(pending_embedding_counts(), *worker_seen_at())
+        return DatabaseState(pending_embedding_counts(), worker_seen_at())
     finally:
         connection.close()
 
@@ -250,7 +253,9 @@ class HealthView(APIView):
         body["pendingEmbeddings"] = state.backlog["message"]
         body["pendingMemoryEmbeddings"] = state.backlog["memory"]
         body["pendingToolRecordEmbeddings"] = state.backlog["tool_record"]
-        seen, ago = state.worker_seen_at, state.worker_seen_ago
-        body["worker"] = "active" if seen is not None and ago <= WORKER_SILENT_AFTER else "silent"
-        body["workerSeenAt"] = seen and serializers.DateTimeField().to_representation(seen)
+        if state.worker_seen is not None:
+            seen, ago = state.worker_seen
+            lately = seen is not None and ago <= WORKER_SILENT_AFTER
+            body["worker"] = "active" if lately else "silent"
+            body["workerSeenAt"] = seen and serializers.DateTimeField().to_representation(seen)
         return Response(body)
