@@ -210,5 +210,7 @@ class AgentImportView(AgentApiView):
         except ImportCollides as exc:
             raise Conflict(f"nothing imported: {exc}") from None
         except ImportRefused as exc:
+            if exc.details:
+                raise InvalidInput(f"nothing imported: {exc}", details=exc.details) from None
             raise InvalidInput.for_field("body", f"nothing imported: {exc}") from None
         return Response(ImportedOut(result).data)

@@ -46,7 +46,13 @@ from search.tasks import enqueue_embedding
 
 
 class ImportRefused(Exception):
-    """The document cannot be imported (nothing was)."""
+    """The document cannot be imported (nothing was). ``details``: the problems by the
+    place of the field in the document (``memories[5].importance``), when a record's field
+    is what is wrong (the API's 400 names them as a batch's does)."""
+
+    def __init__(self, message: str, details: dict[str, list] | None = None):
+        super().__init__(message)
+        self.details = details
 
 
 class ImportCollides(ImportRefused):
@@ -68,8 +74,21 @@ def parse_records(record_class, records, section: str) -> list[dict]:
             for i, e in (errors.items() if isinstance(errors, dict) else enumerate(errors))
             if e
         )
-        raise ImportRefused(f"{section}[{index}]: {json.dumps(problems, ensure_ascii=False)}")
+        place = f"{section}[{index}]"
+        named = problems.items() if isinstance(problems, dict) else [(None, problems)]
+        details = {
+            f"{place}.{name}" if name else place: (
+                said if _all_text(said) else [json.dumps(said, ensure_ascii=False)]
+            )
+            for name, said in named
+        }
+        raise ImportRefused(f"{place}: {json.dumps(problems, ensure_ascii=False)}", details)
     return [dict(record) for record in serializer.validated_data]
+
+
+def _all_text(problems) -> bool:
+    """Whether DRF's problems of a field are a list of messages (not a nested record's)."""
+    return isinstance(problems, list) and all(isinstance(said, str) for said in problems)
 
 
 def _belongs_to(user_id: str, records: list[dict], key: str, section: str) -> None:

@@ -2187,6 +2187,8 @@ def test_an_imports_records_hold_no_field_the_export_does_not_write(api, helper)
     refused = api.post("/v1/agent/import", document, as_=other)
     assert refused.status_code == 400, refused.content
     assert refused.json()["error"].endswith('memories[0]: {"zzz": ["unknown field"]}')
+    # (Named where it is, as a batch's refusal names it: it was one text under "body".)
+    assert refused.json()["details"] == {"memories[0].zzz": ["unknown field"]}
     assert not Memory.objects.filter(agent=other.agent).exists()
 
 
@@ -2610,7 +2612,11 @@ def test_a_bad_document_is_a_400_and_stores_nothing(api, world):
         assert response.status_code == 400, (why, response.content[:300])
         body = response.json()
         assert body["code"] == "validation_error", why
-        assert body["error"].startswith("body: nothing imported: "), (why, body)
+        # (A record's field named where it is, "memories[0].content"; else the body.)
+        assert body["error"].startswith(("body: nothing imported: ", "nothing imported: ")), why
+        assert body["details"] and all(
+            place == "body" or "[" in place for place in body["details"]
+        ), (why, body)
         assert not any(memory_of_the_agent(newcomer.agent).values()), why
 
 
