@@ -97,6 +97,12 @@ def make_local_queue_folders(**kwargs) -> None:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
 
 
+def consumes(worker, queue: str) -> bool:
+    """Whether a starting worker (a signal's sender: its controller, or its consumer) takes
+    the tasks of ``queue`` (its ``--queues``, selected before ``worker_init``)."""
+    return queue in worker.app.amqp.queues.consume_from
+
+
 @worker_init.connect
 def import_the_llm_client(sender, **kwargs) -> None:
     """A worker of the LLM's queue imports the model's client before it forks its processes.
@@ -108,7 +114,7 @@ def import_the_llm_client(sender, **kwargs) -> None:
 
     from memsvc.llm import llm_configured, openai_package
 
-    if llm_configured() and settings.MEMSVC_LLM_QUEUE in sender.app.amqp.queues.consume_from:
+    if llm_configured() and consumes(sender, settings.MEMSVC_LLM_QUEUE):
         openai_package()
 
 
@@ -180,7 +186,7 @@ def worker_started_task() -> None:
 def say_a_worker_started(sender, **kwargs) -> None:
     from django.conf import settings
 
-    if settings.CELERY_TASK_DEFAULT_QUEUE in sender.app.amqp.queues.consume_from:
+    if consumes(sender, settings.CELERY_TASK_DEFAULT_QUEUE):
         sent(worker_started_task, instead="health sees the worker at its first task")
 
 

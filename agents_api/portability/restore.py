@@ -39,6 +39,7 @@ from conversations.models import (
     TransferStatus,
 )
 from conversations.selectors import WRITING_LEVELS, conversations_owned_by, said_by
+from memsvc.api.errors import flattened_details
 from memsvc.celery import sent
 from memsvc.db import held_keys
 from search.services import EMBED_BATCH
@@ -74,21 +75,11 @@ def parse_records(record_class, records, section: str) -> list[dict]:
             for i, e in (errors.items() if isinstance(errors, dict) else enumerate(errors))
             if e
         )
-        place = f"{section}[{index}]"
-        named = problems.items() if isinstance(problems, dict) else [(None, problems)]
-        details = {
-            f"{place}.{name}" if name else place: (
-                said if _all_text(said) else [json.dumps(said, ensure_ascii=False)]
-            )
-            for name, said in named
-        }
-        raise ImportRefused(f"{place}: {json.dumps(problems, ensure_ascii=False)}", details)
+        raise ImportRefused(
+            f"{section}[{index}]: {json.dumps(problems, ensure_ascii=False)}",
+            flattened_details({section: {index: problems}}),
+        )
     return [dict(record) for record in serializer.validated_data]
-
-
-def _all_text(problems) -> bool:
-    """Whether DRF's problems of a field are a list of messages (not a nested record's)."""
-    return isinstance(problems, list) and all(isinstance(said, str) for said in problems)
 
 
 def _belongs_to(user_id: str, records: list[dict], key: str, section: str) -> None:

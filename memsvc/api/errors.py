@@ -140,7 +140,7 @@ def error_body(message: str, code: str, details: dict | None = None) -> dict:
     return {"error": message, "code": code, "details": details or {}}
 
 
-def _flatten_details(detail) -> dict:
+def flattened_details(detail) -> dict:
     """DRF's nested error detail -> ``{"field": ["problem", ...]}`` with dotted paths."""
     flat: dict[str, list[str]] = {}
 
@@ -183,10 +183,10 @@ def as_api_error(exc: Exception) -> ApiError | None:
         return exc
     if isinstance(exc, DjangoValidationError):
         if hasattr(exc, "error_dict"):
-            return _invalid(_flatten_details(exc.message_dict))
+            return _invalid(flattened_details(exc.message_dict))
         return _invalid({"non_field_errors": exc.messages})
     if isinstance(exc, drf.ValidationError):
-        return _invalid(_flatten_details(exc.detail))
+        return _invalid(flattened_details(exc.detail))
     return None
 
 
