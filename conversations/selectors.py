@@ -339,19 +339,20 @@ def access_conversation(
         conversation_id = uuid.UUID(str(conversation_id))
     except ValueError:
         raise NotFound("conversation not found") from None
-    visible = conversations_visible_to(principal)
-    if summary:
-        visible = _with_summary_fields(visible, principal).select_related("forked_at_message")
     if summary or principal.on_behalf_of:
+        visible = conversations_visible_to(principal)
+        if summary:
+            visible = _with_summary_fields(visible, principal).select_related("forked_at_message")
         conversation = visible.filter(id=conversation_id).first()
     else:
         # A principal's own write's look (an append's above all): its SQL compiled once,
-        # as making and compiling the queryset cost four times running it (about 0.9 of an
-        # append's 8 ms of the web process's time: docs/benchmarks.md). (An agent acting for
-        # a user: its level is a CASE of constants, which ``compiled_once`` does not keep.)
+        # and the queryset not even made once it is, as making and compiling it cost four
+        # times running it (about 0.9 of an append's 8 ms of the web process's time:
+        # docs/benchmarks.md). (An agent acting for a user: its level is a CASE of
+        # constants, which ``compiled_once`` does not keep.)
         found = compiled_once(
             "access_conversation",
-            lambda: visible.filter(id=conversation_id)[:1],
+            lambda: conversations_visible_to(principal).filter(id=conversation_id)[:1],
             [principal.id, conversation_id],
         )
         conversation = next(iter(found), None)
@@ -563,7 +564,16 @@ def conversation_owner_id(conversation: Conversation) -> str:
     """The owner's principal id (annotated by ``access_conversation``, else looked up)."""
     owner_id = getattr(conversation, "owner_id", None)
     if owner_id is None:
-        owner_id = group_owners([conversation.group_id])[conversation.group_id]
+        # (Asked by every append of an agent's user turns, ``_signatures``: its SQL
+        # compiled once, as ``access_conversation``'s.)
+        [owner] = compiled_once(
+            "conversation_owner_id",
+            lambda: Membership.objects.filter(
+                group_id=conversation.group_id, access_level=AccessLevel.OWNER
+            ).only("principal_id"),
+            [AccessLevel.OWNER, conversation.group_id],
+        )
+        owner_id = owner.principal_id
     return owner_id
 
 
