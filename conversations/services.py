@@ -346,6 +346,7 @@ def messages_append(
         conversation.pk,
         missing="conversation not found",
         no_key=True,
+        kept_as="append_lock",
     )
     _hold_memberships(actor, conversation)
     _hold_parents(messages)

@@ -312,14 +312,27 @@ def foreign_key_unindexed(
 
 
 def locked_row(
-    queryset: models.QuerySet, pk, *, missing: str, no_key: bool = False
+    queryset: models.QuerySet,
+    pk,
+    *,
+    missing: str,
+    no_key: bool = False,
+    kept_as: str | None = None,
 ) -> models.Model:
     """Row ``pk`` of ``queryset`` as it is now, locked (FOR UPDATE; ``no_key``: FOR NO KEY
     UPDATE, the lock an update of no key column takes, which lets rows that refer to it be
     written meanwhile) until the caller's transaction ends; ``NotFound(missing)`` when it is
     gone: deleted by a concurrent request since the caller read it (a PATCH racing a DELETE
-    is a 404, not a failed save)."""
-    row = queryset.select_for_update(no_key=no_key).filter(pk=pk).first()
+    is a 404, not a failed save). ``kept_as``: its SQL compiled once under that name
+    (``compiled_once``), for a lock taken by every request of a kind (an append's)."""
+
+    def locking():
+        return queryset.select_for_update(no_key=no_key).filter(pk=pk)
+
+    if kept_as is None:
+        row = locking().first()
+    else:
+        row = next(iter(compiled_once(kept_as, lambda: locking()[:1], [pk])), None)
     if row is None:
         raise NotFound(missing)
     return row

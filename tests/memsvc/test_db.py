@@ -5,18 +5,19 @@ import select
 import socket
 import threading
 import time
+import uuid
 from unittest import mock
 
 import pytest
 from django.apps import apps
 from django.conf import settings
-from django.db import DataError, OperationalError, connection, connections
+from django.db import DataError, OperationalError, connection, connections, transaction
 
 from agents_api.models import Agent, MemoryBlock
 from agents_api.selectors import LOCAL_OWNER, local_agent, memory_blocks
 from conversations import selectors
 from conversations import services as conversation_services
-from conversations.models import AccessLevel
+from conversations.models import AccessLevel, Conversation
 from conversations.selectors import access_conversation, conversation_owner_id
 from memsvc import db
 from memsvc.api.errors import Forbidden, NotFound
@@ -118,6 +119,35 @@ def test_the_owner_an_agents_user_turn_is_signed_with_is_read_by_sql_compiled_on
     assert conversation_owner_id(mine) == agent.principal_id
     assert "conversation_owner_id" in db._COMPILED_SQL
     assert conversation_owner_id(theirs) == "carol"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lock_kept_as_compiled_sql_locks_its_row_and_refuses_a_missing_one():
+    """(An append's lock of its conversation, made and compiled at each append: its SQL is
+    kept, ``locked_row(kept_as=...)``.) Another transaction's write of the row waits."""
+    alice = Principal.user("alice")
+    conversation = conversation_services.conversation_create(alice, title="Locked")
+    conversation_services.message_append(alice, conversation=conversation, content="hi")
+    assert "append_lock" in db._COMPILED_SQL
+    with transaction.atomic():
+        row = db.locked_row(
+            Conversation.objects.only("pk"), conversation.pk, missing="gone", kept_as="append_lock"
+        )
+        assert row.pk == conversation.pk
+        other = connections.create_connection("default")  # (another session)
+        try:
+            with other.cursor() as other_cursor:
+                other_cursor.execute("SET lock_timeout = '200ms'")
+                with pytest.raises(OperationalError, match="lock timeout"):
+                    other_cursor.execute(
+                        "UPDATE conversation SET title = 'x' WHERE id = %s", [conversation.pk]
+                    )
+        finally:
+            other.close()
+        with pytest.raises(NotFound, match="gone"):
+            db.locked_row(
+                Conversation.objects.only("pk"), uuid.uuid4(), missing="gone", kept_as="append_lock"
+            )
 
 
 TIMESTAMPS = [
