@@ -1,23 +1,20 @@
 """Celery tasks of the agents app: they take ids and call a service."""
 
-import atexit
 import contextlib
 import logging
 import random
-import threading
-import time
 from collections.abc import Sequence
 
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, transaction
 
 from agents_api import extraction, reading, services, sleeptime
 from agents_api.models import Agent, SummarySource
 from conversations.models import Conversation
 from memsvc.api.idempotency import idempotency_keys_prune
 from memsvc.broker import TRANSIENT
-from memsvc.celery import app, sent
+from memsvc.celery import Gathered, app, sent
 from memsvc.db import DATABASE_DID_NOT_ANSWER
 from memsvc.llm import LLMError, llm_configured
 from search.tasks import SWEEP_TASK_OPTIONS, sweep
@@ -46,78 +43,18 @@ def touch_memories_task(memory_ids: list[str]) -> int:
     return services.memories_touch(memory_ids)
 
 
-# A process's use counts are sent together, once this long after the first of them: a
-# message per search cost each search about 1 ms and the worker a task each (its work beside
-# the next searches on 2 cores: REST memory search p95 12.8 -> 26-28 ms, docs/benchmarks.md).
-# A process killed outright loses at most this much of its counts; one that exits sends them.
-TOUCH_BATCH_SECONDS = 1.0
-
-
 def enqueue_memory_touch(memory_ids: Sequence) -> None:
     """Count a use of each memory a search returned, off the request path: a process's
     counts of the next ``TOUCH_BATCH_SECONDS`` go in one transient message (``_send``).
     With tasks run inline (the tests'), at once."""
     ids = [str(memory_id) for memory_id in memory_ids]
-    if not ids:
-        return
-    if app.conf.task_always_eager:
-        _send(ids)
-    else:
+    if ids:
         _TOUCHES.add(ids)
 
 
 def flush_memory_touches() -> None:
     """Send the counts this process holds now (at exit, and for tests)."""
     _TOUCHES.flush()
-
-
-class _Touches:
-    """The use counts a process has not sent yet, and the thread that sends them."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._sending = threading.Lock()  # (one send at a time: ``flush``)
-        self._pending: list[str] = []
-        self._due = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def add(self, ids: list[str]) -> None:
-        with self._lock:
-            self._pending += ids
-            # (started by the first count, so in the process that counts: a thread does
-            # not outlive a fork)
-            if self._thread is None or not self._thread.is_alive():
-                if self._thread is None:
-                    atexit.register(self.flush)
-                self._thread = threading.Thread(
-                    target=self._send_forever, name="memory-touches", daemon=True
-                )
-                self._thread.start()
-        self._due.set()
-
-    def flush(self) -> None:
-        # The exit's waits for a send the thread has begun: the interpreter stops a daemon
-        # thread where it is once the exit's handlers are done, and its counts were lost.
-        with self._sending:
-            with self._lock:
-                ids, self._pending = self._pending, []
-            if ids:
-                _send(ids)
-
-    def _send_forever(self) -> None:
-        while True:
-            self._due.wait()
-            time.sleep(TOUCH_BATCH_SECONDS)
-            self._due.clear()  # (counts added from here on set it again)
-            try:
-                self.flush()
-            except Exception:  # a thread that ends would count nothing more
-                logger.exception("memory use counts not sent")
-            finally:
-                connections.close_all()  # (this thread's own, if the fallback opened one)
-
-
-_TOUCHES = _Touches()
 
 
 def _send(ids: list[str]) -> None:
@@ -133,6 +70,14 @@ def _send(ids: list[str]) -> None:
             services.memories_touch(ids)
     except DatabaseError as exc:
         logger.warning("could not count a use of %d memories: %s", len(ids), exc)
+
+
+# A process's use counts are sent together, once this long after the first of them: a
+# message per search cost each search about 1 ms and the worker a task each (its work beside
+# the next searches on 2 cores: REST memory search p95 12.8 -> 26-28 ms, docs/benchmarks.md).
+# A process killed outright loses at most this much of its counts; one that exits sends them.
+TOUCH_BATCH_SECONDS = 1.0
+_TOUCHES = Gathered(_send, seconds=TOUCH_BATCH_SECONDS, name="memory-touches")
 
 
 @app.task(name="agents_api.prune_memories", acks_late=True)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from celery.utils.log import get_task_logger
 
 from memsvc.broker import TRANSIENT
-from memsvc.celery import app, sent
+from memsvc.celery import Gathered, app, sent
 from memsvc.db import DATABASE_DID_NOT_ANSWER
 from search import services
 from search.embeddings import EmbeddingError
@@ -95,10 +95,33 @@ def sweep_unembedded_task(self) -> int:
 
 
 def enqueue_embedding(message_ids: Sequence) -> None:
-    """Hand committed messages to a worker. A broker that is down loses nothing: the sweep
-    embeds whatever is still waiting, so the error is logged and the request goes on. For
-    the same reason the message is transient: local mode's broker does not wait for the disk
-    (an append waited about 0.5-0.7 ms for the ``fsync``; docs/benchmarks.md, "An Intel host
-    again"), and a message lost with the machine is the sweep's."""
-    ids = [str(message_id) for message_id in message_ids]
-    sent(embed_messages_task, [ids], instead="the sweep will embed them", delivery_mode=TRANSIENT)
+    """Hand committed messages to a worker: a process's messages of the next
+    ``EMBEDDING_GATHER_SECONDS`` go together (``Gathered``), in tasks of ``TASK_BATCH``. A
+    broker that is down loses nothing: the sweep embeds whatever is still waiting, so the
+    error is logged and the process goes on. For the same reason the message is transient:
+    local mode's broker does not wait for the disk (an append waited about 0.5-0.7 ms for
+    the ``fsync``; docs/benchmarks.md, "An Intel host again"), and a message lost with the
+    machine, or with a process killed outright, is the sweep's."""
+    _EMBEDDINGS.add([str(message_id) for message_id in message_ids])
+
+
+def flush_embedding_requests() -> None:
+    """Send the messages to embed this process holds now (at exit, and for tests)."""
+    _EMBEDDINGS.flush()
+
+
+def _send_embedding(ids: list[str]) -> None:
+    for start in range(0, len(ids), services.TASK_BATCH):
+        sent(
+            embed_messages_task,
+            [ids[start : start + services.TASK_BATCH]],
+            instead="the sweep will embed them",
+            delivery_mode=TRANSIENT,
+        )
+
+
+# How long after a process's first message to embed its next ones are gathered before the
+# task goes: under load several appends a task (bench.load: about a fifth of an append's
+# Python was its own task's message), one alone waits this long for its worker.
+EMBEDDING_GATHER_SECONDS = 0.025
+_EMBEDDINGS = Gathered(_send_embedding, seconds=EMBEDDING_GATHER_SECONDS, name="embedding-requests")

@@ -371,7 +371,7 @@ def test_a_processs_uses_go_in_one_message_sent_off_the_request_path(monkeypatch
     sent = []
     app.conf.task_always_eager = False  # (as a server runs them; the suite's fixture resets it)
     monkeypatch.setattr(touch_memories_task, "apply_async", lambda **kw: sent.append(kw))
-    monkeypatch.setattr(tasks, "TOUCH_BATCH_SECONDS", 0.05)
+    monkeypatch.setattr(tasks._TOUCHES, "seconds", 0.05)
     tea, coffee = "00000000-0000-0000-0000-00000000000a", "00000000-0000-0000-0000-00000000000c"
     enqueue_memory_touch([tea, coffee])
     enqueue_memory_touch([tea])
@@ -393,8 +393,8 @@ def test_the_exit_waits_for_the_counts_the_sender_thread_is_sending(monkeypatch)
         sent.append(ids)
 
     app.conf.task_always_eager = False  # (as a server runs them; the suite's fixture resets it)
-    monkeypatch.setattr(tasks, "_send", slow_send)
-    monkeypatch.setattr(tasks, "TOUCH_BATCH_SECONDS", 0.01)
+    monkeypatch.setattr(tasks._TOUCHES, "send", slow_send)
+    monkeypatch.setattr(tasks._TOUCHES, "seconds", 0.01)
     tea = "00000000-0000-0000-0000-00000000000a"
     enqueue_memory_touch([tea])
     assert begun.wait(5)  # the thread took the count and is sending it

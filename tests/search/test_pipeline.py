@@ -1,6 +1,8 @@
 """The embedding pipeline: commit first, embed after; a broken queue loses nothing."""
 
+import base64
 import contextlib
+import json
 import logging
 import os
 import secrets
@@ -29,7 +31,12 @@ from memsvc.broker import TRANSIENT
 from search import services
 from search.checks import column_dimensions
 from search.embeddings import EmbeddingError, OllamaBackend, OpenAIBackend, configured_backend
-from search.tasks import embed_messages_task, enqueue_embedding, sweep_unembedded_task
+from search.tasks import (
+    embed_messages_task,
+    enqueue_embedding,
+    flush_embedding_requests,
+    sweep_unembedded_task,
+)
 from tests.agents_api.conftest import make_agent
 from tests.db import database_url
 from tests.factories import AgentFactory, ConversationFactory, MessageFactory
@@ -92,6 +99,7 @@ def test_with_the_broker_down_the_api_answers_and_the_sweep_embeds_later(
 ):
     with django_capture_on_commit_callbacks(execute=True):
         message = post_message(api, alice, conversation, "the broker is down")
+    flush_embedding_requests()  # (what the process's sender does 25 ms later)
     assert "the sweep will" in caplog.text
     assert "Connection refused" in caplog.text
     message.refresh_from_db()
@@ -112,10 +120,61 @@ def test_a_message_to_embed_is_sent_transient_as_the_sweep_embeds_it_anyway(loca
     """Local mode's broker then writes it without an ``fsync`` on the append's path: lost
     with the machine, it is embedded by the sweep (above), as when the broker is down."""
     enqueue_embedding(["00000000-0000-0000-0000-000000000001"])
+    flush_embedding_requests()
     [message] = local_broker()
     assert message["headers"]["task"] == embed_messages_task.name
     assert message["body"][0] == [["00000000-0000-0000-0000-000000000001"]]
     assert message["properties"]["delivery_mode"] == TRANSIENT
+
+
+def test_a_processs_messages_to_embed_go_in_one_task_sent_off_the_request_path(monkeypatch):
+    """A task per append was about a fifth of an append's Python (bench.load, py-spy): the
+    messages a process commits within ``EMBEDDING_GATHER_SECONDS`` go in one task, sent by
+    its own thread, in tasks of at most ``TASK_BATCH`` messages."""
+    from memsvc.celery import app
+    from search import tasks
+
+    sent = []
+    app.conf.task_always_eager = False  # (as a server runs them; the suite's fixture resets it)
+    monkeypatch.setattr(embed_messages_task, "apply_async", lambda **kw: sent.append(kw))
+    monkeypatch.setattr(tasks._EMBEDDINGS, "seconds", 0.05)
+    ids = [f"00000000-0000-0000-0000-{n:012d}" for n in range(services.TASK_BATCH + 3)]
+    enqueue_embedding(ids[:2])
+    enqueue_embedding(ids[2:])
+    assert sent == []  # (nothing on the appends' path)
+    wait_until(lambda: len(sent) == 2, "the tasks were sent")
+    assert [kw["args"] for kw in sent] == [
+        [ids[: services.TASK_BATCH]],
+        [ids[services.TASK_BATCH :]],
+    ]
+    assert {kw["delivery_mode"] for kw in sent} == {TRANSIENT}
+
+
+def test_a_process_that_exits_sends_the_messages_it_gathered(tmp_path):
+    """(At exit: what a web process holds when it is stopped reaches the worker, not only
+    the sweep a minute later.) Local mode's broker, a process of its own."""
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
+    env.update(MEMSVC_DATA_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="memsvc.settings")
+    code = (
+        "import django; django.setup()\n"
+        "from search import tasks\n"
+        "tasks._EMBEDDINGS.seconds = 60\n"  # (the thread would not send it before the exit)
+        "tasks.enqueue_embedding(['00000000-0000-0000-0000-000000000007'])\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=settings.BASE_DIR,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    [queued] = [path for path in tmp_path.rglob("*.msg")]
+    assert (
+        "00000000-0000-0000-0000-000000000007"
+        in base64.b64decode(json.loads(queued.read_bytes())["body"]).decode()
+    )
 
 
 @pytest.fixture
@@ -147,10 +206,11 @@ def test_handing_work_to_a_broker_that_is_down_waits_at_most_the_connection_time
     )
     code = (
         "import time, django; django.setup()\n"
-        "from search.tasks import enqueue_embedding\n"
+        "from search.tasks import enqueue_embedding, flush_embedding_requests\n"
         "for _ in range(3):\n"
         "    started = time.monotonic()\n"
         "    enqueue_embedding(['00000000-0000-0000-0000-000000000000'])\n"
+        "    flush_embedding_requests()\n"
         "    print(time.monotonic() - started)\n"
     )
     result = subprocess.run(
