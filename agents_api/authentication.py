@@ -13,6 +13,7 @@ from memsvc.api.errors import ApiError, Forbidden, InvalidInput, Unauthorized
 from memsvc.api.fields import header_text
 from memsvc.api.principals import Principal, user_id_problem
 from memsvc.api.ratelimit import auth_check_ended, limit_principal
+from memsvc.db import kept_rows
 
 LAST_USED_GRANULARITY = timedelta(minutes=1)
 ON_BEHALF_HEADER = "X-On-Behalf-Of"
@@ -52,7 +53,7 @@ _KEY_SQL = f"SELECT a.*, {_KEY_COLUMNS} FROM api_key k JOIN agent a ON a.id = k.
 
 def key_with_agent(public_id: str) -> ApiKey | None:
     """The key of this public id, its agent loaded with it; None if there is none."""
-    for agent in Agent.objects.raw(_KEY_SQL, [public_id]):
+    for agent in kept_rows("key_with_agent", Agent, _KEY_SQL, [public_id]):
         values = []
         for field in _KEY_FIELDS:
             # (Taken off the agent, which becomes the request's: the key's HMAC stays on the key.)

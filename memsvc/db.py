@@ -15,6 +15,7 @@ from django.conf import settings
 from django.contrib.postgres.operations import AddIndexConcurrently
 from django.contrib.postgres.search import SearchQuery, SearchVector, SearchVectorField
 from django.db import (
+    DEFAULT_DB_ALIAS,
     InterfaceError,
     OperationalError,
     close_old_connections,
@@ -24,6 +25,7 @@ from django.db import (
 )
 from django.db.models import Q
 from django.db.models.lookups import Exact
+from django.db.models.sql import Query
 from pgvector.django import HnswIndex
 from psycopg import errors
 
@@ -402,7 +404,7 @@ _COMPILED_SQL: dict[str, tuple[type[models.Model], str]] = {}
 
 def compiled_once(
     name: str, queryset: Callable[[], models.QuerySet], params: list
-) -> models.QuerySet | models.query.RawQuerySet:
+) -> Iterable[models.Model]:
     """The rows (as model instances) of the queryset that ``queryset()`` makes, its SQL
     compiled by the ORM once per process and kept under ``name``: making and compiling a
     small queryset costs more than running it (0.2-0.4 ms of Python, on every request that
@@ -418,7 +420,56 @@ def compiled_once(
             return made
         kept = _COMPILED_SQL[name] = (made.model, sql)
     model, sql = kept
-    return model.objects.raw(sql, params)
+    return kept_rows(name, model, sql, params)
+
+
+class _Reader:
+    """How the rows of one statement become ``model`` instances, as ``RawQuerySet`` makes
+    them (its columns that are the model's fields, the fields' converters, the other
+    columns set as attributes), worked out once: ``RawQuerySet`` works it out again at
+    every query, as much Python as reading the row."""
+
+    def __init__(self, model: type[models.Model], columns: list[str]):
+        fields = {field.column: field for field in model._meta.concrete_fields}
+        self.model = model
+        self.field_names = [fields[column].attname for column in columns if column in fields]
+        self.field_positions = [pos for pos, column in enumerate(columns) if column in fields]
+        self.others = [(column, pos) for pos, column in enumerate(columns) if column not in fields]
+        self.compiler = connection.ops.compiler("SQLCompiler")(
+            Query(model), connection, DEFAULT_DB_ALIAS
+        )
+        table = model._meta.db_table
+        self.converters = self.compiler.get_converters(
+            [fields[column].get_col(table) if column in fields else None for column in columns]
+        )
+
+    def instances(self, rows: list[tuple]) -> list[models.Model]:
+        if self.converters:
+            rows = self.compiler.apply_converters(rows, self.converters)
+        instances = []
+        for values in rows:
+            instance = self.model.from_db(
+                DEFAULT_DB_ALIAS, self.field_names, [values[pos] for pos in self.field_positions]
+            )
+            for column, pos in self.others:
+                setattr(instance, column, values[pos])
+            instances.append(instance)
+        return instances
+
+
+# name -> its statement's ``_Reader`` (``kept_rows``)
+_READERS: dict[str, _Reader] = {}
+
+
+def kept_rows(name: str, model: type[models.Model], sql: str, params: list) -> list[models.Model]:
+    """``model.objects.raw(sql, params)``'s instances, for a statement whose SQL is the same
+    text every time (``name`` names it; its columns are read once, ``_Reader``)."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        reader = _READERS.get(name)
+        if reader is None:
+            reader = _READERS[name] = _Reader(model, [column.name for column in cursor.description])
+        return reader.instances(cursor.fetchall())
 
 
 T = TypeVar("T")

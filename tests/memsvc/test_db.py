@@ -64,6 +64,30 @@ def test_a_kept_sql_is_run_without_making_its_queryset_again():
     assert made == [1]
 
 
+@pytest.mark.parametrize(
+    "sql",
+    [
+        'SELECT a.*, 42 AS "answer" FROM agent a WHERE a.name = %s',
+        'SELECT a.id, a.metadata, 42 AS "answer" FROM agent a WHERE a.name = %s',  # (deferred)
+    ],
+)
+def test_kept_rows_are_the_instances_raw_gives(sql):
+    """(``RawQuerySet`` worked out its columns' fields and converters at every query:
+    ``kept_rows`` does once per statement what it did.) JSON read as the ORM reads it,
+    other columns as attributes, fields not selected deferred."""
+    AgentFactory(name="first", metadata={"tea": ["green", 1]})
+    AgentFactory(name="second", metadata={})
+    name = f"test_kept_rows_{len(sql)}"
+    for agent_name in ("first", "second", "nobody"):
+        kept = db.kept_rows(name, Agent, sql, [agent_name])
+        raw = list(Agent.objects.raw(sql, [agent_name]))
+        assert [
+            (a.pk, a.metadata, a.answer, a.get_deferred_fields(), a._state.adding) for a in kept
+        ] == [(a.pk, a.metadata, a.answer, a.get_deferred_fields(), False) for a in raw]
+        assert len(kept) == (agent_name != "nobody")
+    assert name in db._READERS
+
+
 def test_the_local_agent_and_its_blocks_are_read_by_sql_compiled_once():
     agent = AgentFactory(name="local-one", owner_principal=LOCAL_OWNER, loopback_trusted=True)
     MemoryBlock.objects.create(agent=agent, label="persona", value="calm")
