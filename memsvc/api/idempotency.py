@@ -133,9 +133,11 @@ def write_once(
             )
         return [found[i] for i in record.result_ids], False
     written = write()
-    IdempotentRequest.objects.filter(pk=record_id).update(
-        result_ids=[str(row.pk) for row in written]
-    )
+    with connection.cursor() as cursor:  # (one fixed statement, as the claim: no ORM update)
+        cursor.execute(
+            "UPDATE idempotent_request SET result_ids = %s::jsonb WHERE id = %s",
+            [json.dumps([str(row.pk) for row in written]), record_id],
+        )
     return written, True
 
 
