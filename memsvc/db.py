@@ -432,6 +432,7 @@ class _Reader:
     def __init__(self, model: type[models.Model], columns: list[str]):
         fields = {field.column: field for field in model._meta.concrete_fields}
         self.model = model
+        self.width = len(columns)
         self.field_names = [fields[column].attname for column in columns if column in fields]
         self.field_positions = [pos for pos, column in enumerate(columns) if column in fields]
         self.others = [(column, pos) for pos, column in enumerate(columns) if column not in fields]
@@ -467,7 +468,8 @@ def kept_rows(name: str, model: type[models.Model], sql: str, params: list) -> l
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         reader = _READERS.get(name)
-        if reader is None:
+        # (Read again if its columns changed: a migration added one to a ``SELECT a.*``.)
+        if reader is None or reader.width != len(cursor.description):
             reader = _READERS[name] = _Reader(model, [column.name for column in cursor.description])
         return reader.instances(cursor.fetchall())
 

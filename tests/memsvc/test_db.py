@@ -86,6 +86,10 @@ def test_kept_rows_are_the_instances_raw_gives(sql):
         ] == [(a.pk, a.metadata, a.answer, a.get_deferred_fields(), False) for a in raw]
         assert len(kept) == (agent_name != "nobody")
     assert name in db._READERS
+    # A statement whose columns changed under it (a migration added one to ``a.*``) is
+    # read anew, not by the positions of before.
+    [wider] = db.kept_rows(name, Agent, sql.replace("42 AS", "7 AS extra, 42 AS"), ["first"])
+    assert (wider.metadata, wider.extra, wider.answer) == ({"tea": ["green", 1]}, 7, 42)
 
 
 def test_the_local_agent_and_its_blocks_are_read_by_sql_compiled_once():

@@ -150,26 +150,33 @@ def test_a_processs_messages_to_embed_go_in_one_task_sent_off_the_request_path(m
     assert {kw["delivery_mode"] for kw in sent} == {TRANSIENT}
 
 
+def process_of_its_own(code: str, data_dir, **env) -> subprocess.CompletedProcess:
+    """``code`` run by a Python of its own (as a web process runs), its data directory
+    ``data_dir``, the broker local mode's unless ``env`` names one; it must succeed."""
+    clean = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
+    clean.update(MEMSVC_DATA_DIR=str(data_dir), DJANGO_SETTINGS_MODULE="memsvc.settings", **env)
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=settings.BASE_DIR,
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return result
+
+
 def test_a_process_that_exits_sends_the_messages_it_gathered(tmp_path):
     """(At exit: what a web process holds when it is stopped reaches the worker, not only
     the sweep a minute later.) Local mode's broker, a process of its own."""
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
-    env.update(MEMSVC_DATA_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="memsvc.settings")
     code = (
         "import django; django.setup()\n"
         "from search import tasks\n"
         "tasks._EMBEDDINGS.seconds = 60\n"  # (the thread would not send it before the exit)
         "tasks.enqueue_embedding(['00000000-0000-0000-0000-000000000007'])\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=settings.BASE_DIR,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
+    process_of_its_own(code, tmp_path)
     [queued] = [path for path in tmp_path.rglob("*.msg")]
     assert (
         "00000000-0000-0000-0000-000000000007"
@@ -198,12 +205,6 @@ def test_handing_work_to_a_broker_that_is_down_waits_at_most_the_connection_time
     The broker is the operator's setting, so a process of its own, as a web process is."""
     port = silent_port if broker == "silent" else 1
     url = f"redis://127.0.0.1:{port}/0" if scheme == "redis" else f"amqp://127.0.0.1:{port}//"
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "CELERY_BROKER_URL")}
-    env.update(
-        CELERY_BROKER_URL=url,
-        MEMSVC_DATA_DIR=str(tmp_path),
-        DJANGO_SETTINGS_MODULE="memsvc.settings",
-    )
     code = (
         "import time, django; django.setup()\n"
         "from search.tasks import enqueue_embedding, flush_embedding_requests\n"
@@ -213,15 +214,7 @@ def test_handing_work_to_a_broker_that_is_down_waits_at_most_the_connection_time
         "    flush_embedding_requests()\n"
         "    print(time.monotonic() - started)\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=settings.BASE_DIR,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert result.returncode == 0, result.stderr
+    result = process_of_its_own(code, tmp_path, CELERY_BROKER_URL=url)
     assert "the sweep will" in result.stderr
     first, *then = (float(seconds) for seconds in result.stdout.split())
     assert first < settings.CELERY_BROKER_CONNECTION_TIMEOUT + 1
