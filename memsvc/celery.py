@@ -248,16 +248,25 @@ class Gathered:
     message a request cost it about 0.5-1 ms of the web process's CPU; docs/benchmarks.md).
 
     The thread is started by the first ids (in the process that adds them: a thread does
-    not outlive a fork). A process that exits sends what it holds (``flush``, at exit,
-    waiting for a send the thread has begun: the interpreter stops a daemon thread where it
-    is once the exit's handlers are done); one killed outright loses at most ``seconds`` of
-    them (the sweeps embed what the queue lost). With tasks run inline (the tests'), each
-    ``add`` sends at once."""
+    not outlive a fork; a forked child starts afresh, what the parent held is the parent's
+    to send). A process that exits sends what it holds (``flush``, at exit, waiting for a
+    send the thread has begun: the interpreter stops a daemon thread where it is once the
+    exit's handlers are done); one killed outright loses what it held: at most ``seconds``
+    of them, or what came while a send waited for a broker that did not answer (the sweeps
+    embed what the queue lost). With tasks run inline (the tests'), each ``add`` sends at
+    once."""
 
     def __init__(self, send: Callable[[list[str]], object], *, seconds: float, name: str):
         self.send = send
         self.seconds = seconds
         self.name = name
+        self._at_exit = False
+        self._start_afresh()
+        os.register_at_fork(after_in_child=self._start_afresh)
+
+    def _start_afresh(self) -> None:
+        # (In a forked child too: a lock the parent's thread held at the fork would never
+        # be released there.)
         self._lock = threading.Lock()
         self._sending = threading.Lock()  # (one send at a time: ``flush``)
         self._pending: list[str] = []
@@ -271,12 +280,16 @@ class Gathered:
         with self._lock:
             self._pending += ids
             if self._thread is None or not self._thread.is_alive():
-                if self._thread is None:
+                if not self._at_exit:
                     atexit.register(self.flush)
+                    self._at_exit = True
                 self._thread = threading.Thread(
                     target=self._send_forever, name=self.name, daemon=True
                 )
-                self._thread.start()
+                try:
+                    self._thread.start()
+                except RuntimeError as exc:  # (no thread to be had: never the request's error)
+                    logger.warning("%s: sent with the next ids or at exit (%s)", self.name, exc)
         self._due.set()
 
     def flush(self) -> None:

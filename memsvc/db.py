@@ -429,12 +429,20 @@ class _Reader:
     columns set as attributes), worked out once: ``RawQuerySet`` works it out again at
     every query, as much Python as reading the row."""
 
-    def __init__(self, model: type[models.Model], columns: list[str]):
+    def __init__(self, model: type[models.Model], columns: tuple[str, ...]):
         fields = {field.column: field for field in model._meta.concrete_fields}
         self.model = model
-        self.width = len(columns)
-        self.field_names = [fields[column].attname for column in columns if column in fields]
-        self.field_positions = [pos for pos, column in enumerate(columns) if column in fields]
+        self.columns = columns
+        # In the model's order of fields, as ``Model.from_db`` takes them (a statement may
+        # name its columns in another: ``SELECT a.*`` has the table's); a column named
+        # twice is read where it first comes, as ``RawQuerySet`` reads it.
+        chosen = [
+            (field.attname, columns.index(field.column))
+            for field in model._meta.concrete_fields
+            if field.column in columns
+        ]
+        self.field_names = [name for name, _ in chosen]
+        self.field_positions = [pos for _, pos in chosen]
         self.others = [(column, pos) for pos, column in enumerate(columns) if column not in fields]
         self.compiler = connection.ops.compiler("SQLCompiler")(
             Query(model), connection, DEFAULT_DB_ALIAS
@@ -467,10 +475,11 @@ def kept_rows(name: str, model: type[models.Model], sql: str, params: list) -> l
     text every time (``name`` names it; its columns are read once, ``_Reader``)."""
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
+        columns = tuple(column.name for column in cursor.description)
         reader = _READERS.get(name)
-        # (Read again if its columns changed: a migration added one to a ``SELECT a.*``.)
-        if reader is None or reader.width != len(cursor.description):
-            reader = _READERS[name] = _Reader(model, [column.name for column in cursor.description])
+        # (Read again if its columns changed: a migration changed those of a ``SELECT a.*``.)
+        if reader is None or reader.columns != columns:
+            reader = _READERS[name] = _Reader(model, columns)
         return reader.instances(cursor.fetchall())
 
 

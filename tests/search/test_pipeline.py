@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -148,6 +149,40 @@ def test_a_processs_messages_to_embed_go_in_one_task_sent_off_the_request_path(m
         [ids[services.TASK_BATCH :]],
     ]
     assert {kw["delivery_mode"] for kw in sent} == {TRANSIENT}
+
+
+def test_a_forked_child_gathers_afresh_not_what_its_parent_holds():
+    """(A child forked while the parent held ids, or while its thread held a lock, sent
+    the parent's ids again, or waited for good: review.) Each sends its own."""
+    from memsvc.celery import Gathered, app
+
+    sent = []
+    gathered = Gathered(sent.append, seconds=60, name="test-gathered")
+    app.conf.task_always_eager = False  # (as a server runs them; the suite's fixture resets it)
+    gathered.add(["parent's"])
+    gathered._sending.acquire()  # (as if its thread were sending at the fork)
+    reading, writing = os.pipe()
+    child = os.fork()
+    if child == 0:  # (the child: plain Python, then out without the parent's exit handlers)
+        try:
+            gathered.add(["child's"])
+            gathered.flush()
+            os.write(writing, json.dumps(sent).encode())
+        finally:
+            os._exit(0)
+    gathered._sending.release()
+    os.close(writing)
+    deadline = time.monotonic() + 20  # (a child that waits for good is killed, and fails)
+    while (ended := os.waitpid(child, os.WNOHANG)) == (0, 0) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if ended == (0, 0):
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
+    assert ended == (child, 0), "the child waited for its parent's lock"
+    with os.fdopen(reading) as pipe:
+        assert json.loads(pipe.read()) == [["child's"]]
+    gathered.flush()
+    assert sent == [["parent's"]]
 
 
 def process_of_its_own(code: str, data_dir, **env) -> subprocess.CompletedProcess:
