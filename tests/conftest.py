@@ -147,6 +147,14 @@ def celery_runs_tasks_inline():
     _set_task_join_will_block(False)
     app.conf.task_always_eager = True
     yield
+    # What a test that sent tasks for real left gathered for its process's sender thread
+    # (``memsvc.celery.Gathered``) is that test's: not sent later, inline, during another.
+    from agents_api.tasks import _TOUCHES
+    from search.tasks import _EMBEDDINGS
+
+    for gathered in (_EMBEDDINGS, _TOUCHES):
+        with gathered._lock:
+            gathered._pending.clear()
     app.conf.task_always_eager = False
 
 

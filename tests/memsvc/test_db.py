@@ -79,7 +79,7 @@ def test_kept_rows_are_the_instances_raw_gives(sql):
     other columns as attributes, fields not selected deferred."""
     AgentFactory(name="first", metadata={"tea": ["green", 1]})
     AgentFactory(name="second", metadata={})
-    name = f"test_kept_rows_{len(sql)}"
+    name = f"test_kept_rows_{sql}"  # (one reader a statement)
     for agent_name in ("first", "second", "nobody"):
         kept = db.kept_rows(name, Agent, sql, [agent_name])
         raw = list(Agent.objects.raw(sql, [agent_name]))
